@@ -52,6 +52,7 @@ import anyio.abc
 import attrs
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from trajcore.adapters.sandbox.batches import execute_batch
 from trajcore.adapters.sandbox.client import SlotServerClient
 from trajcore.adapters.sandbox.leasing import SlotLeasing
 from trajcore.domain.errors import (
@@ -62,8 +63,8 @@ from trajcore.domain.errors import (
     SlotServerError,
     StateError,
 )
-from trajcore.domain.messages import ToolOutcome, ToolResult
-from trajcore.domain.slot_protocol import execute_call
+from trajcore.domain.messages import ToolResult
+from trajcore.domain.slot_server_flags import SlotServerFlags
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
 
 __all__ = [
@@ -166,30 +167,31 @@ class LocalPoolConfig:
                 f"[{self.min_timeout_s}, {self.max_timeout_s}], got {self.default_timeout_s}",
             )
 
+    def flags(self) -> SlotServerFlags:
+        """The sandbox policy of every server, as the slot server's flags."""
+        return SlotServerFlags(
+            allow_network=self.allow_network,
+            require_sandbox=self.require_sandbox,
+            max_processes=self.max_processes,
+            memory_mb=self.memory_mb,
+            cpu_seconds=self.cpu_seconds,
+            output_cap_bytes=self.output_cap_bytes,
+            file_cap_bytes=self.file_cap_bytes,
+            min_timeout_s=self.min_timeout_s,
+            default_timeout_s=self.default_timeout_s,
+            max_timeout_s=self.max_timeout_s,
+            use_cgroups=self.use_cgroups,
+            bwrap=self.bwrap,
+        )
+
     def server_argv(self, *, root: Path, listen: str) -> list[str]:
         """The slot server's command line for one container (``listen``: its ``--unix``/
-        ``--listen ... --token-file`` part, already split into words by the caller)."""
+        ``--listen ... --token-file`` part, its words joined by NUL characters)."""
         argv = [
             self.python, "-m", "trajcore.entrypoints.slot_server",
             "--slots", str(self.slots_per_container), "--root", str(root),
-            "--bwrap", self.bwrap,
-            "--max-processes", str(self.max_processes), "--memory-mb", str(self.memory_mb),
-            "--output-cap-bytes", str(self.output_cap_bytes),
-            "--file-cap-bytes", str(self.file_cap_bytes),
-            "--min-timeout-s", repr(self.min_timeout_s),
-            "--default-timeout-s", repr(self.default_timeout_s),
-            "--max-timeout-s", repr(self.max_timeout_s),
         ]  # fmt: skip
-        argv += listen.split("\0")
-        if self.cpu_seconds is not None:
-            argv += ["--cpu-seconds", str(self.cpu_seconds)]
-        if self.allow_network:
-            argv.append("--allow-network")
-        if self.require_sandbox:
-            argv.append("--require-sandbox")
-        if not self.use_cgroups:
-            argv.append("--no-cgroups")
-        return argv
+        return [*argv, *listen.split("\0"), *self.flags().argv()]
 
 
 # ============================================================================ processes
@@ -333,36 +335,18 @@ class LocalSandboxPool:
         return self._leasing.lease(holder, timeout_s=timeout_s)
 
     async def execute(self, container: str, calls: Sequence[SlotCall]) -> list[ToolResult]:
-        """See ``SandboxPool.execute``."""
+        """See ``SandboxPool.execute``; the batch rules are ``execute_batch``'s."""
         if self._closed or self._group is None:
             raise PoolClosed("the local sandbox pool is closed")
-        results: list[ToolResult | None] = [None] * len(calls)
-        runnable: list[int] = []
-        for i, call in enumerate(calls):
-            refusal = self._leasing.refusal(container, call)
-            if refusal is not None:
-                results[i] = ToolResult.failure(call.call, ToolOutcome.REJECTED, refusal)
-            else:
-                runnable.append(i)
         server = self._servers.get(container)
-        if runnable and (server is None or server.lost):
-            reason = f"slot server {container} is gone"
-            for i in runnable:
-                results[i] = ToolResult.failure(calls[i].call, ToolOutcome.INFRA_ERROR, reason)
-            runnable = []
-        if runnable:
-            assert server is not None
-            try:
-                answers = await server.client.execute([execute_call(calls[i]) for i in runnable])
-            except (SlotServerError, InvalidInput) as error:
-                reason = f"slot server {container} failed the batch: {error}"
-                for i in runnable:
-                    results[i] = ToolResult.failure(calls[i].call, ToolOutcome.INFRA_ERROR, reason)
-                self._lose(server)
-            else:
-                for i, answer in zip(runnable, answers, strict=True):
-                    results[i] = answer
-        return [result for result in results if result is not None]
+        live = server if server is not None and not server.lost else None
+        return await execute_batch(
+            self._leasing,
+            container,
+            calls,
+            None if live is None else live.client,
+            lambda _reason: None if live is None else self._lose(live),
+        )
 
     def statistics(self) -> PoolStatistics:
         """See ``SandboxPool.statistics``."""
