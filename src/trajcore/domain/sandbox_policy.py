@@ -20,7 +20,11 @@ Rules this module keeps:
   a private tmpfs, and anything the agent needs that lives under ``/tmp`` on the host (a virtual
   environment, say) is bound back read-only *after* the tmpfs, or it would be hidden.
 - ``--die-with-parent`` (the sandbox cannot outlive its slot server), ``--new-session`` (no
-  terminal injection), ``--cap-drop ALL``, ``--chdir`` into the workspace.
+  terminal injection), ``--cap-drop ALL``, ``--chdir`` into the workspace. The only capabilities
+  ever kept are ``KEEPER_CAPABILITIES``, and only when the caller asks for them: the slot's
+  keeper needs them, inside the sandbox's own user namespace, to give every lease new pid,
+  mount, ipc and uts namespaces; each lease drops every capability before it runs anything
+  (``trajcore.adapters.sandbox.exec_agent``).
 - Timeouts: a call's limit is clamped into ``[min_timeout_s, max_timeout_s]``; a model-given figure
   may only shorten the env's limit, never lengthen it (``clamp_timeout``).
 """
@@ -37,14 +41,20 @@ from trajcore.domain.errors import ConfigError
 
 __all__ = [
     "DEFAULT_SYSTEM_PATHS",
+    "KEEPER_CAPABILITIES",
     "Bind",
     "SandboxPolicy",
     "bwrap_argv",
     "clamp_timeout",
+    "private_tmp_binds",
 ]
 
 # The sandbox's private /tmp: a path inside the sandbox, not the host's shared one.
 SANDBOX_TMP = "/tmp"  # noqa: S108 - names the sandbox's own tmpfs, created fresh per slot
+
+# What a slot's keeper keeps, within the sandbox's user namespace only: CAP_SYS_ADMIN to make a
+# lease's namespaces and mounts, CAP_SETPCAP to empty the lease's bounding set.
+KEEPER_CAPABILITIES: tuple[str, ...] = ("CAP_SYS_ADMIN", "CAP_SETPCAP")
 
 DEFAULT_SYSTEM_PATHS: tuple[str, ...] = (
     "/usr",
@@ -210,6 +220,7 @@ def bwrap_argv(
     bwrap: str = "bwrap",
     host_symlinks: Mapping[str, str] | None = None,
     rebind: Sequence[str] = (),
+    keep_capabilities: Sequence[str] = (),
 ) -> list[str]:
     """The full ``bwrap`` argument vector that runs ``command`` in a sandbox for one slot.
 
@@ -223,16 +234,25 @@ def bwrap_argv(
         rebind: Host paths the command needs (the Python it runs on, say) that the system binds
             or the private ``/tmp`` would leave out; bound read-only at the same place. Paths
             already covered by a system bind and not under ``/tmp`` are skipped.
+        keep_capabilities: Capabilities the command keeps inside the sandbox's user namespace
+            (``--cap-add`` after ``--cap-drop ALL``); only ``KEEPER_CAPABILITIES`` are accepted.
 
     Returns the vector, starting with ``bwrap`` and ending with ``command``.
 
     Raises:
-        ConfigError: ``workspace`` is not absolute, or ``command`` is empty.
+        ConfigError: ``workspace`` is not absolute, ``command`` is empty, or a capability to keep
+            is not one of ``KEEPER_CAPABILITIES``.
     """
     if not workspace.startswith("/"):
         raise ConfigError("workspace", f"{workspace!r} is not an absolute path")
     if not command:
         raise ConfigError("command", "must name a program")
+    for capability in keep_capabilities:
+        if capability not in KEEPER_CAPABILITIES:
+            raise ConfigError(
+                "keep_capabilities",
+                f"{capability!r} is not one a keeper may keep ({', '.join(KEEPER_CAPABILITIES)})",
+            )
     links = dict(host_symlinks or {})
     argv = [
         bwrap,
@@ -244,7 +264,10 @@ def bwrap_argv(
     ]
     if not policy.allow_network:
         argv.append("--unshare-net")
-    argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "slot"]
+    argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    for capability in keep_capabilities:
+        argv += ["--cap-add", capability]
+    argv += ["--hostname", "slot"]
     for path in policy.system_paths:
         if path in links:
             argv += ["--symlink", links[path], path]
@@ -264,3 +287,18 @@ def bwrap_argv(
         argv += ["--remount-ro", "/"]
     argv += ["--chdir", policy.workspace_path, "--", *command]
     return argv
+
+
+def private_tmp_binds(
+    policy: SandboxPolicy, *, rebind: Sequence[str] = ()
+) -> list[tuple[str, bool]]:
+    """The sandbox paths ``bwrap_argv`` (given the same ``rebind``) binds *under* the private
+    ``/tmp``, in bind order, each with whether it is writable: a lease that mounts a fresh
+    ``/tmp`` must bind these back as they were."""
+    found = [(path, False) for path in rebind if _under(path, SANDBOX_TMP)]
+    found += [
+        (bind.dest, bind.writable) for bind in policy.extra_binds if _under(bind.dest, SANDBOX_TMP)
+    ]
+    if _under(policy.workspace_path, SANDBOX_TMP):
+        found.append((policy.workspace_path, True))
+    return found

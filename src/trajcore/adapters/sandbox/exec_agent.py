@@ -398,12 +398,12 @@ def _read_exact(fd: int, size: int) -> bytes | None:
     return bytes(chunks)
 
 
-def _send(message: dict[str, object]) -> None:
+def _send(fd: int, message: dict[str, object]) -> None:
     # Always valid UTF-8: a lone surrogate (from a file name, say) is replaced.
     payload = _json(message).encode("utf-8", "replace")
     view = memoryview(len(payload).to_bytes(_HEADER_SIZE, "big") + payload)
     while view:
-        view = view[posix.write(1, view) :]
+        view = view[posix.write(fd, view) :]
 
 
 def _apply_limits(limits: dict[str, int]) -> None:
@@ -455,8 +455,9 @@ def _answer(shell: _Shell, request: dict[str, object]) -> dict[str, object]:
     return {"exit": None, "error": f"unknown op {op!r}"}
 
 
-def serve(config: dict[str, object]) -> int:
-    """Answer requests on fd 0/1 until end of input. Returns the exit status."""
+def serve(config: dict[str, object], reader: int = 0, writer: int = 1) -> int:
+    """Answer requests read from ``reader`` on ``writer`` until end of input (fds 0 and 1 for a
+    bare agent, one socket for a lease agent). Returns the exit status."""
     workspace = str(config["workspace"])
     posix.chdir(workspace)
     limits = config.get("limits")
@@ -464,12 +465,12 @@ def serve(config: dict[str, object]) -> int:
         _apply_limits({str(k): int(v) for k, v in limits.items()})
     shell = _Shell(str(config["state_dir"]), workspace)
     _make_dirs(shell.dir)
-    _send({"ready": True, "pid": posix.getpid(), "tmux": shell.tmux is not None})
+    _send(writer, {"ready": True, "pid": posix.getpid(), "tmux": shell.tmux is not None})
     while True:
-        header = _read_exact(0, _HEADER_SIZE)
+        header = _read_exact(reader, _HEADER_SIZE)
         if header is None:
             return 0
-        body = _read_exact(0, int.from_bytes(header, "big"))
+        body = _read_exact(reader, int.from_bytes(header, "big"))
         if body is None:
             return 0
         try:
@@ -479,9 +480,222 @@ def serve(config: dict[str, object]) -> int:
             reply = _answer(shell, request)
         except Exception as error:  # noqa: BLE001 - the agent must answer every request
             reply = {"exit": None, "error": f"agent failed: {type(error).__name__}: {error}"}
-        _send(reply)
+        _send(writer, reply)
+
+
+# ================================================================================= the keeper
+#
+# Linux constants (the same on every architecture trajcore runs on).
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUTS = 0x04000000
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWPID = 0x20000000
+_MS_RDONLY = 0x1
+_MS_NOSUID = 0x2
+_MS_NODEV = 0x4
+_MS_NOEXEC = 0x8
+_MS_REMOUNT = 0x20
+_MS_BIND = 0x1000
+_MS_REC = 0x4000
+_MS_PRIVATE = 0x40000
+# Flags a read-only remount must repeat (nosuid, nodev, noexec and the atime flags).
+_MS_KEPT = 0x2 | 0x4 | 0x8 | 0x400 | 0x800 | 0x1000
+_PR_CAPBSET_DROP = 24
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_CAPABILITY_VERSION_3 = 0x20080522
+_LEASE_FD = 3
+_DEV_SHM = "/dev/shm"  # noqa: S108 - the lease's own shared-memory mount, made fresh per lease
+_FD_LIMIT = 1 << 16
+
+
+class _Libc:
+    """The few system calls Python 3.11's ``os`` lacks, each raising ``OSError`` on failure."""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        self._ctypes = ctypes
+        self._libc = ctypes.CDLL(None, use_errno=True)
+
+    def _check(self, result: int, what: str) -> None:
+        if result != 0:
+            number = self._ctypes.get_errno()
+            raise OSError(number, f"{what}: {posix.strerror(number)}")
+
+    def unshare(self, flags: int) -> None:
+        self._check(self._libc.unshare(flags), "unshare")
+
+    def mount(
+        self, source: str | None, target: str, kind: str | None, flags: int, data: str | None
+    ) -> None:
+        def raw(text: str | None) -> bytes | None:
+            return None if text is None else text.encode()
+
+        self._check(
+            self._libc.mount(raw(source), raw(target), raw(kind), flags, raw(data)),
+            f"mount {target}",
+        )
+
+    def setns(self, fd: int, kind: int) -> None:
+        self._check(self._libc.setns(fd, kind), "setns")
+
+    def prctl(self, option: int, value: int, what: str) -> None:
+        self._check(self._libc.prctl(option, value, 0, 0, 0), what)
+
+    def clear_capabilities(self) -> None:
+        ctypes = self._ctypes
+        header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
+        data = (ctypes.c_uint32 * 6)()
+        self._check(self._libc.capset(header, data), "capset")
+
+
+def _remount_read_only(libc: _Libc, path: str) -> None:
+    kept = posix.statvfs(path).f_flag & _MS_KEPT
+    libc.mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept, None)
+
+
+def _refuse(channel: int, error: BaseException) -> None:
+    """Tell the slot server why a lease could not start, and exit; never returns."""
+    try:  # noqa: SIM105 - contextlib would cost an import here
+        _send(channel, {"ready": False, "error": f"lease setup failed: {error!r}"})
+    except OSError:
+        pass
+    posix._exit(126)
+
+
+def _lease_main(libc: _Libc, channel: int, config: dict[str, object]) -> None:
+    """Become a lease's first process (pid 1 of its new pid namespace) and serve it; never
+    returns. Runs with the keeper's capabilities until it drops them all, before it reads a
+    single request."""
+    try:
+        tmp = str(config["tmp"])
+        carry = config["carry"]
+        assert isinstance(carry, list)
+        carried = [
+            (str(path), writable is True, posix.open(str(path), posix.O_PATH | posix.O_CLOEXEC))
+            for path, writable in carry
+        ]
+        libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
+        libc.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
+        libc.mount("tmpfs", tmp, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+        for path, writable, fd in carried:
+            _make_dirs(path)
+            libc.mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC, None)
+            if not writable:
+                _remount_read_only(libc, path)
+            posix.close(fd)
+        if _exists(_DEV_SHM):
+            libc.mount("tmpfs", _DEV_SHM, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+        _remount_read_only(libc, "/dev")
+        for capability in range(int(_number(config, "cap_last") + 1)):
+            libc.prctl(_PR_CAPBSET_DROP, capability, "drop a bounding capability")
+        try:  # noqa: SIM105 - contextlib would cost an import here
+            libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, "clear ambient capabilities")
+        except OSError:
+            pass  # a kernel without ambient capabilities has none to clear
+        libc.clear_capabilities()
+        libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, "no_new_privs")
+        null = posix.open("/dev/null", posix.O_RDWR)
+        for target in (0, 1, 2):
+            posix.dup2(null, target)
+        if channel != _LEASE_FD:  # dup3 refuses a descriptor onto itself
+            posix.dup2(channel, _LEASE_FD, inheritable=False)
+        posix.set_inheritable(_LEASE_FD, False)
+        posix.closerange(_LEASE_FD + 1, _FD_LIMIT)
+    except BaseException as error:  # noqa: BLE001 - reported to the slot server, then exit
+        _refuse(channel, error)
+    status = 1
+    try:
+        status = serve(config, _LEASE_FD, _LEASE_FD)
+    finally:
+        posix._exit(status)
+
+
+def _begin_lease(
+    libc: _Libc, own_pid_namespace: int, channel: int, config: dict[str, object]
+) -> int:
+    """Start a lease: fork its first process into a new pid namespace (which it then joins new
+    mount, ipc and uts namespaces from). Returns that process's pid as the keeper sees it."""
+    libc.unshare(_CLONE_NEWPID)  # for the next child only: reset below
+    try:
+        first = posix.fork()
+        if first == 0:
+            try:
+                libc.unshare(_CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS)
+            except BaseException as error:  # noqa: BLE001 - reported on the channel, then exit
+                _refuse(channel, error)
+            _lease_main(libc, channel, config)
+    finally:
+        libc.setns(own_pid_namespace, _CLONE_NEWPID)
+    return first
+
+
+def _end_lease(first: int) -> int:
+    """Kill the lease's first process, and so its whole pid namespace, and reap it: as pid 1 of
+    that namespace it is reapable only once the kernel has killed and reaped every other process
+    of the lease. Returns its wait status."""
+    try:  # noqa: SIM105 - contextlib would cost an import here
+        posix.kill(first, _SIGKILL)
+    except ProcessLookupError:
+        pass
+    return posix.waitpid(first, 0)[1]
+
+
+def keep(config: dict[str, object]) -> int:
+    """Run as a slot's keeper: the long-lived first program of the slot's sandbox, which starts
+    a fresh lease in new namespaces on request. Reads requests from fd 0, a Unix
+    ``SOCK_SEQPACKET`` socket (one ``marshal`` message per packet; a ``lease`` request carries
+    the lease's channel as an ``SCM_RIGHTS`` file descriptor) and answers one JSON packet each.
+    End of input ends the current lease and the keeper. Returns the exit status."""
+    import gc
+    import resource  # noqa: F401 - loaded before a lease hides /tmp; the lease needs it
+    import socket
+
+    libc = _Libc()
+    with open("/proc/sys/kernel/cap_last_cap", encoding="ascii") as last:
+        config["cap_last"] = int(last.read().strip())
+    own_pid_namespace = posix.open("/proc/self/ns/pid", posix.O_RDONLY | posix.O_CLOEXEC)
+    control = socket.socket(fileno=0)
+    lease: int | None = None
+    gc.freeze()  # keeps forked leases from copying pages the collector would touch
+    control.send(_json({"ready": True, "pid": posix.getpid()}).encode())
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(control, 1 << 16, 1, socket.MSG_CMSG_CLOEXEC)
+        except OSError:
+            message, fds = b"", []
+        if not message:
+            if lease is not None:
+                _end_lease(lease)
+            return 0
+        reply: dict[str, object]
+        try:
+            request = marshal.loads(message)  # noqa: S302 - sent by the slot server, trusted
+            op = request.get("op") if isinstance(request, dict) else None
+            if op == "lease":
+                if len(fds) != 1:
+                    raise ValueError(f"a lease needs one channel, got {len(fds)} descriptors")
+                if lease is not None:
+                    _end_lease(lease)
+                    lease = None
+                lease = _begin_lease(libc, own_pid_namespace, fds[0], config)
+                reply = {"lease": True, "pid": lease}
+            elif op == "end":
+                status = _end_lease(lease) if lease is not None else None
+                lease = None
+                reply = {"ended": True, "status": status}
+            else:
+                reply = {"error": f"unknown op {op!r}"}
+        except Exception as error:  # noqa: BLE001 - the keeper must answer every request
+            reply = {"error": f"keeper failed: {type(error).__name__}: {error}"}
+        finally:
+            for fd in fds:
+                posix.close(fd)
+        control.send(_json(reply).encode("utf-8", "replace"))
 
 
 if __name__ == "__main__":
     config = marshal.loads(bytes.fromhex(sys.argv[-1]))  # noqa: S302 - from the slot server
-    sys.exit(serve(config))
+    sys.exit(keep(config) if config.get("keeper") else serve(config))

@@ -6,11 +6,19 @@ runs ``ExecuteCall`` values in them:
 - ``bash`` is one ``/bin/sh -c`` per call, forked by the slot's exec agent inside the slot's
   bubblewrap sandbox; ``bash_stateful`` and ``tmux`` use one persistent tmux session per slot in
   the same sandbox; ``read_file`` and ``write_file`` run here, confined by ``Workspace``.
-- A slot's sandbox starts lazily on the first command and lives until the slot is reset, so
-  background processes survive between the calls of one lease; reset kills the sandbox (its pid
-  namespace takes every process with it, tmux included, and the slot's cgroup is emptied when
-  there is one), then wipes the workspace. A reset that cannot prove this reports ``ok=False`` and
-  marks the slot broken: the pool quarantines it.
+- A slot's sandbox (bubblewrap, started on the slot's first command) runs the slot's *keeper*
+  (``exec_agent.keep``), which stays for the life of the server. Each lease gets its own exec
+  agent from the keeper: a fork that enters new pid, mount, ipc and uts namespaces, mounts a
+  fresh ``/proc``, ``/tmp`` and ``/dev/shm``, drops every capability and then serves the lease's
+  calls over its own socket. Starting a lease is therefore two forks, not a new sandbox and a new
+  interpreter. Background processes survive between the calls of one lease; reset ends the
+  lease (its pid namespace takes every process with it, tmux included; the keeper waits until
+  the kernel has reaped them, and the slot's cgroup, when there is one, must hold nothing but
+  the keeper's own processes), then wipes the workspace. A reset that cannot prove this reports
+  ``ok=False`` and marks the slot broken: the pool quarantines it. A keeper that fails or stops
+  answering is killed with its whole sandbox and started again on the next lease.
+- Without bubblewrap (and without ``require_sandbox``) there is no keeper: each lease starts a
+  bare agent process, and reset kills its process group (and its cgroup, when there is one).
 - Calls for one slot run one at a time in arrival order (a chain of futures built synchronously
   as requests arrive, so no await can reorder them); different slots run in parallel.
 - ``(epoch, call_id)`` is remembered per slot: a repeat gets the first call's result, also while
@@ -32,6 +40,7 @@ import marshal
 import os
 import shutil
 import signal
+import socket
 import struct
 import sys
 import time
@@ -52,7 +61,14 @@ from trajcore.adapters.sandbox.limits import (
 from trajcore.adapters.sandbox.workspace import Workspace
 from trajcore.domain.errors import ConfigError, ToolArgumentError, UnknownSlot
 from trajcore.domain.messages import JSON, ExecReport, ToolOutcome, ToolResult, ToolSpec
-from trajcore.domain.sandbox_policy import SandboxPolicy, bwrap_argv, clamp_timeout
+from trajcore.domain.sandbox_policy import (
+    KEEPER_CAPABILITIES,
+    SANDBOX_TMP,
+    SandboxPolicy,
+    bwrap_argv,
+    clamp_timeout,
+    private_tmp_binds,
+)
 from trajcore.domain.slot_protocol import (
     PROTOCOL_VERSION,
     SLOT_TOOL_SPECS,
@@ -120,28 +136,107 @@ class _AgentLost(Exception):
 
 @attrs.define(eq=False)
 class _Agent:
-    process: asyncio.subprocess.Process
+    """One lease's exec agent: the channel to it, and (for a bare agent) its own process."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
     sandboxed: bool
     started_s: float
+    pid: int | None
+    process: asyncio.subprocess.Process | None = None
+
+    def alive(self) -> bool:
+        if self.process is not None:
+            return self.process.returncode is None
+        return not self.reader.at_eof()
+
+    def close_channel(self) -> None:
+        with contextlib.suppress(OSError, RuntimeError):
+            self.writer.close()
+
+    async def greeting(self, timeout_s: float) -> dict[str, JSON]:
+        """The agent's first message (``{"ready": true, ...}``). Raises ``_AgentLost``."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                size = _HEADER.unpack(await self.reader.readexactly(_HEADER.size))[0]
+                hello = json.loads(await self.reader.readexactly(size))
+        except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError):
+            raise _AgentLost("the agent ended before it was ready") from None
+        if not isinstance(hello, dict) or hello.get("ready") is not True:
+            detail = hello.get("error") if isinstance(hello, dict) else None
+            raise _AgentLost(str(detail) if detail else f"unexpected greeting {hello!r}")
+        return cast("dict[str, JSON]", hello)
 
     async def request(self, message: dict[str, JSON], timeout_s: float) -> dict[str, JSON]:
-        stdin, stdout = self.process.stdin, self.process.stdout
-        assert stdin is not None
-        assert stdout is not None
         # marshal on the way in (the agent trusts us; it decodes without importing json), JSON
         # on the way out (we do not trust bytes from inside the sandbox).
         payload = marshal.dumps(message)
         try:
-            stdin.write(_HEADER.pack(len(payload)) + payload)
-            await stdin.drain()
+            self.writer.write(_HEADER.pack(len(payload)) + payload)
+            await self.writer.drain()
             async with asyncio.timeout(timeout_s):
-                size = _HEADER.unpack(await stdout.readexactly(_HEADER.size))[0]
-                body = await stdout.readexactly(size)
+                size = _HEADER.unpack(await self.reader.readexactly(_HEADER.size))[0]
+                body = await self.reader.readexactly(size)
         except (OSError, asyncio.IncompleteReadError) as error:
             raise _AgentLost(f"the slot's sandbox ended ({type(error).__name__})") from None
         except TimeoutError:
             raise _AgentLost(f"the slot's agent did not answer within {timeout_s:.1f} s") from None
         return cast("dict[str, JSON]", json.loads(body))
+
+
+@attrs.define(eq=False)
+class _Keeper:
+    """A slot's long-lived sandbox and the keeper in it, which starts and ends its leases.
+
+    ``pids`` are the processes of the slot's cgroup once the keeper was ready (bubblewrap and
+    the keeper): a slot whose cgroup holds anything else after a lease ended is not clean.
+    """
+
+    process: asyncio.subprocess.Process
+    control: socket.socket
+    pids: frozenset[int] = frozenset()
+    lock: asyncio.Lock = attrs.field(factory=asyncio.Lock)
+
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
+    async def receive(self, timeout_s: float) -> dict[str, JSON]:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout_s):
+                packet = await loop.sock_recv(self.control, 1 << 16)
+        except OSError as error:
+            raise _AgentLost(f"the slot's keeper is gone ({type(error).__name__})") from None
+        except TimeoutError:
+            raise _AgentLost(f"the slot's keeper did not answer within {timeout_s:.1f} s") from None
+        if not packet:
+            raise _AgentLost("the slot's keeper ended")
+        try:
+            reply = json.loads(packet)
+        except ValueError:
+            raise _AgentLost("the slot's keeper sent malformed JSON") from None
+        if not isinstance(reply, dict):
+            raise _AgentLost(f"the slot's keeper sent {reply!r}")
+        failure = reply.get("error")
+        if isinstance(failure, str):
+            raise _AgentLost(failure)
+        return cast("dict[str, JSON]", reply)
+
+    async def ask(
+        self, message: dict[str, JSON], timeout_s: float, channel: socket.socket | None = None
+    ) -> dict[str, JSON]:
+        """Send one request (with ``channel`` passed along) and return the answer. Raises
+        ``_AgentLost`` when the keeper is gone, answers an error, or is late."""
+        payload = marshal.dumps(message)
+        async with self.lock:
+            try:
+                if channel is None:
+                    self.control.send(payload)
+                else:
+                    socket.send_fds(self.control, [payload], [channel.fileno()])
+            except OSError as error:
+                raise _AgentLost(f"the slot's keeper is gone ({type(error).__name__})") from None
+            return await self.receive(timeout_s)
 
 
 @attrs.define(eq=False)
@@ -151,6 +246,7 @@ class _Slot:
     state_dir: Path
     cgroup: SlotCgroup | None
     agent: _Agent | None = None
+    keeper: _Keeper | None = None
     tail: asyncio.Future[None] | None = None
     retired_epoch: int = 0
     results: OrderedDict[tuple[int, str], asyncio.Future[ToolResult]] = attrs.field(
@@ -256,6 +352,11 @@ class SlotRuntime:
                     problems.append(f"bwrap failed: {detail}")
             else:
                 bwrap_ok = net_ok
+            if bwrap_ok:
+                problem = await self._probe_lease(probe_dir)
+                if problem is not None:
+                    bwrap_ok = net_ok = False
+                    problems.append(f"a lease in the slot sandbox failed: {problem}")
         tmux_ok = False
         tmux = shutil.which("tmux")
         if tmux is None:
@@ -277,18 +378,51 @@ class SlotRuntime:
             detail="; ".join(problems),
         )
 
+    async def _probe_lease(self, probe_dir: Path) -> str | None:
+        """Start a keeper and one lease in ``probe_dir`` and check, from inside the lease, that
+        it holds no capability and is its pid namespace's first user. ``None`` when it works,
+        else what failed: a host where this fails must not count as sandboxed."""
+        probe = _Slot(
+            index=-1, workspace=Workspace(probe_dir), state_dir=probe_dir / "state", cgroup=None
+        )
+        script = "while read -r key value; do case $key in Cap*) echo $key $value;; esac; done"
+        try:
+            agent = await self._lease_agent(probe, started=time.monotonic())
+            reply = await agent.request(
+                {"op": "exec", "argv": ["/bin/sh", "-c", f"{script} </proc/self/status; echo $$"],
+                 "timeout": 10.0, "cap": 4096},
+                10.0 + self.config.agent_grace_s,
+            )  # fmt: skip
+        except _AgentLost as error:
+            return str(error)
+        finally:
+            await self._stop_agent(probe)
+            await self._stop_keeper(probe)
+        lines = str(reply.get("stdout") or "").split()
+        capabilities = dict(zip(lines[:-1:2], lines[1:-1:2], strict=True))
+        held = {key: value for key, value in capabilities.items() if int(value, 16) != 0}
+        if len(capabilities) < 4 or held:
+            return f"a lease kept capabilities {held or capabilities}"
+        if not lines or not lines[-1].isdigit() or int(lines[-1]) > 8:
+            return f"a lease's shell is not in a fresh pid namespace (pid {lines[-1:]})"
+        return None
+
     def _sandbox_argv(
-        self, policy: SandboxPolicy, workspace: Path, command: list[str]
-    ) -> list[str]:
-        python_home = os.path.realpath(sys.base_prefix)
+        self, policy: SandboxPolicy, workspace: Path, command: list[str],
+        keep_capabilities: Sequence[str] = (),
+    ) -> list[str]:  # fmt: skip
         return bwrap_argv(
             policy,
             workspace=str(workspace),
             command=command,
             bwrap=self.config.bwrap,
             host_symlinks=self._symlinks,
-            rebind=[python_home, os.path.dirname(self.config.python)],
+            rebind=self._rebind(),
+            keep_capabilities=keep_capabilities,
         )
+
+    def _rebind(self) -> list[str]:
+        return [os.path.realpath(sys.base_prefix), os.path.dirname(self.config.python)]
 
     async def aclose(self) -> None:
         """End every sandbox and pending call. Idempotent."""
@@ -299,6 +433,7 @@ class SlotRuntime:
             task.cancel()
         for slot in self._slots:
             await self._stop_agent(slot)
+            await self._stop_keeper(slot)
             if slot.cgroup is not None:
                 with contextlib.suppress(OSError):
                     slot.cgroup.remove()
@@ -334,7 +469,7 @@ class SlotRuntime:
                     retired_epoch=slot.retired_epoch,
                     calls_run=slot.calls_run,
                     broken=slot.broken,
-                    sandbox_pid=slot.agent.process.pid if slot.agent else None,
+                    sandbox_pid=_sandbox_pid(slot),
                     sandbox_start_s=slot.sandbox_start_s,
                 )
                 for slot in self._slots
@@ -482,82 +617,168 @@ class SlotRuntime:
         return _command_result(call, reply, timeout, sandboxed=agent.sandboxed)
 
     async def _ensure_agent(self, slot: _Slot) -> _Agent:
-        if slot.agent is not None and slot.agent.process.returncode is None:
+        if slot.agent is not None and slot.agent.alive():
             return slot.agent
         if slot.agent is not None:
             await self._stop_agent(slot)
         started = time.monotonic()
+        if self.sandboxed:
+            agent = await self._lease_agent(slot, started=started)
+        else:
+            agent = await self._bare_agent(slot, started=started)
+        slot.sandbox_start_s = time.monotonic() - started
+        return agent
+
+    def _agent_config(self, slot: _Slot, *, sandboxed: bool) -> dict[str, JSON]:
         policy = self.config.policy
         cgroup = slot.cgroup
-        if cgroup is not None:
-            try:
-                cgroup.create(policy)
-            except OSError as error:
-                raise _AgentLost(f"cannot create the slot's cgroup: {error}") from None
-        has_pids = cgroup is not None
         has_memory = (
             cgroup is not None
             and self._cgroups is not None
             and (self._cgroups.memory_parent is not None)
         )
         limits: dict[str, JSON] = dict(
-            rlimits_for(policy, cgroup_pids=has_pids, cgroup_memory=has_memory)
+            rlimits_for(policy, cgroup_pids=cgroup is not None, cgroup_memory=has_memory)
         )
-        if self.sandboxed:
-            workspace = policy.workspace_path
-            state_dir = _SANDBOX_STATE
-        else:
-            workspace = str(slot.workspace.root)
-            state_dir = str(slot.state_dir)
-            slot.state_dir.mkdir(parents=True, exist_ok=True)
-        config: dict[str, JSON] = {"workspace": workspace, "state_dir": state_dir, "limits": limits}
-        inner = [
-            self.config.python,
-            "-I",
-            "-S",
-            "-c",
-            *self._agent_program,
-            marshal.dumps(config).hex(),
-        ]
-        argv = self._sandbox_argv(policy, slot.workspace.root, inner) if self.sandboxed else inner
-        if cgroup is not None:
-            argv = cgroup.enter_prefix() + argv
-        env = {
+        if sandboxed:
+            return {"workspace": policy.workspace_path, "state_dir": _SANDBOX_STATE,
+                    "limits": limits}  # fmt: skip
+        slot.state_dir.mkdir(parents=True, exist_ok=True)
+        return {"workspace": str(slot.workspace.root), "state_dir": str(slot.state_dir),
+                "limits": limits}  # fmt: skip
+
+    def _environment(self, workspace: str, tmp: str) -> dict[str, str]:
+        return {
             "PATH": _PATH,
             "HOME": workspace,
             "LANG": "C.UTF-8",
             "TERM": "xterm-256color",
-            "TMPDIR": "/tmp" if self.sandboxed else state_dir,  # noqa: S108 - the sandbox's own
+            "TMPDIR": tmp,
         }
+
+    def _create_cgroup(self, slot: _Slot) -> None:
+        if slot.cgroup is not None:
+            try:
+                slot.cgroup.create(self.config.policy)
+            except OSError as error:
+                raise _AgentLost(f"cannot create the slot's cgroup: {error}") from None
+
+    async def _bare_agent(self, slot: _Slot, *, started: float) -> _Agent:
+        """A lease's agent as its own process, outside any sandbox (no bubblewrap here)."""
+        self._create_cgroup(slot)
+        config = self._agent_config(slot, sandboxed=False)
+        argv = [self.config.python, "-I", "-S", "-c", *self._agent_program,
+                marshal.dumps(config).hex()]  # fmt: skip
+        if slot.cgroup is not None:
+            argv = slot.cgroup.enter_prefix() + argv
+        environment = self._environment(str(config["workspace"]), str(config["state_dir"]))
         process = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env=env,
+            env=environment,
             start_new_session=True,
         )
-        agent = _Agent(process=process, sandboxed=self.sandboxed, started_s=started)
-        slot.agent = agent
         assert process.stdout is not None
+        assert process.stdin is not None
+        agent = _Agent(
+            reader=process.stdout, writer=process.stdin, sandboxed=False, started_s=started,
+            pid=process.pid, process=process,
+        )  # fmt: skip
+        slot.agent = agent
         try:
-            async with asyncio.timeout(self.config.start_timeout_s):
-                size = _HEADER.unpack(await process.stdout.readexactly(_HEADER.size))[0]
-                hello = json.loads(await process.stdout.readexactly(size))
-        except (asyncio.IncompleteReadError, TimeoutError, ValueError):
+            await agent.greeting(self.config.start_timeout_s)
+        except _AgentLost as error:
             detail = await _stderr_of(process)
             await self._stop_agent(slot)
-            raise _AgentLost(detail or "the agent exited before it was ready") from None
-        if not isinstance(hello, dict) or hello.get("ready") is not True:
+            raise _AgentLost(detail or str(error)) from None
+        return agent
+
+    async def _ensure_keeper(self, slot: _Slot) -> _Keeper:
+        """The slot's keeper, started (in a new sandbox) when there is none or it died."""
+        if slot.keeper is not None and slot.keeper.alive():
+            return slot.keeper
+        await self._stop_keeper(slot)
+        self._create_cgroup(slot)
+        policy = self.config.policy
+        config = self._agent_config(slot, sandboxed=True)
+        config["keeper"] = True
+        config["tmp"] = SANDBOX_TMP
+        config["carry"] = [
+            [path, writable] for path, writable in private_tmp_binds(policy, rebind=self._rebind())
+        ]
+        inner = [self.config.python, "-I", "-S", "-c", *self._agent_program,
+                 marshal.dumps(config).hex()]  # fmt: skip
+        argv = self._sandbox_argv(
+            policy, slot.workspace.root, inner, keep_capabilities=KEEPER_CAPABILITIES
+        )
+        if slot.cgroup is not None:
+            argv = slot.cgroup.enter_prefix() + argv
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(False)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=theirs.fileno(),
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                env=self._environment(policy.workspace_path, SANDBOX_TMP),
+                start_new_session=True,
+            )
+        except OSError as error:
+            ours.close()
+            raise _AgentLost(f"cannot start the slot's sandbox: {error}") from None
+        finally:
+            theirs.close()
+        keeper = _Keeper(process=process, control=ours)
+        slot.keeper = keeper
+        try:
+            await keeper.receive(self.config.start_timeout_s)
+        except _AgentLost as error:
+            detail = await _stderr_of(process)
+            await self._stop_keeper(slot)
+            raise _AgentLost(detail or str(error)) from None
+        if slot.cgroup is not None:
+            keeper.pids = frozenset(await asyncio.to_thread(slot.cgroup.pids))
+        return keeper
+
+    async def _lease_agent(self, slot: _Slot, *, started: float) -> _Agent:
+        """A new lease from the slot's keeper: fresh namespaces, its own agent and channel."""
+        keeper = await self._ensure_keeper(slot)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            reply = await keeper.ask({"op": "lease"}, self.config.start_timeout_s, theirs)
+        except _AgentLost:
+            ours.close()
+            await self._stop_keeper(slot)
+            raise
+        finally:
+            theirs.close()
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        pid = reply.get("pid")
+        agent = _Agent(
+            reader=reader, writer=writer, sandboxed=True, started_s=started,
+            pid=pid if isinstance(pid, int) else None,
+        )  # fmt: skip
+        slot.agent = agent
+        try:
+            await agent.greeting(self.config.start_timeout_s)
+        except _AgentLost:
             await self._stop_agent(slot)
-            raise _AgentLost(f"unexpected greeting {hello!r}")
-        slot.sandbox_start_s = time.monotonic() - started
+            raise
         return agent
 
     async def _stop_agent(self, slot: _Slot) -> None:
+        """End the slot's lease: its agent and every process it started."""
         agent, slot.agent = slot.agent, None
-        if agent is not None:
-            process = agent.process
+        if agent is None:
+            if slot.keeper is None and slot.cgroup is not None:
+                slot.cgroup.kill_all()  # what a bare agent left behind
+            return
+        agent.close_channel()
+        process = agent.process
+        if process is not None:
             if process.returncode is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(process.pid, signal.SIGKILL)
@@ -568,10 +789,31 @@ class SlotRuntime:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5):
                     await process.wait()
-            if process.stdin is not None:
-                process.stdin.close()
-        elif slot.cgroup is not None:
+            return
+        keeper = slot.keeper
+        if keeper is not None:
+            try:
+                await keeper.ask({"op": "end"}, self.config.start_timeout_s)
+            except _AgentLost:
+                await self._stop_keeper(slot)
+
+    async def _stop_keeper(self, slot: _Slot) -> None:
+        """Kill the slot's sandbox (keeper, lease and all) and reap it."""
+        keeper, slot.keeper = slot.keeper, None
+        if keeper is None:
+            return
+        process = keeper.process
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        if slot.cgroup is not None:
             slot.cgroup.kill_all()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5):
+                await process.wait()
+        keeper.control.close()
 
     # ------------------------------------------------------------------------- files
 
@@ -636,8 +878,12 @@ class SlotRuntime:
                 await self._stop_agent(slot)
                 error = await self._prove_empty(slot)
                 if error is None:
-                    await asyncio.to_thread(slot.workspace.wipe)
-                    await asyncio.to_thread(_wipe_dir, slot.state_dir)
+                    # Most workspaces end a lease small: an empty one costs one directory read
+                    # here, not a trip through the thread pool.
+                    if _holds_anything(slot.workspace.root):
+                        await asyncio.to_thread(slot.workspace.wipe)
+                    if slot.state_dir.exists():  # bare agents only
+                        await asyncio.to_thread(_wipe_dir, slot.state_dir)
         except TimeoutError:
             error = f"reset took longer than {self.config.reset_timeout_s} s"
         except OSError as failure:
@@ -654,15 +900,25 @@ class SlotRuntime:
         )
 
     async def _prove_empty(self, slot: _Slot) -> str | None:
-        """``None`` once the slot's cgroup holds no process (it is kept for the next lease)."""
+        """``None`` once the slot's cgroup holds no process but its keeper's (the cgroup is kept
+        for the next lease)."""
         if slot.cgroup is None:
             return None
+        keeper = slot.keeper
+        expected = keeper.pids if keeper is not None and keeper.alive() else frozenset()
+        extra: list[int] = []
         for _ in range(200):
-            if not slot.cgroup.pids():
+            extra = [pid for pid in slot.cgroup.pids() if pid not in expected]
+            if not extra:
                 return None
-            slot.cgroup.kill_all()
+            if expected:
+                for pid in extra:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+            else:
+                slot.cgroup.kill_all()
             await asyncio.sleep(0.01)
-        return f"processes {slot.cgroup.pids()[:5]} of the slot survived SIGKILL"
+        return f"processes {extra[:5]} of the slot survived SIGKILL"
 
     # ------------------------------------------------------------------------- artifacts
 
@@ -691,6 +947,14 @@ def _agent_program(python: str) -> list[str]:
     return [AGENT_SOURCE]
 
 
+def _sandbox_pid(slot: _Slot) -> int | None:
+    """The host pid of the slot's outermost sandbox process (its keeper's bubblewrap, or a bare
+    agent), while it runs."""
+    if slot.keeper is not None:
+        return slot.keeper.process.pid
+    return slot.agent.pid if slot.agent is not None else None
+
+
 def _prepare_cgroups(cgroups: list[SlotCgroup], policy: SandboxPolicy) -> None:
     for cgroup in cgroups:
         with contextlib.suppress(OSError):
@@ -700,6 +964,11 @@ def _prepare_cgroups(cgroups: list[SlotCgroup], policy: SandboxPolicy) -> None:
 def _stale(call: ExecuteCall, retired: int) -> ToolResult:
     reason = f"lease epoch {call.epoch} is stale: slot was reset through epoch {retired} @ $.epoch"
     return _failure(call, ToolOutcome.REJECTED, reason)
+
+
+def _holds_anything(path: Path) -> bool:
+    with os.scandir(path) as entries:
+        return any(True for _ in entries)
 
 
 def _wipe_dir(path: Path) -> None:
