@@ -1,0 +1,231 @@
+"""``NomadClient``: the Nomad HTTP API calls the Nomad pool makes, typed, async and bounded.
+
+python-nomad (import name ``nomad``) is synchronous and untyped. This is the one module that
+imports it: every call runs in a worker thread (``anyio.to_thread``), under a deadline of its own,
+and what comes back is checked to be JSON before it leaves (``JSON`` values, never ``Any``). The
+Nomad pool reads those values with the pure parsers of ``trajcore.domain.nomad_job``.
+
+The calls (all under ``/v1``): ``GET status/leader``; ``POST job/{id}`` (register);
+``GET job/{id}``; ``GET job/{id}/allocations``; ``GET allocation/{id}``;
+``POST allocation/{id}/stop``; ``POST job/{id}/scale`` (python-nomad has no method for it, so it
+goes through the library's generic ``request``); ``DELETE job/{id}?purge=...``.
+
+What the caller can rely on:
+
+- Every call ends within ``timeout_s`` (plus a small grace for the thread hand-off), whatever the
+  network does: the library's own HTTP timeout is set to ``timeout_s`` and the await is bounded
+  too. A call cancelled by its caller returns at once; its thread is abandoned and ends with its
+  HTTP timeout.
+- Every failure is a ``NomadUnavailable`` (a ``SandboxUnavailable``) whose message names the
+  setting to look at: ``address`` when Nomad cannot be reached or does not answer in time,
+  ``token`` when it answers 403, the request's own name otherwise, with the HTTP status and the
+  start of Nomad's answer.
+- ``read_job`` answers ``None`` and ``deregister`` ``False`` for a job Nomad does not know (404).
+- The ACL token goes in ``X-Nomad-Token``; with none given, python-nomad falls back to the
+  ``NOMAD_TOKEN`` environment variable (and ``NOMAD_NAMESPACE``, ``NOMAD_REGION`` likewise), as
+  the ``nomad`` command line does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+import attrs
+import nomad  # type: ignore[import-untyped]  # python-nomad ships no types; wrapped here
+import nomad.api.exceptions  # type: ignore[import-untyped]
+
+from trajcore.domain.errors import SandboxUnavailable
+from trajcore.domain.messages import JSON, JSONObject, check_json
+
+__all__ = ["NomadClient", "NomadUnavailable"]
+
+T = TypeVar("T")
+_GRACE_S = 1.0  # the thread hand-off around the library's own HTTP timeout
+_BODY_PREVIEW = 300
+
+
+class NomadUnavailable(SandboxUnavailable):
+    """The Nomad API could not be reached, refused a request, or answered outside its contract.
+
+    Attributes:
+        field: The setting to look at (``address``, ``token``) or the request that failed.
+        status: The HTTP status Nomad answered, or ``None`` when none came.
+    """
+
+    def __init__(self, reason: str, *, field: str, status: int | None = None) -> None:
+        super().__init__(f"{reason} @ {field}")
+        self.field = field
+        self.reason = reason
+        self.status = status
+
+
+def _status_of(error: BaseException) -> tuple[int | None, str]:
+    """The HTTP status and body text inside a python-nomad error, if it carries a response."""
+    response = getattr(error, "nomad_resp", None)
+    status = getattr(response, "status_code", None)
+    if isinstance(status, int):
+        text = getattr(response, "text", "")
+        return status, text if isinstance(text, str) else ""
+    return None, str(response if response is not None else error)
+
+
+def _checked(value: object, what: str) -> JSON:
+    problem = check_json(value)
+    if problem is not None:
+        raise NomadUnavailable(f"Nomad answered something that is not JSON: {problem}", field=what)
+    return value  # type: ignore[return-value]  # check_json proved it is a JSON tree
+
+
+@attrs.define(eq=False)
+class NomadClient:
+    """The Nomad API at ``address``, bounded by ``timeout_s`` per request.
+
+    Attributes:
+        address: ``http(s)://host:port`` of a Nomad agent.
+        token: ACL token, or ``None``.
+        namespace, region: Sent with every request that takes them (``None``: the agent's).
+        timeout_s: Longest one request may take.
+        verify_tls: Check the agent's TLS certificate (https only).
+    """
+
+    address: str
+    token: str | None = attrs.field(default=None, repr=False)
+    namespace: str | None = None
+    region: str | None = None
+    timeout_s: float = 10.0
+    verify_tls: bool = True
+    _api: Any = attrs.field(init=False, default=None, repr=False)  # nomad.Nomad (untyped)
+    _limiter: anyio.CapacityLimiter | None = attrs.field(init=False, default=None)
+
+    def __attrs_post_init__(self) -> None:
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ValueError(f"timeout_s must be finite and > 0, got {self.timeout_s!r}")
+        self._api = nomad.Nomad(
+            address=self.address.rstrip("/"),
+            token=self.token,
+            namespace=self.namespace,
+            region=self.region,
+            timeout=self.timeout_s,
+            verify=self.verify_tls,
+        )
+
+    # ------------------------------------------------------------------------- calls
+
+    async def leader(self) -> str:
+        """The address of the region's leader (Nomad is up and has one)."""
+        found = await self._call("status/leader", lambda api: api.status.leader.get_leader())
+        if not isinstance(found, str) or not found:
+            raise NomadUnavailable(
+                f"Nomad at {self.address} knows no cluster leader (answered {found!r})",
+                field="address",
+            )
+        return found
+
+    async def register(self, job_id: str, request: JSONObject) -> JSONObject:
+        """Register (or update) a job; ``request`` is a ``JobRegisterRequest``."""
+        answer = await self._call(
+            f"register job {job_id}", lambda api: api.job.register_job(job_id, request)
+        )
+        return self._object(answer, f"register job {job_id}")
+
+    async def read_job(self, job_id: str) -> JSONObject | None:
+        """The job, or ``None`` when Nomad has no job of that ID."""
+        try:
+            answer = await self._call(f"read job {job_id}", lambda api: api.job.get_job(job_id))
+        except NomadUnavailable as error:
+            if error.status == 404:
+                return None
+            raise
+        return self._object(answer, f"read job {job_id}")
+
+    async def job_allocations(self, job_id: str) -> JSON:
+        """The job's allocations (``AllocationListStub`` objects) as Nomad lists them."""
+        return await self._call(
+            f"list allocations of {job_id}", lambda api: api.job.get_allocations(job_id)
+        )
+
+    async def read_allocation(self, alloc_id: str) -> JSON:
+        """One allocation in full (with its ``AllocatedResources``)."""
+        return await self._call(
+            f"read allocation {alloc_id}", lambda api: api.allocation.get_allocation(alloc_id)
+        )
+
+    async def stop_allocation(self, alloc_id: str) -> None:
+        """Stop one allocation; Nomad replaces it while the job's count stays."""
+        await self._call(
+            f"stop allocation {alloc_id}", lambda api: api.allocation.stop_allocation(alloc_id)
+        )
+
+    async def scale(self, job_id: str, request: JSONObject) -> None:
+        """Set a task group's count; ``request`` is a ``ScalingRequest``."""
+        await self._call(
+            f"scale job {job_id}",
+            lambda api: api.job.request(job_id, "scale", json=request, method="post").json(),
+        )
+
+    async def deregister(self, job_id: str, *, purge: bool) -> bool:
+        """Stop the job (and with ``purge`` forget it at once). ``False``: no such job."""
+        try:
+            await self._call(
+                f"stop job {job_id}", lambda api: api.job.deregister_job(job_id, purge=purge)
+            )
+        except NomadUnavailable as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    # ------------------------------------------------------------------------- internals
+
+    @staticmethod
+    def _object(answer: JSON, what: str) -> JSONObject:
+        if not isinstance(answer, dict):
+            raise NomadUnavailable(
+                f"expected a JSON object, got {type(answer).__name__}", field=what
+            )
+        return answer
+
+    async def _call(self, what: str, request: Callable[[Any], object]) -> JSON:
+        """Run ``request(api)`` in a thread under the deadline; map every failure."""
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(4)
+        api = self._api
+
+        def run() -> object:
+            return request(api)
+
+        try:
+            with anyio.fail_after(self.timeout_s + _GRACE_S):
+                answer = await anyio.to_thread.run_sync(
+                    run, abandon_on_cancel=True, limiter=self._limiter
+                )
+        except TimeoutError:
+            raise NomadUnavailable(
+                f"{what}: Nomad at {self.address} did not answer within {self.timeout_s} s",
+                field="address",
+            ) from None
+        except nomad.api.exceptions.BaseNomadException as error:
+            raise self._failure(what, error) from None
+        except json.JSONDecodeError as error:
+            raise NomadUnavailable(
+                f"{what}: Nomad answered something that is not JSON ({error.msg})", field=what
+            ) from None
+        return _checked(answer, what)
+
+    def _failure(self, what: str, error: BaseException) -> NomadUnavailable:
+        status, text = _status_of(error)
+        preview = " ".join(text.split())[:_BODY_PREVIEW]
+        if status is None:
+            return NomadUnavailable(
+                f"{what}: cannot reach Nomad at {self.address}: {preview}", field="address"
+            )
+        if status == 403:
+            return NomadUnavailable(
+                f"{what}: Nomad refused the ACL token (403): {preview}", field="token", status=403
+            )
+        return NomadUnavailable(f"{what}: HTTP {status}: {preview}", field=what, status=status)

@@ -1,0 +1,533 @@
+"""The Nomad job that runs slot servers, and what Nomad says about its allocations, as pure data.
+
+The Nomad pool asks a Nomad cluster to run ``count`` copies of the slot server (``trajcore
+slot-server``), one per allocation, and finds each one's address in what Nomad reports. This
+module holds both halves without any I/O: ``job_json`` turns a checked ``NomadJobSpec`` into the
+``Job`` object of a ``JobRegisterRequest`` (Nomad's HTTP API, JSON field names as Nomad spells
+them), and ``parse_allocation_stubs`` / ``allocation_address`` turn Nomad's answers into values
+or a ``WireError`` naming the JSON path at fault. The adapter that talks HTTP stays small.
+
+The job (one task group, one task):
+
+- ``Type`` ``service``; the group's ``Count`` is the number of containers; a group network in
+  host mode with one dynamic port labelled ``slot``.
+- The task runs ``command`` (``trajcore slot-server`` by default) with ``--slots N``, a
+  workspace root in the task directory, ``--listen`` on the allocated port and ``--token-file``
+  pointing at ``secrets/slot-token``, which a template renders from the environment variable
+  ``token_env`` (so the token never appears on a command line), then the policy flags of
+  ``SlotServerFlags``.
+- Drivers: ``docker`` runs ``image`` with ``entrypoint`` set to ``command`` (the image's own
+  entrypoint is not relied on), maps the ``slot`` port, listens on ``0.0.0.0`` inside the
+  container, and sets ``privileged`` when asked: bubblewrap inside docker needs it (or an
+  equivalent seccomp and capability setup done by the operator). ``exec`` and ``raw_exec`` run
+  ``command`` on the client host and listen on the host address Nomad gave the port; ``image`` is
+  not used by them and ``privileged`` is refused for them.
+- Restarts: a slot server that dies forgets its slots (workspaces, epochs), so by default the
+  task is not restarted in place (``restart_attempts=0``, mode ``fail``): the allocation fails
+  and the reschedule policy places a fresh one (exponential delay from ``reschedule_delay_s``,
+  unlimited). The pool treats either way as "container lost, a new one joins".
+- Updates are not rolled (``MaxParallel`` 0): a changed job replaces its allocations at once,
+  since old slot servers hold an old token and are useless to the new pool.
+- Durations are nanoseconds, as Nomad's JSON API wants them.
+
+Rules it keeps: every field of a spec is checked when built (``ConfigError`` naming the field);
+Nomad's own limits that would make a registration fail are checked here first (reschedule delay
+at least 5 s, memory at least 10 MB, a job id without spaces); ``job_json`` is a pure function.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final, Literal, cast
+
+import attrs
+
+from trajcore.domain.errors import ConfigError, WireError
+from trajcore.domain.messages import JSON, JSONObject
+from trajcore.domain.slot_server_flags import SlotServerFlags
+
+__all__ = [
+    "DRIVERS",
+    "PORT_LABEL",
+    "TERMINAL_CLIENT_STATUSES",
+    "TOKEN_FILE",
+    "AllocationStub",
+    "Driver",
+    "NomadJobSpec",
+    "allocation_address",
+    "job_json",
+    "parse_allocation_stubs",
+    "register_request",
+    "scale_request",
+]
+
+Driver = Literal["docker", "exec", "raw_exec"]
+DRIVERS: Final[tuple[Driver, ...]] = ("docker", "exec", "raw_exec")
+PORT_LABEL: Final = "slot"
+"""The label of the slot server's dynamic port."""
+TOKEN_FILE: Final = "secrets/slot-token"  # noqa: S105 - a path, not a secret
+"""Where the task's template writes the bearer token, relative to the task directory."""
+TERMINAL_CLIENT_STATUSES: Final = frozenset({"complete", "failed", "lost"})
+"""Client statuses of an allocation that will never run again."""
+
+_NS = 1_000_000_000
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,62}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_TOKEN = re.compile(r"^[\x21-\x7e]{16,512}$")
+_INDEX = re.compile(r"\[(\d+)\]$")
+_MIN_RESCHEDULE_DELAY_S = 5.0  # Nomad refuses a reschedule delay below this
+_RESTART_INTERVAL_S = 1800.0
+
+
+def _check(condition: bool, field: str, reason: str) -> None:
+    if not condition:
+        raise ConfigError(field, reason)
+
+
+def _int_at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], object], None]:
+    def check(_: object, attribute: attrs.Attribute[int], value: object) -> None:
+        _check(
+            not isinstance(value, bool) and isinstance(value, int) and value >= minimum,
+            attribute.name,
+            f"must be an integer >= {minimum}, got {value!r}",
+        )
+
+    return check
+
+
+def _seconds_at_least(minimum: float) -> Callable[[object, attrs.Attribute[float], object], None]:
+    def check(_: object, attribute: attrs.Attribute[float], value: object) -> None:
+        _check(
+            not isinstance(value, bool)
+            and isinstance(value, int | float)
+            and math.isfinite(value)
+            and value >= minimum,
+            attribute.name,
+            f"must be finite seconds >= {minimum}, got {value!r}",
+        )
+
+    return check
+
+
+def _matches(
+    pattern: re.Pattern[str], what: str
+) -> Callable[[object, attrs.Attribute[str], object], None]:
+    def check(_: object, attribute: attrs.Attribute[str], value: object) -> None:
+        _check(
+            isinstance(value, str) and pattern.fullmatch(value) is not None,
+            attribute.name,
+            f"must be {what}, got {value!r}",
+        )
+
+    return check
+
+
+def _optional_name(_: object, attribute: attrs.Attribute[str | None], value: object) -> None:
+    if value is not None:
+        _check(
+            isinstance(value, str) and _NAME.fullmatch(value) is not None,
+            attribute.name,
+            f"must be None or a name of letters, digits, '_' and '-', got {value!r}",
+        )
+
+
+def _words(value: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, Sequence):
+        return tuple(cast("Sequence[str]", value))
+    return cast("tuple[str, ...]", value)
+
+
+def _nonempty_words(_: object, attribute: attrs.Attribute[tuple[str, ...]], value: object) -> None:
+    _check(
+        isinstance(value, tuple)
+        and len(value) > 0
+        and all(isinstance(w, str) and w and "\0" not in w for w in value),
+        attribute.name,
+        f"must be one or more non-empty words, got {value!r}",
+    )
+
+
+def _datacenters(_: object, attribute: attrs.Attribute[tuple[str, ...]], value: object) -> None:
+    _check(
+        isinstance(value, tuple)
+        and len(value) > 0
+        and all(isinstance(dc, str) and dc and dc == dc.strip() for dc in value),
+        attribute.name,
+        f"must name one or more datacenters, got {value!r}",
+    )
+
+
+@attrs.frozen(kw_only=True)
+class NomadJobSpec:
+    """Everything the slot servers' Nomad job is built from.
+
+    Attributes:
+        job_id: The job's ID (and name): letters, digits, ``_``, ``.``, ``-``; at most 128.
+        count: Allocations (containers) to run.
+        driver: ``docker``, ``exec`` or ``raw_exec``.
+        image: The docker image holding trajcore (docker only; ignored by the others).
+        command: The slot server program and its subcommand, e.g. ``("trajcore",
+            "slot-server")`` or ``("/opt/venv/bin/python", "-m",
+            "trajcore.entrypoints.slot_server")``.
+        slots_per_container: Slots each slot server serves (N).
+        flags: The sandbox policy every slot server gets.
+        token: The slot servers' bearer token (at least 16 printable ASCII characters).
+        token_env: The task environment variable that carries ``token`` to the template.
+        privileged: Run the docker container privileged (bubblewrap inside docker needs it).
+        datacenters: Where Nomad may place the allocations.
+        namespace, region: Nomad namespace and region (``None``: the agent's defaults).
+        group, task: Names of the task group and the task.
+        cpu_mhz, memory_mb, disk_mb: What each allocation reserves.
+        restart_attempts, restart_delay_s: In-place restarts of a dead slot server before its
+            allocation fails (0: none, the allocation is replaced instead).
+        reschedule_delay_s, reschedule_max_delay_s: Delay before a failed allocation is
+            replaced, growing exponentially up to the maximum; unlimited attempts.
+        kill_timeout_s: Grace between SIGTERM and SIGKILL when Nomad stops a slot server.
+    """
+
+    job_id: str = attrs.field(
+        validator=_matches(_JOB_ID, "letters, digits, '_', '.' or '-' (at most 128)")
+    )
+    count: int = attrs.field(validator=_int_at_least(0))
+    driver: Driver = attrs.field(default="docker")
+    image: str = ""
+    command: tuple[str, ...] = attrs.field(
+        default=("trajcore", "slot-server"), converter=_words, validator=_nonempty_words
+    )
+    slots_per_container: int = attrs.field(default=8, validator=_int_at_least(1))
+    flags: SlotServerFlags = attrs.field(factory=SlotServerFlags)
+    token: str = attrs.field(
+        repr=False, validator=_matches(_TOKEN, "16 to 512 printable ASCII characters")
+    )
+    token_env: str = attrs.field(
+        default="TRAJCORE_SLOT_TOKEN",
+        validator=_matches(_ENV_NAME, "an environment variable name"),
+    )
+    privileged: bool = False
+    datacenters: tuple[str, ...] = attrs.field(
+        default=("dc1",), converter=_words, validator=_datacenters
+    )
+    namespace: str | None = attrs.field(default=None, validator=_optional_name)
+    region: str | None = attrs.field(default=None, validator=_optional_name)
+    group: str = attrs.field(default="slots", validator=_matches(_NAME, "a name"))
+    task: str = attrs.field(default="slot-server", validator=_matches(_NAME, "a name"))
+    cpu_mhz: int = attrs.field(default=1000, validator=_int_at_least(1))
+    memory_mb: int = attrs.field(default=2560, validator=_int_at_least(10))
+    disk_mb: int = attrs.field(default=1024, validator=_int_at_least(10))
+    restart_attempts: int = attrs.field(default=0, validator=_int_at_least(0))
+    restart_delay_s: float = attrs.field(default=1.0, validator=_seconds_at_least(0.0))
+    reschedule_delay_s: float = attrs.field(
+        default=5.0, validator=_seconds_at_least(_MIN_RESCHEDULE_DELAY_S)
+    )
+    reschedule_max_delay_s: float = attrs.field(
+        default=60.0, validator=_seconds_at_least(_MIN_RESCHEDULE_DELAY_S)
+    )
+    kill_timeout_s: float = attrs.field(default=10.0, validator=_seconds_at_least(0.0))
+
+    def __attrs_post_init__(self) -> None:
+        _check(
+            self.driver in DRIVERS,
+            "driver",
+            f"must be one of {', '.join(DRIVERS)}, got {self.driver!r}",
+        )
+        if self.driver == "docker":
+            _check(
+                bool(self.image.strip()) and not any(c.isspace() for c in self.image),
+                "image",
+                f"the docker driver needs an image name, got {self.image!r}",
+            )
+        _check(
+            isinstance(self.privileged, bool),
+            "privileged",
+            f"must be true or false, got {self.privileged!r}",
+        )
+        _check(
+            not self.privileged or self.driver == "docker",
+            "privileged",
+            f"only the docker driver runs containers privileged; {self.driver} tasks run as the "
+            "Nomad client's user",
+        )
+        _check(
+            self.reschedule_max_delay_s >= self.reschedule_delay_s,
+            "reschedule_max_delay_s",
+            f"must be >= reschedule_delay_s ({self.reschedule_delay_s}), "
+            f"got {self.reschedule_max_delay_s}",
+        )
+        _check(
+            self.restart_attempts * self.restart_delay_s < _RESTART_INTERVAL_S,
+            "restart_attempts",
+            f"{self.restart_attempts} restarts {self.restart_delay_s} s apart do not fit in "
+            f"Nomad's restart interval of {_RESTART_INTERVAL_S} s",
+        )
+
+    def listen_address(self) -> str:
+        """What the slot server listens on, as Nomad interpolates it in the task's arguments."""
+        if self.driver == "docker":
+            return f"0.0.0.0:${{NOMAD_PORT_{PORT_LABEL}}}"
+        return f"${{NOMAD_IP_{PORT_LABEL}}}:${{NOMAD_PORT_{PORT_LABEL}}}"
+
+    def server_args(self) -> list[str]:
+        """The words after ``command``: slots, root, listen address, token file, policy."""
+        return [
+            "--slots", str(self.slots_per_container),
+            "--root", "${NOMAD_TASK_DIR}/slots",
+            "--listen", self.listen_address(),
+            "--token-file", "${NOMAD_SECRETS_DIR}/slot-token",
+            *self.flags.argv(),
+        ]  # fmt: skip
+
+
+def _ns(seconds: float) -> int:
+    return round(seconds * _NS)
+
+
+def _task_config(spec: NomadJobSpec) -> JSONObject:
+    args: list[JSON] = list(spec.server_args())
+    if spec.driver == "docker":
+        return {
+            "image": spec.image,
+            "entrypoint": list(spec.command),
+            "args": args,
+            "ports": [PORT_LABEL],
+            "privileged": spec.privileged,
+        }
+    command, *rest = spec.command
+    return {"command": command, "args": [*rest, *args]}
+
+
+def job_json(spec: NomadJobSpec) -> JSONObject:
+    """The ``Job`` object that registers ``spec`` with Nomad (see the module doc)."""
+    task: JSONObject = {
+        "Name": spec.task,
+        "Driver": spec.driver,
+        "Config": _task_config(spec),
+        "Env": {spec.token_env: spec.token},
+        "Templates": [
+            {
+                "EmbeddedTmpl": f'{{{{ env "{spec.token_env}" }}}}',
+                "DestPath": TOKEN_FILE,
+                "Perms": "0600",
+                "ChangeMode": "noop",
+            }
+        ],
+        "Resources": {"CPU": spec.cpu_mhz, "MemoryMB": spec.memory_mb},
+        "KillSignal": "SIGTERM",
+        "KillTimeout": _ns(spec.kill_timeout_s),
+        "LogConfig": {"MaxFiles": 2, "MaxFileSizeMB": 10},
+        "Meta": {"trajcore-role": "slot-server"},
+    }
+    group: JSONObject = {
+        "Name": spec.group,
+        "Count": spec.count,
+        "Networks": [{"Mode": "host", "DynamicPorts": [{"Label": PORT_LABEL}]}],
+        "RestartPolicy": {
+            "Attempts": spec.restart_attempts,
+            "Delay": _ns(spec.restart_delay_s),
+            "Interval": _ns(_RESTART_INTERVAL_S),
+            "Mode": "fail",
+        },
+        "ReschedulePolicy": {
+            "Unlimited": True,
+            "Attempts": 0,
+            "Interval": 0,
+            "Delay": _ns(spec.reschedule_delay_s),
+            "DelayFunction": "exponential",
+            "MaxDelay": _ns(spec.reschedule_max_delay_s),
+        },
+        "EphemeralDisk": {"SizeMB": spec.disk_mb},
+        "Update": {"MaxParallel": 0},
+        "Tasks": [task],
+    }
+    job: JSONObject = {
+        "ID": spec.job_id,
+        "Name": spec.job_id,
+        "Type": "service",
+        "Datacenters": list(spec.datacenters),
+        "Meta": {
+            "trajcore-role": "slot-servers",
+            "trajcore-slots-per-container": str(spec.slots_per_container),
+        },
+        "TaskGroups": [group],
+    }
+    if spec.namespace is not None:
+        job["Namespace"] = spec.namespace
+    if spec.region is not None:
+        job["Region"] = spec.region
+    return job
+
+
+def register_request(spec: NomadJobSpec) -> JSONObject:
+    """The body of ``POST /v1/job/{job_id}``: a ``JobRegisterRequest`` holding ``job_json``."""
+    return {"Job": job_json(spec)}
+
+
+def scale_request(group: str, count: int, message: str) -> JSONObject:
+    """The body of ``POST /v1/job/{job_id}/scale``: a ``ScalingRequest`` for ``group``.
+
+    Raises:
+        ConfigError: ``count`` is negative or not an integer.
+    """
+    given: object = count
+    _check(
+        not isinstance(given, bool) and isinstance(given, int) and given >= 0,
+        "count",
+        f"must be an integer >= 0, got {count!r}",
+    )
+    return {"Count": count, "Target": {"Group": group}, "Message": message}
+
+
+# ============================================================================ answers
+
+
+@attrs.frozen(kw_only=True)
+class AllocationStub:
+    """What the pool needs of one entry of ``GET /v1/job/{job_id}/allocations``.
+
+    Attributes:
+        id: The allocation ID.
+        name: ``job.group[index]``.
+        index: The index in the name: Nomad keeps it across replacements and removes the
+            highest ones first when the count goes down.
+        job_version: The job version the allocation runs.
+        client_status: ``pending``, ``running``, ``complete``, ``failed``, ``lost`` (or newer).
+        desired_status: ``run``, ``stop`` or ``evict``.
+        restarts: In-place restarts of its tasks so far.
+    """
+
+    id: str
+    name: str
+    index: int
+    job_version: int
+    client_status: str
+    desired_status: str
+    restarts: int
+
+    @property
+    def running(self) -> bool:
+        """Its slot server runs and Nomad wants it to."""
+        return self.client_status == "running" and self.desired_status == "run"
+
+    @property
+    def finished(self) -> bool:
+        """It stopped or will stop: terminal on the client or no longer desired."""
+        return self.client_status in TERMINAL_CLIENT_STATUSES or self.desired_status != "run"
+
+
+def _field(obj: Mapping[str, JSON], key: str, path: str) -> JSON:
+    if key not in obj:
+        raise WireError(f"{path}.{key}", "missing")
+    return obj[key]
+
+
+def _text(obj: Mapping[str, JSON], key: str, path: str) -> str:
+    value = _field(obj, key, path)
+    if not isinstance(value, str):
+        raise WireError(f"{path}.{key}", f"expected a string, got {value!r}")
+    return value
+
+
+def _count(value: JSON, path: str) -> int:
+    if value is None:  # the real agent sends null for an unset number pointer
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise WireError(path, f"expected an integer >= 0, got {value!r}")
+    return value
+
+
+def _object(value: JSON, path: str) -> Mapping[str, JSON]:
+    if not isinstance(value, dict):
+        raise WireError(path, f"expected an object, got {type(value).__name__}")
+    return value
+
+
+def _objects(value: JSON, path: str) -> list[Mapping[str, JSON]]:
+    """A list of objects; ``null`` (Go's nil slice, as the real agent sends it) is empty."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise WireError(path, f"expected a list, got {type(value).__name__}")
+    return [_object(item, f"{path}[{i}]") for i, item in enumerate(value)]
+
+
+def _stub(item: Mapping[str, JSON], path: str) -> AllocationStub:
+    name = _text(item, "Name", path)
+    found = _INDEX.search(name)
+    if found is None:
+        raise WireError(f"{path}.Name", f"expected 'job.group[index]', got {name!r}")
+    states = item.get("TaskStates")
+    restarts = 0
+    if states is not None:
+        for task, state in _object(states, f"{path}.TaskStates").items():
+            where = f"{path}.TaskStates.{task}"
+            restarts += _count(_object(state, where).get("Restarts"), f"{where}.Restarts")
+    return AllocationStub(
+        id=_text(item, "ID", path),
+        name=name,
+        index=int(found.group(1)),
+        job_version=_count(item.get("JobVersion"), f"{path}.JobVersion"),
+        client_status=_text(item, "ClientStatus", path),
+        desired_status=_text(item, "DesiredStatus", path),
+        restarts=restarts,
+    )
+
+
+def parse_allocation_stubs(body: JSON) -> list[AllocationStub]:
+    """The allocations of ``GET /v1/job/{job_id}/allocations``, in the order given.
+
+    Fields the real agent sends as ``null`` (task states, versions) count as unset.
+    Raises:
+        WireError: the body is not a list of allocation stubs (the path names the fault).
+    """
+    return [_stub(item, f"$[{i}]") for i, item in enumerate(_objects(body, "$"))]
+
+
+def _host_port(host: str, port: JSON, path: str) -> str:
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise WireError(path, f"expected a port number, got {port!r}")
+    if not host:
+        raise WireError(path, "the port has no host address")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def allocation_address(body: JSON, label: str = PORT_LABEL) -> str:
+    """``host:port`` of the port labelled ``label`` in ``GET /v1/allocation/{id}``'s answer.
+
+    Looks in ``AllocatedResources.Shared.Ports`` (``HostIP`` and ``Value``), then in
+    ``AllocatedResources.Shared.Networks[*]`` (``IP`` and the ``DynamicPorts`` or
+    ``ReservedPorts`` entry). Raises:
+        WireError: the answer is malformed or has no such port.
+    """
+    alloc = _object(body, "$")
+    resources = alloc.get("AllocatedResources")
+    if resources is None:
+        raise WireError("$.AllocatedResources", "missing: the allocation has no resources yet")
+    shared = _object(resources, "$.AllocatedResources").get("Shared")
+    if shared is None:
+        raise WireError("$.AllocatedResources.Shared", "missing")
+    shared_obj = _object(shared, "$.AllocatedResources.Shared")
+    where = "$.AllocatedResources.Shared.Ports"
+    for i, port in enumerate(_objects(shared_obj.get("Ports"), where)):
+        if port.get("Label") == label:
+            host = port.get("HostIP")
+            return _host_port(
+                host if isinstance(host, str) else "", port.get("Value"), f"{where}[{i}]"
+            )
+    where = "$.AllocatedResources.Shared.Networks"
+    for i, network in enumerate(_objects(shared_obj.get("Networks"), where)):
+        ip = network.get("IP")
+        for kind in ("DynamicPorts", "ReservedPorts"):
+            ports = _objects(network.get(kind), f"{where}[{i}].{kind}")
+            for j, port in enumerate(ports):
+                if port.get("Label") == label:
+                    return _host_port(
+                        ip if isinstance(ip, str) else "", port.get("Value"),
+                        f"{where}[{i}].{kind}[{j}]",
+                    )  # fmt: skip
+    raise WireError(
+        "$.AllocatedResources.Shared.Ports", f"no port labelled {label!r} in the allocation"
+    )
