@@ -513,6 +513,90 @@ def test_reset_kills_background_processes_and_tmux_and_wipes(server: Server) -> 
     assert list((server.root / "slots" / "1").iterdir()) == []
 
 
+# --------------------------------------------------------------------------------- leases
+
+
+def status_fields(text: str) -> dict[str, str]:
+    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
+def test_every_lease_is_fresh_namespaces_without_capabilities(server: Server) -> None:
+    marker = "4321.888"
+    leftovers = (
+        f"echo tmp >/tmp/left; echo shm >/dev/shm/left; (sleep {marker} >/dev/null 2>&1 &); echo $$"
+    )
+    probe = (
+        "ls -A /tmp /dev/shm; touch /dev/planted 2>&1 || echo dev-read-only; "
+        "mount -t tmpfs none /tmp 2>&1 || echo mount-refused; "
+        "ls /proc | grep -c '^[0-9]'; echo $$"
+    )
+
+    async def main(client: SlotServerClient) -> tuple[ToolResult, ...]:
+        status = await one(client, call(3, "bash", epoch=50, command="cat /proc/self/status"))
+        first = await one(client, call(3, "bash", epoch=50, command=leftovers))
+        keeper = (await client.list_slots()).slots[3].sandbox_pid
+        await reset_clean(client, 3, 50)
+        second = await one(client, call(3, "bash", epoch=51, command=probe))
+        kept = (await client.list_slots()).slots[3].sandbox_pid
+        assert keeper is not None
+        assert kept == keeper, "the slot's keeper sandbox lives on across leases"
+        return status, first, second
+
+    status, first, second = run(main, server)
+    fields = status_fields(status.content)
+    for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(fields[key], 16) == 0, (key, fields[key])
+    assert fields["NoNewPrivs"].strip() == "1"
+    assert int(first.content.split()[-1]) < 10, "a lease's shell is low in its own pid namespace"
+    lines = second.content.split("\n")
+    assert lines[:4] == ["/dev/shm:", "", "/tmp:", ".trajcore"], second.content
+    assert "dev-read-only" in second.content
+    assert "mount-refused" in second.content
+    assert int(lines[-3]) <= 6, f"only the lease's own processes are visible: {second.content}"
+    assert host_processes_with(marker) == []
+
+
+def test_a_hostile_lease_cannot_reach_its_keeper_or_the_next_lease(server: Server) -> None:
+    async def main(client: SlotServerClient) -> tuple[ToolResult, ...]:
+        keeper = (await client.list_slots()).slots[2].sandbox_pid
+        pythons = await one(
+            client, call(2, "bash", epoch=60, command="grep -l python /proc/[0-9]*/comm | wc -l")
+        )
+        killed = await one(client, call(2, "bash", epoch=60, command="kill -9 -1; echo after"))
+        still = await one(client, call(2, "bash", epoch=60, command="echo same-lease"))
+        await reset_clean(client, 2, 60)
+        fresh = await one(client, call(2, "bash", epoch=61, command="echo next-lease"))
+        listing = (await client.list_slots()).slots[2]
+        assert keeper is None or listing.sandbox_pid == keeper
+        return pythons, killed, still, fresh
+
+    pythons, killed, still, fresh = run(main, server)
+    # The lease sees one Python: its own agent (pid 1). The keeper is outside its namespace.
+    assert pythons.content.strip() == "1", pythons.content
+    assert killed.outcome in (ToolOutcome.OK, ToolOutcome.TOOL_ERROR)
+    assert still.content == "same-lease\n"
+    assert fresh.content == "next-lease\n"
+
+
+def test_a_dead_keeper_fails_its_lease_and_the_next_lease_gets_a_new_one(server: Server) -> None:
+    async def main(client: SlotServerClient) -> tuple[ToolResult, ToolResult, int, int]:
+        await one(client, call(0, "bash", epoch=70, command="true"))
+        keeper = (await client.list_slots()).slots[0].sandbox_pid
+        assert keeper is not None
+        os.kill(keeper, signal.SIGKILL)
+        lost = await one(client, call(0, "bash", epoch=70, command="echo lost"))
+        await reset_clean(client, 0, 70)
+        fresh = await one(client, call(0, "bash", epoch=71, command="echo fresh"))
+        replaced = (await client.list_slots()).slots[0].sandbox_pid
+        assert replaced is not None
+        return lost, fresh, keeper, replaced
+
+    lost, fresh, keeper, replaced = run(main, server)
+    assert lost.outcome is ToolOutcome.INFRA_ERROR, lost
+    assert fresh.content == "fresh\n"
+    assert replaced != keeper
+
+
 # --------------------------------------------------------------------------------- other servers
 
 

@@ -10,10 +10,12 @@ from hypothesis import strategies as st
 
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.sandbox_policy import (
+    KEEPER_CAPABILITIES,
     Bind,
     SandboxPolicy,
     bwrap_argv,
     clamp_timeout,
+    private_tmp_binds,
 )
 
 segment = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_-", min_size=1, max_size=8)
@@ -24,12 +26,12 @@ policies = st.builds(
     allow_network=st.booleans(),
     require_sandbox=st.booleans(),
     read_only_root=st.booleans(),
-    workspace_path=st.sampled_from(["/workspace", "/work/slot", "/home/agent"]),
+    workspace_path=st.sampled_from(["/workspace", "/work/slot", "/home/agent", "/tmp/ws"]),
     extra_binds=st.lists(
         st.builds(
             Bind,
             source=abs_path,
-            dest=abs_path,
+            dest=abs_path | abs_path.map(lambda path: "/tmp" + path),
             writable=st.booleans(),
             optional=st.booleans(),
         ),
@@ -108,6 +110,42 @@ def test_paths_under_tmp_are_bound_back_after_the_private_tmp(
     bind_at = argv.index(venv)
     assert argv[bind_at - 1] == "--ro-bind"
     assert bind_at > tmpfs_at
+
+
+@given(policy=policies, under_tmp=st.lists(segment, min_size=1, max_size=3))
+def test_a_lease_binds_back_exactly_what_the_sandbox_bound_under_tmp(
+    policy: SandboxPolicy, under_tmp: list[str]
+) -> None:
+    venv = "/tmp/" + "/".join(under_tmp)
+    argv = bwrap_argv(policy, workspace="/srv/ws", command=["python"], rebind=[venv, "/usr/x"])
+    opts = argv[: argv.index("--")]
+    bound_under_tmp = [
+        (opts[i + 2], flag in ("--bind", "--bind-try"))
+        for i, flag in enumerate(opts)
+        if flag in ("--bind", "--bind-try", "--ro-bind", "--ro-bind-try")
+        and (opts[i + 2] == "/tmp" or opts[i + 2].startswith("/tmp/"))
+    ]
+    assert private_tmp_binds(policy, rebind=[venv, "/usr/x"]) == bound_under_tmp
+
+
+@given(policy=policies, keep=st.lists(st.sampled_from(KEEPER_CAPABILITIES), unique=True))
+def test_kept_capabilities_follow_the_drop_of_all(policy: SandboxPolicy, keep: list[str]) -> None:
+    argv = bwrap_argv(policy, workspace="/srv/ws", command=["keeper"], keep_capabilities=keep)
+    opts = argv[: argv.index("--")]
+    dropped = opts.index("--cap-drop")
+    assert opts[dropped + 1] == "ALL"
+    added = [opts[i + 1] for i, flag in enumerate(opts) if flag == "--cap-add"]
+    assert added == keep
+    assert all(i > dropped for i, flag in enumerate(opts) if flag == "--cap-add")
+
+
+@pytest.mark.parametrize("capability", ["CAP_NET_ADMIN", "CAP_SYS_PTRACE", "ALL", ""])
+def test_only_the_keeper_capabilities_may_be_kept(capability: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        bwrap_argv(
+            SandboxPolicy(), workspace="/srv/ws", command=["k"], keep_capabilities=[capability]
+        )
+    assert info.value.field == "keep_capabilities"
 
 
 def test_rebind_covered_by_a_system_path_is_skipped() -> None:
