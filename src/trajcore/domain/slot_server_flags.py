@@ -97,7 +97,7 @@ class SlotServerFlags:
     def argv(self) -> list[str]:
         """The policy flags of ``trajcore slot-server``, in a fixed order."""
         words = [
-            "--bwrap", self.bwrap,
+            f"--bwrap={self.bwrap}",  # one word: a path may start with '-'
             "--max-processes", str(self.max_processes), "--memory-mb", str(self.memory_mb),
             "--output-cap-bytes", str(self.output_cap_bytes),
             "--file-cap-bytes", str(self.file_cap_bytes),

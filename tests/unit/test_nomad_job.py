@@ -1,0 +1,420 @@
+"""The Nomad job spec and the parsers of Nomad's answers (``trajcore.domain.nomad_job``).
+
+Schema checks read Nomad's own OpenAPI description (``nomad-openapi-v1.yaml``, found through
+``TRAJCORE_NOMAD_OPENAPI`` or ``shared/reference/`` above the repository) with unknown fields
+refused; they skip, naming the variable, when it cannot be found. Everything else runs anyway.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trajcore.adapters.fakes.nomad_api import OPENAPI_ENV, NomadOpenAPI
+from trajcore.domain.errors import ConfigError, WireError
+from trajcore.domain.messages import JSON, JSONObject
+from trajcore.domain.nomad_job import (
+    DRIVERS,
+    PORT_LABEL,
+    TOKEN_FILE,
+    NomadJobSpec,
+    allocation_address,
+    job_json,
+    parse_allocation_stubs,
+    register_request,
+    scale_request,
+)
+from trajcore.domain.slot_server_flags import SlotServerFlags
+from trajcore.entrypoints.slot_server import parse_args
+
+OPENAPI = NomadOpenAPI.find()
+needs_openapi = pytest.mark.skipif(
+    OPENAPI is None,
+    reason=f"Nomad's OpenAPI description was not found: set {OPENAPI_ENV} to the path of "
+    "nomad-openapi-v1.yaml",
+)
+TOKEN = "t0ken-t0ken-t0ken"
+
+# ----------------------------------------------------------------------------- strategies
+
+names = st.text(string.ascii_letters + string.digits + "_-", min_size=1, max_size=20).filter(
+    lambda s: s[0].isalnum()
+)
+words = st.text(string.ascii_letters + string.digits + "/._-", min_size=1, max_size=20)
+seconds = st.floats(min_value=0.01, max_value=100.0, allow_nan=False)
+
+
+@st.composite
+def flags(draw: st.DrawFn) -> SlotServerFlags:
+    low = draw(seconds)
+    default = draw(st.floats(min_value=low, max_value=low * 10))
+    high = draw(st.floats(min_value=default, max_value=default * 10))
+    return SlotServerFlags(
+        allow_network=draw(st.booleans()),
+        require_sandbox=draw(st.booleans()),
+        max_processes=draw(st.integers(1, 4096)),
+        memory_mb=draw(st.integers(1, 1 << 16)),
+        cpu_seconds=draw(st.none() | st.integers(1, 10_000)),
+        output_cap_bytes=draw(st.integers(1, 1 << 24)),
+        file_cap_bytes=draw(st.integers(1, 1 << 30)),
+        min_timeout_s=low,
+        default_timeout_s=default,
+        max_timeout_s=high,
+        use_cgroups=draw(st.booleans()),
+        bwrap=draw(words),
+    )
+
+
+@st.composite
+def specs(draw: st.DrawFn) -> NomadJobSpec:
+    driver = draw(st.sampled_from(DRIVERS))
+    delay = draw(st.floats(min_value=5.0, max_value=600.0))
+    return NomadJobSpec(
+        job_id=draw(names),
+        count=draw(st.integers(0, 1000)),
+        driver=driver,
+        image=draw(words) if driver == "docker" else draw(st.sampled_from(["", "unused"])),
+        command=tuple(draw(st.lists(words, min_size=1, max_size=4))),
+        slots_per_container=draw(st.integers(1, 256)),
+        flags=draw(flags()),
+        token=draw(
+            st.text(string.ascii_letters + string.digits + "-_.~", min_size=16, max_size=64)
+        ),
+        privileged=draw(st.booleans()) if driver == "docker" else False,
+        datacenters=tuple(draw(st.lists(names, min_size=1, max_size=3))),
+        namespace=draw(st.none() | names),
+        region=draw(st.none() | names),
+        cpu_mhz=draw(st.integers(1, 100_000)),
+        memory_mb=draw(st.integers(10, 1 << 20)),
+        disk_mb=draw(st.integers(10, 1 << 20)),
+        restart_attempts=draw(st.integers(0, 10)),
+        restart_delay_s=draw(st.floats(min_value=0.0, max_value=60.0)),
+        reschedule_delay_s=delay,
+        reschedule_max_delay_s=draw(st.floats(min_value=delay, max_value=delay * 100)),
+        kill_timeout_s=draw(st.floats(min_value=0.0, max_value=600.0)),
+    )
+
+
+def _task(job: JSONObject) -> JSONObject:
+    groups = job["TaskGroups"]
+    assert isinstance(groups, list)
+    assert len(groups) == 1
+    group = groups[0]
+    assert isinstance(group, dict)
+    tasks = group["Tasks"]
+    assert isinstance(tasks, list)
+    assert len(tasks) == 1
+    task = tasks[0]
+    assert isinstance(task, dict)
+    return task
+
+
+def _argv(task: JSONObject) -> list[str]:
+    config = task["Config"]
+    assert isinstance(config, dict)
+    args = config["args"]
+    assert isinstance(args, list)
+    head = config["entrypoint"] if task["Driver"] == "docker" else [config["command"]]
+    assert isinstance(head, list)
+    return [str(word) for word in [*head, *args]]
+
+
+# ----------------------------------------------------------------------------- schema
+
+
+@needs_openapi
+@given(specs())
+def test_every_job_validates_against_nomads_job_schema(spec: NomadJobSpec) -> None:
+    assert OPENAPI is not None
+    assert OPENAPI.check_schema("Job", job_json(spec)) == []
+    assert OPENAPI.check_request("POST", "/job/{jobName}", {}, register_request(spec)) == []
+
+
+@needs_openapi
+@given(count=st.integers(0, 10_000), group=names, message=st.text(max_size=40))
+def test_every_scale_request_validates(count: int, group: str, message: str) -> None:
+    assert OPENAPI is not None
+    body = scale_request(group, count, message)
+    assert OPENAPI.check_request("POST", "/job/{jobName}/scale", {}, body) == []
+
+
+@needs_openapi
+def test_the_schema_check_refuses_unknown_fields_and_wrong_types() -> None:
+    assert OPENAPI is not None
+    job = job_json(NomadJobSpec(job_id="j", count=1, driver="raw_exec", token=TOKEN))
+    job["Drivr"] = "raw_exec"
+    _task(job)["Resources"] = {"CPU": "lots"}
+    problems = OPENAPI.check_schema("Job", job)
+    assert any("'Drivr' was unexpected" in p for p in problems)
+    assert any("Resources.CPU" in p for p in problems)
+
+
+# ----------------------------------------------------------------------------- job shape
+
+
+@given(specs())
+def test_the_job_runs_the_slot_server_as_specified(spec: NomadJobSpec) -> None:
+    job = job_json(spec)
+    assert job["ID"] == spec.job_id
+    assert job["Type"] == "service"
+    group = job["TaskGroups"][0]  # type: ignore[index]
+    assert isinstance(group, dict)
+    assert group["Count"] == spec.count
+    assert group["Networks"] == [{"Mode": "host", "DynamicPorts": [{"Label": PORT_LABEL}]}]
+    task = _task(job)
+    assert task["Driver"] == spec.driver
+    argv = _argv(task)
+    assert argv[: len(spec.command)] == list(spec.command)
+    parsed = parse_args(argv[len(spec.command) :])
+    assert parsed.slots == spec.slots_per_container
+    assert parsed.listen == spec.listen_address()
+    assert parsed.token_file == Path("${NOMAD_SECRETS_DIR}/slot-token")
+    assert parsed.allow_network is spec.flags.allow_network
+    assert parsed.require_sandbox is spec.flags.require_sandbox
+    # The token reaches the task only through its environment and the template.
+    assert task["Env"] == {spec.token_env: spec.token}
+    assert spec.token not in argv
+    assert task["Templates"] == [
+        {
+            "EmbeddedTmpl": f'{{{{ env "{spec.token_env}" }}}}',
+            "DestPath": TOKEN_FILE,
+            "Perms": "0600",
+            "ChangeMode": "noop",
+        }
+    ]
+    config = task["Config"]
+    assert isinstance(config, dict)
+    if spec.driver == "docker":
+        assert config["image"] == spec.image
+        assert config["ports"] == [PORT_LABEL]
+        assert config["privileged"] is spec.privileged
+        assert spec.listen_address().startswith("0.0.0.0:")
+    else:
+        assert "image" not in config
+        assert "privileged" not in config
+        assert spec.listen_address() == "${NOMAD_IP_slot}:${NOMAD_PORT_slot}"
+
+
+@given(specs())
+def test_durations_are_whole_nanoseconds(spec: NomadJobSpec) -> None:
+    group = job_json(spec)["TaskGroups"][0]  # type: ignore[index]
+    assert isinstance(group, dict)
+    reschedule = group["ReschedulePolicy"]
+    assert isinstance(reschedule, dict)
+    assert reschedule["Delay"] == round(spec.reschedule_delay_s * 1e9)
+    assert isinstance(reschedule["MaxDelay"], int)
+    assert reschedule["MaxDelay"] >= reschedule["Delay"]
+    assert reschedule["Unlimited"] is True
+    restart = group["RestartPolicy"]
+    assert isinstance(restart, dict)
+    assert restart["Mode"] == "fail"
+    assert restart["Attempts"] == spec.restart_attempts
+    assert _task(job_json(spec))["KillTimeout"] == round(spec.kill_timeout_s * 1e9)
+
+
+@given(flags())
+def test_policy_flags_read_back_as_the_same_policy(policy: SlotServerFlags) -> None:
+    args = parse_args(["--slots", "1", "--root", "/w", "--unix", "/s", *policy.argv()])
+    assert args.allow_network is policy.allow_network
+    assert args.require_sandbox is policy.require_sandbox
+    assert args.max_processes == policy.max_processes
+    assert args.memory_mb == policy.memory_mb
+    assert args.cpu_seconds == policy.cpu_seconds
+    assert args.output_cap_bytes == policy.output_cap_bytes
+    assert args.file_cap_bytes == policy.file_cap_bytes
+    assert (args.min_timeout_s, args.default_timeout_s, args.max_timeout_s) == (
+        policy.min_timeout_s,
+        policy.default_timeout_s,
+        policy.max_timeout_s,
+    )
+    assert args.no_cgroups is not policy.use_cgroups
+    assert args.bwrap == policy.bwrap
+
+
+# ----------------------------------------------------------------------------- bad specs
+
+
+@pytest.mark.parametrize(
+    ("field", "change"),
+    [
+        ("job_id", {"job_id": "has space"}),
+        ("job_id", {"job_id": ""}),
+        ("count", {"count": -1}),
+        ("count", {"count": True}),
+        ("driver", {"driver": "podman"}),
+        ("image", {"driver": "docker", "image": ""}),
+        ("image", {"driver": "docker", "image": "two words"}),
+        ("privileged", {"driver": "raw_exec", "privileged": True}),
+        ("token", {"token": "short"}),
+        ("token", {"token": "has a space in it ok"}),
+        ("token_env", {"token_env": "1BAD"}),
+        ("command", {"command": ()}),
+        ("command", {"command": ("trajcore", "")}),
+        ("slots_per_container", {"slots_per_container": 0}),
+        ("datacenters", {"datacenters": ()}),
+        ("namespace", {"namespace": "bad namespace"}),
+        ("memory_mb", {"memory_mb": 5}),
+        ("cpu_mhz", {"cpu_mhz": 0}),
+        ("reschedule_delay_s", {"reschedule_delay_s": 1.0}),
+        ("reschedule_delay_s", {"reschedule_delay_s": float("nan")}),
+        ("reschedule_max_delay_s", {"reschedule_delay_s": 30.0, "reschedule_max_delay_s": 10.0}),
+        ("restart_attempts", {"restart_attempts": 5000}),
+    ],
+)
+def test_a_bad_spec_names_its_field(field: str, change: dict[str, object]) -> None:
+    settings: dict[str, object] = {
+        "job_id": "slots",
+        "count": 1,
+        "driver": "docker",
+        "image": "img",
+        "token": TOKEN,
+    }
+    settings.update(change)
+    with pytest.raises(ConfigError) as caught:
+        NomadJobSpec(**settings)  # type: ignore[arg-type]
+    assert caught.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("field", "change"),
+    [
+        ("max_processes", {"max_processes": 0}),
+        ("cpu_seconds", {"cpu_seconds": 0}),
+        ("min_timeout_s", {"min_timeout_s": -1.0}),
+        ("default_timeout_s", {"min_timeout_s": 5.0, "default_timeout_s": 1.0}),
+        ("bwrap", {"bwrap": ""}),
+        ("allow_network", {"allow_network": "yes"}),
+    ],
+)
+def test_bad_policy_flags_name_their_field(field: str, change: dict[str, object]) -> None:
+    with pytest.raises(ConfigError) as caught:
+        SlotServerFlags(**change)  # type: ignore[arg-type]
+    assert caught.value.field == field
+
+
+def test_a_negative_scale_count_names_the_field() -> None:
+    with pytest.raises(ConfigError) as caught:
+        scale_request("slots", -1, "x")
+    assert caught.value.field == "count"
+
+
+# ----------------------------------------------------------------------------- answers
+
+
+def _stub(**fields: JSON) -> JSONObject:
+    stub: JSONObject = {
+        "ID": "a1",
+        "Name": "slots.slots[3]",
+        "JobVersion": 2,
+        "ClientStatus": "running",
+        "DesiredStatus": "run",
+        "TaskStates": {"slot-server": {"State": "running", "Restarts": 1}},
+    }
+    stub.update(fields)
+    return stub
+
+
+def test_allocation_stubs_are_read() -> None:
+    (stub,) = parse_allocation_stubs([_stub()])
+    assert (stub.id, stub.index, stub.job_version, stub.restarts) == ("a1", 3, 2, 1)
+    assert stub.running
+    assert not stub.finished
+    (failed,) = parse_allocation_stubs([_stub(ClientStatus="failed")])
+    assert failed.finished
+    assert not failed.running
+    (stopping,) = parse_allocation_stubs([_stub(DesiredStatus="stop")])
+    assert stopping.finished
+
+
+def test_nulls_from_the_real_agent_count_as_unset() -> None:
+    # The real agent writes Go's nil maps, slices and pointers as null, where the OpenAPI
+    # description declares objects and lists (and never says nullable). The agent wins: the
+    # parsers accept null wherever the pool reads.
+    (stub,) = parse_allocation_stubs([_stub(TaskStates=None, JobVersion=None)])
+    assert (stub.restarts, stub.job_version) == (0, 0)
+    (restarted,) = parse_allocation_stubs(
+        [_stub(TaskStates={"t": {"State": "pending", "Restarts": None, "Events": None}})]
+    )
+    assert restarted.restarts == 0
+    assert parse_allocation_stubs(None) == []
+    address = allocation_address(
+        {
+            "AllocatedResources": {
+                "Shared": {
+                    "Ports": None,
+                    "Networks": [
+                        {"IP": "10.0.0.5", "ReservedPorts": None, "DynamicPorts": [
+                            {"Label": "slot", "Value": 25000, "To": 0}
+                        ]}
+                    ],
+                },
+                "Tasks": None,
+            }
+        }
+    )  # fmt: skip
+    assert address == "10.0.0.5:25000"
+
+
+@pytest.mark.parametrize(
+    ("body", "path"),
+    [
+        ({"not": "a list"}, "$"),
+        ([{"ID": "a"}], "$[0].Name"),
+        ([_stub(Name="no-index")], "$[0].Name"),
+        ([_stub(ClientStatus=3)], "$[0].ClientStatus"),
+        ([_stub(TaskStates={"t": {"Restarts": -1}})], "$[0].TaskStates.t.Restarts"),
+        ([_stub(TaskStates=[])], "$[0].TaskStates"),
+    ],
+)
+def test_malformed_stubs_name_the_path(body: JSON, path: str) -> None:
+    with pytest.raises(WireError) as caught:
+        parse_allocation_stubs(body)
+    assert caught.value.field == path
+
+
+def test_the_slot_port_is_found_in_shared_ports_first() -> None:
+    alloc: JSONObject = {
+        "AllocatedResources": {
+            "Shared": {
+                "Ports": [
+                    {"Label": "other", "Value": 1, "HostIP": "10.0.0.1"},
+                    {"Label": "slot", "Value": 24001, "To": 0, "HostIP": "10.0.0.2"},
+                ],
+                "Networks": [{"IP": "10.9.9.9", "DynamicPorts": [{"Label": "slot", "Value": 1}]}],
+            }
+        }
+    }
+    assert allocation_address(alloc) == "10.0.0.2:24001"
+    ipv6: JSONObject = {
+        "AllocatedResources": {
+            "Shared": {"Ports": [{"Label": "slot", "Value": 80, "HostIP": "fd00::1"}]}
+        }
+    }
+    assert allocation_address(ipv6) == "[fd00::1]:80"
+
+
+@pytest.mark.parametrize(
+    ("body", "path"),
+    [
+        ({}, "$.AllocatedResources"),
+        ({"AllocatedResources": {}}, "$.AllocatedResources.Shared"),
+        ({"AllocatedResources": {"Shared": {}}}, "$.AllocatedResources.Shared.Ports"),
+        (
+            {"AllocatedResources": {"Shared": {"Ports": [{"Label": "slot", "Value": 0}]}}},
+            "$.AllocatedResources.Shared.Ports[0]",
+        ),
+        (
+            {"AllocatedResources": {"Shared": {"Ports": [{"Label": "slot", "Value": 9}]}}},
+            "$.AllocatedResources.Shared.Ports[0]",
+        ),
+        ([], "$"),
+    ],
+)
+def test_a_missing_or_broken_slot_port_names_the_path(body: JSON, path: str) -> None:
+    with pytest.raises(WireError) as caught:
+        allocation_address(body)
+    assert caught.value.field == path
