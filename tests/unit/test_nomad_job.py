@@ -81,9 +81,7 @@ def specs(draw: st.DrawFn) -> NomadJobSpec:
         command=tuple(draw(st.lists(words, min_size=1, max_size=4))),
         slots_per_container=draw(st.integers(1, 256)),
         flags=draw(flags()),
-        token=draw(
-            st.text(string.ascii_letters + string.digits + "-_.~", min_size=16, max_size=64)
-        ),
+        token="tok:" + draw(st.text(string.ascii_letters + string.digits + "-_.~", min_size=12)),
         privileged=draw(st.booleans()) if driver == "docker" else False,
         datacenters=tuple(draw(st.lists(names, min_size=1, max_size=3))),
         namespace=draw(st.none() | names),
@@ -177,7 +175,7 @@ def test_the_job_runs_the_slot_server_as_specified(spec: NomadJobSpec) -> None:
     assert parsed.require_sandbox is spec.flags.require_sandbox
     # The token reaches the task only through its environment and the template.
     assert task["Env"] == {spec.token_env: spec.token}
-    assert spec.token not in argv
+    assert not any(spec.token in word for word in argv)
     assert task["Templates"] == [
         {
             "EmbeddedTmpl": f'{{{{ env "{spec.token_env}" }}}}',
