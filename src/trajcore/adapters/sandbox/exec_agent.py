@@ -1,28 +1,44 @@
-"""The exec agent: the first process inside a slot's sandbox, running each call as a fork.
+"""The exec agent: the program inside a slot's sandbox that runs each call as a fork.
 
-The slot server starts one agent per slot (inside bubblewrap, or bare when the policy allows an
-unsandboxed slot) with ``python -I -S`` and then talks to it over the agent's stdin and stdout.
-The agent's code travels with the command line (as a code object when the sandbox runs the
-server's own interpreter, as source text otherwise), so it needs nothing from the host's file
-system but a Python interpreter.
+The slot server starts it with ``python -I -S`` in one of two roles, named by its config:
 
-Start-up is on every lease's critical path, so the agent imports only modules that are built
-into the interpreter or already loaded when it starts (``posix``, ``marshal``, ``time``, ``sys``;
-``select`` and ``resource`` are small extension modules, the latter imported only when there are
-limits to set). ``os``, ``json``, ``signal``, ``selectors``, ``shutil``, ``struct`` and
-``contextlib`` would each cost milliseconds of imports here (``signal`` and ``json`` pull in
-``enum`` and ``re``), which is most of what a bare interpreter costs to start.
+- **keeper** (``keep``; sandboxed slots): the first program of the slot's bubblewrap sandbox,
+  kept for the server's life. It holds ``CAP_SYS_ADMIN`` and ``CAP_SETPCAP`` inside the sandbox's
+  own user namespace and uses them for one thing: on each ``lease`` request it forks the lease's
+  agent into a new pid namespace (the child is that namespace's pid 1); the child enters new
+  mount, ipc and uts namespaces, mounts a fresh ``/proc``, ``/tmp`` and ``/dev/shm`` (binding back
+  what the sandbox had bound under ``/tmp``), remounts ``/dev`` read-only, drops every capability
+  (bounding set, ambient, permitted, effective; ``no_new_privs``) and only then serves the lease
+  on the socket it was handed. ``end`` kills that pid 1 and reaps it: the kernel lets it be
+  reaped only after every other process of its namespace is gone. The keeper never reads
+  anything a lease writes, and a lease cannot see the keeper (it is outside the lease's pid
+  namespace) nor signal it.
+- **bare agent** (``serve`` on fds 0/1; unsandboxed slots): one process per lease, as the lease
+  agent but without namespaces.
+
+The code travels with the command line (as a code object when the sandbox runs the server's own
+interpreter, as source text otherwise), so it needs nothing from the host's file system but a
+Python interpreter.
+
+A lease agent inherits the keeper's loaded modules; a bare agent starts cold, so this module
+imports at the top only what is built into the interpreter or already loaded when it starts
+(``posix``, ``marshal``, ``time``, ``sys``; ``select`` and ``resource`` are small extension
+modules, the latter imported only when there are limits to set). ``os``, ``json``, ``signal``,
+``selectors``, ``shutil``, ``struct`` and ``contextlib`` would each cost milliseconds of imports
+(``signal`` and ``json`` pull in ``enum`` and ``re``). The keeper alone imports ``ctypes`` (for
+``unshare``, ``setns``, ``mount``, ``prctl`` and ``capset``, which Python 3.11's ``os`` lacks),
+``socket`` and ``gc``, once per slot.
 
 Framing: every message, both ways, is a 4-byte big-endian length followed by that many bytes.
 Requests from the slot server are ``marshal`` data (dicts, lists, strings, numbers, booleans,
 ``None``): the agent trusts its parent. Responses are UTF-8 JSON, written by a small encoder
 below, because the slot server must not trust bytes that come from inside the sandbox (a command
-in the sandbox can open the agent's stdout through ``/proc``), and ``marshal`` is not safe
+in the sandbox can reach the agent's channel through ``/proc``), and ``marshal`` is not safe
 against crafted input while JSON is. The config (the first command-line argument after the code)
 is ``marshal`` data in hex. The agent first sends ``{"ready": true, "pid": ...}``; afterwards it
 answers each request with exactly one response, in order, one request at a time (the slot server
-already runs a slot's calls one after another). End of input makes the agent exit; when the agent
-exits, the sandbox's pid namespace ends and every process of the slot dies with it.
+already runs a slot's calls one after another). End of input makes the agent exit; when a lease
+agent exits, its pid namespace ends and every process of the lease dies with it.
 
 Requests (``op``):
 

@@ -10,7 +10,7 @@ runs ``ExecuteCall`` values in them:
   (``exec_agent.keep``), which stays for the life of the server. Each lease gets its own exec
   agent from the keeper: a fork that enters new pid, mount, ipc and uts namespaces, mounts a
   fresh ``/proc``, ``/tmp`` and ``/dev/shm``, drops every capability and then serves the lease's
-  calls over its own socket. Starting a lease is therefore two forks, not a new sandbox and a new
+  calls over its own socket. Starting a lease is therefore one fork, not a new sandbox and a new
   interpreter. Background processes survive between the calls of one lease; reset ends the
   lease (its pid namespace takes every process with it, tmux included; the keeper waits until
   the kernel has reaped them, and the slot's cgroup, when there is one, must hold nothing but
