@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trajcore.adapters.fakes.nomad_api import OPENAPI_ENV, NomadOpenAPI
+from tests.nomad_testbed import OPENAPI, needs_openapi
 from trajcore.domain.errors import ConfigError, WireError
 from trajcore.domain.messages import JSON, JSONObject
 from trajcore.domain.nomad_job import (
@@ -31,12 +31,6 @@ from trajcore.domain.nomad_job import (
 from trajcore.domain.slot_server_flags import SlotServerFlags
 from trajcore.entrypoints.slot_server import parse_args
 
-OPENAPI = NomadOpenAPI.find()
-needs_openapi = pytest.mark.skipif(
-    OPENAPI is None,
-    reason=f"Nomad's OpenAPI description was not found: set {OPENAPI_ENV} to the path of "
-    "nomad-openapi-v1.yaml",
-)
 TOKEN = "t0ken-t0ken-t0ken"
 
 # ----------------------------------------------------------------------------- strategies

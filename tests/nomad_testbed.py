@@ -1,0 +1,71 @@
+"""What the Nomad pool's tests share: the fake's schema, a fast pool config, polling waits."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Callable
+
+import anyio
+import pytest
+
+from trajcore.adapters.fakes.nomad_api import OPENAPI_ENV, NomadOpenAPI
+from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
+from trajcore.domain.slot_server_flags import SlotServerFlags
+
+SLOT_SERVER = (sys.executable, "-m", "trajcore.entrypoints.slot_server")
+"""The real slot server, as a raw_exec task runs it."""
+
+OPENAPI = NomadOpenAPI.find()
+"""Nomad's OpenAPI description, or ``None`` when it cannot be found."""
+
+needs_openapi = pytest.mark.skipif(
+    OPENAPI is None,
+    reason=f"Nomad's OpenAPI description was not found: set {OPENAPI_ENV} to the path of "
+    "nomad-openapi-v1.yaml",
+)
+
+
+def nomad_pool_config(
+    address: str,
+    *,
+    containers: int = 1,
+    slots_per_container: int = 1,
+    acquire_timeout_s: float | None = 30.0,
+    **overrides: object,
+) -> NomadPoolConfig:
+    """A raw_exec pool of the real slot server, tuned for fast tests (``overrides`` win)."""
+    settings: dict[str, object] = {
+        "address": address,
+        "job_id": "test-slots",
+        "driver": "raw_exec",
+        "command": SLOT_SERVER,
+        "slots_per_container": slots_per_container,
+        "min_containers": containers,
+        "max_containers": containers,
+        "acquire_timeout_s": acquire_timeout_s,
+        "flags": SlotServerFlags(
+            require_sandbox=shutil.which("bwrap") is not None,
+            min_timeout_s=0.2,
+            max_processes=64,
+            memory_mb=512,
+        ),
+        "memory_mb": 512,
+        "start_timeout_s": 20.0,
+        "reset_timeout_s": 10.0,
+        "poll_interval_s": 0.05,
+        "request_timeout_s": 5.0,
+        "stop_timeout_s": 5.0,
+        "cooldown_s": 0.0,
+    }
+    settings.update(overrides)
+    return NomadPoolConfig(**settings)  # type: ignore[arg-type]
+
+
+async def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    """Poll ``check`` until it holds; fail the test naming ``what`` after ``timeout_s``."""
+    with anyio.move_on_after(timeout_s):
+        while not check():  # noqa: ASYNC110 - the pool has no event for this
+            await anyio.sleep(0.02)
+        return
+    pytest.fail(f"never happened within {timeout_s} s: {what}")
