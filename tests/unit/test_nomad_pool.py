@@ -344,3 +344,60 @@ async def test_scaling_down_waits_for_the_leaving_container_to_drain(
         assert pool.containers_lost == 0
         assert _scale_counts(fake) == [2, 1]
         pool.check_valid()
+
+
+async def test_a_draining_container_rejoins_when_demand_returns(fake: FakeNomadAPI) -> None:
+    config = nomad_pool_config(fake.address, containers=1, max_containers=2)
+    held: dict[str, Lease] = {}
+    done = {holder: anyio.Event() for holder in "abcd"}
+    async with NomadSandboxPool(config) as pool, anyio.create_task_group() as group:
+
+        async def hold(holder: str) -> None:
+            async with pool.lease(holder) as lease:
+                held[holder] = lease
+                await done[holder].wait()
+
+        group.start_soon(hold, "a")
+        await wait_until(lambda: "a" in held, "a is served")
+        group.start_soon(hold, "b")
+        await wait_until(lambda: "b" in held, "b is served by a second container")
+        second = held["b"].slot.container
+        done["a"].set()
+        await wait_until(lambda: pool.target == 1, "the target drops: the second drains")
+        group.start_soon(hold, "c")
+        await wait_until(lambda: "c" in held, "c takes the first container's slot")
+        group.start_soon(hold, "d")
+        await wait_until(lambda: pool.target == 2, "demand returns")
+        assert "d" not in held  # the second container still drains under b
+        done["b"].set()
+        await wait_until(lambda: "d" in held, "d is served")
+        assert held["d"].slot.container == second  # it rejoined; nothing was restarted
+        assert held["d"].epoch > held["b"].epoch  # epochs carry on under the same name
+        (ok,) = await pool.execute(second, [slot_call(held["d"], "bash", command="echo d")])
+        assert ok.content == "d\n"
+        assert _scale_counts(fake) == [2]
+        assert pool.containers_lost == 0
+        pool.check_valid()
+        done["c"].set()
+        done["d"].set()
+
+
+async def test_a_slot_server_restarted_in_place_rejoins_as_a_new_container(
+    fake: FakeNomadAPI,
+) -> None:
+    config = nomad_pool_config(fake.address, restart_attempts=1)
+    async with NomadSandboxPool(config) as pool:
+        async with pool.lease("before") as before:
+            (first,) = pool.container_names()
+            alloc = pool.allocation_id(first)
+            fake.kill_allocation(alloc)
+            await wait_until(lambda: pool.container_names() == [f"{first}~1"], "it rejoins")
+            (stale,) = await pool.execute(first, [slot_call(before, "bash", command="true")])
+            assert stale.outcome is ToolOutcome.REJECTED
+        assert pool.allocation_id(f"{first}~1") == alloc  # the same allocation, restarted
+        async with pool.lease("after") as after:
+            (ok,) = await pool.execute(
+                after.slot.container, [slot_call(after, "bash", command="echo again")]
+            )
+        assert ok.content == "again\n"
+        assert pool.containers_lost == 1
