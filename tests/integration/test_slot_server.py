@@ -532,6 +532,7 @@ def test_every_lease_is_fresh_namespaces_without_capabilities(server: Server) ->
     )
 
     async def main(client: SlotServerClient) -> tuple[ToolResult, ...]:
+        await reset_clean(client, 3, 49)  # whatever earlier tests left in slot 3
         status = await one(client, call(3, "bash", epoch=50, command="cat /proc/self/status"))
         first = await one(client, call(3, "bash", epoch=50, command=leftovers))
         keeper = (await client.list_slots()).slots[3].sandbox_pid
