@@ -145,6 +145,7 @@ def _tweak(body: JSONObject, path: tuple[str | int, ...], value: object) -> JSON
         (("TaskGroups", 0, "Tasks", 0, "Templates", 0, "DestPath"), "../x", "escapes"),
         (("TaskGroups", 0, "Tasks", 0, "Templates", 0, "EmbeddedTmpl"), '{{ key "k" }}', "env"),
         (("Datacenters",), [], "datacenters"),
+        (("TaskGroups", 0, "EphemeralDisk", "SizeMB"), 20, "log storage"),
     ],
 )
 async def test_jobs_the_agent_refuses_are_refused(

@@ -80,6 +80,8 @@ _TOKEN = re.compile(r"^[\x21-\x7e]{16,512}$")
 _INDEX = re.compile(r"\[(\d+)\]$")
 _MIN_RESCHEDULE_DELAY_S = 5.0  # Nomad refuses a reschedule delay below this
 _RESTART_INTERVAL_S = 1800.0
+_LOG_FILES, _LOG_FILE_MB = 2, 10
+_LOG_MB = _LOG_FILES * _LOG_FILE_MB  # Nomad wants the ephemeral disk larger than this
 
 
 def _check(condition: bool, field: str, reason: str) -> None:
@@ -182,7 +184,8 @@ class NomadJobSpec:
         datacenters: Where Nomad may place the allocations.
         namespace, region: Nomad namespace and region (``None``: the agent's defaults).
         group, task: Names of the task group and the task.
-        cpu_mhz, memory_mb, disk_mb: What each allocation reserves.
+        cpu_mhz, memory_mb, disk_mb: What each allocation reserves (the disk must hold the
+            task's logs, 20 MB, and more: Nomad refuses the job otherwise).
         restart_attempts, restart_delay_s: In-place restarts of a dead slot server before its
             allocation fails (0: none, the allocation is replaced instead).
         reschedule_delay_s, reschedule_max_delay_s: Delay before a failed allocation is
@@ -218,7 +221,7 @@ class NomadJobSpec:
     task: str = attrs.field(default="slot-server", validator=_matches(_NAME, "a name"))
     cpu_mhz: int = attrs.field(default=1000, validator=_int_at_least(1))
     memory_mb: int = attrs.field(default=2560, validator=_int_at_least(10))
-    disk_mb: int = attrs.field(default=1024, validator=_int_at_least(10))
+    disk_mb: int = attrs.field(default=1024, validator=_int_at_least(_LOG_MB + 1))
     restart_attempts: int = attrs.field(default=0, validator=_int_at_least(0))
     restart_delay_s: float = attrs.field(default=1.0, validator=_seconds_at_least(0.0))
     reschedule_delay_s: float = attrs.field(
@@ -318,7 +321,7 @@ def job_json(spec: NomadJobSpec) -> JSONObject:
         "Resources": {"CPU": spec.cpu_mhz, "MemoryMB": spec.memory_mb},
         "KillSignal": "SIGTERM",
         "KillTimeout": _ns(spec.kill_timeout_s),
-        "LogConfig": {"MaxFiles": 2, "MaxFileSizeMB": 10},
+        "LogConfig": {"MaxFiles": _LOG_FILES, "MaxFileSizeMB": _LOG_FILE_MB},
         "Meta": {"trajcore-role": "slot-server"},
     }
     group: JSONObject = {

@@ -499,6 +499,16 @@ def _task_spec(job: JSONObject) -> tuple[_TaskSpec, int]:
         raise _bad(f"minimum CPU value is 1; got {cpu}")
     if memory < 10:
         raise _bad(f"minimum MemoryMB value is 10; got {memory}")
+    logs = _as_object(task.get("LogConfig") or {}, "Tasks[0].LogConfig")
+    log_mb = _as_int(logs.get("MaxFiles"), "MaxFiles", 10) * _as_int(
+        logs.get("MaxFileSizeMB"), "MaxFileSizeMB", 10
+    )
+    disk = _as_object(group.get("EphemeralDisk") or {}, "TaskGroups[0].EphemeralDisk")
+    disk_mb = _as_int(disk.get("SizeMB"), "EphemeralDisk.SizeMB", 300)
+    if log_mb >= disk_mb:
+        raise _bad(
+            f"log storage ({log_mb} MB) must be less than requested disk capacity ({disk_mb} MB)"
+        )
     attempts, restart_delay = _restart_policy(group)
     delay, function, max_delay = _reschedule_policy(group)
     spec = _TaskSpec(
