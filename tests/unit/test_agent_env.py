@@ -175,7 +175,7 @@ def test_invalid_fields_are_config_errors_naming_them(fields: dict[str, Any], fi
 @pytest.mark.parametrize(
     ("fields", "field", "words"),
     [
-        ({"sandbox": "nomad"}, "sandbox", "Nomad"),
+        ({"sandbox": "nomad", "nomad_driver": "podman"}, "nomad_driver", "raw_exec"),
         ({"mode": "managed"}, "tool_call_parser", "hermes"),
         ({"min_healthy": 5}, "min_healthy", "group_size"),
         ({"slot_lifetime_s": 700, "worker_timeout": 600}, "slot_lifetime_s", "worker_timeout"),

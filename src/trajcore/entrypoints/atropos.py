@@ -26,8 +26,10 @@ Rules this module keeps:
 
 - **Fail at start, naming the field.** ``AgentEnvConfig`` turns pydantic's errors into one
   ``ConfigError`` (``reason @ field``); ``AgentEnv.__init__`` checks the whole setting (limits,
-  parser name, toolset names, the sandbox choice) before Atropos loads the tokenizer.
-  ``sandbox="nomad"`` is refused there: the Nomad pool adapter is not part of trajcore yet.
+  parser name, toolset names, the sandbox and its Nomad settings) before Atropos loads the
+  tokenizer. A bad Nomad setting is named by its env field (``nomad_driver``, ``privileged``, ...);
+  whether the Nomad agent answers is checked when the pool starts (``NomadUnavailable``, naming
+  ``address`` or ``token``).
 - **Two model modes, one switch.** ``mode`` is ``"openai"``, ``"managed"`` or ``"auto"`` (the
   default). ``auto`` means managed exactly when ``tool_call_parser`` is set: trajcore renders the
   chat template with the env's tokenizer, samples token ids through the ``--openai.*`` server's
@@ -95,6 +97,7 @@ from trajcore.adapters.llm.atropos import (
     token_server_from_config,
 )
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig, NomadSandboxPool
 from trajcore.adapters.tokenizers import TransformersTokenizer
 from trajcore.adapters.tool_server import INPROCESS, HTTPToolServer, ToolRegistry
 from trajcore.domain.agent_loop import AgentLoopConfig
@@ -104,6 +107,7 @@ from trajcore.domain.groups import GroupPolicy, OnFailure
 from trajcore.domain.messages import JSONObject, Message, ToolOutcome, ToolSpec
 from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
+from trajcore.domain.slot_server_flags import SlotServerFlags
 from trajcore.domain.token_ledger import ChatTemplate
 from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser
 from trajcore.domain.toolsets import (
@@ -210,6 +214,16 @@ def _json_or_pairs(field: str, value: object) -> object:
     return pairs
 
 
+# NomadPoolConfig's field names -> the env fields they come from.
+_NOMAD_FIELDS: dict[str, str] = {
+    name: f"nomad_{name}"
+    for name in (
+        "address", "job_id", "driver", "image", "command", "token", "namespace", "region",
+        "datacenters",
+    )
+}  # fmt: skip
+
+
 class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is untyped
     """An agent env's settings: Atropos's ``BaseEnvConfig`` plus trajcore's (section 7).
 
@@ -243,7 +257,21 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
     nomad_address: str = Field(default="http://127.0.0.1:4646", description="Nomad API URL.")
     nomad_job_id: str = Field(default="trajcore-slots", description="Nomad job of the slots.")
     nomad_image: str = Field(default="trajcore/slot-server:latest", description="Slot image.")
-    nomad_driver: str = Field(default="docker", description="Nomad task driver.")
+    nomad_driver: str = Field(
+        default="docker", description="Nomad task driver: docker, exec or raw_exec."
+    )
+    nomad_command: str = Field(
+        default="trajcore slot-server",
+        description="Nomad: the slot server command as the task runs it (words).",
+    )
+    nomad_token: str | None = Field(
+        default=None, description="Nomad ACL token (default: $NOMAD_TOKEN)."
+    )
+    nomad_namespace: str | None = Field(default=None, description="Nomad namespace.")
+    nomad_region: str | None = Field(default=None, description="Nomad region.")
+    nomad_datacenters: str = Field(
+        default="dc1", description="Nomad datacenters for the slots, comma-separated."
+    )
     min_containers: int = Field(default=1, ge=1, description="Nomad: fewest containers.")
     max_containers: int = Field(default=10, ge=1, description="Nomad: most containers.")
     privileged: bool = Field(default=False, description="Nomad: run containers privileged.")
@@ -352,6 +380,54 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
             )
         return value
 
+    def slot_server_flags(self) -> SlotServerFlags:
+        """The sandbox policy every slot server gets: network, sandbox requirement, timeouts.
+
+        ``require_stateful_sandbox`` requires the sandbox too: the persistent shell lives in it.
+        """
+        timeout = self.terminal_timeout_s
+        try:
+            return SlotServerFlags(
+                allow_network=self.allow_network,
+                require_sandbox=self.require_sandbox or self.require_stateful_sandbox,
+                min_timeout_s=min(1.0, timeout),
+                default_timeout_s=timeout,
+                max_timeout_s=max(3600.0, timeout),
+            )
+        except ConfigError as error:
+            raise ConfigError("terminal_timeout_s", error.reason) from None
+
+    def nomad_pool_config(self) -> NomadPoolConfig:
+        """The Nomad pool's settings from the ``nomad_*`` fields and the sandbox policy.
+
+        Raises:
+            ConfigError: a Nomad setting that cannot work, named by its env field.
+        """
+        try:
+            return NomadPoolConfig(
+                address=self.nomad_address,
+                job_id=self.nomad_job_id,
+                driver=self.nomad_driver,  # type: ignore[arg-type]  # checked by the config
+                image=self.nomad_image,
+                command=self.nomad_command,
+                token=self.nomad_token,
+                namespace=self.nomad_namespace,
+                region=self.nomad_region,
+                datacenters=self.nomad_datacenters,
+                slots_per_container=self.slots_per_container,
+                min_containers=self.min_containers,
+                max_containers=self.max_containers,
+                privileged=self.privileged,
+                acquire_timeout_s=self.acquire_timeout_s,
+                purge_on_start=self.purge_on_start,
+                purge_on_shutdown=self.purge_on_shutdown,
+                flags=self.slot_server_flags(),
+                require_tmux=self.require_stateful_sandbox,
+            )
+        except ConfigError as error:
+            field = _NOMAD_FIELDS.get(error.field, error.field)
+            raise ConfigError(field, error.reason) from None
+
     @property
     def resolved_mode(self) -> Literal["openai", "managed"]:
         """The mode in effect: ``auto`` is managed exactly when ``tool_call_parser`` is set."""
@@ -363,16 +439,12 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
         """The checked domain values behind these settings.
 
         Raises:
-            ConfigError: a setting that cannot work, naming its field (``sandbox`` for Nomad,
+            ConfigError: a setting that cannot work, naming its field (a ``nomad_*`` field,
                 ``tool_call_parser`` for managed mode without one, ``min_healthy`` above
                 ``group_size``, a malformed toolset distribution, ...).
         """
         if self.sandbox == "nomad":
-            raise ConfigError(
-                "sandbox",
-                "the Nomad sandbox pool is not available in this version of trajcore; "
-                "use sandbox='local'",
-            )
+            self.nomad_pool_config()
         if self.resolved_mode == "managed" and not self.tool_call_parser:
             raise ConfigError(
                 "tool_call_parser", f"managed mode parses tool calls itself: set one of "
@@ -781,16 +853,22 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
     def make_pool(self) -> AbstractAsyncContextManager[SandboxPool]:
         """The sandbox pool of a run, as an async context manager (entered once, at start).
 
+        ``sandbox="local"``: ``local_containers`` slot servers on this machine.
+        ``sandbox="nomad"``: a ``NomadSandboxPool`` from the ``nomad_*`` fields, scaled between
+        ``min_containers`` and ``max_containers`` (see ``docs/nomad.md``).
+
         Raises:
-            ConfigError: ``sandbox`` is ``nomad`` (no Nomad adapter yet).
-            SandboxUnavailable: ``require_stateful_sandbox`` and tmux is missing, or
-                ``require_sandbox`` / ``require_stateful_sandbox`` and bubblewrap is unusable
-                (raised when the pool starts). The persistent shell shares its slot's sandbox,
-                so requiring it sandboxed requires the slot sandboxed.
+            ConfigError: a Nomad setting that cannot work, named by its env field.
+            SandboxUnavailable: ``require_stateful_sandbox`` and tmux is missing (on this host
+                for the local pool, in the slot servers for Nomad), or ``require_sandbox`` /
+                ``require_stateful_sandbox`` and bubblewrap is unusable (raised when the pool
+                starts); ``NomadUnavailable``, a ``SandboxUnavailable``, when the Nomad agent
+                cannot be used (raised when the pool starts). The persistent shell shares its
+                slot's sandbox, so requiring it sandboxed requires the slot sandboxed.
         """
         config = self.config
-        if config.sandbox != "local":
-            raise ConfigError("sandbox", "the Nomad sandbox pool is not available yet")
+        if config.sandbox == "nomad":
+            return NomadSandboxPool(config.nomad_pool_config())
         if config.require_stateful_sandbox and shutil.which("tmux") is None:
             raise SandboxUnavailable(
                 "require_stateful_sandbox: the local pool keeps a persistent shell with tmux, "

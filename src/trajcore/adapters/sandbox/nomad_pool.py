@@ -12,10 +12,10 @@ How containers come and go:
 - A watch task polls the job's allocations every ``poll_interval_s``. An allocation that Nomad
   reports ``running`` (and wants running) joins: the pool reads it once for the address of its
   ``slot`` port (``AllocatedResources.Shared.Ports``, else ``.Networks``), connects, waits for the
-  server's health (``start_timeout_s``), checks its slot count and, with ``require_sandbox``,
-  that it is sandboxed, and adds its slots to the book under a container name of its own
-  (``nomad-<index>-<alloc id prefix>``, with ``~<restarts>`` after an in-place restart, because a
-  restarted server has forgotten its slots).
+  server's health (``start_timeout_s``), checks its slot count and, with ``require_sandbox``
+  (``require_tmux``), that it is sandboxed (has tmux), and adds its slots to the book under a
+  container name of its own (``nomad-<index>-<alloc id prefix>``, with ``~<restarts>`` after an
+  in-place restart, because a restarted server has forgotten its slots).
 - An allocation that stops, fails, is lost, disappears from the listing or restarts in place is
   gone: its container is *lost* (its slots leave the book, their leases turn stale, later calls
   with them are ``REJECTED``), unless it had drained, in which case it is simply removed. Nomad's
@@ -186,6 +186,8 @@ class NomadPoolConfig:
         namespace, region: Nomad namespace and region (``None``: the agent's).
         datacenters: Where Nomad may place the slot servers.
         flags: The sandbox policy of every slot server.
+        require_tmux: Refuse slot servers without tmux (the persistent shell of
+            ``bash_stateful`` and ``tmux`` needs it), as a missing sandbox is refused.
         cpu_mhz, memory_mb: What each allocation reserves (``memory_mb`` ``None``: 512 MB
             plus 256 MB per slot).
         restart_attempts: In-place restarts before an allocation fails and is replaced.
@@ -215,6 +217,7 @@ class NomadPoolConfig:
     region: str | None = None
     datacenters: tuple[str, ...] = attrs.field(default=("dc1",), converter=_names)
     flags: SlotServerFlags = attrs.field(factory=SlotServerFlags)
+    require_tmux: bool = attrs.field(default=False, validator=_flag)
     cpu_mhz: int = attrs.field(default=1000, validator=_int_at_least(1))
     memory_mb: int | None = None
     restart_attempts: int = attrs.field(default=0, validator=_int_at_least(0))
@@ -624,6 +627,11 @@ class NomadSandboxPool:
                 raise SandboxUnavailable(
                     f"slot server {name}: a sandbox is required and bubblewrap is unusable "
                     f"there: {health.capabilities.detail}"
+                )
+            if config.require_tmux and not health.capabilities.tmux:
+                raise SandboxUnavailable(
+                    f"slot server {name}: a persistent shell is required and tmux is not "
+                    "installed there"
                 )
         except (TimeoutError, SlotServerError, InvalidInput, NomadUnavailable) as error:
             reason = "not healthy in time" if isinstance(error, TimeoutError) else str(error)
