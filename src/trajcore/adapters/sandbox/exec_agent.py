@@ -27,7 +27,7 @@ modules, the latter imported only when there are limits to set). ``os``, ``json`
 ``selectors``, ``shutil``, ``struct`` and ``contextlib`` would each cost milliseconds of imports
 (``signal`` and ``json`` pull in ``enum`` and ``re``). The keeper alone imports ``ctypes`` (for
 ``unshare``, ``setns``, ``mount``, ``prctl`` and ``capset``, which Python 3.11's ``os`` lacks),
-``socket`` and ``gc``, once per slot.
+``_socket`` and ``gc``, once per slot.
 
 Framing: every message, both ways, is a 4-byte big-endian length followed by that many bytes.
 Requests from the slot server are ``marshal`` data (dicts, lists, strings, numbers, booleans,
@@ -665,23 +665,29 @@ def keep(config: dict[str, object]) -> int:
     ``SOCK_SEQPACKET`` socket (one ``marshal`` message per packet; a ``lease`` request carries
     the lease's channel as an ``SCM_RIGHTS`` file descriptor) and answers one JSON packet each.
     End of input ends the current lease and the keeper. Returns the exit status."""
+    import _socket  # the C half of ``socket``: the module proper costs ~9 ms of imports
     import gc
     import resource  # noqa: F401 - loaded before a lease hides /tmp; the lease needs it
-    import socket
 
     libc = _Libc()
     with open("/proc/sys/kernel/cap_last_cap", encoding="ascii") as last:
         config["cap_last"] = int(last.read().strip())
     own_pid_namespace = posix.open("/proc/self/ns/pid", posix.O_RDONLY | posix.O_CLOEXEC)
-    control = socket.socket(fileno=0)
+    control = _socket.socket(fileno=0)
+    room = _socket.CMSG_SPACE(4)  # one descriptor
     lease: int | None = None
     gc.freeze()  # keeps forked leases from copying pages the collector would touch
     control.send(_json({"ready": True, "pid": posix.getpid()}).encode())
     while True:
+        fds: list[int] = []
         try:
-            message, fds, _, _ = socket.recv_fds(control, 1 << 16, 1, socket.MSG_CMSG_CLOEXEC)
+            message, ancillary, _, _ = control.recvmsg(1 << 16, room, _socket.MSG_CMSG_CLOEXEC)
         except OSError:
-            message, fds = b"", []
+            message, ancillary = b"", []
+        for level, kind, data in ancillary:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                whole = len(data) - len(data) % 4
+                fds += [int.from_bytes(data[i : i + 4], sys.byteorder) for i in range(0, whole, 4)]
         if not message:
             if lease is not None:
                 _end_lease(lease)
