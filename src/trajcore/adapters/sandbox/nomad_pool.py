@@ -612,6 +612,8 @@ class NomadSandboxPool:
         """Connect to ``stub``'s slot server, check it, add its slots; or retire and stop it."""
         config = self.config
         name = _container_name(stub)
+        if name in self._containers:  # two allocation IDs that share their first 8 digits
+            name = name.replace(stub.id[:8], stub.id, 1)
         client: SlotServerClient | None = None
         try:
             with anyio.fail_after(config.start_timeout_s):
