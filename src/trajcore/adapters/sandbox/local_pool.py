@@ -160,12 +160,7 @@ class LocalPoolConfig:
     restart_attempts: int = attrs.field(default=3, validator=_positive_int)
 
     def __attrs_post_init__(self) -> None:
-        if not self.min_timeout_s <= self.default_timeout_s <= self.max_timeout_s:
-            raise ConfigError(
-                "default_timeout_s",
-                f"must lie in [min_timeout_s, max_timeout_s] = "
-                f"[{self.min_timeout_s}, {self.max_timeout_s}], got {self.default_timeout_s}",
-            )
+        self.flags()  # the policy's own checks (the timeout range, among others), run now
 
     def flags(self) -> SlotServerFlags:
         """The sandbox policy of every server, as the slot server's flags."""
