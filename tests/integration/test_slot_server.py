@@ -125,6 +125,43 @@ def host_processes_with(marker: str) -> list[int]:
     return found
 
 
+def process_tree(root: int) -> set[int]:
+    """``root`` and every process descended from it (read from /proc on the host)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            # the command name may hold spaces and parentheses: fields follow the last ')'
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree, grew = {root}, True
+    while grew:
+        grew = False
+        for pid, parent in parents.items():
+            if parent in tree and pid not in tree:
+                tree.add(pid)
+                grew = True
+    return tree
+
+
+async def wait_until_gone(pids: set[int], timeout_s: float = 10.0) -> None:
+    """Wait until none of ``pids`` runs any more (gone, or a zombie nobody reaped yet)."""
+
+    def running(pid: int) -> bool:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+    async with asyncio.timeout(timeout_s):
+        # nothing signals a stranger's exit to this process: polling /proc is the only way
+        while any(running(pid) for pid in pids):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+
+
 async def reset_clean(client: SlotServerClient, slot: int, epoch: int) -> None:
     outcome = await client.reset(slot, epoch)
     assert outcome.ok, outcome.error
@@ -580,12 +617,21 @@ def test_a_hostile_lease_cannot_reach_its_keeper_or_the_next_lease(server: Serve
 
 
 def test_a_dead_keeper_fails_its_lease_and_the_next_lease_gets_a_new_one(server: Server) -> None:
-    async def main(client: SlotServerClient) -> tuple[ToolResult, ToolResult, int, int]:
-        await one(client, call(0, "bash", epoch=70, command="true"))
+    async def main(client: SlotServerClient) -> tuple[list[ToolResult], ToolResult, int, int]:
+        await one(client, call(0, "bash_stateful", epoch=70, command="cd /tmp"))
         keeper = (await client.list_slots()).slots[0].sandbox_pid
         assert keeper is not None
+        sandbox = process_tree(keeper)
+        assert len(sandbox) >= 3, sandbox  # bubblewrap, the keeper, the lease's agent
         os.kill(keeper, signal.SIGKILL)
-        lost = await one(client, call(0, "bash", epoch=70, command="echo lost"))
+        # The kill ends the keeper's sandbox asynchronously: the claim is about a lease whose
+        # keeper is dead, so wait until none of the sandbox's processes runs.
+        await wait_until_gone(sandbox)
+        # The lease's shell state went with it: no call of this lease runs on a stand-in.
+        lost = [
+            await one(client, call(0, "bash_stateful", epoch=70, command="pwd")),
+            await one(client, call(0, "bash", epoch=70, command="echo again")),
+        ]
         await reset_clean(client, 0, 70)
         fresh = await one(client, call(0, "bash", epoch=71, command="echo fresh"))
         replaced = (await client.list_slots()).slots[0].sandbox_pid
@@ -593,7 +639,9 @@ def test_a_dead_keeper_fails_its_lease_and_the_next_lease_gets_a_new_one(server:
         return lost, fresh, keeper, replaced
 
     lost, fresh, keeper, replaced = run(main, server)
-    assert lost.outcome is ToolOutcome.INFRA_ERROR, lost
+    for result in lost:
+        assert result.outcome is ToolOutcome.INFRA_ERROR, result
+    assert "reset the slot" in (lost[1].error or ""), lost[1]
     assert fresh.content == "fresh\n"
     assert replaced != keeper
 

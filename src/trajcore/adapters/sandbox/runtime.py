@@ -256,6 +256,9 @@ class _Slot:
     calls_run: int = 0
     broken: str | None = None
     sandbox_start_s: float | None = None
+    # the lease epoch whose calls started the current (or last) agent: an agent lost during an
+    # epoch is not replaced silently, since the lease's processes, shell and /tmp went with it
+    agent_epoch: int | None = None
 
 
 def _result(
@@ -603,12 +606,21 @@ class SlotRuntime:
                 else 0.3,
                 "lines": min(max(int(lines), 1), 10_000) if isinstance(lines, int) else 50,
             }
+        if slot.agent_epoch == call.epoch and (slot.agent is None or not slot.agent.alive()):
+            if slot.agent is not None:
+                await self._stop_agent(slot)
+            reason = (
+                f"the slot's sandbox ended during lease epoch {call.epoch}, and its processes, "
+                "shell and /tmp with it; reset the slot to start a new lease"
+            )
+            return _failure(call, ToolOutcome.INFRA_ERROR, reason)
         try:
             agent = await self._ensure_agent(slot)
         except _AgentLost as error:
             return _failure(
                 call, ToolOutcome.INFRA_ERROR, f"the slot's sandbox did not start: {error}"
             )
+        slot.agent_epoch = call.epoch
         try:
             reply = await agent.request(message, timeout + self.config.agent_grace_s)
         except _AgentLost as error:
