@@ -594,12 +594,22 @@ def test_every_lease_is_fresh_namespaces_without_capabilities(server: Server) ->
     assert host_processes_with(marker) == []
 
 
+def test_commands_run_as_batch_work(server: Server) -> None:
+    # field 41 of /proc/PID/stat is the scheduling policy; 3 is SCHED_BATCH (a command never
+    # preempts the slot server that woke its agent)
+    result = run(
+        lambda client: one(
+            client, call(1, "bash", epoch=80, command="cut -d' ' -f41 /proc/$$/stat")
+        ),
+        server,
+    )
+    assert result.content.strip() == "3", result
+
+
 def test_a_hostile_lease_cannot_reach_its_keeper_or_the_next_lease(server: Server) -> None:
     async def main(client: SlotServerClient) -> tuple[ToolResult, ...]:
         keeper = (await client.list_slots()).slots[2].sandbox_pid
-        pythons = await one(
-            client, call(2, "bash", epoch=60, command="grep -l python /proc/[0-9]*/comm | wc -l")
-        )
+        pythons = await one(client, call(2, "bash", epoch=60, command="cat /proc/[0-9]*/comm"))
         killed = await one(client, call(2, "bash", epoch=60, command="kill -9 -1; echo after"))
         still = await one(client, call(2, "bash", epoch=60, command="echo same-lease"))
         await reset_clean(client, 2, 60)
@@ -610,7 +620,10 @@ def test_a_hostile_lease_cannot_reach_its_keeper_or_the_next_lease(server: Serve
 
     pythons, killed, still, fresh = run(main, server)
     # The lease sees one Python: its own agent (pid 1). The keeper is outside its namespace.
-    assert pythons.content.strip() == "1", pythons.content
+    names = pythons.content.split()
+    assert names.count("slot-lease") == 1, names
+    assert "slot-keeper" not in names, names
+    assert not [name for name in names if name.startswith("python")], names
     assert killed.outcome in (ToolOutcome.OK, ToolOutcome.TOOL_ERROR)
     assert still.content == "same-lease\n"
     assert fresh.content == "next-lease\n"

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trajcore.adapters.sandbox.codec import unstructure
+from trajcore.adapters.sandbox.exec_agent import name_process
 from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime, check_config
 from trajcore.adapters.sandbox.server import start_http_server
 from trajcore.domain.errors import ConfigError
@@ -128,6 +129,7 @@ async def _serve(args: argparse.Namespace, config: RuntimeConfig, token: str | N
             "sandboxed": runtime.sandboxed,
             "capabilities": unstructure(runtime.capabilities),
         }
+        name_process("slot-server")
         sys.stdout.write(json.dumps(ready) + "\n")
         sys.stdout.flush()
         # Everything loaded so far lives as long as the server: out of the collector's sight,

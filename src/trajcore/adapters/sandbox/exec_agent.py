@@ -114,6 +114,31 @@ def _exists(path: str) -> bool:
     return True
 
 
+def name_process(name: str) -> None:
+    """Set this process's name as ``ps`` and ``top`` show it (at most 15 bytes kept)."""
+    try:
+        fd = posix.open("/proc/self/comm", posix.O_WRONLY)
+    except OSError:
+        return
+    try:
+        posix.write(fd, name.encode()[:15])
+    except OSError:
+        pass
+    finally:
+        posix.close(fd)
+
+
+def batch_scheduling() -> None:
+    """Run this process, and all it starts, under ``SCHED_BATCH``: the kernel then never lets
+    it preempt the task that woke it. A slot server that sends a batch of calls to its agents
+    finishes sending before they run, instead of trading the CPU back and forth per call;
+    commands are batch work, and still get their fair share of the CPU."""
+    try:  # noqa: SIM105 - contextlib would cost an import at every sandbox start
+        posix.sched_setscheduler(0, posix.SCHED_BATCH, posix.sched_param(0))
+    except OSError:
+        pass  # a host that refuses it runs the sandbox under the default policy
+
+
 def _unlink_quietly(path: str) -> None:
     try:  # noqa: SIM105 - contextlib would cost an import at every sandbox start
         posix.unlink(path)
@@ -284,12 +309,12 @@ def run_exec(argv: list[str], timeout: float, cap: int) -> dict[str, object]:
 class _Shell:
     """The slot's persistent shell: one tmux session, started on first use."""
 
-    def __init__(self, state_dir: str, workspace: str) -> None:
+    def __init__(self, state_dir: str, workspace: str, tmux: str | None) -> None:
         self.dir = f"{state_dir}/shell"
         self.socket = f"{state_dir}/tmux.sock"
         self.workspace = workspace
         self.counter = 0
-        self.tmux = _which("tmux")
+        self.tmux = tmux
 
     def _tmux(self, *args: str, timeout: float = 10.0) -> dict[str, object]:
         assert self.tmux is not None
@@ -479,7 +504,9 @@ def serve(config: dict[str, object], reader: int = 0, writer: int = 1) -> int:
     limits = config.get("limits")
     if isinstance(limits, dict):
         _apply_limits({str(k): int(v) for k, v in limits.items()})
-    shell = _Shell(str(config["state_dir"]), workspace)
+    # a keeper looked tmux up once for all its leases
+    tmux = config["tmux_path"] if "tmux_path" in config else _which("tmux")
+    shell = _Shell(str(config["state_dir"]), workspace, tmux if isinstance(tmux, str) else None)
     _make_dirs(shell.dir)
     _send(writer, {"ready": True, "pid": posix.getpid(), "tmux": shell.tmux is not None})
     while True:
@@ -567,9 +594,31 @@ class _Libc:
         self._check(self._libc.capset(header, data), "capset")
 
 
-def _remount_read_only(libc: _Libc, path: str) -> None:
-    kept = posix.statvfs(path).f_flag & _MS_KEPT
-    libc.mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept, None)
+def _read_only_remount(path: str) -> int:
+    """The ``mount`` flags that remount ``path``'s bind mount read-only, keeping its other flags."""
+    return _MS_REMOUNT | _MS_BIND | _MS_RDONLY | (posix.statvfs(path).f_flag & _MS_KEPT)
+
+
+class _Plan:
+    """What every lease of a keeper mounts, worked out once by the keeper so that a lease's
+    first process (a fresh fork) runs as little Python as it can."""
+
+    def __init__(self, config: dict[str, object]) -> None:
+        self.tmp = str(config["tmp"])
+        carry = config["carry"]
+        assert isinstance(carry, list)
+        # (path, an O_PATH descriptor of it that every fork inherits, its read-only remount
+        # flags or None when it stays writable)
+        self.carried = [
+            (
+                str(path),
+                posix.open(str(path), posix.O_PATH | posix.O_CLOEXEC),
+                None if writable is True else _read_only_remount(str(path)),
+            )
+            for path, writable in carry
+        ]
+        self.dev_shm = _exists(_DEV_SHM)
+        self.dev_read_only = _read_only_remount("/dev")
 
 
 def _refuse(channel: int, error: BaseException) -> None:
@@ -581,32 +630,24 @@ def _refuse(channel: int, error: BaseException) -> None:
     posix._exit(126)
 
 
-def _lease_main(libc: _Libc, channel: int, config: dict[str, object]) -> None:
+def _lease_main(libc: _Libc, channel: int, config: dict[str, object], plan: _Plan) -> None:
     """Become a lease's first process (pid 1 of its new pid namespace) and serve it; never
     returns. Runs with the keeper's capabilities until it drops them all, before it reads a
     single request."""
     try:
-        tmp = str(config["tmp"])
-        carry = config["carry"]
-        assert isinstance(carry, list)
-        carried = [
-            (str(path), writable is True, posix.open(str(path), posix.O_PATH | posix.O_CLOEXEC))
-            for path, writable in carry
-        ]
         libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
         libc.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
-        libc.mount("tmpfs", tmp, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
-        for path, writable, fd in carried:
+        libc.mount("tmpfs", plan.tmp, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+        for path, fd, read_only in plan.carried:
             _make_dirs(path)
             libc.mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC, None)
-            if not writable:
-                _remount_read_only(libc, path)
-            posix.close(fd)
-        if _exists(_DEV_SHM):
+            if read_only is not None:
+                libc.mount(None, path, None, read_only, None)
+        if plan.dev_shm:
             libc.mount("tmpfs", _DEV_SHM, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
-        _remount_read_only(libc, "/dev")
-        for capability in range(int(_number(config, "cap_last") + 1)):
-            libc.prctl(_PR_CAPBSET_DROP, capability, "drop a bounding capability")
+        libc.mount(None, "/dev", None, plan.dev_read_only, None)
+        # The bounding set is empty already (the keeper emptied its own): what is left is
+        # the keeper's ambient, permitted and effective sets.
         try:  # noqa: SIM105 - contextlib would cost an import here
             libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, "clear ambient capabilities")
         except OSError:
@@ -620,6 +661,7 @@ def _lease_main(libc: _Libc, channel: int, config: dict[str, object]) -> None:
             posix.dup2(channel, _LEASE_FD, inheritable=False)
         posix.set_inheritable(_LEASE_FD, False)
         posix.closerange(_LEASE_FD + 1, _FD_LIMIT)
+        name_process("slot-lease")
     except BaseException as error:  # noqa: BLE001 - reported to the slot server, then exit
         _refuse(channel, error)
     status = 1
@@ -630,7 +672,7 @@ def _lease_main(libc: _Libc, channel: int, config: dict[str, object]) -> None:
 
 
 def _begin_lease(
-    libc: _Libc, own_pid_namespace: int, channel: int, config: dict[str, object]
+    libc: _Libc, own_pid_namespace: int, channel: int, config: dict[str, object], plan: _Plan
 ) -> int:
     """Start a lease: fork its first process into a new pid namespace (which it then joins new
     mount, ipc and uts namespaces from). Returns that process's pid as the keeper sees it."""
@@ -642,7 +684,7 @@ def _begin_lease(
                 libc.unshare(_CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS)
             except BaseException as error:  # noqa: BLE001 - reported on the channel, then exit
                 _refuse(channel, error)
-            _lease_main(libc, channel, config)
+            _lease_main(libc, channel, config, plan)
     finally:
         libc.setns(own_pid_namespace, _CLONE_NEWPID)
     return first
@@ -659,6 +701,19 @@ def _end_lease(first: int) -> int:
     return posix.waitpid(first, 0)[1]
 
 
+def _prepare(libc: _Libc, config: dict[str, object]) -> _Plan:
+    """The keeper's one-time work for all its leases: empty its bounding set, which every lease
+    inherits (the keeper goes on using its effective capabilities: the bounding set only limits
+    what an ``execve`` may grant, and the keeper never executes anything), plan the leases'
+    mounts, and look tmux up."""
+    with open("/proc/sys/kernel/cap_last_cap", encoding="ascii") as last:
+        cap_last = int(last.read().strip())
+    for capability in range(cap_last + 1):
+        libc.prctl(_PR_CAPBSET_DROP, capability, "drop a bounding capability")
+    config["tmux_path"] = _which("tmux")
+    return _Plan(config)
+
+
 def keep(config: dict[str, object]) -> int:
     """Run as a slot's keeper: the long-lived first program of the slot's sandbox, which starts
     a fresh lease in new namespaces on request. Reads requests from fd 0, a Unix
@@ -670,12 +725,13 @@ def keep(config: dict[str, object]) -> int:
     import resource  # noqa: F401 - loaded before a lease hides /tmp; the lease needs it
 
     libc = _Libc()
-    with open("/proc/sys/kernel/cap_last_cap", encoding="ascii") as last:
-        config["cap_last"] = int(last.read().strip())
+    plan = _prepare(libc, config)
+    batch_scheduling()
     own_pid_namespace = posix.open("/proc/self/ns/pid", posix.O_RDONLY | posix.O_CLOEXEC)
     control = _socket.socket(fileno=0)
     room = _socket.CMSG_SPACE(4)  # one descriptor
     lease: int | None = None
+    name_process("slot-keeper")
     gc.freeze()  # keeps forked leases from copying pages the collector would touch
     control.send(_json({"ready": True, "pid": posix.getpid()}).encode())
     while True:
@@ -702,7 +758,7 @@ def keep(config: dict[str, object]) -> int:
                 if lease is not None:
                     _end_lease(lease)
                     lease = None
-                lease = _begin_lease(libc, own_pid_namespace, fds[0], config)
+                lease = _begin_lease(libc, own_pid_namespace, fds[0], config, plan)
                 reply = {"lease": True, "pid": lease}
             elif op == "end":
                 status = _end_lease(lease) if lease is not None else None
@@ -720,4 +776,8 @@ def keep(config: dict[str, object]) -> int:
 
 if __name__ == "__main__":
     config = marshal.loads(bytes.fromhex(sys.argv[-1]))  # noqa: S302 - from the slot server
-    sys.exit(keep(config) if config.get("keeper") else serve(config))
+    if config.get("keeper"):
+        sys.exit(keep(config))
+    name_process("slot-agent")
+    batch_scheduling()
+    sys.exit(serve(config))
