@@ -792,10 +792,7 @@ class SlotRuntime:
         process = agent.process
         if process is not None:
             if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
+                _kill_session(process)
             if slot.cgroup is not None:
                 slot.cgroup.kill_all()
             with contextlib.suppress(TimeoutError):
@@ -816,10 +813,7 @@ class SlotRuntime:
             return
         process = keeper.process
         if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
+            _kill_session(process)
         if slot.cgroup is not None:
             slot.cgroup.kill_all()
         with contextlib.suppress(TimeoutError):
@@ -1032,6 +1026,18 @@ def _command_result(
     if exit_code:
         parts.append(f"\n[exit code {exit_code}]")
     return _result(call, ToolOutcome.OK, "".join(parts), exec_report=report)
+
+
+def _kill_session(process: asyncio.subprocess.Process) -> None:
+    """SIGKILL a process started with ``start_new_session`` and its whole process group.
+
+    ``process.kill()`` only where the group is gone: it polls the child first, and a poll that
+    reaps it takes the exit status from the event loop's child watcher."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
 
 
 async def _run_ok(argv: list[str]) -> tuple[bool, str]:
