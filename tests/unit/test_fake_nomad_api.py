@@ -142,8 +142,16 @@ def _tweak(body: JSONObject, path: tuple[str | int, ...], value: object) -> JSON
         (("TaskGroups", 0, "ReschedulePolicy", "Delay"), 1_000_000_000, "less than 5s"),
         (("TaskGroups", 0, "RestartPolicy", "Mode"), "delay", "ambiguous"),
         (("TaskGroups", 0, "Tasks", 0, "Resources", "MemoryMB"), 4, "MemoryMB"),
-        (("TaskGroups", 0, "Tasks", 0, "Templates", 0, "DestPath"), "../x", "escapes"),
-        (("TaskGroups", 0, "Tasks", 0, "Templates", 0, "EmbeddedTmpl"), '{{ key "k" }}', "env"),
+        (
+            ("TaskGroups", 0, "Tasks", 0, "Templates"),
+            [{"EmbeddedTmpl": '{{ env "X" }}', "DestPath": "../x"}],
+            "escapes",
+        ),
+        (
+            ("TaskGroups", 0, "Tasks", 0, "Templates"),
+            [{"EmbeddedTmpl": '{{ key "k" }}', "DestPath": "secrets/x"}],
+            "env",
+        ),
         (("Datacenters",), [], "datacenters"),
         (("TaskGroups", 0, "EphemeralDisk", "SizeMB"), 20, "log storage"),
     ],

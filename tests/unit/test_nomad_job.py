@@ -8,7 +8,6 @@ refused; they skip, naming the variable, when it cannot be found. Everything els
 from __future__ import annotations
 
 import string
-from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -20,7 +19,6 @@ from trajcore.domain.messages import JSON, JSONObject
 from trajcore.domain.nomad_job import (
     DRIVERS,
     PORT_LABEL,
-    TOKEN_FILE,
     NomadJobSpec,
     allocation_address,
     job_json,
@@ -164,20 +162,14 @@ def test_the_job_runs_the_slot_server_as_specified(spec: NomadJobSpec) -> None:
     parsed = parse_args(argv[len(spec.command) :])
     assert parsed.slots == spec.slots_per_container
     assert parsed.listen == spec.listen_address()
-    assert parsed.token_file == Path("${NOMAD_SECRETS_DIR}/slot-token")
+    assert parsed.token_env == spec.token_env
+    assert parsed.token_file is None
     assert parsed.allow_network is spec.flags.allow_network
     assert parsed.require_sandbox is spec.flags.require_sandbox
-    # The token reaches the task only through its environment and the template.
+    # The token reaches the task only through its environment: never an argument, no template.
     assert task["Env"] == {spec.token_env: spec.token}
     assert not any(spec.token in word for word in argv)
-    assert task["Templates"] == [
-        {
-            "EmbeddedTmpl": f'{{{{ env "{spec.token_env}" }}}}',
-            "DestPath": TOKEN_FILE,
-            "Perms": "0600",
-            "ChangeMode": "noop",
-        }
-    ]
+    assert "Templates" not in task
     config = task["Config"]
     assert isinstance(config, dict)
     if spec.driver == "docker":

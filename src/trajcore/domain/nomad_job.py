@@ -12,10 +12,10 @@ The job (one task group, one task):
 - ``Type`` ``service``; the group's ``Count`` is the number of containers; a group network in
   host mode with one dynamic port labelled ``slot``.
 - The task runs ``command`` (``trajcore slot-server`` by default) with ``--slots N``, a
-  workspace root in the task directory, ``--listen`` on the allocated port and ``--token-file``
-  pointing at ``secrets/slot-token``, which a template renders from the environment variable
-  ``token_env`` (so the token never appears on a command line), then the policy flags of
-  ``SlotServerFlags``.
+  workspace root in the task directory, ``--listen`` on the allocated port and ``--token-env``
+  naming the task environment variable ``token_env`` that carries the token (so the token never
+  appears on a command line, and no template renders it to a file; the server drops the variable
+  once read), then the policy flags of ``SlotServerFlags``.
 - Drivers: ``docker`` runs ``image`` with ``entrypoint`` set to ``command`` (the image's own
   entrypoint is not relied on), maps the ``slot`` port, listens on ``0.0.0.0`` inside the
   container, and sets ``privileged`` when asked: bubblewrap inside docker needs it (or an
@@ -52,7 +52,6 @@ __all__ = [
     "DRIVERS",
     "PORT_LABEL",
     "TERMINAL_CLIENT_STATUSES",
-    "TOKEN_FILE",
     "AllocationStub",
     "Driver",
     "NomadJobSpec",
@@ -67,8 +66,6 @@ Driver = Literal["docker", "exec", "raw_exec"]
 DRIVERS: Final[tuple[Driver, ...]] = ("docker", "exec", "raw_exec")
 PORT_LABEL: Final = "slot"
 """The label of the slot server's dynamic port."""
-TOKEN_FILE: Final = "secrets/slot-token"  # noqa: S105 - a path, not a secret
-"""Where the task's template writes the bearer token, relative to the task directory."""
 TERMINAL_CLIENT_STATUSES: Final = frozenset({"complete", "failed", "lost"})
 """Client statuses of an allocation that will never run again."""
 
@@ -179,7 +176,7 @@ class NomadJobSpec:
         slots_per_container: Slots each slot server serves (N).
         flags: The sandbox policy every slot server gets.
         token: The slot servers' bearer token (at least 16 printable ASCII characters).
-        token_env: The task environment variable that carries ``token`` to the template.
+        token_env: The task environment variable that carries ``token`` to the slot server.
         privileged: Run the docker container privileged (bubblewrap inside docker needs it).
         datacenters: Where Nomad may place the allocations.
         namespace, region: Nomad namespace and region (``None``: the agent's defaults).
@@ -275,12 +272,12 @@ class NomadJobSpec:
         return f"${{NOMAD_IP_{PORT_LABEL}}}:${{NOMAD_PORT_{PORT_LABEL}}}"
 
     def server_args(self) -> list[str]:
-        """The words after ``command``: slots, root, listen address, token file, policy."""
+        """The words after ``command``: slots, root, listen address, token variable, policy."""
         return [
             "--slots", str(self.slots_per_container),
             "--root", "${NOMAD_TASK_DIR}/slots",
             "--listen", self.listen_address(),
-            "--token-file", "${NOMAD_SECRETS_DIR}/slot-token",
+            "--token-env", self.token_env,
             *self.flags.argv(),
         ]  # fmt: skip
 
@@ -310,14 +307,6 @@ def job_json(spec: NomadJobSpec) -> JSONObject:
         "Driver": spec.driver,
         "Config": _task_config(spec),
         "Env": {spec.token_env: spec.token},
-        "Templates": [
-            {
-                "EmbeddedTmpl": f'{{{{ env "{spec.token_env}" }}}}',
-                "DestPath": TOKEN_FILE,
-                "Perms": "0600",
-                "ChangeMode": "noop",
-            }
-        ],
         "Resources": {"CPU": spec.cpu_mhz, "MemoryMB": spec.memory_mb},
         "KillSignal": "SIGTERM",
         "KillTimeout": _ns(spec.kill_timeout_s),

@@ -5,7 +5,9 @@
     trajcore slot-server --slots 8 --root /srv/slots --listen 127.0.0.1:0 --token-file token
     trajcore slot-server --slots 8 --root /srv/slots --unix /run/slots.sock [--require-sandbox]
 
-TCP needs a bearer token (read from ``--token-file``); a Unix socket is guarded by its file
+TCP needs a bearer token, read from ``--token-file`` or from the environment variable named by
+``--token-env`` (which the server then removes from its own environment; a scheduler such as
+Nomad passes it that way, never on a command line); a Unix socket is guarded by its file
 permissions and takes a token optionally. When the server is healthy it prints exactly one line
 of JSON on stdout, ``{"ready": true, "address": ..., "unix": ..., "pid": ..., ...}``, so a parent
 process (the local pool, a Nomad task's health check) can wait for it; ``--listen HOST:0`` picks a
@@ -46,9 +48,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--slots", type=int, required=True, help="number of slots")
     parser.add_argument("--root", type=Path, required=True, help="directory for workspaces")
     where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--listen", help="HOST:PORT for TCP (needs --token-file); port 0 = any")
+    where.add_argument("--listen", help="HOST:PORT for TCP (needs a token); port 0 = any")
     where.add_argument("--unix", help="path of a Unix socket to listen on")
-    parser.add_argument("--token-file", type=Path, help="file holding the bearer token")
+    token = parser.add_mutually_exclusive_group()
+    token.add_argument("--token-file", type=Path, help="file holding the bearer token")
+    token.add_argument(
+        "--token-env",
+        metavar="NAME",
+        help="environment variable holding the bearer token (removed from the environment once "
+        "read)",
+    )
     parser.add_argument("--allow-network", action="store_true", help="share the host network")
     parser.add_argument(
         "--require-sandbox", action="store_true", help="refuse every call when bwrap is unusable"
@@ -89,8 +98,14 @@ def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
             raise ConfigError("--token-file", f"cannot read: {error.strerror}") from None
         if not token:
             raise ConfigError("--token-file", "the file is empty")
+    if args.token_env is not None:
+        token = os.environ.pop(args.token_env, "").strip()
+        if not token:
+            raise ConfigError(
+                "--token-env", f"the environment variable {args.token_env!r} is unset or empty"
+            )
     if args.listen is not None and token is None:
-        raise ConfigError("--token-file", "TCP needs a bearer token")
+        raise ConfigError("--token-file", "TCP needs a bearer token (--token-file or --token-env)")
     config = RuntimeConfig(
         slots=args.slots,
         root=args.root.absolute(),
