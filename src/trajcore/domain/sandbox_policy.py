@@ -53,7 +53,7 @@ __all__ = [
 SANDBOX_TMP = "/tmp"  # noqa: S108 - names the sandbox's own tmpfs, created fresh per slot
 
 # What a slot's keeper keeps, within the sandbox's user namespace only: CAP_SYS_ADMIN to make a
-# lease's namespaces and mounts, CAP_SETPCAP to empty the lease's bounding set.
+# lease's namespaces and mounts, CAP_SETPCAP to empty its own bounding set (its leases inherit it).
 KEEPER_CAPABILITIES: tuple[str, ...] = ("CAP_SYS_ADMIN", "CAP_SETPCAP")
 
 DEFAULT_SYSTEM_PATHS: tuple[str, ...] = (

@@ -8,11 +8,11 @@ The slot server starts it with ``python -I -S`` in one of two roles, named by it
   agent into a new pid namespace (the child is that namespace's pid 1); the child enters new
   mount, ipc and uts namespaces, mounts a fresh ``/proc``, ``/tmp`` and ``/dev/shm`` (binding back
   what the sandbox had bound under ``/tmp``), remounts ``/dev`` read-only, drops every capability
-  (bounding set, ambient, permitted, effective; ``no_new_privs``) and only then serves the lease
-  on the socket it was handed. ``end`` kills that pid 1 and reaps it: the kernel lets it be
-  reaped only after every other process of its namespace is gone. The keeper never reads
-  anything a lease writes, and a lease cannot see the keeper (it is outside the lease's pid
-  namespace) nor signal it.
+  (ambient, permitted, effective; ``no_new_privs``; its bounding set comes empty from the keeper,
+  which emptied its own at start) and only then serves the lease on the socket it was handed.
+  ``end`` kills that pid 1 and reaps it: the kernel lets it be reaped only after every other
+  process of its namespace is gone. The keeper never reads anything a lease writes, and a lease
+  cannot see the keeper (it is outside the lease's pid namespace) nor signal it.
 - **bare agent** (``serve`` on fds 0/1; unsandboxed slots): one process per lease, as the lease
   agent but without namespaces.
 
