@@ -149,7 +149,10 @@ class CodeFixEnv(AgentEnv[CodeTask]):
     ) -> float:
         await tools.upload(item.tests)  # the tests as shipped, whatever the model did to them
         tests = " ".join(item.tests)
+        # Bytecode caches from fresh, empty places: a stale .pyc in the workspace (written before
+        # an edit within the same second that kept the file's size) must not stand in for it.
         result = await tools.bash(
+            'PYTHONDONTWRITEBYTECODE=1 PYTHONPYCACHEPREFIX="$(mktemp -d)" '
             f"{await _pytest_env(tools)} -m pytest -q -p no:cacheprovider {tests}"
         )
         if result.exec is None:
