@@ -112,37 +112,43 @@ async def one(client: SlotServerClient, c: ExecuteCall) -> ToolResult:
     return result
 
 
+def host_pids() -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first), or ``None`` once
+    the process is gone. The name may hold spaces and parentheses: fields follow the last ')'."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def host_processes_with(marker: str) -> list[int]:
     found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker.encode() in cmdline and b"pytest" not in cmdline:
-                found.append(int(entry.name))
+    for pid in host_pids():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline and b"pytest" not in cmdline:
+            found.append(pid)
     return found
 
 
 def process_tree(root: int) -> set[int]:
     """``root`` and every process descended from it (read from /proc on the host)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            # the command name may hold spaces and parentheses: fields follow the last ')'
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    tree, grew = {root}, True
-    while grew:
-        grew = False
-        for pid, parent in parents.items():
-            if parent in tree and pid not in tree:
-                tree.add(pid)
-                grew = True
+    children: dict[int, list[int]] = {}
+    for pid in host_pids():
+        fields = stat_fields(pid)
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(pid)
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        tree.add(pid)
+        todo += children.get(pid, [])
     return tree
 
 
@@ -150,11 +156,8 @@ async def wait_until_gone(pids: set[int], timeout_s: float = 10.0) -> None:
     """Wait until none of ``pids`` runs any more (gone, or a zombie nobody reaped yet)."""
 
     def running(pid: int) -> bool:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return False
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        fields = stat_fields(pid)
+        return fields is not None and fields[0] != "Z"
 
     async with asyncio.timeout(timeout_s):
         # nothing signals a stranger's exit to this process: polling /proc is the only way
