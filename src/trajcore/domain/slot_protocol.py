@@ -180,6 +180,8 @@ class Capabilities:
         tmux: tmux runs (inside the sandbox when there is one).
         network_isolation: a sandbox can get its own network namespace.
         cgroups: per-slot limits use cgroups (otherwise rlimits per process).
+        slot_helper: What runs the slots' keepers and lease agents: ``"native"`` (the compiled
+            helper) or ``"python"``.
         detail: Why a capability is missing, for operators; empty when all are present.
     """
 
@@ -187,6 +189,7 @@ class Capabilities:
     tmux: bool
     network_isolation: bool
     cgroups: bool
+    slot_helper: str = "python"
     detail: str = ""
 
 

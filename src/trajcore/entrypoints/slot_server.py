@@ -32,7 +32,12 @@ from pathlib import Path
 
 from trajcore.adapters.sandbox.codec import unstructure
 from trajcore.adapters.sandbox.exec_agent import name_process
-from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime, check_config
+from trajcore.adapters.sandbox.runtime import (
+    SLOT_HELPERS,
+    RuntimeConfig,
+    SlotRuntime,
+    check_config,
+)
 from trajcore.adapters.sandbox.server import start_http_server
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.sandbox_policy import SandboxPolicy
@@ -72,6 +77,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--default-timeout-s", type=float, default=120.0)
     parser.add_argument("--max-timeout-s", type=float, default=3600.0)
     parser.add_argument("--no-cgroups", action="store_true", help="use rlimits only")
+    parser.add_argument(
+        "--slot-helper",
+        choices=SLOT_HELPERS,
+        default="auto",
+        help="what runs each slot's keeper and lease agents in the sandbox: the compiled helper "
+        "(native; built with the host's C compiler on first use), the Python one, or native when "
+        "it works (auto)",
+    )
     return parser.parse_args(argv)
 
 
@@ -112,6 +125,7 @@ def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
         policy=policy,
         bwrap=args.bwrap,
         use_cgroups=not args.no_cgroups,
+        slot_helper=args.slot_helper,
     )
     check_config(config)
     return config, token
@@ -119,7 +133,11 @@ def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
 
 async def _serve(args: argparse.Namespace, config: RuntimeConfig, token: str | None) -> int:
     runtime = SlotRuntime(config)
-    await runtime.start()
+    try:
+        await runtime.start()
+    except BaseException:
+        await runtime.aclose()
+        raise
     try:
         server, address = await start_http_server(
             runtime,
@@ -168,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return asyncio.run(_serve(args, config, token))
-    except OSError as error:
+    except (OSError, ConfigError) as error:
         sys.stderr.write(f"trajcore slot-server: {error}\n")
         return 2
 

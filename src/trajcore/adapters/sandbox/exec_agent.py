@@ -29,32 +29,36 @@ modules, the latter imported only when there are limits to set). ``os``, ``json`
 ``unshare``, ``setns``, ``mount``, ``prctl`` and ``capset``, which Python 3.11's ``os`` lacks),
 ``_socket`` and ``gc``, once per slot.
 
+``slot_helper.c`` is the same keeper and agent compiled, speaking the same protocols; a slot
+server uses it when the host can build it, and this module otherwise.
+
 Framing: every message, both ways, is a 4-byte big-endian length followed by that many bytes.
-Requests from the slot server are ``marshal`` data (dicts, lists, strings, numbers, booleans,
-``None``): the agent trusts its parent. Responses are UTF-8 JSON, written by a small encoder
-below, because the slot server must not trust bytes that come from inside the sandbox (a command
-in the sandbox can reach the agent's channel through ``/proc``), and ``marshal`` is not safe
-against crafted input while JSON is. The config (the first command-line argument after the code)
-is ``marshal`` data in hex. The agent first sends ``{"ready": true, "pid": ...}``; afterwards it
-answers each request with exactly one response, in order, one request at a time (the slot server
-already runs a slot's calls one after another). End of input makes the agent exit; when a lease
-agent exits, its pid namespace ends and every process of the lease dies with it.
+A request is a sequence of fields (``encode_request``), each a 4-byte big-endian length and its
+UTF-8 bytes, the op first; numbers are decimal text. Responses are UTF-8 JSON, written by a small
+encoder below, because the slot server must not trust bytes that come from inside the sandbox (a
+command in the sandbox can reach the agent's channel through ``/proc``). The config (the first
+command-line argument after the code) is ``marshal`` data in hex, from the slot server, which the
+agent trusts. The agent first sends ``{"ready": true, "pid": ...}``; afterwards it answers each
+request with exactly one response, in order, one request at a time (the slot server already runs
+a slot's calls one after another). A request the agent cannot read is answered with an
+``error``. End of input makes the agent exit; when a lease agent exits, its pid namespace ends
+and every process of the lease dies with it.
 
-Requests (``op``):
+Requests (the op, then its fields):
 
-- ``exec``: ``argv``, ``timeout``, ``cap``. The program runs via ``posix_spawn`` in a new session
+- ``exec TIMEOUT CAP ARGV0 [ARGV1 ...]``. The program runs via ``posix_spawn`` in a new session
   (so a new process group), stdin from ``/dev/null``, stdout and stderr through pipes read with
   ``poll``; of each stream the first and last ``cap/2`` bytes are kept and the bytes in between
   counted. On timeout the whole process group is killed. The answer carries the exit code (or the
   signal), both streams decoded as UTF-8 with replacement, the dropped byte counts, ``timed_out``
   and the duration.
-- ``stateful``: ``command``, ``timeout``, ``cap``. Runs ``command`` in the slot's persistent shell,
-  a tmux session started on first use: the command is written to a file and sourced with its
-  output redirected to files and its exit status written to a marker file by a rename, so the exit
-  code is recovered exactly and the shell's state (directory, variables) carries over. On timeout
-  the pane gets Ctrl-C.
-- ``tmux``: ``keys``, ``literal``, ``enter``, ``wait``, ``lines``. Sends keys to that session and
-  returns a capture of the pane, for interactive programs.
+- ``stateful TIMEOUT CAP COMMAND``. Runs ``COMMAND`` in the slot's persistent shell, a tmux
+  session started on first use: the command is written to a file and sourced with its output
+  redirected to files and its exit status written to a marker file by a rename, so the exit code
+  is recovered exactly and the shell's state (directory, variables) carries over. On timeout the
+  pane gets Ctrl-C.
+- ``tmux LITERAL ENTER WAIT LINES KEY...`` (``LITERAL`` and ``ENTER``: ``"1"`` or ``"0"``). Sends
+  the keys to that session and returns a capture of the pane, for interactive programs.
 
 Rules: the agent never runs more than one request at a time; it never lets a call's process
 inherit its own pipes to the slot server; signals Python ignores (SIGPIPE, SIGXFSZ) are reset to
@@ -192,9 +196,9 @@ class _Capture:
         if len(self.tail) > self.tail_cap:
             del self.tail[: len(self.tail) - self.tail_cap]
         dropped = self.total - len(self.head) - len(self.tail)
+        if not dropped:  # decoded as one: a character may straddle the two
+            return (self.head + self.tail).decode("utf-8", "replace"), 0
         head = self.head.decode("utf-8", "replace")
-        if not dropped:
-            return head + self.tail.decode("utf-8", "replace"), 0
         tail = self.tail.decode("utf-8", "replace")
         return f"{head}\n[... {dropped} bytes dropped ...]\n{tail}", dropped
 
@@ -352,7 +356,8 @@ class _Shell:
         )
         sent = self._tmux("send-keys", "-t", "main", "-l", line)
         if sent["exit"] != 0:
-            return {"exit": None, "error": f"tmux send-keys failed: {sent.get('stderr')}"}
+            why = sent.get("stderr") or sent.get("error")
+            return {"exit": None, "error": f"tmux send-keys failed: {why}"}
         self._tmux("send-keys", "-t", "main", "Enter")
         timed_out = not _wait_for(base + ".rc", started + timeout)
         if timed_out:
@@ -389,7 +394,8 @@ class _Shell:
         for key in keys:
             sent = self._tmux("send-keys", "-t", "main", *(["-l"] if literal else []), key)
             if sent["exit"] != 0:
-                return {"exit": None, "error": f"tmux send-keys failed: {sent.get('stderr')}"}
+                why = sent.get("stderr") or sent.get("error")
+                return {"exit": None, "error": f"tmux send-keys failed: {why}"}
         if enter:
             self._tmux("send-keys", "-t", "main", "Enter")
         if wait > 0:
@@ -447,9 +453,12 @@ def _send(fd: int, message: dict[str, object]) -> None:
         view = view[posix.write(fd, view) :]
 
 
-def _apply_limits(limits: dict[str, int]) -> None:
-    if not limits:
+def _apply_limits(config: dict[str, object]) -> None:
+    """Set the config's resource limits on this process (and so on all it starts)."""
+    given = config.get("limits")
+    if not isinstance(given, dict) or not given:
         return
+    limits = {str(k): int(v) for k, v in given.items()}
     import resource
 
     names = {
@@ -463,37 +472,70 @@ def _apply_limits(limits: dict[str, int]) -> None:
             resource.setrlimit(names[name], (value, value))
 
 
-def _number(request: dict[str, object], key: str) -> float:
-    value = request[key]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{key} must be a number, got {type(value).__name__}")
-    return float(value)
+def encode_request(fields: list[str]) -> bytes:
+    """A request as the agents read it: each field (the op first) as a 4-byte big-endian length
+    and its UTF-8 bytes. Raises ``UnicodeEncodeError`` for text that is not valid Unicode (a
+    lone surrogate)."""
+    parts = []
+    for field in fields:
+        data = field.encode("utf-8")
+        parts += [len(data).to_bytes(_HEADER_SIZE, "big"), data]
+    return b"".join(parts)
 
 
-def _strings(request: dict[str, object], key: str) -> list[str]:
-    value = request[key]
-    if not isinstance(value, list):
-        raise TypeError(f"{key} must be a list, got {type(value).__name__}")
-    return [str(item) for item in value]
+def _decode_request(body: bytes) -> list[str]:
+    fields = []
+    at = 0
+    while at < len(body):
+        end = at + _HEADER_SIZE + int.from_bytes(body[at : at + _HEADER_SIZE], "big")
+        if at + _HEADER_SIZE > len(body) or end > len(body):
+            raise ValueError(f"a malformed request of {len(body)} bytes")
+        fields.append(body[at + _HEADER_SIZE : end].decode("utf-8"))
+        at = end
+    if not fields:
+        raise ValueError(f"a malformed request of {len(body)} bytes")
+    return fields
 
 
-def _answer(shell: _Shell, request: dict[str, object]) -> dict[str, object]:
-    op = request.get("op")
+def _number(fields: list[str], index: int, name: str) -> float:
+    try:
+        value = float(fields[index])
+    except ValueError:
+        raise TypeError(f"{name} must be a number, got {fields[index]}") from None
+    if value != value:  # noqa: PLR0124 - NaN, without importing math
+        raise TypeError(f"{name} must be a number, got {fields[index]}")
+    return value
+
+
+def _plain(values: list[str], name: str) -> list[str]:
+    for value in values:
+        if "\0" in value:
+            raise ValueError(f"{name} holds a NUL byte")
+    return values
+
+
+def _answer(shell: _Shell, fields: list[str]) -> dict[str, object]:
+    """The reply to one request (``encode_request``'s fields; the op first):
+    ``exec TIMEOUT CAP ARGV0 [ARGV1 ...]``, ``stateful TIMEOUT CAP COMMAND`` or
+    ``tmux LITERAL ENTER WAIT LINES KEY...`` (``LITERAL``, ``ENTER``: ``"0"`` or ``"1"``)."""
+    op = fields[0]
     if op == "exec":
-        argv = _strings(request, "argv")
-        return run_exec(argv, _number(request, "timeout"), int(_number(request, "cap")))
+        if len(fields) < 4:
+            raise ValueError("an exec request needs a timeout, a cap and a program")
+        timeout, cap = _number(fields, 1, "timeout"), _number(fields, 2, "cap")
+        return run_exec(_plain(fields[3:], "argv"), timeout, max(1, int(cap)))
     if op == "stateful":
-        command = str(request["command"])
-        return shell.run(command, _number(request, "timeout"), int(_number(request, "cap")))
+        if len(fields) != 4:
+            raise ValueError("a stateful request needs a timeout, a cap and a command")
+        timeout, cap = _number(fields, 1, "timeout"), _number(fields, 2, "cap")
+        return shell.run(fields[3], timeout, max(1, int(cap)))
     if op == "tmux":
-        return shell.keys(
-            _strings(request, "keys"),
-            request["literal"] is True,
-            request["enter"] is True,
-            _number(request, "wait"),
-            int(_number(request, "lines")),
-        )
-    return {"exit": None, "error": f"unknown op {op!r}"}
+        if len(fields) < 5:
+            raise ValueError("a tmux request needs literal, enter, wait and lines")
+        wait, lines = _number(fields, 3, "wait"), _number(fields, 4, "lines")
+        keys = _plain(fields[5:], "keys")
+        return shell.keys(keys, fields[1] == "1", fields[2] == "1", wait, int(lines))
+    return {"exit": None, "error": f"unknown op {_json(op)}"}
 
 
 def serve(config: dict[str, object], reader: int = 0, writer: int = 1) -> int:
@@ -501,9 +543,7 @@ def serve(config: dict[str, object], reader: int = 0, writer: int = 1) -> int:
     bare agent, one socket for a lease agent). Returns the exit status."""
     workspace = str(config["workspace"])
     posix.chdir(workspace)
-    limits = config.get("limits")
-    if isinstance(limits, dict):
-        _apply_limits({str(k): int(v) for k, v in limits.items()})
+    _apply_limits(config)
     # a keeper looked tmux up once for all its leases
     tmux = config["tmux_path"] if "tmux_path" in config else _which("tmux")
     shell = _Shell(str(config["state_dir"]), workspace, tmux if isinstance(tmux, str) else None)
@@ -517,12 +557,16 @@ def serve(config: dict[str, object], reader: int = 0, writer: int = 1) -> int:
         if body is None:
             return 0
         try:
-            request = marshal.loads(body)  # noqa: S302 - sent by the slot server, trusted
-            if not isinstance(request, dict):
-                raise TypeError(f"a request must be a dict, got {type(request).__name__}")
-            reply = _answer(shell, request)
+            reply = _answer(shell, _decode_request(body))
         except Exception as error:  # noqa: BLE001 - the agent must answer every request
             reply = {"exit": None, "error": f"agent failed: {type(error).__name__}: {error}"}
+        # As pid 1 of a lease's namespace the agent inherits every orphan of the lease: reap
+        # those that ended, so they hold no process slot.
+        try:
+            while posix.waitpid(-1, posix.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            pass
         _send(writer, reply)
 
 
@@ -717,8 +761,8 @@ def _prepare(libc: _Libc, config: dict[str, object]) -> _Plan:
 def keep(config: dict[str, object]) -> int:
     """Run as a slot's keeper: the long-lived first program of the slot's sandbox, which starts
     a fresh lease in new namespaces on request. Reads requests from fd 0, a Unix
-    ``SOCK_SEQPACKET`` socket (one ``marshal`` message per packet; a ``lease`` request carries
-    the lease's channel as an ``SCM_RIGHTS`` file descriptor) and answers one JSON packet each.
+    ``SOCK_SEQPACKET`` socket (one op per packet, ``lease`` or ``end``; ``lease`` carries the
+    lease's channel as an ``SCM_RIGHTS`` file descriptor) and answers one JSON packet each.
     End of input ends the current lease and the keeper. Returns the exit status."""
     import _socket  # the C half of ``socket``: the module proper costs ~9 ms of imports
     import gc
@@ -750,8 +794,7 @@ def keep(config: dict[str, object]) -> int:
             return 0
         reply: dict[str, object]
         try:
-            request = marshal.loads(message)  # noqa: S302 - sent by the slot server, trusted
-            op = request.get("op") if isinstance(request, dict) else None
+            op = message.decode("utf-8", "replace")
             if op == "lease":
                 if len(fds) != 1:
                     raise ValueError(f"a lease needs one channel, got {len(fds)} descriptors")

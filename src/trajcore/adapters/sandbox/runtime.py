@@ -45,12 +45,13 @@ import struct
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import cast
 
 import attrs
 
+from trajcore.adapters.sandbox.exec_agent import encode_request
 from trajcore.adapters.sandbox.limits import (
     CgroupPlan,
     SlotCgroup,
@@ -58,6 +59,7 @@ from trajcore.adapters.sandbox.limits import (
     remove_parent,
     rlimits_for,
 )
+from trajcore.adapters.sandbox.native_helper import NativeBuildError, build_slot_helper
 from trajcore.adapters.sandbox.workspace import Workspace
 from trajcore.domain.errors import ConfigError, ToolArgumentError, UnknownSlot
 from trajcore.domain.messages import JSON, ExecReport, ToolOutcome, ToolResult, ToolSpec
@@ -83,7 +85,7 @@ from trajcore.domain.slot_protocol import (
     SlotListing,
 )
 
-__all__ = ["AGENT_SOURCE", "RuntimeConfig", "SlotRuntime"]
+__all__ = ["AGENT_SOURCE", "SLOT_HELPERS", "RuntimeConfig", "SlotRuntime"]
 
 AGENT_SOURCE = Path(__file__).with_name("exec_agent.py").read_text(encoding="utf-8")
 # The agent as a code object, for a sandbox that runs this very interpreter: loading it is
@@ -95,10 +97,21 @@ _SANDBOX_STATE = "/tmp/.trajcore"  # noqa: S108 - inside the sandbox's private t
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _TOOLS: dict[str, ToolSpec] = {spec.name: spec for spec in SLOT_TOOL_SPECS}
 _EXEC_TOOLS = frozenset({"bash", "bash_stateful", "tmux"})
+SLOT_HELPERS = ("auto", "native", "python")
 
 
 def _default_python() -> str:
     return os.path.realpath(sys.executable)
+
+
+def _one_of(
+    allowed: tuple[str, ...],
+) -> Callable[[object, attrs.Attribute[str], str], None]:
+    def check(_: object, attribute: attrs.Attribute[str], value: str) -> None:
+        if value not in allowed:
+            raise ConfigError(attribute.name, f"must be one of {', '.join(allowed)}, got {value!r}")
+
+    return check
 
 
 @attrs.frozen(kw_only=True)
@@ -116,6 +129,11 @@ class RuntimeConfig:
         reset_timeout_s: How long a reset may take before it counts as failed.
         dedup_per_slot: Results remembered per slot for ``call_id`` repeats.
         use_cgroups: Try per-slot cgroups before falling back to rlimits.
+        slot_helper: What runs a sandboxed slot's keeper and its leases' agents: ``"native"``
+            (the compiled helper, ``slot_helper.c``, built with the host's C compiler on first
+            use; the server does not start without it), ``"python"`` (``exec_agent.py``), or
+            ``"auto"`` (native when it builds and works in a sandbox, else Python, and
+            ``health()`` says why). Unsandboxed slots always use the Python agent.
     """
 
     slots: int = attrs.field(validator=attrs.validators.gt(0))
@@ -128,6 +146,7 @@ class RuntimeConfig:
     reset_timeout_s: float = 15.0
     dedup_per_slot: int = 4096
     use_cgroups: bool = True
+    slot_helper: str = attrs.field(default="auto", validator=_one_of(SLOT_HELPERS))
 
 
 class _AgentLost(Exception):
@@ -167,10 +186,9 @@ class _Agent:
             raise _AgentLost(str(detail) if detail else f"unexpected greeting {hello!r}")
         return cast("dict[str, JSON]", hello)
 
-    async def request(self, message: dict[str, JSON], timeout_s: float) -> dict[str, JSON]:
-        # marshal on the way in (the agent trusts us; it decodes without importing json), JSON
-        # on the way out (we do not trust bytes from inside the sandbox).
-        payload = marshal.dumps(message)
+    async def request(self, payload: bytes, timeout_s: float) -> dict[str, JSON]:
+        """One request (made by ``exec_agent.encode_request``) and its reply. The reply is
+        JSON: bytes from inside the sandbox are not trusted."""
         try:
             self.writer.write(_HEADER.pack(len(payload)) + payload)
             await self.writer.drain()
@@ -223,11 +241,11 @@ class _Keeper:
         return cast("dict[str, JSON]", reply)
 
     async def ask(
-        self, message: dict[str, JSON], timeout_s: float, channel: socket.socket | None = None
+        self, op: str, timeout_s: float, channel: socket.socket | None = None
     ) -> dict[str, JSON]:
-        """Send one request (with ``channel`` passed along) and return the answer. Raises
-        ``_AgentLost`` when the keeper is gone, answers an error, or is late."""
-        payload = marshal.dumps(message)
+        """Send one request (``lease`` or ``end``; with ``channel`` passed along) and return the
+        answer. Raises ``_AgentLost`` when the keeper is gone, answers an error, or is late."""
+        payload = op.encode()
         async with self.lock:
             try:
                 if channel is None:
@@ -299,6 +317,8 @@ class SlotRuntime:
     _symlinks: dict[str, str] = attrs.field(init=False, factory=dict)
     _closed: bool = attrs.field(init=False, default=False)
     _agent_program: list[str] = attrs.field(init=False, factory=list)
+    # the compiled slot helper in use (keeper and lease agent), or None for the Python ones
+    _native: Path | None = attrs.field(init=False, default=None)
 
     # ------------------------------------------------------------------------- life cycle
 
@@ -316,7 +336,18 @@ class SlotRuntime:
                 detect_cgroups, f"trajcore-{os.getpid()}-{root.name}"
             )
         self._agent_program = _agent_program(self.config.python)
-        self.capabilities = await self._probe()
+        native_problem: str | None = None
+        if self.config.slot_helper != "python":
+            try:
+                self._native = await asyncio.to_thread(build_slot_helper)
+            except NativeBuildError as error:
+                native_problem = str(error)
+        self.capabilities = await self._probe(native_problem)
+        if self.config.slot_helper == "native" and self.capabilities.slot_helper != "native":
+            raise ConfigError(
+                "slot_helper",
+                f"the compiled slot helper is unusable here: {self.capabilities.detail}",
+            )
         self.sandboxed = self.capabilities.bwrap
         for index in range(self.config.slots):
             cgroup = SlotCgroup(self._cgroups, f"slot-{index}") if self._cgroups else None
@@ -334,11 +365,13 @@ class SlotRuntime:
         if cgroups:
             await asyncio.to_thread(_prepare_cgroups, cgroups, self.config.policy)
 
-    async def _probe(self) -> Capabilities:
+    async def _probe(self, native_problem: str | None) -> Capabilities:
         policy = self.config.policy
         probe_dir = self.config.root / "state" / "probe"
         probe_dir.mkdir(parents=True, exist_ok=True)
         problems: list[str] = []
+        if native_problem is not None:
+            problems.append(f"the compiled slot helper is not in use: {native_problem}")
         bwrap_ok = net_ok = False
         if shutil.which(self.config.bwrap) is None:
             problems.append(f"bubblewrap ({self.config.bwrap}) is not installed")
@@ -357,6 +390,10 @@ class SlotRuntime:
                 bwrap_ok = net_ok
             if bwrap_ok:
                 problem = await self._probe_lease(probe_dir)
+                if problem is not None and self._native is not None:
+                    problems.append(f"the compiled slot helper failed in a lease: {problem}")
+                    self._native = None  # the Python agent gets its own chance
+                    problem = await self._probe_lease(probe_dir)
                 if problem is not None:
                     bwrap_ok = net_ok = False
                     problems.append(f"a lease in the slot sandbox failed: {problem}")
@@ -378,6 +415,7 @@ class SlotRuntime:
             tmux=tmux_ok,
             network_isolation=net_ok,
             cgroups=self._cgroups is not None,
+            slot_helper="native" if bwrap_ok and self._native is not None else "python",
             detail="; ".join(problems),
         )
 
@@ -391,11 +429,11 @@ class SlotRuntime:
         script = "while read -r key value; do case $key in Cap*) echo $key $value;; esac; done"
         try:
             agent = await self._lease_agent(probe, started=time.monotonic())
+            command = f"{script} </proc/self/status; echo $$"
             reply = await agent.request(
-                {"op": "exec", "argv": ["/bin/sh", "-c", f"{script} </proc/self/status; echo $$"],
-                 "timeout": 10.0, "cap": 4096},
+                encode_request(["exec", "10.0", "4096", "/bin/sh", "-c", command]),
                 10.0 + self.config.agent_grace_s,
-            )  # fmt: skip
+            )
         except _AgentLost as error:
             return str(error)
         finally:
@@ -425,7 +463,10 @@ class SlotRuntime:
         )
 
     def _rebind(self) -> list[str]:
-        return [os.path.realpath(sys.base_prefix), os.path.dirname(self.config.python)]
+        paths = [os.path.realpath(sys.base_prefix), os.path.dirname(self.config.python)]
+        if self._native is not None:
+            paths.append(str(self._native))
+        return paths
 
     async def aclose(self) -> None:
         """End every sandbox and pending call. Idempotent."""
@@ -584,28 +625,29 @@ class SlotRuntime:
         timeout = limit_s
         cap = self.config.policy.output_cap_bytes
         args = call.arguments
-        message: dict[str, JSON]
+        fields: list[str]
         if call.tool == "bash":
-            message = {
-                "op": "exec", "argv": ["/bin/sh", "-c", cast("str", args["command"])],
-                "timeout": timeout, "cap": cap,
-            }  # fmt: skip
+            fields = ["exec", repr(timeout), str(cap), "/bin/sh", "-c", str(args["command"])]
         elif call.tool == "bash_stateful":
-            message = {"op": "stateful", "command": args["command"], "timeout": timeout, "cap": cap}
+            fields = ["stateful", repr(timeout), str(cap), str(args["command"])]
         else:
             keys = args["keys"]
             wait = args.get("wait_s", 0.3)
             lines = args.get("lines", 50)
-            message = {
-                "op": "tmux",
-                "keys": [keys] if isinstance(keys, str) else keys,
-                "literal": args.get("literal", True),
-                "enter": args.get("enter", True),
-                "wait": min(max(float(wait), 0.0), timeout)
-                if isinstance(wait, int | float)
-                else 0.3,
-                "lines": min(max(int(lines), 1), 10_000) if isinstance(lines, int) else 50,
-            }
+            fields = [
+                "tmux",
+                "1" if args.get("literal", True) is True else "0",
+                "1" if args.get("enter", True) is True else "0",
+                repr(min(max(float(wait), 0.0), timeout) if isinstance(wait, int | float) else 0.3),
+                str(min(max(int(lines), 1), 10_000) if isinstance(lines, int) else 50),
+                *([keys] if isinstance(keys, str) else [str(k) for k in cast("list[JSON]", keys)]),
+            ]
+        try:
+            payload = encode_request(fields)
+        except UnicodeEncodeError as error:
+            name = "keys" if call.tool == "tmux" else "command"
+            reason = f"not valid Unicode text (a lone surrogate at {error.start}) @ $.{name}"
+            return _failure(call, ToolOutcome.REJECTED, reason)
         if slot.agent_epoch == call.epoch and (slot.agent is None or not slot.agent.alive()):
             if slot.agent is not None:
                 await self._stop_agent(slot)
@@ -622,7 +664,7 @@ class SlotRuntime:
             )
         slot.agent_epoch = call.epoch
         try:
-            reply = await agent.request(message, timeout + self.config.agent_grace_s)
+            reply = await agent.request(payload, timeout + self.config.agent_grace_s)
         except _AgentLost as error:
             await self._stop_agent(slot)
             return _failure(call, ToolOutcome.INFRA_ERROR, str(error))
@@ -717,11 +759,19 @@ class SlotRuntime:
         config = self._agent_config(slot, sandboxed=True)
         config["keeper"] = True
         config["tmp"] = SANDBOX_TMP
-        config["carry"] = [
-            [path, writable] for path, writable in private_tmp_binds(policy, rebind=self._rebind())
-        ]
-        inner = [self.config.python, "-I", "-S", "-c", *self._agent_program,
-                 marshal.dumps(config).hex()]  # fmt: skip
+        carry = private_tmp_binds(policy, rebind=self._rebind())
+        config["carry"] = [[path, writable] for path, writable in carry]
+        inner: list[str]
+        if self._native is not None:
+            inner = [str(self._native), "keep", "--workspace", policy.workspace_path,
+                     "--state-dir", _SANDBOX_STATE, "--tmp", SANDBOX_TMP]  # fmt: skip
+            for name, value in cast("dict[str, int]", config["limits"]).items():
+                inner += ["--limit", name, str(value)]
+            for path, writable in carry:
+                inner += ["--carry-rw" if writable else "--carry-ro", path]
+        else:
+            inner = [self.config.python, "-I", "-S", "-c", *self._agent_program,
+                     marshal.dumps(config).hex()]  # fmt: skip
         argv = self._sandbox_argv(
             policy, slot.workspace.root, inner, keep_capabilities=KEEPER_CAPABILITIES
         )
@@ -760,7 +810,7 @@ class SlotRuntime:
         keeper = await self._ensure_keeper(slot)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            reply = await keeper.ask({"op": "lease"}, self.config.start_timeout_s, theirs)
+            reply = await keeper.ask("lease", self.config.start_timeout_s, theirs)
         except _AgentLost:
             ours.close()
             await self._stop_keeper(slot)
@@ -802,7 +852,7 @@ class SlotRuntime:
         keeper = slot.keeper
         if keeper is not None:
             try:
-                await keeper.ask({"op": "end"}, self.config.start_timeout_s)
+                await keeper.ask("end", self.config.start_timeout_s)
             except _AgentLost:
                 await self._stop_keeper(slot)
 
