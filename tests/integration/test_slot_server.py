@@ -11,6 +11,7 @@ import asyncio
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,6 +43,7 @@ class Server:
     process: subprocess.Popen[bytes]
     ready: dict[str, Any]
     root: Path
+    helper: str = "auto"  # what it was asked to run its keepers and lease agents with
 
     def client(self, token: str | None = TOKEN) -> SlotServerClient:
         if self.ready["unix"]:
@@ -49,7 +51,10 @@ class Server:
         return SlotServerClient.tcp(self.ready["address"], token)
 
 
-def start_server(root: Path, *extra: str) -> Server:
+HAS_COMPILER = any(shutil.which(name) for name in ("cc", "gcc", "clang"))
+
+
+def start_server(root: Path, *extra: str, env: dict[str, str] | None = None) -> Server:
     token_file = root.parent / f"{root.name}.token"
     token_file.write_text(TOKEN)
     argv = [
@@ -60,7 +65,9 @@ def start_server(root: Path, *extra: str) -> Server:
     ]  # fmt: skip
     if "--unix" not in extra:
         argv += ["--listen", "127.0.0.1:0"]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=None if env is None else env
+    )
     assert process.stdout is not None
     line = process.stdout.readline()
     if not line:
@@ -80,9 +87,16 @@ def stop_server(server: Server) -> int:
     return code
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = start_server(tmp_path_factory.mktemp("slot-server") / "root")
+@pytest.fixture(scope="module", params=["native", "python"])
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """A slot server whose keepers and lease agents are the compiled helper, or the Python
+    ones: every sandbox test runs against both."""
+    if request.param == "native" and not HAS_COMPILER:
+        pytest.skip("no C compiler (cc, gcc, clang) to build the compiled slot helper")
+    root = tmp_path_factory.mktemp(f"slot-server-{request.param}") / "root"
+    running = attrs.evolve(start_server(root, "--slot-helper", request.param), helper=request.param)
     yield running
     assert stop_server(running) == 0
 
@@ -180,6 +194,8 @@ def test_health_reports_a_sandboxed_server(server: Server) -> None:
     assert health.capabilities.bwrap
     assert health.capabilities.network_isolation
     assert health.capabilities.tmux
+    assert health.capabilities.slot_helper == server.helper
+    assert server.ready["capabilities"]["slot_helper"] == server.helper
     assert not health.allow_network
     assert server.ready["ready"] is True
 
@@ -609,6 +625,22 @@ def test_commands_run_as_batch_work(server: Server) -> None:
     assert result.content.strip() == "3", result
 
 
+def test_the_lease_reaps_its_orphans(server: Server) -> None:
+    """A background process that outlives its command and ends is reaped by the lease's pid 1
+    (its agent): no zombie keeps a process slot for the rest of the lease."""
+
+    async def main(client: SlotServerClient) -> ToolResult:
+        await one(client, call(1, "bash", epoch=90, command="(sleep 0.1 &); (sleep 0.1 &); true"))
+        await one(client, call(1, "bash", epoch=90, command="sleep 0.5"))
+        return await one(
+            client, call(1, "bash", epoch=90, command="cat /proc/[0-9]*/stat | cut -d' ' -f3")
+        )
+
+    states = run(main, server).content.split()
+    assert states, "no process states were read"
+    assert "Z" not in states, states
+
+
 def test_a_hostile_lease_cannot_reach_its_keeper_or_the_next_lease(server: Server) -> None:
     async def main(client: SlotServerClient) -> tuple[ToolResult, ...]:
         keeper = (await client.list_slots()).slots[2].sandbox_pid
@@ -687,6 +719,49 @@ def test_unix_socket_and_fail_closed_without_bwrap(tmp_path: Path) -> None:
     assert not sandboxed
     assert result.outcome is ToolOutcome.INFRA_ERROR
     assert "bubblewrap" in (result.error or "")
+
+
+def test_without_a_compiler_auto_serves_with_python_and_native_refuses_to_start(
+    tmp_path: Path,
+) -> None:
+    no_compiler = {**os.environ, "CC": "/nonexistent/cc", "TRAJCORE_CACHE_DIR": str(tmp_path)}
+    fallback = start_server(
+        tmp_path / "auto", "--unix", str(tmp_path / "auto.sock"), env=no_compiler
+    )
+    try:
+        result = run(lambda client: one(client, call(0, "bash", command="echo served")), fallback)
+    finally:
+        assert stop_server(fallback) == 0
+    capabilities = fallback.ready["capabilities"]
+    assert capabilities["slot_helper"] == "python"
+    assert "the compiled slot helper is not in use" in capabilities["detail"]
+    assert "/nonexistent/cc" in capabilities["detail"]
+    assert result.content == "served\n"
+
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trajcore.entrypoints.slot_server",
+            "--slots",
+            "1",
+            "--root",
+            str(tmp_path / "native"),
+            "--unix",
+            str(tmp_path / "native.sock"),
+            "--slot-helper",
+            "native",
+        ],
+        env=no_compiler,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 2, refused
+    assert refused.stdout == ""
+    assert "slot_helper" in refused.stderr, refused.stderr
+    assert "/nonexistent/cc" in refused.stderr, refused.stderr
 
 
 def test_sigterm_ends_every_sandbox_and_a_dead_server_is_a_slot_server_error(

@@ -25,7 +25,10 @@ import attrs
 
 from trajcore.domain.errors import ConfigError
 
-__all__ = ["SlotServerFlags"]
+__all__ = ["SLOT_HELPERS", "SlotServerFlags"]
+
+# What runs a slot's keeper and lease agents: see ``trajcore slot-server --slot-helper``.
+SLOT_HELPERS: tuple[str, ...] = ("auto", "native", "python")
 
 
 def _positive_int(_: object, attribute: attrs.Attribute[int], value: object) -> None:
@@ -49,6 +52,13 @@ def _positive_seconds(_: object, attribute: attrs.Attribute[float], value: objec
         raise ConfigError(attribute.name, f"must be finite seconds > 0, got {value!r}")
 
 
+def _slot_helper(_: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if value not in SLOT_HELPERS:
+        raise ConfigError(
+            attribute.name, f"must be one of {', '.join(SLOT_HELPERS)}, got {value!r}"
+        )
+
+
 def _executable(_: object, attribute: attrs.Attribute[str], value: object) -> None:
     if not isinstance(value, str) or not value or value != value.strip() or "\0" in value:
         raise ConfigError(attribute.name, f"must be a program name or path, got {value!r}")
@@ -68,6 +78,9 @@ class SlotServerFlags:
         min_timeout_s, default_timeout_s, max_timeout_s: The range call timeouts are clamped into.
         use_cgroups: Try cgroups for the per-slot limits before rlimits.
         bwrap: The bubblewrap executable, as the server's host names it.
+        slot_helper: What runs each slot's keeper and lease agents: ``"native"`` (the compiled
+            helper; the server refuses to start without it), ``"python"``, or ``"auto"`` (native
+            when the server's host can build it, else Python).
     """
 
     allow_network: bool = False
@@ -82,6 +95,7 @@ class SlotServerFlags:
     max_timeout_s: float = attrs.field(default=3600.0, validator=_positive_seconds)
     use_cgroups: bool = True
     bwrap: str = attrs.field(default="bwrap", validator=_executable)
+    slot_helper: str = attrs.field(default="auto", validator=_slot_helper)
 
     def __attrs_post_init__(self) -> None:
         for name in ("allow_network", "require_sandbox", "use_cgroups"):
@@ -113,4 +127,6 @@ class SlotServerFlags:
             words.append("--require-sandbox")
         if not self.use_cgroups:
             words.append("--no-cgroups")
+        if self.slot_helper != "auto":
+            words += ["--slot-helper", self.slot_helper]
         return words

@@ -32,15 +32,11 @@ from pathlib import Path
 
 from trajcore.adapters.sandbox.codec import unstructure
 from trajcore.adapters.sandbox.exec_agent import name_process
-from trajcore.adapters.sandbox.runtime import (
-    SLOT_HELPERS,
-    RuntimeConfig,
-    SlotRuntime,
-    check_config,
-)
+from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime, check_config
 from trajcore.adapters.sandbox.server import start_http_server
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.sandbox_policy import SandboxPolicy
+from trajcore.domain.slot_server_flags import SLOT_HELPERS
 
 __all__ = ["main", "parse_args"]
 

@@ -124,6 +124,8 @@ class LocalPoolConfig:
         min_timeout_s, default_timeout_s, max_timeout_s: The range calls are clamped into.
         use_cgroups: Try cgroups for the per-slot limits before rlimits.
         bwrap: The bubblewrap executable.
+        slot_helper: What runs each slot's keeper and lease agents (``SlotServerFlags``):
+            ``"auto"``, ``"native"`` or ``"python"``.
         python: The interpreter that runs the slot servers.
         acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
         start_timeout_s: Longest a slot server may take to become healthy.
@@ -151,6 +153,7 @@ class LocalPoolConfig:
     max_timeout_s: float = attrs.field(default=3600.0, validator=_positive_seconds)
     use_cgroups: bool = True
     bwrap: str = "bwrap"
+    slot_helper: str = "auto"
     python: str = attrs.field(factory=lambda: sys.executable)
     acquire_timeout_s: float | None = attrs.field(default=600.0, validator=_optional_seconds)
     start_timeout_s: float = attrs.field(default=30.0, validator=_positive_seconds)
@@ -177,6 +180,7 @@ class LocalPoolConfig:
             max_timeout_s=self.max_timeout_s,
             use_cgroups=self.use_cgroups,
             bwrap=self.bwrap,
+            slot_helper=self.slot_helper,
         )
 
     def server_argv(self, *, root: Path, listen: str) -> list[str]:

@@ -45,7 +45,7 @@ import struct
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
@@ -84,8 +84,9 @@ from trajcore.domain.slot_protocol import (
     SlotInfo,
     SlotListing,
 )
+from trajcore.domain.slot_server_flags import SLOT_HELPERS
 
-__all__ = ["AGENT_SOURCE", "SLOT_HELPERS", "RuntimeConfig", "SlotRuntime"]
+__all__ = ["AGENT_SOURCE", "RuntimeConfig", "SlotRuntime"]
 
 AGENT_SOURCE = Path(__file__).with_name("exec_agent.py").read_text(encoding="utf-8")
 # The agent as a code object, for a sandbox that runs this very interpreter: loading it is
@@ -97,21 +98,10 @@ _SANDBOX_STATE = "/tmp/.trajcore"  # noqa: S108 - inside the sandbox's private t
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _TOOLS: dict[str, ToolSpec] = {spec.name: spec for spec in SLOT_TOOL_SPECS}
 _EXEC_TOOLS = frozenset({"bash", "bash_stateful", "tmux"})
-SLOT_HELPERS = ("auto", "native", "python")
 
 
 def _default_python() -> str:
     return os.path.realpath(sys.executable)
-
-
-def _one_of(
-    allowed: tuple[str, ...],
-) -> Callable[[object, attrs.Attribute[str], str], None]:
-    def check(_: object, attribute: attrs.Attribute[str], value: str) -> None:
-        if value not in allowed:
-            raise ConfigError(attribute.name, f"must be one of {', '.join(allowed)}, got {value!r}")
-
-    return check
 
 
 @attrs.frozen(kw_only=True)
@@ -146,7 +136,7 @@ class RuntimeConfig:
     reset_timeout_s: float = 15.0
     dedup_per_slot: int = 4096
     use_cgroups: bool = True
-    slot_helper: str = attrs.field(default="auto", validator=_one_of(SLOT_HELPERS))
+    slot_helper: str = attrs.field(default="auto", validator=attrs.validators.in_(SLOT_HELPERS))
 
 
 class _AgentLost(Exception):

@@ -1,0 +1,262 @@
+"""The compiled slot helper and the Python exec agent answer the same requests the same way.
+
+Both agents run here as plain processes on a socket (``slot-helper serve`` and the bare Python
+agent), outside any sandbox: what is checked is the request protocol, output capture and
+decoding, limits and bad input. Their life inside a sandbox (the keeper, namespaces,
+capabilities) is checked through real slot servers in tests/integration/test_slot_server.py,
+once per helper.
+"""
+
+from __future__ import annotations
+
+import json
+import marshal
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trajcore.adapters.sandbox import exec_agent
+from trajcore.adapters.sandbox.exec_agent import encode_request
+from trajcore.adapters.sandbox.native_helper import NativeBuildError, build_slot_helper
+from trajcore.domain.messages import JSON
+
+HAS_COMPILER = any(shutil.which(name) for name in ("cc", "gcc", "clang"))
+needs_compiler = pytest.mark.skipif(not HAS_COMPILER, reason="no C compiler (cc, gcc, clang)")
+
+
+@pytest.fixture(scope="module")
+def helper() -> Path:
+    if not HAS_COMPILER:
+        pytest.skip("no C compiler (cc, gcc, clang) to build the slot helper")
+    return build_slot_helper()
+
+
+class Agent:
+    """One agent process serving requests on a socket (its stdin and stdout)."""
+
+    def __init__(self, argv: list[str], workdir: Path) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.socket = ours
+        self.process = subprocess.Popen(
+            argv, stdin=theirs.fileno(), stdout=theirs.fileno(), stderr=subprocess.PIPE, cwd=workdir
+        )
+        theirs.close()
+        self.socket.settimeout(30)
+        self.greeting = self.receive()
+
+    def receive(self) -> dict[str, JSON]:
+        size = int.from_bytes(self.exact(4), "big")
+        reply = json.loads(self.exact(size))
+        assert isinstance(reply, dict)
+        return reply
+
+    def exact(self, size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            chunk = self.socket.recv(size - len(data))
+            if not chunk:
+                raise EOFError("the agent closed its channel")
+            data += chunk
+        return data
+
+    def send_raw(self, payload: bytes) -> dict[str, JSON]:
+        self.socket.sendall(len(payload).to_bytes(4, "big") + payload)
+        return self.receive()
+
+    def ask(self, *fields: str) -> dict[str, JSON]:
+        return self.send_raw(encode_request(list(fields)))
+
+    def close(self) -> int:
+        self.socket.close()
+        code = self.process.wait(10)
+        assert self.process.stderr is not None
+        self.process.stderr.close()
+        return code
+
+
+@pytest.fixture(params=["native", "python"])
+def agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Agent]:
+    workspace = tmp_path / "workspace"
+    state = tmp_path / "state"
+    workspace.mkdir()
+    tmux = shutil.which("tmux") or ""
+    if request.param == "native":
+        if not HAS_COMPILER:
+            pytest.skip("no C compiler (cc, gcc, clang) to build the slot helper")
+        argv = [str(build_slot_helper()), "serve", "0", str(state), str(workspace), tmux]
+    else:
+        config = {"workspace": str(workspace), "state_dir": str(state), "limits": {}}
+        source = Path(exec_agent.__file__)
+        argv = [sys.executable, "-I", "-S", str(source), marshal.dumps(config).hex()]
+    running = Agent(argv, tmp_path)
+    yield running
+    assert running.close() == 0
+
+
+def test_the_greeting_names_the_agent_and_tmux(agent: Agent) -> None:
+    assert agent.greeting["ready"] is True
+    assert agent.greeting["pid"] == agent.process.pid
+    assert agent.greeting["tmux"] is (shutil.which("tmux") is not None)
+
+
+def test_exec_reports_code_streams_and_duration(agent: Agent) -> None:
+    reply = agent.ask("exec", "10.0", "1024", "/bin/sh", "-c", "printf out; printf err >&2; exit 3")
+    assert (reply["exit"], reply["signal"], reply["stdout"], reply["stderr"]) == (
+        3,
+        None,
+        "out",
+        "err",
+    )
+    assert (reply["stdout_dropped"], reply["stderr_dropped"], reply["timed_out"]) == (0, 0, False)
+    assert isinstance(reply["duration"], float)
+    assert 0 < reply["duration"] < 10
+
+
+def test_a_timeout_kills_the_whole_process_group(agent: Agent, tmp_path: Path) -> None:
+    marker = tmp_path / "survived"
+    reply = agent.ask(
+        "exec", "0.3", "1024", "/bin/sh", "-c", f"(sleep 1; touch {marker}) & sleep 5"
+    )
+    assert (reply["timed_out"], reply["signal"], reply["exit"]) == (True, 9, None)
+    after = agent.ask("exec", "5.0", "1024", "/bin/sh", "-c", "sleep 1.2")
+    assert after["exit"] == 0
+    assert not marker.exists(), "a background child of the timed-out command survived"
+
+
+def test_commands_get_default_signals_and_no_agent_descriptors(agent: Agent) -> None:
+    # SIGPIPE back to its default: `yes | head` ends instead of spinning on EPIPE
+    reply = agent.ask("exec", "10.0", "1024", "/bin/sh", "-c", "yes | head -c 4; echo")
+    assert (reply["stdout"], reply["stderr"]) == ("y\ny\n\n", "")
+    listing = agent.ask("exec", "10.0", "4096", "/bin/sh", "-c", "ls /proc/$$/fd")
+    assert sorted(str(listing["stdout"]).split()) == ["0", "1", "2"]
+
+
+def test_output_over_the_cap_keeps_head_and_tail(agent: Agent) -> None:
+    script = "i=0; while [ $i -lt 2000 ]; do echo line$i; i=$((i+1)); done"
+    reply = agent.ask("exec", "10.0", "200", "/bin/sh", "-c", script)
+    text = str(reply["stdout"])
+    assert text.startswith("line0\nline1\n")
+    assert text.endswith("line1998\nline1999\n")
+    assert reply["stdout_dropped"] == sum(len(f"line{i}\n") for i in range(2000)) - 200
+    assert f"[... {reply['stdout_dropped']} bytes dropped ...]" in text
+
+
+# Bytes where UTF-8 validity turns: lead bytes of each length (with their narrowed second-byte
+# ranges: E0, ED, F0, F4), the range ends of continuation bytes, and bytes never valid.
+UTF8_EDGES = list(
+    b"\x00\x0a\x1f\x22\x5c\x7f\x80\x8f\x90\x9f\xa0\xbf\xc0\xc1"
+    b"\xc2\xdf\xe0\xe1\xec\xed\xee\xef\xf0\xf1\xf3\xf4\xf5\xff"
+)
+output_bytes = st.lists(
+    st.sampled_from(UTF8_EDGES)
+    | st.integers(min_value=0, max_value=255)
+    | st.text(max_size=3).map(lambda text: text.encode("utf-8", "surrogatepass")),
+    max_size=120,
+).map(lambda parts: b"".join(p if isinstance(p, bytes) else bytes([p]) for p in parts))
+
+
+@given(data=output_bytes, cap=st.integers(min_value=1, max_value=400))
+@settings(max_examples=100, deadline=None)
+def test_any_bytes_decode_as_python_decodes_them(
+    data: bytes, cap: int, helper: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The compiled agent's capture and UTF-8 replacement match the Python agent's, byte for
+    byte, for every output (the Python agent's ``run_exec`` is the reference)."""
+    folder = tmp_path_factory.mktemp("bytes")
+    source = folder / "data"
+    source.write_bytes(data)
+    expected = exec_agent.run_exec(["/bin/cat", str(source)], 10.0, cap)
+    native = Agent([str(helper), "serve", "0", str(folder / "state"), str(folder), ""], folder)
+    try:
+        reply = native.ask("exec", "10.0", str(cap), "/bin/cat", str(source))
+    finally:
+        assert native.close() == 0
+    assert reply["stdout"] == expected["stdout"]
+    assert reply["stdout_dropped"] == expected["stdout_dropped"]
+    if len(data) <= cap // 2:
+        assert reply["stdout"] == data.decode("utf-8", "replace")
+
+
+def test_every_edge_sequence_decodes_as_python_decodes_it(agent: Agent, tmp_path: Path) -> None:
+    """Exhaustive over the edge bytes: every 3-byte sequence of them, and every 4-byte one
+    that starts with a 4-byte lead, each followed by an ASCII byte, in one output."""
+    leads = [0xF0, 0xF1, 0xF4, 0xF5]
+    threes = [bytes([a, b, c]) + b"." for a in UTF8_EDGES for b in UTF8_EDGES for c in UTF8_EDGES]
+    fours = [
+        bytes([a, b, c, d]) + b"."
+        for a in leads
+        for b in UTF8_EDGES
+        for c in UTF8_EDGES
+        for d in UTF8_EDGES
+    ]
+    data = b"".join(threes + fours)
+    source = tmp_path / "edges"
+    source.write_bytes(data)
+    reply = agent.ask("exec", "30.0", str(2 * len(data)), "/bin/cat", str(source))
+    assert reply["stdout_dropped"] == 0
+    assert reply["stdout"] == data.decode("utf-8", "replace")
+
+
+def test_bad_requests_get_an_error_and_the_agent_goes_on(agent: Agent) -> None:
+    truncated = agent.send_raw(b"\x00\x00\x00\x09exec")
+    assert truncated["exit"] is None
+    assert "malformed request" in str(truncated["error"])
+    unknown = agent.ask("launch", "rockets")
+    assert unknown["error"] == 'unknown op "launch"'
+    short = agent.ask("exec", "10.0", "1024")
+    assert "needs a timeout, a cap and a program" in str(short["error"])
+    not_a_number = agent.ask("exec", "soon", "1024", "/bin/true")
+    assert "timeout must be a number, got soon" in str(not_a_number["error"])
+    nul = agent.ask("exec", "10.0", "1024", "/bin/echo", "a\0b")
+    assert "argv holds a NUL byte" in str(nul["error"])
+    missing = agent.ask("exec", "10.0", "1024", "/no/such/program")
+    assert str(missing["error"]).startswith("cannot start /no/such/program: ")
+    assert agent.ask("exec", "10.0", "1024", "/bin/sh", "-c", "echo fine")["stdout"] == "fine\n"
+
+
+def test_stateful_shell_keeps_state_and_tmux_answers(agent: Agent) -> None:
+    if not agent.greeting["tmux"]:
+        pytest.skip("tmux is not installed")
+    first = agent.ask("stateful", "10.0", "1024", "cd /tmp && X=41")
+    assert first["exit"] == 0
+    second = agent.ask("stateful", "10.0", "1024", "echo $((X+1)) $(pwd); exit 4")
+    assert (second["exit"], second["stdout"]) == (4, "42 /tmp\n")
+    pane = agent.ask("tmux", "1", "1", "0.3", "20", "echo from-the-pane")
+    assert "from-the-pane" in str(pane["stdout"])
+    slow = agent.ask("stateful", "0.5", "1024", "sleep 5")
+    assert (slow["timed_out"], slow["exit"]) == (True, None)
+
+
+@needs_compiler
+def test_the_build_is_cached_and_reused(tmp_path: Path) -> None:
+    first = build_slot_helper(tmp_path)
+    stamp = first.stat().st_mtime_ns
+    again = build_slot_helper(tmp_path)
+    assert again == first
+    assert again.stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == [first.name]
+
+
+def test_a_missing_compiler_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(NativeBuildError, match="names no executable compiler"):
+        build_slot_helper(tmp_path)
+
+
+def test_a_failing_compiler_is_reported_with_its_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = tmp_path / "broken-cc"
+    broken.write_text("#!/bin/sh\necho 'this compiler is broken' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CC", str(broken))
+    with pytest.raises(NativeBuildError, match=r"failed to build the slot helper.*is broken"):
+        build_slot_helper(tmp_path / "cache")
+    assert not [p for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")]
