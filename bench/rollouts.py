@@ -33,7 +33,8 @@ inspection, which would charge the trajectories memory that no real client holds
 Pool size: 4 slot servers x 64 slots = 256 slots, one per concurrent trajectory; on a 2-core
 machine more servers only add processes competing for the same cores.
 
-Run: ``.venv/bin/python bench/rollouts.py [--concurrency 256] [--turns 8] [--rounds 4]``.
+Run: ``.venv/bin/python bench/rollouts.py [--concurrency 256] [--turns 8] [--rounds 4]
+[--slot-helper auto|native|python]``.
 """
 
 from __future__ import annotations
@@ -230,6 +231,7 @@ async def bench(args: argparse.Namespace) -> None:
     pool_config = LocalPoolConfig(
         containers=args.servers, slots_per_container=slots, require_sandbox=True,
         acquire_timeout_s=300.0, start_timeout_s=120.0, max_processes=64, memory_mb=512,
+        slot_helper=args.slot_helper,
     )  # fmt: skip
     config = RolloutConfig(
         agent=AgentLoopConfig(max_turns=turns),
@@ -246,6 +248,11 @@ async def bench(args: argparse.Namespace) -> None:
         LocalSandboxPool(pool_config) as pool,
         ToolDispatcher(pool, BatchConfig(window_ms=args.window_ms)) as dispatcher,
     ):
+        helpers = {
+            (await pool.client(name).health()).capabilities.slot_helper
+            for name in pool.container_names()
+        }
+        print(f"slot helper (keepers and lease agents): {', '.join(sorted(helpers))}")
         # Raw limit, with the pool up and idle: the best of a few spawner counts.
         raw = max([await spawn_rate(workers, args.spawn_seconds) for workers in (8, 64)])
         # Warm-up: every slot's keeper (started once per slot, then kept), imports and caches,
@@ -317,6 +324,12 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=4, help="slot servers (containers)")
     parser.add_argument("--window-ms", type=float, default=5.0, help="dispatcher batch window")
     parser.add_argument("--spawn-seconds", type=float, default=2.0)
+    parser.add_argument(
+        "--slot-helper",
+        choices=("auto", "native", "python"),
+        default="auto",
+        help="what runs the slots' keepers and lease agents (the compiled helper or Python)",
+    )
     args = parser.parse_args()
     if shutil.which("bwrap") is None:
         parser.error("bubblewrap (bwrap) is required")

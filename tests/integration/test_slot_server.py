@@ -26,8 +26,10 @@ import attrs
 import pytest
 
 from trajcore.adapters.sandbox.client import SlotServerClient
+from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime
 from trajcore.domain.errors import SlotServerError, ToolArgumentError, UnknownSlot, WireError
 from trajcore.domain.messages import JSON, ToolOutcome, ToolResult
+from trajcore.domain.sandbox_policy import Bind, SandboxPolicy
 from trajcore.domain.slot_protocol import ExecuteCall
 
 T = TypeVar("T")
@@ -828,3 +830,48 @@ def test_wire_error_on_a_protocol_violation() -> None:
             await runner.cleanup()
 
     asyncio.run(main())
+
+
+# --------------------------------------------------------------------------------- under /tmp
+
+
+@pytest.mark.parametrize("helper", ["native", "python"])
+def test_paths_bound_under_tmp_are_carried_into_every_lease(helper: str, tmp_path: Path) -> None:
+    """A lease mounts a fresh /tmp, so what the sandbox binds under /tmp (a workspace placed
+    there, an extra bind) must be bound back into each lease, read-only where it was."""
+    if helper == "native" and not HAS_COMPILER:
+        pytest.skip("no C compiler (cc, gcc, clang) to build the compiled slot helper")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "given.txt").write_text("from the host\n")
+    policy = SandboxPolicy(
+        workspace_path="/tmp/work",
+        extra_binds=(Bind(source=str(data), dest="/tmp/data"),),
+        max_processes=64,
+        memory_bytes=256 << 20,
+    )
+    config = RuntimeConfig(slots=1, root=tmp_path / "root", policy=policy, slot_helper=helper)
+    script = (
+        "echo written >/tmp/work/out.txt; cat /tmp/data/given.txt; "
+        "touch /tmp/data/planted 2>/dev/null || echo data-read-only; echo scratch >/tmp/scratch"
+    )
+
+    async def main() -> tuple[list[ToolResult], str]:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        try:
+            results = []
+            for epoch in (1, 2):  # a second lease binds them again
+                (result,) = await runtime.execute([call(0, "bash", epoch=epoch, command=script)])
+                results.append(result)
+                assert (await runtime.reset(0, epoch)).ok
+            return results, runtime.capabilities.slot_helper
+        finally:
+            await runtime.aclose()
+
+    results, running = asyncio.run(main())
+    assert running == helper
+    for result in results:
+        assert result.outcome is ToolOutcome.OK, result
+        assert result.content == "from the host\ndata-read-only\n", result
+    assert not (data / "planted").exists()

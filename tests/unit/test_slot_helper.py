@@ -206,16 +206,22 @@ def test_every_edge_sequence_decodes_as_python_decodes_it(agent: Agent, tmp_path
 
 def test_bad_requests_get_an_error_and_the_agent_goes_on(agent: Agent) -> None:
     truncated = agent.send_raw(b"\x00\x00\x00\x09exec")
-    assert truncated["exit"] is None
-    assert "malformed request" in str(truncated["error"])
+    assert truncated == {
+        "exit": None,
+        "error": "agent failed: ValueError: a malformed request of 8 bytes",
+    }
     unknown = agent.ask("launch", "rockets")
     assert unknown["error"] == 'unknown op "launch"'
     short = agent.ask("exec", "10.0", "1024")
-    assert "needs a timeout, a cap and a program" in str(short["error"])
+    assert short["error"] == (
+        "agent failed: ValueError: an exec request needs a timeout, a cap and a program"
+    )
     not_a_number = agent.ask("exec", "soon", "1024", "/bin/true")
-    assert "timeout must be a number, got soon" in str(not_a_number["error"])
+    assert not_a_number["error"] == (
+        "agent failed: TypeError: timeout must be a finite number, got soon"
+    )
     nul = agent.ask("exec", "10.0", "1024", "/bin/echo", "a\0b")
-    assert "argv holds a NUL byte" in str(nul["error"])
+    assert nul["error"] == "agent failed: ValueError: argv holds a NUL byte"
     missing = agent.ask("exec", "10.0", "1024", "/no/such/program")
     assert str(missing["error"]).startswith("cannot start /no/such/program: ")
     assert agent.ask("exec", "10.0", "1024", "/bin/sh", "-c", "echo fine")["stdout"] == "fine\n"
@@ -232,6 +238,39 @@ def test_stateful_shell_keeps_state_and_tmux_answers(agent: Agent) -> None:
     assert "from-the-pane" in str(pane["stdout"])
     slow = agent.ask("stateful", "0.5", "1024", "sleep 5")
     assert (slow["timed_out"], slow["exit"]) == (True, None)
+
+
+@pytest.mark.parametrize(
+    "swap",
+    [
+        'o=$(readlink /proc/$$/fd/1); rm "$o"; ln -s /dev/zero "$o"',
+        'o=$(readlink /proc/$$/fd/1); rm "$o"; mkfifo "$o"',
+    ],
+    ids=["symlink-to-dev-zero", "fifo"],
+)
+def test_a_command_that_swaps_its_output_file_cannot_stall_the_agent(
+    agent: Agent, swap: str
+) -> None:
+    """The persistent shell's output files live where commands can reach them: one swapped for
+    an endless device or a FIFO is not read (nothing blocks, nothing spins), and the shell
+    goes on."""
+    if not agent.greeting["tmux"]:
+        pytest.skip("tmux is not installed")
+    swapped = agent.ask("stateful", "10.0", "1024", swap)
+    assert (swapped["exit"], swapped["stdout"], swapped["timed_out"]) == (0, "", False)
+    assert isinstance(swapped["duration"], float)
+    assert swapped["duration"] < 5
+    after = agent.ask("stateful", "10.0", "1024", "echo still-here")
+    assert after["stdout"] == "still-here\n"
+
+
+def test_numbers_must_be_finite_and_fields_exact(agent: Agent) -> None:
+    for bad in ("inf", "nan", "-inf", "1e999"):
+        reply = agent.ask("exec", bad, "1024", "/bin/true")
+        assert "timeout must be a finite number" in str(reply["error"]), (bad, reply)
+    assert agent.ask("exec\0x", "10.0", "1024", "/bin/true")["error"] == 'unknown op "exec\\u0000x"'
+    huge = agent.ask("exec", "10.0", "1e30", "/bin/sh", "-c", "echo capped")
+    assert huge["stdout"] == "capped\n"
 
 
 @needs_compiler

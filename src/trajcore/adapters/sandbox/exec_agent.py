@@ -265,7 +265,7 @@ def _pump(pid: int, captures: dict[int, _Capture], deadline: float) -> tuple[int
                 wait = drain_until - now
                 if wait <= 0:
                     break  # something the command left behind still holds its pipes
-            for fd, _ in poller.poll(max(1, int(wait * 1000) + 1)):
+            for fd, _ in poller.poll(min(max(1, int(wait * 1000) + 1), 1_000_000_000)):
                 if fd == pidfd:
                     status = posix.waitpid(pid, 0)[1]
                     poller.unregister(pidfd)
@@ -364,11 +364,14 @@ class _Shell:
             self._tmux("send-keys", "-t", "main", "C-c")
             _wait_for(base + ".rc", time.monotonic() + 0.2)
         code: int | None = None
-        try:
-            with open(base + ".rc", encoding="ascii") as rc:
-                code = int(rc.read().strip())
-        except (OSError, ValueError):
-            code = None
+        rc = _open_regular(base + ".rc")
+        if rc is not None:
+            try:
+                code = int(posix.read(rc, 64).decode("ascii").strip())
+            except (OSError, ValueError):
+                code = None
+            finally:
+                posix.close(rc)
         stdout, out_dropped = _read_capped(base + ".out", cap)
         stderr, err_dropped = _read_capped(base + ".err", cap)
         for suffix in (".sh", ".out", ".err", ".rc", ".rc.tmp"):
@@ -417,21 +420,40 @@ def _wait_for(path: str, deadline: float) -> bool:
         pause = min(pause * 1.5, 0.02)
 
 
-def _read_capped(path: str, cap: int) -> tuple[str, int]:
-    capture = _Capture(cap)
+def _open_regular(path: str) -> int | None:
+    """``path`` opened for reading if it is a regular file, else ``None``: the shell's output
+    files are written by commands in the lease, which may swap them for a symlink, a FIFO or a
+    device."""
     try:
-        with open(path, "rb") as stream:
-            size = posix.fstat(stream.fileno()).st_size
-            if size <= cap:
-                capture.feed(stream.read(cap))
-            else:
-                capture.feed(stream.read(capture.head_cap))
-                stream.seek(size - capture.tail_cap)
-                capture.total += size - capture.head_cap - capture.tail_cap
-                capture.tail += stream.read(capture.tail_cap)
-                capture.total += capture.tail_cap
+        flags = posix.O_RDONLY | posix.O_CLOEXEC | posix.O_NOFOLLOW | posix.O_NONBLOCK
+        fd = posix.open(path, flags)
+    except OSError:
+        return None
+    if posix.fstat(fd).st_mode & 0o170000 != 0o100000:  # not S_IFREG
+        posix.close(fd)
+        return None
+    return fd
+
+
+def _read_capped(path: str, cap: int) -> tuple[str, int]:
+    """The first and last ``cap/2`` bytes of a regular file, as a capture keeps them."""
+    capture = _Capture(cap)
+    fd = _open_regular(path)
+    if fd is None:
+        return "", 0
+    try:
+        size = posix.fstat(fd).st_size
+        if size <= cap:
+            capture.feed(posix.pread(fd, size, 0))  # as big as it was: growth is not read
+        else:
+            capture.feed(posix.pread(fd, capture.head_cap, 0))
+            capture.total += size - capture.head_cap - capture.tail_cap
+            capture.tail += posix.pread(fd, capture.tail_cap, size - capture.tail_cap)
+            capture.total += capture.tail_cap
     except OSError:
         return "", 0
+    finally:
+        posix.close(fd)
     return capture.finish()
 
 
@@ -501,10 +523,15 @@ def _number(fields: list[str], index: int, name: str) -> float:
     try:
         value = float(fields[index])
     except ValueError:
-        raise TypeError(f"{name} must be a number, got {fields[index]}") from None
-    if value != value:  # noqa: PLR0124 - NaN, without importing math
-        raise TypeError(f"{name} must be a number, got {fields[index]}")
+        raise TypeError(f"{name} must be a finite number, got {fields[index]}") from None
+    if value - value != 0:  # NaN and the infinities, without importing math
+        raise TypeError(f"{name} must be a finite number, got {fields[index]}")
     return value
+
+
+def _cap(value: float) -> int:
+    """Bytes kept per stream: at least 1, at most 64 MiB (the compiled agent's bound too)."""
+    return min(max(1, int(value)), 1 << 26)
 
 
 def _plain(values: list[str], name: str) -> list[str]:
@@ -523,18 +550,19 @@ def _answer(shell: _Shell, fields: list[str]) -> dict[str, object]:
         if len(fields) < 4:
             raise ValueError("an exec request needs a timeout, a cap and a program")
         timeout, cap = _number(fields, 1, "timeout"), _number(fields, 2, "cap")
-        return run_exec(_plain(fields[3:], "argv"), timeout, max(1, int(cap)))
+        return run_exec(_plain(fields[3:], "argv"), timeout, _cap(cap))
     if op == "stateful":
         if len(fields) != 4:
             raise ValueError("a stateful request needs a timeout, a cap and a command")
         timeout, cap = _number(fields, 1, "timeout"), _number(fields, 2, "cap")
-        return shell.run(fields[3], timeout, max(1, int(cap)))
+        return shell.run(fields[3], timeout, _cap(cap))
     if op == "tmux":
         if len(fields) < 5:
             raise ValueError("a tmux request needs literal, enter, wait and lines")
         wait, lines = _number(fields, 3, "wait"), _number(fields, 4, "lines")
         keys = _plain(fields[5:], "keys")
-        return shell.keys(keys, fields[1] == "1", fields[2] == "1", wait, int(lines))
+        rows = min(max(int(lines), 1), 10_000)
+        return shell.keys(keys, fields[1] == "1", fields[2] == "1", wait, rows)
     return {"exit": None, "error": f"unknown op {_json(op)}"}
 
 
@@ -651,14 +679,9 @@ class _Plan:
         self.tmp = str(config["tmp"])
         carry = config["carry"]
         assert isinstance(carry, list)
-        # (path, an O_PATH descriptor of it that every fork inherits, its read-only remount
-        # flags or None when it stays writable)
+        # (path, its read-only remount flags or None when it stays writable)
         self.carried = [
-            (
-                str(path),
-                posix.open(str(path), posix.O_PATH | posix.O_CLOEXEC),
-                None if writable is True else _read_only_remount(str(path)),
-            )
+            (str(path), None if writable is True else _read_only_remount(str(path)))
             for path, writable in carry
         ]
         self.dev_shm = _exists(_DEV_SHM)
@@ -681,12 +704,17 @@ def _lease_main(libc: _Libc, channel: int, config: dict[str, object], plan: _Pla
     try:
         libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
         libc.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
+        # The carried paths, held open before the fresh tmpfs hides them: descriptors opened
+        # here, in the lease's own mount namespace (a bind from another namespace's mount is
+        # refused).
+        held = [posix.open(path, posix.O_PATH | posix.O_CLOEXEC) for path, _ in plan.carried]
         libc.mount("tmpfs", plan.tmp, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
-        for path, fd, read_only in plan.carried:
+        for (path, read_only), fd in zip(plan.carried, held, strict=True):
             _make_dirs(path)
             libc.mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC, None)
             if read_only is not None:
                 libc.mount(None, path, None, read_only, None)
+            posix.close(fd)
         if plan.dev_shm:
             libc.mount("tmpfs", _DEV_SHM, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
         libc.mount(None, "/dev", None, plan.dev_read_only, None)
@@ -698,12 +726,13 @@ def _lease_main(libc: _Libc, channel: int, config: dict[str, object], plan: _Pla
             pass  # a kernel without ambient capabilities has none to clear
         libc.clear_capabilities()
         libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, "no_new_privs")
-        null = posix.open("/dev/null", posix.O_RDWR)
-        for target in (0, 1, 2):
-            posix.dup2(null, target)
+        # the channel first: a descriptor below 3 would be overwritten by /dev/null
         if channel != _LEASE_FD:  # dup3 refuses a descriptor onto itself
             posix.dup2(channel, _LEASE_FD, inheritable=False)
         posix.set_inheritable(_LEASE_FD, False)
+        null = posix.open("/dev/null", posix.O_RDWR | posix.O_CLOEXEC)
+        for target in (0, 1, 2):
+            posix.dup2(null, target)
         posix.closerange(_LEASE_FD + 1, _FD_LIMIT)
         name_process("slot-lease")
     except BaseException as error:  # noqa: BLE001 - reported to the slot server, then exit

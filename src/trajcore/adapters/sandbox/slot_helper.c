@@ -276,8 +276,10 @@ static double monotonic(void) {
 }
 
 static void pause_for(double seconds) {
-    if (seconds <= 0)
+    if (!(seconds > 0))
         return;
+    if (seconds > 1e6)
+        seconds = 1e6;
     struct timespec wait = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
     while (nanosleep(&wait, &wait) != 0 && errno == EINTR) {
     }
@@ -471,6 +473,10 @@ static void run_exec(char *const argv[], double timeout, size_t cap, result *r) 
                 kill_group(pid);
                 wait_for_child(pid, &status);
                 exited = true;
+                if (watched[2].fd >= 0) { /* reaped: it must not be waited for again */
+                    close(watched[2].fd);
+                    watched[2].fd = -1;
+                }
                 drain_until = monotonic() + DRAIN_AFTER_EXIT_S;
                 continue;
             }
@@ -489,7 +495,7 @@ static void run_exec(char *const argv[], double timeout, size_t cap, result *r) 
                 break; /* something the command left behind still holds its pipes */
         }
         /* the same rounding as the Python agent: at least 1 ms, never less than asked */
-        int ready = poll(watched, 3, (int)(wait * 1000) + 1);
+        int ready = poll(watched, 3, wait < 1e6 ? (int)(wait * 1000) + 1 : 1000000000);
         if (ready < 0 && errno != EINTR) {
             if (!exited) { /* it cannot be watched any more: end it rather than leave it */
                 kill_group(pid);
@@ -618,11 +624,23 @@ static bool wait_for_file(const char *path, double deadline) {
     }
 }
 
+/* ``path`` opened for reading if it is a regular file, else -1: the shell's output files are
+ * written by commands in the lease, which may swap them for a symlink, a FIFO or a device. */
+static int open_regular(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    struct stat info;
+    if (fd >= 0 && (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode))) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 /* The first and last cap/2 bytes of a file into ``text``, as a capture would keep them (nothing
  * when it cannot be read); returns how many bytes fell between. */
 static long long read_capped(const char *path, size_t cap, buf *text) {
     text->len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open_regular(path);
     if (fd < 0)
         return 0;
     capture c;
@@ -643,9 +661,13 @@ static long long read_capped(const char *path, size_t cap, buf *text) {
             c.tail.len = got > 0 ? (size_t)got : 0;
             c.total = (long long)size;
         } else {
+            /* no more than the size it had: a file that grows meanwhile is read as it was */
+            size_t left = (size_t)size;
             ssize_t got;
-            while ((got = read(fd, chunk, READ_CHUNK)) > 0)
+            while (left && (got = read(fd, chunk, left < READ_CHUNK ? left : READ_CHUNK)) > 0) {
                 capture_feed(&c, chunk, (size_t)got);
+                left -= (size_t)got;
+            }
         }
     }
     free(chunk);
@@ -732,7 +754,7 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
     }
     bool has_code = false;
     long code = 0;
-    int fd = open(rc, O_RDONLY | O_CLOEXEC);
+    int fd = open_regular(rc);
     if (fd >= 0) {
         char digits[64];
         ssize_t got = read(fd, digits, sizeof digits - 1);
@@ -855,8 +877,11 @@ static bool number(const fields *f, size_t index, const char *name, double *valu
     char *end;
     errno = 0;
     *value = strtod(f->text[index], &end);
-    if (errno || end == f->text[index] || *end || *value != *value) {
-        fail(r, "agent failed: TypeError: %s must be a number, got %s", name, f->text[index]);
+    bool finite = *value - *value == 0; /* false for NaN and the infinities */
+    if (errno || end == f->text[index] || *end || !finite ||
+        strlen(f->text[index]) != f->length[index]) {
+        fail(r, "agent failed: TypeError: %s must be a finite number, got %s", name,
+             f->text[index]);
         return false;
     }
     return true;
@@ -873,14 +898,20 @@ static bool plain(const fields *f, size_t from, const char *name, result *r) {
     return true;
 }
 
-static size_t as_cap(double cap) { return cap < 1 ? 1 : cap > 1e12 ? (size_t)1e12 : (size_t)cap; }
+/* Bytes kept per stream: at least 1, at most 64 MiB (a reply must fit its 4-byte length even
+ * when every byte is escaped six times over). */
+static size_t as_cap(double cap) { return cap < 1 ? 1 : cap > 0x1p26 ? (size_t)0x1p26 : (size_t)cap; }
+
+/* Field ``index`` is exactly ``text`` (a NUL byte inside a field does not end it). */
+static bool is(const fields *f, size_t index, const char *text) {
+    return f->length[index] == strlen(text) && memcmp(f->text[index], text, f->length[index]) == 0;
+}
 
 static void answer(shell *sh, const fields *f, result *r) {
-    const char *op = f->text[0];
     double timeout, cap, wait, lines;
-    if (strcmp(op, "exec") == 0) {
+    if (is(f, 0, "exec")) {
         if (f->count < 4) {
-            fail(r, "agent failed: an exec request needs a timeout, a cap and a program");
+            fail(r, "agent failed: ValueError: an exec request needs a timeout, a cap and a program");
             return;
         }
         if (!number(f, 1, "timeout", &timeout, r) || !number(f, 2, "cap", &cap, r) ||
@@ -894,27 +925,27 @@ static void answer(shell *sh, const fields *f, result *r) {
             argv[i] = f->text[3 + i];
         run_exec(argv, timeout, as_cap(cap), r);
         free(argv);
-    } else if (strcmp(op, "stateful") == 0) {
+    } else if (is(f, 0, "stateful")) {
         if (f->count != 4) {
-            fail(r, "agent failed: a stateful request needs a timeout, a cap and a command");
+            fail(r, "agent failed: ValueError: a stateful request needs a timeout, a cap and a command");
             return;
         }
         if (!number(f, 1, "timeout", &timeout, r) || !number(f, 2, "cap", &cap, r))
             return;
         shell_run(sh, f->text[3], f->length[3], timeout, as_cap(cap), r);
-    } else if (strcmp(op, "tmux") == 0) {
+    } else if (is(f, 0, "tmux")) {
         if (f->count < 5) {
-            fail(r, "agent failed: a tmux request needs literal, enter, wait and lines");
+            fail(r, "agent failed: ValueError: a tmux request needs literal, enter, wait and lines");
             return;
         }
         if (!number(f, 3, "wait", &wait, r) || !number(f, 4, "lines", &lines, r) ||
             !plain(f, 5, "keys", r))
             return;
-        shell_keys(sh, f->text + 5, f->count - 5, strcmp(f->text[1], "1") == 0,
-                   strcmp(f->text[2], "1") == 0, wait, (long)lines, r);
+        long rows = lines < 1 ? 1 : lines > 10000 ? 10000 : (long)lines;
+        shell_keys(sh, f->text + 5, f->count - 5, is(f, 1, "1"), is(f, 2, "1"), wait, rows, r);
     } else {
         buf named = {0};
-        json_string(&named, op, f->length[0]);
+        json_string(&named, f->text[0], f->length[0]);
         fail(r, "unknown op %.*s", (int)(named.len < 200 ? named.len : 200), named.data);
         buf_free(&named);
     }
@@ -936,6 +967,10 @@ static bool read_exact(int fd, unsigned char *into, size_t n) {
 }
 
 static bool send_message(int fd, const buf *body) {
+    if (body->len > UINT32_MAX) { /* cannot happen with capped streams; never desynchronise */
+        fprintf(stderr, "slot-helper: a reply of %zu bytes does not fit its frame\n", body->len);
+        return false;
+    }
     unsigned char header[HEADER_SIZE] = {
         (unsigned char)(body->len >> 24), (unsigned char)(body->len >> 16),
         (unsigned char)(body->len >> 8), (unsigned char)body->len};
@@ -1029,7 +1064,6 @@ enum { LEASE_FD = 3, MAX_CARRIED = 64, MAX_LIMITS = 8 };
 
 typedef struct {
     const char *path;
-    int fd;             /* an O_PATH descriptor of it, which every lease inherits */
     bool read_only;     /* remounted read-only after the bind */
     unsigned long kept; /* its flags to repeat in that remount */
 } carried;
@@ -1142,8 +1176,7 @@ static void prepare(plan *p) {
         p->tmux[0] = '\0';
     for (size_t i = 0; i < p->carry_count; i++) {
         carried *c = &p->carry[i];
-        c->fd = open(c->path, O_PATH | O_CLOEXEC);
-        if (c->fd < 0)
+        if (!exists(c->path))
             die(c->path);
         c->kept = c->read_only ? kept_flags(c->path) : 0;
     }
@@ -1180,16 +1213,25 @@ static void lease_main(int channel, const plan *p) {
         refuse(channel, "unshare");
     mount_or_refuse(channel, NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
     mount_or_refuse(channel, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    /* The carried paths, held open before the fresh tmpfs hides them: descriptors opened here,
+     * in the lease's own mount namespace (a bind from another namespace's mount is refused). */
+    int held[MAX_CARRIED];
+    for (size_t i = 0; i < p->carry_count; i++) {
+        held[i] = open(p->carry[i].path, O_PATH | O_CLOEXEC);
+        if (held[i] < 0)
+            refuse(channel, p->carry[i].path);
+    }
     mount_or_refuse(channel, "tmpfs", p->tmp, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
     for (size_t i = 0; i < p->carry_count; i++) {
         const carried *c = &p->carry[i];
         char source[64];
-        snprintf(source, sizeof source, "/proc/self/fd/%d", c->fd);
+        snprintf(source, sizeof source, "/proc/self/fd/%d", held[i]);
         make_dirs(c->path);
         mount_or_refuse(channel, source, c->path, NULL, MS_BIND | MS_REC, NULL);
         if (c->read_only)
             mount_or_refuse(channel, NULL, c->path, NULL,
                             MS_REMOUNT | MS_BIND | MS_RDONLY | c->kept, NULL);
+        close(held[i]);
     }
     if (p->dev_shm)
         mount_or_refuse(channel, "tmpfs", DEV_SHM, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
@@ -1210,15 +1252,20 @@ static void lease_main(int channel, const plan *p) {
         refuse(channel, "capset");
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
         refuse(channel, "no_new_privs");
-    int null = open("/dev/null", O_RDWR);
-    if (null < 0)
-        refuse(channel, "open /dev/null");
-    for (int target = 0; target < 3; target++)
-        if (dup2(null, target) < 0)
-            refuse(channel, "dup2");
+    /* the channel first: a descriptor below 3 would be overwritten by /dev/null */
     if (channel != LEASE_FD && dup2(channel, LEASE_FD) < 0)
         refuse(channel, "dup2");
-    if (syscall(SYS_close_range, LEASE_FD + 1, ~0U, 0) != 0) {
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null < 0)
+        refuse(LEASE_FD, "open /dev/null");
+    for (int target = 0; target < 3; target++)
+        if (dup2(null, target) < 0)
+            refuse(LEASE_FD, "dup2");
+    (void)fcntl(LEASE_FD, F_SETFD, FD_CLOEXEC);
+#ifdef SYS_close_range
+    if (syscall(SYS_close_range, LEASE_FD + 1, ~0U, 0) != 0)
+#endif
+    {
         for (int fd = LEASE_FD + 1; fd < 65536; fd++) /* kernels before 5.9 */
             (void)close(fd);
     }
@@ -1300,7 +1347,7 @@ static int keep(plan *p) {
         }
         message[got] = '\0';
         reply.len = 0;
-        if (strcmp(message, "lease") == 0) {
+        if (got == 5 && memcmp(message, "lease", 5) == 0) {
             if (fd_count != 1) {
                 buf_printf(&reply, "{\"error\":\"a lease needs one channel, got %d descriptors\"}",
                            fd_count);
@@ -1320,7 +1367,7 @@ static int keep(plan *p) {
                     lease = 0;
                 }
             }
-        } else if (strcmp(message, "end") == 0) {
+        } else if (got == 3 && memcmp(message, "end", 3) == 0) {
             if (lease > 0)
                 buf_printf(&reply, "{\"ended\":true,\"status\":%d}", end_lease(lease));
             else
