@@ -569,14 +569,17 @@ static void tmux_run(shell *sh, const char *const *args, size_t n, result *r) {
 
 static bool ran_ok(const result *r) { return !r->failed && r->has_exit && r->exit_code == 0; }
 
-/* Why the call failed: its stderr, else its error. */
-static void why(const result *r, buf *into) {
-    if (!r->failed && r->err.len)
-        buf_put(into, r->err.data, r->err.len);
-    else if (r->failed)
-        buf_put(into, r->error.data, r->error.len);
+/* Fail ``r`` with ``prefix`` and why ``cause`` failed: its stderr, else its error. */
+static void fail_because(result *r, const char *prefix, const result *cause) {
+    r->failed = true;
+    r->error.len = 0;
+    buf_puts(&r->error, prefix);
+    if (!cause->failed && cause->err.len)
+        buf_put(&r->error, cause->err.data, cause->err.len);
+    else if (cause->failed)
+        buf_put(&r->error, cause->error.data, cause->error.len);
     else
-        buf_puts(into, "None");
+        buf_puts(&r->error, "None");
 }
 
 /* Start the session unless it runs; false (with ``r`` failed) when it cannot. */
@@ -598,15 +601,8 @@ static bool shell_ensure(shell *sh, result *r) {
     TMUX(sh, &started, "new-session", "-d", "-s", "main", "-x", "200", "-y", "50", "-c",
          sh->workspace, program);
     bool ok = ran_ok(&started);
-    if (!ok) {
-        buf detail = {0};
-        why(&started, &detail);
-        r->failed = true;
-        r->error.len = 0;
-        buf_puts(&r->error, "tmux did not start: ");
-        buf_put(&r->error, detail.data, detail.len);
-        buf_free(&detail);
-    }
+    if (!ok)
+        fail_because(r, "tmux did not start: ", &started);
     result_free(&started);
     return ok;
 }
@@ -731,13 +727,7 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
     TMUX(sh, &sent, "send-keys", "-t", "main", "-l", line.data);
     buf_free(&line);
     if (!ran_ok(&sent)) {
-        buf detail = {0};
-        why(&sent, &detail);
-        r->failed = true;
-        r->error.len = 0;
-        buf_puts(&r->error, "tmux send-keys failed: ");
-        buf_put(&r->error, detail.data, detail.len);
-        buf_free(&detail);
+        fail_because(r, "tmux send-keys failed: ", &sent);
         result_free(&sent);
         return;
     }
@@ -795,15 +785,8 @@ static void shell_keys(shell *sh, char *const *keys, size_t n, bool literal, boo
         else
             TMUX(sh, &sent, "send-keys", "-t", "main", keys[i]);
         bool ok = ran_ok(&sent);
-        if (!ok) {
-            buf detail = {0};
-            why(&sent, &detail);
-            r->failed = true;
-            r->error.len = 0;
-            buf_puts(&r->error, "tmux send-keys failed: ");
-            buf_put(&r->error, detail.data, detail.len);
-            buf_free(&detail);
-        }
+        if (!ok)
+            fail_because(r, "tmux send-keys failed: ", &sent);
         result_free(&sent);
         if (!ok)
             return;
