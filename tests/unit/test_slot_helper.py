@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from trajcore.adapters.sandbox import exec_agent
 from trajcore.adapters.sandbox.exec_agent import encode_request
-from trajcore.adapters.sandbox.native_helper import NativeBuildError, build_slot_helper
+from trajcore.adapters.sandbox.native_helper import NativeBuildError, build_slot_helper, cache_dir
 from trajcore.domain.messages import JSON
 
 HAS_COMPILER = any(shutil.which(name) for name in ("cc", "gcc", "clang"))
@@ -299,3 +299,29 @@ def test_a_failing_compiler_is_reported_with_its_output(
     with pytest.raises(NativeBuildError, match=r"failed to build the slot helper.*is broken"):
         build_slot_helper(tmp_path / "cache")
     assert not [p for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")]
+
+
+def test_a_cache_others_can_write_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(NativeBuildError, match=r"writable by others \(mode 777\)"):
+        build_slot_helper(shared)
+
+
+@needs_compiler
+def test_a_cached_binary_others_can_write_is_refused(tmp_path: Path) -> None:
+    built = build_slot_helper(tmp_path)
+    built.chmod(0o777)
+    with pytest.raises(NativeBuildError, match="writable by others"):
+        build_slot_helper(tmp_path)
+
+
+def test_without_a_home_the_cache_must_be_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("TRAJCORE_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", "relative/home")
+    with pytest.raises(NativeBuildError, match="set TRAJCORE_CACHE_DIR"):
+        cache_dir()
+    monkeypatch.setenv("TRAJCORE_CACHE_DIR", "/srv/cache")
+    assert cache_dir() == Path("/srv/cache")

@@ -7,9 +7,11 @@ machine builds each version once (about 0.3 s) and every later server start find
 race safely: each writes a private temporary file and renames it into place, under a lock.
 
 Where the cache lives: ``$TRAJCORE_CACHE_DIR``, else ``$XDG_CACHE_HOME/trajcore``, else
-``~/.cache/trajcore``. The compiler: ``$CC``, else ``cc``, ``gcc`` or ``clang`` from ``PATH``.
-The helper is linked statically when the C library allows it (one less thing for a sandbox to
-bind, and a faster start), dynamically otherwise.
+``~/.cache/trajcore``; it must belong to the user and be writable by no one else (the helper
+runs as every slot's keeper), and so must a cached binary, or it is not used. The compiler:
+``$CC``, else ``cc``, ``gcc`` or ``clang`` from ``PATH``. The helper is linked statically when
+the C library allows it (one less thing for a sandbox to bind, and a faster start), dynamically
+otherwise.
 """
 
 from __future__ import annotations
@@ -36,13 +38,31 @@ class NativeBuildError(Exception):
 
 
 def cache_dir() -> Path:
-    """Where built agents are kept (see the module docstring)."""
+    """Where built helpers are kept (see the module docstring). Raises ``NativeBuildError``
+    when none can be named (no ``$HOME`` and neither variable set)."""
     explicit = os.environ.get("TRAJCORE_CACHE_DIR")
     if explicit:
-        return Path(explicit)
+        return Path(explicit).absolute()
     xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "trajcore"
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "trajcore"
+    try:
+        home = Path.home()
+    except RuntimeError:
+        home = Path()
+    if not home.is_absolute():
+        raise NativeBuildError("no cache directory: set TRAJCORE_CACHE_DIR (no home directory)")
+    return home / ".cache" / "trajcore"
+
+
+def _check_private(path: Path) -> None:
+    """Refuse a cache directory or binary that someone else could have replaced: it must be
+    this user's and writable by no one else (the binary runs as the slot's keeper)."""
+    info = path.stat()
+    if info.st_uid != os.getuid():
+        raise NativeBuildError(f"{path} belongs to uid {info.st_uid}, not to this user")
+    if info.st_mode & 0o022:
+        raise NativeBuildError(f"{path} is writable by others (mode {info.st_mode & 0o777:o})")
 
 
 def _compiler() -> list[str]:
@@ -71,16 +91,19 @@ def build_slot_helper(directory: Path | None = None) -> Path:
     ).hexdigest()[:20]
     folder = directory if directory is not None else cache_dir()
     target = folder / f"slot-helper-{key}"
-    if os.access(target, os.X_OK):
-        return target
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+        _check_private(folder)
+        if os.access(target, os.X_OK):
+            _check_private(target)
+            return target
         lock = os.open(folder / f".slot-helper-{key}.lock", os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as error:
         raise NativeBuildError(f"cannot use the cache directory {folder}: {error}") from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if os.access(target, os.X_OK):  # another process built it while this one waited
+            _check_private(target)
             return target
         return _compile(compiler, folder, target)
     finally:
