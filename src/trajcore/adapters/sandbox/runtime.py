@@ -6,17 +6,18 @@ runs ``ExecuteCall`` values in them:
 - ``bash`` is one ``/bin/sh -c`` per call, forked by the slot's exec agent inside the slot's
   bubblewrap sandbox; ``bash_stateful`` and ``tmux`` use one persistent tmux session per slot in
   the same sandbox; ``read_file`` and ``write_file`` run here, confined by ``Workspace``.
-- A slot's sandbox (bubblewrap, started on the slot's first command) runs the slot's *keeper*
-  (``exec_agent.keep``), which stays for the life of the server. Each lease gets its own exec
-  agent from the keeper: a fork that enters new pid, mount, ipc and uts namespaces, mounts a
+- A slot's sandbox (bubblewrap, started on the slot's first command) runs the slot's *keeper* (the
+  compiled ``slot_helper.c`` when the host can build it, else ``exec_agent.keep``; see
+  ``RuntimeConfig.slot_helper``), which stays for the life of the server. Each lease gets its own
+  exec agent from the keeper: a fork that enters new pid, mount, ipc and uts namespaces, mounts a
   fresh ``/proc``, ``/tmp`` and ``/dev/shm``, drops every capability and then serves the lease's
   calls over its own socket. Starting a lease is therefore one fork, not a new sandbox and a new
-  interpreter. Background processes survive between the calls of one lease; reset ends the
-  lease (its pid namespace takes every process with it, tmux included; the keeper waits until
-  the kernel has reaped them, and the slot's cgroup, when there is one, must hold nothing but
-  the keeper's own processes), then wipes the workspace. A reset that cannot prove this reports
-  ``ok=False`` and marks the slot broken: the pool quarantines it. A keeper that fails or stops
-  answering is killed with its whole sandbox and started again on the next lease.
+  interpreter. Background processes survive between the calls of one lease; reset ends the lease
+  (its pid namespace takes every process with it, tmux included; the keeper waits until the kernel
+  has reaped them, and the slot's cgroup, when there is one, must hold nothing but the keeper's
+  own processes), then wipes the workspace. A reset that cannot prove this reports ``ok=False``
+  and marks the slot broken: the pool quarantines it. A keeper that fails or stops answering is
+  killed with its whole sandbox and started again on the next lease.
 - Without bubblewrap (and without ``require_sandbox``) there is no keeper: each lease starts a
   bare agent process, and reset kills its process group (and its cgroup, when there is one).
 - Calls for one slot run one at a time in arrival order (a chain of futures built synchronously
