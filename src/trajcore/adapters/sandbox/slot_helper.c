@@ -820,14 +820,18 @@ static void fields_free(fields *f) {
     *f = (fields){0};
 }
 
+/* The 4-byte big-endian number at ``at``: every length on the channel. */
+static uint32_t be32(const unsigned char *at) {
+    return (uint32_t)at[0] << 24 | (uint32_t)at[1] << 16 | (uint32_t)at[2] << 8 | at[3];
+}
+
 /* Split a request body into its fields; false when it is malformed. */
 static bool parse_fields(const unsigned char *body, size_t n, fields *f) {
     size_t count = 0, at = 0;
     while (at < n) {
         if (n - at < HEADER_SIZE)
             return false;
-        uint32_t size = (uint32_t)body[at] << 24 | (uint32_t)body[at + 1] << 16 |
-                        (uint32_t)body[at + 2] << 8 | body[at + 3];
+        uint32_t size = be32(body + at);
         if (size > n - at - HEADER_SIZE)
             return false;
         at += HEADER_SIZE + size;
@@ -843,8 +847,7 @@ static bool parse_fields(const unsigned char *body, size_t n, fields *f) {
         out_of_memory();
     at = 0;
     for (size_t i = 0; i < count; i++) {
-        uint32_t size = (uint32_t)body[at] << 24 | (uint32_t)body[at + 1] << 16 |
-                        (uint32_t)body[at + 2] << 8 | body[at + 3];
+        uint32_t size = be32(body + at);
         at += HEADER_SIZE;
         memcpy(store, body + at, size);
         store[size] = '\0';
@@ -1008,8 +1011,7 @@ static int serve(int fd, const char *state_dir, const char *workspace, const cha
         unsigned char header[HEADER_SIZE];
         if (!read_exact(fd, header, HEADER_SIZE))
             return 0;
-        uint32_t size = (uint32_t)header[0] << 24 | (uint32_t)header[1] << 16 |
-                        (uint32_t)header[2] << 8 | header[3];
+        uint32_t size = be32(header);
         if (size > MAX_REQUEST) {
             fprintf(stderr, "slot-helper: a request of %u bytes is over the limit\n", size);
             return 1;
