@@ -52,29 +52,39 @@ from pathlib import Path
 from typing import Literal, TypeAlias, cast
 
 import attrs
-from mistral_common.exceptions import MistralCommonException
-from mistral_common.protocol.instruct.messages import (
-    AssistantMessage,
-    SystemMessage,
-    ToolMessage,
-    UserMessage,
-)
-from mistral_common.protocol.instruct.normalize import get_normalizer
-from mistral_common.protocol.instruct.request import ChatCompletionRequest
-from mistral_common.protocol.instruct.tool_calls import (
-    Function,
-    FunctionCall,
-    Tool,
-)
-from mistral_common.protocol.instruct.tool_calls import (
-    ToolCall as MistralToolCall,
-)
-from mistral_common.protocol.instruct.validator import ValidationMode, get_validator
-from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy, Tokenized, TokenizerVersion
-from mistral_common.tokens.tokenizers.instruct import InstructTokenizerV7
-from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
-from mistral_common.tokens.tokenizers.tekken import Tekkenizer, TokenInfo
 from pydantic import ValidationError
+
+try:
+    from mistral_common.exceptions import MistralCommonException
+    from mistral_common.protocol.instruct.messages import (
+        AssistantMessage,
+        SystemMessage,
+        ToolMessage,
+        UserMessage,
+    )
+    from mistral_common.protocol.instruct.normalize import get_normalizer
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+    from mistral_common.protocol.instruct.tool_calls import (
+        Function,
+        FunctionCall,
+        Tool,
+    )
+    from mistral_common.protocol.instruct.tool_calls import (
+        ToolCall as MistralToolCall,
+    )
+    from mistral_common.protocol.instruct.validator import ValidationMode, get_validator
+    from mistral_common.tokens.tokenizers.base import (
+        SpecialTokenPolicy,
+        Tokenized,
+        TokenizerVersion,
+    )
+    from mistral_common.tokens.tokenizers.instruct import InstructTokenizerV7
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+    from mistral_common.tokens.tokenizers.tekken import Tekkenizer, TokenInfo
+except ModuleNotFoundError as exc:  # pragma: no cover - only without the optional extra
+    raise ModuleNotFoundError(
+        "trajcore.adapters.mistral needs mistral-common: pip install 'trajcore[mistral]'"
+    ) from exc
 
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.messages import Message, ToolCall, ToolSpec
