@@ -199,3 +199,29 @@ def test_from_file_loads_a_tokenizer_file_from_disk() -> None:
     loaded = MistralCommonTokenizer.from_file(file)
     assert loaded.source == str(file)
     assert loaded.render([Message.user("hi")]) == v3.render([Message.user("hi")])
+
+
+def test_openai_mode_rerender_finds_mistrals_assistant_spans(name: BundledMistral) -> None:
+    tokenizer = adapter(name)
+    template = ChatTemplate.learn(tokenizer, turn_stops=[2])
+    conversation = [
+        Message.system("S"),
+        Message.user("U"),
+        Message.assistant("", tool_calls=[CALL]),
+        RESULT,
+        Message.assistant("done"),
+    ]
+    ledger = template.rerender(conversation)
+    spans = [(s.kind.value, tokenizer.decode(s.token_ids)) for s in ledger.segments]
+    call = '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}, "id": "a1B2c3D4e"}]</s>'
+    result = (
+        '[TOOL_RESULTS]{"content": 3, "call_id": "a1B2c3D4e"}[/TOOL_RESULTS]'
+        if name.endswith("v3")
+        else "[TOOL_RESULTS]a1B2c3D4e[TOOL_CONTENT]3[/TOOL_RESULTS]"
+    )
+    assert spans[1:] == [
+        ("completion", call),
+        ("environment", result),
+        ("completion", "done</s>"),
+    ]
+    assert list(ledger.prompt_ids()) == tokenizer.render(conversation)
