@@ -22,6 +22,10 @@ Rules this parser keeps, beyond those in ``base``:
 - Each ``<|tool_call_begin|>`` opens one attempted call, which ends at its ``<|tool_call_end|>``,
   or, cut off, at the next call, at ``<|tool_calls_end|>`` or at the end of the text. The
   ``calls begin/end`` wrapper is removed from the content wherever it stands.
+- A ``<|tool_calls_begin|>`` after which no call opens, with text inside it, is one problem:
+  ``truncated call @ call`` when the text ends there (generation was cut off), ``missing
+  <|tool_call_begin|> @ call`` when the block is closed. Its markers and text are in the
+  problem's ``raw``, never silently in the content.
 - A call is V3 when the part before ``<|tool_sep|>`` is ``function`` and the part after does
   not start with ``{``: the name is the first line after the separator and the arguments are the
   fenced JSON (a missing closing fence is tolerated when the JSON is complete). Otherwise it is
@@ -110,6 +114,23 @@ def read_call(builder: TurnBuilder, block: Block) -> None:
     _read_arguments(builder, raw, head, tail, closed=block.closed)
 
 
+def _plain_segment(builder: TurnBuilder, segment: str, *, last: bool) -> str:
+    """The content of a segment between calls; a calls block with no call in it is a problem."""
+    head, marker, tail = segment.partition(CALLS_BEGIN)
+    if not marker:
+        return segment.replace(CALLS_END, "")
+    parts = [head.replace(CALLS_END, "")]
+    for inner in tail.split(CALLS_BEGIN):
+        body, closer, after = inner.partition(CALLS_END)
+        if last and body.strip():
+            reason = f"missing {CALL_BEGIN} @ call" if closer else "truncated call @ call"
+            builder.refuse(CALLS_BEGIN + body + closer, reason)
+        else:
+            parts.append(body)
+        parts.append(after.replace(CALLS_END, ""))
+    return "".join(parts)
+
+
 @attrs.frozen
 class DeepSeekV3Parser:
     """Parser for DeepSeek V3 and V3.1 tool calls; both forms are read.
@@ -133,15 +154,13 @@ class DeepSeekV3Parser:
         """Parse one completion; see ``ToolCallParser.parse``. Never raises."""
         reasoning, rest = split_reasoning(text)
         builder = TurnBuilder.start(tools, id_prefix)
-        if CALL_BEGIN not in rest:
-            content = rest.replace(CALLS_BEGIN, "").replace(CALLS_END, "")
-            return builder.turn(content=content.strip(), reasoning=reasoning)
+        pieces = scan_blocks(rest, CALL_BEGIN, CALL_END, also_ends=(CALLS_END,))
         segments: list[str] = []
-        for piece in scan_blocks(rest, CALL_BEGIN, CALL_END, also_ends=(CALLS_END,)):
+        for i, piece in enumerate(pieces):
             if isinstance(piece, Block):
                 read_call(builder, piece)
             else:
-                segments.append(piece.replace(CALLS_BEGIN, "").replace(CALLS_END, ""))
+                segments.append(_plain_segment(builder, piece, last=i == len(pieces) - 1))
         return builder.turn(content=join_content(segments), reasoning=reasoning)
 
     def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:
