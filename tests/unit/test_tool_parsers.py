@@ -685,6 +685,11 @@ def test_registry_knows_every_family_by_its_own_name() -> None:
         "mistral",
         "deepseek_v3",
         "deepseek_v31",
+        "qwen",
+        "kimi_k2",
+        "glm45",
+        "pythonic",
+        "llama4_pythonic",
     )
     for name in PARSER_NAMES:
         assert get_parser(name).name == name

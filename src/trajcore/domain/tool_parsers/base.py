@@ -51,6 +51,7 @@ __all__ = [
     "load_json_prefix",
     "name_in_broken_json",
     "scan_blocks",
+    "section_text",
     "split_reasoning",
     "value_extent",
 ]
@@ -329,6 +330,31 @@ def scan_blocks(
         else:
             pieces.append(Block(body=text[body_start:limit], raw=text[start:limit], closed=False))
             pos = limit
+
+
+def section_text(
+    builder: TurnBuilder, segment: str, *, begin: str, end: str, call_begin: str, last: bool
+) -> str:
+    """The content of a plain segment of a family whose calls sit in a ``begin ... end`` section.
+
+    The section markers are removed. In the last segment of the text, a section that holds text
+    but no ``call_begin`` is one problem: ``truncated call @ call`` when the text ends inside
+    it, ``missing <call_begin> @ call`` when it is closed; its text goes to the problem's
+    ``raw``, not to the content.
+    """
+    head, marker, tail = segment.partition(begin)
+    if not marker:
+        return segment.replace(end, "")
+    parts = [head.replace(end, "")]
+    for inner in tail.split(begin):
+        body, closer, after = inner.partition(end)
+        if last and body.strip():
+            reason = f"missing {call_begin} @ call" if closer else "truncated call @ call"
+            builder.refuse(begin + body + closer, reason)
+        else:
+            parts.append(body)
+        parts.append(after.replace(end, ""))
+    return "".join(parts)
 
 
 def join_content(segments: Sequence[str]) -> str:

@@ -48,6 +48,7 @@ from trajcore.domain.tool_parsers.base import (
     join_content,
     load_json,
     scan_blocks,
+    section_text,
     split_reasoning,
 )
 from trajcore.domain.turns import ParsedTurn
@@ -114,23 +115,6 @@ def read_call(builder: TurnBuilder, block: Block) -> None:
     _read_arguments(builder, raw, head, tail, closed=block.closed)
 
 
-def _plain_segment(builder: TurnBuilder, segment: str, *, last: bool) -> str:
-    """The content of a segment between calls; a calls block with no call in it is a problem."""
-    head, marker, tail = segment.partition(CALLS_BEGIN)
-    if not marker:
-        return segment.replace(CALLS_END, "")
-    parts = [head.replace(CALLS_END, "")]
-    for inner in tail.split(CALLS_BEGIN):
-        body, closer, after = inner.partition(CALLS_END)
-        if last and body.strip():
-            reason = f"missing {CALL_BEGIN} @ call" if closer else "truncated call @ call"
-            builder.refuse(CALLS_BEGIN + body + closer, reason)
-        else:
-            parts.append(body)
-        parts.append(after.replace(CALLS_END, ""))
-    return "".join(parts)
-
-
 @attrs.frozen
 class DeepSeekV3Parser:
     """Parser for DeepSeek V3 and V3.1 tool calls; both forms are read.
@@ -160,7 +144,16 @@ class DeepSeekV3Parser:
             if isinstance(piece, Block):
                 read_call(builder, piece)
             else:
-                segments.append(_plain_segment(builder, piece, last=i == len(pieces) - 1))
+                segments.append(
+                    section_text(
+                        builder,
+                        piece,
+                        begin=CALLS_BEGIN,
+                        end=CALLS_END,
+                        call_begin=CALL_BEGIN,
+                        last=i == len(pieces) - 1,
+                    )
+                )
         return builder.turn(content=join_content(segments), reasoning=reasoning)
 
     def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:

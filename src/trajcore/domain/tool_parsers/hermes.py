@@ -77,11 +77,18 @@ def read_json_call(
 
 @attrs.frozen
 class HermesParser:
-    """Parser for ``<tool_call>{json}</tool_call>`` (Hermes, Qwen2.5, Qwen3)."""
+    """Parser for ``<tool_call>{json}</tool_call>`` (Hermes, Qwen2.5, Qwen3).
+
+    Attributes:
+        family: The registry name it answers to: ``hermes``, or ``qwen`` (the same format under
+            the name the seed environments use).
+    """
+
+    family: str = attrs.field(default="hermes", validator=attrs.validators.in_(("hermes", "qwen")))
 
     @property
     def name(self) -> str:
-        return "hermes"
+        return self.family
 
     def parse(
         self, text: str, *, tools: Sequence[ToolSpec] | None = None, id_prefix: str = "call"

@@ -1,0 +1,214 @@
+"""Pythonic tool calls (Llama 3.2, Llama 4): a Python list of function calls with literal values.
+
+The format of the Llama 3.2 (lightweight models) and Llama 4 chat templates::
+
+    [get_weather(city='San Francisco', metric='celsius'), get_time()]
+
+Llama 4 may wrap the list in ``<|python_start|>`` and ``<|python_end|>``.
+
+Rules this parser keeps, beyond those in ``base``:
+
+- The calls are a list that starts with a call (``[name(``) at the start of a line and runs to
+  the end of the text (the text before it is content), or the text between
+  ``<|python_start|>`` and ``<|python_end|>`` (or the end of the text; text before and after
+  the tags is content). Any other text is content only: ``[1, 2]`` or prose is not a call.
+- The list is read with Python's own parser (``ast``), never evaluated. Each element is one
+  attempted call: a call of a plain or dotted name with keyword arguments only. Argument values
+  must be literals that are JSON values (strings, numbers, ``True``/``False``/``None``, lists,
+  tuples as lists, dicts with string keys); anything else (a variable, an expression, bytes,
+  a set, ``1e999``) makes that call a problem naming the argument, and the other calls stand.
+- A list that does not parse is one problem: ``truncated call`` when it stops before its
+  closing ``]`` (the model ran out of tokens), ``invalid Python (...)`` otherwise. The calls
+  in it are not guessed at.
+- ``render`` writes ``[name(key=value, ...), ...]`` with values as Python literals. Keys must
+  be Python identifiers and names dotted identifiers, as the format requires; ``render``
+  raises ``ValueError`` for others.
+"""
+
+from __future__ import annotations
+
+import ast
+import keyword
+import math
+import re
+from collections.abc import Sequence
+from typing import Literal
+
+import attrs
+
+from trajcore.domain.messages import JSON, JSONObject, ToolCall, ToolSpec
+from trajcore.domain.tool_parsers.base import TurnBuilder, join_content, split_reasoning
+from trajcore.domain.turns import ParsedTurn
+
+__all__ = ["PythonicParser"]
+
+PYTHON_START = "<|python_start|>"
+PYTHON_END = "<|python_end|>"
+
+_CALL_LIST = re.compile(r"^[ \t]*\[\s*[A-Za-z_][\w.]*\s*\(", re.MULTILINE)
+
+
+class _NotJSON(Exception):
+    """A literal that is not a JSON value; ``args[0]`` says why, ``args[1]`` where."""
+
+
+def _literal(node: ast.expr, path: str) -> JSON:
+    """The JSON value of a literal expression; raise ``_NotJSON`` for anything else."""
+    if isinstance(node, ast.Constant):
+        value = node.value
+        if value is None or isinstance(value, (bool, int, str)):
+            return value
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise _NotJSON(f"non-finite number {value}", path)
+            return value
+        raise _NotJSON(f"expected a JSON value, got {type(value).__name__}", path)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        inner = _literal(node.operand, path)
+        if isinstance(inner, (int, float)) and not isinstance(inner, bool):
+            return -inner if isinstance(node.op, ast.USub) else inner
+        raise _NotJSON("expected a number after a sign", path)
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_literal(item, f"{path}[{i}]") for i, item in enumerate(node.elts)]
+    if isinstance(node, ast.Dict):
+        out: JSONObject = {}
+        for key_node, value_node in zip(node.keys, node.values, strict=True):
+            if not (isinstance(key_node, ast.Constant) and isinstance(key_node.value, str)):
+                raise _NotJSON("expected string keys", path)
+            key = key_node.value
+            out[key] = _literal(value_node, f"{path}.{key}")
+        return out
+    raise _NotJSON(f"expected a literal, got {type(node).__name__}", path)
+
+
+def _dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return None if head is None else f"{head}.{node.attr}"
+    return None
+
+
+def read_call(builder: TurnBuilder, node: ast.expr, raw: str) -> None:
+    """Read one element of the call list."""
+    if not isinstance(node, ast.Call):
+        builder.refuse(raw, f"expected a function call, got {type(node).__name__} @ call")
+        return
+    name = _dotted(node.func)
+    if name is None:
+        builder.refuse(raw, "expected a function name @ name")
+        return
+    if node.args:
+        builder.refuse(raw, "positional arguments are not allowed @ arguments", name=name)
+        return
+    arguments: JSONObject = {}
+    for argument in node.keywords:
+        if argument.arg is None:
+            builder.refuse(raw, "**arguments are not allowed @ arguments", name=name)
+            return
+        try:
+            arguments[argument.arg] = _literal(argument.value, f"arguments.{argument.arg}")
+        except _NotJSON as error:
+            builder.refuse(raw, f"{error.args[0]} @ {error.args[1]}", name=name)
+            return
+    builder.accept(raw, name, arguments)
+
+
+def read_list(builder: TurnBuilder, source: str) -> None:
+    """Read the calls of one ``[f(...), ...]`` list."""
+    try:
+        tree = ast.parse(source.strip(), mode="eval")
+    except SyntaxError as error:
+        stripped = source.rstrip()
+        truncated = not stripped.endswith("]") or "was never closed" in str(error.msg)
+        reason = "truncated call @ call" if truncated else f"invalid Python ({error.msg}) @ call"
+        builder.refuse(source.strip(), reason)
+        return
+    except (RecursionError, MemoryError, ValueError):
+        builder.refuse(source.strip(), "invalid Python (nested too deeply) @ call")
+        return
+    if not isinstance(tree.body, ast.List):
+        builder.refuse(source.strip(), "expected a list of calls @ call")
+        return
+    for element in tree.body.elts:
+        raw = ast.get_source_segment(source.strip(), element) or ""
+        try:
+            read_call(builder, element, raw)
+        except RecursionError:
+            builder.refuse(raw, "nested too deeply @ arguments")
+
+
+def _python(value: JSON) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_python(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_python(v) for v in value) + "]"
+    return repr(value)
+
+
+def _check_renderable(call: ToolCall) -> None:
+    if not all(part.isidentifier() for part in call.name.split(".")):
+        raise ValueError(f"tool name {call.name!r} is not a (dotted) Python identifier")
+    for key in call.arguments:
+        if not key.isidentifier() or keyword.iskeyword(key):
+            raise ValueError(f"argument {key!r} of {call.name} is not a Python identifier")
+
+
+@attrs.frozen
+class PythonicParser:
+    """Parser for Python call lists (``pythonic``; ``llama4_pythonic`` writes the tags).
+
+    Attributes:
+        family: ``pythonic`` renders the bare list; ``llama4_pythonic`` wraps it in
+            ``<|python_start|>`` and ``<|python_end|>``. Both read either form.
+    """
+
+    family: Literal["pythonic", "llama4_pythonic"] = attrs.field(
+        default="pythonic", validator=attrs.validators.in_(("pythonic", "llama4_pythonic"))
+    )
+
+    @property
+    def name(self) -> str:
+        return self.family
+
+    def parse(
+        self, text: str, *, tools: Sequence[ToolSpec] | None = None, id_prefix: str = "call"
+    ) -> ParsedTurn:
+        """Parse one completion; see ``ToolCallParser.parse``. Never raises."""
+        reasoning, rest = split_reasoning(text)
+        builder = TurnBuilder.start(tools, id_prefix)
+        start = rest.find(PYTHON_START)
+        if start >= 0:
+            body_start = start + len(PYTHON_START)
+            end = rest.find(PYTHON_END, body_start)
+            body_end = len(rest) if end < 0 else end
+            after = "" if end < 0 else rest[end + len(PYTHON_END) :]
+            read_list(builder, rest[body_start:body_end])
+            content = join_content([rest[:start], after])
+            return builder.turn(content=content, reasoning=reasoning)
+        found = _CALL_LIST.search(rest)
+        if found is None:
+            return builder.turn(content=rest.strip(), reasoning=reasoning)
+        read_list(builder, rest[found.start() :])
+        return builder.turn(content=rest[: found.start()].strip(), reasoning=reasoning)
+
+    def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:
+        """``content`` followed by the call list; the content alone if there are no calls.
+
+        Raises:
+            ValueError: a name or argument key cannot be written as Python.
+        """
+        if not calls:
+            return content
+        for call in calls:
+            _check_renderable(call)
+        listed = ", ".join(
+            f"{call.name}("
+            + ", ".join(f"{k}={_python(v)}" for k, v in call.arguments.items())
+            + ")"
+            for call in calls
+        )
+        if self.family == "llama4_pythonic":
+            return f"{content}{PYTHON_START}[{listed}]{PYTHON_END}"
+        return f"{content}\n[{listed}]" if content else f"[{listed}]"
