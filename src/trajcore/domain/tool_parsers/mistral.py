@@ -37,6 +37,7 @@ import attrs
 
 from trajcore.domain.messages import ToolCall, ToolSpec
 from trajcore.domain.tool_parsers.base import (
+    TOOL_NAME,
     JSONFault,
     TurnBuilder,
     fault_part,
@@ -129,6 +130,9 @@ def read_named_call(builder: TurnBuilder, segment: str, *, last: bool) -> str:
     if not name:
         reason = "truncated call @ name" if last and not segment.strip() else "missing name @ name"
         builder.refuse(raw, reason)
+        return ""
+    if not TOOL_NAME.fullmatch(name):
+        builder.refuse(raw, f"invalid tool name {name[:80]!r} (1-64 of [A-Za-z0-9_.-]) @ name")
         return ""
     pos = _skip_space(segment, args_start)
     if pos >= len(segment):

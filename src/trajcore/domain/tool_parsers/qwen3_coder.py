@@ -26,7 +26,8 @@ Rules this parser keeps, beyond those in ``base``:
     that cannot start the next parameter) must be closed before the value's own closer counts;
   * a value whose closer is missing ends at a ``<parameter=NAME>`` that can start the next
     parameter (a NAME the tool has, not given yet and not the current one; any such NAME
-    without tools), or at a ``</function>`` followed by ``</tool_call>`` or the end;
+    without tools), or at a ``</function>`` followed by ``</tool_call>`` or the end when no
+    ``</parameter>`` comes after it before the next ``<tool_call>``;
   * ``<tool_call>`` and ``<function=`` inside an open function are text: a literal call in a
     file's content is never run, and the real call is not lost.
 
@@ -145,6 +146,19 @@ class _Scan:
         after = self.skip_space(at + len(FUNCTION_END))
         return after >= len(self.text) or self.text.startswith((CLOSE, OPEN), after)
 
+    def ends_an_unclosed_value(self, at: int) -> bool:
+        """Whether the ``</function>`` at ``at`` ends a value whose ``</parameter>`` is missing.
+
+        Only when it is structural and no ``</parameter>`` comes after it before the next
+        ``<tool_call>``: a later closer in the same call means the ``</function>`` is text
+        (a literal call inside the value).
+        """
+        if not self.function_end_is_structural(at):
+            return False
+        if not self.wrapped:
+            return True
+        return self.block_open.next_at(at) <= self.param_close.next_at(at)
+
     def closer_is_structural(self, after: int, known: Mapping[str, JSON] | None) -> bool:
         """Whether a ``</parameter>`` ending at ``after`` is followed by structure."""
         text = self.text
@@ -192,7 +206,7 @@ class _Scan:
                     depth += 1
                 pos = opener + len(PARAMETER)
             else:
-                if depth == 0 and self.function_end_is_structural(function_end):
+                if depth == 0 and self.ends_an_unclosed_value(function_end):
                     return function_end, function_end
                 pos = function_end + len(FUNCTION_END)
 
