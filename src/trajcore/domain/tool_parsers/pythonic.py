@@ -131,8 +131,17 @@ def read_list(builder: TurnBuilder, source: str) -> None:
     if not isinstance(tree.body, ast.List):
         builder.refuse(source.strip(), "expected a list of calls @ call")
         return
+    # ast gives UTF-8 byte columns; slice the encoded source once per element (ast's own
+    # get_source_segment re-splits the whole source for every element).
+    encoded = source.strip().encode()
+    line_starts = [0]
+    while (newline := encoded.find(b"\n", line_starts[-1])) >= 0:
+        line_starts.append(newline + 1)
     for element in tree.body.elts:
-        raw = ast.get_source_segment(source.strip(), element) or ""
+        start = line_starts[element.lineno - 1] + element.col_offset
+        end_line = element.end_lineno or element.lineno
+        end = line_starts[end_line - 1] + (element.end_col_offset or 0)
+        raw = encoded[start:end].decode(errors="replace")
         try:
             read_call(builder, element, raw)
         except RecursionError:
