@@ -15,7 +15,7 @@ Rules this parser keeps, beyond those in ``base``:
 - Each ``<tool_call>`` opens one attempted call, which ends at its ``</tool_call>``; a call the
   model did not close (it ran out of tokens, or opened the next call first) is a problem
   (``truncated call @ ...``), never run half-read.
-- The name is the text before the first ``<arg_key>`` (or the whole body), stripped.
+- The name is the first line of the body, up to a newline or the first tag, stripped.
 - Each ``<arg_key>KEY</arg_key>`` is followed, after whitespace, by ``<arg_value>VALUE
   </arg_value>``. A value is the text between its tags, verbatim; it is typed by the tool's
   schema exactly as Qwen3-Coder values are (``value_types.type_value``); without a spec for
@@ -94,16 +94,19 @@ def read_pairs(body: str, start: int, *, closed: bool) -> dict[str, str] | str:
 def read_call(builder: TurnBuilder, block: Block) -> None:
     """Read one ``<tool_call>NAME<arg_key>...</tool_call>`` block."""
     raw, body = block.raw, block.body
-    first_key = body.find(KEY)
-    head = body if first_key < 0 else body[:first_key]
-    name = head.strip()
+    name_start = len(body) - len(body.lstrip())
+    name_end = len(body)
+    for stop in ("\n", "<"):
+        found = body.find(stop, name_start)
+        if 0 <= found < name_end:
+            name_end = found
+    name = body[name_start:name_end].strip()
     if not name:
-        reason = (
-            "missing name @ name" if block.closed or first_key >= 0 else "truncated call @ name"
-        )
+        cut = not block.closed and name_end == len(body)
+        reason = "truncated call @ name" if cut else "missing name @ name"
         builder.refuse(raw, reason)
         return
-    pairs = read_pairs(body, len(head), closed=block.closed)
+    pairs = read_pairs(body, name_end, closed=block.closed)
     if isinstance(pairs, str):
         builder.refuse(raw, pairs, name=name)
         return

@@ -26,15 +26,15 @@ Rules this parser keeps, beyond those in ``base``:
     that cannot start the next parameter) must be closed before the value's own closer counts;
   * a value whose closer is missing ends at a ``<parameter=NAME>`` that can start the next
     parameter (a NAME the tool has, not given yet and not the current one; any such NAME
-    without tools), or at a ``</function>`` followed by ``</tool_call>`` or the end when no
-    ``</parameter>`` comes after it before the next ``<tool_call>``;
+    without tools), or, when no closer balances it, at the first ``</function>`` followed by
+    ``</tool_call>``, ``<tool_call>`` or the end;
   * ``<tool_call>`` and ``<function=`` inside an open function are text: a literal call in a
     file's content is never run, and the real call is not lost.
 
-  When the nesting never balances, the first ``</parameter>`` with a structural follower
-  closes the value. Outside values (in a function's header, between parameters) a
-  ``<tool_call>`` does start the next call, so a call cut off there is one problem and the
-  next call is read.
+  When the nesting never balances, the value ends at the first ``</parameter>`` with a
+  structural follower or the first such ``</function>``, whichever comes first. Outside
+  values (in a function's header, between parameters) a ``<tool_call>`` does start the next
+  call, so a call cut off there is one problem and the next call is read.
 - Values are typed by the tool's schema with ``value_types.type_value`` (``anyOf``/``oneOf``/
   ``$ref`` understood; ``5`` becomes 5 for an integer, ``None``/``null`` become null where null
   is allowed, ``{...}`` an object where an object is allowed); without a spec for the tool, or
@@ -146,19 +146,6 @@ class _Scan:
         after = self.skip_space(at + len(FUNCTION_END))
         return after >= len(self.text) or self.text.startswith((CLOSE, OPEN), after)
 
-    def ends_an_unclosed_value(self, at: int) -> bool:
-        """Whether the ``</function>`` at ``at`` ends a value whose ``</parameter>`` is missing.
-
-        Only when it is structural and no ``</parameter>`` comes after it before the next
-        ``<tool_call>``: a later closer in the same call means the ``</function>`` is text
-        (a literal call inside the value).
-        """
-        if not self.function_end_is_structural(at):
-            return False
-        if not self.wrapped:
-            return True
-        return self.block_open.next_at(at) <= self.param_close.next_at(at)
-
     def closer_is_structural(self, after: int, known: Mapping[str, JSON] | None) -> bool:
         """Whether a ``</parameter>`` ending at ``after`` is followed by structure."""
         text = self.text
@@ -177,6 +164,9 @@ class _Scan:
     ) -> tuple[int, int] | None:
         """Where the value opening at ``start`` ends and where scanning goes on, or ``None``."""
         depth = 0
+        # Where the value ends if no nesting-balanced closer is found: the first closer with a
+        # structural follower, or the first structural </function> (a missing closer),
+        # whichever comes first.
         fallback: tuple[int, int] | None = None
         pos = start
         end_of_text = len(self.text)
@@ -206,8 +196,9 @@ class _Scan:
                     depth += 1
                 pos = opener + len(PARAMETER)
             else:
-                if depth == 0 and self.ends_an_unclosed_value(function_end):
-                    return function_end, function_end
+                structural = self.function_end_is_structural(function_end)
+                if depth == 0 and structural and fallback is None:
+                    fallback = (function_end, function_end)
                 pos = function_end + len(FUNCTION_END)
 
     def skip_function(self, pos: int) -> int:
