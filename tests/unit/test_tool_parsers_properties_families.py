@@ -16,14 +16,14 @@ from hypothesis import strategies as st
 
 from tests.unit.test_tool_parsers_properties import (
     Family,
-    arguments,
     assert_indexes_consistent,
     call_lists,
     exact,
     free_text,
+    json_values,
     specs_for,
 )
-from trajcore.domain.messages import ToolCall, ToolSpec
+from trajcore.domain.messages import JSONObject, ToolCall, ToolSpec
 from trajcore.domain.tool_parsers import get_parser
 
 KIMI_SECTION_BEGIN = "<|tool_calls_section_begin|>"
@@ -37,13 +37,15 @@ identifiers = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True).filt
 
 
 def python_call_lists() -> st.SearchStrategy[list[ToolCall]]:
-    def build(pairs: list[tuple[str, dict[str, object]]]) -> list[ToolCall]:
+    """Calls whose names and argument keys are Python identifiers (all the format can write)."""
+
+    def build(pairs: list[tuple[str, JSONObject]]) -> list[ToolCall]:
         return [
-            ToolCall(id=f"call_{i}", name=name, arguments=args)  # type: ignore[arg-type]
+            ToolCall(id=f"call_{i}", name=name, arguments=args)
             for i, (name, args) in enumerate(pairs)
         ]
 
-    args = st.dictionaries(identifiers, arguments(free_text()).map(lambda a: list(a.values())))
+    args = st.dictionaries(identifiers, json_values(free_text()), max_size=4)
     return st.lists(
         st.tuples(identifiers, args), min_size=0, max_size=4, unique_by=lambda p: p[0]
     ).map(build)
