@@ -9,7 +9,8 @@ are facts about the references' behaviour; no reference code is copied. Texts wr
 Conventions:
 
 - ``content`` is the reference's expected content, or ``None`` where its test does not check
-  content; trajcore strips the content it returns, so comparisons strip the reference's.
+  content; trajcore joins the text around calls with newlines and strips it, so contents are
+  compared up to whitespace.
 - ``arguments`` of ``None`` means the reference checks only the call's name.
 - ``problems`` are the ``ParseProblem`` reasons trajcore reports (substrings, in order) where
   the text holds a malformed call: the references drop such calls or keep them as content;
@@ -39,6 +40,8 @@ KIMI_K2_TESTS = "tests/tool_parsers/test_kimi_k2_tool_parser.py"
 GLM4_MOE_TESTS = "tests/tool_parsers/test_glm4_moe_tool_parser.py"
 PYTHONIC_TESTS = "tests/tool_parsers/test_pythonic_tool_parser.py"
 LLAMA4_PYTHONIC_TESTS = "tests/tool_parsers/test_llama4_pythonic_tool_parser.py"
+SGLANG = "sgl-project/sglang"
+SGLANG_TESTS = "test/srt/test_function_call_parser.py"
 
 Call = tuple[str, JSONObject | None]
 Tool = tuple[str, JSONObject]
@@ -1356,6 +1359,104 @@ PYTHONIC: list[Case] = [
     ),
 ]
 
+# ------------------------------------------------------------------------------------- sglang
+
+
+def _sglang_pythonic(test: str, text: str, calls: tuple[Call, ...], **more: object) -> Case:
+    return Case(
+        family="pythonic",
+        repo=SGLANG,
+        file=SGLANG_TESTS,
+        test=f"TestPythonicDetector::{test}",
+        text=text,
+        calls=calls,
+        **more,  # type: ignore[arg-type]  # the optional Case fields, checked by attrs
+    )
+
+
+SGLANG_PYTHONIC: list[Case] = [
+    _sglang_pythonic(
+        "test_parse_streaming_no_brackets",
+        "This is just normal text without any tool calls.",
+        (),
+        content="This is just normal text without any tool calls.",
+    ),
+    _sglang_pythonic(
+        "test_parse_streaming_complete_tool_call",
+        "Here's a tool call: [get_weather(location='New York', unit='celsius')]",
+        (("get_weather", {"location": "New York", "unit": "celsius"}),),
+        content="Here's a tool call: ",
+    ),
+    _sglang_pythonic(
+        "test_parse_streaming_text_before_tool_call",
+        "This is some text before [get_weather(location='London')]",
+        (("get_weather", {"location": "London"}),),
+        content="This is some text before ",
+    ),
+    _sglang_pythonic(
+        "test_parse_streaming_bracket_without_text_before",
+        "[search(query='python programming')]",
+        (("search", {"query": "python programming"}),),
+        content="",
+    ),
+    _sglang_pythonic(
+        "test_parse_streaming_text_after_tool_call (both increments)",
+        "[get_weather(location='Tokyo')] Here's the forecast:",
+        (("get_weather", {"location": "Tokyo"}),),
+        content=" Here's the forecast:",
+    ),
+    _sglang_pythonic(
+        "test_parse_streaming_multiple_tool_calls (both increments)",
+        "[get_weather(location='Berlin')] and [search(query='restaurants')]",
+        (("get_weather", {"location": "Berlin"}), ("search", {"query": "restaurants"})),
+        content=" and ",
+    ),
+    _sglang_pythonic(
+        "test_parse_streaming_nested_brackets",
+        "[get_weather(location='New York', unit='celsius', data=[1, 2, 3])]",
+        (("get_weather", {"location": "New York", "unit": "celsius", "data": [1, 2, 3]}),),
+        content="",
+    ),
+    _sglang_pythonic(
+        "test_parse_streaming_nested_brackets_dict",
+        "[search(query='test', config={'options': [1, 2], 'nested': {'key': 'value'}})]",
+        (("search", {"query": "test", "config": {"options": [1, 2], "nested": {"key": "value"}}}),),
+        content="",
+    ),
+    _sglang_pythonic(
+        "test_parse_streaming_multiple_tools_with_nested_brackets",
+        "[get_weather(location='Paris', data=[10, 20]), search(query='test', filters=['a', 'b'])]",
+        (
+            ("get_weather", {"location": "Paris", "data": [10, 20]}),
+            ("search", {"query": "test", "filters": ["a", "b"]}),
+        ),
+        content="",
+    ),
+    _sglang_pythonic(
+        "test_parse_streaming_partial_tool_call (first chunk alone)",
+        "Let me check the weather: [get_weather(location=",
+        (),
+        content="Let me check the weather: ",
+        problems=("truncated call @ call",),
+    ),
+    _sglang_pythonic(
+        "test_parse_streaming_with_python_start_and_end_token (one chunk)",
+        "Here's a call: <|python_start|>[get_weather(location='Tokyo', data=[1, 2, 3])]"
+        "<|python_end|>",
+        (("get_weather", {"location": "Tokyo", "data": [1, 2, 3]}),),
+        content="Here's a call: ",
+    ),
+    _sglang_pythonic(
+        "test_detect_and_parse_with_python_start_and_end_token",
+        "User wants to get the weather in Mars. <|python_start|>[get_weather(location='Mars', "
+        "unit='celsius')]<|python_end|> In this way we will get the weather in Mars.",
+        (("get_weather", {"location": "Mars", "unit": "celsius"}),),
+        content=(
+            "User wants to get the weather in Mars.  In this way we will get the weather in Mars."
+        ),
+    ),
+]
+
 CASES: list[Case] = [
     *HERMES,
     *QWEN3_CODER,
@@ -1365,5 +1466,6 @@ CASES: list[Case] = [
     *KIMI_K2,
     *GLM45,
     *PYTHONIC,
+    *SGLANG_PYTHONIC,
 ]
 """Every case, family by family."""

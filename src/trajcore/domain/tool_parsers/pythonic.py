@@ -8,10 +8,14 @@ Llama 4 may wrap the list in ``<|python_start|>`` and ``<|python_end|>``.
 
 Rules this parser keeps, beyond those in ``base``:
 
-- The calls are a list that starts with a call (``[name(``) at the start of a line and runs to
-  the end of the text (the text before it is content), or the text between
-  ``<|python_start|>`` and ``<|python_end|>`` (or the end of the text; text before and after
-  the tags is content). Any other text is content only: ``[1, 2]`` or prose is not a call.
+- The calls are the lists that start with a call (``[name(``) and open a line or end the text
+  (the text around them is content), or the text between ``<|python_start|>`` and
+  ``<|python_end|>`` (or the end of the text; text before and after the tags is content). A
+  list ends at its matching ``]`` (brackets inside quoted strings do not count). A list in
+  the middle of a line with more text after it is prose quoting a call, and stays content;
+  ``[1, 2]`` is not a call.
+- Such a list that does not parse is one problem: ``truncated call`` when its brackets never
+  close (the model ran out of tokens), ``invalid Python (...)`` otherwise.
 - The list is read with Python's own parser (``ast``), never evaluated. Each element is one
   attempted call: a call of a plain or dotted name with keyword arguments only. Argument values
   must be literals that are JSON values (strings, numbers, ``True``/``False``/``None``, lists,
@@ -45,7 +49,32 @@ __all__ = ["PythonicParser"]
 PYTHON_START = "<|python_start|>"
 PYTHON_END = "<|python_end|>"
 
-_CALL_LIST = re.compile(r"^[ \t]*\[\s*[A-Za-z_][\w.]*\s*\(", re.MULTILINE)
+_CALL_LIST = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
+# A quoted string (to the closing quote, or cut at the line's end) or a bracket.
+_STRING_OR_BRACKET = re.compile(r"""'(?:[^'\\\n]|\\.)*'?|"(?:[^"\\\n]|\\.)*"?|[\[\](){}]""")
+
+
+def list_extent(text: str, start: int) -> int | None:
+    """The index after the bracket that closes the one at ``text[start]``.
+
+    ``None`` when it never closes, or a closer does not match its opener (the list is then
+    read to the end of the text, and Python's parser names the fault).
+    """
+    expected: list[str] = []
+    for token in _STRING_OR_BRACKET.finditer(text, start):
+        piece = token.group()
+        if piece[0] in "'\"":
+            continue
+        if piece in "[({":
+            expected.append(_CLOSER[piece])
+        elif not expected or expected.pop() != piece:
+            return None
+        elif not expected:
+            return token.end()
+    return None
+
+
+_CLOSER = {"[": "]", "(": ")", "{": "}"}
 
 
 class _NotJSON(Exception):
@@ -116,12 +145,11 @@ def read_call(builder: TurnBuilder, node: ast.expr, raw: str) -> None:
 
 
 def read_list(builder: TurnBuilder, source: str) -> None:
-    """Read the calls of one ``[f(...), ...]`` list."""
+    """Read the calls of one ``[f(...), ...]`` list (a list that does not parse is a problem)."""
     try:
         tree = ast.parse(source.strip(), mode="eval")
     except SyntaxError as error:
-        stripped = source.rstrip()
-        truncated = not stripped.endswith("]") or "was never closed" in str(error.msg)
+        truncated = not source.rstrip().endswith("]")
         reason = "truncated call @ call" if truncated else f"invalid Python ({error.msg}) @ call"
         builder.refuse(source.strip(), reason)
         return
@@ -196,11 +224,24 @@ class PythonicParser:
             read_list(builder, rest[body_start:body_end])
             content = join_content([rest[:start], after])
             return builder.turn(content=content, reasoning=reasoning)
-        found = _CALL_LIST.search(rest)
-        if found is None:
-            return builder.turn(content=rest.strip(), reasoning=reasoning)
-        read_list(builder, rest[found.start() :])
-        return builder.turn(content=rest[: found.start()].strip(), reasoning=reasoning)
+        segments: list[str] = []
+        content_from = pos = 0
+        while (found := _CALL_LIST.search(rest, pos)) is not None:
+            start = found.start()
+            stop = list_extent(rest, start)
+            if stop is None:
+                segments.append(rest[content_from:start])
+                read_list(builder, rest[start:])
+                content_from = pos = len(rest)
+                break
+            opens_line = not rest[rest.rfind("\n", 0, start) + 1 : start].strip()
+            if opens_line or not rest[stop:].strip():
+                segments.append(rest[content_from:start])
+                read_list(builder, rest[start:stop])
+                content_from = stop
+            pos = stop
+        segments.append(rest[content_from:])
+        return builder.turn(content=join_content(segments), reasoning=reasoning)
 
     def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:
         """``content`` followed by the call list; the content alone if there are no calls.
