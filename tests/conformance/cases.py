@@ -1457,6 +1457,308 @@ SGLANG_PYTHONIC: list[Case] = [
     ),
 ]
 
+
+def _sglang(family: str, test: str, text: str, calls: tuple[Call, ...], **more: object) -> Case:
+    return Case(
+        family=family,
+        repo=SGLANG,
+        file=SGLANG_TESTS,
+        test=test,
+        text=text,
+        calls=calls,
+        **more,  # type: ignore[arg-type]  # the optional Case fields, checked by attrs
+    )
+
+
+_CITY: JSONObject = {"type": "string", "description": "City name"}
+_SGLANG_CITY_TOOLS: tuple[Tool, ...] = (
+    ("get_weather", {"type": "object", "properties": {"city": _CITY}, "required": ["city"]}),
+    (
+        "get_tourist_attractions",
+        {"type": "object", "properties": {"city": _CITY}, "required": ["city"]},
+    ),
+)
+_DECISION_TOOLS: tuple[Tool, ...] = (
+    (
+        "make_next_step_decision",
+        {
+            "type": "object",
+            "properties": {"decision": {"type": "string"}, "content": {"type": "string"}},
+            "required": ["decision", "content"],
+        },
+    ),
+)
+# SGLang's Qwen3-Coder tools omit the top-level "type": "object" that ToolSpec requires.
+_SGLANG_QWEN_TOOLS = QWEN_TOOLS
+_GLM_SGLANG_TOOLS: tuple[Tool, ...] = (
+    (
+        "get_weather",
+        {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "date": {"type": "string"}},
+            "required": ["city", "date"],
+        },
+    ),
+)
+_TODOS = (
+    '[{"id": "1", "task": "Check for hard-coded issues in the backend code", '
+    '"status": "in_progress"}, {"id": "2", "task": "Check for hard-coded issues in the '
+    'frontend code", "status": "pending"}, {"id": "3", "task": "Check for code violating the '
+    'Single Responsibility Principle", "status": "pending"}, {"id": "4", "task": "Generate a '
+    'rectification proposal report", "status": "pending"}]'
+)
+_TODO_TOOLS: tuple[Tool, ...] = (
+    (
+        "todo_write",
+        {"type": "object", "properties": {"todos": {"type": "array"}}, "required": ["todos"]},
+    ),
+)
+_GLM_BEIJING_0627 = (
+    "<tool_call>get_weather\n"
+    "<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n"
+    "<arg_key>date</arg_key>\n<arg_value>2024-06-27</arg_value>\n"
+    "</tool_call>"
+)
+_K_PARIS = (
+    '<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}'
+    "<|tool_call_end|>"
+)
+_MISTRAL_BRACKETS = (
+    "```\nTOOL: Access a weather API or service\nOBSERVATION: Retrieve the current weather "
+    "data for the top 5 populated cities in the US\nANSWER: The weather in the top 5 populated "
+    "cities in the US is as follows: [City Name] - [Weather Conditions] - [Temperature]\n```"
+)
+
+SGLANG_OTHERS: list[Case] = [
+    _sglang(
+        "mistral",
+        "TestMistralDetector::test_detect_and_parse_with_nested_brackets_in_content",
+        '[TOOL_CALLS] [{"name":"make_next_step_decision", "arguments":{"decision":"",'
+        '"content":' + json.dumps(_MISTRAL_BRACKETS) + "}}]",
+        (("make_next_step_decision", {"decision": "", "content": _MISTRAL_BRACKETS}),),
+        tools=_DECISION_TOOLS,
+        content="",
+    ),
+    _sglang(
+        "mistral",
+        "TestMistralDetector::test_detect_and_parse_simple_case",
+        '[TOOL_CALLS] [{"name":"make_next_step_decision", "arguments":{"decision":"TOOL", '
+        '"content":"Use weather API"}}]',
+        (("make_next_step_decision", {"decision": "TOOL", "content": "Use weather API"}),),
+        tools=_DECISION_TOOLS,
+    ),
+    _sglang(
+        "mistral",
+        "TestMistralDetector::test_detect_and_parse_no_tool_calls",
+        "This is just normal text without any tool calls.",
+        (),
+        tools=_DECISION_TOOLS,
+        content="This is just normal text without any tool calls.",
+    ),
+    _sglang(
+        "mistral",
+        "TestMistralDetector::test_detect_and_parse_with_text_before_tool_call",
+        'Here is some text before the tool call: [TOOL_CALLS] [{"name":"make_next_step_decision",'
+        ' "arguments":{"decision":"ANSWER", "content":"The answer is 42"}}]',
+        (("make_next_step_decision", {"decision": "ANSWER", "content": "The answer is 42"}),),
+        tools=_DECISION_TOOLS,
+        content="Here is some text before the tool call:",
+    ),
+    _sglang(
+        "llama3_json",
+        "TestLlama32Detector::test_single_json",
+        '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+        (("get_weather", {"city": "Paris"}),),
+        tools=_SGLANG_CITY_TOOLS,
+        content="",
+    ),
+    _sglang(
+        "llama3_json",
+        "TestLlama32Detector::test_multiple_json_with_separator",
+        '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}};'
+        '{"name": "get_tourist_attractions", "parameters": {"city": "Paris"}}',
+        (("get_weather", {"city": "Paris"}), ("get_tourist_attractions", {"city": "Paris"})),
+        tools=_SGLANG_CITY_TOOLS,
+        content="",
+    ),
+    _sglang(
+        "llama3_json",
+        "TestLlama32Detector::test_multiple_json_with_separator_customized",
+        '<|python_tag|>{"name": "get_weather", "parameters": {}}'
+        '<|python_tag|>{"name": "get_tourist_attractions", "parameters": {}}',
+        (("get_weather", {}), ("get_tourist_attractions", {})),
+        content="",
+    ),
+    _sglang(
+        "llama3_json",
+        "TestLlama32Detector::test_json_with_trailing_text",
+        '{"name": "get_weather", "parameters": {}} Some follow-up text',
+        (("get_weather", {}),),
+        content="Some follow-up text",
+    ),
+    _sglang(
+        "llama3_json",
+        "TestLlama32Detector::test_invalid_then_valid_json",
+        '{"name": "get_weather", "parameters": {{"name": "get_weather", "parameters": {}}',
+        (("get_weather", None),),
+        difference="no-salvage",
+        ours=Ours(content="", problems=("truncated JSON @ parameters",)),
+    ),
+    _sglang(
+        "llama3_json",
+        "TestLlama32Detector::test_plain_text_only",
+        "This is just plain explanation text.",
+        (),
+        content="This is just plain explanation text.",
+    ),
+    _sglang(
+        "llama3_json",
+        "TestLlama32Detector::test_with_python_tag_prefix",
+        'Some intro. <|python_tag|>{"name": "get_weather", "parameters": {}}',
+        (("get_weather", {}),),
+        content="Some intro.",
+    ),
+    _sglang(
+        "kimi_k2",
+        "TestKimiK2Detector::test_single_tool_call",
+        f"<|tool_calls_section_begin|>{_K_PARIS}<|tool_calls_section_end|>",
+        (("get_weather", {"city": "Paris"}),),
+        tools=_SGLANG_CITY_TOOLS,
+        content="",
+    ),
+    _sglang(
+        "kimi_k2",
+        "TestKimiK2Detector::test_multiple_tool_calls",
+        f"<|tool_calls_section_begin|>{_K_PARIS}<|tool_call_begin|>"
+        "functions.get_tourist_attractions:1<|tool_call_argument_begin|>"
+        '{"city": "London"}<|tool_call_end|><|tool_calls_section_end|>',
+        (("get_weather", {"city": "Paris"}), ("get_tourist_attractions", {"city": "London"})),
+        tools=_SGLANG_CITY_TOOLS,
+        content="",
+    ),
+    _sglang(
+        "kimi_k2",
+        "TestKimiK2Detector::test_invalid_tool_call",
+        'invalid_tool:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
+        "<|tool_calls_section_end|>",
+        (),
+        tools=_SGLANG_CITY_TOOLS,
+        content='invalid_tool:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
+        "<|tool_calls_section_end|>",
+    ),
+    _sglang(
+        "kimi_k2",
+        "TestKimiK2Detector::test_partial_tool_call (final chunk)",
+        f"<|tool_calls_section_begin|>{_K_PARIS.split('{', maxsplit=1)[0]}" + '{"city": "Paris"',
+        (("get_weather", None),),
+        tools=_SGLANG_CITY_TOOLS,
+        difference="problem-not-content",
+        ours=Ours(content="", problems=("truncated JSON @ arguments",)),
+    ),
+    _sglang(
+        "qwen3_coder",
+        "TestQwen3CoderDetector::test_edge_case_no_parameters",
+        "<tool_call>\n<function=get_current_weather>\n</function>\n</tool_call>",
+        (("get_current_weather", {}),),
+    ),
+    _sglang(
+        "qwen3_coder",
+        "TestQwen3CoderDetector::test_edge_case_special_chars_in_value",
+        "<tool_call>\n<function=get_current_weather>\n<parameter=city>\nDallas->TX\n"
+        "</parameter>\n</function>\n</tool_call>",
+        (("get_current_weather", {"city": "Dallas->TX"}),),
+    ),
+    _sglang(
+        "qwen3_coder",
+        "TestQwen3CoderDetector::test_detect_and_parse_parallel_tools",
+        _DALLAS + "\n" + _ORLANDO,
+        (
+            ("get_current_weather", _DALLAS_ARGS),
+            ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "fahrenheit"}),
+        ),
+        tools=_SGLANG_QWEN_TOOLS,
+        content="\n",
+    ),
+    _sglang(
+        "qwen3_coder",
+        "TestQwen3CoderDetector::test_parse_streaming_multiple_tools (final)",
+        "<tool_call>\n        <function=get_current_weather>\n        <parameter=city>\n"
+        "        Dallas\n        </parameter>\n        <parameter=state>\n        TX\n"
+        "        </parameter>\n        </function>\n        </tool_call>\n"
+        "        Some text in between.\n        <tool_call>\n        <function=calculate_area>\n"
+        "        <parameter=shape>\n        circle\n        </parameter>\n"
+        '        <parameter=dimensions>\n        {"radius": 5}\n        </parameter>\n'
+        "        </function>\n        </tool_call>",
+        (
+            ("get_current_weather", {"city": "Dallas", "state": "TX"}),
+            ("calculate_area", {"shape": "circle", "dimensions": {"radius": 5}}),
+        ),
+        tools=_SGLANG_QWEN_TOOLS,
+        difference="value-whitespace",
+        ours=Ours(
+            calls=(
+                (
+                    "get_current_weather",
+                    {"city": "        Dallas\n        ", "state": "        TX\n        "},
+                ),
+                (
+                    "calculate_area",
+                    {"shape": "        circle\n        ", "dimensions": {"radius": 5}},
+                ),
+            ),
+            content="Some text in between.",
+        ),
+    ),
+    _sglang(
+        "glm45",
+        "TestGlm4MoeDetector::test_single_tool_call",
+        _GLM_BEIJING_0627,
+        (("get_weather", {"city": "Beijing", "date": "2024-06-27"}),),
+        tools=_GLM_SGLANG_TOOLS,
+        content="",
+    ),
+    _sglang(
+        "glm45",
+        "TestGlm4MoeDetector::test_multiple_tool_calls",
+        _GLM_BEIJING_0627
+        + _GLM_BEIJING_0627.replace("Beijing", "Shanghai").replace("06-27", "06-28"),
+        (
+            ("get_weather", {"city": "Beijing", "date": "2024-06-27"}),
+            ("get_weather", {"city": "Shanghai", "date": "2024-06-28"}),
+        ),
+        tools=_GLM_SGLANG_TOOLS,
+        content="",
+    ),
+    _sglang(
+        "glm45",
+        "TestGlm4MoeDetector::test_invalid_tool_call",
+        "<tool_call>invalid_func\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n"
+        "</tool_call>",
+        (),
+        tools=_GLM_SGLANG_TOOLS,
+        problems=("unknown tool 'invalid_func' @ name",),
+    ),
+    _sglang(
+        "glm45",
+        "TestGlm4MoeDetector::test_array_argument_with_escaped_json[plain]",
+        f"<tool_call>todo_write\n<arg_key>todos</arg_key>\n<arg_value>{_TODOS}</arg_value>\n"
+        "</tool_call>",
+        (("todo_write", {"todos": json.loads(_TODOS)}),),
+        tools=_TODO_TOOLS,
+    ),
+    _sglang(
+        "glm45",
+        "TestGlm4MoeDetector::test_array_argument_with_escaped_json[raw string]",
+        "<tool_call>todo_write\\n<arg_key>todos</arg_key>\\n<arg_value>"
+        + _TODOS.replace('"', '\\"')
+        + "</arg_value>\n</tool_call>",
+        (("todo_write", {"todos": json.loads(_TODOS)}),),
+        tools=_TODO_TOOLS,
+        difference="escaped-markup",
+        ours=Ours(content="", problems=("invalid tool name",)),
+    ),
+]
+
 CASES: list[Case] = [
     *HERMES,
     *QWEN3_CODER,
@@ -1467,5 +1769,6 @@ CASES: list[Case] = [
     *GLM45,
     *PYTHONIC,
     *SGLANG_PYTHONIC,
+    *SGLANG_OTHERS,
 ]
 """Every case, family by family."""

@@ -32,6 +32,7 @@ import attrs
 
 from trajcore.domain.messages import JSONObject, ToolCall, ToolSpec
 from trajcore.domain.tool_parsers.base import (
+    TOOL_NAME,
     Block,
     JSONFault,
     TurnBuilder,
@@ -105,6 +106,9 @@ def read_call(builder: TurnBuilder, block: Block) -> None:
         cut = not block.closed and name_end == len(body)
         reason = "truncated call @ name" if cut else "missing name @ name"
         builder.refuse(raw, reason)
+        return
+    if not TOOL_NAME.fullmatch(name):
+        builder.refuse(raw, f"invalid tool name {name[:80]!r} (1-64 of [A-Za-z0-9_.-]) @ name")
         return
     pairs = read_pairs(body, name_end, closed=block.closed)
     if isinstance(pairs, str):

@@ -11,7 +11,8 @@ Rules this parser keeps, beyond those in ``base``:
 
 - Each ``<|tool_call_begin|>`` opens one attempted call, which ends at its ``<|tool_call_end|>``
   or, cut off, at the next call, at the section's end or at the end of the text. The section
-  markers are removed from the content; text before and after the section is content.
+  markers are removed from the content; text before and after the section is content. A text
+  with neither a section nor a call opener is content as written, stray markers included.
 - The call id is ``functions.NAME:INDEX`` (the ``functions.`` prefix is optional). The name is
   read from it; an id without ``:INDEX`` is a problem (``malformed call id @ name``), and so is
   a bare counter (``0``) that names no function: the tool is never guessed from the arguments.
@@ -98,6 +99,8 @@ class KimiK2Parser:
         """Parse one completion; see ``ToolCallParser.parse``. Never raises."""
         reasoning, rest = split_reasoning(text)
         builder = TurnBuilder.start(tools, id_prefix)
+        if CALL_BEGIN not in rest and SECTION_BEGIN not in rest:
+            return builder.turn(content=rest.strip(), reasoning=reasoning)
         pieces = scan_blocks(rest, CALL_BEGIN, CALL_END, also_ends=(SECTION_END,))
         segments: list[str] = []
         for i, piece in enumerate(pieces):
