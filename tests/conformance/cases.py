@@ -919,6 +919,120 @@ _DS_CALL_BEGIN = "<\uff5ctool\u2581call\u2581begin\uff5c>"
 _DS_CALL_END = "<\uff5ctool\u2581call\u2581end\uff5c>"
 _DS_SEP = "<\uff5ctool\u2581sep\uff5c>"
 
+DEEPSEEK_V3_TESTS = "tests/tool_parsers/test_deepseekv3_tool_parser.py"
+
+
+def _ds3_call(name: str, arguments: str) -> str:
+    return f"{_DS_CALL_BEGIN}function{_DS_SEP}{name}\n```json\n{arguments}\n```{_DS_CALL_END}"
+
+
+def _ds3(test: str, text: str, calls: tuple[Call, ...], **more: object) -> Case:
+    return Case(
+        family="deepseek_v3",
+        repo=VLLM,
+        file=DEEPSEEK_V3_TESTS,
+        test=f"TestDeepSeekV3ToolParser::{test} (ToolParserTestConfig data)",
+        text=text,
+        calls=calls,
+        **more,  # type: ignore[arg-type]  # the optional Case fields, checked by attrs
+    )
+
+
+DEEPSEEK_V3: list[Case] = [
+    _ds3(
+        "test_no_tool_calls",
+        "How can I help you today? I can check weather for you.",
+        (),
+        content="How can I help you today? I can check weather for you.",
+    ),
+    _ds3(
+        "test_single_tool_call",
+        _DS_CALLS_BEGIN
+        + _ds3_call("get_weather", '{"city": "Tokyo", "unit": "celsius"}')
+        + _DS_CALLS_END,
+        (("get_weather", {"city": "Tokyo", "unit": "celsius"}),),
+        content="",
+    ),
+    _ds3(
+        "test_parallel_tool_calls",
+        _DS_CALLS_BEGIN
+        + _ds3_call("get_weather", '{"city": "Tokyo", "unit": "celsius"}')
+        + _ds3_call("search_hotels", '{"location": "Tokyo", "check_in": "2025-01-15"}')
+        + _DS_CALLS_END,
+        (("get_weather", None), ("search_hotels", None)),
+    ),
+    _ds3(
+        "test_various_data_types",
+        _DS_CALLS_BEGIN
+        + _ds3_call(
+            "test_function",
+            '{"string_field": "hello", "int_field": 42, "float_field": 3.14, '
+            '"bool_field": true, "null_field": null, "array_field": ["a", "b", "c"], '
+            '"object_field": {"nested": "value"}, "empty_array": [], "empty_object": {}}',
+        )
+        + _DS_CALLS_END,
+        (
+            (
+                "test_function",
+                {
+                    "string_field": "hello",
+                    "int_field": 42,
+                    "float_field": 3.14,
+                    "bool_field": True,
+                    "null_field": None,
+                    "array_field": ["a", "b", "c"],
+                    "object_field": {"nested": "value"},
+                    "empty_array": [],
+                    "empty_object": {},
+                },
+            ),
+        ),
+    ),
+    _ds3(
+        "test_empty_arguments",
+        _DS_CALLS_BEGIN + _ds3_call("get_current_time", "{}") + _DS_CALLS_END,
+        (("get_current_time", {}),),
+    ),
+    _ds3(
+        "test_surrounding_text",
+        "Let me check the weather for you."
+        + _DS_CALLS_BEGIN
+        + _ds3_call("get_weather", '{"city": "Paris"}')
+        + _DS_CALLS_END,
+        (("get_weather", {"city": "Paris"}),),
+        content="Let me check the weather for you.",
+    ),
+    _ds3(
+        "test_escaped_strings",
+        _DS_CALLS_BEGIN
+        + _ds3_call(
+            "send_message",
+            '{"text": "He said \\"hello\\"", "path": "C:\\\\Users\\\\file", '
+            '"newline": "line1\\nline2"}',
+        )
+        + _DS_CALLS_END,
+        (
+            (
+                "send_message",
+                {"text": 'He said "hello"', "path": "C:\\Users\\file", "newline": "line1\nline2"},
+            ),
+        ),
+    ),
+    _ds3(
+        "test_malformed_input[0]",
+        _DS_CALLS_BEGIN + _ds3_call("get_weather", '{"city": "Tokyo"') + _DS_CALLS_END,
+        (),
+        problems=("truncated JSON @ arguments",),
+    ),
+    _ds3(
+        "test_malformed_input[1]",
+        f'{_DS_CALLS_BEGIN}function{_DS_SEP}get_weather\n```json\n{{"city": "Tokyo"}}\n```'
+        + _DS_CALLS_END,
+        (),
+        problems=(f"missing {_DS_CALL_BEGIN} @ call",),
+    ),
+]
+
 DEEPSEEK_V31: list[Case] = [
     Case(
         family="deepseek_v31",
@@ -1764,6 +1878,7 @@ CASES: list[Case] = [
     *QWEN3_CODER,
     *LLAMA3_JSON,
     *MISTRAL,
+    *DEEPSEEK_V3,
     *DEEPSEEK_V31,
     *KIMI_K2,
     *GLM45,
