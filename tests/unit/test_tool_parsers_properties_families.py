@@ -8,6 +8,8 @@ the Python call lists and Qwen3-Coder's markup-in-values rule.
 
 from __future__ import annotations
 
+import ast
+import json
 import keyword
 
 import pytest
@@ -23,8 +25,9 @@ from tests.unit.test_tool_parsers_properties import (
     json_values,
     specs_for,
 )
-from trajcore.domain.messages import JSONObject, ToolCall, ToolSpec
+from trajcore.domain.messages import JSON, JSONObject, ToolCall, ToolSpec
 from trajcore.domain.tool_parsers import get_parser
+from trajcore.domain.tool_parsers.pythonic import read_plain
 
 KIMI_SECTION_BEGIN = "<|tool_calls_section_begin|>"
 KIMI_SECTION_END = "<|tool_calls_section_end|>"
@@ -205,3 +208,51 @@ def test_markup_soup_never_raises(family: str, text: str, with_tools: bool) -> N
     ]
     turn = get_parser(family).parse(text, tools=tools if with_tools else None, id_prefix="t")
     assert_indexes_consistent(turn, "t")
+
+
+# ---------------------------------------------------- plain-shape reader agrees with Python
+
+
+def _python_oracle(source: str) -> list[tuple[str, JSON]] | None:
+    """What Python itself reads from a call list: ``(name, arguments)``; ``None`` if not that."""
+    try:
+        tree = ast.parse(source, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    if not isinstance(tree.body, ast.List):
+        return None
+    calls: list[tuple[str, JSON]] = []
+    for element in tree.body.elts:
+        if not isinstance(element, ast.Call) or element.args:
+            return None
+        name = ast.unparse(element.func)
+        try:
+            arguments = {k.arg: ast.literal_eval(k.value) for k in element.keywords if k.arg}
+        except (ValueError, SyntaxError, TypeError):
+            return None
+        calls.append((name, json.loads(json.dumps(arguments))))
+    return calls
+
+
+PLAIN_PIECES = [
+    "[", "]", "(", ")", "{", "}", ",", "=", ":", " ", "\n", "f", "g.h", "x", "y", "'a'", '"b"',
+    "'it''s'", "'\\n'", "1", "-2", "3.5", "1e3", "1e999", "007", "1_0", "True", "None", "if",
+    "r'x'", "(1,)", "#", "\\", "[f(x=1)]", "f(x=", "),",
+]  # fmt: skip
+
+
+@given(calls=python_call_lists())
+def test_plain_reader_reads_rendered_lists_as_python_does(calls: list[ToolCall]) -> None:
+    source = get_parser("pythonic").render(calls) or "[f()]"
+    plain = read_plain(source)
+    oracle = _python_oracle(source)
+    if plain is not None:
+        assert [(n, a) for n, a, _ in plain] == oracle
+
+
+@given(source=st.lists(st.sampled_from(PLAIN_PIECES), max_size=25).map("".join))
+def test_plain_reader_never_reads_what_python_reads_differently(source: str) -> None:
+    plain = read_plain(source)
+    if plain is not None:
+        assert [(n, a) for n, a, _ in plain] == _python_oracle(source)
+        assert all(source[source.index(raw) :].startswith(raw) for _, _, raw in plain)

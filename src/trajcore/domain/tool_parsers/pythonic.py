@@ -24,6 +24,10 @@ Rules this parser keeps, beyond those in ``base``:
 - A list that does not parse is one problem: ``truncated call`` when it stops before its
   closing ``]`` (the model ran out of tokens), ``invalid Python (...)`` otherwise. The calls
   in it are not guessed at.
+- Lists in the plain shape models write (ASCII names, keyword arguments, quoted strings without
+  escapes, JSON numbers, ``True``/``False``/``None``, lists and dicts) are read by a small
+  reader of that shape first, which is faster than compiling; anything else goes to ``ast``,
+  and both give the same calls (property-tested).
 - ``render`` writes ``[name(key=value, ...), ...]`` with values as Python literals. Keys must
   be Python identifiers and names dotted identifiers, as the format requires; ``render``
   raises ``ValueError`` for others.
@@ -75,6 +79,159 @@ def list_extent(text: str, start: int) -> int | None:
 
 
 _CLOSER = {"[": "]", "(": ")", "{": "}"}
+
+
+_ASCII_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+_WORDS: dict[str, JSON] = {"True": True, "False": False, "None": None}
+_AFTER_VALUE = frozenset(" \t\n,)]}:")
+
+
+class _Shape(Exception):
+    """The text leaves the plain shape the fast reader knows; ``ast`` reads it instead."""
+
+
+class _PlainReader:
+    """Reads ``[name(key=value, ...), ...]`` in the plain shape, or raises ``_Shape``.
+
+    It accepts only text that Python reads the same way: anything it is unsure of (escapes,
+    prefixes, tuples, trailing commas, comments, keywords as names) raises ``_Shape``.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.pos = 0
+
+    def space(self) -> None:
+        text, pos = self.text, self.pos
+        while pos < len(text) and text[pos] in " \t\n":
+            pos += 1
+        self.pos = pos
+
+    def char(self) -> str:
+        return self.text[self.pos] if self.pos < len(self.text) else ""
+
+    def take(self, expected: str) -> None:
+        if self.char() != expected:
+            raise _Shape
+        self.pos += 1
+        self.space()
+
+    def name(self, pattern: re.Pattern[str]) -> str:
+        found = pattern.match(self.text, self.pos)
+        if found is None or any(keyword.iskeyword(part) for part in found.group().split(".")):
+            raise _Shape
+        self.pos = found.end()
+        self.space()
+        return found.group()
+
+    def value(self) -> JSON:
+        head = self.char()
+        value: JSON
+        if head in ("'", '"'):
+            value = self.string(head)
+        elif head == "[":
+            value = self.items()
+        elif head == "{":
+            value = self.mapping()
+        elif head == "-" or head.isdigit():
+            value = self.number()
+        else:
+            found = _ASCII_NAME.match(self.text, self.pos)
+            if found is None or found.group() not in _WORDS:
+                raise _Shape
+            value = _WORDS[found.group()]
+            self.pos = found.end()
+        if self.pos < len(self.text) and self.text[self.pos] not in _AFTER_VALUE:
+            raise _Shape
+        self.space()
+        return value
+
+    def string(self, quote: str) -> str:
+        end = self.text.find(quote, self.pos + 1)
+        body = self.text[self.pos + 1 : end]
+        if end < 0 or "\\" in body or "\n" in body or "\r" in body:
+            raise _Shape
+        self.pos = end + 1
+        return body
+
+    def items(self) -> list[JSON]:
+        self.take("[")
+        items: list[JSON] = []
+        while self.char() != "]":
+            if items:
+                self.take(",")
+            items.append(self.value())
+        self.pos += 1
+        return items
+
+    def mapping(self) -> JSONObject:
+        self.take("{")
+        out: JSONObject = {}
+        first = True
+        while self.char() != "}":
+            if not first:
+                self.take(",")
+            first = False
+            key = self.value()
+            if not isinstance(key, str):
+                raise _Shape
+            self.take(":")
+            out[key] = self.value()
+        self.pos += 1
+        return out
+
+    def number(self) -> int | float:
+        found = _NUMBER.match(self.text, self.pos)
+        if found is None:
+            raise _Shape
+        self.pos = found.end()
+        if not (found.group(1) or found.group(2)):
+            return int(found.group())
+        number = float(found.group())
+        if not math.isfinite(number):
+            raise _Shape
+        return number
+
+    def calls(self) -> list[tuple[str, JSONObject, str]]:
+        self.space()
+        self.take("[")
+        calls: list[tuple[str, JSONObject, str]] = []
+        while True:
+            start = self.pos
+            name = self.name(_DOTTED_NAME)
+            self.take("(")
+            arguments: JSONObject = {}
+            while self.char() != ")":
+                if arguments:
+                    self.take(",")
+                key = self.name(_ASCII_NAME)
+                if key in arguments:
+                    raise _Shape
+                self.take("=")
+                arguments[key] = self.value()
+            self.pos += 1
+            calls.append((name, arguments, self.text[start : self.pos]))
+            self.space()
+            if self.char() == "]":
+                self.pos += 1
+                self.space()
+                if self.pos != len(self.text):
+                    raise _Shape
+                return calls
+            self.take(",")
+
+
+def read_plain(source: str) -> list[tuple[str, JSONObject, str]] | None:
+    """The ``(name, arguments, raw)`` calls of a list in the plain shape, or ``None``."""
+    if "\x00" in source:
+        return None
+    try:
+        source.encode()
+        return _PlainReader(source).calls()
+    except (_Shape, RecursionError, UnicodeEncodeError):
+        return None
 
 
 class _NotJSON(Exception):
@@ -146,6 +303,11 @@ def read_call(builder: TurnBuilder, node: ast.expr, raw: str) -> None:
 
 def read_list(builder: TurnBuilder, source: str) -> None:
     """Read the calls of one ``[f(...), ...]`` list (a list that does not parse is a problem)."""
+    plain = read_plain(source.strip())
+    if plain is not None:
+        for name, arguments, raw in plain:
+            builder.accept(raw, name, arguments)
+        return
     try:
         tree = ast.parse(source.strip(), mode="eval")
     except SyntaxError as error:
