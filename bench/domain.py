@@ -7,10 +7,10 @@ Run: ``.venv/bin/python -m bench.domain [--seconds 1.0]``
 - **slot book**: request a slot and release it, then report its reset done; an operation is
   one lease-and-release cycle, on a book of 4 containers of 16 slots.
 - **hermes parser**: parse model text with prose, a think block and tool calls; MB/s of text.
-- **<family> parser**: every registered parser family on the hermes bench's turn (a think
+- **<family> turn**: every registered parser family on the hermes bench's turn (a think
   block, prose, two shell calls) written in the family's own format by its ``render``; the
   families whose values are text (``qwen3_coder``, ``glm45``) get the tools' schemas, so their
-  figure includes typing the values and checking them (``+ schema``); MB/s of text.
+  figure includes typing the values and checking them (``+schema``); MB/s of text.
 
 Each figure is printed with its target from the issue (100,000 ops/s; 10 MB/s) and with a floor
 measured in the same run: the same bookkeeping done with a bare dict and deque (planner, slot
@@ -231,7 +231,7 @@ def bench_parser_families(seconds: float) -> list[tuple[str, float, float, float
                 assert found == expected
             return size
 
-        name = f"{family} parser" + (" + schema" if tools else "")
+        name = f"{family} turn" + ("+schema" if tools else "")
         rows.append((name, _rate(parse, seconds) / 1e6, _rate(floor, seconds) / 1e6, 10.0, "MB/s"))
     return rows
 
