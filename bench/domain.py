@@ -187,6 +187,7 @@ FAMILY_MARKERS = {
     "glm45": "<tool_call>",
     "pythonic": "(",
     "llama4_pythonic": "(",
+    "granite": '"name"',
 }
 
 

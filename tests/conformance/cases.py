@@ -1473,6 +1473,135 @@ PYTHONIC: list[Case] = [
     ),
 ]
 
+# ------------------------------------------------------------------------------------- granite
+
+GRANITE_TESTS = "tests/tool_parsers/test_granite_tool_parser.py"
+
+
+def _granite(test: str, text: str, calls: tuple[Call, ...], **more: object) -> Case:
+    return Case(
+        family="granite",
+        repo=VLLM,
+        file=GRANITE_TESTS,
+        test=f"TestGraniteToolParser::{test}",
+        text=text,
+        calls=calls,
+        **more,  # type: ignore[arg-type]  # the optional Case fields, checked by attrs
+    )
+
+
+GRANITE: list[Case] = [
+    _granite(
+        "test_no_tool_calls (ToolParserTestConfig data)",
+        "This is a regular response without any tool calls.",
+        (),
+        content="This is a regular response without any tool calls.",
+    ),
+    _granite(
+        "test_single_tool_call (ToolParserTestConfig data)",
+        '<|tool_call|> [{"name": "get_weather", "arguments": {"city": "Tokyo"}}]',
+        (("get_weather", {"city": "Tokyo"}),),
+        content="",
+    ),
+    _granite(
+        "test_parallel_tool_calls (ToolParserTestConfig data)",
+        '<|tool_call|> [\n  {"name": "get_weather", "arguments": {"city": "Tokyo"}},\n'
+        '  {"name": "get_time", "arguments": {"timezone": "Asia/Tokyo"}}\n]',
+        (("get_weather", None), ("get_time", None)),
+    ),
+    _granite(
+        "test_various_data_types (ToolParserTestConfig data)",
+        '<tool_call> [{\n  "name": "test_function",\n  "arguments": {\n'
+        '    "string_field": "hello",\n    "int_field": 42,\n    "float_field": 3.14,\n'
+        '    "bool_field": true,\n    "null_field": null,\n'
+        '    "array_field": ["a", "b", "c"],\n    "object_field": {"nested": "value"},\n'
+        '    "empty_array": [],\n    "empty_object": {}\n  }\n}]',
+        (
+            (
+                "test_function",
+                {
+                    "string_field": "hello",
+                    "int_field": 42,
+                    "float_field": 3.14,
+                    "bool_field": True,
+                    "null_field": None,
+                    "array_field": ["a", "b", "c"],
+                    "object_field": {"nested": "value"},
+                    "empty_array": [],
+                    "empty_object": {},
+                },
+            ),
+        ),
+    ),
+    _granite(
+        "test_empty_arguments (ToolParserTestConfig data)",
+        '<|tool_call|> [{"name": "refresh", "arguments": {}}]',
+        (("refresh", {}),),
+    ),
+    _granite(
+        "test_escaped_strings (ToolParserTestConfig data)",
+        '<tool_call> [{\n  "name": "test_function",\n  "arguments": {\n'
+        '    "quoted": "He said \\"hello\\"",\n    "path": "C:\\\\Users\\\\file.txt",\n'
+        '    "newline": "line1\\nline2",\n    "unicode": "emoji: \U0001f389"\n  }\n}]',
+        (
+            (
+                "test_function",
+                {
+                    "quoted": 'He said "hello"',
+                    "path": "C:\\Users\\file.txt",
+                    "newline": "line1\nline2",
+                    "unicode": "emoji: \U0001f389",
+                },
+            ),
+        ),
+    ),
+    _granite(
+        "test_malformed_input[0] (ToolParserTestConfig data)",
+        '<|tool_call|> [{"name": "func", "arguments": {',
+        (),
+        problems=("truncated JSON @ arguments",),
+    ),
+    _granite(
+        "test_malformed_input[1] (ToolParserTestConfig data)",
+        '<|tool_call|> {"name": "func", "arguments": {}}',
+        (),
+        problems=("expected a JSON array of calls @ call",),
+    ),
+    _granite(
+        "test_malformed_input[2] (ToolParserTestConfig data)",
+        '[{"name": "func", "arguments": "not a dict"}]',
+        (),
+    ),
+    _granite(
+        "test_malformed_input[3] (ToolParserTestConfig data)",
+        'Some text [{"name": "func"}]',
+        (),
+    ),
+    _granite(
+        "test_granite_string_prefix_format",
+        '<tool_call> [{"name": "get_weather", "arguments": {"city": "Tokyo"}}]',
+        (("get_weather", None),),
+    ),
+    Case(
+        family="granite",
+        repo=VLLM,
+        file=GRANITE_TESTS,
+        test="test_streaming_parallel_calls_single_delta (final)",
+        text='<|tool_call|>[{"name": "get_weather", "arguments": {"x": 42}}, '
+        '{"name": "b", "arguments": {"y": 7}}]',
+        calls=(("get_weather", {"x": 42}), ("b", {"y": 7})),
+    ),
+    Case(
+        family="granite",
+        repo=VLLM,
+        file=GRANITE_TESTS,
+        test="test_streaming_parallel_calls_batched_deltas (final)",
+        text='<|tool_call|> [{"arguments": {"city": "Tokyo"}, "name": "get_weather"}, '
+        '{"arguments": {"timezone": "Asia/Tokyo"}, "name": "get_time"}]',
+        calls=(("get_weather", {"city": "Tokyo"}), ("get_time", None)),
+    ),
+]
+
 # ------------------------------------------------------------------------------------- sglang
 
 
@@ -1883,6 +2012,7 @@ CASES: list[Case] = [
     *KIMI_K2,
     *GLM45,
     *PYTHONIC,
+    *GRANITE,
     *SGLANG_PYTHONIC,
     *SGLANG_OTHERS,
 ]

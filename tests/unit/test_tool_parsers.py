@@ -692,6 +692,7 @@ def test_registry_knows_every_family_by_its_own_name() -> None:
         "glm45",
         "pythonic",
         "llama4_pythonic",
+        "granite",
     )
     for name in PARSER_NAMES:
         assert get_parser(name).name == name

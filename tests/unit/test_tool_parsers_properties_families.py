@@ -256,3 +256,18 @@ def test_plain_reader_never_reads_what_python_reads_differently(source: str) -> 
     if plain is not None:
         assert [(n, a) for n, a, _ in plain] == _python_oracle(source)
         assert all(source[source.index(raw) :].startswith(raw) for _, _, raw in plain)
+
+
+@given(calls=call_lists(free_text(), min_size=1), data=st.data())
+def test_granite_array_cut_anywhere_keeps_the_complete_calls_before_the_cut(
+    calls: list[ToolCall], data: st.DataObject
+) -> None:
+    parser = get_parser("granite")
+    text = parser.render(calls, content="Checking.")
+    start = text.index("[")
+    cut = data.draw(st.integers(start + 1, len(text) - 1), "cut")
+    turn = parser.parse(text[:cut], tools=specs_for(calls))
+    assert exact(turn.calls) == exact(calls[: len(turn.calls)])
+    assert len(turn.errors) <= 1
+    assert_indexes_consistent(turn)
+    assert turn.content == "Checking."

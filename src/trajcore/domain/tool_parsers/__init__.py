@@ -21,6 +21,7 @@ Families and their registry names:
 ``glm45``                 ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...``
 ``pythonic``              ``[get_weather(city='Paris'), get_time()]`` (Llama 3.2)
 ``llama4_pythonic``       the same list in ``<|python_start|>...<|python_end|>`` (Llama 4)
+``granite``               ``<|tool_call|>[{"name": ..., "arguments": {...}}]`` (Granite 3.x)
 ========================  ==================================================================
 
 The formats, the rules each parser keeps, and where each differs from vLLM's and SGLang's
@@ -38,6 +39,7 @@ from trajcore.domain.errors import ConfigError
 from trajcore.domain.tool_parsers.base import ToolCallParser
 from trajcore.domain.tool_parsers.deepseek_v3 import DeepSeekV3Parser
 from trajcore.domain.tool_parsers.glm45 import Glm45Parser
+from trajcore.domain.tool_parsers.granite import GraniteParser
 from trajcore.domain.tool_parsers.hermes import HermesParser
 from trajcore.domain.tool_parsers.kimi_k2 import KimiK2Parser
 from trajcore.domain.tool_parsers.llama3_json import Llama3JsonParser
@@ -49,6 +51,7 @@ __all__ = [
     "PARSER_NAMES",
     "DeepSeekV3Parser",
     "Glm45Parser",
+    "GraniteParser",
     "HermesParser",
     "KimiK2Parser",
     "Llama3JsonParser",
@@ -71,6 +74,7 @@ _FACTORIES: Mapping[str, Callable[[], ToolCallParser]] = {
     "glm45": Glm45Parser,
     "pythonic": PythonicParser,
     "llama4_pythonic": lambda: PythonicParser(family="llama4_pythonic"),
+    "granite": GraniteParser,
 }
 
 PARSER_NAMES: tuple[str, ...] = tuple(_FACTORIES)
