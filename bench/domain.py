@@ -174,7 +174,7 @@ FAMILY_CALLS = [
 ]
 # Families whose values are text on the wire need the schemas to type them (and then the
 # arguments are checked against them too); the others are measured as parsers alone.
-TEXT_VALUED = ("qwen3_coder", "glm45")
+TEXT_VALUED = ("qwen3_coder", "seed_oss", "glm45")
 FAMILY_MARKERS = {
     "hermes": "<tool_call>",
     "qwen": "<tool_call>",
@@ -188,6 +188,7 @@ FAMILY_MARKERS = {
     "pythonic": "(",
     "llama4_pythonic": "(",
     "granite": '"name"',
+    "seed_oss": "<function=",
 }
 
 

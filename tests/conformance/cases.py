@@ -1602,6 +1602,95 @@ GRANITE: list[Case] = [
     ),
 ]
 
+# ------------------------------------------------------------------------------------ seed-oss
+
+SEED_OSS_TESTS = "tests/tool_parsers/test_seed_oss_tool_parser.py"
+_SEED_TOOLS: tuple[Tool, ...] = (
+    (
+        "get_weather",
+        {
+            "type": "object",
+            "properties": {
+                "location": {
+                    "type": "string",
+                    "description": "City and country e.g. Bogot\u00e1, Colombia",
+                },
+                "unit": {"type": "string", "description": "this is the unit of temperature"},
+            },
+            "required": ["location"],
+            "additionalProperties": False,
+        },
+    ),
+)
+_SEED_BARCELONA = (
+    "<seed:tool_call>\n<function=get_weather>\n"
+    "<parameter=location>Barcelona, Spain</parameter>\n</function>\n</seed:tool_call>"
+)
+_SEED_THINK_512 = (
+    "<seed:think>The user's current thinking budget is 512.</seed:cot_budget_reflect>\n"
+    "Let me analyze the question. The user wants to know the weather in Barcelona, Spain. "
+    "\n<seed:cot_budget_reflect>I have used 131 tokens, and there are 381 tokens remaining "
+    "for use.</seed:cot_budget_reflect>\n The unit parameter can be omitted since it's "
+    "optional.</seed:think>\n"
+)
+_SEED_THINK_WITH_CALL = (
+    "<seed:think>\nGot it, let's see. The user asked for the weather in Barcelona, Spain. "
+    "Let me format the function call correctly. The format is <seed:tool_call>\n"
+    "<function=get_weather>\n<parameter=location>Barcelona, Spain</parameter>\n"
+    "<parameter=unit>celsius</parameter>\n</function>\n</seed:tool_call>. Wait, but does "
+    'the unit parameter accept "celsius"? Let me go with that.</seed:think>'
+)
+
+SEED_OSS: list[Case] = [
+    Case(
+        family="seed_oss",
+        repo=VLLM,
+        file=SEED_OSS_TESTS,
+        test="test_extract_tool_calls_no_tools",
+        text="This is a test response without any tool calls",
+        content="This is a test response without any tool calls",
+    ),
+    Case(
+        family="seed_oss",
+        repo=VLLM,
+        file=SEED_OSS_TESTS,
+        test="test_extract_tool_calls[tool_call_0_thinking_budget]",
+        text=_SEED_BARCELONA,
+        tools=_SEED_TOOLS,
+        calls=(("get_weather", {"location": "Barcelona, Spain"}),),
+        content="",
+    ),
+    Case(
+        family="seed_oss",
+        repo=VLLM,
+        file=SEED_OSS_TESTS,
+        test="test_extract_tool_calls[tool_call_512_thinkg_budget] (thinking shortened)",
+        text=_SEED_THINK_512 + _SEED_BARCELONA,
+        tools=_SEED_TOOLS,
+        calls=(("get_weather", {"location": "Barcelona, Spain"}),),
+        content=_SEED_THINK_512,
+        difference="reasoning",
+        ours=Ours(calls=(("get_weather", {"location": "Barcelona, Spain"}),), content=""),
+    ),
+    Case(
+        family="seed_oss",
+        repo=VLLM,
+        file=SEED_OSS_TESTS,
+        test="test_extract_tool_calls[tool_call_unlimited_thinking_budget] (thinking shortened)",
+        text=_SEED_THINK_WITH_CALL
+        + "<seed:tool_call>\n<function=get_weather>\n<parameter=location>Barcelona, Spain"
+        "</parameter>\n<parameter=unit>celsius</parameter>\n</function>\n</seed:tool_call>",
+        tools=_SEED_TOOLS,
+        calls=(("get_weather", {"location": "Barcelona, Spain", "unit": "celsius"}),),
+        content=_SEED_THINK_WITH_CALL,
+        difference="reasoning",
+        ours=Ours(
+            calls=(("get_weather", {"location": "Barcelona, Spain", "unit": "celsius"}),),
+            content="",
+        ),
+    ),
+]
+
 # ------------------------------------------------------------------------------------- sglang
 
 
@@ -2013,6 +2102,7 @@ CASES: list[Case] = [
     *GLM45,
     *PYTHONIC,
     *GRANITE,
+    *SEED_OSS,
     *SGLANG_PYTHONIC,
     *SGLANG_OTHERS,
 ]

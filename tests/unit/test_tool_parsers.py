@@ -693,6 +693,7 @@ def test_registry_knows_every_family_by_its_own_name() -> None:
         "pythonic",
         "llama4_pythonic",
         "granite",
+        "seed_oss",
     )
     for name in PARSER_NAMES:
         assert get_parser(name).name == name

@@ -22,6 +22,7 @@ Families and their registry names:
 ``pythonic``              ``[get_weather(city='Paris'), get_time()]`` (Llama 3.2)
 ``llama4_pythonic``       the same list in ``<|python_start|>...<|python_end|>`` (Llama 4)
 ``granite``               ``<|tool_call|>[{"name": ..., "arguments": {...}}]`` (Granite 3.x)
+``seed_oss``              ``qwen3_coder`` calls in ``<seed:tool_call>`` (ByteDance Seed-OSS)
 ========================  ==================================================================
 
 The formats, the rules each parser keeps, and where each differs from vLLM's and SGLang's
@@ -75,6 +76,7 @@ _FACTORIES: Mapping[str, Callable[[], ToolCallParser]] = {
     "pythonic": PythonicParser,
     "llama4_pythonic": lambda: PythonicParser(family="llama4_pythonic"),
     "granite": GraniteParser,
+    "seed_oss": lambda: Qwen3CoderParser(family="seed_oss"),
 }
 
 PARSER_NAMES: tuple[str, ...] = tuple(_FACTORIES)

@@ -43,6 +43,9 @@ Rules this parser keeps, beyond those in ``base``:
   parameter (``@ arguments.path``) or the function. A repeated parameter is a problem, not a
   silent overwrite. A function name that is not a tool name (``<function=x`` with no ``>``)
   is a problem that ends at the function's ``</function>``.
+- Seed-OSS (``seed_oss``) writes the same calls in ``<seed:tool_call>`` blocks, with its
+  reasoning in ``<seed:think>`` (``<think>`` when the text has no ``<seed:think>`` tag);
+  everything here holds for it with those tags.
 - Some Qwen3-Coder outputs omit the ``<tool_call>`` wrapper; bare ``<function=...>`` blocks are
   read the same way when the text has no ``<tool_call>`` at all (a stray ``</tool_call>``
   after one is part of the call).
@@ -102,6 +105,8 @@ class _Scan:
 
     text: str
     wrapped: bool
+    open_tag: str
+    close_tag: str
     param_open: Marker
     param_close: Marker
     function_end: Marker
@@ -109,15 +114,17 @@ class _Scan:
     block_close: Marker
 
     @classmethod
-    def of(cls, text: str, *, wrapped: bool) -> _Scan:
+    def of(cls, text: str, *, wrapped: bool, open_tag: str, close_tag: str) -> _Scan:
         return cls(
             text=text,
             wrapped=wrapped,
+            open_tag=open_tag,
+            close_tag=close_tag,
             param_open=Marker(text, PARAMETER),
             param_close=Marker(text, PARAMETER_END),
             function_end=Marker(text, FUNCTION_END),
-            block_open=Marker(text, OPEN),
-            block_close=Marker(text, CLOSE),
+            block_open=Marker(text, open_tag),
+            block_close=Marker(text, close_tag),
         )
 
     def skip_space(self, pos: int) -> int:
@@ -144,7 +151,8 @@ class _Scan:
         if not self.wrapped:
             return True
         after = self.skip_space(at + len(FUNCTION_END))
-        return after >= len(self.text) or self.text.startswith((CLOSE, OPEN), after)
+        tags = (self.close_tag, self.open_tag)
+        return after >= len(self.text) or self.text.startswith(tags, after)
 
     def closer_is_structural(self, after: int, known: Mapping[str, JSON] | None) -> bool:
         """Whether a ``</parameter>`` ending at ``after`` is followed by structure."""
@@ -152,7 +160,7 @@ class _Scan:
         at = self.skip_space(after)
         if at >= len(text) or text.startswith(FUNCTION_END, at):
             return True
-        if self.wrapped and text.startswith(CLOSE, at):
+        if self.wrapped and text.startswith(self.close_tag, at):
             return True
         if text.startswith(PARAMETER, at):
             name, _ = self.tag_name(at + len(PARAMETER))
@@ -246,10 +254,10 @@ def read_function(builder: TurnBuilder, scan: _Scan, start: int, call_start: int
             end = pos + len(FUNCTION_END)
             builder.accept(text[call_start:end], name, arguments)
             return end
-        if scan.wrapped and text.startswith(CLOSE, pos):
+        if scan.wrapped and text.startswith(scan.close_tag, pos):
             builder.accept(text[call_start:pos], name, arguments)
             return pos
-        if scan.wrapped and text.startswith(OPEN, pos):
+        if scan.wrapped and text.startswith(scan.open_tag, pos):
             return refuse(pos, "truncated call @ function", name)
         if not text.startswith(PARAMETER, pos):
             # Text between parameters that is not markup: skip to the next tag.
@@ -285,17 +293,18 @@ def read_function(builder: TurnBuilder, scan: _Scan, start: int, call_start: int
 def read_block(builder: TurnBuilder, scan: _Scan, start: int) -> int:
     """Read the ``<tool_call>`` block at ``start``; return the index after it."""
     text = scan.text
-    body_start = start + len(OPEN)
+    body_start = start + len(scan.open_tag)
     at = scan.skip_space(body_start)
     if text.startswith(FUNCTION, at):
         end = read_function(builder, scan, at, start)
         after = scan.skip_space(end)
-        return after + len(CLOSE) if text.startswith(CLOSE, after) else end
+        close_tag = scan.close_tag
+        return after + len(close_tag) if text.startswith(close_tag, after) else end
     close = scan.block_close.next_at(body_start)
     stop = min(close, scan.block_open.next_at(body_start))
     closed = stop == close and stop < len(text)
     body = text[body_start:stop].strip()
-    end = stop + len(CLOSE) if closed else stop
+    end = stop + len(scan.close_tag) if closed else stop
     if not body:
         reason = "empty tool call @ call" if closed else "truncated call @ call"
     elif not closed and FUNCTION.startswith(body):
@@ -306,24 +315,41 @@ def read_block(builder: TurnBuilder, scan: _Scan, start: int) -> int:
     return end
 
 
+_TAGS = {
+    "qwen3_coder": (OPEN, CLOSE, "<think>", "</think>"),
+    "seed_oss": ("<seed:tool_call>", "</seed:tool_call>", "<seed:think>", "</seed:think>"),
+}
+
+
 @attrs.frozen
 class Qwen3CoderParser:
-    """Parser for Qwen3-Coder's ``<function=NAME><parameter=KEY>VALUE</parameter></function>``."""
+    """Parser for Qwen3-Coder's ``<function=NAME><parameter=KEY>VALUE</parameter></function>``.
+
+    Attributes:
+        family: ``qwen3_coder`` (calls in ``<tool_call>``, reasoning in ``<think>``) or
+            ``seed_oss`` (ByteDance Seed-OSS: the same calls in ``<seed:tool_call>``, reasoning
+            in ``<seed:think>``).
+    """
+
+    family: str = attrs.field(default="qwen3_coder", validator=attrs.validators.in_(_TAGS))
 
     @property
     def name(self) -> str:
-        return "qwen3_coder"
+        return self.family
 
     def parse(
         self, text: str, *, tools: Sequence[ToolSpec] | None = None, id_prefix: str = "call"
     ) -> ParsedTurn:
         """Parse one completion; see ``ToolCallParser.parse``. Never raises."""
-        reasoning, rest = split_reasoning(text)
+        open_tag, close_tag, think, think_end = _TAGS[self.family]
+        if think not in text and think_end not in text:
+            think, think_end = "<think>", "</think>"
+        reasoning, rest = split_reasoning(text, open_=think, close=think_end)
         builder = TurnBuilder.start(tools, id_prefix)
-        wrapped = OPEN in rest
+        wrapped = open_tag in rest
         if not wrapped and FUNCTION not in rest:
             return builder.turn(content=rest.strip(), reasoning=reasoning)
-        scan = _Scan.of(rest, wrapped=wrapped)
+        scan = _Scan.of(rest, wrapped=wrapped, open_tag=open_tag, close_tag=close_tag)
         opens = scan.block_open if wrapped else Marker(rest, FUNCTION)
         segments: list[str] = []
         pos = 0
@@ -334,19 +360,20 @@ class Qwen3CoderParser:
             else:
                 pos = read_function(builder, scan, start, start)
                 after = scan.skip_space(pos)
-                if rest.startswith(CLOSE, after):
-                    pos = after + len(CLOSE)
+                if rest.startswith(close_tag, after):
+                    pos = after + len(close_tag)
         segments.append(rest[pos:])
         return builder.turn(content=join_content(segments), reasoning=reasoning)
 
     def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:
         """``content``, then one XML block per call; strings verbatim, other values as JSON."""
+        open_tag, close_tag, _, _ = _TAGS[self.family]
         parts = [content] if content else []
         for call in calls:
-            lines = [OPEN, f"{FUNCTION}{call.name}>"]
+            lines = [open_tag, f"{FUNCTION}{call.name}>"]
             for key, value in call.arguments.items():
                 text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
                 lines.extend((f"{PARAMETER}{key}>", text, PARAMETER_END))
-            lines.extend((FUNCTION_END, CLOSE))
+            lines.extend((FUNCTION_END, close_tag))
             parts.append("\n".join(lines))
         return "\n".join(parts)
