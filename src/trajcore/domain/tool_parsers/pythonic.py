@@ -234,6 +234,17 @@ def read_plain(source: str) -> list[tuple[str, JSONObject, str]] | None:
         return None
 
 
+def _opens_line(text: str, start: int) -> bool:
+    """Whether only spaces stand between the line's start and ``text[start]``.
+
+    Walks back over the spaces only, so a scan over many lists on one line stays linear.
+    """
+    at = start - 1
+    while at >= 0 and text[at] in " \t":
+        at -= 1
+    return at < 0 or text[at] == "\n"
+
+
 class _NotJSON(Exception):
     """A literal that is not a JSON value; ``args[0]`` says why, ``args[1]`` where."""
 
@@ -388,6 +399,7 @@ class PythonicParser:
             return builder.turn(content=content, reasoning=reasoning)
         segments: list[str] = []
         content_from = pos = 0
+        text_end = len(rest.rstrip())
         while (found := _CALL_LIST.search(rest, pos)) is not None:
             start = found.start()
             stop = list_extent(rest, start)
@@ -396,8 +408,7 @@ class PythonicParser:
                 read_list(builder, rest[start:])
                 content_from = pos = len(rest)
                 break
-            opens_line = not rest[rest.rfind("\n", 0, start) + 1 : start].strip()
-            if opens_line or not rest[stop:].strip():
+            if _opens_line(rest, start) or stop >= text_end:
                 segments.append(rest[content_from:start])
                 read_list(builder, rest[start:stop])
                 content_from = stop
