@@ -81,6 +81,7 @@ PARAMETER_END = "</parameter>"
 
 
 _TAG_NAME = re.compile(r"[^<>\n]{0,200}")
+_SPACE = re.compile(r"\s*")
 
 
 def _property_schemas(spec: ToolSpec | None) -> Mapping[str, JSON] | None:
@@ -128,10 +129,8 @@ class _Scan:
         )
 
     def skip_space(self, pos: int) -> int:
-        text = self.text
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-        return pos
+        found = _SPACE.match(self.text, pos)
+        return found.end() if found else pos
 
     def tag_name(self, start: int) -> tuple[str | None, int]:
         """The NAME of ``<...=NAME>`` whose NAME starts at ``start``, and the index after ``>``.
