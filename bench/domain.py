@@ -7,11 +7,16 @@ Run: ``.venv/bin/python -m bench.domain [--seconds 1.0]``
 - **slot book**: request a slot and release it, then report its reset done; an operation is
   one lease-and-release cycle, on a book of 4 containers of 16 slots.
 - **hermes parser**: parse model text with prose, a think block and tool calls; MB/s of text.
+- **<family> turn**: every registered parser family on the hermes bench's turn (a think
+  block, prose, two shell calls) written in the family's own format by its ``render``; the
+  families whose values are text (``qwen3_coder``, ``glm45``) get the tools' schemas, so their
+  figure includes typing the values and checking them (``+schema``); MB/s of text.
 
 Each figure is printed with its target from the issue (100,000 ops/s; 10 MB/s) and with a floor
 measured in the same run: the same bookkeeping done with a bare dict and deque (planner, slot
-book) or a bare ``str.find`` scan of the text (parser), which is roughly the fastest any Python
-implementation could be. The ratios say how far from that floor the domain objects are.
+book) or a bare ``str.find`` scan of the text for the family's call marker (parsers), which
+is roughly the fastest any Python implementation could be. The ratios say how far from that
+floor the domain objects are.
 """
 
 from __future__ import annotations
@@ -22,10 +27,10 @@ from collections import deque
 from collections.abc import Callable
 
 from trajcore.domain.batch_planner import BatchConfig, BatchPlanner
-from trajcore.domain.messages import ToolCall
+from trajcore.domain.messages import ToolCall, ToolSpec
 from trajcore.domain.slot_book import SlotBook
 from trajcore.domain.slots import Lease, SlotCall, SlotId
-from trajcore.domain.tool_parsers import get_parser
+from trajcore.domain.tool_parsers import PARSER_NAMES, ToolCallParser, get_parser
 
 CONTAINERS = 4
 SLOTS = 16
@@ -136,6 +141,103 @@ def bench_parser(seconds: float) -> tuple[float, float]:
     return _rate(parse, seconds) / 1e6, _rate(floor, seconds) / 1e6
 
 
+# ------------------------------------------------------------------------ parser families
+
+FAMILY_TOOLS = [
+    ToolSpec(
+        name="bash",
+        parameters={
+            "type": "object",
+            "properties": {
+                "command": {"type": "string"},
+                "timeout": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+            },
+            "required": ["command"],
+        },
+    ),
+    ToolSpec(
+        name="read_file",
+        parameters={
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}},
+            "required": ["path"],
+        },
+    ),
+]
+FAMILY_CALLS = [
+    ToolCall(
+        id="call_0",
+        name="bash",
+        arguments={"command": "ls -la src && cat src/app.py", "timeout": 60},
+    ),
+    ToolCall(id="call_1", name="bash", arguments={"command": "python -m pytest -x -q"}),
+]
+# Families whose values are text on the wire need the schemas to type them (and then the
+# arguments are checked against them too); the others are measured as parsers alone.
+TEXT_VALUED = ("qwen3_coder", "seed_oss", "glm45")
+FAMILY_MARKERS = {
+    "hermes": "<tool_call>",
+    "qwen": "<tool_call>",
+    "qwen3_coder": "<function=",
+    "llama3_json": '"name"',
+    "mistral": "[TOOL_CALLS]",
+    "deepseek_v3": "<\uff5ctool\u2581call\u2581begin\uff5c>",
+    "deepseek_v31": "<\uff5ctool\u2581call\u2581begin\uff5c>",
+    "kimi_k2": "<|tool_call_begin|>",
+    "glm45": "<tool_call>",
+    "pythonic": "(",
+    "llama4_pythonic": "(",
+    "granite": '"name"',
+    "seed_oss": "<function=",
+}
+
+
+def bench_parser_families(seconds: float) -> list[tuple[str, float, float, float, str]]:
+    """One row per registered parser family: measured MB/s, floor MB/s, target, unit.
+
+    The text is the hermes bench's turn (a think block, prose, two shell calls) written in the
+    family's own format by its ``render``; one operation parses it 8 times.
+    """
+    rows = []
+    for family in PARSER_NAMES:
+        parser = get_parser(family)
+        text = (
+            "<think>The user wants the failing test fixed. Let me look at the file first, then "
+            "run the suite to see the error.</think>\n"
+            + parser.render(FAMILY_CALLS, content="I'll inspect the repository and run the tests.")
+        )
+        size = 8 * len(text.encode())
+        tools = FAMILY_TOOLS if family in TEXT_VALUED else None
+        marker = FAMILY_MARKERS[family]
+        expected = text.count(marker)
+
+        def parse(
+            parser: ToolCallParser = parser,
+            text: str = text,
+            size: int = size,
+            tools: list[ToolSpec] | None = tools,
+        ) -> int:
+            for _ in range(8):
+                parsed = parser.parse(text, tools=tools)
+                assert len(parsed.calls) == len(FAMILY_CALLS), parsed.errors
+            return size
+
+        def floor(
+            text: str = text, marker: str = marker, expected: int = expected, size: int = size
+        ) -> int:
+            for _ in range(8):
+                pos, found = 0, 0
+                while (pos := text.find(marker, pos)) != -1:
+                    found += 1
+                    pos += len(marker)
+                assert found == expected
+            return size
+
+        name = f"{family} turn" + ("+schema" if tools else "")
+        rows.append((name, _rate(parse, seconds) / 1e6, _rate(floor, seconds) / 1e6, 10.0, "MB/s"))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=1.0, help="measuring time per figure")
@@ -144,6 +246,7 @@ def main() -> None:
         ("planner offer+flush", *bench_planner(args.seconds), 100_000.0, "ops/s"),
         ("slot book lease+release", *bench_slot_book(args.seconds), 100_000.0, "ops/s"),
         ("hermes parser", *bench_parser(args.seconds), 10.0, "MB/s"),
+        *bench_parser_families(args.seconds / 4),
     ]
     print(f"{'path':<26}{'measured':>17}{'floor':>19}{'of floor':>10}{'target':>16}  verdict")
     for name, measured, floor, target, unit in rows:

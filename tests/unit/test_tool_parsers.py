@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from trajcore.domain.errors import ConfigError
@@ -685,6 +687,13 @@ def test_registry_knows_every_family_by_its_own_name() -> None:
         "mistral",
         "deepseek_v3",
         "deepseek_v31",
+        "qwen",
+        "kimi_k2",
+        "glm45",
+        "pythonic",
+        "llama4_pythonic",
+        "granite",
+        "seed_oss",
     )
     for name in PARSER_NAMES:
         assert get_parser(name).name == name
@@ -709,3 +718,199 @@ def test_every_parser_splits_reasoning_the_same_way(name: str) -> None:
     )
     assert parser.parse("<think>\n\n</think>\n\nb") == ParsedTurn(content="b")
     assert parser.parse("") == ParsedTurn()
+
+
+# --------------------------------------------------------------- fixes beyond the seed's rules
+
+
+def test_hermes_reads_parameters_as_the_arguments_when_arguments_are_absent() -> None:
+    text = '<tool_call>{"name": "bash", "parameters": {"command": "ls"}}</tool_call>'
+    assert HermesParser().parse(text, tools=TOOLS).calls == (call(0, "bash", {"command": "ls"}),)
+    both = (
+        '<tool_call>{"name": "bash", "arguments": {"command": "a"}, "parameters": {}}</tool_call>'
+    )
+    assert HermesParser().parse(both).calls == (call(0, "bash", {"command": "a"}),)
+    bad = '<tool_call>{"name": "bash", "parameters": "ls"}</tool_call>'
+    assert reasons(HermesParser().parse(bad)) == ["expected a JSON object, got string @ parameters"]
+
+
+@pytest.mark.parametrize(
+    ("name", "parser"),
+    [
+        ("bad name", "hermes"),
+        ("bad_func_no_gt\n</function", "hermes"),
+        ("{{ tool.name }}", "hermes"),
+        ("x" * 65, "hermes"),
+    ],
+)
+def test_a_call_name_must_be_a_tool_name_without_tools_too(name: str, parser: str) -> None:
+    body = '{"name": ' + json.dumps(name) + ', "arguments": {}}'
+    turn = get_parser(parser).parse(f"<tool_call>{body}</tool_call>")
+    assert turn.calls == ()
+    [problem] = turn.errors
+    assert problem.reason.startswith("invalid tool name")
+    assert problem.reason.endswith("@ name")
+
+
+def test_qwen3_coder_function_name_without_its_closing_bracket_is_a_problem() -> None:
+    text = "<tool_call>\n<function=bad_func_no_gt\n</function>\n</tool_call>"
+    turn = Qwen3CoderParser().parse(text)
+    assert turn.calls == ()
+    assert reasons(turn) == ["expected '>' after the function name @ name"]
+    jinja = "<tool_call>\n<function={{ x }}>\n</function>\n</tool_call>"
+    assert reasons(Qwen3CoderParser().parse(jinja))[0].startswith("invalid tool name '{{ x }}'")
+
+
+def test_qwen3_coder_keeps_a_literal_inner_call_in_a_value_and_runs_only_the_real_one() -> None:
+    inner = "<tool_call>\n<function=bash>\n<parameter=command>\nrm -rf /\n</parameter>\n</function>"
+    text = (
+        "<tool_call>\n<function=write_file>\n<parameter=path>\nnotes.md\n</parameter>\n"
+        f"<parameter=content>\nExample:\n{inner}\n</tool_call>\nEnd.\n</parameter>\n"
+        "</function>\n</tool_call>"
+    )
+    spec = ToolSpec(
+        name="write_file",
+        parameters={
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+        },
+    )
+    turn = Qwen3CoderParser().parse(text, tools=[spec, BASH])
+    assert turn.errors == ()
+    assert turn.calls == (
+        call(
+            0,
+            "write_file",
+            {"path": "notes.md", "content": f"Example:\n{inner}\n</tool_call>\nEnd."},
+        ),
+    )
+
+
+def test_qwen3_coder_types_values_through_pydantic_optional_and_refs() -> None:
+    spec = ToolSpec(
+        name="search",
+        parameters={
+            "type": "object",
+            "$defs": {"Filter": {"type": "object", "properties": {"lang": {"type": "string"}}}},
+            "properties": {
+                "limit": {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": 5},
+                "offset": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+                "filter": {"anyOf": [{"$ref": "#/$defs/Filter"}, {"type": "null"}]},
+            },
+        },
+    )
+    text = (
+        "<tool_call>\n<function=search>\n<parameter=limit>\n5\n</parameter>\n"
+        "<parameter=offset>\nNone\n</parameter>\n"
+        '<parameter=filter>\n{"lang": "en"}\n</parameter>\n</function>\n</tool_call>'
+    )
+    turn = Qwen3CoderParser().parse(text, tools=[spec])
+    assert turn.calls == (
+        call(0, "search", {"limit": 5, "offset": None, "filter": {"lang": "en"}}),
+    )
+
+
+def test_llama3_reads_calls_after_a_repeated_python_tag() -> None:
+    text = (
+        '<|python_tag|>{"name": "a", "parameters": {}}<|python_tag|>{"name": "b", "parameters": {}}'
+        '\nLet me also check.<|python_tag|>{"name": "c", "parameters": {"x": 1}}'
+    )
+    turn = Llama3JsonParser().parse(text)
+    assert [c.name for c in turn.calls] == ["a", "b", "c"]
+    assert turn.content == "Let me also check."
+
+
+def test_mistral_reads_the_array_after_stray_text_and_keeps_the_text_as_content() -> None:
+    text = '[TOOL_CALLS]  junk [{"name": "add", "arguments": {"a": 1}}] trail'
+    turn = MistralParser().parse(text)
+    assert turn.calls == (call(0, "add", {"a": 1}),)
+    assert turn.content == "junk\ntrail"
+    assert turn.errors == ()
+
+
+def test_deepseek_reports_a_calls_block_cut_off_before_its_first_call() -> None:
+    text = f"Let me look that up.{DS_CALLS_BEGIN}get_weather"
+    turn = get_parser("deepseek_v31").parse(text)
+    assert turn.calls == ()
+    [problem] = turn.errors
+    assert problem.reason == "truncated call @ call"
+    assert problem.raw == f"{DS_CALLS_BEGIN}get_weather"
+    assert turn.content == "Let me look that up."
+
+
+# ------------------------------------------------------------------------- kimi_k2, glm45, pythonic
+
+
+def test_kimi_k2_render_writes_the_template_form() -> None:
+    calls = [call(0, "bash", {"command": "ls"}), call(1, "read_file", {"path": "a"})]
+    assert get_parser("kimi_k2").render(calls, content="Ok.") == (
+        "Ok.<|tool_calls_section_begin|>"
+        '<|tool_call_begin|>functions.bash:0<|tool_call_argument_begin|>{"command": "ls"}'
+        "<|tool_call_end|>"
+        '<|tool_call_begin|>functions.read_file:1<|tool_call_argument_begin|>{"path": "a"}'
+        "<|tool_call_end|><|tool_calls_section_end|>"
+    )
+
+
+def test_glm45_render_writes_the_template_form_and_types_values_by_schema() -> None:
+    calls = [call(0, "read_file", {"path": "a b", "offset": 3, "follow": True})]
+    text = get_parser("glm45").render(calls, content="Reading.")
+    assert text == (
+        "Reading.\n<tool_call>read_file\n"
+        "<arg_key>path</arg_key>\n<arg_value>a b</arg_value>\n"
+        "<arg_key>offset</arg_key>\n<arg_value>3</arg_value>\n"
+        "<arg_key>follow</arg_key>\n<arg_value>true</arg_value>\n</tool_call>"
+    )
+    assert get_parser("glm45").parse(text, tools=TOOLS).calls == tuple(calls)
+    untyped = get_parser("glm45").parse(text).calls[0].arguments
+    assert untyped == {"path": "a b", "offset": "3", "follow": "true"}
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ("<tool_call>bash\n<arg_key>command</arg_key>\n<arg_value>ls", "truncated call @ "),
+        ("<tool_call>bash\n<arg_key>command</arg_key>\nls\n</tool_call>", "missing <arg_value>"),
+        (
+            "<tool_call>bash\n<arg_key>command</arg_key>\n<arg_value>a</arg_value>\n"
+            "<arg_key>command</arg_key>\n<arg_value>b</arg_value>\n</tool_call>",
+            "repeated parameter @ arguments.command",
+        ),
+        ("<tool_call>bash\nhello\n</tool_call>", "unexpected text 'hello\\n' @ arguments"),
+        ("<tool_call>\n</tool_call>", "missing name @ name"),
+    ],
+)
+def test_glm45_names_the_part_at_fault(body: str, reason: str) -> None:
+    turn = get_parser("glm45").parse(body)
+    assert turn.calls == ()
+    [problem] = turn.errors
+    assert problem.reason.startswith(reason)
+
+
+def test_pythonic_reads_only_literals_and_names_the_argument_at_fault() -> None:
+    text = "[a(x=os.system('rm -rf /')), b(x={1, 2}), c(1), d(**{'x': 1}), e(y=-2.5, z=(1, 'a'))]"
+    turn = get_parser("pythonic").parse(text)
+    assert reasons(turn) == [
+        "expected a literal, got Call @ arguments.x",
+        "expected a literal, got Set @ arguments.x",
+        "positional arguments are not allowed @ arguments",
+        "**arguments are not allowed @ arguments",
+    ]
+    assert turn.calls == (call(4, "e", {"y": -2.5, "z": [1, "a"]}),)
+    assert [p.raw for p in turn.errors][:1] == ["a(x=os.system('rm -rf /'))"]
+
+
+def test_pythonic_keeps_prose_and_reads_a_list_that_starts_a_line() -> None:
+    parser = get_parser("pythonic")
+    assert parser.parse("Use [f(x=1)] like this.") == ParsedTurn(content="Use [f(x=1)] like this.")
+    turn = parser.parse("I'll call it.\n[f(x=1), g.h(y='é')]")
+    assert turn.content == "I'll call it."
+    assert turn.calls == (call(0, "f", {"x": 1}), call(1, "g.h", {"y": "é"}))
+    assert reasons(parser.parse("[f(x=1), g(y=")) == ["truncated call @ call"]
+
+
+def test_llama4_pythonic_render_wraps_the_list_in_its_tags() -> None:
+    calls = [call(0, "f", {"x": [1, None, True], "y": {"k": "v"}})]
+    text = get_parser("llama4_pythonic").render(calls)
+    assert text == "<|python_start|>[f(x=[1, None, True], y={'k': 'v'})]<|python_end|>"
+    assert get_parser("llama4_pythonic").parse(text).calls == tuple(calls)

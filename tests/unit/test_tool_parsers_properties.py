@@ -28,6 +28,11 @@ DS_SEP = "<\uff5ctool\u2581sep\uff5c>"
 
 PARSERS: dict[str, ToolCallParser] = {name: get_parser(name) for name in PARSER_NAMES}
 PARSERS["mistral_array"] = MistralParser(render_style="array")
+# Python call lists need identifier names and keys: their round trips are in
+# test_tool_parsers_properties_families.py.
+ROUND_TRIPS = [name for name in PARSERS if name not in ("pythonic", "llama4_pythonic")]
+# Families whose values are text on the wire: only a spec gives them back their JSON types.
+TEXT_VALUES = ("qwen3_coder", "seed_oss", "glm45")
 
 # ------------------------------------------------------------------------------------ strategies
 
@@ -128,14 +133,13 @@ def assert_indexes_consistent(turn: ParsedTurn, id_prefix: str = "call") -> None
 # -------------------------------------------------------------------------------- round trips
 
 
-@pytest.mark.parametrize("parser_name", list(PARSERS))
+@pytest.mark.parametrize("parser_name", ROUND_TRIPS)
 @given(calls=call_lists(free_text()), content=free_text("<[{"), with_tools=st.booleans())
 def test_render_then_parse_gives_the_calls_back(
     parser_name: str, calls: list[ToolCall], content: str, with_tools: bool
 ) -> None:
     parser = PARSERS[parser_name]
-    # Qwen3-Coder values are text on the wire: only a spec gives them back their JSON types.
-    tools = specs_for(calls) if with_tools or parser_name == "qwen3_coder" else None
+    tools = specs_for(calls) if with_tools or parser_name in TEXT_VALUES else None
     turn = parser.parse(parser.render(calls, content=content), tools=tools)
     assert exact(turn.calls) == exact(calls)
     assert turn.errors == ()
@@ -143,7 +147,7 @@ def test_render_then_parse_gives_the_calls_back(
     assert turn.reasoning is None
 
 
-@pytest.mark.parametrize("parser_name", list(PARSERS))
+@pytest.mark.parametrize("parser_name", ROUND_TRIPS)
 @given(calls=call_lists(free_text()), reasoning=free_text().filter(lambda s: s.strip() != ""))
 def test_a_think_block_before_the_calls_becomes_reasoning(
     parser_name: str, calls: list[ToolCall], reasoning: str
@@ -217,7 +221,12 @@ def _hermes_piece(c: ToolCall) -> tuple[str, int, int]:
 
 
 def _qwen_piece(c: ToolCall) -> tuple[str, int, int]:
+    # Markup inside a value is text (vLLM's rule), so a value cut off by the next call would
+    # swallow that call: cuts here stop before the first value. Cuts inside values are covered
+    # for the last call by test_qwen3_coder_call_cut_anywhere_at_the_end_is_one_problem.
     text = PARSERS["qwen3_coder"].render([c])
+    if "<parameter=" in text:
+        return text, len("<tool_call>"), text.index(">", text.index("<parameter=")) - 1
     return text, len("<tool_call>"), text.index("</function>") + len("</function>") - 1
 
 

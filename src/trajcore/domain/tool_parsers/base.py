@@ -14,6 +14,9 @@ only in their markup; the rules they keep are the same, and live here:
   (``truncated JSON @ arguments``, ``unknown tool 'x' @ name``, ``expected integer, got string @
   arguments.count``). Nothing the model attempted is dropped and nothing raises: JSON faults,
   recursion limits and the ``ToolCall`` validators are all turned into problems.
+- A call's name must be a tool name: 1-64 characters of ``[A-Za-z0-9_.-]`` (``TOOL_NAME``, the
+  rule ``ToolSpec`` keeps), with or without a tool list. Anything else (a name that swallowed
+  markup, a Jinja placeholder the model copied) is a problem ``invalid tool name ... @ name``.
 - Scanning is linear. Markup is found with ``str.find`` from a moving position, and the next
   occurrence of a marker is remembered (``Marker``) so that a text full of openers and no closers
   costs one pass, not one pass per opener. The few regular expressions have no nested or
@@ -34,6 +37,7 @@ from trajcore.domain.messages import JSON, JSONObject, ToolCall, ToolSpec, json_
 from trajcore.domain.turns import ParsedTurn, ParseProblem
 
 __all__ = [
+    "TOOL_NAME",
     "Block",
     "JSONFault",
     "Marker",
@@ -47,9 +51,13 @@ __all__ = [
     "load_json_prefix",
     "name_in_broken_json",
     "scan_blocks",
+    "section_text",
     "split_reasoning",
     "value_extent",
 ]
+
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+"""What a tool call's name must fully match (the rule ``ToolSpec.name`` keeps)."""
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -324,6 +332,31 @@ def scan_blocks(
             pos = limit
 
 
+def section_text(
+    builder: TurnBuilder, segment: str, *, begin: str, end: str, call_begin: str, last: bool
+) -> str:
+    """The content of a plain segment of a family whose calls sit in a ``begin ... end`` section.
+
+    The section markers are removed. In the last segment of the text, a section that holds text
+    but no ``call_begin`` is one problem: ``truncated call @ call`` when the text ends inside
+    it, ``missing <call_begin> @ call`` when it is closed; its text goes to the problem's
+    ``raw``, not to the content.
+    """
+    head, marker, tail = segment.partition(begin)
+    if not marker:
+        return segment.replace(end, "")
+    parts = [head.replace(end, "")]
+    for inner in tail.split(begin):
+        body, closer, after = inner.partition(end)
+        if last and body.strip():
+            reason = f"missing {call_begin} @ call" if closer else "truncated call @ call"
+            builder.refuse(begin + body + closer, reason)
+        else:
+            parts.append(body)
+        parts.append(after.replace(end, ""))
+    return "".join(parts)
+
+
 def join_content(segments: Sequence[str]) -> str:
     """The visible content: the segments around the calls, each stripped, joined by newlines."""
     return "\n".join(s for s in (segment.strip() for segment in segments) if s)
@@ -390,6 +423,9 @@ class TurnBuilder:
             self.refuse(raw, reason)
             return
         name = name.strip()
+        if not TOOL_NAME.fullmatch(name):
+            self.refuse(raw, f"invalid tool name {name[:80]!r} (1-64 of [A-Za-z0-9_.-]) @ name")
+            return
         if not isinstance(arguments, dict):
             got = json_type(arguments)
             self.refuse(raw, f"expected a JSON object, got {got} @ {arguments_key}", name=name)

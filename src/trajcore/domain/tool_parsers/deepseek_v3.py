@@ -22,6 +22,10 @@ Rules this parser keeps, beyond those in ``base``:
 - Each ``<|tool_call_begin|>`` opens one attempted call, which ends at its ``<|tool_call_end|>``,
   or, cut off, at the next call, at ``<|tool_calls_end|>`` or at the end of the text. The
   ``calls begin/end`` wrapper is removed from the content wherever it stands.
+- A ``<|tool_calls_begin|>`` after which no call opens, with text inside it, is one problem:
+  ``truncated call @ call`` when the text ends there (generation was cut off), ``missing
+  <|tool_call_begin|> @ call`` when the block is closed. Its markers and text are in the
+  problem's ``raw``, never silently in the content.
 - A call is V3 when the part before ``<|tool_sep|>`` is ``function`` and the part after does
   not start with ``{``: the name is the first line after the separator and the arguments are the
   fenced JSON (a missing closing fence is tolerated when the JSON is complete). Otherwise it is
@@ -44,6 +48,7 @@ from trajcore.domain.tool_parsers.base import (
     join_content,
     load_json,
     scan_blocks,
+    section_text,
     split_reasoning,
 )
 from trajcore.domain.turns import ParsedTurn
@@ -133,15 +138,22 @@ class DeepSeekV3Parser:
         """Parse one completion; see ``ToolCallParser.parse``. Never raises."""
         reasoning, rest = split_reasoning(text)
         builder = TurnBuilder.start(tools, id_prefix)
-        if CALL_BEGIN not in rest:
-            content = rest.replace(CALLS_BEGIN, "").replace(CALLS_END, "")
-            return builder.turn(content=content.strip(), reasoning=reasoning)
+        pieces = scan_blocks(rest, CALL_BEGIN, CALL_END, also_ends=(CALLS_END,))
         segments: list[str] = []
-        for piece in scan_blocks(rest, CALL_BEGIN, CALL_END, also_ends=(CALLS_END,)):
+        for i, piece in enumerate(pieces):
             if isinstance(piece, Block):
                 read_call(builder, piece)
             else:
-                segments.append(piece.replace(CALLS_BEGIN, "").replace(CALLS_END, ""))
+                segments.append(
+                    section_text(
+                        builder,
+                        piece,
+                        begin=CALLS_BEGIN,
+                        end=CALLS_END,
+                        call_begin=CALL_BEGIN,
+                        last=i == len(pieces) - 1,
+                    )
+                )
         return builder.turn(content=join_content(segments), reasoning=reasoning)
 
     def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:

@@ -12,9 +12,11 @@ Rules this parser keeps, beyond those in ``base``:
 - Each ``<tool_call>`` opens one attempted call. A call the model did not close (it ran out of
   tokens, or opened the next call first) ends at the next ``<tool_call>`` or at the end of the
   text; its JSON is accepted when complete and reported as truncated when not.
-- The body must be one JSON object with a string ``name`` and an object ``arguments``. A missing
-  ``arguments`` means no arguments (``{}``); arguments given as a string are refused, not
-  decoded, so a model that writes them that way learns from the error.
+- The body must be one JSON object with a string ``name`` and an object ``arguments``. Models
+  trained on Llama-style data write ``parameters`` instead; without an ``arguments`` key,
+  ``parameters`` is read as the arguments (as ``llama3_json`` does). With neither key the call
+  has no arguments (``{}``). Arguments given as a string are refused, not decoded, so a model
+  that writes them that way learns from the error.
 - The scan is ``str.find`` over the text and one ``json`` decode per call: the speed target for
   this parser is 10 MB/s of model text on a small machine.
 """
@@ -66,6 +68,8 @@ def read_json_call(
     if not isinstance(value, dict):
         builder.refuse(raw, f"expected a JSON object, got {json_type(value)} @ call")
         return
+    if arguments_key not in value and "parameters" in value:
+        arguments_key = "parameters"
     builder.accept(
         raw, value.get("name"), value.get(arguments_key, {}), arguments_key=arguments_key
     )
@@ -73,11 +77,18 @@ def read_json_call(
 
 @attrs.frozen
 class HermesParser:
-    """Parser for ``<tool_call>{json}</tool_call>`` (Hermes, Qwen2.5, Qwen3)."""
+    """Parser for ``<tool_call>{json}</tool_call>`` (Hermes, Qwen2.5, Qwen3).
+
+    Attributes:
+        family: The registry name it answers to: ``hermes``, or ``qwen`` (the same format under
+            the name the seed environments use).
+    """
+
+    family: str = attrs.field(default="hermes", validator=attrs.validators.in_(("hermes", "qwen")))
 
     @property
     def name(self) -> str:
-        return "hermes"
+        return self.family
 
     def parse(
         self, text: str, *, tools: Sequence[ToolSpec] | None = None, id_prefix: str = "call"

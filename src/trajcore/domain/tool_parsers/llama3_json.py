@@ -15,8 +15,10 @@ Rules this parser keeps, beyond those in ``base``:
   where its brackets balance, at a ``;`` outside its strings, or at the end of the text, and is
   truncated when it stops inside a string, object or array, invalid otherwise. A piece that does
   not start with ``{`` runs to the next ``;`` and is one problem too.
-- Objects written back to back without ``;`` are read as separate calls too. Text after the last
-  call that is neither ``;`` nor ``{`` is content.
+- Objects written back to back without ``;`` are read as separate calls too, and so are calls
+  after a repeated ``<|python_tag|>`` (some models write one tag per call). Text after the last
+  call that is neither ``;``, ``{`` nor a tag is content; a later ``<|python_tag|>`` in it
+  starts calls again, so a call is never left in the content.
 """
 
 from __future__ import annotations
@@ -56,13 +58,16 @@ def _skip_space(text: str, pos: int) -> int:
     return pos
 
 
-def read_calls(builder: TurnBuilder, text: str, start: int) -> str:
-    """Read the ``;``-separated calls of ``text`` from ``start``; return trailing content."""
+def read_calls(builder: TurnBuilder, text: str, start: int) -> int:
+    """Read the ``;``-separated calls of ``text`` from ``start``; return where content resumes."""
     pos = start
     while True:
         pos = _skip_space(text, pos)
         if pos >= len(text):
-            return ""
+            return len(text)
+        if text.startswith(PYTHON_TAG, pos):
+            pos += len(PYTHON_TAG)
+            continue
         if text[pos] != "{":
             found = text.find(SEPARATOR, pos)
             end = len(text) if found < 0 else found
@@ -85,8 +90,8 @@ def read_calls(builder: TurnBuilder, text: str, start: int) -> str:
         pos = _skip_space(text, end)
         if text.startswith(SEPARATOR, pos):
             pos += len(SEPARATOR)
-        elif not text.startswith("{", pos):
-            return text[pos:]
+        elif not text.startswith(("{", PYTHON_TAG), pos):
+            return pos
 
 
 def _key_in_text(piece: str) -> str:
@@ -114,8 +119,16 @@ class Llama3JsonParser:
             before, start = "", 0
         else:
             return builder.turn(content=rest.strip(), reasoning=reasoning)
-        after = read_calls(builder, rest, start)
-        return builder.turn(content=join_content([before, after]), reasoning=reasoning)
+        content = [before]
+        while True:
+            resume = read_calls(builder, rest, start)
+            tag = rest.find(PYTHON_TAG, resume)
+            if tag < 0:
+                content.append(rest[resume:])
+                break
+            content.append(rest[resume:tag])
+            start = tag + len(PYTHON_TAG)
+        return builder.turn(content=join_content(content), reasoning=reasoning)
 
     def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:
         """``content``, then ``<|python_tag|>`` and the calls joined by ``"; "``.

@@ -16,6 +16,9 @@ Rules this parser keeps, beyond those in ``base``:
   single ``name[ARGS]{json}`` call. A ``[CALL_ID]id`` after the name is skipped (ids here are
   deterministic). When the tokenizer dropped ``[ARGS]`` while decoding, ``name{json}`` is read
   the same way.
+- A segment whose text, before any ``[ARGS]`` or ``{``, holds a JSON array of objects (``[{``)
+  is the array form with stray text around it: the array is the calls, and the text before
+  and after it is content (never a call named after that text).
 - In an array, elements are read one at a time, so the complete calls before a cut-off element
   are kept and the cut-off one is one problem.
 - Reasoning is ``[THINK]...[/THINK]`` when the text has ``[/THINK]`` or ``[THINK]``, else
@@ -26,6 +29,7 @@ Rules this parser keeps, beyond those in ``base``:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Literal
 
@@ -33,6 +37,7 @@ import attrs
 
 from trajcore.domain.messages import ToolCall, ToolSpec
 from trajcore.domain.tool_parsers.base import (
+    TOOL_NAME,
     JSONFault,
     TurnBuilder,
     fault_part,
@@ -52,6 +57,19 @@ ARGS = "[ARGS]"
 CALL_ID = "[CALL_ID]"
 THINK = "[THINK]"
 THINK_END = "[/THINK]"
+
+_ARRAY_OF_OBJECTS = re.compile(r"\[\s*\{")
+
+
+def _late_array(segment: str) -> int:
+    """Where a ``[{...`` array starts after stray text, before any ``[ARGS]`` or ``{``; or -1."""
+    found = _ARRAY_OF_OBJECTS.search(segment)
+    if found is None:
+        return -1
+    start = found.start()
+    if "{" in segment[:start] or ARGS in segment[:start]:
+        return -1
+    return start
 
 
 def _skip_space(text: str, pos: int) -> int:
@@ -113,6 +131,9 @@ def read_named_call(builder: TurnBuilder, segment: str, *, last: bool) -> str:
         reason = "truncated call @ name" if last and not segment.strip() else "missing name @ name"
         builder.refuse(raw, reason)
         return ""
+    if not TOOL_NAME.fullmatch(name):
+        builder.refuse(raw, f"invalid tool name {name[:80]!r} (1-64 of [A-Za-z0-9_.-]) @ name")
+        return ""
     pos = _skip_space(segment, args_start)
     if pos >= len(segment):
         reason = "truncated call @ arguments" if last else "missing arguments @ arguments"
@@ -162,6 +183,9 @@ class MistralParser:
             start = _skip_space(segment, 0)
             if segment.startswith("[", start) and not segment.startswith((ARGS, CALL_ID), start):
                 content.append(read_array(builder, segment, start))
+            elif (array := _late_array(segment)) >= 0:
+                content.append(segment[:array])
+                content.append(read_array(builder, segment, array))
             else:
                 content.append(read_named_call(builder, segment, last=i == len(segments) - 1))
         return builder.turn(content=join_content(content), reasoning=reasoning)
