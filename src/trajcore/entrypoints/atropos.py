@@ -90,6 +90,7 @@ from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[im
 )
 from pydantic import Field, ValidationError, field_validator
 
+from trajcore.adapters.generation_config import generation_stop_ids
 from trajcore.adapters.llm.atropos import (
     ServerManagerChatServer,
     ServerManagerTokenServer,
@@ -949,7 +950,11 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
         if self._template is None:
             tokenizer = self.tokenizer_port()
             eos = tokenizer.eos_token_id
-            self._template = ChatTemplate.learn(tokenizer, turn_stops=() if eos is None else {eos})
+            # Every id that ends generation: the tokenizer's and the generation config's list.
+            stops = generation_stop_ids(Path(str(self.config.tokenizer_name)))
+            self._template = ChatTemplate.learn(
+                tokenizer, turn_stops=stops if eos is None else {eos, *stops}
+            )
         return self._template
 
     def make_policy(
