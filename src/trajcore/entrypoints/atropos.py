@@ -796,9 +796,11 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
     ) -> float:
         """Check the work in the very slot the model used, and return a finite score.
 
-        Runs only when the trajectory ended healthy and the model produced something. A
-        ``TrajcoreError`` raised here (e.g. ``ToolServerError`` from ``tools.read_file``) marks
-        the member as an infrastructure failure, never as a zero: catch what you mean as 0.
+        Runs only when the trajectory ended healthy and the model produced something. Verify
+        with ``tools.check``/``tools.run``, which raise ``SlotInfraError`` when the slot cannot
+        answer. A ``TrajcoreError`` raised here (``SlotInfraError``, or ``SlotFileError`` from
+        ``tools.read_file``) marks the member as an infrastructure failure, never as a zero:
+        catch what you mean as 0 (a ``SlotFileError`` for a file the model did not write).
         """
 
     async def eval_items(self) -> Sequence[ItemT]:
