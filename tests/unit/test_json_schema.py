@@ -300,6 +300,52 @@ def test_a_bad_schema_is_refused_when_the_tool_is_built(
     assert "must be of type 'object'" in reason or "'tool'" in info.value.reason
 
 
+@pytest.mark.parametrize(
+    ("parameters", "field", "reason"),
+    [
+        (
+            {"type": "object", "properties": {"a": {"type": "string", "maxLenght": 3}}},
+            "parameters.properties.a.maxLenght",
+            "not a keyword",
+        ),
+        (
+            {"type": "object", "properties": {"default": {"$ref": "https://x.org/s"}}},
+            "parameters.properties.default.$ref",
+            "leaves the schema",
+        ),
+        (
+            {"type": "object", "$defs": {"a": {"$id": "https://x.org/a", "type": "string"}}},
+            "parameters.$defs.a.$id",
+            "own '$id'",
+        ),
+    ],
+)
+def test_what_would_be_ignored_is_refused_when_the_tool_is_built(
+    parameters: JSONObject, field: str, reason: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        _spec(parameters)
+    assert info.value.field == field
+    assert reason in info.value.reason
+
+
+def test_data_that_looks_like_keywords_is_data() -> None:
+    # A property named like a keyword is a schema; a default or an enum value is data.
+    spec = _spec(
+        {
+            "type": "object",
+            "properties": {
+                "format": {"type": "string", "default": "uri-template"},
+                "$ref": {"type": "object", "default": {"$ref": "https://x.org/s"}},
+                "mode": {"enum": [{"format": "iri"}]},
+            },
+            "x-origin": "mcp",
+        }
+    )
+    assert _problems(spec, {"format": "x", "$ref": {}, "mode": {"format": "iri"}}) == []
+    assert _problems(spec, {"format": 1}) == ["expected string, got integer @ $.format"]
+
+
 def test_non_standard_formats_are_annotations_and_the_standard_ones_are_asserted() -> None:
     spec = _spec({"type": "object", "properties": {"p": {"type": "string", "format": "password"}}})
     assert _problems(spec, {"p": "anything"}) == []

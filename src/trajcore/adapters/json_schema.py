@@ -10,6 +10,9 @@
 - Every keyword of the draft is enforced, ``format`` included for the formats listed in
   ``ASSERTED_FORMATS``. A standard format that cannot be asserted here is refused at build;
   a format outside the standard vocabulary is an annotation, as the specification says.
+- A key that is no keyword of the draft (``maxLenght``) is refused at build, where the
+  specification would let it pass as an annotation that nothing enforces; extensions are named
+  ``x-...``. Annotations (``title``, ``default``, ...) and pydantic's ``discriminator`` pass.
 - Nothing is ever fetched. A ``$ref`` outside the schema (anything but ``#...``) is refused at
   build, every ``#...`` reference must resolve then, and the validator's registry refuses to
   retrieve any URI, so no later lookup can reach the network or the disk.
@@ -109,46 +112,85 @@ def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _walk(
-    schema: object, path: tuple[object, ...] = ()
-) -> Iterator[tuple[tuple[object, ...], str, object]]:
-    """Every ``(path, key, value)`` of every object in ``schema``."""
-    if isinstance(schema, dict):
-        for key, value in schema.items():
-            yield path, key, value
-            yield from _walk(value, (*path, key))
-    elif isinstance(schema, list):
-        for i, value in enumerate(schema):
-            yield from _walk(value, (*path, i))
+# Keywords that hold one subschema, a map of them, or a list of them (any draft).
+_ONE_SCHEMA = frozenset(
+    {
+        "additionalProperties", "contains", "propertyNames", "not", "if", "then", "else",
+        "unevaluatedItems", "unevaluatedProperties", "additionalItems", "contentSchema",
+    }
+)  # fmt: skip
+_SCHEMA_MAP = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+_SCHEMA_LIST = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+# Keywords no validator asserts but the specification defines (core, annotations, content),
+# applicator partners that live under another keyword's implementation, and pydantic's
+# ``discriminator`` (OpenAPI's, emitted beside ``oneOf``; the ``oneOf`` itself is enforced).
+_NOT_ASSERTED = frozenset(
+    {
+        "$schema", "$id", "$anchor", "$dynamicAnchor", "$vocabulary", "$comment", "$defs",
+        "definitions", "title", "description", "default", "examples", "deprecated", "readOnly",
+        "writeOnly", "contentMediaType", "contentEncoding", "contentSchema", "then", "else",
+        "minContains", "maxContains", "discriminator",
+    }
+)  # fmt: skip
 
 
-def _check_references_and_formats(tool: str, schema: JSONObject) -> None:
+def _subschemas(
+    schema: JSONObject, path: tuple[object, ...] = ()
+) -> Iterator[tuple[tuple[object, ...], JSONObject]]:
+    """``schema`` and every subschema in it, by keyword (values of ``enum``, ``const``,
+    ``default`` and ``examples`` are data, not schemas), each with its path."""
+    yield path, schema
+    for key, value in schema.items():
+        if isinstance(value, dict) and (key in _ONE_SCHEMA or key == "items"):
+            yield from _subschemas(value, (*path, key))
+        elif isinstance(value, dict) and key in (*_SCHEMA_MAP, "dependentSchemas", "dependencies"):
+            for name, sub in value.items():
+                if isinstance(sub, dict):
+                    yield from _subschemas(sub, (*path, key, name))
+        elif isinstance(value, list) and (key in _SCHEMA_LIST or key == "items"):
+            for i, sub in enumerate(value):
+                if isinstance(sub, dict):
+                    yield from _subschemas(sub, (*path, key, i))
+
+
+def _check_keywords(tool: str, schema: JSONObject, known: frozenset[str]) -> None:
+    """Refuse what would be silently ignored or fetched: an unknown (misspelt) keyword, a
+    reference that leaves the schema or does not resolve, a format that cannot be asserted."""
     resolver = _REGISTRY.resolver_with_root(Resource.from_contents(schema, DRAFT202012))
-    nested_ids = any(key == "$id" and path for path, key, _ in _walk(schema))
-    for path, key, value in _walk(schema):
-        if not isinstance(value, str):
-            continue
-        where = _schema_path((*path, key))
-        if key in ("$ref", "$dynamicRef"):
-            if not value.startswith("#"):
+    for path, sub in _subschemas(schema):
+        for key, value in sub.items():
+            where = _schema_path((*path, key))
+            if key not in known and key not in _NOT_ASSERTED and not key.startswith("x-"):
                 raise ConfigError(
                     where,
-                    f"tool {tool!r}: reference {value!r} leaves the schema; only references "
-                    "inside it ('#...') are resolved, nothing is fetched",
+                    f"tool {tool!r}: {key!r} is not a keyword of this JSON Schema draft, so "
+                    "nothing would enforce it (misspelt? extensions are named 'x-...')",
                 )
-            if not nested_ids:
+            if key == "$id" and path:
+                raise ConfigError(
+                    where,
+                    f"tool {tool!r}: a subschema with its own '$id' is not supported; keep one "
+                    "document with '$defs' and '#/...' references",
+                )
+            if key in ("$ref", "$dynamicRef") and isinstance(value, str):
+                if not value.startswith("#"):
+                    raise ConfigError(
+                        where,
+                        f"tool {tool!r}: reference {value!r} leaves the schema; only references "
+                        "inside it ('#...') are resolved, nothing is fetched",
+                    )
                 try:
                     resolver.lookup(value)
                 except Unresolvable:
                     raise ConfigError(
                         where, f"tool {tool!r}: reference {value!r} does not resolve"
                     ) from None
-        elif key == "format" and value in _STANDARD_FORMATS and value not in ASSERTED_FORMATS:
-            raise ConfigError(
-                where,
-                f"tool {tool!r}: format {value!r} cannot be enforced here; asserted formats "
-                f"are {sorted(ASSERTED_FORMATS)}",
-            )
+            if key == "format" and value in _STANDARD_FORMATS and value not in ASSERTED_FORMATS:
+                raise ConfigError(
+                    where,
+                    f"tool {tool!r}: format {value!r} cannot be enforced here; asserted formats "
+                    f"are {sorted(ASSERTED_FORMATS)}",
+                )
 
 
 def _types(value: object) -> list[str]:
@@ -303,5 +345,5 @@ class JSONSchemaValidator:
                 _schema_path(exc.absolute_path),
                 f"tool {tool!r}: not a valid JSON Schema: {_short(exc.message)}",
             ) from None
-        _check_references_and_formats(tool, schema)
+        _check_keywords(tool, schema, frozenset(cls.VALIDATORS))
         return _Check(cls(schema, registry=_REGISTRY, format_checker=_FORMATS))
