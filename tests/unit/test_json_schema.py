@@ -450,3 +450,64 @@ def test_mutated_arguments_fail_with_the_path_of_the_mutation(
     assert all(
         p.path == f"$.{key}" or p.path.startswith((f"$.{key}.", f"$.{key}[")) for p in problems
     )
+
+
+# Schemas inside the built-in checker's subset, to drive both checkers in lockstep.
+_subset_leaf = st.sampled_from(
+    [
+        {"type": "string"},
+        {"type": "integer"},
+        {"type": "number"},
+        {"type": "boolean"},
+        {"type": "null"},
+        {"type": ["string", "null"]},
+        {"enum": [1, "a", True, None]},
+        {"enum": [1, "a"]},
+        {"enum": [False, [0]]},
+        {"enum": [0.0]},
+        {"type": "integer", "enum": [0, 1]},
+        {"type": "array", "items": {"type": "integer"}},
+    ]
+)
+_subset_schemas = st.recursive(
+    _subset_leaf,
+    lambda inner: st.builds(
+        lambda props, required, extra: {
+            "type": "object",
+            "properties": props,
+            "required": sorted(required & set(props)),
+            "additionalProperties": extra,
+        },
+        st.dictionaries(st.sampled_from(["a", "b", "c"]), inner, max_size=3),
+        st.sets(st.sampled_from(["a", "b", "c"])),
+        st.sampled_from([True, False, {"type": "string"}]),
+    ),
+    max_leaves=6,
+)
+_argument_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-2, 2)
+    | st.sampled_from([0.0, 1.0, 1.5])
+    | st.sampled_from(["", "a"]),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), inner, max_size=4)
+    ),
+    max_leaves=8,
+)
+
+
+@given(
+    st.dictionaries(st.sampled_from(["a", "b", "c"]), _subset_schemas, min_size=1, max_size=3),
+    st.data(),
+)
+def test_the_builtin_checker_agrees_with_full_json_schema_on_its_subset(
+    properties: JSONObject, data: st.DataObject
+) -> None:
+    keys = data.draw(st.lists(st.sampled_from([*properties, "d"]), unique=True))
+    arguments: JSONObject = {key: data.draw(_argument_values) for key in keys}
+    parameters: JSONObject = {"type": "object", "properties": properties}
+    builtin = ToolSpec(name="t", parameters=parameters)
+    full = _spec(parameters)
+    assert bool(builtin.validate_arguments(arguments)) == bool(full.validate_arguments(arguments))

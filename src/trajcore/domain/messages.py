@@ -375,6 +375,19 @@ def _type_matches(value: object, kind: str) -> bool:
     return isinstance(value, _SCHEMA_TYPES[kind])
 
 
+def _json_equal(a: object, b: object) -> bool:
+    """JSON Schema's equality: ``true`` is not ``1``, ``1`` is ``1.0``, containers deeply."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a is b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list | dict) or isinstance(b, list | dict):
+        return False
+    return a == b
+
+
 def _builtin_schema(tool: str, schema: object, path: str) -> None:
     """Raise ``ConfigError`` unless the built-in checker enforces every keyword of ``schema``."""
     if not isinstance(schema, dict):
@@ -424,7 +437,7 @@ def _builtin_problems(
         expected = " or ".join(str(k) for k in kinds)
         return [ArgumentProblem(path=path, reason=f"expected {expected}, got {json_type(value)}")]
     enum_values = schema.get("enum")
-    if isinstance(enum_values, list) and value not in enum_values:
+    if isinstance(enum_values, list) and not any(_json_equal(value, v) for v in enum_values):
         problems.append(ArgumentProblem(path=path, reason=f"must be one of {enum_values!r}"))
     if isinstance(value, dict):
         props = schema.get("properties")
