@@ -11,6 +11,9 @@ Run: ``.venv/bin/python -m bench.domain [--seconds 1.0]``
   block, prose, two shell calls) written in the family's own format by its ``render``; the
   families whose values are text (``qwen3_coder``, ``glm45``) get the tools' schemas, so their
   figure includes typing the values and checking them (``+schema``); MB/s of text.
+- **tool-argument validator**: check valid arguments of three typical tool calls (a shell
+  command, a file write, a pydantic-written search tool) against their schemas through
+  ``JSONSchemaValidator``, compiled once per tool; the floor is the same check hand-written.
 
 Each figure is printed with its target from the issue (100,000 ops/s; 10 MB/s) and with a floor
 measured in the same run: the same bookkeeping done with a bare dict and deque (planner, slot
@@ -26,8 +29,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from trajcore.adapters.json_schema import JSONSchemaValidator
 from trajcore.domain.batch_planner import BatchConfig, BatchPlanner
-from trajcore.domain.messages import ToolCall, ToolSpec
+from trajcore.domain.messages import JSONObject, ToolCall, ToolSpec
 from trajcore.domain.slot_book import SlotBook
 from trajcore.domain.slots import Lease, SlotCall, SlotId
 from trajcore.domain.tool_parsers import PARSER_NAMES, ToolCallParser, get_parser
@@ -236,6 +240,88 @@ def bench_parser_families(seconds: float) -> list[tuple[str, float, float, float
         name = f"{family} turn" + ("+schema" if tools else "")
         rows.append((name, _rate(parse, seconds) / 1e6, _rate(floor, seconds) / 1e6, 10.0, "MB/s"))
     return rows
+# Typical tool calls: a shell command, a file write, and a pydantic-written search tool (an
+# Optional through anyOf, an enum through $ref, bounds, a length limit, no extra properties).
+VALIDATOR_TOOLS: list[tuple[JSONObject, JSONObject]] = [
+    (
+        {
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "timeout": {"type": "number"}},
+            "required": ["command"],
+        },
+        {"command": "python -m pytest -x -q tests/test_app.py", "timeout": 30},
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "minLength": 1},
+                "content": {"type": "string"},
+                "append": {"type": "boolean"},
+            },
+            "required": ["path", "content"],
+        },
+        {"path": "src/app.py", "content": "def add(a, b):\n    return a + b\n"},
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "maxLength": 200},
+                "limit": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]},
+                "lang": {"$ref": "#/$defs/Lang"},
+            },
+            "required": ["query"],
+            "additionalProperties": False,
+            "$defs": {"Lang": {"enum": ["py", "rs", "go"], "type": "string"}},
+        },
+        {"query": "def parse_config", "limit": 5, "lang": "py"},
+    ),
+]
+
+
+def _floor_check(arguments: JSONObject) -> bool:
+    """The same three calls checked by hand-written Python: the floor of any validator."""
+    command = arguments.get("command")
+    if command is not None:
+        timeout = arguments.get("timeout")
+        return isinstance(command, str) and (
+            timeout is None or (isinstance(timeout, int | float) and not isinstance(timeout, bool))
+        )
+    path = arguments.get("path")
+    if path is not None:
+        return isinstance(path, str) and bool(path) and isinstance(arguments.get("content"), str)
+    query, limit = arguments.get("query"), arguments.get("limit")
+    return (
+        isinstance(query, str)
+        and len(query) <= 200
+        and (limit is None or (type(limit) is int and limit >= 1))
+        and arguments.get("lang", "py") in ("py", "rs", "go")
+        and not (arguments.keys() - {"query", "limit", "lang"})
+    )
+
+
+def bench_validator(seconds: float) -> tuple[float, float]:
+    """Validations per second of typical tool calls through ``JSONSchemaValidator``, compiled
+    once per tool, beside the hand-written floor."""
+    checks = [
+        (ToolSpec(name=f"t{i}", parameters=schema, validator=JSONSchemaValidator()), args)
+        for i, (schema, args) in enumerate(VALIDATOR_TOOLS)
+    ]
+
+    def validate() -> int:
+        for _ in range(100):
+            for spec, arguments in checks:
+                assert not spec.validate_arguments(arguments)
+        return 100 * len(checks)
+
+    def floor() -> int:
+        for _ in range(100):
+            for _, arguments in checks:
+                assert _floor_check(arguments)
+        return 100 * len(checks)
+
+    return _rate(validate, seconds), _rate(floor, seconds)
 
 
 def main() -> None:
@@ -247,6 +333,7 @@ def main() -> None:
         ("slot book lease+release", *bench_slot_book(args.seconds), 100_000.0, "ops/s"),
         ("hermes parser", *bench_parser(args.seconds), 10.0, "MB/s"),
         *bench_parser_families(args.seconds / 4),
+        ("tool-argument validator", *bench_validator(args.seconds), 100_000.0, "ops/s"),
     ]
     print(f"{'path':<26}{'measured':>17}{'floor':>19}{'of floor':>10}{'target':>16}  verdict")
     for name, measured, floor, target, unit in rows:

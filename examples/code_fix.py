@@ -28,7 +28,7 @@ from pathlib import Path
 
 import attrs
 
-from trajcore.domain.errors import ToolServerError
+from trajcore.domain.errors import SlotInfraError
 from trajcore.domain.messages import Message, ToolCall
 from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig
 from trajcore.rollout.tools import SlotTools
@@ -151,13 +151,12 @@ class CodeFixEnv(AgentEnv[CodeTask]):
         tests = " ".join(item.tests)
         # Bytecode caches from fresh, empty places: a stale .pyc in the workspace (written before
         # an edit within the same second that kept the file's size) must not stand in for it.
-        result = await tools.bash(
+        # check raises SlotInfraError when the slot cannot run pytest: a failure, never a 0.
+        passed = await tools.check(
             'PYTHONDONTWRITEBYTECODE=1 PYTHONPYCACHEPREFIX="$(mktemp -d)" '
             f"{await _pytest_env(tools)} -m pytest -q -p no:cacheprovider {tests}"
         )
-        if result.exec is None:
-            raise ToolServerError(f"pytest did not run: {result.content}")
-        return 1.0 if result.exec.exit_code == 0 else 0.0
+        return 1.0 if passed else 0.0
 
     async def eval_items(self) -> Sequence[CodeTask]:
         return TASKS
@@ -167,15 +166,15 @@ async def _pytest_env(tools: SlotTools) -> str:
     """How to call a Python that can import pytest in the slot (shipping pytest if need be).
 
     Raises:
-        ToolServerError: pytest could not be unpacked in the sandbox.
+        SlotInfraError: the slot could not run the commands, or pytest could not be unpacked
+            in the sandbox (the env's environment, not the model's work, is at fault).
     """
-    probe = await tools.bash(f"{SANDBOX_PYTHON} -c 'import pytest'")
-    if probe.exec is not None and probe.exec.exit_code == 0:
+    if await tools.check(f"{SANDBOX_PYTHON} -c 'import pytest'"):
         return SANDBOX_PYTHON
     await tools.write_file(".verify/pytest.b64", _pytest_archive())
-    unpacked = await tools.bash("cd .verify && base64 -d pytest.b64 | tar xzf -")
-    if unpacked.exec is None or unpacked.exec.exit_code != 0:
-        raise ToolServerError(f"cannot unpack pytest in the sandbox: {unpacked.content}")
+    unpacked = await tools.run("cd .verify && base64 -d pytest.b64 | tar xzf -")
+    if unpacked.exit_code != 0:
+        raise SlotInfraError(f"cannot unpack pytest in the sandbox: {unpacked.stderr}")
     return f"PYTHONPATH=.verify {SANDBOX_PYTHON}"
 
 

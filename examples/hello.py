@@ -19,8 +19,8 @@ class HelloEnv(AgentEnv[str]):
     async def verify_and_score(
         self, item: str, tools: SlotTools, messages: Sequence[Message]
     ) -> float:
-        result = await tools.bash(f'test "$(cat hello.txt)" = "{item}"')
-        return 1.0 if result.exec is not None and result.exec.exit_code == 0 else 0.0
+        # check: exit code 0 or not; a slot that cannot answer raises, so it is never a 0.
+        return 1.0 if await tools.check(f'test "$(cat hello.txt)" = "{item}"') else 0.0
 
 
 if __name__ == "__main__":

@@ -145,8 +145,8 @@ class ShellTasksEnv(AgentEnv[ShellTask]):
     async def verify_and_score(
         self, item: ShellTask, tools: SlotTools, messages: Sequence[Message]
     ) -> float:
-        result = await tools.bash(item.check)
-        return 1.0 if result.exec is not None and result.exec.exit_code == 0 else 0.0
+        # An infrastructure failure raises SlotInfraError: the member fails, it is never a 0.
+        return 1.0 if await tools.check(item.check) else 0.0
 
     async def eval_items(self) -> Sequence[ShellTask]:
         return TASKS

@@ -31,7 +31,7 @@ import pytest
 
 from trajcore.adapters.fakes.llm import FakeTokenServer
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
-from trajcore.domain.errors import ToolServerError
+from trajcore.domain.errors import SlotFileError
 from trajcore.domain.messages import Message, ToolCall
 from trajcore.domain.sampling import FinishReason, TokenCompletion
 from trajcore.domain.token_ledger import MASKED_LABEL
@@ -66,7 +66,7 @@ class RunApiEnv(AgentEnv[str]):
     ) -> float:
         try:
             return 1.0 if (await tools.read_file("done.txt")) == item else 0.0
-        except ToolServerError:
+        except SlotFileError:
             return 0.0
 
     def make_pool(self) -> AbstractAsyncContextManager[SandboxPool]:

@@ -16,7 +16,7 @@ from anyio import wait_all_tasks_blocked
 from trajcore.adapters.fakes.llm import FakeChatServer, FakeTokenServer, LLMFault
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.tool_server import ToolRegistry
-from trajcore.domain.errors import ConfigError, StateError, ToolServerError
+from trajcore.domain.errors import ConfigError, SlotFileError, StateError
 from trajcore.domain.groups import GroupStatus, TrajectoryStatus
 from trajcore.domain.messages import JSONObject, Message, ToolCall, ToolContext
 from trajcore.domain.sampling import FinishReason, TokenCompletion
@@ -61,7 +61,7 @@ class FileEnv(AgentEnv[str]):
     ) -> float:
         try:
             return 1.0 if (await tools.read_file("done.txt")) == item else 0.0
-        except ToolServerError:  # no such file
+        except SlotFileError:  # no such file
             return 0.0
 
     async def eval_items(self) -> Sequence[str]:

@@ -18,7 +18,7 @@ from tests.nomad_testbed import OPENAPI, SLOT_SERVER
 from trajcore.adapters.fakes.llm import FakeChatServer
 from trajcore.adapters.fakes.nomad_api import FakeNomadAPI
 from trajcore.adapters.sandbox.nomad_pool import NomadSandboxPool
-from trajcore.domain.errors import ConfigError, ToolServerError
+from trajcore.domain.errors import ConfigError, SlotFileError
 from trajcore.domain.groups import GroupStatus
 from trajcore.domain.messages import Message, ToolCall
 from trajcore.domain.sampling import ChatTurn, FinishReason
@@ -50,7 +50,7 @@ class DoneEnv(AgentEnv[str]):
     ) -> float:
         try:
             return 1.0 if (await tools.read_file("done.txt")) == item else 0.0
-        except ToolServerError:
+        except SlotFileError:
             return 0.0
 
 

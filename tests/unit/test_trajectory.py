@@ -14,7 +14,7 @@ from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.tokenizers import TransformersTokenizer
 from trajcore.domain.agent_loop import AgentLoopConfig, StopReason
 from trajcore.domain.batch_planner import BatchConfig
-from trajcore.domain.errors import ToolServerError
+from trajcore.domain.errors import SlotFileError
 from trajcore.domain.groups import GroupPolicy, GroupStatus, TrajectoryStatus
 from trajcore.domain.messages import Message, ToolCall, ToolOutcome
 from trajcore.domain.sampling import FinishReason, SamplingParams, TokenCompletion
@@ -61,7 +61,7 @@ async def _prepare(tools: SlotTools) -> None:
 async def _score(tools: SlotTools, messages: Sequence[Message]) -> float:
     try:
         return 1.0 if (await tools.read_file("done.txt")) == "ok" else 0.0
-    except ToolServerError:  # the file is missing
+    except SlotFileError:  # the file is missing
         return 0.0
 
 

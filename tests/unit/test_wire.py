@@ -77,10 +77,10 @@ def test_round_trip_through_json_text(
         ({"temperature": -1}, SamplingParams, "$.temperature", "must be in"),
         ({"max_tokens": True}, SamplingParams, "$.max_tokens", "expected an integer"),
         (
-            {"name": "x", "parameters": {"type": "object", "properties": {}, "required": ["q"]}},
+            {"name": "x", "parameters": {"type": "object", "properties": {}, "required": "q"}},
             ToolSpec,
             "$.parameters.required",
-            "undefined properties",
+            "not a valid JSON Schema",
         ),
         (
             {"call_id": "c", "name": "n", "outcome": "fine"},

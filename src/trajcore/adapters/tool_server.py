@@ -58,6 +58,7 @@ import anyio.to_thread
 import attrs
 import httpx
 
+from trajcore.adapters.json_schema import JSONSchemaValidator
 from trajcore.adapters.wire import structure, unstructure
 from trajcore.domain.errors import (
     ConfigError,
@@ -238,6 +239,7 @@ class ToolRegistry:
                 parameters=parameters
                 if parameters is not None
                 else {"type": "object", "properties": {}},
+                validator=JSONSchemaValidator(),
             )
             self.register(spec, handler)
             return handler

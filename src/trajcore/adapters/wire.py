@@ -27,8 +27,9 @@ import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 from cattrs.v import transform_error
 
+from trajcore.adapters.json_schema import JSONSchemaValidator
 from trajcore.domain.errors import InvalidInput, WireError
-from trajcore.domain.messages import JSON, ToolCall, check_json
+from trajcore.domain.messages import JSON, JSONObject, ToolCall, ToolSpec, check_json
 
 __all__ = ["converter", "register_strict_primitives", "structure", "unstructure"]
 
@@ -100,6 +101,36 @@ def register_strict_primitives(conv: cattrs.Converter) -> None:
     conv.register_structure_hook(bool, _strict_bool)
 
 
+@attrs.frozen(kw_only=True)
+class _ToolSpecFields:
+    """A ``ToolSpec`` as it travels: what it is, not how it is checked."""
+
+    name: str
+    description: str = ""
+    parameters: JSONObject = attrs.field(factory=lambda: {"type": "object", "properties": {}})
+
+
+def _register_tool_spec(conv: cattrs.Converter) -> None:
+    # A spec from the wire (a tool server's listing) is checked with full JSON Schema: whoever
+    # wrote it (pydantic, an MCP server) may use any keyword, and none may be ignored.
+    validator = JSONSchemaValidator()
+
+    def structure_spec(value: object, _: object) -> ToolSpec:
+        fields = conv.structure(value, _ToolSpecFields)
+        return ToolSpec(
+            name=fields.name,
+            description=fields.description,
+            parameters=fields.parameters,
+            validator=validator,
+        )
+
+    def unstructure_spec(spec: ToolSpec) -> dict[str, Any]:
+        return {"name": spec.name, "description": spec.description, "parameters": spec.parameters}
+
+    conv.register_structure_hook(ToolSpec, structure_spec)
+    conv.register_unstructure_hook(ToolSpec, unstructure_spec)
+
+
 def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(detailed_validation=True, forbid_extra_keys=False)
     conv.register_structure_hook_factory(attrs.has, lambda cls: _object_guard(conv, cls))
@@ -110,6 +141,7 @@ def _make_converter() -> cattrs.Converter:
     conv.register_unstructure_hook_func(
         lambda t: t in (_JSON_RUNTIME, _JSON_OBJECT_RUNTIME), lambda v: v
     )
+    _register_tool_spec(conv)
     return conv
 
 

@@ -13,11 +13,15 @@
     ├── InfrastructureError     outside the model and the env failed; never the model's fault
     │   ├── SandboxUnavailable  isolation was required and cannot be provided
     │   ├── SlotServerError     a slot server is down, crashed, or answered garbage
+    │   ├── SlotInfraError      a hook's call in its slot could not run (infra error, refused,
+    │   │                       lost lease): never a score
     │   ├── ModelServerError    an LLM server failed after retries (``status`` when HTTP gave one)
     │   │   └── RateLimited     the server kept answering 429 until the deadline
     │   ├── ToolServerError     an external tool server failed
     │   └── AcquireTimeout      no slot became free before the lease deadline
     ├── ModelServerRejected     the LLM server refused the request itself (4xx other than 429)
+    ├── SlotFileError           a hook's file read or write in its slot failed (missing file,
+    │                           not a regular file, too large)
     ├── DeadlineExceeded        a trajectory's single deadline passed
     └── PoolClosed              the pool or server was closed while the call was pending
 
@@ -40,6 +44,8 @@ __all__ = [
     "PoolClosed",
     "RateLimited",
     "SandboxUnavailable",
+    "SlotFileError",
+    "SlotInfraError",
     "SlotServerError",
     "StaleLease",
     "StateError",
@@ -105,6 +111,15 @@ class SlotServerError(InfrastructureError):
     """A slot server is unreachable, crashed, or answered outside its protocol."""
 
 
+class SlotInfraError(InfrastructureError):
+    """A call that a hook (prepare, verify and score) made in its slot could not run.
+
+    The slot server failed (``INFRA_ERROR``), refused the call (``REJECTED``, which is also how a
+    lost or stale lease answers), or gave no report. A score computed past it would be a lie, so
+    the trajectory is an infrastructure failure instead.
+    """
+
+
 class ModelServerError(InfrastructureError):
     """An LLM server failed (connection, 5xx, timeout) and retries did not help."""
 
@@ -132,6 +147,21 @@ class ModelServerRejected(TrajcoreError):
         super().__init__(message)
         self.status = status
         self.body = body
+
+
+class SlotFileError(TrajcoreError):
+    """A hook's ``read_file``/``write_file`` in its slot ran and failed: the file is missing, is
+    not a regular file, is too large, or the write failed. ``path`` is the file, ``reason`` why.
+
+    Not an infrastructure failure: a file the model should have written and did not is the
+    model's doing, and the env may catch this to score it. Left uncaught in a hook, the
+    trajectory ends as an infrastructure failure rather than with a made-up score.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{reason} @ {path}")
+        self.path = path
+        self.reason = reason
 
 
 class DeadlineExceeded(TrajcoreError):

@@ -4,6 +4,12 @@ Everything here is a small frozen value, keyword-only and validated when built, 
 exists is a value that makes sense: an assistant message is the only one that carries tool calls,
 a tool message always names the call it answers, a tool spec's parameters are a JSON-schema object.
 
+A tool spec compiles its schema once, when built, through an injected ``ArgumentValidator``: the
+domain's own ``BuiltinArgumentValidator`` enforces a small subset and refuses every other keyword
+(so none is ever silently ignored); full JSON Schema is an adapter
+(``trajcore.adapters.json_schema``), because the domain imports nothing but the standard library
+and attrs.
+
 JSON payloads (tool arguments, schemas) are plain ``dict``/``list`` trees typed as ``JSON``. They
 are not deep-frozen; treat them as read-only.
 """
@@ -16,15 +22,19 @@ import math
 import re
 import typing
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias
 
 import attrs
 
 from trajcore.domain.errors import ConfigError, ToolArgumentError
 
 __all__ = [
+    "BUILTIN_VALIDATOR",
     "JSON",
+    "ArgumentCheck",
     "ArgumentProblem",
+    "ArgumentValidator",
+    "BuiltinArgumentValidator",
     "ExecReport",
     "JSONObject",
     "Message",
@@ -309,6 +319,17 @@ _SCHEMA_TYPES: Mapping[str, tuple[type, ...]] = {
     "null": (type(None),),
 }
 
+# Keywords that only describe (JSON Schema's annotations): no checker has anything to enforce.
+_ANNOTATIONS = frozenset(
+    {
+        "$schema", "$comment", "title", "description", "default", "examples", "deprecated",
+        "readOnly", "writeOnly",
+    }
+)  # fmt: skip
+_BUILTIN_KEYWORDS = frozenset(
+    {"type", "properties", "required", "items", "enum", "additionalProperties"}
+)
+
 
 @attrs.frozen(kw_only=True)
 class ArgumentProblem:
@@ -321,38 +342,29 @@ class ArgumentProblem:
         return f"{self.reason} @ {self.path}"
 
 
-def _check_schema(schema: object, path: str) -> None:
-    """Raise ``ConfigError`` unless ``schema`` is a JSON schema this module can check against."""
-    if not isinstance(schema, dict):
-        raise ConfigError(path, "a schema must be a JSON object")
-    problem = check_json(schema, path)
-    if problem:
-        raise ConfigError(path, problem)
-    kind = schema.get("type")
-    kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
-    for k in kinds:
-        if k not in _SCHEMA_TYPES:
-            raise ConfigError(f"{path}.type", f"unknown JSON-schema type {k!r}")
-    props = schema.get("properties")
-    if props is not None:
-        if not isinstance(props, dict):
-            raise ConfigError(f"{path}.properties", "must be an object of schemas")
-        for name, sub in props.items():
-            _check_schema(sub, f"{path}.properties.{name}")
-    required = schema.get("required")
-    if required is not None:
-        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-            raise ConfigError(f"{path}.required", "must be a list of property names")
-        if isinstance(props, dict):
-            missing = [r for r in required if r not in props]
-            if missing:
-                raise ConfigError(f"{path}.required", f"names undefined properties {missing}")
-    items = schema.get("items")
-    if items is not None:
-        _check_schema(items, f"{path}.items")
-    enum_values = schema.get("enum")
-    if enum_values is not None and not isinstance(enum_values, list):
-        raise ConfigError(f"{path}.enum", "must be a list")
+class ArgumentCheck(Protocol):
+    """A tool's schema compiled once: call it with arguments, get every problem (empty: fits).
+
+    A check is pure computation; it never raises for bad arguments, it reports them.
+    """
+
+    def __call__(self, arguments: object, /) -> list[ArgumentProblem]: ...
+
+
+class ArgumentValidator(Protocol):
+    """What compiles a tool's ``parameters`` schema into an ``ArgumentCheck``.
+
+    ``compile`` runs once, when the ``ToolSpec`` is built. It raises ``ConfigError`` for a schema
+    it cannot enforce in full (invalid against its metaschema, a keyword it does not understand,
+    a reference outside the schema); the error's ``field`` is the path of the fault inside the
+    spec (``parameters.properties.count.type``) and its reason names the tool. A validator never
+    fetches anything: references resolve inside the schema or the schema is refused.
+
+    The domain ships ``BuiltinArgumentValidator`` (a small, strict subset); the full JSON Schema
+    validator lives in ``trajcore.adapters.json_schema`` and is injected where specs are built.
+    """
+
+    def compile(self, tool: str, schema: JSONObject) -> ArgumentCheck: ...
 
 
 def _type_matches(value: object, kind: str) -> bool:
@@ -363,7 +375,61 @@ def _type_matches(value: object, kind: str) -> bool:
     return isinstance(value, _SCHEMA_TYPES[kind])
 
 
-def _validate(value: object, schema: Mapping[str, object], path: str) -> list[ArgumentProblem]:
+def _json_equal(a: object, b: object) -> bool:
+    """JSON Schema's equality: ``true`` is not ``1``, ``1`` is ``1.0``, containers deeply."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a is b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list | dict) or isinstance(b, list | dict):
+        return False
+    return a == b
+
+
+def _builtin_schema(tool: str, schema: object, path: str) -> None:
+    """Raise ``ConfigError`` unless the built-in checker enforces every keyword of ``schema``."""
+    if not isinstance(schema, dict):
+        raise ConfigError(path, f"tool {tool!r}: a schema must be a JSON object")
+    for key in schema:
+        if key not in _BUILTIN_KEYWORDS and key not in _ANNOTATIONS:
+            raise ConfigError(
+                f"{path}.{key}",
+                f"tool {tool!r}: keyword {key!r} is not enforced by the built-in checker; build "
+                "the ToolSpec with validator=JSONSchemaValidator() from "
+                "trajcore.adapters.json_schema",
+            )
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
+    for k in kinds:
+        if k not in _SCHEMA_TYPES:
+            raise ConfigError(f"{path}.type", f"tool {tool!r}: unknown JSON-schema type {k!r}")
+    props = schema.get("properties")
+    if props is not None:
+        if not isinstance(props, dict):
+            raise ConfigError(f"{path}.properties", f"tool {tool!r}: must be an object of schemas")
+        for name, sub in props.items():
+            _builtin_schema(tool, sub, f"{path}.properties.{name}")
+    required = schema.get("required")
+    if required is not None and (
+        not isinstance(required, list) or not all(isinstance(r, str) for r in required)
+    ):
+        raise ConfigError(f"{path}.required", f"tool {tool!r}: must be a list of property names")
+    items = schema.get("items")
+    if items is not None:
+        _builtin_schema(tool, items, f"{path}.items")
+    extra = schema.get("additionalProperties")
+    if extra is not None and not isinstance(extra, bool):
+        _builtin_schema(tool, extra, f"{path}.additionalProperties")
+    enum_values = schema.get("enum")
+    if enum_values is not None and not isinstance(enum_values, list):
+        raise ConfigError(f"{path}.enum", f"tool {tool!r}: must be a list")
+
+
+def _builtin_problems(
+    value: object, schema: Mapping[str, object], path: str
+) -> list[ArgumentProblem]:
     problems: list[ArgumentProblem] = []
     kind = schema.get("type")
     kinds = kind if isinstance(kind, list) else [kind] if isinstance(kind, str) else []
@@ -371,7 +437,7 @@ def _validate(value: object, schema: Mapping[str, object], path: str) -> list[Ar
         expected = " or ".join(str(k) for k in kinds)
         return [ArgumentProblem(path=path, reason=f"expected {expected}, got {json_type(value)}")]
     enum_values = schema.get("enum")
-    if isinstance(enum_values, list) and value not in enum_values:
+    if isinstance(enum_values, list) and not any(_json_equal(value, v) for v in enum_values):
         problems.append(ArgumentProblem(path=path, reason=f"must be one of {enum_values!r}"))
     if isinstance(value, dict):
         props = schema.get("properties")
@@ -383,20 +449,51 @@ def _validate(value: object, schema: Mapping[str, object], path: str) -> list[Ar
             for name in names
             if name not in value
         )
+        extra = schema.get("additionalProperties")
         for name, item in value.items():
             sub = props.get(name)
             if isinstance(sub, dict):
-                problems.extend(_validate(item, sub, f"{path}.{name}"))
-            elif schema.get("additionalProperties") is False:
+                problems.extend(_builtin_problems(item, sub, f"{path}.{name}"))
+            elif extra is False:
                 problems.append(
                     ArgumentProblem(path=f"{path}.{name}", reason="unexpected property")
                 )
+            elif isinstance(extra, dict):
+                problems.extend(_builtin_problems(item, extra, f"{path}.{name}"))
     if isinstance(value, list):
         items = schema.get("items")
         if isinstance(items, dict):
             for i, item in enumerate(value):
-                problems.extend(_validate(item, items, f"{path}[{i}]"))
+                problems.extend(_builtin_problems(item, items, f"{path}[{i}]"))
     return problems
+
+
+@attrs.frozen
+class _BuiltinCheck:
+    schema: JSONObject
+
+    def __call__(self, arguments: object, /) -> list[ArgumentProblem]:
+        return _builtin_problems(arguments, self.schema, "$")
+
+
+@attrs.frozen
+class BuiltinArgumentValidator:
+    """The domain's own checker: a strict subset of JSON Schema, with no dependency.
+
+    It enforces ``type``, ``properties``, ``required``, ``items``, ``enum`` and
+    ``additionalProperties`` (and lets annotations such as ``description`` pass). A schema with
+    any other keyword is refused when the spec is built, naming the keyword's path: it is never
+    silently ignored. The slot tools' specs use it; tools with richer schemas (pydantic, MCP) are
+    built with ``trajcore.adapters.json_schema.JSONSchemaValidator``.
+    """
+
+    def compile(self, tool: str, schema: JSONObject) -> ArgumentCheck:
+        """A check for ``schema``; ``ConfigError`` for a keyword this checker cannot enforce."""
+        _builtin_schema(tool, schema, "parameters")
+        return _BuiltinCheck(schema)
+
+
+BUILTIN_VALIDATOR: ArgumentValidator = BuiltinArgumentValidator()
 
 
 def json_type(value: object) -> str:
@@ -424,7 +521,12 @@ def _tool_name(_: object, attribute: attrs.Attribute[str], value: str) -> None:
 
 
 def _parameters(_: object, attribute: attrs.Attribute[JSONObject], value: JSONObject) -> None:
-    _check_schema(value, attribute.name)
+    if not isinstance(value, dict):
+        raise ConfigError(attribute.name, "a schema must be a JSON object")
+    problem = check_json(value, attribute.name)
+    if problem:
+        reason, _, where = problem.rpartition(" @ ")
+        raise ConfigError(where, reason)
     if value.get("type") != "object":
         raise ConfigError(f"{attribute.name}.type", "a tool's parameters must be of type 'object'")
 
@@ -433,12 +535,17 @@ def _parameters(_: object, attribute: attrs.Attribute[JSONObject], value: JSONOb
 class ToolSpec:
     """A tool the model may call, described by a JSON schema.
 
+    The schema is compiled once, when the spec is built, by ``validator``; a schema the validator
+    cannot enforce in full is refused then (``ConfigError`` naming the tool and the schema path),
+    so no keyword is ever silently ignored. Two specs are equal when their name, description and
+    parameters are; the validator is how they are checked, not what they are.
+
     Attributes:
         name: 1-64 characters of ``[A-Za-z0-9_.-]``.
         description: What the tool does, for the model.
-        parameters: A JSON-schema object (``{"type": "object", "properties": ...}``); checked when
-            built for the subset of JSON schema that ``validate_arguments`` understands (type,
-            properties, required, items, enum, additionalProperties).
+        parameters: A JSON-schema object (``{"type": "object", "properties": ...}``).
+        validator: What compiles ``parameters`` (``BuiltinArgumentValidator`` by default, a strict
+            subset; ``trajcore.adapters.json_schema.JSONSchemaValidator`` for full JSON Schema).
     """
 
     name: str = attrs.field(validator=_tool_name)
@@ -446,17 +553,28 @@ class ToolSpec:
     parameters: JSONObject = attrs.field(
         factory=lambda: {"type": "object", "properties": {}}, validator=_parameters
     )
+    validator: ArgumentValidator = attrs.field(
+        default=BUILTIN_VALIDATOR, eq=False, repr=False, hash=False
+    )
+    _check: ArgumentCheck = attrs.field(init=False, eq=False, repr=False, hash=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_check", self.validator.compile(self.name, self.parameters))
 
     def validate_arguments(self, arguments: object) -> list[ArgumentProblem]:
         """Every way ``arguments`` miss this tool's schema; empty when they fit."""
-        return _validate(arguments, self.parameters, "$")
+        return self._check(arguments)
 
     def check_call(self, call: ToolCall) -> None:
         """Raise ``ToolArgumentError`` for the first problem with ``call``'s arguments."""
         problems = self.validate_arguments(call.arguments)
         if problems:
             first = problems[0]
-            raise ToolArgumentError(f"{call.name}{first.path[1:]}", first.reason)
+            raise ToolArgumentError(
+                f"{call.name}{first.path[1:]}",
+                first.reason,
+                problems=tuple(f"{p.reason} @ {call.name}{p.path[1:]}" for p in problems),
+            )
 
     def to_openai(self) -> JSONObject:
         """The spec in the OpenAI ``tools`` shape, which chat templates also take."""

@@ -534,8 +534,11 @@ class ChatTemplate:
     def learn(cls, renderer: ChatRenderer, *, turn_stops: Iterable[int] = ()) -> ChatTemplate:
         """Learn the template's end-of-turn and bridging behaviour from a few stand-in renders.
 
-        ``turn_stops`` are ids that may end a sampled turn (pass the tokenizer's end-of-sequence
-        id and any other stop ids the server uses).
+        ``turn_stops`` are ids that may end a sampled turn: pass the tokenizer's end-of-sequence
+        id, every id of the model's generation config's ``eos_token_id`` list (Qwen3 lists
+        ``<|im_end|>`` and ``<|endoftext|>``; ``trajcore.adapters.generation_config`` reads it)
+        and any other stop ids the server uses. A turn ending with any of them is bridged as
+        one ending with the template's end-of-turn, and its id stays in the ledger verbatim.
 
         Raises:
             ConfigError: the template has no end-of-turn tokens, or rendering a tool result after

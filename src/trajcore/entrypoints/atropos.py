@@ -90,6 +90,7 @@ from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[im
 )
 from pydantic import Field, ValidationError, field_validator
 
+from trajcore.adapters.generation_config import generation_stop_ids
 from trajcore.adapters.llm.atropos import (
     ServerManagerChatServer,
     ServerManagerTokenServer,
@@ -795,9 +796,11 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
     ) -> float:
         """Check the work in the very slot the model used, and return a finite score.
 
-        Runs only when the trajectory ended healthy and the model produced something. A
-        ``TrajcoreError`` raised here (e.g. ``ToolServerError`` from ``tools.read_file``) marks
-        the member as an infrastructure failure, never as a zero: catch what you mean as 0.
+        Runs only when the trajectory ended healthy and the model produced something. Verify
+        with ``tools.check``/``tools.run``, which raise ``SlotInfraError`` when the slot cannot
+        answer. A ``TrajcoreError`` raised here (``SlotInfraError``, or ``SlotFileError`` from
+        ``tools.read_file``) marks the member as an infrastructure failure, never as a zero:
+        catch what you mean as 0 (a ``SlotFileError`` for a file the model did not write).
         """
 
     async def eval_items(self) -> Sequence[ItemT]:
@@ -949,7 +952,11 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
         if self._template is None:
             tokenizer = self.tokenizer_port()
             eos = tokenizer.eos_token_id
-            self._template = ChatTemplate.learn(tokenizer, turn_stops=() if eos is None else {eos})
+            # Every id that ends generation: the tokenizer's and the generation config's list.
+            stops = generation_stop_ids(Path(str(self.config.tokenizer_name)))
+            self._template = ChatTemplate.learn(
+                tokenizer, turn_stops=stops if eos is None else {eos, *stops}
+            )
         return self._template
 
     def make_policy(

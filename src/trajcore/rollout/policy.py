@@ -156,11 +156,7 @@ class _TokenSession:
         completion = await self.policy.server.generate(prompt, sampling=sampling)
         self.ledger.append_completion(completion)
         self.turn += 1
-        ids = list(completion.token_ids)
-        stops = self.policy.stop_ids
-        while ids and ids[-1] in stops:
-            ids.pop()
-        text = self.policy.tokenizer.decode(ids)
+        text = self.policy.tokenizer.decode(self.policy.turn_ids(completion.token_ids))
         parsed = self.policy.parser.parse(text, tools=self.tools, id_prefix=f"call_{self.turn}")
         return ModelTurn(
             parsed=parsed,
@@ -199,10 +195,24 @@ class TokenPolicy:
 
     @property
     def stop_ids(self) -> frozenset[int]:
-        """Ids that end a turn; they are not part of the text the parser reads."""
+        """Ids that end a turn: the template's end-of-turn, its learnt turn stops (pass the
+        generation config's end-of-sequence ids to ``ChatTemplate.learn``) and the tokenizer's
+        end-of-sequence id. None of them is ever part of the text the parser reads."""
         shape = self.template.shape
         extra = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
         return frozenset({shape.end_of_turn[0], *shape.turn_stops, *extra})
+
+    def turn_ids(self, sampled: Sequence[int]) -> list[int]:
+        """The ids of the turn's text: ``sampled`` up to its first stop id.
+
+        The turn ended at the first stop; a server that sampled past it (ignoring stops) adds
+        nothing to the message. The ledger keeps every sampled id all the same.
+        """
+        stops = self.stop_ids
+        for i, token in enumerate(sampled):
+            if token in stops:
+                return list(sampled[:i])
+        return list(sampled)
 
     def start(self, messages: Sequence[Message], *, tools: Sequence[ToolSpec]) -> PolicySession:
         ledger = self.template.start(messages, tools=tools)

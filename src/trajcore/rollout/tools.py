@@ -9,7 +9,11 @@ running. Results come back in the order of the calls. The timeout of a slot call
 request the slot server may shorten to, never lengthen past, the env's figure.
 
 ``SlotTools`` is the ToolContext of the hooks (prepare the workspace, verify and score): the same
-router, bound to the trajectory's lease, with typed helpers for the common cases.
+router, bound to the trajectory's lease, with typed helpers for the common cases. Its helpers
+cannot lie to a score: ``check`` and ``run`` answer with what the command did and raise
+``SlotInfraError`` when the slot could not run it (an infrastructure error, a refusal, a lost
+lease), and file reads and writes raise ``SlotFileError`` or ``SlotInfraError``; the trajectory
+runner turns an error raised from the scoring hook into an infrastructure failure, never a 0.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from trajcore.domain.errors import ToolServerError
+from trajcore.domain.errors import SlotFileError, SlotInfraError, ToolServerError
 from trajcore.domain.messages import (
+    ExecReport,
     JSONObject,
     ToolCall,
     ToolContext,
@@ -118,29 +123,80 @@ class SlotTools:
         return result
 
     async def bash(self, command: str) -> ToolResult:
-        """Run ``command`` with ``/bin/sh`` in the slot's workspace; exit code in ``exec``."""
+        """Run ``command`` with ``/bin/sh`` in the slot's workspace and return the raw result.
+
+        For verification use ``check`` or ``run``: they raise when the slot failed, where this
+        returns the failure as a result that is easy to misread as the command's own.
+        """
         return await self.call("bash", {"command": command})
+
+    async def run(self, command: str, *, timeout_s: float | None = None) -> ExecReport:
+        """Run ``command`` with ``/bin/sh`` in the slot's workspace and report what it did.
+
+        A non-zero exit code, a kill by signal and a timeout are the command's answers:
+        ``exit_code``, and ``timed_out`` set for a timeout. ``timeout_s`` may only shorten the
+        env's limit for one tool call.
+
+        Raises:
+            SlotInfraError: the slot could not run it: ``INFRA_ERROR``, ``REJECTED`` (also a lost
+                or stale lease), or a result without a report.
+        """
+        arguments: JSONObject = {"command": command}
+        if timeout_s is not None:
+            arguments["timeout"] = timeout_s
+        result = await self.call("bash", arguments)
+        if result.outcome in (ToolOutcome.INFRA_ERROR, ToolOutcome.REJECTED):
+            raise SlotInfraError(
+                f"bash {command!r} in slot {self.lease.slot}: {result.outcome.value}: "
+                f"{result.error}"
+            )
+        report = result.exec
+        if report is None:
+            raise SlotInfraError(
+                f"bash {command!r} in slot {self.lease.slot}: {result.outcome.value} "
+                "without an exec report"
+            )
+        if result.outcome is ToolOutcome.TIMEOUT and not report.timed_out:
+            report = attrs.evolve(report, timed_out=True)
+        return report
+
+    async def check(self, command: str, *, timeout_s: float | None = None) -> bool:
+        """Whether ``command`` exits with code 0 in the slot's workspace (a timeout is False).
+
+        Raises:
+            SlotInfraError: as ``run``: the slot could not run it, so there is no answer.
+        """
+        report = await self.run(command, timeout_s=timeout_s)
+        return report.exit_code == 0 and not report.timed_out
 
     async def read_file(self, path: str) -> str:
         """The text of ``path`` (relative to the workspace).
 
         Raises:
-            ToolServerError: the file could not be read (the message says why).
+            SlotFileError: the slot read it and failed (missing, not a regular file, too large).
+            SlotInfraError: the slot could not run the read (infra error, refused, lost lease).
         """
         result = await self.call("read_file", {"path": path})
-        if not result.ok:
-            raise ToolServerError(f"read_file {path!r}: {result.error}")
+        self._file_outcome("read_file", path, result)
         return result.content
 
     async def write_file(self, path: str, content: str) -> None:
         """Write ``content`` to ``path`` (relative to the workspace), creating parent folders.
 
         Raises:
-            ToolServerError: the file could not be written (the message says why).
+            SlotFileError: the slot tried and the write failed.
+            SlotInfraError: the slot could not run the write (infra error, refused, lost lease).
         """
         result = await self.call("write_file", {"path": path, "content": content})
+        self._file_outcome("write_file", path, result)
+
+    def _file_outcome(self, tool: str, path: str, result: ToolResult) -> None:
+        if result.outcome in (ToolOutcome.INFRA_ERROR, ToolOutcome.REJECTED):
+            raise SlotInfraError(
+                f"{tool} {path!r} in slot {self.lease.slot}: {result.outcome.value}: {result.error}"
+            )
         if not result.ok:
-            raise ToolServerError(f"write_file {path!r}: {result.error}")
+            raise SlotFileError(path, f"{tool}: {result.error}")
 
     async def upload(self, files: Mapping[str, str]) -> None:
         """Write several files into the workspace."""

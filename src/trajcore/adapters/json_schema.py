@@ -1,0 +1,349 @@
+"""Full JSON Schema for tool arguments, through the ``jsonschema`` library.
+
+``JSONSchemaValidator`` is the ``ArgumentValidator`` that tools with real-world schemas (pydantic's
+``model_json_schema()``, MCP servers) are built with. It keeps these rules:
+
+- The draft is the schema's ``$schema`` when it names one, Draft 2020-12 otherwise. The schema is
+  checked against that draft's metaschema when the ``ToolSpec`` is built; a bad schema is a
+  ``ConfigError`` whose field is the path of the fault (``parameters.properties.n.minimum``) and
+  whose reason names the tool.
+- Every keyword of the draft is enforced, ``format`` included for the formats listed in
+  ``ASSERTED_FORMATS``. A standard format that cannot be asserted here is refused at build;
+  a format outside the standard vocabulary is an annotation, as the specification says.
+- A key that is no keyword of the draft (``maxLenght``) is refused at build, where the
+  specification would let it pass as an annotation that nothing enforces; extensions are named
+  ``x-...``. Annotations (``title``, ``default``, ...) and pydantic's ``discriminator`` pass.
+- Nothing is ever fetched. A ``$ref`` outside the schema (anything but ``#...``) is refused at
+  build, every ``#...`` reference must resolve then, and the validator's registry refuses to
+  retrieve any URI, so no later lookup can reach the network or the disk.
+- The validator is compiled once per spec and reused; a call on valid arguments costs one
+  ``is_valid`` pass, and only invalid arguments pay for the explanation.
+- Problems read as the domain's do: ``expected integer, got string @ $.count``.
+
+``jsonschema`` ships no type information, so its objects stay inside this module.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.parse
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import attrs
+import jsonschema  # type: ignore[import-untyped]  # no py.typed; its Any stays in this module
+from jsonschema import validators as _validators
+from referencing import Registry, Resource
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
+
+from trajcore.domain.errors import ConfigError
+from trajcore.domain.messages import (
+    ArgumentCheck,
+    ArgumentProblem,
+    JSONObject,
+    json_type,
+)
+
+__all__ = ["ASSERTED_FORMATS", "JSONSchemaValidator"]
+
+# The formats of JSON Schema 2020-12's format vocabulary.
+_STANDARD_FORMATS = frozenset(
+    {
+        "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname",
+        "ipv4", "ipv6", "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template",
+        "json-pointer", "relative-json-pointer", "regex",
+    }
+)  # fmt: skip
+
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$"
+)
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*$")
+_JSON_POINTER = re.compile(r"^(?:/(?:[^~/]|~[01])*)*$")
+# RFC 3339 appendix A: P[n]W, or P with date and/or T with time parts, at least one part each.
+_DURATION = re.compile(
+    r"^P(?:\d+W|(?=\d|T\d)(?:\d+Y)?(?:\d+M)?(?:\d+D)?(?:T(?=\d)(?:\d+H)?(?:\d+M)?(?:\d+S)?)?)$"
+)
+_URI_CHARS = re.compile(r"^[^\s<>\"{}|\\^`\x00-\x1f\x7f]*$")
+
+
+def _is_uri_reference(value: object) -> bool:
+    return not isinstance(value, str) or bool(_URI_CHARS.match(value))
+
+
+def _is_uri(value: object) -> bool:
+    if not isinstance(value, str):
+        return True
+    return _is_uri_reference(value) and bool(_SCHEME.match(urllib.parse.urlsplit(value).scheme))
+
+
+def _format_checker() -> Any:
+    checker = jsonschema.FormatChecker()
+    checker.checks("hostname")(lambda v: not isinstance(v, str) or bool(_HOSTNAME.match(v)))
+    checker.checks("uri")(_is_uri)
+    checker.checks("uri-reference")(_is_uri_reference)
+    checker.checks("json-pointer")(lambda v: not isinstance(v, str) or bool(_JSON_POINTER.match(v)))
+    checker.checks("duration")(lambda v: not isinstance(v, str) or bool(_DURATION.match(v)))
+    return checker
+
+
+_FORMATS = _format_checker()
+ASSERTED_FORMATS: frozenset[str] = frozenset(_FORMATS.checkers)
+"""The ``format`` values this validator enforces; other standard formats are refused at build."""
+
+
+# A registry without a ``retrieve`` function fails every lookup of a URI it does not hold, so the
+# validators never fall back to jsonschema's deprecated resolver, which would fetch remote refs.
+_REGISTRY: Registry[Any] = Registry()
+
+
+def _schema_path(parts: Iterable[object]) -> str:
+    return "parameters" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
+
+
+def _arg_path(parts: Iterable[object]) -> str:
+    return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# Keywords that hold one subschema, a map of them, or a list of them (any draft).
+_ONE_SCHEMA = frozenset(
+    {
+        "additionalProperties", "contains", "propertyNames", "not", "if", "then", "else",
+        "unevaluatedItems", "unevaluatedProperties", "additionalItems", "contentSchema",
+    }
+)  # fmt: skip
+_SCHEMA_MAP = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+_SCHEMA_LIST = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+# Keywords no validator asserts but the specification defines (core, annotations, content),
+# applicator partners that live under another keyword's implementation, and pydantic's
+# ``discriminator`` (OpenAPI's, emitted beside ``oneOf``; the ``oneOf`` itself is enforced).
+_NOT_ASSERTED = frozenset(
+    {
+        "$schema", "$id", "$anchor", "$dynamicAnchor", "$vocabulary", "$comment", "$defs",
+        "definitions", "title", "description", "default", "examples", "deprecated", "readOnly",
+        "writeOnly", "contentMediaType", "contentEncoding", "contentSchema", "then", "else",
+        "minContains", "maxContains", "discriminator",
+    }
+)  # fmt: skip
+
+
+def _subschemas(
+    schema: JSONObject, path: tuple[object, ...] = ()
+) -> Iterator[tuple[tuple[object, ...], JSONObject]]:
+    """``schema`` and every subschema in it, by keyword (values of ``enum``, ``const``,
+    ``default`` and ``examples`` are data, not schemas), each with its path."""
+    yield path, schema
+    for key, value in schema.items():
+        if isinstance(value, dict) and (key in _ONE_SCHEMA or key == "items"):
+            yield from _subschemas(value, (*path, key))
+        elif isinstance(value, dict) and key in (*_SCHEMA_MAP, "dependentSchemas", "dependencies"):
+            for name, sub in value.items():
+                if isinstance(sub, dict):
+                    yield from _subschemas(sub, (*path, key, name))
+        elif isinstance(value, list) and (key in _SCHEMA_LIST or key == "items"):
+            for i, sub in enumerate(value):
+                if isinstance(sub, dict):
+                    yield from _subschemas(sub, (*path, key, i))
+
+
+def _check_keywords(tool: str, schema: JSONObject, known: frozenset[str]) -> None:
+    """Refuse what would be silently ignored or fetched: an unknown (misspelt) keyword, a
+    reference that leaves the schema or does not resolve, a format that cannot be asserted."""
+    resolver = _REGISTRY.resolver_with_root(Resource.from_contents(schema, DRAFT202012))
+    for path, sub in _subschemas(schema):
+        for key, value in sub.items():
+            where = _schema_path((*path, key))
+            if key not in known and key not in _NOT_ASSERTED and not key.startswith("x-"):
+                raise ConfigError(
+                    where,
+                    f"tool {tool!r}: {key!r} is not a keyword of this JSON Schema draft, so "
+                    "nothing would enforce it (misspelt? extensions are named 'x-...')",
+                )
+            if key == "$id" and path:
+                raise ConfigError(
+                    where,
+                    f"tool {tool!r}: a subschema with its own '$id' is not supported; keep one "
+                    "document with '$defs' and '#/...' references",
+                )
+            if key in ("$ref", "$dynamicRef") and isinstance(value, str):
+                if not value.startswith("#"):
+                    raise ConfigError(
+                        where,
+                        f"tool {tool!r}: reference {value!r} leaves the schema; only references "
+                        "inside it ('#...') are resolved, nothing is fetched",
+                    )
+                try:
+                    resolver.lookup(value)
+                except Unresolvable:
+                    raise ConfigError(
+                        where, f"tool {tool!r}: reference {value!r} does not resolve"
+                    ) from None
+            if key == "format" and value in _STANDARD_FORMATS and value not in ASSERTED_FORMATS:
+                raise ConfigError(
+                    where,
+                    f"tool {tool!r}: format {value!r} cannot be enforced here; asserted formats "
+                    f"are {sorted(ASSERTED_FORMATS)}",
+                )
+
+
+def _types(value: object) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+
+def _top_type_mismatch(error: Any) -> bool:
+    return error.validator == "type" and not error.relative_path
+
+
+def _explain_alternatives(error: Any) -> list[ArgumentProblem]:
+    """An ``anyOf``/``oneOf`` miss: the branch the value's type chose, or the types it missed."""
+    path = _arg_path(error.absolute_path)
+    if not error.context:  # oneOf matched more than once
+        return [
+            ArgumentProblem(
+                path=path, reason=f"matches more than one of the {error.validator} choices"
+            )
+        ]
+    branches: dict[object, list[Any]] = {}
+    for sub in error.context:
+        branches.setdefault(sub.relative_schema_path[0], []).append(sub)
+    for subs in branches.values():
+        if not all(_top_type_mismatch(sub) for sub in subs):
+            return [p for sub in subs for p in _explain(sub)]
+    expected: list[str] = []
+    for subs in branches.values():
+        for sub in subs:
+            expected.extend(t for t in _types(sub.validator_value) if t not in expected)
+    got = json_type(error.instance)
+    return [ArgumentProblem(path=path, reason=f"expected {' or '.join(expected)}, got {got}")]
+
+
+def _explain(error: Any) -> list[ArgumentProblem]:
+    """``jsonschema``'s error as the domain's problems (one error may name several)."""
+    keyword, value, instance = error.validator, error.validator_value, error.instance
+    path = _arg_path(error.absolute_path)
+    if "propertyNames" in error.relative_schema_path:
+        inner = _explain_keyword(keyword, value, instance) or _short(error.message)
+        return [ArgumentProblem(path=path, reason=f"property name {instance!r}: {inner}")]
+    if keyword in ("anyOf", "oneOf"):
+        return _explain_alternatives(error)
+    if keyword == "required":
+        return [
+            ArgumentProblem(path=f"{path}.{name}", reason="required")
+            for name in value
+            if isinstance(instance, dict) and name not in instance
+        ]
+    if keyword == "dependentRequired":
+        return [
+            ArgumentProblem(path=f"{path}.{need}", reason=f"required when {name!r} is present")
+            for name, needs in value.items()
+            if isinstance(instance, dict) and name in instance
+            for need in needs
+            if need not in instance
+        ]
+    if keyword == "additionalProperties" and value is False and isinstance(instance, dict):
+        schema = error.schema
+        known = schema.get("properties", {})
+        patterns = list(schema.get("patternProperties", {}))
+        return [
+            ArgumentProblem(path=f"{path}.{name}", reason="unexpected property")
+            for name in instance
+            if name not in known and not any(re.search(p, name) for p in patterns)
+        ]
+    reason = _explain_keyword(keyword, value, instance)
+    return [ArgumentProblem(path=path, reason=reason or _short(error.message))]
+
+
+def _explain_keyword(keyword: object, value: Any, instance: Any) -> str | None:
+    if keyword == "type":
+        return f"expected {' or '.join(_types(value))}, got {json_type(instance)}"
+    if keyword == "enum":
+        return f"must be one of {value!r}"
+    if keyword == "const":
+        return f"must be {json.dumps(value)}"
+    bounds = {
+        "minimum": ">=",
+        "maximum": "<=",
+        "exclusiveMinimum": ">",
+        "exclusiveMaximum": "<",
+    }
+    if keyword in bounds:
+        return f"must be {bounds[str(keyword)]} {value}"
+    if keyword == "multipleOf":
+        return f"must be a multiple of {value}"
+    if keyword == "minLength":
+        return f"must be at least {value} characters long"
+    if keyword == "maxLength":
+        return f"must be at most {value} characters long"
+    if keyword == "pattern":
+        return f"must match the pattern {value!r}"
+    if keyword == "format":
+        return f"must be a valid {value}"
+    if keyword == "minItems":
+        return f"must have at least {value} items"
+    if keyword == "maxItems":
+        return f"must have at most {value} items"
+    if keyword == "uniqueItems":
+        return "items must be unique"
+    if keyword == "items" and value is False:
+        return "has more items than the schema allows"
+    if keyword == "minProperties":
+        return f"must have at least {value} properties"
+    if keyword == "maxProperties":
+        return f"must have at most {value} properties"
+    if keyword == "not":
+        return "must not match the schema under 'not'"
+    if keyword is None and value is False:
+        return "no value is allowed here"
+    return None
+
+
+@attrs.frozen
+class _Check:
+    validator: Any
+
+    def __call__(self, arguments: object, /) -> list[ArgumentProblem]:
+        if self.validator.is_valid(arguments):
+            return []
+        seen: set[tuple[str, str]] = set()
+        out: list[ArgumentProblem] = []
+        for error in self.validator.iter_errors(arguments):
+            for problem in _explain(error):
+                if (problem.path, problem.reason) not in seen:
+                    seen.add((problem.path, problem.reason))
+                    out.append(problem)
+        return out
+
+
+@attrs.frozen
+class JSONSchemaValidator:
+    """Full JSON Schema (Draft 2020-12 unless the schema names another draft), compiled per tool.
+
+    Use it where tools are built:
+    ``ToolSpec(name=..., parameters=..., validator=JSONSchemaValidator())``.
+    """
+
+    def compile(self, tool: str, schema: JSONObject) -> ArgumentCheck:
+        """A reusable check of arguments against ``schema``.
+
+        Raises:
+            ConfigError: ``schema`` is invalid against its draft's metaschema, has a reference
+                outside itself or one that does not resolve, or names a standard format that
+                cannot be enforced; ``field`` is the path of the fault in the spec.
+        """
+        cls = _validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        try:
+            cls.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise ConfigError(
+                _schema_path(exc.absolute_path),
+                f"tool {tool!r}: not a valid JSON Schema: {_short(exc.message)}",
+            ) from None
+        _check_keywords(tool, schema, frozenset(cls.VALIDATORS))
+        return _Check(cls(schema, registry=_REGISTRY, format_checker=_FORMATS))

@@ -1,0 +1,513 @@
+"""Full JSON Schema for tool arguments: every keyword enforced, bad schemas refused when built.
+
+The schemas are the ones tool authors write: pydantic's ``model_json_schema()`` (``anyOf`` for
+``Optional``, ``$ref``/``$defs`` for nested models and enums, ``const``/``oneOf`` for tagged
+unions, constraints) and hand-written ones for the keywords pydantic does not emit.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import json
+from typing import Annotated, Literal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import BaseModel, ConfigDict, Field
+
+from trajcore.adapters.json_schema import ASSERTED_FORMATS, JSONSchemaValidator
+from trajcore.adapters.wire import structure
+from trajcore.domain.errors import ConfigError, ToolArgumentError, WireError
+from trajcore.domain.messages import JSON, JSONObject, ToolCall, ToolSpec
+
+FULL = JSONSchemaValidator()
+
+
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+class Point(BaseModel):
+    x: int = Field(ge=0, le=100)
+    y: float = Field(gt=0, lt=1)
+
+
+class Circle(BaseModel):
+    kind: Literal["circle"]
+    radius: float = Field(gt=0)
+
+
+class Square(BaseModel):
+    kind: Literal["square"]
+    side: float = Field(gt=0)
+
+
+class Args(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=8, pattern=r"^[a-z]+$")
+    count: int | None = Field(default=None, ge=2, multiple_of=2)
+    ratio: float = Field(default=0.5, lt=1.0)
+    mode: Literal["fast", "slow"] = "fast"
+    color: Color = Color.RED
+    point: Point | None = None
+    tags: list[str] = Field(default_factory=list, max_length=3)
+    when: datetime.date | None = None
+    shape: Annotated[Circle | Square, Field(discriminator="kind")] | None = None
+
+
+def _spec(parameters: JSONObject) -> ToolSpec:
+    return ToolSpec(name="tool", parameters=parameters, validator=FULL)
+
+
+PYDANTIC = _spec(Args.model_json_schema())
+VALID: JSONObject = {"name": "ok"}
+
+
+def _problems(spec: ToolSpec, arguments: JSON) -> list[str]:
+    return [str(p) for p in spec.validate_arguments(arguments)]
+
+
+# The fourteen checks a pydantic schema asks for, each with the problem it must produce.
+PYDANTIC_CASES: list[tuple[str, JSONObject, str]] = [
+    (
+        "type through anyOf (Optional)",
+        {"count": "4"},
+        "expected integer or null, got string @ $.count",
+    ),
+    ("minimum", {"count": 0}, "must be >= 2 @ $.count"),
+    ("multipleOf", {"count": 3}, "must be a multiple of 2 @ $.count"),
+    ("exclusiveMaximum", {"ratio": 1.0}, "must be < 1.0 @ $.ratio"),
+    ("minLength", {"name": ""}, "must be at least 1 characters long @ $.name"),
+    ("maxLength", {"name": "abcdefghi"}, "must be at most 8 characters long @ $.name"),
+    ("pattern", {"name": "AB"}, "must match the pattern '^[a-z]+$' @ $.name"),
+    ("enum through Literal", {"mode": "medium"}, "must be one of ['fast', 'slow'] @ $.mode"),
+    ("enum through $ref/$defs", {"color": "green"}, "must be one of ['red', 'blue'] @ $.color"),
+    (
+        "nested model through anyOf + $ref",
+        {"point": {"x": -1, "y": 0.5}},
+        "must be >= 0 @ $.point.x",
+    ),
+    ("exclusiveMinimum in a nested model", {"point": {"x": 1, "y": 0}}, "must be > 0 @ $.point.y"),
+    ("maxItems", {"tags": ["a", "b", "c", "d"]}, "must have at most 3 items @ $.tags"),
+    ("format", {"when": "2024-13-45"}, "must be a valid date @ $.when"),
+    (
+        "oneOf/const (tagged union)",
+        {"shape": {"kind": "circle", "radius": -1}},
+        "must be > 0 @ $.shape.radius",
+    ),
+    ("additionalProperties", {"extra": 1}, "unexpected property @ $.extra"),
+]
+
+
+@pytest.mark.parametrize(("check", "change", "problem"), PYDANTIC_CASES)
+def test_a_pydantic_schema_is_enforced_in_full(
+    check: str, change: JSONObject, problem: str
+) -> None:
+    arguments = {**VALID, **change}
+    assert problem in _problems(PYDANTIC, arguments), check
+    # pydantic itself (strict, on the JSON text) agrees these arguments are wrong.
+    with pytest.raises(ValueError, match="validation error"):
+        Args.model_validate_json(json.dumps(arguments), strict=True)
+
+
+def test_required_and_valid_arguments() -> None:
+    assert _problems(PYDANTIC, {}) == ["required @ $.name"]
+    full: JSONObject = {
+        "name": "abc",
+        "count": 4,
+        "ratio": 0.25,
+        "mode": "slow",
+        "color": "blue",
+        "point": {"x": 3, "y": 0.5},
+        "tags": ["a"],
+        "when": "2024-02-29",
+        "shape": {"kind": "square", "side": 2.0},
+    }
+    assert _problems(PYDANTIC, full) == []
+    assert _problems(PYDANTIC, {**full, "count": None, "point": None, "when": None}) == []
+
+
+# Keywords pydantic does not emit, each: schema of one property ``v``, a fitting value, a value
+# that must fail and the problem it must produce.
+KEYWORD_CASES: list[tuple[JSONObject, JSON, JSON, str]] = [
+    ({"const": 3}, 3, 4, "must be 3 @ $.v"),
+    ({"allOf": [{"type": "integer"}, {"minimum": 1}]}, 1, 0, "must be >= 1 @ $.v"),
+    ({"not": {"type": "string"}}, 1, "s", "must not match the schema under 'not' @ $.v"),
+    (
+        {"oneOf": [{"type": "integer"}, {"minimum": 0}]},
+        -1,
+        1,
+        "matches more than one of the oneOf choices @ $.v",
+    ),
+    ({"type": "number", "maximum": 5}, 5, 5.5, "must be <= 5 @ $.v"),
+    ({"type": "number", "exclusiveMinimum": 0}, 0.1, 0, "must be > 0 @ $.v"),
+    ({"type": "array", "minItems": 1}, [1], [], "must have at least 1 items @ $.v"),
+    ({"type": "array", "uniqueItems": True}, [1, 2], [1, 1], "items must be unique @ $.v"),
+    (
+        {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}]},
+        ["a", 1],
+        ["a", "b"],
+        "expected integer, got string @ $.v[1]",
+    ),
+    (
+        {"type": "array", "prefixItems": [{"type": "string"}], "items": False},
+        ["a"],
+        ["a", 1],
+        "has more items than the schema allows @ $.v",
+    ),
+    (
+        {"type": "object", "patternProperties": {"^n_": {"type": "integer"}}},
+        {"n_a": 1},
+        {"n_a": "x"},
+        "expected integer, got string @ $.v.n_a",
+    ),
+    (
+        {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}},
+        {"ab": 1},
+        {"A": 1},
+        "property name 'A': must match the pattern '^[a-z]+$' @ $.v",
+    ),
+    (
+        {"type": "object", "dependentRequired": {"a": ["b"]}},
+        {"a": 1, "b": 2},
+        {"a": 1},
+        "required when 'a' is present @ $.v.b",
+    ),
+    (
+        {"type": "object", "additionalProperties": {"type": "string"}},
+        {"k": "s"},
+        {"k": 1},
+        "expected string, got integer @ $.v.k",
+    ),
+    (
+        {"if": {"type": "integer"}, "then": {"minimum": 10}, "else": {"type": "string"}},
+        10,
+        9,
+        "must be >= 10 @ $.v",
+    ),
+    (
+        {"if": {"type": "integer"}, "then": {"minimum": 10}, "else": {"type": "string"}},
+        "s",
+        1.5,
+        "expected string, got number @ $.v",
+    ),
+    ({"type": "object", "minProperties": 1}, {"a": 1}, {}, "must have at least 1 properties @ $.v"),
+    ({"type": "string", "format": "email"}, "a@b.org", "nobody", "must be a valid email @ $.v"),
+    (
+        {"type": "string", "format": "uri"},
+        "https://x.org/a",
+        "no scheme",
+        "must be a valid uri @ $.v",
+    ),
+    (
+        {"type": "string", "format": "date-time"},
+        "2024-01-01T00:00:00Z",
+        "yesterday",
+        "must be a valid date-time @ $.v",
+    ),
+    (
+        {"type": "string", "format": "uuid"},
+        "12345678-1234-5678-1234-567812345678",
+        "x",
+        "must be a valid uuid @ $.v",
+    ),
+    ({"type": "string", "format": "ipv4"}, "10.0.0.1", "10.0.0.300", "must be a valid ipv4 @ $.v"),
+    ({"type": "string", "format": "duration"}, "P1DT2H", "1 day", "must be a valid duration @ $.v"),
+    ({"$ref": "#/$defs/small"}, 1, 11, "must be <= 10 @ $.v"),
+]
+
+
+@pytest.mark.parametrize(("keyword", "good", "bad", "problem"), KEYWORD_CASES)
+def test_every_keyword_is_enforced(
+    keyword: JSONObject, good: JSON, bad: JSON, problem: str
+) -> None:
+    spec = _spec(
+        {
+            "type": "object",
+            "properties": {"v": keyword},
+            "$defs": {"small": {"type": "integer", "maximum": 10}},
+        }
+    )
+    assert _problems(spec, {"v": good}) == []
+    assert problem in _problems(spec, {"v": bad})
+
+
+def test_a_schema_that_names_an_older_draft_is_checked_by_that_draft() -> None:
+    spec = _spec(
+        {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "type": "object",
+            "properties": {"v": {"$ref": "#/definitions/n"}},
+            "definitions": {"n": {"type": "integer", "exclusiveMaximum": 3}},
+        }
+    )
+    assert _problems(spec, {"v": 3}) == ["must be < 3 @ $.v"]
+
+
+@pytest.mark.parametrize(
+    ("parameters", "field", "reason"),
+    [
+        (
+            {"type": "object", "properties": {"a": {"type": "intger"}}},
+            "parameters.properties.a.type",
+            "not a valid JSON Schema",
+        ),
+        (
+            {"type": "object", "properties": {"a": {"minimum": "3"}}},
+            "parameters.properties.a.minimum",
+            "not a valid JSON Schema",
+        ),
+        (
+            {"type": "object", "properties": {"a": {"pattern": "("}}},
+            "parameters.properties.a.pattern",
+            "not a valid JSON Schema",
+        ),
+        ({"type": "object", "required": "a"}, "parameters.required", "not a valid JSON Schema"),
+        (
+            {"type": "object", "properties": {"a": {"$ref": "https://example.org/s.json"}}},
+            "parameters.properties.a.$ref",
+            "leaves the schema",
+        ),
+        (
+            {"type": "object", "properties": {"a": {"$ref": "other.json#/x"}}},
+            "parameters.properties.a.$ref",
+            "leaves the schema",
+        ),
+        (
+            {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}},
+            "parameters.properties.a.$ref",
+            "does not resolve",
+        ),
+        (
+            {"type": "object", "properties": {"a": {"format": "uri-template"}}},
+            "parameters.properties.a.format",
+            "cannot be enforced",
+        ),
+        ({"type": "array"}, "parameters.type", "must be of type 'object'"),
+    ],
+)
+def test_a_bad_schema_is_refused_when_the_tool_is_built(
+    parameters: JSONObject, field: str, reason: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        _spec(parameters)
+    assert info.value.field == field
+    assert reason in info.value.reason
+    assert "must be of type 'object'" in reason or "'tool'" in info.value.reason
+
+
+@pytest.mark.parametrize(
+    ("parameters", "field", "reason"),
+    [
+        (
+            {"type": "object", "properties": {"a": {"type": "string", "maxLenght": 3}}},
+            "parameters.properties.a.maxLenght",
+            "not a keyword",
+        ),
+        (
+            {"type": "object", "properties": {"default": {"$ref": "https://x.org/s"}}},
+            "parameters.properties.default.$ref",
+            "leaves the schema",
+        ),
+        (
+            {"type": "object", "$defs": {"a": {"$id": "https://x.org/a", "type": "string"}}},
+            "parameters.$defs.a.$id",
+            "own '$id'",
+        ),
+    ],
+)
+def test_what_would_be_ignored_is_refused_when_the_tool_is_built(
+    parameters: JSONObject, field: str, reason: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        _spec(parameters)
+    assert info.value.field == field
+    assert reason in info.value.reason
+
+
+def test_data_that_looks_like_keywords_is_data() -> None:
+    # A property named like a keyword is a schema; a default or an enum value is data.
+    spec = _spec(
+        {
+            "type": "object",
+            "properties": {
+                "format": {"type": "string", "default": "uri-template"},
+                "$ref": {"type": "object", "default": {"$ref": "https://x.org/s"}},
+                "mode": {"enum": [{"format": "iri"}]},
+            },
+            "x-origin": "mcp",
+        }
+    )
+    assert _problems(spec, {"format": "x", "$ref": {}, "mode": {"format": "iri"}}) == []
+    assert _problems(spec, {"format": 1}) == ["expected string, got integer @ $.format"]
+
+
+def test_non_standard_formats_are_annotations_and_the_standard_ones_are_asserted() -> None:
+    spec = _spec({"type": "object", "properties": {"p": {"type": "string", "format": "password"}}})
+    assert _problems(spec, {"p": "anything"}) == []
+    assert {"date", "date-time", "time", "email", "uri", "uuid", "ipv4", "ipv6"} <= ASSERTED_FORMATS
+
+
+def test_the_builtin_checker_refuses_what_it_cannot_enforce() -> None:
+    with pytest.raises(ConfigError) as info:
+        ToolSpec(name="t", parameters=Args.model_json_schema())
+    assert info.value.field.startswith("parameters.")
+    assert "JSONSchemaValidator" in info.value.reason
+    assert "'t'" in info.value.reason
+
+
+def test_specs_from_the_wire_get_full_json_schema() -> None:
+    spec = structure(
+        {"name": "tool", "parameters": Args.model_json_schema()}, ToolSpec, root="$.tools[0]"
+    )
+    assert spec == PYDANTIC
+    assert _problems(spec, {"name": "ok", "count": 3}) == ["must be a multiple of 2 @ $.count"]
+    with pytest.raises(WireError) as info:
+        structure({"name": "t", "parameters": {"type": "object", "minProperties": -1}}, ToolSpec)
+    assert info.value.field == "$.parameters.minProperties"
+
+
+def test_check_call_names_the_tool_and_every_problem() -> None:
+    call = ToolCall(id="c", name="tool", arguments={"name": "A", "count": "x"})
+    with pytest.raises(ToolArgumentError) as info:
+        PYDANTIC.check_call(call)
+    assert info.value.field in ("tool.name", "tool.count")
+    assert set(info.value.problems) == {
+        "must match the pattern '^[a-z]+$' @ tool.name",
+        "expected integer or null, got string @ tool.count",
+    }
+
+
+# ------------------------------------------------------------------------------- properties
+
+_names = st.text("abcdefghij", min_size=1, max_size=8)
+_counts = st.none() | st.integers(1, 500).map(lambda n: 2 * n)
+_ratios = st.floats(min_value=-1e6, max_value=1.0, exclude_max=True, allow_nan=False)
+_points = st.none() | st.fixed_dictionaries(
+    {
+        "x": st.integers(0, 100),
+        "y": st.floats(0, 1, exclude_min=True, exclude_max=True),
+    }
+)
+_shapes = (
+    st.none()
+    | st.fixed_dictionaries({"kind": st.just("circle"), "radius": st.floats(0.001, 1e6)})
+    | st.fixed_dictionaries({"kind": st.just("square"), "side": st.floats(0.001, 1e6)})
+)
+_dates = st.none() | st.dates().map(lambda d: d.isoformat())
+
+
+@st.composite
+def valid_arguments(draw: st.DrawFn) -> JSONObject:
+    optional: dict[str, st.SearchStrategy[JSON]] = {
+        "count": _counts,
+        "ratio": _ratios,
+        "mode": st.sampled_from(["fast", "slow"]),
+        "color": st.sampled_from(["red", "blue"]),
+        "point": _points,  # type: ignore[dict-item]  # dicts of JSON values are JSON
+        "tags": st.lists(st.text(max_size=5), max_size=3),
+        "when": _dates,
+        "shape": _shapes,  # type: ignore[dict-item]  # as above
+    }
+    out: JSONObject = {"name": draw(_names)}
+    for key in draw(st.lists(st.sampled_from(sorted(optional)), unique=True)):
+        out[key] = draw(optional[key])
+    return out
+
+
+@given(valid_arguments())
+def test_arguments_valid_by_construction_pass(arguments: JSONObject) -> None:
+    Args.model_validate_json(json.dumps(arguments), strict=True)  # the model agrees
+    assert _problems(PYDANTIC, arguments) == []
+
+
+# Per property, values that break it (a wrong type, a broken constraint).
+_BREAKS: dict[str, list[JSON]] = {
+    "name": ["", "UPPER", "toolongname", 3, None],
+    "count": [0, 3, -2, "4", 2.5, True],
+    "ratio": [1.0, 2, "0.5", None],
+    "mode": ["medium", 1, None],
+    "color": ["green", 0],
+    "point": [{"x": -1, "y": 0.5}, {"x": 1, "y": 1}, {"x": 1}, {"x": "1", "y": 0.5}, [1, 2]],
+    "tags": [["a", "b", "c", "d"], [1], "a"],
+    "when": ["2024-02-30", "today", 20240101],
+    "shape": [{"kind": "triangle"}, {"kind": "circle", "radius": 0}, {"kind": "square"}],
+    "surplus": [1],
+}
+
+
+@given(valid_arguments(), st.sampled_from(sorted(_BREAKS)), st.data())
+def test_mutated_arguments_fail_with_the_path_of_the_mutation(
+    arguments: JSONObject, key: str, data: st.DataObject
+) -> None:
+    broken = {**arguments, key: data.draw(st.sampled_from(_BREAKS[key]))}
+    problems = PYDANTIC.validate_arguments(broken)
+    assert problems
+    assert all(
+        p.path == f"$.{key}" or p.path.startswith((f"$.{key}.", f"$.{key}[")) for p in problems
+    )
+
+
+# Schemas inside the built-in checker's subset, to drive both checkers in lockstep.
+_subset_leaf = st.sampled_from(
+    [
+        {"type": "string"},
+        {"type": "integer"},
+        {"type": "number"},
+        {"type": "boolean"},
+        {"type": "null"},
+        {"type": ["string", "null"]},
+        {"enum": [1, "a", True, None]},
+        {"enum": [1, "a"]},
+        {"enum": [False, [0]]},
+        {"enum": [0.0]},
+        {"type": "integer", "enum": [0, 1]},
+        {"type": "array", "items": {"type": "integer"}},
+    ]
+)
+_subset_schemas = st.recursive(
+    _subset_leaf,
+    lambda inner: st.builds(
+        lambda props, required, extra: {
+            "type": "object",
+            "properties": props,
+            "required": sorted(required & set(props)),
+            "additionalProperties": extra,
+        },
+        st.dictionaries(st.sampled_from(["a", "b", "c"]), inner, max_size=3),
+        st.sets(st.sampled_from(["a", "b", "c"])),
+        st.sampled_from([True, False, {"type": "string"}]),
+    ),
+    max_leaves=6,
+)
+_argument_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-2, 2)
+    | st.sampled_from([0.0, 1.0, 1.5])
+    | st.sampled_from(["", "a"]),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), inner, max_size=4)
+    ),
+    max_leaves=8,
+)
+
+
+@given(
+    st.dictionaries(st.sampled_from(["a", "b", "c"]), _subset_schemas, min_size=1, max_size=3),
+    st.data(),
+)
+def test_the_builtin_checker_agrees_with_full_json_schema_on_its_subset(
+    properties: JSONObject, data: st.DataObject
+) -> None:
+    keys = data.draw(st.lists(st.sampled_from([*properties, "d"]), unique=True))
+    arguments: JSONObject = {key: data.draw(_argument_values) for key in keys}
+    parameters: JSONObject = {"type": "object", "properties": properties}
+    builtin = ToolSpec(name="t", parameters=parameters)
+    full = _spec(parameters)
+    assert bool(builtin.validate_arguments(arguments)) == bool(full.validate_arguments(arguments))
