@@ -8,6 +8,7 @@ gets a clear per-call answer while the server and the other slots carry on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
@@ -89,18 +91,39 @@ def stop_server(server: Server) -> int:
     return code
 
 
+@contextlib.contextmanager
+def searchable_dir(tag: str) -> Iterator[Path]:
+    """A fresh directory every user may search (not list): a server run as root runs its slots
+    as other uids, which must reach their workspaces below it (pytest's own temporary
+    directories are private to their owner)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"trajcore-{tag}-"))
+    folder.chmod(0o711)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """This module's ``tmp_path``: one that the slots' uids can reach (``searchable_dir``)."""
+    with searchable_dir("test") as folder:
+        yield folder
+
+
 @pytest.fixture(scope="module", params=["native", "python"])
-def server(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
+def server(request: pytest.FixtureRequest) -> Iterator[Server]:
     """A slot server whose keepers and lease agents are the compiled helper, or the Python
     ones: every sandbox test runs against both."""
     if request.param == "native" and not HAS_COMPILER:
         pytest.skip("no C compiler (cc, gcc, clang) to build the compiled slot helper")
-    root = tmp_path_factory.mktemp(f"slot-server-{request.param}") / "root"
-    running = attrs.evolve(start_server(root, "--slot-helper", request.param), helper=request.param)
-    yield running
-    assert stop_server(running) == 0
+    with searchable_dir(f"slot-server-{request.param}") as folder:
+        root = folder / "root"
+        running = attrs.evolve(
+            start_server(root, "--slot-helper", request.param), helper=request.param
+        )
+        yield running
+        assert stop_server(running) == 0
 
 
 def run(main: Callable[[SlotServerClient], Coroutine[Any, Any, T]], server: Server) -> T:
@@ -875,3 +898,93 @@ def test_paths_bound_under_tmp_are_carried_into_every_lease(helper: str, tmp_pat
         assert result.outcome is ToolOutcome.OK, result
         assert result.content == "from the host\ndata-read-only\n", result
     assert not (data / "planted").exists()
+
+
+# --------------------------------------------------------------------------------- slot uids
+
+AS_ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(
+    not AS_ROOT, reason="slots run as their own uids only when the slot server is root"
+)
+SLOT_UID_BASE = 1_900_000_000  # the default base (``DEFAULT_SLOT_UID_BASE``)
+
+
+def host_uids(pid: int) -> list[int]:
+    """The real, effective, saved and file-system uids of ``pid``, read by the host."""
+    fields = status_fields(Path(f"/proc/{pid}/status").read_text())
+    return [int(value) for value in fields["Uid"].split()]
+
+
+@needs_root
+def test_each_slot_runs_as_its_own_unprivileged_uid(server: Server) -> None:
+    marker = "4321.777"
+    shadow = "cat /etc/shadow >/dev/null 2>&1 && echo shadow-read || echo shadow-refused"
+
+    async def main(
+        client: SlotServerClient,
+    ) -> tuple[list[ToolResult], list[dict[int, list[int]]], list[list[int]]]:
+        for slot in (0, 1):
+            await reset_clean(client, slot, 59)
+        results = await client.execute(
+            [
+                call(slot, "bash", epoch=60, command=f"(sleep {marker} &) ; {shadow}; id -u")
+                for slot in (0, 1)
+            ]
+        )
+        listing = await client.list_slots()
+        seen, sleepers = [], []
+        for slot in (0, 1):
+            pid = listing.slots[slot].sandbox_pid
+            assert pid is not None
+            tree = process_tree(pid)
+            seen.append({pid: host_uids(pid) for pid in tree if stat_fields(pid) is not None})
+            sleepers.append([pid for pid in host_processes_with(marker) if pid in tree])
+        for slot in (0, 1):
+            await reset_clean(client, slot, 60)
+        return results, seen, sleepers
+
+    results, seen, sleepers = run(main, server)
+    for slot in (0, 1):
+        result = results[slot]
+        assert result.outcome is ToolOutcome.OK, result.content
+        assert "shadow-refused" in result.content
+        expected = SLOT_UID_BASE + slot
+        assert result.content.split()[-1] == str(expected), "inside uid == outside uid"
+        assert len(sleepers[slot]) == 1, "the background process is in the slot's sandbox tree"
+        for pid, uids in seen[slot].items():
+            assert uids == [expected] * 4, (pid, uids)
+    assert not set(seen[0]) & set(seen[1])
+
+
+@needs_root
+def test_a_workspace_belongs_to_its_slot_and_no_other(server: Server) -> None:
+    async def main(client: SlotServerClient) -> list[ToolResult]:
+        for slot in (0, 1):
+            await reset_clean(client, slot, 69)
+        return await client.execute(
+            [call(0, "bash", epoch=70, command="touch mine && stat -c '%u %a' /workspace mine")]
+        )
+
+    (result,) = run(main, server)
+    assert result.outcome is ToolOutcome.OK, result.content
+    workspace = server.root / "slots" / "0"
+    assert workspace.stat().st_uid == SLOT_UID_BASE
+    assert workspace.stat().st_mode & 0o777 == 0o700
+    assert (workspace / "mine").stat().st_uid == SLOT_UID_BASE
+    assert (server.root / "slots" / "1").stat().st_uid == SLOT_UID_BASE + 1
+
+
+@needs_root
+def test_a_root_the_slot_uids_cannot_reach_is_refused(tmp_path: Path) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    token_file = tmp_path / "t.token"
+    token_file.write_text(TOKEN)
+    done = subprocess.run(
+        [sys.executable, "-m", "trajcore.entrypoints.slot_server", "--slots", "1",
+         "--root", str(private / "root"), "--unix", str(tmp_path / "s.sock")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert f"{private} (mode 700) is not searchable by others" in done.stderr
+    assert "@ root" in done.stderr

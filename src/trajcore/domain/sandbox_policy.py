@@ -219,7 +219,7 @@ def bwrap_argv(
     command: Sequence[str],
     bwrap: str = "bwrap",
     host_symlinks: Mapping[str, str] | None = None,
-    rebind: Sequence[str] = (),
+    rebind: Sequence[str | Bind] = (),
     keep_capabilities: Sequence[str] = (),
 ) -> list[str]:
     """The full ``bwrap`` argument vector that runs ``command`` in a sandbox for one slot.
@@ -233,7 +233,9 @@ def bwrap_argv(
             targets; those are recreated with ``--symlink`` instead of bound.
         rebind: Host paths the command needs (the Python it runs on, say) that the system binds
             or the private ``/tmp`` would leave out; bound read-only at the same place. Paths
-            already covered by a system bind and not under ``/tmp`` are skipped.
+            already covered by a system bind and not under ``/tmp`` are skipped. A ``Bind``
+            instead names a different host source (a staged copy) for its ``dest``; it is
+            always bound, read-only.
         keep_capabilities: Capabilities the command keeps inside the sandbox's user namespace
             (``--cap-add`` after ``--cap-drop ALL``); only ``KEEPER_CAPABILITIES`` are accepted.
 
@@ -274,7 +276,11 @@ def bwrap_argv(
         else:
             argv += ["--ro-bind-try", path, path]
     argv += ["--tmpfs", SANDBOX_TMP, "--proc", "/proc", "--dev", "/dev"]
-    for path in rebind:
+    for wanted in rebind:
+        if isinstance(wanted, Bind):
+            argv += ["--ro-bind", wanted.source, wanted.dest]
+            continue
+        path = wanted
         covered = any(_under(path, p) for p in policy.system_paths if p not in links)
         if covered and not _under(path, SANDBOX_TMP):
             continue
@@ -290,12 +296,13 @@ def bwrap_argv(
 
 
 def private_tmp_binds(
-    policy: SandboxPolicy, *, rebind: Sequence[str] = ()
+    policy: SandboxPolicy, *, rebind: Sequence[str | Bind] = ()
 ) -> list[tuple[str, bool]]:
     """The sandbox paths ``bwrap_argv`` (given the same ``rebind``) binds *under* the private
     ``/tmp``, in bind order, each with whether it is writable: a lease that mounts a fresh
     ``/tmp`` must bind these back as they were."""
-    found = [(path, False) for path in rebind if _under(path, SANDBOX_TMP)]
+    dests = [path.dest if isinstance(path, Bind) else path for path in rebind]
+    found = [(path, False) for path in dests if _under(path, SANDBOX_TMP)]
     found += [
         (bind.dest, bind.writable) for bind in policy.extra_binds if _under(bind.dest, SANDBOX_TMP)
     ]

@@ -605,6 +605,9 @@ _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUTS = 0x04000000
 _CLONE_NEWIPC = 0x08000000
 _CLONE_NEWPID = 0x20000000
+_SIGCHLD = 17
+# clone(2)'s number where the agent runs (Python's ``os`` has no clone).
+_SYS_CLONE = {"x86_64": 56, "aarch64": 220}
 _MS_RDONLY = 0x1
 _MS_NOSUID = 0x2
 _MS_NODEV = 0x4
@@ -653,8 +656,21 @@ class _Libc:
             f"mount {target}",
         )
 
-    def setns(self, fd: int, kind: int) -> None:
-        self._check(self._libc.setns(fd, kind), "setns")
+    def clone_pid_namespace(self) -> int:
+        """``fork`` into a new pid namespace: 0 in the child, its pid in the parent. Only for a
+        process with one thread (the keeper): Python's own fork hooks do not run."""
+        number = _SYS_CLONE.get(posix.uname().machine)
+        if number is None:
+            raise OSError(38, f"clone: no syscall number for {posix.uname().machine}")
+        c_long = self._ctypes.c_long
+        pid = int(
+            self._libc.syscall(c_long(number), c_long(_CLONE_NEWPID | _SIGCHLD), c_long(0),
+                               c_long(0), c_long(0), c_long(0))
+        )  # fmt: skip
+        if pid < 0:
+            number = self._ctypes.get_errno()
+            raise OSError(number, f"clone: {posix.strerror(number)}")
+        return pid
 
     def prctl(self, option: int, value: int, what: str) -> None:
         self._check(self._libc.prctl(option, value, 0, 0, 0), what)
@@ -744,22 +760,18 @@ def _lease_main(libc: _Libc, channel: int, config: dict[str, object], plan: _Pla
         posix._exit(status)
 
 
-def _begin_lease(
-    libc: _Libc, own_pid_namespace: int, channel: int, config: dict[str, object], plan: _Plan
-) -> int:
-    """Start a lease: fork its first process into a new pid namespace (which it then joins new
-    mount, ipc and uts namespaces from). Returns that process's pid as the keeper sees it."""
-    libc.unshare(_CLONE_NEWPID)  # for the next child only: reset below
-    try:
-        first = posix.fork()
-        if first == 0:
-            try:
-                libc.unshare(_CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS)
-            except BaseException as error:  # noqa: BLE001 - reported on the channel, then exit
-                _refuse(channel, error)
-            _lease_main(libc, channel, config, plan)
-    finally:
-        libc.setns(own_pid_namespace, _CLONE_NEWPID)
+def _begin_lease(libc: _Libc, channel: int, config: dict[str, object], plan: _Plan) -> int:
+    """Start a lease: fork its first process straight into a new pid namespace (``clone`` with
+    ``CLONE_NEWPID``; the keeper's own namespaces never change, since an unprivileged sandbox may
+    not ``setns`` back into its pid namespace), which then enters new mount, ipc and uts
+    namespaces. Returns that process's pid as the keeper sees it."""
+    first = libc.clone_pid_namespace()
+    if first == 0:
+        try:
+            libc.unshare(_CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS)
+        except BaseException as error:  # noqa: BLE001 - reported on the channel, then exit
+            _refuse(channel, error)
+        _lease_main(libc, channel, config, plan)
     return first
 
 
@@ -800,7 +812,6 @@ def keep(config: dict[str, object]) -> int:
     libc = _Libc()
     plan = _prepare(libc, config)
     batch_scheduling()
-    own_pid_namespace = posix.open("/proc/self/ns/pid", posix.O_RDONLY | posix.O_CLOEXEC)
     control = _socket.socket(fileno=0)
     room = _socket.CMSG_SPACE(4)  # one descriptor
     lease: int | None = None
@@ -830,7 +841,7 @@ def keep(config: dict[str, object]) -> int:
                 if lease is not None:
                     _end_lease(lease)
                     lease = None
-                lease = _begin_lease(libc, own_pid_namespace, fds[0], config, plan)
+                lease = _begin_lease(libc, fds[0], config, plan)
                 reply = {"lease": True, "pid": lease}
             elif op == "end":
                 status = _end_lease(lease) if lease is not None else None

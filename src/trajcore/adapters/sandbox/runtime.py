@@ -48,7 +48,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import attrs
 
@@ -61,12 +61,14 @@ from trajcore.adapters.sandbox.limits import (
     rlimits_for,
 )
 from trajcore.adapters.sandbox.native_helper import NativeBuildError, build_slot_helper
+from trajcore.adapters.sandbox.slot_ids import stage_file, stage_python, unreachable
 from trajcore.adapters.sandbox.workspace import Workspace
 from trajcore.domain.errors import ConfigError, ToolArgumentError, UnknownSlot
 from trajcore.domain.messages import JSON, ExecReport, ToolOutcome, ToolResult, ToolSpec
 from trajcore.domain.sandbox_policy import (
     KEEPER_CAPABILITIES,
     SANDBOX_TMP,
+    Bind,
     SandboxPolicy,
     bwrap_argv,
     clamp_timeout,
@@ -85,7 +87,11 @@ from trajcore.domain.slot_protocol import (
     SlotInfo,
     SlotListing,
 )
-from trajcore.domain.slot_server_flags import SLOT_HELPERS
+from trajcore.domain.slot_server_flags import (
+    DEFAULT_SLOT_UID_BASE,
+    SLOT_HELPERS,
+    check_slot_uid_range,
+)
 
 __all__ = ["AGENT_SOURCE", "RuntimeConfig", "SlotRuntime"]
 
@@ -99,6 +105,13 @@ _SANDBOX_STATE = "/tmp/.trajcore"  # noqa: S108 - inside the sandbox's private t
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _TOOLS: dict[str, ToolSpec] = {spec.name: spec for spec in SLOT_TOOL_SPECS}
 _EXEC_TOOLS = frozenset({"bash", "bash_stateful", "tmux"})
+# Where the compiled helper appears in every sandbox: a fixed path outside the private /tmp, so
+# a helper cached anywhere on the host (under /tmp, under a private home) is bound the same way.
+HELPER_PATH = "/run/trajcore/slot-helper"
+# The sandbox's first program waits for a line on its stdout (the read end of a pipe) while the
+# server moves it into the slot's cgroup (a process started as the slot's uid cannot move itself
+# there), then starts bubblewrap with stdout on /dev/null.
+_CGROUP_GATE = 'read -r _ <&1 || exit 125; exec "$@" >/dev/null'
 
 
 def _default_python() -> str:
@@ -125,6 +138,9 @@ class RuntimeConfig:
             use; the server does not start without it), ``"python"`` (``exec_agent.py``), or
             ``"auto"`` (native when it builds and works in a sandbox, else Python, and
             ``health()`` says why). Unsandboxed slots always use the Python agent.
+        slot_uid_base: When the server runs as root, slot ``i``'s sandbox runs as host uid and
+            gid ``slot_uid_base + i`` (``slot_ids``); a server that is not root runs every
+            slot as itself.
     """
 
     slots: int = attrs.field(validator=attrs.validators.gt(0))
@@ -138,6 +154,10 @@ class RuntimeConfig:
     dedup_per_slot: int = 4096
     use_cgroups: bool = True
     slot_helper: str = attrs.field(default="auto", validator=attrs.validators.in_(SLOT_HELPERS))
+    slot_uid_base: int = DEFAULT_SLOT_UID_BASE
+
+    def __attrs_post_init__(self) -> None:
+        check_slot_uid_range("slot_uid_base", self.slot_uid_base, self.slots)
 
 
 class _AgentLost(Exception):
@@ -310,6 +330,11 @@ class SlotRuntime:
     _agent_program: list[str] = attrs.field(init=False, factory=list)
     # the compiled slot helper in use (keeper and lease agent), or None for the Python ones
     _native: Path | None = attrs.field(init=False, default=None)
+    # the first slot uid when slots run as their own uids (the server is root), else None
+    _uid_base: int | None = attrs.field(init=False, default=None)
+    # what every sandbox binds for the Python agent (the interpreter's installation, or a
+    # staged copy of it bound at the same place)
+    _python_binds: list[str | Bind] = attrs.field(init=False, factory=list)
 
     # ------------------------------------------------------------------------- life cycle
 
@@ -319,6 +344,15 @@ class SlotRuntime:
         root = self.config.root
         (root / "slots").mkdir(parents=True, exist_ok=True)
         (root / "state").mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            self._uid_base = self.config.slot_uid_base
+            blocked = unreachable(root / "slots")
+            if blocked is not None:
+                raise ConfigError(
+                    "root",
+                    f"slots run as uids {self._uid_base}.. and cannot reach their workspaces "
+                    f"under {root / 'slots'}: {blocked} is not searchable by others",
+                )
         for path in self.config.policy.system_paths:
             if os.path.islink(path):  # noqa: ASYNC240 - a handful of lstat calls at start
                 self._symlinks[path] = os.readlink(path)
@@ -333,6 +367,11 @@ class SlotRuntime:
                 self._native = await asyncio.to_thread(build_slot_helper)
             except NativeBuildError as error:
                 native_problem = str(error)
+        self._python_binds = await asyncio.to_thread(self._stage_python)
+        if self._native is not None and self._uid_base is not None:
+            self._native = await asyncio.to_thread(
+                stage_file, self._native, self._runtime_dir() / "slot-helper"
+            )
         self.capabilities = await self._probe(native_problem)
         if self.config.slot_helper == "native" and self.capabilities.slot_helper != "native":
             raise ConfigError(
@@ -342,25 +381,66 @@ class SlotRuntime:
         self.sandboxed = self.capabilities.bwrap
         for index in range(self.config.slots):
             cgroup = SlotCgroup(self._cgroups, f"slot-{index}") if self._cgroups else None
-            self._slots.append(
-                _Slot(
-                    index=index,
-                    workspace=Workspace(root / "slots" / str(index)),
-                    state_dir=root / "state" / str(index),
-                    cgroup=cgroup,
-                )
+            # TODO(file tools as the slot's uid): pass ``owner=self._ids(index)`` here once
+            # ``Workspace`` takes it, so the file tools create and open files as the slot.
+            slot = _Slot(
+                index=index,
+                workspace=Workspace(root / "slots" / str(index)),
+                state_dir=root / "state" / str(index),
+                cgroup=cgroup,
             )
+            self._own_workspace(slot)
+            self._slots.append(slot)
         # Each slot's cgroup is made once, here, off the first call's path, and kept (empty)
         # across resets; a slot whose cgroup cannot be made now tries again when first used.
         cgroups = [slot.cgroup for slot in self._slots if slot.cgroup is not None]
         if cgroups:
             await asyncio.to_thread(_prepare_cgroups, cgroups, self.config.policy)
 
+    def _ids(self, index: int) -> tuple[int, int] | None:
+        """The host uid and gid slot ``index``'s sandbox runs as, or ``None``: the server's."""
+        if self._uid_base is None:
+            return None
+        uid = self._uid_base + max(index, 0)
+        return uid, uid
+
+    def _own_workspace(self, slot: _Slot) -> None:
+        """Give the slot's workspace to the slot's uid (mode 0700: no other slot reads it)."""
+        ids = self._ids(slot.index)
+        if ids is not None:
+            os.chown(slot.workspace.root, *ids)
+            os.chmod(slot.workspace.root, 0o700)
+
+    def _runtime_dir(self) -> Path:
+        folder = self.config.root / "runtime"
+        folder.mkdir(mode=0o755, exist_ok=True)
+        return folder
+
+    def _stage_python(self) -> list[str | Bind]:
+        """The binds that give a sandbox the agent's interpreter: its installation where every
+        slot uid can read it, else a staged copy of it bound at the same place."""
+        python = Path(self.config.python)
+        prefix = Path(os.path.realpath(sys.base_prefix))
+        plain: list[str | Bind] = [str(prefix), str(python.parent)]
+        if self._uid_base is None or unreachable(python) is None:
+            return plain
+        if not python.is_relative_to(prefix):
+            return plain  # the probe reports that the slots cannot start it
+        staged = stage_python(prefix, python, self._runtime_dir() / "python")
+        return [Bind(source=str(staged), dest=str(prefix))]
+
     async def _probe(self, native_problem: str | None) -> Capabilities:
         policy = self.config.policy
         probe_dir = self.config.root / "state" / "probe"
         probe_dir.mkdir(parents=True, exist_ok=True)
+        probe_ids = self._ids(0)
+        if probe_ids is not None:
+            os.chown(probe_dir, *probe_ids)
         problems: list[str] = []
+        if self._uid_base is None:
+            problems.append(
+                f"the slot server is not root: every slot runs as its uid {os.geteuid()}"
+            )
         if native_problem is not None:
             problems.append(f"the compiled slot helper is not in use: {native_problem}")
         bwrap_ok = net_ok = False
@@ -368,12 +448,14 @@ class SlotRuntime:
             problems.append(f"bubblewrap ({self.config.bwrap}) is not installed")
         else:
             isolated = attrs.evolve(policy, allow_network=False)
-            net_ok, detail = await _run_ok(self._sandbox_argv(isolated, probe_dir, ["/bin/true"]))
+            net_ok, detail = await _run_ok(
+                self._sandbox_argv(isolated, probe_dir, ["/bin/true"]), probe_ids
+            )
             if not net_ok:
                 problems.append(f"bwrap with a network namespace failed: {detail}")
             if policy.allow_network:
                 bwrap_ok, detail = await _run_ok(
-                    self._sandbox_argv(policy, probe_dir, ["/bin/true"])
+                    self._sandbox_argv(policy, probe_dir, ["/bin/true"]), probe_ids
                 )
                 if not bwrap_ok:
                     problems.append(f"bwrap failed: {detail}")
@@ -395,7 +477,8 @@ class SlotRuntime:
         else:
             argv = [tmux, "-V"]
             tmux_ok, detail = await _run_ok(
-                self._sandbox_argv(policy, probe_dir, argv) if bwrap_ok else argv
+                self._sandbox_argv(policy, probe_dir, argv) if bwrap_ok else argv,
+                probe_ids if bwrap_ok else None,
             )
             if not tmux_ok:
                 problems.append(f"tmux failed: {detail}")
@@ -453,10 +536,10 @@ class SlotRuntime:
             keep_capabilities=keep_capabilities,
         )
 
-    def _rebind(self) -> list[str]:
-        paths = [os.path.realpath(sys.base_prefix), os.path.dirname(self.config.python)]
+    def _rebind(self) -> list[str | Bind]:
+        paths = list(self._python_binds)
         if self._native is not None:
-            paths.append(str(self._native))
+            paths.append(Bind(source=str(self._native), dest=HELPER_PATH))
         return paths
 
     async def aclose(self) -> None:
@@ -754,7 +837,7 @@ class SlotRuntime:
         config["carry"] = [[path, writable] for path, writable in carry]
         inner: list[str]
         if self._native is not None:
-            inner = [str(self._native), "keep", "--workspace", policy.workspace_path,
+            inner = [HELPER_PATH, "keep", "--workspace", policy.workspace_path,
                      "--state-dir", _SANDBOX_STATE, "--tmp", SANDBOX_TMP]  # fmt: skip
             for name, value in cast("dict[str, int]", config["limits"]).items():
                 inner += ["--limit", name, str(value)]
@@ -766,34 +849,58 @@ class SlotRuntime:
         argv = self._sandbox_argv(
             policy, slot.workspace.root, inner, keep_capabilities=KEEPER_CAPABILITIES
         )
+        keeper = await self._spawn_keeper(slot, argv)
+        try:
+            await keeper.receive(self.config.start_timeout_s)
+        except _AgentLost as error:
+            detail = await _stderr_of(keeper.process)
+            await self._stop_keeper(slot)
+            raise _AgentLost(detail or str(error)) from None
         if slot.cgroup is not None:
+            keeper.pids = frozenset(await asyncio.to_thread(slot.cgroup.pids))
+        return keeper
+
+    async def _spawn_keeper(self, slot: _Slot, argv: list[str]) -> _Keeper:
+        """Start ``argv`` (the slot's bubblewrap) as the slot's uid, inside its cgroup."""
+        policy = self.config.policy
+        ids = self._ids(slot.index)
+        gate: tuple[int, int] | None = None
+        if slot.cgroup is not None and ids is None:
             argv = slot.cgroup.enter_prefix() + argv
+        elif slot.cgroup is not None:
+            gate = os.pipe()
+            argv = ["/bin/sh", "-c", _CGROUP_GATE, "slot-cgroup", *argv]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setblocking(False)
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=theirs.fileno(),
-                stdout=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL if gate is None else gate[0],
                 stderr=asyncio.subprocess.PIPE,
                 env=self._environment(policy.workspace_path, SANDBOX_TMP),
                 start_new_session=True,
+                **_as_ids(ids),
             )
         except OSError as error:
             ours.close()
             raise _AgentLost(f"cannot start the slot's sandbox: {error}") from None
         finally:
             theirs.close()
+            if gate is not None:
+                os.close(gate[0])
         keeper = _Keeper(process=process, control=ours)
         slot.keeper = keeper
-        try:
-            await keeper.receive(self.config.start_timeout_s)
-        except _AgentLost as error:
-            detail = await _stderr_of(process)
-            await self._stop_keeper(slot)
-            raise _AgentLost(detail or str(error)) from None
-        if slot.cgroup is not None:
-            keeper.pids = frozenset(await asyncio.to_thread(slot.cgroup.pids))
+        if gate is not None:
+            assert slot.cgroup is not None
+            try:
+                slot.cgroup.enter(process.pid)
+                os.write(gate[1], b"go\n")
+            except OSError as error:
+                await self._stop_keeper(slot)
+                raise _AgentLost(f"cannot move the sandbox into its cgroup: {error}") from None
+            finally:
+                os.close(gate[1])
         return keeper
 
     async def _lease_agent(self, slot: _Slot, *, started: float) -> _Agent:
@@ -929,6 +1036,7 @@ class SlotRuntime:
                     # here, not a trip through the thread pool.
                     if _holds_anything(slot.workspace.root):
                         await asyncio.to_thread(slot.workspace.wipe)
+                    self._own_workspace(slot)
                     if slot.state_dir.exists():  # bare agents only
                         await asyncio.to_thread(_wipe_dir, slot.state_dir)
         except TimeoutError:
@@ -1081,13 +1189,22 @@ def _kill_session(process: asyncio.subprocess.Process) -> None:
             process.kill()
 
 
-async def _run_ok(argv: list[str]) -> tuple[bool, str]:
+def _as_ids(ids: tuple[int, int] | None) -> dict[str, Any]:
+    """``create_subprocess_exec`` arguments that start a slot's sandbox as the slot's uid and
+    gid with no supplementary group."""
+    if ids is None:
+        return {}
+    return {"user": ids[0], "group": ids[1], "extra_groups": []}
+
+
+async def _run_ok(argv: list[str], ids: tuple[int, int] | None = None) -> tuple[bool, str]:
     try:
         process = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
+            **_as_ids(ids),
         )
     except OSError as error:
         return False, str(error)

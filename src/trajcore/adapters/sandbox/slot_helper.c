@@ -1272,18 +1272,14 @@ static int end_lease(pid_t first) {
     return status;
 }
 
-/* Start a lease: fork its first process into a new pid namespace. Returns its pid as the
- * keeper sees it, or -1 (errno set). */
-static pid_t begin_lease(int own_pid_namespace, int channel, const plan *p) {
-    if (unshare(CLONE_NEWPID) != 0) /* for the next child only: undone below */
-        return -1;
-    pid_t first = fork();
+/* Start a lease: fork its first process straight into a new pid namespace (clone with
+ * CLONE_NEWPID, so the keeper's own namespaces never change: an unprivileged sandbox may not
+ * setns back into its pid namespace). Returns its pid as the keeper sees it, or -1 (errno
+ * set). */
+static pid_t begin_lease(int channel, const plan *p) {
+    pid_t first = (pid_t)syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, NULL, NULL, NULL, NULL);
     if (first == 0)
         lease_main(channel, p);
-    int saved = errno;
-    if (setns(own_pid_namespace, CLONE_NEWPID) != 0)
-        die("cannot return to the keeper's pid namespace");
-    errno = saved;
     return first;
 }
 
@@ -1294,9 +1290,6 @@ static pid_t begin_lease(int own_pid_namespace, int channel, const plan *p) {
 static int keep(plan *p) {
     prepare(p);
     (void)sched_setscheduler(0, SCHED_BATCH, &(struct sched_param){0});
-    int own_pid_namespace = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC);
-    if (own_pid_namespace < 0)
-        die("/proc/self/ns/pid");
     (void)prctl(PR_SET_NAME, "slot-keeper", 0, 0, 0);
     signal(SIGPIPE, SIG_IGN);
     buf reply = {0};
@@ -1339,7 +1332,7 @@ static int keep(plan *p) {
             } else {
                 if (lease > 0)
                     end_lease(lease);
-                lease = begin_lease(own_pid_namespace, fds[0], p);
+                lease = begin_lease(fds[0], p);
                 if (lease > 0) {
                     buf_printf(&reply, "{\"lease\":true,\"pid\":%d}", (int)lease);
                 } else {
