@@ -31,7 +31,7 @@ from trajcore.adapters.sandbox.client import SlotServerClient
 from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime
 from trajcore.domain.errors import SlotServerError, ToolArgumentError, UnknownSlot, WireError
 from trajcore.domain.messages import JSON, ToolOutcome, ToolResult
-from trajcore.domain.sandbox_policy import Bind, SandboxPolicy
+from trajcore.domain.sandbox_policy import MASKED_PATHS, READ_ONLY_PATHS, Bind, SandboxPolicy
 from trajcore.domain.slot_protocol import ExecuteCall
 
 T = TypeVar("T")
@@ -909,6 +909,15 @@ needs_root = pytest.mark.skipif(
 SLOT_UID_BASE = 1_900_000_000  # the default base (``DEFAULT_SLOT_UID_BASE``)
 
 
+async def fresh_lease(client: SlotServerClient, *slots: int) -> int:
+    """Reset ``slots`` past whatever earlier tests used; returns the epoch of the new lease."""
+    listing = await client.list_slots()
+    epoch = max(listing.slots[slot].retired_epoch for slot in slots) + 1
+    for slot in slots:
+        await reset_clean(client, slot, epoch)
+    return epoch + 1
+
+
 def host_uids(pid: int) -> list[int]:
     """The real, effective, saved and file-system uids of ``pid``, read by the host."""
     fields = status_fields(Path(f"/proc/{pid}/status").read_text())
@@ -923,11 +932,10 @@ def test_each_slot_runs_as_its_own_unprivileged_uid(server: Server) -> None:
     async def main(
         client: SlotServerClient,
     ) -> tuple[list[ToolResult], list[dict[int, list[int]]], list[list[int]]]:
-        for slot in (0, 1):
-            await reset_clean(client, slot, 59)
+        epoch = await fresh_lease(client, 0, 1)
         results = await client.execute(
             [
-                call(slot, "bash", epoch=60, command=f"(sleep {marker} &) ; {shadow}; id -u")
+                call(slot, "bash", epoch=epoch, command=f"(sleep {marker} &) ; {shadow}; id -u")
                 for slot in (0, 1)
             ]
         )
@@ -940,7 +948,7 @@ def test_each_slot_runs_as_its_own_unprivileged_uid(server: Server) -> None:
             seen.append({pid: host_uids(pid) for pid in tree if stat_fields(pid) is not None})
             sleepers.append([pid for pid in host_processes_with(marker) if pid in tree])
         for slot in (0, 1):
-            await reset_clean(client, slot, 60)
+            await reset_clean(client, slot, epoch)
         return results, seen, sleepers
 
     results, seen, sleepers = run(main, server)
@@ -959,10 +967,9 @@ def test_each_slot_runs_as_its_own_unprivileged_uid(server: Server) -> None:
 @needs_root
 def test_a_workspace_belongs_to_its_slot_and_no_other(server: Server) -> None:
     async def main(client: SlotServerClient) -> list[ToolResult]:
-        for slot in (0, 1):
-            await reset_clean(client, slot, 69)
+        epoch = await fresh_lease(client, 0)
         return await client.execute(
-            [call(0, "bash", epoch=70, command="touch mine && stat -c '%u %a' /workspace mine")]
+            [call(0, "bash", epoch=epoch, command="touch mine && stat -c '%u %a' /workspace mine")]
         )
 
     (result,) = run(main, server)
@@ -988,3 +995,59 @@ def test_a_root_the_slot_uids_cannot_reach_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert f"{private} (mode 700) is not searchable by others" in done.stderr
     assert "@ root" in done.stderr
+
+
+# --------------------------------------------------------------------------------- kernel
+
+
+def mount_options(pid: int) -> dict[str, str]:
+    """Each mount point of ``pid``'s mount namespace (the last mount on it) and its per-mount
+    options, read by the host from ``/proc/PID/mountinfo``."""
+    found = {}
+    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+        fields = line.split()
+        found[fields[4]] = fields[5]
+    return found
+
+
+def lease_pid(sandbox_pid: int, marker: str) -> int:
+    (pid,) = [pid for pid in host_processes_with(marker) if pid in process_tree(sandbox_pid)]
+    return pid
+
+
+def test_kernel_interfaces_are_masked_and_read_only(server: Server) -> None:
+    marker = "4321.555"
+    # opened for appending and never written (``:`` writes nothing): a kernel setting that
+    # opened here would be writable, which is the finding
+    probes = [
+        "/proc/sys/kernel/core_pattern",
+        "/proc/sys/net/ipv4/ip_default_ttl",
+        "/proc/sysrq-trigger",
+        "/proc/sys/vm/drop_caches",
+    ]
+    command = (
+        f"(sleep {marker} >/dev/null 2>&1 &); "
+        + "".join(f"(: >>{path}) 2>/dev/null && echo opened {path}; " for path in probes)
+        + "wc -c </proc/keys; ls -A /proc/acpi 2>/dev/null | wc -l; echo done"
+    )
+
+    async def main(client: SlotServerClient) -> tuple[ToolResult, dict[str, str]]:
+        epoch = await fresh_lease(client, 2)
+        result = await one(client, call(2, "bash", epoch=epoch, command=command))
+        sandbox = (await client.list_slots()).slots[2].sandbox_pid
+        assert sandbox is not None
+        mounts = mount_options(lease_pid(sandbox, marker))
+        await reset_clean(client, 2, epoch)
+        return result, mounts
+
+    result, mounts = run(main, server)
+    assert result.outcome is ToolOutcome.OK, result.content
+    assert "opened" not in result.content
+    assert result.content.split()[:3] == ["0", "0", "done"], result.content
+    for path in READ_ONLY_PATHS:
+        if Path(path).exists():
+            assert mounts[path].split(",")[0] == "ro", (path, mounts.get(path))
+    for path in MASKED_PATHS:
+        if Path(path).exists() and path.startswith("/proc/"):
+            assert path in mounts, f"{path} is not masked"
+    assert Path("/proc/keys").exists(), "the host lists keys; the lease reads nothing (above)"

@@ -42,6 +42,8 @@ from trajcore.domain.errors import ConfigError
 __all__ = [
     "DEFAULT_SYSTEM_PATHS",
     "KEEPER_CAPABILITIES",
+    "MASKED_PATHS",
+    "READ_ONLY_PATHS",
     "Bind",
     "SandboxPolicy",
     "bwrap_argv",
@@ -55,6 +57,34 @@ SANDBOX_TMP = "/tmp"  # noqa: S108 - names the sandbox's own tmpfs, created fres
 # What a slot's keeper keeps, within the sandbox's user namespace only: CAP_SYS_ADMIN to make a
 # lease's namespaces and mounts, CAP_SETPCAP to empty its own bounding set (its leases inherit it).
 KEEPER_CAPABILITIES: tuple[str, ...] = ("CAP_SYS_ADMIN", "CAP_SETPCAP")
+
+# Kernel interfaces every lease hides after it mounts its fresh /proc (runc's masked paths): a
+# file gets /dev/null bound over it, a directory an empty read-only tmpfs; a path the kernel does
+# not have is skipped.
+MASKED_PATHS: tuple[str, ...] = (
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+)
+
+# Kernel interfaces every lease sees read-only (runc's read-only paths): bound onto themselves
+# and remounted read-only, so no sysctl (the host's network ones included, with
+# ``allow_network``) can be written whatever the file modes say.
+READ_ONLY_PATHS: tuple[str, ...] = (
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+)
 
 DEFAULT_SYSTEM_PATHS: tuple[str, ...] = (
     "/usr",

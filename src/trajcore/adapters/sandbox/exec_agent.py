@@ -6,7 +6,8 @@ The slot server starts it with ``python -I -S`` in one of two roles, named by it
   kept for the server's life. It holds ``CAP_SYS_ADMIN`` and ``CAP_SETPCAP`` inside the sandbox's
   own user namespace and uses them for one thing: on each ``lease`` request it forks the lease's
   agent into a new pid namespace (the child is that namespace's pid 1); the child enters new
-  mount, ipc and uts namespaces, mounts a fresh ``/proc``, ``/tmp`` and ``/dev/shm`` (binding back
+  mount, ipc and uts namespaces, mounts a fresh ``/proc`` (masking ``MASKED_PATHS`` and making
+  ``READ_ONLY_PATHS`` read-only), ``/tmp`` and ``/dev/shm`` (binding back
   what the sandbox had bound under ``/tmp``), remounts ``/dev`` read-only, drops every capability
   (ambient, permitted, effective; ``no_new_privs``; its bounding set comes empty from the keeper,
   which emptied its own at start) and only then serves the lease on the socket it was handed.
@@ -702,6 +703,18 @@ class _Plan:
         ]
         self.dev_shm = _exists(_DEV_SHM)
         self.dev_read_only = _read_only_remount("/dev")
+        # (path, how): "file" or "dir" to mask, "ro" to make read-only; absent ones left out
+        self.kernel: list[tuple[str, str]] = []
+        for key, masked in (("masked", True), ("read_only", False)):
+            paths = config.get(key, [])
+            assert isinstance(paths, list)
+            for path in paths:
+                try:
+                    mode = posix.stat(str(path)).st_mode
+                except OSError:
+                    continue  # this kernel has no such interface
+                kind = "dir" if mode & 0o170000 == 0o040000 else "file"
+                self.kernel.append((str(path), kind if masked else "ro"))
 
 
 def _refuse(channel: int, error: BaseException) -> None:
@@ -720,6 +733,16 @@ def _lease_main(libc: _Libc, channel: int, config: dict[str, object], plan: _Pla
     try:
         libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
         libc.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
+        # The fresh /proc's kernel interfaces: masked, or read-only (the host's sysctls too)
+        locked = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+        for path, how in plan.kernel:
+            if how == "file":
+                libc.mount("/dev/null", path, None, _MS_BIND, None)
+            elif how == "dir":
+                libc.mount("tmpfs", path, "tmpfs", _MS_RDONLY | locked, "size=0,mode=0555")
+            else:
+                libc.mount(path, path, None, _MS_BIND | _MS_REC, None)
+                libc.mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | locked, None)
         # The carried paths, held open before the fresh tmpfs hides them: descriptors opened
         # here, in the lease's own mount namespace (a bind from another namespace's mount is
         # refused).

@@ -67,6 +67,8 @@ from trajcore.domain.errors import ConfigError, ToolArgumentError, UnknownSlot
 from trajcore.domain.messages import JSON, ExecReport, ToolOutcome, ToolResult, ToolSpec
 from trajcore.domain.sandbox_policy import (
     KEEPER_CAPABILITIES,
+    MASKED_PATHS,
+    READ_ONLY_PATHS,
     SANDBOX_TMP,
     Bind,
     SandboxPolicy,
@@ -835,6 +837,8 @@ class SlotRuntime:
         config["tmp"] = SANDBOX_TMP
         carry = private_tmp_binds(policy, rebind=self._rebind())
         config["carry"] = [[path, writable] for path, writable in carry]
+        config["masked"] = list(MASKED_PATHS)
+        config["read_only"] = list(READ_ONLY_PATHS)
         inner: list[str]
         if self._native is not None:
             inner = [HELPER_PATH, "keep", "--workspace", policy.workspace_path,
@@ -843,6 +847,10 @@ class SlotRuntime:
                 inner += ["--limit", name, str(value)]
             for path, writable in carry:
                 inner += ["--carry-rw" if writable else "--carry-ro", path]
+            for path in MASKED_PATHS:
+                inner += ["--mask", path]
+            for path in READ_ONLY_PATHS:
+                inner += ["--read-only", path]
         else:
             inner = [self.config.python, "-I", "-S", "-c", *self._agent_program,
                      marshal.dumps(config).hex()]  # fmt: skip

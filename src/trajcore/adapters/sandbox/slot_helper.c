@@ -8,13 +8,15 @@
  * the Python keeper and agent otherwise.
  *
  *   slot-helper keep --workspace W --state-dir S --tmp T [--limit NAME VALUE]...
- *                    [--carry-rw PATH]... [--carry-ro PATH]...
+ *                    [--carry-rw PATH]... [--carry-ro PATH]... [--mask PATH]...
+ *                    [--read-only PATH]...
  *
  * The keeper: the first program of a slot's bubblewrap sandbox, holding CAP_SYS_ADMIN and
  * CAP_SETPCAP in the sandbox's user namespace. Requests arrive on fd 0 (SOCK_SEQPACKET), one per
  * packet: "lease" with the lease's channel as an SCM_RIGHTS descriptor, or "end"; each gets one
  * JSON packet back. A lease is a fork into a new pid namespace (the child is its pid 1) that
- * enters new mount, ipc and uts namespaces, mounts a fresh /proc, the private tmp (binding back
+ * enters new mount, ipc and uts namespaces, mounts a fresh /proc (masking the --mask paths and
+ * making the --read-only ones read-only), the private tmp (binding back
  * the carried paths), /dev/shm, remounts /dev read-only, drops every capability (ambient,
  * permitted, effective; its bounding set comes empty from the keeper), sets no_new_privs and the
  * resource limits, and only then serves the lease on fd 3.
@@ -1045,7 +1047,14 @@ static int serve(int fd, const char *state_dir, const char *workspace, const cha
 
 /* ============================================================================ the keeper */
 
-enum { LEASE_FD = 3, MAX_CARRIED = 64, MAX_LIMITS = 8 };
+enum { LEASE_FD = 3, MAX_CARRIED = 64, MAX_LIMITS = 8, MAX_KERNEL_PATHS = 32 };
+
+/* A kernel interface a lease hides or makes read-only (sandbox_policy's MASKED_PATHS and
+ * READ_ONLY_PATHS). */
+typedef struct {
+    const char *path;
+    enum { ABSENT, MASK_FILE, MASK_DIR, READ_ONLY } how;
+} kernel_path;
 
 typedef struct {
     const char *path;
@@ -1066,6 +1075,8 @@ typedef struct {
     size_t limit_count;
     bool dev_shm;
     unsigned long dev_kept;
+    kernel_path kernel[MAX_KERNEL_PATHS];
+    size_t kernel_count;
 } plan;
 
 static const char DEV_SHM[] = "/dev/shm";
@@ -1132,6 +1143,12 @@ static bool parse_plan(int argc, char **argv, plan *p) {
         else if (strcmp(flag, "--limit") == 0) {
             if (i + 1 >= argc || !parse_limit(value, argv[++i], p))
                 return false;
+        } else if (strcmp(flag, "--mask") == 0 || strcmp(flag, "--read-only") == 0) {
+            if (p->kernel_count == MAX_KERNEL_PATHS)
+                return false;
+            p->kernel[p->kernel_count].path = value;
+            p->kernel[p->kernel_count].how = strcmp(flag, "--mask") == 0 ? MASK_FILE : READ_ONLY;
+            p->kernel_count++;
         } else if (strcmp(flag, "--carry-rw") == 0 || strcmp(flag, "--carry-ro") == 0) {
             if (p->carry_count == MAX_CARRIED)
                 return false;
@@ -1167,6 +1184,14 @@ static void prepare(plan *p) {
     }
     p->dev_shm = exists(DEV_SHM);
     p->dev_kept = kept_flags("/dev");
+    for (size_t i = 0; i < p->kernel_count; i++) {
+        kernel_path *k = &p->kernel[i];
+        struct stat info;
+        if (stat(k->path, &info) != 0)
+            k->how = ABSENT; /* this kernel has no such interface */
+        else if (k->how == MASK_FILE && S_ISDIR(info.st_mode))
+            k->how = MASK_DIR;
+    }
 }
 
 /* Send {"ready": false, "error": ...} on the lease's channel and exit; never returns. */
@@ -1198,6 +1223,21 @@ static void lease_main(int channel, const plan *p) {
         refuse(channel, "unshare");
     mount_or_refuse(channel, NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
     mount_or_refuse(channel, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    /* The fresh /proc's kernel interfaces: masked, or read-only (the host's sysctls among them) */
+    for (size_t i = 0; i < p->kernel_count; i++) {
+        const kernel_path *k = &p->kernel[i];
+        if (k->how == MASK_FILE)
+            mount_or_refuse(channel, "/dev/null", k->path, NULL, MS_BIND, NULL);
+        else if (k->how == MASK_DIR)
+            mount_or_refuse(channel, "tmpfs", k->path, "tmpfs",
+                            MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0,mode=0555");
+        else if (k->how == READ_ONLY) {
+            mount_or_refuse(channel, k->path, k->path, NULL, MS_BIND | MS_REC, NULL);
+            mount_or_refuse(channel, NULL, k->path, NULL,
+                            MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                            NULL);
+        }
+    }
     /* The carried paths, held open before the fresh tmpfs hides them: descriptors opened here,
      * in the lease's own mount namespace (a bind from another namespace's mount is refused). */
     int held[MAX_CARRIED];
@@ -1376,6 +1416,7 @@ static int usage(void) {
     fprintf(stderr,
             "usage: slot-helper keep --workspace W --state-dir S --tmp T [--limit NAME VALUE]...\n"
             "                        [--carry-rw PATH]... [--carry-ro PATH]...\n"
+            "                        [--mask PATH]... [--read-only PATH]...\n"
             "       slot-helper serve CHANNEL_FD STATE_DIR WORKSPACE TMUX_PATH_OR_EMPTY\n");
     return 2;
 }
