@@ -1051,3 +1051,183 @@ def test_kernel_interfaces_are_masked_and_read_only(server: Server) -> None:
         if Path(path).exists() and path.startswith("/proc/"):
             assert path in mounts, f"{path} is not masked"
     assert Path("/proc/keys").exists(), "the host lists keys; the lease reads nothing (above)"
+
+
+# --------------------------------------------------------------------------------- seccomp
+
+# x86-64 system call numbers the probe makes through ctypes (``os`` has no wrappers for them)
+X86_64 = os.uname().machine == "x86_64"
+needs_x86_64 = pytest.mark.skipif(not X86_64, reason="the probe's syscall numbers are x86-64's")
+SYSCALL_PROBE = """
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+CALLS = {
+    "unshare_user": lambda: libc.unshare(0x10000000),
+    "unshare_net_user": lambda: libc.unshare(0x10000000 | 0x40000000),
+    "keyctl_session": lambda: libc.syscall(250, 0, -3, 0),
+    "add_key": lambda: libc.syscall(248, b"user", b"canary", b"value", 5, -3),
+    "request_key": lambda: libc.syscall(249, b"user", b"canary", None, -3),
+    "ptrace_attach": lambda: libc.syscall(101, 16, 1, 0, 0),
+    "pidfd_getfd": lambda: libc.syscall(438, os.pidfd_open(1), 3, 0),
+    "process_vm_readv": lambda: libc.syscall(310, 1, 0, 0, 0, 0, 0),
+    "mount": lambda: libc.mount(b"none", b"/tmp", b"tmpfs", 0, None),
+    "bpf": lambda: libc.syscall(321, 0, 0, 0),
+    "perf_event_open": lambda: libc.syscall(298, 0, 0, -1, -1, 0),
+    "userfaultfd": lambda: libc.syscall(323, 0),
+    "open_by_handle_at": lambda: libc.syscall(304, 0, 0, 0),
+    "setns": lambda: libc.syscall(308, os.pidfd_open(1), 0),
+    "clone3": lambda: libc.syscall(435, 0, 0),
+    "personality_read_implies_exec": lambda: libc.syscall(135, 0x0400000),
+    "ioctl_tiocsti": lambda: libc.syscall(16, 0, 0x5412, b"x"),
+    "getpid": lambda: libc.syscall(39),
+}
+for name in sys.argv[1:]:
+    ctypes.set_errno(0)
+    result = CALLS[name]()
+    error = ctypes.get_errno()
+    print(name, "allowed" if result >= 0 else errno.errorcode.get(error, error))
+print("seccomp_mode", open("/proc/self/status").read().split("Seccomp:")[1].split()[0])
+"""
+REFUSED = {
+    "unshare_user": "EPERM", "unshare_net_user": "EPERM", "keyctl_session": "EPERM",
+    "add_key": "EPERM", "request_key": "EPERM", "ptrace_attach": "EPERM",
+    "pidfd_getfd": "EPERM", "process_vm_readv": "EPERM", "mount": "EPERM", "bpf": "EPERM",
+    "perf_event_open": "EPERM", "userfaultfd": "EPERM", "open_by_handle_at": "EPERM",
+    "setns": "EPERM", "clone3": "ENOSYS", "personality_read_implies_exec": "EPERM",
+    "ioctl_tiocsti": "EPERM",
+}  # fmt: skip
+# The calls the control runs on the host: none of them changes anything outside the probe's own
+# short-lived process (its stdin is /dev/null, so TIOCSTI has no terminal to type into).
+HARMLESS_ON_HOST = (
+    "unshare_user", "keyctl_session", "bpf", "perf_event_open", "open_by_handle_at",
+    "clone3", "personality_read_implies_exec", "ioctl_tiocsti", "getpid",
+)  # fmt: skip
+
+
+def probe_results(output: str) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in output.splitlines() if " " in line)
+
+
+@needs_x86_64
+def test_every_lease_runs_under_the_seccomp_filter(server: Server) -> None:
+    names = " ".join([*REFUSED, "getpid"])
+    command = f"python3 - {names} <<'EOF'\n{SYSCALL_PROBE}\nEOF\n"
+
+    async def main(client: SlotServerClient) -> ToolResult:
+        epoch = await fresh_lease(client, 2)
+        result = await one(client, call(2, "bash", epoch=epoch, command=command))
+        await reset_clean(client, 2, epoch)
+        return result
+
+    result = run(main, server)
+    assert result.outcome is ToolOutcome.OK, result.content
+    seen = probe_results(result.content)
+    for name, errno_name in REFUSED.items():
+        assert seen.get(name) == errno_name, (name, result.content)
+    assert seen["getpid"] == "allowed"
+    assert seen["seccomp_mode"] == "2"
+
+
+@needs_x86_64
+def test_the_seccomp_probe_sees_those_calls_pass_without_the_filter() -> None:
+    """The control: the same probe, unsandboxed on the host, gets past the calls the filter
+    refuses (they fail for their bad arguments, if at all, never as the filter answers)."""
+    done = subprocess.run(
+        [sys.executable, "-c", SYSCALL_PROBE, *HARMLESS_ON_HOST],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    seen = probe_results(done.stdout)
+    assert seen["seccomp_mode"] == "0"
+    for name in HARMLESS_ON_HOST:
+        assert seen[name] != REFUSED.get(name), (name, done.stdout)
+
+
+@needs_x86_64
+def test_a_foreign_abi_system_call_kills_the_process(server: Server) -> None:
+    x32_getpid = "import ctypes; ctypes.CDLL(None).syscall(0x40000000 | 39); print('survived')"
+    command = f'python3 -c "{x32_getpid}"; echo status=$?'
+
+    async def main(client: SlotServerClient) -> ToolResult:
+        epoch = await fresh_lease(client, 2)
+        result = await one(client, call(2, "bash", epoch=epoch, command=command))
+        await reset_clean(client, 2, epoch)
+        return result
+
+    result = run(main, server)
+    assert "survived" not in result.content
+    assert "status=159" in result.content, result.content  # 128 + SIGSYS
+
+
+# --------------------------------------------------------------------------------- channel
+
+
+def lease_processes(sandbox_pid: int, marker: str) -> tuple[int, int]:
+    """The host pids of a lease's agent and of its process running ``marker``."""
+    tree = process_tree(sandbox_pid)
+    (sleeper,) = [pid for pid in host_processes_with(marker) if pid in tree]
+    fields = stat_fields(sleeper)
+    assert fields is not None
+    return int(fields[1]), sleeper
+
+
+def test_the_lease_agent_is_not_dumpable(server: Server) -> None:
+    marker = "4321.444"
+    command = (
+        f"(sleep {marker} >/dev/null 2>&1 &); ls /proc/1/fd 2>&1; "
+        "ls /proc/self/fd >/dev/null && echo own-fds"
+    )
+
+    def owners(agent: int, sleeper: int) -> tuple[str, int, int]:
+        name = Path(f"/proc/{agent}/comm").read_text().strip()
+        agent_owner, sleeper_owner = (
+            Path(f"/proc/{pid}/environ").stat().st_uid for pid in (agent, sleeper)
+        )
+        return name, agent_owner, sleeper_owner
+
+    async def main(client: SlotServerClient) -> tuple[ToolResult, str, int, int]:
+        epoch = await fresh_lease(client, 2)
+        result = await one(client, call(2, "bash", epoch=epoch, command=command))
+        sandbox = (await client.list_slots()).slots[2].sandbox_pid
+        assert sandbox is not None
+        seen = owners(*lease_processes(sandbox, marker))
+        await reset_clean(client, 2, epoch)
+        return result, *seen
+
+    result, name, agent_owner, sleeper_owner = run(main, server)
+    assert name == "slot-lease"
+    assert "Permission denied" in result.content, result.content
+    assert "own-fds" in result.content
+    # /proc/PID's private files belong to root for a process that is not dumpable, to the
+    # process's uid otherwise
+    assert agent_owner == 0
+    assert sleeper_owner == (SLOT_UID_BASE + 2 if AS_ROOT else os.geteuid())
+    assert sleeper_owner != agent_owner or not AS_ROOT
+
+
+def test_each_lease_has_a_network_namespace_of_its_own(server: Server) -> None:
+    marker = "4321.333"
+    loopback = (
+        "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+        "socket.create_connection(s.getsockname()); print('loopback-ok')"
+    )
+    command = f'(sleep {marker} >/dev/null 2>&1 &); python3 -c "{loopback}"'
+
+    async def main(client: SlotServerClient) -> tuple[list[ToolResult], list[str], str]:
+        results, namespaces = [], []
+        for _ in range(2):
+            epoch = await fresh_lease(client, 2)
+            results.append(await one(client, call(2, "bash", epoch=epoch, command=command)))
+            sandbox = (await client.list_slots()).slots[2].sandbox_pid
+            assert sandbox is not None
+            _, sleeper = lease_processes(sandbox, marker)
+            namespaces.append(os.readlink(f"/proc/{sleeper}/ns/net"))
+            keeper_namespace = os.readlink(f"/proc/{sandbox}/ns/net")
+            await reset_clean(client, 2, epoch)
+        return results, namespaces, keeper_namespace
+
+    results, namespaces, keeper_namespace = run(main, server)
+    for result in results:
+        assert result.content == "loopback-ok\n", result.content
+    assert namespaces[0] != namespaces[1]
+    assert keeper_namespace not in namespaces

@@ -621,6 +621,16 @@ _MS_PRIVATE = 0x40000
 _MS_KEPT = 0x2 | 0x4 | 0x8 | 0x400 | 0x800 | 0x1000
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_DUMPABLE = 4
+_PR_SET_NAME = 15
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+_CLONE_NEWNET = 0x40000000
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP_LOOPBACK_RUNNING = 0x1 | 0x8 | 0x40
+# keyctl(2)'s number where the agent runs
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _CAPABILITY_VERSION_3 = 0x20080522
@@ -676,6 +686,48 @@ class _Libc:
     def prctl(self, option: int, value: int, what: str) -> None:
         self._check(self._libc.prctl(option, value, 0, 0, 0), what)
 
+    def set_name(self, name: str) -> None:
+        """This process's name (``ps``), without ``/proc``: a process that is not dumpable
+        cannot open its own ``/proc/self/comm``."""
+        self._check(self._libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0), "set name")
+
+    def join_session_keyring(self) -> None:
+        """A new, empty session keyring for this process (nothing inherited)."""
+        number = _SYS_KEYCTL.get(posix.uname().machine)
+        if number is None:
+            raise OSError(38, f"keyctl: no syscall number for {posix.uname().machine}")
+        c_long = self._ctypes.c_long
+        if self._libc.syscall(c_long(number), c_long(_KEYCTL_JOIN_SESSION_KEYRING), c_long(0)) < 0:
+            error = self._ctypes.get_errno()
+            if error != 38:  # ENOSYS: a kernel without keyrings has none to inherit
+                raise OSError(error, f"keyctl: {posix.strerror(error)}")
+
+    def loopback_up(self) -> None:
+        """Bring up ``lo`` in this process's (new) network namespace."""
+        import _socket
+        import fcntl
+
+        probe = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+        try:
+            request = b"lo".ljust(16, b"\0") + _IFF_UP_LOOPBACK_RUNNING.to_bytes(2, sys.byteorder)
+            fcntl.ioctl(probe.fileno(), _SIOCSIFFLAGS, request.ljust(40, b"\0"))
+        finally:
+            probe.close()
+
+    def install_filter(self, program: bytes) -> None:
+        """Install the seccomp filter ``program`` (``struct sock_filter`` array) on this
+        process and all it starts; ``no_new_privs`` must be set."""
+        ctypes = self._ctypes
+        instructions = ctypes.create_string_buffer(program, len(program))
+        # struct sock_fprog: an unsigned short count, padded to a pointer, then the pointer
+        pointer = ctypes.sizeof(ctypes.c_void_p)
+        fprog = ctypes.create_string_buffer(
+            (len(program) // 8).to_bytes(pointer, sys.byteorder)
+            + ctypes.addressof(instructions).to_bytes(pointer, sys.byteorder),
+            2 * pointer,
+        )
+        self._check(self._libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, fprog, 0, 0), "seccomp")
+
     def clear_capabilities(self) -> None:
         ctypes = self._ctypes
         header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
@@ -703,6 +755,9 @@ class _Plan:
         ]
         self.dev_shm = _exists(_DEV_SHM)
         self.dev_read_only = _read_only_remount("/dev")
+        self.own_network = config.get("own_network") is True
+        program = config.get("seccomp")  # hex text
+        self.filter = bytes.fromhex(program) if isinstance(program, str) else None
         # (path, how): "file" or "dir" to mask, "ro" to make read-only; absent ones left out
         self.kernel: list[tuple[str, str]] = []
         for key, masked in (("masked", True), ("read_only", False)):
@@ -715,6 +770,20 @@ class _Plan:
                     continue  # this kernel has no such interface
                 kind = "dir" if mode & 0o170000 == 0o040000 else "file"
                 self.kernel.append((str(path), kind if masked else "ro"))
+
+
+def _cover_kernel(libc: _Libc, plan: _Plan) -> None:
+    """Mask the fresh /proc's kernel interfaces, or make them read-only (the host's sysctls
+    too): ``sandbox_policy.MASKED_PATHS`` and ``READ_ONLY_PATHS``."""
+    locked = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    for path, how in plan.kernel:
+        if how == "file":
+            libc.mount("/dev/null", path, None, _MS_BIND, None)
+        elif how == "dir":
+            libc.mount("tmpfs", path, "tmpfs", _MS_RDONLY | locked, "size=0,mode=0555")
+        else:
+            libc.mount(path, path, None, _MS_BIND | _MS_REC, None)
+            libc.mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | locked, None)
 
 
 def _refuse(channel: int, error: BaseException) -> None:
@@ -730,19 +799,15 @@ def _lease_main(libc: _Libc, channel: int, config: dict[str, object], plan: _Pla
     """Become a lease's first process (pid 1 of its new pid namespace) and serve it; never
     returns. Runs with the keeper's capabilities until it drops them all, before it reads a
     single request."""
+    reply_to = channel
     try:
+        if plan.own_network:
+            libc.loopback_up()
+        # a session keyring of its own (the filter then refuses every keyring call)
+        libc.join_session_keyring()
         libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
         libc.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
-        # The fresh /proc's kernel interfaces: masked, or read-only (the host's sysctls too)
-        locked = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
-        for path, how in plan.kernel:
-            if how == "file":
-                libc.mount("/dev/null", path, None, _MS_BIND, None)
-            elif how == "dir":
-                libc.mount("tmpfs", path, "tmpfs", _MS_RDONLY | locked, "size=0,mode=0555")
-            else:
-                libc.mount(path, path, None, _MS_BIND | _MS_REC, None)
-                libc.mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | locked, None)
+        _cover_kernel(libc, plan)
         # The carried paths, held open before the fresh tmpfs hides them: descriptors opened
         # here, in the lease's own mount namespace (a bind from another namespace's mount is
         # refused).
@@ -765,20 +830,27 @@ def _lease_main(libc: _Libc, channel: int, config: dict[str, object], plan: _Pla
             pass  # a kernel without ambient capabilities has none to clear
         libc.clear_capabilities()
         libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, "no_new_privs")
+        # no one of the lease (same uid) may read its memory or take its channel via /proc
+        libc.prctl(_PR_SET_DUMPABLE, 0, "dumpable")
         # the channel first: a descriptor below 3 would be overwritten by /dev/null
         if channel != _LEASE_FD:  # dup3 refuses a descriptor onto itself
             posix.dup2(channel, _LEASE_FD, inheritable=False)
         posix.set_inheritable(_LEASE_FD, False)
+        reply_to = _LEASE_FD
         null = posix.open("/dev/null", posix.O_RDWR | posix.O_CLOEXEC)
         for target in (0, 1, 2):
             posix.dup2(null, target)
         posix.closerange(_LEASE_FD + 1, _FD_LIMIT)
-        name_process("slot-lease")
+        libc.set_name("slot-lease")
+        _apply_limits(config)
+        # the last step of the setup: the seccomp filter
+        if plan.filter is not None:
+            libc.install_filter(plan.filter)
     except BaseException as error:  # noqa: BLE001 - reported to the slot server, then exit
-        _refuse(channel, error)
+        _refuse(reply_to, error)
     status = 1
     try:
-        status = serve(config, _LEASE_FD, _LEASE_FD)
+        status = serve({**config, "limits": {}}, _LEASE_FD, _LEASE_FD)
     finally:
         posix._exit(status)
 
@@ -791,7 +863,8 @@ def _begin_lease(libc: _Libc, channel: int, config: dict[str, object], plan: _Pl
     first = libc.clone_pid_namespace()
     if first == 0:
         try:
-            libc.unshare(_CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS)
+            own = _CLONE_NEWNET if plan.own_network else 0
+            libc.unshare(_CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS | own)
         except BaseException as error:  # noqa: BLE001 - reported on the channel, then exit
             _refuse(channel, error)
         _lease_main(libc, channel, config, plan)
@@ -829,6 +902,7 @@ def keep(config: dict[str, object]) -> int:
     lease's channel as an ``SCM_RIGHTS`` file descriptor) and answers one JSON packet each.
     End of input ends the current lease and the keeper. Returns the exit status."""
     import _socket  # the C half of ``socket``: the module proper costs ~9 ms of imports
+    import fcntl  # noqa: F401 - loaded before a lease hides /tmp; the lease needs it
     import gc
     import resource  # noqa: F401 - loaded before a lease hides /tmp; the lease needs it
 
@@ -839,6 +913,7 @@ def keep(config: dict[str, object]) -> int:
     room = _socket.CMSG_SPACE(4)  # one descriptor
     lease: int | None = None
     name_process("slot-keeper")
+    libc.prctl(_PR_SET_DUMPABLE, 0, "dumpable")  # a lease (same uid) cannot reach the keeper
     gc.freeze()  # keeps forked leases from copying pages the collector would touch
     control.send(_json({"ready": True, "pid": posix.getpid()}).encode())
     while True:

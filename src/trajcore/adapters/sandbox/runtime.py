@@ -61,6 +61,7 @@ from trajcore.adapters.sandbox.limits import (
     rlimits_for,
 )
 from trajcore.adapters.sandbox.native_helper import NativeBuildError, build_slot_helper
+from trajcore.adapters.sandbox.seccomp import SeccompUnavailable, compile_filter
 from trajcore.adapters.sandbox.slot_ids import stage_file, stage_python, unreachable
 from trajcore.adapters.sandbox.workspace import Workspace
 from trajcore.domain.errors import ConfigError, ToolArgumentError, UnknownSlot
@@ -70,6 +71,7 @@ from trajcore.domain.sandbox_policy import (
     MASKED_PATHS,
     READ_ONLY_PATHS,
     SANDBOX_TMP,
+    SECCOMP_RULES,
     Bind,
     SandboxPolicy,
     bwrap_argv,
@@ -337,6 +339,9 @@ class SlotRuntime:
     # what every sandbox binds for the Python agent (the interpreter's installation, or a
     # staged copy of it bound at the same place)
     _python_binds: list[str | Bind] = attrs.field(init=False, factory=list)
+    # every lease's seccomp filter (classic BPF), or None when none can be built (and why)
+    _seccomp: bytes | None = attrs.field(init=False, default=None)
+    _seccomp_problem: str | None = attrs.field(init=False, default=None)
 
     # ------------------------------------------------------------------------- life cycle
 
@@ -370,6 +375,10 @@ class SlotRuntime:
             except NativeBuildError as error:
                 native_problem = str(error)
         self._python_binds = await asyncio.to_thread(self._stage_python)
+        try:
+            self._seccomp = await asyncio.to_thread(compile_filter, SECCOMP_RULES)
+        except SeccompUnavailable as error:
+            self._seccomp_problem = str(error)
         if self._native is not None and self._uid_base is not None:
             self._native = await asyncio.to_thread(
                 stage_file, self._native, self._runtime_dir() / "slot-helper"
@@ -439,6 +448,8 @@ class SlotRuntime:
         if probe_ids is not None:
             os.chown(probe_dir, *probe_ids)
         problems: list[str] = []
+        if self._seccomp_problem is not None:
+            problems.append(f"leases run without a seccomp filter: {self._seccomp_problem}")
         if self._uid_base is None:
             problems.append(
                 f"the slot server is not root: every slot runs as its uid {os.geteuid()}"
@@ -463,6 +474,8 @@ class SlotRuntime:
                     problems.append(f"bwrap failed: {detail}")
             else:
                 bwrap_ok = net_ok
+            if bwrap_ok and self._seccomp is None and policy.require_sandbox:
+                bwrap_ok = net_ok = False  # fails closed: a sandbox needs its filter
             if bwrap_ok:
                 problem = await self._probe_lease(probe_dir)
                 if problem is not None and self._native is not None:
@@ -502,7 +515,9 @@ class SlotRuntime:
         probe = _Slot(
             index=-1, workspace=Workspace(probe_dir), state_dir=probe_dir / "state", cgroup=None
         )
-        script = "while read -r key value; do case $key in Cap*) echo $key $value;; esac; done"
+        script = (
+            "while read -r key value; do case $key in Cap*|Seccomp:) echo $key $value;; esac; done"
+        )
         try:
             agent = await self._lease_agent(probe, started=time.monotonic())
             command = f"{script} </proc/self/status; echo $$"
@@ -517,6 +532,9 @@ class SlotRuntime:
             await self._stop_keeper(probe)
         lines = str(reply.get("stdout") or "").split()
         capabilities = dict(zip(lines[:-1:2], lines[1:-1:2], strict=True))
+        seccomp = capabilities.pop("Seccomp:", None)
+        if self._seccomp is not None and seccomp != "2":
+            return f"a lease runs without its seccomp filter (Seccomp: {seccomp})"
         held = {key: value for key, value in capabilities.items() if int(value, 16) != 0}
         if len(capabilities) < 4 or held:
             return f"a lease kept capabilities {held or capabilities}"
@@ -837,6 +855,9 @@ class SlotRuntime:
         config["tmp"] = SANDBOX_TMP
         carry = private_tmp_binds(policy, rebind=self._rebind())
         config["carry"] = [[path, writable] for path, writable in carry]
+        config["own_network"] = not policy.allow_network
+        if self._seccomp is not None:
+            config["seccomp"] = self._seccomp.hex()
         config["masked"] = list(MASKED_PATHS)
         config["read_only"] = list(READ_ONLY_PATHS)
         inner: list[str]
@@ -851,6 +872,10 @@ class SlotRuntime:
                 inner += ["--mask", path]
             for path in READ_ONLY_PATHS:
                 inner += ["--read-only", path]
+            if not policy.allow_network:
+                inner.append("--own-network")
+            if self._seccomp is not None:
+                inner += ["--seccomp", self._seccomp.hex()]
         else:
             inner = [self.config.python, "-I", "-S", "-c", *self._agent_program,
                      marshal.dumps(config).hex()]  # fmt: skip

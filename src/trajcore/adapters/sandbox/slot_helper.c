@@ -9,7 +9,7 @@
  *
  *   slot-helper keep --workspace W --state-dir S --tmp T [--limit NAME VALUE]...
  *                    [--carry-rw PATH]... [--carry-ro PATH]... [--mask PATH]...
- *                    [--read-only PATH]...
+ *                    [--read-only PATH]... [--own-network] [--seccomp HEX]
  *
  * The keeper: the first program of a slot's bubblewrap sandbox, holding CAP_SYS_ADMIN and
  * CAP_SETPCAP in the sandbox's user namespace. Requests arrive on fd 0 (SOCK_SEQPACKET), one per
@@ -42,6 +42,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -52,6 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -1077,6 +1081,9 @@ typedef struct {
     unsigned long dev_kept;
     kernel_path kernel[MAX_KERNEL_PATHS];
     size_t kernel_count;
+    bool own_network;          /* each lease gets a network namespace of its own (loopback) */
+    struct sock_filter *filter; /* every lease's seccomp filter (NULL: none) */
+    size_t filter_length;       /* in instructions */
 } plan;
 
 static const char DEV_SHM[] = "/dev/shm";
@@ -1126,11 +1133,36 @@ static bool parse_limit(const char *name, const char *value, plan *p) {
     return false;
 }
 
+/* The seccomp filter from its hex text (a struct sock_filter array, 8 bytes each). */
+static bool parse_filter(const char *hex, plan *p) {
+    size_t n = strlen(hex);
+    if (!n || n % 16 || n / 16 > BPF_MAXINSNS)
+        return false;
+    unsigned char *bytes = malloc(n / 2);
+    if (!bytes)
+        out_of_memory();
+    for (size_t i = 0; i < n / 2; i++) {
+        unsigned int byte;
+        if (sscanf(hex + 2 * i, "%2x", &byte) != 1) {
+            free(bytes);
+            return false;
+        }
+        bytes[i] = (unsigned char)byte;
+    }
+    p->filter = (struct sock_filter *)(void *)bytes;
+    p->filter_length = n / 16;
+    return true;
+}
+
 /* ``keep --workspace W --state-dir S --tmp T [--limit NAME VALUE]... [--carry-rw PATH]...
  * [--carry-ro PATH]...``; false on anything else. */
 static bool parse_plan(int argc, char **argv, plan *p) {
     for (int i = 2; i < argc; i++) {
         const char *flag = argv[i];
+        if (strcmp(flag, "--own-network") == 0) {
+            p->own_network = true;
+            continue;
+        }
         if (i + 1 >= argc)
             return false;
         const char *value = argv[++i];
@@ -1142,6 +1174,9 @@ static bool parse_plan(int argc, char **argv, plan *p) {
             p->tmp = value;
         else if (strcmp(flag, "--limit") == 0) {
             if (i + 1 >= argc || !parse_limit(value, argv[++i], p))
+                return false;
+        } else if (strcmp(flag, "--seccomp") == 0) {
+            if (!parse_filter(value, p))
                 return false;
         } else if (strcmp(flag, "--mask") == 0 || strcmp(flag, "--read-only") == 0) {
             if (p->kernel_count == MAX_KERNEL_PATHS)
@@ -1219,8 +1254,21 @@ static void mount_or_refuse(int channel, const char *source, const char *target,
  * returns. Runs with the keeper's capabilities until it drops them all, before it reads a
  * single request. */
 static void lease_main(int channel, const plan *p) {
-    if (unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS) != 0)
+    if (unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | (p->own_network ? CLONE_NEWNET : 0)) !=
+        0)
         refuse(channel, "unshare");
+    if (p->own_network) { /* its loopback up: nothing else exists in a new namespace */
+        int probe = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        struct ifreq loopback = {.ifr_name = "lo"};
+        loopback.ifr_flags = IFF_UP | IFF_LOOPBACK | IFF_RUNNING;
+        if (probe < 0 || ioctl(probe, SIOCSIFFLAGS, &loopback) != 0)
+            refuse(channel, "bring up lo");
+        close(probe);
+    }
+    /* a session keyring of its own: nothing from whoever started the server (the filter
+     * below then refuses every keyring call) */
+    if (syscall(SYS_keyctl, 1 /* KEYCTL_JOIN_SESSION_KEYRING */, NULL) < 0 && errno != ENOSYS)
+        refuse(channel, "join a new session keyring");
     mount_or_refuse(channel, NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
     mount_or_refuse(channel, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
     /* The fresh /proc's kernel interfaces: masked, or read-only (the host's sysctls among them) */
@@ -1277,6 +1325,9 @@ static void lease_main(int channel, const plan *p) {
         refuse(channel, "capset");
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
         refuse(channel, "no_new_privs");
+    /* no one of the lease (same uid) may read its memory or take its channel through /proc */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0)
+        refuse(channel, "dumpable");
     /* the channel first: a descriptor below 3 would be overwritten by /dev/null */
     if (channel != LEASE_FD && dup2(channel, LEASE_FD) < 0)
         refuse(channel, "dup2");
@@ -1298,6 +1349,12 @@ static void lease_main(int channel, const plan *p) {
         struct rlimit limit = {p->limits[i].value, p->limits[i].value};
         if (setrlimit(p->limits[i].resource, &limit) != 0)
             refuse(LEASE_FD, "setrlimit");
+    }
+    /* the last step of the setup: the seccomp filter (no_new_privs is set) */
+    if (p->filter) {
+        struct sock_fprog program = {(unsigned short)p->filter_length, p->filter};
+        if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program, 0, 0) != 0)
+            refuse(LEASE_FD, "seccomp");
     }
     _exit(serve(LEASE_FD, p->state_dir, p->workspace, p->tmux));
 }
@@ -1328,6 +1385,7 @@ static pid_t begin_lease(int channel, const plan *p) {
  * descriptor) or "end"; each gets one JSON packet back. End of input ends the current lease and
  * the keeper. */
 static int keep(plan *p) {
+    (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* a lease (same uid) cannot reach the keeper */
     prepare(p);
     (void)sched_setscheduler(0, SCHED_BATCH, &(struct sched_param){0});
     (void)prctl(PR_SET_NAME, "slot-keeper", 0, 0, 0);
@@ -1417,6 +1475,7 @@ static int usage(void) {
             "usage: slot-helper keep --workspace W --state-dir S --tmp T [--limit NAME VALUE]...\n"
             "                        [--carry-rw PATH]... [--carry-ro PATH]...\n"
             "                        [--mask PATH]... [--read-only PATH]...\n"
+            "                        [--own-network] [--seccomp HEX]\n"
             "       slot-helper serve CHANNEL_FD STATE_DIR WORKSPACE TMUX_PATH_OR_EMPTY\n");
     return 2;
 }
