@@ -28,11 +28,13 @@ import attrs
 import pytest
 
 from trajcore.adapters.sandbox.client import SlotServerClient
+from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, start_local_pool
 from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime
 from trajcore.domain.errors import SlotServerError, ToolArgumentError, UnknownSlot, WireError
-from trajcore.domain.messages import JSON, ToolOutcome, ToolResult
+from trajcore.domain.messages import JSON, ToolCall, ToolOutcome, ToolResult
 from trajcore.domain.sandbox_policy import MASKED_PATHS, READ_ONLY_PATHS, Bind, SandboxPolicy
 from trajcore.domain.slot_protocol import ExecuteCall
+from trajcore.domain.slots import SlotCall
 
 T = TypeVar("T")
 TOKEN = "integration-token"
@@ -1231,3 +1233,120 @@ def test_each_lease_has_a_network_namespace_of_its_own(server: Server) -> None:
         assert result.content == "loopback-ok\n", result.content
     assert namespaces[0] != namespaces[1]
     assert keeper_namespace not in namespaces
+
+
+# A stand-in for the interpreter that runs a bare agent: it greets, then answers each request
+# as its command asks (a real program, so the slot server's reader meets hostile frames).
+FAKE_AGENT = """#!{python}
+import json, os, sys, time
+def send(data):
+    os.write(1, len(data).to_bytes(4, "big") + data)
+def read(size):
+    data = b""
+    while len(data) < size:
+        chunk = os.read(0, size - len(data))
+        if not chunk:
+            sys.exit(0)
+        data += chunk
+    return data
+send(b'{{"ready": true, "pid": 1, "tmux": false}}')
+while True:
+    body = read(int.from_bytes(read(4), "big"))
+    if b"oversize" in body:
+        os.write(1, (320 << 20).to_bytes(4, "big") + b"{{")
+        time.sleep(60)
+    elif b"not-json" in body:
+        send(b"forged")
+    elif b"a-list" in body:
+        send(b"[0, 1]")
+    elif b"wrong-type" in body:
+        send(b'{{"exit": "0", "stdout": "forged result"}}')
+    else:
+        send(json.dumps({{"exit": 0, "stdout": "honest", "stderr": ""}}).encode())
+"""
+
+
+@pytest.mark.parametrize("attack", ["oversize", "not-json", "a-list", "wrong-type"])
+def test_a_forged_or_oversize_reply_ends_the_lease(attack: str, tmp_path: Path) -> None:
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_AGENT.format(python=sys.executable))
+    fake.chmod(0o755)
+    policy = SandboxPolicy(require_sandbox=False, min_timeout_s=0.1)
+    config = RuntimeConfig(
+        slots=1, root=tmp_path / "root", policy=policy, bwrap="/nonexistent/bwrap",
+        python=str(fake), use_cgroups=False, slot_helper="python", agent_grace_s=30.0,
+    )  # fmt: skip
+
+    async def main() -> tuple[ToolResult, ToolResult, ToolResult, float]:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        try:
+            started = time.monotonic()
+            (hit,) = await runtime.execute([call(0, "bash", epoch=1, command=attack)])
+            took = time.monotonic() - started
+            (after,) = await runtime.execute([call(0, "bash", epoch=1, command="honest")])
+            assert (await runtime.reset(0, 1)).ok
+            (fresh,) = await runtime.execute([call(0, "bash", epoch=2, command="honest")])
+            return hit, after, fresh, took
+        finally:
+            await runtime.aclose()
+
+    hit, after, fresh, took = asyncio.run(main())
+    assert hit.outcome is ToolOutcome.INFRA_ERROR, hit.content
+    assert "forged result" not in hit.content
+    if attack == "oversize":
+        assert f"{320 << 20} bytes, over the cap" in hit.content
+        assert took < 10, "refused at the header, not after waiting for 320 MiB"
+    else:
+        assert "malformed reply" in hit.content or "not JSON" in hit.content, hit.content
+    assert after.outcome is ToolOutcome.INFRA_ERROR
+    assert "reset the slot" in after.content
+    assert fresh.outcome is ToolOutcome.OK
+    assert fresh.content == "honest"
+
+
+# --------------------------------------------------------------------------------- pools, cache
+
+
+def test_a_tcp_local_pool_starts_its_servers_and_runs_calls() -> None:
+    async def main() -> tuple[list[ToolResult], list[int]]:
+        config = LocalPoolConfig(
+            containers=2, slots_per_container=1, transport="tcp", require_sandbox=True,
+            min_timeout_s=0.2, acquire_timeout_s=60.0,
+        )  # fmt: skip
+        async with start_local_pool(config) as pool:
+            results, uids = [], []
+            for _ in range(2):
+                async with pool.lease("tcp-test") as lease:
+                    command = ToolCall(id=f"t{next(_ids)}", name="bash",
+                                       arguments={"command": "id -u"})  # fmt: skip
+                    results += await pool.execute(
+                        lease.slot.container, [SlotCall(lease=lease, call=command, timeout_s=20)]
+                    )
+                    uids.append(int(results[-1].content.split()[0]))
+            return results, uids
+
+    results, uids = asyncio.run(main())
+    for result in results:
+        assert result.outcome is ToolOutcome.OK, result.content
+    if AS_ROOT:
+        assert all(SLOT_UID_BASE <= uid < SLOT_UID_BASE + 2 for uid in uids), uids
+
+
+@pytest.mark.skipif(not HAS_COMPILER, reason="no C compiler to build the compiled slot helper")
+def test_a_helper_cache_under_tmp_serves_leases_with_the_compiled_helper(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"  # under /tmp: the lease's private /tmp hides it
+    cache.mkdir(mode=0o755)
+    environment = {**os.environ, "TRAJCORE_CACHE_DIR": str(cache)}
+    server = start_server(tmp_path / "root", "--slot-helper", "auto", env=environment)
+    try:
+
+        async def main(client: SlotServerClient) -> tuple[Any, ToolResult]:
+            return await client.health(), await one(client, call(0, "bash", command="echo ok"))
+
+        health, result = run(main, server)
+    finally:
+        assert stop_server(server) == 0
+    assert list(cache.glob("slot-helper-*")), "the helper was built in the named cache"
+    assert health.capabilities.slot_helper == "native", health.capabilities.detail
+    assert result.content == "ok\n"

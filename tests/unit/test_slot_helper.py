@@ -81,23 +81,43 @@ class Agent:
         return code
 
 
-@pytest.fixture(params=["native", "python"])
-def agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Agent]:
+def agent_argv(kind: str, tmp_path: Path) -> list[str]:
+    """The command line of a bare agent of ``kind`` (``native`` or ``python``) in ``tmp_path``."""
     workspace = tmp_path / "workspace"
     state = tmp_path / "state"
     workspace.mkdir()
     tmux = shutil.which("tmux") or ""
-    if request.param == "native":
+    if kind == "native":
         if not HAS_COMPILER:
             pytest.skip("no C compiler (cc, gcc, clang) to build the slot helper")
-        argv = [str(build_slot_helper()), "serve", "0", str(state), str(workspace), tmux]
-    else:
-        config = {"workspace": str(workspace), "state_dir": str(state), "limits": {}}
-        source = Path(exec_agent.__file__)
-        argv = [sys.executable, "-I", "-S", str(source), marshal.dumps(config).hex()]
-    running = Agent(argv, tmp_path)
+        return [str(build_slot_helper()), "serve", "0", str(state), str(workspace), tmux]
+    config = {"workspace": str(workspace), "state_dir": str(state), "limits": {}}
+    source = Path(exec_agent.__file__)
+    return [sys.executable, "-I", "-S", str(source), marshal.dumps(config).hex()]
+
+
+@pytest.fixture(params=["native", "python"])
+def agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Agent]:
+    running = Agent(agent_argv(request.param, tmp_path), tmp_path)
     yield running
     assert running.close() == 0
+
+
+@pytest.mark.parametrize("kind", ["native", "python"])
+def test_a_request_over_the_cap_ends_the_agent_unread(kind: str, tmp_path: Path) -> None:
+    running = Agent(agent_argv(kind, tmp_path), tmp_path)
+    running.socket.sendall(((16 << 20) + 1).to_bytes(4, "big") + b"x" * 64)
+    with pytest.raises((EOFError, ConnectionResetError)):  # reset: it left bytes unread
+        running.receive()
+    assert running.close() == 1
+    # the control: a request at the cap is read and answered
+    (tmp_path / "control").mkdir()
+    control = Agent(agent_argv(kind, tmp_path / "control"), tmp_path)
+    padding = "#" * ((16 << 20) - 100)  # too long for execve: answered with an error
+    reply = control.ask("exec", "10.0", "64", "/bin/true", padding)
+    assert reply["exit"] is None
+    assert "cannot start /bin/true" in str(reply["error"])
+    assert control.close() == 0
 
 
 def test_the_greeting_names_the_agent_and_tmux(agent: Agent) -> None:

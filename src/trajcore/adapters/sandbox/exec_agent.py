@@ -76,6 +76,8 @@ import sys
 import time
 
 _HEADER_SIZE = 4
+# runtime.MAX_REQUEST_BYTES: a larger request ends the agent (and so the lease)
+_MAX_REQUEST = 16 << 20
 _READ_CHUNK = 1 << 16
 _DRAIN_AFTER_EXIT_S = 0.05
 # Linux signal numbers (the same on every architecture trajcore runs on); ``signal`` costs an
@@ -582,7 +584,10 @@ def serve(config: dict[str, object], reader: int = 0, writer: int = 1) -> int:
         header = _read_exact(reader, _HEADER_SIZE)
         if header is None:
             return 0
-        body = _read_exact(reader, int.from_bytes(header, "big"))
+        size = int.from_bytes(header, "big")
+        if size > _MAX_REQUEST:
+            return 1  # the slot server never sends more: the channel is not its
+        body = _read_exact(reader, size)
         if body is None:
             return 0
         try:

@@ -168,16 +168,67 @@ class _AgentLost(Exception):
     """The slot's agent ended or stopped answering."""
 
 
+# The largest request a server sends an agent (the agents refuse larger ones: slot_helper.c's
+# MAX_REQUEST, exec_agent's _MAX_REQUEST).
+MAX_REQUEST_BYTES = 16 << 20
+
+
+def reply_cap(policy: SandboxPolicy) -> int:
+    """The largest reply an agent may send: two streams of at most ``output_cap_bytes`` each (a
+    tmux capture: at most 1 MiB), every byte escaped to at most six in JSON, and room for the
+    rest. A length above it is refused before anything is allocated for it."""
+    return 12 * max(policy.output_cap_bytes, 1 << 20) + (1 << 16)
+
+
+_REPLY_TYPES: dict[str, tuple[type, ...]] = {
+    "exit": (int, type(None)),
+    "signal": (int, type(None)),
+    "stdout": (str,),
+    "stderr": (str,),
+    "stdout_dropped": (int,),
+    "stderr_dropped": (int,),
+    "timed_out": (bool,),
+    "duration": (int, float),
+    "error": (str,),
+}
+
+
+def _check_reply(reply: object) -> dict[str, JSON]:
+    """``reply`` when it is what an agent answers a request with, else ``_AgentLost``: a reply
+    that does not parse as one never becomes a result."""
+    if not isinstance(reply, dict) or "exit" not in reply:
+        raise _AgentLost(f"the slot's agent sent a malformed reply ({type(reply).__name__})")
+    for key, value in reply.items():
+        kinds = _REPLY_TYPES.get(key)
+        if kinds is None or not isinstance(value, kinds):
+            raise _AgentLost(f"the slot's agent sent a malformed reply (field {key!r})")
+        if isinstance(value, bool) and bool not in kinds:
+            raise _AgentLost(f"the slot's agent sent a malformed reply (field {key!r})")
+    return cast("dict[str, JSON]", reply)
+
+
 @attrs.define(eq=False)
 class _Agent:
-    """One lease's exec agent: the channel to it, and (for a bare agent) its own process."""
+    """One lease's exec agent: the channel to it, and (for a bare agent) its own process.
+
+    ``cap``: the largest reply it may send (``reply_cap``); a length above it, or a reply that
+    does not parse as one, ends the lease (``_AgentLost``), never becomes a result."""
 
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     sandboxed: bool
     started_s: float
     pid: int | None
+    cap: int
     process: asyncio.subprocess.Process | None = None
+
+    async def _frame(self) -> bytes:
+        size = _HEADER.unpack(await self.reader.readexactly(_HEADER.size))[0]
+        if size > self.cap:
+            raise _AgentLost(
+                f"the slot's agent sent a frame of {size} bytes, over the cap of {self.cap}"
+            )
+        return await self.reader.readexactly(size)
 
     def alive(self) -> bool:
         if self.process is not None:
@@ -192,8 +243,7 @@ class _Agent:
         """The agent's first message (``{"ready": true, ...}``). Raises ``_AgentLost``."""
         try:
             async with asyncio.timeout(timeout_s):
-                size = _HEADER.unpack(await self.reader.readexactly(_HEADER.size))[0]
-                hello = json.loads(await self.reader.readexactly(size))
+                hello = json.loads(await self._frame())
         except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError):
             raise _AgentLost("the agent ended before it was ready") from None
         if not isinstance(hello, dict) or hello.get("ready") is not True:
@@ -208,13 +258,16 @@ class _Agent:
             self.writer.write(_HEADER.pack(len(payload)) + payload)
             await self.writer.drain()
             async with asyncio.timeout(timeout_s):
-                size = _HEADER.unpack(await self.reader.readexactly(_HEADER.size))[0]
-                body = await self.reader.readexactly(size)
+                body = await self._frame()
         except (OSError, asyncio.IncompleteReadError) as error:
             raise _AgentLost(f"the slot's sandbox ended ({type(error).__name__})") from None
         except TimeoutError:
             raise _AgentLost(f"the slot's agent did not answer within {timeout_s:.1f} s") from None
-        return cast("dict[str, JSON]", json.loads(body))
+        try:
+            reply = json.loads(body)
+        except ValueError:
+            raise _AgentLost("the slot's agent sent a reply that is not JSON") from None
+        return _check_reply(reply)
 
 
 @attrs.define(eq=False)
@@ -742,6 +795,10 @@ class SlotRuntime:
             name = "keys" if call.tool == "tmux" else "command"
             reason = f"not valid Unicode text (a lone surrogate at {error.start}) @ $.{name}"
             return _failure(call, ToolOutcome.REJECTED, reason)
+        if len(payload) > MAX_REQUEST_BYTES:
+            name = "keys" if call.tool == "tmux" else "command"
+            reason = f"{len(payload)} bytes, over the limit of {MAX_REQUEST_BYTES} @ $.{name}"
+            return _failure(call, ToolOutcome.REJECTED, reason)
         if slot.agent_epoch == call.epoch and (slot.agent is None or not slot.agent.alive()):
             if slot.agent is not None:
                 await self._stop_agent(slot)
@@ -832,7 +889,7 @@ class SlotRuntime:
         assert process.stdin is not None
         agent = _Agent(
             reader=process.stdout, writer=process.stdin, sandboxed=False, started_s=started,
-            pid=process.pid, process=process,
+            pid=process.pid, process=process, cap=reply_cap(self.config.policy),
         )  # fmt: skip
         slot.agent = agent
         try:
@@ -952,7 +1009,7 @@ class SlotRuntime:
         pid = reply.get("pid")
         agent = _Agent(
             reader=reader, writer=writer, sandboxed=True, started_s=started,
-            pid=pid if isinstance(pid, int) else None,
+            pid=pid if isinstance(pid, int) else None, cap=reply_cap(self.config.policy),
         )  # fmt: skip
         slot.agent = agent
         try:

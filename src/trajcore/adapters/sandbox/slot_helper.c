@@ -74,7 +74,7 @@ enum {
     HEADER_SIZE = 4,
     READ_CHUNK = 1 << 16,
     TMUX_CAP = 1 << 20,
-    MAX_REQUEST = 64 << 20, /* the slot server never sends more; anything larger is a bug */
+    MAX_REQUEST = 16 << 20, /* runtime.MAX_REQUEST_BYTES: anything larger ends the lease */
 };
 static const double DRAIN_AFTER_EXIT_S = 0.05;
 static const double TMUX_TIMEOUT_S = 10.0;
