@@ -3,14 +3,18 @@
 The slot server starts it with ``python -I -S`` in one of two roles, named by its config:
 
 - **keeper** (``keep``; sandboxed slots): the first program of the slot's bubblewrap sandbox,
-  kept for the server's life. It holds ``CAP_SYS_ADMIN`` and ``CAP_SETPCAP`` inside the sandbox's
-  own user namespace and uses them for one thing: on each ``lease`` request it forks the lease's
-  agent into a new pid namespace (the child is that namespace's pid 1); the child enters new
-  mount, ipc and uts namespaces, mounts a fresh ``/proc`` (masking ``MASKED_PATHS`` and making
+  kept for the server's life. It holds ``CAP_SYS_ADMIN``, ``CAP_SETPCAP`` and ``CAP_NET_ADMIN``
+  inside the sandbox's own user namespace, is not dumpable, and uses them for one thing: on each
+  ``lease`` request it clones the lease's agent into a new pid namespace (the child is that
+  namespace's pid 1); the child enters new mount, ipc and uts namespaces (and a network namespace
+  of its own, loopback up, when the config says ``own_network``), joins a fresh session keyring,
+  mounts a fresh ``/proc`` (masking ``MASKED_PATHS`` and making
   ``READ_ONLY_PATHS`` read-only), ``/tmp`` and ``/dev/shm`` (binding back
   what the sandbox had bound under ``/tmp``), remounts ``/dev`` read-only, drops every capability
   (ambient, permitted, effective; ``no_new_privs``; its bounding set comes empty from the keeper,
-  which emptied its own at start) and only then serves the lease on the socket it was handed.
+  which emptied its own at start), makes itself not dumpable, sets its resource limits, installs
+  the config's seccomp filter (classic BPF, ``adapters/sandbox/seccomp.py``) as its last step,
+  and only then serves the lease on the socket it was handed.
   ``end`` kills that pid 1 and reaps it: the kernel lets it be reaped only after every other
   process of its namespace is gone. The keeper never reads anything a lease writes, and a lease
   cannot see the keeper (it is outside the lease's pid namespace) nor signal it.
@@ -28,7 +32,7 @@ modules, the latter imported only when there are limits to set). ``os``, ``json`
 ``selectors``, ``shutil``, ``struct`` and ``contextlib`` would each cost milliseconds of imports
 (``signal`` and ``json`` pull in ``enum`` and ``re``). The keeper alone imports ``ctypes`` (for
 ``unshare``, ``setns``, ``mount``, ``prctl`` and ``capset``, which Python 3.11's ``os`` lacks),
-``_socket`` and ``gc``, once per slot.
+``_socket``, ``fcntl`` and ``gc``, once per slot.
 
 ``slot_helper.c`` is the same keeper and agent compiled, speaking the same protocols; a slot
 server uses it when the host can build it, and this module otherwise.

@@ -6,6 +6,12 @@ runs ``ExecuteCall`` values in them:
 - ``bash`` is one ``/bin/sh -c`` per call, forked by the slot's exec agent inside the slot's
   bubblewrap sandbox; ``bash_stateful`` and ``tmux`` use one persistent tmux session per slot in
   the same sandbox; ``read_file`` and ``write_file`` run here, confined by ``Workspace``.
+- A server run as root runs slot ``i``'s sandbox as host uid/gid ``slot_uid_base + i`` (never as
+  root; ``slot_ids``), gives it the slot's workspace and stages what the sandbox binds from
+  private places as world-readable copies under ``root/runtime``; every lease also gets the
+  kernel masks, its own session keyring (and network namespace when network is off), and the
+  seccomp filter this server compiled once at start (``seccomp``). Replies over the channel are
+  capped (``reply_cap``) and checked; one that is not a reply ends the lease.
 - A slot's sandbox (bubblewrap, started on the slot's first command) runs the slot's *keeper* (the
   compiled ``slot_helper.c`` when the host can build it, else ``exec_agent.keep``; see
   ``RuntimeConfig.slot_helper``), which stays for the life of the server. Each lease gets its own

@@ -11,15 +11,17 @@
  *                    [--carry-rw PATH]... [--carry-ro PATH]... [--mask PATH]...
  *                    [--read-only PATH]... [--own-network] [--seccomp HEX]
  *
- * The keeper: the first program of a slot's bubblewrap sandbox, holding CAP_SYS_ADMIN and
- * CAP_SETPCAP in the sandbox's user namespace. Requests arrive on fd 0 (SOCK_SEQPACKET), one per
+ * The keeper: the first program of a slot's bubblewrap sandbox, holding CAP_SYS_ADMIN,
+ * CAP_SETPCAP and CAP_NET_ADMIN in the sandbox's user namespace, not dumpable. Requests arrive on fd 0 (SOCK_SEQPACKET), one per
  * packet: "lease" with the lease's channel as an SCM_RIGHTS descriptor, or "end"; each gets one
- * JSON packet back. A lease is a fork into a new pid namespace (the child is its pid 1) that
- * enters new mount, ipc and uts namespaces, mounts a fresh /proc (masking the --mask paths and
+ * JSON packet back. A lease is a clone into a new pid namespace (the child is its pid 1) that
+ * enters new mount, ipc and uts namespaces (and, with --own-network, a network namespace of its
+ * own with loopback up), joins a fresh session keyring, mounts a fresh /proc (masking the --mask paths and
  * making the --read-only ones read-only), the private tmp (binding back
  * the carried paths), /dev/shm, remounts /dev read-only, drops every capability (ambient,
- * permitted, effective; its bounding set comes empty from the keeper), sets no_new_privs and the
- * resource limits, and only then serves the lease on fd 3.
+ * permitted, effective; its bounding set comes empty from the keeper), sets no_new_privs, makes
+ * itself not dumpable, sets the resource limits, installs the --seccomp filter (classic BPF, as
+ * hex) as its last step, and only then serves the lease on fd 3.
  *
  *   slot-helper serve CHANNEL_FD STATE_DIR WORKSPACE TMUX_PATH_OR_EMPTY
  *
