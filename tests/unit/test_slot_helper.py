@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from hypothesis import strategies as st
 from trajcore.adapters.sandbox import exec_agent
 from trajcore.adapters.sandbox.exec_agent import encode_request
 from trajcore.adapters.sandbox.native_helper import NativeBuildError, build_slot_helper, cache_dir
+from trajcore.adapters.sandbox.slot_ids import unmapped, unreachable
 from trajcore.domain.messages import JSON
 
 HAS_COMPILER = any(shutil.which(name) for name in ("cc", "gcc", "clang"))
@@ -345,3 +347,28 @@ def test_without_a_home_the_cache_must_be_named(monkeypatch: pytest.MonkeyPatch)
         cache_dir()
     monkeypatch.setenv("TRAJCORE_CACHE_DIR", "/srv/cache")
     assert cache_dir() == Path("/srv/cache")
+
+
+def test_slot_uids_outside_a_remapped_range_are_named() -> None:
+    whole = "         0          0 4294967295\n"
+    assert unmapped(1_900_000_000, 64, whole) is None
+    container = "         0     100000      65536\n"
+    assert unmapped(1000, 64, container) is None
+    problem = unmapped(1_900_000_000, 4, container)
+    assert problem == "uids 1900000000..1900000003 are not mapped here (mapped: 0..65535)"
+    assert unmapped(65500, 64, container) is not None  # runs past the end of the range
+
+
+def test_a_directory_others_cannot_search_is_named() -> None:
+    base = Path(tempfile.mkdtemp(prefix="trajcore-reach-"))  # in /tmp, which all may search
+    try:
+        base.chmod(0o711)
+        private = base / "private"
+        (private / "inner").mkdir(parents=True)
+        (private / "inner").chmod(0o755)
+        private.chmod(0o700)
+        assert unreachable(private / "inner") == f"{private} (mode 700)"
+        private.chmod(0o711)
+        assert unreachable(private / "inner") is None
+    finally:
+        shutil.rmtree(base)

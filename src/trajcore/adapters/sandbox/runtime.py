@@ -68,7 +68,12 @@ from trajcore.adapters.sandbox.limits import (
 )
 from trajcore.adapters.sandbox.native_helper import NativeBuildError, build_slot_helper
 from trajcore.adapters.sandbox.seccomp import SeccompUnavailable, compile_filter
-from trajcore.adapters.sandbox.slot_ids import stage_file, stage_python, unreachable
+from trajcore.adapters.sandbox.slot_ids import (
+    stage_file,
+    stage_python,
+    unmapped,
+    unreachable,
+)
 from trajcore.adapters.sandbox.workspace import Workspace
 from trajcore.domain.errors import ConfigError, ToolArgumentError, UnknownSlot
 from trajcore.domain.messages import JSON, ExecReport, ToolOutcome, ToolResult, ToolSpec
@@ -412,6 +417,12 @@ class SlotRuntime:
         (root / "state").mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             self._uid_base = self.config.slot_uid_base
+            uid_map = Path("/proc/self/uid_map").read_text()  # noqa: ASYNC240 - one small read
+            problem = unmapped(self._uid_base, self.config.slots, uid_map)
+            if problem is not None:
+                raise ConfigError(
+                    "slot_uid_base", f"{problem}: choose a base inside this namespace's range"
+                )
             blocked = unreachable(root / "slots")
             if blocked is not None:
                 raise ConfigError(

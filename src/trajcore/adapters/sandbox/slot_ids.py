@@ -25,7 +25,7 @@ import shutil
 import stat
 from pathlib import Path
 
-__all__ = ["stage_file", "stage_python", "unreachable"]
+__all__ = ["stage_file", "stage_python", "unmapped", "unreachable"]
 
 # Packages of the standard library the staged Python keeps (besides its top-level modules and
 # its extension modules): what ``-I -S`` needs to start and what the agent imports.
@@ -45,6 +45,25 @@ def unreachable(path: Path) -> str | None:
         if not mode & stat.S_IXOTH:
             return f"{current} (mode {stat.S_IMODE(mode):o})"
     return None
+
+
+def unmapped(first: int, count: int, uid_map: str) -> str | None:
+    """Why uids ``first .. first + count - 1`` cannot be used in the user namespace whose
+    ``/proc/self/uid_map`` is ``uid_map`` (a container with remapped ids maps only a range),
+    or ``None`` when they all are mapped."""
+    for line in uid_map.splitlines():
+        fields = line.split()
+        if len(fields) != 3:
+            continue
+        inside, _, length = (int(field) for field in fields)
+        if inside <= first and first + count <= inside + length:
+            return None
+    ranges = ", ".join(
+        f"{int(f[0])}..{int(f[0]) + int(f[2]) - 1}"
+        for f in (line.split() for line in uid_map.splitlines())
+        if len(f) == 3
+    )
+    return f"uids {first}..{first + count - 1} are not mapped here (mapped: {ranges or 'none'})"
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
