@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip  # noqa: F401 - loaded now: the archive runs as the slot, which cannot read /root
 import json
 import marshal
 import os
@@ -69,6 +70,8 @@ from trajcore.adapters.sandbox.limits import (
 from trajcore.adapters.sandbox.native_helper import NativeBuildError, build_slot_helper
 from trajcore.adapters.sandbox.seccomp import SeccompUnavailable, compile_filter
 from trajcore.adapters.sandbox.slot_ids import (
+    as_slot,
+    shared_python,
     stage_file,
     stage_python,
     unmapped,
@@ -406,6 +409,8 @@ class SlotRuntime:
     # every lease's seccomp filter (classic BPF), or None when none can be built (and why)
     _seccomp: bytes | None = attrs.field(init=False, default=None)
     _seccomp_problem: str | None = attrs.field(init=False, default=None)
+    # what health's detail says about this host besides its problems
+    _notes: list[str] = attrs.field(init=False, factory=list)
 
     # ------------------------------------------------------------------------- life cycle
 
@@ -462,8 +467,8 @@ class SlotRuntime:
         self.sandboxed = self.capabilities.bwrap
         for index in range(self.config.slots):
             cgroup = SlotCgroup(self._cgroups, f"slot-{index}") if self._cgroups else None
-            # TODO(file tools as the slot's uid): pass ``owner=self._ids(index)`` here once
-            # ``Workspace`` takes it, so the file tools create and open files as the slot.
+            # The file tools already run with the slot's file-system ids (``as_slot``); once
+            # ``Workspace`` takes an ``owner``, pass ``owner=self._ids(index)`` here too.
             slot = _Slot(
                 index=index,
                 workspace=Workspace(root / "slots" / str(index)),
@@ -507,7 +512,13 @@ class SlotRuntime:
             return plain
         if not python.is_relative_to(prefix):
             return plain  # the probe reports that the slots cannot start it
-        staged = stage_python(prefix, python, self._runtime_dir() / "python")
+        try:
+            staged = shared_python(prefix, python)
+        except OSError as error:
+            self._notes.append(
+                f"the sandbox's Python has its standard library only, copied ({error})"
+            )
+            staged = stage_python(prefix, python, self._runtime_dir() / "python")
         return [Bind(source=str(staged), dest=str(prefix))]
 
     async def _probe(self, native_problem: str | None) -> Capabilities:
@@ -517,7 +528,7 @@ class SlotRuntime:
         probe_ids = self._ids(0)
         if probe_ids is not None:
             os.chown(probe_dir, *probe_ids)
-        problems: list[str] = []
+        problems: list[str] = list(self._notes)
         if self._seccomp_problem is not None:
             problems.append(f"leases run without a seccomp filter: {self._seccomp_problem}")
         if self._uid_base is None:
@@ -1085,7 +1096,9 @@ class SlotRuntime:
             cap = min(cap, asked)
         path = cast("str", call.arguments["path"])
         try:
-            found = await asyncio.to_thread(slot.workspace.read, path, cap)
+            found = await asyncio.to_thread(
+                as_slot, self._ids(slot.index), lambda: slot.workspace.read(path, cap)
+            )
         except ToolArgumentError as error:
             return _failure(call, ToolOutcome.REJECTED, f"{error.reason} @ $.{error.field}")
         except OSError as error:
@@ -1100,12 +1113,11 @@ class SlotRuntime:
         data = cast("str", call.arguments["content"]).encode("utf-8", "surrogatepass")
         append = call.arguments.get("append") is True
         try:
+            limit = self.config.policy.file_cap_bytes
             written = await asyncio.to_thread(
-                slot.workspace.write,
-                path,
-                data,
-                append=append,
-                max_bytes=self.config.policy.file_cap_bytes,
+                as_slot,
+                self._ids(slot.index),
+                lambda: slot.workspace.write(path, data, append=append, max_bytes=limit),
             )
         except ToolArgumentError as error:
             return _failure(call, ToolOutcome.REJECTED, f"{error.reason} @ $.{error.field}")
@@ -1186,18 +1198,25 @@ class SlotRuntime:
 
     async def read_artifact(self, index: int, path: str, max_bytes: int) -> ArtifactFile:
         """See ``Workspace.read``; also raises ``UnknownSlot``."""
-        return await asyncio.to_thread(self.slot(index).workspace.read, path, max_bytes)
+        workspace = self.slot(index).workspace
+        return await asyncio.to_thread(
+            as_slot, self._ids(index), lambda: workspace.read(path, max_bytes)
+        )
 
     async def list_artifacts(self, index: int, path: str, max_entries: int) -> DirectoryListing:
         """See ``Workspace.listing``; also raises ``UnknownSlot``."""
-        return await asyncio.to_thread(self.slot(index).workspace.listing, path, max_entries)
+        workspace = self.slot(index).workspace
+        return await asyncio.to_thread(
+            as_slot, self._ids(index), lambda: workspace.listing(path, max_entries)
+        )
 
     async def archive_artifacts(
         self, index: int, path: str, max_bytes: int, max_files: int
     ) -> ArtifactArchive:
         """See ``Workspace.archive``; also raises ``UnknownSlot``."""
+        workspace = self.slot(index).workspace
         return await asyncio.to_thread(
-            self.slot(index).workspace.archive, path, max_bytes, max_files
+            as_slot, self._ids(index), lambda: workspace.archive(path, max_bytes, max_files)
         )
 
 
