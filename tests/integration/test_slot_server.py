@@ -1350,3 +1350,25 @@ def test_a_helper_cache_under_tmp_serves_leases_with_the_compiled_helper(tmp_pat
     assert list(cache.glob("slot-helper-*")), "the helper was built in the named cache"
     assert health.capabilities.slot_helper == "native", health.capabilities.detail
     assert result.content == "ok\n"
+
+
+def test_with_network_allowed_the_hosts_sysctls_stay_read_only(tmp_path: Path) -> None:
+    marker = "4321.222"
+    ttl = "/proc/sys/net/ipv4/ip_default_ttl"  # the host's own: the lease shares its network
+    command = f"(sleep {marker} >/dev/null 2>&1 &); (: >>{ttl}) 2>/dev/null && echo opened"
+    server = start_server(tmp_path / "root", "--allow-network", "--slot-helper", "python")
+    try:
+
+        async def main(client: SlotServerClient) -> tuple[ToolResult, dict[str, str], str]:
+            result = await one(client, call(0, "bash", command=command))
+            sandbox = (await client.list_slots()).slots[0].sandbox_pid
+            assert sandbox is not None
+            pid = lease_pid(sandbox, marker)
+            return result, mount_options(pid), os.readlink(f"/proc/{pid}/ns/net")
+
+        result, mounts, network = run(main, server)
+    finally:
+        assert stop_server(server) == 0
+    assert network == os.readlink("/proc/self/ns/net"), "the lease shares the host's network"
+    assert "opened" not in result.content
+    assert mounts["/proc/sys"].split(",")[0] == "ro"

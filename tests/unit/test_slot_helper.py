@@ -101,8 +101,18 @@ def agent_argv(kind: str, tmp_path: Path) -> list[str]:
 @pytest.fixture(params=["native", "python"])
 def agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Agent]:
     running = Agent(agent_argv(request.param, tmp_path), tmp_path)
-    yield running
-    assert running.close() == 0
+    try:
+        yield running
+        assert running.close() == 0
+    finally:
+        # a bare agent has no pid namespace: the tmux server it started outlives it
+        socket_path = tmp_path / "state" / "tmux.sock"
+        tmux = shutil.which("tmux")
+        if tmux is not None and socket_path.exists():
+            subprocess.run(
+                [tmux, "-S", str(socket_path), "kill-server"],
+                capture_output=True, timeout=10, check=False,
+            )  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", ["native", "python"])
