@@ -60,11 +60,14 @@ class Server:
 HAS_COMPILER = any(shutil.which(name) for name in ("cc", "gcc", "clang"))
 
 
-def start_server(root: Path, *extra: str, env: dict[str, str] | None = None) -> Server:
+def start_server(
+    root: Path, *extra: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
+) -> Server:
+    """A slot server on ``root`` (``prefix``: a program that execs the server's command line)."""
     token_file = root.parent / f"{root.name}.token"
     token_file.write_text(TOKEN)
     argv = [
-        sys.executable, "-m", "trajcore.entrypoints.slot_server",
+        *prefix, sys.executable, "-m", "trajcore.entrypoints.slot_server",
         "--slots", "4", "--root", str(root), "--token-file", str(token_file),
         "--max-processes", "64", "--memory-mb", "256", "--output-cap-bytes", "4096",
         "--min-timeout-s", "0.2", "--file-cap-bytes", str(1 << 20), *extra,
@@ -1372,3 +1375,52 @@ def test_with_network_allowed_the_hosts_sysctls_stay_read_only(tmp_path: Path) -
     assert network == os.readlink("/proc/self/ns/net"), "the lease shares the host's network"
     assert "opened" not in result.content
     assert mounts["/proc/sys"].split(",")[0] == "ro"
+
+
+# Joins a new session keyring, adds a canary key to it, then execs the rest of its command line:
+# whatever it starts (a slot server, or the control's reader) inherits that keyring.
+PLANT_KEY = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+secret = sys.argv[1].encode()
+assert libc.syscall(250, 1, None) >= 0  # KEYCTL_JOIN_SESSION_KEYRING: a new, anonymous one
+assert libc.syscall(248, b"user", b"trajcore-canary", secret, len(secret), -3) >= 0  # add_key
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+READ_KEY = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+found = libc.syscall(250, 10, -3, b"user", b"trajcore-canary", 0)  # KEYCTL_SEARCH @s
+if found < 0:
+    print("search refused", ctypes.get_errno())
+else:
+    buffer = ctypes.create_string_buffer(256)
+    size = libc.syscall(250, 11, found, buffer, 256)  # KEYCTL_READ
+    print("read", buffer.raw[: max(size, 0)].decode())
+"""
+
+
+@needs_x86_64
+def test_a_key_on_the_servers_session_keyring_is_out_of_every_leases_reach(
+    tmp_path: Path,
+) -> None:
+    secret = f"canary-{os.getpid()}-{time.monotonic_ns()}"
+    plant = (sys.executable, "-c", PLANT_KEY, secret)
+    # the control: the reader, started the same way but unsandboxed, finds and reads the key
+    control = subprocess.run(
+        [*plant, sys.executable, "-c", READ_KEY],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert control.stdout.strip() == f"read {secret}"
+    server = start_server(tmp_path / "root", prefix=plant)
+    command = f"python3 - <<'EOF'\n{READ_KEY}\nEOF\ncat /proc/keys; echo done"
+    try:
+        result = run(lambda client: one(client, call(0, "bash", command=command)), server)
+    finally:
+        assert stop_server(server) == 0
+    assert result.outcome is ToolOutcome.OK, result.content
+    assert secret not in result.content
+    assert "trajcore-canary" not in result.content
+    assert result.content.startswith("search refused 1\n"), result.content
