@@ -27,9 +27,11 @@ import aiohttp
 import attrs
 import pytest
 
+from trajcore.adapters.sandbox import runtime as runtime_module
 from trajcore.adapters.sandbox.client import SlotServerClient
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, start_local_pool
 from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime
+from trajcore.adapters.sandbox.seccomp import SeccompUnavailable
 from trajcore.domain.errors import SlotServerError, ToolArgumentError, UnknownSlot, WireError
 from trajcore.domain.messages import JSON, ToolCall, ToolOutcome, ToolResult
 from trajcore.domain.sandbox_policy import MASKED_PATHS, READ_ONLY_PATHS, Bind, SandboxPolicy
@@ -1424,3 +1426,37 @@ def test_a_key_on_the_servers_session_keyring_is_out_of_every_leases_reach(
     assert secret not in result.content
     assert "trajcore-canary" not in result.content
     assert result.content.startswith("search refused 1\n"), result.content
+
+
+def no_libseccomp(rules: object) -> bytes:
+    """Stands in for ``compile_filter`` on a host without libseccomp."""
+    raise SeccompUnavailable("libseccomp is not installed (stand-in)")
+
+
+@pytest.mark.parametrize("required", [True, False])
+def test_without_libseccomp_a_required_sandbox_fails_closed_and_health_says_so(
+    required: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runtime_module, "compile_filter", no_libseccomp)
+    policy = SandboxPolicy(require_sandbox=required, min_timeout_s=0.1)
+    config = RuntimeConfig(slots=1, root=tmp_path / "root", policy=policy)
+    status = "grep Seccomp: /proc/self/status"
+
+    async def main() -> tuple[bool, str, ToolResult]:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        try:
+            (result,) = await runtime.execute([call(0, "bash", command=status)])
+            return runtime.sandboxed, runtime.health().capabilities.detail, result
+        finally:
+            await runtime.aclose()
+
+    sandboxed, detail, result = asyncio.run(main())
+    assert "leases run without a seccomp filter: libseccomp is not installed" in detail
+    if required:
+        assert not sandboxed
+        assert result.outcome is ToolOutcome.INFRA_ERROR
+        assert "seccomp" in result.content
+    else:
+        assert sandboxed, detail
+        assert result.content.split() == ["Seccomp:", "0"]
