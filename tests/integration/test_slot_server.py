@@ -1460,3 +1460,30 @@ def test_without_libseccomp_a_required_sandbox_fails_closed_and_health_says_so(
     else:
         assert sandboxed, detail
         assert result.content.split() == ["Seccomp:", "0"]
+
+
+@needs_root
+def test_without_cgroups_the_process_limit_binds_each_slot(tmp_path: Path) -> None:
+    """``RLIMIT_NPROC`` (64 here) counts a slot uid's processes: a lease that keeps forking
+    stops near it, counted from the host, while another slot still starts its commands."""
+    marker = "4321.111"
+    spawn = f"i=0; while [ $i -lt 150 ]; do sleep {marker} & i=$((i+1)); done 2>/dev/null; wait"
+    server = start_server(tmp_path / "root", "--no-cgroups")
+    try:
+
+        async def main(client: SlotServerClient) -> tuple[int, ToolResult]:
+            flood = asyncio.create_task(one(client, call(0, "bash", command=spawn, timeout_s=3)))
+            await asyncio.sleep(1.5)
+            sandbox = (await client.list_slots()).slots[0].sandbox_pid
+            assert sandbox is not None
+            tree = process_tree(sandbox)
+            counted = len([pid for pid in host_processes_with(marker) if pid in tree])
+            neighbour = await one(client, call(1, "bash", command="echo alive"))
+            await flood
+            return counted, neighbour
+
+        counted, neighbour = run(main, server)
+    finally:
+        assert stop_server(server) == 0
+    assert 30 <= counted <= 64, f"{counted} sleeps ran in the flooding slot"
+    assert neighbour.content == "alive\n"
