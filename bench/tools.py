@@ -43,6 +43,7 @@ from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.messages import ToolCall
 from trajcore.domain.sandbox_policy import SandboxPolicy, bwrap_argv
 from trajcore.domain.slot_protocol import ExecuteCall
+from trajcore.domain.slot_server_flags import DEFAULT_SLOT_UID_BASE
 from trajcore.domain.slots import Lease, SlotCall
 from trajcore.rollout.dispatcher import DispatcherStatistics, ToolDispatcher
 
@@ -92,10 +93,14 @@ def start_servers(
     token_file.write_text(TOKEN)
     started = []
     for index in range(servers):
+        # slot uids of their own (servers run as root): past the pool's, which start at the
+        # default base
+        base = DEFAULT_SLOT_UID_BASE + (1 << 16) + index * slots
         argv = [
             sys.executable, "-m", "trajcore.entrypoints.slot_server",
             "--slots", str(slots), "--root", str(root / f"server-{index}"),
             "--listen", "127.0.0.1:0", "--token-file", str(token_file), "--require-sandbox",
+            "--slot-uid-base", str(base),
         ]  # fmt: skip
         process = subprocess.Popen(argv, stdout=subprocess.PIPE)
         started.append(process)
@@ -321,6 +326,7 @@ def main() -> None:
     if args.servers * args.slots_per_server < 64:
         parser.error("need at least 64 slots in all (one per trajectory)")
     root = Path(tempfile.mkdtemp(prefix="trajcore-bench-"))
+    root.chmod(0o711)  # slots run as their own uids (servers run as root) must reach it
     processes = start_servers(root, args.servers, args.slots_per_server)
     try:
         addresses = [address for _, address in processes]

@@ -8,6 +8,7 @@ gets a clear per-call answer while the server and the other slots carry on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
@@ -25,12 +27,16 @@ import aiohttp
 import attrs
 import pytest
 
+from trajcore.adapters.sandbox import runtime as runtime_module
 from trajcore.adapters.sandbox.client import SlotServerClient
+from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, start_local_pool
 from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime
+from trajcore.adapters.sandbox.seccomp import SeccompUnavailable
 from trajcore.domain.errors import SlotServerError, ToolArgumentError, UnknownSlot, WireError
-from trajcore.domain.messages import JSON, ToolOutcome, ToolResult
-from trajcore.domain.sandbox_policy import Bind, SandboxPolicy
+from trajcore.domain.messages import JSON, ToolCall, ToolOutcome, ToolResult
+from trajcore.domain.sandbox_policy import MASKED_PATHS, READ_ONLY_PATHS, Bind, SandboxPolicy
 from trajcore.domain.slot_protocol import ExecuteCall
+from trajcore.domain.slots import SlotCall
 
 T = TypeVar("T")
 TOKEN = "integration-token"
@@ -56,11 +62,14 @@ class Server:
 HAS_COMPILER = any(shutil.which(name) for name in ("cc", "gcc", "clang"))
 
 
-def start_server(root: Path, *extra: str, env: dict[str, str] | None = None) -> Server:
+def start_server(
+    root: Path, *extra: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
+) -> Server:
+    """A slot server on ``root`` (``prefix``: a program that execs the server's command line)."""
     token_file = root.parent / f"{root.name}.token"
     token_file.write_text(TOKEN)
     argv = [
-        sys.executable, "-m", "trajcore.entrypoints.slot_server",
+        *prefix, sys.executable, "-m", "trajcore.entrypoints.slot_server",
         "--slots", "4", "--root", str(root), "--token-file", str(token_file),
         "--max-processes", "64", "--memory-mb", "256", "--output-cap-bytes", "4096",
         "--min-timeout-s", "0.2", "--file-cap-bytes", str(1 << 20), *extra,
@@ -89,18 +98,39 @@ def stop_server(server: Server) -> int:
     return code
 
 
+@contextlib.contextmanager
+def searchable_dir(tag: str) -> Iterator[Path]:
+    """A fresh directory every user may search (not list): a server run as root runs its slots
+    as other uids, which must reach their workspaces below it (pytest's own temporary
+    directories are private to their owner)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"trajcore-{tag}-"))
+    folder.chmod(0o711)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """This module's ``tmp_path``: one that the slots' uids can reach (``searchable_dir``)."""
+    with searchable_dir("test") as folder:
+        yield folder
+
+
 @pytest.fixture(scope="module", params=["native", "python"])
-def server(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
+def server(request: pytest.FixtureRequest) -> Iterator[Server]:
     """A slot server whose keepers and lease agents are the compiled helper, or the Python
     ones: every sandbox test runs against both."""
     if request.param == "native" and not HAS_COMPILER:
         pytest.skip("no C compiler (cc, gcc, clang) to build the compiled slot helper")
-    root = tmp_path_factory.mktemp(f"slot-server-{request.param}") / "root"
-    running = attrs.evolve(start_server(root, "--slot-helper", request.param), helper=request.param)
-    yield running
-    assert stop_server(running) == 0
+    with searchable_dir(f"slot-server-{request.param}") as folder:
+        root = folder / "root"
+        running = attrs.evolve(
+            start_server(root, "--slot-helper", request.param), helper=request.param
+        )
+        yield running
+        assert stop_server(running) == 0
 
 
 def run(main: Callable[[SlotServerClient], Coroutine[Any, Any, T]], server: Server) -> T:
@@ -875,3 +905,585 @@ def test_paths_bound_under_tmp_are_carried_into_every_lease(helper: str, tmp_pat
         assert result.outcome is ToolOutcome.OK, result
         assert result.content == "from the host\ndata-read-only\n", result
     assert not (data / "planted").exists()
+
+
+# --------------------------------------------------------------------------------- slot uids
+
+AS_ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(
+    not AS_ROOT, reason="slots run as their own uids only when the slot server is root"
+)
+SLOT_UID_BASE = 1_900_000_000  # the default base (``DEFAULT_SLOT_UID_BASE``)
+
+
+async def fresh_lease(client: SlotServerClient, *slots: int) -> int:
+    """Reset ``slots`` past whatever earlier tests used; returns the epoch of the new lease."""
+    listing = await client.list_slots()
+    epoch = max(listing.slots[slot].retired_epoch for slot in slots) + 1
+    for slot in slots:
+        await reset_clean(client, slot, epoch)
+    return epoch + 1
+
+
+def host_uids(pid: int) -> list[int]:
+    """The real, effective, saved and file-system uids of ``pid``, read by the host."""
+    fields = status_fields(Path(f"/proc/{pid}/status").read_text())
+    return [int(value) for value in fields["Uid"].split()]
+
+
+@needs_root
+def test_each_slot_runs_as_its_own_unprivileged_uid(server: Server) -> None:
+    marker = "4321.777"
+    shadow = "cat /etc/shadow >/dev/null 2>&1 && echo shadow-read || echo shadow-refused"
+
+    async def main(
+        client: SlotServerClient,
+    ) -> tuple[list[ToolResult], list[dict[int, list[int]]], list[list[int]]]:
+        epoch = await fresh_lease(client, 0, 1)
+        results = await client.execute(
+            [
+                call(slot, "bash", epoch=epoch, command=f"(sleep {marker} &) ; {shadow}; id -u")
+                for slot in (0, 1)
+            ]
+        )
+        listing = await client.list_slots()
+        seen, sleepers = [], []
+        for slot in (0, 1):
+            pid = listing.slots[slot].sandbox_pid
+            assert pid is not None
+            tree = process_tree(pid)
+            seen.append({pid: host_uids(pid) for pid in tree if stat_fields(pid) is not None})
+            sleepers.append([pid for pid in host_processes_with(marker) if pid in tree])
+        for slot in (0, 1):
+            await reset_clean(client, slot, epoch)
+        return results, seen, sleepers
+
+    results, seen, sleepers = run(main, server)
+    for slot in (0, 1):
+        result = results[slot]
+        assert result.outcome is ToolOutcome.OK, result.content
+        assert "shadow-refused" in result.content
+        expected = SLOT_UID_BASE + slot
+        assert result.content.split()[-1] == str(expected), "inside uid == outside uid"
+        assert len(sleepers[slot]) == 1, "the background process is in the slot's sandbox tree"
+        for pid, uids in seen[slot].items():
+            assert uids == [expected] * 4, (pid, uids)
+    assert not set(seen[0]) & set(seen[1])
+
+
+@needs_root
+def test_a_workspace_belongs_to_its_slot_and_no_other(server: Server) -> None:
+    async def main(client: SlotServerClient) -> list[ToolResult]:
+        epoch = await fresh_lease(client, 0)
+        return await client.execute(
+            [call(0, "bash", epoch=epoch, command="touch mine && stat -c '%u %a' /workspace mine")]
+        )
+
+    (result,) = run(main, server)
+    assert result.outcome is ToolOutcome.OK, result.content
+    workspace = server.root / "slots" / "0"
+    assert workspace.stat().st_uid == SLOT_UID_BASE
+    assert workspace.stat().st_mode & 0o777 == 0o700
+    assert (workspace / "mine").stat().st_uid == SLOT_UID_BASE
+    assert (server.root / "slots" / "1").stat().st_uid == SLOT_UID_BASE + 1
+
+
+@needs_root
+def test_a_root_the_slot_uids_cannot_reach_is_refused(tmp_path: Path) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    token_file = tmp_path / "t.token"
+    token_file.write_text(TOKEN)
+    done = subprocess.run(
+        [sys.executable, "-m", "trajcore.entrypoints.slot_server", "--slots", "1",
+         "--root", str(private / "root"), "--unix", str(tmp_path / "s.sock")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert f"{private} (mode 700) is not searchable by others" in done.stderr
+    assert "@ root" in done.stderr
+
+
+# --------------------------------------------------------------------------------- kernel
+
+
+def mount_options(pid: int) -> dict[str, str]:
+    """Each mount point of ``pid``'s mount namespace (the last mount on it) and its per-mount
+    options, read by the host from ``/proc/PID/mountinfo``."""
+    found = {}
+    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+        fields = line.split()
+        found[fields[4]] = fields[5]
+    return found
+
+
+def lease_pid(sandbox_pid: int, marker: str) -> int:
+    (pid,) = [pid for pid in host_processes_with(marker) if pid in process_tree(sandbox_pid)]
+    return pid
+
+
+def test_kernel_interfaces_are_masked_and_read_only(server: Server) -> None:
+    marker = "4321.555"
+    # opened for appending and never written (``:`` writes nothing): a kernel setting that
+    # opened here would be writable, which is the finding
+    probes = [
+        "/proc/sys/kernel/core_pattern",
+        "/proc/sys/net/ipv4/ip_default_ttl",
+        "/proc/sysrq-trigger",
+        "/proc/sys/vm/drop_caches",
+    ]
+    command = (
+        f"(sleep {marker} >/dev/null 2>&1 &); "
+        + "".join(f"(: >>{path}) 2>/dev/null && echo opened {path}; " for path in probes)
+        + "wc -c </proc/keys; ls -A /proc/acpi 2>/dev/null | wc -l; echo done"
+    )
+
+    async def main(client: SlotServerClient) -> tuple[ToolResult, dict[str, str]]:
+        epoch = await fresh_lease(client, 2)
+        result = await one(client, call(2, "bash", epoch=epoch, command=command))
+        sandbox = (await client.list_slots()).slots[2].sandbox_pid
+        assert sandbox is not None
+        mounts = mount_options(lease_pid(sandbox, marker))
+        await reset_clean(client, 2, epoch)
+        return result, mounts
+
+    result, mounts = run(main, server)
+    assert result.outcome is ToolOutcome.OK, result.content
+    assert "opened" not in result.content
+    assert result.content.split()[:3] == ["0", "0", "done"], result.content
+    for path in READ_ONLY_PATHS:
+        if Path(path).exists():
+            assert mounts[path].split(",")[0] == "ro", (path, mounts.get(path))
+    for path in MASKED_PATHS:
+        if Path(path).exists() and path.startswith("/proc/"):
+            assert path in mounts, f"{path} is not masked"
+    assert Path("/proc/keys").exists(), "the host lists keys; the lease reads nothing (above)"
+
+
+# --------------------------------------------------------------------------------- seccomp
+
+# x86-64 system call numbers the probe makes through ctypes (``os`` has no wrappers for them)
+X86_64 = os.uname().machine == "x86_64"
+needs_x86_64 = pytest.mark.skipif(not X86_64, reason="the probe's syscall numbers are x86-64's")
+SYSCALL_PROBE = """
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+CALLS = {
+    "unshare_user": lambda: libc.unshare(0x10000000),
+    "unshare_net_user": lambda: libc.unshare(0x10000000 | 0x40000000),
+    "keyctl_session": lambda: libc.syscall(250, 0, -3, 0),
+    "add_key": lambda: libc.syscall(248, b"user", b"canary", b"value", 5, -3),
+    "request_key": lambda: libc.syscall(249, b"user", b"canary", None, -3),
+    "ptrace_attach": lambda: libc.syscall(101, 16, 1, 0, 0),
+    "pidfd_getfd": lambda: libc.syscall(438, os.pidfd_open(1), 3, 0),
+    "process_vm_readv": lambda: libc.syscall(310, 1, 0, 0, 0, 0, 0),
+    "mount": lambda: libc.mount(b"none", b"/tmp", b"tmpfs", 0, None),
+    "bpf": lambda: libc.syscall(321, 0, 0, 0),
+    "perf_event_open": lambda: libc.syscall(298, 0, 0, -1, -1, 0),
+    "userfaultfd": lambda: libc.syscall(323, 0),
+    "open_by_handle_at": lambda: libc.syscall(304, 0, 0, 0),
+    "setns": lambda: libc.syscall(308, os.pidfd_open(1), 0),
+    "clone3": lambda: libc.syscall(435, 0, 0),
+    "personality_read_implies_exec": lambda: libc.syscall(135, 0x0400000),
+    "ioctl_tiocsti": lambda: libc.syscall(16, 0, 0x5412, b"x"),
+    "getpid": lambda: libc.syscall(39),
+}
+for name in sys.argv[1:]:
+    ctypes.set_errno(0)
+    result = CALLS[name]()
+    error = ctypes.get_errno()
+    print(name, "allowed" if result >= 0 else errno.errorcode.get(error, error))
+print("seccomp_mode", open("/proc/self/status").read().split("Seccomp:")[1].split()[0])
+"""
+REFUSED = {
+    "unshare_user": "EPERM", "unshare_net_user": "EPERM", "keyctl_session": "EPERM",
+    "add_key": "EPERM", "request_key": "EPERM", "ptrace_attach": "EPERM",
+    "pidfd_getfd": "EPERM", "process_vm_readv": "EPERM", "mount": "EPERM", "bpf": "EPERM",
+    "perf_event_open": "EPERM", "userfaultfd": "EPERM", "open_by_handle_at": "EPERM",
+    "setns": "EPERM", "clone3": "ENOSYS", "personality_read_implies_exec": "EPERM",
+    "ioctl_tiocsti": "EPERM",
+}  # fmt: skip
+# The calls the control runs on the host: none of them changes anything outside the probe's own
+# short-lived process (its stdin is /dev/null, so TIOCSTI has no terminal to type into).
+HARMLESS_ON_HOST = (
+    "unshare_user", "keyctl_session", "bpf", "perf_event_open", "open_by_handle_at",
+    "clone3", "personality_read_implies_exec", "ioctl_tiocsti", "getpid",
+)  # fmt: skip
+
+
+def probe_results(output: str) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in output.splitlines() if " " in line)
+
+
+@needs_x86_64
+def test_every_lease_runs_under_the_seccomp_filter(server: Server) -> None:
+    names = " ".join([*REFUSED, "getpid"])
+    command = f"python3 - {names} <<'EOF'\n{SYSCALL_PROBE}\nEOF\n"
+
+    async def main(client: SlotServerClient) -> ToolResult:
+        epoch = await fresh_lease(client, 2)
+        result = await one(client, call(2, "bash", epoch=epoch, command=command))
+        await reset_clean(client, 2, epoch)
+        return result
+
+    result = run(main, server)
+    assert result.outcome is ToolOutcome.OK, result.content
+    seen = probe_results(result.content)
+    for name, errno_name in REFUSED.items():
+        assert seen.get(name) == errno_name, (name, result.content)
+    assert seen["getpid"] == "allowed"
+    assert seen["seccomp_mode"] == "2"
+
+
+@needs_x86_64
+def test_the_seccomp_probe_sees_those_calls_pass_without_the_filter() -> None:
+    """The control: the same probe, unsandboxed on the host, gets past the calls the filter
+    refuses (they fail for their bad arguments, if at all, never as the filter answers)."""
+    done = subprocess.run(
+        [sys.executable, "-c", SYSCALL_PROBE, *HARMLESS_ON_HOST],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    seen = probe_results(done.stdout)
+    assert seen["seccomp_mode"] == "0"
+    for name in HARMLESS_ON_HOST:
+        assert seen[name] != REFUSED.get(name), (name, done.stdout)
+
+
+@needs_x86_64
+def test_a_foreign_abi_system_call_kills_the_process(server: Server) -> None:
+    x32_getpid = "import ctypes; ctypes.CDLL(None).syscall(0x40000000 | 39); print('survived')"
+    command = f'python3 -c "{x32_getpid}"; echo status=$?'
+
+    async def main(client: SlotServerClient) -> ToolResult:
+        epoch = await fresh_lease(client, 2)
+        result = await one(client, call(2, "bash", epoch=epoch, command=command))
+        await reset_clean(client, 2, epoch)
+        return result
+
+    result = run(main, server)
+    assert "survived" not in result.content
+    assert "status=159" in result.content, result.content  # 128 + SIGSYS
+
+
+# --------------------------------------------------------------------------------- channel
+
+
+def lease_processes(sandbox_pid: int, marker: str) -> tuple[int, int]:
+    """The host pids of a lease's agent and of its process running ``marker``."""
+    tree = process_tree(sandbox_pid)
+    (sleeper,) = [pid for pid in host_processes_with(marker) if pid in tree]
+    fields = stat_fields(sleeper)
+    assert fields is not None
+    return int(fields[1]), sleeper
+
+
+def test_the_lease_agent_is_not_dumpable(server: Server) -> None:
+    marker = "4321.444"
+    command = (
+        f"(sleep {marker} >/dev/null 2>&1 &); ls /proc/1/fd 2>&1; "
+        "ls /proc/self/fd >/dev/null && echo own-fds"
+    )
+
+    def owners(agent: int, sleeper: int) -> tuple[str, int, int]:
+        name = Path(f"/proc/{agent}/comm").read_text().strip()
+        agent_owner, sleeper_owner = (
+            Path(f"/proc/{pid}/environ").stat().st_uid for pid in (agent, sleeper)
+        )
+        return name, agent_owner, sleeper_owner
+
+    async def main(client: SlotServerClient) -> tuple[ToolResult, str, int, int]:
+        epoch = await fresh_lease(client, 2)
+        result = await one(client, call(2, "bash", epoch=epoch, command=command))
+        sandbox = (await client.list_slots()).slots[2].sandbox_pid
+        assert sandbox is not None
+        seen = owners(*lease_processes(sandbox, marker))
+        await reset_clean(client, 2, epoch)
+        return result, *seen
+
+    result, name, agent_owner, sleeper_owner = run(main, server)
+    assert name == "slot-lease"
+    assert "Permission denied" in result.content, result.content
+    assert "own-fds" in result.content
+    # /proc/PID's private files belong to root for a process that is not dumpable, to the
+    # process's uid otherwise
+    assert agent_owner == 0
+    assert sleeper_owner == (SLOT_UID_BASE + 2 if AS_ROOT else os.geteuid())
+    assert sleeper_owner != agent_owner or not AS_ROOT
+
+
+def test_each_lease_has_a_network_namespace_of_its_own(server: Server) -> None:
+    marker = "4321.333"
+    loopback = (
+        "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+        "socket.create_connection(s.getsockname()); print('loopback-ok')"
+    )
+    command = f'(sleep {marker} >/dev/null 2>&1 &); python3 -c "{loopback}"'
+
+    async def main(client: SlotServerClient) -> tuple[list[ToolResult], list[str], str]:
+        results, namespaces = [], []
+        for _ in range(2):
+            epoch = await fresh_lease(client, 2)
+            results.append(await one(client, call(2, "bash", epoch=epoch, command=command)))
+            sandbox = (await client.list_slots()).slots[2].sandbox_pid
+            assert sandbox is not None
+            _, sleeper = lease_processes(sandbox, marker)
+            namespaces.append(os.readlink(f"/proc/{sleeper}/ns/net"))
+            keeper_namespace = os.readlink(f"/proc/{sandbox}/ns/net")
+            await reset_clean(client, 2, epoch)
+        return results, namespaces, keeper_namespace
+
+    results, namespaces, keeper_namespace = run(main, server)
+    for result in results:
+        assert result.content == "loopback-ok\n", result.content
+    assert namespaces[0] != namespaces[1]
+    assert keeper_namespace not in namespaces
+
+
+# A stand-in for the interpreter that runs a bare agent: it greets, then answers each request
+# as its command asks (a real program, so the slot server's reader meets hostile frames).
+FAKE_AGENT = """#!{python}
+import json, os, sys, time
+def send(data):
+    os.write(1, len(data).to_bytes(4, "big") + data)
+def read(size):
+    data = b""
+    while len(data) < size:
+        chunk = os.read(0, size - len(data))
+        if not chunk:
+            sys.exit(0)
+        data += chunk
+    return data
+send(b'{{"ready": true, "pid": 1, "tmux": false}}')
+while True:
+    body = read(int.from_bytes(read(4), "big"))
+    if b"oversize" in body:
+        os.write(1, (320 << 20).to_bytes(4, "big") + b"{{")
+        time.sleep(60)
+    elif b"not-json" in body:
+        send(b"forged")
+    elif b"a-list" in body:
+        send(b"[0, 1]")
+    elif b"wrong-type" in body:
+        send(b'{{"exit": "0", "stdout": "forged result"}}')
+    else:
+        send(json.dumps({{"exit": 0, "stdout": "honest", "stderr": ""}}).encode())
+"""
+
+
+@pytest.mark.parametrize("attack", ["oversize", "not-json", "a-list", "wrong-type"])
+def test_a_forged_or_oversize_reply_ends_the_lease(attack: str, tmp_path: Path) -> None:
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_AGENT.format(python=sys.executable))
+    fake.chmod(0o755)
+    policy = SandboxPolicy(require_sandbox=False, min_timeout_s=0.1)
+    config = RuntimeConfig(
+        slots=1, root=tmp_path / "root", policy=policy, bwrap="/nonexistent/bwrap",
+        python=str(fake), use_cgroups=False, slot_helper="python", agent_grace_s=30.0,
+    )  # fmt: skip
+
+    async def main() -> tuple[ToolResult, ToolResult, ToolResult, float]:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        try:
+            started = time.monotonic()
+            (hit,) = await runtime.execute([call(0, "bash", epoch=1, command=attack)])
+            took = time.monotonic() - started
+            (after,) = await runtime.execute([call(0, "bash", epoch=1, command="honest")])
+            assert (await runtime.reset(0, 1)).ok
+            (fresh,) = await runtime.execute([call(0, "bash", epoch=2, command="honest")])
+            return hit, after, fresh, took
+        finally:
+            await runtime.aclose()
+
+    hit, after, fresh, took = asyncio.run(main())
+    assert hit.outcome is ToolOutcome.INFRA_ERROR, hit.content
+    assert "forged result" not in hit.content
+    if attack == "oversize":
+        assert f"{320 << 20} bytes, over the cap" in hit.content
+        assert took < 10, "refused at the header, not after waiting for 320 MiB"
+    else:
+        assert "malformed reply" in hit.content or "not JSON" in hit.content, hit.content
+    assert after.outcome is ToolOutcome.INFRA_ERROR
+    assert "reset the slot" in after.content
+    assert fresh.outcome is ToolOutcome.OK
+    assert fresh.content == "honest"
+
+
+# --------------------------------------------------------------------------------- pools, cache
+
+
+def test_a_tcp_local_pool_starts_its_servers_and_runs_calls() -> None:
+    async def main() -> tuple[list[ToolResult], list[int]]:
+        config = LocalPoolConfig(
+            containers=2, slots_per_container=1, transport="tcp", require_sandbox=True,
+            min_timeout_s=0.2, acquire_timeout_s=60.0,
+        )  # fmt: skip
+        async with start_local_pool(config) as pool:
+            results, uids = [], []
+            for _ in range(2):
+                async with pool.lease("tcp-test") as lease:
+                    command = ToolCall(id=f"t{next(_ids)}", name="bash",
+                                       arguments={"command": "id -u"})  # fmt: skip
+                    results += await pool.execute(
+                        lease.slot.container, [SlotCall(lease=lease, call=command, timeout_s=20)]
+                    )
+                    uids.append(int(results[-1].content.split()[0]))
+            return results, uids
+
+    results, uids = asyncio.run(main())
+    for result in results:
+        assert result.outcome is ToolOutcome.OK, result.content
+    if AS_ROOT:
+        assert all(SLOT_UID_BASE <= uid < SLOT_UID_BASE + 2 for uid in uids), uids
+
+
+@pytest.mark.skipif(not HAS_COMPILER, reason="no C compiler to build the compiled slot helper")
+def test_a_helper_cache_under_tmp_serves_leases_with_the_compiled_helper(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"  # under /tmp: the lease's private /tmp hides it
+    cache.mkdir(mode=0o755)
+    environment = {**os.environ, "TRAJCORE_CACHE_DIR": str(cache)}
+    server = start_server(tmp_path / "root", "--slot-helper", "auto", env=environment)
+    try:
+
+        async def main(client: SlotServerClient) -> tuple[Any, ToolResult]:
+            return await client.health(), await one(client, call(0, "bash", command="echo ok"))
+
+        health, result = run(main, server)
+    finally:
+        assert stop_server(server) == 0
+    assert list(cache.glob("slot-helper-*")), "the helper was built in the named cache"
+    assert health.capabilities.slot_helper == "native", health.capabilities.detail
+    assert result.content == "ok\n"
+
+
+def test_with_network_allowed_the_hosts_sysctls_stay_read_only(tmp_path: Path) -> None:
+    marker = "4321.222"
+    ttl = "/proc/sys/net/ipv4/ip_default_ttl"  # the host's own: the lease shares its network
+    command = f"(sleep {marker} >/dev/null 2>&1 &); (: >>{ttl}) 2>/dev/null && echo opened"
+    server = start_server(tmp_path / "root", "--allow-network", "--slot-helper", "python")
+    try:
+
+        async def main(client: SlotServerClient) -> tuple[ToolResult, dict[str, str], str]:
+            result = await one(client, call(0, "bash", command=command))
+            sandbox = (await client.list_slots()).slots[0].sandbox_pid
+            assert sandbox is not None
+            pid = lease_pid(sandbox, marker)
+            return result, mount_options(pid), os.readlink(f"/proc/{pid}/ns/net")
+
+        result, mounts, network = run(main, server)
+    finally:
+        assert stop_server(server) == 0
+    assert network == os.readlink("/proc/self/ns/net"), "the lease shares the host's network"
+    assert "opened" not in result.content
+    assert mounts["/proc/sys"].split(",")[0] == "ro"
+
+
+# Joins a new session keyring, adds a canary key to it, then execs the rest of its command line:
+# whatever it starts (a slot server, or the control's reader) inherits that keyring.
+PLANT_KEY = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+secret = sys.argv[1].encode()
+assert libc.syscall(250, 1, None) >= 0  # KEYCTL_JOIN_SESSION_KEYRING: a new, anonymous one
+assert libc.syscall(248, b"user", b"trajcore-canary", secret, len(secret), -3) >= 0  # add_key
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+READ_KEY = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+found = libc.syscall(250, 10, -3, b"user", b"trajcore-canary", 0)  # KEYCTL_SEARCH @s
+if found < 0:
+    print("search refused", ctypes.get_errno())
+else:
+    buffer = ctypes.create_string_buffer(256)
+    size = libc.syscall(250, 11, found, buffer, 256)  # KEYCTL_READ
+    print("read", buffer.raw[: max(size, 0)].decode())
+"""
+
+
+@needs_x86_64
+def test_a_key_on_the_servers_session_keyring_is_out_of_every_leases_reach(
+    tmp_path: Path,
+) -> None:
+    secret = f"canary-{os.getpid()}-{time.monotonic_ns()}"
+    plant = (sys.executable, "-c", PLANT_KEY, secret)
+    # the control: the reader, started the same way but unsandboxed, finds and reads the key
+    control = subprocess.run(
+        [*plant, sys.executable, "-c", READ_KEY],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert control.stdout.strip() == f"read {secret}"
+    server = start_server(tmp_path / "root", prefix=plant)
+    command = f"python3 - <<'EOF'\n{READ_KEY}\nEOF\ncat /proc/keys; echo done"
+    try:
+        result = run(lambda client: one(client, call(0, "bash", command=command)), server)
+    finally:
+        assert stop_server(server) == 0
+    assert result.outcome is ToolOutcome.OK, result.content
+    assert secret not in result.content
+    assert "trajcore-canary" not in result.content
+    assert result.content.startswith("search refused 1\n"), result.content
+
+
+def no_libseccomp(rules: object) -> bytes:
+    """Stands in for ``compile_filter`` on a host without libseccomp."""
+    raise SeccompUnavailable("libseccomp is not installed (stand-in)")
+
+
+@pytest.mark.parametrize("required", [True, False])
+def test_without_libseccomp_a_required_sandbox_fails_closed_and_health_says_so(
+    required: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runtime_module, "compile_filter", no_libseccomp)
+    policy = SandboxPolicy(require_sandbox=required, min_timeout_s=0.1)
+    config = RuntimeConfig(slots=1, root=tmp_path / "root", policy=policy)
+    status = "grep Seccomp: /proc/self/status"
+
+    async def main() -> tuple[bool, str, ToolResult]:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        try:
+            (result,) = await runtime.execute([call(0, "bash", command=status)])
+            return runtime.sandboxed, runtime.health().capabilities.detail, result
+        finally:
+            await runtime.aclose()
+
+    sandboxed, detail, result = asyncio.run(main())
+    assert "leases run without a seccomp filter: libseccomp is not installed" in detail
+    if required:
+        assert not sandboxed
+        assert result.outcome is ToolOutcome.INFRA_ERROR
+        assert "seccomp" in result.content
+    else:
+        assert sandboxed, detail
+        assert result.content.split() == ["Seccomp:", "0"]
+
+
+@needs_root
+def test_without_cgroups_the_process_limit_binds_each_slot(tmp_path: Path) -> None:
+    """``RLIMIT_NPROC`` (64 here) counts a slot uid's processes: a lease that keeps forking
+    stops near it, counted from the host, while another slot still starts its commands."""
+    marker = "4321.111"
+    spawn = f"i=0; while [ $i -lt 150 ]; do sleep {marker} & i=$((i+1)); done 2>/dev/null; wait"
+    server = start_server(tmp_path / "root", "--no-cgroups")
+    try:
+
+        async def main(client: SlotServerClient) -> tuple[int, ToolResult]:
+            flood = asyncio.create_task(one(client, call(0, "bash", command=spawn, timeout_s=3)))
+            await asyncio.sleep(1.5)
+            sandbox = (await client.list_slots()).slots[0].sandbox_pid
+            assert sandbox is not None
+            tree = process_tree(sandbox)
+            counted = len([pid for pid in host_processes_with(marker) if pid in tree])
+            neighbour = await one(client, call(1, "bash", command="echo alive"))
+            await flood
+            return counted, neighbour
+
+        counted, neighbour = run(main, server)
+    finally:
+        assert stop_server(server) == 0
+    assert 30 <= counted <= 64, f"{counted} sleeps ran in the flooding slot"
+    assert neighbour.content == "alive\n"

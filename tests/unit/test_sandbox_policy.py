@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import math
 
 import pytest
@@ -11,12 +12,16 @@ from hypothesis import strategies as st
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.sandbox_policy import (
     KEEPER_CAPABILITIES,
+    MASKED_PATHS,
+    READ_ONLY_PATHS,
+    SECCOMP_RULES,
     Bind,
     SandboxPolicy,
     bwrap_argv,
     clamp_timeout,
     private_tmp_binds,
 )
+from trajcore.domain.slot_server_flags import SlotServerFlags, check_slot_uid_range
 
 segment = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_-", min_size=1, max_size=8)
 abs_path = st.lists(segment, min_size=1, max_size=4).map(lambda parts: "/" + "/".join(parts))
@@ -139,7 +144,7 @@ def test_kept_capabilities_follow_the_drop_of_all(policy: SandboxPolicy, keep: l
     assert all(i > dropped for i, flag in enumerate(opts) if flag == "--cap-add")
 
 
-@pytest.mark.parametrize("capability", ["CAP_NET_ADMIN", "CAP_SYS_PTRACE", "ALL", ""])
+@pytest.mark.parametrize("capability", ["CAP_NET_RAW", "CAP_SYS_PTRACE", "ALL", ""])
 def test_only_the_keeper_capabilities_may_be_kept(capability: str) -> None:
     with pytest.raises(ConfigError) as info:
         bwrap_argv(
@@ -218,3 +223,58 @@ def test_clamp_is_identity_inside_the_range(requested: float) -> None:
     policy = SandboxPolicy(min_timeout_s=0.001, default_timeout_s=1.0, max_timeout_s=1e6)
     assert clamp_timeout(policy, requested) == requested
     assert clamp_timeout(policy, requested, requested * 2) == requested
+
+
+def test_no_sandbox_may_make_user_namespaces() -> None:
+    argv = bwrap_argv(SandboxPolicy(), workspace="/w", command=["/bin/true"])
+    assert "--disable-userns" in argv[: argv.index("--")]
+
+
+def test_a_staged_source_is_bound_read_only_at_its_destination() -> None:
+    staged = Bind(source="/srv/root/runtime/python", dest="/root/.pyenv/versions/3.11.7")
+    argv = bwrap_argv(SandboxPolicy(), workspace="/w", command=["/bin/true"], rebind=[staged])
+    at = argv.index("/srv/root/runtime/python")
+    assert argv[at - 1 : at + 2] == ["--ro-bind", staged.source, staged.dest]
+    under_tmp = Bind(source="/srv/x", dest="/tmp/venv")
+    assert private_tmp_binds(SandboxPolicy(), rebind=[under_tmp]) == [("/tmp/venv", False)]
+
+
+def test_kernel_paths_follow_runc() -> None:
+    assert {"/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"} <= set(MASKED_PATHS)
+    assert {"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"} <= set(READ_ONLY_PATHS)
+    assert not set(MASKED_PATHS) & set(READ_ONLY_PATHS)
+
+
+def test_the_seccomp_rules_refuse_what_an_escape_needs() -> None:
+    refused = {rule.name for rule in SECCOMP_RULES if rule.arg is None}
+    needed = {
+        "add_key", "keyctl", "request_key", "ptrace", "process_vm_readv", "pidfd_getfd",
+        "bpf", "perf_event_open", "userfaultfd", "kexec_load", "open_by_handle_at",
+        "mount", "umount2", "pivot_root", "move_mount", "open_tree", "fsopen", "setns",
+    }  # fmt: skip
+    assert needed <= refused
+    by_name = {rule.name: rule for rule in SECCOMP_RULES}
+    assert by_name["clone3"].errno == errno.ENOSYS
+    for name in ("clone", "unshare"):
+        rule = by_name[name]
+        assert (rule.arg, rule.mask, rule.value) == (0, 0x10000000, 0x10000000)
+    ioctls = {rule.value for rule in SECCOMP_RULES if rule.name == "ioctl"}
+    assert ioctls == {0x5412, 0x541C}  # TIOCSTI, TIOCLINUX
+
+
+@pytest.mark.parametrize(
+    ("base", "count", "reason"),
+    [(0, 1, "must be >= 65536"), (1000, 1, "must be >= 65536"),
+     ((1 << 31) - 2, 4, "runs past the largest"), ("1", 1, "must be an integer")],
+)  # fmt: skip
+def test_a_bad_slot_uid_range_is_refused(base: object, count: int, reason: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        check_slot_uid_range("slot_uid_base", base, count)
+    assert info.value.field == "slot_uid_base"
+    assert reason in str(info.value)
+
+
+def test_the_slot_uid_base_travels_on_the_command_line() -> None:
+    assert "--slot-uid-base" not in SlotServerFlags().argv()
+    words = SlotServerFlags(slot_uid_base=2_000_000).argv()
+    assert words[words.index("--slot-uid-base") + 1] == "2000000"

@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from hypothesis import strategies as st
 from trajcore.adapters.sandbox import exec_agent
 from trajcore.adapters.sandbox.exec_agent import encode_request
 from trajcore.adapters.sandbox.native_helper import NativeBuildError, build_slot_helper, cache_dir
+from trajcore.adapters.sandbox.slot_ids import unmapped, unreachable
 from trajcore.domain.messages import JSON
 
 HAS_COMPILER = any(shutil.which(name) for name in ("cc", "gcc", "clang"))
@@ -81,23 +83,53 @@ class Agent:
         return code
 
 
-@pytest.fixture(params=["native", "python"])
-def agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Agent]:
+def agent_argv(kind: str, tmp_path: Path) -> list[str]:
+    """The command line of a bare agent of ``kind`` (``native`` or ``python``) in ``tmp_path``."""
     workspace = tmp_path / "workspace"
     state = tmp_path / "state"
     workspace.mkdir()
     tmux = shutil.which("tmux") or ""
-    if request.param == "native":
+    if kind == "native":
         if not HAS_COMPILER:
             pytest.skip("no C compiler (cc, gcc, clang) to build the slot helper")
-        argv = [str(build_slot_helper()), "serve", "0", str(state), str(workspace), tmux]
-    else:
-        config = {"workspace": str(workspace), "state_dir": str(state), "limits": {}}
-        source = Path(exec_agent.__file__)
-        argv = [sys.executable, "-I", "-S", str(source), marshal.dumps(config).hex()]
-    running = Agent(argv, tmp_path)
-    yield running
-    assert running.close() == 0
+        return [str(build_slot_helper()), "serve", "0", str(state), str(workspace), tmux]
+    config = {"workspace": str(workspace), "state_dir": str(state), "limits": {}}
+    source = Path(exec_agent.__file__)
+    return [sys.executable, "-I", "-S", str(source), marshal.dumps(config).hex()]
+
+
+@pytest.fixture(params=["native", "python"])
+def agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Agent]:
+    running = Agent(agent_argv(request.param, tmp_path), tmp_path)
+    try:
+        yield running
+        assert running.close() == 0
+    finally:
+        # a bare agent has no pid namespace: the tmux server it started outlives it
+        socket_path = tmp_path / "state" / "tmux.sock"
+        tmux = shutil.which("tmux")
+        if tmux is not None and socket_path.exists():
+            subprocess.run(
+                [tmux, "-S", str(socket_path), "kill-server"],
+                capture_output=True, timeout=10, check=False,
+            )  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["native", "python"])
+def test_a_request_over_the_cap_ends_the_agent_unread(kind: str, tmp_path: Path) -> None:
+    running = Agent(agent_argv(kind, tmp_path), tmp_path)
+    running.socket.sendall(((16 << 20) + 1).to_bytes(4, "big") + b"x" * 64)
+    with pytest.raises((EOFError, ConnectionResetError)):  # reset: it left bytes unread
+        running.receive()
+    assert running.close() == 1
+    # the control: a request at the cap is read and answered
+    (tmp_path / "control").mkdir()
+    control = Agent(agent_argv(kind, tmp_path / "control"), tmp_path)
+    padding = "#" * ((16 << 20) - 100)  # too long for execve: answered with an error
+    reply = control.ask("exec", "10.0", "64", "/bin/true", padding)
+    assert reply["exit"] is None
+    assert "cannot start /bin/true" in str(reply["error"])
+    assert control.close() == 0
 
 
 def test_the_greeting_names_the_agent_and_tmux(agent: Agent) -> None:
@@ -325,3 +357,28 @@ def test_without_a_home_the_cache_must_be_named(monkeypatch: pytest.MonkeyPatch)
         cache_dir()
     monkeypatch.setenv("TRAJCORE_CACHE_DIR", "/srv/cache")
     assert cache_dir() == Path("/srv/cache")
+
+
+def test_slot_uids_outside_a_remapped_range_are_named() -> None:
+    whole = "         0          0 4294967295\n"
+    assert unmapped(1_900_000_000, 64, whole) is None
+    container = "         0     100000      65536\n"
+    assert unmapped(1000, 64, container) is None
+    problem = unmapped(1_900_000_000, 4, container)
+    assert problem == "uids 1900000000..1900000003 are not mapped here (mapped: 0..65535)"
+    assert unmapped(65500, 64, container) is not None  # runs past the end of the range
+
+
+def test_a_directory_others_cannot_search_is_named() -> None:
+    base = Path(tempfile.mkdtemp(prefix="trajcore-reach-"))  # in /tmp, which all may search
+    try:
+        base.chmod(0o711)
+        private = base / "private"
+        (private / "inner").mkdir(parents=True)
+        (private / "inner").chmod(0o755)
+        private.chmod(0o700)
+        assert unreachable(private / "inner") == f"{private} (mode 700)"
+        private.chmod(0o711)
+        assert unreachable(private / "inner") is None
+    finally:
+        shutil.rmtree(base)

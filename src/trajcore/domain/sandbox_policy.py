@@ -31,6 +31,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import errno as _errno
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -42,8 +43,12 @@ from trajcore.domain.errors import ConfigError
 __all__ = [
     "DEFAULT_SYSTEM_PATHS",
     "KEEPER_CAPABILITIES",
+    "MASKED_PATHS",
+    "READ_ONLY_PATHS",
+    "SECCOMP_RULES",
     "Bind",
     "SandboxPolicy",
+    "SyscallRule",
     "bwrap_argv",
     "clamp_timeout",
     "private_tmp_binds",
@@ -53,8 +58,37 @@ __all__ = [
 SANDBOX_TMP = "/tmp"  # noqa: S108 - names the sandbox's own tmpfs, created fresh per slot
 
 # What a slot's keeper keeps, within the sandbox's user namespace only: CAP_SYS_ADMIN to make a
-# lease's namespaces and mounts, CAP_SETPCAP to empty its own bounding set (its leases inherit it).
-KEEPER_CAPABILITIES: tuple[str, ...] = ("CAP_SYS_ADMIN", "CAP_SETPCAP")
+# lease's namespaces and mounts, CAP_SETPCAP to empty its own bounding set (its leases inherit it),
+# CAP_NET_ADMIN to bring up the loopback of a lease's own network namespace.
+KEEPER_CAPABILITIES: tuple[str, ...] = ("CAP_SYS_ADMIN", "CAP_SETPCAP", "CAP_NET_ADMIN")
+
+# Kernel interfaces every lease hides after it mounts its fresh /proc (runc's masked paths): a
+# file gets /dev/null bound over it, a directory an empty read-only tmpfs; a path the kernel does
+# not have is skipped.
+MASKED_PATHS: tuple[str, ...] = (
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+)
+
+# Kernel interfaces every lease sees read-only (runc's read-only paths): bound onto themselves
+# and remounted read-only, so no sysctl (the host's network ones included, with
+# ``allow_network``) can be written whatever the file modes say.
+READ_ONLY_PATHS: tuple[str, ...] = (
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+)
 
 DEFAULT_SYSTEM_PATHS: tuple[str, ...] = (
     "/usr",
@@ -219,7 +253,7 @@ def bwrap_argv(
     command: Sequence[str],
     bwrap: str = "bwrap",
     host_symlinks: Mapping[str, str] | None = None,
-    rebind: Sequence[str] = (),
+    rebind: Sequence[str | Bind] = (),
     keep_capabilities: Sequence[str] = (),
 ) -> list[str]:
     """The full ``bwrap`` argument vector that runs ``command`` in a sandbox for one slot.
@@ -233,7 +267,9 @@ def bwrap_argv(
             targets; those are recreated with ``--symlink`` instead of bound.
         rebind: Host paths the command needs (the Python it runs on, say) that the system binds
             or the private ``/tmp`` would leave out; bound read-only at the same place. Paths
-            already covered by a system bind and not under ``/tmp`` are skipped.
+            already covered by a system bind and not under ``/tmp`` are skipped. A ``Bind``
+            instead names a different host source (a staged copy) for its ``dest``; it is
+            always bound, read-only.
         keep_capabilities: Capabilities the command keeps inside the sandbox's user namespace
             (``--cap-add`` after ``--cap-drop ALL``); only ``KEEPER_CAPABILITIES`` are accepted.
 
@@ -264,7 +300,7 @@ def bwrap_argv(
     ]
     if not policy.allow_network:
         argv.append("--unshare-net")
-    argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    argv += ["--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     for capability in keep_capabilities:
         argv += ["--cap-add", capability]
     argv += ["--hostname", "slot"]
@@ -274,7 +310,11 @@ def bwrap_argv(
         else:
             argv += ["--ro-bind-try", path, path]
     argv += ["--tmpfs", SANDBOX_TMP, "--proc", "/proc", "--dev", "/dev"]
-    for path in rebind:
+    for wanted in rebind:
+        if isinstance(wanted, Bind):
+            argv += ["--ro-bind", wanted.source, wanted.dest]
+            continue
+        path = wanted
         covered = any(_under(path, p) for p in policy.system_paths if p not in links)
         if covered and not _under(path, SANDBOX_TMP):
             continue
@@ -290,15 +330,78 @@ def bwrap_argv(
 
 
 def private_tmp_binds(
-    policy: SandboxPolicy, *, rebind: Sequence[str] = ()
+    policy: SandboxPolicy, *, rebind: Sequence[str | Bind] = ()
 ) -> list[tuple[str, bool]]:
     """The sandbox paths ``bwrap_argv`` (given the same ``rebind``) binds *under* the private
     ``/tmp``, in bind order, each with whether it is writable: a lease that mounts a fresh
     ``/tmp`` must bind these back as they were."""
-    found = [(path, False) for path in rebind if _under(path, SANDBOX_TMP)]
+    dests = [path.dest if isinstance(path, Bind) else path for path in rebind]
+    found = [(path, False) for path in dests if _under(path, SANDBOX_TMP)]
     found += [
         (bind.dest, bind.writable) for bind in policy.extra_binds if _under(bind.dest, SANDBOX_TMP)
     ]
     if _under(policy.workspace_path, SANDBOX_TMP):
         found.append((policy.workspace_path, True))
     return found
+
+
+# ------------------------------------------------------------------------------------ seccomp
+
+
+@attrs.frozen
+class SyscallRule:
+    """One rule of every lease's seccomp filter: the system call ``name`` fails with ``errno``
+    (when ``arg`` is given: only where ``(argument arg & mask) == value``). A name the host's
+    architecture lacks is skipped when the filter is built.
+
+    The filter allows everything no rule names (a deny list, as Flatpak's): a sandbox runs
+    whatever a task needs, and the rules refuse what only an escape or a cross-lease attack
+    needs.
+    """
+
+    name: str
+    errno: int = _errno.EPERM
+    arg: int | None = None
+    mask: int = 0
+    value: int = 0
+
+
+_CLONE_NEWUSER = 0x10000000
+# personality(2) flags that weaken the address space (ADDR_NO_RANDOMIZE, FDPIC_FUNCPTRS,
+# MMAP_PAGE_ZERO, ADDR_COMPAT_LAYOUT, READ_IMPLIES_EXEC, ADDR_LIMIT_32BIT, SHORT_INODE,
+# WHOLE_SECONDS, STICKY_TIMEOUTS, ADDR_LIMIT_3GB); the execution domains stay free. The query
+# value 0xffffffff has them all set, so it is refused too.
+_PERSONALITY_FLAGS = tuple(1 << bit for bit in range(18, 28))
+_TIOCSTI = 0x5412
+_TIOCLINUX = 0x541C
+
+_REFUSED = (
+    # keyrings: nothing shared between leases or with whoever started the server
+    "add_key", "keyctl", "request_key",
+    # other processes' memory and descriptors (the lease agent's channel among them)
+    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp",
+    # kernel attack surface no task needs
+    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
+    "io_uring_register", "kexec_load", "kexec_file_load", "open_by_handle_at",
+    "name_to_handle_at", "init_module", "finit_module", "delete_module", "create_module",
+    "get_kernel_syms", "query_module", "lookup_dcookie", "nfsservctl", "uselib", "ustat",
+    "sysfs", "_sysctl", "syslog", "vm86", "vm86old", "iopl", "ioperm", "swapon", "swapoff",
+    "reboot", "acct", "quotactl", "quotactl_fd", "settimeofday", "stime", "clock_settime",
+    "clock_adjtime", "adjtimex",
+    # mounts and namespaces
+    "mount", "umount", "umount2", "pivot_root", "move_mount", "open_tree", "fsopen",
+    "fsmount", "fsconfig", "fspick", "mount_setattr", "setns",
+)  # fmt: skip
+
+# Every lease's seccomp filter (after Docker's default profile and Flatpak's deny list).
+SECCOMP_RULES: tuple[SyscallRule, ...] = (
+    *(SyscallRule(name) for name in _REFUSED),
+    # no new user namespace (a nested one would hand back every capability)
+    SyscallRule("unshare", arg=0, mask=_CLONE_NEWUSER, value=_CLONE_NEWUSER),
+    SyscallRule("clone", arg=0, mask=_CLONE_NEWUSER, value=_CLONE_NEWUSER),
+    # clone3's flags live in memory a filter cannot read: refused as absent, libc falls back
+    SyscallRule("clone3", errno=_errno.ENOSYS),
+    # no typing into the terminal of another session
+    *(SyscallRule("ioctl", arg=1, mask=0xFFFFFFFF, value=cmd) for cmd in (_TIOCSTI, _TIOCLINUX)),
+    *(SyscallRule("personality", arg=0, mask=flag, value=flag) for flag in _PERSONALITY_FLAGS),
+)

@@ -25,10 +25,39 @@ import attrs
 
 from trajcore.domain.errors import ConfigError
 
-__all__ = ["SLOT_HELPERS", "SlotServerFlags"]
+__all__ = [
+    "DEFAULT_SLOT_UID_BASE",
+    "MAX_SLOT_UID",
+    "MIN_SLOT_UID_BASE",
+    "SLOT_HELPERS",
+    "SlotServerFlags",
+    "check_slot_uid_range",
+]
 
 # What runs a slot's keeper and lease agents: see ``trajcore slot-server --slot-helper``.
 SLOT_HELPERS: tuple[str, ...] = ("auto", "native", "python")
+
+# A slot server run as root runs slot ``i``'s sandbox as host uid and gid ``base + i``. The
+# default lies far above ordinary accounts (1000..60000), the ``nobody`` ids (65534) and the
+# subordinate id ranges that ``useradd`` hands out (100000 upwards, 65536 per user), and below
+# 2**31 so that no tool reading a uid as a signed number sees a negative one.
+DEFAULT_SLOT_UID_BASE = 1_900_000_000
+MIN_SLOT_UID_BASE = 65536
+MAX_SLOT_UID = (1 << 31) - 1
+
+
+def check_slot_uid_range(field: str, base: object, count: int) -> None:
+    """Raise ``ConfigError`` unless ``base .. base + count - 1`` are usable slot uids."""
+    if isinstance(base, bool) or not isinstance(base, int):
+        raise ConfigError(field, f"must be an integer, got {base!r}")
+    if base < MIN_SLOT_UID_BASE:
+        raise ConfigError(
+            field, f"must be >= {MIN_SLOT_UID_BASE} (above ordinary accounts), got {base}"
+        )
+    if base + count - 1 > MAX_SLOT_UID:
+        raise ConfigError(
+            field, f"{base} + {count} slots runs past the largest slot uid {MAX_SLOT_UID}"
+        )
 
 
 def _positive_int(_: object, attribute: attrs.Attribute[int], value: object) -> None:
@@ -81,6 +110,8 @@ class SlotServerFlags:
         slot_helper: What runs each slot's keeper and lease agents: ``"native"`` (the compiled
             helper; the server refuses to start without it), ``"python"``, or ``"auto"`` (native
             when the server's host can build it, else Python).
+        slot_uid_base: When the server runs as root, slot ``i`` runs as host uid and gid
+            ``slot_uid_base + i`` (never as root); ignored by a server that is not root.
     """
 
     allow_network: bool = False
@@ -96,8 +127,10 @@ class SlotServerFlags:
     use_cgroups: bool = True
     bwrap: str = attrs.field(default="bwrap", validator=_executable)
     slot_helper: str = attrs.field(default="auto", validator=_slot_helper)
+    slot_uid_base: int = DEFAULT_SLOT_UID_BASE
 
     def __attrs_post_init__(self) -> None:
+        check_slot_uid_range("slot_uid_base", self.slot_uid_base, 1)
         for name in ("allow_network", "require_sandbox", "use_cgroups"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be true or false, got {getattr(self, name)!r}")
@@ -129,4 +162,6 @@ class SlotServerFlags:
             words.append("--no-cgroups")
         if self.slot_helper != "auto":
             words += ["--slot-helper", self.slot_helper]
+        if self.slot_uid_base != DEFAULT_SLOT_UID_BASE:
+            words += ["--slot-uid-base", str(self.slot_uid_base)]
         return words

@@ -36,7 +36,11 @@ from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime, check_
 from trajcore.adapters.sandbox.server import start_http_server
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.sandbox_policy import SandboxPolicy
-from trajcore.domain.slot_server_flags import SLOT_HELPERS
+from trajcore.domain.slot_server_flags import (
+    DEFAULT_SLOT_UID_BASE,
+    SLOT_HELPERS,
+    check_slot_uid_range,
+)
 
 __all__ = ["main", "parse_args"]
 
@@ -81,6 +85,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "(native; built with the host's C compiler on first use), the Python one, or native when "
         "it works (auto)",
     )
+    parser.add_argument(
+        "--slot-uid-base",
+        type=int,
+        default=DEFAULT_SLOT_UID_BASE,
+        help="when run as root, slot i's sandbox runs as host uid/gid BASE+i (default "
+        f"{DEFAULT_SLOT_UID_BASE}); a server that is not root runs every slot as itself",
+    )
     return parser.parse_args(argv)
 
 
@@ -115,8 +126,10 @@ def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
             )
     if args.listen is not None and token is None:
         raise ConfigError("--token-file", "TCP needs a bearer token (--token-file or --token-env)")
+    check_slot_uid_range("--slot-uid-base", args.slot_uid_base, args.slots)
     config = RuntimeConfig(
         slots=args.slots,
+        slot_uid_base=args.slot_uid_base,
         root=args.root.absolute(),
         policy=policy,
         bwrap=args.bwrap,

@@ -673,6 +673,7 @@ class FakeNomadAPI:
             raise StateError("a FakeNomadAPI is entered once")
         if self.root is None:
             self._dir = Path(tempfile.mkdtemp(prefix="trajcore-fake-nomad-"))
+            self._dir.chmod(0o711)  # slot servers run as root give their slots other uids
             self._own_dir = True
         else:
             self._dir = self.root

@@ -3,13 +3,18 @@
 The slot server starts it with ``python -I -S`` in one of two roles, named by its config:
 
 - **keeper** (``keep``; sandboxed slots): the first program of the slot's bubblewrap sandbox,
-  kept for the server's life. It holds ``CAP_SYS_ADMIN`` and ``CAP_SETPCAP`` inside the sandbox's
-  own user namespace and uses them for one thing: on each ``lease`` request it forks the lease's
-  agent into a new pid namespace (the child is that namespace's pid 1); the child enters new
-  mount, ipc and uts namespaces, mounts a fresh ``/proc``, ``/tmp`` and ``/dev/shm`` (binding back
+  kept for the server's life. It holds ``CAP_SYS_ADMIN``, ``CAP_SETPCAP`` and ``CAP_NET_ADMIN``
+  inside the sandbox's own user namespace, is not dumpable, and uses them for one thing: on each
+  ``lease`` request it clones the lease's agent into a new pid namespace (the child is that
+  namespace's pid 1); the child enters new mount, ipc and uts namespaces (and a network namespace
+  of its own, loopback up, when the config says ``own_network``), joins a fresh session keyring,
+  mounts a fresh ``/proc`` (masking ``MASKED_PATHS`` and making
+  ``READ_ONLY_PATHS`` read-only), ``/tmp`` and ``/dev/shm`` (binding back
   what the sandbox had bound under ``/tmp``), remounts ``/dev`` read-only, drops every capability
   (ambient, permitted, effective; ``no_new_privs``; its bounding set comes empty from the keeper,
-  which emptied its own at start) and only then serves the lease on the socket it was handed.
+  which emptied its own at start), makes itself not dumpable, sets its resource limits, installs
+  the config's seccomp filter (classic BPF, ``adapters/sandbox/seccomp.py``) as its last step,
+  and only then serves the lease on the socket it was handed.
   ``end`` kills that pid 1 and reaps it: the kernel lets it be reaped only after every other
   process of its namespace is gone. The keeper never reads anything a lease writes, and a lease
   cannot see the keeper (it is outside the lease's pid namespace) nor signal it.
@@ -27,7 +32,7 @@ modules, the latter imported only when there are limits to set). ``os``, ``json`
 ``selectors``, ``shutil``, ``struct`` and ``contextlib`` would each cost milliseconds of imports
 (``signal`` and ``json`` pull in ``enum`` and ``re``). The keeper alone imports ``ctypes`` (for
 ``unshare``, ``setns``, ``mount``, ``prctl`` and ``capset``, which Python 3.11's ``os`` lacks),
-``_socket`` and ``gc``, once per slot.
+``_socket``, ``fcntl`` and ``gc``, once per slot.
 
 ``slot_helper.c`` is the same keeper and agent compiled, speaking the same protocols; a slot
 server uses it when the host can build it, and this module otherwise.
@@ -75,6 +80,8 @@ import sys
 import time
 
 _HEADER_SIZE = 4
+# runtime.MAX_REQUEST_BYTES: a larger request ends the agent (and so the lease)
+_MAX_REQUEST = 16 << 20
 _READ_CHUNK = 1 << 16
 _DRAIN_AFTER_EXIT_S = 0.05
 # Linux signal numbers (the same on every architecture trajcore runs on); ``signal`` costs an
@@ -581,7 +588,10 @@ def serve(config: dict[str, object], reader: int = 0, writer: int = 1) -> int:
         header = _read_exact(reader, _HEADER_SIZE)
         if header is None:
             return 0
-        body = _read_exact(reader, int.from_bytes(header, "big"))
+        size = int.from_bytes(header, "big")
+        if size > _MAX_REQUEST:
+            return 1  # the slot server never sends more: the channel is not its
+        body = _read_exact(reader, size)
         if body is None:
             return 0
         try:
@@ -605,6 +615,9 @@ _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUTS = 0x04000000
 _CLONE_NEWIPC = 0x08000000
 _CLONE_NEWPID = 0x20000000
+_SIGCHLD = 17
+# clone(2)'s number where the agent runs (Python's ``os`` has no clone).
+_SYS_CLONE = {"x86_64": 56, "aarch64": 220}
 _MS_RDONLY = 0x1
 _MS_NOSUID = 0x2
 _MS_NODEV = 0x4
@@ -617,6 +630,16 @@ _MS_PRIVATE = 0x40000
 _MS_KEPT = 0x2 | 0x4 | 0x8 | 0x400 | 0x800 | 0x1000
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_DUMPABLE = 4
+_PR_SET_NAME = 15
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+_CLONE_NEWNET = 0x40000000
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP_LOOPBACK_RUNNING = 0x1 | 0x8 | 0x40
+# keyctl(2)'s number where the agent runs
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _CAPABILITY_VERSION_3 = 0x20080522
@@ -653,11 +676,66 @@ class _Libc:
             f"mount {target}",
         )
 
-    def setns(self, fd: int, kind: int) -> None:
-        self._check(self._libc.setns(fd, kind), "setns")
+    def clone_pid_namespace(self) -> int:
+        """``fork`` into a new pid namespace: 0 in the child, its pid in the parent. Only for a
+        process with one thread (the keeper): Python's own fork hooks do not run."""
+        number = _SYS_CLONE.get(posix.uname().machine)
+        if number is None:
+            raise OSError(38, f"clone: no syscall number for {posix.uname().machine}")
+        c_long = self._ctypes.c_long
+        pid = int(
+            self._libc.syscall(c_long(number), c_long(_CLONE_NEWPID | _SIGCHLD), c_long(0),
+                               c_long(0), c_long(0), c_long(0))
+        )  # fmt: skip
+        if pid < 0:
+            number = self._ctypes.get_errno()
+            raise OSError(number, f"clone: {posix.strerror(number)}")
+        return pid
 
     def prctl(self, option: int, value: int, what: str) -> None:
         self._check(self._libc.prctl(option, value, 0, 0, 0), what)
+
+    def set_name(self, name: str) -> None:
+        """This process's name (``ps``), without ``/proc``: a process that is not dumpable
+        cannot open its own ``/proc/self/comm``."""
+        self._check(self._libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0), "set name")
+
+    def join_session_keyring(self) -> None:
+        """A new, empty session keyring for this process (nothing inherited)."""
+        number = _SYS_KEYCTL.get(posix.uname().machine)
+        if number is None:
+            raise OSError(38, f"keyctl: no syscall number for {posix.uname().machine}")
+        c_long = self._ctypes.c_long
+        if self._libc.syscall(c_long(number), c_long(_KEYCTL_JOIN_SESSION_KEYRING), c_long(0)) < 0:
+            error = self._ctypes.get_errno()
+            if error != 38:  # ENOSYS: a kernel without keyrings has none to inherit
+                raise OSError(error, f"keyctl: {posix.strerror(error)}")
+
+    def loopback_up(self) -> None:
+        """Bring up ``lo`` in this process's (new) network namespace."""
+        import _socket
+        import fcntl
+
+        probe = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+        try:
+            request = b"lo".ljust(16, b"\0") + _IFF_UP_LOOPBACK_RUNNING.to_bytes(2, sys.byteorder)
+            fcntl.ioctl(probe.fileno(), _SIOCSIFFLAGS, request.ljust(40, b"\0"))
+        finally:
+            probe.close()
+
+    def install_filter(self, program: bytes) -> None:
+        """Install the seccomp filter ``program`` (``struct sock_filter`` array) on this
+        process and all it starts; ``no_new_privs`` must be set."""
+        ctypes = self._ctypes
+        instructions = ctypes.create_string_buffer(program, len(program))
+        # struct sock_fprog: an unsigned short count, padded to a pointer, then the pointer
+        pointer = ctypes.sizeof(ctypes.c_void_p)
+        fprog = ctypes.create_string_buffer(
+            (len(program) // 8).to_bytes(pointer, sys.byteorder)
+            + ctypes.addressof(instructions).to_bytes(pointer, sys.byteorder),
+            2 * pointer,
+        )
+        self._check(self._libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, fprog, 0, 0), "seccomp")
 
     def clear_capabilities(self) -> None:
         ctypes = self._ctypes
@@ -686,6 +764,35 @@ class _Plan:
         ]
         self.dev_shm = _exists(_DEV_SHM)
         self.dev_read_only = _read_only_remount("/dev")
+        self.own_network = config.get("own_network") is True
+        program = config.get("seccomp")  # hex text
+        self.filter = bytes.fromhex(program) if isinstance(program, str) else None
+        # (path, how): "file" or "dir" to mask, "ro" to make read-only; absent ones left out
+        self.kernel: list[tuple[str, str]] = []
+        for key, masked in (("masked", True), ("read_only", False)):
+            paths = config.get(key, [])
+            assert isinstance(paths, list)
+            for path in paths:
+                try:
+                    mode = posix.stat(str(path)).st_mode
+                except OSError:
+                    continue  # this kernel has no such interface
+                kind = "dir" if mode & 0o170000 == 0o040000 else "file"
+                self.kernel.append((str(path), kind if masked else "ro"))
+
+
+def _cover_kernel(libc: _Libc, plan: _Plan) -> None:
+    """Mask the fresh /proc's kernel interfaces, or make them read-only (the host's sysctls
+    too): ``sandbox_policy.MASKED_PATHS`` and ``READ_ONLY_PATHS``."""
+    locked = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    for path, how in plan.kernel:
+        if how == "file":
+            libc.mount("/dev/null", path, None, _MS_BIND, None)
+        elif how == "dir":
+            libc.mount("tmpfs", path, "tmpfs", _MS_RDONLY | locked, "size=0,mode=0555")
+        else:
+            libc.mount(path, path, None, _MS_BIND | _MS_REC, None)
+            libc.mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | locked, None)
 
 
 def _refuse(channel: int, error: BaseException) -> None:
@@ -701,9 +808,15 @@ def _lease_main(libc: _Libc, channel: int, config: dict[str, object], plan: _Pla
     """Become a lease's first process (pid 1 of its new pid namespace) and serve it; never
     returns. Runs with the keeper's capabilities until it drops them all, before it reads a
     single request."""
+    reply_to = channel
     try:
+        if plan.own_network:
+            libc.loopback_up()
+        # a session keyring of its own (the filter then refuses every keyring call)
+        libc.join_session_keyring()
         libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
         libc.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
+        _cover_kernel(libc, plan)
         # The carried paths, held open before the fresh tmpfs hides them: descriptors opened
         # here, in the lease's own mount namespace (a bind from another namespace's mount is
         # refused).
@@ -726,40 +839,44 @@ def _lease_main(libc: _Libc, channel: int, config: dict[str, object], plan: _Pla
             pass  # a kernel without ambient capabilities has none to clear
         libc.clear_capabilities()
         libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, "no_new_privs")
+        # no one of the lease (same uid) may read its memory or take its channel via /proc
+        libc.prctl(_PR_SET_DUMPABLE, 0, "dumpable")
         # the channel first: a descriptor below 3 would be overwritten by /dev/null
         if channel != _LEASE_FD:  # dup3 refuses a descriptor onto itself
             posix.dup2(channel, _LEASE_FD, inheritable=False)
         posix.set_inheritable(_LEASE_FD, False)
+        reply_to = _LEASE_FD
         null = posix.open("/dev/null", posix.O_RDWR | posix.O_CLOEXEC)
         for target in (0, 1, 2):
             posix.dup2(null, target)
         posix.closerange(_LEASE_FD + 1, _FD_LIMIT)
-        name_process("slot-lease")
+        libc.set_name("slot-lease")
+        _apply_limits(config)
+        # the last step of the setup: the seccomp filter
+        if plan.filter is not None:
+            libc.install_filter(plan.filter)
     except BaseException as error:  # noqa: BLE001 - reported to the slot server, then exit
-        _refuse(channel, error)
+        _refuse(reply_to, error)
     status = 1
     try:
-        status = serve(config, _LEASE_FD, _LEASE_FD)
+        status = serve({**config, "limits": {}}, _LEASE_FD, _LEASE_FD)
     finally:
         posix._exit(status)
 
 
-def _begin_lease(
-    libc: _Libc, own_pid_namespace: int, channel: int, config: dict[str, object], plan: _Plan
-) -> int:
-    """Start a lease: fork its first process into a new pid namespace (which it then joins new
-    mount, ipc and uts namespaces from). Returns that process's pid as the keeper sees it."""
-    libc.unshare(_CLONE_NEWPID)  # for the next child only: reset below
-    try:
-        first = posix.fork()
-        if first == 0:
-            try:
-                libc.unshare(_CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS)
-            except BaseException as error:  # noqa: BLE001 - reported on the channel, then exit
-                _refuse(channel, error)
-            _lease_main(libc, channel, config, plan)
-    finally:
-        libc.setns(own_pid_namespace, _CLONE_NEWPID)
+def _begin_lease(libc: _Libc, channel: int, config: dict[str, object], plan: _Plan) -> int:
+    """Start a lease: fork its first process straight into a new pid namespace (``clone`` with
+    ``CLONE_NEWPID``; the keeper's own namespaces never change, since an unprivileged sandbox may
+    not ``setns`` back into its pid namespace), which then enters new mount, ipc and uts
+    namespaces. Returns that process's pid as the keeper sees it."""
+    first = libc.clone_pid_namespace()
+    if first == 0:
+        try:
+            own = _CLONE_NEWNET if plan.own_network else 0
+            libc.unshare(_CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS | own)
+        except BaseException as error:  # noqa: BLE001 - reported on the channel, then exit
+            _refuse(channel, error)
+        _lease_main(libc, channel, config, plan)
     return first
 
 
@@ -794,17 +911,18 @@ def keep(config: dict[str, object]) -> int:
     lease's channel as an ``SCM_RIGHTS`` file descriptor) and answers one JSON packet each.
     End of input ends the current lease and the keeper. Returns the exit status."""
     import _socket  # the C half of ``socket``: the module proper costs ~9 ms of imports
+    import fcntl  # noqa: F401 - loaded before a lease hides /tmp; the lease needs it
     import gc
     import resource  # noqa: F401 - loaded before a lease hides /tmp; the lease needs it
 
     libc = _Libc()
     plan = _prepare(libc, config)
     batch_scheduling()
-    own_pid_namespace = posix.open("/proc/self/ns/pid", posix.O_RDONLY | posix.O_CLOEXEC)
     control = _socket.socket(fileno=0)
     room = _socket.CMSG_SPACE(4)  # one descriptor
     lease: int | None = None
     name_process("slot-keeper")
+    libc.prctl(_PR_SET_DUMPABLE, 0, "dumpable")  # a lease (same uid) cannot reach the keeper
     gc.freeze()  # keeps forked leases from copying pages the collector would touch
     control.send(_json({"ready": True, "pid": posix.getpid()}).encode())
     while True:
@@ -830,7 +948,7 @@ def keep(config: dict[str, object]) -> int:
                 if lease is not None:
                     _end_lease(lease)
                     lease = None
-                lease = _begin_lease(libc, own_pid_namespace, fds[0], config, plan)
+                lease = _begin_lease(libc, fds[0], config, plan)
                 reply = {"lease": True, "pid": lease}
             elif op == "end":
                 status = _end_lease(lease) if lease is not None else None

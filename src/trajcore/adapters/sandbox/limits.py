@@ -141,6 +141,11 @@ class SlotCgroup:
         script = f'for f in {targets}; do echo $$ > "$f" || exit 125; done; exec "$@"'
         return ["/bin/sh", "-c", script, "slot-cgroup"]
 
+    def enter(self, pid: int) -> None:
+        """Move process ``pid`` into the cgroup(s). Raises ``OSError``."""
+        for folder in self.dirs:
+            (folder / "cgroup.procs").write_text(str(pid))
+
     def pids(self) -> list[int]:
         """Every process in the slot's cgroup(s)."""
         found: set[int] = set()

@@ -64,7 +64,11 @@ from trajcore.domain.errors import (
     StateError,
 )
 from trajcore.domain.messages import ToolResult
-from trajcore.domain.slot_server_flags import SlotServerFlags
+from trajcore.domain.slot_server_flags import (
+    DEFAULT_SLOT_UID_BASE,
+    SlotServerFlags,
+    check_slot_uid_range,
+)
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
 
 __all__ = [
@@ -126,6 +130,9 @@ class LocalPoolConfig:
         bwrap: The bubblewrap executable.
         slot_helper: What runs each slot's keeper and lease agents (``SlotServerFlags``):
             ``"auto"``, ``"native"`` or ``"python"``.
+        slot_uid_base: When the servers run as root, server ``k`` runs its slot ``i`` as host
+            uid/gid ``slot_uid_base + k * slots_per_container + i``: every slot of the pool has
+            its own uid. Another pool on the same host needs a base outside this range.
         python: The interpreter that runs the slot servers.
         acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
         start_timeout_s: Longest a slot server may take to become healthy.
@@ -154,6 +161,7 @@ class LocalPoolConfig:
     use_cgroups: bool = True
     bwrap: str = "bwrap"
     slot_helper: str = "auto"
+    slot_uid_base: int = DEFAULT_SLOT_UID_BASE
     python: str = attrs.field(factory=lambda: sys.executable)
     acquire_timeout_s: float | None = attrs.field(default=600.0, validator=_optional_seconds)
     start_timeout_s: float = attrs.field(default=30.0, validator=_positive_seconds)
@@ -164,9 +172,13 @@ class LocalPoolConfig:
 
     def __attrs_post_init__(self) -> None:
         self.flags()  # the policy's own checks (the timeout range, among others), run now
+        check_slot_uid_range(
+            "slot_uid_base", self.slot_uid_base, self.containers * self.slots_per_container
+        )
 
-    def flags(self) -> SlotServerFlags:
-        """The sandbox policy of every server, as the slot server's flags."""
+    def flags(self, index: int = 0) -> SlotServerFlags:
+        """The sandbox policy of every server, as the slot server's flags (``index``: which
+        server, for its own range of slot uids)."""
         return SlotServerFlags(
             allow_network=self.allow_network,
             require_sandbox=self.require_sandbox,
@@ -181,16 +193,17 @@ class LocalPoolConfig:
             use_cgroups=self.use_cgroups,
             bwrap=self.bwrap,
             slot_helper=self.slot_helper,
+            slot_uid_base=self.slot_uid_base + index * self.slots_per_container,
         )
 
-    def server_argv(self, *, root: Path, listen: str) -> list[str]:
-        """The slot server's command line for one container (``listen``: its ``--unix``/
-        ``--listen ... --token-file`` part, its words joined by NUL characters)."""
+    def server_argv(self, *, root: Path, listen: Sequence[str], index: int = 0) -> list[str]:
+        """The slot server's command line for container ``index`` (``listen``: its ``--unix``/
+        ``--listen ... --token-file`` words)."""
         argv = [
             self.python, "-m", "trajcore.entrypoints.slot_server",
             "--slots", str(self.slots_per_container), "--root", str(root),
         ]  # fmt: skip
-        return [*argv, *listen.split("\0"), *self.flags().argv()]
+        return [*argv, *listen, *self.flags(index).argv()]
 
 
 # ============================================================================ processes
@@ -291,6 +304,9 @@ class LocalSandboxPool:
             raise StateError("a LocalSandboxPool is entered once")
         self._started = True
         self._run_dir = Path(tempfile.mkdtemp(prefix="trajcore-pool-"))
+        # Searchable, not listable: a server run as root runs its slots as other uids, which
+        # must reach their workspaces below it; the token file stays the owner's alone (0600).
+        self._run_dir.chmod(0o711)
         self._root = self.config.root or self._run_dir / "slots"
         self._root.mkdir(parents=True, exist_ok=True)
         if self.config.transport == "tcp":
@@ -398,10 +414,10 @@ class LocalSandboxPool:
         assert self._root is not None
         if self.config.transport == "unix":
             socket_path = self._run_dir / f"{index}-{self._generations.get(index, 0)}.sock"
-            listen = f"--unix\0{socket_path}"
+            listen = ["--unix", str(socket_path)]
         else:
-            listen = f"--listen\0127.0.0.1:0\0--token-file\0{self._run_dir / 'token'}"
-        return self.config.server_argv(root=self._root / name, listen=listen)
+            listen = ["--listen", "127.0.0.1:0", "--token-file", str(self._run_dir / "token")]
+        return self.config.server_argv(root=self._root / name, listen=listen, index=index)
 
     def _is_closed(self) -> bool:
         return self._closed

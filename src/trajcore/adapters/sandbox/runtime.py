@@ -6,6 +6,12 @@ runs ``ExecuteCall`` values in them:
 - ``bash`` is one ``/bin/sh -c`` per call, forked by the slot's exec agent inside the slot's
   bubblewrap sandbox; ``bash_stateful`` and ``tmux`` use one persistent tmux session per slot in
   the same sandbox; ``read_file`` and ``write_file`` run here, confined by ``Workspace``.
+- A server run as root runs slot ``i``'s sandbox as host uid/gid ``slot_uid_base + i`` (never as
+  root; ``slot_ids``), gives it the slot's workspace and stages what the sandbox binds from
+  private places as world-readable copies under ``root/runtime``; every lease also gets the
+  kernel masks, its own session keyring (and network namespace when network is off), and the
+  seccomp filter this server compiled once at start (``seccomp``). Replies over the channel are
+  capped (``reply_cap``) and checked; one that is not a reply ends the lease.
 - A slot's sandbox (bubblewrap, started on the slot's first command) runs the slot's *keeper* (the
   compiled ``slot_helper.c`` when the host can build it, else ``exec_agent.keep``; see
   ``RuntimeConfig.slot_helper``), which stays for the life of the server. Each lease gets its own
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip  # noqa: F401 - loaded now: the archive runs as the slot, which cannot read /root
 import json
 import marshal
 import os
@@ -48,7 +55,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import attrs
 
@@ -61,12 +68,25 @@ from trajcore.adapters.sandbox.limits import (
     rlimits_for,
 )
 from trajcore.adapters.sandbox.native_helper import NativeBuildError, build_slot_helper
+from trajcore.adapters.sandbox.seccomp import SeccompUnavailable, compile_filter
+from trajcore.adapters.sandbox.slot_ids import (
+    as_slot,
+    shared_python,
+    stage_file,
+    stage_python,
+    unmapped,
+    unreachable,
+)
 from trajcore.adapters.sandbox.workspace import Workspace
 from trajcore.domain.errors import ConfigError, ToolArgumentError, UnknownSlot
 from trajcore.domain.messages import JSON, ExecReport, ToolOutcome, ToolResult, ToolSpec
 from trajcore.domain.sandbox_policy import (
     KEEPER_CAPABILITIES,
+    MASKED_PATHS,
+    READ_ONLY_PATHS,
     SANDBOX_TMP,
+    SECCOMP_RULES,
+    Bind,
     SandboxPolicy,
     bwrap_argv,
     clamp_timeout,
@@ -85,7 +105,11 @@ from trajcore.domain.slot_protocol import (
     SlotInfo,
     SlotListing,
 )
-from trajcore.domain.slot_server_flags import SLOT_HELPERS
+from trajcore.domain.slot_server_flags import (
+    DEFAULT_SLOT_UID_BASE,
+    SLOT_HELPERS,
+    check_slot_uid_range,
+)
 
 __all__ = ["AGENT_SOURCE", "RuntimeConfig", "SlotRuntime"]
 
@@ -99,6 +123,13 @@ _SANDBOX_STATE = "/tmp/.trajcore"  # noqa: S108 - inside the sandbox's private t
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _TOOLS: dict[str, ToolSpec] = {spec.name: spec for spec in SLOT_TOOL_SPECS}
 _EXEC_TOOLS = frozenset({"bash", "bash_stateful", "tmux"})
+# Where the compiled helper appears in every sandbox: a fixed path outside the private /tmp, so
+# a helper cached anywhere on the host (under /tmp, under a private home) is bound the same way.
+HELPER_PATH = "/run/trajcore/slot-helper"
+# The sandbox's first program waits for a line on its stdout (the read end of a pipe) while the
+# server moves it into the slot's cgroup (a process started as the slot's uid cannot move itself
+# there), then starts bubblewrap with stdout on /dev/null.
+_CGROUP_GATE = 'read -r _ <&1 || exit 125; exec "$@" >/dev/null'
 
 
 def _default_python() -> str:
@@ -125,6 +156,9 @@ class RuntimeConfig:
             use; the server does not start without it), ``"python"`` (``exec_agent.py``), or
             ``"auto"`` (native when it builds and works in a sandbox, else Python, and
             ``health()`` says why). Unsandboxed slots always use the Python agent.
+        slot_uid_base: When the server runs as root, slot ``i``'s sandbox runs as host uid and
+            gid ``slot_uid_base + i`` (``slot_ids``); a server that is not root runs every
+            slot as itself.
     """
 
     slots: int = attrs.field(validator=attrs.validators.gt(0))
@@ -138,22 +172,77 @@ class RuntimeConfig:
     dedup_per_slot: int = 4096
     use_cgroups: bool = True
     slot_helper: str = attrs.field(default="auto", validator=attrs.validators.in_(SLOT_HELPERS))
+    slot_uid_base: int = DEFAULT_SLOT_UID_BASE
+
+    def __attrs_post_init__(self) -> None:
+        check_slot_uid_range("slot_uid_base", self.slot_uid_base, self.slots)
 
 
 class _AgentLost(Exception):
     """The slot's agent ended or stopped answering."""
 
 
+# The largest request a server sends an agent (the agents refuse larger ones: slot_helper.c's
+# MAX_REQUEST, exec_agent's _MAX_REQUEST).
+MAX_REQUEST_BYTES = 16 << 20
+
+
+def reply_cap(policy: SandboxPolicy) -> int:
+    """The largest reply an agent may send: two streams of at most ``output_cap_bytes`` each (a
+    tmux capture: at most 1 MiB), every byte escaped to at most six in JSON, and room for the
+    rest. A length above it is refused before anything is allocated for it."""
+    return 12 * max(policy.output_cap_bytes, 1 << 20) + (1 << 16)
+
+
+_REPLY_TYPES: dict[str, tuple[type, ...]] = {
+    "exit": (int, type(None)),
+    "signal": (int, type(None)),
+    "stdout": (str,),
+    "stderr": (str,),
+    "stdout_dropped": (int,),
+    "stderr_dropped": (int,),
+    "timed_out": (bool,),
+    "duration": (int, float),
+    "error": (str,),
+}
+
+
+def _check_reply(reply: object) -> dict[str, JSON]:
+    """``reply`` when it is what an agent answers a request with, else ``_AgentLost``: a reply
+    that does not parse as one never becomes a result."""
+    if not isinstance(reply, dict) or "exit" not in reply:
+        raise _AgentLost(f"the slot's agent sent a malformed reply ({type(reply).__name__})")
+    for key, value in reply.items():
+        kinds = _REPLY_TYPES.get(key)
+        if kinds is None or not isinstance(value, kinds):
+            raise _AgentLost(f"the slot's agent sent a malformed reply (field {key!r})")
+        if isinstance(value, bool) and bool not in kinds:
+            raise _AgentLost(f"the slot's agent sent a malformed reply (field {key!r})")
+    return cast("dict[str, JSON]", reply)
+
+
 @attrs.define(eq=False)
 class _Agent:
-    """One lease's exec agent: the channel to it, and (for a bare agent) its own process."""
+    """One lease's exec agent: the channel to it, and (for a bare agent) its own process.
+
+    ``cap``: the largest reply it may send (``reply_cap``); a length above it, or a reply that
+    does not parse as one, ends the lease (``_AgentLost``), never becomes a result."""
 
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     sandboxed: bool
     started_s: float
     pid: int | None
+    cap: int
     process: asyncio.subprocess.Process | None = None
+
+    async def _frame(self) -> bytes:
+        size = _HEADER.unpack(await self.reader.readexactly(_HEADER.size))[0]
+        if size > self.cap:
+            raise _AgentLost(
+                f"the slot's agent sent a frame of {size} bytes, over the cap of {self.cap}"
+            )
+        return await self.reader.readexactly(size)
 
     def alive(self) -> bool:
         if self.process is not None:
@@ -168,8 +257,7 @@ class _Agent:
         """The agent's first message (``{"ready": true, ...}``). Raises ``_AgentLost``."""
         try:
             async with asyncio.timeout(timeout_s):
-                size = _HEADER.unpack(await self.reader.readexactly(_HEADER.size))[0]
-                hello = json.loads(await self.reader.readexactly(size))
+                hello = json.loads(await self._frame())
         except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError):
             raise _AgentLost("the agent ended before it was ready") from None
         if not isinstance(hello, dict) or hello.get("ready") is not True:
@@ -184,13 +272,16 @@ class _Agent:
             self.writer.write(_HEADER.pack(len(payload)) + payload)
             await self.writer.drain()
             async with asyncio.timeout(timeout_s):
-                size = _HEADER.unpack(await self.reader.readexactly(_HEADER.size))[0]
-                body = await self.reader.readexactly(size)
+                body = await self._frame()
         except (OSError, asyncio.IncompleteReadError) as error:
             raise _AgentLost(f"the slot's sandbox ended ({type(error).__name__})") from None
         except TimeoutError:
             raise _AgentLost(f"the slot's agent did not answer within {timeout_s:.1f} s") from None
-        return cast("dict[str, JSON]", json.loads(body))
+        try:
+            reply = json.loads(body)
+        except ValueError:
+            raise _AgentLost("the slot's agent sent a reply that is not JSON") from None
+        return _check_reply(reply)
 
 
 @attrs.define(eq=False)
@@ -310,6 +401,16 @@ class SlotRuntime:
     _agent_program: list[str] = attrs.field(init=False, factory=list)
     # the compiled slot helper in use (keeper and lease agent), or None for the Python ones
     _native: Path | None = attrs.field(init=False, default=None)
+    # the first slot uid when slots run as their own uids (the server is root), else None
+    _uid_base: int | None = attrs.field(init=False, default=None)
+    # what every sandbox binds for the Python agent (the interpreter's installation, or a
+    # staged copy of it bound at the same place)
+    _python_binds: list[str | Bind] = attrs.field(init=False, factory=list)
+    # every lease's seccomp filter (classic BPF), or None when none can be built (and why)
+    _seccomp: bytes | None = attrs.field(init=False, default=None)
+    _seccomp_problem: str | None = attrs.field(init=False, default=None)
+    # what health's detail says about this host besides its problems
+    _notes: list[str] = attrs.field(init=False, factory=list)
 
     # ------------------------------------------------------------------------- life cycle
 
@@ -319,6 +420,21 @@ class SlotRuntime:
         root = self.config.root
         (root / "slots").mkdir(parents=True, exist_ok=True)
         (root / "state").mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            self._uid_base = self.config.slot_uid_base
+            uid_map = Path("/proc/self/uid_map").read_text()  # noqa: ASYNC240 - one small read
+            problem = unmapped(self._uid_base, self.config.slots, uid_map)
+            if problem is not None:
+                raise ConfigError(
+                    "slot_uid_base", f"{problem}: choose a base inside this namespace's range"
+                )
+            blocked = unreachable(root / "slots")
+            if blocked is not None:
+                raise ConfigError(
+                    "root",
+                    f"slots run as uids {self._uid_base}.. and cannot reach their workspaces "
+                    f"under {root / 'slots'}: {blocked} is not searchable by others",
+                )
         for path in self.config.policy.system_paths:
             if os.path.islink(path):  # noqa: ASYNC240 - a handful of lstat calls at start
                 self._symlinks[path] = os.readlink(path)
@@ -333,6 +449,15 @@ class SlotRuntime:
                 self._native = await asyncio.to_thread(build_slot_helper)
             except NativeBuildError as error:
                 native_problem = str(error)
+        self._python_binds = await asyncio.to_thread(self._stage_python)
+        try:
+            self._seccomp = await asyncio.to_thread(compile_filter, SECCOMP_RULES)
+        except SeccompUnavailable as error:
+            self._seccomp_problem = str(error)
+        if self._native is not None and self._uid_base is not None:
+            self._native = await asyncio.to_thread(
+                stage_file, self._native, self._runtime_dir() / "slot-helper"
+            )
         self.capabilities = await self._probe(native_problem)
         if self.config.slot_helper == "native" and self.capabilities.slot_helper != "native":
             raise ConfigError(
@@ -342,25 +467,74 @@ class SlotRuntime:
         self.sandboxed = self.capabilities.bwrap
         for index in range(self.config.slots):
             cgroup = SlotCgroup(self._cgroups, f"slot-{index}") if self._cgroups else None
-            self._slots.append(
-                _Slot(
-                    index=index,
-                    workspace=Workspace(root / "slots" / str(index)),
-                    state_dir=root / "state" / str(index),
-                    cgroup=cgroup,
-                )
+            # The file tools already run with the slot's file-system ids (``as_slot``); once
+            # ``Workspace`` takes an ``owner``, pass ``owner=self._ids(index)`` here too.
+            slot = _Slot(
+                index=index,
+                workspace=Workspace(root / "slots" / str(index)),
+                state_dir=root / "state" / str(index),
+                cgroup=cgroup,
             )
+            self._own_workspace(slot)
+            self._slots.append(slot)
         # Each slot's cgroup is made once, here, off the first call's path, and kept (empty)
         # across resets; a slot whose cgroup cannot be made now tries again when first used.
         cgroups = [slot.cgroup for slot in self._slots if slot.cgroup is not None]
         if cgroups:
             await asyncio.to_thread(_prepare_cgroups, cgroups, self.config.policy)
 
+    def _ids(self, index: int) -> tuple[int, int] | None:
+        """The host uid and gid slot ``index``'s sandbox runs as, or ``None``: the server's."""
+        if self._uid_base is None:
+            return None
+        uid = self._uid_base + max(index, 0)
+        return uid, uid
+
+    def _own_workspace(self, slot: _Slot) -> None:
+        """Give the slot's workspace to the slot's uid (mode 0700: no other slot reads it)."""
+        ids = self._ids(slot.index)
+        if ids is not None:
+            os.chown(slot.workspace.root, *ids)
+            os.chmod(slot.workspace.root, 0o700)
+
+    def _runtime_dir(self) -> Path:
+        folder = self.config.root / "runtime"
+        folder.mkdir(mode=0o755, exist_ok=True)
+        return folder
+
+    def _stage_python(self) -> list[str | Bind]:
+        """The binds that give a sandbox the agent's interpreter: its installation where every
+        slot uid can read it, else a staged copy of it bound at the same place."""
+        python = Path(self.config.python)
+        prefix = Path(os.path.realpath(sys.base_prefix))
+        plain: list[str | Bind] = [str(prefix), str(python.parent)]
+        if self._uid_base is None or unreachable(python) is None:
+            return plain
+        if not python.is_relative_to(prefix):
+            return plain  # the probe reports that the slots cannot start it
+        try:
+            staged = shared_python(prefix, python)
+        except OSError as error:
+            self._notes.append(
+                f"the sandbox's Python has its standard library only, copied ({error})"
+            )
+            staged = stage_python(prefix, python, self._runtime_dir() / "python")
+        return [Bind(source=str(staged), dest=str(prefix))]
+
     async def _probe(self, native_problem: str | None) -> Capabilities:
         policy = self.config.policy
         probe_dir = self.config.root / "state" / "probe"
         probe_dir.mkdir(parents=True, exist_ok=True)
-        problems: list[str] = []
+        probe_ids = self._ids(0)
+        if probe_ids is not None:
+            os.chown(probe_dir, *probe_ids)
+        problems: list[str] = list(self._notes)
+        if self._seccomp_problem is not None:
+            problems.append(f"leases run without a seccomp filter: {self._seccomp_problem}")
+        if self._uid_base is None:
+            problems.append(
+                f"the slot server is not root: every slot runs as its uid {os.geteuid()}"
+            )
         if native_problem is not None:
             problems.append(f"the compiled slot helper is not in use: {native_problem}")
         bwrap_ok = net_ok = False
@@ -368,17 +542,21 @@ class SlotRuntime:
             problems.append(f"bubblewrap ({self.config.bwrap}) is not installed")
         else:
             isolated = attrs.evolve(policy, allow_network=False)
-            net_ok, detail = await _run_ok(self._sandbox_argv(isolated, probe_dir, ["/bin/true"]))
+            net_ok, detail = await _run_ok(
+                self._sandbox_argv(isolated, probe_dir, ["/bin/true"]), probe_ids
+            )
             if not net_ok:
                 problems.append(f"bwrap with a network namespace failed: {detail}")
             if policy.allow_network:
                 bwrap_ok, detail = await _run_ok(
-                    self._sandbox_argv(policy, probe_dir, ["/bin/true"])
+                    self._sandbox_argv(policy, probe_dir, ["/bin/true"]), probe_ids
                 )
                 if not bwrap_ok:
                     problems.append(f"bwrap failed: {detail}")
             else:
                 bwrap_ok = net_ok
+            if bwrap_ok and self._seccomp is None and policy.require_sandbox:
+                bwrap_ok = net_ok = False  # fails closed: a sandbox needs its filter
             if bwrap_ok:
                 problem = await self._probe_lease(probe_dir)
                 if problem is not None and self._native is not None:
@@ -395,7 +573,8 @@ class SlotRuntime:
         else:
             argv = [tmux, "-V"]
             tmux_ok, detail = await _run_ok(
-                self._sandbox_argv(policy, probe_dir, argv) if bwrap_ok else argv
+                self._sandbox_argv(policy, probe_dir, argv) if bwrap_ok else argv,
+                probe_ids if bwrap_ok else None,
             )
             if not tmux_ok:
                 problems.append(f"tmux failed: {detail}")
@@ -417,7 +596,9 @@ class SlotRuntime:
         probe = _Slot(
             index=-1, workspace=Workspace(probe_dir), state_dir=probe_dir / "state", cgroup=None
         )
-        script = "while read -r key value; do case $key in Cap*) echo $key $value;; esac; done"
+        script = (
+            "while read -r key value; do case $key in Cap*|Seccomp:) echo $key $value;; esac; done"
+        )
         try:
             agent = await self._lease_agent(probe, started=time.monotonic())
             command = f"{script} </proc/self/status; echo $$"
@@ -432,6 +613,9 @@ class SlotRuntime:
             await self._stop_keeper(probe)
         lines = str(reply.get("stdout") or "").split()
         capabilities = dict(zip(lines[:-1:2], lines[1:-1:2], strict=True))
+        seccomp = capabilities.pop("Seccomp:", None)
+        if self._seccomp is not None and seccomp != "2":
+            return f"a lease runs without its seccomp filter (Seccomp: {seccomp})"
         held = {key: value for key, value in capabilities.items() if int(value, 16) != 0}
         if len(capabilities) < 4 or held:
             return f"a lease kept capabilities {held or capabilities}"
@@ -453,10 +637,10 @@ class SlotRuntime:
             keep_capabilities=keep_capabilities,
         )
 
-    def _rebind(self) -> list[str]:
-        paths = [os.path.realpath(sys.base_prefix), os.path.dirname(self.config.python)]
+    def _rebind(self) -> list[str | Bind]:
+        paths = list(self._python_binds)
         if self._native is not None:
-            paths.append(str(self._native))
+            paths.append(Bind(source=str(self._native), dest=HELPER_PATH))
         return paths
 
     async def aclose(self) -> None:
@@ -639,6 +823,10 @@ class SlotRuntime:
             name = "keys" if call.tool == "tmux" else "command"
             reason = f"not valid Unicode text (a lone surrogate at {error.start}) @ $.{name}"
             return _failure(call, ToolOutcome.REJECTED, reason)
+        if len(payload) > MAX_REQUEST_BYTES:
+            name = "keys" if call.tool == "tmux" else "command"
+            reason = f"{len(payload)} bytes, over the limit of {MAX_REQUEST_BYTES} @ $.{name}"
+            return _failure(call, ToolOutcome.REJECTED, reason)
         if slot.agent_epoch == call.epoch and (slot.agent is None or not slot.agent.alive()):
             if slot.agent is not None:
                 await self._stop_agent(slot)
@@ -729,7 +917,7 @@ class SlotRuntime:
         assert process.stdin is not None
         agent = _Agent(
             reader=process.stdout, writer=process.stdin, sandboxed=False, started_s=started,
-            pid=process.pid, process=process,
+            pid=process.pid, process=process, cap=reply_cap(self.config.policy),
         )  # fmt: skip
         slot.agent = agent
         try:
@@ -752,48 +940,85 @@ class SlotRuntime:
         config["tmp"] = SANDBOX_TMP
         carry = private_tmp_binds(policy, rebind=self._rebind())
         config["carry"] = [[path, writable] for path, writable in carry]
+        config["own_network"] = not policy.allow_network
+        if self._seccomp is not None:
+            config["seccomp"] = self._seccomp.hex()
+        config["masked"] = list(MASKED_PATHS)
+        config["read_only"] = list(READ_ONLY_PATHS)
         inner: list[str]
         if self._native is not None:
-            inner = [str(self._native), "keep", "--workspace", policy.workspace_path,
+            inner = [HELPER_PATH, "keep", "--workspace", policy.workspace_path,
                      "--state-dir", _SANDBOX_STATE, "--tmp", SANDBOX_TMP]  # fmt: skip
             for name, value in cast("dict[str, int]", config["limits"]).items():
                 inner += ["--limit", name, str(value)]
             for path, writable in carry:
                 inner += ["--carry-rw" if writable else "--carry-ro", path]
+            for path in MASKED_PATHS:
+                inner += ["--mask", path]
+            for path in READ_ONLY_PATHS:
+                inner += ["--read-only", path]
+            if not policy.allow_network:
+                inner.append("--own-network")
+            if self._seccomp is not None:
+                inner += ["--seccomp", self._seccomp.hex()]
         else:
             inner = [self.config.python, "-I", "-S", "-c", *self._agent_program,
                      marshal.dumps(config).hex()]  # fmt: skip
         argv = self._sandbox_argv(
             policy, slot.workspace.root, inner, keep_capabilities=KEEPER_CAPABILITIES
         )
+        keeper = await self._spawn_keeper(slot, argv)
+        try:
+            await keeper.receive(self.config.start_timeout_s)
+        except _AgentLost as error:
+            detail = await _stderr_of(keeper.process)
+            await self._stop_keeper(slot)
+            raise _AgentLost(detail or str(error)) from None
         if slot.cgroup is not None:
+            keeper.pids = frozenset(await asyncio.to_thread(slot.cgroup.pids))
+        return keeper
+
+    async def _spawn_keeper(self, slot: _Slot, argv: list[str]) -> _Keeper:
+        """Start ``argv`` (the slot's bubblewrap) as the slot's uid, inside its cgroup."""
+        policy = self.config.policy
+        ids = self._ids(slot.index)
+        gate: tuple[int, int] | None = None
+        if slot.cgroup is not None and ids is None:
             argv = slot.cgroup.enter_prefix() + argv
+        elif slot.cgroup is not None:
+            gate = os.pipe()
+            argv = ["/bin/sh", "-c", _CGROUP_GATE, "slot-cgroup", *argv]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setblocking(False)
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=theirs.fileno(),
-                stdout=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL if gate is None else gate[0],
                 stderr=asyncio.subprocess.PIPE,
                 env=self._environment(policy.workspace_path, SANDBOX_TMP),
                 start_new_session=True,
+                **_as_ids(ids),
             )
         except OSError as error:
             ours.close()
             raise _AgentLost(f"cannot start the slot's sandbox: {error}") from None
         finally:
             theirs.close()
+            if gate is not None:
+                os.close(gate[0])
         keeper = _Keeper(process=process, control=ours)
         slot.keeper = keeper
-        try:
-            await keeper.receive(self.config.start_timeout_s)
-        except _AgentLost as error:
-            detail = await _stderr_of(process)
-            await self._stop_keeper(slot)
-            raise _AgentLost(detail or str(error)) from None
-        if slot.cgroup is not None:
-            keeper.pids = frozenset(await asyncio.to_thread(slot.cgroup.pids))
+        if gate is not None:
+            assert slot.cgroup is not None
+            try:
+                slot.cgroup.enter(process.pid)
+                os.write(gate[1], b"go\n")
+            except OSError as error:
+                await self._stop_keeper(slot)
+                raise _AgentLost(f"cannot move the sandbox into its cgroup: {error}") from None
+            finally:
+                os.close(gate[1])
         return keeper
 
     async def _lease_agent(self, slot: _Slot, *, started: float) -> _Agent:
@@ -812,7 +1037,7 @@ class SlotRuntime:
         pid = reply.get("pid")
         agent = _Agent(
             reader=reader, writer=writer, sandboxed=True, started_s=started,
-            pid=pid if isinstance(pid, int) else None,
+            pid=pid if isinstance(pid, int) else None, cap=reply_cap(self.config.policy),
         )  # fmt: skip
         slot.agent = agent
         try:
@@ -871,7 +1096,9 @@ class SlotRuntime:
             cap = min(cap, asked)
         path = cast("str", call.arguments["path"])
         try:
-            found = await asyncio.to_thread(slot.workspace.read, path, cap)
+            found = await asyncio.to_thread(
+                as_slot, self._ids(slot.index), lambda: slot.workspace.read(path, cap)
+            )
         except ToolArgumentError as error:
             return _failure(call, ToolOutcome.REJECTED, f"{error.reason} @ $.{error.field}")
         except OSError as error:
@@ -886,12 +1113,11 @@ class SlotRuntime:
         data = cast("str", call.arguments["content"]).encode("utf-8", "surrogatepass")
         append = call.arguments.get("append") is True
         try:
+            limit = self.config.policy.file_cap_bytes
             written = await asyncio.to_thread(
-                slot.workspace.write,
-                path,
-                data,
-                append=append,
-                max_bytes=self.config.policy.file_cap_bytes,
+                as_slot,
+                self._ids(slot.index),
+                lambda: slot.workspace.write(path, data, append=append, max_bytes=limit),
             )
         except ToolArgumentError as error:
             return _failure(call, ToolOutcome.REJECTED, f"{error.reason} @ $.{error.field}")
@@ -929,6 +1155,7 @@ class SlotRuntime:
                     # here, not a trip through the thread pool.
                     if _holds_anything(slot.workspace.root):
                         await asyncio.to_thread(slot.workspace.wipe)
+                    self._own_workspace(slot)
                     if slot.state_dir.exists():  # bare agents only
                         await asyncio.to_thread(_wipe_dir, slot.state_dir)
         except TimeoutError:
@@ -971,18 +1198,25 @@ class SlotRuntime:
 
     async def read_artifact(self, index: int, path: str, max_bytes: int) -> ArtifactFile:
         """See ``Workspace.read``; also raises ``UnknownSlot``."""
-        return await asyncio.to_thread(self.slot(index).workspace.read, path, max_bytes)
+        workspace = self.slot(index).workspace
+        return await asyncio.to_thread(
+            as_slot, self._ids(index), lambda: workspace.read(path, max_bytes)
+        )
 
     async def list_artifacts(self, index: int, path: str, max_entries: int) -> DirectoryListing:
         """See ``Workspace.listing``; also raises ``UnknownSlot``."""
-        return await asyncio.to_thread(self.slot(index).workspace.listing, path, max_entries)
+        workspace = self.slot(index).workspace
+        return await asyncio.to_thread(
+            as_slot, self._ids(index), lambda: workspace.listing(path, max_entries)
+        )
 
     async def archive_artifacts(
         self, index: int, path: str, max_bytes: int, max_files: int
     ) -> ArtifactArchive:
         """See ``Workspace.archive``; also raises ``UnknownSlot``."""
+        workspace = self.slot(index).workspace
         return await asyncio.to_thread(
-            self.slot(index).workspace.archive, path, max_bytes, max_files
+            as_slot, self._ids(index), lambda: workspace.archive(path, max_bytes, max_files)
         )
 
 
@@ -1081,13 +1315,22 @@ def _kill_session(process: asyncio.subprocess.Process) -> None:
             process.kill()
 
 
-async def _run_ok(argv: list[str]) -> tuple[bool, str]:
+def _as_ids(ids: tuple[int, int] | None) -> dict[str, Any]:
+    """``create_subprocess_exec`` arguments that start a slot's sandbox as the slot's uid and
+    gid with no supplementary group."""
+    if ids is None:
+        return {}
+    return {"user": ids[0], "group": ids[1], "extra_groups": []}
+
+
+async def _run_ok(argv: list[str], ids: tuple[int, int] | None = None) -> tuple[bool, str]:
     try:
         process = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
+            **_as_ids(ids),
         )
     except OSError as error:
         return False, str(error)

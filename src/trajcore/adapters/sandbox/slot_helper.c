@@ -8,16 +8,20 @@
  * the Python keeper and agent otherwise.
  *
  *   slot-helper keep --workspace W --state-dir S --tmp T [--limit NAME VALUE]...
- *                    [--carry-rw PATH]... [--carry-ro PATH]...
+ *                    [--carry-rw PATH]... [--carry-ro PATH]... [--mask PATH]...
+ *                    [--read-only PATH]... [--own-network] [--seccomp HEX]
  *
- * The keeper: the first program of a slot's bubblewrap sandbox, holding CAP_SYS_ADMIN and
- * CAP_SETPCAP in the sandbox's user namespace. Requests arrive on fd 0 (SOCK_SEQPACKET), one per
+ * The keeper: the first program of a slot's bubblewrap sandbox, holding CAP_SYS_ADMIN,
+ * CAP_SETPCAP and CAP_NET_ADMIN in the sandbox's user namespace, not dumpable. Requests arrive on fd 0 (SOCK_SEQPACKET), one per
  * packet: "lease" with the lease's channel as an SCM_RIGHTS descriptor, or "end"; each gets one
- * JSON packet back. A lease is a fork into a new pid namespace (the child is its pid 1) that
- * enters new mount, ipc and uts namespaces, mounts a fresh /proc, the private tmp (binding back
+ * JSON packet back. A lease is a clone into a new pid namespace (the child is its pid 1) that
+ * enters new mount, ipc and uts namespaces (and, with --own-network, a network namespace of its
+ * own with loopback up), joins a fresh session keyring, mounts a fresh /proc (masking the --mask paths and
+ * making the --read-only ones read-only), the private tmp (binding back
  * the carried paths), /dev/shm, remounts /dev read-only, drops every capability (ambient,
- * permitted, effective; its bounding set comes empty from the keeper), sets no_new_privs and the
- * resource limits, and only then serves the lease on fd 3.
+ * permitted, effective; its bounding set comes empty from the keeper), sets no_new_privs, makes
+ * itself not dumpable, sets the resource limits, installs the --seccomp filter (classic BPF, as
+ * hex) as its last step, and only then serves the lease on fd 3.
  *
  *   slot-helper serve CHANNEL_FD STATE_DIR WORKSPACE TMUX_PATH_OR_EMPTY
  *
@@ -40,6 +44,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -50,6 +57,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -68,7 +76,7 @@ enum {
     HEADER_SIZE = 4,
     READ_CHUNK = 1 << 16,
     TMUX_CAP = 1 << 20,
-    MAX_REQUEST = 64 << 20, /* the slot server never sends more; anything larger is a bug */
+    MAX_REQUEST = 16 << 20, /* runtime.MAX_REQUEST_BYTES: anything larger ends the lease */
 };
 static const double DRAIN_AFTER_EXIT_S = 0.05;
 static const double TMUX_TIMEOUT_S = 10.0;
@@ -1045,7 +1053,14 @@ static int serve(int fd, const char *state_dir, const char *workspace, const cha
 
 /* ============================================================================ the keeper */
 
-enum { LEASE_FD = 3, MAX_CARRIED = 64, MAX_LIMITS = 8 };
+enum { LEASE_FD = 3, MAX_CARRIED = 64, MAX_LIMITS = 8, MAX_KERNEL_PATHS = 32 };
+
+/* A kernel interface a lease hides or makes read-only (sandbox_policy's MASKED_PATHS and
+ * READ_ONLY_PATHS). */
+typedef struct {
+    const char *path;
+    enum { ABSENT, MASK_FILE, MASK_DIR, READ_ONLY } how;
+} kernel_path;
 
 typedef struct {
     const char *path;
@@ -1066,6 +1081,11 @@ typedef struct {
     size_t limit_count;
     bool dev_shm;
     unsigned long dev_kept;
+    kernel_path kernel[MAX_KERNEL_PATHS];
+    size_t kernel_count;
+    bool own_network;          /* each lease gets a network namespace of its own (loopback) */
+    struct sock_filter *filter; /* every lease's seccomp filter (NULL: none) */
+    size_t filter_length;       /* in instructions */
 } plan;
 
 static const char DEV_SHM[] = "/dev/shm";
@@ -1115,11 +1135,36 @@ static bool parse_limit(const char *name, const char *value, plan *p) {
     return false;
 }
 
+/* The seccomp filter from its hex text (a struct sock_filter array, 8 bytes each). */
+static bool parse_filter(const char *hex, plan *p) {
+    size_t n = strlen(hex);
+    if (!n || n % 16 || n / 16 > BPF_MAXINSNS)
+        return false;
+    unsigned char *bytes = malloc(n / 2);
+    if (!bytes)
+        out_of_memory();
+    for (size_t i = 0; i < n / 2; i++) {
+        unsigned int byte;
+        if (sscanf(hex + 2 * i, "%2x", &byte) != 1) {
+            free(bytes);
+            return false;
+        }
+        bytes[i] = (unsigned char)byte;
+    }
+    p->filter = (struct sock_filter *)(void *)bytes;
+    p->filter_length = n / 16;
+    return true;
+}
+
 /* ``keep --workspace W --state-dir S --tmp T [--limit NAME VALUE]... [--carry-rw PATH]...
  * [--carry-ro PATH]...``; false on anything else. */
 static bool parse_plan(int argc, char **argv, plan *p) {
     for (int i = 2; i < argc; i++) {
         const char *flag = argv[i];
+        if (strcmp(flag, "--own-network") == 0) {
+            p->own_network = true;
+            continue;
+        }
         if (i + 1 >= argc)
             return false;
         const char *value = argv[++i];
@@ -1132,6 +1177,15 @@ static bool parse_plan(int argc, char **argv, plan *p) {
         else if (strcmp(flag, "--limit") == 0) {
             if (i + 1 >= argc || !parse_limit(value, argv[++i], p))
                 return false;
+        } else if (strcmp(flag, "--seccomp") == 0) {
+            if (!parse_filter(value, p))
+                return false;
+        } else if (strcmp(flag, "--mask") == 0 || strcmp(flag, "--read-only") == 0) {
+            if (p->kernel_count == MAX_KERNEL_PATHS)
+                return false;
+            p->kernel[p->kernel_count].path = value;
+            p->kernel[p->kernel_count].how = strcmp(flag, "--mask") == 0 ? MASK_FILE : READ_ONLY;
+            p->kernel_count++;
         } else if (strcmp(flag, "--carry-rw") == 0 || strcmp(flag, "--carry-ro") == 0) {
             if (p->carry_count == MAX_CARRIED)
                 return false;
@@ -1167,6 +1221,14 @@ static void prepare(plan *p) {
     }
     p->dev_shm = exists(DEV_SHM);
     p->dev_kept = kept_flags("/dev");
+    for (size_t i = 0; i < p->kernel_count; i++) {
+        kernel_path *k = &p->kernel[i];
+        struct stat info;
+        if (stat(k->path, &info) != 0)
+            k->how = ABSENT; /* this kernel has no such interface */
+        else if (k->how == MASK_FILE && S_ISDIR(info.st_mode))
+            k->how = MASK_DIR;
+    }
 }
 
 /* Send {"ready": false, "error": ...} on the lease's channel and exit; never returns. */
@@ -1194,10 +1256,38 @@ static void mount_or_refuse(int channel, const char *source, const char *target,
  * returns. Runs with the keeper's capabilities until it drops them all, before it reads a
  * single request. */
 static void lease_main(int channel, const plan *p) {
-    if (unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS) != 0)
+    if (unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | (p->own_network ? CLONE_NEWNET : 0)) !=
+        0)
         refuse(channel, "unshare");
+    if (p->own_network) { /* its loopback up: nothing else exists in a new namespace */
+        int probe = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        struct ifreq loopback = {.ifr_name = "lo"};
+        loopback.ifr_flags = IFF_UP | IFF_LOOPBACK | IFF_RUNNING;
+        if (probe < 0 || ioctl(probe, SIOCSIFFLAGS, &loopback) != 0)
+            refuse(channel, "bring up lo");
+        close(probe);
+    }
+    /* a session keyring of its own: nothing from whoever started the server (the filter
+     * below then refuses every keyring call) */
+    if (syscall(SYS_keyctl, 1 /* KEYCTL_JOIN_SESSION_KEYRING */, NULL) < 0 && errno != ENOSYS)
+        refuse(channel, "join a new session keyring");
     mount_or_refuse(channel, NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
     mount_or_refuse(channel, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    /* The fresh /proc's kernel interfaces: masked, or read-only (the host's sysctls among them) */
+    for (size_t i = 0; i < p->kernel_count; i++) {
+        const kernel_path *k = &p->kernel[i];
+        if (k->how == MASK_FILE)
+            mount_or_refuse(channel, "/dev/null", k->path, NULL, MS_BIND, NULL);
+        else if (k->how == MASK_DIR)
+            mount_or_refuse(channel, "tmpfs", k->path, "tmpfs",
+                            MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0,mode=0555");
+        else if (k->how == READ_ONLY) {
+            mount_or_refuse(channel, k->path, k->path, NULL, MS_BIND | MS_REC, NULL);
+            mount_or_refuse(channel, NULL, k->path, NULL,
+                            MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                            NULL);
+        }
+    }
     /* The carried paths, held open before the fresh tmpfs hides them: descriptors opened here,
      * in the lease's own mount namespace (a bind from another namespace's mount is refused). */
     int held[MAX_CARRIED];
@@ -1237,6 +1327,9 @@ static void lease_main(int channel, const plan *p) {
         refuse(channel, "capset");
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
         refuse(channel, "no_new_privs");
+    /* no one of the lease (same uid) may read its memory or take its channel through /proc */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0)
+        refuse(channel, "dumpable");
     /* the channel first: a descriptor below 3 would be overwritten by /dev/null */
     if (channel != LEASE_FD && dup2(channel, LEASE_FD) < 0)
         refuse(channel, "dup2");
@@ -1259,6 +1352,12 @@ static void lease_main(int channel, const plan *p) {
         if (setrlimit(p->limits[i].resource, &limit) != 0)
             refuse(LEASE_FD, "setrlimit");
     }
+    /* the last step of the setup: the seccomp filter (no_new_privs is set) */
+    if (p->filter) {
+        struct sock_fprog program = {(unsigned short)p->filter_length, p->filter};
+        if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program, 0, 0) != 0)
+            refuse(LEASE_FD, "seccomp");
+    }
     _exit(serve(LEASE_FD, p->state_dir, p->workspace, p->tmux));
 }
 
@@ -1272,18 +1371,14 @@ static int end_lease(pid_t first) {
     return status;
 }
 
-/* Start a lease: fork its first process into a new pid namespace. Returns its pid as the
- * keeper sees it, or -1 (errno set). */
-static pid_t begin_lease(int own_pid_namespace, int channel, const plan *p) {
-    if (unshare(CLONE_NEWPID) != 0) /* for the next child only: undone below */
-        return -1;
-    pid_t first = fork();
+/* Start a lease: fork its first process straight into a new pid namespace (clone with
+ * CLONE_NEWPID, so the keeper's own namespaces never change: an unprivileged sandbox may not
+ * setns back into its pid namespace). Returns its pid as the keeper sees it, or -1 (errno
+ * set). */
+static pid_t begin_lease(int channel, const plan *p) {
+    pid_t first = (pid_t)syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, NULL, NULL, NULL, NULL);
     if (first == 0)
         lease_main(channel, p);
-    int saved = errno;
-    if (setns(own_pid_namespace, CLONE_NEWPID) != 0)
-        die("cannot return to the keeper's pid namespace");
-    errno = saved;
     return first;
 }
 
@@ -1292,11 +1387,9 @@ static pid_t begin_lease(int own_pid_namespace, int channel, const plan *p) {
  * descriptor) or "end"; each gets one JSON packet back. End of input ends the current lease and
  * the keeper. */
 static int keep(plan *p) {
+    (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* a lease (same uid) cannot reach the keeper */
     prepare(p);
     (void)sched_setscheduler(0, SCHED_BATCH, &(struct sched_param){0});
-    int own_pid_namespace = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC);
-    if (own_pid_namespace < 0)
-        die("/proc/self/ns/pid");
     (void)prctl(PR_SET_NAME, "slot-keeper", 0, 0, 0);
     signal(SIGPIPE, SIG_IGN);
     buf reply = {0};
@@ -1339,7 +1432,7 @@ static int keep(plan *p) {
             } else {
                 if (lease > 0)
                     end_lease(lease);
-                lease = begin_lease(own_pid_namespace, fds[0], p);
+                lease = begin_lease(fds[0], p);
                 if (lease > 0) {
                     buf_printf(&reply, "{\"lease\":true,\"pid\":%d}", (int)lease);
                 } else {
@@ -1383,6 +1476,8 @@ static int usage(void) {
     fprintf(stderr,
             "usage: slot-helper keep --workspace W --state-dir S --tmp T [--limit NAME VALUE]...\n"
             "                        [--carry-rw PATH]... [--carry-ro PATH]...\n"
+            "                        [--mask PATH]... [--read-only PATH]...\n"
+            "                        [--own-network] [--seccomp HEX]\n"
             "       slot-helper serve CHANNEL_FD STATE_DIR WORKSPACE TMUX_PATH_OR_EMPTY\n");
     return 2;
 }

@@ -1,0 +1,212 @@
+"""Slot identities: the host uid/gid a slot's sandbox runs as, and the files it must reach.
+
+A slot server run as root never runs a sandbox as root: slot ``i`` runs as host uid and gid
+``slot_uid_base + i`` (``bwrap`` is started with that real uid, no supplementary groups, and
+maps the same uid inside its user namespace, so root of the sandbox's namespace is unmapped).
+``RLIMIT_NPROC`` then counts one slot's processes, ``/etc/shadow`` is unreadable, and one
+slot's processes cannot signal or trace another's. A server that is not root runs every slot
+as itself, as before.
+
+An unprivileged ``bwrap`` resolves every bind source with the slot's own rights, so everything
+a sandbox binds must be reachable by a stranger: this module finds the first directory that is
+not (``unreachable``), and stages what a sandbox needs from places that are private (a Python
+under ``/root/.pyenv``, the compiled helper in ``/root/.cache``) as root-owned, world-readable
+copies (``shared_python``, ``stage_python``, ``stage_file``). Python is staged once per host
+and installation as hard links (``/var/tmp/trajcore-python/KEY``, KEY derived from the
+interpreter and its ``site-packages``; built in a private directory and renamed into place, and
+used only while it and its parent belong to root and no one else can write them): the
+interpreter, its shared library and its whole library with ``site-packages`` (commands in a slot
+may run that Python too), without CPython's own test suites. Where hard links are impossible
+(another file system), the server stages the standard library alone by copying, under its own
+root. Nothing here changes a host path outside ``/var/tmp/trajcore-python`` and the server's
+root.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+__all__ = ["as_slot", "shared_python", "stage_file", "stage_python", "unmapped", "unreachable"]
+
+T = TypeVar("T")
+
+# What a staged library leaves out: CPython's own test suites (and, when copied, site-packages).
+_LEFT_OUT = frozenset({"test", "tests", "idle_test"})
+_SHARED = Path("/var/tmp/trajcore-python")  # noqa: S108 - root-owned, checked before each use
+
+
+def unreachable(path: Path) -> str | None:
+    """The first directory from ``/`` down to ``path`` (included) that a user who is neither
+    its owner nor in its group cannot search, or ``None`` when every one of them can."""
+    current = Path("/")
+    for part in (Path("/"), *path.absolute().parents[::-1][1:], path.absolute()):
+        current = part
+        try:
+            mode = current.stat().st_mode
+        except OSError as error:
+            return f"{current} ({error.strerror})"
+        if not mode & stat.S_IXOTH:
+            return f"{current} (mode {stat.S_IMODE(mode):o})"
+    return None
+
+
+def unmapped(first: int, count: int, uid_map: str) -> str | None:
+    """Why uids ``first .. first + count - 1`` cannot be used in the user namespace whose
+    ``/proc/self/uid_map`` is ``uid_map`` (a container with remapped ids maps only a range),
+    or ``None`` when they all are mapped."""
+    for line in uid_map.splitlines():
+        fields = line.split()
+        if len(fields) != 3:
+            continue
+        inside, _, length = (int(field) for field in fields)
+        if inside <= first and first + count <= inside + length:
+            return None
+    ranges = ", ".join(
+        f"{int(f[0])}..{int(f[0]) + int(f[2]) - 1}"
+        for f in (line.split() for line in uid_map.splitlines())
+        if len(f) == 3
+    )
+    return f"uids {first}..{first + count - 1} are not mapped here (mapped: {ranges or 'none'})"
+
+
+_libc: ctypes.CDLL | None = None
+
+
+def as_slot(ids: tuple[int, int] | None, work: Callable[[], T]) -> T:
+    """Run ``work`` in this thread with file-system ids ``ids`` (``setfsuid``/``setfsgid``,
+    which change the calling thread only): what it creates belongs to the slot, and every
+    permission check is the slot's (the kernel drops root's file capabilities while the
+    file-system uid is not 0). ``None``: as the server. Raises ``OSError`` when the ids cannot
+    be taken."""
+    if ids is None:
+        return work()
+    global _libc  # noqa: PLW0603 - one handle on the C library, made on first use
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc
+    uid, gid = ids
+    previous_gid = libc.setfsgid(gid)
+    previous_uid = libc.setfsuid(uid)
+    try:
+        # both calls return the ids in force before them: asking again reads what holds now
+        if libc.setfsuid(uid) != uid or libc.setfsgid(gid) != gid:
+            raise OSError(1, f"cannot take the slot's file-system ids {uid}/{gid}")
+        return work()
+    finally:
+        libc.setfsuid(previous_uid)
+        libc.setfsgid(previous_gid)
+
+
+def _link_or_copy(source: Path, target: Path, *, copy: bool) -> None:
+    if not copy:
+        os.link(source, target)
+        return
+    shutil.copy2(source, target)
+    os.chmod(target, 0o755 if os.access(source, os.X_OK) else 0o644)
+
+
+def _readable(path: Path) -> bool:
+    mode = path.stat().st_mode
+    return bool(mode & stat.S_IROTH)
+
+
+def _stage_tree(source: Path, target: Path, *, copy: bool) -> None:
+    target.mkdir(mode=0o755, exist_ok=True)
+    for entry in os.scandir(source):
+        origin = Path(entry.path)
+        if entry.is_symlink():
+            os.symlink(os.readlink(origin), target / entry.name)
+        elif entry.is_file() and _readable(origin):
+            _link_or_copy(origin, target / entry.name, copy=copy)
+        elif (
+            entry.is_dir()
+            and entry.name not in _LEFT_OUT
+            and not (copy and entry.name == "site-packages")
+        ):
+            _stage_tree(origin, target / entry.name, copy=copy)
+
+
+def _private(path: Path) -> None:
+    """Raise ``OSError`` unless ``path`` belongs to this user and no one else can write it."""
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise OSError(1, f"{path} is not a directory of uid {os.geteuid()} only it may write")
+
+
+def shared_python(prefix: Path, executable: Path) -> Path:
+    """The host's staged copy (hard links) of the installation at ``prefix``, built now when
+    there is none for this interpreter and ``site-packages`` yet. Raises ``OSError`` (hard
+    links impossible, or the shared directory not safely ours)."""
+    site = next(prefix.glob("lib/python3*/site-packages"), prefix)
+    material = "\0".join(
+        [str(prefix), str(executable), str(executable.stat().st_mtime_ns),
+         str(site.stat().st_mtime_ns)]
+    )  # fmt: skip
+    key = hashlib.sha256(material.encode()).hexdigest()[:20]
+    _SHARED.mkdir(mode=0o755, exist_ok=True)
+    _private(_SHARED)
+    target = _SHARED / key
+    if target.exists():
+        _private(target)
+        return target
+    lock = os.open(_SHARED / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():  # another server built it while this one waited
+            _private(target)
+            return target
+        building = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=_SHARED))
+        try:
+            stage_python(prefix, executable, building, copy=False)
+            building.chmod(0o755)
+            os.rename(building, target)
+        except BaseException:
+            shutil.rmtree(building, ignore_errors=True)
+            raise
+    finally:
+        os.close(lock)
+    return target
+
+
+def stage_python(prefix: Path, executable: Path, into: Path, *, copy: bool = True) -> Path:
+    """Stage the interpreter ``executable`` of the installation at ``prefix`` under ``into``
+    (made afresh), laid out as ``prefix`` is, for a sandbox to bind back at ``prefix``: as hard
+    links with ``site-packages``, or (``copy``) as copies of the standard library alone.
+    Returns ``into``. Raises ``OSError``."""
+    if into.exists():
+        shutil.rmtree(into)
+    into.mkdir(mode=0o755, parents=True)
+    relative = executable.relative_to(prefix)
+    (into / relative.parent).mkdir(mode=0o755, parents=True, exist_ok=True)
+    _link_or_copy(executable, into / relative, copy=copy)
+    library = prefix / "lib"
+    staged_library = into / "lib"
+    staged_library.mkdir(mode=0o755, exist_ok=True)
+    for entry in os.scandir(library):
+        if entry.name.startswith("libpython") and entry.is_file() and not entry.is_symlink():
+            _link_or_copy(Path(entry.path), staged_library / entry.name, copy=copy)
+        elif entry.name.startswith("libpython") and entry.is_symlink():
+            os.symlink(os.readlink(entry.path), staged_library / entry.name)
+    for entry in os.scandir(library):
+        if entry.name.startswith("python3") and entry.is_dir():
+            _stage_tree(Path(entry.path), staged_library / entry.name, copy=copy)
+    return into
+
+
+def stage_file(source: Path, into: Path) -> Path:
+    """A root-owned copy of ``source`` at ``into`` (mode 0755), replaced atomically. Returns
+    ``into``. Raises ``OSError``."""
+    temporary = into.with_name(f".{into.name}.tmp")
+    shutil.copyfile(source, temporary)
+    os.chmod(temporary, 0o755)  # noqa: S103 - a program every slot uid runs
+    os.replace(temporary, into)
+    return into
