@@ -240,6 +240,8 @@ def bench_parser_families(seconds: float) -> list[tuple[str, float, float, float
         name = f"{family} turn" + ("+schema" if tools else "")
         rows.append((name, _rate(parse, seconds) / 1e6, _rate(floor, seconds) / 1e6, 10.0, "MB/s"))
     return rows
+
+
 # Typical tool calls: a shell command, a file write, and a pydantic-written search tool (an
 # Optional through anyOf, an enum through $ref, bounds, a length limit, no extra properties).
 VALIDATOR_TOOLS: list[tuple[JSONObject, JSONObject]] = [
