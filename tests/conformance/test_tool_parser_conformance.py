@@ -13,9 +13,13 @@ from pathlib import Path
 import pytest
 
 from tests.conformance.cases import CASES, Call, Case
+from trajcore.adapters.json_schema import JSONSchemaValidator
 from trajcore.domain.messages import ToolSpec
 from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser
 from trajcore.domain.turns import ParsedTurn
+
+# Tools as the model sees them: their schemas enforced whole, as the env's tools are.
+_VALIDATOR = JSONSchemaValidator()
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "tool_parsers.md"
 DIFFERENCE_HEADING = re.compile(r"^### `([a-z0-9-]+)`", re.MULTILINE)
@@ -25,7 +29,10 @@ def _parse(case: Case) -> ParsedTurn:
     tools = (
         None
         if case.tools is None
-        else [ToolSpec(name=name, parameters=params) for name, params in case.tools]
+        else [
+            ToolSpec(name=name, parameters=params, validator=_VALIDATOR)
+            for name, params in case.tools
+        ]
     )
     return get_parser(case.family).parse(case.text, tools=tools)
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from trajcore.adapters.json_schema import JSONSchemaValidator
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.messages import JSONObject, ToolCall, ToolSpec
 from trajcore.domain.tool_parsers import (
@@ -789,6 +790,7 @@ def test_qwen3_coder_keeps_a_literal_inner_call_in_a_value_and_runs_only_the_rea
 def test_qwen3_coder_types_values_through_pydantic_optional_and_refs() -> None:
     spec = ToolSpec(
         name="search",
+        validator=JSONSchemaValidator(),
         parameters={
             "type": "object",
             "$defs": {"Filter": {"type": "object", "properties": {"lang": {"type": "string"}}}},
