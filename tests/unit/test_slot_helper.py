@@ -98,6 +98,11 @@ def agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Agent]:
     running = Agent(argv, tmp_path)
     yield running
     assert running.close() == 0
+    # The tmux server an agent starts leaves its parent at once; in a lease the sandbox's pid
+    # namespace ends it, but these agents run bare, so end it here.
+    if tmux and (state / "tmux.sock").exists():
+        command = [tmux, "-S", str(state / "tmux.sock"), "kill-server"]
+        subprocess.run(command, capture_output=True, timeout=10, check=False)
 
 
 def test_the_greeting_names_the_agent_and_tmux(agent: Agent) -> None:
