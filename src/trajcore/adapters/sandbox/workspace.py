@@ -189,6 +189,7 @@ def _walk_beneath(root_fd: int, path: str, flags: int, *, create_dirs: bool) -> 
     held = [os.dup(root_fd)]
     pending = _components(path)
     links = 0
+    made = 0  # directories created: bounded, so a lease removing them in a loop cannot spin us
     try:
         while pending:
             name = pending.pop(0)
@@ -206,7 +207,8 @@ def _walk_beneath(root_fd: int, path: str, flags: int, *, create_dirs: bool) -> 
                     name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=here
                 )
             except FileNotFoundError:
-                if last or not create_dirs:
+                made += 1
+                if last or not create_dirs or made > _MAX_SYMLINKS + path.count("/") + 1:
                     raise
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(name, 0o755, dir_fd=here)
@@ -243,6 +245,32 @@ def _readlink(dir_fd: int, name: str) -> str | None:
         return os.readlink(name, dir_fd=dir_fd)
     except OSError:
         return None
+
+
+def _open_regular(
+    root_fd: int, path: str, flags: int, *, create_dirs: bool = False
+) -> tuple[int, os.stat_result]:
+    """A descriptor of the regular file ``path`` (opened with ``O_NONBLOCK``, so a FIFO or a
+    device cannot block the open) and its ``fstat``.
+
+    Raises:
+        ToolArgumentError: the path is refused, or is not a regular file nor a directory.
+        OSError: the open failed; ``IsADirectoryError`` for a directory.
+    """
+    try:
+        fd = _open_beneath(root_fd, path, flags | os.O_NONBLOCK, create_dirs=create_dirs)
+    except OSError as error:
+        if error.errno != errno.ENXIO:  # a socket, or a FIFO opened for writing with no reader
+            raise
+        kind = _kind_beneath(root_fd, path)
+        raise _refuse(f"{path!r} is {kind}; only regular files are read or written") from None
+    try:
+        info = os.fstat(fd)
+        _require_regular(path, info.st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, info
 
 
 def _kind_beneath(root_fd: int, path: str) -> str:
@@ -297,7 +325,9 @@ def _as_owner(owner: tuple[int, int] | None) -> Iterator[None]:
         if groups:
             _set_thread_groups(groups)
         if _libc.setfsuid(-1) != previous_uid or _libc.setfsgid(-1) != previous_gid:
-            raise SystemExit("cannot restore the server's filesystem ids; stopping")
+            # This thread would go on serving with the slot's ids: stop the server instead.
+            os.write(2, b"trajcore: cannot restore the server's filesystem ids; stopping\n")
+            os._exit(70)
 
 
 def _set_thread_groups(groups: list[int] | None) -> None:
@@ -365,20 +395,10 @@ class Workspace:
             ToolArgumentError: the path is refused, or names a FIFO, socket or device.
             OSError: the file cannot be read (missing, a directory, permission).
         """
-        rel = _checked(path)
+        _checked(path)
         with self._working() as root_fd:
+            fd, info = _open_regular(root_fd, path, os.O_RDONLY)
             try:
-                fd = _open_beneath(root_fd, rel, os.O_RDONLY | os.O_NONBLOCK)
-            except OSError as error:
-                if error.errno == errno.ENXIO:  # a socket
-                    raise _refuse(
-                        f"{path!r} is {_kind_beneath(root_fd, rel)}; "
-                        "only regular files are read or written"
-                    ) from None
-                raise
-            try:
-                info = os.fstat(fd)
-                _require_regular(path, info.st_mode)
                 data = _read_at_most(fd, max_bytes + 1)
             finally:
                 os.close(fd)
@@ -404,21 +424,12 @@ class Workspace:
             raise ToolArgumentError(
                 "content", f"{len(data)} bytes is over the {max_bytes}-byte limit for write_file"
             )
-        rel = _checked(path)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | (os.O_APPEND if append else 0)
+        _checked(path)
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else 0)
         with self._working() as root_fd:
+            fd, _ = _open_regular(root_fd, path, flags, create_dirs=True)
             try:
-                fd = _open_beneath(root_fd, rel, flags, create_dirs=True)
-            except OSError as error:
-                if error.errno == errno.ENXIO:  # a FIFO nobody reads, or a socket
-                    raise _refuse(
-                        f"{path!r} is {_kind_beneath(root_fd, rel)}; "
-                        "only regular files are read or written"
-                    ) from None
-                raise
-            try:
-                _require_regular(path, os.fstat(fd).st_mode)
-                if not append:
+                if not append:  # only now: O_TRUNC would act before the file is checked
                     os.ftruncate(fd, 0)
                 view = memoryview(data)
                 while view:
@@ -492,22 +503,28 @@ class Workspace:
         Raises:
             OSError: something could not be removed.
         """
+        last_error: OSError | None = None
         with self._root_fd() as fd:
             for _ in range(3):  # an entry that changes kind mid-wipe is tried again
                 names = os.listdir(fd)
                 if not names:
                     return
                 for name in names:
-                    with contextlib.suppress(FileNotFoundError):
+                    try:
                         if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
-                            with contextlib.suppress(NotADirectoryError, OSError):
-                                shutil.rmtree(name, dir_fd=fd)
+                            # rmtree with dir_fd walks descriptors and checks each directory
+                            # it opens is the one it saw: it never follows a symlink.
+                            shutil.rmtree(name, dir_fd=fd)
                         else:
-                            with contextlib.suppress(IsADirectoryError):
-                                os.unlink(name, dir_fd=fd)
+                            os.unlink(name, dir_fd=fd)
+                    except FileNotFoundError:
+                        continue
+                    except OSError as error:
+                        last_error = error
             leftover = os.listdir(fd)
         if leftover:
-            raise OSError(errno.ENOTEMPTY, f"still holds {leftover[:5]}", str(self.root))
+            why = f" (last error: {last_error})" if last_error is not None else ""
+            raise OSError(errno.ENOTEMPTY, f"still holds {leftover[:5]}{why}", str(self.root))
 
 
 def _checked(path: str) -> str:
