@@ -358,7 +358,8 @@ class ArtifactFile:
     Attributes:
         path: The path asked for.
         size: The file's full size in bytes.
-        sha256: Hex digest of the whole file (also when ``data`` is cut).
+        sha256: Hex digest of ``data`` (so of the whole file exactly when not ``truncated``;
+            a capped read never reads past its cap).
         data: The first ``max_bytes`` bytes.
         truncated: ``data`` is shorter than the file.
     """
