@@ -70,7 +70,6 @@ from trajcore.adapters.sandbox.limits import (
 from trajcore.adapters.sandbox.native_helper import NativeBuildError, build_slot_helper
 from trajcore.adapters.sandbox.seccomp import SeccompUnavailable, compile_filter
 from trajcore.adapters.sandbox.slot_ids import (
-    as_slot,
     shared_python,
     stage_file,
     stage_python,
@@ -467,11 +466,11 @@ class SlotRuntime:
         self.sandboxed = self.capabilities.bwrap
         for index in range(self.config.slots):
             cgroup = SlotCgroup(self._cgroups, f"slot-{index}") if self._cgroups else None
-            # The file tools already run with the slot's file-system ids (``as_slot``); once
-            # ``Workspace`` takes an ``owner``, pass ``owner=self._ids(index)`` here too.
+            # The file tools run with the slot's file-system ids (``Workspace.owner``): what
+            # they create belongs to the slot, and every permission check is the slot's.
             slot = _Slot(
                 index=index,
-                workspace=Workspace(root / "slots" / str(index)),
+                workspace=Workspace(root / "slots" / str(index), owner=self._ids(index)),
                 state_dir=root / "state" / str(index),
                 cgroup=cgroup,
             )
@@ -594,7 +593,10 @@ class SlotRuntime:
         it holds no capability and is its pid namespace's first user. ``None`` when it works,
         else what failed: a host where this fails must not count as sandboxed."""
         probe = _Slot(
-            index=-1, workspace=Workspace(probe_dir), state_dir=probe_dir / "state", cgroup=None
+            index=-1,
+            workspace=Workspace(probe_dir, owner=self._ids(-1)),
+            state_dir=probe_dir / "state",
+            cgroup=None,
         )
         script = (
             "while read -r key value; do case $key in Cap*|Seccomp:) echo $key $value;; esac; done"
@@ -1096,9 +1098,7 @@ class SlotRuntime:
             cap = min(cap, asked)
         path = cast("str", call.arguments["path"])
         try:
-            found = await asyncio.to_thread(
-                as_slot, self._ids(slot.index), lambda: slot.workspace.read(path, cap)
-            )
+            found = await asyncio.to_thread(slot.workspace.read, path, cap)
         except ToolArgumentError as error:
             return _failure(call, ToolOutcome.REJECTED, f"{error.reason} @ $.{error.field}")
         except OSError as error:
@@ -1115,9 +1115,7 @@ class SlotRuntime:
         try:
             limit = self.config.policy.file_cap_bytes
             written = await asyncio.to_thread(
-                as_slot,
-                self._ids(slot.index),
-                lambda: slot.workspace.write(path, data, append=append, max_bytes=limit),
+                lambda: slot.workspace.write(path, data, append=append, max_bytes=limit)
             )
         except ToolArgumentError as error:
             return _failure(call, ToolOutcome.REJECTED, f"{error.reason} @ $.{error.field}")
@@ -1199,25 +1197,19 @@ class SlotRuntime:
     async def read_artifact(self, index: int, path: str, max_bytes: int) -> ArtifactFile:
         """See ``Workspace.read``; also raises ``UnknownSlot``."""
         workspace = self.slot(index).workspace
-        return await asyncio.to_thread(
-            as_slot, self._ids(index), lambda: workspace.read(path, max_bytes)
-        )
+        return await asyncio.to_thread(workspace.read, path, max_bytes)
 
     async def list_artifacts(self, index: int, path: str, max_entries: int) -> DirectoryListing:
         """See ``Workspace.listing``; also raises ``UnknownSlot``."""
         workspace = self.slot(index).workspace
-        return await asyncio.to_thread(
-            as_slot, self._ids(index), lambda: workspace.listing(path, max_entries)
-        )
+        return await asyncio.to_thread(workspace.listing, path, max_entries)
 
     async def archive_artifacts(
         self, index: int, path: str, max_bytes: int, max_files: int
     ) -> ArtifactArchive:
         """See ``Workspace.archive``; also raises ``UnknownSlot``."""
         workspace = self.slot(index).workspace
-        return await asyncio.to_thread(
-            as_slot, self._ids(index), lambda: workspace.archive(path, max_bytes, max_files)
-        )
+        return await asyncio.to_thread(workspace.archive, path, max_bytes, max_files)
 
 
 def _agent_program(python: str) -> list[str]:

@@ -24,20 +24,16 @@ root.
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import hashlib
 import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
-__all__ = ["as_slot", "shared_python", "stage_file", "stage_python", "unmapped", "unreachable"]
+__all__ = ["shared_python", "stage_file", "stage_python", "unmapped", "unreachable"]
 
-T = TypeVar("T")
 
 # What a staged library leaves out: CPython's own test suites (and, when copied, site-packages).
 _LEFT_OUT = frozenset({"test", "tests", "idle_test"})
@@ -76,34 +72,6 @@ def unmapped(first: int, count: int, uid_map: str) -> str | None:
         if len(f) == 3
     )
     return f"uids {first}..{first + count - 1} are not mapped here (mapped: {ranges or 'none'})"
-
-
-_libc: ctypes.CDLL | None = None
-
-
-def as_slot(ids: tuple[int, int] | None, work: Callable[[], T]) -> T:
-    """Run ``work`` in this thread with file-system ids ``ids`` (``setfsuid``/``setfsgid``,
-    which change the calling thread only): what it creates belongs to the slot, and every
-    permission check is the slot's (the kernel drops root's file capabilities while the
-    file-system uid is not 0). ``None``: as the server. Raises ``OSError`` when the ids cannot
-    be taken."""
-    if ids is None:
-        return work()
-    global _libc  # noqa: PLW0603 - one handle on the C library, made on first use
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    libc = _libc
-    uid, gid = ids
-    previous_gid = libc.setfsgid(gid)
-    previous_uid = libc.setfsuid(uid)
-    try:
-        # both calls return the ids in force before them: asking again reads what holds now
-        if libc.setfsuid(uid) != uid or libc.setfsgid(gid) != gid:
-            raise OSError(1, f"cannot take the slot's file-system ids {uid}/{gid}")
-        return work()
-    finally:
-        libc.setfsuid(previous_uid)
-        libc.setfsgid(previous_gid)
 
 
 def _link_or_copy(source: Path, target: Path, *, copy: bool) -> None:
