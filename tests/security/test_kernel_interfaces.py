@@ -1,0 +1,130 @@
+"""Host kernel settings and capabilities from inside a lease (attack classes 1 and 2).
+
+The attacker opens host-wide kernel settings for writing and holds them open (it never writes
+one); the host reads the attacker's ``/proc/<pid>/fd`` links and ``fdinfo`` flags to see whether
+it holds a procfs setting open for writing. The capability attack drops every capability and
+calls ``unshare(CLONE_NEWUSER | CLONE_NEWNET)``; the host reads ``CapEff`` from the attacker's
+``/proc/<pid>/status``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.security.harness import (
+    Server,
+    end,
+    end_and_reap,
+    kit_processes,
+    leased,
+    open_files,
+    spawn_kit,
+    status_of,
+    token,
+    wait_for,
+)
+
+# (the path opened, the tail its descriptor's link shows: the lease's own /proc is another
+# mount, so the host may see the link relative to it)
+SETTINGS = {
+    "core_pattern": ("/proc/sys/kernel/core_pattern", "sys/kernel/core_pattern"),
+    "drop_caches": ("/proc/sys/vm/drop_caches", "sys/vm/drop_caches"),
+    "sysrq_trigger": ("/proc/sysrq-trigger", "sysrq-trigger"),
+    "irq_affinity": ("/proc/irq/default_smp_affinity", "irq/default_smp_affinity"),
+}
+
+
+def held_for_writing(pid: int, tail: str) -> bool:
+    """Whether ``pid`` holds a procfs file ending in ``tail`` open for writing."""
+    return any(
+        f.writable and f.fstype == "proc" and f.target.endswith(tail) for f in open_files(pid)
+    )
+
+
+def host_has(path: str) -> None:
+    if not Path(path).exists():
+        pytest.skip(f"this kernel has no {path}: nothing to attack or to control")
+
+
+def holder_pid(marker: str) -> int:
+    (pid,) = kit_processes(marker)
+    return pid
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_host_kernel_settings_cannot_be_opened_for_writing(
+    server: Server, kit: Path, setting: str
+) -> None:
+    path, tail = SETTINGS[setting]
+    host_has(path)
+    marker = token()
+
+    async def main() -> bool:
+        async with server.client() as client, leased(server, client, 0) as lease:
+            await lease.install_kit(kit)
+            await lease.bash(f"(./kit hold {marker} ready-{marker} {path} >/dev/null 2>&1 &)")
+            wait_for(lease.workspace / f"ready-{marker}")
+            pid = holder_pid(marker)
+            try:
+                return held_for_writing(pid, tail)
+            finally:
+                end([pid])
+
+    assert not anyio.run(main), f"a lease holds {path} open for writing"
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_control_the_check_sees_a_setting_held_for_writing(
+    kit: Path, tmp_path: Path, setting: str
+) -> None:
+    """The same kit, unsandboxed as the server's user: it opens the setting for writing (and
+    writes nothing), and the host check sees it."""
+    path, tail = SETTINGS[setting]
+    host_has(path)
+    marker = token()
+    process = spawn_kit(kit, ["hold", marker, f"ready-{marker}", path], tmp_path)
+    try:
+        wait_for(tmp_path / f"ready-{marker}")
+        assert held_for_writing(process.pid, tail)
+    finally:
+        end_and_reap(process)
+
+
+def regained(pid: int) -> bool:
+    status = status_of(pid)
+    return int(status["CapEff"], 16) != 0 or int(status["CapPrm"], 16) != 0
+
+
+def test_a_lease_cannot_regain_capabilities_in_a_new_user_namespace(
+    server: Server, kit: Path
+) -> None:
+    marker = token()
+
+    async def main() -> tuple[bool, dict[str, str]]:
+        async with server.client() as client, leased(server, client, 1) as lease:
+            await lease.install_kit(kit)
+            await lease.bash(f"(./kit regain {marker} ready-{marker} >/dev/null 2>&1 &)")
+            wait_for(lease.workspace / f"ready-{marker}")
+            pid = holder_pid(marker)
+            try:
+                return regained(pid), status_of(pid)
+            finally:
+                end([pid])
+
+    caps, status = anyio.run(main)
+    assert not caps, f"CapEff {status['CapEff']} CapPrm {status['CapPrm']} after unshare"
+
+
+def test_control_the_check_sees_regained_capabilities(kit: Path, tmp_path: Path) -> None:
+    """Unsandboxed, the kit drops every capability and gets them all back in a new user
+    namespace: the host reads a non-zero ``CapEff``."""
+    marker = token()
+    process = spawn_kit(kit, ["regain", marker, f"ready-{marker}"], tmp_path)
+    try:
+        wait_for(tmp_path / f"ready-{marker}")
+        assert regained(process.pid)
+    finally:
+        end_and_reap(process)
