@@ -14,6 +14,7 @@ from tests.security.harness import (
     compiler,
     keyrings_supported,
     own_session_keyring,
+    server_root,
     start_server,
     stop_server,
 )
@@ -37,18 +38,14 @@ def session_keyring() -> int | None:
 
 
 @pytest.fixture(scope="session", params=["native", "python"])
-def server(
-    request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
-    session_keyring: int | None,
-) -> Iterator[Server]:
+def server(request: pytest.FixtureRequest, session_keyring: int | None) -> Iterator[Server]:
     """A slot server (TCP, network off, sandbox required) whose keepers and lease agents are the
     compiled helper or the Python one: every attack runs against both."""
     if bwrap_missing():
         pytest.skip("bubblewrap is not installed: there is no sandbox to attack")
     if request.param == "native" and compiler() is None:
         pytest.skip("no C compiler (cc, gcc, clang) to build the compiled slot helper")
-    root = tmp_path_factory.mktemp(f"security-{request.param}") / "root"
-    running = start_server(root, request.param)
-    yield running
-    stop_server(running)
+    with server_root(request.param) as root:
+        running = start_server(root, request.param)
+        yield running
+        stop_server(running)

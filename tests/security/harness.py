@@ -26,9 +26,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import anyio
@@ -105,6 +106,19 @@ class Server:
         return self.epochs[slot]
 
 
+@contextmanager
+def server_root(name: str) -> Iterator[Path]:
+    """A directory for a slot server's workspaces that every user may search (a server run as
+    root runs each slot as its own unprivileged uid, which must reach its workspace; pytest's
+    own temporary directories are private to root). Removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix=f"trajcore-security-{name}-"))
+    try:
+        folder.chmod(0o755)
+        yield folder / "root"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def start_server(root: Path, helper: str, *extra: str) -> Server:
     """A slot server on loopback TCP: 4 slots, network off, sandbox required."""
     token_file = root.parent / f"{root.name}.token"
@@ -123,7 +137,10 @@ def start_server(root: Path, helper: str, *extra: str) -> Server:
     if not line:
         process.wait(10)
         assert process.stderr is not None
-        pytest.fail(f"slot server did not start: {process.stderr.read().decode()}")
+        reason = process.stderr.read().decode()
+        process.stdout.close()
+        process.stderr.close()
+        pytest.fail(f"slot server did not start: {reason}")
     ready = json.loads(line)
     if not ready.get("sandboxed"):
         stop_server(Server(process=process, ready=ready, root=root, helper=helper))
@@ -198,13 +215,19 @@ def same_size(a: Path, b: Path) -> bool:
 
 @asynccontextmanager
 async def leased(server: Server, client: SlotServerClient, slot: int) -> AsyncIterator[Lease]:
-    """A fresh lease of ``slot``; reset (every process of it ended) however the block ends."""
+    """A fresh lease of ``slot``; reset (every process of it ended) however the block ends, and
+    the reset must succeed."""
     epoch = server.next_epoch(slot)
     try:
         yield Lease(client=client, slot=slot, epoch=epoch, workspace=server.workspace(slot))
-    finally:
+    except BaseException:
         with anyio.CancelScope(shield=True), anyio.fail_after(60):
             await client.reset(slot, epoch)
+        raise
+    with anyio.CancelScope(shield=True), anyio.fail_after(60):
+        outcome = await client.reset(slot, epoch)
+    # a slot left broken would fail every later test that uses it, for the wrong reason
+    assert outcome.ok, f"the reset after the attack failed: {outcome.error}"
 
 
 # ----------------------------------------------------------------------------- host views
@@ -301,6 +324,53 @@ def wait_for(path: Path, timeout_s: float = 10.0) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"the attack never signalled that it ran ({path.name} missing)")
         time.sleep(0.02)
+
+
+def attack_finished(folder: Path, marker: str, timeout_s: float = 10.0) -> bool:
+    """Wait for the kit started with ``ready-MARKER`` in ``folder``: ``True`` once it finished
+    its attack (``ready-MARKER`` exists), ``False`` when it began (``ready-MARKER.started``) and
+    is gone without finishing (stopped mid-attack: killed by a filter, say). Fails the test when
+    it never began: an attack that did not run proves nothing."""
+    done = folder / f"ready-{marker}"
+    began = folder / f"ready-{marker}.started"
+    deadline = time.monotonic() + timeout_s
+    while not done.exists():
+        if began.exists() and not kit_processes(marker) and not done.exists():
+            return False
+        if time.monotonic() > deadline:
+            pytest.fail(f"the attack never signalled that it ran (ready-{marker} missing)")
+        time.sleep(0.02)
+    return True
+
+
+def lease_init_of(pid: int) -> int:
+    """The host pid of the first process (pid 1) of ``pid``'s pid namespace: a lease's agent."""
+    namespace = os.readlink(f"/proc/{pid}/ns/pid")
+    for candidate in host_pids():
+        try:
+            if os.readlink(f"/proc/{candidate}/ns/pid") != namespace:
+                continue
+        except OSError:
+            continue
+        if status_of(candidate).get("NSpid", "").split()[-1:] == ["1"]:
+            return candidate
+    pytest.fail(f"no pid 1 in the pid namespace of {pid}")
+
+
+def needs_root(why: str) -> None:
+    """Skip a test that can only run as root (the attacks it shows are host root's)."""
+    if os.geteuid() != 0:
+        pytest.skip(f"needs root: {why}")
+
+
+def ptrace_restricted() -> bool:
+    """Whether Yama keeps a non-root process from tracing (or stealing descriptors from) a
+    process that is not its descendant."""
+    try:
+        scope = int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text())
+    except OSError:
+        return False
+    return scope > 0 and os.geteuid() != 0
 
 
 def end(pids: Iterable[int]) -> None:

@@ -47,6 +47,14 @@ static void ready(const char *path) {
     }
 }
 
+/* READY.started: the attack began (a host that then finds the kit gone knows it was stopped
+ * mid-attack, say by a seccomp filter that kills, rather than never run). */
+static void started(const char *ready_path) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s.started", ready_path);
+    ready(path);
+}
+
 static void linger(double seconds) {
     struct timespec end, now;
     clock_gettime(CLOCK_MONOTONIC, &end);
@@ -60,6 +68,7 @@ static void linger(double seconds) {
 
 /* hold TOKEN READY PATH...: open each PATH for writing (never writing) and keep it open. */
 static int hold(int argc, char **argv) {
+    started(argv[3]);
     for (int i = 4; i < argc; i++) {
         int fd = open(argv[i], O_WRONLY | O_NOCTTY);
         printf("%s: %s\n", argv[i], fd >= 0 ? "opened for writing" : strerror(errno));
@@ -73,6 +82,7 @@ static int hold(int argc, char **argv) {
 /* regain TOKEN READY: drop every capability, then try to get them all back in a new user
  * namespace (with a network namespace, the surface container escapes use). */
 static int regain(int argc, char **argv) {
+    started(argv[3]);
     (void)argc;
     struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
     struct __user_cap_data_struct data[2];
@@ -144,6 +154,7 @@ static int keys_dump(int argc, char **argv) {
  * (with "private", first in a new one, refusing to write unless the namespace changed), then
  * stay. */
 static int setttl(int argc, char **argv) {
+    started(argv[3]);
     if (argc > 4 && strcmp(argv[4], "private") == 0) {
         char before[64] = {0}, after[64] = {0};
         if (readlink("/proc/self/ns/net", before, sizeof before - 1) < 0) return 1;
@@ -246,6 +257,7 @@ static void trace_quietly(long pid, double seconds) {
 /* forge PID NONCE READY: steal PID's channel and write a forged length-prefixed result whose
  * output is NONCE, then try to become PID's tracer. */
 static int forge(int argc, char **argv) {
+    started(argv[4]);
     (void)argc;
     long pid = strtol(argv[2], NULL, 10);
     usleep(300000); /* let the call that started us finish */
@@ -277,6 +289,7 @@ static int forge(int argc, char **argv) {
  * (READY is written once the header is out), then the whole body (spaces, then a forged result:
  * valid JSON). */
 static int oversize(int argc, char **argv) {
+    started(argv[4]);
     (void)argc;
     long pid = strtol(argv[2], NULL, 10);
     uint32_t total = (uint32_t)strtoul(argv[3], NULL, 10) << 20;
@@ -328,6 +341,7 @@ static int swap(int argc, char **argv) {
 
 /* forkloop TOKEN READY N: fork up to N sleeping children (each dies with its parent). */
 static int forkloop(int argc, char **argv) {
+    started(argv[3]);
     (void)argc;
     long n = strtol(argv[4], NULL, 10);
     long made = 0;

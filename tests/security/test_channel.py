@@ -29,11 +29,13 @@ import pytest
 
 from tests.security.harness import (
     Server,
+    attack_finished,
     end,
     end_and_reap,
     kit_processes,
+    lease_init_of,
     leased,
-    parent_of,
+    ptrace_restricted,
     spawn_kit,
     status_of,
     token,
@@ -45,12 +47,14 @@ CLAIMED_MIB = 320
 
 
 def agent_of(marker: str) -> int:
-    """The host pid of the lease's pid 1 (the agent), as the parent the kit was left to."""
+    """The host pid of the lease's pid 1 (its agent, the kit's target)."""
     (pid,) = kit_processes(marker)
-    agent = parent_of(pid)
-    assert agent is not None
-    assert status_of(agent)["NSpid"].split()[-1] == "1", "the kit's parent is not the lease's pid 1"
-    return agent
+    return lease_init_of(pid)
+
+
+def no_ptrace_restriction() -> None:
+    if ptrace_restricted():
+        pytest.skip("Yama's ptrace_scope keeps the kit from the stand-in agent (not its child)")
 
 
 def traced(pid: int) -> bool:
@@ -69,9 +73,8 @@ def test_a_background_process_cannot_forge_the_next_result(server: Server, kit: 
         async with server.client() as client, leased(server, client, 2) as lease:
             await lease.install_kit(kit)
             await lease.bash(f"(./kit forge 1 {forged} ready-{marker} {marker} >/dev/null 2>&1 &)")
-            wait_for(lease.workspace / f"ready-{marker}")
-            agent = agent_of(marker)
-            was_traced = traced(agent)
+            # a kit stopped mid-attack (killed by a filter) traces nothing
+            was_traced = attack_finished(lease.workspace, marker) and traced(agent_of(marker))
             real = f"REAL{secrets.token_hex(8)}"
             first = await lease.bash(f"echo {real}")
             second = await lease.bash(f"echo {real}")
@@ -91,7 +94,7 @@ def test_a_background_process_cannot_forge_the_next_result(server: Server, kit: 
     ]
     if was_traced:
         problems.append("a process of the lease became its agent's tracer")
-    assert problems == []
+    assert not problems, "; ".join(problems)
 
 
 def stand_in_agent() -> tuple[subprocess.Popen[bytes], socket.socket]:
@@ -121,6 +124,7 @@ def read_frame(channel: socket.socket) -> dict[str, object]:
 def test_control_the_kit_forges_a_frame_and_traces_an_unsandboxed_agent(
     kit: Path, tmp_path: Path
 ) -> None:
+    no_ptrace_restriction()
     forged = f"FORGED{secrets.token_hex(8)}"
     marker = token()
     agent, channel = stand_in_agent()
@@ -158,7 +162,7 @@ def test_an_oversize_frame_does_not_make_the_server_allocate_it(server: Server, 
             await lease.bash(
                 f"(./kit oversize 1 {CLAIMED_MIB} ready-{marker} {marker} >/dev/null 2>&1 &)"
             )
-            wait_for(lease.workspace / f"ready-{marker}")
+            attack_finished(lease.workspace, marker)  # the header is out, or it was stopped
             real = f"REAL{secrets.token_hex(8)}"
             result = await lease.bash(f"echo {real}", timeout_s=30)
             after = peak_kib(server.pid)
@@ -192,6 +196,7 @@ sys.stdin.read()
 def test_control_a_naive_reader_allocates_what_the_header_claims(kit: Path, tmp_path: Path) -> None:
     """The stand-in agent's peer is a reader that trusts the header (as the slot server must
     not): the host sees its peak memory pass the claimed size."""
+    no_ptrace_restriction()
     marker = token()
     agent, channel = stand_in_agent()
     reader = subprocess.Popen(

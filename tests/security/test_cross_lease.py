@@ -26,11 +26,13 @@ from tests.security.harness import (
     Lease,
     Server,
     add_session_key,
+    attack_finished,
     end,
     end_and_reap,
     find_session_key,
     kit_processes,
     leased,
+    needs_root,
     remove_key,
     spawn_kit,
     token,
@@ -159,6 +161,7 @@ async def sleeper_in(lease: Lease, marker: str) -> int:
 def test_a_network_setting_made_by_a_lease_is_not_seen_by_the_next(
     server: Server, kit: Path
 ) -> None:
+    needs_root("the host reads the lease's setting by entering its network namespace")
     value = secrets.choice([v for v in range(70, 250) if v != 128])
     host_net = os.readlink("/proc/self/ns/net")
 
@@ -177,7 +180,7 @@ def test_a_network_setting_made_by_a_lease_is_not_seen_by_the_next(
                 await first.bash(
                     f"(./kit setttl {value} ready-{marker} here {marker} >/dev/null 2>&1 &)"
                 )
-                wait_for(first.workspace / f"ready-{marker}")
+                attack_finished(first.workspace, marker)
             async with leased(server, client, 1) as second:
                 await second.install_kit(kit)
                 marker = token()
@@ -194,6 +197,7 @@ def test_control_a_network_setting_is_seen_in_its_namespace(kit: Path, tmp_path:
     """Unsandboxed, the kit first enters a private network namespace (it refuses to write
     otherwise: the host's settings are never written), sets the ttl there, and the host's reader
     sees it in that namespace, and not in its own."""
+    needs_root("a private network namespace and entering it need CAP_SYS_ADMIN")
     value = secrets.choice([v for v in range(70, 250) if v != 128])
     before = ttl_seen_by(kit, os.getpid())
     marker = token()

@@ -24,12 +24,15 @@ import pytest
 from tests.security.harness import (
     MAX_PROCESSES,
     Server,
+    attack_finished,
     bwrap_missing,
     compiler,
     end,
     end_and_reap,
     kit_processes,
     leased,
+    needs_root,
+    server_root,
     start_server,
     stop_server,
     token,
@@ -64,6 +67,7 @@ def test_a_lease_cannot_read_etc_shadow(server: Server) -> None:
 
 
 def test_control_etc_shadow_is_copied_unsandboxed(tmp_path: Path) -> None:
+    needs_root("only root reads /etc/shadow")
     secret = shadow()
     subprocess.run(
         ["/bin/sh", "-c", "cat /etc/shadow > loot.txt"], cwd=tmp_path, check=True, timeout=10
@@ -73,18 +77,16 @@ def test_control_etc_shadow_is_copied_unsandboxed(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module", params=["native", "python"])
-def rlimit_server(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
+def rlimit_server(request: pytest.FixtureRequest) -> Iterator[Server]:
     """A slot server with cgroups off: only rlimits bound a slot's processes."""
     if bwrap_missing():
         pytest.skip("bubblewrap is not installed: there is no sandbox to attack")
     if request.param == "native" and compiler() is None:
         pytest.skip("no C compiler (cc, gcc, clang) to build the compiled slot helper")
-    root = tmp_path_factory.mktemp(f"rlimits-{request.param}") / "root"
-    running = start_server(root, request.param, "--no-cgroups")
-    yield running
-    stop_server(running)
+    with server_root(f"rlimits-{request.param}") as root:
+        running = start_server(root, request.param, "--no-cgroups")
+        yield running
+        stop_server(running)
 
 
 @pytest.mark.slow
@@ -98,7 +100,7 @@ def test_a_fork_loop_stays_within_the_process_limit_without_cgroups(
         async with server.client() as client, leased(server, client, 0) as lease:
             await lease.install_kit(kit)
             await lease.bash(f"(./kit forkloop {marker} ready-{marker} {FORKS} >/dev/null 2>&1 &)")
-            wait_for(lease.workspace / f"ready-{marker}", timeout_s=30)
+            attack_finished(lease.workspace, marker, timeout_s=30)
             counted = len(kit_processes(marker))
             end(kit_processes(marker))
             return counted
@@ -109,6 +111,7 @@ def test_a_fork_loop_stays_within_the_process_limit_without_cgroups(
 
 @pytest.mark.slow
 def test_control_the_count_sees_a_fork_loop_past_the_limit(kit: Path, tmp_path: Path) -> None:
+    needs_root("RLIMIT_NPROC binds any other user: the unbounded case shown here is root's")
     marker = token()
     limit = f"--nproc={MAX_PROCESSES}:{MAX_PROCESSES}"
     argv = ["prlimit", limit, "--", str(kit), "forkloop", marker, f"ready-{marker}", str(FORKS)]

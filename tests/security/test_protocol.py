@@ -5,7 +5,7 @@ workspace of a live lease: no bearer token, a wrong one, a token with a suffix, 
 far over the limit, malformed JSON, an unknown path, the wrong method, an oversized head, a
 stale epoch, and a head trickled in byte by byte (slowloris, for a bounded 2 s). Each must get
 the right status (401, 413, 400, 404, 405, 431, or 200 with the call ``REJECTED`` as stale; the
-slow head none while it is incomplete), the server must keep answering others meanwhile, and
+slow head none while it is incomplete), the server must keep answering others meanwhile (within 5 s), and
 the host must find no canary file in the workspace and no call counted for the slot.
 Control: the same request, well formed and with the right token and epoch, runs its command
 and the host finds the canary.
@@ -151,7 +151,7 @@ def test_abusive_requests_get_the_right_status_and_run_nothing(server: Server) -
                 expected["stale epoch"], got["stale epoch"] = 200, status
                 (result,) = json.loads(answer)["results"]
                 stale_refused = result["outcome"] == "rejected" and "stale" in result["error"]
-                latencies = await anyio.to_thread.run_sync(slowloris, server, lease, canary, 2.0)
+                latencies = await anyio.to_thread.run_sync(slowloris, server, lease, canary, 5.0)
                 after = await calls_run(client, 0)
                 planted = (lease.workspace / canary).exists()
         return expected, got, stale_refused and not planted, before, after, latencies
@@ -161,7 +161,7 @@ def test_abusive_requests_get_the_right_status_and_run_nothing(server: Server) -
     assert clean, "a stale or refused request ran its command (the canary file exists)"
     assert after == before, "the server counted a call for an abusive request"
     assert latencies, "the slow head was never interleaved with other requests"
-    assert max(latencies) < 2.0, f"a slow head stalled other requests: {max(latencies):.2f} s"
+    assert max(latencies) < 5.0, f"a slow head stalled other requests: {max(latencies):.2f} s"
 
 
 def test_control_a_well_formed_request_runs_its_command(server: Server) -> None:
