@@ -5,7 +5,7 @@ workspace of a live lease: no bearer token, a wrong one, a token with a suffix, 
 far over the limit, malformed JSON, an unknown path, the wrong method, an oversized head, a
 stale epoch, and a head trickled in byte by byte (slowloris, for a bounded 2 s). Each must get
 the right status (401, 413, 400, 404, 405, 431, or 200 with the call ``REJECTED`` as stale; the
-slow head none while it is incomplete), the server must keep answering others meanwhile (within 5 s), and
+slow head none while it is incomplete); the server must answer others within 5 s meanwhile; and
 the host must find no canary file in the workspace and no call counted for the slot.
 Control: the same request, well formed and with the right token and epoch, runs its command
 and the host finds the canary.
