@@ -256,6 +256,26 @@ def kit_processes(marker: str) -> list[int]:
     return found
 
 
+async def kit_process(marker: str, timeout_s: float = 10.0) -> int:
+    """The host pid of the kit process carrying ``marker``, once it appears."""
+    with anyio.fail_after(timeout_s):
+        while not (found := kit_processes(marker)):  # noqa: ASYNC110 - only /proc tells
+            await anyio.sleep(0.02)
+    return found[0]
+
+
+async def start_sleeper(lease: Lease, marker: str) -> int:
+    """Leave a process in the lease (``kit sleeper``); its host pid."""
+    await lease.bash(f"(./kit sleeper {marker} 30 >/dev/null 2>&1 &)")
+    return await kit_process(marker)
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (read from the host)."""
+    state = status_of(pid).get("State", "")
+    return bool(state) and not state.startswith("Z")
+
+
 def status_of(pid: int) -> dict[str, str]:
     """``/proc/PID/status`` as a mapping ({} once the process is gone)."""
     try:

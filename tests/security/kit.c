@@ -390,6 +390,15 @@ static int connect_to(int argc, char **argv) {
     return 0;
 }
 
+/* signal PID...: SIGKILL each PID (numbers the host gave: another slot's processes). */
+static int signal_each(int argc, char **argv) {
+    for (int i = 2; i < argc; i++) {
+        int rc = kill((pid_t)strtol(argv[i], NULL, 10), SIGKILL);
+        printf("kill %s: %s\n", argv[i], rc == 0 ? "sent" : strerror(errno));
+    }
+    return 0;
+}
+
 /* sleeper TOKEN SECONDS: just stay (a process whose survival the host checks). */
 static int sleeper(int argc, char **argv) {
     (void)argc;
@@ -413,6 +422,7 @@ int main(int argc, char **argv) {
     if (strcmp(op, "forkloop") == 0 && argc >= 5) return forkloop(argc, argv);
     if (strcmp(op, "connect") == 0) return connect_to(argc, argv);
     if (strcmp(op, "sleeper") == 0 && argc >= 4) return sleeper(argc, argv);
+    if (strcmp(op, "signal") == 0) return signal_each(argc, argv);
     fprintf(stderr, "kit: unknown or incomplete command %s\n", op);
     return 2;
 }

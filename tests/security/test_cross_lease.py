@@ -30,11 +30,13 @@ from tests.security.harness import (
     end,
     end_and_reap,
     find_session_key,
+    kit_process,
     kit_processes,
     leased,
     needs_root,
     remove_key,
     spawn_kit,
+    start_sleeper,
     token,
     wait_for,
 )
@@ -148,16 +150,6 @@ def ttl_seen_by(kit: Path, pid: int) -> int:
     return int(out.stdout)
 
 
-async def sleeper_in(lease: Lease, marker: str) -> int:
-    await lease.bash(f"(./kit sleeper {marker} 30 >/dev/null 2>&1 &)")
-    deadline = time.monotonic() + 10
-    while not (found := kit_processes(marker)):
-        assert time.monotonic() < deadline, "the lease's process never appeared"
-        await anyio.sleep(0.02)
-    (pid,) = found
-    return pid
-
-
 def test_a_network_setting_made_by_a_lease_is_not_seen_by_the_next(
     server: Server, kit: Path
 ) -> None:
@@ -170,7 +162,7 @@ def test_a_network_setting_made_by_a_lease_is_not_seen_by_the_next(
             async with leased(server, client, 1) as first:
                 await first.install_kit(kit)
                 guard = token()
-                pid = await sleeper_in(first, guard)
+                pid = await start_sleeper(first, guard)
                 # never let a sandbox write a sysctl of the host's own network namespace
                 if os.readlink(f"/proc/{pid}/ns/net") == host_net:
                     end([pid])
@@ -184,7 +176,7 @@ def test_a_network_setting_made_by_a_lease_is_not_seen_by_the_next(
             async with leased(server, client, 1) as second:
                 await second.install_kit(kit)
                 marker = token()
-                pid = await sleeper_in(second, marker)
+                pid = await start_sleeper(second, marker)
                 try:
                     return ttl_seen_by(kit, pid)
                 finally:
@@ -240,14 +232,14 @@ def test_nothing_of_a_lease_survives_its_reset(server: Server, kit: Path) -> Non
             async with leased(server, client, 0) as first:
                 await first.install_kit(kit)
                 await first.bash(plant)
-                pid = await sleeper_in_existing(marker)
+                pid = await kit_process(marker)
                 # the plant worked: the host sees the payload in the lease's own /tmp
                 assert files_holding(Path(f"/proc/{pid}/root/tmp"), payload.encode())
             survivors = kit_processes(marker)
             workspace = sorted(p.name for p in first.workspace.iterdir())
             async with leased(server, client, 0) as second:
                 await second.install_kit(kit)
-                pid = await sleeper_in(second, token())
+                pid = await start_sleeper(second, token())
                 try:
                     root = Path(f"/proc/{pid}/root")
                     leaks = files_holding(root / "tmp", payload.encode())
@@ -264,14 +256,6 @@ def test_nothing_of_a_lease_survives_its_reset(server: Server, kit: Path) -> Non
     assert survivors == [], "a process of the lease outlived its reset"
     assert workspace == [], f"the reset left {workspace} in the workspace"
     assert leaks == [], f"the next lease found {leaks}"
-
-
-async def sleeper_in_existing(marker: str) -> int:
-    deadline = time.monotonic() + 10
-    while not (found := kit_processes(marker)):
-        assert time.monotonic() < deadline, "the lease's process never appeared"
-        await anyio.sleep(0.02)
-    return found[0]
 
 
 def test_control_the_checks_see_a_surviving_process_and_its_files(

@@ -9,22 +9,29 @@ calls ``unshare(CLONE_NEWUSER | CLONE_NEWNET)``; the host reads ``CapEff`` from 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import pytest
 
 from tests.security.harness import (
+    HELPERS,
     Server,
     attack_finished,
+    bwrap_missing,
+    compiler,
     end,
     end_and_reap,
     kit_processes,
     leased,
     needs_root,
     open_files,
+    server_root,
     spawn_kit,
+    start_server,
     status_of,
+    stop_server,
     token,
     wait_for,
 )
@@ -44,6 +51,11 @@ def held_for_writing(pid: int, tail: str) -> bool:
     return any(
         f.writable and f.fstype == "proc" and f.target.endswith(tail) for f in open_files(pid)
     )
+
+
+# with allow_network the lease shares the host's network namespace: its settings are the host's
+NETWORK_SETTING = ("/proc/sys/net/ipv4/ip_default_ttl", "sys/net/ipv4/ip_default_ttl")
+CONTROLLED = {**SETTINGS, "net_default_ttl": NETWORK_SETTING}
 
 
 def host_has(path: str) -> None:
@@ -79,14 +91,14 @@ def test_host_kernel_settings_cannot_be_opened_for_writing(
     assert not anyio.run(main), f"a lease holds {path} open for writing"
 
 
-@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("setting", list(CONTROLLED))
 def test_control_the_check_sees_a_setting_held_for_writing(
     kit: Path, tmp_path: Path, setting: str
 ) -> None:
     """The same kit, unsandboxed as the server's user: it opens the setting for writing (and
     writes nothing), and the host check sees it."""
     needs_root("only root may open a host kernel setting for writing")
-    path, tail = SETTINGS[setting]
+    path, tail = CONTROLLED[setting]
     host_has(path)
     marker = token()
     process = spawn_kit(kit, ["hold", marker, f"ready-{marker}", path], tmp_path)
@@ -95,6 +107,41 @@ def test_control_the_check_sees_a_setting_held_for_writing(
         assert held_for_writing(process.pid, tail)
     finally:
         end_and_reap(process)
+
+
+@pytest.fixture(scope="module", params=HELPERS)
+def network_server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    """A slot server whose slots share the host's network (``--allow-network``)."""
+    if bwrap_missing():
+        pytest.skip("bubblewrap is not installed: there is no sandbox to attack")
+    if request.param == "native" and compiler() is None:
+        pytest.skip("no C compiler (cc, gcc, clang) to build the compiled slot helper")
+    with server_root(f"network-{request.param}") as root:
+        running = start_server(root, request.param, "--allow-network")
+        yield running
+        stop_server(running)
+
+
+def test_with_network_allowed_host_network_settings_cannot_be_opened_for_writing(
+    network_server: Server, kit: Path
+) -> None:
+    server = network_server
+    path, tail = NETWORK_SETTING
+    marker = token()
+
+    async def main() -> bool:
+        async with server.client() as client, leased(server, client, 0) as lease:
+            await lease.install_kit(kit)
+            await lease.bash(f"(./kit hold {marker} ready-{marker} {path} >/dev/null 2>&1 &)")
+            if not attack_finished(lease.workspace, marker):
+                return False
+            pid = holder_pid(marker)
+            try:
+                return held_for_writing(pid, tail)
+            finally:
+                end([pid])
+
+    assert not anyio.run(main), f"a lease with network allowed holds {path} open for writing"
 
 
 def regained(pid: int) -> bool:
