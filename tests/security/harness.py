@@ -285,11 +285,6 @@ def status_of(pid: int) -> dict[str, str]:
     return {k: v.strip() for k, _, v in (line.partition(":") for line in text.splitlines())}
 
 
-def parent_of(pid: int) -> int | None:
-    found = status_of(pid).get("PPid")
-    return int(found) if found else None
-
-
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU time of ``pid`` (all its threads), from ``/proc/PID/stat``."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
