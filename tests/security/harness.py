@@ -259,7 +259,7 @@ def kit_processes(marker: str) -> list[int]:
 async def kit_process(marker: str, timeout_s: float = 10.0) -> int:
     """The host pid of the kit process carrying ``marker``, once it appears."""
     with anyio.fail_after(timeout_s):
-        while not (found := kit_processes(marker)):  # noqa: ASYNC110 - only /proc tells
+        while not (found := kit_processes(marker)):  # noqa: ASYNC110 - nothing signals a stranger starting: only /proc tells
             await anyio.sleep(0.02)
     return found[0]
 
