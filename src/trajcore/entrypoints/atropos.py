@@ -82,13 +82,14 @@ from typing import Any, Generic, Literal, TypedDict, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
+import anyio.to_thread
 import attrs
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig  # type: ignore[import-untyped]
 from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[import-untyped]
     APIServerConfig,
     ServerBaseline,
 )
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from trajcore.adapters.llm.atropos import (
     ServerManagerChatServer,
@@ -111,12 +112,16 @@ from trajcore.domain.slot_server_flags import SlotServerFlags
 from trajcore.domain.token_ledger import ChatTemplate
 from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser
 from trajcore.domain.toolsets import (
+    DistributionRegistry,
     Toolset,
     ToolsetCatalog,
     ToolsetDistribution,
     ToolsetSelection,
     select_specs,
 )
+from trajcore.entrypoints.dataset_rows import DatasetRows, load_rows
+from trajcore.entrypoints.idle_slots import IdleLimitedPolicy
+from trajcore.entrypoints.seed_settings import translate_seed_fields
 from trajcore.entrypoints.tool_server import make_app
 from trajcore.ports.chat_server import ChatServer
 from trajcore.ports.sandbox_pool import SandboxPool
@@ -295,7 +300,12 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
     # -- agent
     max_turns: int = Field(default=30, ge=1, description="Most assistant turns per trajectory.")
     agent_temperature: float = Field(default=1.0, ge=0, description="Sampling temperature.")
-    max_tokens: int = Field(default=4096, ge=1, description="Most tokens sampled per turn.")
+    max_tokens: int | None = Field(
+        default=4096,
+        ge=1,
+        description="Most tokens sampled per turn; None: no cap of its own, each turn may use "
+        "what is left of max_token_length.",
+    )
     tool_delay_s: float = Field(default=0.0, ge=0, description="Pause before each tool batch.")
     system_prompt: str | None = Field(default=None, description="Prepended to every task.")
     terminal_timeout_s: float = Field(
@@ -306,6 +316,28 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
         gt=0,
         description="The trajectory's single deadline: slot wait, model, tools and scoring; "
         "below worker_timeout, after which Atropos cancels the whole group.",
+    )
+    slot_idle_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Idle lifetime of a slot: a trajectory whose slot waits longer than this for "
+        "one model turn ends (model_error, unscored). None: only slot_lifetime_s bounds it.",
+    )
+    tool_threads: int = Field(
+        default=40,
+        ge=1,
+        description="Worker threads for synchronous tool_registry() tools (calls beyond this "
+        "wait for a thread).",
+    )
+    # -- dataset (the built-in get_next_item and build_task)
+    dataset: str | None = Field(
+        default=None,
+        description="Rows for the built-in get_next_item: a local .jsonl or .parquet file, a "
+        "folder saved by datasets, or a Hugging Face dataset name (loaded offline).",
+    )
+    dataset_split: str = Field(default="train", description="The dataset's split.")
+    prompt_field: str = Field(
+        default="prompt", description="The row field the built-in build_task sends as the task."
     )
     extra_body: dict[str, Any] | str | None = Field(
         default=None, description="Passed verbatim in every model request body (JSON)."
@@ -319,7 +351,8 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
     )
     toolset_distribution: dict[str, float] | str | None = Field(
         default=None,
-        description="Per-group random toolsets: each included with its probability.",
+        description="Per-group random toolsets: each included with its probability, or the "
+        "name of one of the env's toolset_distributions().",
     )
     toolset_seed: int | None = Field(default=None, description="Seed of the toolset draws.")
     tool_server_url: str | None = Field(
@@ -343,6 +376,16 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
         except ValidationError as exc:
             raise _config_error(exc) from None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _seed_names_and_unknown_fields(cls, data: object) -> object:
+        """Seed names become their fields (one warning each); unknown names are refused."""
+        if not isinstance(data, Mapping):
+            return data
+        known = {*cls.model_fields}
+        known.update(f.alias for f in cls.model_fields.values() if f.alias)
+        return translate_seed_fields({str(k): v for k, v in data.items()}, known)
+
     @field_validator("enabled_toolsets", "disabled_toolsets", mode="before")
     @classmethod
     def _names_from_text(cls, value: object) -> object:
@@ -351,6 +394,8 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
     @field_validator("toolset_distribution", mode="before")
     @classmethod
     def _distribution_from_text(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().isidentifier():
+            return value.strip()  # the name of one of the env's toolset_distributions()
         return _json_or_pairs("toolset_distribution", value)
 
     @field_validator("extra_body", mode="before")
@@ -435,8 +480,11 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
             return "managed" if self.tool_call_parser else "openai"
         return self.mode
 
-    def settings(self) -> RolloutSettings:
+    def settings(self, distributions: DistributionRegistry | None = None) -> RolloutSettings:
         """The checked domain values behind these settings.
+
+        ``distributions`` are the env's named toolset distributions, for a
+        ``toolset_distribution`` given by name.
 
         Raises:
             ConfigError: a setting that cannot work, naming its field (a ``nomad_*`` field,
@@ -463,9 +511,15 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
                 "max_token_length", f"must be at least 2, got {self.max_token_length}"
             )
         distribution = None
-        if self.toolset_distribution is not None:
-            if not isinstance(self.toolset_distribution, Mapping):
-                raise ConfigError("toolset_distribution", "expected a mapping of toolset to p")
+        if isinstance(self.toolset_distribution, str):
+            if distributions is None:
+                raise ConfigError(
+                    "toolset_distribution",
+                    f"{self.toolset_distribution!r} names a distribution, and only an env's "
+                    "toolset_distributions() has names",
+                )
+            distribution = distributions.get(self.toolset_distribution)
+        elif self.toolset_distribution is not None:
             distribution = ToolsetDistribution(probabilities=dict(self.toolset_distribution))
         enabled = self.enabled_toolsets
         selection = ToolsetSelection(
@@ -479,7 +533,10 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
                 max_turns=self.max_turns, max_context_tokens=self.max_token_length
             ),
             sampling=SamplingParams(
-                max_tokens=self.max_tokens,
+                # None: no cap of its own; the loop caps each turn by the context left.
+                max_tokens=self.max_tokens
+                if self.max_tokens is not None
+                else self.max_token_length,
                 temperature=self.agent_temperature,
                 extra_body=extra_body,
             ),
@@ -751,7 +808,8 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
     ) -> None:
         if not isinstance(config, AgentEnvConfig):
             raise ConfigError("config", f"expected an AgentEnvConfig, got {type(config).__name__}")
-        self.settings: RolloutSettings = config.settings()
+        self.settings: RolloutSettings = config.settings(self.toolset_distributions())
+        self._dataset: DatasetRows | None = self._load_dataset(config)
         self.server_configs: object = ServerBaseline() if server_configs is None else server_configs
         super().__init__(config, self.server_configs, slurm=slurm, testing=testing)
         self._services: RolloutServices | None = None
@@ -774,17 +832,46 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
     async def setup(self) -> None:
         """Load data and anything else the env needs; runs once, after the services start."""
 
-    @abc.abstractmethod
     async def get_next_item(self) -> ItemT:
-        """The next dataset item to run a group on."""
+        """The next dataset item to run a group on.
 
-    @abc.abstractmethod
+        Built in when ``dataset`` is set: the dataset's rows (``dict[str, JSON]``, so such an
+        env is an ``AgentEnv[dict[str, JSON]]``), in order, cycling. Without ``dataset`` an env
+        must override it (``AgentEnv`` refuses to start otherwise).
+        """
+        if self._dataset is None:
+            raise ConfigError("dataset", "set dataset or override get_next_item")
+        return cast("ItemT", self._dataset.next_row())
+
     def build_task(self, item: ItemT) -> str | Sequence[Message]:
         """The task: the user's text, or the whole opening conversation.
 
         A string becomes one user message; ``system_prompt`` is put first when set and the task
-        has no system message of its own.
+        has no system message of its own. Built in when ``dataset`` is set: the row's
+        ``prompt_field``. Without ``dataset`` an env must override it.
         """
+        if self._dataset is None or not isinstance(item, dict):
+            raise ConfigError("dataset", "set dataset or override build_task")
+        return self._dataset.prompt(item)
+
+    def _load_dataset(self, config: AgentEnvConfig) -> DatasetRows | None:
+        builtin = [
+            name
+            for name in ("get_next_item", "build_task")
+            if getattr(type(self), name) is getattr(AgentEnv, name)
+        ]
+        if config.dataset is None:
+            if builtin:
+                raise ConfigError(
+                    "dataset",
+                    f"{type(self).__name__} does not define {' or '.join(builtin)}: set "
+                    "dataset (a .jsonl/.parquet file or a Hugging Face dataset) or write them",
+                )
+            return None
+        rows = load_rows(
+            config.dataset, split=config.dataset_split, prompt_field=config.prompt_field
+        )
+        return DatasetRows(rows=rows, prompt_field=config.prompt_field)
 
     async def prepare_workspace(self, item: ItemT, tools: SlotTools) -> None:
         """Set up the slot before the first turn (write files, clone a repository)."""
@@ -828,8 +915,19 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
         return ToolsetCatalog(toolsets=toolsets)
 
     def tool_registry(self) -> ToolRegistry | None:
-        """The Python tools served in-process when ``tool_server_url`` is ``inprocess``."""
+        """Python tools served in this process (default: none).
+
+        When it returns a registry they are offered with no further setting
+        (``tool_server_url`` unset or ``inprocess``); a synchronous tool runs in one of
+        ``tool_threads`` worker threads. A registry together with a remote ``tool_server_url``
+        is refused when the services start.
+        """
         return None
+
+    def toolset_distributions(self) -> DistributionRegistry:
+        """Named toolset distributions, for ``toolset_distribution`` given by name (hermes's
+        ``distribution``). Default: none. Called once, when the env is built."""
+        return DistributionRegistry(distributions=())
 
     @classmethod
     def cli(cls) -> None:
@@ -911,23 +1009,31 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
         return ServerManagerTokenServer(self.server)
 
     def make_tool_server(self) -> ToolServer | None:
-        """The external tool server, from ``tool_server_url``, or ``None``.
+        """The external tool server: ``tool_registry()`` served in this process when it returns
+        a registry, else the one at ``tool_server_url``, else ``None``.
 
         Raises:
-            ConfigError: ``inprocess`` without a ``tool_registry()`` (``tool_server_url``).
+            ConfigError: ``inprocess`` without a ``tool_registry()``, or a registry and a
+                remote ``tool_server_url`` both (``tool_server_url``).
         """
         url = self.config.tool_server_url
-        if url is None:
-            return None
-        if url == INPROCESS:
-            registry = self.tool_registry()
-            if registry is None:
-                raise ConfigError(
-                    "tool_server_url", "'inprocess' serves tool_registry(), which returned None"
-                )
+        registry = self.tool_registry()
+        if registry is not None and url not in (None, INPROCESS):
+            raise ConfigError(
+                "tool_server_url",
+                f"{type(self).__name__}.tool_registry() serves tools in this process and "
+                f"tool_server_url={url!r} names a remote tool server: keep one of them",
+            )
+        if url == INPROCESS and registry is None:
+            raise ConfigError(
+                "tool_server_url", "'inprocess' serves tool_registry(), which returned None"
+            )
+        if registry is not None:
             return HTTPToolServer(
                 INPROCESS, app=make_app(registry), timeout_s=self.config.terminal_timeout_s
             )
+        if url is None:
+            return None
         return HTTPToolServer(
             url, token=self.config.tool_server_token, timeout_s=self.config.terminal_timeout_s
         )
@@ -1007,6 +1113,8 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
         if self._services is not None:
             yield self._services
             return
+        # Synchronous tool_registry() tools run in anyio's default worker threads.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = self.config.tool_threads
         async with contextlib.AsyncExitStack() as stack:
             if tool_server is None:
                 tool_server = self.make_tool_server()
@@ -1124,6 +1232,10 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
             return await self.verify_and_score(item, tools, conversation)
 
         hooks = TrajectoryHooks(prepare=prepare, score=score)
+        idle_s = self.config.slot_idle_timeout_s
+        agent_policy = (
+            services.policy if idle_s is None else IdleLimitedPolicy(services.policy, idle_s)
+        )
 
         async def member(trajectory_id: str) -> TrajectoryResult:
             return await run_trajectory(
@@ -1131,7 +1243,7 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
                 messages=messages,
                 tools=specs,
                 hooks=hooks,
-                policy=services.policy,
+                policy=agent_policy,
                 pool=services.pool,
                 dispatcher=services.dispatcher,
                 tool_server=services.tool_server,
