@@ -202,15 +202,27 @@ def test_a_backend_without_a_pool_is_refused_naming_it(field: str, value: str) -
     assert "'nomad'" in caught.value.reason
 
 
-def test_a_seed_name_and_its_trajcore_field_together_are_refused() -> None:
-    with pytest.raises(ConfigError) as caught, pytest.warns(SeedSettingWarning):
-        AgentEnvConfig(tokenizer_name=QWEN, max_turns=5, agent_max_steps=7)
-    assert caught.value.field == "agent_max_steps"
-    assert "max_turns" in caught.value.reason
+def test_a_seed_name_wins_over_the_defaults_atropos_merges_it_onto() -> None:
+    defaults = AgentEnvConfig(tokenizer_name=QWEN)
+    # What Atropos's CLI does with a YAML ``env:`` block: the defaults' dump, the YAML on top.
+    merged = {**defaults.model_dump(), "agent_max_steps": 7, "terminal_timeout": 33}
+    with pytest.warns(SeedSettingWarning) as caught:
+        config = type(defaults)(**merged)
+    assert len(caught) == 2
+    assert "(it replaces max_turns=30)" in str(caught[0].message)
+    assert config.max_turns == 7
+    assert config.terminal_timeout_s == 33
+
+
+def test_two_seed_names_for_one_field_must_agree() -> None:
     with pytest.raises(ConfigError) as both, pytest.warns(SeedSettingWarning):
         AgentEnvConfig(tokenizer_name=QWEN, agent_max_steps=7, max_agent_turns=5)
     assert both.value.field == "max_agent_turns"
     assert "agent_max_steps" in both.value.reason
+    with pytest.warns(SeedSettingWarning):
+        assert (
+            AgentEnvConfig(tokenizer_name=QWEN, agent_max_steps=7, max_agent_turns=7).max_turns == 7
+        )
 
 
 # ----------------------------------------------------------------- named distributions

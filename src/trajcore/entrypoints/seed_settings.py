@@ -152,35 +152,43 @@ def translate_seed_fields(data: Mapping[str, object], known: Iterable[str]) -> d
     """``data`` with every seed name replaced by its trajcore field, one warning each.
 
     ``known`` are the config's own field names (its subclass's included): those pass as they
-    are, even when a seed used the same name for something renamed here.
+    are, even when a seed used the same name for something renamed here. A seed name wins over
+    its trajcore field when both are present, because Atropos builds the config from the
+    defaults' full dump with the YAML and flags merged on top (the warning says what it
+    replaced).
 
     Raises:
-        ConfigError: an unknown name (naming it and the closest known one), a seed name given
-            together with its trajcore field or with another seed name for it (naming both),
-            or a seed value trajcore cannot honour (naming the seed field).
+        ConfigError: an unknown name (naming it and the closest known one), two seed names for
+            one field with different values (naming both), or a seed value trajcore cannot
+            honour (naming the seed field).
     """
     own = set(known)
     out: dict[str, object] = {}
-    source: dict[str, str] = {}
+    seeded: dict[str, tuple[str, object]] = {}
     for key, value in data.items():
         if key in own:
-            target, converted = key, value
-        elif key in SEED_FIELDS:
-            seed = SEED_FIELDS[key]
-            target, converted = seed.target, seed.convert(key, value)
-            note = f"; {seed.note}" if seed.note else ""
-            warnings.warn(
-                SeedSettingWarning(
-                    f"{key} is the {'/'.join(seed.seeds)} name of trajcore's {target}{note}"
-                ),
-                stacklevel=5,
-            )
-        else:
+            out[key] = value
+        elif key not in SEED_FIELDS:
             close = closest_name(key, own | SEED_FIELDS.keys())
             hint = f"; did you mean {close!r}?" if close else ""
             raise ConfigError(key, f"unknown setting{hint}")
-        if target in out:
-            raise ConfigError(key, f"sets {target}, which {source[target]} sets too: give one")
-        out[target] = converted
-        source[target] = key
+    for key, value in data.items():
+        if key in own or key not in SEED_FIELDS:
+            continue
+        seed = SEED_FIELDS[key]
+        converted = seed.convert(key, value)
+        if seed.target in seeded and seeded[seed.target][1] != converted:
+            other = seeded[seed.target][0]
+            raise ConfigError(key, f"sets {seed.target}, which {other} sets differently: give one")
+        note = f"; {seed.note}" if seed.note else ""
+        if seed.target in out and out[seed.target] != converted:
+            note += f" (it replaces {seed.target}={out[seed.target]!r})"
+        warnings.warn(
+            SeedSettingWarning(
+                f"{key} is the {'/'.join(seed.seeds)} name of trajcore's {seed.target}{note}"
+            ),
+            stacklevel=5,
+        )
+        seeded[seed.target] = (key, converted)
+        out[seed.target] = converted
     return out
