@@ -31,11 +31,14 @@ Rules this module keeps:
   whether the Nomad agent answers is checked when the pool starts (``NomadUnavailable``, naming
   ``address`` or ``token``).
 - **Two model modes, one switch.** ``mode`` is ``"openai"``, ``"managed"`` or ``"auto"`` (the
-  default). ``auto`` means managed exactly when ``tool_call_parser`` is set: trajcore renders the
-  chat template with the env's tokenizer, samples token ids through the ``--openai.*`` server's
-  token endpoint, keeps the sampled ids and logprobs verbatim and parses tool calls itself. In
-  OpenAI mode the server templates and parses; tokens are re-rendered from the conversation and
-  are not the sampled ones.
+  default). ``auto`` means managed when an ``--openai.*`` server's ``server_type`` is ``vllm`` or
+  ``sglang`` (as hermes-agent chose; the parser defaults to ``hermes`` there) or when
+  ``tool_call_parser`` is set, and OpenAI mode otherwise. Managed: trajcore renders the chat
+  template with the env's tokenizer, samples token ids through the server's token endpoint,
+  keeps the sampled ids and logprobs verbatim and parses tool calls itself. OpenAI mode: the
+  server templates and parses; tokens are re-rendered from the conversation and are not the
+  sampled ones. The start-up log says the mode, why, and whether tokens are exact; ``serve``
+  (which feeds a trainer) warns once when they are not.
 - **What the trainer gets.** ``tokens`` and ``masks`` of equal length per member (``-100``
   outside the model's completions), ``scores``, ``messages`` (OpenAI chat dicts, tool calls and
   results included), and in managed mode ``inference_logprobs``. Every group says whether its
@@ -247,7 +250,8 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
         default="auto",
         description="openai: the server templates and parses (tokens not exact); managed: "
         "trajcore renders, samples token ids, parses calls (exact tokens and logprobs); "
-        "auto: managed when tool_call_parser is set, else openai.",
+        "auto: managed for a vllm/sglang server type or when tool_call_parser is set, "
+        "else openai.",
     )
     tool_call_parser: str | None = Field(
         default=None,
@@ -475,16 +479,47 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
 
     @property
     def resolved_mode(self) -> Literal["openai", "managed"]:
-        """The mode in effect: ``auto`` is managed exactly when ``tool_call_parser`` is set."""
-        if self.mode == "auto":
-            return "managed" if self.tool_call_parser else "openai"
-        return self.mode
+        """The mode in effect with no server type known (see ``mode_for``)."""
+        return self.mode_for(()).mode
 
-    def settings(self, distributions: DistributionRegistry | None = None) -> RolloutSettings:
+    def mode_for(self, server_types: Sequence[str]) -> ModeChoice:
+        """The mode, parser and reason for servers of ``server_types`` (``--openai.*``).
+
+        ``auto``: managed when a server type is ``vllm`` or ``sglang`` (parser ``hermes``
+        unless ``tool_call_parser`` names another) or when ``tool_call_parser`` is set; OpenAI
+        mode otherwise.
+        """
+        token_servers = sorted({t for t in server_types if t in _TOKEN_SERVER_TYPES})
+        parser = self.tool_call_parser
+        if self.mode == "auto":
+            if token_servers:
+                return ModeChoice(
+                    mode="managed",
+                    parser=parser or DEFAULT_PARSER,
+                    reason=f"auto: server_type {'/'.join(token_servers)}",
+                )
+            if parser:
+                return ModeChoice(mode="managed", parser=parser, reason="auto: tool_call_parser")
+            return ModeChoice(mode="openai", parser=None, reason="auto: no token server type")
+        if self.mode == "managed":
+            return ModeChoice(
+                mode="managed",
+                parser=parser or (DEFAULT_PARSER if token_servers else None),
+                reason="mode",
+            )
+        return ModeChoice(mode="openai", parser=None, reason="mode")
+
+    def settings(
+        self,
+        distributions: DistributionRegistry | None = None,
+        *,
+        server_types: Sequence[str] = (),
+    ) -> RolloutSettings:
         """The checked domain values behind these settings.
 
         ``distributions`` are the env's named toolset distributions, for a
-        ``toolset_distribution`` given by name.
+        ``toolset_distribution`` given by name; ``server_types`` the ``--openai.*`` servers'
+        types, for the mode (``mode_for``).
 
         Raises:
             ConfigError: a setting that cannot work, naming its field (a ``nomad_*`` field,
@@ -493,7 +528,8 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
         """
         if self.sandbox == "nomad":
             self.nomad_pool_config()
-        if self.resolved_mode == "managed" and not self.tool_call_parser:
+        choice = self.mode_for(server_types)
+        if choice.mode == "managed" and not choice.parser:
             raise ConfigError(
                 "tool_call_parser", f"managed mode parses tool calls itself: set one of "
                 f"{', '.join(PARSER_NAMES)}"
@@ -548,7 +584,9 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
             max_token_length=self.max_token_length - 1,
         )
         settings = RolloutSettings(
-            mode=self.resolved_mode,
+            mode=choice.mode,
+            parser=choice.parser,
+            mode_reason=choice.reason,
             rollout=rollout,
             batching=BatchConfig(
                 window_ms=self.batch_window_ms, max_batch_size=self.max_batch_size
@@ -562,12 +600,28 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
         return settings
 
 
+_TOKEN_SERVER_TYPES = frozenset({"vllm", "sglang"})
+DEFAULT_PARSER = "hermes"
+"""Managed mode's parser when a vLLM or SGLang server is configured and none is named."""
+
+
+@attrs.frozen(kw_only=True)
+class ModeChoice:
+    """The model mode in effect, its parser, and why (``AgentEnvConfig.mode_for``)."""
+
+    mode: Literal["openai", "managed"]
+    parser: str | None
+    reason: str
+
+
 @attrs.frozen(kw_only=True)
 class RolloutSettings:
     """What ``AgentEnvConfig.settings`` checked, as domain values.
 
     Attributes:
         mode: ``openai`` or ``managed``.
+        parser: Managed mode's tool-call parser (``None`` in OpenAI mode).
+        mode_reason: Why this mode (for the start-up log).
         rollout: How each trajectory runs (limits, sampling, timeouts, the deadline).
         batching: The tool dispatcher's batch window and size.
         toolsets: Which toolsets each group draws.
@@ -578,6 +632,8 @@ class RolloutSettings:
     mode: Literal["openai", "managed"]
     rollout: RolloutConfig
     batching: BatchConfig
+    parser: str | None = None
+    mode_reason: str = "mode"
     toolsets: ToolsetSelection
     on_failure: OnFailure
     min_healthy: int | None
@@ -641,6 +697,12 @@ class ScoredGroup(TypedDict):
     group_overrides: dict[str, Any]
     overrides: list[MemberOverrides]
     images: None
+
+
+def _server_types(configs: object) -> tuple[str, ...]:
+    """The ``server_type`` of each ``--openai.*`` server (``APIServerConfig`` s or a baseline)."""
+    items = configs if isinstance(configs, list | tuple) else [configs]
+    return tuple(str(t) for c in items if (t := getattr(c, "server_type", None)) is not None)
 
 
 def _chat_dicts(messages: Sequence[Message]) -> list[dict[str, Any]]:
@@ -808,9 +870,11 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
     ) -> None:
         if not isinstance(config, AgentEnvConfig):
             raise ConfigError("config", f"expected an AgentEnvConfig, got {type(config).__name__}")
-        self.settings: RolloutSettings = config.settings(self.toolset_distributions())
-        self._dataset: DatasetRows | None = self._load_dataset(config)
         self.server_configs: object = ServerBaseline() if server_configs is None else server_configs
+        self.settings: RolloutSettings = config.settings(
+            self.toolset_distributions(), server_types=_server_types(self.server_configs)
+        )
+        self._dataset: DatasetRows | None = self._load_dataset(config)
         super().__init__(config, self.server_configs, slurm=slurm, testing=testing)
         self._services: RolloutServices | None = None
         self._template: ChatTemplate | None = None
@@ -1064,7 +1128,7 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
         """The model side for ``mode``: ``ChatPolicy`` (with the template, for inexact tokens)
         or ``TokenPolicy`` (exact tokens, the configured parser)."""
         if self.settings.mode == "managed":
-            parser_name = self.config.tool_call_parser
+            parser_name = self.settings.parser
             assert parser_name is not None  # settings() checked it
             return TokenPolicy(
                 server=token if token is not None else self.make_token_server(),
@@ -1113,6 +1177,7 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
         if self._services is not None:
             yield self._services
             return
+        log.info("%s", self.mode_line())
         # Synchronous tool_registry() tools run in anyio's default worker threads.
         anyio.to_thread.current_default_thread_limiter().total_tokens = self.config.tool_threads
         async with contextlib.AsyncExitStack() as stack:
@@ -1172,8 +1237,30 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
             with anyio.move_on_after(30, shield=True):
                 await asyncio.gather(*workers, return_exceptions=True)
 
+    def mode_line(self) -> str:
+        """One line for the start-up log: the mode, why, and whether tokens are exact."""
+        settings = self.settings
+        if settings.mode == "managed":
+            return (
+                f"model mode managed ({settings.mode_reason}), parser {settings.parser}: "
+                "tokens are exact (the sampled ids and their logprobs)"
+            )
+        return (
+            f"model mode openai ({settings.mode_reason}): tokens are NOT exact (re-rendered "
+            "from the conversation): fit for SFT and evaluation, not for on-policy RL"
+        )
+
     async def env_manager(self) -> None:
-        """``serve``: Atropos's loop, inside the rollout services."""
+        """``serve``: Atropos's loop, inside the rollout services.
+
+        ``serve`` feeds a trainer, so OpenAI mode's inexact tokens are warned about here, once.
+        """
+        if self.settings.mode == "openai":
+            log.warning(
+                "serve sends inexact tokens to the trainer: %s. For RL set an --openai.server_type "
+                "of vllm or sglang (or tool_call_parser) so that mode auto picks managed mode",
+                self.mode_line(),
+            )
         await self._run_with_services(super().env_manager)
 
     async def process_manager(self) -> None:
