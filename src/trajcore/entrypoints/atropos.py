@@ -61,6 +61,13 @@ Rules this module keeps:
   They are anyio services, so they are opened and closed in the run's main task
   (``rollout_services``). A worker that Atropos cancels releases its slots on the way out.
 
+- **Types that hold.** ``AgentEnv`` and ``AgentEnvConfig`` inherit atroposlib's bases through
+  typed faces (``atropos_bases``), so mypy --strict sees a misspelt config field or hook, and a
+  wrong hook signature; ``AgentEnv[Item, MyConfig]`` types ``self.config`` as ``MyConfig``.
+- **Seed settings port.** Every setting name of atropos-agent and hermes-agent is accepted with
+  its meaning and one ``SeedSettingWarning`` (``seed_settings``); any other unknown name is a
+  ``ConfigError`` with the closest known name (``docs/porting.md``).
+
 Injection points for tests and notebooks: override ``make_pool``, ``make_chat_server``,
 ``make_token_server`` or ``make_tool_server`` in a subclass (fakes in ``trajcore.adapters.fakes``),
 or pass ``policy=``, ``pool=`` and ``tool_server=`` to ``run_task``, which runs one item as one
@@ -81,18 +88,18 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any, Generic, Literal, TypedDict, TypeVar, cast
+from typing import Any, Generic, Literal, TypedDict, cast
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 import attrs
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig  # type: ignore[import-untyped]
 from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[import-untyped]
     APIServerConfig,
     ServerBaseline,
 )
 from pydantic import Field, ValidationError, field_validator, model_validator
+from typing_extensions import TypeVar
 
 from trajcore.adapters.llm.atropos import (
     ServerManagerChatServer,
@@ -122,6 +129,7 @@ from trajcore.domain.toolsets import (
     ToolsetSelection,
     select_specs,
 )
+from trajcore.entrypoints.atropos_bases import BaseEnv, BaseEnvConfig
 from trajcore.entrypoints.dataset_rows import DatasetRows, load_rows
 from trajcore.entrypoints.idle_slots import IdleLimitedPolicy
 from trajcore.entrypoints.seed_settings import translate_seed_fields
@@ -155,6 +163,10 @@ __all__ = [
 log = logging.getLogger("trajcore.env")
 
 ItemT = TypeVar("ItemT")
+ConfigT = TypeVar(
+    "ConfigT", bound="AgentEnvConfig", default="AgentEnvConfig", covariant=True
+)
+"""The env's config class: ``AgentEnv[Item, MyConfig]`` types ``self.config`` as ``MyConfig``."""
 
 Mode = Literal["auto", "openai", "managed"]
 
@@ -232,7 +244,7 @@ _NOMAD_FIELDS: dict[str, str] = {
 }  # fmt: skip
 
 
-class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is untyped
+class AgentEnvConfig(BaseEnvConfig):
     """An agent env's settings: Atropos's ``BaseEnvConfig`` plus trajcore's (section 7).
 
     Every field can be given as ``--env.<field>`` on the command line or under ``env:`` in the
@@ -846,7 +858,7 @@ class _Counters:
 # ================================================================================== the env
 
 
-class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is untyped
+class AgentEnv(BaseEnv, Generic[ItemT, ConfigT]):
     """An Atropos env whose groups are agent trajectories in sandbox slots; see the module doc.
 
     Hooks to write: ``get_next_item``, ``build_task``, ``verify_and_score``; optionally
@@ -858,12 +870,12 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
         ConfigError: an invalid setting, naming its field, before the tokenizer is loaded.
     """
 
-    env_config_cls = AgentEnvConfig
-    config: AgentEnvConfig
+    env_config_cls: type[AgentEnvConfig] = AgentEnvConfig
+    config: ConfigT
 
     def __init__(
         self,
-        config: AgentEnvConfig,
+        config: ConfigT,
         server_configs: object = None,
         slurm: bool = False,
         testing: bool = False,
