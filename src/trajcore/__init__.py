@@ -50,9 +50,16 @@ if TYPE_CHECKING:
         ScoredGroup,
         render_transcript,
     )
+    from trajcore.entrypoints.item_limits import ItemLimits
+    from trajcore.entrypoints.seed_settings import SeedSettingWarning
     from trajcore.rollout.group import GroupResult
     from trajcore.rollout.tools import SlotTools
-    from trajcore.rollout.trajectory import TrajectoryResult
+    from trajcore.rollout.trajectory import (
+        ScoreAnswer,
+        ToolExchange,
+        TrajectoryResult,
+        Transcript,
+    )
 
 __all__ = [
     "JSON",
@@ -66,16 +73,20 @@ __all__ = [
     "GroupStatus",
     "InfrastructureError",
     "InvalidInput",
+    "ItemLimits",
     "JSONObject",
     "MemberOverrides",
     "Message",
     "SandboxUnavailable",
+    "ScoreAnswer",
     "ScoredGroup",
+    "SeedSettingWarning",
     "SlotTools",
     "StateError",
     "ToolArgumentError",
     "ToolCall",
     "ToolContext",
+    "ToolExchange",
     "ToolOutcome",
     "ToolRegistry",
     "ToolResult",
@@ -87,6 +98,7 @@ __all__ = [
     "TrajcoreError",
     "TrajectoryResult",
     "TrajectoryStatus",
+    "Transcript",
     "render_transcript",
 ]
 

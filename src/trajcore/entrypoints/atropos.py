@@ -8,10 +8,11 @@ few typed hooks, and runs ``python my_env.py serve|process|evaluate`` as with an
 
         async def get_next_item(self) -> Task: ...
         def build_task(self, item: Task) -> str: ...                    # or a list of Messages
-        async def prepare_workspace(self, item: Task, tools: SlotTools) -> None: ...
+        async def prepare_workspace(self, item: Task, tools: SlotTools) -> JSONObject | None: ...
         async def verify_and_score(
-            self, item: Task, tools: SlotTools, messages: Sequence[Message]
-        ) -> float: ...
+            self, item: Task, tools: SlotTools, messages: Transcript
+        ) -> float | tuple[float, JSONObject]: ...
+        def item_limits(self, item: Task) -> ItemLimits | None: ...   # turns, tokens, deadline
 
     if __name__ == "__main__":
         FixEnv.cli()
@@ -45,7 +46,8 @@ Rules this module keeps:
   tokens are exact: ``group_overrides["token_exact"]`` and ``overrides[i]["token_exact"]``; an
   OpenAI-mode group carries ``False`` there and no ``inference_logprobs`` (it is fit for SFT and
   evaluation, not for on-policy RL). Each member's ``overrides[i]["trajcore"]`` holds its id, stop
-  reason, turns, tool calls and tool errors.
+  reason, turns, tool calls and tool errors, and the metadata its prepare and score hooks
+  returned (``prepare_metadata``, ``score_metadata``), which the log shows too.
 - **Failures are not zeros.** Members that failed for infrastructure reasons (sandbox, slot
   server, tool server, model server) are never scored; ``on_failure`` drops such a group or keeps
   its healthy members (when at least ``min_healthy`` remain). A kept partial group is sent with
@@ -132,6 +134,7 @@ from trajcore.domain.toolsets import (
 from trajcore.entrypoints.atropos_bases import BaseEnv, BaseEnvConfig
 from trajcore.entrypoints.dataset_rows import DatasetRows, load_rows
 from trajcore.entrypoints.idle_slots import IdleLimitedPolicy
+from trajcore.entrypoints.item_limits import ItemLimits
 from trajcore.entrypoints.seed_settings import translate_seed_fields
 from trajcore.entrypoints.tool_server import make_app
 from trajcore.ports.chat_server import ChatServer
@@ -145,8 +148,10 @@ from trajcore.rollout.policy import ChatPolicy, Policy, TokenPolicy
 from trajcore.rollout.tools import SlotTools
 from trajcore.rollout.trajectory import (
     RolloutConfig,
+    ScoreAnswer,
     TrajectoryHooks,
     TrajectoryResult,
+    Transcript,
     run_trajectory,
 )
 
@@ -163,9 +168,7 @@ __all__ = [
 log = logging.getLogger("trajcore.env")
 
 ItemT = TypeVar("ItemT")
-ConfigT = TypeVar(
-    "ConfigT", bound="AgentEnvConfig", default="AgentEnvConfig", covariant=True
-)
+ConfigT_co = TypeVar("ConfigT_co", bound="AgentEnvConfig", default="AgentEnvConfig", covariant=True)
 """The env's config class: ``AgentEnv[Item, MyConfig]`` types ``self.config`` as ``MyConfig``."""
 
 Mode = Literal["auto", "openai", "managed"]
@@ -738,6 +741,8 @@ def _member_story(member: TrajectoryResult) -> dict[str, Any]:
         "drift_tokens": None
         if member.drift is None
         else member.drift.ledger_only_tokens + member.drift.rendered_only_tokens,
+        "prepare_metadata": member.prepare_metadata,
+        "score_metadata": member.score_metadata,
     }
 
 
@@ -858,7 +863,7 @@ class _Counters:
 # ================================================================================== the env
 
 
-class AgentEnv(BaseEnv, Generic[ItemT, ConfigT]):
+class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
     """An Atropos env whose groups are agent trajectories in sandbox slots; see the module doc.
 
     Hooks to write: ``get_next_item``, ``build_task``, ``verify_and_score``; optionally
@@ -871,11 +876,11 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT]):
     """
 
     env_config_cls: type[AgentEnvConfig] = AgentEnvConfig
-    config: ConfigT
+    config: ConfigT_co
 
     def __init__(
         self,
-        config: ConfigT,
+        config: ConfigT_co,
         server_configs: object = None,
         slurm: bool = False,
         testing: bool = False,
@@ -949,14 +954,30 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT]):
         )
         return DatasetRows(rows=rows, prompt_field=config.prompt_field)
 
-    async def prepare_workspace(self, item: ItemT, tools: SlotTools) -> None:
-        """Set up the slot before the first turn (write files, clone a repository)."""
+    async def prepare_workspace(self, item: ItemT, tools: SlotTools) -> JSONObject | None:
+        """Set up the slot before the first turn (write files, clone a repository).
+
+        May return metadata (a JSON object): the score hook sees it
+        (``messages.prepare_metadata``), and the member's overrides and the log keep it.
+        """
+        return None
+
+    def item_limits(self, item: ItemT) -> ItemLimits | None:
+        """Limits for ``item``'s trajectories (turns, tokens per turn, deadline), or ``None``
+        for the config's. Called once per group."""
+        return None
 
     @abc.abstractmethod
     async def verify_and_score(
-        self, item: ItemT, tools: SlotTools, messages: Sequence[Message]
-    ) -> float:
-        """Check the work in the very slot the model used, and return a finite score.
+        self, item: ItemT, tools: SlotTools, messages: Transcript
+    ) -> ScoreAnswer:
+        """Check the work in the very slot the model used, and return a finite score, or
+        ``(score, metadata)`` with a JSON object the member's overrides and the log keep.
+
+        ``messages`` is the conversation (a ``Sequence[Message]``, so an override may take
+        that) and the trajectory's story: ``trajectory_id``, ``stats`` (turns, stop reason,
+        tool calls and errors), ``exchanges`` (each tool call with its result),
+        ``final_response``, ``reasoning``, ``tool_errors`` and ``prepare_metadata``.
 
         Runs only when the trajectory ended healthy and the model produced something. A
         ``TrajcoreError`` raised here (e.g. ``ToolServerError`` from ``tools.read_file``) marks
@@ -1323,12 +1344,15 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT]):
         drawn = self.settings.toolsets.draw(services.catalog, self._rng)
         specs = select_specs(drawn.tools, services.specs)
         rollout = self.settings.rollout
+        limits = self.item_limits(item)
+        if limits is not None:
+            rollout = limits.apply(rollout)
 
-        async def prepare(tools: SlotTools) -> None:
-            await self.prepare_workspace(item, tools)
+        async def prepare(tools: SlotTools) -> JSONObject | None:
+            return await self.prepare_workspace(item, tools)
 
-        async def score(tools: SlotTools, conversation: Sequence[Message]) -> float:
-            return await self.verify_and_score(item, tools, conversation)
+        async def score(tools: SlotTools, transcript: Transcript) -> ScoreAnswer:
+            return await self.verify_and_score(item, tools, transcript)
 
         hooks = TrajectoryHooks(prepare=prepare, score=score)
         idle_s = self.config.slot_idle_timeout_s
@@ -1509,6 +1533,13 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT]):
             group.duration_s,
         )
         for member in group.members:
+            if member.prepare_metadata is not None or member.score_metadata is not None:
+                log.info(
+                    "trajectory %s metadata: prepare %s, score %s",
+                    member.trajectory_id,
+                    json.dumps(member.prepare_metadata, sort_keys=True),
+                    json.dumps(member.score_metadata, sort_keys=True),
+                )
             if not member.outcome.status.healthy:
                 log.warning(
                     "trajectory %s failed (%s): %s",
