@@ -54,9 +54,12 @@ Rules this module keeps:
   ``group_overrides["group_size"]`` set to the number of members it holds, because Atropos
   silently discards a group whose size differs from the configured one. A dropped group is
   ``None``, with the reason in the log.
-- **Tool errors are counted and logged.** Every group's tool errors, parse errors and failed
-  members go to the log; with wandb on, ``wandb_log`` adds them as ``trajcore/*`` metrics and
-  the rollout table shows each conversation with its tool calls and results as readable text.
+- **Tool errors are counted and logged.** Every group's tool errors, parse errors, failed
+  members and token drift go to the log (one line per group); ``wandb_log`` adds them as
+  ``trajcore/*`` metrics, hermes-agent's ``train/tool_errors_count`` and
+  ``train/tool_error_details``, and the pool's and dispatcher's statistics
+  (``trajcore/pool/*``, ``trajcore/dispatcher/*``); the rollout table shows each conversation
+  with its tool calls and results as readable text.
 - **Services live as long as the run.** The sandbox pool, the batching tool dispatcher, the tool
   server client and the model adapters are built once when ``serve``, ``process`` or
   ``evaluate`` starts (before ``setup``), shared by every group, and closed when the run ends.
@@ -149,6 +152,7 @@ from trajcore.rollout.tools import SlotTools
 from trajcore.rollout.trajectory import (
     RolloutConfig,
     ScoreAnswer,
+    ToolExchange,
     TrajectoryHooks,
     TrajectoryResult,
     Transcript,
@@ -714,6 +718,16 @@ class ScoredGroup(TypedDict):
     images: None
 
 
+def _drift_words(group: GroupResult) -> str:
+    """The group's token drift for its log line (``docs/tokens.md``)."""
+    drifts = [m.drift for m in group.members if m.drift is not None]
+    if not drifts:
+        return "drift not measured (tokens not exact)"
+    drifted = sum(not d.exact for d in drifts)
+    tokens = sum(d.ledger_only_tokens + d.rendered_only_tokens for d in drifts)
+    return f"drift {drifted}/{len(drifts)} members, {tokens} tokens"
+
+
 def _server_types(configs: object) -> tuple[str, ...]:
     """The ``server_type`` of each ``--openai.*`` server (``APIServerConfig`` s or a baseline)."""
     items = configs if isinstance(configs, list | tuple) else [configs]
@@ -795,6 +809,30 @@ class RolloutServices:
     catalog: ToolsetCatalog
 
 
+_MAX_ERROR_DETAILS = 200
+
+
+def _error_summary(exchange: ToolExchange) -> str:
+    """One failed call as hermes summarised it: ``[turn N] tool(args) -> error``."""
+    error = f"{exchange.result.outcome.value}: {exchange.result.error or ''}"
+    return (
+        f"[turn {exchange.turn}] {exchange.call.name}({exchange.call.arguments_json()[:80]}) "
+        f"-> {error[:150]}"
+    )
+
+
+def _statistics_metrics(prefix: str, statistics: object) -> dict[str, float]:
+    """The numeric fields of a ``statistics()`` snapshot (an attrs class) as ``prefix/<field>``."""
+    if not attrs.has(type(statistics)):
+        return {}
+    values = attrs.asdict(statistics, recurse=False)  # type: ignore[arg-type]  # checked above
+    return {
+        f"{prefix}/{name}": float(value)
+        for name, value in values.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
+
+
 @attrs.define
 class _Counters:
     """Counts since the last ``wandb_log``."""
@@ -812,10 +850,14 @@ class _Counters:
     drifted: int = 0
     drift_tokens: int = 0
     measured: int = 0
+    error_details: list[str] = attrs.field(factory=list)
 
     def record(self, group: GroupResult) -> None:
         self.groups += 1
         for member in group.members:
+            for exchange in member.exchanges:
+                if not exchange.result.ok:
+                    self.error_details.append(_error_summary(exchange))
             stats = member.stats
             self.trajectories += 1
             status = member.outcome.status.value
@@ -834,8 +876,16 @@ class _Counters:
                     member.drift.ledger_only_tokens + member.drift.rendered_only_tokens
                 )
 
+    def details(self) -> str:
+        """hermes's ``train/tool_error_details``: one line per failed call (the first
+        ``_MAX_ERROR_DETAILS``, then how many more)."""
+        lines = self.error_details[:_MAX_ERROR_DETAILS]
+        more = len(self.error_details) - len(lines)
+        return "\n".join([*lines, f"... and {more} more"] if more else lines)
+
     def metrics(self) -> dict[str, float]:
         out: dict[str, float] = {
+            "train/tool_errors_count": len(self.error_details),
             "trajcore/groups": self.groups,
             "trajcore/groups_sent": self.groups_sent,
             "trajcore/groups_partial": self.groups_partial,
@@ -1522,13 +1572,14 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         calls = sum(m.stats.tool_calls for m in group.members)
         errors = sum(m.stats.tool_errors.total for m in group.members)
         log.info(
-            "group %s (%s): %s, scores %s, %d tool calls, %d tool errors, toolsets %s, %.1fs",
+            "group %s (%s): %s, scores %s, %d tool calls, %d tool errors, %s, toolsets %s, %.1fs",
             group.group_id,
             verdict.status.value,
             verdict.detail,
             list(verdict.member_scores),
             calls,
             errors,
+            _drift_words(group),
             list(toolsets),
             group.duration_s,
         )
@@ -1562,14 +1613,38 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
 
     def tool_error_metrics(self) -> dict[str, float]:
         """The ``trajcore/*`` counters since the last ``wandb_log`` (groups, trajectories by
-        status, tool calls, tool errors by outcome, parse errors, token drift)."""
+        status, tool calls, tool errors by outcome, parse errors, token drift), and hermes's
+        ``train/tool_errors_count``."""
         return self._counters.metrics()
 
+    def service_metrics(self) -> dict[str, float]:
+        """The pool's and the dispatcher's statistics now, as ``trajcore/pool/*`` (slots free,
+        leased, resetting, quarantined, draining, waiting, leases granted and expired,
+        containers) and ``trajcore/dispatcher/*`` (batches, calls, failed batches, withdrawn
+        calls, largest batch, calls per batch); empty while no services are open."""
+        services = self._services
+        if services is None:
+            return {}
+        out = _statistics_metrics("trajcore/pool", services.pool.statistics())
+        dispatcher = _statistics_metrics("trajcore/dispatcher", services.dispatcher.statistics())
+        if dispatcher.get("trajcore/dispatcher/batches"):
+            dispatcher["trajcore/dispatcher/calls_per_batch"] = (
+                dispatcher["trajcore/dispatcher/calls"] / dispatcher["trajcore/dispatcher/batches"]
+            )
+        out.update(dispatcher)
+        return out
+
     async def wandb_log(self, wandb_metrics: dict[str, Any] | None = None) -> None:
-        """Atropos's metrics plus the ``trajcore/*`` counters, which then start again."""
+        """Atropos's metrics plus the ``trajcore/*`` counters (which then start again), the
+        pool's and dispatcher's statistics, and hermes's ``train/tool_errors_count`` and
+        ``train/tool_error_details`` (one line per failed call since the last log)."""
         metrics = dict(wandb_metrics or {})
-        metrics.update(self._counters.metrics())
-        log.info("trajcore metrics: %s", json.dumps(self._counters.metrics(), sort_keys=True))
+        counted = {**self._counters.metrics(), **self.service_metrics()}
+        metrics.update(counted)
+        details = self._counters.details()
+        if details:
+            metrics["train/tool_error_details"] = details
+        log.info("trajcore metrics: %s", json.dumps(counted, sort_keys=True))
         self._counters = _Counters()
         await super().wandb_log(metrics)
 
