@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow  # type: ignore[import-untyped]  # pyarrow ships no types
 import pyarrow.parquet  # type: ignore[import-untyped]
 import pytest
+from atroposlib.utils.cli import merge_dicts  # type: ignore[import-untyped]
 
 from tests.unit.test_agent_env import QWEN, FileEnv, _alternating_chat, _config, _turn
 from trajcore.adapters.fakes import FakeChatServer, FakeSandboxPool, LLMFault
@@ -205,7 +206,8 @@ def test_a_backend_without_a_pool_is_refused_naming_it(field: str, value: str) -
 def test_a_seed_name_wins_over_the_defaults_atropos_merges_it_onto() -> None:
     defaults = AgentEnvConfig(tokenizer_name=QWEN)
     # What Atropos's CLI does with a YAML ``env:`` block: the defaults' dump, the YAML on top.
-    merged = {**defaults.model_dump(), "agent_max_steps": 7, "terminal_timeout": 33}
+    yaml_env = {"agent_max_steps": 7, "terminal_timeout": 33}
+    merged = merge_dicts(defaults.model_dump(), yaml_env, {})
     with pytest.warns(SeedSettingWarning) as caught:
         config = type(defaults)(**merged)
     assert len(caught) == 2

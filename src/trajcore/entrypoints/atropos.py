@@ -937,6 +937,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
     ) -> None:
         if not isinstance(config, AgentEnvConfig):
             raise ConfigError("config", f"expected an AgentEnvConfig, got {type(config).__name__}")
+        self.config = config  # for toolset_distributions() and the dataset, before Atropos's
         self.server_configs: object = ServerBaseline() if server_configs is None else server_configs
         self.settings: RolloutSettings = config.settings(
             self.toolset_distributions(), server_types=_server_types(self.server_configs)
