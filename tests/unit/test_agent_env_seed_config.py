@@ -430,3 +430,18 @@ async def test_a_registry_and_a_remote_tool_server_fail_at_start_naming_both() -
     assert caught.value.field == "tool_server_url"
     assert "tool_registry()" in caught.value.reason
     assert "http://tools.example:9000" in caught.value.reason
+
+
+async def test_the_builtin_get_next_item_reads_a_saved_hugging_face_dataset(
+    tmp_path: Path,
+) -> None:
+    import datasets  # type: ignore[import-untyped]  # datasets ships no types
+
+    folder = tmp_path / "saved"
+    rows = [{"prompt": "say epsilon", "answer": "epsilon"}]
+    datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)}).save_to_disk(str(folder))
+    env = RowsEnv(_rows_config(folder, dataset_split="test"))
+    assert await env.get_next_item() == rows[0]
+    with pytest.raises(ConfigError) as caught:
+        RowsEnv(_rows_config(folder, dataset_split="train"))
+    assert caught.value.field == "dataset_split"
