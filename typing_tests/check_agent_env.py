@@ -36,7 +36,7 @@ class TaskConfig(AgentEnvConfig):
     tasks_file: str = "tasks.jsonl"
 
 
-class TaskEnv(AgentEnv[Task]):
+class TaskEnv(AgentEnv[Task, TaskConfig]):
     name = "tasks"
     env_config_cls = TaskConfig
 
@@ -49,6 +49,8 @@ class TaskEnv(AgentEnv[Task]):
         self.tasks = [Task(prompt="say hi", expected="hi")]
 
     async def get_next_item(self) -> Task:
+        tasks_file: str = self.config.tasks_file  # the subclass's own field, typed, no cast
+        del tasks_file
         return self.tasks[0]
 
     def build_task(self, item: Task) -> list[Message]:
@@ -126,5 +128,7 @@ def check_config_fields_are_typed() -> None:
     mode: str = config.resolved_mode
     file: str = config.tasks_file
     env = TaskEnv(config)
-    same: AgentEnvConfig = env.config
-    del turns, parser, mode, file, same
+    same: TaskConfig = env.config
+    base: AgentEnv[Task] = env  # the config parameter defaults to AgentEnvConfig
+    general: AgentEnvConfig = base.config
+    del turns, parser, mode, file, same, general

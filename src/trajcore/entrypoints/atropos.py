@@ -8,10 +8,11 @@ few typed hooks, and runs ``python my_env.py serve|process|evaluate`` as with an
 
         async def get_next_item(self) -> Task: ...
         def build_task(self, item: Task) -> str: ...                    # or a list of Messages
-        async def prepare_workspace(self, item: Task, tools: SlotTools) -> None: ...
+        async def prepare_workspace(self, item: Task, tools: SlotTools) -> JSONObject | None: ...
         async def verify_and_score(
-            self, item: Task, tools: SlotTools, messages: Sequence[Message]
-        ) -> float: ...
+            self, item: Task, tools: SlotTools, messages: Transcript
+        ) -> float | tuple[float, JSONObject]: ...
+        def item_limits(self, item: Task) -> ItemLimits | None: ...   # turns, tokens, deadline
 
     if __name__ == "__main__":
         FixEnv.cli()
@@ -31,32 +32,46 @@ Rules this module keeps:
   whether the Nomad agent answers is checked when the pool starts (``NomadUnavailable``, naming
   ``address`` or ``token``).
 - **Two model modes, one switch.** ``mode`` is ``"openai"``, ``"managed"`` or ``"auto"`` (the
-  default). ``auto`` means managed exactly when ``tool_call_parser`` is set: trajcore renders the
-  chat template with the env's tokenizer, samples token ids through the ``--openai.*`` server's
-  token endpoint, keeps the sampled ids and logprobs verbatim and parses tool calls itself. In
-  OpenAI mode the server templates and parses; tokens are re-rendered from the conversation and
-  are not the sampled ones.
+  default). ``auto`` means managed when an ``--openai.*`` server's ``server_type`` is ``vllm`` or
+  ``sglang`` (as hermes-agent chose; the parser defaults to ``hermes`` there) or when
+  ``tool_call_parser`` is set, and OpenAI mode otherwise. Managed: trajcore renders the chat
+  template with the env's tokenizer, samples token ids through the server's token endpoint,
+  keeps the sampled ids and logprobs verbatim and parses tool calls itself. OpenAI mode: the
+  server templates and parses; tokens are re-rendered from the conversation and are not the
+  sampled ones. The start-up log says the mode, why, and whether tokens are exact; ``serve``
+  (which feeds a trainer) warns once when they are not.
 - **What the trainer gets.** ``tokens`` and ``masks`` of equal length per member (``-100``
   outside the model's completions), ``scores``, ``messages`` (OpenAI chat dicts, tool calls and
   results included), and in managed mode ``inference_logprobs``. Every group says whether its
   tokens are exact: ``group_overrides["token_exact"]`` and ``overrides[i]["token_exact"]``; an
   OpenAI-mode group carries ``False`` there and no ``inference_logprobs`` (it is fit for SFT and
   evaluation, not for on-policy RL). Each member's ``overrides[i]["trajcore"]`` holds its id, stop
-  reason, turns, tool calls and tool errors.
+  reason, turns, tool calls and tool errors, and the metadata its prepare and score hooks
+  returned (``prepare_metadata``, ``score_metadata``), which the log shows too.
 - **Failures are not zeros.** Members that failed for infrastructure reasons (sandbox, slot
   server, tool server, model server) are never scored; ``on_failure`` drops such a group or keeps
   its healthy members (when at least ``min_healthy`` remain). A kept partial group is sent with
   ``group_overrides["group_size"]`` set to the number of members it holds, because Atropos
   silently discards a group whose size differs from the configured one. A dropped group is
   ``None``, with the reason in the log.
-- **Tool errors are counted and logged.** Every group's tool errors, parse errors and failed
-  members go to the log; with wandb on, ``wandb_log`` adds them as ``trajcore/*`` metrics and
-  the rollout table shows each conversation with its tool calls and results as readable text.
+- **Tool errors are counted and logged.** Every group's tool errors, parse errors, failed
+  members and token drift go to the log (one line per group); ``wandb_log`` adds them as
+  ``trajcore/*`` metrics, hermes-agent's ``train/tool_errors_count`` and
+  ``train/tool_error_details``, and the pool's and dispatcher's statistics
+  (``trajcore/pool/*``, ``trajcore/dispatcher/*``); the rollout table shows each conversation
+  with its tool calls and results as readable text.
 - **Services live as long as the run.** The sandbox pool, the batching tool dispatcher, the tool
   server client and the model adapters are built once when ``serve``, ``process`` or
   ``evaluate`` starts (before ``setup``), shared by every group, and closed when the run ends.
   They are anyio services, so they are opened and closed in the run's main task
   (``rollout_services``). A worker that Atropos cancels releases its slots on the way out.
+
+- **Types that hold.** ``AgentEnv`` and ``AgentEnvConfig`` inherit atroposlib's bases through
+  typed faces (``atropos_bases``), so mypy --strict sees a misspelt config field or hook, and a
+  wrong hook signature; ``AgentEnv[Item, MyConfig]`` types ``self.config`` as ``MyConfig``.
+- **Seed settings port.** Every setting name of atropos-agent and hermes-agent is accepted with
+  its meaning and one ``SeedSettingWarning`` (``seed_settings``); any other unknown name is a
+  ``ConfigError`` with the closest known name (``docs/porting.md``).
 
 Injection points for tests and notebooks: override ``make_pool``, ``make_chat_server``,
 ``make_token_server`` or ``make_tool_server`` in a subclass (fakes in ``trajcore.adapters.fakes``),
@@ -78,17 +93,18 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any, Generic, Literal, TypedDict, TypeVar, cast
+from typing import Any, Generic, Literal, TypedDict, cast
 
 import anyio
 import anyio.lowlevel
+import anyio.to_thread
 import attrs
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig  # type: ignore[import-untyped]
 from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[import-untyped]
     APIServerConfig,
     ServerBaseline,
 )
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+from typing_extensions import TypeVar
 
 from trajcore.adapters.generation_config import generation_stop_ids
 from trajcore.adapters.llm.atropos import (
@@ -112,12 +128,18 @@ from trajcore.domain.slot_server_flags import SlotServerFlags
 from trajcore.domain.token_ledger import ChatTemplate
 from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser
 from trajcore.domain.toolsets import (
+    DistributionRegistry,
     Toolset,
     ToolsetCatalog,
     ToolsetDistribution,
     ToolsetSelection,
     select_specs,
 )
+from trajcore.entrypoints.atropos_bases import BaseEnv, BaseEnvConfig
+from trajcore.entrypoints.dataset_rows import DatasetRows, load_rows
+from trajcore.entrypoints.idle_slots import IdleLimitedPolicy
+from trajcore.entrypoints.item_limits import ItemLimits
+from trajcore.entrypoints.seed_settings import translate_seed_fields
 from trajcore.entrypoints.tool_server import make_app
 from trajcore.ports.chat_server import ChatServer
 from trajcore.ports.sandbox_pool import SandboxPool
@@ -130,8 +152,11 @@ from trajcore.rollout.policy import ChatPolicy, Policy, TokenPolicy
 from trajcore.rollout.tools import SlotTools
 from trajcore.rollout.trajectory import (
     RolloutConfig,
+    ScoreAnswer,
+    ToolExchange,
     TrajectoryHooks,
     TrajectoryResult,
+    Transcript,
     run_trajectory,
 )
 
@@ -148,6 +173,8 @@ __all__ = [
 log = logging.getLogger("trajcore.env")
 
 ItemT = TypeVar("ItemT")
+ConfigT_co = TypeVar("ConfigT_co", bound="AgentEnvConfig", default="AgentEnvConfig", covariant=True)
+"""The env's config class: ``AgentEnv[Item, MyConfig]`` types ``self.config`` as ``MyConfig``."""
 
 Mode = Literal["auto", "openai", "managed"]
 
@@ -225,7 +252,7 @@ _NOMAD_FIELDS: dict[str, str] = {
 }  # fmt: skip
 
 
-class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is untyped
+class AgentEnvConfig(BaseEnvConfig):
     """An agent env's settings: Atropos's ``BaseEnvConfig`` plus trajcore's (section 7).
 
     Every field can be given as ``--env.<field>`` on the command line or under ``env:`` in the
@@ -243,7 +270,8 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
         default="auto",
         description="openai: the server templates and parses (tokens not exact); managed: "
         "trajcore renders, samples token ids, parses calls (exact tokens and logprobs); "
-        "auto: managed when tool_call_parser is set, else openai.",
+        "auto: managed for a vllm/sglang server type or when tool_call_parser is set, "
+        "else openai.",
     )
     tool_call_parser: str | None = Field(
         default=None,
@@ -296,7 +324,12 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
     # -- agent
     max_turns: int = Field(default=30, ge=1, description="Most assistant turns per trajectory.")
     agent_temperature: float = Field(default=1.0, ge=0, description="Sampling temperature.")
-    max_tokens: int = Field(default=4096, ge=1, description="Most tokens sampled per turn.")
+    max_tokens: int | None = Field(
+        default=4096,
+        ge=1,
+        description="Most tokens sampled per turn; None: no cap of its own, each turn may use "
+        "what is left of max_token_length.",
+    )
     tool_delay_s: float = Field(default=0.0, ge=0, description="Pause before each tool batch.")
     system_prompt: str | None = Field(default=None, description="Prepended to every task.")
     terminal_timeout_s: float = Field(
@@ -307,6 +340,28 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
         gt=0,
         description="The trajectory's single deadline: slot wait, model, tools and scoring; "
         "below worker_timeout, after which Atropos cancels the whole group.",
+    )
+    slot_idle_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Idle lifetime of a slot: a trajectory whose slot waits longer than this for "
+        "one model turn ends (model_error, unscored). None: only slot_lifetime_s bounds it.",
+    )
+    tool_threads: int = Field(
+        default=40,
+        ge=1,
+        description="Worker threads for synchronous tool_registry() tools (calls beyond this "
+        "wait for a thread).",
+    )
+    # -- dataset (the built-in get_next_item and build_task)
+    dataset: str | None = Field(
+        default=None,
+        description="Rows for the built-in get_next_item: a local .jsonl or .parquet file, a "
+        "folder saved by datasets, or a Hugging Face dataset name (loaded offline).",
+    )
+    dataset_split: str = Field(default="train", description="The dataset's split.")
+    prompt_field: str = Field(
+        default="prompt", description="The row field the built-in build_task sends as the task."
     )
     extra_body: dict[str, Any] | str | None = Field(
         default=None, description="Passed verbatim in every model request body (JSON)."
@@ -320,7 +375,8 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
     )
     toolset_distribution: dict[str, float] | str | None = Field(
         default=None,
-        description="Per-group random toolsets: each included with its probability.",
+        description="Per-group random toolsets: each included with its probability, or the "
+        "name of one of the env's toolset_distributions().",
     )
     toolset_seed: int | None = Field(default=None, description="Seed of the toolset draws.")
     tool_server_url: str | None = Field(
@@ -344,6 +400,16 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
         except ValidationError as exc:
             raise _config_error(exc) from None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _seed_names_and_unknown_fields(cls, data: object) -> object:
+        """Seed names become their fields (one warning each); unknown names are refused."""
+        if not isinstance(data, Mapping):
+            return data
+        known = {*cls.model_fields}
+        known.update(f.alias for f in cls.model_fields.values() if f.alias)
+        return translate_seed_fields({str(k): v for k, v in data.items()}, known)
+
     @field_validator("enabled_toolsets", "disabled_toolsets", mode="before")
     @classmethod
     def _names_from_text(cls, value: object) -> object:
@@ -352,6 +418,8 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
     @field_validator("toolset_distribution", mode="before")
     @classmethod
     def _distribution_from_text(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().isidentifier():
+            return value.strip()  # the name of one of the env's toolset_distributions()
         return _json_or_pairs("toolset_distribution", value)
 
     @field_validator("extra_body", mode="before")
@@ -431,13 +499,47 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
 
     @property
     def resolved_mode(self) -> Literal["openai", "managed"]:
-        """The mode in effect: ``auto`` is managed exactly when ``tool_call_parser`` is set."""
-        if self.mode == "auto":
-            return "managed" if self.tool_call_parser else "openai"
-        return self.mode
+        """The mode in effect with no server type known (see ``mode_for``)."""
+        return self.mode_for(()).mode
 
-    def settings(self) -> RolloutSettings:
+    def mode_for(self, server_types: Sequence[str]) -> ModeChoice:
+        """The mode, parser and reason for servers of ``server_types`` (``--openai.*``).
+
+        ``auto``: managed when a server type is ``vllm`` or ``sglang`` (parser ``hermes``
+        unless ``tool_call_parser`` names another) or when ``tool_call_parser`` is set; OpenAI
+        mode otherwise.
+        """
+        token_servers = sorted({t for t in server_types if t in _TOKEN_SERVER_TYPES})
+        parser = self.tool_call_parser
+        if self.mode == "auto":
+            if token_servers:
+                return ModeChoice(
+                    mode="managed",
+                    parser=parser or DEFAULT_PARSER,
+                    reason=f"auto: server_type {'/'.join(token_servers)}",
+                )
+            if parser:
+                return ModeChoice(mode="managed", parser=parser, reason="auto: tool_call_parser")
+            return ModeChoice(mode="openai", parser=None, reason="auto: no token server type")
+        if self.mode == "managed":
+            return ModeChoice(
+                mode="managed",
+                parser=parser or (DEFAULT_PARSER if token_servers else None),
+                reason="mode",
+            )
+        return ModeChoice(mode="openai", parser=None, reason="mode")
+
+    def settings(
+        self,
+        distributions: DistributionRegistry | None = None,
+        *,
+        server_types: Sequence[str] = (),
+    ) -> RolloutSettings:
         """The checked domain values behind these settings.
+
+        ``distributions`` are the env's named toolset distributions, for a
+        ``toolset_distribution`` given by name; ``server_types`` the ``--openai.*`` servers'
+        types, for the mode (``mode_for``).
 
         Raises:
             ConfigError: a setting that cannot work, naming its field (a ``nomad_*`` field,
@@ -446,7 +548,8 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
         """
         if self.sandbox == "nomad":
             self.nomad_pool_config()
-        if self.resolved_mode == "managed" and not self.tool_call_parser:
+        choice = self.mode_for(server_types)
+        if choice.mode == "managed" and not choice.parser:
             raise ConfigError(
                 "tool_call_parser", f"managed mode parses tool calls itself: set one of "
                 f"{', '.join(PARSER_NAMES)}"
@@ -464,9 +567,15 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
                 "max_token_length", f"must be at least 2, got {self.max_token_length}"
             )
         distribution = None
-        if self.toolset_distribution is not None:
-            if not isinstance(self.toolset_distribution, Mapping):
-                raise ConfigError("toolset_distribution", "expected a mapping of toolset to p")
+        if isinstance(self.toolset_distribution, str):
+            if distributions is None:
+                raise ConfigError(
+                    "toolset_distribution",
+                    f"{self.toolset_distribution!r} names a distribution, and only an env's "
+                    "toolset_distributions() has names",
+                )
+            distribution = distributions.get(self.toolset_distribution)
+        elif self.toolset_distribution is not None:
             distribution = ToolsetDistribution(probabilities=dict(self.toolset_distribution))
         enabled = self.enabled_toolsets
         selection = ToolsetSelection(
@@ -480,7 +589,10 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
                 max_turns=self.max_turns, max_context_tokens=self.max_token_length
             ),
             sampling=SamplingParams(
-                max_tokens=self.max_tokens,
+                # None: no cap of its own; the loop caps each turn by the context left.
+                max_tokens=self.max_tokens
+                if self.max_tokens is not None
+                else self.max_token_length,
                 temperature=self.agent_temperature,
                 extra_body=extra_body,
             ),
@@ -492,7 +604,9 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
             max_token_length=self.max_token_length - 1,
         )
         settings = RolloutSettings(
-            mode=self.resolved_mode,
+            mode=choice.mode,
+            parser=choice.parser,
+            mode_reason=choice.reason,
             rollout=rollout,
             batching=BatchConfig(
                 window_ms=self.batch_window_ms, max_batch_size=self.max_batch_size
@@ -506,12 +620,28 @@ class AgentEnvConfig(BaseEnvConfig):  # type: ignore[misc]  # atroposlib is unty
         return settings
 
 
+_TOKEN_SERVER_TYPES = frozenset({"vllm", "sglang"})
+DEFAULT_PARSER = "hermes"
+"""Managed mode's parser when a vLLM or SGLang server is configured and none is named."""
+
+
+@attrs.frozen(kw_only=True)
+class ModeChoice:
+    """The model mode in effect, its parser, and why (``AgentEnvConfig.mode_for``)."""
+
+    mode: Literal["openai", "managed"]
+    parser: str | None
+    reason: str
+
+
 @attrs.frozen(kw_only=True)
 class RolloutSettings:
     """What ``AgentEnvConfig.settings`` checked, as domain values.
 
     Attributes:
         mode: ``openai`` or ``managed``.
+        parser: Managed mode's tool-call parser (``None`` in OpenAI mode).
+        mode_reason: Why this mode (for the start-up log).
         rollout: How each trajectory runs (limits, sampling, timeouts, the deadline).
         batching: The tool dispatcher's batch window and size.
         toolsets: Which toolsets each group draws.
@@ -522,6 +652,8 @@ class RolloutSettings:
     mode: Literal["openai", "managed"]
     rollout: RolloutConfig
     batching: BatchConfig
+    parser: str | None = None
+    mode_reason: str = "mode"
     toolsets: ToolsetSelection
     on_failure: OnFailure
     min_healthy: int | None
@@ -587,6 +719,22 @@ class ScoredGroup(TypedDict):
     images: None
 
 
+def _drift_words(group: GroupResult) -> str:
+    """The group's token drift for its log line (``docs/tokens.md``)."""
+    drifts = [m.drift for m in group.members if m.drift is not None]
+    if not drifts:
+        return "drift not measured (tokens not exact)"
+    drifted = sum(not d.exact for d in drifts)
+    tokens = sum(d.ledger_only_tokens + d.rendered_only_tokens for d in drifts)
+    return f"drift {drifted}/{len(drifts)} members, {tokens} tokens"
+
+
+def _server_types(configs: object) -> tuple[str, ...]:
+    """The ``server_type`` of each ``--openai.*`` server (``APIServerConfig`` s or a baseline)."""
+    items = configs if isinstance(configs, list | tuple) else [configs]
+    return tuple(str(t) for c in items if (t := getattr(c, "server_type", None)) is not None)
+
+
 def _chat_dicts(messages: Sequence[Message]) -> list[dict[str, Any]]:
     return [dict(m.to_chat_dict(arguments_as_json=True)) for m in messages]
 
@@ -608,6 +756,8 @@ def _member_story(member: TrajectoryResult) -> dict[str, Any]:
         "drift_tokens": None
         if member.drift is None
         else member.drift.ledger_only_tokens + member.drift.rendered_only_tokens,
+        "prepare_metadata": member.prepare_metadata,
+        "score_metadata": member.score_metadata,
     }
 
 
@@ -660,6 +810,30 @@ class RolloutServices:
     catalog: ToolsetCatalog
 
 
+_MAX_ERROR_DETAILS = 200
+
+
+def _error_summary(exchange: ToolExchange) -> str:
+    """One failed call as hermes summarised it: ``[turn N] tool(args) -> error``."""
+    error = f"{exchange.result.outcome.value}: {exchange.result.error or ''}"
+    return (
+        f"[turn {exchange.turn}] {exchange.call.name}({exchange.call.arguments_json()[:80]}) "
+        f"-> {error[:150]}"
+    )
+
+
+def _statistics_metrics(prefix: str, statistics: object) -> dict[str, float]:
+    """The numeric fields of a ``statistics()`` snapshot (an attrs class) as ``prefix/<field>``."""
+    if not attrs.has(type(statistics)):
+        return {}
+    values = attrs.asdict(statistics, recurse=False)  # type: ignore[arg-type]  # checked above
+    return {
+        f"{prefix}/{name}": float(value)
+        for name, value in values.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
+
+
 @attrs.define
 class _Counters:
     """Counts since the last ``wandb_log``."""
@@ -677,10 +851,14 @@ class _Counters:
     drifted: int = 0
     drift_tokens: int = 0
     measured: int = 0
+    error_details: list[str] = attrs.field(factory=list)
 
     def record(self, group: GroupResult) -> None:
         self.groups += 1
         for member in group.members:
+            for exchange in member.exchanges:
+                if not exchange.result.ok:
+                    self.error_details.append(_error_summary(exchange))
             stats = member.stats
             self.trajectories += 1
             status = member.outcome.status.value
@@ -699,8 +877,16 @@ class _Counters:
                     member.drift.ledger_only_tokens + member.drift.rendered_only_tokens
                 )
 
+    def details(self) -> str:
+        """hermes's ``train/tool_error_details``: one line per failed call (the first
+        ``_MAX_ERROR_DETAILS``, then how many more)."""
+        lines = self.error_details[:_MAX_ERROR_DETAILS]
+        more = len(self.error_details) - len(lines)
+        return "\n".join([*lines, f"... and {more} more"] if more else lines)
+
     def metrics(self) -> dict[str, float]:
         out: dict[str, float] = {
+            "train/tool_errors_count": len(self.error_details),
             "trajcore/groups": self.groups,
             "trajcore/groups_sent": self.groups_sent,
             "trajcore/groups_partial": self.groups_partial,
@@ -728,7 +914,7 @@ class _Counters:
 # ================================================================================== the env
 
 
-class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is untyped
+class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
     """An Atropos env whose groups are agent trajectories in sandbox slots; see the module doc.
 
     Hooks to write: ``get_next_item``, ``build_task``, ``verify_and_score``; optionally
@@ -740,20 +926,24 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
         ConfigError: an invalid setting, naming its field, before the tokenizer is loaded.
     """
 
-    env_config_cls = AgentEnvConfig
-    config: AgentEnvConfig
+    env_config_cls: type[AgentEnvConfig] = AgentEnvConfig
+    config: ConfigT_co
 
     def __init__(
         self,
-        config: AgentEnvConfig,
+        config: ConfigT_co,
         server_configs: object = None,
         slurm: bool = False,
         testing: bool = False,
     ) -> None:
         if not isinstance(config, AgentEnvConfig):
             raise ConfigError("config", f"expected an AgentEnvConfig, got {type(config).__name__}")
-        self.settings: RolloutSettings = config.settings()
+        self.config = config  # for toolset_distributions() and the dataset, before Atropos's
         self.server_configs: object = ServerBaseline() if server_configs is None else server_configs
+        self.settings: RolloutSettings = config.settings(
+            self.toolset_distributions(), server_types=_server_types(self.server_configs)
+        )
+        self._dataset: DatasetRows | None = self._load_dataset(config)
         super().__init__(config, self.server_configs, slurm=slurm, testing=testing)
         self._services: RolloutServices | None = None
         self._template: ChatTemplate | None = None
@@ -775,26 +965,71 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
     async def setup(self) -> None:
         """Load data and anything else the env needs; runs once, after the services start."""
 
-    @abc.abstractmethod
     async def get_next_item(self) -> ItemT:
-        """The next dataset item to run a group on."""
+        """The next dataset item to run a group on.
 
-    @abc.abstractmethod
+        Built in when ``dataset`` is set: the dataset's rows (``dict[str, JSON]``, so such an
+        env is an ``AgentEnv[dict[str, JSON]]``), in order, cycling. Without ``dataset`` an env
+        must override it (``AgentEnv`` refuses to start otherwise).
+        """
+        if self._dataset is None:
+            raise ConfigError("dataset", "set dataset or override get_next_item")
+        return cast("ItemT", self._dataset.next_row())
+
     def build_task(self, item: ItemT) -> str | Sequence[Message]:
         """The task: the user's text, or the whole opening conversation.
 
         A string becomes one user message; ``system_prompt`` is put first when set and the task
-        has no system message of its own.
+        has no system message of its own. Built in when ``dataset`` is set: the row's
+        ``prompt_field``. Without ``dataset`` an env must override it.
         """
+        if self._dataset is None or not isinstance(item, dict):
+            raise ConfigError("dataset", "set dataset or override build_task")
+        return self._dataset.prompt(item)
 
-    async def prepare_workspace(self, item: ItemT, tools: SlotTools) -> None:
-        """Set up the slot before the first turn (write files, clone a repository)."""
+    def _load_dataset(self, config: AgentEnvConfig) -> DatasetRows | None:
+        builtin = [
+            name
+            for name in ("get_next_item", "build_task")
+            if getattr(type(self), name) is getattr(AgentEnv, name)
+        ]
+        if config.dataset is None:
+            if builtin:
+                raise ConfigError(
+                    "dataset",
+                    f"{type(self).__name__} does not define {' or '.join(builtin)}: set "
+                    "dataset (a .jsonl/.parquet file or a Hugging Face dataset) or write them",
+                )
+            return None
+        rows = load_rows(
+            config.dataset, split=config.dataset_split, prompt_field=config.prompt_field
+        )
+        return DatasetRows(rows=rows, prompt_field=config.prompt_field)
+
+    async def prepare_workspace(self, item: ItemT, tools: SlotTools) -> JSONObject | None:
+        """Set up the slot before the first turn (write files, clone a repository).
+
+        May return metadata (a JSON object): the score hook sees it
+        (``messages.prepare_metadata``), and the member's overrides and the log keep it.
+        """
+        return None
+
+    def item_limits(self, item: ItemT) -> ItemLimits | None:
+        """Limits for ``item``'s trajectories (turns, tokens per turn, deadline), or ``None``
+        for the config's. Called once per group."""
+        return None
 
     @abc.abstractmethod
     async def verify_and_score(
-        self, item: ItemT, tools: SlotTools, messages: Sequence[Message]
-    ) -> float:
-        """Check the work in the very slot the model used, and return a finite score.
+        self, item: ItemT, tools: SlotTools, messages: Transcript
+    ) -> ScoreAnswer:
+        """Check the work in the very slot the model used, and return a finite score, or
+        ``(score, metadata)`` with a JSON object the member's overrides and the log keep.
+
+        ``messages`` is the conversation (a ``Sequence[Message]``, so an override may take
+        that) and the trajectory's story: ``trajectory_id``, ``stats`` (turns, stop reason,
+        tool calls and errors), ``exchanges`` (each tool call with its result),
+        ``final_response``, ``reasoning``, ``tool_errors`` and ``prepare_metadata``.
 
         Runs only when the trajectory ended healthy and the model produced something. Verify
         with ``tools.check``/``tools.run``, which raise ``SlotInfraError`` when the slot cannot
@@ -831,8 +1066,19 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
         return ToolsetCatalog(toolsets=toolsets)
 
     def tool_registry(self) -> ToolRegistry | None:
-        """The Python tools served in-process when ``tool_server_url`` is ``inprocess``."""
+        """Python tools served in this process (default: none).
+
+        When it returns a registry they are offered with no further setting
+        (``tool_server_url`` unset or ``inprocess``); a synchronous tool runs in one of
+        ``tool_threads`` worker threads. A registry together with a remote ``tool_server_url``
+        is refused when the services start.
+        """
         return None
+
+    def toolset_distributions(self) -> DistributionRegistry:
+        """Named toolset distributions, for ``toolset_distribution`` given by name (hermes's
+        ``distribution``). Default: none. Called once, when the env is built."""
+        return DistributionRegistry(distributions=())
 
     @classmethod
     def cli(cls) -> None:
@@ -914,23 +1160,31 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
         return ServerManagerTokenServer(self.server)
 
     def make_tool_server(self) -> ToolServer | None:
-        """The external tool server, from ``tool_server_url``, or ``None``.
+        """The external tool server: ``tool_registry()`` served in this process when it returns
+        a registry, else the one at ``tool_server_url``, else ``None``.
 
         Raises:
-            ConfigError: ``inprocess`` without a ``tool_registry()`` (``tool_server_url``).
+            ConfigError: ``inprocess`` without a ``tool_registry()``, or a registry and a
+                remote ``tool_server_url`` both (``tool_server_url``).
         """
         url = self.config.tool_server_url
-        if url is None:
-            return None
-        if url == INPROCESS:
-            registry = self.tool_registry()
-            if registry is None:
-                raise ConfigError(
-                    "tool_server_url", "'inprocess' serves tool_registry(), which returned None"
-                )
+        registry = self.tool_registry()
+        if registry is not None and url not in (None, INPROCESS):
+            raise ConfigError(
+                "tool_server_url",
+                f"{type(self).__name__}.tool_registry() serves tools in this process and "
+                f"tool_server_url={url!r} names a remote tool server: keep one of them",
+            )
+        if url == INPROCESS and registry is None:
+            raise ConfigError(
+                "tool_server_url", "'inprocess' serves tool_registry(), which returned None"
+            )
+        if registry is not None:
             return HTTPToolServer(
                 INPROCESS, app=make_app(registry), timeout_s=self.config.terminal_timeout_s
             )
+        if url is None:
+            return None
         return HTTPToolServer(
             url, token=self.config.tool_server_token, timeout_s=self.config.terminal_timeout_s
         )
@@ -965,7 +1219,7 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
         """The model side for ``mode``: ``ChatPolicy`` (with the template, for inexact tokens)
         or ``TokenPolicy`` (exact tokens, the configured parser)."""
         if self.settings.mode == "managed":
-            parser_name = self.config.tool_call_parser
+            parser_name = self.settings.parser
             assert parser_name is not None  # settings() checked it
             return TokenPolicy(
                 server=token if token is not None else self.make_token_server(),
@@ -1014,6 +1268,9 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
         if self._services is not None:
             yield self._services
             return
+        log.info("%s", self.mode_line())
+        # Synchronous tool_registry() tools run in anyio's default worker threads.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = self.config.tool_threads
         async with contextlib.AsyncExitStack() as stack:
             if tool_server is None:
                 tool_server = self.make_tool_server()
@@ -1071,8 +1328,30 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
             with anyio.move_on_after(30, shield=True):
                 await asyncio.gather(*workers, return_exceptions=True)
 
+    def mode_line(self) -> str:
+        """One line for the start-up log: the mode, why, and whether tokens are exact."""
+        settings = self.settings
+        if settings.mode == "managed":
+            return (
+                f"model mode managed ({settings.mode_reason}), parser {settings.parser}: "
+                "tokens are exact (the sampled ids and their logprobs)"
+            )
+        return (
+            f"model mode openai ({settings.mode_reason}): tokens are NOT exact (re-rendered "
+            "from the conversation): fit for SFT and evaluation, not for on-policy RL"
+        )
+
     async def env_manager(self) -> None:
-        """``serve``: Atropos's loop, inside the rollout services."""
+        """``serve``: Atropos's loop, inside the rollout services.
+
+        ``serve`` feeds a trainer, so OpenAI mode's inexact tokens are warned about here, once.
+        """
+        if self.settings.mode == "openai":
+            log.warning(
+                "serve sends inexact tokens to the trainer: %s. For RL set an --openai.server_type "
+                "of vllm or sglang (or tool_call_parser) so that mode auto picks managed mode",
+                self.mode_line(),
+            )
         await self._run_with_services(super().env_manager)
 
     async def process_manager(self) -> None:
@@ -1123,14 +1402,21 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
         drawn = self.settings.toolsets.draw(services.catalog, self._rng)
         specs = select_specs(drawn.tools, services.specs)
         rollout = self.settings.rollout
+        limits = self.item_limits(item)
+        if limits is not None:
+            rollout = limits.apply(rollout)
 
-        async def prepare(tools: SlotTools) -> None:
-            await self.prepare_workspace(item, tools)
+        async def prepare(tools: SlotTools) -> JSONObject | None:
+            return await self.prepare_workspace(item, tools)
 
-        async def score(tools: SlotTools, conversation: Sequence[Message]) -> float:
-            return await self.verify_and_score(item, tools, conversation)
+        async def score(tools: SlotTools, transcript: Transcript) -> ScoreAnswer:
+            return await self.verify_and_score(item, tools, transcript)
 
         hooks = TrajectoryHooks(prepare=prepare, score=score)
+        idle_s = self.config.slot_idle_timeout_s
+        agent_policy = (
+            services.policy if idle_s is None else IdleLimitedPolicy(services.policy, idle_s)
+        )
 
         async def member(trajectory_id: str) -> TrajectoryResult:
             return await run_trajectory(
@@ -1138,7 +1424,7 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
                 messages=messages,
                 tools=specs,
                 hooks=hooks,
-                policy=services.policy,
+                policy=agent_policy,
                 pool=services.pool,
                 dispatcher=services.dispatcher,
                 tool_server=services.tool_server,
@@ -1294,17 +1580,25 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
         calls = sum(m.stats.tool_calls for m in group.members)
         errors = sum(m.stats.tool_errors.total for m in group.members)
         log.info(
-            "group %s (%s): %s, scores %s, %d tool calls, %d tool errors, toolsets %s, %.1fs",
+            "group %s (%s): %s, scores %s, %d tool calls, %d tool errors, %s, toolsets %s, %.1fs",
             group.group_id,
             verdict.status.value,
             verdict.detail,
             list(verdict.member_scores),
             calls,
             errors,
+            _drift_words(group),
             list(toolsets),
             group.duration_s,
         )
         for member in group.members:
+            if member.prepare_metadata is not None or member.score_metadata is not None:
+                log.info(
+                    "trajectory %s metadata: prepare %s, score %s",
+                    member.trajectory_id,
+                    json.dumps(member.prepare_metadata, sort_keys=True),
+                    json.dumps(member.score_metadata, sort_keys=True),
+                )
             if not member.outcome.status.healthy:
                 log.warning(
                     "trajectory %s failed (%s): %s",
@@ -1327,14 +1621,38 @@ class AgentEnv(BaseEnv, Generic[ItemT]):  # type: ignore[misc]  # atroposlib is 
 
     def tool_error_metrics(self) -> dict[str, float]:
         """The ``trajcore/*`` counters since the last ``wandb_log`` (groups, trajectories by
-        status, tool calls, tool errors by outcome, parse errors, token drift)."""
+        status, tool calls, tool errors by outcome, parse errors, token drift), and hermes's
+        ``train/tool_errors_count``."""
         return self._counters.metrics()
 
+    def service_metrics(self) -> dict[str, float]:
+        """The pool's and the dispatcher's statistics now, as ``trajcore/pool/*`` (slots free,
+        leased, resetting, quarantined, draining, waiting, leases granted and expired,
+        containers) and ``trajcore/dispatcher/*`` (batches, calls, failed batches, withdrawn
+        calls, largest batch, calls per batch); empty while no services are open."""
+        services = self._services
+        if services is None:
+            return {}
+        out = _statistics_metrics("trajcore/pool", services.pool.statistics())
+        dispatcher = _statistics_metrics("trajcore/dispatcher", services.dispatcher.statistics())
+        if dispatcher.get("trajcore/dispatcher/batches"):
+            dispatcher["trajcore/dispatcher/calls_per_batch"] = (
+                dispatcher["trajcore/dispatcher/calls"] / dispatcher["trajcore/dispatcher/batches"]
+            )
+        out.update(dispatcher)
+        return out
+
     async def wandb_log(self, wandb_metrics: dict[str, Any] | None = None) -> None:
-        """Atropos's metrics plus the ``trajcore/*`` counters, which then start again."""
+        """Atropos's metrics plus the ``trajcore/*`` counters (which then start again), the
+        pool's and dispatcher's statistics, and hermes's ``train/tool_errors_count`` and
+        ``train/tool_error_details`` (one line per failed call since the last log)."""
         metrics = dict(wandb_metrics or {})
-        metrics.update(self._counters.metrics())
-        log.info("trajcore metrics: %s", json.dumps(self._counters.metrics(), sort_keys=True))
+        counted = {**self._counters.metrics(), **self.service_metrics()}
+        metrics.update(counted)
+        details = self._counters.details()
+        if details:
+            metrics["train/tool_error_details"] = details
+        log.info("trajcore metrics: %s", json.dumps(counted, sort_keys=True))
         self._counters = _Counters()
         await super().wandb_log(metrics)
 

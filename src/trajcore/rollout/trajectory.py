@@ -14,6 +14,11 @@ The decisions are the domain ``AgentLoop``'s; this module performs them. Its pro
 - **Scoring in the same slot.** The verify-and-score hook gets ``SlotTools`` bound to the slot
   the model worked in, and runs only when the loop says a score is needed (finished healthy, with
   some output).
+- **Hooks carry what the seeds carried.** The prepare hook may return metadata (a JSON object);
+  the score hook sees a ``Transcript`` (the messages, and the trajectory's id, stop reason,
+  turns, tool calls with their results, and that metadata) and may return ``(score,
+  metadata)``. Both metadata objects end up in the ``TrajectoryResult``; one that is not a JSON
+  object fails the member as an infrastructure error, like a score that is not a number.
 
 Cancellation from outside (the group or the env shutting down) is not swallowed: the slot is
 released and the ``Cancelled`` exception propagates, as structured concurrency requires.
@@ -22,7 +27,8 @@ released and the ``Cancelled`` exception propagates, as structured concurrency r
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import overload
 
 import anyio
 import attrs
@@ -44,7 +50,7 @@ from trajcore.domain.errors import (
     TrajcoreError,
 )
 from trajcore.domain.groups import TrajectoryOutcome, TrajectoryStatus
-from trajcore.domain.messages import Message, ToolCall, ToolResult, ToolSpec
+from trajcore.domain.messages import JSONObject, Message, ToolCall, ToolResult, ToolSpec, check_json
 from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.token_ledger import Drift, TrainingTokens
 from trajcore.ports.sandbox_pool import SandboxPool
@@ -53,7 +59,14 @@ from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.policy import Policy, PolicySession
 from trajcore.rollout.tools import SlotTools, ToolRouter
 
-__all__ = ["RolloutConfig", "ToolExchange", "TrajectoryHooks", "TrajectoryResult", "run_trajectory"]
+__all__ = [
+    "RolloutConfig",
+    "ToolExchange",
+    "TrajectoryHooks",
+    "TrajectoryResult",
+    "Transcript",
+    "run_trajectory",
+]
 
 
 @attrs.frozen(kw_only=True)
@@ -114,6 +127,63 @@ class TrajectoryResult:
     exchanges: tuple[ToolExchange, ...]
     duration_s: float
     slot: str | None
+    prepare_metadata: JSONObject | None = None
+    score_metadata: JSONObject | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Transcript(Sequence[Message]):
+    """What the score hook sees: the conversation (it *is* the sequence of messages) and the
+    trajectory's story so far.
+
+    Attributes:
+        trajectory_id: The trajectory's id.
+        messages: The conversation, system prompt to last message.
+        stats: The agent loop's counters and stop reason (the loop has finished).
+        exchanges: Every tool call with its result, in order.
+        prepare_metadata: What the prepare hook returned, or ``None``.
+    """
+
+    trajectory_id: str
+    messages: tuple[Message, ...]
+    stats: TrajectoryStats
+    exchanges: tuple[ToolExchange, ...]
+    prepare_metadata: JSONObject | None = None
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Message]: ...
+    def __getitem__(self, index: int | slice) -> Message | Sequence[Message]:
+        return self.messages[index]
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def __iter__(self) -> Iterator[Message]:
+        return iter(self.messages)
+
+    @property
+    def final_response(self) -> str:
+        """The text of the last assistant message ("" when there is none)."""
+        for message in reversed(self.messages):
+            if message.role == "assistant":
+                return message.content
+        return ""
+
+    @property
+    def reasoning(self) -> tuple[str | None, ...]:
+        """Each assistant turn's reasoning (``None`` where it had none), in order."""
+        return tuple(m.reasoning for m in self.messages if m.role == "assistant")
+
+    @property
+    def tool_errors(self) -> tuple[ToolExchange, ...]:
+        """The exchanges whose result was not ``OK``, in order."""
+        return tuple(e for e in self.exchanges if not e.result.ok)
+
+
+ScoreAnswer = float | tuple[float, JSONObject]
+"""A score hook's answer: a score, or ``(score, metadata)``."""
 
 
 @attrs.frozen(kw_only=True)
@@ -121,12 +191,15 @@ class TrajectoryHooks:
     """The env's part of a trajectory.
 
     Attributes:
-        prepare: Set up the workspace before the first turn (files, repositories).
-        score: Verify the work in the slot and return a score; runs only when a score is needed.
+        prepare: Set up the workspace before the first turn (files, repositories); may return
+            metadata (a JSON object) that the score hook and the result carry.
+        score: Verify the work in the slot and return a score, or ``(score, metadata)``; runs
+            only when a score is needed. Its ``Transcript`` is a ``Sequence[Message]``, so a
+            hook that only reads the messages may take ``Sequence[Message]``.
     """
 
-    prepare: Callable[[SlotTools], Awaitable[None]]
-    score: Callable[[SlotTools, Sequence[Message]], Awaitable[float]]
+    prepare: Callable[[SlotTools], Awaitable[JSONObject | None]]
+    score: Callable[[SlotTools, Transcript], Awaitable[ScoreAnswer]]
 
 
 @attrs.define
@@ -140,6 +213,8 @@ class _Run:
     slot: str | None = None
     score: float | None = None
     score_failure: str | None = None
+    prepare_metadata: JSONObject | None = None
+    score_metadata: JSONObject | None = None
 
     def now(self) -> float:
         return anyio.current_time()
@@ -197,10 +272,15 @@ async def _leased(run: _Run, env: _Env) -> None:
             )
             slot_tools = SlotTools(router)
             try:
-                await env.hooks.prepare(slot_tools)
+                metadata: object = await env.hooks.prepare(slot_tools)
             except TrajcoreError as exc:
                 run.loop.infra_failed(now=run.now(), detail=f"prepare hook failed: {exc}")
                 return
+            problem = _metadata_problem(metadata)
+            if problem is not None:
+                run.loop.infra_failed(now=run.now(), detail=f"prepare hook returned {problem}")
+                return
+            run.prepare_metadata = metadata  # type: ignore[assignment]  # checked just above
             await _agent(run, env.tools, env.policy, router)
             if run.loop.stats().needs_score:
                 await _score(run, env.hooks, slot_tools)
@@ -257,12 +337,39 @@ async def _tools(
     return next_step
 
 
+def _metadata_problem(metadata: object) -> str | None:
+    """``None`` when ``metadata`` is ``None`` or a JSON object, else what is wrong with it."""
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        return f"{metadata!r} as metadata, not a JSON object"
+    problem = check_json(metadata)
+    return None if problem is None else f"metadata that is not JSON: {problem}"
+
+
+def _transcript(run: _Run) -> Transcript:
+    return Transcript(
+        trajectory_id=run.trajectory_id,
+        messages=tuple(run.messages),
+        stats=run.loop.stats(),
+        exchanges=tuple(run.exchanges),
+        prepare_metadata=run.prepare_metadata,
+    )
+
+
 async def _score(run: _Run, hooks: TrajectoryHooks, slot_tools: SlotTools) -> None:
     try:
-        score: object = await hooks.score(slot_tools, tuple(run.messages))
+        score: object = await hooks.score(slot_tools, _transcript(run))
     except TrajcoreError as exc:
         run.score_failure = f"score hook failed: {exc}"
         return
+    if isinstance(score, tuple) and len(score) == 2:
+        score, metadata = score
+        problem = _metadata_problem(metadata)
+        if problem is not None:
+            run.score_failure = f"score hook returned {problem}"
+            return
+        run.score_metadata = metadata
     if not isinstance(score, int | float) or isinstance(score, bool) or not math.isfinite(score):
         run.score_failure = f"score hook returned {score!r}, not a finite number"
         return
@@ -299,4 +406,6 @@ def _result(run: _Run, policy: Policy, started: float) -> TrajectoryResult:
         exchanges=tuple(run.exchanges),
         duration_s=anyio.current_time() - started,
         slot=run.slot,
+        prepare_metadata=run.prepare_metadata,
+        score_metadata=run.score_metadata,
     )

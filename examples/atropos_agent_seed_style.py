@@ -1,0 +1,85 @@
+"""An env written the atropos-agent way, ported by its imports (``trajcore.compat``).
+
+Each item asks the model to count the lines of a file the workspace hook writes; the workspace
+hook returns the expected count as metadata, verification reads the answer in the same slot and
+returns ``(score, metadata)``, and ``build_agent_config`` gives each item its own step budget.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import attrs
+
+from trajcore.compat import AgentConfig, AtroposAgentEnv, ExecTool
+from trajcore.env import AgentEnvConfig, ToolCall
+
+
+@attrs.frozen
+class CountTask:
+    lines: int
+    max_steps: int = 4
+
+
+class CountLinesEnv(AtroposAgentEnv[CountTask]):
+    name = "count_lines"
+
+    async def setup_agent_env(self) -> None:
+        self.tasks = [CountTask(lines=3), CountTask(lines=5, max_steps=6)]
+        self.cursor = itertools.cycle(self.tasks)
+
+    async def get_next_item(self) -> CountTask:
+        return next(self.cursor)
+
+    def build_task(self, item: CountTask) -> str:
+        return "Count the lines of data.txt and write the number alone into answer.txt."
+
+    async def setup_trajectory_workspace(
+        self, item: CountTask, *, trajectory_id: str, exec_tool: ExecTool
+    ) -> dict[str, object]:
+        content = "".join(f"row {i}\n" for i in range(item.lines))
+        call = ToolCall(
+            id=f"{trajectory_id}-setup",
+            name="write_file",
+            arguments={"path": "data.txt", "content": content},
+        )
+        result = await exec_tool(call)
+        return {"expected_lines": item.lines, "written": result.ok}
+
+    async def verify_and_score_trajectory(
+        self,
+        item: CountTask,
+        final_response: str,
+        *,
+        trajectory_id: str,
+        exec_tool: ExecTool,
+        agent_result: object = None,
+        workspace_meta: dict[str, object] | None = None,
+    ) -> tuple[float, dict[str, object]]:
+        expected = (workspace_meta or {}).get("expected_lines")
+        check = ToolCall(
+            id=f"{trajectory_id}-verify", name="bash", arguments={"command": "cat answer.txt"}
+        )
+        result = await exec_tool(check)
+        answer = result.exec.stdout.strip() if result.exec is not None else ""
+        score = 1.0 if answer == str(expected) else 0.0
+        return score, {"expected": expected, "answer": answer}
+
+    async def score_trajectory(self, item: CountTask, final_response: str) -> float:
+        return 0.0  # verify_and_score_trajectory does the work in the slot
+
+    def build_agent_config(self, item: CountTask) -> AgentConfig:
+        return AgentConfig(
+            max_steps=item.max_steps,
+            temperature=self.config.agent_temperature,
+            max_tokens=self.config.max_tokens,
+        )
+
+    @classmethod
+    def config_init(cls) -> tuple[AgentEnvConfig, object]:
+        config, servers = super().config_init()
+        return config.model_copy(update={"group_size": 4, "max_turns": 8}), servers
+
+
+if __name__ == "__main__":
+    CountLinesEnv.cli()  # python atropos_agent_seed_style.py serve|process|evaluate ...

@@ -1,0 +1,34 @@
+"""Seed-shaped env bases, so an env written for a seed ports by changing its imports.
+
+``from trajcore.compat import AtroposAgentEnv`` for an atropos-agent env (``build_task``,
+``setup_trajectory_workspace``, ``verify_and_score_trajectory``, ``score_trajectory``,
+``build_agent_config``), ``from trajcore.compat import HermesAgentEnv, AgentResult, ToolContext``
+for a hermes-agent env (``format_prompt``, ``compute_reward`` with a ``ToolContext`` whose calls
+are awaited). The implementation and its rules are in ``trajcore.entrypoints.seed_envs``;
+``docs/porting.md`` sets both seeds beside trajcore, setting by setting and hook by hook.
+"""
+
+from trajcore.entrypoints.item_limits import ItemLimits
+from trajcore.entrypoints.seed_envs import (
+    AgentConfig,
+    AgentResult,
+    AtroposAgentEnv,
+    ExecTool,
+    HermesAgentEnv,
+    ToolContext,
+    ToolError,
+)
+from trajcore.entrypoints.seed_settings import SEED_FIELDS, SeedSettingWarning
+
+__all__ = [
+    "SEED_FIELDS",
+    "AgentConfig",
+    "AgentResult",
+    "AtroposAgentEnv",
+    "ExecTool",
+    "HermesAgentEnv",
+    "ItemLimits",
+    "SeedSettingWarning",
+    "ToolContext",
+    "ToolError",
+]

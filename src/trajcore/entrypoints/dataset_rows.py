@@ -1,0 +1,152 @@
+"""The rows behind ``AgentEnv``'s built-in ``get_next_item``: a dataset named in the config.
+
+hermes-agent's config named a dataset (``dataset_name``, ``dataset_split``, ``prompt_field``); an
+env that sets ``dataset`` (and leaves ``get_next_item`` and ``build_task`` alone) gets its items
+from here, one row at a time, cycling, and sends ``row[prompt_field]`` as the task.
+
+Rules this module keeps:
+
+- **Offline.** A local ``.jsonl`` or ``.parquet`` file is read directly; a folder saved with
+  ``datasets``' ``save_to_disk`` is loaded from disk; any other name goes to
+  ``datasets.load_dataset`` with ``HF_HUB_OFFLINE=1`` forced for the call, so it is served from
+  the local cache or fails, and never downloads.
+- **Checked when loaded.** Every row must be a JSON object holding ``prompt_field`` with text; a
+  row that does not is a ``ConfigError`` naming the row and the field, when the env is built.
+- **Order.** Rows come in file order, then again from the first (the env's ``group_size``
+  trajectories of one row are one group).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import cast
+
+import attrs
+
+from trajcore.domain.errors import ConfigError
+from trajcore.domain.messages import JSON, JSONObject, check_json
+
+__all__ = ["DatasetRows", "load_rows"]
+
+
+@contextmanager
+def _offline() -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    os.environ.update(dict.fromkeys(saved, "1"))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _jsonl(path: Path) -> list[object]:
+    rows: list[object] = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except ValueError as exc:
+                raise ConfigError("dataset", f"{path}:{number} is not JSON: {exc}") from None
+    return rows
+
+
+def _parquet(path: Path) -> list[object]:
+    import pyarrow.parquet  # type: ignore[import-untyped]  # pyarrow ships no types
+
+    rows: list[object] = pyarrow.parquet.read_table(path).to_pylist()
+    return rows
+
+
+def _hugging_face(source: str, split: str) -> list[object]:
+    import datasets  # type: ignore[import-untyped]  # datasets ships no types
+
+    with _offline():
+        try:
+            if Path(source).is_dir():
+                loaded = datasets.load_from_disk(source)
+                table = loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+            else:
+                table = datasets.load_dataset(source, split=split)
+        except KeyError:
+            raise ConfigError("dataset_split", f"{source!r} has no split {split!r}") from None
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                "dataset", f"cannot load {source!r} offline (HF_HUB_OFFLINE=1): {exc}"
+            ) from None
+    return [dict(row) for row in table]
+
+
+def load_rows(source: str, *, split: str, prompt_field: str) -> tuple[JSONObject, ...]:
+    """The rows of ``source``, each checked to hold ``prompt_field`` as text.
+
+    Raises:
+        ConfigError: no such file or dataset, an empty one, a row that is not a JSON object or
+            lacks ``prompt_field`` (``dataset``, ``dataset_split`` or ``prompt_field``).
+    """
+    path = Path(source)
+    if path.suffix == ".jsonl":
+        if not path.is_file():
+            raise ConfigError("dataset", f"no such file: {source}")
+        raw = _jsonl(path)
+    elif path.suffix == ".parquet":
+        if not path.is_file():
+            raise ConfigError("dataset", f"no such file: {source}")
+        raw = _parquet(path)
+    else:
+        raw = _hugging_face(source, split)
+    if not raw:
+        raise ConfigError("dataset", f"{source!r} has no rows")
+    rows: list[JSONObject] = []
+    for index, row in enumerate(raw):
+        if not isinstance(row, dict):
+            raise ConfigError("dataset", f"row {index} of {source!r} is not an object")
+        problem = check_json(row)
+        if problem is not None:
+            raise ConfigError("dataset", f"row {index} of {source!r}: {problem}")
+        if not isinstance(row.get(prompt_field), str):
+            raise ConfigError(
+                "prompt_field",
+                f"row {index} of {source!r} has no text field {prompt_field!r} "
+                f"(it has {sorted(row)})",
+            )
+        rows.append(cast("JSONObject", row))  # check_json proved it
+    return tuple(rows)
+
+
+@attrs.define
+class DatasetRows:
+    """A loaded dataset, handed out one row at a time, cycling.
+
+    Attributes:
+        rows: The checked rows, in order.
+        prompt_field: The field holding each row's task text.
+    """
+
+    rows: Sequence[JSONObject]
+    prompt_field: str
+    _next: int = attrs.field(default=0, init=False)
+
+    def next_row(self) -> JSONObject:
+        """The next row (after the last, the first again)."""
+        row = self.rows[self._next % len(self.rows)]
+        self._next += 1
+        return row
+
+    def prompt(self, row: JSONObject) -> str:
+        """The task text of ``row``.
+
+        Raises:
+            ConfigError: ``row`` has no text at ``prompt_field``.
+        """
+        value: JSON = row.get(self.prompt_field)
+        if not isinstance(value, str):
+            raise ConfigError("prompt_field", f"the item has no text field {self.prompt_field!r}")
+        return value

@@ -1,0 +1,194 @@
+"""The two seeds' setting names, and what each becomes in ``AgentEnvConfig``.
+
+trajcore replaces two envs: the Nous "atropos-agent" ``AgentEnv`` and hermes-agent's
+``HermesAgentBaseEnv``. A config written for either (YAML, ``--env.*`` flags or code) must port
+without losing a setting. So ``AgentEnvConfig`` takes every setting name of both seeds:
+
+- A name trajcore kept (``allow_network``, ``enabled_toolsets``, ...) is simply its field.
+- A name trajcore renamed (the table below) is accepted, turned into its trajcore field with the
+  seed's meaning (``tool_pool_mode="nomad"`` becomes ``sandbox="nomad"``), and one
+  ``SeedSettingWarning`` names the new name.
+- A seed value trajcore cannot honour (``terminal_backend="modal"``) is a ``ConfigError`` naming
+  the seed's field, when the config is built.
+- Any other unknown name is a ``ConfigError`` naming it and the closest known name, because
+  pydantic would otherwise drop it without a word.
+
+``docs/porting.md`` sets both seeds beside trajcore field by field; this table is its source of
+truth for the renamed ones.
+"""
+
+from __future__ import annotations
+
+import difflib
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+
+import attrs
+
+from trajcore.domain.errors import ConfigError
+
+__all__ = [
+    "SEED_FIELDS",
+    "SeedField",
+    "SeedSettingWarning",
+    "closest_name",
+    "translate_seed_fields",
+]
+
+
+class SeedSettingWarning(UserWarning):
+    """A seed's setting name was used; the message names trajcore's name for it."""
+
+
+def _same(_: str, value: object) -> object:
+    return value
+
+
+def _pool(values: Mapping[str, str]) -> Callable[[str, object], object]:
+    def convert(field: str, value: object) -> object:
+        if isinstance(value, str) and value in values:
+            return values[value]
+        raise ConfigError(
+            field,
+            f"{value!r} is not available: trajcore runs slots on the local pool ('local') or on "
+            f"Nomad ('nomad'); set sandbox to one of them",
+        )
+
+    return convert
+
+
+@attrs.frozen(kw_only=True)
+class SeedField:
+    """One seed setting that trajcore names differently.
+
+    Attributes:
+        name: The seed's field name.
+        seeds: Which seeds had it (``atropos-agent``, ``hermes-agent``).
+        target: The ``AgentEnvConfig`` field it sets.
+        note: What changes besides the name (empty when nothing does).
+        convert: ``(seed field, value) -> trajcore value``; raises ``ConfigError`` naming the
+            seed field for a value trajcore cannot honour.
+    """
+
+    name: str
+    seeds: tuple[str, ...]
+    target: str
+    note: str = ""
+    convert: Callable[[str, object], object] = _same
+
+
+_ATROPOS = ("atropos-agent",)
+_HERMES = ("hermes-agent",)
+
+SEED_FIELDS: dict[str, SeedField] = {
+    field.name: field
+    for field in (
+        SeedField(
+            name="tool_pool_mode",
+            seeds=_ATROPOS,
+            target="sandbox",
+            note="'nomad' and 'local' pools; the seed's 'modal' stub has no pool here",
+            convert=_pool({"nomad": "nomad", "local": "local"}),
+        ),
+        SeedField(name="tool_batch_window_ms", seeds=_ATROPOS, target="batch_window_ms"),
+        SeedField(name="tool_max_batch_size", seeds=_ATROPOS, target="max_batch_size"),
+        SeedField(name="sandbox_job_id", seeds=_ATROPOS, target="nomad_job_id"),
+        SeedField(name="sandbox_image", seeds=_ATROPOS, target="nomad_image"),
+        SeedField(name="purge_job_on_start", seeds=_ATROPOS, target="purge_on_start"),
+        SeedField(name="purge_job_on_shutdown", seeds=_ATROPOS, target="purge_on_shutdown"),
+        SeedField(name="agent_max_steps", seeds=_ATROPOS, target="max_turns"),
+        SeedField(
+            name="agent_max_tokens",
+            seeds=_ATROPOS,
+            target="max_tokens",
+            note="None lets each turn use what is left of max_token_length",
+        ),
+        SeedField(
+            name="agent_tool_delay_s",
+            seeds=_ATROPOS,
+            target="tool_delay_s",
+            note="the pause comes before each batch of one turn's calls",
+        ),
+        SeedField(name="max_agent_turns", seeds=_HERMES, target="max_turns"),
+        SeedField(
+            name="distribution",
+            seeds=_HERMES,
+            target="toolset_distribution",
+            note="a name picks one of the env's toolset_distributions()",
+        ),
+        SeedField(
+            name="terminal_backend",
+            seeds=_HERMES,
+            target="sandbox",
+            note="'local' and 'nomad'; docker, modal, ssh and singularity have no pool here",
+            convert=_pool({"local": "local", "nomad": "nomad"}),
+        ),
+        SeedField(name="terminal_timeout", seeds=_HERMES, target="terminal_timeout_s"),
+        SeedField(
+            name="terminal_lifetime",
+            seeds=_HERMES,
+            target="slot_idle_timeout_s",
+            note="a trajectory whose slot waits longer than this for the model ends, unscored",
+        ),
+        SeedField(name="dataset_name", seeds=_HERMES, target="dataset"),
+        SeedField(
+            name="tool_pool_size",
+            seeds=_HERMES,
+            target="tool_threads",
+            note="threads for synchronous tool_registry() tools",
+        ),
+    )
+}
+"""Every seed setting whose trajcore name differs, by seed name."""
+
+
+def closest_name(name: str, known: Iterable[str]) -> str | None:
+    """The known name most like ``name`` (difflib), or ``None`` when none is close."""
+    matches = difflib.get_close_matches(name, sorted(set(known)), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def translate_seed_fields(data: Mapping[str, object], known: Iterable[str]) -> dict[str, object]:
+    """``data`` with every seed name replaced by its trajcore field, one warning each.
+
+    ``known`` are the config's own field names (its subclass's included): those pass as they
+    are, even when a seed used the same name for something renamed here. A seed name wins over
+    its trajcore field when both are present, because Atropos builds the config from the
+    defaults' full dump with the YAML and flags merged on top (the warning says what it
+    replaced).
+
+    Raises:
+        ConfigError: an unknown name (naming it and the closest known one), two seed names for
+            one field with different values (naming both), or a seed value trajcore cannot
+            honour (naming the seed field).
+    """
+    own = set(known)
+    out: dict[str, object] = {}
+    seeded: dict[str, tuple[str, object]] = {}
+    for key, value in data.items():
+        if key in own:
+            out[key] = value
+        elif key not in SEED_FIELDS:
+            close = closest_name(key, own | SEED_FIELDS.keys())
+            hint = f"; did you mean {close!r}?" if close else ""
+            raise ConfigError(key, f"unknown setting{hint}")
+    for key, value in data.items():
+        if key in own or key not in SEED_FIELDS:
+            continue
+        seed = SEED_FIELDS[key]
+        converted = seed.convert(key, value)
+        if seed.target in seeded and seeded[seed.target][1] != converted:
+            other = seeded[seed.target][0]
+            raise ConfigError(key, f"sets {seed.target}, which {other} sets differently: give one")
+        note = f"; {seed.note}" if seed.note else ""
+        if seed.target in out and out[seed.target] != converted:
+            note += f" (it replaces {seed.target}={out[seed.target]!r})"
+        warnings.warn(
+            SeedSettingWarning(
+                f"{key} is the {'/'.join(seed.seeds)} name of trajcore's {seed.target}{note}"
+            ),
+            stacklevel=5,
+        )
+        seeded[seed.target] = (key, converted)
+        out[seed.target] = converted
+    return out

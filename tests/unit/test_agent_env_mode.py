@@ -1,0 +1,110 @@
+"""Mode ``auto`` follows the server type (vLLM/SGLang: managed, parser hermes) and says so."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[import-untyped]
+    APIServerConfig,
+)
+
+from tests.unit.test_agent_env import QWEN, FileEnv, _alternating_chat, _config
+from trajcore.adapters.fakes import FakeSandboxPool
+from trajcore.domain.errors import ConfigError
+from trajcore.rollout.policy import ChatPolicy, TokenPolicy
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _server(server_type: str) -> Any:
+    return APIServerConfig(
+        server_type=server_type,
+        base_url="http://127.0.0.1:9/v1",
+        model_name="m",
+        api_key="x",
+        tokenizer_name=QWEN,
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "types", "mode", "parser"),
+    [
+        ({}, ["vllm"], "managed", "hermes"),
+        ({}, ["sglang"], "managed", "hermes"),
+        ({"tool_call_parser": "qwen3_coder"}, ["vllm"], "managed", "qwen3_coder"),
+        ({}, ["openai"], "openai", None),
+        ({"tool_call_parser": "hermes"}, ["openai"], "managed", "hermes"),
+        ({}, [], "openai", None),
+        ({"mode": "openai"}, ["vllm"], "openai", None),
+        ({"mode": "managed"}, ["sglang"], "managed", "hermes"),
+    ],
+)
+def test_auto_follows_the_server_type(
+    fields: dict[str, Any], types: list[str], mode: str, parser: str | None
+) -> None:
+    choice = _config(**fields).mode_for(types)
+    assert (choice.mode, choice.parser) == (mode, parser)
+
+
+def test_managed_mode_without_a_token_server_or_parser_is_refused() -> None:
+    with pytest.raises(ConfigError) as caught:
+        FileEnv(_config(mode="managed"), [_server("openai")])
+    assert caught.value.field == "tool_call_parser"
+
+
+def test_a_vllm_server_makes_the_env_managed_with_the_hermes_parser() -> None:
+    env = FileEnv(_config(), [_server("vllm")])
+    assert env.settings.mode == "managed"
+    assert env.settings.parser == "hermes"
+    assert isinstance(env.make_policy(), TokenPolicy)
+    assert env.mode_line() == (
+        "model mode managed (auto: server_type vllm), parser hermes: tokens are exact "
+        "(the sampled ids and their logprobs)"
+    )
+    openai_env = FileEnv(_config(), [_server("openai")])
+    assert isinstance(openai_env.make_policy(chat=_alternating_chat()), ChatPolicy)
+    assert "tokens are NOT exact" in openai_env.mode_line()
+
+
+async def test_the_start_up_log_says_the_mode_and_exactness(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = FileEnv(_config(group_size=2))
+    caplog.set_level(logging.INFO, logger="trajcore.env")
+    async with (
+        FakeSandboxPool() as pool,
+        env.rollout_services(pool=pool, policy=env.make_policy(chat=_alternating_chat())),
+    ):
+        pass
+    lines = [r.getMessage() for r in caplog.records if "model mode" in r.getMessage()]
+    assert lines == ["model mode openai (auto: no token server type): tokens are NOT exact "
+                     "(re-rendered from the conversation): fit for SFT and evaluation, not for "
+                     "on-policy RL"]  # fmt: skip
+
+
+class _ServeOnly(FileEnv):
+    """Runs ``serve``'s start without Atropos's loop (which needs a trainer API)."""
+
+    async def _run_with_services(self, run: Any) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("types", "warned"), [(["openai"], 1), (["vllm"], 0)])
+async def test_serve_warns_once_about_inexact_tokens(
+    caplog: pytest.LogCaptureFixture, types: list[str], warned: int
+) -> None:
+    env = _ServeOnly(_config(), [_server(t) for t in types])
+    caplog.set_level(logging.INFO, logger="trajcore.env")
+    await env.env_manager()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == warned
+    if warned:
+        assert "inexact tokens" in warnings[0].getMessage()
+        assert "vllm or sglang" in warnings[0].getMessage()
