@@ -28,10 +28,7 @@ from pathlib import Path
 
 import attrs
 
-from trajcore.domain.errors import SlotInfraError
-from trajcore.domain.messages import Message, ToolCall
-from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig
-from trajcore.rollout.tools import SlotTools
+from trajcore.env import AgentEnv, AgentEnvConfig, Message, SlotInfraError, SlotTools, ToolCall
 from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 __all__ = ["SANDBOX_PYTHON", "SOLUTIONS", "TASKS", "CodeFixEnv", "CodeTask"]

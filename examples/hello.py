@@ -1,10 +1,6 @@
 """The README's env, kept here so mypy --strict checks it and a test keeps the two equal."""
 
-from collections.abc import Sequence
-
-from trajcore.domain.messages import Message
-from trajcore.entrypoints.atropos import AgentEnv
-from trajcore.rollout.tools import SlotTools
+from trajcore.env import AgentEnv, Message, SlotTools, Transcript
 
 
 class HelloEnv(AgentEnv[str]):
@@ -16,9 +12,7 @@ class HelloEnv(AgentEnv[str]):
     def build_task(self, item: str) -> list[Message]:
         return [Message.user(f"Create hello.txt containing exactly: {item}")]
 
-    async def verify_and_score(
-        self, item: str, tools: SlotTools, messages: Sequence[Message]
-    ) -> float:
+    async def verify_and_score(self, item: str, tools: SlotTools, transcript: Transcript) -> float:
         # check: exit code 0 or not; a slot that cannot answer raises, so it is never a 0.
         return 1.0 if await tools.check(f'test "$(cat hello.txt)" = "{item}"') else 0.0
 

@@ -19,10 +19,8 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from trajcore.domain.messages import Message, ToolCall, ToolSpec
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams
-from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig
-from trajcore.rollout.tools import SlotTools
+from trajcore.env import AgentEnv, AgentEnvConfig, Message, SlotTools, ToolCall, ToolSpec
 from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 __all__ = ["SOLUTIONS", "TASKS", "ScriptedSolver", "ShellTask", "ShellTasksEnv"]

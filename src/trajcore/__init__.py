@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from trajcore.adapters.json_schema import JSONSchemaValidator
     from trajcore.adapters.tool_server import ToolRegistry
     from trajcore.domain.errors import (
         AcquireTimeout,
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
         InfrastructureError,
         InvalidInput,
         SandboxUnavailable,
+        SlotFileError,
+        SlotInfraError,
         StateError,
         ToolArgumentError,
         ToolServerError,
@@ -75,12 +78,15 @@ __all__ = [
     "InvalidInput",
     "ItemLimits",
     "JSONObject",
+    "JSONSchemaValidator",
     "MemberOverrides",
     "Message",
     "SandboxUnavailable",
     "ScoreAnswer",
     "ScoredGroup",
     "SeedSettingWarning",
+    "SlotFileError",
+    "SlotInfraError",
     "SlotTools",
     "StateError",
     "ToolArgumentError",

@@ -11,6 +11,7 @@ and that is where its documentation is. Importing it loads atroposlib (the env's
 code that must stay light imports from the layer that owns a name instead.
 """
 
+from trajcore.adapters.json_schema import JSONSchemaValidator
 from trajcore.adapters.tool_server import ToolRegistry
 from trajcore.domain.errors import (
     AcquireTimeout,
@@ -18,6 +19,8 @@ from trajcore.domain.errors import (
     InfrastructureError,
     InvalidInput,
     SandboxUnavailable,
+    SlotFileError,
+    SlotInfraError,
     StateError,
     ToolArgumentError,
     ToolServerError,
@@ -68,12 +71,15 @@ __all__ = [
     "InvalidInput",
     "ItemLimits",
     "JSONObject",
+    "JSONSchemaValidator",
     "MemberOverrides",
     "Message",
     "SandboxUnavailable",
     "ScoreAnswer",
     "ScoredGroup",
     "SeedSettingWarning",
+    "SlotFileError",
+    "SlotInfraError",
     "SlotTools",
     "StateError",
     "ToolArgumentError",
