@@ -307,8 +307,10 @@ class MCPToolServer:
             await self.aclose()
         finally:
             if self._tasks is not None:
+                # Only the session tasks are cancelled, and they catch their own faults: what
+                # the caller's block raised propagates as it is, not wrapped in a group.
                 self._tasks.cancel_scope.cancel()
-                await self._tasks.__aexit__(exc_type, exc, traceback)
+                await self._tasks.__aexit__(None, None, None)
 
     @property
     def closed(self) -> bool:
@@ -451,20 +453,22 @@ class MCPToolServer:
                 self._open_streams(session) as (read, write),
                 ClientSession(read, write) as client,
             ):
-                with anyio.fail_after(self.connect_timeout_s):
+                specs: list[ToolSpec] = []
+                with anyio.move_on_after(self.connect_timeout_s) as opening:
                     await client.initialize()
                     specs = await self._list_all(client)
+                if opening.cancelled_caught:
+                    session.die(
+                        f"MCP server {self.name} did not initialize and list its tools within "
+                        f"{self.connect_timeout_s:g} s{session.hint()}"
+                    )
+                    return
                 self._accept_listing(specs)
                 session.client, session.specs = client, specs
                 session.state = _State.OPEN
                 session.opened.set()
                 started = True
                 await self._hold(session)
-        except TimeoutError:
-            session.die(
-                f"MCP server {self.name} did not initialize and list its tools within "
-                f"{self.connect_timeout_s:g} s{session.hint()}"
-            )
         except WireError as exc:
             session.die(f"MCP server {self.name} listed a tool trajcore cannot take: {exc}")
         except Exception as exc:  # noqa: BLE001 - whatever ends a session becomes its reason
