@@ -33,9 +33,16 @@ import pytest
 
 pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install 'trajcore[mcp]')")
 
-from trajcore.adapters.mcp import MCPURL, MCPCommand, MCPToolServer
-from trajcore.domain.errors import PoolClosed
+from trajcore.adapters.mcp import (
+    MCPURL,
+    MCPCommand,
+    MCPToolServer,
+    open_tool_servers,
+    parse_tool_servers,
+)
+from trajcore.domain.errors import ConfigError, PoolClosed
 from trajcore.domain.messages import JSON, ToolCall, ToolContext, ToolOutcome
+from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALLER = REPO / ".ci" / "mcp-servers"
@@ -393,3 +400,50 @@ def test_the_installer_is_a_no_op_when_the_servers_are_installed(reference_serve
     assert done.returncode == 0, done.stderr
     assert "added" not in done.stdout
     assert time.monotonic() - started < 30
+
+
+# ------------------------------------------------------- several servers joined, as an env does
+
+
+@pytest.mark.anyio
+async def test_reference_servers_joined_beside_the_slot_tools(
+    reference_servers: Path, tmp_path: Path
+) -> None:
+    slot_tools = {spec.name: "the slot tools" for spec in SLOT_TOOL_SPECS}
+    entries: dict[str, dict[str, object]] = {
+        "everything": {"command": [str(reference_servers / "mcp-server-everything")]},
+        "files": {"command": [str(reference_servers / "mcp-server-filesystem"), str(tmp_path)]},
+    }
+    async with open_tool_servers(
+        parse_tool_servers(entries), default_call_timeout_s=30, reserved=slot_tools
+    ) as clashing:
+        with pytest.raises(ConfigError) as caught:
+            await clashing.list_tools()
+    assert caught.value.reason == (
+        "tool 'read_file' is offered by both the slot tools and tool server 'files'"
+    )
+
+    entries["files"]["prefix"] = "fs_"
+    async with open_tool_servers(
+        parse_tool_servers(entries), default_call_timeout_s=30, reserved=slot_tools
+    ) as joined:
+        names = [spec.name for spec in await joined.list_tools()]
+        toolsets = {toolset.name: toolset.tools for toolset in joined.toolsets()}
+        echo, wrote, listed = await joined.execute(
+            [
+                call("c1", "echo", message="joined"),
+                call("c2", "fs_write_file", path=str(tmp_path / "a.txt"), content="A"),
+                call("c3", "fs_list_directory", path=str(tmp_path)),
+            ],
+            context=CONTEXT,
+        )
+    assert "echo" in names
+    assert "fs_read_file" in names
+    assert not set(names) & set(slot_tools)
+    assert list(toolsets) == ["everything", "files"]
+    assert "fs_write_file" in toolsets["files"]
+    assert "echo" in toolsets["everything"]
+    assert (echo.outcome, echo.content) == (ToolOutcome.OK, "Echo: joined")
+    assert (wrote.name, wrote.outcome) == ("fs_write_file", ToolOutcome.OK)
+    assert (tmp_path / "a.txt").read_text(encoding="utf-8") == "A"
+    assert (listed.outcome, listed.content) == (ToolOutcome.OK, "[FILE] a.txt")
