@@ -36,6 +36,8 @@ from trajcore.adapters.mcp import (
     MCPCommand,
     MCPToolServer,
     SessionScope,
+    open_tool_servers,
+    parse_tool_servers,
 )
 from trajcore.adapters.tool_server import ToolRegistry
 from trajcore.domain.errors import PoolClosed, ToolServerError
@@ -382,3 +384,29 @@ async def test_aclose_during_a_call_raises_pool_closed_and_stops_the_server() ->
                 await server.aclose()
     assert len(outcome) == 1
     assert not alive(server_pid)
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_the_joined_server_releases_a_trajectory_on_its_members() -> None:
+    settings = parse_tool_servers(
+        {
+            "state": {
+                "command": list(faults_over_stdio().argv),
+                "cwd": str(REPO),
+                "scope": "trajectory",
+                "connect_timeout_s": 60,
+            }
+        }
+    )
+    async with open_tool_servers(settings, default_call_timeout_s=30) as joined:
+        (member,) = joined.members
+        assert isinstance(member.server, MCPToolServer)
+        await joined.execute(
+            [call("remember", text="kept")], context=ToolContext(trajectory_id="t")
+        )
+        first = await pid_of(member.server)
+        await joined.release("t")
+        assert not alive(first)
+        (fresh,) = await joined.execute([call("recall")], context=ToolContext(trajectory_id="t"))
+    assert (fresh.outcome, fresh.content) == (ToolOutcome.OK, "")
