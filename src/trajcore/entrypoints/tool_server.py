@@ -1,4 +1,4 @@
-"""``trajcore tool-server``: serve registered Python functions as external tools.
+"""``trajcore tool-server``: serve registered Python functions as external tools (or over MCP).
 
 ::
 
@@ -32,10 +32,21 @@ token when one is set; 401 without it). The rules it keeps:
   thread is abandoned, not killed (Python cannot kill a thread), so a sync tool that may hang
   should bound itself.
 
-When the process serves, it prints one line of JSON on stdout, ``{"ready": true, "address":
-"http://host:port", "pid": ..., "tools": N, "protocol": 1}``; ``--listen HOST:0`` picks a free port
-and the line names it. SIGTERM or SIGINT stops it with status 0. A bad flag, an ``--app`` that is
-not a ``ToolRegistry``, or an unreadable token file exits 2 with ``reason @ field`` on stderr.
+With ``--mcp`` it speaks the Model Context Protocol instead, so any MCP client can use the same
+tools (``trajcore.adapters.mcp.server``; the SDK is the optional ``mcp`` extra)::
+
+    trajcore tool-server --app my_tools:registry --mcp stdio
+    trajcore tool-server --app my_tools:registry --mcp http --listen 127.0.0.1:8765 --token-file t
+
+``--mcp stdio`` serves on stdin/stdout until stdin closes (exit 0) and takes neither ``--listen``
+nor ``--token-file``; ``--mcp http`` serves streamable HTTP at ``/mcp`` behind the bearer token,
+and its ready line's ``address`` is that endpoint and its ``protocol`` is ``"mcp"``.
+
+When the process serves over HTTP, it prints one line of JSON on stdout, ``{"ready": true,
+"address": "http://host:port", "pid": ..., "tools": N, "protocol": 1}``; ``--listen HOST:0`` picks
+a free port and the line names it. SIGTERM or SIGINT stops it with status 0. A bad flag, an
+``--app`` that is not a ``ToolRegistry``, an unreadable token file, or ``--mcp`` without the SDK
+exits 2 with ``reason @ field`` on stderr.
 """
 
 from __future__ import annotations
