@@ -539,7 +539,7 @@ class MCPToolServer:
             raise WireError("$.tools", "the server's tools changed since it first listed them")
 
     async def _hold(self, session: _Session) -> None:
-        idle = self.idle_close_s if session.key != _RUN_KEY else None
+        idle = self.idle_close_s if self.scope is SessionScope.TRAJECTORY else None
         while not session.stop.is_set():
             if idle is None:
                 await session.stop.wait()
