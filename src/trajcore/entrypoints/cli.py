@@ -1,7 +1,7 @@
 """The ``trajcore`` command: one program, several roles.
 
     trajcore slot-server ...   serve N sandbox slots over HTTP (what every container runs)
-    trajcore tool-server ...   serve registered Python tools over HTTP
+    trajcore tool-server ...   serve registered Python tools over HTTP or MCP (--mcp stdio|http)
     trajcore demo ...          run the shell-tasks env on the local pool and write a report
 
 Each subcommand's module is imported only when it runs, so ``trajcore slot-server`` starts
@@ -18,7 +18,7 @@ __all__ = ["main"]
 
 _COMMANDS: dict[str, tuple[str, str]] = {
     "slot-server": ("trajcore.entrypoints.slot_server", "serve sandbox slots over HTTP"),
-    "tool-server": ("trajcore.entrypoints.tool_server", "serve registered Python tools over HTTP"),
+    "tool-server": ("trajcore.entrypoints.tool_server", "serve Python tools over HTTP or MCP"),
     "demo": ("trajcore.entrypoints.demo", "run the shell-tasks env offline and write a report"),
 }
 

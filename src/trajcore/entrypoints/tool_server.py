@@ -1,4 +1,4 @@
-"""``trajcore tool-server``: serve registered Python functions as external tools.
+"""``trajcore tool-server``: serve registered Python functions as external tools (or over MCP).
 
 ::
 
@@ -32,10 +32,21 @@ token when one is set; 401 without it). The rules it keeps:
   thread is abandoned, not killed (Python cannot kill a thread), so a sync tool that may hang
   should bound itself.
 
-When the process serves, it prints one line of JSON on stdout, ``{"ready": true, "address":
-"http://host:port", "pid": ..., "tools": N, "protocol": 1}``; ``--listen HOST:0`` picks a free port
-and the line names it. SIGTERM or SIGINT stops it with status 0. A bad flag, an ``--app`` that is
-not a ``ToolRegistry``, or an unreadable token file exits 2 with ``reason @ field`` on stderr.
+With ``--mcp`` it speaks the Model Context Protocol instead, so any MCP client can use the same
+tools (``trajcore.adapters.mcp.server``; the SDK is the optional ``mcp`` extra)::
+
+    trajcore tool-server --app my_tools:registry --mcp stdio
+    trajcore tool-server --app my_tools:registry --mcp http --listen 127.0.0.1:8765 --token-file t
+
+``--mcp stdio`` serves on stdin/stdout until stdin closes (exit 0) and takes neither ``--listen``
+nor ``--token-file``; ``--mcp http`` serves streamable HTTP at ``/mcp`` behind the bearer token,
+and its ready line's ``address`` is that endpoint and its ``protocol`` is ``"mcp"``.
+
+When the process serves over HTTP, it prints one line of JSON on stdout, ``{"ready": true,
+"address": "http://host:port", "pid": ..., "tools": N, "protocol": 1}``; ``--listen HOST:0`` picks
+a free port and the line names it. SIGTERM or SIGINT stops it with status 0. A bad flag, an
+``--app`` that is not a ``ToolRegistry``, an unreadable token file, or ``--mcp`` without the SDK
+exits 2 with ``reason @ field`` on stderr.
 """
 
 from __future__ import annotations
@@ -50,7 +61,7 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
+from types import FrameType, ModuleType
 
 import uvicorn
 from starlette.applications import Starlette
@@ -60,6 +71,7 @@ from starlette.routing import Route
 
 from trajcore.adapters.tool_server import (
     PROTOCOL_VERSION,
+    ASGIApp,
     ExecuteRequest,
     ExecuteResponse,
     ToolListing,
@@ -179,12 +191,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="trajcore tool-server", description=(__doc__ or "").split("\n")[0]
     )
     parser.add_argument("--app", required=True, help="module:attribute naming a ToolRegistry")
-    parser.add_argument("--listen", required=True, help="HOST:PORT to listen on; port 0 = any")
     parser.add_argument(
-        "--token-file", type=Path, required=True, help="file holding the bearer token"
+        "--mcp",
+        choices=MCP_TRANSPORTS,
+        default=None,
+        help="speak MCP instead of trajcore's protocol: over stdin/stdout (stdio) or streamable "
+        "HTTP at /mcp (http)",
+    )
+    parser.add_argument(
+        "--listen", help="HOST:PORT to listen on; port 0 = any (not with --mcp stdio)"
+    )
+    parser.add_argument(
+        "--token-file", type=Path, help="file holding the bearer token (not with --mcp stdio)"
     )
     parser.add_argument("--call-timeout-s", type=float, default=60.0, help="limit per call")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    over_stdio = args.mcp == "stdio"
+    for flag, value in (("--listen", args.listen), ("--token-file", args.token_file)):
+        if over_stdio and value is not None:
+            parser.error(f"{flag} has no use with --mcp stdio")
+        if not over_stdio and value is None:
+            parser.error(f"{flag} is required" + (" with --mcp http" if args.mcp else ""))
+    return args
 
 
 def _listen_address(listen: str) -> tuple[str, int]:
@@ -207,11 +235,19 @@ def _read_token(path: Path) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve until SIGTERM or SIGINT. Returns the exit status (0, or 2 on a bad configuration)."""
     args = parse_args(argv)
+    app: ASGIApp
     try:
         registry = load_registry(args.app)
+        if args.mcp == "stdio":
+            return _serve_mcp_stdio(registry, call_timeout_s=args.call_timeout_s)
         host, port = _listen_address(args.listen)
         token = _read_token(args.token_file)
-        app = make_app(registry, token=token, call_timeout_s=args.call_timeout_s)
+        if args.mcp == "http":
+            app = _mcp_http_app(
+                registry, token=token, host=host, call_timeout_s=args.call_timeout_s
+            )
+        else:
+            app = make_app(registry, token=token, call_timeout_s=args.call_timeout_s)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
     except ConfigError as exc:
@@ -228,14 +264,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             "address": f"http://{shown}:{bound_port}",
             "pid": os.getpid(),
             "tools": len(registry),
-            "protocol": PROTOCOL_VERSION,
+            "protocol": "mcp" if args.mcp else PROTOCOL_VERSION,
         }
+        if args.mcp:
+            ready["address"] = f"{ready['address']}{MCP_PATH}"
         # The socket already listens: a client that reads this line and connects is queued
         # until uvicorn accepts.
         sys.stdout.write(json.dumps(ready) + "\n")
         sys.stdout.flush()
+        # The MCP app's session manager runs in the ASGI lifespan.
         config = uvicorn.Config(
-            app, lifespan="off", log_level="warning", access_log=False, loop="asyncio"
+            app,
+            lifespan="on" if args.mcp else "off",
+            log_level="warning",
+            access_log=False,
+            loop="asyncio",
         )
         # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the
         # handler it found; a no-op one makes that graceful stop exit with status 0.
@@ -254,6 +297,40 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+MCP_TRANSPORTS = ("stdio", "http")
+MCP_PATH = "/mcp"
+
+
+def _mcp_server_module() -> ModuleType:
+    """``trajcore.adapters.mcp.server``, imported only when MCP is asked for (the SDK is the
+    optional ``mcp`` extra).
+
+    Raises:
+        ConfigError: at ``--mcp`` when the SDK is not installed.
+    """
+    try:
+        return importlib.import_module("trajcore.adapters.mcp.server")
+    except ImportError as exc:
+        raise ConfigError(
+            "--mcp", f"needs the MCP SDK: pip install 'trajcore[mcp]' ({exc})"
+        ) from None
+
+
+def _serve_mcp_stdio(registry: ToolRegistry, *, call_timeout_s: float) -> int:
+    """Serve ``registry`` over MCP on stdin/stdout until stdin closes; returns 0."""
+    serve_stdio = _mcp_server_module().serve_stdio
+    serve_stdio(registry, call_timeout_s=call_timeout_s)
+    return 0
+
+
+def _mcp_http_app(
+    registry: ToolRegistry, *, token: str, host: str, call_timeout_s: float
+) -> ASGIApp:
+    app: ASGIApp = _mcp_server_module().streamable_http_app(
+        registry, token=token, host=host, path=MCP_PATH, call_timeout_s=call_timeout_s
+    )
+    return app
 
 
 def _ignore_signal(_signum: int, _frame: FrameType | None) -> None:
