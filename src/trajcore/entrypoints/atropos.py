@@ -385,6 +385,11 @@ class AgentEnvConfig(BaseEnvConfig):
         "the env's tool_registry() inside this process.",
     )
     tool_server_token: str | None = Field(default=None, description="Its bearer token.")
+    tool_servers: dict[str, dict[str, Any]] | str | None = Field(
+        default=None,
+        description="MCP servers whose tools the model may call: {name: {command | url, ...}} "
+        "(JSON text on the command line); each server's tools form a toolset named after it.",
+    )
     # -- groups
     on_failure: Literal["drop", "keep_healthy"] = Field(
         default="keep_healthy",
@@ -434,6 +439,27 @@ class AgentEnvConfig(BaseEnvConfig):
     def _known_parser(cls, value: str | None) -> str | None:
         if value is not None:
             get_parser(value)  # ConfigError at tool_call_parser, listing the known names
+        return value
+
+    @field_validator("tool_servers")
+    @classmethod
+    def _tool_servers(
+        cls, value: dict[str, dict[str, Any]] | str | None
+    ) -> dict[str, dict[str, Any]] | str | None:
+        if value is None:
+            return None
+        try:
+            from trajcore.adapters.mcp import parse_tool_servers
+        except ImportError as exc:
+            raise ConfigError(
+                "tool_servers", f"needs the MCP SDK: pip install 'trajcore[mcp]' ({exc})"
+            ) from None
+        taken = {name for name, _, _ in _DEFAULT_TOOLSETS} | {EXTERNAL_TOOLSET, "tool_server"}
+        for setting in parse_tool_servers(value):  # ConfigError at tool_servers.<name>.<field>
+            if setting.name in taken:
+                raise ConfigError(
+                    f"tool_servers.{setting.name}", f"{setting.name!r} names a built-in toolset"
+                )
         return value
 
     @field_validator("tool_server_url")
@@ -946,6 +972,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         self._dataset: DatasetRows | None = self._load_dataset(config)
         super().__init__(config, self.server_configs, slurm=slurm, testing=testing)
         self._services: RolloutServices | None = None
+        self._server_toolsets: list[Toolset] = []
         self._template: ChatTemplate | None = None
         self._tokenizer_port: Tokenizer | None = None
         self._rng = random.Random(config.toolset_seed)  # noqa: S311 - toolset draws, not secrets
@@ -1063,6 +1090,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             toolsets.append(
                 Toolset(name=EXTERNAL_TOOLSET, tools=external, description="the tool server's")
             )
+        toolsets.extend(t for t in self._server_toolsets if all(n in names for n in t.tools))
         return ToolsetCatalog(toolsets=toolsets)
 
     def tool_registry(self) -> ToolRegistry | None:
@@ -1189,6 +1217,39 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             url, token=self.config.tool_server_token, timeout_s=self.config.terminal_timeout_s
         )
 
+    @contextlib.asynccontextmanager
+    async def open_tool_server(self) -> AsyncIterator[ToolServer | None]:
+        """``make_tool_server()`` joined with the ``tool_servers`` (MCP), listed once; closed on
+        exit. Open and close in the same task.
+
+        Raises:
+            ConfigError: a tool name offered twice, naming both owners; a bad setting.
+            ToolServerError, WireError: a server cannot be started, reached or listed.
+        """
+        single = self.make_tool_server()
+        try:
+            if not self.config.tool_servers:
+                yield single
+                return
+            from trajcore.adapters.mcp import JoinedMember, open_tool_servers, parse_tool_servers
+
+            before = [JoinedMember(name="tool_server", server=single)] if single else []
+            async with open_tool_servers(
+                parse_tool_servers(self.config.tool_servers),
+                default_call_timeout_s=self.config.terminal_timeout_s,
+                reserved={spec.name: "the slot tools" for spec in SLOT_TOOL_SPECS},
+                before=before,
+            ) as joined:
+                await joined.list_tools()  # clashes fail here, at start
+                self._server_toolsets = joined.toolsets()
+                try:
+                    yield joined
+                finally:
+                    self._server_toolsets = []
+        finally:
+            if single is not None:
+                await single.aclose()
+
     def tokenizer_port(self) -> Tokenizer:
         """The env's tokenizer (Atropos's ``tokenizer_name``) as trajcore's ``Tokenizer``."""
         if self._tokenizer_port is None:
@@ -1273,9 +1334,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         anyio.to_thread.current_default_thread_limiter().total_tokens = self.config.tool_threads
         async with contextlib.AsyncExitStack() as stack:
             if tool_server is None:
-                tool_server = self.make_tool_server()
-                if tool_server is not None:
-                    stack.push_async_callback(tool_server.aclose)
+                tool_server = await stack.enter_async_context(self.open_tool_server())
             external = await tool_server.list_tools() if tool_server is not None else []
             specs = tuple(self.tools(external))
             catalog = self.toolsets(specs)
@@ -1419,17 +1478,29 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         )
 
         async def member(trajectory_id: str) -> TrajectoryResult:
-            return await run_trajectory(
-                trajectory_id=trajectory_id,
-                messages=messages,
-                tools=specs,
-                hooks=hooks,
-                policy=agent_policy,
-                pool=services.pool,
-                dispatcher=services.dispatcher,
-                tool_server=services.tool_server,
-                config=rollout,
-            )
+            try:
+                return await run_trajectory(
+                    trajectory_id=trajectory_id,
+                    messages=messages,
+                    tools=specs,
+                    hooks=hooks,
+                    policy=agent_policy,
+                    pool=services.pool,
+                    dispatcher=services.dispatcher,
+                    tool_server=services.tool_server,
+                    config=rollout,
+                )
+            finally:
+                # Tool servers that keep state per trajectory (MCP sessions) end it here.
+                release = getattr(services.tool_server, "release", None)
+                if release is not None:
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(10) as waited:
+                        try:
+                            await release(trajectory_id)
+                        except Exception as exc:  # noqa: BLE001 - the trajectory's result stands
+                            log.warning("releasing %s's tool sessions: %s", trajectory_id, exc)
+                    if waited.cancelled_caught:
+                        log.warning("releasing %s's tool sessions took over 10 s", trajectory_id)
 
         group_id = f"{type(self).__name__}-{uuid.uuid4().hex[:10]}"
         result = await collect_group(group_id=group_id, policy=policy, run_member=member)

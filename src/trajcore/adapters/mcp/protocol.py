@@ -3,10 +3,10 @@
 Pure functions over the SDK's types; no I/O. The rules they keep:
 
 - A tool becomes a ``ToolSpec`` with its input schema kept whole (every keyword, ``$schema``
-  included); trajcore's validator enforces the keywords it knows (type, properties, required,
-  items, enum, additionalProperties) before a call is sent, and the server enforces the rest. A
-  tool whose name or schema trajcore cannot take is a ``WireError`` naming the tool and the field,
-  never dropped.
+  included) and checked by ``JSONSchemaValidator``: the schema against its draft's metaschema
+  when listed, every keyword of the arguments before a call is sent. A tool whose name or schema
+  trajcore cannot take (an invalid schema, a reference outside it) is a ``WireError`` naming the
+  tool and the field, never dropped.
 - The caller's ``ToolContext`` travels in the request's ``_meta`` under ``CONTEXT_META_KEY``
   (``{"trajectory_id": ..., "slot": ...}``); servers that do not know the key ignore it.
 - A result becomes a ``ToolResult``: its text blocks joined by newlines (one block is kept
@@ -25,6 +25,7 @@ from typing import Final
 
 import mcp_types as types
 
+from trajcore.adapters.json_schema import JSONSchemaValidator
 from trajcore.domain.errors import ConfigError, WireError
 from trajcore.domain.messages import (
     JSON,
@@ -53,6 +54,8 @@ CONTEXT_META_KEY: Final = "trajcore/context"
 OUTCOME_META_KEY: Final = "trajcore/outcome"
 """Result ``_meta`` key of trajcore's outcome: ``{"outcome": "rejected", "error": "..."}``."""
 
+_VALIDATOR: Final = JSONSchemaValidator()
+
 ANONYMOUS_TRAJECTORY: Final = "mcp-client"
 """The trajectory id our server gives a call that carries no trajcore context."""
 
@@ -70,7 +73,12 @@ def tool_spec(tool: types.Tool, index: int) -> ToolSpec:
         raise WireError(f"{where}.inputSchema", f"tool {tool.name!r}: {problem}")
     assert isinstance(schema, dict)  # pydantic gave a dict; check_json proved it JSON
     try:
-        return ToolSpec(name=tool.name, description=tool.description or "", parameters=schema)
+        return ToolSpec(
+            name=tool.name,
+            description=tool.description or "",
+            parameters=schema,
+            validator=_VALIDATOR,
+        )
     except ConfigError as exc:
         field = (
             "name" if exc.field == "name" else f"inputSchema{exc.field.removeprefix('parameters')}"
