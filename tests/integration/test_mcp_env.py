@@ -65,8 +65,8 @@ def _config(tool_servers: dict[str, dict[str, Any]], **fields: Any) -> AgentEnvC
     )
 
 
-def _server(*extra: str) -> dict[str, Any]:
-    return {"command": list(serve_command(CONTRACT_APP, "--mcp", "stdio")), **dict(extra)}
+def _server() -> dict[str, Any]:
+    return {"command": list(serve_command(CONTRACT_APP, "--mcp", "stdio"))}
 
 
 def _turn(message: Message) -> ChatTurn:
