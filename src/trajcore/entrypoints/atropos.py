@@ -252,6 +252,35 @@ _NOMAD_FIELDS: dict[str, str] = {
 }  # fmt: skip
 
 
+def _mistral_tokenizer(config: AgentEnvConfig) -> Tokenizer:
+    """``MistralCommonTokenizer`` over ``mistral_tokenizer_file``, or the one Mistral file in the
+    ``tokenizer_name`` folder (``tekken.json``, else the newest ``tokenizer.model.v*``)."""
+    field = "mistral_tokenizer_file"
+    try:
+        from trajcore.adapters.mistral import MistralCommonTokenizer
+    except ImportError as exc:
+        raise ConfigError(
+            "tokenizer_mode", f"'mistral' needs pip install 'trajcore[mistral]' ({exc})"
+        ) from None
+    if config.mistral_tokenizer_file is not None:
+        file = Path(config.mistral_tokenizer_file)
+    else:
+        folder = Path(str(config.tokenizer_name))
+        found = sorted(folder.glob("tokenizer.model.v*")) if folder.is_dir() else []
+        tekken = folder / "tekken.json"
+        if tekken.is_file():
+            found = [tekken]
+        if not found:
+            raise ConfigError(
+                field, f"no tekken.json or tokenizer.model.v* in {str(folder)!r}: name the file"
+            )
+        file = found[-1]
+    try:
+        return MistralCommonTokenizer.from_file(file)
+    except ConfigError as exc:
+        raise ConfigError(field, exc.reason) from None
+
+
 class AgentEnvConfig(BaseEnvConfig):
     """An agent env's settings: Atropos's ``BaseEnvConfig`` plus trajcore's (section 7).
 
@@ -276,6 +305,17 @@ class AgentEnvConfig(BaseEnvConfig):
     tool_call_parser: str | None = Field(
         default=None,
         description=f"Tool-call parser for managed mode, one of {', '.join(PARSER_NAMES)}.",
+    )
+    tokenizer_mode: Literal["hf", "mistral"] = Field(
+        default="hf",
+        description="How managed mode renders and tokenizes: 'hf' (tokenizer_name's chat "
+        "template) or 'mistral' (Mistral's own encoder, mistral_common; as vLLM's "
+        "--tokenizer-mode mistral).",
+    )
+    mistral_tokenizer_file: str | None = Field(
+        default=None,
+        description="With tokenizer_mode 'mistral': the tekken.json or tokenizer.model.v* file "
+        "(default: the one in the tokenizer_name folder).",
     )
     # -- sandbox
     sandbox: Literal["local", "nomad"] = Field(
@@ -1251,11 +1291,20 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
                 await single.aclose()
 
     def tokenizer_port(self) -> Tokenizer:
-        """The env's tokenizer (Atropos's ``tokenizer_name``) as trajcore's ``Tokenizer``."""
+        """The env's tokenizer as trajcore's ``Tokenizer``: Atropos's ``tokenizer_name`` with its
+        chat template, or Mistral's own encoder with ``tokenizer_mode="mistral"``.
+
+        Raises:
+            ConfigError: ``mistral_tokenizer_file`` is missing or cannot be loaded, or the
+                ``mistral`` extra is not installed.
+        """
         if self._tokenizer_port is None:
-            self._tokenizer_port = TransformersTokenizer(
-                tokenizer=self.tokenizer, path=Path(str(self.config.tokenizer_name))
-            )
+            if self.config.tokenizer_mode == "mistral":
+                self._tokenizer_port = _mistral_tokenizer(self.config)
+            else:
+                self._tokenizer_port = TransformersTokenizer(
+                    tokenizer=self.tokenizer, path=Path(str(self.config.tokenizer_name))
+                )
         return self._tokenizer_port
 
     def chat_template(self) -> ChatTemplate:
