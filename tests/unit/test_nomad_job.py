@@ -159,7 +159,11 @@ def test_the_job_runs_the_slot_server_as_specified(spec: NomadJobSpec) -> None:
     assert task["Driver"] == spec.driver
     argv = _argv(task)
     assert argv[: len(spec.command)] == list(spec.command)
-    parsed = parse_args(argv[len(spec.command) :])
+    # Nomad interpolates the allocation's index before the server reads it
+    words = [w.replace("${NOMAD_ALLOC_INDEX}", "3") for w in argv[len(spec.command) :]]
+    assert words != argv[len(spec.command) :]
+    parsed = parse_args(words)
+    assert parsed.slot_uid_block == 3  # each allocation its own block of slot uids
     assert parsed.slots == spec.slots_per_container
     assert parsed.listen == spec.listen_address()
     assert parsed.token_env == spec.token_env

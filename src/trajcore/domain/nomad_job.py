@@ -278,6 +278,8 @@ class NomadJobSpec:
             "--root", "${NOMAD_TASK_DIR}/slots",
             "--listen", self.listen_address(),
             "--token-env", self.token_env,
+            # allocations on one host share its uids: each takes its own block of slot uids
+            "--slot-uid-block", "${NOMAD_ALLOC_INDEX}",
             *self.flags.argv(),
         ]  # fmt: skip
 

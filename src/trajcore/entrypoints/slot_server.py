@@ -92,6 +92,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="when run as root, slot i's sandbox runs as host uid/gid BASE+i (default "
         f"{DEFAULT_SLOT_UID_BASE}); a server that is not root runs every slot as itself",
     )
+    parser.add_argument(
+        "--slot-uid-block",
+        type=int,
+        default=0,
+        metavar="K",
+        help="this server's block of slot uids: slot i runs as BASE + K*SLOTS + i, so servers "
+        "sharing a host's uids never share a slot uid (a Nomad job passes its allocation index)",
+    )
     return parser.parse_args(argv)
 
 
@@ -126,10 +134,13 @@ def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
             )
     if args.listen is not None and token is None:
         raise ConfigError("--token-file", "TCP needs a bearer token (--token-file or --token-env)")
-    check_slot_uid_range("--slot-uid-base", args.slot_uid_base, args.slots)
+    if args.slot_uid_block < 0:
+        raise ConfigError("--slot-uid-block", f"must be >= 0, got {args.slot_uid_block}")
+    uid_base = args.slot_uid_base + args.slot_uid_block * args.slots
+    check_slot_uid_range("--slot-uid-block", uid_base, args.slots)
     config = RuntimeConfig(
         slots=args.slots,
-        slot_uid_base=args.slot_uid_base,
+        slot_uid_base=uid_base,
         root=args.root.absolute(),
         policy=policy,
         bwrap=args.bwrap,
