@@ -23,7 +23,8 @@ def test_each_block_of_a_base_is_a_disjoint_range_of_slot_uids(tmp_path: Path) -
     bases = [_uid_base(tmp_path, "--slot-uid-block", str(k)) for k in range(3)]
     assert bases == [DEFAULT_SLOT_UID_BASE + 4 * k for k in range(3)]
     ranges = [set(range(base, base + 4)) for base in bases]
-    assert not ranges[0] & ranges[1] and not ranges[1] & ranges[2]
+    assert not ranges[0] & ranges[1]
+    assert not ranges[1] & ranges[2]
     assert _uid_base(tmp_path, "--slot-uid-base", "3000000", "--slot-uid-block", "2") == 3000008
 
 
