@@ -158,6 +158,7 @@ FAMILY_TOOLS = [
             },
             "required": ["command"],
         },
+        validator=JSONSchemaValidator(),
     ),
     ToolSpec(
         name="read_file",
