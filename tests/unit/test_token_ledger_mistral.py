@@ -502,12 +502,6 @@ def test_spelled_markers_decode_like_the_special_tokens(name: BundledMistral) ->
     assert tokenizer.decode(spelled) == tokenizer.decode(real) == "[TOOL_CALLS]"
 
 
-@pytest.mark.xfail(
-    reason=(
-        "the mistral parser drops the 'id' Mistral v3/v7 models write in each call and numbers "
-        "calls itself (call_1_0), so trajcore answers results with an id the model never wrote"
-    ),
-)
 @pytest.mark.parametrize("name", ["v3", "tekken-v7"])
 def test_parser_keeps_the_ids_the_model_wrote(name: BundledMistral) -> None:
     tokenizer = adapter(name)
