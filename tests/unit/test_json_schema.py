@@ -10,6 +10,8 @@ from __future__ import annotations
 import datetime
 import enum
 import json
+import subprocess
+import sys
 from typing import Annotated, Literal
 
 import pytest
@@ -511,3 +513,308 @@ def test_the_builtin_checker_agrees_with_full_json_schema_on_its_subset(
     builtin = ToolSpec(name="t", parameters=parameters)
     full = _spec(parameters)
     assert bool(builtin.validate_arguments(arguments)) == bool(full.validate_arguments(arguments))
+
+
+# ------------------------------------------------------------------ the fast path and the reference
+# ``JSONSchemaValidator`` accepts what jsonschema-rs finds valid and asks jsonschema otherwise, so
+# the two must agree on every verdict. These schemas cover every keyword of Draft 2020-12 that
+# asserts something, in combinations, with instances drawn to hit their edges.
+
+_KEYS = ["a", "b", "n_1", "Z"]
+_STRINGS = [
+    "",
+    "a",
+    "ab",
+    "abc",
+    "A",
+    "n_x",
+    "10.0.0.1",
+    "10.0.0.300",
+    "::1",
+    "2024-02-29",
+    "2024-02-30",
+    "2024-01-01T00:00:00Z",
+    "12:00:00Z",
+    "a@b.org",
+    "nobody",
+    "P1DT2H",
+    "P",
+    "https://x.org/a",
+    "no scheme",
+    "example.com",
+    "-bad-.com",
+    "12345678-1234-5678-1234-567812345678",
+    "/a/b",
+    "a~2",
+    "é",
+    "\n",
+    "ab\n",
+]
+_values: st.SearchStrategy[JSON] = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 12)
+    | st.sampled_from([0.0, 1.0, 1.5, -0.5, 2.0, 10.0, 2**64, -(2**63) - 1])
+    | st.sampled_from(_STRINGS),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(_KEYS), inner, max_size=4)
+    ),
+    max_leaves=10,
+)
+_FORMAT_NAMES = [
+    "date",
+    "date-time",
+    "time",
+    "email",
+    "ipv4",
+    "ipv6",
+    "uuid",
+    "hostname",
+    "duration",
+    "uri",
+    "uri-reference",
+    "json-pointer",
+    "regex",
+    "password",
+]
+# Patterns whose meaning is the same in Python's ``re`` and the Rust engine (no ``$``: Python's
+# also matches before a final newline; that difference has its own test below).
+_PATTERNS = ["^a", "b", "^[a-z]+", "[0-9]", "^n_", "^(a|b)c?", "\\d", "^.{2,3}"]
+_TYPES = ["string", "integer", "number", "boolean", "null", "array", "object"]
+
+
+def _leaf_schemas() -> st.SearchStrategy[JSON]:
+    small = st.integers(0, 4)
+    num = st.sampled_from([0, 1, 2, 1.5, -1, 10])
+    return st.one_of(
+        st.builds(lambda t: {"type": t}, st.sampled_from(_TYPES)),
+        st.builds(
+            lambda ts: {"type": ts},
+            st.lists(st.sampled_from(_TYPES), min_size=1, max_size=3, unique=True),
+        ),
+        st.builds(lambda v: {"enum": v}, st.lists(_values, min_size=1, max_size=3)),
+        st.builds(lambda v: {"const": v}, _values),
+        st.builds(
+            lambda k, v: {k: v},
+            st.sampled_from(["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]),
+            num,
+        ),
+        st.builds(lambda v: {"multipleOf": v}, st.sampled_from([1, 2, 3, 0.5, 0.25])),
+        st.builds(
+            lambda k, v: {k: v},
+            st.sampled_from(
+                ["minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"]
+            ),
+            small,
+        ),
+        st.builds(lambda p: {"pattern": p}, st.sampled_from(_PATTERNS)),
+        st.builds(lambda f: {"format": f}, st.sampled_from(_FORMAT_NAMES)),
+        st.builds(lambda u: {"uniqueItems": u}, st.booleans()),
+        st.builds(
+            lambda r: {"required": r}, st.lists(st.sampled_from(_KEYS), unique=True, max_size=3)
+        ),
+        st.builds(
+            lambda k, r: {"dependentRequired": {k: r}},
+            st.sampled_from(_KEYS),
+            st.lists(st.sampled_from(_KEYS), unique=True, max_size=2),
+        ),
+        st.just({"$ref": "#/$defs/small"}),
+        st.just({"$ref": "#/$defs/tree"}),
+        st.booleans(),  # true and false are schemas too
+    )
+
+
+def _composite(inner: st.SearchStrategy[JSON]) -> st.SearchStrategy[JSON]:
+    props = st.dictionaries(st.sampled_from(_KEYS), inner, max_size=3)
+    alternatives = st.lists(inner, min_size=1, max_size=3)
+    return st.one_of(
+        st.lists(inner, min_size=2, max_size=3).map(
+            lambda subs: {k: v for s in subs if isinstance(s, dict) for k, v in s.items()}
+        ),
+        st.builds(
+            lambda p, extra: {"properties": p, "additionalProperties": extra},
+            props,
+            st.booleans() | inner,
+        ),
+        st.builds(
+            lambda p: {"patternProperties": p},
+            st.dictionaries(st.sampled_from(_PATTERNS), inner, max_size=2),
+        ),
+        st.builds(lambda s: {"propertyNames": s}, inner),
+        st.builds(lambda k, s: {"dependentSchemas": {k: s}}, st.sampled_from(_KEYS), inner),
+        st.builds(lambda s: {"items": s}, inner),
+        st.builds(
+            lambda p, rest: {"prefixItems": p, "items": rest}, alternatives, st.booleans() | inner
+        ),
+        st.builds(lambda s, lo: {"contains": s, "minContains": lo}, inner, st.integers(0, 2)),
+        st.builds(lambda s, hi: {"contains": s, "maxContains": hi}, inner, st.integers(1, 2)),
+        st.builds(
+            lambda k, subs: {k: subs}, st.sampled_from(["allOf", "anyOf", "oneOf"]), alternatives
+        ),
+        st.builds(lambda s: {"not": s}, inner),
+        st.builds(lambda i, t, e: {"if": i, "then": t, "else": e}, inner, inner, inner),
+        st.builds(lambda p, u: {"properties": p, "unevaluatedProperties": u}, props, st.booleans()),
+        st.builds(
+            lambda p, u: {"prefixItems": p, "unevaluatedItems": u}, alternatives, st.booleans()
+        ),
+    )
+
+
+_any_schemas = st.recursive(_leaf_schemas(), _composite, max_leaves=8)
+_DEFS: JSONObject = {
+    "small": {"type": "integer", "maximum": 10},
+    "tree": {
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/tree"}, "b": {"type": "integer"}},
+    },
+}
+
+
+def _lockstep(schema: JSONObject, instance: JSON) -> None:
+    check = FULL.compile("t", schema)
+    assert check.fast, "jsonschema-rs compiles every generated schema"
+    fast, reference = check.verdicts(instance)
+    assert fast == reference, (schema, instance)
+    assert (check(instance) == []) == reference
+    assert check.disagreements == 0
+
+
+@given(_any_schemas, st.lists(_values, min_size=1, max_size=6))
+def test_the_fast_path_and_the_reference_agree_on_every_keyword(
+    schema: JSON, instances: list[JSON]
+) -> None:
+    if not isinstance(schema, dict):
+        schema = {"allOf": [schema]}
+    full: JSONObject = {**schema, "$defs": _DEFS}
+    for instance in instances:
+        _lockstep(full, instance)
+
+
+@given(
+    st.sampled_from(
+        [
+            PYDANTIC.parameters,
+            *[
+                {"type": "object", "properties": {"v": k}, "$defs": _DEFS}
+                for k, *_ in KEYWORD_CASES
+            ],
+        ]
+    ),
+    st.data(),
+)
+def test_the_fast_path_and_the_reference_agree_on_pydantic_and_keyword_schemas(
+    schema: JSONObject, data: st.DataObject
+) -> None:
+    properties = schema["properties"]
+    assert isinstance(properties, dict)
+    names = [*properties, "surplus"]
+    for _ in range(4):
+        keys = data.draw(st.lists(st.sampled_from(names), unique=True))
+        arguments: JSONObject = {}
+        for key in keys:
+            breaks = _BREAKS.get(key, [])
+            arguments[key] = data.draw(_values | st.sampled_from([*breaks, 0]))
+        if data.draw(st.booleans()):
+            arguments = {**data.draw(valid_arguments()), **arguments}
+        _lockstep(schema, arguments)
+
+
+def test_a_pattern_dollar_before_a_final_newline_is_a_counted_disagreement(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Python's ``$`` matches before a final newline, the Rust engine's does not: the reference
+    # (jsonschema, Python) wins, the arguments pass, and the disagreement is counted and logged.
+    check = FULL.compile("t", {"type": "string", "pattern": "^abc$"})
+    assert check.verdicts("abc\n") == (False, True)
+    with caplog.at_level("WARNING", logger="trajcore.tools"):
+        assert check("abc\n") == []
+        assert check("abc\n") == []
+    assert check.disagreements == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "tool 't': jsonschema-rs rejected arguments that jsonschema (the reference) accepts; "
+        "accepted them (1 time(s) for this tool so far)"
+    ]
+    assert [str(p) for p in check("abd")] == ["must match the pattern '^abc$' @ $"]
+    assert check.disagreements == 2
+
+
+def test_a_false_branch_of_any_of_is_explained() -> None:
+    check = FULL.compile("t", {"anyOf": [False, {"type": "string"}]})
+    assert [str(p) for p in check(None)] == ["expected string, got null @ $"]
+    assert [str(p) for p in FULL.compile("t", {"anyOf": [False]})(None)] == [
+        "no value is allowed here @ $"
+    ]
+
+
+def test_a_fractional_multiple_of_is_exact_on_the_fast_path() -> None:
+    # jsonschema's float division says 0.07 is no multiple of 0.01; jsonschema-rs says it is and
+    # its verdict stands (the documented difference no run-time check can see).
+    check = FULL.compile("t", {"type": "number", "multipleOf": 0.01})
+    assert check.verdicts(0.07) == (True, False)
+    assert check(0.07) == []
+    assert [str(p) for p in check(0.075)] == ["must be a multiple of 0.01 @ $"]
+
+
+def test_arguments_the_fast_path_cannot_read_go_to_the_reference() -> None:
+    # A lone surrogate (json.loads makes one of "\\ud800") cannot be encoded for the Rust side.
+    check = FULL.compile(
+        "t", {"type": "object", "properties": {"v": {"type": "string", "pattern": "^x"}}}
+    )
+    assert check.verdicts({"v": "x\ud800"}) == (None, True)
+    assert check({"v": "x\ud800"}) == []
+    assert [str(p) for p in check({"v": "\ud800"})] == ["must match the pattern '^x' @ $.v"]
+    assert check.disagreements == 0
+
+
+def test_formats_mean_what_the_reference_checker_says_on_both_paths() -> None:
+    # hostname, uri and duration are this module's own checkers; jsonschema-rs calls them.
+    check = FULL.compile(
+        "t",
+        {
+            "type": "object",
+            "properties": {
+                "h": {"type": "string", "format": "hostname"},
+                "d": {"type": "string", "format": "duration"},
+                "p": {"type": "string", "format": "password"},
+            },
+        },
+    )
+    assert check.fast
+    for arguments, valid in [
+        ({"h": "example.com."}, True),
+        ({"h": "-bad-.com"}, False),
+        ({"d": "P1W"}, True),
+        ({"d": "PT"}, False),
+        ({"p": "anything at all"}, True),
+    ]:
+        assert check.verdicts(arguments) == (valid, valid), arguments
+
+
+def test_a_schema_only_python_can_compile_is_checked_by_the_reference_alone() -> None:
+    check = FULL.compile("t", {"type": "string", "pattern": "a\\Z"})
+    assert not check.fast
+    assert check.verdicts("ba") == (None, True)
+    assert [str(p) for p in check("ab")] == ["must match the pattern 'a\\\\Z' @ $"]
+
+
+def test_without_jsonschema_rs_the_reference_checks_alone_after_one_warning() -> None:
+    code = (
+        "import sys, warnings\n"
+        "sys.modules['jsonschema_rs'] = None\n"
+        "warnings.simplefilter('always')\n"
+        "from trajcore.adapters.json_schema import JSONSchemaValidator\n"
+        "v = JSONSchemaValidator()\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    a = v.compile('a', {'type': 'integer'})\n"
+        "    b = v.compile('b', {'type': 'string'})\n"
+        "print(len(seen), seen[0].category.__name__, a.fast, b.fast)\n"
+        "print([str(p) for p in a('x')], b('x'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.splitlines() == [
+        "1 RuntimeWarning False False",
+        "['expected integer, got string @ $'] []",
+    ]

@@ -502,12 +502,6 @@ def test_spelled_markers_decode_like_the_special_tokens(name: BundledMistral) ->
     assert tokenizer.decode(spelled) == tokenizer.decode(real) == "[TOOL_CALLS]"
 
 
-@pytest.mark.xfail(
-    reason=(
-        "the mistral parser drops the 'id' Mistral v3/v7 models write in each call and numbers "
-        "calls itself (call_1_0), so trajcore answers results with an id the model never wrote"
-    ),
-)
 @pytest.mark.parametrize("name", ["v3", "tekken-v7"])
 def test_parser_keeps_the_ids_the_model_wrote(name: BundledMistral) -> None:
     tokenizer = adapter(name)
@@ -523,3 +517,24 @@ def test_parser_keeps_the_ids_the_model_wrote(name: BundledMistral) -> None:
     parsed = get_parser("mistral").parse(text, tools=_specs(conversation), id_prefix="call_1")
     assert [(c.name, c.arguments) for c in parsed.calls] == [("add", {"a": 1})]
     assert [c.id for c in parsed.calls] == ["a1B2c3D4e"]
+
+
+@pytest.mark.parametrize("name", ["v3", "tekken-v7"])
+def test_an_id_the_model_repeats_in_a_later_turn_is_made_unique(name: BundledMistral) -> None:
+    call = Call(id="a1B2c3D4e", name="add", arguments={"a": 1})
+    conversation = Conversation(
+        system=None,
+        users=("Add twice.",),
+        tools=("add",),
+        turns=(
+            Turn(content="", calls=(call,), results=("1",)),
+            Turn(content="", calls=(call,), results=("2",)),
+            Turn(content="Done.", calls=(), results=()),
+        ),
+    )
+    played = _play(name, conversation, logprob=-0.5)
+    assert [[c.id for c in turn.calls] for turn in played.parsed] == [
+        ["a1B2c3D4e"],
+        ["a1B2c3D4e-2"],
+        [],
+    ]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from trajcore.adapters.json_schema import JSONSchemaValidator
 from trajcore.domain.errors import ConfigError
@@ -18,6 +20,7 @@ from trajcore.domain.tool_parsers import (
     Qwen3CoderParser,
     get_parser,
 )
+from trajcore.domain.tool_parsers.base import distinct_ids
 from trajcore.domain.turns import ParsedTurn
 
 BASH = ToolSpec(
@@ -521,7 +524,10 @@ def test_mistral_reads_the_array_form() -> None:
     )
     turn = MistralParser().parse(text, tools=TOOLS)
     assert turn.content == "Let me check both."
-    assert turn.calls == (call(0, "bash", {"command": "ls"}), call(1, "read_file", {"path": "x"}))
+    assert turn.calls == (
+        ToolCall(id="a1b2c3d4e", name="bash", arguments={"command": "ls"}),
+        call(1, "read_file", {"path": "x"}),
+    )
 
 
 def test_mistral_keeps_complete_array_elements_before_a_cut_off_one() -> None:
@@ -545,7 +551,10 @@ def test_mistral_reads_the_args_form_with_call_ids_and_thinking() -> None:
     turn = MistralParser().parse(text, tools=TOOLS)
     assert turn.reasoning == "Two calls are needed."
     assert turn.content == "On it."
-    assert turn.calls == (call(0, "bash", {"command": "ls"}), call(1, "read_file", {"path": "x"}))
+    assert turn.calls == (
+        call(0, "bash", {"command": "ls"}),
+        ToolCall(id="a1b2c3d4e", name="read_file", arguments={"path": "x"}),
+    )
 
 
 def test_mistral_reads_the_args_form_after_the_tokenizer_dropped_args() -> None:
@@ -583,6 +592,79 @@ def test_mistral_reports_a_bad_call_between_good_ones() -> None:
     assert [c.id for c in turn.calls] == ["call_0", "call_2"]
     assert [(p.index, p.reason) for p in turn.errors] == [(1, "missing arguments @ arguments")]
     assert turn.content == "and some trailing words"
+
+
+def test_mistral_keeps_the_ids_the_model_wrote_and_generates_the_rest() -> None:
+    text = (
+        '[TOOL_CALLS][{"name": "bash", "arguments": {"command": "ls"}, "id": "call_1_1"},'
+        ' {"name": "bash", "arguments": {"command": "cd"}, "id": null},'
+        ' {"name": "bash", "arguments": {"command": "pwd"}, "id": "call_1_1"},'
+        ' {"name": "nope", "arguments": {}, "id": "Zz9Zz9Zz9"}]'
+    )
+    turn = MistralParser().parse(text, tools=TOOLS, id_prefix="call_1")
+    # Kept; generated (its own index, 1, is the model's: _2 is appended); repeated in the turn,
+    # so generated; a refused call keeps the id the model wrote, so the answer names it.
+    assert [c.id for c in turn.calls] == ["call_1_1", "call_1_1_2", "call_1_2"]
+    assert [(p.index, p.call_id, p.reason) for p in turn.errors] == [
+        (3, "Zz9Zz9Zz9", "unknown tool 'nope' @ name")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("written", "reason"),
+    [
+        ("7", "expected string, got integer @ id"),
+        ('""', "invalid call id '' (1-64 of [A-Za-z0-9_.-]) @ id"),
+        ('"a b"', "invalid call id 'a b' (1-64 of [A-Za-z0-9_.-]) @ id"),
+        ('"' + "x" * 65 + '"', "invalid call id '" + "x" * 65 + "' (1-64 of [A-Za-z0-9_.-]) @ id"),
+    ],
+)
+def test_mistral_refuses_a_call_whose_id_is_malformed(written: str, reason: str) -> None:
+    text = f'[TOOL_CALLS][{{"name": "bash", "arguments": {{"command": "ls"}}, "id": {written}}}]'
+    turn = MistralParser().parse(text, tools=TOOLS)
+    assert turn.calls == ()
+    assert [(p.index, p.name, p.call_id, p.reason) for p in turn.errors] == [
+        (0, "bash", "call_0", reason)
+    ]
+
+
+def test_mistral_reads_the_call_id_of_the_v13_form() -> None:
+    text = (
+        '[TOOL_CALLS]bash[CALL_ID]Ab3De6Gh9[ARGS]{"command": "ls"}'
+        '[TOOL_CALLS]bash[CALL_ID][ARGS]{"command": "pwd"}'
+    )
+    turn = MistralParser().parse(text, tools=TOOLS)
+    assert turn.calls == (ToolCall(id="Ab3De6Gh9", name="bash", arguments={"command": "ls"}),)
+    assert reasons(turn) == ["invalid call id '' (1-64 of [A-Za-z0-9_.-]) @ id"]
+
+
+def test_ids_stay_unique_across_a_trajectory() -> None:
+    used: set[str] = set()
+    parser = MistralParser(render_style="array")
+    texts = [
+        '[TOOL_CALLS][{"name": "bash", "arguments": {"command": "ls"}, "id": "abcDEF123"}, '
+        '{"name": "bash", "arguments": {"command": 1}}]',
+        # the model repeats its id, and writes the id trajcore generated for a problem
+        '[TOOL_CALLS][{"name": "bash", "arguments": {"command": "ls"}, "id": "abcDEF123"}, '
+        '{"name": "bash", "arguments": {"command": "ls"}, "id": "call_1_1"}, '
+        '{"name": "bash", "arguments": {"command": "ls"}, "id": "fresh0001"}]',
+        '[TOOL_CALLS][{"name": "bash", "arguments": {"command": "ls"}, "id": "abcDEF123"}]',
+    ]
+    ids: list[list[str]] = []
+    for turn_no, text in enumerate(texts, start=1):
+        turn = parser.parse(text, tools=TOOLS, id_prefix=f"call_{turn_no}")
+        turn = distinct_ids(turn, used, suffix=str(turn_no))
+        ids.append([c.id for c in turn.calls] + [p.call_id or "" for p in turn.errors])
+    assert ids == [
+        ["abcDEF123", "call_1_1"],
+        ["abcDEF123-2", "call_1_1-2", "fresh0001"],
+        ["abcDEF123-3"],
+    ]
+    assert len(used) == 6
+    # The same turns give the same ids: deterministic.
+    again: set[str] = set()
+    first = parser.parse(texts[0], tools=TOOLS, id_prefix="call_1")
+    assert distinct_ids(first, again, suffix="1") is first
 
 
 def test_mistral_render_in_both_styles() -> None:
@@ -916,3 +998,40 @@ def test_llama4_pythonic_render_wraps_the_list_in_its_tags() -> None:
     text = get_parser("llama4_pythonic").render(calls)
     assert text == "<|python_start|>[f(x=[1, None, True], y={'k': 'v'})]<|python_end|>"
     assert get_parser("llama4_pythonic").parse(text).calls == tuple(calls)
+
+
+@given(
+    st.lists(
+        st.lists(
+            st.sampled_from([None, "abcDEF123", "call_1_0", "call_2_1", "x", "", 5]), max_size=4
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_call_ids_are_unique_in_a_trajectory_and_new_model_ids_are_kept(
+    turns: list[list[str | int | None]],
+) -> None:
+    parser = MistralParser(render_style="array")
+    used: set[str] = set()
+    seen: list[str] = []
+    for turn_no, written in enumerate(turns, start=1):
+        calls = [{"name": "bash", "arguments": {"command": "ls"}, "id": w} for w in written]
+        text = "[TOOL_CALLS]" + json.dumps(calls) if calls else "no calls"
+        turn = distinct_ids(
+            parser.parse(text, tools=TOOLS, id_prefix=f"call_{turn_no}"), used, suffix=str(turn_no)
+        )
+        ids = [c.id for c in turn.calls] + [p.call_id for p in turn.errors if p.call_id]
+        assert len(ids) == len(written)
+        # Each attempt's id, in the order the model wrote them (problems carry their index).
+        problem_ids = {p.index: p.call_id for p in turn.errors}
+        made = iter(turn.calls)
+        by_attempt = [problem_ids.get(i) or next(made).id for i in range(len(written))]
+        for i, w in enumerate(written):
+            if isinstance(w, str) and w and w not in seen and w not in by_attempt[:i]:
+                assert by_attempt[i] == w  # a new, well-formed id the model wrote is kept
+        assert [p.reason.endswith("@ id") for p in turn.errors] == [
+            True for w in written if w in ("", 5)
+        ]
+        seen.extend(ids)
+    assert len(seen) == len(set(seen))

@@ -16,8 +16,24 @@
 - Nothing is ever fetched. A ``$ref`` outside the schema (anything but ``#...``) is refused at
   build, every ``#...`` reference must resolve then, and the validator's registry refuses to
   retrieve any URI, so no later lookup can reach the network or the disk.
-- The validator is compiled once per spec and reused; a call on valid arguments costs one
-  ``is_valid`` pass, and only invalid arguments pay for the explanation.
+- ``jsonschema`` is the reference; ``jsonschema-rs`` (Rust) is the fast path for the common case.
+  Both are compiled once per spec. Arguments the fast validator finds valid are accepted at once;
+  arguments it finds invalid (or cannot read: a lone surrogate) go to ``jsonschema``, which
+  judges them and names every problem. A schema the fast validator cannot compile (a Python-only
+  regex, draft 3) is checked by ``jsonschema`` alone (``JSONSchemaCheck.fast`` is ``False``).
+- Formats mean the same in both: the fast validator calls this module's format checker for
+  every ``format`` the schema names, an asserted one through ``jsonschema``'s checker and any
+  other as an annotation. The fast validator is built offline: it retrieves nothing.
+- When the fast validator rejects arguments that ``jsonschema`` accepts, the reference wins: the
+  arguments are accepted, ``JSONSchemaCheck.disagreements`` counts it, and the logger
+  ``trajcore.tools`` warns (the 1st, 10th, 100th, ... time per tool), so it is never silent.
+  The one known case is a ``pattern`` ending in ``$`` against a string ending in a newline
+  (Python's ``$`` matches before a final newline, the Rust engine's does not). The reverse, which
+  no check can see at run time, is pinned by tests and listed in docs/tool_parsers.md: a
+  fractional ``multipleOf`` is exact in the fast validator (``0.07`` is a multiple of ``0.01``),
+  where ``jsonschema``'s float division says it is not.
+- Without ``jsonschema_rs`` (a platform with no wheel for it) ``jsonschema`` checks alone, after one
+  ``RuntimeWarning`` at the first compile.
 - Problems read as the domain's do: ``expected integer, got string @ $.count``.
 
 ``jsonschema`` ships no type information, so its objects stay inside this module.
@@ -25,10 +41,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import re
 import urllib.parse
+import warnings
 from collections.abc import Iterable, Iterator
+from types import ModuleType
 from typing import Any
 
 import attrs
@@ -40,13 +60,20 @@ from referencing.jsonschema import DRAFT202012
 
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.messages import (
-    ArgumentCheck,
     ArgumentProblem,
     JSONObject,
     json_type,
 )
 
-__all__ = ["ASSERTED_FORMATS", "JSONSchemaValidator"]
+_fast_lib: ModuleType | None
+try:
+    import jsonschema_rs as _fast_lib
+except ImportError:  # a platform without its wheel; the tests run this in a subprocess
+    _fast_lib = None
+
+__all__ = ["ASSERTED_FORMATS", "JSONSchemaCheck", "JSONSchemaValidator"]
+
+_log = logging.getLogger("trajcore.tools")
 
 # The formats of JSON Schema 2020-12's format vocabulary.
 _STANDARD_FORMATS = frozenset(
@@ -212,7 +239,12 @@ def _explain_alternatives(error: Any) -> list[ArgumentProblem]:
         ]
     branches: dict[object, list[Any]] = {}
     for sub in error.context:
-        branches.setdefault(sub.relative_schema_path[0], []).append(sub)
+        # A ``false`` branch's error has no schema path of its own: it is a branch by itself.
+        branch = sub.relative_schema_path[0] if sub.relative_schema_path else ("false", id(sub))
+        branches.setdefault(branch, []).append(sub)
+    # A ``false`` branch explains nothing while another branch can.
+    chosen = {k: v for k, v in branches.items() if not isinstance(k, tuple)} or branches
+    branches = chosen
     for subs in branches.values():
         if not all(_top_type_mismatch(sub) for sub in subs):
             return [p for sub in subs for p in _explain(sub)]
@@ -256,6 +288,8 @@ def _explain(error: Any) -> list[ArgumentProblem]:
             for name in instance
             if name not in known and not any(re.search(p, name) for p in patterns)
         ]
+    if keyword is None and error.schema is False:
+        value = False
     reason = _explain_keyword(keyword, value, instance)
     return [ArgumentProblem(path=path, reason=reason or _short(error.message))]
 
@@ -304,21 +338,112 @@ def _explain_keyword(keyword: object, value: Any, instance: Any) -> str | None:
     return None
 
 
-@attrs.frozen
-class _Check:
-    validator: Any
+def _format_names(schema: JSONObject) -> set[str]:
+    return {
+        str(sub["format"]) for _, sub in _subschemas(schema) if isinstance(sub.get("format"), str)
+    }
+
+
+def _fast_format(name: str) -> Any:
+    """The fast validator's check of ``format: name``: this module's checker where it asserts
+    the format, an annotation (always true) otherwise, as ``jsonschema`` treats it."""
+    if name in ASSERTED_FORMATS:
+        return lambda value: _FORMATS.conforms(value, name)
+    return lambda value: True
+
+
+def _compile_fast(schema: JSONObject) -> Any:
+    """``jsonschema_rs``'s validator for ``schema``, or ``None`` where it has none (not installed,
+    or a schema it cannot compile: a regex only Python reads, a draft it does not know)."""
+    if _fast_lib is None:
+        _warn_no_fast()
+        return None
+    try:
+        return _fast_lib.validator_for(
+            schema,
+            formats={name: _fast_format(name) for name in _format_names(schema)},
+            validate_formats=True,
+            ignore_unknown_formats=True,
+            offline=True,
+        )
+    except ValueError:
+        return None
+
+
+@functools.cache
+def _warn_no_fast() -> None:
+    warnings.warn(
+        "jsonschema_rs is not installed (no wheel for this platform?): tool arguments are "
+        "checked by jsonschema alone, several times slower",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
+@attrs.define(eq=False)
+class JSONSchemaCheck:
+    """The compiled check of one tool's arguments (an ``ArgumentCheck``).
+
+    ``fast`` says whether ``jsonschema_rs`` checks valid arguments first; ``disagreements``
+    counts the arguments it rejected and the reference, ``jsonschema``, accepted (and so were
+    accepted).
+    """
+
+    tool: str
+    _reference: Any = attrs.field(alias="reference", repr=False)
+    _fast: Any = attrs.field(alias="fast_validator", repr=False)
+    disagreements: int = 0
+
+    @property
+    def fast(self) -> bool:
+        return self._fast is not None
+
+    def verdicts(self, arguments: object, /) -> tuple[bool | None, bool]:
+        """Both validators' answers for ``arguments``, for audits of their agreement: the fast
+        one's (``None`` where it has no fast validator or cannot read the arguments) and the
+        reference's."""
+        fast: bool | None = None
+        if self._fast is not None:
+            try:
+                fast = bool(self._fast.is_valid(arguments))
+            except ValueError:
+                fast = None
+        return fast, bool(self._reference.is_valid(arguments))
 
     def __call__(self, arguments: object, /) -> list[ArgumentProblem]:
-        if self.validator.is_valid(arguments):
+        rejected_fast = False
+        if self._fast is not None:
+            try:
+                if self._fast.is_valid(arguments):
+                    return []
+                rejected_fast = True
+            except ValueError:  # what it cannot read (a lone surrogate): the reference judges
+                pass
+        if not rejected_fast and self._reference.is_valid(arguments):
             return []
         seen: set[tuple[str, str]] = set()
         out: list[ArgumentProblem] = []
-        for error in self.validator.iter_errors(arguments):
+        for error in self._reference.iter_errors(arguments):
             for problem in _explain(error):
                 if (problem.path, problem.reason) not in seen:
                     seen.add((problem.path, problem.reason))
                     out.append(problem)
+        if rejected_fast and not out:
+            self.disagreements += 1
+            if _is_power_of_ten(self.disagreements):
+                _log.warning(
+                    "tool %r: jsonschema-rs rejected arguments that jsonschema (the reference) "
+                    "accepts; accepted them (%d time(s) for this tool so far)",
+                    self.tool,
+                    self.disagreements,
+                )
         return out
+
+
+def _is_power_of_ten(n: int) -> bool:
+    while n % 10 == 0:
+        n //= 10
+    return n == 1
 
 
 @attrs.frozen
@@ -329,7 +454,7 @@ class JSONSchemaValidator:
     ``ToolSpec(name=..., parameters=..., validator=JSONSchemaValidator())``.
     """
 
-    def compile(self, tool: str, schema: JSONObject) -> ArgumentCheck:
+    def compile(self, tool: str, schema: JSONObject) -> JSONSchemaCheck:
         """A reusable check of arguments against ``schema``.
 
         Raises:
@@ -346,4 +471,8 @@ class JSONSchemaValidator:
                 f"tool {tool!r}: not a valid JSON Schema: {_short(exc.message)}",
             ) from None
         _check_keywords(tool, schema, frozenset(cls.VALIDATORS))
-        return _Check(cls(schema, registry=_REGISTRY, format_checker=_FORMATS))
+        return JSONSchemaCheck(
+            tool,
+            reference=cls(schema, registry=_REGISTRY, format_checker=_FORMATS),
+            fast_validator=_compile_fast(schema),
+        )

@@ -27,6 +27,7 @@ from trajcore.domain.messages import Message, ToolSpec
 from trajcore.domain.sampling import FinishReason, SamplingParams
 from trajcore.domain.token_ledger import ChatTemplate, Drift, TokenLedger, TrainingTokens
 from trajcore.domain.tool_parsers import ToolCallParser
+from trajcore.domain.tool_parsers.base import distinct_ids
 from trajcore.domain.turns import ParsedTurn
 from trajcore.ports.chat_server import ChatServer
 from trajcore.ports.token_server import TokenServer
@@ -150,6 +151,7 @@ class _TokenSession:
     tools: tuple[ToolSpec, ...]
     ledger: TokenLedger
     turn: int = 0
+    used_ids: set[str] = attrs.field(factory=set)  # call ids of earlier turns: ids stay unique
 
     async def sample(self, messages: Sequence[Message], *, sampling: SamplingParams) -> ModelTurn:
         prompt = self.ledger.prompt_ids()
@@ -158,6 +160,7 @@ class _TokenSession:
         self.turn += 1
         text = self.policy.tokenizer.decode(self.policy.turn_ids(completion.token_ids))
         parsed = self.policy.parser.parse(text, tools=self.tools, id_prefix=f"call_{self.turn}")
+        parsed = distinct_ids(parsed, self.used_ids, suffix=str(self.turn))
         return ModelTurn(
             parsed=parsed,
             finish_reason=completion.finish_reason,

@@ -7,9 +7,14 @@ only in their markup; the rules they keep are the same, and live here:
   the opening ``<think>`` in the prompt, the completion holds only ``</think>``, and everything
   before it is reasoning. A ``<think>`` that never closes (the model ran out of tokens while
   thinking) makes the rest of the text reasoning. Tool markup inside reasoning is not a call.
-- Every attempted call gets an index, counted over good and bad calls alike, and the id
-  ``f"{id_prefix}_{index}"``; ids are therefore deterministic and a problem can name the id its
-  call would have had.
+- Every attempted call gets an index, counted over good and bad calls alike, and an id: the one
+  the model wrote in the call (Mistral's ``"id"``, ``[CALL_ID]``) when it keeps the id rule
+  (``CALL_ID``, the tool-name rule) and no other call of the turn has it yet, else
+  ``f"{id_prefix}_{index}"`` (``_2``, ``_3``, ... appended if the model took that one). An id the
+  model wrote that breaks the rule (not a string, empty, other characters) makes the call a
+  problem ``invalid call id ... @ id``; a repeated one is replaced, since two results with one id
+  could not be told apart. Ids are therefore deterministic, unique in the turn, and a problem
+  names the id its call would have had. ``distinct_ids`` keeps them unique across a trajectory.
 - A call that cannot be accepted becomes a ``ParseProblem`` whose reason names the part at fault
   (``truncated JSON @ arguments``, ``unknown tool 'x' @ name``, ``expected integer, got string @
   arguments.count``). Nothing the model attempted is dropped and nothing raises: JSON faults,
@@ -37,6 +42,7 @@ from trajcore.domain.messages import JSON, JSONObject, ToolCall, ToolSpec, json_
 from trajcore.domain.turns import ParsedTurn, ParseProblem
 
 __all__ = [
+    "CALL_ID",
     "TOOL_NAME",
     "Block",
     "JSONFault",
@@ -44,6 +50,7 @@ __all__ = [
     "ToolCallParser",
     "TurnBuilder",
     "describe_json_fault",
+    "distinct_ids",
     "fault_part",
     "join_content",
     "json_type",
@@ -58,6 +65,10 @@ __all__ = [
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 """What a tool call's name must fully match (the rule ``ToolSpec.name`` keeps)."""
+
+CALL_ID = TOOL_NAME
+"""What an id the model wrote in a call must fully match to be kept (Mistral's are 9 letters and
+digits)."""
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -371,6 +382,44 @@ def _tool_index(tools: Sequence[ToolSpec] | None) -> Mapping[str, ToolSpec] | No
     return {tool.name: tool for tool in tools}
 
 
+@attrs.frozen
+class ParseProblemReason:
+    """Why a part of a call is refused (``reason @ part``), before it becomes a problem."""
+
+    reason: str
+
+
+def distinct_ids(turn: ParsedTurn, used: set[str], *, suffix: str) -> ParsedTurn:
+    """``turn`` with ids unique across a trajectory; the turn's ids are added to ``used``.
+
+    A parser makes ids unique within one turn; a model that writes its own ids (Mistral) can
+    repeat one from an earlier turn, or one trajcore generated there. Such an id, in ``used``,
+    becomes ``f"{id}-{suffix}"`` (the caller passes the turn number), then ``-2``, ``-3``, ...
+    until it is new: deterministic, and the results of this turn answer the new id.
+    """
+    renamed: dict[str, str] = {}
+    mine = {call.id for call in turn.calls} | {p.call_id for p in turn.errors if p.call_id}
+
+    def fresh(call_id: str) -> str:
+        if call_id not in used:
+            return call_id
+        base = f"{call_id}-{suffix}"
+        new, n = base, 1
+        while new in used or new in mine or new in renamed.values():
+            n += 1
+            new = f"{base}-{n}"
+        renamed[call_id] = new
+        return new
+
+    calls = [attrs.evolve(call, id=fresh(call.id)) for call in turn.calls]
+    errors = [attrs.evolve(p, call_id=fresh(p.call_id)) if p.call_id else p for p in turn.errors]
+    used.update(call.id for call in calls)
+    used.update(p.call_id for p in errors if p.call_id)
+    if not renamed:
+        return turn
+    return attrs.evolve(turn, calls=calls, errors=errors)
+
+
 @attrs.define
 class TurnBuilder:
     """Collects the attempted calls of one turn, checks them, and builds the ``ParsedTurn``.
@@ -385,6 +434,7 @@ class TurnBuilder:
     calls: list[ToolCall] = attrs.field(factory=list)
     problems: list[ParseProblem] = attrs.field(factory=list)
     _attempts: int = 0
+    _taken: set[str] = attrs.field(factory=set)
 
     @classmethod
     def start(cls, tools: Sequence[ToolSpec] | None, id_prefix: str) -> TurnBuilder:
@@ -394,25 +444,59 @@ class TurnBuilder:
         """The spec of tool ``name``, when tools were given and one has that name."""
         return None if self.tools is None else self.tools.get(name)
 
-    def _next_id(self) -> tuple[int, str]:
-        index = self._attempts
-        self._attempts += 1
-        return index, f"{self.id_prefix}_{index}"
+    def _generated_id(self) -> str:
+        base = f"{self.id_prefix}_{self._attempts}"
+        call_id, n = base, 1
+        while call_id in self._taken:  # the model wrote this id for an earlier call of the turn
+            n += 1
+            call_id = f"{base}_{n}"
+        return call_id
 
-    def refuse(self, raw: str, reason: str, *, name: str | None = None) -> None:
-        """Record an attempted call that could not be read."""
-        index, call_id = self._next_id()
+    def _take(self, call_id: str | None) -> tuple[int, str]:
+        """The next index and ``call_id`` (or a generated id when ``None``), both now used."""
+        index = self._attempts
+        call_id = call_id or self._generated_id()
+        self._attempts += 1
+        self._taken.add(call_id)
+        return index, call_id
+
+    def refuse(
+        self, raw: str, reason: str, *, name: str | None = None, call_id: str | None = None
+    ) -> None:
+        """Record an attempted call that could not be read (``call_id``: a kept model id)."""
+        index, call_id = self._take(call_id)
         self.problems.append(
             ParseProblem(index=index, raw=raw, reason=reason, name=name or None, call_id=call_id)
         )
 
-    def accept(
-        self, raw: str, name: object, arguments: object, *, arguments_key: str = "arguments"
-    ) -> None:
-        """Record a call whose markup was read; refuse it if its name or arguments are wrong.
+    def model_id(self, call_id: object) -> str | ParseProblemReason | None:
+        """The id the model wrote, if it is to be kept: ``None`` when it wrote none (or JSON
+        null) or one another call of the turn already has; a ``ParseProblemReason`` when it
+        breaks the id rule."""
+        if call_id is None:
+            return None
+        if not isinstance(call_id, str):
+            return ParseProblemReason(f"expected string, got {json_type(call_id)} @ id")
+        if not CALL_ID.fullmatch(call_id):
+            return ParseProblemReason(
+                f"invalid call id {call_id[:80]!r} (1-64 of [A-Za-z0-9_.-]) @ id"
+            )
+        return None if call_id in self._taken else call_id
 
-        ``name`` and ``arguments`` are what the markup held (any JSON value, or ``None`` when
-        absent); ``arguments_key`` is how the family calls the arguments, for the reason.
+    def accept(
+        self,
+        raw: str,
+        name: object,
+        arguments: object,
+        *,
+        arguments_key: str = "arguments",
+        call_id: object = None,
+    ) -> None:
+        """Record a call whose markup was read; refuse it if its name, id or arguments are wrong.
+
+        ``name``, ``arguments`` and ``call_id`` are what the markup held (any JSON value, or
+        ``None`` when absent); ``arguments_key`` is how the family calls the arguments, for the
+        reason. ``call_id`` is kept by the rules in the module docstring.
         """
         if not isinstance(name, str) or not name.strip():
             reason = (
@@ -426,29 +510,35 @@ class TurnBuilder:
         if not TOOL_NAME.fullmatch(name):
             self.refuse(raw, f"invalid tool name {name[:80]!r} (1-64 of [A-Za-z0-9_.-]) @ name")
             return
+        kept = self.model_id(call_id)
+        if isinstance(kept, ParseProblemReason):
+            self.refuse(raw, kept.reason, name=name)
+            return
         if not isinstance(arguments, dict):
             got = json_type(arguments)
-            self.refuse(raw, f"expected a JSON object, got {got} @ {arguments_key}", name=name)
+            self.refuse(
+                raw, f"expected a JSON object, got {got} @ {arguments_key}", name=name, call_id=kept
+            )
             return
         problem = self._check(name, arguments, arguments_key)
         if problem is not None:
-            self.refuse(raw, problem, name=name)
+            self.refuse(raw, problem, name=name, call_id=kept)
             return
         try:
-            call = ToolCall(id=f"{self.id_prefix}_{self._attempts}", name=name, arguments=arguments)
+            call = ToolCall(id=kept or self._generated_id(), name=name, arguments=arguments)
         except ToolArgumentError as error:
             # The arguments are not plain JSON (a number too large for a float): "reason @ $.x".
             reason, _, path = error.reason.rpartition(" @ ")
             where = f"{arguments_key}{path[1:]}" if path.startswith("$") else arguments_key
-            self.refuse(raw, f"{reason or error.reason} @ {where}", name=name)
+            self.refuse(raw, f"{reason or error.reason} @ {where}", name=name, call_id=kept)
             return
         except TrajcoreError as error:
-            self.refuse(raw, str(error), name=name)
+            self.refuse(raw, str(error), name=name, call_id=kept)
             return
         except RecursionError:
-            self.refuse(raw, f"nested too deeply @ {arguments_key}", name=name)
+            self.refuse(raw, f"nested too deeply @ {arguments_key}", name=name, call_id=kept)
             return
-        self._attempts += 1
+        self._take(call.id)
         self.calls.append(call)
 
     def _check(self, name: str, arguments: JSONObject, arguments_key: str) -> str | None:

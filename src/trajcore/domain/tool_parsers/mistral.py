@@ -13,9 +13,12 @@ Rules this parser keeps, beyond those in ``base``:
 
 - Text before the first ``[TOOL_CALLS]`` is content. Each ``[TOOL_CALLS]`` starts a segment
   that runs to the next one; a segment beginning with ``[`` is an array of calls, any other a
-  single ``name[ARGS]{json}`` call. A ``[CALL_ID]id`` after the name is skipped (ids here are
-  deterministic). When the tokenizer dropped ``[ARGS]`` while decoding, ``name{json}`` is read
-  the same way.
+  single ``name[ARGS]{json}`` call, or ``name[CALL_ID]id[ARGS]{json}`` (v13). When the tokenizer
+  dropped ``[ARGS]`` while decoding, ``name{json}`` is read the same way.
+- The id the model wrote (the array's ``"id"``, v3 and v7; ``[CALL_ID]id``, v13) is the call's
+  id, by ``base``'s rules: kept when it fits the id rule and is new in the turn, generated when
+  absent or repeated, a problem ``... @ id`` when malformed. Results then answer the model with
+  its own id, as Mistral's encoder writes them.
 - A segment whose text, before any ``[ARGS]`` or ``{``, holds a JSON array of objects (``[{``)
   is the array form with stray text around it: the array is the calls, and the text before
   and after it is content (never a call named after that text).
@@ -110,7 +113,9 @@ def read_array(builder: TurnBuilder, segment: str, start: int) -> str:
         value, end = decoded
         raw = segment[pos:end]
         if isinstance(value, dict):
-            builder.accept(raw, value.get("name"), value.get("arguments", {}))
+            builder.accept(
+                raw, value.get("name"), value.get("arguments", {}), call_id=value.get("id")
+            )
         else:
             builder.refuse(raw, f"expected a JSON object, got {json_type(value)} @ call")
         pos = end
@@ -127,6 +132,8 @@ def read_named_call(builder: TurnBuilder, segment: str, *, last: bool) -> str:
         head, args_start = (segment, len(segment)) if brace < 0 else (segment[:brace], brace)
     # Names hold no "[": what follows one is a [CALL_ID] or a marker the model did not finish.
     name = head.split("[", 1)[0].strip()
+    id_marker = head.find(CALL_ID)
+    call_id = None if id_marker < 0 else head[id_marker + len(CALL_ID) :].strip()
     if not name:
         reason = "truncated call @ name" if last and not segment.strip() else "missing name @ name"
         builder.refuse(raw, reason)
@@ -144,7 +151,7 @@ def read_named_call(builder: TurnBuilder, segment: str, *, last: bool) -> str:
         builder.refuse(raw, f"{_fault(segment[pos:]).reason} @ arguments", name=name)
         return ""
     arguments, end = decoded
-    builder.accept(raw, name, arguments)
+    builder.accept(raw, name, arguments, call_id=call_id)
     return segment[end:]
 
 
