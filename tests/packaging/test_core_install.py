@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 UV = Path(sys.executable).parent / "uv"
+HAS_COMPILER = any(shutil.which(name) for name in ("cc", "gcc", "clang"))
 MAX_CORE_DISTRIBUTIONS = 20
 
 pytestmark = pytest.mark.slow
@@ -72,6 +74,10 @@ def core_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("core-install")
     _uv("build", "--wheel", "--quiet", "--out-dir", str(work / "dist"), str(ROOT))
     (wheel,) = (work / "dist").glob("trajcore-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = "trajcore/adapters/sandbox/_native/slot-helper" in archive.namelist()
+    # the build hook compiles the helper into the wheel wherever a compiler is present
+    assert shipped == HAS_COMPILER, (wheel.name, shipped)
     venv = work / "venv"
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
@@ -139,7 +145,12 @@ def test_the_core_install_serves_slots(core_venv: Path, slot_root: Path) -> None
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "TRAJCORE_CACHE_DIR": str(slot_root / "cache")},
+        # no compiler at run time: the helper can only be the one the wheel ships
+        env={
+            **os.environ,
+            "CC": "/nonexistent/cc",
+            "TRAJCORE_CACHE_DIR": str(slot_root / "cache"),
+        },
     )
     try:
         assert server.stdout is not None
@@ -149,6 +160,13 @@ def test_the_core_install_serves_slots(core_venv: Path, slot_root: Path) -> None
         assert status == 200
         assert health["slots"] == 2
         assert health["capabilities"] == ready["capabilities"]
+        capabilities = ready["capabilities"]
+        if HAS_COMPILER and capabilities["bwrap"]:
+            assert capabilities["slot_helper"] == "native", capabilities["detail"]
+            assert not list((slot_root / "cache").glob("slot-helper-*"))
+        else:
+            assert capabilities["slot_helper"] == "python"
+            assert "no compiled helper ships with this install" in capabilities["detail"]
     finally:
         server.send_signal(signal.SIGTERM)
         try:
