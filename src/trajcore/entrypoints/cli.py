@@ -5,7 +5,8 @@
     trajcore demo ...          run the shell-tasks env on the local pool and write a report
 
 Each subcommand's module is imported only when it runs, so ``trajcore slot-server`` starts
-without loading transformers or atroposlib.
+without loading transformers or atroposlib, and runs in the core install (``pip install
+trajcore``); a subcommand whose extra is not installed exits 2 naming the extra to install.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "tool-server": ("trajcore.entrypoints.tool_server", "serve Python tools over HTTP or MCP"),
     "demo": ("trajcore.entrypoints.demo", "run the shell-tasks env offline and write a report"),
 }
+# The extra each subcommand needs beyond the core install (the slot server needs none).
+_EXTRAS: dict[str, str] = {"tool-server": "tool-server", "demo": "atropos"}
 
 
 def _usage() -> str:
@@ -39,7 +42,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command not in _COMMANDS:
         print(f"trajcore: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(_COMMANDS[command][0])
+    try:
+        module = importlib.import_module(_COMMANDS[command][0])
+    except ModuleNotFoundError as error:
+        extra = _EXTRAS.get(command)
+        if extra is None or error.name is None or error.name.startswith("trajcore"):
+            raise
+        print(
+            f"trajcore {command}: needs {error.name!r}, which is not installed: "
+            f"install trajcore[{extra}]",
+            file=sys.stderr,
+        )
+        return 2
     status: int = module.main(rest)
     return status
 

@@ -1,10 +1,19 @@
-"""Building the compiled slot helper (``slot_helper.c``: keeper and lease agent) with the host's
-C compiler, once.
+"""Finding the compiled slot helper (``slot_helper.c``: keeper and lease agent): the one shipped
+in the wheel first, else one built with the host's C compiler, once.
 
-A slot server that may use the compiled helper calls ``build_slot_helper()`` at start. The binary
-is cached per user, under a name derived from the source, the compiler and the flags, so a
-machine builds each version once (about 0.3 s) and every later server start finds it. Builds
-race safely: each writes a private temporary file and renames it into place, under a lock.
+A slot server that may use the compiled helper calls ``build_slot_helper()`` at start. A wheel
+(or the slot-server image) built where a compiler was present ships the binary, compiled by the
+build hook (``hatch_build.py``, which calls ``compile_slot_helper`` with the flags below), as
+``_native/slot-helper`` next to this module, with the SHA-256 of the source it was built from in
+``_native/slot-helper.sha256``. It is used when it matches this source, is executable, and
+belongs to this user or to root and is writable by no one else; otherwise the reason is kept and
+the run-time build below is the fallback (a source checkout never has a shipped binary). When the
+fallback fails too, the error names both reasons, and health's detail carries them.
+
+The run-time build is cached per user, under a name derived from the source, the compiler and
+the flags, so a machine builds each version once (about 0.3 s) and every later server start
+finds it. Builds race safely: each writes a private temporary file and renames it into place,
+under a lock.
 
 Where the cache lives: ``$TRAJCORE_CACHE_DIR``, else ``$XDG_CACHE_HOME/trajcore``, else
 ``~/.cache/trajcore``; it must belong to the user and be writable by no one else (the helper
@@ -23,11 +32,21 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["SLOT_HELPER_SOURCE", "NativeBuildError", "build_slot_helper", "cache_dir"]
+__all__ = [
+    "SHIPPED_SLOT_HELPER",
+    "SLOT_HELPER_SOURCE",
+    "NativeBuildError",
+    "build_slot_helper",
+    "cache_dir",
+    "compile_slot_helper",
+    "shipped_slot_helper",
+]
 
 SLOT_HELPER_SOURCE = Path(__file__).with_name("slot_helper.c")
+SHIPPED_SLOT_HELPER = Path(__file__).with_name("_native") / "slot-helper"
 _FLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra", "-Werror")
 _LINKS = (("-static",), ())
 _BUILD_TIMEOUT_S = 120.0
@@ -80,10 +99,64 @@ def _compiler() -> list[str]:
     raise NativeBuildError("no C compiler found (set CC, or install cc, gcc or clang)")
 
 
+def shipped_slot_helper(path: Path = SHIPPED_SLOT_HELPER) -> Path:
+    """The slot helper shipped with this install, checked (see the module docstring). Raises
+    ``NativeBuildError`` saying why it cannot be used (none shipped, built from another source,
+    not executable, replaceable by others)."""
+    digest = path.with_name("slot-helper.sha256")
+    if not path.exists():
+        raise NativeBuildError(f"no compiled helper ships with this install ({path} is absent)")
+    try:
+        recorded = digest.read_text().strip()
+        info = path.stat()
+    except OSError as error:
+        raise NativeBuildError(f"the shipped helper {path} is unreadable: {error}") from None
+    expected = hashlib.sha256(SLOT_HELPER_SOURCE.read_bytes()).hexdigest()
+    if recorded != expected:
+        raise NativeBuildError(f"the shipped helper {path} was built from another slot_helper.c")
+    if info.st_uid not in (0, os.getuid()):
+        raise NativeBuildError(f"the shipped helper {path} belongs to uid {info.st_uid}")
+    if info.st_mode & 0o022:
+        raise NativeBuildError(
+            f"the shipped helper {path} is writable by others (mode {info.st_mode & 0o777:o})"
+        )
+    if not os.access(path, os.X_OK):
+        raise NativeBuildError(f"the shipped helper {path} is not executable")
+    return path
+
+
 def build_slot_helper(directory: Path | None = None) -> Path:
-    """The path of a built, executable slot helper for this source; built now when it is not
-    cached yet. Blocks (run it in a thread from async code). Raises ``NativeBuildError`` with
-    the reason when there is no compiler or the build fails."""
+    """The path of an executable slot helper for this source: the shipped one when it is
+    usable, else one built now into the cache (or found there). With ``directory`` the shipped
+    binary is not looked at: the helper is built into, or found in, that directory. Blocks (run
+    it in a thread from async code). Raises ``NativeBuildError`` with the reasons when neither
+    can be had (no shipped binary and no compiler, or the build fails)."""
+    if directory is not None:
+        return _cached_build(directory)
+    try:
+        return shipped_slot_helper()
+    except NativeBuildError as unshipped:
+        try:
+            return _cached_build(None)
+        except NativeBuildError as unbuilt:
+            raise NativeBuildError(
+                f"{unshipped}; and the run-time build failed: {unbuilt}"
+            ) from None
+
+
+def compile_slot_helper(target: Path, *, compiler: Sequence[str] | None = None) -> Path:
+    """Compile ``slot_helper.c`` to ``target`` with this module's flags (statically when the C
+    library allows it) and write the source's SHA-256 next to it as ``slot-helper.sha256``:
+    what the wheel's build hook ships. Returns ``target``; raises ``NativeBuildError`` when
+    there is no compiler or the build fails."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    built = _compile(list(compiler) if compiler else _compiler(), target.parent, target)
+    digest = hashlib.sha256(SLOT_HELPER_SOURCE.read_bytes()).hexdigest()
+    target.with_name("slot-helper.sha256").write_text(digest + "\n")
+    return built
+
+
+def _cached_build(directory: Path | None) -> Path:
     source = SLOT_HELPER_SOURCE.read_bytes()
     compiler = _compiler()
     key = hashlib.sha256(
