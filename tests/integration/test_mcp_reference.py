@@ -5,10 +5,10 @@
 The shipped contract suite (``trajcore.testing.tool_server_contract``) needs a server offering its
 own tools; these servers offer theirs, so the same promises of the port are checked here with
 their tools: one result per call in order, text verbatim, unknown tools and bad arguments
-rejected naming the field, ``isError`` as a tool error, a call past its limit a timeout,
-concurrent requests, prompt cancellation, ``aclose``; then every mapping (structured content,
-images, embedded resources, resource links) and a server that dies (an infrastructure error,
-then reopened).
+rejected naming the field (every keyword of their schemas), ``isError`` as a tool error, a
+call past its limit a timeout, concurrent requests, prompt cancellation, ``aclose``; then
+every mapping (structured content, images, embedded resources, resource links) and a server
+that dies (an infrastructure error, then reopened).
 
 The servers are installed by ``.ci/mcp-servers`` into ``.cache/mcp-servers`` (npm, pinned
 versions); when they are missing the fixture runs it once. The tests skip, saying why, only when
@@ -163,17 +163,18 @@ async def test_unknown_tools_and_bad_arguments_are_rejected_before_they_are_sent
 
 
 @pytest.mark.anyio
-async def test_their_is_error_is_a_tool_error_with_their_message(reference_servers: Path) -> None:
-    # ``maximum`` is a keyword trajcore's validator leaves to the server: the server refuses it
-    # with an ``isError`` result.
+async def test_every_keyword_of_their_schemas_is_enforced_before_a_call_is_sent(
+    reference_servers: Path,
+) -> None:
+    # ``maximum`` in their schema: trajcore's JSON Schema validator refuses the call naming the
+    # field, as it does for its own tools (their ``isError`` results: the filesystem test below).
     calls = [call("c1", "get-resource-links", count=50), call("c2", "get-sum", a=1, b=1)]
     async with everything(reference_servers) as server:
         refused, added = await server.execute(calls, context=CONTEXT)
-    assert refused.outcome is ToolOutcome.TOOL_ERROR
-    assert refused.error is not None
-    assert "<=10" in refused.error
-    assert "count" in refused.error
-    assert refused.content == f"Error: {refused.error}"
+    assert (refused.outcome, refused.error) == (
+        ToolOutcome.REJECTED,
+        "must be <= 10 @ get-resource-links.count",
+    )
     assert (added.outcome, added.content) == (ToolOutcome.OK, "The sum of 1 and 1 is 2.")
 
 
@@ -328,7 +329,7 @@ async def test_over_http_and_a_server_that_dies_then_comes_back(
             context=CONTEXT,
         )
         assert (ok.outcome, ok.content) == (ToolOutcome.OK, "The sum of 3 and 4 is 7.")
-        assert refused.outcome is ToolOutcome.TOOL_ERROR
+        assert refused.outcome is ToolOutcome.REJECTED
 
         everything_http.stop()  # the server dies: an infrastructure error, never the model's
         (dead,) = await server.execute([call("c3", "echo", message="x")], context=CONTEXT)
