@@ -73,6 +73,9 @@ class TestFakeSandboxPool(SandboxPoolContract):
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 class TestLocalSandboxPool(SandboxPoolContract):
     supports_crash = True
+    # few sequences here: test_pool_agreement drives the local pool through the same machine,
+    # checked against the same contract, in lockstep with the fake
+    machine_scale = 0.05
 
     @pytest.fixture
     def sandbox_pool_factory(self) -> SandboxPoolFactory:
