@@ -168,7 +168,7 @@ class _Hold:
             assert self.future.exception() is None, self.future.exception()
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class _Held:
     """One holder's lease in every pool, and the model of its workspace."""
 
@@ -253,6 +253,7 @@ def pool_machine(
             self.closed = False
             self.held: list[_Held] = []
             self.queue: list[_Held] = []
+            self.gone: list[_Held] = []  # the latest released leases, for stale calls
             self.granted = [stats_of(pool).leases_granted for pool in self.pools]
             self.expired = [stats_of(pool).leases_expired for pool in self.pools]
             self.grants = 0
@@ -376,13 +377,32 @@ def pool_machine(
             for k in range(shape.capacity - len(self.live)):
                 self.grant(self.take(f"{holder}{k}", 10.0))
 
-        @precondition(lambda self: not self.closed and self.held)
-        @rule(data=st.data(), how=st.sampled_from(["normal", "error", "cancel"]))
-        def release(self, data: st.DataObject, how: Literal["normal", "error", "cancel"]) -> None:
-            held = data.draw(st.sampled_from(self.held), label="held")
+        def let_go(self, held: _Held, how: Literal["normal", "error", "cancel"]) -> None:
             self.held.remove(held)
             for hold in held.holds:
                 hold.release(how)
+            if not held.stale:
+                held.stale = True
+                self.gone = [*self.gone[-2:], held]  # its lease, now stale, stays in use
+
+        @precondition(lambda self: not self.closed and self.held)
+        @rule(data=st.data(), how=st.sampled_from(["normal", "error", "cancel"]))
+        def release(self, data: st.DataObject, how: Literal["normal", "error", "cancel"]) -> None:
+            self.let_go(data.draw(st.sampled_from(self.held), label="held"), how)
+
+        @precondition(lambda self: not self.closed and self.full() and not self.queue)
+        @rule(data=st.data(), holder=words)
+        def release_and_lease_the_freed_slot(self, data: st.DataObject, holder: str) -> None:
+            old = data.draw(st.sampled_from(self.live), label="held")
+            left: dict[str, JSON] = {"path": PATHS[0], "content": "left behind", "append": False}
+            self.run_ops([_Op(old, "write_file", left)], old)  # the next holder must not see it
+            self.let_go(old, "normal")
+            self.settle()
+            self.lease(holder)
+            new = self.held[-1]
+            for before, after in zip(old.leases, new.leases, strict=True):
+                assert after.slot == before.slot, "the only free slot was not the one leased"
+                assert after.epoch > before.epoch, "a new lease kept the old epoch"
 
         @precondition(lambda self: not self.closed and self.full() and len(self.queue) < 3)
         @rule(holder=words)
@@ -422,7 +442,7 @@ def pool_machine(
             target = data.draw(st.sampled_from(self.live), label="container of")
             ops: list[_Op] = []
             for _ in range(data.draw(st.integers(1, 6), label="calls")):
-                held = data.draw(st.sampled_from(self.held), label="under")
+                held = data.draw(st.sampled_from(self.held + self.gone), label="under")
                 kind = data.draw(
                     st.sampled_from(
                         ["write", "read", "echo", "cat", "exit", "bad", "repeat", "again"]
