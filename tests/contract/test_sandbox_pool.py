@@ -75,7 +75,7 @@ class TestLocalSandboxPool(SandboxPoolContract):
     supports_crash = True
     # few sequences here: test_pool_agreement drives the local pool through the same machine,
     # checked against the same contract, in lockstep with the fake
-    machine_scale = 0.05
+    machine_scale = 0.02
 
     @pytest.fixture
     def sandbox_pool_factory(self) -> SandboxPoolFactory:

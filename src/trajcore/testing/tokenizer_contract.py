@@ -128,12 +128,16 @@ def conversations(
 # The tokenizer is stateless, so a function-scoped fixture may serve every example; each subclass
 # runs the same inherited method on its own tokenizer (hypothesis calls that differing executors).
 # The rest of the settings come from the loaded profile.
+_profile = settings.default
+assert _profile is not None, "hypothesis has no settings profile loaded"
 _reuse_fixture = settings(
+    # half the profile's examples per property: five properties per tokenizer add up
+    max_examples=max(10, _profile.max_examples // 2),
     suppress_health_check=[
         HealthCheck.function_scoped_fixture,
         HealthCheck.differing_executors,
         HealthCheck.too_slow,
-    ]
+    ],
 )
 
 
