@@ -32,6 +32,16 @@ def qwen3() -> Tokenizer:
     return TransformersTokenizer.from_path(qwen3_tokenizer_path())
 
 
+@pytest.fixture(scope="module")
+def tekken_v7() -> Tokenizer:
+    return MistralCommonTokenizer.bundled("tekken-v7")
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_v3() -> Tokenizer:
+    return MistralCommonTokenizer.bundled("v3")
+
+
 class TestLlama3ShapedTokenizer(TokenizerContract):
     @pytest.fixture
     def tokenizer(self, llama3_shaped: Tokenizer) -> Tokenizer:
@@ -54,8 +64,8 @@ class TestQwen3Tokenizer(TokenizerContract):
 
 class TestMistralCommonTekkenV7(TokenizerContract):
     @pytest.fixture
-    def tokenizer(self) -> Tokenizer:
-        return MistralCommonTokenizer.bundled("tekken-v7")
+    def tokenizer(self, tekken_v7: Tokenizer) -> Tokenizer:
+        return tekken_v7
 
 
 class TestMistralCommonV3(TokenizerContract):
@@ -64,5 +74,5 @@ class TestMistralCommonV3(TokenizerContract):
     concatenation_round_trips = False
 
     @pytest.fixture
-    def tokenizer(self) -> Tokenizer:
-        return MistralCommonTokenizer.bundled("v3")
+    def tokenizer(self, sentencepiece_v3: Tokenizer) -> Tokenizer:
+        return sentencepiece_v3
