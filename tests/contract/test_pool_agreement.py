@@ -58,4 +58,4 @@ def crash(pool: SandboxPool, container: str) -> None:
 
 
 def test_the_fake_and_the_local_pool_agree() -> None:
-    run_pool_machine([fake_pool, local_pool], shape=SHAPE, crash=crash, scale=0.08)
+    run_pool_machine([fake_pool, local_pool], shape=SHAPE, crash=crash, scale=0.06)

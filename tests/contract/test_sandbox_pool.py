@@ -59,6 +59,7 @@ def crash_local(pool: SandboxPool, container: str) -> None:
 
 class TestFakeSandboxPool(SandboxPoolContract):
     supports_crash = True
+    machine_scale = 0.1  # ten sequences under ci; the lockstep test runs the fake too
 
     @pytest.fixture
     def sandbox_pool_factory(self) -> SandboxPoolFactory:
