@@ -47,7 +47,13 @@ from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams
 from trajcore.ports.chat_server import ChatServer
 from trajcore.testing.tokenizer_contract import Conversation, conversations
 
-__all__ = ["ChatServerContract", "ChatServerFactory"]
+__all__ = [
+    "TERMINAL_FAULTS",
+    "TRANSIENT_FAULTS",
+    "ChatServerContract",
+    "ChatServerFactory",
+    "ChatServerFaultContract",
+]
 
 ChatServerFactory = Callable[
     [ChatResponder, Sequence[LLMFault]], AbstractAsyncContextManager[ChatServer]
@@ -63,12 +69,12 @@ TOOLS = (
 )
 
 
-_TRANSIENT = st.one_of(
+TRANSIENT_FAULTS = st.one_of(
     st.builds(LLMFault.rate_limited, retry_after_s=st.none() | st.sampled_from([0.0, 0.01])),
     st.builds(LLMFault.server_error, status=st.sampled_from([500, 502, 503, 504])),
     st.just(LLMFault.dropped()),
 )
-_TERMINAL = st.one_of(
+TERMINAL_FAULTS = st.one_of(
     st.builds(
         LLMFault.rejected,
         status=st.sampled_from([400, 404, 413, 422]),
@@ -200,8 +206,8 @@ class ChatServerFaultContract(ChatServerContract):
     @_fault_settings
     @given(
         chat=conversations(ends_with="user"),
-        transient=st.lists(_TRANSIENT, max_size=3),
-        last=st.none() | _TERMINAL,
+        transient=st.lists(TRANSIENT_FAULTS, max_size=3),
+        last=st.none() | TERMINAL_FAULTS,
         sampling=_SAMPLINGS,
     )
     def test_generated_conversations_through_generated_faults(
