@@ -29,6 +29,16 @@ settings.register_profile(
 )
 # dev: random exploration, more examples, for local runs.
 settings.register_profile("dev", max_examples=300, deadline=None)
+# deep (./dev test --deep): long random exploration, for a night run or before a release; the
+# contract suites scale their sequences from max_examples and stateful_step_count.
+settings.register_profile(
+    "deep",
+    max_examples=2000,
+    stateful_step_count=100,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 

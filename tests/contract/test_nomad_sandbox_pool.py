@@ -54,6 +54,9 @@ def crash_nomad(pool: SandboxPool, container: str) -> None:
 @pytest.mark.slow
 class TestNomadSandboxPool(SandboxPoolContract):
     supports_crash = True
+    # two generated sequences under the ci profile (each starts a fake Nomad and two slot
+    # servers); ./dev test --deep runs forty
+    machine_scale = 0.02
 
     @pytest.fixture
     def sandbox_pool_factory(self) -> SandboxPoolFactory:

@@ -59,6 +59,7 @@ def crash_local(pool: SandboxPool, container: str) -> None:
 
 class TestFakeSandboxPool(SandboxPoolContract):
     supports_crash = True
+    machine_scale = 0.1  # ten sequences under ci; the lockstep test runs the fake too
 
     @pytest.fixture
     def sandbox_pool_factory(self) -> SandboxPoolFactory:
@@ -73,6 +74,9 @@ class TestFakeSandboxPool(SandboxPoolContract):
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 class TestLocalSandboxPool(SandboxPoolContract):
     supports_crash = True
+    # few sequences here: test_pool_agreement drives the local pool through the same machine,
+    # checked against the same contract, in lockstep with the fake
+    machine_scale = 0.02
 
     @pytest.fixture
     def sandbox_pool_factory(self) -> SandboxPoolFactory:

@@ -51,6 +51,7 @@ from trajcore.testing.tool_server_contract import (
     ToolServerContract,
     ToolServerFactory,
 )
+from trajcore.testing.tool_server_machine import run_tool_server_machine
 
 TOKEN = "s3cret-token"
 REPO = Path(__file__).resolve().parents[2]
@@ -127,18 +128,24 @@ async def in_process() -> AsyncIterator[ToolServer]:
 
 
 class TestFakeToolServer(ToolServerContract):
+    machine_scale = 0.02  # two sequences: the lockstep test below runs five on all three
+
     @pytest.fixture
     def tool_server_factory(self) -> ToolServerFactory:
         return fake
 
 
 class TestHTTPToolServerInProcess(ToolServerContract):
+    machine_scale = 0.02  # two sequences: the lockstep test below runs five on all three
+
     @pytest.fixture
     def tool_server_factory(self) -> ToolServerFactory:
         return in_process
 
 
 class TestHTTPToolServerOnLoopback(ToolServerContract):
+    machine_scale = 0.02  # two sequences: the lockstep test below runs five on all three
+
     @pytest.fixture
     def tool_server_factory(self, served: ServedTools) -> ToolServerFactory:
         @asynccontextmanager
@@ -593,3 +600,21 @@ async def test_blocking_sync_tool_times_out_without_stalling_other_requests() ->
         release.set()
         await server.aclose()
     assert order == ["echo:ok", "block:timeout"]
+
+
+# ------------------------------------------------------------------------------------ lockstep
+
+
+def test_the_fake_and_the_http_tool_servers_agree(served: ServedTools) -> None:
+    """The same generated sequences on the fake, the in-process app and the loopback server:
+    every batch's results must be the same on all three (and each checked on its own)."""
+
+    @asynccontextmanager
+    async def on_loopback() -> AsyncIterator[ToolServer]:
+        server = HTTPToolServer(served.url, token=TOKEN, timeout_s=30)
+        try:
+            yield server
+        finally:
+            await server.aclose()
+
+    run_tool_server_machine([fake, in_process, on_loopback], scale=0.05)

@@ -15,9 +15,13 @@ then checks what ``trajcore.ports.chat_server`` promises:
 - cancellation is prompt and leaves the server usable; ``aclose`` is idempotent and later calls
   raise ``PoolClosed``.
 
-Factories must allow at least 4 attempts per call with millisecond backoff, so the retry tests stay
-fast. The fault tests live in ``ChatServerFaultContract``; an implementation that cannot stage
-faults subclasses ``ChatServerContract`` alone.
+With faults, ``test_generated_conversations_through_generated_faults`` also sends generated
+conversations (tools, tool calls and results; ``trajcore.testing.tokenizer_contract.conversations``)
+with generated sampling settings through generated faults: up to three transient ones (429 with and
+without ``Retry-After``, 5xx, drops) must be retried away, and a 4xx or a malformed body after them
+must be its typed error. Factories must allow at least 4 attempts per call with millisecond
+backoff, so the retry tests stay fast. The fault tests live in ``ChatServerFaultContract``; an
+implementation that cannot stage faults subclasses ``ChatServerContract`` alone.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from contextlib import AbstractAsyncContextManager
 
 import anyio
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from trajcore.adapters.fakes.llm import ChatResponder, LLMFault
 from trajcore.domain.errors import (
@@ -39,8 +45,15 @@ from trajcore.domain.errors import (
 from trajcore.domain.messages import Message, ToolCall, ToolOutcome, ToolResult, ToolSpec
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams
 from trajcore.ports.chat_server import ChatServer
+from trajcore.testing.tokenizer_contract import Conversation, conversations
 
-__all__ = ["ChatServerContract", "ChatServerFactory"]
+__all__ = [
+    "TERMINAL_FAULTS",
+    "TRANSIENT_FAULTS",
+    "ChatServerContract",
+    "ChatServerFactory",
+    "ChatServerFaultContract",
+]
 
 ChatServerFactory = Callable[
     [ChatResponder, Sequence[LLMFault]], AbstractAsyncContextManager[ChatServer]
@@ -53,6 +66,39 @@ TOOLS = (
         description="run a command",
         parameters={"type": "object", "properties": {"command": {"type": "string"}}},
     ),
+)
+
+
+TRANSIENT_FAULTS = st.one_of(
+    st.builds(LLMFault.rate_limited, retry_after_s=st.none() | st.sampled_from([0.0, 0.01])),
+    st.builds(LLMFault.server_error, status=st.sampled_from([500, 502, 503, 504])),
+    st.just(LLMFault.dropped()),
+)
+TERMINAL_FAULTS = st.one_of(
+    st.builds(
+        LLMFault.rejected,
+        status=st.sampled_from([400, 404, 413, 422]),
+        message=st.text(alphabet="abc xyz", min_size=1, max_size=20),
+    ),
+    st.builds(LLMFault.malformed, body=st.sampled_from([b'{"choices": [', b"[]", b"not json"])),
+)
+_SAMPLINGS = st.builds(
+    SamplingParams,
+    max_tokens=st.integers(1, 4096),
+    temperature=st.floats(0.0, 2.0),
+    top_p=st.floats(0.01, 1.0),
+    seed=st.none() | st.integers(0, 2**31 - 1),
+)
+_base = settings.default
+assert _base is not None, "hypothesis has no settings profile loaded"
+# a server per example: a fifth of the profile's examples; the factory is reused by every one
+_fault_settings = settings(
+    max_examples=max(5, _base.max_examples // 5),
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.differing_executors,
+        HealthCheck.too_slow,
+    ],
 )
 
 
@@ -156,6 +202,43 @@ class ChatServerFaultContract(ChatServerContract):
     ``ServerManager``, which retries on its own schedule) subclasses ``ChatServerContract``
     alone and is held to the rest.
     """
+
+    @_fault_settings
+    @given(
+        chat=conversations(ends_with="user"),
+        transient=st.lists(TRANSIENT_FAULTS, max_size=3),
+        last=st.none() | TERMINAL_FAULTS,
+        sampling=_SAMPLINGS,
+    )
+    def test_generated_conversations_through_generated_faults(
+        self,
+        chat_server_factory: ChatServerFactory,
+        chat: Conversation,
+        transient: list[LLMFault],
+        last: LLMFault | None,
+        sampling: SamplingParams,
+    ) -> None:
+        """Up to three transient faults (429 with or without ``Retry-After``, 5xx, a dropped
+        connection) are retried away; a 4xx or a malformed body after them is its typed error."""
+        faults = [*transient, *([] if last is None else [last])]
+        want = f"echo: {chat.messages[-1].content}"
+
+        async def go() -> None:
+            async with chat_server_factory(_echo, faults) as server:
+                with anyio.fail_after(20):
+                    if last is None:
+                        turn = await server.chat(chat.messages, tools=chat.tools, sampling=sampling)
+                        assert turn.message.content == want
+                        assert turn.finish_reason is FinishReason.STOP
+                    elif last.status == 200:
+                        with pytest.raises(WireError):
+                            await server.chat(chat.messages, tools=chat.tools, sampling=sampling)
+                    else:
+                        with pytest.raises(ModelServerRejected) as caught:
+                            await server.chat(chat.messages, tools=chat.tools, sampling=sampling)
+                        assert caught.value.status == last.status
+
+        anyio.run(go)
 
     @pytest.mark.anyio
     async def test_transient_failures_are_retried(

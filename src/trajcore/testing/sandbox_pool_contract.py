@@ -23,6 +23,14 @@ The suite then checks what ``trajcore.ports.sandbox_pool`` promises:
 - (with ``supports_crash``) a dead container gives every call of its batch an ``INFRA_ERROR``,
   its slots leave service, and later leases still work.
 
+Besides these scenarios, ``test_generated_sequences`` drives the pool with hypothesis-generated
+sequences of leases, releases (normal, by an error, by cancellation), queued and cancelled
+waiters, lease deadlines, batches across slots and containers, repeated call ids, call timeouts,
+cancelled batches and (with ``supports_crash``) container deaths, checking the contract after
+every step (``trajcore.testing.sandbox_pool_machine`` says what exactly). It opens one pool of
+``machine_shape`` for the whole test; ``machine_scale`` sets how many sequences it runs as a
+fraction of the loaded hypothesis profile's ``max_examples``.
+
 Pools under test must allow call timeouts down to 0.2 s (the timeout test uses 0.5 s).
 """
 
@@ -42,6 +50,7 @@ from trajcore.domain.errors import AcquireTimeout, PoolClosed
 from trajcore.domain.messages import JSON, ToolCall, ToolOutcome, ToolResult
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
 from trajcore.ports.sandbox_pool import SandboxPool
+from trajcore.testing.sandbox_pool_machine import MachineShape, run_pool_machine
 
 __all__ = [
     "CrashContainer",
@@ -108,6 +117,8 @@ class SandboxPoolContract:
     """Abstract suite: subclass and override ``sandbox_pool_factory`` (and ``crash_container``)."""
 
     supports_crash: ClassVar[bool] = False
+    machine_shape: ClassVar[MachineShape] = MachineShape(containers=2, slots_per_container=2)
+    machine_scale: ClassVar[float] = 0.2
 
     @pytest.fixture
     def anyio_backend(self) -> str:
@@ -480,3 +491,22 @@ class SandboxPoolContract:
             async with pool.lease("after") as after:
                 ok = await _one(pool, slot_call(after, "bash", command="echo ok"))
             assert ok.content == "ok\n"
+
+    # ------------------------------------------------------------------------- generated
+
+    def test_generated_sequences(
+        self, sandbox_pool_factory: SandboxPoolFactory, request: pytest.FixtureRequest
+    ) -> None:
+        crash: CrashContainer | None = None
+        if self.supports_crash:
+            crash = request.getfixturevalue("crash_container")
+        shape = PoolShape(
+            containers=self.machine_shape.containers,
+            slots_per_container=self.machine_shape.slots_per_container,
+        )
+        run_pool_machine(
+            [lambda: sandbox_pool_factory(shape)],
+            shape=self.machine_shape,
+            crash=crash,
+            scale=self.machine_scale,
+        )

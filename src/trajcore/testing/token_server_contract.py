@@ -16,8 +16,11 @@ what ``trajcore.ports.token_server`` promises:
 - cancellation is prompt and leaves the server usable; ``aclose`` is idempotent and later calls
   raise ``PoolClosed``.
 
-Factories must allow at least 4 attempts per call with millisecond backoff. The fault tests live
-in ``TokenServerFaultContract``; an implementation that cannot stage faults subclasses
+With faults, ``test_generated_completions_through_generated_faults`` also generates prompts, ids
+and logprobs and ``max_tokens``, and sends them through up to three generated transient faults
+(429 with and without ``Retry-After``, 5xx, drops), optionally followed by a 4xx or a malformed
+body. Factories must allow at least 4 attempts per call with millisecond backoff. The fault tests
+live in ``TokenServerFaultContract``; an implementation that cannot stage faults subclasses
 ``TokenServerContract`` alone.
 """
 
@@ -28,6 +31,8 @@ from contextlib import AbstractAsyncContextManager
 
 import anyio
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from trajcore.adapters.fakes.llm import LLMFault, TokenResponder
 from trajcore.domain.errors import (
@@ -39,6 +44,7 @@ from trajcore.domain.errors import (
 )
 from trajcore.domain.sampling import FinishReason, SamplingParams, TokenCompletion
 from trajcore.ports.token_server import TokenServer
+from trajcore.testing.chat_server_contract import TERMINAL_FAULTS, TRANSIENT_FAULTS
 
 __all__ = ["TokenServerContract", "TokenServerFactory"]
 
@@ -47,6 +53,17 @@ TokenServerFactory = Callable[
 ]
 
 SAMPLING = SamplingParams(max_tokens=64, temperature=1.0)
+_base = settings.default
+assert _base is not None, "hypothesis has no settings profile loaded"
+# a server per example: a fifth of the profile's examples; the factory is reused by every one
+_fault_settings = settings(
+    max_examples=max(5, _base.max_examples // 5),
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.differing_executors,
+        HealthCheck.too_slow,
+    ],
+)
 IDS = (151643, 0, 42, 151645, 7, 99999)
 LOGPROBS = (-0.0, -1e-9, -23.456789012345678, -0.1, -3.0000000000000004, -7.25)
 
@@ -154,6 +171,69 @@ class TokenServerFaultContract(TokenServerContract):
     ``ServerManager``, which retries on its own schedule) subclasses ``TokenServerContract``
     alone and is held to the rest.
     """
+
+    @_fault_settings
+    @given(
+        prompt=st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=20),
+        ids=st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=12),
+        data=st.data(),
+        max_tokens=st.integers(1, 16),
+        transient=st.lists(TRANSIENT_FAULTS, max_size=3),
+        last=st.none() | TERMINAL_FAULTS,
+    )
+    def test_generated_completions_through_generated_faults(
+        self,
+        token_server_factory: TokenServerFactory,
+        *,
+        prompt: list[int],
+        ids: list[int],
+        data: st.DataObject,
+        max_tokens: int,
+        transient: list[LLMFault],
+        last: LLMFault | None,
+    ) -> None:
+        """Generated ids and logprobs come back verbatim (cut at ``max_tokens``) through up to
+        three transient faults; a 4xx or a malformed body after them is its typed error."""
+        logprobs = data.draw(
+            st.lists(
+                st.floats(max_value=0.0, allow_nan=False, allow_infinity=False),
+                min_size=len(ids),
+                max_size=len(ids),
+            ),
+            label="logprobs",
+        )
+        seen: list[list[int]] = []
+
+        def policy(prompt_ids: Sequence[int]) -> TokenCompletion:
+            seen.append(list(prompt_ids))
+            return TokenCompletion(
+                token_ids=ids, logprobs=logprobs, finish_reason=FinishReason.STOP
+            )
+
+        faults = [*transient, *([] if last is None else [last])]
+        sampling = SamplingParams(max_tokens=max_tokens, temperature=1.0)
+
+        async def go() -> None:
+            async with token_server_factory(policy, faults) as server:
+                with anyio.fail_after(20):
+                    if last is None:
+                        done = await server.generate(prompt, sampling=sampling)
+                        assert done.token_ids == tuple(ids[:max_tokens])
+                        assert done.logprobs == tuple(logprobs[:max_tokens])
+                        cut = len(ids) > max_tokens
+                        assert done.finish_reason is (
+                            FinishReason.LENGTH if cut else FinishReason.STOP
+                        )
+                        assert seen[-1] == prompt
+                    elif last.status == 200:
+                        with pytest.raises(WireError):
+                            await server.generate(prompt, sampling=sampling)
+                    else:
+                        with pytest.raises(ModelServerRejected) as caught:
+                            await server.generate(prompt, sampling=sampling)
+                        assert caught.value.status == last.status
+
+        anyio.run(go)
 
     @pytest.mark.anyio
     async def test_transient_failures_are_retried(

@@ -17,6 +17,12 @@ trajcore.testing.tool_server_contract:CONTRACT_REGISTRY``) with a per-call timeo
 - concurrent requests each get their own results;
 - cancellation is prompt (it propagates, never becomes a result) and the server stays usable;
 - ``aclose`` is idempotent and later calls raise ``PoolClosed``.
+
+Besides these scenarios, ``test_generated_sequences`` runs the state machine of
+``trajcore.testing.tool_server_machine``: generated batches (arguments drawn against the tools'
+schemas, bad arguments, unknown tools, generated contexts), concurrent batches, calls past their
+limit, cancelled batches and closing, checked after every step. ``machine_scale`` sets how many
+sequences it runs, as a fraction of the loaded hypothesis profile's ``max_examples``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
+from typing import ClassVar
 
 import anyio
 import pytest
@@ -32,6 +39,7 @@ from trajcore.adapters.tool_server import ToolHandler, ToolRegistry
 from trajcore.domain.errors import PoolClosed
 from trajcore.domain.messages import JSON, JSONObject, ToolCall, ToolContext, ToolOutcome, ToolSpec
 from trajcore.ports.tool_server import ToolServer
+from trajcore.testing.tool_server_machine import run_tool_server_machine
 
 __all__ = [
     "CONTRACT_CALL_TIMEOUT_S",
@@ -126,6 +134,11 @@ def _call(call_id: str, name: str, **arguments: JSON) -> ToolCall:
 
 class ToolServerContract:
     """Abstract suite: subclass and override ``tool_server_factory``."""
+
+    machine_scale: ClassVar[float] = 0.05
+
+    def test_generated_sequences(self, tool_server_factory: ToolServerFactory) -> None:
+        run_tool_server_machine([tool_server_factory], scale=self.machine_scale)
 
     @pytest.fixture
     def anyio_backend(self) -> str:
