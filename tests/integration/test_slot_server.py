@@ -228,6 +228,9 @@ def test_health_reports_a_sandboxed_server(server: Server) -> None:
     assert health.capabilities.tmux
     assert health.capabilities.slot_helper == server.helper
     assert server.ready["capabilities"]["slot_helper"] == server.helper
+    # a source checkout ships no helper: the server built its own
+    origin = "built at start" if server.helper == "native" else ""
+    assert health.capabilities.slot_helper_origin == origin
     assert not health.allow_network
     assert server.ready["ready"] is True
 

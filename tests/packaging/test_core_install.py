@@ -163,6 +163,7 @@ def test_the_core_install_serves_slots(core_venv: Path, slot_root: Path) -> None
         capabilities = ready["capabilities"]
         if HAS_COMPILER and capabilities["bwrap"]:
             assert capabilities["slot_helper"] == "native", capabilities["detail"]
+            assert capabilities["slot_helper_origin"] == "shipped"
             assert not list((slot_root / "cache").glob("slot-helper-*"))
         else:
             assert capabilities["slot_helper"] == "python"

@@ -106,6 +106,7 @@ def test_the_image_serves_sandboxed_slots_over_tcp_with_the_token(container: Con
             assert health.sandboxed
             assert health.capabilities.bwrap, health.capabilities.detail
             assert health.capabilities.slot_helper == "native", health.capabilities.detail
+            assert health.capabilities.slot_helper_origin == "shipped"  # its build stage's
 
             # the first lease: a command in slot 0's sandbox, which leaves a file behind
             (first,) = await client.execute(

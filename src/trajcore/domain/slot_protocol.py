@@ -182,6 +182,8 @@ class Capabilities:
         cgroups: per-slot limits use cgroups (otherwise rlimits per process).
         slot_helper: What runs the slots' keepers and lease agents: ``"native"`` (the compiled
             helper) or ``"python"``.
+        slot_helper_origin: Where the compiled helper came from: ``"shipped"`` (built into the
+            install's wheel) or ``"built at start"`` (the host's compiler); empty for Python.
         detail: Why a capability is missing, for operators; empty when all are present.
     """
 
@@ -190,6 +192,7 @@ class Capabilities:
     network_isolation: bool
     cgroups: bool
     slot_helper: str = "python"
+    slot_helper_origin: str = ""
     detail: str = ""
 
 

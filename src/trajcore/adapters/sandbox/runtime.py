@@ -67,7 +67,11 @@ from trajcore.adapters.sandbox.limits import (
     remove_parent,
     rlimits_for,
 )
-from trajcore.adapters.sandbox.native_helper import NativeBuildError, build_slot_helper
+from trajcore.adapters.sandbox.native_helper import (
+    SHIPPED_SLOT_HELPER,
+    NativeBuildError,
+    build_slot_helper,
+)
 from trajcore.adapters.sandbox.seccomp import SeccompUnavailable, compile_filter
 from trajcore.adapters.sandbox.slot_ids import (
     shared_python,
@@ -400,6 +404,8 @@ class SlotRuntime:
     _agent_program: list[str] = attrs.field(init=False, factory=list)
     # the compiled slot helper in use (keeper and lease agent), or None for the Python ones
     _native: Path | None = attrs.field(init=False, default=None)
+    # where that helper came from: "shipped" (with this install) or "built at start"
+    _native_origin: str = attrs.field(init=False, default="")
     # the first slot uid when slots run as their own uids (the server is root), else None
     _uid_base: int | None = attrs.field(init=False, default=None)
     # what every sandbox binds for the Python agent (the interpreter's installation, or a
@@ -446,6 +452,9 @@ class SlotRuntime:
         if self.config.slot_helper != "python":
             try:
                 self._native = await asyncio.to_thread(build_slot_helper)
+                self._native_origin = (
+                    "shipped" if self._native == SHIPPED_SLOT_HELPER else "built at start"
+                )
             except NativeBuildError as error:
                 native_problem = str(error)
         self._python_binds = await asyncio.to_thread(self._stage_python)
@@ -585,6 +594,7 @@ class SlotRuntime:
             network_isolation=net_ok,
             cgroups=self._cgroups is not None,
             slot_helper="native" if bwrap_ok and self._native is not None else "python",
+            slot_helper_origin=self._native_origin if bwrap_ok and self._native is not None else "",
             detail="; ".join(problems),
         )
 
