@@ -338,9 +338,11 @@ class _Shell:
             return None
         _make_dirs(self.dir)
         shell = _which("bash") or "/bin/sh"
+        # exit-empty off: a shell ended by ``exit`` ends its session but not the server, so the
+        # next call starts a new session on a server that is not on its way out.
         started = self._tmux(
             "new-session", "-d", "-s", "main", "-x", "200", "-y", "50",
-            "-c", self.workspace, shell,
+            "-c", self.workspace, shell, ";", "set-option", "-s", "exit-empty", "off",
         )  # fmt: skip
         if started["exit"] != 0:
             return f"tmux did not start: {started.get('stderr') or started.get('error')}"
@@ -355,10 +357,12 @@ class _Shell:
         base = f"{self.dir}/{self.counter}"
         with open(base + ".sh", "w", encoding="utf-8") as script:
             script.write(command + "\n")
-        # The EXIT trap records the status also when the command ends the shell with ``exit``.
+        # The EXIT trap records the status also when the command ends the shell with ``exit``,
+        # and marks that it did (``.ended``), so the next call waits for that session to be gone.
         mark = f"{base}.rc.tmp; mv {base}.rc.tmp {base}.rc"
         line = (
-            f"trap 'echo $? >{mark}' EXIT; . {base}.sh >{base}.out 2>{base}.err </dev/null; "
+            f"trap 's=$?; : >{base}.ended; echo $s >{mark}' EXIT; "
+            f". {base}.sh >{base}.out 2>{base}.err </dev/null; "
             f"echo $? >{base}.rc.tmp; trap - EXIT; mv {base}.rc.tmp {base}.rc"
         )
         sent = self._tmux("send-keys", "-t", "main", "-l", line)
@@ -381,7 +385,15 @@ class _Shell:
                 posix.close(rc)
         stdout, out_dropped = _read_capped(base + ".out", cap)
         stderr, err_dropped = _read_capped(base + ".err", cap)
-        for suffix in (".sh", ".out", ".err", ".rc", ".rc.tmp"):
+        if posix.access(base + ".ended", posix.F_OK):
+            # the command ended the shell: wait (bounded) until its session is gone, so the next
+            # call starts a fresh shell instead of typing into this one as it exits
+            gone_by = time.monotonic() + 2.0
+            while self._tmux("has-session", "-t", "main")["exit"] == 0:
+                if time.monotonic() >= gone_by:
+                    break
+                time.sleep(0.01)
+        for suffix in (".sh", ".out", ".err", ".rc", ".rc.tmp", ".ended"):
             _unlink_quietly(base + suffix)
         return {
             "exit": None if timed_out else code,

@@ -555,7 +555,7 @@ typedef struct {
 } shell;
 
 static void tmux_run(shell *sh, const char *const *args, size_t n, result *r) {
-    char *argv[16];
+    char *argv[24];
     if (n + 4 > sizeof argv / sizeof *argv) {
         fail(r, "too many tmux arguments");
         return;
@@ -606,8 +606,10 @@ static bool shell_ensure(shell *sh, result *r) {
     char bash[PATH_MAX];
     const char *program = which("bash", bash, sizeof bash) ? bash : "/bin/sh";
     result started = {0};
+    /* exit-empty off: a shell ended by ``exit`` ends its session but not the server, so the next
+     * call starts a new session on a server that is not on its way out. */
     TMUX(sh, &started, "new-session", "-d", "-s", "main", "-x", "200", "-y", "50", "-c",
-         sh->workspace, program);
+         sh->workspace, program, ";", "set-option", "-s", "exit-empty", "off");
     bool ok = ran_ok(&started);
     if (!ok)
         fail_because(r, "tmux did not start: ", &started);
@@ -709,7 +711,8 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
     char base[PATH_MAX + 32];
     snprintf(base, sizeof base, "%s/%lu", sh->dir, sh->counter);
     char script[sizeof base + 8], rc[sizeof base + 8], out[sizeof base + 8], err[sizeof base + 8];
-    char rc_tmp[sizeof base + 16];
+    char rc_tmp[sizeof base + 16], ended[sizeof base + 16];
+    snprintf(ended, sizeof ended, "%s.ended", base);
     snprintf(script, sizeof script, "%s.sh", base);
     snprintf(rc, sizeof rc, "%s.rc", base);
     snprintf(rc_tmp, sizeof rc_tmp, "%s.rc.tmp", base);
@@ -724,12 +727,13 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
         fail(r, "agent failed: cannot write %s: %s", script, strerror(errno));
         return;
     }
-    /* The EXIT trap records the status also when the command ends the shell with ``exit``. */
+    /* The EXIT trap records the status also when the command ends the shell with ``exit``, and
+     * marks that it did (``.ended``), so the next call waits for that session to be gone. */
     buf line = {0};
     buf_printf(&line,
-               "trap 'echo $? >%s; mv %s %s' EXIT; . %s >%s 2>%s </dev/null; echo $? >%s; "
-               "trap - EXIT; mv %s %s",
-               rc_tmp, rc_tmp, rc, script, out, err, rc_tmp, rc_tmp, rc);
+               "trap 's=$?; : >%s; echo $s >%s; mv %s %s' EXIT; . %s >%s 2>%s </dev/null; "
+               "echo $? >%s; trap - EXIT; mv %s %s",
+               ended, rc_tmp, rc_tmp, rc, script, out, err, rc_tmp, rc_tmp, rc);
     buf_put(&line, "", 1); /* NUL-terminated */
     result sent = {0};
     TMUX(sh, &sent, "send-keys", "-t", "main", "-l", line.data);
@@ -770,7 +774,22 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
     }
     r->out_dropped = read_capped(out, cap, &r->out);
     r->err_dropped = read_capped(err, cap, &r->err);
-    const char *leftovers[] = {script, out, err, rc, rc_tmp};
+    if (exists(ended)) {
+        /* the command ended the shell: wait (bounded) until its session is gone, so the next
+         * call starts a fresh shell instead of typing into this one as it exits */
+        double gone_by = monotonic() + 2.0;
+        while (monotonic() < gone_by) {
+            result probe = {0};
+            TMUX(sh, &probe, "has-session", "-t", "main");
+            bool running = ran_ok(&probe);
+            result_free(&probe);
+            if (!running)
+                break;
+            struct timespec pause = {0, 10 * 1000 * 1000};
+            nanosleep(&pause, NULL);
+        }
+    }
+    const char *leftovers[] = {script, out, err, rc, rc_tmp, ended};
     for (size_t i = 0; i < sizeof leftovers / sizeof *leftovers; i++)
         (void)unlink(leftovers[i]);
     r->has_exit = !timed_out && has_code;
