@@ -40,7 +40,7 @@ import ast
 import math
 from collections.abc import Mapping
 
-from trajcore.domain.messages import JSON
+from trajcore.domain.messages import JSON, json_type
 from trajcore.domain.tool_parsers.base import JSONFault, load_json
 
 __all__ = ["allowed_types", "type_value"]
@@ -65,20 +65,6 @@ def _resolve(ref: str, root: Mapping[str, JSON]) -> JSON | None:
     return node
 
 
-def _json_kind(value: JSON) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, list) else "object"
-
-
 def _collect(schema: JSON, root: Mapping[str, JSON], out: list[str], depth: int) -> None:
     if not isinstance(schema, dict) or depth > _MAX_REF_DEPTH:
         return
@@ -99,10 +85,10 @@ def _collect(schema: JSON, root: Mapping[str, JSON], out: list[str], depth: int)
         return
     inferred: list[str] = []
     if "const" in schema:
-        inferred.append(_json_kind(schema["const"]))
+        inferred.append(json_type(schema["const"]))
     enum_values = schema.get("enum")
     if isinstance(enum_values, list):
-        inferred.extend(_json_kind(v) for v in enum_values)
+        inferred.extend(json_type(v) for v in enum_values)
     if "properties" in schema:
         inferred.append("object")
     if "items" in schema or "prefixItems" in schema:
@@ -160,14 +146,14 @@ def _read_as(kind: str, text: str, word: str, decoded: JSON | JSONFault) -> tupl
     if isinstance(decoded, JSONFault):
         if kind in ("object", "array") and word[:1] in "{[":
             literal = _python_literal(word)
-            if literal is not None and _json_kind(literal) == kind:
+            if literal is not None and json_type(literal) == kind:
                 return True, literal
         return False, None
     if kind == "integer":
         return isinstance(decoded, int) and not isinstance(decoded, bool), decoded
     if kind == "number":
         return isinstance(decoded, (int, float)) and not isinstance(decoded, bool), decoded
-    return kind in ("object", "array") and _json_kind(decoded) == kind, decoded
+    return kind in ("object", "array") and json_type(decoded) == kind, decoded
 
 
 def type_value(text: str, schema: JSON, root: Mapping[str, JSON] | None = None) -> JSON | JSONFault:
