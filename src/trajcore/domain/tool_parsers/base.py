@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import attrs
@@ -59,6 +59,7 @@ __all__ = [
     "name_in_broken_json",
     "scan_blocks",
     "section_text",
+    "sectioned_content",
     "split_reasoning",
     "value_extent",
 ]
@@ -366,6 +367,32 @@ def section_text(
             parts.append(body)
         parts.append(after.replace(end, ""))
     return "".join(parts)
+
+
+def sectioned_content(
+    builder: TurnBuilder,
+    text: str,
+    *,
+    begin: str,
+    end: str,
+    call_begin: str,
+    call_end: str,
+    read_call: Callable[[TurnBuilder, Block], None],
+) -> str:
+    """Read every ``call_begin ... call_end`` block of ``text`` with ``read_call``, and return the
+    visible content around them (``section_text`` on each plain segment, then ``join_content``):
+    the reading loop of the families whose calls sit in a ``begin ... end`` section."""
+    pieces = scan_blocks(text, call_begin, call_end, also_ends=(end,))
+    segments: list[str] = []
+    for i, piece in enumerate(pieces):
+        if isinstance(piece, Block):
+            read_call(builder, piece)
+        else:
+            last = i == len(pieces) - 1
+            segments.append(
+                section_text(builder, piece, begin=begin, end=end, call_begin=call_begin, last=last)
+            )
+    return join_content(segments)
 
 
 def join_content(segments: Sequence[str]) -> str:

@@ -45,10 +45,8 @@ from trajcore.domain.tool_parsers.base import (
     Block,
     JSONFault,
     TurnBuilder,
-    join_content,
     load_json,
-    scan_blocks,
-    section_text,
+    sectioned_content,
     split_reasoning,
 )
 from trajcore.domain.turns import ParsedTurn
@@ -138,23 +136,16 @@ class DeepSeekV3Parser:
         """Parse one completion; see ``ToolCallParser.parse``. Never raises."""
         reasoning, rest = split_reasoning(text)
         builder = TurnBuilder.start(tools, id_prefix)
-        pieces = scan_blocks(rest, CALL_BEGIN, CALL_END, also_ends=(CALLS_END,))
-        segments: list[str] = []
-        for i, piece in enumerate(pieces):
-            if isinstance(piece, Block):
-                read_call(builder, piece)
-            else:
-                segments.append(
-                    section_text(
-                        builder,
-                        piece,
-                        begin=CALLS_BEGIN,
-                        end=CALLS_END,
-                        call_begin=CALL_BEGIN,
-                        last=i == len(pieces) - 1,
-                    )
-                )
-        return builder.turn(content=join_content(segments), reasoning=reasoning)
+        content = sectioned_content(
+            builder,
+            rest,
+            begin=CALLS_BEGIN,
+            end=CALLS_END,
+            call_begin=CALL_BEGIN,
+            call_end=CALL_END,
+            read_call=read_call,
+        )
+        return builder.turn(content=content, reasoning=reasoning)
 
     def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:
         """``content``, then the calls wrapped in ``calls begin/end``; the content alone if none."""

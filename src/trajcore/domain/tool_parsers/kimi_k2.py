@@ -34,10 +34,8 @@ from trajcore.domain.tool_parsers.base import (
     Block,
     JSONFault,
     TurnBuilder,
-    join_content,
     load_json,
-    scan_blocks,
-    section_text,
+    sectioned_content,
     split_reasoning,
 )
 from trajcore.domain.turns import ParsedTurn
@@ -101,23 +99,16 @@ class KimiK2Parser:
         builder = TurnBuilder.start(tools, id_prefix)
         if CALL_BEGIN not in rest and SECTION_BEGIN not in rest:
             return builder.turn(content=rest.strip(), reasoning=reasoning)
-        pieces = scan_blocks(rest, CALL_BEGIN, CALL_END, also_ends=(SECTION_END,))
-        segments: list[str] = []
-        for i, piece in enumerate(pieces):
-            if isinstance(piece, Block):
-                read_call(builder, piece)
-            else:
-                segments.append(
-                    section_text(
-                        builder,
-                        piece,
-                        begin=SECTION_BEGIN,
-                        end=SECTION_END,
-                        call_begin=CALL_BEGIN,
-                        last=i == len(pieces) - 1,
-                    )
-                )
-        return builder.turn(content=join_content(segments), reasoning=reasoning)
+        content = sectioned_content(
+            builder,
+            rest,
+            begin=SECTION_BEGIN,
+            end=SECTION_END,
+            call_begin=CALL_BEGIN,
+            call_end=CALL_END,
+            read_call=read_call,
+        )
+        return builder.turn(content=content, reasoning=reasoning)
 
     def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:
         """``content``, then one section with the calls; the content alone if none."""
