@@ -8,6 +8,7 @@ must report nothing.
 from __future__ import annotations
 
 import re
+import uuid
 from pathlib import Path
 
 import pytest
@@ -22,10 +23,13 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     folder = tmp_path_factory.mktemp("must_fail")
-    files = {"control": folder / "control.py"}
+    # Module names unique to this run: mypy's cache is keyed by module name, and a name it has
+    # seen before (at another path, in an earlier run) could be answered from the cache.
+    run = uuid.uuid4().hex[:12]
+    files = {"control": folder / f"control_{run}.py"}
     files["control"].write_text(PRELUDE + CONTROL)
     for name, (_, body) in CASES.items():
-        files[name] = folder / f"{name}.py"
+        files[name] = folder / f"{name}_{run}.py"
         files[name].write_text(PRELUDE + body)
     stdout, stderr, _ = api.run(
         ["--config-file", str(ROOT / "pyproject.toml"), *(str(p) for p in files.values())]
