@@ -1,0 +1,564 @@
+"""The env's settings: ``AgentEnvConfig``, the text forms its fields accept, and what it checks.
+
+``AgentEnvConfig`` is Atropos's ``BaseEnvConfig`` plus trajcore's fields; ``settings()`` turns it
+into ``RolloutSettings``, the checked domain values a run uses (mode, limits, batching, toolsets,
+group policy), and ``mode_for`` decides the model mode (``ModeChoice``).
+
+Rules it keeps:
+
+- A bad field is one ``ConfigError`` (``reason @ field``) when the config is built; a setting
+  that cannot work with another (``min_healthy`` above ``group_size``, a Nomad setting) is one
+  when ``settings()`` runs, naming the env field.
+- Values given as text on the command line (lists, JSON objects, ``name=value`` pairs) are
+  parsed here, so the rest of the env sees typed values only.
+- Seed names (atropos-agent, hermes-agent) become their fields with one warning each
+  (``seed_settings``); any other unknown name is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import attrs
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
+from trajcore.adapters.tool_server import INPROCESS
+from trajcore.domain.agent_loop import AgentLoopConfig
+from trajcore.domain.batch_planner import BatchConfig
+from trajcore.domain.errors import ConfigError
+from trajcore.domain.groups import GroupPolicy, OnFailure
+from trajcore.domain.messages import JSONObject
+from trajcore.domain.sampling import SamplingParams
+from trajcore.domain.slot_server_flags import SlotServerFlags
+from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser
+from trajcore.domain.toolsets import DistributionRegistry, ToolsetDistribution, ToolsetSelection
+from trajcore.entrypoints.atropos import pools
+from trajcore.entrypoints.atropos_bases import BaseEnvConfig
+from trajcore.entrypoints.seed_settings import translate_seed_fields
+from trajcore.rollout.trajectory import RolloutConfig
+
+__all__ = [
+    "DEFAULT_PARSER",
+    "DEFAULT_TOOLSETS",
+    "EXTERNAL_TOOLSET",
+    "AgentEnvConfig",
+    "Mode",
+    "ModeChoice",
+    "RolloutSettings",
+]
+
+Mode = Literal["auto", "openai", "managed"]
+
+# Toolsets of the default catalog: the slot tools by kind, and the tool server's tools.
+DEFAULT_TOOLSETS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("terminal", ("bash",), "a fresh shell per command"),
+    ("stateful_terminal", ("bash_stateful", "tmux"), "the slot's persistent shell"),
+    ("file", ("read_file", "write_file"), "read and write workspace files"),
+)
+EXTERNAL_TOOLSET = "external"
+"""The default catalog's toolset of every tool the tool server offers."""
+
+
+def _field_of(location: Sequence[object]) -> str:
+    return ".".join(str(part) for part in location) or "config"
+
+
+def _config_error(exc: ValidationError) -> ConfigError:
+    problems = tuple(
+        f"{error['msg']} @ {_field_of(error['loc'])}" for error in exc.errors(include_url=False)
+    )
+    first = exc.errors(include_url=False)[0]
+    return ConfigError(_field_of(first["loc"]), str(first["msg"]), problems=problems)
+
+
+def _split_names(value: object) -> object:
+    """CLI values arrive as text: ``"a,b"`` or ``["a,b", "c"]`` become ``["a", "b", "c"]``."""
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list | tuple):
+        out: list[object] = []
+        for part in value:
+            if isinstance(part, str):
+                out.extend(name.strip() for name in part.split(",") if name.strip())
+            else:
+                out.append(part)
+        return out
+    return value
+
+
+def _json_or_pairs(field: str, value: object) -> object:
+    """A mapping given as text on the CLI: JSON (``{"a": 0.5}``) or pairs (``a=0.5,b=1``)."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if not text or text == "None":
+        return None
+    if text.startswith("{"):
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(field, f"not valid JSON: {exc}") from None
+    pairs: dict[str, object] = {}
+    for part in text.split(","):
+        name, sep, number = part.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(field, f"expected JSON or name=value pairs, got {value!r}")
+        try:
+            pairs[name.strip()] = float(number)
+        except ValueError:
+            raise ConfigError(field, f"{number.strip()!r} is not a number (in {part!r})") from None
+    return pairs
+
+
+# NomadPoolConfig's field names -> the env fields they come from.
+class AgentEnvConfig(BaseEnvConfig):
+    """An agent env's settings: Atropos's ``BaseEnvConfig`` plus trajcore's (section 7).
+
+    Every field can be given as ``--env.<field>`` on the command line or under ``env:`` in the
+    YAML config. Lists accept comma-separated text (``--env.enabled_toolsets terminal,file``);
+    ``toolset_distribution`` and ``extra_body`` accept JSON text, and the distribution also
+    ``name=p`` pairs (``terminal=1,file=0.5``).
+
+    Raises (when built):
+        ConfigError: a field of the wrong type or out of range, naming it (``reason @ field``;
+            ``problems`` lists every fault pydantic found).
+    """
+
+    # -- model mode
+    mode: Mode = Field(
+        default="auto",
+        description="openai: the server templates and parses (tokens not exact); managed: "
+        "trajcore renders, samples token ids, parses calls (exact tokens and logprobs); "
+        "auto: managed for a vllm/sglang server type or when tool_call_parser is set, "
+        "else openai.",
+    )
+    tool_call_parser: str | None = Field(
+        default=None,
+        description=f"Tool-call parser for managed mode, one of {', '.join(PARSER_NAMES)}.",
+    )
+    tokenizer_mode: Literal["hf", "mistral"] = Field(
+        default="hf",
+        description="How managed mode renders and tokenizes: 'hf' (tokenizer_name's chat "
+        "template) or 'mistral' (Mistral's own encoder, mistral_common; as vLLM's "
+        "--tokenizer-mode mistral).",
+    )
+    mistral_tokenizer_file: str | None = Field(
+        default=None,
+        description="With tokenizer_mode 'mistral': the tekken.json or tokenizer.model.v* file "
+        "(default: the one in the tokenizer_name folder).",
+    )
+    # -- sandbox
+    sandbox: Literal["local", "nomad"] = Field(
+        default="local", description="Where slots run: local slot servers, or a Nomad cluster."
+    )
+    local_containers: int = Field(default=2, ge=1, description="Local pool: slot servers (K).")
+    slots_per_container: int = Field(default=8, ge=1, description="Slots per container (N).")
+    nomad_address: str = Field(default="http://127.0.0.1:4646", description="Nomad API URL.")
+    nomad_job_id: str = Field(default="trajcore-slots", description="Nomad job of the slots.")
+    nomad_image: str = Field(default="trajcore/slot-server:latest", description="Slot image.")
+    nomad_driver: str = Field(
+        default="docker", description="Nomad task driver: docker, exec or raw_exec."
+    )
+    nomad_command: str = Field(
+        default="trajcore slot-server",
+        description="Nomad: the slot server command as the task runs it (words).",
+    )
+    nomad_token: str | None = Field(
+        default=None, description="Nomad ACL token (default: $NOMAD_TOKEN)."
+    )
+    nomad_namespace: str | None = Field(default=None, description="Nomad namespace.")
+    nomad_region: str | None = Field(default=None, description="Nomad region.")
+    nomad_datacenters: str = Field(
+        default="dc1", description="Nomad datacenters for the slots, comma-separated."
+    )
+    min_containers: int = Field(default=1, ge=1, description="Nomad: fewest containers.")
+    max_containers: int = Field(default=10, ge=1, description="Nomad: most containers.")
+    privileged: bool = Field(default=False, description="Nomad: run containers privileged.")
+    purge_on_start: bool = Field(default=False, description="Nomad: purge the job on start.")
+    purge_on_shutdown: bool = Field(default=True, description="Nomad: purge it on shutdown.")
+    acquire_timeout_s: float = Field(default=600.0, gt=0, description="Longest wait for a slot.")
+    allow_network: bool = Field(default=False, description="Slots may reach the network.")
+    require_sandbox: bool = Field(
+        default=False, description="Refuse to start when commands cannot run isolated."
+    )
+    require_stateful_sandbox: bool = Field(
+        default=False,
+        description="Refuse to start when slots cannot keep a persistent shell "
+        "(bash_stateful, tmux; the local pool needs tmux on the host).",
+    )
+    # -- batching
+    batch_window_ms: float = Field(
+        default=5.0, ge=0, description="Longest a tool call waits for others to share a request."
+    )
+    max_batch_size: int = Field(default=64, ge=1, description="Most calls in one request.")
+    # -- agent
+    max_turns: int = Field(default=30, ge=1, description="Most assistant turns per trajectory.")
+    agent_temperature: float = Field(default=1.0, ge=0, description="Sampling temperature.")
+    max_tokens: int | None = Field(
+        default=4096,
+        ge=1,
+        description="Most tokens sampled per turn; None: no cap of its own, each turn may use "
+        "what is left of max_token_length.",
+    )
+    tool_delay_s: float = Field(default=0.0, ge=0, description="Pause before each tool batch.")
+    system_prompt: str | None = Field(default=None, description="Prepended to every task.")
+    terminal_timeout_s: float = Field(
+        default=120.0, gt=0, description="Limit of one slot tool call (the env's, not the model's)."
+    )
+    slot_lifetime_s: float = Field(
+        default=540.0,
+        gt=0,
+        description="The trajectory's single deadline: slot wait, model, tools and scoring; "
+        "below worker_timeout, after which Atropos cancels the whole group.",
+    )
+    slot_idle_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Idle lifetime of a slot: a trajectory whose slot waits longer than this for "
+        "one model turn ends (model_error, unscored). None: only slot_lifetime_s bounds it.",
+    )
+    tool_threads: int = Field(
+        default=40,
+        ge=1,
+        description="Worker threads for synchronous tool_registry() tools (calls beyond this "
+        "wait for a thread).",
+    )
+    # -- dataset (the built-in get_next_item and build_task)
+    dataset: str | None = Field(
+        default=None,
+        description="Rows for the built-in get_next_item: a local .jsonl or .parquet file, a "
+        "folder saved by datasets, or a Hugging Face dataset name (loaded offline).",
+    )
+    dataset_split: str = Field(default="train", description="The dataset's split.")
+    prompt_field: str = Field(
+        default="prompt", description="The row field the built-in build_task sends as the task."
+    )
+    extra_body: dict[str, Any] | str | None = Field(
+        default=None, description="Passed verbatim in every model request body (JSON)."
+    )
+    # -- toolsets and external tools
+    enabled_toolsets: list[str] | str | None = Field(
+        default=None, description="Toolsets offered to every group (default: all)."
+    )
+    disabled_toolsets: list[str] = Field(
+        default_factory=list, description="Toolsets never offered."
+    )
+    toolset_distribution: dict[str, float] | str | None = Field(
+        default=None,
+        description="Per-group random toolsets: each included with its probability, or the "
+        "name of one of the env's toolset_distributions().",
+    )
+    toolset_seed: int | None = Field(default=None, description="Seed of the toolset draws.")
+    tool_server_url: str | None = Field(
+        default=None,
+        description="External tools: a tool server's http(s) URL, or 'inprocess' to serve "
+        "the env's tool_registry() inside this process.",
+    )
+    tool_server_token: str | None = Field(default=None, description="Its bearer token.")
+    tool_servers: dict[str, dict[str, Any]] | str | None = Field(
+        default=None,
+        description="MCP servers whose tools the model may call: {name: {command | url, ...}} "
+        "(JSON text on the command line); each server's tools form a toolset named after it.",
+    )
+    # -- groups
+    on_failure: Literal["drop", "keep_healthy"] = Field(
+        default="keep_healthy",
+        description="A group with failed members: drop it, or keep its healthy members.",
+    )
+    min_healthy: int | None = Field(
+        default=None, ge=1, description="Fewest members a group is sent with (default 2)."
+    )
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise _config_error(exc) from None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _seed_names_and_unknown_fields(cls, data: object) -> object:
+        """Seed names become their fields (one warning each); unknown names are refused."""
+        if not isinstance(data, Mapping):
+            return data
+        known = {*cls.model_fields}
+        known.update(f.alias for f in cls.model_fields.values() if f.alias)
+        return translate_seed_fields({str(k): v for k, v in data.items()}, known)
+
+    @field_validator("enabled_toolsets", "disabled_toolsets", mode="before")
+    @classmethod
+    def _names_from_text(cls, value: object) -> object:
+        return None if value is None or value == "None" else _split_names(value)
+
+    @field_validator("toolset_distribution", mode="before")
+    @classmethod
+    def _distribution_from_text(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().isidentifier():
+            return value.strip()  # the name of one of the env's toolset_distributions()
+        return _json_or_pairs("toolset_distribution", value)
+
+    @field_validator("extra_body", mode="before")
+    @classmethod
+    def _body_from_text(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip() and not value.strip().startswith("{"):
+            raise ConfigError("extra_body", f"expected a JSON object, got {value!r}")
+        return _json_or_pairs("extra_body", value)
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_parser(cls, value: str | None) -> str | None:
+        if value is not None:
+            get_parser(value)  # ConfigError at tool_call_parser, listing the known names
+        return value
+
+    @field_validator("tool_servers")
+    @classmethod
+    def _tool_servers(
+        cls, value: dict[str, dict[str, Any]] | str | None
+    ) -> dict[str, dict[str, Any]] | str | None:
+        if value is None:
+            return None
+        try:
+            from trajcore.adapters.mcp import parse_tool_servers
+        except ImportError as exc:
+            raise ConfigError(
+                "tool_servers", f"needs the MCP SDK: pip install 'trajcore[mcp]' ({exc})"
+            ) from None
+        taken = {name for name, _, _ in DEFAULT_TOOLSETS} | {EXTERNAL_TOOLSET, "tool_server"}
+        for setting in parse_tool_servers(value):  # ConfigError at tool_servers.<name>.<field>
+            if setting.name in taken:
+                raise ConfigError(
+                    f"tool_servers.{setting.name}", f"{setting.name!r} names a built-in toolset"
+                )
+        return value
+
+    @field_validator("tool_server_url")
+    @classmethod
+    def _tool_server_url(cls, value: str | None) -> str | None:
+        if (
+            value is not None
+            and value != INPROCESS
+            and not value.startswith(("http://", "https://"))
+        ):
+            raise ConfigError(
+                "tool_server_url", f"expected http(s)://... or 'inprocess': {value!r}"
+            )
+        return value
+
+    def slot_server_flags(self) -> SlotServerFlags:
+        """The sandbox policy every slot server gets (``pools.slot_server_flags``)."""
+        return pools.slot_server_flags(self)
+
+    def nomad_pool_config(self) -> NomadPoolConfig:
+        """The Nomad pool's settings from the ``nomad_*`` fields (``pools.nomad_pool_config``).
+
+        Raises:
+            ConfigError: a Nomad setting that cannot work, named by its env field.
+        """
+        return pools.nomad_pool_config(self)
+
+    @property
+    def resolved_mode(self) -> Literal["openai", "managed"]:
+        """The mode in effect with no server type known (see ``mode_for``)."""
+        return self.mode_for(()).mode
+
+    def mode_for(self, server_types: Sequence[str]) -> ModeChoice:
+        """The mode, parser and reason for servers of ``server_types`` (``--openai.*``).
+
+        ``auto``: managed when a server type is ``vllm`` or ``sglang`` (parser ``hermes``
+        unless ``tool_call_parser`` names another) or when ``tool_call_parser`` is set; OpenAI
+        mode otherwise.
+        """
+        token_servers = sorted({t for t in server_types if t in _TOKEN_SERVER_TYPES})
+        parser = self.tool_call_parser
+        if self.mode == "auto":
+            if token_servers:
+                return ModeChoice(
+                    mode="managed",
+                    parser=parser or DEFAULT_PARSER,
+                    reason=f"auto: server_type {'/'.join(token_servers)}",
+                )
+            if parser:
+                return ModeChoice(mode="managed", parser=parser, reason="auto: tool_call_parser")
+            return ModeChoice(mode="openai", parser=None, reason="auto: no token server type")
+        if self.mode == "managed":
+            return ModeChoice(
+                mode="managed",
+                parser=parser or (DEFAULT_PARSER if token_servers else None),
+                reason="mode",
+            )
+        return ModeChoice(mode="openai", parser=None, reason="mode")
+
+    def settings(
+        self,
+        distributions: DistributionRegistry | None = None,
+        *,
+        server_types: Sequence[str] = (),
+    ) -> RolloutSettings:
+        """The checked domain values behind these settings.
+
+        ``distributions`` are the env's named toolset distributions, for a
+        ``toolset_distribution`` given by name; ``server_types`` the ``--openai.*`` servers'
+        types, for the mode (``mode_for``).
+
+        Raises:
+            ConfigError: a setting that cannot work, naming its field (a ``nomad_*`` field,
+                ``tool_call_parser`` for managed mode without one, ``min_healthy`` above
+                ``group_size``, a malformed toolset distribution, ...).
+        """
+        if self.sandbox == "nomad":
+            self.nomad_pool_config()
+        choice = self.mode_for(server_types)
+        if choice.mode == "managed" and not choice.parser:
+            raise ConfigError(
+                "tool_call_parser", f"managed mode parses tool calls itself: set one of "
+                f"{', '.join(PARSER_NAMES)}"
+            )  # fmt: skip
+        if self.max_containers < self.min_containers:
+            raise ConfigError("max_containers", f"must be >= min_containers={self.min_containers}")
+        if self.worker_timeout > 0 and self.slot_lifetime_s >= self.worker_timeout:
+            raise ConfigError(
+                "slot_lifetime_s",
+                f"must be below worker_timeout={self.worker_timeout}s, after which Atropos "
+                f"cancels the group, got {self.slot_lifetime_s}s",
+            )
+        if self.max_token_length < 2:
+            raise ConfigError(
+                "max_token_length", f"must be at least 2, got {self.max_token_length}"
+            )
+        distribution = None
+        if isinstance(self.toolset_distribution, str):
+            if distributions is None:
+                raise ConfigError(
+                    "toolset_distribution",
+                    f"{self.toolset_distribution!r} names a distribution, and only an env's "
+                    "toolset_distributions() has names",
+                )
+            distribution = distributions.get(self.toolset_distribution)
+        elif self.toolset_distribution is not None:
+            distribution = ToolsetDistribution(probabilities=dict(self.toolset_distribution))
+        enabled = self.enabled_toolsets
+        selection = ToolsetSelection(
+            enabled=[enabled] if isinstance(enabled, str) else enabled,
+            disabled=tuple(self.disabled_toolsets),
+            distribution=distribution,
+        )
+        extra_body: JSONObject = dict(self.extra_body) if isinstance(self.extra_body, dict) else {}
+        rollout = RolloutConfig(
+            agent=AgentLoopConfig(
+                max_turns=self.max_turns, max_context_tokens=self.max_token_length
+            ),
+            sampling=SamplingParams(
+                # None: no cap of its own; the loop caps each turn by the context left.
+                max_tokens=self.max_tokens
+                if self.max_tokens is not None
+                else self.max_token_length,
+                temperature=self.agent_temperature,
+                extra_body=extra_body,
+            ),
+            tool_timeout_s=self.terminal_timeout_s,
+            deadline_s=self.slot_lifetime_s,
+            acquire_timeout_s=self.acquire_timeout_s,
+            tool_delay_s=self.tool_delay_s,
+            # Atropos drops a group with any sequence of max_token_length tokens or more.
+            max_token_length=self.max_token_length - 1,
+        )
+        settings = RolloutSettings(
+            mode=choice.mode,
+            parser=choice.parser,
+            mode_reason=choice.reason,
+            rollout=rollout,
+            batching=BatchConfig(
+                window_ms=self.batch_window_ms, max_batch_size=self.max_batch_size
+            ),
+            toolsets=selection,
+            on_failure=OnFailure(self.on_failure),
+            min_healthy=self.min_healthy,
+            drop_equal_scores=self.ensure_scores_are_not_same,
+        )
+        settings.group_policy(self.group_size)  # min_healthy against group_size
+        return settings
+
+
+_TOKEN_SERVER_TYPES = frozenset({"vllm", "sglang"})
+DEFAULT_PARSER = "hermes"
+"""Managed mode's parser when a vLLM or SGLang server is configured and none is named."""
+
+
+@attrs.frozen(kw_only=True)
+class ModeChoice:
+    """The model mode in effect, its parser, and why (``AgentEnvConfig.mode_for``)."""
+
+    mode: Literal["openai", "managed"]
+    parser: str | None
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class RolloutSettings:
+    """What ``AgentEnvConfig.settings`` checked, as domain values.
+
+    Attributes:
+        mode: ``openai`` or ``managed``.
+        parser: Managed mode's tool-call parser (``None`` in OpenAI mode).
+        mode_reason: Why this mode (for the start-up log).
+        rollout: How each trajectory runs (limits, sampling, timeouts, the deadline).
+        batching: The tool dispatcher's batch window and size.
+        toolsets: Which toolsets each group draws.
+        on_failure, min_healthy, drop_equal_scores: The group policy, whose ``group_size``
+            comes from the config at each group (process mode changes it).
+    """
+
+    mode: Literal["openai", "managed"]
+    rollout: RolloutConfig
+    batching: BatchConfig
+    parser: str | None = None
+    mode_reason: str = "mode"
+    toolsets: ToolsetSelection
+    on_failure: OnFailure
+    min_healthy: int | None
+    drop_equal_scores: bool
+
+    def group_policy(self, group_size: int) -> GroupPolicy:
+        """The group policy for training groups of ``group_size``.
+
+        Raises:
+            ConfigError: ``min_healthy`` outside ``[1, group_size]``.
+        """
+        if self.min_healthy is None:
+            return GroupPolicy(
+                group_size=group_size,
+                on_failure=self.on_failure,
+                drop_equal_scores=self.drop_equal_scores,
+            )
+        return GroupPolicy(
+            group_size=group_size,
+            on_failure=self.on_failure,
+            min_healthy=self.min_healthy,
+            drop_equal_scores=self.drop_equal_scores,
+        )
+
+    def mode_line(self) -> str:
+        """One line for the start-up log: the mode, why, and whether tokens are exact."""
+        if self.mode == "managed":
+            return (
+                f"model mode managed ({self.mode_reason}), parser {self.parser}: "
+                "tokens are exact (the sampled ids and their logprobs)"
+            )
+        return (
+            f"model mode openai ({self.mode_reason}): tokens are NOT exact (re-rendered "
+            "from the conversation): fit for SFT and evaluation, not for on-policy RL"
+        )
+
+    @staticmethod
+    def eval_policy(group_size: int) -> GroupPolicy:
+        """Evaluation keeps every healthy member and never drops for equal scores."""
+        return GroupPolicy(
+            group_size=group_size,
+            on_failure=OnFailure.KEEP_HEALTHY,
+            min_healthy=1,
+            drop_equal_scores=False,
+        )

@@ -1,0 +1,314 @@
+"""What a run counts and shows: the ``trajcore/*`` counters, service statistics, the group log
+line, the wandb rollout table and the evaluation metrics.
+
+Rules it keeps:
+
+- Counters hold what happened since the last ``wandb_log``; the env starts a fresh
+  ``RolloutCounters`` after each log, so every metric is a count over one logging interval.
+- A failed tool call is counted by outcome and also kept as one line of hermes-agent's
+  ``train/tool_error_details`` (the first ``MAX_ERROR_DETAILS``, then how many more).
+- Statistics snapshots (attrs values from ``statistics()``) become metrics field by field, so a
+  new numeric field shows up without a change here.
+- The rollout table shows each conversation as readable text (``render_transcript``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from trajcore.domain.messages import ToolOutcome
+from trajcore.entrypoints.atropos.scored_data import (
+    GroupConversion,
+    ScoredGroup,
+    chat_dicts,
+    render_transcript,
+)
+from trajcore.rollout.group import GroupResult
+from trajcore.rollout.trajectory import ToolExchange
+
+__all__ = [
+    "MAX_ERROR_DETAILS",
+    "RolloutCounters",
+    "RolloutTable",
+    "eval_metrics",
+    "eval_samples",
+    "log_conversion",
+    "log_group",
+    "service_metrics",
+    "statistics_metrics",
+]
+
+log = logging.getLogger("trajcore.env")
+
+MAX_ERROR_DETAILS = 200
+"""Most lines of ``train/tool_error_details`` per logging interval."""
+
+
+def _drift_words(group: GroupResult) -> str:
+    """The group's token drift for its log line (``docs/tokens.md``)."""
+    drifts = [m.drift for m in group.members if m.drift is not None]
+    if not drifts:
+        return "drift not measured (tokens not exact)"
+    drifted = sum(not d.exact for d in drifts)
+    tokens = sum(d.ledger_only_tokens + d.rendered_only_tokens for d in drifts)
+    return f"drift {drifted}/{len(drifts)} members, {tokens} tokens"
+
+
+def _error_summary(exchange: ToolExchange) -> str:
+    """One failed call as hermes summarised it: ``[turn N] tool(args) -> error``."""
+    error = f"{exchange.result.outcome.value}: {exchange.result.error or ''}"
+    return (
+        f"[turn {exchange.turn}] {exchange.call.name}({exchange.call.arguments_json()[:80]}) "
+        f"-> {error[:150]}"
+    )
+
+
+def statistics_metrics(prefix: str, statistics: object) -> dict[str, float]:
+    """The numeric fields of a ``statistics()`` snapshot (an attrs class) as ``prefix/<field>``."""
+    if not attrs.has(type(statistics)):
+        return {}
+    values = attrs.asdict(statistics, recurse=False)  # type: ignore[arg-type]  # checked above
+    return {
+        f"{prefix}/{name}": float(value)
+        for name, value in values.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
+
+
+@attrs.define
+class RolloutCounters:
+    """Counts since the last ``wandb_log``."""
+
+    groups: int = 0
+    groups_sent: int = 0
+    groups_partial: int = 0
+    groups_dropped: dict[str, int] = attrs.field(factory=dict)
+    trajectories: int = 0
+    statuses: dict[str, int] = attrs.field(factory=dict)
+    tool_calls: int = 0
+    tool_errors: dict[str, int] = attrs.field(factory=dict)
+    parse_errors: int = 0
+    turns: int = 0
+    drifted: int = 0
+    drift_tokens: int = 0
+    measured: int = 0
+    error_details: list[str] = attrs.field(factory=list)
+
+    def record(self, group: GroupResult) -> None:
+        self.groups += 1
+        for member in group.members:
+            for exchange in member.exchanges:
+                if not exchange.result.ok:
+                    self.error_details.append(_error_summary(exchange))
+            stats = member.stats
+            self.trajectories += 1
+            status = member.outcome.status.value
+            self.statuses[status] = self.statuses.get(status, 0) + 1
+            self.tool_calls += stats.tool_calls
+            self.turns += stats.turns
+            self.parse_errors += stats.parse_errors
+            for outcome in ToolOutcome:
+                count = stats.tool_errors.of(outcome)
+                if count:
+                    self.tool_errors[outcome.value] = self.tool_errors.get(outcome.value, 0) + count
+            if member.drift is not None:
+                self.measured += 1
+                self.drifted += not member.drift.exact
+                self.drift_tokens += (
+                    member.drift.ledger_only_tokens + member.drift.rendered_only_tokens
+                )
+
+    def record_conversion(self, conversion: GroupConversion) -> None:
+        """Count a group as sent (partial or whole) or as dropped, by its reason."""
+        if conversion.scored is None:
+            reason = conversion.drop_reason or "dropped"
+            self.groups_dropped[reason] = self.groups_dropped.get(reason, 0) + 1
+            return
+        if conversion.partial:
+            self.groups_partial += 1
+        self.groups_sent += 1
+
+    def details(self) -> str:
+        """hermes's ``train/tool_error_details``: one line per failed call (the first
+        ``MAX_ERROR_DETAILS``, then how many more)."""
+        lines = self.error_details[:MAX_ERROR_DETAILS]
+        more = len(self.error_details) - len(lines)
+        return "\n".join([*lines, f"... and {more} more"] if more else lines)
+
+    def metrics(self) -> dict[str, float]:
+        """The ``trajcore/*`` counters and hermes's ``train/tool_errors_count``."""
+        out: dict[str, float] = {
+            "train/tool_errors_count": len(self.error_details),
+            "trajcore/groups": self.groups,
+            "trajcore/groups_sent": self.groups_sent,
+            "trajcore/groups_partial": self.groups_partial,
+            "trajcore/trajectories": self.trajectories,
+            "trajcore/tool_calls": self.tool_calls,
+            "trajcore/tool_errors": sum(self.tool_errors.values()),
+            "trajcore/parse_errors": self.parse_errors,
+        }
+        for reason, count in self.groups_dropped.items():
+            out[f"trajcore/groups_dropped/{reason}"] = count
+        for status, count in self.statuses.items():
+            out[f"trajcore/trajectories/{status}"] = count
+        for outcome, count in self.tool_errors.items():
+            out[f"trajcore/tool_errors/{outcome}"] = count
+        if self.trajectories:
+            out["trajcore/turns_mean"] = self.turns / self.trajectories
+        if self.tool_calls:
+            out["trajcore/tool_error_rate"] = sum(self.tool_errors.values()) / self.tool_calls
+        if self.measured:
+            out["trajcore/token_drift_rate"] = self.drifted / self.measured
+            out["trajcore/token_drift_tokens_mean"] = self.drift_tokens / self.measured
+        return out
+
+
+def service_metrics(pool_statistics: object, dispatcher_statistics: object) -> dict[str, float]:
+    """The pool's and the dispatcher's statistics as ``trajcore/pool/*`` and
+    ``trajcore/dispatcher/*``, with the dispatcher's mean ``calls_per_batch``."""
+    out = statistics_metrics("trajcore/pool", pool_statistics)
+    dispatcher = statistics_metrics("trajcore/dispatcher", dispatcher_statistics)
+    if dispatcher.get("trajcore/dispatcher/batches"):
+        dispatcher["trajcore/dispatcher/calls_per_batch"] = (
+            dispatcher["trajcore/dispatcher/calls"] / dispatcher["trajcore/dispatcher/batches"]
+        )
+    out.update(dispatcher)
+    return out
+
+
+def log_group(group: GroupResult, toolsets: Sequence[str]) -> None:
+    """Log the group's line (verdict, scores, tool calls and errors, drift, toolsets, time),
+    each member's hook metadata, each failed member, and each failed tool call."""
+    verdict = group.verdict
+    calls = sum(m.stats.tool_calls for m in group.members)
+    errors = sum(m.stats.tool_errors.total for m in group.members)
+    log.info(
+        "group %s (%s): %s, scores %s, %d tool calls, %d tool errors, %s, toolsets %s, %.1fs",
+        group.group_id,
+        verdict.status.value,
+        verdict.detail,
+        list(verdict.member_scores),
+        calls,
+        errors,
+        _drift_words(group),
+        list(toolsets),
+        group.duration_s,
+    )
+    for member in group.members:
+        if member.prepare_metadata is not None or member.score_metadata is not None:
+            log.info(
+                "trajectory %s metadata: prepare %s, score %s",
+                member.trajectory_id,
+                json.dumps(member.prepare_metadata, sort_keys=True),
+                json.dumps(member.score_metadata, sort_keys=True),
+            )
+        if not member.outcome.status.healthy:
+            log.warning(
+                "trajectory %s failed (%s): %s",
+                member.trajectory_id,
+                member.outcome.status.value,
+                member.outcome.detail,
+            )
+        for exchange in member.exchanges:
+            result = exchange.result
+            if not result.ok:
+                log.info(
+                    "trajectory %s turn %d: %s(%s) -> %s: %s",
+                    member.trajectory_id,
+                    exchange.turn,
+                    exchange.call.name,
+                    exchange.call.arguments_json()[:200],
+                    result.outcome.value,
+                    result.error,
+                )
+
+
+def log_conversion(group: GroupResult, conversion: GroupConversion) -> None:
+    """Log the kept members left out for want of tokens, and why a group is not sent."""
+    for trajectory_id in conversion.left_out:
+        log.warning(
+            "group %s: member %s has no tokens (no model turn); left out",
+            group.group_id,
+            trajectory_id,
+        )
+    if conversion.scored is None:
+        log.info("group %s dropped: %s", group.group_id, conversion.detail)
+
+
+_TABLE_COLUMNS = (
+    "trajectory",
+    "score",
+    "turns",
+    "tool_calls",
+    "tool_errors",
+    "stop_reason",
+    "conversation",
+)
+
+
+@attrs.define
+class RolloutTable:
+    """The wandb rollout table's rows: id, score, turns, tool calls, tool errors, stop,
+    conversation, the newest ``keep`` of them."""
+
+    rows: list[list[object]] = attrs.field(factory=list)
+
+    def add(self, group: ScoredGroup, *, per_group: int, keep: int) -> None:
+        """Add ``per_group`` members of ``group`` (-1: all), then keep the newest ``keep`` rows."""
+        count = len(group["scores"]) if per_group == -1 else min(per_group, len(group["scores"]))
+        for i in range(count):
+            story = group["overrides"][i]["trajcore"] if group.get("overrides") else {}
+            self.rows.append(
+                [
+                    story.get("trajectory_id", ""),
+                    group["scores"][i],
+                    story.get("turns", 0),
+                    story.get("tool_calls", 0),
+                    story.get("tool_errors", 0),
+                    story.get("stop_reason", ""),
+                    render_transcript(group["messages"][i]),
+                ]
+            )
+        del self.rows[: max(0, len(self.rows) - keep)]
+
+    def wandb_table(self) -> Any:
+        """The rows as a ``wandb.Table`` (imports wandb)."""
+        import wandb
+
+        table = wandb.Table(columns=list(_TABLE_COLUMNS))
+        for row in self.rows:
+            table.add_data(*row)
+        return table
+
+
+def eval_metrics(items: int, done: Sequence[GroupResult]) -> dict[str, float]:
+    """``eval/*``: items, members scored and failed, the mean score and the share solved
+    (score > 0); the mean and share are NaN when nothing was scored."""
+    scores = [s for r in done for s in r.verdict.member_scores if s is not None]
+    failed = sum(len(r.verdict.failed) for r in done)
+    return {
+        "eval/items": items,
+        "eval/scored": len(scores),
+        "eval/failed": failed,
+        "eval/mean_score": sum(scores) / len(scores) if scores else math.nan,
+        "eval/solved_rate": sum(s > 0 for s in scores) / len(scores) if scores else math.nan,
+    }
+
+
+def eval_samples(done: Sequence[GroupResult]) -> list[dict[str, Any]]:
+    """One sample per evaluated item for ``evaluate_log``: score, status, detail, messages."""
+    return [
+        {
+            "score": r.verdict.member_scores[0],
+            "status": r.members[0].outcome.status.value,
+            "detail": r.members[0].outcome.detail,
+            "messages": chat_dicts(r.members[0].messages),
+        }
+        for r in done
+    ]

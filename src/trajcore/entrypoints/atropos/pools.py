@@ -1,0 +1,121 @@
+"""The env's sandbox pool: the slot-server policy, the Nomad settings and the pool, from the config.
+
+Every place that turns ``AgentEnvConfig`` fields into a pool's settings lives here, so the slot
+policy is derived once: ``slot_server_flags`` builds the policy every slot server gets, and both
+the Nomad settings and the local pool's settings read it rather than restating its range.
+
+Rules it keeps:
+
+- A setting that cannot work is a ``ConfigError`` named by its env field (``terminal_timeout_s``,
+  ``nomad_driver``, ...), not by the pool's own field name.
+- Nothing here starts anything: ``make_pool`` returns an unopened pool, which the run enters.
+"""
+
+from __future__ import annotations
+
+import shutil
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING
+
+from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig, NomadSandboxPool
+from trajcore.domain.errors import ConfigError, SandboxUnavailable
+from trajcore.domain.slot_server_flags import SlotServerFlags
+from trajcore.ports.sandbox_pool import SandboxPool
+
+if TYPE_CHECKING:
+    from trajcore.entrypoints.atropos.config import AgentEnvConfig
+
+__all__ = ["make_pool", "nomad_pool_config", "slot_server_flags"]
+
+# NomadPoolConfig's field names -> the env fields they come from.
+_NOMAD_FIELDS: dict[str, str] = {
+    name: f"nomad_{name}"
+    for name in (
+        "address", "job_id", "driver", "image", "command", "token", "namespace", "region",
+        "datacenters",
+    )
+}  # fmt: skip
+
+
+def slot_server_flags(config: AgentEnvConfig) -> SlotServerFlags:
+    """The sandbox policy every slot server gets: network, sandbox requirement, timeouts.
+
+    ``require_stateful_sandbox`` requires the sandbox too: the persistent shell lives in it.
+
+    Raises:
+        ConfigError: a timeout range that cannot work (``terminal_timeout_s``).
+    """
+    timeout = config.terminal_timeout_s
+    try:
+        return SlotServerFlags(
+            allow_network=config.allow_network,
+            require_sandbox=config.require_sandbox or config.require_stateful_sandbox,
+            min_timeout_s=min(1.0, timeout),
+            default_timeout_s=timeout,
+            max_timeout_s=max(3600.0, timeout),
+        )
+    except ConfigError as error:
+        raise ConfigError("terminal_timeout_s", error.reason) from None
+
+
+def nomad_pool_config(config: AgentEnvConfig) -> NomadPoolConfig:
+    """The Nomad pool's settings from the ``nomad_*`` fields and the sandbox policy.
+
+    Raises:
+        ConfigError: a Nomad setting that cannot work, named by its env field.
+    """
+    flags = slot_server_flags(config)
+    try:
+        return NomadPoolConfig(
+            address=config.nomad_address,
+            job_id=config.nomad_job_id,
+            driver=config.nomad_driver,  # type: ignore[arg-type]  # checked by the pool config
+            image=config.nomad_image,
+            command=config.nomad_command,
+            token=config.nomad_token,
+            namespace=config.nomad_namespace,
+            region=config.nomad_region,
+            datacenters=config.nomad_datacenters,
+            slots_per_container=config.slots_per_container,
+            min_containers=config.min_containers,
+            max_containers=config.max_containers,
+            privileged=config.privileged,
+            acquire_timeout_s=config.acquire_timeout_s,
+            purge_on_start=config.purge_on_start,
+            purge_on_shutdown=config.purge_on_shutdown,
+            flags=flags,
+            require_tmux=config.require_stateful_sandbox,
+        )
+    except ConfigError as error:
+        raise ConfigError(_NOMAD_FIELDS.get(error.field, error.field), error.reason) from None
+
+
+def make_pool(config: AgentEnvConfig) -> AbstractAsyncContextManager[SandboxPool]:
+    """The sandbox pool of a run, unopened (see ``AgentEnv.make_pool``).
+
+    Raises:
+        ConfigError: a Nomad setting that cannot work, named by its env field.
+        SandboxUnavailable: ``require_stateful_sandbox`` with the local pool and no tmux on
+            this host.
+    """
+    if config.sandbox == "nomad":
+        return NomadSandboxPool(nomad_pool_config(config))
+    if config.require_stateful_sandbox and shutil.which("tmux") is None:
+        raise SandboxUnavailable(
+            "require_stateful_sandbox: the local pool keeps a persistent shell with tmux, "
+            "which is not installed on this host"
+        )
+    flags = slot_server_flags(config)
+    return LocalSandboxPool(
+        LocalPoolConfig(
+            containers=config.local_containers,
+            slots_per_container=config.slots_per_container,
+            allow_network=flags.allow_network,
+            require_sandbox=flags.require_sandbox,
+            acquire_timeout_s=config.acquire_timeout_s,
+            min_timeout_s=flags.min_timeout_s,
+            default_timeout_s=flags.default_timeout_s,
+            max_timeout_s=flags.max_timeout_s,
+        )
+    )

@@ -1,0 +1,195 @@
+"""What Atropos is sent: a judged group as a ``ScoredDataGroup``, and conversations as text.
+
+``scored_group`` is a pure function of the ``GroupResult`` and the run's settings: it returns
+either the ``ScoredGroup`` to send or the reason it is not sent, and leaves counting and logging
+to its caller.
+
+Rules it keeps:
+
+- ``tokens[i]`` and ``masks[i]`` have equal lengths; ``inference_logprobs`` is set only when
+  every kept member's tokens are exact.
+- A kept member without tokens (it never had a model turn) is left out; a group left with fewer
+  than ``min_healthy`` members with tokens (or, with ``drop_equal_scores``, with only equal
+  scores after leaving some out) is not sent.
+- A partial group says its size in ``group_overrides["group_size"]``, because Atropos
+  discards a group whose size differs from the configured one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
+
+import attrs
+
+from trajcore.domain.messages import Message, ToolOutcome
+from trajcore.entrypoints.atropos.config import RolloutSettings
+from trajcore.rollout.group import GroupResult
+from trajcore.rollout.trajectory import TrajectoryResult
+
+__all__ = [
+    "GroupConversion",
+    "MemberOverrides",
+    "ScoredGroup",
+    "chat_dicts",
+    "member_story",
+    "render_transcript",
+    "scored_group",
+]
+
+
+class MemberOverrides(TypedDict):
+    """``overrides[i]`` of a group trajcore sends: exactness and the member's story."""
+
+    token_exact: bool
+    trajcore: dict[str, Any]
+
+
+class ScoredGroup(TypedDict):
+    """The ``ScoredDataGroup`` trajcore hands Atropos (a plain dict on the wire).
+
+    ``tokens[i]`` and ``masks[i]`` have equal lengths; ``masks[i][j]`` is ``-100`` outside the
+    model's completions. ``inference_logprobs`` is ``None`` unless the tokens are exact.
+    """
+
+    tokens: list[list[int]]
+    masks: list[list[int]]
+    scores: list[float]
+    advantages: None
+    ref_logprobs: None
+    messages: list[list[dict[str, Any]]]
+    generation_params: dict[str, Any]
+    inference_logprobs: list[list[float]] | None
+    group_overrides: dict[str, Any]
+    overrides: list[MemberOverrides]
+    images: None
+
+
+@attrs.frozen(kw_only=True)
+class GroupConversion:
+    """What ``scored_group`` made of a judged group.
+
+    Attributes:
+        scored: The group to send, or ``None`` when it is not sent.
+        drop_reason: Why it is not sent (the verdict's drop reason, or ``no_tokens``);
+            ``None`` when it is sent.
+        detail: The reason in words, for the log (empty when it is sent).
+        left_out: Ids of kept members left out because they have no tokens.
+    """
+
+    scored: ScoredGroup | None
+    drop_reason: str | None = None
+    detail: str = ""
+    left_out: tuple[str, ...] = ()
+
+    @property
+    def partial(self) -> bool:
+        """Whether the group is sent with fewer members than it ran."""
+        return self.scored is not None and "group_size" in self.scored["group_overrides"]
+
+
+def chat_dicts(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """``messages`` as OpenAI chat dicts, tool-call arguments as JSON text."""
+    return [dict(m.to_chat_dict(arguments_as_json=True)) for m in messages]
+
+
+def member_story(member: TrajectoryResult) -> dict[str, Any]:
+    """``overrides[i]["trajcore"]``: the member's id, status, stop reason, counts and metadata."""
+    stats = member.stats
+    errors = stats.tool_errors
+    return {
+        "trajectory_id": member.trajectory_id,
+        "status": member.outcome.status.value,
+        "stop_reason": stats.stop_reason.value if stats.stop_reason else None,
+        "turns": stats.turns,
+        "tool_calls": stats.tool_calls,
+        "tool_errors": errors.total,
+        "tool_errors_by_outcome": {o.value: errors.of(o) for o in ToolOutcome if errors.of(o)},
+        "parse_errors": stats.parse_errors,
+        "duration_s": round(member.duration_s, 3),
+        "slot": member.slot,
+        "drift_tokens": None
+        if member.drift is None
+        else member.drift.ledger_only_tokens + member.drift.rendered_only_tokens,
+        "prepare_metadata": member.prepare_metadata,
+        "score_metadata": member.score_metadata,
+    }
+
+
+def scored_group(group: GroupResult, settings: RolloutSettings) -> GroupConversion:
+    """The Atropos ``ScoredDataGroup`` of a judged group, or why it is not sent.
+
+    ``settings`` gives the group policy's ``min_healthy`` and ``drop_equal_scores``, the
+    sampling parameters and the mode that go into ``generation_params``.
+    """
+    if group.verdict.dropped:
+        reason = group.verdict.drop_reason.value if group.verdict.drop_reason else "dropped"
+        return GroupConversion(scored=None, drop_reason=reason, detail=group.verdict.detail)
+    kept = [
+        (member, score)
+        for member, score in zip(group.kept, group.verdict.scores, strict=True)
+        if member.tokens is not None
+    ]
+    left_out = tuple(m.trajectory_id for m in group.kept if m.tokens is None)
+    policy_min = settings.group_policy(len(group.members)).min_healthy
+    if len(kept) < policy_min or (
+        settings.drop_equal_scores and left_out and len({s for _, s in kept}) <= 1
+    ):
+        return GroupConversion(
+            scored=None,
+            drop_reason="no_tokens",
+            detail=f"{len(kept)} members with tokens",
+            left_out=left_out,
+        )
+    exact = all(m.tokens is not None and m.tokens.token_exact for m, _ in kept)
+    tokens = [m.tokens for m, _ in kept if m.tokens is not None]
+    logprobs: list[list[float]] | None = None
+    if exact and all(t.inference_logprobs is not None for t in tokens):
+        logprobs = [list(t.inference_logprobs or ()) for t in tokens]
+    group_overrides: dict[str, Any] = {"token_exact": exact, "trajcore_group": group.group_id}
+    if len(kept) != len(group.members):
+        group_overrides["group_size"] = len(kept)
+    sampling = settings.rollout.sampling
+    scored = ScoredGroup(
+        tokens=[list(t.tokens) for t in tokens],
+        masks=[list(t.masks) for t in tokens],
+        scores=[float(s) for _, s in kept],
+        advantages=None,
+        ref_logprobs=None,
+        messages=[chat_dicts(m.messages) for m, _ in kept],
+        generation_params={
+            "temperature": sampling.temperature,
+            "max_tokens": sampling.max_tokens,
+            "mode": settings.mode,
+        },
+        inference_logprobs=logprobs,
+        group_overrides=group_overrides,
+        overrides=[MemberOverrides(token_exact=exact, trajcore=member_story(m)) for m, _ in kept],
+        images=None,
+    )
+    return GroupConversion(scored=scored, left_out=left_out)
+
+
+def render_transcript(messages: Sequence[Mapping[str, Any]]) -> str:
+    """A conversation as readable text: each turn, each tool call with its arguments, each result.
+
+    Takes OpenAI chat dicts (what ``ScoredGroup["messages"]`` holds) and returns plain text for
+    logs and wandb tables.
+    """
+    lines: list[str] = []
+    for message in messages:
+        role = str(message.get("role", "?"))
+        if role == "tool":
+            lines.append(f"--- tool result [{message.get('name', '?')}]")
+        else:
+            lines.append(f"--- {role}")
+        reasoning = message.get("reasoning_content")
+        if reasoning:
+            lines.append(f"(thinking) {reasoning}")
+        content = message.get("content")
+        if content:
+            lines.append(str(content))
+        for call in message.get("tool_calls") or ():
+            function = call.get("function", {}) if isinstance(call, Mapping) else {}
+            lines.append(f">>> {function.get('name', '?')}({function.get('arguments', '')})")
+    return "\n".join(lines)

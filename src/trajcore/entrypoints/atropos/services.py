@@ -1,0 +1,226 @@
+"""The services a run shares, and the adapters they are built from.
+
+``RolloutServices`` is what every group of a run uses: the sandbox pool, the batching tool
+dispatcher over it, the model side, the tool server, and the tools and toolsets the model may be
+offered. ``AgentEnv.rollout_services`` opens them once per run; the functions here build the
+adapters its ``make_*`` methods return, from the config and Atropos's server settings.
+
+Rules it keeps:
+
+- Building an adapter starts nothing: a server, client or tokenizer is opened by the run.
+- A setting that cannot work is a ``ConfigError`` naming the env field (``tool_server_url``,
+  ``tokenizer_mode``, ``mistral_tokenizer_file``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+import attrs
+from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[import-untyped]
+    APIServerConfig,
+)
+
+from trajcore.adapters.generation_config import generation_stop_ids
+from trajcore.adapters.llm.atropos import ServerManagerTokenServer, token_server_from_config
+from trajcore.adapters.tokenizers import TransformersTokenizer
+from trajcore.adapters.tool_server import INPROCESS, HTTPToolServer, ToolRegistry
+from trajcore.domain.errors import ConfigError
+from trajcore.domain.messages import ToolSpec
+from trajcore.domain.token_ledger import ChatTemplate
+from trajcore.domain.toolsets import Toolset, ToolsetCatalog
+from trajcore.entrypoints.atropos.config import DEFAULT_TOOLSETS, EXTERNAL_TOOLSET, AgentEnvConfig
+from trajcore.entrypoints.tool_server import make_app
+from trajcore.ports.sandbox_pool import SandboxPool
+from trajcore.ports.token_server import TokenServer
+from trajcore.ports.tokenizer import Tokenizer
+from trajcore.ports.tool_server import ToolServer
+from trajcore.rollout.dispatcher import ToolDispatcher
+from trajcore.rollout.policy import Policy
+
+__all__ = [
+    "RolloutServices",
+    "default_toolsets",
+    "learn_chat_template",
+    "mistral_tokenizer",
+    "release_tool_sessions",
+    "server_types",
+    "token_server_for",
+    "tokenizer_for",
+    "tool_server_for",
+]
+
+log = logging.getLogger("trajcore.env")
+
+RELEASE_TIMEOUT_S = 10.0
+"""Longest a tool server may take to end one trajectory's sessions."""
+
+
+@attrs.frozen(kw_only=True)
+class RolloutServices:
+    """What every group of a run shares.
+
+    Attributes:
+        pool: The sandbox pool slots are leased from.
+        dispatcher: The batching tool dispatcher over ``pool``.
+        policy: The model side (``ChatPolicy`` or ``TokenPolicy``).
+        tool_server: External tools, or ``None``.
+        specs: Every tool the model may be offered.
+        catalog: The toolsets over ``specs``.
+    """
+
+    pool: SandboxPool
+    dispatcher: ToolDispatcher
+    policy: Policy
+    tool_server: ToolServer | None
+    specs: tuple[ToolSpec, ...]
+    catalog: ToolsetCatalog
+
+
+def server_types(configs: object) -> tuple[str, ...]:
+    """The ``server_type`` of each ``--openai.*`` server (``APIServerConfig`` s or a baseline)."""
+    items = configs if isinstance(configs, list | tuple) else [configs]
+    return tuple(str(t) for c in items if (t := getattr(c, "server_type", None)) is not None)
+
+
+def token_server_for(server_configs: object, server: object) -> TokenServer:
+    """Managed mode's server: trajcore's token client for a single ``--openai.*`` server with a
+    ``base_url``, else Atropos's ``ServerManager`` (``server``, load-balanced).
+
+    Raises:
+        ConfigError: the server type has no token endpoint (``openai.server_type``).
+    """
+    configs = server_configs
+    if isinstance(configs, APIServerConfig):
+        configs = [configs]
+    if isinstance(configs, list) and len(configs) == 1 and getattr(configs[0], "base_url", None):
+        return token_server_from_config(configs[0])
+    return ServerManagerTokenServer(server)
+
+
+def tool_server_for(
+    config: AgentEnvConfig, registry: ToolRegistry | None, *, env_name: str
+) -> ToolServer | None:
+    """The external tool server: ``registry`` served in this process when there is one, else
+    the one at ``tool_server_url``, else ``None``.
+
+    Raises:
+        ConfigError: ``inprocess`` without a registry, or a registry and a remote
+            ``tool_server_url`` both (``tool_server_url``).
+    """
+    url = config.tool_server_url
+    if registry is not None and url not in (None, INPROCESS):
+        raise ConfigError(
+            "tool_server_url",
+            f"{env_name}.tool_registry() serves tools in this process and "
+            f"tool_server_url={url!r} names a remote tool server: keep one of them",
+        )
+    if url == INPROCESS and registry is None:
+        raise ConfigError(
+            "tool_server_url", "'inprocess' serves tool_registry(), which returned None"
+        )
+    if registry is not None:
+        return HTTPToolServer(
+            INPROCESS, app=make_app(registry), timeout_s=config.terminal_timeout_s
+        )
+    if url is None:
+        return None
+    return HTTPToolServer(url, token=config.tool_server_token, timeout_s=config.terminal_timeout_s)
+
+
+def tokenizer_for(config: AgentEnvConfig, hf_tokenizer: object) -> Tokenizer:
+    """The env's tokenizer as trajcore's ``Tokenizer``: ``hf_tokenizer`` (Atropos's, from
+    ``tokenizer_name``) with its chat template, or Mistral's own encoder with
+    ``tokenizer_mode="mistral"``.
+
+    Raises:
+        ConfigError: ``mistral_tokenizer_file`` is missing or cannot be loaded, or the
+            ``mistral`` extra is not installed.
+    """
+    if config.tokenizer_mode == "mistral":
+        return mistral_tokenizer(config)
+    return TransformersTokenizer(tokenizer=hf_tokenizer, path=Path(str(config.tokenizer_name)))
+
+
+def learn_chat_template(tokenizer: Tokenizer, config: AgentEnvConfig) -> ChatTemplate:
+    """``tokenizer``'s chat template as the token ledger uses it; a turn ends at the
+    tokenizer's end-of-sequence id or any stop id of ``tokenizer_name``'s generation config.
+
+    Raises:
+        ConfigError: the template cannot be used for agent turns (``chat_template``).
+    """
+    eos = tokenizer.eos_token_id
+    stops = generation_stop_ids(Path(str(config.tokenizer_name)))
+    return ChatTemplate.learn(tokenizer, turn_stops=stops if eos is None else {eos, *stops})
+
+
+def mistral_tokenizer(config: AgentEnvConfig) -> Tokenizer:
+    """``MistralCommonTokenizer`` over ``mistral_tokenizer_file``, or the one Mistral file in the
+    ``tokenizer_name`` folder (``tekken.json``, else the newest ``tokenizer.model.v*``)."""
+    field = "mistral_tokenizer_file"
+    try:
+        from trajcore.adapters.mistral import MistralCommonTokenizer
+    except ImportError as exc:
+        raise ConfigError(
+            "tokenizer_mode", f"'mistral' needs pip install 'trajcore[mistral]' ({exc})"
+        ) from None
+    if config.mistral_tokenizer_file is not None:
+        file = Path(config.mistral_tokenizer_file)
+    else:
+        folder = Path(str(config.tokenizer_name))
+        found = sorted(folder.glob("tokenizer.model.v*")) if folder.is_dir() else []
+        tekken = folder / "tekken.json"
+        if tekken.is_file():
+            found = [tekken]
+        if not found:
+            raise ConfigError(
+                field, f"no tekken.json or tokenizer.model.v* in {str(folder)!r}: name the file"
+            )
+        file = found[-1]
+    try:
+        return MistralCommonTokenizer.from_file(file)
+    except ConfigError as exc:
+        raise ConfigError(field, exc.reason) from None
+
+
+def default_toolsets(
+    tools: Sequence[ToolSpec], server_toolsets: Sequence[Toolset]
+) -> ToolsetCatalog:
+    """The default catalog over ``tools``: ``terminal``, ``stateful_terminal``, ``file`` and
+    ``external`` (every tool that is not a slot tool), each only when it has a tool, and then
+    each of ``server_toolsets`` (one per MCP server) whose tools are all offered."""
+    names = [spec.name for spec in tools]
+    slot_names = {name for _, members, _ in DEFAULT_TOOLSETS for name in members}
+    toolsets = [
+        Toolset(name=name, tools=[t for t in members if t in names], description=about)
+        for name, members, about in DEFAULT_TOOLSETS
+        if any(t in names for t in members)
+    ]
+    external = [name for name in names if name not in slot_names]
+    if external:
+        toolsets.append(
+            Toolset(name=EXTERNAL_TOOLSET, tools=external, description="the tool server's")
+        )
+    toolsets.extend(t for t in server_toolsets if all(n in names for n in t.tools))
+    return ToolsetCatalog(toolsets=toolsets)
+
+
+async def release_tool_sessions(server: ToolServer | None, trajectory_id: str) -> None:
+    """End the state a tool server keeps for one trajectory (MCP sessions), if it keeps any.
+
+    Shielded from cancellation and bounded by ``RELEASE_TIMEOUT_S``; a failure or a timeout is
+    logged, never raised, because the trajectory's result stands either way.
+    """
+    release = getattr(server, "release", None)
+    if release is None:
+        return
+    with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT_S) as waited:
+        try:
+            await release(trajectory_id)
+        except Exception as exc:  # noqa: BLE001 - the trajectory's result stands
+            log.warning("releasing %s's tool sessions: %s", trajectory_id, exc)
+    if waited.cancelled_caught:
+        log.warning("releasing %s's tool sessions took over %g s", trajectory_id, RELEASE_TIMEOUT_S)
