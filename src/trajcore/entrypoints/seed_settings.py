@@ -44,17 +44,15 @@ def _same(_: str, value: object) -> object:
     return value
 
 
-def _pool(values: Mapping[str, str]) -> Callable[[str, object], object]:
-    def convert(field: str, value: object) -> object:
-        if isinstance(value, str) and value in values:
-            return values[value]
-        raise ConfigError(
-            field,
-            f"{value!r} is not available: trajcore runs slots on the local pool ('local') or on "
-            f"Nomad ('nomad'); set sandbox to one of them",
-        )
-
-    return convert
+def _local_or_nomad(field: str, value: object) -> object:
+    """A seed's pool or backend name as ``sandbox``: only ``local`` and ``nomad`` have a pool."""
+    if value in ("local", "nomad"):
+        return value
+    raise ConfigError(
+        field,
+        f"{value!r} is not available: trajcore runs slots on the local pool ('local') or on "
+        f"Nomad ('nomad'); set sandbox to one of them",
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -80,64 +78,57 @@ class SeedField:
 _ATROPOS = ("atropos-agent",)
 _HERMES = ("hermes-agent",)
 
+# Seed name -> the seeds that had it and the trajcore field it sets.
+_RENAMED: dict[str, tuple[tuple[str, ...], str]] = {
+    "tool_pool_mode": (_ATROPOS, "sandbox"),
+    "tool_batch_window_ms": (_ATROPOS, "batch_window_ms"),
+    "tool_max_batch_size": (_ATROPOS, "max_batch_size"),
+    "sandbox_job_id": (_ATROPOS, "nomad_job_id"),
+    "sandbox_image": (_ATROPOS, "nomad_image"),
+    "purge_job_on_start": (_ATROPOS, "purge_on_start"),
+    "purge_job_on_shutdown": (_ATROPOS, "purge_on_shutdown"),
+    "agent_max_steps": (_ATROPOS, "max_turns"),
+    "agent_max_tokens": (_ATROPOS, "max_tokens"),
+    "agent_tool_delay_s": (_ATROPOS, "tool_delay_s"),
+    "max_agent_turns": (_HERMES, "max_turns"),
+    "distribution": (_HERMES, "toolset_distribution"),
+    "terminal_backend": (_HERMES, "sandbox"),
+    "terminal_timeout": (_HERMES, "terminal_timeout_s"),
+    "terminal_lifetime": (_HERMES, "slot_idle_timeout_s"),
+    "dataset_name": (_HERMES, "dataset"),
+    "tool_pool_size": (_HERMES, "tool_threads"),
+}
+
+# What changes besides the name, where something does.
+_NOTES: dict[str, str] = {
+    "tool_pool_mode": "'nomad' and 'local' pools; the seed's 'modal' stub has no pool here",
+    "agent_max_tokens": "None lets each turn use what is left of max_token_length",
+    "agent_tool_delay_s": "the pause comes before each batch of one turn's calls",
+    "distribution": "a name picks one of the env's toolset_distributions()",
+    "terminal_backend": (
+        "'local' and 'nomad'; docker, modal, ssh and singularity have no pool here"
+    ),
+    "terminal_lifetime": (
+        "a trajectory whose slot waits longer than this for the model ends, unscored"
+    ),
+    "tool_pool_size": "threads for synchronous tool_registry() tools",
+}
+
+# Seed values that are checked or translated on the way (the rest pass as they are).
+_CONVERTERS: dict[str, Callable[[str, object], object]] = {
+    "tool_pool_mode": _local_or_nomad,
+    "terminal_backend": _local_or_nomad,
+}
+
 SEED_FIELDS: dict[str, SeedField] = {
-    field.name: field
-    for field in (
-        SeedField(
-            name="tool_pool_mode",
-            seeds=_ATROPOS,
-            target="sandbox",
-            note="'nomad' and 'local' pools; the seed's 'modal' stub has no pool here",
-            convert=_pool({"nomad": "nomad", "local": "local"}),
-        ),
-        SeedField(name="tool_batch_window_ms", seeds=_ATROPOS, target="batch_window_ms"),
-        SeedField(name="tool_max_batch_size", seeds=_ATROPOS, target="max_batch_size"),
-        SeedField(name="sandbox_job_id", seeds=_ATROPOS, target="nomad_job_id"),
-        SeedField(name="sandbox_image", seeds=_ATROPOS, target="nomad_image"),
-        SeedField(name="purge_job_on_start", seeds=_ATROPOS, target="purge_on_start"),
-        SeedField(name="purge_job_on_shutdown", seeds=_ATROPOS, target="purge_on_shutdown"),
-        SeedField(name="agent_max_steps", seeds=_ATROPOS, target="max_turns"),
-        SeedField(
-            name="agent_max_tokens",
-            seeds=_ATROPOS,
-            target="max_tokens",
-            note="None lets each turn use what is left of max_token_length",
-        ),
-        SeedField(
-            name="agent_tool_delay_s",
-            seeds=_ATROPOS,
-            target="tool_delay_s",
-            note="the pause comes before each batch of one turn's calls",
-        ),
-        SeedField(name="max_agent_turns", seeds=_HERMES, target="max_turns"),
-        SeedField(
-            name="distribution",
-            seeds=_HERMES,
-            target="toolset_distribution",
-            note="a name picks one of the env's toolset_distributions()",
-        ),
-        SeedField(
-            name="terminal_backend",
-            seeds=_HERMES,
-            target="sandbox",
-            note="'local' and 'nomad'; docker, modal, ssh and singularity have no pool here",
-            convert=_pool({"local": "local", "nomad": "nomad"}),
-        ),
-        SeedField(name="terminal_timeout", seeds=_HERMES, target="terminal_timeout_s"),
-        SeedField(
-            name="terminal_lifetime",
-            seeds=_HERMES,
-            target="slot_idle_timeout_s",
-            note="a trajectory whose slot waits longer than this for the model ends, unscored",
-        ),
-        SeedField(name="dataset_name", seeds=_HERMES, target="dataset"),
-        SeedField(
-            name="tool_pool_size",
-            seeds=_HERMES,
-            target="tool_threads",
-            note="threads for synchronous tool_registry() tools",
-        ),
+    name: SeedField(
+        name=name,
+        seeds=seeds,
+        target=target,
+        note=_NOTES.get(name, ""),
+        convert=_CONVERTERS.get(name, _same),
     )
+    for name, (seeds, target) in _RENAMED.items()
 }
 """Every seed setting whose trajcore name differs, by seed name."""
 
