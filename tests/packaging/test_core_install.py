@@ -75,7 +75,14 @@ def core_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _uv("build", "--wheel", "--quiet", "--out-dir", str(work / "dist"), str(ROOT))
     (wheel,) = (work / "dist").glob("trajcore-*.whl")
     with zipfile.ZipFile(wheel) as archive:
-        shipped = "trajcore/adapters/sandbox/_native/slot-helper" in archive.namelist()
+        names = archive.namelist()
+        shipped = "trajcore/adapters/sandbox/_native/slot-helper" in names
+    # the report's templates are package data
+    assert {"report.html.j2", "message.html.j2", "report.css"} <= {
+        name.rsplit("/", 1)[1]
+        for name in names
+        if name.startswith("trajcore/entrypoints/templates/")
+    }
     # the build hook compiles the helper into the wheel wherever a compiler is present
     assert shipped == HAS_COMPILER, (wheel.name, shipped)
     venv = work / "venv"

@@ -1,12 +1,20 @@
-"""The report writers (JSONL, HTML, terminal table, progress bar) on synthetic groups."""
+"""The report writers (JSONL, HTML, terminal table, progress bar) on synthetic groups.
+
+The table and the progress bar are checked both ways: drawn by rich (installed with the ``report``
+extra, and so in the development environment) and as plain text, asked for with ``plain=True``
+and taken on its own when rich cannot be imported.
+"""
 
 from __future__ import annotations
 
 import io
 import json
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
+import attrs
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -235,8 +243,72 @@ def test_any_message_text_reads_back_unchanged(content: str) -> None:
         ).replace("\r", "\n")
 
 
+HOSTILE = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
+"""Markup that runs if it is not escaped, in element text and in an attribute alike."""
+
+
+def _hostile_groups() -> list[GroupResult]:
+    call = ToolCall(
+        id=f"call-{HOSTILE}", name=f"tool-{HOSTILE}", arguments={HOSTILE: f"value {HOSTILE}"}
+    )
+    result = ToolResult(
+        call_id=call.id, name=call.name, outcome=ToolOutcome.TOOL_ERROR, content=HOSTILE
+    )
+    messages = (
+        Message.system(f"system {HOSTILE}"),
+        Message.user(f"user {HOSTILE}"),
+        Message.assistant(f"assistant {HOSTILE}", tool_calls=[call], reasoning=HOSTILE),
+        Message.tool(result),
+    )
+    failed = member("t/0", score=None, stop=StopReason.MODEL_ERROR, messages=messages)
+    failed = attrs.evolve(failed, outcome=attrs.evolve(failed.outcome, detail=HOSTILE))
+    judged = group(f"g{HOSTILE}", failed, member("t/1", messages=messages))
+    verdict = attrs.evolve(judged.verdict, detail=f"verdict {HOSTILE}")
+    return [attrs.evolve(judged, verdict=verdict)]
+
+
+def test_html_escapes_hostile_content_in_every_field() -> None:
+    groups = _hostile_groups()
+    page = render_html(
+        groups,
+        title=f"title {HOSTILE}",
+        notes=[f"note {HOSTILE}"],
+        tasks={groups[0].group_id: f"task {HOSTILE}"},
+    )
+    parsed = parse(page)
+    assert "script" not in parsed.tags
+    assert "img" not in parsed.tags
+    assert {name for name, _ in parsed.attrs} <= {"lang", "charset", "class", "href", "id"}
+    assert "<script>" not in page
+    assert "<img" not in page
+    text = "".join(parsed.text)
+    # every field shows the hostile text as text, readable
+    shown = [
+        f"title {HOSTILE}",  # the title (in <title> and <h1>)
+        f"note {HOSTILE}",
+        f"task {HOSTILE}",
+        f"g{HOSTILE}",  # the group id, in the table and the section heading
+        f"verdict {HOSTILE}",
+        f"system {HOSTILE}",
+        f"user {HOSTILE}",
+        f"assistant {HOSTILE}",
+        f"tool-{HOSTILE}",  # the tool's name: the call's and the result's
+        f"call-{HOSTILE}",  # the call id, on the call and on its result
+        json.dumps({HOSTILE: f"value {HOSTILE}"}, indent=2, ensure_ascii=False),
+    ]
+    for value in shown:
+        assert value in text, value
+    assert text.count(f"title {HOSTILE}") == 2
+    assert text.count(f"g{HOSTILE}") == 3  # two table rows and the heading
+    assert text.count(f"tool-{HOSTILE}") == 4  # a call and a result, in two members
+    # the reasoning, the tool result and the member's failure detail (the bare HOSTILE)
+    assert parsed.pre.count(HOSTILE) == 4  # reasoning and tool result, in two members
+    assert f"&middot; {HOSTILE}" not in page
+    assert f" · {HOSTILE}" in text  # the failed member's detail, in its summary line
+
+
 def test_summary_table_rows_and_totals() -> None:
-    table = summary_table(GROUPS).splitlines()
+    table = summary_table(GROUPS, plain=True).splitlines()
     assert table[0].split() == ["group", "#", "status", "score", "turns", "tools", "errors", "time"]
     rows = table[2:-1]
     assert len(rows) == 4
@@ -248,9 +320,30 @@ def test_summary_table_rows_and_totals() -> None:
     )
 
 
-def test_summary_table_shows_the_stop_reason_when_it_differs() -> None:
+@pytest.mark.parametrize("plain", [True, False])
+def test_summary_table_shows_the_stop_reason_when_it_differs(plain: bool) -> None:
     g = group("g", member("g/0", stop=StopReason.MAX_TURNS))
-    assert "budget_exhausted (max_turns)" in summary_table([g])
+    assert "budget_exhausted (max_turns)" in summary_table([g], plain=plain)
+
+
+def test_summary_table_by_rich_has_the_same_cells_under_a_drawn_rule() -> None:
+    table = summary_table(GROUPS).splitlines()
+    assert table[0].split() == ["group", "#", "status", "score", "turns", "tools", "errors", "time"]
+    assert set(table[1].strip()) == {"─"}  # rich's rule under the header, not dashes
+    rows = table[2:-1]
+    plain_rows = summary_table(GROUPS, plain=True).splitlines()[2:-1]
+    assert [row.split() for row in rows] == [row.split() for row in plain_rows]
+    assert table[-1] == summary_table(GROUPS, plain=True).splitlines()[-1]
+
+
+def test_without_rich_the_table_and_the_bar_are_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "rich", None)  # ``import rich`` raises ImportError
+    assert summary_table(GROUPS) == summary_table(GROUPS, plain=True)
+    stream = _Terminal()
+    bar = ProgressBar(total=1, width=4, stream=stream)
+    bar.start()
+    bar.advance()
+    assert stream.getvalue() == "[....] 0/1 groups\r\x1b[2K[####] 1/1 groups\n"
 
 
 class _Terminal(io.StringIO):
@@ -269,7 +362,7 @@ def test_progress_bar_on_a_pipe_writes_a_line_per_step() -> None:
 
 def test_progress_bar_on_a_terminal_redraws_one_line() -> None:
     stream = _Terminal()
-    bar = ProgressBar(total=2, width=4, stream=stream, label="tasks")
+    bar = ProgressBar(total=2, width=4, stream=stream, label="tasks", plain=True)
     bar.start()
     bar.advance()
     bar.advance()
@@ -277,4 +370,46 @@ def test_progress_bar_on_a_terminal_redraws_one_line() -> None:
     assert out.startswith("[....] 0/2 tasks")
     assert out.count("\r") == 2
     assert out.endswith("[####] 2/2 tasks\n")
+    assert out.count("\n") == 1
+
+
+def test_progress_bar_by_rich_redraws_on_a_terminal_and_ends_its_line() -> None:
+    stream = _Terminal()
+    bar = ProgressBar(total=2, width=4, stream=stream, label="tasks")
+    bar.start()
+    bar.advance("make-file")
+    bar.advance("fix")
+    out = stream.getvalue()
+    assert "[" not in out.replace("\x1b[", "")  # not the hand-drawn bar
+    assert "0/2" in out
+    assert "1/2" in out
+    assert "make-file" in out
+    assert "2/2" in out
+    assert "fix" in out
+    assert out.count("\n") == 1  # one line, redrawn in place
+    bar.close()  # already ended: nothing more
+    bar.advance("late")
+    assert stream.getvalue() == out
+
+
+def test_progress_bar_by_rich_on_a_pipe_writes_a_line_per_step() -> None:
+    stream = io.StringIO()
+    bar = ProgressBar(total=2, width=4, stream=stream)
+    bar.start()
+    bar.advance()
+    bar.advance()
+    assert stream.getvalue() == "[##..] 1/2 groups\n[####] 2/2 groups\n"
+
+
+@pytest.mark.parametrize("plain", [True, False])
+def test_closing_an_unfinished_bar_ends_its_line_once(plain: bool) -> None:
+    stream = _Terminal()
+    bar = ProgressBar(total=3, width=4, stream=stream, plain=plain)
+    bar.start()
+    bar.advance()
+    bar.close()
+    bar.close()
+    out = stream.getvalue()
+    assert "1/3" in out
+    assert out.replace("\x1b[?25h", "").endswith("\n")  # rich shows the cursor again last
     assert out.count("\n") == 1

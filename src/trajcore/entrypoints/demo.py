@@ -1,7 +1,7 @@
 """``trajcore demo``: the shell-tasks env in Atropos's process mode on the local pool, reported.
 
     trajcore demo [--out DIR] [--base-url URL] [--model NAME] [--api-key-env VAR]
-                  [--groups N] [--group-size N]
+                  [--groups N] [--group-size N] [--plain]
 
 What it runs: ``ShellTasksEnv`` from the repository's ``examples/shell_tasks.py``, driven through
 ``AgentEnv.process_manager``, the very code path of ``python examples/shell_tasks.py process``
@@ -23,7 +23,8 @@ What it writes into ``--out`` (default ``./out/demo``):
 - ``report.html``: the summary table and every conversation, self-contained;
 - ``atropos_groups.jsonl`` and ``atropos_groups.html``: what Atropos's process mode writes.
 
-A progress bar runs on standard error and the summary table is printed at the end. Process mode
+A progress bar runs on standard error and the summary table is printed at the end, both drawn
+by ``rich`` when it is installed (``--plain``: plain text either way). Process mode
 retries a group that is not sent (say, every member failed); the demo stops with an error after
 ``2 * groups + 2`` groups rather than retry forever.
 """
@@ -91,6 +92,9 @@ def _arguments(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--groups", type=int, default=0, help="groups (default: one per task)")
     parser.add_argument("--group-size", type=int, default=2, help="trajectories per group")
+    parser.add_argument(
+        "--plain", action="store_true", help="draw progress and the table as plain text"
+    )
     args = parser.parse_args(list(argv))
     if args.groups < 0:
         parser.error("--groups must be >= 0")
@@ -194,7 +198,7 @@ def main(argv: Sequence[str]) -> int:
         slot_lifetime_s=300.0,  # below Atropos's worker_timeout (600 s)
         acquire_timeout_s=120.0,
     )
-    run = _Run(progress=ProgressBar(total=groups), limit=2 * groups + 2)
+    run = _Run(progress=ProgressBar(total=groups, plain=args.plain), limit=2 * groups + 2)
     env = _demo_env(shell_tasks, chat, run)(config, None)
     env.n_groups_to_process = groups
     env.group_size_to_process = args.group_size
@@ -204,10 +208,13 @@ def main(argv: Sequence[str]) -> int:
     try:
         anyio.run(_process, env, backend="asyncio")
     except TrajcoreError as exc:
+        run.progress.close()
         print(f"\ntrajcore demo: {type(exc).__name__}: {exc}", file=sys.stderr)
         status = 1
     else:
         status = 0
+    finally:
+        run.progress.close()
     written = write_jsonl(run.groups, out / "trajectories.jsonl")
     write_html(
         run.groups,
@@ -216,7 +223,7 @@ def main(argv: Sequence[str]) -> int:
         notes=[f"policy: {mode}", f"{groups} groups of {args.group_size}, Atropos process mode"],
         tasks=run.tasks,
     )
-    print(summary_table(run.groups))
+    print(summary_table(run.groups, plain=args.plain))
     unsandboxed = any(
         e.result.exec is not None and not e.result.exec.sandboxed
         for g in run.groups

@@ -7,15 +7,20 @@ A run of an env ends with ``GroupResult`` values; this module writes them down t
   exported them). One line is one trajectory, so files from several runs concatenate.
 - ``write_html``: one self-contained page (inline style, no script, no external asset): a summary
   table with a row per trajectory, and under it every conversation in an expandable section, tool
-  calls shown as their name and indented arguments, tool results as plain text.
-- ``summary_table``: the same summary as fixed-width text for a terminal.
+  calls shown as their name and indented arguments, tool results as plain text. The page is
+  rendered from the package's jinja2 templates (``entrypoints/templates``).
+- ``summary_table``: the same summary as text for a terminal.
 
-``ProgressBar`` draws ``[####....] 3/8 groups`` on standard error while a run goes on.
+``ProgressBar`` shows how many groups are done while a run goes on.
 
 Rules this module keeps:
 
-- Everything the model or a tool wrote is escaped before it reaches the HTML page, so a message
-  holding markup or a script shows as text and can never run.
+- The HTML page is rendered with autoescape on and the templates never mark a value safe, so
+  everything the model, a tool or the caller wrote (titles, notes, tasks, group ids, details,
+  messages, tool calls) shows as text and can never run or break out of an attribute.
+- The table and the progress bar use ``rich`` when it is installed (the ``report`` extra) and
+  plain text otherwise; ``plain=True`` asks for plain text either way. On a stream that is not
+  a terminal the bar writes one line per step, so logs stay readable.
 - A member that failed (infrastructure or model error) shows its status and its detail, never a
   score of 0: its ``score`` is ``null`` in JSON and ``-`` in the tables.
 - Writers take the groups as they are; they never re-judge them. ``kept`` says whether the
@@ -24,14 +29,16 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-import html
+import functools
+import io
 import json
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import attrs
+import jinja2
 
 from trajcore.domain.messages import JSON, JSONObject, Message
 from trajcore.rollout.group import GroupResult
@@ -131,11 +138,19 @@ def write_jsonl(groups: Sequence[GroupResult], path: Path) -> int:
 # ------------------------------------------------------------------------------- the terminal
 
 _COLUMNS = ("group", "#", "status", "score", "turns", "tools", "errors", "time")
+_RIGHT = frozenset({1, 3, 4, 5, 6, 7})
 
 
-def summary_table(groups: Sequence[GroupResult]) -> str:
-    """A fixed-width table with a row per trajectory, and a totals line under it."""
-    rows = [
+def _rich_installed() -> bool:
+    try:
+        import rich  # noqa: F401 - only whether it imports
+    except ImportError:
+        return False
+    return True
+
+
+def _summary_rows(groups: Sequence[GroupResult]) -> list[tuple[str, ...]]:
+    return [
         (
             group.group_id,
             str(index),
@@ -148,18 +163,48 @@ def summary_table(groups: Sequence[GroupResult]) -> str:
         )
         for group, index, member in _members(groups)
     ]
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_COLUMNS)]
-    right = {1, 3, 4, 5, 6, 7}
 
+
+def summary_table(groups: Sequence[GroupResult], *, plain: bool = False) -> str:
+    """A table with a row per trajectory, and a totals line under it.
+
+    Drawn by ``rich`` when it is installed and ``plain`` is false, else as fixed-width columns
+    separated by two spaces under a dashed rule.
+    """
+    rows = _summary_rows(groups)
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_COLUMNS)]
+    if not plain and _rich_installed():
+        table = _rich_table(rows, widths)
+    else:
+        table = _plain_table(rows, widths)
+    return f"{table}\n{_totals(groups)}"
+
+
+def _plain_table(rows: Sequence[Sequence[str]], widths: Sequence[int]) -> str:
     def line(cells: Sequence[str]) -> str:
         return "  ".join(
-            cell.rjust(width) if i in right else cell.ljust(width)
+            cell.rjust(width) if i in _RIGHT else cell.ljust(width)
             for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
         ).rstrip()
 
-    out = [line(_COLUMNS), line(["-" * w for w in widths]), *(line(row) for row in rows)]
-    out.append(_totals(groups))
-    return "\n".join(out)
+    return "\n".join([line(_COLUMNS), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def _rich_table(rows: Sequence[Sequence[str]], widths: Sequence[int]) -> str:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for i, name in enumerate(_COLUMNS):
+        table.add_column(name, justify="right" if i in _RIGHT else "left", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    out = io.StringIO()
+    # Wide enough that no cell is cut: the table takes its natural width.
+    console = Console(file=out, width=sum(widths) + 3 * len(widths) + 8, color_system=None)
+    console.print(table)
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines()).strip("\n")
 
 
 def _totals(groups: Sequence[GroupResult]) -> str:
@@ -180,21 +225,26 @@ def _totals(groups: Sequence[GroupResult]) -> str:
 class ProgressBar:
     """A one-line progress bar on a text stream (standard error by default).
 
-    On a terminal the line is redrawn in place; elsewhere (a log file, a pipe) each step is a
-    line of its own, so logs stay readable.
+    On a terminal the line is redrawn in place, by ``rich`` when it is installed and ``plain``
+    is false; elsewhere (a log file, a pipe) each step is a line of its own, so logs stay
+    readable. ``close`` ends a bar that will not reach ``total`` (a run that failed).
 
     Attributes:
         total: Steps in all.
         label: What a step is ("groups").
         width: Characters of the bar.
         stream: Where it is drawn.
+        plain: Draw the bar by hand even when ``rich`` is installed.
     """
 
     total: int
     label: str = "groups"
     width: int = 30
     stream: TextIO = attrs.field(factory=lambda: sys.stderr)
+    plain: bool = False
     done: int = attrs.field(default=0, init=False)
+    _closed: bool = attrs.field(default=False, init=False)
+    _rich: Any = attrs.field(default=None, init=False)  # rich's Progress and its task id
 
     def _line(self, note: str) -> str:
         filled = self.width if self.total <= 0 else self.width * self.done // self.total
@@ -207,44 +257,79 @@ class ProgressBar:
 
     def start(self) -> None:
         """Draw the empty bar (on a terminal only)."""
-        if self._tty():
-            self.stream.write(self._line(""))
-            self.stream.flush()
+        if not self._tty():
+            return
+        if not self.plain and _rich_installed():
+            self._rich = self._start_rich()
+            return
+        self.stream.write(self._line(""))
+        self.stream.flush()
+
+    def _start_rich(self) -> tuple[Any, Any]:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        progress = Progress(
+            BarColumn(bar_width=self.width, complete_style="green", finished_style="green"),
+            MofNCompleteColumn(),
+            TextColumn(self.label),
+            TextColumn("{task.fields[note]}"),
+            console=Console(file=self.stream),
+            auto_refresh=False,  # redrawn at each step: no thread of its own
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        task = progress.add_task(self.label, total=self.total, note="")
+        progress.start()  # draws the first frame
+        return progress, task
 
     def advance(self, note: str = "") -> None:
-        """One more step done; ``note`` is shown after the count."""
+        """One more step done; ``note`` is shown after the count. Nothing is drawn once closed."""
+        if self._closed:
+            return
         self.done += 1
+        if self._rich is not None:
+            progress, task = self._rich
+            progress.update(task, completed=self.done, note=note)
+            progress.refresh()
+            if self.done >= self.total:
+                self.close()
+            return
         if self._tty():
             self.stream.write("\r\x1b[2K" + self._line(note))
             if self.done >= self.total:
                 self.stream.write("\n")
+                self._closed = True
         else:
             self.stream.write(self._line(note) + "\n")
         self.stream.flush()
 
+    def close(self) -> None:
+        """Stop redrawing and end the bar's line; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._rich is not None:
+            progress, _ = self._rich
+            self._rich = None
+            progress.stop()
+        elif self._tty() and self.done < self.total:
+            self.stream.write("\n")
+            self.stream.flush()
+
 
 # ------------------------------------------------------------------------------------ HTML
 
-_STYLE = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
-h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; }
-table { border-collapse: collapse; } th, td { padding: .25em .7em; border-bottom: 1px solid #ddd; }
-th { text-align: left; background: #f4f4f4; } td.n { text-align: right; }
-.finished, .budget_exhausted { color: #176b2c; } .model_error, .infra_error { color: #a4161a; }
-details { border: 1px solid #ddd; border-radius: 4px; margin: .6em 0; padding: .3em .8em; }
-summary { cursor: pointer; font-weight: 600; }
-.msg { margin: .6em 0; padding: .4em .7em; border-left: 4px solid #bbb; background: #fafafa; }
-.role { font-size: .8em; text-transform: uppercase; letter-spacing: .05em; color: #555; }
-.system { border-color: #888; } .user { border-color: #2b6cb0; }
-.assistant { border-color: #6b46c1; } .tool { border-color: #dd6b20; }
-pre { white-space: pre-wrap; word-break: break-word; margin: .3em 0; font-size: 13px; }
-.call { background: #f1ecfb; padding: .3em .5em; border-radius: 3px; margin: .3em 0; }
-.muted { color: #666; }
-"""
 
-
-def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
+@functools.cache
+def _templates() -> jinja2.Environment:
+    """The report's templates (package data), escaping every value they show."""
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("trajcore.entrypoints", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=False,
+    )
 
 
 def _anchor(group: GroupResult, index: int) -> str:
@@ -252,25 +337,39 @@ def _anchor(group: GroupResult, index: int) -> str:
     return f"t-{safe}-{index}"
 
 
-def _message_html(message: Message) -> str:
-    parts = [f'<div class="msg {_e(message.role)}"><div class="role">{_e(message.role)}']
-    if message.name:
-        parts.append(f" &middot; {_e(message.name)}")
-    if message.tool_call_id:
-        parts.append(f' <span class="muted">({_e(message.tool_call_id)})</span>')
-    parts.append("</div>")
-    if message.reasoning:
-        parts.append(f'<pre class="muted">{_e(message.reasoning)}</pre>')
-    if message.content:
-        parts.append(f"<pre>{_e(message.content)}</pre>")
-    for call in message.tool_calls:
-        arguments = json.dumps(call.arguments, indent=2, ensure_ascii=False)
-        parts.append(
-            f'<div class="call">call <b>{_e(call.name)}</b> '
-            f'<span class="muted">({_e(call.id)})</span><pre>{_e(arguments)}</pre></div>'
-        )
-    parts.append("</div>")
-    return "".join(parts)
+def _message_view(message: Message) -> dict[str, object]:
+    return {
+        "role": message.role,
+        "name": message.name,
+        "tool_call_id": message.tool_call_id,
+        "reasoning": message.reasoning,
+        "content": message.content,
+        "tool_calls": [
+            {
+                "name": call.name,
+                "id": call.id,
+                "arguments": json.dumps(call.arguments, indent=2, ensure_ascii=False),
+            }
+            for call in message.tool_calls
+        ],
+    }
+
+
+def _member_view(group: GroupResult, index: int, member: TrajectoryResult) -> dict[str, object]:
+    return {
+        "anchor": _anchor(group, index),
+        "group_id": group.group_id,
+        "index": index,
+        "status_class": member.outcome.status.value,
+        "status": _status(member),
+        "score": _score(member),
+        "turns": member.stats.turns,
+        "tool_calls": member.stats.tool_calls,
+        "tool_errors": member.stats.tool_errors.total,
+        "time": f"{member.duration_s:.1f}s",
+        "detail": member.outcome.detail,
+        "messages": [_message_view(m) for m in member.messages],
+    }
 
 
 def render_html(
@@ -286,51 +385,29 @@ def render_html(
     id to its task's text, shown above that group's conversations.
     """
     tasks = tasks or {}
-    out = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>",
-        f"<h1>{_e(title)}</h1>",
+    members = [[_member_view(group, i, m) for i, m in enumerate(group.members)] for group in groups]
+    sections = [
+        {
+            "group_id": group.group_id,
+            "status": group.verdict.status.value,
+            "detail": group.verdict.detail,
+            "time": f"{group.duration_s:.1f}s",
+            "task": tasks.get(group.group_id),
+            "members": views,
+        }
+        for group, views in zip(groups, members, strict=True)
     ]
-    out += [f'<p class="muted">{_e(note)}</p>' for note in notes]
-    out.append(f"<p>{_e(_totals(groups))}</p>")
-    out.append(
-        "<table><thead><tr><th>group</th><th>#</th><th>status</th><th>score</th>"
-        "<th>turns</th><th>tool calls</th><th>tool errors</th><th>time</th></tr></thead><tbody>"
+    return (
+        _templates()
+        .get_template("report.html.j2")
+        .render(
+            title=title,
+            notes=list(notes),
+            totals=_totals(groups),
+            rows=[view for views in members for view in views],
+            groups=sections,
+        )
     )
-    for group, index, member in _members(groups):
-        status = member.outcome.status.value
-        out.append(
-            f'<tr><td><a href="#{_anchor(group, index)}">{_e(group.group_id)}</a></td>'
-            f'<td class="n">{index}</td><td class="{_e(status)}">{_e(_status(member))}</td>'
-            f'<td class="n">{_e(_score(member))}</td><td class="n">{member.stats.turns}</td>'
-            f'<td class="n">{member.stats.tool_calls}</td>'
-            f'<td class="n">{member.stats.tool_errors.total}</td>'
-            f'<td class="n">{member.duration_s:.1f}s</td></tr>'
-        )
-    out.append("</tbody></table>")
-    for group in groups:
-        verdict = group.verdict
-        out.append(f"<h2>{_e(group.group_id)}</h2>")
-        out.append(
-            f'<p class="muted">group {_e(verdict.status.value)}: {_e(verdict.detail)} '
-            f"&middot; {group.duration_s:.1f}s</p>"
-        )
-        if group.group_id in tasks:
-            out.append(f"<pre>{_e(tasks[group.group_id])}</pre>")
-        for index, member in enumerate(group.members):
-            detail = f" &middot; {_e(member.outcome.detail)}" if member.outcome.detail else ""
-            out.append(
-                f'<details id="{_anchor(group, index)}"><summary>#{index} &middot; '
-                f'<span class="{_e(member.outcome.status.value)}">{_e(_status(member))}</span>'
-                f" &middot; score {_e(_score(member))} &middot; {member.stats.turns} turns "
-                f"&middot; {member.stats.tool_calls} tool calls &middot; "
-                f"{member.duration_s:.1f}s{detail}</summary>"
-            )
-            out += [_message_html(message) for message in member.messages]
-            out.append("</details>")
-    out.append("</body></html>")
-    return "\n".join(out)
 
 
 def write_html(
