@@ -139,13 +139,24 @@ def _wait_until(deadline: float, what: str, logs: Sequence[Path], probe: Any) ->
     pytest.fail(f"timed out waiting for {what}\n{tails}")
 
 
+def _child_env(tmp_path: Path) -> dict[str, str]:
+    """The children's environment; their temporary files go under the test's own directory.
+
+    A process that imports wandb makes temporary directories at import and removes them only on
+    a clean exit; the serve-mode children end by signal, so those directories would stay in /tmp.
+    """
+    scratch = tmp_path / "tmp"
+    scratch.mkdir(exist_ok=True)
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "TMPDIR": str(scratch)}
+
+
 @pytest.mark.slow
 def test_serve_mode_feeds_a_trainer_through_run_api(tmp_path: Path) -> None:
     started = time.monotonic()
     deadline = started + 80
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    child_env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "NO_PROXY": "*"}
+    child_env = {**_child_env(tmp_path), "NO_PROXY": "*"}
     api_log, env_log = tmp_path / "run-api.log", tmp_path / "env.log"
     run_api = Path(sys.executable).parent / "run-api"
     with (
@@ -228,7 +239,7 @@ def test_serve_mode_feeds_a_trainer_through_run_api(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_process_and_evaluate_commands_write_their_files(tmp_path: Path) -> None:
-    child_env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    child_env = _child_env(tmp_path)
     common = [
         "--env.tokenizer_name", str(qwen3_tokenizer_path()),
         "--env.tool_call_parser", "hermes",
