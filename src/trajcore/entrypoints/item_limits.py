@@ -8,26 +8,12 @@ group; a field left ``None`` keeps the config's value.
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import attrs
 
-from trajcore.domain.errors import ConfigError
+from trajcore.domain.validators import optional_positive_int, optional_seconds
 from trajcore.rollout.trajectory import RolloutConfig
 
 __all__ = ["ItemLimits"]
-
-
-def _positive_or_none(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(attribute.name, f"expected a number or None, got {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(attribute.name, f"must be a finite number > 0, got {value!r}")
-    if attribute.name != "deadline_s" and not isinstance(value, int):
-        raise ConfigError(attribute.name, f"must be a whole number, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -44,9 +30,9 @@ class ItemLimits:
         ConfigError: a limit that is not a positive number (whole for turns and tokens).
     """
 
-    max_turns: int | None = attrs.field(default=None, validator=_positive_or_none)
-    max_tokens: int | None = attrs.field(default=None, validator=_positive_or_none)
-    deadline_s: float | None = attrs.field(default=None, validator=_positive_or_none)
+    max_turns: int | None = attrs.field(default=None, validator=optional_positive_int)
+    max_tokens: int | None = attrs.field(default=None, validator=optional_positive_int)
+    deadline_s: float | None = attrs.field(default=None, validator=optional_seconds)
 
     def apply(self, rollout: RolloutConfig) -> RolloutConfig:
         """``rollout`` with these limits in place of its own."""
