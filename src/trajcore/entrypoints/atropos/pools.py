@@ -28,13 +28,22 @@ if TYPE_CHECKING:
 
 __all__ = ["make_pool", "nomad_pool_config", "slot_server_flags"]
 
-# NomadPoolConfig's field names -> the env fields they come from.
+# NomadPoolConfig's fields -> the env fields they are read from (and named by in errors).
 _NOMAD_FIELDS: dict[str, str] = {
-    name: f"nomad_{name}"
-    for name in (
-        "address", "job_id", "driver", "image", "command", "token", "namespace", "region",
-        "datacenters",
-    )
+    **{
+        name: f"nomad_{name}"
+        for name in (
+            "address", "job_id", "driver", "image", "command", "token", "namespace", "region",
+            "datacenters",
+        )
+    },
+    **{
+        name: name
+        for name in (
+            "slots_per_container", "min_containers", "max_containers", "privileged",
+            "acquire_timeout_s", "purge_on_start", "purge_on_shutdown",
+        )
+    },
 }  # fmt: skip
 
 
@@ -66,26 +75,10 @@ def nomad_pool_config(config: AgentEnvConfig) -> NomadPoolConfig:
         ConfigError: a Nomad setting that cannot work, named by its env field.
     """
     flags = slot_server_flags(config)
+    settings = {name: getattr(config, field) for name, field in _NOMAD_FIELDS.items()}
     try:
         return NomadPoolConfig(
-            address=config.nomad_address,
-            job_id=config.nomad_job_id,
-            driver=config.nomad_driver,  # type: ignore[arg-type]  # checked by the pool config
-            image=config.nomad_image,
-            command=config.nomad_command,
-            token=config.nomad_token,
-            namespace=config.nomad_namespace,
-            region=config.nomad_region,
-            datacenters=config.nomad_datacenters,
-            slots_per_container=config.slots_per_container,
-            min_containers=config.min_containers,
-            max_containers=config.max_containers,
-            privileged=config.privileged,
-            acquire_timeout_s=config.acquire_timeout_s,
-            purge_on_start=config.purge_on_start,
-            purge_on_shutdown=config.purge_on_shutdown,
-            flags=flags,
-            require_tmux=config.require_stateful_sandbox,
+            **settings, flags=flags, require_tmux=config.require_stateful_sandbox
         )
     except ConfigError as error:
         raise ConfigError(_NOMAD_FIELDS.get(error.field, error.field), error.reason) from None
