@@ -36,12 +36,12 @@ from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
 from trajcore.domain.token_ledger import ChatTemplate
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.domain.toolsets import DistributionRegistry, Toolset, ToolsetCatalog, select_specs
-from trajcore.entrypoints.atropos import metrics, pools
+from trajcore.entrypoints.atropos import metrics, pools, scored_data
 from trajcore.entrypoints.atropos.config import (
     AgentEnvConfig,
     RolloutSettings,
 )
-from trajcore.entrypoints.atropos.scored_data import ScoredGroup, scored_group
+from trajcore.entrypoints.atropos.scored_data import ScoredGroup
 from trajcore.entrypoints.atropos.services import (
     RolloutServices,
     default_toolsets,
@@ -571,7 +571,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
     def scored_group(self, group: GroupResult) -> ScoredGroup | None:
         """The Atropos ``ScoredDataGroup`` of a judged group, or ``None`` when it is not sent
         (its verdict dropped it, or too few kept members have tokens); the reason is logged."""
-        conversion = scored_group(group, self.settings)
+        conversion = scored_data.scored_group(group, self.settings)
         metrics.log_conversion(group, conversion)
         self._counters.record_conversion(conversion)
         return conversion.scored
