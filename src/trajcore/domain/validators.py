@@ -75,6 +75,7 @@ def finite_number(
     above: float | None = 0.0,
     *,
     at_least: float | None = None,
+    at_most: float | None = None,
     optional: bool = False,
     unit: str = "",
     error: type[InvalidInput] = ConfigError,
@@ -83,25 +84,36 @@ def finite_number(
     """Return a validator for a finite ``int`` or ``float`` (never a ``bool``) in a range.
 
     Args:
-        above: Values must be strictly greater than this (the default: > 0). Pass ``None`` when
-            ``at_least`` gives the bound.
+        above: Values must be strictly greater than this (the default: > 0). ``None``: no
+            strict lower bound (``at_least`` may give one; neither: any finite number).
         at_least: Values must be at least this (``at_least=0`` accepts zero).
+        at_most: Values must be at most this, when given.
         optional: Accept ``None`` too.
         unit: Named in the message (``"seconds"`` reads ``finite seconds > 0``).
         error: The error type raised.
         prefix: Put before the attribute's name in the error's field.
 
     Raises:
-        ValueError: Neither or both bounds were given (a programming error, at import time).
+        ValueError: Both ``above`` and ``at_least`` were given (a programming error, at import
+            time).
     """
-    if (above is None) == (at_least is None):
-        msg = "give exactly one of above= and at_least="
+    if above is not None and at_least is not None:
+        msg = "give at most one of above= and at_least="
         raise ValueError(msg)
+    bounds = []
+    if above is not None:
+        bounds.append(f"> {above:g}")
+    if at_least is not None and at_most is not None:
+        bounds.append(f"in [{at_least:g}, {at_most:g}]")
+    elif at_least is not None:
+        bounds.append(f">= {at_least:g}")
+    if at_most is not None and at_least is None:
+        bounds.append(f"<= {at_most:g}")
     what = f"finite {unit}" if unit else "a finite number"
-    strict = above is not None
-    low = above if above is not None else at_least
-    assert low is not None  # one of the two was given, checked above
-    expected = f"{'None or ' if optional else ''}{what} {'>' if strict else '>='} {low:g}"
+    expected = " ".join([f"{'None or ' if optional else ''}{what}", " and ".join(bounds)]).strip()
+    low = -math.inf if at_least is None else at_least
+    beyond = -math.inf if above is None else above
+    high = math.inf if at_most is None else at_most
 
     def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
         if optional and value is None:
@@ -110,8 +122,8 @@ def finite_number(
             isinstance(value, bool)
             or not isinstance(value, int | float)
             or not math.isfinite(value)
+            or not beyond < value <= high
             or value < low
-            or (strict and value == low)
         ):
             raise error(f"{prefix}{attribute.name}", f"must be {expected}, got {value!r}")
 
