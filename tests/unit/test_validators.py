@@ -148,3 +148,12 @@ def test_a_validator_works_inside_an_attrs_class() -> None:
         Settings(slots=True)
     with pytest.raises(ConfigError, match=r"@ timeout_s"):
         Settings(slots=1, timeout_s=math.inf)
+
+
+def test_a_function_argument_is_checked_under_its_own_name() -> None:
+    v.check_argument(v.positive_seconds, "call_timeout_s", 2.5)
+    with pytest.raises(ConfigError) as caught:
+        v.check_argument(v.positive_seconds, "call_timeout_s", math.inf)
+    assert str(caught.value) == "must be finite seconds > 0, got inf @ call_timeout_s"
+    with pytest.raises(WireError, match=r"@ slot$"):
+        v.check_argument(v.whole_number(0, error=WireError), "slot", -1)

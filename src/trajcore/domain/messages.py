@@ -496,22 +496,23 @@ class BuiltinArgumentValidator:
 BUILTIN_VALIDATOR: ArgumentValidator = BuiltinArgumentValidator()
 
 
+# Python's JSON types and their JSON-schema names; ``bool`` before ``int``, which it subclasses.
+_JSON_TYPE_NAMES: tuple[tuple[type, str], ...] = (
+    (type(None), "null"),
+    (bool, "boolean"),
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    (list, "array"),
+    (dict, "object"),
+)
+
+
 def json_type(value: object) -> str:
     """The JSON-schema name of ``value``'s type (``object``, ``array``, ``string``, ...)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
+    for kind, name in _JSON_TYPE_NAMES:
+        if isinstance(value, kind):
+            return name
     return type(value).__name__
 
 

@@ -13,13 +13,14 @@ fits and raises otherwise. Rules it keeps:
 
 The ready-made validators (``positive_int``, ``positive_seconds`` ...) raise ``ConfigError`` with
 the bare attribute name; the factories (``whole_number``, ``finite_number``) build the others.
+``check_argument`` runs any of them on a plain function's argument.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -27,6 +28,8 @@ from trajcore.domain.errors import ConfigError, InvalidInput
 
 __all__ = [
     "Check",
+    "Named",
+    "check_argument",
     "finite_number",
     "flag",
     "non_negative_int",
@@ -41,8 +44,32 @@ __all__ = [
     "whole_number",
 ]
 
-Check = Callable[[Any, "attrs.Attribute[Any]", Any], None]
+
+class Named(Protocol):
+    """What a validator reads of its attribute: the name (an ``attrs.Attribute`` has one)."""
+
+    @property
+    def name(self) -> str:
+        """The field's name, as the error names it."""
+        ...
+
+
+Check = Callable[[Any, Named, Any], None]
 """An attrs validator: ``check(instance, attribute, value)`` raises when ``value`` does not fit."""
+
+
+@attrs.frozen
+class _Argument:
+    name: str
+
+
+def check_argument(check: Check, name: str, value: object) -> None:
+    """Run ``check`` on a function's argument, named ``name`` in the error.
+
+    Raises:
+        InvalidInput: What ``check`` raises when ``value`` does not fit.
+    """
+    check(None, _Argument(name), value)
 
 
 def whole_number(
@@ -62,7 +89,7 @@ def whole_number(
     """
     expected = f"{'None or ' if optional else ''}an integer >= {at_least}"
 
-    def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    def check(_: object, attribute: Named, value: object) -> None:
         if optional and value is None:
             return
         if isinstance(value, bool) or not isinstance(value, int) or value < at_least:
@@ -115,7 +142,7 @@ def finite_number(
     beyond = -math.inf if above is None else above
     high = math.inf if at_most is None else at_most
 
-    def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    def check(_: object, attribute: Named, value: object) -> None:
         if optional and value is None:
             return
         if (
@@ -130,7 +157,7 @@ def finite_number(
     return check
 
 
-def flag(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+def flag(_: object, attribute: Named, value: object) -> None:
     """Accept only ``True`` or ``False`` (not ``1``, not ``"yes"``).
 
     Raises:
@@ -140,7 +167,7 @@ def flag(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
         raise ConfigError(attribute.name, f"must be true or false, got {value!r}")
 
 
-def nonempty_text(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+def nonempty_text(_: object, attribute: Named, value: object) -> None:
     """Accept a ``str`` with something other than whitespace in it.
 
     Raises:
@@ -150,7 +177,7 @@ def nonempty_text(_: object, attribute: attrs.Attribute[Any], value: object) -> 
         raise ConfigError(attribute.name, f"must be non-empty text, got {value!r}")
 
 
-def optional_text(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+def optional_text(_: object, attribute: Named, value: object) -> None:
     """Accept ``None`` or a ``str`` with something other than whitespace in it.
 
     Raises:
