@@ -348,7 +348,7 @@ def _ok_result(call: ToolCall, answer: object) -> ToolResult:
                 call, ToolOutcome.TOOL_ERROR, f"the tool returned {problem.replace('$', 'result')}"
             )
         content = json.dumps(answer, ensure_ascii=False)
-    return ToolResult(call_id=call.id, name=call.name, outcome=ToolOutcome.OK, content=content)
+    return ToolResult.success(call, content)
 
 
 # ----------------------------------------------------------------------------------- the client

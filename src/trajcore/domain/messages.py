@@ -190,6 +190,11 @@ class ToolResult:
         return self.outcome is ToolOutcome.OK
 
     @classmethod
+    def success(cls, call: ToolCall, content: str) -> ToolResult:
+        """An OK result of ``call`` whose content is ``content``."""
+        return cls(call_id=call.id, name=call.name, outcome=ToolOutcome.OK, content=content)
+
+    @classmethod
     def failure(
         cls, call: ToolCall, outcome: ToolOutcome, error: str, *, exec: ExecReport | None = None
     ) -> ToolResult:
