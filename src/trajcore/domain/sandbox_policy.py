@@ -278,6 +278,11 @@ def _flag(name: str, help_text: str, codec: _Codec | None = None) -> dict[str, A
     return {_FLAG: (name, help_text, codec)}
 
 
+def _switch(default: bool, name: str, help_text: str) -> bool:
+    """A ``SlotPolicy`` field that is true or false; its flag means ``not default``."""
+    return attrs.field(default=default, validator=validators.flag, metadata=_flag(name, help_text))
+
+
 @attrs.frozen(kw_only=True)
 class SlotPolicy:
     """Everything a slot server and its sandboxes may and may not do; the env's or the
@@ -310,21 +315,11 @@ class SlotPolicy:
             ``slot_uid_base + i`` (never as root); ignored by a server that is not root.
     """
 
-    allow_network: bool = attrs.field(
-        default=False,
-        validator=validators.flag,
-        metadata=_flag("--allow-network", "share the host network"),
+    allow_network: bool = _switch(False, "--allow-network", "share the host network")
+    require_sandbox: bool = _switch(
+        False, "--require-sandbox", "refuse every call when bwrap is unusable"
     )
-    require_sandbox: bool = attrs.field(
-        default=False,
-        validator=validators.flag,
-        metadata=_flag("--require-sandbox", "refuse every call when bwrap is unusable"),
-    )
-    read_only_root: bool = attrs.field(
-        default=True,
-        validator=validators.flag,
-        metadata=_flag("--writable-root", "leave the sandbox's root writable"),
-    )
+    read_only_root: bool = _switch(True, "--writable-root", "leave the sandbox's root writable")
     workspace_path: str = attrs.field(
         default="/workspace",
         validator=_absolute,
@@ -391,11 +386,7 @@ class SlotPolicy:
         validator=validators.positive_seconds,
         metadata=_flag("--max-timeout-s", "longest limit a call gets", _SECONDS),
     )
-    use_cgroups: bool = attrs.field(
-        default=True,
-        validator=validators.flag,
-        metadata=_flag("--no-cgroups", "use rlimits only"),
-    )
+    use_cgroups: bool = _switch(True, "--no-cgroups", "use rlimits only")
     bwrap: str = attrs.field(
         default="bwrap",
         validator=_executable,
