@@ -157,3 +157,12 @@ def test_a_function_argument_is_checked_under_its_own_name() -> None:
     assert str(caught.value) == "must be finite seconds > 0, got inf @ call_timeout_s"
     with pytest.raises(WireError, match=r"@ slot$"):
         v.check_argument(v.whole_number(0, error=WireError), "slot", -1)
+
+
+def test_a_nonempty_string_may_be_blank_but_not_empty_or_other_than_text() -> None:
+    check = v.nonempty_string(error=WireError)
+    check(None, _attribute(), " ")
+    for value in ("", None, 3, b"x"):
+        assert _refuses(check, value, WireError).reason == (
+            f"expected a non-empty string, got {value!r}"
+        )

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias
 
 import attrs
 
+from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, ToolArgumentError
 
 __all__ = [
@@ -99,9 +100,7 @@ def _json_object(_: object, attribute: attrs.Attribute[object], value: object) -
         raise ToolArgumentError(attribute.name, problem)
 
 
-def _nonempty(_: object, attribute: attrs.Attribute[str], value: str) -> None:
-    if not value:
-        raise ConfigError(attribute.name, "must not be empty")
+_nonempty = validators.nonempty_string()
 
 
 @attrs.frozen(kw_only=True)

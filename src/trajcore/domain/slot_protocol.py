@@ -146,9 +146,7 @@ _index = validators.whole_number(0, error=WireError)
 _positive_count = validators.whole_number(1, error=WireError)
 
 
-def _nonempty(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, str) or not value:
-        raise WireError(attribute.name, "expected a non-empty string")
+_nonempty = validators.nonempty_string(error=WireError)
 
 
 _positive_seconds = validators.finite_number(0.0, unit="seconds", error=WireError)

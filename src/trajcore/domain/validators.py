@@ -34,6 +34,7 @@ __all__ = [
     "flag",
     "non_negative_int",
     "non_negative_seconds",
+    "nonempty_string",
     "nonempty_text",
     "optional_positive_int",
     "optional_seconds",
@@ -153,6 +154,21 @@ def finite_number(
             or value < low
         ):
             raise error(f"{prefix}{attribute.name}", f"must be {expected}, got {value!r}")
+
+    return check
+
+
+def nonempty_string(*, error: type[InvalidInput] = ConfigError, prefix: str = "") -> Check:
+    """Return a validator for a ``str`` of at least one character (whitespace counts).
+
+    Args:
+        error: The error type raised.
+        prefix: Put before the attribute's name in the error's field.
+    """
+
+    def check(_: object, attribute: Named, value: object) -> None:
+        if not isinstance(value, str) or not value:
+            raise error(f"{prefix}{attribute.name}", f"expected a non-empty string, got {value!r}")
 
     return check
 
