@@ -41,9 +41,8 @@ from trajcore.adapters.sandbox.client import SlotServerClient
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.messages import ToolCall
-from trajcore.domain.sandbox_policy import SandboxPolicy, bwrap_argv
+from trajcore.domain.sandbox_policy import DEFAULT_SLOT_UID_BASE, SandboxPolicy, bwrap_argv
 from trajcore.domain.slot_protocol import ExecuteCall
-from trajcore.domain.slot_server_flags import DEFAULT_SLOT_UID_BASE
 from trajcore.domain.slots import Lease, SlotCall
 from trajcore.rollout.dispatcher import DispatcherStatistics, ToolDispatcher
 

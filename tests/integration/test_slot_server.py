@@ -34,7 +34,7 @@ from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime
 from trajcore.adapters.sandbox.seccomp import SeccompUnavailable
 from trajcore.domain.errors import SlotServerError, ToolArgumentError, UnknownSlot, WireError
 from trajcore.domain.messages import JSON, ToolCall, ToolOutcome, ToolResult
-from trajcore.domain.sandbox_policy import MASKED_PATHS, READ_ONLY_PATHS, Bind, SandboxPolicy
+from trajcore.domain.sandbox_policy import MASKED_PATHS, READ_ONLY_PATHS, Bind, SlotPolicy
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.slots import SlotCall
 
@@ -71,7 +71,7 @@ def start_server(
     argv = [
         *prefix, sys.executable, "-m", "trajcore.entrypoints.slot_server",
         "--slots", "4", "--root", str(root), "--token-file", str(token_file),
-        "--max-processes", "64", "--memory-mb", "256", "--output-cap-bytes", "4096",
+        "--max-processes", "64", "--memory-bytes", str(256 << 20), "--output-cap-bytes", "4096",
         "--min-timeout-s", "0.2", "--file-cap-bytes", str(1 << 20), *extra,
     ]  # fmt: skip
     if "--unix" not in extra:
@@ -877,7 +877,8 @@ def test_paths_bound_under_tmp_are_carried_into_every_lease(helper: str, tmp_pat
     data = tmp_path / "data"
     data.mkdir()
     (data / "given.txt").write_text("from the host\n")
-    policy = SandboxPolicy(
+    policy = SlotPolicy(
+        require_sandbox=True,
         workspace_path="/tmp/work",
         extra_binds=(Bind(source=str(data), dest="/tmp/data"),),
         max_processes=64,
@@ -1279,7 +1280,7 @@ def test_a_forged_or_oversize_reply_ends_the_lease(attack: str, tmp_path: Path) 
     fake = tmp_path / "fake-python"
     fake.write_text(FAKE_AGENT.format(python=sys.executable))
     fake.chmod(0o755)
-    policy = SandboxPolicy(require_sandbox=False, min_timeout_s=0.1)
+    policy = SlotPolicy(require_sandbox=False, min_timeout_s=0.1)
     config = RuntimeConfig(
         slots=1, root=tmp_path / "root", policy=policy, bwrap="/nonexistent/bwrap",
         python=str(fake), use_cgroups=False, slot_helper="python", agent_grace_s=30.0,
@@ -1441,7 +1442,7 @@ def test_without_libseccomp_a_required_sandbox_fails_closed_and_health_says_so(
     required: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(runtime_module, "compile_filter", no_libseccomp)
-    policy = SandboxPolicy(require_sandbox=required, min_timeout_s=0.1)
+    policy = SlotPolicy(require_sandbox=required, min_timeout_s=0.1)
     config = RuntimeConfig(slots=1, root=tmp_path / "root", policy=policy)
     status = "grep Seccomp: /proc/self/status"
 

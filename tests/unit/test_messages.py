@@ -109,6 +109,12 @@ def test_failure_results_tell_the_model_why() -> None:
         ToolResult.failure(call, ToolOutcome.OK, "fine")
 
 
+def test_a_success_answers_its_call_with_its_content() -> None:
+    result = ToolResult.success(ToolCall(id="c9", name="bash", arguments={}), "done")
+    assert (result.call_id, result.name, result.outcome) == ("c9", "bash", ToolOutcome.OK)
+    assert (result.content, result.error) == ("done", None)
+
+
 @given(s.json_objects)
 def test_generated_json_is_json(value: object) -> None:
     assert check_json(value) is None

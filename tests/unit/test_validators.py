@@ -62,6 +62,10 @@ def test_optional_is_named_in_the_message() -> None:
     assert _refuses(v.optional_positive_int, 0).reason == "must be None or an integer >= 1, got 0"
     assert _refuses(v.optional_seconds, 0).reason == "must be None or finite seconds > 0, got 0"
     assert _refuses(v.positive_number, -1).reason == "must be a finite number > 0, got -1"
+    below = v.finite_number(None, at_most=0.5)
+    assert _refuses(below, 1).reason == "must be a finite number <= 0.5, got 1"
+    both = v.finite_number(0.0, at_most=0.5)
+    assert _refuses(both, 0).reason == "must be a finite number > 0 and <= 0.5, got 0"
 
 
 @given(st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(10**9), 10**9))
@@ -84,6 +88,15 @@ def test_non_negative_seconds_accept_zero_and_refuse_below(value: float) -> None
         )
 
 
+@given(st.floats(allow_nan=True, allow_infinity=True), st.floats(0, 10), st.floats(0, 10))
+def test_a_closed_range_accepts_exactly_its_members(value: float, lo: float, span: float) -> None:
+    check = v.finite_number(None, at_least=lo, at_most=lo + span)
+    if math.isfinite(value) and lo <= value <= lo + span:
+        check(None, _attribute(), value)
+    else:
+        assert f"in [{lo:g}, {lo + span:g}]" in _refuses(check, value).reason
+
+
 @pytest.mark.parametrize(
     "check", [v.positive_seconds, v.optional_seconds, v.non_negative_seconds, v.positive_number]
 )
@@ -97,11 +110,14 @@ def test_optional_number_accepts_none_and_the_plain_one_does_not() -> None:
     _refuses(v.positive_seconds, None)
 
 
-def test_finite_number_needs_exactly_one_bound() -> None:
-    with pytest.raises(ValueError, match="exactly one"):
-        v.finite_number(None)
-    with pytest.raises(ValueError, match="exactly one"):
+def test_finite_number_takes_at_most_one_lower_bound_and_may_take_none() -> None:
+    with pytest.raises(ValueError, match="at most one"):
         v.finite_number(0.0, at_least=1.0)
+    anything = v.finite_number(None, optional=True)
+    for good in (-1e300, 0, 2.5, None):
+        anything(None, _attribute(), good)
+    for bad in (math.nan, -math.inf, True, "0"):
+        assert _refuses(anything, bad).reason == f"must be None or a finite number, got {bad!r}"
 
 
 def test_flag_accepts_only_bools() -> None:
@@ -132,3 +148,21 @@ def test_a_validator_works_inside_an_attrs_class() -> None:
         Settings(slots=True)
     with pytest.raises(ConfigError, match=r"@ timeout_s"):
         Settings(slots=1, timeout_s=math.inf)
+
+
+def test_a_function_argument_is_checked_under_its_own_name() -> None:
+    v.check_argument(v.positive_seconds, "call_timeout_s", 2.5)
+    with pytest.raises(ConfigError) as caught:
+        v.check_argument(v.positive_seconds, "call_timeout_s", math.inf)
+    assert str(caught.value) == "must be finite seconds > 0, got inf @ call_timeout_s"
+    with pytest.raises(WireError, match=r"@ slot$"):
+        v.check_argument(v.whole_number(0, error=WireError), "slot", -1)
+
+
+def test_a_nonempty_string_may_be_blank_but_not_empty_or_other_than_text() -> None:
+    check = v.nonempty_string(error=WireError)
+    check(None, _attribute(), " ")
+    for value in ("", None, 3, b"x"):
+        assert _refuses(check, value, WireError).reason == (
+            f"expected a non-empty string, got {value!r}"
+        )

@@ -74,7 +74,7 @@ def test_round_trip_through_json_text(
             "$.logprobs",
             "1 logprobs for 2 token ids",
         ),
-        ({"temperature": -1}, SamplingParams, "$.temperature", "must be in"),
+        ({"temperature": -1}, SamplingParams, "$.temperature", "in [0, 10]"),
         ({"max_tokens": True}, SamplingParams, "$.max_tokens", "expected an integer"),
         (
             {"name": "x", "parameters": {"type": "object", "properties": {}, "required": "q"}},

@@ -47,9 +47,9 @@ import logging
 import re
 import urllib.parse
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from types import ModuleType
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import jsonschema  # type: ignore[import-untyped]  # no py.typed; its Any stays in this module
@@ -294,45 +294,37 @@ def _explain(error: Any) -> list[ArgumentProblem]:
     return [ArgumentProblem(path=path, reason=reason or _short(error.message))]
 
 
+# What a failed keyword means, as a sentence about the value; ``{value}`` is the keyword's own
+# value in the schema.
+_KEYWORD_REASONS: Final[Mapping[str, str]] = {
+    "enum": "must be one of {value!r}",
+    "minimum": "must be >= {value}",
+    "maximum": "must be <= {value}",
+    "exclusiveMinimum": "must be > {value}",
+    "exclusiveMaximum": "must be < {value}",
+    "multipleOf": "must be a multiple of {value}",
+    "minLength": "must be at least {value} characters long",
+    "maxLength": "must be at most {value} characters long",
+    "pattern": "must match the pattern {value!r}",
+    "format": "must be a valid {value}",
+    "minItems": "must have at least {value} items",
+    "maxItems": "must have at most {value} items",
+    "uniqueItems": "items must be unique",
+    "minProperties": "must have at least {value} properties",
+    "maxProperties": "must have at most {value} properties",
+    "not": "must not match the schema under 'not'",
+}
+
+
 def _explain_keyword(keyword: object, value: Any, instance: Any) -> str | None:
     if keyword == "type":
         return f"expected {' or '.join(_types(value))}, got {json_type(instance)}"
-    if keyword == "enum":
-        return f"must be one of {value!r}"
     if keyword == "const":
         return f"must be {json.dumps(value)}"
-    bounds = {
-        "minimum": ">=",
-        "maximum": "<=",
-        "exclusiveMinimum": ">",
-        "exclusiveMaximum": "<",
-    }
-    if keyword in bounds:
-        return f"must be {bounds[str(keyword)]} {value}"
-    if keyword == "multipleOf":
-        return f"must be a multiple of {value}"
-    if keyword == "minLength":
-        return f"must be at least {value} characters long"
-    if keyword == "maxLength":
-        return f"must be at most {value} characters long"
-    if keyword == "pattern":
-        return f"must match the pattern {value!r}"
-    if keyword == "format":
-        return f"must be a valid {value}"
-    if keyword == "minItems":
-        return f"must have at least {value} items"
-    if keyword == "maxItems":
-        return f"must have at most {value} items"
-    if keyword == "uniqueItems":
-        return "items must be unique"
+    if isinstance(keyword, str) and keyword in _KEYWORD_REASONS:
+        return _KEYWORD_REASONS[keyword].format(value=value)
     if keyword == "items" and value is False:
         return "has more items than the schema allows"
-    if keyword == "minProperties":
-        return f"must have at least {value} properties"
-    if keyword == "maxProperties":
-        return f"must have at most {value} properties"
-    if keyword == "not":
-        return "must not match the schema under 'not'"
     if keyword is None and value is False:
         return "no value is allowed here"
     return None

@@ -44,6 +44,12 @@ def _ids(value: object, *, what: str) -> list[int]:
     return list(value)
 
 
+def _text(value: object, *, what: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(what, f"expected text, got {type(value).__name__}")
+    return value
+
+
 @attrs.define
 class TransformersTokenizer:
     """A ``transformers`` tokenizer with a chat template, as the ``Tokenizer`` port.
@@ -95,10 +101,7 @@ class TransformersTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of ``ids``, special tokens kept (invalid UTF-8 becomes U+FFFD)."""
-        text = self._tokenizer.decode(list(ids), skip_special_tokens=False)
-        if not isinstance(text, str):
-            raise ConfigError("ids", f"decode returned {type(text).__name__}, not text")
-        return text
+        return _text(self._tokenizer.decode(list(ids), skip_special_tokens=False), what="ids")
 
     def render(
         self,
@@ -132,9 +135,7 @@ class TransformersTokenizer:
         text = self._apply(
             messages, tools, add_generation_prompt=add_generation_prompt, tokenize=False
         )
-        if not isinstance(text, str):
-            raise ConfigError("messages", f"the template gave {type(text).__name__}, not text")
-        return text
+        return _text(text, what="messages")
 
     def _apply(
         self,

@@ -48,7 +48,6 @@ from __future__ import annotations
 import copy
 import inspect
 import json
-import math
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from functools import partial
 from typing import Any, Final, TypeAlias, TypeVar
@@ -60,6 +59,7 @@ import httpx
 
 from trajcore.adapters.json_schema import JSONSchemaValidator
 from trajcore.adapters.wire import structure, unstructure
+from trajcore.domain import validators
 from trajcore.domain.errors import (
     ConfigError,
     PoolClosed,
@@ -348,17 +348,10 @@ def _ok_result(call: ToolCall, answer: object) -> ToolResult:
                 call, ToolOutcome.TOOL_ERROR, f"the tool returned {problem.replace('$', 'result')}"
             )
         content = json.dumps(answer, ensure_ascii=False)
-    return ToolResult(call_id=call.id, name=call.name, outcome=ToolOutcome.OK, content=content)
+    return ToolResult.success(call, content)
 
 
 # ----------------------------------------------------------------------------------- the client
-
-
-def _positive_timeout(_: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(attribute.name, f"expected a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(attribute.name, f"must be a positive number of seconds, got {value!r}")
 
 
 @attrs.define
@@ -380,7 +373,9 @@ class HTTPToolServer:
 
     url: str
     token: str | None = attrs.field(default=None, kw_only=True, repr=False)
-    timeout_s: float = attrs.field(default=60.0, kw_only=True, validator=_positive_timeout)
+    timeout_s: float = attrs.field(
+        default=60.0, kw_only=True, validator=validators.positive_seconds
+    )
     app: ASGIApp | None = attrs.field(default=None, kw_only=True, repr=False)
     transport: httpx.AsyncBaseTransport | None = attrs.field(default=None, kw_only=True, repr=False)
     _client: httpx.AsyncClient = attrs.field(init=False, repr=False)

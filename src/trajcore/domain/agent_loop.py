@@ -56,7 +56,8 @@ from typing import TypeAlias
 
 import attrs
 
-from trajcore.domain.errors import ConfigError, InvalidInput, StateError
+from trajcore.domain import validators
+from trajcore.domain.errors import InvalidInput, StateError
 from trajcore.domain.groups import TrajectoryOutcome, TrajectoryStatus
 from trajcore.domain.messages import ToolCall, ToolOutcome, ToolResult
 from trajcore.domain.sampling import FinishReason
@@ -155,31 +156,11 @@ class InfraErrorRule(enum.Enum):
     EVERY_CALL = "every_call"  # only when every call of a batch failed for infra reasons
 
 
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"agent.{name}", f"must be an integer >= 1, got {value!r}")
-
-
-def _positive_int(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    _check_positive_int(attribute.name, value)
-
-
-def _positive_int_or_none(_: object, attribute: attrs.Attribute[int | None], value: object) -> None:
-    if value is not None:
-        _check_positive_int(attribute.name, value)
-
-
-def _positive_seconds_or_none(
-    _: object, attribute: attrs.Attribute[float | None], value: object
-) -> None:
-    if value is None:
-        return
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not (math.isfinite(value) and value > 0)
-    ):
-        raise ConfigError(f"agent.{attribute.name}", f"must be a number > 0, got {value!r}")
+_positive_int = validators.whole_number(1, prefix="agent.")
+_positive_int_or_none = validators.whole_number(1, optional=True, prefix="agent.")
+_positive_seconds_or_none = validators.finite_number(
+    0.0, unit="seconds", optional=True, prefix="agent."
+)
 
 
 @attrs.frozen(kw_only=True)

@@ -66,7 +66,8 @@ from collections import OrderedDict, deque
 
 import attrs
 
-from trajcore.domain.errors import ConfigError, InvalidInput, StateError
+from trajcore.domain import validators
+from trajcore.domain.errors import InvalidInput, StateError
 from trajcore.domain.slots import Lease, SlotCall, SlotId
 
 __all__ = ["Batch", "BatchClose", "BatchConfig", "BatchPlanner", "BatchPlannerStatistics"]
@@ -80,16 +81,8 @@ class BatchClose(enum.Enum):
     WINDOW = "window"  # window_ms passed since its oldest ready call became ready
 
 
-def _window_ms(_: object, attribute: attrs.Attribute[float], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"batching.{attribute.name}", f"must be a number, got {value!r}")
-    if not (math.isfinite(value) and value >= 0):
-        raise ConfigError(f"batching.{attribute.name}", f"must be finite and >= 0, got {value!r}")
-
-
-def _max_batch_size(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"batching.{attribute.name}", f"must be an integer >= 1, got {value!r}")
+_window_ms = validators.finite_number(None, at_least=0.0, prefix="batching.")
+_max_batch_size = validators.whole_number(1, prefix="batching.")
 
 
 @attrs.frozen(kw_only=True)

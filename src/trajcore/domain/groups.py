@@ -36,6 +36,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, InvalidInput
 
 __all__ = [
@@ -132,11 +133,6 @@ def _default_min_healthy(policy: GroupPolicy) -> int:
     return min(2, size) if isinstance(size, int) else 1
 
 
-def _check_group_size(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(attribute.name, f"must be an integer of at least 1, got {value!r}")
-
-
 def _check_min_healthy(policy: GroupPolicy, attribute: attrs.Attribute[int], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(attribute.name, f"must be an integer, got {value!r}")
@@ -144,11 +140,6 @@ def _check_min_healthy(policy: GroupPolicy, attribute: attrs.Attribute[int], val
         raise ConfigError(
             attribute.name, f"must be in [1, group_size={policy.group_size}], got {value}"
         )
-
-
-def _check_empty_score(_: object, attribute: attrs.Attribute[float], value: float | None) -> None:
-    if value is not None and not _is_finite_number(value):
-        raise ConfigError(attribute.name, f"must be a finite number or None, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -169,13 +160,15 @@ class GroupPolicy:
         ConfigError: a field out of range, naming it.
     """
 
-    group_size: int = attrs.field(validator=_check_group_size)
+    group_size: int = attrs.field(validator=validators.positive_int)
     on_failure: OnFailure = OnFailure.KEEP_HEALTHY
     min_healthy: int = attrs.field(
         default=attrs.Factory(_default_min_healthy, takes_self=True),
         validator=_check_min_healthy,
     )
-    empty_score: float | None = attrs.field(default=0.0, validator=_check_empty_score)
+    empty_score: float | None = attrs.field(
+        default=0.0, validator=validators.finite_number(None, optional=True)
+    )
     drop_equal_scores: bool = True
 
     def assess(self, outcomes: Sequence[TrajectoryOutcome]) -> GroupVerdict:

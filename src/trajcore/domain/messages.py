@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias
 
 import attrs
 
+from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, ToolArgumentError
 
 __all__ = [
@@ -99,9 +100,7 @@ def _json_object(_: object, attribute: attrs.Attribute[object], value: object) -
         raise ToolArgumentError(attribute.name, problem)
 
 
-def _nonempty(_: object, attribute: attrs.Attribute[str], value: str) -> None:
-    if not value:
-        raise ConfigError(attribute.name, "must not be empty")
+_nonempty = validators.nonempty_string()
 
 
 @attrs.frozen(kw_only=True)
@@ -188,6 +187,11 @@ class ToolResult:
     @property
     def ok(self) -> bool:
         return self.outcome is ToolOutcome.OK
+
+    @classmethod
+    def success(cls, call: ToolCall, content: str) -> ToolResult:
+        """An OK result of ``call`` whose content is ``content``."""
+        return cls(call_id=call.id, name=call.name, outcome=ToolOutcome.OK, content=content)
 
     @classmethod
     def failure(
@@ -496,22 +500,23 @@ class BuiltinArgumentValidator:
 BUILTIN_VALIDATOR: ArgumentValidator = BuiltinArgumentValidator()
 
 
+# Python's JSON types and their JSON-schema names; ``bool`` before ``int``, which it subclasses.
+_JSON_TYPE_NAMES: tuple[tuple[type, str], ...] = (
+    (type(None), "null"),
+    (bool, "boolean"),
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    (list, "array"),
+    (dict, "object"),
+)
+
+
 def json_type(value: object) -> str:
     """The JSON-schema name of ``value``'s type (``object``, ``array``, ``string``, ...)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
+    for kind, name in _JSON_TYPE_NAMES:
+        if isinstance(value, kind):
+            return name
     return type(value).__name__
 
 

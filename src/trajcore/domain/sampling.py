@@ -8,12 +8,12 @@ sampled token ids and their logprobs, verbatim, which the token ledger keeps for
 from __future__ import annotations
 
 import enum
-import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import attrs
 
-from trajcore.domain.errors import ConfigError, WireError
+from trajcore.domain import validators
+from trajcore.domain.errors import WireError
 from trajcore.domain.messages import JSONObject, Message
 from trajcore.domain.turns import ParsedTurn, ParseProblem
 
@@ -42,14 +42,6 @@ class FinishReason(enum.Enum):
         raise WireError(field, f"unknown finish reason {value!r}")
 
 
-def _finite(lo: float, hi: float) -> Callable[[object, attrs.Attribute[float], float], None]:
-    def check(_: object, attribute: attrs.Attribute[float], value: float) -> None:
-        if not (math.isfinite(value) and lo <= value <= hi):
-            raise ConfigError(attribute.name, f"must be in [{lo}, {hi}], got {value!r}")
-
-    return check
-
-
 def _ints(values: Iterable[int]) -> tuple[int, ...]:
     return tuple(values)
 
@@ -60,11 +52,6 @@ def _floats(values: Iterable[float]) -> tuple[float, ...]:
 
 def _strs(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(values)
-
-
-def _positive_int(_: object, attribute: attrs.Attribute[int], value: int | None) -> None:
-    if value is not None and value < 1:
-        raise ConfigError(attribute.name, f"must be at least 1, got {value}")
 
 
 @attrs.frozen(kw_only=True)
@@ -80,9 +67,13 @@ class SamplingParams:
         extra_body: Passed through verbatim to the server's request body.
     """
 
-    max_tokens: int = attrs.field(default=1024, validator=_positive_int)
-    temperature: float = attrs.field(default=1.0, validator=_finite(0.0, 10.0))
-    top_p: float = attrs.field(default=1.0, validator=_finite(0.0, 1.0))
+    max_tokens: int = attrs.field(default=1024, validator=validators.positive_int)
+    temperature: float = attrs.field(
+        default=1.0, validator=validators.finite_number(None, at_least=0.0, at_most=10.0)
+    )
+    top_p: float = attrs.field(
+        default=1.0, validator=validators.finite_number(None, at_least=0.0, at_most=1.0)
+    )
     stop: tuple[str, ...] = attrs.field(default=(), converter=_strs)
     seed: int | None = None
     extra_body: JSONObject = attrs.field(factory=dict)

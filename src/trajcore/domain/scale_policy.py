@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import attrs
 
+from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, InvalidInput
 
 __all__ = [
@@ -54,23 +55,11 @@ __all__ = [
 ]
 
 
-def _count(minimum: int) -> Callable[[object, attrs.Attribute[int], object], None]:
-    def check(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ConfigError(
-                f"scaling.{attribute.name}", f"must be an integer >= {minimum}, got {value!r}"
-            )
-
-    return check
+def _count(minimum: int) -> validators.Check:
+    return validators.whole_number(minimum, prefix="scaling.")
 
 
-def _seconds(_: object, attribute: attrs.Attribute[float], value: object) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not (math.isfinite(value) and value >= 0)
-    ):
-        raise ConfigError(f"scaling.{attribute.name}", f"must be finite and >= 0, got {value!r}")
+_seconds = validators.finite_number(None, at_least=0.0, unit="seconds", prefix="scaling.")
 
 
 @attrs.frozen(kw_only=True)

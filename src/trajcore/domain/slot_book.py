@@ -61,6 +61,7 @@ from collections import OrderedDict, deque
 
 import attrs
 
+from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, InvalidInput, StaleLease, StateError, UnknownSlot
 from trajcore.domain.scale_policy import ContainerLoad
 from trajcore.domain.slots import Lease, PoolStatistics, SlotId, SlotState
@@ -175,9 +176,7 @@ class SlotBook:
         self._tick(now, "add_container")
         if not container:
             raise ConfigError("container", "must not be empty")
-        count: object = slots
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ConfigError("slots", f"must be an integer >= 1, got {slots!r}")
+        validators.check_argument(validators.positive_int, "slots", slots)
         if container in self._containers:
             state = "draining" if self._containers[container].draining else "active"
             raise StateError(

@@ -41,6 +41,7 @@ from typing import Any
 
 import attrs
 
+from trajcore.domain import validators
 from trajcore.domain.errors import WireError
 from trajcore.domain.messages import JSONObject, ToolResult, ToolSpec, check_json
 from trajcore.domain.slots import SlotCall
@@ -141,26 +142,14 @@ SLOT_TOOL_SPECS: tuple[ToolSpec, ...] = (
 SLOT_TOOLS: tuple[str, ...] = tuple(spec.name for spec in SLOT_TOOL_SPECS)
 
 
-def _index(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise WireError(attribute.name, f"expected an integer >= 0, got {value!r}")
+_index = validators.whole_number(0, error=WireError)
+_positive_count = validators.whole_number(1, error=WireError)
 
 
-def _positive_count(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise WireError(attribute.name, f"expected an integer > 0, got {value!r}")
+_nonempty = validators.nonempty_string(error=WireError)
 
 
-def _nonempty(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, str) or not value:
-        raise WireError(attribute.name, "expected a non-empty string")
-
-
-def _positive_seconds(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise WireError(attribute.name, f"expected a number of seconds > 0, got {value!r}")
-    if value == float("inf"):
-        raise WireError(attribute.name, "must be finite")
+_positive_seconds = validators.finite_number(0.0, unit="seconds", error=WireError)
 
 
 def _json_object(_: object, attribute: attrs.Attribute[Any], value: object) -> None:

@@ -13,13 +13,14 @@ fits and raises otherwise. Rules it keeps:
 
 The ready-made validators (``positive_int``, ``positive_seconds`` ...) raise ``ConfigError`` with
 the bare attribute name; the factories (``whole_number``, ``finite_number``) build the others.
+``check_argument`` runs any of them on a plain function's argument.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -27,10 +28,13 @@ from trajcore.domain.errors import ConfigError, InvalidInput
 
 __all__ = [
     "Check",
+    "Named",
+    "check_argument",
     "finite_number",
     "flag",
     "non_negative_int",
     "non_negative_seconds",
+    "nonempty_string",
     "nonempty_text",
     "optional_positive_int",
     "optional_seconds",
@@ -41,8 +45,32 @@ __all__ = [
     "whole_number",
 ]
 
-Check = Callable[[Any, "attrs.Attribute[Any]", Any], None]
+
+class Named(Protocol):
+    """What a validator reads of its attribute: the name (an ``attrs.Attribute`` has one)."""
+
+    @property
+    def name(self) -> str:
+        """The field's name, as the error names it."""
+        ...
+
+
+Check = Callable[[Any, Named, Any], None]
 """An attrs validator: ``check(instance, attribute, value)`` raises when ``value`` does not fit."""
+
+
+@attrs.frozen
+class _Argument:
+    name: str
+
+
+def check_argument(check: Check, name: str, value: object) -> None:
+    """Run ``check`` on a function's argument, named ``name`` in the error.
+
+    Raises:
+        InvalidInput: What ``check`` raises when ``value`` does not fit.
+    """
+    check(None, _Argument(name), value)
 
 
 def whole_number(
@@ -62,7 +90,7 @@ def whole_number(
     """
     expected = f"{'None or ' if optional else ''}an integer >= {at_least}"
 
-    def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    def check(_: object, attribute: Named, value: object) -> None:
         if optional and value is None:
             return
         if isinstance(value, bool) or not isinstance(value, int) or value < at_least:
@@ -75,6 +103,7 @@ def finite_number(
     above: float | None = 0.0,
     *,
     at_least: float | None = None,
+    at_most: float | None = None,
     optional: bool = False,
     unit: str = "",
     error: type[InvalidInput] = ConfigError,
@@ -83,42 +112,68 @@ def finite_number(
     """Return a validator for a finite ``int`` or ``float`` (never a ``bool``) in a range.
 
     Args:
-        above: Values must be strictly greater than this (the default: > 0). Pass ``None`` when
-            ``at_least`` gives the bound.
+        above: Values must be strictly greater than this (the default: > 0). ``None``: no
+            strict lower bound (``at_least`` may give one; neither: any finite number).
         at_least: Values must be at least this (``at_least=0`` accepts zero).
+        at_most: Values must be at most this, when given.
         optional: Accept ``None`` too.
         unit: Named in the message (``"seconds"`` reads ``finite seconds > 0``).
         error: The error type raised.
         prefix: Put before the attribute's name in the error's field.
 
     Raises:
-        ValueError: Neither or both bounds were given (a programming error, at import time).
+        ValueError: Both ``above`` and ``at_least`` were given (a programming error, at import
+            time).
     """
-    if (above is None) == (at_least is None):
-        msg = "give exactly one of above= and at_least="
+    if above is not None and at_least is not None:
+        msg = "give at most one of above= and at_least="
         raise ValueError(msg)
+    bounds = []
+    if above is not None:
+        bounds.append(f"> {above:g}")
+    if at_least is not None and at_most is not None:
+        bounds.append(f"in [{at_least:g}, {at_most:g}]")
+    elif at_least is not None:
+        bounds.append(f">= {at_least:g}")
+    if at_most is not None and at_least is None:
+        bounds.append(f"<= {at_most:g}")
     what = f"finite {unit}" if unit else "a finite number"
-    strict = above is not None
-    low = above if above is not None else at_least
-    assert low is not None  # one of the two was given, checked above
-    expected = f"{'None or ' if optional else ''}{what} {'>' if strict else '>='} {low:g}"
+    expected = " ".join([f"{'None or ' if optional else ''}{what}", " and ".join(bounds)]).strip()
+    low = -math.inf if at_least is None else at_least
+    beyond = -math.inf if above is None else above
+    high = math.inf if at_most is None else at_most
 
-    def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    def check(_: object, attribute: Named, value: object) -> None:
         if optional and value is None:
             return
         if (
             isinstance(value, bool)
             or not isinstance(value, int | float)
             or not math.isfinite(value)
+            or not beyond < value <= high
             or value < low
-            or (strict and value == low)
         ):
             raise error(f"{prefix}{attribute.name}", f"must be {expected}, got {value!r}")
 
     return check
 
 
-def flag(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+def nonempty_string(*, error: type[InvalidInput] = ConfigError, prefix: str = "") -> Check:
+    """Return a validator for a ``str`` of at least one character (whitespace counts).
+
+    Args:
+        error: The error type raised.
+        prefix: Put before the attribute's name in the error's field.
+    """
+
+    def check(_: object, attribute: Named, value: object) -> None:
+        if not isinstance(value, str) or not value:
+            raise error(f"{prefix}{attribute.name}", f"expected a non-empty string, got {value!r}")
+
+    return check
+
+
+def flag(_: object, attribute: Named, value: object) -> None:
     """Accept only ``True`` or ``False`` (not ``1``, not ``"yes"``).
 
     Raises:
@@ -128,7 +183,7 @@ def flag(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
         raise ConfigError(attribute.name, f"must be true or false, got {value!r}")
 
 
-def nonempty_text(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+def nonempty_text(_: object, attribute: Named, value: object) -> None:
     """Accept a ``str`` with something other than whitespace in it.
 
     Raises:
@@ -138,7 +193,7 @@ def nonempty_text(_: object, attribute: attrs.Attribute[Any], value: object) -> 
         raise ConfigError(attribute.name, f"must be non-empty text, got {value!r}")
 
 
-def optional_text(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+def optional_text(_: object, attribute: Named, value: object) -> None:
     """Accept ``None`` or a ``str`` with something other than whitespace in it.
 
     Raises:

@@ -80,6 +80,7 @@ from trajcore.adapters.tool_server import (
     run_tool,
 )
 from trajcore.adapters.wire import structure, unstructure
+from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, WireError
 from trajcore.domain.messages import JSON
 
@@ -112,8 +113,7 @@ def make_app(
     Raises:
         ConfigError: ``call_timeout_s`` not positive, or an empty ``token``.
     """
-    if not call_timeout_s > 0:
-        raise ConfigError("call_timeout_s", f"must be > 0, got {call_timeout_s!r}")
+    validators.check_argument(validators.positive_seconds, "call_timeout_s", call_timeout_s)
     if token == "":
         raise ConfigError("token", "must not be empty (None means no token)")
     expected = f"Bearer {token}".encode() if token is not None else None

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import copy
 import enum
-import math
 import shlex
 import tempfile
 import time
@@ -71,6 +70,7 @@ from mcp.shared.message import SessionMessage
 
 from trajcore.adapters.mcp.protocol import context_meta, tool_result, tool_spec
 from trajcore.adapters.tool_server import ToolListing, check_tool_listing, rejected_result
+from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, PoolClosed, StateError, ToolServerError, WireError
 from trajcore.domain.messages import ToolCall, ToolContext, ToolOutcome, ToolResult, ToolSpec
 
@@ -175,23 +175,6 @@ MCPEndpoint: TypeAlias = MCPCommand | MCPURL
 """Where an MCP server is: a command to start or a URL to reach."""
 
 
-def _positive(_: object, attribute: attrs.Attribute[float], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(attribute.name, f"expected a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(attribute.name, f"must be a positive number of seconds, got {value!r}")
-
-
-def _positive_or_none(_: object, attribute: attrs.Attribute[float], value: object) -> None:
-    if value is not None:
-        _positive(_, attribute, value)
-
-
-def _restarts(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(attribute.name, f"expected a whole number >= 0, got {value!r}")
-
-
 class _State(enum.Enum):
     OPENING = "opening"
     OPEN = "open"
@@ -265,11 +248,15 @@ class MCPToolServer:
     endpoint: MCPEndpoint
     name: str = attrs.field(default="", kw_only=True)
     scope: SessionScope = attrs.field(default=SessionScope.RUN, kw_only=True)
-    call_timeout_s: float = attrs.field(default=60.0, kw_only=True, validator=_positive)
-    connect_timeout_s: float = attrs.field(default=30.0, kw_only=True, validator=_positive)
-    max_restarts: int = attrs.field(default=3, kw_only=True, validator=_restarts)
+    call_timeout_s: float = attrs.field(
+        default=60.0, kw_only=True, validator=validators.positive_seconds
+    )
+    connect_timeout_s: float = attrs.field(
+        default=30.0, kw_only=True, validator=validators.positive_seconds
+    )
+    max_restarts: int = attrs.field(default=3, kw_only=True, validator=validators.non_negative_int)
     idle_close_s: float | None = attrs.field(
-        default=600.0, kw_only=True, validator=_positive_or_none
+        default=600.0, kw_only=True, validator=validators.optional_seconds
     )
     _tasks: anyio.abc.TaskGroup | None = attrs.field(init=False, default=None, repr=False)
     _sessions: dict[str, _Session] = attrs.field(init=False, factory=dict, repr=False)

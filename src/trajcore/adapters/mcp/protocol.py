@@ -123,14 +123,14 @@ def tool_result(call: ToolCall, answer: types.CallToolResult) -> ToolResult:
     if declared is not None:
         outcome, error = declared
         if outcome is ToolOutcome.OK and not answer.is_error:
-            return ToolResult(call_id=call.id, name=call.name, outcome=outcome, content=text)
+            return ToolResult.success(call, text)
         if outcome is not ToolOutcome.OK:
             return ToolResult.failure(call, outcome, error or _one_line(text))
     if answer.is_error:
         return ToolResult.failure(
             call, ToolOutcome.TOOL_ERROR, _one_line(text) or f"{call.name} failed (isError)"
         )
-    return ToolResult(call_id=call.id, name=call.name, outcome=ToolOutcome.OK, content=text)
+    return ToolResult.success(call, text)
 
 
 def _declared_outcome(meta: Mapping[str, object] | None) -> tuple[ToolOutcome, str | None] | None:

@@ -30,6 +30,7 @@ from mcp.server.stdio import stdio_server
 
 from trajcore.adapters.mcp.protocol import context_from_meta, outcome_meta
 from trajcore.adapters.tool_server import ASGIApp, ToolRegistry, run_tool
+from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, WireError
 from trajcore.domain.messages import JSONObject, ToolCall, ToolOutcome, ToolResult, check_json
 
@@ -47,8 +48,7 @@ def make_mcp_server(
     Raises:
         ConfigError: ``call_timeout_s`` not positive.
     """
-    if not call_timeout_s > 0:
-        raise ConfigError("call_timeout_s", f"must be > 0, got {call_timeout_s!r}")
+    validators.check_argument(validators.positive_seconds, "call_timeout_s", call_timeout_s)
 
     async def list_tools(
         _ctx: _Context, _params: types.PaginatedRequestParams | None

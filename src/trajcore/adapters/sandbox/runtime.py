@@ -84,14 +84,17 @@ from trajcore.adapters.sandbox.workspace import Workspace
 from trajcore.domain.errors import ConfigError, ToolArgumentError, UnknownSlot
 from trajcore.domain.messages import JSON, ExecReport, ToolOutcome, ToolResult, ToolSpec
 from trajcore.domain.sandbox_policy import (
+    DEFAULT_SLOT_UID_BASE,
     KEEPER_CAPABILITIES,
     MASKED_PATHS,
     READ_ONLY_PATHS,
     SANDBOX_TMP,
     SECCOMP_RULES,
+    SLOT_HELPERS,
     Bind,
     SandboxPolicy,
     bwrap_argv,
+    check_slot_uid_range,
     clamp_timeout,
     private_tmp_binds,
 )
@@ -107,11 +110,6 @@ from trajcore.domain.slot_protocol import (
     ResetResult,
     SlotInfo,
     SlotListing,
-)
-from trajcore.domain.slot_server_flags import (
-    DEFAULT_SLOT_UID_BASE,
-    SLOT_HELPERS,
-    check_slot_uid_range,
 )
 
 __all__ = ["AGENT_SOURCE", "RuntimeConfig", "SlotRuntime"]
