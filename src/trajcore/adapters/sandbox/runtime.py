@@ -13,7 +13,7 @@ runs ``ExecuteCall`` values in them:
   seccomp filter this server compiled once at start (``seccomp``). Replies over the channel are
   capped (``reply_cap``) and checked; one that is not a reply ends the lease.
 - A slot's sandbox (bubblewrap, started on the slot's first command) runs the slot's *keeper* (the
-  compiled ``slot_helper.c`` when the host can build it, else ``exec_agent.keep``; see
+  compiled ``slot_helper.c`` when the host can build it, else ``exec_keeper.keep``; see
   ``RuntimeConfig.slot_helper``), which stays for the life of the server. Each lease gets its own
   exec agent from the keeper: a fork that enters new pid, mount, ipc and uts namespaces, mounts a
   fresh ``/proc``, ``/tmp`` and ``/dev/shm``, drops every capability and then serves the lease's

@@ -53,7 +53,22 @@ __all__ = [
     "sandbox_pid",
 ]
 
-AGENT_SOURCE = Path(__file__).with_name("exec_agent.py").read_text(encoding="utf-8")
+_FUTURE = "from __future__ import annotations\n"
+
+
+def _agent_source() -> str:
+    """The exec agent's program, one text, since the sandbox has no module to import:
+    ``exec_keeper``'s code, then ``exec_agent``'s (whose ``__main__`` block starts the role the
+    config names). The second's ``__future__`` import is dropped: one at the top covers all."""
+    here = Path(__file__).parent
+    keeper = (here / "exec_keeper.py").read_text(encoding="utf-8")
+    agent = (here / "exec_agent.py").read_text(encoding="utf-8")
+    if _FUTURE not in keeper or _FUTURE not in agent:
+        raise ImportError("exec_keeper.py and exec_agent.py must each import __future__")
+    return keeper + "\n" + agent.replace(_FUTURE, "", 1)
+
+
+AGENT_SOURCE = _agent_source()
 # The agent as a code object, for a sandbox that runs this very interpreter: loading it is far
 # cheaper than compiling the source at every sandbox start. Docstrings and asserts stripped.
 _AGENT_CODE = marshal.dumps(compile(AGENT_SOURCE, "<trajcore exec agent>", "exec", optimize=2))

@@ -1,11 +1,11 @@
 /*
  * trajcore's compiled slot helper: a slot's keeper and its leases' agents, in one program.
  *
- * It does what exec_agent.py does in Python (that module's docstring is the reference for both
- * roles and both protocols), for a fraction of the CPU: a lease is a fork of this small program
- * instead of a fork of a Python interpreter, and every call is served without an interpreter.
- * A slot server uses it when it can build it with the host's C compiler (native_agent.py), and
- * the Python keeper and agent otherwise.
+ * It does what exec_agent.py and exec_keeper.py do in Python (exec_agent's docstring is the
+ * reference for both roles and both protocols), with less CPU: a lease is a fork of this small
+ * program instead of a fork of a Python interpreter, and every call is served without an
+ * interpreter. A slot server uses it when it ships with the install or builds with the host's
+ * C compiler (native_helper.py), and the Python keeper and agent otherwise.
  *
  *   slot-helper keep --workspace W --state-dir S --tmp T [--limit NAME VALUE]...
  *                    [--carry-rw PATH]... [--carry-ro PATH]... [--mask PATH]...
@@ -1401,7 +1401,7 @@ static pid_t begin_lease(int channel, const plan *p) {
     return first;
 }
 
-/* Run as a slot's keeper (see exec_agent.keep, which this mirrors): requests arrive on fd 0, a
+/* Run as a slot's keeper (see exec_keeper.keep, which this mirrors): requests arrive on fd 0, a
  * SOCK_SEQPACKET socket, one per packet: "lease" (with the lease's channel as an SCM_RIGHTS
  * descriptor) or "end"; each gets one JSON packet back. End of input ends the current lease and
  * the keeper. */
