@@ -304,17 +304,10 @@ def run_exec(argv: list[str], timeout: float, cap: int) -> dict[str, object]:
     finally:
         posix.close(out_r)
         posix.close(err_r)
-    stdout, out_dropped = out.finish()
-    stderr, err_dropped = err.finish()
     code = posix.waitstatus_to_exitcode(status)
     exit_code, signal = (code, None) if code >= 0 else (None, -code)
     return _reply(
-        exit_code,
-        signal,
-        (stdout, out_dropped),
-        (stderr, err_dropped),
-        timed_out=timed_out,
-        started=started,
+        exit_code, signal, out.finish(), err.finish(), timed_out=timed_out, started=started
     )
 
 
@@ -401,8 +394,8 @@ class _Shell:
                 code = None
             finally:
                 posix.close(rc)
-        stdout, out_dropped = _read_capped(base + ".out", cap)
-        stderr, err_dropped = _read_capped(base + ".err", cap)
+        stdout = _read_capped(base + ".out", cap)
+        stderr = _read_capped(base + ".err", cap)
         if posix.access(base + ".ended", posix.F_OK):
             # the command ended the shell: wait (bounded) until its session is gone, so the next
             # call starts a fresh shell instead of typing into this one as it exits
@@ -414,14 +407,7 @@ class _Shell:
         for suffix in (".sh", ".out", ".err", ".rc", ".rc.tmp", ".ended"):
             _unlink_quietly(base + suffix)
         exit_code = None if timed_out else code
-        return _reply(
-            exit_code,
-            None,
-            (stdout, out_dropped),
-            (stderr, err_dropped),
-            timed_out=timed_out,
-            started=started,
-        )
+        return _reply(exit_code, None, stdout, stderr, timed_out=timed_out, started=started)
 
     def keys(
         self, keys: list[str], literal: bool, enter: bool, wait: float, lines: int

@@ -331,7 +331,7 @@ def keep(config: dict[str, object]) -> int:
     ``SOCK_SEQPACKET`` socket (one op per packet, ``lease`` or ``end``; ``lease`` carries the
     lease's channel as an ``SCM_RIGHTS`` file descriptor) and answers one JSON packet each.
     End of input ends the current lease and the keeper. Returns the exit status."""
-    import _socket  # the C half of ``socket``: the module proper costs ~9 ms of imports
+    import _socket  # the C half of ``socket``: the module proper pulls in many imports
     import fcntl  # noqa: F401 - loaded before a lease hides /tmp; the lease needs it
     import gc
     import resource  # noqa: F401 - loaded before a lease hides /tmp; the lease needs it

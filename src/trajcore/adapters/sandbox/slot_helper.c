@@ -920,14 +920,21 @@ static bool is(const fields *f, size_t index, const char *text) {
     return f->length[index] == strlen(text) && memcmp(f->text[index], text, f->length[index]) == 0;
 }
 
+/* Whether the request has ``count`` fields (at least ``count`` unless ``exact``); else ``r`` says
+ * what the request needs. */
+static bool has_fields(const fields *f, size_t count, bool exact, const char *needs, result *r) {
+    if (exact ? f->count == count : f->count >= count)
+        return true;
+    fail(r, needs);
+    return false;
+}
+
 static void answer(shell *sh, const fields *f, result *r) {
     double timeout, cap, wait, lines;
     if (is(f, 0, "exec")) {
-        if (f->count < 4) {
-            fail(r, "agent failed: ValueError: an exec request needs a timeout, a cap and a program");
-            return;
-        }
-        if (!number(f, 1, "timeout", &timeout, r) || !number(f, 2, "cap", &cap, r) ||
+        if (!has_fields(f, 4, false,
+                        "agent failed: ValueError: an exec request needs a timeout, a cap and a program", r) ||
+            !number(f, 1, "timeout", &timeout, r) || !number(f, 2, "cap", &cap, r) ||
             !plain(f, 3, "argv", r))
             return;
         size_t argc = f->count - 3;
@@ -939,19 +946,15 @@ static void answer(shell *sh, const fields *f, result *r) {
         run_exec(argv, timeout, as_cap(cap), r);
         free(argv);
     } else if (is(f, 0, "stateful")) {
-        if (f->count != 4) {
-            fail(r, "agent failed: ValueError: a stateful request needs a timeout, a cap and a command");
-            return;
-        }
-        if (!number(f, 1, "timeout", &timeout, r) || !number(f, 2, "cap", &cap, r))
+        if (!has_fields(f, 4, true,
+                        "agent failed: ValueError: a stateful request needs a timeout, a cap and a command", r) ||
+            !number(f, 1, "timeout", &timeout, r) || !number(f, 2, "cap", &cap, r))
             return;
         shell_run(sh, f->text[3], f->length[3], timeout, as_cap(cap), r);
     } else if (is(f, 0, "tmux")) {
-        if (f->count < 5) {
-            fail(r, "agent failed: ValueError: a tmux request needs literal, enter, wait and lines");
-            return;
-        }
-        if (!number(f, 3, "wait", &wait, r) || !number(f, 4, "lines", &lines, r) ||
+        if (!has_fields(f, 5, false,
+                        "agent failed: ValueError: a tmux request needs literal, enter, wait and lines", r) ||
+            !number(f, 3, "wait", &wait, r) || !number(f, 4, "lines", &lines, r) ||
             !plain(f, 5, "keys", r))
             return;
         long rows = lines < 1 ? 1 : lines > 10000 ? 10000 : (long)lines;
