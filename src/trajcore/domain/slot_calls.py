@@ -40,7 +40,8 @@ from typing import Generic, TypeVar
 
 import attrs
 
-from trajcore.domain.errors import ConfigError, InvalidInput, StateError
+from trajcore.domain.errors import InvalidInput, StateError
+from trajcore.domain.validators import positive_int
 
 __all__ = [
     "Accepted",
@@ -202,11 +203,6 @@ Turn = RunCall | RefuseCall | RunReset
 # ---------------------------------------------------------------------------- the queue
 
 
-def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if value < 1:
-        raise ConfigError(attribute.name, f"must be at least 1, got {value}")
-
-
 @attrs.define(kw_only=True)
 class SlotCalls(Generic[R]):
     """One slot's calls and resets, in order. See the module docstring for the rules.
@@ -215,7 +211,7 @@ class SlotCalls(Generic[R]):
         remember: How many finished results are kept for ``call_id`` repeats.
     """
 
-    remember: int = attrs.field(default=4096, validator=_positive)
+    remember: int = attrs.field(default=4096, validator=positive_int)
     _numbers: int = attrs.field(init=False, default=0)
     _queue: deque[CallTicket | ResetTicket] = attrs.field(init=False, factory=deque)
     _turn: CallTicket | ResetTicket | None = attrs.field(init=False, default=None)

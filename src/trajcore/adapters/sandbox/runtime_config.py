@@ -15,6 +15,7 @@ from trajcore.domain.slot_server_flags import (
     SLOT_HELPERS,
     check_slot_uid_range,
 )
+from trajcore.domain.validators import flag, non_negative_seconds, positive_int, positive_seconds
 
 __all__ = ["RuntimeConfig", "check_config"]
 
@@ -48,16 +49,16 @@ class RuntimeConfig:
             slot as itself.
     """
 
-    slots: int = attrs.field(validator=attrs.validators.gt(0))
+    slots: int = attrs.field(validator=positive_int)
     root: Path
     policy: SandboxPolicy = attrs.field(factory=SandboxPolicy)
     bwrap: str = "bwrap"
     python: str = attrs.field(factory=_default_python)
-    agent_grace_s: float = 5.0
-    start_timeout_s: float = 10.0
-    reset_timeout_s: float = 15.0
-    dedup_per_slot: int = 4096
-    use_cgroups: bool = True
+    agent_grace_s: float = attrs.field(default=5.0, validator=non_negative_seconds)
+    start_timeout_s: float = attrs.field(default=10.0, validator=positive_seconds)
+    reset_timeout_s: float = attrs.field(default=15.0, validator=positive_seconds)
+    dedup_per_slot: int = attrs.field(default=4096, validator=positive_int)
+    use_cgroups: bool = attrs.field(default=True, validator=flag)
     slot_helper: str = attrs.field(default="auto", validator=attrs.validators.in_(SLOT_HELPERS))
     slot_uid_base: int = DEFAULT_SLOT_UID_BASE
 
