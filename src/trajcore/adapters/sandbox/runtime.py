@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gzip  # noqa: F401 - loaded now: the archive runs as the slot, which cannot read /root
 import os
 import time
@@ -329,7 +330,17 @@ class SlotRuntime:
             task = asyncio.get_running_loop().create_task(self._run_turn(slot, turn.ticket, call))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(functools.partial(self._settle, slot, turn.ticket, call))
             return
+
+    def _settle(
+        self, slot: Slot, ticket: CallTicket, call: ExecuteCall, _: asyncio.Task[None]
+    ) -> None:
+        """A call's task ended: if it never answered (cancelled before it began), answer it as
+        closing and let the slot's next turn go on, so no call and no reset waits for it."""
+        if ticket.number in slot.answers:
+            self._answer(slot, ticket, _refused(call, Closing()))
+            self._take_turns(slot)
 
     async def _run_turn(self, slot: Slot, ticket: CallTicket, call: ExecuteCall) -> None:
         result: ToolResult

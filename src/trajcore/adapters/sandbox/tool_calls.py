@@ -18,6 +18,7 @@ from trajcore.adapters.sandbox.sandboxes import Sandboxes, Slot
 from trajcore.domain.errors import ToolArgumentError
 from trajcore.domain.messages import JSON, ExecReport, ToolOutcome, ToolResult, ToolSpec
 from trajcore.domain.sandbox_policy import clamp_timeout
+from trajcore.domain.slot_calls import StaleEpoch
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, ExecuteCall
 
 __all__ = ["failure", "run_call"]
@@ -121,6 +122,12 @@ async def _run_command(
         agent = await sandboxes.ensure_agent(slot)
     except AgentLost as error:
         return failure(call, ToolOutcome.INFRA_ERROR, f"the slot's sandbox did not start: {error}")
+    retired = slot.calls.retired_epoch
+    if call.epoch <= retired:
+        # a reset came while the sandbox started: its stop found no lease to interrupt, so the
+        # call must not begin in the lease that reset is about to end
+        stale = StaleEpoch(epoch=call.epoch, retired=retired)
+        return failure(call, ToolOutcome.REJECTED, stale.message)
     slot.agent_epoch = call.epoch
     try:
         reply = await agent.request(payload, timeout + sandboxes.config.agent_grace_s)
