@@ -22,6 +22,7 @@ from trajcore.domain.slot_calls import (
     RunReset,
     SlotBroken,
     SlotCalls,
+    SlotCallStatistics,
     StaleEpoch,
     Submission,
 )
@@ -46,13 +47,15 @@ def test_calls_take_turns_in_submission_order_one_at_a_time() -> None:
     first = accepted(calls.submit(1, "a"))
     second = accepted(calls.submit(1, "b"))
     assert run(calls) == first
-    assert (calls.busy, calls.next_turn()) == (True, None)  # the first call is under way
+    assert (calls.statistics().busy, calls.next_turn()) == (True, None)  # first is under way
     calls.finish(first, "A")
-    assert (calls.busy, calls.waiting()) == (False, 1)
+    assert (calls.statistics().busy, calls.statistics().waiting) == (False, 1)
     assert run(calls) == second
     calls.finish(second, "B")
     assert calls.next_turn() is None
-    assert calls.calls_run == 2
+    assert calls.statistics() == SlotCallStatistics(
+        retired_epoch=0, broken=None, busy=False, calls_run=2, waiting=0, closed=False
+    )
     calls.check_valid()
 
 
@@ -63,7 +66,7 @@ def test_a_repeat_joins_a_waiting_call_and_is_answered_once_it_finished() -> Non
     calls.finish(run(calls), "first")
     assert calls.submit(1, "a") == Answered(result="first")
     assert calls.next_turn() is None  # nothing ran twice
-    assert calls.calls_run == 1
+    assert calls.statistics().calls_run == 1
     assert isinstance(calls.submit(2, "a"), Accepted)  # another epoch is another call
 
 
@@ -100,7 +103,7 @@ def test_a_reset_that_fails_breaks_the_slot_for_every_later_call() -> None:
     ticket = accepted(calls.submit(2, "a"))
     reason = SlotBroken(problem="processes [7] survived SIGKILL")
     assert calls.next_turn() == RefuseCall(ticket=ticket, reason=reason)
-    assert calls.broken == "processes [7] survived SIGKILL"
+    assert calls.statistics().broken == "processes [7] survived SIGKILL"
     assert reason.message == "slot is broken: processes [7] survived SIGKILL"
 
 
@@ -310,9 +313,11 @@ class SlotCallsMachine(RuleBasedStateMachine):
     def agrees_with_the_model(self) -> None:
         self.calls.check_valid()
         assert self.calls.retired_epoch == self.model.retired
-        assert self.calls.broken == self.model.broken
-        assert self.calls.waiting() == len(self.model.queue)
-        assert self.calls.busy == isinstance(self.model.turn, CallTicket)
+        statistics = self.calls.statistics()
+        assert statistics.broken == self.model.broken
+        assert statistics.waiting == len(self.model.queue)
+        assert statistics.busy == isinstance(self.model.turn, CallTicket)
+        assert statistics.closed == self.model.closed
         assert self.model.handed_out == sorted(self.model.handed_out)  # submission order
         assert all(call.answers <= 1 for call in self.model.calls.values())
 

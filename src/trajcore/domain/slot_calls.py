@@ -56,6 +56,7 @@ __all__ = [
     "RunCall",
     "RunReset",
     "SlotBroken",
+    "SlotCallStatistics",
     "SlotCalls",
     "StaleEpoch",
     "Submission",
@@ -203,6 +204,27 @@ Turn = RunCall | RefuseCall | RunReset
 # ---------------------------------------------------------------------------- the queue
 
 
+@attrs.frozen(kw_only=True)
+class SlotCallStatistics:
+    """What ``SlotCalls.statistics`` reports.
+
+    Attributes:
+        retired_epoch: The highest epoch a reset has retired (0 before the first reset).
+        broken: Why the slot is broken, or ``None``.
+        busy: Whether a call is running (a ``RunCall`` turn not yet finished).
+        calls_run: How many ``RunCall`` turns were handed out.
+        waiting: How many calls and resets wait for their turn.
+        closed: Whether ``close`` was called.
+    """
+
+    retired_epoch: int
+    broken: str | None
+    busy: bool
+    calls_run: int
+    waiting: int
+    closed: bool
+
+
 @attrs.define(kw_only=True)
 class SlotCalls(Generic[R]):
     """One slot's calls and resets, in order. See the module docstring for the rules.
@@ -230,28 +252,16 @@ class SlotCalls(Generic[R]):
         """The highest epoch a reset has retired (0 before the first reset)."""
         return self._retired
 
-    @property
-    def broken(self) -> str | None:
-        """Why the slot is broken, or ``None``."""
-        return self._broken
-
-    @property
-    def busy(self) -> bool:
-        """Whether a call is running (a ``RunCall`` turn not yet finished)."""
-        return self._turn_runs
-
-    @property
-    def calls_run(self) -> int:
-        """How many ``RunCall`` turns were handed out."""
-        return self._calls_run
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def waiting(self) -> int:
-        """How many calls and resets wait for their turn."""
-        return len(self._queue)
+    def statistics(self) -> SlotCallStatistics:
+        """A snapshot of the queue's state."""
+        return SlotCallStatistics(
+            retired_epoch=self._retired,
+            broken=self._broken,
+            busy=self._turn_runs,
+            calls_run=self._calls_run,
+            waiting=len(self._queue),
+            closed=self._closed,
+        )
 
     # ------------------------------------------------------------------ events
 

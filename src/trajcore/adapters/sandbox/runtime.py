@@ -258,21 +258,7 @@ class SlotRuntime:
 
     def listing(self) -> SlotListing:
         """Every slot's state."""
-        return SlotListing(
-            slots=tuple(
-                SlotInfo(
-                    index=slot.index,
-                    sandbox_running=slot.agent is not None,
-                    busy=slot.calls.busy,
-                    retired_epoch=slot.calls.retired_epoch,
-                    calls_run=slot.calls.calls_run,
-                    broken=slot.calls.broken,
-                    sandbox_pid=sandbox_pid(slot),
-                    sandbox_start_s=slot.sandbox_start_s,
-                )
-                for slot in self._slots
-            )
-        )
+        return SlotListing(slots=tuple(_slot_info(slot) for slot in self._slots))
 
     def slot(self, index: int) -> Slot:
         """The slot at ``index``. Raises ``UnknownSlot``."""
@@ -419,3 +405,17 @@ def _refused(call: ExecuteCall, reason: Refusal) -> ToolResult:
     (``REJECTED``), a broken slot or a closing server is the infrastructure's."""
     outcome = ToolOutcome.REJECTED if isinstance(reason, StaleEpoch) else ToolOutcome.INFRA_ERROR
     return failure(call, outcome, reason.message)
+
+
+def _slot_info(slot: Slot) -> SlotInfo:
+    calls = slot.calls.statistics()
+    return SlotInfo(
+        index=slot.index,
+        sandbox_running=slot.agent is not None,
+        busy=calls.busy,
+        retired_epoch=calls.retired_epoch,
+        calls_run=calls.calls_run,
+        broken=calls.broken,
+        sandbox_pid=sandbox_pid(slot),
+        sandbox_start_s=slot.sandbox_start_s,
+    )
