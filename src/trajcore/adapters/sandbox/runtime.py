@@ -30,8 +30,9 @@ runs ``ExecuteCall`` values in them:
   ``SlotCalls`` (``domain/slot_calls``), which is fed synchronously as requests arrive, so no
   await can reorder them; different slots run in parallel. ``(epoch, call_id)`` is remembered
   per slot: a repeat gets the first call's result, also while the first is still running. A
-  call whose epoch a reset has retired is refused as stale. This module only carries out the
-  queue's decisions.
+  call whose epoch a reset has retired is refused as stale. A reset interrupts the slot's running
+  call at once (one still starting the slot's sandbox is refused as stale before it runs). This
+  module only carries out the queue's decisions.
 - Policy is the server's: the model's ``allow_network`` or ``require_sandbox`` arguments are
   ignored and its ``timeout`` may only shorten the limit. With ``require_sandbox`` and no usable
   bubblewrap every call fails closed as ``INFRA_ERROR`` naming the reason; without it commands
@@ -41,7 +42,9 @@ runs ``ExecuteCall`` values in them:
 
 Modules: ``runtime_config`` (the config), ``channel`` (framing and replies), ``sandboxes``
 (keepers, leases, bare agents), ``capabilities`` (the host probe), ``tool_calls`` (the slot
-tools), ``resets`` (proving a slot clean). Their public names are importable from here too.
+tools), ``resets`` (proving a slot clean). What this module named before it was split
+(``RuntimeConfig``, ``check_config``, ``reply_cap``, ``MAX_REQUEST_BYTES``, ``AGENT_SOURCE``,
+``HELPER_PATH``) is importable from here too.
 """
 
 from __future__ import annotations
