@@ -42,9 +42,8 @@ runs ``ExecuteCall`` values in them:
 
 Modules: ``runtime_config`` (the config), ``channel`` (framing and replies), ``sandboxes``
 (keepers, leases, bare agents), ``capabilities`` (the host probe), ``tool_calls`` (the slot
-tools), ``resets`` (proving a slot clean). What this module named before it was split
-(``RuntimeConfig``, ``check_config``, ``reply_cap``, ``MAX_REQUEST_BYTES``, ``AGENT_SOURCE``,
-``HELPER_PATH``) is importable from here too.
+tools), ``resets`` (proving a slot clean). ``RuntimeConfig``, ``check_config``, ``reply_cap``,
+``MAX_REQUEST_BYTES``, ``AGENT_SOURCE`` and ``HELPER_PATH`` are importable from here too.
 """
 
 from __future__ import annotations
