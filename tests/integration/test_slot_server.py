@@ -541,6 +541,56 @@ def test_a_repeated_call_id_returns_the_first_result(server: Server) -> None:
     assert (server.root / "slots" / "0" / "runs.txt").read_text().count("\n") == 1
 
 
+async def wait_until_busy(runtime: SlotRuntime, slot: int) -> None:
+    async with asyncio.timeout(20):
+        while not runtime.listing().slots[slot].busy:  # noqa: ASYNC110 - polls state that has no event
+            await asyncio.sleep(0.01)
+
+
+def test_a_reset_interrupts_the_running_call_refuses_queued_ones_and_close_answers_all(
+    tmp_path: Path,
+) -> None:
+    config = RuntimeConfig(slots=1, root=tmp_path / "root", slot_helper="python", use_cgroups=False)
+    slow = call(0, "bash", command="sleep 60", timeout_s=90)
+    queued = call(0, "bash", command="echo should-not-run")
+
+    async def main() -> tuple[list[ToolResult], ...]:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        try:
+            async with asyncio.timeout(60):
+                batch = asyncio.ensure_future(runtime.execute([slow, queued]))
+                await wait_until_busy(runtime, 0)
+                repeat = asyncio.ensure_future(runtime.execute([slow]))  # joins the running call
+                reset = await runtime.reset(0, 1)
+                assert reset.ok, reset.error
+                first, joined = await batch, await repeat
+                after = await runtime.execute([call(0, "bash", epoch=2, command="echo next")])
+                hanging = call(0, "bash", epoch=2, command="sleep 60", timeout_s=90)
+                pending = asyncio.ensure_future(
+                    runtime.execute([hanging, call(0, "bash", epoch=2, command="echo never")])
+                )
+                await wait_until_busy(runtime, 0)
+                listing = runtime.listing().slots[0]
+                assert (listing.calls_run, listing.retired_epoch) == (3, 1)
+        finally:
+            await runtime.aclose()
+        closed = await pending
+        late = await runtime.execute([call(0, "bash", epoch=3, command="echo late")])
+        return first, joined, after, closed, late
+
+    first, joined, after, closed, late = asyncio.run(main())
+    interrupted, refused = first
+    # ended mid-run, or refused as stale once its sandbox had started: never run to its end
+    assert interrupted.outcome in {ToolOutcome.INFRA_ERROR, ToolOutcome.REJECTED}, interrupted
+    assert joined == [interrupted]  # the same call, run once
+    assert refused.outcome is ToolOutcome.REJECTED
+    assert "lease epoch 1 is stale" in (refused.error or "")
+    assert after[0].content == "next\n"
+    assert [r.outcome for r in closed + late] == [ToolOutcome.INFRA_ERROR] * 3
+    assert all("closing" in (r.error or "") for r in closed + late)
+
+
 async def wait_for_screen(client: SlotServerClient, slot: int, expected: str) -> ToolResult:
     """Capture the slot's terminal (sending no keys) until ``expected`` shows, for up to 10 s."""
     for _ in range(40):

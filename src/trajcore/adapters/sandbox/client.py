@@ -1,13 +1,13 @@
 """``SlotServerClient``: the pools' way to talk to one slot server (TCP or Unix socket).
 
 One client per slot server, holding one keep-alive connection pool (``adapters.http1``: a tool
-call's round trip is mostly HTTP overhead, and that client costs a fraction of aiohttp's per
-exchange; ``bench/tools.py`` measures the result). Every request has its own timeout derived from
-what it asks: a batch waits for the slowest slot's calls one after another plus a grace period,
-so a long command is never cut by a fixed client timeout (an upstream defect). Every request of
-the protocol may be sent twice (calls are deduplicated by ``call_id``, a reset retires an epoch
-that stays retired, the rest only read), so a request that meets a keep-alive connection the
-server had just closed is replayed once on a fresh one.
+call's round trip is mostly HTTP overhead, so that client is kept lean; ``bench/tools.py`` measures
+it against aiohttp, and docs/benchmarks.md has the figures). Every request has its own timeout
+derived from what it asks: a batch waits for the slowest slot's calls one after another plus a grace
+period, so a long command is never cut by a fixed client timeout (an upstream defect). Every request
+of the protocol may be sent twice (calls are deduplicated by ``call_id``, a reset retires an epoch
+that stays retired, the rest only read), so a request that meets a keep-alive connection the server
+had just closed is replayed once on a fresh one.
 
 What the caller can rely on:
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Self, TypeVar
 
 import attrs
@@ -260,12 +259,7 @@ class SlotServerClient:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
 

@@ -10,10 +10,9 @@ belongs to this user or to root and is writable by no one else; otherwise the re
 the run-time build below is the fallback (a source checkout never has a shipped binary). When the
 fallback fails too, the error names both reasons, and health's detail carries them.
 
-The run-time build is cached per user, under a name derived from the source, the compiler and
-the flags, so a machine builds each version once (about 0.3 s) and every later server start
-finds it. Builds race safely: each writes a private temporary file and renames it into place,
-under a lock.
+The run-time build is cached per user, under a name derived from the source, the compiler and the
+flags, so a machine builds each version once and every later server start finds it. Builds race
+safely: each writes a private temporary file and renames it into place, under a lock.
 
 Where the cache lives: ``$TRAJCORE_CACHE_DIR``, else ``$XDG_CACHE_HOME/trajcore``, else
 ``~/.cache/trajcore``; it must belong to the user and be writable by no one else (the helper

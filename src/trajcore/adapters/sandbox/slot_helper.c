@@ -1,11 +1,11 @@
 /*
  * trajcore's compiled slot helper: a slot's keeper and its leases' agents, in one program.
  *
- * It does what exec_agent.py does in Python (that module's docstring is the reference for both
- * roles and both protocols), for a fraction of the CPU: a lease is a fork of this small program
- * instead of a fork of a Python interpreter, and every call is served without an interpreter.
- * A slot server uses it when it can build it with the host's C compiler (native_agent.py), and
- * the Python keeper and agent otherwise.
+ * It does what exec_agent.py and exec_keeper.py do in Python (exec_agent's docstring is the
+ * reference for both roles and both protocols), with less CPU: a lease is a fork of this small
+ * program instead of a fork of a Python interpreter, and every call is served without an
+ * interpreter. A slot server uses it when it ships with the install or builds with the host's
+ * C compiler (native_helper.py), and the Python keeper and agent otherwise.
  *
  *   slot-helper keep --workspace W --state-dir S --tmp T [--limit NAME VALUE]...
  *                    [--carry-rw PATH]... [--carry-ro PATH]... [--mask PATH]...
@@ -920,14 +920,21 @@ static bool is(const fields *f, size_t index, const char *text) {
     return f->length[index] == strlen(text) && memcmp(f->text[index], text, f->length[index]) == 0;
 }
 
+/* Whether the request has ``count`` fields (at least ``count`` unless ``exact``); else ``r`` says
+ * what the request needs. */
+static bool has_fields(const fields *f, size_t count, bool exact, const char *needs, result *r) {
+    if (exact ? f->count == count : f->count >= count)
+        return true;
+    fail(r, needs);
+    return false;
+}
+
 static void answer(shell *sh, const fields *f, result *r) {
     double timeout, cap, wait, lines;
     if (is(f, 0, "exec")) {
-        if (f->count < 4) {
-            fail(r, "agent failed: ValueError: an exec request needs a timeout, a cap and a program");
-            return;
-        }
-        if (!number(f, 1, "timeout", &timeout, r) || !number(f, 2, "cap", &cap, r) ||
+        if (!has_fields(f, 4, false,
+                        "agent failed: ValueError: an exec request needs a timeout, a cap and a program", r) ||
+            !number(f, 1, "timeout", &timeout, r) || !number(f, 2, "cap", &cap, r) ||
             !plain(f, 3, "argv", r))
             return;
         size_t argc = f->count - 3;
@@ -939,19 +946,15 @@ static void answer(shell *sh, const fields *f, result *r) {
         run_exec(argv, timeout, as_cap(cap), r);
         free(argv);
     } else if (is(f, 0, "stateful")) {
-        if (f->count != 4) {
-            fail(r, "agent failed: ValueError: a stateful request needs a timeout, a cap and a command");
-            return;
-        }
-        if (!number(f, 1, "timeout", &timeout, r) || !number(f, 2, "cap", &cap, r))
+        if (!has_fields(f, 4, true,
+                        "agent failed: ValueError: a stateful request needs a timeout, a cap and a command", r) ||
+            !number(f, 1, "timeout", &timeout, r) || !number(f, 2, "cap", &cap, r))
             return;
         shell_run(sh, f->text[3], f->length[3], timeout, as_cap(cap), r);
     } else if (is(f, 0, "tmux")) {
-        if (f->count < 5) {
-            fail(r, "agent failed: ValueError: a tmux request needs literal, enter, wait and lines");
-            return;
-        }
-        if (!number(f, 3, "wait", &wait, r) || !number(f, 4, "lines", &lines, r) ||
+        if (!has_fields(f, 5, false,
+                        "agent failed: ValueError: a tmux request needs literal, enter, wait and lines", r) ||
+            !number(f, 3, "wait", &wait, r) || !number(f, 4, "lines", &lines, r) ||
             !plain(f, 5, "keys", r))
             return;
         long rows = lines < 1 ? 1 : lines > 10000 ? 10000 : (long)lines;
@@ -1401,7 +1404,7 @@ static pid_t begin_lease(int channel, const plan *p) {
     return first;
 }
 
-/* Run as a slot's keeper (see exec_agent.keep, which this mirrors): requests arrive on fd 0, a
+/* Run as a slot's keeper (see exec_keeper.keep, which this mirrors): requests arrive on fd 0, a
  * SOCK_SEQPACKET socket, one per packet: "lease" (with the lease's channel as an SCM_RIGHTS
  * descriptor) or "end"; each gets one JSON packet back. End of input ends the current lease and
  * the keeper. */

@@ -599,14 +599,13 @@ class _ArchiveWalk:
                 if depth + 1 >= MAX_ARCHIVE_DEPTH:
                     self.truncated = True
                     break
-                try:
-                    sub = os.open(
-                        name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
-                    )
-                except OSError as error:
-                    if error.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
-                        continue  # swapped for something else, or removed, since the scan
-                    raise
+                # None: swapped for something else, or removed, since the scan
+                sub = _open_unless(
+                    fd, name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    (errno.ELOOP, errno.ENOTDIR, errno.ENOENT),
+                )  # fmt: skip
+                if sub is None:
+                    continue
                 self.directory(tar, sub, f"{prefix}{name}/", depth + 1)
         finally:
             os.close(fd)
@@ -629,14 +628,13 @@ class _ArchiveWalk:
         if self.members >= self.max_files:
             self.truncated = True
             return
-        try:
-            fd = os.open(
-                name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
-            )
-        except OSError as error:
-            if error.errno in (errno.ELOOP, errno.ENXIO, errno.ENOENT, errno.EISDIR):
-                return  # swapped for a symlink, a socket or a directory since the scan
-            raise
+        # None: swapped for a symlink, a socket or a directory since the scan
+        fd = _open_unless(
+            dir_fd, name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+            (errno.ELOOP, errno.ENXIO, errno.ENOENT, errno.EISDIR),
+        )  # fmt: skip
+        if fd is None:
+            return
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
@@ -666,3 +664,14 @@ def _kind(mode: int) -> EntryKind:
     if stat.S_ISLNK(mode):
         return EntryKind.SYMLINK
     return EntryKind.OTHER
+
+
+def _open_unless(dir_fd: int, name: str, flags: int, vanished: tuple[int, ...]) -> int | None:
+    """``name`` opened under ``dir_fd``, or ``None`` when opening fails with an errno of
+    ``vanished`` (it changed since the scan). Raises ``OSError`` for any other failure."""
+    try:
+        return os.open(name, flags, dir_fd=dir_fd)
+    except OSError as error:
+        if error.errno in vanished:
+            return None
+        raise

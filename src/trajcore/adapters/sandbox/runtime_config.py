@@ -1,0 +1,74 @@
+"""How a slot server runs its slots: ``RuntimeConfig``, and the checks a host must pass for it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import attrs
+
+from trajcore.domain.errors import ConfigError
+from trajcore.domain.sandbox_policy import (
+    DEFAULT_SLOT_UID_BASE,
+    SLOT_HELPERS,
+    SandboxPolicy,
+    check_slot_uid_range,
+)
+from trajcore.domain.validators import flag, non_negative_seconds, positive_int, positive_seconds
+
+__all__ = ["RuntimeConfig", "check_config"]
+
+
+def _default_python() -> str:
+    return os.path.realpath(sys.executable)
+
+
+@attrs.frozen(kw_only=True)
+class RuntimeConfig:
+    """How a slot server runs its slots.
+
+    Attributes:
+        slots: How many slots (workspaces ``root/slots/0 .. slots-1``).
+        root: The server's directory: workspaces and per-slot state live under it.
+        policy: The sandbox policy every slot gets.
+        bwrap: The bubblewrap executable.
+        python: The interpreter that runs the exec agent (bound into the sandbox if needed).
+        agent_grace_s: Extra time an agent gets past a call's limit before it counts as hung.
+        start_timeout_s: How long a sandbox may take to become ready.
+        reset_timeout_s: How long a reset may take before it counts as failed.
+        dedup_per_slot: Results remembered per slot for ``call_id`` repeats.
+        use_cgroups: Try per-slot cgroups before falling back to rlimits.
+        slot_helper: What runs a sandboxed slot's keeper and its leases' agents: ``"native"``
+            (the compiled helper, ``slot_helper.c``, built with the host's C compiler on first
+            use; the server does not start without it), ``"python"`` (``exec_agent.py``), or
+            ``"auto"`` (native when it builds and works in a sandbox, else Python, and
+            ``health()`` says why). Unsandboxed slots always use the Python agent.
+        slot_uid_base: When the server runs as root, slot ``i``'s sandbox runs as host uid and
+            gid ``slot_uid_base + i`` (``slot_ids``); a server that is not root runs every
+            slot as itself.
+    """
+
+    slots: int = attrs.field(validator=positive_int)
+    root: Path
+    policy: SandboxPolicy = attrs.field(factory=SandboxPolicy)
+    bwrap: str = "bwrap"
+    python: str = attrs.field(factory=_default_python)
+    agent_grace_s: float = attrs.field(default=5.0, validator=non_negative_seconds)
+    start_timeout_s: float = attrs.field(default=10.0, validator=positive_seconds)
+    reset_timeout_s: float = attrs.field(default=15.0, validator=positive_seconds)
+    dedup_per_slot: int = attrs.field(default=4096, validator=positive_int)
+    use_cgroups: bool = attrs.field(default=True, validator=flag)
+    slot_helper: str = attrs.field(default="auto", validator=attrs.validators.in_(SLOT_HELPERS))
+    slot_uid_base: int = DEFAULT_SLOT_UID_BASE
+
+    def __attrs_post_init__(self) -> None:
+        check_slot_uid_range("slot_uid_base", self.slot_uid_base, self.slots)
+
+
+def check_config(config: RuntimeConfig) -> None:
+    """Raise ``ConfigError`` when the config cannot work on this host (no Python, bad root)."""
+    if not os.access(config.python, os.X_OK):
+        raise ConfigError("python", f"{config.python!r} is not executable")
+    if config.root.exists() and not config.root.is_dir():
+        raise ConfigError("root", f"{config.root} is not a directory")

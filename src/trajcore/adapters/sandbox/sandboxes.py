@@ -1,0 +1,487 @@
+"""A slot's sandbox: its keeper, its lease's exec agent, and how both are started and ended.
+
+``Sandboxes`` holds what the server learnt about the host at start (the compiled helper, the
+seccomp filter, the staged interpreter, the slot uids, the cgroup hierarchy) and turns it into
+processes: a slot's keeper in a new bubblewrap sandbox on its first lease, a lease from the
+keeper (one fork), or a bare agent where there is no bubblewrap. Ending a lease or a sandbox
+kills its whole process group and cgroup and reaps it within a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import marshal
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import attrs
+
+from trajcore.adapters.sandbox.channel import Agent, AgentLost, Keeper, reply_cap
+from trajcore.adapters.sandbox.limits import CgroupPlan, SlotCgroup, rlimits_for
+from trajcore.adapters.sandbox.runtime_config import RuntimeConfig
+from trajcore.adapters.sandbox.slot_ids import shared_python, stage_python, unreachable
+from trajcore.adapters.sandbox.workspace import Workspace
+from trajcore.domain.messages import JSON, ToolResult
+from trajcore.domain.sandbox_policy import (
+    KEEPER_CAPABILITIES,
+    MASKED_PATHS,
+    READ_ONLY_PATHS,
+    SANDBOX_TMP,
+    Bind,
+    SandboxPolicy,
+    bwrap_argv,
+    private_tmp_binds,
+)
+from trajcore.domain.slot_calls import SlotCalls
+from trajcore.domain.slot_protocol import ExecuteCall
+
+__all__ = [
+    "AGENT_SOURCE",
+    "HELPER_PATH",
+    "Sandboxes",
+    "Slot",
+    "agent_command",
+    "as_ids",
+    "prepare_cgroups",
+    "sandbox_pid",
+]
+
+_FUTURE = "from __future__ import annotations\n"
+
+
+def _agent_source() -> str:
+    """The exec agent's program, one text, since the sandbox has no module to import:
+    ``exec_keeper``'s code, then ``exec_agent``'s (whose ``__main__`` block starts the role the
+    config names). The second's ``__future__`` import is dropped: one at the top covers all."""
+    here = Path(__file__).parent
+    keeper = (here / "exec_keeper.py").read_text(encoding="utf-8")
+    agent = (here / "exec_agent.py").read_text(encoding="utf-8")
+    if _FUTURE not in keeper or _FUTURE not in agent:
+        raise ImportError("exec_keeper.py and exec_agent.py must each import __future__")
+    return keeper + "\n" + agent.replace(_FUTURE, "", 1)
+
+
+AGENT_SOURCE = _agent_source()
+# The agent as a code object, for a sandbox that runs this very interpreter: loading it is far
+# cheaper than compiling the source at every sandbox start. Docstrings and asserts stripped.
+_AGENT_CODE = marshal.dumps(compile(AGENT_SOURCE, "<trajcore exec agent>", "exec", optimize=2))
+_AGENT_BOOT = "import marshal,sys;exec(marshal.loads(bytes.fromhex(sys.argv[1])))"
+_SANDBOX_STATE = "/tmp/.trajcore"  # noqa: S108 - inside the sandbox's private tmpfs
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Where the compiled helper appears in every sandbox: a fixed path outside the private /tmp, so
+# a helper cached anywhere on the host (under /tmp, under a private home) is bound the same way.
+HELPER_PATH = "/run/trajcore/slot-helper"
+# The sandbox's first program waits for a line on its stdout (the read end of a pipe) while the
+# server moves it into the slot's cgroup (a process started as the slot's uid cannot move itself
+# there), then starts bubblewrap with stdout on /dev/null.
+_CGROUP_GATE = 'read -r _ <&1 || exit 125; exec "$@" >/dev/null'
+
+
+@attrs.define(eq=False)
+class Slot:
+    """One slot: its workspace, cgroup and sandbox, and the queue of its calls.
+
+    ``answers`` holds, per accepted call's ticket number, the call and the future its callers
+    wait on; ``reset_turns``, per queued reset's ticket number, the future its turn sets.
+    ``agent_epoch`` is the lease epoch whose calls started the current (or last) agent: an
+    agent lost during an epoch is not replaced silently, since the lease's processes, shell
+    and /tmp went with it.
+    """
+
+    index: int
+    workspace: Workspace
+    state_dir: Path
+    cgroup: SlotCgroup | None
+    calls: SlotCalls[ToolResult] = attrs.field(factory=SlotCalls)
+    answers: dict[int, tuple[ExecuteCall, asyncio.Future[ToolResult]]] = attrs.field(factory=dict)
+    reset_turns: dict[int, asyncio.Future[None]] = attrs.field(factory=dict)
+    agent: Agent | None = None
+    keeper: Keeper | None = None
+    sandbox_start_s: float | None = None
+    agent_epoch: int | None = None
+
+
+@attrs.define(eq=False)
+class Sandboxes:
+    """Starts and ends slots' sandboxes, keepers and agents as the host allows.
+
+    Attributes:
+        config: The server's config.
+        sandboxed: Whether slots run in bubblewrap (else as bare agents).
+        symlinks: The policy's system paths that are symlinks on the host, and their targets.
+        cgroups: The cgroup hierarchy slots get, or ``None`` (rlimits only).
+        agent_program: What follows ``python -I -S -c`` to run the Python agent.
+        native: The compiled slot helper in use (keeper and lease agent), or ``None`` for the
+            Python ones; ``native_origin`` says where it came from (``"shipped"`` with this
+            install, or ``"built at start"``).
+        uid_base: The first slot uid when slots run as their own uids (the server is root).
+        python_binds: What every sandbox binds for the Python agent (the interpreter's
+            installation, or a staged copy of it bound at the same place).
+        seccomp: Every lease's seccomp filter (classic BPF), or ``None`` when none can be
+            built (``seccomp_problem`` says why).
+        notes: What health's detail says about this host besides its problems.
+    """
+
+    config: RuntimeConfig
+    sandboxed: bool = False
+    symlinks: dict[str, str] = attrs.field(factory=dict)
+    cgroups: CgroupPlan | None = None
+    agent_program: list[str] = attrs.field(factory=list)
+    native: Path | None = None
+    native_origin: str = ""
+    uid_base: int | None = None
+    python_binds: list[str | Bind] = attrs.field(factory=list)
+    seccomp: bytes | None = None
+    seccomp_problem: str | None = None
+    notes: list[str] = attrs.field(factory=list)
+
+    def ids(self, index: int) -> tuple[int, int] | None:
+        """The host uid and gid slot ``index``'s sandbox runs as, or ``None``: the server's."""
+        if self.uid_base is None:
+            return None
+        uid = self.uid_base + max(index, 0)
+        return uid, uid
+
+    def own_workspace(self, slot: Slot) -> None:
+        """Give the slot's workspace to the slot's uid (mode 0700: no other slot reads it)."""
+        ids = self.ids(slot.index)
+        if ids is not None:
+            os.chown(slot.workspace.root, *ids)
+            os.chmod(slot.workspace.root, 0o700)
+
+    def runtime_dir(self) -> Path:
+        folder = self.config.root / "runtime"
+        folder.mkdir(mode=0o755, exist_ok=True)
+        return folder
+
+    def stage_python(self) -> list[str | Bind]:
+        """The binds that give a sandbox the agent's interpreter: its installation where every
+        slot uid can read it, else a staged copy of it bound at the same place."""
+        python = Path(self.config.python)
+        prefix = Path(os.path.realpath(sys.base_prefix))
+        plain: list[str | Bind] = [str(prefix), str(python.parent)]
+        if self.uid_base is None or unreachable(python) is None:
+            return plain
+        if not python.is_relative_to(prefix):
+            return plain  # the probe reports that the slots cannot start it
+        try:
+            staged = shared_python(prefix, python)
+        except OSError as error:
+            self.notes.append(
+                f"the sandbox's Python has its standard library only, copied ({error})"
+            )
+            staged = stage_python(prefix, python, self.runtime_dir() / "python")
+        return [Bind(source=str(staged), dest=str(prefix))]
+
+    def sandbox_argv(
+        self, policy: SandboxPolicy, workspace: Path, command: list[str],
+        keep_capabilities: Sequence[str] = (),
+    ) -> list[str]:  # fmt: skip
+        return bwrap_argv(
+            policy,
+            workspace=str(workspace),
+            command=command,
+            bwrap=self.config.bwrap,
+            host_symlinks=self.symlinks,
+            rebind=self.rebind(),
+            keep_capabilities=keep_capabilities,
+        )
+
+    def rebind(self) -> list[str | Bind]:
+        paths = list(self.python_binds)
+        if self.native is not None:
+            paths.append(Bind(source=str(self.native), dest=HELPER_PATH))
+        return paths
+
+    async def ensure_agent(self, slot: Slot) -> Agent:
+        if slot.agent is not None and slot.agent.alive():
+            return slot.agent
+        if slot.agent is not None:
+            await self.stop_agent(slot)
+        started = time.monotonic()
+        if self.sandboxed:
+            agent = await self.lease_agent(slot, started=started)
+        else:
+            agent = await self.bare_agent(slot, started=started)
+        slot.sandbox_start_s = time.monotonic() - started
+        return agent
+
+    def agent_config(self, slot: Slot, *, sandboxed: bool) -> dict[str, JSON]:
+        policy = self.config.policy
+        cgroup = slot.cgroup
+        has_memory = (
+            cgroup is not None
+            and self.cgroups is not None
+            and (self.cgroups.memory_parent is not None)
+        )
+        limits: dict[str, JSON] = dict(
+            rlimits_for(policy, cgroup_pids=cgroup is not None, cgroup_memory=has_memory)
+        )
+        if sandboxed:
+            return {"workspace": policy.workspace_path, "state_dir": _SANDBOX_STATE,
+                    "limits": limits}  # fmt: skip
+        slot.state_dir.mkdir(parents=True, exist_ok=True)
+        return {"workspace": str(slot.workspace.root), "state_dir": str(slot.state_dir),
+                "limits": limits}  # fmt: skip
+
+    def environment(self, workspace: str, tmp: str) -> dict[str, str]:
+        return {
+            "PATH": _PATH,
+            "HOME": workspace,
+            "LANG": "C.UTF-8",
+            "TERM": "xterm-256color",
+            "TMPDIR": tmp,
+        }
+
+    def create_cgroup(self, slot: Slot) -> None:
+        if slot.cgroup is not None:
+            try:
+                slot.cgroup.create(self.config.policy)
+            except OSError as error:
+                raise AgentLost(f"cannot create the slot's cgroup: {error}") from None
+
+    async def bare_agent(self, slot: Slot, *, started: float) -> Agent:
+        """A lease's agent as its own process, outside any sandbox (no bubblewrap here)."""
+        self.create_cgroup(slot)
+        config = self.agent_config(slot, sandboxed=False)
+        argv = [self.config.python, "-I", "-S", "-c", *self.agent_program,
+                marshal.dumps(config).hex()]  # fmt: skip
+        if slot.cgroup is not None:
+            argv = slot.cgroup.enter_prefix() + argv
+        environment = self.environment(str(config["workspace"]), str(config["state_dir"]))
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=environment,
+            start_new_session=True,
+        )
+        assert process.stdout is not None
+        assert process.stdin is not None
+        agent = Agent(
+            reader=process.stdout, writer=process.stdin, sandboxed=False, started_s=started,
+            pid=process.pid, process=process, cap=reply_cap(self.config.policy),
+        )  # fmt: skip
+        slot.agent = agent
+        try:
+            await agent.greeting(self.config.start_timeout_s)
+        except AgentLost as error:
+            detail = await _stderr_of(process)
+            await self.stop_agent(slot)
+            raise AgentLost(detail or str(error)) from None
+        return agent
+
+    async def ensure_keeper(self, slot: Slot) -> Keeper:
+        """The slot's keeper, started (in a new sandbox) when there is none or it died."""
+        if slot.keeper is not None and slot.keeper.alive():
+            return slot.keeper
+        await self.stop_keeper(slot)
+        self.create_cgroup(slot)
+        policy = self.config.policy
+        config = self.agent_config(slot, sandboxed=True)
+        config["keeper"] = True
+        config["tmp"] = SANDBOX_TMP
+        carry = private_tmp_binds(policy, rebind=self.rebind())
+        config["carry"] = [[path, writable] for path, writable in carry]
+        config["own_network"] = not policy.allow_network
+        if self.seccomp is not None:
+            config["seccomp"] = self.seccomp.hex()
+        config["masked"] = list(MASKED_PATHS)
+        config["read_only"] = list(READ_ONLY_PATHS)
+        inner: list[str]
+        if self.native is not None:
+            inner = [HELPER_PATH, "keep", "--workspace", policy.workspace_path,
+                     "--state-dir", _SANDBOX_STATE, "--tmp", SANDBOX_TMP]  # fmt: skip
+            for name, value in cast("dict[str, int]", config["limits"]).items():
+                inner += ["--limit", name, str(value)]
+            for path, writable in carry:
+                inner += ["--carry-rw" if writable else "--carry-ro", path]
+            for path in MASKED_PATHS:
+                inner += ["--mask", path]
+            for path in READ_ONLY_PATHS:
+                inner += ["--read-only", path]
+            if not policy.allow_network:
+                inner.append("--own-network")
+            if self.seccomp is not None:
+                inner += ["--seccomp", self.seccomp.hex()]
+        else:
+            inner = [self.config.python, "-I", "-S", "-c", *self.agent_program,
+                     marshal.dumps(config).hex()]  # fmt: skip
+        argv = self.sandbox_argv(
+            policy, slot.workspace.root, inner, keep_capabilities=KEEPER_CAPABILITIES
+        )
+        keeper = await self.spawn_keeper(slot, argv)
+        try:
+            await keeper.receive(self.config.start_timeout_s)
+        except AgentLost as error:
+            detail = await _stderr_of(keeper.process)
+            await self.stop_keeper(slot)
+            raise AgentLost(detail or str(error)) from None
+        if slot.cgroup is not None:
+            keeper.pids = frozenset(await asyncio.to_thread(slot.cgroup.pids))
+        return keeper
+
+    async def spawn_keeper(self, slot: Slot, argv: list[str]) -> Keeper:
+        """Start ``argv`` (the slot's bubblewrap) as the slot's uid, inside its cgroup."""
+        policy = self.config.policy
+        ids = self.ids(slot.index)
+        gate: tuple[int, int] | None = None
+        if slot.cgroup is not None and ids is None:
+            argv = slot.cgroup.enter_prefix() + argv
+        elif slot.cgroup is not None:
+            gate = os.pipe()
+            argv = ["/bin/sh", "-c", _CGROUP_GATE, "slot-cgroup", *argv]
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(False)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=theirs.fileno(),
+                stdout=asyncio.subprocess.DEVNULL if gate is None else gate[0],
+                stderr=asyncio.subprocess.PIPE,
+                env=self.environment(policy.workspace_path, SANDBOX_TMP),
+                start_new_session=True,
+                **as_ids(ids),
+            )
+        except OSError as error:
+            ours.close()
+            raise AgentLost(f"cannot start the slot's sandbox: {error}") from None
+        finally:
+            theirs.close()
+            if gate is not None:
+                os.close(gate[0])
+        keeper = Keeper(process=process, control=ours)
+        slot.keeper = keeper
+        if gate is not None:
+            assert slot.cgroup is not None
+            try:
+                slot.cgroup.enter(process.pid)
+                os.write(gate[1], b"go\n")
+            except OSError as error:
+                await self.stop_keeper(slot)
+                raise AgentLost(f"cannot move the sandbox into its cgroup: {error}") from None
+            finally:
+                os.close(gate[1])
+        return keeper
+
+    async def lease_agent(self, slot: Slot, *, started: float) -> Agent:
+        """A new lease from the slot's keeper: fresh namespaces, its own agent and channel."""
+        keeper = await self.ensure_keeper(slot)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            reply = await keeper.ask("lease", self.config.start_timeout_s, theirs)
+        except AgentLost:
+            ours.close()
+            await self.stop_keeper(slot)
+            raise
+        finally:
+            theirs.close()
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        pid = reply.get("pid")
+        agent = Agent(
+            reader=reader, writer=writer, sandboxed=True, started_s=started,
+            pid=pid if isinstance(pid, int) else None, cap=reply_cap(self.config.policy),
+        )  # fmt: skip
+        slot.agent = agent
+        try:
+            await agent.greeting(self.config.start_timeout_s)
+        except AgentLost:
+            await self.stop_agent(slot)
+            raise
+        return agent
+
+    async def stop_agent(self, slot: Slot) -> None:
+        """End the slot's lease: its agent and every process it started."""
+        agent, slot.agent = slot.agent, None
+        if agent is None:
+            if slot.keeper is None and slot.cgroup is not None:
+                slot.cgroup.kill_all()  # what a bare agent left behind
+            return
+        agent.close_channel()
+        if agent.process is not None:
+            await _end_process(agent.process, slot.cgroup)
+            return
+        keeper = slot.keeper
+        if keeper is not None:
+            try:
+                await keeper.ask("end", self.config.start_timeout_s)
+            except AgentLost:
+                await self.stop_keeper(slot)
+
+    async def stop_keeper(self, slot: Slot) -> None:
+        """Kill the slot's sandbox (keeper, lease and all) and reap it."""
+        keeper, slot.keeper = slot.keeper, None
+        if keeper is None:
+            return
+        await _end_process(keeper.process, slot.cgroup)
+        keeper.control.close()
+
+
+def agent_command(python: str) -> list[str]:
+    """What follows ``python -I -S -c``: the agent as a code object when ``python`` is this very
+    interpreter (so the marshal format matches), else as source."""
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        return [_AGENT_BOOT, _AGENT_CODE.hex()]
+    return [AGENT_SOURCE]
+
+
+def sandbox_pid(slot: Slot) -> int | None:
+    """The host pid of the slot's outermost sandbox process (its keeper's bubblewrap, or a bare
+    agent), while it runs."""
+    if slot.keeper is not None:
+        return slot.keeper.process.pid
+    return slot.agent.pid if slot.agent is not None else None
+
+
+def prepare_cgroups(cgroups: list[SlotCgroup], policy: SandboxPolicy) -> None:
+    for cgroup in cgroups:
+        with contextlib.suppress(OSError):
+            cgroup.create(policy)
+
+
+def _kill_session(process: asyncio.subprocess.Process) -> None:
+    """SIGKILL a process started with ``start_new_session`` and its whole process group.
+
+    ``process.kill()`` only where the group is gone: it polls the child first, and a poll that
+    reaps it takes the exit status from the event loop's child watcher."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+
+
+async def _end_process(process: asyncio.subprocess.Process, cgroup: SlotCgroup | None) -> None:
+    """Kill ``process``'s session and everything in ``cgroup``, and reap it (within 5 s)."""
+    if process.returncode is None:
+        _kill_session(process)
+    if cgroup is not None:
+        cgroup.kill_all()
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(5):
+            await process.wait()
+
+
+def as_ids(ids: tuple[int, int] | None) -> dict[str, Any]:
+    """``create_subprocess_exec`` arguments that start a slot's sandbox as the slot's uid and
+    gid with no supplementary group."""
+    if ids is None:
+        return {}
+    return {"user": ids[0], "group": ids[1], "extra_groups": []}
+
+
+async def _stderr_of(process: asyncio.subprocess.Process) -> str:
+    if process.stderr is None:
+        return ""
+    with contextlib.suppress(TimeoutError, OSError):
+        async with asyncio.timeout(1):
+            return (await process.stderr.read(4096)).decode("utf-8", "replace").strip()
+    return ""
