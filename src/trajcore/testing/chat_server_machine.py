@@ -19,6 +19,7 @@ turn around it is empty, so fakes that replace the turn and servers that add to 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from collections.abc import Hashable, Sequence
@@ -34,7 +35,6 @@ from trajcore.ports.chat_server import ChatServer
 from trajcore.testing.llm_server_machine import (
     Expected,
     LLMServerMachine,
-    ServerFactory,
     run_llm_machine,
 )
 from trajcore.testing.tool_schemas import arguments_for, tool_lists, tool_texts
@@ -206,21 +206,6 @@ def _turns(draw: st.DrawFn, tools: Sequence[ToolSpec], tag: int) -> ChatTurn:
     return ChatTurn(message=message, finish_reason=finish)
 
 
-def run_chat_server_machine(
-    factories: Sequence[ServerFactory[ChatServer]],
-    *,
-    attempts: int = 5,
-    honours_retry_after: bool = True,
-    scale: float = 0.1,
-    step_scale: float = 0.3,
-) -> None:
-    """Drive the chat servers from ``factories`` (in lockstep when several) with generated
-    sequences; see ``trajcore.testing.llm_server_machine.run_llm_machine``."""
-    run_llm_machine(
-        ChatServerMachine,
-        factories,
-        attempts=attempts,
-        honours_retry_after=honours_retry_after,
-        scale=scale,
-        step_scale=step_scale,
-    )
+run_chat_server_machine = functools.partial(run_llm_machine, ChatServerMachine)
+"""Drive the chat servers from ``factories`` (in lockstep when several) with generated
+sequences; the settings are those of ``trajcore.testing.llm_server_machine.run_llm_machine``."""

@@ -34,9 +34,9 @@ observable result (the answer's digest, or the error's type and status) must be 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Sequence
-from contextlib import AbstractAsyncContextManager, ExitStack
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, ExitStack, contextmanager
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 import anyio
 import attrs
@@ -64,12 +64,14 @@ __all__ = [
     "ServerUnderTest",
     "expected_outcome",
     "fault_lists",
+    "opened_machine",
     "run_llm_machine",
 ]
 
 S = TypeVar("S")
 Q = TypeVar("Q")
 R = TypeVar("R")
+M = TypeVar("M", bound="LLMServerMachine[Any, Any, Any]")
 
 CALL_LIMIT_S = 20.0
 """The longest any call of the machines may take (retries and late answers included)."""
@@ -192,7 +194,9 @@ def fault_lists(
     faults = [draw(TRANSIENT_FAULTS) for _ in range(transient)]
     if transient < attempts and draw(st.booleans()):
         late = st.just(LLMFault.delay(0.01))
-        faults.append(draw(st.one_of(TERMINAL_FAULTS, extra or st.nothing(), late)))
+        faults.append(
+            draw(st.one_of(TERMINAL_FAULTS, extra if extra is not None else st.nothing(), late))
+        )
     return faults
 
 
@@ -266,7 +270,7 @@ class LLMServerMachine(RuleBasedStateMachine, Generic[S, Q, R]):
                 seen.append(_observed_error(error, expected))
             else:
                 assert expected.error is None, f"expected {expected.error}, got {answer!r}"
-                seen.append(self.check_answer(request, answer, expected))  # type: ignore[arg-type]
+                seen.append(self.check_answer(request, cast("R", answer), expected))
             if self.honours_retry_after:
                 assert took >= expected.waits_s - 0.002, (
                     f"the call took {took:.3f} s through Retry-After asking {expected.waits_s} s"
@@ -301,12 +305,40 @@ class LLMServerMachine(RuleBasedStateMachine, Generic[S, Q, R]):
     @precondition(lambda self: not self.closed)
     @rule(data=st.data(), count=st.integers(2, 4))
     def concurrent_calls(self, data: st.DataObject, count: int) -> None:
-        requests = [self.draw_request(data) for _ in range(count)]
+        self.concurrently([self.draw_request(data) for _ in range(count)])
+
+    @precondition(lambda self: not self.closed and self.staging)
+    @rule(data=st.data(), after_s=st.sampled_from([0.0, 0.02, 0.1]))
+    def cancelled_call(self, data: st.DataObject, after_s: float) -> None:
+        self.cancel(self.draw_request(data), after_s)
+        # The late answer is queued until a request arrives: a cancelled call may have gone
+        # before its request did. This call takes it if it is still there, and must be answered.
+        self.exchange(self.draw_request(data), [])
+
+    @precondition(lambda self: not self.closed and self.staging and self.honours_retry_after)
+    @rule(data=st.data())
+    def retry_after_past_the_deadline(self, data: st.DataObject) -> None:
+        self.give_up_before_the_deadline(self.draw_request(data))
+
+    @precondition(lambda self: not self.closed)
+    @rule()
+    def close(self) -> None:
+        self.close_twice()
+
+    @precondition(lambda self: self.closed)
+    @rule(data=st.data())
+    def closed_server_refuses(self, data: st.DataObject) -> None:
+        self.refuse_after_close(self.draw_request(data))
+
+    # -------------------------------------------------------------------- scenarios
+
+    def concurrently(self, requests: list[Q]) -> None:
+        """Send ``requests`` at once to each server (no faults); each must get its answer."""
         for under in self.under_test:
             results = self.portal.call(self._concurrently, under.server, requests)
             for request, (answer, error) in zip(requests, results, strict=True):
                 assert error is None, f"a concurrent call failed: {error!r}"
-                self.check_answer(request, answer, Expected())  # type: ignore[arg-type]
+                self.check_answer(request, cast("R", answer), Expected())
 
     async def _concurrently(
         self, server: S, requests: list[Q]
@@ -321,18 +353,14 @@ class LLMServerMachine(RuleBasedStateMachine, Generic[S, Q, R]):
                 group.start_soon(one, k)
         return results
 
-    @precondition(lambda self: not self.closed and self.staging)
-    @rule(data=st.data(), after_s=st.sampled_from([0.0, 0.02, 0.1]))
-    def cancelled_call(self, data: st.DataObject, after_s: float) -> None:
-        request = self.draw_request(data)
+    def cancel(self, request: Q, after_s: float) -> None:
+        """Cancel ``request`` after ``after_s`` while its answer is late: the cancellation must
+        come first, promptly. (A late answer may stay queued: send a call after this one.)"""
         for under in self.under_test:
             assert under.inject is not None
             under.inject(LLMFault.delay(LATE_ANSWER_S))
             took = self.portal.call(self._cancelled, under.server, request, after_s)
             assert took < after_s + 1.0, f"cancelling after {after_s} s took {took:.2f} s"
-        # The late answer is queued until a request arrives: a cancelled call may have gone
-        # before its request did. This call takes it if it is still there, and must be answered.
-        self.exchange(self.draw_request(data), [], limit_s=CALL_LIMIT_S)
 
     async def _cancelled(self, server: S, request: Q, after_s: float) -> float:
         started = anyio.current_time()
@@ -341,10 +369,9 @@ class LLMServerMachine(RuleBasedStateMachine, Generic[S, Q, R]):
         assert scope.cancelled_caught, "a late answer came before the cancellation"
         return anyio.current_time() - started
 
-    @precondition(lambda self: not self.closed and self.staging and self.honours_retry_after)
-    @rule(data=st.data())
-    def retry_after_past_the_deadline(self, data: st.DataObject) -> None:
-        request = self.draw_request(data)
+    def give_up_before_the_deadline(self, request: Q) -> None:
+        """A 429 asking for 30 s under a 2 s deadline must end the call with ``RateLimited``
+        at once, not in a cancellation at the deadline."""
         for under in self.under_test:
             assert under.inject is not None
             under.inject(LLMFault.rate_limited(retry_after_s=30.0))
@@ -354,9 +381,8 @@ class LLMServerMachine(RuleBasedStateMachine, Generic[S, Q, R]):
             assert isinstance(error, RateLimited), (answer, error)
             assert took < 1.5, f"giving up before the deadline took {took:.2f} s"
 
-    @precondition(lambda self: not self.closed)
-    @rule()
-    def close(self) -> None:
+    def close_twice(self) -> None:
+        """Close every server twice (``aclose`` is idempotent)."""
         for under in self.under_test:
             self.portal.call(self._aclose, under.server)
             self.portal.call(self._aclose, under.server)
@@ -367,10 +393,8 @@ class LLMServerMachine(RuleBasedStateMachine, Generic[S, Q, R]):
         with anyio.fail_after(10):
             await server.aclose()
 
-    @precondition(lambda self: self.closed)
-    @rule(data=st.data())
-    def closed_server_refuses(self, data: st.DataObject) -> None:
-        request = self.draw_request(data)
+    def refuse_after_close(self, request: Q) -> None:
+        """After ``close_twice``, ``request`` must raise ``PoolClosed`` on every server."""
         for under in self.under_test:
             _, error = self.portal.call(self._attempt, under.server, request, 10.0)
             assert isinstance(error, PoolClosed), error
@@ -379,27 +403,58 @@ class LLMServerMachine(RuleBasedStateMachine, Generic[S, Q, R]):
         self.stack.close()
 
 
-def run_llm_machine(
-    machine: type[LLMServerMachine[Any, Any, Any]],
+def _bound(
+    machine: type[M],
+    portal: BlockingPortal,
+    factories: Sequence[ServerFactory[Any]],
+    attempts: int,
+    honours_retry_after: bool,
+) -> type[M]:
+    assert factories, "give at least one server factory"
+    return type(
+        machine.__name__,
+        (machine,),
+        {
+            "portal": portal,
+            "factories": tuple(factories),
+            "attempts": attempts,
+            "honours_retry_after": honours_retry_after,
+        },
+    )
+
+
+@contextmanager
+def opened_machine(
+    machine: type[M],
     factories: Sequence[ServerFactory[Any]],
     *,
     attempts: int,
     honours_retry_after: bool,
-    scale: float,
+) -> Iterator[M]:
+    """One instance of ``machine`` over servers from ``factories``, for explicit scenarios:
+    call its methods (``exchange``, ``concurrently``, ``cancel``...) directly."""
+    with start_blocking_portal("asyncio") as portal:
+        state = _bound(machine, portal, factories, attempts, honours_retry_after)()
+        try:
+            yield state
+        finally:
+            state.teardown()
+
+
+def run_llm_machine(
+    machine: type[LLMServerMachine[Any, Any, Any]],
+    factories: Sequence[ServerFactory[Any]],
+    *,
+    attempts: int = 5,
+    honours_retry_after: bool = True,
+    scale: float = 0.1,
     step_scale: float = 0.3,
 ) -> None:
     """Drive servers from ``factories`` with ``machine``'s rules: ``scale`` x the loaded
-    profile's ``max_examples`` sequences of ``step_scale`` x its ``stateful_step_count`` steps."""
-    assert factories, "give at least one server factory"
+    profile's ``max_examples`` sequences of ``step_scale`` x its ``stateful_step_count`` steps.
+
+    ``attempts`` is what the factories' retry policy allows per call; ``honours_retry_after``
+    whether the servers wait for ``Retry-After`` and give up when it is past the deadline."""
     with start_blocking_portal("asyncio") as portal:
-        bound = type(
-            machine.__name__,
-            (machine,),
-            {
-                "portal": portal,
-                "factories": tuple(factories),
-                "attempts": attempts,
-                "honours_retry_after": honours_retry_after,
-            },
-        )
+        bound = _bound(machine, portal, factories, attempts, honours_retry_after)
         run_state_machine_as_test(bound, settings=machine_settings(scale, step_scale))

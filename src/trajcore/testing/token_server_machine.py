@@ -14,6 +14,7 @@ backend saw the prompt ids verbatim.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -27,7 +28,6 @@ from trajcore.ports.token_server import TokenServer
 from trajcore.testing.llm_server_machine import (
     Expected,
     LLMServerMachine,
-    ServerFactory,
     run_llm_machine,
 )
 
@@ -105,6 +105,11 @@ class TokenServerMachine(LLMServerMachine[TokenServer, TokenRequest, TokenComple
     @precondition(lambda self: not self.closed)
     @rule(bad=st.sampled_from([(), (1, -1), (True, 2), (3, 2**31, -(2**40))]))
     def refused_prompt(self, bad: tuple[int, ...]) -> None:
+        self.refuse_prompt(bad)
+
+    def refuse_prompt(self, bad: Sequence[int]) -> None:
+        """``bad`` must be a ``WireError`` naming ``prompt_ids`` on every server."""
+        bad = tuple(bad)
         for under in self.under_test:
             answer, error = self.portal.call(
                 self._attempt, under.server, TokenRequest(prompt_ids=bad, sampling=_SAMPLING), 5.0
@@ -116,21 +121,6 @@ class TokenServerMachine(LLMServerMachine[TokenServer, TokenRequest, TokenComple
 _SAMPLING = SamplingParams(max_tokens=4, temperature=1.0)
 
 
-def run_token_server_machine(
-    factories: Sequence[ServerFactory[TokenServer]],
-    *,
-    attempts: int = 5,
-    honours_retry_after: bool = True,
-    scale: float = 0.1,
-    step_scale: float = 0.3,
-) -> None:
-    """Drive the token servers from ``factories`` (in lockstep when several) with generated
-    sequences; see ``trajcore.testing.llm_server_machine.run_llm_machine``."""
-    run_llm_machine(
-        TokenServerMachine,
-        factories,
-        attempts=attempts,
-        honours_retry_after=honours_retry_after,
-        scale=scale,
-        step_scale=step_scale,
-    )
+run_token_server_machine = functools.partial(run_llm_machine, TokenServerMachine)
+"""Drive the token servers from ``factories`` (in lockstep when several) with generated
+sequences; the settings are those of ``trajcore.testing.llm_server_machine.run_llm_machine``."""
