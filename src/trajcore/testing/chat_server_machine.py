@@ -131,7 +131,9 @@ class ChatServerMachine(LLMServerMachine[ChatServer, ChatRequest, ChatTurn]):
             answer = ChatTurn(message=Message.assistant(""), finish_reason=FinishReason.STOP)
         else:
             answer = data.draw(_turns(tools, self.serial + 1), label="answer")
-        return self.ask(messages, answer, tools=tools, sampling=data.draw(chat_samplings))
+        return self.ask(
+            messages, answer, tools=tools, sampling=data.draw(chat_samplings, label="sampling")
+        )
 
     async def send(self, server: ChatServer, request: ChatRequest) -> ChatTurn:
         return await server.chat(request.messages, tools=request.tools, sampling=request.sampling)

@@ -16,6 +16,14 @@ exception is ``TOOL_ERROR`` carrying its message, bad arguments are ``REJECTED``
 the others of its batch still run; a cancelled batch propagates cancellation promptly and the
 server answers the next batch; after ``aclose`` (twice) ``execute`` raises ``PoolClosed``. No
 other exception escapes. With several servers every result must also be the same on each.
+
+``generated_tools_machine`` does the same with a generated tool list per example
+(``trajcore.testing.tool_schemas``: JSON-Schema parameters of strings, integers, numbers,
+booleans, enums, arrays and nested objects, required subsets, closed objects), for servers built
+from a ``ToolRegistry``. Each generated tool answers its arguments and the caller's trajectory as
+JSON, or (a generated choice) raises. Calls carry arguments that fit the schema (``OK`` with that
+JSON), that miss it in one place (``REJECTED`` naming ``<tool>.<property>``), or name no tool;
+``list_tools`` must give the generated specs.
 """
 
 from __future__ import annotations
