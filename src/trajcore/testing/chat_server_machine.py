@@ -154,6 +154,7 @@ class ChatServerMachine(LLMServerMachine[ChatServer, ChatRequest, ChatTurn]):
             assert problem.raw == expected.garbled.raw_arguments, problem
             assert (problem.index, problem.name, problem.call_id) == (0, "bash", "call_garbled_0")
             assert problem.reason.endswith("@ arguments"), problem.reason
+            assert problem.message_for_model().startswith("Error: tool call"), problem
         problems = tuple((p.index, p.raw, p.name, p.call_id) for p in answer.problems)
         return (answer.message, answer.finish_reason, problems)
 

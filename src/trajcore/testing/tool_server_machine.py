@@ -165,6 +165,25 @@ def _run_batch(
         assert results == answers[0], "servers disagree on a batch"
 
 
+def _close_twice(portal: BlockingPortal, servers: Sequence[ToolServer]) -> bool:
+    """Close every server twice (``aclose`` is idempotent); ``True``."""
+    for server in servers:
+        portal.call(server.aclose)
+        portal.call(server.aclose)
+    return True
+
+
+def _refused(
+    portal: BlockingPortal, servers: Sequence[ToolServer], call: ToolCall, context: ToolContext
+) -> None:
+    """Every (closed) server refuses ``execute`` and ``list_tools`` with ``PoolClosed``."""
+    for server in servers:
+        with pytest.raises(PoolClosed):
+            portal.call(_execute, server, [call], context)
+        with pytest.raises(PoolClosed):
+            portal.call(server.list_tools)
+
+
 def tool_server_machine(
     portal: BlockingPortal, factories: Sequence[ToolServerFactory]
 ) -> type[RuleBasedStateMachine]:
@@ -225,18 +244,13 @@ def tool_server_machine(
         @precondition(lambda self: not self.closed)
         @rule()
         def close(self) -> None:
-            for server in self.servers:
-                portal.call(server.aclose)
-                portal.call(server.aclose)
-            self.closed = True
+            self.closed = _close_twice(portal, self.servers)
 
         @precondition(lambda self: self.closed)
         @rule(context=_contexts)
         def closed_server_refuses(self, context: ToolContext) -> None:
             call = ToolCall(id=f"tool-{next(_ids)}", name="echo", arguments={"text": "late"})
-            for server in self.servers:
-                with pytest.raises(PoolClosed):
-                    portal.call(_execute, server, [call], context)
+            _refused(portal, self.servers, call, context)
 
         def teardown(self) -> None:
             self.stack.close()
@@ -367,20 +381,13 @@ def generated_tools_machine(
         @precondition(lambda self: not self.closed)
         @rule()
         def close(self) -> None:
-            for server in self.servers:
-                portal.call(server.aclose)
-                portal.call(server.aclose)
-            self.closed = True
+            self.closed = _close_twice(portal, self.servers)
 
         @precondition(lambda self: self.closed)
         @rule(context=_contexts)
         def closed_server_refuses(self, context: ToolContext) -> None:
             call = ToolCall(id=f"tool-{next(_ids)}", name=self.tools[0].name)
-            for server in self.servers:
-                with pytest.raises(PoolClosed):
-                    portal.call(_execute, server, [call], context)
-                with pytest.raises(PoolClosed):
-                    portal.call(server.list_tools)
+            _refused(portal, self.servers, call, context)
 
         def teardown(self) -> None:
             self.stack.close()
