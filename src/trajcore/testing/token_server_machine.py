@@ -116,6 +116,8 @@ class TokenServerMachine(LLMServerMachine[TokenServer, TokenRequest, TokenComple
             )
             assert isinstance(error, WireError), (answer, error)
             assert error.field.startswith("prompt_ids"), error.field
+            if not bad:
+                assert error.field == "prompt_ids", error.field
 
 
 _SAMPLING = SamplingParams(max_tokens=4, temperature=1.0)
