@@ -51,7 +51,11 @@ from trajcore.testing.tool_server_contract import (
     ToolServerContract,
     ToolServerFactory,
 )
-from trajcore.testing.tool_server_machine import run_tool_server_machine
+from trajcore.testing.tool_server_machine import (
+    ToolRegistryServerFactory,
+    run_generated_tools_machine,
+    run_tool_server_machine,
+)
 
 TOKEN = "s3cret-token"
 REPO = Path(__file__).resolve().parents[2]
@@ -127,12 +131,35 @@ async def in_process() -> AsyncIterator[ToolServer]:
         await server.aclose()
 
 
+@asynccontextmanager
+async def fake_offering(registry: ToolRegistry) -> AsyncIterator[ToolServer]:
+    server = FakeToolServer(registry=registry, call_timeout_s=CONTRACT_CALL_TIMEOUT_S)
+    try:
+        yield server
+    finally:
+        await server.aclose()
+
+
+@asynccontextmanager
+async def in_process_offering(registry: ToolRegistry) -> AsyncIterator[ToolServer]:
+    app = make_app(registry, token=TOKEN, call_timeout_s=CONTRACT_CALL_TIMEOUT_S)
+    server = HTTPToolServer(INPROCESS, token=TOKEN, app=app, timeout_s=30)
+    try:
+        yield server
+    finally:
+        await server.aclose()
+
+
 class TestFakeToolServer(ToolServerContract):
     machine_scale = 0.02  # two sequences: the lockstep test below runs five on all three
 
     @pytest.fixture
     def tool_server_factory(self) -> ToolServerFactory:
         return fake
+
+    @pytest.fixture
+    def tool_registry_server_factory(self) -> ToolRegistryServerFactory:
+        return fake_offering
 
 
 class TestHTTPToolServerInProcess(ToolServerContract):
@@ -141,6 +168,10 @@ class TestHTTPToolServerInProcess(ToolServerContract):
     @pytest.fixture
     def tool_server_factory(self) -> ToolServerFactory:
         return in_process
+
+    @pytest.fixture
+    def tool_registry_server_factory(self) -> ToolRegistryServerFactory:
+        return in_process_offering
 
 
 class TestHTTPToolServerOnLoopback(ToolServerContract):
@@ -618,3 +649,9 @@ def test_the_fake_and_the_http_tool_servers_agree(served: ServedTools) -> None:
             await server.aclose()
 
     run_tool_server_machine([fake, in_process, on_loopback], scale=0.05)
+
+
+def test_the_fake_and_the_http_tool_server_agree_on_generated_tools() -> None:
+    """Generated tool lists offered by the fake and by the in-process app: every listing and
+    every batch's results must be the same on both (and each checked on its own)."""
+    run_generated_tools_machine([fake_offering, in_process_offering], scale=0.3)

@@ -29,12 +29,13 @@ import unicodedata
 from typing import ClassVar, Literal
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.messages import JSON, Message, ToolCall, ToolSpec
 from trajcore.ports.tokenizer import Tokenizer
+from trajcore.testing.budget import property_settings
 
 __all__ = ["Conversation", "TokenizerContract", "conversations", "tool_specs"]
 
@@ -126,19 +127,9 @@ def conversations(
 
 
 # The tokenizer is stateless, so a function-scoped fixture may serve every example; each subclass
-# runs the same inherited method on its own tokenizer (hypothesis calls that differing executors).
-# The rest of the settings come from the loaded profile.
-_profile = settings.default
-assert _profile is not None, "hypothesis has no settings profile loaded"
-_reuse_fixture = settings(
-    # half the profile's examples per property: five properties per tokenizer add up
-    max_examples=max(10, _profile.max_examples // 2),
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture,
-        HealthCheck.differing_executors,
-        HealthCheck.too_slow,
-    ],
-)
+# runs the same inherited method on its own tokenizer. Half the profile's examples per property:
+# five properties per tokenizer add up.
+_reuse_fixture = property_settings(0.5, minimum=10)
 
 
 class TokenizerContract:

@@ -21,8 +21,12 @@ trajcore.testing.tool_server_contract:CONTRACT_REGISTRY``) with a per-call timeo
 Besides these scenarios, ``test_generated_sequences`` runs the state machine of
 ``trajcore.testing.tool_server_machine``: generated batches (arguments drawn against the tools'
 schemas, bad arguments, unknown tools, generated contexts), concurrent batches, calls past their
-limit, cancelled batches and closing, checked after every step. ``machine_scale`` sets how many
-sequences it runs, as a fraction of the loaded hypothesis profile's ``max_examples``.
+limit, cancelled batches and closing, checked after every step. When the subclass also provides
+``tool_registry_server_factory`` (a function of a ``ToolRegistry`` returning an async context
+manager that yields a server offering its tools), ``test_generated_tools`` offers generated tool
+lists with JSON-Schema parameters (``trajcore.testing.tool_schemas``) and sends arguments that fit
+each schema or miss it in one named place. ``machine_scale`` sets how many sequences each runs,
+as a fraction of the loaded hypothesis profile's ``max_examples``.
 """
 
 from __future__ import annotations
@@ -39,7 +43,11 @@ from trajcore.adapters.tool_server import ToolHandler, ToolRegistry
 from trajcore.domain.errors import PoolClosed
 from trajcore.domain.messages import JSON, JSONObject, ToolCall, ToolContext, ToolOutcome, ToolSpec
 from trajcore.ports.tool_server import ToolServer
-from trajcore.testing.tool_server_machine import run_tool_server_machine
+from trajcore.testing.tool_server_machine import (
+    ToolRegistryServerFactory,
+    run_generated_tools_machine,
+    run_tool_server_machine,
+)
 
 __all__ = [
     "CONTRACT_CALL_TIMEOUT_S",
@@ -80,39 +88,27 @@ async def _sleep(arguments: JSONObject, _context: ToolContext) -> JSON:
     return "slept"
 
 
-def _string(name: str) -> JSONObject:
-    return {"type": "object", "properties": {name: {"type": "string"}}, "required": [name]}
+def _required(*, closed: bool = False, **types: str) -> JSONObject:
+    """An object schema whose properties (named, with their JSON types) are all required."""
+    properties: JSONObject = {name: {"type": kind} for name, kind in types.items()}
+    schema: JSONObject = {"type": "object", "properties": properties, "required": [*types]}
+    if closed:
+        schema["additionalProperties"] = False
+    return schema
+
+
+def _tool(name: str, description: str, parameters: JSONObject | None = None) -> ToolSpec:
+    if parameters is None:
+        return ToolSpec(name=name, description=description)
+    return ToolSpec(name=name, description=description, parameters=parameters)
 
 
 CONTRACT_TOOLS: tuple[tuple[ToolSpec, ToolHandler], ...] = (
-    (ToolSpec(name="echo", description="Repeat the text.", parameters=_string("text")), _echo),
-    (
-        ToolSpec(
-            name="add",
-            description="Add two integers.",
-            parameters={
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-                "additionalProperties": False,
-            },
-        ),
-        _add,
-    ),
-    (ToolSpec(name="whoami", description="The caller's trajectory and slot."), _whoami),
-    (ToolSpec(name="fail", description="Raise ValueError.", parameters=_string("message")), _fail),
-    (
-        ToolSpec(
-            name="sleep",
-            description="Sleep, then answer.",
-            parameters={
-                "type": "object",
-                "properties": {"seconds": {"type": "number"}},
-                "required": ["seconds"],
-            },
-        ),
-        _sleep,
-    ),
+    (_tool("echo", "Repeat the text.", _required(text="string")), _echo),
+    (_tool("add", "Add two integers.", _required(closed=True, a="integer", b="integer")), _add),
+    (_tool("whoami", "The caller's trajectory and slot."), _whoami),
+    (_tool("fail", "Raise ValueError.", _required(message="string")), _fail),
+    (_tool("sleep", "Sleep, then answer.", _required(seconds="number")), _sleep),
 )
 
 
@@ -139,6 +135,19 @@ class ToolServerContract:
 
     def test_generated_sequences(self, tool_server_factory: ToolServerFactory) -> None:
         run_tool_server_machine([tool_server_factory], scale=self.machine_scale)
+
+    @pytest.fixture
+    def tool_registry_server_factory(self) -> ToolRegistryServerFactory | None:
+        """A server offering the tools of a given registry, or ``None`` (the default) for a
+        server that offers a fixed tool set."""
+        return None
+
+    def test_generated_tools(
+        self, tool_registry_server_factory: ToolRegistryServerFactory | None
+    ) -> None:
+        if tool_registry_server_factory is None:
+            pytest.skip("this server offers a fixed tool set (tool_registry_server_factory)")
+        run_generated_tools_machine([tool_registry_server_factory], scale=self.machine_scale)
 
     @pytest.fixture
     def anyio_backend(self) -> str:

@@ -16,13 +16,20 @@ exception is ``TOOL_ERROR`` carrying its message, bad arguments are ``REJECTED``
 the others of its batch still run; a cancelled batch propagates cancellation promptly and the
 server answers the next batch; after ``aclose`` (twice) ``execute`` raises ``PoolClosed``. No
 other exception escapes. With several servers every result must also be the same on each.
+
+``generated_tools_machine`` does the same with a generated tool list per example
+(``trajcore.testing.tool_schemas``: JSON-Schema parameters of strings, integers, numbers,
+booleans, enums, arrays and nested objects, required subsets, closed objects), for servers built
+from a ``ToolRegistry``. Each generated tool answers its arguments and the caller's trajectory as
+JSON, or (a generated choice) raises. Calls carry arguments that fit the schema (``OK`` with that
+JSON), that miss it in one place (``REJECTED`` naming ``<tool>.<property>``), or name no tool;
+``list_tools`` must give the generated specs.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import math
 import re
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, ExitStack
@@ -31,15 +38,43 @@ import anyio
 import attrs
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
-from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
+from trajcore.adapters.tool_server import ToolHandler, ToolRegistry
 from trajcore.domain.errors import PoolClosed
-from trajcore.domain.messages import JSON, ToolCall, ToolContext, ToolOutcome, ToolResult
+from trajcore.domain.messages import (
+    JSON,
+    JSONObject,
+    ToolCall,
+    ToolContext,
+    ToolOutcome,
+    ToolResult,
+    ToolSpec,
+)
 from trajcore.ports.tool_server import ToolServer
+from trajcore.testing.budget import machine_settings
+from trajcore.testing.tool_schemas import (
+    arguments_for,
+    bad_arguments_for,
+    can_be_missed,
+    tool_lists,
+)
 
-__all__ = ["ToolServerFactory", "run_tool_server_machine", "tool_server_machine"]
+__all__ = [
+    "ToolRegistryServerFactory",
+    "ToolServerFactory",
+    "generated_tools_machine",
+    "run_generated_tools_machine",
+    "run_tool_server_machine",
+    "tool_server_machine",
+]
 
 ToolServerFactory = Callable[[], AbstractAsyncContextManager[ToolServer]]
 
@@ -111,6 +146,44 @@ def _check(call: ToolCall, expect: _Expect, result: ToolResult) -> None:
         assert re.search(expect.error, result.error), (call, result)
 
 
+def _run_batch(
+    portal: BlockingPortal,
+    servers: Sequence[ToolServer],
+    drawn: Sequence[tuple[ToolCall, _Expect]],
+    context: ToolContext,
+) -> None:
+    """Run the calls on every server; check each result and that the servers agree."""
+    calls = [call for call, _ in drawn]
+    answers: list[list[ToolResult]] = []
+    for server in servers:
+        results = portal.call(_execute, server, calls, context)
+        assert len(results) == len(calls), "not one result per call"
+        for (call, expect), result in zip(drawn, results, strict=True):
+            _check(call, expect, result)
+        answers.append(results)
+    for results in answers[1:]:
+        assert results == answers[0], "servers disagree on a batch"
+
+
+def _close_twice(portal: BlockingPortal, servers: Sequence[ToolServer]) -> bool:
+    """Close every server twice (``aclose`` is idempotent); ``True``."""
+    for server in servers:
+        portal.call(server.aclose)
+        portal.call(server.aclose)
+    return True
+
+
+def _refused(
+    portal: BlockingPortal, servers: Sequence[ToolServer], call: ToolCall, context: ToolContext
+) -> None:
+    """Every (closed) server refuses ``execute`` and ``list_tools`` with ``PoolClosed``."""
+    for server in servers:
+        with pytest.raises(PoolClosed):
+            portal.call(_execute, server, [call], context)
+        with pytest.raises(PoolClosed):
+            portal.call(server.list_tools)
+
+
 def tool_server_machine(
     portal: BlockingPortal, factories: Sequence[ToolServerFactory]
 ) -> type[RuleBasedStateMachine]:
@@ -128,15 +201,7 @@ def tool_server_machine(
             self.closed = False
 
         def run(self, calls: list[ToolCall], context: ToolContext, expects: list[_Expect]) -> None:
-            answers: list[list[ToolResult]] = []
-            for server in self.servers:
-                results = portal.call(_execute, server, calls, context)
-                assert len(results) == len(calls), "not one result per call"
-                for call, expect, result in zip(calls, expects, results, strict=True):
-                    _check(call, expect, result)
-                answers.append(results)
-            for results in answers[1:]:
-                assert results == answers[0], "servers disagree on a batch"
+            _run_batch(portal, self.servers, list(zip(calls, expects, strict=True)), context)
 
         @precondition(lambda self: not self.closed)
         @rule(data=st.data(), context=_contexts, size=st.integers(0, 6))
@@ -179,18 +244,13 @@ def tool_server_machine(
         @precondition(lambda self: not self.closed)
         @rule()
         def close(self) -> None:
-            for server in self.servers:
-                portal.call(server.aclose)
-                portal.call(server.aclose)
-            self.closed = True
+            self.closed = _close_twice(portal, self.servers)
 
         @precondition(lambda self: self.closed)
         @rule(context=_contexts)
         def closed_server_refuses(self, context: ToolContext) -> None:
             call = ToolCall(id=f"tool-{next(_ids)}", name="echo", arguments={"text": "late"})
-            for server in self.servers:
-                with pytest.raises(PoolClosed):
-                    portal.call(_execute, server, [call], context)
+            _refused(portal, self.servers, call, context)
 
         def teardown(self) -> None:
             self.stack.close()
@@ -228,19 +288,131 @@ async def _cancelled(
     assert scope.cancelled_caught
 
 
+@st.composite
+def _generated_call(
+    draw: st.DrawFn, tools: Sequence[ToolSpec], context: ToolContext
+) -> tuple[ToolCall, _Expect]:
+    spec = draw(st.sampled_from(tools))
+    call_id = f"tool-{next(_ids)}"
+    kind = draw(st.sampled_from(["fits", "misses", "unknown"]))
+    if kind == "misses" and can_be_missed(spec.parameters):
+        bad = draw(bad_arguments_for(spec.parameters))
+        pattern = rf"@ {re.escape(spec.name + bad.field[1:])}(;|$)"
+        expect = _Expect(ToolOutcome.REJECTED, error=pattern)
+        return ToolCall(id=call_id, name=spec.name, arguments=bad.arguments), expect
+    if kind == "unknown":
+        name = draw(st.from_regex(r"unknown_[a-z]{1,6}", fullmatch=True))
+        return ToolCall(id=call_id, name=name, arguments={}), _Expect(
+            ToolOutcome.REJECTED, error=re.escape(repr(name))
+        )
+    arguments = draw(arguments_for(spec.parameters))
+    if spec.description.startswith("fails"):
+        failure = re.escape(f"{spec.name} failed for {context.trajectory_id}")
+        return ToolCall(id=call_id, name=spec.name, arguments=arguments), _Expect(
+            ToolOutcome.TOOL_ERROR, error=failure
+        )
+    answer = {"tool": spec.name, "arguments": arguments, "trajectory": context.trajectory_id}
+    content = json.dumps(answer, ensure_ascii=False)
+    return ToolCall(id=call_id, name=spec.name, arguments=arguments), _Expect(
+        ToolOutcome.OK, content
+    )
+
+
+ToolRegistryServerFactory = Callable[[ToolRegistry], AbstractAsyncContextManager[ToolServer]]
+"""A server offering the tools of the ``ToolRegistry`` it is given (yielded started)."""
+
+
+def _tool_answer(spec: ToolSpec) -> ToolHandler:
+    def answer(arguments: JSONObject, context: ToolContext) -> JSON:
+        if spec.description.startswith("fails"):
+            raise ValueError(f"{spec.name} failed for {context.trajectory_id}")
+        return {"tool": spec.name, "arguments": arguments, "trajectory": context.trajectory_id}
+
+    return answer
+
+
+def generated_tools_machine(
+    portal: BlockingPortal, factories: Sequence[ToolRegistryServerFactory]
+) -> type[RuleBasedStateMachine]:
+    """A state machine class that generates a tool list per example and opens a server offering
+    it from each factory, in lockstep (see ``run_generated_tools_machine``)."""
+    assert factories, "give at least one tool server factory"
+
+    class GeneratedToolsMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stack = ExitStack()
+            self.servers: list[ToolServer] = []
+            self.tools: list[ToolSpec] = []
+            self.closed = False
+
+        @initialize(
+            tools=tool_lists(max_size=4),
+            failing=st.lists(st.booleans(), min_size=4, max_size=4),
+        )
+        def open_servers(self, tools: list[ToolSpec], failing: list[bool]) -> None:
+            self.tools = [
+                attrs.evolve(spec, description=f"fails: {spec.description}") if fails else spec
+                for spec, fails in zip(tools, failing, strict=False)
+            ]
+            for factory in factories:
+                registry = ToolRegistry()
+                for spec in self.tools:
+                    registry.register(spec, _tool_answer(spec))
+                manager = portal.wrap_async_context_manager(factory(registry))
+                self.servers.append(self.stack.enter_context(manager))
+
+        @precondition(lambda self: not self.closed)
+        @rule()
+        def list_tools(self) -> None:
+            want = sorted(self.tools, key=lambda spec: spec.name)
+            for server in self.servers:
+                specs = portal.call(server.list_tools)
+                assert sorted(specs, key=lambda spec: spec.name) == want
+
+        @precondition(lambda self: not self.closed)
+        @rule(data=st.data(), context=_contexts, size=st.integers(1, 5))
+        def batch(self, data: st.DataObject, context: ToolContext, size: int) -> None:
+            drawn = [
+                data.draw(_generated_call(self.tools, context), label="call") for _ in range(size)
+            ]
+            _run_batch(portal, self.servers, drawn, context)
+
+        @precondition(lambda self: not self.closed)
+        @rule()
+        def close(self) -> None:
+            self.closed = _close_twice(portal, self.servers)
+
+        @precondition(lambda self: self.closed)
+        @rule(context=_contexts)
+        def closed_server_refuses(self, context: ToolContext) -> None:
+            call = ToolCall(id=f"tool-{next(_ids)}", name=self.tools[0].name)
+            _refused(portal, self.servers, call, context)
+
+        def teardown(self) -> None:
+            self.stack.close()
+
+    return GeneratedToolsMachine
+
+
 def run_tool_server_machine(
     factories: Sequence[ToolServerFactory], *, scale: float = 0.2, step_scale: float = 0.3
 ) -> None:
     """Drive servers from ``factories`` with generated sequences: ``scale`` times the loaded
     profile's ``max_examples`` sequences of ``step_scale`` times its ``stateful_step_count``."""
-    base = settings.default
-    assert base is not None, "hypothesis has no settings profile loaded"
-    budget = settings(
-        base,
-        max_examples=max(2, math.ceil(base.max_examples * scale)),
-        stateful_step_count=max(5, math.ceil(base.stateful_step_count * step_scale)),
-        deadline=None,
-        report_multiple_bugs=False,
-    )
+    budget = machine_settings(scale, step_scale)
     with start_blocking_portal("asyncio") as portal:
         run_state_machine_as_test(tool_server_machine(portal, factories), settings=budget)
+
+
+def run_generated_tools_machine(
+    factories: Sequence[ToolRegistryServerFactory],
+    *,
+    scale: float = 0.05,
+    step_scale: float = 0.2,
+) -> None:
+    """Drive servers that offer generated tools (one list per sequence) with generated calls;
+    ``scale`` and ``step_scale`` as for ``run_tool_server_machine``."""
+    budget = machine_settings(scale, step_scale)
+    with start_blocking_portal("asyncio") as portal:
+        run_state_machine_as_test(generated_tools_machine(portal, factories), settings=budget)
