@@ -1,0 +1,246 @@
+"""The HTTP/1.1 server: keep-alive, pipelined requests answered in order, one handler each.
+
+``HTTPServer`` serves requests with a ``Content-Length`` body (or none), keep-alive, ``Expect:
+100-continue`` and pipelined requests (answered in order, one handler per request). A connection
+idle for ``idle_timeout_s`` (or stuck half-way through a request head for that long) is closed.
+Authentication is the handler's business: the parser runs first, so a malformed request is refused
+before any handler (and any credential check) sees it.
+
+The server never runs a handler twice and never cancels one because its client went away (callers
+such as the slot server rely on work finishing and being remembered); a handler's exception
+becomes a 500, a refused request its status (400, 431 for an oversized head, 413 for an oversized
+body, 501 for a request ``Transfer-Encoding``, 505 for another HTTP version), after which the
+connection is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import json
+import time
+
+import attrs
+
+from .parsing import Refusal, RequestReader
+from .values import CRLF, REASONS, Handler, Limits, Reply, Request
+
+__all__ = ["HTTPServer", "encode_reply"]
+
+
+class _Date:
+    """The ``Date`` header's value, formatted at most once a second."""
+
+    second = -1
+    value = b""
+
+    @classmethod
+    def now(cls) -> bytes:
+        second = int(time.time())
+        if second != cls.second:
+            cls.value = email.utils.formatdate(second, usegmt=True).encode("ascii")
+            cls.second = second
+        return cls.value
+
+
+def encode_reply(reply: Reply, *, close: bool, head: bool = False) -> bytes:
+    """The reply's bytes; for a ``HEAD`` request (``head``) without the body."""
+    reason = REASONS.get(reply.status, "")
+    parts = [b"HTTP/1.1 %d %s\r\nDate: " % (reply.status, reason.encode("ascii")), _Date.now()]
+    if reply.body:
+        parts += [b"\r\nContent-Type: ", reply.content_type.encode("latin-1")]
+    parts += [b"\r\nContent-Length: ", str(len(reply.body)).encode("ascii"), CRLF]
+    for name, value in reply.headers:
+        parts += [name.encode("latin-1"), b": ", value.encode("latin-1"), CRLF]
+    if close:
+        parts.append(b"Connection: close\r\n")
+    parts += [CRLF, b"" if head else reply.body]
+    return b"".join(parts)
+
+
+def _error_reply(status: int, reason: str) -> Reply:
+    body = json.dumps({"error": reason, "field": "$"}, ensure_ascii=True).encode("ascii")
+    return Reply(status=status, body=body)
+
+
+class _ServerConnection(asyncio.Protocol):
+    """One client connection: requests parsed as bytes arrive, answered one at a time in order."""
+
+    def __init__(self, server: HTTPServer) -> None:
+        self.server = server
+        self.limits = server.limits
+        self.reader = RequestReader(server.limits)
+        self.transport: asyncio.Transport | None = None
+        self.busy = False  # a handler is running for this connection
+        self.closing = False
+        self.paused = False
+        self.refusal: Refusal | None = None  # answered once the requests before it are
+        self.idle_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.server._connections.add(self)
+        self._arm_idle()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.transport = None
+        self._disarm_idle()
+        self.server._connections.discard(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.refusal is not None or self.closing:
+            return  # the connection closes once the refusal is answered
+        try:
+            self.reader.feed(data)
+        except Refusal as refusal:
+            self.refusal = refusal
+        if self.busy:
+            if len(self.reader.ready) > 1 or self.refusal is not None:
+                self._pause()  # enough queued: let TCP push back
+            return
+        self._advance()
+
+    def eof_received(self) -> bool:
+        # The client is done sending; answer what is in progress, then close.
+        self.closing = True
+        if not self.busy:
+            self._close()
+        return True
+
+    # -- idle handling
+
+    def _arm_idle(self) -> None:
+        self._disarm_idle()
+        loop = asyncio.get_running_loop()
+        self.idle_timer = loop.call_later(self.server.idle_timeout_s, self._close)
+
+    def _disarm_idle(self) -> None:
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+
+    def _pause(self) -> None:
+        if not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def _resume(self) -> None:
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+
+    def _close(self) -> None:
+        self.closing = True
+        self._disarm_idle()
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- dispatching
+
+    def _advance(self) -> None:
+        """Dispatch the next complete request, answer a refusal, or wait for more bytes."""
+        ready = self.reader.ready
+        if ready:
+            request, keep_alive = ready.pop(0)
+            self._disarm_idle()
+            self.busy = True
+            self.server._dispatch(self, request, keep_alive)
+            return
+        if self.refusal is not None:
+            self._write(_error_reply(self.refusal.status, self.refusal.reason), close=True)
+            return
+        if self.reader.expect_continue and self.transport is not None:
+            self.reader.expect_continue = False
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    # -- answering
+
+    def _write(self, reply: Reply, *, close: bool, head: bool = False) -> None:
+        if self.transport is None:
+            return
+        self.transport.write(encode_reply(reply, close=close, head=head))
+        if close:
+            self._close()
+
+    def finish(self, reply: Reply, keep_alive: bool, *, head: bool = False) -> None:
+        """Send the handler's reply; go on with the next request or close."""
+        self.busy = False
+        close = not keep_alive or self.server._closing or (self.closing and not self.reader.ready)
+        self._write(reply, close=close, head=head)
+        if close or self.transport is None:
+            return
+        self._resume()
+        self._arm_idle()
+        self._advance()
+
+
+@attrs.define(eq=False)
+class HTTPServer:
+    """An HTTP/1.1 server calling one ``handler`` per request.
+
+    Attributes:
+        handler: Turns a ``Request`` into a ``Reply``; an exception becomes a 500.
+        limits: What a request may be.
+        idle_timeout_s: A connection idle (or half-way through a request head) this long is
+            closed.
+    """
+
+    handler: Handler
+    limits: Limits = attrs.field(factory=Limits)
+    idle_timeout_s: float = 75.0
+    _servers: list[asyncio.Server] = attrs.field(init=False, factory=list)
+    _connections: set[_ServerConnection] = attrs.field(init=False, factory=set)
+    _tasks: set[asyncio.Task[None]] = attrs.field(init=False, factory=set)
+    _closing: bool = attrs.field(init=False, default=False)
+
+    async def listen_tcp(self, host: str, port: int) -> tuple[str, int]:
+        """Listen on ``host:port`` (0: any free port); returns the bound host and port.
+        Raises ``OSError``."""
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: _ServerConnection(self), host, port)
+        self._servers.append(server)
+        bound = server.sockets[0].getsockname()
+        return str(bound[0]), int(bound[1])
+
+    async def listen_unix(self, path: str) -> None:
+        """Listen on the Unix socket ``path`` (which must not exist). Raises ``OSError``."""
+        loop = asyncio.get_running_loop()
+        server = await loop.create_unix_server(lambda: _ServerConnection(self), path)
+        self._servers.append(server)
+
+    def _dispatch(self, conn: _ServerConnection, request: Request, keep_alive: bool) -> None:
+        task = asyncio.get_running_loop().create_task(self._answer(conn, request, keep_alive))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, conn: _ServerConnection, request: Request, keep_alive: bool) -> None:
+        try:
+            reply = await self.handler(request)
+        except Exception as error:  # noqa: BLE001 - every request gets an answer
+            reply = _error_reply(500, f"internal error: {type(error).__name__}")
+        conn.finish(reply, keep_alive, head=request.method == "HEAD")
+
+    async def aclose(self, grace_s: float = 5.0) -> None:
+        """Stop listening, let running handlers finish for up to ``grace_s`` (then cancel them),
+        close every connection. Idempotent."""
+        self._closing = True
+        for server in self._servers:
+            server.close()
+        for conn in list(self._connections):
+            if not conn.busy:
+                conn._close()
+        if self._tasks:
+            _, running = await asyncio.wait(list(self._tasks), timeout=grace_s)
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.wait(running, timeout=1.0)
+        for conn in list(self._connections):
+            conn._close()
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), timeout=1.0)
+        self._servers.clear()
