@@ -65,7 +65,7 @@ from .errors import (
     MessageTooLarge,
     RequestTimedOut,
 )
-from .server import HTTPServer
+from .server import AbortConnection, HTTPServer
 from .values import (
     ClientStatistics,
     Handler,
@@ -79,6 +79,7 @@ from .values import (
 )
 
 __all__ = [
+    "AbortConnection",
     "ClientClosed",
     "ClientStatistics",
     "ConnectFailed",

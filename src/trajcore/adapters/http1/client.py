@@ -53,7 +53,7 @@ __all__ = ["HTTPClient", "MemoryHandler", "MemoryTransport"]
 
 _MAX_CACHED_STARTS: Final = 1024
 
-MemoryHandler = Callable[[Request], Reply | Awaitable[Reply]]
+MemoryHandler = Callable[[Request], Awaitable[Reply] | Reply]
 
 
 @attrs.frozen

@@ -24,6 +24,7 @@ A refused response raises ``MalformedMessage`` or ``MessageTooLarge``; a refused
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Mapping
 from typing import Final
 
@@ -279,7 +280,9 @@ class RequestReader(_Reader):
 
     def __init__(self, limits: Limits) -> None:
         super().__init__(limits)
-        self.ready: list[tuple[Request, bool]] = []  # complete requests and their keep-alive
+        self.ready: collections.deque[tuple[Request, bool]] = (
+            collections.deque()
+        )  # complete requests and their keep-alive
         self.expect_continue = False  # the request in progress waits for 100 Continue
         self.url = bytearray()
         self._keep = True

@@ -20,13 +20,19 @@ import contextlib
 import email.utils
 import json
 import time
+from collections.abc import Awaitable
 
 import attrs
 
 from .parsing import Refusal, RequestReader
 from .values import CRLF, REASONS, Handler, Limits, Reply, Request
 
-__all__ = ["HTTPServer", "encode_reply"]
+__all__ = ["AbortConnection", "HTTPServer", "encode_reply"]
+
+
+class AbortConnection(Exception):
+    """Raised by a handler: reset the connection without an answer (test servers use it to play a
+    peer that fails mid-exchange)."""
 
 
 class _Date:
@@ -76,6 +82,7 @@ class _ServerConnection(asyncio.Protocol):
         self.closing = False
         self.paused = False
         self.refusal: Refusal | None = None  # answered once the requests before it are
+        self.advancing = False
         self.idle_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -141,20 +148,35 @@ class _ServerConnection(asyncio.Protocol):
     # -- dispatching
 
     def _advance(self) -> None:
-        """Dispatch the next complete request, answer a refusal, or wait for more bytes."""
-        ready = self.reader.ready
-        if ready:
-            request, keep_alive = ready.pop(0)
-            self._disarm_idle()
-            self.busy = True
-            self.server._dispatch(self, request, keep_alive)
-            return
-        if self.refusal is not None:
-            self._write(_error_reply(self.refusal.status, self.refusal.reason), close=True)
-            return
-        if self.reader.expect_continue and self.transport is not None:
-            self.reader.expect_continue = False
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        """Dispatch complete requests while handlers answer at once; then answer a refusal, or
+        wait for more bytes."""
+        if self.advancing:
+            return  # a handler answered inside the loop below, which goes on by itself
+        self.advancing = True
+        try:
+            ready = self.reader.ready
+            while ready and not self.busy and not self.closing:
+                request, keep_alive = ready.popleft()
+                self._disarm_idle()
+                self.busy = True
+                self.server._dispatch(self, request, keep_alive)
+            if self.busy or self.closing or self.transport is None:
+                return
+            if self.refusal is not None:
+                self._write(_error_reply(self.refusal.status, self.refusal.reason), close=True)
+            elif self.reader.expect_continue:
+                self.reader.expect_continue = False
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        finally:
+            self.advancing = False
+
+    def abort(self) -> None:
+        """Reset the connection without an answer."""
+        self.closing = True
+        self.busy = False
+        self._disarm_idle()
+        if self.transport is not None:
+            self.transport.abort()
 
     # -- answering
 
@@ -168,7 +190,7 @@ class _ServerConnection(asyncio.Protocol):
     def finish(self, reply: Reply, keep_alive: bool, *, head: bool = False) -> None:
         """Send the handler's reply; go on with the next request or close."""
         self.busy = False
-        close = not keep_alive or self.server._closing or (self.closing and not self.reader.ready)
+        close = not keep_alive or self.closing or self.server._closing
         self._write(reply, close=close, head=head)
         if close or self.transport is None:
             return
@@ -182,7 +204,9 @@ class HTTPServer:
     """An HTTP/1.1 server calling one ``handler`` per request.
 
     Attributes:
-        handler: Turns a ``Request`` into a ``Reply``; an exception becomes a 500.
+        handler: Turns a ``Request`` into a ``Reply``, directly (answered inside the read, no
+            task) or as an awaitable (run as a task); an exception becomes a 500,
+            ``AbortConnection`` resets the connection without an answer.
         limits: What a request may be.
         idle_timeout_s: A connection idle (or half-way through a request head) this long is
             closed.
@@ -196,11 +220,13 @@ class HTTPServer:
     _tasks: set[asyncio.Task[None]] = attrs.field(init=False, factory=set)
     _closing: bool = attrs.field(init=False, default=False)
 
-    async def listen_tcp(self, host: str, port: int) -> tuple[str, int]:
-        """Listen on ``host:port`` (0: any free port); returns the bound host and port.
-        Raises ``OSError``."""
+    async def listen_tcp(self, host: str, port: int, *, backlog: int = 100) -> tuple[str, int]:
+        """Listen on ``host:port`` (0: any free port) with a ``backlog`` of connections not yet
+        accepted; returns the bound host and port. Raises ``OSError``."""
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: _ServerConnection(self), host, port)
+        server = await loop.create_server(
+            lambda: _ServerConnection(self), host, port, backlog=backlog
+        )
         self._servers.append(server)
         bound = server.sockets[0].getsockname()
         return str(bound[0]), int(bound[1])
@@ -212,16 +238,34 @@ class HTTPServer:
         self._servers.append(server)
 
     def _dispatch(self, conn: _ServerConnection, request: Request, keep_alive: bool) -> None:
-        task = asyncio.get_running_loop().create_task(self._answer(conn, request, keep_alive))
+        head = request.method == "HEAD"
+        try:
+            answer = self.handler(request)
+        except AbortConnection:
+            conn.abort()
+            return
+        except Exception as error:  # noqa: BLE001 - every request gets an answer
+            answer = _error_reply(500, f"internal error: {type(error).__name__}")
+        if isinstance(answer, Reply):  # answered at once: no task
+            conn.finish(answer, keep_alive, head=head)
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._answer(conn, answer, keep_alive, head=head)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, conn: _ServerConnection, request: Request, keep_alive: bool) -> None:
+    async def _answer(
+        self, conn: _ServerConnection, answer: Awaitable[Reply], keep_alive: bool, *, head: bool
+    ) -> None:
         try:
-            reply = await self.handler(request)
+            reply = await answer
+        except AbortConnection:
+            conn.abort()
+            return
         except Exception as error:  # noqa: BLE001 - every request gets an answer
             reply = _error_reply(500, f"internal error: {type(error).__name__}")
-        conn.finish(reply, keep_alive, head=request.method == "HEAD")
+        conn.finish(reply, keep_alive, head=head)
 
     async def aclose(self, grace_s: float = 5.0) -> None:
         """Stop listening, let running handlers finish for up to ``grace_s`` (then cancel them),

@@ -251,4 +251,5 @@ class Reply:
     headers: tuple[tuple[str, str], ...] = ()
 
 
-Handler = Callable[[Request], Awaitable[Reply]]
+# Turns a request into a reply, directly or as an awaitable.
+Handler = Callable[[Request], Awaitable[Reply] | Reply]
