@@ -697,6 +697,20 @@ async def test_server_keeps_the_connection_alive_and_answers_pipelined_requests_
         (b"G(T / HTTP/1.1\r\nHost: h\r\n\r\n", b"400"),
         (b"GET / HTTP/2.0\r\nHost: h\r\n\r\n", b"505"),
         (b"GET / HTTP/1.1\r\n\r\n", b"400"),  # no Host
+        (b"GET / HTTP/1.1\r\nHost: h\r\nHost: i\r\n\r\n", b"400"),  # two
+        (b"GET / HTTP/1.1\nHost: h\n\n", b"400"),  # bare LF
+        (b"GET / HTTP/1.1\r\nHost: h\r\nX-A: a\rb\r\n\r\n", b"400"),  # bare CR
+        (b"GET / HTTP/1.1\r\nHost: h\r\nX-A: a\x00b\r\n\r\n", b"400"),  # NUL
+        (b"GET / HTTP/1.1\r\nHost: h\r\nX-A : v\r\n\r\n", b"400"),  # space before colon
+        (b"FROB / HTTP/1.1\r\nHost: h\r\n\r\n", b"400"),  # a method llhttp does not know
+        (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nx", b"400"),
+        (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1, 1\r\n\r\nx", b"400"),
+        (
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n",
+            b"400",
+        ),
+        (b"GET / HTTP/1.1\r\nHost: h\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\n", b"400"),
         (b"GET / HTTP/1.1\r\nHost: h\r\nBad Header: v\r\n\r\n", b"400"),
         (b"GET / HTTP/1.1\r\nHost: h\r\n folded\r\n\r\n", b"400"),
         (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: x\r\n\r\n", b"400"),

@@ -146,7 +146,11 @@ class _ClientConnection(asyncio.Protocol):
     def start(self, request: bytes, *, head_request: bool) -> asyncio.Future[Response]:
         """Send ``request`` and return the future of its response."""
         assert self.transport is not None
-        self.reader = ResponseReader(self.limits, head_request=head_request)
+        reader = self.reader
+        if reader is None or not reader.usable or head_request:
+            self.reader = ResponseReader(self.limits, head_request=head_request)
+        else:
+            reader.restart(head_request=head_request)
         self.received = 0
         self.reusable = False
         waiter: asyncio.Future[Response] = asyncio.get_running_loop().create_future()

@@ -15,8 +15,9 @@ open:
   phrase without control characters, no ``101`` (nothing here asks to switch protocols).
 - **Framing.** ``Transfer-Encoding`` is ``chunked`` or absent; a ``Content-Length`` has at most 18
   digits; a response body framed by neither runs to the end of the connection (never reused).
-- **Requests.** The target is in origin-form (starts with ``/``), an HTTP/1.1 request has a
-  ``Host``, a request body is framed by ``Content-Length`` only (``Transfer-Encoding``: 501).
+- **Requests.** The target is in origin-form (starts with ``/``), an HTTP/1.1 request has one
+  ``Host`` (never two), a request body is framed by ``Content-Length`` only
+  (``Transfer-Encoding``: 501).
 
 A refused response raises ``MalformedMessage`` or ``MessageTooLarge``; a refused request raises
 ``Refusal`` with the status the server answers before closing the connection.
@@ -104,6 +105,8 @@ def _feed(parser: httptools.HttpRequestParser | httptools.HttpResponseParser, da
 class _Reader:
     """What both readers share: header fields collected under the head bounds."""
 
+    single: frozenset[str] = frozenset()  # fields that may appear only once
+
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.in_head = True
@@ -138,7 +141,12 @@ class _Reader:
         key = name.decode("ascii").lower()
         text = value.decode("latin-1").strip(" \t")
         fields = self.fields
-        fields[key] = f"{fields[key]}, {text}" if key in fields else text
+        if key in fields:
+            if key in self.single:
+                raise MalformedMessage(f"more than one {name.decode('ascii')!r} header field")
+            fields[key] = f"{fields[key]}, {text}"
+        else:
+            fields[key] = text
 
     def _after_feed(self, data_len: int, what: str) -> None:
         """Bound a head that has not ended yet (llhttp buffers nothing, ``httptools`` does)."""
@@ -163,6 +171,13 @@ class ResponseReader(_Reader):
 
     def __init__(self, limits: Limits, *, head_request: bool) -> None:
         super().__init__(limits)
+        self._parser = httptools.HttpResponseParser(self)
+        self.usable = True  # the parser can read another response (see ``restart``)
+        self.restart(head_request=head_request)
+
+    def restart(self, *, head_request: bool) -> None:
+        """Get ready for the response to the next request on the same connection (cheaper than
+        a new reader; only after a complete response, and never after ``HEAD``)."""
         self.head_request = head_request
         self.framing = _IN_HEAD
         self.interim = 0
@@ -170,7 +185,6 @@ class ResponseReader(_Reader):
         self.reason = ""
         self.reusable = False
         self.done: Response | None = None
-        self._parser = httptools.HttpResponseParser(self)
 
     # -- httptools callbacks
 
@@ -259,9 +273,13 @@ class ResponseReader(_Reader):
             raise MalformedMessage("bytes after the end of the response")
         try:
             _feed(self._parser, data)
+            self._after_feed(len(data), "the response head")
         except _HeadDone:
+            self.usable = False  # llhttp stopped in the middle of the message
             return self.done
-        self._after_feed(len(data), "the response head")
+        except BaseException:
+            self.usable = False
+            raise
         return self.done
 
     def until_close(self) -> Response | None:
@@ -277,6 +295,8 @@ class RequestReader(_Reader):
 
     After a ``Refusal`` the reader is dead: the server answers it and closes the connection.
     """
+
+    single = frozenset({"host"})
 
     def __init__(self, limits: Limits) -> None:
         super().__init__(limits)
