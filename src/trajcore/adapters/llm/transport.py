@@ -48,13 +48,20 @@ from typing import NoReturn, TypeVar
 import anyio
 import attrs
 
-from trajcore.adapters.http1 import HTTPClient, HTTPError, Limits, Origin, parse_url
+from trajcore.adapters.http1 import (
+    HTTPClient,
+    HTTPError,
+    Limits,
+    MemoryTransport,
+    Origin,
+    parse_url,
+)
 from trajcore.domain.errors import ConfigError, ModelServerError, PoolClosed, RateLimited
 from trajcore.domain.messages import JSONObject
 
 from .wire import is_transient, retry_after_s
 
-__all__ = ["ModelServerClient", "RetryPolicy", "TransportStatistics"]
+__all__ = ["HTTPModelServer", "ModelServerClient", "RetryPolicy", "TransportStatistics"]
 
 T = TypeVar("T")
 
@@ -141,6 +148,7 @@ class ModelServerClient:
         retry: The retry policy.
         max_connections: Most connections open at once (requests beyond it queue).
         rng: Source of backoff jitter.
+        transport: ``None`` to speak over sockets; a ``MemoryTransport`` answers in memory.
     """
 
     base_url: str = attrs.field(validator=_check_url, converter=_strip_slash)
@@ -148,6 +156,7 @@ class ModelServerClient:
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     max_connections: int = 1024
     rng: random.Random = attrs.field(factory=random.Random)
+    transport: MemoryTransport | None = None
     _http: HTTPClient | None = attrs.field(default=None, init=False)
     _closed: bool = attrs.field(default=False, init=False)
     _attempts: int = attrs.field(default=0, init=False)
@@ -173,7 +182,10 @@ class ModelServerClient:
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         self._http = HTTPClient(
-            limits=_LIMITS, max_connections=self.max_connections, headers=headers
+            limits=_LIMITS,
+            max_connections=self.max_connections,
+            headers=headers,
+            transport=self.transport,
         )
         return self._http
 
@@ -254,3 +266,47 @@ class ModelServerClient:
         if http is not None:
             with anyio.CancelScope(shield=True):
                 await http.aclose()
+
+
+@attrs.define
+class HTTPModelServer:
+    """What every model-server adapter over HTTP shares: one ``ModelServerClient``.
+
+    Attributes:
+        base_url: Where the adapter's request paths are appended (each adapter says what).
+        api_key: Sent as ``Authorization: Bearer <api_key>`` when set.
+        retry: Retry policy for 429, 5xx and connection failures.
+        max_connections: Most connections open at once.
+        rng: Source of backoff jitter.
+        transport: ``None`` to speak over sockets; a ``MemoryTransport`` answers in memory.
+    """
+
+    base_url: str
+    api_key: str | None = None
+    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
+    max_connections: int = 1024
+    rng: random.Random = attrs.field(factory=random.Random)
+    transport: MemoryTransport | None = None
+    _client: ModelServerClient = attrs.field(init=False)
+
+    def _root(self) -> str:
+        """The client's base URL."""
+        return self.base_url
+
+    def __attrs_post_init__(self) -> None:
+        self._client = ModelServerClient(
+            base_url=self._root(),
+            api_key=self.api_key,
+            retry=self.retry,
+            max_connections=self.max_connections,
+            rng=self.rng,
+            transport=self.transport,
+        )
+
+    def statistics(self) -> TransportStatistics:
+        """Attempts, retries and failures so far."""
+        return self._client.statistics()
+
+    async def aclose(self) -> None:
+        """Close the connections. Idempotent; later calls raise ``PoolClosed``."""
+        await self._client.aclose()
