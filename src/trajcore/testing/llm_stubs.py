@@ -21,6 +21,8 @@ The server is ``adapters.http1.HTTPServer`` with a handler that answers directly
 request; only a delayed answer waits), so the benchmark's ceiling measures the client, not the
 stub.
 
+``memory_transport()`` gives the same stub to an adapter without a socket (unit tests).
+
 ``python -m trajcore.testing.llm_stubs`` serves one in its own process (for ``bench/llm.py``) and
 prints its port.
 """
@@ -44,7 +46,7 @@ from trajcore.adapters.fakes.llm import (
     TokenResponder,
     truncate_completion,
 )
-from trajcore.adapters.http1 import AbortConnection, HTTPServer, Reply, Request
+from trajcore.adapters.http1 import AbortConnection, HTTPServer, MemoryTransport, Reply, Request
 from trajcore.domain.errors import InvalidInput
 from trajcore.domain.messages import JSON, JSONObject, Message, ToolCall
 from trajcore.domain.sampling import ChatTurn, FinishReason, TokenCompletion
@@ -314,6 +316,11 @@ class LoopbackLLMServer:
     def inject(self, *faults: LLMFault) -> None:
         """Queue ``faults``; each replaces the answer to one upcoming POST."""
         self._faults.extend(faults)
+
+    def memory_transport(self) -> MemoryTransport:
+        """This stub as an in-memory transport for an ``HTTPClient`` (no socket, no ``start``):
+        the same answers, faults and records; a dropped connection is ``ConnectionLost``."""
+        return MemoryTransport(self._handle)
 
     async def start(self, port: int = 0) -> None:
         """Listen on 127.0.0.1 (``port`` 0: an ephemeral one)."""

@@ -35,7 +35,7 @@ from .errors import (
     RequestTimedOut,
 )
 from .parsing import Refusal, RequestReader, ResponseReader
-from .server import encode_reply
+from .server import AbortConnection, encode_reply
 from .values import (
     CRLF,
     TARGET_FORBIDDEN,
@@ -63,7 +63,8 @@ class MemoryTransport:
     The request reaches ``handler`` as the server would read it (``Request``); the ``Reply``
     reaches the caller as the client would read it (``Response``). An ``HTTPError`` the handler
     raises (``ConnectFailed``, ``ConnectionLost``, ...) is what the caller gets, as if the network
-    had failed; any other exception propagates unchanged.
+    had failed, and ``AbortConnection`` (as from an ``HTTPServer`` handler) is ``ConnectionLost``;
+    any other exception propagates unchanged.
 
     Attributes:
         handler: Answers one request.
@@ -314,8 +315,11 @@ class HTTPClient:
         except Refusal as refusal:  # the encoder and the parser disagree: a bug here
             raise MalformedMessage(f"request refused in memory: {refusal.reason}") from None
         ((request, keep),) = incoming.ready
-        answer = transport.handler(request)
-        reply = await answer if inspect.isawaitable(answer) else answer
+        try:
+            answer = transport.handler(request)
+            reply = await answer if inspect.isawaitable(answer) else answer
+        except AbortConnection:
+            raise ConnectionLost("the server reset the connection before the response") from None
         if self._closed:
             raise ClientClosed("the HTTP client was closed during the request")
         reader = ResponseReader(self.limits, head_request=head_request)
