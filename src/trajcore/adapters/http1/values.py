@@ -8,6 +8,7 @@ from typing import Final
 import attrs
 
 from trajcore.domain.errors import ConfigError
+from trajcore.domain.validators import whole_number
 
 __all__ = [
     "ClientStatistics",
@@ -38,9 +39,7 @@ REASONS: Final = {
 }  # fmt: skip
 
 
-def _positive_int(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if type(value) is not int or value <= 0:
-        raise ConfigError(f"limits.{attribute.name}", f"must be a positive integer, got {value!r}")
+_positive_int = whole_number(1, prefix="limits.")
 
 
 @attrs.frozen(kw_only=True)

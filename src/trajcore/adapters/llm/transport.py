@@ -58,6 +58,7 @@ from trajcore.adapters.http1 import (
 )
 from trajcore.domain.errors import ConfigError, ModelServerError, PoolClosed, RateLimited
 from trajcore.domain.messages import JSONObject
+from trajcore.domain.validators import finite_number, whole_number
 
 from .wire import is_transient, retry_after_s
 
@@ -71,21 +72,9 @@ ResponseParser = Callable[[int, Mapping[str, str], bytes], T]
 _LIMITS = Limits(max_body_bytes=512 << 20)
 
 
-def _positive(_: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"retry.{attribute.name}", f"must be positive, got {value!r}")
-
-
-def _optional_positive(
-    _: object, attribute: attrs.Attribute[float | None], value: float | None
-) -> None:
-    if value is not None and not value > 0:
-        raise ConfigError(f"retry.{attribute.name}", f"must be positive or None, got {value!r}")
-
-
-def _at_least_one(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if value < 1:
-        raise ConfigError(f"retry.{attribute.name}", f"must be at least 1, got {value}")
+_positive = finite_number(0.0, prefix="retry.")
+_optional_positive = finite_number(0.0, optional=True, prefix="retry.")
+_at_least_one = whole_number(1, prefix="retry.")
 
 
 @attrs.frozen(kw_only=True)
