@@ -22,19 +22,16 @@ Rules it keeps:
 - **Close.** ``aclose`` is idempotent and shielded from cancellation; a request issued after it, or
   interrupted by it, raises ``PoolClosed``.
 
-Which HTTP client, and why. Measured on these machines (2 cores, a loopback stub that serves
-about 10k requests/s to a raw asyncio client): httpx's ``AsyncClient`` falls from about 1k
-requests/s at concurrency 1 to about 0.4k at concurrency 64 -- its connection pool does
-per-request work that grows with the number of waiting requests, and every request crosses
-several layers of ``anyio``-wrapped streams. aiohttp's ``ClientSession`` keeps its rate as
-concurrency grows but tops out at 2-3.5k requests/s at concurrency 256 here: per exchange it
-builds timers, tracing hooks, multidicts and several futures. ``adapters.http1.HTTPClient`` (an
-asyncio protocol per keep-alive connection, the response parsed as bytes arrive, the most recently
-used idle connection handed over in O(1)) does the same exchange at 2-4x aiohttp's rate, within
-reach of the raw ceiling. ``bench/llm.py`` measures all three in the same run beside the ceiling
-and prints the numbers. ``HTTPClient`` runs on asyncio, which is the backend trajcore runs on;
+Which HTTP client, and why. The exchange runs on ``adapters.http1.HTTPClient``: an asyncio
+protocol per keep-alive connection, the response parsed as its bytes arrive, the most recently
+used idle connection handed over first. httpx's pool does per-request work that grows with the
+number of waiting requests, and aiohttp's client builds timers, tracing hooks and several futures
+per exchange; at the concurrency a rollout runs, that overhead is larger than the exchange.
+``bench/llm.py`` measures all three beside a raw asyncio ceiling; the figures are in
+``docs/benchmarks.md``. ``HTTPClient`` runs on asyncio, which is the backend trajcore runs on;
 cancellation still comes from anyio scopes, which on asyncio cancel the task the request runs in,
-and a cancelled request never returns its connection to the pool.
+and a cancelled request never returns its connection to the pool. Built with a
+``MemoryTransport``, the client answers in memory (unit tests).
 """
 
 from __future__ import annotations
