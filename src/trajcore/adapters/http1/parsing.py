@@ -77,7 +77,10 @@ def is_chunked(fields: Mapping[str, str]) -> bool:
 
 def keep_alive(version: str, fields: Mapping[str, str]) -> bool:
     """Whether the connection stays open after this message."""
-    tokens = {t.strip().lower() for t in fields.get("connection", "").split(",")}
+    raw = fields.get("connection")
+    if raw is None:
+        return version == "1.1"
+    tokens = {t.strip().lower() for t in raw.split(",")}
     if "close" in tokens:
         return False
     return version == "1.1" or "keep-alive" in tokens
@@ -110,43 +113,53 @@ class _Reader:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.in_head = True
-        self.head_bytes = 0  # bytes of the head seen through callbacks
+        self.head_bytes = 0  # bytes of the head (then of the trailers) seen through callbacks
         self.head_fed = 0  # bytes fed while the current head was incomplete
         self.completed = False  # a message completed during the current feed
+        self.raw: list[tuple[bytes, bytes]] = []  # the head's fields, read at its end
         self.fields: dict[str, str] = {}
-        self.count = 0
         self.body = bytearray()
 
     def _begin(self) -> None:
         self.in_head = True
         self.head_bytes = 0
         self.head_fed = 0
+        self.raw = []
         self.fields = {}
-        self.count = 0
         self.body = bytearray()
 
     def _too_large(self, what: str) -> HTTPError:
         return MessageTooLarge(f"{what} exceeds {self.limits.max_head_bytes} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.count += 1
+        if self.in_head:
+            # Bounded by ``_after_feed`` until the head ends, then checked by ``_collect``.
+            self.raw.append((name, value))
+            return
+        # A trailer: validated by llhttp, bounded here, then dropped.
         self.head_bytes += len(name) + len(value) + 4
-        limits = self.limits
-        if self.count > limits.max_headers:
+        if self.head_bytes > self.limits.max_head_bytes:
+            raise self._too_large("the trailer section")
+
+    def _collect(self) -> None:
+        """The head's fields into ``fields`` (names lower-cased, repeats joined), within the
+        bounds; adds their bytes to ``head_bytes``."""
+        raw, limits = self.raw, self.limits
+        if len(raw) > limits.max_headers:
             raise MessageTooLarge(f"more than {limits.max_headers} header fields")
-        if self.head_bytes > limits.max_head_bytes:
-            raise self._too_large("the head" if self.in_head else "the trailer section")
-        if not self.in_head:
-            return  # a trailer: validated by llhttp, bounded here, then dropped
-        key = name.decode("ascii").lower()
-        text = value.decode("latin-1").strip(" \t")
         fields = self.fields
-        if key in fields:
-            if key in self.single:
-                raise MalformedMessage(f"more than one {name.decode('ascii')!r} header field")
-            fields[key] = f"{fields[key]}, {text}"
-        else:
-            fields[key] = text
+        size = 4 * len(raw)
+        for name, value in raw:
+            size += len(name) + len(value)
+            key = name.decode("ascii").lower()
+            text = value.decode("latin-1").strip(" \t")
+            if key in fields:
+                if key in self.single:
+                    raise MalformedMessage(f"more than one {name.decode('ascii')!r} header field")
+                fields[key] = f"{fields[key]}, {text}"
+            else:
+                fields[key] = text
+        self.head_bytes += size
 
     def _after_feed(self, data_len: int, what: str) -> None:
         """Bound a head that has not ended yet (llhttp buffers nothing, ``httptools`` does)."""
@@ -201,6 +214,7 @@ class ResponseReader(_Reader):
         self.reason += reason.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        self._collect()
         self.head_bytes += 17  # "HTTP/1.1 200 " and the CRLFs around the section
         if self.head_bytes > self.limits.max_head_bytes:
             raise self._too_large("the response head")
@@ -319,6 +333,7 @@ class RequestReader(_Reader):
         self.head_bytes += len(piece)
 
     def on_headers_complete(self) -> None:
+        self._collect()
         parser = self._parser
         method = parser.get_method()
         self.head_bytes += len(method) + 14  # " HTTP/1.1" and the CRLFs around the section

@@ -84,6 +84,7 @@ class _ServerConnection(asyncio.Protocol):
         self.refusal: Refusal | None = None  # answered once the requests before it are
         self.advancing = False
         self.idle_timer: asyncio.TimerHandle | None = None
+        self.idle_since: float | None = None  # when the connection went idle; None: busy
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -94,7 +95,7 @@ class _ServerConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self.transport = None
-        self._disarm_idle()
+        self._cancel_idle()
         self.server._connections.discard(self)
 
     def data_received(self, data: bytes) -> None:
@@ -120,11 +121,30 @@ class _ServerConnection(asyncio.Protocol):
     # -- idle handling
 
     def _arm_idle(self) -> None:
-        self._disarm_idle()
+        """The connection is idle from now: closed unless a request starts within the timeout.
+        One timer per connection, moved on lazily (cheaper than one per request)."""
         loop = asyncio.get_running_loop()
-        self.idle_timer = loop.call_later(self.server.idle_timeout_s, self._close)
+        self.idle_since = loop.time()
+        if self.idle_timer is None:
+            deadline = self.idle_since + self.server.idle_timeout_s
+            self.idle_timer = loop.call_at(deadline, self._idle_check)
 
     def _disarm_idle(self) -> None:
+        self.idle_since = None  # busy: the timer, when it fires, leaves the connection open
+
+    def _idle_check(self) -> None:
+        self.idle_timer = None
+        if self.idle_since is None or self.closing:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = self.idle_since + self.server.idle_timeout_s
+        if loop.time() >= deadline:
+            self._close()
+        else:
+            self.idle_timer = loop.call_at(deadline, self._idle_check)
+
+    def _cancel_idle(self) -> None:
+        self.idle_since = None
         if self.idle_timer is not None:
             self.idle_timer.cancel()
             self.idle_timer = None
@@ -141,7 +161,7 @@ class _ServerConnection(asyncio.Protocol):
 
     def _close(self) -> None:
         self.closing = True
-        self._disarm_idle()
+        self._cancel_idle()
         if self.transport is not None:
             self.transport.close()
 
@@ -174,7 +194,7 @@ class _ServerConnection(asyncio.Protocol):
         """Reset the connection without an answer."""
         self.closing = True
         self.busy = False
-        self._disarm_idle()
+        self._cancel_idle()
         if self.transport is not None:
             self.transport.abort()
 
