@@ -319,6 +319,7 @@ class RequestReader(_Reader):
         )  # complete requests and their keep-alive
         self.expect_continue = False  # the request in progress waits for 100 Continue
         self.url = bytearray()
+        self.method = b""
         self._keep = True
         self._parser = httptools.HttpRequestParser(self)
 
@@ -335,7 +336,7 @@ class RequestReader(_Reader):
     def on_headers_complete(self) -> None:
         self._collect()
         parser = self._parser
-        method = parser.get_method()
+        method = self.method = parser.get_method()
         self.head_bytes += len(method) + 14  # " HTTP/1.1" and the CRLFs around the section
         limits = self.limits
         if self.head_bytes > limits.max_head_bytes:
@@ -369,7 +370,7 @@ class RequestReader(_Reader):
         self.expect_continue = False
         target = self.url.decode("utf-8", "replace")
         request = Request(
-            method=self._parser.get_method().decode("ascii"),
+            method=self.method.decode("ascii"),
             target=target,
             path=target.partition("?")[0],
             headers=Headers._trusted(self.fields),

@@ -85,6 +85,7 @@ class _ServerConnection(asyncio.Protocol):
         self.advancing = False
         self.idle_timer: asyncio.TimerHandle | None = None
         self.idle_since: float | None = None  # when the connection went idle; None: busy
+        self.loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -123,7 +124,7 @@ class _ServerConnection(asyncio.Protocol):
     def _arm_idle(self) -> None:
         """The connection is idle from now: closed unless a request starts within the timeout.
         One timer per connection, moved on lazily (cheaper than one per request)."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         self.idle_since = loop.time()
         if self.idle_timer is None:
             deadline = self.idle_since + self.server.idle_timeout_s
@@ -136,7 +137,7 @@ class _ServerConnection(asyncio.Protocol):
         self.idle_timer = None
         if self.idle_since is None or self.closing:
             return
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         deadline = self.idle_since + self.server.idle_timeout_s
         if loop.time() >= deadline:
             self._close()
