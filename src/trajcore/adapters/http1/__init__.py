@@ -23,13 +23,15 @@ What it speaks:
 
 Rules it keeps:
 
-- **Strict parsing, bounded reads.** A status or request line, a header section and a chunk-size
-  line are each bounded (``Limits``); the header section is also bounded in count. Lines end in
-  CRLF; a bare CR or LF, a NUL, a space before a header's colon, an obsolete line fold, a non-token
-  header name, a malformed or conflicting ``Content-Length``, a ``Transfer-Encoding`` other than
-  ``chunked``, a message with both, a chunk size that is not hex or a chunk not followed by CRLF:
-  each is refused, never guessed at. A body beyond ``max_body_bytes`` is refused as soon as its
-  declared length (or its chunks so far) says so, before it is buffered.
+- **Strict parsing, bounded reads.** Messages are parsed by llhttp (``httptools``) with the rules
+  of ``parsing`` on top. A head (start line and header section) and a chunked body's trailer
+  section are bounded in bytes, the header section in count (``Limits``); a chunk size is at most
+  16 hex digits. Lines end in CRLF; a bare CR or LF, a NUL or other control character, a space
+  before a header's colon, an obsolete line fold, a non-token header name or method, a repeated,
+  malformed or conflicting ``Content-Length``, a ``Transfer-Encoding`` other than ``chunked``, a
+  message with both, a second ``Host``, a chunk size that is not hex or a chunk not followed by
+  CRLF: each is refused, never guessed at. A body beyond ``max_body_bytes`` is refused as soon as
+  its declared length (or its chunk data so far) says so, before it is buffered.
 - **A connection is reused only after a complete, well-framed exchange.** Anything else -- a
   parse error, a timeout, a cancellation, a response that ends with the connection -- closes it.
 - **Typed errors.** Every failure of an exchange is an ``HTTPError`` (an ``InfrastructureError``);
