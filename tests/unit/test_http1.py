@@ -303,12 +303,34 @@ async def test_chunked_encoding_errors_are_refused(body: bytes) -> None:
         + b"\r\n40\r\n"
         + b"a" * 40,
         b"HTTP/1.0 200 OK\r\n\r\n" + b"a" * 101,  # until close, beyond 100
+        # a trailer section beyond the head limit
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-T: "
+        + b"a" * 2000
+        + b"\r\n\r\n",
     ],
 )
 async def test_oversized_heads_and_bodies_are_refused(response: bytes) -> None:
     limits = Limits(max_head_bytes=1024, max_headers=20, max_body_bytes=100)
     async with scripted(answer_with(response, keep_open=True)) as (origin, _):
         client = HTTPClient(limits=limits)
+        with anyio.fail_after(5), pytest.raises(MessageTooLarge):
+            await client.request("GET", origin, "/")
+        await client.aclose()
+
+
+async def test_a_trailer_that_never_ends_is_refused_once_beyond_the_head_limit() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n")
+        await writer.drain()
+        for _ in range(10):  # a trailer field, never ended
+            await asyncio.sleep(0.01)
+            writer.write(b"X-Trailer: " if _ == 0 else b"a" * 500)
+            await writer.drain()
+        await reader.read()
+
+    async with scripted(script) as (origin, _):
+        client = HTTPClient(limits=Limits(max_head_bytes=1024))
         with anyio.fail_after(5), pytest.raises(MessageTooLarge):
             await client.request("GET", origin, "/")
         await client.aclose()

@@ -198,6 +198,8 @@ class ResponseReader(_Reader):
         self.reason = ""
         self.reusable = False
         self.done: Response | None = None
+        self.quiet = 0  # bytes of a chunked body fed without chunk data (framing, trailers)
+        self.moved = False  # chunk data arrived (or the head ended) during the current feed
 
     # -- httptools callbacks
 
@@ -239,6 +241,7 @@ class ResponseReader(_Reader):
         length = content_length(fields)
         self.reusable = keep_alive(version, fields)
         self.head_bytes = 0  # from here on: the trailer section's bytes
+        self.moved = True  # the head's bytes are not the framing's
         if self.head_request:
             self.framing = LENGTH
             self._finish()
@@ -258,6 +261,7 @@ class ResponseReader(_Reader):
             self.reusable = False
 
     def on_body(self, piece: bytes) -> None:
+        self.moved = True
         self._body_piece(piece, "response")
 
     def on_message_complete(self) -> None:
@@ -288,6 +292,8 @@ class ResponseReader(_Reader):
         try:
             _feed(self._parser, data)
             self._after_feed(len(data), "the response head")
+            if self.framing == CHUNKED and self.done is None:
+                self._bound_framing(len(data))
         except _HeadDone:
             self.usable = False  # llhttp stopped in the middle of the message
             return self.done
@@ -295,6 +301,17 @@ class ResponseReader(_Reader):
             self.usable = False
             raise
         return self.done
+
+    def _bound_framing(self, data_len: int) -> None:
+        """Bound what a chunked body sends besides data: ``httptools`` buffers a trailer field
+        until it ends, so reads without chunk data count against ``max_head_bytes`` (a read that
+        also carried data or the head is bounded by its own size)."""
+        if self.moved:
+            self.quiet, self.moved = 0, False
+            return
+        self.quiet += data_len
+        if self.quiet > self.limits.max_head_bytes:
+            raise self._too_large("the chunked framing or trailer section")
 
     def until_close(self) -> Response | None:
         """The response when the connection ended, if its body runs to the end of it."""
