@@ -34,9 +34,9 @@ from trajcore.adapters.http1 import (
     Request,
     RequestTimedOut,
     Response,
-    _ClientConnection,
     parse_url,
 )
+from trajcore.adapters.http1.client import _ClientConnection
 from trajcore.domain.errors import ConfigError, InfrastructureError
 
 pytestmark = pytest.mark.anyio
@@ -256,12 +256,17 @@ async def test_malformed_header_sections_are_refused(fields: bytes) -> None:
         await client.aclose()
 
 
-async def test_a_repeated_equal_content_length_is_accepted() -> None:
-    response = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nok"
+@pytest.mark.parametrize(
+    "fields", [b"Content-Length: 2\r\nContent-Length: 2", b"Content-Length: 2, 2"]
+)
+async def test_a_repeated_content_length_is_refused_even_when_equal(fields: bytes) -> None:
+    # RFC 9110 lets a recipient merge equal values or refuse; refusing leaves no room for a
+    # framing disagreement with a proxy in front.
+    response = b"HTTP/1.1 200 OK\r\n" + fields + b"\r\n\r\nok"
     async with scripted(answer_with(response)) as (origin, _):
         client = HTTPClient()
-        with anyio.fail_after(5):
-            assert (await client.request("GET", origin, "/")).body == b"ok"
+        with anyio.fail_after(5), pytest.raises(MalformedMessage):
+            await client.request("GET", origin, "/")
         await client.aclose()
 
 
@@ -292,14 +297,40 @@ async def test_chunked_encoding_errors_are_refused(body: bytes) -> None:
         b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 2000 + b"\r\n\r\n",  # head beyond 1 KiB
         b"HTTP/1.1 200 OK\r\n" + b"X-A: b\r\n" * 20 + b"Content-Length: 0\r\n\r\n",  # 21 fields
         b"HTTP/1.1 200 OK\r\nContent-Length: 101\r\n\r\n",  # declared body beyond 100
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n40\r\n" + b"a" * 64 + b"\r\n40\r\n",
+        # chunks beyond 100 bytes so far (refused before the second chunk is complete)
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n40\r\n"
+        + b"a" * 64
+        + b"\r\n40\r\n"
+        + b"a" * 40,
         b"HTTP/1.0 200 OK\r\n\r\n" + b"a" * 101,  # until close, beyond 100
+        # a trailer section beyond the head limit
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-T: "
+        + b"a" * 2000
+        + b"\r\n\r\n",
     ],
 )
 async def test_oversized_heads_and_bodies_are_refused(response: bytes) -> None:
     limits = Limits(max_head_bytes=1024, max_headers=20, max_body_bytes=100)
     async with scripted(answer_with(response, keep_open=True)) as (origin, _):
         client = HTTPClient(limits=limits)
+        with anyio.fail_after(5), pytest.raises(MessageTooLarge):
+            await client.request("GET", origin, "/")
+        await client.aclose()
+
+
+async def test_a_trailer_that_never_ends_is_refused_once_beyond_the_head_limit() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n")
+        await writer.drain()
+        for _ in range(10):  # a trailer field, never ended
+            await asyncio.sleep(0.01)
+            writer.write(b"X-Trailer: " if _ == 0 else b"a" * 500)
+            await writer.drain()
+        await reader.read()
+
+    async with scripted(script) as (origin, _):
+        client = HTTPClient(limits=Limits(max_head_bytes=1024))
         with anyio.fail_after(5), pytest.raises(MessageTooLarge):
             await client.request("GET", origin, "/")
         await client.aclose()
@@ -688,6 +719,20 @@ async def test_server_keeps_the_connection_alive_and_answers_pipelined_requests_
         (b"G(T / HTTP/1.1\r\nHost: h\r\n\r\n", b"400"),
         (b"GET / HTTP/2.0\r\nHost: h\r\n\r\n", b"505"),
         (b"GET / HTTP/1.1\r\n\r\n", b"400"),  # no Host
+        (b"GET / HTTP/1.1\r\nHost: h\r\nHost: i\r\n\r\n", b"400"),  # two
+        (b"GET / HTTP/1.1\nHost: h\n\n", b"400"),  # bare LF
+        (b"GET / HTTP/1.1\r\nHost: h\r\nX-A: a\rb\r\n\r\n", b"400"),  # bare CR
+        (b"GET / HTTP/1.1\r\nHost: h\r\nX-A: a\x00b\r\n\r\n", b"400"),  # NUL
+        (b"GET / HTTP/1.1\r\nHost: h\r\nX-A : v\r\n\r\n", b"400"),  # space before colon
+        (b"FROB / HTTP/1.1\r\nHost: h\r\n\r\n", b"400"),  # a method llhttp does not know
+        (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nx", b"400"),
+        (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1, 1\r\n\r\nx", b"400"),
+        (
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n",
+            b"400",
+        ),
+        (b"GET / HTTP/1.1\r\nHost: h\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\n", b"400"),
         (b"GET / HTTP/1.1\r\nHost: h\r\nBad Header: v\r\n\r\n", b"400"),
         (b"GET / HTTP/1.1\r\nHost: h\r\n folded\r\n\r\n", b"400"),
         (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: x\r\n\r\n", b"400"),

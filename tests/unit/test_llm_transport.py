@@ -1,4 +1,8 @@
-"""The shared HTTP layer: retries on 429/5xx/connection errors, deadlines, close."""
+"""The shared HTTP layer: retries on 429/5xx/connection errors, deadlines, close.
+
+The stub answers in memory (``LoopbackLLMServer.memory_transport``) where a socket is not the
+point; the loopback tests at the end run the same adapters over real connections.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import anyio
 import pytest
 
 from trajcore.adapters.fakes.llm import LLMFault
+from trajcore.adapters.http1 import MemoryTransport
 from trajcore.adapters.llm.chat import OpenAIChatServer
 from trajcore.adapters.llm.transport import RetryPolicy
 from trajcore.domain.errors import ConfigError, ModelServerError, RateLimited
@@ -26,8 +31,16 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def _chat(url: str, retry: RetryPolicy) -> OpenAIChatServer:
-    return OpenAIChatServer(base_url=f"{url}/v1", model="m", retry=retry, rng=random.Random(1))
+def _chat(
+    url: str, retry: RetryPolicy, transport: MemoryTransport | None = None
+) -> OpenAIChatServer:
+    return OpenAIChatServer(
+        base_url=f"{url}/v1", model="m", retry=retry, rng=random.Random(1), transport=transport
+    )
+
+
+def _in_memory(stub: LoopbackLLMServer, retry: RetryPolicy) -> OpenAIChatServer:
+    return _chat("http://stub.invalid", retry, stub.memory_transport())
 
 
 async def test_429_then_success_is_retried_and_counted() -> None:
@@ -43,35 +56,35 @@ async def test_429_then_success_is_retried_and_counted() -> None:
 
 
 async def test_5xx_until_the_deadline_raises_model_server_error_before_it() -> None:
-    async with LoopbackLLMServer() as stub:
-        stub.inject(*[LLMFault.server_error(503)] * 1000)
-        server = _chat(stub.url, RetryPolicy(max_attempts=1000, base_delay_s=0.05, max_delay_s=0.1))
-        with anyio.fail_after(0.5), pytest.raises(ModelServerError) as caught:
-            await server.chat(HELLO, tools=(), sampling=SAMPLING)
-        await server.aclose()
+    stub = LoopbackLLMServer()
+    stub.inject(*[LLMFault.server_error(503)] * 1000)
+    server = _in_memory(stub, RetryPolicy(max_attempts=1000, base_delay_s=0.05, max_delay_s=0.1))
+    with anyio.fail_after(0.5), pytest.raises(ModelServerError) as caught:
+        await server.chat(HELLO, tools=(), sampling=SAMPLING)
+    await server.aclose()
     assert caught.value.status == 503
     assert "before the deadline" in str(caught.value)
     assert not isinstance(caught.value, RateLimited)
 
 
 async def test_429_until_attempts_run_out_raises_rate_limited() -> None:
-    async with LoopbackLLMServer() as stub:
-        stub.inject(*[LLMFault.rate_limited()] * 10)
-        server = _chat(stub.url, RetryPolicy(max_attempts=3, base_delay_s=0.001))
-        with pytest.raises(RateLimited) as caught:
-            await server.chat(HELLO, tools=(), sampling=SAMPLING)
-        await server.aclose()
+    stub = LoopbackLLMServer()
+    stub.inject(*[LLMFault.rate_limited()] * 10)
+    server = _in_memory(stub, RetryPolicy(max_attempts=3, base_delay_s=0.001))
+    with pytest.raises(RateLimited) as caught:
+        await server.chat(HELLO, tools=(), sampling=SAMPLING)
+    await server.aclose()
     assert "after 3 attempts" in str(caught.value)
     assert len(stub.requests) == 3
 
 
 async def test_a_retry_after_beyond_the_deadline_gives_up_at_once() -> None:
-    async with LoopbackLLMServer() as stub:
-        stub.inject(LLMFault.rate_limited(retry_after_s=60))
-        server = _chat(stub.url, RetryPolicy(base_delay_s=0.001))
-        with anyio.fail_after(5), pytest.raises(RateLimited):
-            await server.chat(HELLO, tools=(), sampling=SAMPLING)
-        await server.aclose()
+    stub = LoopbackLLMServer()
+    stub.inject(LLMFault.rate_limited(retry_after_s=60))
+    server = _in_memory(stub, RetryPolicy(base_delay_s=0.001))
+    with anyio.fail_after(5), pytest.raises(RateLimited):
+        await server.chat(HELLO, tools=(), sampling=SAMPLING)
+    await server.aclose()
     assert len(stub.requests) == 1
 
 
@@ -88,12 +101,12 @@ async def test_connection_refused_is_a_model_server_error_without_status() -> No
 
 
 async def test_attempt_timeout_turns_a_hung_answer_into_a_retry() -> None:
-    async with LoopbackLLMServer() as stub:
-        stub.inject(LLMFault.delay(30))
-        server = _chat(stub.url, RetryPolicy(base_delay_s=0.001, attempt_timeout_s=0.2))
-        with anyio.fail_after(10):
-            turn = await server.chat(HELLO, tools=(), sampling=SAMPLING)
-        await server.aclose()
+    stub = LoopbackLLMServer()
+    stub.inject(LLMFault.delay(30))
+    server = _in_memory(stub, RetryPolicy(base_delay_s=0.001, attempt_timeout_s=0.2))
+    with anyio.fail_after(10):
+        turn = await server.chat(HELLO, tools=(), sampling=SAMPLING)
+    await server.aclose()
     assert turn.message.content == "echo: hello"
     assert server.statistics().retries == 1
 
@@ -114,3 +127,32 @@ def test_backoff_grows_with_jitter_and_honours_retry_after() -> None:
     assert 1.0 <= delays[1] <= 2.0
     assert all(2.0 <= d <= 4.0 for d in delays[2:])
     assert policy.backoff_s(1, rng, 9.0) == 9.0
+
+
+async def test_a_dropped_connection_is_retried_in_memory_too() -> None:
+    stub = LoopbackLLMServer()
+    stub.inject(LLMFault.dropped())
+    server = _in_memory(stub, RetryPolicy(base_delay_s=0.001))
+    with anyio.fail_after(5):
+        turn = await server.chat(HELLO, tools=(), sampling=SAMPLING)
+    await server.aclose()
+    assert turn.message.content == "echo: hello"
+    assert server.statistics().retries == 1
+
+
+async def test_the_in_memory_request_is_what_the_wire_carries() -> None:
+    stub = LoopbackLLMServer()
+    server = OpenAIChatServer(
+        base_url="http://stub.invalid/v1",
+        model="m",
+        api_key="k-1",
+        transport=stub.memory_transport(),
+    )
+    await server.chat(HELLO, tools=(), sampling=SAMPLING)
+    await server.aclose()
+    (request,) = stub.requests
+    assert (request.method, request.path) == ("POST", "/v1/chat/completions")
+    assert request.headers["authorization"] == "Bearer k-1"
+    assert request.headers["host"] == "stub.invalid"
+    assert isinstance(request.body, dict)
+    assert request.body["max_tokens"] == 8

@@ -17,10 +17,11 @@ queued with ``inject`` replace the answer to one request each: HTTP 429 (with ``
 5xx, a 4xx with an OpenAI-style error body, a malformed body, a late answer, a dropped connection,
 a tool call with broken arguments. Every request is recorded (path, headers, JSON body).
 
-The server is a small ``asyncio.Protocol`` speaking HTTP/1.1 with keep-alive rather than
-``aiohttp.web``: it answers synchronously from the parsed bytes, so it is several times faster and
-the benchmark's ceiling measures the client, not the stub. It understands what LLM clients send
-(``Content-Length`` bodies, no chunked uploads, no pipelining beyond in-order answers).
+The server is ``adapters.http1.HTTPServer`` with a handler that answers directly (no task per
+request; only a delayed answer waits), so the benchmark's ceiling measures the client, not the
+stub.
+
+``memory_transport()`` gives the same stub to an adapter without a socket (unit tests).
 
 ``python -m trajcore.testing.llm_stubs`` serves one in its own process (for ``bench/llm.py``) and
 prints its port.
@@ -33,7 +34,7 @@ import contextlib
 import json
 import sys
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Literal
 
 import attrs
@@ -45,6 +46,7 @@ from trajcore.adapters.fakes.llm import (
     TokenResponder,
     truncate_completion,
 )
+from trajcore.adapters.http1 import AbortConnection, HTTPServer, MemoryTransport, Reply, Request
 from trajcore.domain.errors import InvalidInput
 from trajcore.domain.messages import JSON, JSONObject, Message, ToolCall
 from trajcore.domain.sampling import ChatTurn, FinishReason, TokenCompletion
@@ -60,18 +62,6 @@ __all__ = [
 ]
 
 GenerateDialect = Literal["sglang", "atropos"]
-
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    408: "Request Timeout",
-    422: "Unprocessable Entity",
-    429: "Too Many Requests",
-    500: "Internal Server Error",
-    502: "Bad Gateway",
-    503: "Service Unavailable",
-}
 
 
 @attrs.frozen(kw_only=True)
@@ -294,80 +284,6 @@ def _max_tokens(body: JSONObject, key: str = "max_tokens") -> int:
     return value if isinstance(value, int) and value > 0 else 16
 
 
-class _Connection(asyncio.Protocol):
-    def __init__(self, server: LoopbackLLMServer) -> None:
-        self.server = server
-        self.buffer = bytearray()
-        self.transport: asyncio.Transport | None = None
-        self.busy = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        self.server._connections.add(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.server._connections.discard(self)
-        self.transport = None
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        if not self.busy:
-            self._process()
-
-    def _process(self) -> None:
-        while self.transport is not None and not self.busy:
-            end = self.buffer.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head = bytes(self.buffer[:end]).decode("latin-1")
-            lines = head.split("\r\n")
-            try:
-                method, path, _version = lines[0].split(" ", 2)
-            except ValueError:
-                self.transport.close()
-                return
-            headers: dict[str, str] = {}
-            for line in lines[1:]:
-                name, _, value = line.partition(":")
-                headers[name.strip().lower()] = value.strip()
-            length = int(headers.get("content-length", "0") or 0)
-            if len(self.buffer) < end + 4 + length:
-                return
-            body = bytes(self.buffer[end + 4 : end + 4 + length])
-            del self.buffer[: end + 4 + length]
-            reply = self.server._answer(method, path, headers, body)
-            keep_alive = headers.get("connection", "").lower() != "close"
-            if reply.drop:
-                self.transport.abort()
-                return
-            if reply.delay_s > 0:
-                self.busy = True
-                loop = asyncio.get_running_loop()
-                loop.call_later(reply.delay_s, self._finish_delayed, reply, keep_alive)
-                return
-            self._write(reply, keep_alive)
-
-    def _finish_delayed(self, reply: _Reply, keep_alive: bool) -> None:
-        self.busy = False
-        if self.transport is None:
-            return
-        self._write(reply, keep_alive)
-        self._process()
-
-    def _write(self, reply: _Reply, keep_alive: bool) -> None:
-        assert self.transport is not None
-        extra = "".join(f"{k}: {v}\r\n" for k, v in reply.headers)
-        head = (
-            f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, 'Status')}\r\n"
-            f"content-type: application/json\r\ncontent-length: {len(reply.body)}\r\n"
-            f"{extra}{'' if keep_alive else 'connection: close' + chr(13) + chr(10)}\r\n"
-        )
-        self.transport.write(head.encode("latin-1") + reply.body)
-        if not keep_alive:
-            self.transport.close()
-
-
 @attrs.define
 class LoopbackLLMServer:
     """A scriptable LLM server on 127.0.0.1 (see the module doc).
@@ -388,8 +304,7 @@ class LoopbackLLMServer:
     record: bool = True
     requests: list[StubRequest] = attrs.field(factory=list, init=False)
     _faults: deque[LLMFault] = attrs.field(factory=deque, init=False)
-    _server: asyncio.Server | None = attrs.field(default=None, init=False)
-    _connections: set[_Connection] = attrs.field(factory=set, init=False)
+    _http: HTTPServer | None = attrs.field(default=None, init=False)
     _serial: int = attrs.field(default=0, init=False)
     port: int = attrs.field(default=0, init=False)
 
@@ -402,25 +317,22 @@ class LoopbackLLMServer:
         """Queue ``faults``; each replaces the answer to one upcoming POST."""
         self._faults.extend(faults)
 
+    def memory_transport(self) -> MemoryTransport:
+        """This stub as an in-memory transport for an ``HTTPClient`` (no socket, no ``start``):
+        the same answers, faults and records; a dropped connection is ``ConnectionLost``."""
+        return MemoryTransport(self._handle)
+
     async def start(self, port: int = 0) -> None:
         """Listen on 127.0.0.1 (``port`` 0: an ephemeral one)."""
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Connection(self), "127.0.0.1", port, backlog=4096
-        )
-        self.port = self._server.sockets[0].getsockname()[1]
+        # No idle timeout to speak of: a test may leave a connection idle as long as it likes.
+        self._http = HTTPServer(self._handle, idle_timeout_s=3600.0)
+        _, self.port = await self._http.listen_tcp("127.0.0.1", port, backlog=4096)
 
     async def aclose(self) -> None:
-        """Stop listening and close every connection. Idempotent."""
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.close()
-        for connection in list(self._connections):
-            if connection.transport is not None:
-                connection.transport.close()
-        await server.wait_closed()
-        await asyncio.sleep(0)
+        """Stop listening and close every connection (delayed answers are dropped). Idempotent."""
+        http, self._http = self._http, None
+        if http is not None:
+            await http.aclose(grace_s=0.0)
 
     async def __aenter__(self) -> LoopbackLLMServer:
         await self.start()
@@ -430,6 +342,15 @@ class LoopbackLLMServer:
         await self.aclose()
 
     # ------------------------------------------------------------------------------ answers
+
+    def _handle(self, request: Request) -> Reply | Awaitable[Reply]:
+        reply = self._answer(request.method, request.target, dict(request.headers), request.body)
+        if reply.drop:
+            raise AbortConnection
+        answer = Reply(status=reply.status, body=reply.body, headers=reply.headers)
+        if reply.delay_s > 0:
+            return _later(answer, reply.delay_s)
+        return answer
 
     def _answer(self, method: str, path: str, headers: dict[str, str], raw: bytes) -> _Reply:
         self._serial += 1
@@ -501,6 +422,11 @@ class LoopbackLLMServer:
             done = truncate_completion(self.token_policy(prompt), _max_tokens(body))
             return _json_reply(200, _atropos_json(done, prompt_ids=prompt))
         return _error_reply(404, f"no route POST {path}")
+
+
+async def _later(reply: Reply, delay_s: float) -> Reply:
+    await asyncio.sleep(delay_s)
+    return reply
 
 
 async def _serve(port: int) -> None:

@@ -12,8 +12,9 @@ health checks, and retries with tenacity. Two ways to reuse those settings:
 - ``chat_server_from_config`` / ``token_server_from_config`` read one ``APIServerConfig`` and build
   trajcore's own HTTP adapter for it (``server_type`` ``vllm`` -> ``AtroposTokenServer``, the
   ``/generate`` server atroposlib's ``VLLMServer`` talks to; ``sglang`` -> ``SGLangTokenServer``;
-  ``openai`` -> ``VLLMTokenServer`` on the OpenAI completions endpoint). These take the fast path
-  (aiohttp, deadline-aware retries) and are what the entrypoint prefers for managed mode.
+  ``openai`` -> ``VLLMTokenServer`` on the OpenAI completions endpoint). These take trajcore's own
+  path (its HTTP/1.1 client, retries inside the caller's deadline) and are what the entrypoint
+  prefers for managed mode.
 
 atroposlib is untyped; its ``Any`` stays inside this module: the manager and configs come in as
 ``object`` and everything that leaves is a domain value or a trajcore error.

@@ -11,7 +11,6 @@ for the agent loop to answer; see ``chat_wire``.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
 import attrs
@@ -20,13 +19,13 @@ from trajcore.domain.messages import Message, ToolSpec
 from trajcore.domain.sampling import ChatTurn, SamplingParams
 
 from .chat_wire import chat_request, parse_chat_response
-from .transport import ModelServerClient, RetryPolicy, TransportStatistics
+from .transport import HTTPModelServer
 
 __all__ = ["OpenAIChatServer"]
 
 
 @attrs.define
-class OpenAIChatServer:
+class OpenAIChatServer(HTTPModelServer):
     """A ``ChatServer`` over an OpenAI-compatible chat-completions endpoint.
 
     Attributes:
@@ -37,24 +36,10 @@ class OpenAIChatServer:
         retry: Retry policy for 429, 5xx and connection failures.
         max_connections: Most connections open at once.
         rng: Source of backoff jitter.
+        transport: ``None`` to speak over sockets; a ``MemoryTransport`` answers in memory.
     """
 
-    base_url: str
-    model: str
-    api_key: str | None = None
-    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
-    max_connections: int = 1024
-    rng: random.Random = attrs.field(factory=random.Random)
-    _client: ModelServerClient = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        self._client = ModelServerClient(
-            base_url=self.base_url,
-            api_key=self.api_key,
-            retry=self.retry,
-            max_connections=self.max_connections,
-            rng=self.rng,
-        )
+    model: str = attrs.field(kw_only=True)
 
     async def chat(
         self, messages: Sequence[Message], *, tools: Sequence[ToolSpec], sampling: SamplingParams
@@ -69,11 +54,3 @@ class OpenAIChatServer:
         """
         body = chat_request(model=self.model, messages=messages, tools=tools, sampling=sampling)
         return await self._client.post_json("/chat/completions", body, parse_chat_response)
-
-    def statistics(self) -> TransportStatistics:
-        """Attempts, retries and failures so far."""
-        return self._client.statistics()
-
-    async def aclose(self) -> None:
-        """Close the connections. Idempotent; later calls raise ``PoolClosed``."""
-        await self._client.aclose()

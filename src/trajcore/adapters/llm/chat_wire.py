@@ -37,7 +37,7 @@ from trajcore.domain.messages import JSON, JSONObject, Message, ToolCall, ToolSp
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams, Usage
 from trajcore.domain.turns import ParseProblem
 
-from .wire import array, decode_json, error_for_status, integer, obj, optional, string
+from .wire import array, integer, obj, optional, read_response, sampling_fields, string
 
 __all__ = ["chat_request", "parse_chat_body", "parse_chat_response"]
 
@@ -57,17 +57,11 @@ def chat_request(
     body: JSONObject = {
         "model": model,
         "messages": [m.to_chat_dict(arguments_as_json=True) for m in messages],
-        "max_tokens": sampling.max_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
+        **sampling_fields(sampling),
         "n": 1,
     }
     if tools:
         body["tools"] = [spec.to_openai() for spec in tools]
-    if sampling.stop:
-        body["stop"] = list(sampling.stop)
-    if sampling.seed is not None:
-        body["seed"] = sampling.seed
     body.update(sampling.extra_body)
     return body
 
@@ -186,7 +180,4 @@ def parse_chat_response(status: int, headers: Mapping[str, str], body: bytes) ->
             (see ``error_for_status``).
         WireError: for a 2xx body that breaks the protocol.
     """
-    error = error_for_status(status, headers, body)
-    if error is not None:
-        raise error
-    return parse_chat_body(decode_json(body))
+    return read_response(status, headers, body, parse_chat_body)

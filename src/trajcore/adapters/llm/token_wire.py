@@ -33,7 +33,18 @@ from trajcore.domain.errors import WireError
 from trajcore.domain.messages import JSONObject
 from trajcore.domain.sampling import FinishReason, SamplingParams, TokenCompletion
 
-from .wire import array, decode_json, error_for_status, integer, number, obj, optional, string
+from .wire import (
+    array,
+    integer,
+    integers,
+    number,
+    obj,
+    optional,
+    optional_string,
+    read_response,
+    sampling_fields,
+    string,
+)
 
 __all__ = [
     "TOKEN_ID_PREFIX",
@@ -70,12 +81,6 @@ def _same_length(ids: Sequence[int], logprobs: Sequence[float], field: str) -> N
         raise WireError(field, f"{len(logprobs)} logprobs for {len(ids)} token ids")
 
 
-def _raise_status(status: int, headers: Mapping[str, str], body: bytes) -> None:
-    error = error_for_status(status, headers, body)
-    if error is not None:
-        raise error
-
-
 # ------------------------------------------------------------------------------- vLLM completions
 
 
@@ -90,19 +95,13 @@ def vllm_completion_request(
     body: JSONObject = {
         "model": model,
         "prompt": list(check_prompt_ids(prompt_ids)),
-        "max_tokens": sampling.max_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
+        **sampling_fields(sampling),
         "n": 1,
         "logprobs": 1,
         "return_tokens_as_token_ids": True,
         "return_token_ids": True,
         "skip_special_tokens": False,
     }
-    if sampling.stop:
-        body["stop"] = list(sampling.stop)
-    if sampling.seed is not None:
-        body["seed"] = sampling.seed
     body.update(sampling.extra_body)
     return body
 
@@ -143,10 +142,7 @@ def parse_vllm_completion_body(data: object) -> TokenCompletion:
         ]
     raw_ids = optional(choice, "token_ids")
     if raw_ids is not None:
-        ids = [
-            integer(t, f"{at}.token_ids[{i}]")
-            for i, t in enumerate(array(raw_ids, f"{at}.token_ids"))
-        ]
+        ids = integers(raw_ids, f"{at}.token_ids")
         if from_tokens is not None and from_tokens != ids:
             raise WireError(f"{at}.logprobs.tokens", "disagrees with token_ids")
     elif from_tokens is not None:
@@ -154,13 +150,8 @@ def parse_vllm_completion_body(data: object) -> TokenCompletion:
     else:
         raise WireError(f"{at}.logprobs.tokens", "missing: no sampled token ids in the response")
     _same_length(ids, values, f"{at}.logprobs.token_logprobs")
-    text = optional(choice, "text")
-    return TokenCompletion(
-        token_ids=ids,
-        logprobs=values,
-        finish_reason=finish,
-        text=None if text is None else string(text, f"{at}.text"),
-    )
+    text = optional_string(choice, "text", f"{at}.text")
+    return TokenCompletion(token_ids=ids, logprobs=values, finish_reason=finish, text=text)
 
 
 def parse_vllm_completion(status: int, headers: Mapping[str, str], body: bytes) -> TokenCompletion:
@@ -170,8 +161,7 @@ def parse_vllm_completion(status: int, headers: Mapping[str, str], body: bytes) 
         RateLimited, ModelServerError, ModelServerRejected: non-2xx status.
         WireError: a 2xx body that breaks the protocol.
     """
-    _raise_status(status, headers, body)
-    return parse_vllm_completion_body(decode_json(body))
+    return read_response(status, headers, body, parse_vllm_completion_body)
 
 
 # ------------------------------------------------------------------------------- SGLang /generate
@@ -184,15 +174,9 @@ def sglang_generate_request(*, prompt_ids: Sequence[int], sampling: SamplingPara
         WireError: ``prompt_ids`` empty or not non-negative integers.
     """
     params: JSONObject = {
-        "max_new_tokens": sampling.max_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
+        **sampling_fields(sampling, max_tokens="max_new_tokens", seed="sampling_seed"),
         "skip_special_tokens": False,
     }
-    if sampling.stop:
-        params["stop"] = list(sampling.stop)
-    if sampling.seed is not None:
-        params["sampling_seed"] = sampling.seed
     body: JSONObject = {
         "input_ids": list(check_prompt_ids(prompt_ids)),
         "sampling_params": params,
@@ -236,21 +220,13 @@ def parse_sglang_generate_body(data: object) -> TokenCompletion:
         ids.append(integer(entry[1], f"{entries_at}[{i}][1]"))
     raw_ids = optional(root, "output_ids")
     if raw_ids is not None:
-        output_ids = [
-            integer(t, f"{root_at}.output_ids[{i}]")
-            for i, t in enumerate(array(raw_ids, f"{root_at}.output_ids"))
-        ]
+        output_ids = integers(raw_ids, f"{root_at}.output_ids")
         if len(output_ids) != len(ids):
             raise WireError(entries_at, f"{len(ids)} logprobs for {len(output_ids)} token ids")
         if output_ids != ids:
             raise WireError(f"{root_at}.output_ids", "disagrees with output_token_logprobs")
-    text = optional(root, "text")
-    return TokenCompletion(
-        token_ids=ids,
-        logprobs=values,
-        finish_reason=finish,
-        text=None if text is None else string(text, f"{root_at}.text"),
-    )
+    text = optional_string(root, "text", f"{root_at}.text")
+    return TokenCompletion(token_ids=ids, logprobs=values, finish_reason=finish, text=text)
 
 
 def parse_sglang_generate(status: int, headers: Mapping[str, str], body: bytes) -> TokenCompletion:
@@ -260,8 +236,7 @@ def parse_sglang_generate(status: int, headers: Mapping[str, str], body: bytes) 
         RateLimited, ModelServerError, ModelServerRejected: non-2xx status.
         WireError: a 2xx body that breaks the protocol.
     """
-    _raise_status(status, headers, body)
-    return parse_sglang_generate_body(decode_json(body))
+    return read_response(status, headers, body, parse_sglang_generate_body)
 
 
 # ------------------------------------------------------------------------------ Atropos /generate
@@ -277,15 +252,9 @@ def atropos_generate_request(*, prompt_ids: Sequence[int], sampling: SamplingPar
         "prompt": {"prompt_token_ids": list(check_prompt_ids(prompt_ids))},
         "logprobs": 0,
         "n": 1,
-        "max_tokens": sampling.max_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
+        **sampling_fields(sampling),
         "skip_special_tokens": False,
     }
-    if sampling.stop:
-        body["stop"] = list(sampling.stop)
-    if sampling.seed is not None:
-        body["seed"] = sampling.seed
     body.update(sampling.extra_body)
     return body
 
@@ -328,10 +297,7 @@ def parse_atropos_generate_body(data: object) -> TokenCompletion:
         per_completion = array(raw_ids, "$.token_ids")
         if not per_completion:
             raise WireError("$.token_ids", "expected one list per completion, got none")
-        ids = [
-            integer(t, f"$.token_ids[0][{i}]")
-            for i, t in enumerate(array(per_completion[0], "$.token_ids[0]"))
-        ]
+        ids = [*integers(per_completion[0], "$.token_ids[0]")]
         if len(ids) != len(positions):
             raise WireError("$.logprobs[0]", f"{len(positions)} logprobs for {len(ids)} token ids")
     else:
@@ -357,5 +323,4 @@ def parse_atropos_generate(status: int, headers: Mapping[str, str], body: bytes)
         RateLimited, ModelServerError, ModelServerRejected: non-2xx status.
         WireError: a 2xx body that breaks the protocol.
     """
-    _raise_status(status, headers, body)
-    return parse_atropos_generate_body(decode_json(body))
+    return read_response(status, headers, body, parse_atropos_generate_body)

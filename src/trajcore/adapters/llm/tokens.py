@@ -16,8 +16,8 @@ Which to pick:
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import attrs
 
@@ -32,44 +32,25 @@ from .token_wire import (
     sglang_generate_request,
     vllm_completion_request,
 )
-from .transport import ModelServerClient, RetryPolicy, TransportStatistics
+from .transport import HTTPModelServer
 
 __all__ = ["AtroposTokenServer", "SGLangTokenServer", "VLLMTokenServer"]
 
-_Parser = Callable[[int, Mapping[str, str], bytes], TokenCompletion]
-
-
-def _server_root(url: str) -> str:
-    url = url.rstrip("/")
-    return url.removesuffix("/v1")
-
 
 @attrs.define
-class _HttpTokenServer:
-    base_url: str
-    api_key: str | None = None
-    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
-    max_connections: int = 1024
-    rng: random.Random = attrs.field(factory=random.Random)
-    _client: ModelServerClient = attrs.field(init=False)
+class _HttpTokenServer(HTTPModelServer):
+    _path: ClassVar[str]
+    _at_root: ClassVar[bool] = False  # a trailing ``/v1`` of ``base_url`` is dropped
 
     def _root(self) -> str:
-        return self.base_url
-
-    def __attrs_post_init__(self) -> None:
-        self._client = ModelServerClient(
-            base_url=self._root(),
-            api_key=self.api_key,
-            retry=self.retry,
-            max_connections=self.max_connections,
-            rng=self.rng,
-        )
+        url = self.base_url.rstrip("/")
+        return url.removesuffix("/v1") if self._at_root else url
 
     def _request(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject:
         raise NotImplementedError
 
-    _path: str = attrs.field(default="", init=False)
-    _parse: _Parser = attrs.field(default=parse_vllm_completion, init=False)
+    def _parse(self, status: int, headers: Mapping[str, str], body: bytes) -> TokenCompletion:
+        raise NotImplementedError
 
     async def generate(
         self, prompt_ids: Sequence[int], *, sampling: SamplingParams
@@ -87,14 +68,6 @@ class _HttpTokenServer:
         body = self._request(prompt_ids, sampling)
         return await self._client.post_json(self._path, body, self._parse)
 
-    def statistics(self) -> TransportStatistics:
-        """Attempts, retries and failures so far."""
-        return self._client.statistics()
-
-    async def aclose(self) -> None:
-        """Close the connections. Idempotent; later calls raise ``PoolClosed``."""
-        await self._client.aclose()
-
 
 @attrs.define
 class VLLMTokenServer(_HttpTokenServer):
@@ -103,18 +76,17 @@ class VLLMTokenServer(_HttpTokenServer):
     Attributes:
         base_url: The API root including ``/v1``.
         model: The served model's name (the ``model`` field of every request).
-        api_key, retry, max_connections, rng: As for ``OpenAIChatServer``.
+        api_key, retry, max_connections, rng, transport: As for ``OpenAIChatServer``.
     """
 
+    _path = "/completions"
     model: str = attrs.field(kw_only=True)
-
-    def __attrs_post_init__(self) -> None:
-        super().__attrs_post_init__()
-        self._path = "/completions"
-        self._parse = parse_vllm_completion
 
     def _request(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject:
         return vllm_completion_request(model=self.model, prompt_ids=prompt_ids, sampling=sampling)
+
+    def _parse(self, status: int, headers: Mapping[str, str], body: bytes) -> TokenCompletion:
+        return parse_vllm_completion(status, headers, body)
 
 
 @attrs.define
@@ -123,19 +95,17 @@ class SGLangTokenServer(_HttpTokenServer):
 
     Attributes:
         base_url: The server root (``http://host:30000``); a trailing ``/v1`` is dropped.
-        api_key, retry, max_connections, rng: As for ``OpenAIChatServer``.
+        api_key, retry, max_connections, rng, transport: As for ``OpenAIChatServer``.
     """
 
-    def _root(self) -> str:
-        return _server_root(self.base_url)
-
-    def __attrs_post_init__(self) -> None:
-        super().__attrs_post_init__()
-        self._path = "/generate"
-        self._parse = parse_sglang_generate
+    _path = "/generate"
+    _at_root = True
 
     def _request(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject:
         return sglang_generate_request(prompt_ids=prompt_ids, sampling=sampling)
+
+    def _parse(self, status: int, headers: Mapping[str, str], body: bytes) -> TokenCompletion:
+        return parse_sglang_generate(status, headers, body)
 
 
 @attrs.define
@@ -144,16 +114,14 @@ class AtroposTokenServer(_HttpTokenServer):
 
     Attributes:
         base_url: The server root; a trailing ``/v1`` is dropped (atroposlib's configs carry it).
-        api_key, retry, max_connections, rng: As for ``OpenAIChatServer``.
+        api_key, retry, max_connections, rng, transport: As for ``OpenAIChatServer``.
     """
 
-    def _root(self) -> str:
-        return _server_root(self.base_url)
-
-    def __attrs_post_init__(self) -> None:
-        super().__attrs_post_init__()
-        self._path = "/generate"
-        self._parse = parse_atropos_generate
+    _path = "/generate"
+    _at_root = True
 
     def _request(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject:
         return atropos_generate_request(prompt_ids=prompt_ids, sampling=sampling)
+
+    def _parse(self, status: int, headers: Mapping[str, str], body: bytes) -> TokenCompletion:
+        return parse_atropos_generate(status, headers, body)

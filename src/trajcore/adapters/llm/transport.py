@@ -22,19 +22,16 @@ Rules it keeps:
 - **Close.** ``aclose`` is idempotent and shielded from cancellation; a request issued after it, or
   interrupted by it, raises ``PoolClosed``.
 
-Which HTTP client, and why. Measured on these machines (2 cores, a loopback stub that serves
-about 10k requests/s to a raw asyncio client): httpx's ``AsyncClient`` falls from about 1k
-requests/s at concurrency 1 to about 0.4k at concurrency 64 -- its connection pool does
-per-request work that grows with the number of waiting requests, and every request crosses
-several layers of ``anyio``-wrapped streams. aiohttp's ``ClientSession`` keeps its rate as
-concurrency grows but tops out at 2-3.5k requests/s at concurrency 256 here: per exchange it
-builds timers, tracing hooks, multidicts and several futures. ``adapters.http1.HTTPClient`` (an
-asyncio protocol per keep-alive connection, the response parsed as bytes arrive, the most recently
-used idle connection handed over in O(1)) does the same exchange at 2-4x aiohttp's rate, within
-reach of the raw ceiling. ``bench/llm.py`` measures all three in the same run beside the ceiling
-and prints the numbers. ``HTTPClient`` runs on asyncio, which is the backend trajcore runs on;
+Which HTTP client, and why. The exchange runs on ``adapters.http1.HTTPClient``: an asyncio
+protocol per keep-alive connection, the response parsed as its bytes arrive, the most recently
+used idle connection handed over first. httpx's pool does per-request work that grows with the
+number of waiting requests, and aiohttp's client builds timers, tracing hooks and several futures
+per exchange; at the concurrency a rollout runs, that overhead is larger than the exchange.
+``bench/llm.py`` measures all three beside a raw asyncio ceiling; the figures are in
+``docs/benchmarks.md``. ``HTTPClient`` runs on asyncio, which is the backend trajcore runs on;
 cancellation still comes from anyio scopes, which on asyncio cancel the task the request runs in,
-and a cancelled request never returns its connection to the pool.
+and a cancelled request never returns its connection to the pool. Built with a
+``MemoryTransport``, the client answers in memory (unit tests).
 """
 
 from __future__ import annotations
@@ -48,13 +45,21 @@ from typing import NoReturn, TypeVar
 import anyio
 import attrs
 
-from trajcore.adapters.http1 import HTTPClient, HTTPError, Limits, Origin, parse_url
+from trajcore.adapters.http1 import (
+    HTTPClient,
+    HTTPError,
+    Limits,
+    MemoryTransport,
+    Origin,
+    parse_url,
+)
 from trajcore.domain.errors import ConfigError, ModelServerError, PoolClosed, RateLimited
 from trajcore.domain.messages import JSONObject
+from trajcore.domain.validators import finite_number, whole_number
 
 from .wire import is_transient, retry_after_s
 
-__all__ = ["ModelServerClient", "RetryPolicy", "TransportStatistics"]
+__all__ = ["HTTPModelServer", "ModelServerClient", "RetryPolicy", "TransportStatistics"]
 
 T = TypeVar("T")
 
@@ -64,21 +69,9 @@ ResponseParser = Callable[[int, Mapping[str, str], bytes], T]
 _LIMITS = Limits(max_body_bytes=512 << 20)
 
 
-def _positive(_: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"retry.{attribute.name}", f"must be positive, got {value!r}")
-
-
-def _optional_positive(
-    _: object, attribute: attrs.Attribute[float | None], value: float | None
-) -> None:
-    if value is not None and not value > 0:
-        raise ConfigError(f"retry.{attribute.name}", f"must be positive or None, got {value!r}")
-
-
-def _at_least_one(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if value < 1:
-        raise ConfigError(f"retry.{attribute.name}", f"must be at least 1, got {value}")
+_positive = finite_number(0.0, prefix="retry.")
+_optional_positive = finite_number(0.0, optional=True, prefix="retry.")
+_at_least_one = whole_number(1, prefix="retry.")
 
 
 @attrs.frozen(kw_only=True)
@@ -141,6 +134,7 @@ class ModelServerClient:
         retry: The retry policy.
         max_connections: Most connections open at once (requests beyond it queue).
         rng: Source of backoff jitter.
+        transport: ``None`` to speak over sockets; a ``MemoryTransport`` answers in memory.
     """
 
     base_url: str = attrs.field(validator=_check_url, converter=_strip_slash)
@@ -148,6 +142,7 @@ class ModelServerClient:
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     max_connections: int = 1024
     rng: random.Random = attrs.field(factory=random.Random)
+    transport: MemoryTransport | None = None
     _http: HTTPClient | None = attrs.field(default=None, init=False)
     _closed: bool = attrs.field(default=False, init=False)
     _attempts: int = attrs.field(default=0, init=False)
@@ -173,7 +168,10 @@ class ModelServerClient:
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         self._http = HTTPClient(
-            limits=_LIMITS, max_connections=self.max_connections, headers=headers
+            limits=_LIMITS,
+            max_connections=self.max_connections,
+            headers=headers,
+            transport=self.transport,
         )
         return self._http
 
@@ -254,3 +252,47 @@ class ModelServerClient:
         if http is not None:
             with anyio.CancelScope(shield=True):
                 await http.aclose()
+
+
+@attrs.define
+class HTTPModelServer:
+    """What every model-server adapter over HTTP shares: one ``ModelServerClient``.
+
+    Attributes:
+        base_url: Where the adapter's request paths are appended (each adapter says what).
+        api_key: Sent as ``Authorization: Bearer <api_key>`` when set.
+        retry: Retry policy for 429, 5xx and connection failures.
+        max_connections: Most connections open at once.
+        rng: Source of backoff jitter.
+        transport: ``None`` to speak over sockets; a ``MemoryTransport`` answers in memory.
+    """
+
+    base_url: str
+    api_key: str | None = None
+    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
+    max_connections: int = 1024
+    rng: random.Random = attrs.field(factory=random.Random)
+    transport: MemoryTransport | None = None
+    _client: ModelServerClient = attrs.field(init=False)
+
+    def _root(self) -> str:
+        """The client's base URL."""
+        return self.base_url
+
+    def __attrs_post_init__(self) -> None:
+        self._client = ModelServerClient(
+            base_url=self._root(),
+            api_key=self.api_key,
+            retry=self.retry,
+            max_connections=self.max_connections,
+            rng=self.rng,
+            transport=self.transport,
+        )
+
+    def statistics(self) -> TransportStatistics:
+        """Attempts, retries and failures so far."""
+        return self._client.statistics()
+
+    async def aclose(self) -> None:
+        """Close the connections. Idempotent; later calls raise ``PoolClosed``."""
+        await self._client.aclose()

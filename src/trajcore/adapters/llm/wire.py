@@ -1,4 +1,5 @@
-"""Reading LLM servers' responses: status codes, JSON bodies and the paths of their faults.
+"""Reading LLM servers' responses: status codes, JSON bodies and the paths of their faults
+(and the sampling fields every request carries).
 
 This module is sans-IO in the manner of gidgethub's ``sansio``: every function takes what the
 socket delivered (status, headers, body bytes) or a decoded JSON value and returns a value or
@@ -23,7 +24,8 @@ from __future__ import annotations
 import email.utils
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from trajcore.domain.errors import (
     ModelServerError,
@@ -32,7 +34,8 @@ from trajcore.domain.errors import (
     TrajcoreError,
     WireError,
 )
-from trajcore.domain.messages import json_type
+from trajcore.domain.messages import JSONObject, json_type
+from trajcore.domain.sampling import SamplingParams
 
 __all__ = [
     "BODY_EXCERPT_BYTES",
@@ -41,13 +44,19 @@ __all__ = [
     "decode_json",
     "error_for_status",
     "integer",
+    "integers",
     "is_transient",
     "number",
     "obj",
     "optional",
+    "optional_string",
+    "read_response",
     "retry_after_s",
+    "sampling_fields",
     "string",
 ]
+
+T = TypeVar("T")
 
 BODY_EXCERPT_BYTES = 64 * 1024
 """How much of an error body ``ModelServerRejected.body`` keeps."""
@@ -107,6 +116,11 @@ def integer(value: object, field: str) -> int:
     return value
 
 
+def integers(value: object, field: str) -> list[int]:
+    """``value`` as a list of integers, or ``WireError`` at ``field`` / ``field[i]``."""
+    return [integer(item, f"{field}[{i}]") for i, item in enumerate(array(value, field))]
+
+
 def number(value: object, field: str) -> float:
     """``value`` as a float: a JSON number that is not NaN or +inf, else ``WireError``."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -120,6 +134,47 @@ def number(value: object, field: str) -> float:
 def optional(mapping: Mapping[str, object], key: str) -> object:
     """``mapping[key]``, or ``None`` when it is absent (JSON ``null`` and absence read alike)."""
     return mapping.get(key)
+
+
+def optional_string(mapping: Mapping[str, object], key: str, field: str) -> str | None:
+    """``mapping[key]`` as a string, ``None`` when absent or null, else ``WireError`` at
+    ``field``."""
+    value = mapping.get(key)
+    return None if value is None else string(value, field)
+
+
+def sampling_fields(
+    sampling: SamplingParams, *, max_tokens: str = "max_tokens", seed: str = "seed"
+) -> JSONObject:
+    """The sampling fields every request carries, under the server's names for the length cap
+    and the seed (``stop`` and the seed only when set; ``extra_body`` is the caller's to merge,
+    last)."""
+    fields: JSONObject = {
+        max_tokens: sampling.max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+    }
+    if sampling.stop:
+        fields["stop"] = list(sampling.stop)
+    if sampling.seed is not None:
+        fields[seed] = sampling.seed
+    return fields
+
+
+def read_response(
+    status: int, headers: Mapping[str, str], body: bytes, parse_body: Callable[[object], T]
+) -> T:
+    """``parse_body`` of the decoded JSON body of a 2xx response.
+
+    Raises:
+        RateLimited, ModelServerError, ModelServerRejected: a non-2xx status
+            (``error_for_status``).
+        WireError: a body that is not JSON, or whatever ``parse_body`` refuses.
+    """
+    error = error_for_status(status, headers, body)
+    if error is not None:
+        raise error
+    return parse_body(decode_json(body))
 
 
 def _error_message(body: bytes) -> str:
