@@ -37,7 +37,6 @@ Pools under test must allow call timeouts down to 0.2 s (the timeout test uses 0
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import ClassVar
@@ -47,9 +46,10 @@ import attrs
 import pytest
 
 from trajcore.domain.errors import AcquireTimeout, PoolClosed
-from trajcore.domain.messages import JSON, ToolCall, ToolOutcome, ToolResult
+from trajcore.domain.messages import ToolOutcome, ToolResult
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
 from trajcore.ports.sandbox_pool import SandboxPool
+from trajcore.testing.portal_pools import slot_call
 from trajcore.testing.sandbox_pool_machine import MachineShape, run_pool_machine
 
 __all__ = [
@@ -72,21 +72,6 @@ class PoolShape:
 
 SandboxPoolFactory = Callable[[PoolShape], AbstractAsyncContextManager[SandboxPool]]
 CrashContainer = Callable[[SandboxPool, str], None]
-
-_ids = itertools.count(1)
-
-
-def slot_call(
-    lease: Lease,
-    tool: str,
-    *,
-    call_id: str | None = None,
-    timeout_s: float = 10.0,
-    **arguments: JSON,
-) -> SlotCall:
-    """A call of ``tool`` under ``lease`` (a fresh call id unless one is given)."""
-    call = ToolCall(id=call_id or f"contract-{next(_ids)}", name=tool, arguments=arguments)
-    return SlotCall(lease=lease, call=call, timeout_s=timeout_s)
 
 
 async def _one(pool: SandboxPool, call: SlotCall) -> ToolResult:
