@@ -44,6 +44,7 @@ from trajcore.domain.errors import (
 from trajcore.domain.messages import Message, ToolSpec
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams, TokenCompletion
 from trajcore.domain.turns import ParseProblem
+from trajcore.domain.validators import positive_int
 
 __all__ = [
     "ChatRequest",
@@ -192,11 +193,6 @@ def _fault_error(fault: LLMFault) -> Exception:
     return WireError("$", f"fake server: malformed body {fault.body[:60]!r}")
 
 
-def _at_least_one(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if value < 1:
-        raise ConfigError(attribute.name, f"must be at least 1, got {value}")
-
-
 @attrs.define
 class _FaultQueue:
     faults: deque[LLMFault] = attrs.field(factory=deque)
@@ -288,7 +284,7 @@ class FakeChatServer(_ScriptedServer):
     script: deque[ChatTurn] = attrs.field(factory=deque, converter=_turn_deque)
     policy: ChatResponder | None = None
     faults: Iterable[LLMFault] = ()
-    max_attempts: int = attrs.field(default=3, validator=_at_least_one)
+    max_attempts: int = attrs.field(default=3, validator=positive_int)
     requests: list[ChatRequest] = attrs.field(factory=list, init=False)
     _queue: _FaultQueue = attrs.field(init=False)
 
@@ -346,7 +342,7 @@ class FakeTokenServer(_ScriptedServer):
     script: deque[TokenCompletion] = attrs.field(factory=deque, converter=_completion_deque)
     policy: TokenResponder | None = None
     faults: Iterable[LLMFault] = ()
-    max_attempts: int = attrs.field(default=3, validator=_at_least_one)
+    max_attempts: int = attrs.field(default=3, validator=positive_int)
     requests: list[TokenRequest] = attrs.field(factory=list, init=False)
     _queue: _FaultQueue = attrs.field(init=False)
 
