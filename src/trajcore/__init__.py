@@ -13,112 +13,29 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from trajcore.adapters.json_schema import JSONSchemaValidator
-    from trajcore.adapters.tool_server import ToolRegistry
-    from trajcore.domain.errors import (
-        AcquireTimeout,
-        ConfigError,
-        InfrastructureError,
-        InvalidInput,
-        SandboxUnavailable,
-        SlotFileError,
-        SlotInfraError,
-        StateError,
-        ToolArgumentError,
-        ToolServerError,
-        TrajcoreError,
-    )
-    from trajcore.domain.groups import GroupStatus, TrajectoryStatus
-    from trajcore.domain.messages import (
-        JSON,
-        ExecReport,
-        JSONObject,
-        Message,
-        ToolCall,
-        ToolContext,
-        ToolOutcome,
-        ToolResult,
-        ToolSpec,
-    )
-    from trajcore.domain.toolsets import (
-        DistributionRegistry,
-        Toolset,
-        ToolsetCatalog,
-        ToolsetDistribution,
-    )
-    from trajcore.entrypoints.atropos import (
-        AgentEnv,
-        AgentEnvConfig,
-        MemberOverrides,
-        ScoredGroup,
-        render_transcript,
-    )
-    from trajcore.entrypoints.item_limits import ItemLimits
-    from trajcore.entrypoints.seed_settings import SeedSettingWarning
-    from trajcore.rollout.group import GroupResult
-    from trajcore.rollout.tools import SlotTools
-    from trajcore.rollout.trajectory import (
-        ScoreAnswer,
-        ToolExchange,
-        TrajectoryResult,
-        Transcript,
-    )
-
-__all__ = [
-    "JSON",
-    "AcquireTimeout",
-    "AgentEnv",
-    "AgentEnvConfig",
-    "ConfigError",
-    "DistributionRegistry",
-    "ExecReport",
-    "GroupResult",
-    "GroupStatus",
-    "InfrastructureError",
-    "InvalidInput",
-    "ItemLimits",
-    "JSONObject",
-    "JSONSchemaValidator",
-    "MemberOverrides",
-    "Message",
-    "SandboxUnavailable",
-    "ScoreAnswer",
-    "ScoredGroup",
-    "SeedSettingWarning",
-    "SlotFileError",
-    "SlotInfraError",
-    "SlotTools",
-    "StateError",
-    "ToolArgumentError",
-    "ToolCall",
-    "ToolContext",
-    "ToolExchange",
-    "ToolOutcome",
-    "ToolRegistry",
-    "ToolResult",
-    "ToolServerError",
-    "ToolSpec",
-    "Toolset",
-    "ToolsetCatalog",
-    "ToolsetDistribution",
-    "TrajcoreError",
-    "TrajectoryResult",
-    "TrajectoryStatus",
-    "Transcript",
-    "render_transcript",
-]
-
-_FACADE = frozenset(__all__)
+    # Type checkers see the names where ``trajcore.env`` states them, and from there their homes.
+    from trajcore.env import *  # noqa: F403
+    from trajcore.env import __all__ as __all__
 
 
 def __getattr__(name: str) -> object:
-    """Load an env author's name from ``trajcore.env`` on first use."""
-    if name in _FACADE:
-        value: object = getattr(importlib.import_module("trajcore.env"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'trajcore' has no attribute {name!r}")
+    """Load ``__all__`` and an env author's names from ``trajcore.env`` on first use.
+
+    Other private and dunder names are refused without loading it, so that probing the package
+    (``hasattr(trajcore, "__wrapped__")``) keeps it light.
+    """
+    if name.startswith("_") and name != "__all__":
+        raise AttributeError(f"module 'trajcore' has no attribute {name!r}")
+    env = importlib.import_module("trajcore.env")
+    if name == "__all__":
+        value: object = list(env.__all__)
+    elif name in env.__all__:
+        value = getattr(env, name)
+    else:
+        raise AttributeError(f"module 'trajcore' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    return sorted({*globals(), *importlib.import_module("trajcore.env").__all__})

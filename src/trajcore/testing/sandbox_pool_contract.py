@@ -37,7 +37,6 @@ Pools under test must allow call timeouts down to 0.2 s (the timeout test uses 0
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import ClassVar
@@ -47,9 +46,11 @@ import attrs
 import pytest
 
 from trajcore.domain.errors import AcquireTimeout, PoolClosed
-from trajcore.domain.messages import JSON, ToolCall, ToolOutcome, ToolResult
+from trajcore.domain.messages import ToolOutcome, ToolResult
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
 from trajcore.ports.sandbox_pool import SandboxPool
+from trajcore.testing.async_contract import AsyncioContract
+from trajcore.testing.portal_pools import slot_call
 from trajcore.testing.sandbox_pool_machine import MachineShape, run_pool_machine
 
 __all__ = [
@@ -72,21 +73,6 @@ class PoolShape:
 
 SandboxPoolFactory = Callable[[PoolShape], AbstractAsyncContextManager[SandboxPool]]
 CrashContainer = Callable[[SandboxPool, str], None]
-
-_ids = itertools.count(1)
-
-
-def slot_call(
-    lease: Lease,
-    tool: str,
-    *,
-    call_id: str | None = None,
-    timeout_s: float = 10.0,
-    **arguments: JSON,
-) -> SlotCall:
-    """A call of ``tool`` under ``lease`` (a fresh call id unless one is given)."""
-    call = ToolCall(id=call_id or f"contract-{next(_ids)}", name=tool, arguments=arguments)
-    return SlotCall(lease=lease, call=call, timeout_s=timeout_s)
 
 
 async def _one(pool: SandboxPool, call: SlotCall) -> ToolResult:
@@ -113,16 +99,12 @@ def _all_free(stats: PoolStatistics) -> bool:
     return stats.leased == 0 and stats.resetting == 0 and stats.waiting == 0
 
 
-class SandboxPoolContract:
+class SandboxPoolContract(AsyncioContract):
     """Abstract suite: subclass and override ``sandbox_pool_factory`` (and ``crash_container``)."""
 
     supports_crash: ClassVar[bool] = False
     machine_shape: ClassVar[MachineShape] = MachineShape(containers=2, slots_per_container=2)
     machine_scale: ClassVar[float] = 0.2
-
-    @pytest.fixture
-    def anyio_backend(self) -> str:
-        return "asyncio"
 
     @pytest.fixture
     def sandbox_pool_factory(self) -> SandboxPoolFactory:
@@ -134,7 +116,6 @@ class SandboxPoolContract:
 
     # ------------------------------------------------------------------------- leasing
 
-    @pytest.mark.anyio
     async def test_a_lease_holds_one_slot_and_leaving_frees_it(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
@@ -151,7 +132,6 @@ class SandboxPoolContract:
             assert stats.free == 2
             assert stats.leases_granted >= 1
 
-    @pytest.mark.anyio
     async def test_concurrent_leases_get_distinct_slots(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
@@ -173,7 +153,6 @@ class SandboxPoolContract:
             assert len({lease.slot.container for lease in leases}) == 2
             await wait_for_statistics(pool, lambda s: _all_free(s) and s.free == 4)
 
-    @pytest.mark.anyio
     async def test_waiters_are_served_first_come_first_served(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
@@ -191,7 +170,6 @@ class SandboxPoolContract:
             assert order == [0, 1, 2, 3, 4]
             await wait_for_statistics(pool, _all_free)
 
-    @pytest.mark.anyio
     async def test_a_lease_deadline_gives_acquire_timeout(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
@@ -206,7 +184,6 @@ class SandboxPoolContract:
             stats = await wait_for_statistics(pool, _all_free)
             assert stats.leases_expired >= 1
 
-    @pytest.mark.anyio
     async def test_the_default_acquire_timeout_applies(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
@@ -219,7 +196,6 @@ class SandboxPoolContract:
                         pytest.fail("got a slot that was held")
             await wait_for_statistics(pool, _all_free)
 
-    @pytest.mark.anyio
     async def test_a_waiter_cancelled_while_queued_leaves_the_queue(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
@@ -235,7 +211,6 @@ class SandboxPoolContract:
             stats = await wait_for_statistics(pool, _all_free)
             assert stats.free == 1
 
-    @pytest.mark.anyio
     async def test_cancellation_while_holding_releases_exactly_once(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
@@ -256,7 +231,6 @@ class SandboxPoolContract:
                     found = await _one(pool, slot_call(held, "read_file", path="a.txt"))
                     assert found.outcome is not ToolOutcome.OK
 
-    @pytest.mark.anyio
     async def test_an_error_in_the_block_releases_the_slot(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
@@ -269,7 +243,6 @@ class SandboxPoolContract:
 
     # ------------------------------------------------------------------------- execute
 
-    @pytest.mark.anyio
     async def test_one_result_per_call_in_the_order_of_the_calls(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
@@ -292,7 +265,6 @@ class SandboxPoolContract:
         ]
         assert all(r.outcome is ToolOutcome.OK for r in results)
 
-    @pytest.mark.anyio
     async def test_calls_for_one_slot_run_in_order(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
@@ -310,7 +282,6 @@ class SandboxPoolContract:
         assert all(r.outcome is ToolOutcome.OK for r in results)
         assert results[-1].content == "".join(parts)
 
-    @pytest.mark.anyio
     async def test_files_written_can_be_read_and_a_new_lease_finds_the_workspace_empty(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
@@ -330,7 +301,6 @@ class SandboxPoolContract:
                 gone = await _one(pool, slot_call(second, "read_file", path="dir/notes.md"))
                 assert gone.outcome is ToolOutcome.TOOL_ERROR
 
-    @pytest.mark.anyio
     async def test_a_stale_lease_is_rejected(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
@@ -356,7 +326,6 @@ class SandboxPoolContract:
                 late = await _one(pool, slot_call(new, "bash", command="true"))
             assert late.outcome is ToolOutcome.REJECTED
 
-    @pytest.mark.anyio
     async def test_a_repeated_call_id_returns_the_first_result_without_running_again(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
@@ -376,7 +345,6 @@ class SandboxPoolContract:
         assert same_batch == [one, one]
         assert read.content == "x"
 
-    @pytest.mark.anyio
     async def test_failures_are_results_never_exceptions(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
@@ -410,7 +378,6 @@ class SandboxPoolContract:
         assert timed.exec is not None
         assert timed.exec.timed_out
 
-    @pytest.mark.anyio
     async def test_a_call_for_another_container_is_rejected(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
@@ -429,7 +396,6 @@ class SandboxPoolContract:
 
     # ------------------------------------------------------------------------- closing
 
-    @pytest.mark.anyio
     async def test_aclose_is_idempotent_and_then_everything_raises_pool_closed(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
@@ -444,7 +410,6 @@ class SandboxPoolContract:
                 async with pool.lease("late"):
                     pytest.fail("leased from a closed pool")
 
-    @pytest.mark.anyio
     async def test_a_waiter_gets_pool_closed_when_the_pool_closes(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
@@ -466,7 +431,6 @@ class SandboxPoolContract:
 
     # ------------------------------------------------------------------------- faults
 
-    @pytest.mark.anyio
     async def test_a_dead_container_fails_its_calls_and_leaves_service(
         self, sandbox_pool_factory: SandboxPoolFactory, crash_container: CrashContainer
     ) -> None:

@@ -66,6 +66,7 @@ from trajcore.domain.errors import AcquireTimeout, PoolClosed
 from trajcore.domain.messages import JSON, ToolCall, ToolOutcome, ToolResult
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
 from trajcore.ports.sandbox_pool import SandboxPool
+from trajcore.testing.portal_pools import SETTLE_S, Hold, open_all, slot_call
 
 __all__ = [
     "CrashHook",
@@ -77,7 +78,6 @@ __all__ = [
 CrashHook = Callable[[SandboxPool, str], None]
 """Makes the named container of the pool die before or during its next batch."""
 
-SETTLE_S = 30.0  # the longest a reset, a replacement or a grant may take to show
 SLACK_S = 5.0  # how late a deadline may fire on a loaded machine
 CALL_TIMEOUT_S = 0.2  # the timeout of the calls that are meant to time out
 
@@ -109,71 +109,12 @@ class MachineShape:
         return self.containers * self.slots_per_container
 
 
-class _BlockError(Exception):
-    """Raised inside a lease block to leave it by an error."""
-
-
-class _Hold:
-    """One pool's lease, held by a task in the portal's loop until told how to leave."""
-
-    def __init__(
-        self, portal: BlockingPortal, pool: SandboxPool, holder: str, timeout_s: float
-    ) -> None:
-        self.pool = pool
-        self.holder = holder
-        self.timeout_s = timeout_s
-        self.lease: Lease | None = None
-        self.mode: Literal["normal", "error"] = "normal"
-        self.entered = portal.call(anyio.Event)
-        self.leave = portal.call(anyio.Event)
-        self.portal = portal
-        self.started = time.monotonic()
-        self.future = portal.start_task_soon(self._run)
-
-    async def _run(self) -> None:
-        try:
-            async with self.pool.lease(self.holder, timeout_s=self.timeout_s) as lease:
-                self.lease = lease
-                self.entered.set()
-                await self.leave.wait()
-                if self.mode == "error":
-                    raise _BlockError(self.holder)
-        finally:
-            self.entered.set()
-
-    def wait_entered(self) -> Lease:
-        """The lease once granted; raises what entering raised."""
-        self.portal.call(self._wait_entered)
-        if self.lease is None:
-            self.future.result(timeout=SETTLE_S)
-            raise AssertionError(f"{self.holder}: the lease block ended without a lease")
-        return self.lease
-
-    async def _wait_entered(self) -> None:
-        with anyio.fail_after(SETTLE_S):
-            await self.entered.wait()
-
-    def release(self, how: Literal["normal", "error", "cancel"]) -> None:
-        """Leave the block by ``how`` and wait until it has left."""
-        if how == "cancel":
-            self.future.cancel()
-        else:
-            self.mode = how
-            self.portal.call(self.leave.set)
-        done, _ = concurrent.futures.wait([self.future], timeout=SETTLE_S)
-        assert done, f"{self.holder}: leaving the lease block took over {SETTLE_S} s"
-        if how == "error":
-            assert isinstance(self.future.exception(), _BlockError), self.future.exception()
-        elif how == "normal":
-            assert self.future.exception() is None, self.future.exception()
-
-
 @attrs.define(eq=False, repr=False)
 class _Held:
     """One holder's lease in every pool, and the model of its workspace."""
 
     holder: str
-    holds: list[_Hold]
+    holds: list[Hold]
     files: dict[str, str] = attrs.field(factory=dict)
     stale: bool = False
     first: list[tuple[list[SlotCall], list[ToolResult]]] = attrs.field(factory=list)
@@ -196,11 +137,6 @@ class _Op:
     tool: str
     arguments: dict[str, JSON]
     repeat_of: int | None = None  # index into held.first of the call repeated
-
-
-def _call(lease: Lease, tool: str, call_id: str, timeout_s: float, **arguments: JSON) -> SlotCall:
-    call = ToolCall(id=call_id, name=tool, arguments=arguments)
-    return SlotCall(lease=lease, call=call, timeout_s=timeout_s)
 
 
 def _observed(result: ToolResult) -> tuple[object, ...]:
@@ -246,10 +182,7 @@ def pool_machine(
         def __init__(self) -> None:
             super().__init__()
             self.stack = ExitStack()
-            self.pools = [
-                self.stack.enter_context(portal.wrap_async_context_manager(factory()))
-                for factory in factories
-            ]
+            self.pools = open_all(self.stack, portal, factories)
             self.closed = False
             self.held: list[_Held] = []
             self.queue: list[_Held] = []
@@ -270,7 +203,7 @@ def pool_machine(
             return len(self.live) == shape.capacity
 
         def take(self, holder: str, timeout_s: float) -> _Held:
-            return _Held(holder, [_Hold(portal, pool, holder, timeout_s) for pool in self.pools])
+            return _Held(holder, [Hold(portal, pool, holder, timeout_s) for pool in self.pools])
 
         def grant(self, held: _Held) -> None:
             for hold in held.holds:
@@ -500,9 +433,8 @@ def pool_machine(
                         continue
                     lease = source.held.holds[i].lease
                     assert lease is not None
-                    calls_by_pool[i].append(
-                        _call(lease, source.tool, call_ids[k], 10.0, **source.arguments)
-                    )
+                    call = ToolCall(id=call_ids[k], name=source.tool, arguments=source.arguments)
+                    calls_by_pool[i].append(SlotCall(lease=lease, call=call, timeout_s=10.0))
             results: list[list[ToolResult]] = []
             for i, pool in enumerate(self.pools):
                 container = target.leases[i].slot.container
@@ -545,9 +477,7 @@ def pool_machine(
             for hold in held.holds:
                 lease = hold.lease
                 assert lease is not None
-                call = _call(
-                    lease, "bash", f"machine-{next(_ids)}", CALL_TIMEOUT_S, command="sleep 5"
-                )
+                call = slot_call(lease, "bash", timeout_s=CALL_TIMEOUT_S, command="sleep 5")
                 started = time.monotonic()
                 (result,) = portal.call(hold.pool.execute, lease.slot.container, [call])
                 took = time.monotonic() - started
@@ -563,7 +493,7 @@ def pool_machine(
             for hold in held.holds:
                 lease = hold.lease
                 assert lease is not None
-                call = _call(lease, "bash", f"machine-{next(_ids)}", 10.0, command="sleep 2")
+                call = slot_call(lease, "bash", command="sleep 2")
                 portal.call(_cancelled_batch, hold.pool, call, after_s)
             self.held.remove(held)
             for hold in held.holds:
@@ -578,10 +508,7 @@ def pool_machine(
             for i, pool in enumerate(self.pools):
                 crash(pool, victim.leases[i].slot.container)
             for i, pool in enumerate(self.pools):
-                calls = [
-                    _call(held.leases[i], "bash", f"machine-{next(_ids)}", 10.0, command="echo x")
-                    for held in on_it
-                ]
+                calls = [slot_call(held.leases[i], "bash", command="echo x") for held in on_it]
                 got = portal.call(pool.execute, victim.leases[i].slot.container, calls)
                 assert [r.call_id for r in got] == [c.call.id for c in calls]
                 for result in got:
@@ -612,7 +539,7 @@ def pool_machine(
             self.held = []
             for _, held_leases in leases[:1]:
                 for pool, lease in zip(self.pools, held_leases, strict=True):
-                    call = _call(lease, "bash", f"machine-{next(_ids)}", 10.0, command="true")
+                    call = slot_call(lease, "bash", command="true")
                     with pytest.raises(PoolClosed):
                         portal.call(pool.execute, lease.slot.container, [call])
 
@@ -621,7 +548,7 @@ def pool_machine(
         def closed_pool_refuses(self) -> None:
             for pool in self.pools:
                 portal.call(pool.aclose)  # idempotent
-                late = _Hold(portal, pool, "late", 10.0)
+                late = Hold(portal, pool, "late", 10.0)
                 done, _ = concurrent.futures.wait([late.future], timeout=SETTLE_S)
                 assert done, "lease on a closed pool did not end"
                 assert isinstance(late.future.exception(), PoolClosed), late.future

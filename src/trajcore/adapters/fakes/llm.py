@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 import json
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Sized
 
 import anyio
 import attrs
@@ -44,6 +44,7 @@ from trajcore.domain.errors import (
 from trajcore.domain.messages import Message, ToolSpec
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams, TokenCompletion
 from trajcore.domain.turns import ParseProblem
+from trajcore.domain.validators import positive_int
 
 __all__ = [
     "ChatRequest",
@@ -192,11 +193,6 @@ def _fault_error(fault: LLMFault) -> Exception:
     return WireError("$", f"fake server: malformed body {fault.body[:60]!r}")
 
 
-def _at_least_one(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if value < 1:
-        raise ConfigError(attribute.name, f"must be at least 1, got {value}")
-
-
 @attrs.define
 class _FaultQueue:
     faults: deque[LLMFault] = attrs.field(factory=deque)
@@ -247,8 +243,31 @@ def _completion_deque(items: Iterable[TokenCompletion]) -> deque[TokenCompletion
     return deque(items)
 
 
+class _ScriptedServer:
+    """What the fake servers share: a script or a policy (not both), and faults queued ahead
+    of the answers."""
+
+    script: Sized
+    policy: object | None
+    faults: Iterable[LLMFault]
+    _queue: _FaultQueue
+
+    def __attrs_post_init__(self) -> None:
+        if self.script and self.policy is not None:
+            raise ConfigError("policy", "give a script or a policy, not both")
+        self._queue = _FaultQueue(faults=deque(self.faults))
+
+    def inject(self, *faults: LLMFault) -> None:
+        """Queue ``faults``; each replaces the answer to one upcoming request."""
+        self._queue.faults.extend(faults)
+
+    async def aclose(self) -> None:
+        """Idempotent; later calls raise ``PoolClosed``."""
+        self._queue.closed = True
+
+
 @attrs.define
-class FakeChatServer:
+class FakeChatServer(_ScriptedServer):
     """A scripted or policy-driven ``ChatServer``.
 
     Give ``script`` (turns served in order; a ``Message`` is served with ``finish_reason`` STOP,
@@ -265,18 +284,9 @@ class FakeChatServer:
     script: deque[ChatTurn] = attrs.field(factory=deque, converter=_turn_deque)
     policy: ChatResponder | None = None
     faults: Iterable[LLMFault] = ()
-    max_attempts: int = attrs.field(default=3, validator=_at_least_one)
+    max_attempts: int = attrs.field(default=3, validator=positive_int)
     requests: list[ChatRequest] = attrs.field(factory=list, init=False)
     _queue: _FaultQueue = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        if self.script and self.policy is not None:
-            raise ConfigError("policy", "give a script or a policy, not both")
-        self._queue = _FaultQueue(faults=deque(self.faults))
-
-    def inject(self, *faults: LLMFault) -> None:
-        """Queue ``faults``; each replaces the answer to one upcoming request."""
-        self._queue.faults.extend(faults)
 
     async def chat(
         self, messages: Sequence[Message], *, tools: Sequence[ToolSpec], sampling: SamplingParams
@@ -314,13 +324,9 @@ class FakeChatServer:
             return self.policy(messages)
         raise StateError(f"FakeChatServer has no turn left for request {len(self.requests)}")
 
-    async def aclose(self) -> None:
-        """Idempotent; later calls raise ``PoolClosed``."""
-        self._queue.closed = True
-
 
 @attrs.define
-class FakeTokenServer:
+class FakeTokenServer(_ScriptedServer):
     """A scripted or policy-driven ``TokenServer``.
 
     Give ``script`` (completions served in order) or ``policy``, not both.
@@ -336,18 +342,9 @@ class FakeTokenServer:
     script: deque[TokenCompletion] = attrs.field(factory=deque, converter=_completion_deque)
     policy: TokenResponder | None = None
     faults: Iterable[LLMFault] = ()
-    max_attempts: int = attrs.field(default=3, validator=_at_least_one)
+    max_attempts: int = attrs.field(default=3, validator=positive_int)
     requests: list[TokenRequest] = attrs.field(factory=list, init=False)
     _queue: _FaultQueue = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        if self.script and self.policy is not None:
-            raise ConfigError("policy", "give a script or a policy, not both")
-        self._queue = _FaultQueue(faults=deque(self.faults))
-
-    def inject(self, *faults: LLMFault) -> None:
-        """Queue ``faults``; each replaces the answer to one upcoming request."""
-        self._queue.faults.extend(faults)
 
     async def generate(
         self, prompt_ids: Sequence[int], *, sampling: SamplingParams
@@ -376,7 +373,3 @@ class FakeTokenServer:
                 f"FakeTokenServer has no completion left for request {len(self.requests)}"
             )
         return truncate_completion(completion, sampling.max_tokens)
-
-    async def aclose(self) -> None:
-        """Idempotent; later calls raise ``PoolClosed``."""
-        self._queue.closed = True

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import attrs
@@ -58,8 +58,7 @@ __all__ = [
     "load_json_prefix",
     "name_in_broken_json",
     "scan_blocks",
-    "section_text",
-    "sectioned_content",
+    "skip_space",
     "split_reasoning",
     "value_extent",
 ]
@@ -344,55 +343,12 @@ def scan_blocks(
             pos = limit
 
 
-def section_text(
-    builder: TurnBuilder, segment: str, *, begin: str, end: str, call_begin: str, last: bool
-) -> str:
-    """The content of a plain segment of a family whose calls sit in a ``begin ... end`` section.
-
-    The section markers are removed. In the last segment of the text, a section that holds text
-    but no ``call_begin`` is one problem: ``truncated call @ call`` when the text ends inside
-    it, ``missing <call_begin> @ call`` when it is closed; its text goes to the problem's
-    ``raw``, not to the content.
-    """
-    head, marker, tail = segment.partition(begin)
-    if not marker:
-        return segment.replace(end, "")
-    parts = [head.replace(end, "")]
-    for inner in tail.split(begin):
-        body, closer, after = inner.partition(end)
-        if last and body.strip():
-            reason = f"missing {call_begin} @ call" if closer else "truncated call @ call"
-            builder.refuse(begin + body + closer, reason)
-        else:
-            parts.append(body)
-        parts.append(after.replace(end, ""))
-    return "".join(parts)
-
-
-def sectioned_content(
-    builder: TurnBuilder,
-    text: str,
-    *,
-    begin: str,
-    end: str,
-    call_begin: str,
-    call_end: str,
-    read_call: Callable[[TurnBuilder, Block], None],
-) -> str:
-    """Read every ``call_begin ... call_end`` block of ``text`` with ``read_call``, and return the
-    visible content around them (``section_text`` on each plain segment, then ``join_content``):
-    the reading loop of the families whose calls sit in a ``begin ... end`` section."""
-    pieces = scan_blocks(text, call_begin, call_end, also_ends=(end,))
-    segments: list[str] = []
-    for i, piece in enumerate(pieces):
-        if isinstance(piece, Block):
-            read_call(builder, piece)
-        else:
-            last = i == len(pieces) - 1
-            segments.append(
-                section_text(builder, piece, begin=begin, end=end, call_begin=call_begin, last=last)
-            )
-    return join_content(segments)
+def skip_space(text: str, pos: int) -> int:
+    """The index of the first character of ``text`` at or after ``pos`` that is not whitespace
+    (``len(text)`` when none is)."""
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
 
 
 def join_content(segments: Sequence[str]) -> str:

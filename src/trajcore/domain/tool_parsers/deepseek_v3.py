@@ -40,16 +40,14 @@ from typing import Literal
 
 import attrs
 
-from trajcore.domain.messages import ToolCall, ToolSpec
-from trajcore.domain.tool_parsers.base import (
-    Block,
-    JSONFault,
-    TurnBuilder,
-    load_json,
+from trajcore.domain.messages import ToolCall
+from trajcore.domain.tool_parsers.base import Block, TurnBuilder
+from trajcore.domain.tool_parsers.family import (
+    FamilyParser,
+    Sections,
+    read_json_arguments,
     sectioned_content,
-    split_reasoning,
 )
-from trajcore.domain.turns import ParsedTurn
 
 __all__ = ["DeepSeekV3Parser"]
 
@@ -60,18 +58,7 @@ CALL_END = "<\uff5ctool\u2581call\u2581end\uff5c>"
 SEP = "<\uff5ctool\u2581sep\uff5c>"
 FENCE_OPEN = "```json"
 FENCE_CLOSE = "```"
-
-
-def _read_arguments(builder: TurnBuilder, raw: str, name: str, text: str, *, closed: bool) -> None:
-    if not text.strip():
-        reason = "missing arguments @ arguments" if closed else "truncated call @ arguments"
-        builder.refuse(raw, reason, name=name)
-        return
-    arguments = load_json(text)
-    if isinstance(arguments, JSONFault):
-        builder.refuse(raw, f"{arguments.reason} @ arguments", name=name)
-        return
-    builder.accept(raw, name, arguments)
+_SECTIONS = Sections(begin=CALLS_BEGIN, end=CALLS_END, call_begin=CALL_BEGIN, call_end=CALL_END)
 
 
 def read_call(builder: TurnBuilder, block: Block) -> None:
@@ -105,16 +92,16 @@ def read_call(builder: TurnBuilder, block: Block) -> None:
             close = rest.rfind(FENCE_CLOSE)
             if close >= 0:
                 rest = rest[:close]
-        _read_arguments(builder, raw, name, rest, closed=block.closed)
+        read_json_arguments(builder, raw, name, rest, closed=block.closed)
         return
     if not head:
         builder.refuse(raw, "missing name @ name")
         return
-    _read_arguments(builder, raw, head, tail, closed=block.closed)
+    read_json_arguments(builder, raw, head, tail, closed=block.closed)
 
 
 @attrs.frozen
-class DeepSeekV3Parser:
+class DeepSeekV3Parser(FamilyParser):
     """Parser for DeepSeek V3 and V3.1 tool calls; both forms are read.
 
     Attributes:
@@ -130,22 +117,8 @@ class DeepSeekV3Parser:
     def name(self) -> str:
         return "deepseek_v3" if self.render_style == "v3" else "deepseek_v31"
 
-    def parse(
-        self, text: str, *, tools: Sequence[ToolSpec] | None = None, id_prefix: str = "call"
-    ) -> ParsedTurn:
-        """Parse one completion; see ``ToolCallParser.parse``. Never raises."""
-        reasoning, rest = split_reasoning(text)
-        builder = TurnBuilder.start(tools, id_prefix)
-        content = sectioned_content(
-            builder,
-            rest,
-            begin=CALLS_BEGIN,
-            end=CALLS_END,
-            call_begin=CALL_BEGIN,
-            call_end=CALL_END,
-            read_call=read_call,
-        )
-        return builder.turn(content=content, reasoning=reasoning)
+    def read_calls(self, builder: TurnBuilder, text: str) -> str:
+        return sectioned_content(builder, text, _SECTIONS, read_call)
 
     def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:
         """``content``, then the calls wrapped in ``calls begin/end``; the content alone if none."""

@@ -27,21 +27,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import ClassVar
 
 import attrs
 
-from trajcore.domain.messages import JSONObject, ToolCall, ToolSpec
-from trajcore.domain.tool_parsers.base import (
-    TOOL_NAME,
-    Block,
-    JSONFault,
-    TurnBuilder,
-    join_content,
-    scan_blocks,
-    split_reasoning,
-)
+from trajcore.domain.messages import JSONObject, ToolCall
+from trajcore.domain.tool_parsers.base import TOOL_NAME, Block, JSONFault, TurnBuilder, skip_space
+from trajcore.domain.tool_parsers.family import FamilyParser, blocks_content
 from trajcore.domain.tool_parsers.value_types import type_value
-from trajcore.domain.turns import ParsedTurn
 
 __all__ = ["Glm45Parser"]
 
@@ -58,8 +51,7 @@ def read_pairs(body: str, start: int, *, closed: bool) -> dict[str, str] | str:
     pairs: dict[str, str] = {}
     pos = start
     while True:
-        while pos < len(body) and body[pos].isspace():
-            pos += 1
+        pos = skip_space(body, pos)
         if pos >= len(body):
             return pairs if closed else "truncated call @ arguments"
         if not body.startswith(KEY, pos):
@@ -74,9 +66,7 @@ def read_pairs(body: str, start: int, *, closed: bool) -> dict[str, str] | str:
         key = body[key_start:key_end].strip()
         if not key:
             return "missing parameter name @ arguments"
-        pos = key_end + len(KEY_END)
-        while pos < len(body) and body[pos].isspace():
-            pos += 1
+        pos = skip_space(body, key_end + len(KEY_END))
         if not body.startswith(VALUE, pos):
             if pos >= len(body) and not closed:
                 return f"truncated call @ arguments.{key}"
@@ -133,28 +123,14 @@ def read_call(builder: TurnBuilder, block: Block) -> None:
 
 
 @attrs.frozen
-class Glm45Parser:
+class Glm45Parser(FamilyParser):
     """Parser for GLM-4.5/4.6's ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V...``."""
 
-    @property
-    def name(self) -> str:
-        return "glm45"
+    name: ClassVar[str] = "glm45"
+    call_markers = (OPEN,)
 
-    def parse(
-        self, text: str, *, tools: Sequence[ToolSpec] | None = None, id_prefix: str = "call"
-    ) -> ParsedTurn:
-        """Parse one completion; see ``ToolCallParser.parse``. Never raises."""
-        reasoning, rest = split_reasoning(text)
-        builder = TurnBuilder.start(tools, id_prefix)
-        if OPEN not in rest:
-            return builder.turn(content=rest.strip(), reasoning=reasoning)
-        segments: list[str] = []
-        for piece in scan_blocks(rest, OPEN, CLOSE):
-            if isinstance(piece, Block):
-                read_call(builder, piece)
-            else:
-                segments.append(piece)
-        return builder.turn(content=join_content(segments), reasoning=reasoning)
+    def read_calls(self, builder: TurnBuilder, text: str) -> str:
+        return blocks_content(builder, text, OPEN, CLOSE, read_call)
 
     def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:
         """``content``, then one block per call; strings verbatim, other values as JSON."""

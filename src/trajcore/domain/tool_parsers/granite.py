@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import ClassVar
 
 import attrs
 
-from trajcore.domain.messages import ToolCall, ToolSpec
-from trajcore.domain.tool_parsers.base import TurnBuilder, join_content, split_reasoning
+from trajcore.domain.messages import ToolCall
+from trajcore.domain.tool_parsers.base import TurnBuilder, join_content
+from trajcore.domain.tool_parsers.family import FamilyParser
 from trajcore.domain.tool_parsers.mistral import read_array
-from trajcore.domain.turns import ParsedTurn
 
 __all__ = ["GraniteParser"]
 
@@ -36,36 +37,27 @@ TEXT_MARKER = "<tool_call>"
 
 
 @attrs.frozen
-class GraniteParser:
+class GraniteParser(FamilyParser):
     """Parser for Granite's ``<|tool_call|>[...]`` (and ``<tool_call>[...]``) calls."""
 
-    @property
-    def name(self) -> str:
-        return "granite"
+    name: ClassVar[str] = "granite"
+    call_markers = (SPECIAL_MARKER, TEXT_MARKER)
 
-    def parse(
-        self, text: str, *, tools: Sequence[ToolSpec] | None = None, id_prefix: str = "call"
-    ) -> ParsedTurn:
-        """Parse one completion; see ``ToolCallParser.parse``. Never raises."""
-        reasoning, rest = split_reasoning(text)
-        builder = TurnBuilder.start(tools, id_prefix)
-        found = [at for at in (rest.find(SPECIAL_MARKER), rest.find(TEXT_MARKER)) if at >= 0]
-        if not found:
-            return builder.turn(content=rest.strip(), reasoning=reasoning)
-        marker_at = min(found)
-        marker = SPECIAL_MARKER if rest.startswith(SPECIAL_MARKER, marker_at) else TEXT_MARKER
-        segment = rest[marker_at + len(marker) :]
+    def read_calls(self, builder: TurnBuilder, text: str) -> str:
+        marker_at = min(at for at in (text.find(SPECIAL_MARKER), text.find(TEXT_MARKER)) if at >= 0)
+        marker = SPECIAL_MARKER if text.startswith(SPECIAL_MARKER, marker_at) else TEXT_MARKER
+        segment = text[marker_at + len(marker) :]
         start = len(segment) - len(segment.lstrip())
         if segment.startswith("[", start):
             after = read_array(builder, segment, start)
         else:
             reason = "truncated call @ call" if not segment.strip() else None
             builder.refuse(
-                rest[marker_at:].strip(),
+                text[marker_at:].strip(),
                 reason or "expected a JSON array of calls @ call",
             )
             after = ""
-        return builder.turn(content=join_content([rest[:marker_at], after]), reasoning=reasoning)
+        return join_content([text[:marker_at], after])
 
     def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:
         """``content``, then ``<|tool_call|>`` and the calls' array; the content alone if none."""

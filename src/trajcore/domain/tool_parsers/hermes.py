@@ -28,20 +28,9 @@ from collections.abc import Sequence
 
 import attrs
 
-from trajcore.domain.messages import ToolCall, ToolSpec
-from trajcore.domain.tool_parsers.base import (
-    Block,
-    JSONFault,
-    TurnBuilder,
-    fault_part,
-    join_content,
-    json_type,
-    load_json,
-    name_in_broken_json,
-    scan_blocks,
-    split_reasoning,
-)
-from trajcore.domain.turns import ParsedTurn
+from trajcore.domain.messages import ToolCall
+from trajcore.domain.tool_parsers.base import Block, TurnBuilder
+from trajcore.domain.tool_parsers.family import FamilyParser, blocks_content, read_json_object
 
 __all__ = ["HermesParser", "read_json_call"]
 
@@ -49,34 +38,32 @@ OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 
 
-def read_json_call(
-    builder: TurnBuilder, raw: str, body: str, *, closed: bool, arguments_key: str = "arguments"
-) -> None:
-    """Read one ``{"name": ..., "<arguments_key>": {...}}`` call into ``builder``.
+def _arguments_key(text: str) -> str:
+    return "arguments"
+
+
+def read_json_call(builder: TurnBuilder, block: Block) -> None:
+    """Read one ``{"name": ..., "arguments": {...}}`` block into ``builder``.
 
     An empty body is a truncated call when the block was cut off and an empty call when it was
     closed.
     """
-    if not body.strip():
-        builder.refuse(raw, "truncated JSON @ call" if not closed else "empty tool call @ call")
+    if not block.body.strip():
+        reason = "empty tool call @ call" if block.closed else "truncated JSON @ call"
+        builder.refuse(block.raw, reason)
         return
-    value = load_json(body)
-    if isinstance(value, JSONFault):
-        part = fault_part(body, arguments_key)
-        builder.refuse(raw, f"{value.reason} @ {part}", name=name_in_broken_json(body))
-        return
-    if not isinstance(value, dict):
-        builder.refuse(raw, f"expected a JSON object, got {json_type(value)} @ call")
-        return
-    if arguments_key not in value and "parameters" in value:
-        arguments_key = "parameters"
-    builder.accept(
-        raw, value.get("name"), value.get(arguments_key, {}), arguments_key=arguments_key
+    read_json_object(
+        builder,
+        block.raw,
+        block.body,
+        key="arguments",
+        fallback="parameters",
+        fault_key=_arguments_key,
     )
 
 
 @attrs.frozen
-class HermesParser:
+class HermesParser(FamilyParser):
     """Parser for ``<tool_call>{json}</tool_call>`` (Hermes, Qwen2.5, Qwen3).
 
     Attributes:
@@ -84,27 +71,16 @@ class HermesParser:
             the name the seed environments use).
     """
 
+    call_markers = (OPEN,)
+
     family: str = attrs.field(default="hermes", validator=attrs.validators.in_(("hermes", "qwen")))
 
     @property
     def name(self) -> str:
         return self.family
 
-    def parse(
-        self, text: str, *, tools: Sequence[ToolSpec] | None = None, id_prefix: str = "call"
-    ) -> ParsedTurn:
-        """Parse one completion; see ``ToolCallParser.parse``. Never raises."""
-        reasoning, rest = split_reasoning(text)
-        builder = TurnBuilder.start(tools, id_prefix)
-        if OPEN not in rest:
-            return builder.turn(content=rest.strip(), reasoning=reasoning)
-        segments: list[str] = []
-        for piece in scan_blocks(rest, OPEN, CLOSE):
-            if isinstance(piece, Block):
-                read_json_call(builder, piece.raw, piece.body, closed=piece.closed)
-            else:
-                segments.append(piece)
-        return builder.turn(content=join_content(segments), reasoning=reasoning)
+    def read_calls(self, builder: TurnBuilder, text: str) -> str:
+        return blocks_content(builder, text, OPEN, CLOSE, read_json_call)
 
     def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:
         """``content``, then one ``<tool_call>`` block per call, as Qwen's template writes them."""

@@ -26,19 +26,18 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from typing import ClassVar
 
 import attrs
 
-from trajcore.domain.messages import ToolCall, ToolSpec
-from trajcore.domain.tool_parsers.base import (
-    Block,
-    JSONFault,
-    TurnBuilder,
-    load_json,
+from trajcore.domain.messages import ToolCall
+from trajcore.domain.tool_parsers.base import Block, TurnBuilder
+from trajcore.domain.tool_parsers.family import (
+    FamilyParser,
+    Sections,
+    read_json_arguments,
     sectioned_content,
-    split_reasoning,
 )
-from trajcore.domain.turns import ParsedTurn
 
 __all__ = ["KimiK2Parser"]
 
@@ -47,6 +46,7 @@ SECTION_END = "<|tool_calls_section_end|>"
 CALL_BEGIN = "<|tool_call_begin|>"
 CALL_END = "<|tool_call_end|>"
 ARGUMENT_BEGIN = "<|tool_call_argument_begin|>"
+_SECTIONS = Sections(begin=SECTION_BEGIN, end=SECTION_END, call_begin=CALL_BEGIN, call_end=CALL_END)
 
 _CALL_ID = re.compile(r"(?:functions\.)?(.+):(\d+)")
 
@@ -72,43 +72,18 @@ def read_call(builder: TurnBuilder, block: Block) -> None:
         )
         builder.refuse(raw, reason)
         return
-    if not arguments_text.strip():
-        reason = "missing arguments @ arguments" if block.closed else "truncated call @ arguments"
-        builder.refuse(raw, reason, name=name)
-        return
-    arguments = load_json(arguments_text)
-    if isinstance(arguments, JSONFault):
-        builder.refuse(raw, f"{arguments.reason} @ arguments", name=name)
-        return
-    builder.accept(raw, name, arguments)
+    read_json_arguments(builder, raw, name, arguments_text, closed=block.closed)
 
 
 @attrs.frozen
-class KimiK2Parser:
+class KimiK2Parser(FamilyParser):
     """Parser for Kimi K2's ``<|tool_call_begin|>functions.NAME:i ...`` sections."""
 
-    @property
-    def name(self) -> str:
-        return "kimi_k2"
+    name: ClassVar[str] = "kimi_k2"
+    call_markers = (CALL_BEGIN, SECTION_BEGIN)
 
-    def parse(
-        self, text: str, *, tools: Sequence[ToolSpec] | None = None, id_prefix: str = "call"
-    ) -> ParsedTurn:
-        """Parse one completion; see ``ToolCallParser.parse``. Never raises."""
-        reasoning, rest = split_reasoning(text)
-        builder = TurnBuilder.start(tools, id_prefix)
-        if CALL_BEGIN not in rest and SECTION_BEGIN not in rest:
-            return builder.turn(content=rest.strip(), reasoning=reasoning)
-        content = sectioned_content(
-            builder,
-            rest,
-            begin=SECTION_BEGIN,
-            end=SECTION_END,
-            call_begin=CALL_BEGIN,
-            call_end=CALL_END,
-            read_call=read_call,
-        )
-        return builder.turn(content=content, reasoning=reasoning)
+    def read_calls(self, builder: TurnBuilder, text: str) -> str:
+        return sectioned_content(builder, text, _SECTIONS, read_call)
 
     def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:
         """``content``, then one section with the calls; the content alone if none."""

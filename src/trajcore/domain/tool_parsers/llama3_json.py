@@ -24,23 +24,14 @@ Rules this parser keeps, beyond those in ``base``:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from typing import ClassVar
 
 import attrs
 
-from trajcore.domain.messages import ToolCall, ToolSpec
-from trajcore.domain.tool_parsers.base import (
-    JSONFault,
-    TurnBuilder,
-    fault_part,
-    join_content,
-    json_type,
-    load_json,
-    name_in_broken_json,
-    split_reasoning,
-    value_extent,
-)
-from trajcore.domain.turns import ParsedTurn
+from trajcore.domain.messages import ToolCall
+from trajcore.domain.tool_parsers.base import TurnBuilder, join_content, skip_space, value_extent
+from trajcore.domain.tool_parsers.family import FamilyParser, read_json_object
 
 __all__ = ["Llama3JsonParser"]
 
@@ -48,21 +39,11 @@ PYTHON_TAG = "<|python_tag|>"
 SEPARATOR = ";"
 
 
-def _arguments_key(call: Mapping[str, object]) -> str:
-    return "arguments" if "arguments" in call and "parameters" not in call else "parameters"
-
-
-def _skip_space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    return pos
-
-
 def read_calls(builder: TurnBuilder, text: str, start: int) -> int:
     """Read the ``;``-separated calls of ``text`` from ``start``; return where content resumes."""
     pos = start
     while True:
-        pos = _skip_space(text, pos)
+        pos = skip_space(text, pos)
         if pos >= len(text):
             return len(text)
         if text.startswith(PYTHON_TAG, pos):
@@ -77,17 +58,10 @@ def read_calls(builder: TurnBuilder, text: str, start: int) -> int:
             continue
         end = value_extent(text, pos)
         piece = text[pos:end]
-        value = load_json(piece)
-        if isinstance(value, JSONFault):
-            key = _key_in_text(piece)
-            reason = f"{value.reason} @ {fault_part(piece, key)}"
-            builder.refuse(piece, reason, name=name_in_broken_json(piece))
-        elif isinstance(value, dict):
-            key = _arguments_key(value)
-            builder.accept(piece, value.get("name"), value.get(key, {}), arguments_key=key)
-        else:
-            builder.refuse(piece, f"expected a JSON object, got {json_type(value)} @ call")
-        pos = _skip_space(text, end)
+        read_json_object(
+            builder, piece, piece, key="parameters", fallback="arguments", fault_key=_key_in_text
+        )
+        pos = skip_space(text, end)
         if text.startswith(SEPARATOR, pos):
             pos += len(SEPARATOR)
         elif not text.startswith(("{", PYTHON_TAG), pos):
@@ -99,36 +73,27 @@ def _key_in_text(piece: str) -> str:
 
 
 @attrs.frozen
-class Llama3JsonParser:
+class Llama3JsonParser(FamilyParser):
     """Parser for Llama 3.x JSON tool calls (``<|python_tag|>`` optional, ``;`` between calls)."""
 
-    @property
-    def name(self) -> str:
-        return "llama3_json"
+    name: ClassVar[str] = "llama3_json"
 
-    def parse(
-        self, text: str, *, tools: Sequence[ToolSpec] | None = None, id_prefix: str = "call"
-    ) -> ParsedTurn:
-        """Parse one completion; see ``ToolCallParser.parse``. Never raises."""
-        reasoning, rest = split_reasoning(text)
-        builder = TurnBuilder.start(tools, id_prefix)
-        tag = rest.find(PYTHON_TAG)
-        if tag >= 0:
-            before, start = rest[:tag], tag + len(PYTHON_TAG)
-        elif rest.lstrip().startswith("{"):
-            before, start = "", 0
-        else:
-            return builder.turn(content=rest.strip(), reasoning=reasoning)
+    def holds_calls(self, text: str) -> bool:
+        return PYTHON_TAG in text or text.lstrip().startswith("{")
+
+    def read_calls(self, builder: TurnBuilder, text: str) -> str:
+        tag = text.find(PYTHON_TAG)
+        before, start = (text[:tag], tag + len(PYTHON_TAG)) if tag >= 0 else ("", 0)
         content = [before]
         while True:
-            resume = read_calls(builder, rest, start)
-            tag = rest.find(PYTHON_TAG, resume)
+            resume = read_calls(builder, text, start)
+            tag = text.find(PYTHON_TAG, resume)
             if tag < 0:
-                content.append(rest[resume:])
+                content.append(text[resume:])
                 break
-            content.append(rest[resume:tag])
+            content.append(text[resume:tag])
             start = tag + len(PYTHON_TAG)
-        return builder.turn(content=join_content(content), reasoning=reasoning)
+        return join_content(content)
 
     def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:
         """``content``, then ``<|python_tag|>`` and the calls joined by ``"; "``.

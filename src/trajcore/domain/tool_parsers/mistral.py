@@ -34,24 +34,25 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Literal
+from typing import ClassVar, Literal
 
 import attrs
 
-from trajcore.domain.messages import ToolCall, ToolSpec
+from trajcore.domain.messages import ToolCall
 from trajcore.domain.tool_parsers.base import (
     TOOL_NAME,
     JSONFault,
     TurnBuilder,
-    fault_part,
     join_content,
-    json_type,
     load_json,
     load_json_prefix,
-    name_in_broken_json,
-    split_reasoning,
+    skip_space,
 )
-from trajcore.domain.turns import ParsedTurn
+from trajcore.domain.tool_parsers.family import (
+    FamilyParser,
+    accept_json_value,
+    refuse_broken_json,
+)
 
 __all__ = ["MistralParser"]
 
@@ -75,12 +76,6 @@ def _late_array(segment: str) -> int:
     return start
 
 
-def _skip_space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    return pos
-
-
 def _fault(text: str) -> JSONFault:
     fault = load_json(text)
     return fault if isinstance(fault, JSONFault) else JSONFault(reason="invalid JSON")
@@ -91,7 +86,7 @@ def read_array(builder: TurnBuilder, segment: str, start: int) -> str:
     pos = start + 1
     first = True
     while True:
-        pos = _skip_space(segment, pos)
+        pos = skip_space(segment, pos)
         if pos >= len(segment):
             if first:
                 builder.refuse(segment[start:], "truncated JSON @ call")
@@ -101,23 +96,15 @@ def read_array(builder: TurnBuilder, segment: str, start: int) -> str:
         if not first:
             if segment[pos] != ",":
                 return segment[pos:]
-            pos = _skip_space(segment, pos + 1)
+            pos = skip_space(segment, pos + 1)
         first = False
         decoded = load_json_prefix(segment, pos)
         if decoded is None:
             raw = segment[pos:]
-            reason = _fault(raw).reason
-            part = fault_part(raw, "arguments")
-            builder.refuse(raw, f"{reason} @ {part}", name=name_in_broken_json(raw))
+            refuse_broken_json(builder, raw, raw, _fault(raw), "arguments")
             return ""
         value, end = decoded
-        raw = segment[pos:end]
-        if isinstance(value, dict):
-            builder.accept(
-                raw, value.get("name"), value.get("arguments", {}), call_id=value.get("id")
-            )
-        else:
-            builder.refuse(raw, f"expected a JSON object, got {json_type(value)} @ call")
+        accept_json_value(builder, segment[pos:end], value, id_key="id")
         pos = end
 
 
@@ -141,7 +128,7 @@ def read_named_call(builder: TurnBuilder, segment: str, *, last: bool) -> str:
     if not TOOL_NAME.fullmatch(name):
         builder.refuse(raw, f"invalid tool name {name[:80]!r} (1-64 of [A-Za-z0-9_.-]) @ name")
         return ""
-    pos = _skip_space(segment, args_start)
+    pos = skip_space(segment, args_start)
     if pos >= len(segment):
         reason = "truncated call @ arguments" if last else "missing arguments @ arguments"
         builder.refuse(raw, reason, name=name)
@@ -156,7 +143,7 @@ def read_named_call(builder: TurnBuilder, segment: str, *, last: bool) -> str:
 
 
 @attrs.frozen
-class MistralParser:
+class MistralParser(FamilyParser):
     """Parser for Mistral's ``[TOOL_CALLS]`` formats (array, and ``name[ARGS]{json}``).
 
     Attributes:
@@ -164,30 +151,24 @@ class MistralParser:
             and later); ``"array"`` writes one ``[TOOL_CALLS][...]`` array (earlier tokenizers).
     """
 
+    name: ClassVar[str] = "mistral"
+    call_markers = (TOOL_CALLS,)
+
     render_style: Literal["args", "array"] = attrs.field(
         default="args", validator=attrs.validators.in_(("args", "array"))
     )
 
-    @property
-    def name(self) -> str:
-        return "mistral"
-
-    def parse(
-        self, text: str, *, tools: Sequence[ToolSpec] | None = None, id_prefix: str = "call"
-    ) -> ParsedTurn:
-        """Parse one completion; see ``ToolCallParser.parse``. Never raises."""
+    def reasoning_tags(self, text: str) -> tuple[str, str]:
         if THINK_END in text or THINK in text:
-            reasoning, rest = split_reasoning(text, open_=THINK, close=THINK_END)
-        else:
-            reasoning, rest = split_reasoning(text)
-        builder = TurnBuilder.start(tools, id_prefix)
-        first = rest.find(TOOL_CALLS)
-        if first < 0:
-            return builder.turn(content=rest.strip(), reasoning=reasoning)
-        segments = rest[first + len(TOOL_CALLS) :].split(TOOL_CALLS)
-        content = [rest[:first]]
+            return THINK, THINK_END
+        return super().reasoning_tags(text)
+
+    def read_calls(self, builder: TurnBuilder, text: str) -> str:
+        first = text.find(TOOL_CALLS)
+        segments = text[first + len(TOOL_CALLS) :].split(TOOL_CALLS)
+        content = [text[:first]]
         for i, segment in enumerate(segments):
-            start = _skip_space(segment, 0)
+            start = skip_space(segment, 0)
             if segment.startswith("[", start) and not segment.startswith((ARGS, CALL_ID), start):
                 content.append(read_array(builder, segment, start))
             elif (array := _late_array(segment)) >= 0:
@@ -195,7 +176,7 @@ class MistralParser:
                 content.append(read_array(builder, segment, array))
             else:
                 content.append(read_named_call(builder, segment, last=i == len(segments) - 1))
-        return builder.turn(content=join_content(content), reasoning=reasoning)
+        return join_content(content)
 
     def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:
         """``content`` followed by the calls in ``render_style``; the content alone if none."""

@@ -44,9 +44,9 @@ from typing import Literal
 
 import attrs
 
-from trajcore.domain.messages import JSON, JSONObject, ToolCall, ToolSpec
-from trajcore.domain.tool_parsers.base import TurnBuilder, join_content, split_reasoning
-from trajcore.domain.turns import ParsedTurn
+from trajcore.domain.messages import JSON, JSONObject, ToolCall
+from trajcore.domain.tool_parsers.base import TurnBuilder, join_content
+from trajcore.domain.tool_parsers.family import FamilyParser
 
 __all__ = ["PythonicParser"]
 
@@ -366,7 +366,7 @@ def _check_renderable(call: ToolCall) -> None:
 
 
 @attrs.frozen
-class PythonicParser:
+class PythonicParser(FamilyParser):
     """Parser for Python call lists (``pythonic``; ``llama4_pythonic`` writes the tags).
 
     Attributes:
@@ -382,12 +382,8 @@ class PythonicParser:
     def name(self) -> str:
         return self.family
 
-    def parse(
-        self, text: str, *, tools: Sequence[ToolSpec] | None = None, id_prefix: str = "call"
-    ) -> ParsedTurn:
-        """Parse one completion; see ``ToolCallParser.parse``. Never raises."""
-        reasoning, rest = split_reasoning(text)
-        builder = TurnBuilder.start(tools, id_prefix)
+    def read_calls(self, builder: TurnBuilder, text: str) -> str:
+        rest = text
         start = rest.find(PYTHON_START)
         if start >= 0:
             body_start = start + len(PYTHON_START)
@@ -395,8 +391,7 @@ class PythonicParser:
             body_end = len(rest) if end < 0 else end
             after = "" if end < 0 else rest[end + len(PYTHON_END) :]
             read_list(builder, rest[body_start:body_end])
-            content = join_content([rest[:start], after])
-            return builder.turn(content=content, reasoning=reasoning)
+            return join_content([rest[:start], after])
         segments: list[str] = []
         content_from = pos = 0
         text_end = len(rest.rstrip())
@@ -414,7 +409,7 @@ class PythonicParser:
                 content_from = stop
             pos = stop
         segments.append(rest[content_from:])
-        return builder.turn(content=join_content(segments), reasoning=reasoning)
+        return join_content(segments)
 
     def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:
         """``content`` followed by the call list; the content alone if there are no calls.

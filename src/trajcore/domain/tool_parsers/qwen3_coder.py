@@ -65,10 +65,9 @@ from trajcore.domain.tool_parsers.base import (
     Marker,
     TurnBuilder,
     join_content,
-    split_reasoning,
 )
+from trajcore.domain.tool_parsers.family import FamilyParser
 from trajcore.domain.tool_parsers.value_types import type_value
-from trajcore.domain.turns import ParsedTurn
 
 __all__ = ["Qwen3CoderParser"]
 
@@ -321,7 +320,7 @@ _TAGS = {
 
 
 @attrs.frozen
-class Qwen3CoderParser:
+class Qwen3CoderParser(FamilyParser):
     """Parser for Qwen3-Coder's ``<function=NAME><parameter=KEY>VALUE</parameter></function>``.
 
     Attributes:
@@ -336,18 +335,19 @@ class Qwen3CoderParser:
     def name(self) -> str:
         return self.family
 
-    def parse(
-        self, text: str, *, tools: Sequence[ToolSpec] | None = None, id_prefix: str = "call"
-    ) -> ParsedTurn:
-        """Parse one completion; see ``ToolCallParser.parse``. Never raises."""
-        open_tag, close_tag, think, think_end = _TAGS[self.family]
+    def reasoning_tags(self, text: str) -> tuple[str, str]:
+        _, _, think, think_end = _TAGS[self.family]
         if think not in text and think_end not in text:
-            think, think_end = "<think>", "</think>"
-        reasoning, rest = split_reasoning(text, open_=think, close=think_end)
-        builder = TurnBuilder.start(tools, id_prefix)
+            return super().reasoning_tags(text)
+        return think, think_end
+
+    def holds_calls(self, text: str) -> bool:
+        return _TAGS[self.family][0] in text or FUNCTION in text
+
+    def read_calls(self, builder: TurnBuilder, text: str) -> str:
+        open_tag, close_tag, _, _ = _TAGS[self.family]
+        rest = text
         wrapped = open_tag in rest
-        if not wrapped and FUNCTION not in rest:
-            return builder.turn(content=rest.strip(), reasoning=reasoning)
         scan = _Scan.of(rest, wrapped=wrapped, open_tag=open_tag, close_tag=close_tag)
         opens = scan.block_open if wrapped else Marker(rest, FUNCTION)
         segments: list[str] = []
@@ -362,7 +362,7 @@ class Qwen3CoderParser:
                 if rest.startswith(close_tag, after):
                     pos = after + len(close_tag)
         segments.append(rest[pos:])
-        return builder.turn(content=join_content(segments), reasoning=reasoning)
+        return join_content(segments)
 
     def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:
         """``content``, then one XML block per call; strings verbatim, other values as JSON."""
