@@ -70,7 +70,6 @@ async def manager_on_loopback(policy: ChatResponder) -> UnderTest:
 
 
 class TestFakeChatServer(ChatServerFaultContract):
-    honours_retry_after = False  # the fake retries at once, whatever Retry-After says
     machine_scale = 0.05  # the lockstep test below drives the fake too
 
     @pytest.fixture
@@ -98,4 +97,4 @@ class TestServerManagerChatServer(ChatServerContract):
 def test_the_fake_and_the_openai_adapter_agree() -> None:
     """The same generated sequences on the fake and on the HTTP adapter over the loopback stub:
     every answer and every error must be the same on both (and each checked on its own)."""
-    run_chat_server_machine([fake, openai_on_loopback], honours_retry_after=False, scale=0.1)
+    run_chat_server_machine([fake, openai_on_loopback], scale=0.1)

@@ -92,7 +92,6 @@ def manager_on_loopback(server_type: str) -> TokenServerFactory:
 
 
 class TestFakeTokenServer(TokenServerFaultContract):
-    honours_retry_after = False  # the fake retries at once, whatever Retry-After says
     machine_scale = 0.03  # the lockstep test below drives it too
 
     @pytest.fixture
@@ -149,6 +148,5 @@ def test_the_fake_and_the_http_adapters_agree() -> None:
     loopback stubs: every completion and every error must be the same on all four."""
     run_token_server_machine(
         [fake, on_loopback("vllm"), on_loopback("sglang"), on_loopback("atropos")],
-        honours_retry_after=False,
         scale=0.06,
     )

@@ -10,7 +10,9 @@ request (attempt). The same values drive the loopback HTTP stubs in
 ``trajcore.testing.llm_stubs``, so a test can say "rate-limited once, then fine" to a fake and to
 a real adapter alike. The fakes behave as the HTTP adapters do with the faults: transient faults
 (rate limit, server error, dropped connection) are retried up to ``max_attempts`` attempts, each
-recorded, then raised as ``RateLimited`` / ``ModelServerError``; a rejection raises
+recorded, then raised as ``RateLimited`` / ``ModelServerError``; a rate limit's ``Retry-After`` is
+waited for before the next attempt, and one that would end past the caller's deadline (anyio's
+effective deadline) raises ``RateLimited`` at once; a rejection raises
 ``ModelServerRejected`` at once; malformed output raises ``WireError``; a garbled tool call
 comes back as a ``ParseProblem`` in ``ChatTurn.problems``; a delay makes that answer late
 (and cancellable).
@@ -226,6 +228,13 @@ async def _with_retries(
             return fault
         if attempt >= max_attempts:
             raise _fault_error(fault)
+        # As the HTTP transport: a Retry-After is waited for, and one that would end past the
+        # caller's deadline ends the call now instead of in a cancellation at the deadline.
+        wait = fault.retry_after_s or 0.0
+        if wait > 0:
+            if anyio.current_time() + wait >= anyio.current_effective_deadline():
+                raise _fault_error(fault)
+            await anyio.sleep(wait)
 
 
 def _turn_deque(items: Iterable[ChatTurn | Message]) -> deque[ChatTurn]:
