@@ -228,8 +228,7 @@ class SlotServerPool(LeasedPool):
             stack.push_async_callback(self.aclose)
             await self._source.start(self)
         except BaseException as error:  # noqa: BLE001 - undo the start, then re-raise
-            with anyio.CancelScope(shield=True):
-                await stack.aclose()
+            await stack.aclose()  # (each cleanup shields itself; the group exits unshielded)
             self._group = None
             raise single_error(error) from None
         return self
@@ -245,7 +244,7 @@ class SlotServerPool(LeasedPool):
 
     async def aclose(self) -> None:
         """See ``SandboxPool.aclose``: refuses leases, cancels the background work, stops
-        every server (bounded). Idempotent."""
+        every server (bounded, shielded). Idempotent."""
         if self._closed:
             return
         self._closed = True
