@@ -333,14 +333,14 @@ class _LocalProcesses:
                 await handle.stdout.receive()
         await handle.process.wait()
 
-    def kill(self, handle: _Process) -> None:
+    async def kill(self, handle: _Process) -> None:
         if handle.process.returncode is None:
             _signal_group(handle.pid, signal.SIGKILL)
 
     async def stop(self, handle: _Process) -> None:
         await _stop_process(handle.process, self.config.stop_timeout_s)
 
-    def describe(self, handle: _Process) -> str:
+    async def describe(self, handle: _Process) -> str:
         return _tail(handle.log)
 
 

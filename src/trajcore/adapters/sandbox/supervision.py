@@ -56,15 +56,15 @@ class Launcher(Protocol[H]):
         """Return once the server of ``handle`` has ended."""
         ...
 
-    def kill(self, handle: H) -> None:
-        """End the server now (it failed); does not wait."""
+    async def kill(self, handle: H) -> None:
+        """End the server now (it failed), without grace; ``wait`` then returns."""
         ...
 
     async def stop(self, handle: H) -> None:
         """Stop the server gracefully, then forcibly; bounded. Called shielded."""
         ...
 
-    def describe(self, handle: H) -> str:
+    async def describe(self, handle: H) -> str:
         """What the server said last (the end of its log), for error messages."""
         ...
 
@@ -90,10 +90,12 @@ class SupervisedSource(Generic[H]):
     _stopped: set[str] = attrs.field(init=False, factory=set)
     _generations: dict[int, int] = attrs.field(init=False, factory=dict)
     restarts: int = attrs.field(init=False, default=0)
+    _pool: SlotServerPool | None = attrs.field(init=False, default=None)
 
     # ------------------------------------------------------------------------- source
 
     async def open(self, pool: SlotServerPool, stack: AsyncExitStack) -> None:
+        self._pool = pool
         await self.launcher.open(stack)
 
     async def start(self, pool: SlotServerPool) -> None:
@@ -102,8 +104,8 @@ class SupervisedSource(Generic[H]):
                 starting.start_soon(self._start, pool, index)
 
     def lost(self, member: Member, reason: str) -> None:
-        if member.name not in self._stopped:
-            self.launcher.kill(self.launched[member.name])
+        if member.name not in self._stopped and self._pool is not None:
+            self._pool.spawn(self.launcher.kill, self.launched[member.name])
 
     async def shutdown(self) -> None:
         stopping = [name for name in self.launched if name not in self._stopped]
@@ -131,11 +133,14 @@ class SupervisedSource(Generic[H]):
                 self.launched[name] = handle
                 client = await pool.connect(endpoint, name)
         except BaseException as error:
+            detail = ""
             if handle is not None:
                 self._stopped.add(name)
+                if isinstance(error, TimeoutError):
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                        detail = f": {await self.launcher.describe(handle)}"
                 await self._stop(handle)
             if isinstance(error, TimeoutError):
-                detail = "" if handle is None else f": {self.launcher.describe(handle)}"
                 raise SlotServerError(
                     f"slot server {name} was not healthy within {start_timeout_s} s{detail}"
                 ) from None
