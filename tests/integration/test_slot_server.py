@@ -71,7 +71,7 @@ def start_server(
     argv = [
         *prefix, sys.executable, "-m", "trajcore.entrypoints.slot_server",
         "--slots", "4", "--root", str(root), "--token-file", str(token_file),
-        "--max-processes", "64", "--memory-mb", "256", "--output-cap-bytes", "4096",
+        "--max-processes", "64", "--memory-bytes", str(256 << 20), "--output-cap-bytes", "4096",
         "--min-timeout-s", "0.2", "--file-cap-bytes", str(1 << 20), *extra,
     ]  # fmt: skip
     if "--unix" not in extra:

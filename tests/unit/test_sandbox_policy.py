@@ -16,18 +16,18 @@ from trajcore.domain.sandbox_policy import (
     READ_ONLY_PATHS,
     SECCOMP_RULES,
     Bind,
-    SandboxPolicy,
+    SlotPolicy,
     bwrap_argv,
+    check_slot_uid_range,
     clamp_timeout,
     private_tmp_binds,
 )
-from trajcore.domain.slot_server_flags import SlotServerFlags, check_slot_uid_range
 
 segment = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_-", min_size=1, max_size=8)
 abs_path = st.lists(segment, min_size=1, max_size=4).map(lambda parts: "/" + "/".join(parts))
 
 policies = st.builds(
-    SandboxPolicy,
+    SlotPolicy,
     allow_network=st.booleans(),
     require_sandbox=st.booleans(),
     read_only_root=st.booleans(),
@@ -55,7 +55,7 @@ def _options(argv: list[str]) -> list[str]:
 
 @given(policy=policies, workspace=abs_path, cmd=st.lists(segment, min_size=1, max_size=3))
 def test_namespaces_and_hardening_always_present(
-    policy: SandboxPolicy, workspace: str, cmd: list[str]
+    policy: SlotPolicy, workspace: str, cmd: list[str]
 ) -> None:
     argv = bwrap_argv(policy, workspace=workspace, command=cmd)
     opts = _options(argv)
@@ -76,7 +76,7 @@ def test_namespaces_and_hardening_always_present(
 
 @given(policy=policies, workspace=abs_path)
 def test_workspace_is_the_only_writable_host_path_besides_explicit_binds(
-    policy: SandboxPolicy, workspace: str
+    policy: SlotPolicy, workspace: str
 ) -> None:
     argv = bwrap_argv(policy, workspace=workspace, command=["agent"])
     writable = _pairs(argv, "--bind") + _pairs(argv, "--bind-try")
@@ -89,9 +89,7 @@ def test_workspace_is_the_only_writable_host_path_besides_explicit_binds(
 
 
 @given(policy=policies, workspace=abs_path)
-def test_root_is_never_bound_and_is_remounted_read_only(
-    policy: SandboxPolicy, workspace: str
-) -> None:
+def test_root_is_never_bound_and_is_remounted_read_only(policy: SlotPolicy, workspace: str) -> None:
     argv = bwrap_argv(policy, workspace=workspace, command=["agent"])
     sources = [
         s for flag in ("--bind", "--ro-bind", "--ro-bind-try") for s, _ in _pairs(argv, flag)
@@ -106,7 +104,7 @@ def test_root_is_never_bound_and_is_remounted_read_only(
 
 @given(policy=policies, under_tmp=st.lists(segment, min_size=1, max_size=3))
 def test_paths_under_tmp_are_bound_back_after_the_private_tmp(
-    policy: SandboxPolicy, under_tmp: list[str]
+    policy: SlotPolicy, under_tmp: list[str]
 ) -> None:
     venv = "/tmp/" + "/".join(under_tmp)
     argv = bwrap_argv(policy, workspace="/srv/ws", command=["python"], rebind=[venv])
@@ -119,7 +117,7 @@ def test_paths_under_tmp_are_bound_back_after_the_private_tmp(
 
 @given(policy=policies, under_tmp=st.lists(segment, min_size=1, max_size=3))
 def test_a_lease_binds_back_exactly_what_the_sandbox_bound_under_tmp(
-    policy: SandboxPolicy, under_tmp: list[str]
+    policy: SlotPolicy, under_tmp: list[str]
 ) -> None:
     venv = "/tmp/" + "/".join(under_tmp)
     argv = bwrap_argv(policy, workspace="/srv/ws", command=["python"], rebind=[venv, "/usr/x"])
@@ -134,7 +132,7 @@ def test_a_lease_binds_back_exactly_what_the_sandbox_bound_under_tmp(
 
 
 @given(policy=policies, keep=st.lists(st.sampled_from(KEEPER_CAPABILITIES), unique=True))
-def test_kept_capabilities_follow_the_drop_of_all(policy: SandboxPolicy, keep: list[str]) -> None:
+def test_kept_capabilities_follow_the_drop_of_all(policy: SlotPolicy, keep: list[str]) -> None:
     argv = bwrap_argv(policy, workspace="/srv/ws", command=["keeper"], keep_capabilities=keep)
     opts = argv[: argv.index("--")]
     dropped = opts.index("--cap-drop")
@@ -147,22 +145,20 @@ def test_kept_capabilities_follow_the_drop_of_all(policy: SandboxPolicy, keep: l
 @pytest.mark.parametrize("capability", ["CAP_NET_RAW", "CAP_SYS_PTRACE", "ALL", ""])
 def test_only_the_keeper_capabilities_may_be_kept(capability: str) -> None:
     with pytest.raises(ConfigError) as info:
-        bwrap_argv(
-            SandboxPolicy(), workspace="/srv/ws", command=["k"], keep_capabilities=[capability]
-        )
+        bwrap_argv(SlotPolicy(), workspace="/srv/ws", command=["k"], keep_capabilities=[capability])
     assert info.value.field == "keep_capabilities"
 
 
 def test_rebind_covered_by_a_system_path_is_skipped() -> None:
     argv = bwrap_argv(
-        SandboxPolicy(), workspace="/srv/ws", command=["python"], rebind=["/usr/bin/python3"]
+        SlotPolicy(), workspace="/srv/ws", command=["python"], rebind=["/usr/bin/python3"]
     )
     assert "/usr/bin/python3" not in argv[: argv.index("--")]
 
 
 def test_host_symlinks_are_recreated_not_bound() -> None:
     argv = bwrap_argv(
-        SandboxPolicy(),
+        SlotPolicy(),
         workspace="/srv/ws",
         command=["sh"],
         host_symlinks={"/bin": "usr/bin"},
@@ -181,19 +177,29 @@ def test_host_symlinks_are_recreated_not_bound() -> None:
         ({"output_cap_bytes": -1}, "output_cap_bytes"),
         ({"min_timeout_s": math.nan}, "min_timeout_s"),
         ({"min_timeout_s": 10.0, "default_timeout_s": 5.0}, "default_timeout_s"),
+        ({"memory_bytes": True}, "memory_bytes"),
+        ({"cpu_seconds": 0}, "cpu_seconds"),
+        ({"allow_network": "yes"}, "allow_network"),
+        ({"use_cgroups": 1}, "use_cgroups"),
+        ({"bwrap": ""}, "bwrap"),
+        ({"bwrap": " bwrap"}, "bwrap"),
+        ({"slot_helper": "rust"}, "slot_helper"),
+        ({"slot_uid_base": 1000}, "slot_uid_base"),
+        ({"system_paths": ["/usr", "lib"]}, "system_paths[1]"),
+        ({"extra_binds": ["/data"]}, "extra_binds[0]"),
     ],
 )
 def test_bad_policy_names_the_field(kwargs: dict[str, object], field: str) -> None:
     with pytest.raises(ConfigError) as info:
-        SandboxPolicy(**kwargs)  # type: ignore[arg-type]
+        SlotPolicy(**kwargs)  # type: ignore[arg-type]
     assert info.value.field == field
 
 
 def test_bad_arguments_to_the_builder() -> None:
     with pytest.raises(ConfigError, match="workspace"):
-        bwrap_argv(SandboxPolicy(), workspace="ws", command=["sh"])
+        bwrap_argv(SlotPolicy(), workspace="ws", command=["sh"])
     with pytest.raises(ConfigError, match="command"):
-        bwrap_argv(SandboxPolicy(), workspace="/ws", command=[])
+        bwrap_argv(SlotPolicy(), workspace="/ws", command=[])
 
 
 finite = st.floats(min_value=0.001, max_value=1e6, allow_nan=False)
@@ -211,7 +217,7 @@ anything = st.one_of(
 def test_clamp_stays_in_range_and_model_only_shortens(
     lo: float, span: float, requested: float | None, model: object
 ) -> None:
-    policy = SandboxPolicy(min_timeout_s=lo, default_timeout_s=lo + span, max_timeout_s=lo + span)
+    policy = SlotPolicy(min_timeout_s=lo, default_timeout_s=lo + span, max_timeout_s=lo + span)
     result = clamp_timeout(policy, requested, model)
     assert policy.min_timeout_s <= result <= policy.max_timeout_s
     without_model = clamp_timeout(policy, requested)
@@ -220,23 +226,23 @@ def test_clamp_stays_in_range_and_model_only_shortens(
 
 @given(requested=finite)
 def test_clamp_is_identity_inside_the_range(requested: float) -> None:
-    policy = SandboxPolicy(min_timeout_s=0.001, default_timeout_s=1.0, max_timeout_s=1e6)
+    policy = SlotPolicy(min_timeout_s=0.001, default_timeout_s=1.0, max_timeout_s=1e6)
     assert clamp_timeout(policy, requested) == requested
     assert clamp_timeout(policy, requested, requested * 2) == requested
 
 
 def test_no_sandbox_may_make_user_namespaces() -> None:
-    argv = bwrap_argv(SandboxPolicy(), workspace="/w", command=["/bin/true"])
+    argv = bwrap_argv(SlotPolicy(), workspace="/w", command=["/bin/true"])
     assert "--disable-userns" in argv[: argv.index("--")]
 
 
 def test_a_staged_source_is_bound_read_only_at_its_destination() -> None:
     staged = Bind(source="/srv/root/runtime/python", dest="/root/.pyenv/versions/3.11.7")
-    argv = bwrap_argv(SandboxPolicy(), workspace="/w", command=["/bin/true"], rebind=[staged])
+    argv = bwrap_argv(SlotPolicy(), workspace="/w", command=["/bin/true"], rebind=[staged])
     at = argv.index("/srv/root/runtime/python")
     assert argv[at - 1 : at + 2] == ["--ro-bind", staged.source, staged.dest]
     under_tmp = Bind(source="/srv/x", dest="/tmp/venv")
-    assert private_tmp_binds(SandboxPolicy(), rebind=[under_tmp]) == [("/tmp/venv", False)]
+    assert private_tmp_binds(SlotPolicy(), rebind=[under_tmp]) == [("/tmp/venv", False)]
 
 
 def test_kernel_paths_follow_runc() -> None:
@@ -272,9 +278,3 @@ def test_a_bad_slot_uid_range_is_refused(base: object, count: int, reason: str) 
         check_slot_uid_range("slot_uid_base", base, count)
     assert info.value.field == "slot_uid_base"
     assert reason in str(info.value)
-
-
-def test_the_slot_uid_base_travels_on_the_command_line() -> None:
-    assert "--slot-uid-base" not in SlotServerFlags().argv()
-    words = SlotServerFlags(slot_uid_base=2_000_000).argv()
-    assert words[words.index("--slot-uid-base") + 1] == "2000000"

@@ -1,12 +1,18 @@
-"""Sandbox policy: what a slot's sandbox may do, and the bubblewrap command line that enforces it.
+"""The slot policy: what a slot server and its sandboxes may do, how it travels on the server's
+command line, and the bubblewrap command line that enforces it.
 
 A slot server runs every slot's commands inside one bubblewrap (``bwrap``) sandbox per slot. This
-module is the pure half of that: a frozen ``SandboxPolicy`` that the *server's configuration*
-fills in (never the model: a model that writes ``allow_network`` or ``timeout`` into its call's
+module is the pure half of that: a frozen ``SlotPolicy`` that the *server's configuration* fills
+in (never the model: a model that writes ``allow_network`` or ``timeout`` into its call's
 arguments changes nothing here), and ``bwrap_argv`` which turns the policy plus a few facts about
 the host into the exact argument vector. Keeping the vector a pure function lets the tests state
 its properties (no network namespace is ever missing when network is off, the workspace is the
 only writable host path, capabilities are always dropped) without starting a process.
+
+The policy is one value wherever it goes: the runtime reads it in process, the local pool and the
+Nomad job pass it to ``trajcore slot-server`` as ``SlotPolicy.argv()``, and the server's parser
+is built from the same fields (``POLICY_FLAGS``), so a flag cannot mean one thing to a pool and
+another to the server. Memory is in bytes everywhere.
 
 Rules this module keeps:
 
@@ -25,6 +31,9 @@ Rules this module keeps:
   keeper needs them, inside the sandbox's own user namespace, to give every lease new pid,
   mount, ipc and uts namespaces; each lease drops every capability before it runs anything
   (``trajcore.adapters.sandbox.exec_agent``).
+- Every setting is checked when the value is built; a bad one is a ``ConfigError`` naming the
+  field, so a pool never starts a server that would exit on its flags.
+  ``min_timeout_s <= default_timeout_s <= max_timeout_s``.
 - Timeouts: a call's limit is clamped into ``[min_timeout_s, max_timeout_s]``; a model-given figure
   may only shorten the env's limit, never lengthen it (``clamp_timeout``).
 """
@@ -32,24 +41,34 @@ Rules this module keeps:
 from __future__ import annotations
 
 import errno as _errno
+import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
+from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError
 
 __all__ = [
+    "DEFAULT_SLOT_UID_BASE",
     "DEFAULT_SYSTEM_PATHS",
     "KEEPER_CAPABILITIES",
     "MASKED_PATHS",
+    "MAX_SLOT_UID",
+    "MIN_SLOT_UID_BASE",
+    "POLICY_FLAGS",
     "READ_ONLY_PATHS",
     "SECCOMP_RULES",
+    "SLOT_HELPERS",
     "Bind",
+    "PolicyFlag",
     "SandboxPolicy",
+    "SlotPolicy",
     "SyscallRule",
     "bwrap_argv",
+    "check_slot_uid_range",
     "clamp_timeout",
     "private_tmp_binds",
 ]
@@ -103,30 +122,53 @@ DEFAULT_SYSTEM_PATHS: tuple[str, ...] = (
 )
 
 
-def _absolute(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
-    if not value.startswith("/") or "\0" in value:
+# What runs a slot's keeper and lease agents: see ``SlotPolicy.slot_helper``.
+SLOT_HELPERS: tuple[str, ...] = ("auto", "native", "python")
+
+# A slot server run as root runs slot ``i``'s sandbox as host uid and gid ``base + i``. The
+# default lies far above ordinary accounts (1000..60000), the ``nobody`` ids (65534) and the
+# subordinate id ranges that ``useradd`` hands out (100000 upwards, 65536 per user), and below
+# 2**31 so that no tool reading a uid as a signed number sees a negative one.
+DEFAULT_SLOT_UID_BASE = 1_900_000_000
+MIN_SLOT_UID_BASE = 65536
+MAX_SLOT_UID = (1 << 31) - 1
+
+
+def check_slot_uid_range(field: str, base: object, count: int) -> None:
+    """Raise ``ConfigError`` unless ``base .. base + count - 1`` are usable slot uids."""
+    if isinstance(base, bool) or not isinstance(base, int):
+        raise ConfigError(field, f"must be an integer, got {base!r}")
+    if base < MIN_SLOT_UID_BASE:
+        raise ConfigError(
+            field, f"must be >= {MIN_SLOT_UID_BASE} (above ordinary accounts), got {base}"
+        )
+    if base + count - 1 > MAX_SLOT_UID:
+        raise ConfigError(
+            field, f"{base} + {count} slots runs past the largest slot uid {MAX_SLOT_UID}"
+        )
+
+
+def _absolute(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or not value.startswith("/") or "\0" in value:
         raise ConfigError(attribute.name, f"{value!r} is not an absolute path")
     if any(part == ".." for part in value.split("/")):
         raise ConfigError(attribute.name, f"{value!r} must not contain '..'")
 
 
-def _positive(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(attribute.name, f"expected a number, got {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(attribute.name, f"must be a positive finite number, got {value!r}")
+def _slot_helper(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value not in SLOT_HELPERS:
+        raise ConfigError(
+            attribute.name, f"must be one of {', '.join(SLOT_HELPERS)}, got {value!r}"
+        )
 
 
-def _optional_positive_int(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(attribute.name, f"must be a positive integer or None, got {value!r}")
+def _executable(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or not value or value != value.strip() or "\0" in value:
+        raise ConfigError(attribute.name, f"must be a program name or path, got {value!r}")
 
 
-def _positive_int(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(attribute.name, f"must be a positive integer, got {value!r}")
+def _slot_uid_base(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    check_slot_uid_range(attribute.name, value, 1)
 
 
 @attrs.frozen(kw_only=True)
@@ -142,8 +184,8 @@ class Bind:
 
     source: str = attrs.field(validator=_absolute)
     dest: str = attrs.field(validator=_absolute)
-    writable: bool = False
-    optional: bool = False
+    writable: bool = attrs.field(default=False, validator=validators.flag)
+    optional: bool = attrs.field(default=False, validator=validators.flag)
 
 
 def _paths(value: Sequence[str]) -> tuple[str, ...]:
@@ -158,23 +200,100 @@ def _each_absolute(_: object, attribute: attrs.Attribute[Any], value: tuple[obje
     for i, path in enumerate(value):
         if not isinstance(path, str):
             raise ConfigError(f"{attribute.name}[{i}]", "expected a path string")
-        if not path.startswith("/") or ".." in path.split("/"):
+        if not path.startswith("/") or ".." in path.split("/") or "\0" in path:
             raise ConfigError(f"{attribute.name}[{i}]", f"{path!r} is not an absolute path")
 
 
+def _each_bind(_: object, attribute: attrs.Attribute[Any], value: tuple[object, ...]) -> None:
+    for i, bind in enumerate(value):
+        if not isinstance(bind, Bind):
+            raise ConfigError(f"{attribute.name}[{i}]", f"expected a Bind, got {bind!r}")
+
+
+# ------------------------------------------------------------------ the policy on a command line
+#
+# Every field of ``SlotPolicy`` carries its slot-server flag in its metadata: the flag's name,
+# its help, and how its value is written as one word and read back. A field whose default is a
+# bool is a switch: the flag's presence flips the default. ``SlotPolicy.argv`` writes the words;
+# ``trajcore slot-server`` builds its parser from ``POLICY_FLAGS``; neither restates a field.
+
+_FLAG = "trajcore.slot_server_flag"
+
+
+@attrs.frozen
+class _Codec:
+    """How a value is written as one command-line word (``show``) and read back (``read``,
+    raising ``ValueError`` on a malformed word; the field's validator judges the value)."""
+
+    show: Callable[[Any], str]
+    read: Callable[[str], Any]
+    metavar: str
+
+
+def _read_optional_int(word: str) -> int | None:
+    return None if word == "none" else int(word)
+
+
+def _show_optional_int(value: int | None) -> str:
+    return "none" if value is None else str(value)
+
+
+def _read_paths(word: str) -> tuple[str, ...]:
+    value = json.loads(word)
+    if not isinstance(value, list) or not all(isinstance(path, str) for path in value):
+        msg = "expected a JSON list of paths"
+        raise ValueError(msg)
+    return tuple(value)
+
+
+def _read_binds(word: str) -> tuple[Bind, ...]:
+    value = json.loads(word)
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        msg = "expected a JSON list of objects"
+        raise ValueError(msg)
+    try:
+        return tuple(Bind(**item) for item in value)
+    except (TypeError, ConfigError) as error:
+        raise ValueError(str(error)) from None
+
+
+def _show_binds(value: tuple[Bind, ...]) -> str:
+    return json.dumps([attrs.asdict(bind) for bind in value], separators=(",", ":"))
+
+
+_INT = _Codec(show=str, read=int, metavar="N")
+_OPTIONAL_INT = _Codec(show=_show_optional_int, read=_read_optional_int, metavar="N|none")
+_SECONDS = _Codec(show=lambda value: repr(float(value)), read=float, metavar="SECONDS")
+_TEXT = _Codec(show=str, read=str, metavar="TEXT")
+_PATH = _Codec(show=str, read=str, metavar="PATH")
+_PATHS = _Codec(
+    show=lambda value: json.dumps(list(value), separators=(",", ":")),
+    read=_read_paths,
+    metavar="JSON",
+)
+_BINDS = _Codec(show=_show_binds, read=_read_binds, metavar="JSON")
+
+
+def _flag(name: str, help_text: str, codec: _Codec | None = None) -> dict[str, Any]:
+    return {_FLAG: (name, help_text, codec)}
+
+
 @attrs.frozen(kw_only=True)
-class SandboxPolicy:
-    """Everything a slot's sandbox may and may not do; set by the env or operator, never the model.
+class SlotPolicy:
+    """Everything a slot server and its sandboxes may and may not do; the env's or the
+    operator's, never the model's. The same value configures the server in process (the
+    runtime), on its command line (``argv``) and in a Nomad job.
 
     Attributes:
         allow_network: Share the host's network namespace (otherwise only a private loopback).
-        require_sandbox: Refuse to run anything when bubblewrap is unusable (fail closed).
+        require_sandbox: Refuse to run anything when bubblewrap is unusable (fail closed);
+            otherwise calls run unsandboxed and say so.
         read_only_root: Remount the sandbox's root read-only once it is assembled.
         workspace_path: Where the slot's workspace appears inside the sandbox.
         system_paths: Host directories bound read-only (missing ones are skipped).
         extra_binds: Further binds, in order, after the system paths.
-        max_processes: Processes (and threads) a slot may hold at once.
-        memory_bytes: Memory a slot may use (cgroup) or a process may map (rlimit).
+        max_processes: Processes (and threads) a slot may hold at once, or ``None``.
+        memory_bytes: Memory a slot may use (cgroup) or a process may map (rlimit), or ``None``.
         cpu_seconds: CPU seconds a process of the slot may use (rlimit), or ``None``.
         max_file_bytes: Largest file a process of the slot may write (rlimit), or ``None``.
         output_cap_bytes: Bytes kept per stream (stdout, stderr) of one call: head plus tail.
@@ -182,25 +301,127 @@ class SandboxPolicy:
         min_timeout_s: Shortest limit a call gets.
         default_timeout_s: The limit when the request gives none.
         max_timeout_s: Longest limit a call gets.
+        use_cgroups: Try per-slot cgroups for the limits before rlimits.
+        bwrap: The bubblewrap executable, as the server's host names it.
+        slot_helper: What runs each slot's keeper and lease agents: ``"native"`` (the compiled
+            helper; the server refuses to start without it), ``"python"``, or ``"auto"`` (native
+            when the server's host can build it, else Python).
+        slot_uid_base: When the server runs as root, slot ``i`` runs as host uid and gid
+            ``slot_uid_base + i`` (never as root); ignored by a server that is not root.
     """
 
-    allow_network: bool = False
-    require_sandbox: bool = True
-    read_only_root: bool = True
-    workspace_path: str = attrs.field(default="/workspace", validator=_absolute)
-    system_paths: tuple[str, ...] = attrs.field(
-        default=DEFAULT_SYSTEM_PATHS, converter=_paths, validator=_each_absolute
+    allow_network: bool = attrs.field(
+        default=False,
+        validator=validators.flag,
+        metadata=_flag("--allow-network", "share the host network"),
     )
-    extra_binds: tuple[Bind, ...] = attrs.field(default=(), converter=_binds)
-    max_processes: int | None = attrs.field(default=256, validator=_optional_positive_int)
-    memory_bytes: int | None = attrs.field(default=2 << 30, validator=_optional_positive_int)
-    cpu_seconds: int | None = attrs.field(default=None, validator=_optional_positive_int)
-    max_file_bytes: int | None = attrs.field(default=None, validator=_optional_positive_int)
-    output_cap_bytes: int = attrs.field(default=64 << 10, validator=_positive_int)
-    file_cap_bytes: int = attrs.field(default=10 << 20, validator=_positive_int)
-    min_timeout_s: float = attrs.field(default=1.0, validator=_positive)
-    default_timeout_s: float = attrs.field(default=120.0, validator=_positive)
-    max_timeout_s: float = attrs.field(default=3600.0, validator=_positive)
+    require_sandbox: bool = attrs.field(
+        default=False,
+        validator=validators.flag,
+        metadata=_flag("--require-sandbox", "refuse every call when bwrap is unusable"),
+    )
+    read_only_root: bool = attrs.field(
+        default=True,
+        validator=validators.flag,
+        metadata=_flag("--writable-root", "leave the sandbox's root writable"),
+    )
+    workspace_path: str = attrs.field(
+        default="/workspace",
+        validator=_absolute,
+        metadata=_flag("--workspace-path", "where a slot's workspace appears inside", _PATH),
+    )
+    system_paths: tuple[str, ...] = attrs.field(
+        default=DEFAULT_SYSTEM_PATHS,
+        converter=_paths,
+        validator=_each_absolute,
+        metadata=_flag("--system-paths", "host directories bound read-only", _PATHS),
+    )
+    extra_binds: tuple[Bind, ...] = attrs.field(
+        default=(),
+        converter=_binds,
+        validator=_each_bind,
+        metadata=_flag(
+            "--extra-binds",
+            'further binds: [{"source": ..., "dest": ..., "writable": ..., "optional": ...}]',
+            _BINDS,
+        ),
+    )
+    max_processes: int | None = attrs.field(
+        default=256,
+        validator=validators.optional_positive_int,
+        metadata=_flag("--max-processes", "processes per slot", _OPTIONAL_INT),
+    )
+    memory_bytes: int | None = attrs.field(
+        default=2 << 30,
+        validator=validators.optional_positive_int,
+        metadata=_flag("--memory-bytes", "memory per slot, in bytes", _OPTIONAL_INT),
+    )
+    cpu_seconds: int | None = attrs.field(
+        default=None,
+        validator=validators.optional_positive_int,
+        metadata=_flag("--cpu-seconds", "CPU seconds per process", _OPTIONAL_INT),
+    )
+    max_file_bytes: int | None = attrs.field(
+        default=None,
+        validator=validators.optional_positive_int,
+        metadata=_flag("--max-file-bytes", "largest file a process may write", _OPTIONAL_INT),
+    )
+    output_cap_bytes: int = attrs.field(
+        default=64 << 10,
+        validator=validators.positive_int,
+        metadata=_flag("--output-cap-bytes", "bytes kept per stream of a call", _INT),
+    )
+    file_cap_bytes: int = attrs.field(
+        default=10 << 20,
+        validator=validators.positive_int,
+        metadata=_flag("--file-cap-bytes", "largest file read or written by a call", _INT),
+    )
+    min_timeout_s: float = attrs.field(
+        default=1.0,
+        validator=validators.positive_seconds,
+        metadata=_flag("--min-timeout-s", "shortest limit a call gets", _SECONDS),
+    )
+    default_timeout_s: float = attrs.field(
+        default=120.0,
+        validator=validators.positive_seconds,
+        metadata=_flag("--default-timeout-s", "a call's limit when it gives none", _SECONDS),
+    )
+    max_timeout_s: float = attrs.field(
+        default=3600.0,
+        validator=validators.positive_seconds,
+        metadata=_flag("--max-timeout-s", "longest limit a call gets", _SECONDS),
+    )
+    use_cgroups: bool = attrs.field(
+        default=True,
+        validator=validators.flag,
+        metadata=_flag("--no-cgroups", "use rlimits only"),
+    )
+    bwrap: str = attrs.field(
+        default="bwrap",
+        validator=_executable,
+        metadata=_flag("--bwrap", "bubblewrap executable", _PATH),
+    )
+    slot_helper: str = attrs.field(
+        default="auto",
+        validator=_slot_helper,
+        metadata=_flag(
+            "--slot-helper",
+            "what runs each slot's keeper and lease agents in the sandbox: the compiled helper "
+            "(native; built with the host's C compiler on first use), the Python one, or native "
+            f"when it works (auto); one of {', '.join(SLOT_HELPERS)}",
+            _TEXT,
+        ),
+    )
+    slot_uid_base: int = attrs.field(
+        default=DEFAULT_SLOT_UID_BASE,
+        validator=_slot_uid_base,
+        metadata=_flag(
+            "--slot-uid-base",
+            "when run as root, slot i's sandbox runs as host uid/gid BASE+i; a server that is "
+            "not root runs every slot as itself",
+            _INT,
+        ),
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.workspace_path in ("/", SANDBOX_TMP, "/proc", "/dev"):
@@ -212,10 +433,77 @@ class SandboxPolicy:
                 f"[{self.min_timeout_s}, {self.max_timeout_s}], got {self.default_timeout_s}",
             )
 
+    def argv(self) -> list[str]:
+        """The policy as ``trajcore slot-server`` flags, in field order.
 
-def clamp_timeout(
-    policy: SandboxPolicy, requested_s: float | None, model_s: object = None
-) -> float:
+        Every valued flag is one word, ``--name=value`` (a path may start with ``-``), and is
+        always written, so a server whose defaults differ still gets this policy; a switch
+        appears only when the field differs from its default. Floats are written by ``repr``,
+        so they read back exactly.
+        """
+        words: list[str] = []
+        for flag in POLICY_FLAGS:
+            value = getattr(self, flag.field)
+            if flag.codec is None:
+                if value != flag.default:
+                    words.append(flag.name)
+            else:
+                words.append(f"{flag.name}={flag.codec.show(value)}")
+        return words
+
+
+@attrs.frozen
+class PolicyFlag:
+    """One ``SlotPolicy`` field as a slot-server flag.
+
+    Attributes:
+        field: The field's name (the parser's ``dest``).
+        name: The flag (``--memory-bytes``).
+        help: What the flag does, for ``--help``.
+        default: The field's default.
+        codec: How the value is written and read; ``None`` for a switch, whose presence means
+            the opposite of ``default``.
+    """
+
+    field: str
+    name: str
+    help: str
+    default: object
+    codec: _Codec | None
+
+    @property
+    def metavar(self) -> str | None:
+        """The value's placeholder in ``--help`` (``None`` for a switch)."""
+        return None if self.codec is None else self.codec.metavar
+
+    def read(self, word: str) -> object:
+        """The value a word on the command line stands for.
+
+        Raises:
+            ValueError: The word is malformed (not a number, not JSON), or this is a switch.
+        """
+        if self.codec is None:
+            msg = f"{self.name} is a switch and takes no value"
+            raise ValueError(msg)
+        return self.codec.read(word)
+
+
+def _policy_flags() -> tuple[PolicyFlag, ...]:
+    flags = []
+    for field in attrs.fields(SlotPolicy):
+        name, help_text, codec = field.metadata[_FLAG]
+        flags.append(PolicyFlag(field.name, name, help_text, field.default, codec))
+    return tuple(flags)
+
+
+POLICY_FLAGS: tuple[PolicyFlag, ...] = _policy_flags()
+"""Every ``SlotPolicy`` field as its slot-server flag, in field order."""
+
+SandboxPolicy = SlotPolicy
+"""The former name of ``SlotPolicy``."""
+
+
+def clamp_timeout(policy: SlotPolicy, requested_s: float | None, model_s: object = None) -> float:
     """The limit a call runs under.
 
     ``requested_s`` is the env's figure for the call (``None``: the policy's default). ``model_s``
@@ -247,7 +535,7 @@ def _under(path: str, root: str) -> bool:
 
 
 def bwrap_argv(
-    policy: SandboxPolicy,
+    policy: SlotPolicy,
     *,
     workspace: str,
     command: Sequence[str],
@@ -330,7 +618,7 @@ def bwrap_argv(
 
 
 def private_tmp_binds(
-    policy: SandboxPolicy, *, rebind: Sequence[str | Bind] = ()
+    policy: SlotPolicy, *, rebind: Sequence[str | Bind] = ()
 ) -> list[tuple[str, bool]]:
     """The sandbox paths ``bwrap_argv`` (given the same ``rebind``) binds *under* the private
     ``/tmp``, in bind order, each with whether it is writable: a lease that mounts a fresh

@@ -14,8 +14,10 @@ process (the local pool, a Nomad task's health check) can wait for it; ``--liste
 free port and the line names it. SIGTERM or SIGINT ends every sandbox, then the process, with
 status 0. A bad flag or an unusable root exits 2 with ``reason @ field`` on stderr.
 
-The policy (network, sandbox requirement, limits, timeout range) comes from these flags only;
-nothing a model writes into a call changes it.
+The policy (network, sandbox requirement, limits, timeout range, cgroups, bubblewrap, slot
+helper, slot uids) comes from these flags only; nothing a model writes into a call changes it.
+Its flags are the fields of ``SlotPolicy`` (``SlotPolicy.argv()`` writes them), so ``--help``
+lists exactly what a policy can say.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trajcore.adapters.sandbox.codec import unstructure
@@ -35,14 +37,24 @@ from trajcore.adapters.sandbox.exec_agent import name_process
 from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime, check_config
 from trajcore.adapters.sandbox.server import start_http_server
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.sandbox_policy import SandboxPolicy
-from trajcore.domain.slot_server_flags import (
-    DEFAULT_SLOT_UID_BASE,
-    SLOT_HELPERS,
+from trajcore.domain.sandbox_policy import (
+    POLICY_FLAGS,
+    PolicyFlag,
+    SlotPolicy,
     check_slot_uid_range,
 )
 
-__all__ = ["main", "parse_args"]
+__all__ = ["main", "parse_args", "policy_of"]
+
+
+def _reader(flag: PolicyFlag) -> Callable[[str], object]:
+    def read(word: str) -> object:
+        try:
+            return flag.read(word)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"{word!r}: {error}") from None
+
+    return read
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -63,35 +75,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="environment variable holding the bearer token (removed from the environment once "
         "read)",
     )
-    parser.add_argument("--allow-network", action="store_true", help="share the host network")
-    parser.add_argument(
-        "--require-sandbox", action="store_true", help="refuse every call when bwrap is unusable"
-    )
-    parser.add_argument("--bwrap", default="bwrap", help="bubblewrap executable")
-    parser.add_argument("--max-processes", type=int, default=256)
-    parser.add_argument("--memory-mb", type=int, default=2048)
-    parser.add_argument("--cpu-seconds", type=int, default=None)
-    parser.add_argument("--output-cap-bytes", type=int, default=64 << 10)
-    parser.add_argument("--file-cap-bytes", type=int, default=10 << 20)
-    parser.add_argument("--min-timeout-s", type=float, default=1.0)
-    parser.add_argument("--default-timeout-s", type=float, default=120.0)
-    parser.add_argument("--max-timeout-s", type=float, default=3600.0)
-    parser.add_argument("--no-cgroups", action="store_true", help="use rlimits only")
-    parser.add_argument(
-        "--slot-helper",
-        choices=SLOT_HELPERS,
-        default="auto",
-        help="what runs each slot's keeper and lease agents in the sandbox: the compiled helper "
-        "(native; built with the host's C compiler on first use), the Python one, or native when "
-        "it works (auto)",
-    )
-    parser.add_argument(
-        "--slot-uid-base",
-        type=int,
-        default=DEFAULT_SLOT_UID_BASE,
-        help="when run as root, slot i's sandbox runs as host uid/gid BASE+i (default "
-        f"{DEFAULT_SLOT_UID_BASE}); a server that is not root runs every slot as itself",
-    )
+    policy = parser.add_argument_group("policy (the fields of SlotPolicy)")
+    for flag in POLICY_FLAGS:
+        if flag.codec is None:
+            policy.add_argument(
+                flag.name,
+                dest=flag.field,
+                action="store_const",
+                const=not flag.default,
+                default=flag.default,
+                help=flag.help,
+            )
+        else:
+            policy.add_argument(
+                flag.name,
+                dest=flag.field,
+                type=_reader(flag),
+                default=flag.default,
+                metavar=flag.metavar,
+                help=f"{flag.help} (default: {flag.codec.show(flag.default)})".replace("%", "%%"),
+            )
     parser.add_argument(
         "--slot-uid-block",
         type=int,
@@ -103,19 +106,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def policy_of(args: argparse.Namespace) -> SlotPolicy:
+    """The slot policy the parsed command line gives.
+
+    Raises:
+        ConfigError: A policy field is out of range, named by its flag.
+    """
+    values = {flag.field: getattr(args, flag.field) for flag in POLICY_FLAGS}
+    try:
+        return SlotPolicy(**values)
+    except ConfigError as error:
+        names = {flag.field: flag.name for flag in POLICY_FLAGS}
+        field, bracket, rest = error.field.partition("[")
+        raise ConfigError(names.get(field, field) + bracket + rest, error.reason) from None
+
+
 def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
-    policy = SandboxPolicy(
-        allow_network=args.allow_network,
-        require_sandbox=args.require_sandbox,
-        max_processes=args.max_processes,
-        memory_bytes=args.memory_mb << 20,
-        cpu_seconds=args.cpu_seconds,
-        output_cap_bytes=args.output_cap_bytes,
-        file_cap_bytes=args.file_cap_bytes,
-        min_timeout_s=args.min_timeout_s,
-        default_timeout_s=args.default_timeout_s,
-        max_timeout_s=args.max_timeout_s,
-    )
+    policy = policy_of(args)
     if args.slots <= 0:
         raise ConfigError("--slots", f"must be > 0, got {args.slots}")
     token: str | None = None
@@ -136,16 +143,16 @@ def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
         raise ConfigError("--token-file", "TCP needs a bearer token (--token-file or --token-env)")
     if args.slot_uid_block < 0:
         raise ConfigError("--slot-uid-block", f"must be >= 0, got {args.slot_uid_block}")
-    uid_base = args.slot_uid_base + args.slot_uid_block * args.slots
+    uid_base = policy.slot_uid_base + args.slot_uid_block * args.slots
     check_slot_uid_range("--slot-uid-block", uid_base, args.slots)
     config = RuntimeConfig(
         slots=args.slots,
         slot_uid_base=uid_base,
         root=args.root.absolute(),
         policy=policy,
-        bwrap=args.bwrap,
-        use_cgroups=not args.no_cgroups,
-        slot_helper=args.slot_helper,
+        bwrap=policy.bwrap,
+        use_cgroups=policy.use_cgroups,
+        slot_helper=policy.slot_helper,
     )
     check_config(config)
     return config, token
