@@ -25,7 +25,7 @@ from trajcore.adapters.sandbox.container_pool import (
 )
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
 from trajcore.domain.messages import ToolOutcome
-from trajcore.domain.slot_server_flags import SlotServerFlags
+from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.sandbox_pool_contract import (
     CrashContainer,
@@ -55,7 +55,9 @@ pytestmark = [
     ),
 ]
 
-FLAGS = SlotServerFlags(require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_mb=512)
+POLICY = SlotPolicy(
+    require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_bytes=512 << 20
+)
 
 
 def _engine(*args: str) -> str:
@@ -76,7 +78,7 @@ def config(containers: int = 2, slots: int = 2, **more: object) -> ContainerPool
     return ContainerPoolConfig(
         containers=containers,
         slots_per_container=slots,
-        flags=FLAGS,
+        policy=POLICY,
         name_prefix=f"test-pool-{secrets.token_hex(3)}",
         reset_timeout_s=10.0,
         **more,  # type: ignore[arg-type]

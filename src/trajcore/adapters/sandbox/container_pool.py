@@ -43,7 +43,7 @@ import attrs
 from trajcore.adapters.sandbox.pool_core import Endpoint, JoinRules, SlotServerPool
 from trajcore.adapters.sandbox.supervision import SupervisedSource
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
-from trajcore.domain.slot_server_flags import SlotServerFlags, check_slot_uid_range
+from trajcore.domain.sandbox_policy import SlotPolicy, check_slot_uid_range
 from trajcore.domain.validators import (
     flag,
     nonempty_text,
@@ -123,8 +123,8 @@ class ContainerPoolConfig:
         engine_options: ``run`` options in place of ``default_engine_options(engine)``.
         containers: Slot-server containers to run (K).
         slots_per_container: Slots each serves (N).
-        flags: The sandbox policy of every server; container ``k`` runs its slots from uid
-            ``flags.slot_uid_base + k * slots_per_container``.
+        policy: The sandbox policy of every server; container ``k`` runs its slots from uid
+            ``policy.slot_uid_base + k * slots_per_container``.
         require_tmux: Refuse servers without tmux.
         name_prefix: The containers' names and label; ``None``: ``trajcore-<random>``.
         acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
@@ -141,7 +141,7 @@ class ContainerPoolConfig:
     engine_options: tuple[str, ...] | None = attrs.field(default=None, converter=_words)
     containers: int = attrs.field(default=2, validator=positive_int)
     slots_per_container: int = attrs.field(default=4, validator=positive_int)
-    flags: SlotServerFlags = attrs.field(factory=SlotServerFlags)
+    policy: SlotPolicy = attrs.field(factory=SlotPolicy)
     require_tmux: bool = attrs.field(default=False, validator=flag)
     name_prefix: str | None = attrs.field(default=None, validator=_prefix)
     acquire_timeout_s: float | None = attrs.field(default=600.0, validator=optional_seconds)
@@ -153,22 +153,23 @@ class ContainerPoolConfig:
     restart_attempts: int = attrs.field(default=3, validator=positive_int)
 
     def __attrs_post_init__(self) -> None:
-        if not isinstance(self.flags, SlotServerFlags):
-            raise ConfigError("flags", f"expected SlotServerFlags, got {self.flags!r}")
+        if not isinstance(self.policy, SlotPolicy):
+            raise ConfigError("policy", f"expected a SlotPolicy, got {self.policy!r}")
         check_slot_uid_range(
-            "flags.slot_uid_base",
-            self.flags.slot_uid_base,
+            "policy.slot_uid_base",
+            self.policy.slot_uid_base,
             self.containers * self.slots_per_container,
         )
 
     def server_args(self, index: int) -> list[str]:
         """The slot server's arguments (after the image's entrypoint) for container ``index``."""
-        flags = attrs.evolve(
-            self.flags, slot_uid_base=self.flags.slot_uid_base + index * self.slots_per_container
+        policy = attrs.evolve(
+            self.policy,
+            slot_uid_base=self.policy.slot_uid_base + index * self.slots_per_container,
         )
         return [
             "--slots", str(self.slots_per_container), "--listen", f"0.0.0.0:{_PORT}",
-            "--token-file", _TOKEN_FILE_IN_CONTAINER, *flags.argv(),
+            "--token-file", _TOKEN_FILE_IN_CONTAINER, *policy.argv(),
         ]  # fmt: skip
 
 
@@ -328,7 +329,7 @@ class ContainerSandboxPool(SlotServerPool):
         )
         rules = JoinRules(
             slots_per_container=config.slots_per_container,
-            require_sandbox=config.flags.require_sandbox,
+            require_sandbox=config.policy.require_sandbox,
             require_tmux=config.require_tmux,
             start_timeout_s=config.start_timeout_s,
             reset_timeout_s=config.reset_timeout_s,

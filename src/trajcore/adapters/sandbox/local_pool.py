@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import secrets
 import shutil
@@ -43,7 +42,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import anyio
 import anyio.abc
@@ -53,10 +52,12 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from trajcore.adapters.sandbox.pool_core import Endpoint, JoinRules, SlotServerPool
 from trajcore.adapters.sandbox.supervision import SupervisedSource
 from trajcore.domain.errors import ConfigError, SlotServerError
-from trajcore.domain.slot_server_flags import (
-    DEFAULT_SLOT_UID_BASE,
-    SlotServerFlags,
-    check_slot_uid_range,
+from trajcore.domain.sandbox_policy import SlotPolicy, check_slot_uid_range
+from trajcore.domain.validators import (
+    flag,
+    optional_seconds,
+    positive_int,
+    positive_seconds,
 )
 
 __all__ = [
@@ -68,32 +69,13 @@ __all__ = [
 # ============================================================================ config
 
 
-def _positive_int(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(attribute.name, f"must be an integer >= 1, got {value!r}")
-
-
-def _optional_positive_int(
-    _: object, attribute: attrs.Attribute[int | None], value: object
-) -> None:
-    if value is not None:
-        _positive_int(_, attribute, value)
-
-
-def _positive_seconds(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(attribute.name, f"expected seconds, got {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(attribute.name, f"must be finite and > 0, got {value!r}")
-
-
-def _optional_seconds(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None:
-        _positive_seconds(_, attribute, value)
-
-
 def _optional_path(value: object) -> Path | None:
     return None if value is None else Path(str(value))
+
+
+def _policy(_: object, attribute: attrs.Attribute[SlotPolicy], value: object) -> None:
+    if not isinstance(value, SlotPolicy):
+        raise ConfigError(attribute.name, f"expected a SlotPolicy, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -107,20 +89,10 @@ class LocalPoolConfig:
             temporary directory (removed on close). A given root is left in place.
         transport: ``"unix"`` (a socket in the private directory) or ``"tcp"`` (loopback, a
             random bearer token).
-        allow_network: Slots share the host network (otherwise only a private loopback).
-        require_sandbox: Refuse to start (``SandboxUnavailable``) when bubblewrap is unusable;
-            otherwise calls run unsandboxed and say so.
-        max_processes, memory_mb, cpu_seconds: Limits per slot.
-        output_cap_bytes: Bytes kept per stream of one call.
-        file_cap_bytes: Largest file ``read_file`` returns and ``write_file`` accepts.
-        min_timeout_s, default_timeout_s, max_timeout_s: The range calls are clamped into.
-        use_cgroups: Try cgroups for the per-slot limits before rlimits.
-        bwrap: The bubblewrap executable.
-        slot_helper: What runs each slot's keeper and lease agents (``SlotServerFlags``):
-            ``"auto"``, ``"native"`` or ``"python"``.
-        slot_uid_base: When the servers run as root, server ``k`` runs its slot ``i`` as host
-            uid/gid ``slot_uid_base + k * slots_per_container + i``: every slot of the pool has
-            its own uid. Another pool on the same host needs a base outside this range.
+        policy: The sandbox policy of every server. Server ``k`` runs its slot ``i`` (when run
+            as root) as host uid/gid ``policy.slot_uid_base + k * slots_per_container + i``:
+            every slot of the pool has its own uid; another pool on the same host needs a base
+            outside this range.
         python: The interpreter that runs the slot servers.
         acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
         start_timeout_s: Longest a slot server may take to become healthy.
@@ -130,59 +102,32 @@ class LocalPoolConfig:
         restart_attempts: Starts tried in a row before a failed server is given up.
     """
 
-    containers: int = attrs.field(default=2, validator=_positive_int)
-    slots_per_container: int = attrs.field(default=4, validator=_positive_int)
+    containers: int = attrs.field(default=2, validator=positive_int)
+    slots_per_container: int = attrs.field(default=4, validator=positive_int)
     root: Path | None = attrs.field(default=None, converter=_optional_path)
     transport: Literal["unix", "tcp"] = attrs.field(
         default="unix", validator=attrs.validators.in_(("unix", "tcp"))
     )
-    allow_network: bool = False
-    require_sandbox: bool = False
-    max_processes: int = attrs.field(default=256, validator=_positive_int)
-    memory_mb: int = attrs.field(default=2048, validator=_positive_int)
-    cpu_seconds: int | None = attrs.field(default=None, validator=_optional_positive_int)
-    output_cap_bytes: int = attrs.field(default=64 << 10, validator=_positive_int)
-    file_cap_bytes: int = attrs.field(default=10 << 20, validator=_positive_int)
-    min_timeout_s: float = attrs.field(default=1.0, validator=_positive_seconds)
-    default_timeout_s: float = attrs.field(default=120.0, validator=_positive_seconds)
-    max_timeout_s: float = attrs.field(default=3600.0, validator=_positive_seconds)
-    use_cgroups: bool = True
-    bwrap: str = "bwrap"
-    slot_helper: str = "auto"
-    slot_uid_base: int = DEFAULT_SLOT_UID_BASE
+    policy: SlotPolicy = attrs.field(factory=SlotPolicy, validator=_policy)
     python: str = attrs.field(factory=lambda: sys.executable)
-    acquire_timeout_s: float | None = attrs.field(default=600.0, validator=_optional_seconds)
-    start_timeout_s: float = attrs.field(default=30.0, validator=_positive_seconds)
-    reset_timeout_s: float = attrs.field(default=30.0, validator=_positive_seconds)
-    stop_timeout_s: float = attrs.field(default=5.0, validator=_positive_seconds)
-    restart_crashed: bool = True
-    restart_attempts: int = attrs.field(default=3, validator=_positive_int)
+    acquire_timeout_s: float | None = attrs.field(default=600.0, validator=optional_seconds)
+    start_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
+    reset_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
+    stop_timeout_s: float = attrs.field(default=5.0, validator=positive_seconds)
+    restart_crashed: bool = attrs.field(default=True, validator=flag)
+    restart_attempts: int = attrs.field(default=3, validator=positive_int)
 
     def __attrs_post_init__(self) -> None:
-        self.flags()  # the policy's own checks (the timeout range, among others), run now
         check_slot_uid_range(
-            "slot_uid_base", self.slot_uid_base, self.containers * self.slots_per_container
+            "policy.slot_uid_base",
+            self.policy.slot_uid_base,
+            self.containers * self.slots_per_container,
         )
 
-    def flags(self, index: int = 0) -> SlotServerFlags:
-        """The sandbox policy of every server, as the slot server's flags (``index``: which
-        server, for its own range of slot uids)."""
-        return SlotServerFlags(
-            allow_network=self.allow_network,
-            require_sandbox=self.require_sandbox,
-            max_processes=self.max_processes,
-            memory_mb=self.memory_mb,
-            cpu_seconds=self.cpu_seconds,
-            output_cap_bytes=self.output_cap_bytes,
-            file_cap_bytes=self.file_cap_bytes,
-            min_timeout_s=self.min_timeout_s,
-            default_timeout_s=self.default_timeout_s,
-            max_timeout_s=self.max_timeout_s,
-            use_cgroups=self.use_cgroups,
-            bwrap=self.bwrap,
-            slot_helper=self.slot_helper,
-            slot_uid_base=self.slot_uid_base + index * self.slots_per_container,
-        )
+    def server_policy(self, index: int = 0) -> SlotPolicy:
+        """The policy of server ``index``: the pool's, with that server's range of slot uids."""
+        base = self.policy.slot_uid_base + index * self.slots_per_container
+        return attrs.evolve(self.policy, slot_uid_base=base)
 
     def server_argv(self, *, root: Path, listen: Sequence[str], index: int = 0) -> list[str]:
         """The slot server's command line for container ``index`` (``listen``: its ``--unix``/
@@ -191,7 +136,7 @@ class LocalPoolConfig:
             self.python, "-m", "trajcore.entrypoints.slot_server",
             "--slots", str(self.slots_per_container), "--root", str(root),
         ]  # fmt: skip
-        return [*argv, *listen, *self.flags(index).argv()]
+        return [*argv, *listen, *self.server_policy(index).argv()]
 
 
 # ============================================================================ processes
@@ -374,7 +319,7 @@ class LocalSandboxPool(SlotServerPool):
         )
         rules = JoinRules(
             slots_per_container=config.slots_per_container,
-            require_sandbox=config.require_sandbox,
+            require_sandbox=config.policy.require_sandbox,
             start_timeout_s=config.start_timeout_s,
             reset_timeout_s=config.reset_timeout_s,
             acquire_timeout_s=config.acquire_timeout_s,
