@@ -2,12 +2,14 @@
 sequences, and its faults (a container killed by the engine, stale containers of a dead pool, a
 missing image), each test checking that no container of the pool is left after it closes.
 
-It needs a container engine (podman or docker) and the slot-server image; ``./dev image`` builds
-the image, and without it the tests are skipped saying so.
+It needs a container engine (podman or docker) and the slot-server image built from this tree
+(``./dev image``; ``TRAJCORE_IMAGE`` names another tag); without the image the tests are skipped
+saying so. An image of an older tree fails the start, naming the server's log.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -36,13 +38,14 @@ from trajcore.testing.sandbox_pool_contract import (
 )
 
 ENGINE = find_engine()
+IMAGE = os.environ.get("TRAJCORE_IMAGE") or DEFAULT_IMAGE
 
 
 def _image_present() -> bool:
     if ENGINE is None:
         return False
     done = subprocess.run(
-        [ENGINE, "image", "inspect", DEFAULT_IMAGE], capture_output=True, timeout=60, check=False
+        [ENGINE, "image", "inspect", IMAGE], capture_output=True, timeout=60, check=False
     )
     return done.returncode == 0
 
@@ -50,9 +53,7 @@ def _image_present() -> bool:
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(ENGINE is None, reason="no container engine (podman or docker)"),
-    pytest.mark.skipif(
-        not _image_present(), reason=f"no image {DEFAULT_IMAGE}: ./dev image builds it"
-    ),
+    pytest.mark.skipif(not _image_present(), reason=f"no image {IMAGE}: ./dev image builds it"),
 ]
 
 POLICY = SlotPolicy(
@@ -81,7 +82,7 @@ def config(containers: int = 2, slots: int = 2, **more: object) -> ContainerPool
         policy=POLICY,
         name_prefix=f"test-pool-{secrets.token_hex(3)}",
         reset_timeout_s=10.0,
-        **more,  # type: ignore[arg-type]
+        **({"image": IMAGE} | more),  # type: ignore[arg-type]
     )
 
 
@@ -159,7 +160,7 @@ async def test_a_killed_container_fails_its_batch_and_a_replacement_serves() -> 
 def stranger() -> Iterator[str]:
     """A container labelled for another pool, which no pool of ours may remove."""
     name = f"test-stranger-{secrets.token_hex(3)}"
-    _engine("create", "--name", name, "--label", f"{LABEL}={name}", DEFAULT_IMAGE)
+    _engine("create", "--name", name, "--label", f"{LABEL}={name}", IMAGE)
     try:
         yield name
     finally:
@@ -175,7 +176,7 @@ async def test_stale_containers_of_the_same_prefix_are_removed_and_no_others(
     pool_config = config(containers=1)
     prefix = pool_config.name_prefix
     assert prefix is not None
-    _engine("create", "--name", f"{prefix}-9-9", "--label", f"{LABEL}={prefix}", DEFAULT_IMAGE)
+    _engine("create", "--name", f"{prefix}-9-9", "--label", f"{LABEL}={prefix}", IMAGE)
     async with ContainerSandboxPool(pool_config) as pool:
         assert containers_labelled(prefix) == [pool.engine_name(pool.container_names()[0])]
     assert containers_labelled(prefix) == []

@@ -270,10 +270,8 @@ class _EngineContainers:
         while True:
             done = await anyio.run_process([self.engine, "wait", handle.name], check=False)
             if done.returncode != 0 or not await self._running(handle):
-                break
+                return
             await anyio.sleep(0.5)  # the engine's wait gave up early: wait again
-        with anyio.CancelScope(shield=True):
-            await self._run("rm", "--force", handle.name, check=False)
 
     async def _running(self, handle: _Container) -> bool:
         with contextlib.suppress(SlotServerError, TimeoutError):

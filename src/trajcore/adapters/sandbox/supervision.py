@@ -25,11 +25,13 @@ from typing import Generic, Protocol, TypeVar
 import anyio
 import attrs
 
+from trajcore.adapters.sandbox.client import SlotServerClient
 from trajcore.adapters.sandbox.pool_core import (
     Endpoint,
     Member,
     SlotServerPool,
     close_quietly,
+    single_error,
 )
 from trajcore.domain.errors import SandboxUnavailable, SlotServerError
 
@@ -131,7 +133,7 @@ class SupervisedSource(Generic[H]):
             with anyio.fail_after(start_timeout_s):
                 endpoint, handle = await self.launcher.launch(index, name)
                 self.launched[name] = handle
-                client = await pool.connect(endpoint, name)
+                client = await self._connect(pool, endpoint, name, handle)
         except BaseException as error:
             detail = ""
             if handle is not None:
@@ -153,6 +155,29 @@ class SupervisedSource(Generic[H]):
             return
         pool.spawn(self._supervise, pool, index, member, handle)
 
+    async def _connect(
+        self, pool: SlotServerPool, endpoint: Endpoint, name: str, handle: H
+    ) -> SlotServerClient:
+        """``pool.connect``, unless the server ends first (``SlotServerError`` with its log)."""
+        connected: list[SlotServerClient] = []
+
+        async def connect(scope: anyio.CancelScope) -> None:
+            connected.append(await pool.connect(endpoint, name))
+            scope.cancel()
+
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(connect, group.cancel_scope)
+                await self.launcher.wait(handle)
+                group.cancel_scope.cancel()
+        except BaseExceptionGroup as errors:
+            raise single_error(errors) from None
+        if connected:
+            return connected[0]
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            detail = await self.launcher.describe(handle)
+        raise SlotServerError(f"slot server {name} ended before it was healthy: {detail}")
+
     async def _stop(self, handle: H) -> None:
         with anyio.CancelScope(shield=True):
             await self.launcher.stop(handle)
@@ -163,6 +188,8 @@ class SupervisedSource(Generic[H]):
         if pool.closed or member.name in self._stopped:
             return
         pool.gone(member, "its slot server exited")
+        self._stopped.add(member.name)
+        await self._stop(handle)  # what the ended server left (a container, its group)
         if not self.restart_crashed:
             return
         for attempt in range(self.restart_attempts):
