@@ -291,9 +291,14 @@ class _EngineContainers:
             await self._run("rm", "--force", handle.name, check=False)
 
     async def describe(self, handle: _Container) -> str:
-        with contextlib.suppress(SlotServerError, TimeoutError):
-            done = await self._run("logs", "--tail", "20", handle.name)
-            return done[-2000:]
+        with (
+            contextlib.suppress(OSError, TimeoutError),
+            anyio.fail_after(self.config.engine_timeout_s),
+        ):
+            done = await anyio.run_process(
+                [self.engine, "logs", "--tail", "20", handle.name], check=False
+            )
+            return (done.stdout + done.stderr).decode("utf-8", "replace").strip()[-2000:]
         return ""
 
 
