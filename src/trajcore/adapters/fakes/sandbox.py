@@ -51,10 +51,11 @@ import attrs
 from trajcore.adapters.sandbox.batches import refuse_stale
 from trajcore.adapters.sandbox.leasing import SlotLeasing
 from trajcore.adapters.sandbox.pool_core import LeasedPool
-from trajcore.domain.errors import ConfigError, PoolClosed
+from trajcore.domain.errors import PoolClosed
 from trajcore.domain.messages import ExecReport, ToolOutcome, ToolResult, ToolSpec
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
 from trajcore.domain.slots import Lease, SlotCall, SlotId
+from trajcore.domain.validators import positive_int
 
 __all__ = [
     "CommandHandler",
@@ -197,11 +198,6 @@ class _FakeContainer:
     hang: anyio.Event | None = None
 
 
-def _check_positive(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(attribute.name, f"must be an integer >= 1, got {value!r}")
-
-
 @attrs.define(eq=False)
 class FakeSandboxPool(LeasedPool):
     """An in-memory SandboxPool: ``async with FakeSandboxPool(containers=2, slots=4) as pool``.
@@ -216,8 +212,8 @@ class FakeSandboxPool(LeasedPool):
         executed, batches, resets: The record (see the module docstring).
     """
 
-    containers: int = attrs.field(default=1, validator=_check_positive)
-    slots_per_container: int = attrs.field(default=4, validator=_check_positive)
+    containers: int = attrs.field(default=1, validator=positive_int)
+    slots_per_container: int = attrs.field(default=4, validator=positive_int)
     handler: CommandHandler = default_command
     acquire_timeout_s: float | None = 60.0
     restart_crashed: bool = True

@@ -6,10 +6,12 @@ Unix socket in a private temporary directory (or on loopback TCP with a bearer t
 implements the ``SandboxPool`` port over them: the very program and protocol the Nomad pool
 schedules on a cluster, minus the scheduling.
 
-Leasing is the domain slot book's (``trajcore.domain.slot_book``), driven by ``SlotLeasing``
-(``trajcore.adapters.sandbox.leasing``), which adds only waiting: the book decides who gets the
-next free slot, when a deadline has passed, and which epoch a lease carries. The fake pool leases
-through the same class, so both pools share one policy.
+The pool is the pool core (``trajcore.adapters.sandbox.pool_core``) over a supervised source
+(``supervision``) whose launcher starts child processes; the container pool is the same core
+over a launcher of containers. Leasing is the domain slot book's (``trajcore.domain.slot_book``),
+driven by ``SlotLeasing`` (``trajcore.adapters.sandbox.leasing``), which adds only waiting: the
+book decides who gets the next free slot, when a deadline has passed, and which epoch a lease
+carries. The fake pool leases through the same class, so both pools share one policy.
 
 Rules this module keeps:
 
