@@ -34,14 +34,14 @@ import resource
 import secrets
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
 import attrs
 
-from trajcore.adapters.sandbox.pool_core import Endpoint, JoinRules, SlotServerPool
-from trajcore.adapters.sandbox.supervision import SupervisedSource
+from trajcore.adapters.sandbox.pool_core import Endpoint, command_words, join_rules
+from trajcore.adapters.sandbox.supervision import SupervisedPool
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
 from trajcore.domain.sandbox_policy import SlotPolicy, check_slot_uid_range
 from trajcore.domain.validators import (
@@ -102,14 +102,13 @@ def _prefix(_: object, attribute: attrs.Attribute[str | None], value: object) ->
         )
 
 
-def _words(value: object) -> tuple[str, ...] | None:
+def _options(value: object) -> tuple[str, ...] | None:
     if value is None:
         return None
-    if isinstance(value, str):
-        return tuple(value.split())
-    if isinstance(value, Sequence):
-        return tuple(str(word) for word in value)
-    raise ConfigError("engine_options", f"expected words, got {value!r}")
+    try:
+        return command_words(value)
+    except ConfigError:
+        raise ConfigError("engine_options", f"expected words, got {value!r}") from None
 
 
 @attrs.frozen(kw_only=True)
@@ -138,7 +137,7 @@ class ContainerPoolConfig:
 
     image: str = attrs.field(default=DEFAULT_IMAGE, validator=nonempty_text)
     engine: str | None = attrs.field(default=None, validator=optional_text)
-    engine_options: tuple[str, ...] | None = attrs.field(default=None, converter=_words)
+    engine_options: tuple[str, ...] | None = attrs.field(default=None, converter=_options)
     containers: int = attrs.field(default=2, validator=positive_int)
     slots_per_container: int = attrs.field(default=4, validator=positive_int)
     policy: SlotPolicy = attrs.field(factory=SlotPolicy)
@@ -305,7 +304,7 @@ class _EngineContainers:
 # ============================================================================ the pool
 
 
-class ContainerSandboxPool(SlotServerPool):
+class ContainerSandboxPool(SupervisedPool[_Container]):
     """The SandboxPool port over K slot-server containers. ``async with ContainerSandboxPool(c)``.
 
     Entering removes stale containers of its prefix, starts every container and waits until each
@@ -323,22 +322,19 @@ class ContainerSandboxPool(SlotServerPool):
         self.config = config = config or ContainerPoolConfig()
         self.prefix = config.name_prefix or f"trajcore-{secrets.token_hex(4)}"
         self._engine = _EngineContainers(config, self.prefix)
-        self._supervised = SupervisedSource(
+        rules = join_rules(
+            config,
+            require_sandbox=config.policy.require_sandbox,
+            require_tmux=config.require_tmux,
+        )
+        super().__init__(
             self._engine,
-            prefix="container",
+            rules,
+            label="container",
             containers=config.containers,
             restart_crashed=config.restart_crashed,
             restart_attempts=config.restart_attempts,
         )
-        rules = JoinRules(
-            slots_per_container=config.slots_per_container,
-            require_sandbox=config.policy.require_sandbox,
-            require_tmux=config.require_tmux,
-            start_timeout_s=config.start_timeout_s,
-            reset_timeout_s=config.reset_timeout_s,
-            acquire_timeout_s=config.acquire_timeout_s,
-        )
-        super().__init__(self._supervised, rules, label="container")
 
     @property
     def engine(self) -> str:
@@ -351,11 +347,6 @@ class ContainerSandboxPool(SlotServerPool):
         Raises ``KeyError``.
         """
         return self._supervised.launched[container].name
-
-    @property
-    def restarts(self) -> int:
-        """Containers started to replace lost ones."""
-        return self._supervised.restarts
 
 
 @contextlib.asynccontextmanager

@@ -51,8 +51,8 @@ import anyio.abc
 import attrs
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from trajcore.adapters.sandbox.pool_core import Endpoint, JoinRules, SlotServerPool
-from trajcore.adapters.sandbox.supervision import SupervisedSource
+from trajcore.adapters.sandbox.pool_core import Endpoint, join_rules
+from trajcore.adapters.sandbox.supervision import SupervisedPool
 from trajcore.domain.errors import ConfigError, SlotServerError
 from trajcore.domain.sandbox_policy import SlotPolicy, check_slot_uid_range
 from trajcore.domain.validators import (
@@ -298,7 +298,7 @@ _PIPE = -1  # subprocess.PIPE
 # ============================================================================ the pool
 
 
-class LocalSandboxPool(SlotServerPool):
+class LocalSandboxPool(SupervisedPool[_Process]):
     """The SandboxPool port over K local slot servers. ``async with LocalSandboxPool(config)``.
 
     Entering starts every server and waits until each is healthy (``SlotServerError`` when one
@@ -312,21 +312,14 @@ class LocalSandboxPool(SlotServerPool):
     def __init__(self, config: LocalPoolConfig | None = None) -> None:
         self.config = config = config or LocalPoolConfig()
         self._processes = _LocalProcesses(config)
-        self._supervised = SupervisedSource(
+        super().__init__(
             self._processes,
-            prefix="local",
+            join_rules(config, require_sandbox=config.policy.require_sandbox),
+            label="local",
             containers=config.containers,
             restart_crashed=config.restart_crashed,
             restart_attempts=config.restart_attempts,
         )
-        rules = JoinRules(
-            slots_per_container=config.slots_per_container,
-            require_sandbox=config.policy.require_sandbox,
-            start_timeout_s=config.start_timeout_s,
-            reset_timeout_s=config.reset_timeout_s,
-            acquire_timeout_s=config.acquire_timeout_s,
-        )
-        super().__init__(self._supervised, rules, label="local")
 
     def server_pid(self, container: str) -> int:
         """The pid (and process group) of ``container``'s slot server. Raises ``KeyError``."""
@@ -336,11 +329,6 @@ class LocalSandboxPool(SlotServerPool):
     def run_dir(self) -> Path | None:
         """The pool's private directory (sockets, logs, default workspaces) while it runs."""
         return self._processes.run_dir
-
-    @property
-    def restarts(self) -> int:
-        """Slot servers started to replace lost ones."""
-        return self._supervised.restarts
 
 
 @contextlib.asynccontextmanager

@@ -60,10 +60,11 @@ import attrs
 from trajcore.adapters.sandbox.nomad_client import NomadClient, NomadUnavailable
 from trajcore.adapters.sandbox.pool_core import (
     Endpoint,
-    JoinRules,
     Member,
     SlotServerPool,
     close_quietly,
+    command_words,
+    join_rules,
 )
 from trajcore.domain.errors import (
     ConfigError,
@@ -107,14 +108,6 @@ def _nomad_address(_: object, attribute: attrs.Attribute[str], value: object) ->
     port = value.strip().rstrip("/").rpartition(":")[2]
     if port.isdigit() and not 0 < int(port) < 65536:
         raise ConfigError(attribute.name, f"port out of range in {value!r}")
-
-
-def _words(value: object) -> tuple[str, ...]:
-    if isinstance(value, str):
-        return tuple(value.split())
-    if isinstance(value, Sequence):
-        return tuple(str(word) for word in value)
-    raise ConfigError("command", f"expected words, got {value!r}")
 
 
 def _names(value: object) -> tuple[str, ...]:
@@ -163,7 +156,9 @@ class NomadPoolConfig:
     job_id: str = "trajcore-slots"
     driver: Driver = "docker"
     image: str = "trajcore/slot-server:latest"
-    command: tuple[str, ...] = attrs.field(default=("trajcore", "slot-server"), converter=_words)
+    command: tuple[str, ...] = attrs.field(
+        default=("trajcore", "slot-server"), converter=command_words
+    )
     slots_per_container: int = attrs.field(default=8, validator=whole_number(1))
     min_containers: int = attrs.field(default=1, validator=whole_number(0))
     max_containers: int = attrs.field(default=10, validator=whole_number(1))
@@ -524,13 +519,10 @@ class NomadSandboxPool(SlotServerPool):
             timeout_s=config.request_timeout_s,
         )
         self._allocations = _NomadAllocations(config, nomad)
-        rules = JoinRules(
-            slots_per_container=config.slots_per_container,
+        rules = join_rules(
+            config,
             require_sandbox=config.flags.require_sandbox,
             require_tmux=config.require_tmux,
-            start_timeout_s=config.start_timeout_s,
-            reset_timeout_s=config.reset_timeout_s,
-            acquire_timeout_s=config.acquire_timeout_s,
         )
         super().__init__(self._allocations, rules, label="Nomad")
 

@@ -42,6 +42,7 @@ from trajcore.adapters.sandbox.batches import execute_batch
 from trajcore.adapters.sandbox.client import SlotServerClient
 from trajcore.adapters.sandbox.leasing import SlotLeasing
 from trajcore.domain.errors import (
+    ConfigError,
     InvalidInput,
     PoolClosed,
     SandboxUnavailable,
@@ -58,8 +59,11 @@ __all__ = [
     "JoinRules",
     "LeasedPool",
     "Member",
+    "PoolSettings",
     "SlotServerPool",
     "close_quietly",
+    "command_words",
+    "join_rules",
     "single_error",
 ]
 
@@ -101,6 +105,42 @@ class JoinRules:
     start_timeout_s: float = 30.0
     reset_timeout_s: float = 30.0
     acquire_timeout_s: float | None = 600.0
+
+
+class PoolSettings(Protocol):
+    """The settings every pool config has, from which its ``JoinRules`` come."""
+
+    @property
+    def slots_per_container(self) -> int: ...
+    @property
+    def start_timeout_s(self) -> float: ...
+    @property
+    def reset_timeout_s(self) -> float: ...
+    @property
+    def acquire_timeout_s(self) -> float | None: ...
+
+
+def join_rules(
+    config: PoolSettings, *, require_sandbox: bool, require_tmux: bool = False
+) -> JoinRules:
+    """The ``JoinRules`` of a pool config."""
+    return JoinRules(
+        slots_per_container=config.slots_per_container,
+        require_sandbox=require_sandbox,
+        require_tmux=require_tmux,
+        start_timeout_s=config.start_timeout_s,
+        reset_timeout_s=config.reset_timeout_s,
+        acquire_timeout_s=config.acquire_timeout_s,
+    )
+
+
+def command_words(value: object) -> tuple[str, ...]:
+    """A command line setting as words: a string split on whitespace, or a sequence."""
+    if isinstance(value, str):
+        return tuple(value.split())
+    if isinstance(value, Sequence):
+        return tuple(str(word) for word in value)
+    raise ConfigError("command", f"expected words, got {value!r}")
 
 
 @attrs.define(eq=False)

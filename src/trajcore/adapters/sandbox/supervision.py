@@ -28,6 +28,7 @@ import attrs
 from trajcore.adapters.sandbox.client import SlotServerClient
 from trajcore.adapters.sandbox.pool_core import (
     Endpoint,
+    JoinRules,
     Member,
     SlotServerPool,
     close_quietly,
@@ -35,7 +36,7 @@ from trajcore.adapters.sandbox.pool_core import (
 )
 from trajcore.domain.errors import SandboxUnavailable, SlotServerError
 
-__all__ = ["Launcher", "SupervisedSource"]
+__all__ = ["Launcher", "SupervisedPool", "SupervisedSource"]
 
 H = TypeVar("H")
 
@@ -208,3 +209,31 @@ class SupervisedSource(Generic[H]):
 
 def _closed(pool: SlotServerPool) -> bool:
     return pool.closed
+
+
+class SupervisedPool(SlotServerPool, Generic[H]):
+    """The pool core over a ``SupervisedSource`` of ``launcher``'s servers."""
+
+    def __init__(
+        self,
+        launcher: Launcher[H],
+        rules: JoinRules,
+        *,
+        label: str,
+        containers: int,
+        restart_crashed: bool,
+        restart_attempts: int,
+    ) -> None:
+        self._supervised: SupervisedSource[H] = SupervisedSource(
+            launcher,
+            prefix=label,
+            containers=containers,
+            restart_crashed=restart_crashed,
+            restart_attempts=restart_attempts,
+        )
+        super().__init__(self._supervised, rules, label=label)
+
+    @property
+    def restarts(self) -> int:
+        """Servers started to replace lost ones."""
+        return self._supervised.restarts
