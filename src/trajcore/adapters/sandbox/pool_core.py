@@ -31,7 +31,6 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
-from types import TracebackType
 from typing import Literal, Protocol, Self
 
 import anyio
@@ -214,12 +213,7 @@ class LeasedPool:
         """See ``SandboxPool.aclose``."""
         raise NotImplementedError
 
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *_: object) -> None:
         await self.aclose()
 
 
@@ -233,13 +227,14 @@ class SlotServerPool(LeasedPool):
 
     def __init__(self, source: ContainerSource, rules: JoinRules, *, label: str) -> None:
         self._source = source
-        self._rules = rules
+        self.rules = rules  # what a server must show to join
         self._label = label
         self._leasing = SlotLeasing(
             reset=self._reset,
             default_timeout_s=rules.acquire_timeout_s,
             reset_timeout_s=rules.reset_timeout_s,
         )
+        self.leasing = self._leasing  # (sources that scale drain containers through it)
         self._members: dict[str, Member] = {}
         self._orphans: list[SlotServerClient] = []  # clients of gone members, closed at the end
         self._stack = AsyncExitStack()
@@ -273,12 +268,7 @@ class SlotServerPool(LeasedPool):
             raise single_error(error) from None
         return self
 
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *_: object) -> None:
         await self._stack.aclose()
         self._group = None
 
@@ -355,16 +345,6 @@ class SlotServerPool(LeasedPool):
         """Whether the pool is closing or closed."""
         return self._closed
 
-    @property
-    def rules(self) -> JoinRules:
-        """What a server must show to join."""
-        return self._rules
-
-    @property
-    def leasing(self) -> SlotLeasing:
-        """The pool's leasing (sources that scale drain containers through it)."""
-        return self._leasing
-
     def members(self) -> list[Member]:
         """Every member not yet gone, lost ones included, in the order they joined."""
         return list(self._members.values())
@@ -411,7 +391,7 @@ class SlotServerPool(LeasedPool):
         (wrong slot count, a failed request) or ``SandboxUnavailable`` (a sandbox or tmux is
         required and missing); the client is closed then.
         """
-        rules = self._rules
+        rules = self.rules
         client = endpoint.client()
         client.reset_timeout_s = rules.reset_timeout_s
         try:
@@ -451,7 +431,7 @@ class SlotServerPool(LeasedPool):
             raise StateError(f"container name {name!r} is in use")
         member = Member(name=name, client=client, handle=handle, draining=draining)
         self._members[name] = member
-        self._leasing.add_container(name, self._rules.slots_per_container)
+        self._leasing.add_container(name, self.rules.slots_per_container)
         if draining:
             self._leasing.drain_container(name)
         self._joined += 1
@@ -504,7 +484,7 @@ class SlotServerPool(LeasedPool):
     def undrain(self, member: Member) -> None:
         """A drained ``member`` is wanted again: its slots come back free (a member with a
         quarantined slot is lost instead)."""
-        slots = self._rules.slots_per_container
+        slots = self.rules.slots_per_container
         if self._leasing.quarantined(member.name, slots):
             self.lose(member, "it had quarantined slots when the pool grew again")
             return
