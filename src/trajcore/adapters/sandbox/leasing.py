@@ -220,8 +220,15 @@ class SlotLeasing:
 
     def quarantined(self, name: str, slots: int) -> int:
         """How many of ``name``'s first ``slots`` slots are quarantined."""
-        states = (self._book.state(SlotId(container=name, index=i)) for i in range(slots))
-        return sum(state is SlotState.QUARANTINED for state in states)
+        return sum(state is SlotState.QUARANTINED for state in self._states(name, slots))
+
+    def held(self, name: str, slots: int) -> int:
+        """How many of ``name``'s first ``slots`` slots are leased or resetting."""
+        busy = (SlotState.LEASED, SlotState.RESETTING)
+        return sum(state in busy for state in self._states(name, slots))
+
+    def _states(self, name: str, slots: int) -> list[SlotState]:
+        return [self._book.state(SlotId(container=name, index=i)) for i in range(slots)]
 
     def close(self) -> None:
         """Refuse new leases; every waiter gets ``PoolClosed``. Held leases release as usual."""

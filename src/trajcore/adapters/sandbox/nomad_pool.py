@@ -73,7 +73,6 @@ from trajcore.domain.errors import (
     SlotServerError,
 )
 from trajcore.domain.nomad_job import (
-    AllocationStub,
     Driver,
     NomadJobSpec,
     allocation_address,
@@ -81,7 +80,21 @@ from trajcore.domain.nomad_job import (
     register_request,
     scale_request,
 )
-from trajcore.domain.scale_policy import ScaleConfig, ScalePolicy
+from trajcore.domain.nomad_reconcile import (
+    Action,
+    Allocation,
+    Discard,
+    Drain,
+    Join,
+    Lose,
+    NomadReconciler,
+    ReconcileConfig,
+    Remove,
+    Replace,
+    SetCount,
+    Undrain,
+)
+from trajcore.domain.scale_policy import ScaleConfig
 from trajcore.domain.slot_server_flags import SlotServerFlags
 from trajcore.domain.validators import (
     flag,
@@ -245,9 +258,9 @@ class _Allocation:
     restarts: int
 
 
-def _container_name(stub: AllocationStub) -> str:
-    name = f"nomad-{stub.index}-{stub.id[:8]}"
-    return name if stub.restarts == 0 else f"{name}~{stub.restarts}"
+def _container_name(alloc_id: str, index: int, restarts: int) -> str:
+    name = f"nomad-{index}-{alloc_id[:8]}"
+    return name if restarts == 0 else f"{name}~{restarts}"
 
 
 def _allocation(member: Member) -> _Allocation:
@@ -257,24 +270,33 @@ def _allocation(member: Member) -> _Allocation:
 
 @attrs.define(eq=False)
 class _NomadAllocations:
-    """The ``ContainerSource`` of the Nomad pool: the allocations of one job (module docstring)."""
+    """The ``ContainerSource`` of the Nomad pool: the allocations of one job.
+
+    Every decision (join, drain, undrain, lose, remove, replace, the job's count) is the
+    domain ``NomadReconciler``'s; this class lists allocations, feeds them in, and carries the
+    actions out against Nomad and the pool core.
+    """
 
     config: NomadPoolConfig
     nomad: NomadClient
     token: str = attrs.field(repr=False, factory=lambda: secrets.token_urlsafe(32))
-    policy: ScalePolicy = attrs.field(init=False)
+    machine: NomadReconciler = attrs.field(init=False)
     by_alloc: dict[str, Member] = attrs.field(init=False, factory=dict)
-    target: int = attrs.field(init=False, default=0)
-    job_count: int = attrs.field(init=False, default=0)
     _pool: SlotServerPool | None = attrs.field(init=False, default=None)
-    _joining: set[str] = attrs.field(init=False, factory=set)
-    _retired: set[tuple[str, int]] = attrs.field(init=False, factory=set)
+    _names: dict[str, str] = attrs.field(init=False, factory=dict)
     _version: int = attrs.field(init=False, default=0)
     _fatal: BaseException | None = attrs.field(init=False, default=None)
     _registered: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
-        self.policy = ScalePolicy(self.config.scale_config())
+        config = self.config
+        self.machine = NomadReconciler(
+            ReconcileConfig(
+                scale=config.scale_config(),
+                restart_attempts=config.restart_attempts,
+                join_timeout_s=config.start_timeout_s,
+            )
+        )
 
     @property
     def pool(self) -> SlotServerPool:
@@ -310,10 +332,9 @@ class _NomadAllocations:
         )
 
     def lost(self, member: Member, reason: str) -> None:
-        """Never join this run of the allocation again; Nomad stops and replaces it."""
+        """The core lost ``member`` (a failed batch or reset): the machine replaces it."""
         allocation = _allocation(member)
-        self._retired.add((allocation.alloc_id, allocation.restarts))
-        self.pool.spawn(self._stop_allocation, allocation.alloc_id)
+        self._apply(self.machine.failed(allocation.alloc_id, reason, anyio.current_time()))
 
     async def shutdown(self) -> None:
         """Stop the job (purged when configured), bounded and shielded."""
@@ -331,16 +352,13 @@ class _NomadAllocations:
             self.pool.note(f"stopping the job took longer than {config.stop_timeout_s} s")
 
     def check_valid(self) -> None:
+        self.machine.check_valid()
         for alloc_id, member in self.by_alloc.items():
-            if (
-                _allocation(member).alloc_id != alloc_id
-                or self.pool.member(member.name) is not member
-            ):
+            filed = self.pool.member(member.name) is member
+            if _allocation(member).alloc_id != alloc_id or not filed:
                 raise AssertionError(f"check_valid: container {member.name} is misfiled")
-        if not self.config.min_containers <= self.target <= self.config.max_containers:
-            raise AssertionError(f"check_valid: target {self.target} is out of bounds")
 
-    # ------------------------------------------------------------------------- start
+    # ------------------------------------------------------------------------- Nomad
 
     async def _register(self, count: int) -> None:
         config = self.config
@@ -355,12 +373,10 @@ class _NomadAllocations:
                 field="job_id",
             )
         self._version = version
-        self.target = self.job_count = count
-
-    # ------------------------------------------------------------------------- watch
+        self.machine.registered(count)
 
     async def _watch(self) -> None:
-        """Poll the allocations, join and lose containers, scale; until cancelled."""
+        """Poll the allocations and carry out the machine's actions; until cancelled."""
         while not self.pool.closed:
             try:
                 await self._tick()
@@ -372,112 +388,31 @@ class _NomadAllocations:
     async def _tick(self) -> None:
         config = self.config
         listing = await self.nomad.job_allocations(config.job_id)
-        stubs = {
-            stub.id: stub
-            for stub in parse_allocation_stubs(listing)
-            if stub.job_version >= self._version
-        }
-        for member in list(self.by_alloc.values()):
-            allocation = _allocation(member)
-            stub = stubs.get(allocation.alloc_id)
-            if stub is None:
-                self._gone(member, "its allocation is no longer listed")
-            elif stub.finished:
-                self._gone(
-                    member,
-                    f"its allocation is {stub.client_status} (desired {stub.desired_status})",
+        stubs = [s for s in parse_allocation_stubs(listing) if s.job_version >= self._version]
+        slots = config.slots_per_container
+        leasing = self.pool.leasing
+        allocations = []
+        for stub in stubs:
+            self._names[stub.id] = stub.name
+            member = self.by_alloc.get(stub.id)
+            live = member is not None and not member.lost
+            allocations.append(
+                Allocation(
+                    id=stub.id,
+                    index=stub.index,
+                    client_status=stub.client_status,
+                    desired_status=stub.desired_status,
+                    restarts=stub.restarts,
+                    held=leasing.held(member.name, slots) if live and member else 0,
+                    quarantined=leasing.quarantined(member.name, slots) if live and member else 0,
                 )
-            elif stub.restarts != allocation.restarts:
-                self._gone(member, "its slot server restarted in place")
-        for stub in stubs.values():
-            if (
-                stub.running
-                and stub.id not in self.by_alloc
-                and stub.id not in self._joining
-                and (stub.id, stub.restarts) not in self._retired
-            ):
-                self._joining.add(stub.id)
-                self.pool.spawn(self._join, stub)
-        await self._scale()
-
-    async def _join(self, stub: AllocationStub) -> None:
-        """Connect to ``stub``'s slot server, check it, add its slots; or retire and stop it."""
-        pool = self.pool
-        name = _container_name(stub)
-        if pool.member(name) is not None:  # two allocation IDs that share their first 8 digits
-            name = name.replace(stub.id[:8], stub.id, 1)
-        try:
-            with anyio.fail_after(self.config.start_timeout_s):
-                address = allocation_address(await self.nomad.read_allocation(stub.id))
-                client = await pool.connect(Endpoint("tcp", address, self.token), name)
-        except (TimeoutError, SlotServerError, InvalidInput, NomadUnavailable) as error:
-            reason = "not healthy in time" if isinstance(error, TimeoutError) else str(error)
-            self._retire(stub, f"allocation {stub.name} ({stub.id}) did not join: {reason}")
-            return
-        except SandboxUnavailable as error:
-            self._retire(stub, str(error))
-            self._fatal = self._fatal or error
-            pool.signal()
-            return
-        finally:
-            self._joining.discard(stub.id)
-        handle = _Allocation(alloc_id=stub.id, index=stub.index, restarts=stub.restarts)
-        member = pool.join(name, client, handle, draining=stub.index >= self.target)
-        if member is None:  # the pool closed meanwhile
-            await close_quietly(client)
-            return
-        self.by_alloc[stub.id] = member
-        _log.info("Nomad pool %s: %s joined (%s)", self.config.job_id, name, address)
-
-    def _retire(self, stub: AllocationStub, reason: str) -> None:
-        """Never join this run of ``stub`` again; ask Nomad to stop (and replace) it."""
-        _log.warning("Nomad pool %s: %s", self.config.job_id, reason)
-        self.pool.note(reason)
-        self._retired.add((stub.id, stub.restarts))
-        self.pool.spawn(self._stop_allocation, stub.id)
-
-    async def _stop_allocation(self, alloc_id: str) -> None:
-        try:
-            await self.nomad.stop_allocation(alloc_id)
-        except NomadUnavailable as error:
-            self.pool.note(f"could not stop allocation {alloc_id}: {error}")
-
-    def _gone(self, member: Member, reason: str) -> None:
-        """``member``'s allocation no longer runs: removed if drained, else lost."""
-        del self.by_alloc[_allocation(member).alloc_id]
-        self.pool.gone(member, reason)
-
-    # ------------------------------------------------------------------------- scaling
-
-    async def _scale(self) -> None:
-        """Follow the scale policy: drain or undrain containers, then set the job's count."""
-        pool = self.pool
-        stats = pool.statistics()
-        decision = self.policy.decide(
-            stats.leased + stats.waiting, self.target, anyio.current_time()
+            )
+        stats = self.pool.statistics()
+        actions = self.machine.observe(
+            allocations, stats.leased + stats.waiting, anyio.current_time()
         )
-        if decision.target != self.target:
-            _log.info(
-                "Nomad pool %s: %s from %d to %d containers (demand %d slots)",
-                self.config.job_id, decision.reason.value, self.target, decision.target,
-                stats.leased + stats.waiting,
-            )  # fmt: skip
-        target = self.target = decision.target
-        drained = pool.leasing.drained_containers()
-        live = [m for m in pool.members() if not m.lost]
-        for member in live:
-            index = _allocation(member).index
-            if index >= target and not member.draining:
-                pool.drain(member)
-            elif index < target and member.draining and member.name in drained:
-                pool.undrain(member)
-        if self.job_count < target:
-            await self._set_count(target)
-        elif self.job_count > target:
-            drained = pool.leasing.drained_containers()
-            leaving = [m for m in pool.members() if not m.lost and _allocation(m).index >= target]
-            if all(m.name in drained for m in leaving):
-                await self._set_count(target)
+        for count in self._apply(actions):
+            await self._set_count(count)
 
     async def _set_count(self, count: int) -> None:
         config = self.config
@@ -489,7 +424,76 @@ class _NomadAllocations:
                 f"trajcore: {count} slot servers for the demand",
             ),
         )
-        self.job_count = count
+        self.machine.scaled(count)
+
+    async def _stop_allocation(self, alloc_id: str) -> None:
+        try:
+            await self.nomad.stop_allocation(alloc_id)
+        except NomadUnavailable as error:
+            self.pool.note(f"could not stop allocation {alloc_id}: {error}")
+
+    # ------------------------------------------------------------------------- actions
+
+    def _apply(self, actions: Sequence[Action]) -> list[int]:
+        """Carry out ``actions`` against the pool core; returns the counts to set in Nomad."""
+        pool = self.pool
+        counts: list[int] = []
+        for action in actions:
+            if isinstance(action, SetCount):
+                counts.append(action.count)
+            elif isinstance(action, Join):
+                pool.spawn(self._join, action)
+            elif isinstance(action, Replace):
+                _log.warning("Nomad pool %s: %s", self.config.job_id, action.reason)
+                pool.note(f"allocation {action.alloc_id} replaced: {action.reason}")
+                pool.spawn(self._stop_allocation, action.alloc_id)
+            elif isinstance(action, Lose | Remove):
+                member = self.by_alloc.pop(action.alloc_id, None)
+                if member is not None:
+                    pool.gone(member, action.reason)
+            elif isinstance(action, Drain | Undrain):
+                member = self.by_alloc.get(action.alloc_id)
+                if member is not None and not member.lost:
+                    if isinstance(action, Drain):
+                        pool.drain(member)
+                    else:
+                        pool.undrain(member)
+        return counts
+
+    async def _join(self, join: Join) -> None:
+        """Connect to the allocation's slot server and tell the machine how it went."""
+        pool = self.pool
+        alloc_id = join.alloc_id
+        name = _container_name(alloc_id, join.index, join.restarts)
+        if pool.member(name) is not None:  # two allocation IDs that share their first 8 digits
+            name = name.replace(alloc_id[:8], alloc_id, 1)
+        described = f"allocation {self._names.get(alloc_id, name)} ({alloc_id})"
+        try:
+            with anyio.fail_after(self.config.start_timeout_s):
+                address = allocation_address(await self.nomad.read_allocation(alloc_id))
+                client = await pool.connect(Endpoint("tcp", address, self.token), name)
+        except (TimeoutError, SlotServerError, InvalidInput, NomadUnavailable) as error:
+            reason = "not healthy in time" if isinstance(error, TimeoutError) else str(error)
+            pool.note(f"{described} did not join: {reason}")
+            self._apply(self.machine.join_failed(alloc_id, reason, anyio.current_time()))
+            return
+        except SandboxUnavailable as error:
+            pool.note(str(error))
+            self._fatal = self._fatal or error
+            self._apply(self.machine.join_failed(alloc_id, str(error), anyio.current_time()))
+            pool.signal()
+            return
+        actions = self.machine.joined(alloc_id, anyio.current_time())
+        handle = _Allocation(alloc_id=alloc_id, index=join.index, restarts=join.restarts)
+        member = None
+        if not any(isinstance(action, Discard) for action in actions):
+            member = pool.join(name, client, handle)
+        if member is None:  # given up meanwhile, or the pool closed
+            await close_quietly(client)
+            return
+        self.by_alloc[alloc_id] = member
+        _log.info("Nomad pool %s: %s joined (%s)", self.config.job_id, name, address)
+        self._apply(actions)
 
 
 # ============================================================================ the pool
@@ -536,12 +540,12 @@ class NomadSandboxPool(SlotServerPool):
     @property
     def target(self) -> int:
         """The container count the scale policy wants now."""
-        return self._allocations.target
+        return self._allocations.machine.target
 
     @property
     def job_count(self) -> int:
         """The task group count last set in Nomad."""
-        return self._allocations.job_count
+        return self._allocations.machine.job_count or 0
 
     def check_valid(self) -> None:
         """The slot book's invariants, and the pool's own (raises ``AssertionError``)."""
