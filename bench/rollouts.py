@@ -57,6 +57,7 @@ from trajcore.domain.agent_loop import AgentLoopConfig
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.messages import Message, ToolCall, ToolOutcome, ToolSpec
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams
+from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
 from trajcore.domain.slots import SlotCall
 from trajcore.rollout.dispatcher import ToolDispatcher
@@ -228,10 +229,13 @@ async def bench(args: argparse.Namespace) -> None:
     turns: int = args.turns
     latency_s: float = args.latency_ms / 1000.0
     slots = -(-concurrency // args.servers)
-    pool_config = LocalPoolConfig(
-        containers=args.servers, slots_per_container=slots, require_sandbox=True,
-        acquire_timeout_s=300.0, start_timeout_s=120.0, max_processes=64, memory_mb=512,
+    policy = SlotPolicy(
+        require_sandbox=True, max_processes=64, memory_bytes=512 << 20,
         slot_helper=args.slot_helper,
+    )  # fmt: skip
+    pool_config = LocalPoolConfig(
+        containers=args.servers, slots_per_container=slots, policy=policy,
+        acquire_timeout_s=300.0, start_timeout_s=120.0,
     )  # fmt: skip
     config = RolloutConfig(
         agent=AgentLoopConfig(max_turns=turns),

@@ -41,7 +41,12 @@ from trajcore.adapters.sandbox.client import SlotServerClient
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.messages import ToolCall
-from trajcore.domain.sandbox_policy import DEFAULT_SLOT_UID_BASE, SandboxPolicy, bwrap_argv
+from trajcore.domain.sandbox_policy import (
+    DEFAULT_SLOT_UID_BASE,
+    SandboxPolicy,
+    SlotPolicy,
+    bwrap_argv,
+)
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.slots import Lease, SlotCall
 from trajcore.rollout.dispatcher import DispatcherStatistics, ToolDispatcher
@@ -206,7 +211,9 @@ async def bench(  # noqa: PLR0915 - one linear script of measurements
     clients = [SlotServerClient.tcp(address, TOKEN) for address in addresses]
     counter = iter(range(1, 1 << 62))
     pool_config = LocalPoolConfig(
-        containers=servers, slots_per_container=slots_per_server, require_sandbox=True
+        containers=servers,
+        slots_per_container=slots_per_server,
+        policy=SlotPolicy(require_sandbox=True),
     )
     pool = LocalSandboxPool(pool_config)
     dispatcher = ToolDispatcher(pool, BatchConfig(window_ms=window_ms))

@@ -48,7 +48,7 @@ def nomad_pool_config(
             require_sandbox=shutil.which("bwrap") is not None,
             min_timeout_s=0.2,
             max_processes=64,
-            memory_mb=512,
+            memory_bytes=512 << 20,
         ),
         "memory_mb": 512,
         "start_timeout_s": 20.0,

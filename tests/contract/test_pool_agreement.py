@@ -20,6 +20,7 @@ import pytest
 
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.sandbox_pool_machine import MachineShape, run_pool_machine
 
@@ -42,8 +43,10 @@ def fake_pool() -> FakeSandboxPool:
 def local_pool() -> LocalSandboxPool:
     config = LocalPoolConfig(
         containers=SHAPE.containers, slots_per_container=SHAPE.slots_per_container,
-        require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_mb=512,
         reset_timeout_s=10.0, acquire_timeout_s=30.0,
+        policy=SlotPolicy(
+            require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_bytes=512 << 20
+        ),
     )  # fmt: skip
     return LocalSandboxPool(config)
 

@@ -12,6 +12,7 @@ import pytest
 
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.sandbox_pool_contract import (
     CrashContainer,
@@ -37,10 +38,9 @@ async def local_pool(shape: PoolShape) -> AsyncIterator[SandboxPool]:
         containers=shape.containers,
         slots_per_container=shape.slots_per_container,
         acquire_timeout_s=shape.acquire_timeout_s,
-        require_sandbox=True,
-        min_timeout_s=0.2,
-        max_processes=64,
-        memory_mb=512,
+        policy=SlotPolicy(
+            require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_bytes=512 << 20
+        ),
         reset_timeout_s=10.0,
     )
     async with LocalSandboxPool(config) as pool:

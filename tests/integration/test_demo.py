@@ -25,6 +25,7 @@ from examples.shell_tasks import SOLUTIONS, TASKS, ShellTasksEnv
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.messages import ToolCall
+from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slot_protocol import SLOT_TOOLS
 from trajcore.entrypoints.atropos import AgentEnvConfig
 from trajcore.rollout.dispatcher import ToolDispatcher
@@ -77,8 +78,8 @@ def test_the_demo_runs_offline_and_solves_every_task(tmp_path: Path) -> None:
 async def local_pool() -> AsyncIterator[tuple[LocalSandboxPool, ToolDispatcher]]:
     """A real local pool (one slot server, bubblewrap required) and a dispatcher over it."""
     config = LocalPoolConfig(
-        containers=1, slots_per_container=2, require_sandbox=True, acquire_timeout_s=30.0,
-        min_timeout_s=0.5,
+        containers=1, slots_per_container=2, acquire_timeout_s=30.0,
+        policy=SlotPolicy(require_sandbox=True, min_timeout_s=0.5),
     )  # fmt: skip
     async with (
         LocalSandboxPool(config) as pool,

@@ -20,6 +20,7 @@ import pytest
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.messages import ToolCall, ToolOutcome, ToolResult
+from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
 from trajcore.rollout.dispatcher import ToolDispatcher
 
@@ -35,8 +36,10 @@ def anyio_backend() -> str:
 
 def config(containers: int = 2, slots: int = 4) -> LocalPoolConfig:
     return LocalPoolConfig(
-        containers=containers, slots_per_container=slots, require_sandbox=True,
-        min_timeout_s=0.2, max_processes=64, memory_mb=512, acquire_timeout_s=60.0,
+        containers=containers, slots_per_container=slots, acquire_timeout_s=60.0,
+        policy=SlotPolicy(
+            require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_bytes=512 << 20
+        ),
     )  # fmt: skip
 
 

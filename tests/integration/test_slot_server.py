@@ -34,7 +34,13 @@ from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime
 from trajcore.adapters.sandbox.seccomp import SeccompUnavailable
 from trajcore.domain.errors import SlotServerError, ToolArgumentError, UnknownSlot, WireError
 from trajcore.domain.messages import JSON, ToolCall, ToolOutcome, ToolResult
-from trajcore.domain.sandbox_policy import MASKED_PATHS, READ_ONLY_PATHS, Bind, SlotPolicy
+from trajcore.domain.sandbox_policy import (
+    MASKED_PATHS,
+    READ_ONLY_PATHS,
+    Bind,
+    SandboxPolicy,
+    SlotPolicy,
+)
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.slots import SlotCall
 
@@ -1370,8 +1376,8 @@ def test_a_forged_or_oversize_reply_ends_the_lease(attack: str, tmp_path: Path) 
 def test_a_tcp_local_pool_starts_its_servers_and_runs_calls() -> None:
     async def main() -> tuple[list[ToolResult], list[int]]:
         config = LocalPoolConfig(
-            containers=2, slots_per_container=1, transport="tcp", require_sandbox=True,
-            min_timeout_s=0.2, acquire_timeout_s=60.0,
+            containers=2, slots_per_container=1, transport="tcp", acquire_timeout_s=60.0,
+            policy=SlotPolicy(require_sandbox=True, min_timeout_s=0.2),
         )  # fmt: skip
         async with start_local_pool(config) as pool:
             results, uids = [], []

@@ -34,6 +34,7 @@ from tests.security.harness import (
 )
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.messages import JSON, ToolCall, ToolResult
+from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slots import Lease, SlotCall
 
 CORE_PATTERN = "/proc/sys/kernel/core_pattern"
@@ -67,10 +68,11 @@ def test_a_pool_lease_reaches_neither_host_keys_nor_host_settings(
     marker = token()
 
     async def main(root: Path) -> tuple[bytes, bool]:
-        config = LocalPoolConfig(
-            containers=1, slots_per_container=1, root=root, require_sandbox=True,
-            slot_helper=helper, max_processes=64, memory_mb=256, min_timeout_s=0.2,
+        policy = SlotPolicy(
+            require_sandbox=True, slot_helper=helper, max_processes=64,
+            memory_bytes=256 << 20, min_timeout_s=0.2,
         )  # fmt: skip
+        config = LocalPoolConfig(containers=1, slots_per_container=1, root=root, policy=policy)
         async with LocalSandboxPool(config) as pool, pool.lease("attacker") as lease:
             workspace = root / lease.slot.container / "slots" / str(lease.slot.index)
             written = await run(pool, lease, "write_file", path="kit.b64", content=kit_text(kit))

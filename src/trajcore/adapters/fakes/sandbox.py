@@ -42,19 +42,20 @@ from __future__ import annotations
 import posixpath
 import shlex
 from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
-from types import TracebackType
 from typing import Self, cast
 
 import anyio
 import anyio.lowlevel
 import attrs
 
+from trajcore.adapters.sandbox.batches import refuse_stale
 from trajcore.adapters.sandbox.leasing import SlotLeasing
-from trajcore.domain.errors import ConfigError, PoolClosed
+from trajcore.adapters.sandbox.pool_core import LeasedPool
+from trajcore.domain.errors import PoolClosed
 from trajcore.domain.messages import ExecReport, ToolOutcome, ToolResult, ToolSpec
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
-from trajcore.domain.slots import Lease, PoolStatistics, SlotCall, SlotId
+from trajcore.domain.slots import Lease, SlotCall, SlotId
+from trajcore.domain.validators import positive_int
 
 __all__ = [
     "CommandHandler",
@@ -197,13 +198,8 @@ class _FakeContainer:
     hang: anyio.Event | None = None
 
 
-def _check_positive(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(attribute.name, f"must be an integer >= 1, got {value!r}")
-
-
 @attrs.define(eq=False)
-class FakeSandboxPool:
+class FakeSandboxPool(LeasedPool):
     """An in-memory SandboxPool: ``async with FakeSandboxPool(containers=2, slots=4) as pool``.
 
     Attributes:
@@ -216,8 +212,8 @@ class FakeSandboxPool:
         executed, batches, resets: The record (see the module docstring).
     """
 
-    containers: int = attrs.field(default=1, validator=_check_positive)
-    slots_per_container: int = attrs.field(default=4, validator=_check_positive)
+    containers: int = attrs.field(default=1, validator=positive_int)
+    slots_per_container: int = attrs.field(default=4, validator=positive_int)
     handler: CommandHandler = default_command
     acquire_timeout_s: float | None = 60.0
     restart_crashed: bool = True
@@ -241,35 +237,14 @@ class FakeSandboxPool:
             await anyio.sleep(self.start_delay_s)
         return self
 
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     # ------------------------------------------------------------------------- port
-
-    def lease(
-        self, holder: str, *, timeout_s: float | None = None
-    ) -> AbstractAsyncContextManager[Lease]:
-        """See ``SandboxPool.lease``."""
-        return self._leasing.lease(holder, timeout_s=timeout_s)
 
     async def execute(self, container: str, calls: Sequence[SlotCall]) -> list[ToolResult]:
         """See ``SandboxPool.execute``; faults staged for ``container`` apply to this batch."""
         if self._closed:
             raise PoolClosed("the fake sandbox pool is closed")
         self.batches.append((container, tuple(call.call.id for call in calls)))
-        results: list[ToolResult | None] = [None] * len(calls)
-        runnable: list[int] = []
-        for i, call in enumerate(calls):
-            refusal = self._leasing.refusal(container, call)
-            if refusal is not None:
-                results[i] = ToolResult.failure(call.call, ToolOutcome.REJECTED, refusal)
-            else:
-                runnable.append(i)
+        results, runnable = refuse_stale(self._leasing, container, calls)
         live = self._live.get(container)
         if runnable and live is not None:
             if live.crash_next:
@@ -296,10 +271,6 @@ class FakeSandboxPool:
                 for indices in by_slot.values():
                     group.start_soon(run_slot, indices)
         return [cast("ToolResult", result) for result in results]
-
-    def statistics(self) -> PoolStatistics:
-        """See ``SandboxPool.statistics``."""
-        return self._leasing.statistics()
 
     async def aclose(self) -> None:
         """See ``SandboxPool.aclose``: waiters get ``PoolClosed``; hung batches are let go."""

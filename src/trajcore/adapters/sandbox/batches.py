@@ -25,7 +25,23 @@ from trajcore.domain.messages import ToolOutcome, ToolResult
 from trajcore.domain.slot_protocol import execute_call
 from trajcore.domain.slots import SlotCall
 
-__all__ = ["execute_batch"]
+__all__ = ["execute_batch", "refuse_stale"]
+
+
+def refuse_stale(
+    leasing: SlotLeasing, container: str, calls: Sequence[SlotCall]
+) -> tuple[list[ToolResult | None], list[int]]:
+    """The batch's first step, for every pool: a ``REJECTED`` result for each call whose lease
+    is not current (``None`` for the others), and the indices of the calls that may run."""
+    results: list[ToolResult | None] = [None] * len(calls)
+    runnable: list[int] = []
+    for i, call in enumerate(calls):
+        refusal = leasing.refusal(container, call)
+        if refusal is not None:
+            results[i] = ToolResult.failure(call.call, ToolOutcome.REJECTED, refusal)
+        else:
+            runnable.append(i)
+    return results, runnable
 
 
 async def execute_batch(
@@ -40,14 +56,7 @@ async def execute_batch(
     Returns one result per call, in order. ``lose(reason)`` is called once when the server fails
     the batch. Never raises for a call's or the server's failure.
     """
-    results: list[ToolResult | None] = [None] * len(calls)
-    runnable: list[int] = []
-    for i, call in enumerate(calls):
-        refusal = leasing.refusal(container, call)
-        if refusal is not None:
-            results[i] = ToolResult.failure(call.call, ToolOutcome.REJECTED, refusal)
-        else:
-            runnable.append(i)
+    results, runnable = refuse_stale(leasing, container, calls)
     if runnable and client is None:
         reason = f"slot server {container} is gone"
         for i in runnable:

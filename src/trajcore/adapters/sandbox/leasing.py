@@ -43,7 +43,7 @@ import attrs
 
 from trajcore.domain.errors import AcquireTimeout, InvalidInput, PoolClosed, StaleLease, UnknownSlot
 from trajcore.domain.slot_book import Grant, SlotBook, Ticket
-from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
+from trajcore.domain.slots import Lease, PoolStatistics, SlotCall, SlotId, SlotState
 
 __all__ = ["ResetSlot", "SlotLeasing"]
 
@@ -205,6 +205,30 @@ class SlotLeasing:
         later changes nothing. Waiters keep waiting. Raises ``UnknownSlot`` for an unknown name.
         """
         return self._book.lose_container(name)
+
+    def drain_container(self, name: str) -> None:
+        """No new leases in ``name``; its free slots drain now, the others when released."""
+        self._book.drain_container(name)
+
+    def drained_containers(self) -> set[str]:
+        """Draining containers with no slot leased or resetting."""
+        return set(self._book.drained_containers())
+
+    def remove_container(self, name: str) -> None:
+        """Forget a drained container (raises ``StateError`` when it is not drained)."""
+        self._book.remove_container(name)
+
+    def quarantined(self, name: str, slots: int) -> int:
+        """How many of ``name``'s first ``slots`` slots are quarantined."""
+        return sum(state is SlotState.QUARANTINED for state in self._states(name, slots))
+
+    def held(self, name: str, slots: int) -> int:
+        """How many of ``name``'s first ``slots`` slots are leased or resetting."""
+        busy = (SlotState.LEASED, SlotState.RESETTING)
+        return sum(state in busy for state in self._states(name, slots))
+
+    def _states(self, name: str, slots: int) -> list[SlotState]:
+        return [self._book.state(SlotId(container=name, index=i)) for i in range(slots)]
 
     def close(self) -> None:
         """Refuse new leases; every waiter gets ``PoolClosed``. Held leases release as usual."""

@@ -6,10 +6,12 @@ Unix socket in a private temporary directory (or on loopback TCP with a bearer t
 implements the ``SandboxPool`` port over them: the very program and protocol the Nomad pool
 schedules on a cluster, minus the scheduling.
 
-Leasing is the domain slot book's (``trajcore.domain.slot_book``), driven by ``SlotLeasing``
-(``trajcore.adapters.sandbox.leasing``), which adds only waiting: the book decides who gets the
-next free slot, when a deadline has passed, and which epoch a lease carries. The fake pool leases
-through the same class, so both pools share one policy.
+The pool is the pool core (``trajcore.adapters.sandbox.pool_core``) over a supervised source
+(``supervision``) whose launcher starts child processes; the container pool is the same core
+over a launcher of containers. Leasing is the domain slot book's (``trajcore.domain.slot_book``),
+driven by ``SlotLeasing`` (``trajcore.adapters.sandbox.leasing``), which adds only waiting: the
+book decides who gets the next free slot, when a deadline has passed, and which epoch a lease
+carries. The fake pool leases through the same class, so both pools share one policy.
 
 Rules this module keeps:
 
@@ -34,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import secrets
 import shutil
@@ -42,34 +43,24 @@ import signal
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Literal
 
 import anyio
 import anyio.abc
 import attrs
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from trajcore.adapters.sandbox.batches import execute_batch
-from trajcore.adapters.sandbox.client import SlotServerClient
-from trajcore.adapters.sandbox.leasing import SlotLeasing
-from trajcore.domain.errors import (
-    ConfigError,
-    InvalidInput,
-    PoolClosed,
-    SandboxUnavailable,
-    SlotServerError,
-    StateError,
+from trajcore.adapters.sandbox.pool_core import Endpoint, join_rules
+from trajcore.adapters.sandbox.supervision import SupervisedPool
+from trajcore.domain.errors import ConfigError, SlotServerError
+from trajcore.domain.sandbox_policy import SlotPolicy, check_slot_uid_range
+from trajcore.domain.validators import (
+    flag,
+    optional_seconds,
+    positive_int,
+    positive_seconds,
 )
-from trajcore.domain.messages import ToolResult
-from trajcore.domain.slot_server_flags import (
-    DEFAULT_SLOT_UID_BASE,
-    SlotServerFlags,
-    check_slot_uid_range,
-)
-from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
 
 __all__ = [
     "LocalPoolConfig",
@@ -80,32 +71,13 @@ __all__ = [
 # ============================================================================ config
 
 
-def _positive_int(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(attribute.name, f"must be an integer >= 1, got {value!r}")
-
-
-def _optional_positive_int(
-    _: object, attribute: attrs.Attribute[int | None], value: object
-) -> None:
-    if value is not None:
-        _positive_int(_, attribute, value)
-
-
-def _positive_seconds(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(attribute.name, f"expected seconds, got {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(attribute.name, f"must be finite and > 0, got {value!r}")
-
-
-def _optional_seconds(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None:
-        _positive_seconds(_, attribute, value)
-
-
 def _optional_path(value: object) -> Path | None:
     return None if value is None else Path(str(value))
+
+
+def _policy(_: object, attribute: attrs.Attribute[SlotPolicy], value: object) -> None:
+    if not isinstance(value, SlotPolicy):
+        raise ConfigError(attribute.name, f"expected a SlotPolicy, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -119,20 +91,10 @@ class LocalPoolConfig:
             temporary directory (removed on close). A given root is left in place.
         transport: ``"unix"`` (a socket in the private directory) or ``"tcp"`` (loopback, a
             random bearer token).
-        allow_network: Slots share the host network (otherwise only a private loopback).
-        require_sandbox: Refuse to start (``SandboxUnavailable``) when bubblewrap is unusable;
-            otherwise calls run unsandboxed and say so.
-        max_processes, memory_mb, cpu_seconds: Limits per slot.
-        output_cap_bytes: Bytes kept per stream of one call.
-        file_cap_bytes: Largest file ``read_file`` returns and ``write_file`` accepts.
-        min_timeout_s, default_timeout_s, max_timeout_s: The range calls are clamped into.
-        use_cgroups: Try cgroups for the per-slot limits before rlimits.
-        bwrap: The bubblewrap executable.
-        slot_helper: What runs each slot's keeper and lease agents (``SlotServerFlags``):
-            ``"auto"``, ``"native"`` or ``"python"``.
-        slot_uid_base: When the servers run as root, server ``k`` runs its slot ``i`` as host
-            uid/gid ``slot_uid_base + k * slots_per_container + i``: every slot of the pool has
-            its own uid. Another pool on the same host needs a base outside this range.
+        policy: The sandbox policy of every server. Server ``k`` runs its slot ``i`` (when run
+            as root) as host uid/gid ``policy.slot_uid_base + k * slots_per_container + i``:
+            every slot of the pool has its own uid; another pool on the same host needs a base
+            outside this range.
         python: The interpreter that runs the slot servers.
         acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
         start_timeout_s: Longest a slot server may take to become healthy.
@@ -142,59 +104,32 @@ class LocalPoolConfig:
         restart_attempts: Starts tried in a row before a failed server is given up.
     """
 
-    containers: int = attrs.field(default=2, validator=_positive_int)
-    slots_per_container: int = attrs.field(default=4, validator=_positive_int)
+    containers: int = attrs.field(default=2, validator=positive_int)
+    slots_per_container: int = attrs.field(default=4, validator=positive_int)
     root: Path | None = attrs.field(default=None, converter=_optional_path)
     transport: Literal["unix", "tcp"] = attrs.field(
         default="unix", validator=attrs.validators.in_(("unix", "tcp"))
     )
-    allow_network: bool = False
-    require_sandbox: bool = False
-    max_processes: int = attrs.field(default=256, validator=_positive_int)
-    memory_mb: int = attrs.field(default=2048, validator=_positive_int)
-    cpu_seconds: int | None = attrs.field(default=None, validator=_optional_positive_int)
-    output_cap_bytes: int = attrs.field(default=64 << 10, validator=_positive_int)
-    file_cap_bytes: int = attrs.field(default=10 << 20, validator=_positive_int)
-    min_timeout_s: float = attrs.field(default=1.0, validator=_positive_seconds)
-    default_timeout_s: float = attrs.field(default=120.0, validator=_positive_seconds)
-    max_timeout_s: float = attrs.field(default=3600.0, validator=_positive_seconds)
-    use_cgroups: bool = True
-    bwrap: str = "bwrap"
-    slot_helper: str = "auto"
-    slot_uid_base: int = DEFAULT_SLOT_UID_BASE
+    policy: SlotPolicy = attrs.field(factory=SlotPolicy, validator=_policy)
     python: str = attrs.field(factory=lambda: sys.executable)
-    acquire_timeout_s: float | None = attrs.field(default=600.0, validator=_optional_seconds)
-    start_timeout_s: float = attrs.field(default=30.0, validator=_positive_seconds)
-    reset_timeout_s: float = attrs.field(default=30.0, validator=_positive_seconds)
-    stop_timeout_s: float = attrs.field(default=5.0, validator=_positive_seconds)
-    restart_crashed: bool = True
-    restart_attempts: int = attrs.field(default=3, validator=_positive_int)
+    acquire_timeout_s: float | None = attrs.field(default=600.0, validator=optional_seconds)
+    start_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
+    reset_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
+    stop_timeout_s: float = attrs.field(default=5.0, validator=positive_seconds)
+    restart_crashed: bool = attrs.field(default=True, validator=flag)
+    restart_attempts: int = attrs.field(default=3, validator=positive_int)
 
     def __attrs_post_init__(self) -> None:
-        self.flags()  # the policy's own checks (the timeout range, among others), run now
         check_slot_uid_range(
-            "slot_uid_base", self.slot_uid_base, self.containers * self.slots_per_container
+            "policy.slot_uid_base",
+            self.policy.slot_uid_base,
+            self.containers * self.slots_per_container,
         )
 
-    def flags(self, index: int = 0) -> SlotServerFlags:
-        """The sandbox policy of every server, as the slot server's flags (``index``: which
-        server, for its own range of slot uids)."""
-        return SlotServerFlags(
-            allow_network=self.allow_network,
-            require_sandbox=self.require_sandbox,
-            max_processes=self.max_processes,
-            memory_mb=self.memory_mb,
-            cpu_seconds=self.cpu_seconds,
-            output_cap_bytes=self.output_cap_bytes,
-            file_cap_bytes=self.file_cap_bytes,
-            min_timeout_s=self.min_timeout_s,
-            default_timeout_s=self.default_timeout_s,
-            max_timeout_s=self.max_timeout_s,
-            use_cgroups=self.use_cgroups,
-            bwrap=self.bwrap,
-            slot_helper=self.slot_helper,
-            slot_uid_base=self.slot_uid_base + index * self.slots_per_container,
-        )
+    def server_policy(self, index: int = 0) -> SlotPolicy:
+        """The policy of server ``index``: the pool's, with that server's range of slot uids."""
+        base = self.policy.slot_uid_base + index * self.slots_per_container
+        return attrs.evolve(self.policy, slot_uid_base=base)
 
     def server_argv(self, *, root: Path, listen: Sequence[str], index: int = 0) -> list[str]:
         """The slot server's command line for container ``index`` (``listen``: its ``--unix``/
@@ -203,22 +138,20 @@ class LocalPoolConfig:
             self.python, "-m", "trajcore.entrypoints.slot_server",
             "--slots", str(self.slots_per_container), "--root", str(root),
         ]  # fmt: skip
-        return [*argv, *listen, *self.flags(index).argv()]
+        return [*argv, *listen, *self.server_policy(index).argv()]
 
 
 # ============================================================================ processes
 
 
 @attrs.define(eq=False)
-class _SlotServer:
-    """One running slot server: its process (group leader), its client, its container name."""
+class _Process:
+    """One slot server process (its group's leader), its stdout and its log."""
 
     name: str
     process: anyio.abc.Process
-    client: SlotServerClient
-    sandboxed: bool
-    lost: bool = False
-    stopping: bool = False
+    stdout: BufferedByteReceiveStream
+    log: Path
 
     @property
     def pid(self) -> int:
@@ -229,9 +162,7 @@ def _signal_group(pid: int, signum: int) -> bool:
     """Send ``signum`` to the process group ``pid`` leads; False when the group is gone."""
     try:
         os.killpg(pid, signum)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    except (ProcessLookupError, PermissionError):
         return False
     return True
 
@@ -267,11 +198,107 @@ def _tail(path: Path, limit: int = 2000) -> str:
     return data[-limit:].decode("utf-8", "replace").strip()
 
 
+@attrs.define(eq=False)
+class _LocalProcesses:
+    """The ``Launcher`` of the local pool: slot servers as child processes in their own groups."""
+
+    config: LocalPoolConfig
+    run_dir: Path | None = None
+    _root: Path | None = None
+    _token: str | None = None
+    _starts: int = 0
+
+    async def open(self, stack: contextlib.AsyncExitStack) -> None:
+        run_dir = self.run_dir = Path(tempfile.mkdtemp(prefix="trajcore-pool-"))
+        stack.push_async_callback(self._remove_run_dir, run_dir)
+        self._prepare(run_dir)
+
+    def _prepare(self, run_dir: Path) -> None:
+        # Searchable, not listable: a server run as root runs its slots as other uids, which
+        # must reach their workspaces below it; the token file stays the owner's alone (0600).
+        run_dir.chmod(0o711)
+        self._root = self.config.root or run_dir / "slots"
+        self._root.mkdir(parents=True, exist_ok=True)
+        if self.config.transport == "tcp":
+            self._token = secrets.token_urlsafe(24)
+            token_file = run_dir / "token"
+            token_file.write_text(self._token, encoding="utf-8")
+            token_file.chmod(0o600)
+
+    async def _remove_run_dir(self, run_dir: Path) -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(lambda: shutil.rmtree(run_dir, ignore_errors=True))
+        self.run_dir = None
+
+    def _argv(self, index: int, name: str) -> list[str]:
+        assert self.run_dir is not None
+        assert self._root is not None
+        self._starts += 1
+        if self.config.transport == "unix":
+            listen = ["--unix", str(self.run_dir / f"{index}-{self._starts}.sock")]
+        else:
+            listen = ["--listen", "127.0.0.1:0", "--token-file", str(self.run_dir / "token")]
+        return self.config.server_argv(root=self._root / name, listen=listen, index=index)
+
+    async def launch(self, index: int, name: str) -> tuple[Endpoint, _Process]:
+        assert self.run_dir is not None
+        log = self.run_dir / f"{name}.log"
+        argv = self._argv(index, name)
+        with log.open("wb") as log_file:
+            process = await anyio.open_process(
+                argv, stdin=_DEVNULL, stdout=_PIPE, stderr=log_file, start_new_session=True
+            )
+        assert process.stdout is not None
+        server = _Process(name, process, BufferedByteReceiveStream(process.stdout), log)
+        try:
+            try:
+                line = await server.stdout.receive_until(b"\n", 1 << 16)
+            except (anyio.EndOfStream, anyio.IncompleteRead):
+                await process.wait()
+                raise SlotServerError(
+                    f"slot server {name} exited with {process.returncode} before it was "
+                    f"ready: {_tail(log)}"
+                ) from None
+            try:
+                ready = json.loads(line)
+            except json.JSONDecodeError:
+                raise SlotServerError(f"slot server {name} printed no ready line") from None
+            if not isinstance(ready, dict) or ready.get("ready") is not True:
+                raise SlotServerError(f"slot server {name} printed {line[:200]!r}")
+            if self.config.transport == "unix":
+                endpoint = Endpoint("unix", str(ready["unix"]))
+            else:
+                endpoint = Endpoint("tcp", str(ready["address"]), self._token)
+        except BaseException:
+            await _stop_process(process, self.config.stop_timeout_s)
+            raise
+        return endpoint, server
+
+    async def wait(self, handle: _Process) -> None:
+        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+            while True:  # drain stdout so the server never blocks on it
+                await handle.stdout.receive()
+        await handle.process.wait()
+
+    async def kill(self, handle: _Process) -> None:
+        if handle.process.returncode is None:
+            _signal_group(handle.pid, signal.SIGKILL)
+
+    async def stop(self, handle: _Process) -> None:
+        await _stop_process(handle.process, self.config.stop_timeout_s)
+
+    async def describe(self, handle: _Process) -> str:
+        return _tail(handle.log)
+
+
+_DEVNULL = -3  # subprocess.DEVNULL, without importing subprocess into the async code
+_PIPE = -1  # subprocess.PIPE
+
+
 # ============================================================================ the pool
 
 
-@attrs.define(eq=False)
-class LocalSandboxPool:
+class LocalSandboxPool(SupervisedPool[_Process]):
     """The SandboxPool port over K local slot servers. ``async with LocalSandboxPool(config)``.
 
     Entering starts every server and waits until each is healthy (``SlotServerError`` when one
@@ -282,284 +309,26 @@ class LocalSandboxPool:
         config: The pool's settings.
     """
 
-    config: LocalPoolConfig = attrs.field(factory=LocalPoolConfig)
-    _leasing: SlotLeasing = attrs.field(init=False)
-    _servers: dict[str, _SlotServer] = attrs.field(init=False, factory=dict)
-    _group: anyio.abc.TaskGroup | None = attrs.field(init=False, default=None)
-    _run_dir: Path | None = attrs.field(init=False, default=None)
-    _root: Path | None = attrs.field(init=False, default=None)
-    _token: str | None = attrs.field(init=False, default=None)
-    _generations: dict[int, int] = attrs.field(init=False, factory=dict)
-    _restarts: int = attrs.field(init=False, default=0)
-    _closed: bool = attrs.field(init=False, default=False)
-    _started: bool = attrs.field(init=False, default=False)
-
-    def __attrs_post_init__(self) -> None:
-        self._leasing = SlotLeasing(
-            reset=self._reset, default_timeout_s=self.config.acquire_timeout_s
+    def __init__(self, config: LocalPoolConfig | None = None) -> None:
+        self.config = config = config or LocalPoolConfig()
+        self._processes = _LocalProcesses(config)
+        super().__init__(
+            self._processes,
+            join_rules(config, require_sandbox=config.policy.require_sandbox),
+            label="local",
+            containers=config.containers,
+            restart_crashed=config.restart_crashed,
+            restart_attempts=config.restart_attempts,
         )
-
-    async def __aenter__(self) -> Self:
-        if self._started:
-            raise StateError("a LocalSandboxPool is entered once")
-        self._started = True
-        self._run_dir = Path(tempfile.mkdtemp(prefix="trajcore-pool-"))
-        # Searchable, not listable: a server run as root runs its slots as other uids, which
-        # must reach their workspaces below it; the token file stays the owner's alone (0600).
-        self._run_dir.chmod(0o711)
-        self._root = self.config.root or self._run_dir / "slots"
-        self._root.mkdir(parents=True, exist_ok=True)
-        if self.config.transport == "tcp":
-            self._token = secrets.token_urlsafe(24)
-            token_file = self._run_dir / "token"
-            token_file.write_text(self._token, encoding="utf-8")
-            token_file.chmod(0o600)
-        group = anyio.create_task_group()
-        await group.__aenter__()
-        self._group = group
-        try:
-            async with anyio.create_task_group() as starting:
-                for index in range(self.config.containers):
-                    starting.start_soon(self._start_container, index)
-        except BaseException as error:  # noqa: BLE001 - stop what started, then re-raise
-            await self._shutdown()
-            await group.__aexit__(type(error), error, error.__traceback__)
-            self._group = None
-            raise _single(error) from None
-        return self
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-        group, self._group = self._group, None
-        if group is not None:
-            group.cancel_scope.cancel()
-            await group.__aexit__(None, None, None)
-        await self._shutdown()  # anything a restart started while the pool closed
-
-    # ------------------------------------------------------------------------- port
-
-    def lease(
-        self, holder: str, *, timeout_s: float | None = None
-    ) -> AbstractAsyncContextManager[Lease]:
-        """See ``SandboxPool.lease``."""
-        return self._leasing.lease(holder, timeout_s=timeout_s)
-
-    async def execute(self, container: str, calls: Sequence[SlotCall]) -> list[ToolResult]:
-        """See ``SandboxPool.execute``; the batch rules are ``execute_batch``'s."""
-        if self._closed or self._group is None:
-            raise PoolClosed("the local sandbox pool is closed")
-        server = self._servers.get(container)
-        live = server if server is not None and not server.lost else None
-        return await execute_batch(
-            self._leasing,
-            container,
-            calls,
-            None if live is None else live.client,
-            lambda _reason: None if live is None else self._lose(live),
-        )
-
-    def statistics(self) -> PoolStatistics:
-        """See ``SandboxPool.statistics``."""
-        return self._leasing.statistics()
-
-    async def aclose(self) -> None:
-        """See ``SandboxPool.aclose``: stops every server and its process group, bounded."""
-        if self._closed:
-            return
-        self._closed = True
-        self._leasing.close()
-        await self._shutdown()
-
-    # ------------------------------------------------------------------------- inspection
-
-    def container_names(self) -> list[str]:
-        """The live containers (slot servers), in the order they started."""
-        return [name for name, server in self._servers.items() if not server.lost]
 
     def server_pid(self, container: str) -> int:
         """The pid (and process group) of ``container``'s slot server. Raises ``KeyError``."""
-        return self._servers[container].pid
-
-    def client(self, container: str) -> SlotServerClient:
-        """The client of ``container``'s slot server (artifacts, listings). Raises ``KeyError``."""
-        return self._servers[container].client
+        return self._supervised.launched[container].pid
 
     @property
     def run_dir(self) -> Path | None:
         """The pool's private directory (sockets, logs, default workspaces) while it runs."""
-        return self._run_dir
-
-    @property
-    def restarts(self) -> int:
-        """Slot servers started to replace lost ones."""
-        return self._restarts
-
-    def check_valid(self) -> None:
-        """The slot book's invariants (raises ``AssertionError`` naming the first broken)."""
-        self._leasing.check_valid()
-
-    # ------------------------------------------------------------------------- internals
-
-    def _container_name(self, index: int) -> str:
-        generation = self._generations.get(index, 0)
-        return f"local-{index}" if generation == 0 else f"local-{index}~{generation}"
-
-    def _argv(self, index: int, name: str) -> list[str]:
-        assert self._run_dir is not None
-        assert self._root is not None
-        if self.config.transport == "unix":
-            socket_path = self._run_dir / f"{index}-{self._generations.get(index, 0)}.sock"
-            listen = ["--unix", str(socket_path)]
-        else:
-            listen = ["--listen", "127.0.0.1:0", "--token-file", str(self._run_dir / "token")]
-        return self.config.server_argv(root=self._root / name, listen=listen, index=index)
-
-    def _is_closed(self) -> bool:
-        return self._closed
-
-    async def _start_container(self, index: int) -> None:
-        """Start server ``index`` (current generation), wait until healthy, add its slots."""
-        assert self._run_dir is not None
-        assert self._group is not None
-        name = self._container_name(index)
-        config = self.config
-        log = self._run_dir / f"{name}.log"
-        argv = self._argv(index, name)
-        with log.open("wb") as log_file:
-            process = await anyio.open_process(
-                argv, stdin=_DEVNULL, stdout=_PIPE, stderr=log_file, start_new_session=True
-            )
-        client: SlotServerClient | None = None
-        try:
-            with anyio.fail_after(config.start_timeout_s):
-                assert process.stdout is not None
-                reader = BufferedByteReceiveStream(process.stdout)
-                try:
-                    line = await reader.receive_until(b"\n", 1 << 16)
-                except (anyio.EndOfStream, anyio.IncompleteRead):
-                    await process.wait()
-                    raise SlotServerError(
-                        f"slot server {name} exited with {process.returncode} before it was "
-                        f"ready: {_tail(log)}"
-                    ) from None
-                ready = json.loads(line)
-                if not isinstance(ready, dict) or ready.get("ready") is not True:
-                    raise SlotServerError(f"slot server {name} printed {line[:200]!r}")
-                if config.transport == "unix":
-                    client = SlotServerClient.unix(str(ready["unix"]))
-                else:
-                    client = SlotServerClient.tcp(str(ready["address"]), self._token)
-                client.reset_timeout_s = config.reset_timeout_s
-                health = await client.wait_healthy(config.start_timeout_s)
-            if config.require_sandbox and not health.sandboxed:
-                raise SandboxUnavailable(
-                    f"slot server {name}: a sandbox is required and bubblewrap is unusable: "
-                    f"{health.capabilities.detail}"
-                )
-            if health.slots != config.slots_per_container:
-                raise SlotServerError(f"slot server {name} serves {health.slots} slots")
-        except BaseException as error:
-            if client is not None:
-                with anyio.CancelScope(shield=True):
-                    await client.aclose()
-            await _stop_process(process, config.stop_timeout_s)
-            if isinstance(error, TimeoutError):
-                raise SlotServerError(
-                    f"slot server {name} was not healthy within {config.start_timeout_s} s: "
-                    f"{_tail(log)}"
-                ) from None
-            if isinstance(error, json.JSONDecodeError):
-                raise SlotServerError(f"slot server {name} printed no ready line") from None
-            raise
-        server = _SlotServer(name=name, process=process, client=client, sandboxed=health.sandboxed)
-        self._servers[name] = server
-        if self._is_closed():  # closed while it started: stop it with the rest
-            server.stopping = True
-            await _stop_process(process, config.stop_timeout_s)
-            return
-        self._leasing.add_container(name, config.slots_per_container)
-        self._group.start_soon(self._supervise, index, server, reader)
-
-    async def _supervise(
-        self, index: int, server: _SlotServer, reader: BufferedByteReceiveStream
-    ) -> None:
-        """Wait for ``server`` to end; unless the pool is closing, replace it."""
-        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, OSError):
-            while True:  # drain stdout so the server never blocks on it
-                await reader.receive()
-        await server.process.wait()
-        if self._closed or server.stopping:
-            return
-        self._lose(server)
-        with anyio.CancelScope(shield=True):
-            await server.client.aclose()
-        if not self.config.restart_crashed:
-            return
-        for attempt in range(self.config.restart_attempts):
-            if self._is_closed():
-                return
-            self._generations[index] = self._generations.get(index, 0) + 1
-            try:
-                await self._start_container(index)
-            except (SlotServerError, SandboxUnavailable, OSError):
-                await anyio.sleep(min(0.1 * 2**attempt, 2.0))
-                continue
-            self._restarts += 1
-            return
-
-    def _lose(self, server: _SlotServer) -> None:
-        """Mark ``server`` lost (its slots leave the book) and kill its process group."""
-        if server.lost:
-            return
-        server.lost = True
-        self._leasing.lose_container(server.name)
-        if server.process.returncode is None:
-            _signal_group(server.pid, signal.SIGKILL)
-
-    async def _reset(self, lease: Lease) -> bool:
-        server = self._servers.get(lease.slot.container)
-        if server is None or server.lost or self._closed:
-            return False
-        try:
-            outcome = await server.client.reset(lease.slot.index, lease.epoch)
-        except SlotServerError:
-            self._lose(server)
-            return False
-        except (InvalidInput, StateError):
-            return False
-        return outcome.ok
-
-    async def _shutdown(self) -> None:
-        """Stop every server (shielded, bounded) and remove the private directory."""
-        with anyio.CancelScope(shield=True):
-            servers = [server for server in self._servers.values() if not server.stopping]
-            for server in servers:
-                server.stopping = True
-            async with anyio.create_task_group() as group:
-                for server in servers:
-                    group.start_soon(_stop_process, server.process, self.config.stop_timeout_s)
-            for server in servers:
-                await server.client.aclose()
-        run_dir = self._run_dir
-        if run_dir is not None:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(lambda: shutil.rmtree(run_dir, ignore_errors=True))
-
-
-_DEVNULL = -3  # subprocess.DEVNULL, without importing subprocess into the async code
-_PIPE = -1  # subprocess.PIPE
-
-
-def _single(error: BaseException) -> BaseException:
-    """The one error inside nested exception groups, else ``error`` itself."""
-    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        error = error.exceptions[0]
-    return error
+        return self._processes.run_dir
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,239 @@
+"""``SupervisedSource``: K slot servers this machine starts itself, each replaced when it dies.
+
+The ``ContainerSource`` of the pools that start their servers directly (child processes, local
+containers) rather than asking a scheduler. What differs between those is how one server starts
+and stops, a ``Launcher``; the supervision is the same:
+
+- ``start`` launches the K servers in parallel and joins each once it is healthy; one that does
+  not start within ``start_timeout_s`` fails the pool's start (``SlotServerError`` with the end
+  of its log), and nothing is left running.
+- Each joined server has a supervisor task that waits for it to end. Unless the pool is closing,
+  an ended server is gone from the pool (its leases turn stale) and, with ``restart_crashed``,
+  a replacement starts under the next name (``local-0``, ``local-0~1``, ...), tried
+  ``restart_attempts`` times with a short backoff.
+- A server the pool loses (a failed batch or reset) is killed at once; its supervisor then sees
+  it end and replaces it the same way.
+- ``shutdown`` stops every server it ever launched and has not stopped, in parallel, bounded by
+  the launcher's own stop timeout.
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from typing import Generic, Protocol, TypeVar
+
+import anyio
+import attrs
+
+from trajcore.adapters.sandbox.client import SlotServerClient
+from trajcore.adapters.sandbox.pool_core import (
+    Endpoint,
+    JoinRules,
+    Member,
+    SlotServerPool,
+    close_quietly,
+    single_error,
+)
+from trajcore.domain.errors import SandboxUnavailable, SlotServerError
+
+__all__ = ["Launcher", "SupervisedPool", "SupervisedSource"]
+
+H = TypeVar("H")
+
+
+class Launcher(Protocol[H]):
+    """Starts and stops one slot server at a time; ``H`` is its handle of a running server."""
+
+    async def open(self, stack: AsyncExitStack) -> None:
+        """Acquire what every server needs (a directory, a token); cleanup goes on ``stack``."""
+        ...
+
+    async def launch(self, index: int, name: str) -> tuple[Endpoint, H]:
+        """Start server ``index`` as ``name``; return once it says where it listens.
+
+        Leaves nothing running when it raises (``SlotServerError``, ``OSError``, cancelled).
+        """
+        ...
+
+    async def wait(self, handle: H) -> None:
+        """Return once the server of ``handle`` has ended."""
+        ...
+
+    async def kill(self, handle: H) -> None:
+        """End the server now (it failed), without grace; ``wait`` then returns."""
+        ...
+
+    async def stop(self, handle: H) -> None:
+        """Stop the server gracefully, then forcibly; bounded. Called shielded."""
+        ...
+
+    async def describe(self, handle: H) -> str:
+        """What the server said last (the end of its log), for error messages."""
+        ...
+
+
+@attrs.define(eq=False)
+class SupervisedSource(Generic[H]):
+    """``containers`` servers from ``launcher``, supervised; see the module docstring.
+
+    Attributes:
+        launcher: Starts and stops one server.
+        prefix: The pool's container names: ``{prefix}-{index}``, then ``~{generation}``.
+        containers: How many servers run (K).
+        restart_crashed: Replace a server that ended or failed.
+        restart_attempts: Starts tried in a row before a failed server is given up.
+    """
+
+    launcher: Launcher[H]
+    prefix: str
+    containers: int
+    restart_crashed: bool = True
+    restart_attempts: int = 3
+    launched: dict[str, H] = attrs.field(init=False, factory=dict)
+    _stopped: set[str] = attrs.field(init=False, factory=set)
+    _generations: dict[int, int] = attrs.field(init=False, factory=dict)
+    restarts: int = attrs.field(init=False, default=0)
+    _pool: SlotServerPool | None = attrs.field(init=False, default=None)
+
+    # ------------------------------------------------------------------------- source
+
+    async def open(self, pool: SlotServerPool, stack: AsyncExitStack) -> None:
+        self._pool = pool
+        await self.launcher.open(stack)
+
+    async def start(self, pool: SlotServerPool) -> None:
+        async with anyio.create_task_group() as starting:
+            for index in range(self.containers):
+                starting.start_soon(self._start, pool, index)
+
+    def lost(self, member: Member, reason: str) -> None:
+        if member.name not in self._stopped and self._pool is not None:
+            self._pool.spawn(self.launcher.kill, self.launched[member.name])
+
+    async def shutdown(self) -> None:
+        stopping = [name for name in self.launched if name not in self._stopped]
+        self._stopped.update(stopping)
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as group:
+                for name in stopping:
+                    group.start_soon(self.launcher.stop, self.launched[name])
+
+    # ------------------------------------------------------------------------- servers
+
+    def _name(self, index: int) -> str:
+        generation = self._generations.get(index, 0)
+        base = f"{self.prefix}-{index}"
+        return base if generation == 0 else f"{base}~{generation}"
+
+    async def _start(self, pool: SlotServerPool, index: int) -> None:
+        """Launch server ``index`` (current generation), connect, join, supervise."""
+        name = self._name(index)
+        start_timeout_s = pool.rules.start_timeout_s
+        handle: H | None = None
+        try:
+            with anyio.fail_after(start_timeout_s):
+                endpoint, handle = await self.launcher.launch(index, name)
+                self.launched[name] = handle
+                client = await self._connect(pool, endpoint, name, handle)
+        except BaseException as error:
+            detail = ""
+            if handle is not None:
+                self._stopped.add(name)
+                if isinstance(error, TimeoutError):
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                        detail = f": {await self.launcher.describe(handle)}"
+                await self._stop(handle)
+            if isinstance(error, TimeoutError):
+                raise SlotServerError(
+                    f"slot server {name} was not healthy within {start_timeout_s} s{detail}"
+                ) from None
+            raise
+        member = pool.join(name, client, handle)
+        if member is None:  # closed while it started: stop it with the rest
+            self._stopped.add(name)
+            await close_quietly(client)
+            await self._stop(handle)
+            return
+        pool.spawn(self._supervise, pool, index, member, handle)
+
+    async def _connect(
+        self, pool: SlotServerPool, endpoint: Endpoint, name: str, handle: H
+    ) -> SlotServerClient:
+        """``pool.connect``, unless the server ends first (``SlotServerError`` with its log)."""
+        connected: list[SlotServerClient] = []
+
+        async def connect(scope: anyio.CancelScope) -> None:
+            connected.append(await pool.connect(endpoint, name))
+            scope.cancel()
+
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(connect, group.cancel_scope)
+                await self.launcher.wait(handle)
+                group.cancel_scope.cancel()
+        except BaseExceptionGroup as errors:
+            raise single_error(errors) from None
+        if connected:
+            return connected[0]
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            detail = await self.launcher.describe(handle)
+        raise SlotServerError(f"slot server {name} ended before it was healthy: {detail}")
+
+    async def _stop(self, handle: H) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.launcher.stop(handle)
+
+    async def _supervise(self, pool: SlotServerPool, index: int, member: Member, handle: H) -> None:
+        """Wait for ``member``'s server to end; unless the pool is closing, replace it."""
+        await self.launcher.wait(handle)
+        if pool.closed or member.name in self._stopped:
+            return
+        pool.gone(member, "its slot server exited")
+        self._stopped.add(member.name)
+        await self._stop(handle)  # what the ended server left (a container, its group)
+        if not self.restart_crashed:
+            return
+        for attempt in range(self.restart_attempts):
+            if _closed(pool):  # (a call: the pool may have closed while this waited)
+                return
+            self._generations[index] = self._generations.get(index, 0) + 1
+            try:
+                await self._start(pool, index)
+            except (SlotServerError, SandboxUnavailable, OSError) as error:
+                pool.note(f"replacing {self._name(index)} failed: {error}")
+                await anyio.sleep(min(0.1 * 2**attempt, 2.0))
+                continue
+            self.restarts += 1
+            return
+
+
+def _closed(pool: SlotServerPool) -> bool:
+    return pool.closed
+
+
+class SupervisedPool(SlotServerPool, Generic[H]):
+    """The pool core over a ``SupervisedSource`` of ``launcher``'s servers."""
+
+    def __init__(
+        self,
+        launcher: Launcher[H],
+        rules: JoinRules,
+        *,
+        label: str,
+        containers: int,
+        restart_crashed: bool,
+        restart_attempts: int,
+    ) -> None:
+        self._supervised: SupervisedSource[H] = SupervisedSource(
+            launcher,
+            prefix=label,
+            containers=containers,
+            restart_crashed=restart_crashed,
+            restart_attempts=restart_attempts,
+        )
+        super().__init__(self._supervised, rules, label=label)
+
+    @property
+    def restarts(self) -> int:
+        """Servers started to replace lost ones."""
+        return self._supervised.restarts

@@ -1,0 +1,501 @@
+"""The Nomad reconciler: examples, and a stateful test against a model of Nomad and the pool.
+
+The state machine below plays Nomad (placing allocations for the job's count, failing,
+restarting, losing and forgetting them, stopping the highest indices when the count drops) and
+the pool's adapter (joining or failing to join, leasing and releasing slots, quarantining,
+failing batches), and carries out every action the reconciler returns. A twin reconciler is
+fed the same events with the listing in the opposite order and must answer the same.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from trajcore.domain.errors import ConfigError, InvalidInput
+from trajcore.domain.nomad_reconcile import (
+    Action,
+    Allocation,
+    Discard,
+    Drain,
+    Join,
+    Lose,
+    MemberState,
+    NomadReconciler,
+    ReconcileConfig,
+    Remove,
+    Replace,
+    SetCount,
+    Undrain,
+)
+from trajcore.domain.scale_policy import ScaleConfig, ScaleReason
+
+
+def reconciler(**scale: Any) -> NomadReconciler:
+    settings: dict[str, Any] = {
+        "min_containers": 1,
+        "max_containers": 4,
+        "slots_per_container": 2,
+        "cooldown_s": 0.0,
+    }
+    restart_attempts = scale.pop("restart_attempts", 0)
+    settings.update(scale)
+    return NomadReconciler(
+        ReconcileConfig(scale=ScaleConfig(**settings), restart_attempts=restart_attempts)
+    )
+
+
+def running(alloc_id: str, index: int, **fields: Any) -> Allocation:
+    return Allocation(id=alloc_id, index=index, client_status="running", **fields)
+
+
+# ---------------------------------------------------------------------- examples
+
+
+def test_running_allocations_are_joined_then_capacity_counts_them() -> None:
+    machine = reconciler()
+    machine.registered(1)
+    actions = machine.observe([running("a", 0)], demand=0, now=0.0)
+    assert actions == [Join(alloc_id="a", index=0, restarts=0)]
+    assert machine.capacity == 0  # joining is not capacity
+    assert machine.joined("a", now=1.0) == []
+    assert machine.capacity == 1
+    assert machine.observe([running("a", 0)], demand=0, now=2.0) == []
+
+
+def test_demand_raises_the_count_at_once() -> None:
+    machine = reconciler()
+    machine.registered(1)
+    actions = machine.observe([running("a", 0)], demand=5, now=0.0)
+    assert actions[-1] == SetCount(count=3, reason=ScaleReason.UP)
+    # until Nomad confirms, it is asked again
+    assert machine.observe([running("a", 0)], demand=5, now=1.0)[-1] == SetCount(
+        count=3, reason=ScaleReason.HOLD
+    )
+    machine.scaled(3)
+    assert not any(isinstance(a, SetCount) for a in machine.observe([], demand=5, now=2.0))
+
+
+def test_scale_down_drains_first_and_lowers_the_count_once_nothing_is_held() -> None:
+    machine = reconciler()
+    machine.registered(2)
+    machine.observe([running("a", 0), running("b", 1)], demand=4, now=0.0)
+    machine.joined("a", 0.0)
+    machine.joined("b", 0.0)
+    machine.observe([running("a", 0), running("b", 1)], demand=4, now=0.0)
+    held = [running("a", 0), running("b", 1, held=1)]
+    actions = machine.observe(held, demand=1, now=1.0)
+    assert actions == [Drain(alloc_id="b", reason="index 1 is at or above the target 1")]
+    assert machine.capacity == 1
+    assert machine.observe(held, demand=1, now=2.0) == []  # b still holds a slot
+    free = [running("a", 0), running("b", 1)]
+    assert machine.observe(free, demand=1, now=3.0) == [SetCount(count=1, reason=ScaleReason.HOLD)]
+    machine.scaled(1)
+    stopped = [running("a", 0), running("b", 1, desired_status="stop")]
+    actions = machine.observe(stopped, demand=1, now=4.0)
+    assert [type(a) for a in actions] == [Remove]
+
+
+def test_a_drained_container_wanted_again_comes_back() -> None:
+    machine = reconciler()
+    machine.registered(2)
+    listing = [running("a", 0), running("b", 1)]
+    machine.observe(listing, demand=4, now=0.0)
+    machine.joined("a", 0.0)
+    machine.joined("b", 0.0)
+    machine.observe(listing, demand=0, now=1.0)
+    assert machine.members()["b"] is MemberState.DRAINING
+    actions = machine.observe(listing, demand=4, now=2.0)
+    assert actions == [Undrain(alloc_id="b", reason="index below 2")]
+    quarantined = reconciler()
+    quarantined.registered(2)
+    quarantined.observe(listing, demand=4, now=0.0)
+    quarantined.joined("a", 0.0)
+    quarantined.joined("b", 0.0)
+    quarantined.observe(listing, demand=0, now=1.0)
+    actions = quarantined.observe([running("a", 0), running("b", 1, quarantined=1)], 4, 2.0)
+    assert [type(a) for a in actions] == [Lose, Replace]
+
+
+def test_gone_and_failed_allocations_are_lost_and_replaced() -> None:
+    machine = reconciler(min_containers=2)
+    machine.registered(2)
+    machine.observe([running("a", 0), running("b", 1)], demand=0, now=0.0)
+    machine.joined("a", 0.0)
+    machine.joined("b", 0.0)
+    failed = Allocation(id="b", index=1, client_status="failed")
+    assert machine.observe([running("a", 0), failed], demand=0, now=1.0) == [
+        Lose(alloc_id="b", reason="its allocation is failed (desired run)")
+    ]
+    assert machine.failed("a", "batch failed: connection refused", now=2.0) == [
+        Lose(alloc_id="a", reason="batch failed: connection refused"),
+        Replace(alloc_id="a", restarts=0, reason="batch failed: connection refused"),
+    ]
+    # the same run of a is never joined again; its rescheduled replacement is
+    assert machine.observe([running("a", 0), running("c", 1)], demand=0, now=3.0) == [
+        Join(alloc_id="c", index=1, restarts=0)
+    ]
+
+
+def test_restarts_beyond_the_attempts_are_replaced_and_within_them_rejoined() -> None:
+    machine = reconciler(restart_attempts=1)
+    machine.registered(1)
+    machine.observe([running("a", 0)], demand=0, now=0.0)
+    machine.joined("a", 0.0)
+    actions = machine.observe([running("a", 0, restarts=1)], demand=0, now=1.0)
+    assert actions == [
+        Lose(alloc_id="a", reason="its slot server restarted in place"),
+        Join(alloc_id="a", index=0, restarts=1),
+    ]
+    machine.joined("a", 1.0)
+    actions = machine.observe([running("a", 0, restarts=2)], demand=0, now=2.0)
+    assert [type(a) for a in actions] == [Lose, Replace]
+    assert machine.observe([running("a", 0, restarts=2)], demand=0, now=3.0) == []
+
+
+def test_a_join_that_takes_too_long_is_replaced_and_a_late_answer_discarded() -> None:
+    machine = NomadReconciler(
+        ReconcileConfig(scale=ScaleConfig(min_containers=1, max_containers=1), join_timeout_s=5)
+    )
+    machine.registered(1)
+    machine.observe([running("a", 0)], demand=0, now=0.0)
+    actions = machine.observe([running("a", 0)], demand=0, now=5.5)
+    assert actions == [Replace(alloc_id="a", restarts=0, reason="not healthy within 5 s")]
+    assert machine.joined("a", 6.0) == [
+        Discard(alloc_id="a", reason="it joined after the pool gave it up")
+    ]
+    assert machine.join_failed("a", "late", 6.0) == []
+
+
+def test_two_running_allocations_on_one_index_give_one_container_of_capacity() -> None:
+    machine = reconciler(min_containers=2)
+    machine.registered(2)
+    listing = [running("a", 0), running("b", 0), running("c", 1)]
+    machine.observe(listing, demand=0, now=0.0)
+    for alloc_id in ("a", "b", "c"):
+        machine.joined(alloc_id, 1.0)
+    assert machine.capacity == 2
+    assert machine.members()["b"] is MemberState.DRAINING
+    machine.check_valid()
+
+
+def test_bad_input_names_the_argument() -> None:
+    machine = reconciler()
+    with pytest.raises(InvalidInput, match="demand"):
+        machine.observe([], demand=-1, now=0.0)
+    with pytest.raises(InvalidInput, match="listed twice @ allocations"):
+        machine.observe([running("a", 0), running("a", 1)], demand=0, now=0.0)
+    machine.observe([], demand=0, now=5.0)
+    with pytest.raises(InvalidInput, match="now"):
+        machine.observe([], demand=0, now=4.0)
+    with pytest.raises(InvalidInput, match="index"):
+        Allocation(id="a", index=-1, client_status="running")
+    with pytest.raises(ConfigError, match="join_timeout_s"):
+        ReconcileConfig(scale=ScaleConfig(), join_timeout_s=0)
+    with pytest.raises(ConfigError, match="restart_attempts"):
+        ReconcileConfig(scale=ScaleConfig(), restart_attempts=-1)
+
+
+# ---------------------------------------------------------------------- stateful
+
+
+class NomadAndPool(RuleBasedStateMachine):
+    """Nomad, the pool's slot book and the reconciler, driven by generated events."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids = (f"alloc-{n:03d}" for n in itertools.count())
+        self.now = 0.0
+        self.demand = 0
+        self.count = 0
+        # Nomad: id -> {index, client, desired, restarts}
+        self.nomad: dict[str, dict[str, Any]] = {}
+        # the pool's book: id -> {held, quarantined, draining}
+        self.book: dict[str, dict[str, Any]] = {}
+        self.in_flight: dict[str, int] = {}
+        self.replaced: set[tuple[str, int]] = set()
+        self.joins: set[tuple[str, int]] = set()
+        self.slow_joins = False
+
+    @initialize(
+        minimum=st.integers(0, 2),
+        extra=st.integers(0, 2),
+        slots=st.integers(1, 3),
+        margin=st.integers(0, 2),
+        cooldown=st.sampled_from([0.0, 5.0]),
+        attempts=st.integers(0, 2),
+    )
+    def start(  # noqa: PLR0917 - hypothesis passes the drawn settings by keyword
+        self, minimum: int, extra: int, slots: int, margin: int, cooldown: float, attempts: int
+    ) -> None:
+        config = ReconcileConfig(
+            scale=ScaleConfig(
+                min_containers=minimum,
+                max_containers=minimum + 1 + extra,
+                slots_per_container=slots,
+                scale_down_margin=margin,
+                cooldown_s=cooldown,
+            ),
+            restart_attempts=attempts,
+            join_timeout_s=10.0,
+        )
+        self.config = config
+        self.machine = NomadReconciler(config)
+        self.twin = NomadReconciler(config)
+        self.count = minimum
+        self.machine.registered(minimum)
+        self.twin.registered(minimum)
+
+    # ------------------------------------------------------------------ carrying out
+
+    def both(self, event: str, *args: Any) -> list[Action]:
+        actions: list[Action] = getattr(self.machine, event)(*args)
+        twin_args = list(args)
+        if event == "observe":
+            twin_args[0] = list(reversed(args[0]))
+        assert getattr(self.twin, event)(*twin_args) == actions, "not deterministic"
+        self.apply(actions)
+        return actions
+
+    def apply(self, actions: list[Action]) -> None:
+        attempts = self.config.restart_attempts
+        for action in actions:
+            match action:
+                case Join(alloc_id=alloc_id, restarts=restarts):
+                    assert (alloc_id, restarts) not in self.replaced
+                    assert restarts <= attempts
+                    assert self.nomad[alloc_id]["client"] == "running"
+                    self.joins.add((alloc_id, restarts))
+                    self.in_flight[alloc_id] = self.nomad[alloc_id]["index"]
+                case Drain(alloc_id=alloc_id):
+                    assert not self.book[alloc_id]["draining"]
+                    self.book[alloc_id]["draining"] = True
+                case Undrain(alloc_id=alloc_id):
+                    entry = self.book[alloc_id]
+                    assert entry["draining"]
+                    assert entry["held"] == entry["quarantined"] == 0
+                    entry["draining"] = False
+                case Lose(alloc_id=alloc_id):
+                    del self.book[alloc_id]
+                case Remove(alloc_id=alloc_id):
+                    entry = self.book.pop(alloc_id)
+                    assert entry["draining"]
+                    assert entry["held"] == 0
+                case Discard(alloc_id=alloc_id):
+                    assert alloc_id not in self.book
+                case Replace(alloc_id=alloc_id, restarts=restarts):
+                    key = (alloc_id, restarts)
+                    assert key not in self.replaced, f"{key} replaced twice"
+                    self.replaced.add(key)
+                    if alloc_id in self.nomad:
+                        self.nomad[alloc_id]["desired"] = "stop"
+                case SetCount(count=count):
+                    scale = self.config.scale
+                    assert scale.min_containers <= count <= scale.max_containers
+                    assert count == self.machine.target
+                    if count < self.count:  # Nomad stops the highest indices: all drained
+                        for entry in self.book.values():
+                            if entry["index"] >= count:
+                                assert entry["draining"], entry
+                                assert entry["held"] == 0, entry
+                    self.count = count
+                    for entry in self.nomad.values():
+                        if entry["index"] >= count:
+                            entry["desired"] = "stop"
+                    self.machine.scaled(count)
+                    self.twin.scaled(count)
+
+    def listing(self) -> list[Allocation]:
+        return [
+            Allocation(
+                id=alloc_id,
+                index=entry["index"],
+                client_status=entry["client"],
+                desired_status=entry["desired"],
+                restarts=entry["restarts"],
+                held=self.book.get(alloc_id, {}).get("held", 0),
+                quarantined=self.book.get(alloc_id, {}).get("quarantined", 0),
+            )
+            for alloc_id, entry in self.nomad.items()
+        ]
+
+    # ------------------------------------------------------------------ Nomad
+
+    def place(self, *, start: bool) -> None:
+        """Nomad stops what it no longer wants, places an allocation for every index of the
+        count without a live one, and starts the pending ones (unless ``start`` is false)."""
+        for entry in self.nomad.values():
+            if entry["desired"] != "run" and entry["client"] in ("pending", "running"):
+                entry["client"] = "complete"
+        live = {
+            e["index"]
+            for e in self.nomad.values()
+            if e["desired"] == "run" and e["client"] in ("pending", "running")
+        }
+        for index in range(self.count):
+            if index not in live:
+                self.nomad[next(self.ids)] = {
+                    "index": index, "client": "pending", "desired": "run", "restarts": 0
+                }  # fmt: skip
+        if start:
+            for entry in self.nomad.values():
+                if entry["client"] == "pending":
+                    entry["client"] = "running"
+
+    def poll(self, *, start: bool = True) -> None:
+        """Nomad moves on, then the pool polls (the twin reads the listing reversed)."""
+        self.place(start=start)
+        listing = self.listing()
+        self.both("observe", listing, self.demand, self.now)
+        attempts = self.config.restart_attempts
+        for allocation in listing:
+            if allocation.running and allocation.restarts > attempts:
+                assert self.machine.retired(allocation.id, allocation.restarts)
+        members = self.machine.members()
+        for allocation in listing:
+            if allocation.id in members:
+                assert allocation.running
+        assert set(members) <= {a.id for a in listing}
+        if not self.slow_joins:
+            for alloc_id in sorted(self.in_flight):
+                self.complete_join(alloc_id, healthy=True)
+
+    def complete_join(self, alloc_id: str, *, healthy: bool) -> None:
+        index = self.in_flight.pop(alloc_id)
+        if not healthy:
+            self.both("join_failed", alloc_id, "not healthy", self.now)
+            return
+        wanted = self.machine.members().get(alloc_id) is MemberState.JOINING
+        if wanted:
+            self.book[alloc_id] = {
+                "held": 0, "quarantined": 0, "draining": False, "index": index
+            }  # fmt: skip
+        actions = self.both("joined", alloc_id, self.now)
+        assert wanted == (not any(isinstance(a, Discard) for a in actions))
+
+    def pick(self, data: st.DataObject, client: str | None = None) -> str | None:
+        choices = sorted(
+            a for a, e in self.nomad.items() if client is None or e["client"] == client
+        )
+        return data.draw(st.sampled_from(choices)) if choices else None
+
+    @rule()
+    def placement_is_slow(self) -> None:
+        self.poll(start=False)
+
+    @rule(data=st.data(), status=st.sampled_from(["failed", "lost", "complete"]))
+    def allocation_ends(self, data: st.DataObject, status: str) -> None:
+        alloc_id = self.pick(data, "running")
+        if alloc_id is not None:
+            self.nomad[alloc_id]["client"] = status
+        self.poll()
+
+    @rule(data=st.data())
+    def restart_in_place(self, data: st.DataObject) -> None:
+        alloc_id = self.pick(data, "running")
+        if alloc_id is not None:
+            self.nomad[alloc_id]["restarts"] += 1
+        self.poll()
+
+    @rule()
+    def garbage_collected(self) -> None:
+        for alloc_id, entry in list(self.nomad.items()):
+            if entry["client"] not in ("pending", "running"):
+                del self.nomad[alloc_id]
+        self.poll()
+
+    # ------------------------------------------------------------------ the pool
+
+    @rule(demand=st.integers(0, 12))
+    def demand_changes(self, demand: int) -> None:
+        self.demand = demand
+        self.poll()
+
+    @rule(seconds=st.sampled_from([0.5, 3.0, 11.0]))
+    def clock(self, seconds: float) -> None:
+        self.now += seconds
+        self.poll()
+
+    @rule(slow=st.booleans())
+    def joins_take_time(self, slow: bool) -> None:
+        """While joins are slow, they complete only in ``joins_complete`` (or time out)."""
+        self.slow_joins = slow
+
+    @precondition(lambda self: bool(self.in_flight))
+    @rule(data=st.data())
+    def joins_complete(self, data: st.DataObject) -> None:
+        for alloc_id in sorted(self.in_flight):
+            failing = data.draw(st.booleans(), label=f"{alloc_id} fails its health check")
+            self.complete_join(alloc_id, healthy=not failing)
+        self.poll()
+
+    def pick_joined(self, data: st.DataObject, *, draining: bool | None = None) -> str | None:
+        choices = sorted(
+            a for a, e in self.book.items() if draining is None or e["draining"] == draining
+        )
+        return data.draw(st.sampled_from(choices)) if choices else None
+
+    @rule(data=st.data())
+    def lease(self, data: st.DataObject) -> None:
+        alloc_id = self.pick_joined(data, draining=False)
+        if alloc_id is not None:
+            entry = self.book[alloc_id]
+            entry["held"] = min(self.config.scale.slots_per_container, entry["held"] + 1)
+        self.poll()
+
+    @rule(data=st.data(), quarantine=st.booleans())
+    def release(self, data: st.DataObject, quarantine: bool) -> None:
+        alloc_id = self.pick_joined(data)
+        if alloc_id is not None and self.book[alloc_id]["held"]:
+            self.book[alloc_id]["held"] -= 1
+            self.book[alloc_id]["quarantined"] += quarantine
+        self.poll()
+
+    @rule(data=st.data())
+    def batch_fails(self, data: st.DataObject) -> None:
+        alloc_id = self.pick_joined(data)
+        if alloc_id is not None:
+            actions = self.both("failed", alloc_id, "batch failed", self.now)
+            assert [type(a) for a in actions] == [Lose, Replace]
+        self.poll()
+
+    # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def valid(self) -> None:
+        if hasattr(self, "machine"):
+            self.machine.check_valid()
+
+    @invariant()
+    def capacity_is_the_joined_members_within_the_target(self) -> None:
+        if not hasattr(self, "machine"):
+            return
+        machine = self.machine
+        capacity = sum(not e["draining"] for e in self.book.values())
+        assert capacity == machine.capacity <= machine.target <= self.config.scale.max_containers
+        states = machine.members()
+        for alloc_id, entry in self.book.items():
+            want = MemberState.DRAINING if entry["draining"] else MemberState.JOINED
+            assert states.get(alloc_id) is want
+
+    @invariant()
+    def nothing_retired_is_a_member(self) -> None:
+        if not hasattr(self, "machine"):
+            return
+        for alloc_id, state in self.machine.members().items():
+            restarts = self.nomad[alloc_id]["restarts"] if alloc_id in self.nomad else None
+            if restarts is not None and state is not MemberState.JOINING:
+                assert not self.machine.retired(alloc_id, restarts)
+
+
+TestNomadAndPool = NomadAndPool.TestCase
