@@ -23,6 +23,7 @@ from atroposlib.utils.cli import merge_dicts  # type: ignore[import-untyped]
 
 from tests.unit.test_agent_env import QWEN, FileEnv, _alternating_chat, _config, _turn
 from trajcore.adapters.fakes import FakeChatServer, FakeSandboxPool, LLMFault
+from trajcore.adapters.sandbox.container_pool import ContainerSandboxPool
 from trajcore.adapters.tool_server import ToolRegistry
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.groups import TrajectoryStatus
@@ -189,7 +190,6 @@ def test_agent_max_tokens_none_lets_each_turn_use_the_context_left() -> None:
     ("field", "value"),
     [
         ("terminal_backend", "modal"),
-        ("terminal_backend", "docker"),
         ("terminal_backend", "singularity"),
         ("tool_pool_mode", "modal"),
     ],
@@ -201,6 +201,27 @@ def test_a_backend_without_a_pool_is_refused_naming_it(field: str, value: str) -
     assert repr(value) in caught.value.reason
     assert "'local'" in caught.value.reason
     assert "'nomad'" in caught.value.reason
+
+
+def test_hermes_docker_backend_runs_terminals_in_the_container_pool() -> None:
+    with pytest.warns(SeedSettingWarning) as caught:
+        config = AgentEnvConfig(
+            tokenizer_name=QWEN,
+            terminal_backend="docker",
+            terminal_timeout=45,
+            local_containers=3,
+            slots_per_container=5,
+            require_stateful_sandbox=True,
+        )
+    assert any("docker" in str(warning.message) for warning in caught)
+    assert config.sandbox == "container"
+    pool = FileEnv(config).make_pool()  # unopened: nothing starts
+    assert isinstance(pool, ContainerSandboxPool)
+    assert pool.config.image == config.container_image
+    assert (pool.config.containers, pool.config.slots_per_container) == (3, 5)
+    assert pool.config.require_tmux
+    assert pool.config.policy == config.slot_server_flags()
+    assert pool.config.policy.default_timeout_s == 45
 
 
 def test_a_seed_name_wins_over_the_defaults_atropos_merges_it_onto() -> None:

@@ -45,13 +45,29 @@ def _same(_: str, value: object) -> object:
 
 
 def _local_or_nomad(field: str, value: object) -> object:
-    """A seed's pool or backend name as ``sandbox``: only ``local`` and ``nomad`` have a pool."""
+    """atropos-agent's pool name as ``sandbox``: only ``local`` and ``nomad`` have a pool."""
     if value in ("local", "nomad"):
         return value
     raise ConfigError(
         field,
         f"{value!r} is not available: trajcore runs slots on the local pool ('local') or on "
         f"Nomad ('nomad'); set sandbox to one of them",
+    )
+
+
+# hermes-agent's terminal backends -> ``sandbox``: its docker backend runs each task's terminal
+# in a container on this machine, which is the container pool's slot-server containers.
+_BACKENDS: dict[str, str] = {"local": "local", "docker": "container", "nomad": "nomad"}
+
+
+def _terminal_backend(field: str, value: object) -> object:
+    """hermes-agent's ``terminal_backend`` as ``sandbox``: local, docker or nomad."""
+    if isinstance(value, str) and value in _BACKENDS:
+        return _BACKENDS[value]
+    raise ConfigError(
+        field,
+        f"{value!r} is not available: trajcore runs terminals on the local pool ('local'), in "
+        f"slot-server containers ('docker') or on Nomad ('nomad')",
     )
 
 
@@ -106,7 +122,8 @@ _NOTES: dict[str, str] = {
     "agent_tool_delay_s": "the pause comes before each batch of one turn's calls",
     "distribution": "a name picks one of the env's toolset_distributions()",
     "terminal_backend": (
-        "'local' and 'nomad'; docker, modal, ssh and singularity have no pool here"
+        "'local', 'docker' (the container pool: slot-server containers on this machine) and "
+        "'nomad'; modal, ssh and singularity have no pool here"
     ),
     "terminal_lifetime": (
         "a trajectory whose slot waits longer than this for the model ends, unscored"
@@ -117,7 +134,7 @@ _NOTES: dict[str, str] = {
 # Seed values that are checked or translated on the way (the rest pass as they are).
 _CONVERTERS: dict[str, Callable[[str, object], object]] = {
     "tool_pool_mode": _local_or_nomad,
-    "terminal_backend": _local_or_nomad,
+    "terminal_backend": _terminal_backend,
 }
 
 SEED_FIELDS: dict[str, SeedField] = {

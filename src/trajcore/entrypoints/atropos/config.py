@@ -24,6 +24,7 @@ from typing import Any, Literal
 import attrs
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from trajcore.adapters.sandbox.container_pool import DEFAULT_IMAGE
 from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
 from trajcore.adapters.tool_server import INPROCESS
 from trajcore.domain.agent_loop import AgentLoopConfig
@@ -151,10 +152,22 @@ class AgentEnvConfig(BaseEnvConfig):
         "(default: the one in the tokenizer_name folder).",
     )
     # -- sandbox
-    sandbox: Literal["local", "nomad"] = Field(
-        default="local", description="Where slots run: local slot servers, or a Nomad cluster."
+    sandbox: Literal["local", "container", "nomad"] = Field(
+        default="local",
+        description="Where slots run: local slot servers (processes), slot-server containers "
+        "on this machine (podman or docker), or a Nomad cluster.",
     )
-    local_containers: int = Field(default=2, ge=1, description="Local pool: slot servers (K).")
+    local_containers: int = Field(
+        default=2, ge=1, description="Local and container pools: slot servers (K)."
+    )
+    container_image: str = Field(
+        default=DEFAULT_IMAGE,
+        description="Container pool: the slot-server image (./dev image builds it).",
+    )
+    container_engine: str | None = Field(
+        default=None,
+        description="Container pool: 'podman' or 'docker' (default: whichever works here).",
+    )
     slots_per_container: int = Field(default=8, ge=1, description="Slots per container (N).")
     nomad_address: str = Field(default="http://127.0.0.1:4646", description="Nomad API URL.")
     nomad_job_id: str = Field(default="trajcore-slots", description="Nomad job of the slots.")

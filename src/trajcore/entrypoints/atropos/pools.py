@@ -17,6 +17,7 @@ import shutil
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
+from trajcore.adapters.sandbox.container_pool import ContainerPoolConfig, ContainerSandboxPool
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig, NomadSandboxPool
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
@@ -94,21 +95,33 @@ def make_pool(config: AgentEnvConfig) -> AbstractAsyncContextManager[SandboxPool
     """
     if config.sandbox == "nomad":
         return NomadSandboxPool(nomad_pool_config(config))
-    if config.require_stateful_sandbox and shutil.which("tmux") is None:
+    if (
+        config.sandbox == "local"
+        and config.require_stateful_sandbox
+        and shutil.which("tmux") is None
+    ):
         raise SandboxUnavailable(
             "require_stateful_sandbox: the local pool keeps a persistent shell with tmux, "
             "which is not installed on this host"
         )
-    flags = slot_server_flags(config)
+    policy = slot_server_flags(config)
+    if config.sandbox == "container":
+        return ContainerSandboxPool(
+            ContainerPoolConfig(
+                image=config.container_image,
+                engine=config.container_engine,
+                containers=config.local_containers,
+                slots_per_container=config.slots_per_container,
+                acquire_timeout_s=config.acquire_timeout_s,
+                policy=policy,
+                require_tmux=config.require_stateful_sandbox,
+            )
+        )
     return LocalSandboxPool(
         LocalPoolConfig(
             containers=config.local_containers,
             slots_per_container=config.slots_per_container,
-            allow_network=flags.allow_network,
-            require_sandbox=flags.require_sandbox,
             acquire_timeout_s=config.acquire_timeout_s,
-            min_timeout_s=flags.min_timeout_s,
-            default_timeout_s=flags.default_timeout_s,
-            max_timeout_s=flags.max_timeout_s,
+            policy=policy,
         )
     )
