@@ -16,7 +16,7 @@ Which to pick:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import ClassVar
 
 import attrs
@@ -25,6 +25,7 @@ from trajcore.domain.messages import JSONObject
 from trajcore.domain.sampling import SamplingParams, TokenCompletion
 
 from .token_wire import (
+    ResponseParser,
     atropos_generate_request,
     parse_atropos_generate,
     parse_sglang_generate,
@@ -49,8 +50,7 @@ class _HttpTokenServer(HTTPModelServer):
     def _request(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject:
         raise NotImplementedError
 
-    def _parse(self, status: int, headers: Mapping[str, str], body: bytes) -> TokenCompletion:
-        raise NotImplementedError
+    _parse: ClassVar[ResponseParser]  # read through the class: a plain function, never bound
 
     async def generate(
         self, prompt_ids: Sequence[int], *, sampling: SamplingParams
@@ -66,7 +66,7 @@ class _HttpTokenServer(HTTPModelServer):
             PoolClosed: after ``aclose``.
         """
         body = self._request(prompt_ids, sampling)
-        return await self._client.post_json(self._path, body, self._parse)
+        return await self._client.post_json(self._path, body, type(self)._parse)
 
 
 @attrs.define
@@ -80,13 +80,11 @@ class VLLMTokenServer(_HttpTokenServer):
     """
 
     _path = "/completions"
+    _parse = parse_vllm_completion
     model: str = attrs.field(kw_only=True)
 
     def _request(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject:
         return vllm_completion_request(model=self.model, prompt_ids=prompt_ids, sampling=sampling)
-
-    def _parse(self, status: int, headers: Mapping[str, str], body: bytes) -> TokenCompletion:
-        return parse_vllm_completion(status, headers, body)
 
 
 @attrs.define
@@ -100,12 +98,10 @@ class SGLangTokenServer(_HttpTokenServer):
 
     _path = "/generate"
     _at_root = True
+    _parse = parse_sglang_generate
 
     def _request(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject:
         return sglang_generate_request(prompt_ids=prompt_ids, sampling=sampling)
-
-    def _parse(self, status: int, headers: Mapping[str, str], body: bytes) -> TokenCompletion:
-        return parse_sglang_generate(status, headers, body)
 
 
 @attrs.define
@@ -119,9 +115,7 @@ class AtroposTokenServer(_HttpTokenServer):
 
     _path = "/generate"
     _at_root = True
+    _parse = parse_atropos_generate
 
     def _request(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject:
         return atropos_generate_request(prompt_ids=prompt_ids, sampling=sampling)
-
-    def _parse(self, status: int, headers: Mapping[str, str], body: bytes) -> TokenCompletion:
-        return parse_atropos_generate(status, headers, body)
