@@ -17,7 +17,7 @@ Which to pick:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import attrs
 
@@ -42,6 +42,7 @@ __all__ = ["AtroposTokenServer", "SGLangTokenServer", "VLLMTokenServer"]
 class _HttpTokenServer(HTTPModelServer):
     _path: ClassVar[str]
     _at_root: ClassVar[bool] = False  # a trailing ``/v1`` of ``base_url`` is dropped
+    _parse: ClassVar[ResponseParser]  # read through the class: a plain function, never bound
 
     def _root(self) -> str:
         url = self.base_url.rstrip("/")
@@ -49,8 +50,6 @@ class _HttpTokenServer(HTTPModelServer):
 
     def _request(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject:
         raise NotImplementedError
-
-    _parse: ClassVar[ResponseParser]  # read through the class: a plain function, never bound
 
     async def generate(
         self, prompt_ids: Sequence[int], *, sampling: SamplingParams
@@ -87,8 +86,24 @@ class VLLMTokenServer(_HttpTokenServer):
         return vllm_completion_request(model=self.model, prompt_ids=prompt_ids, sampling=sampling)
 
 
+class _RequestBuilder(Protocol):
+    def __call__(self, *, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject: ...
+
+
 @attrs.define
-class SGLangTokenServer(_HttpTokenServer):
+class _GenerateTokenServer(_HttpTokenServer):
+    """A native ``/generate`` at the server root, whose request needs only the ids and sampling."""
+
+    _path = "/generate"
+    _at_root = True
+    _build: ClassVar[_RequestBuilder]
+
+    def _request(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject:
+        return self._build(prompt_ids=prompt_ids, sampling=sampling)
+
+
+@attrs.define
+class SGLangTokenServer(_GenerateTokenServer):
     """A ``TokenServer`` over SGLang's native ``/generate`` (``input_ids``, ``return_logprob``).
 
     Attributes:
@@ -96,16 +111,12 @@ class SGLangTokenServer(_HttpTokenServer):
         api_key, retry, max_connections, rng, transport: As for ``OpenAIChatServer``.
     """
 
-    _path = "/generate"
-    _at_root = True
+    _build = staticmethod(sglang_generate_request)
     _parse = parse_sglang_generate
-
-    def _request(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject:
-        return sglang_generate_request(prompt_ids=prompt_ids, sampling=sampling)
 
 
 @attrs.define
-class AtroposTokenServer(_HttpTokenServer):
+class AtroposTokenServer(_GenerateTokenServer):
     """A ``TokenServer`` over the Atropos vLLM API server's ``/generate``.
 
     Attributes:
@@ -113,9 +124,5 @@ class AtroposTokenServer(_HttpTokenServer):
         api_key, retry, max_connections, rng, transport: As for ``OpenAIChatServer``.
     """
 
-    _path = "/generate"
-    _at_root = True
+    _build = staticmethod(atropos_generate_request)
     _parse = parse_atropos_generate
-
-    def _request(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject:
-        return atropos_generate_request(prompt_ids=prompt_ids, sampling=sampling)
