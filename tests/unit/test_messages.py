@@ -115,6 +115,21 @@ def test_a_success_answers_its_call_with_its_content() -> None:
     assert (result.content, result.error) == ("done", None)
 
 
+def test_a_broken_batch_is_an_infra_error_for_each_call_in_order() -> None:
+    calls = [ToolCall(id=f"c{i}", name="bash", arguments={}) for i in range(3)]
+    results = ToolResult.infra_errors(calls, "connection reset")
+    assert [(r.call_id, r.outcome, r.error) for r in results] == [
+        (c.id, ToolOutcome.INFRA_ERROR, "connection reset") for c in calls
+    ]
+    assert ToolResult.infra_errors([], "connection reset") == []
+
+
+def test_an_unknown_tool_is_rejected_naming_it_at_name() -> None:
+    result = ToolResult.unknown_tool(ToolCall(id="c1", name="nope", arguments={}))
+    assert (result.call_id, result.outcome) == ("c1", ToolOutcome.REJECTED)
+    assert result.error == "unknown tool 'nope' @ name"
+
+
 @given(s.json_objects)
 def test_generated_json_is_json(value: object) -> None:
     assert check_json(value) is None

@@ -266,7 +266,7 @@ def rejected_result(spec: ToolSpec | None, call: ToolCall) -> ToolResult | None:
     by ``; ``).
     """
     if spec is None:
-        return ToolResult.failure(call, ToolOutcome.REJECTED, f"unknown tool {call.name!r} @ name")
+        return ToolResult.unknown_tool(call)
     problems = spec.validate_arguments(call.arguments)
     if not problems:
         return None
@@ -455,7 +455,7 @@ class HTTPToolServer:
             reason = (
                 f"tool server broke the protocol: {exc}" if isinstance(exc, WireError) else str(exc)
             )
-            return [ToolResult.failure(call, ToolOutcome.INFRA_ERROR, reason) for call in calls]
+            return ToolResult.infra_errors(calls, reason)
         return list(answer.results)
 
     async def aclose(self) -> None:

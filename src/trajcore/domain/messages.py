@@ -209,6 +209,16 @@ class ToolResult:
             exec=exec,
         )
 
+    @classmethod
+    def infra_errors(cls, calls: Iterable[ToolCall], error: str) -> list[ToolResult]:
+        """An ``INFRA_ERROR`` result for each of ``calls``, in order: their batch broke as one."""
+        return [cls.failure(call, ToolOutcome.INFRA_ERROR, error) for call in calls]
+
+    @classmethod
+    def unknown_tool(cls, call: ToolCall) -> ToolResult:
+        """The ``REJECTED`` result of a call naming a tool that is not offered (``@ name``)."""
+        return cls.failure(call, ToolOutcome.REJECTED, f"unknown tool {call.name!r} @ name")
+
 
 @attrs.frozen(kw_only=True)
 class ToolContext:

@@ -31,7 +31,7 @@ import attrs
 
 from trajcore.domain.batch_planner import Batch, BatchConfig, BatchPlanner
 from trajcore.domain.errors import PoolClosed
-from trajcore.domain.messages import ToolOutcome, ToolResult
+from trajcore.domain.messages import ToolResult
 from trajcore.domain.slots import SlotCall, SlotId
 from trajcore.ports.sandbox_pool import SandboxPool
 
@@ -178,9 +178,7 @@ class ToolDispatcher:
         elif failure is None and len(results) != len(calls):
             failure = f"{batch.container} answered {len(results)} results for {len(calls)} calls"
         if failure is not None:
-            results = [
-                ToolResult.failure(call.call, ToolOutcome.INFRA_ERROR, failure) for call in calls
-            ]
+            results = ToolResult.infra_errors((call.call for call in calls), failure)
         for call, result in zip(calls, results, strict=True):
             waiter = self._waiters.get(_key(call))
             if waiter is not None:

@@ -68,9 +68,7 @@ class ToolRouter:
         external: list[tuple[int, ToolCall]] = []
         for i, call in enumerate(calls):
             if call.name not in self.offered:
-                results[i] = ToolResult.failure(
-                    call, ToolOutcome.REJECTED, f"unknown tool {call.name!r} @ name"
-                )
+                results[i] = ToolResult.unknown_tool(call)
             elif call.name in SLOT_TOOLS:
                 slot_calls.append(
                     (i, SlotCall(lease=self.lease, call=call, timeout_s=self.tool_timeout_s))
@@ -97,7 +95,7 @@ class ToolRouter:
         try:
             return await self.tool_server.execute(plain, context=context)
         except ToolServerError as exc:
-            return [ToolResult.failure(c, ToolOutcome.INFRA_ERROR, str(exc)) for c in plain]
+            return ToolResult.infra_errors(plain, str(exc))
 
 
 @attrs.define

@@ -32,6 +32,7 @@ from trajcore.adapters.fakes.llm import LLMFault
 from trajcore.domain.messages import Message, ToolCall, ToolSpec
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams
 from trajcore.ports.chat_server import ChatServer
+from trajcore.testing.conversations import openings
 from trajcore.testing.llm_server_machine import (
     Expected,
     LLMServerMachine,
@@ -175,10 +176,7 @@ def _calls(draw: st.DrawFn, tools: Sequence[ToolSpec], prefix: str) -> list[Tool
 @st.composite
 def _conversations(draw: st.DrawFn, tools: Sequence[ToolSpec]) -> list[Message]:
     ids = itertools.count(1)
-    messages: list[Message] = []
-    if draw(st.booleans()):
-        messages.append(Message.system(draw(_TEXT)))
-    messages.append(Message.user(draw(_TEXT)))
+    messages: list[Message] = draw(openings(_TEXT))
     for _ in range(draw(st.integers(0, 2))):
         calling: bool = draw(st.booleans())
         if tools and calling:

@@ -36,6 +36,7 @@ from trajcore.domain.errors import ConfigError
 from trajcore.domain.messages import JSON, Message, ToolCall, ToolSpec
 from trajcore.ports.tokenizer import Tokenizer
 from trajcore.testing.budget import property_settings
+from trajcore.testing.conversations import openings
 
 __all__ = ["Conversation", "TokenizerContract", "conversations", "tool_specs"]
 
@@ -91,10 +92,7 @@ def conversations(
     use_tools = draw(st.booleans()) if with_tools is None else with_tools
     tools: list[ToolSpec] = draw(tool_specs()) if use_tools else []
     ids = itertools.count(1)
-    messages: list[Message] = []
-    if draw(st.booleans()):
-        messages.append(Message.system(draw(_TEXT)))
-    messages.append(Message.user(draw(_TEXT)))
+    messages: list[Message] = draw(openings(_TEXT))
     for _ in range(draw(st.integers(0, 2))):
         calling: bool = draw(st.booleans())
         if tools and calling:

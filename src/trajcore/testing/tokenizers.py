@@ -59,9 +59,9 @@ MISTRAL_SHAPED_SPECIAL_TOKENS = (
     "[/TOOL_RESULTS]",
 )
 
-# Llama 3's shape: a system header that also lists the tools, one header per message, tool results
-# in the ipython role, every turn closed by <|eot_id|>.
-_LLAMA3_SHAPED_TEMPLATE = """\
+# Both shapes open alike: the beginning-of-sequence token, then a leading system message (if any)
+# set apart as ``system`` from the ``rest``.
+_SYSTEM_SPLIT = """\
 {{- bos_token }}
 {%- if messages and messages[0].role == 'system' %}
     {%- set system = messages[0].content %}
@@ -70,6 +70,13 @@ _LLAMA3_SHAPED_TEMPLATE = """\
     {%- set system = '' %}
     {%- set rest = messages %}
 {%- endif %}
+"""
+
+# Llama 3's shape: a system header that also lists the tools, one header per message, tool results
+# in the ipython role, every turn closed by <|eot_id|>.
+_LLAMA3_SHAPED_TEMPLATE = (
+    _SYSTEM_SPLIT
+    + """\
 {%- if system or tools %}
     {{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}
     {%- if tools %}
@@ -108,18 +115,13 @@ _LLAMA3_SHAPED_TEMPLATE = """\
     {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
 {%- endif %}
 """
+)
 
 # Mistral's shape: tools listed once up front, [INST] user turns, assistant turns closed by the
 # end-of-sequence token, calls as a JSON list after [TOOL_CALLS], no generation prompt.
-_MISTRAL_SHAPED_TEMPLATE = """\
-{{- bos_token }}
-{%- if messages and messages[0].role == 'system' %}
-    {%- set system = messages[0].content %}
-    {%- set rest = messages[1:] %}
-{%- else %}
-    {%- set system = '' %}
-    {%- set rest = messages %}
-{%- endif %}
+_MISTRAL_SHAPED_TEMPLATE = (
+    _SYSTEM_SPLIT
+    + """\
 {%- if tools %}
     {{- '[AVAILABLE_TOOLS]' + (tools | tojson) + '[/AVAILABLE_TOOLS]' }}
 {%- endif %}
@@ -150,6 +152,7 @@ _MISTRAL_SHAPED_TEMPLATE = """\
     {%- endif %}
 {%- endfor %}
 """
+)
 
 # A few lines for the BPE trainer: enough merges for common words and JSON punctuation.
 _CORPUS = (

@@ -203,18 +203,35 @@ class ToolServerContract:
         assert result.content == text
 
     @pytest.mark.anyio
-    async def test_unknown_tool_is_rejected_and_the_others_still_run(
-        self, tool_server_factory: ToolServerFactory
+    @pytest.mark.parametrize(
+        ("failing", "outcome", "in_error", "in_content"),
+        [
+            (_call("c1", "no_such_tool", x=1), ToolOutcome.REJECTED, "no_such_tool", "Error:"),
+            (_call("c1", "fail", message="fire"), ToolOutcome.TOOL_ERROR, "fire", "fire"),
+            (_call("c1", "sleep", seconds=60), ToolOutcome.TIMEOUT, "", ""),
+        ],
+        ids=["unknown-tool", "tool-raises", "past-its-limit"],
+    )
+    async def test_a_failed_call_is_its_result_and_the_next_still_runs(
+        self,
+        tool_server_factory: ToolServerFactory,
+        failing: ToolCall,
+        outcome: ToolOutcome,
+        in_error: str,
+        in_content: str,
     ) -> None:
-        calls = [_call("c1", "no_such_tool", x=1), _call("c2", "echo", text="still here")]
+        """An unknown tool is REJECTED, a tool that raises a TOOL_ERROR with its message, a call
+        past its limit a TIMEOUT (well before the tool would end); the batch goes on after it."""
+        calls = [failing, _call("c2", "echo", text="after")]
         async with tool_server_factory() as server:
-            unknown, echo = await server.execute(calls, context=CONTEXT)
-        assert unknown.outcome is ToolOutcome.REJECTED
-        assert (unknown.call_id, unknown.name) == ("c1", "no_such_tool")
-        assert unknown.error is not None
-        assert "no_such_tool" in unknown.error
-        assert unknown.content.startswith("Error:")
-        assert (echo.outcome, echo.content) == (ToolOutcome.OK, "still here")
+            with anyio.fail_after(20):
+                failed, echo = await server.execute(calls, context=CONTEXT)
+        assert failed.outcome is outcome
+        assert (failed.call_id, failed.name) == ("c1", failing.name)
+        assert failed.error is not None
+        assert in_error in failed.error
+        assert in_content in failed.content
+        assert (echo.outcome, echo.content) == (ToolOutcome.OK, "after")
 
     @pytest.mark.anyio
     @pytest.mark.parametrize(
@@ -239,31 +256,6 @@ class ToolServerContract:
         assert result.outcome is ToolOutcome.REJECTED
         assert result.error is not None
         assert re.search(rf"{reason}[^;@]* @ {re.escape(field)}(;|$)", result.error), result.error
-
-    @pytest.mark.anyio
-    async def test_tool_exception_is_a_tool_error_with_its_message(
-        self, tool_server_factory: ToolServerFactory
-    ) -> None:
-        calls = [_call("c1", "fail", message="disk on fire"), _call("c2", "add", a=1, b=1)]
-        async with tool_server_factory() as server:
-            failed, added = await server.execute(calls, context=CONTEXT)
-        assert failed.outcome is ToolOutcome.TOOL_ERROR
-        assert failed.error is not None
-        assert "disk on fire" in failed.error
-        assert "disk on fire" in failed.content
-        assert (added.outcome, added.content) == (ToolOutcome.OK, "2")
-
-    @pytest.mark.anyio
-    async def test_tool_past_its_limit_is_a_timeout_result(
-        self, tool_server_factory: ToolServerFactory
-    ) -> None:
-        calls = [_call("c1", "sleep", seconds=60), _call("c2", "echo", text="after")]
-        async with tool_server_factory() as server:
-            with anyio.fail_after(20):
-                slow, echo = await server.execute(calls, context=CONTEXT)
-        assert slow.outcome is ToolOutcome.TIMEOUT
-        assert slow.error is not None
-        assert (echo.outcome, echo.content) == (ToolOutcome.OK, "after")
 
     @pytest.mark.anyio
     async def test_context_reaches_the_tool(self, tool_server_factory: ToolServerFactory) -> None:

@@ -184,21 +184,50 @@ def _refused(
             portal.call(server.list_tools)
 
 
+class _LockstepMachine(RuleBasedStateMachine):
+    """Servers driven in lockstep: ``close`` closes every one (twice), after which each refuses."""
+
+    def __init__(self, portal: BlockingPortal) -> None:
+        super().__init__()
+        self.portal = portal
+        self.stack = ExitStack()
+        self.servers: list[ToolServer] = []
+        self.closed = False
+
+    def late_call(self) -> ToolCall:
+        """A call that a closed server must refuse."""
+        raise NotImplementedError
+
+    @precondition(lambda self: not self.closed)
+    @rule()
+    def close(self) -> None:
+        self.closed = _close_twice(self.portal, self.servers)
+
+    @precondition(lambda self: self.closed)
+    @rule(context=_contexts)
+    def closed_server_refuses(self, context: ToolContext) -> None:
+        _refused(self.portal, self.servers, self.late_call(), context)
+
+    def teardown(self) -> None:
+        self.stack.close()
+
+
 def tool_server_machine(
     portal: BlockingPortal, factories: Sequence[ToolServerFactory]
 ) -> type[RuleBasedStateMachine]:
     """A state machine class opening a server from each factory per example, in lockstep."""
     assert factories, "give at least one tool server factory"
 
-    class ToolServerMachine(RuleBasedStateMachine):
+    class ToolServerMachine(_LockstepMachine):
         def __init__(self) -> None:
-            super().__init__()
-            self.stack = ExitStack()
+            super().__init__(portal)
             self.servers = [
                 self.stack.enter_context(portal.wrap_async_context_manager(factory()))
                 for factory in factories
             ]
-            self.closed = False
+
+        def late_call(self) -> ToolCall:
+            return ToolCall(id=f"tool-{next(_ids)}", name="echo", arguments={"text": "late"})
 
         def run(self, calls: list[ToolCall], context: ToolContext, expects: list[_Expect]) -> None:
             _run_batch(portal, self.servers, list(zip(calls, expects, strict=True)), context)
@@ -240,20 +269,6 @@ def tool_server_machine(
                 portal.call(_cancelled, server, call, context, after_s)
             ok = ToolCall(id=f"tool-{next(_ids)}", name="echo", arguments={"text": "ok"})
             self.run([ok], context, [_Expect(ToolOutcome.OK, "ok")])
-
-        @precondition(lambda self: not self.closed)
-        @rule()
-        def close(self) -> None:
-            self.closed = _close_twice(portal, self.servers)
-
-        @precondition(lambda self: self.closed)
-        @rule(context=_contexts)
-        def closed_server_refuses(self, context: ToolContext) -> None:
-            call = ToolCall(id=f"tool-{next(_ids)}", name="echo", arguments={"text": "late"})
-            _refused(portal, self.servers, call, context)
-
-        def teardown(self) -> None:
-            self.stack.close()
 
     return ToolServerMachine
 
@@ -338,13 +353,13 @@ def generated_tools_machine(
     it from each factory, in lockstep (see ``run_generated_tools_machine``)."""
     assert factories, "give at least one tool server factory"
 
-    class GeneratedToolsMachine(RuleBasedStateMachine):
+    class GeneratedToolsMachine(_LockstepMachine):
         def __init__(self) -> None:
-            super().__init__()
-            self.stack = ExitStack()
-            self.servers: list[ToolServer] = []
+            super().__init__(portal)
             self.tools: list[ToolSpec] = []
-            self.closed = False
+
+        def late_call(self) -> ToolCall:
+            return ToolCall(id=f"tool-{next(_ids)}", name=self.tools[0].name)
 
         @initialize(
             tools=tool_lists(max_size=4),
@@ -377,20 +392,6 @@ def generated_tools_machine(
                 data.draw(_generated_call(self.tools, context), label="call") for _ in range(size)
             ]
             _run_batch(portal, self.servers, drawn, context)
-
-        @precondition(lambda self: not self.closed)
-        @rule()
-        def close(self) -> None:
-            self.closed = _close_twice(portal, self.servers)
-
-        @precondition(lambda self: self.closed)
-        @rule(context=_contexts)
-        def closed_server_refuses(self, context: ToolContext) -> None:
-            call = ToolCall(id=f"tool-{next(_ids)}", name=self.tools[0].name)
-            _refused(portal, self.servers, call, context)
-
-        def teardown(self) -> None:
-            self.stack.close()
 
     return GeneratedToolsMachine
 

@@ -39,7 +39,6 @@ from trajcore.domain.messages import (
     JSONObject,
     ToolCall,
     ToolContext,
-    ToolOutcome,
     ToolResult,
     ToolSpec,
 )
@@ -193,7 +192,7 @@ class FakeToolServer:
             return []
         failure = await self._suffer(fault)
         if failure:
-            results = [ToolResult.failure(c, ToolOutcome.INFRA_ERROR, failure) for c in calls]
+            results = ToolResult.infra_errors(calls, failure)
         else:
             results = []
             for call in calls:

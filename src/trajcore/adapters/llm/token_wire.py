@@ -27,7 +27,8 @@ logprob per id, and names the path of anything wrong.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeAlias
 
 from trajcore.domain.errors import WireError
 from trajcore.domain.messages import JSONObject
@@ -48,6 +49,7 @@ from .wire import (
 
 __all__ = [
     "TOKEN_ID_PREFIX",
+    "ResponseParser",
     "atropos_generate_request",
     "check_prompt_ids",
     "parse_atropos_generate",
@@ -56,6 +58,7 @@ __all__ = [
     "parse_sglang_generate_body",
     "parse_vllm_completion",
     "parse_vllm_completion_body",
+    "response_parser",
     "sglang_generate_request",
     "vllm_completion_request",
 ]
@@ -79,6 +82,22 @@ def check_prompt_ids(prompt_ids: Sequence[int]) -> list[int]:
 def _same_length(ids: Sequence[int], logprobs: Sequence[float], field: str) -> None:
     if len(ids) != len(logprobs):
         raise WireError(field, f"{len(logprobs)} logprobs for {len(ids)} token ids")
+
+
+ResponseParser: TypeAlias = Callable[[int, Mapping[str, str], bytes], TokenCompletion]
+
+
+def response_parser(parse_body: Callable[[object], TokenCompletion]) -> ResponseParser:
+    """A parser of a whole response (status, headers, body) whose decoded JSON ``parse_body`` reads.
+
+    The parser raises RateLimited, ModelServerError or ModelServerRejected for a non-2xx status,
+    WireError for a 2xx body that breaks the protocol.
+    """
+
+    def parse(status: int, headers: Mapping[str, str], body: bytes) -> TokenCompletion:
+        return read_response(status, headers, body, parse_body)
+
+    return parse
 
 
 # ------------------------------------------------------------------------------- vLLM completions
@@ -154,14 +173,8 @@ def parse_vllm_completion_body(data: object) -> TokenCompletion:
     return TokenCompletion(token_ids=ids, logprobs=values, finish_reason=finish, text=text)
 
 
-def parse_vllm_completion(status: int, headers: Mapping[str, str], body: bytes) -> TokenCompletion:
-    """The ``TokenCompletion`` a vLLM completions response carries.
-
-    Raises:
-        RateLimited, ModelServerError, ModelServerRejected: non-2xx status.
-        WireError: a 2xx body that breaks the protocol.
-    """
-    return read_response(status, headers, body, parse_vllm_completion_body)
+#: The ``TokenCompletion`` a vLLM completions response carries (see ``response_parser``).
+parse_vllm_completion = response_parser(parse_vllm_completion_body)
 
 
 # ------------------------------------------------------------------------------- SGLang /generate
@@ -229,14 +242,8 @@ def parse_sglang_generate_body(data: object) -> TokenCompletion:
     return TokenCompletion(token_ids=ids, logprobs=values, finish_reason=finish, text=text)
 
 
-def parse_sglang_generate(status: int, headers: Mapping[str, str], body: bytes) -> TokenCompletion:
-    """The ``TokenCompletion`` an SGLang ``/generate`` response carries.
-
-    Raises:
-        RateLimited, ModelServerError, ModelServerRejected: non-2xx status.
-        WireError: a 2xx body that breaks the protocol.
-    """
-    return read_response(status, headers, body, parse_sglang_generate_body)
+#: The ``TokenCompletion`` an SGLang ``/generate`` response carries (see ``response_parser``).
+parse_sglang_generate = response_parser(parse_sglang_generate_body)
 
 
 # ------------------------------------------------------------------------------ Atropos /generate
@@ -316,11 +323,5 @@ def parse_atropos_generate_body(data: object) -> TokenCompletion:
     return TokenCompletion(token_ids=out_ids, logprobs=values, finish_reason=finish, text=text)
 
 
-def parse_atropos_generate(status: int, headers: Mapping[str, str], body: bytes) -> TokenCompletion:
-    """The ``TokenCompletion`` an Atropos ``/generate`` response carries.
-
-    Raises:
-        RateLimited, ModelServerError, ModelServerRejected: non-2xx status.
-        WireError: a 2xx body that breaks the protocol.
-    """
-    return read_response(status, headers, body, parse_atropos_generate_body)
+#: The ``TokenCompletion`` an Atropos ``/generate`` response carries (see ``response_parser``).
+parse_atropos_generate = response_parser(parse_atropos_generate_body)

@@ -16,8 +16,8 @@ Which to pick:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from collections.abc import Sequence
+from typing import ClassVar, Protocol
 
 import attrs
 
@@ -25,6 +25,7 @@ from trajcore.domain.messages import JSONObject
 from trajcore.domain.sampling import SamplingParams, TokenCompletion
 
 from .token_wire import (
+    ResponseParser,
     atropos_generate_request,
     parse_atropos_generate,
     parse_sglang_generate,
@@ -41,15 +42,13 @@ __all__ = ["AtroposTokenServer", "SGLangTokenServer", "VLLMTokenServer"]
 class _HttpTokenServer(HTTPModelServer):
     _path: ClassVar[str]
     _at_root: ClassVar[bool] = False  # a trailing ``/v1`` of ``base_url`` is dropped
+    _parse: ClassVar[ResponseParser]  # read through the class: a plain function, never bound
 
     def _root(self) -> str:
         url = self.base_url.rstrip("/")
         return url.removesuffix("/v1") if self._at_root else url
 
     def _request(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject:
-        raise NotImplementedError
-
-    def _parse(self, status: int, headers: Mapping[str, str], body: bytes) -> TokenCompletion:
         raise NotImplementedError
 
     async def generate(
@@ -66,7 +65,7 @@ class _HttpTokenServer(HTTPModelServer):
             PoolClosed: after ``aclose``.
         """
         body = self._request(prompt_ids, sampling)
-        return await self._client.post_json(self._path, body, self._parse)
+        return await self._client.post_json(self._path, body, type(self)._parse)
 
 
 @attrs.define
@@ -80,17 +79,31 @@ class VLLMTokenServer(_HttpTokenServer):
     """
 
     _path = "/completions"
+    _parse = parse_vllm_completion
     model: str = attrs.field(kw_only=True)
 
     def _request(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject:
         return vllm_completion_request(model=self.model, prompt_ids=prompt_ids, sampling=sampling)
 
-    def _parse(self, status: int, headers: Mapping[str, str], body: bytes) -> TokenCompletion:
-        return parse_vllm_completion(status, headers, body)
+
+class _RequestBuilder(Protocol):
+    def __call__(self, *, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject: ...
 
 
 @attrs.define
-class SGLangTokenServer(_HttpTokenServer):
+class _GenerateTokenServer(_HttpTokenServer):
+    """A native ``/generate`` at the server root, whose request needs only the ids and sampling."""
+
+    _path = "/generate"
+    _at_root = True
+    _build: ClassVar[_RequestBuilder]
+
+    def _request(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject:
+        return self._build(prompt_ids=prompt_ids, sampling=sampling)
+
+
+@attrs.define
+class SGLangTokenServer(_GenerateTokenServer):
     """A ``TokenServer`` over SGLang's native ``/generate`` (``input_ids``, ``return_logprob``).
 
     Attributes:
@@ -98,18 +111,12 @@ class SGLangTokenServer(_HttpTokenServer):
         api_key, retry, max_connections, rng, transport: As for ``OpenAIChatServer``.
     """
 
-    _path = "/generate"
-    _at_root = True
-
-    def _request(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject:
-        return sglang_generate_request(prompt_ids=prompt_ids, sampling=sampling)
-
-    def _parse(self, status: int, headers: Mapping[str, str], body: bytes) -> TokenCompletion:
-        return parse_sglang_generate(status, headers, body)
+    _build = staticmethod(sglang_generate_request)
+    _parse = parse_sglang_generate
 
 
 @attrs.define
-class AtroposTokenServer(_HttpTokenServer):
+class AtroposTokenServer(_GenerateTokenServer):
     """A ``TokenServer`` over the Atropos vLLM API server's ``/generate``.
 
     Attributes:
@@ -117,11 +124,5 @@ class AtroposTokenServer(_HttpTokenServer):
         api_key, retry, max_connections, rng, transport: As for ``OpenAIChatServer``.
     """
 
-    _path = "/generate"
-    _at_root = True
-
-    def _request(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject:
-        return atropos_generate_request(prompt_ids=prompt_ids, sampling=sampling)
-
-    def _parse(self, status: int, headers: Mapping[str, str], body: bytes) -> TokenCompletion:
-        return parse_atropos_generate(status, headers, body)
+    _build = staticmethod(atropos_generate_request)
+    _parse = parse_atropos_generate
