@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
-import math
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, ExitStack
@@ -52,7 +51,6 @@ import anyio
 import attrs
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -66,6 +64,7 @@ from trajcore.domain.errors import AcquireTimeout, PoolClosed
 from trajcore.domain.messages import JSON, ToolCall, ToolOutcome, ToolResult
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
 from trajcore.ports.sandbox_pool import SandboxPool
+from trajcore.testing.budget import machine_settings
 from trajcore.testing.portal_pools import SETTLE_S, Hold, open_all, slot_call
 
 __all__ = [
@@ -600,21 +599,6 @@ async def _cancelled_batch(pool: SandboxPool, call: SlotCall, after_s: float) ->
     with anyio.move_on_after(after_s) as scope:
         await pool.execute(call.container, [call])
     assert scope.cancelled_caught, "a 2 s command finished before its cancellation"
-
-
-def machine_settings(scale: float, step_scale: float) -> settings:
-    """The loaded profile's settings with ``scale`` times its examples (at least 2) and
-    ``step_scale`` times its steps per example (at least 5)."""
-    base = settings.default
-    assert base is not None, "hypothesis has no settings profile loaded"
-    return settings(
-        base,
-        max_examples=max(2, math.ceil(base.max_examples * scale)),
-        stateful_step_count=max(5, math.ceil(base.stateful_step_count * step_scale)),
-        deadline=None,
-        # steps wait on real deadlines: shrink one failure, not every distinct one
-        report_multiple_bugs=False,
-    )
 
 
 def run_pool_machine(
