@@ -1,8 +1,9 @@
 """The Nomad job spec and the parsers of Nomad's answers (``trajcore.domain.nomad_job``).
 
 Schema checks read Nomad's own OpenAPI description (``nomad-openapi-v1.yaml``, found through
-``TRAJCORE_NOMAD_OPENAPI`` or ``shared/reference/`` above the repository) with unknown fields
-refused; they skip, naming the variable, when it cannot be found. Everything else runs anyway.
+``TRAJCORE_NOMAD_OPENAPI``, by default ``../shared/reference/`` beside the repository) with
+unknown fields refused; they skip, naming the variable, when it names no file. Everything else
+runs anyway.
 """
 
 from __future__ import annotations
