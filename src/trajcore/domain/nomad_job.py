@@ -16,12 +16,18 @@ The job (one task group, one task):
   naming the task environment variable ``token_env`` that carries the token (so the token never
   appears on a command line, and no template renders it to a file; the server drops the variable
   once read), then the policy flags of ``SlotServerFlags``.
-- Drivers: ``docker`` runs ``image`` with ``entrypoint`` set to ``command`` (the image's own
-  entrypoint is not relied on), maps the ``slot`` port, listens on ``0.0.0.0`` inside the
-  container, and sets ``privileged`` when asked: bubblewrap inside docker needs it (or an
-  equivalent seccomp and capability setup done by the operator). ``exec`` and ``raw_exec`` run
+- Drivers: ``docker`` runs ``image`` (``trajcore/slot-server``, the image ``./dev image``
+  builds) with ``entrypoint`` set to ``command`` (the image's own entrypoint is not relied on),
+  maps the ``slot`` port, listens on ``0.0.0.0`` inside the container, and gives the container
+  what bubblewrap needs without ``privileged``: ``security_opt`` ``seccomp=unconfined`` and
+  ``systempaths=unconfined`` (``DOCKER_SECURITY_OPTS``; podman spells the second
+  ``unmask=ALL``), and explicit ``ulimit`` ``nofile`` and ``nproc``. ``privileged`` replaces the
+  security options when asked. ``exec`` and ``raw_exec`` run
   ``command`` on the client host and listen on the host address Nomad gave the port; ``image`` is
   not used by them and ``privileged`` is refused for them.
+- Health: the group registers the Nomad service ``trajcore-slot-server`` (provider ``nomad``)
+  on the ``slot`` port with a TCP check, so an operator sees unhealthy slot servers in Nomad;
+  the pool itself waits for each server's ``/v1/health`` with the token before using it.
 - Restarts: a slot server that dies forgets its slots (workspaces, epochs), so by default the
   task is not restarted in place (``restart_attempts=0``, mode ``fail``): the allocation fails
   and the reschedule policy places a fresh one (exponential delay from ``reschedule_delay_s``,
@@ -49,8 +55,10 @@ from trajcore.domain.messages import JSON, JSONObject
 from trajcore.domain.slot_server_flags import SlotServerFlags
 
 __all__ = [
+    "DOCKER_SECURITY_OPTS",
     "DRIVERS",
     "PORT_LABEL",
+    "SERVICE_NAME",
     "TERMINAL_CLIENT_STATUSES",
     "AllocationStub",
     "Driver",
@@ -66,6 +74,12 @@ Driver = Literal["docker", "exec", "raw_exec"]
 DRIVERS: Final[tuple[Driver, ...]] = ("docker", "exec", "raw_exec")
 PORT_LABEL: Final = "slot"
 """The label of the slot server's dynamic port."""
+DOCKER_SECURITY_OPTS: Final = ("seccomp=unconfined", "systempaths=unconfined")
+"""What a docker container needs for bubblewrap inside it, short of ``privileged``: ``/proc``
+unmasked so the sandbox can mount a fresh one, and the engine's seccomp profile off so the
+sandbox can make its namespaces and set its hostname (each lease gets trajcore's own filter)."""
+SERVICE_NAME: Final = "trajcore-slot-server"
+"""The Nomad service every slot server registers, with a TCP check on its port."""
 TERMINAL_CLIENT_STATUSES: Final = frozenset({"complete", "failed", "lost"})
 """Client statuses of an allocation that will never run again."""
 
@@ -77,6 +91,7 @@ _TOKEN = re.compile(r"^[\x21-\x7e]{16,512}$")
 _INDEX = re.compile(r"\[(\d+)\]$")
 _MIN_RESCHEDULE_DELAY_S = 5.0  # Nomad refuses a reschedule delay below this
 _RESTART_INTERVAL_S = 1800.0
+_CHECK_INTERVAL_S, _CHECK_TIMEOUT_S = 10.0, 2.0
 _LOG_FILES, _LOG_FILE_MB = 2, 10
 _LOG_MB = _LOG_FILES * _LOG_FILE_MB  # Nomad wants the ephemeral disk larger than this
 
@@ -177,7 +192,10 @@ class NomadJobSpec:
         flags: The sandbox policy every slot server gets.
         token: The slot servers' bearer token (at least 16 printable ASCII characters).
         token_env: The task environment variable that carries ``token`` to the slot server.
-        privileged: Run the docker container privileged (bubblewrap inside docker needs it).
+        privileged: Run the docker container privileged. Not needed: the container gets what
+            bubblewrap needs without it (``DOCKER_SECURITY_OPTS``, the module doc).
+        nofile_limit, nproc_limit: The docker container's open-file and process limits (soft
+            and hard); the slot server refuses to start without room for its slots.
         datacenters: Where Nomad may place the allocations.
         namespace, region: Nomad namespace and region (``None``: the agent's defaults).
         group, task: Names of the task group and the task.
@@ -209,6 +227,8 @@ class NomadJobSpec:
         validator=_matches(_ENV_NAME, "an environment variable name"),
     )
     privileged: bool = False
+    nofile_limit: int = attrs.field(default=65536, validator=_int_at_least(64))
+    nproc_limit: int = attrs.field(default=32768, validator=_int_at_least(64))
     datacenters: tuple[str, ...] = attrs.field(
         default=("dc1",), converter=_words, validator=_datacenters
     )
@@ -291,13 +311,20 @@ def _ns(seconds: float) -> int:
 def _task_config(spec: NomadJobSpec) -> JSONObject:
     args: list[JSON] = list(spec.server_args())
     if spec.driver == "docker":
-        return {
+        config: JSONObject = {
             "image": spec.image,
             "entrypoint": list(spec.command),
             "args": args,
             "ports": [PORT_LABEL],
             "privileged": spec.privileged,
+            "ulimit": {
+                "nofile": f"{spec.nofile_limit}:{spec.nofile_limit}",
+                "nproc": f"{spec.nproc_limit}:{spec.nproc_limit}",
+            },
         }
+        if not spec.privileged:
+            config["security_opt"] = list(DOCKER_SECURITY_OPTS)
+        return config
     command, *rest = spec.command
     return {"command": command, "args": [*rest, *args]}
 
@@ -334,6 +361,22 @@ def job_json(spec: NomadJobSpec) -> JSONObject:
             "MaxDelay": _ns(spec.reschedule_max_delay_s),
         },
         "EphemeralDisk": {"SizeMB": spec.disk_mb},
+        "Services": [
+            {
+                "Name": SERVICE_NAME,
+                "PortLabel": PORT_LABEL,
+                "Provider": "nomad",
+                "Checks": [
+                    {
+                        "Name": "slot-server-port",
+                        "Type": "tcp",
+                        "PortLabel": PORT_LABEL,
+                        "Interval": _ns(_CHECK_INTERVAL_S),
+                        "Timeout": _ns(_CHECK_TIMEOUT_S),
+                    }
+                ],
+            }
+        ],
         "Update": {"MaxParallel": 0},
         "Tasks": [task],
     }
