@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import shutil
 import signal
 import tempfile
@@ -70,7 +69,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Final, Self
+from typing import Self
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import anyio
@@ -96,23 +95,17 @@ from trajcore.testing.fake_nomad.jobs import (
     without_count,
 )
 from trajcore.testing.fake_nomad.openapi import GO_TRUE, NomadOpenAPI
-from trajcore.testing.fake_nomad.processes import free_port, signal_group, start_task
+from trajcore.testing.fake_nomad.processes import (
+    free_port,
+    remove_container,
+    signal_group,
+    start_container,
+    start_task,
+)
 from trajcore.testing.fake_nomad.render import allocation_json, job_json, stub_json
+from trajcore.testing.fake_nomad.routes import route
 
 __all__ = ["FakeNomadAPI"]
-
-_ROUTES: Final = (  # (method, path pattern, path in the OpenAPI description)
-    ("GET", re.compile(r"^/v1/status/leader$"), "/status/leader"),
-    ("POST", re.compile(r"^/v1/jobs$"), "/jobs"),
-    ("GET", re.compile(r"^/v1/job/(?P<job>[^/]+)$"), "/job/{jobName}"),
-    ("POST", re.compile(r"^/v1/job/(?P<job>[^/]+)$"), "/job/{jobName}"),
-    ("DELETE", re.compile(r"^/v1/job/(?P<job>[^/]+)$"), "/job/{jobName}"),
-    ("GET", re.compile(r"^/v1/job/(?P<job>[^/]+)/allocations$"), "/job/{jobName}/allocations"),
-    ("POST", re.compile(r"^/v1/job/(?P<job>[^/]+)/scale$"), "/job/{jobName}/scale"),
-    ("GET", re.compile(r"^/v1/allocation/(?P<alloc>[^/]+)$"), "/allocation/{allocID}"),
-    ("POST", re.compile(r"^/v1/allocation/(?P<alloc>[^/]+)/stop$"), "/allocation/{allocID}/stop"),
-)
-
 
 # ============================================================================ the fake
 
@@ -127,7 +120,12 @@ class FakeNomadAPI:
         openapi: Checks every request (and answer) against Nomad's OpenAPI description;
             ``None``: no schema checks (the fake's own job checks still apply).
         check_responses: Also check every 200 answer (needs ``openapi``).
-        drivers: Task drivers this fake client runs (as plain child processes).
+        drivers: Task drivers this fake client runs: ``raw_exec`` and ``exec`` as plain child
+            processes, ``docker`` as containers through ``engine``.
+        engine: The container engine's command words (``("podman", "--runtime", "runc")``,
+            ``("docker",)``); needed for the ``docker`` driver.
+        container_prefix: Names of the containers started (``<prefix>-<allocation id>``); every
+            one is removed when its task stops and when the fake closes.
         acl_token: When set, every request but ``status/leader`` must carry it.
         reschedule_delay_cap_s: Longest a failed allocation waits for its replacement
             (doubling per failure of the same chain from a twentieth of it); ``None``: the job's
@@ -141,6 +139,8 @@ class FakeNomadAPI:
     openapi: NomadOpenAPI | None = None
     check_responses: bool = True
     drivers: tuple[str, ...] = ("raw_exec", "exec")
+    engine: tuple[str, ...] | None = None
+    container_prefix: str = "trajcore-fake-nomad"
     acl_token: str | None = attrs.field(default=None, repr=False)
     reschedule_delay_cap_s: float | None = 0.5
     restart_delay_cap_s: float | None = 0.1
@@ -156,13 +156,16 @@ class FakeNomadAPI:
     _index: int = attrs.field(init=False, default=1)
     _faults: list[tuple[int, str]] = attrs.field(init=False, factory=list)
     _closing: bool = attrs.field(init=False, default=False)
+    _containers: set[str] = attrs.field(init=False, factory=set)
     requests: list[NomadRequest] = attrs.field(init=False, factory=list)
     violations: list[str] = attrs.field(init=False, factory=list)
 
     def __attrs_post_init__(self) -> None:
-        unknown = [d for d in self.drivers if d not in ("raw_exec", "exec")]
+        unknown = [d for d in self.drivers if d not in ("raw_exec", "exec", "docker")]
         if unknown:
-            raise ConfigError("drivers", f"the fake runs raw_exec and exec only, not {unknown}")
+            raise ConfigError("drivers", f"the fake runs raw_exec, exec and docker, not {unknown}")
+        if "docker" in self.drivers and not self.engine:
+            raise ConfigError("engine", "the docker driver needs a container engine's command")
 
     # ------------------------------------------------------------------------- lifecycle
 
@@ -218,6 +221,10 @@ class FakeNomadAPI:
                 if alloc.process is not None:
                     with anyio.move_on_after(1.0):
                         await alloc.process.wait()
+            if self.engine is not None:
+                for container in sorted(self._containers):
+                    await remove_container(self.engine, container)
+                self._containers.clear()
             if self._own_dir and self._dir is not None:
                 directory = self._dir
                 await anyio.to_thread.run_sync(lambda: shutil.rmtree(directory, True))
@@ -317,7 +324,7 @@ class FakeNomadAPI:
                 if path.startswith(prefix):
                     del self._faults[i]
                     raise Refused(status, "injected failure")
-            template, params = self._route(request.method, path)
+            template, params = route(request.method, path)
             if self.openapi is not None:
                 problems = self.openapi.check_request(request.method, template, query, body)
                 if problems:
@@ -349,18 +356,6 @@ class FakeNomadAPI:
                 ("X-Nomad-LastContact", "0"),
             ),
         )
-
-    def _route(self, method: str, path: str) -> tuple[str, dict[str, str]]:
-        known_path = False
-        for route_method, pattern, template in _ROUTES:
-            found = pattern.match(path)
-            if found is not None:
-                known_path = True
-                if route_method == method:
-                    return template, found.groupdict()
-        if known_path:
-            raise Refused(405, "Invalid method")
-        raise Refused(404, "Invalid URL")
 
     def _serve(
         self,
@@ -640,8 +635,14 @@ class FakeNomadAPI:
 
     async def _run_once(self, alloc: Alloc, task_dir: Path, alloc_dir: Path) -> int | None:
         """Start the task once and wait for it; its exit code, ``None`` when it did not start."""
+        container = f"{self.container_prefix}-{alloc.id}"
         try:
-            process = await start_task(alloc, task_dir, alloc_dir)
+            if alloc.spec.docker is not None:
+                assert self.engine is not None  # checked when built
+                self._containers.add(container)
+                process = await start_container(alloc, task_dir, alloc_dir, self.engine, container)
+            else:
+                process = await start_task(alloc, task_dir, alloc_dir)
         except OSError as error:
             self._event(alloc, "Driver Failure", f"failed to launch command: {error}")
             return None
@@ -657,6 +658,9 @@ class FakeNomadAPI:
         finally:
             alloc.process = None
             signal_group(process, signal.SIGKILL)  # what it started dies with it
+            if self.engine is not None and container in self._containers:
+                await remove_container(self.engine, container)
+                self._containers.discard(container)
 
     async def _reschedule(self, alloc: Alloc) -> None:
         job = self._jobs.get((alloc.namespace, alloc.job_id))

@@ -27,6 +27,7 @@ __all__ = [
     "ENV_TEMPLATE",
     "NS",
     "Alloc",
+    "DockerConfig",
     "FakeAllocation",
     "Job",
     "NomadRequest",
@@ -168,6 +169,43 @@ class TaskSpec:
     kill_timeout_ns: int
     cpu: int
     memory_mb: int
+    docker: DockerConfig | None = None
+
+
+@attrs.frozen(kw_only=True)
+class DockerConfig:
+    """What a ``docker`` task runs: the image, its entrypoint and the container's options."""
+
+    image: str
+    entrypoint: tuple[str, ...]
+    security_opts: tuple[str, ...]
+    ulimits: tuple[tuple[str, str], ...]
+    privileged: bool
+
+
+def _docker_config(config: JSONObject) -> DockerConfig:
+    image = as_str(config.get("image"), "Tasks[0].Config.image")
+    if not image:
+        raise bad("docker task needs an image")
+    entrypoint = tuple(
+        as_str(word, "Tasks[0].Config.entrypoint[]")
+        for word in as_list(config.get("entrypoint"), "Tasks[0].Config.entrypoint")
+    )
+    security = tuple(
+        as_str(option, "Tasks[0].Config.security_opt[]")
+        for option in as_list(config.get("security_opt"), "Tasks[0].Config.security_opt")
+    )
+    limits = as_object(config.get("ulimit") or {}, "Tasks[0].Config.ulimit")
+    privileged = config.get("privileged", False)
+    if not isinstance(privileged, bool):
+        raise bad("Tasks[0].Config.privileged: expected a boolean")
+    return DockerConfig(
+        image=image,
+        entrypoint=entrypoint,
+        security_opts=security,
+        ulimits=tuple((name, as_str(value, f"ulimit.{name}")) for name, value in limits.items()),
+        privileged=privileged,
+    )
 
 
 def _job_group_task(job: JSONObject) -> tuple[JSONObject, JSONObject]:
@@ -298,6 +336,7 @@ def task_spec(job: JSONObject) -> tuple[TaskSpec, int]:
         kill_timeout_ns=as_int(task.get("KillTimeout"), "Tasks[0].KillTimeout", 5 * NS),
         cpu=cpu,
         memory_mb=memory,
+        docker=_docker_config(config) if driver == "docker" else None,
     )
     return spec, count
 
