@@ -227,8 +227,8 @@ class NomadJobSpec:
         validator=_matches(_ENV_NAME, "an environment variable name"),
     )
     privileged: bool = False
-    nofile_limit: int = attrs.field(default=65536, validator=_int_at_least(64))
-    nproc_limit: int = attrs.field(default=32768, validator=_int_at_least(64))
+    nofile_limit: int = attrs.field(default=16384, validator=_int_at_least(64))
+    nproc_limit: int = attrs.field(default=16384, validator=_int_at_least(64))
     datacenters: tuple[str, ...] = attrs.field(
         default=("dc1",), converter=_words, validator=_datacenters
     )

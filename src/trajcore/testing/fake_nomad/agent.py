@@ -64,6 +64,7 @@ import copy
 import json
 import shutil
 import signal
+import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -239,13 +240,20 @@ class FakeNomadAPI:
     # ------------------------------------------------------------------------- faults
 
     def kill_allocation(self, alloc_id: str, signum: int = signal.SIGKILL) -> None:
-        """Send ``signum`` to the process group of ``alloc_id``'s running task.
+        """Send ``signum`` to ``alloc_id``'s running task: its process group, and for a
+        ``docker`` task its container (through the engine, before this returns).
 
         Raises ``KeyError`` for an unknown allocation, ``StateError`` when no task runs.
         """
         alloc = self._allocs[alloc_id]
         if alloc.process is None or alloc.process.returncode is not None:
             raise StateError(f"allocation {alloc_id} runs no task")
+        if alloc.spec.docker is not None and self.engine is not None:
+            subprocess.run(
+                [*self.engine, "kill", "--signal", str(int(signum)),
+                 f"{self.container_prefix}-{alloc.id}"],
+                capture_output=True, timeout=60, check=False,
+            )  # fmt: skip
         signal_group(alloc.process, signum)
 
     def fail_requests(self, status: int = 500, times: int = 1, path_prefix: str = "/v1/") -> None:
