@@ -43,7 +43,6 @@ at least 5 s, memory at least 10 MB, a job id without spaces); ``job_json`` is a
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Literal, cast
@@ -53,6 +52,7 @@ import attrs
 from trajcore.domain.errors import ConfigError, WireError
 from trajcore.domain.messages import JSON, JSONObject
 from trajcore.domain.slot_server_flags import SlotServerFlags
+from trajcore.domain.validators import finite_number, whole_number
 
 __all__ = [
     "DOCKER_SECURITY_OPTS",
@@ -99,31 +99,6 @@ _LOG_MB = _LOG_FILES * _LOG_FILE_MB  # Nomad wants the ephemeral disk larger tha
 def _check(condition: bool, field: str, reason: str) -> None:
     if not condition:
         raise ConfigError(field, reason)
-
-
-def _int_at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], object], None]:
-    def check(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-        _check(
-            not isinstance(value, bool) and isinstance(value, int) and value >= minimum,
-            attribute.name,
-            f"must be an integer >= {minimum}, got {value!r}",
-        )
-
-    return check
-
-
-def _seconds_at_least(minimum: float) -> Callable[[object, attrs.Attribute[float], object], None]:
-    def check(_: object, attribute: attrs.Attribute[float], value: object) -> None:
-        _check(
-            not isinstance(value, bool)
-            and isinstance(value, int | float)
-            and math.isfinite(value)
-            and value >= minimum,
-            attribute.name,
-            f"must be finite seconds >= {minimum}, got {value!r}",
-        )
-
-    return check
 
 
 def _matches(
@@ -211,13 +186,13 @@ class NomadJobSpec:
     job_id: str = attrs.field(
         validator=_matches(_JOB_ID, "letters, digits, '_', '.' or '-' (at most 128)")
     )
-    count: int = attrs.field(validator=_int_at_least(0))
+    count: int = attrs.field(validator=whole_number(0))
     driver: Driver = attrs.field(default="docker")
     image: str = ""
     command: tuple[str, ...] = attrs.field(
         default=("trajcore", "slot-server"), converter=_words, validator=_nonempty_words
     )
-    slots_per_container: int = attrs.field(default=8, validator=_int_at_least(1))
+    slots_per_container: int = attrs.field(default=8, validator=whole_number(1))
     flags: SlotServerFlags = attrs.field(factory=SlotServerFlags)
     token: str = attrs.field(
         repr=False, validator=_matches(_TOKEN, "16 to 512 printable ASCII characters")
@@ -227,8 +202,8 @@ class NomadJobSpec:
         validator=_matches(_ENV_NAME, "an environment variable name"),
     )
     privileged: bool = False
-    nofile_limit: int = attrs.field(default=16384, validator=_int_at_least(64))
-    nproc_limit: int = attrs.field(default=16384, validator=_int_at_least(64))
+    nofile_limit: int = attrs.field(default=16384, validator=whole_number(64))
+    nproc_limit: int = attrs.field(default=16384, validator=whole_number(64))
     datacenters: tuple[str, ...] = attrs.field(
         default=("dc1",), converter=_words, validator=_datacenters
     )
@@ -236,18 +211,23 @@ class NomadJobSpec:
     region: str | None = attrs.field(default=None, validator=_optional_name)
     group: str = attrs.field(default="slots", validator=_matches(_NAME, "a name"))
     task: str = attrs.field(default="slot-server", validator=_matches(_NAME, "a name"))
-    cpu_mhz: int = attrs.field(default=1000, validator=_int_at_least(1))
-    memory_mb: int = attrs.field(default=2560, validator=_int_at_least(10))
-    disk_mb: int = attrs.field(default=1024, validator=_int_at_least(_LOG_MB + 1))
-    restart_attempts: int = attrs.field(default=0, validator=_int_at_least(0))
-    restart_delay_s: float = attrs.field(default=1.0, validator=_seconds_at_least(0.0))
+    cpu_mhz: int = attrs.field(default=1000, validator=whole_number(1))
+    memory_mb: int = attrs.field(default=2560, validator=whole_number(10))
+    disk_mb: int = attrs.field(default=1024, validator=whole_number(_LOG_MB + 1))
+    restart_attempts: int = attrs.field(default=0, validator=whole_number(0))
+    restart_delay_s: float = attrs.field(
+        default=1.0, validator=finite_number(None, at_least=0.0, unit="seconds")
+    )
     reschedule_delay_s: float = attrs.field(
-        default=5.0, validator=_seconds_at_least(_MIN_RESCHEDULE_DELAY_S)
+        default=5.0, validator=finite_number(None, at_least=_MIN_RESCHEDULE_DELAY_S, unit="seconds")
     )
     reschedule_max_delay_s: float = attrs.field(
-        default=60.0, validator=_seconds_at_least(_MIN_RESCHEDULE_DELAY_S)
+        default=60.0,
+        validator=finite_number(None, at_least=_MIN_RESCHEDULE_DELAY_S, unit="seconds"),
     )
-    kill_timeout_s: float = attrs.field(default=10.0, validator=_seconds_at_least(0.0))
+    kill_timeout_s: float = attrs.field(
+        default=10.0, validator=finite_number(None, at_least=0.0, unit="seconds")
+    )
 
     def __attrs_post_init__(self) -> None:
         _check(
