@@ -2,27 +2,51 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import anyio
 import pytest
 
-from trajcore.adapters.fakes.nomad_api import OPENAPI_ENV, NomadOpenAPI
 from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
+from trajcore.domain.errors import ConfigError
 from trajcore.domain.slot_server_flags import SlotServerFlags
+from trajcore.testing.fake_nomad import OPENAPI_ENV, NomadOpenAPI
+
+# Nomad's OpenAPI description lives beside the repository (never copied into it); CI and ./dev
+# set the variable, and a plain pytest run gets the same default here.
+os.environ.setdefault(
+    OPENAPI_ENV,
+    str(
+        Path(__file__).resolve().parents[1].parent
+        / "shared"
+        / "reference"
+        / "nomad-openapi-v1.yaml"
+    ),
+)
+
+
+def _openapi() -> tuple[NomadOpenAPI | None, str]:
+    try:
+        return NomadOpenAPI.from_env(), ""
+    except ConfigError as error:
+        return None, str(error)
+
 
 SLOT_SERVER = (sys.executable, "-m", "trajcore.entrypoints.slot_server")
 """The real slot server, as a raw_exec task runs it."""
 
-OPENAPI = NomadOpenAPI.find()
-"""Nomad's OpenAPI description, or ``None`` when it cannot be found."""
+OPENAPI, OPENAPI_PROBLEM = _openapi()
+"""Nomad's OpenAPI description (``None`` when ``$TRAJCORE_NOMAD_OPENAPI`` names no file), and
+why it is missing."""
 
 needs_openapi = pytest.mark.skipif(
     OPENAPI is None,
-    reason=f"Nomad's OpenAPI description was not found: set {OPENAPI_ENV} to the path of "
-    "nomad-openapi-v1.yaml",
+    reason=f"Nomad's OpenAPI description is needed: {OPENAPI_PROBLEM} (set {OPENAPI_ENV} to the "
+    "path of nomad-openapi-v1.yaml)",
 )
 
 

@@ -15,9 +15,9 @@ from contextlib import asynccontextmanager
 import pytest
 
 from tests.nomad_testbed import OPENAPI, nomad_pool_config
-from trajcore.adapters.fakes.nomad_api import FakeNomadAPI
 from trajcore.adapters.sandbox.nomad_pool import NomadSandboxPool
 from trajcore.ports.sandbox_pool import SandboxPool
+from trajcore.testing.fake_nomad import FakeNomadAPI
 from trajcore.testing.sandbox_pool_contract import (
     CrashContainer,
     PoolShape,

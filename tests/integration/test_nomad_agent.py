@@ -1,7 +1,9 @@
-"""The SandboxPool contract against a real ``nomad agent -dev`` with the raw_exec driver.
+"""The SandboxPool contract against a real ``nomad agent -dev``, with raw_exec and with docker.
 
-Runs only where a ``nomad`` binary is on PATH (none can be installed on the machines trajcore
-is built on; CI runs the same suite against the fake Nomad API in ``tests/contract``). The test
+``./dev nomad-test`` runs it. It runs only where a ``nomad`` binary is on PATH (CI runs the same
+suite against the fake Nomad API in ``tests/contract``, and over real containers in
+``tests/integration/test_nomad_docker.py``); the docker half needs a docker daemon that Nomad's
+docker driver can use, holding the slot-server image ``./dev image`` builds. The test
 starts its own dev agent on free loopback ports with raw_exec enabled, and each test registers
 its own job of the real slot server (``sys.executable -m trajcore.entrypoints.slot_server``).
 A container is crashed with ``nomad alloc signal -s SIGKILL``.
@@ -54,7 +56,29 @@ plugin "raw_exec" {{
     enabled = true
   }}
 }}
+plugin "docker" {{
+  config {{
+    allow_privileged = false
+  }}
+}}
 """
+IMAGE = "localhost/trajcore/slot-server:latest"
+
+
+def _docker_problem() -> str | None:
+    """Why Nomad's docker driver cannot run the slot-server image here, or ``None``."""
+    docker = shutil.which("docker")
+    if docker is None:
+        return "no docker CLI on PATH"
+    info = subprocess.run([docker, "info"], capture_output=True, timeout=30, check=False)
+    if info.returncode != 0:
+        return "the docker daemon does not answer (docker info failed)"
+    image = subprocess.run(
+        [docker, "image", "inspect", IMAGE], capture_output=True, timeout=60, check=False
+    )
+    if image.returncode != 0:
+        return f"docker holds no {IMAGE}: build it with ./dev image"
+    return None
 
 
 def _free_ports(count: int) -> list[int]:
@@ -116,6 +140,7 @@ def nomad_agent() -> Iterator[str]:
 
 class TestNomadAgentPool(SandboxPoolContract):
     supports_crash = True
+    driver_settings: dict[str, object] = {}  # noqa: RUF012 - read only
 
     @pytest.fixture
     def sandbox_pool_factory(self, nomad_agent: str) -> SandboxPoolFactory:
@@ -123,6 +148,7 @@ class TestNomadAgentPool(SandboxPoolContract):
         async def factory(shape: PoolShape) -> AsyncIterator[SandboxPool]:
             config = nomad_pool_config(
                 nomad_agent,
+                **self.driver_settings,
                 containers=shape.containers,
                 slots_per_container=shape.slots_per_container,
                 acquire_timeout_s=shape.acquire_timeout_s,
@@ -150,6 +176,20 @@ class TestNomadAgentPool(SandboxPoolContract):
             )  # fmt: skip
 
         return crash
+
+
+_DOCKER_PROBLEM = _docker_problem() if NOMAD is not None else "no nomad binary on PATH"
+
+
+@pytest.mark.skipif(_DOCKER_PROBLEM is not None, reason=f"Nomad's docker driver: {_DOCKER_PROBLEM}")
+class TestNomadAgentDockerPool(TestNomadAgentPool):
+    """The same contract with the docker driver running the slot-server image."""
+
+    driver_settings: dict[str, object] = {  # noqa: RUF012 - read only
+        "driver": "docker",
+        "image": IMAGE,
+        "command": ("trajcore", "slot-server"),
+    }
 
 
 def test_the_interpreter_runs_the_slot_server() -> None:

@@ -16,7 +16,6 @@ import pytest
 
 from tests.nomad_testbed import OPENAPI, SLOT_SERVER
 from trajcore.adapters.fakes.llm import FakeChatServer
-from trajcore.adapters.fakes.nomad_api import FakeNomadAPI
 from trajcore.adapters.sandbox.nomad_pool import NomadSandboxPool
 from trajcore.domain.errors import ConfigError, SlotFileError
 from trajcore.domain.groups import GroupStatus
@@ -24,6 +23,7 @@ from trajcore.domain.messages import Message, ToolCall
 from trajcore.domain.sampling import ChatTurn, FinishReason
 from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig
 from trajcore.rollout.tools import SlotTools
+from trajcore.testing.fake_nomad import FakeNomadAPI
 from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 pytestmark = pytest.mark.anyio

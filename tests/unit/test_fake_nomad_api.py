@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import anyio
 import httpx
 import pytest
 
 from tests.nomad_testbed import OPENAPI, needs_openapi, wait_until
-from trajcore.adapters.fakes.nomad_api import FakeNomadAPI
 from trajcore.adapters.sandbox.nomad_client import NomadClient, NomadUnavailable
+from trajcore.domain.errors import ConfigError
 from trajcore.domain.messages import JSONObject
 from trajcore.domain.nomad_job import (
     NomadJobSpec,
@@ -36,6 +37,7 @@ from trajcore.domain.nomad_job import (
     register_request,
     scale_request,
 )
+from trajcore.testing.fake_nomad import OPENAPI_ENV, FakeNomadAPI, NomadOpenAPI
 
 pytestmark = pytest.mark.anyio
 
@@ -206,3 +208,20 @@ async def test_scaling_down_stops_the_highest_indices(fake: FakeNomadAPI) -> Non
     await wait_until(lambda: len(fake.running("sleepers")) == 2, "two tasks run")
     assert sorted(a.index for a in fake.running("sleepers")) == [0, 1]
     assert fake.violations == []
+
+
+def test_the_openapi_description_is_found_only_through_its_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(OPENAPI_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=f"is not set.*@ {OPENAPI_ENV}"):
+        NomadOpenAPI.from_env()
+    monkeypatch.setenv(OPENAPI_ENV, str(tmp_path / "missing.yaml"))
+    with pytest.raises(ConfigError, match=f"missing.yaml', which is not a file @ {OPENAPI_ENV}"):
+        NomadOpenAPI.from_env()
+    not_openapi = tmp_path / "other.yaml"
+    not_openapi.write_text("just: text\n", encoding="utf-8")
+    monkeypatch.setenv(OPENAPI_ENV, str(not_openapi))
+    with pytest.raises(ConfigError, match=f"is not an OpenAPI description @ {OPENAPI_ENV}"):
+        NomadOpenAPI.from_env()

@@ -1,8 +1,9 @@
 """The Nomad job spec and the parsers of Nomad's answers (``trajcore.domain.nomad_job``).
 
 Schema checks read Nomad's own OpenAPI description (``nomad-openapi-v1.yaml``, found through
-``TRAJCORE_NOMAD_OPENAPI`` or ``shared/reference/`` above the repository) with unknown fields
-refused; they skip, naming the variable, when it cannot be found. Everything else runs anyway.
+``TRAJCORE_NOMAD_OPENAPI``, by default ``../shared/reference/`` beside the repository) with
+unknown fields refused; they skip, naming the variable, when it names no file. Everything else
+runs anyway.
 """
 
 from __future__ import annotations
@@ -181,9 +182,19 @@ def test_the_job_runs_the_slot_server_as_specified(spec: NomadJobSpec) -> None:
         assert config["ports"] == [PORT_LABEL]
         assert config["privileged"] is spec.privileged
         assert spec.listen_address().startswith("0.0.0.0:")
+        # what ./dev runs the image with: the sandbox's needs, without privileged
+        if spec.privileged:
+            assert "security_opt" not in config
+        else:
+            assert config["security_opt"] == ["seccomp=unconfined", "systempaths=unconfined"]
+        assert config["ulimit"] == {
+            "nofile": f"{spec.nofile_limit}:{spec.nofile_limit}",
+            "nproc": f"{spec.nproc_limit}:{spec.nproc_limit}",
+        }
     else:
         assert "image" not in config
         assert "privileged" not in config
+        assert "security_opt" not in config
         assert spec.listen_address() == "${NOMAD_IP_slot}:${NOMAD_PORT_slot}"
 
 
@@ -407,3 +418,27 @@ def test_a_missing_or_broken_slot_port_names_the_path(body: JSON, path: str) -> 
     with pytest.raises(WireError) as caught:
         allocation_address(body)
     assert caught.value.field == path
+
+
+def test_every_slot_server_registers_a_service_with_a_tcp_check_on_its_port() -> None:
+    spec = NomadJobSpec(job_id="slots", count=1, image="trajcore/slot-server", token="t" * 16)
+    group = job_json(spec)["TaskGroups"][0]  # type: ignore[index]
+    assert isinstance(group, dict)
+    assert group["Services"] == [
+        {
+            "Name": "trajcore-slot-server",
+            "PortLabel": PORT_LABEL,
+            "Provider": "nomad",
+            "Checks": [
+                {
+                    "Name": "slot-server-port",
+                    "Type": "tcp",
+                    "PortLabel": PORT_LABEL,
+                    "Interval": 10_000_000_000,
+                    "Timeout": 2_000_000_000,
+                }
+            ],
+        }
+    ]
+    with pytest.raises(ConfigError, match="nofile_limit"):
+        NomadJobSpec(job_id="slots", count=1, image="i", token="t" * 16, nofile_limit=8)

@@ -1,6 +1,6 @@
 """What the Nomad pool does with Nomad: against the fake Nomad API and real slot servers.
 
-Each test runs the fake (``trajcore.adapters.fakes.nomad_api``) on loopback; its allocations are
+Each test runs the fake (``trajcore.testing.fake_nomad``) on loopback; its allocations are
 real ``trajcore slot-server`` processes. Requests and answers are checked against Nomad's OpenAPI
 description when it is found (see ``tests.nomad_testbed``); every test that talks to the fake
 ends by asserting that no check failed.
@@ -17,7 +17,6 @@ import anyio
 import pytest
 
 from tests.nomad_testbed import OPENAPI, nomad_pool_config, wait_until
-from trajcore.adapters.fakes.nomad_api import FakeNomadAPI
 from trajcore.adapters.sandbox.nomad_client import NomadClient, NomadUnavailable
 from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig, NomadSandboxPool
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
@@ -27,6 +26,7 @@ from trajcore.domain.nomad_job import (
 )
 from trajcore.domain.slot_server_flags import SlotServerFlags
 from trajcore.domain.slots import Lease
+from trajcore.testing.fake_nomad import FakeNomadAPI
 from trajcore.testing.sandbox_pool_contract import slot_call
 
 pytestmark = pytest.mark.anyio

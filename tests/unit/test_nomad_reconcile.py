@@ -127,6 +127,26 @@ def test_a_drained_container_wanted_again_comes_back() -> None:
     assert [type(a) for a in actions] == [Lose, Replace]
 
 
+def test_a_draining_container_that_still_holds_slots_is_neither_back_nor_removed() -> None:
+    machine = reconciler()
+    machine.registered(2)
+    listing = [running("a", 0), running("b", 1, held=1)]
+    machine.observe(listing, demand=4, now=0.0)
+    machine.joined("a", 0.0)
+    machine.joined("b", 0.0)
+    assert machine.observe(listing, demand=1, now=1.0) == [
+        Drain(alloc_id="b", reason="index 1 is at or above the target 1")
+    ]
+    # wanted again while a trajectory still holds its slot: it stays draining
+    assert machine.observe(listing, demand=4, now=2.0) == []
+    assert machine.members()["b"] is MemberState.DRAINING
+    # its allocation stops while it holds a slot: lost (the lease turns stale), not removed
+    gone = [running("a", 0), Allocation(id="b", index=1, client_status="lost", held=1)]
+    assert machine.observe(gone, demand=4, now=3.0) == [
+        Lose(alloc_id="b", reason="its allocation is lost (desired run)")
+    ]
+
+
 def test_gone_and_failed_allocations_are_lost_and_replaced() -> None:
     machine = reconciler(min_containers=2)
     machine.registered(2)

@@ -16,12 +16,18 @@ The job (one task group, one task):
   naming the task environment variable ``token_env`` that carries the token (so the token never
   appears on a command line, and no template renders it to a file; the server drops the variable
   once read), then the policy flags of ``SlotServerFlags``.
-- Drivers: ``docker`` runs ``image`` with ``entrypoint`` set to ``command`` (the image's own
-  entrypoint is not relied on), maps the ``slot`` port, listens on ``0.0.0.0`` inside the
-  container, and sets ``privileged`` when asked: bubblewrap inside docker needs it (or an
-  equivalent seccomp and capability setup done by the operator). ``exec`` and ``raw_exec`` run
+- Drivers: ``docker`` runs ``image`` (``trajcore/slot-server``, the image ``./dev image``
+  builds) with ``entrypoint`` set to ``command`` (the image's own entrypoint is not relied on),
+  maps the ``slot`` port, listens on ``0.0.0.0`` inside the container, and gives the container
+  what bubblewrap needs without ``privileged``: ``security_opt`` ``seccomp=unconfined`` and
+  ``systempaths=unconfined`` (``DOCKER_SECURITY_OPTS``; podman spells the second
+  ``unmask=ALL``), and explicit ``ulimit`` ``nofile`` and ``nproc``. ``privileged`` replaces the
+  security options when asked. ``exec`` and ``raw_exec`` run
   ``command`` on the client host and listen on the host address Nomad gave the port; ``image`` is
   not used by them and ``privileged`` is refused for them.
+- Health: the group registers the Nomad service ``trajcore-slot-server`` (provider ``nomad``)
+  on the ``slot`` port with a TCP check, so an operator sees unhealthy slot servers in Nomad;
+  the pool itself waits for each server's ``/v1/health`` with the token before using it.
 - Restarts: a slot server that dies forgets its slots (workspaces, epochs), so by default the
   task is not restarted in place (``restart_attempts=0``, mode ``fail``): the allocation fails
   and the reschedule policy places a fresh one (exponential delay from ``reschedule_delay_s``,
@@ -37,7 +43,6 @@ at least 5 s, memory at least 10 MB, a job id without spaces); ``job_json`` is a
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Literal, cast
@@ -47,10 +52,13 @@ import attrs
 from trajcore.domain.errors import ConfigError, WireError
 from trajcore.domain.messages import JSON, JSONObject
 from trajcore.domain.slot_server_flags import SlotServerFlags
+from trajcore.domain.validators import finite_number, whole_number
 
 __all__ = [
+    "DOCKER_SECURITY_OPTS",
     "DRIVERS",
     "PORT_LABEL",
+    "SERVICE_NAME",
     "TERMINAL_CLIENT_STATUSES",
     "AllocationStub",
     "Driver",
@@ -66,6 +74,12 @@ Driver = Literal["docker", "exec", "raw_exec"]
 DRIVERS: Final[tuple[Driver, ...]] = ("docker", "exec", "raw_exec")
 PORT_LABEL: Final = "slot"
 """The label of the slot server's dynamic port."""
+DOCKER_SECURITY_OPTS: Final = ("seccomp=unconfined", "systempaths=unconfined")
+"""What a docker container needs for bubblewrap inside it, short of ``privileged``: ``/proc``
+unmasked so the sandbox can mount a fresh one, and the engine's seccomp profile off so the
+sandbox can make its namespaces and set its hostname (each lease gets trajcore's own filter)."""
+SERVICE_NAME: Final = "trajcore-slot-server"
+"""The Nomad service every slot server registers, with a TCP check on its port."""
 TERMINAL_CLIENT_STATUSES: Final = frozenset({"complete", "failed", "lost"})
 """Client statuses of an allocation that will never run again."""
 
@@ -77,6 +91,7 @@ _TOKEN = re.compile(r"^[\x21-\x7e]{16,512}$")
 _INDEX = re.compile(r"\[(\d+)\]$")
 _MIN_RESCHEDULE_DELAY_S = 5.0  # Nomad refuses a reschedule delay below this
 _RESTART_INTERVAL_S = 1800.0
+_CHECK_INTERVAL_S, _CHECK_TIMEOUT_S = 10.0, 2.0
 _LOG_FILES, _LOG_FILE_MB = 2, 10
 _LOG_MB = _LOG_FILES * _LOG_FILE_MB  # Nomad wants the ephemeral disk larger than this
 
@@ -84,31 +99,6 @@ _LOG_MB = _LOG_FILES * _LOG_FILE_MB  # Nomad wants the ephemeral disk larger tha
 def _check(condition: bool, field: str, reason: str) -> None:
     if not condition:
         raise ConfigError(field, reason)
-
-
-def _int_at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], object], None]:
-    def check(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-        _check(
-            not isinstance(value, bool) and isinstance(value, int) and value >= minimum,
-            attribute.name,
-            f"must be an integer >= {minimum}, got {value!r}",
-        )
-
-    return check
-
-
-def _seconds_at_least(minimum: float) -> Callable[[object, attrs.Attribute[float], object], None]:
-    def check(_: object, attribute: attrs.Attribute[float], value: object) -> None:
-        _check(
-            not isinstance(value, bool)
-            and isinstance(value, int | float)
-            and math.isfinite(value)
-            and value >= minimum,
-            attribute.name,
-            f"must be finite seconds >= {minimum}, got {value!r}",
-        )
-
-    return check
 
 
 def _matches(
@@ -177,7 +167,10 @@ class NomadJobSpec:
         flags: The sandbox policy every slot server gets.
         token: The slot servers' bearer token (at least 16 printable ASCII characters).
         token_env: The task environment variable that carries ``token`` to the slot server.
-        privileged: Run the docker container privileged (bubblewrap inside docker needs it).
+        privileged: Run the docker container privileged. Not needed: the container gets what
+            bubblewrap needs without it (``DOCKER_SECURITY_OPTS``, the module doc).
+        nofile_limit, nproc_limit: The docker container's open-file and process limits (soft
+            and hard); the slot server refuses to start without room for its slots.
         datacenters: Where Nomad may place the allocations.
         namespace, region: Nomad namespace and region (``None``: the agent's defaults).
         group, task: Names of the task group and the task.
@@ -193,13 +186,13 @@ class NomadJobSpec:
     job_id: str = attrs.field(
         validator=_matches(_JOB_ID, "letters, digits, '_', '.' or '-' (at most 128)")
     )
-    count: int = attrs.field(validator=_int_at_least(0))
+    count: int = attrs.field(validator=whole_number(0))
     driver: Driver = attrs.field(default="docker")
     image: str = ""
     command: tuple[str, ...] = attrs.field(
         default=("trajcore", "slot-server"), converter=_words, validator=_nonempty_words
     )
-    slots_per_container: int = attrs.field(default=8, validator=_int_at_least(1))
+    slots_per_container: int = attrs.field(default=8, validator=whole_number(1))
     flags: SlotServerFlags = attrs.field(factory=SlotServerFlags)
     token: str = attrs.field(
         repr=False, validator=_matches(_TOKEN, "16 to 512 printable ASCII characters")
@@ -209,6 +202,8 @@ class NomadJobSpec:
         validator=_matches(_ENV_NAME, "an environment variable name"),
     )
     privileged: bool = False
+    nofile_limit: int = attrs.field(default=16384, validator=whole_number(64))
+    nproc_limit: int = attrs.field(default=16384, validator=whole_number(64))
     datacenters: tuple[str, ...] = attrs.field(
         default=("dc1",), converter=_words, validator=_datacenters
     )
@@ -216,18 +211,23 @@ class NomadJobSpec:
     region: str | None = attrs.field(default=None, validator=_optional_name)
     group: str = attrs.field(default="slots", validator=_matches(_NAME, "a name"))
     task: str = attrs.field(default="slot-server", validator=_matches(_NAME, "a name"))
-    cpu_mhz: int = attrs.field(default=1000, validator=_int_at_least(1))
-    memory_mb: int = attrs.field(default=2560, validator=_int_at_least(10))
-    disk_mb: int = attrs.field(default=1024, validator=_int_at_least(_LOG_MB + 1))
-    restart_attempts: int = attrs.field(default=0, validator=_int_at_least(0))
-    restart_delay_s: float = attrs.field(default=1.0, validator=_seconds_at_least(0.0))
+    cpu_mhz: int = attrs.field(default=1000, validator=whole_number(1))
+    memory_mb: int = attrs.field(default=2560, validator=whole_number(10))
+    disk_mb: int = attrs.field(default=1024, validator=whole_number(_LOG_MB + 1))
+    restart_attempts: int = attrs.field(default=0, validator=whole_number(0))
+    restart_delay_s: float = attrs.field(
+        default=1.0, validator=finite_number(None, at_least=0.0, unit="seconds")
+    )
     reschedule_delay_s: float = attrs.field(
-        default=5.0, validator=_seconds_at_least(_MIN_RESCHEDULE_DELAY_S)
+        default=5.0, validator=finite_number(None, at_least=_MIN_RESCHEDULE_DELAY_S, unit="seconds")
     )
     reschedule_max_delay_s: float = attrs.field(
-        default=60.0, validator=_seconds_at_least(_MIN_RESCHEDULE_DELAY_S)
+        default=60.0,
+        validator=finite_number(None, at_least=_MIN_RESCHEDULE_DELAY_S, unit="seconds"),
     )
-    kill_timeout_s: float = attrs.field(default=10.0, validator=_seconds_at_least(0.0))
+    kill_timeout_s: float = attrs.field(
+        default=10.0, validator=finite_number(None, at_least=0.0, unit="seconds")
+    )
 
     def __attrs_post_init__(self) -> None:
         _check(
@@ -291,13 +291,20 @@ def _ns(seconds: float) -> int:
 def _task_config(spec: NomadJobSpec) -> JSONObject:
     args: list[JSON] = list(spec.server_args())
     if spec.driver == "docker":
-        return {
+        config: JSONObject = {
             "image": spec.image,
             "entrypoint": list(spec.command),
             "args": args,
             "ports": [PORT_LABEL],
             "privileged": spec.privileged,
+            "ulimit": {
+                "nofile": f"{spec.nofile_limit}:{spec.nofile_limit}",
+                "nproc": f"{spec.nproc_limit}:{spec.nproc_limit}",
+            },
         }
+        if not spec.privileged:
+            config["security_opt"] = list(DOCKER_SECURITY_OPTS)
+        return config
     command, *rest = spec.command
     return {"command": command, "args": [*rest, *args]}
 
@@ -334,6 +341,22 @@ def job_json(spec: NomadJobSpec) -> JSONObject:
             "MaxDelay": _ns(spec.reschedule_max_delay_s),
         },
         "EphemeralDisk": {"SizeMB": spec.disk_mb},
+        "Services": [
+            {
+                "Name": SERVICE_NAME,
+                "PortLabel": PORT_LABEL,
+                "Provider": "nomad",
+                "Checks": [
+                    {
+                        "Name": "slot-server-port",
+                        "Type": "tcp",
+                        "PortLabel": PORT_LABEL,
+                        "Interval": _ns(_CHECK_INTERVAL_S),
+                        "Timeout": _ns(_CHECK_TIMEOUT_S),
+                    }
+                ],
+            }
+        ],
         "Update": {"MaxParallel": 0},
         "Tasks": [task],
     }

@@ -64,6 +64,7 @@ import attrs
 from trajcore.domain.errors import ConfigError, InvalidInput
 from trajcore.domain.nomad_job import TERMINAL_CLIENT_STATUSES
 from trajcore.domain.scale_policy import ScaleConfig, ScalePolicy, ScaleReason
+from trajcore.domain.validators import non_negative_int, positive_seconds, whole_number
 
 __all__ = [
     "Action",
@@ -90,9 +91,7 @@ def _is_time(value: object) -> bool:
     return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
-def _count(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if not _is_count(value):
-        raise InvalidInput(attribute.name, f"must be an integer >= 0, got {value!r}")
+_count = whole_number(0, error=InvalidInput)
 
 
 def _text(_: object, attribute: attrs.Attribute[str], value: object) -> None:
@@ -232,16 +231,6 @@ def _config_scale(_: object, attribute: attrs.Attribute[ScaleConfig], value: obj
         raise ConfigError(attribute.name, f"expected ScaleConfig, got {value!r}")
 
 
-def _config_count(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if not _is_count(value):
-        raise ConfigError(attribute.name, f"must be an integer >= 0, got {value!r}")
-
-
-def _config_seconds(_: object, attribute: attrs.Attribute[float], value: object) -> None:
-    if not (_is_time(value) and isinstance(value, int | float) and value > 0):
-        raise ConfigError(attribute.name, f"must be finite seconds > 0, got {value!r}")
-
-
 @attrs.frozen(kw_only=True)
 class ReconcileConfig:
     """The reconciler's settings.
@@ -253,8 +242,8 @@ class ReconcileConfig:
     """
 
     scale: ScaleConfig = attrs.field(validator=_config_scale)
-    restart_attempts: int = attrs.field(default=0, validator=_config_count)
-    join_timeout_s: float = attrs.field(default=120.0, validator=_config_seconds)
+    restart_attempts: int = attrs.field(default=0, validator=non_negative_int)
+    join_timeout_s: float = attrs.field(default=120.0, validator=positive_seconds)
 
 
 @attrs.define

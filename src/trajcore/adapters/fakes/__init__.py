@@ -7,8 +7,7 @@ Every fake an env author needs is importable from here::
 
     from trajcore.adapters.fakes import FakeChatServer, FakeSandboxPool, FakeTokenServer
 
-``FakeNomadAPI`` is the Nomad agent's HTTP API in one process (it starts real slot servers as
-its allocations), for the Nomad pool's tests.
+The fake of the Nomad agent's HTTP API is ``trajcore.testing.fake_nomad.FakeNomadAPI``.
 """
 
 from trajcore.adapters.fakes.llm import (
@@ -22,7 +21,6 @@ from trajcore.adapters.fakes.llm import (
     TokenResponder,
     truncate_completion,
 )
-from trajcore.adapters.fakes.nomad_api import FakeAllocation, FakeNomadAPI, NomadRequest
 from trajcore.adapters.fakes.sandbox import (
     CommandHandler,
     CommandOutcome,
@@ -40,16 +38,13 @@ __all__ = [
     "CommandHandler",
     "CommandOutcome",
     "ExecutedCall",
-    "FakeAllocation",
     "FakeChatServer",
-    "FakeNomadAPI",
     "FakeSandboxPool",
     "FakeTokenServer",
     "FakeToolServer",
     "FakeWorkspace",
     "FaultKind",
     "LLMFault",
-    "NomadRequest",
     "RecordedCall",
     "ResetRecord",
     "TokenRequest",
