@@ -43,7 +43,6 @@ from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.messages import ToolCall
 from trajcore.domain.sandbox_policy import (
     DEFAULT_SLOT_UID_BASE,
-    SandboxPolicy,
     SlotPolicy,
     bwrap_argv,
 )
@@ -152,11 +151,11 @@ def memory_of(pid: int) -> tuple[int, int]:
 
 def per_call_bwrap_argv(root: Path) -> list[str]:
     """The upstream's way: a whole bwrap sandbox (same policy) around one ``sh -c true``."""
-    symlinks = {p: os.readlink(p) for p in SandboxPolicy().system_paths if os.path.islink(p)}
+    symlinks = {p: os.readlink(p) for p in SlotPolicy().system_paths if os.path.islink(p)}
     workspace = root / "per-call"
     workspace.mkdir()
     return bwrap_argv(
-        SandboxPolicy(), workspace=str(workspace), command=["/bin/sh", "-c", "true"],
+        SlotPolicy(), workspace=str(workspace), command=["/bin/sh", "-c", "true"],
         host_symlinks=symlinks,
     )  # fmt: skip
 

@@ -13,7 +13,7 @@ import pytest
 
 from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.slot_server_flags import SlotServerFlags
+from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.testing.fake_nomad import OPENAPI_ENV, NomadOpenAPI
 
 # Nomad's OpenAPI description lives beside the repository (never copied into it); CI and ./dev
@@ -68,7 +68,7 @@ def nomad_pool_config(
         "min_containers": containers,
         "max_containers": containers,
         "acquire_timeout_s": acquire_timeout_s,
-        "flags": SlotServerFlags(
+        "policy": SlotPolicy(
             require_sandbox=shutil.which("bwrap") is not None,
             min_timeout_s=0.2,
             max_processes=64,

@@ -21,7 +21,7 @@ import pytest
 
 from tests.nomad_testbed import OPENAPI, nomad_pool_config
 from trajcore.adapters.sandbox.nomad_pool import NomadSandboxPool
-from trajcore.domain.slot_server_flags import SlotServerFlags
+from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.fake_nomad import FakeNomadAPI
 from trajcore.testing.sandbox_pool_contract import (
@@ -87,8 +87,8 @@ async def docker_pool(shape: PoolShape) -> AsyncIterator[SandboxPool]:
             containers=shape.containers,
             slots_per_container=shape.slots_per_container,
             acquire_timeout_s=shape.acquire_timeout_s,
-            flags=SlotServerFlags(
-                require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_mb=512
+            policy=SlotPolicy(
+                require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_bytes=512 << 20
             ),
             start_timeout_s=60.0,
         )

@@ -38,7 +38,6 @@ from trajcore.domain.sandbox_policy import (
     MASKED_PATHS,
     READ_ONLY_PATHS,
     Bind,
-    SandboxPolicy,
     SlotPolicy,
 )
 from trajcore.domain.slot_protocol import ExecuteCall

@@ -220,7 +220,7 @@ def test_hermes_docker_backend_runs_terminals_in_the_container_pool() -> None:
     assert pool.config.image == config.container_image
     assert (pool.config.containers, pool.config.slots_per_container) == (3, 5)
     assert pool.config.require_tmux
-    assert pool.config.policy == config.slot_server_flags()
+    assert pool.config.policy == config.slot_policy()
     assert pool.config.policy.default_timeout_s == 45
 
 

@@ -27,7 +27,7 @@ from trajcore.domain.nomad_job import (
     register_request,
     scale_request,
 )
-from trajcore.domain.slot_server_flags import SlotServerFlags
+from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.entrypoints.slot_server import parse_args
 
 TOKEN = "t0ken-t0ken-t0ken"
@@ -42,15 +42,15 @@ seconds = st.floats(min_value=0.01, max_value=100.0, allow_nan=False)
 
 
 @st.composite
-def flags(draw: st.DrawFn) -> SlotServerFlags:
+def flags(draw: st.DrawFn) -> SlotPolicy:
     low = draw(seconds)
     default = draw(st.floats(min_value=low, max_value=low * 10))
     high = draw(st.floats(min_value=default, max_value=default * 10))
-    return SlotServerFlags(
+    return SlotPolicy(
         allow_network=draw(st.booleans()),
         require_sandbox=draw(st.booleans()),
         max_processes=draw(st.integers(1, 4096)),
-        memory_mb=draw(st.integers(1, 1 << 16)),
+        memory_bytes=draw(st.integers(1, 1 << 16)) << 20,
         cpu_seconds=draw(st.none() | st.integers(1, 10_000)),
         output_cap_bytes=draw(st.integers(1, 1 << 24)),
         file_cap_bytes=draw(st.integers(1, 1 << 30)),
@@ -73,7 +73,7 @@ def specs(draw: st.DrawFn) -> NomadJobSpec:
         image=draw(words) if driver == "docker" else draw(st.sampled_from(["", "unused"])),
         command=tuple(draw(st.lists(words, min_size=1, max_size=4))),
         slots_per_container=draw(st.integers(1, 256)),
-        flags=draw(flags()),
+        policy=draw(flags()),
         token="tok:" + draw(st.text(string.ascii_letters + string.digits + "-_.~", min_size=12)),
         privileged=draw(st.booleans()) if driver == "docker" else False,
         datacenters=tuple(draw(st.lists(names, min_size=1, max_size=3))),
@@ -169,8 +169,8 @@ def test_the_job_runs_the_slot_server_as_specified(spec: NomadJobSpec) -> None:
     assert parsed.listen == spec.listen_address()
     assert parsed.token_env == spec.token_env
     assert parsed.token_file is None
-    assert parsed.allow_network is spec.flags.allow_network
-    assert parsed.require_sandbox is spec.flags.require_sandbox
+    assert parsed.allow_network is spec.policy.allow_network
+    assert parsed.require_sandbox is spec.policy.require_sandbox
     # The token reaches the task only through its environment: never an argument, no template.
     assert task["Env"] == {spec.token_env: spec.token}
     assert not any(spec.token in word for word in argv)
@@ -213,25 +213,6 @@ def test_durations_are_whole_nanoseconds(spec: NomadJobSpec) -> None:
     assert restart["Mode"] == "fail"
     assert restart["Attempts"] == spec.restart_attempts
     assert _task(job_json(spec))["KillTimeout"] == round(spec.kill_timeout_s * 1e9)
-
-
-@given(flags())
-def test_policy_flags_read_back_as_the_same_policy(policy: SlotServerFlags) -> None:
-    args = parse_args(["--slots", "1", "--root", "/w", "--unix", "/s", *policy.argv()])
-    assert args.allow_network is policy.allow_network
-    assert args.require_sandbox is policy.require_sandbox
-    assert args.max_processes == policy.max_processes
-    assert args.memory_mb == policy.memory_mb
-    assert args.cpu_seconds == policy.cpu_seconds
-    assert args.output_cap_bytes == policy.output_cap_bytes
-    assert args.file_cap_bytes == policy.file_cap_bytes
-    assert (args.min_timeout_s, args.default_timeout_s, args.max_timeout_s) == (
-        policy.min_timeout_s,
-        policy.default_timeout_s,
-        policy.max_timeout_s,
-    )
-    assert args.no_cgroups is not policy.use_cgroups
-    assert args.bwrap == policy.bwrap
 
 
 # ----------------------------------------------------------------------------- bad specs
@@ -292,7 +273,7 @@ def test_a_bad_spec_names_its_field(field: str, change: dict[str, object]) -> No
 )
 def test_bad_policy_flags_name_their_field(field: str, change: dict[str, object]) -> None:
     with pytest.raises(ConfigError) as caught:
-        SlotServerFlags(**change)  # type: ignore[arg-type]
+        SlotPolicy(**change)  # type: ignore[arg-type]
     assert caught.value.field == field
 
 

@@ -24,7 +24,7 @@ from trajcore.domain.messages import ToolOutcome
 from trajcore.domain.nomad_job import (
     register_request,
 )
-from trajcore.domain.slot_server_flags import SlotServerFlags
+from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slots import Lease
 from trajcore.testing.fake_nomad import FakeNomadAPI
 from trajcore.testing.sandbox_pool_contract import slot_call
@@ -198,8 +198,8 @@ async def test_a_start_without_running_allocations_fails_and_leaves_no_job() -> 
 async def test_a_required_sandbox_that_a_server_lacks_fails_the_start(
     fake: FakeNomadAPI,
 ) -> None:
-    flags = SlotServerFlags(require_sandbox=True, bwrap="/nonexistent/bwrap", min_timeout_s=0.2)
-    config = nomad_pool_config(fake.address, flags=flags)
+    flags = SlotPolicy(require_sandbox=True, bwrap="/nonexistent/bwrap", min_timeout_s=0.2)
+    config = nomad_pool_config(fake.address, policy=flags)
     with pytest.raises(SandboxUnavailable, match="bubblewrap") as caught:
         async with NomadSandboxPool(config):
             pytest.fail("a pool started without the sandbox it requires")

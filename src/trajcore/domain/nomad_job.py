@@ -15,7 +15,7 @@ The job (one task group, one task):
   workspace root in the task directory, ``--listen`` on the allocated port and ``--token-env``
   naming the task environment variable ``token_env`` that carries the token (so the token never
   appears on a command line, and no template renders it to a file; the server drops the variable
-  once read), then the policy flags of ``SlotServerFlags``.
+  once read), then the policy flags of ``SlotPolicy``.
 - Drivers: ``docker`` runs ``image`` (``trajcore/slot-server``, the image ``./dev image``
   builds) with ``entrypoint`` set to ``command`` (the image's own entrypoint is not relied on),
   maps the ``slot`` port, listens on ``0.0.0.0`` inside the container, and gives the container
@@ -51,7 +51,7 @@ import attrs
 
 from trajcore.domain.errors import ConfigError, WireError
 from trajcore.domain.messages import JSON, JSONObject
-from trajcore.domain.slot_server_flags import SlotServerFlags
+from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.validators import finite_number, whole_number
 
 __all__ = [
@@ -164,7 +164,7 @@ class NomadJobSpec:
             "slot-server")`` or ``("/opt/venv/bin/python", "-m",
             "trajcore.entrypoints.slot_server")``.
         slots_per_container: Slots each slot server serves (N).
-        flags: The sandbox policy every slot server gets.
+        policy: The sandbox policy every slot server gets.
         token: The slot servers' bearer token (at least 16 printable ASCII characters).
         token_env: The task environment variable that carries ``token`` to the slot server.
         privileged: Run the docker container privileged. Not needed: the container gets what
@@ -193,7 +193,7 @@ class NomadJobSpec:
         default=("trajcore", "slot-server"), converter=_words, validator=_nonempty_words
     )
     slots_per_container: int = attrs.field(default=8, validator=whole_number(1))
-    flags: SlotServerFlags = attrs.field(factory=SlotServerFlags)
+    policy: SlotPolicy = attrs.field(factory=SlotPolicy)
     token: str = attrs.field(
         repr=False, validator=_matches(_TOKEN, "16 to 512 printable ASCII characters")
     )
@@ -280,7 +280,7 @@ class NomadJobSpec:
             "--token-env", self.token_env,
             # allocations on one host share its uids: each takes its own block of slot uids
             "--slot-uid-block", "${NOMAD_ALLOC_INDEX}",
-            *self.flags.argv(),
+            *self.policy.argv(),
         ]  # fmt: skip
 
 

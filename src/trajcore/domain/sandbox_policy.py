@@ -64,7 +64,6 @@ __all__ = [
     "SLOT_HELPERS",
     "Bind",
     "PolicyFlag",
-    "SandboxPolicy",
     "SlotPolicy",
     "SyscallRule",
     "bwrap_argv",
@@ -489,9 +488,6 @@ def _policy_flags() -> tuple[PolicyFlag, ...]:
 
 POLICY_FLAGS: tuple[PolicyFlag, ...] = _policy_flags()
 """Every ``SlotPolicy`` field as its slot-server flag, in field order."""
-
-SandboxPolicy = SlotPolicy
-"""The former name of ``SlotPolicy``."""
 
 
 def clamp_timeout(policy: SlotPolicy, requested_s: float | None, model_s: object = None) -> float:

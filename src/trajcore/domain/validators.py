@@ -193,14 +193,15 @@ def nonempty_text(_: object, attribute: Named, value: object) -> None:
         raise ConfigError(attribute.name, f"must be non-empty text, got {value!r}")
 
 
-def optional_text(_: object, attribute: Named, value: object) -> None:
+def optional_text(_: object, attribute: Named, value: str | None) -> None:
     """Accept ``None`` or a ``str`` with something other than whitespace in it.
 
     Raises:
         ConfigError: ``value`` is neither ``None`` nor non-blank text.
     """
-    if value is not None and (not isinstance(value, str) or not value.strip()):
-        raise ConfigError(attribute.name, f"must be None or non-empty text, got {value!r}")
+    given: object = value  # typed for the fields it guards; checked as whatever arrives
+    if given is not None and (not isinstance(given, str) or not given.strip()):
+        raise ConfigError(attribute.name, f"must be None or non-empty text, got {given!r}")
 
 
 positive_int: Check = whole_number(1)

@@ -19,7 +19,7 @@ from typing import cast
 import attrs
 
 from trajcore.domain.messages import JSON
-from trajcore.domain.sandbox_policy import SandboxPolicy
+from trajcore.domain.sandbox_policy import SlotPolicy
 
 __all__ = ["MAX_REQUEST_BYTES", "Agent", "AgentLost", "Keeper", "check_reply", "reply_cap"]
 
@@ -35,7 +35,7 @@ class AgentLost(Exception):
 MAX_REQUEST_BYTES = 16 << 20
 
 
-def reply_cap(policy: SandboxPolicy) -> int:
+def reply_cap(policy: SlotPolicy) -> int:
     """The largest reply an agent may send: two streams of at most ``output_cap_bytes`` each (a
     tmux capture: at most 1 MiB), every byte escaped to at most six in JSON, and room for the
     rest. A length above it is refused before anything is allocated for it."""

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import attrs
 
-from trajcore.domain.sandbox_policy import SandboxPolicy
+from trajcore.domain.sandbox_policy import SlotPolicy
 
 __all__ = ["CgroupPlan", "SlotCgroup", "detect_cgroups", "remove_parent", "rlimits_for"]
 
@@ -113,7 +113,7 @@ class SlotCgroup:
     name: str
     dirs: list[Path] = attrs.field(factory=list)
 
-    def create(self, policy: SandboxPolicy) -> None:
+    def create(self, policy: SlotPolicy) -> None:
         """Make the slot's cgroup(s) and write the policy's limits; nothing when they exist
         already (a slot's policy never changes). Raises ``OSError``."""
         if self.dirs and all(folder.is_dir() for folder in self.dirs):
@@ -181,7 +181,7 @@ def remove_parent(plan: CgroupPlan) -> None:
                 folder.rmdir()
 
 
-def rlimits_for(policy: SandboxPolicy, *, cgroup_pids: bool, cgroup_memory: bool) -> dict[str, int]:
+def rlimits_for(policy: SlotPolicy, *, cgroup_pids: bool, cgroup_memory: bool) -> dict[str, int]:
     """The rlimits the exec agent sets on itself (and so on every process it starts).
 
     Process count and memory are left to the cgroup when it bounds them (an address-space

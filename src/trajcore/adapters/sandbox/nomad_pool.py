@@ -94,8 +94,8 @@ from trajcore.domain.nomad_reconcile import (
     SetCount,
     Undrain,
 )
+from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.scale_policy import ScaleConfig
-from trajcore.domain.slot_server_flags import SlotServerFlags
 from trajcore.domain.validators import (
     flag,
     non_negative_seconds,
@@ -143,14 +143,15 @@ class NomadPoolConfig:
         command: The slot server program and subcommand, as the task runs it.
         slots_per_container: Slots each slot server serves (N).
         min_containers, max_containers: The range the container count is scaled in.
-        privileged: Run docker containers privileged (bubblewrap inside docker needs it).
+        privileged: Run docker containers privileged (not needed: the job gives the sandbox the
+            security options it needs, docs/deploy.md; kept for clusters that require it).
         acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
         purge_on_start: Purge a job of the same ID before registering.
         purge_on_shutdown: Purge the job when the pool closes (otherwise it is stopped).
         token: Nomad ACL token (``None``: ``$NOMAD_TOKEN`` if set).
         namespace, region: Nomad namespace and region (``None``: the agent's).
         datacenters: Where Nomad may place the slot servers.
-        flags: The sandbox policy of every slot server.
+        policy: The sandbox policy of every slot server.
         require_tmux: Refuse slot servers without tmux (the persistent shell of
             ``bash_stateful`` and ``tmux`` needs it), as a missing sandbox is refused.
         cpu_mhz, memory_mb: What each allocation reserves (``memory_mb`` ``None``: 512 MB
@@ -183,7 +184,7 @@ class NomadPoolConfig:
     namespace: str | None = None
     region: str | None = None
     datacenters: tuple[str, ...] = attrs.field(default=("dc1",), converter=_names)
-    flags: SlotServerFlags = attrs.field(factory=SlotServerFlags)
+    policy: SlotPolicy = attrs.field(factory=SlotPolicy)
     require_tmux: bool = attrs.field(default=False, validator=flag)
     cpu_mhz: int = attrs.field(default=1000, validator=whole_number(1))
     memory_mb: int | None = None
@@ -203,8 +204,8 @@ class NomadPoolConfig:
                 "max_containers",
                 f"must be >= min_containers ({self.min_containers}), got {self.max_containers}",
             )
-        if not isinstance(self.flags, SlotServerFlags):
-            raise ConfigError("flags", f"expected SlotServerFlags, got {self.flags!r}")
+        if not isinstance(self.policy, SlotPolicy):
+            raise ConfigError("policy", f"expected SlotPolicy, got {self.policy!r}")
         self.job_spec(count=self.min_containers, token="x" * 16)  # its fields, checked now
 
     def job_spec(self, *, count: int, token: str) -> NomadJobSpec:
@@ -222,7 +223,7 @@ class NomadPoolConfig:
             image=self.image,
             command=self.command,
             slots_per_container=self.slots_per_container,
-            flags=self.flags,
+            policy=self.policy,
             token=token,
             privileged=self.privileged,
             datacenters=self.datacenters,
@@ -525,7 +526,7 @@ class NomadSandboxPool(SlotServerPool):
         self._allocations = _NomadAllocations(config, nomad)
         rules = join_rules(
             config,
-            require_sandbox=config.flags.require_sandbox,
+            require_sandbox=config.policy.require_sandbox,
             require_tmux=config.require_tmux,
         )
         super().__init__(self._allocations, rules, label="Nomad")

@@ -12,7 +12,7 @@ from trajcore.domain.errors import ConfigError
 from trajcore.domain.sandbox_policy import (
     DEFAULT_SLOT_UID_BASE,
     SLOT_HELPERS,
-    SandboxPolicy,
+    SlotPolicy,
     check_slot_uid_range,
 )
 from trajcore.domain.validators import flag, non_negative_seconds, positive_int, positive_seconds
@@ -51,7 +51,7 @@ class RuntimeConfig:
 
     slots: int = attrs.field(validator=positive_int)
     root: Path
-    policy: SandboxPolicy = attrs.field(factory=SandboxPolicy)
+    policy: SlotPolicy = attrs.field(factory=SlotPolicy)
     bwrap: str = "bwrap"
     python: str = attrs.field(factory=_default_python)
     agent_grace_s: float = attrs.field(default=5.0, validator=non_negative_seconds)

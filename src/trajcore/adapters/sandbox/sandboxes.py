@@ -35,7 +35,7 @@ from trajcore.domain.sandbox_policy import (
     READ_ONLY_PATHS,
     SANDBOX_TMP,
     Bind,
-    SandboxPolicy,
+    SlotPolicy,
     bwrap_argv,
     private_tmp_binds,
 )
@@ -181,7 +181,7 @@ class Sandboxes:
         return [Bind(source=str(staged), dest=str(prefix))]
 
     def sandbox_argv(
-        self, policy: SandboxPolicy, workspace: Path, command: list[str],
+        self, policy: SlotPolicy, workspace: Path, command: list[str],
         keep_capabilities: Sequence[str] = (),
     ) -> list[str]:  # fmt: skip
         return bwrap_argv(
@@ -441,7 +441,7 @@ def sandbox_pid(slot: Slot) -> int | None:
     return slot.agent.pid if slot.agent is not None else None
 
 
-def prepare_cgroups(cgroups: list[SlotCgroup], policy: SandboxPolicy) -> None:
+def prepare_cgroups(cgroups: list[SlotCgroup], policy: SlotPolicy) -> None:
     for cgroup in cgroups:
         with contextlib.suppress(OSError):
             cgroup.create(policy)

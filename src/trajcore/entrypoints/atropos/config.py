@@ -33,7 +33,7 @@ from trajcore.domain.errors import ConfigError
 from trajcore.domain.groups import GroupPolicy, OnFailure
 from trajcore.domain.messages import JSONObject
 from trajcore.domain.sampling import SamplingParams
-from trajcore.domain.slot_server_flags import SlotServerFlags
+from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser
 from trajcore.domain.toolsets import DistributionRegistry, ToolsetDistribution, ToolsetSelection
 from trajcore.entrypoints.atropos import pools
@@ -361,9 +361,9 @@ class AgentEnvConfig(BaseEnvConfig):
             )
         return value
 
-    def slot_server_flags(self) -> SlotServerFlags:
-        """The sandbox policy every slot server gets (``pools.slot_server_flags``)."""
-        return pools.slot_server_flags(self)
+    def slot_policy(self) -> SlotPolicy:
+        """The sandbox policy every slot server gets (``pools.slot_policy``)."""
+        return pools.slot_policy(self)
 
     def nomad_pool_config(self) -> NomadPoolConfig:
         """The Nomad pool's settings from the ``nomad_*`` fields (``pools.nomad_pool_config``).

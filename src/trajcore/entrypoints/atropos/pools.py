@@ -1,8 +1,8 @@
 """The env's sandbox pool: the slot-server policy, the Nomad settings and the pool, from the config.
 
 Every place that turns ``AgentEnvConfig`` fields into a pool's settings lives here, so the slot
-policy is derived once: ``slot_server_flags`` builds the policy every slot server gets, and both
-the Nomad settings and the local pool's settings read it rather than restating its range.
+policy is derived once: ``slot_policy`` builds the policy every slot server gets, and
+the Nomad, container and local pools' settings take it whole rather than restating its range.
 
 Rules it keeps:
 
@@ -21,13 +21,13 @@ from trajcore.adapters.sandbox.container_pool import ContainerPoolConfig, Contai
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig, NomadSandboxPool
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
-from trajcore.domain.slot_server_flags import SlotServerFlags
+from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.ports.sandbox_pool import SandboxPool
 
 if TYPE_CHECKING:
     from trajcore.entrypoints.atropos.config import AgentEnvConfig
 
-__all__ = ["make_pool", "nomad_pool_config", "slot_server_flags"]
+__all__ = ["make_pool", "nomad_pool_config", "slot_policy"]
 
 # NomadPoolConfig's fields -> the env fields they are read from (and named by in errors).
 _NOMAD_FIELDS: dict[str, str] = {
@@ -48,7 +48,7 @@ _NOMAD_FIELDS: dict[str, str] = {
 }  # fmt: skip
 
 
-def slot_server_flags(config: AgentEnvConfig) -> SlotServerFlags:
+def slot_policy(config: AgentEnvConfig) -> SlotPolicy:
     """The sandbox policy every slot server gets: network, sandbox requirement, timeouts.
 
     ``require_stateful_sandbox`` requires the sandbox too: the persistent shell lives in it.
@@ -58,7 +58,7 @@ def slot_server_flags(config: AgentEnvConfig) -> SlotServerFlags:
     """
     timeout = config.terminal_timeout_s
     try:
-        return SlotServerFlags(
+        return SlotPolicy(
             allow_network=config.allow_network,
             require_sandbox=config.require_sandbox or config.require_stateful_sandbox,
             min_timeout_s=min(1.0, timeout),
@@ -75,11 +75,11 @@ def nomad_pool_config(config: AgentEnvConfig) -> NomadPoolConfig:
     Raises:
         ConfigError: a Nomad setting that cannot work, named by its env field.
     """
-    flags = slot_server_flags(config)
+    policy = slot_policy(config)
     settings = {name: getattr(config, field) for name, field in _NOMAD_FIELDS.items()}
     try:
         return NomadPoolConfig(
-            **settings, flags=flags, require_tmux=config.require_stateful_sandbox
+            **settings, policy=policy, require_tmux=config.require_stateful_sandbox
         )
     except ConfigError as error:
         raise ConfigError(_NOMAD_FIELDS.get(error.field, error.field), error.reason) from None
@@ -104,7 +104,7 @@ def make_pool(config: AgentEnvConfig) -> AbstractAsyncContextManager[SandboxPool
             "require_stateful_sandbox: the local pool keeps a persistent shell with tmux, "
             "which is not installed on this host"
         )
-    policy = slot_server_flags(config)
+    policy = slot_policy(config)
     if config.sandbox == "container":
         return ContainerSandboxPool(
             ContainerPoolConfig(
