@@ -281,13 +281,9 @@ class MistralCommonTokenizer:
         tools: Sequence[ToolSpec] = (),
         add_generation_prompt: bool = False,
     ) -> list[int]:
-        """``messages`` and ``tools`` as Mistral's ``encode_chat_completion`` writes them.
+        """See ``ChatRenderer.render``; a tool ``mistral_common`` refuses is named ``tools[i]``.
 
         ``add_generation_prompt`` changes nothing: Mistral's format has no generation prompt.
-
-        Raises:
-            ConfigError: ``mistral_common`` refuses a message (``messages[i]``), a tool
-                (``tools[i]``) or the conversation (``messages``), with its reason.
         """
         del add_generation_prompt  # Mistral's model writes straight after [/INST] or results.
         both = self._tokenizer.instruct_tokenizer.tokenizer.version >= TokenizerVersion.v7

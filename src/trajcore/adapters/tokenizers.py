@@ -110,15 +110,10 @@ class TransformersTokenizer:
         tools: Sequence[ToolSpec] = (),
         add_generation_prompt: bool = False,
     ) -> list[int]:
-        """The chat template applied to ``messages`` and ``tools``, as ids.
-
-        Raises:
-            ConfigError: the template rejects the conversation (``messages``, with its reason).
-        """
-        ids = self._apply(
-            messages, tools, add_generation_prompt=add_generation_prompt, tokenize=True
+        """See ``ChatRenderer.render``; the model's Hugging Face chat template."""
+        return _ids(
+            self._apply(messages, tools, add_generation_prompt, tokenize=True), what="messages"
         )
-        return _ids(ids, what="messages")
 
     def render_text(
         self,
@@ -127,22 +122,17 @@ class TransformersTokenizer:
         tools: Sequence[ToolSpec] = (),
         add_generation_prompt: bool = False,
     ) -> str:
-        """The chat template applied to ``messages`` and ``tools``, as text (for inspection).
-
-        Raises:
-            ConfigError: the template rejects the conversation.
-        """
-        text = self._apply(
-            messages, tools, add_generation_prompt=add_generation_prompt, tokenize=False
+        """What ``render`` writes, as text (for inspection); raises as ``render`` does."""
+        return _text(
+            self._apply(messages, tools, add_generation_prompt, tokenize=False), what="messages"
         )
-        return _text(text, what="messages")
 
     def _apply(
         self,
         messages: Sequence[Message],
         tools: Sequence[ToolSpec],
-        *,
         add_generation_prompt: bool,
+        *,
         tokenize: bool,
     ) -> object:
         chat = [message.to_chat_dict() for message in messages]

@@ -51,12 +51,12 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
 import attrs
 
-from trajcore.domain import validators
+from trajcore.domain import converters, validators
 from trajcore.domain.errors import InvalidInput, StateError
 from trajcore.domain.groups import TrajectoryOutcome, TrajectoryStatus
 from trajcore.domain.messages import ToolCall, ToolOutcome, ToolResult
@@ -202,18 +202,6 @@ class CallModel:
     completion_tokens_left: int | None = None
 
 
-def _calls(calls: Iterable[ToolCall]) -> tuple[ToolCall, ...]:
-    return tuple(calls)
-
-
-def _results(results: Iterable[ToolResult]) -> tuple[ToolResult, ...]:
-    return tuple(results)
-
-
-def _problems(problems: Iterable[ParseProblem]) -> tuple[ParseProblem, ...]:
-    return tuple(problems)
-
-
 @attrs.frozen(kw_only=True)
 class RunTools:
     """Run these calls, answer these parse problems, then report with ``tool_results``.
@@ -226,9 +214,11 @@ class RunTools:
         problems: The parse problems answered, aligned with ``rejections``.
     """
 
-    calls: tuple[ToolCall, ...] = attrs.field(converter=_calls)
-    rejections: tuple[ToolResult, ...] = attrs.field(default=(), converter=_results)
-    problems: tuple[ParseProblem, ...] = attrs.field(default=(), converter=_problems)
+    calls: tuple[ToolCall, ...] = attrs.field(converter=converters.tool_calls)
+    rejections: tuple[ToolResult, ...] = attrs.field(default=(), converter=converters.tool_results)
+    problems: tuple[ParseProblem, ...] = attrs.field(
+        default=(), converter=converters.parse_problems
+    )
 
 
 @attrs.frozen(kw_only=True)

@@ -8,11 +8,11 @@ sampled token ids and their logprobs, verbatim, which the token ledger keeps for
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import attrs
 
-from trajcore.domain import validators
+from trajcore.domain import converters, validators
 from trajcore.domain.errors import WireError
 from trajcore.domain.messages import JSONObject, Message
 from trajcore.domain.turns import ParsedTurn, ParseProblem
@@ -42,18 +42,6 @@ class FinishReason(enum.Enum):
         raise WireError(field, f"unknown finish reason {value!r}")
 
 
-def _ints(values: Iterable[int]) -> tuple[int, ...]:
-    return tuple(values)
-
-
-def _floats(values: Iterable[float]) -> tuple[float, ...]:
-    return tuple(values)
-
-
-def _strs(values: Iterable[str]) -> tuple[str, ...]:
-    return tuple(values)
-
-
 @attrs.frozen(kw_only=True)
 class SamplingParams:
     """How to sample one turn.
@@ -74,7 +62,7 @@ class SamplingParams:
     top_p: float = attrs.field(
         default=1.0, validator=validators.finite_number(None, at_least=0.0, at_most=1.0)
     )
-    stop: tuple[str, ...] = attrs.field(default=(), converter=_strs)
+    stop: tuple[str, ...] = attrs.field(default=(), converter=converters.strs)
     seed: int | None = None
     extra_body: JSONObject = attrs.field(factory=dict)
 
@@ -85,10 +73,6 @@ class Usage:
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
-
-
-def _problems(problems: Iterable[ParseProblem]) -> tuple[ParseProblem, ...]:
-    return tuple(problems)
 
 
 @attrs.frozen(kw_only=True)
@@ -108,7 +92,9 @@ class ChatTurn:
     message: Message
     finish_reason: FinishReason
     usage: Usage = attrs.field(factory=Usage)
-    problems: tuple[ParseProblem, ...] = attrs.field(default=(), converter=_problems)
+    problems: tuple[ParseProblem, ...] = attrs.field(
+        default=(), converter=converters.parse_problems
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.message.role != "assistant":
@@ -141,8 +127,8 @@ class TokenCompletion:
         text: The server's detokenisation, when it sent one (informational only).
     """
 
-    token_ids: tuple[int, ...] = attrs.field(converter=_ints)
-    logprobs: tuple[float, ...] = attrs.field(converter=_floats, validator=_same_length)
+    token_ids: tuple[int, ...] = attrs.field(converter=converters.ints)
+    logprobs: tuple[float, ...] = attrs.field(converter=converters.floats, validator=_same_length)
     finish_reason: FinishReason
     text: str | None = None
 

@@ -36,12 +36,11 @@ Rules the values keep:
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
 from typing import Any
 
 import attrs
 
-from trajcore.domain import validators
+from trajcore.domain import converters, validators
 from trajcore.domain.errors import WireError
 from trajcore.domain.messages import JSONObject, ToolResult, ToolSpec, check_json
 from trajcore.domain.slots import SlotCall
@@ -245,19 +244,11 @@ def execute_call(slot_call: SlotCall) -> ExecuteCall:
     )
 
 
-def _calls(value: Iterable[ExecuteCall]) -> tuple[ExecuteCall, ...]:
-    return tuple(value)
-
-
-def _results(value: Iterable[ToolResult]) -> tuple[ToolResult, ...]:
-    return tuple(value)
-
-
 @attrs.frozen(kw_only=True)
 class ExecuteRequest:
     """A batch of calls for one server; calls of one slot run in this order."""
 
-    calls: tuple[ExecuteCall, ...] = attrs.field(converter=_calls)
+    calls: tuple[ExecuteCall, ...] = attrs.field(converter=converters.execute_calls)
 
     def deadline_s(self, grace_s: float) -> float:
         """How long the batch may take at most: the slowest slot's calls one after another.
@@ -274,7 +265,7 @@ class ExecuteRequest:
 class ExecuteResponse:
     """The batch's results, one per call, in the order of the calls."""
 
-    results: tuple[ToolResult, ...] = attrs.field(converter=_results)
+    results: tuple[ToolResult, ...] = attrs.field(converter=converters.tool_results)
 
 
 @attrs.frozen(kw_only=True)

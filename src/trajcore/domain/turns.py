@@ -7,10 +7,9 @@ never dropped silently: the agent loop answers each problem to the model as an e
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import attrs
 
+from trajcore.domain import converters
 from trajcore.domain.messages import Message, ToolCall
 
 __all__ = ["ParseProblem", "ParsedTurn"]
@@ -41,14 +40,6 @@ class ParseProblem:
         return f"Error: {who} was not run: {self.reason}"
 
 
-def _calls(calls: Iterable[ToolCall]) -> tuple[ToolCall, ...]:
-    return tuple(calls)
-
-
-def _problems(problems: Iterable[ParseProblem]) -> tuple[ParseProblem, ...]:
-    return tuple(problems)
-
-
 @attrs.frozen(kw_only=True)
 class ParsedTurn:
     """One assistant turn, parsed.
@@ -62,8 +53,8 @@ class ParsedTurn:
 
     content: str = ""
     reasoning: str | None = None
-    calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_calls)
-    errors: tuple[ParseProblem, ...] = attrs.field(default=(), converter=_problems)
+    calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=converters.tool_calls)
+    errors: tuple[ParseProblem, ...] = attrs.field(default=(), converter=converters.parse_problems)
 
     def to_message(self) -> Message:
         """The assistant message to put in the conversation (well-formed calls only)."""

@@ -5,13 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from trajcore.domain.messages import Message, ToolSpec
+from trajcore.domain.token_ledger import ChatRenderer
 
 __all__ = ["Tokenizer"]
 
 
-class Tokenizer(Protocol):
-    """A tokenizer with a chat template. Synchronous: it is CPU work, not I/O."""
+class Tokenizer(ChatRenderer, Protocol):
+    """A tokenizer with a chat template. Synchronous: it is CPU work, not I/O.
+
+    ``render``, the chat template as ids, is ``ChatRenderer.render``.
+    """
 
     @property
     def eos_token_id(self) -> int | None:
@@ -24,18 +27,4 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of ``ids``, special tokens kept (invalid UTF-8 becomes U+FFFD)."""
-        ...
-
-    def render(
-        self,
-        messages: Sequence[Message],
-        *,
-        tools: Sequence[ToolSpec] = (),
-        add_generation_prompt: bool = False,
-    ) -> list[int]:
-        """The chat template applied to ``messages`` and ``tools``, as ids.
-
-        Raises:
-            ConfigError: the template rejects the conversation (names the message at fault).
-        """
         ...

@@ -252,14 +252,16 @@ def _completion_deque(items: Iterable[TokenCompletion]) -> deque[TokenCompletion
     return deque(items)
 
 
+@attrs.define
 class _ScriptedServer:
     """What the fake servers share: a script or a policy (not both), and faults queued ahead
-    of the answers."""
+    of the answers, transient ones retried up to ``max_attempts`` attempts."""
 
     script: Sized
     policy: object | None
-    faults: Iterable[LLMFault]
-    _queue: _FaultQueue
+    faults: Iterable[LLMFault] = attrs.field(default=(), kw_only=True)
+    max_attempts: int = attrs.field(default=3, validator=positive_int, kw_only=True)
+    _queue: _FaultQueue = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.script and self.policy is not None:
@@ -292,10 +294,7 @@ class FakeChatServer(_ScriptedServer):
 
     script: deque[ChatTurn] = attrs.field(factory=deque, converter=_turn_deque)
     policy: ChatResponder | None = None
-    faults: Iterable[LLMFault] = ()
-    max_attempts: int = attrs.field(default=3, validator=positive_int)
     requests: list[ChatRequest] = attrs.field(factory=list, init=False)
-    _queue: _FaultQueue = attrs.field(init=False)
 
     async def chat(
         self, messages: Sequence[Message], *, tools: Sequence[ToolSpec], sampling: SamplingParams
@@ -350,10 +349,7 @@ class FakeTokenServer(_ScriptedServer):
 
     script: deque[TokenCompletion] = attrs.field(factory=deque, converter=_completion_deque)
     policy: TokenResponder | None = None
-    faults: Iterable[LLMFault] = ()
-    max_attempts: int = attrs.field(default=3, validator=positive_int)
     requests: list[TokenRequest] = attrs.field(factory=list, init=False)
-    _queue: _FaultQueue = attrs.field(init=False)
 
     async def generate(
         self, prompt_ids: Sequence[int], *, sampling: SamplingParams

@@ -37,7 +37,11 @@ class ChatRenderer(Protocol):
         tools: Sequence[ToolSpec] = (),
         add_generation_prompt: bool = False,
     ) -> list[int]:
-        """The chat template applied to ``messages`` and ``tools``, as ids."""
+        """The chat template applied to ``messages`` and ``tools``, as ids.
+
+        Raises:
+            ConfigError: the template rejects the conversation (names the message at fault).
+        """
         ...
 
 
