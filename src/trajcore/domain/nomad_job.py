@@ -60,6 +60,7 @@ __all__ = [
     "PORT_LABEL",
     "SERVICE_NAME",
     "TERMINAL_CLIENT_STATUSES",
+    "AllocationStatus",
     "AllocationStub",
     "Driver",
     "NomadJobSpec",
@@ -401,8 +402,26 @@ def scale_request(group: str, count: int, message: str) -> JSONObject:
 # ============================================================================ answers
 
 
+class AllocationStatus:
+    """What an allocation's two statuses mean, for every record of one that carries them."""
+
+    __slots__ = ()
+    client_status: str
+    desired_status: str
+
+    @property
+    def running(self) -> bool:
+        """Its slot server runs and Nomad wants it to."""
+        return self.client_status == "running" and self.desired_status == "run"
+
+    @property
+    def finished(self) -> bool:
+        """It stopped or will stop: terminal on the client or no longer desired."""
+        return self.client_status in TERMINAL_CLIENT_STATUSES or self.desired_status != "run"
+
+
 @attrs.frozen(kw_only=True)
-class AllocationStub:
+class AllocationStub(AllocationStatus):
     """What the pool needs of one entry of ``GET /v1/job/{job_id}/allocations``.
 
     Attributes:
@@ -423,16 +442,6 @@ class AllocationStub:
     client_status: str
     desired_status: str
     restarts: int
-
-    @property
-    def running(self) -> bool:
-        """Its slot server runs and Nomad wants it to."""
-        return self.client_status == "running" and self.desired_status == "run"
-
-    @property
-    def finished(self) -> bool:
-        """It stopped or will stop: terminal on the client or no longer desired."""
-        return self.client_status in TERMINAL_CLIENT_STATUSES or self.desired_status != "run"
 
 
 def _field(obj: Mapping[str, JSON], key: str, path: str) -> JSON:

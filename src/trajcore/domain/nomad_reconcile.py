@@ -62,7 +62,7 @@ from collections.abc import Iterable
 import attrs
 
 from trajcore.domain.errors import ConfigError, InvalidInput
-from trajcore.domain.nomad_job import TERMINAL_CLIENT_STATUSES
+from trajcore.domain.nomad_job import AllocationStatus
 from trajcore.domain.scale_policy import ScaleConfig, ScalePolicy, ScaleReason
 from trajcore.domain.validators import non_negative_int, positive_seconds, whole_number
 
@@ -100,7 +100,7 @@ def _text(_: object, attribute: attrs.Attribute[str], value: object) -> None:
 
 
 @attrs.frozen(kw_only=True)
-class Allocation:
+class Allocation(AllocationStatus):
     """One allocation of the job as the pool sees it on one poll.
 
     Attributes:
@@ -122,16 +122,6 @@ class Allocation:
     restarts: int = attrs.field(default=0, validator=_count)
     held: int = attrs.field(default=0, validator=_count)
     quarantined: int = attrs.field(default=0, validator=_count)
-
-    @property
-    def running(self) -> bool:
-        """Its slot server runs and Nomad wants it to."""
-        return self.client_status == "running" and self.desired_status == "run"
-
-    @property
-    def finished(self) -> bool:
-        """It stopped or will stop: terminal on the client or no longer desired."""
-        return self.client_status in TERMINAL_CLIENT_STATUSES or self.desired_status != "run"
 
 
 # ============================================================================ actions

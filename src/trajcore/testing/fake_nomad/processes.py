@@ -52,42 +52,61 @@ def free_port(host: str) -> int:
         return int(probe.getsockname()[1])
 
 
-def task_environment(alloc: Alloc, task_dir: Path, alloc_dir: Path) -> dict[str, str]:
-    """The task's environment: this process's (``raw_exec`` inherits the client's), Nomad's
-    variables, then the task's ``Env`` with ``${...}`` references interpolated."""
+def _nomad_variables(alloc: Alloc, *, alloc_dir: str, local: str, secrets: str) -> dict[str, str]:
+    """Nomad's variables for the task, with its directories as the task sees them.
+
+    ``NOMAD_HOST_IP_<label>`` and ``NOMAD_HOST_ADDR_<label>`` are only given to ``raw_exec``
+    tasks (the caller adds them).
+    """
     spec = alloc.spec
-    env = dict(os.environ)  # raw_exec inherits the client's environment
-    env.update(
-        {
-            "NOMAD_ALLOC_ID": alloc.id,
-            "NOMAD_ALLOC_NAME": alloc.name,
-            "NOMAD_ALLOC_INDEX": str(alloc.index),
-            "NOMAD_ALLOC_DIR": str(alloc_dir),
-            "NOMAD_TASK_DIR": str(task_dir / "local"),
-            "NOMAD_SECRETS_DIR": str(task_dir / "secrets"),
-            "NOMAD_TASK_NAME": spec.task,
-            "NOMAD_GROUP_NAME": spec.group,
-            "NOMAD_JOB_ID": alloc.job_id,
-            "NOMAD_JOB_NAME": alloc.job_id,
-            "NOMAD_NAMESPACE": alloc.namespace,
-            "NOMAD_DC": "dc1",
-            "NOMAD_REGION": "global",
-            "NOMAD_CPU_LIMIT": str(spec.cpu),
-            "NOMAD_MEMORY_LIMIT": str(spec.memory_mb),
-        }
-    )
+    env = {
+        "NOMAD_ALLOC_ID": alloc.id,
+        "NOMAD_ALLOC_NAME": alloc.name,
+        "NOMAD_ALLOC_INDEX": str(alloc.index),
+        "NOMAD_ALLOC_DIR": alloc_dir,
+        "NOMAD_TASK_DIR": local,
+        "NOMAD_SECRETS_DIR": secrets,
+        "NOMAD_TASK_NAME": spec.task,
+        "NOMAD_GROUP_NAME": spec.group,
+        "NOMAD_JOB_ID": alloc.job_id,
+        "NOMAD_JOB_NAME": alloc.job_id,
+        "NOMAD_NAMESPACE": alloc.namespace,
+        "NOMAD_DC": "dc1",
+        "NOMAD_REGION": "global",
+        "NOMAD_CPU_LIMIT": str(spec.cpu),
+        "NOMAD_MEMORY_LIMIT": str(spec.memory_mb),
+    }
     for label, port in alloc.ports.items():
         env |= {
             f"NOMAD_IP_{label}": "127.0.0.1",
             f"NOMAD_PORT_{label}": str(port),
             f"NOMAD_ADDR_{label}": f"127.0.0.1:{port}",
-            f"NOMAD_HOST_IP_{label}": "127.0.0.1",
             f"NOMAD_HOST_PORT_{label}": str(port),
-            f"NOMAD_HOST_ADDR_{label}": f"127.0.0.1:{port}",
         }
-    for key, value in spec.env:
+    return env
+
+
+def _with_task_env(alloc: Alloc, env: dict[str, str]) -> dict[str, str]:
+    """``env`` and then the task's ``Env``, with ``${...}`` references interpolated."""
+    for key, value in alloc.spec.env:
         env[key] = interpolate(value, env)
     return env
+
+
+def task_environment(alloc: Alloc, task_dir: Path, alloc_dir: Path) -> dict[str, str]:
+    """The task's environment: this process's (``raw_exec`` inherits the client's), Nomad's
+    variables, then the task's ``Env`` with ``${...}`` references interpolated."""
+    env = dict(os.environ)  # raw_exec inherits the client's environment
+    env |= _nomad_variables(
+        alloc,
+        alloc_dir=str(alloc_dir),
+        local=str(task_dir / "local"),
+        secrets=str(task_dir / "secrets"),
+    )
+    for label, port in alloc.ports.items():
+        env[f"NOMAD_HOST_IP_{label}"] = "127.0.0.1"
+        env[f"NOMAD_HOST_ADDR_{label}"] = f"127.0.0.1:{port}"
+    return _with_task_env(alloc, env)
 
 
 async def start_task(alloc: Alloc, task_dir: Path, alloc_dir: Path) -> anyio.abc.Process:
@@ -138,34 +157,8 @@ def signal_group(process: anyio.abc.Process | None, signum: int) -> None:
 
 def _container_environment(alloc: Alloc) -> dict[str, str]:
     """Nomad's variables as a docker task sees them, then the task's ``Env``."""
-    spec = alloc.spec
-    env = {
-        "NOMAD_ALLOC_ID": alloc.id,
-        "NOMAD_ALLOC_NAME": alloc.name,
-        "NOMAD_ALLOC_INDEX": str(alloc.index),
-        "NOMAD_ALLOC_DIR": "/alloc",
-        "NOMAD_TASK_DIR": "/local",
-        "NOMAD_SECRETS_DIR": "/secrets",
-        "NOMAD_TASK_NAME": spec.task,
-        "NOMAD_GROUP_NAME": spec.group,
-        "NOMAD_JOB_ID": alloc.job_id,
-        "NOMAD_JOB_NAME": alloc.job_id,
-        "NOMAD_NAMESPACE": alloc.namespace,
-        "NOMAD_DC": "dc1",
-        "NOMAD_REGION": "global",
-        "NOMAD_CPU_LIMIT": str(spec.cpu),
-        "NOMAD_MEMORY_LIMIT": str(spec.memory_mb),
-    }
-    for label, port in alloc.ports.items():
-        env |= {
-            f"NOMAD_IP_{label}": "127.0.0.1",
-            f"NOMAD_PORT_{label}": str(port),
-            f"NOMAD_ADDR_{label}": f"127.0.0.1:{port}",
-            f"NOMAD_HOST_PORT_{label}": str(port),
-        }
-    for key, value in spec.env:
-        env[key] = interpolate(value, env)
-    return env
+    env = _nomad_variables(alloc, alloc_dir="/alloc", local="/local", secrets="/secrets")
+    return _with_task_env(alloc, env)
 
 
 def _engine_options(engine: tuple[str, ...], docker: DockerConfig) -> list[str]:
