@@ -17,8 +17,8 @@ Rules this parser keeps, beyond those in ``base``:
   ``parameters`` is read as the arguments (as ``llama3_json`` does). With neither key the call
   has no arguments (``{}``). Arguments given as a string are refused, not decoded, so a model
   that writes them that way learns from the error.
-- The scan is ``str.find`` over the text and one ``json`` decode per call: the speed target for
-  this parser is 10 MB/s of model text on a small machine.
+- The scan is ``str.find`` over the text and one ``json`` decode per call, so a long turn costs
+  little beside the model's time (``bench/domain.py`` measures it; docs/benchmarks.md).
 """
 
 from __future__ import annotations
