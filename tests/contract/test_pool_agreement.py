@@ -1,13 +1,14 @@
-"""The fake pool and the local pool, driven in lockstep, must agree on everything a caller sees.
+"""The fake pool and each real pool, driven in lockstep, must agree on everything a caller sees.
 
-``trajcore.testing.sandbox_pool_machine`` drives ``FakeSandboxPool`` and ``LocalSandboxPool`` (real
-slot servers, real bubblewrap) with the same generated sequence: leases and releases by every
-route, queued, cancelled and expiring waiters, batches of file writes and reads, commands, bad
-calls and repeated call ids across slots and containers, call timeouts, cancelled batches,
-container deaths and closing. Each pool is checked against the port's contract after every step,
-and the two must agree on each lease's slot and epoch, on which leases share a container, on every
-call's outcome, text and exit code, and on their statistics. A difference means a test written
-against the fake could pass while the real pool behaves otherwise.
+``trajcore.testing.sandbox_pool_machine`` drives ``FakeSandboxPool`` and a real pool (the local
+pool's slot-server processes, the container pool's slot-server containers, the Nomad pool over
+the fake Nomad API; real bubblewrap in each) with the same generated sequence: leases and
+releases by every route, queued, cancelled and expiring waiters, batches of file writes and
+reads, commands, bad calls and repeated call ids across slots and containers, call timeouts,
+cancelled batches, container deaths and closing. Each pool is checked against the port's contract
+after every step, and the two must agree on each lease's slot and epoch, on which leases share a
+container, on every call's outcome, text and exit code, and on their statistics. A difference
+means a test written against the fake could pass while the real pool behaves otherwise.
 """
 
 from __future__ import annotations
@@ -18,10 +19,15 @@ import signal
 
 import pytest
 
+from tests.contract.test_nomad_sandbox_pool import crash_nomad, nomad_pool
+from tests.integration.test_container_pool import IMAGE, container_pool, kill_container
+from tests.integration.test_container_pool import _image_present as container_image_present
+from tests.nomad_testbed import OPENAPI, OPENAPI_PROBLEM
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.ports.sandbox_pool import SandboxPool
+from trajcore.testing.sandbox_pool_contract import PoolShape
 from trajcore.testing.sandbox_pool_machine import MachineShape, run_pool_machine
 
 pytestmark = [
@@ -62,3 +68,45 @@ def crash(pool: SandboxPool, container: str) -> None:
 
 def test_the_fake_and_the_local_pool_agree() -> None:
     run_pool_machine([fake_pool, local_pool], shape=SHAPE, crash=crash, scale=0.06)
+
+
+def _shape() -> PoolShape:
+    return PoolShape(
+        containers=SHAPE.containers,
+        slots_per_container=SHAPE.slots_per_container,
+        acquire_timeout_s=30.0,
+    )
+
+
+@pytest.mark.skipif(
+    not container_image_present(), reason=f"no container engine or no image {IMAGE}: ./dev image"
+)
+def test_the_fake_and_the_container_pool_agree() -> None:
+    """The same sequences over slot-server containers; a crash is the engine killing one."""
+
+    def crash_either(pool: SandboxPool, container: str) -> None:
+        if isinstance(pool, FakeSandboxPool):
+            pool.crash_container(container)
+        else:
+            kill_container(pool, container)
+
+    run_pool_machine(
+        [fake_pool, lambda: container_pool(_shape())], shape=SHAPE, crash=crash_either, scale=0.02
+    )
+
+
+@pytest.mark.skipif(
+    OPENAPI is None, reason=f"Nomad's OpenAPI description is needed: {OPENAPI_PROBLEM}"
+)
+def test_the_fake_and_the_nomad_pool_agree() -> None:
+    """The same sequences over allocations of the fake Nomad API; a crash kills an allocation."""
+
+    def crash_either(pool: SandboxPool, container: str) -> None:
+        if isinstance(pool, FakeSandboxPool):
+            pool.crash_container(container)
+        else:
+            crash_nomad(pool, container)
+
+    run_pool_machine(
+        [fake_pool, lambda: nomad_pool(_shape())], shape=SHAPE, crash=crash_either, scale=0.02
+    )
