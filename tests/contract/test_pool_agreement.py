@@ -20,8 +20,7 @@ import signal
 import pytest
 
 from tests.contract.test_nomad_sandbox_pool import crash_nomad, nomad_pool
-from tests.integration.test_container_pool import IMAGE, container_pool, kill_container
-from tests.integration.test_container_pool import _image_present as container_image_present
+from tests.integration.test_container_pool import IMAGE_PROBLEM, container_pool, kill_container
 from tests.nomad_testbed import OPENAPI, OPENAPI_PROBLEM
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
@@ -78,9 +77,7 @@ def _shape() -> PoolShape:
     )
 
 
-@pytest.mark.skipif(
-    not container_image_present(), reason=f"no container engine or no image {IMAGE}: ./dev image"
-)
+@pytest.mark.skipif(IMAGE_PROBLEM is not None, reason=str(IMAGE_PROBLEM))
 def test_the_fake_and_the_container_pool_agree() -> None:
     """The same sequences over slot-server containers; a crash is the engine killing one."""
 

@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
+from tests.image_source import image_problem
 from trajcore.adapters.sandbox.container_pool import (
     DEFAULT_IMAGE,
     LABEL,
@@ -41,19 +42,11 @@ ENGINE = find_engine()
 IMAGE = os.environ.get("TRAJCORE_IMAGE") or DEFAULT_IMAGE
 
 
-def _image_present() -> bool:
-    if ENGINE is None:
-        return False
-    done = subprocess.run(
-        [ENGINE, "image", "inspect", IMAGE], capture_output=True, timeout=60, check=False
-    )
-    return done.returncode == 0
-
+IMAGE_PROBLEM = image_problem(ENGINE, IMAGE)
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(ENGINE is None, reason="no container engine (podman or docker)"),
-    pytest.mark.skipif(not _image_present(), reason=f"no image {IMAGE}: ./dev image builds it"),
+    pytest.mark.skipif(IMAGE_PROBLEM is not None, reason=str(IMAGE_PROBLEM)),
 ]
 
 POLICY = SlotPolicy(

@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
+from tests.image_source import image_problem
 from tests.nomad_testbed import OPENAPI, nomad_pool_config
 from trajcore.adapters.sandbox.nomad_pool import NomadSandboxPool
 from trajcore.domain.sandbox_policy import SlotPolicy
@@ -45,21 +46,9 @@ def _engine() -> tuple[str, ...] | None:
     return None
 
 
-def _has_image(engine: tuple[str, ...]) -> bool:
-    found = subprocess.run(
-        [*engine, "image", "inspect", IMAGE], capture_output=True, timeout=60, check=False
-    )
-    return found.returncode == 0
-
-
 ENGINE = _engine()
-pytestmark = [
-    pytest.mark.skipif(ENGINE is None, reason="no container engine here (podman, or docker)"),
-    pytest.mark.skipif(
-        ENGINE is not None and not _has_image(ENGINE),
-        reason=f"the slot-server image {IMAGE} is missing: build it with ./dev image",
-    ),
-]
+IMAGE_PROBLEM = image_problem(None if ENGINE is None else ENGINE[0], IMAGE)
+pytestmark = [pytest.mark.skipif(IMAGE_PROBLEM is not None, reason=str(IMAGE_PROBLEM))]
 
 _FAKES: dict[int, FakeNomadAPI] = {}
 
