@@ -127,7 +127,7 @@ def start_server(root: Path, helper: str, *extra: str) -> Server:
         sys.executable, "-m", "trajcore.entrypoints.slot_server",
         "--slots", "4", "--root", str(root), "--token-file", str(token_file),
         "--listen", "127.0.0.1:0", "--require-sandbox", "--slot-helper", helper,
-        "--max-processes", str(MAX_PROCESSES), "--memory-mb", str(MEMORY_MB),
+        "--max-processes", str(MAX_PROCESSES), "--memory-bytes", str(MEMORY_MB << 20),
         "--output-cap-bytes", "8192", "--min-timeout-s", "0.2",
         "--file-cap-bytes", str(1 << 20), *extra,
     ]  # fmt: skip
