@@ -1,20 +1,23 @@
-"""What the Nomad pool's tests share: the fake's schema, a fast pool config, polling waits."""
+"""What the Nomad pool's tests share: the fake's schema, a fast pool config, polling waits, and
+the pool-to-fake registry their crash hooks kill allocations through."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import pytest
 
-from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
+from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig, NomadSandboxPool
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.sandbox_policy import SlotPolicy
-from trajcore.testing.fake_nomad import OPENAPI_ENV, NomadOpenAPI
+from trajcore.ports.sandbox_pool import SandboxPool
+from trajcore.testing.fake_nomad import OPENAPI_ENV, FakeNomadAPI, NomadOpenAPI
 
 # Nomad's OpenAPI description lives beside the repository (never copied into it); CI and ./dev
 # set the variable, and a plain pytest run gets the same default here.
@@ -93,3 +96,25 @@ async def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 20
             await anyio.sleep(0.02)
         return
     pytest.fail(f"never happened within {timeout_s} s: {what}")
+
+
+_FAKES: dict[int, FakeNomadAPI] = {}
+
+
+@asynccontextmanager
+async def pool_on(fake: FakeNomadAPI, config: NomadPoolConfig) -> AsyncIterator[SandboxPool]:
+    """A started Nomad pool on ``fake``, known to ``crash_allocation`` while it is open; the fake
+    must have seen no request that breaks Nomad's API when it closes."""
+    async with NomadSandboxPool(config) as pool:
+        _FAKES[id(pool)] = fake
+        try:
+            yield pool
+        finally:
+            del _FAKES[id(pool)]
+    assert fake.violations == []
+
+
+def crash_allocation(pool: SandboxPool, container: str) -> None:
+    """Kill the allocation behind the pool's ``container`` (the contract suites' crash hook)."""
+    assert isinstance(pool, NomadSandboxPool)
+    _FAKES[id(pool)].kill_allocation(pool.allocation_id(container))

@@ -14,8 +14,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from tests.nomad_testbed import OPENAPI, nomad_pool_config
-from trajcore.adapters.sandbox.nomad_pool import NomadSandboxPool
+from tests.nomad_testbed import OPENAPI, crash_allocation, nomad_pool_config, pool_on
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.fake_nomad import FakeNomadAPI
 from trajcore.testing.sandbox_pool_contract import (
@@ -24,8 +23,6 @@ from trajcore.testing.sandbox_pool_contract import (
     SandboxPoolContract,
     SandboxPoolFactory,
 )
-
-_FAKES: dict[int, FakeNomadAPI] = {}
 
 
 @asynccontextmanager
@@ -37,18 +34,8 @@ async def nomad_pool(shape: PoolShape) -> AsyncIterator[SandboxPool]:
             slots_per_container=shape.slots_per_container,
             acquire_timeout_s=shape.acquire_timeout_s,
         )
-        async with NomadSandboxPool(config) as pool:
-            _FAKES[id(pool)] = fake
-            try:
-                yield pool
-            finally:
-                del _FAKES[id(pool)]
-        assert fake.violations == []
-
-
-def crash_nomad(pool: SandboxPool, container: str) -> None:
-    assert isinstance(pool, NomadSandboxPool)
-    _FAKES[id(pool)].kill_allocation(pool.allocation_id(container))
+        async with pool_on(fake, config) as pool:
+            yield pool
 
 
 @pytest.mark.slow
@@ -64,4 +51,4 @@ class TestNomadSandboxPool(SandboxPoolContract):
 
     @pytest.fixture
     def crash_container(self) -> CrashContainer:
-        return crash_nomad
+        return crash_allocation

@@ -19,9 +19,9 @@ import signal
 
 import pytest
 
-from tests.contract.test_nomad_sandbox_pool import crash_nomad, nomad_pool
+from tests.contract.test_nomad_sandbox_pool import nomad_pool
 from tests.integration.test_container_pool import IMAGE_PROBLEM, container_pool, kill_container
-from tests.nomad_testbed import OPENAPI, OPENAPI_PROBLEM
+from tests.nomad_testbed import OPENAPI, OPENAPI_PROBLEM, crash_allocation
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.sandbox_policy import SlotPolicy
@@ -102,7 +102,7 @@ def test_the_fake_and_the_nomad_pool_agree() -> None:
         if isinstance(pool, FakeSandboxPool):
             pool.crash_container(container)
         else:
-            crash_nomad(pool, container)
+            crash_allocation(pool, container)
 
     run_pool_machine(
         [fake_pool, lambda: nomad_pool(_shape())], shape=SHAPE, crash=crash_either, scale=0.02

@@ -20,7 +20,7 @@ import anyio
 import pytest
 
 from tests.image_source import image_problem
-from tests.nomad_testbed import OPENAPI, nomad_pool_config
+from tests.nomad_testbed import OPENAPI, crash_allocation, nomad_pool_config, pool_on
 from trajcore.adapters.sandbox.nomad_pool import NomadSandboxPool
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.ports.sandbox_pool import SandboxPool
@@ -49,8 +49,6 @@ def _engine() -> tuple[str, ...] | None:
 ENGINE = _engine()
 IMAGE_PROBLEM = image_problem(None if ENGINE is None else ENGINE[0], IMAGE)
 pytestmark = [pytest.mark.skipif(IMAGE_PROBLEM is not None, reason=str(IMAGE_PROBLEM))]
-
-_FAKES: dict[int, FakeNomadAPI] = {}
 
 
 @pytest.fixture
@@ -81,24 +79,14 @@ async def docker_pool(shape: PoolShape) -> AsyncIterator[SandboxPool]:
             ),
             start_timeout_s=60.0,
         )
-        async with NomadSandboxPool(config) as pool:
-            _FAKES[id(pool)] = fake
-            try:
-                yield pool
-            finally:
-                del _FAKES[id(pool)]
-        assert fake.violations == []
+        async with pool_on(fake, config) as pool:
+            yield pool
     assert ENGINE is not None
     with anyio.fail_after(60):
         left = await anyio.run_process(
             [*ENGINE, "ps", "--all", "--quiet", "--filter", f"name={PREFIX}"], check=False
         )
     assert left.stdout.strip() == b"", f"containers left behind: {left.stdout!r}"
-
-
-def crash_container(pool: SandboxPool, container: str) -> None:
-    assert isinstance(pool, NomadSandboxPool)
-    _FAKES[id(pool)].kill_allocation(pool.allocation_id(container))
 
 
 @pytest.mark.slow
@@ -112,7 +100,7 @@ class TestNomadDockerPool(SandboxPoolContract):
 
     @pytest.fixture
     def crash_container(self) -> CrashContainer:
-        return crash_container
+        return crash_allocation
 
 
 @pytest.mark.anyio
