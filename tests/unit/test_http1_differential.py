@@ -49,12 +49,13 @@ def ours_request(data: bytes) -> Outcome:
     return (request.method, request.target, dict(request.headers), request.body)
 
 
-def h11_request(data: bytes) -> Outcome:
-    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=LIMITS.max_head_bytes)
-    conn.receive_data(data)
+def _h11_message(
+    conn: h11.Connection, kind: type[h11.Request] | type[h11.Response]
+) -> tuple[h11.Request | h11.Response, bytes] | str:
+    """The next whole message of ``kind`` and its body, as h11 reads what ``conn`` received."""
     try:
         event = conn.next_event()
-        if not isinstance(event, h11.Request):
+        if not isinstance(event, kind):
             return INCOMPLETE
         body = b""
         while isinstance(part := conn.next_event(), h11.Data):
@@ -63,6 +64,17 @@ def h11_request(data: bytes) -> Outcome:
         return REFUSED
     if not isinstance(part, h11.EndOfMessage):
         return INCOMPLETE
+    return event, body
+
+
+def h11_request(data: bytes) -> Outcome:
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=LIMITS.max_head_bytes)
+    conn.receive_data(data)
+    read = _h11_message(conn, h11.Request)
+    if isinstance(read, str):
+        return read
+    event, body = read
+    assert isinstance(event, h11.Request)
     target = event.target.decode("ascii")
     return (event.method.decode("ascii"), target, _joined(event.headers), body)
 
@@ -84,17 +96,11 @@ def h11_response(data: bytes) -> Outcome:
     conn.send(h11.EndOfMessage())
     conn.receive_data(data)
     conn.receive_data(b"")  # the connection ends
-    try:
-        event = conn.next_event()
-        if not isinstance(event, h11.Response):
-            return INCOMPLETE
-        body = b""
-        while isinstance(part := conn.next_event(), h11.Data):
-            body += part.data
-    except h11.RemoteProtocolError:
-        return REFUSED
-    if not isinstance(part, h11.EndOfMessage):
-        return INCOMPLETE
+    read = _h11_message(conn, h11.Response)
+    if isinstance(read, str):
+        return read
+    event, body = read
+    assert isinstance(event, h11.Response)
     reason = event.reason.decode("latin-1")
     return (event.status_code, reason, _joined(event.headers), body)
 

@@ -26,6 +26,7 @@ What the core does, once for every source:
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 from collections import deque
@@ -194,8 +195,9 @@ async def close_quietly(client: SlotServerClient | None) -> None:
         await client.aclose()
 
 
-class LeasedPool:
-    """The port methods every pool over ``SlotLeasing`` answers the same way."""
+class LeasedPool(abc.ABC):
+    """The port methods every pool over ``SlotLeasing`` answers the same way; each pool closes
+    in its own way (``aclose``)."""
 
     _leasing: SlotLeasing
 
@@ -209,9 +211,9 @@ class LeasedPool:
         """See ``SandboxPool.statistics``."""
         return self._leasing.statistics()
 
+    @abc.abstractmethod
     async def aclose(self) -> None:
         """See ``SandboxPool.aclose``."""
-        raise NotImplementedError
 
     async def __aexit__(self, *_: object) -> None:
         await self.aclose()
