@@ -33,10 +33,11 @@ from collections.abc import Callable
 
 from trajcore.adapters.json_schema import JSONSchemaValidator
 from trajcore.domain.batch_planner import BatchConfig, BatchPlanner
-from trajcore.domain.messages import JSONObject, ToolCall, ToolSpec
+from trajcore.domain.json_values import JSONObject
 from trajcore.domain.slot_book import SlotBook
 from trajcore.domain.slots import Lease, SlotCall, SlotId
 from trajcore.domain.tool_parsers import PARSER_NAMES, ToolCallParser, get_parser
+from trajcore.domain.tools import ToolCall, ToolSpec
 
 CONTAINERS = 4
 SLOTS = 16

@@ -21,9 +21,10 @@ import statistics
 import time
 
 from trajcore.adapters.tokenizers import TransformersTokenizer
-from trajcore.domain.messages import Message, ToolCall, ToolOutcome, ToolResult, ToolSpec
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, TokenCompletion
 from trajcore.domain.token_ledger import ChatTemplate
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult, ToolSpec
 from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 TOOLS = (

@@ -55,11 +55,12 @@ import attrs
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.agent_loop import AgentLoopConfig
 from trajcore.domain.batch_planner import BatchConfig
-from trajcore.domain.messages import Message, ToolCall, ToolOutcome, ToolSpec
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
 from trajcore.domain.slots import SlotCall
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolSpec
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.policy import ChatPolicy
 from trajcore.rollout.tools import SlotTools

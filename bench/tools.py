@@ -40,7 +40,6 @@ from pathlib import Path
 from trajcore.adapters.sandbox.client import SlotServerClient
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
-from trajcore.domain.messages import ToolCall
 from trajcore.domain.sandbox_policy import (
     DEFAULT_SLOT_UID_BASE,
     SlotPolicy,
@@ -48,6 +47,7 @@ from trajcore.domain.sandbox_policy import (
 )
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.slots import Lease, SlotCall
+from trajcore.domain.tools import ToolCall
 from trajcore.rollout.dispatcher import DispatcherStatistics, ToolDispatcher
 
 TOKEN = "bench-token"

@@ -4,18 +4,10 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from trajcore.domain.messages import (
-    JSON,
-    ExecReport,
-    JSONObject,
-    Message,
-    Role,
-    ToolCall,
-    ToolOutcome,
-    ToolResult,
-    ToolSpec,
-)
+from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.messages import Message, Role
 from trajcore.domain.sampling import FinishReason, SamplingParams, TokenCompletion
+from trajcore.domain.tools import ExecReport, ToolCall, ToolOutcome, ToolResult, ToolSpec
 
 names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_0123456789", min_size=1, max_size=20)
 json_scalars: st.SearchStrategy[JSON] = (

@@ -16,7 +16,8 @@ from trajcore.adapters.fakes.llm import FakeChatServer
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.tool_server import ToolRegistry
 from trajcore.domain.errors import ToolServerError
-from trajcore.domain.messages import Message, ToolSpec
+from trajcore.domain.messages import Message
+from trajcore.domain.tools import ToolSpec
 from trajcore.domain.toolsets import Toolset, ToolsetCatalog
 from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig, ScoredGroup
 from trajcore.ports.chat_server import ChatServer

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from trajcore.adapters.json_schema import JSONSchemaValidator
-from trajcore.domain.messages import ArgumentValidator, BuiltinArgumentValidator, ToolSpec
+from trajcore.domain.tool_schema import ArgumentValidator, BuiltinArgumentValidator
+from trajcore.domain.tools import ToolSpec
 
 
 def check_validators_are_argument_validators() -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import assert_type
 
 from trajcore.adapters.wire import structure
-from trajcore.domain.messages import Message, ToolResult
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import TokenCompletion
+from trajcore.domain.tools import ToolResult
 
 
 def check_structure_is_typed(data: object) -> None:

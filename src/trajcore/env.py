@@ -27,11 +27,10 @@ from trajcore.domain.errors import (
     TrajcoreError,
 )
 from trajcore.domain.groups import GroupStatus, TrajectoryStatus
-from trajcore.domain.messages import (
-    JSON,
+from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.messages import Message
+from trajcore.domain.tools import (
     ExecReport,
-    JSONObject,
-    Message,
     ToolCall,
     ToolContext,
     ToolOutcome,

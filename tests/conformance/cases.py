@@ -26,7 +26,7 @@ import json
 
 import attrs
 
-from trajcore.domain.messages import JSON, JSONObject
+from trajcore.domain.json_values import JSON, JSONObject
 
 VLLM = "vllm-project/vllm"
 HERMES_TESTS = "tests/tool_parsers/test_hermes_tool_parser.py"

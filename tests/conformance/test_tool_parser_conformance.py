@@ -14,8 +14,8 @@ import pytest
 
 from tests.conformance.cases import CASES, Call, Case
 from trajcore.adapters.json_schema import JSONSchemaValidator
-from trajcore.domain.messages import ToolSpec
 from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser
+from trajcore.domain.tools import ToolSpec
 from trajcore.domain.turns import ParsedTurn
 
 # Tools as the model sees them: their schemas enforced whole, as the env's tools are.

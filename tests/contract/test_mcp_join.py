@@ -26,7 +26,8 @@ from trajcore.adapters.mcp import (
     parse_tool_servers,
 )
 from trajcore.domain.errors import ConfigError, PoolClosed, ToolServerError
-from trajcore.domain.messages import JSON, ToolCall, ToolContext, ToolOutcome
+from trajcore.domain.json_values import JSON
+from trajcore.domain.tools import ToolCall, ToolContext, ToolOutcome
 from trajcore.domain.toolsets import Toolset
 from trajcore.ports.tool_server import ToolServer
 from trajcore.testing.tool_server_contract import (

@@ -38,11 +38,7 @@ from trajcore.adapters.mcp.protocol import (
     tool_spec,
 )
 from trajcore.domain.errors import ConfigError, StateError, WireError
-from trajcore.domain.messages import (
-    ToolCall,
-    ToolContext,
-    ToolOutcome,
-)
+from trajcore.domain.tools import ToolCall, ToolContext, ToolOutcome
 from trajcore.ports.tool_server import ToolServer
 from trajcore.testing.tool_server_contract import (
     CONTRACT_CALL_TIMEOUT_S,

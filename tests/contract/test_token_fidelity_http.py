@@ -39,7 +39,7 @@ from tests.mistral_tokenizers import adapter
 from trajcore.adapters.llm.tokens import AtroposTokenServer, SGLangTokenServer, VLLMTokenServer
 from trajcore.adapters.llm.transport import RetryPolicy
 from trajcore.adapters.tokenizers import TransformersTokenizer, qwen3_tokenizer_path
-from trajcore.domain.messages import Message, ToolOutcome, ToolResult, ToolSpec
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, SamplingParams, TokenCompletion
 from trajcore.domain.token_ledger import (
     MASKED_LABEL,
@@ -49,6 +49,7 @@ from trajcore.domain.token_ledger import (
     TrainingTokens,
 )
 from trajcore.domain.tool_parsers import get_parser
+from trajcore.domain.tools import ToolOutcome, ToolResult, ToolSpec
 from trajcore.ports.tokenizer import Tokenizer
 from trajcore.rollout.policy import TokenPolicy
 from trajcore.testing.llm_stubs import GenerateDialect, LoopbackLLMServer, StubRequest

@@ -33,15 +33,8 @@ from trajcore.adapters.tool_server import (
 )
 from trajcore.adapters.wire import structure, unstructure
 from trajcore.domain.errors import ConfigError, PoolClosed, ToolServerError, WireError
-from trajcore.domain.messages import (
-    JSON,
-    JSONObject,
-    ToolCall,
-    ToolContext,
-    ToolOutcome,
-    ToolResult,
-    ToolSpec,
-)
+from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.tools import ToolCall, ToolContext, ToolOutcome, ToolResult, ToolSpec
 from trajcore.entrypoints.tool_server import load_registry, main, make_app
 from trajcore.ports.tool_server import ToolServer
 from trajcore.testing.tool_server_contract import (

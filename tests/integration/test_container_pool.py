@@ -27,8 +27,8 @@ from trajcore.adapters.sandbox.container_pool import (
     find_engine,
 )
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
-from trajcore.domain.messages import ToolOutcome
 from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.tools import ToolOutcome
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.sandbox_pool_contract import (
     CrashContainer,

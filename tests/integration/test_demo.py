@@ -24,9 +24,9 @@ from examples.shell_tasks import SOLUTIONS, TASKS, ShellTasksEnv
 
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
-from trajcore.domain.messages import ToolCall
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slot_protocol import SLOT_TOOLS
+from trajcore.domain.tools import ToolCall
 from trajcore.entrypoints.atropos import AgentEnvConfig
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.tools import SlotTools, ToolRouter

@@ -19,9 +19,9 @@ import pytest
 
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
-from trajcore.domain.messages import ToolCall, ToolOutcome, ToolResult
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 from trajcore.rollout.dispatcher import ToolDispatcher
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is missing")

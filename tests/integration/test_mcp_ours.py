@@ -41,7 +41,8 @@ from trajcore.adapters.mcp import (
 )
 from trajcore.adapters.tool_server import ToolRegistry
 from trajcore.domain.errors import PoolClosed, ToolServerError
-from trajcore.domain.messages import JSON, JSONObject, ToolCall, ToolContext, ToolOutcome
+from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.tools import ToolCall, ToolContext, ToolOutcome
 from trajcore.testing.tool_server_contract import CONTRACT_TOOLS
 
 CONTRACT_APP = "trajcore.testing.tool_server_contract:CONTRACT_REGISTRY"

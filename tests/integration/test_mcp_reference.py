@@ -41,8 +41,9 @@ from trajcore.adapters.mcp import (
     parse_tool_servers,
 )
 from trajcore.domain.errors import ConfigError, PoolClosed
-from trajcore.domain.messages import JSON, ToolCall, ToolContext, ToolOutcome
+from trajcore.domain.json_values import JSON
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
+from trajcore.domain.tools import ToolCall, ToolContext, ToolOutcome
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALLER = REPO / ".ci" / "mcp-servers"

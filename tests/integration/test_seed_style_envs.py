@@ -20,8 +20,9 @@ from examples.hermes_seed_style import GreetingFileEnv, Item
 
 from trajcore.adapters.fakes import FakeChatServer
 from trajcore.compat import AgentResult, ToolContext
-from trajcore.domain.messages import Message, ToolCall
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason
+from trajcore.domain.tools import ToolCall
 from trajcore.entrypoints.atropos import AgentEnvConfig
 from trajcore.testing.tokenizers import qwen3_tokenizer_path
 

@@ -33,7 +33,7 @@ from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, start_local_po
 from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime
 from trajcore.adapters.sandbox.seccomp import SeccompUnavailable
 from trajcore.domain.errors import SlotServerError, ToolArgumentError, UnknownSlot, WireError
-from trajcore.domain.messages import JSON, ToolCall, ToolOutcome, ToolResult
+from trajcore.domain.json_values import JSON
 from trajcore.domain.sandbox_policy import (
     MASKED_PATHS,
     READ_ONLY_PATHS,
@@ -42,6 +42,7 @@ from trajcore.domain.sandbox_policy import (
 )
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.slots import SlotCall
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 
 T = TypeVar("T")
 TOKEN = "integration-token"

@@ -24,8 +24,8 @@ import pytest
 
 from trajcore.adapters.sandbox.client import SlotServerClient
 from trajcore.domain.errors import SlotServerError
-from trajcore.domain.messages import ToolOutcome
 from trajcore.domain.slot_protocol import ExecuteCall
+from trajcore.domain.tools import ToolOutcome
 
 IMAGE = os.environ.get("TRAJCORE_IMAGE", "")
 ENGINE = os.environ.get("TRAJCORE_ENGINE", "")

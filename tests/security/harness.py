@@ -37,8 +37,9 @@ import attrs
 import pytest
 
 from trajcore.adapters.sandbox.client import SlotServerClient
-from trajcore.domain.messages import JSON, ToolResult
+from trajcore.domain.json_values import JSON
 from trajcore.domain.slot_protocol import ExecuteCall
+from trajcore.domain.tools import ToolResult
 
 TOKEN = "security-suite-token"
 KIT_SOURCE = Path(__file__).with_name("kit.c")

@@ -41,7 +41,7 @@ from tests.security.harness import (
     token,
     wait_for,
 )
-from trajcore.domain.messages import ToolOutcome, ToolResult
+from trajcore.domain.tools import ToolOutcome, ToolResult
 
 CLAIMED_MIB = 320
 

@@ -48,7 +48,8 @@ from tests.security.harness import (
 )
 from trajcore.adapters.sandbox.client import SlotServerClient
 from trajcore.domain.errors import SlotServerError, ToolArgumentError, WireError
-from trajcore.domain.messages import JSON, ToolOutcome, ToolResult
+from trajcore.domain.json_values import JSON
+from trajcore.domain.tools import ToolOutcome, ToolResult
 
 DEADLINE_S = 3.0
 REFUSALS = (ToolArgumentError, FileNotFoundError, WireError, SlotServerError)

@@ -33,9 +33,10 @@ from tests.security.harness import (
     token,
 )
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
-from trajcore.domain.messages import JSON, ToolCall, ToolResult
+from trajcore.domain.json_values import JSON
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slots import Lease, SlotCall
+from trajcore.domain.tools import ToolCall, ToolResult
 
 CORE_PATTERN = "/proc/sys/kernel/core_pattern"
 

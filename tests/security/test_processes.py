@@ -25,7 +25,7 @@ from tests.security.harness import (
     start_sleeper,
     token,
 )
-from trajcore.domain.messages import ToolResult
+from trajcore.domain.tools import ToolResult
 
 
 def test_a_lease_cannot_signal_another_slots_processes(server: Server, kit: Path) -> None:

@@ -18,10 +18,12 @@ from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.tool_server import ToolRegistry
 from trajcore.domain.errors import ConfigError, SlotFileError, StateError
 from trajcore.domain.groups import GroupStatus, TrajectoryStatus
-from trajcore.domain.messages import JSONObject, Message, ToolCall, ToolContext
+from trajcore.domain.json_values import JSONObject
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, TokenCompletion
 from trajcore.domain.token_ledger import MASKED_LABEL
 from trajcore.domain.tool_parsers import get_parser
+from trajcore.domain.tools import ToolCall, ToolContext
 from trajcore.entrypoints.atropos import (
     AgentEnv,
     AgentEnvConfig,

@@ -13,9 +13,10 @@ import pytest
 
 from tests.unit.test_agent_env import FileEnv, _alternating_chat, _config, _turn, _write
 from trajcore.adapters.fakes import FakeChatServer, FakeSandboxPool, FakeTokenServer
-from trajcore.domain.messages import Message, ToolCall
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, TokenCompletion
 from trajcore.domain.tool_parsers import get_parser
+from trajcore.domain.tools import ToolCall
 
 pytestmark = pytest.mark.anyio
 

@@ -19,8 +19,9 @@ from trajcore.adapters.fakes.llm import FakeChatServer
 from trajcore.adapters.sandbox.nomad_pool import NomadSandboxPool
 from trajcore.domain.errors import ConfigError, SlotFileError
 from trajcore.domain.groups import GroupStatus
-from trajcore.domain.messages import Message, ToolCall
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason
+from trajcore.domain.tools import ToolCall
 from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig
 from trajcore.rollout.tools import SlotTools
 from trajcore.testing.fake_nomad import FakeNomadAPI

@@ -27,7 +27,9 @@ from trajcore.adapters.sandbox.container_pool import ContainerSandboxPool
 from trajcore.adapters.tool_server import ToolRegistry
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.groups import TrajectoryStatus
-from trajcore.domain.messages import JSON, JSONObject, Message, ToolCall, ToolContext
+from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.messages import Message
+from trajcore.domain.tools import ToolCall, ToolContext
 from trajcore.domain.toolsets import DistributionRegistry, ToolsetDistribution
 from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig
 from trajcore.entrypoints.seed_settings import SEED_FIELDS, SeedSettingWarning

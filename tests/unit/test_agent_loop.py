@@ -29,8 +29,8 @@ from trajcore.domain.agent_loop import (
 )
 from trajcore.domain.errors import ConfigError, InvalidInput, StateError
 from trajcore.domain.groups import TrajectoryOutcome, TrajectoryStatus
-from trajcore.domain.messages import ToolCall, ToolOutcome, ToolResult
 from trajcore.domain.sampling import FinishReason
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 from trajcore.domain.turns import ParsedTurn, ParseProblem
 
 STOP = FinishReason.STOP

@@ -21,8 +21,8 @@ from trajcore.domain.batch_planner import (
     BatchPlanner,
 )
 from trajcore.domain.errors import ConfigError, InvalidInput, StateError
-from trajcore.domain.messages import ToolCall
 from trajcore.domain.slots import Lease, SlotCall, SlotId
+from trajcore.domain.tools import ToolCall
 
 
 def lease(container: str, index: int = 0, epoch: int = 1) -> Lease:

@@ -16,8 +16,8 @@ import pytest
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.errors import PoolClosed
-from trajcore.domain.messages import ToolCall, ToolOutcome, ToolResult
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 from trajcore.rollout.dispatcher import ToolDispatcher
 
 _ids = itertools.count(1)

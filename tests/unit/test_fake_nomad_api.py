@@ -28,7 +28,7 @@ import pytest
 from tests.nomad_testbed import OPENAPI, needs_openapi, wait_until
 from trajcore.adapters.sandbox.nomad_client import NomadClient, NomadUnavailable
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.messages import JSONObject
+from trajcore.domain.json_values import JSONObject
 from trajcore.domain.nomad_job import (
     NomadJobSpec,
     allocation_address,

@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from trajcore.adapters.json_schema import ASSERTED_FORMATS, JSONSchemaValidator
 from trajcore.adapters.wire import structure
 from trajcore.domain.errors import ConfigError, ToolArgumentError, WireError
-from trajcore.domain.messages import JSON, JSONObject, ToolCall, ToolSpec
+from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.tools import ToolCall, ToolSpec
 
 FULL = JSONSchemaValidator()
 

@@ -15,8 +15,8 @@ import pytest
 
 from trajcore.adapters.sandbox.leasing import SlotLeasing
 from trajcore.domain.errors import AcquireTimeout, InvalidInput, PoolClosed
-from trajcore.domain.messages import ToolCall
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall, SlotId
+from trajcore.domain.tools import ToolCall
 
 
 @pytest.fixture

@@ -35,7 +35,8 @@ from trajcore.domain.errors import (
     RateLimited,
     WireError,
 )
-from trajcore.domain.messages import JSON, Message, ToolCall
+from trajcore.domain.json_values import JSON
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import (
     ChatTurn,
     FinishReason,
@@ -43,6 +44,7 @@ from trajcore.domain.sampling import (
     TokenCompletion,
     Usage,
 )
+from trajcore.domain.tools import ToolCall
 from trajcore.testing.llm_stubs import (
     _atropos_json,
     _sglang_json,

@@ -7,14 +7,9 @@ from hypothesis import given
 
 from tests import strategies as s
 from trajcore.domain.errors import ConfigError, ToolArgumentError
-from trajcore.domain.messages import (
-    Message,
-    ToolCall,
-    ToolOutcome,
-    ToolResult,
-    ToolSpec,
-    check_json,
-)
+from trajcore.domain.json_values import check_json
+from trajcore.domain.messages import Message
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult, ToolSpec
 
 BASH = ToolSpec(
     name="bash",

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tests.nomad_testbed import OPENAPI, needs_openapi
 from trajcore.domain.errors import ConfigError, WireError
-from trajcore.domain.messages import JSON, JSONObject
+from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.nomad_job import (
     DRIVERS,
     PORT_LABEL,

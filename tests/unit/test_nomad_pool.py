@@ -20,12 +20,12 @@ from tests.nomad_testbed import OPENAPI, nomad_pool_config, wait_until
 from trajcore.adapters.sandbox.nomad_client import NomadClient, NomadUnavailable
 from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig, NomadSandboxPool
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
-from trajcore.domain.messages import ToolOutcome
 from trajcore.domain.nomad_job import (
     register_request,
 )
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slots import Lease
+from trajcore.domain.tools import ToolOutcome
 from trajcore.testing.fake_nomad import FakeNomadAPI
 from trajcore.testing.sandbox_pool_contract import slot_call
 

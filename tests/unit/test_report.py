@@ -25,8 +25,9 @@ from trajcore.domain.agent_loop import (
     TrajectoryStats,
 )
 from trajcore.domain.groups import GroupPolicy
-from trajcore.domain.messages import Message, ToolCall, ToolOutcome, ToolResult
+from trajcore.domain.messages import Message
 from trajcore.domain.token_ledger import TrainingTokens
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 from trajcore.entrypoints.report import (
     ProgressBar,
     render_html,

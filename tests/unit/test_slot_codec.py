@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from trajcore.adapters.sandbox.codec import decode, encode, structure, unstructure
 from trajcore.domain.errors import WireError
-from trajcore.domain.messages import ExecReport, ToolOutcome, ToolResult
 from trajcore.domain.slot_protocol import (
     ArchiveArtifactsRequest,
     ArtifactArchive,
@@ -31,6 +30,7 @@ from trajcore.domain.slot_protocol import (
     SlotInfo,
     SlotListing,
 )
+from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult
 
 text = st.text(max_size=20)
 count = st.integers(0, 10**9)

@@ -27,7 +27,7 @@ from trajcore.adapters.sandbox import exec_agent
 from trajcore.adapters.sandbox.exec_agent import encode_request
 from trajcore.adapters.sandbox.native_helper import NativeBuildError, build_slot_helper, cache_dir
 from trajcore.adapters.sandbox.slot_ids import unmapped, unreachable
-from trajcore.domain.messages import JSON
+from trajcore.domain.json_values import JSON
 
 HAS_COMPILER = any(shutil.which(name) for name in ("cc", "gcc", "clang"))
 needs_compiler = pytest.mark.skipif(not HAS_COMPILER, reason="no C compiler (cc, gcc, clang)")

@@ -14,9 +14,10 @@ from trajcore.domain.agent_loop import AgentLoopConfig
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.errors import InfrastructureError, SlotFileError, SlotInfraError
 from trajcore.domain.groups import GroupPolicy, GroupStatus, TrajectoryStatus
-from trajcore.domain.messages import Message, ToolCall
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, SLOT_TOOLS
+from trajcore.domain.tools import ToolCall
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.group import collect_group
 from trajcore.rollout.policy import ChatPolicy

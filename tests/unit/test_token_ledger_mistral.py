@@ -57,15 +57,8 @@ from mistral_common.protocol.instruct.tool_calls import ToolCall as MistralToolC
 from tests.mistral_tokenizers import NAMES, ChatMessage, adapter, encode
 from trajcore.adapters.fakes.llm import FakeTokenServer
 from trajcore.adapters.mistral import BundledMistral
-from trajcore.domain.messages import (
-    JSON,
-    JSONObject,
-    Message,
-    ToolCall,
-    ToolOutcome,
-    ToolResult,
-    ToolSpec,
-)
+from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, SamplingParams, TokenCompletion
 from trajcore.domain.token_ledger import (
     MASKED_LABEL,
@@ -75,6 +68,7 @@ from trajcore.domain.token_ledger import (
     TrainingTokens,
 )
 from trajcore.domain.tool_parsers import get_parser
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult, ToolSpec
 from trajcore.domain.turns import ParsedTurn
 from trajcore.rollout.policy import TokenPolicy
 

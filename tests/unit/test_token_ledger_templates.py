@@ -21,14 +21,8 @@ from hypothesis import strategies as st
 
 from trajcore.adapters.tokenizers import TransformersTokenizer
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.messages import (
-    JSONObject,
-    Message,
-    ToolCall,
-    ToolOutcome,
-    ToolResult,
-    ToolSpec,
-)
+from trajcore.domain.json_values import JSONObject
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, TokenCompletion
 from trajcore.domain.token_ledger import (
     MASKED_LABEL,
@@ -37,6 +31,7 @@ from trajcore.domain.token_ledger import (
     SegmentKind,
     TokenLedger,
 )
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult, ToolSpec
 from trajcore.testing.tokenizers import (
     qwen3_tokenizer_path,
     write_llama3_shaped_tokenizer,

@@ -9,8 +9,9 @@ import pytest
 
 from trajcore.adapters.tokenizers import TransformersTokenizer
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.messages import Message, ToolCall, ToolOutcome, ToolResult, ToolSpec
+from trajcore.domain.messages import Message
 from trajcore.domain.token_ledger import ChatRenderer
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult, ToolSpec
 from trajcore.ports.tokenizer import Tokenizer
 from trajcore.testing.tokenizers import (
     qwen3_tokenizer_path,

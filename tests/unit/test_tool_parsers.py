@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from trajcore.adapters.json_schema import JSONSchemaValidator
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.messages import JSONObject, ToolCall, ToolSpec
+from trajcore.domain.json_values import JSONObject
 from trajcore.domain.tool_parsers import (
     PARSER_NAMES,
     DeepSeekV3Parser,
@@ -21,6 +21,7 @@ from trajcore.domain.tool_parsers import (
     get_parser,
 )
 from trajcore.domain.tool_parsers.base import distinct_ids
+from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.domain.turns import ParsedTurn
 
 BASH = ToolSpec(

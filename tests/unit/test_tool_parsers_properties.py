@@ -11,13 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trajcore.domain.messages import JSON, JSONObject, ToolCall, ToolSpec
+from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.tool_parsers import (
     PARSER_NAMES,
     MistralParser,
     ToolCallParser,
     get_parser,
 )
+from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.domain.turns import ParsedTurn
 
 DS_CALLS_BEGIN = "<\uff5ctool\u2581calls\u2581begin\uff5c>"

@@ -25,9 +25,10 @@ from tests.unit.test_tool_parsers_properties import (
     json_values,
     specs_for,
 )
-from trajcore.domain.messages import JSON, JSONObject, ToolCall, ToolSpec
+from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.domain.tool_parsers.pythonic import read_plain
+from trajcore.domain.tools import ToolCall, ToolSpec
 
 KIMI_SECTION_BEGIN = "<|tool_calls_section_begin|>"
 KIMI_SECTION_END = "<|tool_calls_section_end|>"

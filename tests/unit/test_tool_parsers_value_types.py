@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trajcore.domain.messages import JSON, JSONObject
+from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.tool_parsers.base import JSONFault
 from trajcore.domain.tool_parsers.value_types import allowed_types, type_value
 

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.messages import ToolSpec
+from trajcore.domain.tools import ToolSpec
 from trajcore.domain.toolsets import (
     DistributionRegistry,
     Toolset,

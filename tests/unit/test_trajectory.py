@@ -16,11 +16,12 @@ from trajcore.domain.agent_loop import AgentLoopConfig, StopReason
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.errors import SlotFileError
 from trajcore.domain.groups import GroupPolicy, GroupStatus, TrajectoryStatus
-from trajcore.domain.messages import Message, ToolCall, ToolOutcome
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, SamplingParams, TokenCompletion
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
 from trajcore.domain.token_ledger import MASKED_LABEL, ChatTemplate
 from trajcore.domain.tool_parsers import get_parser
+from trajcore.domain.tools import ToolCall, ToolOutcome
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.group import collect_group
 from trajcore.rollout.policy import ChatPolicy, Policy, TokenPolicy

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from tests import strategies as s
 from trajcore.adapters.wire import structure, unstructure
 from trajcore.domain.errors import WireError
-from trajcore.domain.messages import ExecReport, Message, ToolCall, ToolResult, ToolSpec
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams, TokenCompletion
+from trajcore.domain.tools import ExecReport, ToolCall, ToolResult, ToolSpec
 
 WIRE_TYPES: list[tuple[type[object], st.SearchStrategy[object]]] = [
     (ToolCall, s.tool_calls),

@@ -59,11 +59,8 @@ from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.messages import (
-    ArgumentProblem,
-    JSONObject,
-    json_type,
-)
+from trajcore.domain.json_values import JSONObject, json_type
+from trajcore.domain.tool_schema import ArgumentProblem
 
 _fast_lib: ModuleType | None
 try:

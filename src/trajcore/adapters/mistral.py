@@ -87,7 +87,8 @@ except ModuleNotFoundError as exc:  # pragma: no cover - only without the option
     ) from exc
 
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.messages import Message, ToolCall, ToolSpec
+from trajcore.domain.messages import Message
+from trajcore.domain.tools import ToolCall, ToolSpec
 
 __all__ = ["BundledMistral", "MistralCommonTokenizer", "mistral_call_id"]
 

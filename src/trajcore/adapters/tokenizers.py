@@ -33,7 +33,9 @@ import attrs
 from jinja2.exceptions import TemplateError
 
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.messages import JSON, Message, ToolSpec
+from trajcore.domain.json_values import JSON
+from trajcore.domain.messages import Message
+from trajcore.domain.tools import ToolSpec
 
 __all__ = ["TransformersTokenizer", "qwen3_tokenizer_path"]
 

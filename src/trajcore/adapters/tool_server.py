@@ -14,7 +14,7 @@ one behaviour:
 
   A missing or wrong token is HTTP 401; a malformed request is HTTP 400 with
   ``{"error": "reason @ $.path", "field": "$.path"}``. The shapes are the values of
-  ``trajcore.domain.messages`` as ``trajcore.adapters.wire`` writes them.
+  ``trajcore.domain.tools`` as ``trajcore.adapters.wire`` writes them.
 - The tools: a ``ToolRegistry`` maps names to a ``ToolSpec`` and a handler, a sync or async
   function ``(arguments, context) -> JSON``; the server app and the fake both serve one.
 - How one call runs (``run_tool``): an unknown tool or arguments that miss the tool's schema are a
@@ -67,16 +67,8 @@ from trajcore.domain.errors import (
     ToolServerError,
     WireError,
 )
-from trajcore.domain.messages import (
-    JSON,
-    JSONObject,
-    ToolCall,
-    ToolContext,
-    ToolOutcome,
-    ToolResult,
-    ToolSpec,
-    check_json,
-)
+from trajcore.domain.json_values import JSON, JSONObject, check_json
+from trajcore.domain.tools import ToolCall, ToolContext, ToolOutcome, ToolResult, ToolSpec
 
 __all__ = [
     "INPROCESS",

@@ -29,7 +29,8 @@ from cattrs.v import transform_error
 
 from trajcore.adapters.json_schema import JSONSchemaValidator
 from trajcore.domain.errors import InvalidInput, WireError
-from trajcore.domain.messages import JSON, JSONObject, ToolCall, ToolSpec, check_json
+from trajcore.domain.json_values import JSON, JSONObject, check_json
+from trajcore.domain.tools import ToolCall, ToolSpec
 
 __all__ = ["converter", "register_strict_primitives", "structure", "unstructure"]
 

@@ -59,8 +59,8 @@ import attrs
 from trajcore.domain import converters, validators
 from trajcore.domain.errors import InvalidInput, StateError
 from trajcore.domain.groups import TrajectoryOutcome, TrajectoryStatus
-from trajcore.domain.messages import ToolCall, ToolOutcome, ToolResult
 from trajcore.domain.sampling import FinishReason
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 from trajcore.domain.turns import ParsedTurn, ParseProblem
 
 __all__ = [

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trajcore.domain.messages import ToolCall, ToolResult
     from trajcore.domain.slot_protocol import ExecuteCall
+    from trajcore.domain.tools import ToolCall, ToolResult
     from trajcore.domain.turns import ParseProblem
 
 

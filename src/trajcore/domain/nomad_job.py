@@ -50,7 +50,7 @@ from typing import Final, Literal, cast
 import attrs
 
 from trajcore.domain.errors import ConfigError, WireError
-from trajcore.domain.messages import JSON, JSONObject
+from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.validators import finite_number, whole_number
 

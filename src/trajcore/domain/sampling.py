@@ -14,7 +14,8 @@ import attrs
 
 from trajcore.domain import converters, validators
 from trajcore.domain.errors import WireError
-from trajcore.domain.messages import JSONObject, Message
+from trajcore.domain.json_values import JSONObject
+from trajcore.domain.messages import Message
 from trajcore.domain.turns import ParsedTurn, ParseProblem
 
 __all__ = ["ChatTurn", "FinishReason", "SamplingParams", "TokenCompletion", "Usage"]

@@ -42,8 +42,9 @@ import attrs
 
 from trajcore.domain import converters, validators
 from trajcore.domain.errors import WireError
-from trajcore.domain.messages import JSONObject, ToolResult, ToolSpec, check_json
+from trajcore.domain.json_values import JSONObject, check_json
 from trajcore.domain.slots import SlotCall
+from trajcore.domain.tools import ToolResult, ToolSpec
 
 __all__ = [
     "PROTOCOL_VERSION",

@@ -12,7 +12,8 @@ import enum
 
 import attrs
 
-from trajcore.domain.messages import JSONObject, ToolCall
+from trajcore.domain.json_values import JSONObject
+from trajcore.domain.tools import ToolCall
 
 __all__ = ["Lease", "PoolStatistics", "SlotCall", "SlotId", "SlotState"]
 

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.messages import ToolSpec
+from trajcore.domain.tools import ToolSpec
 
 __all__ = [
     "DistributionRegistry",

@@ -10,7 +10,8 @@ from __future__ import annotations
 import attrs
 
 from trajcore.domain import converters
-from trajcore.domain.messages import Message, ToolCall
+from trajcore.domain.messages import Message
+from trajcore.domain.tools import ToolCall
 
 __all__ = ["ParseProblem", "ParsedTurn"]
 

@@ -28,7 +28,7 @@ from typing import cast
 import attrs
 
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.messages import JSON, JSONObject, check_json
+from trajcore.domain.json_values import JSON, JSONObject, check_json
 
 __all__ = ["DatasetRows", "load_rows"]
 

@@ -19,9 +19,10 @@ import anyio
 import attrs
 
 from trajcore.domain.errors import ModelServerError
-from trajcore.domain.messages import Message, ToolSpec
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.token_ledger import Drift, TrainingTokens
+from trajcore.domain.tools import ToolSpec
 from trajcore.rollout.policy import ModelTurn, Policy, PolicySession
 
 __all__ = ["IdleLimitedPolicy"]

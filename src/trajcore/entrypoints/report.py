@@ -40,7 +40,8 @@ from typing import Any, TextIO
 import attrs
 import jinja2
 
-from trajcore.domain.messages import JSON, JSONObject, Message
+from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.messages import Message
 from trajcore.rollout.group import GroupResult
 from trajcore.rollout.trajectory import TrajectoryResult
 

@@ -51,7 +51,9 @@ import attrs
 from typing_extensions import TypeVar
 
 from trajcore.domain.agent_loop import StopReason
-from trajcore.domain.messages import JSONObject, Message, ToolCall, ToolResult
+from trajcore.domain.json_values import JSONObject
+from trajcore.domain.messages import Message
+from trajcore.domain.tools import ToolCall, ToolResult
 from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig
 from trajcore.entrypoints.item_limits import ItemLimits
 from trajcore.rollout.tools import SlotTools

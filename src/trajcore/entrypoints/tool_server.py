@@ -82,7 +82,7 @@ from trajcore.adapters.tool_server import (
 from trajcore.adapters.wire import structure, unstructure
 from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, WireError
-from trajcore.domain.messages import JSON
+from trajcore.domain.json_values import JSON
 
 __all__ = [
     "ToolRegistry",

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from trajcore.domain.messages import Message, ToolSpec
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, SamplingParams
+from trajcore.domain.tools import ToolSpec
 
 __all__ = ["ChatServer"]
 

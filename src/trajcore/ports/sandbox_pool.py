@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
-from trajcore.domain.messages import ToolResult
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
+from trajcore.domain.tools import ToolResult
 
 __all__ = ["SandboxPool"]
 

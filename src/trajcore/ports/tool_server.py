@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from trajcore.domain.messages import ToolCall, ToolContext, ToolResult, ToolSpec
+from trajcore.domain.tools import ToolCall, ToolContext, ToolResult, ToolSpec
 
 __all__ = ["ToolContext", "ToolServer"]
 

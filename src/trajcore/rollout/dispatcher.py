@@ -31,8 +31,8 @@ import attrs
 
 from trajcore.domain.batch_planner import Batch, BatchConfig, BatchPlanner
 from trajcore.domain.errors import PoolClosed
-from trajcore.domain.messages import ToolResult
 from trajcore.domain.slots import SlotCall, SlotId
+from trajcore.domain.tools import ToolResult
 from trajcore.ports.sandbox_pool import SandboxPool
 
 __all__ = ["DispatcherStatistics", "ToolDispatcher"]

@@ -23,11 +23,12 @@ from typing import Protocol
 
 import attrs
 
-from trajcore.domain.messages import Message, ToolSpec
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, SamplingParams
 from trajcore.domain.token_ledger import ChatTemplate, Drift, TokenLedger, TrainingTokens
 from trajcore.domain.tool_parsers import ToolCallParser
 from trajcore.domain.tool_parsers.base import distinct_ids
+from trajcore.domain.tools import ToolSpec
 from trajcore.domain.turns import ParsedTurn
 from trajcore.ports.chat_server import ChatServer
 from trajcore.ports.token_server import TokenServer

@@ -24,17 +24,17 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from trajcore.domain.errors import SlotFileError, SlotInfraError, ToolServerError
-from trajcore.domain.messages import (
+from trajcore.domain.json_values import JSONObject
+from trajcore.domain.slot_protocol import SLOT_TOOLS
+from trajcore.domain.slots import Lease, SlotCall
+from trajcore.domain.tools import (
     ExecReport,
-    JSONObject,
     ToolCall,
     ToolContext,
     ToolOutcome,
     ToolResult,
     ToolSpec,
 )
-from trajcore.domain.slot_protocol import SLOT_TOOLS
-from trajcore.domain.slots import Lease, SlotCall
 from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.dispatcher import ToolDispatcher
 

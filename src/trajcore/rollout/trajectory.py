@@ -50,9 +50,11 @@ from trajcore.domain.errors import (
     TrajcoreError,
 )
 from trajcore.domain.groups import TrajectoryOutcome, TrajectoryStatus
-from trajcore.domain.messages import JSONObject, Message, ToolCall, ToolResult, ToolSpec, check_json
+from trajcore.domain.json_values import JSONObject, check_json
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.token_ledger import Drift, TrainingTokens
+from trajcore.domain.tools import ToolCall, ToolResult, ToolSpec
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.dispatcher import ToolDispatcher

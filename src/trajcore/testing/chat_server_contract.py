@@ -27,8 +27,9 @@ from contextlib import AbstractAsyncContextManager
 import pytest
 
 from trajcore.adapters.fakes.llm import ChatResponder, LLMFault
-from trajcore.domain.messages import Message, ToolCall, ToolOutcome, ToolResult, ToolSpec
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult, ToolSpec
 from trajcore.ports.chat_server import ChatServer
 from trajcore.testing.chat_server_machine import ChatRequest, ChatServerMachine
 from trajcore.testing.llm_server_contract import LLMServerContract, LLMServerFaultContract

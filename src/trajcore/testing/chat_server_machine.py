@@ -29,8 +29,9 @@ import attrs
 from hypothesis import strategies as st
 
 from trajcore.adapters.fakes.llm import LLMFault
-from trajcore.domain.messages import Message, ToolCall, ToolSpec
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams
+from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.ports.chat_server import ChatServer
 from trajcore.testing.conversations import openings
 from trajcore.testing.llm_server_machine import (

@@ -48,8 +48,10 @@ from trajcore.adapters.fakes.llm import (
 )
 from trajcore.adapters.http1 import AbortConnection, HTTPServer, MemoryTransport, Reply, Request
 from trajcore.domain.errors import InvalidInput
-from trajcore.domain.messages import JSON, JSONObject, Message, ToolCall
+from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason, TokenCompletion
+from trajcore.domain.tools import ToolCall
 
 __all__ = [
     "GenerateDialect",

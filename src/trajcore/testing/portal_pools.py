@@ -19,8 +19,9 @@ from typing import Literal, TypeVar
 import anyio
 from anyio.from_thread import BlockingPortal
 
-from trajcore.domain.messages import JSON, ToolCall
+from trajcore.domain.json_values import JSON
 from trajcore.domain.slots import Lease, SlotCall
+from trajcore.domain.tools import ToolCall
 from trajcore.ports.sandbox_pool import SandboxPool
 
 __all__ = ["SETTLE_S", "BlockError", "Hold", "open_all", "slot_call"]

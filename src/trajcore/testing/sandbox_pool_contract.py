@@ -46,8 +46,8 @@ import attrs
 import pytest
 
 from trajcore.domain.errors import AcquireTimeout, PoolClosed
-from trajcore.domain.messages import ToolOutcome, ToolResult
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
+from trajcore.domain.tools import ToolOutcome, ToolResult
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.async_contract import AsyncioContract
 from trajcore.testing.portal_pools import slot_call

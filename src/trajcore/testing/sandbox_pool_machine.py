@@ -61,8 +61,9 @@ from hypothesis.stateful import (
 )
 
 from trajcore.domain.errors import AcquireTimeout, PoolClosed
-from trajcore.domain.messages import JSON, ToolCall, ToolOutcome, ToolResult
+from trajcore.domain.json_values import JSON
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.budget import machine_settings
 from trajcore.testing.portal_pools import SETTLE_S, Hold, open_all, slot_call

@@ -33,7 +33,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.messages import JSON, Message, ToolCall, ToolSpec
+from trajcore.domain.json_values import JSON
+from trajcore.domain.messages import Message
+from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.ports.tokenizer import Tokenizer
 from trajcore.testing.budget import property_settings
 from trajcore.testing.conversations import openings

@@ -24,7 +24,8 @@ from typing import cast
 import attrs
 from hypothesis import strategies as st
 
-from trajcore.domain.messages import JSON, JSONObject, ToolSpec
+from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.tools import ToolSpec
 
 __all__ = [
     "BadArguments",

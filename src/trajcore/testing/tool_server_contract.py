@@ -41,7 +41,8 @@ import pytest
 
 from trajcore.adapters.tool_server import ToolHandler, ToolRegistry
 from trajcore.domain.errors import PoolClosed
-from trajcore.domain.messages import JSON, JSONObject, ToolCall, ToolContext, ToolOutcome, ToolSpec
+from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.tools import ToolCall, ToolContext, ToolOutcome, ToolSpec
 from trajcore.ports.tool_server import ToolServer
 from trajcore.testing.tool_server_machine import (
     ToolRegistryServerFactory,

@@ -49,15 +49,8 @@ from hypothesis.stateful import (
 
 from trajcore.adapters.tool_server import ToolHandler, ToolRegistry
 from trajcore.domain.errors import PoolClosed
-from trajcore.domain.messages import (
-    JSON,
-    JSONObject,
-    ToolCall,
-    ToolContext,
-    ToolOutcome,
-    ToolResult,
-    ToolSpec,
-)
+from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.tools import ToolCall, ToolContext, ToolOutcome, ToolResult, ToolSpec
 from trajcore.ports.tool_server import ToolServer
 from trajcore.testing.budget import machine_settings
 from trajcore.testing.tool_schemas import (

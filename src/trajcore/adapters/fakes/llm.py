@@ -43,8 +43,9 @@ from trajcore.domain.errors import (
     StateError,
     WireError,
 )
-from trajcore.domain.messages import Message, ToolSpec
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams, TokenCompletion
+from trajcore.domain.tools import ToolSpec
 from trajcore.domain.turns import ParseProblem
 from trajcore.domain.validators import positive_int
 

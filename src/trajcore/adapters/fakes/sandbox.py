@@ -52,9 +52,9 @@ from trajcore.adapters.sandbox.batches import refuse_stale
 from trajcore.adapters.sandbox.leasing import SlotLeasing
 from trajcore.adapters.sandbox.pool_core import LeasedPool
 from trajcore.domain.errors import PoolClosed
-from trajcore.domain.messages import ExecReport, ToolOutcome, ToolResult, ToolSpec
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
 from trajcore.domain.slots import Lease, SlotCall, SlotId
+from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult, ToolSpec
 from trajcore.domain.validators import positive_int
 
 __all__ = [

@@ -34,14 +34,8 @@ import attrs
 
 from trajcore.adapters.tool_server import ToolHandler, ToolRegistry, check_answers, run_tool
 from trajcore.domain.errors import ConfigError, PoolClosed, ToolServerError
-from trajcore.domain.messages import (
-    JSON,
-    JSONObject,
-    ToolCall,
-    ToolContext,
-    ToolResult,
-    ToolSpec,
-)
+from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.tools import ToolCall, ToolContext, ToolResult, ToolSpec
 
 __all__ = ["FakeToolServer", "RecordedCall", "ToolFault", "ToolFaultKind"]
 

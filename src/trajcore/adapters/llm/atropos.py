@@ -45,8 +45,9 @@ from trajcore.domain.errors import (
     TrajcoreError,
     WireError,
 )
-from trajcore.domain.messages import Message, ToolSpec
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams, TokenCompletion
+from trajcore.domain.tools import ToolSpec
 
 from .chat import OpenAIChatServer
 from .chat_wire import parse_chat_body

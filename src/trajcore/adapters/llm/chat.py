@@ -15,8 +15,9 @@ from collections.abc import Sequence
 
 import attrs
 
-from trajcore.domain.messages import Message, ToolSpec
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, SamplingParams
+from trajcore.domain.tools import ToolSpec
 
 from .chat_wire import chat_request, parse_chat_response
 from .transport import HTTPModelServer

@@ -33,8 +33,10 @@ import json
 from collections.abc import Mapping, Sequence
 
 from trajcore.domain.errors import ToolArgumentError, WireError
-from trajcore.domain.messages import JSON, JSONObject, Message, ToolCall, ToolSpec
+from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams, Usage
+from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.domain.turns import ParseProblem
 
 from .wire import array, integer, obj, optional, read_response, sampling_fields, string

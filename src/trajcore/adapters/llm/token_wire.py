@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeAlias
 
 from trajcore.domain.errors import WireError
-from trajcore.domain.messages import JSONObject
+from trajcore.domain.json_values import JSONObject
 from trajcore.domain.sampling import FinishReason, SamplingParams, TokenCompletion
 
 from .wire import (

@@ -21,7 +21,7 @@ from typing import ClassVar, Protocol
 
 import attrs
 
-from trajcore.domain.messages import JSONObject
+from trajcore.domain.json_values import JSONObject
 from trajcore.domain.sampling import SamplingParams, TokenCompletion
 
 from .token_wire import (

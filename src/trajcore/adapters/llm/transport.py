@@ -54,7 +54,7 @@ from trajcore.adapters.http1 import (
     parse_url,
 )
 from trajcore.domain.errors import ConfigError, ModelServerError, PoolClosed, RateLimited
-from trajcore.domain.messages import JSONObject
+from trajcore.domain.json_values import JSONObject
 from trajcore.domain.validators import finite_number, whole_number
 
 from .wire import is_transient, retry_after_s

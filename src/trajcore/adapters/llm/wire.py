@@ -34,7 +34,7 @@ from trajcore.domain.errors import (
     TrajcoreError,
     WireError,
 )
-from trajcore.domain.messages import JSONObject, json_type
+from trajcore.domain.json_values import JSONObject, json_type
 from trajcore.domain.sampling import SamplingParams
 
 __all__ = [

@@ -72,7 +72,7 @@ from trajcore.adapters.mcp.protocol import context_meta, tool_result, tool_spec
 from trajcore.adapters.tool_server import ToolListing, check_tool_listing, rejected_result
 from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, PoolClosed, StateError, ToolServerError, WireError
-from trajcore.domain.messages import ToolCall, ToolContext, ToolOutcome, ToolResult, ToolSpec
+from trajcore.domain.tools import ToolCall, ToolContext, ToolOutcome, ToolResult, ToolSpec
 
 __all__ = ["MCPURL", "MCPCommand", "MCPEndpoint", "MCPToolServer", "SessionScope"]
 

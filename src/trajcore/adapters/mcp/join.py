@@ -28,7 +28,7 @@ import attrs
 
 from trajcore.adapters.mcp.client import MCPToolServer
 from trajcore.domain.errors import ConfigError, PoolClosed
-from trajcore.domain.messages import ToolCall, ToolContext, ToolOutcome, ToolResult, ToolSpec
+from trajcore.domain.tools import ToolCall, ToolContext, ToolOutcome, ToolResult, ToolSpec
 from trajcore.domain.toolsets import Toolset
 from trajcore.ports.tool_server import ToolServer
 

@@ -27,16 +27,8 @@ import mcp_types as types
 
 from trajcore.adapters.json_schema import JSONSchemaValidator
 from trajcore.domain.errors import ConfigError, WireError
-from trajcore.domain.messages import (
-    JSON,
-    JSONObject,
-    ToolCall,
-    ToolContext,
-    ToolOutcome,
-    ToolResult,
-    ToolSpec,
-    check_json,
-)
+from trajcore.domain.json_values import JSON, JSONObject, check_json
+from trajcore.domain.tools import ToolCall, ToolContext, ToolOutcome, ToolResult, ToolSpec
 
 __all__ = [
     "CONTEXT_META_KEY",

@@ -32,7 +32,8 @@ from trajcore.adapters.mcp.protocol import context_from_meta, outcome_meta
 from trajcore.adapters.tool_server import ASGIApp, ToolRegistry, run_tool
 from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, WireError
-from trajcore.domain.messages import JSONObject, ToolCall, ToolOutcome, ToolResult, check_json
+from trajcore.domain.json_values import JSONObject, check_json
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 
 __all__ = ["bearer_guard", "make_mcp_server", "serve_stdio", "streamable_http_app"]
 

@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from trajcore.adapters.sandbox.client import SlotServerClient
 from trajcore.adapters.sandbox.leasing import SlotLeasing
 from trajcore.domain.errors import InvalidInput, SlotServerError
-from trajcore.domain.messages import ToolOutcome, ToolResult
 from trajcore.domain.slot_protocol import execute_call
 from trajcore.domain.slots import SlotCall
+from trajcore.domain.tools import ToolOutcome, ToolResult
 
 __all__ = ["execute_batch", "refuse_stale"]
 

@@ -18,7 +18,7 @@ from typing import cast
 
 import attrs
 
-from trajcore.domain.messages import JSON
+from trajcore.domain.json_values import JSON
 from trajcore.domain.sandbox_policy import SlotPolicy
 
 __all__ = ["MAX_REQUEST_BYTES", "Agent", "AgentLost", "Keeper", "check_reply", "reply_cap"]

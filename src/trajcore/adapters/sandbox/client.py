@@ -47,7 +47,6 @@ from trajcore.domain.errors import (
     UnknownSlot,
     WireError,
 )
-from trajcore.domain.messages import ToolResult
 from trajcore.domain.slot_protocol import (
     PROTOCOL_VERSION,
     ArchiveArtifactsRequest,
@@ -65,6 +64,7 @@ from trajcore.domain.slot_protocol import (
     ResetResult,
     SlotListing,
 )
+from trajcore.domain.tools import ToolResult
 
 __all__ = ["SlotServerClient"]
 

@@ -22,7 +22,7 @@ from cattrs.gen import make_dict_structure_fn, override
 
 from trajcore.adapters.wire import register_strict_primitives
 from trajcore.domain.errors import InvalidInput, WireError
-from trajcore.domain.messages import JSONObject, check_json
+from trajcore.domain.json_values import JSONObject, check_json
 from trajcore.domain.slot_protocol import ExecuteCall
 
 __all__ = ["converter", "decode", "encode", "structure", "unstructure"]

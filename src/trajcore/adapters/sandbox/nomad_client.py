@@ -40,7 +40,7 @@ import nomad  # type: ignore[import-untyped]  # python-nomad ships no types; wra
 import nomad.api.exceptions  # type: ignore[import-untyped]
 
 from trajcore.domain.errors import SandboxUnavailable
-from trajcore.domain.messages import JSON, JSONObject, check_json
+from trajcore.domain.json_values import JSON, JSONObject, check_json
 
 __all__ = ["NomadClient", "NomadUnavailable"]
 

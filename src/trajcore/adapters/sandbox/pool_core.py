@@ -50,8 +50,8 @@ from trajcore.domain.errors import (
     StateError,
     UnknownSlot,
 )
-from trajcore.domain.messages import ToolResult
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
+from trajcore.domain.tools import ToolResult
 
 __all__ = [
     "ContainerSource",

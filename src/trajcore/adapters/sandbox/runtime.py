@@ -83,7 +83,6 @@ from trajcore.adapters.sandbox.slot_ids import stage_file, unmapped, unreachable
 from trajcore.adapters.sandbox.tool_calls import failure, run_call
 from trajcore.adapters.sandbox.workspace import Workspace
 from trajcore.domain.errors import ConfigError, UnknownSlot
-from trajcore.domain.messages import ToolOutcome, ToolResult
 from trajcore.domain.sandbox_policy import SECCOMP_RULES
 from trajcore.domain.slot_calls import (
     Accepted,
@@ -110,6 +109,7 @@ from trajcore.domain.slot_protocol import (
     SlotInfo,
     SlotListing,
 )
+from trajcore.domain.tools import ToolOutcome, ToolResult
 
 __all__ = [
     "AGENT_SOURCE",

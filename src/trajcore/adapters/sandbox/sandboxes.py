@@ -28,7 +28,7 @@ from trajcore.adapters.sandbox.limits import CgroupPlan, SlotCgroup, rlimits_for
 from trajcore.adapters.sandbox.runtime_config import RuntimeConfig
 from trajcore.adapters.sandbox.slot_ids import shared_python, stage_python, unreachable
 from trajcore.adapters.sandbox.workspace import Workspace
-from trajcore.domain.messages import JSON, ToolResult
+from trajcore.domain.json_values import JSON
 from trajcore.domain.sandbox_policy import (
     KEEPER_CAPABILITIES,
     MASKED_PATHS,
@@ -41,6 +41,7 @@ from trajcore.domain.sandbox_policy import (
 )
 from trajcore.domain.slot_calls import SlotCalls
 from trajcore.domain.slot_protocol import ExecuteCall
+from trajcore.domain.tools import ToolResult
 
 __all__ = [
     "AGENT_SOURCE",

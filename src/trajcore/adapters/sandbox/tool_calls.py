@@ -16,10 +16,11 @@ from trajcore.adapters.sandbox.channel import MAX_REQUEST_BYTES, AgentLost
 from trajcore.adapters.sandbox.exec_agent import encode_request
 from trajcore.adapters.sandbox.sandboxes import Sandboxes, Slot
 from trajcore.domain.errors import ToolArgumentError
-from trajcore.domain.messages import JSON, ExecReport, ToolOutcome, ToolResult, ToolSpec
+from trajcore.domain.json_values import JSON
 from trajcore.domain.sandbox_policy import clamp_timeout
 from trajcore.domain.slot_calls import StaleEpoch
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, ExecuteCall
+from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult, ToolSpec
 
 __all__ = ["failure", "run_call"]
 

@@ -13,9 +13,10 @@ from typing import Protocol
 import attrs
 
 from trajcore.domain.errors import ConfigError, StateError
-from trajcore.domain.messages import Message, ToolCall, ToolSpec
+from trajcore.domain.messages import Message
 from trajcore.domain.token_ledger.drift import Drift, measure_drift
 from trajcore.domain.token_ledger.ledger import Segment, SegmentKind, TokenLedger
+from trajcore.domain.tools import ToolCall, ToolSpec
 
 __all__ = ["ChatRenderer", "ChatTemplate", "TemplateShape"]
 

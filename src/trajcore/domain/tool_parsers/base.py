@@ -38,7 +38,8 @@ from typing import Protocol
 import attrs
 
 from trajcore.domain.errors import ToolArgumentError, TrajcoreError
-from trajcore.domain.messages import JSON, JSONObject, ToolCall, ToolSpec, json_type
+from trajcore.domain.json_values import JSON, JSONObject, json_type
+from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.domain.turns import ParsedTurn, ParseProblem
 
 __all__ = [

@@ -40,7 +40,6 @@ from typing import Literal
 
 import attrs
 
-from trajcore.domain.messages import ToolCall
 from trajcore.domain.tool_parsers.base import Block, TurnBuilder
 from trajcore.domain.tool_parsers.family import (
     FamilyParser,
@@ -48,6 +47,7 @@ from trajcore.domain.tool_parsers.family import (
     read_json_arguments,
     sectioned_content,
 )
+from trajcore.domain.tools import ToolCall
 
 __all__ = ["DeepSeekV3Parser"]
 

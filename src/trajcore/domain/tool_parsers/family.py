@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import attrs
 
-from trajcore.domain.messages import JSON, ToolSpec
+from trajcore.domain.json_values import JSON
 from trajcore.domain.tool_parsers.base import (
     THINK_CLOSE,
     THINK_OPEN,
@@ -39,6 +39,7 @@ from trajcore.domain.tool_parsers.base import (
     scan_blocks,
     split_reasoning,
 )
+from trajcore.domain.tools import ToolSpec
 from trajcore.domain.turns import ParsedTurn
 
 __all__ = [

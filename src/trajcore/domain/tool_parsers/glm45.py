@@ -31,10 +31,11 @@ from typing import ClassVar
 
 import attrs
 
-from trajcore.domain.messages import JSONObject, ToolCall
+from trajcore.domain.json_values import JSONObject
 from trajcore.domain.tool_parsers.base import TOOL_NAME, Block, JSONFault, TurnBuilder, skip_space
 from trajcore.domain.tool_parsers.family import FamilyParser, blocks_content
 from trajcore.domain.tool_parsers.value_types import type_value
+from trajcore.domain.tools import ToolCall
 
 __all__ = ["Glm45Parser"]
 

@@ -25,10 +25,10 @@ from typing import ClassVar
 
 import attrs
 
-from trajcore.domain.messages import ToolCall
 from trajcore.domain.tool_parsers.base import TurnBuilder, join_content
 from trajcore.domain.tool_parsers.family import FamilyParser
 from trajcore.domain.tool_parsers.mistral import read_array
+from trajcore.domain.tools import ToolCall
 
 __all__ = ["GraniteParser"]
 

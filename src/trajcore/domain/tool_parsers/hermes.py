@@ -28,9 +28,9 @@ from collections.abc import Sequence
 
 import attrs
 
-from trajcore.domain.messages import ToolCall
 from trajcore.domain.tool_parsers.base import Block, TurnBuilder
 from trajcore.domain.tool_parsers.family import FamilyParser, blocks_content, read_json_object
+from trajcore.domain.tools import ToolCall
 
 __all__ = ["HermesParser", "read_json_call"]
 

@@ -30,7 +30,6 @@ from typing import ClassVar
 
 import attrs
 
-from trajcore.domain.messages import ToolCall
 from trajcore.domain.tool_parsers.base import Block, TurnBuilder
 from trajcore.domain.tool_parsers.family import (
     FamilyParser,
@@ -38,6 +37,7 @@ from trajcore.domain.tool_parsers.family import (
     read_json_arguments,
     sectioned_content,
 )
+from trajcore.domain.tools import ToolCall
 
 __all__ = ["KimiK2Parser"]
 

@@ -29,9 +29,9 @@ from typing import ClassVar
 
 import attrs
 
-from trajcore.domain.messages import ToolCall
 from trajcore.domain.tool_parsers.base import TurnBuilder, join_content, skip_space, value_extent
 from trajcore.domain.tool_parsers.family import FamilyParser, read_json_object
+from trajcore.domain.tools import ToolCall
 
 __all__ = ["Llama3JsonParser"]
 

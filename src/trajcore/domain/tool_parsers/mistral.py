@@ -38,7 +38,6 @@ from typing import ClassVar, Literal
 
 import attrs
 
-from trajcore.domain.messages import ToolCall
 from trajcore.domain.tool_parsers.base import (
     TOOL_NAME,
     JSONFault,
@@ -53,6 +52,7 @@ from trajcore.domain.tool_parsers.family import (
     accept_json_value,
     refuse_broken_json,
 )
+from trajcore.domain.tools import ToolCall
 
 __all__ = ["MistralParser"]
 

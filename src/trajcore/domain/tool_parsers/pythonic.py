@@ -44,9 +44,10 @@ from typing import Literal
 
 import attrs
 
-from trajcore.domain.messages import JSON, JSONObject, ToolCall
+from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.tool_parsers.base import TurnBuilder, join_content
 from trajcore.domain.tool_parsers.family import FamilyParser
+from trajcore.domain.tools import ToolCall
 
 __all__ = ["PythonicParser"]
 

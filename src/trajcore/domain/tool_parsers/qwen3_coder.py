@@ -59,7 +59,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from trajcore.domain.messages import JSON, JSONObject, ToolCall, ToolSpec
+from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.tool_parsers.base import (
     JSONFault,
     Marker,
@@ -68,6 +68,7 @@ from trajcore.domain.tool_parsers.base import (
 )
 from trajcore.domain.tool_parsers.family import FamilyParser
 from trajcore.domain.tool_parsers.value_types import type_value
+from trajcore.domain.tools import ToolCall, ToolSpec
 
 __all__ = ["Qwen3CoderParser"]
 

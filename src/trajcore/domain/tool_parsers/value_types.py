@@ -40,7 +40,7 @@ import ast
 import math
 from collections.abc import Mapping
 
-from trajcore.domain.messages import JSON, json_type
+from trajcore.domain.json_values import JSON, json_type
 from trajcore.domain.tool_parsers.base import JSONFault, load_json
 
 __all__ = ["allowed_types", "type_value"]

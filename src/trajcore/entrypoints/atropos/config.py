@@ -31,7 +31,7 @@ from trajcore.domain.agent_loop import AgentLoopConfig
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.groups import GroupPolicy, OnFailure
-from trajcore.domain.messages import JSONObject
+from trajcore.domain.json_values import JSONObject
 from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser

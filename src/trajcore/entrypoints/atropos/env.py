@@ -31,10 +31,12 @@ from typing_extensions import TypeVar
 from trajcore.adapters.llm.atropos import ServerManagerChatServer, close_server_manager
 from trajcore.adapters.tool_server import ToolRegistry
 from trajcore.domain.errors import ConfigError, StateError
-from trajcore.domain.messages import JSONObject, Message, ToolSpec
+from trajcore.domain.json_values import JSONObject
+from trajcore.domain.messages import Message
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
 from trajcore.domain.token_ledger import ChatTemplate
 from trajcore.domain.tool_parsers import get_parser
+from trajcore.domain.tools import ToolSpec
 from trajcore.domain.toolsets import DistributionRegistry, Toolset, ToolsetCatalog, select_specs
 from trajcore.entrypoints.atropos import metrics, pools, scored_data
 from trajcore.entrypoints.atropos.config import (

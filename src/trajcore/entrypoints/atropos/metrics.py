@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-from trajcore.domain.messages import ToolOutcome
+from trajcore.domain.tools import ToolOutcome
 from trajcore.entrypoints.atropos.scored_data import (
     GroupConversion,
     ScoredGroup,

@@ -22,7 +22,8 @@ from typing import Any, TypedDict
 
 import attrs
 
-from trajcore.domain.messages import Message, ToolOutcome
+from trajcore.domain.messages import Message
+from trajcore.domain.tools import ToolOutcome
 from trajcore.entrypoints.atropos.config import RolloutSettings
 from trajcore.rollout.group import GroupResult
 from trajcore.rollout.trajectory import TrajectoryResult

@@ -29,8 +29,8 @@ from trajcore.adapters.llm.atropos import ServerManagerTokenServer, token_server
 from trajcore.adapters.tokenizers import TransformersTokenizer
 from trajcore.adapters.tool_server import INPROCESS, HTTPToolServer, ToolRegistry
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.messages import ToolSpec
 from trajcore.domain.token_ledger import ChatTemplate
+from trajcore.domain.tools import ToolSpec
 from trajcore.domain.toolsets import Toolset, ToolsetCatalog
 from trajcore.entrypoints.atropos.config import DEFAULT_TOOLSETS, EXTERNAL_TOOLSET, AgentEnvConfig
 from trajcore.entrypoints.tool_server import make_app

@@ -79,7 +79,7 @@ import attrs
 
 from trajcore.adapters.http1 import HTTPServer, Reply, Request
 from trajcore.domain.errors import ConfigError, StateError
-from trajcore.domain.messages import JSON, JSONObject, check_json
+from trajcore.domain.json_values import JSON, JSONObject, check_json
 from trajcore.testing.fake_nomad.jobs import (
     NS,
     Alloc,

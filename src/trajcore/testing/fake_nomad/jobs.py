@@ -21,7 +21,7 @@ from typing import Final
 import anyio.abc
 import attrs
 
-from trajcore.domain.messages import JSON, JSONObject
+from trajcore.domain.json_values import JSON, JSONObject
 
 __all__ = [
     "ENV_TEMPLATE",

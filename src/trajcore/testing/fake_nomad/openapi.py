@@ -19,7 +19,7 @@ from typing import Any, Final
 import attrs
 
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.messages import JSON
+from trajcore.domain.json_values import JSON
 
 __all__ = ["GO_TRUE", "OPENAPI_ENV", "NomadOpenAPI", "nomad_openapi_path"]
 

@@ -11,7 +11,7 @@ import copy
 import datetime
 from typing import Final
 
-from trajcore.domain.messages import JSON, JSONObject
+from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.testing.fake_nomad.jobs import NS, Alloc, Job
 
 __all__ = ["NODE_ID", "allocation_json", "job_json", "stub_json"]

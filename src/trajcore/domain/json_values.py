@@ -1,0 +1,69 @@
+"""JSON values as the domain holds them: the ``JSON`` type, its check, and its type names.
+
+JSON payloads (tool arguments, schemas, wire bodies) are plain ``dict``/``list`` trees typed as
+``JSON``. They are not deep-frozen; treat them as read-only.
+"""
+
+from __future__ import annotations
+
+import math
+import typing
+from typing import TYPE_CHECKING, TypeAlias
+
+__all__ = ["JSON", "JSONObject", "check_json", "json_type"]
+
+if TYPE_CHECKING:
+    JSON: TypeAlias = "bool | int | float | str | list[JSON] | dict[str, JSON] | None"
+    JSONObject: TypeAlias = "dict[str, JSON]"
+else:
+    # At run time the recursive reference names its module, so annotations that mention JSON or
+    # JSONObject resolve from any module that imports either name (attrs, cattrs).
+    _JSON_REF = typing.ForwardRef("JSON", module=__name__)
+    JSON = typing.Union[None, bool, int, float, str, list[_JSON_REF], dict[str, _JSON_REF]]  # noqa: UP007 - a runtime alias needs typing.Union around a ForwardRef
+    JSONObject = dict[str, JSON]
+
+
+def check_json(value: object, path: str = "$") -> str | None:
+    """Return ``None`` when ``value`` is a JSON tree, else ``"reason @ path"`` for the first fault.
+
+    JSON here means: None, bool, int, finite float, str, list of JSON, dict with str keys of JSON.
+    """
+    if value is None or isinstance(value, bool | int | str):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"non-finite number {value!r} @ {path}"
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            problem = check_json(item, f"{path}[{i}]")
+            if problem:
+                return problem
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"object key {key!r} is not a string @ {path}"
+            problem = check_json(item, f"{path}.{key}")
+            if problem:
+                return problem
+        return None
+    return f"{type(value).__name__} is not a JSON value @ {path}"
+
+
+# Python's JSON types and their JSON-schema names; ``bool`` before ``int``, which it subclasses.
+_JSON_TYPE_NAMES: tuple[tuple[type, str], ...] = (
+    (type(None), "null"),
+    (bool, "boolean"),
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    (list, "array"),
+    (dict, "object"),
+)
+
+
+def json_type(value: object) -> str:
+    """The JSON-schema name of ``value``'s type (``object``, ``array``, ``string``, ...)."""
+    for kind, name in _JSON_TYPE_NAMES:
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
