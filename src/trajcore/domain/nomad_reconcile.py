@@ -61,14 +61,15 @@ from collections.abc import Iterable
 
 import attrs
 
-from trajcore.domain.errors import ConfigError, InvalidInput
+from trajcore.domain.errors import InvalidInput
 from trajcore.domain.nomad_job import AllocationStatus
 from trajcore.domain.scale_policy import ScaleConfig, ScalePolicy, ScaleReason
-from trajcore.domain.validators import non_negative_int, positive_seconds, whole_number
+from trajcore.domain.validators import instance_of, non_negative_int, positive_seconds, whole_number
 
 __all__ = [
     "Action",
     "Allocation",
+    "ContainerAction",
     "Discard",
     "Drain",
     "Join",
@@ -138,43 +139,31 @@ class Join:
 
 
 @attrs.frozen(kw_only=True)
-class Drain:
+class ContainerAction:
+    """What to do with one container of the book (the ``alloc_id``'s), and why."""
+
+    alloc_id: str
+    reason: str
+
+
+class Drain(ContainerAction):
     """No new leases on this container; leased slots drain when released."""
 
-    alloc_id: str
-    reason: str
 
-
-@attrs.frozen(kw_only=True)
-class Undrain:
+class Undrain(ContainerAction):
     """A drained container is wanted again: its slots come back free."""
 
-    alloc_id: str
-    reason: str
 
-
-@attrs.frozen(kw_only=True)
-class Lose:
+class Lose(ContainerAction):
     """The container is out of service: its slots leave the book, their leases turn stale."""
 
-    alloc_id: str
-    reason: str
 
-
-@attrs.frozen(kw_only=True)
-class Remove:
+class Remove(ContainerAction):
     """A drained container whose allocation stopped: remove it (nothing was held)."""
 
-    alloc_id: str
-    reason: str
 
-
-@attrs.frozen(kw_only=True)
-class Discard:
+class Discard(ContainerAction):
     """A join finished for an allocation no longer wanted: close it, never add its slots."""
-
-    alloc_id: str
-    reason: str
 
 
 @attrs.frozen(kw_only=True)
@@ -216,11 +205,6 @@ class MemberState(enum.Enum):
     DRAINING = "draining"
 
 
-def _config_scale(_: object, attribute: attrs.Attribute[ScaleConfig], value: object) -> None:
-    if not isinstance(value, ScaleConfig):
-        raise ConfigError(attribute.name, f"expected ScaleConfig, got {value!r}")
-
-
 @attrs.frozen(kw_only=True)
 class ReconcileConfig:
     """The reconciler's settings.
@@ -231,7 +215,7 @@ class ReconcileConfig:
         join_timeout_s: Longest a join may take before the allocation is replaced.
     """
 
-    scale: ScaleConfig = attrs.field(validator=_config_scale)
+    scale: ScaleConfig = attrs.field(validator=instance_of(ScaleConfig))
     restart_attempts: int = attrs.field(default=0, validator=non_negative_int)
     join_timeout_s: float = attrs.field(default=120.0, validator=positive_seconds)
 

@@ -60,6 +60,7 @@ __all__ = [
     "SlotCalls",
     "StaleEpoch",
     "Submission",
+    "Ticketed",
     "Turn",
 ]
 
@@ -143,17 +144,18 @@ Refusal = StaleEpoch | SlotBroken | Closing
 
 
 @attrs.frozen(kw_only=True)
-class Accepted:
+class Ticketed:
+    """A submission or a turn about one call, named by the call's ticket."""
+
+    ticket: CallTicket
+
+
+class Accepted(Ticketed):
     """A new call: it gets its turn from ``next_turn``."""
 
-    ticket: CallTicket
 
-
-@attrs.frozen(kw_only=True)
-class Joined:
+class Joined(Ticketed):
     """A repeat of a call that has not finished: its result is ``ticket``'s."""
-
-    ticket: CallTicket
 
 
 @attrs.frozen(kw_only=True)
@@ -176,18 +178,14 @@ Submission = Accepted | Joined | Answered[R] | Refused
 # ---------------------------------------------------------------------------- turns
 
 
-@attrs.frozen(kw_only=True)
-class RunCall:
+class RunCall(Ticketed):
     """Run the call now, then report ``finish(ticket, result)``."""
 
-    ticket: CallTicket
-
 
 @attrs.frozen(kw_only=True)
-class RefuseCall:
+class RefuseCall(Ticketed):
     """Answer the call with ``reason`` (it must not run), then report ``finish``."""
 
-    ticket: CallTicket
     reason: Refusal
 
 

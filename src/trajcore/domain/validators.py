@@ -32,6 +32,7 @@ __all__ = [
     "check_argument",
     "finite_number",
     "flag",
+    "instance_of",
     "non_negative_int",
     "non_negative_seconds",
     "nonempty_string",
@@ -169,6 +170,22 @@ def nonempty_string(*, error: type[InvalidInput] = ConfigError, prefix: str = ""
     def check(_: object, attribute: Named, value: object) -> None:
         if not isinstance(value, str) or not value:
             raise error(f"{prefix}{attribute.name}", f"expected a non-empty string, got {value!r}")
+
+    return check
+
+
+def instance_of(kind: type, *, error: type[InvalidInput] = ConfigError, prefix: str = "") -> Check:
+    """Return a validator for an instance of ``kind`` (a setting that is itself a value).
+
+    Args:
+        kind: The class the value must be an instance of.
+        error: The error type raised.
+        prefix: Put before the attribute's name in the error's field.
+    """
+
+    def check(_: object, attribute: Named, value: object) -> None:
+        if not isinstance(value, kind):
+            raise error(f"{prefix}{attribute.name}", f"expected a {kind.__name__}, got {value!r}")
 
     return check
 

@@ -46,6 +46,7 @@ from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerEr
 from trajcore.domain.sandbox_policy import SlotPolicy, check_slot_uid_range
 from trajcore.domain.validators import (
     flag,
+    instance_of,
     nonempty_text,
     optional_seconds,
     optional_text,
@@ -140,7 +141,7 @@ class ContainerPoolConfig:
     engine_options: tuple[str, ...] | None = attrs.field(default=None, converter=_options)
     containers: int = attrs.field(default=2, validator=positive_int)
     slots_per_container: int = attrs.field(default=4, validator=positive_int)
-    policy: SlotPolicy = attrs.field(factory=SlotPolicy)
+    policy: SlotPolicy = attrs.field(factory=SlotPolicy, validator=instance_of(SlotPolicy))
     require_tmux: bool = attrs.field(default=False, validator=flag)
     name_prefix: str | None = attrs.field(default=None, validator=_prefix)
     acquire_timeout_s: float | None = attrs.field(default=600.0, validator=optional_seconds)
@@ -152,8 +153,6 @@ class ContainerPoolConfig:
     restart_attempts: int = attrs.field(default=3, validator=positive_int)
 
     def __attrs_post_init__(self) -> None:
-        if not isinstance(self.policy, SlotPolicy):
-            raise ConfigError("policy", f"expected a SlotPolicy, got {self.policy!r}")
         check_slot_uid_range(
             "policy.slot_uid_base",
             self.policy.slot_uid_base,

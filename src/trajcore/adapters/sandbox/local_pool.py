@@ -53,10 +53,11 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from trajcore.adapters.sandbox.pool_core import Endpoint, join_rules
 from trajcore.adapters.sandbox.supervision import SupervisedPool
-from trajcore.domain.errors import ConfigError, SlotServerError
+from trajcore.domain.errors import SlotServerError
 from trajcore.domain.sandbox_policy import SlotPolicy, check_slot_uid_range
 from trajcore.domain.validators import (
     flag,
+    instance_of,
     optional_seconds,
     positive_int,
     positive_seconds,
@@ -73,11 +74,6 @@ __all__ = [
 
 def _optional_path(value: object) -> Path | None:
     return None if value is None else Path(str(value))
-
-
-def _policy(_: object, attribute: attrs.Attribute[SlotPolicy], value: object) -> None:
-    if not isinstance(value, SlotPolicy):
-        raise ConfigError(attribute.name, f"expected a SlotPolicy, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -110,7 +106,7 @@ class LocalPoolConfig:
     transport: Literal["unix", "tcp"] = attrs.field(
         default="unix", validator=attrs.validators.in_(("unix", "tcp"))
     )
-    policy: SlotPolicy = attrs.field(factory=SlotPolicy, validator=_policy)
+    policy: SlotPolicy = attrs.field(factory=SlotPolicy, validator=instance_of(SlotPolicy))
     python: str = attrs.field(factory=lambda: sys.executable)
     acquire_timeout_s: float | None = attrs.field(default=600.0, validator=optional_seconds)
     start_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)

@@ -98,6 +98,7 @@ from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.scale_policy import ScaleConfig
 from trajcore.domain.validators import (
     flag,
+    instance_of,
     non_negative_seconds,
     optional_seconds,
     optional_text,
@@ -184,7 +185,7 @@ class NomadPoolConfig:
     namespace: str | None = None
     region: str | None = None
     datacenters: tuple[str, ...] = attrs.field(default=("dc1",), converter=_names)
-    policy: SlotPolicy = attrs.field(factory=SlotPolicy)
+    policy: SlotPolicy = attrs.field(factory=SlotPolicy, validator=instance_of(SlotPolicy))
     require_tmux: bool = attrs.field(default=False, validator=flag)
     cpu_mhz: int = attrs.field(default=1000, validator=whole_number(1))
     memory_mb: int | None = None
@@ -204,8 +205,6 @@ class NomadPoolConfig:
                 "max_containers",
                 f"must be >= min_containers ({self.min_containers}), got {self.max_containers}",
             )
-        if not isinstance(self.policy, SlotPolicy):
-            raise ConfigError("policy", f"expected SlotPolicy, got {self.policy!r}")
         self.job_spec(count=self.min_containers, token="x" * 16)  # its fields, checked now
 
     def job_spec(self, *, count: int, token: str) -> NomadJobSpec:

@@ -108,6 +108,30 @@ from trajcore.testing.fake_nomad.routes import route
 
 __all__ = ["FakeNomadAPI"]
 
+
+@attrs.frozen
+class _TaskChange:
+    """A change of an allocation's one task as Nomad's client reports it: the task's state, the
+    allocation's client status and description (``None`` keeps it), and the task event."""
+
+    task_state: str
+    client_status: str
+    description: str | None
+    event: str
+    message: str
+
+
+_STARTED = _TaskChange(
+    "running", "running", "Tasks are running", "Started", "Task started by client"
+)
+_RESTARTING = _TaskChange("pending", "pending", None, "Restarting", "Task restarting in place")
+_KILLED = _TaskChange(
+    "dead", "complete", "All tasks have completed", "Killed", "Task successfully killed"
+)
+_FAILED = _TaskChange(
+    "dead", "failed", "Failed tasks", "Not Restarting", "Exceeded allowed attempts"
+)
+
 # ============================================================================ the fake
 
 
@@ -599,6 +623,20 @@ class FakeNomadAPI:
         }  # fmt: skip
         alloc.events.append(event)
 
+    def _change(self, alloc: Alloc, change: _TaskChange, **extra: JSON) -> None:
+        """Carry out ``change`` on ``alloc``: its states, the task's start or finish time, the
+        event (with ``extra`` fields) and the allocation's modify index."""
+        alloc.task_state = change.task_state
+        alloc.client_status = change.client_status
+        if change.description is not None:
+            alloc.client_description = change.description
+        if change.task_state == "running":
+            alloc.started_at = now_ns()
+        elif change.task_state == "dead":
+            alloc.finished_at = now_ns()
+        self._event(alloc, change.event, change.message, **extra)
+        self._touch(alloc)
+
     async def _run(self, alloc: Alloc) -> None:
         """Run the allocation's task until it is stopped or fails for good."""
         assert self._dir is not None
@@ -610,34 +648,21 @@ class FakeNomadAPI:
                 return
             code = await self._run_once(alloc, task_dir, alloc_dir)
             if alloc.desired_status != "run" or self._closing:
-                alloc.client_status = "complete"
-                alloc.client_description = "All tasks have completed"
-                alloc.task_state = "dead"
-                alloc.finished_at = now_ns()
-                self._event(alloc, "Killed", "Task successfully killed")
-                self._touch(alloc)
+                self._change(alloc, _KILLED)
                 return
             if code is not None:
                 self._event(alloc, "Terminated", f"Exit Code: {code}", ExitCode=code)
             if alloc.restarts < alloc.spec.restart_attempts:
                 alloc.restarts += 1
                 alloc.last_restart = now_ns()
-                alloc.task_state = "pending"
-                alloc.client_status = "pending"
-                self._event(alloc, "Restarting", "Task restarting in place")
-                self._touch(alloc)
+                self._change(alloc, _RESTARTING)
                 delay = alloc.spec.restart_delay_ns / NS
                 if self.restart_delay_cap_s is not None:
                     delay = min(delay, self.restart_delay_cap_s)
                 await anyio.sleep(delay)
                 continue
-            alloc.client_status = "failed"
-            alloc.client_description = "Failed tasks"
-            alloc.task_state = "dead"
             alloc.task_failed = True
-            alloc.finished_at = now_ns()
-            self._event(alloc, "Not Restarting", "Exceeded allowed attempts", FailsTask=True)
-            self._touch(alloc)
+            self._change(alloc, _FAILED, FailsTask=True)
             await self._reschedule(alloc)
             return
 
@@ -655,12 +680,7 @@ class FakeNomadAPI:
             self._event(alloc, "Driver Failure", f"failed to launch command: {error}")
             return None
         alloc.process = process
-        alloc.task_state = "running"
-        alloc.client_status = "running"
-        alloc.client_description = "Tasks are running"
-        alloc.started_at = now_ns()
-        self._event(alloc, "Started", "Task started by client")
-        self._touch(alloc)
+        self._change(alloc, _STARTED)
         try:
             return await process.wait()
         finally:
