@@ -40,17 +40,12 @@ from pathlib import Path
 import anyio
 import attrs
 
-from trajcore.adapters.sandbox.pool_core import Endpoint, command_words, join_rules
-from trajcore.adapters.sandbox.supervision import SupervisedPool
+from trajcore.adapters.sandbox.pool_core import Endpoint, command_words
+from trajcore.adapters.sandbox.supervision import SupervisedPool, SupervisedPoolConfig
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
-from trajcore.domain.sandbox_policy import SlotPolicy, check_slot_uid_range
 from trajcore.domain.validators import (
-    flag,
-    instance_of,
     nonempty_text,
-    optional_seconds,
     optional_text,
-    positive_int,
     positive_seconds,
 )
 
@@ -113,61 +108,32 @@ def _options(value: object) -> tuple[str, ...] | None:
 
 
 @attrs.frozen(kw_only=True)
-class ContainerPoolConfig:
-    """How the container pool runs its slot servers; the policy is the env's, never the model's.
+class ContainerPoolConfig(SupervisedPoolConfig):
+    """How the container pool runs its slot servers: ``SupervisedPoolConfig``'s settings and
+    these (a container's start, up to health, may take ``start_timeout_s``: 60 s by default).
 
     Attributes:
         image: The slot-server image (``./dev image`` builds the default).
         engine: ``podman``, ``docker`` or a path to one; ``None``: podman if installed, else
             docker.
         engine_options: ``run`` options in place of ``default_engine_options(engine)``.
-        containers: Slot-server containers to run (K).
-        slots_per_container: Slots each serves (N).
-        policy: The sandbox policy of every server; container ``k`` runs its slots from uid
-            ``policy.slot_uid_base + k * slots_per_container``.
-        require_tmux: Refuse servers without tmux.
         name_prefix: The containers' names and label; ``None``: ``trajcore-<random>``.
-        acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
-        start_timeout_s: Longest a container may take to start and answer health.
-        reset_timeout_s: Longest a release's reset may take before the slot is quarantined.
-        stop_timeout_s: Grace between the engine's stop signal and its kill.
         engine_timeout_s: Longest one engine command (run, port, rm, ...) may take.
-        restart_crashed: Replace a container that died or failed.
-        restart_attempts: Starts tried in a row before a failed container is given up.
     """
 
     image: str = attrs.field(default=DEFAULT_IMAGE, validator=nonempty_text)
     engine: str | None = attrs.field(default=None, validator=optional_text)
     engine_options: tuple[str, ...] | None = attrs.field(default=None, converter=_options)
-    containers: int = attrs.field(default=2, validator=positive_int)
-    slots_per_container: int = attrs.field(default=4, validator=positive_int)
-    policy: SlotPolicy = attrs.field(factory=SlotPolicy, validator=instance_of(SlotPolicy))
-    require_tmux: bool = attrs.field(default=False, validator=flag)
     name_prefix: str | None = attrs.field(default=None, validator=_prefix)
-    acquire_timeout_s: float | None = attrs.field(default=600.0, validator=optional_seconds)
     start_timeout_s: float = attrs.field(default=60.0, validator=positive_seconds)
-    reset_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
     stop_timeout_s: float = attrs.field(default=10.0, validator=positive_seconds)
     engine_timeout_s: float = attrs.field(default=60.0, validator=positive_seconds)
-    restart_crashed: bool = attrs.field(default=True, validator=flag)
-    restart_attempts: int = attrs.field(default=3, validator=positive_int)
-
-    def __attrs_post_init__(self) -> None:
-        check_slot_uid_range(
-            "policy.slot_uid_base",
-            self.policy.slot_uid_base,
-            self.containers * self.slots_per_container,
-        )
 
     def server_args(self, index: int) -> list[str]:
         """The slot server's arguments (after the image's entrypoint) for container ``index``."""
-        policy = attrs.evolve(
-            self.policy,
-            slot_uid_base=self.policy.slot_uid_base + index * self.slots_per_container,
-        )
         return [
             "--slots", str(self.slots_per_container), "--listen", f"0.0.0.0:{_PORT}",
-            "--token-file", _TOKEN_FILE_IN_CONTAINER, *policy.argv(),
+            "--token-file", _TOKEN_FILE_IN_CONTAINER, *self.server_policy(index).argv(),
         ]  # fmt: skip
 
 
@@ -321,19 +287,7 @@ class ContainerSandboxPool(SupervisedPool[_Container]):
         self.config = config = config or ContainerPoolConfig()
         self.prefix = config.name_prefix or f"trajcore-{secrets.token_hex(4)}"
         self._engine = _EngineContainers(config, self.prefix)
-        rules = join_rules(
-            config,
-            require_sandbox=config.policy.require_sandbox,
-            require_tmux=config.require_tmux,
-        )
-        super().__init__(
-            self._engine,
-            rules,
-            label="container",
-            containers=config.containers,
-            restart_crashed=config.restart_crashed,
-            restart_attempts=config.restart_attempts,
-        )
+        super().__init__(self._engine, config, label="container")
 
     @property
     def engine(self) -> str:

@@ -51,17 +51,9 @@ import anyio.abc
 import attrs
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from trajcore.adapters.sandbox.pool_core import Endpoint, join_rules
-from trajcore.adapters.sandbox.supervision import SupervisedPool
+from trajcore.adapters.sandbox.pool_core import Endpoint
+from trajcore.adapters.sandbox.supervision import SupervisedPool, SupervisedPoolConfig
 from trajcore.domain.errors import SlotServerError
-from trajcore.domain.sandbox_policy import SlotPolicy, check_slot_uid_range
-from trajcore.domain.validators import (
-    flag,
-    instance_of,
-    optional_seconds,
-    positive_int,
-    positive_seconds,
-)
 
 __all__ = [
     "LocalPoolConfig",
@@ -77,55 +69,24 @@ def _optional_path(value: object) -> Path | None:
 
 
 @attrs.frozen(kw_only=True)
-class LocalPoolConfig:
-    """How the local pool runs its slot servers; the policy is the env's, never the model's.
+class LocalPoolConfig(SupervisedPoolConfig):
+    """How the local pool runs its slot servers: ``SupervisedPoolConfig``'s settings and these.
 
     Attributes:
-        containers: Slot servers to run (K).
-        slots_per_container: Slots each serves (N).
         root: Directory for the servers' workspaces; ``None``: inside the pool's private
             temporary directory (removed on close). A given root is left in place.
         transport: ``"unix"`` (a socket in the private directory) or ``"tcp"`` (loopback, a
             random bearer token).
-        policy: The sandbox policy of every server. Server ``k`` runs its slot ``i`` (when run
-            as root) as host uid/gid ``policy.slot_uid_base + k * slots_per_container + i``:
-            every slot of the pool has its own uid; another pool on the same host needs a base
-            outside this range.
         python: The interpreter that runs the slot servers.
-        acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
-        start_timeout_s: Longest a slot server may take to become healthy.
-        reset_timeout_s: Longest a release's reset may take before the slot is quarantined.
-        stop_timeout_s: Grace between SIGTERM and SIGKILL of a server's process group.
-        restart_crashed: Replace a server that died or failed.
-        restart_attempts: Starts tried in a row before a failed server is given up.
+
+    Its servers stop on SIGTERM, then SIGKILL of their process group after ``stop_timeout_s``.
     """
 
-    containers: int = attrs.field(default=2, validator=positive_int)
-    slots_per_container: int = attrs.field(default=4, validator=positive_int)
     root: Path | None = attrs.field(default=None, converter=_optional_path)
     transport: Literal["unix", "tcp"] = attrs.field(
         default="unix", validator=attrs.validators.in_(("unix", "tcp"))
     )
-    policy: SlotPolicy = attrs.field(factory=SlotPolicy, validator=instance_of(SlotPolicy))
     python: str = attrs.field(factory=lambda: sys.executable)
-    acquire_timeout_s: float | None = attrs.field(default=600.0, validator=optional_seconds)
-    start_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
-    reset_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
-    stop_timeout_s: float = attrs.field(default=5.0, validator=positive_seconds)
-    restart_crashed: bool = attrs.field(default=True, validator=flag)
-    restart_attempts: int = attrs.field(default=3, validator=positive_int)
-
-    def __attrs_post_init__(self) -> None:
-        check_slot_uid_range(
-            "policy.slot_uid_base",
-            self.policy.slot_uid_base,
-            self.containers * self.slots_per_container,
-        )
-
-    def server_policy(self, index: int = 0) -> SlotPolicy:
-        """The policy of server ``index``: the pool's, with that server's range of slot uids."""
-        base = self.policy.slot_uid_base + index * self.slots_per_container
-        return attrs.evolve(self.policy, slot_uid_base=base)
 
     def server_argv(self, *, root: Path, listen: Sequence[str], index: int = 0) -> list[str]:
         """The slot server's command line for container ``index`` (``listen``: its ``--unix``/
@@ -308,14 +269,7 @@ class LocalSandboxPool(SupervisedPool[_Process]):
     def __init__(self, config: LocalPoolConfig | None = None) -> None:
         self.config = config = config or LocalPoolConfig()
         self._processes = _LocalProcesses(config)
-        super().__init__(
-            self._processes,
-            join_rules(config, require_sandbox=config.policy.require_sandbox),
-            label="local",
-            containers=config.containers,
-            restart_crashed=config.restart_crashed,
-            restart_attempts=config.restart_attempts,
-        )
+        super().__init__(self._processes, config, label="local")
 
     def server_pid(self, container: str) -> int:
         """The pid (and process group) of ``container``'s slot server. Raises ``KeyError``."""

@@ -64,7 +64,6 @@ from trajcore.adapters.sandbox.pool_core import (
     SlotServerPool,
     close_quietly,
     command_words,
-    join_rules,
 )
 from trajcore.domain.errors import (
     ConfigError,
@@ -523,12 +522,7 @@ class NomadSandboxPool(SlotServerPool):
             timeout_s=config.request_timeout_s,
         )
         self._allocations = _NomadAllocations(config, nomad)
-        rules = join_rules(
-            config,
-            require_sandbox=config.policy.require_sandbox,
-            require_tmux=config.require_tmux,
-        )
-        super().__init__(self._allocations, rules, label="Nomad")
+        super().__init__(self._allocations, config, label="Nomad")
 
     def allocation_id(self, container: str) -> str:
         """The Nomad allocation behind ``container``. Raises ``KeyError``."""

@@ -50,6 +50,7 @@ from trajcore.domain.errors import (
     StateError,
     UnknownSlot,
 )
+from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
 from trajcore.domain.tools import ToolResult
 
@@ -113,6 +114,10 @@ class PoolSettings(Protocol):
     @property
     def slots_per_container(self) -> int: ...
     @property
+    def policy(self) -> SlotPolicy: ...
+    @property
+    def require_tmux(self) -> bool: ...
+    @property
     def start_timeout_s(self) -> float: ...
     @property
     def reset_timeout_s(self) -> float: ...
@@ -120,14 +125,12 @@ class PoolSettings(Protocol):
     def acquire_timeout_s(self) -> float | None: ...
 
 
-def join_rules(
-    config: PoolSettings, *, require_sandbox: bool, require_tmux: bool = False
-) -> JoinRules:
-    """The ``JoinRules`` of a pool config."""
+def join_rules(config: PoolSettings) -> JoinRules:
+    """The ``JoinRules`` of a pool config (a sandbox is required when its policy requires one)."""
     return JoinRules(
         slots_per_container=config.slots_per_container,
-        require_sandbox=require_sandbox,
-        require_tmux=require_tmux,
+        require_sandbox=config.policy.require_sandbox,
+        require_tmux=config.require_tmux,
         start_timeout_s=config.start_timeout_s,
         reset_timeout_s=config.reset_timeout_s,
         acquire_timeout_s=config.acquire_timeout_s,
@@ -227,7 +230,8 @@ class SlotServerPool(LeasedPool):
     the pool (``aclose``) and releases the rest of the service.
     """
 
-    def __init__(self, source: ContainerSource, rules: JoinRules, *, label: str) -> None:
+    def __init__(self, source: ContainerSource, settings: PoolSettings, *, label: str) -> None:
+        rules = join_rules(settings)
         self._source = source
         self.rules = rules  # what a server must show to join
         self._label = label

@@ -28,17 +28,69 @@ import attrs
 from trajcore.adapters.sandbox.client import SlotServerClient
 from trajcore.adapters.sandbox.pool_core import (
     Endpoint,
-    JoinRules,
     Member,
     SlotServerPool,
     close_quietly,
     single_error,
 )
+from trajcore.domain import validators
 from trajcore.domain.errors import SandboxUnavailable, SlotServerError
+from trajcore.domain.sandbox_policy import SlotPolicy, check_slot_uid_range
 
-__all__ = ["Launcher", "SupervisedPool", "SupervisedSource"]
+__all__ = ["Launcher", "SupervisedPool", "SupervisedPoolConfig", "SupervisedSource"]
 
 H = TypeVar("H")
+
+
+@attrs.frozen(kw_only=True)
+class SupervisedPoolConfig:
+    """The settings of every pool of K slot servers this machine starts itself.
+
+    The policy is the env's, never the model's. Each pool's config adds how its servers run.
+
+    Attributes:
+        containers: Slot servers to run (K).
+        slots_per_container: Slots each serves (N).
+        policy: The sandbox policy of every server. Server ``k`` runs its slot ``i`` (when run
+            as root) as host uid/gid ``policy.slot_uid_base + k * slots_per_container + i``:
+            every slot of the pool has its own uid; another pool on the same host needs a base
+            outside this range.
+        require_tmux: Refuse servers without tmux (the persistent shell of ``bash_stateful``
+            and ``tmux`` needs it), as a missing sandbox is refused.
+        acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
+        start_timeout_s: Longest a slot server may take to start and answer health.
+        reset_timeout_s: Longest a release's reset may take before the slot is quarantined.
+        stop_timeout_s: Grace between a server's stop signal and its kill.
+        restart_crashed: Replace a server that died or failed.
+        restart_attempts: Starts tried in a row before a failed server is given up.
+    """
+
+    containers: int = attrs.field(default=2, validator=validators.positive_int)
+    slots_per_container: int = attrs.field(default=4, validator=validators.positive_int)
+    policy: SlotPolicy = attrs.field(
+        factory=SlotPolicy, validator=validators.instance_of(SlotPolicy)
+    )
+    require_tmux: bool = attrs.field(default=False, validator=validators.flag)
+    acquire_timeout_s: float | None = attrs.field(
+        default=600.0, validator=validators.optional_seconds
+    )
+    start_timeout_s: float = attrs.field(default=30.0, validator=validators.positive_seconds)
+    reset_timeout_s: float = attrs.field(default=30.0, validator=validators.positive_seconds)
+    stop_timeout_s: float = attrs.field(default=5.0, validator=validators.positive_seconds)
+    restart_crashed: bool = attrs.field(default=True, validator=validators.flag)
+    restart_attempts: int = attrs.field(default=3, validator=validators.positive_int)
+
+    def __attrs_post_init__(self) -> None:
+        check_slot_uid_range(
+            "policy.slot_uid_base",
+            self.policy.slot_uid_base,
+            self.containers * self.slots_per_container,
+        )
+
+    def server_policy(self, index: int = 0) -> SlotPolicy:
+        """The policy of server ``index``: the pool's, with that server's range of slot uids."""
+        base = self.policy.slot_uid_base + index * self.slots_per_container
+        return attrs.evolve(self.policy, slot_uid_base=base)
 
 
 class Launcher(Protocol[H]):
@@ -214,24 +266,15 @@ def _closed(pool: SlotServerPool) -> bool:
 class SupervisedPool(SlotServerPool, Generic[H]):
     """The pool core over a ``SupervisedSource`` of ``launcher``'s servers."""
 
-    def __init__(
-        self,
-        launcher: Launcher[H],
-        rules: JoinRules,
-        *,
-        label: str,
-        containers: int,
-        restart_crashed: bool,
-        restart_attempts: int,
-    ) -> None:
+    def __init__(self, launcher: Launcher[H], config: SupervisedPoolConfig, *, label: str) -> None:
         self._supervised: SupervisedSource[H] = SupervisedSource(
             launcher,
             prefix=label,
-            containers=containers,
-            restart_crashed=restart_crashed,
-            restart_attempts=restart_attempts,
+            containers=config.containers,
+            restart_crashed=config.restart_crashed,
+            restart_attempts=config.restart_attempts,
         )
-        super().__init__(self._supervised, rules, label=label)
+        super().__init__(self._supervised, config, label=label)
 
     @property
     def restarts(self) -> int:

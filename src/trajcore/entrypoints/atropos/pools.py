@@ -123,5 +123,6 @@ def make_pool(config: AgentEnvConfig) -> AbstractAsyncContextManager[SandboxPool
             slots_per_container=config.slots_per_container,
             acquire_timeout_s=config.acquire_timeout_s,
             policy=policy,
+            require_tmux=config.require_stateful_sandbox,
         )
     )
