@@ -48,11 +48,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Literal, cast
 
 import attrs
+from attrs.validators import optional
 
 from trajcore.domain.errors import ConfigError, WireError
 from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.sandbox_policy import SlotPolicy
-from trajcore.domain.validators import finite_number, whole_number
+from trajcore.domain.validators import finite_number, flag, instance_of, whole_number
 
 __all__ = [
     "DOCKER_SECURITY_OPTS",
@@ -63,6 +64,7 @@ __all__ = [
     "AllocationStatus",
     "AllocationStub",
     "Driver",
+    "NomadJobSettings",
     "NomadJobSpec",
     "allocation_address",
     "job_json",
@@ -125,8 +127,18 @@ def _optional_name(_: object, attribute: attrs.Attribute[str | None], value: obj
 
 
 def _words(value: object) -> tuple[str, ...]:
+    """A command line as words: a string split on whitespace, or a sequence's items."""
     if isinstance(value, str):
-        return (value,)
+        return tuple(value.split())
+    if isinstance(value, Sequence):
+        return tuple(cast("Sequence[str]", value))
+    return cast("tuple[str, ...]", value)  # the validator names what came
+
+
+def _names(value: object) -> tuple[str, ...]:
+    """Names as a tuple: a string split on commas (``"dc1,dc2"``), or a sequence's items."""
+    if isinstance(value, str):
+        return tuple(name.strip() for name in value.split(",") if name.strip())
     if isinstance(value, Sequence):
         return tuple(cast("Sequence[str]", value))
     return cast("tuple[str, ...]", value)
@@ -153,67 +165,65 @@ def _datacenters(_: object, attribute: attrs.Attribute[tuple[str, ...]], value: 
 
 
 @attrs.frozen(kw_only=True)
-class NomadJobSpec:
-    """Everything the slot servers' Nomad job is built from.
+class NomadJobSettings:
+    """The slot servers' Nomad job as an operator sets it; the pool adds the count and token.
 
     Attributes:
         job_id: The job's ID (and name): letters, digits, ``_``, ``.``, ``-``; at most 128.
-        count: Allocations (containers) to run.
         driver: ``docker``, ``exec`` or ``raw_exec``.
         image: The docker image holding trajcore (docker only; ignored by the others).
         command: The slot server program and its subcommand, e.g. ``("trajcore",
-            "slot-server")`` or ``("/opt/venv/bin/python", "-m",
-            "trajcore.entrypoints.slot_server")``.
+            "slot-server")`` or ``"/opt/venv/bin/python -m trajcore.entrypoints.slot_server"``
+            (a string is split on whitespace).
         slots_per_container: Slots each slot server serves (N).
         policy: The sandbox policy every slot server gets.
-        token: The slot servers' bearer token (at least 16 printable ASCII characters).
-        token_env: The task environment variable that carries ``token`` to the slot server.
+        token_env: The task environment variable that carries the bearer token to the server.
         privileged: Run the docker container privileged. Not needed: the container gets what
-            bubblewrap needs without it (``DOCKER_SECURITY_OPTS``, the module doc).
+            bubblewrap needs without it (``DOCKER_SECURITY_OPTS``, the module doc); kept for
+            clusters that require it.
         nofile_limit, nproc_limit: The docker container's open-file and process limits (soft
             and hard); the slot server refuses to start without room for its slots.
-        datacenters: Where Nomad may place the allocations.
+        datacenters: Where Nomad may place the allocations (a string is split on commas).
         namespace, region: Nomad namespace and region (``None``: the agent's defaults).
         group, task: Names of the task group and the task.
-        cpu_mhz, memory_mb, disk_mb: What each allocation reserves (the disk must hold the
-            task's logs, 20 MB, and more: Nomad refuses the job otherwise).
+        cpu_mhz, memory_mb, disk_mb: What each allocation reserves (``memory_mb`` ``None``:
+            512 MB plus 256 MB per slot; the disk must hold the task's logs, 20 MB, and more:
+            Nomad refuses the job otherwise).
         restart_attempts, restart_delay_s: In-place restarts of a dead slot server before its
             allocation fails (0: none, the allocation is replaced instead).
         reschedule_delay_s, reschedule_max_delay_s: Delay before a failed allocation is
-            replaced, growing exponentially up to the maximum; unlimited attempts.
+            replaced, growing exponentially up to the maximum (``None``: the larger of 60 s
+            and the delay); unlimited attempts.
         kill_timeout_s: Grace between SIGTERM and SIGKILL when Nomad stops a slot server.
     """
 
     job_id: str = attrs.field(
-        validator=_matches(_JOB_ID, "letters, digits, '_', '.' or '-' (at most 128)")
+        default="trajcore-slots",
+        validator=_matches(_JOB_ID, "letters, digits, '_', '.' or '-' (at most 128)"),
     )
-    count: int = attrs.field(validator=whole_number(0))
     driver: Driver = attrs.field(default="docker")
-    image: str = ""
+    image: str = "trajcore/slot-server:latest"
     command: tuple[str, ...] = attrs.field(
         default=("trajcore", "slot-server"), converter=_words, validator=_nonempty_words
     )
     slots_per_container: int = attrs.field(default=8, validator=whole_number(1))
-    policy: SlotPolicy = attrs.field(factory=SlotPolicy)
-    token: str = attrs.field(
-        repr=False, validator=_matches(_TOKEN, "16 to 512 printable ASCII characters")
-    )
+    policy: SlotPolicy = attrs.field(factory=SlotPolicy, validator=instance_of(SlotPolicy))
     token_env: str = attrs.field(
         default="TRAJCORE_SLOT_TOKEN",
         validator=_matches(_ENV_NAME, "an environment variable name"),
     )
-    privileged: bool = False
+    privileged: bool = attrs.field(default=False, validator=flag)
     nofile_limit: int = attrs.field(default=16384, validator=whole_number(64))
     nproc_limit: int = attrs.field(default=16384, validator=whole_number(64))
     datacenters: tuple[str, ...] = attrs.field(
-        default=("dc1",), converter=_words, validator=_datacenters
+        default=("dc1",), converter=_names, validator=_datacenters
     )
     namespace: str | None = attrs.field(default=None, validator=_optional_name)
     region: str | None = attrs.field(default=None, validator=_optional_name)
     group: str = attrs.field(default="slots", validator=_matches(_NAME, "a name"))
     task: str = attrs.field(default="slot-server", validator=_matches(_NAME, "a name"))
     cpu_mhz: int = attrs.field(default=1000, validator=whole_number(1))
-    memory_mb: int = attrs.field(default=2560, validator=whole_number(10))
+    memory_mb: int | None = attrs.field(default=None, validator=optional(whole_number(10)))
     disk_mb: int = attrs.field(default=1024, validator=whole_number(_LOG_MB + 1))
     restart_attempts: int = attrs.field(default=0, validator=whole_number(0))
     restart_delay_s: float = attrs.field(
@@ -222,9 +232,9 @@ class NomadJobSpec:
     reschedule_delay_s: float = attrs.field(
         default=5.0, validator=finite_number(None, at_least=_MIN_RESCHEDULE_DELAY_S, unit="seconds")
     )
-    reschedule_max_delay_s: float = attrs.field(
-        default=60.0,
-        validator=finite_number(None, at_least=_MIN_RESCHEDULE_DELAY_S, unit="seconds"),
+    reschedule_max_delay_s: float | None = attrs.field(
+        default=None,
+        validator=optional(finite_number(None, at_least=_MIN_RESCHEDULE_DELAY_S, unit="seconds")),
     )
     kill_timeout_s: float = attrs.field(
         default=10.0, validator=finite_number(None, at_least=0.0, unit="seconds")
@@ -243,18 +253,13 @@ class NomadJobSpec:
                 f"the docker driver needs an image name, got {self.image!r}",
             )
         _check(
-            isinstance(self.privileged, bool),
-            "privileged",
-            f"must be true or false, got {self.privileged!r}",
-        )
-        _check(
             not self.privileged or self.driver == "docker",
             "privileged",
             f"only the docker driver runs containers privileged; {self.driver} tasks run as the "
             "Nomad client's user",
         )
         _check(
-            self.reschedule_max_delay_s >= self.reschedule_delay_s,
+            self.max_reschedule_delay_s >= self.reschedule_delay_s,
             "reschedule_max_delay_s",
             f"must be >= reschedule_delay_s ({self.reschedule_delay_s}), "
             f"got {self.reschedule_max_delay_s}",
@@ -265,6 +270,45 @@ class NomadJobSpec:
             f"{self.restart_attempts} restarts {self.restart_delay_s} s apart do not fit in "
             f"Nomad's restart interval of {_RESTART_INTERVAL_S} s",
         )
+
+    @property
+    def reserved_memory_mb(self) -> int:
+        """The memory each allocation reserves: ``memory_mb``, or 512 MB plus 256 MB a slot."""
+        if self.memory_mb is not None:
+            return self.memory_mb
+        return 512 + 256 * self.slots_per_container
+
+    @property
+    def max_reschedule_delay_s(self) -> float:
+        """The reschedule delay's ceiling: ``reschedule_max_delay_s`` or max(60 s, the delay)."""
+        if self.reschedule_max_delay_s is not None:
+            return self.reschedule_max_delay_s
+        return max(60.0, self.reschedule_delay_s)
+
+
+_SETTINGS_FIELDS = attrs.fields(NomadJobSettings)
+
+
+@attrs.frozen(kw_only=True)
+class NomadJobSpec(NomadJobSettings):
+    """Everything the slot servers' Nomad job is built from: the settings, the count, the token.
+
+    Attributes:
+        count: Allocations (containers) to run.
+        token: The slot servers' bearer token (at least 16 printable ASCII characters).
+    """
+
+    count: int = attrs.field(validator=whole_number(0))
+    token: str = attrs.field(
+        repr=False, validator=_matches(_TOKEN, "16 to 512 printable ASCII characters")
+    )
+
+    @classmethod
+    def of(cls, settings: NomadJobSettings, *, count: int, token: str) -> NomadJobSpec:
+        """The spec of ``settings`` (every one of ``NomadJobSettings``'s fields, whatever
+        subclass carries them) for ``count`` slot servers with bearer ``token``."""
+        values = {field.name: getattr(settings, field.name) for field in _SETTINGS_FIELDS}
+        return cls(**values, count=count, token=token)
 
     def listen_address(self) -> str:
         """What the slot server listens on, as Nomad interpolates it in the task's arguments."""
@@ -317,7 +361,7 @@ def job_json(spec: NomadJobSpec) -> JSONObject:
         "Driver": spec.driver,
         "Config": _task_config(spec),
         "Env": {spec.token_env: spec.token},
-        "Resources": {"CPU": spec.cpu_mhz, "MemoryMB": spec.memory_mb},
+        "Resources": {"CPU": spec.cpu_mhz, "MemoryMB": spec.reserved_memory_mb},
         "KillSignal": "SIGTERM",
         "KillTimeout": _ns(spec.kill_timeout_s),
         "LogConfig": {"MaxFiles": _LOG_FILES, "MaxFileSizeMB": _LOG_FILE_MB},
@@ -339,7 +383,7 @@ def job_json(spec: NomadJobSpec) -> JSONObject:
             "Interval": 0,
             "Delay": _ns(spec.reschedule_delay_s),
             "DelayFunction": "exponential",
-            "MaxDelay": _ns(spec.reschedule_max_delay_s),
+            "MaxDelay": _ns(spec.max_reschedule_delay_s),
         },
         "EphemeralDisk": {"SizeMB": spec.disk_mb},
         "Services": [

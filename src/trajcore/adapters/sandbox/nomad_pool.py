@@ -63,7 +63,6 @@ from trajcore.adapters.sandbox.pool_core import (
     Member,
     SlotServerPool,
     close_quietly,
-    command_words,
 )
 from trajcore.domain.errors import (
     ConfigError,
@@ -72,7 +71,7 @@ from trajcore.domain.errors import (
     SlotServerError,
 )
 from trajcore.domain.nomad_job import (
-    Driver,
+    NomadJobSettings,
     NomadJobSpec,
     allocation_address,
     parse_allocation_stubs,
@@ -93,11 +92,9 @@ from trajcore.domain.nomad_reconcile import (
     SetCount,
     Undrain,
 )
-from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.scale_policy import ScaleConfig
 from trajcore.domain.validators import (
     flag,
-    instance_of,
     non_negative_seconds,
     optional_seconds,
     optional_text,
@@ -123,41 +120,21 @@ def _nomad_address(_: object, attribute: attrs.Attribute[str], value: object) ->
         raise ConfigError(attribute.name, f"port out of range in {value!r}")
 
 
-def _names(value: object) -> tuple[str, ...]:
-    if isinstance(value, str):
-        return tuple(name.strip() for name in value.split(",") if name.strip())
-    if isinstance(value, Sequence):
-        return tuple(str(name) for name in value)
-    raise ConfigError("datacenters", f"expected names, got {value!r}")
-
-
 @attrs.frozen(kw_only=True)
-class NomadPoolConfig:
-    """How the Nomad pool runs its slot servers; the policy is the env's, never the model's.
+class NomadPoolConfig(NomadJobSettings):
+    """How the Nomad pool runs its slot servers: the job's settings (``NomadJobSettings``: the
+    driver, image, command, slots per container, sandbox policy, resources, restarts, ...) and
+    these. The policy is the env's, never the model's.
 
     Attributes:
         address: The Nomad agent's API, ``http(s)://host:port``.
-        job_id: The Nomad job of the slot servers.
-        driver: ``docker``, ``exec`` or ``raw_exec``.
-        image: The docker image holding trajcore (docker only).
-        command: The slot server program and subcommand, as the task runs it.
-        slots_per_container: Slots each slot server serves (N).
         min_containers, max_containers: The range the container count is scaled in.
-        privileged: Run docker containers privileged (not needed: the job gives the sandbox the
-            security options it needs, docs/deploy.md; kept for clusters that require it).
         acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
         purge_on_start: Purge a job of the same ID before registering.
         purge_on_shutdown: Purge the job when the pool closes (otherwise it is stopped).
         token: Nomad ACL token (``None``: ``$NOMAD_TOKEN`` if set).
-        namespace, region: Nomad namespace and region (``None``: the agent's).
-        datacenters: Where Nomad may place the slot servers.
-        policy: The sandbox policy of every slot server.
         require_tmux: Refuse slot servers without tmux (the persistent shell of
             ``bash_stateful`` and ``tmux`` needs it), as a missing sandbox is refused.
-        cpu_mhz, memory_mb: What each allocation reserves (``memory_mb`` ``None``: 512 MB
-            plus 256 MB per slot).
-        restart_attempts: In-place restarts before an allocation fails and is replaced.
-        reschedule_delay_s: Nomad's delay before replacing a failed allocation (at least 5 s).
         scale_down_margin, cooldown_s: The scale policy's damping (``ScaleConfig``).
         start_timeout_s: Longest the pool's start, and one container's join, may take.
         reset_timeout_s: Longest a release's reset may take before the slot is quarantined.
@@ -167,29 +144,13 @@ class NomadPoolConfig:
     """
 
     address: str = attrs.field(default="http://127.0.0.1:4646", validator=_nomad_address)
-    job_id: str = "trajcore-slots"
-    driver: Driver = "docker"
-    image: str = "trajcore/slot-server:latest"
-    command: tuple[str, ...] = attrs.field(
-        default=("trajcore", "slot-server"), converter=command_words
-    )
-    slots_per_container: int = attrs.field(default=8, validator=whole_number(1))
     min_containers: int = attrs.field(default=1, validator=whole_number(0))
     max_containers: int = attrs.field(default=10, validator=whole_number(1))
-    privileged: bool = attrs.field(default=False, validator=flag)
     acquire_timeout_s: float | None = attrs.field(default=600.0, validator=optional_seconds)
     purge_on_start: bool = attrs.field(default=False, validator=flag)
     purge_on_shutdown: bool = attrs.field(default=True, validator=flag)
     token: str | None = attrs.field(default=None, validator=optional_text, repr=False)
-    namespace: str | None = None
-    region: str | None = None
-    datacenters: tuple[str, ...] = attrs.field(default=("dc1",), converter=_names)
-    policy: SlotPolicy = attrs.field(factory=SlotPolicy, validator=instance_of(SlotPolicy))
     require_tmux: bool = attrs.field(default=False, validator=flag)
-    cpu_mhz: int = attrs.field(default=1000, validator=whole_number(1))
-    memory_mb: int | None = None
-    restart_attempts: int = attrs.field(default=0, validator=whole_number(0))
-    reschedule_delay_s: float = 5.0
     scale_down_margin: int = attrs.field(default=0, validator=whole_number(0))
     cooldown_s: float = attrs.field(default=30.0, validator=non_negative_seconds)
     start_timeout_s: float = attrs.field(default=120.0, validator=positive_seconds)
@@ -199,40 +160,15 @@ class NomadPoolConfig:
     stop_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
 
     def __attrs_post_init__(self) -> None:
-        if self.max_containers < self.min_containers:
-            raise ConfigError(
-                "max_containers",
-                f"must be >= min_containers ({self.min_containers}), got {self.max_containers}",
-            )
-        self.job_spec(count=self.min_containers, token="x" * 16)  # its fields, checked now
+        super().__attrs_post_init__()
+        try:
+            self.scale_config()
+        except ConfigError as error:  # (the scale policy's names are ``scaling.<field>``)
+            raise ConfigError(error.field.removeprefix("scaling."), error.reason) from None
 
     def job_spec(self, *, count: int, token: str) -> NomadJobSpec:
-        """The job for ``count`` slot servers with bearer ``token``.
-
-        Raises ``ConfigError`` naming the field at fault (the same names as this config's).
-        """
-        memory = (
-            self.memory_mb if self.memory_mb is not None else 512 + 256 * (self.slots_per_container)
-        )
-        return NomadJobSpec(
-            job_id=self.job_id,
-            count=count,
-            driver=self.driver,
-            image=self.image,
-            command=self.command,
-            slots_per_container=self.slots_per_container,
-            policy=self.policy,
-            token=token,
-            privileged=self.privileged,
-            datacenters=self.datacenters,
-            namespace=self.namespace,
-            region=self.region,
-            cpu_mhz=self.cpu_mhz,
-            memory_mb=memory,
-            restart_attempts=self.restart_attempts,
-            reschedule_delay_s=self.reschedule_delay_s,
-            reschedule_max_delay_s=max(60.0, self.reschedule_delay_s),
-        )
+        """The job for ``count`` slot servers with bearer ``token``."""
+        return NomadJobSpec.of(self, count=count, token=token)
 
     def scale_config(self) -> ScaleConfig:
         """The domain scale policy's settings."""
@@ -418,7 +354,7 @@ class _NomadAllocations:
         await self.nomad.scale(
             config.job_id,
             scale_request(
-                config.job_spec(count=count, token=self.token).group,
+                config.group,
                 count,
                 f"trajcore: {count} slot servers for the demand",
             ),

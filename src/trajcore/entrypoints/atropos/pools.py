@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shutil
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from trajcore.adapters.sandbox.container_pool import ContainerPoolConfig, ContainerSandboxPool
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
@@ -85,6 +85,16 @@ def nomad_pool_config(config: AgentEnvConfig) -> NomadPoolConfig:
         raise ConfigError(_NOMAD_FIELDS.get(error.field, error.field), error.reason) from None
 
 
+class _ServerSettings(TypedDict):
+    """The env's settings of a pool whose servers this machine starts (local or container)."""
+
+    containers: int
+    slots_per_container: int
+    acquire_timeout_s: float | None
+    policy: SlotPolicy
+    require_tmux: bool
+
+
 def make_pool(config: AgentEnvConfig) -> AbstractAsyncContextManager[SandboxPool]:
     """The sandbox pool of a run, unopened (see ``AgentEnv.make_pool``).
 
@@ -104,25 +114,17 @@ def make_pool(config: AgentEnvConfig) -> AbstractAsyncContextManager[SandboxPool
             "require_stateful_sandbox: the local pool keeps a persistent shell with tmux, "
             "which is not installed on this host"
         )
-    policy = slot_policy(config)
+    servers = _ServerSettings(
+        containers=config.local_containers,
+        slots_per_container=config.slots_per_container,
+        acquire_timeout_s=config.acquire_timeout_s,
+        policy=slot_policy(config),
+        require_tmux=config.require_stateful_sandbox,
+    )
     if config.sandbox == "container":
         return ContainerSandboxPool(
             ContainerPoolConfig(
-                image=config.container_image,
-                engine=config.container_engine,
-                containers=config.local_containers,
-                slots_per_container=config.slots_per_container,
-                acquire_timeout_s=config.acquire_timeout_s,
-                policy=policy,
-                require_tmux=config.require_stateful_sandbox,
+                image=config.container_image, engine=config.container_engine, **servers
             )
         )
-    return LocalSandboxPool(
-        LocalPoolConfig(
-            containers=config.local_containers,
-            slots_per_container=config.slots_per_container,
-            acquire_timeout_s=config.acquire_timeout_s,
-            policy=policy,
-            require_tmux=config.require_stateful_sandbox,
-        )
-    )
+    return LocalSandboxPool(LocalPoolConfig(**servers))
