@@ -14,15 +14,14 @@ import socket
 from collections.abc import AsyncIterator
 
 import anyio
+import attrs
 import pytest
 
 from tests.nomad_testbed import OPENAPI, nomad_pool_config, wait_until
 from trajcore.adapters.sandbox.nomad_client import NomadClient, NomadUnavailable
 from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig, NomadSandboxPool
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
-from trajcore.domain.nomad_job import (
-    register_request,
-)
+from trajcore.domain.nomad_job import NomadJobSettings, register_request
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slots import Lease
 from trajcore.domain.tools import ToolOutcome
@@ -88,6 +87,36 @@ def test_a_bad_setting_names_its_field(field: str, change: dict[str, object]) ->
     with pytest.raises(ConfigError) as caught:
         NomadPoolConfig(**change)  # type: ignore[arg-type]
     assert caught.value.field == field
+
+
+def test_the_job_spec_carries_every_job_setting_of_the_config() -> None:
+    config = NomadPoolConfig(
+        job_id="slots-2", driver="raw_exec", image="unused",
+        command="python -m trajcore.entrypoints.slot_server",
+        slots_per_container=3, policy=SlotPolicy(output_cap_bytes=4096), token_env="SLOT_TOKEN",
+        nofile_limit=100, nproc_limit=200, datacenters="east, west", namespace="ns", region="eu",
+        group="g", task="t", cpu_mhz=7, memory_mb=99, disk_mb=50, restart_attempts=2,
+        restart_delay_s=2.0, reschedule_delay_s=9.0, reschedule_max_delay_s=90.0,
+        kill_timeout_s=3.0, token="acl-token",
+    )  # fmt: skip
+    spec = config.job_spec(count=3, token="b" * 16)
+    defaults = NomadJobSettings()
+    for field in attrs.fields(NomadJobSettings):
+        assert getattr(spec, field.name) == getattr(config, field.name), field.name
+        if field.name != "privileged":  # (only docker, the default driver, runs privileged)
+            assert getattr(config, field.name) != getattr(defaults, field.name), field.name
+    assert (spec.count, spec.token) == (3, "b" * 16)  # the bearer token, not the ACL token
+    assert spec.command == ("python", "-m", "trajcore.entrypoints.slot_server")
+    assert spec.datacenters == ("east", "west")
+
+
+def test_unset_memory_and_reschedule_ceiling_follow_the_slots_and_the_delay() -> None:
+    spec = NomadPoolConfig(slots_per_container=4, reschedule_delay_s=120.0).job_spec(
+        count=1, token="b" * 16
+    )
+    assert spec.reserved_memory_mb == 512 + 256 * 4
+    assert spec.max_reschedule_delay_s == 120.0
+    assert NomadPoolConfig(reschedule_delay_s=5.0).max_reschedule_delay_s == 60.0
 
 
 # ============================================================================ reaching Nomad
