@@ -1331,6 +1331,53 @@ while True:
 """
 
 
+@pytest.mark.skipif(
+    shutil.which("tmux") is None, reason="tmux is not installed: no persistent shell to end"
+)
+@pytest.mark.parametrize("ending", ["reset", "close"])
+def test_an_unsandboxed_slots_persistent_shell_ends_with_its_lease(
+    ending: str, tmp_path: Path
+) -> None:
+    """Without bubblewrap and cgroups, the persistent shell's tmux server is a daemon outside the
+    lease agent's session: ending the agent does not end it. A reset, and the server's close,
+    must still end it and what its shell started, before anyone else gets the slot."""
+    marker = f"trajcore-shell-job-{ending}-{os.getpid()}"
+    socket = str(tmp_path / "root")  # every tmux server of the slot names its socket below
+    config = RuntimeConfig(
+        slots=1, root=tmp_path / "root", policy=SlotPolicy(require_sandbox=False),
+        bwrap="/nonexistent/bwrap", use_cgroups=False, slot_helper="python",
+    )  # fmt: skip
+
+    async def main() -> tuple[list[int], list[int]]:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        try:
+            command = f"(exec -a {marker} sleep 600) & echo up"
+            (started,) = await runtime.execute([call(0, "bash_stateful", command=command)])
+            assert started.outcome is ToolOutcome.OK, started.content
+            assert started.exec is not None
+            assert not started.exec.sandboxed
+            # the control: the check sees the shell's server and its job while the lease runs
+            seen = host_processes_with(socket), host_processes_with(marker)
+            if ending == "reset":
+                assert (await runtime.reset(0, 1)).ok
+            else:
+                await runtime.aclose()
+            await wait_until_gone({*seen[0], *seen[1]})
+            return seen
+        finally:
+            await runtime.aclose()
+
+    try:
+        servers, jobs = asyncio.run(main())
+        assert servers, "the check found no tmux server of the slot"
+        assert jobs, "the check found no job of the slot's shell"
+    finally:
+        for pid in {*host_processes_with(socket), *host_processes_with(marker)}:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("attack", ["oversize", "not-json", "a-list", "wrong-type"])
 def test_a_forged_or_oversize_reply_ends_the_lease(attack: str, tmp_path: Path) -> None:
     fake = tmp_path / "fake-python"

@@ -82,6 +82,8 @@ import sys
 import time
 
 _HEADER_SIZE = 4
+SHELL_SOCKET = "tmux.sock"
+"""The persistent shell's tmux socket, in the lease's state directory."""
 # runtime.MAX_REQUEST_BYTES: a larger request ends the agent (and so the lease)
 _MAX_REQUEST = 16 << 20
 _READ_CHUNK = 1 << 16
@@ -333,7 +335,7 @@ class _Shell:
 
     def __init__(self, state_dir: str, workspace: str, tmux: str | None) -> None:
         self.dir = f"{state_dir}/shell"
-        self.socket = f"{state_dir}/tmux.sock"
+        self.socket = f"{state_dir}/{SHELL_SOCKET}"
         self.workspace = workspace
         self.counter = 0
         self.tmux = tmux

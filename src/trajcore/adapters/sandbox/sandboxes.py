@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import marshal
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -24,6 +25,7 @@ from typing import Any, cast
 import attrs
 
 from trajcore.adapters.sandbox.channel import Agent, AgentLost, Keeper, reply_cap
+from trajcore.adapters.sandbox.exec_agent import SHELL_SOCKET
 from trajcore.adapters.sandbox.limits import CgroupPlan, SlotCgroup, rlimits_for
 from trajcore.adapters.sandbox.runtime_config import RuntimeConfig
 from trajcore.adapters.sandbox.slot_ids import shared_python, stage_python, unreachable
@@ -405,10 +407,13 @@ class Sandboxes:
         if agent is None:
             if slot.keeper is None and slot.cgroup is not None:
                 slot.cgroup.kill_all()  # what a bare agent left behind
+            if slot.keeper is None:
+                await _end_shell(slot)
             return
         agent.close_channel()
         if agent.process is not None:
             await _end_process(agent.process, slot.cgroup)
+            await _end_shell(slot)
             return
         keeper = slot.keeper
         if keeper is not None:
@@ -469,6 +474,32 @@ async def _end_process(process: asyncio.subprocess.Process, cgroup: SlotCgroup |
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(5):
             await process.wait()
+
+
+async def _end_shell(slot: Slot) -> None:
+    """End the persistent shell a bare agent started, and what runs in it (within 5 s).
+
+    Its tmux server is a daemon in a session of its own: ending the agent's session does not
+    end it, and without a cgroup nothing else would, so the next lease of the slot would share
+    the host with the last one's shell. ``kill-server`` hangs up every pane, and each shell
+    hangs up its jobs. (A job that ignores the hang-up and left its session on purpose is
+    beyond reach without a cgroup: docs/sandbox.md, "Without cgroups".)
+    """
+    shell_socket = slot.state_dir / SHELL_SOCKET
+    tmux = shutil.which("tmux")
+    if tmux is None or not shell_socket.is_socket():
+        return
+    process = await asyncio.create_subprocess_exec(
+        tmux, "-S", str(shell_socket), "kill-server",
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(5):
+            await process.wait()
+    except TimeoutError:
+        process.kill()
+        await process.wait()
 
 
 def as_ids(ids: tuple[int, int] | None) -> dict[str, Any]:
