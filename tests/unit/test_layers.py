@@ -16,6 +16,20 @@ def test_package_keeps_the_layer_rules() -> None:
     assert violations == [], "\n".join(map(str, violations))
 
 
+MAX_MODULE_LINES = 700
+
+
+def test_every_module_holds_one_concept_within_the_size_bound() -> None:
+    """A module past the bound has grown a second concept: split it by concept."""
+    sizes = {
+        str(path.relative_to(SRC)): len(path.read_text(encoding="utf-8").splitlines())
+        for path in SRC.rglob("*.py")
+    }
+    assert len(sizes) > 100  # the walk found the package
+    over = {name: lines for name, lines in sizes.items() if lines > MAX_MODULE_LINES}
+    assert over == {}, f"modules over {MAX_MODULE_LINES} lines: {over}"
+
+
 def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         path = tmp_path / "pkg" / name

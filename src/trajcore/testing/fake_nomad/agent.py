@@ -81,12 +81,17 @@ from trajcore.adapters.http1 import HTTPServer, Reply, Request
 from trajcore.domain.errors import ConfigError, StateError
 from trajcore.domain.json_values import JSON, JSONObject, check_json
 from trajcore.testing.fake_nomad.jobs import (
+    FAILED,
+    KILLED,
     NS,
+    RESTARTING,
+    STARTED,
     Alloc,
     FakeAllocation,
     Job,
     NomadRequest,
     Refused,
+    TaskChange,
     as_int,
     as_object,
     as_str,
@@ -108,29 +113,6 @@ from trajcore.testing.fake_nomad.routes import route
 
 __all__ = ["FakeNomadAPI"]
 
-
-@attrs.frozen
-class _TaskChange:
-    """A change of an allocation's one task as Nomad's client reports it: the task's state, the
-    allocation's client status and description (``None`` keeps it), and the task event."""
-
-    task_state: str
-    client_status: str
-    description: str | None
-    event: str
-    message: str
-
-
-_STARTED = _TaskChange(
-    "running", "running", "Tasks are running", "Started", "Task started by client"
-)
-_RESTARTING = _TaskChange("pending", "pending", None, "Restarting", "Task restarting in place")
-_KILLED = _TaskChange(
-    "dead", "complete", "All tasks have completed", "Killed", "Task successfully killed"
-)
-_FAILED = _TaskChange(
-    "dead", "failed", "Failed tasks", "Not Restarting", "Exceeded allowed attempts"
-)
 
 # ============================================================================ the fake
 
@@ -623,17 +605,9 @@ class FakeNomadAPI:
         }  # fmt: skip
         alloc.events.append(event)
 
-    def _change(self, alloc: Alloc, change: _TaskChange, **extra: JSON) -> None:
-        """Carry out ``change`` on ``alloc``: its states, the task's start or finish time, the
-        event (with ``extra`` fields) and the allocation's modify index."""
-        alloc.task_state = change.task_state
-        alloc.client_status = change.client_status
-        if change.description is not None:
-            alloc.client_description = change.description
-        if change.task_state == "running":
-            alloc.started_at = now_ns()
-        elif change.task_state == "dead":
-            alloc.finished_at = now_ns()
+    def _change(self, alloc: Alloc, change: TaskChange, **extra: JSON) -> None:
+        """Carry out ``change`` on ``alloc`` and record its event (with ``extra`` fields)."""
+        change.carry_out(alloc, now_ns())
         self._event(alloc, change.event, change.message, **extra)
         self._touch(alloc)
 
@@ -648,21 +622,21 @@ class FakeNomadAPI:
                 return
             code = await self._run_once(alloc, task_dir, alloc_dir)
             if alloc.desired_status != "run" or self._closing:
-                self._change(alloc, _KILLED)
+                self._change(alloc, KILLED)
                 return
             if code is not None:
                 self._event(alloc, "Terminated", f"Exit Code: {code}", ExitCode=code)
             if alloc.restarts < alloc.spec.restart_attempts:
                 alloc.restarts += 1
                 alloc.last_restart = now_ns()
-                self._change(alloc, _RESTARTING)
+                self._change(alloc, RESTARTING)
                 delay = alloc.spec.restart_delay_ns / NS
                 if self.restart_delay_cap_s is not None:
                     delay = min(delay, self.restart_delay_cap_s)
                 await anyio.sleep(delay)
                 continue
             alloc.task_failed = True
-            self._change(alloc, _FAILED, FailsTask=True)
+            self._change(alloc, FAILED, FailsTask=True)
             await self._reschedule(alloc)
             return
 
@@ -680,7 +654,7 @@ class FakeNomadAPI:
             self._event(alloc, "Driver Failure", f"failed to launch command: {error}")
             return None
         alloc.process = process
-        self._change(alloc, _STARTED)
+        self._change(alloc, STARTED)
         try:
             return await process.wait()
         finally:

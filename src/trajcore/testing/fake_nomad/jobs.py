@@ -25,13 +25,18 @@ from trajcore.domain.json_values import JSON, JSONObject
 
 __all__ = [
     "ENV_TEMPLATE",
+    "FAILED",
+    "KILLED",
     "NS",
+    "RESTARTING",
+    "STARTED",
     "Alloc",
     "DockerConfig",
     "FakeAllocation",
     "Job",
     "NomadRequest",
     "Refused",
+    "TaskChange",
     "TaskSpec",
     "as_int",
     "as_object",
@@ -410,3 +415,34 @@ class Alloc:
         return self.desired_status == "run" and (
             self.client_status in ("pending", "running") or self.awaiting_reschedule
         )
+
+
+@attrs.frozen
+class TaskChange:
+    """A change of an allocation's one task as Nomad's client reports it: the task's state, the
+    allocation's client status and description (``None`` keeps it), and the task event."""
+
+    task_state: str
+    client_status: str
+    description: str | None
+    event: str
+    message: str
+
+    def carry_out(self, alloc: Alloc, now: int) -> None:
+        """Set ``alloc``'s states, and the task's start or finish time to ``now``."""
+        alloc.task_state = self.task_state
+        alloc.client_status = self.client_status
+        if self.description is not None:
+            alloc.client_description = self.description
+        if self.task_state == "running":
+            alloc.started_at = now
+        elif self.task_state == "dead":
+            alloc.finished_at = now
+
+
+STARTED = TaskChange("running", "running", "Tasks are running", "Started", "Task started by client")
+RESTARTING = TaskChange("pending", "pending", None, "Restarting", "Task restarting in place")
+KILLED = TaskChange(
+    "dead", "complete", "All tasks have completed", "Killed", "Task successfully killed"
+)
+FAILED = TaskChange("dead", "failed", "Failed tasks", "Not Restarting", "Exceeded allowed attempts")
