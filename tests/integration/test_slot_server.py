@@ -1332,11 +1332,13 @@ while True:
 
 
 @pytest.mark.skipif(
-    shutil.which("tmux") is None, reason="tmux is not installed: no persistent shell to end"
+    shutil.which("tmux") is None or shutil.which("bash") is None,
+    reason="tmux and bash are needed for the persistent shell and its jobs",
 )
 @pytest.mark.parametrize("ending", ["reset", "close"])
+@pytest.mark.parametrize("job", ["{} &", "nohup {} >/dev/null 2>&1 &", "{} & disown"])
 def test_an_unsandboxed_slots_persistent_shell_ends_with_its_lease(
-    ending: str, tmp_path: Path
+    ending: str, job: str, tmp_path: Path
 ) -> None:
     """Without bubblewrap and cgroups, the persistent shell's tmux server is a daemon outside the
     lease agent's session: ending the agent does not end it. A reset, and the server's close,
@@ -1352,12 +1354,15 @@ def test_an_unsandboxed_slots_persistent_shell_ends_with_its_lease(
         runtime = SlotRuntime(config)
         await runtime.start()
         try:
-            command = f"(exec -a {marker} sleep 600) & echo up"
+            command = job.format(f"bash -c 'exec -a {marker} sleep 600'") + "\necho up"
             (started,) = await runtime.execute([call(0, "bash_stateful", command=command)])
             assert started.outcome is ToolOutcome.OK, started.content
             assert started.exec is not None
             assert not started.exec.sandboxed
             # the control: the check sees the shell's server and its job while the lease runs
+            async with asyncio.timeout(10):
+                while not host_processes_with(marker):  # noqa: ASYNC110 - a stranger's exec
+                    await asyncio.sleep(0.01)
             seen = host_processes_with(socket), host_processes_with(marker)
             if ending == "reset":
                 assert (await runtime.reset(0, 1)).ok

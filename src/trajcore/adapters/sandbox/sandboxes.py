@@ -477,29 +477,61 @@ async def _end_process(process: asyncio.subprocess.Process, cgroup: SlotCgroup |
 
 
 async def _end_shell(slot: Slot) -> None:
-    """End the persistent shell a bare agent started, and what runs in it (within 5 s).
+    """End the persistent shell a bare agent started, and everything its shell runs.
 
     Its tmux server is a daemon in a session of its own: ending the agent's session does not
     end it, and without a cgroup nothing else would, so the next lease of the slot would share
-    the host with the last one's shell. ``kill-server`` hangs up every pane, and each shell
-    hangs up its jobs. (A job that ignores the hang-up and left its session on purpose is
-    beyond reach without a cgroup: docs/sandbox.md, "Without cgroups".)
+    the host with the last one's shell and jobs. Each pane's shell leads a session of its own;
+    every process in those sessions is killed (``nohup`` and ``disown`` jobs included, which a
+    hang-up would miss), then the server. A process that left its session with ``setsid`` is
+    beyond reach without a cgroup (docs/sandbox.md, "Without cgroups").
     """
     shell_socket = slot.state_dir / SHELL_SOCKET
-    tmux = shutil.which("tmux")
+    tmux = shutil.which("tmux", path=_PATH)  # as the bare agent found it
     if tmux is None or not shell_socket.is_socket():
         return
+    panes = await _tmux(tmux, shell_socket, "list-panes", "-a", "-F", "#{pane_pid}")
+    sessions = {int(word) for word in panes.split() if word.isdigit()}
+    for _ in range(50):  # a job may fork while the scan runs: scan until none is left
+        if not _kill_sessions(sessions):
+            break
+        await asyncio.sleep(0.01)
+    await _tmux(tmux, shell_socket, "kill-server")
+
+
+async def _tmux(tmux: str, shell_socket: Path, *args: str) -> str:
+    """What ``tmux -S shell_socket args`` prints (within 5 s; empty when it fails)."""
     process = await asyncio.create_subprocess_exec(
-        tmux, "-S", str(shell_socket), "kill-server",
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        tmux, "-S", str(shell_socket), *args,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     try:
         async with asyncio.timeout(5):
-            await process.wait()
+            out, _ = await process.communicate()
     except TimeoutError:
         process.kill()
         await process.wait()
+        return ""
+    return out.decode("ascii", "replace") if process.returncode == 0 else ""
+
+
+def _kill_sessions(sessions: set[int]) -> bool:
+    """SIGKILL every process whose session is one of ``sessions``; whether any was found."""
+    found = False
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if fields[0] != b"Z" and int(fields[3]) in sessions:
+            found = True
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
+    return found
 
 
 def as_ids(ids: tuple[int, int] | None) -> dict[str, Any]:
