@@ -6,7 +6,7 @@ the hooks see, the slot toolbox, the tool registry for in-process Python tools, 
 distributions, what a group and a trajectory produced, and the errors a hook may catch or raise.
 The fakes for testing an env live in ``trajcore.adapters.fakes``.
 
-This module only re-exports; each name keeps its home (``trajcore.domain.messages.Message``, ...),
+This module only re-exports; each name keeps its home (``trajcore.domain.tools.ToolSpec``, ...),
 and that is where its documentation is. Importing it loads atroposlib (the env's base class), so
 code that must stay light imports from the layer that owns a name instead.
 """
@@ -29,6 +29,7 @@ from trajcore.domain.errors import (
 from trajcore.domain.groups import GroupStatus, TrajectoryStatus
 from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.messages import Message
+from trajcore.domain.tool_schema import ArgumentCheck, ArgumentProblem, ArgumentValidator
 from trajcore.domain.tools import (
     ExecReport,
     ToolCall,
@@ -61,6 +62,9 @@ __all__ = [
     "AcquireTimeout",
     "AgentEnv",
     "AgentEnvConfig",
+    "ArgumentCheck",
+    "ArgumentProblem",
+    "ArgumentValidator",
     "ConfigError",
     "DistributionRegistry",
     "ExecReport",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import threading
 import time
 import warnings
@@ -24,6 +25,7 @@ from atroposlib.utils.cli import merge_dicts  # type: ignore[import-untyped]
 from tests.unit.test_agent_env import QWEN, FileEnv, _alternating_chat, _config, _turn
 from trajcore.adapters.fakes import FakeChatServer, FakeSandboxPool, LLMFault
 from trajcore.adapters.sandbox.container_pool import ContainerSandboxPool
+from trajcore.adapters.sandbox.local_pool import LocalSandboxPool
 from trajcore.adapters.tool_server import ToolRegistry
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.groups import TrajectoryStatus
@@ -224,6 +226,29 @@ def test_hermes_docker_backend_runs_terminals_in_the_container_pool() -> None:
     assert pool.config.require_tmux
     assert pool.config.policy == config.slot_policy()
     assert pool.config.policy.default_timeout_s == 45
+
+
+@pytest.mark.skipif(
+    shutil.which("tmux") is None,
+    reason="tmux is not installed: the env refuses a stateful local pool before building it",
+)
+@pytest.mark.parametrize("stateful", [True, False])
+def test_the_local_pool_requires_tmux_exactly_when_the_env_requires_a_stateful_sandbox(
+    stateful: bool,
+) -> None:
+    config = AgentEnvConfig(
+        tokenizer_name=QWEN,
+        sandbox="local",
+        local_containers=2,
+        slots_per_container=3,
+        require_stateful_sandbox=stateful,
+    )
+    pool = FileEnv(config).make_pool()  # unopened: nothing starts
+    assert isinstance(pool, LocalSandboxPool)
+    assert (pool.config.containers, pool.config.slots_per_container) == (2, 3)
+    assert pool.config.require_tmux is stateful
+    assert pool.rules.require_tmux is stateful  # what a slot server must show to join
+    assert pool.config.policy == config.slot_policy()
 
 
 def test_a_seed_name_wins_over_the_defaults_atropos_merges_it_onto() -> None:

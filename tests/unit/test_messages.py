@@ -162,3 +162,25 @@ def test_specs_accept_arguments_built_from_their_own_required_fields(spec: ToolS
         enum = schema.get("enum")
         args[name] = enum[0] if isinstance(enum, list) else samples[str(schema["type"])]
     assert spec.validate_arguments(args) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "home"),
+    [
+        ("ToolSpec", "trajcore.domain.tools"),
+        ("ToolOutcome", "trajcore.domain.tools"),
+        ("check_json", "trajcore.domain.json_values"),
+        ("BuiltinArgumentValidator", "trajcore.domain.tool_schema"),
+    ],
+)
+def test_a_name_that_moved_out_still_imports_with_a_warning_naming_its_home(
+    name: str, home: str
+) -> None:
+    import importlib
+
+    messages = importlib.import_module("trajcore.domain.messages")
+    with pytest.warns(DeprecationWarning, match=home):
+        moved = getattr(messages, name)
+    assert moved is getattr(importlib.import_module(home), name)
+    with pytest.raises(AttributeError):
+        _ = messages.NoSuchName

@@ -127,11 +127,11 @@ def _optional_name(_: object, attribute: attrs.Attribute[str | None], value: obj
 
 
 def _words(value: object) -> tuple[str, ...]:
-    """A command line as words: a string split on whitespace, or a sequence's items."""
+    """A command line as words: a string split on whitespace, or a sequence's items as text."""
     if isinstance(value, str):
         return tuple(value.split())
     if isinstance(value, Sequence):
-        return tuple(cast("Sequence[str]", value))
+        return tuple(str(word) for word in value)
     return cast("tuple[str, ...]", value)  # the validator names what came
 
 
@@ -140,7 +140,7 @@ def _names(value: object) -> tuple[str, ...]:
     if isinstance(value, str):
         return tuple(name.strip() for name in value.split(",") if name.strip())
     if isinstance(value, Sequence):
-        return tuple(cast("Sequence[str]", value))
+        return tuple(str(name) for name in value)
     return cast("tuple[str, ...]", value)
 
 
@@ -307,7 +307,7 @@ class NomadJobSpec(NomadJobSettings):
     def of(cls, settings: NomadJobSettings, *, count: int, token: str) -> NomadJobSpec:
         """The spec of ``settings`` (every one of ``NomadJobSettings``'s fields, whatever
         subclass carries them) for ``count`` slot servers with bearer ``token``."""
-        values = {field.name: getattr(settings, field.name) for field in _SETTINGS_FIELDS}
+        values = {f.alias or f.name: getattr(settings, f.name) for f in _SETTINGS_FIELDS if f.init}
         return cls(**values, count=count, token=token)
 
     def listen_address(self) -> str:

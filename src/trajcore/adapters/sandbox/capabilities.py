@@ -9,7 +9,6 @@ a lease is not proven confined never counts as sandboxed.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import time
@@ -19,7 +18,7 @@ import attrs
 
 from trajcore.adapters.sandbox.channel import AgentLost
 from trajcore.adapters.sandbox.exec_agent import encode_request
-from trajcore.adapters.sandbox.sandboxes import Sandboxes, Slot, as_ids
+from trajcore.adapters.sandbox.sandboxes import Sandboxes, Slot, run_bounded
 from trajcore.adapters.sandbox.workspace import Workspace
 from trajcore.domain.slot_protocol import Capabilities
 
@@ -136,20 +135,9 @@ async def _probe_lease(sandboxes: Sandboxes, probe_dir: Path) -> str | None:
 
 async def _run_ok(argv: list[str], ids: tuple[int, int] | None = None) -> tuple[bool, str]:
     try:
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            **as_ids(ids),
-        )
+        code, _, err = await run_bounded(argv, timeout_s=10, ids=ids)
     except OSError as error:
         return False, str(error)
-    try:
-        async with asyncio.timeout(10):
-            _, err = await process.communicate()
-    except TimeoutError:
-        process.kill()
-        await process.wait()
+    if code is None:
         return False, "timed out"
-    return process.returncode == 0, err.decode("utf-8", "replace").strip()[:500]
+    return code == 0, err.strip()[:500]

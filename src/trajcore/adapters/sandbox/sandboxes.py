@@ -53,6 +53,7 @@ __all__ = [
     "agent_command",
     "as_ids",
     "prepare_cgroups",
+    "run_bounded",
     "sandbox_pid",
 ]
 
@@ -501,19 +502,36 @@ async def _end_shell(slot: Slot) -> None:
 
 async def _tmux(tmux: str, shell_socket: Path, *args: str) -> str:
     """What ``tmux -S shell_socket args`` prints (within 5 s; empty when it fails)."""
-    process = await asyncio.create_subprocess_exec(
-        tmux, "-S", str(shell_socket), *args,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
     try:
-        async with asyncio.timeout(5):
-            out, _ = await process.communicate()
+        code, out, _ = await run_bounded([tmux, "-S", str(shell_socket), *args], timeout_s=5)
+    except OSError:
+        return ""
+    return out if code == 0 else ""
+
+
+async def run_bounded(
+    argv: list[str], *, timeout_s: float, ids: tuple[int, int] | None = None
+) -> tuple[int | None, str, str]:
+    """Run ``argv`` (as ``ids``, with no input) to its end: its exit code, stdout and stderr.
+
+    The code is ``None`` when it ran past ``timeout_s`` and was killed. Raises ``OSError`` when
+    it cannot start.
+    """
+    process = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        **as_ids(ids),
+    )
+    try:
+        async with asyncio.timeout(timeout_s):
+            out, err = await process.communicate()
     except TimeoutError:
         process.kill()
         await process.wait()
-        return ""
-    return out.decode("ascii", "replace") if process.returncode == 0 else ""
+        return None, "", "timed out"
+    return process.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
 
 def _kill_sessions(sessions: set[int]) -> bool:

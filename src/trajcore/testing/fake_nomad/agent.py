@@ -81,11 +81,7 @@ from trajcore.adapters.http1 import HTTPServer, Reply, Request
 from trajcore.domain.errors import ConfigError, StateError
 from trajcore.domain.json_values import JSON, JSONObject, check_json
 from trajcore.testing.fake_nomad.jobs import (
-    FAILED,
-    KILLED,
     NS,
-    RESTARTING,
-    STARTED,
     Alloc,
     FakeAllocation,
     Job,
@@ -622,21 +618,21 @@ class FakeNomadAPI:
                 return
             code = await self._run_once(alloc, task_dir, alloc_dir)
             if alloc.desired_status != "run" or self._closing:
-                self._change(alloc, KILLED)
+                self._change(alloc, TaskChange.KILLED)
                 return
             if code is not None:
                 self._event(alloc, "Terminated", f"Exit Code: {code}", ExitCode=code)
             if alloc.restarts < alloc.spec.restart_attempts:
                 alloc.restarts += 1
                 alloc.last_restart = now_ns()
-                self._change(alloc, RESTARTING)
+                self._change(alloc, TaskChange.RESTARTING)
                 delay = alloc.spec.restart_delay_ns / NS
                 if self.restart_delay_cap_s is not None:
                     delay = min(delay, self.restart_delay_cap_s)
                 await anyio.sleep(delay)
                 continue
             alloc.task_failed = True
-            self._change(alloc, FAILED, FailsTask=True)
+            self._change(alloc, TaskChange.FAILED, FailsTask=True)
             await self._reschedule(alloc)
             return
 
@@ -654,7 +650,7 @@ class FakeNomadAPI:
             self._event(alloc, "Driver Failure", f"failed to launch command: {error}")
             return None
         alloc.process = process
-        self._change(alloc, STARTED)
+        self._change(alloc, TaskChange.STARTED)
         try:
             return await process.wait()
         finally:

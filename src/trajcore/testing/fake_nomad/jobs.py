@@ -12,6 +12,7 @@ and what the fake cannot run (more than one task group or task, a template other
 from __future__ import annotations
 
 import copy
+import enum
 import json
 import re
 import time
@@ -25,11 +26,7 @@ from trajcore.domain.json_values import JSON, JSONObject
 
 __all__ = [
     "ENV_TEMPLATE",
-    "FAILED",
-    "KILLED",
     "NS",
-    "RESTARTING",
-    "STARTED",
     "Alloc",
     "DockerConfig",
     "FakeAllocation",
@@ -417,16 +414,23 @@ class Alloc:
         )
 
 
-@attrs.frozen
-class TaskChange:
+class TaskChange(enum.Enum):
     """A change of an allocation's one task as Nomad's client reports it: the task's state, the
     allocation's client status and description (``None`` keeps it), and the task event."""
 
-    task_state: str
-    client_status: str
-    description: str | None
-    event: str
-    message: str
+    STARTED = ("running", "running", "Tasks are running", "Started", "Task started by client")
+    RESTARTING = ("pending", "pending", None, "Restarting", "Task restarting in place")
+    KILLED = ("dead", "complete", "All tasks have completed", "Killed", "Task successfully killed")
+    FAILED = ("dead", "failed", "Failed tasks", "Not Restarting", "Exceeded allowed attempts")
+
+    def __init__(
+        self, task_state: str, client_status: str, description: str | None, event: str, message: str
+    ) -> None:
+        self.task_state = task_state
+        self.client_status = client_status
+        self.description = description
+        self.event = event
+        self.message = message
 
     def carry_out(self, alloc: Alloc, now: int) -> None:
         """Set ``alloc``'s states, and the task's start or finish time to ``now``."""
@@ -438,11 +442,3 @@ class TaskChange:
             alloc.started_at = now
         elif self.task_state == "dead":
             alloc.finished_at = now
-
-
-STARTED = TaskChange("running", "running", "Tasks are running", "Started", "Task started by client")
-RESTARTING = TaskChange("pending", "pending", None, "Restarting", "Task restarting in place")
-KILLED = TaskChange(
-    "dead", "complete", "All tasks have completed", "Killed", "Task successfully killed"
-)
-FAILED = TaskChange("dead", "failed", "Failed tasks", "Not Restarting", "Exceeded allowed attempts")
