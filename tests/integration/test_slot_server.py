@@ -1331,6 +1331,51 @@ while True:
 """
 
 
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash runs the jobs")
+@pytest.mark.parametrize("ending", ["reset", "close"])
+@pytest.mark.parametrize("job", ["{} &", "nohup {} >/dev/null 2>&1 &", "{} & disown"])
+def test_an_unsandboxed_slots_background_jobs_end_with_its_lease(
+    ending: str, job: str, tmp_path: Path
+) -> None:
+    """Without bubblewrap and cgroups, a command's background job outlives the command: a reset,
+    and the server's close, must end it before anyone else gets the slot."""
+    marker = f"trajcore-bash-job-{ending}-{os.getpid()}"
+    config = RuntimeConfig(
+        slots=1, root=tmp_path / "root", policy=SlotPolicy(require_sandbox=False),
+        bwrap="/nonexistent/bwrap", use_cgroups=False, slot_helper="python",
+    )  # fmt: skip
+
+    async def main() -> list[int]:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        try:
+            command = job.format(f"bash -c 'exec -a {marker} sleep 600'") + "\necho up"
+            (started,) = await runtime.execute([call(0, "bash", command=command)])
+            assert started.outcome is ToolOutcome.OK, started.content
+            assert started.exec is not None
+            assert not started.exec.sandboxed
+            # the control: the check sees the job after its command ended
+            async with asyncio.timeout(10):
+                while not host_processes_with(marker):  # noqa: ASYNC110 - a stranger's exec
+                    await asyncio.sleep(0.01)
+            seen = host_processes_with(marker)
+            if ending == "reset":
+                assert (await runtime.reset(0, 1)).ok
+            else:
+                await runtime.aclose()
+            await wait_until_gone(set(seen))
+            return seen
+        finally:
+            await runtime.aclose()
+
+    try:
+        assert asyncio.run(main()), "the check found no job of the command"
+    finally:
+        for pid in host_processes_with(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.skipif(
     shutil.which("tmux") is None or shutil.which("bash") is None,
     reason="tmux and bash are needed for the persistent shell and its jobs",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -52,3 +54,15 @@ def test_run_exec_reports_exit_code_streams_and_timeout() -> None:
     slow = run_exec(["/bin/sh", "-c", "sleep 5"], 0.2, 1024)
     assert slow["timed_out"] is True
     assert slow["signal"] == 9
+
+
+def test_a_command_leads_its_own_session_unless_asked_to_stay_in_the_agents() -> None:
+    ids = "import os; print(os.getpid(), os.getsid(0), os.getpgid(0))"
+    python = sys.executable
+    own = run_exec([python, "-c", ids], 10.0, 4096)
+    pid, sid, pgid = map(int, str(own["stdout"]).split())
+    assert sid == pid == pgid  # a session of its own
+    kept = run_exec([python, "-c", ids], 10.0, 4096, own_session=False)
+    pid, sid, pgid = map(int, str(kept["stdout"]).split())
+    assert sid == os.getsid(0)  # the caller's session, so the caller can end what it leaves
+    assert pgid == pid  # a group of its own, so a timeout kills the command's group only

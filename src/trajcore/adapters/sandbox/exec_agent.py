@@ -221,23 +221,27 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _spawn(argv: list[str]) -> tuple[int, int, int]:
-    """Start ``argv`` in a new session; returns its pid and the read ends of its stdout/stderr."""
+def _spawn(argv: list[str], own_session: bool = True) -> tuple[int, int, int]:
+    """Start ``argv`` in a new session (else a new process group of this session); returns its
+    pid and the read ends of its stdout/stderr."""
     out_r, out_w = posix.pipe()
     err_r, err_w = posix.pipe()
     try:
-        pid = posix.posix_spawn(
-            argv[0],
-            argv,
-            posix.environ,
-            file_actions=[
-                (posix.POSIX_SPAWN_OPEN, 0, "/dev/null", posix.O_RDONLY, 0),
-                (posix.POSIX_SPAWN_DUP2, out_w, 1),
-                (posix.POSIX_SPAWN_DUP2, err_w, 2),
-            ],
-            setsid=True,
-            setsigdef=_DEFAULT_SIGNALS,
-        )
+        actions = [
+            (posix.POSIX_SPAWN_OPEN, 0, "/dev/null", posix.O_RDONLY, 0),
+            (posix.POSIX_SPAWN_DUP2, out_w, 1),
+            (posix.POSIX_SPAWN_DUP2, err_w, 2),
+        ]
+        if own_session:
+            pid = posix.posix_spawn(
+                argv[0], argv, posix.environ, file_actions=actions, setsid=True,
+                setsigdef=_DEFAULT_SIGNALS,
+            )  # fmt: skip
+        else:
+            pid = posix.posix_spawn(
+                argv[0], argv, posix.environ, file_actions=actions, setpgroup=0,
+                setsigdef=_DEFAULT_SIGNALS,
+            )  # fmt: skip
     except OSError:
         posix.close(out_r)
         posix.close(err_r)
@@ -293,11 +297,14 @@ def _pump(pid: int, captures: dict[int, _Capture], deadline: float) -> tuple[int
     return status, timed_out
 
 
-def run_exec(argv: list[str], timeout: float, cap: int) -> dict[str, object]:
-    """Run ``argv`` in a new session with capped output; kill its group at ``timeout``."""
+def run_exec(
+    argv: list[str], timeout: float, cap: int, *, own_session: bool = True
+) -> dict[str, object]:
+    """Run ``argv`` in a new session (``own_session``; else a new process group of the agent's
+    session) with capped output; kill its group at ``timeout``."""
     started = time.monotonic()
     try:
-        pid, out_r, err_r = _spawn(argv)
+        pid, out_r, err_r = _spawn(argv, own_session)
     except OSError as error:
         return {"exit": None, "error": f"cannot start {argv[0]}: {error.strerror}"}
     out, err = _Capture(cap), _Capture(cap)
@@ -565,16 +572,17 @@ def _plain(values: list[str], name: str) -> list[str]:
     return values
 
 
-def _answer(shell: _Shell, fields: list[str]) -> dict[str, object]:
+def _answer(shell: _Shell, fields: list[str], own_sessions: bool = True) -> dict[str, object]:
     """The reply to one request (``encode_request``'s fields; the op first):
     ``exec TIMEOUT CAP ARGV0 [ARGV1 ...]``, ``stateful TIMEOUT CAP COMMAND`` or
-    ``tmux LITERAL ENTER WAIT LINES KEY...`` (``LITERAL``, ``ENTER``: ``"0"`` or ``"1"``)."""
+    ``tmux LITERAL ENTER WAIT LINES KEY...`` (``LITERAL``, ``ENTER``: ``"0"`` or ``"1"``).
+    ``own_sessions`` off keeps commands in the agent's session (see ``serve``)."""
     op = fields[0]
     if op == "exec":
         if len(fields) < 4:
             raise ValueError("an exec request needs a timeout, a cap and a program")
         timeout, cap = _number(fields, 1, "timeout"), _number(fields, 2, "cap")
-        return run_exec(_plain(fields[3:], "argv"), timeout, _cap(cap))
+        return run_exec(_plain(fields[3:], "argv"), timeout, _cap(cap), own_session=own_sessions)
     if op == "stateful":
         if len(fields) != 4:
             raise ValueError("a stateful request needs a timeout, a cap and a command")
@@ -592,8 +600,13 @@ def _answer(shell: _Shell, fields: list[str]) -> dict[str, object]:
 
 def serve(config: dict[str, object], reader: int = 0, writer: int = 1) -> int:
     """Answer requests read from ``reader`` on ``writer`` until end of input (fds 0 and 1 for a
-    bare agent, one socket for a lease agent). Returns the exit status."""
+    bare agent, one socket for a lease agent). Returns the exit status.
+
+    A bare agent (no sandbox, config ``own_sessions`` false) keeps its commands in its own
+    session, so the slot server can end every process a command left behind by that session:
+    without a pid namespace or a cgroup nothing else finds them."""
     workspace = str(config["workspace"])
+    own_sessions = config.get("own_sessions", True) is not False
     posix.chdir(workspace)
     _apply_limits(config)
     # a keeper looked tmux up once for all its leases
@@ -612,7 +625,7 @@ def serve(config: dict[str, object], reader: int = 0, writer: int = 1) -> int:
         if body is None:
             return 0
         try:
-            reply = _answer(shell, _decode_request(body))
+            reply = _answer(shell, _decode_request(body), own_sessions)
         except Exception as error:  # noqa: BLE001 - the agent must answer every request
             reply = {"exit": None, "error": f"agent failed: {type(error).__name__}: {error}"}
         # As pid 1 of a lease's namespace the agent inherits every orphan of the lease: reap

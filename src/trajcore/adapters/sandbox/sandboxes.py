@@ -232,8 +232,9 @@ class Sandboxes:
             return {"workspace": policy.workspace_path, "state_dir": _SANDBOX_STATE,
                     "limits": limits}  # fmt: skip
         slot.state_dir.mkdir(parents=True, exist_ok=True)
+        # commands stay in the agent's session: ending the lease ends that session (_end_bare)
         return {"workspace": str(slot.workspace.root), "state_dir": str(slot.state_dir),
-                "limits": limits}  # fmt: skip
+                "limits": limits, "own_sessions": False}  # fmt: skip
 
     def environment(self, workspace: str, tmp: str) -> dict[str, str]:
         return {
@@ -414,6 +415,7 @@ class Sandboxes:
         agent.close_channel()
         if agent.process is not None:
             await _end_process(agent.process, slot.cgroup)
+            await _end_sessions({agent.process.pid})  # what its commands left running
             await _end_shell(slot)
             return
         keeper = slot.keeper
@@ -492,12 +494,17 @@ async def _end_shell(slot: Slot) -> None:
     if tmux is None or not shell_socket.is_socket():
         return
     panes = await _tmux(tmux, shell_socket, "list-panes", "-a", "-F", "#{pane_pid}")
-    sessions = {int(word) for word in panes.split() if word.isdigit()}
-    for _ in range(50):  # a job may fork while the scan runs: scan until none is left
-        if not _kill_sessions(sessions):
-            break
-        await asyncio.sleep(0.01)
+    await _end_sessions({int(word) for word in panes.split() if word.isdigit()})
     await _tmux(tmux, shell_socket, "kill-server")
+
+
+async def _end_sessions(sessions: set[int]) -> None:
+    """SIGKILL every process of ``sessions``, scanning again while any is found (a job may fork
+    while a scan runs), for at most half a second."""
+    for _ in range(50):
+        if not _kill_sessions(sessions):
+            return
+        await asyncio.sleep(0.01)
 
 
 async def _tmux(tmux: str, shell_socket: Path, *args: str) -> str:
