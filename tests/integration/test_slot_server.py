@@ -1332,98 +1332,54 @@ while True:
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash runs the jobs")
+@pytest.mark.parametrize("tool", ["bash", "bash_stateful"])
 @pytest.mark.parametrize("ending", ["reset", "close"])
 @pytest.mark.parametrize("job", ["{} &", "nohup {} >/dev/null 2>&1 &", "{} & disown"])
-def test_an_unsandboxed_slots_background_jobs_end_with_its_lease(
-    ending: str, job: str, tmp_path: Path
+def test_an_unsandboxed_slots_processes_end_with_its_lease(
+    tool: str, ending: str, job: str, tmp_path: Path
 ) -> None:
-    """Without bubblewrap and cgroups, a command's background job outlives the command: a reset,
-    and the server's close, must end it before anyone else gets the slot."""
-    marker = f"trajcore-bash-job-{ending}-{os.getpid()}"
+    """Without bubblewrap and cgroups, a command's background job outlives the command, and the
+    persistent shell's tmux server is a daemon outside the lease agent's session. A reset, and
+    the server's close, must still end them before anyone else gets the slot."""
+    if tool == "bash_stateful" and shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed: no persistent shell to end")
+    marker = f"trajcore-job-{tool}-{ending}-{os.getpid()}"
+    markers = [marker]
+    if tool == "bash_stateful":
+        markers.append(str(tmp_path / "root"))  # the shell's tmux socket lies below
     config = RuntimeConfig(
         slots=1, root=tmp_path / "root", policy=SlotPolicy(require_sandbox=False),
         bwrap="/nonexistent/bwrap", use_cgroups=False, slot_helper="python",
     )  # fmt: skip
 
-    async def main() -> list[int]:
+    async def main() -> dict[str, list[int]]:
         runtime = SlotRuntime(config)
         await runtime.start()
         try:
             command = job.format(f"bash -c 'exec -a {marker} sleep 600'") + "\necho up"
-            (started,) = await runtime.execute([call(0, "bash", command=command)])
+            (started,) = await runtime.execute([call(0, tool, command=command)])
             assert started.outcome is ToolOutcome.OK, started.content
             assert started.exec is not None
             assert not started.exec.sandboxed
-            # the control: the check sees the job after its command ended
+            # the control: the check sees the job (and the shell's server) while the lease runs
             async with asyncio.timeout(10):
                 while not host_processes_with(marker):  # noqa: ASYNC110 - a stranger's exec
                     await asyncio.sleep(0.01)
-            seen = host_processes_with(marker)
+            seen = {m: host_processes_with(m) for m in markers}
             if ending == "reset":
                 assert (await runtime.reset(0, 1)).ok
             else:
                 await runtime.aclose()
-            await wait_until_gone(set(seen))
+            await wait_until_gone({pid for pids in seen.values() for pid in pids})
             return seen
         finally:
             await runtime.aclose()
 
     try:
-        assert asyncio.run(main()), "the check found no job of the command"
+        seen = asyncio.run(main())
+        assert all(seen.values()), f"the check missed one: {seen}"
     finally:
-        for pid in host_processes_with(marker):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-@pytest.mark.skipif(
-    shutil.which("tmux") is None or shutil.which("bash") is None,
-    reason="tmux and bash are needed for the persistent shell and its jobs",
-)
-@pytest.mark.parametrize("ending", ["reset", "close"])
-@pytest.mark.parametrize("job", ["{} &", "nohup {} >/dev/null 2>&1 &", "{} & disown"])
-def test_an_unsandboxed_slots_persistent_shell_ends_with_its_lease(
-    ending: str, job: str, tmp_path: Path
-) -> None:
-    """Without bubblewrap and cgroups, the persistent shell's tmux server is a daemon outside the
-    lease agent's session: ending the agent does not end it. A reset, and the server's close,
-    must still end it and what its shell started, before anyone else gets the slot."""
-    marker = f"trajcore-shell-job-{ending}-{os.getpid()}"
-    socket = str(tmp_path / "root")  # every tmux server of the slot names its socket below
-    config = RuntimeConfig(
-        slots=1, root=tmp_path / "root", policy=SlotPolicy(require_sandbox=False),
-        bwrap="/nonexistent/bwrap", use_cgroups=False, slot_helper="python",
-    )  # fmt: skip
-
-    async def main() -> tuple[list[int], list[int]]:
-        runtime = SlotRuntime(config)
-        await runtime.start()
-        try:
-            command = job.format(f"bash -c 'exec -a {marker} sleep 600'") + "\necho up"
-            (started,) = await runtime.execute([call(0, "bash_stateful", command=command)])
-            assert started.outcome is ToolOutcome.OK, started.content
-            assert started.exec is not None
-            assert not started.exec.sandboxed
-            # the control: the check sees the shell's server and its job while the lease runs
-            async with asyncio.timeout(10):
-                while not host_processes_with(marker):  # noqa: ASYNC110 - a stranger's exec
-                    await asyncio.sleep(0.01)
-            seen = host_processes_with(socket), host_processes_with(marker)
-            if ending == "reset":
-                assert (await runtime.reset(0, 1)).ok
-            else:
-                await runtime.aclose()
-            await wait_until_gone({*seen[0], *seen[1]})
-            return seen
-        finally:
-            await runtime.aclose()
-
-    try:
-        servers, jobs = asyncio.run(main())
-        assert servers, "the check found no tmux server of the slot"
-        assert jobs, "the check found no job of the slot's shell"
-    finally:
-        for pid in {*host_processes_with(socket), *host_processes_with(marker)}:
+        for pid in {pid for m in markers for pid in host_processes_with(m)}:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
