@@ -50,6 +50,7 @@ from typing import Final, Literal, cast
 import attrs
 from attrs.validators import optional
 
+from trajcore.domain.converters import command_words
 from trajcore.domain.errors import ConfigError, WireError
 from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.sandbox_policy import SlotPolicy
@@ -126,15 +127,6 @@ def _optional_name(_: object, attribute: attrs.Attribute[str | None], value: obj
         )
 
 
-def _words(value: object) -> tuple[str, ...]:
-    """A command line as words: a string split on whitespace, or a sequence's items as text."""
-    if isinstance(value, str):
-        return tuple(value.split())
-    if isinstance(value, Sequence):
-        return tuple(str(word) for word in value)
-    return cast("tuple[str, ...]", value)  # the validator names what came
-
-
 def _names(value: object) -> tuple[str, ...]:
     """Names as a tuple: a string split on commas (``"dc1,dc2"``), or a sequence's items."""
     if isinstance(value, str):
@@ -204,7 +196,7 @@ class NomadJobSettings:
     driver: Driver = attrs.field(default="docker")
     image: str = "trajcore/slot-server:latest"
     command: tuple[str, ...] = attrs.field(
-        default=("trajcore", "slot-server"), converter=_words, validator=_nonempty_words
+        default=("trajcore", "slot-server"), converter=command_words, validator=_nonempty_words
     )
     slots_per_container: int = attrs.field(default=8, validator=whole_number(1))
     policy: SlotPolicy = attrs.field(factory=SlotPolicy, validator=instance_of(SlotPolicy))

@@ -40,8 +40,9 @@ from pathlib import Path
 import anyio
 import attrs
 
-from trajcore.adapters.sandbox.pool_core import Endpoint, command_words
+from trajcore.adapters.sandbox.pool_core import Endpoint
 from trajcore.adapters.sandbox.supervision import SupervisedPool, SupervisedPoolConfig
+from trajcore.domain.converters import command_words
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
 from trajcore.domain.validators import (
     nonempty_text,
@@ -101,10 +102,7 @@ def _prefix(_: object, attribute: attrs.Attribute[str | None], value: object) ->
 def _options(value: object) -> tuple[str, ...] | None:
     if value is None:
         return None
-    try:
-        return command_words(value)
-    except ConfigError:
-        raise ConfigError("engine_options", f"expected words, got {value!r}") from None
+    return command_words(value, field="engine_options")
 
 
 @attrs.frozen(kw_only=True)

@@ -42,7 +42,6 @@ from trajcore.adapters.sandbox.batches import execute_batch
 from trajcore.adapters.sandbox.client import SlotServerClient
 from trajcore.adapters.sandbox.leasing import SlotLeasing
 from trajcore.domain.errors import (
-    ConfigError,
     InvalidInput,
     PoolClosed,
     SandboxUnavailable,
@@ -63,7 +62,6 @@ __all__ = [
     "PoolSettings",
     "SlotServerPool",
     "close_quietly",
-    "command_words",
     "join_rules",
     "single_error",
 ]
@@ -135,15 +133,6 @@ def join_rules(config: PoolSettings) -> JoinRules:
         reset_timeout_s=config.reset_timeout_s,
         acquire_timeout_s=config.acquire_timeout_s,
     )
-
-
-def command_words(value: object) -> tuple[str, ...]:
-    """A command line setting as words: a string split on whitespace, or a sequence."""
-    if isinstance(value, str):
-        return tuple(value.split())
-    if isinstance(value, Sequence):
-        return tuple(str(word) for word in value)
-    raise ConfigError("command", f"expected words, got {value!r}")
 
 
 @attrs.define(eq=False)
