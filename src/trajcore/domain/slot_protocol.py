@@ -199,6 +199,10 @@ class Health:
         tools: The tools it runs.
         min_timeout_s: The shortest limit a call gets.
         max_timeout_s: The longest limit a call gets.
+        broken_slots: The slots a failed reset left broken (never leased again by this server).
+        workspaces_set_aside: Workspaces resets moved to the trash because they could not be
+            wiped in time (each slot went on with a new, empty one).
+        trash_left: What the last sweep of the trash could not remove, one line each.
     """
 
     protocol_version: int
@@ -210,6 +214,9 @@ class Health:
     tools: tuple[str, ...] = SLOT_TOOLS
     min_timeout_s: float = 1.0
     max_timeout_s: float = 3600.0
+    broken_slots: tuple[int, ...] = ()
+    workspaces_set_aside: int = 0
+    trash_left: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -307,6 +314,7 @@ class SlotInfo:
         broken: Why the slot cannot be used (a failed reset), or ``None``.
         sandbox_pid: The host pid of the sandbox's outermost process, while it runs.
         sandbox_start_s: How long the current (or last) sandbox took to become ready.
+        set_aside: Workspaces of this slot that resets moved to the trash instead of wiping.
     """
 
     index: int
@@ -317,6 +325,7 @@ class SlotInfo:
     broken: str | None = None
     sandbox_pid: int | None = None
     sandbox_start_s: float | None = None
+    set_aside: int = 0
 
 
 @attrs.frozen(kw_only=True)

@@ -107,8 +107,19 @@ def unstructure(value: object) -> Any:  # a JSON tree, as cattrs returns it
 
 
 def encode(value: object) -> bytes:
-    """``value`` as compact UTF-8 JSON."""
-    return json.dumps(unstructure(value), ensure_ascii=False, separators=(",", ":")).encode()
+    """``value`` as compact UTF-8 JSON.
+
+    Text that is not valid Unicode (a lone surrogate: a file name's undecodable byte ``0xNN``
+    is ``U+DCNN`` here, as Python's ``surrogateescape`` has it, and a model may write any
+    ``\\uDxxx`` escape) travels as a JSON ``\\uXXXX`` escape, which ``decode`` turns back into
+    the same text; so every value round-trips and a peer's odd text never fails a message.
+    """
+    tree = unstructure(value)
+    text = json.dumps(tree, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(tree, ensure_ascii=True, separators=(",", ":")).encode()
 
 
 def decode(data: bytes | str, kind: type[T]) -> T:

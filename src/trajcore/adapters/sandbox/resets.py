@@ -4,7 +4,14 @@ A reset ends the lease's agent (with bubblewrap, its pid namespace takes every p
 lease with it, tmux included; the keeper reaps them), then checks the slot's cgroup, when there
 is one: it must hold nothing but the keeper's own processes. Then the workspace is wiped and
 given back to the slot's uid. A slot that cannot be proven clean is reported, never reused
-silently: the caller marks it broken.
+silently: the caller marks it broken, and the pool quarantines it.
+
+The wipe has a budget (``wipe_timeout_s``). Whatever a lease left (a tree too deep or too wide
+to remove within it, entries that will not go), the slot is not lost for it: its sandbox is
+ended, the whole workspace directory is renamed into the server's ``trash`` (one rename,
+whatever the tree), and the slot gets a new, empty workspace. The trash is emptied in the
+background (``empty_trash``), within its own deadline; what it cannot remove stays counted.
+Only when even that fails is the slot reported unclean.
 """
 
 from __future__ import annotations
@@ -12,18 +19,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 from pathlib import Path
 
+from trajcore.adapters.sandbox.removal import remove_tree
 from trajcore.adapters.sandbox.sandboxes import Sandboxes, Slot
 
-__all__ = ["clean_slot"]
+__all__ = ["clean_slot", "empty_trash"]
 
 
-async def clean_slot(sandboxes: Sandboxes, slot: Slot) -> str | None:
-    """End the slot's lease and wipe its workspace; ``None`` when the slot is proven clean,
-    else why not. Raises ``OSError`` when the workspace cannot be wiped."""
+async def clean_slot(
+    sandboxes: Sandboxes, slot: Slot, *, wipe_timeout_s: float, trash: Path
+) -> str | None:
+    """End the slot's lease and wipe its workspace (or set it aside, adding one to
+    ``slot.set_aside``); ``None`` when the slot is proven clean, else why not. Never raises for
+    what the lease left behind."""
     await sandboxes.stop_agent(slot)
     problem = await _prove_empty(slot)
     if problem is not None:
@@ -31,11 +41,53 @@ async def clean_slot(sandboxes: Sandboxes, slot: Slot) -> str | None:
     # Most workspaces end a lease small: an empty one costs one directory read here, not a
     # trip through the thread pool.
     if _holds_anything(slot.workspace.root):
-        await asyncio.to_thread(slot.workspace.wipe)
+        try:
+            await asyncio.to_thread(slot.workspace.wipe, timeout_s=wipe_timeout_s)
+        except OSError as failed:
+            problem = await _set_aside(sandboxes, slot, trash, failed)
+            if problem is not None:
+                return problem
     sandboxes.own_workspace(slot)
     if slot.state_dir.exists():  # bare agents only
-        await asyncio.to_thread(_wipe_dir, slot.state_dir)
+        try:
+            await asyncio.to_thread(remove_tree, slot.state_dir, timeout_s=wipe_timeout_s)
+        except OSError as failed:
+            return f"cannot remove the slot's state directory: {failed}"
     return None
+
+
+async def _set_aside(sandboxes: Sandboxes, slot: Slot, trash: Path, why: OSError) -> str | None:
+    """Give the slot a new workspace and move the old one into ``trash``; ``None`` on success,
+    else why the slot stays unclean."""
+    # The keeper's sandbox has the old directory bound: it ends, and the next lease starts a
+    # sandbox over the new one.
+    await sandboxes.stop_keeper(slot)
+    try:
+        await asyncio.to_thread(_swap_workspace, slot.workspace.root, trash)
+    except OSError as failed:
+        return f"cannot wipe the workspace ({why}), nor set it aside: {failed}"
+    slot.set_aside += 1
+    return None
+
+
+def _swap_workspace(root: Path, trash: Path) -> None:
+    trash.mkdir(mode=0o700, exist_ok=True)
+    root.rename(trash / f"{root.name}-{os.urandom(6).hex()}")
+    root.mkdir(mode=0o700)
+
+
+def empty_trash(trash: Path, timeout_s: float) -> list[str]:
+    """Remove every workspace set aside in ``trash``; returns a line for each that could not
+    be removed within ``timeout_s`` (each) or at all."""
+    left: list[str] = []
+    if not trash.exists():
+        return left
+    for entry in sorted(trash.iterdir()):
+        try:
+            remove_tree(entry, timeout_s=timeout_s)
+        except OSError as failed:
+            left.append(f"{entry.name}: {failed}")
+    return left
 
 
 async def _prove_empty(slot: Slot) -> str | None:
@@ -63,8 +115,3 @@ async def _prove_empty(slot: Slot) -> str | None:
 def _holds_anything(path: Path) -> bool:
     with os.scandir(path) as entries:
         return any(True for _ in entries)
-
-
-def _wipe_dir(path: Path) -> None:
-    if path.exists():
-        shutil.rmtree(path)

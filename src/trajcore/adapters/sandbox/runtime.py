@@ -67,7 +67,7 @@ from trajcore.adapters.sandbox.native_helper import (
     NativeBuildError,
     build_slot_helper,
 )
-from trajcore.adapters.sandbox.resets import clean_slot
+from trajcore.adapters.sandbox.resets import clean_slot, empty_trash
 from trajcore.adapters.sandbox.runtime_config import RuntimeConfig, check_config
 from trajcore.adapters.sandbox.sandboxes import (
     AGENT_SOURCE,
@@ -111,6 +111,8 @@ from trajcore.domain.slot_protocol import (
 )
 from trajcore.domain.tools import ToolOutcome, ToolResult
 
+_TRASH_TIMEOUT_S = 600.0  # one set-aside workspace's removal in the background, at most
+
 __all__ = [
     "AGENT_SOURCE",
     "HELPER_PATH",
@@ -139,6 +141,9 @@ class SlotRuntime:
     _slots: list[Slot] = attrs.field(init=False, factory=list)
     _tasks: set[asyncio.Task[None]] = attrs.field(init=False, factory=set)
     _closed: bool = attrs.field(init=False, default=False)
+    _sweeping: bool = attrs.field(init=False, default=False)
+    trash_left: tuple[str, ...] = attrs.field(init=False, default=())
+    """What the last sweep of the trash could not remove (one line each)."""
 
     @_sandboxes.default
     def _new_sandboxes(self) -> Sandboxes:
@@ -256,6 +261,11 @@ class SlotRuntime:
             require_sandbox=policy.require_sandbox,
             min_timeout_s=policy.min_timeout_s,
             max_timeout_s=policy.max_timeout_s,
+            broken_slots=tuple(
+                slot.index for slot in self._slots if slot.calls.statistics().broken
+            ),
+            workspaces_set_aside=sum(slot.set_aside for slot in self._slots),
+            trash_left=self.trash_left,
         )
 
     def listing(self) -> SlotListing:
@@ -364,23 +374,50 @@ class SlotRuntime:
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         slot.reset_turns[ticket.number] = turn
         self._take_turns(slot)
-        error: str | None = None
+        error: str | None = "the reset was interrupted"
+        limit = self.config.reset_timeout_s
         try:
-            async with asyncio.timeout(self.config.reset_timeout_s):
+            async with asyncio.timeout(limit):
                 await self._sandboxes.stop_agent(slot)  # interrupts a running call at once
                 await turn
-                error = await clean_slot(self._sandboxes, slot)
+                error = await clean_slot(
+                    self._sandboxes, slot, wipe_timeout_s=limit / 2, trash=self._trash
+                )
         except TimeoutError:
-            error = f"reset took longer than {self.config.reset_timeout_s} s"
-        except OSError as failed:
-            error = f"cannot wipe the workspace: {failed}"
+            error = f"reset took longer than {limit} s"
+        except Exception as failed:  # noqa: BLE001 - whatever failed, the slot is not leased dirty
+            error = f"cannot clean the slot: {type(failed).__name__}: {failed}"
         finally:
             slot.reset_turns.pop(ticket.number, None)
             slot.calls.reset_done(ticket, error)
             self._take_turns(slot)
+            self._sweep_trash()
         return ResetResult(
             slot=index, ok=error is None, error=error, duration_s=time.monotonic() - started
         )
+
+    @property
+    def _trash(self) -> Path:
+        return self.config.root / "trash"
+
+    def _sweep_trash(self) -> None:
+        """Empty the trash in the background when a reset set a workspace aside (one sweep at
+        a time; a later reset starts the next)."""
+        if self._sweeping or self._closed or not self._trash.exists():
+            return
+        if not any(self._trash.iterdir()):
+            return
+        self._sweeping = True
+        task = asyncio.get_running_loop().create_task(self._empty_trash())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _empty_trash(self) -> None:
+        try:
+            left = await asyncio.to_thread(empty_trash, self._trash, _TRASH_TIMEOUT_S)
+            self.trash_left = tuple(left)
+        finally:
+            self._sweeping = False
 
     # ------------------------------------------------------------------------- artifacts
 
@@ -420,4 +457,5 @@ def _slot_info(slot: Slot) -> SlotInfo:
         broken=calls.broken,
         sandbox_pid=sandbox_pid(slot),
         sandbox_start_s=slot.sandbox_start_s,
+        set_aside=slot.set_aside,
     )

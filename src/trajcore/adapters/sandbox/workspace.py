@@ -51,14 +51,15 @@ import hashlib
 import io
 import os
 import platform
-import shutil
 import stat
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
 
+from trajcore.adapters.sandbox.removal import empty_directory
 from trajcore.domain.errors import ConfigError, ToolArgumentError
 from trajcore.domain.slot_protocol import (
     ArtifactArchive,
@@ -495,42 +496,32 @@ class Workspace:
             truncated=walk.truncated,
         )
 
-    def wipe(self) -> None:
-        """Remove everything in the workspace, through descriptors, never following symlinks.
+    def wipe(self, *, timeout_s: float | None = None) -> None:
+        """Remove everything in the workspace, through descriptors, never following symlinks,
+        without recursion, whatever the tree's depth or width (``removal.empty_directory``).
 
         Runs with the server's rights (a slot may leave files it cannot remove itself).
 
         Raises:
+            TimeoutError: ``timeout_s`` passed before the workspace was empty.
             OSError: something could not be removed.
         """
-        last_error: OSError | None = None
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._root_fd() as fd:
-            for _ in range(3):  # an entry that changes kind mid-wipe is tried again
-                names = os.listdir(fd)
-                if not names:
-                    return
-                for name in names:
-                    try:
-                        if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
-                            # rmtree with dir_fd walks descriptors and checks each directory
-                            # it opens is the one it saw: it never follows a symlink.
-                            shutil.rmtree(name, dir_fd=fd)
-                        else:
-                            os.unlink(name, dir_fd=fd)
-                    except FileNotFoundError:
-                        continue
-                    except OSError as error:
-                        last_error = error
-            leftover = os.listdir(fd)
-        if leftover:
-            why = f" (last error: {last_error})" if last_error is not None else ""
-            raise OSError(errno.ENOTEMPTY, f"still holds {leftover[:5]}{why}", str(self.root))
+            empty_directory(fd, deadline=deadline)
 
 
 def _checked(path: str) -> str:
     """``path`` if it may be resolved beneath the root. Raises ``ToolArgumentError``."""
     if not path or "\0" in path:
         raise _refuse("must be a non-empty path without NUL bytes")
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError as error:
+        raise _refuse(
+            f"{path!r} holds a lone surrogate at {error.start} that stands for no byte "
+            "(only U+DC80..U+DCFF may appear, each for one byte 0x80..0xFF of a name)"
+        ) from None
     if path.startswith("/"):
         raise _refuse(f"{path!r} is absolute; give a path relative to the workspace")
     if ".." in path.split("/"):
