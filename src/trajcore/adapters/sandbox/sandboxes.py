@@ -110,6 +110,7 @@ class Slot:
     keeper: Keeper | None = None
     sandbox_start_s: float | None = None
     agent_epoch: int | None = None
+    set_aside: int = 0  # workspaces a reset moved to the trash instead of wiping them in place
 
 
 @attrs.define(eq=False)
