@@ -38,10 +38,10 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
 import signal
 import sys
 import tempfile
+import warnings
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Literal
@@ -52,6 +52,7 @@ import attrs
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from trajcore.adapters.sandbox.pool_core import Endpoint
+from trajcore.adapters.sandbox.removal import remove_tree
 from trajcore.adapters.sandbox.supervision import SupervisedPool, SupervisedPoolConfig
 from trajcore.domain.errors import SlotServerError
 
@@ -184,7 +185,17 @@ class _LocalProcesses:
 
     async def _remove_run_dir(self, run_dir: Path) -> None:
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(lambda: shutil.rmtree(run_dir, ignore_errors=True))
+            try:
+                # iterative: whatever tree a lease left in a workspace (any depth) goes too
+                await anyio.to_thread.run_sync(
+                    lambda: remove_tree(run_dir, timeout_s=_REMOVE_TIMEOUT_S)
+                )
+            except OSError as error:
+                warnings.warn(
+                    f"the local pool could not remove its directory {run_dir}: {error}",
+                    ResourceWarning,
+                    stacklevel=1,
+                )
         self.run_dir = None
 
     def _argv(self, index: int, name: str) -> list[str]:
@@ -248,6 +259,7 @@ class _LocalProcesses:
         return _tail(handle.log)
 
 
+_REMOVE_TIMEOUT_S = 120.0  # the pool's directory, slot workspaces and all, at close
 _DEVNULL = -3  # subprocess.DEVNULL, without importing subprocess into the async code
 _PIPE = -1  # subprocess.PIPE
 

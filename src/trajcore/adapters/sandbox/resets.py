@@ -43,7 +43,7 @@ async def clean_slot(
     if _holds_anything(slot.workspace.root):
         try:
             await asyncio.to_thread(slot.workspace.wipe, timeout_s=wipe_timeout_s)
-        except OSError as failed:
+        except Exception as failed:  # noqa: BLE001 - whatever stopped the wipe, set it aside
             problem = await _set_aside(sandboxes, slot, trash, failed)
             if problem is not None:
                 return problem
@@ -56,7 +56,7 @@ async def clean_slot(
     return None
 
 
-async def _set_aside(sandboxes: Sandboxes, slot: Slot, trash: Path, why: OSError) -> str | None:
+async def _set_aside(sandboxes: Sandboxes, slot: Slot, trash: Path, why: Exception) -> str | None:
     """Give the slot a new workspace and move the old one into ``trash``; ``None`` on success,
     else why the slot stays unclean."""
     # The keeper's sandbox has the old directory bound: it ends, and the next lease starts a
@@ -65,7 +65,9 @@ async def _set_aside(sandboxes: Sandboxes, slot: Slot, trash: Path, why: OSError
     try:
         await asyncio.to_thread(_swap_workspace, slot.workspace.root, trash)
     except OSError as failed:
-        return f"cannot wipe the workspace ({why}), nor set it aside: {failed}"
+        return (
+            f"cannot wipe the workspace ({type(why).__name__}: {why}), nor set it aside: {failed}"
+        )
     slot.set_aside += 1
     return None
 

@@ -101,14 +101,16 @@ async def _run_command(
             str(min(max(int(lines), 1), 10_000) if isinstance(lines, int) else 50),
             *([keys] if isinstance(keys, str) else [str(k) for k in cast("list[JSON]", keys)]),
         ]
+    name = "keys" if call.tool == "tmux" else "command"
+    if any("\0" in field for field in fields):
+        reason = "holds a NUL character, which no command line can carry @ $." + name
+        return failure(call, ToolOutcome.REJECTED, reason)
     try:
         payload = encode_request(fields)
     except UnicodeEncodeError as error:
-        name = "keys" if call.tool == "tmux" else "command"
         reason = f"not valid Unicode text (a lone surrogate at {error.start}) @ $.{name}"
         return failure(call, ToolOutcome.REJECTED, reason)
     if len(payload) > MAX_REQUEST_BYTES:
-        name = "keys" if call.tool == "tmux" else "command"
         reason = f"{len(payload)} bytes, over the limit of {MAX_REQUEST_BYTES} @ $.{name}"
         return failure(call, ToolOutcome.REJECTED, reason)
     if slot.agent_epoch == call.epoch and (slot.agent is None or not slot.agent.alive()):
@@ -158,7 +160,11 @@ async def _read_file(sandboxes: Sandboxes, slot: Slot, call: ExecuteCall) -> Too
 
 async def _write_file(sandboxes: Sandboxes, slot: Slot, call: ExecuteCall) -> ToolResult:
     path = cast("str", call.arguments["path"])
-    data = cast("str", call.arguments["content"]).encode("utf-8", "surrogatepass")
+    try:
+        data = cast("str", call.arguments["content"]).encode("utf-8")
+    except UnicodeEncodeError as error:
+        reason = f"not valid Unicode text (a lone surrogate at {error.start}) @ $.content"
+        return failure(call, ToolOutcome.REJECTED, reason)
     append = call.arguments.get("append") is True
     try:
         limit = sandboxes.config.policy.file_cap_bytes

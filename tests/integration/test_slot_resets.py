@@ -1,0 +1,119 @@
+"""A reset ends in one of two states, whatever fails inside it: the slot is clean (wiped in
+place, or given a new workspace while the old one is set aside for a background sweep), or it is
+broken (quarantined), counted in health, and no later lease of it ever runs.
+
+The runtime runs in this process with the Python helper and no bubblewrap (what is tested is the
+reset's bookkeeping, not the isolation, which tests/security covers); a failure is forced by
+putting a raising function where the wipe or the cleaning is looked up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trajcore.adapters.sandbox import runtime as runtime_module
+from trajcore.adapters.sandbox.removal import remove_tree
+from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime
+from trajcore.adapters.sandbox.workspace import Workspace
+from trajcore.domain.json_values import JSON
+from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.slot_protocol import ExecuteCall, Health
+from trajcore.domain.tools import ToolOutcome, ToolResult
+
+_ids = itertools.count(1)
+
+
+def call(epoch: int, command: str) -> ExecuteCall:
+    arguments: dict[str, JSON] = {"command": command}
+    return ExecuteCall(
+        slot=0, epoch=epoch, call_id=f"r{next(_ids)}", tool="bash", arguments=arguments,
+        timeout_s=10.0,
+    )  # fmt: skip
+
+
+def config(root: Path) -> RuntimeConfig:
+    return RuntimeConfig(
+        slots=1, root=root, policy=SlotPolicy(require_sandbox=False), bwrap="/nonexistent/bwrap",
+        use_cgroups=False, slot_helper="python",
+    )  # fmt: skip
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    """A server root every uid may search (a root server runs its slots as other uids)."""
+    folder = Path(tempfile.mkdtemp(prefix="trajcore-resets-"))
+    folder.chmod(0o755)
+    try:
+        yield folder / "root"
+    finally:
+        remove_tree(folder)
+
+
+def raise_recursion(*_: object, **__: object) -> None:
+    raise RecursionError("maximum recursion depth exceeded")
+
+
+async def raising_clean(*_: object, **__: object) -> str | None:
+    raise RecursionError("maximum recursion depth exceeded")
+
+
+def test_a_reset_that_raises_anything_leaves_the_slot_broken(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def main() -> tuple[bool, str | None, ToolResult, Health]:
+        runtime = SlotRuntime(config(root))
+        await runtime.start()
+        try:
+            (made,) = await runtime.execute([call(1, "echo secret > left.txt")])
+            assert made.outcome is ToolOutcome.OK, made
+            monkeypatch.setattr(runtime_module, "clean_slot", raising_clean)
+            reset = await runtime.reset(0, 1)
+            (later,) = await runtime.execute([call(2, "cat left.txt")])
+            return reset.ok, reset.error, later, runtime.health()
+        finally:
+            await runtime.aclose()
+
+    ok, error, later, health = asyncio.run(main())
+    assert not ok
+    assert error is not None
+    assert "RecursionError" in error
+    assert later.outcome is ToolOutcome.INFRA_ERROR, later
+    assert "broken" in later.content
+    assert "secret" not in later.content
+    assert health.broken_slots == (0,)
+
+
+def test_a_workspace_that_cannot_be_wiped_is_set_aside_and_the_slot_goes_on_clean(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def main() -> tuple[bool, ToolResult, Health, list[str]]:
+        runtime = SlotRuntime(config(root))
+        await runtime.start()
+        try:
+            (made,) = await runtime.execute([call(1, "echo secret > left.txt")])
+            assert made.outcome is ToolOutcome.OK, made
+            with monkeypatch.context() as patched:
+                patched.setattr(Workspace, "wipe", raise_recursion)
+                reset = await runtime.reset(0, 1)
+            (later,) = await runtime.execute([call(2, "ls -A; echo end")])
+            for _ in range(200):  # the sweep runs in the background
+                if not os.listdir(root / "trash"):
+                    break
+                await asyncio.sleep(0.02)
+            return reset.ok, later, runtime.health(), os.listdir(root / "trash")
+        finally:
+            await runtime.aclose()
+
+    ok, later, health, trash = asyncio.run(main())
+    assert ok
+    assert (later.outcome, later.content) == (ToolOutcome.OK, "end\n"), later
+    assert health.workspaces_set_aside == 1
+    assert health.broken_slots == ()
+    assert trash == [], "the background sweep did not empty the trash"
