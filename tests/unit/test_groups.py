@@ -240,3 +240,35 @@ def test_dropped_exactly_when_the_rules_say(
         assert list(verdict.scores) == usable
         complete = len(usable) == policy.group_size
         assert verdict.status is (GroupStatus.COMPLETE if complete else GroupStatus.PARTIAL)
+
+
+# ---------------------------------------------------------------------------- pinned decisions
+
+
+@pytest.mark.parametrize(
+    ("policy", "outcomes", "reason", "detail"),
+    [
+        (
+            GroupPolicy(group_size=3, on_failure=OnFailure.DROP),
+            [done(0.5), done(0.5), infra()],
+            DropReason.MEMBER_FAILED,
+            "1 of 3 trajectories failed and on_failure is drop",
+        ),
+        (
+            GroupPolicy(group_size=3, min_healthy=3),
+            [done(0.5), done(0.5), infra()],
+            DropReason.TOO_FEW_HEALTHY,
+            "2 usable trajectories, fewer than min_healthy=3",
+        ),
+    ],
+)
+def test_a_failed_group_is_dropped_for_its_failure_not_for_equal_scores(
+    policy: GroupPolicy, outcomes: list[TrajectoryOutcome], reason: DropReason, detail: str
+) -> None:
+    # The first reason found stands: a group that failed says why it failed, even when its
+    # usable scores are also all equal (the flag still says so).
+    verdict = policy.assess(outcomes)
+    assert verdict.drop_reason is reason
+    assert verdict.detail == detail
+    assert verdict.all_equal
+    assert verdict.status is GroupStatus.FAILED

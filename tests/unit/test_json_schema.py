@@ -819,3 +819,53 @@ def test_without_jsonschema_rs_the_reference_checks_alone_after_one_warning() ->
         "1 RuntimeWarning False False",
         "['expected integer, got string @ $'] []",
     ]
+
+
+# ---------------------------------------------------------------------- pinned decisions
+
+
+def test_disagreements_are_logged_the_1st_10th_100th_time_per_tool(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Never silent, never a flood: the warning cadence is every power of ten, per tool.
+    check = FULL.compile("t", {"type": "string", "pattern": "^abc$"})
+    with caplog.at_level("WARNING", logger="trajcore.tools"):
+        for _ in range(1000):
+            assert check("abc\n") == []
+    assert check.disagreements == 1000
+    assert [r.args for r in caplog.records] == [("t", 1), ("t", 10), ("t", 100), ("t", 1000)]
+
+
+def test_property_names_matched_by_pattern_properties_are_not_unexpected() -> None:
+    # With ``additionalProperties: false``, a name that ``patternProperties`` matches is allowed;
+    # only the names no ``properties`` entry and no pattern covers are named as unexpected.
+    spec = _spec(
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}},
+            "patternProperties": {"^n_": {"type": "integer"}},
+            "additionalProperties": False,
+        }
+    )
+    assert _problems(spec, {"a": 1, "n_x": 2}) == []
+    assert _problems(spec, {"a": 1, "n_x": 2, "zz": 3}) == ["unexpected property @ $.zz"]
+
+
+@pytest.mark.parametrize(
+    ("items", "field", "reason"),
+    [
+        ({"type": "string", "maxLenght": 3}, "parameters.properties.v.items.maxLenght",
+         "not a keyword"),
+        ({"$ref": "https://x.org/s"}, "parameters.properties.v.items.$ref", "leaves the schema"),
+        ({"$ref": "#/$defs/missing"}, "parameters.properties.v.items.$ref", "does not resolve"),
+    ],
+)  # fmt: skip
+def test_a_single_items_subschema_is_checked_when_the_tool_is_built(
+    items: JSONObject, field: str, reason: str
+) -> None:
+    # ``items`` holding one schema (not a list) is walked like any subschema: a misspelt
+    # keyword or an outside or dangling ``$ref`` there is refused at build, not ignored.
+    with pytest.raises(ConfigError) as info:
+        _spec({"type": "object", "properties": {"v": {"type": "array", "items": items}}})
+    assert info.value.field == field
+    assert reason in info.value.reason

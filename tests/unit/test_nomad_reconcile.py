@@ -519,3 +519,57 @@ class NomadAndPool(RuleBasedStateMachine):
 
 
 TestNomadAndPool = NomadAndPool.TestCase
+
+
+# ---------------------------------------------------------------------- pinned decisions
+
+
+def test_a_join_is_waited_for_up_to_its_deadline_inclusive() -> None:
+    # join_timeout_s is the longest a join may take: at exactly that age it is still waited for,
+    # only past it is the allocation replaced.
+    machine = NomadReconciler(
+        ReconcileConfig(scale=ScaleConfig(min_containers=1, max_containers=1), join_timeout_s=5)
+    )
+    machine.registered(1)
+    assert machine.observe([running("a", 0)], demand=0, now=0.0) == [
+        Join(alloc_id="a", index=0, restarts=0)
+    ]
+    assert machine.observe([running("a", 0)], demand=0, now=5.0) == []
+    assert machine.members() == {"a": MemberState.JOINING}
+    assert machine.joined("a", 5.0) == []
+    assert machine.capacity == 1
+
+
+def test_the_count_is_lowered_only_when_every_leaving_member_is_free() -> None:
+    # Nomad stops the highest indices when the count drops; while any container at or above
+    # the new target still holds a leased slot, the count stays, even if others there are free.
+    machine = reconciler()
+    machine.registered(3)
+    listing = [running("a", 0), running("b", 1), running("c", 2)]
+    machine.observe(listing, demand=6, now=0.0)
+    for alloc_id in ("a", "b", "c"):
+        machine.joined(alloc_id, 0.0)
+    assert machine.capacity == 3
+    held = [running("a", 0), running("b", 1, held=1), running("c", 2)]
+    actions = machine.observe(held, demand=1, now=1.0)
+    assert [type(a) for a in actions] == [Drain, Drain]
+    assert machine.target == 1
+    # c is free, b still holds a slot: no SetCount yet
+    assert machine.observe(held, demand=1, now=2.0) == []
+    assert machine.job_count == 3
+    free = [running("a", 0), running("b", 1), running("c", 2)]
+    assert machine.observe(free, demand=1, now=3.0) == [SetCount(count=1, reason=ScaleReason.HOLD)]
+
+
+def test_by_default_an_allocation_restarted_in_place_is_replaced_not_rejoined() -> None:
+    # restart_attempts defaults to 0: a slot server that restarted in place even once is
+    # replaced (the default trusts no restarted run).
+    config = ReconcileConfig(scale=ScaleConfig(min_containers=1, max_containers=1))
+    assert config.restart_attempts == 0
+    machine = NomadReconciler(config)
+    machine.registered(1)
+    actions = machine.observe([running("a", 0, restarts=1)], demand=0, now=0.0)
+    assert actions == [
+        Replace(alloc_id="a", restarts=1, reason="restarted in place 1 times (restart_attempts 0)")
+    ]
+    assert machine.members() == {}

@@ -334,3 +334,41 @@ class SlotCallsMachine(RuleBasedStateMachine):
 
 
 TestSlotCalls = SlotCallsMachine.TestCase
+
+
+# ---------------------------------------------------------------------- pinned decisions
+
+
+def test_exactly_remember_finished_results_are_answered_on_repeat() -> None:
+    # ``remember`` is how many finished results a repeat is answered from: all of the last
+    # ``remember``, not one fewer.
+    calls: SlotCalls[str] = SlotCalls(remember=3)
+    for call_id in "abcd":
+        calls.finish(run_after(calls, accepted(calls.submit(1, call_id))), call_id.upper())
+    assert [calls.submit(1, call_id) for call_id in "bcd"] == [
+        Answered(result="B"),
+        Answered(result="C"),
+        Answered(result="D"),
+    ]
+    assert calls.statistics().calls_run == 4
+    calls.check_valid()
+
+
+def test_a_stale_epoch_is_refused_as_stale_even_on_a_broken_slot() -> None:
+    # The refusal names the caller's own fault first: a call whose lease epoch was retired is
+    # told its lease is stale, even when the slot also broke meanwhile (its lease is over either
+    # way; "broken" is for the calls of a live lease).
+    calls: SlotCalls[str] = SlotCalls()
+    first = calls.reset(1)
+    assert calls.next_turn() == RunReset(ticket=first)
+    queued = accepted(calls.submit(2, "a"))  # a live lease's call, queued behind the reset
+    second = calls.reset(2)  # retires epoch 2 while the call waits
+    calls.reset_done(first, problem="processes [7] survived SIGKILL")
+    assert calls.statistics().broken == "processes [7] survived SIGKILL"
+    assert calls.next_turn() == RefuseCall(ticket=queued, reason=StaleEpoch(epoch=2, retired=2))
+    calls.finish(queued, "refused")
+    assert calls.next_turn() == RunReset(ticket=second)
+    calls.reset_done(second)
+    later = accepted(calls.submit(3, "b"))
+    reason = SlotBroken(problem="processes [7] survived SIGKILL")
+    assert calls.next_turn() == RefuseCall(ticket=later, reason=reason)
