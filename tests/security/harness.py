@@ -120,12 +120,13 @@ def server_root(name: str) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def start_server(root: Path, helper: str, *extra: str) -> Server:
-    """A slot server on loopback TCP: 4 slots, network off, sandbox required."""
+def start_server(root: Path, helper: str, *extra: str, prefix: Sequence[str] = ()) -> Server:
+    """A slot server on loopback TCP: 4 slots, network off, sandbox required; ``prefix`` is a
+    command that starts it (``prlimit ... --``, say)."""
     token_file = root.parent / f"{root.name}.token"
     token_file.write_text(TOKEN)
     argv = [
-        sys.executable, "-m", "trajcore.entrypoints.slot_server",
+        *prefix, sys.executable, "-m", "trajcore.entrypoints.slot_server",
         "--slots", "4", "--root", str(root), "--token-file", str(token_file),
         "--listen", "127.0.0.1:0", "--require-sandbox", "--slot-helper", helper,
         "--max-processes", str(MAX_PROCESSES), "--memory-bytes", str(MEMORY_MB << 20),

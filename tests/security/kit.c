@@ -17,8 +17,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/vm_sockets.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -407,6 +410,82 @@ static int sleeper(int argc, char **argv) {
     return 0;
 }
 
+/* sockets TOKEN READY PORT: open a socket of every family and type the kernel grants, and hold
+ * them; a vsock stream socket is bound to PORT (on any CID) and listens, taking that port from
+ * everyone who shares the vsock space. */
+static int sockets(int argc, char **argv) {
+    started(argv[3]);
+    (void)argc;
+    static const int types[] = {SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET, SOCK_RAW};
+    int opened = 0;
+    for (int family = 0; family < 64; family++) {
+        for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
+            int fd = socket(family, types[t], 0);
+            if (fd < 0) continue;
+            opened++;
+            if (family == AF_VSOCK && types[t] == SOCK_STREAM) {
+                struct sockaddr_vm addr = {.svm_family = AF_VSOCK, .svm_cid = VMADDR_CID_ANY,
+                                           .svm_port = (unsigned)strtoul(argv[4], NULL, 10)};
+                int rc = bind(fd, (struct sockaddr *)&addr, sizeof addr);
+                if (rc == 0) rc = listen(fd, 1);
+                printf("vsock port %s: %s\n", argv[4], rc == 0 ? "taken" : strerror(errno));
+            }
+        }
+    }
+    printf("opened %d sockets\n", opened);
+    fflush(stdout);
+    ready(argv[3]);
+    linger(30);
+    return 0;
+}
+
+/* scheduler TOKEN READY: leave SCHED_BATCH for SCHED_OTHER and lower the nice value, then stay
+ * (the host reads the policy and nice value it ended with). */
+static int scheduler(int argc, char **argv) {
+    started(argv[3]);
+    (void)argc;
+    struct sched_param none = {0};
+    int rc = sched_setscheduler(0, SCHED_OTHER, &none);
+    printf("SCHED_OTHER: %s\n", rc == 0 ? "set" : strerror(errno));
+    rc = setpriority(PRIO_PROCESS, 0, -10);
+    printf("nice -10: %s\n", rc == 0 ? "set" : strerror(errno));
+    fflush(stdout);
+    ready(argv[3]);
+    linger(30);
+    return 0;
+}
+
+/* memhold TOKEN READY MIB: allocate MIB mebibytes and touch every page, then stay. */
+static int memhold(int argc, char **argv) {
+    started(argv[3]);
+    (void)argc;
+    size_t size = (size_t)strtoul(argv[4], NULL, 10) << 20;
+    char *memory = malloc(size);
+    if (memory) memset(memory, 1, size);
+    printf("hold %s MiB: %s\n", argv[4], memory ? "held" : strerror(errno));
+    fflush(stdout);
+    ready(argv[3]);
+    linger(30);
+    return 0;
+}
+
+/* memfd TOKEN READY MIB: write MIB mebibytes into a memory file (no mapping), then hold it. */
+static int memfd(int argc, char **argv) {
+    started(argv[3]);
+    (void)argc;
+    long mib = strtol(argv[4], NULL, 10), written = 0;
+    int fd = (int)syscall(SYS_memfd_create, "kit", 0);
+    static char chunk[1 << 20];
+    memset(chunk, 1, sizeof chunk);
+    while (fd >= 0 && written < mib && write(fd, chunk, sizeof chunk) == (ssize_t)sizeof chunk)
+        written++;
+    printf("memfd: %s, %ld MiB written\n", fd >= 0 ? "made" : strerror(errno), written);
+    fflush(stdout);
+    ready(argv[3]);
+    linger(30);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) return 2;
     const char *op = argv[1];
@@ -423,6 +502,10 @@ int main(int argc, char **argv) {
     if (strcmp(op, "connect") == 0) return connect_to(argc, argv);
     if (strcmp(op, "sleeper") == 0 && argc >= 4) return sleeper(argc, argv);
     if (strcmp(op, "signal") == 0) return signal_each(argc, argv);
+    if (strcmp(op, "sockets") == 0 && argc >= 5) return sockets(argc, argv);
+    if (strcmp(op, "scheduler") == 0 && argc >= 4) return scheduler(argc, argv);
+    if (strcmp(op, "memhold") == 0 && argc >= 5) return memhold(argc, argv);
+    if (strcmp(op, "memfd") == 0 && argc >= 5) return memfd(argc, argv);
     fprintf(stderr, "kit: unknown or incomplete command %s\n", op);
     return 2;
 }

@@ -40,7 +40,6 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-import errno as _errno
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -50,6 +49,7 @@ import attrs
 
 from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError
+from trajcore.domain.seccomp_rules import SECCOMP_RULES, SyscallRule
 
 __all__ = [
     "DEFAULT_SLOT_UID_BASE",
@@ -618,65 +618,3 @@ def private_tmp_binds(
     if _under(policy.workspace_path, SANDBOX_TMP):
         found.append((policy.workspace_path, True))
     return found
-
-
-# ------------------------------------------------------------------------------------ seccomp
-
-
-@attrs.frozen
-class SyscallRule:
-    """One rule of every lease's seccomp filter: the system call ``name`` fails with ``errno``
-    (when ``arg`` is given: only where ``(argument arg & mask) == value``). A name the host's
-    architecture lacks is skipped when the filter is built.
-
-    The filter allows everything no rule names (a deny list, as Flatpak's): a sandbox runs
-    whatever a task needs, and the rules refuse what only an escape or a cross-lease attack
-    needs.
-    """
-
-    name: str
-    errno: int = _errno.EPERM
-    arg: int | None = None
-    mask: int = 0
-    value: int = 0
-
-
-_CLONE_NEWUSER = 0x10000000
-# personality(2) flags that weaken the address space (ADDR_NO_RANDOMIZE, FDPIC_FUNCPTRS,
-# MMAP_PAGE_ZERO, ADDR_COMPAT_LAYOUT, READ_IMPLIES_EXEC, ADDR_LIMIT_32BIT, SHORT_INODE,
-# WHOLE_SECONDS, STICKY_TIMEOUTS, ADDR_LIMIT_3GB); the execution domains stay free. The query
-# value 0xffffffff has them all set, so it is refused too.
-_PERSONALITY_FLAGS = tuple(1 << bit for bit in range(18, 28))
-_TIOCSTI = 0x5412
-_TIOCLINUX = 0x541C
-
-_REFUSED = (
-    # keyrings: nothing shared between leases or with whoever started the server
-    "add_key", "keyctl", "request_key",
-    # other processes' memory and descriptors (the lease agent's channel among them)
-    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp",
-    # kernel attack surface no task needs
-    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
-    "io_uring_register", "kexec_load", "kexec_file_load", "open_by_handle_at",
-    "name_to_handle_at", "init_module", "finit_module", "delete_module", "create_module",
-    "get_kernel_syms", "query_module", "lookup_dcookie", "nfsservctl", "uselib", "ustat",
-    "sysfs", "_sysctl", "syslog", "vm86", "vm86old", "iopl", "ioperm", "swapon", "swapoff",
-    "reboot", "acct", "quotactl", "quotactl_fd", "settimeofday", "stime", "clock_settime",
-    "clock_adjtime", "adjtimex",
-    # mounts and namespaces
-    "mount", "umount", "umount2", "pivot_root", "move_mount", "open_tree", "fsopen",
-    "fsmount", "fsconfig", "fspick", "mount_setattr", "setns",
-)  # fmt: skip
-
-# Every lease's seccomp filter (after Docker's default profile and Flatpak's deny list).
-SECCOMP_RULES: tuple[SyscallRule, ...] = (
-    *(SyscallRule(name) for name in _REFUSED),
-    # no new user namespace (a nested one would hand back every capability)
-    SyscallRule("unshare", arg=0, mask=_CLONE_NEWUSER, value=_CLONE_NEWUSER),
-    SyscallRule("clone", arg=0, mask=_CLONE_NEWUSER, value=_CLONE_NEWUSER),
-    # clone3's flags live in memory a filter cannot read: refused as absent, libc falls back
-    SyscallRule("clone3", errno=_errno.ENOSYS),
-    # no typing into the terminal of another session
-    *(SyscallRule("ioctl", arg=1, mask=0xFFFFFFFF, value=cmd) for cmd in (_TIOCSTI, _TIOCLINUX)),
-    *(SyscallRule("personality", arg=0, mask=flag, value=flag) for flag in _PERSONALITY_FLAGS),
-)

@@ -9,8 +9,9 @@ The slot server starts it with ``python -I -S`` in one of two roles, named by it
   namespace's pid 1); the child enters new mount, ipc and uts namespaces (and a network namespace
   of its own, loopback up, when the config says ``own_network``), joins a fresh session keyring,
   mounts a fresh ``/proc`` (masking ``MASKED_PATHS`` and making
-  ``READ_ONLY_PATHS`` read-only), ``/tmp`` and ``/dev/shm`` (binding back
-  what the sandbox had bound under ``/tmp``), remounts ``/dev`` read-only, drops every capability
+  ``READ_ONLY_PATHS`` read-only), ``/tmp`` and ``/dev/shm`` as two folders of one tmpfs (so
+  one size, the config's ``tmpfs`` options, bounds both; binding back what the sandbox had bound
+  under ``/tmp``), remounts ``/dev`` read-only, drops every capability
   (ambient, permitted, effective; ``no_new_privs``; its bounding set comes empty from the keeper,
   which emptied its own at start), makes itself not dumpable, sets its resource limits, installs
   the config's seccomp filter (classic BPF, ``adapters/sandbox/seccomp.py``) as its last step,
@@ -519,6 +520,7 @@ def _apply_limits(config: dict[str, object]) -> None:
         "as": resource.RLIMIT_AS,
         "cpu": resource.RLIMIT_CPU,
         "fsize": resource.RLIMIT_FSIZE,
+        "nice": resource.RLIMIT_NICE,
     }
     for name, value in limits.items():
         if name in names:

@@ -184,6 +184,8 @@ class _Plan:
             for path, writable in carry
         ]
         self.dev_shm = _exists(_DEV_SHM)
+        options = config.get("tmpfs")  # the tmpfs's size and inodes, or None: the defaults
+        self.tmpfs = "mode=0700" + (f",{options}" if isinstance(options, str) else "")
         self.dev_read_only = _read_only_remount("/dev")
         self.own_network = config.get("own_network") is True
         program = config.get("seccomp")  # hex text
@@ -216,6 +218,19 @@ def _cover_kernel(libc: _Libc, plan: _Plan) -> None:
             libc.mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | locked, None)
 
 
+def _scratch(libc: _Libc, plan: _Plan) -> None:
+    """Mount the lease's ``/tmp`` and ``/dev/shm``: two folders of one fresh tmpfs, so that
+    one size bounds what both hold together. The tmpfs is mounted at ``/tmp``, each folder bound
+    where it belongs, ``/tmp``'s over the tmpfs's own root, which no lease sees again."""
+    libc.mount("tmpfs", plan.tmp, "tmpfs", _MS_NOSUID | _MS_NODEV, plan.tmpfs)
+    folders = [(plan.tmp + "/shm", _DEV_SHM)] if plan.dev_shm else []
+    folders.append(("/".join((plan.tmp, "tmp")), plan.tmp))  # last: it covers the others' source
+    for folder, target in folders:
+        posix.mkdir(folder, 0o700)
+        posix.chmod(folder, 0o1777)
+        libc.mount(folder, target, None, _MS_BIND, None)
+
+
 def _refuse(channel: int, error: BaseException) -> None:
     """Tell the slot server why a lease could not start, and exit; never returns."""
     try:  # noqa: SIM105 - contextlib would cost an import here
@@ -242,15 +257,13 @@ def _lease_main(libc: _Libc, channel: int, config: dict[str, object], plan: _Pla
         # here, in the lease's own mount namespace (a bind from another namespace's mount is
         # refused).
         held = [posix.open(path, posix.O_PATH | posix.O_CLOEXEC) for path, _ in plan.carried]
-        libc.mount("tmpfs", plan.tmp, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+        _scratch(libc, plan)
         for (path, read_only), fd in zip(plan.carried, held, strict=True):
             _make_dirs(path)
             libc.mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC, None)
             if read_only is not None:
                 libc.mount(None, path, None, read_only, None)
             posix.close(fd)
-        if plan.dev_shm:
-            libc.mount("tmpfs", _DEV_SHM, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
         libc.mount(None, "/dev", None, plan.dev_read_only, None)
         # The bounding set is empty already (the keeper emptied its own): what is left is
         # the keeper's ambient, permitted and effective sets.

@@ -11,6 +11,15 @@ everything it starts: ``RLIMIT_AS`` per process, ``RLIMIT_NPROC`` (which the ker
 to processes whose real user is root on the host; the sandbox then relies on the server not
 running as root for that bound).
 
+A sandboxed lease's ``/tmp`` and ``/dev/shm`` are two folders of one tmpfs, sized by
+``tmpfs_budget``: a quarter of the slot's memory, with one inode per 4 KiB of it. With a memory
+cgroup the files' pages are charged to the slot like any other memory, and the size only turns
+"the slot is out of memory" into "the disk is full" for a writer that fills them. Without one,
+the budget is carved out of the memory limit: every process gets ``RLIMIT_AS`` of the limit less
+the budget, so the files plus any one process stay within the slot's memory
+(``rlimits_for``). ``RLIMIT_NICE`` is always 0: no process of a slot may lower its nice value,
+whatever limit the server was started with.
+
 A slot's cgroup is also a second way to find every process of the slot: ``kill_all`` empties it
 and ``pids`` proves it empty, which reset uses before it wipes the workspace.
 
@@ -31,9 +40,20 @@ import attrs
 
 from trajcore.domain.sandbox_policy import SlotPolicy
 
-__all__ = ["CgroupPlan", "SlotCgroup", "detect_cgroups", "remove_parent", "rlimits_for"]
+__all__ = [
+    "CgroupPlan",
+    "SlotCgroup",
+    "TmpfsBudget",
+    "detect_cgroups",
+    "remove_parent",
+    "rlimits_for",
+    "tmpfs_budget",
+]
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
+# tmpfs sizes are kept in whole units of this (a multiple of every page size Linux uses)
+_TMPFS_UNIT = 64 << 10
+_BYTES_PER_INODE = 4096
 
 
 @attrs.frozen(kw_only=True)
@@ -181,17 +201,48 @@ def remove_parent(plan: CgroupPlan) -> None:
                 folder.rmdir()
 
 
-def rlimits_for(policy: SlotPolicy, *, cgroup_pids: bool, cgroup_memory: bool) -> dict[str, int]:
+@attrs.frozen(kw_only=True)
+class TmpfsBudget:
+    """The one tmpfs that holds a lease's ``/tmp`` and ``/dev/shm``.
+
+    Attributes:
+        size_bytes: Its size (``size=``): what the files in both may hold together.
+        inodes: Its inode count (``nr_inodes=``): files and folders in both together.
+    """
+
+    size_bytes: int
+    inodes: int
+
+    def options(self) -> str:
+        """Its size and inode count as ``mount`` options."""
+        return f"size={self.size_bytes},nr_inodes={self.inodes}"
+
+
+def tmpfs_budget(policy: SlotPolicy) -> TmpfsBudget | None:
+    """A lease's tmpfs budget: a quarter of the slot's memory in whole 64 KiB units (at least
+    one), one inode per 4 KiB of it; ``None`` when the slot has no memory limit (the kernel's
+    default, half the host's memory, then applies)."""
+    if policy.memory_bytes is None:
+        return None
+    size = max(policy.memory_bytes // 4 // _TMPFS_UNIT, 1) * _TMPFS_UNIT
+    return TmpfsBudget(size_bytes=size, inodes=size // _BYTES_PER_INODE)
+
+
+def rlimits_for(
+    policy: SlotPolicy, *, cgroup_pids: bool, cgroup_memory: bool, tmpfs_bytes: int = 0
+) -> dict[str, int]:
     """The rlimits the exec agent sets on itself (and so on every process it starts).
 
     Process count and memory are left to the cgroup when it bounds them (an address-space
-    rlimit breaks runtimes that reserve large virtual ranges).
+    rlimit breaks runtimes that reserve large virtual ranges). Without a memory cgroup, each
+    process may map the slot's memory less ``tmpfs_bytes``, the size of the lease's tmpfs
+    (``tmpfs_budget``; 0 for an agent without one). ``nice`` is always 0.
     """
-    limits: dict[str, int] = {}
+    limits: dict[str, int] = {"nice": 0}
     if policy.max_processes is not None and not cgroup_pids:
         limits["nproc"] = policy.max_processes
     if policy.memory_bytes is not None and not cgroup_memory:
-        limits["as"] = policy.memory_bytes
+        limits["as"] = max(policy.memory_bytes - tmpfs_bytes, 0)
     if policy.cpu_seconds is not None:
         limits["cpu"] = policy.cpu_seconds
     if policy.max_file_bytes is not None:

@@ -26,8 +26,9 @@ import attrs
 
 from trajcore.adapters.sandbox.channel import Agent, AgentLost, Keeper, reply_cap
 from trajcore.adapters.sandbox.exec_agent import SHELL_SOCKET
-from trajcore.adapters.sandbox.limits import CgroupPlan, SlotCgroup, rlimits_for
+from trajcore.adapters.sandbox.limits import CgroupPlan, SlotCgroup, rlimits_for, tmpfs_budget
 from trajcore.adapters.sandbox.runtime_config import RuntimeConfig
+from trajcore.adapters.sandbox.seccomp import SeccompUnavailable, compile_filter
 from trajcore.adapters.sandbox.slot_ids import shared_python, stage_python, unreachable
 from trajcore.adapters.sandbox.workspace import Workspace
 from trajcore.domain.json_values import JSON
@@ -41,6 +42,7 @@ from trajcore.domain.sandbox_policy import (
     bwrap_argv,
     private_tmp_binds,
 )
+from trajcore.domain.seccomp_rules import SECCOMP_RULES, UNCOUNTED_MEMORY_RULES
 from trajcore.domain.slot_calls import SlotCalls
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.tools import ToolResult
@@ -131,6 +133,8 @@ class Sandboxes:
             installation, or a staged copy of it bound at the same place).
         seccomp: Every lease's seccomp filter (classic BPF), or ``None`` when none can be
             built (``seccomp_problem`` says why).
+        uncounted_seccomp: The filter of leases whose memory no cgroup counts (``seccomp``
+            plus ``UNCOUNTED_MEMORY_RULES``), built on first use.
         notes: What health's detail says about this host besides its problems.
     """
 
@@ -145,6 +149,7 @@ class Sandboxes:
     python_binds: list[str | Bind] = attrs.field(factory=list)
     seccomp: bytes | None = None
     seccomp_problem: str | None = None
+    uncounted_seccomp: bytes | None = None
     notes: list[str] = attrs.field(factory=list)
 
     def ids(self, index: int) -> tuple[int, int] | None:
@@ -218,24 +223,52 @@ class Sandboxes:
         slot.sandbox_start_s = time.monotonic() - started
         return agent
 
+    def memory_counted(self, slot: Slot) -> bool:
+        """Whether a cgroup counts the slot's memory (else rlimits and the tmpfs budget bound
+        it, and memory files are refused)."""
+        return (
+            slot.cgroup is not None
+            and self.cgroups is not None
+            and self.cgroups.memory_parent is not None
+        )
+
     def agent_config(self, slot: Slot, *, sandboxed: bool) -> dict[str, JSON]:
         policy = self.config.policy
-        cgroup = slot.cgroup
-        has_memory = (
-            cgroup is not None
-            and self.cgroups is not None
-            and (self.cgroups.memory_parent is not None)
-        )
+        budget = tmpfs_budget(policy) if sandboxed else None
         limits: dict[str, JSON] = dict(
-            rlimits_for(policy, cgroup_pids=cgroup is not None, cgroup_memory=has_memory)
+            rlimits_for(
+                policy,
+                cgroup_pids=slot.cgroup is not None,
+                cgroup_memory=self.memory_counted(slot),
+                tmpfs_bytes=0 if budget is None else budget.size_bytes,
+            )
         )
         if sandboxed:
+            tmpfs = None if budget is None else budget.options()
             return {"workspace": policy.workspace_path, "state_dir": _SANDBOX_STATE,
-                    "limits": limits}  # fmt: skip
+                    "limits": limits, "tmpfs": tmpfs}  # fmt: skip
         slot.state_dir.mkdir(parents=True, exist_ok=True)
         # commands stay in the agent's session: ending the lease ends that session (_end_bare)
         return {"workspace": str(slot.workspace.root), "state_dir": str(slot.state_dir),
                 "limits": limits, "own_sessions": False}  # fmt: skip
+
+    async def lease_filter(self, slot: Slot) -> bytes | None:
+        """The seccomp filter of the slot's leases: ``seccomp``, with ``UNCOUNTED_MEMORY_RULES``
+        added where the slot has a memory limit that no cgroup counts. Raises ``AgentLost``
+        when that filter cannot be built (never a lease with a weaker one)."""
+        if (
+            self.seccomp is None
+            or self.memory_counted(slot)
+            or self.config.policy.memory_bytes is None
+        ):
+            return self.seccomp
+        if self.uncounted_seccomp is None:
+            rules = (*SECCOMP_RULES, *UNCOUNTED_MEMORY_RULES)
+            try:
+                self.uncounted_seccomp = await asyncio.to_thread(compile_filter, rules)
+            except SeccompUnavailable as error:
+                raise AgentLost(f"cannot build the leases' seccomp filter: {error}") from None
+        return self.uncounted_seccomp
 
     def environment(self, workspace: str, tmp: str) -> dict[str, str]:
         return {
@@ -298,8 +331,9 @@ class Sandboxes:
         carry = private_tmp_binds(policy, rebind=self.rebind())
         config["carry"] = [[path, writable] for path, writable in carry]
         config["own_network"] = not policy.allow_network
-        if self.seccomp is not None:
-            config["seccomp"] = self.seccomp.hex()
+        program = await self.lease_filter(slot)
+        if program is not None:
+            config["seccomp"] = program.hex()
         config["masked"] = list(MASKED_PATHS)
         config["read_only"] = list(READ_ONLY_PATHS)
         inner: list[str]
@@ -314,10 +348,12 @@ class Sandboxes:
                 inner += ["--mask", path]
             for path in READ_ONLY_PATHS:
                 inner += ["--read-only", path]
+            if config["tmpfs"] is not None:
+                inner += ["--tmpfs-options", str(config["tmpfs"])]
             if not policy.allow_network:
                 inner.append("--own-network")
-            if self.seccomp is not None:
-                inner += ["--seccomp", self.seccomp.hex()]
+            if program is not None:
+                inner += ["--seccomp", program.hex()]
         else:
             inner = [self.config.python, "-I", "-S", "-c", *self.agent_program,
                      marshal.dumps(config).hex()]  # fmt: skip

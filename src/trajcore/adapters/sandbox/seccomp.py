@@ -1,6 +1,6 @@
 """Every lease's seccomp filter, compiled once per slot server with the host's libseccomp.
 
-The rules are data (``trajcore.domain.sandbox_policy.SECCOMP_RULES``); this module turns them
+The rules are data (``trajcore.domain.seccomp_rules``); this module turns them
 into classic BPF with libseccomp (``libseccomp.so.2``, in every Debian-based image), called
 through ``ctypes``: ``seccomp_init`` with ``SCMP_ACT_ALLOW``, one ``seccomp_rule_add_array``
 per rule, ``seccomp_export_bpf`` into a memfd. The bytes are an array of ``struct
@@ -25,14 +25,15 @@ import ctypes.util
 import os
 from collections.abc import Sequence
 
-from trajcore.domain.sandbox_policy import SyscallRule
+from trajcore.domain.seccomp_rules import SyscallRule
 
 __all__ = ["SeccompUnavailable", "compile_filter"]
 
 _SCMP_ACT_ALLOW = 0x7FFF0000
 _SCMP_ACT_KILL_PROCESS = 0x80000000
 _SCMP_FLTATR_ACT_BADARCH = 2
-_SCMP_CMP_MASKED_EQ = 7
+# libseccomp's comparisons, by the name a ``SyscallRule`` gives them
+_SCMP_CMP = {"ge": 5, "masked_eq": 7}
 _NR_SCMP_ERROR = -1
 
 
@@ -86,7 +87,10 @@ def compile_filter(rules: Sequence[SyscallRule]) -> bytes:
             count = 0 if rule.arg is None else 1
             compare = (_ArgCmp * 1)()
             if rule.arg is not None:
-                compare[0] = _ArgCmp(rule.arg, _SCMP_CMP_MASKED_EQ, rule.mask, rule.value)
+                if rule.op == "ge":
+                    compare[0] = _ArgCmp(rule.arg, _SCMP_CMP["ge"], rule.value, 0)
+                else:
+                    compare[0] = _ArgCmp(rule.arg, _SCMP_CMP["masked_eq"], rule.mask, rule.value)
             status = library.seccomp_rule_add_array(context, action, number, count, compare)
             if status != 0:
                 raise SeccompUnavailable(

@@ -9,7 +9,8 @@
  *
  *   slot-helper keep --workspace W --state-dir S --tmp T [--limit NAME VALUE]...
  *                    [--carry-rw PATH]... [--carry-ro PATH]... [--mask PATH]...
- *                    [--read-only PATH]... [--own-network] [--seccomp HEX]
+ *                    [--read-only PATH]... [--tmpfs-options OPTIONS] [--own-network]
+ *                    [--seccomp HEX]
  *
  * The keeper: the first program of a slot's bubblewrap sandbox, holding CAP_SYS_ADMIN,
  * CAP_SETPCAP and CAP_NET_ADMIN in the sandbox's user namespace, not dumpable. Requests arrive on fd 0 (SOCK_SEQPACKET), one per
@@ -17,8 +18,9 @@
  * JSON packet back. A lease is a clone into a new pid namespace (the child is its pid 1) that
  * enters new mount, ipc and uts namespaces (and, with --own-network, a network namespace of its
  * own with loopback up), joins a fresh session keyring, mounts a fresh /proc (masking the --mask paths and
- * making the --read-only ones read-only), the private tmp (binding back
- * the carried paths), /dev/shm, remounts /dev read-only, drops every capability (ambient,
+ * making the --read-only ones read-only), the private tmp and /dev/shm as two folders of one tmpfs
+ * (one size, the --tmpfs-options, bounds both; binding back the carried paths), remounts /dev
+ * read-only, drops every capability (ambient,
  * permitted, effective; its bounding set comes empty from the keeper), sets no_new_privs, makes
  * itself not dumpable, sets the resource limits, installs the --seccomp filter (classic BPF, as
  * hex) as its last step, and only then serves the lease on fd 3.
@@ -1102,6 +1104,7 @@ typedef struct {
     } limits[MAX_LIMITS];
     size_t limit_count;
     bool dev_shm;
+    char tmpfs[256];           /* the lease tmpfs's mount options (mode, size, inodes) */
     unsigned long dev_kept;
     kernel_path kernel[MAX_KERNEL_PATHS];
     size_t kernel_count;
@@ -1139,8 +1142,8 @@ static bool parse_limit(const char *name, const char *value, plan *p) {
     static const struct {
         const char *name;
         int resource;
-    } known[] = {{"nproc", RLIMIT_NPROC}, {"as", RLIMIT_AS}, {"cpu", RLIMIT_CPU},
-                 {"fsize", RLIMIT_FSIZE}};
+    } known[] = {{"nproc", RLIMIT_NPROC}, {"as", RLIMIT_AS},       {"cpu", RLIMIT_CPU},
+                 {"fsize", RLIMIT_FSIZE}, {"nice", RLIMIT_NICE}};
     char *end;
     errno = 0;
     unsigned long long number = strtoull(value, &end, 10);
@@ -1179,8 +1182,9 @@ static bool parse_filter(const char *hex, plan *p) {
 }
 
 /* ``keep --workspace W --state-dir S --tmp T [--limit NAME VALUE]... [--carry-rw PATH]...
- * [--carry-ro PATH]...``; false on anything else. */
+ * [--carry-ro PATH]...`` and the rest of usage(); false on anything else. */
 static bool parse_plan(int argc, char **argv, plan *p) {
+    snprintf(p->tmpfs, sizeof p->tmpfs, "mode=0700");
     for (int i = 2; i < argc; i++) {
         const char *flag = argv[i];
         if (strcmp(flag, "--own-network") == 0) {
@@ -1196,6 +1200,11 @@ static bool parse_plan(int argc, char **argv, plan *p) {
             p->state_dir = value;
         else if (strcmp(flag, "--tmp") == 0)
             p->tmp = value;
+        else if (strcmp(flag, "--tmpfs-options") == 0) {
+            int n = snprintf(p->tmpfs, sizeof p->tmpfs, "mode=0700,%s", value);
+            if (n < 0 || (size_t)n >= sizeof p->tmpfs)
+                return false;
+        }
         else if (strcmp(flag, "--limit") == 0) {
             if (i + 1 >= argc || !parse_limit(value, argv[++i], p))
                 return false;
@@ -1274,6 +1283,22 @@ static void mount_or_refuse(int channel, const char *source, const char *target,
     }
 }
 
+/* Mount the lease's tmp and /dev/shm: two folders of one fresh tmpfs, so that one size bounds
+ * what both hold together. The tmpfs is mounted at tmp, each folder bound where it belongs,
+ * tmp's last, over the tmpfs's own root, which no lease sees again. */
+static void mount_scratch(int channel, const plan *p) {
+    mount_or_refuse(channel, "tmpfs", p->tmp, "tmpfs", MS_NOSUID | MS_NODEV, p->tmpfs);
+    char shm[PATH_MAX], tmp[PATH_MAX];
+    snprintf(shm, sizeof shm, "%s/shm", p->tmp);
+    snprintf(tmp, sizeof tmp, "%s/tmp", p->tmp);
+    const char *folders[2][2] = {{shm, DEV_SHM}, {tmp, p->tmp}};
+    for (size_t i = p->dev_shm ? 0 : 1; i < 2; i++) {
+        if (mkdir(folders[i][0], 0700) != 0 || chmod(folders[i][0], 01777) != 0)
+            refuse(channel, folders[i][0]);
+        mount_or_refuse(channel, folders[i][0], folders[i][1], NULL, MS_BIND, NULL);
+    }
+}
+
 /* Become a lease's first process (pid 1 of its new pid namespace) and serve it; never
  * returns. Runs with the keeper's capabilities until it drops them all, before it reads a
  * single request. */
@@ -1318,7 +1343,7 @@ static void lease_main(int channel, const plan *p) {
         if (held[i] < 0)
             refuse(channel, p->carry[i].path);
     }
-    mount_or_refuse(channel, "tmpfs", p->tmp, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+    mount_scratch(channel, p);
     for (size_t i = 0; i < p->carry_count; i++) {
         const carried *c = &p->carry[i];
         char source[64];
@@ -1330,8 +1355,6 @@ static void lease_main(int channel, const plan *p) {
                             MS_REMOUNT | MS_BIND | MS_RDONLY | c->kept, NULL);
         close(held[i]);
     }
-    if (p->dev_shm)
-        mount_or_refuse(channel, "tmpfs", DEV_SHM, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
     mount_or_refuse(channel, NULL, "/dev", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | p->dev_kept,
                     NULL);
     /* The bounding set is empty already (the keeper emptied its own): what is left is the
@@ -1499,7 +1522,7 @@ static int usage(void) {
             "usage: slot-helper keep --workspace W --state-dir S --tmp T [--limit NAME VALUE]...\n"
             "                        [--carry-rw PATH]... [--carry-ro PATH]...\n"
             "                        [--mask PATH]... [--read-only PATH]...\n"
-            "                        [--own-network] [--seccomp HEX]\n"
+            "                        [--tmpfs-options OPTIONS] [--own-network] [--seccomp HEX]\n"
             "       slot-helper serve CHANNEL_FD STATE_DIR WORKSPACE TMUX_PATH_OR_EMPTY\n");
     return 2;
 }
