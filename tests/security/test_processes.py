@@ -5,25 +5,38 @@ process and of slot 3's lease agent (the worst case: it learnt them somehow), se
 ``SIGKILL``, and then ``kill -9 -1`` (every process it may signal). The host checks, through
 ``/proc``, that both of slot 3's processes still run and that slot 3 still answers. Control: the
 same kit on the host, given the pid of a host sleeper, kills it and the check sees it gone.
+The scheduling policy a lease may take is below.
 """
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import pytest
 
 from tests.security.harness import (
     Server,
+    attack_finished,
+    bwrap_missing,
+    compiler,
     end,
     end_and_reap,
+    kit_process,
     kit_processes,
     lease_init_of,
     leased,
+    needs_root,
     running,
+    server_root,
     spawn_kit,
+    start_server,
     start_sleeper,
+    stop_server,
     token,
+    wait_for,
 )
 from trajcore.domain.tools import ToolResult
 
@@ -61,3 +74,88 @@ def test_control_the_kit_kills_a_process_it_can_reach(kit: Path, tmp_path: Path)
         assert not running(victim.pid)
     finally:
         end_and_reap(victim)
+
+
+# ---------------------------------------------------------------------------------- scheduling
+#
+# Everything in a sandbox runs under SCHED_BATCH (docs/sandbox.md), and a lease must not leave
+# it: the kit switches itself to SCHED_OTHER and lowers its nice value to -10, and the host
+# reads the policy and nice value it ended with from ``/proc/<pid>/stat``. For the nice value,
+# the server is started with a generous ``RLIMIT_NICE`` (as systemd's ``LimitNICE=`` or a
+# shell's ``ulimit -e`` would hand it one), which a lease must not inherit; that test skips
+# where the test may not raise the limit. Control: the same kit on the host (root, which may
+# lower its nice value), started under SCHED_BATCH, ends under SCHED_OTHER at nice -10, and the
+# reads see both.
+
+SCHED_OTHER, SCHED_BATCH = 0, 3
+NICE_LIMIT = 40  # RLIMIT_NICE 40: a process may lower its nice value down to -20
+RAISE_NICE_LIMIT = ["prlimit", f"--nice={NICE_LIMIT}:{NICE_LIMIT}", "--"]
+
+
+@pytest.fixture(scope="module", params=["native", "python"])
+def generous_server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    """A slot server started with ``RLIMIT_NICE`` raised to its most."""
+    if bwrap_missing():
+        pytest.skip("bubblewrap is not installed: there is no sandbox to attack")
+    if request.param == "native" and compiler() is None:
+        pytest.skip("no C compiler (cc, gcc, clang) to build the compiled slot helper")
+    tried = subprocess.run(
+        [*RAISE_NICE_LIMIT, "true"], check=False, capture_output=True, text=True, timeout=10
+    )
+    if tried.returncode != 0:
+        pytest.skip(f"this test may not raise RLIMIT_NICE here: {tried.stderr.strip()}")
+    with server_root(f"nice-{request.param}") as root:
+        running = start_server(root, request.param, prefix=RAISE_NICE_LIMIT)
+        yield running
+        stop_server(running)
+
+
+def scheduling_of(pid: int) -> tuple[int, int]:
+    """``pid``'s scheduling policy and nice value (fields 41 and 19 of ``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[38]), int(fields[16])
+
+
+def scheduling_after_the_attack(server: Server, kit: Path) -> tuple[int, int]:
+    """The policy and nice value a lease's kit ends with after trying to better both."""
+    marker = token()
+
+    async def main() -> tuple[int, int]:
+        async with server.client() as client, leased(server, client, 1) as lease:
+            await lease.install_kit(kit)
+            await lease.bash(f"(./kit scheduler {marker} ready-{marker} >/dev/null 2>&1 &)")
+            assert attack_finished(lease.workspace, marker)
+            pid = await kit_process(marker)
+            try:
+                return scheduling_of(pid)
+            finally:
+                end([pid])
+
+    return anyio.run(main)
+
+
+def test_a_lease_cannot_leave_batch_scheduling(server: Server, kit: Path) -> None:
+    policy, _ = scheduling_after_the_attack(server, kit)
+    assert policy == SCHED_BATCH, f"a lease left SCHED_BATCH for policy {policy}"
+
+
+def test_a_lease_cannot_lower_its_nice_value_whatever_its_servers_limit(
+    generous_server: Server, kit: Path
+) -> None:
+    policy, nice = scheduling_after_the_attack(generous_server, kit)
+    assert nice >= 0, f"a lease lowered its nice value to {nice}"
+    assert policy == SCHED_BATCH
+
+
+def test_control_the_kit_leaves_batch_scheduling_on_the_host(kit: Path, tmp_path: Path) -> None:
+    needs_root("lowering a nice value below 0 without a raised RLIMIT_NICE")
+    marker = token()
+    argv = ["chrt", "--batch", "0", str(kit), "scheduler", marker, f"ready-{marker}"]
+    process = subprocess.Popen(
+        argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_for(tmp_path / f"ready-{marker}")
+        assert scheduling_of(process.pid) == (SCHED_OTHER, -10)
+    finally:
+        end_and_reap(process)
