@@ -1,8 +1,10 @@
 """Code fixing: a small buggy Python module and its tests; the score is whether pytest passes.
 
 ``CodeFixEnv.prepare_workspace`` writes the module and its tests into the slot's workspace.
-``verify_and_score`` writes the tests again (so a model that edited them gains nothing), runs
-``python -m pytest -q`` in the same slot, and scores 1.0 when every test passes, else 0.0.
+``verify_and_score`` runs ``SlotTools.pytest``: it writes the tests again (so a model that edited
+them gains nothing), runs pytest in the same slot and reads its outcome; the score is 1.0 when
+every test passes, else 0.0, with pytest's counts and the failing test ids as the score's
+metadata (the report shows them).
 
 Which Python runs the tests: the interpreter that runs the slot servers' exec agents, which the
 sandbox always binds read-only (``SANDBOX_PYTHON``, under the local pool's default settings). A
@@ -28,7 +30,15 @@ from pathlib import Path
 
 import attrs
 
-from trajcore.env import AgentEnv, AgentEnvConfig, Message, SlotInfraError, SlotTools, ToolCall
+from trajcore.env import (
+    AgentEnv,
+    AgentEnvConfig,
+    JSONObject,
+    Message,
+    SlotInfraError,
+    SlotTools,
+    ToolCall,
+)
 from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 __all__ = ["SANDBOX_PYTHON", "SOLUTIONS", "TASKS", "CodeFixEnv", "CodeTask"]
@@ -143,17 +153,22 @@ class CodeFixEnv(AgentEnv[CodeTask]):
 
     async def verify_and_score(
         self, item: CodeTask, tools: SlotTools, messages: Sequence[Message]
-    ) -> float:
-        await tools.upload(item.tests)  # the tests as shipped, whatever the model did to them
-        tests = " ".join(item.tests)
-        # Bytecode caches from fresh, empty places: a stale .pyc in the workspace (written before
-        # an edit within the same second that kept the file's size) must not stand in for it.
-        # check raises SlotInfraError when the slot cannot run pytest: a failure, never a 0.
-        passed = await tools.check(
-            'PYTHONDONTWRITEBYTECODE=1 PYTHONPYCACHEPREFIX="$(mktemp -d)" '
-            f"{await _pytest_env(tools)} -m pytest -q -p no:cacheprovider {tests}"
+    ) -> tuple[float, JSONObject]:
+        # The tests as shipped, whatever the model did to them, then pytest in the same slot.
+        # pytest raises SlotInfraError when the slot cannot run it: a failure, never a 0. Once
+        # _pytest_env found pytest, a run that never reports (a conftest the model wrote that
+        # exits, a pytest.py shadowing it) is the model's doing: not passed_all, so 0.
+        outcome = await tools.pytest(
+            item.tests, args=sorted(item.tests), python=await _pytest_env(tools)
         )
-        return 1.0 if passed else 0.0
+        metadata: JSONObject = {
+            "pytest": outcome.exit.value,
+            "passed": outcome.passed,
+            "failed": outcome.failed,
+            "errors": outcome.errors,
+            "failing": list(outcome.failing),
+        }
+        return (1.0 if outcome.passed_all else 0.0), metadata
 
     async def eval_items(self) -> Sequence[CodeTask]:
         return TASKS

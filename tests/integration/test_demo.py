@@ -30,6 +30,7 @@ from trajcore.domain.tools import ToolCall
 from trajcore.entrypoints.atropos import AgentEnvConfig
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.tools import SlotTools, ToolRouter
+from trajcore.rollout.trajectory import ScoreAnswer
 from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 pytestmark = [
@@ -110,6 +111,10 @@ async def solve(tools: SlotTools, steps: Sequence[ToolCall]) -> None:
         assert result.ok, result.content
 
 
+def _score(answer: ScoreAnswer) -> float:
+    return answer if isinstance(answer, float) else answer[0]
+
+
 def _config() -> AgentEnvConfig:
     return AgentEnvConfig(tokenizer_name=str(qwen3_tokenizer_path()), use_wandb=False)
 
@@ -122,9 +127,9 @@ async def test_every_shell_task_fails_before_and_passes_after_its_solution() -> 
         for task in TASKS:
             async with slot_tools(services) as tools:  # a fresh workspace per task
                 await env.prepare_workspace(task, tools)
-                assert await env.verify_and_score(task, tools, ()) == 0.0, task.name
+                assert _score(await env.verify_and_score(task, tools, ())) == 0.0, task.name
                 await solve(tools, SOLUTIONS[task.name])
-                assert await env.verify_and_score(task, tools, ()) == 1.0, task.name
+                assert _score(await env.verify_and_score(task, tools, ())) == 1.0, task.name
 
 
 @pytest.mark.anyio
@@ -134,15 +139,15 @@ async def test_code_fix_scores_fixed_one_buggy_or_test_edited_zero() -> None:
         for task in code_fix.TASKS:
             async with slot_tools(services) as tools:
                 await env.prepare_workspace(task, tools)
-                assert await env.verify_and_score(task, tools, ()) == 0.0, task.name
+                assert _score(await env.verify_and_score(task, tools, ())) == 0.0, task.name
                 await solve(tools, code_fix.SOLUTIONS[task.name])
-                assert await env.verify_and_score(task, tools, ()) == 1.0, task.name
+                assert _score(await env.verify_and_score(task, tools, ())) == 1.0, task.name
         async with slot_tools(services) as tools:  # edited tests do not count
             task = code_fix.TASKS[0]
             await env.prepare_workspace(task, tools)
             for name in task.tests:
                 await tools.write_file(name, "def test_nothing() -> None:\n    pass\n")
-            assert await env.verify_and_score(task, tools, ()) == 0.0
+            assert _score(await env.verify_and_score(task, tools, ())) == 0.0
 
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -166,9 +171,9 @@ async def test_code_fix_ships_pytest_when_the_sandbox_python_lacks_it(
     task = code_fix.TASKS[1]
     async with local_pool() as services, slot_tools(services) as tools:
         await env.prepare_workspace(task, tools)
-        assert await env.verify_and_score(task, tools, ()) == 0.0
+        assert _score(await env.verify_and_score(task, tools, ())) == 0.0
         shipped = await tools.bash("test -d .verify/_pytest")
         assert shipped.exec is not None
         assert shipped.exec.exit_code == 0
         await solve(tools, code_fix.SOLUTIONS[task.name])
-        assert await env.verify_and_score(task, tools, ()) == 1.0
+        assert _score(await env.verify_and_score(task, tools, ())) == 1.0

@@ -19,6 +19,7 @@ runner turns an error raised from the scoring hook into an infrastructure failur
 from __future__ import annotations
 
 import itertools
+import shlex
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -37,8 +38,9 @@ from trajcore.domain.tools import (
 )
 from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.dispatcher import ToolDispatcher
+from trajcore.rollout.pytest_outcome import PytestExit, PytestOutcome, read_pytest_outcome
 
-__all__ = ["SlotTools", "ToolRouter"]
+__all__ = ["PytestExit", "PytestOutcome", "SlotTools", "ToolRouter"]
 
 
 @attrs.define
@@ -60,9 +62,17 @@ class ToolRouter:
     offered: frozenset[str]
     tool_timeout_s: float
     trajectory_id: str
+    _sent: int = attrs.field(init=False, default=0)
 
     async def run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
-        """One result per call, in order; failures are results (see ``ToolOutcome``)."""
+        """One result per call, in order; failures are results (see ``ToolOutcome``).
+
+        A slot remembers a lease's results by call id (a repeated id is a retry, answered
+        without running again), but a model's ids need only be unique within one turn: servers
+        that number each turn's calls from ``call_0`` exist. So each call goes to the slot
+        under an id of its own in this lease (the model's id, then ``#`` and a count), and its
+        result comes back under the model's id.
+        """
         results: list[ToolResult | None] = [None] * len(calls)
         slot_calls: list[tuple[int, SlotCall]] = []
         external: list[tuple[int, ToolCall]] = []
@@ -70,15 +80,17 @@ class ToolRouter:
             if call.name not in self.offered:
                 results[i] = ToolResult.unknown_tool(call)
             elif call.name in SLOT_TOOLS:
+                self._sent += 1
+                sent = attrs.evolve(call, id=f"{call.id}#{self._sent}")
                 slot_calls.append(
-                    (i, SlotCall(lease=self.lease, call=call, timeout_s=self.tool_timeout_s))
+                    (i, SlotCall(lease=self.lease, call=sent, timeout_s=self.tool_timeout_s))
                 )
             else:
                 external.append((i, call))
         if slot_calls:
             answers = await self.dispatcher.run([c for _, c in slot_calls])
             for (i, _), answer in zip(slot_calls, answers, strict=True):
-                results[i] = answer
+                results[i] = attrs.evolve(answer, call_id=calls[i].id)
         if external:
             for (i, _), answer in zip(external, await self._external(external), strict=True):
                 results[i] = answer
@@ -204,6 +216,47 @@ class SlotTools:
     async def download(self, paths: Sequence[str]) -> dict[str, str]:
         """Read several files from the workspace."""
         return {path: await self.read_file(path) for path in paths}
+
+    async def pytest(
+        self,
+        files: Mapping[str, str] | None = None,
+        *,
+        args: Sequence[str] = (),
+        python: str = "python3",
+        cwd: str = ".",
+        timeout_s: float | None = None,
+    ) -> PytestOutcome:
+        """Upload ``files``, run pytest in the slot, and read what it came to.
+
+        ``files`` (workspace-relative path to text: the tests as shipped, a conftest, data) are
+        written first, replacing what the model left under those names. Then
+        ``{python} -m pytest -q -rfE -p no:cacheprovider {args}`` runs in ``cwd`` (relative to
+        the workspace), with bytecode neither read from nor written to the workspace (a stale
+        ``.pyc`` the model left cannot stand in for an edited module). ``python`` is a shell
+        fragment that starts a Python able to import pytest in the slot (``python3``, or
+        ``PYTHONPATH=.verify /usr/bin/python3``); ``args`` are quoted, one word each.
+
+        Returns a ``PytestOutcome``: counts, failing test ids, the exit's meaning (``NOT_RUN``
+        when pytest never reported, say because it is not installed in the slot) and the output;
+        ``outcome.passed_all`` is the usual verdict.
+
+        Raises:
+            SlotFileError, SlotInfraError: as ``upload`` and ``run``: the slot could not write
+                the files or run the command, so there is no outcome.
+        """
+        if files:
+            await self.upload(files)
+        words = " ".join(shlex.quote(arg) for arg in args)
+        command = (
+            f"cd {shlex.quote(cwd)} && PYTHONDONTWRITEBYTECODE=1 "
+            f'PYTHONPYCACHEPREFIX="$(mktemp -d)" {python} -m pytest -q -rfE -p no:cacheprovider '
+            f"--color=no {words}"
+        ).rstrip()
+        report = await self.run(command, timeout_s=timeout_s)
+        output = report.stdout
+        if report.stderr:
+            output += ("\n" if output and not output.endswith("\n") else "") + report.stderr
+        return read_pytest_outcome(output, report.exit_code, timed_out=report.timed_out)
 
 
 def offered_names(specs: Sequence[ToolSpec]) -> frozenset[str]:

@@ -31,6 +31,7 @@ from trajcore.adapters.fakes.sandbox import (
     default_command,
 )
 from trajcore.adapters.fakes.tools import FakeToolServer, RecordedCall, ToolFault, ToolFaultKind
+from trajcore.adapters.fakes.unisolated import UnisolatedSandboxPool
 
 __all__ = [
     "ChatRequest",
@@ -51,6 +52,7 @@ __all__ = [
     "TokenResponder",
     "ToolFault",
     "ToolFaultKind",
+    "UnisolatedSandboxPool",
     "default_command",
     "truncate_completion",
 ]

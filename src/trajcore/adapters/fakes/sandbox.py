@@ -39,10 +39,11 @@ request's container and call ids; ``resets`` each slot reset and whether it succ
 
 from __future__ import annotations
 
+import abc
 import posixpath
 import shlex
 from collections.abc import Callable, Sequence
-from typing import Self, cast
+from typing import ClassVar, Self, cast
 
 import anyio
 import anyio.lowlevel
@@ -63,8 +64,13 @@ __all__ = [
     "ExecutedCall",
     "FakeSandboxPool",
     "FakeWorkspace",
+    "InProcessSlotPool",
     "ResetRecord",
+    "command_result",
     "default_command",
+    "no_such_file",
+    "workspace_path",
+    "wrote",
 ]
 
 _TOOLS: dict[str, ToolSpec] = {spec.name: spec for spec in SLOT_TOOL_SPECS}
@@ -99,7 +105,7 @@ class ResetRecord:
     ok: bool
 
 
-def _workspace_path(path: object) -> str | None:
+def workspace_path(path: object) -> str | None:
     """``path`` normalised inside the workspace, or ``None`` when it leads out (or is not text)."""
     if not isinstance(path, str) or not path or path.startswith("/") or "\0" in path:
         return None
@@ -133,7 +139,7 @@ def default_command(command: str, workspace: FakeWorkspace) -> CommandOutcome:
     if name == "cat":
         out: list[str] = []
         for arg in args:
-            key = _workspace_path(arg)
+            key = workspace_path(arg)
             if key is None or key not in workspace:
                 return ExecReport(
                     exit_code=1, stdout="".join(out), stderr=f"cat: {arg}: No such file\n"
@@ -164,7 +170,7 @@ def _report(outcome: CommandOutcome) -> ExecReport | None:
     return ExecReport(exit_code=0, stdout=outcome)
 
 
-def _command_result(call: SlotCall, report: ExecReport) -> ToolResult:
+def command_result(call: SlotCall, report: ExecReport) -> ToolResult:
     """Shape a report as the slot server does: stdout, then stderr, then the exit code."""
     text = report.stdout
     if report.stderr:
@@ -199,13 +205,16 @@ class _FakeContainer:
 
 
 @attrs.define(eq=False)
-class FakeSandboxPool(LeasedPool):
-    """An in-memory SandboxPool: ``async with FakeSandboxPool(containers=2, slots=4) as pool``.
+class InProcessSlotPool(LeasedPool):
+    """What the pools whose slots live in this process share: containers of slots, leasing
+    through the slot book, the call record, idempotent calls, argument checks, and faults.
+
+    Subclasses say where a slot's files are and how a command runs: ``_read``, ``_write``,
+    ``_command``, ``_wipe`` (a reset) and ``_drop`` (a container lost or closed).
 
     Attributes:
-        containers: How many containers it starts with (named ``fake-0``, ``fake-1``, ...).
+        containers: How many containers it starts with (named ``{prefix}-0``, ...).
         slots_per_container: Slots per container.
-        handler: Answers ``bash`` and ``bash_stateful`` commands (``default_command`` by default).
         acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: no limit).
         restart_crashed: Replace a crashed container with a fresh one.
         start_delay_s: How long entering the pool takes (a slow start).
@@ -214,7 +223,6 @@ class FakeSandboxPool(LeasedPool):
 
     containers: int = attrs.field(default=1, validator=positive_int)
     slots_per_container: int = attrs.field(default=4, validator=positive_int)
-    handler: CommandHandler = default_command
     acquire_timeout_s: float | None = 60.0
     restart_crashed: bool = True
     start_delay_s: float = 0.0
@@ -227,10 +235,12 @@ class FakeSandboxPool(LeasedPool):
     _generations: dict[str, int] = attrs.field(init=False, factory=dict)
     _closed: bool = attrs.field(init=False, default=False)
 
+    prefix: ClassVar[str] = "fake"
+
     def __attrs_post_init__(self) -> None:
         self._leasing = SlotLeasing(reset=self._reset, default_timeout_s=self.acquire_timeout_s)
         for index in range(self.containers):
-            self._add_container(f"fake-{index}")
+            self._add_container(f"{self.prefix}-{index}")
 
     async def __aenter__(self) -> Self:
         if self.start_delay_s > 0:
@@ -242,7 +252,7 @@ class FakeSandboxPool(LeasedPool):
     async def execute(self, container: str, calls: Sequence[SlotCall]) -> list[ToolResult]:
         """See ``SandboxPool.execute``; faults staged for ``container`` apply to this batch."""
         if self._closed:
-            raise PoolClosed("the fake sandbox pool is closed")
+            raise PoolClosed(f"the {type(self).__name__} is closed")
         self.batches.append((container, tuple(call.call.id for call in calls)))
         results, runnable = refuse_stale(self._leasing, container, calls)
         live = self._live.get(container)
@@ -250,7 +260,7 @@ class FakeSandboxPool(LeasedPool):
             if live.crash_next:
                 live.crash_next = False
                 await anyio.lowlevel.checkpoint()
-                self._lose(live, "crashed mid-batch (injected)")
+                await self._lose(live, "crashed mid-batch (injected)")
                 reason = f"slot server {container} crashed during the batch (injected)"
                 for i in runnable:
                     results[i] = ToolResult.failure(calls[i].call, ToolOutcome.INFRA_ERROR, reason)
@@ -281,6 +291,9 @@ class FakeSandboxPool(LeasedPool):
         for live in self._live.values():
             if live.hang is not None:
                 live.hang.set()
+        with anyio.CancelScope(shield=True):
+            for name in list(self._live):
+                await self._drop(name)
 
     # ------------------------------------------------------------------------- faults
 
@@ -307,13 +320,37 @@ class FakeSandboxPool(LeasedPool):
         """The live containers, in the order they were added."""
         return list(self._live)
 
-    def workspace(self, slot: SlotId) -> FakeWorkspace:
-        """The files of ``slot`` (live; mutate to prepare a workspace). Raises ``KeyError``."""
-        return self._container(slot.container).slots[slot.index].files
-
     def check_valid(self) -> None:
         """The slot book's invariants (raises ``AssertionError`` naming the first broken)."""
         self._leasing.check_valid()
+
+    # ------------------------------------------------------------------------- where slots live
+
+    @abc.abstractmethod
+    async def _read(self, slot: SlotId, call: SlotCall, key: str) -> ToolResult:
+        """``read_file`` of the workspace-relative, normalised ``key``."""
+
+    @abc.abstractmethod
+    async def _write(
+        self, slot: SlotId, call: SlotCall, key: str, content: str, append: bool
+    ) -> ToolResult:
+        """``write_file`` of ``key`` (parents created)."""
+
+    @abc.abstractmethod
+    async def _command(self, slot: SlotId, call: SlotCall, command: str) -> ToolResult:
+        """``bash``: ``command`` in the slot's workspace, within ``call.timeout_s``."""
+
+    async def _wipe(self, slot: SlotId) -> None:
+        """A reset's work beyond forgetting results: end what the lease left, empty the files."""
+
+    async def _drop(self, name: str) -> None:
+        """Container ``name`` is gone (lost, or the pool closed): free what its slots hold."""
+
+    def _refused_tool(self, name: str) -> str | None:
+        """Why ``name`` (a slot tool with valid arguments) cannot run here, or ``None``."""
+        if name == "tmux":
+            return f"the {type(self).__name__} has no terminal @ $.tool"
+        return None
 
     # ------------------------------------------------------------------------- internals
 
@@ -328,10 +365,12 @@ class FakeSandboxPool(LeasedPool):
         self._live[name] = _FakeContainer(name=name, slots=slots)
         self._leasing.add_container(name, self.slots_per_container)
 
-    def _lose(self, live: _FakeContainer, reason: str) -> None:
+    async def _lose(self, live: _FakeContainer, reason: str) -> None:
         if self._live.pop(live.name, None) is None:
             return
         self._leasing.lose_container(live.name)
+        with anyio.CancelScope(shield=True):
+            await self._drop(live.name)
         if self.restart_crashed and not self._closed:
             base = live.name.split("~")[0]
             generation = self._generations.get(base, 0) + 1
@@ -349,6 +388,7 @@ class FakeSandboxPool(LeasedPool):
                 self._fail_resets -= 1
             slot.files.clear()
             slot.results.clear()
+            await self._wipe(lease.slot)
         self.resets.append(ResetRecord(slot=lease.slot, epoch=lease.epoch, ok=ok))
         return ok
 
@@ -369,11 +409,11 @@ class FakeSandboxPool(LeasedPool):
                     arguments=dict(call.arguments),
                 )
             )
-            result = await self._tool(slot, call)
+            result = await self._tool(call)
             slot.results[key] = result
             return result
 
-    async def _tool(self, slot: _FakeSlot, call: SlotCall) -> ToolResult:
+    async def _tool(self, call: SlotCall) -> ToolResult:
         name = call.call.name
         spec = _TOOLS.get(name)
         if spec is None:
@@ -384,42 +424,83 @@ class FakeSandboxPool(LeasedPool):
             reason = f"{problems[0]} (tool {name})"
             return ToolResult.failure(call.call, ToolOutcome.REJECTED, reason)
         args = call.arguments
+        slot = call.lease.slot
         if name in ("read_file", "write_file"):
-            key = _workspace_path(args["path"])
+            key = workspace_path(args["path"])
             if key is None:
                 reason = f"{args['path']!r} leads out of the workspace @ $.path"
                 return ToolResult.failure(call.call, ToolOutcome.REJECTED, reason)
             if name == "read_file":
-                if key not in slot.files:
-                    reason = f"cannot read {args['path']!r}: No such file or directory"
-                    return ToolResult.failure(call.call, ToolOutcome.TOOL_ERROR, reason)
-                return ToolResult(
-                    call_id=call.call.id, name=name, outcome=ToolOutcome.OK,
-                    content=slot.files[key],
-                )  # fmt: skip
+                return await self._read(slot, call, key)
             content = cast("str", args["content"])
-            if args.get("append") is True:
-                slot.files[key] = slot.files.get(key, "") + content
-            else:
-                slot.files[key] = content
-            size = len(content.encode("utf-8", "surrogatepass"))
-            return ToolResult(
-                call_id=call.call.id, name=name, outcome=ToolOutcome.OK,
-                content=f"wrote {size} bytes to {args['path']}",
-            )  # fmt: skip
-        if name == "tmux":
-            reason = "the fake sandbox pool has no terminal @ $.tool"
-            return ToolResult.failure(call.call, ToolOutcome.REJECTED, reason)
-        command = cast("str", args["command"])
+            return await self._write(slot, call, key, content, args.get("append") is True)
+        refusal = self._refused_tool(name)
+        if refusal is not None:
+            return ToolResult.failure(call.call, ToolOutcome.REJECTED, refusal)
+        return await self._command(slot, call, cast("str", args["command"]))
+
+
+def wrote(call: SlotCall, size: int) -> ToolResult:
+    """The result of a successful ``write_file`` of ``size`` bytes, as the slot server words it."""
+    return ToolResult(
+        call_id=call.call.id, name=call.call.name, outcome=ToolOutcome.OK,
+        content=f"wrote {size} bytes to {call.arguments['path']}",
+    )  # fmt: skip
+
+
+def no_such_file(call: SlotCall) -> ToolResult:
+    """The result of a ``read_file`` of a path that is not there."""
+    reason = f"cannot read {call.arguments['path']!r}: No such file or directory"
+    return ToolResult.failure(call.call, ToolOutcome.TOOL_ERROR, reason)
+
+
+@attrs.define(eq=False)
+class FakeSandboxPool(InProcessSlotPool):
+    """An in-memory SandboxPool: ``async with FakeSandboxPool(containers=2, slots=4) as pool``.
+
+    Attributes:
+        containers: How many containers it starts with (named ``fake-0``, ``fake-1``, ...).
+        slots_per_container: Slots per container.
+        handler: Answers ``bash`` and ``bash_stateful`` commands (``default_command`` by default).
+        acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: no limit).
+        restart_crashed: Replace a crashed container with a fresh one.
+        start_delay_s: How long entering the pool takes (a slow start).
+        executed, batches, resets: The record (see the module docstring).
+    """
+
+    handler: CommandHandler = default_command
+
+    def workspace(self, slot: SlotId) -> FakeWorkspace:
+        """The files of ``slot`` (live; mutate to prepare a workspace). Raises ``KeyError``."""
+        return self._files(slot)
+
+    def _files(self, slot: SlotId) -> FakeWorkspace:
+        return self._container(slot.container).slots[slot.index].files
+
+    async def _read(self, slot: SlotId, call: SlotCall, key: str) -> ToolResult:
+        files = self._files(slot)
+        if key not in files:
+            return no_such_file(call)
+        return ToolResult(
+            call_id=call.call.id, name=call.call.name, outcome=ToolOutcome.OK, content=files[key]
+        )
+
+    async def _write(
+        self, slot: SlotId, call: SlotCall, key: str, content: str, append: bool
+    ) -> ToolResult:
+        files = self._files(slot)
+        files[key] = (files.get(key, "") if append else "") + content
+        return wrote(call, len(content.encode("utf-8", "surrogatepass")))
+
+    async def _command(self, slot: SlotId, call: SlotCall, command: str) -> ToolResult:
+        files = self._files(slot)
         sleep = _sleep_seconds(command)
         if sleep is not None:
             if sleep > call.timeout_s:
                 await anyio.sleep(call.timeout_s)
                 killed = ExecReport(exit_code=None, timed_out=True, duration_s=call.timeout_s)
-                return _command_result(call, killed)
+                return command_result(call, killed)
             await anyio.sleep(sleep)
-            return _command_result(call, ExecReport(exit_code=0, duration_s=sleep))
-        report = _report(self.handler(command, slot.files)) or _report(
-            default_command(command, slot.files)
-        )
-        return _command_result(call, report or ExecReport(exit_code=127))
+            return command_result(call, ExecReport(exit_code=0, duration_s=sleep))
+        report = _report(self.handler(command, files)) or _report(default_command(command, files))
+        return command_result(call, report or ExecReport(exit_code=127))
