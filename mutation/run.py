@@ -113,6 +113,7 @@ def prepare(key: str, tests: list[str]) -> Path:
     work.mkdir(parents=True)
     (work / "src").symlink_to(REPO / "src")
     (work / "tests").symlink_to(REPO / "tests")
+    (work / "mutation").symlink_to(REPO / "mutation")
     project = (REPO / "pyproject.toml").read_text()
     if "[tool.mutmut]" in project:
         sys.exit(
@@ -126,7 +127,8 @@ def prepare(key: str, tests: list[str]) -> Path:
             'source_paths = ["src"]',
             f"only_mutate = [{json.dumps('src/trajcore/' + key)}]",
             f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
-            'pytest_add_cli_args = ["-p", "no:cacheprovider"]',
+            'also_copy = ["mutation/"]',
+            'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "mutation.fast_first"]',
             "",
         ]
     )

@@ -272,3 +272,33 @@ def test_a_failed_group_is_dropped_for_its_failure_not_for_equal_scores(
     assert verdict.detail == detail
     assert verdict.all_equal
     assert verdict.status is GroupStatus.FAILED
+
+
+def test_the_verdict_detail_says_what_was_kept_or_why_nothing_was() -> None:
+    kept = GroupPolicy(group_size=3).assess([done(1.0), done(0.0), done(0.5)])
+    assert kept.detail == "kept 3 of 3"
+    equal = GroupPolicy(group_size=3).assess([done(0.5), done(0.5), infra()])
+    assert equal.detail == "all 2 scores equal 0.5: no learning signal"
+
+
+def test_a_score_for_an_empty_answer_is_refused_with_the_reason() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        TrajectoryOutcome(status=FINISHED, score=1.0, produced_output=False)
+    assert str(caught.value) == (
+        "the reward is skipped when the model produced nothing; leave it None @ score"
+    )
+
+
+@pytest.mark.parametrize("min_healthy", [2.5, "2", True])
+def test_min_healthy_must_be_an_integer(min_healthy: object) -> None:
+    with pytest.raises(ConfigError) as caught:
+        GroupPolicy(group_size=4, min_healthy=min_healthy)  # type: ignore[arg-type]  # bad input on purpose
+    assert str(caught.value) == f"must be an integer, got {min_healthy!r} @ min_healthy"
+
+
+def test_a_group_size_that_is_no_integer_is_named_not_a_type_error() -> None:
+    # min_healthy's default is filled in before group_size is validated: it must not fail on
+    # a bad group_size first.
+    with pytest.raises(ConfigError) as caught:
+        GroupPolicy(group_size="4")  # type: ignore[arg-type]  # bad input on purpose
+    assert caught.value.field == "group_size"
