@@ -4,17 +4,22 @@
 ``setup_trajectory_workspace``, ``verify_and_score_trajectory``, ``score_trajectory``,
 ``build_agent_config``), ``from trajcore.compat import HermesAgentEnv, AgentResult, ToolContext``
 for a hermes-agent env (``format_prompt``, ``compute_reward`` with a ``ToolContext`` whose calls
-are awaited). The implementation and its rules are in ``trajcore.entrypoints.seed_envs``;
+are awaited). Each base's config class (``AtroposAgentEnvConfig``, ``HermesAgentEnvConfig``)
+has its seed's defaults where they are safe; ``server_configs`` names the model server in
+``config_init``. The implementation and its rules are in ``trajcore.entrypoints.seed_envs``;
 ``docs/porting.md`` sets both seeds beside trajcore, setting by setting and hook by hook.
 """
 
+from trajcore.entrypoints.atropos.startup import server_configs
 from trajcore.entrypoints.item_limits import ItemLimits
 from trajcore.entrypoints.seed_envs import (
     AgentConfig,
     AgentResult,
     AtroposAgentEnv,
+    AtroposAgentEnvConfig,
     ExecTool,
     HermesAgentEnv,
+    HermesAgentEnvConfig,
     ToolContext,
     ToolError,
 )
@@ -25,10 +30,13 @@ __all__ = [
     "AgentConfig",
     "AgentResult",
     "AtroposAgentEnv",
+    "AtroposAgentEnvConfig",
     "ExecTool",
     "HermesAgentEnv",
+    "HermesAgentEnvConfig",
     "ItemLimits",
     "SeedSettingWarning",
     "ToolContext",
     "ToolError",
+    "server_configs",
 ]

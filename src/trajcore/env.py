@@ -51,6 +51,7 @@ from trajcore.entrypoints.atropos import (
     ScoredGroup,
     render_transcript,
 )
+from trajcore.entrypoints.atropos.startup import ModelEndpointUnavailable, server_configs
 from trajcore.entrypoints.item_limits import ItemLimits
 from trajcore.entrypoints.seed_settings import SeedSettingWarning
 from trajcore.rollout.group import GroupResult
@@ -77,6 +78,7 @@ __all__ = [
     "JSONSchemaValidator",
     "MemberOverrides",
     "Message",
+    "ModelEndpointUnavailable",
     "SandboxUnavailable",
     "ScoreAnswer",
     "ScoredGroup",
@@ -102,4 +104,5 @@ __all__ = [
     "TrajectoryStatus",
     "Transcript",
     "render_transcript",
+    "server_configs",
 ]

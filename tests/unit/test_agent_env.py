@@ -218,7 +218,9 @@ def test_cli_text_becomes_lists_and_mappings() -> None:
 
 def test_the_mode_switch() -> None:
     assert _config().resolved_mode == "openai"
-    assert _config(tool_call_parser="hermes").resolved_mode == "managed"
+    # No token server type known: a parser alone does not switch to managed mode.
+    assert _config(tool_call_parser="hermes").resolved_mode == "openai"
+    assert _config(tool_call_parser="hermes", mode="managed").resolved_mode == "managed"
     assert _config(tool_call_parser="hermes", mode="openai").resolved_mode == "openai"
 
 
@@ -428,7 +430,7 @@ async def test_inprocess_tool_server_tools_are_offered_and_run() -> None:
 
 
 async def test_managed_mode_sends_exact_tokens_and_logprobs() -> None:
-    env = FileEnv(_config(tool_call_parser="hermes", group_size=2))
+    env = FileEnv(_config(mode="managed", tool_call_parser="hermes", group_size=2))
     tokenizer = env.tokenizer_port()
     im_end = tokenizer.encode("<|im_end|>")
     parser = get_parser("hermes")

@@ -94,7 +94,7 @@ async def test_metadata_that_is_not_a_json_object_fails_the_member(bad: Any) -> 
             "ok", pool=pool, policy=env.make_policy(chat=_alternating_chat())
         )
     for member in result.members:
-        assert member.outcome.status is TrajectoryStatus.INFRA_ERROR
+        assert member.outcome.status is TrajectoryStatus.ENV_ERROR  # the env's doing
         assert member.outcome.detail is not None
         assert "prepare hook returned" in member.outcome.detail
         assert member.outcome.score is None

@@ -98,7 +98,7 @@ async def test_the_group_log_line_says_the_drift(caplog: pytest.LogCaptureFixtur
         await openai_env.run_task(
             "ok", pool=pool, policy=openai_env.make_policy(chat=_alternating_chat())
         )
-    env = FileEnv(_config(tool_call_parser="hermes", group_size=2))
+    env = FileEnv(_config(mode="managed", tool_call_parser="hermes", group_size=2))
     tokenizer = env.tokenizer_port()
     im_end = tokenizer.encode("<|im_end|>")
     parser = get_parser("hermes")

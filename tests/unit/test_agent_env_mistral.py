@@ -39,6 +39,7 @@ async def test_managed_mode_runs_on_mistrals_own_encoder() -> None:
     env = FileEnv(
         _config(
             group_size=2,
+            mode="managed",
             tool_call_parser="mistral",
             tokenizer_mode="mistral",
             mistral_tokenizer_file=str(_tekken_file()),

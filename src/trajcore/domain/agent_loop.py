@@ -21,6 +21,10 @@ States and the events each accepts (anything else raises ``StateError`` naming b
                     infra_failed, out_of_time -> finished
     finished        nothing
 
+``env_failed`` (the env's own code raised outside the loop, e.g. while preparing the slot) is
+accepted wherever ``infra_failed`` is, as the same event with another stop reason: both are
+failures from outside the loop, told apart only by who caused them.
+
 Rules this module keeps:
 
 - No more than ``max_turns`` assistant turns: once the last allowed turn's calls have run, the
@@ -131,6 +135,7 @@ class StopReason(enum.Enum):
     TRUNCATED = "truncated"  # cut off by max_tokens with no complete call
     MODEL_ERROR = "model_error"  # the LLM server failed or aborted
     INFRA_ERROR = "infra_error"  # sandbox, slot server or tool server failed
+    ENV_ERROR = "env_error"  # the env's own code (a hook) failed
 
     @property
     def status(self) -> TrajectoryStatus:
@@ -146,6 +151,7 @@ _STATUS_OF: Mapping[StopReason, TrajectoryStatus] = {
     StopReason.TIME_BUDGET: TrajectoryStatus.BUDGET_EXHAUSTED,
     StopReason.MODEL_ERROR: TrajectoryStatus.MODEL_ERROR,
     StopReason.INFRA_ERROR: TrajectoryStatus.INFRA_ERROR,
+    StopReason.ENV_ERROR: TrajectoryStatus.ENV_ERROR,
 }
 
 
@@ -571,6 +577,21 @@ class AgentLoop:
             self._started_at = now
         self._pending = ()
         return self._finish(LoopEvent.INFRA_FAILED, StopReason.INFRA_ERROR, detail)
+
+    def env_failed(self, *, now: float, detail: str) -> Finish:
+        """The env's own code failed outside a turn (a hook raised): finish with ``env_error``.
+
+        Accepted wherever ``infra_failed`` is (it is the same event, told apart by its cause).
+
+        Raises:
+            StateError: the loop already finished.
+        """
+        self._expect(LoopEvent.INFRA_FAILED)
+        self._observe(now)
+        if self._started_at is None:
+            self._started_at = now
+        self._pending = ()
+        return self._finish(LoopEvent.INFRA_FAILED, StopReason.ENV_ERROR, detail)
 
     def out_of_time(self, *, now: float) -> Finish:
         """The time budget ran out while the model or the tools were busy.

@@ -7,11 +7,14 @@ and the env's ``GroupPolicy``; ``GroupPolicy.assess`` returns a frozen ``GroupVe
 
 Rules this module keeps:
 
-- A trajectory ends in one of four statuses. ``finished`` and ``budget_exhausted`` are *healthy*:
+- A trajectory ends in one of five statuses. ``finished`` and ``budget_exhausted`` are *healthy*:
   what happened is the policy's doing and is scored. ``infra_error`` (sandbox, slot server, tool
-  server) and ``model_error`` (the LLM server failed or aborted; ``ModelServerError`` is an
-  ``InfrastructureError``) are *failures*: not the policy's fault, so they carry no score, are
-  never kept, and are never turned into a 0 that would drag the group's advantages.
+  server), ``model_error`` (the LLM server failed or aborted; ``ModelServerError`` is an
+  ``InfrastructureError``) and ``env_error`` (the env's own code raised: a hook's bug, a
+  forgotten ``await``, a hook that returned something that is not a score) are *failures*: not
+  the policy's fault, so they carry no score, are never kept, and are never turned into a 0 that
+  would drag the group's advantages. Each is counted under its own name, so a bug in an env is
+  never reported as a broken sandbox.
 - A healthy member whose model produced nothing has its reward hook skipped (the env has nothing
   to verify) and gets the policy's ``empty_score`` instead: 0.0 by default, since an empty answer
   is the policy's failure and should be learnt from. With ``empty_score=None`` such members are
@@ -57,6 +60,7 @@ class TrajectoryStatus(enum.Enum):
     BUDGET_EXHAUSTED = "budget_exhausted"  # max turns, token or time budget
     MODEL_ERROR = "model_error"  # the LLM server failed or aborted the generation
     INFRA_ERROR = "infra_error"  # sandbox, slot server or tool server failed
+    ENV_ERROR = "env_error"  # the env's own code (a hook) raised or answered nonsense
 
     @property
     def healthy(self) -> bool:
@@ -106,7 +110,8 @@ def _is_finite_number(value: object) -> bool:
 
 
 class OnFailure(enum.Enum):
-    """What a group does when some member failed (``infra_error`` or ``model_error``)."""
+    """What a group does when some member failed (``infra_error``, ``model_error`` or
+    ``env_error``)."""
 
     DROP = "drop"  # send nothing for this group
     KEEP_HEALTHY = "keep_healthy"  # send the usable members when at least min_healthy remain
@@ -258,7 +263,8 @@ class GroupVerdict:
         scores: The kept members' scores, aligned with ``kept``; empty when dropped.
         member_scores: One entry per member: its score (``empty_score`` for an empty member),
             or ``None`` for a failure or a left-out empty member. For metrics, even when dropped.
-        failed: Indices of members that ended in ``infra_error`` or ``model_error``.
+        failed: Indices of members that ended in ``infra_error``, ``model_error`` or
+            ``env_error``.
         left_out: Indices of members without a score (``failed`` plus left-out empty members).
         all_equal: Whether the usable scores are all one value (true for a single score).
         drop_reason: Why the group is not sent; ``None`` when it is.

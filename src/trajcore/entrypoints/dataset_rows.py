@@ -4,12 +4,16 @@ hermes-agent's config named a dataset (``dataset_name``, ``dataset_split``, ``pr
 env that sets ``dataset`` (and leaves ``get_next_item`` and ``build_task`` alone) gets its items
 from here, one row at a time, cycling, and sends ``row[prompt_field]`` as the task.
 
+The rows are loaded only for the built-in ``get_next_item``: an env that writes its own (as
+hermes's envs did, loading their data in ``setup``) keeps ``dataset`` for itself and nothing is
+loaded for it; the built-in ``build_task`` needs no rows, only ``prompt_field``.
+
 Rules this module keeps:
 
 - **Offline.** A local ``.jsonl`` or ``.parquet`` file is read directly; a folder saved with
   ``datasets``' ``save_to_disk`` is loaded from disk; any other name goes to
   ``datasets.load_dataset`` with ``HF_HUB_OFFLINE=1`` forced for the call, so it is served from
-  the local cache or fails, and never downloads.
+  the local cache or fails, and never downloads (the error says how to fetch it once).
 - **Checked when loaded.** Every row must be a JSON object holding ``prompt_field`` with text; a
   row that does not is a ``ConfigError`` naming the row and the field, when the env is built.
 - **Order.** Rows come in file order, then again from the first (the env's ``group_size``
@@ -20,17 +24,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast
 
 import attrs
 
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.json_values import JSON, JSONObject, check_json
+from trajcore.domain.json_values import JSONObject, check_json
 
-__all__ = ["DatasetRows", "load_rows"]
+__all__ = ["DatasetRows", "DatasetSettings", "builtin_dataset", "load_rows"]
 
 
 @contextmanager
@@ -79,7 +83,10 @@ def _hugging_face(source: str, split: str) -> list[object]:
             raise ConfigError("dataset_split", f"{source!r} has no split {split!r}") from None
         except (OSError, ValueError) as exc:
             raise ConfigError(
-                "dataset", f"cannot load {source!r} offline (HF_HUB_OFFLINE=1): {exc}"
+                "dataset",
+                f"cannot load {source!r} offline (HF_HUB_OFFLINE=1): {exc}. Fetch it once "
+                f"(huggingface-cli download --repo-type dataset {source}), name a local "
+                ".jsonl/.parquet file, or write get_next_item and load it in setup",
             ) from None
     return [dict(row) for row in table]
 
@@ -146,7 +153,52 @@ class DatasetRows:
         Raises:
             ConfigError: ``row`` has no text at ``prompt_field``.
         """
-        value: JSON = row.get(self.prompt_field)
+        return self.prompt_of(row, self.prompt_field)
+
+    @staticmethod
+    def prompt_of(row: Mapping[str, object], prompt_field: str) -> str:
+        """The task text of ``row`` at ``prompt_field``.
+
+        Raises:
+            ConfigError: ``row`` has no text at ``prompt_field``.
+        """
+        value = row.get(prompt_field)
         if not isinstance(value, str):
-            raise ConfigError("prompt_field", f"the item has no text field {self.prompt_field!r}")
+            raise ConfigError("prompt_field", f"the item has no text field {prompt_field!r}")
         return value
+
+
+class DatasetSettings(Protocol):
+    """The config fields the built-in dataset reads."""
+
+    @property
+    def dataset(self) -> str | None: ...
+    @property
+    def dataset_split(self) -> str: ...
+    @property
+    def prompt_field(self) -> str: ...
+
+
+def builtin_dataset(
+    config: DatasetSettings, *, env_name: str, builtin: Sequence[str]
+) -> DatasetRows | None:
+    """The rows behind the built-in ``get_next_item``, loaded and checked now, or ``None``
+    when the env writes its own ``get_next_item`` (``builtin`` names the item hooks the env
+    left to the base: ``get_next_item``, ``build_task``).
+
+    Raises:
+        ConfigError: no ``dataset`` while a built-in hook needs one, or what ``load_rows``
+            raises.
+    """
+    if config.dataset is None:
+        if builtin:
+            raise ConfigError(
+                "dataset",
+                f"{env_name} does not define {' or '.join(builtin)}: set dataset (a "
+                ".jsonl/.parquet file or a Hugging Face dataset) or write them",
+            )
+        return None
+    if "get_next_item" not in builtin:
+        return None
+    rows = load_rows(config.dataset, split=config.dataset_split, prompt_field=config.prompt_field)
+    return DatasetRows(rows=rows, prompt_field=config.prompt_field)

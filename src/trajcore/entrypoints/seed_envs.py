@@ -1,8 +1,9 @@
 """Seed-shaped env bases: an env written for atropos-agent or hermes-agent ports by its imports.
 
-Both seeds' envs subclassed a base with hook names of its own. These two bases keep those names
-and the arguments each hook got, and map them onto ``AgentEnv``'s hooks, so porting an env is
-``from trajcore.compat import ...`` and, for hermes, an ``await`` before each ToolContext call:
+Both seeds' envs subclassed a base with hook names of its own. These two bases keep those names,
+the arguments each hook got and the seeds' defaults, and map them onto ``AgentEnv``'s hooks, so
+porting an env is ``from trajcore.compat import ...`` and, for hermes, an ``await`` before each
+ToolContext call:
 
 ``AtroposAgentEnv`` (atropos-agent's ``AgentEnv``):
 
@@ -10,10 +11,15 @@ and the arguments each hook got, and map them onto ``AgentEnv``'s hooks, so port
 - ``setup_trajectory_workspace(item, *, trajectory_id, exec_tool) -> dict`` (its dict is the
   prepare metadata),
 - ``verify_and_score_trajectory(item, final_response, *, trajectory_id, exec_tool,
-  agent_result, workspace_meta) -> (score, metadata)``, by default ``score_trajectory(item,
-  final_response)`` with empty metadata,
-- ``build_agent_config(item) -> AgentConfig`` (per-item steps, tokens, tool delay; the
-  temperature is the config's, as one sampling setting serves the whole run).
+  agent_result=None, workspace_meta=None) -> (score, metadata)``, by default
+  ``score_trajectory(item, final_response)`` with empty metadata. Each keyword is passed only
+  when the override declares it (or takes ``**kwargs``): the seed's versions declared
+  different sets, and an override written as one of them runs unchanged.
+- ``build_agent_config(item) -> AgentConfig``: every field with the seed's meaning, per item:
+  ``max_steps``, ``temperature`` (``None``: the config's), ``max_tokens`` (``None``: the
+  backend decides, bounded only by what is left of ``max_token_length``), ``tool_delay_s``,
+  ``system_prompt`` (``None``: the config's); ``working_dir`` is refused when set (a slot's
+  commands run in its workspace).
 
 ``exec_tool(call)`` runs one ``ToolCall`` in the trajectory's slot and returns its
 ``ToolResult``; ``agent_result`` is the trajectory's ``Transcript``.
@@ -29,45 +35,64 @@ and the arguments each hook got, and map them onto ``AgentEnv``'s hooks, so port
   ``search``, ``call_tool``) bound to the very slot the model used. They are coroutines here:
   trajcore's tools run on the event loop, so ``ctx.terminal(...)`` becomes
   ``await ctx.terminal(...)``.
+- A ``compute_reward`` that raises scores that member ``reward_error_score`` (0.0, as hermes
+  did), counted as ``trajcore/reward_errors``, logged with its traceback and kept in the
+  member's score metadata (``reward_error``). Set ``reward_error_score = None`` to fail such a
+  member as ``env_error`` instead. An ``InfrastructureError`` (the slot died) always fails it as
+  ``infra_error``: it is never a 0.
 
-Where trajcore differs from the seeds on purpose (``docs/porting.md`` lists every case): a
-``TrajcoreError`` raised while scoring fails the member as an infrastructure error instead of
-being scored 0 (hermes) or dropping the group (atropos-agent); tokens are the ledger's, not the
-seeds' own agent's.
+Both: the seeds' tool names work in the env's own calls (``exec_tool``, ``ctx.call_tool``):
+``terminal`` is trajcore's ``bash``; a timeout the env's own code gives its command
+(``ctx.terminal(cmd, timeout=180)``, ``{"timeout": ...}`` in an ``exec_tool`` call) is honoured
+even past ``terminal_timeout_s``, which bounds the model's calls only. Each base's config
+(``AtroposAgentEnvConfig``, ``HermesAgentEnvConfig``) has its seed's defaults wherever they are
+safe; ``docs/porting.md`` lists every default that differs, and why. atropos-agent let slots
+reach the network by default; trajcore does not, and the atropos-agent base says so at start.
 """
 
 from __future__ import annotations
 
 import abc
 import base64
+import copy
+import inspect
+import itertools
 import json
+import logging
+import math
 import shlex
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, cast
+from typing import Any, ClassVar, Generic, cast
 
 import anyio
 import attrs
+from pydantic.fields import FieldInfo
 from typing_extensions import TypeVar
 
+from trajcore.domain import validators
 from trajcore.domain.agent_loop import StopReason
+from trajcore.domain.errors import ConfigError, InfrastructureError
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
 from trajcore.domain.tools import ToolCall, ToolResult
 from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig
-from trajcore.entrypoints.item_limits import ItemLimits
 from trajcore.rollout.tools import SlotTools
-from trajcore.rollout.trajectory import ScoreAnswer, Transcript
+from trajcore.rollout.trajectory import RolloutConfig, ScoreAnswer, Transcript, env_failure
 
 __all__ = [
     "AgentConfig",
     "AgentResult",
     "AtroposAgentEnv",
+    "AtroposAgentEnvConfig",
     "ExecTool",
     "HermesAgentEnv",
+    "HermesAgentEnvConfig",
     "ToolContext",
     "ToolError",
 ]
+
+log = logging.getLogger("trajcore.env")
 
 ItemT = TypeVar("ItemT")
 ConfigT_co = TypeVar("ConfigT_co", bound=AgentEnvConfig, default=AgentEnvConfig, covariant=True)
@@ -75,37 +100,153 @@ ConfigT_co = TypeVar("ConfigT_co", bound=AgentEnvConfig, default=AgentEnvConfig,
 ExecTool = Callable[[ToolCall], Awaitable[ToolResult]]
 """atropos-agent's ``exec_tool``: run one call in the trajectory's slot, get its result."""
 
+SEED_TOOL_NAMES: Mapping[str, str] = {"terminal": "bash"}
+"""The seeds' names of trajcore's tools, as the env's own code may call them."""
+
+_call_ids = itertools.count()
+
+
+def _timeout_of(arguments: Mapping[str, Any]) -> float | None:
+    value = arguments.get("timeout")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value) if value > 0 else None
+
+
+async def run_env_tool(
+    tools: SlotTools,
+    name: str,
+    arguments: Mapping[str, Any],
+    *,
+    timeout_s: float | None = None,
+) -> ToolResult:
+    """One call from the env's own code in the trajectory's slot: a seed tool name
+    (``terminal``) is its trajcore tool, and ``timeout_s`` (or a ``timeout`` argument) is
+    honoured even past ``terminal_timeout_s`` (it is the env's, not the model's)."""
+    name = SEED_TOOL_NAMES.get(name, name)
+    limit = timeout_s if timeout_s is not None else _timeout_of(arguments)
+    router = tools.router
+    router = attrs.evolve(
+        router,
+        offered=router.offered | {name},
+        tool_timeout_s=router.tool_timeout_s if limit is None else limit,
+    )
+    call = ToolCall(id=f"compat_{next(_call_ids)}", name=name, arguments=dict(arguments))
+    (result,) = await router.run([call])
+    return result
+
 
 def _exec_tool(tools: SlotTools) -> ExecTool:
     async def exec_tool(call: ToolCall) -> ToolResult:
-        return await tools.call(call.name, call.arguments)
+        return await run_env_tool(tools, call.name, call.arguments)
 
     return exec_tool
+
+
+def _declared(method: Callable[..., object], offered: Mapping[str, Any]) -> dict[str, Any]:
+    """The keywords of ``offered`` that ``method`` declares (all of them for ``**kwargs``)."""
+    parameters = inspect.signature(method).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return dict(offered)
+    names = {
+        p.name
+        for p in parameters
+        if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    }
+    return {key: value for key, value in offered.items() if key in names}
+
+
+def _with_default(name: str, default: object) -> Any:
+    """``AgentEnvConfig``'s field ``name`` (checks and description) with another default."""
+    info: FieldInfo = copy.copy(AgentEnvConfig.model_fields[name])
+    if isinstance(default, list):
+        kept = list(default)
+        info.default = FieldInfo().default  # PydanticUndefined
+        info.default_factory = lambda: list(kept)
+    else:
+        info.default = default
+        info.default_factory = None
+    return info
+
+
+def _say_network_is_off(env: AgentEnv[Any, AgentEnvConfig], seed: str) -> None:
+    config = env.config
+    if not config.allow_network and "allow_network" not in config.model_fields_set:
+        log.warning(
+            "%s: allow_network is off, so slots have no network (%s's default was on); set "
+            "allow_network: true (--env.allow_network true) if the tasks need it",
+            type(env).__name__,
+            seed,
+        )
 
 
 # ============================================================================ atropos-agent
 
 
+_non_negative_temperature = validators.finite_number(None, at_least=0.0, optional=True)
+
+
+def _no_working_dir(_: object, attribute: attrs.Attribute[str | None], value: object) -> None:
+    if value is not None:
+        raise ConfigError(
+            attribute.name,
+            f"{value!r}: a slot's commands run in its workspace; cd in the command instead",
+        )
+
+
 @attrs.frozen(kw_only=True)
 class AgentConfig:
-    """atropos-agent's per-item agent settings (``build_agent_config``).
+    """atropos-agent's per-item agent settings (``build_agent_config``), with its defaults.
 
     Attributes:
+        temperature: Sampling temperature; ``None``: the config's ``agent_temperature``.
+        max_tokens: Most tokens per turn; ``None``: the backend decides (each turn may use what
+            is left of ``max_token_length``).
         max_steps: Most assistant turns.
-        temperature: Kept for the seed's shape; trajcore samples every item with the config's
-            ``agent_temperature``.
-        max_tokens: Most tokens per turn (``None``: what is left of ``max_token_length``).
-        tool_delay_s: Kept for the seed's shape; the config's ``tool_delay_s`` applies.
+        system_prompt: The system prompt of this item's trajectories; ``None``: the config's.
+        tool_delay_s: Pause before each batch of one turn's tool calls.
+        working_dir: Must be ``None``: a slot's commands run in its workspace.
+
+    Raises (when built):
+        ConfigError: a value out of range, naming the field.
     """
 
-    max_steps: int
-    temperature: float
-    max_tokens: int | None
-    tool_delay_s: float = 0.0
+    temperature: float | None = attrs.field(default=0.7, validator=_non_negative_temperature)
+    max_tokens: int | None = attrs.field(default=None, validator=validators.optional_positive_int)
+    max_steps: int = attrs.field(default=50, validator=validators.positive_int)
+    system_prompt: str | None = attrs.field(default=None, validator=validators.optional_text)
+    tool_delay_s: float = attrs.field(default=0.0, validator=validators.non_negative_seconds)
+    working_dir: str | None = attrs.field(default=None, validator=_no_working_dir)
+
+
+class AtroposAgentEnvConfig(AgentEnvConfig):
+    """``AgentEnvConfig`` with atropos-agent's defaults where they are safe (``docs/porting.md``
+    lists the rest): 50 turns, temperature 0.7, no per-turn token cap, the ``default`` toolset,
+    a 20 ms batch window of up to 200 calls, 10 slots per container."""
+
+    max_turns: int = _with_default("max_turns", 50)
+    agent_temperature: float = _with_default("agent_temperature", 0.7)
+    max_tokens: int | None = _with_default("max_tokens", None)
+    enabled_toolsets: list[str] | str | None = _with_default("enabled_toolsets", ["default"])
+    batch_window_ms: float = _with_default("batch_window_ms", 20.0)
+    max_batch_size: int = _with_default("max_batch_size", 200)
+    slots_per_container: int = _with_default("slots_per_container", 10)
 
 
 class AtroposAgentEnv(AgentEnv[ItemT, ConfigT_co], Generic[ItemT, ConfigT_co]):
     """atropos-agent's ``AgentEnv`` hooks on trajcore (see the module doc)."""
+
+    env_config_cls: type[AgentEnvConfig] = AtroposAgentEnvConfig
+
+    def __init__(
+        self,
+        config: ConfigT_co,
+        server_configs: object = None,
+        slurm: bool = False,
+        testing: bool = False,
+    ) -> None:
+        super().__init__(config, server_configs, slurm=slurm, testing=testing)
+        _say_network_is_off(self, "atropos-agent")
 
     @abc.abstractmethod
     def build_task(self, item: ItemT) -> str:
@@ -142,7 +283,7 @@ class AtroposAgentEnv(AgentEnv[ItemT, ConfigT_co], Generic[ItemT, ConfigT_co]):
         return await self.score_trajectory(item, final_response), {}
 
     def build_agent_config(self, item: ItemT) -> AgentConfig:
-        """The agent's limits for ``item``; default: the config's."""
+        """The agent's settings for ``item``; default: the config's."""
         config = self.config
         return AgentConfig(
             max_steps=config.max_turns,
@@ -154,28 +295,57 @@ class AtroposAgentEnv(AgentEnv[ItemT, ConfigT_co], Generic[ItemT, ConfigT_co]):
     # -- the mapping onto AgentEnv's hooks
 
     async def prepare_workspace(self, item: ItemT, tools: SlotTools) -> JSONObject | None:
-        meta: object = await self.setup_trajectory_workspace(
-            item, trajectory_id=tools.router.trajectory_id, exec_tool=_exec_tool(tools)
-        )
+        offered = {"trajectory_id": tools.router.trajectory_id, "exec_tool": _exec_tool(tools)}
+        hook = self.setup_trajectory_workspace
+        meta: object = await hook(item, **_declared(hook, offered))
         # As the seed did, anything but a dict counts as no metadata; the rollout checks JSON.
         return cast("JSONObject", dict(meta)) if isinstance(meta, dict) else {}
 
     async def verify_and_score(
         self, item: ItemT, tools: SlotTools, messages: Transcript
     ) -> ScoreAnswer:
-        score, metadata = await self.verify_and_score_trajectory(
-            item,
-            messages.final_response,
-            trajectory_id=messages.trajectory_id,
-            exec_tool=_exec_tool(tools),
-            agent_result=messages,
-            workspace_meta=dict(messages.prepare_metadata or {}),
-        )
-        return score, cast("JSONObject", dict(metadata))  # the rollout checks it is JSON
+        offered = {
+            "trajectory_id": messages.trajectory_id,
+            "exec_tool": _exec_tool(tools),
+            "agent_result": messages,
+            "workspace_meta": dict(messages.prepare_metadata or {}),
+        }
+        hook = self.verify_and_score_trajectory
+        answer: object = await hook(item, messages.final_response, **_declared(hook, offered))
+        if isinstance(answer, tuple) and len(answer) == 2:
+            score, metadata = answer
+            # The rollout checks both: a finite score, a JSON object (None: no metadata).
+            return cast("float", score), cast("JSONObject", dict(metadata or {}))
+        return cast("float", answer)
 
-    def item_limits(self, item: ItemT) -> ItemLimits | None:
+    def task_messages(self, item: ItemT) -> list[Message]:
+        messages = super().task_messages(item)
+        prompt = self.build_agent_config(item).system_prompt
+        if prompt is None:
+            return messages
+        if messages[0].role == "system" and messages[0].content == self.config.system_prompt:
+            messages = messages[1:]  # the config's prompt, which the item's replaces
+        if not any(m.role == "system" for m in messages):
+            messages.insert(0, Message.system(prompt))
+        return messages
+
+    def item_rollout(self, item: ItemT) -> RolloutConfig:
         agent = self.build_agent_config(item)
-        return ItemLimits(max_turns=agent.max_steps, max_tokens=agent.max_tokens)
+        rollout = super().item_rollout(item)
+        sampling = rollout.sampling
+        sampling = attrs.evolve(
+            sampling,
+            max_tokens=self.config.max_token_length
+            if agent.max_tokens is None
+            else agent.max_tokens,
+            temperature=sampling.temperature if agent.temperature is None else agent.temperature,
+        )
+        return attrs.evolve(
+            rollout,
+            agent=attrs.evolve(rollout.agent, max_turns=agent.max_steps),
+            sampling=sampling,
+            tool_delay_s=agent.tool_delay_s,
+        )
 
 
 # ============================================================================= hermes-agent
@@ -274,9 +444,10 @@ class ToolContext:
     ) -> dict[str, Any]:
         """Run ``command`` in the slot: ``{"exit_code", "output"}`` (stdout then stderr).
 
-        ``timeout`` may only shorten the env's ``terminal_timeout_s``, as for the model.
+        ``timeout`` is the command's limit in seconds (hermes's default 180), honoured as given:
+        ``terminal_timeout_s`` bounds the model's calls, not the env's verification.
         """
-        result = await self.tools.call("bash", {"command": command, "timeout": timeout})
+        result = await run_env_tool(self.tools, "bash", {"command": command}, timeout_s=timeout)
         report = result.exec
         if report is None:
             return {"exit_code": -1, "output": result.error or result.content}
@@ -349,13 +520,32 @@ class ToolContext:
         return {"matches": [line for line in str(answer["output"]).splitlines() if line]}
 
     async def call_tool(self, tool_name: str, arguments: dict[str, Any]) -> str:
-        """Any tool by name (slot or tool server); its raw text answer (an error as JSON)."""
-        result = await self.tools.call(tool_name, arguments)
+        """Any tool by name (slot or tool server; hermes's ``terminal`` is ``bash``); its raw
+        text answer (an error as JSON)."""
+        result = await run_env_tool(self.tools, tool_name, arguments)
         return result.content if result.ok else json.dumps({"error": result.error})
 
 
+class HermesAgentEnvConfig(AgentEnvConfig):
+    """``AgentEnvConfig`` with hermes-agent's defaults where they are safe (``docs/porting.md``
+    lists the rest): parser ``hermes`` (used in managed mode, ignored in OpenAI mode as hermes
+    did), a slot idle lifetime of 3600 s, 128 tool threads."""
+
+    tool_call_parser: str | None = _with_default("tool_call_parser", "hermes")
+    slot_idle_timeout_s: float | None = _with_default("slot_idle_timeout_s", 3600.0)
+    tool_threads: int = _with_default("tool_threads", 128)
+
+
 class HermesAgentEnv(AgentEnv[ItemT, ConfigT_co], Generic[ItemT, ConfigT_co]):
-    """hermes-agent's ``HermesAgentBaseEnv`` hooks on trajcore (see the module doc)."""
+    """hermes-agent's ``HermesAgentBaseEnv`` hooks on trajcore (see the module doc).
+
+    Attributes:
+        reward_error_score: What a member whose ``compute_reward`` raised scores (hermes: 0.0);
+            ``None`` fails it as ``env_error`` instead.
+    """
+
+    env_config_cls: type[AgentEnvConfig] = HermesAgentEnvConfig
+    reward_error_score: ClassVar[float | None] = 0.0
 
     @abc.abstractmethod
     def format_prompt(self, item: ItemT) -> str:
@@ -371,4 +561,17 @@ class HermesAgentEnv(AgentEnv[ItemT, ConfigT_co], Generic[ItemT, ConfigT_co]):
     async def verify_and_score(
         self, item: ItemT, tools: SlotTools, messages: Transcript
     ) -> ScoreAnswer:
-        return await self.compute_reward(item, AgentResult.of(messages), ToolContext(tools))
+        try:
+            return await self.compute_reward(item, AgentResult.of(messages), ToolContext(tools))
+        except InfrastructureError:
+            raise  # the slot or a server failed: never a score
+        except Exception as exc:
+            score = self.reward_error_score
+            if score is None:
+                raise
+            why = env_failure("compute_reward", exc)
+            log.exception(
+                "%s: %s; scored %g, as hermes-agent did", messages.trajectory_id, why, score
+            )
+            self._counters.reward_errors += 1
+            return score, {"reward_error": why}

@@ -12,6 +12,10 @@ without losing a setting. So ``AgentEnvConfig`` takes every setting name of both
   the seed's field, when the config is built.
 - Any other unknown name is a ``ConfigError`` naming it and the closest known name, because
   pydantic would otherwise drop it without a word.
+- A renamed name also reads and writes as its field (``config.agent_max_steps`` is
+  ``config.max_turns``; ``seed_alias``), and is accepted as a command-line flag
+  (``--env.agent_max_steps 3`` becomes ``--env.max_turns 3`` with the same warning;
+  ``translate_seed_flags``).
 
 ``docs/porting.md`` sets both seeds beside trajcore field by field; this table is its source of
 truth for the renamed ones.
@@ -21,7 +25,8 @@ from __future__ import annotations
 
 import difflib
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import attrs
 
@@ -30,9 +35,12 @@ from trajcore.domain.errors import ConfigError
 __all__ = [
     "SEED_FIELDS",
     "SeedField",
+    "SeedNames",
     "SeedSettingWarning",
     "closest_name",
+    "seed_alias",
     "translate_seed_fields",
+    "translate_seed_flags",
 ]
 
 
@@ -41,6 +49,10 @@ class SeedSettingWarning(UserWarning):
 
 
 def _same(_: str, value: object) -> object:
+    return value
+
+
+def _same_back(value: object) -> object:
     return value
 
 
@@ -58,6 +70,11 @@ def _local_or_nomad(field: str, value: object) -> object:
 # hermes-agent's terminal backends -> ``sandbox``: its docker backend runs each task's terminal
 # in a container on this machine, which is the container pool's slot-server containers.
 _BACKENDS: dict[str, str] = {"local": "local", "docker": "container", "nomad": "nomad"}
+
+
+def _terminal_backend_back(value: object) -> object:
+    """``sandbox`` in hermes's words: the container pool is its ``docker`` backend."""
+    return "docker" if value == "container" else value
 
 
 def _terminal_backend(field: str, value: object) -> object:
@@ -82,6 +99,7 @@ class SeedField:
         note: What changes besides the name (empty when nothing does).
         convert: ``(seed field, value) -> trajcore value``; raises ``ConfigError`` naming the
             seed field for a value trajcore cannot honour.
+        convert_back: trajcore's value in the seed's words, for reading the seed name.
     """
 
     name: str
@@ -89,6 +107,15 @@ class SeedField:
     target: str
     note: str = ""
     convert: Callable[[str, object], object] = _same
+    convert_back: Callable[[object], object] = _same_back
+
+    def warning(self, replaced: str = "") -> SeedSettingWarning:
+        """The one warning a use of this name gets."""
+        note = f"; {self.note}" if self.note else ""
+        return SeedSettingWarning(
+            f"{self.name} is the {'/'.join(self.seeds)} name of trajcore's {self.target}"
+            f"{note}{replaced}"
+        )
 
 
 _ATROPOS = ("atropos-agent",)
@@ -144,6 +171,7 @@ SEED_FIELDS: dict[str, SeedField] = {
         target=target,
         note=_NOTES.get(name, ""),
         convert=_CONVERTERS.get(name, _same),
+        convert_back=_terminal_backend_back if name == "terminal_backend" else _same_back,
     )
     for name, (seeds, target) in _RENAMED.items()
 }
@@ -188,15 +216,108 @@ def translate_seed_fields(data: Mapping[str, object], known: Iterable[str]) -> d
         if seed.target in seeded and seeded[seed.target][1] != converted:
             other = seeded[seed.target][0]
             raise ConfigError(key, f"sets {seed.target}, which {other} sets differently: give one")
-        note = f"; {seed.note}" if seed.note else ""
+        replaced = ""
         if seed.target in out and out[seed.target] != converted:
-            note += f" (it replaces {seed.target}={out[seed.target]!r})"
-        warnings.warn(
-            SeedSettingWarning(
-                f"{key} is the {'/'.join(seed.seeds)} name of trajcore's {seed.target}{note}"
-            ),
-            stacklevel=5,
-        )
+            replaced = f" (it replaces {seed.target}={out[seed.target]!r})"
+        warnings.warn(seed.warning(replaced), stacklevel=5)
         seeded[seed.target] = (key, converted)
         out[seed.target] = converted
     return out
+
+
+def seed_alias(seed: SeedField) -> property:
+    """A property that reads ``seed.target`` in the seed's words and writes it through
+    ``seed.convert`` (with the usual warning), so a seed env's ``self.config.<seed name>`` and
+    ``config.<seed name> = value`` keep working on trajcore's field."""
+
+    def read(config: object) -> object:
+        return seed.convert_back(getattr(config, seed.target))
+
+    def write(config: object, value: object) -> None:
+        converted = seed.convert(seed.name, value)
+        warnings.warn(seed.warning(), stacklevel=5)  # the caller's assignment
+        setattr(config, seed.target, converted)
+
+    return property(read, write, doc=f"The seed's name of {seed.target} ({seed.name}).")
+
+
+def translate_seed_flags(
+    argv: Sequence[str], known: Iterable[str], *, prefix: str = "--env."
+) -> list[str]:
+    """``argv`` with every seed name flag (``--env.agent_max_steps 3`` or
+    ``--env.agent_max_steps=3``) turned into its trajcore flag, with one warning per name.
+
+    Atropos builds its command line from the config's fields, so a seed name would be refused
+    there as an unrecognised argument. ``known`` are the config's own field names: those pass as
+    they are.
+
+    Raises:
+        ConfigError: a seed value trajcore cannot honour (naming the seed field).
+    """
+    own = set(known)
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        name, sep, inline = (
+            arg[len(prefix) :].partition("=") if arg.startswith(prefix) else ("", "", "")
+        )
+        seed = SEED_FIELDS.get(name)
+        if seed is None or name in own:
+            out.append(arg)
+            continue
+        warnings.warn(seed.warning(), stacklevel=2)
+        value: str | None = inline if sep else None
+        if value is None and i < len(argv) and not argv[i].startswith("--"):
+            value = argv[i]
+            i += 1
+        flag = f"{prefix}{seed.target}"
+        if value is None:
+            out.append(flag)
+            continue
+        converted = seed.convert(name, value)
+        out.extend([flag, str(converted)])
+    return out
+
+
+if TYPE_CHECKING:
+    T = TypeVar("T")
+
+    class _SeedName(Generic[T]):
+        """What the type checker sees of a seed name: an attribute read and written as a ``T``."""
+
+        def __get__(self, config: object, owner: object = None) -> T:
+            raise NotImplementedError
+
+        def __set__(self, config: object, value: T) -> None:
+            raise NotImplementedError
+
+
+class SeedNames:
+    """The renamed seed settings as attributes of ``AgentEnvConfig`` (a mixin): each reads and
+    writes its trajcore field (``seed_alias``), so a seed env's ``self.config.agent_max_steps``
+    keeps working, typed."""
+
+    if TYPE_CHECKING:
+        tool_pool_mode = _SeedName[str]()
+        tool_batch_window_ms = _SeedName[float]()
+        tool_max_batch_size = _SeedName[int]()
+        sandbox_job_id = _SeedName[str]()
+        sandbox_image = _SeedName[str]()
+        purge_job_on_start = _SeedName[bool]()
+        purge_job_on_shutdown = _SeedName[bool]()
+        agent_max_steps = _SeedName[int]()
+        agent_max_tokens = _SeedName[int | None]()
+        agent_tool_delay_s = _SeedName[float]()
+        max_agent_turns = _SeedName[int]()
+        distribution = _SeedName[dict[str, float] | str | None]()
+        terminal_backend = _SeedName[str]()
+        terminal_timeout = _SeedName[float]()
+        terminal_lifetime = _SeedName[float | None]()
+        dataset_name = _SeedName[str | None]()
+        tool_pool_size = _SeedName[int]()
+
+
+for _name, _seed in SEED_FIELDS.items():
+    setattr(SeedNames, _name, seed_alias(_seed))

@@ -1,10 +1,11 @@
 """Collect a group: ``group_size`` trajectories of one item, concurrently, then judge the group.
 
-The members run in one anyio task group. A member that fails in an unexpected way (a bug in a
-hook or an adapter raising something that is not a trajcore error) does not take its siblings
-down: it becomes an ``infra_error`` member with the exception in its detail, and is logged with
-its traceback. Cancellation of the group (the env shutting down) cancels every member; each
-releases its slot on the way out.
+The members run in one anyio task group. A hook's exception never gets here: the trajectory
+runner makes it an ``env_error`` member (or ``infra_error`` for an infrastructure error). A member
+that still fails in an unexpected way (an adapter raising something that is not a trajcore
+error) does not take its siblings down: it becomes an ``infra_error`` member with the exception
+in its detail, and is logged with its traceback. Cancellation of the group (the env shutting
+down) cancels every member; each releases its slot on the way out.
 
 The domain ``GroupPolicy`` then decides: complete, partial (keep the healthy members when enough
 remain) or dropped; infrastructure failures are never scored as zero.

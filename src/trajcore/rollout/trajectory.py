@@ -4,8 +4,14 @@ The decisions are the domain ``AgentLoop``'s; this module performs them. Its pro
 
 - **Always an outcome.** Whatever happens (the model server fails, the slot server dies, a hook
   raises, the deadline passes), the result says how the trajectory ended: finished, budget
-  exhausted, model error or infrastructure error, with a one-line detail. Infrastructure failures
+  exhausted, model error, infrastructure error or env error, with a one-line detail. Failures
   carry no score, so group assembly never mistakes them for a zero.
+- **Errors are told apart by who caused them.** A hook (prepare, score) that raises an
+  ``InfrastructureError`` (a slot that could not run the hook's command, a dead server) fails the
+  member as ``infra_error``; any other exception from a hook (a bug, a forgotten ``await``, an
+  uncaught ``SlotFileError``), or an answer that is not a score or a JSON object, is the env's
+  own doing and fails it as ``env_error``, with the exception and the traceback's last frame
+  (``file:line in function``) in the detail.
 - **Always released.** The slot is held by ``SandboxPool.lease``, an async context manager whose
   exit resets (or quarantines) the slot, shielded, also when this task is cancelled.
 - **One deadline.** ``deadline_s`` covers acquisition, every model call, every tool call and
@@ -27,6 +33,7 @@ released and the ``Cancelled`` exception propagates, as structured concurrency r
 from __future__ import annotations
 
 import math
+import traceback
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import overload
 
@@ -47,7 +54,6 @@ from trajcore.domain.errors import (
     InfrastructureError,
     InvalidInput,
     ModelServerRejected,
-    TrajcoreError,
 )
 from trajcore.domain.groups import TrajectoryOutcome, TrajectoryStatus
 from trajcore.domain.json_values import JSONObject, check_json
@@ -67,6 +73,7 @@ __all__ = [
     "TrajectoryHooks",
     "TrajectoryResult",
     "Transcript",
+    "env_failure",
     "run_trajectory",
 ]
 
@@ -215,6 +222,7 @@ class _Run:
     slot: str | None = None
     score: float | None = None
     score_failure: str | None = None
+    score_failure_status: TrajectoryStatus = TrajectoryStatus.ENV_ERROR
     prepare_metadata: JSONObject | None = None
     score_metadata: JSONObject | None = None
 
@@ -275,12 +283,15 @@ async def _leased(run: _Run, env: _Env) -> None:
             slot_tools = SlotTools(router)
             try:
                 metadata: object = await env.hooks.prepare(slot_tools)
-            except TrajcoreError as exc:
+            except InfrastructureError as exc:
                 run.loop.infra_failed(now=run.now(), detail=f"prepare hook failed: {exc}")
+                return
+            except Exception as exc:  # noqa: BLE001 - the env's own code: an env_error
+                run.loop.env_failed(now=run.now(), detail=env_failure("prepare hook", exc))
                 return
             problem = _metadata_problem(metadata)
             if problem is not None:
-                run.loop.infra_failed(now=run.now(), detail=f"prepare hook returned {problem}")
+                run.loop.env_failed(now=run.now(), detail=f"prepare hook returned {problem}")
                 return
             run.prepare_metadata = metadata  # type: ignore[assignment]  # checked just above
             await _agent(run, env.tools, env.policy, router)
@@ -349,6 +360,22 @@ def _metadata_problem(metadata: object) -> str | None:
     return None if problem is None else f"metadata that is not JSON: {problem}"
 
 
+def env_failure(where: str, exc: BaseException) -> str:
+    """One line for an exception the env's own code raised: what, and where it was raised.
+
+    ``"score hook raised ValueError: bad (at my_env.py:42 in compute_reward)"``; the frame is
+    the traceback's last (where the exception was raised).
+    """
+    frames = traceback.extract_tb(exc.__traceback__)
+    at = ""
+    if frames:
+        last = frames[-1]
+        file = last.filename.rsplit("/", 1)[-1]
+        at = f" (at {file}:{last.lineno} in {last.name})"
+    message = str(exc)
+    return f"{where} raised {type(exc).__name__}{': ' + message if message else ''}{at}"
+
+
 def _transcript(run: _Run) -> Transcript:
     return Transcript(
         trajectory_id=run.trajectory_id,
@@ -362,8 +389,12 @@ def _transcript(run: _Run) -> Transcript:
 async def _score(run: _Run, hooks: TrajectoryHooks, slot_tools: SlotTools) -> None:
     try:
         score: object = await hooks.score(slot_tools, _transcript(run))
-    except TrajcoreError as exc:
+    except InfrastructureError as exc:
         run.score_failure = f"score hook failed: {exc}"
+        run.score_failure_status = TrajectoryStatus.INFRA_ERROR
+        return
+    except Exception as exc:  # noqa: BLE001 - the env's own code: an env_error
+        run.score_failure = env_failure("score hook", exc)
         return
     if isinstance(score, tuple) and len(score) == 2:
         score, metadata = score
@@ -382,9 +413,10 @@ def _result(run: _Run, policy: Policy, started: float) -> TrajectoryResult:
     stats = run.loop.stats()
     if stats.needs_score and run.score is None and run.score_failure is None:
         run.score_failure = "scoring did not finish before the trajectory deadline"
+        run.score_failure_status = TrajectoryStatus.INFRA_ERROR
     if run.score_failure is not None:
         outcome = TrajectoryOutcome(
-            status=TrajectoryStatus.INFRA_ERROR,
+            status=run.score_failure_status,
             produced_output=stats.produced_output,
             detail=run.score_failure,
         )

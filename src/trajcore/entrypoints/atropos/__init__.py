@@ -95,6 +95,7 @@ from trajcore.entrypoints.atropos.config import (
 from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.entrypoints.atropos.scored_data import MemberOverrides, ScoredGroup, render_transcript
 from trajcore.entrypoints.atropos.services import RolloutServices
+from trajcore.entrypoints.atropos.startup import ModelEndpointUnavailable, server_configs
 
 __all__ = [
     "DEFAULT_PARSER",
@@ -104,8 +105,10 @@ __all__ = [
     "MemberOverrides",
     "Mode",
     "ModeChoice",
+    "ModelEndpointUnavailable",
     "RolloutServices",
     "RolloutSettings",
     "ScoredGroup",
     "render_transcript",
+    "server_configs",
 ]

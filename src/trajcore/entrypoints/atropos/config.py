@@ -12,7 +12,10 @@ Rules it keeps:
 - Values given as text on the command line (lists, JSON objects, ``name=value`` pairs) are
   parsed here, so the rest of the env sees typed values only.
 - Seed names (atropos-agent, hermes-agent) become their fields with one warning each
-  (``seed_settings``); any other unknown name is refused.
+  (``seed_settings``), and read and write as those fields (``config.agent_max_steps``); any
+  other unknown name is refused with the closest known one.
+- Values stay checked after the config is built: assigning a field validates it (and refuses an
+  unknown name), and ``model_copy(update=...)`` builds the copy through the same checks.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trajcore.adapters.sandbox.container_pool import DEFAULT_IMAGE
 from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
@@ -38,7 +41,12 @@ from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser
 from trajcore.domain.toolsets import DistributionRegistry, ToolsetDistribution, ToolsetSelection
 from trajcore.entrypoints.atropos import pools
 from trajcore.entrypoints.atropos_bases import BaseEnvConfig
-from trajcore.entrypoints.seed_settings import translate_seed_fields
+from trajcore.entrypoints.seed_settings import (
+    SEED_FIELDS,
+    SeedNames,
+    closest_name,
+    translate_seed_fields,
+)
 from trajcore.rollout.trajectory import RolloutConfig
 
 __all__ = [
@@ -115,7 +123,7 @@ def _json_or_pairs(field: str, value: object) -> object:
 
 
 # NomadPoolConfig's field names -> the env fields they come from.
-class AgentEnvConfig(BaseEnvConfig):
+class AgentEnvConfig(BaseEnvConfig, SeedNames):
     """An agent env's settings: Atropos's ``BaseEnvConfig`` plus trajcore's (section 7).
 
     Every field can be given as ``--env.<field>`` on the command line or under ``env:`` in the
@@ -123,10 +131,13 @@ class AgentEnvConfig(BaseEnvConfig):
     ``toolset_distribution`` and ``extra_body`` accept JSON text, and the distribution also
     ``name=p`` pairs (``terminal=1,file=0.5``).
 
-    Raises (when built):
+    Raises (when built, assigned to or copied with ``model_copy(update=...)``):
         ConfigError: a field of the wrong type or out of range, naming it (``reason @ field``;
-            ``problems`` lists every fault pydantic found).
+            ``problems`` lists every fault pydantic found), or an unknown name, naming the
+            closest known one.
     """
+
+    model_config = ConfigDict(validate_assignment=True)
 
     # -- model mode
     mode: Mode = Field(
@@ -284,12 +295,45 @@ class AgentEnvConfig(BaseEnvConfig):
     min_healthy: int | None = Field(
         default=None, ge=1, description="Fewest members a group is sent with (default 2)."
     )
+    # -- the model endpoint
+    model_wait_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="serve/process/evaluate: longest wait at start for the --openai.* model "
+        "endpoint to answer; each failed try is logged with the URL and what it answered, and "
+        "the run ends with an error naming them once this has passed.",
+    )
 
     def __init__(self, **data: Any) -> None:
         try:
             super().__init__(**data)
         except ValidationError as exc:
             raise _config_error(exc) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Assign a field through its checks; an unknown name is refused with the closest."""
+        cls = type(self)
+        if not name.startswith("_") and name not in cls.model_fields and name not in SEED_FIELDS:
+            known = [*cls.model_fields, *SEED_FIELDS]
+            close = closest_name(name, known)
+            raise ConfigError(
+                name, f"unknown setting{f'; did you mean {close!r}?' if close else ''}"
+            )
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as exc:
+            raise _config_error(exc) from None
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Any:
+        """A copy with ``update`` applied, built through every check a new config gets: a
+        value out of range or an unknown name (naming the closest known one) is a
+        ``ConfigError``, and a seed name sets its trajcore field with the usual warning."""
+        if not update:
+            return super().model_copy(deep=deep)
+        data = {name: getattr(self, name) for name in self.model_fields_set}
+        data.update(update)
+        copied = type(self)(**data)
+        return copied.model_copy(deep=deep) if deep else copied
 
     @model_validator(mode="before")
     @classmethod
@@ -382,8 +426,10 @@ class AgentEnvConfig(BaseEnvConfig):
         """The mode, parser and reason for servers of ``server_types`` (``--openai.*``).
 
         ``auto``: managed when a server type is ``vllm`` or ``sglang`` (parser ``hermes``
-        unless ``tool_call_parser`` names another) or when ``tool_call_parser`` is set; OpenAI
-        mode otherwise.
+        unless ``tool_call_parser`` names another); OpenAI mode otherwise, where a
+        ``tool_call_parser`` is ignored (the server parses; hosted OpenAI-compatible APIs have
+        no token endpoint) and ``ignored_parser`` says so. ``mode: managed`` uses the parser
+        with any server type.
         """
         token_servers = sorted({t for t in server_types if t in _TOKEN_SERVER_TYPES})
         parser = self.tool_call_parser
@@ -394,16 +440,19 @@ class AgentEnvConfig(BaseEnvConfig):
                     parser=parser or DEFAULT_PARSER,
                     reason=f"auto: server_type {'/'.join(token_servers)}",
                 )
-            if parser:
-                return ModeChoice(mode="managed", parser=parser, reason="auto: tool_call_parser")
-            return ModeChoice(mode="openai", parser=None, reason="auto: no token server type")
+            return ModeChoice(
+                mode="openai",
+                parser=None,
+                reason="auto: no token server type",
+                ignored_parser=parser,
+            )
         if self.mode == "managed":
             return ModeChoice(
                 mode="managed",
                 parser=parser or (DEFAULT_PARSER if token_servers else None),
                 reason="mode",
             )
-        return ModeChoice(mode="openai", parser=None, reason="mode")
+        return ModeChoice(mode="openai", parser=None, reason="mode", ignored_parser=parser)
 
     def settings(
         self,
@@ -483,6 +532,7 @@ class AgentEnvConfig(BaseEnvConfig):
             mode=choice.mode,
             parser=choice.parser,
             mode_reason=choice.reason,
+            ignored_parser=choice.ignored_parser,
             rollout=rollout,
             batching=BatchConfig(
                 window_ms=self.batch_window_ms, max_batch_size=self.max_batch_size
@@ -503,11 +553,16 @@ DEFAULT_PARSER = "hermes"
 
 @attrs.frozen(kw_only=True)
 class ModeChoice:
-    """The model mode in effect, its parser, and why (``AgentEnvConfig.mode_for``)."""
+    """The model mode in effect, its parser, and why (``AgentEnvConfig.mode_for``).
+
+    ``ignored_parser`` is a ``tool_call_parser`` that OpenAI mode does not use (the server
+    parses the calls), for the start-up warning.
+    """
 
     mode: Literal["openai", "managed"]
     parser: str | None
     reason: str
+    ignored_parser: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -518,6 +573,7 @@ class RolloutSettings:
         mode: ``openai`` or ``managed``.
         parser: Managed mode's tool-call parser (``None`` in OpenAI mode).
         mode_reason: Why this mode (for the start-up log).
+        ignored_parser: A ``tool_call_parser`` OpenAI mode does not use (the server parses).
         rollout: How each trajectory runs (limits, sampling, timeouts, the deadline).
         batching: The tool dispatcher's batch window and size.
         toolsets: Which toolsets each group draws.
@@ -530,6 +586,7 @@ class RolloutSettings:
     batching: BatchConfig
     parser: str | None = None
     mode_reason: str = "mode"
+    ignored_parser: str | None = None
     toolsets: ToolsetSelection
     on_failure: OnFailure
     min_healthy: int | None
@@ -561,9 +618,15 @@ class RolloutSettings:
                 f"model mode managed ({self.mode_reason}), parser {self.parser}: "
                 "tokens are exact (the sampled ids and their logprobs)"
             )
+        ignored = (
+            f"; tool_call_parser {self.ignored_parser!r} is ignored (the server parses tool "
+            "calls; set mode managed to parse them from token ids)"
+            if self.ignored_parser
+            else ""
+        )
         return (
             f"model mode openai ({self.mode_reason}): tokens are NOT exact (re-rendered "
-            "from the conversation): fit for SFT and evaluation, not for on-policy RL"
+            f"from the conversation): fit for SFT and evaluation, not for on-policy RL{ignored}"
         )
 
     @staticmethod

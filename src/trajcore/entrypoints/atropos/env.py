@@ -38,7 +38,7 @@ from trajcore.domain.token_ledger import ChatTemplate
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.domain.tools import ToolSpec
 from trajcore.domain.toolsets import DistributionRegistry, Toolset, ToolsetCatalog, select_specs
-from trajcore.entrypoints.atropos import metrics, pools, scored_data
+from trajcore.entrypoints.atropos import metrics, pools, scored_data, startup
 from trajcore.entrypoints.atropos.config import (
     AgentEnvConfig,
     RolloutSettings,
@@ -47,15 +47,17 @@ from trajcore.entrypoints.atropos.scored_data import ScoredGroup
 from trajcore.entrypoints.atropos.services import (
     RolloutServices,
     default_toolsets,
+    join_tool_servers,
     learn_chat_template,
     release_tool_sessions,
+    resolve_default_toolset,
     server_types,
     token_server_for,
     tokenizer_for,
     tool_server_for,
 )
 from trajcore.entrypoints.atropos_bases import BaseEnv
-from trajcore.entrypoints.dataset_rows import DatasetRows, load_rows
+from trajcore.entrypoints.dataset_rows import DatasetRows, builtin_dataset
 from trajcore.entrypoints.idle_slots import IdleLimitedPolicy
 from trajcore.entrypoints.item_limits import ItemLimits
 from trajcore.ports.chat_server import ChatServer
@@ -68,6 +70,7 @@ from trajcore.rollout.group import GroupResult, collect_group
 from trajcore.rollout.policy import ChatPolicy, Policy, TokenPolicy
 from trajcore.rollout.tools import SlotTools
 from trajcore.rollout.trajectory import (
+    RolloutConfig,
     ScoreAnswer,
     TrajectoryHooks,
     TrajectoryResult,
@@ -78,6 +81,7 @@ from trajcore.rollout.trajectory import (
 __all__ = ["AgentEnv"]
 
 log = logging.getLogger("trajcore.env")
+_ITEM_HOOKS = ("get_next_item", "build_task")
 
 ItemT = TypeVar("ItemT")
 ConfigT_co = TypeVar("ConfigT_co", bound="AgentEnvConfig", default="AgentEnvConfig", covariant=True)
@@ -109,11 +113,18 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         if not isinstance(config, AgentEnvConfig):
             raise ConfigError("config", f"expected an AgentEnvConfig, got {type(config).__name__}")
         self.config = config  # for toolset_distributions() and the dataset, before Atropos's
-        self.server_configs: object = ServerBaseline() if server_configs is None else server_configs
+        self.server_configs: object = startup.normalize_servers(
+            ServerBaseline() if server_configs is None else server_configs
+        )
         self.settings: RolloutSettings = config.settings(
             self.toolset_distributions(), server_types=server_types(self.server_configs)
         )
-        self._dataset: DatasetRows | None = self._load_dataset(config)
+        if self.settings.ignored_parser and "tool_call_parser" in config.model_fields_set:
+            log.warning("%s", self.settings.mode_line())
+        builtin = [h for h in _ITEM_HOOKS if getattr(type(self), h) is getattr(AgentEnv, h)]
+        self._dataset: DatasetRows | None = builtin_dataset(
+            config, env_name=type(self).__name__, builtin=builtin
+        )
         super().__init__(config, self.server_configs, slurm=slurm, testing=testing)
         self._services: RolloutServices | None = None
         self._server_toolsets: list[Toolset] = []
@@ -130,6 +141,20 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         ``tokenizer_name``, ``group_size`` and the rest for your env."""
         config: AgentEnvConfig = cls.env_config_cls()
         return config, ServerBaseline()
+
+    # Atropos's commands, with every --openai.* flag honoured whatever config_init returns and
+    # seed-named --env.* flags accepted (startup.cli_command).
+    @classmethod
+    def get_cli_serve_config_cls(cls) -> type:
+        return startup.cli_command(cls, super().get_cli_serve_config_cls)
+
+    @classmethod
+    def get_cli_process_config_cls(cls) -> type:
+        return startup.cli_command(cls, super().get_cli_process_config_cls)
+
+    @classmethod
+    def get_cli_evaluate_config_cls(cls) -> type:
+        return startup.cli_command(cls, super().get_cli_evaluate_config_cls)
 
     # --------------------------------------------------------------- hooks for env authors
 
@@ -154,28 +179,9 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         has no system message of its own. Built in when ``dataset`` is set: the row's
         ``prompt_field``. Without ``dataset`` an env must override it.
         """
-        if self._dataset is None or not isinstance(item, dict):
+        if self.config.dataset is None or not isinstance(item, dict):
             raise ConfigError("dataset", "set dataset or override build_task")
-        return self._dataset.prompt(item)
-
-    def _load_dataset(self, config: AgentEnvConfig) -> DatasetRows | None:
-        builtin = [
-            name
-            for name in ("get_next_item", "build_task")
-            if getattr(type(self), name) is getattr(AgentEnv, name)
-        ]
-        if config.dataset is None:
-            if builtin:
-                raise ConfigError(
-                    "dataset",
-                    f"{type(self).__name__} does not define {' or '.join(builtin)}: set "
-                    "dataset (a .jsonl/.parquet file or a Hugging Face dataset) or write them",
-                )
-            return None
-        rows = load_rows(
-            config.dataset, split=config.dataset_split, prompt_field=config.prompt_field
-        )
-        return DatasetRows(rows=rows, prompt_field=config.prompt_field)
+        return DatasetRows.prompt_of(item, self.config.prompt_field)
 
     async def prepare_workspace(self, item: ItemT, tools: SlotTools) -> JSONObject | None:
         """Set up the slot before the first turn (write files, clone a repository).
@@ -189,6 +195,13 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         """Limits for ``item``'s trajectories (turns, tokens per turn, deadline), or ``None``
         for the config's. Called once per group."""
         return None
+
+    def item_rollout(self, item: ItemT) -> RolloutConfig:
+        """How ``item``'s trajectories run: the config's settings with ``item_limits(item)``
+        applied. Called once per group; override it for per-item sampling."""
+        limits = self.item_limits(item)
+        rollout = self.settings.rollout
+        return rollout if limits is None else limits.apply(rollout)
 
     @abc.abstractmethod
     async def verify_and_score(
@@ -259,20 +272,15 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
     # --------------------------------------------------------------------- injection points
 
     def make_pool(self) -> AbstractAsyncContextManager[SandboxPool]:
-        """The sandbox pool of a run, as an async context manager (entered once, at start).
-
-        ``sandbox="local"``: ``local_containers`` slot servers on this machine.
-        ``sandbox="nomad"``: a ``NomadSandboxPool`` from the ``nomad_*`` fields, scaled between
-        ``min_containers`` and ``max_containers`` (see ``docs/nomad.md``).
+        """The sandbox pool of a run, as an async context manager (entered once, at start):
+        ``local_containers`` slot servers here (``sandbox="local"``), slot-server containers
+        (``"container"``) or a ``NomadSandboxPool`` (``"nomad"``, ``docs/nomad.md``).
 
         Raises:
             ConfigError: a Nomad setting that cannot work, named by its env field.
-            SandboxUnavailable: ``require_stateful_sandbox`` and tmux is missing (on this host
-                for the local pool, in the slot servers for Nomad), or ``require_sandbox`` /
-                ``require_stateful_sandbox`` and bubblewrap is unusable (raised when the pool
-                starts); ``NomadUnavailable``, a ``SandboxUnavailable``, when the Nomad agent
-                cannot be used (raised when the pool starts). The persistent shell shares its
-                slot's sandbox, so requiring it sandboxed requires the slot sandboxed.
+            SandboxUnavailable: tmux missing for ``require_stateful_sandbox``, or bubblewrap
+                unusable for ``require_sandbox`` (when the pool starts); ``NomadUnavailable``
+                when the Nomad agent cannot be used (when the pool starts).
         """
         return pools.make_pool(self.config)
 
@@ -309,28 +317,12 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             ToolServerError, WireError: a server cannot be started, reached or listed.
         """
         single = self.make_tool_server()
-        try:
-            if not self.config.tool_servers:
-                yield single
-                return
-            from trajcore.adapters.mcp import JoinedMember, open_tool_servers, parse_tool_servers
-
-            before = [JoinedMember(name="tool_server", server=single)] if single else []
-            async with open_tool_servers(
-                parse_tool_servers(self.config.tool_servers),
-                default_call_timeout_s=self.config.terminal_timeout_s,
-                reserved={spec.name: "the slot tools" for spec in SLOT_TOOL_SPECS},
-                before=before,
-            ) as joined:
-                await joined.list_tools()  # clashes fail here, at start
-                self._server_toolsets = joined.toolsets()
-                try:
-                    yield joined
-                finally:
-                    self._server_toolsets = []
-        finally:
-            if single is not None:
-                await single.aclose()
+        async with join_tool_servers(self.config, single) as (joined, server_toolsets):
+            self._server_toolsets = list(server_toolsets)
+            try:
+                yield joined
+            finally:
+                self._server_toolsets = []
 
     def tokenizer_port(self) -> Tokenizer:
         """The env's tokenizer as trajcore's ``Tokenizer``: Atropos's ``tokenizer_name`` with its
@@ -419,6 +411,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             specs = tuple(self.tools(external))
             catalog = self.toolsets(specs)
             select_specs(catalog.all_tools(), specs)  # every toolset tool has a spec
+            self.settings = resolve_default_toolset(self.settings, catalog)
             self.settings.toolsets.check_against(catalog)
             if policy is None:
                 chat = token = None
@@ -450,6 +443,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
 
     async def _run_with_services(self, run: Any) -> None:
         try:
+            await self.wait_for_model()
             async with self.rollout_services():
                 try:
                     await run()
@@ -466,6 +460,21 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         if workers:
             with anyio.move_on_after(30, shield=True):
                 await asyncio.gather(*workers, return_exceptions=True)
+
+    async def wait_for_model(self) -> None:
+        """Before a run: wait until the ``--openai.*`` endpoint answers as a model server,
+        at most ``model_wait_s`` (``startup.wait_for_model``); skipped when the env builds its
+        own model server (an overridden ``make_chat_server`` / ``make_token_server``).
+
+        Raises:
+            ModelEndpointUnavailable: it answered the wrong thing, or not before the deadline.
+        """
+        managed = self.settings.mode == "managed"
+        maker = "make_token_server" if managed else "make_chat_server"
+        if getattr(type(self), maker) is getattr(AgentEnv, maker):
+            prompt = self.tokenizer_port().encode("hi") if managed else [0]
+            probes = startup.model_probes(self.server, mode=self.settings.mode, prompt_ids=prompt)
+            await startup.wait_for_model(probes, wait_s=self.config.model_wait_s)
 
     def mode_line(self) -> str:
         """One line for the start-up log: the mode, why, and whether tokens are exact."""
@@ -511,7 +520,10 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
                     raise ConfigError(f"build_task[{i}]", "expected a Message")
         if not messages:
             raise ConfigError("build_task", "the task has no messages")
-        prompt = self.config.system_prompt
+        config = self.config
+        prompt = config.system_prompt
+        if config.thinking_mode and config.custom_thinking_prompt:
+            prompt = "\n\n".join(p for p in (config.custom_thinking_prompt, prompt) if p)
         if prompt and not any(m.role == "system" for m in messages):
             messages.insert(0, Message.system(prompt))
         return messages
@@ -531,10 +543,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         messages = self.task_messages(item)
         drawn = self.settings.toolsets.draw(services.catalog, self._rng)
         specs = select_specs(drawn.tools, services.specs)
-        rollout = self.settings.rollout
-        limits = self.item_limits(item)
-        if limits is not None:
-            rollout = limits.apply(rollout)
+        rollout = self.item_rollout(item)
 
         async def prepare(tools: SlotTools) -> JSONObject | None:
             return await self.prepare_workspace(item, tools)
@@ -614,17 +623,11 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             log.info("evaluate: eval_items() is empty; nothing to evaluate")
             return
         started = anyio.current_time()
-        results: list[GroupResult | None] = [None] * len(items)
-        limiter = anyio.CapacityLimiter(max(1, int(self.config.max_eval_workers)))
 
-        async def one(index: int) -> None:
-            async with limiter:
-                results[index] = await self.run_group(items[index], group_size=1, for_eval=True)
+        async def one(item: ItemT) -> GroupResult:
+            return await self.run_group(item, group_size=1, for_eval=True)
 
-        async with anyio.create_task_group() as group:
-            for index in range(len(items)):
-                group.start_soon(one, index)
-        done = [r for r in results if r is not None]
+        done = await metrics.each_limited(items, one, limit=int(self.config.max_eval_workers))
         eval_metrics = metrics.eval_metrics(len(items), done)
         log.info("evaluate: %s", json.dumps(eval_metrics))
         samples = metrics.eval_samples(done)

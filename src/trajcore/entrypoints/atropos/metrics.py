@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
+import anyio
 import attrs
 
 from trajcore.domain.tools import ToolOutcome
@@ -32,10 +33,14 @@ from trajcore.entrypoints.atropos.scored_data import (
 from trajcore.rollout.group import GroupResult
 from trajcore.rollout.trajectory import ToolExchange
 
+T = TypeVar("T")
+R = TypeVar("R")
+
 __all__ = [
     "MAX_ERROR_DETAILS",
     "RolloutCounters",
     "RolloutTable",
+    "each_limited",
     "eval_metrics",
     "eval_samples",
     "log_conversion",
@@ -98,6 +103,7 @@ class RolloutCounters:
     drifted: int = 0
     drift_tokens: int = 0
     measured: int = 0
+    reward_errors: int = 0
     error_details: list[str] = attrs.field(factory=list)
 
     def record(self, group: GroupResult) -> None:
@@ -153,6 +159,8 @@ class RolloutCounters:
             "trajcore/tool_errors": sum(self.tool_errors.values()),
             "trajcore/parse_errors": self.parse_errors,
         }
+        if self.reward_errors:
+            out["trajcore/reward_errors"] = self.reward_errors
         for reason, count in self.groups_dropped.items():
             out[f"trajcore/groups_dropped/{reason}"] = count
         for status, count in self.statuses.items():
@@ -312,3 +320,20 @@ def eval_samples(done: Sequence[GroupResult]) -> list[dict[str, Any]]:
         }
         for r in done
     ]
+
+
+async def each_limited(
+    items: Sequence[T], run: Callable[[T], Awaitable[R]], *, limit: int
+) -> list[R]:
+    """``run`` over ``items`` concurrently, at most ``limit`` at a time; results in item order."""
+    results: list[R | None] = [None] * len(items)
+    limiter = anyio.CapacityLimiter(max(1, limit))
+
+    async def one(index: int) -> None:
+        async with limiter:
+            results[index] = await run(items[index])
+
+    async with anyio.create_task_group() as group:
+        for index in range(len(items)):
+            group.start_soon(one, index)
+    return [r for r in results if r is not None]

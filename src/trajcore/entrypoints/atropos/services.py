@@ -14,8 +14,9 @@ Rules it keeps:
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import anyio
@@ -29,10 +30,16 @@ from trajcore.adapters.llm.atropos import ServerManagerTokenServer, token_server
 from trajcore.adapters.tokenizers import TransformersTokenizer
 from trajcore.adapters.tool_server import INPROCESS, HTTPToolServer, ToolRegistry
 from trajcore.domain.errors import ConfigError
+from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
 from trajcore.domain.token_ledger import ChatTemplate
 from trajcore.domain.tools import ToolSpec
 from trajcore.domain.toolsets import Toolset, ToolsetCatalog
-from trajcore.entrypoints.atropos.config import DEFAULT_TOOLSETS, EXTERNAL_TOOLSET, AgentEnvConfig
+from trajcore.entrypoints.atropos.config import (
+    DEFAULT_TOOLSETS,
+    EXTERNAL_TOOLSET,
+    AgentEnvConfig,
+    RolloutSettings,
+)
 from trajcore.entrypoints.tool_server import make_app
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.ports.token_server import TokenServer
@@ -42,11 +49,14 @@ from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.policy import Policy
 
 __all__ = [
+    "SEED_DEFAULT_TOOLSET",
     "RolloutServices",
     "default_toolsets",
+    "join_tool_servers",
     "learn_chat_template",
     "mistral_tokenizer",
     "release_tool_sessions",
+    "resolve_default_toolset",
     "server_types",
     "token_server_for",
     "tokenizer_for",
@@ -224,3 +234,54 @@ async def release_tool_sessions(server: ToolServer | None, trajectory_id: str) -
             log.warning("releasing %s's tool sessions: %s", trajectory_id, exc)
     if waited.cancelled_caught:
         log.warning("releasing %s's tool sessions took over %g s", trajectory_id, RELEASE_TIMEOUT_S)
+
+
+@contextlib.asynccontextmanager
+async def join_tool_servers(
+    config: AgentEnvConfig, single: ToolServer | None
+) -> AsyncIterator[tuple[ToolServer | None, Sequence[Toolset]]]:
+    """``single`` (the env's tool server) joined with the config's ``tool_servers`` (MCP),
+    listed once, with the MCP servers' toolsets; ``single`` is closed on exit.
+
+    Raises:
+        ConfigError: a tool name offered twice, naming both owners; a bad setting.
+        ToolServerError, WireError: a server cannot be started, reached or listed.
+    """
+    try:
+        if not config.tool_servers:
+            yield single, ()
+            return
+        from trajcore.adapters.mcp import JoinedMember, open_tool_servers, parse_tool_servers
+
+        before = [JoinedMember(name="tool_server", server=single)] if single else []
+        async with open_tool_servers(
+            parse_tool_servers(config.tool_servers),
+            default_call_timeout_s=config.terminal_timeout_s,
+            reserved={spec.name: "the slot tools" for spec in SLOT_TOOL_SPECS},
+            before=before,
+        ) as joined:
+            await joined.list_tools()  # clashes fail here, at start
+            yield joined, joined.toolsets()
+    finally:
+        if single is not None:
+            await single.aclose()
+
+
+SEED_DEFAULT_TOOLSET = "default"
+"""atropos-agent's toolset name for its whole set of tools (its ``enabled_toolsets`` default)."""
+
+
+def resolve_default_toolset(settings: RolloutSettings, catalog: ToolsetCatalog) -> RolloutSettings:
+    """``settings`` with atropos-agent's ``"default"`` toolset, when enabled and the catalog has
+    no toolset of that name, replaced by every toolset of the catalog (the seed's default set:
+    its slot tools and the tool server's)."""
+    enabled = settings.toolsets.enabled
+    if (
+        enabled is None
+        or SEED_DEFAULT_TOOLSET not in enabled
+        or SEED_DEFAULT_TOOLSET in catalog.names()
+    ):
+        return settings
+    names = [n for n in enabled if n != SEED_DEFAULT_TOOLSET]
+    names += [n for n in catalog.names() if n not in names]
+    return attrs.evolve(settings, toolsets=attrs.evolve(settings.toolsets, enabled=names))

@@ -1,0 +1,361 @@
+"""Before a run's first group: the model servers a run talks to, and whether they answer.
+
+An env's ``--openai.*`` settings reach Atropos's ``ServerManager``; this module makes sure they
+say what the user typed and that the endpoint answers before any group waits on it.
+
+Rules it keeps:
+
+- **Every ``--openai.*`` flag is honoured, whatever ``config_init`` returns.** Atropos drops the
+  flags when ``config_init`` returns its bare ``ServerBaseline`` (as ``AgentEnv.config_init``
+  did, and every env that returned ``super()``'s servers). ``cli_servers`` offers such a baseline
+  to Atropos's command line as one ``APIServerConfig`` with the same settings, so the flags
+  merge into it. A list of two or more servers takes no ``--openai.*`` flag: Atropos refuses
+  them there, saying to list the servers in the YAML ``openai:`` block instead.
+- **What Atropos hands over is what the servers are.** Atropos passes a single
+  ``APIServerConfig`` to ``ServerManager``, which then ignores its ``base_url`` and talks to
+  ``localhost:9004-9007``; ``normalize_servers`` turns one with a ``base_url`` into a list of
+  one, and a config without a ``base_url`` into the baseline it stands for.
+- **An endpoint that does not answer is said at once, and the run ends after a stated
+  deadline.** ``wait_for_model`` sends each server one tiny request of the kind the run will
+  send (a one-token chat completion in OpenAI mode, a one-token completion on the token
+  endpoint in managed mode). A failure is logged at once with the URL, what came back (the
+  connection error or the HTTP status and body) and what was expected; a server that answers
+  the wrong thing (a 4xx, a body that is not the expected JSON) ends the start at once, one
+  that cannot be reached or answers 5xx is tried again each second until ``model_wait_s``
+  has passed, and then the start fails with ``ModelEndpointUnavailable`` naming all of it.
+- ``server_configs`` is the typed way for ``config_init`` to name a server (``APIServerConfig``
+  is untyped): each value is checked here, and a bad one is a ``ConfigError`` naming
+  ``openai.<field>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal, cast
+
+import anyio
+import attrs
+from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[import-untyped]
+    APIServerConfig,
+    ServerBaseline,
+)
+
+from trajcore.adapters.llm.atropos import token_server_from_config
+from trajcore.adapters.llm.chat import OpenAIChatServer
+from trajcore.adapters.llm.transport import RetryPolicy
+from trajcore.domain.errors import (
+    ConfigError,
+    InfrastructureError,
+    ModelServerError,
+    ModelServerRejected,
+    TrajcoreError,
+)
+from trajcore.domain.messages import Message
+from trajcore.domain.sampling import SamplingParams
+from trajcore.domain.validators import check_argument, positive_int
+from trajcore.entrypoints.seed_settings import translate_seed_flags
+
+__all__ = [
+    "ModelEndpointUnavailable",
+    "ServerType",
+    "cli_command",
+    "cli_servers",
+    "model_probes",
+    "normalize_servers",
+    "server_configs",
+    "wait_for_model",
+]
+
+log = logging.getLogger("trajcore.env")
+
+ServerType = Literal["openai", "vllm", "sglang", "trl"]
+_SERVER_TYPES = ("openai", "vllm", "sglang", "trl")
+
+PROBE_TIMEOUT_S = 10.0
+"""Longest one try of an endpoint may take."""
+RETRY_EVERY_S = 1.0
+"""Pause between tries of an endpoint that could not be reached."""
+
+
+class ModelEndpointUnavailable(InfrastructureError):
+    """No model endpoint of the run answered as expected before ``model_wait_s`` passed, or
+    one answered something that is not a model server's answer."""
+
+
+# ------------------------------------------------------------------------------ server configs
+
+
+def server_configs(
+    *,
+    base_url: str | None = None,
+    model_name: str = "default",
+    server_type: ServerType = "openai",
+    api_key: str = "",
+    tokenizer_name: str = "none",
+    timeout_s: int = 1200,
+    max_requests: int = 512,
+    eval_requests: int = 64,
+    health_check: bool = True,
+) -> object:
+    """The server settings ``config_init`` returns beside the env's config, typed and checked.
+
+    ``base_url`` is the API root the ``openai`` client is given (``http://host:8000/v1``);
+    ``None`` means Atropos's local servers (``localhost:9004-9007``, what a trainer starts).
+    Every ``--openai.*`` flag still overrides these on the command line.
+
+    Returns:
+        A list of one ``APIServerConfig``, or Atropos's ``ServerBaseline`` when ``base_url`` is
+        ``None``.
+
+    Raises:
+        ConfigError: a value that cannot work, at ``openai.<field>``.
+    """
+    if base_url is not None and not base_url.startswith(("http://", "https://")):
+        raise ConfigError("openai.base_url", f"expected an http(s) URL, got {base_url!r}")
+    if server_type not in _SERVER_TYPES:
+        raise ConfigError(
+            "openai.server_type", f"expected one of {', '.join(_SERVER_TYPES)}, got {server_type!r}"
+        )
+    if not model_name.strip():
+        raise ConfigError("openai.model_name", f"must be non-empty text, got {model_name!r}")
+    for field, value in (
+        ("timeout", timeout_s),
+        ("num_max_requests_at_once", max_requests),
+        ("num_requests_for_eval", eval_requests),
+    ):
+        check_argument(positive_int, f"openai.{field}", value)
+    common: dict[str, Any] = {
+        "model_name": model_name,
+        "server_type": server_type,
+        "tokenizer_name": tokenizer_name,
+        "timeout": timeout_s,
+        "num_max_requests_at_once": max_requests,
+        "num_requests_for_eval": eval_requests,
+    }
+    if base_url is None:
+        baseline: object = ServerBaseline(**common)
+        return baseline
+    server: object = APIServerConfig(
+        **common, base_url=base_url, api_key=api_key, health_check=health_check
+    )
+    return [server]
+
+
+def _baseline_fields(config: object) -> dict[str, Any]:
+    dumped = cast("Any", config).model_dump()
+    return {name: dumped[name] for name in ServerBaseline.model_fields if name in dumped}
+
+
+def cli_servers(servers: object) -> object:
+    """``servers`` as Atropos's command line should see them: a bare ``ServerBaseline`` becomes
+    one ``APIServerConfig`` with its settings (so ``--openai.*`` flags merge into it); anything
+    else is returned as it is."""
+    if isinstance(servers, ServerBaseline) and not isinstance(servers, APIServerConfig):
+        converted: object = APIServerConfig(**_baseline_fields(servers))
+        return converted
+    return servers
+
+
+def normalize_servers(servers: object) -> object:
+    """The servers ``ServerManager`` should get for ``servers`` (see the module doc)."""
+    single = servers
+    if isinstance(servers, list) and len(servers) == 1:
+        single = servers[0]
+    if not isinstance(single, APIServerConfig):
+        return servers
+    if not single.base_url:
+        baseline: object = ServerBaseline(**_baseline_fields(single))
+        return baseline
+    return servers if isinstance(servers, list) else [servers]
+
+
+@contextmanager
+def _config_init_for_cli(env_cls: type[Any]) -> Iterator[None]:
+    own = env_cls.__dict__.get("config_init")
+    original = env_cls.config_init
+
+    def config_init(cls: type[Any]) -> tuple[object, object]:
+        config, servers = original()
+        return config, cli_servers(servers)
+
+    env_cls.config_init = classmethod(config_init)
+    try:
+        yield
+    finally:
+        if own is None:
+            del env_cls.config_init
+        else:
+            env_cls.config_init = own
+
+
+def cli_command(env_cls: type[Any], build: Callable[[], type]) -> type:
+    """Atropos's command class from ``build`` (a ``get_cli_*_config_cls``), with the env's
+    ``--openai.*`` flags honoured and seed-named ``--env.*`` flags translated (see the module
+    doc and ``seed_settings.translate_seed_flags``).
+
+    Raises:
+        ConfigError: a seed flag's value that trajcore cannot honour.
+    """
+    config, _ = env_cls.config_init()
+    sys.argv[1:] = translate_seed_flags(sys.argv[1:], known=type(config).model_fields)
+    with _config_init_for_cli(env_cls):
+        return build()
+
+
+# --------------------------------------------------------------------------- endpoint probe
+
+
+@attrs.frozen(kw_only=True)
+class EndpointProbe:
+    """One try of one model endpoint.
+
+    Attributes:
+        url: The endpoint's base URL (for messages).
+        expected: What a model server answers there, in words.
+        send: Sends the tiny request; raises what the adapter raises.
+        close: Closes the adapter.
+    """
+
+    url: str
+    expected: str
+    send: Callable[[], Awaitable[object]]
+    close: Callable[[], Awaitable[None]]
+
+
+def _server_config_fields(config: object) -> tuple[str, str, str, str | None]:
+    cfg = cast("Any", config)
+    key = getattr(cfg, "api_key", None)
+    return (
+        str(getattr(cfg, "base_url", "") or ""),
+        str(getattr(cfg, "model_name", "default")),
+        str(getattr(cfg, "server_type", "openai")),
+        str(key) if key else None,
+    )
+
+
+_TOKEN_PATHS = {"openai": "/completions", "vllm": "/generate", "sglang": "/generate"}
+
+
+def model_probes(
+    manager: object, *, mode: Literal["openai", "managed"], prompt_ids: Sequence[int]
+) -> list[EndpointProbe]:
+    """One probe per server of an atroposlib ``ServerManager`` that has a base URL."""
+    retry = RetryPolicy(max_attempts=1, attempt_timeout_s=PROBE_TIMEOUT_S)
+    sampling = SamplingParams(max_tokens=1, temperature=0.0)
+    probes: list[EndpointProbe] = []
+    for server in cast("Any", manager).servers:
+        config = getattr(server, "config", None)
+        url, model, server_type, api_key = _server_config_fields(config)
+        if not url:
+            continue
+        if mode == "openai":
+            chat = OpenAIChatServer(base_url=url, model=model, api_key=api_key, retry=retry)
+
+            async def send_chat(chat: OpenAIChatServer = chat) -> object:
+                return await chat.chat([Message.user("hi")], tools=(), sampling=sampling)
+
+            expected = (
+                f"POST {url.rstrip('/')}/chat/completions answering 200 with an OpenAI chat "
+                f"completion for model {model!r}"
+            )
+            probes.append(
+                EndpointProbe(url=url, expected=expected, send=send_chat, close=chat.aclose)
+            )
+            continue
+        try:
+            token = token_server_from_config(config, retry=retry)
+        except ConfigError as exc:
+            raise ConfigError("openai.server_type", f"{url}: {exc.reason}") from None
+
+        async def send_tokens(token: Any = token) -> object:
+            result: object = await token.generate(list(prompt_ids), sampling=sampling)
+            return result
+
+        path = _TOKEN_PATHS.get(server_type, "")
+        expected = (
+            f"the {server_type} token endpoint ({path}) answering 200 with sampled token ids "
+            "and logprobs"
+        )
+        probes.append(
+            EndpointProbe(url=url, expected=expected, send=send_tokens, close=token.aclose)
+        )
+    return probes
+
+
+def _what_came_back(exc: BaseException) -> tuple[str, bool]:
+    """What an endpoint answered, in words, and whether trying again may help."""
+    if isinstance(exc, ModelServerRejected):
+        return f"HTTP {exc.status}: {exc.body[:300]!r}", False
+    if isinstance(exc, ModelServerError):
+        status = f"HTTP {exc.status}: " if exc.status is not None else ""
+        return f"{status}{exc}", True
+    if isinstance(exc, TrajcoreError):  # WireError: an answer that is not a model's
+        return f"{type(exc).__name__}: {exc}", False
+    return f"{type(exc).__name__}: {exc}", True
+
+
+async def wait_for_model(probes: Sequence[EndpointProbe], *, wait_s: float) -> None:
+    """Return once one of ``probes`` answers as expected (see the module doc).
+
+    Raises:
+        ModelEndpointUnavailable: an endpoint answered the wrong thing (at once), or none
+            answered before ``wait_s`` passed; the message names each URL, what came back and
+            what was expected.
+    """
+    if not probes:
+        return
+    started = anyio.current_time()
+    last: dict[str, str] = {}
+    fatal: dict[str, str] = {}
+    logged_at = -1e9
+    try:
+        while True:
+            for probe in probes:
+                if probe.url in fatal:
+                    continue
+                try:
+                    with anyio.fail_after(PROBE_TIMEOUT_S):
+                        await probe.send()
+                except TimeoutError:
+                    last[probe.url] = f"no answer within {PROBE_TIMEOUT_S:g} s"
+                except Exception as exc:  # noqa: BLE001 - every failure is reported
+                    what, again = _what_came_back(exc)
+                    last[probe.url] = what
+                    if not again:
+                        fatal[probe.url] = what
+                else:
+                    log.info("model endpoint %s answers", probe.url)
+                    return
+            now = anyio.current_time()
+            lines = [
+                f"{p.url}: {last[p.url]} (expected {p.expected})" for p in probes if p.url in last
+            ]
+            if len(fatal) == len(probes):
+                raise ModelEndpointUnavailable(
+                    "the model endpoint answers, but not as a model server: "
+                    + "; ".join(lines)
+                    + ". Check --openai.base_url (it usually ends in /v1), --openai.server_type "
+                    "and --openai.model_name"
+                )
+            if now - started >= wait_s:
+                raise ModelEndpointUnavailable(
+                    f"no model endpoint answered within model_wait_s={wait_s:g} s: "
+                    + "; ".join(lines)
+                    + ". Start the server or point --openai.base_url at one"
+                )
+            if now - logged_at >= 10.0:
+                logged_at = now
+                left = max(0.0, wait_s - (now - started))
+                log.warning(
+                    "waiting for the model endpoint (giving up in %.0f s, model_wait_s): %s",
+                    left,
+                    "; ".join(lines),
+                )
+            await anyio.sleep(RETRY_EVERY_S)
+    finally:
+        with anyio.CancelScope(shield=True):
+            for probe in probes:
+                await probe.close()
