@@ -128,7 +128,7 @@ def prepare(key: str, tests: list[str]) -> Path:
             f"only_mutate = [{json.dumps('src/trajcore/' + key)}]",
             f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
             'also_copy = ["mutation/"]',
-            'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "mutation.fast_first"]',
+            'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "mutation.plugin"]',
             "",
         ]
     )

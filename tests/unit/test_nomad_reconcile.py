@@ -573,3 +573,26 @@ def test_by_default_an_allocation_restarted_in_place_is_replaced_not_rejoined() 
         Replace(alloc_id="a", restarts=1, reason="restarted in place 1 times (restart_attempts 0)")
     ]
     assert machine.members() == {}
+
+
+def test_a_failed_join_retires_the_run_and_asks_for_a_replacement_once() -> None:
+    machine = reconciler()
+    machine.registered(1)
+    machine.observe([running("a", 0)], demand=0, now=0.0)
+    assert machine.join_failed("a", "wrong slot count", now=1.0) == [
+        Replace(alloc_id="a", restarts=0, reason="it did not join: wrong slot count")
+    ]
+    assert machine.members() == {}
+    assert machine.retired("a", 0)
+    assert machine.observe([running("a", 0)], demand=0, now=2.0) == []  # never joined again
+    assert machine.join_failed("a", "again", now=3.0) == []
+
+
+def test_a_join_failure_reported_for_a_joined_member_changes_nothing() -> None:
+    machine = reconciler()
+    machine.registered(1)
+    machine.observe([running("a", 0)], demand=0, now=0.0)
+    machine.joined("a", 1.0)
+    assert machine.join_failed("a", "late report", now=2.0) == []
+    assert machine.members() == {"a": MemberState.JOINED}
+    assert not machine.retired("a", 0)
