@@ -31,6 +31,12 @@ Each member allocation is in one state:
                                                     is held, else ``Lose``), ``failed``
     =========  ===================================  ===============================================
 
+An allocation may be *ending*: its scheduler will end it soon (a Slurm job near its time
+limit). An ending run is never joined; a JOINED member whose run is ending is drained at once
+(before any other on its index, so a fresh run of the same index joins beside it) and, once it
+holds nothing, removed and stopped (``Remove``, then ``Replace``); it is never undrained. The
+Nomad pool never reports one, so none of this touches it.
+
 "Gone" is: no longer listed, finished (terminal on the client or no longer desired to run), or
 restarted in place (a restarted slot server has forgotten its slots; the new run joins afresh).
 An allocation whose run failed to join, failed a batch or reset, or was restarted in place more
@@ -114,6 +120,7 @@ class Allocation(AllocationStatus):
         held: Slots of the pool's container on it that are leased or resetting (0 when not
             joined).
         quarantined: Slots of that container that are quarantined (0 when not joined).
+        ending: Its scheduler ends it soon (a time limit): drain it, join it never.
     """
 
     id: str = attrs.field(validator=_text)
@@ -123,6 +130,7 @@ class Allocation(AllocationStatus):
     restarts: int = attrs.field(default=0, validator=_count)
     held: int = attrs.field(default=0, validator=_count)
     quarantined: int = attrs.field(default=0, validator=_count)
+    ending: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 # ============================================================================ actions
@@ -227,6 +235,7 @@ class _Member:
     state: MemberState
     since: float
     held: int = 0
+    ending: bool = False
 
 
 @attrs.define
@@ -343,6 +352,13 @@ class NomadReconciler:
                 self._gone(alloc_id, member, "its slot server restarted in place", actions)
             else:
                 member.held = seen.held if member.state is not MemberState.JOINING else 0
+                member.ending = seen.ending
+                if member.ending and member.state is MemberState.DRAINING and not member.held:
+                    del self._members[alloc_id]
+                    self._retired.add((alloc_id, member.restarts))
+                    why = "its run ends soon and it drained"
+                    actions.append(Remove(alloc_id=alloc_id, reason=why))
+                    actions.append(Replace(alloc_id=alloc_id, restarts=member.restarts, reason=why))
         self._join_new(listing, now, actions)
         self._scale(listing, demand, now, actions)
         return actions
@@ -416,6 +432,7 @@ class NomadReconciler:
         for seen in listing:
             if (
                 not seen.running
+                or seen.ending
                 or seen.id in self._members
                 or (seen.id, seen.restarts) in self._retired
             ):
@@ -441,6 +458,7 @@ class NomadReconciler:
         for alloc_id, member in list(self._members.items()):
             if (
                 member.state is not MemberState.DRAINING
+                or member.ending
                 or member.index >= self._target
                 or member.index in used
                 or member.held
@@ -471,8 +489,13 @@ class NomadReconciler:
         joined = [
             (m.since, a, m) for a, m in self._members.items() if m.state is MemberState.JOINED
         ]
-        for _, alloc_id, member in sorted(joined, key=lambda entry: entry[:2]):
-            if member.index >= self._target:
+        # (ending members first: their index goes to the run that replaces them)
+        for _, alloc_id, member in sorted(
+            joined, key=lambda entry: (not entry[2].ending, *entry[:2])
+        ):
+            if member.ending:
+                why = "its run ends soon"
+            elif member.index >= self._target:
                 why = f"index {member.index} is at or above the target {self._target}"
             elif member.index in used:
                 why = f"another container already serves index {member.index}"

@@ -1,0 +1,553 @@
+"""``SlurmSandboxPool``: slot servers as Slurm batch jobs, leased slot by slot.
+
+Each slot server is one batch job (``trajcore.domain.slurm_jobs``): ``sbatch`` submits it with
+the resources a server needs (CPUs, memory, time limit, partition, account, QoS, constraint),
+the job runs the server on its node listening on TCP with a bearer token, and the pool speaks
+the same protocol to it as every other pool (the pool core, ``pool_core``).
+
+Why the command line and not ``slurmrestd``: every Slurm site has ``sbatch``, ``squeue``,
+``scancel`` and ``scontrol`` on its login nodes, authenticated as the user by munge with no
+setup, whereas ``slurmrestd`` is an optional daemon that needs JWT or a local socket, and whose
+API version changes with each release (22.05 speaks v0.0.38). The commands' text answers are
+read with fixed formats (``squeue --format``) and parsed by pure functions.
+
+How a job reports its address (discovery): through a file in the pool's run directory, which
+must be on a file system the submitting host and the nodes share (``shared_dir``; every Slurm
+cluster has one, the home or scratch file system its job logs go to). The job's script writes
+the server's ready line (its port) there, whole, and the pool reads it; the node's address is
+``NodeAddr`` of its batch host (``scontrol show node``), how Slurm itself reaches the node.
+A file needs no inbound port on the submitting host (login nodes rarely accept connections
+from compute nodes); the pool connects out to the node's port, as Slurm does.
+
+How the pool follows its jobs: every ``poll_interval_s`` it lists the jobs of its name
+(``squeue``) and hands them to the Nomad pool's reconciler (``domain.nomad_reconcile``), with
+each job as an allocation: its server index, its state as a client status (``JOB_STATES``),
+``ending`` when its time limit is within ``drain_before_s``. The reconciler's decisions are
+carried out as in the Nomad pool (join, drain, lose, remove, replace = ``scancel``, the count);
+what Nomad's scheduler does for a count, ``plan_jobs`` does here: one live job per index below
+the count (a new one for an index whose job ended, failed, was cancelled or nears its time
+limit), extra and stray jobs cancelled. A job whose server failed to start is submitted again
+after a growing delay (0.5 s doubling to 60 s).
+
+Faults: a job cancelled, preempted, past its time limit, or on a node that fails ends its
+server; the calls in flight get no answer and end as ``INFRA_ERROR`` (never scored), its leases
+turn stale, and a replacement job is submitted. Jobs carry ``--no-requeue``: a requeued server
+would have forgotten its slots.
+
+Start and close: the pool draws a run ID and a token, cancels every job of its name it owns
+(what a crashed pool left), and waits for ``min_containers`` servers. ``aclose`` cancels every
+job of its name (``scancel --name``), waits for them to leave the queue (``stop_timeout_s``)
+and removes its run directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import anyio
+import attrs
+
+from trajcore.adapters.sandbox.pool_core import Endpoint, Member, SlotServerPool, close_quietly
+from trajcore.domain.errors import ConfigError, InvalidInput, SandboxUnavailable, SlotServerError
+from trajcore.domain.nomad_reconcile import (
+    Action,
+    Allocation,
+    Discard,
+    Drain,
+    Join,
+    Lose,
+    NomadReconciler,
+    ReconcileConfig,
+    Remove,
+    Replace,
+    SetCount,
+    Undrain,
+)
+from trajcore.domain.sandbox_policy import check_slot_uid_range
+from trajcore.domain.scale_policy import ScaleConfig
+from trajcore.domain.slurm_jobs import (
+    SlurmJob,
+    SlurmJobSettings,
+    job_script,
+    parse_node_address,
+    parse_ready,
+    parse_squeue,
+    plan_jobs,
+    sbatch_argv,
+    scancel_argv,
+    squeue_argv,
+)
+from trajcore.domain.validators import (
+    flag,
+    non_negative_seconds,
+    optional_seconds,
+    positive_seconds,
+    whole_number,
+)
+
+__all__ = ["SlurmPoolConfig", "SlurmSandboxPool", "SlurmUnavailable", "start_slurm_pool"]
+
+_log = logging.getLogger(__name__)
+_MAX_BACKOFF_S = 60.0
+
+
+class SlurmUnavailable(SandboxUnavailable):
+    """A Slurm command failed, timed out or is not installed (the message names it)."""
+
+
+def _optional_dir(value: object) -> Path | None:
+    return None if value is None else Path(str(value))
+
+
+@attrs.frozen(kw_only=True)
+class SlurmPoolConfig(SlurmJobSettings):
+    """How the Slurm pool runs its slot servers: the job (``SlurmJobSettings``) and these.
+
+    Attributes:
+        min_containers, max_containers: The range the server count is scaled in.
+        shared_dir: A directory the submitting host and every node share; the pool makes its
+            run directory (token, script, ready files, job logs) inside (``None``: the system's
+            temporary directory, right only when the cluster is this one machine).
+        drain_before_s: A job this close to its time limit is drained and replaced.
+        acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
+        require_tmux: Refuse servers without tmux.
+        scale_down_margin, cooldown_s: The scale policy's damping.
+        start_timeout_s: Longest the pool's start, and one running job's join, may take.
+        reset_timeout_s: Longest a release's reset may take before the slot is quarantined.
+        poll_interval_s: How often the queue is listed.
+        command_timeout_s: Longest one Slurm command may take.
+        stop_timeout_s: Longest the close waits for the jobs to leave the queue.
+    """
+
+    min_containers: int = attrs.field(default=1, validator=whole_number(0))
+    max_containers: int = attrs.field(default=10, validator=whole_number(1))
+    shared_dir: Path | None = attrs.field(default=None, converter=_optional_dir)
+    drain_before_s: float = attrs.field(default=300.0, validator=non_negative_seconds)
+    acquire_timeout_s: float | None = attrs.field(default=600.0, validator=optional_seconds)
+    require_tmux: bool = attrs.field(default=False, validator=flag)
+    scale_down_margin: int = attrs.field(default=0, validator=whole_number(0))
+    cooldown_s: float = attrs.field(default=30.0, validator=non_negative_seconds)
+    start_timeout_s: float = attrs.field(default=300.0, validator=positive_seconds)
+    reset_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
+    poll_interval_s: float = attrs.field(default=1.0, validator=positive_seconds)
+    command_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
+    stop_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
+
+    def __attrs_post_init__(self) -> None:
+        if self.drain_before_s >= self.time_limit_min * 60:
+            raise ConfigError(
+                "drain_before_s",
+                f"must be below the time limit ({self.time_limit_min} min), "
+                f"got {self.drain_before_s} s",
+            )
+        try:
+            self.scale_config()
+        except ConfigError as error:
+            raise ConfigError(error.field.removeprefix("scaling."), error.reason) from None
+        # two blocks of slot uids per server: a job and the one replacing it may share a node
+        check_slot_uid_range(
+            "policy.slot_uid_base",
+            self.policy.slot_uid_base,
+            2 * self.max_containers * self.slots_per_container,
+        )
+
+    def scale_config(self) -> ScaleConfig:
+        """The domain scale policy's settings."""
+        return ScaleConfig(
+            min_containers=self.min_containers,
+            max_containers=self.max_containers,
+            slots_per_container=self.slots_per_container,
+            scale_down_margin=self.scale_down_margin,
+            cooldown_s=self.cooldown_s,
+        )
+
+
+async def run_slurm(argv: Sequence[str], timeout_s: float) -> str:
+    """Run one Slurm command; its standard output. Raises ``SlurmUnavailable`` naming the
+    command when it is missing, fails or takes longer than ``timeout_s``."""
+    if shutil.which(argv[0]) is None:
+        raise SlurmUnavailable(f"{argv[0]} is not installed (Slurm's client commands are needed)")
+    try:
+        with anyio.fail_after(timeout_s):
+            done = await anyio.run_process(list(argv), check=False)
+    except TimeoutError:
+        raise SlurmUnavailable(f"{argv[0]} took longer than {timeout_s} s") from None
+    if done.returncode != 0:
+        detail = done.stderr.decode("utf-8", "replace").strip()[-500:]
+        raise SlurmUnavailable(f"{argv[0]} failed ({done.returncode}): {detail}")
+    return done.stdout.decode("utf-8", "replace")
+
+
+@attrs.frozen
+class _Job:
+    """The handle of one joined slot server: its Slurm job."""
+
+    job_id: str
+    index: int
+
+
+def _job(member: Member) -> _Job:
+    assert isinstance(member.handle, _Job)
+    return member.handle
+
+
+@attrs.define(eq=False)
+class _SlurmJobs:
+    """The ``ContainerSource`` of the Slurm pool: the batch jobs of one run."""
+
+    config: SlurmPoolConfig
+    token: str = attrs.field(repr=False, factory=lambda: secrets.token_urlsafe(32))
+    run: str = attrs.field(factory=lambda: secrets.token_hex(6))
+    machine: NomadReconciler = attrs.field(init=False)
+    by_job: dict[str, Member] = attrs.field(init=False, factory=dict)
+    run_dir: Path | None = attrs.field(init=False, default=None)
+    count: int = attrs.field(init=False, default=0)
+    submitted: int = attrs.field(init=False, default=0)
+    _pool: SlotServerPool | None = attrs.field(init=False, default=None)
+    _stopping: set[str] = attrs.field(init=False, factory=set)
+    _blocks: dict[str, int] = attrs.field(init=False, factory=dict)
+    _joined: set[str] = attrs.field(init=False, factory=set)
+    _last: dict[int, tuple[str, float]] = attrs.field(init=False, factory=dict)
+    _failures: dict[int, int] = attrs.field(init=False, factory=dict)
+    _nodes: dict[str, str] = attrs.field(init=False, factory=dict)
+    _fatal: BaseException | None = attrs.field(init=False, default=None)
+    _open: bool = attrs.field(init=False, default=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.machine = NomadReconciler(
+            ReconcileConfig(
+                scale=self.config.scale_config(), join_timeout_s=self.config.start_timeout_s
+            )
+        )
+
+    @property
+    def pool(self) -> SlotServerPool:
+        assert self._pool is not None
+        return self._pool
+
+    async def _slurm(self, argv: Sequence[str]) -> str:
+        return await run_slurm(argv, self.config.command_timeout_s)
+
+    # ------------------------------------------------------------------------- source
+
+    async def open(self, pool: SlotServerPool, stack: contextlib.AsyncExitStack) -> None:
+        self._pool = pool
+        config = self.config
+        await self._slurm(squeue_argv(config.job_name))  # Slurm answers, or the start fails
+        shared = config.shared_dir
+        if shared is not None and not shared.is_dir():
+            raise ConfigError("shared_dir", f"{shared} is not a directory")
+        run_dir = Path(tempfile.mkdtemp(prefix=f"{config.job_name}-{self.run}-", dir=shared))
+        self.run_dir = run_dir
+        stack.callback(shutil.rmtree, run_dir, True)
+        token_file = run_dir / "token"
+        token_file.touch(mode=0o600)
+        token_file.write_text(self.token, encoding="utf-8")
+        script = run_dir / "slot-server.sh"
+        script.write_text(job_script(config), encoding="utf-8")
+        script.chmod(0o700)
+        # what a crashed pool of this name left: its jobs hold an old token; cancel them all
+        await self._slurm(scancel_argv(job_name=config.job_name))
+        self._open = True
+        stack.push_async_callback(self.shutdown)
+        self.count = config.min_containers
+        self.machine.registered(self.count)
+
+    async def start(self, pool: SlotServerPool) -> None:
+        pool.spawn(self._watch)
+        config = self.config
+        with anyio.move_on_after(config.start_timeout_s):
+            while True:
+                if self._fatal is not None:
+                    raise self._fatal
+                if len(pool.container_names()) >= config.min_containers:
+                    return
+                await pool.changed()
+        seen = "; ".join(pool.problems[-3:]) or "no job started"
+        raise SlotServerError(
+            f"Slurm jobs {config.job_name}: {len(pool.container_names())} of "
+            f"{config.min_containers} slot servers became healthy within "
+            f"{config.start_timeout_s} s ({seen})"
+        )
+
+    def lost(self, member: Member, reason: str) -> None:
+        self._apply(self.machine.failed(_job(member).job_id, reason, anyio.current_time()))
+
+    async def shutdown(self) -> None:
+        """Cancel every job of the pool's name and wait for them to leave the queue; bounded."""
+        if not self._open:
+            return
+        self._open = False
+        config = self.config
+        with anyio.CancelScope(shield=True), anyio.move_on_after(config.stop_timeout_s) as scope:
+            try:
+                await self._slurm(scancel_argv(job_name=config.job_name))
+                while True:  # (polling: Slurm has no event to wait on)
+                    jobs = await self._list()
+                    if not any(job.live or job.state == "COMPLETING" for job in jobs):
+                        break
+                    await anyio.sleep(0.2)
+            except (SlurmUnavailable, InvalidInput) as error:
+                _log.warning("Slurm pool %s: could not cancel its jobs: %s", config.job_name, error)
+                self.pool.note(f"could not cancel the jobs: {error}")
+        if scope.cancelled_caught:
+            self.pool.note(f"the jobs did not end within {config.stop_timeout_s} s")
+
+    def check_valid(self) -> None:
+        self.machine.check_valid()
+        for job_id, member in self.by_job.items():
+            if _job(member).job_id != job_id or self.pool.member(member.name) is not member:
+                raise AssertionError(f"check_valid: container {member.name} is misfiled")
+
+    # ------------------------------------------------------------------------- the queue
+
+    async def _list(self) -> list[SlurmJob]:
+        return parse_squeue(await self._slurm(squeue_argv(self.config.job_name)))
+
+    async def _watch(self) -> None:
+        while not self.pool.closed:
+            try:
+                await self._tick()
+            except (SlurmUnavailable, InvalidInput) as error:
+                _log.warning("Slurm pool %s: %s", self.config.job_name, error)
+                self.pool.note(str(error))
+            await anyio.sleep(self.config.poll_interval_s)
+
+    async def _tick(self) -> None:
+        config = self.config
+        jobs = await self._list()
+        ours = [job for job in jobs if job.run == self.run]
+        listed = {job.job_id for job in ours if job.live}
+        for job_id in [j for j in self._blocks if j not in listed]:
+            del self._blocks[job_id]  # ended: its uids are free again
+        slots = config.slots_per_container
+        leasing = self.pool.leasing
+        allocations = []
+        for job in ours:
+            member = self.by_job.get(job.job_id)
+            live = member is not None and not member.lost
+            left = job.time_left_s
+            allocations.append(
+                Allocation(
+                    id=job.job_id,
+                    index=job.index,
+                    client_status=job.client_status,
+                    desired_status="stop" if job.job_id in self._stopping else "run",
+                    held=leasing.held(member.name, slots) if live and member else 0,
+                    quarantined=leasing.quarantined(member.name, slots) if live and member else 0,
+                    ending=left is not None and left <= config.drain_before_s,
+                )
+            )
+        stats = self.pool.statistics()
+        now = anyio.current_time()
+        actions = self.machine.observe(allocations, stats.leased + stats.waiting, now)
+        for count in self._apply(actions):
+            self.count = count
+            self.machine.scaled(count)
+        plan = plan_jobs(
+            jobs,
+            run=self.run,
+            count=self.count,
+            stopping=frozenset(self._stopping),
+            ending_s=config.drain_before_s,
+        )
+        if plan.cancel:
+            self._stopping.update(plan.cancel)
+            await self._slurm(scancel_argv(plan.cancel))
+        for index in plan.submit:
+            await self._submit(index, now)
+
+    async def _submit(self, index: int, now: float) -> None:
+        last = self._last.get(index)
+        if last is not None:
+            job_id, when = last
+            failures = 0 if job_id in self._joined else self._failures.get(index, 0) + 1
+            if failures and now < when + min(0.5 * 2 ** (failures - 1), _MAX_BACKOFF_S):
+                return
+            self._failures[index] = failures
+        used = set(self._blocks.values())
+        block = next((b for b in range(2 * self.config.max_containers) if b not in used), None)
+        if block is None:
+            return  # every uid block is held by a job still in the queue
+        assert self.run_dir is not None
+        config = self.config
+        argv = sbatch_argv(
+            config,
+            script=str(self.run_dir / "slot-server.sh"),
+            run_dir=str(self.run_dir),
+            run=self.run,
+            index=index,
+            uid_base=config.policy.slot_uid_base + block * config.slots_per_container,
+            token_file=str(self.run_dir / "token"),
+        )
+        job_id = (await self._slurm(argv)).strip().split(";")[0]
+        if not job_id:
+            raise SlurmUnavailable("sbatch printed no job ID")
+        self._blocks[job_id] = block
+        self._last[index] = (job_id, now)
+        self.submitted += 1
+        _log.info("Slurm pool %s: server %d submitted as job %s", config.job_name, index, job_id)
+
+    async def _cancel(self, job_id: str) -> None:
+        self._stopping.add(job_id)
+        try:
+            await self._slurm(scancel_argv([job_id]))
+        except SlurmUnavailable as error:
+            self.pool.note(f"could not cancel job {job_id}: {error}")
+
+    # ------------------------------------------------------------------------- actions
+
+    def _apply(self, actions: Sequence[Action]) -> list[int]:
+        pool = self.pool
+        counts: list[int] = []
+        for action in actions:
+            if isinstance(action, SetCount):
+                counts.append(action.count)
+            elif isinstance(action, Join):
+                pool.spawn(self._join, action)
+            elif isinstance(action, Replace):
+                pool.note(f"job {action.alloc_id} replaced: {action.reason}")
+                self._stopping.add(action.alloc_id)
+                pool.spawn(self._cancel, action.alloc_id)
+            elif isinstance(action, Lose | Remove):
+                member = self.by_job.pop(action.alloc_id, None)
+                if member is not None:
+                    pool.gone(member, action.reason)
+            elif isinstance(action, Drain | Undrain):
+                member = self.by_job.get(action.alloc_id)
+                if member is not None and not member.lost:
+                    if isinstance(action, Drain):
+                        pool.drain(member)
+                    else:
+                        pool.undrain(member)
+        return counts
+
+    async def _address(self, job_id: str) -> str:
+        """The ``host:port`` job ``job_id`` reported; waits for its ready line."""
+        assert self.run_dir is not None
+        ready = self.run_dir / f"{job_id}.ready"
+        while True:
+            try:
+                port = parse_ready(ready.read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                port = None
+            if port is not None:
+                break
+            await anyio.sleep(0.05)
+        host = self.config.bind_host
+        if host in {"0.0.0.0", "::"}:  # noqa: S104 - what it listens on, not where it is
+            host = await self._node_address(job_id)
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    async def _node_address(self, job_id: str) -> str:
+        node = next((j.node for j in await self._list() if j.job_id == job_id), None)
+        if node is None:
+            raise InvalidInput("squeue", f"job {job_id} has no batch host")
+        if node not in self._nodes:
+            show = await self._slurm(["scontrol", "show", "node", "--oneliner", node])
+            self._nodes[node] = parse_node_address(show)
+        return self._nodes[node]
+
+    def _log_tail(self, job_id: str) -> str:
+        assert self.run_dir is not None
+        try:
+            text = (self.run_dir / f"{job_id}.log").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return text.strip()[-300:]
+
+    async def _join(self, join: Join) -> None:
+        pool = self.pool
+        job_id = join.alloc_id
+        name = f"slurm-{join.index}-{job_id}"
+        try:
+            with anyio.fail_after(self.config.start_timeout_s):
+                address = await self._address(job_id)
+                client = await pool.connect(Endpoint("tcp", address, self.token), name)
+        except (TimeoutError, SlotServerError, InvalidInput, SlurmUnavailable) as error:
+            reason = "not healthy in time" if isinstance(error, TimeoutError) else str(error)
+            tail = self._log_tail(job_id)
+            pool.note(f"job {job_id} did not join: {reason}" + (f" ({tail})" if tail else ""))
+            self._apply(self.machine.join_failed(job_id, reason, anyio.current_time()))
+            return
+        except SandboxUnavailable as error:
+            pool.note(str(error))
+            self._fatal = self._fatal or error
+            self._apply(self.machine.join_failed(job_id, str(error), anyio.current_time()))
+            pool.signal()
+            return
+        actions = self.machine.joined(job_id, anyio.current_time())
+        member = None
+        if not any(isinstance(action, Discard) for action in actions):
+            member = pool.join(name, client, _Job(job_id=job_id, index=join.index))
+        if member is None:
+            await close_quietly(client)
+            return
+        self._joined.add(job_id)
+        self.by_job[job_id] = member
+        _log.info("Slurm pool %s: %s joined (%s)", self.config.job_name, name, address)
+        self._apply(actions)
+
+
+class SlurmSandboxPool(SlotServerPool):
+    """The SandboxPool port over slot servers run as Slurm jobs. ``async with
+    SlurmSandboxPool(config)``.
+
+    Entering checks that Slurm answers (``SlurmUnavailable`` otherwise), cancels what a crashed
+    pool of the same name left, and waits for ``min_containers`` servers (``SlotServerError``
+    when they are not healthy within ``start_timeout_s``, ``SandboxUnavailable`` when a sandbox
+    is required and missing); nothing is left queued then. Leaving closes it (``aclose``).
+
+    Attributes:
+        config: The pool's settings.
+    """
+
+    def __init__(self, config: SlurmPoolConfig | None = None) -> None:
+        self.config = config = config or SlurmPoolConfig()
+        self._jobs = _SlurmJobs(config)
+        super().__init__(self._jobs, config, label="Slurm")
+
+    def job_id(self, container: str) -> str:
+        """The Slurm job behind ``container``. Raises ``KeyError``."""
+        member = self.member(container)
+        if member is None:
+            raise KeyError(container)
+        return _job(member).job_id
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The pool's run directory on the shared file system while it runs."""
+        return self._jobs.run_dir
+
+    @property
+    def target(self) -> int:
+        """The server count the scale policy wants now."""
+        return self._jobs.machine.target
+
+    @property
+    def job_count(self) -> int:
+        """The server count the pool keeps queued or running."""
+        return self._jobs.count
+
+    @property
+    def jobs_submitted(self) -> int:
+        """Jobs submitted since the start (the first ones, scale-ups and replacements)."""
+        return self._jobs.submitted
+
+    def check_valid(self) -> None:
+        """The slot book's invariants and the pool's own (raises ``AssertionError``)."""
+        super().check_valid()
+        self._jobs.check_valid()
+
+
+@contextlib.asynccontextmanager
+async def start_slurm_pool(config: SlurmPoolConfig) -> AsyncIterator[SlurmSandboxPool]:
+    """``async with start_slurm_pool(config) as pool``: a started pool, closed on exit."""
+    async with SlurmSandboxPool(config) as pool:
+        yield pool
