@@ -137,13 +137,15 @@ def join_rules(config: PoolSettings) -> JoinRules:
 
 @attrs.define(eq=False)
 class Member:
-    """One slot server in the pool: its container name, client, and the source's handle."""
+    """One slot server in the pool: its container name, client, the source's handle, and its
+    slot count (0: the pool's ``slots_per_container``)."""
 
     name: str
     client: SlotServerClient
     handle: object
     lost: bool = False
     draining: bool = False
+    slots: int = 0
 
 
 class ContainerSource(Protocol):
@@ -379,23 +381,26 @@ class SlotServerPool(LeasedPool):
         """Wait until a member joins, leaves or a problem is noted."""
         await self._changed.wait()
 
-    async def connect(self, endpoint: Endpoint, name: str) -> SlotServerClient:
-        """A client of the server at ``endpoint``, healthy and fit to join as ``name``.
+    async def connect(
+        self, endpoint: Endpoint, name: str, *, slots: int | None = None
+    ) -> SlotServerClient:
+        """A client of the server at ``endpoint``, healthy and fit to join as ``name`` with
+        ``slots`` slots (``None``: ``slots_per_container``).
 
         Raises ``TimeoutError`` (not healthy within ``start_timeout_s``), ``SlotServerError``
         (wrong slot count, a failed request) or ``SandboxUnavailable`` (a sandbox or tmux is
         required and missing); the client is closed then.
         """
         rules = self.rules
+        expected = rules.slots_per_container if slots is None else slots
         client = endpoint.client()
         client.reset_timeout_s = rules.reset_timeout_s
         try:
             with anyio.fail_after(rules.start_timeout_s):
                 health = await client.wait_healthy(rules.start_timeout_s)
-            if health.slots != rules.slots_per_container:
+            if health.slots != expected:
                 raise SlotServerError(
-                    f"slot server {name} serves {health.slots} slots, "
-                    f"not {rules.slots_per_container}"
+                    f"slot server {name} serves {health.slots} slots, not {expected}"
                 )
             if rules.require_sandbox and not health.sandboxed:
                 raise SandboxUnavailable(
@@ -413,10 +418,17 @@ class SlotServerPool(LeasedPool):
         return client
 
     def join(
-        self, name: str, client: SlotServerClient, handle: object, *, draining: bool = False
+        self,
+        name: str,
+        client: SlotServerClient,
+        handle: object,
+        *,
+        draining: bool = False,
+        slots: int | None = None,
     ) -> Member | None:
-        """Put the connected server ``name`` in service; ``None`` when the pool closed meanwhile
-        (the caller then stops the server and closes ``client``).
+        """Put the connected server ``name`` in service with ``slots`` slots (``None``:
+        ``slots_per_container``); ``None`` when the pool closed meanwhile (the caller then stops
+        the server and closes ``client``).
 
         Raises ``StateError`` when ``name`` is in use.
         """
@@ -424,9 +436,10 @@ class SlotServerPool(LeasedPool):
             return None
         if name in self._members:
             raise StateError(f"container name {name!r} is in use")
-        member = Member(name=name, client=client, handle=handle, draining=draining)
+        count = self.rules.slots_per_container if slots is None else slots
+        member = Member(name=name, client=client, handle=handle, draining=draining, slots=count)
         self._members[name] = member
-        self._leasing.add_container(name, self.rules.slots_per_container)
+        self._leasing.add_container(name, count)
         if draining:
             self._leasing.drain_container(name)
         self._joined += 1
@@ -479,7 +492,7 @@ class SlotServerPool(LeasedPool):
     def undrain(self, member: Member) -> None:
         """A drained ``member`` is wanted again: its slots come back free (a member with a
         quarantined slot is lost instead)."""
-        slots = self.rules.slots_per_container
+        slots = member.slots or self.rules.slots_per_container
         if self._leasing.quarantined(member.name, slots):
             self.lose(member, "it had quarantined slots when the pool grew again")
             return

@@ -19,6 +19,7 @@ and stops, a ``Launcher``; the supervision is the same:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import Generic, Protocol, TypeVar
 
@@ -134,6 +135,9 @@ class SupervisedSource(Generic[H]):
         containers: How many servers run (K).
         restart_crashed: Replace a server that ended or failed.
         restart_attempts: Starts tried in a row before a failed server is given up.
+        slots: Server ``index``'s slot count (``None``: the pool's ``slots_per_container``).
+        backoff_s: The wait after a failed replacement start, doubled after each failure...
+        backoff_max_s: ...up to this.
     """
 
     launcher: Launcher[H]
@@ -141,6 +145,9 @@ class SupervisedSource(Generic[H]):
     containers: int
     restart_crashed: bool = True
     restart_attempts: int = 3
+    slots: Callable[[int], int] | None = None
+    backoff_s: float = 0.1
+    backoff_max_s: float = 2.0
     launched: dict[str, H] = attrs.field(init=False, factory=dict)
     _stopped: set[str] = attrs.field(init=False, factory=set)
     _generations: dict[int, int] = attrs.field(init=False, factory=dict)
@@ -186,7 +193,7 @@ class SupervisedSource(Generic[H]):
             with anyio.fail_after(start_timeout_s):
                 endpoint, handle = await self.launcher.launch(index, name)
                 self.launched[name] = handle
-                client = await self._connect(pool, endpoint, name, handle)
+                client = await self._connect(pool, endpoint, name, handle, index)
         except BaseException as error:
             detail = ""
             if handle is not None:
@@ -200,7 +207,7 @@ class SupervisedSource(Generic[H]):
                     f"slot server {name} was not healthy within {start_timeout_s} s{detail}"
                 ) from None
             raise
-        member = pool.join(name, client, handle)
+        member = pool.join(name, client, handle, slots=self._slot_count(index))
         if member is None:  # closed while it started: stop it with the rest
             self._stopped.add(name)
             await close_quietly(client)
@@ -208,14 +215,18 @@ class SupervisedSource(Generic[H]):
             return
         pool.spawn(self._supervise, pool, index, member, handle)
 
+    def _slot_count(self, index: int) -> int | None:
+        return None if self.slots is None else self.slots(index)
+
     async def _connect(
-        self, pool: SlotServerPool, endpoint: Endpoint, name: str, handle: H
+        self, pool: SlotServerPool, endpoint: Endpoint, name: str, handle: H, index: int
     ) -> SlotServerClient:
         """``pool.connect``, unless the server ends first (``SlotServerError`` with its log)."""
         connected: list[SlotServerClient] = []
+        slots = self._slot_count(index)
 
         async def connect(scope: anyio.CancelScope) -> None:
-            connected.append(await pool.connect(endpoint, name))
+            connected.append(await pool.connect(endpoint, name, slots=slots))
             scope.cancel()
 
         try:
@@ -253,7 +264,7 @@ class SupervisedSource(Generic[H]):
                 await self._start(pool, index)
             except (SlotServerError, SandboxUnavailable, OSError) as error:
                 pool.note(f"replacing {self._name(index)} failed: {error}")
-                await anyio.sleep(min(0.1 * 2**attempt, 2.0))
+                await anyio.sleep(min(self.backoff_s * 2**attempt, self.backoff_max_s))
                 continue
             self.restarts += 1
             return
