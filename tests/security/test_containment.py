@@ -22,13 +22,19 @@ import anyio
 import pytest
 
 from tests.security.harness import (
+    HELPERS,
     Lease,
     Server,
+    bwrap_missing,
+    compiler,
     end,
     kit_processes,
     leased,
     running,
+    server_root,
+    start_server,
     start_sleeper,
+    stop_server,
     token,
 )
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
@@ -223,3 +229,54 @@ def test_closing_a_pool_removes_a_deep_tree_a_held_lease_left() -> None:
     run_dir, depth = anyio.run(main)
     assert depth == DEPTH
     assert not run_dir.exists(), f"the pool left {run_dir} behind"
+
+
+WRITABLE = ("/", "/var", "/opt", "/home", "/root", "/srv", "/mnt", "/usr/local")
+
+
+@pytest.mark.parametrize("helper", HELPERS)
+def test_with_a_writable_root_a_lease_leaves_nothing_for_the_next(helper: str, kit: Path) -> None:
+    """With ``--writable-root`` the sandbox's root is a tmpfs of its own; a file a lease writes
+    there (outside the workspace, /tmp and /dev/shm) must not be there for the next lease. The
+    control: the write succeeds, and the host sees the file through the lease's /proc root."""
+    if bwrap_missing():
+        pytest.skip("bubblewrap is not installed")
+    if helper == "native" and compiler() is None:
+        pytest.skip("no C compiler to build the compiled slot helper")
+    payload = token()
+    name = f"canary-{payload}"
+    plant = "; ".join(
+        f"echo {payload} > {d.rstrip('/')}/{name} 2>/dev/null && echo {d}" for d in WRITABLE
+    )
+
+    async def main(server: Server) -> tuple[list[str], list[str], list[str]]:
+        async with server.client() as client:
+            async with leased(server, client, 0) as first:
+                await first.install_kit(kit)
+                done = await first.bash(plant)
+                assert done.exec is not None, done
+                planted = done.exec.stdout.split()
+                pid = await start_sleeper(first, token())
+                seen = [
+                    d
+                    for d in planted
+                    if (Path(f"/proc/{pid}/root") / d.lstrip("/") / name).exists()
+                ]
+                end([pid])
+            async with leased(server, client, 0) as second:
+                await second.install_kit(kit)
+                pid = await start_sleeper(second, token())
+                root = Path(f"/proc/{pid}/root")
+                found = [d for d in planted if (root / d.lstrip("/") / name).exists()]
+                end([pid])
+        return planted, seen, found
+
+    with server_root(f"writable-{helper}") as root:
+        server = start_server(root, helper, "--writable-root")
+        try:
+            planted, seen, found = anyio.run(main, server)
+        finally:
+            stop_server(server)
+    assert planted, "the lease could write nowhere on its root: the attack proves nothing"
+    assert seen == planted, "the host does not see what the lease wrote"
+    assert found == [], f"the next lease found the file in {found}"

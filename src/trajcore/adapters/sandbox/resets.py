@@ -35,6 +35,10 @@ async def clean_slot(
     ``slot.set_aside``); ``None`` when the slot is proven clean, else why not. Never raises for
     what the lease left behind."""
     await sandboxes.stop_agent(slot)
+    if not sandboxes.config.policy.read_only_root:
+        # the writable root is the keeper's own tmpfs, which every lease of the keeper shares:
+        # it goes with the keeper, so the next lease starts on a fresh one
+        await sandboxes.stop_keeper(slot)
     problem = await _prove_empty(slot)
     if problem is not None:
         return problem
