@@ -15,6 +15,11 @@ Rules it keeps:
   run) are recognised as strays and cancelled, never joined.
 - The job script holds no secret: the bearer token stays in a file only its owner reads, named
   on the server's command line; the script and the words are what ``scontrol show job`` shows.
+- A job Slurm ends (``scancel``, time limit, node failure, preemption) gets SIGTERM in every
+  process, the slot's own commands included, so a call in flight could finish early and be
+  answered as if it had run. The job script kills the server outright on that signal instead of
+  letting it close gracefully, so such a call ends without an answer (``INFRA_ERROR``). The
+  server's own SIGTERM handling races the script's kill; the tests find the kill first.
 - Bad answers raise ``InvalidInput`` naming what was read and why; nothing is guessed.
 """
 
@@ -167,7 +172,7 @@ def job_script(settings: SlurmJobSettings) -> str:
 
     It runs ``COMMAND`` with ``--root`` (a directory of the job's own on the node) and
     ``--listen``, puts the server's ready line whole in ``DIR/<job id>.ready`` (where the pool
-    reads it), passes SIGTERM on to the server, and removes the directory when the server ends.
+    reads it), kills the server when Slurm signals the job, and removes the directory after.
     """
     root = settings.workspace_dir
     base = '"${TMPDIR:-/tmp}"' if root is None else shlex.quote(root)
@@ -179,7 +184,9 @@ root={base}/trajcore-slots-"$SLURM_JOB_ID"
 mkdir -p "$root" || exit 1
 "$@" --root "$root/slots" --listen {listen} > "$ready.part" &
 server=$!
-trap 'kill -TERM "$server" 2>/dev/null' TERM INT
+# Slurm signals every process of the job at once, the slot's own commands too: the server is
+# killed outright, so that no call a signal cut short is answered as if it had run
+trap 'kill -KILL "$server" 2>/dev/null' TERM INT
 # the ready line is moved into place whole, so the pool never reads half of it
 ( while kill -0 "$server" 2>/dev/null; do
     if [ -s "$ready.part" ]; then mv -f "$ready.part" "$ready"; break; fi; sleep 0.1

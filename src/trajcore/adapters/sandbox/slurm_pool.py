@@ -71,6 +71,7 @@ from trajcore.domain.nomad_reconcile import (
 )
 from trajcore.domain.sandbox_policy import check_slot_uid_range
 from trajcore.domain.scale_policy import ScaleConfig
+from trajcore.domain.slots import SlotCall
 from trajcore.domain.slurm_jobs import (
     SlurmJob,
     SlurmJobSettings,
@@ -83,6 +84,7 @@ from trajcore.domain.slurm_jobs import (
     scancel_argv,
     squeue_argv,
 )
+from trajcore.domain.tools import ToolOutcome, ToolResult
 from trajcore.domain.validators import (
     flag,
     non_negative_seconds,
@@ -123,6 +125,10 @@ class SlurmPoolConfig(SlurmJobSettings):
         poll_interval_s: How often the queue is listed.
         command_timeout_s: Longest one Slurm command may take.
         stop_timeout_s: Longest the close waits for the jobs to leave the queue.
+        confirm_batches: Confirm every answered batch with the server's health (see
+            ``SlurmSandboxPool.execute``); off saves a round trip per batch and lets a call cut
+            short by its job's end be answered.
+        confirm_timeout_s: Longest that confirmation may take.
     """
 
     min_containers: int = attrs.field(default=1, validator=whole_number(0))
@@ -138,6 +144,8 @@ class SlurmPoolConfig(SlurmJobSettings):
     poll_interval_s: float = attrs.field(default=1.0, validator=positive_seconds)
     command_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
     stop_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
+    confirm_batches: bool = attrs.field(default=True, validator=flag)
+    confirm_timeout_s: float = attrs.field(default=5.0, validator=positive_seconds)
 
     def __attrs_post_init__(self) -> None:
         if self.drain_before_s >= self.time_limit_min * 60:
@@ -512,6 +520,27 @@ class SlurmSandboxPool(SlotServerPool):
         self.config = config = config or SlurmPoolConfig()
         self._jobs = _SlurmJobs(config)
         super().__init__(self._jobs, config, label="Slurm")
+
+    async def execute(self, container: str, calls: Sequence[SlotCall]) -> list[ToolResult]:
+        """See ``SandboxPool.execute``. An answered batch is confirmed by the server's health
+        before it is returned: Slurm ends a job by signalling every process in it, the slot's
+        own commands too, so a call a job's end cut short can be answered before the server
+        dies. When health then fails, the server was ending: the answered calls become
+        ``INFRA_ERROR`` (never scored) and the container is lost."""
+        results = await super().execute(container, calls)
+        member = self.member(container)
+        ran = [i for i, r in enumerate(results) if r.outcome is not ToolOutcome.REJECTED]
+        if member is None or member.lost or not ran or not self.config.confirm_batches:
+            return results
+        try:
+            with anyio.fail_after(self.config.confirm_timeout_s):
+                await member.client.health()
+        except (TimeoutError, SlotServerError, InvalidInput) as error:
+            reason = f"slot server {container} ended with the batch in flight: {error}"
+            self.lose(member, reason)
+            for i in ran:
+                results[i] = ToolResult.failure(calls[i].call, ToolOutcome.INFRA_ERROR, reason)
+        return results
 
     def job_id(self, container: str) -> str:
         """The Slurm job behind ``container``. Raises ``KeyError``."""

@@ -1,0 +1,317 @@
+"""The Slurm pool against a real one-node Slurm cluster (munged, slurmctld, slurmd) on loopback.
+
+The cluster is this module's own (``tests.slurm_testbed``): its config, munge key, ports and
+directories live in a temporary directory, and everything is stopped by pid at the end. The
+pool runs the real slot server as batch jobs, with real bubblewrap. Faults are Slurm's own:
+``scancel`` of a running job, its node set DOWN, a job past its time limit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.slurm_testbed import NODE, SLURM_PROBLEM, SlurmCluster
+from trajcore.adapters.fakes.sandbox import FakeSandboxPool
+from trajcore.adapters.sandbox.slurm_pool import SlurmSandboxPool
+from trajcore.domain.slots import Lease, SlotCall
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
+from trajcore.ports.sandbox_pool import SandboxPool
+from trajcore.testing.sandbox_pool_contract import (
+    CrashContainer,
+    PoolShape,
+    SandboxPoolContract,
+    SandboxPoolFactory,
+)
+from trajcore.testing.sandbox_pool_machine import MachineShape, run_pool_machine
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(SLURM_PROBLEM is not None, reason=str(SLURM_PROBLEM)),
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
+]
+
+_CLUSTER: list[SlurmCluster] = []
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster() -> Iterator[SlurmCluster]:
+    with SlurmCluster() as started:
+        _CLUSTER.append(started)
+        yield started
+        _CLUSTER.remove(started)
+
+
+def _cluster() -> SlurmCluster:
+    return _CLUSTER[-1]
+
+
+@asynccontextmanager
+async def slurm_pool(shape: PoolShape) -> AsyncIterator[SandboxPool]:
+    config = _cluster().pool_config(
+        containers=shape.containers,
+        slots_per_container=shape.slots_per_container,
+        acquire_timeout_s=shape.acquire_timeout_s,
+    )
+    async with SlurmSandboxPool(config) as pool:
+        yield pool
+
+
+def _server_pid(pool: SlurmSandboxPool, job_id: str) -> int:
+    assert pool.run_dir is not None
+    ready = json.loads((pool.run_dir / f"{job_id}.ready").read_text().splitlines()[0])
+    pid = ready["pid"]
+    assert isinstance(pid, int)
+    return pid
+
+
+def _wait_gone(pid: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while Path(f"/proc/{pid}").exists():
+        assert time.monotonic() < deadline, f"slot server {pid} outlived its job"
+        time.sleep(0.02)
+
+
+def scancel_job(pool: SandboxPool, container: str) -> None:
+    """``scancel`` the job behind ``container`` and wait until its slot server has ended."""
+    assert isinstance(pool, SlurmSandboxPool)
+    job_id = pool.job_id(container)
+    pid = _server_pid(pool, job_id)
+    _cluster().run("scancel", job_id)
+    _wait_gone(pid)
+
+
+class TestSlurmSandboxPool(SandboxPoolContract):
+    supports_crash = True
+    machine_scale = 0.02  # two generated sequences under ci; the lockstep test adds more
+
+    @pytest.fixture
+    def sandbox_pool_factory(self) -> SandboxPoolFactory:
+        return slurm_pool
+
+    @pytest.fixture
+    def crash_container(self) -> CrashContainer:
+        return scancel_job
+
+
+SHAPE = MachineShape(containers=2, slots_per_container=2)
+
+
+def test_the_fake_and_the_slurm_pool_agree() -> None:
+    """The lockstep machine: the fake and Slurm jobs; a crash is ``scancel`` of the job."""
+
+    def crash_either(pool: SandboxPool, container: str) -> None:
+        if isinstance(pool, FakeSandboxPool):
+            pool.crash_container(container)
+        else:
+            scancel_job(pool, container)
+
+    shape = PoolShape(containers=2, slots_per_container=2, acquire_timeout_s=30.0)
+    run_pool_machine(
+        [
+            lambda: FakeSandboxPool(containers=2, slots_per_container=2, acquire_timeout_s=30.0),
+            lambda: slurm_pool(shape),
+        ],
+        shape=SHAPE,
+        crash=crash_either,
+        scale=0.02,
+    )
+
+
+# ============================================================================ faults
+
+
+def _call(lease: Lease, command: str, timeout_s: float = 60.0) -> SlotCall:
+    call = ToolCall(id=f"c{time.monotonic_ns()}", name="bash", arguments={"command": command})
+    return SlotCall(lease=lease, call=call, timeout_s=timeout_s)
+
+
+async def _one(pool: SandboxPool, lease: Lease, command: str) -> ToolResult:
+    [result] = await pool.execute(lease.slot.container, [_call(lease, command)])
+    return result
+
+
+async def _in_flight_then(pool: SlurmSandboxPool, lease: Lease, fault: object) -> ToolResult:
+    """Start a long call in ``lease``'s slot, apply ``fault`` once it runs, return its result."""
+    assert callable(fault)
+    results: list[ToolResult] = []
+
+    async def long_call() -> None:
+        results.append(await _one(pool, lease, "touch started; sleep 30; echo done"))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(long_call)
+        probe = await _one(pool, lease, "true")  # (the server takes calls in turn per slot)
+        del probe
+        await anyio.sleep(0.5)
+        await anyio.to_thread.run_sync(fault)
+    return results[0]
+
+
+async def _wait_until(check: object, timeout_s: float, what: str) -> None:
+    assert callable(check)
+    with anyio.fail_after(timeout_s):
+        while not check():
+            await anyio.sleep(0.1)
+    del what
+
+
+@pytest.mark.anyio
+async def test_scancel_of_a_running_job_fails_its_call_in_flight_and_a_new_job_serves(
+    cluster: SlurmCluster,
+) -> None:
+    config = cluster.pool_config(containers=1, slots_per_container=1)
+    async with SlurmSandboxPool(config) as pool:
+        [first] = pool.container_names()
+        job_id = pool.job_id(first)
+        async with pool.lease("t") as lease:
+            pid = _server_pid(pool, job_id)
+            result = await _in_flight_then(pool, lease, lambda: cluster.run("scancel", job_id))
+            _wait_gone(pid)
+        assert result.outcome is ToolOutcome.INFRA_ERROR, result
+        await _wait_until(lambda: pool.container_names() not in ([], [first]), 60, "a new job")
+        async with pool.lease("after") as after:
+            assert (await _one(pool, after, "echo ok")).content == "ok\n"
+        assert pool.job_id(after.slot.container) != job_id
+        assert cluster.job_state(job_id) == "CANCELLED"
+
+
+@pytest.mark.anyio
+async def test_a_node_set_down_fails_the_calls_in_flight_and_the_pool_recovers(
+    cluster: SlurmCluster,
+) -> None:
+    config = cluster.pool_config(containers=1, slots_per_container=1)
+    async with SlurmSandboxPool(config) as pool:
+        [first] = pool.container_names()
+        job_id = pool.job_id(first)
+
+        def node_down() -> None:
+            cluster.run("scontrol", "update", f"nodename={NODE}", "state=down", "reason=test")
+
+        async with pool.lease("t") as lease:
+            result = await _in_flight_then(pool, lease, node_down)
+            assert result.outcome is ToolOutcome.INFRA_ERROR, result
+            after = await _one(pool, lease, "true")  # its lease is stale now, or still failing
+            assert after.outcome in (ToolOutcome.REJECTED, ToolOutcome.INFRA_ERROR)
+        assert cluster.job_state(job_id) == "NODE_FAIL"
+        # the node comes back (ReturnToService=2) and a replacement job serves
+        await _wait_until(lambda: pool.container_names() not in ([], [first]), 90, "a new job")
+        async with pool.lease("after") as fresh:
+            assert (await _one(pool, fresh, "echo ok")).content == "ok\n"
+
+
+@pytest.mark.anyio
+async def test_a_job_past_its_time_limit_is_drained_replaced_then_ended(
+    cluster: SlurmCluster,
+) -> None:
+    """A job within ``drain_before_s`` of its limit takes no new lease and a replacement job
+    serves; the lease still held there ends with the job (never an OK after it)."""
+    config = cluster.pool_config(
+        containers=1, slots_per_container=1, time_limit_min=1, drain_before_s=45.0
+    )
+    async with SlurmSandboxPool(config) as pool:
+        [first] = pool.container_names()
+        job_id = pool.job_id(first)
+        async with pool.lease("held") as held:
+            # about 15 s in, the job is ending: drained, and a second job joins for new leases
+            await _wait_until(lambda: len(pool.container_names()) == 2, 60, "a replacement")
+            async with pool.lease("new", timeout_s=30) as new:
+                assert new.slot.container != first
+                assert (await _one(pool, new, "echo ok")).content == "ok\n"
+            # the held lease works until Slurm ends the job at its limit (TIMEOUT)
+            assert (await _one(pool, held, "echo still")).content == "still\n"
+            await _wait_until(lambda: first not in pool.container_names(), 120, "the limit")
+            late = await _one(pool, held, "echo late")
+            assert late.outcome in (ToolOutcome.REJECTED, ToolOutcome.INFRA_ERROR)
+        assert cluster.job_state(job_id) == "TIMEOUT"
+
+
+@pytest.mark.anyio
+async def test_a_drained_ending_job_with_nothing_held_is_cancelled_early(
+    cluster: SlurmCluster,
+) -> None:
+    config = cluster.pool_config(
+        containers=1, slots_per_container=1, time_limit_min=1, drain_before_s=50.0
+    )
+    async with SlurmSandboxPool(config) as pool:
+        [first] = pool.container_names()
+        job_id = pool.job_id(first)
+        await _wait_until(lambda: first not in pool.container_names(), 60, "the drain")
+        await _wait_until(lambda: len(pool.container_names()) == 1, 60, "a replacement")
+        assert cluster.job_state(job_id) == "CANCELLED"  # ended by the pool, before its limit
+
+
+# ============================================================================ scaling, start, close
+
+
+@pytest.mark.anyio
+async def test_the_pool_scales_jobs_up_with_demand_and_back_down(cluster: SlurmCluster) -> None:
+    config = cluster.pool_config(
+        containers=1, slots_per_container=1, max_containers=3, bind_host="0.0.0.0"
+    )
+    async with SlurmSandboxPool(config) as pool:
+        assert pool.container_names() != [] and pool.job_count == 1
+        async with (
+            pool.lease("a", timeout_s=60) as a,
+            pool.lease("b", timeout_s=60) as b,
+            pool.lease("c", timeout_s=60) as c,
+        ):
+            assert len({a.slot.container, b.slot.container, c.slot.container}) == 3
+            assert pool.job_count == 3
+            for lease in (a, b, c):
+                assert (await _one(pool, lease, "echo up")).content == "up\n"
+        await _wait_until(lambda: len(pool.container_names()) == 1, 60, "the scale-down")
+        assert pool.job_count == 1
+        live = cluster.run("squeue", "--noheader", "--states=PENDING,RUNNING", "--format=%i")
+        assert len(live.split()) == 1
+
+
+@pytest.mark.anyio
+async def test_jobs_of_the_name_left_by_a_crashed_pool_are_cancelled_at_start(
+    cluster: SlurmCluster,
+) -> None:
+    stray = cluster.run(
+        "sbatch", "--parsable", "--job-name=trajcore-test", "--comment=trajcore:dead0:0",
+        "--output=/dev/null", "--wrap=sleep 300",
+    ).strip()  # fmt: skip
+    other = cluster.run(
+        "sbatch", "--parsable", "--job-name=someone-else", "--output=/dev/null",
+        "--wrap=sleep 300",
+    ).strip()  # fmt: skip
+    try:
+        async with SlurmSandboxPool(cluster.pool_config()) as pool:
+            assert cluster.job_state(stray) in ("CANCELLED", "COMPLETING")
+            assert cluster.job_state(other) in ("PENDING", "RUNNING")
+            assert pool.job_id(pool.container_names()[0]) != stray
+    finally:
+        cluster.run("scancel", other)
+
+
+@pytest.mark.anyio
+async def test_close_cancels_every_job_and_removes_the_run_directory(
+    cluster: SlurmCluster,
+) -> None:
+    async with SlurmSandboxPool(cluster.pool_config(containers=2)) as pool:
+        run_dir = pool.run_dir
+        assert run_dir is not None
+        assert oct(os.stat(run_dir / "token").st_mode & 0o777) == "0o600"
+        pids = [_server_pid(pool, pool.job_id(name)) for name in pool.container_names()]
+    for pid in pids:
+        _wait_gone(pid, 5)
+    assert not run_dir.exists()
+    live = cluster.run("squeue", "--noheader", "--name=trajcore-test",
+                       "--states=PENDING,RUNNING,COMPLETING")  # fmt: skip
+    assert live.strip() == ""
