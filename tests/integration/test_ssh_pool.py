@@ -81,7 +81,7 @@ async def wait_for(condition: object, timeout_s: float, what: str) -> float:
     start = time.monotonic()
     assert callable(condition)
     with anyio.fail_after(timeout_s, shield=False):
-        while not condition():
+        while not condition():  # noqa: ASYNC110 - polling processes, which signal nothing
             await anyio.sleep(0.05)
     return time.monotonic() - start
 
@@ -195,15 +195,13 @@ async def test_a_killed_connection_loses_its_server_only_and_it_is_replaced(
     sshd: LoopbackSshd,
 ) -> None:
     async with SshSandboxPool(config(sshd)) as pool:
-        async with pool.lease("a") as first, pool.lease("b") as second:
+        async with pool.lease("a") as first, pool.lease("b"):
             victim = first.slot.container
             server = pool.server_pid(victim)
             # the session of this server's connection: the sshd ancestor of its tether
             session = _session_of(sshd, server)
             os.kill(session, signal.SIGKILL)
-            (result,) = await pool.execute(
-                victim, [slot_call(first, "bash", command="echo x")]
-            )
+            (result,) = await pool.execute(victim, [slot_call(first, "bash", command="echo x")])
             assert result.outcome in (ToolOutcome.INFRA_ERROR, ToolOutcome.REJECTED), result
             await wait_for(lambda: not alive(server), 15, "the orphaned server ended")
             others = [name for name in pool.container_names() if name != victim]
