@@ -1,0 +1,148 @@
+"""The Slurm pool's pure parts: the job's words, Slurm's answers, the job plan, and the
+reconciler's handling of runs that end soon (a job near its time limit)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trajcore.adapters.sandbox.slurm_pool import SlurmPoolConfig
+from trajcore.domain.errors import ConfigError, InvalidInput
+from trajcore.domain.nomad_reconcile import (
+    Allocation,
+    Drain,
+    Join,
+    MemberState,
+    NomadReconciler,
+    ReconcileConfig,
+    Remove,
+    Replace,
+)
+from trajcore.domain.scale_policy import ScaleConfig
+from trajcore.domain.slurm_jobs import (
+    SlurmJob,
+    SlurmJobSettings,
+    parse_node_address,
+    parse_ready,
+    parse_squeue,
+    parse_time_left,
+    plan_jobs,
+    sbatch_argv,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("4:59", 299.0), ("1:00:00", 3600.0), ("2-01:00:05", 176405.0), ("UNLIMITED", None)],
+)
+def test_time_left_is_read_in_seconds(text: str, seconds: float | None) -> None:
+    assert parse_time_left(text) == seconds
+
+
+def test_a_time_left_that_is_not_slurms_is_refused_by_name() -> None:
+    with pytest.raises(InvalidInput, match="time_left"):
+        parse_time_left("soon")
+
+
+def test_the_listing_names_each_jobs_run_and_index_and_strays_have_none() -> None:
+    jobs = parse_squeue(
+        "7|RUNNING|4:59|trajnode|trajcore:abc123:2\n8|PENDING|30:00|(null)|someone's note\n"
+    )
+    assert jobs[0] == SlurmJob(
+        job_id="7", state="RUNNING", time_left_s=299.0, node="trajnode", run="abc123", index=2
+    )
+    assert (jobs[1].run, jobs[1].node, jobs[1].client_status) == (None, None, "pending")
+    with pytest.raises(InvalidInput, match="squeue"):
+        parse_squeue("7|RUNNING")
+
+
+def test_node_failure_and_preemption_are_lost_and_a_timeout_failed() -> None:
+    def status(state: str) -> str:
+        return SlurmJob(job_id="1", state=state, time_left_s=None, node=None, run=None,
+                        index=-1).client_status  # fmt: skip
+
+    assert [status(s) for s in ("NODE_FAIL", "PREEMPTED", "TIMEOUT", "CANCELLED")] == [
+        "lost", "lost", "failed", "complete"
+    ]  # fmt: skip
+
+
+def test_ready_lines_and_node_addresses() -> None:
+    assert parse_ready('{"ready": true, "address": "http://0.0.0.0:4242"}\n') == 4242
+    assert parse_ready('{"ready": true, "addr') is None  # not whole yet
+    with pytest.raises(InvalidInput, match="ready"):
+        parse_ready('{"ready": true, "address": null}\n')
+    assert parse_node_address("NodeName=n1 Arch=x86_64 NodeAddr=10.0.0.7 x=y") == "10.0.0.7"
+
+
+def _job(job_id: str, index: int, state: str = "RUNNING", left: float | None = 900.0,
+         run: str | None = "r1") -> SlurmJob:  # fmt: skip
+    return SlurmJob(job_id=job_id, state=state, time_left_s=left, node="n", run=run, index=index)
+
+
+def test_the_plan_keeps_one_live_job_per_index_below_the_count() -> None:
+    jobs = [
+        _job("1", 0),
+        _job("2", 1, state="NODE_FAIL"),  # ended: index 1 needs a new job
+        _job("3", 2, left=10.0),  # ending: index 2 gets a replacement, it is not cancelled
+        _job("4", 3),  # above the count: cancelled
+        _job("5", 0, state="PENDING"),  # a second live job on index 0: cancelled
+        _job("6", 0, run="old"),  # a stray of a crashed pool: cancelled
+    ]
+    plan = plan_jobs(jobs, run="r1", count=3, stopping=frozenset(), ending_s=60.0)
+    assert plan.submit == (1, 2)
+    assert sorted(plan.cancel) == ["4", "5", "6"]
+
+
+def test_the_job_words_carry_the_resources_and_no_token() -> None:
+    settings = SlurmJobSettings(
+        command="/venv/bin/python -m trajcore.entrypoints.slot_server", partition="cpu",
+        account="rl", qos="high", constraint="bwrap", cpus_per_task=4, time_limit_min=90,
+    )  # fmt: skip
+    words = sbatch_argv(settings, script="/s/job.sh", run_dir="/s", run="r1", index=3,
+                        uid_base=1900000000, token_file="/s/token")  # fmt: skip
+    for word in ("--partition=cpu", "--account=rl", "--qos=high", "--constraint=bwrap",
+                 "--cpus-per-task=4", "--time=90", "--no-requeue", "--export=NONE",
+                 "--comment=trajcore:r1:3", "--job-name=trajcore-slots"):  # fmt: skip
+        assert word in words
+    assert words[words.index("--token-file") + 1] == "/s/token"
+
+
+def test_bad_settings_are_refused_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match="partition"):
+        SlurmJobSettings(partition="cpu; rm -rf /")
+    with pytest.raises(ConfigError, match="drain_before_s"):
+        SlurmPoolConfig(time_limit_min=5, drain_before_s=300.0)
+
+
+def _machine() -> NomadReconciler:
+    machine = NomadReconciler(
+        ReconcileConfig(scale=ScaleConfig(min_containers=1, max_containers=2,
+                                          slots_per_container=1, cooldown_s=0.0))
+    )  # fmt: skip
+    machine.registered(1)
+    return machine
+
+
+def test_an_ending_run_is_drained_replaced_on_its_index_then_removed_and_stopped() -> None:
+    machine = _machine()
+    assert machine.observe([Allocation(id="a", index=0, client_status="running")], 1, 0.0) == [
+        Join(alloc_id="a", index=0, restarts=0)
+    ]
+    machine.joined("a", 1.0)
+    ending = Allocation(id="a", index=0, client_status="running", held=1, ending=True)
+    fresh = Allocation(id="b", index=0, client_status="running")
+    actions = machine.observe([ending, fresh], 1, 2.0)
+    assert Drain(alloc_id="a", reason="its run ends soon") in actions
+    assert Join(alloc_id="b", index=0, restarts=0) in actions
+    machine.joined("b", 3.0)
+    assert machine.members() == {"a": MemberState.DRAINING, "b": MemberState.JOINED}
+    machine.check_valid()
+    idle = Allocation(id="a", index=0, client_status="running", ending=True)
+    actions = machine.observe([idle, fresh], 1, 4.0)
+    assert [type(a) for a in actions] == [Remove, Replace]
+    assert machine.members() == {"b": MemberState.JOINED}
+
+
+def test_an_ending_run_is_never_joined() -> None:
+    machine = _machine()
+    listing = [Allocation(id="a", index=0, client_status="running", ending=True)]
+    assert machine.observe(listing, 0, 0.0) == []
