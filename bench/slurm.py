@@ -29,13 +29,14 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.slurm_testbed import SLURM_PROBLEM, SlurmCluster  # noqa: E402
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool  # noqa: E402
-from trajcore.adapters.sandbox.pool_core import SlotServerPool  # noqa: E402
-from trajcore.adapters.sandbox.slurm_pool import SlurmSandboxPool  # noqa: E402
-from trajcore.domain.sandbox_policy import SlotPolicy  # noqa: E402
-from trajcore.domain.slots import SlotCall  # noqa: E402
-from trajcore.domain.tools import ToolCall  # noqa: E402
+from tests.slurm_testbed import SLURM_PROBLEM, SlurmCluster
+
+from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.sandbox.pool_core import SlotServerPool
+from trajcore.adapters.sandbox.slurm_pool import SlurmSandboxPool
+from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.slots import SlotCall
+from trajcore.domain.tools import ToolCall
 
 SERVERS = 4
 SLOTS = 4
