@@ -157,7 +157,7 @@ PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
             for process in self._processes:
                 if process.poll() is not None:
                     raise RuntimeError(
-                        f"{process.args[0]!r} exited with {process.returncode} while waiting "
+                        f"{process.args!r} exited with {process.returncode} while waiting "
                         f"for {what}: {self.logs()}"
                     )
             if ready():
