@@ -1,8 +1,10 @@
 """An env written the atropos-agent way, ported by its imports (``trajcore.compat``).
 
-Each item asks the model to count the lines of a file the workspace hook writes; the workspace
-hook returns the expected count as metadata, verification reads the answer in the same slot and
-returns ``(score, metadata)``, and ``build_agent_config`` gives each item its own step budget.
+Each hook keeps the seed's exact signature. Each item asks the model to count the lines of a
+file the workspace hook writes; the workspace hook returns the expected count as metadata,
+verification runs ``cat`` in the same slot with the seed's ``terminal`` tool and returns
+``(score, metadata)``, and ``build_agent_config`` gives each item its own step budget, a low
+temperature and no token cap, as the seed's envs did.
 """
 
 from __future__ import annotations
@@ -54,26 +56,20 @@ class CountLinesEnv(AtroposAgentEnv[CountTask]):
         trajectory_id: str,
         exec_tool: ExecTool,
         agent_result: object = None,
-        workspace_meta: dict[str, object] | None = None,
     ) -> tuple[float, dict[str, object]]:
-        expected = (workspace_meta or {}).get("expected_lines")
         check = ToolCall(
-            id=f"{trajectory_id}-verify", name="bash", arguments={"command": "cat answer.txt"}
+            id=f"{trajectory_id}-verify", name="terminal", arguments={"command": "cat answer.txt"}
         )
         result = await exec_tool(check)
         answer = result.exec.stdout.strip() if result.exec is not None else ""
-        score = 1.0 if answer == str(expected) else 0.0
-        return score, {"expected": expected, "answer": answer}
+        score = 1.0 if answer == str(item.lines) else 0.0
+        return score, {"expected": item.lines, "answer": answer}
 
     async def score_trajectory(self, item: CountTask, final_response: str) -> float:
         return 0.0  # verify_and_score_trajectory does the work in the slot
 
     def build_agent_config(self, item: CountTask) -> AgentConfig:
-        return AgentConfig(
-            max_steps=item.max_steps,
-            temperature=self.config.agent_temperature,
-            max_tokens=self.config.max_tokens,
-        )
+        return AgentConfig(max_steps=item.max_steps, temperature=0.2, max_tokens=None)
 
     @classmethod
     def config_init(cls) -> tuple[AgentEnvConfig, object]:

@@ -195,6 +195,7 @@ def test_serve_mode_feeds_a_trainer_through_run_api(tmp_path: Path) -> None:
             sys.executable, __file__, "serve",
             "--env.rollout_server_url", url,
             "--env.tokenizer_name", str(qwen3_tokenizer_path()),
+            "--env.mode", "managed",
             "--env.tool_call_parser", "hermes",
             "--env.use_wandb", "false",
             "--env.wandb_name", "run_api_env",
@@ -243,6 +244,7 @@ def test_process_and_evaluate_commands_write_their_files(tmp_path: Path) -> None
     child_env = _child_env(tmp_path)
     common = [
         "--env.tokenizer_name", str(qwen3_tokenizer_path()),
+        "--env.mode", "managed",
         "--env.tool_call_parser", "hermes",
         "--env.max_token_length", "8192",
         "--env.max_tokens", "256",

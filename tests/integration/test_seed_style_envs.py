@@ -89,6 +89,9 @@ async def test_an_atropos_agent_style_env_runs_on_the_local_pool() -> None:
     )
     result = await env.run_task(item, policy=env.make_policy(chat=chat))
     assert sorted(s for s in result.verdict.member_scores if s is not None) == [0.0, 1.0]
+    # build_agent_config's temperature and "no token cap" reach the model.
+    assert {r.sampling.temperature for r in chat.requests} == {0.2}
+    assert {r.sampling.max_tokens > 4096 for r in chat.requests} == {True}
     group = env.scored_group(result)
     assert group is not None
     stories = {o["trajcore"]["score_metadata"]["answer"]: o["trajcore"] for o in group["overrides"]}

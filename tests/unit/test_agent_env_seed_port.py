@@ -87,7 +87,7 @@ async def _answer(exec_tool: ExecTool, trajectory_id: str) -> str:
 class WithoutWorkspaceMeta(_SeedBase):
     """atropos-agent's signature before ``workspace_meta`` existed."""
 
-    async def verify_and_score_trajectory(  # type: ignore[override]  # the seed's own signature
+    async def verify_and_score_trajectory(
         self,
         item: str,
         final_response: str,
@@ -104,7 +104,7 @@ class WithoutWorkspaceMeta(_SeedBase):
 class OldestSignature(_SeedBase):
     """atropos-agent's first signature: no ``agent_result``, no ``workspace_meta``."""
 
-    async def verify_and_score_trajectory(  # type: ignore[override]  # the seed's own signature
+    async def verify_and_score_trajectory(
         self, item: str, final_response: str, *, trajectory_id: str, exec_tool: ExecTool
     ) -> tuple[float, dict[str, Any]]:
         return (1.0 if await _answer(exec_tool, trajectory_id) == item else 0.0), {}
@@ -536,3 +536,64 @@ def test_assignment_and_model_copy_check_values_and_names() -> None:
     good = config.model_copy(update={"group_size": 3, "max_turns": 8})
     assert (good.group_size, good.max_turns, good.tokenizer_name) == (3, 8, QWEN)
     assert config.max_turns == 4  # the original is untouched
+
+
+# ------------------------------------------------------------------- the table of defaults
+
+# The seeds' defaults, by trajcore setting (atropos-agent's AgentEnvConfig, hermes-agent's
+# HermesAgentEnvConfig), for every setting both seeds had.
+SEED_DEFAULTS: dict[str, tuple[str, object]] = {
+    "sandbox": ("atropos-agent", "nomad"),
+    "allow_network": ("atropos-agent", True),
+    "require_sandbox": ("atropos-agent", False),
+    "require_stateful_sandbox": ("atropos-agent", False),
+    "batch_window_ms": ("atropos-agent", 20.0),
+    "max_batch_size": ("atropos-agent", 200),
+    "nomad_address": ("atropos-agent", "http://localhost:4646"),
+    "nomad_job_id": ("atropos-agent", "atropos-sandbox-agent-env"),
+    "nomad_image": ("atropos-agent", "atropos-sandbox:local"),
+    "slots_per_container": ("atropos-agent", 10),
+    "min_containers": ("atropos-agent", 1),
+    "max_containers": ("atropos-agent", 10),
+    "privileged": ("atropos-agent", False),
+    "acquire_timeout_s": ("atropos-agent", 30.0),
+    "purge_on_start": ("atropos-agent", False),
+    "purge_on_shutdown": ("atropos-agent", True),
+    "max_turns": ("atropos-agent", 50),
+    "agent_temperature": ("atropos-agent", 0.7),
+    "max_tokens": ("atropos-agent", None),
+    "tool_delay_s": ("atropos-agent", 0.0),
+    "enabled_toolsets": ("atropos-agent", ["default"]),
+    "tool_server_url": ("atropos-agent", None),
+    "tool_server_token": ("atropos-agent", None),
+    "disabled_toolsets": ("hermes-agent", None),
+    "toolset_distribution": ("hermes-agent", None),
+    "system_prompt": ("hermes-agent", None),
+    "terminal_timeout_s": ("hermes-agent", 120.0),
+    "slot_idle_timeout_s": ("hermes-agent", 3600.0),
+    "dataset": ("hermes-agent", None),
+    "dataset_split": ("hermes-agent", "train"),
+    "prompt_field": ("hermes-agent", "prompt"),
+    "tool_threads": ("hermes-agent", 128),
+    "tool_call_parser": ("hermes-agent", "hermes"),
+    "extra_body": ("hermes-agent", None),
+}
+
+
+def test_every_default_that_differs_from_a_seeds_is_in_the_porting_table() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "porting.md").read_text()
+    section = docs.split("### Every default that differs from a seed's, and why")[1]
+    table = section.split("\n\n")[2]
+    rows = {line.split("|")[1].split("`")[1]: line for line in table.splitlines()[2:]}
+    plain = AgentEnvConfig(tokenizer_name=QWEN)
+    compat = {
+        "atropos-agent": AtroposAgentEnvConfig(tokenizer_name=QWEN),
+        "hermes-agent": HermesAgentEnvConfig(tokenizer_name=QWEN),
+    }
+    for name, (seed, default) in SEED_DEFAULTS.items():
+        ours = getattr(plain, name)
+        if ours == default or (name == "disabled_toolsets" and ours == []):
+            assert getattr(compat[seed], name) == ours, name
+            continue
+        assert name in rows, f"{name}: {ours!r} here, {default!r} in {seed}, and no row"
+        assert seed in rows[name], name

@@ -270,16 +270,15 @@ class AtroposAgentEnv(AgentEnv[ItemT, ConfigT_co], Generic[ItemT, ConfigT_co]):
         return {}
 
     async def verify_and_score_trajectory(
-        self,
-        item: ItemT,
-        final_response: str,
-        *,
-        trajectory_id: str,
-        exec_tool: ExecTool,
-        agent_result: Transcript | None = None,
-        workspace_meta: dict[str, Any] | None = None,
+        self, item: ItemT, final_response: str, *, trajectory_id: str, exec_tool: ExecTool
     ) -> tuple[float, dict[str, Any]]:
-        """Verify in the slot and score; default: ``score_trajectory`` and no metadata."""
+        """Verify in the slot and score; default: ``score_trajectory`` and no metadata.
+
+        Declared as the seed first declared it; an override may add the later keywords
+        ``agent_result`` (the ``Transcript``) and ``workspace_meta`` (what
+        ``setup_trajectory_workspace`` returned), or ``**kwargs``: each is passed only when
+        declared.
+        """
         return await self.score_trajectory(item, final_response), {}
 
     def build_agent_config(self, item: ItemT) -> AgentConfig:
