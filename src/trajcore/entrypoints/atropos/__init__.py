@@ -48,8 +48,10 @@ Rules this package keeps:
   evaluation, not for on-policy RL). Each member's ``overrides[i]["trajcore"]`` holds its id, stop
   reason, turns, tool calls and tool errors, and the metadata its prepare and score hooks
   returned (``prepare_metadata``, ``score_metadata``), which the log shows too.
-- **Failures are not zeros.** Members that failed for infrastructure reasons (sandbox, slot
-  server, tool server, model server) are never scored; ``on_failure`` drops such a group or keeps
+- **Failures are not zeros, and say who caused them.** Members that failed for infrastructure
+  reasons (sandbox, slot server, tool server: ``infra_error``), because of the model server
+  (``model_error``) or because the env's own code raised (``env_error``, with the exception and
+  the traceback's last frame) are never scored; ``on_failure`` drops such a group or keeps
   its healthy members (when at least ``min_healthy`` remain). A kept partial group is sent with
   ``group_overrides["group_size"]`` set to the number of members it holds, because Atropos
   silently discards a group whose size differs from the configured one. A dropped group is
@@ -70,12 +72,18 @@ Rules this package keeps:
   typed faces (``atropos_bases``), so mypy --strict sees a misspelt config field or hook, and a
   wrong hook signature; ``AgentEnv[Item, MyConfig]`` types ``self.config`` as ``MyConfig``.
 - **Seed settings port.** Every setting name of atropos-agent and hermes-agent is accepted with
-  its meaning and one ``SeedSettingWarning`` (``seed_settings``); any other unknown name is a
-  ``ConfigError`` with the closest known name (``docs/porting.md``).
+  its meaning and one ``SeedSettingWarning`` (``seed_settings``), in code, YAML and ``--env.*``
+  flags, and reads as its setting; any other unknown name is a ``ConfigError`` with the closest
+  known name, also when assigned or given to ``model_copy`` (``docs/porting.md``).
+- **The model endpoint answers before the first group.** Every ``--openai.*`` flag is honoured
+  whatever ``config_init`` returns (``server_configs`` is its typed helper), and ``serve``,
+  ``process`` and ``evaluate`` wait at most ``model_wait_s`` for the endpoint, reporting each
+  failed try with the URL, what came back and what was expected (``startup``).
 
 Injection points for tests and notebooks: override ``make_pool``, ``make_chat_server``,
 
 Where each part lives: ``config`` (``AgentEnvConfig``, ``RolloutSettings``, the mode),
+``startup`` (the ``--openai.*`` servers and the wait for the model endpoint),
 ``pools`` (the slot-server policy and the sandbox pool from the config), ``scored_data`` (a
 judged group as Atropos's ``ScoredDataGroup``, pure), ``metrics`` (counters, wandb metrics and
 the rollout table), ``services`` (``RolloutServices`` and the adapters behind them), ``env``
