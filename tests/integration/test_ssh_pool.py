@@ -358,3 +358,41 @@ async def test_hosts_of_different_sizes_serve_their_own_slot_counts(sshd: Loopba
         hosts = sorted(pool.host_of(name).label for name in pool.container_names())
         assert hosts == ["large", "large", "small"]
         pool.check_valid()
+
+
+# ----------------------------------------------------------------------------- the env's settings
+
+
+@pytest.mark.anyio
+async def test_hermes_ssh_backend_maps_to_the_ssh_pool_and_runs_a_call(
+    shared_sshd: LoopbackSshd,
+) -> None:
+    from tests.unit.test_agent_env import QWEN
+    from trajcore.entrypoints.atropos import pools
+    from trajcore.entrypoints.atropos.config import AgentEnvConfig
+    from trajcore.entrypoints.seed_settings import SeedSettingWarning
+
+    host = shared_sshd.host()
+    with pytest.warns(SeedSettingWarning, match="terminal_backend"):
+        env_config = AgentEnvConfig(
+            tokenizer_name=QWEN,
+            terminal_backend="ssh",
+            ssh_host=host.address,
+            ssh_user=host.user,
+            ssh_port=host.port,
+            ssh_key=host.identity_file,
+            ssh_known_hosts=host.known_hosts,
+            ssh_python=host.python,
+            local_containers=1,
+            slots_per_container=2,
+        )
+    assert env_config.sandbox == "ssh"
+    pool = pools.make_pool(env_config)
+    assert isinstance(pool, SshSandboxPool)
+    assert pool.config.hosts[0].identity_file == host.identity_file
+    async with pool:
+        async with pool.lease("hermes") as lease:
+            (ok,) = await pool.execute(
+                lease.slot.container, [slot_call(lease, "bash", command="echo hermes")]
+            )
+        assert ok.content == "hermes\n"

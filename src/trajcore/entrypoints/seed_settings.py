@@ -69,7 +69,9 @@ def _local_or_nomad(field: str, value: object) -> object:
 
 # hermes-agent's terminal backends -> ``sandbox``: its docker backend runs each task's terminal
 # in a container on this machine, which is the container pool's slot-server containers.
-_BACKENDS: dict[str, str] = {"local": "local", "docker": "container", "nomad": "nomad"}
+_BACKENDS: dict[str, str] = {
+    "local": "local", "docker": "container", "nomad": "nomad", "ssh": "ssh"
+}  # fmt: skip
 
 
 def _terminal_backend_back(value: object) -> object:
@@ -78,13 +80,13 @@ def _terminal_backend_back(value: object) -> object:
 
 
 def _terminal_backend(field: str, value: object) -> object:
-    """hermes-agent's ``terminal_backend`` as ``sandbox``: local, docker or nomad."""
+    """hermes-agent's ``terminal_backend`` as ``sandbox``: local, docker, nomad or ssh."""
     if isinstance(value, str) and value in _BACKENDS:
         return _BACKENDS[value]
     raise ConfigError(
         field,
         f"{value!r} is not available: trajcore runs terminals on the local pool ('local'), in "
-        f"slot-server containers ('docker') or on Nomad ('nomad')",
+        f"slot-server containers ('docker'), on Nomad ('nomad') or on SSH hosts ('ssh')",
     )
 
 
@@ -150,7 +152,8 @@ _NOTES: dict[str, str] = {
     "distribution": "a name picks one of the env's toolset_distributions()",
     "terminal_backend": (
         "'local', 'docker' (the container pool: slot-server containers on this machine) and "
-        "'nomad'; modal, ssh and singularity have no pool here"
+        "'nomad', 'ssh' (slot servers on the ssh_host hosts); modal and singularity have no "
+        "pool here"
     ),
     "terminal_lifetime": (
         "a trajectory whose slot waits longer than this for the model ends, unscored"

@@ -163,10 +163,27 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames):
         "(default: the one in the tokenizer_name folder).",
     )
     # -- sandbox
-    sandbox: Literal["local", "container", "nomad"] = Field(
+    sandbox: Literal["local", "container", "nomad", "ssh"] = Field(
         default="local",
         description="Where slots run: local slot servers (processes), slot-server containers "
-        "on this machine (podman or docker), or a Nomad cluster.",
+        "on this machine (podman or docker), a Nomad cluster, or hosts reached over SSH.",
+    )
+    ssh_host: str | None = Field(
+        default=None, description="SSH pool: the host, or hosts comma-separated (hermes's name)."
+    )
+    ssh_user: str | None = Field(default=None, description="SSH pool: the login (hermes's).")
+    ssh_port: int | None = Field(default=None, description="SSH pool: sshd's port (hermes's).")
+    ssh_key: str | None = Field(
+        default=None, description="SSH pool: a private key file (default: the agent's keys)."
+    )
+    ssh_known_hosts: str | None = Field(
+        default=None, description="SSH pool: the known_hosts file (default: ssh's own)."
+    )
+    ssh_accept_new_host_key: bool = Field(
+        default=False, description="SSH pool: trust an unknown host key on first contact."
+    )
+    ssh_python: str = Field(
+        default="python3", description="SSH pool: the hosts' python that has trajcore."
     )
     local_containers: int = Field(
         default=2, ge=1, description="Local and container pools: slot servers (K)."
@@ -473,6 +490,8 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames):
         """
         if self.sandbox == "nomad":
             self.nomad_pool_config()
+        if self.sandbox == "ssh" and not (self.ssh_host or "").strip():
+            raise ConfigError("ssh_host", "sandbox 'ssh' needs at least one host")
         choice = self.mode_for(server_types)
         if choice.mode == "managed" and not choice.parser:
             raise ConfigError(

@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, TypedDict
 from trajcore.adapters.sandbox.container_pool import ContainerPoolConfig, ContainerSandboxPool
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig, NomadSandboxPool
+from trajcore.adapters.sandbox.ssh_pool import SshPoolConfig, SshSandboxPool
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
 from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.ssh_hosts import SshHost
 from trajcore.ports.sandbox_pool import SandboxPool
 
 if TYPE_CHECKING:
@@ -95,6 +97,29 @@ class _ServerSettings(TypedDict):
     require_tmux: bool
 
 
+def ssh_pool_config(config: AgentEnvConfig, servers: _ServerSettings) -> SshPoolConfig:
+    """The SSH pool's settings: each ``ssh_host`` runs ``local_containers`` servers of
+    ``slots_per_container`` slots (docs/deploy.md)."""
+    hosts = [word.strip() for word in (config.ssh_host or "").split(",") if word.strip()]
+    if not hosts:
+        raise ConfigError("ssh_host", "sandbox 'ssh' needs at least one host")
+    return SshPoolConfig(
+        hosts=[
+            SshHost(
+                address=address, user=config.ssh_user, port=config.ssh_port,
+                servers=servers["containers"], slots=servers["slots_per_container"],
+                python=config.ssh_python, identity_file=config.ssh_key,
+                known_hosts=config.ssh_known_hosts,
+                accept_new_host_key=config.ssh_accept_new_host_key,
+            )
+            for address in hosts
+        ],
+        policy=servers["policy"],
+        require_tmux=servers["require_tmux"],
+        acquire_timeout_s=servers["acquire_timeout_s"],
+    )  # fmt: skip
+
+
 def make_pool(config: AgentEnvConfig) -> AbstractAsyncContextManager[SandboxPool]:
     """The sandbox pool of a run, unopened (see ``AgentEnv.make_pool``).
 
@@ -121,6 +146,8 @@ def make_pool(config: AgentEnvConfig) -> AbstractAsyncContextManager[SandboxPool
         policy=slot_policy(config),
         require_tmux=config.require_stateful_sandbox,
     )
+    if config.sandbox == "ssh":
+        return SshSandboxPool(ssh_pool_config(config, servers))
     if config.sandbox == "container":
         return ContainerSandboxPool(
             ContainerPoolConfig(
