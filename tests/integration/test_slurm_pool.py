@@ -286,10 +286,10 @@ async def test_jobs_of_the_name_left_by_a_crashed_pool_are_cancelled_at_start(
 ) -> None:
     stray = cluster.run(
         "sbatch", "--parsable", "--job-name=trajcore-test", "--comment=trajcore:dead0:0",
-        "--output=/dev/null", "--wrap=sleep 300",
+        "--mem=64", "--output=/dev/null", "--wrap=sleep 300",
     ).strip()  # fmt: skip
     other = cluster.run(
-        "sbatch", "--parsable", "--job-name=someone-else", "--output=/dev/null",
+        "sbatch", "--parsable", "--job-name=someone-else", "--output=/dev/null", "--mem=64",
         "--wrap=sleep 300",
     ).strip()  # fmt: skip
     try:
