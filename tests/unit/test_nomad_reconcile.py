@@ -10,6 +10,8 @@ fed the same events with the listing in the opposite order and must answer the s
 from __future__ import annotations
 
 import itertools
+import math
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -596,3 +598,213 @@ def test_a_join_failure_reported_for_a_joined_member_changes_nothing() -> None:
     assert machine.join_failed("a", "late report", now=2.0) == []
     assert machine.members() == {"a": MemberState.JOINED}
     assert not machine.retired("a", 0)
+
+
+# ---------------------------------------------------------------------- what mutation found
+
+
+def joined_machine(listing: list[Allocation], count: int, demand: int) -> NomadReconciler:
+    """A reconciler with every allocation of ``listing`` joined at time 0."""
+    machine = reconciler()
+    machine.registered(count)
+    machine.observe(listing, demand=demand, now=0.0)
+    for allocation in listing:
+        machine.joined(allocation.id, 0.0)
+    return machine
+
+
+@pytest.mark.parametrize(
+    ("event", "message"),
+    [
+        (lambda m: m.scaled(-1), "scaled: must be an integer >= 0, got -1 @ count"),
+        (lambda m: m.observe([], -1, 0.0), "observe: must be an integer >= 0, got -1 @ demand"),
+        (lambda m: m.observe([], 1.5, 0.0), "observe: must be an integer >= 0, got 1.5 @ demand"),
+        (lambda m: m.observe([], True, 0.0), "observe: must be an integer >= 0, got True @ demand"),
+        (lambda m: m.observe([], 0, math.inf),
+         "time went backwards or is not a number: inf @ now"),
+        (lambda m: m.joined("a", True), "time went backwards or is not a number: True @ now"),
+        (lambda m: m.observe(["a"], 0, 0.0),
+         "expected Allocation values, got 'a' @ allocations"),
+        (lambda m: Allocation(id="", index=0, client_status="running"),
+         "must be non-empty text, got '' @ id"),
+        (lambda m: Allocation(id=7, index=0, client_status="running"),  # type: ignore[arg-type]  # bad input on purpose
+         "must be non-empty text, got 7 @ id"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_refused_with_its_field_and_reason(
+    event: Callable[[NomadReconciler], object], message: str
+) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        event(reconciler())
+    assert str(caught.value) == message
+
+
+def test_time_may_not_go_backwards_in_any_event() -> None:
+    # observe's scale policy checks the time too; the join and failure reports only here
+    machine = reconciler()
+    machine.observe([running("a", 0)], demand=0, now=5.0)
+    events: list[Callable[[], list[Action]]] = [
+        lambda: machine.joined("a", 4.0),
+        lambda: machine.join_failed("a", "x", 4.0),
+        lambda: machine.failed("a", "x", 4.0),
+    ]
+    for event in events:
+        with pytest.raises(InvalidInput, match="@ now"):
+            event()
+    assert machine.members() == {"a": MemberState.JOINING}
+
+
+def test_gone_members_are_lost_or_removed_with_the_reason() -> None:
+    machine = joined_machine([running("a", 0), running("b", 1)], count=2, demand=4)
+    machine.observe([running("a", 0), running("b", 1)], demand=0, now=1.0)  # b drains
+    assert machine.observe([], demand=0, now=2.0)[:2] == [
+        Lose(alloc_id="a", reason="its allocation is no longer listed"),
+        Remove(alloc_id="b", reason="drained and its allocation is no longer listed"),
+    ]
+
+
+def test_a_joining_members_held_slots_from_the_listing_are_ignored() -> None:
+    # ``held`` counts the pool's container on an allocation, which a joining one does not
+    # have yet: a listing that claims otherwise does not make its drained container "held".
+    machine = reconciler()
+    machine.registered(2)
+    claims = [running("a", 0), running("b", 1, held=1)]
+    machine.observe(claims, demand=4, now=0.0)
+    machine.joined("a", 0.0)
+    machine.observe(claims, demand=0, now=1.0)  # the target drops to 1 while b joins
+    assert machine.joined("b", 2.0) == [
+        Drain(alloc_id="b", reason="index 1 is at or above the target 1")
+    ]
+    assert machine.observe([running("a", 0)], demand=0, now=3.0)[:1] == [
+        Remove(alloc_id="b", reason="drained and its allocation is no longer listed")
+    ]
+
+
+def test_the_container_that_joined_first_keeps_a_shared_index() -> None:
+    machine = reconciler(min_containers=2)
+    machine.registered(2)
+    machine.observe([running("a", 0), running("b", 0)], demand=0, now=0.0)
+    assert machine.joined("b", 1.0) == []
+    assert machine.joined("a", 2.0) == [
+        Drain(alloc_id="a", reason="another container already serves index 0")
+    ]
+    assert machine.members() == {"a": MemberState.DRAINING, "b": MemberState.JOINED}
+
+
+def test_a_join_deadline_counts_from_when_the_join_began() -> None:
+    machine = NomadReconciler(
+        ReconcileConfig(scale=ScaleConfig(min_containers=1, max_containers=1), join_timeout_s=5)
+    )
+    machine.registered(1)
+    machine.observe([], demand=0, now=10.0)
+    machine.observe([running("a", 0)], demand=0, now=10.0)
+    assert machine.observe([running("a", 0)], demand=0, now=14.0) == []
+    assert [type(a) for a in machine.observe([running("a", 0)], demand=0, now=15.5)] == [Replace]
+
+
+def test_a_failure_reported_for_a_joining_member_changes_nothing() -> None:
+    machine = reconciler()
+    machine.registered(1)
+    machine.observe([running("a", 0)], demand=0, now=0.0)
+    assert machine.failed("a", "batch failed", now=1.0) == []
+    assert machine.members() == {"a": MemberState.JOINING}
+
+
+def test_every_run_beyond_its_restarts_is_replaced_not_only_the_first() -> None:
+    machine = reconciler(min_containers=3)
+    machine.registered(3)
+    listing = [running("a", 0, restarts=1), running("b", 1, restarts=1), running("c", 2)]
+    actions = machine.observe(listing, demand=0, now=0.0)
+    assert [(type(a), a.alloc_id) for a in actions if not isinstance(a, SetCount)] == [
+        (Replace, "a"),
+        (Replace, "b"),
+        (Join, "c"),
+    ]
+
+
+def test_a_quarantined_drained_container_is_replaced_and_the_next_one_still_comes_back() -> None:
+    listing = [running("a", 0), running("b", 1), running("c", 2)]
+    machine = joined_machine(listing, count=3, demand=6)
+    machine.observe(listing, demand=0, now=1.0)  # b and c drain
+    assert machine.members() == {
+        "a": MemberState.JOINED,
+        "b": MemberState.DRAINING,
+        "c": MemberState.DRAINING,
+    }
+    back = [running("a", 0), running("b", 1, quarantined=2), running("c", 2)]
+    why = "2 quarantined slots when the pool grew again"
+    assert machine.observe(back, demand=6, now=2.0) == [
+        Lose(alloc_id="b", reason=why),
+        Replace(alloc_id="b", restarts=0, reason=why),
+        Undrain(alloc_id="c", reason="index below 3"),
+    ]
+    assert machine.members() == {"a": MemberState.JOINED, "c": MemberState.JOINED}
+    assert machine.capacity == 2
+
+
+def test_a_kept_container_holding_slots_does_not_hold_back_the_count() -> None:
+    # Only the members Nomad will stop (at or above the new target) must be free.
+    machine = joined_machine([running("a", 0), running("b", 1)], count=2, demand=4)
+    busy = [running("a", 0, held=2), running("b", 1)]
+    machine.observe(busy, demand=1, now=1.0)
+    assert machine.observe(busy, demand=1, now=2.0) == [SetCount(count=1, reason=ScaleReason.HOLD)]
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        (lambda m: setattr(m, "_target", 9), "check_valid: target 9 is out of bounds"),
+        (lambda m: setattr(m._members["b"], "index", 0),
+         "check_valid: two joined members share an index: [0, 0]"),
+        (lambda m: setattr(m, "_target", 1), "check_valid: joined index at or above 1"),
+        (lambda m: m._retired.add(("a", 0)), "check_valid: retired a is still a member"),
+    ],
+)  # fmt: skip
+def test_check_valid_names_the_broken_rule(
+    corrupt: Callable[[NomadReconciler], None], message: str
+) -> None:
+    machine = joined_machine([running("a", 0), running("b", 1)], count=2, demand=4)
+    machine.check_valid()
+    corrupt(machine)
+    with pytest.raises(AssertionError) as caught:
+        machine.check_valid()
+    assert str(caught.value) == message
+
+
+# ---------------------------------------------------------------------- runs that end soon
+
+
+def test_a_run_that_ends_soon_is_never_joined() -> None:
+    machine = reconciler()
+    machine.registered(1)
+    assert machine.observe([running("a", 0, ending=True)], demand=0, now=0.0) == []
+    assert machine.members() == {}
+
+
+def test_a_joined_run_that_ends_soon_drains_then_is_removed_and_replaced_once_free() -> None:
+    machine = joined_machine([running("a", 0)], count=1, demand=0)
+    held = [running("a", 0, ending=True, held=1)]
+    assert machine.observe(held, demand=2, now=1.0) == [
+        Drain(alloc_id="a", reason="its run ends soon")
+    ]
+    assert machine.observe(held, demand=2, now=2.0) == []  # wanted, but never undrained
+    assert machine.members() == {"a": MemberState.DRAINING}
+    why = "its run ends soon and it drained"
+    assert machine.observe([running("a", 0, ending=True)], demand=2, now=3.0) == [
+        Remove(alloc_id="a", reason=why),
+        Replace(alloc_id="a", restarts=0, reason=why),
+    ]
+    assert machine.members() == {}
+    assert machine.retired("a", 0)
+
+
+def test_a_run_that_ends_soon_is_drained_before_any_other() -> None:
+    # The ending run's Drain comes first, even when another joined earlier.
+    machine = joined_machine([running("b", 1)], count=2, demand=4)
+    machine.observe([running("a", 0), running("b", 1)], demand=4, now=1.0)
+    machine.joined("a", 2.0)
+    listing = [running("a", 0, ending=True), running("b", 1)]
+    assert machine.observe(listing, demand=1, now=3.0)[:2] == [
+        Drain(alloc_id="a", reason="its run ends soon"),
+        Drain(alloc_id="b", reason="index 1 is at or above the target 1"),
+    ]
