@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -372,3 +373,50 @@ def test_a_stale_epoch_is_refused_as_stale_even_on_a_broken_slot() -> None:
     later = accepted(calls.submit(3, "b"))
     reason = SlotBroken(problem="processes [7] survived SIGKILL")
     assert calls.next_turn() == RefuseCall(ticket=later, reason=reason)
+
+
+def test_a_reset_ticket_carries_the_epoch_it_retires() -> None:
+    calls: SlotCalls[str] = SlotCalls()
+    assert calls.reset(3) == ResetTicket(number=1, epoch=3)
+    with pytest.raises(InvalidInput) as caught:
+        calls.reset(-1)
+    assert str(caught.value) == "must be at least 0, got -1 @ epoch"
+
+
+def _corrupt_pending(calls: SlotCalls[str]) -> None:
+    calls._pending[(9, "ghost")] = CallTicket(number=9, epoch=9, call_id="ghost")
+
+
+def _corrupt_order(calls: SlotCalls[str]) -> None:
+    calls._queue.appendleft(ResetTicket(number=99, epoch=1))
+
+
+def _corrupt_remembered(calls: SlotCalls[str]) -> None:
+    calls._done[(9, "x")] = "X"
+    calls._done[(9, "y")] = "Y"
+
+
+def _corrupt_busy(calls: SlotCalls[str]) -> None:
+    calls._turn_runs = True
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        (_corrupt_pending, "check_valid: pending calls are not the queued and running"),
+        (_corrupt_order, "check_valid: the queue is out of submission order"),
+        (_corrupt_remembered, "check_valid: more results remembered than allowed"),
+        (_corrupt_busy, "check_valid: busy without a running call"),
+    ],
+)
+def test_check_valid_names_the_broken_invariant(
+    corrupt: Callable[[SlotCalls[str]], None], message: str
+) -> None:
+    calls: SlotCalls[str] = SlotCalls(remember=2)
+    calls.finish(run_after(calls, accepted(calls.submit(1, "a"))), "A")
+    accepted(calls.submit(1, "b"))
+    calls.check_valid()
+    corrupt(calls)
+    with pytest.raises(AssertionError) as caught:
+        calls.check_valid()
+    assert str(caught.value) == message
