@@ -199,6 +199,7 @@ def test_serve_mode_feeds_a_trainer_through_run_api(tmp_path: Path) -> None:
             "--env.tool_call_parser", "hermes",
             "--env.use_wandb", "false",
             "--env.wandb_name", "run_api_env",
+            "--env.include_messages", "true",
             "--env.group_size", str(GROUP_SIZE),
             "--env.max_token_length", "8192",
             "--env.max_turns", "3",

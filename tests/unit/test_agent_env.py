@@ -134,6 +134,7 @@ def _turn(message: Message) -> Any:
 
 def _check_shapes(group: ScoredGroup, size: int) -> None:
     assert len(group["tokens"]) == len(group["masks"]) == len(group["scores"]) == size
+    assert group["messages"] is not None  # include_messages is on in these tests
     assert len(group["messages"]) == len(group["overrides"]) == size
     for tokens, masks in zip(group["tokens"], group["masks"], strict=True):
         assert len(tokens) == len(masks)
@@ -254,10 +255,12 @@ async def test_openai_mode_group_is_a_scored_data_group_marked_inexact(env: File
     assert group["group_overrides"]["token_exact"] is False
     assert "group_size" not in group["group_overrides"]
     assert all(o["token_exact"] is False for o in group["overrides"])
-    roles = [m["role"] for m in group["messages"][0]]
+    conversations = group["messages"]
+    assert conversations is not None
+    roles = [m["role"] for m in conversations[0]]
     assert roles == ["user", "assistant", "tool", "assistant"]
-    assert group["messages"][0][1]["tool_calls"][0]["function"]["name"] == "write_file"
-    text = render_transcript(group["messages"][0])
+    assert conversations[0][1]["tool_calls"][0]["function"]["name"] == "write_file"
+    text = render_transcript(conversations[0])
     assert ">>> write_file(" in text
     assert "--- tool result [write_file]" in text
 

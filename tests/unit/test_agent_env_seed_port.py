@@ -425,6 +425,21 @@ async def test_thinking_mode_puts_the_thinking_prompt_first() -> None:
         assert systems == expected
 
 
+@pytest.mark.parametrize("include", [True, False])
+async def test_include_messages_decides_whether_conversations_are_sent(include: bool) -> None:
+    env = FileEnv(_config(group_size=2, ensure_scores_are_not_same=False, include_messages=include))
+    async with FakeSandboxPool() as pool:
+        result = await env.run_task("ok", pool=pool, policy=env.make_policy(chat=_solver()))
+    group = env.scored_group(result)
+    assert group is not None
+    if include:
+        assert group["messages"] is not None
+        assert [m["role"] for m in group["messages"][0]][:2] == ["user", "assistant"]
+    else:
+        assert group["messages"] is None
+    assert len(group["tokens"]) == 2  # the training data is sent either way
+
+
 class HermesToolNames(HermesAgentEnv[str]):
     """Verifies with hermes's tool names and hermes's default terminal timeout."""
 

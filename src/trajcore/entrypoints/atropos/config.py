@@ -560,6 +560,7 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames):
             on_failure=OnFailure(self.on_failure),
             min_healthy=self.min_healthy,
             drop_equal_scores=self.ensure_scores_are_not_same,
+            include_messages=self.include_messages,
         )
         settings.group_policy(self.group_size)  # min_healthy against group_size
         return settings
@@ -598,6 +599,7 @@ class RolloutSettings:
         toolsets: Which toolsets each group draws.
         on_failure, min_healthy, drop_equal_scores: The group policy, whose ``group_size``
             comes from the config at each group (process mode changes it).
+        include_messages: Send each member's conversation (Atropos's ``include_messages``).
     """
 
     mode: Literal["openai", "managed"]
@@ -610,6 +612,7 @@ class RolloutSettings:
     on_failure: OnFailure
     min_healthy: int | None
     drop_equal_scores: bool
+    include_messages: bool = True
 
     def group_policy(self, group_size: int) -> GroupPolicy:
         """The group policy for training groups of ``group_size``.

@@ -270,6 +270,7 @@ class RolloutTable:
     def add(self, group: ScoredGroup, *, per_group: int, keep: int) -> None:
         """Add ``per_group`` members of ``group`` (-1: all), then keep the newest ``keep`` rows."""
         count = len(group["scores"]) if per_group == -1 else min(per_group, len(group["scores"]))
+        conversations = group["messages"]
         for i in range(count):
             story = group["overrides"][i]["trajcore"] if group.get("overrides") else {}
             self.rows.append(
@@ -280,7 +281,9 @@ class RolloutTable:
                     story.get("tool_calls", 0),
                     story.get("tool_errors", 0),
                     story.get("stop_reason", ""),
-                    render_transcript(group["messages"][i]),
+                    render_transcript(conversations[i])
+                    if conversations is not None
+                    else "(not sent: include_messages is off)",
                 ]
             )
         del self.rows[: max(0, len(self.rows) - keep)]

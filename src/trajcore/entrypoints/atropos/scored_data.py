@@ -58,7 +58,7 @@ class ScoredGroup(TypedDict):
     scores: list[float]
     advantages: None
     ref_logprobs: None
-    messages: list[list[dict[str, Any]]]
+    messages: list[list[dict[str, Any]]] | None
     generation_params: dict[str, Any]
     inference_logprobs: list[list[float]] | None
     group_overrides: dict[str, Any]
@@ -157,7 +157,7 @@ def scored_group(group: GroupResult, settings: RolloutSettings) -> GroupConversi
         scores=[float(s) for _, s in kept],
         advantages=None,
         ref_logprobs=None,
-        messages=[chat_dicts(m.messages) for m, _ in kept],
+        messages=[chat_dicts(m.messages) for m, _ in kept] if settings.include_messages else None,
         generation_params={
             "temperature": sampling.temperature,
             "max_tokens": sampling.max_tokens,
