@@ -155,7 +155,8 @@ class SlotFileError(TrajcoreError):
 
     Not an infrastructure failure: a file the model should have written and did not is the
     model's doing, and the env may catch this to score it. Left uncaught in a hook, the
-    trajectory ends as an infrastructure failure rather than with a made-up score.
+    trajectory ends as an ``env_error`` (the env's code did not handle it) rather than with a
+    made-up score.
     """
 
     def __init__(self, path: str, reason: str) -> None:
