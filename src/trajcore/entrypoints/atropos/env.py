@@ -217,9 +217,11 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
 
         Runs only when the trajectory ended healthy and the model produced something. Verify
         with ``tools.check``/``tools.run``, which raise ``SlotInfraError`` when the slot cannot
-        answer. A ``TrajcoreError`` raised here (``SlotInfraError``, or ``SlotFileError`` from
-        ``tools.read_file``) marks the member as an infrastructure failure, never as a zero:
-        catch what you mean as 0 (a ``SlotFileError`` for a file the model did not write).
+        answer. An ``InfrastructureError`` raised here (``SlotInfraError``) fails the member as
+        ``infra_error``; any other exception (a bug, an uncaught ``SlotFileError`` from
+        ``tools.read_file``) as ``env_error``, with the traceback's last frame. Neither is
+        ever a zero: catch what you mean as 0 (a ``SlotFileError`` for a file the model did
+        not write).
         """
 
     async def eval_items(self) -> Sequence[ItemT]:
