@@ -869,3 +869,48 @@ def test_a_single_items_subschema_is_checked_when_the_tool_is_built(
         _spec({"type": "object", "properties": {"v": {"type": "array", "items": items}}})
     assert info.value.field == field
     assert reason in info.value.reason
+
+
+def test_a_long_schema_problem_is_cut_to_160_characters() -> None:
+    prefix = "tool 't': not a valid JSON Schema: "
+    for size, tail in ((135, "' is not of type 'array'"), (136, "' is not of type 'ar...")):
+        with pytest.raises(ConfigError) as info:
+            _spec_named("t", {"type": "object", "properties": {"a": {"enum": "x" * size}}})
+        assert info.value.reason == prefix + "'" + "x" * size + tail
+        assert len(info.value.reason) == len(prefix) + 160
+
+
+def _spec_named(name: str, parameters: JSONObject) -> ToolSpec:
+    return ToolSpec(name=name, parameters=parameters, validator=FULL)
+
+
+def test_every_problem_of_the_branch_an_any_of_chose_is_named() -> None:
+    check = FULL.compile("t", {"anyOf": [{"minimum": 5, "multipleOf": 2}, {"type": "string"}]})
+    assert [str(p) for p in check(3)] == ["must be >= 5 @ $", "must be a multiple of 2 @ $"]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "good", "bad"),
+    [
+        ("hostname", "a-b.example.org", "-bad-.org"),
+        ("uri", "https://x.org/a", "https://x y"),
+        ("uri-reference", "a/b?c", "a b"),
+        ("json-pointer", "/a/~0b", "a/b"),
+        ("duration", "P1DT2H", "P1H"),
+    ],
+)
+def test_the_format_checker_asserts_its_own_formats_and_passes_non_strings(
+    fmt: str, good: str, bad: str
+) -> None:
+    # Called directly: the module builds its checker once at import, out of reach of a
+    # mutation run's per-test switch, so this is where its decisions are pinned.
+    from trajcore.adapters import json_schema
+
+    checker = json_schema._format_checker()
+    assert checker.conforms(good, fmt)
+    assert not checker.conforms(bad, fmt)
+    assert checker.conforms(5, fmt)
+    assert [str(p) for p in FULL.compile("t", {"format": fmt})(bad)] == [
+        f"must be a valid {fmt} @ $"
+    ]
+    assert FULL.compile("t", {"format": fmt})(5) == []
