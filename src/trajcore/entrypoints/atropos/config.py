@@ -163,10 +163,25 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames):
         "(default: the one in the tokenizer_name folder).",
     )
     # -- sandbox
-    sandbox: Literal["local", "container", "nomad", "ssh"] = Field(
+    sandbox: Literal["local", "container", "nomad", "ssh", "slurm"] = Field(
         default="local",
         description="Where slots run: local slot servers (processes), slot-server containers "
-        "on this machine (podman or docker), a Nomad cluster, or hosts reached over SSH.",
+        "on this machine (podman or docker), a Nomad cluster, hosts reached over SSH, or Slurm "
+        "batch jobs.",
+    )
+    slurm_command: str = Field(
+        default="trajcore slot-server",
+        description="Slurm pool: the slot server's command as the nodes run it.",
+    )
+    slurm_partition: str | None = Field(default=None, description="Slurm pool: --partition.")
+    slurm_account: str | None = Field(default=None, description="Slurm pool: --account.")
+    slurm_qos: str | None = Field(default=None, description="Slurm pool: --qos.")
+    slurm_constraint: str | None = Field(default=None, description="Slurm pool: --constraint.")
+    slurm_cpus_per_task: int = Field(default=1, ge=1, description="Slurm pool: --cpus-per-task.")
+    slurm_memory_mb: int | None = Field(default=None, description="Slurm pool: --mem in MB.")
+    slurm_time_limit_min: int = Field(default=240, ge=1, description="Slurm pool: --time (min).")
+    slurm_shared_dir: str | None = Field(
+        default=None, description="Slurm pool: a directory this host and every node share."
     )
     ssh_host: str | None = Field(
         default=None, description="SSH pool: the host, or hosts comma-separated (hermes's name)."
@@ -492,6 +507,8 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames):
             self.nomad_pool_config()
         if self.sandbox == "ssh" and not (self.ssh_host or "").strip():
             raise ConfigError("ssh_host", "sandbox 'ssh' needs at least one host")
+        if self.sandbox == "slurm":
+            pools.slurm_pool_config(self)
         choice = self.mode_for(server_types)
         if choice.mode == "managed" and not choice.parser:
             raise ConfigError(

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, TypedDict
 from trajcore.adapters.sandbox.container_pool import ContainerPoolConfig, ContainerSandboxPool
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig, NomadSandboxPool
+from trajcore.adapters.sandbox.slurm_pool import SlurmPoolConfig, SlurmSandboxPool
 from trajcore.adapters.sandbox.ssh_pool import SshPoolConfig, SshSandboxPool
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
 from trajcore.domain.sandbox_policy import SlotPolicy
@@ -120,6 +121,28 @@ def ssh_pool_config(config: AgentEnvConfig, servers: _ServerSettings) -> SshPool
     )  # fmt: skip
 
 
+def slurm_pool_config(config: AgentEnvConfig) -> SlurmPoolConfig:
+    """The Slurm pool's settings from the ``slurm_*`` fields, the scale range and the policy
+    (docs/deploy.md).
+
+    Raises:
+        ConfigError: a Slurm setting that cannot work, named by its env field.
+    """
+    job = ("command", "partition", "account", "qos", "constraint", "cpus_per_task", "memory_mb")
+    settings = {name: getattr(config, f"slurm_{name}") for name in job}
+    try:
+        return SlurmPoolConfig(
+            **settings, slots_per_container=config.slots_per_container,
+            policy=slot_policy(config), time_limit_min=config.slurm_time_limit_min,
+            min_containers=config.min_containers, max_containers=config.max_containers,
+            shared_dir=config.slurm_shared_dir, acquire_timeout_s=config.acquire_timeout_s,
+            require_tmux=config.require_stateful_sandbox,
+        )  # fmt: skip
+    except ConfigError as error:
+        name = f"slurm_{error.field}" if error.field in (*job, "shared_dir") else error.field
+        raise ConfigError(name, error.reason) from None
+
+
 def make_pool(config: AgentEnvConfig) -> AbstractAsyncContextManager[SandboxPool]:
     """The sandbox pool of a run, unopened (see ``AgentEnv.make_pool``).
 
@@ -148,6 +171,8 @@ def make_pool(config: AgentEnvConfig) -> AbstractAsyncContextManager[SandboxPool
     )
     if config.sandbox == "ssh":
         return SshSandboxPool(ssh_pool_config(config, servers))
+    if config.sandbox == "slurm":
+        return SlurmSandboxPool(slurm_pool_config(config))
     if config.sandbox == "container":
         return ContainerSandboxPool(
             ContainerPoolConfig(

@@ -1,0 +1,46 @@
+"""``--env.sandbox slurm``: every ``slurm_*`` setting, the scale range and the sandbox policy
+reach the Slurm pool's config; a setting that cannot work is refused naming its env field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trajcore.adapters.sandbox.slurm_pool import SlurmSandboxPool
+from trajcore.domain.errors import ConfigError
+from trajcore.entrypoints.atropos import pools
+from trajcore.entrypoints.atropos.config import AgentEnvConfig
+
+
+def test_every_slurm_setting_reaches_the_pool(tmp_path: Path) -> None:
+    config = AgentEnvConfig(
+        sandbox="slurm", slurm_command="/opt/venv/bin/trajcore slot-server",
+        slurm_partition="gpu", slurm_account="lab", slurm_qos="high", slurm_constraint="avx2",
+        slurm_cpus_per_task=4, slurm_memory_mb=4096, slurm_time_limit_min=60,
+        slurm_shared_dir=str(tmp_path), min_containers=2, max_containers=5,
+        slots_per_container=3, acquire_timeout_s=42.0, allow_network=True,
+        require_stateful_sandbox=True,
+    )  # fmt: skip
+    pool = pools.make_pool(config)
+    assert isinstance(pool, SlurmSandboxPool)
+    got = pool.config
+    assert got.command == ("/opt/venv/bin/trajcore", "slot-server")
+    assert (got.partition, got.account, got.qos, got.constraint) == ("gpu", "lab", "high", "avx2")
+    assert (got.cpus_per_task, got.memory_mb, got.time_limit_min) == (4, 4096, 60)
+    assert got.shared_dir == tmp_path
+    assert (got.min_containers, got.max_containers, got.slots_per_container) == (2, 5, 3)
+    assert got.acquire_timeout_s == 42.0
+    assert got.policy.allow_network
+    assert got.require_tmux
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("slurm_partition", "two words"), ("slurm_command", ""), ("slurm_memory_mb", 0)],
+)
+def test_a_slurm_setting_that_cannot_work_names_its_field(field: str, value: object) -> None:
+    with pytest.raises(ConfigError) as raised:
+        values: dict[str, object] = {"sandbox": "slurm", field: value}
+        pools.slurm_pool_config(AgentEnvConfig.model_construct(None, **values))
+    assert raised.value.field == field
