@@ -24,7 +24,9 @@ What it writes into ``--out`` (default ``./out/demo``):
 - ``atropos_groups.jsonl`` and ``atropos_groups.html``: what Atropos's process mode writes.
 
 A progress bar runs on standard error and the summary table is printed at the end, both drawn
-by ``rich`` when it is installed (``--plain``: plain text either way). Process mode
+by ``rich`` when it is installed (``--plain``: plain text either way). SIGINT or SIGTERM stops it
+with the pool closed and writes what was done (a second signal stops it at once:
+``trajcore.entrypoints.signals``). Process mode
 retries a group that is not sent (say, every member failed); the demo stops with an error after
 ``2 * groups + 2`` groups rather than retry forever.
 """
@@ -50,6 +52,7 @@ from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.errors import ConfigError, StateError, TrajcoreError
 from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig
 from trajcore.entrypoints.report import ProgressBar, summary_table, write_html, write_jsonl
+from trajcore.entrypoints.signals import Interrupted, closing_on_signals, exit_status
 from trajcore.ports.chat_server import ChatServer
 from trajcore.rollout.group import GroupResult
 
@@ -148,6 +151,28 @@ async def _process(env: AgentEnv[Any]) -> None:
     await env.process_manager()
 
 
+def _report(run: _Run, out: Path, *, mode: str, groups: int, args: argparse.Namespace) -> None:
+    written = write_jsonl(run.groups, out / "trajectories.jsonl")
+    write_html(
+        run.groups,
+        out / "report.html",
+        title="trajcore demo: shell tasks",
+        notes=[f"policy: {mode}", f"{groups} groups of {args.group_size}, Atropos process mode"],
+        tasks=run.tasks,
+    )
+    print(summary_table(run.groups, plain=args.plain))
+    unsandboxed = any(
+        e.result.exec is not None and not e.result.exec.sandboxed
+        for g in run.groups
+        for m in g.members
+        for e in m.exchanges
+    )
+    if unsandboxed:
+        print("note: bubblewrap is unusable here, so commands ran without a sandbox")
+    print(f"wrote {written} trajectories to {out / 'trajectories.jsonl'}")
+    print(f"report: {out / 'report.html'}   Atropos's own: {out / 'atropos_groups.jsonl'}")
+
+
 def main(argv: Sequence[str]) -> int:
     """Run the demo; returns the exit status (0 when every group ran and the report is written)."""
     args = _arguments(argv)
@@ -205,33 +230,19 @@ def main(argv: Sequence[str]) -> int:
     env.max_token_len = config.max_token_length  # no trainer tells process mode a limit
     print(f"trajcore demo: {groups} groups of {args.group_size}, {mode}", file=sys.stderr)
     run.progress.start()
-    try:
-        anyio.run(_process, env, backend="asyncio")
-    except TrajcoreError as exc:
-        run.progress.close()
-        print(f"\ntrajcore demo: {type(exc).__name__}: {exc}", file=sys.stderr)
-        status = 1
-    else:
-        status = 0
-    finally:
-        run.progress.close()
-    written = write_jsonl(run.groups, out / "trajectories.jsonl")
-    write_html(
-        run.groups,
-        out / "report.html",
-        title="trajcore demo: shell tasks",
-        notes=[f"policy: {mode}", f"{groups} groups of {args.group_size}, Atropos process mode"],
-        tasks=run.tasks,
-    )
-    print(summary_table(run.groups, plain=args.plain))
-    unsandboxed = any(
-        e.result.exec is not None and not e.result.exec.sandboxed
-        for g in run.groups
-        for m in g.members
-        for e in m.exchanges
-    )
-    if unsandboxed:
-        print("note: bubblewrap is unusable here, so commands ran without a sandbox")
-    print(f"wrote {written} trajectories to {out / 'trajectories.jsonl'}")
-    print(f"report: {out / 'report.html'}   Atropos's own: {out / 'atropos_groups.jsonl'}")
+    status = 0
+    with closing_on_signals("trajcore demo"):
+        try:
+            anyio.run(_process, env, backend="asyncio")
+        except TrajcoreError as exc:
+            run.progress.close()
+            print(f"\ntrajcore demo: {type(exc).__name__}: {exc}", file=sys.stderr)
+            status = 1
+        except Interrupted as stop:  # the pool is closed: report what was done
+            run.progress.close()
+            print(f"\ntrajcore demo: stopped by {stop}", file=sys.stderr)
+            status = exit_status(stop.signum)
+        finally:
+            run.progress.close()
+    _report(run, out, mode=mode, groups=groups, args=args)
     return status

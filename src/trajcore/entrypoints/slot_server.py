@@ -12,7 +12,12 @@ permissions and takes a token optionally. When the server is healthy it prints e
 of JSON on stdout, ``{"ready": true, "address": ..., "unix": ..., "pid": ..., ...}``, so a parent
 process (the local pool, a Nomad task's health check) can wait for it; ``--listen HOST:0`` picks a
 free port and the line names it. SIGTERM or SIGINT ends every sandbox, then the process, with
-status 0. A bad flag or an unusable root exits 2 with ``reason @ field`` on stderr.
+status 0; a second signal, or the first one's close running past ``--stop-deadline`` seconds,
+forces the end (the process group it leads is killed: its sandboxes die with it), status 1.
+``--parent-pid PID`` (the local pool passes its own pid) makes the server get SIGTERM when that
+parent dies, however it dies (Linux's parent-death signal), so a killed env leaves no slot
+server behind; the server exits at once when PID is already gone. A bad flag or an unusable root
+exits 2 with ``reason @ field`` on stderr.
 
 The policy (network, sandbox requirement, limits, timeout range, cgroups, bubblewrap, slot
 helper, slot uids) comes from these flags only; nothing a model writes into a call changes it.
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import gc
 import json
 import os
@@ -95,6 +101,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                 metavar=flag.metavar,
                 help=f"{flag.help} (default: {flag.codec.show(flag.default)})".replace("%", "%%"),
             )
+    lifetime = parser.add_argument_group("lifetime")
+    lifetime.add_argument(
+        "--parent-pid",
+        type=int,
+        metavar="PID",
+        help="end (SIGTERM) when this process, the parent, dies; exit at once if it is gone",
+    )
+    lifetime.add_argument(
+        "--stop-deadline",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="after SIGTERM/SIGINT, force the end when closing takes longer (default: 30)",
+    )
     parser.add_argument(
         "--slot-uid-block",
         type=int,
@@ -158,7 +178,45 @@ def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
     return config, token
 
 
+def _force_exit() -> None:
+    """End now: the process group this server leads (its sandboxes), else the process alone."""
+    sys.stderr.write("trajcore slot-server: stopping forcibly\n")
+    sys.stderr.flush()
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os._exit(1)
+
+
+def _die_with_parent(parent_pid: int) -> bool:
+    """Ask Linux for SIGTERM when the parent dies; False when ``parent_pid`` is already gone.
+
+    Raises:
+        ConfigError: ``--parent-pid`` is not a positive pid.
+    """
+    if parent_pid <= 0:
+        raise ConfigError("--parent-pid", f"must be a pid (> 0), got {parent_pid}")
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"prctl(PR_SET_PDEATHSIG): {os.strerror(error)}")
+    # The parent may have died before the request: then no signal will ever come.
+    return os.getppid() == parent_pid
+
+
 async def _serve(args: argparse.Namespace, config: RuntimeConfig, token: str | None) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            _force_exit()
+        stop.set()
+        loop.call_later(args.stop_deadline, _force_exit)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal)
     runtime = SlotRuntime(config)
     try:
         await runtime.start()
@@ -176,10 +234,6 @@ async def _serve(args: argparse.Namespace, config: RuntimeConfig, token: str | N
         await runtime.aclose()
         raise
     try:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
         ready = {
             "ready": True,
             "address": address,
@@ -189,13 +243,14 @@ async def _serve(args: argparse.Namespace, config: RuntimeConfig, token: str | N
             "sandboxed": runtime.sandboxed,
             "capabilities": unstructure(runtime.capabilities),
         }
-        name_process("slot-server")
-        sys.stdout.write(json.dumps(ready) + "\n")
-        sys.stdout.flush()
-        # Everything loaded so far lives as long as the server: out of the collector's sight,
-        # full collections only walk what calls allocate.
-        gc.collect()
-        gc.freeze()
+        if not stop.is_set():  # a signal during the start: stop without saying ready
+            name_process("slot-server")
+            sys.stdout.write(json.dumps(ready) + "\n")
+            sys.stdout.flush()
+            # Everything loaded so far lives as long as the server: out of the collector's
+            # sight, full collections only walk what calls allocate.
+            gc.collect()
+            gc.freeze()
         await stop.wait()
     finally:
         await server.aclose()
@@ -207,8 +262,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the slot server until SIGTERM. Returns the exit status (0, or 2 on a bad config)."""
     args = parse_args(argv)
     try:
+        if args.parent_pid is not None and not _die_with_parent(args.parent_pid):
+            sys.stderr.write(f"trajcore slot-server: the parent {args.parent_pid} is gone\n")
+            return 1
+        if not args.stop_deadline > 0:
+            raise ConfigError("--stop-deadline", f"must be > 0, got {args.stop_deadline}")
         config, token = _config(args)
-    except ConfigError as error:
+    except (ConfigError, OSError) as error:
         sys.stderr.write(f"trajcore slot-server: {error}\n")
         return 2
     try:

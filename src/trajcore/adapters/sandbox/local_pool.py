@@ -28,6 +28,11 @@ Rules this module keeps:
 - Every slot server runs in its own process group (``start_new_session``); stopping one is
   SIGTERM to the group, then SIGKILL to the group after ``stop_timeout_s``. The sandboxes run
   with ``--die-with-parent`` inside that group, so ``aclose`` leaves no child or grandchild.
+- A slot server dies with this process however it dies: it is started with ``--parent-pid``, so
+  Linux sends it SIGTERM when its parent ends (a SIGKILL included) and it closes its sandboxes.
+  A process that must exit without running the pools' close (a second Ctrl-C) calls
+  ``abandon_local_pools()``: every open pool's servers are ended and its directory removed,
+  synchronously.
 - Waiting is bounded everywhere: server start (``start_timeout_s``), reset (``reset_timeout_s``),
   stop (``stop_timeout_s``), lease (``timeout_s`` or ``acquire_timeout_s``).
 """
@@ -41,6 +46,7 @@ import secrets
 import signal
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -59,6 +65,7 @@ from trajcore.domain.errors import SlotServerError
 __all__ = [
     "LocalPoolConfig",
     "LocalSandboxPool",
+    "abandon_local_pools",
     "start_local_pool",
 ]
 
@@ -165,9 +172,11 @@ class _LocalProcesses:
     _root: Path | None = None
     _token: str | None = None
     _starts: int = 0
+    servers: set[int] = attrs.field(factory=set)  # pids (= process groups) not yet stopped
 
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
         run_dir = self.run_dir = Path(tempfile.mkdtemp(prefix="trajcore-pool-"))
+        _OPEN.add(self)
         stack.push_async_callback(self._remove_run_dir, run_dir)
         self._prepare(run_dir)
 
@@ -197,6 +206,7 @@ class _LocalProcesses:
                     stacklevel=1,
                 )
         self.run_dir = None
+        _OPEN.discard(self)
 
     def _argv(self, index: int, name: str) -> list[str]:
         assert self.run_dir is not None
@@ -206,7 +216,9 @@ class _LocalProcesses:
             listen = ["--unix", str(self.run_dir / f"{index}-{self._starts}.sock")]
         else:
             listen = ["--listen", "127.0.0.1:0", "--token-file", str(self.run_dir / "token")]
-        return self.config.server_argv(root=self._root / name, listen=listen, index=index)
+        argv = self.config.server_argv(root=self._root / name, listen=listen, index=index)
+        # Dies with this process (Linux's parent-death signal), however this process ends.
+        return [*argv, "--parent-pid", str(os.getpid())]
 
     async def launch(self, index: int, name: str) -> tuple[Endpoint, _Process]:
         assert self.run_dir is not None
@@ -217,6 +229,7 @@ class _LocalProcesses:
                 argv, stdin=_DEVNULL, stdout=_PIPE, stderr=log_file, start_new_session=True
             )
         assert process.stdout is not None
+        self.servers.add(process.pid)
         server = _Process(name, process, BufferedByteReceiveStream(process.stdout), log)
         try:
             try:
@@ -239,6 +252,7 @@ class _LocalProcesses:
                 endpoint = Endpoint("tcp", str(ready["address"]), self._token)
         except BaseException:
             await _stop_process(process, self.config.stop_timeout_s)
+            self.servers.discard(process.pid)
             raise
         return endpoint, server
 
@@ -254,14 +268,58 @@ class _LocalProcesses:
 
     async def stop(self, handle: _Process) -> None:
         await _stop_process(handle.process, self.config.stop_timeout_s)
+        self.servers.discard(handle.pid)
+
+    def abandon(self, grace_s: float) -> None:
+        """End every server now and remove the directory, synchronously (see the module doc)."""
+        groups = set(self.servers)
+        for pid in groups:
+            _signal_group(pid, signal.SIGTERM)  # they close their sandboxes
+        deadline = time.monotonic() + grace_s
+        while groups and time.monotonic() < deadline:
+            for pid in groups:  # reap an ended server, so its group no longer counts
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+            groups = {pid for pid in groups if _signal_group(pid, 0)}
+            time.sleep(0.02)
+        for pid in groups:
+            _signal_group(pid, signal.SIGKILL)
+        self.servers.clear()
+        if self.run_dir is not None:
+            with contextlib.suppress(OSError):
+                remove_tree(self.run_dir, timeout_s=_ABANDON_REMOVE_TIMEOUT_S)
+        _OPEN.discard(self)
 
     async def describe(self, handle: _Process) -> str:
         return _tail(handle.log)
 
 
 _REMOVE_TIMEOUT_S = 120.0  # the pool's directory, slot workspaces and all, at close
+_ABANDON_REMOVE_TIMEOUT_S = 10.0  # the same when the process must stop now
 _DEVNULL = -3  # subprocess.DEVNULL, without importing subprocess into the async code
 _PIPE = -1  # subprocess.PIPE
+
+_OPEN: set[_LocalProcesses] = set()
+"""The launchers of this process's open local pools, for ``abandon_local_pools``."""
+
+
+def abandon_local_pools(grace_s: float = 2.0) -> int:
+    """End every open local pool's slot servers and remove its directory, synchronously.
+
+    For a process that must exit now, without running the pools' close (a forced stop, a
+    second signal): each server's group gets SIGTERM (it closes its sandboxes), then SIGKILL
+    after ``grace_s``. The pools are unusable afterwards. Safe to call from a signal handler
+    or another thread. Returns how many pools it ended.
+    """
+    while True:
+        try:
+            launchers = list(_OPEN)
+        except RuntimeError:  # changed size while copied (another thread): try again
+            continue
+        break
+    for launcher in launchers:
+        launcher.abandon(grace_s)
+    return len(launchers)
 
 
 # ============================================================================ the pool

@@ -259,7 +259,8 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         """``python my_env.py serve|process|evaluate ...``, as with any Atropos env.
 
         When the program has configured no logging, trajcore's log (groups, failures, tool
-        errors, metrics) goes to stderr at INFO level.
+        errors, metrics) goes to stderr at INFO level. SIGINT and SIGTERM stop the run with
+        the pool closed; a second one forces it (``trajcore.entrypoints.signals``).
         """
         trajcore_log = logging.getLogger("trajcore")
         if not logging.getLogger().handlers and not trajcore_log.handlers:
@@ -269,7 +270,10 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             )
             trajcore_log.addHandler(handler)
             trajcore_log.setLevel(logging.INFO)
-        super().cli()
+        from trajcore.entrypoints.signals import closing_on_signals
+
+        with closing_on_signals(cls.__name__):
+            super().cli()
 
     # --------------------------------------------------------------------- injection points
 

@@ -1,0 +1,214 @@
+"""Signals end a real process-mode run with nothing left behind.
+
+Each test starts ``tests/integration/signal_env.py process ...`` (the shell-tasks env in
+Atropos's process mode, or evaluate mode, on the local pool, with a scripted model that leaves a
+background process and a tmux server in its slot, then waits forever), waits until a trajectory
+is mid-way,
+records every process the run started (the env's descendants: slot servers, bubblewrap, the
+keepers and agents, the shell's children, tmux) with their start times, sends a signal, and then
+looks from outside for what is left: those processes (by pid and start time) and the pool's
+directory (``/tmp/trajcore-pool-*``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import attrs
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "integration" / "signal_env.py"
+START_S = 180.0  # the env loads atroposlib and a tokenizer, then starts a slot server
+
+
+@attrs.frozen
+class Proc:
+    pid: int
+    started: int  # clock ticks after boot: with the pid, names one process for good
+    name: str
+
+
+def _stat(pid: int) -> tuple[int, str, int, str] | None:
+    """(ppid, state, start time, name) of ``pid``, or ``None`` when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    name = text[text.index("(") + 1 : text.rindex(")")]
+    fields = text[text.rindex(")") + 2 :].split()
+    return int(fields[1]), fields[0], int(fields[19]), name
+
+
+def descendants(root: int) -> list[Proc]:
+    """Every live descendant of ``root`` (host pids)."""
+    children: dict[int, list[int]] = {}
+    info: dict[int, tuple[int, str, int, str]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
+            info[int(entry)] = stat
+            children.setdefault(stat[0], []).append(int(entry))
+    found: list[Proc] = []
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        _, state, started, name = info[pid]
+        if state != "Z":
+            found.append(Proc(pid, started, name))
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def alive(procs: list[Proc]) -> list[Proc]:
+    """Those of ``procs`` still running (a zombie or a reused pid does not count)."""
+    left = []
+    for proc in procs:
+        stat = _stat(proc.pid)
+        if stat is not None and stat[2] == proc.started and stat[1] != "Z":
+            left.append(proc)
+    return left
+
+
+def wait_until_gone(procs: list[Proc], timeout_s: float) -> list[Proc]:
+    deadline = time.monotonic() + timeout_s
+    while (left := alive(procs)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+@attrs.frozen
+class Run:
+    process: subprocess.Popen[bytes]
+    pid: int
+    run_dir: Path
+    servers: list[int]
+    started: list[Proc]
+    log: Path
+
+
+@contextmanager
+def process_mode_run(
+    tmp_path: Path, *, stuck_close: bool = False, mode: str = "process"
+) -> Iterator[Run]:
+    """The env in ``mode`` (process or evaluate), mid-trajectory; killed (with all it started)
+    on the way out."""
+    ready = tmp_path / "ready.json"
+    log = tmp_path / "env.log"
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    environment.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        WANDB_MODE="disabled",
+        SIGNAL_ENV_READY=str(ready),
+        SIGNAL_ENV_STUCK_CLOSE="1" if stuck_close else "0",
+    )
+    argv = [
+        sys.executable, str(SCRIPT), mode,
+        "--env.total_steps", "1", "--env.group_size", "1", "--env.use_wandb", "false",
+        "--env.data_path_to_save_groups", str(tmp_path / "groups.jsonl"),
+        "--env.local_containers", "1", "--env.slots_per_container", "1",
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=environment, cwd=tmp_path
+        )
+    started: list[Proc] = []
+    run_dir: Path | None = None
+    try:
+        deadline = time.monotonic() + START_S
+        while not ready.exists() or not ready.read_text():
+            assert process.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        recorded = json.loads(ready.read_text())
+        run_dir = Path(recorded["run_dir"])
+        started = descendants(process.pid)
+        assert {p.pid for p in started} >= set(recorded["servers"])
+        yield Run(process, process.pid, run_dir, recorded["servers"], started, log)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for proc in alive(started):  # what a failing test left: never outlive the test
+            os.kill(proc.pid, signal.SIGKILL)
+        if run_dir is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _names(procs: list[Proc]) -> str:
+    return ", ".join(f"{p.name}({p.pid})" for p in procs)
+
+
+@pytest.mark.parametrize(
+    ("mode", "signum"),
+    [("process", signal.SIGTERM), ("process", signal.SIGINT), ("evaluate", signal.SIGTERM)],
+)
+def test_a_signal_ends_the_run_with_the_pool_closed(tmp_path: Path, mode: str, signum: int) -> None:
+    with process_mode_run(tmp_path, mode=mode) as run:
+        assert run.run_dir.is_dir()
+        assert len(run.started) >= 2  # a slot server and what runs in its slot
+        if shutil.which("tmux") is not None:
+            assert any(p.name.startswith("tmux") for p in run.started), _names(run.started)
+        run.process.send_signal(signum)
+        status = run.process.wait(timeout=60)
+        left = wait_until_gone(run.started, 5.0)
+        output = run.log.read_text()
+        assert status == 128 + signum, output[-3000:]
+        assert not left, f"left running: {_names(left)}"
+        assert not run.run_dir.exists()
+        assert "stopping and closing the sandbox pool" in output
+
+
+def test_a_second_signal_forces_the_end_when_the_close_hangs(tmp_path: Path) -> None:
+    with process_mode_run(tmp_path, stuck_close=True) as run:
+        run.process.send_signal(signal.SIGTERM)
+        with pytest.raises(subprocess.TimeoutExpired):  # the control: the close hangs
+            run.process.wait(timeout=3)
+        run.process.send_signal(signal.SIGTERM)
+        status = run.process.wait(timeout=30)
+        left = wait_until_gone(run.started, 5.0)
+        output = run.log.read_text()
+        assert status == 128 + signal.SIGTERM, output[-3000:]
+        assert not left, f"left running: {_names(left)}"
+        assert not run.run_dir.exists()
+        assert "a second signal" in output
+
+
+def test_slot_servers_die_with_a_killed_env(tmp_path: Path) -> None:
+    with process_mode_run(tmp_path) as run:
+        run.process.kill()  # SIGKILL: no handler runs in the env
+        run.process.wait(timeout=30)
+        left = wait_until_gone(run.started, 30.0)
+        assert not left, f"left running: {_names(left)}"
+        # A SIGKILL runs nothing in the env, so its directory stays (the docs say so).
+
+
+def test_a_slot_server_whose_parent_is_gone_exits_at_once(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    argv = [
+        sys.executable, "-m", "trajcore.entrypoints.slot_server", "--slots", "1",
+        "--root", str(tmp_path / "slots"), "--unix", str(tmp_path / "s.sock"),
+        "--parent-pid", str(gone.pid),
+    ]  # fmt: skip
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert f"the parent {gone.pid} is gone" in done.stderr
+    assert not (tmp_path / "s.sock").exists()
