@@ -13,7 +13,9 @@ interpreter cannot import pytest, ``verify_and_score`` ships this process's pyte
 pytest and its few dependencies) into the workspace as one archive and puts it on
 ``PYTHONPATH``. Either way the tests run inside the sandbox, never on the host.
 
-Run it as any Atropos env: ``python examples/code_fix.py serve|process|evaluate ...``.
+Run it as any Atropos env: ``python examples/code_fix.py serve|process|evaluate ...``; offline,
+with ``solve`` (the model as a script: the fix, then "Done.") in place of a model:
+``trajcore run examples/code_fix.py:CodeFixEnv --policy solve --groups 2``.
 """
 
 from __future__ import annotations
@@ -39,9 +41,10 @@ from trajcore.env import (
     SlotTools,
     ToolCall,
 )
+from trajcore.rollout.scripted import ScriptStep
 from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
-__all__ = ["SANDBOX_PYTHON", "SOLUTIONS", "TASKS", "CodeFixEnv", "CodeTask"]
+__all__ = ["SANDBOX_PYTHON", "SOLUTIONS", "TASKS", "CodeFixEnv", "CodeTask", "solve"]
 
 SANDBOX_PYTHON = os.path.realpath(sys.executable)
 """The interpreter the local pool's sandboxes run (and bind read-only): this one, resolved."""
@@ -126,6 +129,21 @@ SOLUTIONS: Mapping[str, tuple[ToolCall, ...]] = {
         ),
     ),
 }
+
+
+def solve(messages: Sequence[Message]) -> ScriptStep:
+    """The next step for the bundled task in ``messages``: run the tests, write the fix, run
+    them again, then "Done."."""
+    text = "\n".join(m.content for m in messages if m.role == "user")
+    task = next((t for t in TASKS if t.prompt in text), None)
+    if task is None:
+        return "I do not know this task."
+    run_tests = ToolCall(
+        id="pending", name="bash", arguments={"command": f"ls; cat {' '.join(task.tests)}"}
+    )
+    steps = (run_tests, *SOLUTIONS[task.name])
+    turn = sum(1 for m in messages if m.role == "assistant")
+    return steps[turn] if turn < len(steps) else "Done."
 
 
 class CodeFixEnv(AgentEnv[CodeTask]):

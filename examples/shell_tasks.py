@@ -8,9 +8,11 @@ Nothing is judged from the conversation: only what the model left in the workspa
 any Atropos env: ``python examples/shell_tasks.py serve|process|evaluate --env.tokenizer_name
 ...``; ``trajcore demo`` runs it in process mode offline.
 
-``SOLUTIONS`` holds, per task, tool calls that solve it, and ``ScriptedSolver`` is a
-``ChatServer`` that plays them back (one call per turn, then "Done."), so the demo and the tests
-run the whole pipeline without a model.
+``SOLUTIONS`` holds, per task, tool calls that solve it; ``solve`` is the model as a script
+(``trajcore.rollout.scripted.ModelScript``): one call per turn, then "Done."; and
+``ScriptedSolver`` is the same as a ``ChatServer``. So the demo, the tests and
+``trajcore run examples/shell_tasks.py:ShellTasksEnv --policy solve`` run the whole pipeline
+without a model.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import attrs
 
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams
 from trajcore.env import AgentEnv, AgentEnvConfig, Message, SlotTools, ToolCall, ToolSpec
+from trajcore.rollout.scripted import ScriptStep, script_message
 from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
-__all__ = ["SOLUTIONS", "TASKS", "ScriptedSolver", "ShellTask", "ShellTasksEnv"]
+__all__ = ["SOLUTIONS", "TASKS", "ScriptedSolver", "ShellTask", "ShellTasksEnv", "solve"]
 
 SYSTEM_PROMPT = (
     "You work in a Linux shell. Your current directory is the task's workspace. Use the tools "
@@ -156,27 +159,30 @@ def task_for(messages: Sequence[Message]) -> ShellTask | None:
     return next((task for task in TASKS if task.prompt in text), None)
 
 
+def solve(messages: Sequence[Message]) -> ScriptStep:
+    """The next step for the bundled task in ``messages``: its scripted calls one per turn, then
+    "Done."; for an unknown task it gives up at once."""
+    task = task_for(messages)
+    steps = SOLUTIONS.get(task.name, ()) if task is not None else ()
+    turn = sum(1 for m in messages if m.role == "assistant")
+    if turn < len(steps):
+        return steps[turn]
+    return "Done." if task is not None else "I do not know this task."
+
+
 @attrs.define
 class ScriptedSolver:
-    """A ``ChatServer`` that solves the bundled tasks: one scripted call per turn, then stops.
-
-    It knows the task by its text in the user message; for an unknown task it gives up at once.
-    """
+    """``solve`` as a ``ChatServer``: one scripted call per turn, then it stops."""
 
     async def chat(
         self, messages: Sequence[Message], *, tools: Sequence[ToolSpec], sampling: SamplingParams
     ) -> ChatTurn:
-        task = task_for(messages)
-        steps = SOLUTIONS.get(task.name, ()) if task is not None else ()
         turn = sum(1 for m in messages if m.role == "assistant")
-        if turn >= len(steps):
-            done = "Done." if task is not None else "I do not know this task."
-            return ChatTurn(message=Message.assistant(done), finish_reason=FinishReason.STOP)
-        call = attrs.evolve(steps[turn], id=f"call_{turn}")
-        return ChatTurn(
-            message=Message.assistant(f"Step {turn + 1}.", tool_calls=[call]),
-            finish_reason=FinishReason.TOOL_CALLS,
-        )
+        message = script_message(solve(messages), turn)
+        if message.tool_calls:
+            message = attrs.evolve(message, content=f"Step {turn + 1}.")
+            return ChatTurn(message=message, finish_reason=FinishReason.TOOL_CALLS)
+        return ChatTurn(message=message, finish_reason=FinishReason.STOP)
 
     async def aclose(self) -> None:
         return None

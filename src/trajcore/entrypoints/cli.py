@@ -3,6 +3,8 @@
     trajcore slot-server ...   serve N sandbox slots over HTTP (what every container runs)
     trajcore tool-server ...   serve registered Python tools over HTTP or MCP (--mcp stdio|http)
     trajcore demo ...          run the shell-tasks env on the local pool and write a report
+    trajcore run ENV ...       run any env end to end with a scripted, replayed or real model
+    trajcore report FILE       the HTML report and summary of an env's output file
 
 Each subcommand's module is imported only when it runs, so ``trajcore slot-server`` starts
 without loading transformers or atroposlib, and runs in the core install (``pip install
@@ -21,9 +23,19 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "slot-server": ("trajcore.entrypoints.slot_server", "serve sandbox slots over HTTP"),
     "tool-server": ("trajcore.entrypoints.tool_server", "serve Python tools over HTTP or MCP"),
     "demo": ("trajcore.entrypoints.demo", "run the shell-tasks env offline and write a report"),
+    "run": (
+        "trajcore.entrypoints.run",
+        "run any env end to end (scripted, replayed or real model)",
+    ),
+    "report": ("trajcore.entrypoints.report_files", "report an env's output file (HTML, table)"),
 }
 # The extra each subcommand needs beyond the core install (the slot server needs none).
-_EXTRAS: dict[str, str] = {"tool-server": "tool-server", "demo": "atropos"}
+_EXTRAS: dict[str, str] = {
+    "tool-server": "tool-server",
+    "demo": "atropos",
+    "run": "atropos",
+    "report": "atropos",
+}
 
 
 def _usage() -> str:

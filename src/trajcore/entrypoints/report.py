@@ -3,13 +3,21 @@
 A run of an env ends with ``GroupResult`` values; this module writes them down three ways:
 
 - ``write_jsonl``: one JSON object per trajectory (group, member, score, status, turns, tool
-  calls, tool errors, duration, the messages, and tokens, masks and logprobs when the policy
-  exported them). One line is one trajectory, so files from several runs concatenate.
+  calls, tool errors, duration, the prepare and score hooks' metadata, each tool call's outcome,
+  the messages, and tokens, masks and logprobs when the policy exported them). One line is one
+  trajectory, so files from several runs concatenate.
 - ``write_html``: one self-contained page (inline style, no script, no external asset): a summary
-  table with a row per trajectory, and under it every conversation in an expandable section, tool
-  calls shown as their name and indented arguments, tool results as plain text. The page is
-  rendered from the package's jinja2 templates (``entrypoints/templates``).
+  table with a row per trajectory, and under it every conversation in an expandable section:
+  every turn's text and reasoning, each tool call as its name and indented arguments, each
+  result as plain text with its outcome (exit code, timeout, refusal), and the member's score,
+  status and metadata. The page is rendered from the package's jinja2 templates
+  (``entrypoints/templates``).
 - ``summary_table``: the same summary as text for a terminal.
+
+The page and the table are drawn from trajectory records (``ReportGroup``), so they show a
+run's ``GroupResult`` s and, as well, any env's output file read back by ``report_files``: a
+``trajectories.jsonl`` of ``trajcore run`` or ``trajcore demo``, or the groups JSONL that
+Atropos's ``process`` mode writes (``trajcore report FILE``).
 
 ``ProgressBar`` shows how many groups are done while a run goes on.
 
@@ -41,13 +49,14 @@ import attrs
 import jinja2
 
 from trajcore.domain.json_values import JSON, JSONObject
-from trajcore.domain.messages import Message
 from trajcore.rollout.group import GroupResult
-from trajcore.rollout.trajectory import TrajectoryResult
+from trajcore.rollout.trajectory import ToolExchange, TrajectoryResult
 
 __all__ = [
     "ProgressBar",
+    "ReportGroup",
     "render_html",
+    "report_groups",
     "summary_table",
     "trajectory_record",
     "write_html",
@@ -61,17 +70,20 @@ def _members(groups: Sequence[GroupResult]) -> Iterator[tuple[GroupResult, int, 
             yield group, index, member
 
 
-def _score(member: TrajectoryResult) -> str:
-    score = member.outcome.score
-    return "-" if score is None else f"{score:g}"
-
-
-def _status(member: TrajectoryResult) -> str:
-    stop = member.stats.stop_reason
-    status = member.outcome.status.value
-    if stop is None or stop.value in (status, "natural"):
-        return status
-    return f"{status} ({stop.value})"
+def _exchange_record(exchange: ToolExchange) -> JSONObject:
+    result = exchange.result
+    report = result.exec
+    return {
+        "turn": exchange.turn,
+        "call_id": result.call_id,
+        "name": result.name,
+        "outcome": result.outcome.value,
+        "error": result.error,
+        "exit_code": None if report is None else report.exit_code,
+        "timed_out": None if report is None else report.timed_out,
+        "sandboxed": None if report is None else report.sandboxed,
+        "duration_s": None if report is None else round(report.duration_s, 4),
+    }
 
 
 def trajectory_record(group: GroupResult, index: int) -> JSONObject:
@@ -108,6 +120,9 @@ def trajectory_record(group: GroupResult, index: int) -> JSONObject:
         "group_drop_reason": (
             None if group.verdict.drop_reason is None else group.verdict.drop_reason.value
         ),
+        "prepare_metadata": member.prepare_metadata,
+        "score_metadata": member.score_metadata,
+        "tool_results": [_exchange_record(exchange) for exchange in member.exchanges],
         "messages": [m.to_chat_dict() for m in member.messages],
     }
     tokens = member.tokens
@@ -150,28 +165,103 @@ def _rich_installed() -> bool:
     return True
 
 
-def _summary_rows(groups: Sequence[GroupResult]) -> list[tuple[str, ...]]:
+@attrs.frozen(kw_only=True)
+class ReportGroup:
+    """One group as the page and the table show it: trajectory records and the group's verdict.
+
+    Attributes:
+        group_id: The group's id.
+        status: The group's verdict (complete, partial, failed), or what the file says.
+        detail: Why, in words (may be empty).
+        duration_s: The group's wall time, when known.
+        task: The task's text, shown above its conversations, or ``None``.
+        members: One trajectory record per member (``trajectory_record``'s shape; records read
+            from older or other files may lack fields, and show ``-`` for them).
+    """
+
+    group_id: str
+    status: str
+    detail: str = ""
+    duration_s: float | None = None
+    task: str | None = None
+    members: tuple[JSONObject, ...] = ()
+
+
+def report_groups(
+    groups: Sequence[GroupResult], *, tasks: Mapping[str, str] | None = None
+) -> list[ReportGroup]:
+    """``groups`` as ``ReportGroup`` s; ``tasks`` maps a group id to its task's text."""
+    tasks = tasks or {}
     return [
-        (
-            group.group_id,
-            str(index),
-            _status(member),
-            _score(member),
-            str(member.stats.turns),
-            str(member.stats.tool_calls),
-            str(member.stats.tool_errors.total),
-            f"{member.duration_s:.1f}s",
+        ReportGroup(
+            group_id=group.group_id,
+            status=group.verdict.status.value,
+            detail=group.verdict.detail,
+            duration_s=group.duration_s,
+            task=tasks.get(group.group_id),
+            members=tuple(trajectory_record(group, i) for i in range(len(group.members))),
         )
-        for group, index, member in _members(groups)
+        for group in groups
     ]
 
 
-def summary_table(groups: Sequence[GroupResult], *, plain: bool = False) -> str:
+def _as_report(
+    groups: Sequence[GroupResult] | Sequence[ReportGroup], tasks: Mapping[str, str] | None = None
+) -> list[ReportGroup]:
+    results = [g for g in groups if isinstance(g, GroupResult)]
+    reported = [g for g in groups if isinstance(g, ReportGroup)]
+    return report_groups(results, tasks=tasks) if results else reported
+
+
+def _field(record: JSONObject, name: str) -> str:
+    value = record.get(name)
+    return "-" if value is None else str(value)
+
+
+def _record_score(record: JSONObject) -> str:
+    score = record.get("score")
+    return f"{score:g}" if isinstance(score, int | float) and not isinstance(score, bool) else "-"
+
+
+def _record_status(record: JSONObject) -> str:
+    status = str(record.get("status") or "-")
+    stop = record.get("stop_reason")
+    if stop is None or stop in (status, "natural"):
+        return status
+    return f"{status} ({stop})"
+
+
+def _record_time(record: JSONObject) -> str:
+    seconds = record.get("duration_s")
+    return f"{seconds:.1f}s" if isinstance(seconds, int | float) else "-"
+
+
+def _summary_rows(groups: Sequence[ReportGroup]) -> list[tuple[str, ...]]:
+    return [
+        (
+            group.group_id,
+            _field(record, "member") if "member" in record else str(index),
+            _record_status(record),
+            _record_score(record),
+            _field(record, "turns"),
+            _field(record, "tool_calls"),
+            _field(record, "tool_errors"),
+            _record_time(record),
+        )
+        for group in groups
+        for index, record in enumerate(group.members)
+    ]
+
+
+def summary_table(
+    groups: Sequence[GroupResult] | Sequence[ReportGroup], *, plain: bool = False
+) -> str:
     """A table with a row per trajectory, and a totals line under it.
 
     Drawn by ``rich`` when it is installed and ``plain`` is false, else as fixed-width columns
     separated by two spaces under a dashed rule.
     """
+    groups = _as_report(groups)
     rows = _summary_rows(groups)
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_COLUMNS)]
     if not plain and _rich_installed():
@@ -208,12 +298,17 @@ def _rich_table(rows: Sequence[Sequence[str]], widths: Sequence[int]) -> str:
     return "\n".join(line.rstrip() for line in out.getvalue().splitlines()).strip("\n")
 
 
-def _totals(groups: Sequence[GroupResult]) -> str:
-    members = [member for _, _, member in _members(groups)]
-    scores = [m.outcome.score for m in members if m.outcome.score is not None]
+def _totals(groups: Sequence[ReportGroup]) -> str:
+    members = [record for group in groups for record in group.members]
+    scores = [
+        float(score)
+        for record in members
+        if isinstance(score := record.get("score"), int | float) and not isinstance(score, bool)
+    ]
     statuses: dict[str, int] = {}
-    for member in members:
-        statuses[member.outcome.status.value] = statuses.get(member.outcome.status.value, 0) + 1
+    for record in members:
+        status = str(record.get("status") or "-")
+        statuses[status] = statuses.get(status, 0) + 1
     mean = f"{sum(scores) / len(scores):.3f}" if scores else "-"
     counted = ", ".join(f"{count} {status}" for status, count in sorted(statuses.items()))
     return (
@@ -333,48 +428,113 @@ def _templates() -> jinja2.Environment:
     )
 
 
-def _anchor(group: GroupResult, index: int) -> str:
-    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in group.group_id)
+def _anchor(group_id: str, index: int) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in group_id)
     return f"t-{safe}-{index}"
 
 
-def _message_view(message: Message) -> dict[str, object]:
-    return {
-        "role": message.role,
-        "name": message.name,
-        "tool_call_id": message.tool_call_id,
-        "reasoning": message.reasoning,
-        "content": message.content,
-        "tool_calls": [
+def _arguments(arguments: object) -> str:
+    if isinstance(arguments, str):  # the OpenAI wire form: JSON text
+        try:
+            decoded: object = json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+        return json.dumps(decoded, indent=2, ensure_ascii=False)
+    return json.dumps(arguments, indent=2, ensure_ascii=False)
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _result_line(result: Mapping[str, object]) -> str:
+    parts = [str(result.get("outcome") or "?")]
+    if result.get("exit_code") is not None:
+        parts.append(f"exit code {result['exit_code']}")
+    if result.get("timed_out"):
+        parts.append("timed out")
+    if result.get("sandboxed") is False:
+        parts.append("not sandboxed")
+    if isinstance(seconds := result.get("duration_s"), int | float):
+        parts.append(f"{seconds:.2f}s")
+    if result.get("error"):
+        parts.append(str(result["error"]))
+    return " · ".join(parts)
+
+
+def _message_view(message: Mapping[str, object], results: Mapping[str, str]) -> dict[str, object]:
+    calls = message.get("tool_calls")
+    views = []
+    for call in calls if isinstance(calls, list) else []:
+        function = call.get("function", {}) if isinstance(call, Mapping) else {}
+        function = function if isinstance(function, Mapping) else {}
+        views.append(
             {
-                "name": call.name,
-                "id": call.id,
-                "arguments": json.dumps(call.arguments, indent=2, ensure_ascii=False),
+                "name": _text(function.get("name")),
+                "id": _text(call.get("id")) if isinstance(call, Mapping) else "",
+                "arguments": _arguments(function.get("arguments", {})),
             }
-            for call in message.tool_calls
+        )
+    call_id = message.get("tool_call_id")
+    return {
+        "role": _text(message.get("role")) or "?",
+        "name": _text(message.get("name")),
+        "tool_call_id": _text(call_id),
+        "reasoning": _text(message.get("reasoning_content")),
+        "content": _text(message.get("content")),
+        "tool_calls": views,
+        "result": results.get(call_id) if isinstance(call_id, str) else None,
+    }
+
+
+def _metadata(record: JSONObject) -> list[dict[str, str]]:
+    shown = []
+    for label, key in (
+        ("prepare metadata", "prepare_metadata"),
+        ("score metadata", "score_metadata"),
+    ):
+        value = record.get(key)
+        if value is not None:
+            shown.append({"label": label, "json": json.dumps(value, indent=2, ensure_ascii=False)})
+    return shown
+
+
+def _member_view(group_id: str, index: int, record: JSONObject) -> dict[str, object]:
+    results = record.get("tool_results")
+    by_call = {
+        str(r["call_id"]): _result_line(r)
+        for r in (results if isinstance(results, list) else [])
+        if isinstance(r, Mapping) and r.get("call_id") is not None
+    }
+    messages = record.get("messages")
+    return {
+        "anchor": _anchor(group_id, index),
+        "group_id": group_id,
+        "index": record.get("member", index),
+        "trajectory_id": _text(record.get("trajectory_id")),
+        "slot": _text(record.get("slot")),
+        "status_class": str(record.get("status") or ""),
+        "status": _record_status(record),
+        "score": _record_score(record),
+        "kept": record.get("kept"),
+        "turns": _field(record, "turns"),
+        "tool_calls": _field(record, "tool_calls"),
+        "tool_errors": _field(record, "tool_errors"),
+        "time": _record_time(record),
+        "detail": _text(record.get("detail")),
+        "metadata": _metadata(record),
+        "messages": [
+            _message_view(m, by_call)
+            for m in (messages if isinstance(messages, list) else [])
+            if isinstance(m, Mapping)
         ],
     }
 
 
-def _member_view(group: GroupResult, index: int, member: TrajectoryResult) -> dict[str, object]:
-    return {
-        "anchor": _anchor(group, index),
-        "group_id": group.group_id,
-        "index": index,
-        "status_class": member.outcome.status.value,
-        "status": _status(member),
-        "score": _score(member),
-        "turns": member.stats.turns,
-        "tool_calls": member.stats.tool_calls,
-        "tool_errors": member.stats.tool_errors.total,
-        "time": f"{member.duration_s:.1f}s",
-        "detail": member.outcome.detail,
-        "messages": [_message_view(m) for m in member.messages],
-    }
-
-
 def render_html(
-    groups: Sequence[GroupResult],
+    groups: Sequence[GroupResult] | Sequence[ReportGroup],
     *,
     title: str,
     notes: Sequence[str] = (),
@@ -382,21 +542,25 @@ def render_html(
 ) -> str:
     """The report page: summary table, then every conversation, expandable.
 
-    ``notes`` are lines shown under the title (the model used, the pool). ``tasks`` maps a group
-    id to its task's text, shown above that group's conversations.
+    ``groups`` are a run's results or ``ReportGroup`` s (read from a file). ``notes`` are lines
+    shown under the title (the model used, the pool). ``tasks`` maps a group id to its task's
+    text, shown above that group's conversations.
     """
-    tasks = tasks or {}
-    members = [[_member_view(group, i, m) for i, m in enumerate(group.members)] for group in groups]
+    report = _as_report(groups, tasks)
+    members = [
+        [_member_view(group.group_id, i, record) for i, record in enumerate(group.members)]
+        for group in report
+    ]
     sections = [
         {
             "group_id": group.group_id,
-            "status": group.verdict.status.value,
-            "detail": group.verdict.detail,
-            "time": f"{group.duration_s:.1f}s",
-            "task": tasks.get(group.group_id),
+            "status": group.status,
+            "detail": group.detail,
+            "time": "-" if group.duration_s is None else f"{group.duration_s:.1f}s",
+            "task": group.task,
             "members": views,
         }
-        for group, views in zip(groups, members, strict=True)
+        for group, views in zip(report, members, strict=True)
     ]
     return (
         _templates()
@@ -404,7 +568,7 @@ def render_html(
         .render(
             title=title,
             notes=list(notes),
-            totals=_totals(groups),
+            totals=_totals(report),
             rows=[view for views in members for view in views],
             groups=sections,
         )
@@ -412,7 +576,7 @@ def render_html(
 
 
 def write_html(
-    groups: Sequence[GroupResult],
+    groups: Sequence[GroupResult] | Sequence[ReportGroup],
     path: Path,
     *,
     title: str,

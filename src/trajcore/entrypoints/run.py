@@ -1,0 +1,344 @@
+"""``trajcore run``: any env, end to end, on a real pool, with the author's own model stand-in.
+
+    trajcore run TARGET (--policy FUNCTION | --replay FILE | --base-url URL)
+                 [--groups N] [--group-size N] [--out DIR] [--pool env|unisolated]
+                 [--set FIELD=VALUE ...] [--model NAME] [--api-key-env VAR] [--plain]
+
+``TARGET`` names the env class: ``my_module:MyEnv`` (a module importable from here; the
+current directory is searched first) or ``path/to/my_env.py:MyEnv``. The env is built as its
+CLI builds it (``config_init()``, then each ``--set FIELD=VALUE``: the value is read as JSON when
+it parses, as text otherwise), with wandb off and messages kept, and runs ``--groups`` groups
+of ``--group-size`` (default: the config's) items from its own ``get_next_item``, after its
+``setup``, on the env's pool (``make_pool()``: the local pool of slot servers unless the config
+says otherwise) or, with ``--pool unisolated``, on ``UnisolatedSandboxPool`` (real commands in
+plain directories, NO ISOLATION: only for scripts you trust).
+
+The model, one of:
+
+- ``--policy FUNCTION``: a script of the model (``trajcore.rollout.scripted.ModelScript``:
+  ``solve(messages) -> tool calls | final text | Message``), named ``module:function`` or
+  ``path.py:function``, or just ``function`` for one in TARGET's module. A ``ChatServer`` (an
+  object with ``chat``, or a class of one) is accepted too. In managed mode a script is
+  rendered by the env's tool-call parser and sampled back as exact tokens.
+- ``--replay FILE``: recorded tool calls: the ``trajectories.jsonl`` of an earlier
+  ``trajcore run`` or ``trajcore demo`` (from a real model or a script); each trajectory plays
+  the recorded turns of its task (``trajcore.rollout.scripted.Replay``).
+- ``--base-url URL``: an OpenAI-compatible endpoint (OpenAI mode; ``--model``, and the API key
+  from the variable ``--api-key-env``).
+
+It writes into ``--out`` (default ``out/run/<env name>``): ``trajectories.jsonl`` (one record
+per trajectory), ``scored_groups.jsonl`` (what Atropos would be sent, one ``ScoredDataGroup``
+per line) and ``report.html`` (every turn's messages, tool calls, results, scores and metadata),
+and prints the summary table. Exit status: 0 when every group ran; 1 when the run stopped on an
+error (the groups done are still written); 2 for a usage or setting error; 128 + the signal
+after SIGINT or SIGTERM (``trajcore.entrypoints.signals``), also with what was done written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import anyio
+import attrs
+
+from trajcore.adapters.fakes.unisolated import UnisolatedSandboxPool
+from trajcore.adapters.llm.chat import OpenAIChatServer
+from trajcore.domain.errors import ConfigError, TrajcoreError
+from trajcore.domain.messages import Message
+from trajcore.domain.tool_parsers import get_parser
+from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig, ScoredGroup, scored_data
+from trajcore.entrypoints.report import ProgressBar, summary_table, write_html, write_jsonl
+from trajcore.entrypoints.signals import Interrupted, closing_on_signals, exit_status
+from trajcore.ports.chat_server import ChatServer
+from trajcore.ports.sandbox_pool import SandboxPool
+from trajcore.rollout.group import GroupResult
+from trajcore.rollout.policy import ChatPolicy, Policy
+from trajcore.rollout.scripted import ModelScript, Replay, ScriptedPolicy, replay_records
+
+__all__ = ["load_object", "main", "scripted_policy"]
+
+log = logging.getLogger("trajcore.run")
+
+
+class UsageError(TrajcoreError):
+    """The command line names something that cannot be used (said in the message)."""
+
+
+def _module(where: str) -> ModuleType:
+    """The module ``where`` names: a ``.py`` path, or a dotted name importable from here."""
+    if where.endswith(".py") or os.sep in where:
+        path = Path(where).resolve()
+        if not path.is_file():
+            raise UsageError(f"no such file: {where}")
+        name = f"trajcore_run_{path.stem}_{abs(hash(str(path)))}"
+        if name in sys.modules:
+            return sys.modules[name]
+        sys.path.insert(0, str(path.parent))
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise UsageError(f"cannot load {where} as Python")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(where)
+    except ModuleNotFoundError as error:
+        raise UsageError(f"cannot import {where!r}: {error}") from None
+
+
+def load_object(target: str, *, default_module: ModuleType | None = None) -> object:
+    """The object ``module:name`` (or ``path.py:name``) names; a bare ``name`` is looked up in
+    ``default_module``.
+
+    Raises:
+        UsageError: the module or the name cannot be found.
+    """
+    where, colon, name = target.rpartition(":")
+    if not colon:
+        where, name = "", target
+    module = _module(where) if where else default_module
+    if module is None:
+        raise UsageError(f"{target!r}: expected MODULE:NAME or path/to/file.py:NAME")
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise UsageError(f"{module.__name__} has no {name!r}") from None
+
+
+def scripted_policy(env: AgentEnv[Any], script: ModelScript | Replay) -> ScriptedPolicy:
+    """``script`` as the model of ``env``, in the env's mode: managed mode renders each step with
+    the env's tool-call parser and samples it back as exact tokens; OpenAI mode re-renders
+    tokens with the env's chat template."""
+    if env.settings.mode == "managed":
+        assert env.settings.parser is not None  # the settings checked it
+        return ScriptedPolicy.managed(
+            script,
+            tokenizer=env.tokenizer_port(),
+            template=env.chat_template(),
+            parser=get_parser(env.settings.parser),
+        )
+    return ScriptedPolicy.openai(script, template=env.chat_template())
+
+
+def _value(text: str) -> object:
+    try:
+        value: object = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    return value
+
+
+def _config(env_class: type[AgentEnv[Any]], settings: Sequence[str]) -> tuple[Any, object]:
+    config, servers = env_class.config_init()
+    if not isinstance(config, AgentEnvConfig):
+        raise UsageError(f"{env_class.__name__}.config_init() gave no AgentEnvConfig")
+    for setting in settings:
+        field, equals, text = setting.partition("=")
+        if not equals or not field:
+            raise UsageError(f"--set {setting!r}: expected FIELD=VALUE")
+        try:
+            setattr(config, field.strip(), _value(text))
+        except (ValueError, AttributeError, TypeError) as error:
+            raise ConfigError(field.strip(), str(error)) from None
+    config.use_wandb = False
+    config.include_messages = True
+    return config, servers
+
+
+@attrs.define
+class _Model:
+    policy: Policy
+    line: str
+
+
+def _model(args: argparse.Namespace, env: AgentEnv[Any], env_module: ModuleType) -> _Model:
+    if args.replay is not None:
+        try:
+            with args.replay.open(encoding="utf-8") as lines:
+                replay = Replay.of(replay_records(lines))
+        except OSError as error:
+            raise UsageError(f"--replay {args.replay}: {error.strerror}") from None
+        return _Model(
+            scripted_policy(env, replay), f"replay of {args.replay} ({env.settings.mode} mode)"
+        )
+    if args.policy is not None:
+        found = load_object(args.policy, default_module=env_module)
+        if isinstance(found, type) and hasattr(found, "chat"):
+            found = found()
+        if hasattr(found, "chat"):
+            server: ChatServer = found  # type: ignore[assignment]  # duck-typed: has chat()
+            return _Model(
+                ChatPolicy(server, env.chat_template()), f"chat server {args.policy} (OpenAI mode)"
+            )
+        if not callable(found):
+            raise UsageError(f"--policy {args.policy}: not a function of the conversation")
+        script: ModelScript = found  # a callable; its steps are checked as they come
+        return _Model(
+            scripted_policy(env, script), f"script {args.policy} ({env.settings.mode} mode)"
+        )
+    assert args.base_url is not None
+    chat = OpenAIChatServer(
+        base_url=args.base_url, model=args.model, api_key=os.environ.get(args.api_key_env)
+    )
+    return _Model(
+        ChatPolicy(chat, env.chat_template()),
+        f"model {args.model!r} at {args.base_url} (OpenAI mode)",
+    )
+
+
+def _arguments(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="trajcore run",
+        description="Run an env end to end on a real pool with a scripted, replayed or real "
+        "model; write the scored groups and a report.",
+    )
+    parser.add_argument("target", help="the env class: module:Class or path/to/env.py:Class")
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--policy", help="the model as a script: module:function, or function")
+    model.add_argument("--replay", type=Path, help="recorded tool calls: a trajectories.jsonl")
+    model.add_argument("--base-url", help="an OpenAI-compatible endpoint (OpenAI mode)")
+    parser.add_argument("--model", default="default", help="model name sent to --base-url")
+    parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="variable with the key")
+    parser.add_argument("--groups", type=int, default=1, help="groups to run (default 1)")
+    parser.add_argument("--group-size", type=int, help="trajectories per group (default: config)")
+    parser.add_argument("--out", type=Path, help="output directory (default out/run/<env>)")
+    parser.add_argument(
+        "--pool",
+        choices=("env", "unisolated"),
+        default="env",
+        help="env: the env's own pool (make_pool); unisolated: plain directories, NO ISOLATION",
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="FIELD=VALUE", help="a config setting"
+    )
+    parser.add_argument("--plain", action="store_true", help="plain-text table and progress")
+    args = parser.parse_args(list(argv))
+    if args.groups < 1:
+        parser.error("--groups must be >= 1")
+    if args.group_size is not None and args.group_size < 1:
+        parser.error("--group-size must be >= 1")
+    return args
+
+
+@attrs.define
+class _Done:
+    groups: list[GroupResult] = attrs.field(factory=list)
+    scored: list[ScoredGroup] = attrs.field(factory=list)
+    not_sent: list[str] = attrs.field(factory=list)
+    tasks: dict[str, str] = attrs.field(factory=dict)
+
+
+def _task_text(env: AgentEnv[Any], item: object) -> str:
+    messages: list[Message] = env.task_messages(item)
+    return next((m.content for m in reversed(messages) if m.role == "user"), "")
+
+
+async def _run(
+    env: AgentEnv[Any], model: _Model, args: argparse.Namespace, done: _Done, bar: ProgressBar
+) -> None:
+    await env.setup()
+    pool: SandboxPool | None = None
+    async with contextlib.AsyncExitStack() as stack:
+        if args.pool == "unisolated":
+            pool = await stack.enter_async_context(
+                UnisolatedSandboxPool(
+                    slots_per_container=max(1, args.group_size or env.config.group_size),
+                    acquire_timeout_s=env.config.acquire_timeout_s,
+                )
+            )
+        async with env.rollout_services(policy=model.policy, pool=pool):
+            for _ in range(args.groups):
+                item = await env.get_next_item()
+                if item is None:
+                    log.info("get_next_item() gave None: no more items")
+                    break
+                result = await env.run_group(item, group_size=args.group_size)
+                done.groups.append(result)
+                done.tasks[result.group_id] = _task_text(env, item)
+                scored = env.scored_group(result)
+                if scored is not None:
+                    done.scored.append(scored)
+                else:
+                    why = scored_data.scored_group(result, env.settings)
+                    done.not_sent.append(f"{result.group_id}: {why.drop_reason} {why.detail}")
+                scores = [m.outcome.score for m in result.members]
+                bar.advance(f"{result.verdict.status.value}, scores {scores}")
+
+
+def _write(done: _Done, out: Path, *, title: str, notes: list[str], plain: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    written = write_jsonl(done.groups, out / "trajectories.jsonl")
+    with (out / "scored_groups.jsonl").open("w", encoding="utf-8") as scored:
+        for group in done.scored:
+            scored.write(json.dumps(group, ensure_ascii=False) + "\n")
+    write_html(done.groups, out / "report.html", title=title, notes=notes, tasks=done.tasks)
+    print(summary_table(done.groups, plain=plain))
+    unsandboxed = any(
+        e.result.exec is not None and not e.result.exec.sandboxed
+        for g in done.groups
+        for m in g.members
+        for e in m.exchanges
+    )
+    if unsandboxed:
+        print("note: commands ran without a sandbox (bubblewrap unusable, or --pool unisolated)")
+    print(f"wrote {written} trajectories to {out / 'trajectories.jsonl'}")
+    sent = out / "scored_groups.jsonl"
+    print(f"{len(done.scored)} scored groups (what Atropos would be sent): {sent}")
+    for line in done.not_sent:
+        print(f"  not sent: {line.strip()}")
+    print(f"report: {out / 'report.html'}")
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run the env; returns the exit status (see the module docstring)."""
+    args = _arguments(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        env_class = load_object(args.target)
+        if not (isinstance(env_class, type) and issubclass(env_class, AgentEnv)):
+            raise UsageError(f"{args.target} is not an AgentEnv subclass")
+        env_module = sys.modules[env_class.__module__]
+        config, servers = _config(env_class, args.set)
+        env = env_class(config, servers)
+        model = _model(args, env, env_module)
+    except (TrajcoreError, OSError) as error:
+        print(f"trajcore run: {error}", file=sys.stderr)
+        return 2
+    if args.pool == "unisolated":
+        print("trajcore run: --pool unisolated: commands run WITHOUT ISOLATION", file=sys.stderr)
+    out: Path = args.out or Path("out") / "run" / (env.name or env_class.__name__)
+    print(
+        f"trajcore run: {env_class.__name__}, {args.groups} groups, {model.line}", file=sys.stderr
+    )
+    done = _Done()
+    bar = ProgressBar(total=args.groups, plain=args.plain)
+    bar.start()
+    status = 0
+    with closing_on_signals("trajcore run"):
+        try:
+            anyio.run(_run, env, model, args, done, bar, backend="asyncio")
+        except TrajcoreError as error:
+            print(f"\ntrajcore run: {type(error).__name__}: {error}", file=sys.stderr)
+            status = 1
+        except Interrupted as stop:
+            print(f"\ntrajcore run: stopped by {stop}; writing what was done", file=sys.stderr)
+            status = exit_status(stop.signum)
+        finally:
+            bar.close()
+    notes = [f"env: {args.target}", f"model: {model.line}", f"pool: {args.pool}"]
+    _write(done, out, title=f"trajcore run: {env_class.__name__}", notes=notes, plain=args.plain)
+    return status

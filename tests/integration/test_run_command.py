@@ -1,0 +1,119 @@
+"""``trajcore run``: an env end to end on a real pool with the author's model stand-in (a
+script, a replay of recorded tool calls), writing the scored groups, the report and the table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trajcore.entrypoints.run import main
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+SHELL_TASKS = f"{ROOT / 'examples' / 'shell_tasks.py'}:ShellTasksEnv"
+CODE_FIX = f"{ROOT / 'examples' / 'code_fix.py'}:CodeFixEnv"
+
+
+def _records(out: Path) -> list[dict[str, object]]:
+    lines = (out / "trajectories.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def _calls(record: dict[str, object]) -> list[tuple[str, str]]:
+    messages = record["messages"]
+    assert isinstance(messages, list)
+    return [
+        (call["function"]["name"], json.dumps(call["function"]["arguments"], sort_keys=True))
+        for m in messages
+        for call in m.get("tool_calls", [])
+    ]
+
+
+def test_trajcore_run_runs_an_env_on_the_local_pool_with_its_script(tmp_path: Path) -> None:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    environment.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", WANDB_MODE="disabled")
+    out = tmp_path / "run"
+    argv = [
+        sys.executable, "-m", "trajcore.entrypoints.cli", "run", SHELL_TASKS,
+        "--policy", "solve", "--groups", "3", "--group-size", "2", "--out", str(out), "--plain",
+    ]  # fmt: skip
+    done = subprocess.run(
+        argv,
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = _records(out)
+    assert len(records) == 6
+    assert all(r["status"] == "finished" and r["score"] == 1.0 for r in records)
+    assert all(r["tool_calls"] and r["tool_results"] for r in records)
+    assert "mean score 1.000 over 6 scored" in done.stdout
+    assert (out / "scored_groups.jsonl").exists()
+    page = (out / "report.html").read_text()
+    assert "sort -u names.txt &gt; unique.txt" in page
+    assert "echo &#39;hello world&#39; &gt; hello.txt" in page  # the call's arguments, escaped
+
+
+def test_a_run_replays_recorded_tool_calls_on_the_unisolated_pool(tmp_path: Path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert main([SHELL_TASKS, "--policy", "solve", "--groups", "2", "--group-size", "1",
+                 "--out", str(first), "--pool", "unisolated", "--plain"]) == 0  # fmt: skip
+    assert main([SHELL_TASKS, "--replay", str(first / "trajectories.jsonl"), "--groups", "2",
+                 "--group-size", "1", "--out", str(second), "--pool", "unisolated",
+                 "--plain"]) == 0  # fmt: skip
+    recorded, replayed = _records(first), _records(second)
+    assert [_calls(r) for r in replayed] == [_calls(r) for r in recorded]
+    assert all(r["score"] == 1.0 for r in replayed)
+    # A task with no recording is the model failing, with the reason, never a silent 0.
+    third = tmp_path / "third"
+    assert main([SHELL_TASKS, "--replay", str(first / "trajectories.jsonl"), "--groups", "3",
+                 "--group-size", "1", "--out", str(third), "--pool", "unisolated",
+                 "--plain"]) == 0  # fmt: skip
+    last = _records(third)[-1]
+    assert last["status"] == "model_error"
+    assert "no recorded trajectory" in str(last["detail"])
+
+
+def test_a_managed_mode_run_samples_the_script_as_exact_tokens(tmp_path: Path) -> None:
+    out = tmp_path / "managed"
+    assert main([SHELL_TASKS, "--policy", "solve", "--groups", "2", "--group-size", "2",
+                 "--set", "tool_call_parser=hermes", "--set", "mode=managed", "--out", str(out),
+                 "--pool", "unisolated", "--plain"]) == 0  # fmt: skip
+    records = _records(out)
+    assert all(r["score"] == 1.0 and r["token_exact"] is True for r in records)
+    assert all(r["tool_calls"] for r in records)
+
+
+def test_code_fix_runs_with_pytest_scores_and_metadata(tmp_path: Path) -> None:
+    out = tmp_path / "code"
+    assert main([CODE_FIX, "--policy", "solve", "--groups", "2", "--group-size", "1",
+                 "--out", str(out), "--pool", "unisolated", "--plain"]) == 0  # fmt: skip
+    records = _records(out)
+    assert [r["score"] for r in records] == [1.0, 1.0]
+    metadata = [r["score_metadata"] for r in records]
+    assert all(isinstance(m, dict) and m["pytest"] == "passed" for m in metadata)
+    assert "score metadata" in (out / "report.html").read_text()
+
+
+def test_usage_errors_name_what_is_wrong(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([f"{ROOT / 'examples' / 'nope.py'}:Env", "--policy", "solve"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main([SHELL_TASKS, "--policy", "no_such_function"]) == 2
+    assert "no_such_function" in capsys.readouterr().err
+    assert main([SHELL_TASKS, "--policy", "solve", "--set", "max_turns=-3"]) == 2
+    assert "max_turns" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([SHELL_TASKS])  # no model given: argparse says which to give
+    assert "--policy" in capsys.readouterr().err
