@@ -33,8 +33,7 @@ inspection, which would charge the trajectories memory that no real client holds
 Pool size: 4 slot servers x 64 slots = 256 slots, one per concurrent trajectory; on a 2-core
 machine more servers only add processes competing for the same cores.
 
-Run: ``.venv/bin/python bench/rollouts.py [--concurrency 256] [--turns 8] [--rounds 4]
-[--slot-helper auto|native|python]``.
+Run: ``.venv/bin/python bench/rollouts.py [--concurrency 256] [--turns 8] [--rounds 4]``.
 """
 
 from __future__ import annotations
@@ -230,10 +229,7 @@ async def bench(args: argparse.Namespace) -> None:
     turns: int = args.turns
     latency_s: float = args.latency_ms / 1000.0
     slots = -(-concurrency // args.servers)
-    policy = SlotPolicy(
-        require_sandbox=True, max_processes=64, memory_bytes=512 << 20,
-        slot_helper=args.slot_helper,
-    )  # fmt: skip
+    policy = SlotPolicy(require_sandbox=True, max_processes=64, memory_bytes=512 << 20)
     pool_config = LocalPoolConfig(
         containers=args.servers, slots_per_container=slots, policy=policy,
         acquire_timeout_s=300.0, start_timeout_s=120.0,
@@ -329,12 +325,6 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=4, help="slot servers (containers)")
     parser.add_argument("--window-ms", type=float, default=5.0, help="dispatcher batch window")
     parser.add_argument("--spawn-seconds", type=float, default=2.0)
-    parser.add_argument(
-        "--slot-helper",
-        choices=("auto", "native", "python"),
-        default="auto",
-        help="what runs the slots' keepers and lease agents (the compiled helper or Python)",
-    )
     args = parser.parse_args()
     if shutil.which("bwrap") is None:
         parser.error("bubblewrap (bwrap) is required")

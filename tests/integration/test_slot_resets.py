@@ -41,7 +41,7 @@ def call(epoch: int, command: str) -> ExecuteCall:
 def config(root: Path) -> RuntimeConfig:
     return RuntimeConfig(
         slots=1, root=root, policy=SlotPolicy(require_sandbox=False), bwrap="/nonexistent/bwrap",
-        use_cgroups=False, slot_helper="python",
+        use_cgroups=False,
     )  # fmt: skip
 
 

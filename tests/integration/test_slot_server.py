@@ -46,10 +46,15 @@ from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 
 T = TypeVar("T")
 TOKEN = "integration-token"
-pytestmark = pytest.mark.skipif(
-    not Path("/usr/bin/bwrap").exists() and os.system("command -v bwrap >/dev/null") != 0,
-    reason="bubblewrap is not installed",
-)
+HAS_COMPILER = any(shutil.which(name) for name in ("cc", "gcc", "clang"))
+pytestmark = [
+    pytest.mark.skipif(
+        not Path("/usr/bin/bwrap").exists() and os.system("command -v bwrap >/dev/null") != 0,
+        reason="bubblewrap is not installed",
+    ),
+    # a source checkout ships no slot helper: every server here builds it at start
+    pytest.mark.skipif(not HAS_COMPILER, reason="no C compiler (cc, gcc, clang) for the helper"),
+]
 
 
 @attrs.frozen
@@ -57,15 +62,11 @@ class Server:
     process: subprocess.Popen[bytes]
     ready: dict[str, Any]
     root: Path
-    helper: str = "auto"  # what it was asked to run its keepers and lease agents with
 
     def client(self, token: str | None = TOKEN) -> SlotServerClient:
         if self.ready["unix"]:
             return SlotServerClient.unix(self.ready["unix"], token)
         return SlotServerClient.tcp(self.ready["address"], token)
-
-
-HAS_COMPILER = any(shutil.which(name) for name in ("cc", "gcc", "clang"))
 
 
 def start_server(
@@ -124,17 +125,11 @@ def tmp_path() -> Iterator[Path]:
         yield folder
 
 
-@pytest.fixture(scope="module", params=["native", "python"])
-def server(request: pytest.FixtureRequest) -> Iterator[Server]:
-    """A slot server whose keepers and lease agents are the compiled helper, or the Python
-    ones: every sandbox test runs against both."""
-    if request.param == "native" and not HAS_COMPILER:
-        pytest.skip("no C compiler (cc, gcc, clang) to build the compiled slot helper")
-    with searchable_dir(f"slot-server-{request.param}") as folder:
-        root = folder / "root"
-        running = attrs.evolve(
-            start_server(root, "--slot-helper", request.param), helper=request.param
-        )
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    """A slot server (its keepers and lease agents: the slot helper, built at start)."""
+    with searchable_dir("slot-server") as folder:
+        running = start_server(folder / "root")
         yield running
         assert stop_server(running) == 0
 
@@ -232,11 +227,10 @@ def test_health_reports_a_sandboxed_server(server: Server) -> None:
     assert health.capabilities.bwrap
     assert health.capabilities.network_isolation
     assert health.capabilities.tmux
-    assert health.capabilities.slot_helper == server.helper
-    assert server.ready["capabilities"]["slot_helper"] == server.helper
+    assert health.capabilities.slot_helper == "native"
+    assert server.ready["capabilities"]["slot_helper"] == "native"
     # a source checkout ships no helper: the server built its own
-    origin = "built at start" if server.helper == "native" else ""
-    assert health.capabilities.slot_helper_origin == origin
+    assert health.capabilities.slot_helper_origin == "built at start"
     assert not health.allow_network
     assert server.ready["ready"] is True
 
@@ -556,7 +550,7 @@ async def wait_until_busy(runtime: SlotRuntime, slot: int) -> None:
 def test_a_reset_interrupts_the_running_call_refuses_queued_ones_and_close_answers_all(
     tmp_path: Path,
 ) -> None:
-    config = RuntimeConfig(slots=1, root=tmp_path / "root", slot_helper="python", use_cgroups=False)
+    config = RuntimeConfig(slots=1, root=tmp_path / "root", use_cgroups=False)
     slow = call(0, "bash", command="sleep 60", timeout_s=90)
     queued = call(0, "bash", command="echo should-not-run")
 
@@ -812,47 +806,50 @@ def test_unix_socket_and_fail_closed_without_bwrap(tmp_path: Path) -> None:
     assert "bubblewrap" in (result.error or "")
 
 
-def test_without_a_compiler_auto_serves_with_python_and_native_refuses_to_start(
+def slot_server_exit(
+    root: Path, *flags: str, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """A slot server started to fail: its exit status and output (within 60 s)."""
+    return subprocess.run(
+        [sys.executable, "-m", "trajcore.entrypoints.slot_server", "--slots", "1",
+         "--root", str(root), "--unix", str(root.with_suffix(".sock")), *flags],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_without_the_helper_or_a_compiler_the_server_refuses_to_start_naming_the_fix(
     tmp_path: Path,
 ) -> None:
+    """No silent weaker sandbox: a host that can neither find nor build the slot helper gets
+    no server, and the error says what to install. The control: the same server with a
+    compiler serves."""
     no_compiler = {**os.environ, "CC": "/nonexistent/cc", "TRAJCORE_CACHE_DIR": str(tmp_path)}
-    fallback = start_server(
-        tmp_path / "auto", "--unix", str(tmp_path / "auto.sock"), env=no_compiler
-    )
-    try:
-        result = run(lambda client: one(client, call(0, "bash", command="echo served")), fallback)
-    finally:
-        assert stop_server(fallback) == 0
-    capabilities = fallback.ready["capabilities"]
-    assert capabilities["slot_helper"] == "python"
-    assert "the compiled slot helper is not in use" in capabilities["detail"]
-    assert "/nonexistent/cc" in capabilities["detail"]
-    assert result.content == "served\n"
-
-    refused = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trajcore.entrypoints.slot_server",
-            "--slots",
-            "1",
-            "--root",
-            str(tmp_path / "native"),
-            "--unix",
-            str(tmp_path / "native.sock"),
-            "--slot-helper",
-            "native",
-        ],
-        env=no_compiler,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    refused = slot_server_exit(tmp_path / "none", env=no_compiler)
     assert refused.returncode == 2, refused
     assert refused.stdout == ""
     assert "slot_helper" in refused.stderr, refused.stderr
     assert "/nonexistent/cc" in refused.stderr, refused.stderr
+    assert "gcc and libc6-dev" in refused.stderr, refused.stderr
+    assert "ships the slot helper" in refused.stderr, refused.stderr
+    assert not list(tmp_path.glob("none/slots/*")), "no slot was set up"
+
+    control = start_server(tmp_path / "control", "--unix", str(tmp_path / "control.sock"))
+    try:
+        result = run(lambda client: one(client, call(0, "bash", command="echo served")), control)
+    finally:
+        assert stop_server(control) == 0
+    assert result.content == "served\n"
+
+
+@pytest.mark.parametrize("helper", ["python", "native", "auto"])
+def test_the_retired_slot_helper_flag_is_refused_naming_the_replacement(
+    helper: str, tmp_path: Path
+) -> None:
+    refused = slot_server_exit(tmp_path / "root", "--slot-helper", helper, env=dict(os.environ))
+    assert refused.returncode == 2, refused
+    assert "--slot-helper" in refused.stderr, refused.stderr
+    assert "compiled slot helper (slot_helper.c) is the only keeper" in refused.stderr
+    assert "gcc and libc6-dev" in refused.stderr, refused.stderr
 
 
 def test_sigterm_ends_every_sandbox_and_a_dead_server_is_a_slot_server_error(
@@ -924,12 +921,9 @@ def test_wire_error_on_a_protocol_violation() -> None:
 # --------------------------------------------------------------------------------- under /tmp
 
 
-@pytest.mark.parametrize("helper", ["native", "python"])
-def test_paths_bound_under_tmp_are_carried_into_every_lease(helper: str, tmp_path: Path) -> None:
+def test_paths_bound_under_tmp_are_carried_into_every_lease(tmp_path: Path) -> None:
     """A lease mounts a fresh /tmp, so what the sandbox binds under /tmp (a workspace placed
     there, an extra bind) must be bound back into each lease, read-only where it was."""
-    if helper == "native" and not HAS_COMPILER:
-        pytest.skip("no C compiler (cc, gcc, clang) to build the compiled slot helper")
     data = tmp_path / "data"
     data.mkdir()
     (data / "given.txt").write_text("from the host\n")
@@ -940,7 +934,7 @@ def test_paths_bound_under_tmp_are_carried_into_every_lease(helper: str, tmp_pat
         max_processes=64,
         memory_bytes=256 << 20,
     )
-    config = RuntimeConfig(slots=1, root=tmp_path / "root", policy=policy, slot_helper=helper)
+    config = RuntimeConfig(slots=1, root=tmp_path / "root", policy=policy)
     script = (
         "echo written >/tmp/work/out.txt; cat /tmp/data/given.txt; "
         "touch /tmp/data/planted 2>/dev/null || echo data-read-only; echo scratch >/tmp/scratch"
@@ -960,7 +954,7 @@ def test_paths_bound_under_tmp_are_carried_into_every_lease(helper: str, tmp_pat
             await runtime.aclose()
 
     results, running = asyncio.run(main())
-    assert running == helper
+    assert running == "native"
     for result in results:
         assert result.outcome is ToolOutcome.OK, result
         assert result.content == "from the host\ndata-read-only\n", result
@@ -1300,12 +1294,13 @@ def test_each_lease_has_a_network_namespace_of_its_own(server: Server) -> None:
     assert keeper_namespace not in namespaces
 
 
-# A stand-in for the interpreter that runs a bare agent: it greets, then answers each request
-# as its command asks (a real program, so the slot server's reader meets hostile frames).
+# A stand-in for the slot helper run as a bare agent (on fd 0, a socket): it greets, then
+# answers each request as its command asks (a real program, so the slot server's reader meets
+# hostile frames).
 FAKE_AGENT = """#!{python}
 import json, os, sys, time
 def send(data):
-    os.write(1, len(data).to_bytes(4, "big") + data)
+    os.write(0, len(data).to_bytes(4, "big") + data)
 def read(size):
     data = b""
     while len(data) < size:
@@ -1318,7 +1313,7 @@ send(b'{{"ready": true, "pid": 1, "tmux": false}}')
 while True:
     body = read(int.from_bytes(read(4), "big"))
     if b"oversize" in body:
-        os.write(1, (320 << 20).to_bytes(4, "big") + b"{{")
+        os.write(0, (320 << 20).to_bytes(4, "big") + b"{{")
         time.sleep(60)
     elif b"not-json" in body:
         send(b"forged")
@@ -1349,7 +1344,7 @@ def test_an_unsandboxed_slots_processes_end_with_its_lease(
         markers.append(str(tmp_path / "root"))  # the shell's tmux socket lies below
     config = RuntimeConfig(
         slots=1, root=tmp_path / "root", policy=SlotPolicy(require_sandbox=False),
-        bwrap="/nonexistent/bwrap", use_cgroups=False, slot_helper="python",
+        bwrap="/nonexistent/bwrap", use_cgroups=False,
     )  # fmt: skip
 
     async def main() -> dict[str, list[int]]:
@@ -1386,13 +1381,13 @@ def test_an_unsandboxed_slots_processes_end_with_its_lease(
 
 @pytest.mark.parametrize("attack", ["oversize", "not-json", "a-list", "wrong-type"])
 def test_a_forged_or_oversize_reply_ends_the_lease(attack: str, tmp_path: Path) -> None:
-    fake = tmp_path / "fake-python"
+    fake = tmp_path / "fake-helper"
     fake.write_text(FAKE_AGENT.format(python=sys.executable))
     fake.chmod(0o755)
     policy = SlotPolicy(require_sandbox=False, min_timeout_s=0.1)
     config = RuntimeConfig(
         slots=1, root=tmp_path / "root", policy=policy, bwrap="/nonexistent/bwrap",
-        python=str(fake), use_cgroups=False, slot_helper="python", agent_grace_s=30.0,
+        slot_helper_path=fake, use_cgroups=False, agent_grace_s=30.0,
     )  # fmt: skip
 
     async def main() -> tuple[ToolResult, ToolResult, ToolResult, float]:
@@ -1451,12 +1446,11 @@ def test_a_tcp_local_pool_starts_its_servers_and_runs_calls() -> None:
         assert all(SLOT_UID_BASE <= uid < SLOT_UID_BASE + 2 for uid in uids), uids
 
 
-@pytest.mark.skipif(not HAS_COMPILER, reason="no C compiler to build the compiled slot helper")
 def test_a_helper_cache_under_tmp_serves_leases_with_the_compiled_helper(tmp_path: Path) -> None:
     cache = tmp_path / "cache"  # under /tmp: the lease's private /tmp hides it
     cache.mkdir(mode=0o755)
     environment = {**os.environ, "TRAJCORE_CACHE_DIR": str(cache)}
-    server = start_server(tmp_path / "root", "--slot-helper", "auto", env=environment)
+    server = start_server(tmp_path / "root", env=environment)
     try:
 
         async def main(client: SlotServerClient) -> tuple[Any, ToolResult]:
@@ -1474,7 +1468,7 @@ def test_with_network_allowed_the_hosts_sysctls_stay_read_only(tmp_path: Path) -
     marker = "4321.222"
     ttl = "/proc/sys/net/ipv4/ip_default_ttl"  # the host's own: the lease shares its network
     command = f"(sleep {marker} >/dev/null 2>&1 &); (: >>{ttl}) 2>/dev/null && echo opened"
-    server = start_server(tmp_path / "root", "--allow-network", "--slot-helper", "python")
+    server = start_server(tmp_path / "root", "--allow-network")
     try:
 
         async def main(client: SlotServerClient) -> tuple[ToolResult, dict[str, str], str]:

@@ -161,20 +161,25 @@ def test_the_core_install_serves_slots(core_venv: Path, slot_root: Path) -> None
     )
     try:
         assert server.stdout is not None
-        ready = json.loads(server.stdout.readline() or "{}")
-        assert ready.get("ready") is True, server.stderr.read() if server.stderr else ""
-        status, health = _get(socket_path, "/v1/health")
-        assert status == 200
-        assert health["slots"] == 2
-        assert health["capabilities"] == ready["capabilities"]
-        capabilities = ready["capabilities"]
-        if HAS_COMPILER and capabilities["bwrap"]:
+        assert server.stderr is not None
+        line = server.stdout.readline()
+        if not HAS_COMPILER:
+            # the wheel ships no helper and none can be built: no server, and what to install
+            assert line == ""
+            refusal = server.stderr.read()
+            assert "no compiled helper ships with this install" in refusal, refusal
+            assert "gcc and libc6-dev" in refusal, refusal
+        else:
+            ready = json.loads(line or "{}")
+            assert ready.get("ready") is True, server.stderr.read()
+            status, health = _get(socket_path, "/v1/health")
+            assert status == 200
+            assert health["slots"] == 2
+            assert health["capabilities"] == ready["capabilities"]
+            capabilities = ready["capabilities"]
             assert capabilities["slot_helper"] == "native", capabilities["detail"]
             assert capabilities["slot_helper_origin"] == "shipped"
             assert not list((slot_root / "cache").glob("slot-helper-*"))
-        else:
-            assert capabilities["slot_helper"] == "python"
-            assert "no compiled helper ships with this install" in capabilities["detail"]
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -186,7 +191,7 @@ def test_the_core_install_serves_slots(core_venv: Path, slot_root: Path) -> None
         for stream in (server.stdout, server.stderr):
             if stream is not None:
                 stream.close()
-    assert code == 0
+    assert code == (0 if HAS_COMPILER else 2)
 
 
 def test_a_subcommand_outside_the_core_names_its_extra(core_venv: Path) -> None:

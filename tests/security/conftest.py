@@ -1,4 +1,4 @@
-"""Fixtures of the red-team suite: the compiled attack kit and one slot server per slot helper."""
+"""Fixtures of the red-team suite: the compiled attack kit and a slot server to attack."""
 
 from __future__ import annotations
 
@@ -37,15 +37,15 @@ def session_keyring() -> int | None:
     return own_session_keyring()
 
 
-@pytest.fixture(scope="session", params=["native", "python"])
-def server(request: pytest.FixtureRequest, session_keyring: int | None) -> Iterator[Server]:
-    """A slot server (TCP, network off, sandbox required) whose keepers and lease agents are the
-    compiled helper or the Python one: every attack runs against both."""
+@pytest.fixture(scope="session")
+def server(session_keyring: int | None) -> Iterator[Server]:
+    """A slot server (TCP, network off, sandbox required); its keepers and lease agents are the
+    slot helper, built at start."""
     if bwrap_missing():
         pytest.skip("bubblewrap is not installed: there is no sandbox to attack")
-    if request.param == "native" and compiler() is None:
-        pytest.skip("no C compiler (cc, gcc, clang) to build the compiled slot helper")
-    with server_root(request.param) as root:
-        running = start_server(root, request.param)
+    if compiler() is None:
+        pytest.skip("no C compiler (cc, gcc, clang) to build the slot helper")
+    with server_root("server") as root:
+        running = start_server(root)
         yield running
         stop_server(running)

@@ -43,7 +43,6 @@ from trajcore.domain.tools import ToolResult
 
 TOKEN = "security-suite-token"
 KIT_SOURCE = Path(__file__).with_name("kit.c")
-HELPERS = ("native", "python")
 MAX_PROCESSES = 64
 MEMORY_MB = 256
 
@@ -84,7 +83,6 @@ class Server:
     process: subprocess.Popen[bytes]
     ready: dict[str, JSON]
     root: Path
-    helper: str
     epochs: dict[int, int] = attrs.field(factory=dict)
 
     @property
@@ -120,7 +118,7 @@ def server_root(name: str) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def start_server(root: Path, helper: str, *extra: str, prefix: Sequence[str] = ()) -> Server:
+def start_server(root: Path, *extra: str, prefix: Sequence[str] = ()) -> Server:
     """A slot server on loopback TCP: 4 slots, network off, sandbox required; ``prefix`` is a
     command that starts it (``prlimit ... --``, say)."""
     token_file = root.parent / f"{root.name}.token"
@@ -128,7 +126,7 @@ def start_server(root: Path, helper: str, *extra: str, prefix: Sequence[str] = (
     argv = [
         *prefix, sys.executable, "-m", "trajcore.entrypoints.slot_server",
         "--slots", "4", "--root", str(root), "--token-file", str(token_file),
-        "--listen", "127.0.0.1:0", "--require-sandbox", "--slot-helper", helper,
+        "--listen", "127.0.0.1:0", "--require-sandbox",
         "--max-processes", str(MAX_PROCESSES), "--memory-bytes", str(MEMORY_MB << 20),
         "--output-cap-bytes", "8192", "--min-timeout-s", "0.2",
         "--file-cap-bytes", str(1 << 20), *extra,
@@ -145,9 +143,9 @@ def start_server(root: Path, helper: str, *extra: str, prefix: Sequence[str] = (
         pytest.fail(f"slot server did not start: {reason}")
     ready = json.loads(line)
     if not ready.get("sandboxed"):
-        stop_server(Server(process=process, ready=ready, root=root, helper=helper))
+        stop_server(Server(process=process, ready=ready, root=root))
         pytest.fail(f"the slot server is not sandboxed: {ready.get('capabilities')}")
-    return Server(process=process, ready=ready, root=root, helper=helper)
+    return Server(process=process, ready=ready, root=root)
 
 
 def stop_server(server: Server) -> None:

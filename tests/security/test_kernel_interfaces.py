@@ -16,7 +16,6 @@ import anyio
 import pytest
 
 from tests.security.harness import (
-    HELPERS,
     Server,
     attack_finished,
     bwrap_missing,
@@ -109,15 +108,15 @@ def test_control_the_check_sees_a_setting_held_for_writing(
         end_and_reap(process)
 
 
-@pytest.fixture(scope="module", params=HELPERS)
-def network_server(request: pytest.FixtureRequest) -> Iterator[Server]:
+@pytest.fixture(scope="module")
+def network_server() -> Iterator[Server]:
     """A slot server whose slots share the host's network (``--allow-network``)."""
     if bwrap_missing():
         pytest.skip("bubblewrap is not installed: there is no sandbox to attack")
-    if request.param == "native" and compiler() is None:
-        pytest.skip("no C compiler (cc, gcc, clang) to build the compiled slot helper")
-    with server_root(f"network-{request.param}") as root:
-        running = start_server(root, request.param, "--allow-network")
+    if compiler() is None:
+        pytest.skip("no C compiler (cc, gcc, clang) to build the slot helper")
+    with server_root("network") as root:
+        running = start_server(root, "--allow-network")
         yield running
         stop_server(running)
 

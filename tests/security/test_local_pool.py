@@ -20,7 +20,6 @@ import anyio
 import pytest
 
 from tests.security.harness import (
-    HELPERS,
     add_session_key,
     attack_finished,
     bwrap_missing,
@@ -54,14 +53,13 @@ def kit_text(kit: Path) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("helper", HELPERS)
 def test_a_pool_lease_reaches_neither_host_keys_nor_host_settings(
-    helper: str, kit: Path, session_keyring: int | None
+    kit: Path, session_keyring: int | None
 ) -> None:
     if bwrap_missing():
         pytest.skip("bubblewrap is not installed: there is no sandbox to attack")
-    if helper == "native" and compiler() is None:
-        pytest.skip("no C compiler (cc, gcc, clang) to build the compiled slot helper")
+    if compiler() is None:
+        pytest.skip("no C compiler (cc, gcc, clang) to build the slot helper")
     if session_keyring is None:
         pytest.skip("keyring system calls are only wired up here for x86_64 and aarch64")
     payload = secrets.token_hex(16)
@@ -70,7 +68,7 @@ def test_a_pool_lease_reaches_neither_host_keys_nor_host_settings(
 
     async def main(root: Path) -> tuple[bytes, bool]:
         policy = SlotPolicy(
-            require_sandbox=True, slot_helper=helper, max_processes=64,
+            require_sandbox=True, max_processes=64,
             memory_bytes=256 << 20, min_timeout_s=0.2,
         )  # fmt: skip
         config = LocalPoolConfig(containers=1, slots_per_container=1, root=root, policy=policy)
@@ -100,7 +98,7 @@ def test_a_pool_lease_reaches_neither_host_keys_nor_host_settings(
             return loot.read_bytes(), held
 
     try:
-        with server_root(f"pool-{helper}") as root:
+        with server_root("pool") as root:
             loot, held = anyio.run(main, root)
     finally:
         remove_key(serial)

@@ -70,15 +70,15 @@ HOLD_MB = 224  # fits the limit, not the limit less the tmpfs budget
 CHARGE_MB = 40  # per tmpfs and memory file, in the cgroup test: both within the budget
 
 
-@pytest.fixture(scope="module", params=["native", "python"])
-def no_cgroup_server(request: pytest.FixtureRequest) -> Iterator[Server]:
+@pytest.fixture(scope="module")
+def no_cgroup_server() -> Iterator[Server]:
     """A slot server with cgroups off: rlimits and the tmpfs budget bound a slot's memory."""
     if bwrap_missing():
         pytest.skip("bubblewrap is not installed: there is no sandbox to attack")
-    if request.param == "native" and compiler() is None:
-        pytest.skip("no C compiler (cc, gcc, clang) to build the compiled slot helper")
-    with server_root(f"memory-{request.param}") as root:
-        running = start_server(root, request.param, "--no-cgroups")
+    if compiler() is None:
+        pytest.skip("no C compiler (cc, gcc, clang) to build the slot helper")
+    with server_root("memory") as root:
+        running = start_server(root, "--no-cgroups")
         yield running
         stop_server(running)
 

@@ -76,15 +76,15 @@ def test_control_etc_shadow_is_copied_unsandboxed(tmp_path: Path) -> None:
     assert copied
 
 
-@pytest.fixture(scope="module", params=["native", "python"])
-def rlimit_server(request: pytest.FixtureRequest) -> Iterator[Server]:
+@pytest.fixture(scope="module")
+def rlimit_server() -> Iterator[Server]:
     """A slot server with cgroups off: only rlimits bound a slot's processes."""
     if bwrap_missing():
         pytest.skip("bubblewrap is not installed: there is no sandbox to attack")
-    if request.param == "native" and compiler() is None:
-        pytest.skip("no C compiler (cc, gcc, clang) to build the compiled slot helper")
-    with server_root(f"rlimits-{request.param}") as root:
-        running = start_server(root, request.param, "--no-cgroups")
+    if compiler() is None:
+        pytest.skip("no C compiler (cc, gcc, clang) to build the slot helper")
+    with server_root("rlimits") as root:
+        running = start_server(root, "--no-cgroups")
         yield running
         stop_server(running)
 

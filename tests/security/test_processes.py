@@ -92,20 +92,20 @@ NICE_LIMIT = 40  # RLIMIT_NICE 40: a process may lower its nice value down to -2
 RAISE_NICE_LIMIT = ["prlimit", f"--nice={NICE_LIMIT}:{NICE_LIMIT}", "--"]
 
 
-@pytest.fixture(scope="module", params=["native", "python"])
-def generous_server(request: pytest.FixtureRequest) -> Iterator[Server]:
+@pytest.fixture(scope="module")
+def generous_server() -> Iterator[Server]:
     """A slot server started with ``RLIMIT_NICE`` raised to its most."""
     if bwrap_missing():
         pytest.skip("bubblewrap is not installed: there is no sandbox to attack")
-    if request.param == "native" and compiler() is None:
-        pytest.skip("no C compiler (cc, gcc, clang) to build the compiled slot helper")
+    if compiler() is None:
+        pytest.skip("no C compiler (cc, gcc, clang) to build the slot helper")
     tried = subprocess.run(
         [*RAISE_NICE_LIMIT, "true"], check=False, capture_output=True, text=True, timeout=10
     )
     if tried.returncode != 0:
         pytest.skip(f"this test may not raise RLIMIT_NICE here: {tried.stderr.strip()}")
-    with server_root(f"nice-{request.param}") as root:
-        running = start_server(root, request.param, prefix=RAISE_NICE_LIMIT)
+    with server_root("nice") as root:
+        running = start_server(root, prefix=RAISE_NICE_LIMIT)
         yield running
         stop_server(running)
 

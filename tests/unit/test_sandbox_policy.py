@@ -183,7 +183,6 @@ def test_host_symlinks_are_recreated_not_bound() -> None:
         ({"use_cgroups": 1}, "use_cgroups"),
         ({"bwrap": ""}, "bwrap"),
         ({"bwrap": " bwrap"}, "bwrap"),
-        ({"slot_helper": "rust"}, "slot_helper"),
         ({"slot_uid_base": 1000}, "slot_uid_base"),
         ({"system_paths": ["/usr", "lib"]}, "system_paths[1]"),
         ({"extra_binds": ["/data"]}, "extra_binds[0]"),

@@ -1,20 +1,20 @@
-"""The compiled slot helper and the Python exec agent answer the same requests the same way.
+"""The slot helper's agent answers the protocol of docs/sandbox.md ("The slot helper and its
+protocol") byte for byte.
 
-Both agents run here as plain processes on a socket (``slot-helper serve`` and the bare Python
-agent), outside any sandbox: what is checked is the request protocol, output capture and
-decoding, limits and bad input. Their life inside a sandbox (the keeper, namespaces,
-capabilities) is checked through real slot servers in tests/integration/test_slot_server.py,
-once per helper.
+The agent runs here as a plain process on a socket (``slot-helper serve``), outside any
+sandbox: what is checked is the request protocol, output capture and decoding (against
+Python's own UTF-8 decoder and a model of the head-and-tail capture), limits and bad input. Its
+life inside a sandbox (the keeper, namespaces, capabilities) is checked through real slot
+servers in tests/integration/test_slot_server.py and tests/security; its ``bare`` role in
+tests/unit/test_bare_agent.py.
 """
 
 from __future__ import annotations
 
 import json
-import marshal
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,8 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trajcore.adapters.sandbox import exec_agent
-from trajcore.adapters.sandbox.exec_agent import encode_request
+from trajcore.adapters.sandbox.channel import encode_request
 from trajcore.adapters.sandbox.native_helper import NativeBuildError, build_slot_helper, cache_dir
 from trajcore.adapters.sandbox.slot_ids import unmapped, unreachable
 from trajcore.domain.json_values import JSON
@@ -83,24 +82,32 @@ class Agent:
         return code
 
 
-def agent_argv(kind: str, tmp_path: Path) -> list[str]:
-    """The command line of a bare agent of ``kind`` (``native`` or ``python``) in ``tmp_path``."""
+def agent_argv(tmp_path: Path) -> list[str]:
+    """The command line of the helper's agent (``serve``) in ``tmp_path``."""
     workspace = tmp_path / "workspace"
     state = tmp_path / "state"
     workspace.mkdir()
     tmux = shutil.which("tmux") or ""
-    if kind == "native":
-        if not HAS_COMPILER:
-            pytest.skip("no C compiler (cc, gcc, clang) to build the slot helper")
-        return [str(build_slot_helper()), "serve", "0", str(state), str(workspace), tmux]
-    config = {"workspace": str(workspace), "state_dir": str(state), "limits": {}}
-    source = Path(exec_agent.__file__)
-    return [sys.executable, "-I", "-S", str(source), marshal.dumps(config).hex()]
+    if not HAS_COMPILER:
+        pytest.skip("no C compiler (cc, gcc, clang) to build the slot helper")
+    return [str(build_slot_helper()), "serve", "0", str(state), str(workspace), tmux]
 
 
-@pytest.fixture(params=["native", "python"])
-def agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Agent]:
-    running = Agent(agent_argv(request.param, tmp_path), tmp_path)
+def captured(data: bytes, cap: int) -> tuple[str, int]:
+    """What the protocol says a stream of ``data`` under ``cap`` comes back as: whole when it
+    fits, else its first ``cap // 2`` and last ``cap - cap // 2`` bytes around a marker, each
+    decoded as Python decodes UTF-8 with replacement; and how many bytes were dropped."""
+    if len(data) <= cap:
+        return data.decode("utf-8", "replace"), 0
+    head, tail = data[: cap // 2], data[len(data) - (cap - cap // 2) :]
+    dropped = len(data) - len(head) - len(tail)
+    text = f"{head.decode('utf-8', 'replace')}\n[... {dropped} bytes dropped ...]\n"
+    return text + tail.decode("utf-8", "replace"), dropped
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[Agent]:
+    running = Agent(agent_argv(tmp_path), tmp_path)
     try:
         yield running
         assert running.close() == 0
@@ -115,16 +122,15 @@ def agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Agent]:
             )  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["native", "python"])
-def test_a_request_over_the_cap_ends_the_agent_unread(kind: str, tmp_path: Path) -> None:
-    running = Agent(agent_argv(kind, tmp_path), tmp_path)
+def test_a_request_over_the_cap_ends_the_agent_unread(tmp_path: Path) -> None:
+    running = Agent(agent_argv(tmp_path), tmp_path)
     running.socket.sendall(((16 << 20) + 1).to_bytes(4, "big") + b"x" * 64)
     with pytest.raises((EOFError, ConnectionResetError)):  # reset: it left bytes unread
         running.receive()
     assert running.close() == 1
     # the control: a request at the cap is read and answered
     (tmp_path / "control").mkdir()
-    control = Agent(agent_argv(kind, tmp_path / "control"), tmp_path)
+    control = Agent(agent_argv(tmp_path / "control"), tmp_path)
     padding = "#" * ((16 << 20) - 100)  # too long for execve: answered with an error
     reply = control.ask("exec", "10.0", "64", "/bin/true", padding)
     assert reply["exit"] is None
@@ -199,19 +205,19 @@ output_bytes = st.lists(
 def test_any_bytes_decode_as_python_decodes_them(
     data: bytes, cap: int, helper: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """The compiled agent's capture and UTF-8 replacement match the Python agent's, byte for
-    byte, for every output (the Python agent's ``run_exec`` is the reference)."""
+    """The agent's capture and UTF-8 replacement are the protocol's (``captured``), byte for
+    byte, for every output."""
     folder = tmp_path_factory.mktemp("bytes")
     source = folder / "data"
     source.write_bytes(data)
-    expected = exec_agent.run_exec(["/bin/cat", str(source)], 10.0, cap)
+    expected_text, expected_dropped = captured(data, cap)
     native = Agent([str(helper), "serve", "0", str(folder / "state"), str(folder), ""], folder)
     try:
         reply = native.ask("exec", "10.0", str(cap), "/bin/cat", str(source))
     finally:
         assert native.close() == 0
-    assert reply["stdout"] == expected["stdout"]
-    assert reply["stdout_dropped"] == expected["stdout_dropped"]
+    assert reply["stdout"] == expected_text
+    assert reply["stdout_dropped"] == expected_dropped
     if len(data) <= cap // 2:
         assert reply["stdout"] == data.decode("utf-8", "replace")
 

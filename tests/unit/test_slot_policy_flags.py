@@ -14,7 +14,6 @@ from trajcore.domain.sandbox_policy import (
     MAX_SLOT_UID,
     MIN_SLOT_UID_BASE,
     POLICY_FLAGS,
-    SLOT_HELPERS,
     Bind,
     SlotPolicy,
 )
@@ -61,7 +60,6 @@ def policies(draw: st.DrawFn) -> SlotPolicy:
         max_timeout_s=high,
         use_cgroups=draw(st.booleans()),
         bwrap=draw(st.sampled_from(["bwrap", "/usr/bin/bwrap", "-odd/bwrap", "/opt/b w/bwrap"])),
-        slot_helper=draw(st.sampled_from(SLOT_HELPERS)),
         slot_uid_base=draw(st.integers(MIN_SLOT_UID_BASE, MAX_SLOT_UID)),
     )
 
@@ -121,7 +119,6 @@ def test_the_slot_uid_base_travels_on_the_command_line() -> None:
     [
         (["--memory-bytes=0"], "--memory-bytes", "must be None or an integer >= 1"),
         (["--min-timeout-s=nan"], "--min-timeout-s", "must be finite seconds > 0"),
-        (["--slot-helper=rust"], "--slot-helper", "must be one of auto, native, python"),
         (["--min-timeout-s=9", "--default-timeout-s=2"], "--default-timeout-s", "must lie in"),
         (['--system-paths=["usr"]'], "--system-paths[0]", "is not an absolute path"),
     ],

@@ -30,7 +30,7 @@ Rules this module keeps:
   ever kept are ``KEEPER_CAPABILITIES``, and only when the caller asks for them: the slot's
   keeper needs them, inside the sandbox's own user namespace, to give every lease new pid,
   mount, ipc and uts namespaces; each lease drops every capability before it runs anything
-  (``trajcore.adapters.sandbox.exec_agent``).
+  (the slot helper, ``trajcore/adapters/sandbox/slot_helper.c``).
 - Every setting is checked when the value is built; a bad one is a ``ConfigError`` naming the
   field, so a pool never starts a server that would exit on its flags.
   ``min_timeout_s <= default_timeout_s <= max_timeout_s``.
@@ -61,7 +61,6 @@ __all__ = [
     "POLICY_FLAGS",
     "READ_ONLY_PATHS",
     "SECCOMP_RULES",
-    "SLOT_HELPERS",
     "Bind",
     "PolicyFlag",
     "SlotPolicy",
@@ -120,10 +119,6 @@ DEFAULT_SYSTEM_PATHS: tuple[str, ...] = (
     "/opt",
 )
 
-
-# What runs a slot's keeper and lease agents: see ``SlotPolicy.slot_helper``.
-SLOT_HELPERS: tuple[str, ...] = ("auto", "native", "python")
-
 # A slot server run as root runs slot ``i``'s sandbox as host uid and gid ``base + i``. The
 # default lies far above ordinary accounts (1000..60000), the ``nobody`` ids (65534) and the
 # subordinate id ranges that ``useradd`` hands out (100000 upwards, 65536 per user), and below
@@ -152,13 +147,6 @@ def _absolute(_: object, attribute: attrs.Attribute[Any], value: object) -> None
         raise ConfigError(attribute.name, f"{value!r} is not an absolute path")
     if any(part == ".." for part in value.split("/")):
         raise ConfigError(attribute.name, f"{value!r} must not contain '..'")
-
-
-def _slot_helper(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value not in SLOT_HELPERS:
-        raise ConfigError(
-            attribute.name, f"must be one of {', '.join(SLOT_HELPERS)}, got {value!r}"
-        )
 
 
 def _executable(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -263,7 +251,6 @@ def _show_binds(value: tuple[Bind, ...]) -> str:
 _INT = _Codec(show=str, read=int, metavar="N")
 _OPTIONAL_INT = _Codec(show=_show_optional_int, read=_read_optional_int, metavar="N|none")
 _SECONDS = _Codec(show=lambda value: repr(float(value)), read=float, metavar="SECONDS")
-_TEXT = _Codec(show=str, read=str, metavar="TEXT")
 _PATH = _Codec(show=str, read=str, metavar="PATH")
 _PATHS = _Codec(
     show=lambda value: json.dumps(list(value), separators=(",", ":")),
@@ -307,9 +294,6 @@ class SlotPolicy:
         max_timeout_s: Longest limit a call gets.
         use_cgroups: Try per-slot cgroups for the limits before rlimits.
         bwrap: The bubblewrap executable, as the server's host names it.
-        slot_helper: What runs each slot's keeper and lease agents: ``"native"`` (the compiled
-            helper; the server refuses to start without it), ``"python"``, or ``"auto"`` (native
-            when the server's host can build it, else Python).
         slot_uid_base: When the server runs as root, slot ``i`` runs as host uid and gid
             ``slot_uid_base + i`` (never as root); ignored by a server that is not root.
     """
@@ -390,17 +374,6 @@ class SlotPolicy:
         default="bwrap",
         validator=_executable,
         metadata=_flag("--bwrap", "bubblewrap executable", _PATH),
-    )
-    slot_helper: str = attrs.field(
-        default="auto",
-        validator=_slot_helper,
-        metadata=_flag(
-            "--slot-helper",
-            "what runs each slot's keeper and lease agents in the sandbox: the compiled helper "
-            "(native; built with the host's C compiler on first use), the Python one, or native "
-            f"when it works (auto); one of {', '.join(SLOT_HELPERS)}",
-            _TEXT,
-        ),
     )
     slot_uid_base: int = attrs.field(
         default=DEFAULT_SLOT_UID_BASE,

@@ -39,8 +39,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trajcore.adapters.sandbox.codec import unstructure
-from trajcore.adapters.sandbox.exec_agent import name_process
 from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime, check_config
+from trajcore.adapters.sandbox.sandboxes import name_process
 from trajcore.adapters.sandbox.server import start_http_server
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.sandbox_policy import (
@@ -115,6 +115,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="S",
         help="after SIGTERM/SIGINT, force the end when closing takes longer (default: 30)",
     )
+    parser.add_argument("--slot-helper", dest="retired_slot_helper", help=argparse.SUPPRESS)
     parser.add_argument(
         "--slot-uid-block",
         type=int,
@@ -142,6 +143,13 @@ def policy_of(args: argparse.Namespace) -> SlotPolicy:
 
 
 def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
+    if args.retired_slot_helper is not None:
+        raise ConfigError(
+            "--slot-helper",
+            "was removed: the compiled slot helper (slot_helper.c) is the only keeper; drop the "
+            "flag, and where no wheel or image ships the helper, install gcc and libc6-dev so "
+            "the server can build it at start",
+        )
     policy = policy_of(args)
     if args.slots <= 0:
         raise ConfigError("--slots", f"must be > 0, got {args.slots}")
@@ -172,7 +180,6 @@ def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
         policy=policy,
         bwrap=policy.bwrap,
         use_cgroups=policy.use_cgroups,
-        slot_helper=policy.slot_helper,
     )
     check_config(config)
     return config, token

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import attrs
 
-from trajcore.adapters.sandbox.channel import AgentLost
-from trajcore.adapters.sandbox.exec_agent import encode_request
+from trajcore.adapters.sandbox.channel import AgentLost, encode_request
 from trajcore.adapters.sandbox.sandboxes import Sandboxes, Slot, run_bounded
 from trajcore.adapters.sandbox.workspace import Workspace
 from trajcore.domain.slot_protocol import Capabilities
@@ -25,9 +24,9 @@ from trajcore.domain.slot_protocol import Capabilities
 __all__ = ["probe"]
 
 
-async def probe(sandboxes: Sandboxes, native_problem: str | None) -> Capabilities:
-    """What this host can do for the slots, and (in ``detail``) every problem found. Turns the
-    compiled helper off (``sandboxes.native = None``) when it fails in a lease."""
+async def probe(sandboxes: Sandboxes) -> Capabilities:
+    """What this host can do for the slots, and (in ``detail``) every problem found. A slot
+    helper that fails in a lease turns the sandbox off (there is no other keeper)."""
     policy = sandboxes.config.policy
     probe_dir = sandboxes.config.root / "state" / "probe"
     probe_dir.mkdir(parents=True, exist_ok=True)
@@ -39,8 +38,6 @@ async def probe(sandboxes: Sandboxes, native_problem: str | None) -> Capabilitie
         problems.append(f"leases run without a seccomp filter: {sandboxes.seccomp_problem}")
     if sandboxes.uid_base is None:
         problems.append(f"the slot server is not root: every slot runs as its uid {os.geteuid()}")
-    if native_problem is not None:
-        problems.append(f"the compiled slot helper is not in use: {native_problem}")
     bwrap_ok = net_ok = False
     if shutil.which(sandboxes.config.bwrap) is None:
         problems.append(f"bubblewrap ({sandboxes.config.bwrap}) is not installed")
@@ -63,10 +60,6 @@ async def probe(sandboxes: Sandboxes, native_problem: str | None) -> Capabilitie
             bwrap_ok = net_ok = False  # fails closed: a sandbox needs its filter
         if bwrap_ok:
             problem = await _probe_lease(sandboxes, probe_dir)
-            if problem is not None and sandboxes.native is not None:
-                problems.append(f"the compiled slot helper failed in a lease: {problem}")
-                sandboxes.native = None  # the Python agent gets its own chance
-                problem = await _probe_lease(sandboxes, probe_dir)
             if problem is not None:
                 bwrap_ok = net_ok = False
                 problems.append(f"a lease in the slot sandbox failed: {problem}")
@@ -89,10 +82,8 @@ async def probe(sandboxes: Sandboxes, native_problem: str | None) -> Capabilitie
         tmux=tmux_ok,
         network_isolation=net_ok,
         cgroups=sandboxes.cgroups is not None,
-        slot_helper="native" if bwrap_ok and sandboxes.native is not None else "python",
-        slot_helper_origin=sandboxes.native_origin
-        if bwrap_ok and sandboxes.native is not None
-        else "",
+        slot_helper="native",
+        slot_helper_origin=sandboxes.native_origin,
         detail="; ".join(problems),
     )
 

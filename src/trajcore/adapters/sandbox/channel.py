@@ -1,7 +1,9 @@
-"""The channels to a slot's keeper and to a lease's exec agent, and what may come back on them.
+"""The channels to a slot's keeper and to a lease's agent (both the slot helper,
+``slot_helper.c``), and what may come back on them.
 
 Frames to and from an agent are a 4-byte big-endian length and that many bytes; a keeper speaks
-one datagram per message on a ``SOCK_SEQPACKET`` socket (``exec_agent`` documents both). Bytes
+one datagram per message on a ``SOCK_SEQPACKET`` socket (docs/sandbox.md, "The slot helper and
+its protocol", is the reference for both). Bytes
 from inside a sandbox are not trusted: a frame longer than ``reply_cap``, a reply that is not
 JSON or not shaped as a reply, and a channel that ends or stays silent past its deadline all
 raise ``AgentLost``, which ends the lease; none of them ever becomes a call's result.
@@ -21,7 +23,15 @@ import attrs
 from trajcore.domain.json_values import JSON
 from trajcore.domain.sandbox_policy import SlotPolicy
 
-__all__ = ["MAX_REQUEST_BYTES", "Agent", "AgentLost", "Keeper", "check_reply", "reply_cap"]
+__all__ = [
+    "MAX_REQUEST_BYTES",
+    "Agent",
+    "AgentLost",
+    "Keeper",
+    "check_reply",
+    "encode_request",
+    "reply_cap",
+]
 
 _HEADER = struct.Struct(">I")
 
@@ -30,9 +40,20 @@ class AgentLost(Exception):
     """The slot's agent ended or stopped answering."""
 
 
-# The largest request a server sends an agent (the agents refuse larger ones: slot_helper.c's
-# MAX_REQUEST, exec_agent's _MAX_REQUEST).
+# The largest request a server sends an agent (the agent refuses larger ones: slot_helper.c's
+# MAX_REQUEST).
 MAX_REQUEST_BYTES = 16 << 20
+
+
+def encode_request(fields: list[str]) -> bytes:
+    """A request as the agent reads it: each field (the op first) as a 4-byte big-endian length
+    and its UTF-8 bytes. Raises ``UnicodeEncodeError`` for text that is not valid Unicode (a
+    lone surrogate)."""
+    parts = []
+    for field in fields:
+        data = field.encode("utf-8")
+        parts += [_HEADER.pack(len(data)), data]
+    return b"".join(parts)
 
 
 def reply_cap(policy: SlotPolicy) -> int:
@@ -114,7 +135,7 @@ class Agent:
         return cast("dict[str, JSON]", hello)
 
     async def request(self, payload: bytes, timeout_s: float) -> dict[str, JSON]:
-        """One request (made by ``exec_agent.encode_request``) and its reply. The reply is
+        """One request (made by ``encode_request``) and its reply. The reply is
         JSON: bytes from inside the sandbox are not trusted."""
         try:
             self.writer.write(_HEADER.pack(len(payload)) + payload)

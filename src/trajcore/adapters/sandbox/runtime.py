@@ -3,7 +3,7 @@
 This is the slot server without its HTTP face. It owns N workspaces under a root directory and
 runs ``ExecuteCall`` values in them:
 
-- ``bash`` is one ``/bin/sh -c`` per call, forked by the slot's exec agent inside the slot's
+- ``bash`` is one ``/bin/sh -c`` per call, forked by the slot's lease agent inside the slot's
   bubblewrap sandbox; ``bash_stateful`` and ``tmux`` use one persistent tmux session per slot in
   the same sandbox; ``read_file`` and ``write_file`` run here, confined by ``Workspace``.
 - A server run as root runs slot ``i``'s sandbox as host uid/gid ``slot_uid_base + i`` (never as
@@ -12,10 +12,10 @@ runs ``ExecuteCall`` values in them:
   kernel masks, its own session keyring (and network namespace when network is off), and the
   seccomp filter this server compiled once at start (``seccomp``). Replies over the channel are
   capped (``reply_cap``) and checked; one that is not a reply ends the lease.
-- A slot's sandbox (bubblewrap, started on the slot's first command) runs the slot's *keeper* (the
-  compiled ``slot_helper.c`` when the host can build it, else ``exec_keeper.keep``; see
-  ``RuntimeConfig.slot_helper``), which stays for the life of the server. Each lease gets its own
-  exec agent from the keeper: a fork that enters new pid, mount, ipc and uts namespaces, mounts a
+- A slot's sandbox (bubblewrap, started on the slot's first command) runs the slot's *keeper*
+  (the slot helper, ``slot_helper.c``, shipped with the install or built at start; the server
+  does not start without it), which stays for the life of the server. Each lease gets its own
+  agent from the keeper: a fork that enters new pid, mount, ipc and uts namespaces, mounts a
   fresh ``/proc``, ``/tmp`` and ``/dev/shm``, drops every capability and then serves the lease's
   calls over its own socket. Starting a lease is therefore one fork, not a new sandbox and a new
   interpreter. Background processes survive between the calls of one lease; reset ends the lease
@@ -25,7 +25,8 @@ runs ``ExecuteCall`` values in them:
   and marks the slot broken: the pool quarantines it. A keeper that fails or stops answering is
   killed with its whole sandbox and started again on the next lease.
 - Without bubblewrap (and without ``require_sandbox``) there is no keeper: each lease starts a
-  bare agent process, and reset kills its process group (and its cgroup, when there is one).
+  bare agent (``slot-helper bare``), and reset kills its session (and its cgroup, when there is
+  one).
 - Calls and resets for one slot take turns in arrival order, decided by the slot's
   ``SlotCalls`` (``domain/slot_calls``), which is fed synchronously as requests arrive, so no
   await can reorder them; different slots run in parallel. ``(epoch, call_id)`` is remembered
@@ -43,7 +44,7 @@ runs ``ExecuteCall`` values in them:
 Modules: ``runtime_config`` (the config), ``channel`` (framing and replies), ``sandboxes``
 (keepers, leases, bare agents), ``capabilities`` (the host probe), ``tool_calls`` (the slot
 tools), ``resets`` (proving a slot clean). ``RuntimeConfig``, ``check_config``, ``reply_cap``,
-``MAX_REQUEST_BYTES``, ``AGENT_SOURCE`` and ``HELPER_PATH`` are importable from here too.
+``MAX_REQUEST_BYTES`` and ``HELPER_PATH`` are importable from here too.
 """
 
 from __future__ import annotations
@@ -70,11 +71,9 @@ from trajcore.adapters.sandbox.native_helper import (
 from trajcore.adapters.sandbox.resets import clean_slot, empty_trash
 from trajcore.adapters.sandbox.runtime_config import RuntimeConfig, check_config
 from trajcore.adapters.sandbox.sandboxes import (
-    AGENT_SOURCE,
     HELPER_PATH,
     Sandboxes,
     Slot,
-    agent_command,
     prepare_cgroups,
     sandbox_pid,
 )
@@ -114,7 +113,6 @@ from trajcore.domain.tools import ToolOutcome, ToolResult
 _TRASH_TIMEOUT_S = 600.0  # one set-aside workspace's removal in the background, at most
 
 __all__ = [
-    "AGENT_SOURCE",
     "HELPER_PATH",
     "MAX_REQUEST_BYTES",
     "RuntimeConfig",
@@ -153,9 +151,11 @@ class SlotRuntime:
 
     async def start(self) -> None:
         """Create the workspaces and probe what the host can do. Never raises for a missing
-        capability (``health()`` reports it); raises ``OSError`` when ``root`` is unusable."""
+        capability (``health()`` reports it); raises ``ConfigError`` when there is no slot
+        helper (naming what to install) and ``OSError`` when ``root`` is unusable."""
         root = self.config.root
         sandboxes = self._sandboxes
+        helper, sandboxes.native_origin = await self._slot_helper()  # first: nothing to undo
         (root / "slots").mkdir(parents=True, exist_ok=True)
         (root / "state").mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
@@ -180,31 +180,17 @@ class SlotRuntime:
             sandboxes.cgroups = await asyncio.to_thread(
                 detect_cgroups, f"trajcore-{os.getpid()}-{root.name}"
             )
-        sandboxes.agent_program = agent_command(self.config.python)
-        native_problem: str | None = None
-        if self.config.slot_helper != "python":
-            try:
-                sandboxes.native = await asyncio.to_thread(build_slot_helper)
-                sandboxes.native_origin = (
-                    "shipped" if sandboxes.native == SHIPPED_SLOT_HELPER else "built at start"
-                )
-            except NativeBuildError as error:
-                native_problem = str(error)
         sandboxes.python_binds = await asyncio.to_thread(sandboxes.stage_python)
         try:
             sandboxes.seccomp = await asyncio.to_thread(compile_filter, SECCOMP_RULES)
         except SeccompUnavailable as error:
             sandboxes.seccomp_problem = str(error)
-        if sandboxes.native is not None and sandboxes.uid_base is not None:
-            sandboxes.native = await asyncio.to_thread(
-                stage_file, sandboxes.native, sandboxes.runtime_dir() / "slot-helper"
+        if sandboxes.uid_base is not None:  # where every slot uid can run it
+            helper = await asyncio.to_thread(
+                stage_file, helper, sandboxes.runtime_dir() / "slot-helper"
             )
-        self.capabilities = await probe(sandboxes, native_problem)
-        if self.config.slot_helper == "native" and self.capabilities.slot_helper != "native":
-            raise ConfigError(
-                "slot_helper",
-                f"the compiled slot helper is unusable here: {self.capabilities.detail}",
-            )
+        sandboxes.native = helper
+        self.capabilities = await probe(sandboxes)
         self.sandboxed = sandboxes.sandboxed = self.capabilities.bwrap
         for index in range(self.config.slots):
             cgroup = SlotCgroup(sandboxes.cgroups, f"slot-{index}") if sandboxes.cgroups else None
@@ -224,6 +210,23 @@ class SlotRuntime:
         cgroups = [slot.cgroup for slot in self._slots if slot.cgroup is not None]
         if cgroups:
             await asyncio.to_thread(prepare_cgroups, cgroups, self.config.policy)
+
+    async def _slot_helper(self) -> tuple[Path, str]:
+        """The slot helper this server runs, and where it came from. Raises ``ConfigError``
+        naming what to install when there is none: there is no other keeper to fall back on."""
+        if self.config.slot_helper_path is not None:
+            return self.config.slot_helper_path, "given"
+        try:
+            found = await asyncio.to_thread(build_slot_helper)
+        except NativeBuildError as error:
+            raise ConfigError(
+                "slot_helper",
+                f"the slot server needs the compiled slot helper and cannot have it ({error}): "
+                f"install a C compiler and the C library's headers (Debian and Ubuntu: gcc and "
+                f"libc6-dev; Alpine: gcc and musl-dev; Fedora: gcc and glibc-static), or use a "
+                f"wheel or image that ships the slot helper",
+            ) from None
+        return found, "shipped" if found == SHIPPED_SLOT_HELPER else "built at start"
 
     async def aclose(self) -> None:
         """End every sandbox and pending call. Idempotent."""

@@ -11,7 +11,6 @@ import attrs
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.sandbox_policy import (
     DEFAULT_SLOT_UID_BASE,
-    SLOT_HELPERS,
     SlotPolicy,
     check_slot_uid_range,
 )
@@ -33,17 +32,17 @@ class RuntimeConfig:
         root: The server's directory: workspaces and per-slot state live under it.
         policy: The sandbox policy every slot gets.
         bwrap: The bubblewrap executable.
-        python: The interpreter that runs the exec agent (bound into the sandbox if needed).
+        python: The interpreter every sandbox binds read-only (at its own path), for commands
+            and verifiers that run Python in a slot.
         agent_grace_s: Extra time an agent gets past a call's limit before it counts as hung.
         start_timeout_s: How long a sandbox may take to become ready.
         reset_timeout_s: How long a reset may take before it counts as failed.
         dedup_per_slot: Results remembered per slot for ``call_id`` repeats.
         use_cgroups: Try per-slot cgroups before falling back to rlimits.
-        slot_helper: What runs a sandboxed slot's keeper and its leases' agents: ``"native"``
-            (the compiled helper, ``slot_helper.c``, built with the host's C compiler on first
-            use; the server does not start without it), ``"python"`` (``exec_agent.py``), or
-            ``"auto"`` (native when it builds and works in a sandbox, else Python, and
-            ``health()`` says why). Unsandboxed slots always use the Python agent.
+        slot_helper_path: The slot helper to run (keeper and agents) instead of the one that
+            ships with the install or is built at start (``native_helper``); for a helper built
+            elsewhere, and for tests. ``None``: find or build it, and refuse to start, naming
+            what to install, when neither works.
         slot_uid_base: When the server runs as root, slot ``i``'s sandbox runs as host uid and
             gid ``slot_uid_base + i`` (``slot_ids``); a server that is not root runs every
             slot as itself.
@@ -59,7 +58,7 @@ class RuntimeConfig:
     reset_timeout_s: float = attrs.field(default=15.0, validator=positive_seconds)
     dedup_per_slot: int = attrs.field(default=4096, validator=positive_int)
     use_cgroups: bool = attrs.field(default=True, validator=flag)
-    slot_helper: str = attrs.field(default="auto", validator=attrs.validators.in_(SLOT_HELPERS))
+    slot_helper_path: Path | None = None
     slot_uid_base: int = DEFAULT_SLOT_UID_BASE
 
     def __attrs_post_init__(self) -> None:
@@ -67,8 +66,12 @@ class RuntimeConfig:
 
 
 def check_config(config: RuntimeConfig) -> None:
-    """Raise ``ConfigError`` when the config cannot work on this host (no Python, bad root)."""
+    """Raise ``ConfigError`` when the config cannot work on this host (no Python, no helper at
+    ``slot_helper_path``, bad root)."""
     if not os.access(config.python, os.X_OK):
         raise ConfigError("python", f"{config.python!r} is not executable")
+    helper = config.slot_helper_path
+    if helper is not None and not (helper.is_file() and os.access(helper, os.X_OK)):
+        raise ConfigError("slot_helper_path", f"{str(helper)!r} is not an executable file")
     if config.root.exists() and not config.root.is_dir():
         raise ConfigError("root", f"{config.root} is not a directory")

@@ -1,17 +1,17 @@
-"""A slot's sandbox: its keeper, its lease's exec agent, and how both are started and ended.
+"""A slot's sandbox: its keeper, its lease's agent, and how both are started and ended.
 
-``Sandboxes`` holds what the server learnt about the host at start (the compiled helper, the
-seccomp filter, the staged interpreter, the slot uids, the cgroup hierarchy) and turns it into
-processes: a slot's keeper in a new bubblewrap sandbox on its first lease, a lease from the
-keeper (one fork), or a bare agent where there is no bubblewrap. Ending a lease or a sandbox
-kills its whole process group and cgroup and reaps it within a deadline.
+Keeper and agent are one program, the slot helper (``slot_helper.c``; docs/sandbox.md, "The
+slot helper and its protocol"). ``Sandboxes`` holds what the server learnt about the host at
+start (the helper, the seccomp filter, the staged interpreter, the slot uids, the cgroup
+hierarchy) and turns it into processes: a slot's keeper in a new bubblewrap sandbox on its first
+lease, a lease from the keeper (one fork), or a bare agent where there is no bubblewrap. Ending a
+lease or a sandbox kills its whole process group and cgroup and reaps it within a deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import marshal
 import os
 import shutil
 import signal
@@ -25,7 +25,6 @@ from typing import Any, cast
 import attrs
 
 from trajcore.adapters.sandbox.channel import Agent, AgentLost, Keeper, reply_cap
-from trajcore.adapters.sandbox.exec_agent import SHELL_SOCKET
 from trajcore.adapters.sandbox.limits import CgroupPlan, SlotCgroup, rlimits_for, tmpfs_budget
 from trajcore.adapters.sandbox.runtime_config import RuntimeConfig
 from trajcore.adapters.sandbox.seccomp import SeccompUnavailable, compile_filter
@@ -48,37 +47,19 @@ from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.tools import ToolResult
 
 __all__ = [
-    "AGENT_SOURCE",
     "HELPER_PATH",
+    "SHELL_SOCKET",
     "Sandboxes",
     "Slot",
-    "agent_command",
     "as_ids",
+    "name_process",
     "prepare_cgroups",
     "run_bounded",
     "sandbox_pid",
 ]
 
-_FUTURE = "from __future__ import annotations\n"
-
-
-def _agent_source() -> str:
-    """The exec agent's program, one text, since the sandbox has no module to import:
-    ``exec_keeper``'s code, then ``exec_agent``'s (whose ``__main__`` block starts the role the
-    config names). The second's ``__future__`` import is dropped: one at the top covers all."""
-    here = Path(__file__).parent
-    keeper = (here / "exec_keeper.py").read_text(encoding="utf-8")
-    agent = (here / "exec_agent.py").read_text(encoding="utf-8")
-    if _FUTURE not in keeper or _FUTURE not in agent:
-        raise ImportError("exec_keeper.py and exec_agent.py must each import __future__")
-    return keeper + "\n" + agent.replace(_FUTURE, "", 1)
-
-
-AGENT_SOURCE = _agent_source()
-# The agent as a code object, for a sandbox that runs this very interpreter: loading it is far
-# cheaper than compiling the source at every sandbox start. Docstrings and asserts stripped.
-_AGENT_CODE = marshal.dumps(compile(AGENT_SOURCE, "<trajcore exec agent>", "exec", optimize=2))
-_AGENT_BOOT = "import marshal,sys;exec(marshal.loads(bytes.fromhex(sys.argv[1])))"
+SHELL_SOCKET = "tmux.sock"
+"""The persistent shell's tmux socket, in the lease's state directory (the helper's name)."""
 _SANDBOX_STATE = "/tmp/.trajcore"  # noqa: S108 - inside the sandbox's private tmpfs
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Where the compiled helper appears in every sandbox: a fixed path outside the private /tmp, so
@@ -124,13 +105,13 @@ class Sandboxes:
         sandboxed: Whether slots run in bubblewrap (else as bare agents).
         symlinks: The policy's system paths that are symlinks on the host, and their targets.
         cgroups: The cgroup hierarchy slots get, or ``None`` (rlimits only).
-        agent_program: What follows ``python -I -S -c`` to run the Python agent.
-        native: The compiled slot helper in use (keeper and lease agent), or ``None`` for the
-            Python ones; ``native_origin`` says where it came from (``"shipped"`` with this
-            install, or ``"built at start"``).
+        native: The slot helper (keeper and agent); ``None`` only until ``SlotRuntime.start``
+            has found it (a server does not start without it). ``native_origin`` says where it
+            came from (``"shipped"`` with this install, ``"built at start"``, or ``"given"``).
         uid_base: The first slot uid when slots run as their own uids (the server is root).
-        python_binds: What every sandbox binds for the Python agent (the interpreter's
-            installation, or a staged copy of it bound at the same place).
+        python_binds: What every sandbox binds of the server's interpreter (its installation,
+            or a staged copy of it bound at the same place), for the commands and verifiers
+            that run Python in a slot (``RuntimeConfig.python``).
         seccomp: Every lease's seccomp filter (classic BPF), or ``None`` when none can be
             built (``seccomp_problem`` says why).
         uncounted_seccomp: The filter of leases whose memory no cgroup counts (``seccomp``
@@ -142,7 +123,6 @@ class Sandboxes:
     sandboxed: bool = False
     symlinks: dict[str, str] = attrs.field(factory=dict)
     cgroups: CgroupPlan | None = None
-    agent_program: list[str] = attrs.field(factory=list)
     native: Path | None = None
     native_origin: str = ""
     uid_base: int | None = None
@@ -172,7 +152,7 @@ class Sandboxes:
         return folder
 
     def stage_python(self) -> list[str | Bind]:
-        """The binds that give a sandbox the agent's interpreter: its installation where every
+        """The binds that give a sandbox the server's interpreter: its installation where every
         slot uid can read it, else a staged copy of it bound at the same place."""
         python = Path(self.config.python)
         prefix = Path(os.path.realpath(sys.base_prefix))
@@ -248,9 +228,9 @@ class Sandboxes:
             return {"workspace": policy.workspace_path, "state_dir": _SANDBOX_STATE,
                     "limits": limits, "tmpfs": tmpfs}  # fmt: skip
         slot.state_dir.mkdir(parents=True, exist_ok=True)
-        # commands stay in the agent's session: ending the lease ends that session (_end_bare)
+        # ``bare`` keeps commands in the agent's session: ending the lease ends that session
         return {"workspace": str(slot.workspace.root), "state_dir": str(slot.state_dir),
-                "limits": limits, "own_sessions": False}  # fmt: skip
+                "limits": limits}  # fmt: skip
 
     async def lease_filter(self, slot: Slot) -> bytes | None:
         """The seccomp filter of the slot's leases: ``seccomp``, with ``UNCOUNTED_MEMORY_RULES``
@@ -286,27 +266,43 @@ class Sandboxes:
             except OSError as error:
                 raise AgentLost(f"cannot create the slot's cgroup: {error}") from None
 
+    def helper(self) -> Path:
+        """The slot helper's path on this host. Raises ``AgentLost`` before the server has
+        found it (``SlotRuntime.start`` does, or refuses to start)."""
+        if self.native is None:
+            raise AgentLost("the slot helper is not set up (the server has not started)")
+        return self.native
+
     async def bare_agent(self, slot: Slot, *, started: float) -> Agent:
-        """A lease's agent as its own process, outside any sandbox (no bubblewrap here)."""
+        """A lease's agent (``slot-helper bare``) as its own process, outside any sandbox (no
+        bubblewrap here), serving on a socket that is its stdin."""
         self.create_cgroup(slot)
         config = self.agent_config(slot, sandboxed=False)
-        argv = [self.config.python, "-I", "-S", "-c", *self.agent_program,
-                marshal.dumps(config).hex()]  # fmt: skip
+        argv = [str(self.helper()), "bare", "--workspace", str(config["workspace"]),
+                "--state-dir", str(config["state_dir"])]  # fmt: skip
+        for name, value in cast("dict[str, int]", config["limits"]).items():
+            argv += ["--limit", name, str(value)]
         if slot.cgroup is not None:
             argv = slot.cgroup.enter_prefix() + argv
         environment = self.environment(str(config["workspace"]), str(config["state_dir"]))
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=environment,
-            start_new_session=True,
-        )
-        assert process.stdout is not None
-        assert process.stdin is not None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=theirs.fileno(),
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                env=environment,
+                start_new_session=True,
+            )
+        except OSError as error:
+            ours.close()
+            raise AgentLost(f"cannot start the slot's agent: {error}") from None
+        finally:
+            theirs.close()
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
         agent = Agent(
-            reader=process.stdout, writer=process.stdin, sandboxed=False, started_s=started,
+            reader=reader, writer=writer, sandboxed=False, started_s=started,
             pid=process.pid, process=process, cap=reply_cap(self.config.policy),
         )  # fmt: skip
         slot.agent = agent
@@ -326,37 +322,25 @@ class Sandboxes:
         self.create_cgroup(slot)
         policy = self.config.policy
         config = self.agent_config(slot, sandboxed=True)
-        config["keeper"] = True
-        config["tmp"] = SANDBOX_TMP
         carry = private_tmp_binds(policy, rebind=self.rebind())
-        config["carry"] = [[path, writable] for path, writable in carry]
-        config["own_network"] = not policy.allow_network
         program = await self.lease_filter(slot)
+        self.helper()
+        inner = [HELPER_PATH, "keep", "--workspace", policy.workspace_path,
+                 "--state-dir", _SANDBOX_STATE, "--tmp", SANDBOX_TMP]  # fmt: skip
+        for name, value in cast("dict[str, int]", config["limits"]).items():
+            inner += ["--limit", name, str(value)]
+        for path, writable in carry:
+            inner += ["--carry-rw" if writable else "--carry-ro", path]
+        for path in MASKED_PATHS:
+            inner += ["--mask", path]
+        for path in READ_ONLY_PATHS:
+            inner += ["--read-only", path]
+        if config["tmpfs"] is not None:
+            inner += ["--tmpfs-options", str(config["tmpfs"])]
+        if not policy.allow_network:
+            inner.append("--own-network")
         if program is not None:
-            config["seccomp"] = program.hex()
-        config["masked"] = list(MASKED_PATHS)
-        config["read_only"] = list(READ_ONLY_PATHS)
-        inner: list[str]
-        if self.native is not None:
-            inner = [HELPER_PATH, "keep", "--workspace", policy.workspace_path,
-                     "--state-dir", _SANDBOX_STATE, "--tmp", SANDBOX_TMP]  # fmt: skip
-            for name, value in cast("dict[str, int]", config["limits"]).items():
-                inner += ["--limit", name, str(value)]
-            for path, writable in carry:
-                inner += ["--carry-rw" if writable else "--carry-ro", path]
-            for path in MASKED_PATHS:
-                inner += ["--mask", path]
-            for path in READ_ONLY_PATHS:
-                inner += ["--read-only", path]
-            if config["tmpfs"] is not None:
-                inner += ["--tmpfs-options", str(config["tmpfs"])]
-            if not policy.allow_network:
-                inner.append("--own-network")
-            if program is not None:
-                inner += ["--seccomp", program.hex()]
-        else:
-            inner = [self.config.python, "-I", "-S", "-c", *self.agent_program,
-                     marshal.dumps(config).hex()]  # fmt: skip
+            inner += ["--seccomp", program.hex()]
         argv = self.sandbox_argv(
             policy, slot.workspace.root, inner, keep_capabilities=KEEPER_CAPABILITIES
         )
@@ -471,12 +455,10 @@ class Sandboxes:
         keeper.control.close()
 
 
-def agent_command(python: str) -> list[str]:
-    """What follows ``python -I -S -c``: the agent as a code object when ``python`` is this very
-    interpreter (so the marshal format matches), else as source."""
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
-        return [_AGENT_BOOT, _AGENT_CODE.hex()]
-    return [AGENT_SOURCE]
+def name_process(name: str) -> None:
+    """Set this process's name as ``ps`` and ``top`` show it (at most 15 bytes kept)."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "wb") as comm:
+        comm.write(name.encode()[:15])
 
 
 def sandbox_pid(slot: Slot) -> int | None:

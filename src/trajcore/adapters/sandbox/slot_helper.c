@@ -1,46 +1,35 @@
 /*
- * trajcore's compiled slot helper: a slot's keeper and its leases' agents, in one program.
- *
- * It does what exec_agent.py and exec_keeper.py do in Python (exec_agent's docstring is the
- * reference for both roles and both protocols), with less CPU: a lease is a fork of this small
- * program instead of a fork of a Python interpreter, and every call is served without an
- * interpreter. A slot server uses it when it ships with the install or builds with the host's
- * C compiler (native_helper.py), and the Python keeper and agent otherwise.
+ * trajcore's slot helper: a slot's keeper and its leases' agents, in one program. It is the only
+ * implementation of every lease step; docs/sandbox.md ("The slot helper and its protocol") is the
+ * reference for its roles, its command lines and its two protocols. A slot server takes it from
+ * the install (wheels and images ship it) or builds it once with the host's C compiler
+ * (native_helper.py), and does not start without it.
  *
  *   slot-helper keep --workspace W --state-dir S --tmp T [--limit NAME VALUE]...
  *                    [--carry-rw PATH]... [--carry-ro PATH]... [--mask PATH]...
  *                    [--read-only PATH]... [--tmpfs-options OPTIONS] [--own-network]
  *                    [--seccomp HEX]
  *
- * The keeper: the first program of a slot's bubblewrap sandbox, holding CAP_SYS_ADMIN,
- * CAP_SETPCAP and CAP_NET_ADMIN in the sandbox's user namespace, not dumpable. Requests arrive on fd 0 (SOCK_SEQPACKET), one per
- * packet: "lease" with the lease's channel as an SCM_RIGHTS descriptor, or "end"; each gets one
- * JSON packet back. A lease is a clone into a new pid namespace (the child is its pid 1) that
- * enters new mount, ipc and uts namespaces (and, with --own-network, a network namespace of its
- * own with loopback up), joins a fresh session keyring, mounts a fresh /proc (masking the --mask paths and
- * making the --read-only ones read-only), the private tmp and /dev/shm as two folders of one tmpfs
- * (one size, the --tmpfs-options, bounds both; binding back the carried paths), remounts /dev
- * read-only, drops every capability (ambient,
- * permitted, effective; its bounding set comes empty from the keeper), sets no_new_privs, makes
- * itself not dumpable, sets the resource limits, installs the --seccomp filter (classic BPF, as
- * hex) as its last step, and only then serves the lease on fd 3.
+ * The keeper: the first program of a slot's bubblewrap sandbox. Requests on fd 0
+ * (SOCK_SEQPACKET): "lease" (with the lease's channel as an SCM_RIGHTS descriptor) or "end".
+ * A lease is a clone into fresh namespaces that drops every capability, sets its limits,
+ * installs the --seccomp filter last and only then serves the lease on fd 3.
  *
  *   slot-helper serve CHANNEL_FD STATE_DIR WORKSPACE TMUX_PATH_OR_EMPTY
  *
  * The agent alone, on an existing channel (what each lease runs after its setup).
  *
- * Agent framing: each message, both ways, is a 4-byte big-endian length and that many bytes. A
- * request is a sequence of fields, each a 4-byte big-endian length and that many bytes; the
- * first field is the op:
+ *   slot-helper bare --workspace W --state-dir S [--limit NAME VALUE]...
+ *
+ * An unsandboxed slot's agent (no bubblewrap on the host), serving on fd 0: it enters W, sets
+ * the limits, looks tmux up on PATH, and keeps each command in its own session (a new process
+ * group of it), so the slot server can end everything a lease left by that session.
+ *
+ * Agent requests, each field a 4-byte big-endian length and its bytes, the op first:
  *
  *   exec      TIMEOUT CAP ARGV0 [ARGV1 ...]
  *   stateful  TIMEOUT CAP COMMAND
  *   tmux      LITERAL ENTER WAIT LINES KEY [KEY ...]   (LITERAL, ENTER: "0" or "1")
- *
- * Numbers are decimal text. A reply is one JSON object, always valid UTF-8: captured bytes that
- * are not UTF-8 are replaced with U+FFFD, one per maximal ill-formed subsequence (as Python's
- * ``bytes.decode("utf-8", "replace")`` does). End of input ends the agent, and with it (it is
- * pid 1 of the lease's pid namespace) every process of the lease.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -177,8 +166,9 @@ static size_t utf8_sequence(const unsigned char *s, size_t n, size_t *bad) {
     return need;
 }
 
-/* ``text`` as a JSON string: escapes as exec_agent's encoder writes them, ill-formed UTF-8
- * replaced. */
+/* ``text`` as a JSON string: quote, backslash and control characters escaped (\b \t \n \f \r
+ * by name, the rest as \u00XX), ill-formed UTF-8 replaced with U+FFFD as Python's
+ * ``bytes.decode("utf-8", "replace")`` does. */
 static void json_string(buf *out, const char *text, size_t n) {
     static const char hex[] = "0123456789abcdef";
     const unsigned char *s = (const unsigned char *)text;
@@ -414,9 +404,10 @@ static void set_status(result *r, int status) {
     r->signal = r->has_signal ? WTERMSIG(status) : 0;
 }
 
-/* Run ``argv`` in a new session, stdin from /dev/null, stdout and stderr captured up to ``cap``
- * bytes each; kill its process group at ``timeout`` seconds. */
-static void run_exec(char *const argv[], double timeout, size_t cap, result *r) {
+/* Run ``argv`` in a new session (``own_session``; else a new process group of this session),
+ * stdin from /dev/null, stdout and stderr captured up to ``cap`` bytes each; kill its process
+ * group at ``timeout`` seconds. */
+static void run_exec(char *const argv[], double timeout, size_t cap, bool own_session, result *r) {
     double started = monotonic();
     int out_pipe[2], err_pipe[2];
     if (pipe2(out_pipe, O_CLOEXEC) != 0) {
@@ -443,8 +434,11 @@ static void run_exec(char *const argv[], double timeout, size_t cap, result *r) 
     sigemptyset(&none);
     posix_spawnattr_setsigdefault(&attributes, &defaults);
     posix_spawnattr_setsigmask(&attributes, &none);
-    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF |
-                                              POSIX_SPAWN_SETSIGMASK);
+    if (!own_session)
+        posix_spawnattr_setpgroup(&attributes, 0);
+    posix_spawnattr_setflags(&attributes,
+                             (own_session ? POSIX_SPAWN_SETSID : POSIX_SPAWN_SETPGROUP) |
+                                 POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
     pid_t pid;
     int spawned = posix_spawn(&pid, argv[0], &actions, &attributes, argv, environ);
     posix_spawn_file_actions_destroy(&actions);
@@ -504,7 +498,7 @@ static void run_exec(char *const argv[], double timeout, size_t cap, result *r) 
             if (wait <= 0)
                 break; /* something the command left behind still holds its pipes */
         }
-        /* the same rounding as the Python agent: at least 1 ms, never less than asked */
+        /* at least 1 ms, never less than asked */
         int ready = poll(watched, 3, wait < 1e6 ? (int)(wait * 1000) + 1 : 1000000000);
         if (ready < 0 && errno != EINTR) {
             if (!exited) { /* it cannot be watched any more: end it rather than leave it */
@@ -554,6 +548,7 @@ typedef struct {
     const char *workspace;
     const char *tmux; /* NULL: not installed */
     unsigned long counter;
+    bool own_sessions; /* false for a bare agent: commands stay in its session */
 } shell;
 
 static void tmux_run(shell *sh, const char *const *args, size_t n, result *r) {
@@ -568,7 +563,7 @@ static void tmux_run(shell *sh, const char *const *args, size_t n, result *r) {
     for (size_t i = 0; i < n; i++)
         argv[3 + i] = (char *)args[i];
     argv[3 + n] = NULL;
-    run_exec(argv, TMUX_TIMEOUT_S, TMUX_CAP, r);
+    run_exec(argv, TMUX_TIMEOUT_S, TMUX_CAP, true, r);
 }
 
 #define TMUX(sh, r, ...)                                                                       \
@@ -945,7 +940,7 @@ static void answer(shell *sh, const fields *f, result *r) {
             out_of_memory();
         for (size_t i = 0; i < argc; i++)
             argv[i] = f->text[3 + i];
-        run_exec(argv, timeout, as_cap(cap), r);
+        run_exec(argv, timeout, as_cap(cap), sh->own_sessions, r);
         free(argv);
     } else if (is(f, 0, "stateful")) {
         if (!has_fields(f, 4, true,
@@ -1015,7 +1010,8 @@ static bool send_message(int fd, const buf *body) {
 }
 
 /* Serve one lease's requests on ``fd`` until end of input; returns the exit status. */
-static int serve(int fd, const char *state_dir, const char *workspace, const char *tmux) {
+static int serve(int fd, const char *state_dir, const char *workspace, const char *tmux,
+                 bool own_sessions) {
     (void)fcntl(fd, F_SETFD, FD_CLOEXEC); /* no command inherits the channel */
     /* Broken pipes and oversized files are errors to report, not reasons to die; every
      * command gets the default dispositions back. */
@@ -1026,7 +1022,8 @@ static int serve(int fd, const char *state_dir, const char *workspace, const cha
         fprintf(stderr, "slot-helper: cannot enter %s: %s\n", workspace, strerror(errno));
         return 2;
     }
-    shell sh = {.workspace = workspace, .tmux = tmux && tmux[0] ? tmux : NULL};
+    shell sh = {.workspace = workspace, .tmux = tmux && tmux[0] ? tmux : NULL,
+                .own_sessions = own_sessions};
     if (snprintf(sh.dir, sizeof sh.dir, "%s/shell", state_dir) >= (int)sizeof sh.dir ||
         snprintf(sh.socket, sizeof sh.socket, "%s/tmux.sock", state_dir) >= (int)sizeof sh.socket) {
         fprintf(stderr, "slot-helper: the state directory's name is too long\n");
@@ -1226,7 +1223,7 @@ static bool parse_plan(int argc, char **argv, plan *p) {
         } else
             return false;
     }
-    return p->workspace && p->state_dir && p->tmp;
+    return p->workspace && p->state_dir && (p->tmp || strcmp(argv[1], "bare") == 0);
 }
 
 /* The keeper's one-time work for all its leases: empty its bounding set, which every lease
@@ -1403,7 +1400,7 @@ static void lease_main(int channel, const plan *p) {
         if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program, 0, 0) != 0)
             refuse(LEASE_FD, "seccomp");
     }
-    _exit(serve(LEASE_FD, p->state_dir, p->workspace, p->tmux));
+    _exit(serve(LEASE_FD, p->state_dir, p->workspace, p->tmux, true));
 }
 
 /* Kill a lease's first process, and so its whole pid namespace, and reap it: as pid 1 of that
@@ -1427,7 +1424,7 @@ static pid_t begin_lease(int channel, const plan *p) {
     return first;
 }
 
-/* Run as a slot's keeper (see exec_keeper.keep, which this mirrors): requests arrive on fd 0, a
+/* Run as a slot's keeper: requests arrive on fd 0, a
  * SOCK_SEQPACKET socket, one per packet: "lease" (with the lease's channel as an SCM_RIGHTS
  * descriptor) or "end"; each gets one JSON packet back. End of input ends the current lease and
  * the keeper. */
@@ -1515,6 +1512,22 @@ static int keep(plan *p) {
     }
 }
 
+/* Run as an unsandboxed slot's agent on fd 0 (the server's end of a socket pair): no
+ * namespaces to enter, so the only setup is the limits, the scheduling class and the name. */
+static int bare(plan *p) {
+    for (size_t i = 0; i < p->limit_count; i++) {
+        struct rlimit limit = {p->limits[i].value, p->limits[i].value};
+        if (setrlimit(p->limits[i].resource, &limit) != 0) {
+            fprintf(stderr, "slot-helper: cannot set a resource limit: %s\n", strerror(errno));
+            return 2;
+        }
+    }
+    (void)sched_setscheduler(0, SCHED_BATCH, &(struct sched_param){0});
+    if (!which("tmux", p->tmux, sizeof p->tmux))
+        p->tmux[0] = '\0';
+    return serve(0, p->state_dir, p->workspace, p->tmux, false);
+}
+
 /* ============================================================================ main */
 
 static int usage(void) {
@@ -1523,7 +1536,8 @@ static int usage(void) {
             "                        [--carry-rw PATH]... [--carry-ro PATH]...\n"
             "                        [--mask PATH]... [--read-only PATH]...\n"
             "                        [--tmpfs-options OPTIONS] [--own-network] [--seccomp HEX]\n"
-            "       slot-helper serve CHANNEL_FD STATE_DIR WORKSPACE TMUX_PATH_OR_EMPTY\n");
+            "       slot-helper serve CHANNEL_FD STATE_DIR WORKSPACE TMUX_PATH_OR_EMPTY\n"
+            "       slot-helper bare --workspace W --state-dir S [--limit NAME VALUE]...\n");
     return 2;
 }
 
@@ -1542,7 +1556,14 @@ int main(int argc, char **argv) {
             fprintf(stderr, "slot-helper: %s is not an open descriptor\n", argv[2]);
             return 2;
         }
-        return serve((int)channel, argv[3], argv[4], argv[5]);
+        return serve((int)channel, argv[3], argv[4], argv[5], true);
+    }
+    if (argc >= 2 && strcmp(argv[1], "bare") == 0) {
+        plan p = {0};
+        if (!parse_plan(argc, argv, &p) || p.tmp || p.carry_count || p.kernel_count ||
+            p.filter || p.own_network)
+            return usage();
+        return bare(&p);
     }
     return usage();
 }

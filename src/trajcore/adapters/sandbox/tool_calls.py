@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import cast
 
-from trajcore.adapters.sandbox.channel import MAX_REQUEST_BYTES, AgentLost
-from trajcore.adapters.sandbox.exec_agent import encode_request
+from trajcore.adapters.sandbox.channel import MAX_REQUEST_BYTES, AgentLost, encode_request
 from trajcore.adapters.sandbox.sandboxes import Sandboxes, Slot
 from trajcore.domain.errors import ToolArgumentError
 from trajcore.domain.json_values import JSON
