@@ -1,0 +1,637 @@
+"""``CloudSandboxPool``: slot servers as a cloud provider's sandboxes (Modal, Daytona).
+
+One slot server per sandbox. The pool asks the provider for a sandbox running
+``python -m trajcore.entrypoints.slot_server --listen 0.0.0.0:PORT --token-env ...``, reaches it
+through the provider's own exposure of that port (Modal's encrypted tunnels, Daytona's preview
+URLs: HTTPS with the provider's certificate) and speaks the slot-server protocol to it with the
+pool's bearer token, as every other pool does (``pool_core``). The token travels in the
+sandbox's environment (or the provider's secret), never on a command line.
+
+What a provider must offer is ``CloudProvider``: create a sandbox with labels, list the
+sandboxes carrying labels, describe one, delete one. ``modal_pool`` and ``daytona_pool`` write
+it over each provider's official SDK (``modal_sdk``, ``daytona_sdk``: the only modules that
+import them); ``trajcore.testing.fake_cloud`` is the double the contract suites run against.
+
+How the pool follows its sandboxes: every ``poll_interval_s`` it lists the sandboxes labelled
+with its owner and hands them to the Nomad pool's reconciler (``domain.nomad_reconcile``), each
+sandbox as an allocation (its server index from its label, its state as a client status). The
+decisions are carried out as in the Slurm pool: join, drain, lose, remove, replace (delete the
+sandbox), the count; ``plan_sandboxes`` keeps one live sandbox per index below the count and
+deletes the rest. A sandbox whose server failed to start is created again after a growing
+delay (0.5 s doubling to 60 s); a creation the provider refuses (a quota, a missing image) is
+noted with the provider's message and retried the same way.
+
+Labels: every sandbox carries ``trajcore-owner`` (the pool's owner: one name per env run
+series, ``owner`` in the config), ``trajcore-run`` (this pool's run ID, new at every start)
+and ``trajcore-index``. At start the pool deletes every sandbox of its owner (what a crashed
+run left: it holds an old token); on close it deletes every sandbox of its run and waits until
+the list is empty (``stop_timeout_s``).
+
+Faults: a sandbox the provider stops (its timeout, an eviction, an operator) or whose port
+exposure drops ends the server's calls in flight as ``INFRA_ERROR`` (never scored); the pool
+asks the provider what happened and puts the provider's message into those results, the
+container leaves service, and a replacement is created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Literal, Protocol
+
+import anyio
+import attrs
+
+from trajcore.adapters.sandbox.pool_core import Endpoint, Member, SlotServerPool, close_quietly
+from trajcore.domain.errors import ConfigError, InvalidInput, SandboxUnavailable, SlotServerError
+from trajcore.domain.nomad_reconcile import (
+    Action,
+    Allocation,
+    Discard,
+    Drain,
+    Join,
+    Lose,
+    NomadReconciler,
+    ReconcileConfig,
+    Remove,
+    Replace,
+    SetCount,
+    Undrain,
+)
+from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.scale_policy import ScaleConfig
+from trajcore.domain.slots import SlotCall
+from trajcore.domain.tools import ToolOutcome, ToolResult
+from trajcore.domain.validators import (
+    flag,
+    non_negative_seconds,
+    optional_seconds,
+    positive_seconds,
+    whole_number,
+)
+
+__all__ = [
+    "OWNER_LABEL",
+    "RUN_LABEL",
+    "CloudPoolConfig",
+    "CloudProvider",
+    "CloudSandbox",
+    "CloudSandboxPool",
+    "ProviderError",
+    "SandboxSpec",
+    "SandboxState",
+    "plan_sandboxes",
+    "server_argv",
+]
+
+_log = logging.getLogger(__name__)
+_MAX_BACKOFF_S = 60.0
+OWNER_LABEL = "trajcore-owner"
+RUN_LABEL = "trajcore-run"
+INDEX_LABEL = "trajcore-index"
+TOKEN_ENV = "TRAJCORE_SLOT_TOKEN"  # noqa: S105 - the name of the variable, not a token
+
+SandboxState = Literal["pending", "running", "stopped", "failed"]
+"""A sandbox's state in the pool's words; each provider maps its own states onto these."""
+
+_CLIENT_STATUS: Mapping[SandboxState, str] = {
+    "pending": "pending",
+    "running": "running",
+    "stopped": "complete",
+    "failed": "failed",
+}
+
+
+class ProviderError(SandboxUnavailable):
+    """The provider refused or failed a request (quota, authentication, a missing image, an
+    unreachable API); the message is the provider's."""
+
+
+@attrs.frozen(kw_only=True)
+class SandboxSpec:
+    """What the pool asks the provider to run.
+
+    Attributes:
+        argv: The slot server's command line (its ``--listen`` word is ``0.0.0.0:PORT``).
+        port: The port to expose (the provider's tunnel or preview URL).
+        labels: The sandbox's labels (owner, run, index).
+        env: Environment of the command; holds the bearer token, so never logged.
+    """
+
+    argv: tuple[str, ...]
+    port: int
+    labels: Mapping[str, str]
+    env: Mapping[str, str] = attrs.field(repr=False)
+
+
+@attrs.frozen(kw_only=True)
+class CloudSandbox:
+    """One sandbox as the provider lists it.
+
+    Attributes:
+        id: The provider's ID.
+        labels: Its labels (tags).
+        state: Its state in the pool's words.
+        message: What the provider says about that state (why it stopped), or ``""``.
+    """
+
+    id: str
+    labels: Mapping[str, str]
+    state: SandboxState
+    message: str = ""
+
+
+class CloudProvider(Protocol):
+    """What the cloud pool needs from a provider. Every method raises ``ProviderError`` with the
+    provider's message when the provider refuses or fails."""
+
+    @property
+    def name(self) -> str:
+        """The provider's name, for messages (``Modal``, ``Daytona``)."""
+        ...
+
+    async def create(self, spec: SandboxSpec) -> str:
+        """Create and start a sandbox running ``spec``; its ID (it may still be pending)."""
+        ...
+
+    async def url(self, sandbox_id: str, port: int) -> str:
+        """The ``https://`` URL at which ``port`` of the sandbox is exposed."""
+        ...
+
+    async def list(self, labels: Mapping[str, str]) -> list[CloudSandbox]:
+        """The sandboxes carrying at least ``labels``, deleted ones excluded."""
+        ...
+
+    async def describe(self, sandbox_id: str) -> CloudSandbox | None:
+        """The sandbox now (``None`` when it no longer exists)."""
+        ...
+
+    async def delete(self, sandbox_id: str) -> None:
+        """Delete the sandbox; one already gone is fine."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the SDK's client; idempotent."""
+        ...
+
+
+@attrs.frozen(kw_only=True)
+class CloudPoolConfig:
+    """The settings every cloud pool shares; each provider's config adds its own.
+
+    Attributes:
+        owner: The label every sandbox of this pool carries; at start, every sandbox carrying
+            it is deleted (what a crashed run left), so give each concurrent pool its own.
+        slots_per_container: Slots per slot server (per sandbox).
+        policy: The slots' sandbox policy (passed to the server as flags).
+        python: The interpreter in the image that runs the slot server.
+        workspace_dir: Where the slot workspaces live inside the sandbox.
+        port: The port the server listens on inside the sandbox and the provider exposes.
+        min_containers, max_containers: The range the sandbox count is scaled in.
+        scale_down_margin, cooldown_s: The scale policy's damping.
+        acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
+        require_tmux: Refuse servers without tmux.
+        start_timeout_s: Longest the start, and one sandbox's join, may take.
+        reset_timeout_s: Longest a release's reset may take before the slot is quarantined.
+        poll_interval_s: How often the sandboxes are listed.
+        request_timeout_s: Longest one provider request may take.
+        stop_timeout_s: Longest the close waits for the sandboxes to be deleted.
+    """
+
+    owner: str = attrs.field(default="trajcore", validator=attrs.validators.min_len(1))
+    slots_per_container: int = attrs.field(default=4, validator=whole_number(1))
+    policy: SlotPolicy = attrs.field(factory=SlotPolicy)
+    python: str = attrs.field(default="python3", validator=attrs.validators.min_len(1))
+    workspace_dir: str = attrs.field(default="/tmp/trajcore-slots")  # noqa: S108 - in the sandbox
+    port: int = attrs.field(default=8765, validator=whole_number(1))
+    min_containers: int = attrs.field(default=1, validator=whole_number(0))
+    max_containers: int = attrs.field(default=4, validator=whole_number(1))
+    scale_down_margin: int = attrs.field(default=0, validator=whole_number(0))
+    cooldown_s: float = attrs.field(default=30.0, validator=non_negative_seconds)
+    acquire_timeout_s: float | None = attrs.field(default=600.0, validator=optional_seconds)
+    require_tmux: bool = attrs.field(default=False, validator=flag)
+    start_timeout_s: float = attrs.field(default=600.0, validator=positive_seconds)
+    reset_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
+    poll_interval_s: float = attrs.field(default=2.0, validator=positive_seconds)
+    request_timeout_s: float = attrs.field(default=60.0, validator=positive_seconds)
+    stop_timeout_s: float = attrs.field(default=60.0, validator=positive_seconds)
+
+    def __attrs_post_init__(self) -> None:
+        if self.port > 65535:
+            raise ConfigError("port", f"must be a TCP port (1-65535), got {self.port}")
+        try:
+            self.scale_config()
+        except ConfigError as error:
+            raise ConfigError(error.field.removeprefix("scaling."), error.reason) from None
+
+    def scale_config(self) -> ScaleConfig:
+        """The domain scale policy's settings."""
+        return ScaleConfig(
+            min_containers=self.min_containers,
+            max_containers=self.max_containers,
+            slots_per_container=self.slots_per_container,
+            scale_down_margin=self.scale_down_margin,
+            cooldown_s=self.cooldown_s,
+        )
+
+
+def server_argv(config: CloudPoolConfig) -> tuple[str, ...]:
+    """The slot server's command line in every sandbox of ``config``."""
+    return (
+        config.python, "-m", "trajcore.entrypoints.slot_server",
+        "--slots", str(config.slots_per_container),
+        "--root", config.workspace_dir,
+        "--listen", f"0.0.0.0:{config.port}",
+        "--token-env", TOKEN_ENV,
+        *config.policy.argv(),
+    )  # fmt: skip
+
+
+@attrs.frozen(kw_only=True)
+class SandboxPlan:
+    """What ``plan_sandboxes`` decided: indexes to create, sandbox IDs to delete."""
+
+    create: tuple[int, ...]
+    delete: tuple[str, ...]
+
+
+def _index(sandbox: CloudSandbox) -> int | None:
+    text = sandbox.labels.get(INDEX_LABEL, "")
+    return int(text) if text.isdigit() else None
+
+
+def plan_sandboxes(
+    sandboxes: Sequence[CloudSandbox], *, run: str, count: int, deleting: frozenset[str]
+) -> SandboxPlan:
+    """What keeps ``count`` live sandboxes of run ``run``, one per index below ``count``.
+
+    Deleted: sandboxes of another run (strays), without an index, at an index at or above
+    ``count``, a second live one on an index (the pending one first), and stopped or failed
+    ones (a provider may keep listing them). Created: every index below ``count`` with no live
+    sandbox of this run.
+    """
+    if count < 0:
+        raise InvalidInput("count", f"must be >= 0, got {count}")
+    delete: list[str] = []
+    serving: dict[int, list[CloudSandbox]] = {}
+    for sandbox in sandboxes:
+        if sandbox.id in deleting:
+            continue
+        index = _index(sandbox)
+        live = sandbox.state in ("pending", "running")
+        if not live or sandbox.labels.get(RUN_LABEL) != run or index is None or index >= count:
+            delete.append(sandbox.id)
+            continue
+        serving.setdefault(index, []).append(sandbox)
+    for on_index in serving.values():
+        extra = sorted(on_index, key=lambda s: (s.state != "running", s.id))[1:]
+        delete.extend(s.id for s in extra)
+    create = tuple(i for i in range(count) if i not in serving)
+    return SandboxPlan(create=create, delete=tuple(delete))
+
+
+@attrs.frozen
+class _Box:
+    """The handle of one joined slot server: its sandbox."""
+
+    sandbox_id: str
+    index: int
+
+
+def _box(member: Member) -> _Box:
+    assert isinstance(member.handle, _Box)
+    return member.handle
+
+
+@attrs.define(eq=False)
+class _CloudSandboxes:
+    """The ``ContainerSource`` of a cloud pool: the sandboxes of one run."""
+
+    config: CloudPoolConfig
+    provider: CloudProvider
+    token: str = attrs.field(repr=False, factory=lambda: secrets.token_urlsafe(32))
+    run: str = attrs.field(factory=lambda: secrets.token_hex(6))
+    machine: NomadReconciler = attrs.field(init=False)
+    by_box: dict[str, Member] = attrs.field(init=False, factory=dict)
+    names: dict[str, str] = attrs.field(init=False, factory=dict)
+    count: int = attrs.field(init=False, default=0)
+    created: int = attrs.field(init=False, default=0)
+    _pool: SlotServerPool | None = attrs.field(init=False, default=None)
+    _deleting: set[str] = attrs.field(init=False, factory=set)
+    _joined: set[str] = attrs.field(init=False, factory=set)
+    _last: dict[int, tuple[str | None, float]] = attrs.field(init=False, factory=dict)
+    _failures: dict[int, int] = attrs.field(init=False, factory=dict)
+    _fatal: BaseException | None = attrs.field(init=False, default=None)
+    _open: bool = attrs.field(init=False, default=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.machine = NomadReconciler(
+            ReconcileConfig(
+                scale=self.config.scale_config(), join_timeout_s=self.config.start_timeout_s
+            )
+        )
+
+    @property
+    def pool(self) -> SlotServerPool:
+        assert self._pool is not None
+        return self._pool
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {OWNER_LABEL: self.config.owner, RUN_LABEL: self.run}
+
+    # ------------------------------------------------------------------------- source
+
+    async def open(self, pool: SlotServerPool, stack: contextlib.AsyncExitStack) -> None:
+        self._pool = pool
+        stack.push_async_callback(self.provider.aclose)
+        # what a crashed run of this owner left: its servers hold an old token; delete them
+        with anyio.fail_after(self.config.request_timeout_s):
+            left = await self.provider.list({OWNER_LABEL: self.config.owner})
+        for sandbox in left:
+            _log.info("%s pool: deleting sandbox %s left by run %s", self.provider.name,
+                      sandbox.id, sandbox.labels.get(RUN_LABEL, "?"))  # fmt: skip
+            with anyio.fail_after(self.config.request_timeout_s):
+                await self.provider.delete(sandbox.id)
+        self._open = True
+        stack.push_async_callback(self.shutdown)
+        self.count = self.config.min_containers
+        self.machine.registered(self.count)
+
+    async def start(self, pool: SlotServerPool) -> None:
+        pool.spawn(self._watch)
+        config = self.config
+        with anyio.move_on_after(config.start_timeout_s):
+            while True:
+                if self._fatal is not None:
+                    raise self._fatal
+                if len(pool.container_names()) >= config.min_containers:
+                    return
+                await pool.changed()
+        seen = "; ".join(pool.problems[-3:]) or "no sandbox started"
+        raise SlotServerError(
+            f"{self.provider.name} sandboxes of {config.owner}: {len(pool.container_names())} "
+            f"of {config.min_containers} slot servers became healthy within "
+            f"{config.start_timeout_s} s ({seen})"
+        )
+
+    def lost(self, member: Member, reason: str) -> None:
+        self._apply(self.machine.failed(_box(member).sandbox_id, reason, anyio.current_time()))
+
+    async def shutdown(self) -> None:
+        """Delete every sandbox of the run and wait until none is listed; bounded."""
+        if not self._open:
+            return
+        self._open = False
+        name = self.provider.name
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(self.config.stop_timeout_s) as scope,
+        ):
+            try:
+                while True:
+                    left = await self.provider.list(self.labels)
+                    if not left:
+                        break
+                    for sandbox in left:
+                        await self.provider.delete(sandbox.id)
+                    await anyio.sleep(0.2)
+            except ProviderError as error:
+                _log.warning("%s pool: could not delete its sandboxes: %s", name, error)
+                self.pool.note(f"could not delete the sandboxes: {error}")
+        if scope.cancelled_caught:
+            self.pool.note(f"the sandboxes were not deleted within {self.config.stop_timeout_s} s")
+
+    def check_valid(self) -> None:
+        self.machine.check_valid()
+        for box_id, member in self.by_box.items():
+            if _box(member).sandbox_id != box_id or self.pool.member(member.name) is not member:
+                raise AssertionError(f"check_valid: container {member.name} is misfiled")
+
+    # ------------------------------------------------------------------------- the sandboxes
+
+    async def _watch(self) -> None:
+        while not self.pool.closed:
+            try:
+                with anyio.fail_after(self.config.request_timeout_s):
+                    await self._tick()
+            except (ProviderError, InvalidInput, TimeoutError) as error:
+                reason = str(error) or f"{self.provider.name} did not answer in time"
+                _log.warning("%s pool: %s", self.provider.name, reason)
+                self.pool.note(reason)
+            await anyio.sleep(self.config.poll_interval_s)
+
+    async def _tick(self) -> None:
+        config = self.config
+        ours = await self.provider.list(self.labels)
+        slots = config.slots_per_container
+        leasing = self.pool.leasing
+        allocations = []
+        for sandbox in ours:
+            index = _index(sandbox)
+            if index is None:
+                continue
+            member = self.by_box.get(sandbox.id)
+            live = member is not None and not member.lost
+            allocations.append(
+                Allocation(
+                    id=sandbox.id,
+                    index=index,
+                    client_status=_CLIENT_STATUS[sandbox.state],
+                    desired_status="stop" if sandbox.id in self._deleting else "run",
+                    held=leasing.held(member.name, slots) if live and member else 0,
+                    quarantined=leasing.quarantined(member.name, slots) if live and member else 0,
+                )
+            )
+            if sandbox.state in ("stopped", "failed") and sandbox.id not in self._deleting:
+                message = sandbox.message or sandbox.state
+                self.pool.note(f"sandbox {sandbox.id} {sandbox.state}: {message}")
+        stats = self.pool.statistics()
+        now = anyio.current_time()
+        actions = self.machine.observe(allocations, stats.leased + stats.waiting, now)
+        for count in self._apply(actions):
+            self.count = count
+            self.machine.scaled(count)
+        plan = plan_sandboxes(
+            ours, run=self.run, count=self.count, deleting=frozenset(self._deleting)
+        )
+        for sandbox_id in plan.delete:
+            self._deleting.add(sandbox_id)
+            self.pool.spawn(self._delete, sandbox_id)
+        for index in plan.create:
+            await self._create(index, now)
+
+    async def _create(self, index: int, now: float) -> None:
+        last = self._last.get(index)
+        if last is not None:
+            box_id, when = last
+            failures = 0 if box_id in self._joined else self._failures.get(index, 0) + 1
+            if failures and now < when + min(0.5 * 2 ** (failures - 1), _MAX_BACKOFF_S):
+                return
+            self._failures[index] = failures
+        spec = SandboxSpec(
+            argv=server_argv(self.config),
+            port=self.config.port,
+            labels={**self.labels, INDEX_LABEL: str(index)},
+            env={TOKEN_ENV: self.token},
+        )
+        try:
+            box_id = await self.provider.create(spec)
+        except ProviderError as error:
+            self._last[index] = (None, now)
+            self.pool.note(f"{self.provider.name} refused sandbox {index}: {error}")
+            if not self.pool.container_names() and self._failures.get(index, 0) >= 2:
+                # nothing serves and the provider keeps refusing: the start fails with its words
+                self._fatal = self._fatal or error
+                self.pool.signal()
+            return
+        self._last[index] = (box_id, now)
+        self.created += 1
+        _log.info("%s pool: server %d is sandbox %s", self.provider.name, index, box_id)
+
+    async def _delete(self, sandbox_id: str) -> None:
+        self._deleting.add(sandbox_id)
+        try:
+            with anyio.fail_after(self.config.request_timeout_s):
+                await self.provider.delete(sandbox_id)
+        except (ProviderError, TimeoutError) as error:
+            self.pool.note(f"could not delete sandbox {sandbox_id}: {str(error) or 'no answer'}")
+            self._deleting.discard(sandbox_id)  # the next tick tries again
+
+    # ------------------------------------------------------------------------- actions
+
+    def _apply(self, actions: Sequence[Action]) -> list[int]:
+        pool = self.pool
+        counts: list[int] = []
+        for action in actions:
+            if isinstance(action, SetCount):
+                counts.append(action.count)
+            elif isinstance(action, Join):
+                pool.spawn(self._join, action)
+            elif isinstance(action, Replace):
+                pool.note(f"sandbox {action.alloc_id} replaced: {action.reason}")
+                self._deleting.add(action.alloc_id)
+                pool.spawn(self._delete, action.alloc_id)
+            elif isinstance(action, Lose | Remove):
+                member = self.by_box.pop(action.alloc_id, None)
+                if member is not None:
+                    pool.gone(member, action.reason)
+            elif isinstance(action, Drain | Undrain):
+                member = self.by_box.get(action.alloc_id)
+                if member is not None and not member.lost:
+                    if isinstance(action, Drain):
+                        pool.drain(member)
+                    else:
+                        pool.undrain(member)
+        return counts
+
+    async def _join(self, join: Join) -> None:
+        pool = self.pool
+        box_id = join.alloc_id
+        name = f"{self.provider.name.lower()}-{join.index}-{box_id}"
+        try:
+            with anyio.fail_after(self.config.start_timeout_s):
+                url = await self.provider.url(box_id, self.config.port)
+                client = await pool.connect(Endpoint("tcp", url, self.token), name)
+        except (TimeoutError, SlotServerError, InvalidInput, ProviderError) as error:
+            reason = "not healthy in time" if isinstance(error, TimeoutError) else str(error)
+            pool.note(f"sandbox {box_id} did not join: {reason}")
+            self._apply(self.machine.join_failed(box_id, reason, anyio.current_time()))
+            return
+        except SandboxUnavailable as error:
+            pool.note(str(error))
+            self._fatal = self._fatal or error
+            self._apply(self.machine.join_failed(box_id, str(error), anyio.current_time()))
+            pool.signal()
+            return
+        actions = self.machine.joined(box_id, anyio.current_time())
+        member = None
+        if not any(isinstance(action, Discard) for action in actions):
+            member = pool.join(name, client, _Box(sandbox_id=box_id, index=join.index))
+        if member is None:
+            await close_quietly(client)
+            return
+        self._joined.add(box_id)
+        self.by_box[box_id] = member
+        self.names[name] = box_id
+        _log.info("%s pool: %s joined", self.provider.name, name)
+        self._apply(actions)
+
+
+class CloudSandboxPool(SlotServerPool):
+    """The SandboxPool port over slot servers run as a cloud provider's sandboxes.
+
+    Entering deletes what a crashed run of the same owner left and waits for
+    ``min_containers`` servers (``SlotServerError`` when they are not healthy within
+    ``start_timeout_s``; ``ProviderError`` with the provider's message when it keeps refusing
+    to create them; ``SandboxUnavailable`` when a sandbox is required and missing). Leaving
+    deletes every sandbox of the run (``aclose``).
+    """
+
+    def __init__(self, provider: CloudProvider, config: CloudPoolConfig) -> None:
+        self.config = config
+        self.provider = provider
+        self._boxes = _CloudSandboxes(config, provider)
+        super().__init__(self._boxes, config, label=provider.name)
+
+    async def execute(self, container: str, calls: Sequence[SlotCall]) -> list[ToolResult]:
+        """See ``SandboxPool.execute``. When the batch ends in infrastructure errors, the
+        provider is asked about the sandbox, and its state and message (a stop, an eviction,
+        a timeout) are added to those results."""
+        results = await super().execute(container, calls)
+        failed = [i for i, r in enumerate(results) if r.outcome is ToolOutcome.INFRA_ERROR]
+        # (the watch may have seen the sandbox end and removed the member already)
+        box_id = self._boxes.names.get(container)
+        if not failed or box_id is None:
+            return results
+        try:
+            with anyio.fail_after(self.config.request_timeout_s):
+                now = await self.provider.describe(box_id)
+        except (ProviderError, TimeoutError) as error:
+            said = f"{self.provider.name} could not say what happened: {str(error) or 'no answer'}"
+        else:
+            if now is None:
+                said = f"{self.provider.name} sandbox {box_id} no longer exists"
+            else:
+                said = f"{self.provider.name} sandbox {box_id} is {now.state}"
+                said += f": {now.message}" if now.message else ""
+        for i in failed:
+            result = results[i]
+            results[i] = ToolResult.failure(
+                calls[i].call, ToolOutcome.INFRA_ERROR, f"{result.error} ({said})"
+            )
+        return results
+
+    def sandbox_id(self, container: str) -> str:
+        """The provider's sandbox behind ``container``. Raises ``KeyError``."""
+        member = self.member(container)
+        if member is None:
+            raise KeyError(container)
+        return _box(member).sandbox_id
+
+    @property
+    def run(self) -> str:
+        """This pool's run ID (the ``trajcore-run`` label of its sandboxes)."""
+        return self._boxes.run
+
+    @property
+    def target(self) -> int:
+        """The server count the scale policy wants now."""
+        return self._boxes.machine.target
+
+    @property
+    def sandbox_count(self) -> int:
+        """The sandbox count the pool keeps."""
+        return self._boxes.count
+
+    @property
+    def sandboxes_created(self) -> int:
+        """Sandboxes created since the start (the first ones, scale-ups and replacements)."""
+        return self._boxes.created
+
+    def check_valid(self) -> None:
+        """The slot book's invariants and the pool's own (raises ``AssertionError``)."""
+        super().check_valid()
+        self._boxes.check_valid()

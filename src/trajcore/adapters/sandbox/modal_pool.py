@@ -1,0 +1,112 @@
+"""``ModalSandboxPool``: slot servers as Modal sandboxes (hermes-agent's ``terminal_backend:
+modal``), over Modal's official SDK (the ``modal`` extra, imported only when a pool starts).
+
+The pool is the cloud pool (``cloud_pool``) with Modal as its provider (``modal_sdk``): each
+sandbox runs one slot server from ``image`` (trajcore's slot-server image, or any image with
+Python, trajcore's core and bubblewrap), reached over its encrypted tunnel with the pool's
+bearer token. Modal isolates each sandbox with gVisor; trajcore's slots add their own
+bubblewrap sandbox, uid and seccomp filter inside it (docs/deploy.md, "Cloud sandboxes").
+
+Credentials are Modal's own (``MODAL_TOKEN_ID`` and ``MODAL_TOKEN_SECRET``, or a profile in
+``~/.modal.toml``, as ``modal token set`` writes it); ``check_modal`` names what is missing
+before anything is created, and nothing here reads or logs them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import attrs
+
+from trajcore.adapters.sandbox.cloud_pool import CloudPoolConfig, CloudProvider, CloudSandboxPool
+from trajcore.domain.errors import ConfigError, SandboxUnavailable
+from trajcore.domain.validators import positive_seconds
+
+__all__ = ["ModalPoolConfig", "ModalSandboxPool", "check_modal"]
+
+DEFAULT_IMAGE = "ghcr.io/trajcore/slot-server:latest"
+
+
+@attrs.frozen(kw_only=True)
+class ModalPoolConfig(CloudPoolConfig):
+    """The cloud pool's settings (``CloudPoolConfig``) and Modal's.
+
+    Attributes:
+        app_name: The Modal app the sandboxes belong to (created when missing).
+        environment: The Modal environment (``None``: the profile's default).
+        image: The registry image each sandbox runs.
+        add_python: A Python version Modal adds to an image without one (``None``: the image
+            has its own, with trajcore installed).
+        region: Where the sandboxes run (``None``: anywhere Modal chooses).
+        cpu: CPU cores per sandbox (``None``: Modal's default).
+        memory_mib: Memory per sandbox in MiB (``None``: Modal's default).
+        sandbox_timeout_s: Modal ends a sandbox this long after it starts (the pool replaces
+            it; its calls in flight end as ``INFRA_ERROR``).
+    """
+
+    app_name: str = attrs.field(default="trajcore-slots", validator=attrs.validators.min_len(1))
+    environment: str | None = None
+    image: str = attrs.field(default=DEFAULT_IMAGE, validator=attrs.validators.min_len(1))
+    add_python: str | None = None
+    region: str | None = None
+    cpu: float | None = None
+    memory_mib: int | None = None
+    sandbox_timeout_s: float = attrs.field(default=24 * 3600.0, validator=positive_seconds)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        if self.cpu is not None and not self.cpu > 0:
+            raise ConfigError("cpu", f"must be > 0 cores, got {self.cpu}")
+        if self.memory_mib is not None and self.memory_mib < 1:
+            raise ConfigError("memory_mib", f"must be >= 1 MiB, got {self.memory_mib}")
+
+
+def check_modal() -> None:
+    """Raise ``SandboxUnavailable`` naming what is missing for a Modal pool: the ``modal``
+    package (``pip install 'trajcore[modal]'``) or Modal's credentials."""
+    if importlib.util.find_spec("modal") is None:
+        raise SandboxUnavailable(
+            "terminal_backend modal needs the modal package: pip install 'trajcore[modal]'"
+        )
+    has_env = bool(os.environ.get("MODAL_TOKEN_ID")) and bool(os.environ.get("MODAL_TOKEN_SECRET"))
+    config = Path(os.environ.get("MODAL_CONFIG_PATH", Path.home() / ".modal.toml"))
+    if not has_env and not config.is_file():
+        raise SandboxUnavailable(
+            "terminal_backend modal needs Modal credentials: MODAL_TOKEN_ID and "
+            f"MODAL_TOKEN_SECRET, or a profile in {config} (`modal token set`)"
+        )
+
+
+def _modal_provider(config: ModalPoolConfig) -> CloudProvider:
+    check_modal()
+    from trajcore.adapters.sandbox.modal_sdk import ModalProvider, ModalSandboxSettings
+
+    return ModalProvider(
+        ModalSandboxSettings(
+            app_name=config.app_name,
+            image=config.image,
+            add_python=config.add_python,
+            region=config.region,
+            cpu=config.cpu,
+            memory_mib=config.memory_mib,
+            sandbox_timeout_s=round(config.sandbox_timeout_s),
+            environment=config.environment,
+        )
+    )
+
+
+class ModalSandboxPool(CloudSandboxPool):
+    """The SandboxPool port over Modal sandboxes. ``async with ModalSandboxPool(config)``.
+
+    ``provider`` replaces the SDK (tests give ``trajcore.testing.fake_cloud.FakeCloud``); left
+    out, the pool is built over the ``modal`` SDK and raises ``SandboxUnavailable`` naming the
+    package or the credentials when either is missing. See ``CloudSandboxPool``.
+    """
+
+    def __init__(
+        self, config: ModalPoolConfig | None = None, *, provider: CloudProvider | None = None
+    ) -> None:
+        config = config or ModalPoolConfig()
+        super().__init__(provider or _modal_provider(config), config)
