@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -302,3 +303,157 @@ def test_a_group_size_that_is_no_integer_is_named_not_a_type_error() -> None:
     with pytest.raises(ConfigError) as caught:
         GroupPolicy(group_size="4")  # type: ignore[arg-type]  # bad input on purpose
     assert caught.value.field == "group_size"
+
+
+# ------------------------------------------------------------------- training tokens (one judge)
+
+
+def tokenless(score: float) -> TrajectoryOutcome:
+    return TrajectoryOutcome(status=FINISHED, score=score, has_tokens=False)
+
+
+def test_has_tokens_must_be_a_bool() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        TrajectoryOutcome(status=FINISHED, score=1.0, has_tokens=1)  # type: ignore[arg-type]  # bad input on purpose
+    assert str(caught.value) == "must be a bool, got 1 @ has_tokens"
+
+
+def test_a_member_without_tokens_is_left_out_and_the_group_is_partial() -> None:
+    policy = GroupPolicy(group_size=3, require_tokens=True)
+    verdict = policy.assess([done(1.0), done(0.0), tokenless(0.5)])
+    assert verdict.status is GroupStatus.PARTIAL
+    assert verdict.kept == (0, 1)
+    assert verdict.scores == (1.0, 0.0)
+    assert verdict.no_tokens == (2,)
+    assert verdict.left_out == (2,)
+    assert verdict.failed == ()
+    assert verdict.member_scores == (1.0, 0.0, 0.5)  # its score still counts in metrics
+    assert verdict.detail == "kept 2 of 3"
+
+
+def test_too_few_members_with_tokens_drop_the_group_as_no_tokens() -> None:
+    # The minimum is min_healthy of the configured group size (2 of 3), not of the members
+    # that happen to have tokens.
+    verdict = GroupPolicy(group_size=3, require_tokens=True).assess(
+        [done(1.0), tokenless(0.0), tokenless(0.5)]
+    )
+    assert verdict.drop_reason is DropReason.NO_TOKENS
+    assert verdict.status is GroupStatus.FAILED
+    assert verdict.kept == ()
+    assert verdict.scores == ()
+    assert verdict.no_tokens == (1, 2)
+    assert verdict.detail == (
+        "1 of 3 usable trajectories have training tokens, fewer than min_healthy=2"
+    )
+
+
+def test_equal_scores_once_tokenless_members_are_left_out_drop_as_no_tokens() -> None:
+    outcomes = [done(1.0), done(1.0), tokenless(0.0)]
+    verdict = GroupPolicy(group_size=3, require_tokens=True).assess(outcomes)
+    assert verdict.drop_reason is DropReason.NO_TOKENS
+    assert verdict.status is GroupStatus.PARTIAL
+    assert not verdict.all_equal  # the usable scores differ; those with tokens do not
+    assert verdict.detail == "all 2 scores with training tokens equal 1.0: no learning signal"
+    kept = GroupPolicy(group_size=3, require_tokens=True, drop_equal_scores=False).assess(outcomes)
+    assert not kept.dropped
+    assert kept.kept == (0, 1)
+
+
+def test_an_earlier_reason_stands_before_no_tokens() -> None:
+    drop = GroupPolicy(group_size=3, on_failure=OnFailure.DROP, require_tokens=True)
+    assert drop.assess([tokenless(1.0), tokenless(0.0), infra()]).drop_reason is (
+        DropReason.MEMBER_FAILED
+    )
+    few = GroupPolicy(group_size=3, min_healthy=3, require_tokens=True)
+    assert few.assess([tokenless(1.0), done(0.0), infra()]).drop_reason is (
+        DropReason.TOO_FEW_HEALTHY
+    )
+    equal = GroupPolicy(group_size=3, require_tokens=True)
+    assert equal.assess([done(1.0), done(1.0), tokenless(1.0)]).drop_reason is (
+        DropReason.ALL_EQUAL_SCORES
+    )
+
+
+def test_without_require_tokens_a_tokenless_member_is_kept() -> None:
+    verdict = GroupPolicy(group_size=2).assess([tokenless(1.0), done(0.0)])
+    assert verdict.kept == (0, 1)
+    assert verdict.no_tokens == ()
+
+
+def test_drop_reasons_are_their_metric_names() -> None:
+    assert {str(r) for r in DropReason} == {
+        "member_failed",
+        "too_few_healthy",
+        "no_tokens",
+        "all_equal_scores",
+    }
+    assert f"{DropReason.NO_TOKENS}" == "no_tokens"
+
+
+with_tokens_or_not = st.tuples(outcomes_strategy, st.booleans()).map(
+    lambda pair: attrs.evolve(pair[0], has_tokens=pair[1])
+)
+
+
+@st.composite
+def token_groups(draw: st.DrawFn) -> tuple[GroupPolicy, list[TrajectoryOutcome]]:
+    policy, _ = draw(groups())
+    policy = attrs.evolve(policy, require_tokens=draw(st.booleans()))
+    size = policy.group_size
+    return policy, draw(st.lists(with_tokens_or_not, min_size=size, max_size=size))
+
+
+@given(token_groups())
+def test_members_without_tokens_are_judged_exactly_by_the_rules(
+    group: tuple[GroupPolicy, list[TrajectoryOutcome]],
+) -> None:
+    policy, outcomes = group
+    verdict = policy.assess(outcomes)
+    scores = [
+        (i, o.score if o.produced_output else policy.empty_score)
+        for i, o in enumerate(outcomes)
+        if o.status.healthy and (o.produced_output or policy.empty_score is not None)
+    ]
+    usable = [s for _, s in scores]
+    no_tokens = [i for i, _ in scores if policy.require_tokens and not outcomes[i].has_tokens]
+    trainable = [(i, s) for i, s in scores if i not in no_tokens]
+    any_failed = any(not o.status.healthy for o in outcomes)
+    reason: DropReason | None = None
+    if policy.on_failure is OnFailure.DROP and any_failed:
+        reason = DropReason.MEMBER_FAILED
+    elif len(usable) < policy.min_healthy:
+        reason = DropReason.TOO_FEW_HEALTHY
+    elif len(trainable) < policy.min_healthy:
+        reason = DropReason.NO_TOKENS
+    elif policy.drop_equal_scores and len(set(usable)) == 1:
+        reason = DropReason.ALL_EQUAL_SCORES
+    elif policy.drop_equal_scores and len({s for _, s in trainable}) == 1:
+        reason = DropReason.NO_TOKENS
+    assert verdict.drop_reason is reason
+    assert verdict.no_tokens == tuple(no_tokens)
+    assert set(verdict.no_tokens) <= set(verdict.left_out)
+    assert list(verdict.left_out) == sorted(set(verdict.left_out))
+    if reason is None:
+        assert list(verdict.kept) == [i for i, _ in trainable]
+        assert list(verdict.scores) == [s for _, s in trainable]
+        assert len(verdict.kept) >= policy.min_healthy
+        # Sent partial exactly when fewer than the configured group size are kept.
+        partial = len(verdict.kept) < policy.group_size
+        assert verdict.status is (GroupStatus.PARTIAL if partial else GroupStatus.COMPLETE)
+    else:
+        assert verdict.kept == verdict.scores == ()
+    # Tokens never change a member's score, only whether it is sent.
+    assert list(verdict.member_scores) == [dict(scores).get(i) for i in range(policy.group_size)]
+
+
+@given(token_groups())
+def test_without_require_tokens_has_tokens_changes_nothing(
+    group: tuple[GroupPolicy, list[TrajectoryOutcome]],
+) -> None:
+    policy, outcomes = group
+    ignoring = attrs.evolve(policy, require_tokens=False)
+    with_all = [attrs.evolve(o, has_tokens=True) for o in outcomes]
+    assert ignoring.assess(outcomes) == ignoring.assess(with_all)
+    # And when every member has tokens, requiring them changes nothing either.
+    requiring = attrs.evolve(policy, require_tokens=True)
+    assert requiring.assess(with_all) == ignoring.assess(with_all)

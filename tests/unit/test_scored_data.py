@@ -1,17 +1,29 @@
-"""A judged group as Atropos's ``ScoredDataGroup``: a pure conversion, counted by its caller."""
+"""A judged group as Atropos's ``ScoredDataGroup``: a pure conversion, counted by its caller.
+
+The verdict (``RolloutSettings.group_policy``, which requires tokens) makes every decision; the
+conversion only sends the kept members and says the verdict's reason when it sends nothing.
+"""
 
 from __future__ import annotations
 
 import copy
 
-from tests.unit.test_report import TOKENS, group, member
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.unit.test_report import TOKENS, member
 from trajcore.domain.agent_loop import StopReason
+from trajcore.domain.errors import StateError
+from trajcore.domain.groups import DropReason
 from trajcore.domain.token_ledger import TrainingTokens
 from trajcore.entrypoints.atropos import AgentEnvConfig
 from trajcore.entrypoints.atropos.config import RolloutSettings
 from trajcore.entrypoints.atropos.metrics import RolloutCounters
 from trajcore.entrypoints.atropos.scored_data import scored_group
 from trajcore.rollout.group import GroupResult
+from trajcore.rollout.trajectory import TrajectoryResult
 from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 INEXACT = TrainingTokens(
@@ -30,6 +42,25 @@ def _settings(**fields: object) -> RolloutSettings:
         tokenizer_name=str(qwen3_tokenizer_path()), use_wandb=False, group_size=3, **fields
     )
     return config.settings()
+
+
+def _with_tokens_flag(m: TrajectoryResult) -> TrajectoryResult:
+    """The member as the trajectory runner makes it: its outcome says whether it has tokens."""
+    return attrs.evolve(m, outcome=attrs.evolve(m.outcome, has_tokens=m.tokens is not None))
+
+
+def group(
+    group_id: str, *members: TrajectoryResult, settings: RolloutSettings | None = None
+) -> GroupResult:
+    """A group judged as ``AgentEnv.run_group`` judges a training group."""
+    members = tuple(_with_tokens_flag(m) for m in members)
+    policy = (settings or _settings()).group_policy(len(members))
+    return GroupResult(
+        group_id=group_id,
+        members=members,
+        verdict=policy.assess([m.outcome for m in members]),
+        duration_s=2.0,
+    )
 
 
 def test_a_whole_exact_group_is_sent_with_its_logprobs() -> None:
@@ -81,21 +112,39 @@ def test_too_few_members_with_tokens_is_not_sent() -> None:
     judged = group("g", member("g/0", tokens=TOKENS), member("g/1", score=0.0))
     conversion = scored_group(judged, _settings())
     assert conversion.scored is None
-    assert conversion.drop_reason == "no_tokens"
-    assert conversion.detail == "1 members with tokens"
+    assert conversion.drop_reason is DropReason.NO_TOKENS
+    assert conversion.detail == judged.verdict.detail
+    assert conversion.detail == (
+        "1 of 2 usable trajectories have training tokens, fewer than min_healthy=2"
+    )
     assert conversion.left_out == ("g/1",)
 
 
 def test_equal_scores_left_after_leaving_members_out_are_not_sent() -> None:
-    judged = group(
-        "g",
+    members = (
         member("g/0", tokens=TOKENS),
         member("g/1", tokens=TOKENS),
         member("g/2", score=0.0),
     )
-    assert scored_group(judged, _settings(ensure_scores_are_not_same=False)).scored is not None
-    dropped = scored_group(judged, _settings(ensure_scores_are_not_same=True))
-    assert dropped.drop_reason == "no_tokens"
+    kept = _settings(ensure_scores_are_not_same=False)
+    assert scored_group(group("g", *members, settings=kept), kept).scored is not None
+    dropping = _settings(ensure_scores_are_not_same=True)
+    dropped = scored_group(group("g", *members, settings=dropping), dropping)
+    assert dropped.drop_reason is DropReason.NO_TOKENS
+
+
+def test_the_conversion_decides_nothing_a_kept_member_without_tokens_is_refused() -> None:
+    # A verdict made without require_tokens (the evaluation policy) keeps a member without
+    # tokens: the conversion does not quietly send the group short, it refuses.
+    members = (member("g/0", tokens=TOKENS), member("g/1", score=0.0))
+    evaluated = GroupResult(
+        group_id="g",
+        members=members,
+        verdict=RolloutSettings.eval_policy(2).assess([m.outcome for m in members]),
+        duration_s=1.0,
+    )
+    with pytest.raises(StateError, match=r"kept member g/1 has no tokens"):
+        scored_group(evaluated, _settings())
 
 
 def test_a_dropped_verdict_is_not_sent_and_counted_by_its_reason() -> None:
@@ -111,10 +160,53 @@ def test_a_dropped_verdict_is_not_sent_and_counted_by_its_reason() -> None:
     )
     conversion = scored_group(dropped, _settings())
     assert conversion.scored is None
-    assert conversion.drop_reason == "member_failed"
+    assert conversion.drop_reason is DropReason.MEMBER_FAILED
     assert conversion.detail == dropped.verdict.detail
     counters = RolloutCounters()
     counters.record_conversion(conversion)
     counters.record_conversion(conversion)
     assert counters.groups_dropped == {"member_failed": 2}
     assert counters.groups_sent == 0
+
+
+_MEMBERS = st.builds(
+    lambda score, tokens: (score, tokens),
+    st.sampled_from([None, 0.0, 0.5, 1.0]),
+    st.sampled_from([None, TOKENS, INEXACT]),
+)
+
+
+@given(
+    st.lists(_MEMBERS, min_size=1, max_size=5),
+    st.booleans(),
+    st.sampled_from(["drop", "keep_healthy"]),
+)
+def test_what_is_sent_is_exactly_the_verdicts_kept_members(
+    drawn: list[tuple[float | None, TrainingTokens | None]], equal: bool, on_failure: str
+) -> None:
+    settings = _settings(ensure_scores_are_not_same=equal, on_failure=on_failure)
+    members = [
+        member(
+            f"g/{i}",
+            score=score,
+            stop=StopReason.NATURAL if score is not None else StopReason.MODEL_ERROR,
+            tokens=tokens,
+        )
+        for i, (score, tokens) in enumerate(drawn)
+    ]
+    judged = group("g", *members, settings=settings)
+    conversion = scored_group(judged, settings)
+    verdict = judged.verdict
+    assert conversion.drop_reason is verdict.drop_reason
+    assert conversion.left_out == tuple(f"g/{i}" for i in verdict.no_tokens)
+    if verdict.dropped:
+        assert conversion.scored is None
+        assert conversion.detail == verdict.detail
+        return
+    scored = conversion.scored
+    assert scored is not None
+    assert scored["scores"] == list(verdict.scores)
+    assert [o["trajcore"]["trajectory_id"] for o in scored["overrides"]] == [
+        f"g/{i}" for i in verdict.kept
+    ]
+    assert conversion.partial == (len(verdict.kept) < len(members))

@@ -105,6 +105,7 @@ async def test_openai_mode_solves_scores_and_releases() -> None:
     assert [e.result.outcome for e in result.exchanges] == [ToolOutcome.OK]
     assert [m.role for m in result.messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert result.tokens is None  # OpenAI mode without a tokenizer: messages only
+    assert not result.outcome.has_tokens  # so a training group's verdict leaves it out
     assert stats.free == 2
     assert stats.leased == 0
 
@@ -236,6 +237,7 @@ async def test_managed_mode_keeps_sampled_tokens_exact(qwen: TransformersTokeniz
     assert result.outcome.score == 1.0
     tokens = result.tokens
     assert tokens is not None
+    assert result.outcome.has_tokens
     assert tokens.token_exact
     trained = [t for t, m in zip(tokens.tokens, tokens.masks, strict=True) if m != MASKED_LABEL]
     assert trained == [t for c in sampled for t in c.token_ids]

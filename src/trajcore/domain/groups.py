@@ -27,8 +27,18 @@ Rules this module keeps:
 - Scores that are all equal give no learning signal: Atropos drops such groups when
   ``ensure_scores_are_not_same`` is on (a group of one counts as all equal there too). The verdict
   always flags it; with ``drop_equal_scores`` (the default, as in Atropos) it also drops the group.
+- Training needs tokens: with ``require_tokens`` (the trainer's policy) a scored member without
+  training tokens (it never had a model turn) is left out, and a group left with fewer than
+  ``min_healthy`` members with tokens, or with only equal scores once they are left out, is
+  dropped as ``no_tokens``. Evaluation does not require tokens. Every threshold comes from the
+  policy's ``group_size``, never from the members at hand.
+- The first reason found stands: a member failure (under ``drop``), then too few usable members,
+  then too few with tokens, then equal scores (all usable ones, then those with tokens).
 - A kept partial group has fewer members than ``group_size``; whoever sends it must say so to
   Atropos (``group_overrides["group_size"]``), which otherwise discards a short group.
+
+Whoever sends a group only converts the verdict's ``kept`` members: every keep or drop decision
+is made here.
 """
 
 from __future__ import annotations
@@ -78,18 +88,24 @@ class TrajectoryOutcome:
             nothing (their reward hook is skipped), a finite number otherwise.
         produced_output: Whether the model produced anything (text, reasoning or a call).
         detail: A one-line reason for logs, e.g. the error that ended it.
+        has_tokens: Whether the trajectory has training tokens (it had a model turn); a policy
+            with ``require_tokens`` leaves a member without them out.
 
     Raises (when built):
         InvalidInput: a failure with a score, a healthy member with output but no score, an
-            empty member with a score, or a score that is not a finite number (field ``score``).
+            empty member with a score, or a score that is not a finite number (field ``score``);
+            a ``has_tokens`` that is not a bool (field ``has_tokens``).
     """
 
     status: TrajectoryStatus
     score: float | None = None
     produced_output: bool = True
     detail: str | None = None
+    has_tokens: bool = True
 
     def __attrs_post_init__(self) -> None:
+        if not isinstance(self.has_tokens, bool):
+            raise InvalidInput("has_tokens", f"must be a bool, got {self.has_tokens!r}")
         if self.score is not None:
             if not self.status.healthy:
                 raise InvalidInput(
@@ -125,11 +141,12 @@ class GroupStatus(enum.Enum):
     FAILED = "failed"  # failures (or too few usable members) void the group
 
 
-class DropReason(enum.Enum):
-    """Why a group is not sent."""
+class DropReason(enum.StrEnum):
+    """Why a group is not sent (a string enum: its value is its metric and log name)."""
 
     MEMBER_FAILED = "member_failed"  # on_failure=drop and some member failed
     TOO_FEW_HEALTHY = "too_few_healthy"  # fewer than min_healthy usable members
+    NO_TOKENS = "no_tokens"  # require_tokens: too few members with tokens, or only equal scores
     ALL_EQUAL_SCORES = "all_equal_scores"  # no learning signal (drop_equal_scores)
 
 
@@ -160,6 +177,8 @@ class GroupPolicy:
             such members out.
         drop_equal_scores: Drop a group whose kept scores are all equal (Atropos's
             ``ensure_scores_are_not_same``); the verdict flags them either way.
+        require_tokens: Leave out scored members without training tokens (a group sent to a
+            trainer); ``False`` (evaluation, reports) ignores ``has_tokens``.
 
     Raises (when built):
         ConfigError: a field out of range, naming it.
@@ -175,6 +194,7 @@ class GroupPolicy:
         default=0.0, validator=validators.finite_number(None, optional=True)
     )
     drop_equal_scores: bool = True
+    require_tokens: bool = False
 
     def assess(self, outcomes: Sequence[TrajectoryOutcome]) -> GroupVerdict:
         """Decide which members of a group are kept and whether the group is sent.
@@ -208,12 +228,21 @@ class GroupPolicy:
         usable = tuple(i for i, s in enumerate(member_scores) if s is not None)
         usable_scores = tuple(s for s in member_scores if s is not None)
         all_equal = len(set(usable_scores)) == 1
+        no_tokens = tuple(i for i in usable if self.require_tokens and not outcomes[i].has_tokens)
+        trained = [
+            (i, s) for i, s in enumerate(member_scores) if s is not None and i not in no_tokens
+        ]
+        trainable = tuple(i for i, _ in trained)
+        trainable_scores = tuple(s for _, s in trained)
+        left_out = sorted((*left_out, *no_tokens))
 
         reason: DropReason | None = None
         if failed and self.on_failure is OnFailure.DROP:
             reason = DropReason.MEMBER_FAILED
         elif len(usable) < self.min_healthy:
             reason = DropReason.TOO_FEW_HEALTHY
+        elif len(trainable) < self.min_healthy:
+            reason = DropReason.NO_TOKENS
         status = (
             GroupStatus.FAILED
             if reason is not None
@@ -221,36 +250,53 @@ class GroupPolicy:
             if left_out
             else GroupStatus.COMPLETE
         )
-        if reason is None and all_equal and self.drop_equal_scores:
-            reason = DropReason.ALL_EQUAL_SCORES
+        if reason is None and self.drop_equal_scores:
+            if all_equal:
+                reason = DropReason.ALL_EQUAL_SCORES
+            elif len(set(trainable_scores)) == 1:
+                reason = DropReason.NO_TOKENS
 
-        kept = () if reason is not None else usable
         return GroupVerdict(
             status=status,
-            kept=kept,
-            scores=tuple(usable_scores) if reason is None else (),
+            kept=() if reason is not None else trainable,
+            scores=() if reason is not None else trainable_scores,
             member_scores=tuple(member_scores),
             failed=tuple(failed),
             left_out=tuple(left_out),
+            no_tokens=no_tokens,
             all_equal=all_equal,
             drop_reason=reason,
-            detail=self._explain(reason, len(failed), len(usable), usable_scores),
+            detail=self._explain(
+                reason, len(failed), usable_scores, len(trainable), trainable_scores
+            ),
         )
 
     def _explain(
         self,
         reason: DropReason | None,
         failures: int,
-        usable: int,
         scores: tuple[float, ...],
+        trainable: int,
+        trainable_scores: tuple[float, ...],
     ) -> str:
+        usable = len(scores)
         if reason is DropReason.MEMBER_FAILED:
             return f"{failures} of {self.group_size} trajectories failed and on_failure is drop"
         if reason is DropReason.TOO_FEW_HEALTHY:
             return f"{usable} usable trajectories, fewer than min_healthy={self.min_healthy}"
         if reason is DropReason.ALL_EQUAL_SCORES:
             return f"all {len(scores)} scores equal {scores[0]!r}: no learning signal"
-        return f"kept {usable} of {self.group_size}"
+        if reason is DropReason.NO_TOKENS:
+            if trainable < self.min_healthy:
+                return (
+                    f"{trainable} of {usable} usable trajectories have training tokens, "
+                    f"fewer than min_healthy={self.min_healthy}"
+                )
+            return (
+                f"all {trainable} scores with training tokens equal {trainable_scores[0]!r}: "
+                "no learning signal"
+            )
+        return f"kept {trainable} of {self.group_size}"
 
 
 @attrs.frozen(kw_only=True)
@@ -265,7 +311,10 @@ class GroupVerdict:
             or ``None`` for a failure or a left-out empty member. For metrics, even when dropped.
         failed: Indices of members that ended in ``infra_error``, ``model_error`` or
             ``env_error``.
-        left_out: Indices of members without a score (``failed`` plus left-out empty members).
+        left_out: Indices of members not sent although the group may be: ``failed``, left-out
+            empty members and ``no_tokens``; ascending.
+        no_tokens: Indices of scored members left out for want of training tokens (only under
+            ``require_tokens``); their scores stay in ``member_scores``.
         all_equal: Whether the usable scores are all one value (true for a single score).
         drop_reason: Why the group is not sent; ``None`` when it is.
         detail: One line for logs.
@@ -280,6 +329,7 @@ class GroupVerdict:
     all_equal: bool
     drop_reason: DropReason | None
     detail: str
+    no_tokens: tuple[int, ...] = ()
 
     @property
     def dropped(self) -> bool:

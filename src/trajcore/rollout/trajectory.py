@@ -414,14 +414,6 @@ def _result(run: _Run, policy: Policy, started: float) -> TrajectoryResult:
     if stats.needs_score and run.score is None and run.score_failure is None:
         run.score_failure = "scoring did not finish before the trajectory deadline"
         run.score_failure_status = TrajectoryStatus.INFRA_ERROR
-    if run.score_failure is not None:
-        outcome = TrajectoryOutcome(
-            status=run.score_failure_status,
-            produced_output=stats.produced_output,
-            detail=run.score_failure,
-        )
-    else:
-        outcome = stats.outcome(score=run.score if stats.needs_score else None)
     tokens: TrainingTokens | None = None
     drift: Drift | None = None
     if run.session is not None and stats.turns > 0:
@@ -430,6 +422,18 @@ def _result(run: _Run, policy: Policy, started: float) -> TrajectoryResult:
         )
         if policy.token_exact and stats.stop_reason is not StopReason.MODEL_ERROR:
             drift = run.session.drift(run.messages)
+    if run.score_failure is not None:
+        outcome = TrajectoryOutcome(
+            status=run.score_failure_status,
+            produced_output=stats.produced_output,
+            detail=run.score_failure,
+            has_tokens=tokens is not None,
+        )
+    else:
+        outcome = attrs.evolve(
+            stats.outcome(score=run.score if stats.needs_score else None),
+            has_tokens=tokens is not None,
+        )
     return TrajectoryResult(
         trajectory_id=run.trajectory_id,
         messages=tuple(run.messages),

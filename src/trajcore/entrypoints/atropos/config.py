@@ -632,7 +632,8 @@ class RolloutSettings:
     include_messages: bool = True
 
     def group_policy(self, group_size: int) -> GroupPolicy:
-        """The group policy for training groups of ``group_size``.
+        """The group policy for training groups of ``group_size``: members without training
+        tokens are left out (``require_tokens``), since the trainer is sent tokens.
 
         Raises:
             ConfigError: ``min_healthy`` outside ``[1, group_size]``.
@@ -642,12 +643,14 @@ class RolloutSettings:
                 group_size=group_size,
                 on_failure=self.on_failure,
                 drop_equal_scores=self.drop_equal_scores,
+                require_tokens=True,
             )
         return GroupPolicy(
             group_size=group_size,
             on_failure=self.on_failure,
             min_healthy=self.min_healthy,
             drop_equal_scores=self.drop_equal_scores,
+            require_tokens=True,
         )
 
     def mode_line(self) -> str:

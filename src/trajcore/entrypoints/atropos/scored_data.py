@@ -1,18 +1,19 @@
 """What Atropos is sent: a judged group as a ``ScoredDataGroup``, and conversations as text.
 
 ``scored_group`` is a pure function of the ``GroupResult`` and the run's settings: it returns
-either the ``ScoredGroup`` to send or the reason it is not sent, and leaves counting and logging
-to its caller.
+either the ``ScoredGroup`` to send or the verdict's reason it is not sent, and leaves counting
+and logging to its caller. It decides nothing: which members are sent, and whether the group is,
+is the verdict's (``domain.groups.GroupPolicy.assess``; the training policy,
+``RolloutSettings.group_policy``, leaves out members without tokens).
 
 Rules it keeps:
 
 - ``tokens[i]`` and ``masks[i]`` have equal lengths; ``inference_logprobs`` is set only when
   every kept member's tokens are exact.
-- A kept member without tokens (it never had a model turn) is left out; a group left with fewer
-  than ``min_healthy`` members with tokens (or, with ``drop_equal_scores``, with only equal
-  scores after leaving some out) is not sent.
 - A partial group says its size in ``group_overrides["group_size"]``, because Atropos
   discards a group whose size differs from the configured one.
+- A kept member without tokens is a verdict made without ``require_tokens``: refused
+  (``StateError``), never sent short.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any, TypedDict
 
 import attrs
 
+from trajcore.domain.errors import StateError
+from trajcore.domain.groups import DropReason
 from trajcore.domain.messages import Message
 from trajcore.domain.tools import ToolOutcome
 from trajcore.entrypoints.atropos.config import RolloutSettings
@@ -72,14 +75,13 @@ class GroupConversion:
 
     Attributes:
         scored: The group to send, or ``None`` when it is not sent.
-        drop_reason: Why it is not sent (the verdict's drop reason, or ``no_tokens``);
-            ``None`` when it is sent.
+        drop_reason: Why it is not sent (the verdict's drop reason); ``None`` when it is sent.
         detail: The reason in words, for the log (empty when it is sent).
-        left_out: Ids of kept members left out because they have no tokens.
+        left_out: Ids of scored members the verdict left out because they have no tokens.
     """
 
     scored: ScoredGroup | None
-    drop_reason: str | None = None
+    drop_reason: DropReason | None = None
     detail: str = ""
     left_out: tuple[str, ...] = ()
 
@@ -118,46 +120,45 @@ def member_story(member: TrajectoryResult) -> dict[str, Any]:
 
 
 def scored_group(group: GroupResult, settings: RolloutSettings) -> GroupConversion:
-    """The Atropos ``ScoredDataGroup`` of a judged group, or why it is not sent.
+    """The Atropos ``ScoredDataGroup`` of a judged group's kept members, or why it is not sent.
 
-    ``settings`` gives the group policy's ``min_healthy`` and ``drop_equal_scores``, the
-    sampling parameters and the mode that go into ``generation_params``.
+    ``settings`` gives the sampling parameters and the mode that go into ``generation_params``,
+    and whether to send the conversations.
+
+    Raises:
+        StateError: a kept member has no tokens (the group was judged by a policy without
+            ``require_tokens``, such as the evaluation policy).
     """
-    if group.verdict.dropped:
-        reason = group.verdict.drop_reason.value if group.verdict.drop_reason else "dropped"
-        return GroupConversion(scored=None, drop_reason=reason, detail=group.verdict.detail)
-    kept = [
-        (member, score)
-        for member, score in zip(group.kept, group.verdict.scores, strict=True)
-        if member.tokens is not None
-    ]
-    left_out = tuple(m.trajectory_id for m in group.kept if m.tokens is None)
-    policy_min = settings.group_policy(len(group.members)).min_healthy
-    if len(kept) < policy_min or (
-        settings.drop_equal_scores and left_out and len({s for _, s in kept}) <= 1
-    ):
+    verdict = group.verdict
+    left_out = tuple(group.members[i].trajectory_id for i in verdict.no_tokens)
+    if verdict.drop_reason is not None:
         return GroupConversion(
-            scored=None,
-            drop_reason="no_tokens",
-            detail=f"{len(kept)} members with tokens",
-            left_out=left_out,
+            scored=None, drop_reason=verdict.drop_reason, detail=verdict.detail, left_out=left_out
         )
-    exact = all(m.tokens is not None and m.tokens.token_exact for m, _ in kept)
-    tokens = [m.tokens for m, _ in kept if m.tokens is not None]
+    kept = group.kept
+    tokens = []
+    for member in kept:
+        if member.tokens is None:
+            raise StateError(
+                f"kept member {member.trajectory_id} has no tokens: judge training groups with "
+                "require_tokens (RolloutSettings.group_policy)"
+            )
+        tokens.append(member.tokens)
+    exact = all(t.token_exact for t in tokens)
     logprobs: list[list[float]] | None = None
     if exact and all(t.inference_logprobs is not None for t in tokens):
         logprobs = [list(t.inference_logprobs or ()) for t in tokens]
     group_overrides: dict[str, Any] = {"token_exact": exact, "trajcore_group": group.group_id}
-    if len(kept) != len(group.members):
+    if len(kept) != len(verdict.member_scores):  # one per member of the configured group size
         group_overrides["group_size"] = len(kept)
     sampling = settings.rollout.sampling
     scored = ScoredGroup(
         tokens=[list(t.tokens) for t in tokens],
         masks=[list(t.masks) for t in tokens],
-        scores=[float(s) for _, s in kept],
+        scores=[float(s) for s in verdict.scores],
         advantages=None,
         ref_logprobs=None,
-        messages=[chat_dicts(m.messages) for m, _ in kept] if settings.include_messages else None,
+        messages=[chat_dicts(m.messages) for m in kept] if settings.include_messages else None,
         generation_params={
             "temperature": sampling.temperature,
             "max_tokens": sampling.max_tokens,
@@ -165,7 +166,7 @@ def scored_group(group: GroupResult, settings: RolloutSettings) -> GroupConversi
         },
         inference_logprobs=logprobs,
         group_overrides=group_overrides,
-        overrides=[MemberOverrides(token_exact=exact, trajcore=member_story(m)) for m, _ in kept],
+        overrides=[MemberOverrides(token_exact=exact, trajcore=member_story(m)) for m in kept],
         images=None,
     )
     return GroupConversion(scored=scored, left_out=left_out)
