@@ -1017,7 +1017,7 @@ static int serve(int fd, const char *state_dir, const char *workspace, const cha
      * command gets the default dispositions back. */
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN);
-    (void)prctl(PR_SET_NAME, "slot-lease", 0, 0, 0);
+    (void)prctl(PR_SET_NAME, own_sessions ? "slot-lease" : "slot-agent", 0, 0, 0);
     if (chdir(workspace) != 0) {
         fprintf(stderr, "slot-helper: cannot enter %s: %s\n", workspace, strerror(errno));
         return 2;
