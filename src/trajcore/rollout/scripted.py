@@ -4,9 +4,9 @@ An env author tests their env (and ``trajcore run`` runs it offline) with a *scr
 of the model: a function of the conversation so far that says what the model does next.
 
 - ``ModelScript``: ``solve(messages) -> ScriptStep``, where the step is the tool calls to make
-  (one ``ToolCall`` or several), the final answer (text, which ends the trajectory), or a whole
-  assistant ``Message``. Call ids are optional: a call whose id is empty or ``"pending"`` gets
-  ``call_{turn}_{i}``.
+  (one ``ToolCall`` or several; ``tool_call("bash", command="ls")`` writes one), the final
+  answer (text, which ends the trajectory), or a whole assistant ``Message``. Call ids are
+  optional: a call whose id is ``"pending"`` (``tool_call``'s) gets ``call_{turn}_{i}``.
 - ``Replay``: recorded tool calls. Built from trajectory records (the lines of a
   ``trajectories.jsonl`` that ``trajcore run`` or ``trajcore demo`` wrote, from a real model or
   a script), it plays the recorded assistant turns of the recording whose opening (the messages
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import attrs
 
 from trajcore.domain.errors import InvalidInput
-from trajcore.domain.json_values import JSONObject
+from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams, TokenCompletion
 from trajcore.domain.token_ledger import ChatTemplate, Drift, TrainingTokens
@@ -46,8 +46,10 @@ __all__ = [
     "Replay",
     "ScriptStep",
     "ScriptedPolicy",
+    "chat_turn",
     "replay_records",
     "script_message",
+    "tool_call",
 ]
 
 ScriptStep = str | Message | ToolCall | Sequence[ToolCall]
@@ -56,6 +58,15 @@ tool calls to make."""
 
 ModelScript = Callable[[Sequence[Message]], ScriptStep]
 """The model as a function of the conversation so far (system prompt to the last tool result)."""
+
+
+def tool_call(name: str, /, **arguments: JSON) -> ToolCall:
+    """A call of tool ``name`` with ``arguments``, for a script (its id is filled in per turn).
+
+    Raises:
+        ConfigError: an empty name, or arguments that are not JSON.
+    """
+    return ToolCall(id="pending", name=name, arguments=dict(arguments))
 
 
 def script_message(step: ScriptStep, turn: int) -> Message:
@@ -81,7 +92,7 @@ def script_message(step: ScriptStep, turn: int) -> Message:
             )
         message = Message.assistant(tool_calls=[c for c in calls if isinstance(c, ToolCall)])
     named = [
-        call if call.id not in ("", "pending") else attrs.evolve(call, id=f"call_{turn}_{i}")
+        call if call.id != "pending" else attrs.evolve(call, id=f"call_{turn}_{i}")
         for i, call in enumerate(message.tool_calls)
     ]
     return attrs.evolve(message, tool_calls=tuple(named))
@@ -89,6 +100,18 @@ def script_message(step: ScriptStep, turn: int) -> Message:
 
 def _turn(messages: Sequence[Message]) -> int:
     return sum(1 for m in messages if m.role == "assistant")
+
+
+def chat_turn(step: ScriptStep, messages: Sequence[Message]) -> ChatTurn:
+    """``step``, taken after ``messages``, as an OpenAI-mode answer: what a ``FakeChatServer``
+    policy or a loopback endpoint returns (finish reason ``tool_calls`` when it calls tools).
+
+    Raises:
+        InvalidInput: as ``script_message``.
+    """
+    message = script_message(step, _turn(messages))
+    reason = FinishReason.TOOL_CALLS if message.tool_calls else FinishReason.STOP
+    return ChatTurn(message=message, finish_reason=reason)
 
 
 def _opening(messages: Sequence[Message]) -> tuple[tuple[str, str], ...]:
@@ -266,10 +289,10 @@ class _ScriptedSession:
     managed: _Managed | None
 
     async def sample(self, messages: Sequence[Message], *, sampling: SamplingParams) -> ModelTurn:
-        message = script_message(self.script(messages), _turn(messages))
-        reason = FinishReason.TOOL_CALLS if message.tool_calls else FinishReason.STOP
+        turn = chat_turn(self.script(messages), messages)
+        message = turn.message
         if self.managed is None:
-            self.relay.turn = ChatTurn(message=message, finish_reason=reason)
+            self.relay.turn = turn
         else:
             text = self.managed.parser.render(message.tool_calls, content=message.content)
             ids = [

@@ -14,6 +14,8 @@ cannot lie to a score: ``check`` and ``run`` answer with what the command did an
 ``SlotInfraError`` when the slot could not run it (an infrastructure error, a refusal, a lost
 lease), and file reads and writes raise ``SlotFileError`` or ``SlotInfraError``; the trajectory
 runner turns an error raised from the scoring hook into an infrastructure failure, never a 0.
+``pytest`` uploads a test tree, runs pytest in the slot and reads its outcome
+(``trajcore.rollout.pytest_outcome``).
 """
 
 from __future__ import annotations
