@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
+from trajcore.adapters.fakes.unisolated import UnisolatedSandboxPool
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.ports.sandbox_pool import SandboxPool
@@ -11,6 +12,10 @@ from trajcore.rollout.dispatcher import ToolDispatcher
 
 def check_fake_is_a_pool() -> SandboxPool:
     return FakeSandboxPool(containers=1, slots_per_container=2)
+
+
+def check_unisolated_is_a_pool() -> SandboxPool:
+    return UnisolatedSandboxPool(containers=1, slots_per_container=2)
 
 
 def check_local_is_a_pool() -> SandboxPool:
