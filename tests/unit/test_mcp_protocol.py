@@ -13,9 +13,16 @@ pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install 'tr
 
 import mcp_types as types
 
-from trajcore.adapters.mcp.protocol import tool_result, tool_spec
+from trajcore.adapters.mcp.protocol import (
+    CONTEXT_META_KEY,
+    OUTCOME_META_KEY,
+    context_from_meta,
+    outcome_meta,
+    tool_result,
+    tool_spec,
+)
 from trajcore.domain.errors import WireError
-from trajcore.domain.tools import ToolCall, ToolOutcome
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 
 CALL = ToolCall(id="c1", name="look", arguments={"q": "x"})
 
@@ -75,3 +82,91 @@ def test_structured_content_stands_in_beside_a_resource_that_is_not_text() -> No
     first, second = tool_result(CALL, answer).content.splitlines()
     assert json.loads(first) == {"a": 1}
     assert second == "[resource file:///b.bin: application/zip, not text]"
+
+
+def _with_meta(
+    meta: dict[str, object], *, text: str = "", is_error: bool = False
+) -> types.CallToolResult:
+    return types.CallToolResult.model_validate(
+        {
+            "content": [{"type": "text", "text": text}] if text else [],
+            "isError": is_error,
+            "_meta": meta,
+        }
+    )
+
+
+def test_a_tool_keeps_its_description() -> None:
+    tool = types.Tool(name="look", description="Look it up.", input_schema={"type": "object"})
+    assert tool_spec(tool, 0).description == "Look it up."
+
+
+@pytest.mark.parametrize(
+    ("entry", "field", "reason"),
+    [
+        ("t-1", "", "expected an object with trajectory_id and slot"),
+        ({"trajectory_id": ""}, ".trajectory_id", "expected a non-empty string"),
+        ({"trajectory_id": "t", "slot": 3}, ".slot", "expected a string or null"),
+    ],
+)
+def test_a_malformed_context_says_what_was_expected(entry: object, field: str, reason: str) -> None:
+    with pytest.raises(WireError) as caught:
+        context_from_meta({CONTEXT_META_KEY: entry})
+    assert (caught.value.field, caught.value.reason) == (
+        f'$._meta["{CONTEXT_META_KEY}"]{field}',
+        reason,
+    )
+
+
+def test_our_outcome_travels_in_the_result_meta() -> None:
+    result = ToolResult.failure(CALL, ToolOutcome.REJECTED, "no @ look.q")
+    assert outcome_meta(result) == {
+        OUTCOME_META_KEY: {"outcome": "rejected", "error": "no @ look.q"}
+    }
+    assert outcome_meta(ToolResult.success(CALL, "ok")) == {
+        OUTCOME_META_KEY: {"outcome": "ok", "error": None}
+    }
+
+
+def test_a_declared_ok_outcome_without_is_error_is_a_success_with_the_text() -> None:
+    answer = _with_meta({OUTCOME_META_KEY: {"outcome": "ok", "error": None}}, text="fine")
+    assert tool_result(CALL, answer) == ToolResult.success(CALL, "fine")
+
+
+def test_a_declared_failure_wins_even_without_is_error() -> None:
+    answer = _with_meta({OUTCOME_META_KEY: {"outcome": "timeout"}}, text="took\n too long")
+    result = tool_result(CALL, answer)
+    assert (result.outcome, result.error) == (ToolOutcome.TIMEOUT, "took too long")
+
+
+def test_a_declared_error_that_is_not_text_is_ignored() -> None:
+    answer = _with_meta(
+        {OUTCOME_META_KEY: {"outcome": "rejected", "error": 5}}, text="bad q", is_error=True
+    )
+    result = tool_result(CALL, answer)
+    assert (result.outcome, result.error) == (ToolOutcome.REJECTED, "bad q")
+
+
+def test_a_blob_without_a_media_type_is_named_as_octet_stream() -> None:
+    answer = types.CallToolResult(
+        content=[
+            types.EmbeddedResource(
+                resource=types.BlobResourceContents(uri="file:///b.bin", blob="AAE=")
+            )
+        ]
+    )
+    assert tool_result(CALL, answer).content == (
+        "[resource file:///b.bin: application/octet-stream, not text]"
+    )
+
+
+def test_structured_content_is_sent_as_json_text() -> None:
+    answer = types.CallToolResult(content=[], structured_content={"a": "x"})
+    assert tool_result(CALL, answer).content == '{"a": "x"}'
+
+
+def test_structured_content_that_is_not_json_is_named_not_sent() -> None:
+    answer = types.CallToolResult(content=[], structured_content={"t": math.inf})
+    assert tool_result(CALL, answer).content == (
+        "[structured content that is not JSON: non-finite number inf @ $.t]"
+    )
