@@ -25,6 +25,7 @@ What it stands for and what it does not:
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
 import signal
@@ -164,7 +165,7 @@ class FakeCloud:
 
     # ------------------------------------------------------------------------- faults
 
-    def live(self) -> list[FakeSandbox]:
+    def live(self) -> builtins.list[FakeSandbox]:
         """The sandboxes not deleted, in creation order."""
         return list(self._boxes.values())
 
