@@ -914,3 +914,70 @@ def test_the_format_checker_asserts_its_own_formats_and_passes_non_strings(
         f"must be a valid {fmt} @ $"
     ]
     assert FULL.compile("t", {"format": fmt})(5) == []
+
+
+DRAFT_07 = "http://json-schema.org/draft-07/schema#"
+MISSPELT = (
+    "tool 't': 'maxLenght' is not a keyword of this JSON Schema draft, so nothing would "
+    "enforce it (misspelt? extensions are named 'x-...')"
+)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "field", "reason"),
+    [
+        ({"allOf": [{"type": "strng"}]}, "parameters.allOf[0].type",
+         "tool 't': not a valid JSON Schema: 'strng' is not valid under any of the given schemas"),
+        ({"allOf": [{"maxLenght": 1}]}, "parameters.allOf[0].maxLenght", MISSPELT),
+        ({"dependentSchemas": {"a": {"maxLenght": 1}}},
+         "parameters.dependentSchemas.a.maxLenght", MISSPELT),
+        ({"$schema": DRAFT_07, "dependencies": {"a": {"maxLenght": 1}}},
+         "parameters.dependencies.a.maxLenght", MISSPELT),
+        ({"$schema": DRAFT_07, "items": [{"maxLenght": 1}]}, "parameters.items[0].maxLenght",
+         MISSPELT),
+        ({"$dynamicRef": "https://x.org/s"}, "parameters.$dynamicRef",
+         "tool 't': reference 'https://x.org/s' leaves the schema; only references inside it "
+         "('#...') are resolved, nothing is fetched"),
+        ({"$defs": {"a": {"$id": "https://x.org/a"}}}, "parameters.$defs.a.$id",
+         "tool 't': a subschema with its own '$id' is not supported; keep one document with "
+         "'$defs' and '#/...' references"),
+    ],
+)  # fmt: skip
+def test_every_subschema_is_checked_at_build_and_the_fault_named_in_full(
+    parameters: JSONObject, field: str, reason: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        FULL.compile("t", parameters)
+    assert (info.value.field, info.value.reason) == (field, reason)
+
+
+@pytest.mark.parametrize(
+    ("schema", "arguments", "problems"),
+    [
+        ({"type": ["integer", "null"]}, "x", ["expected integer or null, got string @ $"]),
+        ({"propertyNames": {"type": "integer"}}, {"a": 1},
+         ["property name 'a': expected integer, got string @ $"]),
+        ({"required": ["a", "b"]}, {"a": 1}, ["required @ $.b"]),
+        ({"dependentRequired": {"a": ["b", "c"]}}, {"a": 1, "b": 2},
+         ["required when 'a' is present @ $.c"]),
+        ({"type": "object", "additionalProperties": False}, {"a": 1},
+         ["unexpected property @ $.a"]),
+        ({"properties": {"a": {}}, "unevaluatedProperties": False}, {"a": 1, "b": 2},
+         ["Unevaluated properties are not allowed ('b' was unexpected) @ $"]),
+        ({"allOf": [{"minimum": 5}, {"minimum": 5}]}, 3, ["must be >= 5 @ $"]),
+        ({"pattern": "a\\Z"}, "ab", ["must match the pattern 'a\\\\Z' @ $"]),
+    ],
+)  # fmt: skip
+def test_problems_are_named_once_and_only_where_they_are(
+    schema: JSONObject, arguments: JSON, problems: list[str]
+) -> None:
+    assert [str(p) for p in FULL.compile("t", schema)(arguments)] == problems
+
+
+def test_a_false_subschema_allows_no_value() -> None:
+    check = FULL.compile("t", {"properties": {"v": False}})
+    assert [p.reason for p in check({"v": {"x": 1}})] == ["no value is allowed here"]
+
+
+def test_a_format_outside_the_standard_keeps_the_fast_path() -> None:
+    assert FULL.compile("t", {"type": "string", "format": "password"}).fast
