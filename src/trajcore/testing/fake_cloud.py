@@ -110,7 +110,7 @@ class FakeCloud:
     async def __aenter__(self) -> Self:
         self._dir = tempfile.TemporaryDirectory(prefix="trajcore-fake-cloud-")
         # a root slot server runs its slots as unprivileged uids that must reach their workspaces
-        Path(self._dir.name).chmod(0o711)
+        Path(self._dir.name).chmod(0o711)  # noqa: ASYNC240 - once, on a fresh directory
         self._group = await self._stack.enter_async_context(anyio.create_task_group())
         return self
 
@@ -137,7 +137,7 @@ class FakeCloud:
             raise ProviderError(f"sandbox {sandbox_id} not found")
         if port != box.spec.port:
             raise ProviderError(f"port {port} of sandbox {sandbox_id} is not exposed")
-        while box.state == "pending":  # (both SDKs wait for the sandbox to start)
+        while box.state == "pending":  # noqa: ASYNC110 - both SDKs poll the state too
             await anyio.sleep(0.01)
         if box.state != "running" or not box.tunnel_open:
             raise ProviderError(f"sandbox {sandbox_id} is {box.state}: {box.message}")
@@ -194,7 +194,8 @@ class FakeCloud:
     # ------------------------------------------------------------------------- processes
 
     async def _start(self, spec: SandboxSpec) -> str:
-        assert self._dir is not None and self._group is not None
+        assert self._dir is not None
+        assert self._group is not None
         self._next += 1
         box_id = f"sb-{self._next:04d}"
         directory = Path(self._dir.name) / box_id
