@@ -100,3 +100,34 @@ def test_the_parameter_after_a_value_that_never_balances_is_read() -> None:
     assert turn.calls == (
         ToolCall(id="call_0", name="f", arguments={"a": "<parameter=a><parameter=a>u", "b": "v"}),
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "value", "content"),
+    [
+        # bare functions: the first </function> ends a value whose closer is missing
+        ("<function=f>\n<parameter=a>\nx\n</function>\ntrailing", "x", "trailing"),
+        # in a block: a </function> at the very end of the text is structural
+        ("<tool_call>\n<function=f>\n<parameter=a>\nx\n</function>", "x", ""),
+        # in a block: one followed by text is not; the structural one after it ends the value
+        (
+            "<tool_call>\n<function=f>\n<parameter=a>\nx </function> y\n</function>\n</tool_call>",
+            "x </function> y",
+            "",
+        ),
+    ],
+)
+def test_a_value_without_its_closer_ends_at_a_structural_function_end(
+    text: str, value: str, content: str
+) -> None:
+    turn = PARSER.parse(text)
+    assert calls(turn) == [("f", {"a": value})]
+    assert reasons(turn) == []
+    assert turn.content == content
+
+
+def test_a_refused_bare_function_ends_at_its_function_end_and_the_next_call_is_read() -> None:
+    turn = PARSER.parse("<function=>\n</function>\nmiddle\n<function=f>\n</function>")
+    assert reasons(turn) == ["missing name @ name"]
+    assert calls(turn) == [("f", {})]
+    assert turn.content == "middle"
