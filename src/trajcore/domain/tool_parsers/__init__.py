@@ -25,6 +25,12 @@ Families and their registry names:
 ``seed_oss``              ``qwen3_coder`` calls in ``<seed:tool_call>`` (ByteDance Seed-OSS)
 ========================  ==================================================================
 
+The registry is open: ``register_parser(name, factory)`` makes a parser of another family
+selectable as ``tool_call_parser: name``, exactly as the built-ins above are registered (a
+package can also name its factory as an entry point in group ``trajcore.tool_parsers``; the
+Atropos entrypoint reads those, the domain reads no package metadata). ``parser_names()`` lists
+every registered name, ``PARSER_NAMES`` the built-ins.
+
 The formats, the rules each parser keeps, and where each differs from vLLM's and SGLang's
 parsers (with the reason) are written down in ``docs/tool_parsers.md``; the conformance corpus
 in ``tests/conformance`` holds those references' own test cases.
@@ -34,7 +40,7 @@ in ``tests/conformance`` holds those references' own test cases.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.tool_parsers.base import ToolCallParser
@@ -57,41 +63,71 @@ __all__ = [
     "KimiK2Parser",
     "Llama3JsonParser",
     "MistralParser",
+    "ParserFactory",
     "PythonicParser",
     "Qwen3CoderParser",
     "ToolCallParser",
     "get_parser",
+    "parser_names",
+    "register_parser",
 ]
 
-_FACTORIES: Mapping[str, Callable[[], ToolCallParser]] = {
-    "hermes": HermesParser,
-    "qwen3_coder": Qwen3CoderParser,
-    "llama3_json": Llama3JsonParser,
-    "mistral": MistralParser,
-    "deepseek_v3": DeepSeekV3Parser,
-    "deepseek_v31": lambda: DeepSeekV3Parser(render_style="v31"),
-    "qwen": lambda: HermesParser(family="qwen"),
-    "kimi_k2": KimiK2Parser,
-    "glm45": Glm45Parser,
-    "pythonic": PythonicParser,
-    "llama4_pythonic": lambda: PythonicParser(family="llama4_pythonic"),
-    "granite": GraniteParser,
-    "seed_oss": lambda: Qwen3CoderParser(family="seed_oss"),
-}
+ParserFactory = Callable[[], ToolCallParser]
+"""Makes a fresh parser; called once per ``get_parser``."""
 
-PARSER_NAMES: tuple[str, ...] = tuple(_FACTORIES)
-"""The names ``get_parser`` knows, in a stable order."""
+_FACTORIES: dict[str, ParserFactory] = {}
+
+
+def register_parser(name: str, factory: ParserFactory, *, replace: bool = False) -> None:
+    """Make ``factory``'s parser selectable as ``tool_call_parser: name``.
+
+    Raises:
+        ConfigError: ``name`` is empty or holds whitespace, or is already registered and
+            ``replace`` is false (field ``tool_call_parser``).
+    """
+    given: object = name  # callers outside trajcore may pass anything
+    if not isinstance(given, str) or not name or name != "".join(name.split()):
+        raise ConfigError("tool_call_parser", f"cannot register parser {name!r}: not a plain name")
+    if name in _FACTORIES and not replace:
+        raise ConfigError(
+            "tool_call_parser",
+            f"parser {name!r} is already registered (pass replace=True to override it)",
+        )
+    _FACTORIES[name] = factory
+
+
+def parser_names() -> tuple[str, ...]:
+    """Every registered name: the built-ins, then the others in the order registered."""
+    return tuple(_FACTORIES)
+
+
+register_parser("hermes", HermesParser)
+register_parser("qwen3_coder", Qwen3CoderParser)
+register_parser("llama3_json", Llama3JsonParser)
+register_parser("mistral", MistralParser)
+register_parser("deepseek_v3", DeepSeekV3Parser)
+register_parser("deepseek_v31", lambda: DeepSeekV3Parser(render_style="v31"))
+register_parser("qwen", lambda: HermesParser(family="qwen"))
+register_parser("kimi_k2", KimiK2Parser)
+register_parser("glm45", Glm45Parser)
+register_parser("pythonic", PythonicParser)
+register_parser("llama4_pythonic", lambda: PythonicParser(family="llama4_pythonic"))
+register_parser("granite", GraniteParser)
+register_parser("seed_oss", lambda: Qwen3CoderParser(family="seed_oss"))
+
+PARSER_NAMES: tuple[str, ...] = parser_names()
+"""trajcore's own parsers' names, in a stable order (``parser_names()`` adds registered ones)."""
 
 
 def get_parser(name: str) -> ToolCallParser:
-    """The parser registered as ``name``.
+    """A fresh parser of the family registered as ``name``.
 
     Raises:
-        ConfigError: ``name`` is not one of ``PARSER_NAMES`` (field ``tool_call_parser``; the
-            reason lists the known names).
+        ConfigError: ``name`` is not registered (field ``tool_call_parser``; the reason lists
+            the registered names).
     """
     factory = _FACTORIES.get(name)
     if factory is None:
-        known = ", ".join(PARSER_NAMES)
+        known = ", ".join(parser_names())
         raise ConfigError("tool_call_parser", f"unknown parser {name!r}; known: {known}")
     return factory()

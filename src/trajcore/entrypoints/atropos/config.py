@@ -37,9 +37,10 @@ from trajcore.domain.groups import GroupPolicy, OnFailure
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.sandbox_policy import SlotPolicy
-from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser
+from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser, parser_names
 from trajcore.domain.toolsets import DistributionRegistry, ToolsetDistribution, ToolsetSelection
-from trajcore.entrypoints.atropos import pools
+from trajcore.entrypoints.atropos import pools, registries
+from trajcore.entrypoints.atropos.tokenizer_modes import TOKENIZER_MODES
 from trajcore.entrypoints.atropos_bases import BaseEnvConfig
 from trajcore.entrypoints.seed_settings import (
     SEED_FIELDS,
@@ -151,11 +152,11 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames):
         default=None,
         description=f"Tool-call parser for managed mode, one of {', '.join(PARSER_NAMES)}.",
     )
-    tokenizer_mode: Literal["hf", "mistral"] = Field(
+    tokenizer_mode: str = Field(
         default="hf",
         description="How managed mode renders and tokenizes: 'hf' (tokenizer_name's chat "
-        "template) or 'mistral' (Mistral's own encoder, mistral_common; as vLLM's "
-        "--tokenizer-mode mistral).",
+        "template), 'mistral' (Mistral's own encoder, mistral_common; as vLLM's "
+        "--tokenizer-mode mistral), or a registered mode (register_tokenizer_mode).",
     )
     mistral_tokenizer_file: str | None = Field(
         default=None,
@@ -163,11 +164,11 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames):
         "(default: the one in the tokenizer_name folder).",
     )
     # -- sandbox
-    sandbox: Literal["local", "container", "nomad", "ssh", "slurm"] = Field(
+    sandbox: str = Field(
         default="local",
         description="Where slots run: local slot servers (processes), slot-server containers "
-        "on this machine (podman or docker), a Nomad cluster, hosts reached over SSH, or Slurm "
-        "batch jobs.",
+        "on this machine (podman or docker), a Nomad cluster, hosts reached over SSH, Slurm "
+        "batch jobs, or a registered pool source (register_pool).",
     )
     slurm_command: str = Field(
         default="trajcore slot-server",
@@ -399,8 +400,21 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames):
     @field_validator("tool_call_parser")
     @classmethod
     def _known_parser(cls, value: str | None) -> str | None:
-        if value is not None:
+        if value is not None and value not in parser_names():
+            registries.discover()  # the parsers installed packages name as entry points
             get_parser(value)  # ConfigError at tool_call_parser, listing the known names
+        return value
+
+    @field_validator("sandbox")
+    @classmethod
+    def _known_sandbox(cls, value: str) -> str:
+        pools.POOLS.get(value)  # ConfigError at sandbox, listing the registered sources
+        return value
+
+    @field_validator("tokenizer_mode")
+    @classmethod
+    def _known_tokenizer_mode(cls, value: str) -> str:
+        TOKENIZER_MODES.get(value)  # ConfigError at tokenizer_mode, listing the modes
         return value
 
     @field_validator("tool_servers")
@@ -503,17 +517,12 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames):
                 ``tool_call_parser`` for managed mode without one, ``min_healthy`` above
                 ``group_size``, a malformed toolset distribution, ...).
         """
-        if self.sandbox == "nomad":
-            self.nomad_pool_config()
-        if self.sandbox == "ssh" and not (self.ssh_host or "").strip():
-            raise ConfigError("ssh_host", "sandbox 'ssh' needs at least one host")
-        if self.sandbox == "slurm":
-            pools.slurm_pool_config(self)
+        pools.check_pool(self)  # the chosen source's own settings
         choice = self.mode_for(server_types)
         if choice.mode == "managed" and not choice.parser:
             raise ConfigError(
                 "tool_call_parser", f"managed mode parses tool calls itself: set one of "
-                f"{', '.join(PARSER_NAMES)}"
+                f"{', '.join(parser_names())}"
             )  # fmt: skip
         if self.max_containers < self.min_containers:
             raise ConfigError("max_containers", f"must be >= min_containers={self.min_containers}")

@@ -1,5 +1,12 @@
 """The env's sandbox pool: the slot-server policy, the Nomad settings and the pool, from the config.
 
+``sandbox`` names a pool source in an open registry: ``register_pool(name, factory, check=...)``
+(or an entry point in group ``trajcore.sandboxes``) makes a source selectable as
+``--env.sandbox name``; trajcore's own (``local``, ``container``, ``nomad``, ``ssh``,
+``slurm``) are registered at the bottom of this module the same way. A factory takes the
+``AgentEnvConfig`` and returns the unopened pool; a ``check`` runs when the settings are checked
+(``AgentEnvConfig.settings``), before anything starts.
+
 Every place that turns ``AgentEnvConfig`` fields into a pool's settings lives here, so the slot
 policy is derived once: ``slot_policy`` builds the policy every slot server gets, and
 the Nomad, container and local pools' settings take it whole rather than restating its range.
@@ -14,8 +21,11 @@ Rules it keeps:
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, TypedDict
+
+import attrs
 
 from trajcore.adapters.sandbox.container_pool import ContainerPoolConfig, ContainerSandboxPool
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
@@ -25,12 +35,82 @@ from trajcore.adapters.sandbox.ssh_pool import SshPoolConfig, SshSandboxPool
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.ssh_hosts import SshHost
+from trajcore.entrypoints.atropos.registries import Registry, track
 from trajcore.ports.sandbox_pool import SandboxPool
 
 if TYPE_CHECKING:
     from trajcore.entrypoints.atropos.config import AgentEnvConfig
 
-__all__ = ["make_pool", "nomad_pool_config", "slot_policy"]
+__all__ = [
+    "POOLS",
+    "PoolFactory",
+    "PoolSource",
+    "check_pool",
+    "make_pool",
+    "nomad_pool_config",
+    "register_pool",
+    "slot_policy",
+]
+
+PoolFactory = Callable[["AgentEnvConfig"], AbstractAsyncContextManager[SandboxPool]]
+"""Builds the unopened pool of a source from the env's settings."""
+
+
+@attrs.frozen
+class PoolSource:
+    """A place slot servers run, as ``sandbox`` selects it.
+
+    Attributes:
+        factory: Builds the unopened pool from the ``AgentEnvConfig``.
+        check: Raises ``ConfigError`` (naming the env field) for settings the source cannot
+            work with, at ``AgentEnvConfig.settings``; ``None`` checks nothing early.
+    """
+
+    factory: PoolFactory
+    check: Callable[[AgentEnvConfig], object] | None = None
+
+
+def _as_source(loaded: object) -> PoolSource:
+    if isinstance(loaded, PoolSource):
+        return loaded
+    if callable(loaded):
+        return PoolSource(factory=loaded)
+    raise TypeError(f"expected a PoolSource or a pool factory, got {type(loaded).__name__}")
+
+
+POOLS: Registry[PoolSource] = track(
+    Registry(field="sandbox", what="sandbox", group="trajcore.sandboxes", adapt=_as_source)
+)
+"""The pool sources ``sandbox`` selects from."""
+
+
+def register_pool(
+    name: str,
+    factory: PoolFactory,
+    *,
+    check: Callable[[AgentEnvConfig], object] | None = None,
+    replace: bool = False,
+) -> None:
+    """Make ``factory`` selectable as ``--env.sandbox name`` (``check`` runs at settings time).
+
+    Raises:
+        ConfigError: ``name`` is already registered and ``replace`` is false (field
+            ``sandbox``).
+    """
+    POOLS.register(name, PoolSource(factory=factory, check=check), replace=replace)
+
+
+def check_pool(config: AgentEnvConfig) -> None:
+    """Run the chosen source's settings check.
+
+    Raises:
+        ConfigError: an unknown ``sandbox``, or a setting the source cannot work with, named by
+            its env field.
+    """
+    check = POOLS.get(config.sandbox).check
+    if check is not None:
+        check(config)
+
 
 # NomadPoolConfig's fields -> the env fields they are read from (and named by in errors).
 _NOMAD_FIELDS: dict[str, str] = {
@@ -144,39 +224,62 @@ def slurm_pool_config(config: AgentEnvConfig) -> SlurmPoolConfig:
 
 
 def make_pool(config: AgentEnvConfig) -> AbstractAsyncContextManager[SandboxPool]:
-    """The sandbox pool of a run, unopened (see ``AgentEnv.make_pool``).
+    """The sandbox pool of a run, unopened (see ``AgentEnv.make_pool``): the registered source
+    ``config.sandbox`` builds it.
 
     Raises:
-        ConfigError: a Nomad setting that cannot work, named by its env field.
+        ConfigError: an unknown ``sandbox``, or a setting that cannot work, named by its env
+            field.
         SandboxUnavailable: ``require_stateful_sandbox`` with the local pool and no tmux on
             this host.
     """
-    if config.sandbox == "nomad":
-        return NomadSandboxPool(nomad_pool_config(config))
-    if (
-        config.sandbox == "local"
-        and config.require_stateful_sandbox
-        and shutil.which("tmux") is None
-    ):
-        raise SandboxUnavailable(
-            "require_stateful_sandbox: the local pool keeps a persistent shell with tmux, "
-            "which is not installed on this host"
-        )
-    servers = _ServerSettings(
+    return POOLS.get(config.sandbox).factory(config)
+
+
+def _server_settings(config: AgentEnvConfig) -> _ServerSettings:
+    return _ServerSettings(
         containers=config.local_containers,
         slots_per_container=config.slots_per_container,
         acquire_timeout_s=config.acquire_timeout_s,
         policy=slot_policy(config),
         require_tmux=config.require_stateful_sandbox,
     )
-    if config.sandbox == "ssh":
-        return SshSandboxPool(ssh_pool_config(config, servers))
-    if config.sandbox == "slurm":
-        return SlurmSandboxPool(slurm_pool_config(config))
-    if config.sandbox == "container":
-        return ContainerSandboxPool(
-            ContainerPoolConfig(
-                image=config.container_image, engine=config.container_engine, **servers
-            )
+
+
+def _local_pool(config: AgentEnvConfig) -> AbstractAsyncContextManager[SandboxPool]:
+    if config.require_stateful_sandbox and shutil.which("tmux") is None:
+        raise SandboxUnavailable(
+            "require_stateful_sandbox: the local pool keeps a persistent shell with tmux, "
+            "which is not installed on this host"
         )
-    return LocalSandboxPool(LocalPoolConfig(**servers))
+    return LocalSandboxPool(LocalPoolConfig(**_server_settings(config)))
+
+
+def _container_pool(config: AgentEnvConfig) -> AbstractAsyncContextManager[SandboxPool]:
+    return ContainerSandboxPool(
+        ContainerPoolConfig(
+            image=config.container_image,
+            engine=config.container_engine,
+            **_server_settings(config),
+        )
+    )
+
+
+def _check_ssh(config: AgentEnvConfig) -> None:
+    if not (config.ssh_host or "").strip():
+        raise ConfigError("ssh_host", "sandbox 'ssh' needs at least one host")
+
+
+register_pool("local", _local_pool)
+register_pool("container", _container_pool)
+register_pool(
+    "nomad", lambda config: NomadSandboxPool(nomad_pool_config(config)), check=nomad_pool_config
+)
+register_pool(
+    "ssh",
+    lambda config: SshSandboxPool(ssh_pool_config(config, _server_settings(config))),
+    check=_check_ssh,
+)
+register_pool(
+    "slurm", lambda config: SlurmSandboxPool(slurm_pool_config(config)), check=slurm_pool_config
+)

@@ -27,7 +27,6 @@ from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[im
 
 from trajcore.adapters.generation_config import generation_stop_ids
 from trajcore.adapters.llm.atropos import ServerManagerTokenServer, token_server_from_config
-from trajcore.adapters.tokenizers import TransformersTokenizer
 from trajcore.adapters.tool_server import INPROCESS, HTTPToolServer, ToolRegistry
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
@@ -40,6 +39,7 @@ from trajcore.entrypoints.atropos.config import (
     AgentEnvConfig,
     RolloutSettings,
 )
+from trajcore.entrypoints.atropos.tokenizer_modes import mistral_tokenizer, tokenizer_for
 from trajcore.entrypoints.tool_server import make_app
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.ports.token_server import TokenServer
@@ -141,20 +141,6 @@ def tool_server_for(
     return HTTPToolServer(url, token=config.tool_server_token, timeout_s=config.terminal_timeout_s)
 
 
-def tokenizer_for(config: AgentEnvConfig, hf_tokenizer: object) -> Tokenizer:
-    """The env's tokenizer as trajcore's ``Tokenizer``: ``hf_tokenizer`` (Atropos's, from
-    ``tokenizer_name``) with its chat template, or Mistral's own encoder with
-    ``tokenizer_mode="mistral"``.
-
-    Raises:
-        ConfigError: ``mistral_tokenizer_file`` is missing or cannot be loaded, or the
-            ``mistral`` extra is not installed.
-    """
-    if config.tokenizer_mode == "mistral":
-        return mistral_tokenizer(config)
-    return TransformersTokenizer(tokenizer=hf_tokenizer, path=Path(str(config.tokenizer_name)))
-
-
 def learn_chat_template(tokenizer: Tokenizer, config: AgentEnvConfig) -> ChatTemplate:
     """``tokenizer``'s chat template as the token ledger uses it; a turn ends at the
     tokenizer's end-of-sequence id or any stop id of ``tokenizer_name``'s generation config.
@@ -165,35 +151,6 @@ def learn_chat_template(tokenizer: Tokenizer, config: AgentEnvConfig) -> ChatTem
     eos = tokenizer.eos_token_id
     stops = generation_stop_ids(Path(str(config.tokenizer_name)))
     return ChatTemplate.learn(tokenizer, turn_stops=stops if eos is None else {eos, *stops})
-
-
-def mistral_tokenizer(config: AgentEnvConfig) -> Tokenizer:
-    """``MistralCommonTokenizer`` over ``mistral_tokenizer_file``, or the one Mistral file in the
-    ``tokenizer_name`` folder (``tekken.json``, else the newest ``tokenizer.model.v*``)."""
-    field = "mistral_tokenizer_file"
-    try:
-        from trajcore.adapters.mistral import MistralCommonTokenizer
-    except ImportError as exc:
-        raise ConfigError(
-            "tokenizer_mode", f"'mistral' needs pip install 'trajcore[mistral]' ({exc})"
-        ) from None
-    if config.mistral_tokenizer_file is not None:
-        file = Path(config.mistral_tokenizer_file)
-    else:
-        folder = Path(str(config.tokenizer_name))
-        found = sorted(folder.glob("tokenizer.model.v*")) if folder.is_dir() else []
-        tekken = folder / "tekken.json"
-        if tekken.is_file():
-            found = [tekken]
-        if not found:
-            raise ConfigError(
-                field, f"no tekken.json or tokenizer.model.v* in {str(folder)!r}: name the file"
-            )
-        file = found[-1]
-    try:
-        return MistralCommonTokenizer.from_file(file)
-    except ConfigError as exc:
-        raise ConfigError(field, exc.reason) from None
 
 
 def default_toolsets(
