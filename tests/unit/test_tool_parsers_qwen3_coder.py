@@ -9,7 +9,7 @@ import pytest
 
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.tool_parsers import Qwen3CoderParser
-from trajcore.domain.tools import ToolCall
+from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.domain.turns import ParsedTurn
 
 PARSER = Qwen3CoderParser()
@@ -131,3 +131,29 @@ def test_a_refused_bare_function_ends_at_its_function_end_and_the_next_call_is_r
     assert reasons(turn) == ["missing name @ name"]
     assert calls(turn) == [("f", {})]
     assert turn.content == "middle"
+
+
+def test_a_closer_followed_by_the_block_end_is_structural() -> None:
+    # A function whose </function> is missing ends at the block's </tool_call>.
+    turn = PARSER.parse("<tool_call>\n<function=f>\n<parameter=a>\nx\n</parameter>\n</tool_call>")
+    assert calls(turn) == [("f", {"a": "x"})]
+    assert reasons(turn) == []
+
+
+def test_with_tools_a_closer_before_a_parameter_the_tool_lacks_is_text() -> None:
+    bash = ToolSpec(
+        name="bash",
+        parameters={"type": "object", "properties": {"command": {"type": "string"}}},
+    )
+    text = (
+        "<tool_call>\n<function=bash>\n<parameter=command>\necho </parameter>\n"
+        "<parameter=bogus>x\n</parameter>\n</function>\n</tool_call>"
+    )
+    turn = PARSER.parse(text, tools=[bash])
+    assert calls(turn) == [("bash", {"command": "echo </parameter>\n<parameter=bogus>x"})]
+    assert reasons(turn) == []
+
+
+def test_render_keeps_non_ascii_text_in_json_values() -> None:
+    rendered = PARSER.render([ToolCall(id="c", name="f", arguments={"o": {"k": "ü✓"}})])
+    assert '<parameter=o>\n{"k": "ü✓"}\n</parameter>' in rendered
