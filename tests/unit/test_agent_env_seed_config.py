@@ -193,7 +193,6 @@ def test_agent_max_tokens_none_lets_each_turn_use_the_context_left() -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("terminal_backend", "modal"),
         ("terminal_backend", "singularity"),
         ("tool_pool_mode", "modal"),
     ],

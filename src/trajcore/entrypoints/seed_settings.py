@@ -8,8 +8,8 @@ without losing a setting. So ``AgentEnvConfig`` takes every setting name of both
 - A name trajcore renamed (the table below) is accepted, turned into its trajcore field with the
   seed's meaning (``tool_pool_mode="nomad"`` becomes ``sandbox="nomad"``), and one
   ``SeedSettingWarning`` names the new name.
-- A seed value trajcore cannot honour (``terminal_backend="modal"``) is a ``ConfigError`` naming
-  the seed's field, when the config is built.
+- A seed value trajcore cannot honour (``terminal_backend="singularity"``) is a ``ConfigError``
+  naming the seed's field, when the config is built.
 - Any other unknown name is a ``ConfigError`` naming it and the closest known name, because
   pydantic would otherwise drop it without a word.
 - A renamed name also reads and writes as its field (``config.agent_max_steps`` is
@@ -70,7 +70,8 @@ def _local_or_nomad(field: str, value: object) -> object:
 # hermes-agent's terminal backends -> ``sandbox``: its docker backend runs each task's terminal
 # in a container on this machine, which is the container pool's slot-server containers.
 _BACKENDS: dict[str, str] = {
-    "local": "local", "docker": "container", "nomad": "nomad", "ssh": "ssh"
+    "local": "local", "docker": "container", "nomad": "nomad", "ssh": "ssh", "modal": "modal",
+    "daytona": "daytona",
 }  # fmt: skip
 
 
@@ -80,13 +81,15 @@ def _terminal_backend_back(value: object) -> object:
 
 
 def _terminal_backend(field: str, value: object) -> object:
-    """hermes-agent's ``terminal_backend`` as ``sandbox``: local, docker, nomad or ssh."""
+    """hermes-agent's ``terminal_backend`` as ``sandbox``: local, docker, nomad, ssh, modal or
+    daytona."""
     if isinstance(value, str) and value in _BACKENDS:
         return _BACKENDS[value]
     raise ConfigError(
         field,
         f"{value!r} is not available: trajcore runs terminals on the local pool ('local'), in "
-        f"slot-server containers ('docker'), on Nomad ('nomad') or on SSH hosts ('ssh')",
+        f"slot-server containers ('docker'), on Nomad ('nomad'), on SSH hosts ('ssh'), or in "
+        f"Modal or Daytona sandboxes ('modal', 'daytona')",
     )
 
 
@@ -152,8 +155,9 @@ _NOTES: dict[str, str] = {
     "distribution": "a name picks one of the env's toolset_distributions()",
     "terminal_backend": (
         "'local', 'docker' (the container pool: slot-server containers on this machine) and "
-        "'nomad', 'ssh' (slot servers on the ssh_host hosts); modal and singularity have no "
-        "pool here"
+        "'nomad', 'ssh' (slot servers on the ssh_host hosts), 'modal' and 'daytona' (one slot "
+        "server per provider sandbox: the modal_*, daytona_* and cloud_* settings); singularity "
+        "has no pool here"
     ),
     "terminal_lifetime": (
         "a trajectory whose slot waits longer than this for the model ends, unscored"

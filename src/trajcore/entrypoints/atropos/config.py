@@ -40,6 +40,7 @@ from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser, parser_names
 from trajcore.domain.toolsets import DistributionRegistry, ToolsetDistribution, ToolsetSelection
 from trajcore.entrypoints.atropos import pools, registries
+from trajcore.entrypoints.atropos.cloud import CloudSettings
 from trajcore.entrypoints.atropos.tokenizer_modes import TOKENIZER_MODES
 from trajcore.entrypoints.atropos_bases import BaseEnvConfig
 from trajcore.entrypoints.seed_settings import (
@@ -124,7 +125,7 @@ def _json_or_pairs(field: str, value: object) -> object:
 
 
 # NomadPoolConfig's field names -> the env fields they come from.
-class AgentEnvConfig(BaseEnvConfig, SeedNames):
+class AgentEnvConfig(BaseEnvConfig, SeedNames, CloudSettings):
     """An agent env's settings: Atropos's ``BaseEnvConfig`` plus trajcore's (section 7).
 
     Every field can be given as ``--env.<field>`` on the command line or under ``env:`` in the

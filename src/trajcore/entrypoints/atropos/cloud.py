@@ -1,0 +1,150 @@
+"""The Modal and Daytona pools from an env's settings (``--env.sandbox modal|daytona``, or
+hermes-agent's ``terminal_backend: modal|daytona``).
+
+``CloudSettings`` is the settings both providers take, as fields of ``AgentEnvConfig`` (a
+mixin, so each is one ``--env.*`` flag): the image by hermes's names (``modal_image``,
+``daytona_image``: hermes's ``TERMINAL_MODAL_IMAGE`` and ``TERMINAL_DAYTONA_IMAGE``), Modal's app,
+environment and region, Daytona's target, CPU and memory per sandbox, and the sandbox's
+lifetime. The scale range, slots per server, lease
+deadline and sandbox policy are the env's own settings, as for every pool. Credentials are the
+providers' (their SDKs read them); a missing SDK or credential fails the env's start naming it
+(``check_modal``, ``check_daytona``). docs/deploy.md, "Cloud sandboxes", says what was checked.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from trajcore.adapters.sandbox.daytona_pool import (
+    DaytonaPoolConfig,
+    DaytonaSandboxPool,
+    check_daytona,
+)
+from trajcore.adapters.sandbox.modal_pool import (
+    DEFAULT_IMAGE,
+    ModalPoolConfig,
+    ModalSandboxPool,
+    check_modal,
+)
+from trajcore.domain.errors import ConfigError
+from trajcore.entrypoints.atropos import pools
+from trajcore.ports.sandbox_pool import SandboxPool
+
+if TYPE_CHECKING:
+    from trajcore.entrypoints.atropos.config import AgentEnvConfig
+
+__all__ = [
+    "CloudSettings",
+    "check_daytona_settings",
+    "check_modal_settings",
+    "daytona_pool",
+    "daytona_pool_config",
+    "modal_pool",
+    "modal_pool_config",
+]
+
+
+class CloudSettings(BaseModel):
+    """The Modal and Daytona settings of ``AgentEnvConfig`` (see the module docstring)."""
+
+    modal_image: str = Field(default=DEFAULT_IMAGE, description="Modal: the sandbox image.")
+    modal_app: str = Field(default="trajcore-slots", description="Modal: the app's name.")
+    modal_environment: str | None = Field(default=None, description="Modal: the environment.")
+    modal_region: str | None = Field(default=None, description="Modal: where sandboxes run.")
+    daytona_image: str = Field(default=DEFAULT_IMAGE, description="Daytona: the sandbox image.")
+    daytona_target: str | None = Field(default=None, description="Daytona: the target (region).")
+    cloud_cpu: float | None = Field(default=None, description="Modal, Daytona: CPUs per sandbox.")
+    cloud_memory_mb: int | None = Field(
+        default=None, description="Modal, Daytona: memory per sandbox in MB."
+    )
+    cloud_lifetime_s: float | None = Field(
+        default=None, description="Modal: a sandbox's lifetime; Daytona: its idle stop."
+    )
+    cloud_owner: str = Field(
+        default="trajcore",
+        description="Modal, Daytona: the label of this pool's sandboxes; at start every sandbox "
+        "with it is deleted (a crashed run's), so give each concurrent pool its own.",
+    )
+
+
+def _shared(config: AgentEnvConfig) -> dict[str, Any]:
+    return {
+        "owner": config.cloud_owner,
+        "slots_per_container": config.slots_per_container,
+        "policy": pools.slot_policy(config),
+        "min_containers": config.min_containers,
+        "max_containers": config.max_containers,
+        "acquire_timeout_s": config.acquire_timeout_s,
+        "require_tmux": config.require_stateful_sandbox,
+    }
+
+
+def _named(prefix: str, error: ConfigError) -> ConfigError:
+    fields = {"image": "image", "region": "region", "target": "target", "app_name": "app"}
+    if error.field in ("cpu", "memory_mib", "memory_gib"):
+        return ConfigError(f"cloud_{'cpu' if error.field == 'cpu' else 'memory_mb'}", error.reason)
+    if error.field in ("sandbox_timeout_s", "auto_stop_min"):
+        return ConfigError("cloud_lifetime_s", error.reason)
+    if error.field in fields:
+        return ConfigError(f"{prefix}_{fields[error.field]}", error.reason)
+    return error
+
+
+def modal_pool_config(config: AgentEnvConfig) -> ModalPoolConfig:
+    """The Modal pool's settings. Raises ``ConfigError`` naming the env field."""
+    settings = _shared(config)
+    if config.cloud_lifetime_s is not None:
+        settings["sandbox_timeout_s"] = config.cloud_lifetime_s
+    try:
+        return ModalPoolConfig(
+            **settings, app_name=config.modal_app, environment=config.modal_environment,
+            image=config.modal_image, region=config.modal_region, cpu=config.cloud_cpu,
+            memory_mib=config.cloud_memory_mb,
+        )  # fmt: skip
+    except ConfigError as error:
+        raise _named("modal", error) from None
+
+
+def daytona_pool_config(config: AgentEnvConfig) -> DaytonaPoolConfig:
+    """The Daytona pool's settings: CPUs rounded up to whole cores, memory up to whole GiB,
+    the lifetime as the idle stop in whole minutes. Raises ``ConfigError`` naming the env
+    field."""
+    memory = config.cloud_memory_mb
+    lifetime = config.cloud_lifetime_s
+    try:
+        return DaytonaPoolConfig(
+            **_shared(config), image=config.daytona_image, target=config.daytona_target,
+            cpu=None if config.cloud_cpu is None else math.ceil(config.cloud_cpu),
+            memory_gib=None if memory is None else math.ceil(memory / 1024),
+            auto_stop_min=0 if lifetime is None else math.ceil(lifetime / 60),
+        )  # fmt: skip
+    except ConfigError as error:
+        raise _named("daytona", error) from None
+
+
+def check_modal_settings(config: AgentEnvConfig) -> None:
+    """At the env's start: the settings work, and the SDK and credentials are there."""
+    modal_pool_config(config)
+    check_modal()
+
+
+def check_daytona_settings(config: AgentEnvConfig) -> None:
+    """At the env's start: the settings work, and the SDK and credentials are there."""
+    daytona_pool_config(config)
+    check_daytona()
+
+
+def modal_pool(config: AgentEnvConfig) -> AbstractAsyncContextManager[SandboxPool]:
+    return ModalSandboxPool(modal_pool_config(config))
+
+
+def daytona_pool(config: AgentEnvConfig) -> AbstractAsyncContextManager[SandboxPool]:
+    return DaytonaSandboxPool(daytona_pool_config(config))
+
+
+pools.register_pool("modal", modal_pool, check=check_modal_settings)
+pools.register_pool("daytona", daytona_pool, check=check_daytona_settings)
