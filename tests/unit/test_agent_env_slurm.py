@@ -40,7 +40,8 @@ def test_every_slurm_setting_reaches_the_pool(tmp_path: Path) -> None:
     [("slurm_partition", "two words"), ("slurm_command", ""), ("slurm_memory_mb", 0)],
 )
 def test_a_slurm_setting_that_cannot_work_names_its_field(field: str, value: object) -> None:
+    values: dict[str, object] = {"sandbox": "slurm", field: value}
+    config = AgentEnvConfig.model_construct(None, **values)
     with pytest.raises(ConfigError) as raised:
-        values: dict[str, object] = {"sandbox": "slurm", field: value}
-        pools.slurm_pool_config(AgentEnvConfig.model_construct(None, **values))
+        pools.slurm_pool_config(config)
     assert raised.value.field == field
