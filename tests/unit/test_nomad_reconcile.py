@@ -808,3 +808,18 @@ def test_a_run_that_ends_soon_is_drained_before_any_other() -> None:
         Drain(alloc_id="a", reason="its run ends soon"),
         Drain(alloc_id="b", reason="index 1 is at or above the target 1"),
     ]
+
+
+def test_only_one_drained_container_per_index_comes_back() -> None:
+    listing = [running("a", 0), running("b", 1), running("c", 1)]
+    machine = reconciler()
+    machine.registered(2)
+    machine.observe(listing, demand=4, now=0.0)
+    for alloc_id in ("a", "b", "c"):
+        machine.joined(alloc_id, 0.0)
+    assert machine.members()["c"] is MemberState.DRAINING  # b serves index 1
+    machine.observe(listing, demand=0, now=1.0)  # b drains too
+    assert machine.observe(listing, demand=4, now=2.0) == [
+        Undrain(alloc_id="b", reason="index below 2")
+    ]
+    machine.check_valid()
