@@ -185,13 +185,16 @@ def test_a_second_signal_forces_the_end_when_the_close_hangs(tmp_path: Path) -> 
         assert "a second signal" in output
 
 
-def test_slot_servers_die_with_a_killed_env(tmp_path: Path) -> None:
+def test_slot_servers_die_with_a_killed_env_and_remove_its_directory(tmp_path: Path) -> None:
     with process_mode_run(tmp_path) as run:
         run.process.kill()  # SIGKILL: no handler runs in the env
         run.process.wait(timeout=30)
         left = wait_until_gone(run.started, 30.0)
         assert not left, f"left running: {_names(left)}"
-        # A SIGKILL runs nothing in the env, so its directory stays (the docs say so).
+        deadline = time.monotonic() + 30.0  # the orphaned servers remove it once closed
+        while run.run_dir.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not run.run_dir.exists()
 
 
 def test_a_slot_server_whose_parent_is_gone_exits_at_once(tmp_path: Path) -> None:

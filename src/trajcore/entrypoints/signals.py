@@ -22,9 +22,9 @@ What a signal does:
 - A signal ignored when the block is entered (``nohup``, a background job's SIGINT) stays
   ignored. Outside the main thread the block does nothing (Python delivers signals there only).
 
-Even a SIGKILL of the env leaves no slot server behind: the local pool starts its servers with
-``--parent-pid``, so they get SIGTERM when the env dies and close their sandboxes. What a SIGKILL
-does leave is the pool's directory (``/tmp/trajcore-pool-*``): nothing runs to remove it.
+Even a SIGKILL of the env leaves nothing behind: the local pool starts its servers with
+``--parent-pid`` and ``--parent-dir``, so they get SIGHUP when the env dies, close their
+sandboxes and remove the pool's directory (``/tmp/trajcore-pool-*``).
 """
 
 from __future__ import annotations

@@ -14,10 +14,13 @@ process (the local pool, a Nomad task's health check) can wait for it; ``--liste
 free port and the line names it. SIGTERM or SIGINT ends every sandbox, then the process, with
 status 0; a second signal, or the first one's close running past ``--stop-deadline`` seconds,
 forces the end (the process group it leads is killed: its sandboxes die with it), status 1.
-``--parent-pid PID`` (the local pool passes its own pid) makes the server get SIGTERM when that
-parent dies, however it dies (Linux's parent-death signal), so a killed env leaves no slot
-server behind; the server exits at once when PID is already gone. A bad flag or an unusable root
-exits 2 with ``reason @ field`` on stderr.
+``--parent-pid PID`` (the local pool passes its own pid) makes the server get SIGHUP when that
+parent dies, however it dies (Linux's parent-death signal), and stop as on SIGTERM, so a killed
+env leaves no slot server behind; Linux sends it once per thread of the parent as they end, so
+SIGHUP never forces the end. The server exits at once when PID is already gone. With
+``--parent-dir DIR`` as well (the local pool passes its private directory), a server that closes
+after its parent died removes DIR, which that parent can no longer do. A bad flag or an unusable
+root exits 2 with ``reason @ field`` on stderr.
 
 The policy (network, sandbox requirement, limits, timeout range, cgroups, bubblewrap, slot
 helper, slot uids) comes from these flags only; nothing a model writes into a call changes it.
@@ -29,16 +32,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ctypes
 import gc
 import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trajcore.adapters.sandbox.codec import unstructure
+from trajcore.adapters.sandbox.removal import remove_tree
 from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime, check_config
 from trajcore.adapters.sandbox.sandboxes import name_process
 from trajcore.adapters.sandbox.server import start_http_server
@@ -51,6 +57,8 @@ from trajcore.domain.sandbox_policy import (
 )
 
 __all__ = ["main", "parse_args", "policy_of"]
+
+_ORPHAN_REMOVE_TIMEOUT_S = 60.0
 
 
 def _reader(flag: PolicyFlag) -> Callable[[str], object]:
@@ -106,7 +114,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--parent-pid",
         type=int,
         metavar="PID",
-        help="end (SIGTERM) when this process, the parent, dies; exit at once if it is gone",
+        help="stop (SIGHUP) when this process, the parent, dies; exit at once if it is gone",
+    )
+    lifetime.add_argument(
+        "--parent-dir",
+        type=Path,
+        metavar="DIR",
+        help="with --parent-pid: the parent's directory, removed by a server that outlived it",
     )
     lifetime.add_argument(
         "--stop-deadline",
@@ -195,7 +209,7 @@ def _force_exit() -> None:
 
 
 def _die_with_parent(parent_pid: int) -> bool:
-    """Ask Linux for SIGTERM when the parent dies; False when ``parent_pid`` is already gone.
+    """Ask Linux for SIGHUP when the parent dies; False when ``parent_pid`` is already gone.
 
     Raises:
         ConfigError: ``--parent-pid`` is not a positive pid.
@@ -205,7 +219,7 @@ def _die_with_parent(parent_pid: int) -> bool:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
-        if libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0) != 0:
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGHUP), 0, 0, 0) != 0:
             error = ctypes.get_errno()
             raise OSError(error, f"prctl(PR_SET_PDEATHSIG): {os.strerror(error)}")
     # The parent may have died before the request: then no signal will ever come.
@@ -216,14 +230,21 @@ async def _serve(args: argparse.Namespace, config: RuntimeConfig, token: str | N
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
-    def on_signal() -> None:
+    def on_signal(forceable: bool) -> None:
         if stop.is_set():
-            _force_exit()
+            if forceable:
+                _force_exit()
+            return
         stop.set()
         loop.call_later(args.stop_deadline, _force_exit)
 
+    def on_parent_death() -> None:
+        args.parent_died = True  # (its process may still be ending: getppid() cannot tell yet)
+        on_signal(False)
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal)
+        loop.add_signal_handler(signum, on_signal, True)
+    loop.add_signal_handler(signal.SIGHUP, on_parent_death)
     runtime = SlotRuntime(config)
     try:
         await runtime.start()
@@ -271,6 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.parent_pid is not None and not _die_with_parent(args.parent_pid):
             sys.stderr.write(f"trajcore slot-server: the parent {args.parent_pid} is gone\n")
+            _remove_orphaned_dir(args)
             return 1
         if not args.stop_deadline > 0:
             raise ConfigError("--stop-deadline", f"must be > 0, got {args.stop_deadline}")
@@ -283,6 +305,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ConfigError) as error:
         sys.stderr.write(f"trajcore slot-server: {error}\n")
         return 2
+    finally:
+        _remove_orphaned_dir(args)
+
+
+def _remove_orphaned_dir(args: argparse.Namespace) -> None:
+    """Remove ``--parent-dir`` when the parent of ``--parent-pid`` died (its close never ran)."""
+    if args.parent_dir is None or args.parent_pid is None:
+        return
+    if not getattr(args, "parent_died", False) and os.getppid() == args.parent_pid:
+        return
+    # The parent's other servers are closing too and may still be writing below DIR: try again
+    # until the tree is gone or the deadline passes.
+    directory: Path = args.parent_dir.absolute()
+    deadline = time.monotonic() + _ORPHAN_REMOVE_TIMEOUT_S
+    while True:
+        try:
+            remove_tree(directory, timeout_s=max(0.1, deadline - time.monotonic()))
+        except OSError as error:
+            if time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            with contextlib.suppress(OSError):
+                sys.stderr.write(f"trajcore slot-server: cannot remove {directory}: {error}\n")
+        return
 
 
 if __name__ == "__main__":

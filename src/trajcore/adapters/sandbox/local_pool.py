@@ -29,7 +29,8 @@ Rules this module keeps:
   SIGTERM to the group, then SIGKILL to the group after ``stop_timeout_s``. The sandboxes run
   with ``--die-with-parent`` inside that group, so ``aclose`` leaves no child or grandchild.
 - A slot server dies with this process however it dies: it is started with ``--parent-pid``, so
-  Linux sends it SIGTERM when its parent ends (a SIGKILL included) and it closes its sandboxes.
+  Linux sends it SIGHUP when its parent ends (a SIGKILL included) and it closes its sandboxes;
+  with ``--parent-dir`` it then removes the pool's directory, which nobody else is left to do.
   A process that must exit without running the pools' close (a second Ctrl-C) calls
   ``abandon_local_pools()``: every open pool's servers are ended and its directory removed,
   synchronously.
@@ -217,8 +218,9 @@ class _LocalProcesses:
         else:
             listen = ["--listen", "127.0.0.1:0", "--token-file", str(self.run_dir / "token")]
         argv = self.config.server_argv(root=self._root / name, listen=listen, index=index)
-        # Dies with this process (Linux's parent-death signal), however this process ends.
-        return [*argv, "--parent-pid", str(os.getpid())]
+        # Dies with this process (Linux's parent-death signal), however this process ends, and
+        # then removes the directory this process could not.
+        return [*argv, "--parent-pid", str(os.getpid()), "--parent-dir", str(self.run_dir)]
 
     async def launch(self, index: int, name: str) -> tuple[Endpoint, _Process]:
         assert self.run_dir is not None
