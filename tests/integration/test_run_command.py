@@ -114,6 +114,10 @@ def test_usage_errors_name_what_is_wrong(
     assert "no_such_function" in capsys.readouterr().err
     assert main([SHELL_TASKS, "--policy", "solve", "--set", "max_turns=-3"]) == 2
     assert "max_turns" in capsys.readouterr().err
+    hello = f"{ROOT / 'examples' / 'hello.py'}:HelloEnv"
+    solve = f"{ROOT / 'examples' / 'shell_tasks.py'}:solve"
+    assert main([hello, "--policy", solve, "--set", "tokenizer_name=no/such-model"]) == 2
+    assert "--set tokenizer_name=PATH" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([SHELL_TASKS])  # no model given: argparse says which to give
     assert "--policy" in capsys.readouterr().err

@@ -313,7 +313,14 @@ def main(argv: Sequence[str]) -> int:
             raise UsageError(f"{args.target} is not an AgentEnv subclass")
         env_module = sys.modules[env_class.__module__]
         config, servers = _config(env_class, args.set)
-        env = env_class(config, servers)
+        try:
+            env = env_class(config, servers)
+        except OSError as error:  # Atropos loads tokenizer_name when the env is built
+            raise ConfigError(
+                "tokenizer_name",
+                f"building the env failed loading {config.tokenizer_name!r}: {error} (offline, "
+                "give a local tokenizer folder: --set tokenizer_name=PATH)",
+            ) from None
         model = _model(args, env, env_module)
     except (TrajcoreError, OSError) as error:
         print(f"trajcore run: {error}", file=sys.stderr)
