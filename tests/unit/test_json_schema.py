@@ -960,6 +960,8 @@ def test_every_subschema_is_checked_at_build_and_the_fault_named_in_full(
         ({"required": ["a", "b"]}, {"a": 1}, ["required @ $.b"]),
         ({"dependentRequired": {"a": ["b", "c"]}}, {"a": 1, "b": 2},
          ["required when 'a' is present @ $.c"]),
+        ({"dependentRequired": {"a": ["b"], "x": ["y"]}}, {"a": 1},
+         ["required when 'a' is present @ $.b"]),
         ({"type": "object", "additionalProperties": False}, {"a": 1},
          ["unexpected property @ $.a"]),
         ({"properties": {"a": {}}, "unevaluatedProperties": False}, {"a": 1, "b": 2},
