@@ -41,3 +41,4 @@ def test_the_count_settings_are_whole_numbers_named_under_scaling() -> None:
     with pytest.raises(ConfigError) as caught:
         check(None, attrs.fields(ScaleConfig).max_containers, 0)
     assert str(caught.value) == "must be an integer >= 1, got 0 @ scaling.max_containers"
+    scale_policy._count(0)(None, attrs.fields(ScaleConfig).min_containers, 0)
