@@ -457,3 +457,10 @@ def test_without_require_tokens_has_tokens_changes_nothing(
     # And when every member has tokens, requiring them changes nothing either.
     requiring = attrs.evolve(policy, require_tokens=True)
     assert requiring.assess(with_all) == ignoring.assess(with_all)
+
+
+def test_a_single_member_with_tokens_is_no_learning_signal_and_says_so() -> None:
+    policy = GroupPolicy(group_size=2, min_healthy=1, require_tokens=True)
+    verdict = policy.assess([done(1.0), tokenless(0.0)])
+    assert verdict.drop_reason is DropReason.NO_TOKENS
+    assert verdict.detail == "all 1 scores with training tokens equal 1.0: no learning signal"
