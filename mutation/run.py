@@ -363,7 +363,7 @@ def report(results: list[dict[str, Any]], target: float, missing: list[str]) -> 
     for r in results:
         verdict = "met" if r["rate"] >= target else "NOT met"
         if not r["complete"]:
-            verdict += f" (incomplete: {r['not_checked']} not checked)"
+            verdict = f"not known (incomplete: {r['not_checked']} not checked)"
         rows.append(
             f"| {r['module']} | {r['mutants']} | {r['killed']} | {r['equivalent']} | "
             f"{r['missed']} | {100 * r['rate']:.1f}% | {verdict} |"
