@@ -12,6 +12,7 @@ it here and fail, where in the core install it would fail to import at all.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import pkgutil
 import re
@@ -105,8 +106,15 @@ CORE_MODULES = sorted(
         *_submodules("trajcore.rollout"),
     }
     - {"trajcore.adapters.sandbox.nomad_client", "trajcore.adapters.sandbox.nomad_pool"}
+    - {"trajcore.adapters.sandbox.modal_sdk", "trajcore.adapters.sandbox.daytona_sdk"}
 )
 NOMAD_MODULES = ["trajcore.adapters.sandbox.nomad_client", "trajcore.adapters.sandbox.nomad_pool"]
+# each cloud provider's SDK sits behind one module, which needs only that provider's extra
+# (the pools themselves, modal_pool and daytona_pool, import it lazily: they are core modules)
+CLOUD_MODULES = [
+    ("trajcore.adapters.sandbox.modal_sdk", "modal", "modal"),
+    ("trajcore.adapters.sandbox.daytona_sdk", "daytona", "daytona"),
+]
 
 
 @pytest.mark.parametrize("module", CORE_MODULES)
@@ -125,6 +133,18 @@ def test_the_nomad_pool_needs_only_the_nomad_extra(module: str) -> None:
     assert "python-nomad" in loaded.values()
     outside = {top: dist for top, dist in loaded.items() if dist not in allowed}
     assert not outside, f"{module} loads modules outside the core and the nomad extra: {outside}"
+
+
+@pytest.mark.parametrize(("module", "extra", "sdk"), CLOUD_MODULES)
+def test_a_cloud_sdk_module_loads_its_sdk_and_no_trainer(module: str, extra: str, sdk: str) -> None:
+    """What else an SDK loads is its own affair (both import optional packages when present,
+    and ``google`` is a namespace several distributions share), so this checks the two things
+    that matter: the module loads its SDK, and nothing of the trainer stack."""
+    if importlib.util.find_spec(sdk) is None:
+        pytest.skip(f"the {sdk} SDK is not installed (pip install 'trajcore[{extra}]')")
+    loaded = set(_loaded_distributions(module).values())
+    assert sdk in loaded
+    assert not {"atroposlib", "transformers", "tokenizers", "torch"} & loaded, loaded
 
 
 def test_the_domain_loads_nothing_but_attrs() -> None:
