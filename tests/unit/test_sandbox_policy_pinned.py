@@ -70,3 +70,21 @@ def test_a_bad_vector_request_is_refused_with_the_field_and_reason(
     with pytest.raises(ConfigError) as caught:
         bwrap_argv(SlotPolicy(), **arguments)  # type: ignore[arg-type]  # each case's own types
     assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(
+    ("paths", "message"),
+    [
+        (("/usr", 5), "expected a path string @ system_paths[1]"),
+        (("usr",), "'usr' is not an absolute path @ system_paths[0]"),
+        (("/usr/../etc",), "'/usr/../etc' is not an absolute path @ system_paths[0]"),
+        (("/usr\0x",), "'/usr\\x00x' is not an absolute path @ system_paths[0]"),
+    ],
+)
+def test_every_system_path_must_be_a_plain_absolute_path(
+    paths: tuple[object, ...], message: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        SlotPolicy(system_paths=paths)  # type: ignore[arg-type]  # bad input on purpose
+    assert str(caught.value) == message
+    SlotPolicy(system_paths=("/usr", "/lib/x86_64-linux-gnu", "/a..b"))
