@@ -15,11 +15,11 @@ import them); ``trajcore.testing.fake_cloud`` is the double the contract suites 
 How the pool follows its sandboxes: every ``poll_interval_s`` it lists the sandboxes labelled
 with its owner and hands them to the Nomad pool's reconciler (``domain.nomad_reconcile``), each
 sandbox as an allocation (its server index from its label, its state as a client status). The
-decisions are carried out as in the Slurm pool: join, drain, lose, remove, replace (delete the
-sandbox), the count; ``plan_sandboxes`` keeps one live sandbox per index below the count and
-deletes the rest. A sandbox whose server failed to start is created again after a growing
-delay (0.5 s doubling to 60 s); a creation the provider refuses (a quota, a missing image) is
-noted with the provider's message and retried the same way.
+decisions are carried out by the loop the Nomad and Slurm pools share (``reconciled``): join,
+drain, lose, remove, replace (delete the sandbox), the count; ``plan_sandboxes`` keeps one live
+sandbox per index below the count and deletes the rest. A sandbox whose server failed to start
+is created again after a growing delay (0.5 s doubling to 60 s); a creation the provider refuses
+(a quota, a missing image) is noted with the provider's message and retried the same way.
 
 Labels: every sandbox carries ``trajcore-owner`` (the pool's owner: one name per env run
 series, ``owner`` in the config), ``trajcore-run`` (this pool's run ID, new at every start)
@@ -44,22 +44,14 @@ from typing import Literal, Protocol
 import anyio
 import attrs
 
-from trajcore.adapters.sandbox.pool_core import Endpoint, Member, SlotServerPool, close_quietly
-from trajcore.domain.errors import ConfigError, InvalidInput, SandboxUnavailable, SlotServerError
-from trajcore.domain.nomad_reconcile import (
-    Action,
-    Allocation,
-    Discard,
-    Drain,
-    Join,
-    Lose,
-    NomadReconciler,
-    ReconcileConfig,
-    Remove,
-    Replace,
-    SetCount,
-    Undrain,
+from trajcore.adapters.sandbox.reconciled import (
+    ReconciledPool,
+    ReconciledSource,
+    StartBackoff,
+    scale_settings,
 )
+from trajcore.domain.errors import ConfigError, InvalidInput, SandboxUnavailable
+from trajcore.domain.nomad_reconcile import Join
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.scale_policy import ScaleConfig
 from trajcore.domain.slots import SlotCall
@@ -87,7 +79,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-_MAX_BACKOFF_S = 60.0
 OWNER_LABEL = "trajcore-owner"
 RUN_LABEL = "trajcore-run"
 INDEX_LABEL = "trajcore-index"
@@ -221,20 +212,11 @@ class CloudPoolConfig:
     def __attrs_post_init__(self) -> None:
         if self.port > 65535:
             raise ConfigError("port", f"must be a TCP port (1-65535), got {self.port}")
-        try:
-            self.scale_config()
-        except ConfigError as error:
-            raise ConfigError(error.field.removeprefix("scaling."), error.reason) from None
+        self.scale_config()
 
     def scale_config(self) -> ScaleConfig:
-        """The domain scale policy's settings."""
-        return ScaleConfig(
-            min_containers=self.min_containers,
-            max_containers=self.max_containers,
-            slots_per_container=self.slots_per_container,
-            scale_down_margin=self.scale_down_margin,
-            cooldown_s=self.cooldown_s,
-        )
+        """The domain scale policy's settings (``ConfigError`` naming the field when bad)."""
+        return scale_settings(self)
 
 
 def server_argv(config: CloudPoolConfig) -> tuple[str, ...]:
@@ -292,60 +274,47 @@ def plan_sandboxes(
     return SandboxPlan(create=create, delete=tuple(delete))
 
 
-@attrs.frozen
-class _Box:
-    """The handle of one joined slot server: its sandbox."""
+@attrs.define(eq=False, kw_only=True)
+class _CloudSandboxes(ReconciledSource[CloudPoolConfig]):
+    """The ``ContainerSource`` of a cloud pool: the sandboxes of one run. The shared loop
+    (``ReconciledSource``) decides; this class lists, creates and deletes the sandboxes."""
 
-    sandbox_id: str
-    index: int
+    unavailable = ProviderError
+    noun = "sandbox"
+    nothing_started = "no sandbox started"
 
-
-def _box(member: Member) -> _Box:
-    assert isinstance(member.handle, _Box)
-    return member.handle
-
-
-@attrs.define(eq=False)
-class _CloudSandboxes:
-    """The ``ContainerSource`` of a cloud pool: the sandboxes of one run."""
-
-    config: CloudPoolConfig
     provider: CloudProvider
-    token: str = attrs.field(repr=False, factory=lambda: secrets.token_urlsafe(32))
     run: str = attrs.field(factory=lambda: secrets.token_hex(6))
-    machine: NomadReconciler = attrs.field(init=False)
-    by_box: dict[str, Member] = attrs.field(init=False, factory=dict)
     names: dict[str, str] = attrs.field(init=False, factory=dict)
     count: int = attrs.field(init=False, default=0)
     created: int = attrs.field(init=False, default=0)
-    _pool: SlotServerPool | None = attrs.field(init=False, default=None)
     _deleting: set[str] = attrs.field(init=False, factory=set)
-    _joined: set[str] = attrs.field(init=False, factory=set)
-    _last: dict[int, tuple[str | None, float]] = attrs.field(init=False, factory=dict)
-    _failures: dict[int, int] = attrs.field(init=False, factory=dict)
-    _fatal: BaseException | None = attrs.field(init=False, default=None)
+    _backoff: StartBackoff = attrs.field(init=False, factory=StartBackoff)
     _open: bool = attrs.field(init=False, default=False)
-
-    def __attrs_post_init__(self) -> None:
-        self.machine = NomadReconciler(
-            ReconcileConfig(
-                scale=self.config.scale_config(), join_timeout_s=self.config.start_timeout_s
-            )
-        )
-
-    @property
-    def pool(self) -> SlotServerPool:
-        assert self._pool is not None
-        return self._pool
 
     @property
     def labels(self) -> dict[str, str]:
         return {OWNER_LABEL: self.config.owner, RUN_LABEL: self.run}
 
+    @property
+    def scheduler(self) -> str:
+        return f"{self.provider.name} sandboxes of {self.config.owner}"
+
+    @property
+    def log_name(self) -> str:
+        return f"{self.provider.name} pool"
+
+    @property
+    def tick_timeout_s(self) -> float:
+        return self.config.request_timeout_s
+
+    @property
+    def no_answer(self) -> str:
+        return f"{self.provider.name} did not answer in time"
+
     # ------------------------------------------------------------------------- source
 
-    async def open(self, pool: SlotServerPool, stack: contextlib.AsyncExitStack) -> None:
-        self._pool = pool
+    async def _set_up(self, stack: contextlib.AsyncExitStack) -> None:
         stack.push_async_callback(self.provider.aclose)
         # what a crashed run of this owner left: its servers hold an old token; delete them
         with anyio.fail_after(self.config.request_timeout_s):
@@ -359,26 +328,6 @@ class _CloudSandboxes:
         stack.push_async_callback(self.shutdown)
         self.count = self.config.min_containers
         self.machine.registered(self.count)
-
-    async def start(self, pool: SlotServerPool) -> None:
-        pool.spawn(self._watch)
-        config = self.config
-        with anyio.move_on_after(config.start_timeout_s):
-            while True:
-                if self._fatal is not None:
-                    raise self._fatal
-                if len(pool.container_names()) >= config.min_containers:
-                    return
-                await pool.changed()
-        seen = "; ".join(pool.problems[-3:]) or "no sandbox started"
-        raise SlotServerError(
-            f"{self.provider.name} sandboxes of {config.owner}: {len(pool.container_names())} "
-            f"of {config.min_containers} slot servers became healthy within "
-            f"{config.start_timeout_s} s ({seen})"
-        )
-
-    def lost(self, member: Member, reason: str) -> None:
-        self._apply(self.machine.failed(_box(member).sandbox_id, reason, anyio.current_time()))
 
     async def shutdown(self) -> None:
         """Delete every sandbox of the run and wait until none is listed; bounded."""
@@ -404,54 +353,28 @@ class _CloudSandboxes:
         if scope.cancelled_caught:
             self.pool.note(f"the sandboxes were not deleted within {self.config.stop_timeout_s} s")
 
-    def check_valid(self) -> None:
-        self.machine.check_valid()
-        for box_id, member in self.by_box.items():
-            if _box(member).sandbox_id != box_id or self.pool.member(member.name) is not member:
-                raise AssertionError(f"check_valid: container {member.name} is misfiled")
-
     # ------------------------------------------------------------------------- the sandboxes
 
-    async def _watch(self) -> None:
-        while not self.pool.closed:
-            try:
-                with anyio.fail_after(self.config.request_timeout_s):
-                    await self._tick()
-            except (ProviderError, InvalidInput, TimeoutError) as error:
-                reason = str(error) or f"{self.provider.name} did not answer in time"
-                _log.warning("%s pool: %s", self.provider.name, reason)
-                self.pool.note(reason)
-            await anyio.sleep(self.config.poll_interval_s)
-
     async def _tick(self) -> None:
-        config = self.config
         ours = await self.provider.list(self.labels)
-        slots = config.slots_per_container
-        leasing = self.pool.leasing
         allocations = []
         for sandbox in ours:
             index = _index(sandbox)
             if index is None:
                 continue
-            member = self.by_box.get(sandbox.id)
-            live = member is not None and not member.lost
             allocations.append(
-                Allocation(
-                    id=sandbox.id,
-                    index=index,
-                    client_status=_CLIENT_STATUS[sandbox.state],
+                self._allocation(
+                    sandbox.id,
+                    index,
+                    _CLIENT_STATUS[sandbox.state],
                     desired_status="stop" if sandbox.id in self._deleting else "run",
-                    held=leasing.held(member.name, slots) if live and member else 0,
-                    quarantined=leasing.quarantined(member.name, slots) if live and member else 0,
                 )
             )
             if sandbox.state in ("stopped", "failed") and sandbox.id not in self._deleting:
                 message = sandbox.message or sandbox.state
                 self.pool.note(f"sandbox {sandbox.id} {sandbox.state}: {message}")
-        stats = self.pool.statistics()
         now = anyio.current_time()
-        actions = self.machine.observe(allocations, stats.leased + stats.waiting, now)
-        for count in self._apply(actions):
+        for count in self._observe(allocations, now):
             self.count = count
             self.machine.scaled(count)
         plan = plan_sandboxes(
@@ -464,13 +387,8 @@ class _CloudSandboxes:
             await self._create(index, now)
 
     async def _create(self, index: int, now: float) -> None:
-        last = self._last.get(index)
-        if last is not None:
-            box_id, when = last
-            failures = 0 if box_id in self._joined else self._failures.get(index, 0) + 1
-            if failures and now < when + min(0.5 * 2 ** (failures - 1), _MAX_BACKOFF_S):
-                return
-            self._failures[index] = failures
+        if not self._backoff.due(index, now):
+            return
         spec = SandboxSpec(
             argv=server_argv(self.config),
             port=self.config.port,
@@ -480,16 +398,20 @@ class _CloudSandboxes:
         try:
             box_id = await self.provider.create(spec)
         except ProviderError as error:
-            self._last[index] = (None, now)
+            self._backoff.started(index, None, now)
             self.pool.note(f"{self.provider.name} refused sandbox {index}: {error}")
-            if not self.pool.container_names() and self._failures.get(index, 0) >= 2:
+            if not self.pool.container_names() and self._backoff.failures(index) >= 2:
                 # nothing serves and the provider keeps refusing: the start fails with its words
                 self._fatal = self._fatal or error
                 self.pool.signal()
             return
-        self._last[index] = (box_id, now)
+        self._backoff.started(index, box_id, now)
         self.created += 1
         _log.info("%s pool: server %d is sandbox %s", self.provider.name, index, box_id)
+
+    def _replace(self, run_id: str, reason: str) -> None:
+        self._deleting.add(run_id)
+        self.pool.spawn(self._delete, run_id)
 
     async def _delete(self, sandbox_id: str) -> None:
         self._deleting.add(sandbox_id)
@@ -500,67 +422,21 @@ class _CloudSandboxes:
             self.pool.note(f"could not delete sandbox {sandbox_id}: {str(error) or 'no answer'}")
             self._deleting.discard(sandbox_id)  # the next tick tries again
 
-    # ------------------------------------------------------------------------- actions
+    # ------------------------------------------------------------------------- joining
 
-    def _apply(self, actions: Sequence[Action]) -> list[int]:
-        pool = self.pool
-        counts: list[int] = []
-        for action in actions:
-            if isinstance(action, SetCount):
-                counts.append(action.count)
-            elif isinstance(action, Join):
-                pool.spawn(self._join, action)
-            elif isinstance(action, Replace):
-                pool.note(f"sandbox {action.alloc_id} replaced: {action.reason}")
-                self._deleting.add(action.alloc_id)
-                pool.spawn(self._delete, action.alloc_id)
-            elif isinstance(action, Lose | Remove):
-                member = self.by_box.pop(action.alloc_id, None)
-                if member is not None:
-                    pool.gone(member, action.reason)
-            elif isinstance(action, Drain | Undrain):
-                member = self.by_box.get(action.alloc_id)
-                if member is not None and not member.lost:
-                    if isinstance(action, Drain):
-                        pool.drain(member)
-                    else:
-                        pool.undrain(member)
-        return counts
+    def _container_name(self, join: Join) -> str:
+        return f"{self.provider.name.lower()}-{join.index}-{join.alloc_id}"
 
-    async def _join(self, join: Join) -> None:
-        pool = self.pool
-        box_id = join.alloc_id
-        name = f"{self.provider.name.lower()}-{join.index}-{box_id}"
-        try:
-            with anyio.fail_after(self.config.start_timeout_s):
-                url = await self.provider.url(box_id, self.config.port)
-                client = await pool.connect(Endpoint("tcp", url, self.token), name)
-        except (TimeoutError, SlotServerError, InvalidInput, ProviderError) as error:
-            reason = "not healthy in time" if isinstance(error, TimeoutError) else str(error)
-            pool.note(f"sandbox {box_id} did not join: {reason}")
-            self._apply(self.machine.join_failed(box_id, reason, anyio.current_time()))
-            return
-        except SandboxUnavailable as error:
-            pool.note(str(error))
-            self._fatal = self._fatal or error
-            self._apply(self.machine.join_failed(box_id, str(error), anyio.current_time()))
-            pool.signal()
-            return
-        actions = self.machine.joined(box_id, anyio.current_time())
-        member = None
-        if not any(isinstance(action, Discard) for action in actions):
-            member = pool.join(name, client, _Box(sandbox_id=box_id, index=join.index))
-        if member is None:
-            await close_quietly(client)
-            return
-        self._joined.add(box_id)
-        self.by_box[box_id] = member
-        self.names[name] = box_id
+    async def _address(self, run_id: str) -> str:
+        return await self.provider.url(run_id, self.config.port)
+
+    def _joined(self, run_id: str, name: str, address: str) -> None:
+        self._backoff.joined(run_id)
+        self.names[name] = run_id
         _log.info("%s pool: %s joined", self.provider.name, name)
-        self._apply(actions)
 
 
-class CloudSandboxPool(SlotServerPool):
+class CloudSandboxPool(ReconciledPool):
     """The SandboxPool port over slot servers run as a cloud provider's sandboxes.
 
     Entering deletes what a crashed run of the same owner left and waits for
@@ -573,7 +449,7 @@ class CloudSandboxPool(SlotServerPool):
     def __init__(self, provider: CloudProvider, config: CloudPoolConfig) -> None:
         self.config = config
         self.provider = provider
-        self._boxes = _CloudSandboxes(config, provider)
+        self._boxes = _CloudSandboxes(config=config, provider=provider)
         super().__init__(self._boxes, config, label=provider.name)
 
     async def execute(self, container: str, calls: Sequence[SlotCall]) -> list[ToolResult]:
@@ -606,20 +482,12 @@ class CloudSandboxPool(SlotServerPool):
 
     def sandbox_id(self, container: str) -> str:
         """The provider's sandbox behind ``container``. Raises ``KeyError``."""
-        member = self.member(container)
-        if member is None:
-            raise KeyError(container)
-        return _box(member).sandbox_id
+        return self.run_id(container)
 
     @property
     def run(self) -> str:
         """This pool's run ID (the ``trajcore-run`` label of its sandboxes)."""
         return self._boxes.run
-
-    @property
-    def target(self) -> int:
-        """The server count the scale policy wants now."""
-        return self._boxes.machine.target
 
     @property
     def sandbox_count(self) -> int:
@@ -630,8 +498,3 @@ class CloudSandboxPool(SlotServerPool):
     def sandboxes_created(self) -> int:
         """Sandboxes created since the start (the first ones, scale-ups and replacements)."""
         return self._boxes.created
-
-    def check_valid(self) -> None:
-        """The slot book's invariants and the pool's own (raises ``AssertionError``)."""
-        super().check_valid()
-        self._boxes.check_valid()

@@ -7,7 +7,8 @@ servers exactly as the local pool does over its child processes: the same slot b
 (``SlotLeasing``), the same batch rules (``execute_batch``), the same client
 (``SlotServerClient``). What it adds is scheduling, and Nomad does the scheduling.
 
-How containers come and go:
+How containers come and go (the decisions are ``domain.nomad_reconcile``'s, carried out by the
+loop this pool shares with the Slurm and cloud pools, ``reconciled``):
 
 - A watch task polls the job's allocations every ``poll_interval_s``. An allocation that Nomad
   reports ``running`` (and wants running) joins: the pool reads it once for the address of its
@@ -51,25 +52,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
 import anyio
 import attrs
 
 from trajcore.adapters.sandbox.nomad_client import NomadClient, NomadUnavailable
-from trajcore.adapters.sandbox.pool_core import (
-    Endpoint,
-    Member,
-    SlotServerPool,
-    close_quietly,
-)
-from trajcore.domain.errors import (
-    ConfigError,
-    InvalidInput,
-    SandboxUnavailable,
-    SlotServerError,
-)
+from trajcore.adapters.sandbox.reconciled import ReconciledPool, ReconciledSource, scale_settings
+from trajcore.domain.errors import ConfigError
 from trajcore.domain.nomad_job import (
     NomadJobSettings,
     NomadJobSpec,
@@ -78,20 +68,7 @@ from trajcore.domain.nomad_job import (
     register_request,
     scale_request,
 )
-from trajcore.domain.nomad_reconcile import (
-    Action,
-    Allocation,
-    Discard,
-    Drain,
-    Join,
-    Lose,
-    NomadReconciler,
-    ReconcileConfig,
-    Remove,
-    Replace,
-    SetCount,
-    Undrain,
-)
+from trajcore.domain.nomad_reconcile import Join, ReconcileConfig
 from trajcore.domain.scale_policy import ScaleConfig
 from trajcore.domain.validators import (
     flag,
@@ -161,115 +138,60 @@ class NomadPoolConfig(NomadJobSettings):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        try:
-            self.scale_config()
-        except ConfigError as error:  # (the scale policy's names are ``scaling.<field>``)
-            raise ConfigError(error.field.removeprefix("scaling."), error.reason) from None
+        self.scale_config()
 
     def job_spec(self, *, count: int, token: str) -> NomadJobSpec:
         """The job for ``count`` slot servers with bearer ``token``."""
         return NomadJobSpec.of(self, count=count, token=token)
 
     def scale_config(self) -> ScaleConfig:
-        """The domain scale policy's settings."""
-        return ScaleConfig(
-            min_containers=self.min_containers,
-            max_containers=self.max_containers,
-            slots_per_container=self.slots_per_container,
-            scale_down_margin=self.scale_down_margin,
-            cooldown_s=self.cooldown_s,
-        )
+        """The domain scale policy's settings (``ConfigError`` naming the field when bad)."""
+        return scale_settings(self)
 
 
 # ============================================================================ allocations
 
 
-@attrs.frozen
-class _Allocation:
-    """The handle of one joined slot server: its Nomad allocation."""
-
-    alloc_id: str
-    index: int
-    restarts: int
-
-
-def _container_name(alloc_id: str, index: int, restarts: int) -> str:
-    name = f"nomad-{index}-{alloc_id[:8]}"
-    return name if restarts == 0 else f"{name}~{restarts}"
-
-
-def _allocation(member: Member) -> _Allocation:
-    assert isinstance(member.handle, _Allocation)
-    return member.handle
-
-
-@attrs.define(eq=False)
-class _NomadAllocations:
+@attrs.define(eq=False, kw_only=True)
+class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
     """The ``ContainerSource`` of the Nomad pool: the allocations of one job.
 
     Every decision (join, drain, undrain, lose, remove, replace, the job's count) is the
-    domain ``NomadReconciler``'s; this class lists allocations, feeds them in, and carries the
-    actions out against Nomad and the pool core.
+    domain ``NomadReconciler``'s, carried out by the shared loop (``ReconciledSource``); this
+    class lists allocations, reads their addresses, stops them and sets the job's count.
     """
 
-    config: NomadPoolConfig
+    unavailable = NomadUnavailable
+    noun = "allocation"
+    nothing_started = "Nomad placed no running allocation"
+
     nomad: NomadClient
-    token: str = attrs.field(repr=False, factory=lambda: secrets.token_urlsafe(32))
-    machine: NomadReconciler = attrs.field(init=False)
-    by_alloc: dict[str, Member] = attrs.field(init=False, factory=dict)
-    _pool: SlotServerPool | None = attrs.field(init=False, default=None)
     _names: dict[str, str] = attrs.field(init=False, factory=dict)
     _version: int = attrs.field(init=False, default=0)
-    _fatal: BaseException | None = attrs.field(init=False, default=None)
     _registered: bool = attrs.field(init=False, default=False)
 
-    def __attrs_post_init__(self) -> None:
-        config = self.config
-        self.machine = NomadReconciler(
-            ReconcileConfig(
-                scale=config.scale_config(),
-                restart_attempts=config.restart_attempts,
-                join_timeout_s=config.start_timeout_s,
-            )
+    def reconcile_config(self) -> ReconcileConfig:
+        return attrs.evolve(
+            super().reconcile_config(), restart_attempts=self.config.restart_attempts
         )
 
     @property
-    def pool(self) -> SlotServerPool:
-        assert self._pool is not None
-        return self._pool
+    def scheduler(self) -> str:
+        return f"Nomad job {self.config.job_id}"
+
+    @property
+    def log_name(self) -> str:
+        return f"Nomad pool {self.config.job_id}"
 
     # ------------------------------------------------------------------------- source
 
-    async def open(self, pool: SlotServerPool, stack: contextlib.AsyncExitStack) -> None:
-        self._pool = pool
+    async def _set_up(self, stack: contextlib.AsyncExitStack) -> None:
         config = self.config
         await self.nomad.leader()
         if config.purge_on_start and await self.nomad.deregister(config.job_id, purge=True):
             _log.info("purged Nomad job %s before starting", config.job_id)
         stack.push_async_callback(self.shutdown)
         await self._register(config.min_containers)
-
-    async def start(self, pool: SlotServerPool) -> None:
-        pool.spawn(self._watch)
-        config = self.config
-        with anyio.move_on_after(config.start_timeout_s):
-            while True:
-                if self._fatal is not None:
-                    raise self._fatal
-                if len(pool.container_names()) >= config.min_containers:
-                    return
-                await pool.changed()
-        seen = "; ".join(pool.problems[-3:]) or "Nomad placed no running allocation"
-        raise SlotServerError(
-            f"Nomad job {config.job_id}: {len(pool.container_names())} of "
-            f"{config.min_containers} slot servers became healthy within "
-            f"{config.start_timeout_s} s ({seen})"
-        )
-
-    def lost(self, member: Member, reason: str) -> None:
-        """The core lost ``member`` (a failed batch or reset): the machine replaces it."""
-        allocation = _allocation(member)
-        self._apply(self.machine.failed(allocation.alloc_id, reason, anyio.current_time()))
 
     async def shutdown(self) -> None:
         """Stop the job (purged when configured), bounded and shielded."""
@@ -285,13 +207,6 @@ class _NomadAllocations:
                 self.pool.note(f"could not stop the job: {error}")
         if scope.cancelled_caught:
             self.pool.note(f"stopping the job took longer than {config.stop_timeout_s} s")
-
-    def check_valid(self) -> None:
-        self.machine.check_valid()
-        for alloc_id, member in self.by_alloc.items():
-            filed = self.pool.member(member.name) is member
-            if _allocation(member).alloc_id != alloc_id or not filed:
-                raise AssertionError(f"check_valid: container {member.name} is misfiled")
 
     # ------------------------------------------------------------------------- Nomad
 
@@ -310,43 +225,23 @@ class _NomadAllocations:
         self._version = version
         self.machine.registered(count)
 
-    async def _watch(self) -> None:
-        """Poll the allocations and carry out the machine's actions; until cancelled."""
-        while not self.pool.closed:
-            try:
-                await self._tick()
-            except (NomadUnavailable, InvalidInput) as error:
-                _log.warning("Nomad pool %s: %s", self.config.job_id, error)
-                self.pool.note(str(error))
-            await anyio.sleep(self.config.poll_interval_s)
-
     async def _tick(self) -> None:
-        config = self.config
-        listing = await self.nomad.job_allocations(config.job_id)
-        stubs = [s for s in parse_allocation_stubs(listing) if s.job_version >= self._version]
-        slots = config.slots_per_container
-        leasing = self.pool.leasing
+        listing = await self.nomad.job_allocations(self.config.job_id)
         allocations = []
-        for stub in stubs:
+        for stub in parse_allocation_stubs(listing):
+            if stub.job_version < self._version:
+                continue
             self._names[stub.id] = stub.name
-            member = self.by_alloc.get(stub.id)
-            live = member is not None and not member.lost
             allocations.append(
-                Allocation(
-                    id=stub.id,
-                    index=stub.index,
-                    client_status=stub.client_status,
+                self._allocation(
+                    stub.id,
+                    stub.index,
+                    stub.client_status,
                     desired_status=stub.desired_status,
                     restarts=stub.restarts,
-                    held=leasing.held(member.name, slots) if live and member else 0,
-                    quarantined=leasing.quarantined(member.name, slots) if live and member else 0,
                 )
             )
-        stats = self.pool.statistics()
-        actions = self.machine.observe(
-            allocations, stats.leased + stats.waiting, anyio.current_time()
-        )
-        for count in self._apply(actions):
+        for count in self._observe(allocations, anyio.current_time()):
             await self._set_count(count)
 
     async def _set_count(self, count: int) -> None:
@@ -361,80 +256,38 @@ class _NomadAllocations:
         )
         self.machine.scaled(count)
 
+    def _replace(self, run_id: str, reason: str) -> None:
+        _log.warning("Nomad pool %s: %s", self.config.job_id, reason)
+        self.pool.spawn(self._stop_allocation, run_id)
+
     async def _stop_allocation(self, alloc_id: str) -> None:
         try:
             await self.nomad.stop_allocation(alloc_id)
         except NomadUnavailable as error:
             self.pool.note(f"could not stop allocation {alloc_id}: {error}")
 
-    # ------------------------------------------------------------------------- actions
+    # ------------------------------------------------------------------------- joining
 
-    def _apply(self, actions: Sequence[Action]) -> list[int]:
-        """Carry out ``actions`` against the pool core; returns the counts to set in Nomad."""
-        pool = self.pool
-        counts: list[int] = []
-        for action in actions:
-            if isinstance(action, SetCount):
-                counts.append(action.count)
-            elif isinstance(action, Join):
-                pool.spawn(self._join, action)
-            elif isinstance(action, Replace):
-                _log.warning("Nomad pool %s: %s", self.config.job_id, action.reason)
-                pool.note(f"allocation {action.alloc_id} replaced: {action.reason}")
-                pool.spawn(self._stop_allocation, action.alloc_id)
-            elif isinstance(action, Lose | Remove):
-                member = self.by_alloc.pop(action.alloc_id, None)
-                if member is not None:
-                    pool.gone(member, action.reason)
-            elif isinstance(action, Drain | Undrain):
-                member = self.by_alloc.get(action.alloc_id)
-                if member is not None and not member.lost:
-                    if isinstance(action, Drain):
-                        pool.drain(member)
-                    else:
-                        pool.undrain(member)
-        return counts
-
-    async def _join(self, join: Join) -> None:
-        """Connect to the allocation's slot server and tell the machine how it went."""
-        pool = self.pool
+    def _container_name(self, join: Join) -> str:
         alloc_id = join.alloc_id
-        name = _container_name(alloc_id, join.index, join.restarts)
-        if pool.member(name) is not None:  # two allocation IDs that share their first 8 digits
+        name = f"nomad-{join.index}-{alloc_id[:8]}"
+        if join.restarts:  # a restarted server has forgotten its slots: a name of its own
+            name = f"{name}~{join.restarts}"
+        if self.pool.member(name) is not None:  # two allocation IDs that share 8 digits
             name = name.replace(alloc_id[:8], alloc_id, 1)
-        described = f"allocation {self._names.get(alloc_id, name)} ({alloc_id})"
-        try:
-            with anyio.fail_after(self.config.start_timeout_s):
-                address = allocation_address(await self.nomad.read_allocation(alloc_id))
-                client = await pool.connect(Endpoint("tcp", address, self.token), name)
-        except (TimeoutError, SlotServerError, InvalidInput, NomadUnavailable) as error:
-            reason = "not healthy in time" if isinstance(error, TimeoutError) else str(error)
-            pool.note(f"{described} did not join: {reason}")
-            self._apply(self.machine.join_failed(alloc_id, reason, anyio.current_time()))
-            return
-        except SandboxUnavailable as error:
-            pool.note(str(error))
-            self._fatal = self._fatal or error
-            self._apply(self.machine.join_failed(alloc_id, str(error), anyio.current_time()))
-            pool.signal()
-            return
-        actions = self.machine.joined(alloc_id, anyio.current_time())
-        handle = _Allocation(alloc_id=alloc_id, index=join.index, restarts=join.restarts)
-        member = None
-        if not any(isinstance(action, Discard) for action in actions):
-            member = pool.join(name, client, handle)
-        if member is None:  # given up meanwhile, or the pool closed
-            await close_quietly(client)
-            return
-        self.by_alloc[alloc_id] = member
-        _log.info("Nomad pool %s: %s joined (%s)", self.config.job_id, name, address)
-        self._apply(actions)
+        return name
+
+    async def _address(self, run_id: str) -> str:
+        return allocation_address(await self.nomad.read_allocation(run_id))
+
+    def _did_not_join(self, run_id: str, name: str, reason: str) -> str:
+        return f"allocation {self._names.get(run_id, name)} ({run_id}) did not join: {reason}"
 
 
 # ============================================================================ the pool
 
 
-class NomadSandboxPool(SlotServerPool):
+class NomadSandboxPool(ReconciledPool):
     """The SandboxPool port over slot servers run by Nomad. ``async with NomadSandboxPool(c)``.
 
     Entering registers the job and waits for ``min_containers`` slot servers (see the module
@@ -457,30 +310,17 @@ class NomadSandboxPool(SlotServerPool):
             region=config.region,
             timeout_s=config.request_timeout_s,
         )
-        self._allocations = _NomadAllocations(config, nomad)
+        self._allocations = _NomadAllocations(config=config, nomad=nomad)
         super().__init__(self._allocations, config, label="Nomad")
 
     def allocation_id(self, container: str) -> str:
         """The Nomad allocation behind ``container``. Raises ``KeyError``."""
-        member = self.member(container)
-        if member is None:
-            raise KeyError(container)
-        return _allocation(member).alloc_id
-
-    @property
-    def target(self) -> int:
-        """The container count the scale policy wants now."""
-        return self._allocations.machine.target
+        return self.run_id(container)
 
     @property
     def job_count(self) -> int:
         """The task group count last set in Nomad."""
         return self._allocations.machine.job_count or 0
-
-    def check_valid(self) -> None:
-        """The slot book's invariants, and the pool's own (raises ``AssertionError``)."""
-        super().check_valid()
-        self._allocations.check_valid()
 
 
 @contextlib.asynccontextmanager

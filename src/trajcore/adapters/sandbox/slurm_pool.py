@@ -23,7 +23,8 @@ How the pool follows its jobs: every ``poll_interval_s`` it lists the jobs of it
 (``squeue``) and hands them to the Nomad pool's reconciler (``domain.nomad_reconcile``), with
 each job as an allocation: its server index, its state as a client status (``JOB_STATES``),
 ``ending`` when its time limit is within ``drain_before_s``. The reconciler's decisions are
-carried out as in the Nomad pool (join, drain, lose, remove, replace = ``scancel``, the count);
+carried out by the loop the Nomad and cloud pools share (``reconciled``: join, drain, lose,
+remove, the count; replace is ``scancel`` here);
 what Nomad's scheduler does for a count, ``plan_jobs`` does here: one live job per index below
 the count (a new one for an index whose job ended, failed, was cancelled or nears its time
 limit), extra and stray jobs cancelled. A job whose server failed to start is submitted again
@@ -53,22 +54,14 @@ from pathlib import Path
 import anyio
 import attrs
 
-from trajcore.adapters.sandbox.pool_core import Endpoint, Member, SlotServerPool, close_quietly
-from trajcore.domain.errors import ConfigError, InvalidInput, SandboxUnavailable, SlotServerError
-from trajcore.domain.nomad_reconcile import (
-    Action,
-    Allocation,
-    Discard,
-    Drain,
-    Join,
-    Lose,
-    NomadReconciler,
-    ReconcileConfig,
-    Remove,
-    Replace,
-    SetCount,
-    Undrain,
+from trajcore.adapters.sandbox.reconciled import (
+    ReconciledPool,
+    ReconciledSource,
+    StartBackoff,
+    scale_settings,
 )
+from trajcore.domain.errors import ConfigError, InvalidInput, SandboxUnavailable, SlotServerError
+from trajcore.domain.nomad_reconcile import Join
 from trajcore.domain.sandbox_policy import check_slot_uid_range
 from trajcore.domain.scale_policy import ScaleConfig
 from trajcore.domain.slots import SlotCall
@@ -96,7 +89,6 @@ from trajcore.domain.validators import (
 __all__ = ["SlurmPoolConfig", "SlurmSandboxPool", "SlurmUnavailable", "start_slurm_pool"]
 
 _log = logging.getLogger(__name__)
-_MAX_BACKOFF_S = 60.0
 
 
 class SlurmUnavailable(SandboxUnavailable):
@@ -154,10 +146,7 @@ class SlurmPoolConfig(SlurmJobSettings):
                 f"must be below the time limit ({self.time_limit_min} min), "
                 f"got {self.drain_before_s} s",
             )
-        try:
-            self.scale_config()
-        except ConfigError as error:
-            raise ConfigError(error.field.removeprefix("scaling."), error.reason) from None
+        self.scale_config()
         # two blocks of slot uids per server: a job and the one replacing it may share a node
         check_slot_uid_range(
             "policy.slot_uid_base",
@@ -166,14 +155,8 @@ class SlurmPoolConfig(SlurmJobSettings):
         )
 
     def scale_config(self) -> ScaleConfig:
-        """The domain scale policy's settings."""
-        return ScaleConfig(
-            min_containers=self.min_containers,
-            max_containers=self.max_containers,
-            slots_per_container=self.slots_per_container,
-            scale_down_margin=self.scale_down_margin,
-            cooldown_s=self.cooldown_s,
-        )
+        """The domain scale policy's settings (``ConfigError`` naming the field when bad)."""
+        return scale_settings(self)
 
 
 async def run_slurm(argv: Sequence[str], timeout_s: float) -> str:
@@ -192,60 +175,39 @@ async def run_slurm(argv: Sequence[str], timeout_s: float) -> str:
     return done.stdout.decode("utf-8", "replace")
 
 
-@attrs.frozen
-class _Job:
-    """The handle of one joined slot server: its Slurm job."""
+@attrs.define(eq=False, kw_only=True)
+class _SlurmJobs(ReconciledSource[SlurmPoolConfig]):
+    """The ``ContainerSource`` of the Slurm pool: the batch jobs of one run. The shared loop
+    (``ReconciledSource``) decides; this class lists, submits and cancels the jobs."""
 
-    job_id: str
-    index: int
+    unavailable = SlurmUnavailable
+    noun = "job"
+    nothing_started = "no job started"
 
-
-def _job(member: Member) -> _Job:
-    assert isinstance(member.handle, _Job)
-    return member.handle
-
-
-@attrs.define(eq=False)
-class _SlurmJobs:
-    """The ``ContainerSource`` of the Slurm pool: the batch jobs of one run."""
-
-    config: SlurmPoolConfig
-    token: str = attrs.field(repr=False, factory=lambda: secrets.token_urlsafe(32))
     run: str = attrs.field(factory=lambda: secrets.token_hex(6))
-    machine: NomadReconciler = attrs.field(init=False)
-    by_job: dict[str, Member] = attrs.field(init=False, factory=dict)
     run_dir: Path | None = attrs.field(init=False, default=None)
     count: int = attrs.field(init=False, default=0)
     submitted: int = attrs.field(init=False, default=0)
-    _pool: SlotServerPool | None = attrs.field(init=False, default=None)
     _stopping: set[str] = attrs.field(init=False, factory=set)
     _blocks: dict[str, int] = attrs.field(init=False, factory=dict)
-    _joined: set[str] = attrs.field(init=False, factory=set)
-    _last: dict[int, tuple[str, float]] = attrs.field(init=False, factory=dict)
-    _failures: dict[int, int] = attrs.field(init=False, factory=dict)
+    _backoff: StartBackoff = attrs.field(init=False, factory=StartBackoff)
     _nodes: dict[str, str] = attrs.field(init=False, factory=dict)
-    _fatal: BaseException | None = attrs.field(init=False, default=None)
     _open: bool = attrs.field(init=False, default=False)
 
-    def __attrs_post_init__(self) -> None:
-        self.machine = NomadReconciler(
-            ReconcileConfig(
-                scale=self.config.scale_config(), join_timeout_s=self.config.start_timeout_s
-            )
-        )
+    @property
+    def scheduler(self) -> str:
+        return f"Slurm jobs {self.config.job_name}"
 
     @property
-    def pool(self) -> SlotServerPool:
-        assert self._pool is not None
-        return self._pool
+    def log_name(self) -> str:
+        return f"Slurm pool {self.config.job_name}"
 
     async def _slurm(self, argv: Sequence[str]) -> str:
         return await run_slurm(argv, self.config.command_timeout_s)
 
     # ------------------------------------------------------------------------- source
 
-    async def open(self, pool: SlotServerPool, stack: contextlib.AsyncExitStack) -> None:
-        self._pool = pool
+    async def _set_up(self, stack: contextlib.AsyncExitStack) -> None:
         config = self.config
         await self._slurm(squeue_argv(config.job_name))  # Slurm answers, or the start fails
         shared = config.shared_dir
@@ -267,26 +229,6 @@ class _SlurmJobs:
         self.count = config.min_containers
         self.machine.registered(self.count)
 
-    async def start(self, pool: SlotServerPool) -> None:
-        pool.spawn(self._watch)
-        config = self.config
-        with anyio.move_on_after(config.start_timeout_s):
-            while True:
-                if self._fatal is not None:
-                    raise self._fatal
-                if len(pool.container_names()) >= config.min_containers:
-                    return
-                await pool.changed()
-        seen = "; ".join(pool.problems[-3:]) or "no job started"
-        raise SlotServerError(
-            f"Slurm jobs {config.job_name}: {len(pool.container_names())} of "
-            f"{config.min_containers} slot servers became healthy within "
-            f"{config.start_timeout_s} s ({seen})"
-        )
-
-    def lost(self, member: Member, reason: str) -> None:
-        self._apply(self.machine.failed(_job(member).job_id, reason, anyio.current_time()))
-
     async def shutdown(self) -> None:
         """Cancel every job of the pool's name and wait for them to leave the queue; bounded."""
         if not self._open:
@@ -307,25 +249,10 @@ class _SlurmJobs:
         if scope.cancelled_caught:
             self.pool.note(f"the jobs did not end within {config.stop_timeout_s} s")
 
-    def check_valid(self) -> None:
-        self.machine.check_valid()
-        for job_id, member in self.by_job.items():
-            if _job(member).job_id != job_id or self.pool.member(member.name) is not member:
-                raise AssertionError(f"check_valid: container {member.name} is misfiled")
-
     # ------------------------------------------------------------------------- the queue
 
     async def _list(self) -> list[SlurmJob]:
         return parse_squeue(await self._slurm(squeue_argv(self.config.job_name)))
-
-    async def _watch(self) -> None:
-        while not self.pool.closed:
-            try:
-                await self._tick()
-            except (SlurmUnavailable, InvalidInput) as error:
-                _log.warning("Slurm pool %s: %s", self.config.job_name, error)
-                self.pool.note(str(error))
-            await anyio.sleep(self.config.poll_interval_s)
 
     async def _tick(self) -> None:
         config = self.config
@@ -334,28 +261,18 @@ class _SlurmJobs:
         listed = {job.job_id for job in ours if job.live}
         for job_id in [j for j in self._blocks if j not in listed]:
             del self._blocks[job_id]  # ended: its uids are free again
-        slots = config.slots_per_container
-        leasing = self.pool.leasing
-        allocations = []
-        for job in ours:
-            member = self.by_job.get(job.job_id)
-            live = member is not None and not member.lost
-            left = job.time_left_s
-            allocations.append(
-                Allocation(
-                    id=job.job_id,
-                    index=job.index,
-                    client_status=job.client_status,
-                    desired_status="stop" if job.job_id in self._stopping else "run",
-                    held=leasing.held(member.name, slots) if live and member else 0,
-                    quarantined=leasing.quarantined(member.name, slots) if live and member else 0,
-                    ending=left is not None and left <= config.drain_before_s,
-                )
+        allocations = [
+            self._allocation(
+                job.job_id,
+                job.index,
+                job.client_status,
+                desired_status="stop" if job.job_id in self._stopping else "run",
+                ending=job.time_left_s is not None and job.time_left_s <= config.drain_before_s,
             )
-        stats = self.pool.statistics()
+            for job in ours
+        ]
         now = anyio.current_time()
-        actions = self.machine.observe(allocations, stats.leased + stats.waiting, now)
-        for count in self._apply(actions):
+        for count in self._observe(allocations, now):
             self.count = count
             self.machine.scaled(count)
         plan = plan_jobs(
@@ -372,13 +289,8 @@ class _SlurmJobs:
             await self._submit(index, now)
 
     async def _submit(self, index: int, now: float) -> None:
-        last = self._last.get(index)
-        if last is not None:
-            job_id, when = last
-            failures = 0 if job_id in self._joined else self._failures.get(index, 0) + 1
-            if failures and now < when + min(0.5 * 2 ** (failures - 1), _MAX_BACKOFF_S):
-                return
-            self._failures[index] = failures
+        if not self._backoff.due(index, now):
+            return
         used = set(self._blocks.values())
         block = next((b for b in range(2 * self.config.max_containers) if b not in used), None)
         if block is None:
@@ -398,9 +310,13 @@ class _SlurmJobs:
         if not job_id:
             raise SlurmUnavailable("sbatch printed no job ID")
         self._blocks[job_id] = block
-        self._last[index] = (job_id, now)
+        self._backoff.started(index, job_id, now)
         self.submitted += 1
         _log.info("Slurm pool %s: server %d submitted as job %s", config.job_name, index, job_id)
+
+    def _replace(self, run_id: str, reason: str) -> None:
+        self._stopping.add(run_id)
+        self.pool.spawn(self._cancel, run_id)
 
     async def _cancel(self, job_id: str) -> None:
         self._stopping.add(job_id)
@@ -409,32 +325,10 @@ class _SlurmJobs:
         except SlurmUnavailable as error:
             self.pool.note(f"could not cancel job {job_id}: {error}")
 
-    # ------------------------------------------------------------------------- actions
+    # ------------------------------------------------------------------------- joining
 
-    def _apply(self, actions: Sequence[Action]) -> list[int]:
-        pool = self.pool
-        counts: list[int] = []
-        for action in actions:
-            if isinstance(action, SetCount):
-                counts.append(action.count)
-            elif isinstance(action, Join):
-                pool.spawn(self._join, action)
-            elif isinstance(action, Replace):
-                pool.note(f"job {action.alloc_id} replaced: {action.reason}")
-                self._stopping.add(action.alloc_id)
-                pool.spawn(self._cancel, action.alloc_id)
-            elif isinstance(action, Lose | Remove):
-                member = self.by_job.pop(action.alloc_id, None)
-                if member is not None:
-                    pool.gone(member, action.reason)
-            elif isinstance(action, Drain | Undrain):
-                member = self.by_job.get(action.alloc_id)
-                if member is not None and not member.lost:
-                    if isinstance(action, Drain):
-                        pool.drain(member)
-                    else:
-                        pool.undrain(member)
-        return counts
+    def _container_name(self, join: Join) -> str:
+        return f"slurm-{join.index}-{join.alloc_id}"
 
     async def _address(self, job_id: str) -> str:
         """The ``host:port`` job ``job_id`` reported; waits for its ready line."""
@@ -470,40 +364,16 @@ class _SlurmJobs:
             return ""
         return text.strip()[-300:]
 
-    async def _join(self, join: Join) -> None:
-        pool = self.pool
-        job_id = join.alloc_id
-        name = f"slurm-{join.index}-{job_id}"
-        try:
-            with anyio.fail_after(self.config.start_timeout_s):
-                address = await self._address(job_id)
-                client = await pool.connect(Endpoint("tcp", address, self.token), name)
-        except (TimeoutError, SlotServerError, InvalidInput, SlurmUnavailable) as error:
-            reason = "not healthy in time" if isinstance(error, TimeoutError) else str(error)
-            tail = self._log_tail(job_id)
-            pool.note(f"job {job_id} did not join: {reason}" + (f" ({tail})" if tail else ""))
-            self._apply(self.machine.join_failed(job_id, reason, anyio.current_time()))
-            return
-        except SandboxUnavailable as error:
-            pool.note(str(error))
-            self._fatal = self._fatal or error
-            self._apply(self.machine.join_failed(job_id, str(error), anyio.current_time()))
-            pool.signal()
-            return
-        actions = self.machine.joined(job_id, anyio.current_time())
-        member = None
-        if not any(isinstance(action, Discard) for action in actions):
-            member = pool.join(name, client, _Job(job_id=job_id, index=join.index))
-        if member is None:
-            await close_quietly(client)
-            return
-        self._joined.add(job_id)
-        self.by_job[job_id] = member
-        _log.info("Slurm pool %s: %s joined (%s)", self.config.job_name, name, address)
-        self._apply(actions)
+    def _did_not_join(self, run_id: str, name: str, reason: str) -> str:
+        tail = self._log_tail(run_id)
+        return f"job {run_id} did not join: {reason}" + (f" ({tail})" if tail else "")
+
+    def _joined(self, run_id: str, name: str, address: str) -> None:
+        self._backoff.joined(run_id)
+        super()._joined(run_id, name, address)
 
 
-class SlurmSandboxPool(SlotServerPool):
+class SlurmSandboxPool(ReconciledPool):
     """The SandboxPool port over slot servers run as Slurm jobs. ``async with
     SlurmSandboxPool(config)``.
 
@@ -518,7 +388,7 @@ class SlurmSandboxPool(SlotServerPool):
 
     def __init__(self, config: SlurmPoolConfig | None = None) -> None:
         self.config = config = config or SlurmPoolConfig()
-        self._jobs = _SlurmJobs(config)
+        self._jobs = _SlurmJobs(config=config)
         super().__init__(self._jobs, config, label="Slurm")
 
     async def execute(self, container: str, calls: Sequence[SlotCall]) -> list[ToolResult]:
@@ -544,20 +414,12 @@ class SlurmSandboxPool(SlotServerPool):
 
     def job_id(self, container: str) -> str:
         """The Slurm job behind ``container``. Raises ``KeyError``."""
-        member = self.member(container)
-        if member is None:
-            raise KeyError(container)
-        return _job(member).job_id
+        return self.run_id(container)
 
     @property
     def run_dir(self) -> Path | None:
         """The pool's run directory on the shared file system while it runs."""
         return self._jobs.run_dir
-
-    @property
-    def target(self) -> int:
-        """The server count the scale policy wants now."""
-        return self._jobs.machine.target
 
     @property
     def job_count(self) -> int:
@@ -568,11 +430,6 @@ class SlurmSandboxPool(SlotServerPool):
     def jobs_submitted(self) -> int:
         """Jobs submitted since the start (the first ones, scale-ups and replacements)."""
         return self._jobs.submitted
-
-    def check_valid(self) -> None:
-        """The slot book's invariants and the pool's own (raises ``AssertionError``)."""
-        super().check_valid()
-        self._jobs.check_valid()
 
 
 @contextlib.asynccontextmanager
