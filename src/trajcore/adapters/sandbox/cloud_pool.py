@@ -289,6 +289,9 @@ class _CloudSandboxes(ReconciledSource[CloudPoolConfig]):
     count: int = attrs.field(init=False, default=0)
     created: int = attrs.field(init=False, default=0)
     _deleting: set[str] = attrs.field(init=False, factory=set)
+    # what the provider last said of a sandbox replaced after a failure (its state and
+    # message), kept past its deletion for the calls that failed with it
+    last_seen: dict[str, CloudSandbox] = attrs.field(init=False, factory=dict)
     _backoff: StartBackoff = attrs.field(init=False, factory=StartBackoff)
     _open: bool = attrs.field(init=False, default=False)
 
@@ -411,7 +414,21 @@ class _CloudSandboxes(ReconciledSource[CloudPoolConfig]):
 
     def _replace(self, run_id: str, reason: str) -> None:
         self._deleting.add(run_id)
-        self.pool.spawn(self._delete, run_id)
+        self.pool.spawn(self._describe_then_delete, run_id)
+
+    async def _describe_then_delete(self, sandbox_id: str) -> None:
+        """Delete a failed sandbox, first keeping what the provider says of it (``last_seen``,
+        at most 64 kept), so a failed call can still name the cause once it is gone."""
+        try:
+            with anyio.fail_after(self.config.request_timeout_s):
+                seen = await self.provider.describe(sandbox_id)
+        except (ProviderError, TimeoutError):
+            seen = None
+        if seen is not None:
+            self.last_seen[sandbox_id] = seen
+            while len(self.last_seen) > 64:
+                del self.last_seen[next(iter(self.last_seen))]
+        await self._delete(sandbox_id)
 
     async def _delete(self, sandbox_id: str) -> None:
         self._deleting.add(sandbox_id)
@@ -468,6 +485,7 @@ class CloudSandboxPool(ReconciledPool):
         except (ProviderError, TimeoutError) as error:
             said = f"{self.provider.name} could not say what happened: {str(error) or 'no answer'}"
         else:
+            now = now or self._boxes.last_seen.get(box_id)
             if now is None:
                 said = f"{self.provider.name} sandbox {box_id} no longer exists"
             else:
