@@ -373,9 +373,11 @@ class _CloudSandboxes(ReconciledSource[CloudPoolConfig]):
                     desired_status="stop" if sandbox.id in self._deleting else "run",
                 )
             )
-            if sandbox.state in ("stopped", "failed") and sandbox.id not in self._deleting:
-                message = sandbox.message or sandbox.state
-                self.pool.note(f"sandbox {sandbox.id} {sandbox.state}: {message}")
+            if sandbox.state in ("stopped", "failed"):
+                self._keep_seen(sandbox)
+                if sandbox.id not in self._deleting:
+                    message = sandbox.message or sandbox.state
+                    self.pool.note(f"sandbox {sandbox.id} {sandbox.state}: {message}")
         now = anyio.current_time()
         for count in self._observe(allocations, now):
             self.count = count
@@ -418,17 +420,21 @@ class _CloudSandboxes(ReconciledSource[CloudPoolConfig]):
 
     async def _describe_then_delete(self, sandbox_id: str) -> None:
         """Delete a failed sandbox, first keeping what the provider says of it (``last_seen``,
-        at most 64 kept), so a failed call can still name the cause once it is gone."""
+        as a listing that shows a sandbox stopped or failed does; at most 64 kept), so a failed
+        call can still name the cause once the sandbox is gone."""
         try:
             with anyio.fail_after(self.config.request_timeout_s):
                 seen = await self.provider.describe(sandbox_id)
         except (ProviderError, TimeoutError):
             seen = None
         if seen is not None:
-            self.last_seen[sandbox_id] = seen
-            while len(self.last_seen) > 64:
-                del self.last_seen[next(iter(self.last_seen))]
+            self._keep_seen(seen)
         await self._delete(sandbox_id)
+
+    def _keep_seen(self, sandbox: CloudSandbox) -> None:
+        self.last_seen[sandbox.id] = sandbox
+        while len(self.last_seen) > 64:
+            del self.last_seen[next(iter(self.last_seen))]
 
     async def _delete(self, sandbox_id: str) -> None:
         self._deleting.add(sandbox_id)
