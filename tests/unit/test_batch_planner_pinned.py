@@ -40,3 +40,33 @@ def test_statistics_count_every_completed_batch() -> None:
         assert ids(batch) == [f"x{n}"]
         planner.complete(batch.id, at)
     assert planner.statistics().batches_completed == 3
+
+
+def test_deadlines_stay_right_through_many_reschedules() -> None:
+    # Each withdrawn first call moves the container's deadline; the stale heap entries are
+    # compacted away now and then, and no deadline may be lost or invented by that.
+    planner = BatchPlanner(config=BatchConfig(window_ms=10, eager=False))
+    planner.offer(slot_call(lease("other"), "o"), 0.0)
+    previous = slot_call(lease("busy", 0), "x0")
+    planner.offer(previous, 0.0)
+    for n in range(1, 150):
+        now = n * 0.00005
+        call = slot_call(lease("busy", n), f"x{n}")
+        planner.offer(call, now)
+        assert planner.withdraw(previous)
+        previous = call
+        planner.check_valid()
+    assert planner.next_deadline() == pytest.approx(0.01)  # the other container's
+    assert [b.container for b in planner.due(0.01)] == ["other"]
+    assert planner.next_deadline() == pytest.approx(149 * 0.00005 + 0.01)
+    [batch] = planner.due(0.02)
+    assert (batch.container, ids(batch)) == ("busy", ["x149"])
+
+
+def test_check_valid_says_what_it_found_broken() -> None:
+    planner = BatchPlanner(config=BatchConfig(window_ms=10, eager=False))
+    planner.offer(slot_call(lease("a"), "x"), 0.0)
+    planner.check_valid()
+    planner._ready += 1
+    with pytest.raises(AssertionError, match=r"^check_valid: ready count 2 != 1$"):
+        planner.check_valid()
