@@ -3,6 +3,7 @@ mutation testing (docs/testing.md)."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from trajcore.domain.errors import ConfigError
@@ -88,3 +89,65 @@ def test_every_system_path_must_be_a_plain_absolute_path(
         SlotPolicy(system_paths=paths)  # type: ignore[arg-type]  # bad input on purpose
     assert str(caught.value) == message
     SlotPolicy(system_paths=("/usr", "/lib/x86_64-linux-gnu", "/a..b"))
+
+
+def test_the_flag_table_is_every_field_in_order_with_its_flag_help_default_and_codec() -> None:
+    # Called directly: the table and the switches are built when the module is imported.
+    from trajcore.domain import sandbox_policy
+
+    assert sandbox_policy._policy_flags() == sandbox_policy.POLICY_FLAGS
+    assert [f.field for f in sandbox_policy.POLICY_FLAGS] == [
+        a.name for a in attrs.fields(SlotPolicy)
+    ]
+    first = sandbox_policy.POLICY_FLAGS[0]
+    assert (first.field, first.name, first.help, first.default, first.codec) == (
+        "allow_network",
+        "--allow-network",
+        "share the host network",
+        False,
+        None,
+    )
+    switch = attrs.make_class("Probe", {"on": sandbox_policy._switch(True, "--off", "turn it off")})
+    field = attrs.fields(switch)[0]
+    assert field.default is True
+    assert field.metadata["trajcore.slot_server_flag"] == ("--off", "turn it off", None)
+    with pytest.raises(ConfigError, match="must be true or false, got 1 @ on"):
+        switch(on=1)
+
+
+@pytest.mark.parametrize(
+    ("word", "problem"),
+    [
+        ('{"a": 1}', "expected a JSON list of paths"),
+        ('["/a", 2]', "expected a JSON list of paths"),
+    ],
+)
+def test_system_paths_on_a_command_line_are_a_json_list_of_strings(word: str, problem: str) -> None:
+    from trajcore.domain import sandbox_policy
+
+    flag = next(f for f in sandbox_policy.POLICY_FLAGS if f.field == "system_paths")
+    assert flag.read('["/usr", "/lib"]') == ("/usr", "/lib")
+    with pytest.raises(ValueError, match=rf"^{problem}$"):
+        flag.read(word)
+
+
+@pytest.mark.parametrize(
+    ("word", "problem"),
+    [
+        ('{"a": 1}', "expected a JSON list of objects"),
+        ('[{"source": "/a", "dest": "/b"}, 3]', "expected a JSON list of objects"),
+        ('[{"source": "/a"}]', "missing 1 required keyword-only argument: 'dest'"),
+        ('[{"source": "a", "dest": "/b"}]', "'a' is not an absolute path @ source"),
+    ],
+)
+def test_extra_binds_on_a_command_line_are_a_json_list_of_binds(word: str, problem: str) -> None:
+    from trajcore.domain import sandbox_policy
+
+    flag = next(f for f in sandbox_policy.POLICY_FLAGS if f.field == "extra_binds")
+    binds = (Bind(source="/a", dest="/b", writable=True),)
+    shown = '[{"source":"/a","dest":"/b","writable":true,"optional":false}]'
+    assert flag.codec is not None
+    assert flag.codec.show(binds) == shown
+    assert flag.read(shown) == binds
+    with pytest.raises(ValueError, match=problem):
+        flag.read(word)
