@@ -15,6 +15,7 @@ from anyio import wait_all_tasks_blocked
 
 from trajcore.adapters.fakes.llm import FakeChatServer, FakeTokenServer, LLMFault
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
+from trajcore.adapters.fakes.tools import FakeToolServer
 from trajcore.adapters.tool_server import ToolRegistry
 from trajcore.domain.errors import ConfigError, SlotFileError, StateError
 from trajcore.domain.groups import GroupStatus, TrajectoryStatus
@@ -427,6 +428,17 @@ async def test_inprocess_tool_server_tools_are_offered_and_run() -> None:
         result = await env.run_task("ok", pool=pool, policy=env.make_policy(chat=chat))
     assert "add" in {spec.name for spec in chat.requests[0].tools}
     assert [m.messages[-1].content for m in result.members] == ["the sum is 5"] * 2
+
+
+async def test_every_member_is_released_on_the_tool_server_when_it_ends() -> None:
+    env = FileEnv(_config(group_size=3, ensure_scores_are_not_same=False))
+    tools = FakeToolServer()
+    async with FakeSandboxPool() as pool:
+        result = await env.run_task(
+            "ok", pool=pool, policy=env.make_policy(chat=_alternating_chat()), tool_server=tools
+        )
+    assert sorted(tools.released) == sorted(m.trajectory_id for m in result.members)
+    assert len(set(tools.released)) == 3
 
 
 # -------------------------------------------------------------------------- managed mode

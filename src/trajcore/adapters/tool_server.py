@@ -450,6 +450,10 @@ class HTTPToolServer:
             return ToolResult.infra_errors(calls, reason)
         return list(answer.results)
 
+    async def release(self, trajectory_id: str) -> None:
+        """Nothing to end: the tool server's protocol keeps no state per trajectory."""
+        del trajectory_id
+
     async def aclose(self) -> None:
         """Close the connections. Idempotent; later calls raise ``PoolClosed``."""
         if self._closed:

@@ -31,6 +31,16 @@ class ToolServer(Protocol):
         """
         ...
 
+    async def release(self, trajectory_id: str) -> None:
+        """End the state the server keeps for ``trajectory_id`` (an MCP session per trajectory).
+
+        Called once a trajectory has ended. A no-op for a server that keeps no such state, for a
+        trajectory it has never seen, for one already released, and after ``aclose``; a later
+        ``execute`` for the same trajectory starts afresh. Raises nothing of its own (a failure
+        to end a session is the server's to log), and returns once the state is gone.
+        """
+        ...
+
     async def aclose(self) -> None:
         """Release connections. Idempotent."""
         ...

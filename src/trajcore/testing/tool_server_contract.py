@@ -16,6 +16,8 @@ trajcore.testing.tool_server_contract:CONTRACT_REGISTRY``) with a per-call timeo
 - the caller's context reaches the tool;
 - concurrent requests each get their own results;
 - cancellation is prompt (it propagates, never becomes a result) and the server stays usable;
+- ``release`` of a trajectory (seen or not, once or twice, and after ``aclose``) returns
+  quietly, and a later request for the same trajectory is answered afresh;
 - ``aclose`` is idempotent and later calls raise ``PoolClosed``.
 
 Besides these scenarios, ``test_generated_sequences`` runs the state machine of
@@ -324,3 +326,27 @@ class ToolServerContract:
                 await server.execute([_call("c2", "echo", text="hi")], context=CONTEXT)
             with pytest.raises(PoolClosed):
                 await server.list_tools()
+
+    @pytest.mark.anyio
+    async def test_release_ends_a_trajectory_quietly_and_it_may_come_back(
+        self, tool_server_factory: ToolServerFactory
+    ) -> None:
+        """``release`` returns for a trajectory that ran, twice, and for one never seen; the
+        released trajectory's next request is answered, as is another's; after ``aclose``
+        ``release`` is still quiet."""
+        other = ToolContext(trajectory_id="traj-other")
+        async with tool_server_factory() as server:
+            with anyio.fail_after(20):
+                await server.execute([_call("c1", "whoami")], context=CONTEXT)
+                await server.execute([_call("c2", "whoami")], context=other)
+                await server.release(CONTEXT.trajectory_id)
+                await server.release(CONTEXT.trajectory_id)
+                await server.release("traj-never-seen")
+                again = await server.execute([_call("c3", "whoami")], context=CONTEXT)
+                still = await server.execute([_call("c4", "echo", text="on")], context=other)
+                await server.aclose()
+                await server.release(other.trajectory_id)
+        assert [(r.outcome, r.content) for r in [*again, *still]] == [
+            (ToolOutcome.OK, '{"trajectory": "traj-7", "slot": "c0/3"}'),
+            (ToolOutcome.OK, "on"),
+        ]

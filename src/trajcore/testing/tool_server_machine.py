@@ -7,14 +7,16 @@ factory (in an anyio blocking portal's loop) and runs generated steps on every s
 - batches of calls with arguments generated against the tools' schemas (``echo`` of any text,
   ``add`` of any integers, ``whoami`` under a generated context, ``fail`` with any message), and
   calls that miss the schema (a missing, mistyped or unexpected argument) or name no tool;
-- two batches at once; a batch cancelled mid-way; a call past its limit; closing.
+- two batches at once; a batch cancelled mid-way; a call past its limit; releasing a
+  trajectory; closing.
 
 After every batch: one result per call, with its id and tool name, in the order of the calls;
 valid calls answer what the tool computes (text verbatim, JSON answers as JSON text), a tool's
 exception is ``TOOL_ERROR`` carrying its message, bad arguments are ``REJECTED`` naming the field
 (``@ add.b``), an unknown tool is ``REJECTED`` naming it, a call past its limit is ``TIMEOUT`` and
 the others of its batch still run; a cancelled batch propagates cancellation promptly and the
-server answers the next batch; after ``aclose`` (twice) ``execute`` raises ``PoolClosed``. No
+server answers the next batch; a released trajectory's next batch is answered as before;
+after ``aclose`` (twice) ``execute`` raises ``PoolClosed`` and ``release`` stays quiet. No
 other exception escapes. With several servers every result must also be the same on each.
 
 ``generated_tools_machine`` does the same with a generated tool list per example
@@ -169,8 +171,10 @@ def _close_twice(portal: BlockingPortal, servers: Sequence[ToolServer]) -> bool:
 def _refused(
     portal: BlockingPortal, servers: Sequence[ToolServer], call: ToolCall, context: ToolContext
 ) -> None:
-    """Every (closed) server refuses ``execute`` and ``list_tools`` with ``PoolClosed``."""
+    """Every (closed) server refuses ``execute`` and ``list_tools`` with ``PoolClosed``, and
+    ``release`` returns quietly."""
     for server in servers:
+        portal.call(_release, server, context.trajectory_id)
         with pytest.raises(PoolClosed):
             portal.call(_execute, server, [call], context)
         with pytest.raises(PoolClosed):
@@ -255,6 +259,15 @@ def tool_server_machine(
             self.run(calls, context, expects)
 
         @precondition(lambda self: not self.closed)
+        @rule(context=_contexts)
+        def released_trajectory_comes_back(self, context: ToolContext) -> None:
+            for server in self.servers:
+                portal.call(_release, server, context.trajectory_id)
+            answer = json.dumps({"trajectory": context.trajectory_id, "slot": context.slot})
+            call = ToolCall(id=f"tool-{next(_ids)}", name="whoami", arguments={})
+            self.run([call], context, [_Expect(ToolOutcome.OK, answer)])
+
+        @precondition(lambda self: not self.closed)
         @rule(context=_contexts, after_s=st.sampled_from([0.0, 0.01, 0.1]))
         def cancelled_batch(self, context: ToolContext, after_s: float) -> None:
             call = ToolCall(id=f"tool-{next(_ids)}", name="sleep", arguments={"seconds": 30})
@@ -271,6 +284,11 @@ async def _execute(
 ) -> list[ToolResult]:
     with anyio.fail_after(20):  # the slowest batch holds one call past its 0.5 s limit
         return await server.execute(calls, context=context)
+
+
+async def _release(server: ToolServer, trajectory_id: str) -> None:
+    with anyio.fail_after(20):
+        await server.release(trajectory_id)
 
 
 async def _concurrently(

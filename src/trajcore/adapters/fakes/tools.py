@@ -123,12 +123,14 @@ class FakeToolServer:
             fails as the server being unreachable.
         calls: Every call answered, in order (inspection).
         requests: How many requests arrived (inspection).
+        released: Every trajectory released before ``aclose``, in order (inspection).
     """
 
     call_timeout_s: float = attrs.field(default=60.0, kw_only=True, validator=_delay)
     request_timeout_s: float = attrs.field(default=60.0, kw_only=True, validator=_delay)
     calls: list[RecordedCall] = attrs.field(init=False, factory=list)
     requests: int = attrs.field(init=False, default=0)
+    released: list[str] = attrs.field(init=False, factory=list)
     registry: ToolRegistry = attrs.field(factory=ToolRegistry, kw_only=True)
     _faults: deque[ToolFault] = attrs.field(init=False, factory=deque)
     _closed: bool = attrs.field(init=False, default=False)
@@ -207,6 +209,12 @@ class FakeToolServer:
         for call, result in zip(calls, results, strict=True):
             self.calls.append(RecordedCall(call=call, context=context, result=result))
         return results
+
+    async def release(self, trajectory_id: str) -> None:
+        """Record ``trajectory_id`` in ``released`` (the fake keeps no state per trajectory);
+        a no-op after ``aclose``."""
+        if not self._closed:
+            self.released.append(trajectory_id)
 
     async def aclose(self) -> None:
         """Close. Idempotent; later calls raise ``PoolClosed``."""

@@ -14,9 +14,9 @@ The rules it keeps:
 - ``execute`` keeps the order of the calls; consecutive calls to one member go to it as one
   request. A call to a tool no member offers is ``REJECTED``. A member's failures are its calls'
   results, as the port says; it raises only ``PoolClosed``.
-- ``release(trajectory_id)`` closes that trajectory's sessions on members that keep one per
-  trajectory. ``aclose`` closes every member (idempotent); it does not exit members that were
-  entered with ``async with`` elsewhere: whoever entered them exits them.
+- ``release(trajectory_id)`` releases that trajectory on every member (those that keep a session
+  per trajectory close it). ``aclose`` closes every member (idempotent); it does not exit
+  members that were entered with ``async with`` elsewhere: whoever entered them exits them.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from collections.abc import Mapping, Sequence
 import anyio
 import attrs
 
-from trajcore.adapters.mcp.client import MCPToolServer
 from trajcore.domain.errors import ConfigError, PoolClosed
 from trajcore.domain.tools import ToolCall, ToolContext, ToolOutcome, ToolResult, ToolSpec
 from trajcore.domain.toolsets import Toolset
@@ -194,12 +193,11 @@ class JoinedToolServer:
         ]
 
     async def release(self, trajectory_id: str) -> None:
-        """Close ``trajectory_id``'s sessions on the members that hold one per trajectory
-        (``MCPToolServer`` with ``SessionScope.TRAJECTORY``); a no-op for the others. Call it when
-        a trajectory ends."""
+        """Release ``trajectory_id`` on every member, in member order (only the members that
+        keep state per trajectory, such as ``MCPToolServer`` with ``SessionScope.TRAJECTORY``,
+        have anything to end). Call it when a trajectory ends."""
         for member in self.members:
-            if isinstance(member.server, MCPToolServer):
-                await member.server.release(trajectory_id)
+            await member.server.release(trajectory_id)
 
     async def aclose(self) -> None:
         """Close every member. Idempotent; later calls raise ``PoolClosed``."""

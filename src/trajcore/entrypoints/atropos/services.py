@@ -181,12 +181,11 @@ async def release_tool_sessions(server: ToolServer | None, trajectory_id: str) -
     Shielded from cancellation and bounded by ``RELEASE_TIMEOUT_S``; a failure or a timeout is
     logged, never raised, because the trajectory's result stands either way.
     """
-    release = getattr(server, "release", None)
-    if release is None:
+    if server is None:
         return
     with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT_S) as waited:
         try:
-            await release(trajectory_id)
+            await server.release(trajectory_id)
         except Exception as exc:  # noqa: BLE001 - the trajectory's result stands
             log.warning("releasing %s's tool sessions: %s", trajectory_id, exc)
     if waited.cancelled_caught:
