@@ -27,6 +27,7 @@ from trajcore.adapters.fakes import FakeChatServer, FakeSandboxPool, LLMFault
 from trajcore.adapters.sandbox.container_pool import ContainerSandboxPool
 from trajcore.adapters.sandbox.local_pool import LocalSandboxPool
 from trajcore.adapters.tool_server import ToolRegistry
+from trajcore.domain.agent_loop import StopReason
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.groups import TrajectoryStatus
 from trajcore.domain.json_values import JSON, JSONObject
@@ -435,7 +436,9 @@ async def test_synchronous_registry_tools_run_in_tool_threads_threads() -> None:
     assert SlowToolEnv.peak == 2
 
 
-async def test_a_slot_idle_past_its_lifetime_ends_the_trajectory_unscored() -> None:
+async def test_a_slot_idle_past_its_lifetime_ends_the_trajectory_on_that_budget() -> None:
+    """The idle lifetime is a loop budget, not a model server's failure: the member that waited
+    too long for its turn ends as ``idle_limit`` (budget exhausted), and its slot is released."""
     with pytest.warns(SeedSettingWarning, match="slot_idle_timeout_s"):
         config = _config(group_size=2, terminal_lifetime=0.2, on_failure="keep_healthy")
     env = FileEnv(config)
@@ -444,11 +447,12 @@ async def test_a_slot_idle_past_its_lifetime_ends_the_trajectory_unscored() -> N
     async with FakeSandboxPool() as pool:
         result = await env.run_task("ok", pool=pool, policy=env.make_policy(chat=chat))
         assert pool.statistics().leased == 0
-    failed = [m for m in result.members if m.outcome.status is TrajectoryStatus.MODEL_ERROR]
-    assert len(failed) == 1
-    assert failed[0].outcome.detail is not None
-    assert "slot_idle_timeout_s=0.2" in failed[0].outcome.detail
-    assert failed[0].outcome.score is None
+    idle = [m for m in result.members if m.stats.stop_reason is StopReason.IDLE_LIMIT]
+    assert len(idle) == 1
+    assert idle[0].outcome.status is TrajectoryStatus.BUDGET_EXHAUSTED
+    assert idle[0].outcome.detail is not None
+    assert "slot_idle_timeout_s=0.2" in idle[0].outcome.detail
+    assert not any(m.outcome.status is TrajectoryStatus.MODEL_ERROR for m in result.members)
 
 
 async def test_a_tool_registry_is_offered_in_process_with_no_setting() -> None:

@@ -309,6 +309,21 @@ def test_out_of_time_while_tools_run() -> None:
     assert loop.pending_calls == ()
 
 
+def test_a_turn_past_the_idle_limit_is_a_budget_not_a_model_error() -> None:
+    loop = started(max_turns=5)
+    decision = say(loop, turn(calls=1))
+    assert isinstance(decision, RunTools)
+    with pytest.raises(StateError, match="'idle_limit' in state 'awaiting_tools'"):
+        loop.idle_limit(now=2.0, detail="slot idle past 0.3 s")
+    assert isinstance(loop.tool_results([ok(c) for c in decision.calls], now=2.0), CallModel)
+    finish = loop.idle_limit(now=3.0, detail="slot idle past 0.3 s")
+    assert (finish.reason, finish.detail) == (StopReason.IDLE_LIMIT, "slot idle past 0.3 s")
+    stats = loop.stats()
+    assert stats.status is TrajectoryStatus.BUDGET_EXHAUSTED
+    assert stats.needs_score  # a budget: the work done so far is verified
+    loop.check_valid()
+
+
 def test_blank_turn_produced_nothing() -> None:
     loop = started(max_turns=5)
     say(loop, ParsedTurn(content="  \n", reasoning=""))
@@ -408,6 +423,8 @@ def fire(loop: AgentLoop, event: LoopEvent, now: float) -> Decision:
         return loop.model_failed(now=now, detail="x")
     if event is LoopEvent.INFRA_FAILED:
         return loop.infra_failed(now=now, detail="x")
+    if event is LoopEvent.IDLE_LIMIT:
+        return loop.idle_limit(now=now, detail="x")
     return loop.out_of_time(now=now)
 
 
@@ -553,7 +570,12 @@ class AgentLoopMachine(RuleBasedStateMachine):
 
     @rule(
         event=st.sampled_from(
-            [LoopEvent.MODEL_FAILED, LoopEvent.INFRA_FAILED, LoopEvent.OUT_OF_TIME]
+            [
+                LoopEvent.MODEL_FAILED,
+                LoopEvent.INFRA_FAILED,
+                LoopEvent.OUT_OF_TIME,
+                LoopEvent.IDLE_LIMIT,
+            ]
         ),
         dt=st.floats(min_value=0.0, max_value=5.0),
     )
@@ -569,6 +591,7 @@ class AgentLoopMachine(RuleBasedStateMachine):
             LoopEvent.MODEL_FAILED: StopReason.MODEL_ERROR,
             LoopEvent.INFRA_FAILED: StopReason.INFRA_ERROR,
             LoopEvent.OUT_OF_TIME: StopReason.TIME_BUDGET,
+            LoopEvent.IDLE_LIMIT: StopReason.IDLE_LIMIT,
         }
         assert decision.reason is expected[event]
         assert self.loop.pending_calls == ()

@@ -22,6 +22,7 @@ from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
 from trajcore.domain.token_ledger import MASKED_LABEL, ChatTemplate
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.domain.tools import ToolCall, ToolOutcome
+from trajcore.entrypoints.idle_slots import IdleLimitedPolicy
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.group import collect_group
 from trajcore.rollout.policy import ChatPolicy, Policy, TokenPolicy
@@ -150,6 +151,22 @@ async def test_the_deadline_ends_a_hanging_model_as_time_budget() -> None:
         assert pool.statistics().leased == 0
     assert result.stats.stop_reason is StopReason.TIME_BUDGET
     assert result.outcome.score is None or result.outcome.score == 0.0
+
+
+async def test_a_turn_past_the_idle_limit_ends_on_that_budget_and_the_work_is_scored() -> None:
+    """The idle lifetime is a loop budget: the second turn never comes in time, so the loop
+    ends as ``idle_limit`` (budget exhausted, not a model error) and the file the first turn
+    wrote is scored."""
+    chat = _solving_chat()
+    chat.inject(LLMFault.delay(0.0), LLMFault.delay(60.0))
+    async with FakeSandboxPool() as pool:
+        with anyio.fail_after(10):
+            result = await _run(IdleLimitedPolicy(ChatPolicy(chat), 0.3), pool)
+        assert pool.statistics().leased == 0
+    assert result.stats.stop_reason is StopReason.IDLE_LIMIT
+    assert result.outcome.status is TrajectoryStatus.BUDGET_EXHAUSTED
+    assert "slot_idle_timeout_s=0.3" in (result.stats.detail or "")
+    assert result.outcome.score == 1.0
 
 
 async def test_no_slot_before_the_deadline_is_an_infra_error() -> None:

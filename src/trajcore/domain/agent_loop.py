@@ -16,7 +16,7 @@ States and the events each accepts (anything else raises ``StateError`` naming b
 
     ready           start -> awaiting_model          infra_failed -> finished
     awaiting_model  assistant_turn -> awaiting_tools | finished
-                    model_failed, infra_failed, out_of_time -> finished
+                    model_failed, infra_failed, out_of_time, idle_limit -> finished
     awaiting_tools  tool_results -> awaiting_model | finished
                     infra_failed, out_of_time -> finished
     finished        nothing
@@ -33,7 +33,9 @@ Rules this module keeps:
   completion tokens, context length) stop the loop the same way: they end the *next* model call,
   not the tools the current turn asked for.
 - The time budget is strict: an event at or past ``time_budget_s`` since ``start`` finishes with
-  ``time_budget`` at once; the calls of a turn that arrives late are not run.
+  ``time_budget`` at once; the calls of a turn that arrives late are not run. A model turn that
+  outlasts the slot's idle lifetime (``idle_limit``, measured by the rollout) finishes with
+  ``idle_limit``, a budget too.
 - Every parse problem is counted in ``parse_errors``. When the loop goes on, each is answered by
   exactly one ``REJECTED`` ``ToolResult`` in ``RunTools.rejections`` carrying the problem's
   message for the model. A turn with problems and no well-formed call still gets ``RunTools``
@@ -101,6 +103,7 @@ class LoopEvent(enum.Enum):
     MODEL_FAILED = "model_failed"
     INFRA_FAILED = "infra_failed"
     OUT_OF_TIME = "out_of_time"
+    IDLE_LIMIT = "idle_limit"
 
 
 _S = LoopState
@@ -115,6 +118,7 @@ _TRANSITIONS: Mapping[LoopState, Mapping[LoopEvent, frozenset[LoopState]]] = {
         _E.MODEL_FAILED: frozenset({_S.FINISHED}),
         _E.INFRA_FAILED: frozenset({_S.FINISHED}),
         _E.OUT_OF_TIME: frozenset({_S.FINISHED}),
+        _E.IDLE_LIMIT: frozenset({_S.FINISHED}),
     },
     _S.AWAITING_TOOLS: {
         _E.TOOL_RESULTS: frozenset({_S.AWAITING_MODEL, _S.FINISHED}),
@@ -132,6 +136,7 @@ class StopReason(enum.Enum):
     MAX_TURNS = "max_turns"
     TOKEN_BUDGET = "token_budget"  # noqa: S105 - a stop reason, not a secret
     TIME_BUDGET = "time_budget"
+    IDLE_LIMIT = "idle_limit"  # one model turn kept the slot idle past its lifetime
     TRUNCATED = "truncated"  # cut off by max_tokens with no complete call
     MODEL_ERROR = "model_error"  # the LLM server failed or aborted
     INFRA_ERROR = "infra_error"  # sandbox, slot server or tool server failed
@@ -149,6 +154,7 @@ _STATUS_OF: Mapping[StopReason, TrajectoryStatus] = {
     StopReason.MAX_TURNS: TrajectoryStatus.BUDGET_EXHAUSTED,
     StopReason.TOKEN_BUDGET: TrajectoryStatus.BUDGET_EXHAUSTED,
     StopReason.TIME_BUDGET: TrajectoryStatus.BUDGET_EXHAUSTED,
+    StopReason.IDLE_LIMIT: TrajectoryStatus.BUDGET_EXHAUSTED,
     StopReason.MODEL_ERROR: TrajectoryStatus.MODEL_ERROR,
     StopReason.INFRA_ERROR: TrajectoryStatus.INFRA_ERROR,
     StopReason.ENV_ERROR: TrajectoryStatus.ENV_ERROR,
@@ -603,6 +609,17 @@ class AgentLoop:
         self._observe(now)
         self._pending = ()
         return self._finish(LoopEvent.OUT_OF_TIME, StopReason.TIME_BUDGET, self._time_detail())
+
+    def idle_limit(self, *, now: float, detail: str) -> Finish:
+        """The model's turn kept the slot idle past its idle lifetime: finish with
+        ``idle_limit`` (a budget, so the work done so far is scored).
+
+        Raises:
+            StateError: the loop is not waiting for the model.
+        """
+        self._expect(LoopEvent.IDLE_LIMIT)
+        self._observe(now)
+        return self._finish(LoopEvent.IDLE_LIMIT, StopReason.IDLE_LIMIT, detail)
 
     # ----------------------------------------------------------------------------- internals
 

@@ -23,6 +23,8 @@
     ├── SlotFileError           a hook's file read or write in its slot failed (missing file,
     │                           not a regular file, too large)
     ├── DeadlineExceeded        a trajectory's single deadline passed
+    ├── IdleLimitExceeded       a model turn kept the slot idle past its idle lifetime (a loop
+    │                           budget, not a failure)
     └── PoolClosed              the pool or server was closed while the call was pending
 
 Rules: an error that is about a piece of data names it as a path (``$.messages[2].role``,
@@ -37,6 +39,7 @@ __all__ = [
     "AcquireTimeout",
     "ConfigError",
     "DeadlineExceeded",
+    "IdleLimitExceeded",
     "InfrastructureError",
     "InvalidInput",
     "ModelServerError",
@@ -167,6 +170,16 @@ class SlotFileError(TrajcoreError):
 
 class DeadlineExceeded(TrajcoreError):
     """The trajectory's single deadline passed (acquire, LLM, tools and scoring share it)."""
+
+
+class IdleLimitExceeded(TrajcoreError):
+    """A model turn kept the trajectory's slot idle longer than ``limit_s`` (the slot's idle
+    lifetime). A loop budget that ran out, like the time budget: neither the model server's nor
+    the sandbox's failure."""
+
+    def __init__(self, message: str, *, limit_s: float) -> None:
+        super().__init__(message)
+        self.limit_s = limit_s
 
 
 class PoolClosed(TrajcoreError):

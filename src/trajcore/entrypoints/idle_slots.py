@@ -5,8 +5,9 @@ seconds; a trajectory whose model took that long over one turn came back to a fr
 its files and processes gone. trajcore's slot belongs to its trajectory until the trajectory
 ends, so nothing reaps it behind the model's back. ``slot_idle_timeout_s`` keeps the bound the
 seed's setting gave, without the silent loss: a model turn that keeps the slot idle longer than
-the lifetime ends the trajectory as a model failure (``model_error``, never scored), and the slot
-is released and reset as always.
+the lifetime ends the trajectory on that budget (``IdleLimitExceeded``, stop reason
+``idle_limit``, budget exhausted: the work done so far is verified and scored, as when the time
+budget runs out), and the slot is released and reset as always.
 
 The wrapper is transparent otherwise: tokens, drift and exactness are the wrapped policy's.
 """
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 import anyio
 import attrs
 
-from trajcore.domain.errors import ModelServerError
+from trajcore.domain.errors import IdleLimitExceeded
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.token_ledger import Drift, TrainingTokens
@@ -37,9 +38,10 @@ class _IdleLimitedSession:
         with anyio.move_on_after(self.idle_s) as scope:
             return await self.inner.sample(messages, sampling=sampling)
         assert scope.cancelled_caught
-        raise ModelServerError(
+        raise IdleLimitExceeded(
             f"the slot sat idle past its lifetime (slot_idle_timeout_s={self.idle_s:g}) "
-            "waiting for one model turn"
+            "waiting for one model turn",
+            limit_s=self.idle_s,
         )
 
     def add_environment(self, messages: Sequence[Message]) -> None:

@@ -5,7 +5,8 @@ The decisions are the domain ``AgentLoop``'s; this module performs them. Its pro
 - **Always an outcome.** Whatever happens (the model server fails, the slot server dies, a hook
   raises, the deadline passes), the result says how the trajectory ended: finished, budget
   exhausted, model error, infrastructure error or env error, with a one-line detail. Failures
-  carry no score, so group assembly never mistakes them for a zero.
+  carry no score, so group assembly never mistakes them for a zero. A policy that raises
+  ``IdleLimitExceeded`` (a turn past the slot's idle lifetime) ends the loop on that budget.
 - **Errors are told apart by who caused them.** A hook (prepare, score) that raises an
   ``InfrastructureError`` (a slot that could not run the hook's command, a dead server) fails the
   member as ``infra_error``; any other exception from a hook (a bug, a forgotten ``await``, an
@@ -51,6 +52,7 @@ from trajcore.domain.agent_loop import (
     TrajectoryStats,
 )
 from trajcore.domain.errors import (
+    IdleLimitExceeded,
     InfrastructureError,
     InvalidInput,
     ModelServerRejected,
@@ -315,6 +317,9 @@ async def _agent(run: _Run, tools: Sequence[ToolSpec], policy: Policy, router: T
             )
         try:
             turn = await session.sample(run.messages, sampling=sampling)
+        except IdleLimitExceeded as exc:
+            loop.idle_limit(now=run.now(), detail=str(exc))
+            return
         except (InfrastructureError, ModelServerRejected, InvalidInput) as exc:
             loop.model_failed(now=run.now(), detail=f"{type(exc).__name__}: {exc}")
             return

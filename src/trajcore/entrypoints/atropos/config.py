@@ -276,7 +276,8 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, CloudSettings):
         default=None,
         gt=0,
         description="Idle lifetime of a slot: a trajectory whose slot waits longer than this for "
-        "one model turn ends (model_error, unscored). None: only slot_lifetime_s bounds it.",
+        "one model turn ends on this budget (idle_limit, scored as the work stands). None: only "
+        "slot_lifetime_s bounds it.",
     )
     tool_threads: int = Field(
         default=40,
