@@ -1,5 +1,6 @@
 """What the cloud pools' tests share: a fast config for the real slot server behind the fake
-provider, and the pool-to-fake registry their crash hooks stop sandboxes through."""
+provider, the pool-to-fake registry their crash hooks stop sandboxes through, and the lockstep
+machine that drives a cloud pool beside the fake pool."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.sandbox.cloud_pool import CloudSandboxPool
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.fake_cloud import FakeCloud
-from trajcore.testing.sandbox_pool_contract import PoolShape
+from trajcore.testing.sandbox_pool_contract import PoolShape, SandboxPoolFactory
+from trajcore.testing.sandbox_pool_machine import MachineShape, run_pool_machine
 
 FAST: dict[str, object] = {
     "python": sys.executable,
@@ -64,3 +67,38 @@ def shape_settings(shape: PoolShape) -> dict[str, object]:
         "max_containers": shape.containers,
         "acquire_timeout_s": shape.acquire_timeout_s,
     }
+
+
+LOCKSTEP = MachineShape(containers=2, slots_per_container=2)
+
+
+def agree_with_the_fake(cloud_pool: SandboxPoolFactory) -> None:
+    """The lockstep machine (``run_pool_machine``): ``FakeSandboxPool`` and the cloud pool that
+    ``cloud_pool`` opens over ``FakeCloud`` (real slot servers behind it), driven with the same
+    sequences; a crash is the provider stopping the sandbox (``stop_sandbox``). Two sequences of
+    twenty steps under the ci profile."""
+
+    def crash_either(pool: SandboxPool, container: str) -> None:
+        if isinstance(pool, FakeSandboxPool):
+            pool.crash_container(container)
+        else:
+            stop_sandbox(pool, container)
+
+    shape = PoolShape(
+        containers=LOCKSTEP.containers,
+        slots_per_container=LOCKSTEP.slots_per_container,
+        acquire_timeout_s=30.0,
+    )
+    run_pool_machine(
+        [
+            lambda: FakeSandboxPool(
+                containers=shape.containers,
+                slots_per_container=shape.slots_per_container,
+                acquire_timeout_s=shape.acquire_timeout_s,
+            ),
+            lambda: cloud_pool(shape),
+        ],
+        shape=LOCKSTEP,
+        crash=crash_either,
+        scale=0.02,
+    )

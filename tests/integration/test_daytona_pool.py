@@ -16,7 +16,13 @@ from contextlib import asynccontextmanager
 import pytest
 from daytona_api_client.models.create_sandbox import CreateSandbox
 
-from tests.integration.cloud_testbed import FAST, pool_on, shape_settings, stop_sandbox
+from tests.integration.cloud_testbed import (
+    FAST,
+    agree_with_the_fake,
+    pool_on,
+    shape_settings,
+    stop_sandbox,
+)
 from trajcore.adapters.sandbox.cloud_pool import OWNER_LABEL, RUN_LABEL
 from trajcore.adapters.sandbox.daytona_pool import (
     DaytonaPoolConfig,
@@ -94,6 +100,13 @@ class TestDaytonaSandboxPool(SandboxPoolContract):
     @pytest.fixture
     def crash_container(self) -> CrashContainer:
         return stop_sandbox
+
+
+@pytest.mark.slow
+def test_the_fake_and_the_daytona_pool_agree() -> None:
+    """The lockstep machine: the fake pool and Daytona sandboxes of the provider double (real
+    slot servers behind it); a crash is Daytona stopping the sandbox."""
+    agree_with_the_fake(daytona_pool)
 
 
 def test_a_request_that_breaks_daytonas_create_model_is_refused() -> None:

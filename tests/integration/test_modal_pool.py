@@ -15,7 +15,13 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
-from tests.integration.cloud_testbed import FAST, pool_on, shape_settings, stop_sandbox
+from tests.integration.cloud_testbed import (
+    FAST,
+    agree_with_the_fake,
+    pool_on,
+    shape_settings,
+    stop_sandbox,
+)
 from trajcore.adapters.sandbox.cloud_pool import (
     OWNER_LABEL,
     RUN_LABEL,
@@ -61,6 +67,13 @@ class TestModalSandboxPool(SandboxPoolContract):
     @pytest.fixture
     def crash_container(self) -> CrashContainer:
         return stop_sandbox
+
+
+@pytest.mark.slow
+def test_the_fake_and_the_modal_pool_agree() -> None:
+    """The lockstep machine: the fake pool and Modal sandboxes of the provider double (real
+    slot servers behind it); a crash is Modal stopping the sandbox."""
+    agree_with_the_fake(modal_pool)
 
 
 @pytest.fixture

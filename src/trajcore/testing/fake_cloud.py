@@ -13,6 +13,10 @@ What it stands for and what it does not:
   own process group on this machine; its filesystem is a directory of the fake's (the
   ``--root`` word is moved under it), and the exposed port is a free loopback port (the
   ``--listen`` word ``0.0.0.0:PORT`` becomes ``127.0.0.1:<free>``).
+- A sandbox's environment is its own, as a provider's is: the image's (``PATH``, with this
+  interpreter's directory first, standing for an image whose ``python3`` has trajcore) and
+  what the spec sets (the bearer token); nothing of the pool's process (its credentials
+  included) reaches it.
 - The tunnel or preview URL is plain ``http://127.0.0.1:<port>``: the double stands for the
   provider's TLS-terminating proxy, so TLS itself is not exercised here (the client's HTTPS
   path is the same ``adapters.http1`` client every HTTPS endpoint uses).
@@ -30,6 +34,7 @@ import contextlib
 import os
 import signal
 import socket
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -72,6 +77,12 @@ class FakeSandbox:
         return CloudSandbox(
             id=self.id, labels=dict(self.spec.labels), state=self.state, message=self.message
         )
+
+
+def _image_environment() -> dict[str, str]:
+    """What a sandbox's environment holds before the spec's: the image's ``PATH``."""
+    path = [str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")]
+    return {"PATH": os.pathsep.join(path), "LANG": "C.UTF-8"}
 
 
 def _rewrite(argv: tuple[str, ...], *, port: int, listen_port: int, root: Path) -> list[str]:
@@ -203,7 +214,7 @@ class FakeCloud:
         box = FakeSandbox(id=box_id, spec=spec, directory=directory, port=_free_port())
         self._boxes[box_id] = box
         argv = _rewrite(spec.argv, port=spec.port, listen_port=box.port, root=directory)
-        env = {**os.environ, **spec.env}
+        env = {**_image_environment(), **spec.env}
         with (directory / "log").open("wb") as log:
             box.process = await anyio.open_process(
                 argv, stdin=-3, stdout=log, stderr=log, env=env, cwd=directory,

@@ -11,14 +11,16 @@ trajcore's slots add their own bubblewrap sandbox, uid and seccomp filter inside
 
 Credentials are Daytona's own (``DAYTONA_API_KEY``, or ``DAYTONA_JWT_TOKEN`` with
 ``DAYTONA_ORGANIZATION_ID``; ``DAYTONA_API_URL`` and ``DAYTONA_TARGET`` optional);
-``check_daytona`` names what is missing before anything is created, and nothing here reads
-them beyond their presence or logs them.
+``check_daytona`` names what is missing before anything is created. ``daytona_credentials``
+finds them once, when the pool is built, and hands them to the SDK's client (``DaytonaSdk``,
+the seam a test fills with ``FakeCloud``); they are kept out of every repr and never logged.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+from typing import Protocol
 
 import attrs
 
@@ -26,7 +28,15 @@ from trajcore.adapters.sandbox.cloud_pool import CloudPoolConfig, CloudProvider,
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
 from trajcore.domain.validators import positive_seconds, whole_number
 
-__all__ = ["DaytonaPoolConfig", "DaytonaSandboxPool", "check_daytona"]
+__all__ = [
+    "DaytonaCredentials",
+    "DaytonaPoolConfig",
+    "DaytonaSandboxPool",
+    "DaytonaSdk",
+    "check_daytona",
+    "daytona_credentials",
+    "official_daytona_sdk",
+]
 
 DEFAULT_IMAGE = "ghcr.io/trajcore/slot-server:latest"
 
@@ -62,49 +72,104 @@ class DaytonaPoolConfig(CloudPoolConfig):
                 raise ConfigError(field, f"must be >= 1, got {value}")
 
 
-def check_daytona() -> None:
-    """Raise ``SandboxUnavailable`` naming what is missing for a Daytona pool: the ``daytona``
-    package (``pip install 'trajcore[daytona]'``) or Daytona's credentials."""
+@attrs.frozen(kw_only=True)
+class DaytonaCredentials:
+    """Daytona's credentials as this process finds them when a pool is built.
+
+    Attributes:
+        api_key: ``DAYTONA_API_KEY`` (kept out of every repr and log), or ``None``.
+        jwt_token, organization_id: ``DAYTONA_JWT_TOKEN`` and ``DAYTONA_ORGANIZATION_ID``
+            (the token kept out of every repr and log), used when there is no API key.
+        api_url: ``DAYTONA_API_URL`` (``None``: the SDK's default).
+    """
+
+    api_key: str | None = attrs.field(default=None, repr=False)
+    jwt_token: str | None = attrs.field(default=None, repr=False)
+    organization_id: str | None = None
+    api_url: str | None = None
+
+
+def _daytona_installed() -> None:
     if importlib.util.find_spec("daytona") is None:
         raise SandboxUnavailable(
             "terminal_backend daytona needs the daytona package: pip install 'trajcore[daytona]'"
         )
-    key = os.environ.get("DAYTONA_API_KEY")
-    jwt = os.environ.get("DAYTONA_JWT_TOKEN") and os.environ.get("DAYTONA_ORGANIZATION_ID")
-    if not key and not jwt:
+
+
+def daytona_credentials() -> DaytonaCredentials:
+    """Daytona's credentials from the environment: ``DAYTONA_API_KEY``, or
+    ``DAYTONA_JWT_TOKEN`` with ``DAYTONA_ORGANIZATION_ID``; ``DAYTONA_API_URL`` when set.
+    Raises ``SandboxUnavailable`` naming them when neither is there."""
+    key = os.environ.get("DAYTONA_API_KEY") or None
+    jwt = os.environ.get("DAYTONA_JWT_TOKEN") or None
+    organization = os.environ.get("DAYTONA_ORGANIZATION_ID") or None
+    if not key and not (jwt and organization):
+        half = " (DAYTONA_JWT_TOKEN is set, DAYTONA_ORGANIZATION_ID is not)" if jwt else ""
         raise SandboxUnavailable(
             "terminal_backend daytona needs Daytona credentials: DAYTONA_API_KEY, or "
-            "DAYTONA_JWT_TOKEN with DAYTONA_ORGANIZATION_ID"
+            f"DAYTONA_JWT_TOKEN with DAYTONA_ORGANIZATION_ID{half}"
         )
+    return DaytonaCredentials(
+        api_key=key,
+        jwt_token=None if key else jwt,
+        organization_id=organization,
+        api_url=os.environ.get("DAYTONA_API_URL") or None,
+    )
 
 
-def _daytona_provider(config: DaytonaPoolConfig) -> CloudProvider:
-    check_daytona()
+def check_daytona() -> None:
+    """Raise ``SandboxUnavailable`` naming what is missing for a Daytona pool: the ``daytona``
+    package (``pip install 'trajcore[daytona]'``) or Daytona's credentials."""
+    _daytona_installed()
+    daytona_credentials()
+
+
+class DaytonaSdk(Protocol):
+    """Builds the pool's provider over Daytona's SDK from its settings and the credentials
+    found (``official_daytona_sdk``; a test gives one that returns ``FakeCloud``)."""
+
+    def __call__(
+        self, config: DaytonaPoolConfig, credentials: DaytonaCredentials, /
+    ) -> CloudProvider:
+        """The provider, not yet connected. Raises ``SandboxUnavailable`` when it cannot be
+        built (the SDK missing)."""
+        ...
+
+
+def official_daytona_sdk(
+    config: DaytonaPoolConfig, credentials: DaytonaCredentials
+) -> CloudProvider:
+    """The provider over the ``daytona`` SDK, its client configured with ``credentials``."""
+    _daytona_installed()
     from trajcore.adapters.sandbox.daytona_sdk import DaytonaProvider, DaytonaSandboxSettings
 
-    return DaytonaProvider(
-        DaytonaSandboxSettings(
-            image=config.image,
-            target=config.target,
-            cpu=config.cpu,
-            memory_gib=config.memory_gib,
-            disk_gib=config.disk_gib,
-            auto_stop_min=config.auto_stop_min,
-            create_timeout_s=config.create_timeout_s,
-        )
+    settings = DaytonaSandboxSettings(
+        image=config.image,
+        target=config.target,
+        cpu=config.cpu,
+        memory_gib=config.memory_gib,
+        disk_gib=config.disk_gib,
+        auto_stop_min=config.auto_stop_min,
+        create_timeout_s=config.create_timeout_s,
     )
+    return DaytonaProvider(settings, credentials)
 
 
 class DaytonaSandboxPool(CloudSandboxPool):
     """The SandboxPool port over Daytona sandboxes. ``async with DaytonaSandboxPool(config)``.
 
     ``provider`` replaces the SDK (tests give ``trajcore.testing.fake_cloud.FakeCloud``); left
-    out, the pool is built over the ``daytona`` SDK and raises ``SandboxUnavailable`` naming
-    the package or the credentials when either is missing. See ``CloudSandboxPool``.
+    out, the credentials are found (``daytona_credentials``) and ``sdk`` builds the provider
+    with them (``official_daytona_sdk``: the ``daytona`` package); ``SandboxUnavailable`` names
+    the credentials or the package when either is missing. See ``CloudSandboxPool``.
     """
 
     def __init__(
-        self, config: DaytonaPoolConfig | None = None, *, provider: CloudProvider | None = None
+        self,
+        config: DaytonaPoolConfig | None = None,
+        *,
+        provider: CloudProvider | None = None,
+        sdk: DaytonaSdk = official_daytona_sdk,
     ) -> None:
         config = config or DaytonaPoolConfig()
-        super().__init__(provider or _daytona_provider(config), config)
+        super().__init__(provider or sdk(config, daytona_credentials()), config)

@@ -14,8 +14,10 @@ lazily.
 - Labels are Daytona's sandbox labels; ``list(ListSandboxesQuery(labels=))`` filters by them.
 - ``delete`` is ``AsyncSandbox.delete``; ``describe`` is ``AsyncDaytona.get``; Daytona's states
   map onto the pool's (``_STATES``), ``error_reason`` is the provider's message.
-- Credentials are Daytona's own: ``DAYTONA_API_KEY`` (or ``DAYTONA_JWT_TOKEN`` with
-  ``DAYTONA_ORGANIZATION_ID``), ``DAYTONA_API_URL``, ``DAYTONA_TARGET``; the SDK reads them.
+- Credentials are Daytona's own, as ``daytona_pool.daytona_credentials`` found them
+  (``DAYTONA_API_KEY``, or ``DAYTONA_JWT_TOKEN`` with ``DAYTONA_ORGANIZATION_ID``;
+  ``DAYTONA_API_URL``): they configure the client (``DaytonaConfig``); ``DAYTONA_TARGET`` is
+  read by the SDK when the pool names no target. Neither is logged.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from trajcore.adapters.sandbox.cloud_pool import (
     SandboxSpec,
     SandboxState,
 )
+from trajcore.adapters.sandbox.daytona_pool import DaytonaCredentials
 
 __all__ = ["DaytonaProvider", "DaytonaSandboxSettings", "create_params"]
 
@@ -109,6 +112,7 @@ class DaytonaProvider:
     """``CloudProvider`` over the Daytona SDK (one ``AsyncDaytona`` client)."""
 
     settings: DaytonaSandboxSettings
+    credentials: DaytonaCredentials = attrs.field(factory=DaytonaCredentials)
     _client: AsyncDaytona | None = attrs.field(init=False, default=None)
 
     @property
@@ -118,10 +122,21 @@ class DaytonaProvider:
     def _daytona(self) -> AsyncDaytona:
         if self._client is None:
             try:
-                self._client = AsyncDaytona(DaytonaConfig(target=self.settings.target))
+                self._client = AsyncDaytona(self.client_config())
             except DaytonaError as error:
                 raise _said(error) from None
         return self._client
+
+    def client_config(self) -> DaytonaConfig:
+        """The SDK client's configuration: the credentials found, the pool's target."""
+        credentials = self.credentials
+        return DaytonaConfig(
+            api_key=credentials.api_key,
+            jwt_token=credentials.jwt_token,
+            organization_id=credentials.organization_id,
+            api_url=credentials.api_url,
+            target=self.settings.target,
+        )
 
     async def create(self, spec: SandboxSpec) -> str:
         daytona = self._daytona()

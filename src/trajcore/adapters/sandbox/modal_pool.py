@@ -9,7 +9,9 @@ bubblewrap sandbox, uid and seccomp filter inside it (docs/deploy.md, "Cloud san
 
 Credentials are Modal's own (``MODAL_TOKEN_ID`` and ``MODAL_TOKEN_SECRET``, or a profile in
 ``~/.modal.toml``, as ``modal token set`` writes it); ``check_modal`` names what is missing
-before anything is created, and nothing here reads or logs them.
+before anything is created. ``modal_credentials`` finds them once, when the pool is built, and
+hands them to the SDK's client (``ModalSdk``, the seam a test fills with ``FakeCloud``); they
+are kept out of every repr and never logged.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import Protocol
 
 import attrs
 
@@ -24,7 +27,15 @@ from trajcore.adapters.sandbox.cloud_pool import CloudPoolConfig, CloudProvider,
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
 from trajcore.domain.validators import positive_seconds
 
-__all__ = ["ModalPoolConfig", "ModalSandboxPool", "check_modal"]
+__all__ = [
+    "ModalCredentials",
+    "ModalPoolConfig",
+    "ModalSandboxPool",
+    "ModalSdk",
+    "check_modal",
+    "modal_credentials",
+    "official_modal_sdk",
+]
 
 DEFAULT_IMAGE = "ghcr.io/trajcore/slot-server:latest"
 
@@ -63,50 +74,105 @@ class ModalPoolConfig(CloudPoolConfig):
             raise ConfigError("memory_mib", f"must be >= 1 MiB, got {self.memory_mib}")
 
 
-def check_modal() -> None:
-    """Raise ``SandboxUnavailable`` naming what is missing for a Modal pool: the ``modal``
-    package (``pip install 'trajcore[modal]'``) or Modal's credentials."""
+@attrs.frozen(kw_only=True)
+class ModalCredentials:
+    """Modal's credentials as this process finds them when a pool is built.
+
+    Attributes:
+        token_id, token_secret: ``MODAL_TOKEN_ID`` and ``MODAL_TOKEN_SECRET`` (kept out of every
+            repr and log); ``None`` when a profile file is used.
+        profile: The profile file the SDK reads when the variables are not both set (``None``
+            when they are).
+    """
+
+    token_id: str | None = attrs.field(default=None, repr=False)
+    token_secret: str | None = attrs.field(default=None, repr=False)
+    profile: Path | None = None
+
+
+def _modal_installed() -> None:
     if importlib.util.find_spec("modal") is None:
         raise SandboxUnavailable(
             "terminal_backend modal needs the modal package: pip install 'trajcore[modal]'"
         )
-    has_env = bool(os.environ.get("MODAL_TOKEN_ID")) and bool(os.environ.get("MODAL_TOKEN_SECRET"))
+
+
+def modal_credentials() -> ModalCredentials:
+    """Modal's credentials from the environment: ``MODAL_TOKEN_ID`` and ``MODAL_TOKEN_SECRET``
+    when both are set, else the profile file (``MODAL_CONFIG_PATH``, default
+    ``~/.modal.toml``). Raises ``SandboxUnavailable`` naming both when neither is there."""
+    token_id = os.environ.get("MODAL_TOKEN_ID")
+    token_secret = os.environ.get("MODAL_TOKEN_SECRET")
+    if token_id and token_secret:
+        return ModalCredentials(token_id=token_id, token_secret=token_secret)
     config = Path(os.environ.get("MODAL_CONFIG_PATH", Path.home() / ".modal.toml"))
-    if not has_env and not config.is_file():
+    if not config.is_file():
+        half = ""
+        if bool(token_id) != bool(token_secret):
+            given, missing = (
+                ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET")
+                if token_id
+                else ("MODAL_TOKEN_SECRET", "MODAL_TOKEN_ID")
+            )
+            half = f" ({given} is set, {missing} is not)"
         raise SandboxUnavailable(
             "terminal_backend modal needs Modal credentials: MODAL_TOKEN_ID and "
-            f"MODAL_TOKEN_SECRET, or a profile in {config} (`modal token set`)"
+            f"MODAL_TOKEN_SECRET, or a profile in {config} (`modal token set`){half}"
         )
+    return ModalCredentials(profile=config)
 
 
-def _modal_provider(config: ModalPoolConfig) -> CloudProvider:
-    check_modal()
+def check_modal() -> None:
+    """Raise ``SandboxUnavailable`` naming what is missing for a Modal pool: the ``modal``
+    package (``pip install 'trajcore[modal]'``) or Modal's credentials."""
+    _modal_installed()
+    modal_credentials()
+
+
+class ModalSdk(Protocol):
+    """Builds the pool's provider over Modal's SDK from its settings and the credentials found
+    (``official_modal_sdk``; a test gives one that returns ``FakeCloud``)."""
+
+    def __call__(self, config: ModalPoolConfig, credentials: ModalCredentials, /) -> CloudProvider:
+        """The provider, not yet connected. Raises ``SandboxUnavailable`` when it cannot be
+        built (the SDK missing)."""
+        ...
+
+
+def official_modal_sdk(config: ModalPoolConfig, credentials: ModalCredentials) -> CloudProvider:
+    """The provider over the ``modal`` SDK, authenticated with ``credentials`` (a client from
+    the token when the variables gave one, else the SDK's own profile)."""
+    _modal_installed()
     from trajcore.adapters.sandbox.modal_sdk import ModalProvider, ModalSandboxSettings
 
-    return ModalProvider(
-        ModalSandboxSettings(
-            app_name=config.app_name,
-            image=config.image,
-            add_python=config.add_python,
-            region=config.region,
-            cpu=config.cpu,
-            memory_mib=config.memory_mib,
-            sandbox_timeout_s=round(config.sandbox_timeout_s),
-            environment=config.environment,
-        )
+    settings = ModalSandboxSettings(
+        app_name=config.app_name,
+        image=config.image,
+        add_python=config.add_python,
+        region=config.region,
+        cpu=config.cpu,
+        memory_mib=config.memory_mib,
+        sandbox_timeout_s=round(config.sandbox_timeout_s),
+        environment=config.environment,
     )
+    return ModalProvider(settings, credentials)
 
 
 class ModalSandboxPool(CloudSandboxPool):
     """The SandboxPool port over Modal sandboxes. ``async with ModalSandboxPool(config)``.
 
     ``provider`` replaces the SDK (tests give ``trajcore.testing.fake_cloud.FakeCloud``); left
-    out, the pool is built over the ``modal`` SDK and raises ``SandboxUnavailable`` naming the
-    package or the credentials when either is missing. See ``CloudSandboxPool``.
+    out, the credentials are found (``modal_credentials``) and ``sdk`` builds the provider with
+    them (``official_modal_sdk``: the ``modal`` package); ``SandboxUnavailable`` names the
+    credentials or the package when either is missing. See ``CloudSandboxPool``.
     """
 
     def __init__(
-        self, config: ModalPoolConfig | None = None, *, provider: CloudProvider | None = None
+        self,
+        config: ModalPoolConfig | None = None,
+        *,
+        provider: CloudProvider | None = None,
+        sdk: ModalSdk = official_modal_sdk,
     ) -> None:
         config = config or ModalPoolConfig()
-        super().__init__(provider or _modal_provider(config), config)
+        super().__init__(provider or sdk(config, modal_credentials()), config)

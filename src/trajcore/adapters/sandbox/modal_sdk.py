@@ -11,8 +11,10 @@ Everything is called through the SDK's ``.aio`` interfaces, typed by the SDK's o
   carrying at least those tags (running ones; Modal does not list finished sandboxes).
 - ``delete`` is ``terminate``; ``describe`` is ``Sandbox.from_id`` and ``poll`` (an exit code
   means the sandbox stopped: its timeout, an eviction, or its command ended).
-- Credentials are Modal's own: ``MODAL_TOKEN_ID``/``MODAL_TOKEN_SECRET`` or the profile in
-  ``~/.modal.toml``; the SDK reads them, trajcore never sees or logs them.
+- Credentials are Modal's own, as ``modal_pool.modal_credentials`` found them: a token
+  (``MODAL_TOKEN_ID``/``MODAL_TOKEN_SECRET``) becomes the SDK's client
+  (``Client.from_credentials``), passed to every call; a profile (``~/.modal.toml``) is read by
+  the SDK itself. Neither is logged.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import modal
 import modal.exception
 
 from trajcore.adapters.sandbox.cloud_pool import CloudSandbox, ProviderError, SandboxSpec
+from trajcore.adapters.sandbox.modal_pool import ModalCredentials
 
 __all__ = ["ModalProvider", "ModalSandboxSettings"]
 
@@ -51,6 +54,8 @@ class ModalProvider:
     """``CloudProvider`` over the Modal SDK (one app, found or created by name)."""
 
     settings: ModalSandboxSettings
+    credentials: ModalCredentials = attrs.field(factory=ModalCredentials)
+    _client: modal.Client | None = attrs.field(init=False, default=None)
     _app: modal.App | None = attrs.field(init=False, default=None)
     _image: modal.Image | None = attrs.field(init=False, default=None)
 
@@ -60,9 +65,13 @@ class ModalProvider:
 
     async def _the_app(self) -> modal.App:
         if self._app is None:
+            token_id, token_secret = self.credentials.token_id, self.credentials.token_secret
             try:
+                if token_id and token_secret and self._client is None:
+                    self._client = await modal.Client.from_credentials.aio(token_id, token_secret)
                 self._app = await modal.App.lookup.aio(
                     self.settings.app_name,
+                    client=self._client,
                     create_if_missing=True,
                     environment_name=self.settings.environment,
                 )
@@ -89,14 +98,16 @@ class ModalProvider:
                 cpu=settings.cpu,
                 memory=settings.memory_mib,
                 environment_name=settings.environment,
+                client=self._client,
             )
         except modal.exception.Error as error:
             raise _said(error) from None
         return sandbox.object_id
 
     async def url(self, sandbox_id: str, port: int) -> str:
+        await self._the_app()
         try:
-            sandbox = await modal.Sandbox.from_id.aio(sandbox_id)
+            sandbox = await modal.Sandbox.from_id.aio(sandbox_id, client=self._client)
             tunnels = await sandbox.tunnels.aio()
         except modal.exception.Error as error:
             raise _said(error) from None
@@ -108,7 +119,9 @@ class ModalProvider:
         app = await self._the_app()
         found: list[CloudSandbox] = []
         try:
-            async for sandbox in modal.Sandbox.list.aio(app_id=app.app_id, tags=dict(labels)):
+            async for sandbox in modal.Sandbox.list.aio(
+                app_id=app.app_id, tags=dict(labels), client=self._client
+            ):
                 tags = await sandbox.get_tags.aio()
                 code = await sandbox.poll.aio()
                 found.append(_view(sandbox.object_id, tags, code))
@@ -117,8 +130,9 @@ class ModalProvider:
         return found
 
     async def describe(self, sandbox_id: str) -> CloudSandbox | None:
+        await self._the_app()
         try:
-            sandbox = await modal.Sandbox.from_id.aio(sandbox_id)
+            sandbox = await modal.Sandbox.from_id.aio(sandbox_id, client=self._client)
             tags = await sandbox.get_tags.aio()
             code = await sandbox.poll.aio()
         except modal.exception.NotFoundError:
@@ -128,8 +142,9 @@ class ModalProvider:
         return _view(sandbox_id, tags, code)
 
     async def delete(self, sandbox_id: str) -> None:
+        await self._the_app()
         try:
-            sandbox = await modal.Sandbox.from_id.aio(sandbox_id)
+            sandbox = await modal.Sandbox.from_id.aio(sandbox_id, client=self._client)
             await sandbox.terminate.aio()
         except modal.exception.NotFoundError:
             return
@@ -137,7 +152,9 @@ class ModalProvider:
             raise _said(error) from None
 
     async def aclose(self) -> None:
-        self._app = None
+        client, self._client, self._app = self._client, None, None
+        if client is not None:
+            await client.close.aio()
 
 
 def _view(sandbox_id: str, tags: Mapping[str, str], code: int | None) -> CloudSandbox:

@@ -22,13 +22,17 @@ from pydantic import BaseModel, Field
 from trajcore.adapters.sandbox.daytona_pool import (
     DaytonaPoolConfig,
     DaytonaSandboxPool,
+    DaytonaSdk,
     check_daytona,
+    official_daytona_sdk,
 )
 from trajcore.adapters.sandbox.modal_pool import (
     DEFAULT_IMAGE,
     ModalPoolConfig,
     ModalSandboxPool,
+    ModalSdk,
     check_modal,
+    official_modal_sdk,
 )
 from trajcore.domain.errors import ConfigError
 from trajcore.entrypoints.atropos import pools
@@ -138,12 +142,22 @@ def check_daytona_settings(config: AgentEnvConfig) -> None:
     check_daytona()
 
 
-def modal_pool(config: AgentEnvConfig) -> AbstractAsyncContextManager[SandboxPool]:
-    return ModalSandboxPool(modal_pool_config(config))
+def modal_pool(
+    config: AgentEnvConfig, *, sdk: ModalSdk = official_modal_sdk
+) -> AbstractAsyncContextManager[SandboxPool]:
+    """The env's Modal pool, unopened: its provider built by ``sdk`` (Modal's SDK) with the
+    credentials found now. Raises ``ConfigError`` naming the env field, ``SandboxUnavailable``
+    naming a missing credential or package."""
+    return ModalSandboxPool(modal_pool_config(config), sdk=sdk)
 
 
-def daytona_pool(config: AgentEnvConfig) -> AbstractAsyncContextManager[SandboxPool]:
-    return DaytonaSandboxPool(daytona_pool_config(config))
+def daytona_pool(
+    config: AgentEnvConfig, *, sdk: DaytonaSdk = official_daytona_sdk
+) -> AbstractAsyncContextManager[SandboxPool]:
+    """The env's Daytona pool, unopened: its provider built by ``sdk`` (Daytona's SDK) with
+    the credentials found now. Raises ``ConfigError`` naming the env field,
+    ``SandboxUnavailable`` naming a missing credential or package."""
+    return DaytonaSandboxPool(daytona_pool_config(config), sdk=sdk)
 
 
 pools.register_pool("modal", modal_pool, check=check_modal_settings)
