@@ -26,6 +26,7 @@ from trajcore.domain.agent_loop import (
     RunTools,
     StopReason,
     ToolErrorCounts,
+    TrajectoryStats,
 )
 from trajcore.domain.errors import ConfigError, InvalidInput, StateError
 from trajcore.domain.groups import TrajectoryOutcome, TrajectoryStatus
@@ -322,6 +323,18 @@ def test_a_turn_past_the_idle_limit_is_a_budget_not_a_model_error() -> None:
     assert stats.status is TrajectoryStatus.BUDGET_EXHAUSTED
     assert stats.needs_score  # a budget: the work done so far is verified
     loop.check_valid()
+
+
+def test_a_failure_before_the_loop_ran_has_stats_without_a_loop() -> None:
+    stats = TrajectoryStats.failed_unstarted(StopReason.INFRA_ERROR, "RuntimeError: boom")
+    loop = AgentLoop(config=AgentLoopConfig(max_turns=1))
+    loop.infra_failed(now=0.0, detail="RuntimeError: boom")
+    assert stats == loop.stats()
+    assert stats.outcome() == TrajectoryOutcome(
+        status=TrajectoryStatus.INFRA_ERROR, produced_output=False, detail="RuntimeError: boom"
+    )
+    with pytest.raises(InvalidInput, match="must be a failure, got 'time_budget' @ reason"):
+        TrajectoryStats.failed_unstarted(StopReason.TIME_BUDGET, "x")
 
 
 def test_blank_turn_produced_nothing() -> None:

@@ -169,6 +169,26 @@ async def test_a_turn_past_the_idle_limit_ends_on_that_budget_and_the_work_is_sc
     assert result.outcome.score == 1.0
 
 
+async def test_a_member_that_crashes_outside_the_runner_is_an_unscored_infra_error() -> None:
+    async def run_member(trajectory_id: str) -> TrajectoryResult:
+        if trajectory_id.endswith("/1"):
+            raise RuntimeError("adapter bug")
+        async with FakeSandboxPool() as pool:
+            return await _run(ChatPolicy(_solving_chat()), pool, tid=trajectory_id)
+
+    group = await collect_group(
+        group_id="g", policy=GroupPolicy(group_size=2, min_healthy=1), run_member=run_member
+    )
+    crashed = group.members[1]
+    assert crashed.trajectory_id == "g/1"
+    assert crashed.outcome.status is TrajectoryStatus.INFRA_ERROR
+    assert crashed.outcome.score is None
+    assert crashed.stats.stop_reason is StopReason.INFRA_ERROR
+    assert crashed.stats.detail == "RuntimeError: adapter bug"
+    assert (crashed.stats.turns, crashed.messages, crashed.slot) == (0, (), None)
+    assert group.members[0].outcome.status is TrajectoryStatus.FINISHED
+
+
 async def test_no_slot_before_the_deadline_is_an_infra_error() -> None:
     async with FakeSandboxPool(containers=1, slots_per_container=1) as pool, pool.lease("hog"):
         config = attrs.evolve(CONFIG, acquire_timeout_s=0.2, deadline_s=5.0)

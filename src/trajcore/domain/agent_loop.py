@@ -278,7 +278,7 @@ class ToolErrorCounts:
 
 @attrs.frozen(kw_only=True)
 class TrajectoryStats:
-    """A snapshot of one trajectory's loop.
+    """A snapshot of one trajectory's loop (the counts default to 0).
 
     Attributes:
         state: The loop's state when the snapshot was taken.
@@ -297,14 +297,26 @@ class TrajectoryStats:
     state: LoopState
     stop_reason: StopReason | None
     detail: str | None
-    turns: int
-    tool_calls: int
-    tool_errors: ToolErrorCounts
-    parse_errors: int
-    completion_tokens: int
-    context_tokens: int
-    elapsed_s: float
-    produced_output: bool
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: ToolErrorCounts = ToolErrorCounts()
+    parse_errors: int = 0
+    completion_tokens: int = 0
+    context_tokens: int = 0
+    elapsed_s: float = 0.0
+    produced_output: bool = False
+
+    @classmethod
+    def failed_unstarted(cls, reason: StopReason, detail: str) -> TrajectoryStats:
+        """The stats of a trajectory that failed before its loop counted anything (a member
+        that crashed outside the loop): finished with ``reason`` and ``detail``, every count 0.
+
+        Raises:
+            InvalidInput: ``reason`` is not a failure (field ``reason``).
+        """
+        if reason.status.healthy:
+            raise InvalidInput("reason", f"must be a failure, got {reason.value!r}")
+        return cls(state=LoopState.FINISHED, stop_reason=reason, detail=detail)
 
     @property
     def status(self) -> TrajectoryStatus | None:
@@ -611,12 +623,8 @@ class AgentLoop:
         return self._finish(LoopEvent.OUT_OF_TIME, StopReason.TIME_BUDGET, self._time_detail())
 
     def idle_limit(self, *, now: float, detail: str) -> Finish:
-        """The model's turn kept the slot idle past its idle lifetime: finish with
-        ``idle_limit`` (a budget, so the work done so far is scored).
-
-        Raises:
-            StateError: the loop is not waiting for the model.
-        """
+        """The model's turn kept the slot idle past its lifetime: finish with ``idle_limit``
+        (a budget: the work done so far is scored). Raises ``StateError`` unless awaiting it."""
         self._expect(LoopEvent.IDLE_LIMIT)
         self._observe(now)
         return self._finish(LoopEvent.IDLE_LIMIT, StopReason.IDLE_LIMIT, detail)

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 import attrs
 
-from trajcore.domain.agent_loop import AgentLoop, AgentLoopConfig
+from trajcore.domain.agent_loop import StopReason, TrajectoryStats
 from trajcore.domain.groups import GroupPolicy, GroupVerdict
 from trajcore.rollout.trajectory import TrajectoryResult
 
@@ -51,9 +51,7 @@ class GroupResult:
 
 
 def _crashed(trajectory_id: str, exc: BaseException) -> TrajectoryResult:
-    loop = AgentLoop(AgentLoopConfig(max_turns=1))
-    loop.infra_failed(now=0.0, detail=f"{type(exc).__name__}: {exc}")
-    stats = loop.stats()
+    stats = TrajectoryStats.failed_unstarted(StopReason.INFRA_ERROR, f"{type(exc).__name__}: {exc}")
     return TrajectoryResult(
         trajectory_id=trajectory_id,
         messages=(),
