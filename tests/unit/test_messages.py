@@ -165,22 +165,11 @@ def test_specs_accept_arguments_built_from_their_own_required_fields(spec: ToolS
 
 
 @pytest.mark.parametrize(
-    ("name", "home"),
-    [
-        ("ToolSpec", "trajcore.domain.tools"),
-        ("ToolOutcome", "trajcore.domain.tools"),
-        ("check_json", "trajcore.domain.json_values"),
-        ("BuiltinArgumentValidator", "trajcore.domain.tool_schema"),
-    ],
+    "name", ["ToolSpec", "ToolOutcome", "JSON", "check_json", "BuiltinArgumentValidator"]
 )
-def test_a_name_that_moved_out_still_imports_with_a_warning_naming_its_home(
-    name: str, home: str
-) -> None:
+def test_the_tool_and_json_values_have_one_home_not_messages(name: str) -> None:
+    """No shim: the tool values, JSON and the schema checker import from their own modules."""
     import importlib
 
     messages = importlib.import_module("trajcore.domain.messages")
-    with pytest.warns(DeprecationWarning, match=home):
-        moved = getattr(messages, name)
-    assert moved is getattr(importlib.import_module(home), name)
-    with pytest.raises(AttributeError):
-        _ = messages.NoSuchName
+    assert not hasattr(messages, name)

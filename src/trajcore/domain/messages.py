@@ -8,10 +8,8 @@ in ``trajcore.domain.json_values``.
 
 from __future__ import annotations
 
-import importlib
-import warnings
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 
@@ -21,33 +19,6 @@ from trajcore.domain.json_values import JSONObject
 from trajcore.domain.tools import ToolCall, ToolResult
 
 __all__ = ["ROLES", "Message", "Role"]
-
-# Names this module held before the tool values, JSON and the schema checker moved out; importing
-# one from here still works, with a DeprecationWarning naming its home.
-_MOVED = {
-    "trajcore.domain.json_values": ("JSON", "JSONObject", "check_json", "json_type"),
-    "trajcore.domain.tools": (
-        "ExecReport", "ToolCall", "ToolContext", "ToolOutcome", "ToolResult", "ToolSpec",
-    ),
-    "trajcore.domain.tool_schema": (
-        "BUILTIN_VALIDATOR", "ArgumentCheck", "ArgumentProblem", "ArgumentValidator",
-        "BuiltinArgumentValidator",
-    ),
-}  # fmt: skip
-_HOMES = {name: home for home, names in _MOVED.items() for name in names}
-
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"{name} moved from {__name__} to {home}; import it from there (or trajcore.env)",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(importlib.import_module(home), name)
-
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
