@@ -36,7 +36,6 @@ from trajcore.domain.tools import (
     ToolContext,
     ToolOutcome,
     ToolResult,
-    ToolSpec,
 )
 from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.dispatcher import ToolDispatcher
@@ -259,8 +258,3 @@ class SlotTools:
         if report.stderr:
             output += ("\n" if output and not output.endswith("\n") else "") + report.stderr
         return read_pytest_outcome(output, report.exit_code, timed_out=report.timed_out)
-
-
-def offered_names(specs: Sequence[ToolSpec]) -> frozenset[str]:
-    """The names of ``specs``."""
-    return frozenset(spec.name for spec in specs)

@@ -34,7 +34,6 @@ import resource
 import secrets
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -56,7 +55,6 @@ __all__ = [
     "ContainerSandboxPool",
     "default_engine_options",
     "find_engine",
-    "start_container_pool",
 ]
 
 DEFAULT_IMAGE = "localhost/trajcore/slot-server:latest"
@@ -298,12 +296,3 @@ class ContainerSandboxPool(SupervisedPool[_Container]):
         Raises ``KeyError``.
         """
         return self._supervised.launched[container].name
-
-
-@contextlib.asynccontextmanager
-async def start_container_pool(
-    config: ContainerPoolConfig | None = None,
-) -> AsyncIterator[ContainerSandboxPool]:
-    """``async with start_container_pool(config) as pool``: a started pool, closed on exit."""
-    async with ContainerSandboxPool(config) as pool:
-        yield pool

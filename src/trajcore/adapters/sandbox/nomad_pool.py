@@ -52,7 +52,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator
 
 import anyio
 import attrs
@@ -79,7 +78,7 @@ from trajcore.domain.validators import (
     whole_number,
 )
 
-__all__ = ["NomadPoolConfig", "NomadSandboxPool", "start_nomad_pool"]
+__all__ = ["NomadPoolConfig", "NomadSandboxPool"]
 
 _log = logging.getLogger(__name__)
 _ADDRESS = re.compile(r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+)(:\d{1,5})?/?$")
@@ -321,13 +320,3 @@ class NomadSandboxPool(ReconciledPool):
     def job_count(self) -> int:
         """The task group count last set in Nomad."""
         return self._allocations.machine.job_count or 0
-
-
-@contextlib.asynccontextmanager
-async def start_nomad_pool(config: NomadPoolConfig) -> AsyncIterator[NomadSandboxPool]:
-    """``async with start_nomad_pool(config) as pool``: a started pool, closed on exit.
-
-    Raises on entry what ``NomadSandboxPool.__aenter__`` raises.
-    """
-    async with NomadSandboxPool(config) as pool:
-        yield pool
