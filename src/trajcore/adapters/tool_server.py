@@ -27,9 +27,9 @@ one behaviour:
 ``HTTPToolServer`` is the ``ToolServer`` port's HTTP adapter. It speaks to a server at a URL, or,
 with ``url="inprocess"`` and an ASGI ``app``, to that app inside this process through
 ``httpx.ASGITransport``: the same protocol, the same codec, no socket. The client is httpx: tool
-calls are few next to LLM and slot calls, so its throughput, which falls as concurrency rises
-(about 1k requests/s at 1, 0.4k at 64 on the development machines), does not matter here, and
-its ASGI transport gives the in-process mode for free. The rules it keeps:
+calls are few next to LLM and slot calls, so its per-request cost (which grows with concurrency)
+does not matter here, and its ASGI transport gives the in-process mode for free. The rules it
+keeps:
 
 - ``execute`` raises only ``PoolClosed``. Everything else that goes wrong becomes the results:
   a server that cannot be reached, refuses the token, answers an HTTP error, crashes mid-request or

@@ -67,7 +67,6 @@ Rules this package keeps:
   ``evaluate`` starts (before ``setup``), shared by every group, and closed when the run ends.
   They are anyio services, so they are opened and closed in the run's main task
   (``rollout_services``). A worker that Atropos cancels releases its slots on the way out.
-
 - **Types that hold.** ``AgentEnv`` and ``AgentEnvConfig`` inherit atroposlib's bases through
   typed faces (``atropos_bases``), so mypy --strict sees a misspelt config field or hook, and a
   wrong hook signature; ``AgentEnv[Item, MyConfig]`` types ``self.config`` as ``MyConfig``.
@@ -81,13 +80,17 @@ Rules this package keeps:
   failed try with the URL, what came back and what was expected (``startup``).
 
 Injection points for tests and notebooks: override ``make_pool``, ``make_chat_server``,
+``make_token_server``, ``make_tool_server`` or ``make_policy``, or pass fakes to ``run_task``
+(``policy``, ``pool``, ``tool_server``), which runs one group without Atropos's API server.
 
 Where each part lives: ``config`` (``AgentEnvConfig``, ``RolloutSettings``, the mode),
-``startup`` (the ``--openai.*`` servers and the wait for the model endpoint),
-``pools`` (the slot-server policy and the sandbox pool from the config), ``scored_data`` (a
-judged group as Atropos's ``ScoredDataGroup``, pure), ``metrics`` (counters, wandb metrics and
-the rollout table), ``services`` (``RolloutServices`` and the adapters behind them), ``env``
-(``AgentEnv`` and its hooks).
+``startup`` (the ``--openai.*`` servers and the wait for the model endpoint), ``pools`` (the
+slot-server policy and the open registry of sandbox pools), ``cloud`` (the Modal and Daytona
+settings and pools), ``tokenizer_modes`` (the open registry of tokenizer modes),
+``registries`` (the registry type and the entry-point groups), ``scored_data`` (a judged group
+as Atropos's ``ScoredDataGroup``, pure), ``metrics`` (counters, wandb metrics and the rollout
+table), ``services`` (``RolloutServices`` and the adapters behind them), ``env`` (``AgentEnv``
+and its hooks).
 """
 
 from __future__ import annotations

@@ -124,9 +124,8 @@ def _json_or_pairs(field: str, value: object) -> object:
     return pairs
 
 
-# NomadPoolConfig's field names -> the env fields they come from.
 class AgentEnvConfig(BaseEnvConfig, SeedNames, CloudSettings):
-    """An agent env's settings: Atropos's ``BaseEnvConfig`` plus trajcore's (section 7).
+    """An agent env's settings: Atropos's ``BaseEnvConfig`` plus trajcore's.
 
     Every field can be given as ``--env.<field>`` on the command line or under ``env:`` in the
     YAML config. Lists accept comma-separated text (``--env.enabled_toolsets terminal,file``);
