@@ -5,10 +5,23 @@ that is no function is called)."""
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import Mapping
 
-from trajcore.domain.json_values import JSONObject
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.tool_parsers import Qwen3CoderParser
+from trajcore.domain.tool_parsers.base import TurnBuilder
+from trajcore.domain.tool_parsers.qwen3_coder import (
+    FUNCTION_END,
+    PARAMETER,
+    PARAMETER_END,
+    _Function,
+    _Scan,
+    read_text,
+)
 from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.domain.turns import ParsedTurn
 
@@ -80,16 +93,9 @@ def test_a_block_holding_part_of_function_is_truncated_only_when_unclosed(
     assert reasons(turn) == [reason]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "known bug: after a value ends at its fallback closer, the scan resumes behind where "
-        "its forward-only markers (base.Marker) already looked, so the next parameter's "
-        "closers are not seen and the call is reported truncated; re-finding the markers "
-        "fixes it but makes the scan quadratic (about 47 s for 190 kB of such values)"
-    ),
-)
 def test_the_parameter_after_a_value_that_never_balances_is_read() -> None:
+    # The value of ``a`` ends at its first structural closer (its nesting never balances);
+    # reading goes on from there, so ``b`` is read, not reported truncated.
     text = (
         "<tool_call>\n<function=f>\n<parameter=a>\n"
         "<parameter=a><parameter=a>u</parameter>\n"
@@ -157,3 +163,138 @@ def test_with_tools_a_closer_before_a_parameter_the_tool_lacks_is_text() -> None
 def test_render_keeps_non_ascii_text_in_json_values() -> None:
     rendered = PARSER.render([ToolCall(id="c", name="f", arguments={"o": {"k": "ü✓"}})])
     assert '<parameter=o>\n{"k": "ü✓"}\n</parameter>' in rendered
+
+
+# ------------------------------------------------------------------ one pass over the text
+
+
+def _never_balancing_values(n: int) -> str:
+    # one function, each value opening two literal parameters and closing one
+    body = "".join(
+        f"<parameter=p{i}>\n<parameter=p{i}><parameter=p{i}>u</parameter>\n" for i in range(n)
+    )
+    return f"<tool_call>\n<function=f>\n{body}</function>\n</tool_call>"
+
+
+def _calls_whose_values_never_balance(n: int) -> str:
+    # many calls, each value running past its call's end; a stray closer after each call keeps
+    # every later call at the nesting depth where an earlier value's walk would look at it
+    call = (
+        "<tool_call>\n<function=f>\n<parameter=a>\n<parameter=a>x</parameter>\n</function>\n"
+        "</tool_call>\n</parameter> junk\n"
+    )
+    return call * n
+
+
+def _scan_all(text: str) -> tuple[ParsedTurn, int, int]:
+    scan = _Scan.of(text, wrapped=True, open_tag="<tool_call>", close_tag="</tool_call>")
+    builder = TurnBuilder.start(None, "call")
+    content = read_text(builder, scan)
+    return builder.turn(content=content, reasoning=None), scan.tags.steps, len(scan.tags.positions)
+
+
+@pytest.mark.parametrize("n", [50, 800])
+def test_values_that_never_balance_are_read_in_one_pass(n: int) -> None:
+    # Each value here runs off the end of the text looking for its balance and falls back to
+    # its first structural closer. The walks share what they found, so the tags looked at
+    # stay a small multiple of the tags in the text (a walk per value over the rest of the
+    # text would look at about n times as many).
+    turn, steps, tags = _scan_all(_never_balancing_values(n))
+    assert reasons(turn) == []
+    assert [len(c.arguments) for c in turn.calls] == [n]
+    assert steps <= 2 * tags
+
+    turn, steps, tags = _scan_all(_calls_whose_values_never_balance(n))
+    assert reasons(turn) == []
+    assert calls(turn) == [("f", {"a": "<parameter=a>x"})] * n
+    assert steps <= 3 * tags
+
+
+def _reference_value_end(
+    scan: _Scan, start: int, key: str, given: JSONObject, known: Mapping[str, JSON] | None
+) -> tuple[int, int] | None:
+    """The value rules as a plain walk over the text (quadratic over many values)."""
+    text = scan.text
+    depth = 0
+    fallback: tuple[int, int] | None = None
+    pos = start
+
+    def find(tag: str) -> int:
+        at = text.find(tag, pos)
+        return len(text) if at < 0 else at
+
+    def closer_is_structural(after: int) -> bool:
+        name, hard = scan.closer_follower(after)
+        return hard or (name is not None and (known is None or name in known))
+
+    while True:
+        opener, closer, function_end = find(PARAMETER), find(PARAMETER_END), find(FUNCTION_END)
+        nearest = min(opener, closer, function_end)
+        if nearest >= len(text):
+            return fallback
+        if nearest == closer:
+            after = closer + len(PARAMETER_END)
+            structural = closer_is_structural(after)
+            if structural and fallback is None:
+                fallback = (closer, after)
+            if depth > 0:
+                depth -= 1
+            elif structural:
+                return closer, after
+            pos = after
+        elif nearest == opener:
+            name, _ = scan.tag_name(opener + len(PARAMETER))
+            if name is not None:
+                starts_next = name != key and name not in given
+                if depth == 0 and starts_next and (known is None or name in known):
+                    return opener, opener
+                depth += 1
+            pos = opener + len(PARAMETER)
+        else:
+            if depth == 0 and scan.function_end_is_structural(function_end) and not fallback:
+                fallback = (function_end, function_end)
+            pos = function_end + len(FUNCTION_END)
+
+
+_PIECES = [
+    "<parameter=a>",
+    "<parameter=b>",
+    "<parameter=c>",
+    "<parameter=a",
+    "</parameter>",
+    "</parameter>\n",
+    "</function>",
+    "</function>\n",
+    "<tool_call>",
+    "</tool_call>",
+    "x",
+    "\n",
+    " ",
+]
+
+
+@settings(max_examples=200)
+@given(
+    pieces=st.lists(st.sampled_from(_PIECES), max_size=40),
+    wrapped=st.booleans(),
+    known=st.sampled_from([None, {"a": {}}, {"a": {}, "b": {}}]),
+    reads=st.lists(st.tuples(st.integers(0, 40), st.sampled_from("abc")), min_size=1, max_size=6),
+)
+def test_a_value_ends_where_a_plain_walk_over_the_text_ends_it(
+    pieces: list[str],
+    wrapped: bool,
+    known: Mapping[str, JSON] | None,
+    reads: list[tuple[int, str]],
+) -> None:
+    # The values of one function, read in order from growing starts with the names given so
+    # far, end where the rules walked plainly over the text end them (the skip pointers the
+    # reads share change no answer). A read starts between two pieces.
+    text = "".join(pieces)
+    starts = [len("".join(pieces[:i])) for i in range(len(pieces) + 1)]
+    scan = _Scan.of(text, wrapped=wrapped, open_tag="<tool_call>", close_tag="</tool_call>")
+    function = _Function(known=known)
+    given_so_far: JSONObject = {}
+    for start, key in sorted((starts[min(i, len(pieces))], k) for i, k in reads):
+        expected = _reference_value_end(scan, start, key, given_so_far, known)
+        assert scan.value_end(start, key, given_so_far, function) == expected
+        given_so_far[key] = ""

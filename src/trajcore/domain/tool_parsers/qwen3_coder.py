@@ -32,7 +32,9 @@ Rules this parser keeps, beyond those in ``base``:
     file's content is never run, and the real call is not lost.
 
   When the nesting never balances, the value ends at the first ``</parameter>`` with a
-  structural follower or the first such ``</function>``, whichever comes first. Outside
+  structural follower or the first such ``</function>``, whichever comes first, and the next
+  parameter is read from there. Finding where values end takes one pass over the text's tags
+  (``_Tags``), however many values look to its end for their balance. Outside
   values (in a function's header, between parameters) a ``<tool_call>`` does start the next
   call, so a call cut off there is one problem and the next call is read.
 - Values are typed by the tool's schema with ``value_types.type_value`` (``anyOf``/``oneOf``/
@@ -53,9 +55,11 @@ Rules this parser keeps, beyond those in ``base``:
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
@@ -100,19 +104,117 @@ def _value_text(value: str) -> str:
     return value
 
 
+_OPENER, _CLOSER, _FUNCTION_END = 0, 1, 2
+
+
+# Names given in a function, at most this many, key the skip pointers shared between functions.
+_SHARED_GIVEN = 8
+
+
+@attrs.define
+class _Tags:
+    """Every ``<parameter=``, ``</parameter>`` and ``</function>`` of a text, found once, with
+    the shape of the nesting walk worked out in advance, so that reading every value of the
+    text is linear in its length however the values end.
+
+    A value's walk counts nesting from 0: a named opener adds one, a closer takes one away
+    (never below 0). The tags it meets at depth 0 are exactly those whose running sum of +1/-1
+    (their level) is at or below the level of every tag since the walk began, so each tag
+    links to the next tag at or below its level (``below``), and a walk from any tag follows
+    these links, never visiting the tags nested deeper. What a walk looks for along them is
+    found with skip pointers (``first``): a tag found not to be wanted is passed in one step
+    by every later walk that wants no more than that one did.
+
+    Attributes:
+        positions: where each tag starts, in order.
+        kinds: ``_OPENER``, ``_CLOSER`` or ``_FUNCTION_END`` for each tag.
+        names: an opener's NAME; for a closer the NAME of a ``<parameter=NAME>`` right after
+            it; else ``None``.
+        ends: a closer followed by the end, ``</function>`` or (in blocks) the block's end;
+            a ``</function>`` that is structural.
+        below: the index of the next tag at or below this tag's level; -1 when none is.
+        skips: the skip pointers, by what they were looking for.
+        steps: the tags looked at and the skip pointers followed so far (what the tests of
+            linear time count).
+    """
+
+    positions: list[int]
+    kinds: list[int]
+    names: list[str | None]
+    ends: list[bool]
+    below: list[int]
+    skips: dict[object, dict[int, int]] = attrs.Factory(dict)
+    steps: int = 0
+
+    def at_or_after(self, pos: int) -> int:
+        """The index of the first tag at or after ``pos`` (``-1`` when none is)."""
+        index = bisect.bisect_left(self.positions, pos)
+        return index if index < len(self.positions) else -1
+
+    def first(
+        self,
+        index: int,
+        wanted: Callable[[int], bool],
+        following: Callable[[int], int],
+        *skips: dict[int, int],
+    ) -> int:
+        """The first tag from ``index`` on (along ``following``) that is ``wanted``, or -1.
+
+        Each of ``skips`` is told the answer for every tag passed; one may be given to any
+        later search that wants no tag that the searches which filled it did not want.
+        """
+        passed: list[int] = []
+        while index >= 0:
+            self.steps += 1
+            jump = next((s[index] for s in skips if index in s), None)
+            if jump is None:
+                if wanted(index):
+                    break
+                jump = following(index)
+            passed.append(index)
+            index = jump
+        for seen in passed:
+            for s in skips:
+                s[seen] = index
+        return index
+
+    def next_tag(self, index: int) -> int:
+        return index + 1 if index + 1 < len(self.positions) else -1
+
+    def next_level(self, index: int) -> int:
+        return self.below[index]
+
+
+@attrs.define
+class _Function:
+    """What the values of one function are read with: the tool's parameter names (``None``:
+    any), and the skip pointers of its own values (what ends a value only shrinks from one
+    parameter to the next, as the names given grow)."""
+
+    known: Mapping[str, JSON] | None
+    known_key: frozenset[str] | None = attrs.field(init=False)
+    ends: dict[int, int] = attrs.Factory(dict)
+
+    def __attrs_post_init__(self) -> None:
+        self.known_key = None if self.known is None else frozenset(self.known)
+
+
 @attrs.define
 class _Scan:
-    """One completion being read; the markers keep the whole scan one pass over the text."""
+    """One completion being read; the markers and the tag index keep it one pass over the
+    text."""
 
     text: str
     wrapped: bool
     open_tag: str
     close_tag: str
-    param_open: Marker
-    param_close: Marker
     function_end: Marker
     block_open: Marker
     block_close: Marker
+    tags: _Tags = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.tags = self._index()
 
     @classmethod
     def of(cls, text: str, *, wrapped: bool, open_tag: str, close_tag: str) -> _Scan:
@@ -121,12 +223,55 @@ class _Scan:
             wrapped=wrapped,
             open_tag=open_tag,
             close_tag=close_tag,
-            param_open=Marker(text, PARAMETER),
-            param_close=Marker(text, PARAMETER_END),
             function_end=Marker(text, FUNCTION_END),
             block_open=Marker(text, open_tag),
             block_close=Marker(text, close_tag),
         )
+
+    def _index(self) -> _Tags:
+        text = self.text
+        found: list[list[tuple[int, int]]] = [
+            [(m.start(), kind) for m in re.finditer(re.escape(tag), text)]
+            for tag, kind in (
+                (PARAMETER, _OPENER),
+                (PARAMETER_END, _CLOSER),
+                (FUNCTION_END, _FUNCTION_END),
+            )
+        ]
+        positions: list[int] = []
+        kinds: list[int] = []
+        names: list[str | None] = []
+        ends: list[bool] = []
+        levels: list[int] = []
+        level = 0
+        for pos, kind in heapq.merge(*found):
+            name: str | None = None
+            end = False
+            step = 0
+            if kind == _OPENER:
+                name, _ = self.tag_name(pos + len(PARAMETER))
+                if name is None:
+                    continue  # a broken opener is text, and nests nothing
+                step = 1
+            elif kind == _CLOSER:
+                name, end = self.closer_follower(pos + len(PARAMETER_END))
+                step = -1
+            else:
+                end = self.function_end_is_structural(pos)
+            positions.append(pos)
+            kinds.append(kind)
+            names.append(name)
+            ends.append(end)
+            levels.append(level)
+            level += step
+        below = [-1] * len(levels)
+        lower: list[int] = []  # tags after this one, each at or below the level of the next
+        for index in range(len(levels) - 1, -1, -1):
+            while lower and levels[lower[-1]] > levels[index]:
+                lower.pop()
+            below[index] = lower[-1] if lower else -1
+            lower.append(index)
+        return _Tags(positions=positions, kinds=kinds, names=names, ends=ends, below=below)
 
     def skip_space(self, pos: int) -> int:
         found = _SPACE.match(self.text, pos)
@@ -153,60 +298,84 @@ class _Scan:
         tags = (self.close_tag, self.open_tag)
         return after >= len(self.text) or self.text.startswith(tags, after)
 
-    def closer_is_structural(self, after: int, known: Mapping[str, JSON] | None) -> bool:
-        """Whether a ``</parameter>`` ending at ``after`` is followed by structure."""
+    def closer_follower(self, after: int) -> tuple[str | None, bool]:
+        """What follows a ``</parameter>`` ending at ``after``: the NAME of a
+        ``<parameter=NAME>`` (with ``False``), or whether it is structure whatever the tool."""
         text = self.text
         at = self.skip_space(after)
         if at >= len(text) or text.startswith(FUNCTION_END, at):
-            return True
+            return None, True
         if self.wrapped and text.startswith(self.close_tag, at):
-            return True
+            return None, True
         if text.startswith(PARAMETER, at):
-            name, _ = self.tag_name(at + len(PARAMETER))
-            return name is not None and (known is None or name in known)
-        return False
+            return self.tag_name(at + len(PARAMETER))[0], False
+        return None, False
 
     def value_end(
-        self, start: int, key: str, given: JSONObject, known: Mapping[str, JSON] | None
+        self, start: int, key: str, given: JSONObject, function: _Function
     ) -> tuple[int, int] | None:
         """Where the value opening at ``start`` ends and where scanning goes on, or ``None``."""
-        depth = 0
-        # Where the value ends if no nesting-balanced closer is found: the first closer with a
-        # structural follower, or the first structural </function> (a missing closer),
-        # whichever comes first.
-        fallback: tuple[int, int] | None = None
-        pos = start
-        end_of_text = len(self.text)
-        while True:
-            opener = self.param_open.next_at(pos)
-            closer = self.param_close.next_at(pos)
-            function_end = self.function_end.next_at(pos)
-            nearest = min(opener, closer, function_end)
-            if nearest >= end_of_text:
-                return fallback
-            if nearest == closer:
-                after = closer + len(PARAMETER_END)
-                structural = self.closer_is_structural(after, known)
-                if structural and fallback is None:
-                    fallback = (closer, after)
-                if depth > 0:
-                    depth -= 1
-                elif structural:
-                    return closer, after
-                pos = after
-            elif nearest == opener:
-                name, _ = self.tag_name(opener + len(PARAMETER))
-                if name is not None:
-                    starts_next = name != key and name not in given
-                    if depth == 0 and starts_next and (known is None or name in known):
-                        return opener, opener
-                    depth += 1
-                pos = opener + len(PARAMETER)
-            else:
-                structural = self.function_end_is_structural(function_end)
-                if depth == 0 and structural and fallback is None:
-                    fallback = (function_end, function_end)
-                pos = function_end + len(FUNCTION_END)
+        tags = self.tags
+        known = function.known
+
+        def structural(index: int) -> bool:
+            name = tags.names[index]
+            return tags.ends[index] or (name is not None and (known is None or name in known))
+
+        def may_end(index: int) -> bool:
+            # a structural closer, or an opener of a name the tool has
+            name = tags.names[index]
+            if tags.kinds[index] == _CLOSER:
+                return structural(index)
+            return tags.kinds[index] == _OPENER and (known is None or name in known)
+
+        def next_may_end(index: int) -> int:
+            return tags.first(index, may_end, tags.next_level, by_tool)
+
+        def ends_value(index: int) -> bool:
+            # at depth 0, of the tags that may end a value: all but an opener of a name that
+            # cannot start the next parameter
+            name = tags.names[index]
+            return tags.kinds[index] == _CLOSER or (name != key and name not in given)
+
+        by_tool = tags.skips.setdefault(("may end", function.known_key), {})
+        shared: tuple[dict[int, int], ...] = (function.ends,)
+        if len(given) < _SHARED_GIVEN:
+            taken = frozenset(given) | {key}
+            shared += (tags.skips.setdefault(("ends", function.known_key, taken), {}),)
+        first = tags.at_or_after(start)
+        end = tags.first(
+            next_may_end(first),
+            ends_value,
+            lambda index: next_may_end(tags.below[index]),
+            *shared,
+        )
+        if end >= 0:
+            pos = tags.positions[end]
+            if tags.kinds[end] == _OPENER:
+                return pos, pos
+            return pos, pos + len(PARAMETER_END)
+        # No balanced end: the first closer with a structural follower (at any depth), or the
+        # first structural </function> at depth 0, whichever comes first.
+        closer = tags.first(
+            first,
+            lambda i: tags.kinds[i] == _CLOSER and structural(i),
+            tags.next_tag,
+            tags.skips.setdefault(("closer", function.known_key), {}),
+        )
+        function_end = tags.first(
+            first,
+            lambda i: tags.kinds[i] == _FUNCTION_END and tags.ends[i],
+            tags.next_level,
+            tags.skips.setdefault("function end", {}),
+        )
+        if closer >= 0 and (function_end < 0 or closer < function_end):
+            pos = tags.positions[closer]
+            return pos, pos + len(PARAMETER_END)
+        if function_end >= 0:
+            pos = tags.positions[function_end]
+            return pos, pos
+        return None
 
     def skip_function(self, pos: int) -> int:
         """Where a refused call ends: after the next ``</function>``, or at the next block.
@@ -242,6 +411,7 @@ def read_function(builder: TurnBuilder, scan: _Scan, start: int, call_start: int
         return refuse(scan.skip_function(start), "missing name @ name")
     spec = builder.spec(name)
     known = _property_schemas(spec)
+    function = _Function(known=known)
     root = spec.parameters if spec is not None else None
     arguments: JSONObject = {}
     pos = after_name
@@ -272,7 +442,7 @@ def read_function(builder: TurnBuilder, scan: _Scan, start: int, call_start: int
             )
         if not key:
             return refuse(scan.skip_function(pos), "missing parameter name @ arguments", name)
-        found = scan.value_end(value_start, key, arguments, known)
+        found = scan.value_end(value_start, key, arguments, function)
         if found is None:
             return refuse(len(text), f"truncated call @ arguments.{key}", name)
         value_end, pos = found
@@ -314,6 +484,25 @@ def read_block(builder: TurnBuilder, scan: _Scan, start: int) -> int:
     return end
 
 
+def read_text(builder: TurnBuilder, scan: _Scan) -> str:
+    """Read every call of the scan's text into ``builder``; return the content around them."""
+    text = scan.text
+    opens = scan.block_open if scan.wrapped else Marker(text, FUNCTION)
+    segments: list[str] = []
+    pos = 0
+    while (start := opens.next_at(pos)) < len(text):
+        segments.append(text[pos:start])
+        if scan.wrapped:
+            pos = read_block(builder, scan, start)
+        else:
+            pos = read_function(builder, scan, start, start)
+            after = scan.skip_space(pos)
+            if text.startswith(scan.close_tag, after):
+                pos = after + len(scan.close_tag)
+    segments.append(text[pos:])
+    return join_content(segments)
+
+
 _TAGS = {
     "qwen3_coder": (OPEN, CLOSE, "<think>", "</think>"),
     "seed_oss": ("<seed:tool_call>", "</seed:tool_call>", "<seed:think>", "</seed:think>"),
@@ -347,23 +536,10 @@ class Qwen3CoderParser(FamilyParser):
 
     def read_calls(self, builder: TurnBuilder, text: str) -> str:
         open_tag, close_tag, _, _ = _TAGS[self.family]
-        rest = text
-        wrapped = open_tag in rest
-        scan = _Scan.of(rest, wrapped=wrapped, open_tag=open_tag, close_tag=close_tag)
-        opens = scan.block_open if wrapped else Marker(rest, FUNCTION)
-        segments: list[str] = []
-        pos = 0
-        while (start := opens.next_at(pos)) < len(rest):
-            segments.append(rest[pos:start])
-            if wrapped:
-                pos = read_block(builder, scan, start)
-            else:
-                pos = read_function(builder, scan, start, start)
-                after = scan.skip_space(pos)
-                if rest.startswith(close_tag, after):
-                    pos = after + len(close_tag)
-        segments.append(rest[pos:])
-        return join_content(segments)
+        wrapped = open_tag in text
+        return read_text(
+            builder, _Scan.of(text, wrapped=wrapped, open_tag=open_tag, close_tag=close_tag)
+        )
 
     def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:
         """``content``, then one XML block per call; strings verbatim, other values as JSON."""
