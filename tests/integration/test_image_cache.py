@@ -1,0 +1,242 @@
+"""The image cache over real images: podman's store, OCI layouts and archives, docker archives,
+layered whiteouts, two processes asking at once, eviction and images in use."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.image_layouts import Entry, write_docker_archive, write_layout
+from trajcore.adapters.sandbox.image_cache import ImageCache
+from trajcore.domain.task_environments import (
+    ImageCacheFull,
+    TaskEnvironmentError,
+    parse_environment_ref,
+)
+
+PODMAN = ["podman", "--runtime", "runc"]
+
+
+def _podman_works() -> str | None:
+    if shutil.which("podman") is None:
+        return "podman is not installed (apt-get install podman runc)"
+    done = subprocess.run([*PODMAN, "info"], capture_output=True, timeout=60, check=False)
+    return None if done.returncode == 0 else f"podman info failed: {done.stderr[-200:]!r}"
+
+
+@pytest.fixture
+def podman_image(tmp_path: Path) -> Iterator[str]:
+    """A small image imported into podman's store by the test, removed afterwards."""
+    why = _podman_works()
+    if why is not None:
+        pytest.skip(why)
+    rootfs = tmp_path / "import.tar"
+    with tarfile.open(rootfs, "w") as tar:
+        for name, data in {
+            "etc/os-release": b"ID=trajcore-test\n",
+            "bin/tool": b"#!/bin/sh\n",
+        }.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o755
+            tar.addfile(info, io.BytesIO(data))
+    name = f"localhost/trajcore-cache-test:{uuid.uuid4().hex[:12]}"
+    subprocess.run(
+        [*PODMAN, "import", str(rootfs), name], check=True, capture_output=True, timeout=120
+    )
+    try:
+        yield name
+    finally:
+        subprocess.run([*PODMAN, "rmi", "-f", name], capture_output=True, timeout=120, check=False)
+
+
+def test_an_image_of_podmans_store_is_unpacked_once_then_found_by_its_id(
+    tmp_path: Path, podman_image: str
+) -> None:
+    cache = ImageCache(tmp_path / "cache", max_bytes=1 << 30)
+    ref = parse_environment_ref(f"containers-storage:{podman_image}")
+    with cache.acquire(ref) as first:
+        assert not first.image.hit
+        assert (first.image.rootfs / "etc" / "os-release").read_text() == "ID=trajcore-test\n"
+        assert os.stat(first.image.rootfs / "bin" / "tool").st_mode & 0o777 == 0o755
+    with cache.acquire(ref) as second:
+        assert second.image.hit
+        assert second.image.image_id == first.image.image_id
+    stats = cache.statistics()
+    assert (stats.images, stats.hits, stats.misses) == (1, 1, 1)
+    # The same image saved as an OCI archive and a docker archive is the same content: a hit.
+    for fmt, transport in (("oci-archive", "oci-archive"), ("docker-archive", "docker-archive")):
+        archive = tmp_path / f"{fmt}.tar"
+        subprocess.run(
+            [*PODMAN, "save", "--format", fmt, "-o", str(archive), podman_image],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        with cache.acquire(parse_environment_ref(f"{transport}:{archive}")) as again:
+            assert again.image.image_id == first.image.image_id, fmt
+            assert again.image.hit, fmt
+
+
+def test_an_image_the_store_does_not_hold_is_named_with_the_engines_words(tmp_path: Path) -> None:
+    why = _podman_works()
+    if why is not None:
+        pytest.skip(why)
+    cache = ImageCache(tmp_path / "cache", max_bytes=1 << 30)
+    ref = parse_environment_ref("containers-storage:localhost/trajcore-no-such-image:none")
+    with pytest.raises(TaskEnvironmentError) as caught:
+        cache.acquire(ref)
+    assert caught.value.field == str(ref)
+    assert "podman answered" in caught.value.reason
+    assert "no-such-image" in caught.value.reason
+    assert cache.statistics().refused == 1
+
+
+def test_whiteouts_and_opaque_directories_apply_to_lower_layers_only(tmp_path: Path) -> None:
+    layers = [
+        [
+            Entry(name="etc/keep", data=b"1"),
+            Entry(name="etc/gone", data=b"2"),
+            Entry(name="var/cache/old", data=b"3"),
+            Entry(name="var/cache/sub/older", data=b"4"),
+            Entry(name="tree/deep/file", data=b"5"),
+        ],
+        [
+            # The layer's own files come before its whiteouts in the tar: whiteouts still
+            # remove only what lower layers made.
+            Entry(name="var/cache/new", data=b"6"),
+            Entry(name="var/cache/.wh..wh..opq"),
+            Entry(name="etc/.wh.gone"),
+            Entry(name=".wh.tree"),
+            Entry(name="etc/.wh.never-there"),
+        ],
+        [
+            Entry(name="etc/keep", data=b"replaced"),
+            Entry(name="link", kind=tarfile.LNKTYPE, link="etc/keep"),
+        ],
+    ]
+    layout = tmp_path / "layout"
+    write_layout(layout, layers)
+    cache = ImageCache(tmp_path / "cache", max_bytes=1 << 30)
+    with cache.acquire(parse_environment_ref(f"oci:{layout}")) as use:
+        root = use.image.rootfs
+        found = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+        assert found == ["etc", "etc/keep", "link", "var", "var/cache", "var/cache/new"]
+        assert (root / "etc" / "keep").read_text() == "replaced"
+        assert os.stat(root / "link").st_ino == os.stat(root / "etc" / "keep").st_ino
+        assert use.image.entries == 8  # created entries; whiteouts are not counted
+
+
+def test_a_docker_archive_and_a_tagged_layout(tmp_path: Path) -> None:
+    archive = tmp_path / "image.tar"
+    image_id = write_docker_archive(
+        archive, [[Entry(name="a", data=b"x")], [Entry(name="b", data=b"y")]]
+    )
+    cache = ImageCache(tmp_path / "cache", max_bytes=1 << 30)
+    with cache.acquire(parse_environment_ref(f"docker-archive:{archive}")) as use:
+        assert use.image.image_id == image_id
+        assert sorted(p.name for p in use.image.rootfs.iterdir()) == ["a", "b"]
+    layout = tmp_path / "layout"
+    write_layout(layout, [[Entry(name="c")]], tag="v1")
+    with pytest.raises(TaskEnvironmentError, match="'v2' is not in the layout"):
+        cache.acquire(parse_environment_ref(f"oci:{layout}:v2"))
+    with cache.acquire(parse_environment_ref(f"oci:{layout}:v1")) as tagged:
+        assert (tagged.image.rootfs / "c").exists()
+
+
+def test_a_malformed_index_names_the_json_path(tmp_path: Path) -> None:
+    layout = tmp_path / "layout"
+    write_layout(layout, [[Entry(name="c")]])
+    index = json.loads((layout / "index.json").read_text())
+    index["manifests"][0]["digest"] = 7
+    (layout / "index.json").write_text(json.dumps(index))
+    cache = ImageCache(tmp_path / "cache", max_bytes=1 << 30)
+    with pytest.raises(TaskEnvironmentError) as caught:
+        cache.acquire(parse_environment_ref(f"oci:{layout}"))
+    assert "index.json $.manifests[0].digest" in caught.value.field
+
+
+_CHILD = """
+import json, sys
+from pathlib import Path
+from trajcore.adapters.sandbox.image_cache import ImageCache
+from trajcore.domain.task_environments import parse_environment_ref
+cache = ImageCache(Path(sys.argv[1]), max_bytes=1 << 30)
+with cache.acquire(parse_environment_ref("oci:" + sys.argv[2])) as use:
+    print(json.dumps({"hit": use.image.hit, "rootfs": str(use.image.rootfs)}))
+"""
+
+
+def test_two_processes_asking_at_once_unpack_the_image_once(tmp_path: Path) -> None:
+    layout = tmp_path / "layout"
+    write_layout(layout, [[Entry(name=f"f{n}", data=b"x" * 1000) for n in range(3000)]])
+    argv = [sys.executable, "-c", _CHILD, str(tmp_path / "cache"), str(layout)]
+    children = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    results = []
+    for child in children:
+        out, _ = child.communicate(timeout=120)
+        assert child.returncode == 0
+        results.append(json.loads(out))
+    assert sorted(r["hit"] for r in results) == [False, True]
+    assert results[0]["rootfs"] == results[1]["rootfs"]
+    assert len(list((tmp_path / "cache" / "images").iterdir())) == 1
+
+
+def test_the_least_recently_used_image_leaves_and_one_in_use_never_does(tmp_path: Path) -> None:
+    def layout(name: str) -> str:
+        path = tmp_path / name
+        write_layout(path, [[Entry(name="data", size=400_000)]], salt=name)
+        return f"oci:{path}"
+
+    cache = ImageCache(tmp_path / "cache", max_bytes=1_000_000)
+    a, b, c, d = (parse_environment_ref(layout(n)) for n in "abcd")
+    held = cache.acquire(a)  # in use throughout
+    with cache.acquire(b):
+        pass
+    with cache.acquire(c) as use_c:  # 3 x 400 kB > 1 MB: b (not in use) leaves, a stays
+        assert not use_c.image.hit
+    names = {p.name for p in (tmp_path / "cache" / "images").iterdir()}
+    assert held.image.image_id in names
+    assert len(names) == 2
+    assert cache.statistics().evicted == 1
+    with cache.acquire(c) as use_c:  # c is in use too now: nothing can leave for d
+        with pytest.raises(ImageCacheFull) as caught:
+            cache.acquire(d)
+        assert str(d) in str(caught.value)
+        assert "in images that leases are using" in str(caught.value)
+        assert {p.name for p in (tmp_path / "cache" / "images").iterdir()} == names
+        assert list((tmp_path / "cache" / "staging").iterdir()) == []
+    held.close()
+    with cache.acquire(d) as use_d:  # a was least recently used and is free now
+        assert not use_d.image.hit
+    assert held.image.image_id not in {p.name for p in (tmp_path / "cache" / "images").iterdir()}
+
+
+def test_an_image_larger_than_the_cache_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "big"
+    write_layout(path, [[Entry(name="data", size=2_000_000)]])
+    cache = ImageCache(tmp_path / "cache", max_bytes=1_000_000)
+    with pytest.raises(ImageCacheFull, match="more than the cache's 1000000"):
+        cache.acquire(parse_environment_ref(f"oci:{path}"))
+    assert list((tmp_path / "cache" / "images").iterdir()) == []
+
+
+def test_a_directory_is_used_in_place(tmp_path: Path) -> None:
+    tree = tmp_path / "rootfs"
+    (tree / "etc").mkdir(parents=True)
+    cache = ImageCache(tmp_path / "cache", max_bytes=1 << 30)
+    with cache.acquire(parse_environment_ref(f"directory:{tree}")) as use:
+        assert use.image.rootfs == tree.resolve()
+        assert use.image.bytes == 0
+    with pytest.raises(TaskEnvironmentError, match="is not a directory"):
+        cache.acquire(parse_environment_ref(f"directory:{tmp_path / 'missing'}"))
