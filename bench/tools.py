@@ -51,11 +51,8 @@ from bench.reference import Reference, ReferenceUnavailable
 from trajcore.adapters.sandbox.client import SlotServerClient
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
-from trajcore.domain.sandbox_policy import (
-    DEFAULT_SLOT_UID_BASE,
-    SlotPolicy,
-    bwrap_argv,
-)
+from trajcore.domain.bwrap import bwrap_argv
+from trajcore.domain.sandbox_policy import DEFAULT_SLOT_UID_BASE, SlotPolicy
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.slots import Lease, SlotCall
 from trajcore.domain.tools import ToolCall

@@ -34,12 +34,8 @@ from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime
 from trajcore.adapters.sandbox.seccomp import SeccompUnavailable
 from trajcore.domain.errors import SlotServerError, ToolArgumentError, UnknownSlot, WireError
 from trajcore.domain.json_values import JSON
-from trajcore.domain.sandbox_policy import (
-    MASKED_PATHS,
-    READ_ONLY_PATHS,
-    Bind,
-    SlotPolicy,
-)
+from trajcore.domain.kernel_masks import MASKED_PATHS, READ_ONLY_PATHS
+from trajcore.domain.sandbox_policy import Bind, SlotPolicy
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult

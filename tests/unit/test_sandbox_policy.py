@@ -9,19 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from trajcore.domain.bwrap import KEEPER_CAPABILITIES, bwrap_argv, private_tmp_binds
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.sandbox_policy import (
-    KEEPER_CAPABILITIES,
-    MASKED_PATHS,
-    READ_ONLY_PATHS,
-    SECCOMP_RULES,
-    Bind,
-    SlotPolicy,
-    bwrap_argv,
-    check_slot_uid_range,
-    clamp_timeout,
-    private_tmp_binds,
-)
+from trajcore.domain.kernel_masks import MASKED_PATHS, READ_ONLY_PATHS
+from trajcore.domain.sandbox_policy import Bind, SlotPolicy, check_slot_uid_range, clamp_timeout
+from trajcore.domain.seccomp_rules import SECCOMP_RULES
 
 segment = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_-", min_size=1, max_size=8)
 abs_path = st.lists(segment, min_size=1, max_size=4).map(lambda parts: "/" + "/".join(parts))

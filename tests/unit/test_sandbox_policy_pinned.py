@@ -6,8 +6,9 @@ from __future__ import annotations
 import attrs
 import pytest
 
+from trajcore.domain.bwrap import bwrap_argv
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.sandbox_policy import Bind, SlotPolicy, bwrap_argv
+from trajcore.domain.sandbox_policy import Bind, SlotPolicy
 
 
 def test_the_bwrap_vector_is_exactly_the_policy() -> None:
@@ -92,14 +93,16 @@ def test_every_system_path_must_be_a_plain_absolute_path(
 
 
 def test_the_flag_table_is_every_field_in_order_with_its_flag_help_default_and_codec() -> None:
-    # Called directly: the table and the switches are built when the module is imported.
-    from trajcore.domain import sandbox_policy
+    # Called directly: the table is built when the module is imported.
+    from trajcore.domain import slot_server_flags
 
-    assert sandbox_policy._policy_flags() == sandbox_policy.POLICY_FLAGS
-    assert [f.field for f in sandbox_policy.POLICY_FLAGS] == [
+    assert slot_server_flags._policy_flags(slot_server_flags._TABLE) == (
+        slot_server_flags.POLICY_FLAGS
+    )
+    assert [f.field for f in slot_server_flags.POLICY_FLAGS] == [
         a.name for a in attrs.fields(SlotPolicy)
     ]
-    first = sandbox_policy.POLICY_FLAGS[0]
+    first = slot_server_flags.POLICY_FLAGS[0]
     assert (first.field, first.name, first.help, first.default, first.codec) == (
         "allow_network",
         "--allow-network",
@@ -107,12 +110,21 @@ def test_the_flag_table_is_every_field_in_order_with_its_flag_help_default_and_c
         False,
         None,
     )
-    switch = attrs.make_class("Probe", {"on": sandbox_policy._switch(True, "--off", "turn it off")})
-    field = attrs.fields(switch)[0]
-    assert field.default is True
-    assert field.metadata["trajcore.slot_server_flag"] == ("--off", "turn it off", None)
-    with pytest.raises(ConfigError, match="must be true or false, got 1 @ on"):
-        switch(on=1)
+    with pytest.raises(ConfigError, match="must be true or false, got 1 @ allow_network"):
+        SlotPolicy(allow_network=1)  # type: ignore[arg-type]  # bad input on purpose
+
+
+def test_a_flag_table_that_misses_a_field_or_mistakes_a_switch_fails_naming_it() -> None:
+    from trajcore.domain import slot_server_flags
+
+    table = dict(slot_server_flags._TABLE)
+    del table["bwrap"]
+    with pytest.raises(ValueError, match=r"lists \[.*'use_cgroups', 'slot_uid_base'\], but"):
+        slot_server_flags._policy_flags(table)
+    table = dict(slot_server_flags._TABLE)
+    table["use_cgroups"] = ("--no-cgroups", "use rlimits only", table["bwrap"][2])
+    with pytest.raises(ValueError, match=r"^use_cgroups: a switch is exactly"):
+        slot_server_flags._policy_flags(table)
 
 
 @pytest.mark.parametrize(
@@ -123,9 +135,9 @@ def test_the_flag_table_is_every_field_in_order_with_its_flag_help_default_and_c
     ],
 )
 def test_system_paths_on_a_command_line_are_a_json_list_of_strings(word: str, problem: str) -> None:
-    from trajcore.domain import sandbox_policy
+    from trajcore.domain import slot_server_flags
 
-    flag = next(f for f in sandbox_policy.POLICY_FLAGS if f.field == "system_paths")
+    flag = next(f for f in slot_server_flags.POLICY_FLAGS if f.field == "system_paths")
     assert flag.read('["/usr", "/lib"]') == ("/usr", "/lib")
     with pytest.raises(ValueError, match=rf"^{problem}$"):
         flag.read(word)
@@ -141,9 +153,9 @@ def test_system_paths_on_a_command_line_are_a_json_list_of_strings(word: str, pr
     ],
 )
 def test_extra_binds_on_a_command_line_are_a_json_list_of_binds(word: str, problem: str) -> None:
-    from trajcore.domain import sandbox_policy
+    from trajcore.domain import slot_server_flags
 
-    flag = next(f for f in sandbox_policy.POLICY_FLAGS if f.field == "extra_binds")
+    flag = next(f for f in slot_server_flags.POLICY_FLAGS if f.field == "extra_binds")
     binds = (Bind(source="/a", dest="/b", writable=True),)
     shown = '[{"source":"/a","dest":"/b","writable":true,"optional":false}]'
     assert flag.codec is not None

@@ -1,5 +1,5 @@
-"""The slot policy on the slot server's command line: written by ``SlotPolicy.argv``, read by
-the parser that ``trajcore slot-server`` builds from the same fields."""
+"""The slot policy on the slot server's command line: written by ``policy_argv``, read by the
+parser that ``trajcore slot-server`` builds from the same table."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from trajcore.domain.sandbox_policy import (
     DEFAULT_SLOT_UID_BASE,
     MAX_SLOT_UID,
     MIN_SLOT_UID_BASE,
-    POLICY_FLAGS,
     Bind,
     SlotPolicy,
 )
+from trajcore.domain.slot_server_flags import POLICY_FLAGS, policy_argv
 from trajcore.entrypoints.slot_server import parse_args, policy_of
 
 _SERVER = ["--slots", "1", "--root", "/w", "--unix", "/s"]
@@ -70,12 +70,12 @@ def _parse(words: list[str]) -> SlotPolicy:
 
 @given(policies())
 def test_a_policy_reads_back_from_its_flags_as_the_same_policy(policy: SlotPolicy) -> None:
-    assert _parse(policy.argv()) == policy
+    assert _parse(policy_argv(policy)) == policy
 
 
 def test_no_flags_give_the_default_policy() -> None:
     assert _parse([]) == SlotPolicy()
-    assert _parse(SlotPolicy().argv()) == SlotPolicy()
+    assert _parse(policy_argv(SlotPolicy())) == SlotPolicy()
 
 
 def test_every_field_has_exactly_one_flag_and_the_server_takes_each(
@@ -91,27 +91,29 @@ def test_every_field_has_exactly_one_flag_and_the_server_takes_each(
 
 
 def test_switches_appear_only_when_they_differ_from_the_default() -> None:
-    assert not {"--allow-network", "--require-sandbox", "--no-cgroups"} & set(SlotPolicy().argv())
-    words = SlotPolicy(allow_network=True, use_cgroups=False, read_only_root=False).argv()
+    assert not {"--allow-network", "--require-sandbox", "--no-cgroups"} & set(
+        policy_argv(SlotPolicy())
+    )
+    words = policy_argv(SlotPolicy(allow_network=True, use_cgroups=False, read_only_root=False))
     assert {"--allow-network", "--no-cgroups", "--writable-root"} <= set(words)
 
 
 def test_each_valued_flag_is_one_word_so_a_path_may_start_with_a_dash() -> None:
-    words = SlotPolicy(bwrap="-x/bwrap").argv()
+    words = policy_argv(SlotPolicy(bwrap="-x/bwrap"))
     assert "--bwrap=-x/bwrap" in words
     assert all(word.startswith("--") for word in words)
 
 
 def test_memory_travels_in_bytes_and_none_as_none() -> None:
-    words = SlotPolicy(memory_bytes=512 << 20, cpu_seconds=None).argv()
+    words = policy_argv(SlotPolicy(memory_bytes=512 << 20, cpu_seconds=None))
     assert f"--memory-bytes={512 << 20}" in words
     assert "--cpu-seconds=none" in words
     assert _parse(["--memory-bytes=none"]).memory_bytes is None
 
 
 def test_the_slot_uid_base_travels_on_the_command_line() -> None:
-    assert f"--slot-uid-base={DEFAULT_SLOT_UID_BASE}" in SlotPolicy().argv()
-    assert _parse(SlotPolicy(slot_uid_base=2_000_000).argv()).slot_uid_base == 2_000_000
+    assert f"--slot-uid-base={DEFAULT_SLOT_UID_BASE}" in policy_argv(SlotPolicy())
+    assert _parse(policy_argv(SlotPolicy(slot_uid_base=2_000_000))).slot_uid_base == 2_000_000
 
 
 @pytest.mark.parametrize(

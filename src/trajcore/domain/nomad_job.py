@@ -54,6 +54,7 @@ from trajcore.domain.converters import command_words
 from trajcore.domain.errors import ConfigError, WireError
 from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.slot_server_flags import policy_argv
 from trajcore.domain.validators import finite_number, flag, instance_of, whole_number
 
 __all__ = [
@@ -317,7 +318,7 @@ class NomadJobSpec(NomadJobSettings):
             "--token-env", self.token_env,
             # allocations on one host share its uids: each takes its own block of slot uids
             "--slot-uid-block", "${NOMAD_ALLOC_INDEX}",
-            *self.policy.argv(),
+            *policy_argv(self.policy),
         ]  # fmt: skip
 
 

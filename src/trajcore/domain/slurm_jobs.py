@@ -36,6 +36,7 @@ import attrs
 from trajcore.domain.converters import command_words
 from trajcore.domain.errors import ConfigError, InvalidInput
 from trajcore.domain.sandbox_policy import SlotPolicy, check_slot_uid_range
+from trajcore.domain.slot_server_flags import policy_argv
 from trajcore.domain.validators import (
     instance_of,
     optional_positive_int,
@@ -233,7 +234,7 @@ def sbatch_argv(
     policy = attrs.evolve(settings.policy, slot_uid_base=uid_base)
     server = [
         *settings.command, "--slots", str(settings.slots_per_container),
-        "--token-file", token_file, *policy.argv(),
+        "--token-file", token_file, *policy_argv(policy),
     ]  # fmt: skip
     return [*words, script, run_dir, *server]
 

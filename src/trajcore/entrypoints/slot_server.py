@@ -24,8 +24,8 @@ root exits 2 with ``reason @ field`` on stderr.
 
 The policy (network, sandbox requirement, limits, timeout range, cgroups, bubblewrap, slot
 helper, slot uids) comes from these flags only; nothing a model writes into a call changes it.
-Its flags are the fields of ``SlotPolicy`` (``SlotPolicy.argv()`` writes them), so ``--help``
-lists exactly what a policy can say.
+Its flags are the fields of ``SlotPolicy`` (``slot_server_flags.policy_argv`` writes them), so
+``--help`` lists exactly what a policy can say.
 """
 
 from __future__ import annotations
@@ -49,12 +49,8 @@ from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime, check_
 from trajcore.adapters.sandbox.sandboxes import name_process
 from trajcore.adapters.sandbox.server import start_http_server
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.sandbox_policy import (
-    POLICY_FLAGS,
-    PolicyFlag,
-    SlotPolicy,
-    check_slot_uid_range,
-)
+from trajcore.domain.sandbox_policy import SlotPolicy, check_slot_uid_range
+from trajcore.domain.slot_server_flags import POLICY_FLAGS, PolicyFlag
 
 __all__ = ["main", "parse_args", "policy_of"]
 

@@ -54,6 +54,7 @@ from trajcore.domain.errors import ConfigError, InvalidInput, SandboxUnavailable
 from trajcore.domain.nomad_reconcile import Join
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.scale_policy import ScaleConfig
+from trajcore.domain.slot_server_flags import policy_argv
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolOutcome, ToolResult
 from trajcore.domain.validators import (
@@ -227,7 +228,7 @@ def server_argv(config: CloudPoolConfig) -> tuple[str, ...]:
         "--root", config.workspace_dir,
         "--listen", f"0.0.0.0:{config.port}",
         "--token-env", TOKEN_ENV,
-        *config.policy.argv(),
+        *policy_argv(config.policy),
     )  # fmt: skip
 
 

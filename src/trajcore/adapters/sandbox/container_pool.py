@@ -43,6 +43,7 @@ from trajcore.adapters.sandbox.pool_core import Endpoint
 from trajcore.adapters.sandbox.supervision import SupervisedPool, SupervisedPoolConfig
 from trajcore.domain.converters import command_words
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
+from trajcore.domain.slot_server_flags import policy_argv
 from trajcore.domain.validators import (
     nonempty_text,
     optional_text,
@@ -129,7 +130,7 @@ class ContainerPoolConfig(SupervisedPoolConfig):
         """The slot server's arguments (after the image's entrypoint) for container ``index``."""
         return [
             "--slots", str(self.slots_per_container), "--listen", f"0.0.0.0:{_PORT}",
-            "--token-file", _TOKEN_FILE_IN_CONTAINER, *self.server_policy(index).argv(),
+            "--token-file", _TOKEN_FILE_IN_CONTAINER, *policy_argv(self.server_policy(index)),
         ]  # fmt: skip
 
 

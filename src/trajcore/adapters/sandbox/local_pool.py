@@ -62,6 +62,7 @@ from trajcore.adapters.sandbox.pool_core import Endpoint
 from trajcore.adapters.sandbox.removal import remove_tree
 from trajcore.adapters.sandbox.supervision import SupervisedPool, SupervisedPoolConfig
 from trajcore.domain.errors import SlotServerError
+from trajcore.domain.slot_server_flags import policy_argv
 
 __all__ = [
     "LocalPoolConfig",
@@ -104,7 +105,7 @@ class LocalPoolConfig(SupervisedPoolConfig):
             self.python, "-m", "trajcore.entrypoints.slot_server",
             "--slots", str(self.slots_per_container), "--root", str(root),
         ]  # fmt: skip
-        return [*argv, *listen, *self.server_policy(index).argv()]
+        return [*argv, *listen, *policy_argv(self.server_policy(index))]
 
 
 # ============================================================================ processes

@@ -82,7 +82,7 @@ from trajcore.adapters.sandbox.slot_ids import stage_file, unmapped, unreachable
 from trajcore.adapters.sandbox.tool_calls import failure, run_call
 from trajcore.adapters.sandbox.workspace import Workspace
 from trajcore.domain.errors import ConfigError, UnknownSlot
-from trajcore.domain.sandbox_policy import SECCOMP_RULES
+from trajcore.domain.seccomp_rules import SECCOMP_RULES
 from trajcore.domain.slot_calls import (
     Accepted,
     Answered,

@@ -30,17 +30,10 @@ from trajcore.adapters.sandbox.runtime_config import RuntimeConfig
 from trajcore.adapters.sandbox.seccomp import SeccompUnavailable, compile_filter
 from trajcore.adapters.sandbox.slot_ids import shared_python, stage_python, unreachable
 from trajcore.adapters.sandbox.workspace import Workspace
+from trajcore.domain.bwrap import KEEPER_CAPABILITIES, bwrap_argv, private_tmp_binds
 from trajcore.domain.json_values import JSON
-from trajcore.domain.sandbox_policy import (
-    KEEPER_CAPABILITIES,
-    MASKED_PATHS,
-    READ_ONLY_PATHS,
-    SANDBOX_TMP,
-    Bind,
-    SlotPolicy,
-    bwrap_argv,
-    private_tmp_binds,
-)
+from trajcore.domain.kernel_masks import MASKED_PATHS, READ_ONLY_PATHS
+from trajcore.domain.sandbox_policy import SANDBOX_TMP, Bind, SlotPolicy
 from trajcore.domain.seccomp_rules import SECCOMP_RULES, UNCOUNTED_MEMORY_RULES
 from trajcore.domain.slot_calls import SlotCalls
 from trajcore.domain.slot_protocol import ExecuteCall

@@ -56,6 +56,7 @@ from trajcore.adapters.sandbox.supervision import SupervisedSource
 from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
 from trajcore.domain.sandbox_policy import SlotPolicy, check_slot_uid_range
+from trajcore.domain.slot_server_flags import policy_argv
 from trajcore.domain.ssh_hosts import SshHost, SshSettings, host_lacks, ssh_argv
 
 __all__ = ["SshPoolConfig", "SshSandboxPool", "start_ssh_pool"]
@@ -282,7 +283,7 @@ class _SshServers:
             forward = None
         server = [
             "--slots", str(host.slots), "--root", f"{remote_dir}/slots", *listen,
-            *self.config.server_policy(host, k).argv(),
+            *policy_argv(self.config.server_policy(host, k)),
         ]  # fmt: skip
         stall = str(self.config.ssh.stall_deadline_s)
         words = ["serve", "--dir", remote_dir, "--stall-s", stall]
