@@ -19,9 +19,18 @@ Printed, every figure measured in this run:
   and idle (the best of 8 and 64 concurrent spawners, measured before the run and again after
   it, the higher taken, so noise can only lower the ratio); and the ratio of the two (target
   >= 0.75);
+- the compiled reference (``bench/reference.py``), run as this process's child before and after
+  the run, the higher taken: (b) the kernel work of one sandboxed trajectory without trajcore
+  (the lease's namespaces, its seccomp filter, a slot uid, eight ``/bin/sh -c true``), one worker
+  per core; the measured rate's ratio to (b) is the target (>= 0.75), the ratio to the asyncio
+  ideal above its second column;
+- lease start under ``concurrency`` trajectories: each slot server's ``GET /v1/slots`` is read
+  every 50 ms during the run and every new ``sandbox_start_s`` (a lease's fresh namespaces, timed
+  by the server) is kept; a trajectory lasts at least ``turns * latency`` (400 ms), so no lease
+  is missed; p50, p99 and max (target p99 <= 10 ms);
 - the peak RSS of this process (the env side: trajectories, dispatcher, pool clients; the slot
   servers and sandboxes are other processes and are excluded) per concurrent trajectory, as
-  ``(VmHWM during the run - VmRSS before it) / concurrency`` (target < 1 MiB). The high-water
+  ``(VmHWM during the run - VmRSS before it) / concurrency`` (target < 100 KiB). The high-water
   mark is reset through ``/proc/self/clear_refs`` just before the run;
 - beside them, what the ideal leaves out: this process's CPU time during the run, the keepers'
   start before it, and the lease start time the slot servers report (each trajectory gets fresh
@@ -44,6 +53,8 @@ import gc
 import os
 import shutil
 import statistics
+import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,6 +62,9 @@ from pathlib import Path
 import anyio
 import attrs
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.reference import Reference, ReferenceUnavailable
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.agent_loop import AgentLoopConfig
 from trajcore.domain.batch_planner import BatchConfig
@@ -105,6 +119,10 @@ async def _score(tools: SlotTools, messages: Sequence[Message]) -> float:
 
 
 HOOKS = TrajectoryHooks(prepare=_prepare, score=_score)
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
 
 
 def status_kib(key: str) -> int:
@@ -163,6 +181,20 @@ async def start_keepers(pool: LocalSandboxPool, slots: int) -> float:
     return time.perf_counter() - started
 
 
+async def watch_lease_starts(pool: LocalSandboxPool, into: list[float], every_s: float) -> None:
+    """Until cancelled, read every server's slot listing each ``every_s`` and keep each new
+    ``sandbox_start_s`` (one per lease started since the last reading)."""
+    last: dict[tuple[str, int], float | None] = {}
+    while True:
+        for name in pool.container_names():
+            for info in (await pool.client(name).list_slots()).slots:
+                key = (name, info.index)
+                if key in last and info.sandbox_start_s != last[key] and info.sandbox_start_s:
+                    into.append(info.sandbox_start_s)
+                last[key] = info.sandbox_start_s
+        await anyio.sleep(every_s)
+
+
 @attrs.frozen(kw_only=True)
 class RunFigures:
     """What one timed run of trajectories measured."""
@@ -184,6 +216,7 @@ async def run_wave(
     concurrency: int,
     rounds: int,
     tag: str,
+    lease_starts: list[float] | None = None,
 ) -> RunFigures:
     """``concurrency`` workers, each running ``rounds`` trajectories back to back."""
     policy = ChatPolicy(chat)
@@ -206,9 +239,13 @@ async def run_wave(
 
     started = time.perf_counter()
     cpu_started = time.process_time()
-    async with anyio.create_task_group() as group:
-        for index in range(concurrency):
-            group.start_soon(worker, index)
+    async with anyio.create_task_group() as outer:
+        if lease_starts is not None:
+            outer.start_soon(watch_lease_starts, pool, lease_starts, 0.05)
+        async with anyio.create_task_group() as group:
+            for index in range(concurrency):
+                group.start_soon(worker, index)
+        outer.cancel_scope.cancel()
     elapsed = time.perf_counter() - started
     cpu_s = time.process_time() - cpu_started
     statuses: dict[str, int] = {}
@@ -224,7 +261,7 @@ async def run_wave(
     )
 
 
-async def bench(args: argparse.Namespace) -> None:
+async def bench(args: argparse.Namespace, reference: Reference) -> None:  # noqa: PLR0915
     concurrency: int = args.concurrency
     turns: int = args.turns
     latency_s: float = args.latency_ms / 1000.0
@@ -254,7 +291,8 @@ async def bench(args: argparse.Namespace) -> None:
             for name in pool.container_names()
         }
         print(f"slot helper (keepers and lease agents): {', '.join(sorted(helpers))}")
-        # Raw limit, with the pool up and idle: the best of a few spawner counts.
+        # The compiled reference and the raw limit, with the pool up and idle.
+        await reference.measure(args.spawn_seconds)
         raw = max([await spawn_rate(workers, args.spawn_seconds) for workers in (8, 64)])
         # Warm-up: every slot's keeper (started once per slot, then kept), imports and caches,
         # outside the memory baseline.
@@ -266,14 +304,16 @@ async def bench(args: argparse.Namespace) -> None:
         gc.collect()
         baseline_kib = status_kib("VmRSS")
         peak_reset = reset_peak()
+        lease_starts: list[float] = []
         figures = await run_wave(
             pool=pool, dispatcher=dispatcher, chat=chat, config=config,
-            concurrency=concurrency, rounds=args.rounds, tag="run",
+            concurrency=concurrency, rounds=args.rounds, tag="run", lease_starts=lease_starts,
         )  # fmt: skip
         stats = dispatcher.statistics()
         # The raw limit again, after the run: the ideal takes the higher of the two, so noise
         # from anything else on the machine can only lower the ratio.
         raw_after = max([await spawn_rate(workers, args.spawn_seconds) for workers in (8, 64)])
+        await reference.measure(args.spawn_seconds)
         starts = [
             info.sandbox_start_s
             for name in pool.container_names()
@@ -304,16 +344,25 @@ async def bench(args: argparse.Namespace) -> None:
         print(f"per trajectory, outside the ideal: one lease start (fresh namespaces from the "
               f"slot's keeper; last start per slot: p50 {p50_ms:.1f} ms, max {max_ms:.1f} ms "
               f"over {len(starts)} slots) and one slot reset")  # fmt: skip
+    if lease_starts:
+        ordered = sorted(lease_starts)
+        p99_ms = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3
+        print(f"lease start under {concurrency} concurrent trajectories: p50 "
+              f"{statistics.median(ordered) * 1e3:.1f} ms  p99 {p99_ms:.1f} ms  max "
+              f"{ordered[-1] * 1e3:.1f} ms over {len(ordered)} leases   TARGET p99 <= 10 ms: "
+              f"{verdict(p99_ms <= 10)}")  # fmt: skip
+    print("\n".join(reference.describe()))
     ratio = rate / ideal
-    print(f"ratio measured / ideal = {ratio:.2f}   target >= 0.75: "
-          f"{'met' if ratio >= 0.75 else 'NOT met'}")  # fmt: skip
+    of_b = rate / reference.trajectory_rate
+    print(f"measured / (b) = {of_b:.2f}   measured / asyncio ideal = {ratio:.2f}")
+    print(f"TARGET rollouts >= 0.75 of (b): {of_b:.2f}  {verdict(of_b >= 0.75)}")
     grown_kib = max(figures.peak_kib - baseline_kib, 0)
     per_trajectory = grown_kib / 1024 / concurrency
     how = "VmHWM reset via clear_refs" if peak_reset else "VmHWM since start (reset refused)"
     print(f"env process RSS: baseline {baseline_kib / 1024:.1f} MiB, peak "
           f"{figures.peak_kib / 1024:.1f} MiB ({how}); per concurrent trajectory "
-          f"{per_trajectory * 1024:.0f} KiB   target < 1 MiB: "
-          f"{'met' if per_trajectory < 1 else 'NOT met'}")  # fmt: skip
+          f"{per_trajectory * 1024:.0f} KiB   TARGET < 100 KiB: "
+          f"{verdict(per_trajectory * 1024 < 100)}")  # fmt: skip
 
 
 def main() -> None:
@@ -328,7 +377,12 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("bwrap") is None:
         parser.error("bubblewrap (bwrap) is required")
-    anyio.run(bench, args, backend="asyncio")
+    with tempfile.TemporaryDirectory(prefix="trajcore-rollouts-") as folder:
+        try:
+            reference = Reference.prepare(Path(folder))
+        except ReferenceUnavailable as error:
+            sys.exit(f"bench/rollouts.py: {error}")
+        anyio.run(bench, args, reference, backend="asyncio")
 
 
 if __name__ == "__main__":
