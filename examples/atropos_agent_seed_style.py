@@ -5,15 +5,29 @@ file the workspace hook writes; the workspace hook returns the expected count as
 verification runs ``cat`` in the same slot with the seed's ``terminal`` tool and returns
 ``(score, metadata)``, and ``build_agent_config`` gives each item its own step budget, a low
 temperature and no token cap, as the seed's envs did.
+
+``SumEnv`` shows the seed's tool objects and ``run_agent``: ``build_tools()`` adds a Python tool
+object (``AddTool``: a ``ToolSchema`` and an ``async execute``) to the default slot tools, the
+model calls it like any tool and it runs in this process, and ``solve`` runs the agent on one
+item with ``self.run_agent(task)`` outside any group, as simple seed envs and their tests did.
 """
 
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import attrs
 
-from trajcore.compat import AgentConfig, AtroposAgentEnv, ExecTool
+from trajcore.compat import (
+    AgentConfig,
+    AtroposAgentEnv,
+    ExecTool,
+    SeedToolRegistry,
+    SeedToolResult,
+    Tool,
+    ToolSchema,
+)
 from trajcore.env import AgentEnvConfig, ToolCall
 
 
@@ -75,6 +89,66 @@ class CountLinesEnv(AtroposAgentEnv[CountTask]):
     def config_init(cls) -> tuple[AgentEnvConfig, object]:
         config, servers = super().config_init()
         return config.model_copy(update={"group_size": 4, "max_turns": 8}), servers
+
+
+@attrs.frozen
+class SumTask:
+    a: int
+    b: int
+
+
+class AddTool(Tool):
+    """A Python tool object, as the seed wrote them: it runs in the env's process."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    @property
+    def schema(self) -> ToolSchema:
+        return ToolSchema(
+            name="add",
+            description="Add two integers.",
+            parameters={"a": {"type": "integer"}, "b": {"type": "integer"}},
+            required=["a", "b"],
+        )
+
+    async def execute(self, **kwargs: Any) -> SeedToolResult:
+        self.calls.append(kwargs)
+        return SeedToolResult(success=True, output=str(kwargs["a"] + kwargs["b"]))
+
+
+class SumEnv(AtroposAgentEnv[SumTask]):
+    name = "sums"
+
+    async def setup_agent_env(self) -> None:
+        self.cursor = itertools.cycle([SumTask(a=2, b=3), SumTask(a=40, b=2)])
+
+    async def get_next_item(self) -> SumTask:
+        return next(self.cursor)
+
+    def build_tools(self) -> SeedToolRegistry:
+        tools = super().build_tools()  # the slot tools (bash, read_file, write_file, ...)
+        tools.register(AddTool())
+        return tools
+
+    def build_task(self, item: SumTask) -> str:
+        return f"Use the add tool: what is {item.a} + {item.b}? Write it alone into answer.txt."
+
+    async def verify_and_score_trajectory(
+        self, item: SumTask, final_response: str, *, trajectory_id: str, exec_tool: ExecTool
+    ) -> tuple[float, dict[str, object]]:
+        read = ToolCall(id=f"{trajectory_id}-v", name="read_file", arguments={"path": "answer.txt"})
+        result = await exec_tool(read)
+        answer = result.content.strip() if result.ok else ""
+        return (1.0 if answer == str(item.a + item.b) else 0.0), {"answer": answer}
+
+    async def score_trajectory(self, item: SumTask, final_response: str) -> float:
+        return 1.0 if str(item.a + item.b) in final_response else 0.0
+
+    async def solve(self, item: SumTask) -> tuple[float, dict[str, Any]]:
+        """One agent run on ``item`` without a group, scored from its final response."""
+        final_response, debug = await self.run_agent(self.build_task(item))
+        return await self.score_trajectory(item, final_response), debug
 
 
 if __name__ == "__main__":

@@ -2,11 +2,13 @@
 
 ``from trajcore.compat import AtroposAgentEnv`` for an atropos-agent env (``build_task``,
 ``setup_trajectory_workspace``, ``verify_and_score_trajectory``, ``score_trajectory``,
-``build_agent_config``), ``from trajcore.compat import HermesAgentEnv, AgentResult, ToolContext``
-for a hermes-agent env (``format_prompt``, ``compute_reward`` with a ``ToolContext`` whose calls
-are awaited). Each base's config class (``AtroposAgentEnvConfig``, ``HermesAgentEnvConfig``)
-has its seed's defaults where they are safe; ``server_configs`` names the model server in
-``config_init``. The implementation and its rules are in ``trajcore.entrypoints.seed_envs``;
+``build_agent_config``, ``run_agent``, and ``build_tools()``/``self.tools`` with the seed's tool
+objects: ``Tool``, ``ToolSchema``, ``SeedToolResult``, ``SeedToolRegistry``),
+``from trajcore.compat import HermesAgentEnv, AgentResult, ToolContext`` for a hermes-agent env
+(``format_prompt``, ``compute_reward`` with a ``ToolContext`` whose calls are awaited). Each
+base's config class (``AtroposAgentEnvConfig``, ``HermesAgentEnvConfig``) has its seed's
+defaults where they are safe; ``server_configs`` names the model server in ``config_init``. The
+implementation and its rules are in ``trajcore.entrypoints.seed_envs`` and ``seed_tools``;
 ``docs/porting.md`` sets both seeds beside trajcore, setting by setting and hook by hook.
 """
 
@@ -24,6 +26,14 @@ from trajcore.entrypoints.seed_envs import (
     ToolError,
 )
 from trajcore.entrypoints.seed_settings import SEED_FIELDS, SeedSettingWarning
+from trajcore.entrypoints.seed_tools import (
+    SeedToolRegistry,
+    SeedToolResult,
+    SlotTool,
+    Tool,
+    ToolFailed,
+    ToolSchema,
+)
 
 __all__ = [
     "SEED_FIELDS",
@@ -36,7 +46,13 @@ __all__ = [
     "HermesAgentEnvConfig",
     "ItemLimits",
     "SeedSettingWarning",
+    "SeedToolRegistry",
+    "SeedToolResult",
+    "SlotTool",
+    "Tool",
     "ToolContext",
     "ToolError",
+    "ToolFailed",
+    "ToolSchema",
     "server_configs",
 ]

@@ -1,7 +1,8 @@
 """Envs written in each seed's style run end to end on the real local pool (bubblewrap).
 
 ``examples/atropos_agent_seed_style.py`` (workspace metadata, ``(score, metadata)`` from
-verification in the slot, per-item step budgets) and ``examples/hermes_seed_style.py``
+verification in the slot, per-item step budgets; a tool object added by ``build_tools()`` and
+``run_agent``) and ``examples/hermes_seed_style.py``
 (``format_prompt``, ``compute_reward`` with hermes's ``AgentResult`` and an awaited
 ``ToolContext``), each driven by a scripted model through the env's own pool.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from examples.atropos_agent_seed_style import CountLinesEnv, CountTask
+from examples.atropos_agent_seed_style import AddTool, CountLinesEnv, CountTask, SumEnv, SumTask
 from examples.hermes_seed_style import GreetingFileEnv, Item
 
 from trajcore.adapters.fakes import FakeChatServer
@@ -115,6 +116,72 @@ async def test_build_agent_config_limits_each_items_steps() -> None:
         assert member.stats.stop_reason.value == "max_turns"
     # The one turn ran the command, and the score came from the slot.
     assert result.verdict.member_scores == (1.0, 1.0)
+
+
+def _adder() -> FakeChatServer:
+    """The model adds the item's numbers with the ``add`` tool, writes the sum to answer.txt
+    with ``bash``, then answers with the sum."""
+
+    def respond(messages: Sequence[Message]) -> ChatTurn:
+        last = messages[-1]
+        if last.role == "user":
+            a, b = (int(w) for w in last.content.replace("?", "").split() if w.isdigit())
+            call = ToolCall(id="add", name="add", arguments={"a": a, "b": b})
+            return _turn(Message.assistant("adding", tool_calls=[call]))
+        if last.name == "add":
+            command = f"printf %s {last.content} > answer.txt"
+            call = ToolCall(id="write", name="bash", arguments={"command": command})
+            return _turn(Message.assistant("writing", tool_calls=[call]))
+        total = next(m.content for m in messages if m.role == "tool" and m.name == "add")
+        return _turn(Message.assistant(f"The sum is {total}."))
+
+    return FakeChatServer(policy=respond)
+
+
+async def test_a_tool_object_from_build_tools_runs_beside_the_slot_tools() -> None:
+    env = SumEnv(_config())
+    await env.setup()
+    item = await env.get_next_item()
+    assert item == SumTask(a=2, b=3)
+    chat = _adder()
+    result = await env.run_task(item, policy=env.make_policy(chat=chat))
+    assert result.verdict.member_scores == (1.0, 1.0)  # answer.txt, read in the slot
+    offered = {spec.name for spec in chat.requests[0].tools}
+    assert {"add", "bash", "write_file"} <= offered
+    add = env.tools.get("add")
+    assert isinstance(add, AddTool)
+    assert add.calls == [{"a": 2, "b": 3}, {"a": 2, "b": 3}]  # in this process, once a member
+    for member in result.members:
+        add_result, bash_result = (e.result for e in member.exchanges)
+        assert (add_result.ok, add_result.content) == (True, "5")
+        assert bash_result.ok
+        assert bash_result.exec is not None
+        assert bash_result.exec.sandboxed
+
+
+async def test_run_agent_runs_the_agent_in_a_slot_of_the_local_pool() -> None:
+    env = SumEnv(_config())
+    await env.setup()
+    chat = _adder()
+    async with env.rollout_services(policy=env.make_policy(chat=chat)):
+        score, debug = await env.solve(SumTask(a=40, b=2))  # the env's own code: run_agent
+        final, again = await env.run_agent("What is 1 + 1?", trajectory_id="direct")
+    assert score == 1.0
+    assert debug["success"] is True
+    assert debug["tool_calls"] == 2
+    assert debug["status"] == "finished"
+    assert [m["role"] for m in debug["messages"]] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    assert debug["messages"][4]["content"] == ""  # printf wrote the file, said nothing
+    assert final == "The sum is 2."
+    assert again["trajectory_id"] == "direct"
+    assert again["success"] is True
 
 
 class _ProbedGreetingEnv(GreetingFileEnv):

@@ -15,6 +15,17 @@ ToolContext call:
   ``score_trajectory(item, final_response)`` with empty metadata. Each keyword is passed only
   when the override declares it (or takes ``**kwargs``): the seed's versions declared
   different sets, and an override written as one of them runs unchanged.
+- ``build_tools() -> SeedToolRegistry`` and ``self.tools`` (built from it when the env is
+  built): the seed's registry of tool objects. Slot tools run in the trajectory's slot, other
+  objects in this process as Python tools, ``external`` ones on the tool server
+  (``trajcore.entrypoints.seed_tools``). ``self.tools`` is the registry here, so the
+  registry itself answers ``AgentEnv``'s ``tools(external)`` hook: change the model's tools by
+  overriding ``build_tools()``; a subclass that defines a ``tools`` method is refused.
+  ``tool_registry()`` serves the registry's Python tools.
+- ``run_agent(task, *, trajectory_id=None) -> (final_response, debug)``: one trajectory of
+  the agent on ``task`` in a slot of its own, on the open services (opened for the call when
+  none are); ``debug`` has the seed's ``success``, ``error`` and ``tool_calls``, and
+  trajcore's ``trajectory_id``, ``status``, ``stop_reason``, ``turns`` and ``messages``.
 - ``build_agent_config(item) -> AgentConfig``: every field with the seed's meaning, per item:
   ``max_steps``, ``temperature`` (``None``: the config's), ``max_tokens`` (``None``: the
   backend decides, bounded only by what is left of ``max_token_length``), ``tool_delay_s``,
@@ -70,13 +81,15 @@ import attrs
 from pydantic.fields import FieldInfo
 from typing_extensions import TypeVar
 
+from trajcore.adapters.tool_server import ToolRegistry
 from trajcore.domain import validators
 from trajcore.domain.agent_loop import StopReason
-from trajcore.domain.errors import ConfigError, InfrastructureError
+from trajcore.domain.errors import ConfigError, InfrastructureError, StateError
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
 from trajcore.domain.tools import ToolCall, ToolResult
 from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig
+from trajcore.entrypoints.seed_tools import SeedToolRegistry, default_seed_tools, run_agent
 from trajcore.rollout.tools import SlotTools
 from trajcore.rollout.trajectory import RolloutConfig, ScoreAnswer, Transcript, env_failure
 
@@ -246,7 +259,44 @@ class AtroposAgentEnv(AgentEnv[ItemT, ConfigT_co], Generic[ItemT, ConfigT_co]):
         testing: bool = False,
     ) -> None:
         super().__init__(config, server_configs, slurm=slurm, testing=testing)
+        if not isinstance(inspect.getattr_static(type(self), "tools"), property):
+            raise ConfigError(
+                "tools",
+                f"{type(self).__name__} defines tools(); on AtroposAgentEnv self.tools is "
+                "atropos-agent's tool registry: override build_tools() instead",
+            )
+        self.tools = self.build_tools()
         _say_network_is_off(self, "atropos-agent")
+
+    # AgentEnv's tools(external) hook is a method; atropos-agent's self.tools is the registry
+    # build_tools() returned. Here it is the registry, which answers the hook when called.
+    @property
+    def tools(self) -> SeedToolRegistry:
+        """atropos-agent's ``self.tools``: the registry ``build_tools()`` returned."""
+        registry = self.__dict__.get("_seed_tools")
+        if registry is None:
+            raise StateError("self.tools is set by AtroposAgentEnv.__init__ (build_tools())")
+        return cast("SeedToolRegistry", registry)
+
+    @tools.setter
+    def tools(self, registry: SeedToolRegistry) -> None:
+        if not isinstance(registry, SeedToolRegistry):
+            raise ConfigError(
+                "tools",
+                f"expected a SeedToolRegistry (from build_tools()), got {type(registry).__name__}",
+            )
+        self.__dict__["_seed_tools"] = registry
+
+    def build_tools(self) -> SeedToolRegistry:
+        """The tool objects the model may call (atropos-agent's ``build_tools``); default:
+        trajcore's slot tools. Override it to add tool objects (``super().build_tools()``,
+        then ``register``); which of them a group offers is the toolsets' choice."""
+        return default_seed_tools()
+
+    def tool_registry(self) -> ToolRegistry | None:
+        """The Python tools of ``self.tools`` (neither slot tools nor external), served in this
+        process; ``None`` when there are none."""
+        return self.tools.python_tools()
 
     @abc.abstractmethod
     def build_task(self, item: ItemT) -> str:
@@ -290,6 +340,26 @@ class AtroposAgentEnv(AgentEnv[ItemT, ConfigT_co], Generic[ItemT, ConfigT_co]):
             max_tokens=config.max_tokens,
             tool_delay_s=config.tool_delay_s,
         )
+
+    async def run_agent(
+        self, task: str, *, trajectory_id: str | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Run the agent on ``task`` in a slot of its own and return ``(final_response,
+        debug)``, as atropos-agent's ``run_agent`` did.
+
+        The trajectory runs on the open services (those of a CLI command or of
+        ``rollout_services``), which are opened for this call when none are; it is offered the
+        config's toolsets, runs under the config's limits (``max_turns``,
+        ``agent_temperature``, ``max_tokens``, ``tool_delay_s``) and the config's system prompt,
+        and is not scored; its slot is reset after it. ``debug``: ``success`` (it ended as a
+        finished or budget-exhausted trajectory), ``error`` (why not, else ``None``),
+        ``tool_calls``, ``trajectory_id``, ``status``, ``stop_reason``, ``turns`` and
+        ``messages`` (OpenAI chat dicts).
+
+        Raises:
+            ConfigError, SandboxUnavailable, SlotServerError: the services cannot open.
+        """
+        return await run_agent(self, task, trajectory_id=trajectory_id, rng=self._rng)
 
     # -- the mapping onto AgentEnv's hooks
 
