@@ -26,14 +26,17 @@ import httpx
 import pytest
 
 from tests.nomad_testbed import OPENAPI, needs_openapi, wait_until
-from trajcore.adapters.sandbox.nomad_client import NomadClient, NomadUnavailable
+from trajcore.adapters.sandbox.nomad_client import (
+    NomadClient,
+    NomadUnavailable,
+    allocation_address,
+    parse_allocation_stubs,
+)
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.nomad_job import (
     NomadJobSpec,
-    allocation_address,
     job_json,
-    parse_allocation_stubs,
     register_request,
     scale_request,
 )

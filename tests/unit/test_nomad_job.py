@@ -1,4 +1,4 @@
-"""The Nomad job spec and the parsers of Nomad's answers (``trajcore.domain.nomad_job``).
+"""The Nomad job spec (``trajcore.domain.nomad_job``); Nomad's answers: ``test_nomad_answers``.
 
 Schema checks read Nomad's own OpenAPI description (``nomad-openapi-v1.yaml``, found through
 ``TRAJCORE_NOMAD_OPENAPI``, by default ``../shared/reference/`` beside the repository) with
@@ -15,15 +15,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.nomad_testbed import OPENAPI, needs_openapi
-from trajcore.domain.errors import ConfigError, WireError
-from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.errors import ConfigError
+from trajcore.domain.json_values import JSONObject
 from trajcore.domain.nomad_job import (
     DRIVERS,
     PORT_LABEL,
     NomadJobSpec,
-    allocation_address,
     job_json,
-    parse_allocation_stubs,
     register_request,
     scale_request,
 )
@@ -281,124 +279,6 @@ def test_a_negative_scale_count_names_the_field() -> None:
     with pytest.raises(ConfigError) as caught:
         scale_request("slots", -1, "x")
     assert caught.value.field == "count"
-
-
-# ----------------------------------------------------------------------------- answers
-
-
-def _stub(**fields: JSON) -> JSONObject:
-    stub: JSONObject = {
-        "ID": "a1",
-        "Name": "slots.slots[3]",
-        "JobVersion": 2,
-        "ClientStatus": "running",
-        "DesiredStatus": "run",
-        "TaskStates": {"slot-server": {"State": "running", "Restarts": 1}},
-    }
-    stub.update(fields)
-    return stub
-
-
-def test_allocation_stubs_are_read() -> None:
-    (stub,) = parse_allocation_stubs([_stub()])
-    assert (stub.id, stub.index, stub.job_version, stub.restarts) == ("a1", 3, 2, 1)
-    assert stub.running
-    assert not stub.finished
-    (failed,) = parse_allocation_stubs([_stub(ClientStatus="failed")])
-    assert failed.finished
-    assert not failed.running
-    (stopping,) = parse_allocation_stubs([_stub(DesiredStatus="stop")])
-    assert stopping.finished
-
-
-def test_nulls_from_the_real_agent_count_as_unset() -> None:
-    # The real agent writes Go's nil maps, slices and pointers as null, where the OpenAPI
-    # description declares objects and lists (and never says nullable). The agent wins: the
-    # parsers accept null wherever the pool reads.
-    (stub,) = parse_allocation_stubs([_stub(TaskStates=None, JobVersion=None)])
-    assert (stub.restarts, stub.job_version) == (0, 0)
-    (restarted,) = parse_allocation_stubs(
-        [_stub(TaskStates={"t": {"State": "pending", "Restarts": None, "Events": None}})]
-    )
-    assert restarted.restarts == 0
-    assert parse_allocation_stubs(None) == []
-    address = allocation_address(
-        {
-            "AllocatedResources": {
-                "Shared": {
-                    "Ports": None,
-                    "Networks": [
-                        {"IP": "10.0.0.5", "ReservedPorts": None, "DynamicPorts": [
-                            {"Label": "slot", "Value": 25000, "To": 0}
-                        ]}
-                    ],
-                },
-                "Tasks": None,
-            }
-        }
-    )  # fmt: skip
-    assert address == "10.0.0.5:25000"
-
-
-@pytest.mark.parametrize(
-    ("body", "path"),
-    [
-        ({"not": "a list"}, "$"),
-        ([{"ID": "a"}], "$[0].Name"),
-        ([_stub(Name="no-index")], "$[0].Name"),
-        ([_stub(ClientStatus=3)], "$[0].ClientStatus"),
-        ([_stub(TaskStates={"t": {"Restarts": -1}})], "$[0].TaskStates.t.Restarts"),
-        ([_stub(TaskStates=[])], "$[0].TaskStates"),
-    ],
-)
-def test_malformed_stubs_name_the_path(body: JSON, path: str) -> None:
-    with pytest.raises(WireError) as caught:
-        parse_allocation_stubs(body)
-    assert caught.value.field == path
-
-
-def test_the_slot_port_is_found_in_shared_ports_first() -> None:
-    alloc: JSONObject = {
-        "AllocatedResources": {
-            "Shared": {
-                "Ports": [
-                    {"Label": "other", "Value": 1, "HostIP": "10.0.0.1"},
-                    {"Label": "slot", "Value": 24001, "To": 0, "HostIP": "10.0.0.2"},
-                ],
-                "Networks": [{"IP": "10.9.9.9", "DynamicPorts": [{"Label": "slot", "Value": 1}]}],
-            }
-        }
-    }
-    assert allocation_address(alloc) == "10.0.0.2:24001"
-    ipv6: JSONObject = {
-        "AllocatedResources": {
-            "Shared": {"Ports": [{"Label": "slot", "Value": 80, "HostIP": "fd00::1"}]}
-        }
-    }
-    assert allocation_address(ipv6) == "[fd00::1]:80"
-
-
-@pytest.mark.parametrize(
-    ("body", "path"),
-    [
-        ({}, "$.AllocatedResources"),
-        ({"AllocatedResources": {}}, "$.AllocatedResources.Shared"),
-        ({"AllocatedResources": {"Shared": {}}}, "$.AllocatedResources.Shared.Ports"),
-        (
-            {"AllocatedResources": {"Shared": {"Ports": [{"Label": "slot", "Value": 0}]}}},
-            "$.AllocatedResources.Shared.Ports[0]",
-        ),
-        (
-            {"AllocatedResources": {"Shared": {"Ports": [{"Label": "slot", "Value": 9}]}}},
-            "$.AllocatedResources.Shared.Ports[0]",
-        ),
-        ([], "$"),
-    ],
-)
-def test_a_missing_or_broken_slot_port_names_the_path(body: JSON, path: str) -> None:
-    with pytest.raises(WireError) as caught:
-        allocation_address(body)
-    assert caught.value.field == path
 
 
 def test_every_slot_server_registers_a_service_with_a_tcp_check_on_its_port() -> None:

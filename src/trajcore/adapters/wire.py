@@ -181,8 +181,11 @@ def _split(problem: str) -> tuple[str, str]:
     return reason, path
 
 
-def structure(data: object, cls: type[T], *, root: str = "$") -> T:
-    """Build a ``cls`` from JSON ``data``, validating it.
+def structure(
+    data: object, cls: type[T], *, root: str = "$", converter: cattrs.Converter = converter
+) -> T:
+    """Build a ``cls`` from JSON ``data``, validating it; ``converter`` is this module's unless
+    a codec of another protocol (Nomad's answers) passes its own, with the same error shape.
 
     Raises:
         WireError: ``field`` is the path of the first fault; ``problems`` lists every fault as

@@ -1,11 +1,11 @@
-"""The Nomad job that runs slot servers, and what Nomad says about its allocations, as pure data.
+"""The Nomad job that runs slot servers, as pure data.
 
 The Nomad pool asks a Nomad cluster to run ``count`` copies of the slot server (``trajcore
-slot-server``), one per allocation, and finds each one's address in what Nomad reports. This
-module holds both halves without any I/O: ``job_json`` turns a checked ``NomadJobSpec`` into the
-``Job`` object of a ``JobRegisterRequest`` (Nomad's HTTP API, JSON field names as Nomad spells
-them), and ``parse_allocation_stubs`` / ``allocation_address`` turn Nomad's answers into values
-or a ``WireError`` naming the JSON path at fault. The adapter that talks HTTP stays small.
+slot-server``), one per allocation. This module describes that job without any I/O:
+``job_json`` turns a checked ``NomadJobSpec`` into the ``Job`` object of a
+``JobRegisterRequest`` (Nomad's HTTP API, JSON field names as Nomad spells them), and
+``scale_request`` a new count. Reading Nomad's answers (allocation listings, addresses) is the
+adapter's: ``trajcore.adapters.sandbox.nomad_client``.
 
 The job (one task group, one task):
 
@@ -44,14 +44,14 @@ at least 5 s, memory at least 10 MB, a job id without spaces); ``job_json`` is a
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, Literal, cast
 
 import attrs
 from attrs.validators import optional
 
 from trajcore.domain.converters import command_words
-from trajcore.domain.errors import ConfigError, WireError
+from trajcore.domain.errors import ConfigError
 from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slot_server_flags import policy_argv
@@ -62,15 +62,10 @@ __all__ = [
     "DRIVERS",
     "PORT_LABEL",
     "SERVICE_NAME",
-    "TERMINAL_CLIENT_STATUSES",
-    "AllocationStatus",
-    "AllocationStub",
     "Driver",
     "NomadJobSettings",
     "NomadJobSpec",
-    "allocation_address",
     "job_json",
-    "parse_allocation_stubs",
     "register_request",
     "scale_request",
 ]
@@ -85,15 +80,12 @@ unmasked so the sandbox can mount a fresh one, and the engine's seccomp profile 
 sandbox can make its namespaces and set its hostname (each lease gets trajcore's own filter)."""
 SERVICE_NAME: Final = "trajcore-slot-server"
 """The Nomad service every slot server registers, with a TCP check on its port."""
-TERMINAL_CLIENT_STATUSES: Final = frozenset({"complete", "failed", "lost"})
-"""Client statuses of an allocation that will never run again."""
 
 _NS = 1_000_000_000
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,62}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _TOKEN = re.compile(r"^[\x21-\x7e]{16,512}$")
-_INDEX = re.compile(r"\[(\d+)\]$")
 _MIN_RESCHEDULE_DELAY_S = 5.0  # Nomad refuses a reschedule delay below this
 _RESTART_INTERVAL_S = 1800.0
 _CHECK_INTERVAL_S, _CHECK_TIMEOUT_S = 10.0, 2.0
@@ -434,163 +426,3 @@ def scale_request(group: str, count: int, message: str) -> JSONObject:
         f"must be an integer >= 0, got {count!r}",
     )
     return {"Count": count, "Target": {"Group": group}, "Message": message}
-
-
-# ============================================================================ answers
-
-
-class AllocationStatus:
-    """What an allocation's two statuses mean, for every record of one that carries them."""
-
-    __slots__ = ()
-    client_status: str
-    desired_status: str
-
-    @property
-    def running(self) -> bool:
-        """Its slot server runs and Nomad wants it to."""
-        return self.client_status == "running" and self.desired_status == "run"
-
-    @property
-    def finished(self) -> bool:
-        """It stopped or will stop: terminal on the client or no longer desired."""
-        return self.client_status in TERMINAL_CLIENT_STATUSES or self.desired_status != "run"
-
-
-@attrs.frozen(kw_only=True)
-class AllocationStub(AllocationStatus):
-    """What the pool needs of one entry of ``GET /v1/job/{job_id}/allocations``.
-
-    Attributes:
-        id: The allocation ID.
-        name: ``job.group[index]``.
-        index: The index in the name: Nomad keeps it across replacements and removes the
-            highest ones first when the count goes down.
-        job_version: The job version the allocation runs.
-        client_status: ``pending``, ``running``, ``complete``, ``failed``, ``lost`` (or newer).
-        desired_status: ``run``, ``stop`` or ``evict``.
-        restarts: In-place restarts of its tasks so far.
-    """
-
-    id: str
-    name: str
-    index: int
-    job_version: int
-    client_status: str
-    desired_status: str
-    restarts: int
-
-
-def _field(obj: Mapping[str, JSON], key: str, path: str) -> JSON:
-    if key not in obj:
-        raise WireError(f"{path}.{key}", "missing")
-    return obj[key]
-
-
-def _text(obj: Mapping[str, JSON], key: str, path: str) -> str:
-    value = _field(obj, key, path)
-    if not isinstance(value, str):
-        raise WireError(f"{path}.{key}", f"expected a string, got {value!r}")
-    return value
-
-
-def _count(value: JSON, path: str) -> int:
-    if value is None:  # the real agent sends null for an unset number pointer
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise WireError(path, f"expected an integer >= 0, got {value!r}")
-    return value
-
-
-def _object(value: JSON, path: str) -> Mapping[str, JSON]:
-    if not isinstance(value, dict):
-        raise WireError(path, f"expected an object, got {type(value).__name__}")
-    return value
-
-
-def _objects(value: JSON, path: str) -> list[Mapping[str, JSON]]:
-    """A list of objects; ``null`` (Go's nil slice, as the real agent sends it) is empty."""
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise WireError(path, f"expected a list, got {type(value).__name__}")
-    return [_object(item, f"{path}[{i}]") for i, item in enumerate(value)]
-
-
-def _stub(item: Mapping[str, JSON], path: str) -> AllocationStub:
-    name = _text(item, "Name", path)
-    found = _INDEX.search(name)
-    if found is None:
-        raise WireError(f"{path}.Name", f"expected 'job.group[index]', got {name!r}")
-    states = item.get("TaskStates")
-    restarts = 0
-    if states is not None:
-        for task, state in _object(states, f"{path}.TaskStates").items():
-            where = f"{path}.TaskStates.{task}"
-            restarts += _count(_object(state, where).get("Restarts"), f"{where}.Restarts")
-    return AllocationStub(
-        id=_text(item, "ID", path),
-        name=name,
-        index=int(found.group(1)),
-        job_version=_count(item.get("JobVersion"), f"{path}.JobVersion"),
-        client_status=_text(item, "ClientStatus", path),
-        desired_status=_text(item, "DesiredStatus", path),
-        restarts=restarts,
-    )
-
-
-def parse_allocation_stubs(body: JSON) -> list[AllocationStub]:
-    """The allocations of ``GET /v1/job/{job_id}/allocations``, in the order given.
-
-    Fields the real agent sends as ``null`` (task states, versions) count as unset.
-    Raises:
-        WireError: the body is not a list of allocation stubs (the path names the fault).
-    """
-    return [_stub(item, f"$[{i}]") for i, item in enumerate(_objects(body, "$"))]
-
-
-def _host_port(host: str, port: JSON, path: str) -> str:
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-        raise WireError(path, f"expected a port number, got {port!r}")
-    if not host:
-        raise WireError(path, "the port has no host address")
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def allocation_address(body: JSON, label: str = PORT_LABEL) -> str:
-    """``host:port`` of the port labelled ``label`` in ``GET /v1/allocation/{id}``'s answer.
-
-    Looks in ``AllocatedResources.Shared.Ports`` (``HostIP`` and ``Value``), then in
-    ``AllocatedResources.Shared.Networks[*]`` (``IP`` and the ``DynamicPorts`` or
-    ``ReservedPorts`` entry). Raises:
-        WireError: the answer is malformed or has no such port.
-    """
-    alloc = _object(body, "$")
-    resources = alloc.get("AllocatedResources")
-    if resources is None:
-        raise WireError("$.AllocatedResources", "missing: the allocation has no resources yet")
-    shared = _object(resources, "$.AllocatedResources").get("Shared")
-    if shared is None:
-        raise WireError("$.AllocatedResources.Shared", "missing")
-    shared_obj = _object(shared, "$.AllocatedResources.Shared")
-    where = "$.AllocatedResources.Shared.Ports"
-    for i, port in enumerate(_objects(shared_obj.get("Ports"), where)):
-        if port.get("Label") == label:
-            host = port.get("HostIP")
-            return _host_port(
-                host if isinstance(host, str) else "", port.get("Value"), f"{where}[{i}]"
-            )
-    where = "$.AllocatedResources.Shared.Networks"
-    for i, network in enumerate(_objects(shared_obj.get("Networks"), where)):
-        ip = network.get("IP")
-        for kind in ("DynamicPorts", "ReservedPorts"):
-            ports = _objects(network.get(kind), f"{where}[{i}].{kind}")
-            for j, port in enumerate(ports):
-                if port.get("Label") == label:
-                    return _host_port(
-                        ip if isinstance(ip, str) else "", port.get("Value"),
-                        f"{where}[{i}].{kind}[{j}]",
-                    )  # fmt: skip
-    raise WireError(
-        "$.AllocatedResources.Shared.Ports", f"no port labelled {label!r} in the allocation"
-    )

@@ -64,17 +64,19 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterable
+from typing import Final
 
 import attrs
 
 from trajcore.domain.errors import InvalidInput
-from trajcore.domain.nomad_job import AllocationStatus
 from trajcore.domain.scale_policy import ScaleConfig, ScalePolicy, ScaleReason
 from trajcore.domain.validators import instance_of, non_negative_int, positive_seconds, whole_number
 
 __all__ = [
+    "TERMINAL_CLIENT_STATUSES",
     "Action",
     "Allocation",
+    "AllocationStatus",
     "ContainerAction",
     "Discard",
     "Drain",
@@ -104,6 +106,28 @@ _count = whole_number(0, error=InvalidInput)
 def _text(_: object, attribute: attrs.Attribute[str], value: object) -> None:
     if not isinstance(value, str) or not value:
         raise InvalidInput(attribute.name, f"must be non-empty text, got {value!r}")
+
+
+TERMINAL_CLIENT_STATUSES: Final = frozenset({"complete", "failed", "lost"})
+"""Client statuses of an allocation that will never run again."""
+
+
+class AllocationStatus:
+    """What an allocation's two statuses mean, for every record of one that carries them."""
+
+    __slots__ = ()
+    client_status: str
+    desired_status: str
+
+    @property
+    def running(self) -> bool:
+        """Its slot server runs and Nomad wants it to."""
+        return self.client_status == "running" and self.desired_status == "run"
+
+    @property
+    def finished(self) -> bool:
+        """It stopped or will stop: terminal on the client or no longer desired."""
+        return self.client_status in TERMINAL_CLIENT_STATUSES or self.desired_status != "run"
 
 
 @attrs.frozen(kw_only=True)

@@ -2,8 +2,16 @@
 
 python-nomad (import name ``nomad``) is synchronous and untyped. This is the one module that
 imports it: every call runs in a worker thread (``anyio.to_thread``), under a deadline of its own,
-and what comes back is checked to be JSON before it leaves (``JSON`` values, never ``Any``). The
-Nomad pool reads those values with the pure parsers of ``trajcore.domain.nomad_job``.
+and what comes back is checked to be JSON before it leaves (``JSON`` values, never ``Any``).
+
+It also reads Nomad's answers, as pure functions of the JSON (gidgethub's sans-I/O shape):
+``parse_allocation_stubs`` turns ``GET /v1/job/{id}/allocations`` into ``AllocationStub`` values
+and ``allocation_address`` finds a slot server's ``host:port`` in ``GET /v1/allocation/{id}``.
+Both structure the answer with cattrs into wire types named as Nomad spells its fields, with
+strict primitives (``"3"`` is not a number); what Nomad sends as ``null`` (a Go nil slice, an
+unset number) counts as empty or 0, fields the pool does not read are ignored, and a malformed
+answer is one ``WireError`` whose path names the fault (``$[0].Name``, ``reason @ path`` for
+every fault in ``problems``). The job Nomad is sent is the domain's (``domain.nomad_job``).
 
 The calls (all under ``/v1``): ``GET status/leader``; ``POST job/{id}`` (register);
 ``GET job/{id}``; ``GET job/{id}/allocations``; ``GET allocation/{id}``;
@@ -30,19 +38,31 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
 import attrs
+import cattrs
 import nomad  # type: ignore[import-untyped]  # python-nomad ships no types; wrapped here
 import nomad.api.exceptions  # type: ignore[import-untyped]
+from cattrs.cols import is_mapping, is_sequence, list_structure_factory, mapping_structure_factory
 
-from trajcore.domain.errors import SandboxUnavailable
+from trajcore.adapters.wire import register_strict_primitives, structure
+from trajcore.domain.errors import SandboxUnavailable, WireError
 from trajcore.domain.json_values import JSON, JSONObject, check_json
+from trajcore.domain.nomad_job import PORT_LABEL
+from trajcore.domain.nomad_reconcile import AllocationStatus
 
-__all__ = ["NomadClient", "NomadUnavailable"]
+__all__ = [
+    "AllocationStub",
+    "NomadClient",
+    "NomadUnavailable",
+    "allocation_address",
+    "parse_allocation_stubs",
+]
 
 T = TypeVar("T")
 _GRACE_S = 1.0  # the thread hand-off around the library's own HTTP timeout
@@ -229,3 +249,196 @@ class NomadClient:
                 f"{what}: Nomad refused the ACL token (403): {preview}", field="token", status=403
             )
         return NomadUnavailable(f"{what}: HTTP {status}: {preview}", field=what, status=status)
+
+
+# ============================================================================ Nomad's answers
+
+
+@attrs.frozen(kw_only=True)
+class AllocationStub(AllocationStatus):
+    """What the pool needs of one entry of ``GET /v1/job/{job_id}/allocations``.
+
+    Attributes:
+        id: The allocation ID.
+        name: ``job.group[index]``.
+        index: The index in the name: Nomad keeps it across replacements and removes the
+            highest ones first when the count goes down.
+        job_version: The job version the allocation runs.
+        client_status: ``pending``, ``running``, ``complete``, ``failed``, ``lost`` (or newer).
+        desired_status: ``run``, ``stop`` or ``evict``.
+        restarts: In-place restarts of its tasks so far.
+    """
+
+    id: str
+    name: str
+    index: int
+    job_version: int
+    client_status: str
+    desired_status: str
+    restarts: int
+
+
+# The wire types: only the fields the pool reads, each named as Nomad spells it (so a fault's
+# path is Nomad's own: ``$[0].TaskStates['main'].Restarts``).
+
+
+@attrs.frozen(kw_only=True)
+class _TaskState:
+    Restarts: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class _ListStub:
+    ID: str
+    Name: str
+    ClientStatus: str
+    DesiredStatus: str
+    JobVersion: int | None = None
+    TaskStates: dict[str, _TaskState] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class _Port:
+    Label: str | None = None
+    Value: int | None = None
+    HostIP: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class _Network:
+    IP: str | None = None
+    DynamicPorts: list[_Port] | None = None
+    ReservedPorts: list[_Port] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class _Shared:
+    Ports: list[_Port] | None = None
+    Networks: list[_Network] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class _Resources:
+    Shared: _Shared | None = None
+
+
+@attrs.frozen(kw_only=True)
+class _Allocation:
+    AllocatedResources: _Resources | None = None
+
+
+_WIRE_TYPES = (_TaskState, _ListStub, _Port, _Network, _Shared, _Resources, _Allocation)
+_INDEX = re.compile(r"\[(\d+)\]$")
+
+
+def _guarded(kind: type, build: Any) -> Any:
+    """``build``, for values of ``kind`` only (cattrs would read a string as a list of
+    characters, or an object as the list of its keys)."""
+    name = "an object" if kind is dict else "a list"
+
+    def structure_checked(value: object, type_: Any) -> Any:
+        if not isinstance(value, kind):
+            raise ValueError(f"expected {name}, got {type(value).__name__}")
+        return build(value, type_)
+
+    return structure_checked
+
+
+def _nomad_converter() -> cattrs.Converter:
+    conv = cattrs.Converter(detailed_validation=True, forbid_extra_keys=False)
+    register_strict_primitives(conv)
+    conv.register_structure_hook_factory(
+        is_sequence, lambda type_: _guarded(list, list_structure_factory(type_, conv))
+    )
+    conv.register_structure_hook_factory(
+        is_mapping, lambda type_: _guarded(dict, mapping_structure_factory(type_, conv))
+    )
+    for cls in _WIRE_TYPES:
+        conv.register_structure_hook(cls, _guarded(dict, conv.gen_structure_attrs_fromdict(cls)))
+    return conv
+
+
+_converter = _nomad_converter()
+
+
+def _count(value: int | None, path: str) -> int:
+    """A count Nomad may leave unset (``null``: 0); never negative."""
+    if value is not None and value < 0:
+        raise WireError(path, f"expected an integer >= 0, got {value!r}")
+    return value or 0
+
+
+def _stub(item: _ListStub, path: str) -> AllocationStub:
+    found = _INDEX.search(item.Name)
+    if found is None:
+        raise WireError(f"{path}.Name", f"expected 'job.group[index]', got {item.Name!r}")
+    restarts = sum(
+        _count(state.Restarts, f"{path}.TaskStates[{task!r}].Restarts")
+        for task, state in (item.TaskStates or {}).items()
+    )
+    return AllocationStub(
+        id=item.ID,
+        name=item.Name,
+        index=int(found.group(1)),
+        job_version=_count(item.JobVersion, f"{path}.JobVersion"),
+        client_status=item.ClientStatus,
+        desired_status=item.DesiredStatus,
+        restarts=restarts,
+    )
+
+
+def parse_allocation_stubs(body: JSON) -> list[AllocationStub]:
+    """The allocations of ``GET /v1/job/{job_id}/allocations``, in the order given.
+
+    Fields the real agent sends as ``null`` (the list itself, task states, versions) count as
+    unset.
+
+    Raises:
+        WireError: the body is not a list of allocation stubs (the path names the fault).
+    """
+    if body is None:
+        return []
+    items: list[_ListStub] = structure(body, list[_ListStub], converter=_converter)
+    return [_stub(item, f"$[{i}]") for i, item in enumerate(items)]
+
+
+def _host_port(host: str | None, port: int | None, path: str) -> str:
+    if port is None or not 0 < port < 65536:
+        raise WireError(path, f"expected a port number, got {port!r}")
+    if not host:
+        raise WireError(path, "the port has no host address")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def allocation_address(body: JSON, label: str = PORT_LABEL) -> str:
+    """``host:port`` of the port labelled ``label`` in ``GET /v1/allocation/{id}``'s answer.
+
+    Looks in ``AllocatedResources.Shared.Ports`` (``HostIP`` and ``Value``), then in
+    ``AllocatedResources.Shared.Networks[*]`` (``IP`` and the ``DynamicPorts`` or
+    ``ReservedPorts`` entry).
+
+    Raises:
+        WireError: the answer is malformed or has no such port.
+    """
+    resources = structure(body, _Allocation, converter=_converter).AllocatedResources
+    if resources is None:
+        raise WireError("$.AllocatedResources", "missing: the allocation has no resources yet")
+    shared = resources.Shared
+    if shared is None:
+        raise WireError("$.AllocatedResources.Shared", "missing")
+    where = "$.AllocatedResources.Shared.Ports"
+    for i, port in enumerate(shared.Ports or ()):
+        if port.Label == label:
+            return _host_port(port.HostIP, port.Value, f"{where}[{i}]")
+    where = "$.AllocatedResources.Shared.Networks"
+    for i, network in enumerate(shared.Networks or ()):
+        for kind, ports in (
+            ("DynamicPorts", network.DynamicPorts),
+            ("ReservedPorts", network.ReservedPorts),
+        ):
+            for j, port in enumerate(ports or ()):
+                if port.Label == label:
+                    return _host_port(network.IP, port.Value, f"{where}[{i}].{kind}[{j}]")
+    raise WireError(
+        "$.AllocatedResources.Shared.Ports", f"no port labelled {label!r} in the allocation"
+    )

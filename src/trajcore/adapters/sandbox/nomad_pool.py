@@ -56,14 +56,17 @@ import re
 import anyio
 import attrs
 
-from trajcore.adapters.sandbox.nomad_client import NomadClient, NomadUnavailable
+from trajcore.adapters.sandbox.nomad_client import (
+    NomadClient,
+    NomadUnavailable,
+    allocation_address,
+    parse_allocation_stubs,
+)
 from trajcore.adapters.sandbox.reconciled import ReconciledPool, ReconciledSource, scale_settings
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.nomad_job import (
     NomadJobSettings,
     NomadJobSpec,
-    allocation_address,
-    parse_allocation_stubs,
     register_request,
     scale_request,
 )
