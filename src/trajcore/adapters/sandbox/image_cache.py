@@ -40,8 +40,8 @@ from pathlib import Path
 
 import attrs
 
-from trajcore.adapters.sandbox.image_sources import ImageLayers, read_image
-from trajcore.adapters.sandbox.image_unpack import unpack_layer
+from trajcore.adapters.sandbox.image_sources import EngineExport, ImageLayers, exported, read_image
+from trajcore.adapters.sandbox.image_unpack import unpack_layer, unpack_stream
 from trajcore.adapters.sandbox.removal import remove_tree
 from trajcore.domain.task_environments import (
     EnvironmentRef,
@@ -173,7 +173,7 @@ class ImageCache:
                 if self._holds(image_id):
                     self._counters.hits += 1
                     return ImageUse(self._entry(ref, image_id, hit=True, started=started), lock_fd)
-                assert isinstance(found, ImageLayers)  # an engine's image is only skipped when held
+                assert not isinstance(found, str)  # an id alone comes only for a held image
                 self._make(ref, found, lock_fd)
                 self._counters.misses += 1
                 image = self._entry(ref, image_id, hit=False, started=started)
@@ -247,7 +247,7 @@ class ImageCache:
                     ) from None
                 time.sleep(_POLL_S)
 
-    def _make(self, ref: EnvironmentRef, found: ImageLayers, lock_fd: int) -> None:
+    def _make(self, ref: EnvironmentRef, found: ImageLayers | EngineExport, lock_fd: int) -> None:
         """Unpack ``found`` and admit it, the lock held exclusive meanwhile, then shared again."""
         self._flock(lock_fd, fcntl.LOCK_EX, what=f"image {found.image_id}")
         try:
@@ -258,8 +258,19 @@ class ImageCache:
                 (staged / "rootfs").mkdir(mode=0o755)
                 budget = UnpackBudget(image=str(ref), limits=self.limits)
                 started = time.monotonic()
-                for layer in found.layers:
-                    unpack_layer(layer, staged / "rootfs", image=str(ref), budget=budget)
+                if isinstance(found, EngineExport):
+                    with exported(found, timeout_s=self.engine_timeout_s) as stream:
+                        unpack_stream(
+                            stream,
+                            staged / "rootfs",
+                            image=str(ref),
+                            label="(export)",
+                            sha256=None,
+                            budget=budget,
+                        )
+                else:
+                    for layer in found.layers:
+                        unpack_layer(layer, staged / "rootfs", image=str(ref), budget=budget)
                 meta = {
                     "ref": str(ref),
                     "bytes": budget.bytes,

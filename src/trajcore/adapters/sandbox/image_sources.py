@@ -21,6 +21,7 @@ order, each with the digest it must have. The rules kept here:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -29,8 +30,10 @@ import re
 import stat
 import subprocess
 import tarfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 import attrs
 
@@ -39,7 +42,7 @@ from trajcore.adapters.wire import structure
 from trajcore.domain.errors import WireError
 from trajcore.domain.task_environments import EnvironmentRef, TaskEnvironmentError
 
-__all__ = ["ImageLayers", "engine_image_id", "read_image"]
+__all__ = ["EngineExport", "ImageLayers", "engine_image_id", "exported", "read_image"]
 
 _DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
 _INDEX_TYPES = frozenset(
@@ -99,6 +102,16 @@ class _RootFs:
 @attrs.frozen(kw_only=True)
 class _Config:
     rootfs: _RootFs
+
+
+@attrs.frozen(kw_only=True)
+class EngineExport:
+    """An image of an engine's store, read as the engine's own flattened export of it (one
+    tar, no whiteouts): ``podman create`` + ``podman export``, or docker's same two commands."""
+
+    image_id: str
+    engine: str
+    name: str
 
 
 @attrs.frozen(kw_only=True)
@@ -271,11 +284,11 @@ def engine_image_id(ref: EnvironmentRef, *, timeout_s: float) -> str:
 
 def read_image(
     ref: EnvironmentRef, staging: Path, *, timeout_s: float, known: Callable[[str], bool]
-) -> ImageLayers | str:
+) -> ImageLayers | EngineExport | str:
     """The layers of ``ref``, staged under ``staging`` where they must be copied out first.
 
-    For an engine's image whose id ``known`` says the cache holds already, returns that id
-    without exporting anything.
+    An engine's image is returned as an ``EngineExport`` to stream with ``exported``, or, when
+    ``known`` says the cache holds its id already, as that id, with nothing exported.
 
     Raises:
         TaskEnvironmentError: the image is missing or malformed, naming ``ref`` and the fault.
@@ -295,18 +308,43 @@ def read_image(
         image_id = engine_image_id(ref, timeout_s=timeout_s)
         if known(image_id):
             return image_id
-        if ref.transport == "containers-storage":
-            out = staging / "layout"
-            _engine(
-                ["podman", "save", "--format", "oci-dir", "-o", str(out), ref.location],
-                image,
-                timeout_s,
-            )
-            return _read_layout(out, None, image)
-        archive = staging / "image.tar"
-        _engine(["docker", "save", "-o", str(archive), ref.location], image, timeout_s)
-        unpacked = staging / "archive"
-        unpacked.mkdir()
-        _extract_archive(archive, unpacked, image)
-        return _read_docker_archive(unpacked, image)
+        engine = "podman" if ref.transport == "containers-storage" else "docker"
+        return EngineExport(image_id=image_id, engine=engine, name=ref.location)
     raise TaskEnvironmentError(image, "is a directory: it is used in place, not read as layers")
+
+
+@contextlib.contextmanager
+def exported(export: EngineExport, *, timeout_s: float) -> Iterator[IO[bytes]]:
+    """The engine's flattened export of ``export`` as a stream, within ``timeout_s`` in all.
+
+    The container made for it is removed on the way out, whatever happened.
+
+    Raises:
+        TaskEnvironmentError: the engine failed (its words quoted) or passed the deadline.
+    """
+    image = f"{export.engine}:{export.name}"
+    program = [export.engine, "--runtime", "runc"] if export.engine == "podman" else [export.engine]
+    created = _engine([*program, "create", export.name, "/bin/true"], image, timeout_s).strip()
+    try:
+        process = subprocess.Popen(
+            [*program, "export", created], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        watchdog = threading.Timer(timeout_s, process.kill)
+        watchdog.start()
+        try:
+            assert process.stdout is not None
+            yield process.stdout
+            process.stdout.read()
+            _, stderr = process.communicate(timeout=timeout_s)
+        finally:
+            watchdog.cancel()
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        if process.returncode != 0:
+            words = stderr.decode("utf-8", "replace").strip()[-400:] or f"exit {process.returncode}"
+            raise TaskEnvironmentError(image, f"{export.engine} export failed: {words}")
+    finally:
+        subprocess.run(
+            [*program, "rm", "-f", created], capture_output=True, timeout=timeout_s, check=False
+        )

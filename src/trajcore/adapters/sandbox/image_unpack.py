@@ -4,13 +4,14 @@ A layer is a tar stream (plain, gzip, bzip2 or xz) written by someone else: it m
 outside the tree, plant a symlink and then write through it, link to a host file, hold device
 nodes, or expand to far more than it weighs. The unpacker keeps these rules:
 
-- **Checked before written.** Each layer is read twice. The first pass checks every entry with
-  ``domain.task_environments.plan_entry`` and charges the image's ``UnpackBudget``, and checks
-  the layer's sha256 against its descriptor; only a layer that passed all of it is applied. So a
-  refused entry or a bomb past the limits leaves the tree as the previous layer left it.
-- **Whiteouts first, then the layer's files.** A ``.wh.`` entry removes what *lower* layers
-  made and an opaque directory drops their content; applying all of a layer's whiteouts before
-  any of its files is exactly that, whatever order the tar holds them in.
+- **One pass, from any stream.** A layer is read once, from a file or a pipe (``podman
+  export``): each entry is checked with ``domain.task_environments.plan_entry`` and charged to
+  the image's ``UnpackBudget`` before it is written, and the layer's sha256 is checked at its
+  end. The tree being unpacked is the cache's staging copy, which the caller discards on any
+  error, so a refusal or a bomb midway admits nothing.
+- **Whiteouts reach lower layers only**, whatever order the tar holds them in: the unpacker
+  remembers what the current layer made, a ``.wh.`` entry leaves that alone, and an opaque
+  directory drops everything under it that the current layer did not make.
 - **Descriptors, never paths.** Every directory on the way to an entry is opened relative to
   its parent with ``O_NOFOLLOW | O_DIRECTORY``; a symlink or a file where a directory should be
   ends the entry with ``LayerRefused``. Nothing here follows a symlink, so a link planted by one
@@ -19,9 +20,9 @@ nodes, or expand to far more than it weighs. The unpacker keeps these rules:
 - **No ownership, safe modes.** Files belong to the unpacking process; modes are
   ``safe_mode``'s; device nodes are skipped (under ``dev/``) or refused in planning.
 
-``unpack_layer`` raises ``LayerRefused`` (an entry), ``TaskEnvironmentError`` (a digest that does
-not match, an unknown media type) or ``OSError`` (the disk); the caller discards the whole tree
-on any of them.
+``unpack_layer`` and ``unpack_stream`` raise ``LayerRefused`` (an entry), ``TaskEnvironmentError``
+(a digest that does not match, an unknown media type, a broken stream) or ``OSError`` (the
+disk); the caller discards the whole tree on any of them.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import hashlib
 import os
 import stat
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, cast
 
@@ -42,7 +42,6 @@ from trajcore.adapters.sandbox.removal import empty_directory
 from trajcore.domain.task_environments import (
     CreateEntry,
     EntryKind,
-    EntryPlan,
     LayerRefused,
     MakeOpaque,
     RemoveLower,
@@ -52,7 +51,7 @@ from trajcore.domain.task_environments import (
     plan_entry,
 )
 
-__all__ = ["LAYER_MEDIA_TYPES", "Layer", "unpack_layer"]
+__all__ = ["LAYER_MEDIA_TYPES", "Layer", "unpack_layer", "unpack_stream"]
 
 LAYER_MEDIA_TYPES = frozenset(
     {
@@ -113,25 +112,6 @@ def _kind(member: tarfile.TarInfo) -> EntryKind:
     return EntryKind.OTHER
 
 
-@contextlib.contextmanager
-def _members(layer: Layer, image: str) -> Iterator[tuple[tarfile.TarFile, _Hashing]]:
-    if layer.media_type not in LAYER_MEDIA_TYPES:
-        raise TaskEnvironmentError(
-            f"{image}: layer {layer.path.name}",
-            f"has media type {layer.media_type!r}; known: {sorted(LAYER_MEDIA_TYPES)}",
-        )
-    with layer.path.open("rb") as raw:
-        hashing = _Hashing(raw)
-        try:
-            tar = _open_stream(hashing)
-        except tarfile.TarError as error:
-            raise TaskEnvironmentError(
-                f"{image}: layer {layer.path.name}", f"is not a tar stream: {error}"
-            ) from error
-        with tar:
-            yield tar, hashing
-
-
 def _open_stream(hashing: _Hashing) -> tarfile.TarFile:
     """A tar stream over ``hashing`` (plain or compressed; names kept as bytes can be)."""
     return tarfile.open(  # the caller closes it in a with block
@@ -140,44 +120,6 @@ def _open_stream(hashing: _Hashing) -> tarfile.TarFile:
         encoding="utf-8",
         errors="surrogateescape",
     )
-
-
-def _check_digest(layer: Layer, hashing: _Hashing, image: str) -> None:
-    found = hashing.drain()
-    if layer.sha256 is not None and found != layer.sha256:
-        raise TaskEnvironmentError(
-            f"{image}: layer {layer.path.name}",
-            f"has sha256 {found}, but its descriptor says {layer.sha256}",
-        )
-
-
-def _plan_layer(layer: Layer, image: str, budget: UnpackBudget) -> list[EntryPlan]:
-    plans: list[EntryPlan] = []
-    with _members(layer, image) as (tar, hashing):
-        try:
-            for member in tar:
-                plan = plan_entry(
-                    image=image,
-                    name=member.name,
-                    kind=_kind(member),
-                    mode=member.mode,
-                    size=member.size if member.isreg() else 0,
-                    link=member.linkname,
-                    limits=budget.limits,
-                )
-                if isinstance(plan, CreateEntry):
-                    budget.charge(member.name, plan.size)
-                    plans.append(plan)
-                elif isinstance(plan, SkipDevice):
-                    budget.skipped_devices += 1
-                elif plan is not None:
-                    plans.append(plan)
-        except tarfile.TarError as error:
-            raise TaskEnvironmentError(
-                f"{image}: layer {layer.path.name}", f"is a broken tar stream: {error}"
-            ) from error
-        _check_digest(layer, hashing, image)
-    return plans
 
 
 def _open_parent(root: int, parts: tuple[str, ...], *, image: str, make: bool) -> int | None:
@@ -231,19 +173,37 @@ def _remove_entry(parent: int, name: str) -> None:
     os.rmdir(name, dir_fd=parent)
 
 
-def _apply_removal(root: int, plan: RemoveLower | MakeOpaque, image: str) -> None:
+def _drop_lower(fd: int, under: tuple[str, ...], made: set[tuple[str, ...]]) -> None:
+    """Remove everything in the directory open at ``fd`` (the tree's ``under``) that the
+    current layer did not make; directories it made are kept and walked in turn."""
+    walk = [(os.dup(fd), under)]
+    while walk:
+        dir_fd, path = walk.pop()
+        try:
+            for name in os.listdir(dir_fd):
+                child = (*path, name)
+                if child not in made:
+                    _remove_entry(dir_fd, name)
+                elif stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                    walk.append((os.open(name, _DIR_FLAGS, dir_fd=dir_fd), child))
+        finally:
+            os.close(dir_fd)
+
+
+def _apply_removal(
+    root: int, plan: RemoveLower | MakeOpaque, image: str, made: set[tuple[str, ...]]
+) -> None:
     if isinstance(plan, MakeOpaque):
-        if not plan.path:
-            empty_directory(root)
-            return
         parts = (*plan.path, "")  # the directory itself is the "parent" of an empty name
         fd = _open_parent(root, parts, image=image, make=False)
         if fd is not None:
             try:
-                empty_directory(fd)
+                _drop_lower(fd, plan.path, made)
             finally:
                 os.close(fd)
         return
+    if plan.path in made:
+        return  # this layer's own entry: a whiteout removes only what lower layers made
     fd = _open_parent(root, plan.path, image=image, make=False)
     if fd is None:
         return  # a whiteout of something lower layers never made
@@ -334,28 +294,59 @@ def _create(root: int, plan: CreateEntry, source: IO[bytes] | None, image: str) 
         os.close(parent)
 
 
-def unpack_layer(layer: Layer, root: Path, *, image: str, budget: UnpackBudget) -> None:
-    """Apply ``layer`` onto the tree at ``root`` (see the module's rules)."""
-    plans = _plan_layer(layer, image, budget)
-    creates = iter([plan for plan in plans if isinstance(plan, CreateEntry)])
+def unpack_stream(
+    stream: IO[bytes],
+    root: Path,
+    *,
+    image: str,
+    label: str,
+    sha256: str | None,
+    budget: UnpackBudget,
+) -> None:
+    """Apply the layer read from ``stream`` onto the tree at ``root`` (see the module's rules);
+    ``label`` names the layer in errors, ``sha256`` is what the stream must hash to (or None)."""
+    field = f"{image}: layer {label}"
+    hashing = _Hashing(stream)
+    made: set[tuple[str, ...]] = set()
     root_fd = os.open(root, _DIR_FLAGS)
     try:
-        for plan in plans:
-            if isinstance(plan, RemoveLower | MakeOpaque):
-                _apply_removal(root_fd, plan, image)
-        with _members(layer, image) as (tar, _):
+        with _open_stream(hashing) as tar:
             for member in tar:
-                if member.name.rpartition("/")[2].startswith(".wh."):
-                    continue
-                parts = tuple(p for p in member.name.split("/") if p not in ("", "."))
-                if not parts or member.ischr() or member.isblk():
-                    continue
-                plan = next(creates)
-                if plan.path != parts:  # the stream changed between the two passes
-                    raise TaskEnvironmentError(
-                        f"{image}: layer {layer.path.name}", "changed while it was unpacked"
-                    )
-                source = tar.extractfile(member) if plan.kind is EntryKind.FILE else None
-                _create(root_fd, plan, source, image)
+                plan = plan_entry(
+                    image=image,
+                    name=member.name,
+                    kind=_kind(member),
+                    mode=member.mode,
+                    size=member.size if member.isreg() else 0,
+                    link=member.linkname,
+                    limits=budget.limits,
+                )
+                if isinstance(plan, SkipDevice):
+                    budget.skipped_devices += 1
+                elif isinstance(plan, RemoveLower | MakeOpaque):
+                    _apply_removal(root_fd, plan, image, made)
+                elif isinstance(plan, CreateEntry):
+                    budget.charge(member.name, plan.size)
+                    source = tar.extractfile(member) if plan.kind is EntryKind.FILE else None
+                    _create(root_fd, plan, source, image)
+                    made.update(plan.path[:end] for end in range(1, len(plan.path) + 1))
+    except tarfile.TarError as error:
+        raise TaskEnvironmentError(field, f"is not a readable tar stream: {error}") from error
     finally:
         os.close(root_fd)
+    found = hashing.drain()
+    if sha256 is not None and found != sha256:
+        raise TaskEnvironmentError(field, f"has sha256 {found}, but its descriptor says {sha256}")
+
+
+def unpack_layer(layer: Layer, root: Path, *, image: str, budget: UnpackBudget) -> None:
+    """Apply the layer blob ``layer`` onto the tree at ``root``."""
+    if layer.media_type not in LAYER_MEDIA_TYPES:
+        raise TaskEnvironmentError(
+            f"{image}: layer {layer.path.name}",
+            f"has media type {layer.media_type!r}; known: {sorted(LAYER_MEDIA_TYPES)}",
+        )
+    with layer.path.open("rb") as stream:
+        unpack_stream(
+            stream, root, image=image, label=layer.path.name, sha256=layer.sha256, budget=budget
+        )
