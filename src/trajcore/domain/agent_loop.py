@@ -589,12 +589,7 @@ class AgentLoop:
         Raises:
             StateError: the loop already finished.
         """
-        self._expect(LoopEvent.INFRA_FAILED)
-        self._observe(now)
-        if self._started_at is None:
-            self._started_at = now
-        self._pending = ()
-        return self._finish(LoopEvent.INFRA_FAILED, StopReason.INFRA_ERROR, detail)
+        return self._failed_from_outside(StopReason.INFRA_ERROR, now, detail)
 
     def env_failed(self, *, now: float, detail: str) -> Finish:
         """The env's own code failed outside a turn (a hook raised): finish with ``env_error``.
@@ -604,12 +599,7 @@ class AgentLoop:
         Raises:
             StateError: the loop already finished.
         """
-        self._expect(LoopEvent.INFRA_FAILED)
-        self._observe(now)
-        if self._started_at is None:
-            self._started_at = now
-        self._pending = ()
-        return self._finish(LoopEvent.INFRA_FAILED, StopReason.ENV_ERROR, detail)
+        return self._failed_from_outside(StopReason.ENV_ERROR, now, detail)
 
     def out_of_time(self, *, now: float) -> Finish:
         """The time budget ran out while the model or the tools were busy.
@@ -630,6 +620,15 @@ class AgentLoop:
         return self._finish(LoopEvent.IDLE_LIMIT, StopReason.IDLE_LIMIT, detail)
 
     # ----------------------------------------------------------------------------- internals
+
+    def _failed_from_outside(self, reason: StopReason, now: float, detail: str) -> Finish:
+        """The ``infra_failed`` event, whoever caused it (``reason``); allowed before start."""
+        self._expect(LoopEvent.INFRA_FAILED)
+        self._observe(now)
+        if self._started_at is None:
+            self._started_at = now
+        self._pending = ()
+        return self._finish(LoopEvent.INFRA_FAILED, reason, detail)
 
     def _expect(self, event: LoopEvent) -> None:
         if event not in _TRANSITIONS[self._state]:

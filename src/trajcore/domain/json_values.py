@@ -1,4 +1,5 @@
-"""JSON values as the domain holds them: the ``JSON`` type, its check, and its type names.
+"""JSON values as the domain holds them: the ``JSON`` type, its check, its type names, and the
+objects of a JSON Lines text.
 
 JSON payloads (tool arguments, schemas, wire bodies) are plain ``dict``/``list`` trees typed as
 ``JSON``. They are not deep-frozen; treat them as read-only.
@@ -6,11 +7,15 @@ JSON payloads (tool arguments, schemas, wire bodies) are plain ``dict``/``list``
 
 from __future__ import annotations
 
+import json
 import math
 import typing
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, TypeAlias
 
-__all__ = ["JSON", "JSONObject", "check_json", "json_type"]
+from trajcore.domain.errors import InvalidInput
+
+__all__ = ["JSON", "JSONObject", "check_json", "json_lines", "json_type"]
 
 if TYPE_CHECKING:
     JSON: TypeAlias = "bool | int | float | str | list[JSON] | dict[str, JSON] | None"
@@ -21,6 +26,25 @@ else:
     _JSON_REF = typing.ForwardRef("JSON", module=__name__)
     JSON = typing.Union[None, bool, int, float, str, list[_JSON_REF], dict[str, _JSON_REF]]  # noqa: UP007 - a runtime alias needs typing.Union around a ForwardRef
     JSONObject = dict[str, JSON]
+
+
+def json_lines(lines: Iterable[str]) -> Iterator[tuple[int, JSONObject]]:
+    """Each JSON object of ``lines`` (JSON Lines text) with its line number from 1; blank lines
+    are skipped.
+
+    Raises:
+        InvalidInput: a line that is not a JSON object (field ``line N``).
+    """
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise InvalidInput(f"line {number}", f"not JSON: {error.msg}") from None
+        if not isinstance(value, dict):
+            raise InvalidInput(f"line {number}", "expected a JSON object")
+        yield number, value
 
 
 def check_json(value: object, path: str = "$") -> str | None:

@@ -22,15 +22,14 @@ import attrs
 from trajcore.domain.errors import IdleLimitExceeded
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
-from trajcore.domain.token_ledger import Drift, TrainingTokens
 from trajcore.domain.tools import ToolSpec
-from trajcore.rollout.policy import ModelTurn, Policy, PolicySession
+from trajcore.rollout.policy import ModelTurn, Policy, PolicySession, SessionWrapper
 
 __all__ = ["IdleLimitedPolicy"]
 
 
 @attrs.frozen
-class _IdleLimitedSession:
+class _IdleLimitedSession(SessionWrapper):
     inner: PolicySession
     idle_s: float
 
@@ -43,17 +42,6 @@ class _IdleLimitedSession:
             "waiting for one model turn",
             limit_s=self.idle_s,
         )
-
-    def add_environment(self, messages: Sequence[Message]) -> None:
-        self.inner.add_environment(messages)
-
-    def training_tokens(
-        self, messages: Sequence[Message], *, max_token_length: int | None
-    ) -> TrainingTokens | None:
-        return self.inner.training_tokens(messages, max_token_length=max_token_length)
-
-    def drift(self, messages: Sequence[Message]) -> Drift | None:
-        return self.inner.drift(messages)
 
 
 @attrs.frozen

@@ -19,13 +19,12 @@ table. Exit status 0, or 2 with ``reason @ line N`` on stderr when the file cann
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from trajcore.domain.errors import InvalidInput
-from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.json_values import JSON, JSONObject, json_lines
 from trajcore.entrypoints.report import ReportGroup, summary_table, write_html
 
 __all__ = ["main", "read_report_groups", "report_groups_of_lines"]
@@ -93,15 +92,7 @@ def report_groups_of_lines(lines: Iterable[str]) -> list[ReportGroup]:
     order: list[str] = []
     members: dict[str, list[JSONObject]] = {}
     status: dict[str, str] = {}
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise InvalidInput(f"line {number}", f"not JSON: {error.msg}") from None
-        if not isinstance(value, dict):
-            raise InvalidInput(f"line {number}", "expected a JSON object")
+    for number, value in json_lines(lines):
         if "trajectory_id" in value and "group" in value:
             group_id = str(value["group"])
             found = [value]

@@ -34,7 +34,14 @@ from trajcore.ports.chat_server import ChatServer
 from trajcore.ports.token_server import TokenServer
 from trajcore.ports.tokenizer import Tokenizer
 
-__all__ = ["ChatPolicy", "ModelTurn", "Policy", "PolicySession", "TokenPolicy"]
+__all__ = [
+    "ChatPolicy",
+    "ModelTurn",
+    "Policy",
+    "PolicySession",
+    "SessionWrapper",
+    "TokenPolicy",
+]
 
 
 @attrs.frozen(kw_only=True)
@@ -78,6 +85,25 @@ class PolicySession(Protocol):
     def drift(self, messages: Sequence[Message]) -> Drift | None:
         """Ledger versus a full re-render (managed mode only)."""
         ...
+
+
+class SessionWrapper:
+    """A session that adds to ``sample`` and hands the rest to ``inner``, the session it wraps
+    (subclasses declare ``inner`` and write ``sample``)."""
+
+    __slots__ = ()
+    inner: PolicySession
+
+    def add_environment(self, messages: Sequence[Message]) -> None:
+        self.inner.add_environment(messages)
+
+    def training_tokens(
+        self, messages: Sequence[Message], *, max_token_length: int | None
+    ) -> TrainingTokens | None:
+        return self.inner.training_tokens(messages, max_token_length=max_token_length)
+
+    def drift(self, messages: Sequence[Message]) -> Drift | None:
+        return self.inner.drift(messages)
 
 
 class Policy(Protocol):

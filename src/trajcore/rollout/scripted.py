@@ -32,14 +32,20 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import attrs
 
 from trajcore.domain.errors import InvalidInput
-from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.json_values import JSON, JSONObject, json_lines
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams, TokenCompletion
-from trajcore.domain.token_ledger import ChatTemplate, Drift, TrainingTokens
+from trajcore.domain.token_ledger import ChatTemplate
 from trajcore.domain.tool_parsers import ToolCallParser
 from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.ports.tokenizer import Tokenizer
-from trajcore.rollout.policy import ChatPolicy, ModelTurn, PolicySession, TokenPolicy
+from trajcore.rollout.policy import (
+    ChatPolicy,
+    ModelTurn,
+    PolicySession,
+    SessionWrapper,
+    TokenPolicy,
+)
 
 __all__ = [
     "ModelScript",
@@ -282,7 +288,7 @@ class _Managed:
 
 
 @attrs.define
-class _ScriptedSession:
+class _ScriptedSession(SessionWrapper):
     script: ModelScript
     relay: _Relay
     inner: PolicySession
@@ -301,17 +307,6 @@ class _ScriptedSession:
             ]
             self.relay.completion = TokenCompletion.of(ids, [0.0] * len(ids), FinishReason.STOP)
         return await self.inner.sample(messages, sampling=sampling)
-
-    def add_environment(self, messages: Sequence[Message]) -> None:
-        self.inner.add_environment(messages)
-
-    def training_tokens(
-        self, messages: Sequence[Message], *, max_token_length: int | None
-    ) -> TrainingTokens | None:
-        return self.inner.training_tokens(messages, max_token_length=max_token_length)
-
-    def drift(self, messages: Sequence[Message]) -> Drift | None:
-        return self.inner.drift(messages)
 
 
 @attrs.frozen
@@ -375,15 +370,4 @@ def replay_records(lines: Iterable[str]) -> list[JSONObject]:
     Raises:
         InvalidInput: a line that is not a JSON object (field ``line N``).
     """
-    out: list[JSONObject] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise InvalidInput(f"line {number}", f"not JSON: {error.msg}") from None
-        if not isinstance(value, dict):
-            raise InvalidInput(f"line {number}", "expected a JSON object")
-        out.append(value)
-    return out
+    return [value for _, value in json_lines(lines)]
