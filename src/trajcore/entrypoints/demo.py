@@ -51,7 +51,13 @@ from trajcore.adapters.llm.chat import OpenAIChatServer
 from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.errors import ConfigError, StateError, TrajcoreError
 from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig
-from trajcore.entrypoints.report import ProgressBar, summary_table, write_html, write_jsonl
+from trajcore.entrypoints.report import (
+    ProgressBar,
+    ran_unsandboxed,
+    summary_table,
+    write_html,
+    write_jsonl,
+)
 from trajcore.entrypoints.signals import Interrupted, closing_on_signals, exit_status
 from trajcore.ports.chat_server import ChatServer
 from trajcore.rollout.group import GroupResult
@@ -161,13 +167,7 @@ def _report(run: _Run, out: Path, *, mode: str, groups: int, args: argparse.Name
         tasks=run.tasks,
     )
     print(summary_table(run.groups, plain=args.plain))
-    unsandboxed = any(
-        e.result.exec is not None and not e.result.exec.sandboxed
-        for g in run.groups
-        for m in g.members
-        for e in m.exchanges
-    )
-    if unsandboxed:
+    if ran_unsandboxed(run.groups):
         print("note: bubblewrap is unusable here, so commands ran without a sandbox")
     print(f"wrote {written} trajectories to {out / 'trajectories.jsonl'}")
     print(f"report: {out / 'report.html'}   Atropos's own: {out / 'atropos_groups.jsonl'}")

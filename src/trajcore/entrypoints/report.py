@@ -55,6 +55,7 @@ from trajcore.rollout.trajectory import ToolExchange, TrajectoryResult
 __all__ = [
     "ProgressBar",
     "ReportGroup",
+    "ran_unsandboxed",
     "render_html",
     "report_groups",
     "summary_table",
@@ -251,6 +252,16 @@ def _summary_rows(groups: Sequence[ReportGroup]) -> list[tuple[str, ...]]:
         for group in groups
         for index, record in enumerate(group.members)
     ]
+
+
+def ran_unsandboxed(groups: Sequence[GroupResult]) -> bool:
+    """Whether any tool call of ``groups`` ran without a sandbox (its report says so)."""
+    return any(
+        e.result.exec is not None and not e.result.exec.sandboxed
+        for g in groups
+        for m in g.members
+        for e in m.exchanges
+    )
 
 
 def summary_table(

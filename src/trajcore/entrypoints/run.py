@@ -58,7 +58,13 @@ from trajcore.domain.errors import ConfigError, TrajcoreError
 from trajcore.domain.messages import Message
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig, ScoredGroup, scored_data
-from trajcore.entrypoints.report import ProgressBar, summary_table, write_html, write_jsonl
+from trajcore.entrypoints.report import (
+    ProgressBar,
+    ran_unsandboxed,
+    summary_table,
+    write_html,
+    write_jsonl,
+)
 from trajcore.entrypoints.signals import Interrupted, closing_on_signals, exit_status
 from trajcore.ports.chat_server import ChatServer
 from trajcore.ports.sandbox_pool import SandboxPool
@@ -287,13 +293,7 @@ def _write(done: _Done, out: Path, *, title: str, notes: list[str], plain: bool)
             scored.write(json.dumps(group, ensure_ascii=False) + "\n")
     write_html(done.groups, out / "report.html", title=title, notes=notes, tasks=done.tasks)
     print(summary_table(done.groups, plain=plain))
-    unsandboxed = any(
-        e.result.exec is not None and not e.result.exec.sandboxed
-        for g in done.groups
-        for m in g.members
-        for e in m.exchanges
-    )
-    if unsandboxed:
+    if ran_unsandboxed(done.groups):
         print("note: commands ran without a sandbox (bubblewrap unusable, or --pool unisolated)")
     print(f"wrote {written} trajectories to {out / 'trajectories.jsonl'}")
     sent = out / "scored_groups.jsonl"
