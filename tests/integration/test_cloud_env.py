@@ -28,7 +28,11 @@ from trajcore.adapters.sandbox.daytona_pool import (
     DaytonaPoolConfig,
     DaytonaSandboxPool,
 )
-from trajcore.adapters.sandbox.modal_pool import ModalCredentials, ModalPoolConfig
+from trajcore.adapters.sandbox.modal_pool import (
+    ModalCredentials,
+    ModalPoolConfig,
+    ModalSandboxPool,
+)
 from trajcore.domain.errors import SandboxUnavailable
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome
@@ -218,6 +222,22 @@ def test_the_daytona_client_is_configured_with_the_credentials_found(
     assert (provider.client_config().api_key, provider.client_config().jwt_token) == (
         "key-test", None
     )  # fmt: skip
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_the_modal_provider_is_given_the_credentials_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The SDK's provider (built, never connected) holds the token it makes its client from."""
+    from trajcore.adapters.sandbox.modal_sdk import ModalProvider
+
+    monkeypatch.setenv("MODAL_TOKEN_ID", "ak-test")
+    monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-test")
+    provider = ModalSandboxPool(ModalPoolConfig(app_name="rl")).provider
+    assert isinstance(provider, ModalProvider)
+    assert provider.credentials == ModalCredentials(token_id="ak-test", token_secret="as-test")
+    assert provider.settings.app_name == "rl"
+    assert "as-test" not in repr(provider)
 
 
 @pytest.mark.parametrize("kind", ["sandbox", "terminal_backend"])
