@@ -7,8 +7,10 @@ mixin, so each is one ``--env.*`` flag): the image by hermes's names (``modal_im
 environment and region, Daytona's target, CPU and memory per sandbox, and the sandbox's
 lifetime. The scale range, slots per server, lease
 deadline and sandbox policy are the env's own settings, as for every pool. Credentials are the
-providers' (their SDKs read them); a missing SDK or credential fails the env's start naming it
-(``check_modal``, ``check_daytona``). docs/deploy.md, "Cloud sandboxes", says what was checked.
+providers' own variables or files, found when the pool is built and handed to the SDK's client
+(``sdk``: ``ModalSdk``, ``DaytonaSdk``, the seam a test fills with ``FakeCloud``), never logged;
+a missing SDK or credential fails the env's start naming it (``check_modal``,
+``check_daytona``). docs/deploy.md, "Cloud sandboxes", says what was checked.
 """
 
 from __future__ import annotations
