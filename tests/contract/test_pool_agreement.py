@@ -9,6 +9,11 @@ cancelled batches, container deaths and closing. Each pool is checked against th
 after every step, and the two must agree on each lease's slot and epoch, on which leases share a
 container, on every call's outcome, text and exit code, and on their statistics. A difference
 means a test written against the fake could pass while the real pool behaves otherwise.
+
+The SSH, Slurm, Modal and Daytona pools join the same machine from their own modules, beside
+the fixtures they need (``tests/integration/test_ssh_pool.py``, ``test_slurm_pool.py``;
+``test_modal_pool.py`` and ``test_daytona_pool.py`` through ``cloud_testbed.agree_with_the_fake``,
+over ``FakeCloud`` with real slot servers behind it).
 """
 
 from __future__ import annotations
