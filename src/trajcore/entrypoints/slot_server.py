@@ -190,6 +190,8 @@ def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
         policy=policy,
         bwrap=policy.bwrap,
         use_cgroups=policy.use_cgroups,
+        # on unless a benchmark turns it off to measure what it saves (docs/benchmarks.md)
+        warm_leases=os.environ.get("TRAJCORE_SLOT_WARM_LEASES", "1") != "0",
     )
     check_config(config)
     return config, token

@@ -395,6 +395,11 @@ class SlotRuntime:
             slot.calls.reset_done(ticket, error)
             self._take_turns(slot)
             self._sweep_trash()
+        if error is None and not self._closed and self.config.warm_leases:
+            warming = self._sandboxes.warm(slot)
+            if warming is not None:
+                self._tasks.add(warming)
+                warming.add_done_callback(self._tasks.discard)
         return ResetResult(
             slot=index, ok=error is None, error=error, duration_s=time.monotonic() - started
         )

@@ -46,6 +46,10 @@ class RuntimeConfig:
         slot_uid_base: When the server runs as root, slot ``i``'s sandbox runs as host uid and
             gid ``slot_uid_base + i`` (``slot_ids``); a server that is not root runs every
             slot as itself.
+        warm_leases: Start a slot's next lease as soon as a reset has cleaned it, so the next
+            lease's first call does not wait for its namespaces (``Sandboxes.warm``). Off
+            only to measure what it saves (``TRAJCORE_SLOT_WARM_LEASES=0`` for
+            ``trajcore slot-server``) and in the tests' controls.
     """
 
     slots: int = attrs.field(validator=positive_int)
@@ -60,6 +64,7 @@ class RuntimeConfig:
     use_cgroups: bool = attrs.field(default=True, validator=flag)
     slot_helper_path: Path | None = None
     slot_uid_base: int = DEFAULT_SLOT_UID_BASE
+    warm_leases: bool = attrs.field(default=True, validator=flag)
 
     def __attrs_post_init__(self) -> None:
         check_slot_uid_range("slot_uid_base", self.slot_uid_base, self.slots)

@@ -87,6 +87,8 @@ class Slot:
     sandbox_start_s: float | None = None
     agent_epoch: int | None = None
     set_aside: int = 0  # workspaces a reset moved to the trash instead of wiping them in place
+    warming: asyncio.Task[None] | None = None  # the next lease, started after a clean reset
+    warmed: Agent | None = None  # that lease's agent, until its first call takes it
 
 
 @attrs.define(eq=False)
@@ -183,9 +185,56 @@ class Sandboxes:
             paths.append(Bind(source=str(self.native), dest=HELPER_PATH))
         return paths
 
+    def warm(self, slot: Slot) -> asyncio.Task[None] | None:
+        """Start the slot's next lease now, off the lease's path: after a clean reset, while the
+        slot is idle, the keeper makes the fresh namespaces the next lease's first call would
+        otherwise wait for. Only where the keeper lives on (a read-only root); a failure is
+        left for that call to meet (it starts the lease again and reports why)."""
+        if (
+            not self.sandboxed
+            or not self.config.policy.read_only_root
+            or slot.keeper is None
+            or not slot.keeper.alive()
+            or slot.agent is not None
+            or slot.warming is not None
+        ):
+            return None
+
+        async def start() -> None:
+            with contextlib.suppress(AgentLost):
+                slot.warmed = await self.lease_agent(slot, started=time.monotonic())
+
+        task = asyncio.get_running_loop().create_task(start())
+        slot.warming = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            if slot.warming is task:
+                slot.warming = None
+
+        task.add_done_callback(done)
+        return task
+
+    async def wait_warm(self, slot: Slot) -> None:
+        """Wait for the slot's warming lease to be ready or to fail (never cancels it: a lease
+        request cut short would leave the keeper's answer for the next request)."""
+        warming = slot.warming
+        if warming is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(warming)
+            if not warming.done():
+                raise asyncio.CancelledError
+
     async def ensure_agent(self, slot: Slot) -> Agent:
-        if slot.agent is not None and slot.agent.alive():
-            return slot.agent
+        """The slot's agent: the live one, a warmed one (``sandbox_start_s`` is then how long
+        its first call waited for it), or a new lease."""
+        started = time.monotonic()
+        await self.wait_warm(slot)
+        agent = slot.agent
+        if agent is not None and agent.alive():
+            if slot.warmed is agent:
+                slot.warmed = None
+                slot.sandbox_start_s = time.monotonic() - started
+            return agent
         if slot.agent is not None:
             await self.stop_agent(slot)
         started = time.monotonic()
@@ -418,8 +467,10 @@ class Sandboxes:
         return agent
 
     async def stop_agent(self, slot: Slot) -> None:
-        """End the slot's lease: its agent and every process it started."""
-        agent, slot.agent = slot.agent, None
+        """End the slot's lease: its agent and every process it started (a warming lease once
+        it is ready)."""
+        await self.wait_warm(slot)
+        agent, slot.agent, slot.warmed = slot.agent, None, None
         if agent is None:
             if slot.keeper is None and slot.cgroup is not None:
                 slot.cgroup.kill_all()  # what a bare agent left behind
