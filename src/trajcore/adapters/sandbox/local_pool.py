@@ -60,6 +60,8 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from trajcore.adapters.sandbox.pool_core import Endpoint
 from trajcore.adapters.sandbox.removal import remove_tree
+from trajcore.adapters.sandbox.server_processes import log_tail as _tail
+from trajcore.adapters.sandbox.server_processes import signal_group as _signal_group
 from trajcore.adapters.sandbox.supervision import SupervisedPool, SupervisedPoolConfig
 from trajcore.domain.errors import SlotServerError
 from trajcore.domain.slot_server_flags import policy_argv
@@ -125,15 +127,6 @@ class _Process:
         return self.process.pid
 
 
-def _signal_group(pid: int, signum: int) -> bool:
-    """Send ``signum`` to the process group ``pid`` leads; False when the group is gone."""
-    try:
-        os.killpg(pid, signum)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
 async def _stop_process(process: anyio.abc.Process, grace_s: float) -> None:
     """SIGTERM the process's group, SIGKILL it after ``grace_s``; reap the leader. Shielded."""
     with anyio.CancelScope(shield=True):
@@ -155,14 +148,6 @@ async def _stop_process(process: anyio.abc.Process, grace_s: float) -> None:
             if stream is not None:
                 with contextlib.suppress(Exception):
                     await stream.aclose()
-
-
-def _tail(path: Path, limit: int = 2000) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return ""
-    return data[-limit:].decode("utf-8", "replace").strip()
 
 
 @attrs.define(eq=False)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
 import shutil
 import signal
@@ -52,6 +51,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from trajcore.adapters.sandbox import ssh_remote
 from trajcore.adapters.sandbox.pool_core import Endpoint, SlotServerPool
+from trajcore.adapters.sandbox.server_processes import log_tail, signal_group
 from trajcore.adapters.sandbox.supervision import SupervisedSource
 from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
@@ -158,19 +158,6 @@ class _Connection:
         return self.process.pid
 
 
-def _signal_group(pid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signum)
-
-
-def _tail(path: Path, limit: int = 2000) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return ""
-    return data[-limit:].decode("utf-8", "replace").strip()
-
-
 @attrs.define(eq=False)
 class _SshServers:
     """The ``Launcher`` of the SSH pool: one ssh session per slot server."""
@@ -223,7 +210,7 @@ class _SshServers:
             return []  # pragma: no cover - (move_on_after returns inside or times out)
         finally:
             with anyio.CancelScope(shield=True):
-                _signal_group(process.pid, signal.SIGKILL)
+                signal_group(process.pid, signal.SIGKILL)
                 await process.wait()
                 for stream in (process.stdout, process.stderr):
                     if stream is not None:
@@ -344,7 +331,7 @@ class _SshServers:
 
     async def kill(self, handle: _Connection) -> None:
         if handle.process.returncode is None:
-            _signal_group(handle.pid, signal.SIGKILL)
+            signal_group(handle.pid, signal.SIGKILL)
 
     async def stop(self, handle: _Connection) -> None:
         with anyio.CancelScope(shield=True):
@@ -354,7 +341,7 @@ class _SshServers:
                     await process.stdin.aclose()  # the tether stops the server, then exits
             with anyio.move_on_after(self.config.stop_timeout_s):
                 await process.wait()
-            _signal_group(process.pid, signal.SIGKILL)
+            signal_group(process.pid, signal.SIGKILL)
             with anyio.move_on_after(self.config.stop_timeout_s):
                 await process.wait()
             for stream in (process.stdout, process.stderr):
@@ -363,7 +350,7 @@ class _SshServers:
                         await stream.aclose()
 
     async def describe(self, handle: _Connection) -> str:
-        return _tail(handle.log)
+        return log_tail(handle.log)
 
 
 async def _read_all(stream: anyio.abc.ByteReceiveStream) -> bytes:
@@ -405,7 +392,7 @@ async def _ready_line(connection: _Connection) -> dict[str, object]:
         await connection.process.wait()
         raise SlotServerError(
             f"slot server {connection.name} on {connection.host.label} ended (ssh status "
-            f"{connection.process.returncode}) before it was ready: {_tail(connection.log)}"
+            f"{connection.process.returncode}) before it was ready: {log_tail(connection.log)}"
         ) from None
     try:
         ready = json.loads(line)
