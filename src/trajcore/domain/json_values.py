@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 from trajcore.domain.errors import InvalidInput
 
-__all__ = ["JSON", "JSONObject", "check_json", "json_lines", "json_type"]
+__all__ = ["JSON", "JSONObject", "check_json", "json_lines", "json_object", "json_type"]
 
 if TYPE_CHECKING:
     JSON: TypeAlias = "bool | int | float | str | list[JSON] | dict[str, JSON] | None"
@@ -36,15 +36,23 @@ def json_lines(lines: Iterable[str]) -> Iterator[tuple[int, JSONObject]]:
         InvalidInput: a line that is not a JSON object (field ``line N``).
     """
     for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise InvalidInput(f"line {number}", f"not JSON: {error.msg}") from None
-        if not isinstance(value, dict):
-            raise InvalidInput(f"line {number}", "expected a JSON object")
-        yield number, value
+        if line.strip():
+            yield number, json_object(line, f"line {number}")
+
+
+def json_object(text: str, field: str) -> JSONObject:
+    """The JSON object ``text`` holds.
+
+    Raises:
+        InvalidInput: ``text`` is not JSON, or not an object (field ``field``).
+    """
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InvalidInput(field, f"not JSON: {error.msg}") from None
+    if not isinstance(value, dict):
+        raise InvalidInput(field, "expected a JSON object")
+    return value
 
 
 def check_json(value: object, path: str = "$") -> str | None:

@@ -26,13 +26,12 @@ Any other exception a script raises is a bug in it, and ends the trajectory as s
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 
 from trajcore.domain.errors import InvalidInput
-from trajcore.domain.json_values import JSON, JSONObject, json_lines
+from trajcore.domain.json_values import JSON, JSONObject, json_lines, json_object
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams, TokenCompletion
 from trajcore.domain.token_ledger import ChatTemplate
@@ -144,10 +143,7 @@ def _recorded_call(raw: object, field: str) -> ToolCall:
         raise InvalidInput(f"{field}.function", "expected an object")
     arguments = function.get("arguments", {})
     if isinstance(arguments, str):  # the OpenAI wire form: JSON text
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError as error:
-            raise InvalidInput(f"{field}.function.arguments", f"not JSON: {error}") from None
+        arguments = json_object(arguments, f"{field}.function.arguments")
     if not isinstance(arguments, dict):
         raise InvalidInput(f"{field}.function.arguments", "expected a JSON object")
     name = _text(function.get("name"), f"{field}.function.name")
