@@ -1,9 +1,9 @@
 """Signals end a real process-mode run with nothing left behind.
 
 Each test starts ``tests/integration/signal_env.py process ...`` (the shell-tasks env in
-Atropos's process mode, or evaluate mode, on the local pool, with a scripted model that leaves a
-background process and a tmux server in its slot, then waits forever), waits until a trajectory
-is mid-way,
+Atropos's process mode, or evaluate mode, or serve mode against atroposlib's real ``run-api``
+with a registered trainer, on the local pool, with a scripted model that leaves a background
+process and a tmux server in its slot, then waits forever), waits until a trajectory is mid-way,
 records every process the run started (the env's descendants: slot servers, bubblewrap, the
 keepers and agents, the shell's children, tmux) with their start times, sends a signal, and then
 looks from outside for what is left: those processes (by pid and start time) and the pool's
@@ -16,14 +16,16 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
+import httpx
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -97,19 +99,30 @@ class Run:
     log: Path
 
 
-@contextmanager
-def process_mode_run(
-    tmp_path: Path, *, stuck_close: bool = False, mode: str = "process"
-) -> Iterator[Run]:
-    """The env in ``mode`` (process or evaluate), mid-trajectory; killed (with all it started)
-    on the way out."""
-    ready = tmp_path / "ready.json"
-    log = tmp_path / "env.log"
+def _environment() -> dict[str, str]:
+    """The children's environment: offline, no wandb, no proxy. ``$TMPDIR`` stays: the local
+    pool's directory is made there and must be searchable by the slots' uids."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
     environment.update(
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        WANDB_MODE="disabled",
+        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", WANDB_MODE="disabled", NO_PROXY="*"
+    )
+    return environment
+
+
+@contextmanager
+def process_mode_run(
+    tmp_path: Path,
+    *,
+    stuck_close: bool = False,
+    mode: str = "process",
+    extra: Sequence[str] = (),
+) -> Iterator[Run]:
+    """The env in ``mode`` (process, evaluate or serve, with ``extra`` flags), mid-trajectory;
+    killed (with all it started) on the way out."""
+    ready = tmp_path / "ready.json"
+    log = tmp_path / "env.log"
+    environment = _environment()
+    environment.update(
         SIGNAL_ENV_READY=str(ready),
         SIGNAL_ENV_STUCK_CLOSE="1" if stuck_close else "0",
     )
@@ -117,7 +130,7 @@ def process_mode_run(
         sys.executable, str(SCRIPT), mode,
         "--env.total_steps", "1", "--env.group_size", "1", "--env.use_wandb", "false",
         "--env.data_path_to_save_groups", str(tmp_path / "groups.jsonl"),
-        "--env.local_containers", "1", "--env.slots_per_container", "1",
+        "--env.local_containers", "1", "--env.slots_per_container", "1", *extra,
     ]  # fmt: skip
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -168,6 +181,123 @@ def test_a_signal_ends_the_run_with_the_pool_closed(tmp_path: Path, mode: str, s
         assert not left, f"left running: {_names(left)}"
         assert not run.run_dir.exists()
         assert "stopping and closing the sandbox pool" in output
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@contextmanager
+def run_api_with_a_trainer(tmp_path: Path) -> Iterator[str]:
+    """atroposlib's ``run-api`` on a free loopback port, with a trainer registered (so an env in
+    ``serve`` mode registers and runs groups); its URL. The server runs in its own process
+    group, which is killed, all of it, on the way out."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "run-api.log"
+    run_api = Path(sys.executable).parent / "run-api"
+    scratch = tmp_path / "run-api-tmp"  # it imports wandb, whose temporary directories a
+    scratch.mkdir()  # signal leaves behind
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            [str(run_api), "--host", "127.0.0.1", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**_environment(), "TMPDIR": str(scratch)},
+            start_new_session=True,
+        )
+    try:
+        with httpx.Client(base_url=url, timeout=5.0, trust_env=False) as trainer:
+            deadline = time.monotonic() + 60.0
+            while True:
+                assert server.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                try:
+                    if trainer.get("/").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.2)
+            registered = trainer.post(
+                "/register",
+                json={
+                    "wandb_group": "trajcore",
+                    "wandb_project": "trajcore-test",
+                    "batch_size": 8,
+                    "max_token_len": 8192,
+                    "checkpoint_dir": str(tmp_path / "checkpoints"),
+                    "save_checkpoint_interval": -1,
+                    "starting_step": 0,
+                    "num_steps": 100,
+                },
+            )
+            assert registered.status_code == 200, registered.text
+            trainer.get("/batch")  # starts the run
+        yield url
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(server.pid, signum)
+            except ProcessLookupError:
+                break
+            try:
+                server.wait(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        server.wait(timeout=5)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_serve_mode_with_the_pool_closed(tmp_path: Path, signum: int) -> None:
+    with (
+        run_api_with_a_trainer(tmp_path) as url,
+        process_mode_run(
+            tmp_path,
+            mode="serve",
+            extra=["--env.rollout_server_url", url, "--env.wandb_name", "signal_env"],
+        ) as run,
+    ):
+        assert run.run_dir.is_dir()
+        assert len(run.started) >= 2  # a slot server and what runs in its slot
+        if shutil.which("tmux") is not None:
+            assert any(p.name.startswith("tmux") for p in run.started), _names(run.started)
+        run.process.send_signal(signum)
+        status = run.process.wait(timeout=60)
+        left = wait_until_gone(run.started, 5.0)
+        output = run.log.read_text()
+        assert status == 128 + signum, output[-3000:]
+        assert not left, f"left running: {_names(left)}"
+        assert not run.run_dir.exists()
+        assert "stopping and closing the sandbox pool" in output
+
+
+def test_a_second_signal_forces_the_end_of_serve_mode_when_the_close_hangs(
+    tmp_path: Path,
+) -> None:
+    with (
+        run_api_with_a_trainer(tmp_path) as url,
+        process_mode_run(
+            tmp_path,
+            mode="serve",
+            stuck_close=True,
+            extra=["--env.rollout_server_url", url, "--env.wandb_name", "signal_env"],
+        ) as run,
+    ):
+        run.process.send_signal(signal.SIGINT)
+        with pytest.raises(subprocess.TimeoutExpired):  # the control: the close hangs
+            run.process.wait(timeout=3)
+        run.process.send_signal(signal.SIGINT)
+        status = run.process.wait(timeout=30)
+        left = wait_until_gone(run.started, 5.0)
+        output = run.log.read_text()
+        assert status == 128 + signal.SIGINT, output[-3000:]
+        assert not left, f"left running: {_names(left)}"
+        assert not run.run_dir.exists()
+        assert "a second signal" in output
 
 
 def test_a_second_signal_forces_the_end_when_the_close_hangs(tmp_path: Path) -> None:
