@@ -26,6 +26,7 @@ from trajcore.adapters.sandbox.slurm_pool import SlurmPoolConfig
 from trajcore.domain.sandbox_policy import SlotPolicy
 
 NODE = "trajnode"
+KILL_WAIT_S = 2  # the cluster's KillWait: SIGKILL this long after a job's SIGTERM
 SLOT_SERVER = (sys.executable, "-m", "trajcore.entrypoints.slot_server")
 _DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol")
 
@@ -131,7 +132,7 @@ SelectTypeParameters=CR_CPU_Memory
 SlurmdParameters=config_overrides
 MpiDefault=none
 ReturnToService=2
-KillWait=2
+KillWait={KILL_WAIT_S}
 MinJobAge=120
 InactiveLimit=0
 SlurmctldTimeout=10

@@ -19,9 +19,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.slurm_testbed import NODE, SLURM_PROBLEM, SlurmCluster
+from tests.slurm_testbed import KILL_WAIT_S, NODE, SLURM_PROBLEM, SlurmCluster
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
-from trajcore.adapters.sandbox.slurm_pool import SlurmSandboxPool
+from trajcore.adapters.sandbox.slurm_pool import SlurmPoolConfig, SlurmSandboxPool
+from trajcore.domain.errors import AcquireTimeout
 from trajcore.domain.slots import Lease, SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 from trajcore.ports.sandbox_pool import SandboxPool
@@ -161,12 +162,35 @@ async def _in_flight_then(pool: SlurmSandboxPool, lease: Lease, fault: object) -
     return results[0]
 
 
-async def _wait_until(check: object, timeout_s: float, what: str) -> None:
+async def _wait_until(
+    check: object, timeout_s: float, what: str, pool: SandboxPool | None = None
+) -> None:
+    """Until ``check()`` holds; fails naming ``what`` (and ``pool``'s latest problems) after
+    ``timeout_s``."""
     assert callable(check)
-    with anyio.fail_after(timeout_s):
+    with anyio.move_on_after(timeout_s):
         while not check():  # noqa: ASYNC110 - the pool's state, polled: no event to wait on
             await anyio.sleep(0.1)
-    del what
+        return
+    raise AssertionError(f"{what}: not within {timeout_s} s{_problems(pool)}")
+
+
+async def _end_state(cluster: SlurmCluster, job_id: str, config: SlurmPoolConfig) -> str:
+    """The state job ``job_id`` ended in, once Slurm has finished ending it: a job whose
+    processes were signalled stays COMPLETING until slurmd has killed them (KillWait) and said
+    so."""
+    await _wait_until(
+        lambda: cluster.job_state(job_id) != "COMPLETING",
+        KILL_WAIT_S + _tick_s(config),
+        f"job {job_id} to complete",
+    )
+    return cluster.job_state(job_id)
+
+
+def _problems(pool: SandboxPool | None) -> str:
+    if not isinstance(pool, SlurmSandboxPool):
+        return ""
+    return f" (the pool's latest problems: {pool.problems[-3:]})"
 
 
 @pytest.mark.anyio
@@ -186,7 +210,7 @@ async def test_scancel_of_a_running_job_fails_its_call_in_flight_and_a_new_job_s
         async with pool.lease("after") as after:
             assert (await _one(pool, after, "echo ok")).content == "ok\n"
         assert pool.job_id(after.slot.container) != job_id
-        assert cluster.job_state(job_id) == "CANCELLED"
+        assert await _end_state(cluster, job_id, config) == "CANCELLED"
 
 
 @pytest.mark.anyio
@@ -213,45 +237,105 @@ async def test_a_node_set_down_fails_the_calls_in_flight_and_the_pool_recovers(
             assert (await _one(pool, fresh, "echo ok")).content == "ok\n"
 
 
+# The ending tests run one job of a limit in whole minutes (Slurm's unit) and derive every wait
+# from the configured limits, never from how fast this machine is:
+# - the pool's start_timeout_s ends before the drain could begin (limit - drain_before_s, counted
+#   from the job's start in Slurm, which comes after the pool's start began), so the job has
+#   joined, or the start has failed saying so, before it drains, however slow the start;
+# - the pool sees the drain at its first tick after it is due: within poll_interval_s plus one
+#   squeue (command_timeout_s);
+# - slurmctld compares running jobs with their limits every 30 s (PERIODIC_TIMEOUT in its
+#   source), then signals them and kills what is left after KillWait (the testbed's
+#   KILL_WAIT_S).
+TIME_LEFT_SLACK_S = 5.0  # squeue's time left is whole seconds; margin before the drain is due
+SLURM_LIMIT_CHECK_S = 30.0
+
+
+def _ending_pool_config(
+    cluster: SlurmCluster, *, limit_min: int, drain_before_s: float, slots_per_container: int
+) -> SlurmPoolConfig:
+    """One job of a ``limit_min`` limit, drained ``drain_before_s`` before it, whose start (and
+    any replacement's join) must end before that drain is due."""
+    return cluster.pool_config(
+        containers=1,
+        slots_per_container=slots_per_container,
+        time_limit_min=limit_min,
+        drain_before_s=drain_before_s,
+        start_timeout_s=limit_min * 60 - drain_before_s - TIME_LEFT_SLACK_S,
+    )
+
+
+def _tick_s(config: SlurmPoolConfig) -> float:
+    """Longest the pool takes to act on what Slurm says: one poll interval and one command."""
+    return config.poll_interval_s + config.command_timeout_s
+
+
+def _drain_due_s(config: SlurmPoolConfig) -> float:
+    """Longest from the pool's start to its drain of the ending job (see above)."""
+    return config.time_limit_min * 60 - config.drain_before_s + 1 + _tick_s(config)
+
+
+def _limit_due_s(config: SlurmPoolConfig) -> float:
+    """Longest from the drain to the pool's loss of the job Slurm ended at its limit."""
+    return config.drain_before_s + 1 + SLURM_LIMIT_CHECK_S + KILL_WAIT_S + _tick_s(config)
+
+
 @pytest.mark.anyio
 async def test_a_job_past_its_time_limit_is_drained_replaced_then_ended(
     cluster: SlurmCluster,
 ) -> None:
-    """A job within ``drain_before_s`` of its limit takes no new lease and a replacement job
-    serves; the lease still held there ends with the job (never an OK after it)."""
-    config = cluster.pool_config(
-        containers=1, slots_per_container=1, time_limit_min=1, drain_before_s=45.0
-    )
+    """A job within ``drain_before_s`` of its limit takes no new lease, though a slot of it is
+    free, and a replacement job serves the new lease; the lease still held there works after
+    the drain and ends with the job at its limit (never an OK after it)."""
+    # 2 minutes: a start and a replacement's join may each take 65 s, the drain leaves 50 s
+    config = _ending_pool_config(cluster, limit_min=2, drain_before_s=50.0, slots_per_container=2)
     async with SlurmSandboxPool(config) as pool:
         [first] = pool.container_names()
         job_id = pool.job_id(first)
         async with pool.lease("held") as held:
-            # about 15 s in, the job is ending: drained, and a second job joins for new leases
-            await _wait_until(lambda: len(pool.container_names()) == 2, 60, "a replacement")
-            async with pool.lease("new", timeout_s=30) as new:
-                assert new.slot.container != first
-                assert (await _one(pool, new, "echo ok")).content == "ok\n"
-            # the held lease works until Slurm ends the job at its limit (TIMEOUT)
+            assert held.slot.container == first
+            assert pool.statistics().draining == 0  # (the start ends before the drain is due)
+            await _wait_until(
+                lambda: pool.statistics().draining == 1, _drain_due_s(config), "the drain", pool
+            )
+            # drained: its free slot takes no lease; the held one works until the limit
             assert (await _one(pool, held, "echo still")).content == "still\n"
-            await _wait_until(lambda: first not in pool.container_names(), 120, "the limit")
+            replacement_s = config.start_timeout_s + _tick_s(config)
+            try:
+                async with pool.lease("new", timeout_s=replacement_s) as new:
+                    assert new.slot.container != first
+                    assert (await _one(pool, new, "echo ok")).content == "ok\n"
+            except AcquireTimeout as error:
+                raise AssertionError(f"{error}{_problems(pool)}") from None
+            await _wait_until(
+                lambda: first not in pool.container_names(),
+                _limit_due_s(config),
+                "the limit",
+                pool,
+            )
             late = await _one(pool, held, "echo late")
             assert late.outcome in (ToolOutcome.REJECTED, ToolOutcome.INFRA_ERROR)
-        assert cluster.job_state(job_id) == "TIMEOUT"
+        assert await _end_state(cluster, job_id, config) == "TIMEOUT"
 
 
 @pytest.mark.anyio
 async def test_a_drained_ending_job_with_nothing_held_is_cancelled_early(
     cluster: SlurmCluster,
 ) -> None:
-    config = cluster.pool_config(
-        containers=1, slots_per_container=1, time_limit_min=1, drain_before_s=50.0
-    )
+    # 1 minute: a start and a replacement's join may each take 35 s
+    config = _ending_pool_config(cluster, limit_min=1, drain_before_s=20.0, slots_per_container=1)
     async with SlurmSandboxPool(config) as pool:
         [first] = pool.container_names()
         job_id = pool.job_id(first)
-        await _wait_until(lambda: first not in pool.container_names(), 60, "the drain")
-        await _wait_until(lambda: len(pool.container_names()) == 1, 60, "a replacement")
-        assert cluster.job_state(job_id) == "CANCELLED"  # ended by the pool, before its limit
+        await _wait_until(
+            lambda: first not in pool.container_names(), _drain_due_s(config), "the drain", pool
+        )
+        replacement_s = config.start_timeout_s + _tick_s(config)
+        await _wait_until(
+            lambda: len(pool.container_names()) == 1, replacement_s, "a replacement", pool
+        )
+        # ended by the pool, before its limit
+        assert await _end_state(cluster, job_id, config) == "CANCELLED"
 
 
 # ============================================================================ scaling, start, close
