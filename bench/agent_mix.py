@@ -6,25 +6,31 @@ calls are a typical agent mix: ``ls``, ``cat``, ``grep -r``, ``sed -i``, ``pytho
 ``pytest`` run, ``wc``; each turn waits ``--latency-ms`` for the model first. Printed:
 
 - trajectories per second, beside the same commands run directly (no sandbox, no trajcore) by
-  one worker per core from this process, over fresh copies of the repository (the replay);
+  one worker per core from this process, over fresh copies of the repository (the replay, whose
+  ``RUSAGE_CHILDREN`` also gives their CPU outside a sandbox);
 - the share of CPU spent outside the commands themselves (target <= 10%).
 
-How the CPU is counted, and why this way: a process's CPU reaches its parent's
-``RUSAGE_CHILDREN`` when the parent reaps it, in microseconds. This process makes itself a
-child subreaper (so nothing of the tree can escape to init) and runs the rollout in a child
-process (the env process: trajectories, dispatcher, pool), which starts the slot servers, their
-bubblewrap sandboxes, keepers, lease agents and the commands; it closes the pool and exits, and
-this process reaps everything left. The tree's CPU is this process's ``RUSAGE_CHILDREN`` growth
-over that child: every process of the tree, from the env process down to each command.
-Starting and closing the pool (servers, 256 keepers' sandboxes) is not part of a rollout, so the
-same child is run once more without trajectories, and its CPU subtracted.
+How the CPU is counted, and why this way: the env process (trajectories, dispatcher, pool) is
+the root of the tree it measures: the slot servers are its children, their bubblewrap sandboxes
+and keepers theirs, each lease's agent a child of its slot's keeper, and every command a child of
+its lease's agent. A process that ends is reaped by its parent, and its CPU (with all it reaped)
+is added to that parent's ``cutime`` and ``cstime``; agents and commands end during the run, and
+their keepers, which live for the pool's life, hold their CPU. So the tree's CPU over the run is
+the growth, from just before the trajectories start to just after they end (before the pool
+closes), of ``utime + stime + cutime + cstime`` summed over every live process of the tree, read
+from ``/proc/PID/stat``. Its counts are 10 ms clock ticks: each process's reading is off by less
+than a tick per field, about 0.1 s over the whole tree at the default size, against tens of
+seconds measured. (``RUSAGE_CHILDREN`` of a parent of the whole tree would be exact, but it
+loses whatever the sandboxes' own reapers hold when the pool closes, which was most of it.)
 
-The commands' own CPU comes from the replay: the same sequence, the same repository, each
-command a ``/bin/sh -c`` reaped by this process (``RUSAGE_CHILDREN`` again). Inside the sandbox
-the same commands cost somewhat more (seccomp on every system call, two cores shared by more
-processes), and that difference counts as "outside the commands" here: the share is an upper
-bound. (``/proc/PID/stat`` of each command was the other choice: it counts in 10 ms clock ticks,
-coarser than an ``ls``, and misses processes that end between two readings.)
+The commands' own CPU is measured where they run: each command reaches the slot as
+``./.bench-run run .bench-cpu 'COMMAND'``, the compiled reference (``bench/reference.c``, written
+into the workspace by ``prepare``), which starts ``/bin/sh -c COMMAND``, reaps it and appends
+its ``RUSAGE_CHILDREN`` (microseconds: the shell and everything it started) to ``.bench-cpu``;
+the score hook reads that file. The wrapper's own fork and exec, the prepare step and the file
+read count as outside the commands, so the share is, if anything, an overestimate. Beside it,
+the replay gives the same commands' CPU outside any sandbox: the difference is what the sandbox
+does to the commands themselves (printed, not counted as trajcore's).
 
 Run: ``.venv/bin/python bench/agent_mix.py [--concurrency 16] [--rounds 2]``.
 """
@@ -33,10 +39,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
+import base64
 import json
 import os
 import resource
+import shlex
 import shutil
 import subprocess
 import sys
@@ -50,6 +57,7 @@ import attrs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.reference import build
 from bench.rollouts import start_keepers
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.agent_loop import AgentLoopConfig
@@ -119,7 +127,7 @@ class MixChatServer:
     ) -> ChatTurn:
         await anyio.sleep(self.latency_s)
         turn = sum(1 for m in messages if m.role == "assistant")
-        command = COMMANDS[turn % len(COMMANDS)]
+        command = f"{WRAPPER} run {CPU_FILE} {shlex.quote(COMMANDS[turn % len(COMMANDS)])}"
         call = ToolCall(id=f"call_{turn}", name="bash", arguments={"command": command})
         return ChatTurn(
             message=Message.assistant("", tool_calls=[call]), finish_reason=FinishReason.TOOL_CALLS
@@ -129,17 +137,35 @@ class MixChatServer:
         return None
 
 
-async def _prepare(tools: SlotTools) -> None:
-    await tools.upload(REPOSITORY)
+WRAPPER = "./.bench-run"
+CPU_FILE = ".bench-cpu"
+COMMAND_CPU_S: list[float] = []
+"""Each trajectory's commands' own CPU, as the wrapper measured it in the sandbox."""
+
+
+@attrs.define
+class Prepare:
+    """Write the repository and the measuring wrapper (``reference run``, sent as base64 and
+    decoded in the slot) into the workspace."""
+
+    wrapper_b64: str
+
+    async def __call__(self, tools: SlotTools) -> None:
+        await tools.upload({**REPOSITORY, ".bench-run.b64": self.wrapper_b64})
+        setup = f"base64 -d .bench-run.b64 > {WRAPPER} && chmod 755 {WRAPPER} && rm .bench-run.b64"
+        if not await tools.check(setup):
+            raise RuntimeError("the measuring wrapper could not be set up in the slot")
 
 
 async def _score(tools: SlotTools, messages: Sequence[Message]) -> float:
+    text = await tools.read_file(CPU_FILE)
+    COMMAND_CPU_S.append(sum(int(line) for line in text.split()) / 1e6)
     return 1.0
 
 
 async def child(args: argparse.Namespace) -> None:
-    """The env process: start the pool, start every keeper, run the trajectories (none when
-    ``--empty``), close the pool; print what it measured as one JSON line."""
+    """The env process: start the pool, start every keeper, run the trajectories and measure
+    the tree's CPU over them, close the pool; print what it measured as one JSON line."""
     slots = -(-args.concurrency // args.servers)
     policy = SlotPolicy(require_sandbox=True, max_processes=64, memory_bytes=512 << 20)
     pool_config = LocalPoolConfig(
@@ -153,7 +179,8 @@ async def child(args: argparse.Namespace) -> None:
         deadline_s=600.0,
         acquire_timeout_s=300.0,
     )
-    hooks = TrajectoryHooks(prepare=_prepare, score=_score)
+    wrapper = base64.b64encode(build().read_bytes()).decode("ascii")
+    hooks = TrajectoryHooks(prepare=Prepare(wrapper_b64=wrapper), score=_score)
     policy_ = ChatPolicy(MixChatServer(latency_s=args.latency_ms / 1000))
     statuses: dict[str, int] = {}
     failed = 0
@@ -173,18 +200,23 @@ async def child(args: argparse.Namespace) -> None:
                     tool_server=None, config=config,
                 )  # fmt: skip
                 status = result.outcome.status.value
+                if status == "env_error":
+                    print(f"a trajectory failed: {result.outcome.detail}", file=sys.stderr)
                 statuses[status] = statuses.get(status, 0) + 1
                 failed += result.stats.tool_errors.total
 
+        cpu_before = tree_cpu(os.getpid())
         started = time.perf_counter()
-        if not args.empty:
-            async with anyio.create_task_group() as group:
-                for index in range(args.concurrency):
-                    group.start_soon(worker, index)
+        async with anyio.create_task_group() as group:
+            for index in range(args.concurrency):
+                group.start_soon(worker, index)
         elapsed = time.perf_counter() - started
+        cpu = tree_cpu(os.getpid()) - cpu_before
     count = sum(statuses.values())
     print(json.dumps({"trajectories": count, "seconds": elapsed, "statuses": statuses,
-                      "tool_errors": failed}))  # fmt: skip
+                      "tool_errors": failed, "tree_cpu_s": cpu,
+                      "commands_cpu_s": sum(COMMAND_CPU_S),
+                      "measured_trajectories": len(COMMAND_CPU_S)}))  # fmt: skip
 
 
 def children_cpu() -> float:
@@ -192,41 +224,41 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def reap_all(deadline_s: float, settle_s: float = 1.0) -> None:
-    """Reap every process left in this subreaper's tree, waiting up to ``deadline_s``. Done only
-    once no child has been seen for ``settle_s``: a process whose parent is still exiting
-    reaches this subreaper a moment later."""
-    stop_at = time.monotonic() + deadline_s
-    quiet_since = time.monotonic()
-    while time.monotonic() - quiet_since < settle_s:
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds of ``root`` and every live descendant, each with what it reaped:
+    ``utime + stime + cutime + cstime`` from ``/proc/PID/stat``."""
+    parents: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            time.sleep(0.02)
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
             continue
-        if pid != 0:
-            quiet_since = time.monotonic()
-            continue
-        quiet_since = time.monotonic()  # a child still runs
-        if quiet_since > stop_at:
-            raise RuntimeError("processes of the rollout's tree outlived its deadline")
-        time.sleep(0.02)
+        parents.setdefault(int(fields[1]), []).append(int(entry.name))
+        cpu[int(entry.name)] = sum(int(f) for f in fields[11:15]) / TICK
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += cpu.get(pid, 0.0)
+        todo.extend(parents.get(pid, []))
+    return total
 
 
-def run_child(args: argparse.Namespace, *, empty: bool) -> tuple[dict[str, object], float]:
-    """Run the env process; its figures and the CPU of its whole tree, in seconds."""
+def run_child(args: argparse.Namespace) -> dict[str, object]:
+    """Run the env process; what it measured."""
     argv = [sys.executable, __file__, "--child", "--concurrency", str(args.concurrency),
             "--rounds", str(args.rounds), "--servers", str(args.servers),
             "--latency-ms", str(args.latency_ms), "--window-ms", str(args.window_ms)]  # fmt: skip
-    if empty:
-        argv.append("--empty")
-    before = children_cpu()
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    reap_all(30.0)
     if done.returncode != 0:
         raise RuntimeError(f"the rollout failed:\n{done.stderr}")
     figures: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
-    return figures, children_cpu() - before
+    return figures
 
 
 def replay(trajectories: int, workers: int) -> tuple[float, float]:
@@ -269,25 +301,20 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=50.0)
     parser.add_argument("--window-ms", type=float, default=5.0, help="dispatcher batch window")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--empty", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         anyio.run(child, args, backend="asyncio")
         return
     if shutil.which("bwrap") is None:
         parser.error("bubblewrap (bwrap) is required")
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
-        sys.exit("agent_mix: cannot become a child subreaper, so the tree's CPU cannot be counted")
     cores = os.cpu_count() or 1
     direct_rate, command_cpu = replay(max(cores * 2, 4), cores)
-    _, idle_cpu = run_child(args, empty=True)
-    figures, tree_cpu = run_child(args, empty=False)
+    figures = run_child(args)
     trajectories = int(str(figures["trajectories"]))
     seconds = float(str(figures["seconds"]))
     rate = trajectories / seconds
-    rollout_cpu = tree_cpu - idle_cpu
-    commands = command_cpu * trajectories
+    rollout_cpu = float(str(figures["tree_cpu_s"]))
+    commands = float(str(figures["commands_cpu_s"]))
     outside = 1 - commands / rollout_cpu if rollout_cpu > 0 else float("nan")
     print(f"cpus={cores}  pool: {args.servers} slot servers, concurrency={args.concurrency}, "
           f"rounds={args.rounds}, {len(COMMANDS)} turns, "
@@ -298,10 +325,10 @@ def main() -> None:
     print(f"the same commands run directly ({cores} workers, no sandbox): {direct_rate:.2f} "
           f"traj/s, {command_cpu * 1e3:.1f} ms CPU per trajectory   measured / direct = "
           f"{rate / direct_rate:.2f}")  # fmt: skip
-    print(f"CPU of the whole tree: {tree_cpu:.2f} s, less {idle_cpu:.2f} s for the pool's start "
-          f"and close alone = {rollout_cpu:.2f} s for the rollout "
-          f"({rollout_cpu / trajectories * 1e3:.1f} ms per trajectory); the commands' own: "
-          f"{commands:.2f} s")  # fmt: skip
+    print(f"CPU of the whole tree during the run: {rollout_cpu:.2f} s "
+          f"({rollout_cpu / trajectories * 1e3:.1f} ms per trajectory); the commands' own, "
+          f"measured in the sandbox: {commands:.2f} s ({commands / trajectories * 1e3:.1f} ms "
+          f"per trajectory; {command_cpu * 1e3:.1f} ms run directly)")  # fmt: skip
     print(f"TARGET share of CPU outside the commands <= 10%: {outside:.1%}  "
           f"{'met' if outside <= 0.10 else 'NOT met'}")  # fmt: skip
 

@@ -13,7 +13,12 @@
  *       seccomp filter read from FILTER_FILE (classic BPF, the bytes trajcore's slot server
  *       installs in every lease), then runs eight "/bin/sh -c true" one after another.
  *
- * Each prints one line of JSON: {"count": N, "seconds": S, "p50_s": X, "p99_s": Y}, where the
+ *   reference run FILE COMMAND
+ *       Runs "/bin/sh -c COMMAND" (its output is this program's), waits for it and appends the
+ *       CPU it and everything it reaped used, in microseconds, as one line to FILE; exits with
+ *       its status. How bench/agent_mix.py counts a command's own CPU inside a sandbox.
+ *
+ * spawn and trajectory print one line of JSON: {"count": N, "seconds": S, "p50_s": X, "p99_s": Y}, where the
  * quantiles are of one spawn (spawn) or of one trajectory's set-up before its first command
  * (trajectory). A failure prints what failed and exits 1: no partial figure passes for a
  * measurement. */
@@ -35,6 +40,7 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -184,7 +190,8 @@ static int compare(const void *a, const void *b) {
 
 static int usage(void) {
     fprintf(stderr, "usage: reference spawn WORKERS SECONDS\n"
-                    "       reference trajectory WORKERS SECONDS FILTER_FILE UID_BASE\n");
+                    "       reference trajectory WORKERS SECONDS FILTER_FILE UID_BASE\n"
+                    "       reference run FILE COMMAND\n");
     return 2;
 }
 
@@ -205,7 +212,31 @@ static struct sock_filter *read_filter(const char *path, unsigned short *length)
     return filter;
 }
 
+/* reference run FILE COMMAND */
+static int run_measured(const char *file, const char *command) {
+    char *const argv[] = {"/bin/sh", "-c", (char *)command, NULL};
+    pid_t child;
+    int status = 0;
+    if (posix_spawn(&child, "/bin/sh", NULL, NULL, argv, environ) != 0)
+        return 127;
+    while (waitpid(child, &status, 0) < 0)
+        if (errno != EINTR)
+            return 127;
+    struct rusage usage;
+    getrusage(RUSAGE_CHILDREN, &usage);
+    long long us = (long long)(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1000000LL +
+                   usage.ru_utime.tv_usec + usage.ru_stime.tv_usec;
+    FILE *out = fopen(file, "a");
+    if (out) {
+        fprintf(out, "%lld\n", us);
+        fclose(out);
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 int main(int argc, char **argv) {
+    if (argc == 4 && strcmp(argv[1], "run") == 0)
+        return run_measured(argv[2], argv[3]);
     if (argc < 4)
         return usage();
     bool spawning = strcmp(argv[1], "spawn") == 0;

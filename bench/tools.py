@@ -331,7 +331,7 @@ async def bench(  # noqa: PLR0915 - one linear script of measurements
         print()
         for what, times in (
             ("slot start (keeper sandbox + first lease)", starts),
-            ("lease start (every later lease)", lease_starts),
+            ("lease start on its path (every later lease, warmed after its reset)", lease_starts),
         ):
             p50_start = statistics.median(times) * 1e3
             print(f"{what}: p50 {p50_start:.1f} ms over {len(times)} slots "
