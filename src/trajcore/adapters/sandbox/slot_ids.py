@@ -20,24 +20,51 @@ may run that Python too), without CPython's own test suites. Where hard links ar
 (another file system), the server stages the standard library alone by copying, under its own
 root. Nothing here changes a host path outside ``/var/tmp/trajcore-python`` and the server's
 root.
+
+A sandbox binds the staged library read-only, so whatever Python or pytest would cache there must
+be cached before a slot runs: a staging runs the staged interpreter once, as root, with the tree
+being built mounted at ``prefix`` in a private mount namespace (so nothing reaches the host's
+tree, and the cached code names the paths a slot sees): ``compileall`` writes the plain ``.pyc``
+the host lacks, and pytest, run on one trivial test, writes its rewritten plugin modules
+(``*-pytest-VERSION.pyc``). Without them every pytest run in every slot rewrites its plugins
+again (twice the CPU of a short pytest run). What it did is written to ``CACHES_NOTE`` in the
+staged tree; when it fails, the staging stands without the caches and a warning says why.
+``_FORMAT`` is part of KEY, so a staging made before a change of what it holds is not reused.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
+import logging
 import os
 import shutil
 import stat
+import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["shared_python", "stage_file", "stage_python", "unmapped", "unreachable"]
+__all__ = [
+    "CACHES_NOTE",
+    "shared_python",
+    "stage_caches",
+    "stage_file",
+    "stage_python",
+    "unmapped",
+    "unreachable",
+]
+
+_log = logging.getLogger(__name__)
 
 
 # What a staged library leaves out: CPython's own test suites (and, when copied, site-packages).
 _LEFT_OUT = frozenset({"test", "tests", "idle_test"})
 _SHARED = Path("/var/tmp/trajcore-python")  # noqa: S108 - root-owned, checked before each use
+_FORMAT = "2"  # what a staging holds: 2 adds the compiled caches (stage_caches)
+CACHES_NOTE = ".trajcore-caches"
+"""The file of a shared staging that says what ``stage_caches`` did (JSON)."""
+_CACHES_TIMEOUT_S = 600.0
 
 
 def unreachable(path: Path) -> str | None:
@@ -110,31 +137,35 @@ def _private(path: Path) -> None:
         raise OSError(1, f"{path} is not a directory of uid {os.geteuid()} only it may write")
 
 
-def shared_python(prefix: Path, executable: Path) -> Path:
-    """The host's staged copy (hard links) of the installation at ``prefix``, built now when
-    there is none for this interpreter and ``site-packages`` yet. Raises ``OSError`` (hard
-    links impossible, or the shared directory not safely ours)."""
+def shared_python(prefix: Path, executable: Path, *, shared: Path = _SHARED) -> Path:
+    """The host's staged copy (hard links, with compiled caches) of the installation at
+    ``prefix``, built now under ``shared`` when there is none for this interpreter,
+    ``site-packages`` and staging format yet. Raises ``OSError`` (hard links impossible, or the
+    shared directory not safely ours)."""
     site = next(prefix.glob("lib/python3*/site-packages"), prefix)
     material = "\0".join(
-        [str(prefix), str(executable), str(executable.stat().st_mtime_ns),
+        [_FORMAT, str(prefix), str(executable), str(executable.stat().st_mtime_ns),
          str(site.stat().st_mtime_ns)]
     )  # fmt: skip
     key = hashlib.sha256(material.encode()).hexdigest()[:20]
-    _SHARED.mkdir(mode=0o755, exist_ok=True)
-    _private(_SHARED)
-    target = _SHARED / key
+    shared.mkdir(mode=0o755, exist_ok=True)
+    _private(shared)
+    target = shared / key
     if target.exists():
         _private(target)
         return target
-    lock = os.open(_SHARED / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock = os.open(shared / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if target.exists():  # another server built it while this one waited
             _private(target)
             return target
-        building = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=_SHARED))
+        building = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=shared))
         try:
             stage_python(prefix, executable, building, copy=False)
+            note = stage_caches(prefix, executable, building)
+            (building / CACHES_NOTE).write_text(json.dumps(note) + "\n")
+            (building / CACHES_NOTE).chmod(0o644)
             building.chmod(0o755)
             os.rename(building, target)
         except BaseException:
@@ -168,6 +199,77 @@ def stage_python(prefix: Path, executable: Path, into: Path, *, copy: bool = Tru
         if entry.name.startswith("python3") and entry.is_dir():
             _stage_tree(Path(entry.path), staged_library / entry.name, copy=copy)
     return into
+
+
+# Run by the host's interpreter as root: a private mount namespace with the staged tree bound at
+# the prefix, then the staged interpreter (now at the host's path) byte-compiles its library and
+# runs pytest once on a trivial test, so pytest writes its rewritten plugin modules there too.
+_CACHES_SCRIPT = r"""
+import ctypes, json, os, subprocess, sys
+building, prefix, python, work = sys.argv[1:5]
+libc = ctypes.CDLL(None, use_errno=True)
+def check(result, what):
+    if result != 0:
+        number = ctypes.get_errno()
+        raise OSError(number, f"{what}: {os.strerror(number)}")
+check(libc.unshare(0x20000), "unshare(CLONE_NEWNS)")
+check(libc.mount(None, b"/", None, 0x4000 | 0x40000, None), "making / private")
+check(libc.mount(building.encode(), prefix.encode(), None, 0x1000 | 0x4000, None), "bind")
+os.umask(0o022)
+env = {"PATH": "/usr/bin:/bin", "HOME": work, "LC_ALL": "C.UTF-8"}
+lib = os.path.join(prefix, "lib")
+libraries = [os.path.join(lib, n) for n in sorted(os.listdir(lib)) if n.startswith("python3")]
+def run(*argv):
+    done = subprocess.run([python, "-s", "-E", *argv], cwd=work, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    return done.returncode, (done.stdout + done.stderr)[-400:]
+compiled, _ = run("-m", "compileall", "-q", *[d for d in libraries if os.path.isdir(d)])
+note = {"compileall_exit": compiled, "pytest_exit": None, "pytest_tail": ""}
+if run("-c", "import pytest")[0] == 0:
+    with open(os.path.join(work, "test_staged.py"), "w") as test:
+        test.write("def test_staged():\n    assert True\n")
+    note["pytest_exit"], note["pytest_tail"] = run(
+        "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_staged.py")
+print(json.dumps(note))
+"""
+
+
+def stage_caches(prefix: Path, executable: Path, building: Path) -> dict[str, object]:
+    """Write into ``building`` (a staging of ``prefix``, not yet in use) the compiled caches a
+    sandbox cannot write there itself: the plain ``.pyc`` the host lacks and pytest's rewritten
+    plugin modules, made by the staged interpreter as root with ``building`` mounted at
+    ``prefix`` in a private mount namespace (nothing else is written, and the code names the
+    paths a slot sees). Returns what it did: ``compileall_exit``, ``pytest_exit`` (``None``
+    where that Python has no pytest), ``pytest_rewritten`` (how many rewritten modules the
+    staging holds), and ``error`` (why no caches were made, else ``None``); a failure is also
+    logged as a warning, and the staging stays usable without the caches."""
+    work = Path(tempfile.mkdtemp(prefix=".caches-", dir=building.parent))
+    note: dict[str, object] = {"format": _FORMAT, "error": None}
+    try:
+        done = subprocess.run(
+            [str(executable), "-I", "-c", _CACHES_SCRIPT,
+             str(building), str(prefix), str(executable), str(work)],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            timeout=_CACHES_TIMEOUT_S, check=False, env={"PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+        lines = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not lines:
+            note["error"] = f"exit {done.returncode}: {done.stderr.strip()[-400:]}"
+        else:
+            note.update(json.loads(lines[-1]))
+    except (OSError, subprocess.TimeoutExpired, ValueError) as error:
+        note["error"] = str(error)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    note["pytest_rewritten"] = sum(1 for _ in building.rglob("*-pytest-*.pyc"))
+    if note["error"] is not None or note.get("pytest_exit") not in (None, 0):
+        why = note["error"] or f"pytest exited {note['pytest_exit']}: {note['pytest_tail']}"
+        _log.warning(
+            "the staged Python at %s has no complete compiled caches (every slot recompiles "
+            "what is missing on each run): %s",
+            building, why,
+        )  # fmt: skip
+    return note
 
 
 def stage_file(source: Path, into: Path) -> Path:
