@@ -43,5 +43,5 @@ def test_a_slurm_setting_that_cannot_work_names_its_field(field: str, value: obj
     values: dict[str, object] = {"sandbox": "slurm", field: value}
     config = AgentEnvConfig.model_construct(None, **values)
     with pytest.raises(ConfigError) as raised:
-        pools.slurm_pool_config(config)
+        config.slurm_pool_config()
     assert raised.value.field == field

@@ -84,9 +84,10 @@ Injection points for tests and notebooks: override ``make_pool``, ``make_chat_se
 (``policy``, ``pool``, ``tool_server``), which runs one group without Atropos's API server.
 
 Where each part lives: ``config`` (``AgentEnvConfig``, ``RolloutSettings``, the mode),
-``startup`` (the ``--openai.*`` servers and the wait for the model endpoint), ``pools`` (the
-slot-server policy and the open registry of sandbox pools), ``cloud`` (the Modal and Daytona
-settings and pools), ``tokenizer_modes`` (the open registry of tokenizer modes),
+``startup`` (the ``--openai.*`` servers and the wait for the model endpoint),
+``sandbox_settings`` (the sandbox section of the config, from which each pool's settings are
+built), ``pools`` (the open registry of sandbox pools), ``cloud`` (the Modal and Daytona
+pools), ``tokenizer_modes`` (the open registry of tokenizer modes),
 ``registries`` (the registry type and the entry-point groups), ``scored_data`` (a judged group
 as Atropos's ``ScoredDataGroup``, pure), ``metrics`` (counters, wandb metrics and the rollout
 table), ``services`` (``RolloutServices`` and the adapters behind them), ``env`` (``AgentEnv``

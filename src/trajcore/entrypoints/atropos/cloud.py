@@ -1,8 +1,8 @@
 """The Modal and Daytona pools from an env's settings (``--env.sandbox modal|daytona``, or
 hermes-agent's ``terminal_backend: modal|daytona``).
 
-``CloudSettings`` is the settings both providers take, as fields of ``AgentEnvConfig`` (a
-mixin, so each is one ``--env.*`` flag): the image by hermes's names (``modal_image``,
+The settings both providers take are ``sandbox_settings.CloudSettings``, part of the env's
+sandbox section (each one ``--env.*`` flag): the image by hermes's names (``modal_image``,
 ``daytona_image``: hermes's ``TERMINAL_MODAL_IMAGE`` and ``TERMINAL_DAYTONA_IMAGE``), Modal's app,
 environment and region, Daytona's target, CPU and memory per sandbox, and the sandbox's
 lifetime. The scale range, slots per server, lease
@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import math
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
-
-from pydantic import BaseModel, Field
+from typing import Any
 
 from trajcore.adapters.sandbox.daytona_pool import (
     DaytonaPoolConfig,
@@ -29,7 +27,6 @@ from trajcore.adapters.sandbox.daytona_pool import (
     official_daytona_sdk,
 )
 from trajcore.adapters.sandbox.modal_pool import (
-    DEFAULT_IMAGE,
     ModalPoolConfig,
     ModalSandboxPool,
     ModalSdk,
@@ -37,14 +34,10 @@ from trajcore.adapters.sandbox.modal_pool import (
     official_modal_sdk,
 )
 from trajcore.domain.errors import ConfigError
-from trajcore.entrypoints.atropos import pools
+from trajcore.entrypoints.atropos.sandbox_settings import SandboxSettings
 from trajcore.ports.sandbox_pool import SandboxPool
 
-if TYPE_CHECKING:
-    from trajcore.entrypoints.atropos.config import AgentEnvConfig
-
 __all__ = [
-    "CloudSettings",
     "check_daytona_settings",
     "check_modal_settings",
     "daytona_pool",
@@ -54,34 +47,11 @@ __all__ = [
 ]
 
 
-class CloudSettings(BaseModel):
-    """The Modal and Daytona settings of ``AgentEnvConfig`` (see the module docstring)."""
-
-    modal_image: str = Field(default=DEFAULT_IMAGE, description="Modal: the sandbox image.")
-    modal_app: str = Field(default="trajcore-slots", description="Modal: the app's name.")
-    modal_environment: str | None = Field(default=None, description="Modal: the environment.")
-    modal_region: str | None = Field(default=None, description="Modal: where sandboxes run.")
-    daytona_image: str = Field(default=DEFAULT_IMAGE, description="Daytona: the sandbox image.")
-    daytona_target: str | None = Field(default=None, description="Daytona: the target (region).")
-    cloud_cpu: float | None = Field(default=None, description="Modal, Daytona: CPUs per sandbox.")
-    cloud_memory_mb: int | None = Field(
-        default=None, description="Modal, Daytona: memory per sandbox in MB."
-    )
-    cloud_lifetime_s: float | None = Field(
-        default=None, description="Modal: a sandbox's lifetime; Daytona: its idle stop."
-    )
-    cloud_owner: str = Field(
-        default="trajcore",
-        description="Modal, Daytona: the label of this pool's sandboxes; at start every sandbox "
-        "with it is deleted (a crashed run's), so give each concurrent pool its own.",
-    )
-
-
-def _shared(config: AgentEnvConfig) -> dict[str, Any]:
+def _shared(config: SandboxSettings) -> dict[str, Any]:
     return {
         "owner": config.cloud_owner,
         "slots_per_container": config.slots_per_container,
-        "policy": pools.slot_policy(config),
+        "policy": config.slot_policy(),
         "min_containers": config.min_containers,
         "max_containers": config.max_containers,
         "acquire_timeout_s": config.acquire_timeout_s,
@@ -100,7 +70,7 @@ def _named(prefix: str, error: ConfigError) -> ConfigError:
     return error
 
 
-def modal_pool_config(config: AgentEnvConfig) -> ModalPoolConfig:
+def modal_pool_config(config: SandboxSettings) -> ModalPoolConfig:
     """The Modal pool's settings. Raises ``ConfigError`` naming the env field."""
     settings = _shared(config)
     if config.cloud_lifetime_s is not None:
@@ -115,7 +85,7 @@ def modal_pool_config(config: AgentEnvConfig) -> ModalPoolConfig:
         raise _named("modal", error) from None
 
 
-def daytona_pool_config(config: AgentEnvConfig) -> DaytonaPoolConfig:
+def daytona_pool_config(config: SandboxSettings) -> DaytonaPoolConfig:
     """The Daytona pool's settings: CPUs rounded up to whole cores, memory up to whole GiB,
     the lifetime as the idle stop in whole minutes. Raises ``ConfigError`` naming the env
     field."""
@@ -132,20 +102,20 @@ def daytona_pool_config(config: AgentEnvConfig) -> DaytonaPoolConfig:
         raise _named("daytona", error) from None
 
 
-def check_modal_settings(config: AgentEnvConfig) -> None:
+def check_modal_settings(config: SandboxSettings) -> None:
     """At the env's start: the settings work, and the SDK and credentials are there."""
     modal_pool_config(config)
     check_modal()
 
 
-def check_daytona_settings(config: AgentEnvConfig) -> None:
+def check_daytona_settings(config: SandboxSettings) -> None:
     """At the env's start: the settings work, and the SDK and credentials are there."""
     daytona_pool_config(config)
     check_daytona()
 
 
 def modal_pool(
-    config: AgentEnvConfig, *, sdk: ModalSdk = official_modal_sdk
+    config: SandboxSettings, *, sdk: ModalSdk = official_modal_sdk
 ) -> AbstractAsyncContextManager[SandboxPool]:
     """The env's Modal pool, unopened: its provider built by ``sdk`` (Modal's SDK) with the
     credentials found now. Raises ``ConfigError`` naming the env field, ``SandboxUnavailable``
@@ -154,13 +124,9 @@ def modal_pool(
 
 
 def daytona_pool(
-    config: AgentEnvConfig, *, sdk: DaytonaSdk = official_daytona_sdk
+    config: SandboxSettings, *, sdk: DaytonaSdk = official_daytona_sdk
 ) -> AbstractAsyncContextManager[SandboxPool]:
     """The env's Daytona pool, unopened: its provider built by ``sdk`` (Daytona's SDK) with
     the credentials found now. Raises ``ConfigError`` naming the env field,
     ``SandboxUnavailable`` naming a missing credential or package."""
     return DaytonaSandboxPool(daytona_pool_config(config), sdk=sdk)
-
-
-pools.register_pool("modal", modal_pool, check=check_modal_settings)
-pools.register_pool("daytona", daytona_pool, check=check_daytona_settings)

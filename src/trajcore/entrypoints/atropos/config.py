@@ -27,8 +27,6 @@ from typing import Any, Literal
 import attrs
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trajcore.adapters.sandbox.container_pool import DEFAULT_IMAGE
-from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
 from trajcore.adapters.tool_server import INPROCESS
 from trajcore.domain.agent_loop import AgentLoopConfig
 from trajcore.domain.batch_planner import BatchConfig
@@ -36,11 +34,10 @@ from trajcore.domain.errors import ConfigError
 from trajcore.domain.groups import GroupPolicy, OnFailure
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.sampling import SamplingParams
-from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser, parser_names
 from trajcore.domain.toolsets import DistributionRegistry, ToolsetDistribution, ToolsetSelection
 from trajcore.entrypoints.atropos import pools, registries
-from trajcore.entrypoints.atropos.cloud import CloudSettings
+from trajcore.entrypoints.atropos.sandbox_settings import SandboxSettings
 from trajcore.entrypoints.atropos.tokenizer_modes import TOKENIZER_MODES
 from trajcore.entrypoints.atropos_bases import BaseEnvConfig
 from trajcore.entrypoints.seed_settings import (
@@ -124,7 +121,7 @@ def _json_or_pairs(field: str, value: object) -> object:
     return pairs
 
 
-class AgentEnvConfig(BaseEnvConfig, SeedNames, CloudSettings):
+class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings):
     """An agent env's settings: Atropos's ``BaseEnvConfig`` plus trajcore's.
 
     Every field can be given as ``--env.<field>`` on the command line or under ``env:`` in the
@@ -163,89 +160,6 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, CloudSettings):
         description="With tokenizer_mode 'mistral': the tekken.json or tokenizer.model.v* file "
         "(default: the one in the tokenizer_name folder).",
     )
-    # -- sandbox
-    sandbox: str = Field(
-        default="local",
-        description="Where slots run: local slot servers (processes), slot-server containers "
-        "on this machine (podman or docker), a Nomad cluster, hosts reached over SSH, Slurm "
-        "batch jobs, or a registered pool source (register_pool).",
-    )
-    slurm_command: str = Field(
-        default="trajcore slot-server",
-        description="Slurm pool: the slot server's command as the nodes run it.",
-    )
-    slurm_partition: str | None = Field(default=None, description="Slurm pool: --partition.")
-    slurm_account: str | None = Field(default=None, description="Slurm pool: --account.")
-    slurm_qos: str | None = Field(default=None, description="Slurm pool: --qos.")
-    slurm_constraint: str | None = Field(default=None, description="Slurm pool: --constraint.")
-    slurm_cpus_per_task: int = Field(default=1, ge=1, description="Slurm pool: --cpus-per-task.")
-    slurm_memory_mb: int | None = Field(default=None, description="Slurm pool: --mem in MB.")
-    slurm_time_limit_min: int = Field(default=240, ge=1, description="Slurm pool: --time (min).")
-    slurm_shared_dir: str | None = Field(
-        default=None, description="Slurm pool: a directory this host and every node share."
-    )
-    ssh_host: str | None = Field(
-        default=None, description="SSH pool: the host, or hosts comma-separated (hermes's name)."
-    )
-    ssh_user: str | None = Field(default=None, description="SSH pool: the login (hermes's).")
-    ssh_port: int | None = Field(default=None, description="SSH pool: sshd's port (hermes's).")
-    ssh_key: str | None = Field(
-        default=None, description="SSH pool: a private key file (default: the agent's keys)."
-    )
-    ssh_known_hosts: str | None = Field(
-        default=None, description="SSH pool: the known_hosts file (default: ssh's own)."
-    )
-    ssh_accept_new_host_key: bool = Field(
-        default=False, description="SSH pool: trust an unknown host key on first contact."
-    )
-    ssh_python: str = Field(
-        default="python3", description="SSH pool: the hosts' python that has trajcore."
-    )
-    local_containers: int = Field(
-        default=2, ge=1, description="Local and container pools: slot servers (K)."
-    )
-    container_image: str = Field(
-        default=DEFAULT_IMAGE,
-        description="Container pool: the slot-server image (./dev image builds it).",
-    )
-    container_engine: str | None = Field(
-        default=None,
-        description="Container pool: 'podman' or 'docker' (default: whichever works here).",
-    )
-    slots_per_container: int = Field(default=8, ge=1, description="Slots per container (N).")
-    nomad_address: str = Field(default="http://127.0.0.1:4646", description="Nomad API URL.")
-    nomad_job_id: str = Field(default="trajcore-slots", description="Nomad job of the slots.")
-    nomad_image: str = Field(default="trajcore/slot-server:latest", description="Slot image.")
-    nomad_driver: str = Field(
-        default="docker", description="Nomad task driver: docker, exec or raw_exec."
-    )
-    nomad_command: str = Field(
-        default="trajcore slot-server",
-        description="Nomad: the slot server command as the task runs it (words).",
-    )
-    nomad_token: str | None = Field(
-        default=None, description="Nomad ACL token (default: $NOMAD_TOKEN)."
-    )
-    nomad_namespace: str | None = Field(default=None, description="Nomad namespace.")
-    nomad_region: str | None = Field(default=None, description="Nomad region.")
-    nomad_datacenters: str = Field(
-        default="dc1", description="Nomad datacenters for the slots, comma-separated."
-    )
-    min_containers: int = Field(default=1, ge=1, description="Nomad: fewest containers.")
-    max_containers: int = Field(default=10, ge=1, description="Nomad: most containers.")
-    privileged: bool = Field(default=False, description="Nomad: run containers privileged.")
-    purge_on_start: bool = Field(default=False, description="Nomad: purge the job on start.")
-    purge_on_shutdown: bool = Field(default=True, description="Nomad: purge it on shutdown.")
-    acquire_timeout_s: float = Field(default=600.0, gt=0, description="Longest wait for a slot.")
-    allow_network: bool = Field(default=False, description="Slots may reach the network.")
-    require_sandbox: bool = Field(
-        default=False, description="Refuse to start when commands cannot run isolated."
-    )
-    require_stateful_sandbox: bool = Field(
-        default=False,
-        description="Refuse to start when slots cannot keep a persistent shell "
-        "(bash_stateful, tmux; the local pool needs tmux on the host).",
-    )
     # -- batching
     batch_window_ms: float = Field(
         default=5.0, ge=0, description="Longest a tool call waits for others to share a request."
@@ -262,9 +176,6 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, CloudSettings):
     )
     tool_delay_s: float = Field(default=0.0, ge=0, description="Pause before each tool batch.")
     system_prompt: str | None = Field(default=None, description="Prepended to every task.")
-    terminal_timeout_s: float = Field(
-        default=120.0, gt=0, description="Limit of one slot tool call (the env's, not the model's)."
-    )
     slot_lifetime_s: float = Field(
         default=540.0,
         gt=0,
@@ -451,18 +362,6 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, CloudSettings):
                 "tool_server_url", f"expected http(s)://... or 'inprocess': {value!r}"
             )
         return value
-
-    def slot_policy(self) -> SlotPolicy:
-        """The sandbox policy every slot server gets (``pools.slot_policy``)."""
-        return pools.slot_policy(self)
-
-    def nomad_pool_config(self) -> NomadPoolConfig:
-        """The Nomad pool's settings from the ``nomad_*`` fields (``pools.nomad_pool_config``).
-
-        Raises:
-            ConfigError: a Nomad setting that cannot work, named by its env field.
-        """
-        return pools.nomad_pool_config(self)
 
     @property
     def resolved_mode(self) -> Literal["openai", "managed"]:

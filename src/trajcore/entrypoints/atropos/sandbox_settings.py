@@ -1,0 +1,323 @@
+"""The env's sandbox settings: where slot servers run and what they are told, as ``--env.*`` flags.
+
+``SandboxSettings`` is the sandbox section of ``AgentEnvConfig`` (a mixin, so each setting stays
+one flat ``--env.<name>`` flag: atroposlib's command line turns every field of the env's config
+into one flag and rebuilds the config from a flat mapping, so nested sections would not reach
+it). The settings are not a second copy of the pools' own: each pool's settings are the attrs
+values its adapter defines (``LocalPoolConfig``, ``ContainerPoolConfig``, ``NomadPoolConfig``,
+``SlurmPoolConfig``, ``SshHost``, ``SlotPolicy``; ``ModalPoolConfig`` and ``DaytonaPoolConfig``
+in ``cloud``), and this module only names them for the command line:
+
+- Each default is the pool's own, read from its default value (``_NOMAD.job_id``), never
+  restated; where the env chooses differently it says so (``slots_per_container``: 8 slots,
+  the Nomad and Slurm pools' default, for every pool).
+- A pool's settings are built from its section by one rule (``_section``): the pool's field
+  ``name`` is read from the env field ``<prefix><name>`` of its section (``nomad_job_id``),
+  else from the env field ``name`` that several pools share (``slots_per_container``,
+  ``min_containers``, ``acquire_timeout_s``), else it keeps the pool's default. The few env
+  names that differ (hermes's ``ssh_key``) are listed beside their section. A pool's error is
+  renamed by the same rule, so a bad value is a ``ConfigError`` naming the env field.
+- ``slot_policy`` is the one place the sandbox policy every slot server gets is derived.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar, cast
+
+import attrs
+from attrs import AttrsInstance
+from pydantic import BaseModel, Field
+
+from trajcore.adapters.sandbox.container_pool import ContainerPoolConfig
+from trajcore.adapters.sandbox.daytona_pool import DaytonaPoolConfig
+from trajcore.adapters.sandbox.local_pool import LocalPoolConfig
+from trajcore.adapters.sandbox.modal_pool import ModalPoolConfig
+from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
+from trajcore.adapters.sandbox.slurm_pool import SlurmPoolConfig
+from trajcore.adapters.sandbox.ssh_pool import SshPoolConfig
+from trajcore.domain.errors import ConfigError
+from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.ssh_hosts import SshHost
+
+__all__ = ["CloudSettings", "SandboxSettings"]
+
+T = TypeVar("T", bound=AttrsInstance)
+
+# The pools' own defaults, which the flags below take.
+_POLICY = SlotPolicy()
+_LOCAL = LocalPoolConfig()
+_CONTAINER = ContainerPoolConfig()
+_NOMAD = NomadPoolConfig()
+_SLURM = SlurmPoolConfig()
+_SSH = SshHost(address="host")
+_MODAL = ModalPoolConfig()
+_DAYTONA = DaytonaPoolConfig()
+
+
+class CloudSettings(BaseModel):
+    """The Modal and Daytona settings (built into their pools by ``cloud``)."""
+
+    modal_image: str = Field(default=_MODAL.image, description="Modal: the sandbox image.")
+    modal_app: str = Field(default=_MODAL.app_name, description="Modal: the app's name.")
+    modal_environment: str | None = Field(
+        default=_MODAL.environment, description="Modal: the environment."
+    )
+    modal_region: str | None = Field(
+        default=_MODAL.region, description="Modal: where sandboxes run."
+    )
+    daytona_image: str = Field(default=_DAYTONA.image, description="Daytona: the sandbox image.")
+    daytona_target: str | None = Field(
+        default=_DAYTONA.target, description="Daytona: the target (region)."
+    )
+    cloud_cpu: float | None = Field(default=None, description="Modal, Daytona: CPUs per sandbox.")
+    cloud_memory_mb: int | None = Field(
+        default=None, description="Modal, Daytona: memory per sandbox in MB."
+    )
+    cloud_lifetime_s: float | None = Field(
+        default=None,
+        description="Modal: a sandbox's lifetime; Daytona: its idle stop.",
+    )
+    cloud_owner: str = Field(
+        default=_MODAL.owner,
+        description="Modal, Daytona: the label of this pool's sandboxes; at start every sandbox "
+        "with it is deleted (a crashed run's), so give each concurrent pool its own.",
+    )
+
+
+class SandboxSettings(CloudSettings):
+    """Where slot servers run and what they are told (see the module docstring)."""
+
+    sandbox: str = Field(
+        default="local",
+        description="Where slots run: local slot servers (processes), slot-server containers "
+        "on this machine (podman or docker), a Nomad cluster, hosts reached over SSH, Slurm "
+        "batch jobs, or a registered pool source (register_pool).",
+    )
+
+    slurm_command: str = Field(
+        default=" ".join(_SLURM.command),
+        description="Slurm pool: the slot server's command as the nodes run it.",
+    )
+    slurm_partition: str | None = Field(
+        default=_SLURM.partition, description="Slurm pool: --partition."
+    )
+    slurm_account: str | None = Field(default=_SLURM.account, description="Slurm pool: --account.")
+    slurm_qos: str | None = Field(default=_SLURM.qos, description="Slurm pool: --qos.")
+    slurm_constraint: str | None = Field(
+        default=_SLURM.constraint, description="Slurm pool: --constraint."
+    )
+    slurm_cpus_per_task: int = Field(
+        default=_SLURM.cpus_per_task, ge=1, description="Slurm pool: --cpus-per-task."
+    )
+    slurm_memory_mb: int | None = Field(
+        default=_SLURM.memory_mb, description="Slurm pool: --mem in MB."
+    )
+    slurm_time_limit_min: int = Field(
+        default=_SLURM.time_limit_min, ge=1, description="Slurm pool: --time (min)."
+    )
+    slurm_shared_dir: str | None = Field(
+        default=None, description="Slurm pool: a directory this host and every node share."
+    )
+    ssh_host: str | None = Field(
+        default=None, description="SSH pool: the host, or hosts comma-separated (hermes's name)."
+    )
+    ssh_user: str | None = Field(default=_SSH.user, description="SSH pool: the login (hermes's).")
+    ssh_port: int | None = Field(default=_SSH.port, description="SSH pool: sshd's port (hermes's).")
+    ssh_key: str | None = Field(
+        default=_SSH.identity_file,
+        description="SSH pool: a private key file (default: the agent's keys).",
+    )
+    ssh_known_hosts: str | None = Field(
+        default=_SSH.known_hosts,
+        description="SSH pool: the known_hosts file (default: ssh's own).",
+    )
+    ssh_accept_new_host_key: bool = Field(
+        default=_SSH.accept_new_host_key,
+        description="SSH pool: trust an unknown host key on first contact.",
+    )
+    ssh_python: str = Field(
+        default=_SSH.python, description="SSH pool: the hosts' python that has trajcore."
+    )
+    local_containers: int = Field(
+        default=_LOCAL.containers, ge=1, description="Local and container pools: slot servers (K)."
+    )
+    container_image: str = Field(
+        default=_CONTAINER.image,
+        description="Container pool: the slot-server image (./dev image builds it).",
+    )
+    container_engine: str | None = Field(
+        default=_CONTAINER.engine,
+        description="Container pool: 'podman' or 'docker' (default: whichever works here).",
+    )
+    slots_per_container: int = Field(
+        default=_NOMAD.slots_per_container, ge=1, description="Slots per container (N)."
+    )
+    nomad_address: str = Field(default=_NOMAD.address, description="Nomad API URL.")
+    nomad_job_id: str = Field(default=_NOMAD.job_id, description="Nomad job of the slots.")
+    nomad_image: str = Field(default=_NOMAD.image, description="Slot image.")
+    nomad_driver: str = Field(
+        default=_NOMAD.driver, description="Nomad task driver: docker, exec or raw_exec."
+    )
+    nomad_command: str = Field(
+        default=" ".join(_NOMAD.command),
+        description="Nomad: the slot server command as the task runs it (words).",
+    )
+    nomad_token: str | None = Field(
+        default=_NOMAD.token, description="Nomad ACL token (default: $NOMAD_TOKEN)."
+    )
+    nomad_namespace: str | None = Field(default=_NOMAD.namespace, description="Nomad namespace.")
+    nomad_region: str | None = Field(default=_NOMAD.region, description="Nomad region.")
+    nomad_datacenters: str = Field(
+        default=",".join(_NOMAD.datacenters),
+        description="Nomad datacenters for the slots, comma-separated.",
+    )
+    min_containers: int = Field(
+        default=_NOMAD.min_containers, ge=1, description="Nomad: fewest containers."
+    )
+    max_containers: int = Field(
+        default=_NOMAD.max_containers, ge=1, description="Nomad: most containers."
+    )
+    privileged: bool = Field(
+        default=_NOMAD.privileged, description="Nomad: run containers privileged."
+    )
+    purge_on_start: bool = Field(
+        default=_NOMAD.purge_on_start, description="Nomad: purge the job on start."
+    )
+    purge_on_shutdown: bool = Field(
+        default=_NOMAD.purge_on_shutdown, description="Nomad: purge it on shutdown."
+    )
+    acquire_timeout_s: float = Field(
+        default=cast("float", _NOMAD.acquire_timeout_s),
+        gt=0,
+        description="Longest wait for a slot.",
+    )
+    allow_network: bool = Field(
+        default=_POLICY.allow_network, description="Slots may reach the network."
+    )
+    require_sandbox: bool = Field(
+        default=_POLICY.require_sandbox,
+        description="Refuse to start when commands cannot run isolated.",
+    )
+    require_stateful_sandbox: bool = Field(
+        default=_LOCAL.require_tmux,
+        description="Refuse to start when slots cannot keep a persistent shell "
+        "(bash_stateful, tmux; the local pool needs tmux on the host).",
+    )
+    terminal_timeout_s: float = Field(
+        default=_POLICY.default_timeout_s,
+        gt=0,
+        description="Limit of one slot tool call (the env's, not the model's).",
+    )
+
+    def slot_policy(self) -> SlotPolicy:
+        """The sandbox policy every slot server gets: network, sandbox requirement, timeouts.
+
+        ``require_stateful_sandbox`` requires the sandbox too: the persistent shell lives in it.
+
+        Raises:
+            ConfigError: a timeout range that cannot work (``terminal_timeout_s``).
+        """
+        timeout = self.terminal_timeout_s
+        try:
+            return SlotPolicy(
+                allow_network=self.allow_network,
+                require_sandbox=self.require_sandbox or self.require_stateful_sandbox,
+                min_timeout_s=min(_POLICY.min_timeout_s, timeout),
+                default_timeout_s=timeout,
+                max_timeout_s=max(_POLICY.max_timeout_s, timeout),
+            )
+        except ConfigError as error:
+            raise ConfigError("terminal_timeout_s", error.reason) from None
+
+    def server_settings(self) -> dict[str, Any]:
+        """What every pool tells its slot servers: the policy and whether tmux is required."""
+        return {"policy": self.slot_policy(), "require_tmux": self.require_stateful_sandbox}
+
+    def local_pool_config(self) -> LocalPoolConfig:
+        """The local pool's settings (``local_*`` and the shared fields)."""
+        return _build(self, LocalPoolConfig, ("local_",), self.server_settings())
+
+    def container_pool_config(self) -> ContainerPoolConfig:
+        """The container pool's settings (``container_*``, ``local_containers``, shared)."""
+        return _build(self, ContainerPoolConfig, ("container_", "local_"), self.server_settings())
+
+    def nomad_pool_config(self) -> NomadPoolConfig:
+        """The Nomad pool's settings (``nomad_*`` and the shared fields).
+
+        Raises:
+            ConfigError: a Nomad setting that cannot work, named by its env field.
+        """
+        return _build(self, NomadPoolConfig, ("nomad_",), self.server_settings())
+
+    def slurm_pool_config(self) -> SlurmPoolConfig:
+        """The Slurm pool's settings (``slurm_*`` and the shared fields).
+
+        Raises:
+            ConfigError: a Slurm setting that cannot work, named by its env field.
+        """
+        return _build(self, SlurmPoolConfig, ("slurm_",), self.server_settings())
+
+    def ssh_pool_config(self) -> SshPoolConfig:
+        """The SSH pool's settings: each ``ssh_host`` runs ``local_containers`` servers of
+        ``slots_per_container`` slots (docs/deploy.md).
+
+        Raises:
+            ConfigError: no host, or a host setting that cannot work, named by its env field.
+        """
+        hosts = [word.strip() for word in (self.ssh_host or "").split(",") if word.strip()]
+        if not hosts:
+            raise ConfigError("ssh_host", "sandbox 'ssh' needs at least one host")
+        settings = self.server_settings()
+        return _build(
+            self,
+            SshPoolConfig,
+            ("ssh_",),
+            {
+                **settings,
+                "hosts": [
+                    _build(self, SshHost, ("ssh_",), {"address": address}, _SSH_NAMES)
+                    for address in hosts
+                ],
+            },
+        )
+
+
+_SSH_NAMES: Mapping[str, str] = {
+    "identity_file": "ssh_key",  # hermes's name
+    "servers": "local_containers",
+    "slots": "slots_per_container",
+}
+
+
+def _section(
+    target: type[AttrsInstance],
+    prefixes: tuple[str, ...],
+    names: Mapping[str, str],
+) -> dict[str, str]:
+    """``target``'s fields that ``settings`` set, each to the env field it is read from."""
+    flags = SandboxSettings.model_fields  # never an env subclass's own fields
+    section: dict[str, str] = {}
+    for field in attrs.fields(target):
+        candidates = (names.get(field.name), *(p + field.name for p in prefixes), field.name)
+        flag = next((c for c in candidates if c is not None and c in flags), None)
+        if field.init and flag is not None:
+            section[field.name] = flag
+    return section
+
+
+def _build(
+    settings: SandboxSettings,
+    target: type[T],
+    prefixes: tuple[str, ...],
+    given: Mapping[str, object],
+    names: Mapping[str, str] | None = None,
+) -> T:
+    """``target`` built from its section of ``settings`` and ``given``; a ``ConfigError`` is
+    renamed to the env field its value came from."""
+    section = _section(target, prefixes, names or {})
+    values = {name: getattr(settings, flag) for name, flag in section.items() if name not in given}
+    try:
+        return target(**values, **given)
+    except ConfigError as error:
+        raise ConfigError(section.get(error.field, error.field), error.reason) from None

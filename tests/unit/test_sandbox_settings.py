@@ -1,0 +1,113 @@
+"""The env's sandbox section: each pool's settings built from its flags by one rule, each
+default the pool's own, and no import of the env's config by the pool modules."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from pydantic import Field
+
+from trajcore.adapters.sandbox.container_pool import ContainerPoolConfig
+from trajcore.adapters.sandbox.local_pool import LocalPoolConfig
+from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
+from trajcore.adapters.sandbox.slurm_pool import SlurmPoolConfig
+from trajcore.adapters.sandbox.ssh_pool import SshPoolConfig
+from trajcore.domain.errors import ConfigError
+from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.ssh_hosts import SshHost
+from trajcore.entrypoints.atropos import sandbox_settings
+from trajcore.entrypoints.atropos.sandbox_settings import SandboxSettings
+
+_SHARED = ("slots_per_container", "min_containers", "max_containers", "acquire_timeout_s")
+
+
+def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
+    section = sandbox_settings._section
+    assert section(NomadPoolConfig, ("nomad_",), {}) == {
+        **{
+            name: f"nomad_{name}"
+            for name in (
+                "address", "job_id", "driver", "image", "command", "token", "namespace",
+                "region", "datacenters",
+            )
+        },
+        **{name: name for name in (*_SHARED, "privileged", "purge_on_start", "purge_on_shutdown")},
+    }  # fmt: skip
+    assert section(SlurmPoolConfig, ("slurm_",), {}) == {
+        **{
+            name: f"slurm_{name}"
+            for name in (
+                "command", "partition", "account", "qos", "constraint", "cpus_per_task",
+                "memory_mb", "time_limit_min", "shared_dir",
+            )
+        },
+        **{name: name for name in _SHARED},
+    }  # fmt: skip
+    shared_servers = {
+        "slots_per_container": "slots_per_container",
+        "acquire_timeout_s": "acquire_timeout_s",
+    }
+    assert section(LocalPoolConfig, ("local_",), {}) == {
+        "containers": "local_containers", **shared_servers,
+    }  # fmt: skip
+    assert section(ContainerPoolConfig, ("container_", "local_"), {}) == {
+        "containers": "local_containers", "image": "container_image",
+        "engine": "container_engine", **shared_servers,
+    }  # fmt: skip
+    assert section(SshPoolConfig, ("ssh_",), {}) == {"acquire_timeout_s": "acquire_timeout_s"}
+    assert section(SshHost, ("ssh_",), sandbox_settings._SSH_NAMES) == {
+        "user": "ssh_user", "port": "ssh_port", "servers": "local_containers",
+        "slots": "slots_per_container", "python": "ssh_python", "identity_file": "ssh_key",
+        "known_hosts": "ssh_known_hosts", "accept_new_host_key": "ssh_accept_new_host_key",
+    }  # fmt: skip
+
+
+def test_the_defaults_are_the_pools_own() -> None:
+    settings = SandboxSettings()
+    assert settings.slot_policy() == SlotPolicy()
+    assert settings.nomad_pool_config() == NomadPoolConfig()
+    assert settings.slurm_pool_config() == SlurmPoolConfig()
+    # The env serves 8 slots per server everywhere (the Nomad and Slurm pools' default).
+    assert settings.local_pool_config() == LocalPoolConfig(slots_per_container=8)
+    assert settings.container_pool_config() == ContainerPoolConfig(slots_per_container=8)
+    ssh = SandboxSettings(ssh_host="a, b").ssh_pool_config()
+    assert ssh == SshPoolConfig(hosts=[SshHost(address=a, servers=2, slots=8) for a in ("a", "b")])
+
+
+def test_a_pools_error_names_the_env_field() -> None:
+    with pytest.raises(ConfigError) as caught:
+        SandboxSettings(ssh_host="h", ssh_key="two words").ssh_pool_config()
+    assert caught.value.field == "ssh_key"
+    with pytest.raises(ConfigError) as caught:
+        SandboxSettings(container_image="").container_pool_config()
+    assert caught.value.field == "container_image"
+
+
+class _EnvSettings(SandboxSettings):
+    image: str = Field(default="the env's own image, not a pool's")
+    python: str = Field(default="/the/env's/own/python")
+
+
+def test_an_env_field_named_like_a_pool_field_stays_the_envs() -> None:
+    settings = _EnvSettings()
+    assert settings.container_pool_config().image == ContainerPoolConfig().image
+    assert settings.local_pool_config().python == LocalPoolConfig().python
+
+
+@pytest.mark.parametrize("module", ["pools", "cloud", "sandbox_settings"])
+def test_the_pool_modules_never_import_the_env_config(module: str) -> None:
+    source = Path(sandbox_settings.__file__).with_name(f"{module}.py").read_text()
+    imported = {
+        node.module
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
+    imported |= {
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and node.module
+        for alias in node.names
+    }
+    assert not any(name.startswith("trajcore.entrypoints.atropos.config") for name in imported)
