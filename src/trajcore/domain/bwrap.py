@@ -33,12 +33,16 @@ from collections.abc import Mapping, Sequence
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.sandbox_policy import SANDBOX_TMP, Bind, SlotPolicy
 
-__all__ = ["KEEPER_CAPABILITIES", "bwrap_argv", "private_tmp_binds"]
+__all__ = ["IMAGE_KEEPER_CAPABILITIES", "KEEPER_CAPABILITIES", "bwrap_argv", "private_tmp_binds"]
 
 # What a slot's keeper keeps, within the sandbox's user namespace only: CAP_SYS_ADMIN to make a
 # lease's namespaces and mounts, CAP_SETPCAP to empty its own bounding set (its leases inherit it),
 # CAP_NET_ADMIN to bring up the loopback of a lease's own network namespace.
 KEEPER_CAPABILITIES: tuple[str, ...] = ("CAP_SYS_ADMIN", "CAP_SETPCAP", "CAP_NET_ADMIN")
+# A keeper whose leases may run over a task environment also keeps CAP_DAC_OVERRIDE: overlayfs
+# works in its upper layer's ``work`` directory (mode 0) with the mounting process's rights.
+# Only files of the sandbox's own uid are in reach of it (the keeper never executes anything).
+IMAGE_KEEPER_CAPABILITIES: tuple[str, ...] = (*KEEPER_CAPABILITIES, "CAP_DAC_OVERRIDE")
 
 
 def _under(path: str, root: str) -> bool:
@@ -84,7 +88,7 @@ def bwrap_argv(
     if not command:
         raise ConfigError("command", "must name a program")
     for capability in keep_capabilities:
-        if capability not in KEEPER_CAPABILITIES:
+        if capability not in IMAGE_KEEPER_CAPABILITIES:
             raise ConfigError(
                 "keep_capabilities",
                 f"{capability!r} is not one a keeper may keep ({', '.join(KEEPER_CAPABILITIES)})",

@@ -12,6 +12,7 @@ Endpoints (all under ``/v1``, bodies JSON; ``PROTOCOL_VERSION`` names this set):
 ``GET  /v1/health``         --                            ``Health``
 ``POST /v1/execute``        ``ExecuteRequest``            ``ExecuteResponse``
 ``POST /v1/reset``          ``ResetRequest``              ``ResetResult``
+``POST /v1/lease``          ``LeaseRequest``              ``LeaseResult``
 ``GET  /v1/slots``          --                            ``SlotListing``
 ``POST /v1/artifacts/read`` ``ReadArtifactRequest``       ``ArtifactFile``
 ``POST /v1/artifacts/list`` ``ListArtifactsRequest``      ``DirectoryListing``
@@ -62,6 +63,8 @@ __all__ = [
     "ExecuteRequest",
     "ExecuteResponse",
     "Health",
+    "LeaseRequest",
+    "LeaseResult",
     "ListArtifactsRequest",
     "ReadArtifactRequest",
     "ResetRequest",
@@ -282,6 +285,45 @@ class ResetRequest:
 
     slot: int = attrs.field(validator=_index)
     epoch: int = attrs.field(validator=_index)
+
+
+@attrs.frozen(kw_only=True)
+class LeaseRequest:
+    """Run the slot's lease ``epoch`` over an environment (``POST /v1/lease``).
+
+    Sent before the epoch's first call: the lease then runs with the image's tree as its root
+    and a writable layer of its own, which the epoch's reset discards. ``environment`` is an
+    ``EnvironmentRef`` text (``oci:/path``, ``containers-storage:NAME``, ...).
+    """
+
+    slot: int = attrs.field(validator=_index)
+    epoch: int = attrs.field(validator=_index)
+    environment: str
+
+
+@attrs.frozen(kw_only=True)
+class LeaseResult:
+    """How a lease request went: ``ok`` false fails that lease only.
+
+    Attributes:
+        slot: The slot's index.
+        epoch: The lease's epoch.
+        ok: The image is ready and held for the lease's life.
+        error: Why not (the image and the reason), when ``ok`` is false.
+        field: What the error is about (``environment``, ``epoch``, the cache's own field).
+        image_id: The cached image's id.
+        hit: The image was in the cache already.
+        duration_s: How long the request took (the image's unpacking included).
+    """
+
+    slot: int
+    epoch: int
+    ok: bool
+    error: str | None = None
+    field: str | None = None
+    image_id: str | None = None
+    hit: bool = False
+    duration_s: float = 0.0
 
 
 @attrs.frozen(kw_only=True)

@@ -125,6 +125,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="S",
         help="after SIGTERM/SIGINT, force the end when closing takes longer (default: 30)",
     )
+    images = parser.add_argument_group("task environments (docs/environments.md)")
+    images.add_argument(
+        "--image-cache",
+        type=Path,
+        metavar="DIR",
+        help="the host's image cache: leases may then run over an image (POST /v1/lease); "
+        "off by default",
+    )
+    images.add_argument(
+        "--image-cache-bytes",
+        type=int,
+        default=32 << 30,
+        metavar="N",
+        help="the cache's size limit in bytes (default: 32 GiB)",
+    )
     parser.add_argument("--slot-helper", dest="retired_slot_helper", help=argparse.SUPPRESS)
     parser.add_argument(
         "--slot-uid-block",
@@ -181,6 +196,8 @@ def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
         raise ConfigError("--token-file", "TCP needs a bearer token (--token-file or --token-env)")
     if args.slot_uid_block < 0:
         raise ConfigError("--slot-uid-block", f"must be >= 0, got {args.slot_uid_block}")
+    if args.image_cache_bytes <= 0:
+        raise ConfigError("--image-cache-bytes", f"must be > 0, got {args.image_cache_bytes}")
     uid_base = policy.slot_uid_base + args.slot_uid_block * args.slots
     check_slot_uid_range("--slot-uid-block", uid_base, args.slots)
     config = RuntimeConfig(
@@ -192,6 +209,8 @@ def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
         use_cgroups=policy.use_cgroups,
         # on unless a benchmark turns it off to measure what it saves (docs/benchmarks.md)
         warm_leases=os.environ.get("TRAJCORE_SLOT_WARM_LEASES", "1") != "0",
+        image_cache=None if args.image_cache is None else args.image_cache.absolute(),
+        image_cache_bytes=args.image_cache_bytes,
     )
     check_config(config)
     return config, token

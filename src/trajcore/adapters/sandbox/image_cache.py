@@ -254,6 +254,7 @@ class ImageCache:
             if self._holds(found.image_id):
                 return  # another server made it while this one waited
             staged = Path(tempfile.mkdtemp(dir=self.root / "staging", prefix="image-"))
+            staged.chmod(0o755)  # slots run as other uids, and mount the tree below them
             try:
                 (staged / "rootfs").mkdir(mode=0o755)
                 budget = UnpackBudget(image=str(ref), limits=self.limits)

@@ -42,6 +42,10 @@ async def clean_slot(
     problem = await _prove_empty(slot)
     if problem is not None:
         return problem
+    if slot.image is not None:  # the lease ran over an image: its writable layer goes
+        problem = await _discard_layer(sandboxes, slot, wipe_timeout_s)
+        if problem is not None:
+            return problem
     # Most workspaces end a lease small: an empty one costs one directory read here, not a
     # trip through the thread pool.
     if _holds_anything(slot.workspace.root):
@@ -73,6 +77,28 @@ async def _set_aside(sandboxes: Sandboxes, slot: Slot, trash: Path, why: Excepti
             f"cannot wipe the workspace ({type(why).__name__}: {why}), nor set it aside: {failed}"
         )
     slot.set_aside += 1
+    return None
+
+
+async def _discard_layer(sandboxes: Sandboxes, slot: Slot, timeout_s: float) -> str | None:
+    """Remove what the lease wrote over its image (its upper layer, the overlay's work
+    directory) and stop holding the image; ``None`` once the layer directory is empty."""
+    use, slot.image, slot.image_epoch = slot.image, None, None
+    if use is not None:
+        use.close()
+    layer = sandboxes.layer_dir(slot)
+
+    def discard() -> None:
+        for entry in list(layer.iterdir()):
+            if entry.is_dir() and not entry.is_symlink():
+                remove_tree(entry, timeout_s=timeout_s)
+            else:
+                entry.unlink()
+
+    try:
+        await asyncio.to_thread(discard)
+    except OSError as failed:
+        return f"cannot discard the lease's writable layer: {failed}"
     return None
 
 

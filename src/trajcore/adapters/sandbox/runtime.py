@@ -62,6 +62,7 @@ import attrs
 
 from trajcore.adapters.sandbox.capabilities import probe
 from trajcore.adapters.sandbox.channel import MAX_REQUEST_BYTES, check_reply, reply_cap
+from trajcore.adapters.sandbox.image_cache import ImageCache
 from trajcore.adapters.sandbox.limits import SlotCgroup, detect_cgroups, remove_parent
 from trajcore.adapters.sandbox.native_helper import (
     SHIPPED_SLOT_HELPER,
@@ -104,10 +105,12 @@ from trajcore.domain.slot_protocol import (
     DirectoryListing,
     ExecuteCall,
     Health,
+    LeaseResult,
     ResetResult,
     SlotInfo,
     SlotListing,
 )
+from trajcore.domain.task_environments import TaskEnvironmentError, parse_environment_ref
 from trajcore.domain.tools import ToolOutcome, ToolResult
 
 _TRASH_TIMEOUT_S = 600.0  # one set-aside workspace's removal in the background, at most
@@ -140,6 +143,8 @@ class SlotRuntime:
     _tasks: set[asyncio.Task[None]] = attrs.field(init=False, factory=set)
     _closed: bool = attrs.field(init=False, default=False)
     _sweeping: bool = attrs.field(init=False, default=False)
+    images: ImageCache | None = attrs.field(init=False, default=None)
+    """The host's image cache (``RuntimeConfig.image_cache``), once started."""
     trash_left: tuple[str, ...] = attrs.field(init=False, default=())
     """What the last sweep of the trash could not remove (one line each)."""
 
@@ -190,6 +195,8 @@ class SlotRuntime:
                 stage_file, helper, sandboxes.runtime_dir() / "slot-helper"
             )
         sandboxes.native = helper
+        if self.config.image_cache is not None:  # before the probe: its keeper binds the cache
+            await self._start_images()
         self.capabilities = await probe(sandboxes)
         self.sandboxed = sandboxes.sandboxed = self.capabilities.bwrap
         for index in range(self.config.slots):
@@ -210,6 +217,23 @@ class SlotRuntime:
         cgroups = [slot.cgroup for slot in self._slots if slot.cgroup is not None]
         if cgroups:
             await asyncio.to_thread(prepare_cgroups, cgroups, self.config.policy)
+
+    async def _start_images(self) -> None:
+        """Open the image cache, and give the slots a place for their writable layers."""
+        cache = self.config.image_cache
+        assert cache is not None
+        self.images = await asyncio.to_thread(
+            ImageCache, cache, max_bytes=self.config.image_cache_bytes
+        )
+        (self.config.root / "layers").mkdir(mode=0o711, exist_ok=True)
+        if self._sandboxes.uid_base is not None:
+            blocked = unreachable(cache / "images")
+            if blocked is not None:
+                raise ConfigError(
+                    "image_cache",
+                    f"slots run as uids {self._sandboxes.uid_base}.. and cannot reach the images "
+                    f"under {cache}: {blocked} is not searchable by others",
+                )
 
     async def _slot_helper(self) -> tuple[Path, str]:
         """The slot helper this server runs, and where it came from. Raises ``ConfigError``
@@ -242,6 +266,9 @@ class SlotRuntime:
         for slot in self._slots:
             await self._sandboxes.stop_agent(slot)
             await self._sandboxes.stop_keeper(slot)
+            if slot.image is not None:
+                slot.image.close()
+                slot.image = slot.image_epoch = None
             if slot.cgroup is not None:
                 with contextlib.suppress(OSError):
                     slot.cgroup.remove()
@@ -362,6 +389,68 @@ class SlotRuntime:
         answer = slot.answers.pop(ticket.number)[1]
         if not answer.done():
             answer.set_result(result)
+
+    # ------------------------------------------------------------------------- lease
+
+    async def lease(self, index: int, epoch: int, environment: str) -> LeaseResult:
+        """Run the slot's lease ``epoch`` over ``environment``: acquire its image (unpacking
+        it into the cache when needed) and hold it until the epoch's reset. Sent before the
+        epoch's first call. A refusal (no cache, a bad reference, a missing or refused image,
+        a full cache, a stale or started epoch) fails this request only, naming the field
+        and the reason. Raises ``UnknownSlot`` for a bad index."""
+        started = time.monotonic()
+        slot = self.slot(index)
+
+        def refused(field: str, reason: str) -> LeaseResult:
+            return LeaseResult(
+                slot=index, epoch=epoch, ok=False, error=reason, field=field,
+                duration_s=time.monotonic() - started,
+            )  # fmt: skip
+
+        problem = self._lease_problem(slot, epoch)
+        if problem is not None:
+            return refused(*problem)
+        assert self.images is not None
+        try:
+            ref = parse_environment_ref(environment)
+            use = await asyncio.to_thread(self.images.acquire, ref)
+        except TaskEnvironmentError as error:
+            return refused(error.field, error.reason)
+        except Exception as error:  # noqa: BLE001 - a full cache, a late lock, a full disk
+            return refused("environment", f"image {environment}: {type(error).__name__}: {error}")
+        problem = self._lease_problem(slot, epoch)  # what changed while the image was made
+        if problem is not None:
+            use.close()
+            return refused(*problem)
+        slot.image, slot.image_epoch = use, epoch
+        return LeaseResult(
+            slot=index, epoch=epoch, ok=True, image_id=use.image.image_id, hit=use.image.hit,
+            duration_s=time.monotonic() - started,
+        )  # fmt: skip
+
+    def _lease_problem(self, slot: Slot, epoch: int) -> tuple[str, str] | None:
+        """Why the slot's lease ``epoch`` cannot take an environment now (field, reason)."""
+        if self._closed:
+            return "$", "the slot server is closing"
+        if self.images is None:
+            return (
+                "environment",
+                "environments need an image cache: start the slot server with --image-cache DIR",
+            )
+        if not self.sandboxed:
+            return "environment", f"environments need a sandbox: {self.capabilities.detail}"
+        retired = slot.calls.retired_epoch
+        if epoch <= retired:
+            return "epoch", StaleEpoch(epoch=epoch, retired=retired).message
+        if slot.agent_epoch == epoch:
+            return "epoch", f"lease epoch {epoch} has run calls: name its environment first"
+        if slot.image is not None:
+            return (
+                "epoch",
+                f"the slot's lease epoch {slot.image_epoch} over {slot.image.image.ref} "
+                "is not reset yet",
+            )
+        return None
 
     # ------------------------------------------------------------------------- reset
 

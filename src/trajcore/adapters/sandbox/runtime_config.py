@@ -50,6 +50,10 @@ class RuntimeConfig:
             lease's first call does not wait for its namespaces (``Sandboxes.warm``). Off
             only to measure what it saves (``TRAJCORE_SLOT_WARM_LEASES=0`` for
             ``trajcore slot-server``) and in the tests' controls.
+        image_cache: The host's image cache (``image_cache.ImageCache``), which lets a lease
+            run over a task environment (``POST /v1/lease``); ``None``: leases run over the
+            server's own root only, and a lease request naming an environment is refused.
+        image_cache_bytes: The cache's size limit.
     """
 
     slots: int = attrs.field(validator=positive_int)
@@ -65,6 +69,8 @@ class RuntimeConfig:
     slot_helper_path: Path | None = None
     slot_uid_base: int = DEFAULT_SLOT_UID_BASE
     warm_leases: bool = attrs.field(default=True, validator=flag)
+    image_cache: Path | None = None
+    image_cache_bytes: int = attrs.field(default=32 << 30, validator=positive_int)
 
     def __attrs_post_init__(self) -> None:
         check_slot_uid_range("slot_uid_base", self.slot_uid_base, self.slots)
@@ -78,5 +84,7 @@ def check_config(config: RuntimeConfig) -> None:
     helper = config.slot_helper_path
     if helper is not None and not (helper.is_file() and os.access(helper, os.X_OK)):
         raise ConfigError("slot_helper_path", f"{str(helper)!r} is not an executable file")
+    if config.image_cache is not None and not config.image_cache.is_absolute():
+        raise ConfigError("image_cache", f"{str(config.image_cache)!r} is not an absolute path")
     if config.root.exists() and not config.root.is_dir():
         raise ConfigError("root", f"{config.root} is not a directory")

@@ -25,12 +25,18 @@ from typing import Any, cast
 import attrs
 
 from trajcore.adapters.sandbox.channel import Agent, AgentLost, Keeper, reply_cap
+from trajcore.adapters.sandbox.image_cache import ImageUse
 from trajcore.adapters.sandbox.limits import CgroupPlan, SlotCgroup, rlimits_for, tmpfs_budget
 from trajcore.adapters.sandbox.runtime_config import RuntimeConfig
 from trajcore.adapters.sandbox.seccomp import SeccompUnavailable, compile_filter
 from trajcore.adapters.sandbox.slot_ids import shared_python, stage_python, unreachable
 from trajcore.adapters.sandbox.workspace import Workspace
-from trajcore.domain.bwrap import KEEPER_CAPABILITIES, bwrap_argv, private_tmp_binds
+from trajcore.domain.bwrap import (
+    IMAGE_KEEPER_CAPABILITIES,
+    KEEPER_CAPABILITIES,
+    bwrap_argv,
+    private_tmp_binds,
+)
 from trajcore.domain.json_values import JSON
 from trajcore.domain.kernel_masks import MASKED_PATHS, READ_ONLY_PATHS
 from trajcore.domain.sandbox_policy import SANDBOX_TMP, Bind, SlotPolicy
@@ -58,6 +64,10 @@ _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Where the compiled helper appears in every sandbox: a fixed path outside the private /tmp, so
 # a helper cached anywhere on the host (under /tmp, under a private home) is bound the same way.
 HELPER_PATH = "/run/trajcore/slot-helper"
+# Where a keeper whose server has an image cache sees the slot's layer directory (read-write):
+# a lease over an image keeps its writable layer there (``upper``, ``work``) and mounts its root
+# at ``root`` (slot_helper.c, lease_main).
+LAYER_PATH = "/run/trajcore/layer"
 # The sandbox's first program waits for a line on its stdout (the read end of a pipe) while the
 # server moves it into the slot's cgroup (a process started as the slot's uid cannot move itself
 # there), then starts bubblewrap with stdout on /dev/null.
@@ -89,6 +99,9 @@ class Slot:
     set_aside: int = 0  # workspaces a reset moved to the trash instead of wiping them in place
     warming: asyncio.Task[None] | None = None  # the next lease, started after a clean reset
     warmed: Agent | None = None  # that lease's agent, until its first call takes it
+    image: ImageUse | None = None  # the image the lease ``image_epoch`` runs over, held
+    image_epoch: int | None = None
+    agent_root: str | None = None  # the image tree the live agent runs over (None: the server's)
 
 
 @attrs.define(eq=False)
@@ -140,6 +153,19 @@ class Sandboxes:
         if ids is not None:
             os.chown(slot.workspace.root, *ids)
             os.chmod(slot.workspace.root, 0o700)
+
+    def own_layer(self, slot: Slot) -> None:
+        """Make the slot's layer directory, the slot's own (mode 0700: no other slot reads it)."""
+        layer = self.layer_dir(slot)
+        layer.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ids = self.ids(slot.index)
+        if ids is not None:
+            os.chown(layer, *ids)
+        os.chmod(layer, 0o700)
+
+    def layer_dir(self, slot: Slot) -> Path:
+        """The host directory of the slot's writable layer (its leases over images)."""
+        return self.config.root / "layers" / str(slot.index)
 
     def runtime_dir(self) -> Path:
         folder = self.config.root / "runtime"
@@ -230,6 +256,10 @@ class Sandboxes:
         started = time.monotonic()
         await self.wait_warm(slot)
         agent = slot.agent
+        wanted = str(slot.image.image.rootfs) if slot.image is not None else None
+        if agent is not None and slot.agent_root != wanted:
+            await self.stop_agent(slot)  # a lease warmed over another root than this one's
+            agent = None
         if agent is not None and agent.alive():
             if slot.warmed is agent:
                 slot.warmed = None
@@ -383,9 +413,15 @@ class Sandboxes:
             inner.append("--own-network")
         if program is not None:
             inner += ["--seccomp", program.hex()]
-        argv = self.sandbox_argv(
-            policy, slot.workspace.root, inner, keep_capabilities=KEEPER_CAPABILITIES
-        )
+        keep = KEEPER_CAPABILITIES
+        cache = self.config.image_cache
+        if cache is not None:  # leases over images: the cache read-only, the layer read-write
+            self.own_layer(slot)
+            layer = Bind(source=str(self.layer_dir(slot)), dest=LAYER_PATH, writable=True)
+            binds = (*policy.extra_binds, Bind(source=str(cache), dest=str(cache)), layer)
+            policy = attrs.evolve(policy, extra_binds=binds)
+            keep = IMAGE_KEEPER_CAPABILITIES
+        argv = self.sandbox_argv(policy, slot.workspace.root, inner, keep_capabilities=keep)
         keeper = await self.spawn_keeper(slot, argv)
         try:
             await keeper.receive(self.config.start_timeout_s)
@@ -443,9 +479,11 @@ class Sandboxes:
     async def lease_agent(self, slot: Slot, *, started: float) -> Agent:
         """A new lease from the slot's keeper: fresh namespaces, its own agent and channel."""
         keeper = await self.ensure_keeper(slot)
+        root = str(slot.image.image.rootfs) if slot.image is not None else None
+        op = "lease" if root is None else f"lease-image\0{root}"
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            reply = await keeper.ask("lease", self.config.start_timeout_s, theirs)
+            reply = await keeper.ask(op, self.config.start_timeout_s, theirs)
         except AgentLost:
             ours.close()
             await self.stop_keeper(slot)
@@ -458,7 +496,7 @@ class Sandboxes:
             reader=reader, writer=writer, sandboxed=True, started_s=started,
             pid=pid if isinstance(pid, int) else None, cap=reply_cap(self.config.policy),
         )  # fmt: skip
-        slot.agent = agent
+        slot.agent, slot.agent_root = agent, root
         try:
             await agent.greeting(self.config.start_timeout_s)
         except AgentLost:

@@ -31,6 +31,7 @@ from trajcore.domain.slot_protocol import (
     ErrorBody,
     ExecuteRequest,
     ExecuteResponse,
+    LeaseRequest,
     ListArtifactsRequest,
     ReadArtifactRequest,
     ResetRequest,
@@ -72,6 +73,10 @@ def make_answer(runtime: SlotRuntime, token: str | None) -> Answer:
         asked = decode(body, ResetRequest)
         return await runtime.reset(asked.slot, asked.epoch)
 
+    async def lease(body: bytes) -> object:
+        asked = decode(body, LeaseRequest)
+        return await runtime.lease(asked.slot, asked.epoch, asked.environment)
+
     async def slots(_: bytes) -> object:
         return runtime.listing()
 
@@ -93,6 +98,7 @@ def make_answer(runtime: SlotRuntime, token: str | None) -> Answer:
         "/v1/health": ("GET", health),
         "/v1/execute": ("POST", execute),
         "/v1/reset": ("POST", reset),
+        "/v1/lease": ("POST", lease),
         "/v1/slots": ("GET", slots),
         "/v1/artifacts/read": ("POST", read),
         "/v1/artifacts/list": ("POST", listing),

@@ -1299,7 +1299,57 @@ static void mount_scratch(int channel, const plan *p) {
 /* Become a lease's first process (pid 1 of its new pid namespace) and serve it; never
  * returns. Runs with the keeper's capabilities until it drops them all, before it reads a
  * single request. */
-static void lease_main(int channel, const plan *p) {
+/* The lease's root over an image: an overlay of ``lower`` (the cached tree, read-only) under the
+ * lease's writable layer (LAYER_DIR/upper, the slot's own storage, which the server empties at
+ * each reset), mounted at LAYER_DIR/root and made the root with pivot_root. /dev and the
+ * workspace come along as binds; /proc, /tmp and the rest are mounted by the steps after. */
+static const char LAYER_DIR[] = "/run/trajcore/layer";
+
+static void enter_image(int channel, const plan *p, const char *lower) {
+    if (strpbrk(lower, ",:\\") || lower[0] != '/') {
+        errno = EINVAL;
+        refuse(channel, "the image's tree (a path with ',', ':' or '\\')");
+    }
+    char upper[PATH_MAX], work[PATH_MAX], root[PATH_MAX], options[3 * PATH_MAX + 64];
+    snprintf(upper, sizeof upper, "%s/upper", LAYER_DIR);
+    snprintf(work, sizeof work, "%s/work", LAYER_DIR);
+    snprintf(root, sizeof root, "%s/root", LAYER_DIR);
+    const char *made[] = {upper, work, root};
+    for (size_t i = 0; i < 3; i++)
+        if (mkdir(made[i], 0755) != 0 && errno != EEXIST)
+            refuse(channel, made[i]);
+    int n = snprintf(options, sizeof options, "lowerdir=%s,upperdir=%s,workdir=%s,userxattr",
+                     lower, upper, work);
+    if (n < 0 || (size_t)n >= sizeof options) {
+        errno = ENAMETOOLONG;
+        refuse(channel, "overlay options");
+    }
+    mount_or_refuse(channel, "overlay", root, "overlay", MS_NOSUID | MS_NODEV, options);
+    if (chdir(root) != 0)
+        refuse(channel, root);
+    /* mount points in the new root (the overlay's root is the lease's own directory) */
+    const char *points[] = {"proc", "dev", "tmp"};
+    for (size_t i = 0; i < sizeof points / sizeof *points; i++)
+        if (mkdir(points[i], 0755) != 0 && errno != EEXIST)
+            refuse(channel, points[i]);
+    char inside[2 * PATH_MAX];
+    snprintf(inside, sizeof inside, "%s%s", root, p->workspace);
+    make_dirs(inside);
+    mount_or_refuse(channel, "/dev", "dev", NULL, MS_BIND | MS_REC, NULL);
+    mount_or_refuse(channel, p->workspace, p->workspace + 1, NULL, MS_BIND | MS_REC, NULL);
+    /* the lease's fresh /proc, mounted while the sandbox's own is still visible (the kernel
+     * refuses a proc mount in a user namespace that sees no unmasked proc) */
+    mount_or_refuse(channel, "proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    if (syscall(SYS_pivot_root, ".", ".") != 0)
+        refuse(channel, "pivot_root");
+    /* the old root is stacked on the new one: detach it, so nothing of it stays reachable */
+    if (umount2(".", MNT_DETACH) != 0)
+        refuse(channel, "detach the old root");
+    if (chdir("/") != 0)
+        refuse(channel, "chdir /");
+}
+
+static void lease_main(int channel, const plan *p, const char *image) {
     if (unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | (p->own_network ? CLONE_NEWNET : 0)) !=
         0)
         refuse(channel, "unshare");
@@ -1316,7 +1366,24 @@ static void lease_main(int channel, const plan *p) {
     if (syscall(SYS_keyctl, 1 /* KEYCTL_JOIN_SESSION_KEYRING */, NULL) < 0 && errno != ENOSYS)
         refuse(channel, "join a new session keyring");
     mount_or_refuse(channel, NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
-    mount_or_refuse(channel, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    /* The carried paths, held open before the fresh tmpfs (or the image's root) hides them:
+     * descriptors opened here, in the lease's own mount namespace (a bind from another
+     * namespace's mount is refused). */
+    int held[MAX_CARRIED];
+    for (size_t i = 0; i < p->carry_count; i++) {
+        held[i] = open(p->carry[i].path, O_PATH | O_CLOEXEC);
+        if (held[i] < 0)
+            refuse(channel, p->carry[i].path);
+    }
+    char tmux[PATH_MAX];
+    snprintf(tmux, sizeof tmux, "%s", p->tmux);
+    if (image) {
+        enter_image(channel, p, image);
+        if (!which("tmux", tmux, sizeof tmux)) /* the image's own, if it has one */
+            tmux[0] = '\0';
+    }
+    else
+        mount_or_refuse(channel, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
     /* The fresh /proc's kernel interfaces: masked, or read-only (the host's sysctls among them) */
     for (size_t i = 0; i < p->kernel_count; i++) {
         const kernel_path *k = &p->kernel[i];
@@ -1331,14 +1398,6 @@ static void lease_main(int channel, const plan *p) {
                             MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
                             NULL);
         }
-    }
-    /* The carried paths, held open before the fresh tmpfs hides them: descriptors opened here,
-     * in the lease's own mount namespace (a bind from another namespace's mount is refused). */
-    int held[MAX_CARRIED];
-    for (size_t i = 0; i < p->carry_count; i++) {
-        held[i] = open(p->carry[i].path, O_PATH | O_CLOEXEC);
-        if (held[i] < 0)
-            refuse(channel, p->carry[i].path);
     }
     mount_scratch(channel, p);
     for (size_t i = 0; i < p->carry_count; i++) {
@@ -1400,7 +1459,7 @@ static void lease_main(int channel, const plan *p) {
         if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program, 0, 0) != 0)
             refuse(LEASE_FD, "seccomp");
     }
-    _exit(serve(LEASE_FD, p->state_dir, p->workspace, p->tmux, true));
+    _exit(serve(LEASE_FD, p->state_dir, p->workspace, tmux, true));
 }
 
 /* Kill a lease's first process, and so its whole pid namespace, and reap it: as pid 1 of that
@@ -1417,10 +1476,10 @@ static int end_lease(pid_t first) {
  * CLONE_NEWPID, so the keeper's own namespaces never change: an unprivileged sandbox may not
  * setns back into its pid namespace). Returns its pid as the keeper sees it, or -1 (errno
  * set). */
-static pid_t begin_lease(int channel, const plan *p) {
+static pid_t begin_lease(int channel, const plan *p, const char *image) {
     pid_t first = (pid_t)syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, NULL, NULL, NULL, NULL);
     if (first == 0)
-        lease_main(channel, p);
+        lease_main(channel, p, image);
     return first;
 }
 
@@ -1440,7 +1499,7 @@ static int keep(plan *p) {
         return 0;
     pid_t lease = 0;
     while (true) {
-        char message[256];
+        char message[PATH_MAX + 64];
         union {
             char room[CMSG_SPACE(4 * sizeof(int))];
             struct cmsghdr align;
@@ -1467,14 +1526,22 @@ static int keep(plan *p) {
         }
         message[got] = '\0';
         reply.len = 0;
-        if (got == 5 && memcmp(message, "lease", 5) == 0) {
+        /* "lease", or "lease-image" NUL and the image's tree: a lease over that image */
+        const char *image = NULL;
+        bool leasing = got == 5 && memcmp(message, "lease", 5) == 0;
+        if (got > 12 && memcmp(message, "lease-image\0", 12) == 0 &&
+            strlen(message + 12) == (size_t)got - 12) {
+            image = message + 12;
+            leasing = true;
+        }
+        if (leasing) {
             if (fd_count != 1) {
                 buf_printf(&reply, "{\"error\":\"a lease needs one channel, got %d descriptors\"}",
                            fd_count);
             } else {
                 if (lease > 0)
                     end_lease(lease);
-                lease = begin_lease(fds[0], p);
+                lease = begin_lease(fds[0], p, image);
                 if (lease > 0) {
                     buf_printf(&reply, "{\"lease\":true,\"pid\":%d}", (int)lease);
                 } else {

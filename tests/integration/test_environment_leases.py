@@ -1,0 +1,189 @@
+"""Leases over task environments in a real slot server (real bubblewrap, the compiled keeper).
+
+A lease that names an image (``POST /v1/lease``) runs with the image's tree as its root and a
+writable layer of its own, which the epoch's reset discards; a lease that names none runs over
+the server's own root exactly as before; a bad image fails only its own lease request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.environment_roots import IMAGE_OS_RELEASE, image_problem, write_shell_image
+from tests.integration.test_slot_server import (
+    TOKEN,
+    Server,
+    call,
+    one,
+    searchable_dir,
+    start_server,
+    stop_server,
+)
+from trajcore.domain.tools import ToolOutcome
+
+HOST_RELEASE = Path("/etc/os-release").read_text()
+pytestmark = [pytest.mark.skipif(image_problem() is not None, reason=str(image_problem()))]
+
+
+def tree_digest(root: Path) -> str:
+    """A digest of every name, mode and content under ``root`` (what a lease must not change)."""
+    digest = hashlib.sha256()
+    for folder, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for name in sorted(files) + dirs:
+            path = Path(folder) / name
+            info = path.lstat()
+            digest.update(f"{path.relative_to(root)} {info.st_mode} {info.st_size}\n".encode())
+            if path.is_file() and not path.is_symlink():
+                digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def image_server() -> Iterator[tuple[Server, str]]:
+    """A slot server with an image cache, and the reference of a small image with a shell."""
+    with searchable_dir("environments") as folder:
+        write_shell_image(folder / "layout")
+        running = start_server(folder / "root", "--image-cache", str(folder / "cache"))
+        yield running, f"oci:{folder / 'layout'}"
+        assert stop_server(running) == 0
+
+
+async def lease(server: Server, slot: int, epoch: int, environment: str) -> dict[str, object]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{server.ready['address']}/v1/lease",
+            json={"slot": slot, "epoch": epoch, "environment": environment},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        ) as response,
+    ):
+        assert response.status == 200, await response.text()
+        answer: dict[str, object] = json.loads(await response.text())
+        return answer
+
+
+async def shell(server: Server, slot: int, epoch: int, command: str) -> tuple[int | None, str]:
+    async with server.client() as client:
+        result = await one(client, call(slot, "bash", epoch=epoch, command=command))
+    assert result.outcome in (ToolOutcome.OK, ToolOutcome.TOOL_ERROR), result
+    return (result.exec.exit_code if result.exec else None), result.content
+
+
+async def reset(server: Server, slot: int, epoch: int) -> None:
+    async with server.client() as client:
+        done = await client.reset(slot, epoch)
+    assert done.ok, done.error
+
+
+def cached_rootfs(server_root: Path, image_id: str) -> Path:
+    return server_root.parent / "cache" / "images" / image_id / "rootfs"
+
+
+def test_a_lease_over_an_image_runs_in_it_and_writes_to_its_own_layer(
+    image_server: tuple[Server, str],
+) -> None:
+    server, ref = image_server
+
+    async def main() -> None:
+        answer = await lease(server, 0, 1, ref)
+        assert answer["ok"] is True, answer
+        rootfs = cached_rootfs(server.root, str(answer["image_id"]))
+        before = tree_digest(rootfs)
+        code, text = await shell(server, 0, 1, "cat /etc/os-release")
+        assert (code, text.strip()) == (0, IMAGE_OS_RELEASE.decode().strip())
+        code, text = await shell(
+            server, 0, 1, "echo lease-wrote > /made-by-lease && cat /made-by-lease"
+        )
+        assert (code, text.strip()) == (0, "lease-wrote")
+        # the image's own files are read-only to the lease (they belong to the cache's owner)
+        code, _ = await shell(server, 0, 1, "echo changed > /etc/os-release")
+        assert code != 0
+        code, text = await shell(server, 0, 1, "echo ws > /workspace/f && cat /workspace/f")
+        assert (code, text.strip()) == (0, "ws")
+        layer = server.root / "layers" / "0"
+        assert (layer / "upper" / "made-by-lease").read_text() == "lease-wrote\n"
+        assert not (rootfs / "made-by-lease").exists()
+        assert tree_digest(rootfs) == before
+        await reset(server, 0, 1)
+        assert list(layer.iterdir()) == []  # the reset discarded the layer
+        again = await lease(server, 0, 2, ref)
+        assert again["ok"] is True, again
+        assert again["hit"] is True, again
+        code, text = await shell(server, 0, 2, "ls / ; cat /made-by-lease")
+        assert code != 0, text
+        assert "made-by-lease" not in text.split(), text
+        code, text = await shell(server, 0, 2, "ls /workspace")
+        assert (code, text.strip()) == (0, "")
+        await reset(server, 0, 2)
+        assert tree_digest(rootfs) == before
+
+    asyncio.run(main())
+
+
+def test_a_lease_without_an_environment_runs_over_the_servers_root(
+    image_server: tuple[Server, str],
+) -> None:
+    server, ref = image_server
+
+    async def main() -> None:
+        assert (await lease(server, 1, 1, ref))["ok"] is True
+        code, text = await shell(server, 1, 1, "cat /etc/os-release")
+        assert text.strip() == IMAGE_OS_RELEASE.decode().strip()
+        await reset(server, 1, 1)
+        # the next lease names no environment: the host's system paths, as before
+        code, text = await shell(server, 1, 2, "cat /etc/os-release")
+        assert (code, text) == (0, HOST_RELEASE)
+        await reset(server, 1, 2)
+
+    asyncio.run(main())
+
+
+def test_a_missing_image_fails_only_its_lease(image_server: tuple[Server, str]) -> None:
+    server, ref = image_server
+    missing = f"oci:{server.root.parent / 'no-such-layout'}"
+
+    async def main() -> None:
+        answer = await lease(server, 2, 1, missing)
+        assert answer["ok"] is False
+        assert "no-such-layout" in str(answer["field"]) + str(answer["error"]), answer
+        bad = await lease(server, 2, 1, "nonsense:/x")
+        assert bad["ok"] is False, bad
+        assert bad["field"] == "environment", bad
+        assert "names no known transport" in str(bad["error"])
+        # the slot and the server carry on: the same epoch runs over the server's root
+        code, text = await shell(server, 2, 1, "cat /etc/os-release")
+        assert (code, text) == (0, HOST_RELEASE)
+        # an epoch whose calls have started cannot take an environment any more
+        late = await lease(server, 2, 1, ref)
+        assert late["ok"] is False, late
+        assert late["field"] == "epoch", late
+        await reset(server, 2, 1)
+        stale = await lease(server, 2, 1, ref)
+        assert stale["ok"] is False, stale
+        assert stale["field"] == "epoch", stale
+
+    asyncio.run(main())
+
+
+def test_a_server_without_an_image_cache_refuses_environments() -> None:
+    with searchable_dir("no-cache") as folder:
+        running = start_server(folder / "root")
+        try:
+            _refuses(running)
+        finally:
+            assert stop_server(running) == 0
+
+
+def _refuses(running: Server) -> None:
+    answer = asyncio.run(lease(running, 0, 1, "oci:/x"))
+    assert answer["ok"] is False
+    assert "environments need an image cache" in str(answer["error"]), answer
