@@ -11,10 +11,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+import attrs
 import pytest
 
 from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig, NomadSandboxPool
 from trajcore.domain.errors import ConfigError
+from trajcore.domain.nomad_job import NomadJobSettings
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.fake_nomad import OPENAPI_ENV, FakeNomadAPI, NomadOpenAPI
@@ -86,7 +88,17 @@ def nomad_pool_config(
         "cooldown_s": 0.0,
     }
     settings.update(overrides)
-    return NomadPoolConfig(**settings)  # type: ignore[arg-type]
+    return pool_config(**settings)
+
+
+_JOB_FIELDS = frozenset(field.name for field in attrs.fields(NomadJobSettings))
+
+
+def pool_config(**settings: object) -> NomadPoolConfig:
+    """A ``NomadPoolConfig`` from flat settings: the job's (``NomadJobSettings``) go to ``job``."""
+    job = {name: value for name, value in settings.items() if name in _JOB_FIELDS}
+    pool = {name: value for name, value in settings.items() if name not in _JOB_FIELDS}
+    return NomadPoolConfig(job=NomadJobSettings(**job), **pool)  # type: ignore[arg-type]
 
 
 async def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:

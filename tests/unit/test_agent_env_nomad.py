@@ -114,14 +114,14 @@ def test_the_pool_settings_come_from_the_env_fields() -> None:
         require_stateful_sandbox=True,
     )
     pool = config.nomad_pool_config()
-    assert (pool.address, pool.job_id, pool.driver, pool.image) == (
+    assert (pool.address, pool.job.job_id, pool.job.driver, pool.job.image) == (
         "https://nomad.internal:4646", "rl-slots", "docker", "registry/trajcore:1",
     )  # fmt: skip
-    assert (pool.token, pool.namespace, pool.region) == ("acl-secret", "rl", "eu")
-    assert pool.datacenters == ("dc1", "dc2")
-    assert pool.command == ("trajcore", "slot-server")
+    assert (pool.token, pool.job.namespace, pool.job.region) == ("acl-secret", "rl", "eu")
+    assert pool.job.datacenters == ("dc1", "dc2")
+    assert pool.job.command == ("trajcore", "slot-server")
     assert (pool.slots_per_container, pool.min_containers, pool.max_containers) == (4, 2, 6)
-    assert (pool.privileged, pool.purge_on_start, pool.purge_on_shutdown) == (True, True, False)
+    assert (pool.job.privileged, pool.purge_on_start, pool.purge_on_shutdown) == (True, True, False)
     assert pool.acquire_timeout_s == 20.0
     assert pool.policy.allow_network is True
     assert pool.policy.require_sandbox is True  # the persistent shell lives in the sandbox

@@ -40,6 +40,7 @@ from trajcore.domain.nomad_job import (
     register_request,
     scale_request,
 )
+from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.testing.fake_nomad import OPENAPI_ENV, FakeNomadAPI, NomadOpenAPI
 
 pytestmark = pytest.mark.anyio
@@ -66,6 +67,8 @@ def sleeper_spec(count: int = 1, **change: object) -> NomadJobSpec:
         "driver": "raw_exec",
         "command": SLEEPER,
         "token": TOKEN,
+        "slots_per_container": 8,
+        "policy": SlotPolicy(),
     }
     settings.update(change)
     return NomadJobSpec(**settings)  # type: ignore[arg-type]

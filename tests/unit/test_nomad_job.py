@@ -134,7 +134,16 @@ def test_every_scale_request_validates(count: int, group: str, message: str) -> 
 @needs_openapi
 def test_the_schema_check_refuses_unknown_fields_and_wrong_types() -> None:
     assert OPENAPI is not None
-    job = job_json(NomadJobSpec(job_id="j", count=1, driver="raw_exec", token=TOKEN))
+    job = job_json(
+        NomadJobSpec(
+            job_id="j",
+            count=1,
+            driver="raw_exec",
+            token=TOKEN,
+            slots_per_container=8,
+            policy=SlotPolicy(),
+        )
+    )
     job["Drivr"] = "raw_exec"
     _task(job)["Resources"] = {"CPU": "lots"}
     problems = OPENAPI.check_schema("Job", job)
@@ -251,6 +260,8 @@ def test_a_bad_spec_names_its_field(field: str, change: dict[str, object]) -> No
         "driver": "docker",
         "image": "img",
         "token": TOKEN,
+        "slots_per_container": 8,
+        "policy": SlotPolicy(),
     }
     settings.update(change)
     with pytest.raises(ConfigError) as caught:
@@ -282,7 +293,14 @@ def test_a_negative_scale_count_names_the_field() -> None:
 
 
 def test_every_slot_server_registers_a_service_with_a_tcp_check_on_its_port() -> None:
-    spec = NomadJobSpec(job_id="slots", count=1, image="trajcore/slot-server", token="t" * 16)
+    spec = NomadJobSpec(
+        job_id="slots",
+        count=1,
+        image="trajcore/slot-server",
+        token="t" * 16,
+        slots_per_container=8,
+        policy=SlotPolicy(),
+    )
     group = job_json(spec)["TaskGroups"][0]  # type: ignore[index]
     assert isinstance(group, dict)
     assert group["Services"] == [
@@ -302,4 +320,12 @@ def test_every_slot_server_registers_a_service_with_a_tcp_check_on_its_port() ->
         }
     ]
     with pytest.raises(ConfigError, match="nofile_limit"):
-        NomadJobSpec(job_id="slots", count=1, image="i", token="t" * 16, nofile_limit=8)
+        NomadJobSpec(
+            job_id="slots",
+            count=1,
+            image="i",
+            token="t" * 16,
+            nofile_limit=8,
+            slots_per_container=8,
+            policy=SlotPolicy(),
+        )

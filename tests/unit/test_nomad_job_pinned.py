@@ -27,6 +27,8 @@ def test_the_whole_job_nomad_is_sent() -> None:
         job_id="slots",
         count=2,
         token=TOKEN,
+        slots_per_container=8,
+        policy=SlotPolicy(),
         namespace="ns",
         region="eu",
         restart_attempts=2,
@@ -129,8 +131,6 @@ def test_a_spec_of_settings_carries_every_setting_the_count_and_the_token() -> N
         driver="exec",
         image="other:1",
         command="python -m trajcore.entrypoints.slot_server",
-        slots_per_container=3,
-        policy=SlotPolicy(max_processes=7),
         token_env="TOKEN_VAR",
         nofile_limit=100,
         nproc_limit=200,
@@ -148,7 +148,9 @@ def test_a_spec_of_settings_carries_every_setting_the_count_and_the_token() -> N
         reschedule_max_delay_s=7.0,
         kill_timeout_s=3.0,
     )
-    spec = NomadJobSpec.of(settings, count=4, token=TOKEN)
+    policy = SlotPolicy(max_processes=7)
+    spec = NomadJobSpec.of(settings, slots_per_container=3, policy=policy, count=4, token=TOKEN)
+    assert (spec.slots_per_container, spec.policy) == (3, policy)
     assert spec.count == 4
     assert spec.token == TOKEN
     assert spec.datacenters == ("dc1", "dc2")

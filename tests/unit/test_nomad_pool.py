@@ -17,9 +17,9 @@ import anyio
 import attrs
 import pytest
 
-from tests.nomad_testbed import OPENAPI, nomad_pool_config, wait_until
+from tests.nomad_testbed import OPENAPI, nomad_pool_config, pool_config, wait_until
 from trajcore.adapters.sandbox.nomad_client import NomadClient, NomadUnavailable
-from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig, NomadSandboxPool
+from trajcore.adapters.sandbox.nomad_pool import NomadSandboxPool
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
 from trajcore.domain.nomad_job import NomadJobSettings, register_request
 from trajcore.domain.sandbox_policy import SlotPolicy
@@ -85,12 +85,12 @@ def _scale_counts(fake: FakeNomadAPI) -> list[int]:
 )
 def test_a_bad_setting_names_its_field(field: str, change: dict[str, object]) -> None:
     with pytest.raises(ConfigError) as caught:
-        NomadPoolConfig(**change)  # type: ignore[arg-type]
+        pool_config(**change)
     assert caught.value.field == field
 
 
 def test_the_job_spec_carries_every_job_setting_of_the_config() -> None:
-    config = NomadPoolConfig(
+    config = pool_config(
         job_id="slots-2", driver="raw_exec", image="unused",
         command="python -m trajcore.entrypoints.slot_server",
         slots_per_container=3, policy=SlotPolicy(output_cap_bytes=4096), token_env="SLOT_TOKEN",
@@ -102,21 +102,22 @@ def test_the_job_spec_carries_every_job_setting_of_the_config() -> None:
     spec = config.job_spec(count=3, token="b" * 16)
     defaults = NomadJobSettings()
     for field in attrs.fields(NomadJobSettings):
-        assert getattr(spec, field.name) == getattr(config, field.name), field.name
+        assert getattr(spec, field.name) == getattr(config.job, field.name), field.name
         if field.name != "privileged":  # (only docker, the default driver, runs privileged)
-            assert getattr(config, field.name) != getattr(defaults, field.name), field.name
+            assert getattr(config.job, field.name) != getattr(defaults, field.name), field.name
+    assert (spec.slots_per_container, spec.policy) == (3, SlotPolicy(output_cap_bytes=4096))
     assert (spec.count, spec.token) == (3, "b" * 16)  # the bearer token, not the ACL token
     assert spec.command == ("python", "-m", "trajcore.entrypoints.slot_server")
     assert spec.datacenters == ("east", "west")
 
 
 def test_unset_memory_and_reschedule_ceiling_follow_the_slots_and_the_delay() -> None:
-    spec = NomadPoolConfig(slots_per_container=4, reschedule_delay_s=120.0).job_spec(
+    spec = pool_config(slots_per_container=4, reschedule_delay_s=120.0).job_spec(
         count=1, token="b" * 16
     )
     assert spec.reserved_memory_mb == 512 + 256 * 4
     assert spec.max_reschedule_delay_s == 120.0
-    assert NomadPoolConfig(reschedule_delay_s=5.0).max_reschedule_delay_s == 60.0
+    assert NomadJobSettings(reschedule_delay_s=5.0).max_reschedule_delay_s == 60.0
 
 
 # ============================================================================ reaching Nomad

@@ -15,6 +15,7 @@ from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
 from trajcore.adapters.sandbox.slurm_pool import SlurmPoolConfig
 from trajcore.adapters.sandbox.ssh_pool import SshPoolConfig
 from trajcore.domain.errors import ConfigError
+from trajcore.domain.nomad_job import NomadJobSettings
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.ssh_hosts import SshHost
 from trajcore.entrypoints.atropos import sandbox_settings
@@ -25,15 +26,24 @@ _SHARED = ("slots_per_container", "min_containers", "max_containers", "acquire_t
 
 def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
     section = sandbox_settings._section
-    assert section(NomadPoolConfig, ("nomad_",), {}) == {
+    assert section(NomadJobSettings, ("nomad_",), {}) == {
         **{
             name: f"nomad_{name}"
             for name in (
-                "address", "job_id", "driver", "image", "command", "token", "namespace",
-                "region", "datacenters",
+                "job_id",
+                "driver",
+                "image",
+                "command",
+                "namespace",
+                "region",
+                "datacenters",
             )
         },
-        **{name: name for name in (*_SHARED, "privileged", "purge_on_start", "purge_on_shutdown")},
+        "privileged": "privileged",
+    }
+    assert section(NomadPoolConfig, ("nomad_",), {}) == {
+        "address": "nomad_address", "token": "nomad_token",
+        **{name: name for name in (*_SHARED, "purge_on_start", "purge_on_shutdown")},
     }  # fmt: skip
     assert section(SlurmPoolConfig, ("slurm_",), {}) == {
         **{

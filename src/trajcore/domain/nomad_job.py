@@ -151,7 +151,10 @@ def _datacenters(_: object, attribute: attrs.Attribute[tuple[str, ...]], value: 
 
 @attrs.frozen(kw_only=True)
 class NomadJobSettings:
-    """The slot servers' Nomad job as an operator sets it; the pool adds the count and token.
+    """The slot servers' Nomad job as an operator sets it: what Nomad runs and where.
+
+    The pool's settings (``NomadPoolConfig``) hold this value beside the slot servers' own
+    settings (slots, policy); ``NomadJobSpec.of`` puts them together with the count and token.
 
     Attributes:
         job_id: The job's ID (and name): letters, digits, ``_``, ``.``, ``-``; at most 128.
@@ -160,8 +163,6 @@ class NomadJobSettings:
         command: The slot server program and its subcommand, e.g. ``("trajcore",
             "slot-server")`` or ``"/opt/venv/bin/python -m trajcore.entrypoints.slot_server"``
             (a string is split on whitespace).
-        slots_per_container: Slots each slot server serves (N).
-        policy: The sandbox policy every slot server gets.
         token_env: The task environment variable that carries the bearer token to the server.
         privileged: Run the docker container privileged. Not needed: the container gets what
             bubblewrap needs without it (``DOCKER_SECURITY_OPTS``, the module doc); kept for
@@ -172,8 +173,8 @@ class NomadJobSettings:
         namespace, region: Nomad namespace and region (``None``: the agent's defaults).
         group, task: Names of the task group and the task.
         cpu_mhz, memory_mb, disk_mb: What each allocation reserves (``memory_mb`` ``None``:
-            512 MB plus 256 MB per slot; the disk must hold the task's logs, 20 MB, and more:
-            Nomad refuses the job otherwise).
+            512 MB plus 256 MB per slot, ``NomadJobSpec.reserved_memory_mb``; the disk must
+            hold the task's logs, 20 MB, and more: Nomad refuses the job otherwise).
         restart_attempts, restart_delay_s: In-place restarts of a dead slot server before its
             allocation fails (0: none, the allocation is replaced instead).
         reschedule_delay_s, reschedule_max_delay_s: Delay before a failed allocation is
@@ -191,8 +192,6 @@ class NomadJobSettings:
     command: tuple[str, ...] = attrs.field(
         default=("trajcore", "slot-server"), converter=command_words, validator=_nonempty_words
     )
-    slots_per_container: int = attrs.field(default=8, validator=whole_number(1))
-    policy: SlotPolicy = attrs.field(factory=SlotPolicy, validator=instance_of(SlotPolicy))
     token_env: str = attrs.field(
         default="TRAJCORE_SLOT_TOKEN",
         validator=_matches(_ENV_NAME, "an environment variable name"),
@@ -257,13 +256,6 @@ class NomadJobSettings:
         )
 
     @property
-    def reserved_memory_mb(self) -> int:
-        """The memory each allocation reserves: ``memory_mb``, or 512 MB plus 256 MB a slot."""
-        if self.memory_mb is not None:
-            return self.memory_mb
-        return 512 + 256 * self.slots_per_container
-
-    @property
     def max_reschedule_delay_s(self) -> float:
         """The reschedule delay's ceiling: ``reschedule_max_delay_s`` or max(60 s, the delay)."""
         if self.reschedule_max_delay_s is not None:
@@ -276,24 +268,50 @@ _SETTINGS_FIELDS = attrs.fields(NomadJobSettings)
 
 @attrs.frozen(kw_only=True)
 class NomadJobSpec(NomadJobSettings):
-    """Everything the slot servers' Nomad job is built from: the settings, the count, the token.
+    """Everything the slot servers' Nomad job is built from: the job's settings, what each slot
+    server is told (its slots and policy), the count and the token.
 
     Attributes:
+        slots_per_container: Slots each slot server serves (N).
+        policy: The sandbox policy every slot server gets.
         count: Allocations (containers) to run.
         token: The slot servers' bearer token (at least 16 printable ASCII characters).
     """
 
+    slots_per_container: int = attrs.field(validator=whole_number(1))
+    policy: SlotPolicy = attrs.field(validator=instance_of(SlotPolicy))
     count: int = attrs.field(validator=whole_number(0))
     token: str = attrs.field(
         repr=False, validator=_matches(_TOKEN, "16 to 512 printable ASCII characters")
     )
 
     @classmethod
-    def of(cls, settings: NomadJobSettings, *, count: int, token: str) -> NomadJobSpec:
-        """The spec of ``settings`` (every one of ``NomadJobSettings``'s fields, whatever
-        subclass carries them) for ``count`` slot servers with bearer ``token``."""
+    def of(
+        cls,
+        settings: NomadJobSettings,
+        *,
+        slots_per_container: int,
+        policy: SlotPolicy,
+        count: int,
+        token: str,
+    ) -> NomadJobSpec:
+        """The spec of the job ``settings`` for ``count`` slot servers of
+        ``slots_per_container`` slots under ``policy``, with bearer ``token``."""
         values = {f.alias or f.name: getattr(settings, f.name) for f in _SETTINGS_FIELDS if f.init}
-        return cls(**values, count=count, token=token)
+        return cls(
+            **values,
+            slots_per_container=slots_per_container,
+            policy=policy,
+            count=count,
+            token=token,
+        )
+
+    @property
+    def reserved_memory_mb(self) -> int:
+        """The memory each allocation reserves: ``memory_mb``, or 512 MB plus 256 MB a slot."""
+        if self.memory_mb is not None:
+            return self.memory_mb
+        return 512 + 256 * self.slots_per_container
 
     def listen_address(self) -> str:
         """What the slot server listens on, as Nomad interpolates it in the task's arguments."""

@@ -71,9 +71,11 @@ from trajcore.domain.nomad_job import (
     scale_request,
 )
 from trajcore.domain.nomad_reconcile import Join, ReconcileConfig
+from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.scale_policy import ScaleConfig
 from trajcore.domain.validators import (
     flag,
+    instance_of,
     non_negative_seconds,
     optional_seconds,
     optional_text,
@@ -100,12 +102,16 @@ def _nomad_address(_: object, attribute: attrs.Attribute[str], value: object) ->
 
 
 @attrs.frozen(kw_only=True)
-class NomadPoolConfig(NomadJobSettings):
-    """How the Nomad pool runs its slot servers: the job's settings (``NomadJobSettings``: the
-    driver, image, command, slots per container, sandbox policy, resources, restarts, ...) and
-    these. The policy is the env's, never the model's.
+class NomadPoolConfig:
+    """How the Nomad pool runs its slot servers: the Nomad job as the operator sets it (``job``:
+    the driver, image, command, datacenters, resources, restarts, ...), what each slot server
+    is told (its slots and policy) and how the pool drives them. The policy is the env's, never
+    the model's.
 
     Attributes:
+        job: The Nomad job's settings (``NomadJobSettings``).
+        slots_per_container: Slots each slot server serves (N).
+        policy: The sandbox policy every slot server gets.
         address: The Nomad agent's API, ``http(s)://host:port``.
         min_containers, max_containers: The range the container count is scaled in.
         acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
@@ -122,6 +128,11 @@ class NomadPoolConfig(NomadJobSettings):
         stop_timeout_s: Longest stopping the job at shutdown may take.
     """
 
+    job: NomadJobSettings = attrs.field(
+        factory=NomadJobSettings, validator=instance_of(NomadJobSettings)
+    )
+    slots_per_container: int = attrs.field(default=8, validator=whole_number(1))
+    policy: SlotPolicy = attrs.field(factory=SlotPolicy, validator=instance_of(SlotPolicy))
     address: str = attrs.field(default="http://127.0.0.1:4646", validator=_nomad_address)
     min_containers: int = attrs.field(default=1, validator=whole_number(0))
     max_containers: int = attrs.field(default=10, validator=whole_number(1))
@@ -139,12 +150,17 @@ class NomadPoolConfig(NomadJobSettings):
     stop_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
 
     def __attrs_post_init__(self) -> None:
-        super().__attrs_post_init__()
         self.scale_config()
 
     def job_spec(self, *, count: int, token: str) -> NomadJobSpec:
         """The job for ``count`` slot servers with bearer ``token``."""
-        return NomadJobSpec.of(self, count=count, token=token)
+        return NomadJobSpec.of(
+            self.job,
+            slots_per_container=self.slots_per_container,
+            policy=self.policy,
+            count=count,
+            token=token,
+        )
 
     def scale_config(self) -> ScaleConfig:
         """The domain scale policy's settings (``ConfigError`` naming the field when bad)."""
@@ -174,24 +190,24 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
 
     def reconcile_config(self) -> ReconcileConfig:
         return attrs.evolve(
-            super().reconcile_config(), restart_attempts=self.config.restart_attempts
+            super().reconcile_config(), restart_attempts=self.config.job.restart_attempts
         )
 
     @property
     def scheduler(self) -> str:
-        return f"Nomad job {self.config.job_id}"
+        return f"Nomad job {self.config.job.job_id}"
 
     @property
     def log_name(self) -> str:
-        return f"Nomad pool {self.config.job_id}"
+        return f"Nomad pool {self.config.job.job_id}"
 
     # ------------------------------------------------------------------------- source
 
     async def _set_up(self, stack: contextlib.AsyncExitStack) -> None:
         config = self.config
         await self.nomad.leader()
-        if config.purge_on_start and await self.nomad.deregister(config.job_id, purge=True):
-            _log.info("purged Nomad job %s before starting", config.job_id)
+        if config.purge_on_start and await self.nomad.deregister(config.job.job_id, purge=True):
+            _log.info("purged Nomad job %s before starting", config.job.job_id)
         stack.push_async_callback(self.shutdown)
         await self._register(config.min_containers)
 
@@ -203,9 +219,9 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
         self._registered = False
         with anyio.CancelScope(shield=True), anyio.move_on_after(config.stop_timeout_s) as scope:
             try:
-                await self.nomad.deregister(config.job_id, purge=config.purge_on_shutdown)
+                await self.nomad.deregister(config.job.job_id, purge=config.purge_on_shutdown)
             except NomadUnavailable as error:
-                _log.warning("Nomad pool %s: could not stop the job: %s", config.job_id, error)
+                _log.warning("Nomad pool %s: could not stop the job: %s", config.job.job_id, error)
                 self.pool.note(f"could not stop the job: {error}")
         if scope.cancelled_caught:
             self.pool.note(f"stopping the job took longer than {config.stop_timeout_s} s")
@@ -215,9 +231,9 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
     async def _register(self, count: int) -> None:
         config = self.config
         spec = config.job_spec(count=count, token=self.token)
-        await self.nomad.register(config.job_id, register_request(spec))
+        await self.nomad.register(config.job.job_id, register_request(spec))
         self._registered = True
-        job = await self.nomad.read_job(config.job_id)
+        job = await self.nomad.read_job(config.job.job_id)
         version = None if job is None else job.get("Version")
         if isinstance(version, bool) or not isinstance(version, int):
             raise NomadUnavailable(
@@ -228,7 +244,7 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
         self.machine.registered(count)
 
     async def _tick(self) -> None:
-        listing = await self.nomad.job_allocations(self.config.job_id)
+        listing = await self.nomad.job_allocations(self.config.job.job_id)
         allocations = []
         for stub in parse_allocation_stubs(listing):
             if stub.job_version < self._version:
@@ -249,9 +265,9 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
     async def _set_count(self, count: int) -> None:
         config = self.config
         await self.nomad.scale(
-            config.job_id,
+            config.job.job_id,
             scale_request(
-                config.group,
+                config.job.group,
                 count,
                 f"trajcore: {count} slot servers for the demand",
             ),
@@ -259,7 +275,7 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
         self.machine.scaled(count)
 
     def _replace(self, run_id: str, reason: str) -> None:
-        _log.warning("Nomad pool %s: %s", self.config.job_id, reason)
+        _log.warning("Nomad pool %s: %s", self.config.job.job_id, reason)
         self.pool.spawn(self._stop_allocation, run_id)
 
     async def _stop_allocation(self, alloc_id: str) -> None:
@@ -308,8 +324,8 @@ class NomadSandboxPool(ReconciledPool):
         nomad = NomadClient(
             address=config.address,
             token=config.token,
-            namespace=config.namespace,
-            region=config.region,
+            namespace=config.job.namespace,
+            region=config.job.region,
             timeout_s=config.request_timeout_s,
         )
         self._allocations = _NomadAllocations(config=config, nomad=nomad)

@@ -8,7 +8,7 @@ values its adapter defines (``LocalPoolConfig``, ``ContainerPoolConfig``, ``Noma
 ``SlurmPoolConfig``, ``SshHost``, ``SlotPolicy``; ``ModalPoolConfig`` and ``DaytonaPoolConfig``
 in ``cloud``), and this module only names them for the command line:
 
-- Each default is the pool's own, read from its default value (``_NOMAD.job_id``), never
+- Each default is the pool's own, read from its default value (``NomadJobSettings().job_id``), never
   restated; where the env chooses differently it says so (``slots_per_container``: 8 slots,
   the Nomad and Slurm pools' default, for every pool).
 - A pool's settings are built from its section by one rule (``_section``): the pool's field
@@ -37,6 +37,7 @@ from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
 from trajcore.adapters.sandbox.slurm_pool import SlurmPoolConfig
 from trajcore.adapters.sandbox.ssh_pool import SshPoolConfig
 from trajcore.domain.errors import ConfigError
+from trajcore.domain.nomad_job import NomadJobSettings
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.ssh_hosts import SshHost
 
@@ -49,6 +50,7 @@ _POLICY = SlotPolicy()
 _LOCAL = LocalPoolConfig()
 _CONTAINER = ContainerPoolConfig()
 _NOMAD = NomadPoolConfig()
+_NOMAD_JOB = _NOMAD.job
 _SLURM = SlurmPoolConfig()
 _SSH = SshHost(address="host")
 _MODAL = ModalPoolConfig()
@@ -154,22 +156,24 @@ class SandboxSettings(CloudSettings):
         default=_NOMAD.slots_per_container, ge=1, description="Slots per container (N)."
     )
     nomad_address: str = Field(default=_NOMAD.address, description="Nomad API URL.")
-    nomad_job_id: str = Field(default=_NOMAD.job_id, description="Nomad job of the slots.")
-    nomad_image: str = Field(default=_NOMAD.image, description="Slot image.")
+    nomad_job_id: str = Field(default=_NOMAD_JOB.job_id, description="Nomad job of the slots.")
+    nomad_image: str = Field(default=_NOMAD_JOB.image, description="Slot image.")
     nomad_driver: str = Field(
-        default=_NOMAD.driver, description="Nomad task driver: docker, exec or raw_exec."
+        default=_NOMAD_JOB.driver, description="Nomad task driver: docker, exec or raw_exec."
     )
     nomad_command: str = Field(
-        default=" ".join(_NOMAD.command),
+        default=" ".join(_NOMAD_JOB.command),
         description="Nomad: the slot server command as the task runs it (words).",
     )
     nomad_token: str | None = Field(
         default=_NOMAD.token, description="Nomad ACL token (default: $NOMAD_TOKEN)."
     )
-    nomad_namespace: str | None = Field(default=_NOMAD.namespace, description="Nomad namespace.")
-    nomad_region: str | None = Field(default=_NOMAD.region, description="Nomad region.")
+    nomad_namespace: str | None = Field(
+        default=_NOMAD_JOB.namespace, description="Nomad namespace."
+    )
+    nomad_region: str | None = Field(default=_NOMAD_JOB.region, description="Nomad region.")
     nomad_datacenters: str = Field(
-        default=",".join(_NOMAD.datacenters),
+        default=",".join(_NOMAD_JOB.datacenters),
         description="Nomad datacenters for the slots, comma-separated.",
     )
     min_containers: int = Field(
@@ -179,7 +183,7 @@ class SandboxSettings(CloudSettings):
         default=_NOMAD.max_containers, ge=1, description="Nomad: most containers."
     )
     privileged: bool = Field(
-        default=_NOMAD.privileged, description="Nomad: run containers privileged."
+        default=_NOMAD_JOB.privileged, description="Nomad: run containers privileged."
     )
     purge_on_start: bool = Field(
         default=_NOMAD.purge_on_start, description="Nomad: purge the job on start."
@@ -248,7 +252,8 @@ class SandboxSettings(CloudSettings):
         Raises:
             ConfigError: a Nomad setting that cannot work, named by its env field.
         """
-        return _build(self, NomadPoolConfig, ("nomad_",), self.server_settings())
+        job = _build(self, NomadJobSettings, ("nomad_",), {})
+        return _build(self, NomadPoolConfig, ("nomad_",), {**self.server_settings(), "job": job})
 
     def slurm_pool_config(self) -> SlurmPoolConfig:
         """The Slurm pool's settings (``slurm_*`` and the shared fields).
