@@ -22,12 +22,16 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+import attrs
+
 from trajcore.adapters.sandbox.slurm_pool import SlurmPoolConfig
 from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.slurm_jobs import SlurmJobSettings
 
 NODE = "trajnode"
 KILL_WAIT_S = 2  # the cluster's KillWait: SIGKILL this long after a job's SIGTERM
 SLOT_SERVER = (sys.executable, "-m", "trajcore.entrypoints.slot_server")
+_JOB_FIELDS = frozenset(field.name for field in attrs.fields(SlurmJobSettings))
 _DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol")
 
 
@@ -259,4 +263,6 @@ PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
             "stop_timeout_s": 20.0,
         }
         settings.update(overrides)
-        return SlurmPoolConfig(**settings)  # type: ignore[arg-type]
+        job = {name: value for name, value in settings.items() if name in _JOB_FIELDS}
+        pool = {name: value for name, value in settings.items() if name not in _JOB_FIELDS}
+        return SlurmPoolConfig(job=SlurmJobSettings(**job), **pool)  # type: ignore[arg-type]

@@ -272,7 +272,7 @@ def _tick_s(config: SlurmPoolConfig) -> float:
 
 def _drain_due_s(config: SlurmPoolConfig) -> float:
     """Longest from the pool's start to its drain of the ending job (see above)."""
-    return config.time_limit_min * 60 - config.drain_before_s + 1 + _tick_s(config)
+    return config.job.time_limit_min * 60 - config.drain_before_s + 1 + _tick_s(config)
 
 
 def _limit_due_s(config: SlurmPoolConfig) -> float:

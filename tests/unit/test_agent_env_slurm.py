@@ -24,10 +24,10 @@ def test_every_slurm_setting_reaches_the_pool(tmp_path: Path) -> None:
     )  # fmt: skip
     pool = pools.make_pool(config)
     assert isinstance(pool, SlurmSandboxPool)
-    got = pool.config
-    assert got.command == ("/opt/venv/bin/trajcore", "slot-server")
-    assert (got.partition, got.account, got.qos, got.constraint) == ("gpu", "lab", "high", "avx2")
-    assert (got.cpus_per_task, got.memory_mb, got.time_limit_min) == (4, 4096, 60)
+    got, job = pool.config, pool.config.job
+    assert job.command == ("/opt/venv/bin/trajcore", "slot-server")
+    assert (job.partition, job.account, job.qos, job.constraint) == ("gpu", "lab", "high", "avx2")
+    assert (job.cpus_per_task, job.memory_mb, job.time_limit_min) == (4, 4096, 60)
     assert got.shared_dir == tmp_path
     assert (got.min_containers, got.max_containers, got.slots_per_container) == (2, 5, 3)
     assert got.acquire_timeout_s == 42.0

@@ -17,6 +17,7 @@ from trajcore.adapters.sandbox.ssh_pool import SshPoolConfig
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.nomad_job import NomadJobSettings
 from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.slurm_jobs import SlurmJobSettings
 from trajcore.domain.ssh_hosts import SshHost
 from trajcore.entrypoints.atropos import sandbox_settings
 from trajcore.entrypoints.atropos.sandbox_settings import SandboxSettings
@@ -45,15 +46,15 @@ def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
         "address": "nomad_address", "token": "nomad_token",
         **{name: name for name in (*_SHARED, "purge_on_start", "purge_on_shutdown")},
     }  # fmt: skip
+    assert section(SlurmJobSettings, ("slurm_",), {}) == {
+        name: f"slurm_{name}"
+        for name in (
+            "command", "partition", "account", "qos", "constraint", "cpus_per_task",
+            "memory_mb", "time_limit_min",
+        )
+    }  # fmt: skip
     assert section(SlurmPoolConfig, ("slurm_",), {}) == {
-        **{
-            name: f"slurm_{name}"
-            for name in (
-                "command", "partition", "account", "qos", "constraint", "cpus_per_task",
-                "memory_mb", "time_limit_min", "shared_dir",
-            )
-        },
-        **{name: name for name in _SHARED},
+        "shared_dir": "slurm_shared_dir", **{name: name for name in _SHARED},
     }  # fmt: skip
     shared_servers = {
         "slots_per_container": "slots_per_container",

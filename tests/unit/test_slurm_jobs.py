@@ -17,6 +17,7 @@ from trajcore.domain.nomad_reconcile import (
     Remove,
     Replace,
 )
+from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.scale_policy import ScaleConfig
 from trajcore.domain.slurm_jobs import (
     SlurmJob,
@@ -97,12 +98,15 @@ def test_the_job_words_carry_the_resources_and_no_token() -> None:
         command="/venv/bin/python -m trajcore.entrypoints.slot_server", partition="cpu",
         account="rl", qos="high", constraint="bwrap", cpus_per_task=4, time_limit_min=90,
     )  # fmt: skip
-    words = sbatch_argv(settings, script="/s/job.sh", run_dir="/s", run="r1", index=3,
+    words = sbatch_argv(settings, slots_per_container=2, policy=SlotPolicy(),
+                        script="/s/job.sh", run_dir="/s", run="r1", index=3,
                         uid_base=1900000000, token_file="/s/token")  # fmt: skip
     for word in ("--partition=cpu", "--account=rl", "--qos=high", "--constraint=bwrap",
                  "--cpus-per-task=4", "--time=90", "--no-requeue", "--export=NONE",
-                 "--comment=trajcore:r1:3", "--job-name=trajcore-slots"):  # fmt: skip
+                 "--comment=trajcore:r1:3", "--job-name=trajcore-slots",
+                 f"--mem={512 + 256 * 2}"):  # fmt: skip
         assert word in words
+    assert words[words.index("--slots") + 1] == "2"
     assert words[words.index("--token-file") + 1] == "/s/token"
 
 
@@ -110,7 +114,7 @@ def test_bad_settings_are_refused_naming_the_field() -> None:
     with pytest.raises(ConfigError, match="partition"):
         SlurmJobSettings(partition="cpu; rm -rf /")
     with pytest.raises(ConfigError, match="drain_before_s"):
-        SlurmPoolConfig(time_limit_min=5, drain_before_s=300.0)
+        SlurmPoolConfig(job=SlurmJobSettings(time_limit_min=5), drain_before_s=300.0)
 
 
 def _machine() -> NomadReconciler:

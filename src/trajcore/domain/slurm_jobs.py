@@ -38,7 +38,6 @@ from trajcore.domain.errors import ConfigError, InvalidInput
 from trajcore.domain.sandbox_policy import SlotPolicy, check_slot_uid_range
 from trajcore.domain.slot_server_flags import policy_argv
 from trajcore.domain.validators import (
-    instance_of,
     optional_positive_int,
     optional_text,
     positive_int,
@@ -126,17 +125,17 @@ def _nonempty_words(_: object, attribute: attrs.Attribute[tuple[str, ...]], valu
 
 @attrs.frozen(kw_only=True)
 class SlurmJobSettings:
-    """One slot server's batch job as an operator sets it; the pool adds the run and index.
+    """One slot server's batch job as an operator sets it. The pool's settings
+    (``SlurmPoolConfig``) hold it beside the slot servers' slots and policy; ``sbatch_argv``
+    adds those, the run and the index.
 
     Attributes:
         job_name: The name of every job of the pool (``squeue --name``, ``scancel --name``).
         command: The slot server program as the node runs it, e.g. ``"/opt/venv/bin/python -m
             trajcore.entrypoints.slot_server"`` (a string is split on whitespace); it must exist
             at that path on every node.
-        slots_per_container: Slots each slot server (each job) serves.
-        policy: The sandbox policy of every server (slot uids: ``uid_base`` per job).
         cpus_per_task: ``--cpus-per-task``.
-        memory_mb: ``--mem`` in MB (``None``: 512 MB plus 256 MB per slot).
+        memory_mb: ``--mem`` in MB (``None``: 512 MB plus 256 MB per slot, ``memory``).
         time_limit_min: ``--time`` in minutes; the pool drains a job before it.
         partition, account, qos, constraint: ``--partition``, ``--account``, ``--qos``,
             ``--constraint`` (``None``: the cluster's defaults).
@@ -150,8 +149,6 @@ class SlurmJobSettings:
     command: tuple[str, ...] = attrs.field(
         default=("trajcore", "slot-server"), converter=command_words, validator=_nonempty_words
     )
-    slots_per_container: int = attrs.field(default=8, validator=positive_int)
-    policy: SlotPolicy = attrs.field(factory=SlotPolicy, validator=instance_of(SlotPolicy))
     cpus_per_task: int = attrs.field(default=1, validator=positive_int)
     memory_mb: int | None = attrs.field(default=None, validator=optional_positive_int)
     time_limit_min: int = attrs.field(default=240, validator=whole_number(1))
@@ -163,9 +160,9 @@ class SlurmJobSettings:
     bind_host: str = attrs.field(default="0.0.0.0", validator=_optional_word)  # noqa: S104
     workspace_dir: str | None = attrs.field(default=None, validator=optional_text)
 
-    def memory(self) -> int:
-        """``--mem`` in MB."""
-        return self.memory_mb or 512 + 256 * self.slots_per_container
+    def memory(self, slots_per_container: int) -> int:
+        """``--mem`` in MB for a server of ``slots_per_container`` slots."""
+        return self.memory_mb or 512 + 256 * slots_per_container
 
 
 def job_script(settings: SlurmJobSettings) -> str:
@@ -203,6 +200,8 @@ exit "$status"
 def sbatch_argv(
     settings: SlurmJobSettings,
     *,
+    slots_per_container: int,
+    policy: SlotPolicy,
     script: str,
     run_dir: str,
     run: str,
@@ -211,14 +210,16 @@ def sbatch_argv(
     token_file: str,
 ) -> list[str]:
     """The ``sbatch`` words that submit server ``index`` of run ``run`` (``--parsable``: it
-    prints the job ID). ``uid_base`` is the first slot uid of this job's servers."""
+    prints the job ID), a slot server of ``slots_per_container`` slots under ``policy``.
+    ``uid_base`` is the first slot uid of this job's servers."""
     if _RUN.fullmatch(run) is None:
         raise InvalidInput("run", f"must be 1-32 lowercase letters or digits, got {run!r}")
-    check_slot_uid_range("uid_base", uid_base, settings.slots_per_container)
+    check_slot_uid_range("uid_base", uid_base, slots_per_container)
     words = [
         "sbatch", "--parsable", f"--job-name={settings.job_name}",
         f"--comment=trajcore:{run}:{index}", "--nodes=1", "--ntasks=1",
-        f"--cpus-per-task={settings.cpus_per_task}", f"--mem={settings.memory()}",
+        f"--cpus-per-task={settings.cpus_per_task}",
+        f"--mem={settings.memory(slots_per_container)}",
         f"--time={settings.time_limit_min}", "--no-requeue", "--export=NONE",
         f"--output={run_dir}/%j.log", f"--chdir={run_dir}",
     ]  # fmt: skip
@@ -231,9 +232,9 @@ def sbatch_argv(
         if value is not None:
             words.append(f"--{option}={value}")
     words.extend(settings.extra_options)
-    policy = attrs.evolve(settings.policy, slot_uid_base=uid_base)
+    policy = attrs.evolve(policy, slot_uid_base=uid_base)
     server = [
-        *settings.command, "--slots", str(settings.slots_per_container),
+        *settings.command, "--slots", str(slots_per_container),
         "--token-file", token_file, *policy_argv(policy),
     ]  # fmt: skip
     return [*words, script, run_dir, *server]

@@ -62,7 +62,7 @@ from trajcore.adapters.sandbox.reconciled import (
 )
 from trajcore.domain.errors import ConfigError, InvalidInput, SandboxUnavailable, SlotServerError
 from trajcore.domain.nomad_reconcile import Join
-from trajcore.domain.sandbox_policy import check_slot_uid_range
+from trajcore.domain.sandbox_policy import SlotPolicy, check_slot_uid_range
 from trajcore.domain.scale_policy import ScaleConfig
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.slurm_jobs import (
@@ -80,6 +80,7 @@ from trajcore.domain.slurm_jobs import (
 from trajcore.domain.tools import ToolOutcome, ToolResult
 from trajcore.domain.validators import (
     flag,
+    instance_of,
     non_negative_seconds,
     optional_seconds,
     positive_seconds,
@@ -100,10 +101,15 @@ def _optional_dir(value: object) -> Path | None:
 
 
 @attrs.frozen(kw_only=True)
-class SlurmPoolConfig(SlurmJobSettings):
-    """How the Slurm pool runs its slot servers: the job (``SlurmJobSettings``) and these.
+class SlurmPoolConfig:
+    """How the Slurm pool runs its slot servers: each server's batch job as the operator sets
+    it (``job``), what each slot server is told (its slots and policy) and how the pool drives
+    them.
 
     Attributes:
+        job: Each server's batch job (``SlurmJobSettings``).
+        slots_per_container: Slots each slot server (each job) serves.
+        policy: The sandbox policy of every server (slot uids: a block per job).
         min_containers, max_containers: The range the server count is scaled in.
         shared_dir: A directory the submitting host and every node share; the pool makes its
             run directory (token, script, ready files, job logs) inside (``None``: the system's
@@ -123,6 +129,11 @@ class SlurmPoolConfig(SlurmJobSettings):
         confirm_timeout_s: Longest that confirmation may take.
     """
 
+    job: SlurmJobSettings = attrs.field(
+        factory=SlurmJobSettings, validator=instance_of(SlurmJobSettings)
+    )
+    slots_per_container: int = attrs.field(default=8, validator=whole_number(1))
+    policy: SlotPolicy = attrs.field(factory=SlotPolicy, validator=instance_of(SlotPolicy))
     min_containers: int = attrs.field(default=1, validator=whole_number(0))
     max_containers: int = attrs.field(default=10, validator=whole_number(1))
     shared_dir: Path | None = attrs.field(default=None, converter=_optional_dir)
@@ -140,10 +151,10 @@ class SlurmPoolConfig(SlurmJobSettings):
     confirm_timeout_s: float = attrs.field(default=5.0, validator=positive_seconds)
 
     def __attrs_post_init__(self) -> None:
-        if self.drain_before_s >= self.time_limit_min * 60:
+        if self.drain_before_s >= self.job.time_limit_min * 60:
             raise ConfigError(
                 "drain_before_s",
-                f"must be below the time limit ({self.time_limit_min} min), "
+                f"must be below the time limit ({self.job.time_limit_min} min), "
                 f"got {self.drain_before_s} s",
             )
         self.scale_config()
@@ -196,11 +207,11 @@ class _SlurmJobs(ReconciledSource[SlurmPoolConfig]):
 
     @property
     def scheduler(self) -> str:
-        return f"Slurm jobs {self.config.job_name}"
+        return f"Slurm jobs {self.config.job.job_name}"
 
     @property
     def log_name(self) -> str:
-        return f"Slurm pool {self.config.job_name}"
+        return f"Slurm pool {self.config.job.job_name}"
 
     async def _slurm(self, argv: Sequence[str]) -> str:
         return await run_slurm(argv, self.config.command_timeout_s)
@@ -209,21 +220,21 @@ class _SlurmJobs(ReconciledSource[SlurmPoolConfig]):
 
     async def _set_up(self, stack: contextlib.AsyncExitStack) -> None:
         config = self.config
-        await self._slurm(squeue_argv(config.job_name))  # Slurm answers, or the start fails
+        await self._slurm(squeue_argv(config.job.job_name))  # Slurm answers, or the start fails
         shared = config.shared_dir
         if shared is not None and not shared.is_dir():
             raise ConfigError("shared_dir", f"{shared} is not a directory")
-        run_dir = Path(tempfile.mkdtemp(prefix=f"{config.job_name}-{self.run}-", dir=shared))
+        run_dir = Path(tempfile.mkdtemp(prefix=f"{config.job.job_name}-{self.run}-", dir=shared))
         self.run_dir = run_dir
         stack.callback(shutil.rmtree, run_dir, True)
         token_file = run_dir / "token"
         token_file.touch(mode=0o600)
         token_file.write_text(self.token, encoding="utf-8")
         script = run_dir / "slot-server.sh"
-        script.write_text(job_script(config), encoding="utf-8")
+        script.write_text(job_script(config.job), encoding="utf-8")
         script.chmod(0o700)
         # what a crashed pool of this name left: its jobs hold an old token; cancel them all
-        await self._slurm(scancel_argv(job_name=config.job_name))
+        await self._slurm(scancel_argv(job_name=config.job.job_name))
         self._open = True
         stack.push_async_callback(self.shutdown)
         self.count = config.min_containers
@@ -237,14 +248,16 @@ class _SlurmJobs(ReconciledSource[SlurmPoolConfig]):
         config = self.config
         with anyio.CancelScope(shield=True), anyio.move_on_after(config.stop_timeout_s) as scope:
             try:
-                await self._slurm(scancel_argv(job_name=config.job_name))
+                await self._slurm(scancel_argv(job_name=config.job.job_name))
                 while True:  # (polling: Slurm has no event to wait on)
                     jobs = await self._list()
                     if not any(job.live or job.state == "COMPLETING" for job in jobs):
                         break
                     await anyio.sleep(0.2)
             except (SlurmUnavailable, InvalidInput) as error:
-                _log.warning("Slurm pool %s: could not cancel its jobs: %s", config.job_name, error)
+                _log.warning(
+                    "Slurm pool %s: could not cancel its jobs: %s", config.job.job_name, error
+                )
                 self.pool.note(f"could not cancel the jobs: {error}")
         if scope.cancelled_caught:
             self.pool.note(f"the jobs did not end within {config.stop_timeout_s} s")
@@ -252,7 +265,7 @@ class _SlurmJobs(ReconciledSource[SlurmPoolConfig]):
     # ------------------------------------------------------------------------- the queue
 
     async def _list(self) -> list[SlurmJob]:
-        return parse_squeue(await self._slurm(squeue_argv(self.config.job_name)))
+        return parse_squeue(await self._slurm(squeue_argv(self.config.job.job_name)))
 
     async def _tick(self) -> None:
         config = self.config
@@ -298,7 +311,9 @@ class _SlurmJobs(ReconciledSource[SlurmPoolConfig]):
         assert self.run_dir is not None
         config = self.config
         argv = sbatch_argv(
-            config,
+            config.job,
+            slots_per_container=config.slots_per_container,
+            policy=config.policy,
             script=str(self.run_dir / "slot-server.sh"),
             run_dir=str(self.run_dir),
             run=self.run,
@@ -312,7 +327,9 @@ class _SlurmJobs(ReconciledSource[SlurmPoolConfig]):
         self._blocks[job_id] = block
         self._backoff.started(index, job_id, now)
         self.submitted += 1
-        _log.info("Slurm pool %s: server %d submitted as job %s", config.job_name, index, job_id)
+        _log.info(
+            "Slurm pool %s: server %d submitted as job %s", config.job.job_name, index, job_id
+        )
 
     def _replace(self, run_id: str, reason: str) -> None:
         self._stopping.add(run_id)
@@ -342,7 +359,7 @@ class _SlurmJobs(ReconciledSource[SlurmPoolConfig]):
             if port is not None:
                 break
             await anyio.sleep(0.05)
-        host = self.config.bind_host
+        host = self.config.job.bind_host
         if host in {"0.0.0.0", "::"}:  # noqa: S104 - what it listens on, not where it is
             host = await self._node_address(job_id)
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

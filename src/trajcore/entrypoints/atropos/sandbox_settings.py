@@ -39,6 +39,7 @@ from trajcore.adapters.sandbox.ssh_pool import SshPoolConfig
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.nomad_job import NomadJobSettings
 from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.slurm_jobs import SlurmJobSettings
 from trajcore.domain.ssh_hosts import SshHost
 
 __all__ = ["CloudSettings", "SandboxSettings"]
@@ -51,7 +52,7 @@ _LOCAL = LocalPoolConfig()
 _CONTAINER = ContainerPoolConfig()
 _NOMAD = NomadPoolConfig()
 _NOMAD_JOB = _NOMAD.job
-_SLURM = SlurmPoolConfig()
+_SLURM = SlurmPoolConfig().job
 _SSH = SshHost(address="host")
 _MODAL = ModalPoolConfig()
 _DAYTONA = DaytonaPoolConfig()
@@ -261,7 +262,8 @@ class SandboxSettings(CloudSettings):
         Raises:
             ConfigError: a Slurm setting that cannot work, named by its env field.
         """
-        return _build(self, SlurmPoolConfig, ("slurm_",), self.server_settings())
+        job = _build(self, SlurmJobSettings, ("slurm_",), {})
+        return _build(self, SlurmPoolConfig, ("slurm_",), {**self.server_settings(), "job": job})
 
     def ssh_pool_config(self) -> SshPoolConfig:
         """The SSH pool's settings: each ``ssh_host`` runs ``local_containers`` servers of
