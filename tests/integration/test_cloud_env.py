@@ -162,7 +162,7 @@ def test_modal_with_credentials_builds_a_working_pool_from_them(
     text, logs = _run_with_fake_sdk("Modal", config, install)
     assert seen == [ModalCredentials(token_id="ak-test-id", token_secret=secret)]
     assert "through-a-slot" in text
-    built = cloud.modal_pool_config(config)
+    built = config.modal_pool_config()
     assert isinstance(built, ModalPoolConfig)
     _no_secret_anywhere(secret, caplog, capfd, logs, repr(seen), repr(built))
 

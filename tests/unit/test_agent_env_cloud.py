@@ -11,7 +11,6 @@ import pytest
 
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
 from trajcore.entrypoints.atropos import pools
-from trajcore.entrypoints.atropos.cloud import daytona_pool_config, modal_pool_config
 from trajcore.entrypoints.atropos.config import AgentEnvConfig
 from trajcore.entrypoints.seed_settings import SeedSettingWarning
 
@@ -32,7 +31,7 @@ def test_every_modal_setting_reaches_the_pool() -> None:
         cloud_lifetime_s=7200.0, cloud_owner="run-7", min_containers=2, max_containers=6,
         slots_per_container=5, acquire_timeout_s=30.0, allow_network=True,
     )  # fmt: skip
-    got = modal_pool_config(config)
+    got = config.modal_pool_config()
     assert (got.image, got.app_name, got.environment, got.region) == (
         "registry.example/slots:1", "rl", "dev", "us-east"
     )  # fmt: skip
@@ -47,14 +46,14 @@ def test_daytona_settings_are_rounded_up_to_its_units() -> None:
         sandbox="daytona", daytona_image="img:2", daytona_target="eu", cloud_cpu=1.5,
         cloud_memory_mb=1500, cloud_lifetime_s=61.0,
     )  # fmt: skip
-    got = daytona_pool_config(config)
+    got = config.daytona_pool_config()
     assert (got.image, got.target) == ("img:2", "eu")
     assert (got.cpu, got.memory_gib, got.auto_stop_min) == (2, 2, 2)
 
 
 def test_a_cloud_setting_that_cannot_work_names_its_env_field() -> None:
     with pytest.raises(ConfigError) as raised:
-        modal_pool_config(AgentEnvConfig(sandbox="modal", cloud_memory_mb=0))
+        AgentEnvConfig(sandbox="modal", cloud_memory_mb=0).modal_pool_config()
     assert raised.value.field == "cloud_memory_mb"
 
 

@@ -10,7 +10,9 @@ import pytest
 from pydantic import Field
 
 from trajcore.adapters.sandbox.container_pool import ContainerPoolConfig
+from trajcore.adapters.sandbox.daytona_pool import DaytonaPoolConfig
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig
+from trajcore.adapters.sandbox.modal_pool import ModalPoolConfig
 from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
 from trajcore.adapters.sandbox.slurm_pool import SlurmPoolConfig
 from trajcore.adapters.sandbox.ssh_pool import SshPoolConfig
@@ -73,6 +75,30 @@ def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
         "slots": "slots_per_container", "python": "ssh_python", "identity_file": "ssh_key",
         "known_hosts": "ssh_known_hosts", "accept_new_host_key": "ssh_accept_new_host_key",
     }  # fmt: skip
+
+
+def test_the_cloud_pools_read_their_sections_with_the_renamed_fields() -> None:
+    section = sandbox_settings._section
+    shared = {name: name for name in _SHARED}
+    assert section(ModalPoolConfig, ("modal_", "cloud_"), sandbox_settings._MODAL_NAMES) == {
+        "owner": "cloud_owner", "app_name": "modal_app", "environment": "modal_environment",
+        "image": "modal_image", "region": "modal_region", "cpu": "cloud_cpu",
+        "memory_mib": "cloud_memory_mb", "sandbox_timeout_s": "cloud_lifetime_s", **shared,
+    }  # fmt: skip
+    assert section(DaytonaPoolConfig, ("daytona_", "cloud_"), sandbox_settings._DAYTONA_NAMES) == {
+        "owner": "cloud_owner", "image": "daytona_image", "target": "daytona_target",
+        "cpu": "cloud_cpu", "memory_gib": "cloud_memory_mb", "auto_stop_min": "cloud_lifetime_s",
+        **shared,
+    }  # fmt: skip
+    settings = SandboxSettings()
+    # The env's scale range and slots, every other setting the pool's own default.
+    assert settings.modal_pool_config() == ModalPoolConfig(slots_per_container=8, max_containers=10)
+    assert settings.daytona_pool_config() == DaytonaPoolConfig(
+        slots_per_container=8, max_containers=10
+    )
+    with pytest.raises(ConfigError) as caught:
+        SandboxSettings(cloud_memory_mb=0).daytona_pool_config()
+    assert caught.value.field == "cloud_memory_mb"
 
 
 def test_the_defaults_are_the_pools_own() -> None:

@@ -22,6 +22,7 @@ in ``cloud``), and this module only names them for the command line:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, TypeVar, cast
 
@@ -59,7 +60,8 @@ _DAYTONA = DaytonaPoolConfig()
 
 
 class CloudSettings(BaseModel):
-    """The Modal and Daytona settings (built into their pools by ``cloud``)."""
+    """The Modal and Daytona settings (``SandboxSettings.modal_pool_config``,
+    ``daytona_pool_config``; the pools themselves: ``cloud``)."""
 
     modal_image: str = Field(default=_MODAL.image, description="Modal: the sandbox image.")
     modal_app: str = Field(default=_MODAL.app_name, description="Modal: the app's name.")
@@ -289,11 +291,50 @@ class SandboxSettings(CloudSettings):
             },
         )
 
+    def modal_pool_config(self) -> ModalPoolConfig:
+        """The Modal pool's settings (``modal_*``, ``cloud_*`` and the shared fields;
+        ``cloud_lifetime_s`` unset keeps the pool's sandbox lifetime).
+
+        Raises:
+            ConfigError: a Modal setting that cannot work, named by its env field.
+        """
+        given = self.server_settings()
+        if self.cloud_lifetime_s is None:
+            given["sandbox_timeout_s"] = _MODAL.sandbox_timeout_s
+        return _build(self, ModalPoolConfig, ("modal_", "cloud_"), given, _MODAL_NAMES)
+
+    def daytona_pool_config(self) -> DaytonaPoolConfig:
+        """The Daytona pool's settings (``daytona_*``, ``cloud_*`` and the shared fields): CPUs
+        rounded up to whole cores, memory up to whole GiB, the lifetime as the idle stop in
+        whole minutes (unset: the pool's).
+
+        Raises:
+            ConfigError: a Daytona setting that cannot work, named by its env field.
+        """
+        cpu, memory, lifetime = self.cloud_cpu, self.cloud_memory_mb, self.cloud_lifetime_s
+        stop = _DAYTONA.auto_stop_min if lifetime is None else math.ceil(lifetime / 60)
+        given = {
+            **self.server_settings(),
+            "cpu": None if cpu is None else math.ceil(cpu),
+            "memory_gib": None if memory is None else math.ceil(memory / 1024),
+            "auto_stop_min": stop,
+        }
+        return _build(self, DaytonaPoolConfig, ("daytona_", "cloud_"), given, _DAYTONA_NAMES)
+
 
 _SSH_NAMES: Mapping[str, str] = {
     "identity_file": "ssh_key",  # hermes's name
     "servers": "local_containers",
     "slots": "slots_per_container",
+}
+_MODAL_NAMES: Mapping[str, str] = {
+    "app_name": "modal_app",
+    "memory_mib": "cloud_memory_mb",
+    "sandbox_timeout_s": "cloud_lifetime_s",
+}
+_DAYTONA_NAMES: Mapping[str, str] = {
+    "memory_gib": "cloud_memory_mb",
+    "auto_stop_min": "cloud_lifetime_s",
 }
 
 
