@@ -57,6 +57,28 @@ def test_a_cloud_setting_that_cannot_work_names_its_env_field() -> None:
     assert raised.value.field == "cloud_memory_mb"
 
 
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"sandbox": "modal", "modal_app": ""}, "modal_app"),
+        ({"sandbox": "modal", "modal_image": "  "}, "modal_image"),
+        ({"sandbox": "daytona", "daytona_image": ""}, "daytona_image"),
+        ({"sandbox": "modal", "cloud_owner": ""}, "cloud_owner"),
+    ],
+)
+def test_an_empty_cloud_name_is_refused_naming_its_env_field(
+    settings: dict[str, str], field: str
+) -> None:
+    config = AgentEnvConfig(**settings)
+    build = (
+        config.modal_pool_config if settings["sandbox"] == "modal" else config.daytona_pool_config
+    )
+    with pytest.raises(ConfigError) as raised:
+        build()
+    assert raised.value.field == field
+    assert "non-empty text" in raised.value.reason
+
+
 def test_without_credentials_the_start_names_what_is_missing(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

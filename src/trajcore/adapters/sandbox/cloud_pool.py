@@ -60,6 +60,7 @@ from trajcore.domain.tools import ToolOutcome, ToolResult
 from trajcore.domain.validators import (
     flag,
     non_negative_seconds,
+    nonempty_text,
     optional_seconds,
     positive_seconds,
     whole_number,
@@ -192,10 +193,10 @@ class CloudPoolConfig:
         stop_timeout_s: Longest the close waits for the sandboxes to be deleted.
     """
 
-    owner: str = attrs.field(default="trajcore", validator=attrs.validators.min_len(1))
+    owner: str = attrs.field(default="trajcore", validator=nonempty_text)
     slots_per_container: int = attrs.field(default=4, validator=whole_number(1))
     policy: SlotPolicy = attrs.field(factory=SlotPolicy)
-    python: str = attrs.field(default="python3", validator=attrs.validators.min_len(1))
+    python: str = attrs.field(default="python3", validator=nonempty_text)
     workspace_dir: str = attrs.field(default="/tmp/trajcore-slots")  # noqa: S108 - in the sandbox
     port: int = attrs.field(default=8765, validator=whole_number(1))
     min_containers: int = attrs.field(default=1, validator=whole_number(0))

@@ -26,7 +26,7 @@ import attrs
 
 from trajcore.adapters.sandbox.cloud_pool import CloudPoolConfig, CloudProvider, CloudSandboxPool
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
-from trajcore.domain.validators import positive_seconds, whole_number
+from trajcore.domain.validators import nonempty_text, positive_seconds, whole_number
 
 __all__ = [
     "DaytonaCredentials",
@@ -56,7 +56,7 @@ class DaytonaPoolConfig(CloudPoolConfig):
         create_timeout_s: Longest Daytona may take to create and start one sandbox.
     """
 
-    image: str = attrs.field(default=DEFAULT_IMAGE, validator=attrs.validators.min_len(1))
+    image: str = attrs.field(default=DEFAULT_IMAGE, validator=nonempty_text)
     target: str | None = None
     cpu: int | None = None
     memory_gib: int | None = None

@@ -25,7 +25,7 @@ import attrs
 
 from trajcore.adapters.sandbox.cloud_pool import CloudPoolConfig, CloudProvider, CloudSandboxPool
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
-from trajcore.domain.validators import positive_seconds
+from trajcore.domain.validators import nonempty_text, positive_seconds
 
 __all__ = [
     "ModalCredentials",
@@ -57,9 +57,9 @@ class ModalPoolConfig(CloudPoolConfig):
             it; its calls in flight end as ``INFRA_ERROR``).
     """
 
-    app_name: str = attrs.field(default="trajcore-slots", validator=attrs.validators.min_len(1))
+    app_name: str = attrs.field(default="trajcore-slots", validator=nonempty_text)
     environment: str | None = None
-    image: str = attrs.field(default=DEFAULT_IMAGE, validator=attrs.validators.min_len(1))
+    image: str = attrs.field(default=DEFAULT_IMAGE, validator=nonempty_text)
     add_python: str | None = None
     region: str | None = None
     cpu: float | None = None
