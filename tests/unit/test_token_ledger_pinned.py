@@ -108,6 +108,7 @@ def test_a_completion_keeps_its_finish_reason_and_completions_are_counted() -> N
     assert segment.finish_reason is FinishReason.LENGTH
     assert segment.logprobs == (-0.1, -0.1)
     ledger.append_environment([4])
+    assert ledger.completion_count() == 1  # of three segments
     ledger.append_completion(_completion(5))
     assert ledger.completion_count() == 2
 
