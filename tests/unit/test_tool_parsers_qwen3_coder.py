@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from trajcore.domain.json_values import JSON, JSONObject
@@ -202,12 +202,12 @@ def test_values_that_never_balance_are_read_in_one_pass(n: int) -> None:
     turn, steps, tags = _scan_all(_never_balancing_values(n))
     assert reasons(turn) == []
     assert [len(c.arguments) for c in turn.calls] == [n]
-    assert steps <= 2 * tags
+    assert n <= steps <= 2 * tags
 
     turn, steps, tags = _scan_all(_calls_whose_values_never_balance(n))
     assert reasons(turn) == []
     assert calls(turn) == [("f", {"a": "<parameter=a>x"})] * n
-    assert steps <= 3 * tags
+    assert n <= steps <= 3 * tags
 
 
 def _reference_value_end(
@@ -273,28 +273,74 @@ _PIECES = [
 ]
 
 
-@settings(max_examples=200)
+_KNOWN: list[Mapping[str, JSON] | None] = [None, {"a": {}}, {"a": {}, "b": {}}]
+
+
+@settings(max_examples=300)
 @given(
     pieces=st.lists(st.sampled_from(_PIECES), max_size=40),
     wrapped=st.booleans(),
-    known=st.sampled_from([None, {"a": {}}, {"a": {}, "b": {}}]),
-    reads=st.lists(st.tuples(st.integers(0, 40), st.sampled_from("abc")), min_size=1, max_size=6),
+    reads=st.lists(
+        st.tuples(st.integers(0, 1), st.integers(0, 40), st.sampled_from("abc")),
+        min_size=1,
+        max_size=8,
+    ),
+    known=st.tuples(st.sampled_from(_KNOWN), st.sampled_from(_KNOWN)),
+)
+@example(
+    pieces=["<parameter=b>", "x", "</parameter>"],
+    wrapped=False,
+    reads=[(0, 0, "b")],
+    known=(None, None),
+)
+# skip pointers found with more names given are not used by a function that gave fewer
+@example(
+    pieces=["<parameter=b>", "x"],
+    wrapped=False,
+    reads=[(0, 0, "a"), (0, 0, "b"), (1, 0, "a")],
+    known=(None, None),
+)
+# nor those found for one tool by a function of another
+@example(
+    pieces=["<parameter=b>", "x"],
+    wrapped=False,
+    reads=[(0, 0, "a"), (1, 0, "a")],
+    known=({"a": {}}, None),
 )
 def test_a_value_ends_where_a_plain_walk_over_the_text_ends_it(
     pieces: list[str],
     wrapped: bool,
-    known: Mapping[str, JSON] | None,
-    reads: list[tuple[int, str]],
+    reads: list[tuple[int, int, str]],
+    known: tuple[Mapping[str, JSON] | None, Mapping[str, JSON] | None],
 ) -> None:
-    # The values of one function, read in order from growing starts with the names given so
-    # far, end where the rules walked plainly over the text end them (the skip pointers the
-    # reads share change no answer). A read starts between two pieces.
+    # The values of two functions over one text (each of its own tool), read in order from
+    # growing starts with the names each has given so far, end where the rules walked plainly
+    # over the text end them: the skip pointers the reads share change no answer. A read
+    # starts between two pieces.
     text = "".join(pieces)
     starts = [len("".join(pieces[:i])) for i in range(len(pieces) + 1)]
     scan = _Scan.of(text, wrapped=wrapped, open_tag="<tool_call>", close_tag="</tool_call>")
-    function = _Function(known=known)
-    given_so_far: JSONObject = {}
-    for start, key in sorted((starts[min(i, len(pieces))], k) for i, k in reads):
-        expected = _reference_value_end(scan, start, key, given_so_far, known)
-        assert scan.value_end(start, key, given_so_far, function) == expected
-        given_so_far[key] = ""
+    functions = [_Function(known=known[0]), _Function(known=known[1])]
+    given_so_far: list[JSONObject] = [{}, {}]
+    for start, which, key in sorted((starts[min(i, len(pieces))], f, k) for f, i, k in reads):
+        given = given_so_far[which]
+        expected = _reference_value_end(scan, start, key, given, known[which])
+        assert scan.value_end(start, key, given, functions[which]) == expected
+        given[key] = ""
+
+
+@pytest.mark.parametrize(
+    ("text", "reason", "name"),
+    [
+        ("<tool_call>\n<function=wri", "truncated call @ name", "wri"),
+        ("<tool_call>\n<function=", "truncated call @ name", None),
+        ("<tool_call>\n<func\n</tool_call>", "expected <function=NAME> @ function", None),
+        ("<tool_call>\n<function=f>\n<parameter=a", "truncated call @ arguments", "f"),
+    ],
+)
+def test_a_refused_call_keeps_its_whole_text_and_the_name_written(
+    text: str, reason: str, name: str | None
+) -> None:
+    turn = PARSER.parse(text)
+    assert [(p.reason, p.name, p.raw) for p in turn.errors] == [(reason, name, text)]
+    assert turn.content == ""
