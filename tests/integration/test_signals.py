@@ -163,24 +163,30 @@ def _names(procs: list[Proc]) -> str:
     return ", ".join(f"{p.name}({p.pid})" for p in procs)
 
 
+def _signal_ends_it_with_the_pool_closed(run: Run, signum: int) -> None:
+    """Send ``signum`` to a run whose slot is busy; it must exit with 128 + signum, leaving no
+    process it started and no pool directory."""
+    assert run.run_dir.is_dir()
+    assert len(run.started) >= 2  # a slot server and what runs in its slot
+    if shutil.which("tmux") is not None:
+        assert any(p.name.startswith("tmux") for p in run.started), _names(run.started)
+    run.process.send_signal(signum)
+    status = run.process.wait(timeout=60)
+    left = wait_until_gone(run.started, 5.0)
+    output = run.log.read_text()
+    assert status == 128 + signum, output[-3000:]
+    assert not left, f"left running: {_names(left)}"
+    assert not run.run_dir.exists()
+    assert "stopping and closing the sandbox pool" in output
+
+
 @pytest.mark.parametrize(
     ("mode", "signum"),
     [("process", signal.SIGTERM), ("process", signal.SIGINT), ("evaluate", signal.SIGTERM)],
 )
 def test_a_signal_ends_the_run_with_the_pool_closed(tmp_path: Path, mode: str, signum: int) -> None:
     with process_mode_run(tmp_path, mode=mode) as run:
-        assert run.run_dir.is_dir()
-        assert len(run.started) >= 2  # a slot server and what runs in its slot
-        if shutil.which("tmux") is not None:
-            assert any(p.name.startswith("tmux") for p in run.started), _names(run.started)
-        run.process.send_signal(signum)
-        status = run.process.wait(timeout=60)
-        left = wait_until_gone(run.started, 5.0)
-        output = run.log.read_text()
-        assert status == 128 + signum, output[-3000:]
-        assert not left, f"left running: {_names(left)}"
-        assert not run.run_dir.exists()
-        assert "stopping and closing the sandbox pool" in output
+        _signal_ends_it_with_the_pool_closed(run, signum)
 
 
 def _free_port() -> int:
@@ -261,18 +267,7 @@ def test_a_signal_ends_serve_mode_with_the_pool_closed(tmp_path: Path, signum: i
             extra=["--env.rollout_server_url", url, "--env.wandb_name", "signal_env"],
         ) as run,
     ):
-        assert run.run_dir.is_dir()
-        assert len(run.started) >= 2  # a slot server and what runs in its slot
-        if shutil.which("tmux") is not None:
-            assert any(p.name.startswith("tmux") for p in run.started), _names(run.started)
-        run.process.send_signal(signum)
-        status = run.process.wait(timeout=60)
-        left = wait_until_gone(run.started, 5.0)
-        output = run.log.read_text()
-        assert status == 128 + signum, output[-3000:]
-        assert not left, f"left running: {_names(left)}"
-        assert not run.run_dir.exists()
-        assert "stopping and closing the sandbox pool" in output
+        _signal_ends_it_with_the_pool_closed(run, signum)
 
 
 def test_a_second_signal_forces_the_end_of_serve_mode_when_the_close_hangs(

@@ -168,7 +168,7 @@ def _pick(index: _Index, tag: str | None, image: str) -> _Descriptor:
         named = [
             m
             for m in manifests
-            if m.annotations.get(_REF_NAME) in (tag,)
+            if m.annotations.get(_REF_NAME) == tag
             or m.annotations.get(_REF_NAME, "").endswith(f":{tag}")
         ]
         if not named:
