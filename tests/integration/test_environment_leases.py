@@ -187,3 +187,31 @@ def _refuses(running: Server) -> None:
     answer = asyncio.run(lease(running, 0, 1, "oci:/x"))
     assert answer["ok"] is False
     assert "environments need an image cache" in str(answer["error"]), answer
+
+
+def test_the_clients_lease_method_answers_and_refuses(image_server: tuple[Server, str]) -> None:
+    server, ref = image_server
+
+    async def main() -> None:
+        async with server.client() as client:
+            answer = await client.lease(3, 1, ref)
+            assert answer.ok is True, answer
+            assert (answer.slot, answer.epoch, answer.error) == (3, 1, None)
+            assert len(answer.image_id or "") == 64, answer
+            assert answer.duration_s > 0
+            _, text = await shell(server, 3, 1, "cat /etc/os-release")
+            assert text.strip() == IMAGE_OS_RELEASE.decode().strip()
+            await reset(server, 3, 1)
+            # a refusal is an answer, not an exception, and names the field
+            bad = await client.lease(3, 2, "nonsense:/x")
+            assert (bad.ok, bad.field) == (False, "environment"), bad
+            assert "names no known transport" in str(bad.error)
+            unknown = await client.lease(3, 2, ref, snapshot="no-such-snapshot")
+            assert (unknown.ok, unknown.field) == (False, "snapshot"), unknown
+            assert unknown.error, unknown
+            # the slot stays usable: the epoch runs over the server's root
+            code, text = await shell(server, 3, 2, "cat /etc/os-release")
+            assert (code, text) == (0, HOST_RELEASE)
+            await reset(server, 3, 2)
+
+    asyncio.run(main())

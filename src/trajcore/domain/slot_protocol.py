@@ -12,7 +12,7 @@ Endpoints (all under ``/v1``, bodies JSON; ``PROTOCOL_VERSION`` names this set):
 ``GET  /v1/health``         --                            ``Health``
 ``POST /v1/execute``        ``ExecuteRequest``            ``ExecuteResponse``
 ``POST /v1/reset``          ``ResetRequest``              ``ResetResult``
-``POST /v1/lease``          ``LeaseRequest``              ``LeaseResult``
+``POST /v1/lease``          ``LeaseRequest``              ``LeaseAnswer``
 ``GET  /v1/slots``          --                            ``SlotListing``
 ``POST /v1/artifacts/read`` ``ReadArtifactRequest``       ``ArtifactFile``
 ``POST /v1/artifacts/list`` ``ListArtifactsRequest``      ``DirectoryListing``
@@ -63,8 +63,8 @@ __all__ = [
     "ExecuteRequest",
     "ExecuteResponse",
     "Health",
+    "LeaseAnswer",
     "LeaseRequest",
-    "LeaseResult",
     "ListArtifactsRequest",
     "ReadArtifactRequest",
     "ResetRequest",
@@ -293,16 +293,18 @@ class LeaseRequest:
 
     Sent before the epoch's first call: the lease then runs with the image's tree as its root
     and a writable layer of its own, which the epoch's reset discards. ``environment`` is an
-    ``EnvironmentRef`` text (``oci:/path``, ``containers-storage:NAME``, ...).
+    ``EnvironmentRef`` text (``oci:/path``, ``containers-storage:NAME``, ...). ``snapshot``,
+    when given, names a snapshot of this server (``POST /v1/snapshot``) to start from.
     """
 
     slot: int = attrs.field(validator=_index)
     epoch: int = attrs.field(validator=_index)
     environment: str
+    snapshot: str | None = None
 
 
 @attrs.frozen(kw_only=True)
-class LeaseResult:
+class LeaseAnswer:
     """How a lease request went: ``ok`` false fails that lease only.
 
     Attributes:

@@ -58,6 +58,8 @@ from trajcore.domain.slot_protocol import (
     ExecuteRequest,
     ExecuteResponse,
     Health,
+    LeaseAnswer,
+    LeaseRequest,
     ListArtifactsRequest,
     ReadArtifactRequest,
     ResetRequest,
@@ -85,6 +87,7 @@ class SlotServerClient:
         grace_s: Added to every request's own limit (server overhead, queueing, transfer).
         quick_timeout_s: The limit of requests that run nothing (health, listing).
         reset_timeout_s: The limit of a reset.
+        lease_timeout_s: The limit of a lease request (a first use of an image unpacks it).
     """
 
     base_url: str
@@ -94,6 +97,7 @@ class SlotServerClient:
     grace_s: float = 15.0
     quick_timeout_s: float = 15.0
     reset_timeout_s: float = 60.0
+    lease_timeout_s: float = 900.0
     _http: HTTPClient | None = attrs.field(init=False, default=None)
     _origin: Origin | None = attrs.field(init=False, default=None)
     _prefix: str = attrs.field(init=False, default="")
@@ -213,6 +217,26 @@ class SlotServerClient:
             "POST", "/v1/reset", ResetRequest(slot=slot, epoch=epoch), ResetResult,
             self.reset_timeout_s,
         )  # fmt: skip
+
+    async def lease(
+        self, slot: int, epoch: int, environment: str, *, snapshot: str | None = None
+    ) -> LeaseAnswer:
+        """Run the slot's lease ``epoch`` over ``environment`` (an ``EnvironmentRef`` text such
+        as ``oci:/path`` or ``containers-storage:NAME``), or over the server's ``snapshot`` of a
+        lease over that environment; sent before the epoch's first call.
+
+        A refusal (a bad reference, a missing or refused image, a full cache, a stale or started
+        epoch, a server without an image cache) is an answer with ``ok`` false naming the field
+        and the reason; the slot stays usable and the epoch can still run over the server's own
+        root. The limit is ``lease_timeout_s``: a first use unpacks the image.
+
+        Raises ``SlotServerError``, ``UnknownSlot``, ``WireError``.
+        """
+        asked = LeaseRequest(slot=slot, epoch=epoch, environment=environment, snapshot=snapshot)
+        answer = await self._request("POST", "/v1/lease", asked, LeaseAnswer, self.lease_timeout_s)
+        if (answer.slot, answer.epoch) != (slot, epoch):
+            raise WireError("$.slot", f"answers slot {answer.slot} epoch {answer.epoch}")
+        return answer
 
     async def list_slots(self) -> SlotListing:
         """Every slot's state. Raises ``SlotServerError``, ``WireError``."""

@@ -105,7 +105,7 @@ from trajcore.domain.slot_protocol import (
     DirectoryListing,
     ExecuteCall,
     Health,
-    LeaseResult,
+    LeaseAnswer,
     ResetResult,
     SlotInfo,
     SlotListing,
@@ -392,7 +392,9 @@ class SlotRuntime:
 
     # ------------------------------------------------------------------------- lease
 
-    async def lease(self, index: int, epoch: int, environment: str) -> LeaseResult:
+    async def lease(
+        self, index: int, epoch: int, environment: str, snapshot: str | None = None
+    ) -> LeaseAnswer:
         """Run the slot's lease ``epoch`` over ``environment``: acquire its image (unpacking
         it into the cache when needed) and hold it until the epoch's reset. Sent before the
         epoch's first call. A refusal (no cache, a bad reference, a missing or refused image,
@@ -401,8 +403,8 @@ class SlotRuntime:
         started = time.monotonic()
         slot = self.slot(index)
 
-        def refused(field: str, reason: str) -> LeaseResult:
-            return LeaseResult(
+        def refused(field: str, reason: str) -> LeaseAnswer:
+            return LeaseAnswer(
                 slot=index, epoch=epoch, ok=False, error=reason, field=field,
                 duration_s=time.monotonic() - started,
             )  # fmt: skip
@@ -410,6 +412,8 @@ class SlotRuntime:
         problem = self._lease_problem(slot, epoch)
         if problem is not None:
             return refused(*problem)
+        if snapshot is not None:
+            return refused("snapshot", "this slot server does not serve snapshots yet")
         assert self.images is not None
         try:
             ref = parse_environment_ref(environment)
@@ -423,7 +427,7 @@ class SlotRuntime:
             use.close()
             return refused(*problem)
         slot.image, slot.image_epoch = use, epoch
-        return LeaseResult(
+        return LeaseAnswer(
             slot=index, epoch=epoch, ok=True, image_id=use.image.image_id, hit=use.image.hit,
             duration_s=time.monotonic() - started,
         )  # fmt: skip

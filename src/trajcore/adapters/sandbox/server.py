@@ -75,7 +75,7 @@ def make_answer(runtime: SlotRuntime, token: str | None) -> Answer:
 
     async def lease(body: bytes) -> object:
         asked = decode(body, LeaseRequest)
-        return await runtime.lease(asked.slot, asked.epoch, asked.environment)
+        return await runtime.lease(asked.slot, asked.epoch, asked.environment, asked.snapshot)
 
     async def slots(_: bytes) -> object:
         return runtime.listing()
