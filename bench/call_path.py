@@ -1,0 +1,184 @@
+"""One call-path measurement against whatever trajcore is importable: ``bench/trees.py`` runs it
+with each tree's ``src`` on ``PYTHONPATH`` to compare two revisions on the same machine.
+
+Every trajectory runs ``true`` through the ``bash`` tool in a loop, in its own slot of four
+sandboxed slot servers (16 slots each), one of two ways:
+
+- ``pool``: leases from ``LocalSandboxPool`` and calls through the ``ToolDispatcher`` (5 ms
+  batching window), the path users run;
+- ``direct``: ``SlotServerClient.execute`` with one call per request, to four slot servers
+  started here.
+
+After every slot has run one call (its start is not measured), ``--rounds`` rounds of
+``--seconds`` each print one JSON line: calls per second, and the CPU seconds per call of this
+process and of the whole machine (``/proc/stat``). Only names that every revision since the
+containment work has are used, so that older trees run it unchanged.
+
+Run: ``.venv/bin/python bench/call_path.py [pool|direct] [TRAJECTORIES] [--seconds 3]
+[--rounds 3]`` (the pool at 64 trajectories by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+from trajcore.adapters.sandbox.client import SlotServerClient
+from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.domain.batch_planner import BatchConfig
+from trajcore.domain.sandbox_policy import DEFAULT_SLOT_UID_BASE, SlotPolicy
+from trajcore.domain.slot_protocol import ExecuteCall
+from trajcore.domain.slots import SlotCall
+from trajcore.domain.tools import ToolCall
+from trajcore.rollout.dispatcher import ToolDispatcher
+
+SERVERS = 4
+SLOTS = 16
+TOKEN = "call-path-bench-token-0123456789ab"
+
+
+def machine_cpu_s() -> float:
+    """Busy CPU seconds of the whole machine since boot (every core, idle and iowait left out)."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def rounds(
+    path: str, workers: int, seconds: float, count: int, once: Callable[[int], Awaitable[None]]
+) -> None:
+    await asyncio.gather(*(once(worker) for worker in range(workers)))  # every slot started
+    loop = asyncio.get_running_loop()
+
+    async def worker(index: int, stop_at: float, done: list[int]) -> None:
+        while loop.time() < stop_at:
+            await once(index)
+            done[index] += 1
+
+    for _ in range(count):
+        done = [0] * workers
+        own, whole, started = own_cpu_s(), machine_cpu_s(), time.perf_counter()
+        stop_at = loop.time() + seconds
+        await asyncio.gather(*(worker(i, stop_at, done) for i in range(workers)))
+        elapsed = time.perf_counter() - started
+        calls = sum(done)
+        print(json.dumps({
+            "path": path, "trajectories": workers, "calls_per_s": calls / elapsed,
+            "process_cpu_per_call_s": (own_cpu_s() - own) / calls,
+            "machine_cpu_per_call_s": (machine_cpu_s() - whole) / calls,
+        }), flush=True)  # fmt: skip
+
+
+async def through_pool(workers: int, seconds: float, count: int) -> None:
+    config = LocalPoolConfig(
+        containers=SERVERS, slots_per_container=SLOTS, policy=SlotPolicy(require_sandbox=True)
+    )
+    ids = itertools.count()
+    batching = BatchConfig(window_ms=5.0)
+    async with (
+        LocalSandboxPool(config) as pool,
+        ToolDispatcher(pool, batching) as dispatcher,
+        AsyncExitStack() as held,
+    ):
+        leases = [await held.enter_async_context(pool.lease(f"t{i}")) for i in range(workers)]
+
+        async def once(index: int) -> None:
+            call = ToolCall(id=f"p{next(ids)}", name="bash", arguments={"command": "true"})
+            slot_call = SlotCall(lease=leases[index], call=call, timeout_s=30)
+            (result,) = await dispatcher.run([slot_call])
+            if result.exec is None or result.exec.exit_code != 0:
+                raise RuntimeError(f"call failed: {result}")
+
+        await rounds("pool", workers, seconds, count, once)
+
+
+def start_servers(root: Path) -> list[subprocess.Popen[bytes]]:
+    """Four sandboxed slot servers on loopback, each with slot uids of its own."""
+    token_file = root / "token"
+    token_file.write_text(TOKEN)
+    servers = []
+    for index in range(SERVERS):
+        uid_base = DEFAULT_SLOT_UID_BASE + (1 << 16) + index * SLOTS
+        argv = [
+            sys.executable, "-m", "trajcore.entrypoints.slot_server", "--slots", str(SLOTS),
+            "--root", str(root / f"server-{index}"), "--listen", "127.0.0.1:0",
+            "--token-file", str(token_file), "--require-sandbox", "--slot-uid-base", str(uid_base),
+        ]  # fmt: skip
+        servers.append(subprocess.Popen(argv, stdout=subprocess.PIPE))
+    return servers
+
+
+def addresses(servers: list[subprocess.Popen[bytes]]) -> list[str]:
+    out = []
+    for server in servers:
+        assert server.stdout is not None
+        ready = server.stdout.readline()
+        if not ready:
+            raise RuntimeError("a slot server exited before it was ready")
+        out.append(str(json.loads(ready)["address"]))
+    return out
+
+
+async def direct(workers: int, seconds: float, count: int, listening: list[str]) -> None:
+    clients = [SlotServerClient.tcp(address, TOKEN) for address in listening]
+    try:
+        ids = itertools.count()
+
+        async def once(index: int) -> None:
+            call = ExecuteCall(
+                slot=index // SERVERS, epoch=1, call_id=f"d{next(ids)}", tool="bash",
+                arguments={"command": "true"}, timeout_s=30,
+            )  # fmt: skip
+            (result,) = await clients[index % SERVERS].execute([call])
+            if result.exec is None or result.exec.exit_code != 0:
+                raise RuntimeError(f"call failed: {result}")
+
+        await rounds("direct", workers, seconds, count, once)
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    parser.add_argument("path", nargs="?", default="pool", choices=("pool", "direct"))
+    parser.add_argument(
+        "trajectories", nargs="?", type=int, default=SERVERS * SLOTS,
+        choices=range(1, SERVERS * SLOTS + 1), metavar=f"1..{SERVERS * SLOTS}",
+    )  # fmt: skip
+    parser.add_argument("--seconds", type=float, default=3.0, help="per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    if args.path == "pool":
+        asyncio.run(through_pool(args.trajectories, args.seconds, args.rounds))
+        return
+    with tempfile.TemporaryDirectory(prefix="trajcore-call-path-") as folder:
+        os.chmod(folder, 0o755)  # the slots' uids reach their workspaces below it
+        servers = start_servers(Path(folder))
+        try:
+            asyncio.run(direct(args.trajectories, args.seconds, args.rounds, addresses(servers)))
+        finally:
+            for server in servers:
+                server.terminate()
+            for server in servers:
+                server.wait(30)
+
+
+if __name__ == "__main__":
+    main()
