@@ -65,13 +65,25 @@ def _process_table() -> dict[int, tuple[int, int, bytes]]:
     return table
 
 
-def leftovers(groups: set[int], run_dir: Path | None) -> list[str]:
-    """Processes that outlived the pool: in its servers' groups, below us, or naming its dir."""
+def running_now() -> frozenset[int]:
+    """Every process running now: taken at a test's start, what ``leftovers`` must not blame on
+    the pool (a slot server that a session-scoped fixture of another suite keeps running below
+    this test process, say)."""
+    return frozenset(_process_table())
+
+
+def leftovers(
+    groups: set[int], run_dir: Path | None, before: frozenset[int] = frozenset()
+) -> list[str]:
+    """Processes that outlived the pool: in its servers' groups, below us (and not running
+    ``before`` the pool), or naming its dir."""
     table = _process_table()
     me = os.getpid()
     found = []
     for pid, (ppid, pgid, cmdline) in table.items():
         below_me = False
+        if pid in before and pgid not in groups:
+            continue
         parent = ppid
         for _ in range(64):
             if parent == me:
@@ -87,11 +99,13 @@ def leftovers(groups: set[int], run_dir: Path | None) -> list[str]:
     return found
 
 
-async def wait_no_leftovers(groups: set[int], run_dir: Path | None) -> None:
+async def wait_no_leftovers(
+    groups: set[int], run_dir: Path | None, before: frozenset[int] = frozenset()
+) -> None:
     with anyio.move_on_after(10):
-        while leftovers(groups, run_dir):  # noqa: ASYNC110 - polls state that has no event
+        while leftovers(groups, run_dir, before):  # noqa: ASYNC110 - polls state that has no event
             await anyio.sleep(0.05)
-    assert leftovers(groups, run_dir) == []
+    assert leftovers(groups, run_dir, before) == []
 
 
 async def wait_statistics(pool: LocalSandboxPool, free: int) -> PoolStatistics:
@@ -107,6 +121,7 @@ async def wait_statistics(pool: LocalSandboxPool, free: int) -> PoolStatistics:
 @pytest.mark.anyio
 @pytest.mark.slow
 async def test_a_slot_server_killed_mid_batch_is_replaced() -> None:
+    before = running_now()
     async with LocalSandboxPool(config(containers=2, slots=2)) as pool:
         groups = {pool.server_pid(name) for name in pool.container_names()}
         run_dir = pool.run_dir
@@ -147,7 +162,7 @@ async def test_a_slot_server_killed_mid_batch_is_replaced() -> None:
                         assert ok.content == "ok\n"
 
                 group.start_soon(use)
-    await wait_no_leftovers(groups, run_dir)
+    await wait_no_leftovers(groups, run_dir, before)
 
 
 @pytest.mark.anyio
@@ -155,6 +170,7 @@ async def test_a_slot_server_killed_mid_batch_is_replaced() -> None:
 async def test_a_thousand_trajectories_cancelled_at_random_leave_every_slot_free() -> None:
     rng = random.Random(1234)
     outcomes = {"finished": 0, "cancelled": 0}
+    before = running_now()
     async with LocalSandboxPool(config(containers=2, slots=4)) as pool:
         groups = {pool.server_pid(name) for name in pool.container_names()}
         run_dir = pool.run_dir
@@ -184,7 +200,7 @@ async def test_a_thousand_trajectories_cancelled_at_random_leave_every_slot_free
     assert outcomes["cancelled"] > 50
     assert outcomes["finished"] > 50
     assert largest >= 1
-    await wait_no_leftovers(groups, run_dir)
+    await wait_no_leftovers(groups, run_dir, before)
 
 
 @pytest.mark.anyio
@@ -213,6 +229,7 @@ async def test_the_dispatcher_batches_many_trajectories_per_container() -> None:
 @pytest.mark.anyio
 @pytest.mark.slow
 async def test_close_leaves_no_process_behind_even_with_background_jobs() -> None:
+    before = running_now()
     pool = LocalSandboxPool(config(containers=2, slots=2))
     async with pool:
         groups = {pool.server_pid(name) for name in pool.container_names()}
@@ -232,8 +249,8 @@ async def test_close_leaves_no_process_behind_even_with_background_jobs() -> Non
 
                 group.start_soon(start_job)
             await anyio.sleep(1.0)
-            assert leftovers(groups, run_dir)  # the servers and their sandboxes are running
+            assert leftovers(groups, run_dir, before)  # the servers and their sandboxes are running
             await pool.aclose()
             group.cancel_scope.cancel()
-    await wait_no_leftovers(groups, run_dir)
+    await wait_no_leftovers(groups, run_dir, before)
     assert not run_dir.exists()

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from tests.integration.test_local_pool import config, wait_no_leftovers
+from tests.integration.test_local_pool import config, running_now, wait_no_leftovers
 from trajcore.adapters.sandbox.local_pool import LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.errors import SlotFileError, SlotInfraError
@@ -44,6 +44,7 @@ async def slot_tools(pool: LocalSandboxPool, *, timeout_s: float) -> AsyncIterat
 
 
 async def test_check_run_and_files_on_the_local_pool() -> None:
+    before = running_now()
     async with LocalSandboxPool(config(containers=1, slots=2)) as pool:
         groups = {pool.server_pid(name) for name in pool.container_names()}
         run_dir = pool.run_dir
@@ -70,4 +71,4 @@ async def test_check_run_and_files_on_the_local_pool() -> None:
                 await tools.check("true")
             with pytest.raises(SlotInfraError):  # the lease is lost with its container
                 await tools.run("true")
-    await wait_no_leftovers(groups, run_dir)
+    await wait_no_leftovers(groups, run_dir, before)
