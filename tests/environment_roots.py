@@ -1,8 +1,8 @@
 """A small image with a shell, made at test time from the host's own programs.
 
-The image holds ``/bin/sh``, ``cat``, ``ls`` and ``id``, the libraries ``ldd`` names for them
-(each at the path the program asks for) and an ``/etc/os-release`` of its own, written as an
-OCI image layout with ``tests/image_layouts.py``.
+The image holds ``/bin/sh``, ``cat``, ``ls``, ``rm``, ``mkdir`` and ``id``, the libraries ``ldd``
+names for them (each at the path the program asks for) and an ``/etc/os-release`` of its own,
+written as an OCI image layout with ``tests/image_layouts.py``.
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ import re
 import shutil
 import subprocess
 import tarfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from tests.image_layouts import Entry, write_layout
 
 __all__ = ["IMAGE_OS_RELEASE", "PROGRAMS", "image_problem", "write_shell_image"]
 
-PROGRAMS = ("/bin/sh", "/bin/cat", "/bin/ls", "/usr/bin/id")
+PROGRAMS = ("/bin/sh", "/bin/cat", "/bin/ls", "/bin/rm", "/bin/mkdir", "/usr/bin/id")
 IMAGE_OS_RELEASE = b'ID=trajcore-test-image\nPRETTY_NAME="trajcore test image"\n'
 
 
@@ -39,8 +40,8 @@ def _libraries(program: str) -> set[str]:
     return found
 
 
-def write_shell_image(layout: Path, *, salt: str = "") -> str:
-    """Write the image at ``layout``; its id."""
+def write_shell_image(layout: Path, *, salt: str = "", extra: Sequence[Entry] = ()) -> str:
+    """Write the image at ``layout`` (with the ``extra`` entries besides); its id."""
     files = set(PROGRAMS)
     for program in PROGRAMS:
         files |= _libraries(program)
@@ -58,4 +59,5 @@ def write_shell_image(layout: Path, *, salt: str = "") -> str:
         for path in sorted(files)
     ]
     entries.append(Entry(name="etc/os-release", data=IMAGE_OS_RELEASE, mode=0o644))
+    entries += extra
     return write_layout(layout, [entries], salt=salt)

@@ -13,6 +13,8 @@ Endpoints (all under ``/v1``, bodies JSON; ``PROTOCOL_VERSION`` names this set):
 ``POST /v1/execute``        ``ExecuteRequest``            ``ExecuteResponse``
 ``POST /v1/reset``          ``ResetRequest``              ``ResetResult``
 ``POST /v1/lease``          ``LeaseRequest``              ``LeaseAnswer``
+``POST /v1/snapshot``       ``SnapshotRequest``           ``SnapshotAnswer``
+``POST /v1/snapshot/drop``  ``DropSnapshotRequest``       ``DropSnapshotAnswer``
 ``GET  /v1/slots``          --                            ``SlotListing``
 ``POST /v1/artifacts/read`` ``ReadArtifactRequest``       ``ArtifactFile``
 ``POST /v1/artifacts/list`` ``ListArtifactsRequest``      ``DirectoryListing``
@@ -57,6 +59,8 @@ __all__ = [
     "Capabilities",
     "DirectoryEntry",
     "DirectoryListing",
+    "DropSnapshotAnswer",
+    "DropSnapshotRequest",
     "EntryKind",
     "ErrorBody",
     "ExecuteCall",
@@ -71,6 +75,8 @@ __all__ = [
     "ResetResult",
     "SlotInfo",
     "SlotListing",
+    "SnapshotAnswer",
+    "SnapshotRequest",
     "execute_call",
 ]
 
@@ -206,6 +212,9 @@ class Health:
         workspaces_set_aside: Workspaces resets moved to the trash because they could not be
             wiped in time (each slot went on with a new, empty one).
         trash_left: What the last sweep of the trash could not remove, one line each.
+        snapshots: The snapshots this server holds (dropped ones still in use included).
+        snapshot_bytes: What they hold on disk.
+        forks: The leases started from a snapshot since the server started.
     """
 
     protocol_version: int
@@ -220,6 +229,9 @@ class Health:
     broken_slots: tuple[int, ...] = ()
     workspaces_set_aside: int = 0
     trash_left: tuple[str, ...] = ()
+    snapshots: int = 0
+    snapshot_bytes: int = 0
+    forks: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -315,7 +327,9 @@ class LeaseAnswer:
         field: What the error is about (``environment``, ``epoch``, the cache's own field).
         image_id: The cached image's id.
         hit: The image was in the cache already.
-        duration_s: How long the request took (the image's unpacking included).
+        duration_s: How long the request took (the image's unpacking, or the copy of a
+            snapshot's workspace, included).
+        snapshot: The snapshot the lease starts from, when it named one.
     """
 
     slot: int
@@ -326,6 +340,76 @@ class LeaseAnswer:
     image_id: str | None = None
     hit: bool = False
     duration_s: float = 0.0
+    snapshot: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SnapshotRequest:
+    """Freeze the slot's running lease ``epoch`` (over an image) into a read-only snapshot
+    (``POST /v1/snapshot``): what it wrote over the image and its workspace. Leases named
+    with ``LeaseRequest.snapshot`` then start from it copy-on-write."""
+
+    slot: int = attrs.field(validator=_index)
+    epoch: int = attrs.field(validator=_index)
+
+
+@attrs.frozen(kw_only=True)
+class SnapshotAnswer:
+    """How a snapshot request went: ``ok`` false leaves the lease as it was (its processes
+    may have ended: a snapshot holds files, not processes).
+
+    Attributes:
+        slot: The slot's index.
+        epoch: The lease's epoch.
+        ok: The snapshot exists and the lease now runs over it.
+        snapshot: Its id, the value of ``LeaseRequest.snapshot``.
+        error: Why not, when ``ok`` is false.
+        field: What the error is about (``epoch``, ``slot``, ``snapshot``).
+        image_id: The image it was taken over.
+        bytes: What it holds: the lease's layer over the image and its workspace.
+        files: How many entries it holds.
+        duration_s: How long the request took.
+    """
+
+    slot: int
+    epoch: int
+    ok: bool
+    snapshot: str | None = None
+    error: str | None = None
+    field: str | None = None
+    image_id: str | None = None
+    bytes: int = 0
+    files: int = 0
+    duration_s: float = 0.0
+
+
+@attrs.frozen(kw_only=True)
+class DropSnapshotRequest:
+    """Release a snapshot (``POST /v1/snapshot/drop``): no new lease may start from it, and it
+    is removed once no lease runs over it."""
+
+    snapshot: str = attrs.field(validator=_nonempty)
+
+
+@attrs.frozen(kw_only=True)
+class DropSnapshotAnswer:
+    """How a drop went.
+
+    Attributes:
+        snapshot: The snapshot's id.
+        ok: It is dropped (``False``: no such snapshot; ``error`` says so).
+        removed: Its files are gone already (else when its last lease resets).
+        leases: The leases that still run over it.
+        error: Why not, when ``ok`` is false.
+        field: What the error is about (``snapshot``).
+    """
+
+    snapshot: str
+    ok: bool
+    removed: bool = False
+    leases: int = 0
+    error: str | None = None
+    field: str | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -140,6 +140,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="N",
         help="the cache's size limit in bytes (default: 32 GiB)",
     )
+    images.add_argument(
+        "--snapshot-bytes",
+        type=int,
+        default=16 << 30,
+        metavar="N",
+        help="what this server's snapshots (POST /v1/snapshot) may hold (default: 16 GiB)",
+    )
     parser.add_argument("--slot-helper", dest="retired_slot_helper", help=argparse.SUPPRESS)
     parser.add_argument(
         "--slot-uid-block",
@@ -198,6 +205,8 @@ def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
         raise ConfigError("--slot-uid-block", f"must be >= 0, got {args.slot_uid_block}")
     if args.image_cache_bytes <= 0:
         raise ConfigError("--image-cache-bytes", f"must be > 0, got {args.image_cache_bytes}")
+    if args.snapshot_bytes <= 0:
+        raise ConfigError("--snapshot-bytes", f"must be > 0, got {args.snapshot_bytes}")
     uid_base = policy.slot_uid_base + args.slot_uid_block * args.slots
     check_slot_uid_range("--slot-uid-block", uid_base, args.slots)
     config = RuntimeConfig(
@@ -211,6 +220,7 @@ def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
         warm_leases=os.environ.get("TRAJCORE_SLOT_WARM_LEASES", "1") != "0",
         image_cache=None if args.image_cache is None else args.image_cache.absolute(),
         image_cache_bytes=args.image_cache_bytes,
+        snapshot_bytes=args.snapshot_bytes,
     )
     check_config(config)
     return config, token

@@ -53,6 +53,8 @@ from trajcore.domain.slot_protocol import (
     ArtifactArchive,
     ArtifactFile,
     DirectoryListing,
+    DropSnapshotAnswer,
+    DropSnapshotRequest,
     ErrorBody,
     ExecuteCall,
     ExecuteRequest,
@@ -65,6 +67,8 @@ from trajcore.domain.slot_protocol import (
     ResetRequest,
     ResetResult,
     SlotListing,
+    SnapshotAnswer,
+    SnapshotRequest,
 )
 from trajcore.domain.tools import ToolResult
 
@@ -237,6 +241,32 @@ class SlotServerClient:
         if (answer.slot, answer.epoch) != (slot, epoch):
             raise WireError("$.slot", f"answers slot {answer.slot} epoch {answer.epoch}")
         return answer
+
+    async def snapshot(self, slot: int, epoch: int) -> SnapshotAnswer:
+        """Freeze the slot's running lease ``epoch`` (one over an image) into a snapshot of
+        this server: what the lease wrote over the image and its workspace. The lease's
+        processes end (a snapshot holds files, not processes) and the lease goes on over its
+        snapshot, as each lease started from it (``lease(..., snapshot=answer.snapshot)``)
+        does. A refusal is an answer with ``ok`` false naming the field and the reason.
+
+        Raises ``SlotServerError``, ``UnknownSlot``, ``WireError``.
+        """
+        asked = SnapshotRequest(slot=slot, epoch=epoch)
+        answer = await self._request(
+            "POST", "/v1/snapshot", asked, SnapshotAnswer, self.lease_timeout_s
+        )
+        if (answer.slot, answer.epoch) != (slot, epoch):
+            raise WireError("$.slot", f"answers slot {answer.slot} epoch {answer.epoch}")
+        return answer
+
+    async def drop_snapshot(self, snapshot: str) -> DropSnapshotAnswer:
+        """Drop a snapshot: no new lease may start from it, and its files go once the leases
+        over it have reset (``removed`` says whether they went at once). An unknown id is an
+        answer with ``ok`` false. Raises ``SlotServerError``, ``WireError``."""
+        asked = DropSnapshotRequest(snapshot=snapshot)
+        return await self._request(
+            "POST", "/v1/snapshot/drop", asked, DropSnapshotAnswer, self.quick_timeout_s
+        )
 
     async def list_slots(self) -> SlotListing:
         """Every slot's state. Raises ``SlotServerError``, ``WireError``."""

@@ -82,13 +82,19 @@ async def _set_aside(sandboxes: Sandboxes, slot: Slot, trash: Path, why: Excepti
 
 async def _discard_layer(sandboxes: Sandboxes, slot: Slot, timeout_s: float) -> str | None:
     """Remove what the lease wrote over its image (its upper layer, the overlay's work
-    directory) and stop holding the image; ``None`` once the layer directory is empty."""
+    directory) and stop holding the image and the snapshot it started from; ``None`` once the
+    layer directory is empty."""
     use, slot.image, slot.image_epoch = slot.image, None, None
     if use is not None:
         use.close()
+    frozen, slot.snapshot = slot.snapshot, None
+    if frozen is not None:
+        frozen.close()  # the last lease over a dropped snapshot removes it
     layer = sandboxes.layer_dir(slot)
 
     def discard() -> None:
+        if not layer.is_dir():  # the lease started no sandbox (file tools only): no layer
+            return
         for entry in list(layer.iterdir()):
             if entry.is_dir() and not entry.is_symlink():
                 remove_tree(entry, timeout_s=timeout_s)

@@ -62,6 +62,12 @@ import attrs
 
 from trajcore.adapters.sandbox.capabilities import probe
 from trajcore.adapters.sandbox.channel import MAX_REQUEST_BYTES, check_reply, reply_cap
+from trajcore.adapters.sandbox.forks import (
+    NEEDS_CACHE,
+    freeze_lease,
+    snapshot_problem,
+    start_from,
+)
 from trajcore.adapters.sandbox.image_cache import ImageCache
 from trajcore.adapters.sandbox.limits import SlotCgroup, detect_cgroups, remove_parent
 from trajcore.adapters.sandbox.native_helper import (
@@ -80,6 +86,7 @@ from trajcore.adapters.sandbox.sandboxes import (
 )
 from trajcore.adapters.sandbox.seccomp import SeccompUnavailable, compile_filter
 from trajcore.adapters.sandbox.slot_ids import stage_file, unmapped, unreachable
+from trajcore.adapters.sandbox.snapshots import SnapshotRefused, SnapshotStore
 from trajcore.adapters.sandbox.tool_calls import failure, run_call
 from trajcore.adapters.sandbox.workspace import Workspace
 from trajcore.domain.errors import ConfigError, UnknownSlot
@@ -103,12 +110,14 @@ from trajcore.domain.slot_protocol import (
     ArtifactFile,
     Capabilities,
     DirectoryListing,
+    DropSnapshotAnswer,
     ExecuteCall,
     Health,
     LeaseAnswer,
     ResetResult,
     SlotInfo,
     SlotListing,
+    SnapshotAnswer,
 )
 from trajcore.domain.task_environments import TaskEnvironmentError, parse_environment_ref
 from trajcore.domain.tools import ToolOutcome, ToolResult
@@ -143,8 +152,11 @@ class SlotRuntime:
     _tasks: set[asyncio.Task[None]] = attrs.field(init=False, factory=set)
     _closed: bool = attrs.field(init=False, default=False)
     _sweeping: bool = attrs.field(init=False, default=False)
+    _sweeping_snapshots: bool = attrs.field(init=False, default=False)
     images: ImageCache | None = attrs.field(init=False, default=None)
     """The host's image cache (``RuntimeConfig.image_cache``), once started."""
+    snapshots: SnapshotStore | None = attrs.field(init=False, default=None)
+    """This server's snapshots (with an image cache), once started."""
     trash_left: tuple[str, ...] = attrs.field(init=False, default=())
     """What the last sweep of the trash could not remove (one line each)."""
 
@@ -226,6 +238,11 @@ class SlotRuntime:
             ImageCache, cache, max_bytes=self.config.image_cache_bytes
         )
         (self.config.root / "layers").mkdir(mode=0o711, exist_ok=True)
+        owner = (os.geteuid(), os.getegid()) if self._sandboxes.uid_base is not None else None
+        self.snapshots = await asyncio.to_thread(
+            SnapshotStore, self.config.root / "snapshots", locks=cache / "locks",
+            max_bytes=self.config.snapshot_bytes, owner=owner,
+        )  # fmt: skip
         if self._sandboxes.uid_base is not None:
             blocked = unreachable(cache / "images")
             if blocked is not None:
@@ -269,11 +286,16 @@ class SlotRuntime:
             if slot.image is not None:
                 slot.image.close()
                 slot.image = slot.image_epoch = None
+            if slot.snapshot is not None:
+                slot.snapshot.close()
+                slot.snapshot = None
             if slot.cgroup is not None:
                 with contextlib.suppress(OSError):
                     slot.cgroup.remove()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5)
+        if self.snapshots is not None:
+            await asyncio.to_thread(self.snapshots.close)
         if self._sandboxes.cgroups is not None:
             remove_parent(self._sandboxes.cgroups)
 
@@ -282,6 +304,9 @@ class SlotRuntime:
     def health(self) -> Health:
         """The server's health and capabilities."""
         policy = self.config.policy
+        held, held_bytes, forks = (
+            (0, 0, 0) if self.snapshots is None else self.snapshots.statistics()
+        )
         return Health(
             protocol_version=PROTOCOL_VERSION,
             slots=self.config.slots,
@@ -296,6 +321,9 @@ class SlotRuntime:
             ),
             workspaces_set_aside=sum(slot.set_aside for slot in self._slots),
             trash_left=self.trash_left,
+            snapshots=held,
+            snapshot_bytes=held_bytes,
+            forks=forks,
         )
 
     def listing(self) -> SlotListing:
@@ -413,7 +441,20 @@ class SlotRuntime:
         if problem is not None:
             return refused(*problem)
         if snapshot is not None:
-            return refused("snapshot", "this slot server does not serve snapshots yet")
+            assert self.snapshots is not None
+            try:
+                await start_from(
+                    self._sandboxes, self.snapshots, slot, epoch=epoch, environment=environment,
+                    wanted=snapshot, problem=lambda: self._lease_problem(slot, epoch),
+                    wipe_timeout_s=self.config.reset_timeout_s,
+                )  # fmt: skip
+            except SnapshotRefused as error:
+                return refused(error.field, error.reason)
+            assert slot.image is not None
+            return LeaseAnswer(
+                slot=index, epoch=epoch, ok=True, image_id=slot.image.image.image_id, hit=True,
+                duration_s=time.monotonic() - started, snapshot=snapshot,
+            )  # fmt: skip
         assert self.images is not None
         try:
             ref = parse_environment_ref(environment)
@@ -431,6 +472,74 @@ class SlotRuntime:
             slot=index, epoch=epoch, ok=True, image_id=use.image.image_id, hit=use.image.hit,
             duration_s=time.monotonic() - started,
         )  # fmt: skip
+
+    # ------------------------------------------------------------------------- snapshots
+
+    async def snapshot(self, index: int, epoch: int) -> SnapshotAnswer:
+        """Freeze the slot's lease ``epoch`` (over an image) into a snapshot: its layer over
+        the image and its workspace (``forks.freeze_lease``: the lease's processes end, and
+        the lease goes on over its snapshot). A refusal (no such lease, a call running, the
+        limit, a full disk) names the field and the reason. Raises ``UnknownSlot``."""
+        started = time.monotonic()
+        slot = self.slot(index)
+
+        def problem() -> tuple[str, str] | None:
+            return snapshot_problem(slot, epoch, self.snapshots, closing=self._closed)
+
+        try:
+            found = problem()
+            if found is not None:
+                raise SnapshotRefused(*found)
+            assert self.snapshots is not None
+            frozen = await freeze_lease(
+                self._sandboxes, self.snapshots, slot, problem,
+                wipe_timeout_s=self.config.reset_timeout_s,
+            )  # fmt: skip
+        except SnapshotRefused as error:
+            return SnapshotAnswer(
+                slot=index, epoch=epoch, ok=False, error=error.reason, field=error.field,
+                duration_s=time.monotonic() - started,
+            )  # fmt: skip
+        return SnapshotAnswer(
+            slot=index, epoch=epoch, ok=True, snapshot=frozen.snapshot_id,
+            image_id=frozen.image.image_id, bytes=frozen.bytes, files=frozen.files,
+            duration_s=time.monotonic() - started,
+        )  # fmt: skip
+
+    async def drop_snapshot(self, snapshot: str) -> DropSnapshotAnswer:
+        """Drop ``snapshot``: no new lease starts from it, and its files go once no lease runs
+        over it. A refusal names the field and the reason."""
+        if self.snapshots is None:
+            return DropSnapshotAnswer(
+                snapshot=snapshot, ok=False, error=NEEDS_CACHE, field="snapshot"
+            )
+        try:
+            removed, leases = self.snapshots.drop(snapshot)
+        except SnapshotRefused as error:
+            return DropSnapshotAnswer(
+                snapshot=snapshot, ok=False, error=error.reason, field=error.field
+            )
+        self._sweep_snapshots()
+        return DropSnapshotAnswer(snapshot=snapshot, ok=True, removed=removed, leases=leases)
+
+    def _sweep_snapshots(self) -> None:
+        """Remove removed snapshots' files in the background."""
+        store = self.snapshots
+        if store is None or not store.removing or self._closed or self._sweeping_snapshots:
+            return
+        self._sweeping_snapshots, store.removing = True, False
+
+        async def sweep() -> None:
+            try:
+                left = await asyncio.to_thread(store.sweep)
+                self.trash_left = (*self.trash_left, *left)
+            finally:
+                self._sweeping_snapshots = False
+            self._sweep_snapshots()  # what was removed meanwhile
+
+        task = asyncio.get_running_loop().create_task(sweep())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _lease_problem(self, slot: Slot, epoch: int) -> tuple[str, str] | None:
         """Why the slot's lease ``epoch`` cannot take an environment now (field, reason)."""
@@ -488,6 +597,7 @@ class SlotRuntime:
             slot.calls.reset_done(ticket, error)
             self._take_turns(slot)
             self._sweep_trash()
+            self._sweep_snapshots()
         if error is None and not self._closed and self.config.warm_leases:
             warming = self._sandboxes.warm(slot)
             if warming is not None:

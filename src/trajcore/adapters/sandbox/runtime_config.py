@@ -54,6 +54,8 @@ class RuntimeConfig:
             run over a task environment (``POST /v1/lease``); ``None``: leases run over the
             server's own root only, and a lease request naming an environment is refused.
         image_cache_bytes: The cache's size limit.
+        snapshot_bytes: What this server's snapshots (``POST /v1/snapshot``, under
+            ``root/snapshots``) may hold together; a snapshot past it is refused.
     """
 
     slots: int = attrs.field(validator=positive_int)
@@ -71,6 +73,7 @@ class RuntimeConfig:
     warm_leases: bool = attrs.field(default=True, validator=flag)
     image_cache: Path | None = None
     image_cache_bytes: int = attrs.field(default=32 << 30, validator=positive_int)
+    snapshot_bytes: int = attrs.field(default=16 << 30, validator=positive_int)
 
     def __attrs_post_init__(self) -> None:
         check_slot_uid_range("slot_uid_base", self.slot_uid_base, self.slots)

@@ -30,6 +30,7 @@ from trajcore.adapters.sandbox.limits import CgroupPlan, SlotCgroup, rlimits_for
 from trajcore.adapters.sandbox.runtime_config import RuntimeConfig
 from trajcore.adapters.sandbox.seccomp import SeccompUnavailable, compile_filter
 from trajcore.adapters.sandbox.slot_ids import shared_python, stage_python, unreachable
+from trajcore.adapters.sandbox.snapshots import SnapshotUse
 from trajcore.adapters.sandbox.workspace import Workspace
 from trajcore.domain.bwrap import (
     IMAGE_KEEPER_CAPABILITIES,
@@ -101,7 +102,19 @@ class Slot:
     warmed: Agent | None = None  # that lease's agent, until its first call takes it
     image: ImageUse | None = None  # the image the lease ``image_epoch`` runs over, held
     image_epoch: int | None = None
+    snapshot: SnapshotUse | None = None  # the snapshot the lease ``image_epoch`` starts from
     agent_root: str | None = None  # the image tree the live agent runs over (None: the server's)
+
+    def lease_op(self) -> str:
+        """The keeper's request for this slot's next lease: ``lease`` (the server's root),
+        ``lease-image`` NUL the image's tree, or ``lease-fork`` NUL the snapshot's layers
+        (top first) NUL the image's tree."""
+        if self.image is None:
+            return "lease"
+        tree = str(self.image.image.rootfs)
+        if self.snapshot is None:
+            return f"lease-image\0{tree}"
+        return "\0".join(("lease-fork", *(str(p) for p in self.snapshot.layers), tree))
 
 
 @attrs.define(eq=False)
@@ -256,7 +269,7 @@ class Sandboxes:
         started = time.monotonic()
         await self.wait_warm(slot)
         agent = slot.agent
-        wanted = str(slot.image.image.rootfs) if slot.image is not None else None
+        wanted = None if slot.image is None else slot.lease_op()
         if agent is not None and slot.agent_root != wanted:
             await self.stop_agent(slot)  # a lease warmed over another root than this one's
             agent = None
@@ -418,7 +431,11 @@ class Sandboxes:
         if cache is not None:  # leases over images: the cache read-only, the layer read-write
             self.own_layer(slot)
             layer = Bind(source=str(self.layer_dir(slot)), dest=LAYER_PATH, writable=True)
-            binds = (*policy.extra_binds, Bind(source=str(cache), dest=str(cache)), layer)
+            frozen = str(self.config.root / "snapshots")  # snapshots' layers (snapshots.py)
+            binds = (
+                *policy.extra_binds, Bind(source=str(cache), dest=str(cache)), layer,
+                Bind(source=frozen, dest=frozen),
+            )  # fmt: skip
             policy = attrs.evolve(policy, extra_binds=binds)
             keep = IMAGE_KEEPER_CAPABILITIES
         argv = self.sandbox_argv(policy, slot.workspace.root, inner, keep_capabilities=keep)
@@ -479,8 +496,8 @@ class Sandboxes:
     async def lease_agent(self, slot: Slot, *, started: float) -> Agent:
         """A new lease from the slot's keeper: fresh namespaces, its own agent and channel."""
         keeper = await self.ensure_keeper(slot)
-        root = str(slot.image.image.rootfs) if slot.image is not None else None
-        op = "lease" if root is None else f"lease-image\0{root}"
+        op = slot.lease_op()
+        root = None if slot.image is None else op
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             reply = await keeper.ask(op, self.config.start_timeout_s, theirs)

@@ -28,6 +28,7 @@ from trajcore.adapters.sandbox.runtime import SlotRuntime
 from trajcore.domain.errors import ToolArgumentError, UnknownSlot, WireError
 from trajcore.domain.slot_protocol import (
     ArchiveArtifactsRequest,
+    DropSnapshotRequest,
     ErrorBody,
     ExecuteRequest,
     ExecuteResponse,
@@ -35,6 +36,7 @@ from trajcore.domain.slot_protocol import (
     ListArtifactsRequest,
     ReadArtifactRequest,
     ResetRequest,
+    SnapshotRequest,
 )
 
 __all__ = [
@@ -77,6 +79,14 @@ def make_answer(runtime: SlotRuntime, token: str | None) -> Answer:
         asked = decode(body, LeaseRequest)
         return await runtime.lease(asked.slot, asked.epoch, asked.environment, asked.snapshot)
 
+    async def snapshot(body: bytes) -> object:
+        asked = decode(body, SnapshotRequest)
+        return await runtime.snapshot(asked.slot, asked.epoch)
+
+    async def drop_snapshot(body: bytes) -> object:
+        asked = decode(body, DropSnapshotRequest)
+        return await runtime.drop_snapshot(asked.snapshot)
+
     async def slots(_: bytes) -> object:
         return runtime.listing()
 
@@ -99,6 +109,8 @@ def make_answer(runtime: SlotRuntime, token: str | None) -> Answer:
         "/v1/execute": ("POST", execute),
         "/v1/reset": ("POST", reset),
         "/v1/lease": ("POST", lease),
+        "/v1/snapshot": ("POST", snapshot),
+        "/v1/snapshot/drop": ("POST", drop_snapshot),
         "/v1/slots": ("GET", slots),
         "/v1/artifacts/read": ("POST", read),
         "/v1/artifacts/list": ("POST", listing),

@@ -1304,13 +1304,18 @@ static void mount_scratch(int channel, const plan *p) {
  * each reset), mounted at LAYER_DIR/root and made the root with pivot_root. /dev and the
  * workspace come along as binds; /proc, /tmp and the rest are mounted by the steps after. */
 static const char LAYER_DIR[] = "/run/trajcore/layer";
+/* A keeper request's largest size, and the most read-only layers a lease stacks: the frozen
+ * layers of a snapshot chain (snapshots.py, MAX_DEPTH) and the image's tree. */
+#define REQUEST_MAX 16384
+#define MAX_LOWER_LAYERS 17
 
+/* ``lower``: the overlay's read-only layers, top first, joined with ':' (join_layers). */
 static void enter_image(int channel, const plan *p, const char *lower) {
-    if (strpbrk(lower, ",:\\") || lower[0] != '/') {
+    if (strpbrk(lower, ",\\") || lower[0] != '/') {
         errno = EINVAL;
-        refuse(channel, "the image's tree (a path with ',', ':' or '\\')");
+        refuse(channel, "the image's tree (a path with ',' or '\\')");
     }
-    char upper[PATH_MAX], work[PATH_MAX], root[PATH_MAX], options[3 * PATH_MAX + 64];
+    char upper[PATH_MAX], work[PATH_MAX], root[PATH_MAX], options[REQUEST_MAX + 3 * PATH_MAX];
     snprintf(upper, sizeof upper, "%s/upper", LAYER_DIR);
     snprintf(work, sizeof work, "%s/work", LAYER_DIR);
     snprintf(root, sizeof root, "%s/root", LAYER_DIR);
@@ -1483,6 +1488,40 @@ static pid_t begin_lease(int channel, const plan *p, const char *image) {
     return first;
 }
 
+/* The read-only layers of a "lease-image" or "lease-fork" request (``size`` bytes at ``at``,
+ * NUL-separated), joined with ':' for the overlay's lowerdir; NULL with ``problem`` set when a
+ * path is not absolute, is empty or holds ',', ':' or '\\' (the overlay's separators), or when
+ * there are too many (a fork: two at least, the frozen layers and the image's tree). */
+static const char *join_layers(const char *at, size_t size, bool fork, const char **problem) {
+    static char lowers[REQUEST_MAX];
+    size_t used = 0, count = 0, offset = 0;
+    while (offset < size) {
+        const char *part = at + offset;
+        size_t len = strnlen(part, size - offset);
+        if (len == 0 || part[0] != '/' || memchr(part, ',', len) || memchr(part, ':', len) ||
+            memchr(part, '\\', len)) {
+            *problem = "keeper refused the lease: a layer's path must be absolute, without ',', "
+                       "':' or '\\'";
+            return NULL;
+        }
+        if (++count > (fork ? MAX_LOWER_LAYERS : 1)) {
+            *problem = "keeper refused the lease: too many layers";
+            return NULL;
+        }
+        if (count > 1)
+            lowers[used++] = ':';
+        memcpy(lowers + used, part, len);
+        used += len;
+        offset += len + 1;
+    }
+    if (count < (fork ? 2u : 1u)) {
+        *problem = "keeper refused the lease: a fork names its frozen layers and the image's tree";
+        return NULL;
+    }
+    lowers[used] = '\0';
+    return lowers;
+}
+
 /* Run as a slot's keeper: requests arrive on fd 0, a
  * SOCK_SEQPACKET socket, one per packet: "lease" (with the lease's channel as an SCM_RIGHTS
  * descriptor) or "end"; each gets one JSON packet back. End of input ends the current lease and
@@ -1499,7 +1538,7 @@ static int keep(plan *p) {
         return 0;
     pid_t lease = 0;
     while (true) {
-        char message[PATH_MAX + 64];
+        char message[REQUEST_MAX];
         union {
             char room[CMSG_SPACE(4 * sizeof(int))];
             struct cmsghdr align;
@@ -1526,15 +1565,25 @@ static int keep(plan *p) {
         }
         message[got] = '\0';
         reply.len = 0;
-        /* "lease", or "lease-image" NUL and the image's tree: a lease over that image */
-        const char *image = NULL;
+        /* "lease"; "lease-image" NUL the image's tree: a lease over that image; or "lease-fork"
+         * NUL a snapshot's frozen layers (top first, NUL-separated) NUL the image's tree: a
+         * lease over those layers stacked on the image */
+        const char *image = NULL, *problem = NULL;
         bool leasing = got == 5 && memcmp(message, "lease", 5) == 0;
-        if (got > 12 && memcmp(message, "lease-image\0", 12) == 0 &&
-            strlen(message + 12) == (size_t)got - 12) {
-            image = message + 12;
+        size_t head = 0;
+        if (got > 12 && memcmp(message, "lease-image\0", 12) == 0)
+            head = 12;
+        else if (got > 11 && memcmp(message, "lease-fork\0", 11) == 0)
+            head = 11;
+        if (head > 0) {
+            image = join_layers(message + head, (size_t)got - head, head == 11, &problem);
             leasing = true;
         }
-        if (leasing) {
+        if (leasing && problem) {
+            buf_puts(&reply, "{\"error\":");
+            json_string(&reply, problem, strlen(problem));
+            buf_puts(&reply, "}");
+        } else if (leasing) {
             if (fd_count != 1) {
                 buf_printf(&reply, "{\"error\":\"a lease needs one channel, got %d descriptors\"}",
                            fd_count);

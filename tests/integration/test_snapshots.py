@@ -1,0 +1,249 @@
+"""Snapshots and forks in a real slot server (real bubblewrap, the compiled keeper).
+
+A lease over an image prepares files in its workspace and in its root, ``POST /v1/snapshot``
+freezes them, and leases of other slots start from the snapshot copy-on-write: each sees what
+the first lease prepared (a file it deleted from the image included: deleted), and nothing one
+of them writes reaches another or the snapshot, whose files are checked from the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.environment_roots import image_problem, write_shell_image
+from tests.image_layouts import Entry
+from tests.integration.test_environment_leases import reset, shell, tree_digest
+from tests.integration.test_slot_server import Server, searchable_dir, start_server, stop_server
+from trajcore.adapters.sandbox.client import SlotServerClient
+
+pytestmark = [pytest.mark.skipif(image_problem() is not None, reason=str(image_problem()))]
+
+IMAGE_FILE = Entry(name="image-file", data=b"from-image\n", mode=0o644)
+EMPTY_DIR = Entry(name="image-dir/", kind=tarfile.DIRTYPE, mode=0o755)
+PREPARE = (
+    "echo prepared > /workspace/prep.txt && mkdir /workspace/src && "
+    "echo code > /workspace/src/main.py && echo root-prepared > /prepared-root && "
+    "rm /image-file && rm -r /image-dir && mkdir /image-dir && echo new > /image-dir/made"
+)
+
+
+@pytest.fixture(scope="module")
+def image_server() -> Iterator[tuple[Server, str]]:
+    """A slot server with an image cache, and an image with a file and a folder at its top
+    (where a lease may delete them: the overlay's root is the lease's own)."""
+    with searchable_dir("snapshots") as folder:
+        write_shell_image(folder / "layout", salt="snapshots", extra=[IMAGE_FILE, EMPTY_DIR])
+        running = start_server(folder / "root", "--image-cache", str(folder / "cache"))
+        yield running, f"oci:{folder / 'layout'}"
+        assert stop_server(running) == 0
+
+
+def snapshot_folder(server: Server, snapshot: str) -> Path:
+    return server.root / "snapshots" / snapshot
+
+
+async def wait_gone(path: Path) -> None:
+    deadline = time.monotonic() + 10
+    while path.exists():  # noqa: ASYNC240 - a poll between sleeps
+        assert time.monotonic() < deadline, f"{path} is still there"
+        await asyncio.sleep(0.05)
+
+
+async def prepared_snapshot(client: SlotServerClient, server: Server, ref: str, epoch: int) -> str:
+    """Slot 0's lease ``epoch`` prepares files and is frozen; the snapshot's id."""
+    assert (await client.lease(0, epoch, ref)).ok
+    code, text = await shell(server, 0, epoch, PREPARE)
+    assert code == 0, text
+    frozen = await client.snapshot(0, epoch)
+    assert frozen.ok, frozen
+    assert frozen.snapshot is not None
+    return frozen.snapshot
+
+
+def test_forks_start_from_what_the_first_lease_prepared_and_stay_apart(
+    image_server: tuple[Server, str],
+) -> None:
+    server, ref = image_server
+
+    async def main() -> None:
+        async with server.client() as client:
+            assert (await client.lease(0, 1, ref)).ok
+            code, text = await shell(server, 0, 1, PREPARE)
+            assert code == 0, text
+            frozen = await client.snapshot(0, 1)
+            assert frozen.ok, frozen
+            assert frozen.snapshot is not None
+            assert frozen.bytes >= len("prepared\ncode\nroot-prepared\nnew\n"), frozen
+            folder = snapshot_folder(server, frozen.snapshot)
+            # the frozen layer, from the host: the deletion is an overlay whiteout, kept
+            whiteout = (folder / "root" / "image-file").lstat()
+            assert stat.S_ISCHR(whiteout.st_mode), whiteout
+            assert whiteout.st_rdev == 0
+            assert (folder / "root" / "prepared-root").read_text() == "root-prepared\n"
+            assert (folder / "workspace" / "src" / "main.py").read_text() == "code\n"
+            before = tree_digest(folder)
+            health = await client.health()
+            assert (health.snapshots, health.snapshot_bytes) == (1, frozen.bytes), health
+
+            for slot in (1, 2):
+                fork = await client.lease(slot, 1, ref, snapshot=frozen.snapshot)
+                assert fork.ok, fork
+                assert fork.snapshot == frozen.snapshot
+            see = (
+                "cat /workspace/prep.txt /workspace/src/main.py /prepared-root "
+                "/image-dir/made; ls /"
+            )
+            for slot in (1, 2):
+                code, text = await shell(server, slot, 1, see)
+                assert code == 0, text
+                assert text.split()[:4] == ["prepared", "code", "root-prepared", "new"], text
+                assert "image-file" not in text.split(), text  # deleted in the image: deleted
+                code, text = await shell(server, slot, 1, "cat /image-file")
+                assert code != 0, text
+            # each fork writes over what it was given; its own workspace is its own
+            code, text = await shell(
+                server, 1, 1,
+                "echo from-b > /workspace/prep.txt && echo b > /b-only && "
+                "rm /prepared-root && echo b-root > /prepared-root",
+            )  # fmt: skip
+            assert code == 0, text
+            # what the frozen layer holds is part of the image: read-only in place
+            code, text = await shell(server, 1, 1, "echo b > /image-dir/made")
+            assert code != 0, text
+            code, text = await shell(
+                server, 2, 1,
+                "cat /workspace/prep.txt /prepared-root /image-dir/made; ls /b-only; "
+                "echo c > /workspace/c-only",
+            )  # fmt: skip
+            assert text.split()[:3] == ["prepared", "root-prepared", "new"], text
+            assert "No such file" in text, text
+            code, text = await shell(server, 1, 1, "cat /workspace/prep.txt /prepared-root")
+            assert text.split() == ["from-b", "b-root"], text
+            code, text = await shell(server, 1, 1, "ls /workspace")
+            assert text.split() == ["prep.txt", "src"], text
+            # the first lease goes on over its own snapshot, apart from its forks
+            code, text = await shell(server, 0, 1, "cat /workspace/prep.txt /prepared-root")
+            assert (code, text.split()) == (0, ["prepared", "root-prepared"]), text
+            code, text = await shell(server, 0, 1, "echo a2 > /workspace/prep.txt; ls /")
+            assert "b-only" not in text.split(), text
+            assert tree_digest(folder) == before
+            health = await client.health()
+            assert (health.snapshots, health.forks) == (1, 2), health
+            # the snapshot goes once its leases have reset
+            dropped = await client.drop_snapshot(frozen.snapshot)
+            assert (dropped.ok, dropped.removed, dropped.leases) == (True, False, 3), dropped
+            later = await client.lease(3, 1, ref, snapshot=frozen.snapshot)
+            assert (later.ok, later.field) == (False, "snapshot"), later
+            assert "dropped" in str(later.error)
+            for slot in (0, 1, 2):
+                assert folder.exists()
+                await reset(server, slot, 1)
+            await wait_gone(folder)
+            assert (await client.health()).snapshots == 0
+            await reset(server, 3, 1)
+
+    asyncio.run(main())
+
+
+def test_a_snapshot_of_a_fork_stacks_on_its_parent(image_server: tuple[Server, str]) -> None:
+    server, ref = image_server
+
+    async def main() -> None:
+        async with server.client() as client:
+            first = await prepared_snapshot(client, server, ref, 2)
+            assert (await client.lease(1, 2, ref, snapshot=first)).ok
+            code, text = await shell(server, 1, 2, "echo second > /second && rm /prepared-root")
+            assert code == 0, text
+            second = await client.snapshot(1, 2)
+            assert second.ok, second
+            assert second.snapshot is not None
+            # the first snapshot, dropped, stays while the second stands on it
+            assert (await client.drop_snapshot(first)).removed is False
+            for slot in (0, 1):
+                await reset(server, slot, 2)
+            assert snapshot_folder(server, first).exists()
+            assert (await client.lease(2, 2, ref, snapshot=second.snapshot)).ok
+            code, text = await shell(server, 2, 2, "cat /second /workspace/prep.txt; ls /")
+            assert text.split()[:2] == ["second", "prepared"], text
+            assert "prepared-root" not in text.split(), text
+            assert "image-file" not in text.split(), text
+            await reset(server, 2, 2)
+            assert (await client.drop_snapshot(second.snapshot)).removed is True
+            await wait_gone(snapshot_folder(server, second.snapshot))
+            await wait_gone(snapshot_folder(server, first))
+
+    asyncio.run(main())
+
+
+def test_bad_snapshot_requests_are_refused_and_the_slot_goes_on(
+    image_server: tuple[Server, str],
+) -> None:
+    server, ref = image_server
+
+    async def main() -> None:
+        async with server.client() as client:
+            # a lease over the server's own root has no layer to freeze
+            code, _ = await shell(server, 3, 5, "echo x > /workspace/x")
+            assert code == 0
+            plain = await client.snapshot(3, 5)
+            assert (plain.ok, plain.field) == (False, "epoch"), plain
+            assert "over the server's own root" in str(plain.error)
+            code, text = await shell(server, 3, 5, "cat /workspace/x")
+            assert (code, text.strip()) == (0, "x")
+            await reset(server, 3, 5)
+            stale = await client.snapshot(3, 5)
+            assert (stale.ok, stale.field) == (False, "epoch"), stale
+            # an unknown snapshot, a snapshot over another image
+            unknown = await client.lease(3, 6, ref, snapshot="0" * 32)
+            assert (unknown.ok, unknown.field) == (False, "snapshot"), unknown
+            assert "no snapshot" in str(unknown.error)
+            frozen = await prepared_snapshot(client, server, ref, 3)
+            other = await client.lease(3, 6, "oci:/elsewhere", snapshot=frozen)
+            assert (other.ok, other.field) == (False, "environment"), other
+            assert "was taken over" in str(other.error)
+            missing = await client.drop_snapshot("no-such")
+            assert (missing.ok, missing.field) == (False, "snapshot"), missing
+            # the slot goes on: the same epoch from the snapshot, then over the root again
+            assert (await client.lease(3, 6, ref, snapshot=frozen)).ok
+            code, text = await shell(server, 3, 6, "cat /workspace/prep.txt")
+            assert (code, text.strip()) == (0, "prepared")
+            await reset(server, 3, 6)
+            await reset(server, 0, 3)
+            assert (await client.drop_snapshot(frozen)).removed is True
+
+    asyncio.run(main())
+
+
+def test_a_snapshot_past_the_servers_limit_is_refused_and_the_lease_keeps_its_files() -> None:
+    with searchable_dir("snapshot-limit") as folder:
+        write_shell_image(folder / "layout", salt="limit", extra=[IMAGE_FILE, EMPTY_DIR])
+        running = start_server(
+            folder / "root", "--image-cache", str(folder / "cache"), "--snapshot-bytes", "8"
+        )
+        try:
+            asyncio.run(_refused_past_the_limit(running, f"oci:{folder / 'layout'}"))
+        finally:
+            assert stop_server(running) == 0
+
+
+async def _refused_past_the_limit(server: Server, ref: str) -> None:
+    async with server.client() as client:
+        assert (await client.lease(0, 1, ref)).ok
+        code, text = await shell(server, 0, 1, PREPARE)
+        assert code == 0, text
+        refused = await client.snapshot(0, 1)
+        assert (refused.ok, refused.field) == (False, "snapshot"), refused
+        assert "--snapshot-bytes" in str(refused.error)
+        code, text = await shell(server, 0, 1, "cat /workspace/prep.txt /prepared-root")
+        assert (code, text.split()) == (0, ["prepared", "root-prepared"]), text
+        assert os.listdir(server.root / "snapshots") == []
+        assert (await client.health()).snapshots == 0
+        await reset(server, 0, 1)
