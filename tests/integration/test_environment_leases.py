@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from tests.integration.test_slot_server import (
     start_server,
     stop_server,
 )
+from trajcore.adapters.sandbox.client import SlotServerClient
 from trajcore.domain.tools import ToolOutcome
 
 HOST_RELEASE = Path("/etc/os-release").read_text()
@@ -213,5 +215,39 @@ def test_the_clients_lease_method_answers_and_refuses(image_server: tuple[Server
             code, text = await shell(server, 3, 2, "cat /etc/os-release")
             assert (code, text) == (0, HOST_RELEASE)
             await reset(server, 3, 2)
+
+    asyncio.run(main())
+
+
+async def sandbox_running(client: SlotServerClient, slot: int, wait_s: float) -> bool:
+    """Whether the slot has a lease running (before any call of it) within ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        if (await client.list_slots()).slots[slot].sandbox_running:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.02)
+
+
+def test_a_lease_over_an_image_is_warmed_when_named_not_at_the_reset(
+    image_server: tuple[Server, str],
+) -> None:
+    server, ref = image_server
+
+    async def main() -> None:
+        async with server.client() as client:
+            assert (await client.lease(0, 10, ref)).ok
+            code, _ = await shell(server, 0, 10, "true")  # the slot's keeper runs
+            assert code == 0
+            await reset(server, 0, 10)
+            # no lease over the server's root is warmed after a lease over an image ...
+            assert not await sandbox_running(client, 0, 0.5)
+            # ... the next one starts over the image as soon as it is named
+            assert (await client.lease(0, 11, ref)).ok
+            assert await sandbox_running(client, 0, 5.0)
+            code, text = await shell(server, 0, 11, "cat /etc/os-release")
+            assert (code, text.strip()) == (0, IMAGE_OS_RELEASE.decode().strip())
+            await reset(server, 0, 11)
 
     asyncio.run(main())

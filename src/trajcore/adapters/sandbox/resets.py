@@ -43,7 +43,7 @@ async def clean_slot(
     if problem is not None:
         return problem
     if slot.image is not None:  # the lease ran over an image: its writable layer goes
-        problem = await _discard_layer(sandboxes, slot, wipe_timeout_s)
+        problem = _discard_layer(sandboxes, slot, trash)
         if problem is not None:
             return problem
     # Most workspaces end a lease small: an empty one costs one directory read here, not a
@@ -80,10 +80,11 @@ async def _set_aside(sandboxes: Sandboxes, slot: Slot, trash: Path, why: Excepti
     return None
 
 
-async def _discard_layer(sandboxes: Sandboxes, slot: Slot, timeout_s: float) -> str | None:
-    """Remove what the lease wrote over its image (its upper layer, the overlay's work
-    directory) and stop holding the image and the snapshot it started from; ``None`` once the
-    layer directory is empty."""
+def _discard_layer(sandboxes: Sandboxes, slot: Slot, trash: Path) -> str | None:
+    """Set aside what the lease wrote over its image (its upper layer, the overlay's work
+    directory: renamed into ``trash``, which the runtime empties in the background, so the
+    reset does not wait for their removal) and stop holding the image and the snapshot it
+    started from; ``None`` once the layer directory is empty."""
     use, slot.image, slot.image_epoch = slot.image, None, None
     if use is not None:
         use.close()
@@ -91,18 +92,17 @@ async def _discard_layer(sandboxes: Sandboxes, slot: Slot, timeout_s: float) -> 
     if frozen is not None:
         frozen.close()  # the last lease over a dropped snapshot removes it
     layer = sandboxes.layer_dir(slot)
-
-    def discard() -> None:
-        if not layer.is_dir():  # the lease started no sandbox (file tools only): no layer
-            return
-        for entry in list(layer.iterdir()):
-            if entry.is_dir() and not entry.is_symlink():
-                remove_tree(entry, timeout_s=timeout_s)
-            else:
-                entry.unlink()
-
     try:
-        await asyncio.to_thread(discard)
+        if not layer.is_dir():  # the lease started no sandbox (file tools only): no layer
+            return None
+        with os.scandir(layer) as entries:
+            names = [entry.name for entry in entries]
+        if names:
+            trash.mkdir(mode=0o700, exist_ok=True)
+            aside = trash / f"layer-{slot.index}-{os.urandom(6).hex()}"
+            aside.mkdir(mode=0o700)
+            for name in names:
+                (layer / name).rename(aside / name)
     except OSError as failed:
         return f"cannot discard the lease's writable layer: {failed}"
     return None

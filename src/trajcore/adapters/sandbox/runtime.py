@@ -451,6 +451,7 @@ class SlotRuntime:
             except SnapshotRefused as error:
                 return refused(error.field, error.reason)
             assert slot.image is not None
+            await self._warm_environment(slot)
             return LeaseAnswer(
                 slot=index, epoch=epoch, ok=True, image_id=slot.image.image.image_id, hit=True,
                 duration_s=time.monotonic() - started, snapshot=snapshot,
@@ -468,6 +469,7 @@ class SlotRuntime:
             use.close()
             return refused(*problem)
         slot.image, slot.image_epoch = use, epoch
+        await self._warm_environment(slot)
         return LeaseAnswer(
             slot=index, epoch=epoch, ok=True, image_id=use.image.image_id, hit=use.image.hit,
             duration_s=time.monotonic() - started,
@@ -500,6 +502,7 @@ class SlotRuntime:
                 slot=index, epoch=epoch, ok=False, error=error.reason, field=error.field,
                 duration_s=time.monotonic() - started,
             )  # fmt: skip
+        await self._warm_environment(slot)  # the lease's next one, over its snapshot
         return SnapshotAnswer(
             slot=index, epoch=epoch, ok=True, snapshot=frozen.snapshot_id,
             image_id=frozen.image.image_id, bytes=frozen.bytes, files=frozen.files,
@@ -541,6 +544,20 @@ class SlotRuntime:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _warm_environment(self, slot: Slot) -> None:
+        """Start the lease over its environment now, off its first call's path: end a lease
+        warmed over the server's root, if a reset warmed one (a few milliseconds), and let the
+        keeper build the new one (its overlay and pivot) while the answer travels; the first
+        call waits for what is left of it. Needs the slot's keeper (a slot's first lease
+        starts it on its first call)."""
+        if not self.config.warm_leases or self._closed:
+            return
+        await self._sandboxes.stop_agent(slot)
+        warming = self._sandboxes.warm(slot)
+        if warming is not None:
+            self._tasks.add(warming)
+            warming.add_done_callback(self._tasks.discard)
+
     def _lease_problem(self, slot: Slot, epoch: int) -> tuple[str, str] | None:
         """Why the slot's lease ``epoch`` cannot take an environment now (field, reason)."""
         if self._closed:
@@ -576,6 +593,9 @@ class SlotRuntime:
         started = time.monotonic()
         slot = self.slot(index)
         ticket = slot.calls.reset(epoch)
+        # a slot whose lease ran over an image most likely takes one again: its next lease is
+        # warmed when that lease names it (POST /v1/lease), not over the server's root here
+        over_image = slot.image is not None
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         slot.reset_turns[ticket.number] = turn
         self._take_turns(slot)
@@ -598,7 +618,7 @@ class SlotRuntime:
             self._take_turns(slot)
             self._sweep_trash()
             self._sweep_snapshots()
-        if error is None and not self._closed and self.config.warm_leases:
+        if error is None and not self._closed and self.config.warm_leases and not over_image:
             warming = self._sandboxes.warm(slot)
             if warming is not None:
                 self._tasks.add(warming)
