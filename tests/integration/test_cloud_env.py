@@ -27,11 +27,13 @@ from trajcore.adapters.sandbox.daytona_pool import (
     DaytonaCredentials,
     DaytonaPoolConfig,
     DaytonaSandboxPool,
+    DaytonaSandboxSettings,
 )
 from trajcore.adapters.sandbox.modal_pool import (
     ModalCredentials,
     ModalPoolConfig,
     ModalSandboxPool,
+    ModalSandboxSettings,
 )
 from trajcore.domain.errors import SandboxUnavailable
 from trajcore.domain.slots import SlotCall
@@ -153,7 +155,7 @@ def test_modal_with_credentials_builds_a_working_pool_from_them(
     seen: list[ModalCredentials] = []
 
     def install(fake: FakeCloud) -> None:
-        def sdk(_: ModalPoolConfig, credentials: ModalCredentials) -> CloudProvider:
+        def sdk(_: ModalSandboxSettings, credentials: ModalCredentials) -> CloudProvider:
             seen.append(credentials)
             return fake
 
@@ -187,7 +189,7 @@ def test_daytona_with_credentials_builds_a_working_pool_from_them(
     seen: list[DaytonaCredentials] = []
 
     def install(fake: FakeCloud) -> None:
-        def sdk(_: DaytonaPoolConfig, credentials: DaytonaCredentials) -> CloudProvider:
+        def sdk(_: DaytonaSandboxSettings, credentials: DaytonaCredentials) -> CloudProvider:
             seen.append(credentials)
             return fake
 
@@ -209,7 +211,9 @@ def test_the_daytona_client_is_configured_with_the_credentials_found(
 
     monkeypatch.setenv("DAYTONA_JWT_TOKEN", "jwt-test")
     monkeypatch.setenv("DAYTONA_ORGANIZATION_ID", "org-7")
-    pool = DaytonaSandboxPool(DaytonaPoolConfig(target="eu"), sdk=official_daytona_sdk)
+    pool = DaytonaSandboxPool(
+        DaytonaPoolConfig(sandbox=DaytonaSandboxSettings(target="eu")), sdk=official_daytona_sdk
+    )
     provider = pool.provider
     assert isinstance(provider, DaytonaProvider)
     client = provider.client_config()
@@ -233,7 +237,9 @@ def test_the_modal_provider_is_given_the_credentials_found(
 
     monkeypatch.setenv("MODAL_TOKEN_ID", "ak-test")
     monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-test")
-    provider = ModalSandboxPool(ModalPoolConfig(app_name="rl")).provider
+    provider = ModalSandboxPool(
+        ModalPoolConfig(sandbox=ModalSandboxSettings(app_name="rl"))
+    ).provider
     assert isinstance(provider, ModalProvider)
     assert provider.credentials == ModalCredentials(token_id="ak-test", token_secret="as-test")
     assert provider.settings.app_name == "rl"
@@ -251,7 +257,7 @@ def test_a_modal_profile_file_is_credentials_enough(
     _env_config(kind, "modal").settings()
     seen: list[ModalCredentials] = []
 
-    def sdk(_: ModalPoolConfig, credentials: ModalCredentials) -> CloudProvider:
+    def sdk(_: ModalSandboxSettings, credentials: ModalCredentials) -> CloudProvider:
         seen.append(credentials)
         return FakeCloud(name="Modal")
 

@@ -23,13 +23,14 @@ from tests.integration.cloud_testbed import (
     shape_settings,
     stop_sandbox,
 )
-from trajcore.adapters.sandbox.cloud_pool import OWNER_LABEL, RUN_LABEL
+from trajcore.adapters.sandbox.cloud_pool import OWNER_LABEL, RUN_LABEL, CloudPoolConfig
 from trajcore.adapters.sandbox.daytona_pool import (
     DaytonaPoolConfig,
     DaytonaSandboxPool,
+    DaytonaSandboxSettings,
     check_daytona,
 )
-from trajcore.adapters.sandbox.daytona_sdk import DaytonaSandboxSettings, create_params
+from trajcore.adapters.sandbox.daytona_sdk import create_params
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.fake_cloud import FakeCloud
@@ -43,7 +44,7 @@ from trajcore.testing.sandbox_pool_contract import (
 
 def _config(**overrides: object) -> DaytonaPoolConfig:
     settings = {**FAST, "owner": "test-daytona", **overrides}
-    return DaytonaPoolConfig(**settings)  # type: ignore[arg-type]
+    return DaytonaPoolConfig(pool=CloudPoolConfig(**settings))  # type: ignore[arg-type]
 
 
 @asynccontextmanager
@@ -126,6 +127,6 @@ def test_missing_credentials_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_bad_settings_name_their_field() -> None:
     with pytest.raises(ConfigError, match="memory_gib"):
-        _config(memory_gib=0)
+        DaytonaSandboxSettings(memory_gib=0)
     with pytest.raises(ConfigError, match="port"):
         _config(port=70000)

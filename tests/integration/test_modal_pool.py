@@ -25,6 +25,7 @@ from tests.integration.cloud_testbed import (
 from trajcore.adapters.sandbox.cloud_pool import (
     OWNER_LABEL,
     RUN_LABEL,
+    CloudPoolConfig,
     ProviderError,
     SandboxSpec,
     server_argv,
@@ -44,7 +45,7 @@ from trajcore.testing.sandbox_pool_contract import (
 
 def _config(**overrides: object) -> ModalPoolConfig:
     settings = {**FAST, "owner": "test-modal", **overrides}
-    return ModalPoolConfig(**settings)  # type: ignore[arg-type]
+    return ModalPoolConfig(pool=CloudPoolConfig(**settings))  # type: ignore[arg-type]
 
 
 @asynccontextmanager
@@ -91,8 +92,8 @@ async def test_sandboxes_are_labelled_and_a_crashed_runs_are_deleted_at_start() 
     async with FakeCloud(name="Modal") as fake:
         config = _config(min_containers=1, max_containers=1, slots_per_container=1)
         stale = SandboxSpec(
-            argv=server_argv(config),
-            port=config.port,
+            argv=server_argv(config.pool),
+            port=config.pool.port,
             labels={OWNER_LABEL: "test-modal", RUN_LABEL: "crashed", "trajcore-index": "0"},
             env={"TRAJCORE_SLOT_TOKEN": "old-token"},
         )

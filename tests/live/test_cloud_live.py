@@ -10,12 +10,19 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from trajcore.adapters.sandbox.cloud_pool import CloudPoolConfig
 from trajcore.adapters.sandbox.daytona_pool import (
     DaytonaPoolConfig,
     DaytonaSandboxPool,
+    DaytonaSandboxSettings,
     check_daytona,
 )
-from trajcore.adapters.sandbox.modal_pool import ModalPoolConfig, ModalSandboxPool, check_modal
+from trajcore.adapters.sandbox.modal_pool import (
+    ModalPoolConfig,
+    ModalSandboxPool,
+    ModalSandboxSettings,
+    check_modal,
+)
 from trajcore.domain.errors import SandboxUnavailable
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.sandbox_pool_contract import (
@@ -37,24 +44,24 @@ def _missing(check: object) -> str | None:
 _IMAGE = os.environ.get("TRAJCORE_LIVE_IMAGE", "ghcr.io/trajcore/slot-server:latest")
 
 
-@asynccontextmanager
-async def _modal(shape: PoolShape) -> AsyncIterator[SandboxPool]:
-    config = ModalPoolConfig(
-        owner="trajcore-live-test", image=_IMAGE, slots_per_container=shape.slots_per_container,
+def _pool(shape: PoolShape) -> CloudPoolConfig:
+    return CloudPoolConfig(
+        owner="trajcore-live-test", slots_per_container=shape.slots_per_container,
         min_containers=shape.containers, max_containers=shape.containers,
         acquire_timeout_s=shape.acquire_timeout_s,
     )  # fmt: skip
+
+
+@asynccontextmanager
+async def _modal(shape: PoolShape) -> AsyncIterator[SandboxPool]:
+    config = ModalPoolConfig(pool=_pool(shape), sandbox=ModalSandboxSettings(image=_IMAGE))
     async with ModalSandboxPool(config) as pool:
         yield pool
 
 
 @asynccontextmanager
 async def _daytona(shape: PoolShape) -> AsyncIterator[SandboxPool]:
-    config = DaytonaPoolConfig(
-        owner="trajcore-live-test", image=_IMAGE, slots_per_container=shape.slots_per_container,
-        min_containers=shape.containers, max_containers=shape.containers,
-        acquire_timeout_s=shape.acquire_timeout_s,
-    )  # fmt: skip
+    config = DaytonaPoolConfig(pool=_pool(shape), sandbox=DaytonaSandboxSettings(image=_IMAGE))
     async with DaytonaSandboxPool(config) as pool:
         yield pool
 

@@ -32,13 +32,14 @@ def test_every_modal_setting_reaches_the_pool() -> None:
         slots_per_container=5, acquire_timeout_s=30.0, allow_network=True,
     )  # fmt: skip
     got = config.modal_pool_config()
-    assert (got.image, got.app_name, got.environment, got.region) == (
+    sandbox, pool = got.sandbox, got.pool
+    assert (sandbox.image, sandbox.app_name, sandbox.environment, sandbox.region) == (
         "registry.example/slots:1", "rl", "dev", "us-east"
     )  # fmt: skip
-    assert (got.cpu, got.memory_mib, got.sandbox_timeout_s) == (2.5, 3000, 7200.0)
-    assert (got.owner, got.min_containers, got.max_containers) == ("run-7", 2, 6)
-    assert (got.slots_per_container, got.acquire_timeout_s) == (5, 30.0)
-    assert got.policy.allow_network
+    assert (sandbox.cpu, sandbox.memory_mib, sandbox.sandbox_timeout_s) == (2.5, 3000, 7200.0)
+    assert (pool.owner, pool.min_containers, pool.max_containers) == ("run-7", 2, 6)
+    assert (pool.slots_per_container, pool.acquire_timeout_s) == (5, 30.0)
+    assert pool.policy.allow_network
 
 
 def test_daytona_settings_are_rounded_up_to_its_units() -> None:
@@ -46,7 +47,7 @@ def test_daytona_settings_are_rounded_up_to_its_units() -> None:
         sandbox="daytona", daytona_image="img:2", daytona_target="eu", cloud_cpu=1.5,
         cloud_memory_mb=1500, cloud_lifetime_s=61.0,
     )  # fmt: skip
-    got = config.daytona_pool_config()
+    got = config.daytona_pool_config().sandbox
     assert (got.image, got.target) == ("img:2", "eu")
     assert (got.cpu, got.memory_gib, got.auto_stop_min) == (2, 2, 2)
 

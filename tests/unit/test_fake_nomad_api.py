@@ -35,6 +35,7 @@ from trajcore.adapters.sandbox.nomad_client import (
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.nomad_job import (
+    NomadJobSettings,
     NomadJobSpec,
     job_json,
     register_request,
@@ -61,17 +62,15 @@ async def fake() -> AsyncIterator[FakeNomadAPI]:
 
 
 def sleeper_spec(count: int = 1, **change: object) -> NomadJobSpec:
-    settings: dict[str, object] = {
-        "job_id": "sleepers",
-        "count": count,
-        "driver": "raw_exec",
-        "command": SLEEPER,
-        "token": TOKEN,
-        "slots_per_container": 8,
-        "policy": SlotPolicy(),
-    }
+    settings: dict[str, object] = {"job_id": "sleepers", "driver": "raw_exec", "command": SLEEPER}
     settings.update(change)
-    return NomadJobSpec(**settings)  # type: ignore[arg-type]
+    return NomadJobSpec(
+        job=NomadJobSettings(**settings),  # type: ignore[arg-type]
+        count=count,
+        token=TOKEN,
+        slots_per_container=8,
+        policy=SlotPolicy(),
+    )
 
 
 @needs_openapi
@@ -82,25 +81,25 @@ async def test_every_call_the_pool_makes_and_every_answer_fit_the_schema(
     client = NomadClient(address=fake.address, timeout_s=5.0)
     spec = sleeper_spec()
     assert await client.leader()
-    registered = await client.register(spec.job_id, register_request(spec))
+    registered = await client.register(spec.job.job_id, register_request(spec))
     assert OPENAPI.check_response("POST", "/job/{jobName}", 200, registered) == []
-    job = await client.read_job(spec.job_id)
+    job = await client.read_job(spec.job.job_id)
     assert job is not None
     assert OPENAPI.check_response("GET", "/job/{jobName}", 200, job) == []
     await wait_until(lambda: len(fake.running("sleepers")) == 1, "the task runs")
-    listing = await client.job_allocations(spec.job_id)
+    listing = await client.job_allocations(spec.job.job_id)
     assert OPENAPI.check_response("GET", "/job/{jobName}/allocations", 200, listing) == []
     (stub,) = parse_allocation_stubs(listing)
     allocation = await client.read_allocation(stub.id)
     assert OPENAPI.check_response("GET", "/allocation/{allocID}", 200, allocation) == []
     assert allocation_address(allocation) == fake.running("sleepers")[0].address
-    await client.scale(spec.job_id, scale_request(spec.group, 2, "two"))
+    await client.scale(spec.job.job_id, scale_request(spec.job.group, 2, "two"))
     await client.stop_allocation(stub.id)
     await wait_until(lambda: len(fake.running("sleepers")) == 2, "two tasks run")
     assert stub.id not in {a.id for a in fake.running("sleepers")}
-    assert await client.deregister(spec.job_id, purge=True)
-    assert not await client.deregister(spec.job_id, purge=True)  # 404: gone
-    assert await client.read_job(spec.job_id) is None
+    assert await client.deregister(spec.job.job_id, purge=True)
+    assert not await client.deregister(spec.job.job_id, purge=True)  # 404: gone
+    assert await client.read_job(spec.job.job_id) is None
     assert fake.violations == []
     paths = {(r.method, r.path.replace(stub.id, "{allocID}")) for r in fake.requests}
     assert paths >= {
@@ -180,7 +179,7 @@ async def test_a_dead_task_restarts_in_place_then_its_allocation_is_replaced(
 ) -> None:
     spec = sleeper_spec(restart_attempts=1)
     client = NomadClient(address=fake.address, timeout_s=5.0)
-    await client.register(spec.job_id, register_request(spec))
+    await client.register(spec.job.job_id, register_request(spec))
     await wait_until(lambda: len(fake.running("sleepers")) == 1, "the task runs")
     (first,) = fake.running("sleepers")
     fake.kill_allocation(first.id)
@@ -203,14 +202,14 @@ async def test_a_dead_task_restarts_in_place_then_its_allocation_is_replaced(
 async def test_scaling_down_stops_the_highest_indices(fake: FakeNomadAPI) -> None:
     spec = sleeper_spec(count=3)
     client = NomadClient(address=fake.address, timeout_s=5.0)
-    await client.register(spec.job_id, register_request(spec))
+    await client.register(spec.job.job_id, register_request(spec))
     await wait_until(lambda: len(fake.running("sleepers")) == 3, "three tasks run")
-    await client.scale(spec.job_id, scale_request(spec.group, 1, "one"))
+    await client.scale(spec.job.job_id, scale_request(spec.job.group, 1, "one"))
     await wait_until(lambda: len(fake.running("sleepers")) == 1, "one task runs")
     assert [a.index for a in fake.running("sleepers")] == [0]
     assert fake.job("sleepers") is not None
     with anyio.fail_after(5):
-        await client.scale(spec.job_id, scale_request(spec.group, 2, "two"))
+        await client.scale(spec.job.job_id, scale_request(spec.job.group, 2, "two"))
     await wait_until(lambda: len(fake.running("sleepers")) == 2, "two tasks run")
     assert sorted(a.index for a in fake.running("sleepers")) == [0, 1]
     assert fake.violations == []

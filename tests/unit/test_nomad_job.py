@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import string
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -20,6 +21,7 @@ from trajcore.domain.json_values import JSONObject
 from trajcore.domain.nomad_job import (
     DRIVERS,
     PORT_LABEL,
+    NomadJobSettings,
     NomadJobSpec,
     job_json,
     register_request,
@@ -64,15 +66,11 @@ def flags(draw: st.DrawFn) -> SlotPolicy:
 def specs(draw: st.DrawFn) -> NomadJobSpec:
     driver = draw(st.sampled_from(DRIVERS))
     delay = draw(st.floats(min_value=5.0, max_value=600.0))
-    return NomadJobSpec(
+    job = NomadJobSettings(
         job_id=draw(names),
-        count=draw(st.integers(0, 1000)),
         driver=driver,
         image=draw(words) if driver == "docker" else draw(st.sampled_from(["", "unused"])),
         command=tuple(draw(st.lists(words, min_size=1, max_size=4))),
-        slots_per_container=draw(st.integers(1, 256)),
-        policy=draw(flags()),
-        token="tok:" + draw(st.text(string.ascii_letters + string.digits + "-_.~", min_size=12)),
         privileged=draw(st.booleans()) if driver == "docker" else False,
         datacenters=tuple(draw(st.lists(names, min_size=1, max_size=3))),
         namespace=draw(st.none() | names),
@@ -86,6 +84,23 @@ def specs(draw: st.DrawFn) -> NomadJobSpec:
         reschedule_max_delay_s=draw(st.floats(min_value=delay, max_value=delay * 100)),
         kill_timeout_s=draw(st.floats(min_value=0.0, max_value=600.0)),
     )
+    return NomadJobSpec(
+        job=job,
+        count=draw(st.integers(0, 1000)),
+        slots_per_container=draw(st.integers(1, 256)),
+        policy=draw(flags()),
+        token="tok:" + draw(st.text(string.ascii_letters + string.digits + "-_.~", min_size=12)),
+    )
+
+
+_SPEC_FIELDS = frozenset(f.name for f in attrs.fields(NomadJobSpec)) - {"job"}
+
+
+def _spec(**settings: object) -> NomadJobSpec:
+    """A spec from flat settings: the job's settings go to its ``NomadJobSettings``."""
+    job = {name: value for name, value in settings.items() if name not in _SPEC_FIELDS}
+    rest = {name: value for name, value in settings.items() if name in _SPEC_FIELDS}
+    return NomadJobSpec(job=NomadJobSettings(**job), **rest)  # type: ignore[arg-type]
 
 
 def _task(job: JSONObject) -> JSONObject:
@@ -135,7 +150,7 @@ def test_every_scale_request_validates(count: int, group: str, message: str) -> 
 def test_the_schema_check_refuses_unknown_fields_and_wrong_types() -> None:
     assert OPENAPI is not None
     job = job_json(
-        NomadJobSpec(
+        _spec(
             job_id="j",
             count=1,
             driver="raw_exec",
@@ -157,46 +172,46 @@ def test_the_schema_check_refuses_unknown_fields_and_wrong_types() -> None:
 @given(specs())
 def test_the_job_runs_the_slot_server_as_specified(spec: NomadJobSpec) -> None:
     job = job_json(spec)
-    assert job["ID"] == spec.job_id
+    assert job["ID"] == spec.job.job_id
     assert job["Type"] == "service"
     group = job["TaskGroups"][0]  # type: ignore[index]
     assert isinstance(group, dict)
     assert group["Count"] == spec.count
     assert group["Networks"] == [{"Mode": "host", "DynamicPorts": [{"Label": PORT_LABEL}]}]
     task = _task(job)
-    assert task["Driver"] == spec.driver
+    assert task["Driver"] == spec.job.driver
     argv = _argv(task)
-    assert argv[: len(spec.command)] == list(spec.command)
+    assert argv[: len(spec.job.command)] == list(spec.job.command)
     # Nomad interpolates the allocation's index before the server reads it
-    words = [w.replace("${NOMAD_ALLOC_INDEX}", "3") for w in argv[len(spec.command) :]]
-    assert words != argv[len(spec.command) :]
+    words = [w.replace("${NOMAD_ALLOC_INDEX}", "3") for w in argv[len(spec.job.command) :]]
+    assert words != argv[len(spec.job.command) :]
     parsed = parse_args(words)
     assert parsed.slot_uid_block == 3  # each allocation its own block of slot uids
     assert parsed.slots == spec.slots_per_container
     assert parsed.listen == spec.listen_address()
-    assert parsed.token_env == spec.token_env
+    assert parsed.token_env == spec.job.token_env
     assert parsed.token_file is None
     assert parsed.allow_network is spec.policy.allow_network
     assert parsed.require_sandbox is spec.policy.require_sandbox
     # The token reaches the task only through its environment: never an argument, no template.
-    assert task["Env"] == {spec.token_env: spec.token}
+    assert task["Env"] == {spec.job.token_env: spec.token}
     assert not any(spec.token in word for word in argv)
     assert "Templates" not in task
     config = task["Config"]
     assert isinstance(config, dict)
-    if spec.driver == "docker":
-        assert config["image"] == spec.image
+    if spec.job.driver == "docker":
+        assert config["image"] == spec.job.image
         assert config["ports"] == [PORT_LABEL]
-        assert config["privileged"] is spec.privileged
+        assert config["privileged"] is spec.job.privileged
         assert spec.listen_address().startswith("0.0.0.0:")
         # what ./dev runs the image with: the sandbox's needs, without privileged
-        if spec.privileged:
+        if spec.job.privileged:
             assert "security_opt" not in config
         else:
             assert config["security_opt"] == ["seccomp=unconfined", "systempaths=unconfined"]
         assert config["ulimit"] == {
-            "nofile": f"{spec.nofile_limit}:{spec.nofile_limit}",
-            "nproc": f"{spec.nproc_limit}:{spec.nproc_limit}",
+            "nofile": f"{spec.job.nofile_limit}:{spec.job.nofile_limit}",
+            "nproc": f"{spec.job.nproc_limit}:{spec.job.nproc_limit}",
         }
     else:
         assert "image" not in config
@@ -211,15 +226,15 @@ def test_durations_are_whole_nanoseconds(spec: NomadJobSpec) -> None:
     assert isinstance(group, dict)
     reschedule = group["ReschedulePolicy"]
     assert isinstance(reschedule, dict)
-    assert reschedule["Delay"] == round(spec.reschedule_delay_s * 1e9)
+    assert reschedule["Delay"] == round(spec.job.reschedule_delay_s * 1e9)
     assert isinstance(reschedule["MaxDelay"], int)
     assert reschedule["MaxDelay"] >= reschedule["Delay"]
     assert reschedule["Unlimited"] is True
     restart = group["RestartPolicy"]
     assert isinstance(restart, dict)
     assert restart["Mode"] == "fail"
-    assert restart["Attempts"] == spec.restart_attempts
-    assert _task(job_json(spec))["KillTimeout"] == round(spec.kill_timeout_s * 1e9)
+    assert restart["Attempts"] == spec.job.restart_attempts
+    assert _task(job_json(spec))["KillTimeout"] == round(spec.job.kill_timeout_s * 1e9)
 
 
 # ----------------------------------------------------------------------------- bad specs
@@ -265,7 +280,7 @@ def test_a_bad_spec_names_its_field(field: str, change: dict[str, object]) -> No
     }
     settings.update(change)
     with pytest.raises(ConfigError) as caught:
-        NomadJobSpec(**settings)  # type: ignore[arg-type]
+        _spec(**settings)
     assert caught.value.field == field
 
 
@@ -293,7 +308,7 @@ def test_a_negative_scale_count_names_the_field() -> None:
 
 
 def test_every_slot_server_registers_a_service_with_a_tcp_check_on_its_port() -> None:
-    spec = NomadJobSpec(
+    spec = _spec(
         job_id="slots",
         count=1,
         image="trajcore/slot-server",
@@ -320,7 +335,7 @@ def test_every_slot_server_registers_a_service_with_a_tcp_check_on_its_port() ->
         }
     ]
     with pytest.raises(ConfigError, match="nofile_limit"):
-        NomadJobSpec(
+        _spec(
             job_id="slots",
             count=1,
             image="i",

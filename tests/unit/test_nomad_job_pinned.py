@@ -1,6 +1,6 @@
 """Nomad job spec: the decisions ``test_nomad_job`` checks only in part (found by mutation
 testing): every field of the job Nomad is sent, the reason of each refused setting, how
-settings are copied into a spec."""
+a spec holds the job's settings."""
 
 from __future__ import annotations
 
@@ -24,15 +24,13 @@ TOKEN = "t0ken-t0ken-t0ken"
 
 def test_the_whole_job_nomad_is_sent() -> None:
     spec = NomadJobSpec(
-        job_id="slots",
+        job=NomadJobSettings(
+            job_id="slots", namespace="ns", region="eu", restart_attempts=2, restart_delay_s=3.0
+        ),
         count=2,
         token=TOKEN,
         slots_per_container=8,
         policy=SlotPolicy(),
-        namespace="ns",
-        region="eu",
-        restart_attempts=2,
-        restart_delay_s=3.0,
     )
     job = job_json(spec)
     groups = job["TaskGroups"]
@@ -125,7 +123,7 @@ def test_the_whole_job_nomad_is_sent() -> None:
     }
 
 
-def test_a_spec_of_settings_carries_every_setting_the_count_and_the_token() -> None:
+def test_a_spec_holds_the_job_settings_beside_the_slots_the_count_and_the_token() -> None:
     settings = NomadJobSettings(
         job_id="j",
         driver="exec",
@@ -149,13 +147,27 @@ def test_a_spec_of_settings_carries_every_setting_the_count_and_the_token() -> N
         kill_timeout_s=3.0,
     )
     policy = SlotPolicy(max_processes=7)
-    spec = NomadJobSpec.of(settings, slots_per_container=3, policy=policy, count=4, token=TOKEN)
-    assert (spec.slots_per_container, spec.policy) == (3, policy)
-    assert spec.count == 4
-    assert spec.token == TOKEN
-    assert spec.datacenters == ("dc1", "dc2")
-    for field in (f.name for f in NomadJobSettings.__attrs_attrs__):
-        assert getattr(spec, field) == getattr(settings, field), field
+    spec = NomadJobSpec(job=settings, slots_per_container=3, policy=policy, count=4, token=TOKEN)
+    assert (spec.job, spec.slots_per_container, spec.policy) == (settings, 3, policy)
+    assert (spec.count, spec.token) == (4, TOKEN)
+    job = job_json(spec)
+    groups = job["TaskGroups"]
+    assert isinstance(groups, list)
+    group = groups[0]
+    assert isinstance(group, dict)
+    tasks = group["Tasks"]
+    assert isinstance(tasks, list)
+    task = tasks[0]
+    assert isinstance(task, dict)
+    config = task["Config"]
+    assert isinstance(config, dict)
+    assert (job["ID"], job["Datacenters"], job["Namespace"], job["Region"]) == (
+        "j", ["dc1", "dc2"], "ns", "r"
+    )  # fmt: skip
+    assert (group["Name"], group["Count"], task["Name"], task["Driver"]) == ("g", 4, "t", "exec")
+    assert config["command"] == "python"
+    assert task["Env"] == {"TOKEN_VAR": TOKEN}
+    assert task["Resources"] == {"CPU": 5, "MemoryMB": 50}
 
 
 def test_datacenters_are_named_by_a_string_split_on_commas_or_a_list() -> None:

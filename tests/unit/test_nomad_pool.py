@@ -101,14 +101,14 @@ def test_the_job_spec_carries_every_job_setting_of_the_config() -> None:
     )  # fmt: skip
     spec = config.job_spec(count=3, token="b" * 16)
     defaults = NomadJobSettings()
+    assert spec.job is config.job
     for field in attrs.fields(NomadJobSettings):
-        assert getattr(spec, field.name) == getattr(config.job, field.name), field.name
         if field.name != "privileged":  # (only docker, the default driver, runs privileged)
             assert getattr(config.job, field.name) != getattr(defaults, field.name), field.name
     assert (spec.slots_per_container, spec.policy) == (3, SlotPolicy(output_cap_bytes=4096))
     assert (spec.count, spec.token) == (3, "b" * 16)  # the bearer token, not the ACL token
-    assert spec.command == ("python", "-m", "trajcore.entrypoints.slot_server")
-    assert spec.datacenters == ("east", "west")
+    assert spec.job.command == ("python", "-m", "trajcore.entrypoints.slot_server")
+    assert spec.job.datacenters == ("east", "west")
 
 
 def test_unset_memory_and_reschedule_ceiling_follow_the_slots_and_the_delay() -> None:
@@ -116,7 +116,7 @@ def test_unset_memory_and_reschedule_ceiling_follow_the_slots_and_the_delay() ->
         count=1, token="b" * 16
     )
     assert spec.reserved_memory_mb == 512 + 256 * 4
-    assert spec.max_reschedule_delay_s == 120.0
+    assert spec.job.max_reschedule_delay_s == 120.0
     assert NomadJobSettings(reschedule_delay_s=5.0).max_reschedule_delay_s == 60.0
 
 

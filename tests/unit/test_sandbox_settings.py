@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
+from trajcore.adapters.sandbox.cloud_pool import CloudPoolConfig
 from trajcore.adapters.sandbox.container_pool import ContainerPoolConfig
-from trajcore.adapters.sandbox.daytona_pool import DaytonaPoolConfig
+from trajcore.adapters.sandbox.daytona_pool import DaytonaPoolConfig, DaytonaSandboxSettings
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig
-from trajcore.adapters.sandbox.modal_pool import ModalPoolConfig
+from trajcore.adapters.sandbox.modal_pool import ModalPoolConfig, ModalSandboxSettings
 from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
 from trajcore.adapters.sandbox.slurm_pool import SlurmPoolConfig
 from trajcore.adapters.sandbox.ssh_pool import SshPoolConfig
@@ -61,13 +62,16 @@ def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
     shared_servers = {
         "slots_per_container": "slots_per_container",
         "acquire_timeout_s": "acquire_timeout_s",
+        "image_cache_dir": "image_cache_dir",
+        "image_cache_bytes": "image_cache_bytes",
     }
     assert section(LocalPoolConfig, ("local_",), {}) == {
         "containers": "local_containers", **shared_servers,
     }  # fmt: skip
     assert section(ContainerPoolConfig, ("container_", "local_"), {}) == {
         "containers": "local_containers", "image": "container_image",
-        "engine": "container_engine", **shared_servers,
+        "engine": "container_engine", "environment_dirs": "container_environment_dirs",
+        **shared_servers,
     }  # fmt: skip
     assert section(SshPoolConfig, ("ssh_",), {}) == {"acquire_timeout_s": "acquire_timeout_s"}
     assert section(SshHost, ("ssh_",), sandbox_settings._SSH_NAMES) == {
@@ -79,23 +83,25 @@ def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
 
 def test_the_cloud_pools_read_their_sections_with_the_renamed_fields() -> None:
     section = sandbox_settings._section
-    shared = {name: name for name in _SHARED}
-    assert section(ModalPoolConfig, ("modal_", "cloud_"), sandbox_settings._MODAL_NAMES) == {
-        "owner": "cloud_owner", "app_name": "modal_app", "environment": "modal_environment",
-        "image": "modal_image", "region": "modal_region", "cpu": "cloud_cpu",
-        "memory_mib": "cloud_memory_mb", "sandbox_timeout_s": "cloud_lifetime_s", **shared,
+    assert section(CloudPoolConfig, ("cloud_",), {}) == {
+        "owner": "cloud_owner", **{name: name for name in _SHARED},
     }  # fmt: skip
-    assert section(DaytonaPoolConfig, ("daytona_", "cloud_"), sandbox_settings._DAYTONA_NAMES) == {
-        "owner": "cloud_owner", "image": "daytona_image", "target": "daytona_target",
-        "cpu": "cloud_cpu", "memory_gib": "cloud_memory_mb", "auto_stop_min": "cloud_lifetime_s",
-        **shared,
+    assert section(ModalSandboxSettings, ("modal_", "cloud_"), sandbox_settings._MODAL_NAMES) == {
+        "app_name": "modal_app", "environment": "modal_environment", "image": "modal_image",
+        "region": "modal_region", "cpu": "cloud_cpu", "memory_mib": "cloud_memory_mb",
+        "sandbox_timeout_s": "cloud_lifetime_s",
+    }  # fmt: skip
+    assert section(
+        DaytonaSandboxSettings, ("daytona_", "cloud_"), sandbox_settings._DAYTONA_NAMES
+    ) == {
+        "image": "daytona_image", "target": "daytona_target", "cpu": "cloud_cpu",
+        "memory_gib": "cloud_memory_mb", "auto_stop_min": "cloud_lifetime_s",
     }  # fmt: skip
     settings = SandboxSettings()
     # The env's scale range and slots, every other setting the pool's own default.
-    assert settings.modal_pool_config() == ModalPoolConfig(slots_per_container=8, max_containers=10)
-    assert settings.daytona_pool_config() == DaytonaPoolConfig(
-        slots_per_container=8, max_containers=10
-    )
+    pool = CloudPoolConfig(slots_per_container=8, max_containers=10)
+    assert settings.modal_pool_config() == ModalPoolConfig(pool=pool)
+    assert settings.daytona_pool_config() == DaytonaPoolConfig(pool=pool)
     with pytest.raises(ConfigError) as caught:
         SandboxSettings(cloud_memory_mb=0).daytona_pool_config()
     assert caught.value.field == "cloud_memory_mb"

@@ -154,7 +154,7 @@ class NomadJobSettings:
     """The slot servers' Nomad job as an operator sets it: what Nomad runs and where.
 
     The pool's settings (``NomadPoolConfig``) hold this value beside the slot servers' own
-    settings (slots, policy); ``NomadJobSpec.of`` puts them together with the count and token.
+    settings (slots, policy); a ``NomadJobSpec`` holds it with them, the count and the token.
 
     Attributes:
         job_id: The job's ID (and name): letters, digits, ``_``, ``.``, ``-``; at most 128.
@@ -263,21 +263,20 @@ class NomadJobSettings:
         return max(60.0, self.reschedule_delay_s)
 
 
-_SETTINGS_FIELDS = attrs.fields(NomadJobSettings)
-
-
 @attrs.frozen(kw_only=True)
-class NomadJobSpec(NomadJobSettings):
+class NomadJobSpec:
     """Everything the slot servers' Nomad job is built from: the job's settings, what each slot
     server is told (its slots and policy), the count and the token.
 
     Attributes:
+        job: The job as the operator sets it (``NomadJobSettings``).
         slots_per_container: Slots each slot server serves (N).
         policy: The sandbox policy every slot server gets.
         count: Allocations (containers) to run.
         token: The slot servers' bearer token (at least 16 printable ASCII characters).
     """
 
+    job: NomadJobSettings = attrs.field(validator=instance_of(NomadJobSettings))
     slots_per_container: int = attrs.field(validator=whole_number(1))
     policy: SlotPolicy = attrs.field(validator=instance_of(SlotPolicy))
     count: int = attrs.field(validator=whole_number(0))
@@ -285,37 +284,16 @@ class NomadJobSpec(NomadJobSettings):
         repr=False, validator=_matches(_TOKEN, "16 to 512 printable ASCII characters")
     )
 
-    @classmethod
-    def of(
-        cls,
-        settings: NomadJobSettings,
-        *,
-        slots_per_container: int,
-        policy: SlotPolicy,
-        count: int,
-        token: str,
-    ) -> NomadJobSpec:
-        """The spec of the job ``settings`` for ``count`` slot servers of
-        ``slots_per_container`` slots under ``policy``, with bearer ``token``."""
-        values = {f.alias or f.name: getattr(settings, f.name) for f in _SETTINGS_FIELDS if f.init}
-        return cls(
-            **values,
-            slots_per_container=slots_per_container,
-            policy=policy,
-            count=count,
-            token=token,
-        )
-
     @property
     def reserved_memory_mb(self) -> int:
         """The memory each allocation reserves: ``memory_mb``, or 512 MB plus 256 MB a slot."""
-        if self.memory_mb is not None:
-            return self.memory_mb
+        if self.job.memory_mb is not None:
+            return self.job.memory_mb
         return 512 + 256 * self.slots_per_container
 
     def listen_address(self) -> str:
         """What the slot server listens on, as Nomad interpolates it in the task's arguments."""
-        if self.driver == "docker":
+        if self.job.driver == "docker":
             return f"0.0.0.0:${{NOMAD_PORT_{PORT_LABEL}}}"
         return f"${{NOMAD_IP_{PORT_LABEL}}}:${{NOMAD_PORT_{PORT_LABEL}}}"
 
@@ -325,7 +303,7 @@ class NomadJobSpec(NomadJobSettings):
             "--slots", str(self.slots_per_container),
             "--root", "${NOMAD_TASK_DIR}/slots",
             "--listen", self.listen_address(),
-            "--token-env", self.token_env,
+            "--token-env", self.job.token_env,
             # allocations on one host share its uids: each takes its own block of slot uids
             "--slot-uid-block", "${NOMAD_ALLOC_INDEX}",
             *policy_argv(self.policy),
@@ -338,45 +316,47 @@ def _ns(seconds: float) -> int:
 
 def _task_config(spec: NomadJobSpec) -> JSONObject:
     args: list[JSON] = list(spec.server_args())
-    if spec.driver == "docker":
+    job = spec.job
+    if job.driver == "docker":
         config: JSONObject = {
-            "image": spec.image,
-            "entrypoint": list(spec.command),
+            "image": job.image,
+            "entrypoint": list(job.command),
             "args": args,
             "ports": [PORT_LABEL],
-            "privileged": spec.privileged,
+            "privileged": job.privileged,
             "ulimit": {
-                "nofile": f"{spec.nofile_limit}:{spec.nofile_limit}",
-                "nproc": f"{spec.nproc_limit}:{spec.nproc_limit}",
+                "nofile": f"{job.nofile_limit}:{job.nofile_limit}",
+                "nproc": f"{job.nproc_limit}:{job.nproc_limit}",
             },
         }
-        if not spec.privileged:
+        if not job.privileged:
             config["security_opt"] = list(DOCKER_SECURITY_OPTS)
         return config
-    command, *rest = spec.command
+    command, *rest = job.command
     return {"command": command, "args": [*rest, *args]}
 
 
 def job_json(spec: NomadJobSpec) -> JSONObject:
     """The ``Job`` object that registers ``spec`` with Nomad (see the module doc)."""
+    settings = spec.job
     task: JSONObject = {
-        "Name": spec.task,
-        "Driver": spec.driver,
+        "Name": settings.task,
+        "Driver": settings.driver,
         "Config": _task_config(spec),
-        "Env": {spec.token_env: spec.token},
-        "Resources": {"CPU": spec.cpu_mhz, "MemoryMB": spec.reserved_memory_mb},
+        "Env": {settings.token_env: spec.token},
+        "Resources": {"CPU": settings.cpu_mhz, "MemoryMB": spec.reserved_memory_mb},
         "KillSignal": "SIGTERM",
-        "KillTimeout": _ns(spec.kill_timeout_s),
+        "KillTimeout": _ns(settings.kill_timeout_s),
         "LogConfig": {"MaxFiles": _LOG_FILES, "MaxFileSizeMB": _LOG_FILE_MB},
         "Meta": {"trajcore-role": "slot-server"},
     }
     group: JSONObject = {
-        "Name": spec.group,
+        "Name": settings.group,
         "Count": spec.count,
         "Networks": [{"Mode": "host", "DynamicPorts": [{"Label": PORT_LABEL}]}],
         "RestartPolicy": {
-            "Attempts": spec.restart_attempts,
-            "Delay": _ns(spec.restart_delay_s),
+            "Attempts": settings.restart_attempts,
+            "Delay": _ns(settings.restart_delay_s),
             "Interval": _ns(_RESTART_INTERVAL_S),
             "Mode": "fail",
         },
@@ -384,11 +364,11 @@ def job_json(spec: NomadJobSpec) -> JSONObject:
             "Unlimited": True,
             "Attempts": 0,
             "Interval": 0,
-            "Delay": _ns(spec.reschedule_delay_s),
+            "Delay": _ns(settings.reschedule_delay_s),
             "DelayFunction": "exponential",
-            "MaxDelay": _ns(spec.max_reschedule_delay_s),
+            "MaxDelay": _ns(settings.max_reschedule_delay_s),
         },
-        "EphemeralDisk": {"SizeMB": spec.disk_mb},
+        "EphemeralDisk": {"SizeMB": settings.disk_mb},
         "Services": [
             {
                 "Name": SERVICE_NAME,
@@ -409,20 +389,20 @@ def job_json(spec: NomadJobSpec) -> JSONObject:
         "Tasks": [task],
     }
     job: JSONObject = {
-        "ID": spec.job_id,
-        "Name": spec.job_id,
+        "ID": settings.job_id,
+        "Name": settings.job_id,
         "Type": "service",
-        "Datacenters": list(spec.datacenters),
+        "Datacenters": list(settings.datacenters),
         "Meta": {
             "trajcore-role": "slot-servers",
             "trajcore-slots-per-container": str(spec.slots_per_container),
         },
         "TaskGroups": [group],
     }
-    if spec.namespace is not None:
-        job["Namespace"] = spec.namespace
-    if spec.region is not None:
-        job["Region"] = spec.region
+    if settings.namespace is not None:
+        job["Namespace"] = settings.namespace
+    if settings.region is not None:
+        job["Region"] = settings.region
     return job
 
 

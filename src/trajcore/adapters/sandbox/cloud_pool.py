@@ -36,10 +36,11 @@ container leaves service, and a replacement is created.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 import anyio
 import attrs
@@ -74,9 +75,11 @@ __all__ = [
     "CloudSandbox",
     "CloudSandboxPool",
     "ProviderError",
+    "ProviderSdk",
     "SandboxSpec",
     "SandboxState",
     "plan_sandboxes",
+    "require_sdk",
     "server_argv",
 ]
 
@@ -170,9 +173,38 @@ class CloudProvider(Protocol):
         ...
 
 
+Sandboxes_contra = TypeVar("Sandboxes_contra", contravariant=True)
+Credentials_contra = TypeVar("Credentials_contra", contravariant=True)
+
+
+class ProviderSdk(Protocol[Sandboxes_contra, Credentials_contra]):
+    """Builds a pool's provider over the provider's SDK from the sandboxes' settings and the
+    credentials found (``ModalSdk``, ``DaytonaSdk``; the seam a test fills with ``FakeCloud``)."""
+
+    def __call__(
+        self, settings: Sandboxes_contra, credentials: Credentials_contra, /
+    ) -> CloudProvider:
+        """The provider, not yet connected. Raises ``SandboxUnavailable`` when it cannot be
+        built (the SDK missing)."""
+        ...
+
+
+def require_sdk(provider: str) -> None:
+    """Raise ``SandboxUnavailable`` naming the extra to install when the SDK of ``provider``
+    (``modal``, ``daytona``: the package, the extra and the ``terminal_backend`` share the name)
+    is not installed."""
+    if importlib.util.find_spec(provider) is None:
+        raise SandboxUnavailable(
+            f"terminal_backend {provider} needs the {provider} package: "
+            f"pip install 'trajcore[{provider}]'"
+        )
+
+
 @attrs.frozen(kw_only=True)
 class CloudPoolConfig:
-    """The settings every cloud pool shares; each provider's config adds its own.
+    """The settings every cloud pool shares: how it runs, scales and reaches its slot servers.
+    Each provider's config (``ModalPoolConfig``, ``DaytonaPoolConfig``) holds it as its
+    ``pool`` beside its sandboxes' settings.
 
     Attributes:
         owner: The label every sandbox of this pool carries; at start, every sandbox carrying
@@ -475,7 +507,7 @@ class CloudSandboxPool(ReconciledPool):
         self.config = config
         self.provider = provider
         self._boxes = _CloudSandboxes(config=config, provider=provider)
-        super().__init__(self._boxes, config, label=provider.name)
+        super().__init__(self._boxes, label=provider.name)
 
     async def execute(self, container: str, calls: Sequence[SlotCall]) -> list[ToolResult]:
         """See ``SandboxPool.execute``. When the batch ends in infrastructure errors, the

@@ -3,11 +3,13 @@ daytona``), over Daytona's official SDK (the ``daytona`` extra, imported only wh
 starts).
 
 The pool is the cloud pool (``cloud_pool``) with Daytona as its provider (``daytona_sdk``):
-each sandbox runs one slot server from ``image`` (trajcore's slot-server image, or any image
+each sandbox runs one slot server from its ``image`` (trajcore's slot-server image, or any image
 with Python, trajcore's core and bubblewrap), reached through its preview URL with the pool's
 bearer token. Daytona isolates each sandbox in its own container (or microVM, by target);
 trajcore's slots add their own bubblewrap sandbox, uid and seccomp filter inside it
-(docs/deploy.md, "Cloud sandboxes").
+(docs/deploy.md, "Cloud sandboxes"). Its settings (``DaytonaPoolConfig``) hold the cloud
+pool's (``pool``, a ``CloudPoolConfig``) and what each sandbox is created with (``sandbox``, a
+``DaytonaSandboxSettings``).
 
 Credentials are Daytona's own (``DAYTONA_API_KEY``, or ``DAYTONA_JWT_TOKEN`` with
 ``DAYTONA_ORGANIZATION_ID``; ``DAYTONA_API_URL`` and ``DAYTONA_TARGET`` optional);
@@ -18,20 +20,27 @@ the seam a test fills with ``FakeCloud``); they are kept out of every repr and n
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from typing import Protocol
+from typing import TypeAlias
 
 import attrs
 
-from trajcore.adapters.sandbox.cloud_pool import CloudPoolConfig, CloudProvider, CloudSandboxPool
+from trajcore.adapters.sandbox.cloud_pool import (
+    CloudPoolConfig,
+    CloudProvider,
+    CloudSandboxPool,
+    ProviderSdk,
+    require_sdk,
+)
+from trajcore.adapters.sandbox.reconciled import composed_settings
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
-from trajcore.domain.validators import nonempty_text, positive_seconds, whole_number
+from trajcore.domain.validators import instance_of, nonempty_text, positive_seconds, whole_number
 
 __all__ = [
     "DaytonaCredentials",
     "DaytonaPoolConfig",
     "DaytonaSandboxPool",
+    "DaytonaSandboxSettings",
     "DaytonaSdk",
     "check_daytona",
     "daytona_credentials",
@@ -42,8 +51,8 @@ DEFAULT_IMAGE = "ghcr.io/trajcore/slot-server:latest"
 
 
 @attrs.frozen(kw_only=True)
-class DaytonaPoolConfig(CloudPoolConfig):
-    """The cloud pool's settings (``CloudPoolConfig``) and Daytona's.
+class DaytonaSandboxSettings:
+    """What every Daytona sandbox of the pool is created with.
 
     Attributes:
         image: The registry image each sandbox runs.
@@ -65,11 +74,28 @@ class DaytonaPoolConfig(CloudPoolConfig):
     create_timeout_s: float = attrs.field(default=300.0, validator=positive_seconds)
 
     def __attrs_post_init__(self) -> None:
-        super().__attrs_post_init__()
         for field in ("cpu", "memory_gib", "disk_gib"):
             value = getattr(self, field)
             if value is not None and value < 1:
                 raise ConfigError(field, f"must be >= 1, got {value}")
+
+
+@composed_settings
+@attrs.frozen(kw_only=True)
+class DaytonaPoolConfig:
+    """The Daytona pool's settings: the cloud pool's and each sandbox's.
+
+    Attributes:
+        pool: How the pool runs, scales and reaches its slot servers (``CloudPoolConfig``).
+        sandbox: What each Daytona sandbox is created with (``DaytonaSandboxSettings``).
+    """
+
+    pool: CloudPoolConfig = attrs.field(
+        factory=CloudPoolConfig, validator=instance_of(CloudPoolConfig)
+    )
+    sandbox: DaytonaSandboxSettings = attrs.field(
+        factory=DaytonaSandboxSettings, validator=instance_of(DaytonaSandboxSettings)
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -87,13 +113,6 @@ class DaytonaCredentials:
     jwt_token: str | None = attrs.field(default=None, repr=False)
     organization_id: str | None = None
     api_url: str | None = None
-
-
-def _daytona_installed() -> None:
-    if importlib.util.find_spec("daytona") is None:
-        raise SandboxUnavailable(
-            "terminal_backend daytona needs the daytona package: pip install 'trajcore[daytona]'"
-        )
 
 
 def daytona_credentials() -> DaytonaCredentials:
@@ -120,38 +139,22 @@ def daytona_credentials() -> DaytonaCredentials:
 def check_daytona() -> None:
     """Raise ``SandboxUnavailable`` naming what is missing for a Daytona pool: the ``daytona``
     package (``pip install 'trajcore[daytona]'``) or Daytona's credentials."""
-    _daytona_installed()
+    require_sdk("daytona")
     daytona_credentials()
 
 
-class DaytonaSdk(Protocol):
-    """Builds the pool's provider over Daytona's SDK from its settings and the credentials
-    found (``official_daytona_sdk``; a test gives one that returns ``FakeCloud``)."""
-
-    def __call__(
-        self, config: DaytonaPoolConfig, credentials: DaytonaCredentials, /
-    ) -> CloudProvider:
-        """The provider, not yet connected. Raises ``SandboxUnavailable`` when it cannot be
-        built (the SDK missing)."""
-        ...
+DaytonaSdk: TypeAlias = ProviderSdk[DaytonaSandboxSettings, DaytonaCredentials]
+"""Builds the pool's provider over Daytona's SDK (``official_daytona_sdk``; a test gives one that
+returns ``FakeCloud``)."""
 
 
 def official_daytona_sdk(
-    config: DaytonaPoolConfig, credentials: DaytonaCredentials
+    settings: DaytonaSandboxSettings, credentials: DaytonaCredentials
 ) -> CloudProvider:
     """The provider over the ``daytona`` SDK, its client configured with ``credentials``."""
-    _daytona_installed()
-    from trajcore.adapters.sandbox.daytona_sdk import DaytonaProvider, DaytonaSandboxSettings
+    require_sdk("daytona")
+    from trajcore.adapters.sandbox.daytona_sdk import DaytonaProvider
 
-    settings = DaytonaSandboxSettings(
-        image=config.image,
-        target=config.target,
-        cpu=config.cpu,
-        memory_gib=config.memory_gib,
-        disk_gib=config.disk_gib,
-        auto_stop_min=config.auto_stop_min,
-        create_timeout_s=config.create_timeout_s,
-    )
     return DaytonaProvider(settings, credentials)
 
 
@@ -172,4 +175,4 @@ class DaytonaSandboxPool(CloudSandboxPool):
         sdk: DaytonaSdk = official_daytona_sdk,
     ) -> None:
         config = config or DaytonaPoolConfig()
-        super().__init__(provider or sdk(config, daytona_credentials()), config)
+        super().__init__(provider or sdk(config.sandbox, daytona_credentials()), config.pool)

@@ -44,9 +44,9 @@ from trajcore.adapters.sandbox.cloud_pool import (
     SandboxSpec,
     SandboxState,
 )
-from trajcore.adapters.sandbox.daytona_pool import DaytonaCredentials
+from trajcore.adapters.sandbox.daytona_pool import DaytonaCredentials, DaytonaSandboxSettings
 
-__all__ = ["DaytonaProvider", "DaytonaSandboxSettings", "create_params"]
+__all__ = ["DaytonaProvider", "create_params"]
 
 _SESSION = "trajcore-slot-server"
 _STATES: Mapping[str, SandboxState] = {
@@ -60,19 +60,6 @@ _STATES: Mapping[str, SandboxState] = {
     "error": "failed",
     "build_failed": "failed",
 }
-
-
-@attrs.frozen(kw_only=True)
-class DaytonaSandboxSettings:
-    """What every sandbox of the pool is created with (see ``DaytonaPoolConfig``)."""
-
-    image: str
-    target: str | None
-    cpu: int | None
-    memory_gib: int | None
-    disk_gib: int | None
-    auto_stop_min: int
-    create_timeout_s: float
 
 
 def create_params(

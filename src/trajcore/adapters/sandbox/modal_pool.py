@@ -2,10 +2,12 @@
 modal``), over Modal's official SDK (the ``modal`` extra, imported only when a pool starts).
 
 The pool is the cloud pool (``cloud_pool``) with Modal as its provider (``modal_sdk``): each
-sandbox runs one slot server from ``image`` (trajcore's slot-server image, or any image with
+sandbox runs one slot server from its ``image`` (trajcore's slot-server image, or any image with
 Python, trajcore's core and bubblewrap), reached over its encrypted tunnel with the pool's
 bearer token. Modal isolates each sandbox with gVisor; trajcore's slots add their own
 bubblewrap sandbox, uid and seccomp filter inside it (docs/deploy.md, "Cloud sandboxes").
+Its settings (``ModalPoolConfig``) hold the cloud pool's (``pool``, a ``CloudPoolConfig``) and
+what each sandbox is created with (``sandbox``, a ``ModalSandboxSettings``).
 
 Credentials are Modal's own (``MODAL_TOKEN_ID`` and ``MODAL_TOKEN_SECRET``, or a profile in
 ``~/.modal.toml``, as ``modal token set`` writes it); ``check_modal`` names what is missing
@@ -16,21 +18,28 @@ are kept out of every repr and never logged.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
-from typing import Protocol
+from typing import TypeAlias
 
 import attrs
 
-from trajcore.adapters.sandbox.cloud_pool import CloudPoolConfig, CloudProvider, CloudSandboxPool
+from trajcore.adapters.sandbox.cloud_pool import (
+    CloudPoolConfig,
+    CloudProvider,
+    CloudSandboxPool,
+    ProviderSdk,
+    require_sdk,
+)
+from trajcore.adapters.sandbox.reconciled import composed_settings
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
-from trajcore.domain.validators import nonempty_text, positive_seconds
+from trajcore.domain.validators import instance_of, nonempty_text, positive_seconds
 
 __all__ = [
     "ModalCredentials",
     "ModalPoolConfig",
     "ModalSandboxPool",
+    "ModalSandboxSettings",
     "ModalSdk",
     "check_modal",
     "modal_credentials",
@@ -41,8 +50,8 @@ DEFAULT_IMAGE = "ghcr.io/trajcore/slot-server:latest"
 
 
 @attrs.frozen(kw_only=True)
-class ModalPoolConfig(CloudPoolConfig):
-    """The cloud pool's settings (``CloudPoolConfig``) and Modal's.
+class ModalSandboxSettings:
+    """What every Modal sandbox of the pool is created with.
 
     Attributes:
         app_name: The Modal app the sandboxes belong to (created when missing).
@@ -53,8 +62,8 @@ class ModalPoolConfig(CloudPoolConfig):
         region: Where the sandboxes run (``None``: anywhere Modal chooses).
         cpu: CPU cores per sandbox (``None``: Modal's default).
         memory_mib: Memory per sandbox in MiB (``None``: Modal's default).
-        sandbox_timeout_s: Modal ends a sandbox this long after it starts (the pool replaces
-            it; its calls in flight end as ``INFRA_ERROR``).
+        sandbox_timeout_s: Modal ends a sandbox this long after it starts, in whole seconds
+            (the pool replaces it; its calls in flight end as ``INFRA_ERROR``).
     """
 
     app_name: str = attrs.field(default="trajcore-slots", validator=nonempty_text)
@@ -67,11 +76,28 @@ class ModalPoolConfig(CloudPoolConfig):
     sandbox_timeout_s: float = attrs.field(default=24 * 3600.0, validator=positive_seconds)
 
     def __attrs_post_init__(self) -> None:
-        super().__attrs_post_init__()
         if self.cpu is not None and not self.cpu > 0:
             raise ConfigError("cpu", f"must be > 0 cores, got {self.cpu}")
         if self.memory_mib is not None and self.memory_mib < 1:
             raise ConfigError("memory_mib", f"must be >= 1 MiB, got {self.memory_mib}")
+
+
+@composed_settings
+@attrs.frozen(kw_only=True)
+class ModalPoolConfig:
+    """The Modal pool's settings: the cloud pool's and each sandbox's.
+
+    Attributes:
+        pool: How the pool runs, scales and reaches its slot servers (``CloudPoolConfig``).
+        sandbox: What each Modal sandbox is created with (``ModalSandboxSettings``).
+    """
+
+    pool: CloudPoolConfig = attrs.field(
+        factory=CloudPoolConfig, validator=instance_of(CloudPoolConfig)
+    )
+    sandbox: ModalSandboxSettings = attrs.field(
+        factory=ModalSandboxSettings, validator=instance_of(ModalSandboxSettings)
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -88,13 +114,6 @@ class ModalCredentials:
     token_id: str | None = attrs.field(default=None, repr=False)
     token_secret: str | None = attrs.field(default=None, repr=False)
     profile: Path | None = None
-
-
-def _modal_installed() -> None:
-    if importlib.util.find_spec("modal") is None:
-        raise SandboxUnavailable(
-            "terminal_backend modal needs the modal package: pip install 'trajcore[modal]'"
-        )
 
 
 def modal_credentials() -> ModalCredentials:
@@ -125,36 +144,23 @@ def modal_credentials() -> ModalCredentials:
 def check_modal() -> None:
     """Raise ``SandboxUnavailable`` naming what is missing for a Modal pool: the ``modal``
     package (``pip install 'trajcore[modal]'``) or Modal's credentials."""
-    _modal_installed()
+    require_sdk("modal")
     modal_credentials()
 
 
-class ModalSdk(Protocol):
-    """Builds the pool's provider over Modal's SDK from its settings and the credentials found
-    (``official_modal_sdk``; a test gives one that returns ``FakeCloud``)."""
-
-    def __call__(self, config: ModalPoolConfig, credentials: ModalCredentials, /) -> CloudProvider:
-        """The provider, not yet connected. Raises ``SandboxUnavailable`` when it cannot be
-        built (the SDK missing)."""
-        ...
+ModalSdk: TypeAlias = ProviderSdk[ModalSandboxSettings, ModalCredentials]
+"""Builds the pool's provider over Modal's SDK (``official_modal_sdk``; a test gives one that
+returns ``FakeCloud``)."""
 
 
-def official_modal_sdk(config: ModalPoolConfig, credentials: ModalCredentials) -> CloudProvider:
+def official_modal_sdk(
+    settings: ModalSandboxSettings, credentials: ModalCredentials
+) -> CloudProvider:
     """The provider over the ``modal`` SDK, authenticated with ``credentials`` (a client from
     the token when the variables gave one, else the SDK's own profile)."""
-    _modal_installed()
-    from trajcore.adapters.sandbox.modal_sdk import ModalProvider, ModalSandboxSettings
+    require_sdk("modal")
+    from trajcore.adapters.sandbox.modal_sdk import ModalProvider
 
-    settings = ModalSandboxSettings(
-        app_name=config.app_name,
-        image=config.image,
-        add_python=config.add_python,
-        region=config.region,
-        cpu=config.cpu,
-        memory_mib=config.memory_mib,
-        sandbox_timeout_s=round(config.sandbox_timeout_s),
-        environment=config.environment,
-    )
     return ModalProvider(settings, credentials)
 
 
@@ -175,4 +181,4 @@ class ModalSandboxPool(CloudSandboxPool):
         sdk: ModalSdk = official_modal_sdk,
     ) -> None:
         config = config or ModalPoolConfig()
-        super().__init__(provider or sdk(config, modal_credentials()), config)
+        super().__init__(provider or sdk(config.sandbox, modal_credentials()), config.pool)

@@ -26,23 +26,9 @@ import modal
 import modal.exception
 
 from trajcore.adapters.sandbox.cloud_pool import CloudSandbox, ProviderError, SandboxSpec
-from trajcore.adapters.sandbox.modal_pool import ModalCredentials
+from trajcore.adapters.sandbox.modal_pool import ModalCredentials, ModalSandboxSettings
 
-__all__ = ["ModalProvider", "ModalSandboxSettings"]
-
-
-@attrs.frozen(kw_only=True)
-class ModalSandboxSettings:
-    """What every sandbox of the pool is created with (see ``ModalPoolConfig``)."""
-
-    app_name: str
-    image: str
-    add_python: str | None
-    region: str | None
-    cpu: float | None
-    memory_mib: int | None
-    sandbox_timeout_s: int
-    environment: str | None
+__all__ = ["ModalProvider"]
 
 
 def _said(error: BaseException) -> ProviderError:
@@ -93,7 +79,7 @@ class ModalProvider:
                 tags=dict(spec.labels),
                 secrets=[modal.Secret.from_dict(dict(spec.env))],
                 encrypted_ports=[spec.port],
-                timeout=settings.sandbox_timeout_s,
+                timeout=round(settings.sandbox_timeout_s),
                 region=settings.region,
                 cpu=settings.cpu,
                 memory=settings.memory_mib,

@@ -62,7 +62,12 @@ from trajcore.adapters.sandbox.nomad_client import (
     allocation_address,
     parse_allocation_stubs,
 )
-from trajcore.adapters.sandbox.reconciled import ReconciledPool, ReconciledSource, scale_settings
+from trajcore.adapters.sandbox.reconciled import (
+    ReconciledPool,
+    ReconciledSource,
+    composed_settings,
+    scale_settings,
+)
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.nomad_job import (
     NomadJobSettings,
@@ -101,6 +106,7 @@ def _nomad_address(_: object, attribute: attrs.Attribute[str], value: object) ->
         raise ConfigError(attribute.name, f"port out of range in {value!r}")
 
 
+@composed_settings
 @attrs.frozen(kw_only=True)
 class NomadPoolConfig:
     """How the Nomad pool runs its slot servers: the Nomad job as the operator sets it (``job``:
@@ -154,8 +160,8 @@ class NomadPoolConfig:
 
     def job_spec(self, *, count: int, token: str) -> NomadJobSpec:
         """The job for ``count`` slot servers with bearer ``token``."""
-        return NomadJobSpec.of(
-            self.job,
+        return NomadJobSpec(
+            job=self.job,
             slots_per_container=self.slots_per_container,
             policy=self.policy,
             count=count,
@@ -329,7 +335,7 @@ class NomadSandboxPool(ReconciledPool):
             timeout_s=config.request_timeout_s,
         )
         self._allocations = _NomadAllocations(config=config, nomad=nomad)
-        super().__init__(self._allocations, config, label="Nomad")
+        super().__init__(self._allocations, label="Nomad")
 
     def allocation_id(self, container: str) -> str:
         """The Nomad allocation behind ``container``. Raises ``KeyError``."""

@@ -27,11 +27,18 @@ stop a run given up on (``_replace``). What the loop keeps:
 Sources that start every run themselves, one per server index (Slurm, the cloud), also share
 ``StartBackoff``: a server that did not join is started again on its index only after a delay
 that doubles from 0.5 s to 60 s.
+
+Their settings are composed, never inherited: each pool's config holds the values it is made
+of (the Nomad job's settings, the Slurm job's, a cloud provider's sandbox settings, the slot
+servers' policy) as fields, and ``composed_settings`` makes a keyword that belongs to one of
+those parts a ``ConfigError`` naming the part (``NomadPoolConfig(image=...)`` says
+``job=NomadJobSettings(image=...)``).
 """
 
 from __future__ import annotations
 
 import abc
+import functools
 import logging
 import secrets
 from collections.abc import Sequence
@@ -40,6 +47,7 @@ from typing import ClassVar, Generic, Protocol, TypeVar
 
 import anyio
 import attrs
+from attrs import AttrsInstance
 
 from trajcore.adapters.sandbox.pool_core import (
     Endpoint,
@@ -72,6 +80,7 @@ __all__ = [
     "Run",
     "ScaledSettings",
     "StartBackoff",
+    "composed_settings",
     "run_of",
     "scale_settings",
 ]
@@ -110,15 +119,41 @@ def scale_settings(config: ScaledSettings) -> ScaleConfig:
         raise ConfigError(error.field.removeprefix("scaling."), error.reason) from None
 
 
-class ReconciledSettings(Protocol):
-    """What the loop reads from a scheduled pool's config."""
+S = TypeVar("S", bound=AttrsInstance)
 
-    @property
-    def slots_per_container(self) -> int: ...
-    @property
-    def min_containers(self) -> int: ...
-    @property
-    def start_timeout_s(self) -> float: ...
+
+def composed_settings(cls: type[S]) -> type[S]:
+    """Class decorator of a settings class composed of settings values (its attrs fields typed
+    as attrs classes): a keyword that is no field of ``cls`` but one of a part's is refused with
+    a ``ConfigError`` naming it and the part that holds it (``job=NomadJobSettings(image=...)``),
+    not Python's bare ``TypeError``. Every other call is ``cls``'s own ``__init__``."""
+    attrs.resolve_types(cls)
+    own = {field.alias or field.name for field in attrs.fields(cls)}
+    held_by: dict[str, str] = {}
+    for part in attrs.fields(cls):
+        if isinstance(part.type, type) and attrs.has(part.type):
+            for field in attrs.fields(part.type):
+                name = field.alias or field.name
+                held_by.setdefault(name, f"{part.name}={part.type.__name__}({name}=...)")
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def checked_init(self: S, *args: object, **kwargs: object) -> None:
+        for name in sorted(kwargs.keys() - own):
+            if name in held_by:
+                raise ConfigError(
+                    name, f"is not a setting of {cls.__name__} itself; give it as {held_by[name]}"
+                )
+        init(self, *args, **kwargs)
+
+    type.__setattr__(cls, "__init__", checked_init)
+    return cls
+
+
+class ReconciledSettings(PoolSettings, ScaledSettings, Protocol):
+    """What the loop reads from a scheduled pool's config: the core's settings
+    (``PoolSettings``), the scaling ones and how often the scheduler is polled."""
+
     @property
     def poll_interval_s(self) -> float: ...
     def scale_config(self) -> ScaleConfig: ...
@@ -380,11 +415,9 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
 class ReconciledPool(SlotServerPool):
     """A ``SlotServerPool`` over a ``ReconciledSource``, with the scheduler's view of it."""
 
-    def __init__(
-        self, source: ReconciledSource[ReconciledSettings], settings: PoolSettings, *, label: str
-    ) -> None:
+    def __init__(self, source: ReconciledSource[ReconciledSettings], *, label: str) -> None:
         self._runs = source
-        super().__init__(source, settings, label=label)
+        super().__init__(source, source.config, label=label)
 
     def run_id(self, container: str) -> str:
         """The scheduler's ID of the run behind ``container``. Raises ``KeyError``."""

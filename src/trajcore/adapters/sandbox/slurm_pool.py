@@ -58,6 +58,7 @@ from trajcore.adapters.sandbox.reconciled import (
     ReconciledPool,
     ReconciledSource,
     StartBackoff,
+    composed_settings,
     scale_settings,
 )
 from trajcore.domain.errors import ConfigError, InvalidInput, SandboxUnavailable, SlotServerError
@@ -100,6 +101,7 @@ def _optional_dir(value: object) -> Path | None:
     return None if value is None else Path(str(value))
 
 
+@composed_settings
 @attrs.frozen(kw_only=True)
 class SlurmPoolConfig:
     """How the Slurm pool runs its slot servers: each server's batch job as the operator sets
@@ -406,7 +408,7 @@ class SlurmSandboxPool(ReconciledPool):
     def __init__(self, config: SlurmPoolConfig | None = None) -> None:
         self.config = config = config or SlurmPoolConfig()
         self._jobs = _SlurmJobs(config=config)
-        super().__init__(self._jobs, config, label="Slurm")
+        super().__init__(self._jobs, label="Slurm")
 
     async def execute(self, container: str, calls: Sequence[SlotCall]) -> list[ToolResult]:
         """See ``SandboxPool.execute``. An answered batch is confirmed by the server's health

@@ -30,10 +30,11 @@ import attrs
 from attrs import AttrsInstance
 from pydantic import BaseModel, Field
 
+from trajcore.adapters.sandbox.cloud_pool import CloudPoolConfig
 from trajcore.adapters.sandbox.container_pool import ContainerPoolConfig
-from trajcore.adapters.sandbox.daytona_pool import DaytonaPoolConfig
+from trajcore.adapters.sandbox.daytona_pool import DaytonaPoolConfig, DaytonaSandboxSettings
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig
-from trajcore.adapters.sandbox.modal_pool import ModalPoolConfig
+from trajcore.adapters.sandbox.modal_pool import ModalPoolConfig, ModalSandboxSettings
 from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
 from trajcore.adapters.sandbox.slurm_pool import SlurmPoolConfig
 from trajcore.adapters.sandbox.ssh_pool import SshPoolConfig
@@ -63,17 +64,19 @@ class CloudSettings(BaseModel):
     """The Modal and Daytona settings (``SandboxSettings.modal_pool_config``,
     ``daytona_pool_config``; the pools themselves: ``cloud``)."""
 
-    modal_image: str = Field(default=_MODAL.image, description="Modal: the sandbox image.")
-    modal_app: str = Field(default=_MODAL.app_name, description="Modal: the app's name.")
+    modal_image: str = Field(default=_MODAL.sandbox.image, description="Modal: the sandbox image.")
+    modal_app: str = Field(default=_MODAL.sandbox.app_name, description="Modal: the app's name.")
     modal_environment: str | None = Field(
-        default=_MODAL.environment, description="Modal: the environment."
+        default=_MODAL.sandbox.environment, description="Modal: the environment."
     )
     modal_region: str | None = Field(
-        default=_MODAL.region, description="Modal: where sandboxes run."
+        default=_MODAL.sandbox.region, description="Modal: where sandboxes run."
     )
-    daytona_image: str = Field(default=_DAYTONA.image, description="Daytona: the sandbox image.")
+    daytona_image: str = Field(
+        default=_DAYTONA.sandbox.image, description="Daytona: the sandbox image."
+    )
     daytona_target: str | None = Field(
-        default=_DAYTONA.target, description="Daytona: the target (region)."
+        default=_DAYTONA.sandbox.target, description="Daytona: the target (region)."
     )
     cloud_cpu: float | None = Field(default=None, description="Modal, Daytona: CPUs per sandbox.")
     cloud_memory_mb: int | None = Field(
@@ -84,7 +87,7 @@ class CloudSettings(BaseModel):
         description="Modal: a sandbox's lifetime; Daytona: its idle stop.",
     )
     cloud_owner: str = Field(
-        default=_MODAL.owner,
+        default=_MODAL.pool.owner,
         description="Modal, Daytona: the label of this pool's sandboxes; at start every sandbox "
         "with it is deleted (a crashed run's), so give each concurrent pool its own.",
     )
@@ -154,6 +157,19 @@ class SandboxSettings(CloudSettings):
     container_engine: str | None = Field(
         default=_CONTAINER.engine,
         description="Container pool: 'podman' or 'docker' (default: whichever works here).",
+    )
+    container_environment_dirs: str | None = Field(
+        default=None,
+        description="Container pool: host directories of task environments (OCI layouts, "
+        "archives), comma-separated, mounted read-only at the same paths.",
+    )
+    image_cache_dir: str | None = Field(
+        default=None,
+        description="Local and container pools: the host's image cache (an absolute path), "
+        "which lets tasks run over their own images (task_environment); off by default.",
+    )
+    image_cache_bytes: int = Field(
+        default=_LOCAL.image_cache_bytes, ge=1, description="The image cache's size limit."
     )
     slots_per_container: int = Field(
         default=_NOMAD.slots_per_container, ge=1, description="Slots per container (N)."
@@ -298,10 +314,11 @@ class SandboxSettings(CloudSettings):
         Raises:
             ConfigError: a Modal setting that cannot work, named by its env field.
         """
-        given = self.server_settings()
+        given: dict[str, object] = {}
         if self.cloud_lifetime_s is None:
-            given["sandbox_timeout_s"] = _MODAL.sandbox_timeout_s
-        return _build(self, ModalPoolConfig, ("modal_", "cloud_"), given, _MODAL_NAMES)
+            given["sandbox_timeout_s"] = _MODAL.sandbox.sandbox_timeout_s
+        sandbox = _build(self, ModalSandboxSettings, ("modal_", "cloud_"), given, _MODAL_NAMES)
+        return ModalPoolConfig(pool=self._cloud_pool_config(), sandbox=sandbox)
 
     def daytona_pool_config(self) -> DaytonaPoolConfig:
         """The Daytona pool's settings (``daytona_*``, ``cloud_*`` and the shared fields): CPUs
@@ -312,14 +329,20 @@ class SandboxSettings(CloudSettings):
             ConfigError: a Daytona setting that cannot work, named by its env field.
         """
         cpu, memory, lifetime = self.cloud_cpu, self.cloud_memory_mb, self.cloud_lifetime_s
-        stop = _DAYTONA.auto_stop_min if lifetime is None else math.ceil(lifetime / 60)
+        stop = _DAYTONA.sandbox.auto_stop_min if lifetime is None else math.ceil(lifetime / 60)
         given = {
-            **self.server_settings(),
             "cpu": None if cpu is None else math.ceil(cpu),
             "memory_gib": None if memory is None else math.ceil(memory / 1024),
             "auto_stop_min": stop,
         }
-        return _build(self, DaytonaPoolConfig, ("daytona_", "cloud_"), given, _DAYTONA_NAMES)
+        sandbox = _build(
+            self, DaytonaSandboxSettings, ("daytona_", "cloud_"), given, _DAYTONA_NAMES
+        )
+        return DaytonaPoolConfig(pool=self._cloud_pool_config(), sandbox=sandbox)
+
+    def _cloud_pool_config(self) -> CloudPoolConfig:
+        """The cloud pool's settings of the Modal and Daytona pools (``cloud_*``, shared)."""
+        return _build(self, CloudPoolConfig, ("cloud_",), self.server_settings())
 
 
 _SSH_NAMES: Mapping[str, str] = {

@@ -1,0 +1,55 @@
+"""The scheduled and cloud pools' settings are composed of settings values
+(``reconciled.composed_settings``): a keyword that belongs to one of the parts is refused with
+one ``ConfigError`` naming it and the part to give it in; the class's own keywords, unknown
+keywords and ``attrs.evolve`` behave as without the decorator."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from trajcore.adapters.sandbox.cloud_pool import CloudPoolConfig
+from trajcore.adapters.sandbox.daytona_pool import DaytonaPoolConfig, DaytonaSandboxSettings
+from trajcore.adapters.sandbox.modal_pool import ModalPoolConfig, ModalSandboxSettings
+from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
+from trajcore.adapters.sandbox.slurm_pool import SlurmPoolConfig
+from trajcore.domain.errors import ConfigError
+from trajcore.domain.nomad_job import NomadJobSettings
+
+
+@pytest.mark.parametrize(
+    ("config", "given", "part"),
+    [
+        (NomadPoolConfig, {"image": "img:1"}, "job=NomadJobSettings(image=...)"),
+        (NomadPoolConfig, {"allow_network": True}, "policy=SlotPolicy(allow_network=...)"),
+        (SlurmPoolConfig, {"partition": "gpu"}, "job=SlurmJobSettings(partition=...)"),
+        (ModalPoolConfig, {"owner": "run-7"}, "pool=CloudPoolConfig(owner=...)"),
+        (ModalPoolConfig, {"image": "img:1"}, "sandbox=ModalSandboxSettings(image=...)"),
+        (DaytonaPoolConfig, {"max_containers": 3}, "pool=CloudPoolConfig(max_containers=...)"),
+        (DaytonaPoolConfig, {"target": "eu"}, "sandbox=DaytonaSandboxSettings(target=...)"),
+    ],
+)
+def test_a_setting_of_a_part_is_named_with_the_part_to_give_it_in(
+    config: type[object], given: dict[str, object], part: str
+) -> None:
+    (name,) = given
+    with pytest.raises(ConfigError) as caught:
+        config(**given)
+    assert caught.value.field == name
+    assert caught.value.reason == (
+        f"is not a setting of {config.__name__} itself; give it as {part}"
+    )
+
+
+def test_own_settings_unknown_keywords_and_evolve_are_untouched() -> None:
+    config = NomadPoolConfig(job=NomadJobSettings(image="img:1"), min_containers=2)
+    assert (config.job.image, config.min_containers) == ("img:1", 2)
+    assert attrs.evolve(config, max_containers=3).max_containers == 3
+    with pytest.raises(TypeError, match="no_such_setting"):
+        NomadPoolConfig(no_such_setting=1)  # type: ignore[call-arg]
+    modal = ModalPoolConfig(
+        pool=CloudPoolConfig(owner="run-7"), sandbox=ModalSandboxSettings(image="img:2")
+    )
+    assert (modal.pool.owner, modal.sandbox.image) == ("run-7", "img:2")
+    daytona = DaytonaPoolConfig(sandbox=DaytonaSandboxSettings(target="eu"))
+    assert (daytona.pool, daytona.sandbox.target) == (CloudPoolConfig(), "eu")
