@@ -270,6 +270,9 @@ class SnapshotStore:
     def start(self, snapshot: Snapshot, workspace: Path, ids: tuple[int, int] | None) -> None:
         """Copy the snapshot's workspace into ``workspace`` (an empty one), given to ``ids``.
         Raises ``SnapshotRefused`` (a full disk: what was copied is removed again)."""
+        with os.scandir(snapshot.workspace) as entries:
+            if next(entries, None) is None:
+                return  # nothing to copy (a preparation that wrote to the root alone)
         try:
             copy_tree(snapshot.workspace, workspace, owner=ids)
         except OSError as error:
