@@ -50,9 +50,9 @@ class RaisingPool:
         self.broken = broken
 
     def lease(
-        self, holder: str, *, timeout_s: float | None = None
+        self, holder: str, *, timeout_s: float | None = None, environment: str | None = None
     ) -> AbstractAsyncContextManager[Lease]:
-        return self.inner.lease(holder, timeout_s=timeout_s)
+        return self.inner.lease(holder, timeout_s=timeout_s, environment=environment)
 
     async def execute(self, container: str, calls: Sequence[SlotCall]) -> list[ToolResult]:
         if container == self.broken:

@@ -62,13 +62,16 @@ def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
     shared_servers = {
         "slots_per_container": "slots_per_container",
         "acquire_timeout_s": "acquire_timeout_s",
+        "image_cache_dir": "image_cache_dir",
+        "image_cache_bytes": "image_cache_bytes",
     }
     assert section(LocalPoolConfig, ("local_",), {}) == {
         "containers": "local_containers", **shared_servers,
     }  # fmt: skip
     assert section(ContainerPoolConfig, ("container_", "local_"), {}) == {
         "containers": "local_containers", "image": "container_image",
-        "engine": "container_engine", **shared_servers,
+        "engine": "container_engine", "environment_dirs": "container_environment_dirs",
+        **shared_servers,
     }  # fmt: skip
     assert section(SshPoolConfig, ("ssh_",), {}) == {"acquire_timeout_s": "acquire_timeout_s"}
     assert section(SshHost, ("ssh_",), sandbox_settings._SSH_NAMES) == {

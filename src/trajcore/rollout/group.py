@@ -23,7 +23,7 @@ from trajcore.domain.agent_loop import StopReason, TrajectoryStats
 from trajcore.domain.groups import GroupPolicy, GroupVerdict
 from trajcore.rollout.trajectory import TrajectoryResult
 
-__all__ = ["GroupResult", "collect_group"]
+__all__ = ["GroupResult", "collect_group", "failed_member"]
 
 log = logging.getLogger("trajcore.rollout")
 
@@ -37,12 +37,15 @@ class GroupResult:
         members: One result per member, in index order.
         verdict: The group policy's judgement (kept members, scores, drop reason).
         duration_s: Wall time of the whole group.
+        environment: The task environment (image reference) every member's lease named, or
+            ``None``.
     """
 
     group_id: str
     members: tuple[TrajectoryResult, ...]
     verdict: GroupVerdict
     duration_s: float
+    environment: str | None = None
 
     @property
     def kept(self) -> tuple[TrajectoryResult, ...]:
@@ -51,7 +54,13 @@ class GroupResult:
 
 
 def _crashed(trajectory_id: str, exc: BaseException) -> TrajectoryResult:
-    stats = TrajectoryStats.failed_unstarted(StopReason.INFRA_ERROR, f"{type(exc).__name__}: {exc}")
+    return failed_member(trajectory_id, StopReason.INFRA_ERROR, f"{type(exc).__name__}: {exc}")
+
+
+def failed_member(trajectory_id: str, reason: StopReason, detail: str) -> TrajectoryResult:
+    """The result of a member that failed before it started (``reason``: ``INFRA_ERROR`` or
+    ``ENV_ERROR``, with its one-line ``detail``): no messages, no slot, never scored."""
+    stats = TrajectoryStats.failed_unstarted(reason, detail)
     return TrajectoryResult(
         trajectory_id=trajectory_id,
         messages=(),
@@ -70,11 +79,14 @@ async def collect_group(
     group_id: str,
     policy: GroupPolicy,
     run_member: Callable[[str], Awaitable[TrajectoryResult]],
+    environment: str | None = None,
 ) -> GroupResult:
     """Run ``policy.group_size`` members concurrently and judge the group.
 
     ``run_member`` is called with each member's trajectory id and must return its result (it is
-    typically ``run_trajectory`` with the item's messages, hooks and shared services bound).
+    typically ``run_trajectory`` with the item's messages, hooks, environment and shared
+    services bound). ``environment`` is the task environment the members' leases name, kept in
+    the result for its logs.
     """
     started = anyio.current_time()
     size = policy.group_size
@@ -100,4 +112,5 @@ async def collect_group(
         members=done,
         verdict=verdict,
         duration_s=anyio.current_time() - started,
+        environment=environment,
     )

@@ -15,6 +15,13 @@ The decisions are the domain ``AgentLoop``'s; this module performs them. Its pro
   (``file:line in function``) in the detail.
 - **Always released.** The slot is held by ``SandboxPool.lease``, an async context manager whose
   exit resets (or quarantines) the slot, shielded, also when this task is cancelled.
+- **A task environment is the lease's.** ``environment`` (the group's image reference) is named
+  in the lease; a lease that cannot run over it (``EnvironmentUnavailable``, an infrastructure
+  error naming the image and the reason) fails the member as ``infra_error`` before any hook
+  or model call, and its slot is released. With ``prepared`` (the group's preparation done
+  once, ``rollout.preparation``), the lease starts from its snapshot where the pool can fork
+  it: the prepare hook is then not run again and its metadata is the preparation's; elsewhere
+  the member prepares itself.
 - **One deadline.** ``deadline_s`` covers acquisition, every model call, every tool call and
   scoring. When it passes, the loop finishes as ``time_budget`` (or ``infra_error`` if no slot was
   ever acquired) and whatever was produced so far is kept.
@@ -35,7 +42,8 @@ from __future__ import annotations
 
 import math
 import traceback
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import overload
 
 import anyio
@@ -61,12 +69,14 @@ from trajcore.domain.groups import TrajectoryOutcome, TrajectoryStatus
 from trajcore.domain.json_values import JSONObject, check_json
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
+from trajcore.domain.slots import Lease
 from trajcore.domain.token_ledger import Drift, TrainingTokens
 from trajcore.domain.tools import ToolCall, ToolResult, ToolSpec
-from trajcore.ports.sandbox_pool import SandboxPool
+from trajcore.ports.sandbox_pool import EnvironmentPool, SandboxPool
 from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.policy import Policy, PolicySession
+from trajcore.rollout.preparation import Prepared
 from trajcore.rollout.tools import SlotTools, ToolRouter
 
 __all__ = [
@@ -243,12 +253,17 @@ async def run_trajectory(
     dispatcher: ToolDispatcher,
     tool_server: ToolServer | None,
     config: RolloutConfig,
+    environment: str | None = None,
+    prepared: Prepared | None = None,
 ) -> TrajectoryResult:
-    """Run one trajectory to its end; see the module docstring for what it promises."""
+    """Run one trajectory to its end, its lease over ``environment`` (an image reference) when
+    given, from the group's ``prepared`` snapshot where it can; see the module docstring for
+    what it promises."""
     started = anyio.current_time()
     run = _Run(trajectory_id, config, AgentLoop(config.agent), list(messages))
+    env = _Env(tools, hooks, policy, pool, dispatcher, tool_server, environment, prepared)
     with anyio.move_on_after(config.deadline_s) as deadline:
-        await _leased(run, _Env(tools, hooks, policy, pool, dispatcher, tool_server))
+        await _leased(run, env)
     if deadline.cancelled_caught and not run.loop.finished:
         if LoopEvent.OUT_OF_TIME in run.loop.allowed_events():
             run.loop.out_of_time(now=run.now())
@@ -267,12 +282,30 @@ class _Env:
     pool: SandboxPool
     dispatcher: ToolDispatcher
     tool_server: ToolServer | None
+    environment: str | None = None
+    prepared: Prepared | None = None
+
+    def lease(self, holder: str, timeout_s: float) -> AbstractAsyncContextManager[_Leased]:
+        """The member's lease, and whether it started from the group's snapshot."""
+        pool, prepared = self.pool, self.prepared
+        if prepared is not None and isinstance(pool, EnvironmentPool):
+            return pool.lease_from(holder, prepared.snapshot, timeout_s=timeout_s)
+        return _unforked(pool.lease(holder, timeout_s=timeout_s, environment=self.environment))
+
+
+_Leased = tuple[Lease, bool]
+
+
+@asynccontextmanager
+async def _unforked(leasing: AbstractAsyncContextManager[Lease]) -> AsyncIterator[_Leased]:
+    async with leasing as lease:
+        yield lease, False
 
 
 async def _leased(run: _Run, env: _Env) -> None:
     config = run.config
     try:
-        async with env.pool.lease(run.trajectory_id, timeout_s=config.acquire_timeout_s) as lease:
+        async with env.lease(run.trajectory_id, config.acquire_timeout_s) as (lease, forked):
             run.slot = str(lease.slot)
             router = ToolRouter(
                 lease=lease,
@@ -284,7 +317,11 @@ async def _leased(run: _Run, env: _Env) -> None:
             )
             slot_tools = SlotTools(router)
             try:
-                metadata: object = await env.hooks.prepare(slot_tools)
+                metadata: object = (
+                    env.prepared.metadata
+                    if forked and env.prepared is not None
+                    else await env.hooks.prepare(slot_tools)
+                )
             except InfrastructureError as exc:
                 run.loop.infra_failed(now=run.now(), detail=f"prepare hook failed: {exc}")
                 return
@@ -299,7 +336,7 @@ async def _leased(run: _Run, env: _Env) -> None:
             await _agent(run, env.tools, env.policy, router)
             if run.loop.stats().needs_score:
                 await _score(run, env.hooks, slot_tools)
-    except InfrastructureError as exc:  # the lease itself: AcquireTimeout, a dead pool
+    except InfrastructureError as exc:  # the lease: AcquireTimeout, EnvironmentUnavailable, ...
         if not run.loop.finished:
             run.loop.infra_failed(now=run.now(), detail=f"{type(exc).__name__}: {exc}")
 

@@ -21,7 +21,19 @@ The suite then checks what ``trajcore.ports.sandbox_pool`` promises:
 - ``aclose`` is idempotent; afterwards ``execute`` and ``lease`` raise ``PoolClosed``, and a
   waiter queued when the pool closes gets ``PoolClosed``;
 - (with ``supports_crash``) a dead container gives every call of its batch an ``INFRA_ERROR``,
-  its slots leave service, and later leases still work.
+  its slots leave service, and later leases still work;
+- a lease naming a task environment the pool cannot run (one no host has, or any for a pool
+  that runs none) raises ``EnvironmentUnavailable`` on entry naming it, and its slot is free
+  and clean afterwards; a malformed reference is refused before any slot is leased.
+
+``TaskEnvironmentContract`` is the suite of a pool that runs task environments: given an
+``EnvironmentCase`` (a factory of pools that run one image, a file of the image and its text),
+it checks that a lease naming the image runs over it (and one naming none does not), that the
+next lease over it starts clean, that the members of a group each run over it concurrently,
+and that a refused image fails only its own lease; ``environment_statistics()`` counts each.
+With ``supports_snapshots`` it also checks a group's preparation done once: a prepared lease
+frozen with ``snapshot`` starts the leases of its server (``lease_from``) with what it wrote,
+and once dropped, leases start from the plain image again.
 
 Besides these scenarios, ``test_generated_sequences`` drives the pool with hypothesis-generated
 sequences of leases, releases (normal, by an error, by cancellation), queued and cancelled
@@ -45,21 +57,27 @@ import anyio
 import attrs
 import pytest
 
+from trajcore.domain.environment_leases import EnvironmentUnavailable
 from trajcore.domain.errors import AcquireTimeout, PoolClosed
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
 from trajcore.domain.tools import ToolOutcome, ToolResult
-from trajcore.ports.sandbox_pool import SandboxPool
+from trajcore.ports.sandbox_pool import EnvironmentPool, SandboxPool
 from trajcore.testing.async_contract import AsyncioContract
 from trajcore.testing.portal_pools import slot_call
 from trajcore.testing.sandbox_pool_machine import MachineShape, run_pool_machine
 
 __all__ = [
     "CrashContainer",
+    "EnvironmentCase",
     "PoolShape",
     "SandboxPoolContract",
     "SandboxPoolFactory",
+    "TaskEnvironmentContract",
     "slot_call",
 ]
+
+NO_SUCH_IMAGE = "oci:/nonexistent/trajcore-contract/no-such-image"
+"""An image reference no host has (its path does not exist)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -456,6 +474,37 @@ class SandboxPoolContract(AsyncioContract):
                 ok = await _one(pool, slot_call(after, "bash", command="echo ok"))
             assert ok.content == "ok\n"
 
+    # ------------------------------------------------------------------------- environments
+
+    async def test_an_environment_it_cannot_run_is_refused_and_its_slot_comes_back(
+        self, sandbox_pool_factory: SandboxPoolFactory
+    ) -> None:
+        async with sandbox_pool_factory(PoolShape(slots_per_container=1)) as pool:
+            with pytest.raises(EnvironmentUnavailable) as caught:
+                async with pool.lease("t", environment=NO_SUCH_IMAGE):
+                    pytest.fail("a lease ran over an image no host has")
+            assert caught.value.environment == NO_SUCH_IMAGE
+            assert NO_SUCH_IMAGE in str(caught.value)
+            assert caught.value.reason
+            stats = await wait_for_statistics(pool, _all_free)
+            assert (stats.free, stats.quarantined) == (1, 0)
+            async with pool.lease("after") as lease:
+                ok = await _one(pool, slot_call(lease, "bash", command="echo ok"))
+            assert ok.content == "ok\n"
+
+    async def test_a_malformed_environment_is_refused_before_a_slot_is_leased(
+        self, sandbox_pool_factory: SandboxPoolFactory
+    ) -> None:
+        async with sandbox_pool_factory(PoolShape(slots_per_container=1)) as pool:
+            granted = pool.statistics().leases_granted
+            for bad in ("ubuntu:22.04", "oci:relative/layout", "directory:"):
+                with pytest.raises(EnvironmentUnavailable) as caught:
+                    async with pool.lease("t", environment=bad):
+                        pytest.fail(f"a lease ran over {bad!r}")
+                assert (caught.value.environment, caught.value.field) == (bad, "environment")
+            assert pool.statistics().leases_granted == granted
+            assert pool.statistics().free == 1
+
     # ------------------------------------------------------------------------- generated
 
     def test_generated_sequences(
@@ -474,3 +523,155 @@ class SandboxPoolContract(AsyncioContract):
             crash=crash,
             scale=self.machine_scale,
         )
+
+
+@attrs.frozen(kw_only=True)
+class EnvironmentCase:
+    """A pool that runs task environments, and an image it runs.
+
+    Attributes:
+        factory: Makes pools (as ``SandboxPoolFactory``) that run ``environment``.
+        environment: The image's reference.
+        path: An absolute path of a file the image holds (``cat`` must be in the image).
+        content: That file's text, which a lease naming no environment does not see there.
+    """
+
+    factory: SandboxPoolFactory
+    environment: str
+    path: str
+    content: str
+
+
+def _environment_counts(pool: SandboxPool) -> tuple[int, int, int]:
+    """(leases, refused, hits + misses) of ``pool``'s environment statistics."""
+    assert isinstance(pool, EnvironmentPool), "a pool running environments reports them"
+    stats = pool.environment_statistics()
+    return stats.leases, stats.refused, stats.hits + stats.misses
+
+
+class TaskEnvironmentContract(AsyncioContract):
+    """Abstract suite of a pool that runs task environments: override ``environment_case``."""
+
+    supports_snapshots: ClassVar[bool] = True
+
+    @pytest.fixture
+    def environment_case(self) -> EnvironmentCase:
+        raise NotImplementedError
+
+    async def _cat(self, pool: SandboxPool, lease: Lease, path: str) -> str:
+        seen = await _one(pool, slot_call(lease, "bash", command=f"cat {path}"))
+        assert seen.exec is not None, seen
+        return seen.exec.stdout
+
+    async def test_a_lease_naming_an_image_runs_over_it(
+        self, environment_case: EnvironmentCase
+    ) -> None:
+        case = environment_case
+        async with case.factory(PoolShape(slots_per_container=1)) as pool:
+            async with pool.lease("over", environment=case.environment) as lease:
+                assert await self._cat(pool, lease, case.path) == case.content
+                wrote = await _one(pool, slot_call(lease, "write_file", path="n.txt", content="x"))
+                read = await _one(pool, slot_call(lease, "read_file", path="n.txt"))
+                assert (wrote.outcome, read.content) == (ToolOutcome.OK, "x")
+            async with pool.lease("plain") as plain:
+                assert await self._cat(pool, plain, case.path) != case.content
+            assert _environment_counts(pool) == (1, 0, 1)
+            await wait_for_statistics(pool, lambda s: _all_free(s) and s.free == 1)
+
+    async def test_the_next_lease_over_the_image_starts_clean(
+        self, environment_case: EnvironmentCase
+    ) -> None:
+        case = environment_case
+        async with case.factory(PoolShape(slots_per_container=1)) as pool:
+            async with pool.lease("first", environment=case.environment) as first:
+                await _one(pool, slot_call(first, "write_file", path="left.txt", content="x"))
+            async with pool.lease("second", environment=case.environment) as second:
+                assert second.slot == first.slot
+                gone = await _one(pool, slot_call(second, "read_file", path="left.txt"))
+                assert gone.outcome is ToolOutcome.TOOL_ERROR
+                assert await self._cat(pool, second, case.path) == case.content
+            assert _environment_counts(pool) == (2, 0, 2)
+            assert isinstance(pool, EnvironmentPool)
+            assert pool.environment_statistics().hits >= 1  # the second found it made
+
+    async def test_each_member_of_a_group_runs_over_the_image(
+        self, environment_case: EnvironmentCase
+    ) -> None:
+        case = environment_case
+        seen: list[str] = []
+        async with case.factory(PoolShape(containers=2, slots_per_container=2)) as pool:
+
+            async def member(i: int) -> None:
+                async with pool.lease(f"g/{i}", environment=case.environment) as lease:
+                    seen.append(await self._cat(pool, lease, case.path))
+
+            async with anyio.create_task_group() as group:
+                for i in range(4):
+                    group.start_soon(member, i)
+            assert seen == [case.content] * 4
+            assert _environment_counts(pool) == (4, 0, 4)
+            await wait_for_statistics(pool, lambda s: _all_free(s) and s.free == 4)
+
+    async def test_a_refused_image_fails_only_its_own_lease(
+        self, environment_case: EnvironmentCase
+    ) -> None:
+        case = environment_case
+        refused: list[EnvironmentUnavailable] = []
+        async with case.factory(PoolShape(slots_per_container=2)) as pool:
+
+            async def missing() -> None:
+                try:
+                    async with pool.lease("missing", environment=NO_SUCH_IMAGE):
+                        pytest.fail("a lease ran over an image no host has")
+                except EnvironmentUnavailable as error:
+                    refused.append(error)
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(missing)
+                async with pool.lease("good", environment=case.environment) as good:
+                    assert await self._cat(pool, good, case.path) == case.content
+            assert [error.environment for error in refused] == [NO_SUCH_IMAGE]
+            assert _environment_counts(pool) == (2, 1, 1)
+            stats = await wait_for_statistics(pool, lambda s: _all_free(s) and s.free == 2)
+            assert stats.quarantined == 0
+
+    async def test_leases_start_from_a_prepared_snapshot_until_it_is_dropped(
+        self, environment_case: EnvironmentCase
+    ) -> None:
+        if not self.supports_snapshots:
+            pytest.skip("this implementation takes no snapshots")
+        case = environment_case
+        async with case.factory(PoolShape(slots_per_container=2)) as pool:
+            assert isinstance(pool, EnvironmentPool)
+            async with pool.lease("prepare", environment=case.environment) as prepare:
+                wrote = await _one(
+                    pool, slot_call(prepare, "write_file", path="prepared.txt", content="ready")
+                )
+                assert wrote.outcome is ToolOutcome.OK
+                snapshot = await pool.snapshot(prepare, case.environment)
+            assert (snapshot.environment, snapshot.container) == (
+                case.environment,
+                prepare.slot.container,
+            )
+            async with (
+                pool.lease_from("a", snapshot) as (a, a_forked),
+                pool.lease_from("b", snapshot) as (b, b_forked),
+            ):
+                assert (a_forked, b_forked) == (True, True)
+                for lease in (a, b):
+                    read = await _one(pool, slot_call(lease, "read_file", path="prepared.txt"))
+                    assert (read.outcome, read.content) == (ToolOutcome.OK, "ready")
+                    assert await self._cat(pool, lease, case.path) == case.content
+                await _one(pool, slot_call(a, "write_file", path="prepared.txt", content="a"))
+                read = await _one(pool, slot_call(b, "read_file", path="prepared.txt"))
+                assert read.content == "ready"  # each fork writes to its own copy
+            await pool.drop_snapshot(snapshot)
+            await pool.drop_snapshot(snapshot)  # twice: never raises
+            async with pool.lease_from("late", snapshot) as (late, late_forked):
+                assert not late_forked
+                gone = await _one(pool, slot_call(late, "read_file", path="prepared.txt"))
+                assert gone.outcome is ToolOutcome.TOOL_ERROR
+                assert await self._cat(pool, late, case.path) == case.content
+            stats = pool.environment_statistics()
+            assert (stats.snapshots, stats.forks, stats.refused) == (1, 2, 0)
+            await wait_for_statistics(pool, lambda s: _all_free(s) and s.quarantined == 0)

@@ -32,6 +32,18 @@ Faults (all one-shot unless said otherwise):
 - ``fail_next_reset()``: the next reset fails, so that slot is quarantined.
 - ``start_delay_s``: entering the pool (``async with``) takes this long (a slow start).
 
+Task environments. ``images`` maps image references (``oci:/images/task-1``, any reference
+``domain.task_environments`` accepts) to the files each image holds, by absolute path. A lease
+that names one of them runs over it: its slot's files hold the image's at their absolute paths
+(``cat /etc/os-release`` in the default handler reads them; ``read_file`` stays confined to the
+workspace, as in a slot server), and the reset discards them with the rest. A lease that names
+any other image is refused on entry with ``EnvironmentUnavailable`` naming it, and its slot is
+released. ``environment_leases`` records every lease that named an environment (holder, slot,
+epoch, environment, or the refusal), so an env's ``task_environment`` hook can be tested here;
+``environment_statistics()`` counts them (a first use of an image in a container is a miss).
+``snapshot(lease, environment)`` freezes a slot's files under a new id; ``lease_from`` a slot of
+the same container starts from them (recorded as ``forked``), any other slot from the image.
+
 Inspection: ``executed`` lists every call that ran (not repeats, not refusals) in the order it
 started, with its container, slot index, epoch, tool and arguments; ``batches`` lists each
 request's container and call ids; ``resets`` each slot reset and whether it succeeded.
@@ -40,9 +52,10 @@ request's container and call ids; ``resets`` each slot reset and whether it succ
 from __future__ import annotations
 
 import abc
+import contextlib
 import posixpath
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import ClassVar, Self, cast
 
 import anyio
@@ -50,9 +63,15 @@ import anyio.lowlevel
 import attrs
 
 from trajcore.adapters.sandbox.batches import refuse_stale
+from trajcore.adapters.sandbox.environment_leasing import EnvironmentCounters
 from trajcore.adapters.sandbox.leasing import SlotLeasing
 from trajcore.adapters.sandbox.pool_core import LeasedPool
-from trajcore.domain.errors import PoolClosed
+from trajcore.domain.environment_leases import (
+    EnvironmentUnavailable,
+    Snapshot,
+    check_environment,
+)
+from trajcore.domain.errors import ConfigError, PoolClosed
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
 from trajcore.domain.slots import Lease, SlotCall, SlotId
 from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult, ToolSpec
@@ -61,6 +80,7 @@ from trajcore.domain.validators import positive_int
 __all__ = [
     "CommandHandler",
     "CommandOutcome",
+    "EnvironmentLeaseRecord",
     "ExecutedCall",
     "FakeSandboxPool",
     "FakeWorkspace",
@@ -94,6 +114,27 @@ class ExecutedCall:
     call_id: str
     tool: str
     arguments: dict[str, object]
+
+
+@attrs.frozen(kw_only=True)
+class EnvironmentLeaseRecord:
+    """One lease that named a task environment: granted (its slot and epoch) or refused.
+
+    Attributes:
+        holder: The lease's holder (a trajectory's id).
+        environment: The image reference it named.
+        slot: The slot it ran in; ``None`` when it was refused before a slot was leased.
+        epoch: The lease's epoch, with ``slot``.
+        refusal: The ``EnvironmentUnavailable`` message when it was refused, else ``None``.
+        forked: It started from a snapshot (``lease_from``) instead of the plain image.
+    """
+
+    holder: str
+    environment: str
+    slot: SlotId | None = None
+    epoch: int | None = None
+    refusal: str | None = None
+    forked: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -135,11 +176,11 @@ def default_command(command: str, workspace: FakeWorkspace) -> CommandOutcome:
     if name == "pwd":
         return "/workspace\n"
     if name == "ls":
-        return "".join(f"{path}\n" for path in sorted(workspace))
+        return "".join(f"{path}\n" for path in sorted(workspace) if not path.startswith("/"))
     if name == "cat":
         out: list[str] = []
         for arg in args:
-            key = workspace_path(arg)
+            key = arg if arg.startswith("/") else workspace_path(arg)
             if key is None or key not in workspace:
                 return ExecReport(
                     exit_code=1, stdout="".join(out), stderr=f"cat: {arg}: No such file\n"
@@ -230,6 +271,7 @@ class InProcessSlotPool(LeasedPool):
     batches: list[tuple[str, tuple[str, ...]]] = attrs.field(init=False, factory=list)
     resets: list[ResetRecord] = attrs.field(init=False, factory=list)
     _leasing: SlotLeasing = attrs.field(init=False)
+    _environments: EnvironmentCounters = attrs.field(init=False, factory=EnvironmentCounters)
     _live: dict[str, _FakeContainer] = attrs.field(init=False, factory=dict)
     _fail_resets: int = attrs.field(init=False, default=0)
     _generations: dict[str, int] = attrs.field(init=False, factory=dict)
@@ -454,6 +496,28 @@ def no_such_file(call: SlotCall) -> ToolResult:
     return ToolResult.failure(call.call, ToolOutcome.TOOL_ERROR, reason)
 
 
+def _images(
+    _: object,
+    attribute: attrs.Attribute[Mapping[str, Mapping[str, str]]],
+    value: Mapping[str, Mapping[str, str]],
+) -> None:
+    items: object = value
+    if not isinstance(items, Mapping):
+        raise ConfigError(attribute.name, f"expected a mapping, got {type(items).__name__}")
+    for reference, files in value.items():
+        field = f"{attribute.name}[{reference!r}]"
+        try:
+            check_environment(reference, field=field)
+        except EnvironmentUnavailable as error:
+            raise ConfigError(field, error.reason) from None
+        found: object = files
+        if not isinstance(found, Mapping) or not all(
+            isinstance(path, str) and path.startswith("/") and isinstance(text, str)
+            for path, text in found.items()
+        ):
+            raise ConfigError(field, "expected absolute paths to text")
+
+
 @attrs.define(eq=False)
 class FakeSandboxPool(InProcessSlotPool):
     """An in-memory SandboxPool: ``async with FakeSandboxPool(containers=2, slots=4) as pool``.
@@ -465,14 +529,89 @@ class FakeSandboxPool(InProcessSlotPool):
         acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: no limit).
         restart_crashed: Replace a crashed container with a fresh one.
         start_delay_s: How long entering the pool takes (a slow start).
-        executed, batches, resets: The record (see the module docstring).
+        images: The task environments it runs: reference to the image's files by absolute path.
+        executed, batches, resets, environment_leases: The record (see the module docstring).
     """
 
     handler: CommandHandler = default_command
+    images: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict, validator=_images)
+    environment_leases: list[EnvironmentLeaseRecord] = attrs.field(init=False, factory=list)
+    _made: set[tuple[str, str]] = attrs.field(init=False, factory=set)
+    _snapshots: dict[str, FakeWorkspace] = attrs.field(init=False, factory=dict)
+    _snapshot_ids: int = attrs.field(init=False, default=0)
 
     def workspace(self, slot: SlotId) -> FakeWorkspace:
-        """The files of ``slot`` (live; mutate to prepare a workspace). Raises ``KeyError``."""
+        """The files of ``slot`` (live; mutate to prepare a workspace), its image's included
+        at their absolute paths. Raises ``KeyError``."""
         return self._files(slot)
+
+    @contextlib.asynccontextmanager
+    async def _environment_lease(
+        self, holder: str, timeout_s: float | None, environment: str, snapshot: Snapshot | None
+    ) -> AsyncIterator[tuple[Lease, bool]]:
+        entered = False
+        try:
+            # (named, not super(): attrs' slotted class and a decorated method's cell)
+            leasing = LeasedPool._environment_lease(self, holder, timeout_s, environment, snapshot)
+            async with leasing as (lease, forked):
+                entered = True
+                self.environment_leases.append(
+                    EnvironmentLeaseRecord(
+                        holder=holder, environment=environment, slot=lease.slot,
+                        epoch=lease.epoch, forked=forked,
+                    )
+                )  # fmt: skip
+                yield lease, forked
+        except EnvironmentUnavailable as error:
+            if not entered:
+                self.environment_leases.append(
+                    EnvironmentLeaseRecord(
+                        holder=holder, environment=environment, refusal=str(error)
+                    )
+                )
+            raise
+
+    def environment_refusal(self) -> tuple[str, str] | None:
+        return None
+
+    async def enter_environment(
+        self, lease: Lease, environment: str, snapshot: Snapshot | None
+    ) -> bool:
+        """Put the image's files in the slot (or the snapshot's, when the slot is on its
+        container), or refuse an image it does not hold."""
+        files = self.images.get(environment)
+        if files is None:
+            known = ", ".join(sorted(self.images)) or "none"
+            raise EnvironmentUnavailable(
+                environment,
+                f"image {environment} is not one of the fake pool's images ({known})",
+            )
+        await anyio.lowlevel.checkpoint()
+        where = lease.slot.container
+        frozen = None if snapshot is None else self._snapshots.get(snapshot.snapshot)
+        fork = frozen is not None and snapshot is not None and snapshot.container == where
+        made = (where, environment)
+        self._environments.answered(hit=made in self._made, duration_s=0.0, fork=fork)
+        self._made.add(made)
+        self._files(lease.slot).update(frozen if fork and frozen is not None else files)
+        return fork
+
+    async def snapshot(self, lease: Lease, environment: str) -> Snapshot:
+        """Freeze the slot's files (image and workspace) under a new id."""
+        await anyio.lowlevel.checkpoint()
+        self._snapshot_ids += 1
+        name = f"fake-snapshot-{self._snapshot_ids}"
+        files = dict(self._files(lease.slot))
+        self._snapshots[name] = files
+        self._environments.snapshots += 1
+        return Snapshot(
+            environment=environment, container=lease.slot.container, snapshot=name,
+            bytes=sum(len(text.encode("utf-8", "surrogatepass")) for text in files.values()),
+            files=len(files),
+        )  # fmt: skip
+
+    async def drop_snapshot(self, snapshot: Snapshot) -> None:
+        self._snapshots.pop(snapshot.snapshot, None)
 
     def _files(self, slot: SlotId) -> FakeWorkspace:
         return self._container(slot.container).slots[slot.index].files

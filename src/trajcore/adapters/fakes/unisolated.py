@@ -191,6 +191,13 @@ class UnisolatedSandboxPool(InProcessSlotPool):
 
     # ------------------------------------------------------------------------- commands
 
+    def environment_refusal(self) -> tuple[str, str] | None:
+        return (
+            "environment",
+            "the UnisolatedSandboxPool runs commands on this host's own root and cannot run a "
+            "task environment (the local pool does, with image_cache_dir set)",
+        )
+
     def _refused_tool(self, name: str) -> str | None:
         if name in ("bash_stateful", "tmux"):
             return (

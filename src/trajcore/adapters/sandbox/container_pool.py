@@ -62,6 +62,8 @@ DEFAULT_IMAGE = "localhost/trajcore/slot-server:latest"
 LABEL = "trajcore.pool"
 _PORT = 8765  # where the server listens inside its container
 _TOKEN_FILE_IN_CONTAINER = "/run/trajcore/token"  # noqa: S105 - a path, not a secret
+_CACHE_IN_CONTAINER = "/var/cache/trajcore/images"  # the image cache's mount point
+_SLOTS_IN_CONTAINER = "/srv/slots"  # the server's --root (the image's ENTRYPOINT)
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,40}$")
 
 
@@ -98,6 +100,21 @@ def _prefix(_: object, attribute: attrs.Attribute[str | None], value: object) ->
         )
 
 
+def _directories(value: object) -> tuple[Path, ...]:
+    if value is None:
+        return ()
+    words = value.split(",") if isinstance(value, str) else value
+    if not isinstance(words, list | tuple):
+        raise ConfigError("environment_dirs", f"expected paths, got {type(value).__name__}")
+    folders = tuple(Path(str(word).strip()) for word in words if str(word).strip())
+    for folder in folders:
+        if not folder.is_absolute() or ":" in str(folder) or "," in str(folder):
+            raise ConfigError(
+                "environment_dirs", f"{str(folder)!r} must be an absolute path without ':' or ','"
+            )
+    return folders
+
+
 def _options(value: object) -> tuple[str, ...] | None:
     if value is None:
         return None
@@ -116,6 +133,12 @@ class ContainerPoolConfig(SupervisedPoolConfig):
         engine_options: ``run`` options in place of ``default_engine_options(engine)``.
         name_prefix: The containers' names and label; ``None``: ``trajcore-<random>``.
         engine_timeout_s: Longest one engine command (run, port, rm, ...) may take.
+        environment_dirs: Host directories mounted read-only at the same path in every
+            container, so that the ``oci:``, ``oci-archive:``, ``docker-archive:`` and
+            ``directory:`` environments under them resolve there (comma-separated text is
+            accepted). ``image_cache_dir`` is mounted at ``/var/cache/trajcore/images``, and the
+            slots' writable layers live on a volume of each container's own
+            (docs/deploy.md, "Task environments in containers").
     """
 
     image: str = attrs.field(default=DEFAULT_IMAGE, validator=nonempty_text)
@@ -125,13 +148,27 @@ class ContainerPoolConfig(SupervisedPoolConfig):
     start_timeout_s: float = attrs.field(default=60.0, validator=positive_seconds)
     stop_timeout_s: float = attrs.field(default=10.0, validator=positive_seconds)
     engine_timeout_s: float = attrs.field(default=60.0, validator=positive_seconds)
+    environment_dirs: tuple[Path, ...] = attrs.field(default=(), converter=_directories)
 
     def server_args(self, index: int) -> list[str]:
         """The slot server's arguments (after the image's entrypoint) for container ``index``."""
         return [
             "--slots", str(self.slots_per_container), "--listen", f"0.0.0.0:{_PORT}",
             "--token-file", _TOKEN_FILE_IN_CONTAINER, *policy_argv(self.server_policy(index)),
+            *self.image_cache_argv(Path(_CACHE_IN_CONTAINER)),
         ]  # fmt: skip
+
+    def volume_args(self) -> list[str]:
+        """The ``run`` options of the environments: the image cache, the slots' layers on a
+        volume of their own (an overlay's upper layer cannot sit on the container's own
+        overlay root), and ``environment_dirs`` read-only."""
+        if self.image_cache_dir is None:
+            return []
+        args = ["--volume", f"{self.image_cache_dir}:{_CACHE_IN_CONTAINER}"]
+        args += ["--mount", f"type=volume,destination={_SLOTS_IN_CONTAINER}"]
+        for folder in self.environment_dirs:
+            args += ["--volume", f"{folder}:{folder}:ro"]
+        return args
 
 
 # ============================================================================ the engine
@@ -201,7 +238,7 @@ class _EngineContainers:
         )
         stale = listed.split()
         if stale:
-            await self._run("rm", "--force", *stale, check=False)
+            await self._run("rm", "--force", "--volumes", *stale, check=False)
 
     async def launch(self, index: int, name: str) -> tuple[Endpoint, _Container]:
         assert self._token_file is not None
@@ -213,7 +250,7 @@ class _EngineContainers:
                 "--label", f"{LABEL}={self.prefix}", *self.options,
                 "--publish", f"127.0.0.1::{_PORT}",
                 "--volume", f"{self._token_file}:{_TOKEN_FILE_IN_CONTAINER}:ro",
-                self.config.image, *self.config.server_args(index),
+                *self.config.volume_args(), self.config.image, *self.config.server_args(index),
             )  # fmt: skip
             published = await self._run("port", container.name, str(_PORT))
             port = published.splitlines()[0].rsplit(":", 1)[1] if published else ""
@@ -249,7 +286,7 @@ class _EngineContainers:
         with anyio.move_on_after(grace + self.config.engine_timeout_s):
             await self._run("stop", "--time", str(max(1, round(grace))), handle.name, check=False)
         with anyio.move_on_after(self.config.engine_timeout_s):
-            await self._run("rm", "--force", handle.name, check=False)
+            await self._run("rm", "--force", "--volumes", handle.name, check=False)
 
     async def describe(self, handle: _Container) -> str:
         with (

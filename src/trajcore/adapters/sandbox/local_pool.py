@@ -107,7 +107,9 @@ class LocalPoolConfig(SupervisedPoolConfig):
             self.python, "-m", "trajcore.entrypoints.slot_server",
             "--slots", str(self.slots_per_container), "--root", str(root),
         ]  # fmt: skip
-        return [*argv, *listen, *policy_argv(self.server_policy(index))]
+        return [
+            *argv, *listen, *policy_argv(self.server_policy(index)), *self.image_cache_argv()
+        ]  # fmt: skip
 
 
 # ============================================================================ processes

@@ -30,7 +30,7 @@ import abc
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import Literal, Protocol, Self
 
@@ -40,7 +40,20 @@ import attrs
 
 from trajcore.adapters.sandbox.batches import execute_batch
 from trajcore.adapters.sandbox.client import SlotServerClient
+from trajcore.adapters.sandbox.environment_leasing import (
+    EnvironmentCounters,
+    drop,
+    freeze,
+    lease_only,
+    lease_over,
+)
 from trajcore.adapters.sandbox.leasing import SlotLeasing
+from trajcore.domain.environment_leases import (
+    EnvironmentStatistics,
+    EnvironmentUnavailable,
+    Snapshot,
+    check_environment,
+)
 from trajcore.domain.errors import (
     InvalidInput,
     PoolClosed,
@@ -191,15 +204,76 @@ async def close_quietly(client: SlotServerClient | None) -> None:
 
 class LeasedPool(abc.ABC):
     """The port methods every pool over ``SlotLeasing`` answers the same way; each pool closes
-    in its own way (``aclose``)."""
+    in its own way (``aclose``) and says whether and how it runs task environments
+    (``environment_refusal``, ``enter_environment``)."""
 
     _leasing: SlotLeasing
+    _environments: EnvironmentCounters
 
     def lease(
-        self, holder: str, *, timeout_s: float | None = None
+        self, holder: str, *, timeout_s: float | None = None, environment: str | None = None
     ) -> AbstractAsyncContextManager[Lease]:
         """See ``SandboxPool.lease``."""
-        return self._leasing.lease(holder, timeout_s=timeout_s)
+        if environment is None:
+            return self._leasing.lease(holder, timeout_s=timeout_s)
+        return lease_only(self._environment_lease(holder, timeout_s, environment, None))
+
+    def lease_from(
+        self, holder: str, snapshot: Snapshot, *, timeout_s: float | None = None
+    ) -> AbstractAsyncContextManager[tuple[Lease, bool]]:
+        """See ``EnvironmentPool.lease_from``."""
+        return self._environment_lease(holder, timeout_s, snapshot.environment, snapshot)
+
+    @contextlib.asynccontextmanager
+    async def _environment_lease(
+        self, holder: str, timeout_s: float | None, environment: str, snapshot: Snapshot | None
+    ) -> AsyncIterator[tuple[Lease, bool]]:
+        counters = self._environments
+        counters.leases += 1
+        try:
+            check_environment(environment)
+            refusal = self.environment_refusal()
+            if refusal is not None:
+                raise EnvironmentUnavailable(environment, refusal[1], field=refusal[0])
+        except EnvironmentUnavailable:
+            counters.refused += 1
+            raise
+        async with self._leasing.lease(holder, timeout_s=timeout_s) as lease:
+            try:
+                forked = await self.enter_environment(lease, environment, snapshot)
+            except EnvironmentUnavailable:
+                counters.refused += 1
+                raise
+            yield lease, forked
+
+    def environment_refusal(self) -> tuple[str, str] | None:
+        """Why no lease of this pool can run over a task environment (the field at fault and
+        the reason), or ``None`` when it can."""
+        return "environment", f"the {type(self).__name__} does not run task environments"
+
+    async def enter_environment(
+        self, lease: Lease, environment: str, snapshot: Snapshot | None
+    ) -> bool:
+        """Run the just-acquired ``lease`` over ``environment`` before its block runs, started
+        from ``snapshot`` where it can (then ``True``).
+
+        Raises ``EnvironmentUnavailable`` (the lease is then released as usual).
+        """
+        raise EnvironmentUnavailable(environment, f"the {type(self).__name__} cannot run it")
+
+    async def snapshot(self, lease: Lease, environment: str) -> Snapshot:
+        """See ``EnvironmentPool.snapshot``."""
+        raise EnvironmentUnavailable(
+            environment, f"the {type(self).__name__} takes no snapshots", field="snapshot"
+        )
+
+    async def drop_snapshot(self, snapshot: Snapshot) -> None:
+        """See ``EnvironmentPool.drop_snapshot``."""
+        del snapshot  # this pool took none
+
+    def environment_statistics(self) -> EnvironmentStatistics:
+        """See ``EnvironmentPool.environment_statistics``."""
+        return self._environments.statistics()
 
     def statistics(self) -> PoolStatistics:
         """See ``SandboxPool.statistics``."""
@@ -231,6 +305,7 @@ class SlotServerPool(LeasedPool):
             default_timeout_s=rules.acquire_timeout_s,
             reset_timeout_s=rules.reset_timeout_s,
         )
+        self._environments = EnvironmentCounters()
         self.leasing = self._leasing  # (sources that scale drain containers through it)
         self._members: dict[str, Member] = {}
         self._orphans: list[SlotServerClient] = []  # clients of gone members, closed at the end
@@ -501,6 +576,44 @@ class SlotServerPool(LeasedPool):
         self._leasing.add_container(member.name, slots)
         member.draining = False
         self.signal()
+
+    # ------------------------------------------------------------------------- environments
+
+    def environment_refusal(self) -> tuple[str, str] | None:
+        """The pools of slot servers run no task environments unless their kind says how
+        (``SupervisedPool``: the local and container pools, with an image cache)."""
+        return (
+            "environment",
+            f"the {self._label} pool does not run task environments yet (the local and "
+            "container pools do, with image_cache_dir set)",
+        )
+
+    async def enter_environment(
+        self, lease: Lease, environment: str, snapshot: Snapshot | None
+    ) -> bool:
+        """Ask ``lease``'s slot server to run the lease over ``environment``, from
+        ``snapshot`` where it can (``environment_leasing.lease_over``)."""
+        client = self._environment_client(lease, environment)
+        return await lease_over(client, lease, environment, snapshot, self._environments)
+
+    async def snapshot(self, lease: Lease, environment: str) -> Snapshot:
+        """See ``EnvironmentPool.snapshot`` (``environment_leasing.freeze``)."""
+        client = self._environment_client(lease, environment)
+        return await freeze(client, lease, environment, self._environments)
+
+    async def drop_snapshot(self, snapshot: Snapshot) -> None:
+        """See ``EnvironmentPool.drop_snapshot`` (bounded, shielded)."""
+        member = self._members.get(snapshot.container)
+        if member is not None and not member.lost:
+            await drop(member.client, snapshot, self._label)
+
+    def _environment_client(self, lease: Lease, environment: str) -> SlotServerClient:
+        member = self._members.get(lease.slot.container)
+        if member is None or member.lost:
+            raise EnvironmentUnavailable(
+                environment, f"slot server {lease.slot.container} left the pool"
+            )
+        return member.client
 
     # ------------------------------------------------------------------------- slots
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
 import anyio
@@ -35,12 +36,21 @@ from trajcore.adapters.sandbox.pool_core import (
     single_error,
 )
 from trajcore.domain import validators
-from trajcore.domain.errors import SandboxUnavailable, SlotServerError
+from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
 from trajcore.domain.sandbox_policy import SlotPolicy, check_slot_uid_range
 
 __all__ = ["Launcher", "SupervisedPool", "SupervisedPoolConfig", "SupervisedSource"]
 
 H = TypeVar("H")
+
+
+def _cache_path(value: object) -> Path | None:
+    if value is None:
+        return None
+    path = Path(str(value)).expanduser()
+    if not str(value).strip() or not path.is_absolute():
+        raise ConfigError("image_cache_dir", f"must be an absolute path, got {str(value)!r}")
+    return path
 
 
 @attrs.frozen(kw_only=True)
@@ -64,6 +74,11 @@ class SupervisedPoolConfig:
         stop_timeout_s: Grace between a server's stop signal and its kill.
         restart_crashed: Replace a server that died or failed.
         restart_attempts: Starts tried in a row before a failed server is given up.
+        image_cache_dir: The host's image cache, shared by every server of the pool (and of
+            any pool on the host): leases may then run over task environments
+            (docs/environments.md). ``None`` (the default): no cache, and a lease that names an
+            environment is refused saying to set this.
+        image_cache_bytes: The cache's size limit (least recently used images leave first).
     """
 
     containers: int = attrs.field(default=2, validator=validators.positive_int)
@@ -80,6 +95,8 @@ class SupervisedPoolConfig:
     stop_timeout_s: float = attrs.field(default=5.0, validator=validators.positive_seconds)
     restart_crashed: bool = attrs.field(default=True, validator=validators.flag)
     restart_attempts: int = attrs.field(default=3, validator=validators.positive_int)
+    image_cache_dir: Path | None = attrs.field(default=None, converter=_cache_path)
+    image_cache_bytes: int = attrs.field(default=32 << 30, validator=validators.positive_int)
 
     def __attrs_post_init__(self) -> None:
         check_slot_uid_range(
@@ -92,6 +109,14 @@ class SupervisedPoolConfig:
         """The policy of server ``index``: the pool's, with that server's range of slot uids."""
         base = self.policy.slot_uid_base + index * self.slots_per_container
         return attrs.evolve(self.policy, slot_uid_base=base)
+
+    def image_cache_argv(self, cache: Path | None = None) -> list[str]:
+        """The slot server's image-cache flags (none without ``image_cache_dir``); ``cache``:
+        where the server sees the cache, when not at ``image_cache_dir`` (in a container)."""
+        if self.image_cache_dir is None:
+            return []
+        where = self.image_cache_dir if cache is None else cache
+        return ["--image-cache", str(where), "--image-cache-bytes", str(self.image_cache_bytes)]
 
 
 class Launcher(Protocol[H]):
@@ -286,6 +311,19 @@ class SupervisedPool(SlotServerPool, Generic[H]):
             restart_attempts=config.restart_attempts,
         )
         super().__init__(self._supervised, config, label=label)
+        self._image_cache = config.image_cache_dir
+        self._config_name = type(config).__name__
+
+    def environment_refusal(self) -> tuple[str, str] | None:
+        """``None`` when the servers run with an image cache; else the setting to set."""
+        if self._image_cache is not None:
+            return None
+        return (
+            "image_cache_dir",
+            f"the {self._label} pool's slot servers have no image cache: set "
+            f"{self._config_name}.image_cache_dir (the env's --env.image_cache_dir) to run "
+            "leases over task environments",
+        )
 
     @property
     def restarts(self) -> int:

@@ -205,6 +205,18 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings):
     prompt_field: str = Field(
         default="prompt", description="The row field the built-in build_task sends as the task."
     )
+    environment_field: str | None = Field(
+        default=None,
+        description="The row field naming each task's environment (an image reference such as "
+        "oci:/images/task-1; null in a row: none), for the built-in task_environment. Off by "
+        "default (docs/environments.md).",
+    )
+    prepare_once: bool = Field(
+        default=False,
+        description="A group that names an environment prepares its workspace once, in a lease "
+        "of its own, frozen into a snapshot that the members on the same slot server start "
+        "from (the others prepare themselves). Needs a pool that takes snapshots.",
+    )
     extra_body: dict[str, Any] | str | None = Field(
         default=None, description="Passed verbatim in every model request body (JSON)."
     )

@@ -30,6 +30,7 @@ from typing_extensions import TypeVar
 
 from trajcore.adapters.llm.atropos import ServerManagerChatServer, close_server_manager
 from trajcore.adapters.tool_server import ToolRegistry
+from trajcore.domain.agent_loop import StopReason
 from trajcore.domain.errors import ConfigError, StateError
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
@@ -38,11 +39,8 @@ from trajcore.domain.token_ledger import ChatTemplate
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.domain.tools import ToolSpec
 from trajcore.domain.toolsets import DistributionRegistry, Toolset, ToolsetCatalog, select_specs
-from trajcore.entrypoints.atropos import metrics, pools, scored_data, startup
-from trajcore.entrypoints.atropos.config import (
-    AgentEnvConfig,
-    RolloutSettings,
-)
+from trajcore.entrypoints.atropos import metrics, pools, scored_data, startup, tasks
+from trajcore.entrypoints.atropos.config import AgentEnvConfig, RolloutSettings
 from trajcore.entrypoints.atropos.scored_data import ScoredGroup
 from trajcore.entrypoints.atropos.services import (
     RolloutServices,
@@ -66,7 +64,7 @@ from trajcore.ports.token_server import TokenServer
 from trajcore.ports.tokenizer import Tokenizer
 from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.dispatcher import ToolDispatcher
-from trajcore.rollout.group import GroupResult, collect_group
+from trajcore.rollout.group import GroupResult, collect_group, failed_member
 from trajcore.rollout.policy import ChatPolicy, Policy, TokenPolicy
 from trajcore.rollout.tools import SlotTools
 from trajcore.rollout.trajectory import (
@@ -191,6 +189,17 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         """
         return None
 
+    def task_environment(self, item: ItemT) -> str | None:
+        """The root filesystem ``item``'s trajectories run over: an image reference
+        (``oci:/images/task-17``, ``containers-storage:NAME``; docs/environments.md), or
+        ``None`` for the slot servers' own. Called once per group; every member's lease names
+        it. Built in: with ``environment_field`` set, the dataset row's field (``null``: none).
+
+        A malformed reference fails the group's members as ``env_error`` naming the field; an
+        image the pool cannot run fails each member as ``infra_error`` naming the image.
+        """
+        return tasks.row_environment(item, self.config.environment_field)
+
     def item_limits(self, item: ItemT) -> ItemLimits | None:
         """Limits for ``item``'s trajectories (turns, tokens per turn, deadline), or ``None``
         for the config's. Called once per group."""
@@ -262,14 +271,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         errors, metrics) goes to stderr at INFO level. SIGINT and SIGTERM stop the run with
         the pool closed; a second one forces it (``trajcore.entrypoints.signals``).
         """
-        trajcore_log = logging.getLogger("trajcore")
-        if not logging.getLogger().handlers and not trajcore_log.handlers:
-            handler = logging.StreamHandler()
-            handler.setFormatter(
-                logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-            )
-            trajcore_log.addHandler(handler)
-            trajcore_log.setLevel(logging.INFO)
+        metrics.log_to_stderr_unless_configured()
         from trajcore.entrypoints.signals import closing_on_signals
 
         with closing_on_signals(cls.__name__):
@@ -511,28 +513,12 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
 
     def task_messages(self, item: ItemT) -> list[Message]:
         """The opening conversation of ``item``'s trajectories (``build_task`` and the system
-        prompt).
-
-        Raises:
-            ConfigError: ``build_task`` gave something that is not text or messages.
-        """
-        task = self.build_task(item)
-        if isinstance(task, str):
-            messages = [Message.user(task)]
-        else:
-            messages = list(task)
-            for i, message in enumerate(messages):
-                if not isinstance(message, Message):
-                    raise ConfigError(f"build_task[{i}]", "expected a Message")
-        if not messages:
-            raise ConfigError("build_task", "the task has no messages")
+        prompt). Raises ``ConfigError`` when ``build_task`` gave no text or messages."""
         config = self.config
         prompt = config.system_prompt
         if config.thinking_mode and config.custom_thinking_prompt:
             prompt = "\n\n".join(p for p in (config.custom_thinking_prompt, prompt) if p)
-        if prompt and not any(m.role == "system" for m in messages):
-            messages.insert(0, Message.system(prompt))
-        return messages
+        return tasks.task_messages(self.build_task(item), prompt)
 
     async def run_group(
         self, item: ItemT, *, group_size: int | None = None, for_eval: bool = False
@@ -547,6 +533,11 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         size = self.config.group_size if group_size is None else group_size
         policy = self.settings.eval_policy(size) if for_eval else self.settings.group_policy(size)
         messages = self.task_messages(item)
+        built_in = type(self).task_environment is AgentEnv.task_environment
+        environment, problem = tasks.group_environment(
+            lambda: self.task_environment(item),
+            field=str(self.config.environment_field) if built_in else "task_environment",
+        )
         drawn = self.settings.toolsets.draw(services.catalog, self._rng)
         specs = select_specs(drawn.tools, services.specs)
         rollout = self.item_rollout(item)
@@ -564,6 +555,8 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         )
 
         async def member(trajectory_id: str) -> TrajectoryResult:
+            if problem is not None:
+                return failed_member(trajectory_id, StopReason.ENV_ERROR, problem)
             try:
                 return await run_trajectory(
                     trajectory_id=trajectory_id,
@@ -575,12 +568,21 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
                     dispatcher=services.dispatcher,
                     tool_server=services.tool_server,
                     config=rollout,
+                    environment=environment,
+                    prepared=prepared,
                 )
             finally:
                 await release_tool_sessions(services.tool_server, trajectory_id)
 
         group_id = f"{type(self).__name__}-{uuid.uuid4().hex[:10]}"
-        result = await collect_group(group_id=group_id, policy=policy, run_member=member)
+        once = self.config.prepare_once and problem is None
+        async with tasks.preparing(
+            once=once, group_id=group_id, environment=environment, prepare=prepare,
+            services=services, rollout=rollout,
+        ) as prepared:  # fmt: skip
+            result = await collect_group(
+                group_id=group_id, policy=policy, run_member=member, environment=environment
+            )
         self._counters.record(result)
         metrics.log_group(result, drawn.toolsets)
         return result
@@ -657,14 +659,15 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         return self._counters.metrics()
 
     def service_metrics(self) -> dict[str, float]:
-        """The pool's and the dispatcher's statistics now, as ``trajcore/pool/*`` (slots free,
-        leased, resetting, quarantined, draining, waiting, leases granted and expired,
-        containers) and ``trajcore/dispatcher/*`` (batches, calls, failed batches, withdrawn
-        calls, largest batch, calls per batch); empty while no services are open."""
+        """The pool's and the dispatcher's statistics now: ``trajcore/pool/*`` (slots by state,
+        waiting, leases granted and expired, containers), ``trajcore/environments/*`` (leases
+        over task environments, refused, cache hits, misses, seconds) once there were any, and
+        ``trajcore/dispatcher/*`` (batches, calls, failed and withdrawn, largest batch, calls
+        per batch); empty while no services are open."""
         running = self._services
         if running is None:
             return {}
-        return metrics.service_metrics(running.pool.statistics(), running.dispatcher.statistics())
+        return metrics.service_metrics(running.pool, running.dispatcher.statistics())
 
     async def wandb_log(self, wandb_metrics: dict[str, Any] | None = None) -> None:
         """Atropos's metrics plus the ``trajcore/*`` counters (which then start again), the

@@ -30,6 +30,7 @@ from trajcore.entrypoints.atropos.scored_data import (
     chat_dicts,
     render_transcript,
 )
+from trajcore.ports.sandbox_pool import EnvironmentPool, SandboxPool
 from trajcore.rollout.group import GroupResult
 from trajcore.rollout.trajectory import ToolExchange
 
@@ -45,6 +46,7 @@ __all__ = [
     "eval_samples",
     "log_conversion",
     "log_group",
+    "log_to_stderr_unless_configured",
     "service_metrics",
     "statistics_metrics",
 ]
@@ -177,10 +179,26 @@ class RolloutCounters:
         return out
 
 
-def service_metrics(pool_statistics: object, dispatcher_statistics: object) -> dict[str, float]:
+def log_to_stderr_unless_configured() -> None:
+    """When the program has configured no logging, send trajcore's log to stderr at INFO."""
+    trajcore_log = logging.getLogger("trajcore")
+    if not logging.getLogger().handlers and not trajcore_log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        trajcore_log.addHandler(handler)
+        trajcore_log.setLevel(logging.INFO)
+
+
+def service_metrics(pool: SandboxPool, dispatcher_statistics: object) -> dict[str, float]:
     """The pool's and the dispatcher's statistics as ``trajcore/pool/*`` and
-    ``trajcore/dispatcher/*``, with the dispatcher's mean ``calls_per_batch``."""
-    out = statistics_metrics("trajcore/pool", pool_statistics)
+    ``trajcore/dispatcher/*``, with the dispatcher's mean ``calls_per_batch``; and, once the
+    pool ran a lease over a task environment, its ``EnvironmentStatistics`` as
+    ``trajcore/environments/*``."""
+    out = statistics_metrics("trajcore/pool", pool.statistics())
+    if isinstance(pool, EnvironmentPool):
+        environments = pool.environment_statistics()
+        if environments.leases:
+            out.update(statistics_metrics("trajcore/environments", environments))
     dispatcher = statistics_metrics("trajcore/dispatcher", dispatcher_statistics)
     if dispatcher.get("trajcore/dispatcher/batches"):
         dispatcher["trajcore/dispatcher/calls_per_batch"] = (
@@ -196,9 +214,11 @@ def log_group(group: GroupResult, toolsets: Sequence[str]) -> None:
     verdict = group.verdict
     calls = sum(m.stats.tool_calls for m in group.members)
     errors = sum(m.stats.tool_errors.total for m in group.members)
+    over = "" if group.environment is None else f" over {group.environment}"
     log.info(
-        "group %s (%s): %s, scores %s, %d tool calls, %d tool errors, %s, toolsets %s, %.1fs",
+        "group %s%s (%s): %s, scores %s, %d tool calls, %d tool errors, %s, toolsets %s, %.1fs",
         group.group_id,
+        over,
         verdict.status.value,
         verdict.detail,
         list(verdict.member_scores),

@@ -158,6 +158,19 @@ class SandboxSettings(CloudSettings):
         default=_CONTAINER.engine,
         description="Container pool: 'podman' or 'docker' (default: whichever works here).",
     )
+    container_environment_dirs: str | None = Field(
+        default=None,
+        description="Container pool: host directories of task environments (OCI layouts, "
+        "archives), comma-separated, mounted read-only at the same paths.",
+    )
+    image_cache_dir: str | None = Field(
+        default=None,
+        description="Local and container pools: the host's image cache (an absolute path), "
+        "which lets tasks run over their own images (task_environment); off by default.",
+    )
+    image_cache_bytes: int = Field(
+        default=_LOCAL.image_cache_bytes, ge=1, description="The image cache's size limit."
+    )
     slots_per_container: int = Field(
         default=_NOMAD.slots_per_container, ge=1, description="Slots per container (N)."
     )

@@ -1,0 +1,127 @@
+"""What ``AgentEnv`` makes of one item before its group runs: the opening conversation and the
+task environment.
+
+- ``task_messages``: ``build_task``'s answer (text, or messages) with the system prompt put
+  first when the task has none.
+- ``row_environment``: the built-in ``task_environment`` hook: with ``environment_field`` set, a
+  dataset row's field names the image (``null``: the slot servers' own root); a row without the
+  field is refused naming it, so a misspelt field never runs every task over the wrong root.
+- ``group_environment``: the hook called once per group and its answer checked with
+  ``domain.task_environments``: a malformed reference, an answer that is not text, or a hook
+  that raises fails that group's members as ``env_error`` (the env's data or code is at fault,
+  never the model) with the field named, before any slot is leased.
+- ``preparing``: with ``prepare_once`` and an environment, the group's preparation done once
+  and frozen (``rollout.preparation``); else nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+
+from trajcore.domain.environment_leases import EnvironmentUnavailable, check_environment
+from trajcore.domain.errors import ConfigError
+from trajcore.domain.json_values import JSONObject
+from trajcore.domain.messages import Message
+from trajcore.entrypoints.atropos.services import RolloutServices, release_tool_sessions
+from trajcore.rollout.preparation import Prepared, prepared_group
+from trajcore.rollout.tools import SlotTools
+from trajcore.rollout.trajectory import RolloutConfig, env_failure
+
+__all__ = ["group_environment", "preparing", "row_environment", "task_messages"]
+
+
+def task_messages(task: str | Sequence[Message], system_prompt: str | None) -> list[Message]:
+    """The opening conversation of ``task``, ``system_prompt`` first unless it has a system
+    message.
+
+    Raises:
+        ConfigError: the task is not text or messages, or has none (``build_task``).
+    """
+    if isinstance(task, str):
+        messages = [Message.user(task)]
+    else:
+        messages = list(task)
+        for i, message in enumerate(messages):
+            if not isinstance(message, Message):
+                raise ConfigError(f"build_task[{i}]", "expected a Message")
+    if not messages:
+        raise ConfigError("build_task", "the task has no messages")
+    if system_prompt and not any(m.role == "system" for m in messages):
+        messages.insert(0, Message.system(system_prompt))
+    return messages
+
+
+def row_environment(item: object, field: str | None) -> str | None:
+    """``item[field]`` for a dataset row when ``field`` is set (``None`` when the row holds
+    ``null`` there), else ``None``.
+
+    Raises:
+        ConfigError: ``item`` is not a row, or has no ``field`` (``environment_field``).
+    """
+    if field is None:
+        return None
+    if not isinstance(item, dict):
+        raise ConfigError(
+            "environment_field",
+            f"reads a dataset row's field, but the item is a {type(item).__name__}: override "
+            "task_environment for items that are not rows",
+        )
+    if field not in item:
+        raise ConfigError(
+            "environment_field", f"the row has no field {field!r} (it has {sorted(item)})"
+        )
+    value: object = item[field]
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(field, f"must be an image reference or null, got {value!r}")
+    return value
+
+
+def group_environment(
+    hook: Callable[[], str | None], *, field: str
+) -> tuple[str | None, str | None]:
+    """What ``hook`` (the env's ``task_environment`` for one item) names, checked:
+    ``(environment, None)``, or ``(None, detail)`` when the group must fail as ``env_error``
+    (``detail`` names ``field``, the hook or the row field the reference came from)."""
+    try:
+        answer: object = hook()
+    except ConfigError as error:
+        return None, f"task_environment: {error}"
+    except Exception as error:  # noqa: BLE001 - the env's own code: its members' env_error
+        return None, env_failure("task_environment", error)
+    if answer is None:
+        return None, None
+    try:
+        return check_environment(answer, field=field), None
+    except EnvironmentUnavailable as error:
+        return None, f"task_environment returned {answer!r}: {error.reason} @ {error.field}"
+
+
+@contextlib.asynccontextmanager
+async def preparing(
+    *,
+    once: bool,
+    group_id: str,
+    environment: str | None,
+    prepare: Callable[[SlotTools], Awaitable[JSONObject | None]],
+    services: RolloutServices,
+    rollout: RolloutConfig,
+) -> AsyncIterator[Prepared | None]:
+    """The group's preparation done once when ``once`` and ``environment`` (its snapshot
+    dropped on exit), else ``None``: each member prepares itself."""
+    if not once or environment is None:
+        yield None
+        return
+    holder = f"{group_id}/prepare"
+    try:
+        async with prepared_group(
+            group_id=group_id, environment=environment, prepare=prepare, pool=services.pool,
+            dispatcher=services.dispatcher, tool_server=services.tool_server,
+            tools=services.specs, tool_timeout_s=rollout.tool_timeout_s,
+            acquire_timeout_s=rollout.acquire_timeout_s, deadline_s=rollout.deadline_s,
+        ) as prepared:  # fmt: skip
+            yield prepared
+    finally:
+        await release_tool_sessions(services.tool_server, holder)

@@ -1,0 +1,117 @@
+"""An env whose items name their own root filesystem, end to end on the local pool: real slot
+servers with an image cache, real bubblewrap and the compiled keeper, the shipped fake chat
+server as the model. The image is made at test time from the host's own programs
+(``tests/environment_roots.py``); the model's command and the verify step both run over it and
+see its ``/etc/os-release``, while a group naming no image sees the host's; a group naming a
+missing image fails as infrastructure, naming it, and leaves every slot free."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.environment_roots import IMAGE_OS_RELEASE, image_problem, write_shell_image
+from tests.unit.test_agent_env import _config, _turn
+from trajcore.adapters.fakes.llm import FakeChatServer
+from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.domain.groups import GroupStatus, TrajectoryStatus
+from trajcore.domain.messages import Message
+from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.tools import ToolCall
+from trajcore.entrypoints.atropos import AgentEnv
+from trajcore.rollout.tools import SlotTools
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
+    pytest.mark.skipif(image_problem() is not None, reason=str(image_problem())),
+]
+
+RELEASE = IMAGE_OS_RELEASE.decode()
+HOST_RELEASE = Path("/etc/os-release").read_text()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def image_dir() -> Iterator[Path]:
+    """A folder every slot uid may search, holding the image's layout and the cache."""
+    folder = Path(tempfile.mkdtemp(prefix="trajcore-env-e2e-"))
+    folder.chmod(0o711)
+    try:
+        write_shell_image(folder / "layout")
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class OsReleaseEnv(AgentEnv[str]):
+    """Each item is the image its task runs over ("" for none); the score is 1 when verify
+    reads, in the slot, the os-release the item's image holds."""
+
+    name = "os_release"
+
+    async def get_next_item(self) -> str:
+        return ""
+
+    def build_task(self, item: str) -> str:
+        return "Show /etc/os-release."
+
+    def task_environment(self, item: str) -> str | None:
+        return item or None
+
+    async def verify_and_score(
+        self, item: str, tools: SlotTools, messages: Sequence[Message]
+    ) -> float:
+        report = await tools.run("cat /etc/os-release")
+        expected = RELEASE if item else HOST_RELEASE
+        return 1.0 if report.stdout == expected else 0.0
+
+
+def _shows_os_release() -> FakeChatServer:
+    def respond(messages: Sequence[Message]) -> Any:
+        if messages[-1].role == "tool":
+            return _turn(Message.assistant("shown"))
+        call = ToolCall(id="c", name="bash", arguments={"command": "cat /etc/os-release"})
+        return _turn(Message.assistant("showing", tool_calls=[call]))
+
+    return FakeChatServer(policy=respond)
+
+
+async def test_an_items_image_is_the_root_of_every_member_and_of_verify(image_dir: Path) -> None:
+    image = f"oci:{image_dir / 'layout'}"
+    env = OsReleaseEnv(_config(group_size=3, ensure_scores_are_not_same=False))
+    config = LocalPoolConfig(
+        containers=2,
+        slots_per_container=2,
+        policy=SlotPolicy(require_sandbox=True),
+        image_cache_dir=image_dir / "cache",
+    )
+    policy = env.make_policy(chat=_shows_os_release())
+    async with LocalSandboxPool(config) as pool:
+        over = await env.run_task(image, pool=pool, policy=policy)
+        plain = await env.run_task("", pool=pool, policy=policy)
+        missing = await env.run_task(f"oci:{image_dir / 'no-layout'}", pool=pool, policy=policy)
+        environments = pool.environment_statistics()
+        stats = pool.statistics()
+    assert over.environment == image
+    assert over.verdict.member_scores == (1.0, 1.0, 1.0)
+    assert [e.result.content for m in over.members for e in m.exchanges] == [RELEASE] * 3
+    assert plain.verdict.member_scores == (1.0, 1.0, 1.0)  # the host's root, as before
+    assert missing.verdict.status is GroupStatus.FAILED
+    for member in missing.members:
+        assert member.outcome.status is TrajectoryStatus.INFRA_ERROR
+        assert f"task environment oci:{image_dir / 'no-layout'}" in str(member.outcome.detail)
+    assert (environments.leases, environments.refused) == (6, 3)
+    assert environments.hits + environments.misses == 3
+    assert environments.misses >= 1
+    assert (stats.leased, stats.quarantined, stats.free) == (0, 0, 4)
