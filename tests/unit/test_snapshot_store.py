@@ -175,3 +175,19 @@ def _xattr(path: Path) -> bytes | None:
         return os.getxattr(path, "user.overlay.opaque")
     except OSError:
         return None
+
+
+def test_a_copy_that_fails_is_refused_and_leaves_the_workspace_empty(
+    store: SnapshotStore, tmp_path: Path
+) -> None:
+    upper, workspace = lease_files(tmp_path)
+    frozen = store.freeze(upper=upper, workspace=workspace, image=image(tmp_path), parent=None)
+    store.admit(frozen, None)
+    fork = tmp_path / "fork"
+    fork.mkdir()
+    (fork / "src").write_text("a file where the snapshot has a folder")
+    with pytest.raises(SnapshotRefused, match="cannot copy snapshot") as refused:
+        store.start(frozen, fork, None)
+    assert refused.value.field == "snapshot"
+    assert list(fork.iterdir()) == []
+    assert (frozen.workspace / "src" / "main.py").read_text() == "code\n"
