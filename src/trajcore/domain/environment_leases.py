@@ -72,6 +72,7 @@ class EnvironmentStatistics:
         lease_request_s: Seconds every answered lease request took.
         snapshots: Prepared leases frozen into snapshots.
         snapshot_s: Seconds the snapshot requests took.
+        snapshot_bytes: What those snapshots held when taken (their layers and workspaces).
         forks: Leases started from a snapshot.
     """
 
@@ -83,6 +84,7 @@ class EnvironmentStatistics:
     lease_request_s: float = 0.0
     snapshots: int = 0
     snapshot_s: float = 0.0
+    snapshot_bytes: int = 0
     forks: int = 0
 
 

@@ -674,4 +674,5 @@ class TaskEnvironmentContract(AsyncioContract):
                 assert await self._cat(pool, late, case.path) == case.content
             stats = pool.environment_statistics()
             assert (stats.snapshots, stats.forks, stats.refused) == (1, 2, 0)
+            assert stats.snapshot_bytes == snapshot.bytes > 0  # prepared.txt at least
             await wait_for_statistics(pool, lambda s: _all_free(s) and s.quarantined == 0)

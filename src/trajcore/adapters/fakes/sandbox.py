@@ -603,11 +603,12 @@ class FakeSandboxPool(InProcessSlotPool):
         name = f"fake-snapshot-{self._snapshot_ids}"
         files = dict(self._files(lease.slot))
         self._snapshots[name] = files
+        size = sum(len(text.encode("utf-8", "surrogatepass")) for text in files.values())
         self._environments.snapshots += 1
+        self._environments.snapshot_bytes += size
         return Snapshot(
             environment=environment, container=lease.slot.container, snapshot=name,
-            bytes=sum(len(text.encode("utf-8", "surrogatepass")) for text in files.values()),
-            files=len(files),
+            bytes=size, files=len(files),
         )  # fmt: skip
 
     async def drop_snapshot(self, snapshot: Snapshot) -> None:

@@ -55,6 +55,7 @@ class EnvironmentCounters:
     lease_request_s: float = 0.0
     snapshots: int = 0
     snapshot_s: float = 0.0
+    snapshot_bytes: int = 0
     forks: int = 0
 
     def answered(self, *, hit: bool, duration_s: float, fork: bool = False) -> None:
@@ -139,6 +140,7 @@ async def freeze(
         )
     counters.snapshots += 1
     counters.snapshot_s += answer.duration_s
+    counters.snapshot_bytes += answer.bytes
     return Snapshot(
         environment=environment, container=where, snapshot=answer.snapshot,
         bytes=answer.bytes, files=answer.files,
