@@ -53,3 +53,12 @@ def test_own_settings_unknown_keywords_and_evolve_are_untouched() -> None:
     assert (modal.pool.owner, modal.sandbox.image) == ("run-7", "img:2")
     daytona = DaytonaPoolConfig(sandbox=DaytonaSandboxSettings(target="eu"))
     assert (daytona.pool, daytona.sandbox.target) == (CloudPoolConfig(), "eu")
+
+
+def test_a_part_of_another_type_is_refused_naming_its_field() -> None:
+    with pytest.raises(ConfigError) as caught:
+        CloudPoolConfig(policy="open")  # type: ignore[arg-type]
+    assert caught.value.field == "policy"
+    with pytest.raises(ConfigError) as caught:
+        ModalPoolConfig(sandbox=DaytonaSandboxSettings())  # type: ignore[arg-type]
+    assert caught.value.field == "sandbox"

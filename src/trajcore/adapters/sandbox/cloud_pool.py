@@ -60,6 +60,7 @@ from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolOutcome, ToolResult
 from trajcore.domain.validators import (
     flag,
+    instance_of,
     non_negative_seconds,
     nonempty_text,
     optional_seconds,
@@ -227,7 +228,7 @@ class CloudPoolConfig:
 
     owner: str = attrs.field(default="trajcore", validator=nonempty_text)
     slots_per_container: int = attrs.field(default=4, validator=whole_number(1))
-    policy: SlotPolicy = attrs.field(factory=SlotPolicy)
+    policy: SlotPolicy = attrs.field(factory=SlotPolicy, validator=instance_of(SlotPolicy))
     python: str = attrs.field(default="python3", validator=nonempty_text)
     workspace_dir: str = attrs.field(default="/tmp/trajcore-slots")  # noqa: S108 - in the sandbox
     port: int = attrs.field(default=8765, validator=whole_number(1))
