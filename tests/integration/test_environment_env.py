@@ -20,6 +20,7 @@ from tests.unit.test_agent_env import _config, _turn
 from trajcore.adapters.fakes.llm import FakeChatServer
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.groups import GroupStatus, TrajectoryStatus
+from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.tools import ToolCall
@@ -114,4 +115,48 @@ async def test_an_items_image_is_the_root_of_every_member_and_of_verify(image_di
     assert (environments.leases, environments.refused) == (6, 3)
     assert environments.hits + environments.misses == 3
     assert environments.misses >= 1
+    assert (stats.leased, stats.quarantined, stats.free) == (0, 0, 4)
+
+
+class PreparedOnceEnv(OsReleaseEnv):
+    """Preparation writes a file over the image once; verify needs it in every member."""
+
+    preparations = 0
+
+    async def prepare_workspace(self, item: str, tools: SlotTools) -> JSONObject | None:
+        type(self).preparations += 1
+        await tools.write_file("prepared.txt", "ready")
+        report = await tools.run("echo made-over-the-image > /prepared-root.txt")
+        assert report.exit_code == 0, report
+        return {"preparations": type(self).preparations}
+
+    async def verify_and_score(
+        self, item: str, tools: SlotTools, messages: Sequence[Message]
+    ) -> float:
+        both = await tools.run("cat prepared.txt /prepared-root.txt /etc/os-release")
+        return 1.0 if both.stdout == "ready" + "made-over-the-image\n" + RELEASE else 0.0
+
+
+async def test_prepare_once_forks_the_prepared_lease_into_every_member(image_dir: Path) -> None:
+    image = f"oci:{image_dir / 'layout'}"
+    PreparedOnceEnv.preparations = 0
+    env = PreparedOnceEnv(
+        _config(group_size=3, ensure_scores_are_not_same=False, prepare_once=True)
+    )
+    config = LocalPoolConfig(
+        containers=1,
+        slots_per_container=4,
+        policy=SlotPolicy(require_sandbox=True),
+        image_cache_dir=image_dir / "cache",
+    )
+    async with LocalSandboxPool(config) as pool:
+        result = await env.run_task(
+            image, pool=pool, policy=env.make_policy(chat=_shows_os_release())
+        )
+        environments = pool.environment_statistics()
+        stats = pool.statistics()
+    assert PreparedOnceEnv.preparations == 1
+    assert result.verdict.member_scores == (1.0, 1.0, 1.0)
+    assert [m.prepare_metadata for m in result.members] == [{"preparations": 1}] * 3
+    assert (environments.snapshots, environments.forks, environments.refused) == (1, 3, 0)
     assert (stats.leased, stats.quarantined, stats.free) == (0, 0, 4)
