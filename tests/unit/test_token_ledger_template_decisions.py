@@ -41,7 +41,11 @@ class Toy:
 
     Switches: ``open_final`` leaves the last message open (no end of turn) when it is an
     assistant turn with reasoning (``"reasoning"``) or without (``"plain"``), as a prefill the
-    model continues; ``drops_reasoning`` writes reasoning only in the last message;
+    model continues; ``prompt_continues`` writes no end of turn between a final assistant turn
+    and the generation prompt; ``drops_reasoning`` writes reasoning only in the last message,
+    ``drops_reasoning_before_query`` only in assistant turns no user message follows (Qwen3);
+    ``empty_think_when_last`` writes an empty ``THINK`` in a last assistant turn without
+    reasoning (Qwen3's empty think block);
     ``query_rewrites`` writes ``THINK`` (even with no reasoning) only in assistant turns no user
     message follows, as Qwen3 does; ``followed_eot`` ends an assistant turn that a message of a
     role in ``followed_by`` follows with other ids; ``merged`` characters share one id;
@@ -53,7 +57,10 @@ class Toy:
 
     end_of_turn: tuple[int, ...] = EOT
     open_final: str | None = None
+    prompt_continues: bool = False
     drops_reasoning: bool = False
+    drops_reasoning_before_query: bool = False
+    empty_think_when_last: bool = False
     query_rewrites: bool = False
     followed_eot: tuple[int, ...] | None = None
     followed_by: frozenset[str] = frozenset({"user", "tool"})
@@ -86,6 +93,8 @@ class Toy:
                 unanswered = set(calls)
                 if last and self.open_final == ("reasoning" if message.reasoning else "plain"):
                     continue
+                if last and add_generation_prompt and self.prompt_continues:
+                    continue
                 follower = later[0] if later else None
                 if self.followed_eot is not None and follower in self.followed_by:
                     ids += self.followed_eot
@@ -107,7 +116,12 @@ class Toy:
         if self.query_rewrites:
             if not query_follows:
                 ids += [THINK, *self.text(message.reasoning or "")]
-        elif message.reasoning is not None and (last or not self.drops_reasoning):
+        elif message.reasoning is None:
+            if last and self.empty_think_when_last:
+                ids.append(THINK)
+        elif (last or not self.drops_reasoning) and not (
+            query_follows and self.drops_reasoning_before_query
+        ):
             ids += [THINK, *self.text(message.reasoning)]
         ids += self.text(message.content)
         for call in message.tool_calls:
@@ -232,6 +246,12 @@ def test_refused_prompts_and_environments_name_the_field_and_why() -> None:
         "messages",
         "at least one environment message is needed",
     )
+    with pytest.raises(ConfigError) as caught:
+        template.environment_ids([9], [Message.user("c"), Message.assistant("d")])
+    assert (caught.value.field, caught.value.reason) == (
+        "messages[1].role",
+        "environment messages are not assistant",
+    )
 
 
 def test_tool_results_are_bridged_after_stand_in_calls_named_as_the_results() -> None:
@@ -243,6 +263,43 @@ def test_tool_results_are_bridged_after_stand_in_calls_named_as_the_results() ->
     assert named == (TOOL, *map(ord, "read"), ord("r"), *EOT, ASSISTANT)
     unnamed = template.environment_ids([9, *EOT], [_result("c1", "r", None)])
     assert unnamed == (TOOL, *map(ord, "tool"), ord("r"), *EOT, ASSISTANT)
+
+
+def test_the_environment_is_bridged_after_the_stand_in_the_shape_prefers() -> None:
+    """Pins that ``environment_ids`` tries the stand-in ``learn`` chose first: a template that
+    writes an empty think block in a last turn without reasoning (Qwen3) bridges tool results only
+    after a stand-in with reasoning, and the suffix bridge cannot stand in for it (its stand-in
+    makes no calls, which a strict template refuses)."""
+    template = ChatTemplate.learn(Toy(strict=True, empty_think_when_last=True))
+    assert template.shape.stand_in_reasoning is True
+    assert template.environment_ids([9, *EOT], [_result("c1", "r", "read")]) == (
+        TOOL,
+        *map(ord, "read"),
+        ord("r"),
+        *EOT,
+        ASSISTANT,
+    )
+
+
+def test_the_other_stand_in_is_tried_when_the_preferred_one_is_rewritten() -> None:
+    """Pins ``environment_ids``'s second try: a template that drops reasoning from a turn a user
+    query follows (Qwen3) learns a stand-in with reasoning from a tool result, and bridges a tool
+    result then a user nudge after the stand-in without reasoning (the suffix bridge, whose
+    stand-in makes no calls, would be refused by this strict template)."""
+    template = ChatTemplate.learn(Toy(strict=True, drops_reasoning_before_query=True))
+    assert template.shape.stand_in_reasoning is True
+    environment = [_result("c1", "r", "read"), Message.user("c")]
+    assert template.environment_ids([9], environment) == (
+        *EOT,
+        TOOL,
+        *map(ord, "read"),
+        ord("r"),
+        *EOT,
+        USER,
+        ord("c"),
+        *EOT,
+        ASSISTANT,
+    )
 
 
 def test_only_tool_results_answer_stand_in_calls() -> None:
@@ -330,3 +387,22 @@ def test_a_span_is_pulled_back_only_when_it_ends_with_the_whole_end_of_turn() ->
         ("completion", (ord("b"), ord("b"), 200)),
         ("environment", (202, USER, ord("c"), *EOT)),
     ]
+
+
+def test_a_span_never_starts_before_the_previous_one_ends() -> None:
+    """Pins that ``rerender``'s spans do not overlap: with a template that writes no end of turn
+    between a final assistant turn and the generation prompt, the render before a second reply in
+    a row parts from the full render inside the first reply's span; the second span starts where
+    the first ends, and the ledger's ids are the full render's."""
+    toy = Toy(prompt_continues=True)
+    shape = TemplateShape(end_of_turn=EOT, turn_stops=(), stand_in_reasoning=False)
+    messages = [Message.user("a"), Message.assistant("b"), Message.assistant("d")]
+    ledger = ChatTemplate(renderer=toy, shape=shape).rerender(messages)
+    assert [(s.kind.value, s.token_ids) for s in ledger.segments] == [
+        ("prompt", (USER, ord("a"), *EOT, ASSISTANT)),
+        ("completion", (ord("b"), 200)),
+        ("environment", ()),
+        ("completion", (201, ASSISTANT, ord("d"), 200)),
+        ("environment", (201,)),
+    ]
+    assert list(ledger.prompt_ids()) == toy.render(messages)
