@@ -21,8 +21,16 @@ import pytest
 from tests.environment_roots import image_problem, write_shell_image
 from tests.image_layouts import Entry
 from tests.integration.test_environment_leases import reset, shell, tree_digest
-from tests.integration.test_slot_server import Server, searchable_dir, start_server, stop_server
+from tests.integration.test_slot_server import (
+    Server,
+    call,
+    one,
+    searchable_dir,
+    start_server,
+    stop_server,
+)
 from trajcore.adapters.sandbox.client import SlotServerClient
+from trajcore.domain.tools import ToolOutcome
 
 pytestmark = [pytest.mark.skipif(image_problem() is not None, reason=str(image_problem()))]
 
@@ -247,3 +255,94 @@ async def _refused_past_the_limit(server: Server, ref: str) -> None:
         assert os.listdir(server.root / "snapshots") == []
         assert (await client.health()).snapshots == 0
         await reset(server, 0, 1)
+
+
+MANY = 2000
+MAKE_MANY = (
+    f"mkdir /workspace/many && cd /workspace/many && i=0; while [ $i -lt {MANY} ]; do "
+    "i=$((i + 1)); echo $i > f$i; done && echo prepared > /workspace/prep.txt"
+)
+
+
+def mounted_at(path: Path) -> str | None:
+    """The file system type mounted at ``path`` (in this mount namespace, the server's)."""
+    with open("/proc/self/mountinfo", encoding="utf-8") as info:
+        for line in info:
+            fields = line.split(" ")
+            if fields[4] == str(path):
+                return fields[fields.index("-") + 1]
+    return None
+
+
+def test_a_forks_workspace_is_an_overlay_over_the_snapshots_and_its_writes_stay_its_own(
+    image_server: tuple[Server, str],
+) -> None:
+    server, ref = image_server
+
+    async def main() -> None:
+        async with server.client() as client:
+            assert (await client.lease(0, 20, ref)).ok
+            code, text = await shell(server, 0, 20, MAKE_MANY)
+            assert code == 0, text
+            frozen = await client.snapshot(0, 20)
+            assert frozen.ok, frozen
+            assert frozen.snapshot is not None
+            folder = snapshot_folder(server, frozen.snapshot)
+            before = tree_digest(folder)
+            for slot in (1, 2):
+                assert (await client.lease(slot, 20, ref, snapshot=frozen.snapshot)).ok
+            assert (await client.health()).fork_workspaces == "overlay"
+            workspaces = [server.root / "slots" / str(slot) for slot in (1, 2)]
+            for workspace in workspaces:  # from the host: the merged workspace
+                assert mounted_at(workspace) == "overlay"
+                assert (workspace / "many" / f"f{MANY}").read_text() == f"{MANY}\n"
+                assert len(os.listdir(workspace / "many")) == MANY
+            # a fork writes, renames and removes the snapshot's files: its own, from the host
+            code, text = await shell(
+                server, 1, 20,
+                "echo b > /workspace/many/f1 && cat /workspace/many/f2 > /workspace/moved && "
+                "rm /workspace/many/f2 /workspace/many/f3 && echo b-new > /workspace/b-new && "
+                "ls -ln /workspace/prep.txt",
+            )  # fmt: skip
+            assert code == 0, text
+            uid = workspaces[0].stat().st_uid
+            assert text.split()[2] == str(uid), text  # the snapshot's file is the slot's
+            assert (workspaces[0] / "many" / "f1").read_text() == "b\n"
+            assert (workspaces[0] / "moved").read_text() == "2\n"
+            assert not (workspaces[0] / "many" / "f2").exists()
+            assert not (workspaces[0] / "many" / "f3").exists()
+            other = workspaces[1]
+            assert (other / "many" / "f1").read_text() == "1\n"
+            assert (other / "many" / "f2").exists()
+            assert (other / "many" / "f3").exists()
+            assert not (other / "b-new").exists()
+            assert not (other / "moved").exists()
+            assert (folder / "workspace" / "many" / "f1").read_text() == "1\n"
+            assert tree_digest(folder) == before
+            # the file tools and the artifacts see the merged workspace
+            read = await one(client, call(2, "read_file", epoch=20, path="many/f7"))
+            assert read.outcome == ToolOutcome.OK, read
+            assert "7" in read.content, read
+            artifact = await client.read_artifact(2, "prep.txt")
+            assert artifact.data == b"prepared\n", artifact
+            wrote = await one(
+                client,
+                call(2, "write_file", epoch=20, path="many/f8", content="by-tool\n"),
+            )
+            assert wrote.outcome == ToolOutcome.OK, wrote
+            code, text = await shell(server, 2, 20, "cat /workspace/many/f8")
+            assert (code, text.strip()) == (0, "by-tool"), text
+            assert (folder / "workspace" / "many" / "f8").read_text() == "8\n"
+            # the reset takes the overlay away: the slot's next lease sees an empty workspace
+            for slot in (0, 1, 2):
+                await reset(server, slot, 20)
+            for workspace in workspaces:
+                assert mounted_at(workspace) is None
+                assert os.listdir(workspace) == []
+            for slot in (1, 2):
+                code, text = await shell(server, slot, 21, "ls -A /workspace | wc -l")
+                assert (code, text.strip()) == (0, "0"), text
+                await reset(server, slot, 21)
+            assert (await client.drop_snapshot(frozen.snapshot)).removed is True
+
+    asyncio.run(main())

@@ -215,6 +215,8 @@ class Health:
         snapshots: The snapshots this server holds (dropped ones still in use included).
         snapshot_bytes: What they hold on disk.
         forks: The leases started from a snapshot since the server started.
+        fork_workspaces: How a forked lease's workspace starts: ``overlay`` (copy-on-write
+            over the snapshot's), or ``copy: <why>`` (empty: the server has no snapshots).
     """
 
     protocol_version: int
@@ -232,6 +234,7 @@ class Health:
     snapshots: int = 0
     snapshot_bytes: int = 0
     forks: int = 0
+    fork_workspaces: str = ""
 
 
 @attrs.frozen(kw_only=True)

@@ -133,6 +133,7 @@ async def start_from(
         await asyncio.to_thread(store.start, found, slot.workspace.root, ids)
         late = problem()  # what changed during the copy
         if late is not None:
+            await asyncio.to_thread(store.unmount, slot.workspace.root, None)
             await asyncio.to_thread(slot.workspace.wipe, timeout_s=wipe_timeout_s)
             raise SnapshotRefused(*late)
     except BaseException:

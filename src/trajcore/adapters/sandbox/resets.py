@@ -39,6 +39,12 @@ async def clean_slot(
         # the writable root is the keeper's own tmpfs, which every lease of the keeper shares:
         # it goes with the keeper, so the next lease starts on a fresh one
         await sandboxes.stop_keeper(slot)
+    frozen = slot.snapshot
+    if frozen is not None and frozen.store.forked(slot.workspace.root):
+        # The keeper's copy of a fork's workspace overlay would outlive the host's unmount (a
+        # mount propagated into a less privileged namespace is locked there, and an unmount
+        # does not reach it): the keeper ends with it, and the next lease starts a fresh one.
+        await sandboxes.stop_keeper(slot)
     problem = await _prove_empty(slot)
     if problem is not None:
         return problem
@@ -82,13 +88,19 @@ async def _set_aside(sandboxes: Sandboxes, slot: Slot, trash: Path, why: Excepti
 
 def _discard_layer(sandboxes: Sandboxes, slot: Slot, trash: Path) -> str | None:
     """Set aside what the lease wrote over its image (its upper layer, the overlay's work
-    directory: renamed into ``trash``, which the runtime empties in the background, so the
-    reset does not wait for their removal) and stop holding the image and the snapshot it
-    started from; ``None`` once the layer directory is empty."""
+    directory, and a fork's workspace overlay, unmounted: renamed into ``trash``, which the
+    runtime empties in the background, so the reset does not wait for their removal) and stop
+    holding the image and the snapshot it started from; ``None`` once the layer directory is
+    empty."""
+    frozen = slot.snapshot
+    if frozen is not None:  # a fork's workspace overlay goes first: it reads the snapshot's
+        problem = frozen.store.unmount(slot.workspace.root, trash)
+        if problem is not None:
+            return problem
     use, slot.image, slot.image_epoch = slot.image, None, None
     if use is not None:
         use.close()
-    frozen, slot.snapshot = slot.snapshot, None
+    slot.snapshot = None
     if frozen is not None:
         frozen.close()  # the last lease over a dropped snapshot removes it
     layer = sandboxes.layer_dir(slot)

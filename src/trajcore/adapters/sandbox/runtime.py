@@ -89,6 +89,7 @@ from trajcore.adapters.sandbox.slot_ids import stage_file, unmapped, unreachable
 from trajcore.adapters.sandbox.snapshots import SnapshotRefused, SnapshotStore
 from trajcore.adapters.sandbox.tool_calls import failure, run_call
 from trajcore.adapters.sandbox.workspace import Workspace
+from trajcore.adapters.sandbox.workspace_overlays import WorkspaceOverlays
 from trajcore.domain.errors import ConfigError, UnknownSlot
 from trajcore.domain.seccomp_rules import SECCOMP_RULES
 from trajcore.domain.slot_calls import (
@@ -239,9 +240,10 @@ class SlotRuntime:
         )
         (self.config.root / "layers").mkdir(mode=0o711, exist_ok=True)
         owner = (os.geteuid(), os.getegid()) if self._sandboxes.uid_base is not None else None
+        overlays = await asyncio.to_thread(WorkspaceOverlays.open, self.config.root, owner)
         self.snapshots = await asyncio.to_thread(
             SnapshotStore, self.config.root / "snapshots", locks=cache / "locks",
-            max_bytes=self.config.snapshot_bytes, owner=owner,
+            max_bytes=self.config.snapshot_bytes, owner=owner, overlays=overlays,
         )  # fmt: skip
         if self._sandboxes.uid_base is not None:
             blocked = unreachable(cache / "images")
@@ -324,6 +326,7 @@ class SlotRuntime:
             snapshots=held,
             snapshot_bytes=held_bytes,
             forks=forks,
+            fork_workspaces="" if self.snapshots is None else self.snapshots.fork_workspaces(),
         )
 
     def listing(self) -> SlotListing:

@@ -3,7 +3,8 @@
 A snapshot freezes a lease over an image: the writable layer the lease wrote over the image
 (its overlay's upper directory) and its workspace. Leases then start from it copy-on-write: the
 keeper mounts the frozen layer as a read-only lower layer between the image's tree and the new
-lease's own empty upper layer, and the lease's workspace starts as a copy of the snapshot's.
+lease's own empty upper layer, and the lease's workspace is an overlay over the snapshot's
+(``workspace_overlays``; a copy where the server cannot mount one).
 
 Where it lives: ``ROOT/snapshots/<id>/`` on the slot server's own storage, ``<id>`` 32 random
 hex digits; ``root/`` is the frozen layer (readable by every slot: the keepers bind
@@ -23,9 +24,10 @@ directory carries ``user.overlay.opaque``, and every lease's overlay is mounted 
 Renames of directories are copies in such an overlay (no ``redirect_dir``), so no redirect
 marks exist to carry.
 
-How a workspace is copied: ``cp -a --reflink=auto`` (blocks shared where the file system can
-share them), then every entry given to the lease's uid; a Python copy when GNU ``cp`` is
-missing.
+How a workspace is frozen: copied with ``cp -a --reflink=auto`` (blocks shared where the file
+system can share them; a Python copy when GNU ``cp`` is missing), every entry given to the
+server (a fork's overlay shows them as its slot's through an idmapped clone). A fork whose
+workspace cannot be an overlay gets a copy, every entry given to the lease's uid.
 
 Counting. A snapshot counts the leases that run over it; a dropped snapshot takes no new lease
 and is removed when its last lease resets; ``close`` removes them all.
@@ -46,6 +48,7 @@ import attrs
 
 from trajcore.adapters.sandbox.image_cache import CachedImage, ImageUse
 from trajcore.adapters.sandbox.removal import remove_tree
+from trajcore.adapters.sandbox.workspace_overlays import WorkspaceOverlays
 
 __all__ = [
     "MAX_DEPTH",
@@ -161,7 +164,11 @@ class SnapshotStore:
     locks: Path
     max_bytes: int
     owner: tuple[int, int] | None
+    overlays: WorkspaceOverlays | None = None
+    """Forked workspaces as overlays (``None``: copies)."""
     forks: int = 0
+    overlay_failure: str | None = None
+    """Why the last fork's workspace that should have been an overlay was copied instead."""
     removing: bool = False
     """Removed snapshots' files wait for ``sweep``."""
     _held: dict[str, Snapshot] = attrs.field(factory=dict)
@@ -224,7 +231,7 @@ class SnapshotStore:
         staging.mkdir(mode=0o711)
         moved = False
         try:
-            copy_tree(workspace, staging / "workspace", owner=None)
+            copy_tree(workspace, staging / "workspace", owner=self.owner)
             os.chmod(staging / "workspace", 0o700)
             if self.owner is not None:  # the server's alone: no slot reads it
                 os.lchown(staging / "workspace", *self.owner)
@@ -267,9 +274,29 @@ class SnapshotStore:
             self.forks += 1
         return SnapshotUse(store=self, snapshot=snapshot)
 
+    def fork_workspaces(self) -> str:
+        """How forked workspaces start: ``overlay``, or ``copy: <why>``."""
+        overlays = self.overlays
+        if overlays is None:
+            return "copy: no overlays were set up"
+        if overlays.problem is not None:
+            return f"copy: {overlays.problem}"
+        if self.overlay_failure is not None:
+            return f"overlay (the last that failed was copied: {self.overlay_failure})"
+        return "overlay"
+
     def start(self, snapshot: Snapshot, workspace: Path, ids: tuple[int, int] | None) -> None:
-        """Copy the snapshot's workspace into ``workspace`` (an empty one), given to ``ids``.
-        Raises ``SnapshotRefused`` (a full disk: what was copied is removed again)."""
+        """Give ``workspace`` (an empty one) the snapshot's workspace: an overlay over it when
+        the server can mount one, else a copy given to ``ids``. Raises ``SnapshotRefused`` (a
+        full disk: what was copied is removed again)."""
+        overlays = self.overlays
+        if overlays is not None and overlays.problem is None and ids is not None:
+            try:
+                overlays.mount(snapshot.workspace, workspace, ids)
+            except OSError as error:
+                self.overlay_failure = _describe(error)
+            else:
+                return
         with os.scandir(snapshot.workspace) as entries:
             if next(entries, None) is None:
                 return  # nothing to copy (a preparation that wrote to the root alone)
@@ -285,6 +312,15 @@ class SnapshotStore:
                 "snapshot",
                 f"cannot copy snapshot {snapshot.snapshot_id}'s workspace: {_describe(error)}",
             ) from None
+
+    def forked(self, workspace: Path) -> bool:
+        """Whether ``workspace`` is a fork's overlay now."""
+        return self.overlays is not None and self.overlays.mounted(workspace)
+
+    def unmount(self, workspace: Path, trash: Path | None) -> str | None:
+        """Detach ``workspace``'s overlay when it is one (its upper layer set aside into
+        ``trash``, or removed now without one); ``None`` when done, else why not."""
+        return None if self.overlays is None else self.overlays.unmount(workspace, trash)
 
     def release(self, snapshot: Snapshot) -> None:
         snapshot.leases -= 1
@@ -309,6 +345,8 @@ class SnapshotStore:
         """Remove every snapshot (the server is closing: no lease runs any more)."""
         for found in list(self._held.values()):
             self._remove(found)
+        if self.overlays is not None:
+            self.overlays.close()
         self.sweep()
 
     # -- inside
