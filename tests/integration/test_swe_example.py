@@ -7,7 +7,7 @@ fake chat server plays the model: in each group of two, one member runs the fail
 applies the task's fix and runs them again; the other (the control) answers at once. The fix
 scores 1.0 and the control 0.0, each with pytest's verdict as its metadata, so the score flips
 because of the fix. Run on the local pool (the images read from podman's store), and on the
-container pool (the image saved as an OCI archive in a directory the containers mount), each
+container pool (the image saved as an OCI layout in a directory the containers mount), each
 with an image cache.
 
 The images come from ``./dev images``; a missing or stale one skips naming it.
@@ -171,23 +171,23 @@ SERVER_IMAGE_PROBLEM = server_image_problem(ENGINE, DEFAULT_IMAGE)
 
 
 @pytest.fixture(scope="module")
-def archived() -> Iterator[SweTask]:
-    """The first task with its image saved as an OCI archive in a searchable directory."""
+def saved() -> Iterator[SweTask]:
+    """The first task with its image saved as an OCI layout in a searchable directory."""
     task = TASKS[0]
-    with searchable_dir("swe-archives") as archives:
-        archive = archives / f"{task.name}.tar"
+    with searchable_dir("swe-layouts") as layouts:
+        layout = layouts / task.name
         subprocess.run(
-            ["podman", "save", "--format", "oci-archive", "-o", str(archive), task.image_name],
+            ["podman", "save", "--format", "oci-dir", "-o", str(layout), task.image_name],
             check=True, capture_output=True, timeout=600,
         )  # fmt: skip
-        yield attrs.evolve(task, image=f"oci-archive:{archive}")
+        yield attrs.evolve(task, image=f"oci:{layout}")
 
 
 @pytest.mark.skipif(SERVER_IMAGE_PROBLEM is not None, reason=str(SERVER_IMAGE_PROBLEM))
 async def test_a_task_fails_until_its_fix_on_the_container_pool(
-    cache_dir: Path, archived: SweTask
+    cache_dir: Path, saved: SweTask
 ) -> None:
-    # The containers cannot read podman's store: the image goes in as an OCI archive in a
+    # The containers cannot read podman's store: the image goes in as an OCI layout in a
     # directory every container mounts read-only (the same image: the cache may hold it already).
     env = SweStyleEnv(
         _config(
@@ -195,7 +195,8 @@ async def test_a_task_fails_until_its_fix_on_the_container_pool(
             local_containers=1,
             container_image=DEFAULT_IMAGE,
             image_cache_dir=str(cache_dir),
-            container_environment_dirs=str(Path(archived.image.split(":", 1)[1]).parent),
+            container_environment_dirs=str(Path(saved.image.split(":", 1)[1]).parent),
         )
     )
-    await _run_each_task(env, [archived])
+    statistics = await _run_each_task(env, [saved])
+    assert (statistics.leases, statistics.refused) == (2, 0)
