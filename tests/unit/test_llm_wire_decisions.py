@@ -15,10 +15,11 @@ from trajcore.adapters.llm.token_wire import (
     parse_atropos_generate_body,
     parse_sglang_generate_body,
     parse_vllm_completion_body,
+    response_parser,
     sglang_generate_request,
     vllm_completion_request,
 )
-from trajcore.domain.errors import WireError
+from trajcore.domain.errors import ModelServerRejected, WireError
 from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, SamplingParams, Usage
@@ -140,6 +141,7 @@ def _fn(arguments: JSON, name: str = "bash", call_id: str = "c0") -> JSONObject:
 @pytest.mark.parametrize(
     ("body", "field", "reason"),
     [
+        ([], "$", "expected an object, got array"),
         ({"choices": []}, "$.choices", "expected at least one choice, got none"),
         ({"choices": [3]}, "$.choices[0]", "expected an object, got integer"),
         (
@@ -206,7 +208,7 @@ def _fn(arguments: JSON, name: str = "bash", call_id: str = "c0") -> JSONObject:
     ],
 )
 def test_a_chat_response_that_breaks_the_protocol_is_refused_at_its_path(
-    body: JSONObject, field: str, reason: str
+    body: JSON, field: str, reason: str
 ) -> None:
     """Pins the path and reason of each refusal of a chat-completions body."""
     assert _refusal(parse_chat_body, body) == (field, reason)
@@ -339,7 +341,16 @@ def test_vllm_ids_come_from_token_ids_or_from_the_tokens() -> None:
 @pytest.mark.parametrize(
     ("body", "field", "reason"),
     [
+        ([], "$", "expected an object, got array"),
+        ({"choices": 3}, "$.choices", "expected an array, got integer"),
         ({"choices": []}, "$.choices", "expected at least one choice, got none"),
+        ({"choices": [3]}, "$.choices[0]", "expected an object, got integer"),
+        ({"choices": [{}]}, "$.choices[0].logprobs", "expected an object, got null"),
+        (
+            _vllm({"tokens": [3], "token_logprobs": [-0.5]}),
+            "$.choices[0].logprobs.tokens[0]",
+            "expected a string, got integer",
+        ),
         (
             _vllm({"token_logprobs": [-0.5]}),
             "$.choices[0].logprobs.tokens",
@@ -389,7 +400,7 @@ def test_vllm_ids_come_from_token_ids_or_from_the_tokens() -> None:
     ],
 )
 def test_a_vllm_response_that_breaks_the_protocol_is_refused_at_its_path(
-    body: JSONObject, field: str, reason: str
+    body: JSON, field: str, reason: str
 ) -> None:
     """Pins the path and reason of each refusal of a vLLM completions body."""
     assert _refusal(parse_vllm_completion_body, body) == (field, reason)
@@ -420,6 +431,17 @@ def test_sglang_reads_a_single_result_or_a_batch_of_one_and_both_finish_shapes()
         ([], "$", "expected one result, got 0"),
         ([_sglang([]), _sglang([])], "$", "expected one result, got 2"),
         ([3], "$[0]", "expected an object, got integer"),
+        (
+            {"meta_info": {"output_token_logprobs": 3}},
+            "$.meta_info.output_token_logprobs",
+            "expected an array, got integer",
+        ),
+        (
+            _sglang([[-0.5, 7], 3]),
+            "$.meta_info.output_token_logprobs[1]",
+            "expected an array, got integer",
+        ),
+        (_sglang([], output_ids="x"), "$.output_ids", "expected an array, got string"),
         ([{}], "$[0].meta_info", "expected an object, got null"),
         (
             [_sglang([[-0.5]])],
@@ -513,6 +535,18 @@ def _atropos(positions: JSON, **root: JSON) -> JSONObject:
 @pytest.mark.parametrize(
     ("body", "field", "reason"),
     [
+        ([], "$", "expected an object, got array"),
+        ({"logprobs": [[]]}, "$.finish_reasons", "expected an array, got null"),
+        ({"finish_reasons": ["stop"]}, "$.logprobs", "expected an array, got null"),
+        (
+            {"finish_reasons": ["stop"], "logprobs": [3]},
+            "$.logprobs[0]",
+            "expected an array, got integer",
+        ),
+        (_atropos([], token_ids=3), "$.token_ids", "expected an array, got integer"),
+        (_atropos([], token_ids=[3]), "$.token_ids[0]", "expected an array, got integer"),
+        (_atropos([3]), "$.logprobs[0][0]", "expected an array, got integer"),
+        (_atropos([[3]]), "$.logprobs[0][0][0]", "expected an object, got integer"),
         (
             {"finish_reasons": [], "logprobs": [[]]},
             "$.finish_reasons",
@@ -551,3 +585,15 @@ def test_an_atropos_response_that_breaks_the_protocol_is_refused_at_its_path(
 ) -> None:
     """Pins the path and reason of each refusal of an Atropos ``/generate`` body."""
     assert _refusal(parse_atropos_generate_body, body) == (field, reason)
+
+
+def test_a_response_parser_reads_the_status_then_the_decoded_body() -> None:
+    """Pins ``response_parser``: a 2xx body is decoded and read by the body parser it wraps; any
+    other status is the error that status means, whatever the body."""
+    parse = response_parser(parse_vllm_completion_body)
+    body = _vllm({"token_logprobs": [-0.5]}, token_ids=[7])
+    done = parse(200, {}, json.dumps(body).encode())
+    assert (done.token_ids, done.logprobs) == ((7,), (-0.5,))
+    with pytest.raises(ModelServerRejected) as rejected:
+        parse(404, {}, json.dumps(body).encode())
+    assert rejected.value.status == 404
