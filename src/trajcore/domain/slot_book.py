@@ -16,6 +16,14 @@ Rules it keeps:
   once. Hence: nobody waits while a slot is free.
 - A waiter's deadline is enforced only by ``expire(now)``; a waiter served before its expiry
   is served, whatever the time.
+- A request may *prefer* a container (``request(..., prefer=c, prefer_until=t)``: a fork
+  wants a slot on the server that holds its snapshot). It takes a free slot of ``c`` when there
+  is one; else, until ``t``, it waits for one of ``c`` only, even while other slots are free,
+  and other requests pass it for those. Once ``relax(now)`` sees ``t`` pass, it accepts any
+  slot and keeps its place in the queue. So the rule above reads: nobody waits while a slot
+  it accepts is free, and a freed slot goes to the oldest waiter that accepts it. A preference
+  is bounded by its ``t``, so nobody is starved by one; a preference for a container that is
+  not in the book (or drains) is waited out until ``t`` all the same.
 - Every released slot is reset before anyone else gets it: release moves it to RESETTING, and
   only ``reset_done`` frees it (or quarantines it when the reset failed).
 
@@ -48,7 +56,9 @@ QUARANTINED because nothing could ever come of them; a restarted server joins as
 ``add_container``, and the epochs it starts from continue those of the lost one.
 
 Cost: ``request``, ``release``, ``reset_done``, ``cancel`` and ``is_current`` are O(1) (plus
-O(log waiters) for a waiter's deadline); ``expire`` is O(log waiters) per expired ticket;
+O(log waiters) for a waiter's deadline); ``expire`` is O(log waiters) per expired ticket; while a request prefers a container,
+serving is O(waiters + free slots) (a preferring request that gets a slot at once costs
+O(free slots));
 ``add_container``, ``drain_container``, ``lose_container`` and ``remove_container`` are
 O(slots in the book).
 """
@@ -157,6 +167,8 @@ class SlotBook:
     _free: deque[_Slot] = attrs.field(init=False, factory=deque)  # FREE slots, longest free first
     _waiters: OrderedDict[int, Ticket] = attrs.field(init=False, factory=OrderedDict)
     _deadlines: list[tuple[float, int]] = attrs.field(init=False, factory=list)
+    _prefers: dict[int, str] = attrs.field(init=False, factory=dict)  # ticket -> container
+    _relaxing: list[tuple[float, int]] = attrs.field(init=False, factory=list)
     _epochs: dict[SlotId, int] = attrs.field(init=False, factory=dict)  # outlives its container
     _counts: list[int] = attrs.field(init=False, factory=lambda: [0] * len(_STATES))
     _next_ticket: int = attrs.field(init=False, default=1)
@@ -257,17 +269,35 @@ class SlotBook:
 
     # ------------------------------------------------------------------ leases
 
-    def request(self, holder: str, now: float, deadline: float | None = None) -> Lease | Ticket:
-        """Ask for a slot for ``holder``.
+    def request(
+        self,
+        holder: str,
+        now: float,
+        deadline: float | None = None,
+        *,
+        prefer: str | None = None,
+        prefer_until: float = -math.inf,
+    ) -> Lease | Ticket:
+        """Ask for a slot for ``holder``, of container ``prefer`` when one is free or comes
+        free before ``prefer_until``.
 
-        Returns a ``Lease`` when a slot is free (no one can be waiting then), else a ``Ticket``
-        queued behind the earlier ones; it is later served through the grants that
-        ``reset_done`` or ``add_container`` return, or returned by ``expire`` once ``deadline``
-        passed, or withdrawn by ``cancel``. Raises:
-            InvalidInput: ``deadline`` is NaN.
+        Returns a ``Lease`` when a slot it accepts is free (a slot of ``prefer`` first), else
+        a ``Ticket`` queued behind the earlier ones; it is later served through the grants that
+        ``reset_done``, ``add_container`` or ``relax`` return, or returned by ``expire`` once
+        ``deadline`` passed, or withdrawn by ``cancel``. A ``prefer_until`` not after ``now``
+        (the default) only picks a free slot of ``prefer`` over the others. Raises:
+            InvalidInput: ``deadline`` or ``prefer_until`` is NaN.
         """
         self._tick(now, "request")
-        if self._free:
+        if math.isnan(prefer_until):
+            raise InvalidInput("prefer_until", "must be a number, got nan")
+        if prefer is not None:
+            record = self._containers.get(prefer)
+            if record is not None and record.counts[_FREE]:
+                return self._grant(self._take(record), holder)
+            if prefer_until <= now or record is None or record.draining:
+                prefer = None
+        if prefer is None and self._free:
             return self._grant(self._free.popleft(), holder)
         if deadline is not None and math.isnan(deadline):
             raise InvalidInput("deadline", "must be a number or None, got nan")
@@ -276,7 +306,37 @@ class SlotBook:
         self._waiters[ticket.id] = ticket
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, ticket.id))
+        if prefer is not None:
+            self._prefers[ticket.id] = prefer
+            heapq.heappush(self._relaxing, (prefer_until, ticket.id))
         return ticket
+
+    def relax(self, now: float) -> list[Grant]:
+        """End the preferences whose ``prefer_until`` is at or before ``now``: those waiters
+        accept any slot from now on, in their places. Returns the grants made, oldest request
+        first."""
+        self._tick(now, "relax")
+        heap, prefers = self._relaxing, self._prefers
+        relaxed = False
+        while heap and heap[0][0] <= now:
+            _, ticket_id = heapq.heappop(heap)
+            relaxed |= prefers.pop(ticket_id, None) is not None
+        return self._serve() if relaxed else []
+
+    def next_relax(self) -> float | None:
+        """The earliest ``prefer_until`` of a waiting request that still prefers (call
+        ``relax`` then), or None."""
+        heap = self._relaxing
+        while heap:
+            until, ticket_id = heap[0]
+            if ticket_id in self._prefers:
+                return until
+            heapq.heappop(heap)
+        return None
+
+    def prefers(self, ticket: Ticket) -> str | None:
+        """The container ``ticket`` waits for, while it still prefers one, else None."""
+        return self._prefers.get(ticket.id)
 
     def release(self, lease: Lease, now: float) -> SlotId:
         """Give back ``lease``: its slot goes to RESETTING, and the caller must reset it.
@@ -325,6 +385,7 @@ class SlotBook:
         already served, expired or cancelled (if served, the caller holds that lease and must
         release it)."""
         # Its deadline entry, if any, is dropped lazily by ``expire``/``next_deadline``.
+        self._prefers.pop(ticket.id, None)
         return self._waiters.pop(ticket.id, None) is not None
 
     def expire(self, now: float) -> list[Ticket]:
@@ -337,6 +398,7 @@ class SlotBook:
             _, ticket_id = heapq.heappop(heap)
             ticket = self._waiters.pop(ticket_id, None)
             if ticket is not None:
+                self._prefers.pop(ticket_id, None)
                 expired.append(ticket)
         self._expired += len(expired)
         return expired
@@ -426,7 +488,19 @@ class SlotBook:
             "the free queue holds a slot that is not free",
         )
         _check(len(self._free) == totals[_FREE], "a free slot is missing from the queue")
-        _check(not (self._waiters and self._free), "a request waits while a slot is free")
+        for ticket_id in self._waiters:
+            want = self._prefers.get(ticket_id)
+            if want is None:
+                _check(not self._free, f"ticket {ticket_id} waits while a slot is free")
+            else:
+                record = self._containers.get(want)
+                _check(
+                    record is None or not record.counts[_FREE],
+                    f"ticket {ticket_id} waits while a slot of {want} is free",
+                )
+        _check(set(self._prefers) <= set(self._waiters), "a preference outlived its ticket")
+        relaxing = {ticket_id for _, ticket_id in self._relaxing}
+        _check(set(self._prefers) <= relaxing, "a preference has no end scheduled")
         _check(list(self._waiters) == sorted(self._waiters), "waiters are not first-come order")
         pending = {ticket_id for _, ticket_id in self._deadlines}
         for ticket in self._waiters.values():
@@ -466,11 +540,36 @@ class SlotBook:
     def _serve(self) -> list[Grant]:
         # Served whatever the time: deadlines act through ``expire`` only.
         grants: list[Grant] = []
-        waiters, free = self._waiters, self._free
-        while waiters and free:
-            _, ticket = waiters.popitem(last=False)
-            grants.append(Grant(ticket=ticket, lease=self._grant(free.popleft(), ticket.holder)))
+        waiters, free, prefers = self._waiters, self._free, self._prefers
+        if not prefers:
+            while waiters and free:
+                _, ticket = waiters.popitem(last=False)
+                lease = self._grant(free.popleft(), ticket.holder)
+                grants.append(Grant(ticket=ticket, lease=lease))
+            return grants
+        for ticket in list(waiters.values()):  # oldest first; skip who accepts no free slot
+            if not free:
+                break
+            want = prefers.get(ticket.id)
+            if want is None:
+                slot = free.popleft()
+            else:
+                record = self._containers.get(want)
+                if record is None or not record.counts[_FREE]:
+                    continue
+                slot = self._take(record)
+                del prefers[ticket.id]
+            del waiters[ticket.id]
+            grants.append(Grant(ticket=ticket, lease=self._grant(slot, ticket.holder)))
         return grants
+
+    def _take(self, record: _Container) -> _Slot:
+        """Remove and return the longest-free slot of ``record`` (which has a FREE slot)."""
+        for slot in self._free:
+            if slot.container is record:
+                self._free.remove(slot)
+                return slot
+        raise AssertionError(f"container {record.name} counts a free slot it does not have")
 
     def _drained(self, record: _Container) -> bool:
         counts = record.counts
