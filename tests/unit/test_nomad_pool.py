@@ -308,6 +308,15 @@ async def test_nomad_errors_while_running_are_kept_and_retried(fake: FakeNomadAP
         )
 
 
+async def test_a_job_that_nomad_will_not_stop_at_close_is_noted(fake: FakeNomadAPI) -> None:
+    async with NomadSandboxPool(nomad_pool_config(fake.address)) as pool:
+        fake.fail_requests(500, times=1000, path_prefix="/v1/job/test-slots")
+    stops = [p for p in pool.problems if p.startswith("could not stop the job: ")]
+    assert stops != []
+    assert "HTTP 500" in stops[-1]
+    assert fake.job("test-slots") is not None  # still registered: the failure is not hidden
+
+
 # ============================================================================ scaling
 
 

@@ -372,24 +372,13 @@ class _CloudSandboxes(ReconciledSource[CloudPoolConfig]):
         if not self._open:
             return
         self._open = False
-        name = self.provider.name
-        with (
-            anyio.CancelScope(shield=True),
-            anyio.move_on_after(self.config.stop_timeout_s) as scope,
-        ):
-            try:
-                while True:
-                    left = await self.provider.list(self.labels)
-                    if not left:
-                        break
-                    for sandbox in left:
-                        await self.provider.delete(sandbox.id)
-                    await anyio.sleep(0.2)
-            except ProviderError as error:
-                _log.warning("%s pool: could not delete its sandboxes: %s", name, error)
-                self.pool.note(f"could not delete the sandboxes: {error}")
-        if scope.cancelled_caught:
-            self.pool.note(f"the sandboxes were not deleted within {self.config.stop_timeout_s} s")
+        await self._stop_all(self._delete_all, "delete the sandboxes")
+
+    async def _delete_all(self) -> None:
+        while left := await self.provider.list(self.labels):
+            for sandbox in left:
+                await self.provider.delete(sandbox.id)
+            await anyio.sleep(0.2)
 
     # ------------------------------------------------------------------------- the sandboxes
 

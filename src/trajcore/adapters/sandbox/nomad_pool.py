@@ -223,14 +223,10 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
         if not self._registered:
             return
         self._registered = False
-        with anyio.CancelScope(shield=True), anyio.move_on_after(config.stop_timeout_s) as scope:
-            try:
-                await self.nomad.deregister(config.job.job_id, purge=config.purge_on_shutdown)
-            except NomadUnavailable as error:
-                _log.warning("Nomad pool %s: could not stop the job: %s", config.job.job_id, error)
-                self.pool.note(f"could not stop the job: {error}")
-        if scope.cancelled_caught:
-            self.pool.note(f"stopping the job took longer than {config.stop_timeout_s} s")
+        await self._stop_all(
+            lambda: self.nomad.deregister(config.job.job_id, purge=config.purge_on_shutdown),
+            "stop the job",
+        )
 
     # ------------------------------------------------------------------------- Nomad
 

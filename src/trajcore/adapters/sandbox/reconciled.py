@@ -23,6 +23,9 @@ stop a run given up on (``_replace``). What the loop keeps:
   (``failed``), which replaces its run.
 - The pool's start waits for ``min_containers`` members within ``start_timeout_s``; when they do
   not come it raises ``SlotServerError`` naming the scheduler and the latest problems.
+- The pool's close stops every run its own way (``shutdown``) through ``_stop_all``: shielded
+  from cancellation, within ``stop_timeout_s``, a scheduler's error or the time running out
+  noted in ``problems``.
 
 Sources that start every run themselves, one per server index (Slurm, the cloud), also share
 ``StartBackoff``: a server that did not join is started again on its index only after a delay
@@ -41,7 +44,7 @@ import abc
 import functools
 import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import ClassVar, Generic, Protocol, TypeVar
 
@@ -156,6 +159,8 @@ class ReconciledSettings(PoolSettings, ScaledSettings, Protocol):
 
     @property
     def poll_interval_s(self) -> float: ...
+    @property
+    def stop_timeout_s(self) -> float: ...
     def scale_config(self) -> ScaleConfig: ...
 
 
@@ -295,6 +300,20 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
             f"{config.min_containers} slot servers became healthy within "
             f"{config.start_timeout_s} s ({seen})"
         )
+
+    async def _stop_all(self, stop: Callable[[], Awaitable[object]], what: str) -> None:
+        """Carry out ``stop`` (what ends every run of the pool: ``shutdown``'s work) shielded
+        from cancellation and within ``stop_timeout_s``. A scheduler's error is logged and noted
+        as ``could not <what>``, the time running out as ``could not <what> within N s``."""
+        limit = self.config.stop_timeout_s
+        with anyio.CancelScope(shield=True), anyio.move_on_after(limit) as scope:
+            try:
+                await stop()
+            except (self.unavailable, InvalidInput) as error:
+                _log.warning("%s: could not %s: %s", self.log_name, what, error)
+                self.pool.note(f"could not {what}: {error}")
+        if scope.cancelled_caught:
+            self.pool.note(f"could not {what} within {limit} s")
 
     def lost(self, member: Member, reason: str) -> None:
         """The core lost ``member`` (a failed batch or reset): the machine replaces it."""

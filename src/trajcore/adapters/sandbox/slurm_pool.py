@@ -247,22 +247,15 @@ class _SlurmJobs(ReconciledSource[SlurmPoolConfig]):
         if not self._open:
             return
         self._open = False
-        config = self.config
-        with anyio.CancelScope(shield=True), anyio.move_on_after(config.stop_timeout_s) as scope:
-            try:
-                await self._slurm(scancel_argv(job_name=config.job.job_name))
-                while True:  # (polling: Slurm has no event to wait on)
-                    jobs = await self._list()
-                    if not any(job.live or job.state == "COMPLETING" for job in jobs):
-                        break
-                    await anyio.sleep(0.2)
-            except (SlurmUnavailable, InvalidInput) as error:
-                _log.warning(
-                    "Slurm pool %s: could not cancel its jobs: %s", config.job.job_name, error
-                )
-                self.pool.note(f"could not cancel the jobs: {error}")
-        if scope.cancelled_caught:
-            self.pool.note(f"the jobs did not end within {config.stop_timeout_s} s")
+        await self._stop_all(self._cancel_all, "cancel the jobs")
+
+    async def _cancel_all(self) -> None:
+        await self._slurm(scancel_argv(job_name=self.config.job.job_name))
+        while True:  # (polling: Slurm has no event to wait on)
+            jobs = await self._list()
+            if not any(job.live or job.state == "COMPLETING" for job in jobs):
+                return
+            await anyio.sleep(0.2)
 
     # ------------------------------------------------------------------------- the queue
 
