@@ -9,6 +9,7 @@ runs the same write where the lease may write, and finds it there.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -18,8 +19,9 @@ import pytest
 
 from tests.environment_roots import image_problem, write_shell_image
 from tests.integration.test_environment_leases import reset, shell, tree_digest
-from tests.integration.test_slot_server import Server, start_server, stop_server
+from tests.integration.test_slot_server import Server, call, one, start_server, stop_server
 from tests.integration.test_snapshots import EMPTY_DIR, IMAGE_FILE, PREPARE
+from trajcore.domain.tools import ToolOutcome
 
 pytestmark = [pytest.mark.skipif(image_problem() is not None, reason=str(image_problem()))]
 
@@ -90,6 +92,91 @@ def test_no_lease_can_write_a_snapshot(image_server: tuple[Server, str]) -> None
             assert not (folder / "root" / "planted").exists()
             for slot in (0, 1, 2):
                 await reset(server, slot, 1)
+            assert (await client.drop_snapshot(frozen.snapshot)).removed is True
+
+    asyncio.run(main())
+
+
+def test_no_fork_can_write_the_snapshots_workspace_under_its_overlay(
+    image_server: tuple[Server, str],
+) -> None:
+    server, ref = image_server
+
+    async def main() -> None:
+        async with server.client() as client:
+            assert (await client.lease(0, 2, ref)).ok
+            code, text = await shell(server, 0, 2, PREPARE)
+            assert code == 0, text
+            frozen = await client.snapshot(0, 2)
+            assert frozen.ok, frozen
+            assert frozen.snapshot is not None
+            folder = server.root / "snapshots" / frozen.snapshot
+            frozen_workspace = folder / "workspace"
+            before = tree_digest(folder)
+            assert (await client.lease(1, 2, ref, snapshot=frozen.snapshot)).ok
+            assert (await client.health()).fork_workspaces == "overlay"
+            forks = server.root / "forks" / "1"
+            # through its workspace: every change lands in its own upper layer
+            attack = (
+                "echo owned >> /workspace/prep.txt; rm /workspace/src/main.py; "
+                "echo owned > /workspace/src/new; rm -r /workspace/src; "
+                f"echo owned > {frozen_workspace / 'prep.txt'}; "
+                f"echo owned > {forks / 'lower' / 'prep.txt'}; ls {forks}; "
+                "cat /workspace/prep.txt"
+            )
+            _, text = await shell(server, 1, 2, attack)
+            assert text.split()[:2] == ["prepared", "owned"], text  # its own view
+            assert "[stderr]" in text.split()[2:3], text
+            # through the file tools: its own workspace, and no path out of it
+            wrote = await one(
+                client, call(1, "write_file", epoch=2, path="src/main.py", content="owned")
+            )
+            assert wrote.outcome == ToolOutcome.OK, wrote
+            for path in (
+                f"../../snapshots/{frozen.snapshot}/workspace/prep.txt",
+                str(frozen_workspace / "prep.txt"),
+                "../../forks/1/lower/prep.txt",
+            ):
+                escaped = await one(
+                    client, call(1, "write_file", epoch=2, path=path, content="owned")
+                )
+                assert escaped.outcome != ToolOutcome.OK, (path, escaped)
+            # a lease over the server's root that knows the host paths
+            attack = (
+                f"echo owned > {frozen_workspace / 'prep.txt'}; "
+                f"echo owned > {forks / 'lower' / 'prep.txt'}; "
+                f"echo owned > {forks / 'upper' / 'planted'}; ls {forks}; "
+                "echo control > /workspace/control"
+            )
+            _, text = await shell(server, 2, 2, attack)
+            assert "owned" not in text.replace("echo owned", ""), text
+            assert (server.root / "slots" / "2" / "control").read_text() == "control\n"
+
+            # the canary, from the host: the snapshot's workspace is as it was frozen
+            assert tree_digest(folder) == before
+            assert (frozen_workspace / "prep.txt").read_text() == "prepared\n"
+            assert (frozen_workspace / "src" / "main.py").read_text() == "code\n"
+            # and the fork's own, merged workspace holds its writes
+            own = server.root / "slots" / "1"
+            assert (own / "prep.txt").read_text() == "prepared\nowned\n"
+            assert (own / "src" / "main.py").read_text() == "owned"
+            for slot in (0, 1, 2):
+                await reset(server, slot, 2)
+
+            # control: the same write, where the snapshot's workspace is made writable to the
+            # slot, reaches it, and the check sees it
+            uid, gid = own.stat().st_uid, own.stat().st_gid
+            for opened in (folder, frozen_workspace):
+                opened.chmod(0o755)
+            os.chown(frozen_workspace / "prep.txt", uid, gid)
+            writer = await asyncio.create_subprocess_exec(
+                "setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "sh", "-c",
+                f"echo owned >> {frozen_workspace / 'prep.txt'}",
+                stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            _, stderr = await asyncio.wait_for(writer.communicate(), timeout=30)
+            assert writer.returncode == 0, stderr
+            assert tree_digest(folder) != before
             assert (await client.drop_snapshot(frozen.snapshot)).removed is True
 
     asyncio.run(main())

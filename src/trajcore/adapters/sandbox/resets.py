@@ -22,10 +22,11 @@ import os
 import signal
 from pathlib import Path
 
+from trajcore.adapters.sandbox.channel import AgentLost
 from trajcore.adapters.sandbox.removal import remove_tree
 from trajcore.adapters.sandbox.sandboxes import Sandboxes, Slot
 
-__all__ = ["clean_slot", "empty_trash"]
+__all__ = ["clean_slot", "empty_trash", "warm_keeper"]
 
 
 async def clean_slot(
@@ -68,6 +69,34 @@ async def clean_slot(
         except OSError as failed:
             return f"cannot remove the slot's state directory: {failed}"
     return None
+
+
+def warm_keeper(sandboxes: Sandboxes, slot: Slot) -> asyncio.Task[None] | None:
+    """Start the slot's keeper again, off the next lease's path, where the reset ended it (a
+    fork's: its workspace overlay goes with it) and keepers live on between leases; the
+    lease's calls wait for it as for a warming lease. A failure is left for the next call to
+    meet (it starts the keeper again and reports why)."""
+    if (
+        not sandboxes.sandboxed
+        or not sandboxes.config.policy.read_only_root
+        or slot.keeper is not None
+        or slot.warming is not None
+    ):
+        return None
+
+    async def start() -> None:
+        with contextlib.suppress(AgentLost, OSError):
+            await sandboxes.ensure_keeper(slot)
+
+    task = asyncio.get_running_loop().create_task(start())
+    slot.warming = task
+
+    def done(_: asyncio.Task[None]) -> None:
+        if slot.warming is task:
+            slot.warming = None
+
+    task.add_done_callback(done)
+    return task
 
 
 async def _set_aside(sandboxes: Sandboxes, slot: Slot, trash: Path, why: Exception) -> str | None:

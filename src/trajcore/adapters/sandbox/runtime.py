@@ -75,7 +75,7 @@ from trajcore.adapters.sandbox.native_helper import (
     NativeBuildError,
     build_slot_helper,
 )
-from trajcore.adapters.sandbox.resets import clean_slot, empty_trash
+from trajcore.adapters.sandbox.resets import clean_slot, empty_trash, warm_keeper
 from trajcore.adapters.sandbox.runtime_config import RuntimeConfig, check_config
 from trajcore.adapters.sandbox.sandboxes import (
     HELPER_PATH,
@@ -621,8 +621,8 @@ class SlotRuntime:
             self._take_turns(slot)
             self._sweep_trash()
             self._sweep_snapshots()
-        if error is None and not self._closed and self.config.warm_leases and not over_image:
-            warming = self._sandboxes.warm(slot)
+        if error is None and not self._closed and self.config.warm_leases:
+            warming = (warm_keeper if over_image else Sandboxes.warm)(self._sandboxes, slot)
             if warming is not None:
                 self._tasks.add(warming)
                 warming.add_done_callback(self._tasks.discard)

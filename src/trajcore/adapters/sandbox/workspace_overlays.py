@@ -165,9 +165,13 @@ class WorkspaceOverlays:
             found.problem = f"forked workspaces are copies: the server's root holds {bad!r}"
             return found
         try:
-            for point in mount_points_under(root):
-                with contextlib.suppress(OSError):
-                    _detach(point)
+            for point in mount_points_under(root):  # only what a server mounts there
+                ours = point.parent == root / "slots" or (
+                    point.name == "lower" and point.parent.parent == found.forks
+                )
+                if ours:
+                    with contextlib.suppress(OSError):
+                        _detach(point)
             if found.forks.exists():
                 remove_tree(found.forks, timeout_s=600.0)
             found.forks.mkdir(mode=0o700)
