@@ -22,6 +22,11 @@ from trajcore.adapters.sandbox.snapshots import (
     SnapshotRefused,
     SnapshotStore,
 )
+from trajcore.adapters.sandbox.workspace_overlays import (
+    WorkspaceOverlays,
+    _unescape,
+    mount_points_under,
+)
 
 ROOT = os.geteuid() == 0
 OWNER = (54321, 54321)
@@ -191,3 +196,46 @@ def test_a_copy_that_fails_is_refused_and_leaves_the_workspace_empty(
     assert refused.value.field == "snapshot"
     assert list(fork.iterdir()) == []
     assert (frozen.workspace / "src" / "main.py").read_text() == "code\n"
+
+
+def test_a_frozen_workspace_belongs_to_the_server(store: SnapshotStore, tmp_path: Path) -> None:
+    upper, workspace = lease_files(tmp_path)
+    if ROOT:
+        os.chown(workspace / "src" / "main.py", 1000, 1000)  # the slot's, as a lease leaves it
+    frozen = store.freeze(upper=upper, workspace=workspace, image=image(tmp_path), parent=None)
+    store.admit(frozen, None)
+    copied = frozen.workspace / "src" / "main.py"
+    assert copied.read_text() == "code\n"
+    if ROOT:  # a fork's overlay maps exactly this owner to its slot's ids
+        assert (copied.stat().st_uid, copied.stat().st_gid) == OWNER
+        assert (frozen.workspace / "src").stat().st_uid == OWNER[0]
+
+
+def test_forked_workspaces_without_overlays_are_copies_and_health_says_why(
+    tmp_path: Path,
+) -> None:
+    overlays = WorkspaceOverlays.open(tmp_path / "root", None)
+    assert overlays.problem is not None
+    assert "not run as root" in overlays.problem
+    store = SnapshotStore(
+        tmp_path / "snapshots", locks=tmp_path / "locks", max_bytes=1 << 20, owner=None,
+        overlays=overlays,
+    )  # fmt: skip
+    try:
+        assert store.fork_workspaces() == f"copy: {overlays.problem}"
+        upper, workspace = lease_files(tmp_path)
+        frozen = store.freeze(upper=upper, workspace=workspace, image=image(tmp_path), parent=None)
+        store.admit(frozen, None)
+        fork = tmp_path / "fork"
+        fork.mkdir()
+        store.start(frozen, fork, None)
+        assert (fork / "src" / "main.py").read_text() == "code\n"
+        assert not store.forked(fork)
+    finally:
+        store.close()
+
+
+def test_mount_points_are_read_with_their_escapes(tmp_path: Path) -> None:
+    assert _unescape(r"/srv/a\040b\134c") == "/srv/a b\\c"
+    assert _unescape("/plain") == "/plain"
+    assert mount_points_under(tmp_path) == []
