@@ -94,7 +94,7 @@ def test_a_preference_past_its_bound_or_for_an_unknown_container_waits_for_nothi
     )
     book.release(held, 1.0)
     book.reset_done(held.slot, ok=True, now=1.0)
-    assert granted(book.request("gone", 1.0, prefer="nowhere", prefer_until=9.0))
+    assert granted(book.request("gone", 1.0, prefer="nowhere", prefer_until=9.0)).holder == "gone"
     with pytest.raises(InvalidInput, match="prefer_until"):
         book.request("nan", 1.0, prefer="c0", prefer_until=math.nan)
 
@@ -137,10 +137,10 @@ class PreferringMachine(RuleBasedStateMachine):
             # the oldest waiter that accepts the slot gets it
             for older in self.book.waiting():
                 if older.id < grant.ticket.id:
-                    want = self.book.prefers(older)
-                    assert want is not None and want != grant.lease.slot.container, (
-                        f"ticket {older.id} passed over for {grant.lease.slot}"
-                    )
+                    other = self.book.prefers(older)
+                    passed = f"ticket {older.id} passed over for {grant.lease.slot}"
+                    assert other is not None, passed
+                    assert other != grant.lease.slot.container, passed
             assert self.waiting.pop(grant.ticket.id) == grant.ticket
             want = self.wants.pop(grant.ticket.id, None)
             if want is not None and self.now < want[1]:

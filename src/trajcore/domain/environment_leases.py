@@ -20,12 +20,22 @@ Rules: no I/O; every refusal names the environment, the field and the reason.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import attrs
 
 from trajcore.domain.errors import InfrastructureError
 from trajcore.domain.task_environments import TaskEnvironmentError, parse_environment_ref
 
-__all__ = ["EnvironmentStatistics", "EnvironmentUnavailable", "Snapshot", "check_environment"]
+__all__ = [
+    "EnvironmentStatistics",
+    "EnvironmentUnavailable",
+    "ForkRefused",
+    "Snapshot",
+    "check_environment",
+]
+
+ForkReason = Literal["no_environment", "no_snapshots", "snapshot_refused", "no_slots"]
 
 
 class EnvironmentUnavailable(InfrastructureError):
@@ -43,6 +53,23 @@ class EnvironmentUnavailable(InfrastructureError):
         self.environment = environment
         self.reason = reason
         self.field = field
+
+
+class ForkRefused(InfrastructureError):
+    """A running lease could not be forked (``SlotTools.fork``).
+
+    Attributes:
+        reason: Why, as a word: ``no_environment`` (the lease runs over no task environment),
+            ``no_snapshots`` (the pool takes none), ``snapshot_refused`` (the pool or its server
+            refused to freeze the lease), ``no_slots`` (the snapshot's server had not enough
+            free slots in time).
+        detail: The pool's or the server's words.
+    """
+
+    def __init__(self, reason: ForkReason, detail: str) -> None:
+        super().__init__(f"fork refused ({reason}): {detail}")
+        self.reason: ForkReason = reason
+        self.detail = detail
 
 
 def check_environment(environment: object, *, field: str = "environment") -> str:
@@ -74,6 +101,9 @@ class EnvironmentStatistics:
         snapshot_s: Seconds the snapshot requests took.
         snapshot_bytes: What those snapshots held when taken (their layers and workspaces).
         forks: Leases started from a snapshot.
+        fallbacks: Leases asked from a snapshot (``lease_from``) that started over the plain
+            image instead: no slot of the snapshot's server came free within the pool's
+            ``fork_wait_s``, or that server refused the fork.
     """
 
     leases: int = 0
@@ -86,6 +116,7 @@ class EnvironmentStatistics:
     snapshot_s: float = 0.0
     snapshot_bytes: int = 0
     forks: int = 0
+    fallbacks: int = 0
 
 
 @attrs.frozen(kw_only=True)

@@ -56,9 +56,9 @@ QUARANTINED because nothing could ever come of them; a restarted server joins as
 ``add_container``, and the epochs it starts from continue those of the lost one.
 
 Cost: ``request``, ``release``, ``reset_done``, ``cancel`` and ``is_current`` are O(1) (plus
-O(log waiters) for a waiter's deadline); ``expire`` is O(log waiters) per expired ticket; while a request prefers a container,
-serving is O(waiters + free slots) (a preferring request that gets a slot at once costs
-O(free slots));
+O(log waiters) for a waiter's deadline); ``expire`` is O(log waiters) per expired ticket;
+while a request prefers a container, serving is O(waiters + free slots) (a preferring request
+that gets a slot at once costs O(free slots));
 ``add_container``, ``drain_container``, ``lose_container`` and ``remove_container`` are
 O(slots in the book).
 """
@@ -493,9 +493,9 @@ class SlotBook:
             if want is None:
                 _check(not self._free, f"ticket {ticket_id} waits while a slot is free")
             else:
-                record = self._containers.get(want)
+                wanted = self._containers.get(want)
                 _check(
-                    record is None or not record.counts[_FREE],
+                    wanted is None or not wanted.counts[_FREE],
                     f"ticket {ticket_id} waits while a slot of {want} is free",
                 )
         _check(set(self._prefers) <= set(self._waiters), "a preference outlived its ticket")

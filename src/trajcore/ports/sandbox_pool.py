@@ -95,13 +95,25 @@ class EnvironmentPool(Protocol):
         ...
 
     def lease_from(
-        self, holder: str, snapshot: Snapshot, *, timeout_s: float | None = None
+        self,
+        holder: str,
+        snapshot: Snapshot,
+        *,
+        timeout_s: float | None = None,
+        fork_wait_s: float | None = None,
     ) -> AbstractAsyncContextManager[tuple[Lease, bool]]:
         """As ``lease(holder, environment=snapshot.environment)``; the lease starts from
         ``snapshot`` (``True``) when its slot is on the snapshot's server and the server starts
-        it there, else over the plain image (``False``: the holder prepares it itself).
+        it there, else over the plain image (``False``: the holder prepares it itself; counted
+        in ``EnvironmentStatistics.fallbacks``).
 
-        Raises on entry what ``lease`` raises.
+        It prefers a slot of the snapshot's server: a free one there at once, else it waits
+        for one there, first-come first-served among the leases that accept it, at most
+        ``fork_wait_s`` (``None``: the pool's ``fork_wait_s`` setting) and never past
+        ``timeout_s``, then takes any slot.
+
+        Raises on entry what ``lease`` raises, and ``InvalidInput`` for a ``fork_wait_s`` that
+        is negative or NaN.
         """
         ...
 

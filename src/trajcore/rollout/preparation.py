@@ -112,7 +112,8 @@ async def _prepare(
                     offered=frozenset(spec.name for spec in tools),
                     tool_timeout_s=tool_timeout_s, trajectory_id=holder,
                 )  # fmt: skip
-                metadata: object = await prepare(SlotTools(router))
+                slot_tools = SlotTools(router, pool=pool, environment=environment)
+                metadata: object = await prepare(slot_tools)
                 if metadata is not None and (
                     not isinstance(metadata, dict) or check_json(metadata) is not None
                 ):

@@ -15,18 +15,30 @@ cannot lie to a score: ``check`` and ``run`` answer with what the command did an
 lease), and file reads and writes raise ``SlotFileError`` or ``SlotInfraError``; the trajectory
 runner turns an error raised from the scoring hook into an infrastructure failure, never a 0.
 ``pytest`` uploads a test tree, runs pytest in the slot and reads its outcome
-(``trajcore.rollout.pytest_outcome``).
+(``trajcore.rollout.pytest_outcome``). ``fork`` opens n copies of a lease over a task
+environment, from its current files (``EnvironmentPool.snapshot`` and ``lease_from``).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 
+import anyio
 import attrs
 
-from trajcore.domain.errors import SlotFileError, SlotInfraError, ToolServerError
+from trajcore.domain import validators
+from trajcore.domain.environment_leases import EnvironmentUnavailable, ForkRefused
+from trajcore.domain.errors import (
+    AcquireTimeout,
+    InvalidInput,
+    SlotFileError,
+    SlotInfraError,
+    ToolServerError,
+)
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.slot_protocol import SLOT_TOOLS
 from trajcore.domain.slots import Lease, SlotCall
@@ -37,6 +49,7 @@ from trajcore.domain.tools import (
     ToolOutcome,
     ToolResult,
 )
+from trajcore.ports.sandbox_pool import EnvironmentPool, SandboxPool
 from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.pytest_outcome import PytestExit, PytestOutcome, read_pytest_outcome
@@ -117,10 +130,17 @@ class SlotTools:
 
     Every method runs through the same router as the model's calls, so the work happens in the
     very slot the model used, under the same isolation.
+
+    Attributes:
+        router: The trajectory's router (its lease).
+        pool: The pool the lease is of (``fork`` needs it), or ``None``.
+        environment: The task environment the lease runs over (``fork`` needs it), or ``None``.
     """
 
     router: ToolRouter
     _ids: itertools.count[int] = attrs.field(factory=itertools.count, init=False)
+    pool: SandboxPool | None = attrs.field(default=None, kw_only=True)
+    environment: str | None = attrs.field(default=None, kw_only=True)
 
     @property
     def lease(self) -> Lease:
@@ -132,6 +152,75 @@ class SlotTools:
         router = attrs.evolve(self.router, offered=self.router.offered | {name})
         (result,) = await router.run([call])
         return result
+
+    @asynccontextmanager
+    async def fork(
+        self, n: int, *, timeout_s: float | None = None
+    ) -> AsyncIterator[list[SlotTools]]:
+        """``n`` leases started from this lease's current state, as ``n`` toolboxes: for
+        tree-shaped rollouts and for retrying a turn.
+
+        The lease is frozen (``EnvironmentPool.snapshot``: what it wrote over the image and its
+        workspace) and ``n`` leases of the same pool start from that snapshot copy-on-write,
+        each on the snapshot's slot server; each toolbox is bound to its own lease and writes
+        to its own copy. Leaving the block releases them (reset as any lease) and drops the
+        snapshot. This lease goes on as it was, over its own snapshot, with one exception:
+        **a snapshot holds files, not processes**, so taking it ends every process this lease
+        was running (a ``bash_stateful`` shell, a ``tmux`` session, a background job); the
+        forks start with none either.
+
+        ``timeout_s`` bounds the wait for the ``n`` slots on that server, all together (``None``:
+        the pool's ``fork_wait_s``); leases already opened are released when the rest cannot be.
+
+        Raises:
+            InvalidInput: ``n`` is not a positive integer, or ``timeout_s`` is negative or NaN.
+            ForkRefused: ``reason`` ``no_environment`` (this lease runs over no task
+                environment), ``no_snapshots`` (its pool takes none), ``snapshot_refused`` (the
+                pool or the server would not freeze it; this lease goes on as it was) or
+                ``no_slots`` (the snapshot's server had not ``n`` slots free in time).
+            EnvironmentUnavailable: a fork's server refused the image itself.
+        """
+        validators.check_argument(validators.positive_int, "n", n)
+        if timeout_s is not None and not timeout_s >= 0:
+            raise InvalidInput("timeout_s", f"must be seconds >= 0, got {timeout_s!r}")
+        lease, pool, environment = self.lease, self.pool, self.environment
+        if environment is None:
+            raise ForkRefused("no_environment", f"lease {lease.slot} runs over no task environment")
+        if pool is None or not isinstance(pool, EnvironmentPool):
+            raise ForkRefused(
+                "no_snapshots", f"the pool of lease {lease.slot} ({type(pool).__name__}) takes none"
+            )
+        try:
+            snapshot = await pool.snapshot(lease, environment)
+        except EnvironmentUnavailable as error:
+            raise ForkRefused("snapshot_refused", str(error)) from None
+        batch = next(self._ids)
+        deadline = math.inf if timeout_s is None else anyio.current_time() + timeout_s
+        try:
+            async with AsyncExitStack() as stack:
+                forks: list[SlotTools] = []
+                for index in range(n):
+                    holder = f"{self.router.trajectory_id}/fork{batch}-{index}"
+                    left = None if timeout_s is None else max(deadline - anyio.current_time(), 0)
+                    leasing = pool.lease_from(holder, snapshot, timeout_s=left, fork_wait_s=left)
+                    try:
+                        opened, forked = await stack.enter_async_context(leasing)
+                    except AcquireTimeout as error:
+                        raise ForkRefused(
+                            "no_slots", f"fork {index + 1} of {n} from {lease.slot}: {error}"
+                        ) from None
+                    if not forked:
+                        raise ForkRefused(
+                            "no_slots",
+                            f"fork {index + 1} of {n} from {lease.slot}: no slot of "
+                            f"{snapshot.container} came free in time (got {opened.slot})",
+                        )
+                    router = attrs.evolve(self.router, lease=opened, trajectory_id=holder)
+                    forks.append(SlotTools(router, pool=pool, environment=environment))
+                yield forks
+        finally:
+            with anyio.CancelScope(shield=True):
+                await pool.drop_snapshot(snapshot)
 
     async def bash(self, command: str) -> ToolResult:
         """Run ``command`` with ``/bin/sh`` in the slot's workspace and return the raw result.

@@ -315,7 +315,7 @@ async def _leased(run: _Run, env: _Env) -> None:
                 tool_timeout_s=config.tool_timeout_s,
                 trajectory_id=run.trajectory_id,
             )
-            slot_tools = SlotTools(router)
+            slot_tools = SlotTools(router, pool=env.pool, environment=env.environment)
             try:
                 metadata: object = (
                     env.prepared.metadata

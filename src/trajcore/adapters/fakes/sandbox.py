@@ -65,7 +65,7 @@ import attrs
 from trajcore.adapters.sandbox.batches import refuse_stale
 from trajcore.adapters.sandbox.environment_leasing import EnvironmentCounters
 from trajcore.adapters.sandbox.leasing import SlotLeasing
-from trajcore.adapters.sandbox.pool_core import LeasedPool
+from trajcore.adapters.sandbox.pool_core import DEFAULT_FORK_WAIT_S, LeasedPool
 from trajcore.domain.environment_leases import (
     EnvironmentUnavailable,
     Snapshot,
@@ -530,11 +530,14 @@ class FakeSandboxPool(InProcessSlotPool):
         restart_crashed: Replace a crashed container with a fresh one.
         start_delay_s: How long entering the pool takes (a slow start).
         images: The task environments it runs: reference to the image's files by absolute path.
+        fork_wait_s: How long ``lease_from`` waits for a slot of the snapshot's container
+            before it takes any slot (a fallback over the plain image).
         executed, batches, resets, environment_leases: The record (see the module docstring).
     """
 
     handler: CommandHandler = default_command
     images: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict, validator=_images)
+    fork_wait_s: float = DEFAULT_FORK_WAIT_S
     environment_leases: list[EnvironmentLeaseRecord] = attrs.field(init=False, factory=list)
     _made: set[tuple[str, str]] = attrs.field(init=False, factory=set)
     _snapshots: dict[str, FakeWorkspace] = attrs.field(init=False, factory=dict)
@@ -547,12 +550,19 @@ class FakeSandboxPool(InProcessSlotPool):
 
     @contextlib.asynccontextmanager
     async def _environment_lease(
-        self, holder: str, timeout_s: float | None, environment: str, snapshot: Snapshot | None
+        self,
+        holder: str,
+        timeout_s: float | None,
+        environment: str,
+        snapshot: Snapshot | None,
+        fork_wait_s: float | None = None,
     ) -> AsyncIterator[tuple[Lease, bool]]:
         entered = False
         try:
             # (named, not super(): attrs' slotted class and a decorated method's cell)
-            leasing = LeasedPool._environment_lease(self, holder, timeout_s, environment, snapshot)
+            leasing = LeasedPool._environment_lease(
+                self, holder, timeout_s, environment, snapshot, fork_wait_s
+            )
             async with leasing as (lease, forked):
                 entered = True
                 self.environment_leases.append(

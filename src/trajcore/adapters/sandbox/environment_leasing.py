@@ -57,6 +57,7 @@ class EnvironmentCounters:
     snapshot_s: float = 0.0
     snapshot_bytes: int = 0
     forks: int = 0
+    fallbacks: int = 0
 
     def answered(self, *, hit: bool, duration_s: float, fork: bool = False) -> None:
         """A lease request the slot server granted (``fork``: from a snapshot)."""

@@ -19,6 +19,11 @@ Rules it keeps:
   deadline and then asks the book to ``expire``; every ticket the book returns (its own and any
   other that was due) ends in ``AcquireTimeout``, and the book counts it in ``leases_expired``.
   A waiter the book served before it woke keeps its lease, whatever the time.
+- A lease may prefer a container for ``prefer_s`` seconds (``lease(..., prefer=c,
+  prefer_s=t)``, what a fork from a snapshot on ``c`` asks): the book grants a free slot of
+  ``c`` at once, else the waiter waits for one there; at ``t`` it asks the book to ``relax``
+  (every preference then due ends, and the grants it makes are handed over) and waits on for
+  any slot until its deadline.
 - A waiter cancelled while queued withdraws its ticket (``cancel``). When the book had already
   served it (the grant and the cancellation crossed), the lease it was given is released like
   any other, shielded, so nothing leaks.
@@ -88,34 +93,56 @@ class SlotLeasing:
     # ------------------------------------------------------------------------- leases
 
     @contextlib.asynccontextmanager
-    async def lease(self, holder: str, *, timeout_s: float | None = None) -> AsyncIterator[Lease]:
+    async def lease(
+        self,
+        holder: str,
+        *,
+        timeout_s: float | None = None,
+        prefer: str | None = None,
+        prefer_s: float = 0.0,
+    ) -> AsyncIterator[Lease]:
         """Hold one slot for ``holder`` for the block; see ``SandboxPool.lease``.
 
         ``timeout_s`` (else ``default_timeout_s``; ``None``: no deadline) bounds the wait.
+        ``prefer``: a slot of that container when one is free or comes free within
+        ``prefer_s`` seconds (within the deadline), else any slot.
         Raises on entry:
             AcquireTimeout: no slot came free before the deadline.
             PoolClosed: the leasing is closed, or closes while this waits.
-            InvalidInput: ``timeout_s`` is NaN.
+            InvalidInput: ``timeout_s`` or ``prefer_s`` is NaN.
         """
-        lease = await self._acquire(holder, timeout_s)
+        lease = await self._acquire(holder, timeout_s, prefer, prefer_s)
         try:
             yield lease
         finally:
             await self._release(lease)
 
-    async def _acquire(self, holder: str, timeout_s: float | None) -> Lease:
+    async def _acquire(
+        self, holder: str, timeout_s: float | None, prefer: str | None, prefer_s: float
+    ) -> Lease:
         if self._closed:
             raise PoolClosed("the sandbox pool is closed")
         if timeout_s is not None and math.isnan(timeout_s):
             raise InvalidInput("timeout_s", "must be seconds or None, got nan")
+        if math.isnan(prefer_s):
+            raise InvalidInput("prefer_s", "must be seconds, got nan")
         limit = self.default_timeout_s if timeout_s is None else max(timeout_s, 0.0)
         now = self._clock()
-        granted = self._book.request(holder, now, None if limit is None else now + limit)
+        deadline = math.inf if limit is None else now + limit
+        until = min(now + max(prefer_s, 0.0), deadline)
+        granted = self._book.request(
+            holder, now, None if limit is None else deadline, prefer=prefer, prefer_until=until
+        )
         if isinstance(granted, Lease):
             return granted
         waiter = self._waiters[granted.id] = _Waiter(ticket=granted)
         try:
-            with anyio.move_on_after(math.inf if limit is None else limit):
+            if self._book.prefers(granted) is not None:
+                with anyio.move_on_after(until - now):
+                    await waiter.woken.wait()
+                if not waiter.settled and until < deadline:  # preferred long enough
+                    self._deliver(self._book.relax(self._clock(at_least=until)))
+            with anyio.move_on_after(deadline - self._clock()):
                 await waiter.woken.wait()
             if not waiter.settled:  # our own deadline came first
                 self._expire(granted)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import logging
+import math
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -67,6 +68,7 @@ from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
 from trajcore.domain.tools import ToolResult
 
 __all__ = [
+    "DEFAULT_FORK_WAIT_S",
     "ContainerSource",
     "Endpoint",
     "JoinRules",
@@ -81,6 +83,7 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 _PROBLEMS_KEPT = 20
+DEFAULT_FORK_WAIT_S = 2.0
 
 
 @attrs.frozen
@@ -209,6 +212,9 @@ class LeasedPool(abc.ABC):
 
     _leasing: SlotLeasing
     _environments: EnvironmentCounters
+    fork_wait_s: float = DEFAULT_FORK_WAIT_S
+    """How long ``lease_from`` waits for a slot on the snapshot's server before it leases any
+    slot (over the plain image: a fallback, counted)."""
 
     def lease(
         self, holder: str, *, timeout_s: float | None = None, environment: str | None = None
@@ -219,16 +225,31 @@ class LeasedPool(abc.ABC):
         return lease_only(self._environment_lease(holder, timeout_s, environment, None))
 
     def lease_from(
-        self, holder: str, snapshot: Snapshot, *, timeout_s: float | None = None
+        self,
+        holder: str,
+        snapshot: Snapshot,
+        *,
+        timeout_s: float | None = None,
+        fork_wait_s: float | None = None,
     ) -> AbstractAsyncContextManager[tuple[Lease, bool]]:
-        """See ``EnvironmentPool.lease_from``."""
-        return self._environment_lease(holder, timeout_s, snapshot.environment, snapshot)
+        """See ``EnvironmentPool.lease_from`` (``fork_wait_s``: else the pool's)."""
+        return self._environment_lease(
+            holder, timeout_s, snapshot.environment, snapshot, fork_wait_s
+        )
 
     @contextlib.asynccontextmanager
     async def _environment_lease(
-        self, holder: str, timeout_s: float | None, environment: str, snapshot: Snapshot | None
+        self,
+        holder: str,
+        timeout_s: float | None,
+        environment: str,
+        snapshot: Snapshot | None,
+        fork_wait_s: float | None = None,
     ) -> AsyncIterator[tuple[Lease, bool]]:
         counters = self._environments
+        wait = self.fork_wait_s if fork_wait_s is None else fork_wait_s
+        if math.isnan(wait) or wait < 0:
+            raise InvalidInput("fork_wait_s", f"must be seconds >= 0, got {wait!r}")
         counters.leases += 1
         try:
             check_environment(environment)
@@ -238,12 +259,16 @@ class LeasedPool(abc.ABC):
         except EnvironmentUnavailable:
             counters.refused += 1
             raise
-        async with self._leasing.lease(holder, timeout_s=timeout_s) as lease:
+        prefer = None if snapshot is None else snapshot.container
+        leasing = self._leasing.lease(holder, timeout_s=timeout_s, prefer=prefer, prefer_s=wait)
+        async with leasing as lease:
             try:
                 forked = await self.enter_environment(lease, environment, snapshot)
             except EnvironmentUnavailable:
                 counters.refused += 1
                 raise
+            if snapshot is not None and not forked:
+                counters.fallbacks += 1
             yield lease, forked
 
     def environment_refusal(self) -> tuple[str, str] | None:
@@ -306,6 +331,7 @@ class SlotServerPool(LeasedPool):
             reset_timeout_s=rules.reset_timeout_s,
         )
         self._environments = EnvironmentCounters()
+        self.fork_wait_s = getattr(settings, "fork_wait_s", DEFAULT_FORK_WAIT_S)
         self.leasing = self._leasing  # (sources that scale drain containers through it)
         self._members: dict[str, Member] = {}
         self._orphans: list[SlotServerClient] = []  # clients of gone members, closed at the end
