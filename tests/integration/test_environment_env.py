@@ -19,13 +19,16 @@ from tests.environment_roots import IMAGE_OS_RELEASE, image_problem, write_shell
 from tests.unit.test_agent_env import _config, _turn
 from trajcore.adapters.fakes.llm import FakeChatServer
 from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.domain.batch_planner import BatchConfig
+from trajcore.domain.environment_leases import ForkRefused
 from trajcore.domain.groups import GroupStatus, TrajectoryStatus
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
 from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.tools import ToolCall
 from trajcore.entrypoints.atropos import AgentEnv
-from trajcore.rollout.tools import SlotTools
+from trajcore.rollout.dispatcher import ToolDispatcher
+from trajcore.rollout.tools import SlotTools, ToolRouter
 
 pytestmark = [
     pytest.mark.anyio,
@@ -160,3 +163,72 @@ async def test_prepare_once_forks_the_prepared_lease_into_every_member(image_dir
     assert [m.prepare_metadata for m in result.members] == [{"preparations": 1}] * 3
     assert (environments.snapshots, environments.forks, environments.refused) == (1, 3, 0)
     assert (stats.leased, stats.quarantined, stats.free) == (0, 0, 4)
+
+
+async def test_a_group_of_four_prepared_once_forks_every_member_on_two_servers(
+    image_dir: Path,
+) -> None:
+    image = f"oci:{image_dir / 'layout'}"
+    PreparedOnceEnv.preparations = 0
+    env = PreparedOnceEnv(
+        _config(group_size=4, ensure_scores_are_not_same=False, prepare_once=True)
+    )
+    config = LocalPoolConfig(
+        containers=2,
+        slots_per_container=4,
+        policy=SlotPolicy(require_sandbox=True),
+        image_cache_dir=image_dir / "cache",
+    )
+    async with LocalSandboxPool(config) as pool:
+        result = await env.run_task(
+            image, pool=pool, policy=env.make_policy(chat=_shows_os_release())
+        )
+        environments = pool.environment_statistics()
+        stats = pool.statistics()
+    assert PreparedOnceEnv.preparations == 1
+    assert result.verdict.member_scores == (1.0, 1.0, 1.0, 1.0)
+    assert [m.prepare_metadata for m in result.members] == [{"preparations": 1}] * 4
+    assert (environments.snapshots, environments.forks, environments.fallbacks) == (1, 4, 0)
+    assert (stats.leased, stats.quarantined, stats.free) == (0, 0, 8)
+
+
+async def test_slot_tools_fork_copies_a_running_lease_over_the_image(image_dir: Path) -> None:
+    image = f"oci:{image_dir / 'layout'}"
+    config = LocalPoolConfig(
+        containers=2,
+        slots_per_container=3,
+        policy=SlotPolicy(require_sandbox=True),
+        image_cache_dir=image_dir / "cache",
+    )
+    async with (
+        LocalSandboxPool(config) as pool,
+        ToolDispatcher(pool, BatchConfig()) as dispatcher,
+        pool.lease("t", environment=image) as lease,
+    ):
+        router = ToolRouter(
+            lease=lease, dispatcher=dispatcher, tool_server=None, offered=frozenset(),
+            tool_timeout_s=30.0, trajectory_id="t",
+        )  # fmt: skip
+        tools = SlotTools(router, pool=pool, environment=image)
+        await tools.write_file("turn.txt", "3")
+        assert (await tools.run("echo root > /branch.txt")).exit_code == 0
+        async with tools.fork(2) as forks:
+            assert {fork.lease.slot.container for fork in forks} == {lease.slot.container}
+            for number, fork in enumerate(forks):
+                seen = await fork.run("cat turn.txt /branch.txt /etc/os-release")
+                assert seen.stdout == "3root\n" + RELEASE
+                assert (await fork.run(f"echo {number} > /fork.txt")).exit_code == 0
+                await fork.write_file("turn.txt", f"4.{number}")
+            seen_by = [await fork.run("cat /fork.txt turn.txt") for fork in forks]
+            assert [report.stdout for report in seen_by] == ["0\n4.0", "1\n4.1"]
+            assert (await tools.run("cat /branch.txt turn.txt")).stdout == "root\n3"
+            assert not await tools.check("test -e /fork.txt")
+            # the lease's server has no slot left for a third fork
+            with pytest.raises(ForkRefused) as refused:
+                async with tools.fork(1, timeout_s=0.2):
+                    pass
+            assert refused.value.reason == "no_slots"
+        environments = pool.environment_statistics()
+        assert (environments.snapshots, environments.forks) == (2, 2)
+    stats = pool.statistics()
+    assert (stats.leased, stats.quarantined) == (0, 0)
