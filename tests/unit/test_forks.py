@@ -82,8 +82,15 @@ async def test_a_fork_waits_for_a_slot_of_its_server_then_falls_back_and_is_coun
                 await stack.aclose()  # a and b come back: one of where's slots is its
             ((lease, forked),) = got
             assert (lease.slot.container, forked) == (where, True)
+        # a preference cut short by the lease's deadline still takes a free slot elsewhere
+        async with AsyncExitStack() as stack:
+            for holder in "ab":
+                await stack.enter_async_context(pool.lease_from(holder, snapshot))
+            quick = pool.lease_from("quick", snapshot, timeout_s=0.05, fork_wait_s=30.0)
+            async with quick as (lease, forked):
+                assert (lease.slot.container != where, forked) == (True, False)
         counted = pool.environment_statistics()
-        assert (counted.forks, counted.fallbacks) == (3, 1)
+        assert (counted.forks, counted.fallbacks) == (5, 2)
         pool.check_valid()
 
 

@@ -140,7 +140,7 @@ class SlotLeasing:
             if self._book.prefers(granted) is not None:
                 with anyio.move_on_after(until - now):
                     await waiter.woken.wait()
-                if not waiter.settled and until < deadline:  # preferred long enough
+                if not waiter.settled:  # preferred long enough (at the deadline: any slot)
                     self._deliver(self._book.relax(self._clock(at_least=until)))
             with anyio.move_on_after(deadline - self._clock()):
                 await waiter.woken.wait()
