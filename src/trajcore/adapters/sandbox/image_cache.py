@@ -91,6 +91,9 @@ class ImageCacheStatistics:
     refused: int
     evicted: int
     unpack_seconds: float
+    recently_resolved: int = 0
+    """Hits answered from a recent resolution of the reference (``ImageCache._recent``): no
+    engine lookup, no archive read."""
 
 
 class ImageUse:
@@ -120,6 +123,7 @@ class _Counters:
     refused: int = 0
     evicted: int = 0
     unpack_seconds: float = 0.0
+    recently_resolved: int = 0
 
 
 class ImageCache:
@@ -133,15 +137,21 @@ class ImageCache:
         limits: ImageLimits | None = None,
         engine_timeout_s: float = 600.0,
         lock_timeout_s: float = 900.0,
+        resolve_ttl_s: float = 30.0,
     ) -> None:
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
+        if resolve_ttl_s < 0:
+            raise ValueError(f"resolve_ttl_s must be >= 0, got {resolve_ttl_s}")
         self.root = root
         self.max_bytes = max_bytes
         self.limits = limits or ImageLimits()
         self.engine_timeout_s = engine_timeout_s
         self.lock_timeout_s = lock_timeout_s
+        self.resolve_ttl_s = resolve_ttl_s
         self._counters = _Counters()
+        # reference -> (its source's stamp, when resolved, image id): see ``_recent``
+        self._resolved: dict[str, tuple[tuple[int, ...], float, str]] = {}
         for name in ("images", "locks", "staging"):
             (root / name).mkdir(parents=True, exist_ok=True)
         self._sweep_staging()
@@ -159,6 +169,15 @@ class ImageCache:
         started = time.monotonic()
         if ref.transport == "directory":
             return ImageUse(self._directory(ref, started), None)
+        recent = self._recent(ref, started)
+        if recent is not None:
+            lock_fd = self._lock(recent, fcntl.LOCK_SH)
+            if self._holds(recent):
+                self._counters.hits += 1
+                self._counters.recently_resolved += 1
+                return ImageUse(self._entry(ref, recent, hit=True, started=started), lock_fd)
+            os.close(lock_fd)  # evicted since: read the reference again
+        stamp = _stamp(ref)
         with tempfile.TemporaryDirectory(dir=self.root / "staging", prefix="read-") as scratch:
             try:
                 found = read_image(
@@ -168,6 +187,7 @@ class ImageCache:
                 self._counters.refused += 1
                 raise
             image_id = found if isinstance(found, str) else found.image_id
+            self._resolved[str(ref)] = (stamp, time.monotonic(), image_id)
             lock_fd = self._lock(image_id, fcntl.LOCK_SH)
             try:
                 if self._holds(image_id):
@@ -200,6 +220,7 @@ class ImageCache:
             refused=c.refused,
             evicted=c.evicted,
             unpack_seconds=c.unpack_seconds,
+            recently_resolved=c.recently_resolved,
         )
 
     # -- inside
@@ -218,6 +239,22 @@ class ImageCache:
             hit=True,
             seconds=time.monotonic() - started,
         )
+
+    def _recent(self, ref: EnvironmentRef, now: float) -> str | None:
+        """The image id ``ref`` resolved to lately, when it still stands: a layout or archive
+        whose file is unchanged (same inode, size and modification time), or an engine's image
+        resolved less than ``resolve_ttl_s`` ago (a tag moved in the engine's store is seen
+        after that). Saves a lease the engine's ``image inspect`` (a process, 100 ms and more)
+        or an archive's extraction."""
+        entry = self._resolved.get(str(ref))
+        if entry is None:
+            return None
+        stamp, resolved_at, image_id = entry
+        if ref.transport in ("containers-storage", "docker-daemon"):
+            fresh = now - resolved_at < self.resolve_ttl_s
+        else:
+            fresh = stamp != () and stamp == _stamp(ref)
+        return image_id if fresh else None
 
     def _holds(self, image_id: str) -> bool:
         return (self.root / "images" / image_id / "image.json").is_file()
@@ -381,3 +418,19 @@ class ImageCache:
             hit=hit,
             seconds=time.monotonic() - started,
         )
+
+
+def _stamp(ref: EnvironmentRef) -> tuple[int, ...]:
+    """What identifies a layout's or an archive's content without reading it (``()``: nothing,
+    for an engine's image or a file that is not there)."""
+    if ref.transport == "oci":
+        path = Path(ref.location) / "index.json"
+    elif ref.transport in ("oci-archive", "docker-archive"):
+        path = Path(ref.location)
+    else:
+        return ()
+    try:
+        info = os.stat(path)
+    except OSError:
+        return ()
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)

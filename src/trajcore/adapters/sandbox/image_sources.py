@@ -27,12 +27,13 @@ import json
 import os
 import platform
 import re
+import shutil
 import stat
 import subprocess
 import tarfile
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO
 
 import attrs
@@ -43,6 +44,12 @@ from trajcore.domain.errors import WireError
 from trajcore.domain.task_environments import EnvironmentRef, TaskEnvironmentError
 
 __all__ = ["EngineExport", "ImageLayers", "engine_image_id", "exported", "read_image"]
+
+# What the files of an image archive (its layout or docker save's) may add up to: the same bound
+# as an image's unpacked files (``ImageLimits.max_bytes``' default), since layers are stored
+# uncompressed in the worst case.
+ARCHIVE_MAX_BYTES = 8 << 30
+_COPY_CHUNK = 1 << 20
 
 _DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
 _INDEX_TYPES = frozenset(
@@ -243,12 +250,65 @@ def _read_docker_archive(root: Path, image: str) -> ImageLayers:
     return ImageLayers(image_id=_file_sha256(config_path), layers=tuple(layers))
 
 
-def _extract_archive(archive: Path, into: Path, image: str) -> None:
+def _extract_archive(
+    archive: Path, into: Path, image: str, *, max_bytes: int = ARCHIVE_MAX_BYTES
+) -> None:
+    """The files of an image archive (an OCI layout, or what ``docker save`` writes) under
+    ``into``.
+
+    Such an archive holds directories, regular files and symlinks among them (podman's
+    ``docker save`` links each ``layer.tar`` to its blob): any other member (a hard link, a
+    device, a FIFO), a name that would land outside ``into`` (absolute, ``..``, NUL), a member
+    written through a symlink, a symlink that resolves outside ``into`` once everything is
+    unpacked, a name given twice, or more than ``max_bytes`` of files is refused naming the
+    member, and only the image fails. Written here rather than with tarfile's extraction
+    filters, which the Python 3.11 of older images (before 3.11.4) does not have.
+    """
+    written = 0
+    links: list[tuple[Path, str]] = []
     try:
         with tarfile.open(archive, "r:*") as tar:
-            tar.extractall(into, filter="data")
+            for member in tar:
+                where = f"{archive} member {member.name!r}"
+                parts = PurePosixPath(member.name).parts
+                if member.name.startswith("/") or ".." in parts or "\0" in member.name:
+                    raise TaskEnvironmentError(image, f"{where}: names a place outside it")
+                if any(into.joinpath(*parts[:n]).is_symlink() for n in range(1, len(parts))):
+                    raise TaskEnvironmentError(image, f"{where}: lies below a symlink")
+                target = into.joinpath(*parts) if parts else into
+                if member.issym() and parts and "\0" not in member.linkname:
+                    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    os.symlink(member.linkname, target)
+                    links.append((target, where))
+                    continue
+                if member.isdir():
+                    target.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    continue
+                if not member.isfile():
+                    kinds = "files, directories and symlinks"
+                    raise TaskEnvironmentError(image, f"{where}: an archive holds only {kinds}")
+                written += member.size
+                if written > max_bytes:
+                    raise TaskEnvironmentError(
+                        image, f"{where}: the archive's files pass {max_bytes} bytes"
+                    )
+                target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                source = tar.extractfile(member)
+                assert source is not None  # a regular file's member always has data
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                with source, os.fdopen(os.open(target, flags, 0o600), "wb") as out:
+                    shutil.copyfileobj(source, out, _COPY_CHUNK)
+        inside = os.path.realpath(into)
+        for link, where in links:
+            resolved = os.path.realpath(link)
+            if os.path.commonpath([inside, resolved]) != inside:
+                raise TaskEnvironmentError(image, f"{where}: a symlink that leads outside it")
     except FileNotFoundError as error:
         raise TaskEnvironmentError(image, f"{archive} does not exist") from error
+    except FileExistsError as error:
+        raise TaskEnvironmentError(
+            image, f"{archive} cannot be unpacked: it names {error.filename} twice"
+        ) from error
     except (tarfile.TarError, OSError) as error:
         raise TaskEnvironmentError(image, f"{archive} cannot be unpacked: {error}") from error
 
