@@ -190,6 +190,34 @@ def _refuses(running: Server) -> None:
     assert answer["ok"] is False
     assert "environments need an image cache" in str(answer["error"]), answer
 
+    async def health_has_no_cache() -> None:
+        async with running.client() as client:
+            assert (await client.health()).image_cache is None
+
+    asyncio.run(health_has_no_cache())
+
+
+def test_health_carries_the_image_caches_figures(image_server: tuple[Server, str]) -> None:
+    server, ref = image_server
+
+    async def main() -> None:
+        async with server.client() as client:
+            before = (await client.health()).image_cache
+            assert before is not None
+            assert before.max_bytes > 0
+            for epoch in (1, 2):  # the second finds the image held and resolved lately
+                answer = await client.lease(2, epoch + 10, ref)
+                assert answer.ok is True, answer
+                await reset(server, 2, epoch + 10)
+            after = (await client.health()).image_cache
+            assert after is not None
+            assert after.images >= 1
+            assert after.bytes > 0
+            assert after.hits - before.hits + after.misses - before.misses == 2
+            assert after.recently_resolved - before.recently_resolved >= 1
+
+    asyncio.run(main())
+
 
 def test_the_clients_lease_method_answers_and_refuses(image_server: tuple[Server, str]) -> None:
     server, ref = image_server

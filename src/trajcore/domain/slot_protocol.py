@@ -47,6 +47,7 @@ from trajcore.domain import converters, validators
 from trajcore.domain.errors import WireError
 from trajcore.domain.json_values import JSONObject, check_json
 from trajcore.domain.slots import SlotCall
+from trajcore.domain.task_environments import ImageCacheStatistics
 from trajcore.domain.tools import ToolResult, ToolSpec
 
 __all__ = [
@@ -217,6 +218,7 @@ class Health:
         forks: The leases started from a snapshot since the server started.
         fork_workspaces: How a forked lease's workspace starts: ``overlay`` (copy-on-write
             over the snapshot's), or ``copy: <why>`` (empty: the server has no snapshots).
+        image_cache: The image cache's figures (``None``: the server has no image cache).
     """
 
     protocol_version: int
@@ -235,6 +237,7 @@ class Health:
     snapshot_bytes: int = 0
     forks: int = 0
     fork_workspaces: str = ""
+    image_cache: ImageCacheStatistics | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -52,6 +52,7 @@ __all__ = [
     "EntryPlan",
     "EnvironmentRef",
     "ImageCacheFull",
+    "ImageCacheStatistics",
     "ImageLimits",
     "LayerRefused",
     "MakeOpaque",
@@ -325,3 +326,21 @@ class UnpackBudget:
             )
         self.entries += 1
         self.bytes += size
+
+
+@attrs.frozen(kw_only=True)
+class ImageCacheStatistics:
+    """An image cache as one slot server saw it: what it holds and what its requests did
+    (``ImageCache.statistics``; a slot server's health carries it)."""
+
+    images: int
+    bytes: int
+    max_bytes: int
+    hits: int
+    misses: int
+    refused: int
+    evicted: int
+    unpack_seconds: float
+    recently_resolved: int = 0
+    """Hits answered from a recent resolution of the reference (the adapter's ``ImageCache``): no
+    engine lookup, no archive read."""

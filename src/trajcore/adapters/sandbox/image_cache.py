@@ -46,12 +46,13 @@ from trajcore.adapters.sandbox.removal import remove_tree
 from trajcore.domain.task_environments import (
     EnvironmentRef,
     ImageCacheFull,
+    ImageCacheStatistics,
     ImageLimits,
     TaskEnvironmentError,
     UnpackBudget,
 )
 
-__all__ = ["CachedImage", "ImageCache", "ImageCacheStatistics", "ImageUse"]
+__all__ = ["CachedImage", "ImageCache", "ImageUse"]
 
 _POLL_S = 0.05
 
@@ -77,23 +78,6 @@ class CachedImage:
     entries: int
     hit: bool
     seconds: float
-
-
-@attrs.frozen(kw_only=True)
-class ImageCacheStatistics:
-    """The cache as this process saw it: what it holds and what its requests did."""
-
-    images: int
-    bytes: int
-    max_bytes: int
-    hits: int
-    misses: int
-    refused: int
-    evicted: int
-    unpack_seconds: float
-    recently_resolved: int = 0
-    """Hits answered from a recent resolution of the reference (``ImageCache._recent``): no
-    engine lookup, no archive read."""
 
 
 class ImageUse:

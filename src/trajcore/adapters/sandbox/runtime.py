@@ -327,6 +327,7 @@ class SlotRuntime:
             snapshot_bytes=held_bytes,
             forks=forks,
             fork_workspaces="" if self.snapshots is None else self.snapshots.fork_workspaces(),
+            image_cache=None if self.images is None else self.images.statistics(),
         )
 
     def listing(self) -> SlotListing:
