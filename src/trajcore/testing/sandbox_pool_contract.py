@@ -676,3 +676,24 @@ class TaskEnvironmentContract(AsyncioContract):
             assert (stats.snapshots, stats.forks, stats.refused) == (1, 2, 0)
             assert stats.snapshot_bytes == snapshot.bytes > 0  # prepared.txt at least
             await wait_for_statistics(pool, lambda s: _all_free(s) and s.quarantined == 0)
+
+    async def test_leases_from_a_snapshot_prefer_its_server(
+        self, environment_case: EnvironmentCase
+    ) -> None:
+        if not self.supports_snapshots:
+            pytest.skip("this implementation takes no snapshots")
+        case = environment_case
+        async with case.factory(PoolShape(containers=2, slots_per_container=2)) as pool:
+            assert isinstance(pool, EnvironmentPool)
+            async with pool.lease("prepare", environment=case.environment) as prepare:
+                snapshot = await pool.snapshot(prepare, case.environment)
+            async with (
+                pool.lease_from("a", snapshot) as (a, a_forked),
+                pool.lease_from("b", snapshot) as (b, b_forked),
+                pool.lease_from("c", snapshot, fork_wait_s=0.0) as (c, c_forked),
+            ):
+                assert (a_forked, b_forked, c_forked) == (True, True, False)
+                assert {a.slot.container, b.slot.container} == {snapshot.container}
+                assert c.slot.container != snapshot.container
+            await pool.drop_snapshot(snapshot)
+            assert pool.environment_statistics().fallbacks == 1
