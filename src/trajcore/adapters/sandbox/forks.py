@@ -85,14 +85,7 @@ async def freeze_lease(
             before.close()  # the new snapshot holds its parent
         made.append(frozen)
 
-    freezing = asyncio.get_running_loop().create_task(freeze())
-    slot.warming = freezing
-
-    def done(_: asyncio.Task[None]) -> None:
-        if slot.warming is freezing:
-            slot.warming = None
-
-    freezing.add_done_callback(done)
+    freezing = slot.warm_with(freeze())
     try:
         await freezing
     except SnapshotRefused:

@@ -88,15 +88,7 @@ def warm_keeper(sandboxes: Sandboxes, slot: Slot) -> asyncio.Task[None] | None:
         with contextlib.suppress(AgentLost, OSError):
             await sandboxes.ensure_keeper(slot)
 
-    task = asyncio.get_running_loop().create_task(start())
-    slot.warming = task
-
-    def done(_: asyncio.Task[None]) -> None:
-        if slot.warming is task:
-            slot.warming = None
-
-    task.add_done_callback(done)
-    return task
+    return slot.warm_with(start())
 
 
 async def _set_aside(sandboxes: Sandboxes, slot: Slot, trash: Path, why: Exception) -> str | None:

@@ -18,7 +18,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -104,6 +104,19 @@ class Slot:
     image_epoch: int | None = None
     snapshot: SnapshotUse | None = None  # the snapshot the lease ``image_epoch`` starts from
     agent_root: str | None = None  # the image tree the live agent runs over (None: the server's)
+
+    def warm_with(self, work: Coroutine[object, object, None]) -> asyncio.Task[None]:
+        """Run ``work`` as the slot's ``warming`` task (the slot's next calls wait for it), which
+        clears itself when it ends."""
+        task = asyncio.get_running_loop().create_task(work)
+        self.warming = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            if self.warming is task:
+                self.warming = None
+
+        task.add_done_callback(done)
+        return task
 
     def lease_op(self) -> str:
         """The keeper's request for this slot's next lease: ``lease`` (the server's root),
@@ -243,15 +256,7 @@ class Sandboxes:
             with contextlib.suppress(AgentLost):
                 slot.warmed = await self.lease_agent(slot, started=time.monotonic())
 
-        task = asyncio.get_running_loop().create_task(start())
-        slot.warming = task
-
-        def done(_: asyncio.Task[None]) -> None:
-            if slot.warming is task:
-                slot.warming = None
-
-        task.add_done_callback(done)
-        return task
+        return slot.warm_with(start())
 
     async def wait_warm(self, slot: Slot) -> None:
         """Wait for the slot's warming lease to be ready or to fail (never cancels it: a lease
