@@ -10,9 +10,9 @@ import pytest
 from pydantic import Field
 
 from trajcore.adapters.sandbox.cloud_pool import CloudPoolConfig
-from trajcore.adapters.sandbox.container_pool import ContainerPoolConfig
+from trajcore.adapters.sandbox.container_pool import ContainerPoolConfig, ContainerSandboxPool
 from trajcore.adapters.sandbox.daytona_pool import DaytonaPoolConfig, DaytonaSandboxSettings
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig
+from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.adapters.sandbox.modal_pool import ModalPoolConfig, ModalSandboxSettings
 from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
 from trajcore.adapters.sandbox.slurm_pool import SlurmPoolConfig
@@ -64,6 +64,7 @@ def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
         "acquire_timeout_s": "acquire_timeout_s",
         "image_cache_dir": "image_cache_dir",
         "image_cache_bytes": "image_cache_bytes",
+        "fork_wait_s": "fork_wait_s",
     }
     assert section(LocalPoolConfig, ("local_",), {}) == {
         "containers": "local_containers", **shared_servers,
@@ -117,6 +118,14 @@ def test_the_defaults_are_the_pools_own() -> None:
     assert settings.container_pool_config() == ContainerPoolConfig(slots_per_container=8)
     ssh = SandboxSettings(ssh_host="a, b").ssh_pool_config()
     assert ssh == SshPoolConfig(hosts=[SshHost(address=a, servers=2, slots=8) for a in ("a", "b")])
+
+
+def test_the_fork_wait_reaches_the_local_and_container_pools() -> None:
+    settings = SandboxSettings(fork_wait_s=0.25)
+    assert LocalSandboxPool(settings.local_pool_config()).fork_wait_s == 0.25
+    assert ContainerSandboxPool(settings.container_pool_config()).fork_wait_s == 0.25
+    with pytest.raises(ConfigError, match="fork_wait_s"):
+        LocalPoolConfig(fork_wait_s=-1)
 
 
 def test_a_pools_error_names_the_env_field() -> None:

@@ -320,7 +320,14 @@ class SlotServerPool(LeasedPool):
     the pool (``aclose``) and releases the rest of the service.
     """
 
-    def __init__(self, source: ContainerSource, settings: PoolSettings, *, label: str) -> None:
+    def __init__(
+        self,
+        source: ContainerSource,
+        settings: PoolSettings,
+        *,
+        label: str,
+        fork_wait_s: float = DEFAULT_FORK_WAIT_S,
+    ) -> None:
         rules = join_rules(settings)
         self._source = source
         self.rules = rules  # what a server must show to join
@@ -331,7 +338,7 @@ class SlotServerPool(LeasedPool):
             reset_timeout_s=rules.reset_timeout_s,
         )
         self._environments = EnvironmentCounters()
-        self.fork_wait_s = getattr(settings, "fork_wait_s", DEFAULT_FORK_WAIT_S)
+        self.fork_wait_s = fork_wait_s
         self.leasing = self._leasing  # (sources that scale drain containers through it)
         self._members: dict[str, Member] = {}
         self._orphans: list[SlotServerClient] = []  # clients of gone members, closed at the end

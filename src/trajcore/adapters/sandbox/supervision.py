@@ -29,6 +29,7 @@ import attrs
 
 from trajcore.adapters.sandbox.client import SlotServerClient
 from trajcore.adapters.sandbox.pool_core import (
+    DEFAULT_FORK_WAIT_S,
     Endpoint,
     Member,
     SlotServerPool,
@@ -79,6 +80,8 @@ class SupervisedPoolConfig:
             (docs/environments.md). ``None`` (the default): no cache, and a lease that names an
             environment is refused saying to set this.
         image_cache_bytes: The cache's size limit (least recently used images leave first).
+        fork_wait_s: How long a lease from a snapshot waits for a free slot of the snapshot's
+            server before it takes one elsewhere (and runs over the plain image).
     """
 
     containers: int = attrs.field(default=2, validator=validators.positive_int)
@@ -97,6 +100,9 @@ class SupervisedPoolConfig:
     restart_attempts: int = attrs.field(default=3, validator=validators.positive_int)
     image_cache_dir: Path | None = attrs.field(default=None, converter=_cache_path)
     image_cache_bytes: int = attrs.field(default=32 << 30, validator=validators.positive_int)
+    fork_wait_s: float = attrs.field(
+        default=DEFAULT_FORK_WAIT_S, validator=validators.non_negative_seconds
+    )
 
     def __attrs_post_init__(self) -> None:
         check_slot_uid_range(
@@ -310,7 +316,7 @@ class SupervisedPool(SlotServerPool, Generic[H]):
             restart_crashed=config.restart_crashed,
             restart_attempts=config.restart_attempts,
         )
-        super().__init__(self._supervised, config, label=label)
+        super().__init__(self._supervised, config, label=label, fork_wait_s=config.fork_wait_s)
         self._image_cache = config.image_cache_dir
         self._config_name = type(config).__name__
 

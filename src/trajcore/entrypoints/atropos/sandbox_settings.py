@@ -171,6 +171,12 @@ class SandboxSettings(CloudSettings):
     image_cache_bytes: int = Field(
         default=_LOCAL.image_cache_bytes, ge=1, description="The image cache's size limit."
     )
+    fork_wait_s: float = Field(
+        default=_LOCAL.fork_wait_s,
+        ge=0,
+        description="Local and container pools: how long a member waits for a slot of the "
+        "server its group was prepared on before it prepares elsewhere (prepare_once).",
+    )
     slots_per_container: int = Field(
         default=_NOMAD.slots_per_container, ge=1, description="Slots per container (N)."
     )
