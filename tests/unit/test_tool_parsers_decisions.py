@@ -3,7 +3,12 @@ each named here with the family it belongs to."""
 
 from __future__ import annotations
 
-from trajcore.domain.tool_parsers import HermesParser
+import json
+
+import pytest
+
+from trajcore.domain.tool_parsers import HermesParser, KimiK2Parser, kimi_k2
+from trajcore.domain.tools import ToolCall
 from trajcore.domain.turns import ParseProblem
 
 
@@ -22,3 +27,60 @@ def test_hermes_an_empty_closed_call_is_refused_as_empty_with_its_text() -> None
     )
     cut = HermesParser().parse("<tool_call>\n ")
     assert [(p.raw, p.reason) for p in cut.errors] == [("<tool_call>\n ", "truncated JSON @ call")]
+
+
+# ------------------------------------------------------------------------------ kimi_k2
+
+
+def _kimi(*calls: str, closed: bool = True) -> str:
+    inner = "".join(kimi_k2.CALL_BEGIN + call for call in calls)
+    return f"Let me check.{kimi_k2.SECTION_BEGIN}{inner}" + (kimi_k2.SECTION_END if closed else "")
+
+
+def test_kimi_a_call_without_its_argument_marker_keeps_its_text_and_name() -> None:
+    """Pins Kimi K2's refusal of a call with no ``<|tool_call_argument_begin|>``: missing when the
+    call was closed, truncated when the text ends in it; either way the problem keeps the call as
+    written and the name its id gives."""
+    closed = KimiK2Parser().parse(_kimi("functions.bash:0" + kimi_k2.CALL_END))
+    assert closed.content == "Let me check."
+    assert [(p.raw, p.reason, p.name) for p in closed.errors] == [
+        (
+            kimi_k2.CALL_BEGIN + "functions.bash:0" + kimi_k2.CALL_END,
+            f"missing {kimi_k2.ARGUMENT_BEGIN} @ call",
+            "bash",
+        )
+    ]
+    cut = KimiK2Parser().parse(_kimi("functions.bash:0", closed=False))
+    assert [(p.raw, p.reason, p.name) for p in cut.errors] == [
+        (kimi_k2.CALL_BEGIN + "functions.bash:0", "truncated call @ arguments", "bash")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("call_id", "reason"),
+    [
+        ("0", "call id '0' names no function @ name"),
+        ("bash", "malformed call id 'bash' (expected functions.NAME:INDEX) @ name"),
+    ],
+)
+def test_kimi_a_call_id_that_names_no_function_says_which_way(call_id: str, reason: str) -> None:
+    """Pins the two reasons Kimi K2 refuses a call id for: a bare counter names no function, any
+    other id without ``:INDEX`` is malformed."""
+    text = _kimi(f"{call_id}{kimi_k2.ARGUMENT_BEGIN}{{}}{kimi_k2.CALL_END}")
+    assert [(p.reason, p.name) for p in KimiK2Parser().parse(text).errors] == [(reason, None)]
+
+
+def test_kimi_the_arguments_start_at_the_first_argument_marker() -> None:
+    """Pins that the id ends at the first ``<|tool_call_argument_begin|>``: the marker's text inside
+    the arguments' JSON is part of a value."""
+    value = f"x{kimi_k2.ARGUMENT_BEGIN}y"
+    body = f"functions.bash:0{kimi_k2.ARGUMENT_BEGIN}{json.dumps({'a': value})}{kimi_k2.CALL_END}"
+    turn = KimiK2Parser().parse(_kimi(body))
+    assert turn.errors == ()
+    assert turn.calls == (ToolCall(id="call_0", name="bash", arguments={"a": value}),)
+
+
+def test_kimi_renders_arguments_as_written_not_escaped() -> None:
+    """Pins that Kimi K2's render writes non-ASCII arguments as they are (as its template does)."""
+    text = KimiK2Parser().render([ToolCall(id="c", name="bash", arguments={"a": "é"})])
+    assert '{"a": "é"}' in text
