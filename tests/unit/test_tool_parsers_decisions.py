@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from trajcore.domain.tool_parsers import HermesParser, KimiK2Parser, kimi_k2
+from trajcore.domain.tool_parsers import GraniteParser, HermesParser, KimiK2Parser, granite, kimi_k2
 from trajcore.domain.tools import ToolCall
 from trajcore.domain.turns import ParseProblem
 
@@ -84,3 +84,45 @@ def test_kimi_renders_arguments_as_written_not_escaped() -> None:
     """Pins that Kimi K2's render writes non-ASCII arguments as they are (as its template does)."""
     text = KimiK2Parser().render([ToolCall(id="c", name="bash", arguments={"a": "é"})])
     assert '{"a": "é"}' in text
+
+
+# ------------------------------------------------------------------------------ granite
+
+BASH_CALL = '{"name": "bash", "arguments": {"command": "ls"}}'
+
+
+@pytest.mark.parametrize("marker", [granite.SPECIAL_MARKER, granite.TEXT_MARKER])
+def test_granite_calls_start_at_the_first_marker_of_either_spelling(marker: str) -> None:
+    """Pins where Granite's calls start: the first marker (either spelling, skipped whole, spaces
+    after it allowed); a later marker in the text after the array is content."""
+    text = f"Let me check.{marker} [{BASH_CALL}] Then {marker}more."
+    turn = GraniteParser().parse(text)
+    assert turn.calls == (ToolCall(id="call_0", name="bash", arguments={"command": "ls"}),)
+    assert turn.errors == ()
+    assert turn.content == f"Let me check.\nThen {marker}more."
+
+
+@pytest.mark.parametrize(
+    ("after", "raw", "reason"),
+    [
+        (BASH_CALL, f"<|tool_call|>{BASH_CALL}", "expected a JSON array of calls @ call"),
+        ("I will run ls.", "<|tool_call|>I will run ls.", "expected a JSON array of calls @ call"),
+        ("  \n", "<|tool_call|>", "truncated call @ call"),
+    ],
+)
+def test_granite_anything_after_the_marker_but_an_array_is_one_problem(
+    after: str, raw: str, reason: str
+) -> None:
+    """Pins Granite's refusal of what follows its marker when it is no array: one problem holding
+    the text from the marker on (never content), truncated when nothing follows, else not an
+    array; the text before the marker stays content."""
+    turn = GraniteParser().parse(f"Checking.{granite.SPECIAL_MARKER}{after}")
+    assert turn.content == "Checking."
+    assert turn.calls == ()
+    assert [(p.raw, p.reason) for p in turn.errors] == [(raw, reason)]
+
+
+def test_granite_renders_the_array_after_the_content_as_written() -> None:
+    """Pins Granite's render: no content by default, non-ASCII arguments not escaped."""
+    text = GraniteParser().render([ToolCall(id="c", name="bash", arguments={"a": "é"})])
+    assert text == '<|tool_call|>[{"name": "bash", "arguments": {"a": "é"}}]'
