@@ -66,8 +66,31 @@ def test_kimi_a_call_without_its_argument_marker_keeps_its_text_and_name() -> No
 def test_kimi_a_call_id_that_names_no_function_says_which_way(call_id: str, reason: str) -> None:
     """Pins the two reasons Kimi K2 refuses a call id for: a bare counter names no function, any
     other id without ``:INDEX`` is malformed."""
-    text = _kimi(f"{call_id}{kimi_k2.ARGUMENT_BEGIN}{{}}{kimi_k2.CALL_END}")
-    assert [(p.reason, p.name) for p in KimiK2Parser().parse(text).errors] == [(reason, None)]
+    raw = f"{kimi_k2.CALL_BEGIN}{call_id}{kimi_k2.ARGUMENT_BEGIN}{{}}{kimi_k2.CALL_END}"
+    errors = KimiK2Parser().parse(_kimi(raw.removeprefix(kimi_k2.CALL_BEGIN))).errors
+    assert [(p.raw, p.reason, p.name) for p in errors] == [(raw, reason, None)]
+
+
+def test_kimi_a_refused_call_id_is_quoted_up_to_80_characters() -> None:
+    """Pins how much of a refused call id the reason quotes: its first 80 characters."""
+    text = _kimi(f"{'9' * 100}{kimi_k2.ARGUMENT_BEGIN}{{}}{kimi_k2.CALL_END}")
+    (problem,) = KimiK2Parser().parse(text).errors
+    assert problem.reason == f"call id '{'9' * 80}' names no function @ name"
+    text = _kimi(f"{'x' * 100}{kimi_k2.ARGUMENT_BEGIN}{{}}{kimi_k2.CALL_END}")
+    (problem,) = KimiK2Parser().parse(text).errors
+    assert problem.reason == (
+        f"malformed call id '{'x' * 80}' (expected functions.NAME:INDEX) @ name"
+    )
+
+
+def test_kimi_empty_arguments_are_missing_when_closed_and_keep_the_call_text() -> None:
+    """Pins that a closed call with no arguments is ``missing arguments`` (a cut-off one is
+    truncated), its problem holding the call as written."""
+    raw = f"{kimi_k2.CALL_BEGIN}functions.bash:0{kimi_k2.ARGUMENT_BEGIN} {kimi_k2.CALL_END}"
+    errors = KimiK2Parser().parse(_kimi(raw.removeprefix(kimi_k2.CALL_BEGIN))).errors
+    assert [(p.raw, p.reason, p.name) for p in errors] == [
+        (raw, "missing arguments @ arguments", "bash")
+    ]
 
 
 def test_kimi_the_arguments_start_at_the_first_argument_marker() -> None:
