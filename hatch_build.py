@@ -1,6 +1,6 @@
 """The wheel's build hook: compile the slot helper (``slot_helper.c``) into the wheel.
 
-A wheel built where a C compiler is present ships ``trajcore/adapters/sandbox/_native/slot-helper``
+A wheel built where a C compiler is present ships ``trajcore/adapters/slot_server/_native/slot-helper``
 and the SHA-256 of the source it came from; slot servers installed from it use that binary and
 need no compiler (``native_helper.build_slot_helper`` looks for it first). The compiler, the flags
 and the static link are ``native_helper``'s own (loaded here by path: it imports only the standard
@@ -30,8 +30,8 @@ from typing import Any
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 HERE = Path(__file__).resolve().parent
-NATIVE_HELPER = HERE / "src" / "trajcore" / "adapters" / "sandbox" / "native_helper.py"
-SHIPPED = "trajcore/adapters/sandbox/_native"
+NATIVE_HELPER = HERE / "src" / "trajcore" / "adapters" / "slot_server" / "native_helper.py"
+SHIPPED = "trajcore/adapters/slot_server/_native"
 
 
 def _native_helper() -> ModuleType:

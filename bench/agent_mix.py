@@ -59,12 +59,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.reference import build
 from bench.rollouts import start_keepers
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.agent_loop import AgentLoopConfig
 from trajcore.domain.batch_planner import BatchConfig
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams
-from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
 from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.rollout.dispatcher import ToolDispatcher
@@ -167,9 +167,9 @@ async def child(args: argparse.Namespace) -> None:
     """The env process: start the pool, start every keeper, run the trajectories and measure
     the tree's CPU over them, close the pool; print what it measured as one JSON line."""
     slots = -(-args.concurrency // args.servers)
-    policy = SlotPolicy(require_sandbox=True, max_processes=64, memory_bytes=512 << 20)
+    isolation = SlotIsolation(require_sandbox=True, max_processes=64, memory_bytes=512 << 20)
     pool_config = LocalPoolConfig(
-        containers=args.servers, slots_per_container=slots, policy=policy,
+        containers=args.servers, slots_per_container=slots, isolation=isolation,
         acquire_timeout_s=300.0, start_timeout_s=120.0,
     )  # fmt: skip
     config = RolloutConfig(

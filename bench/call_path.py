@@ -34,10 +34,10 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-from trajcore.adapters.sandbox.client import SlotServerClient
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.pools.client import SlotServerClient
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
-from trajcore.domain.sandbox_policy import DEFAULT_SLOT_UID_BASE, SlotPolicy
+from trajcore.domain.isolation import DEFAULT_SLOT_UID_BASE, SlotIsolation
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolCall
@@ -87,7 +87,7 @@ async def rounds(
 
 async def through_pool(workers: int, seconds: float, count: int) -> None:
     config = LocalPoolConfig(
-        containers=SERVERS, slots_per_container=SLOTS, policy=SlotPolicy(require_sandbox=True)
+        containers=SERVERS, slots_per_container=SLOTS, isolation=SlotIsolation(require_sandbox=True)
     )
     ids = itertools.count()
     batching = BatchConfig(window_ms=5.0)

@@ -60,10 +60,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.swe_style import SOLUTIONS, TASKS, image_problem
 
 from bench.tools import memory_of
-from trajcore.adapters.sandbox.client import SlotServerClient
-from trajcore.adapters.sandbox.image_cache import ImageCache
-from trajcore.adapters.sandbox.removal import remove_tree
-from trajcore.domain.sandbox_policy import DEFAULT_SLOT_UID_BASE
+from trajcore.adapters.pools.client import SlotServerClient
+from trajcore.adapters.removal import remove_tree
+from trajcore.adapters.slot_server.image_cache import ImageCache
+from trajcore.domain.isolation import DEFAULT_SLOT_UID_BASE
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.task_environments import parse_environment_ref
 

@@ -12,7 +12,7 @@ else on the machine can only lower a ratio:
 - (b) the kernel work of one sandboxed trajectory without trajcore: a fork that switches to a
   slot uid (when root), enters new user, mount, pid, ipc, uts and network namespaces (loopback
   up), mounts a fresh ``/proc``, installs the very seccomp filter every lease gets (compiled
-  here by ``trajcore.adapters.sandbox.seccomp`` from ``SECCOMP_RULES`` and passed as a file),
+  here by ``trajcore.adapters.slot_server.seccomp`` from ``SECCOMP_RULES`` and passed as a file),
   then runs eight ``/bin/sh -c true``; one worker per core (trajectories/s).
 
 Run alone (``.venv/bin/python bench/reference.py``) it builds the program and prints both.
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import attrs
 
-from trajcore.adapters.sandbox.seccomp import compile_filter
-from trajcore.domain.sandbox_policy import DEFAULT_SLOT_UID_BASE
+from trajcore.adapters.slot_server.seccomp import compile_filter
+from trajcore.domain.isolation import DEFAULT_SLOT_UID_BASE
 from trajcore.domain.seccomp_rules import SECCOMP_RULES
 
 SOURCE = Path(__file__).with_name("reference.c")

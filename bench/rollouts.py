@@ -65,12 +65,12 @@ import attrs
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.reference import Reference, ReferenceUnavailable
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.agent_loop import AgentLoopConfig
 from trajcore.domain.batch_planner import BatchConfig
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams
-from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolSpec
@@ -266,9 +266,9 @@ async def bench(args: argparse.Namespace, reference: Reference) -> None:  # noqa
     turns: int = args.turns
     latency_s: float = args.latency_ms / 1000.0
     slots = -(-concurrency // args.servers)
-    policy = SlotPolicy(require_sandbox=True, max_processes=64, memory_bytes=512 << 20)
+    isolation = SlotIsolation(require_sandbox=True, max_processes=64, memory_bytes=512 << 20)
     pool_config = LocalPoolConfig(
-        containers=args.servers, slots_per_container=slots, policy=policy,
+        containers=args.servers, slots_per_container=slots, isolation=isolation,
         acquire_timeout_s=300.0, start_timeout_s=120.0,
     )  # fmt: skip
     config = RolloutConfig(

@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.slurm_testbed import SLURM_PROBLEM, SlurmCluster
 
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
-from trajcore.adapters.sandbox.pool_core import SlotServerPool
-from trajcore.adapters.sandbox.slurm_pool import SlurmSandboxPool
-from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.pools.pool_core import SlotServerPool
+from trajcore.adapters.pools.slurm_pool import SlurmSandboxPool
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolCall
 
@@ -42,8 +42,8 @@ SERVERS = 4
 SLOTS = 4
 
 
-def _policy() -> SlotPolicy:
-    return SlotPolicy(require_sandbox=shutil.which("bwrap") is not None, max_processes=64)
+def _isolation() -> SlotIsolation:
+    return SlotIsolation(require_sandbox=shutil.which("bwrap") is not None, max_processes=64)
 
 
 async def _first_lease(pool: SlotServerPool, started: float) -> tuple[float, float]:
@@ -63,7 +63,7 @@ async def _first_lease(pool: SlotServerPool, started: float) -> tuple[float, flo
 async def _slurm(cluster: SlurmCluster) -> tuple[float, float]:
     config = cluster.pool_config(
         containers=1, slots_per_container=SLOTS, min_containers=SERVERS,
-        max_containers=SERVERS, policy=_policy(), poll_interval_s=0.2,
+        max_containers=SERVERS, isolation=_isolation(), poll_interval_s=0.2,
     )  # fmt: skip
     started = time.monotonic()
     async with SlurmSandboxPool(config) as pool:
@@ -71,7 +71,7 @@ async def _slurm(cluster: SlurmCluster) -> tuple[float, float]:
 
 
 async def _local() -> tuple[float, float]:
-    config = LocalPoolConfig(containers=SERVERS, slots_per_container=SLOTS, policy=_policy())
+    config = LocalPoolConfig(containers=SERVERS, slots_per_container=SLOTS, isolation=_isolation())
     started = time.monotonic()
     async with LocalSandboxPool(config) as pool:
         return await _first_lease(pool, started)
@@ -79,7 +79,7 @@ async def _local() -> tuple[float, float]:
 
 async def _scale_up(cluster: SlurmCluster) -> float:
     config = cluster.pool_config(
-        containers=1, slots_per_container=1, max_containers=SERVERS, policy=_policy()
+        containers=1, slots_per_container=1, max_containers=SERVERS, isolation=_isolation()
     )
     async with SlurmSandboxPool(config) as pool, AsyncExitStack() as stack:
         started = time.monotonic()

@@ -25,17 +25,17 @@ from pathlib import Path
 
 import anyio
 
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
-from trajcore.adapters.sandbox.pool_core import SlotServerPool
-from trajcore.adapters.sandbox.ssh_pool import SshPoolConfig, SshSandboxPool
-from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.pools.pool_core import SlotServerPool
+from trajcore.adapters.pools.ssh_pool import SshPoolConfig, SshSandboxPool
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome
 from trajcore.testing.loopback_sshd import loopback_sshd, sshd_problem
 
 SERVERS = 4
 SLOTS = 16
-POLICY = SlotPolicy(require_sandbox=True, max_processes=64, memory_bytes=512 << 20)
+ISOLATION = SlotIsolation(require_sandbox=True, max_processes=64, memory_bytes=512 << 20)
 _ids = itertools.count()
 
 
@@ -82,12 +82,12 @@ async def main(seconds: float) -> int:
         print(f"bench/ssh.py: skipped: {problem}")
         return 0
     local = LocalSandboxPool(
-        LocalPoolConfig(containers=SERVERS, slots_per_container=SLOTS, policy=POLICY)
+        LocalPoolConfig(containers=SERVERS, slots_per_container=SLOTS, isolation=ISOLATION)
     )
     local_figures = await _measure(local, seconds)
     with tempfile.TemporaryDirectory() as directory, loopback_sshd(Path(directory)) as sshd:
         host = sshd.host(servers=SERVERS, slots=SLOTS)
-        ssh = SshSandboxPool(SshPoolConfig(hosts=[host], ssh=sshd.settings(), policy=POLICY))
+        ssh = SshSandboxPool(SshPoolConfig(hosts=[host], ssh=sshd.settings(), isolation=ISOLATION))
         ssh_figures = await _measure(ssh, seconds)
     print(f"{'':24} {'local':>10} {'ssh':>10} {'ssh/local':>10}")
     for key in ("calls_per_s_1", "calls_per_s_64", "start_s"):

@@ -48,11 +48,11 @@ import attrs
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.reference import Reference, ReferenceUnavailable
-from trajcore.adapters.sandbox.client import SlotServerClient
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.pools.client import SlotServerClient
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.bwrap import bwrap_argv
-from trajcore.domain.sandbox_policy import DEFAULT_SLOT_UID_BASE, SlotPolicy
+from trajcore.domain.isolation import DEFAULT_SLOT_UID_BASE, SlotIsolation
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.slots import Lease, SlotCall
 from trajcore.domain.tools import ToolCall
@@ -159,11 +159,11 @@ def memory_of(pid: int) -> tuple[int, int]:
 
 def per_call_bwrap_argv(root: Path) -> list[str]:
     """The upstream's way: a whole bwrap sandbox (same policy) around one ``sh -c true``."""
-    symlinks = {p: os.readlink(p) for p in SlotPolicy().system_paths if os.path.islink(p)}
+    symlinks = {p: os.readlink(p) for p in SlotIsolation().system_paths if os.path.islink(p)}
     workspace = root / "per-call"
     workspace.mkdir()
     return bwrap_argv(
-        SlotPolicy(), workspace=str(workspace), command=["/bin/sh", "-c", "true"],
+        SlotIsolation(), workspace=str(workspace), command=["/bin/sh", "-c", "true"],
         host_symlinks=symlinks,
     )  # fmt: skip
 
@@ -238,7 +238,7 @@ async def bench(  # noqa: PLR0915 - one linear script of measurements
     pool_config = LocalPoolConfig(
         containers=servers,
         slots_per_container=slots_per_server,
-        policy=SlotPolicy(require_sandbox=True),
+        isolation=SlotIsolation(require_sandbox=True),
     )
     pool = LocalSandboxPool(pool_config)
     dispatcher = ToolDispatcher(pool, BatchConfig(window_ms=window_ms))

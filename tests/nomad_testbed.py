@@ -14,10 +14,10 @@ import anyio
 import attrs
 import pytest
 
-from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig, NomadSandboxPool
+from trajcore.adapters.pools.nomad_pool import NomadPoolConfig, NomadSandboxPool
 from trajcore.domain.errors import ConfigError
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_job import NomadJobSettings
-from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.fake_nomad import OPENAPI_ENV, FakeNomadAPI, NomadOpenAPI
 
@@ -73,7 +73,7 @@ def nomad_pool_config(
         "min_containers": containers,
         "max_containers": containers,
         "acquire_timeout_s": acquire_timeout_s,
-        "policy": SlotPolicy(
+        "isolation": SlotIsolation(
             require_sandbox=shutil.which("bwrap") is not None,
             min_timeout_s=0.2,
             max_processes=64,

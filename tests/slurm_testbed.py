@@ -24,8 +24,8 @@ from types import TracebackType
 
 import attrs
 
-from trajcore.adapters.sandbox.slurm_pool import SlurmPoolConfig
-from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slurm_jobs import SlurmJobSettings
 
 NODE = "trajnode"
@@ -250,7 +250,7 @@ PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
             "time_limit_min": 30,
             "drain_before_s": 0.0,
             "bind_host": "127.0.0.1",
-            "policy": SlotPolicy(
+            "isolation": SlotIsolation(
                 require_sandbox=shutil.which("bwrap") is not None,
                 min_timeout_s=0.2,
                 max_processes=64,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.fakes.unisolated import UnisolatedSandboxPool
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.rollout.dispatcher import ToolDispatcher

@@ -10,8 +10,8 @@ import attrs
 
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.fakes.unisolated import UnisolatedSandboxPool
-from trajcore.adapters.sandbox.container_pool import ContainerSandboxPool
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.pools.container_pool import ContainerSandboxPool
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.environment_leases import EnvironmentStatistics, Snapshot
 from trajcore.domain.messages import Message
 from trajcore.domain.slots import Lease

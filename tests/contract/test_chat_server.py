@@ -16,7 +16,7 @@ from trajcore.adapters.llm.atropos import (
     server_manager_for,
 )
 from trajcore.adapters.llm.chat import OpenAIChatServer
-from trajcore.adapters.llm.transport import RetryPolicy
+from trajcore.adapters.llm.transport import RetryRules
 from trajcore.ports.chat_server import ChatServer
 from trajcore.testing.chat_server_contract import (
     ChatServerContract,
@@ -29,7 +29,7 @@ from trajcore.testing.llm_stubs import LoopbackLLMServer
 
 UnderTest = AsyncIterator[ServerUnderTest[ChatServer]]
 
-FAST_RETRY = RetryPolicy(max_attempts=5, base_delay_s=0.001, max_delay_s=0.01)
+FAST_RETRY = RetryRules(max_attempts=5, base_delay_s=0.001, max_delay_s=0.01)
 
 
 @asynccontextmanager

@@ -28,8 +28,8 @@ from tests.contract.test_nomad_sandbox_pool import nomad_pool
 from tests.integration.test_container_pool import IMAGE_PROBLEM, container_pool, kill_container
 from tests.nomad_testbed import OPENAPI, OPENAPI_PROBLEM, crash_allocation
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
-from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.sandbox_pool_contract import PoolShape
 from trajcore.testing.sandbox_pool_machine import MachineShape, run_pool_machine
@@ -54,7 +54,7 @@ def local_pool() -> LocalSandboxPool:
     config = LocalPoolConfig(
         containers=SHAPE.containers, slots_per_container=SHAPE.slots_per_container,
         reset_timeout_s=10.0, acquire_timeout_s=30.0,
-        policy=SlotPolicy(
+        isolation=SlotIsolation(
             require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_bytes=512 << 20
         ),
     )  # fmt: skip

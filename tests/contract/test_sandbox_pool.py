@@ -11,8 +11,8 @@ from contextlib import asynccontextmanager
 import pytest
 
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
-from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.sandbox_pool_contract import (
     CrashContainer,
@@ -38,7 +38,7 @@ async def local_pool(shape: PoolShape) -> AsyncIterator[SandboxPool]:
         containers=shape.containers,
         slots_per_container=shape.slots_per_container,
         acquire_timeout_s=shape.acquire_timeout_s,
-        policy=SlotPolicy(
+        isolation=SlotIsolation(
             require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_bytes=512 << 20
         ),
         reset_timeout_s=10.0,

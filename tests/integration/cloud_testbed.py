@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
-from trajcore.adapters.sandbox.cloud_pool import CloudSandboxPool
-from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.adapters.pools.cloud_pool import CloudSandboxPool
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.fake_cloud import FakeCloud
 from trajcore.testing.sandbox_pool_contract import PoolShape, SandboxPoolFactory
@@ -19,7 +19,7 @@ from trajcore.testing.sandbox_pool_machine import MachineShape, run_pool_machine
 
 FAST: dict[str, object] = {
     "python": sys.executable,
-    "policy": SlotPolicy(
+    "isolation": SlotIsolation(
         require_sandbox=shutil.which("bwrap") is not None,
         min_timeout_s=0.2,
         max_processes=64,

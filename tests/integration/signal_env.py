@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from examples.shell_tasks import ShellTasksEnv
 
-from trajcore.adapters.sandbox.local_pool import LocalSandboxPool
+from trajcore.adapters.pools.local_pool import LocalSandboxPool
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams
 from trajcore.domain.tools import ToolCall, ToolSpec

@@ -22,14 +22,14 @@ from pathlib import Path
 import anyio
 import pytest
 
-from trajcore.adapters.sandbox.cloud_pool import CloudProvider, CloudSandboxPool
-from trajcore.adapters.sandbox.daytona_pool import (
+from trajcore.adapters.pools.cloud_pool import CloudProvider, CloudSandboxPool
+from trajcore.adapters.pools.daytona_pool import (
     DaytonaCredentials,
     DaytonaPoolConfig,
     DaytonaSandboxPool,
     DaytonaSandboxSettings,
 )
-from trajcore.adapters.sandbox.modal_pool import (
+from trajcore.adapters.pools.modal_pool import (
     ModalCredentials,
     ModalPoolConfig,
     ModalSandboxPool,
@@ -206,8 +206,8 @@ def test_the_daytona_client_is_configured_with_the_credentials_found(
 ) -> None:
     """The SDK's own client configuration (built, never connected) carries the credentials
     found, the JWT with its organization when there is no API key."""
-    from trajcore.adapters.sandbox.daytona_pool import official_daytona_sdk
-    from trajcore.adapters.sandbox.daytona_sdk import DaytonaProvider
+    from trajcore.adapters.pools.daytona_pool import official_daytona_sdk
+    from trajcore.adapters.pools.daytona_sdk import DaytonaProvider
 
     monkeypatch.setenv("DAYTONA_JWT_TOKEN", "jwt-test")
     monkeypatch.setenv("DAYTONA_ORGANIZATION_ID", "org-7")
@@ -233,7 +233,7 @@ def test_the_modal_provider_is_given_the_credentials_found(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The SDK's provider (built, never connected) holds the token it makes its client from."""
-    from trajcore.adapters.sandbox.modal_sdk import ModalProvider
+    from trajcore.adapters.pools.modal_sdk import ModalProvider
 
     monkeypatch.setenv("MODAL_TOKEN_ID", "ak-test")
     monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-test")

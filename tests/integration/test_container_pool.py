@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 from tests.image_source import image_problem
-from trajcore.adapters.sandbox.container_pool import (
+from trajcore.adapters.pools.container_pool import (
     DEFAULT_IMAGE,
     LABEL,
     ContainerPoolConfig,
@@ -27,7 +27,7 @@ from trajcore.adapters.sandbox.container_pool import (
     find_engine,
 )
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
-from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.tools import ToolOutcome
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.sandbox_pool_contract import (
@@ -49,7 +49,7 @@ pytestmark = [
     pytest.mark.skipif(IMAGE_PROBLEM is not None, reason=str(IMAGE_PROBLEM)),
 ]
 
-POLICY = SlotPolicy(
+ISOLATION = SlotIsolation(
     require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_bytes=512 << 20
 )
 
@@ -72,7 +72,7 @@ def config(containers: int = 2, slots: int = 2, **more: object) -> ContainerPool
     return ContainerPoolConfig(
         containers=containers,
         slots_per_container=slots,
-        policy=POLICY,
+        isolation=ISOLATION,
         name_prefix=f"test-pool-{secrets.token_hex(3)}",
         reset_timeout_s=10.0,
         **({"image": IMAGE} | more),  # type: ignore[arg-type]

@@ -21,12 +21,12 @@ import pytest
 
 from tests.environment_roots import IMAGE_OS_RELEASE, image_problem, write_shell_image
 from tests.integration.test_container_pool import IMAGE, IMAGE_PROBLEM, _engine
-from trajcore.adapters.sandbox.container_pool import (
+from trajcore.adapters.pools.container_pool import (
     LABEL,
     ContainerPoolConfig,
     ContainerSandboxPool,
 )
-from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.sandbox_pool_contract import (
     EnvironmentCase,
@@ -59,7 +59,7 @@ def environment_config(shape: PoolShape, folder: Path) -> ContainerPoolConfig:
         containers=shape.containers,
         slots_per_container=shape.slots_per_container,
         acquire_timeout_s=shape.acquire_timeout_s,
-        policy=SlotPolicy(require_sandbox=True, min_timeout_s=0.2, max_processes=64),
+        isolation=SlotIsolation(require_sandbox=True, min_timeout_s=0.2, max_processes=64),
         name_prefix=f"test-env-{secrets.token_hex(3)}",
         reset_timeout_s=20.0,
         image=IMAGE,

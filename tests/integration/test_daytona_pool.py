@@ -23,14 +23,14 @@ from tests.integration.cloud_testbed import (
     shape_settings,
     stop_sandbox,
 )
-from trajcore.adapters.sandbox.cloud_pool import OWNER_LABEL, RUN_LABEL, CloudPoolConfig
-from trajcore.adapters.sandbox.daytona_pool import (
+from trajcore.adapters.pools.cloud_pool import OWNER_LABEL, RUN_LABEL, CloudPoolConfig
+from trajcore.adapters.pools.daytona_pool import (
     DaytonaPoolConfig,
     DaytonaSandboxPool,
     DaytonaSandboxSettings,
     check_daytona,
 )
-from trajcore.adapters.sandbox.daytona_sdk import create_params
+from trajcore.adapters.pools.daytona_sdk import create_params
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.fake_cloud import FakeCloud
@@ -58,7 +58,7 @@ async def daytona_pool(shape: PoolShape) -> AsyncIterator[SandboxPool]:
 
 
 def _check_create_request(labels: object, env: dict[str, str]) -> None:
-    from trajcore.adapters.sandbox.cloud_pool import SandboxSpec
+    from trajcore.adapters.pools.cloud_pool import SandboxSpec
 
     assert isinstance(labels, dict)
     settings = DaytonaSandboxSettings(

@@ -22,9 +22,9 @@ import pytest
 from examples import code_fix
 from examples.shell_tasks import SOLUTIONS, TASKS, ShellTasksEnv
 
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
-from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slot_protocol import SLOT_TOOLS
 from trajcore.domain.tools import ToolCall
 from trajcore.entrypoints.atropos import AgentEnvConfig
@@ -80,7 +80,7 @@ async def local_pool() -> AsyncIterator[tuple[LocalSandboxPool, ToolDispatcher]]
     """A real local pool (one slot server, bubblewrap required) and a dispatcher over it."""
     config = LocalPoolConfig(
         containers=1, slots_per_container=2, acquire_timeout_s=30.0,
-        policy=SlotPolicy(require_sandbox=True, min_timeout_s=0.5),
+        isolation=SlotIsolation(require_sandbox=True, min_timeout_s=0.5),
     )  # fmt: skip
     async with (
         LocalSandboxPool(config) as pool,

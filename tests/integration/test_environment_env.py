@@ -18,13 +18,13 @@ import pytest
 from tests.environment_roots import IMAGE_OS_RELEASE, image_problem, write_shell_image
 from tests.unit.test_agent_env import _config, _turn
 from trajcore.adapters.fakes.llm import FakeChatServer
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.environment_leases import ForkRefused
 from trajcore.domain.groups import GroupStatus, TrajectoryStatus
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
-from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.tools import ToolCall
 from trajcore.entrypoints.atropos import AgentEnv
 from trajcore.rollout.dispatcher import ToolDispatcher
@@ -97,7 +97,7 @@ async def test_an_items_image_is_the_root_of_every_member_and_of_verify(image_di
     config = LocalPoolConfig(
         containers=2,
         slots_per_container=2,
-        policy=SlotPolicy(require_sandbox=True),
+        isolation=SlotIsolation(require_sandbox=True),
         image_cache_dir=image_dir / "cache",
     )
     policy = env.make_policy(chat=_shows_os_release())
@@ -149,7 +149,7 @@ async def test_prepare_once_forks_the_prepared_lease_into_every_member(image_dir
     config = LocalPoolConfig(
         containers=1,
         slots_per_container=4,
-        policy=SlotPolicy(require_sandbox=True),
+        isolation=SlotIsolation(require_sandbox=True),
         image_cache_dir=image_dir / "cache",
     )
     async with LocalSandboxPool(config) as pool:
@@ -176,7 +176,7 @@ async def test_a_group_of_four_prepared_once_forks_every_member_on_two_servers(
     config = LocalPoolConfig(
         containers=2,
         slots_per_container=4,
-        policy=SlotPolicy(require_sandbox=True),
+        isolation=SlotIsolation(require_sandbox=True),
         image_cache_dir=image_dir / "cache",
     )
     async with LocalSandboxPool(config) as pool:
@@ -197,7 +197,7 @@ async def test_slot_tools_fork_copies_a_running_lease_over_the_image(image_dir: 
     config = LocalPoolConfig(
         containers=2,
         slots_per_container=3,
-        policy=SlotPolicy(require_sandbox=True),
+        isolation=SlotIsolation(require_sandbox=True),
         image_cache_dir=image_dir / "cache",
     )
     async with (

@@ -28,7 +28,7 @@ from tests.integration.test_slot_server import (
     start_server,
     stop_server,
 )
-from trajcore.adapters.sandbox.client import SlotServerClient
+from trajcore.adapters.pools.client import SlotServerClient
 from trajcore.domain.tools import ToolOutcome
 
 HOST_RELEASE = Path("/etc/os-release").read_text()

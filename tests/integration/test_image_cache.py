@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.image_layouts import Entry, write_docker_archive, write_layout
-from trajcore.adapters.sandbox.image_cache import ImageCache
+from trajcore.adapters.slot_server.image_cache import ImageCache
 from trajcore.domain.task_environments import (
     ImageCacheFull,
     TaskEnvironmentError,
@@ -169,7 +169,7 @@ def test_a_malformed_index_names_the_json_path(tmp_path: Path) -> None:
 _CHILD = """
 import json, sys
 from pathlib import Path
-from trajcore.adapters.sandbox.image_cache import ImageCache
+from trajcore.adapters.slot_server.image_cache import ImageCache
 from trajcore.domain.task_environments import parse_environment_ref
 cache = ImageCache(Path(sys.argv[1]), max_bytes=1 << 30)
 with cache.acquire(parse_environment_ref("oci:" + sys.argv[2])) as use:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.image_layouts import Entry, write_docker_archive
-from trajcore.adapters.sandbox.image_cache import ImageCache
+from trajcore.adapters.slot_server.image_cache import ImageCache
 from trajcore.domain.task_environments import TaskEnvironmentError, parse_environment_ref
 
 

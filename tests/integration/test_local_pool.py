@@ -17,9 +17,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
-from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 from trajcore.rollout.dispatcher import ToolDispatcher
@@ -37,7 +37,7 @@ def anyio_backend() -> str:
 def config(containers: int = 2, slots: int = 4) -> LocalPoolConfig:
     return LocalPoolConfig(
         containers=containers, slots_per_container=slots, acquire_timeout_s=60.0,
-        policy=SlotPolicy(
+        isolation=SlotIsolation(
             require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_bytes=512 << 20
         ),
     )  # fmt: skip

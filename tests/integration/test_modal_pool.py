@@ -22,7 +22,7 @@ from tests.integration.cloud_testbed import (
     shape_settings,
     stop_sandbox,
 )
-from trajcore.adapters.sandbox.cloud_pool import (
+from trajcore.adapters.pools.cloud_pool import (
     OWNER_LABEL,
     RUN_LABEL,
     CloudPoolConfig,
@@ -30,7 +30,7 @@ from trajcore.adapters.sandbox.cloud_pool import (
     SandboxSpec,
     server_argv,
 )
-from trajcore.adapters.sandbox.modal_pool import ModalPoolConfig, ModalSandboxPool
+from trajcore.adapters.pools.modal_pool import ModalPoolConfig, ModalSandboxPool
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome
 from trajcore.ports.sandbox_pool import SandboxPool

@@ -29,8 +29,8 @@ import anyio
 import pytest
 
 from tests.nomad_testbed import nomad_pool_config
-from trajcore.adapters.sandbox.nomad_client import NomadClient, NomadUnavailable
-from trajcore.adapters.sandbox.nomad_pool import NomadSandboxPool
+from trajcore.adapters.pools.nomad_client import NomadClient, NomadUnavailable
+from trajcore.adapters.pools.nomad_pool import NomadSandboxPool
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.sandbox_pool_contract import (
     CrashContainer,

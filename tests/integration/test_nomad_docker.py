@@ -21,8 +21,8 @@ import pytest
 
 from tests.image_source import image_problem
 from tests.nomad_testbed import OPENAPI, crash_allocation, nomad_pool_config, pool_on
-from trajcore.adapters.sandbox.nomad_pool import NomadSandboxPool
-from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.adapters.pools.nomad_pool import NomadSandboxPool
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.fake_nomad import FakeNomadAPI
 from trajcore.testing.sandbox_pool_contract import (
@@ -74,7 +74,7 @@ async def docker_pool(shape: PoolShape) -> AsyncIterator[SandboxPool]:
             containers=shape.containers,
             slots_per_container=shape.slots_per_container,
             acquire_timeout_s=shape.acquire_timeout_s,
-            policy=SlotPolicy(
+            isolation=SlotIsolation(
                 require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_bytes=512 << 20
             ),
             start_timeout_s=60.0,

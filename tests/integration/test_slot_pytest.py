@@ -11,9 +11,9 @@ import pytest
 from examples.code_fix import SANDBOX_PYTHON, _pytest_env
 
 from trajcore.adapters.fakes import UnisolatedSandboxPool
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
-from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slot_protocol import SLOT_TOOLS
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.rollout.dispatcher import ToolDispatcher
@@ -51,7 +51,7 @@ def local() -> AbstractAsyncContextManager[SandboxPool]:
         containers=1,
         slots_per_container=1,
         acquire_timeout_s=30.0,
-        policy=SlotPolicy(require_sandbox=True, min_timeout_s=0.5),
+        isolation=SlotIsolation(require_sandbox=True, min_timeout_s=0.5),
     )
     return LocalSandboxPool(config)
 

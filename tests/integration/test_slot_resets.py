@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from trajcore.adapters.sandbox import runtime as runtime_module
-from trajcore.adapters.sandbox.removal import remove_tree
-from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime
-from trajcore.adapters.sandbox.workspace import Workspace
+from trajcore.adapters.removal import remove_tree
+from trajcore.adapters.slot_server import runtime as runtime_module
+from trajcore.adapters.slot_server.runtime import RuntimeConfig, SlotRuntime
+from trajcore.adapters.slot_server.workspace import Workspace
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSON
-from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slot_protocol import ExecuteCall, Health
 from trajcore.domain.tools import ToolOutcome, ToolResult
 
@@ -40,8 +40,8 @@ def call(epoch: int, command: str) -> ExecuteCall:
 
 def config(root: Path) -> RuntimeConfig:
     return RuntimeConfig(
-        slots=1, root=root, policy=SlotPolicy(require_sandbox=False), bwrap="/nonexistent/bwrap",
-        use_cgroups=False,
+        slots=1, root=root, isolation=SlotIsolation(require_sandbox=False),
+        bwrap="/nonexistent/bwrap", use_cgroups=False,
     )  # fmt: skip
 
 

@@ -27,15 +27,15 @@ import aiohttp
 import attrs
 import pytest
 
-from trajcore.adapters.sandbox import runtime as runtime_module
-from trajcore.adapters.sandbox.client import SlotServerClient
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, start_local_pool
-from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime
-from trajcore.adapters.sandbox.seccomp import SeccompUnavailable
+from trajcore.adapters.pools.client import SlotServerClient
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, start_local_pool
+from trajcore.adapters.slot_server import runtime as runtime_module
+from trajcore.adapters.slot_server.runtime import RuntimeConfig, SlotRuntime
+from trajcore.adapters.slot_server.seccomp import SeccompUnavailable
 from trajcore.domain.errors import SlotServerError, ToolArgumentError, UnknownSlot, WireError
+from trajcore.domain.isolation import Bind, SlotIsolation
 from trajcore.domain.json_values import JSON
 from trajcore.domain.kernel_masks import MASKED_PATHS, READ_ONLY_PATHS
-from trajcore.domain.sandbox_policy import Bind, SlotPolicy
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
@@ -923,14 +923,14 @@ def test_paths_bound_under_tmp_are_carried_into_every_lease(tmp_path: Path) -> N
     data = tmp_path / "data"
     data.mkdir()
     (data / "given.txt").write_text("from the host\n")
-    policy = SlotPolicy(
+    isolation = SlotIsolation(
         require_sandbox=True,
         workspace_path="/tmp/work",
         extra_binds=(Bind(source=str(data), dest="/tmp/data"),),
         max_processes=64,
         memory_bytes=256 << 20,
     )
-    config = RuntimeConfig(slots=1, root=tmp_path / "root", policy=policy)
+    config = RuntimeConfig(slots=1, root=tmp_path / "root", isolation=isolation)
     script = (
         "echo written >/tmp/work/out.txt; cat /tmp/data/given.txt; "
         "touch /tmp/data/planted 2>/dev/null || echo data-read-only; echo scratch >/tmp/scratch"
@@ -1339,7 +1339,7 @@ def test_an_unsandboxed_slots_processes_end_with_its_lease(
     if tool == "bash_stateful":
         markers.append(str(tmp_path / "root"))  # the shell's tmux socket lies below
     config = RuntimeConfig(
-        slots=1, root=tmp_path / "root", policy=SlotPolicy(require_sandbox=False),
+        slots=1, root=tmp_path / "root", isolation=SlotIsolation(require_sandbox=False),
         bwrap="/nonexistent/bwrap", use_cgroups=False,
     )  # fmt: skip
 
@@ -1380,9 +1380,9 @@ def test_a_forged_or_oversize_reply_ends_the_lease(attack: str, tmp_path: Path) 
     fake = tmp_path / "fake-helper"
     fake.write_text(FAKE_AGENT.format(python=sys.executable))
     fake.chmod(0o755)
-    policy = SlotPolicy(require_sandbox=False, min_timeout_s=0.1)
+    isolation = SlotIsolation(require_sandbox=False, min_timeout_s=0.1)
     config = RuntimeConfig(
-        slots=1, root=tmp_path / "root", policy=policy, bwrap="/nonexistent/bwrap",
+        slots=1, root=tmp_path / "root", isolation=isolation, bwrap="/nonexistent/bwrap",
         slot_helper_path=fake, use_cgroups=False, agent_grace_s=30.0,
     )  # fmt: skip
 
@@ -1421,7 +1421,7 @@ def test_a_tcp_local_pool_starts_its_servers_and_runs_calls() -> None:
     async def main() -> tuple[list[ToolResult], list[int]]:
         config = LocalPoolConfig(
             containers=2, slots_per_container=1, transport="tcp", acquire_timeout_s=60.0,
-            policy=SlotPolicy(require_sandbox=True, min_timeout_s=0.2),
+            isolation=SlotIsolation(require_sandbox=True, min_timeout_s=0.2),
         )  # fmt: skip
         async with start_local_pool(config) as pool:
             results, uids = [], []
@@ -1541,8 +1541,8 @@ def test_without_libseccomp_a_required_sandbox_fails_closed_and_health_says_so(
     required: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(runtime_module, "compile_filter", no_libseccomp)
-    policy = SlotPolicy(require_sandbox=required, min_timeout_s=0.1)
-    config = RuntimeConfig(slots=1, root=tmp_path / "root", policy=policy)
+    isolation = SlotIsolation(require_sandbox=required, min_timeout_s=0.1)
+    config = RuntimeConfig(slots=1, root=tmp_path / "root", isolation=isolation)
     status = "grep Seccomp: /proc/self/status"
 
     async def main() -> tuple[bool, str, ToolResult]:

@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from tests.integration.test_local_pool import config, running_now, wait_no_leftovers
-from trajcore.adapters.sandbox.local_pool import LocalSandboxPool
+from trajcore.adapters.pools.local_pool import LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.errors import SlotFileError, SlotInfraError
 from trajcore.domain.slot_protocol import SLOT_TOOLS

@@ -21,7 +21,7 @@ import pytest
 
 from tests.slurm_testbed import KILL_WAIT_S, NODE, SLURM_PROBLEM, SlurmCluster
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
-from trajcore.adapters.sandbox.slurm_pool import SlurmPoolConfig, SlurmSandboxPool
+from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig, SlurmSandboxPool
 from trajcore.domain.errors import AcquireTimeout
 from trajcore.domain.slots import Lease, SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult

@@ -29,7 +29,7 @@ from tests.integration.test_slot_server import (
     start_server,
     stop_server,
 )
-from trajcore.adapters.sandbox.client import SlotServerClient
+from trajcore.adapters.pools.client import SlotServerClient
 from trajcore.domain.tools import ToolOutcome
 
 pytestmark = [pytest.mark.skipif(image_problem() is not None, reason=str(image_problem()))]

@@ -25,10 +25,10 @@ import anyio
 import pytest
 
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
-from trajcore.adapters.sandbox.client import SlotServerClient
-from trajcore.adapters.sandbox.ssh_pool import SshPoolConfig, SshSandboxPool
+from trajcore.adapters.pools.client import SlotServerClient
+from trajcore.adapters.pools.ssh_pool import SshPoolConfig, SshSandboxPool
 from trajcore.domain.errors import SandboxUnavailable, SlotServerError
-from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.ssh_hosts import SshHost
 from trajcore.domain.tools import ToolOutcome
 from trajcore.ports.sandbox_pool import SandboxPool
@@ -45,7 +45,7 @@ from trajcore.testing.sandbox_pool_machine import MachineShape, run_pool_machine
 PROBLEM = sshd_problem() or (None if shutil.which("bwrap") else "bubblewrap is not installed")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(PROBLEM is not None, reason=str(PROBLEM))]
 
-POLICY = SlotPolicy(
+ISOLATION = SlotIsolation(
     require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_bytes=512 << 20
 )
 KEEPALIVE_S = 1
@@ -58,7 +58,7 @@ def config(sshd: LoopbackSshd, *hosts: SshHost, **more: object) -> SshPoolConfig
     values: dict[str, object] = {
         "hosts": hosts or (sshd.host(servers=2, slots=2),),
         "ssh": settings,
-        "policy": POLICY,
+        "isolation": ISOLATION,
         "reset_timeout_s": 10.0,
         "start_timeout_s": 60.0,
         "check_timeout_s": 60.0,

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
-from trajcore.adapters.sandbox.slot_ids import (
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.slot_server.slot_ids import (
     CACHES_NOTE,
     shared_python,
     stage_caches,
     stage_python,
 )
-from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.isolation import SlotIsolation
 
 pytestmark = [
     pytest.mark.slow,  # a staging links the whole library and runs pytest once
@@ -89,7 +89,7 @@ async def test_a_slots_staged_library_holds_pytests_rewritten_plugins(
     tag, files = plugins()
     config = LocalPoolConfig(
         containers=1, slots_per_container=1, acquire_timeout_s=60.0, start_timeout_s=120.0,
-        policy=SlotPolicy(require_sandbox=True),
+        isolation=SlotIsolation(require_sandbox=True),
     )  # fmt: skip
     async with LocalSandboxPool(config) as pool, pool.lease("t", timeout_s=60.0):
         staged = shared_python(PREFIX, PYTHON)  # the staging the server made: it exists

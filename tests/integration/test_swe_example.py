@@ -29,7 +29,7 @@ from examples.swe_style import SOLUTIONS, TASKS, SweStyleEnv, SweTask, image_pro
 from tests.image_source import image_problem as server_image_problem
 from tests.integration.test_slot_server import searchable_dir
 from trajcore.adapters.fakes import FakeChatServer
-from trajcore.adapters.sandbox.container_pool import DEFAULT_IMAGE, find_engine
+from trajcore.adapters.pools.container_pool import DEFAULT_IMAGE, find_engine
 from trajcore.domain.environment_leases import EnvironmentStatistics
 from trajcore.domain.groups import TrajectoryStatus
 from trajcore.domain.messages import Message

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime
+from trajcore.adapters.slot_server.runtime import RuntimeConfig, SlotRuntime
 from trajcore.domain.json_values import JSON
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.tools import ToolOutcome

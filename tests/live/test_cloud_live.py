@@ -10,14 +10,14 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from trajcore.adapters.sandbox.cloud_pool import CloudPoolConfig
-from trajcore.adapters.sandbox.daytona_pool import (
+from trajcore.adapters.pools.cloud_pool import CloudPoolConfig
+from trajcore.adapters.pools.daytona_pool import (
     DaytonaPoolConfig,
     DaytonaSandboxPool,
     DaytonaSandboxSettings,
     check_daytona,
 )
-from trajcore.adapters.sandbox.modal_pool import (
+from trajcore.adapters.pools.modal_pool import (
     ModalPoolConfig,
     ModalSandboxPool,
     ModalSandboxSettings,

@@ -100,20 +100,22 @@ CORE_MODULES = sorted(
         "trajcore",
         "trajcore.entrypoints.cli",
         "trajcore.entrypoints.slot_server",
-        *_submodules("trajcore.adapters.sandbox"),
+        "trajcore.adapters.removal",
+        *_submodules("trajcore.adapters.slot_server"),
+        *_submodules("trajcore.adapters.pools"),
         *_submodules("trajcore.domain"),
         *_submodules("trajcore.ports"),
         *_submodules("trajcore.rollout"),
     }
-    - {"trajcore.adapters.sandbox.nomad_client", "trajcore.adapters.sandbox.nomad_pool"}
-    - {"trajcore.adapters.sandbox.modal_sdk", "trajcore.adapters.sandbox.daytona_sdk"}
+    - {"trajcore.adapters.pools.nomad_client", "trajcore.adapters.pools.nomad_pool"}
+    - {"trajcore.adapters.pools.modal_sdk", "trajcore.adapters.pools.daytona_sdk"}
 )
-NOMAD_MODULES = ["trajcore.adapters.sandbox.nomad_client", "trajcore.adapters.sandbox.nomad_pool"]
+NOMAD_MODULES = ["trajcore.adapters.pools.nomad_client", "trajcore.adapters.pools.nomad_pool"]
 # each cloud provider's SDK sits behind one module, which needs only that provider's extra
 # (the pools themselves, modal_pool and daytona_pool, import it lazily: they are core modules)
 CLOUD_MODULES = [
-    ("trajcore.adapters.sandbox.modal_sdk", "modal", "modal"),
-    ("trajcore.adapters.sandbox.daytona_sdk", "daytona", "daytona"),
+    ("trajcore.adapters.pools.modal_sdk", "modal", "modal"),
+    ("trajcore.adapters.pools.daytona_sdk", "daytona", "daytona"),
 ]
 
 

@@ -76,7 +76,7 @@ def core_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (wheel,) = (work / "dist").glob("trajcore-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
-        shipped = "trajcore/adapters/sandbox/_native/slot-helper" in names
+        shipped = "trajcore/adapters/slot_server/_native/slot-helper" in names
     # the report's templates are package data
     assert {"report.html.j2", "message.html.j2", "report.css"} <= {
         name.rsplit("/", 1)[1]

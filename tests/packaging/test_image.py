@@ -22,7 +22,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from trajcore.adapters.sandbox.client import SlotServerClient
+from trajcore.adapters.pools.client import SlotServerClient
 from trajcore.domain.errors import SlotServerError
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.tools import ToolOutcome

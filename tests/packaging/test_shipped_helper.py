@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trajcore.adapters.sandbox.native_helper import (
+from trajcore.adapters.slot_server.native_helper import (
     SHIPPED_SLOT_HELPER,
     NativeBuildError,
     build_slot_helper,

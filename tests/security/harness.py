@@ -36,7 +36,7 @@ import anyio
 import attrs
 import pytest
 
-from trajcore.adapters.sandbox.client import SlotServerClient
+from trajcore.adapters.pools.client import SlotServerClient
 from trajcore.domain.json_values import JSON
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.tools import ToolResult

@@ -37,9 +37,9 @@ from tests.security.harness import (
     stop_server,
     token,
 )
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
-from trajcore.adapters.sandbox.removal import remove_tree
-from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.removal import remove_tree
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome
@@ -206,7 +206,7 @@ def test_closing_a_pool_removes_a_deep_tree_a_held_lease_left() -> None:
     pool = LocalSandboxPool(
         LocalPoolConfig(
             containers=1, slots_per_container=1, acquire_timeout_s=60.0,
-            policy=SlotPolicy(require_sandbox=True, min_timeout_s=0.2, max_processes=64),
+            isolation=SlotIsolation(require_sandbox=True, min_timeout_s=0.2, max_processes=64),
         )
     )  # fmt: skip
 

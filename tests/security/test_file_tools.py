@@ -46,7 +46,7 @@ from tests.security.harness import (
     spawn_kit,
     token,
 )
-from trajcore.adapters.sandbox.client import SlotServerClient
+from trajcore.adapters.pools.client import SlotServerClient
 from trajcore.domain.errors import SlotServerError, ToolArgumentError, WireError
 from trajcore.domain.json_values import JSON
 from trajcore.domain.tools import ToolOutcome, ToolResult

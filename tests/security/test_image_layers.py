@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.image_layouts import Entry, layer_bytes, write_layout
-from trajcore.adapters.sandbox.image_cache import ImageCache
+from trajcore.adapters.slot_server.image_cache import ImageCache
 from trajcore.domain.task_environments import (
     ImageLimits,
     LayerRefused,

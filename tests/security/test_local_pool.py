@@ -31,9 +31,9 @@ from tests.security.harness import (
     server_root,
     token,
 )
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSON
-from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slots import Lease, SlotCall
 from trajcore.domain.tools import ToolCall, ToolResult
 
@@ -67,11 +67,13 @@ def test_a_pool_lease_reaches_neither_host_keys_nor_host_settings(
     marker = token()
 
     async def main(root: Path) -> tuple[bytes, bool]:
-        policy = SlotPolicy(
+        isolation = SlotIsolation(
             require_sandbox=True, max_processes=64,
             memory_bytes=256 << 20, min_timeout_s=0.2,
         )  # fmt: skip
-        config = LocalPoolConfig(containers=1, slots_per_container=1, root=root, policy=policy)
+        config = LocalPoolConfig(
+            containers=1, slots_per_container=1, root=root, isolation=isolation
+        )
         async with LocalSandboxPool(config) as pool, pool.lease("attacker") as lease:
             workspace = root / lease.slot.container / "slots" / str(lease.slot.index)
             written = await run(pool, lease, "write_file", path="kit.b64", content=kit_text(kit))

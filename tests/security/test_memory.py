@@ -58,11 +58,11 @@ from tests.security.harness import (
     token,
     wait_for,
 )
-from trajcore.adapters.sandbox.limits import tmpfs_budget
-from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.adapters.slot_server.limits import tmpfs_budget
+from trajcore.domain.isolation import SlotIsolation
 
 LIMIT = MEMORY_MB << 20
-_budget = tmpfs_budget(SlotPolicy(memory_bytes=LIMIT))
+_budget = tmpfs_budget(SlotIsolation(memory_bytes=LIMIT))
 assert _budget is not None
 BUDGET = _budget.size_bytes
 FILL_MB = 300  # more than the slot's whole limit

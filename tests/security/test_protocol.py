@@ -21,7 +21,7 @@ import time
 import anyio
 
 from tests.security.harness import TOKEN, Lease, Server, leased
-from trajcore.adapters.sandbox.client import SlotServerClient
+from trajcore.adapters.pools.client import SlotServerClient
 
 
 def host_and_port(server: Server) -> tuple[str, int]:

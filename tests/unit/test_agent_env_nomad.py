@@ -16,7 +16,7 @@ import pytest
 
 from tests.nomad_testbed import OPENAPI, SLOT_SERVER
 from trajcore.adapters.fakes.llm import FakeChatServer
-from trajcore.adapters.sandbox.nomad_pool import NomadSandboxPool
+from trajcore.adapters.pools.nomad_pool import NomadSandboxPool
 from trajcore.domain.errors import ConfigError, SlotFileError
 from trajcore.domain.groups import GroupStatus
 from trajcore.domain.messages import Message

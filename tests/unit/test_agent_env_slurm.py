@@ -1,4 +1,4 @@
-"""``--env.sandbox slurm``: every ``slurm_*`` setting, the scale range and the sandbox policy
+"""``--env.sandbox slurm``: every ``slurm_*`` setting, the scale range and the sandbox isolation
 reach the Slurm pool's config; a setting that cannot work is refused naming its env field."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trajcore.adapters.sandbox.slurm_pool import SlurmSandboxPool
+from trajcore.adapters.pools.slurm_pool import SlurmSandboxPool
 from trajcore.domain.errors import ConfigError
 from trajcore.entrypoints.atropos import pools
 from trajcore.entrypoints.atropos.config import AgentEnvConfig

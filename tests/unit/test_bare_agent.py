@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_slot_helper import HAS_COMPILER, Agent
-from trajcore.adapters.sandbox.native_helper import build_slot_helper
+from trajcore.adapters.slot_server.native_helper import build_slot_helper
 
 pytestmark = pytest.mark.skipif(not HAS_COMPILER, reason="no C compiler to build the helper")
 

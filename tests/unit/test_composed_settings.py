@@ -8,11 +8,11 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from trajcore.adapters.sandbox.cloud_pool import CloudPoolConfig
-from trajcore.adapters.sandbox.daytona_pool import DaytonaPoolConfig, DaytonaSandboxSettings
-from trajcore.adapters.sandbox.modal_pool import ModalPoolConfig, ModalSandboxSettings
-from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
-from trajcore.adapters.sandbox.slurm_pool import SlurmPoolConfig
+from trajcore.adapters.pools.cloud_pool import CloudPoolConfig
+from trajcore.adapters.pools.daytona_pool import DaytonaPoolConfig, DaytonaSandboxSettings
+from trajcore.adapters.pools.modal_pool import ModalPoolConfig, ModalSandboxSettings
+from trajcore.adapters.pools.nomad_pool import NomadPoolConfig
+from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.nomad_job import NomadJobSettings
 
@@ -21,7 +21,7 @@ from trajcore.domain.nomad_job import NomadJobSettings
     ("config", "given", "part"),
     [
         (NomadPoolConfig, {"image": "img:1"}, "job=NomadJobSettings(image=...)"),
-        (NomadPoolConfig, {"allow_network": True}, "policy=SlotPolicy(allow_network=...)"),
+        (NomadPoolConfig, {"allow_network": True}, "isolation=SlotIsolation(allow_network=...)"),
         (SlurmPoolConfig, {"partition": "gpu"}, "job=SlurmJobSettings(partition=...)"),
         (ModalPoolConfig, {"owner": "run-7"}, "pool=CloudPoolConfig(owner=...)"),
         (ModalPoolConfig, {"image": "img:1"}, "sandbox=ModalSandboxSettings(image=...)"),
@@ -57,8 +57,8 @@ def test_own_settings_unknown_keywords_and_evolve_are_untouched() -> None:
 
 def test_a_part_of_another_type_is_refused_naming_its_field() -> None:
     with pytest.raises(ConfigError) as caught:
-        CloudPoolConfig(policy="open")  # type: ignore[arg-type]
-    assert caught.value.field == "policy"
+        CloudPoolConfig(isolation="open")  # type: ignore[arg-type]
+    assert caught.value.field == "isolation"
     with pytest.raises(ConfigError) as caught:
         ModalPoolConfig(sandbox=DaytonaSandboxSettings())  # type: ignore[arg-type]
     assert caught.value.field == "sandbox"

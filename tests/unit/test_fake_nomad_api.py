@@ -26,13 +26,14 @@ import httpx
 import pytest
 
 from tests.nomad_testbed import OPENAPI, needs_openapi, wait_until
-from trajcore.adapters.sandbox.nomad_client import (
+from trajcore.adapters.pools.nomad_client import (
     NomadClient,
     NomadUnavailable,
     allocation_address,
     parse_allocation_stubs,
 )
 from trajcore.domain.errors import ConfigError
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.nomad_job import (
     NomadJobSettings,
@@ -41,7 +42,6 @@ from trajcore.domain.nomad_job import (
     register_request,
     scale_request,
 )
-from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.testing.fake_nomad import OPENAPI_ENV, FakeNomadAPI, NomadOpenAPI
 
 pytestmark = pytest.mark.anyio
@@ -69,7 +69,7 @@ def sleeper_spec(count: int = 1, **change: object) -> NomadJobSpec:
         count=count,
         token=TOKEN,
         slots_per_container=8,
-        policy=SlotPolicy(),
+        isolation=SlotIsolation(),
     )
 
 

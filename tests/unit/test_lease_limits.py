@@ -7,9 +7,9 @@ import errno
 
 import pytest
 
-from trajcore.adapters.sandbox.limits import TmpfsBudget, rlimits_for, tmpfs_budget
+from trajcore.adapters.slot_server.limits import TmpfsBudget, rlimits_for, tmpfs_budget
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.sandbox_policy import SlotPolicy
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.seccomp_rules import (
     LEASE_SOCKET_FAMILIES,
     SECCOMP_RULES,
@@ -21,30 +21,30 @@ MIB = 1 << 20
 
 
 def test_the_tmpfs_budget_is_a_quarter_of_the_memory_in_whole_units() -> None:
-    assert tmpfs_budget(SlotPolicy(memory_bytes=256 * MIB)) == TmpfsBudget(
+    assert tmpfs_budget(SlotIsolation(memory_bytes=256 * MIB)) == TmpfsBudget(
         size_bytes=64 * MIB, inodes=16384
     )
-    odd = tmpfs_budget(SlotPolicy(memory_bytes=256 * MIB + 12345))
+    odd = tmpfs_budget(SlotIsolation(memory_bytes=256 * MIB + 12345))
     assert odd is not None
     assert odd.size_bytes == 64 * MIB  # rounded down to whole 64 KiB
-    tiny = tmpfs_budget(SlotPolicy(memory_bytes=4096))
+    tiny = tmpfs_budget(SlotIsolation(memory_bytes=4096))
     assert tiny is not None
     assert tiny.size_bytes == 64 << 10  # never 0, which tmpfs reads as "no limit"
-    assert tmpfs_budget(SlotPolicy(memory_bytes=None)) is None
+    assert tmpfs_budget(SlotIsolation(memory_bytes=None)) is None
     assert TmpfsBudget(size_bytes=65536, inodes=16).options() == "size=65536,nr_inodes=16"
 
 
 def test_without_a_memory_cgroup_processes_get_the_limit_less_the_tmpfs() -> None:
-    policy = SlotPolicy(memory_bytes=256 * MIB, max_processes=64)
-    limits = rlimits_for(policy, cgroup_pids=False, cgroup_memory=False, tmpfs_bytes=64 * MIB)
+    isolation = SlotIsolation(memory_bytes=256 * MIB, max_processes=64)
+    limits = rlimits_for(isolation, cgroup_pids=False, cgroup_memory=False, tmpfs_bytes=64 * MIB)
     assert limits == {"nice": 0, "nproc": 64, "as": 192 * MIB}
-    bare = rlimits_for(policy, cgroup_pids=False, cgroup_memory=False)
+    bare = rlimits_for(isolation, cgroup_pids=False, cgroup_memory=False)
     assert bare["as"] == 256 * MIB  # an agent without a tmpfs of its own
 
 
 def test_with_cgroups_only_the_nice_limit_and_the_files_are_rlimits() -> None:
-    policy = SlotPolicy(memory_bytes=256 * MIB, max_file_bytes=MIB)
-    limits = rlimits_for(policy, cgroup_pids=True, cgroup_memory=True, tmpfs_bytes=64 * MIB)
+    isolation = SlotIsolation(memory_bytes=256 * MIB, max_file_bytes=MIB)
+    limits = rlimits_for(isolation, cgroup_pids=True, cgroup_memory=True, tmpfs_bytes=64 * MIB)
     assert limits == {"nice": 0, "fsize": MIB}
 
 

@@ -13,7 +13,7 @@ import anyio.lowlevel
 import attrs
 import pytest
 
-from trajcore.adapters.sandbox.leasing import SlotLeasing
+from trajcore.adapters.pools.leasing import SlotLeasing
 from trajcore.domain.errors import AcquireTimeout, InvalidInput, PoolClosed
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall, SlotId
 from trajcore.domain.tools import ToolCall

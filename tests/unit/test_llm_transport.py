@@ -15,7 +15,7 @@ import pytest
 from trajcore.adapters.fakes.llm import LLMFault
 from trajcore.adapters.http1 import MemoryTransport
 from trajcore.adapters.llm.chat import OpenAIChatServer
-from trajcore.adapters.llm.transport import RetryPolicy
+from trajcore.adapters.llm.transport import RetryRules
 from trajcore.domain.errors import ConfigError, ModelServerError, RateLimited
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
@@ -32,21 +32,21 @@ def anyio_backend() -> str:
 
 
 def _chat(
-    url: str, retry: RetryPolicy, transport: MemoryTransport | None = None
+    url: str, retry: RetryRules, transport: MemoryTransport | None = None
 ) -> OpenAIChatServer:
     return OpenAIChatServer(
         base_url=f"{url}/v1", model="m", retry=retry, rng=random.Random(1), transport=transport
     )
 
 
-def _in_memory(stub: LoopbackLLMServer, retry: RetryPolicy) -> OpenAIChatServer:
+def _in_memory(stub: LoopbackLLMServer, retry: RetryRules) -> OpenAIChatServer:
     return _chat("http://stub.invalid", retry, stub.memory_transport())
 
 
 async def test_429_then_success_is_retried_and_counted() -> None:
     async with LoopbackLLMServer() as stub:
         stub.inject(LLMFault.rate_limited(retry_after_s=0.01))
-        server = _chat(stub.url, RetryPolicy(base_delay_s=0.001))
+        server = _chat(stub.url, RetryRules(base_delay_s=0.001))
         turn = await server.chat(HELLO, tools=(), sampling=SAMPLING)
         await server.aclose()
     assert turn.message.content == "echo: hello"
@@ -58,7 +58,7 @@ async def test_429_then_success_is_retried_and_counted() -> None:
 async def test_5xx_until_the_deadline_raises_model_server_error_before_it() -> None:
     stub = LoopbackLLMServer()
     stub.inject(*[LLMFault.server_error(503)] * 1000)
-    server = _in_memory(stub, RetryPolicy(max_attempts=1000, base_delay_s=0.05, max_delay_s=0.1))
+    server = _in_memory(stub, RetryRules(max_attempts=1000, base_delay_s=0.05, max_delay_s=0.1))
     with anyio.fail_after(0.5), pytest.raises(ModelServerError) as caught:
         await server.chat(HELLO, tools=(), sampling=SAMPLING)
     await server.aclose()
@@ -70,7 +70,7 @@ async def test_5xx_until_the_deadline_raises_model_server_error_before_it() -> N
 async def test_429_until_attempts_run_out_raises_rate_limited() -> None:
     stub = LoopbackLLMServer()
     stub.inject(*[LLMFault.rate_limited()] * 10)
-    server = _in_memory(stub, RetryPolicy(max_attempts=3, base_delay_s=0.001))
+    server = _in_memory(stub, RetryRules(max_attempts=3, base_delay_s=0.001))
     with pytest.raises(RateLimited) as caught:
         await server.chat(HELLO, tools=(), sampling=SAMPLING)
     await server.aclose()
@@ -81,7 +81,7 @@ async def test_429_until_attempts_run_out_raises_rate_limited() -> None:
 async def test_a_retry_after_beyond_the_deadline_gives_up_at_once() -> None:
     stub = LoopbackLLMServer()
     stub.inject(LLMFault.rate_limited(retry_after_s=60))
-    server = _in_memory(stub, RetryPolicy(base_delay_s=0.001))
+    server = _in_memory(stub, RetryRules(base_delay_s=0.001))
     with anyio.fail_after(5), pytest.raises(RateLimited):
         await server.chat(HELLO, tools=(), sampling=SAMPLING)
     await server.aclose()
@@ -92,7 +92,7 @@ async def test_connection_refused_is_a_model_server_error_without_status() -> No
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = _chat(f"http://127.0.0.1:{port}", RetryPolicy(max_attempts=2, base_delay_s=0.001))
+    server = _chat(f"http://127.0.0.1:{port}", RetryRules(max_attempts=2, base_delay_s=0.001))
     with pytest.raises(ModelServerError) as caught:
         await server.chat(HELLO, tools=(), sampling=SAMPLING)
     await server.aclose()
@@ -103,7 +103,7 @@ async def test_connection_refused_is_a_model_server_error_without_status() -> No
 async def test_attempt_timeout_turns_a_hung_answer_into_a_retry() -> None:
     stub = LoopbackLLMServer()
     stub.inject(LLMFault.delay(30))
-    server = _in_memory(stub, RetryPolicy(base_delay_s=0.001, attempt_timeout_s=0.2))
+    server = _in_memory(stub, RetryRules(base_delay_s=0.001, attempt_timeout_s=0.2))
     with anyio.fail_after(10):
         turn = await server.chat(HELLO, tools=(), sampling=SAMPLING)
     await server.aclose()
@@ -113,26 +113,26 @@ async def test_attempt_timeout_turns_a_hung_answer_into_a_retry() -> None:
 
 def test_retry_policy_is_validated() -> None:
     with pytest.raises(ConfigError) as caught:
-        RetryPolicy(max_attempts=0)
+        RetryRules(max_attempts=0)
     assert caught.value.field == "retry.max_attempts"
     with pytest.raises(ConfigError):
         OpenAIChatServer(base_url="localhost:8000", model="m")
 
 
 def test_backoff_grows_with_jitter_and_honours_retry_after() -> None:
-    policy = RetryPolicy(base_delay_s=1.0, max_delay_s=4.0)
+    rules = RetryRules(base_delay_s=1.0, max_delay_s=4.0)
     rng = random.Random(0)
-    delays = [policy.backoff_s(n, rng, None) for n in (1, 2, 3, 4, 5)]
+    delays = [rules.backoff_s(n, rng, None) for n in (1, 2, 3, 4, 5)]
     assert 0.5 <= delays[0] <= 1.0
     assert 1.0 <= delays[1] <= 2.0
     assert all(2.0 <= d <= 4.0 for d in delays[2:])
-    assert policy.backoff_s(1, rng, 9.0) == 9.0
+    assert rules.backoff_s(1, rng, 9.0) == 9.0
 
 
 async def test_a_dropped_connection_is_retried_in_memory_too() -> None:
     stub = LoopbackLLMServer()
     stub.inject(LLMFault.dropped())
-    server = _in_memory(stub, RetryPolicy(base_delay_s=0.001))
+    server = _in_memory(stub, RetryRules(base_delay_s=0.001))
     with anyio.fail_after(5):
         turn = await server.chat(HELLO, tools=(), sampling=SAMPLING)
     await server.aclose()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from trajcore.adapters.sandbox.nomad_client import allocation_address, parse_allocation_stubs
+from trajcore.adapters.pools.nomad_client import allocation_address, parse_allocation_stubs
 from trajcore.domain.errors import WireError
 from trajcore.domain.json_values import JSON, JSONObject
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from tests.nomad_testbed import OPENAPI, needs_openapi
 from trajcore.domain.errors import ConfigError
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.nomad_job import (
     DRIVERS,
@@ -27,7 +28,6 @@ from trajcore.domain.nomad_job import (
     register_request,
     scale_request,
 )
-from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.entrypoints.slot_server import parse_args
 
 TOKEN = "t0ken-t0ken-t0ken"
@@ -42,11 +42,11 @@ seconds = st.floats(min_value=0.01, max_value=100.0, allow_nan=False)
 
 
 @st.composite
-def flags(draw: st.DrawFn) -> SlotPolicy:
+def flags(draw: st.DrawFn) -> SlotIsolation:
     low = draw(seconds)
     default = draw(st.floats(min_value=low, max_value=low * 10))
     high = draw(st.floats(min_value=default, max_value=default * 10))
-    return SlotPolicy(
+    return SlotIsolation(
         allow_network=draw(st.booleans()),
         require_sandbox=draw(st.booleans()),
         max_processes=draw(st.integers(1, 4096)),
@@ -88,7 +88,7 @@ def specs(draw: st.DrawFn) -> NomadJobSpec:
         job=job,
         count=draw(st.integers(0, 1000)),
         slots_per_container=draw(st.integers(1, 256)),
-        policy=draw(flags()),
+        isolation=draw(flags()),
         token="tok:" + draw(st.text(string.ascii_letters + string.digits + "-_.~", min_size=12)),
     )
 
@@ -156,7 +156,7 @@ def test_the_schema_check_refuses_unknown_fields_and_wrong_types() -> None:
             driver="raw_exec",
             token=TOKEN,
             slots_per_container=8,
-            policy=SlotPolicy(),
+            isolation=SlotIsolation(),
         )
     )
     job["Drivr"] = "raw_exec"
@@ -191,8 +191,8 @@ def test_the_job_runs_the_slot_server_as_specified(spec: NomadJobSpec) -> None:
     assert parsed.listen == spec.listen_address()
     assert parsed.token_env == spec.job.token_env
     assert parsed.token_file is None
-    assert parsed.allow_network is spec.policy.allow_network
-    assert parsed.require_sandbox is spec.policy.require_sandbox
+    assert parsed.allow_network is spec.isolation.allow_network
+    assert parsed.require_sandbox is spec.isolation.require_sandbox
     # The token reaches the task only through its environment: never an argument, no template.
     assert task["Env"] == {spec.job.token_env: spec.token}
     assert not any(spec.token in word for word in argv)
@@ -276,7 +276,7 @@ def test_a_bad_spec_names_its_field(field: str, change: dict[str, object]) -> No
         "image": "img",
         "token": TOKEN,
         "slots_per_container": 8,
-        "policy": SlotPolicy(),
+        "isolation": SlotIsolation(),
     }
     settings.update(change)
     with pytest.raises(ConfigError) as caught:
@@ -297,7 +297,7 @@ def test_a_bad_spec_names_its_field(field: str, change: dict[str, object]) -> No
 )
 def test_bad_policy_flags_name_their_field(field: str, change: dict[str, object]) -> None:
     with pytest.raises(ConfigError) as caught:
-        SlotPolicy(**change)  # type: ignore[arg-type]
+        SlotIsolation(**change)  # type: ignore[arg-type]
     assert caught.value.field == field
 
 
@@ -314,7 +314,7 @@ def test_every_slot_server_registers_a_service_with_a_tcp_check_on_its_port() ->
         image="trajcore/slot-server",
         token="t" * 16,
         slots_per_container=8,
-        policy=SlotPolicy(),
+        isolation=SlotIsolation(),
     )
     group = job_json(spec)["TaskGroups"][0]  # type: ignore[index]
     assert isinstance(group, dict)
@@ -342,5 +342,5 @@ def test_every_slot_server_registers_a_service_with_a_tcp_check_on_its_port() ->
             token="t" * 16,
             nofile_limit=8,
             slots_per_container=8,
-            policy=SlotPolicy(),
+            isolation=SlotIsolation(),
         )

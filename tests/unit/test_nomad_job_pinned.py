@@ -10,6 +10,7 @@ import attrs
 import pytest
 
 from trajcore.domain.errors import ConfigError
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_job import (
     NomadJobSettings,
     NomadJobSpec,
@@ -17,7 +18,6 @@ from trajcore.domain.nomad_job import (
     job_json,
     scale_request,
 )
-from trajcore.domain.sandbox_policy import SlotPolicy
 
 TOKEN = "t0ken-t0ken-t0ken"
 
@@ -30,7 +30,7 @@ def test_the_whole_job_nomad_is_sent() -> None:
         count=2,
         token=TOKEN,
         slots_per_container=8,
-        policy=SlotPolicy(),
+        isolation=SlotIsolation(),
     )
     job = job_json(spec)
     groups = job["TaskGroups"]
@@ -146,9 +146,11 @@ def test_a_spec_holds_the_job_settings_beside_the_slots_the_count_and_the_token(
         reschedule_max_delay_s=7.0,
         kill_timeout_s=3.0,
     )
-    policy = SlotPolicy(max_processes=7)
-    spec = NomadJobSpec(job=settings, slots_per_container=3, policy=policy, count=4, token=TOKEN)
-    assert (spec.job, spec.slots_per_container, spec.policy) == (settings, 3, policy)
+    isolation = SlotIsolation(max_processes=7)
+    spec = NomadJobSpec(
+        job=settings, slots_per_container=3, isolation=isolation, count=4, token=TOKEN
+    )
+    assert (spec.job, spec.slots_per_container, spec.isolation) == (settings, 3, isolation)
     assert (spec.count, spec.token) == (4, TOKEN)
     job = job_json(spec)
     groups = job["TaskGroups"]

@@ -18,11 +18,11 @@ import attrs
 import pytest
 
 from tests.nomad_testbed import OPENAPI, nomad_pool_config, pool_config, wait_until
-from trajcore.adapters.sandbox.nomad_client import NomadClient, NomadUnavailable
-from trajcore.adapters.sandbox.nomad_pool import NomadSandboxPool
+from trajcore.adapters.pools.nomad_client import NomadClient, NomadUnavailable
+from trajcore.adapters.pools.nomad_pool import NomadSandboxPool
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_job import NomadJobSettings, register_request
-from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slots import Lease
 from trajcore.domain.tools import ToolOutcome
 from trajcore.testing.fake_nomad import FakeNomadAPI
@@ -93,7 +93,8 @@ def test_the_job_spec_carries_every_job_setting_of_the_config() -> None:
     config = pool_config(
         job_id="slots-2", driver="raw_exec", image="unused",
         command="python -m trajcore.entrypoints.slot_server",
-        slots_per_container=3, policy=SlotPolicy(output_cap_bytes=4096), token_env="SLOT_TOKEN",
+        slots_per_container=3, isolation=SlotIsolation(output_cap_bytes=4096),
+        token_env="SLOT_TOKEN",
         nofile_limit=100, nproc_limit=200, datacenters="east, west", namespace="ns", region="eu",
         group="g", task="t", cpu_mhz=7, memory_mb=99, disk_mb=50, restart_attempts=2,
         restart_delay_s=2.0, reschedule_delay_s=9.0, reschedule_max_delay_s=90.0,
@@ -105,7 +106,7 @@ def test_the_job_spec_carries_every_job_setting_of_the_config() -> None:
     for field in attrs.fields(NomadJobSettings):
         if field.name != "privileged":  # (only docker, the default driver, runs privileged)
             assert getattr(config.job, field.name) != getattr(defaults, field.name), field.name
-    assert (spec.slots_per_container, spec.policy) == (3, SlotPolicy(output_cap_bytes=4096))
+    assert (spec.slots_per_container, spec.isolation) == (3, SlotIsolation(output_cap_bytes=4096))
     assert (spec.count, spec.token) == (3, "b" * 16)  # the bearer token, not the ACL token
     assert spec.job.command == ("python", "-m", "trajcore.entrypoints.slot_server")
     assert spec.job.datacenters == ("east", "west")
@@ -228,8 +229,8 @@ async def test_a_start_without_running_allocations_fails_and_leaves_no_job() -> 
 async def test_a_required_sandbox_that_a_server_lacks_fails_the_start(
     fake: FakeNomadAPI,
 ) -> None:
-    flags = SlotPolicy(require_sandbox=True, bwrap="/nonexistent/bwrap", min_timeout_s=0.2)
-    config = nomad_pool_config(fake.address, policy=flags)
+    flags = SlotIsolation(require_sandbox=True, bwrap="/nonexistent/bwrap", min_timeout_s=0.2)
+    config = nomad_pool_config(fake.address, isolation=flags)
     with pytest.raises(SandboxUnavailable, match="bubblewrap") as caught:
         async with NomadSandboxPool(config):
             pytest.fail("a pool started without the sandbox it requires")

@@ -40,7 +40,7 @@ from trajcore.domain.nomad_reconcile import (
     SetCount,
     Undrain,
 )
-from trajcore.domain.scale_policy import ScaleConfig, ScaleReason
+from trajcore.domain.scaling import ScaleConfig, ScaleReason
 
 
 def reconciler(**scale: Any) -> NomadReconciler:
@@ -640,7 +640,7 @@ def test_bad_input_is_refused_with_its_field_and_reason(
 
 
 def test_time_may_not_go_backwards_in_any_event() -> None:
-    # observe's scale policy checks the time too; the join and failure reports only here
+    # observe's scaling rules checks the time too; the join and failure reports only here
     machine = reconciler()
     machine.observe([running("a", 0)], demand=0, now=5.0)
     events: list[Callable[[], list[Action]]] = [

@@ -24,7 +24,7 @@ from trajcore.domain.agent_loop import (
     ToolErrorCounts,
     TrajectoryStats,
 )
-from trajcore.domain.groups import GroupPolicy
+from trajcore.domain.groups import GroupRules
 from trajcore.domain.messages import Message
 from trajcore.domain.token_ledger import TrainingTokens
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
@@ -86,11 +86,11 @@ def member(
 
 
 def group(group_id: str, *members: TrajectoryResult) -> GroupResult:
-    policy = GroupPolicy(group_size=len(members), min_healthy=1, drop_equal_scores=False)
+    rules = GroupRules(group_size=len(members), min_healthy=1, drop_equal_scores=False)
     return GroupResult(
         group_id=group_id,
         members=members,
-        verdict=policy.assess([m.outcome for m in members]),
+        verdict=rules.assess([m.outcome for m in members]),
         duration_s=2.0,
     )
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from trajcore.adapters.sandbox.runtime_config import RuntimeConfig
+from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
 from trajcore.domain.errors import ConfigError
 
 

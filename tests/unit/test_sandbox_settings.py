@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
-from trajcore.adapters.sandbox.cloud_pool import CloudPoolConfig
-from trajcore.adapters.sandbox.container_pool import ContainerPoolConfig, ContainerSandboxPool
-from trajcore.adapters.sandbox.daytona_pool import DaytonaPoolConfig, DaytonaSandboxSettings
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig, LocalSandboxPool
-from trajcore.adapters.sandbox.modal_pool import ModalPoolConfig, ModalSandboxSettings
-from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
-from trajcore.adapters.sandbox.slurm_pool import SlurmPoolConfig
-from trajcore.adapters.sandbox.ssh_pool import SshPoolConfig
+from trajcore.adapters.pools.cloud_pool import CloudPoolConfig
+from trajcore.adapters.pools.container_pool import ContainerPoolConfig, ContainerSandboxPool
+from trajcore.adapters.pools.daytona_pool import DaytonaPoolConfig, DaytonaSandboxSettings
+from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.pools.modal_pool import ModalPoolConfig, ModalSandboxSettings
+from trajcore.adapters.pools.nomad_pool import NomadPoolConfig
+from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig
+from trajcore.adapters.pools.ssh_pool import SshPoolConfig
 from trajcore.domain.errors import ConfigError
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_job import NomadJobSettings
-from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slurm_jobs import SlurmJobSettings
 from trajcore.domain.ssh_hosts import SshHost
 from trajcore.entrypoints.atropos import sandbox_settings
@@ -110,7 +110,7 @@ def test_the_cloud_pools_read_their_sections_with_the_renamed_fields() -> None:
 
 def test_the_defaults_are_the_pools_own() -> None:
     settings = SandboxSettings()
-    assert settings.slot_policy() == SlotPolicy()
+    assert settings.slot_isolation() == SlotIsolation()
     assert settings.nomad_pool_config() == NomadPoolConfig()
     assert settings.slurm_pool_config() == SlurmPoolConfig()
     # The env serves 8 slots per server everywhere (the Nomad and Slurm pools' default).

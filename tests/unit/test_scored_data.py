@@ -1,6 +1,6 @@
 """A judged group as Atropos's ``ScoredDataGroup``: a pure conversion, counted by its caller.
 
-The verdict (``RolloutSettings.group_policy``, which requires tokens) makes every decision; the
+The verdict (``RolloutSettings.group_rules``, which requires tokens) makes every decision; the
 conversion only sends the kept members and says the verdict's reason when it sends nothing.
 """
 
@@ -54,11 +54,11 @@ def group(
 ) -> GroupResult:
     """A group judged as ``AgentEnv.run_group`` judges a training group."""
     members = tuple(_with_tokens_flag(m) for m in members)
-    policy = (settings or _settings()).group_policy(len(members))
+    rules = (settings or _settings()).group_rules(len(members))
     return GroupResult(
         group_id=group_id,
         members=members,
-        verdict=policy.assess([m.outcome for m in members]),
+        verdict=rules.assess([m.outcome for m in members]),
         duration_s=2.0,
     )
 
@@ -134,13 +134,13 @@ def test_equal_scores_left_after_leaving_members_out_are_not_sent() -> None:
 
 
 def test_the_conversion_decides_nothing_a_kept_member_without_tokens_is_refused() -> None:
-    # A verdict made without require_tokens (the evaluation policy) keeps a member without
+    # A verdict made without require_tokens (the evaluation rules) keeps a member without
     # tokens: the conversion does not quietly send the group short, it refuses.
     members = (member("g/0", tokens=TOKENS), member("g/1", score=0.0))
     evaluated = GroupResult(
         group_id="g",
         members=members,
-        verdict=RolloutSettings.eval_policy(2).assess([m.outcome for m in members]),
+        verdict=RolloutSettings.eval_rules(2).assess([m.outcome for m in members]),
         duration_s=1.0,
     )
     with pytest.raises(StateError, match=r"kept member g/1 has no tokens"):
@@ -154,7 +154,7 @@ def test_a_dropped_verdict_is_not_sent_and_counted_by_its_reason() -> None:
         group_id="g",
         members=judged.members,
         verdict=_settings(on_failure="drop")
-        .group_policy(2)
+        .group_rules(2)
         .assess([m.outcome for m in judged.members]),
         duration_s=1.0,
     )

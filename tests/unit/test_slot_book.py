@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from trajcore.domain.errors import ConfigError, InvalidInput, StaleLease, StateError, UnknownSlot
-from trajcore.domain.scale_policy import ContainerLoad, drain_order
+from trajcore.domain.scaling import ContainerLoad, drain_order
 from trajcore.domain.slot_book import Grant, SlotBook, Ticket
 from trajcore.domain.slots import Lease, SlotId, SlotState
 

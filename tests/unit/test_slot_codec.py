@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trajcore.adapters.sandbox.codec import decode, encode, structure, unstructure
+from trajcore.adapters.slot_server.codec import decode, encode, structure, unstructure
 from trajcore.domain.errors import WireError
 from trajcore.domain.slot_protocol import (
     ArchiveArtifactsRequest,

@@ -23,9 +23,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trajcore.adapters.sandbox.channel import encode_request
-from trajcore.adapters.sandbox.native_helper import NativeBuildError, build_slot_helper, cache_dir
-from trajcore.adapters.sandbox.slot_ids import unmapped, unreachable
+from trajcore.adapters.slot_server.channel import encode_request
+from trajcore.adapters.slot_server.native_helper import (
+    NativeBuildError,
+    build_slot_helper,
+    cache_dir,
+)
+from trajcore.adapters.slot_server.slot_ids import unmapped, unreachable
 from trajcore.domain.json_values import JSON
 
 HAS_COMPILER = any(shutil.which(name) for name in ("cc", "gcc", "clang"))

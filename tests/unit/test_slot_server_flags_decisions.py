@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from trajcore.domain.slot_server_flags import POLICY_FLAGS
+from trajcore.domain.slot_server_flags import ISOLATION_FLAGS
 
 
 def test_a_switch_read_as_a_value_says_it_takes_none() -> None:
-    """Pins ``PolicyFlag.read`` on a switch: a ``ValueError`` naming the flag."""
-    (switch,) = [flag for flag in POLICY_FLAGS if flag.name == "--allow-network"]
+    """Pins ``IsolationFlag.read`` on a switch: a ``ValueError`` naming the flag."""
+    (switch,) = [flag for flag in ISOLATION_FLAGS if flag.name == "--allow-network"]
     with pytest.raises(ValueError, match=r"^--allow-network is a switch and takes no value$"):
         switch.read("yes")
 
@@ -27,6 +27,6 @@ def test_a_switch_read_as_a_value_says_it_takes_none() -> None:
 )
 def test_a_malformed_list_says_what_was_expected(name: str, word: str, message: str) -> None:
     """Pins the reason of each list codec's refusal of a word that is JSON of another shape."""
-    (flag,) = [flag for flag in POLICY_FLAGS if flag.name == name]
+    (flag,) = [flag for flag in ISOLATION_FLAGS if flag.name == name]
     with pytest.raises(ValueError, match=rf"^{message}$"):
         flag.read(word)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.sandbox_policy import DEFAULT_SLOT_UID_BASE, MAX_SLOT_UID
+from trajcore.domain.isolation import DEFAULT_SLOT_UID_BASE, MAX_SLOT_UID
 from trajcore.entrypoints.slot_server import _config, parse_args
 
 

@@ -13,7 +13,7 @@ from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.domain.agent_loop import AgentLoopConfig
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.errors import InfrastructureError, SlotFileError, SlotInfraError
-from trajcore.domain.groups import GroupPolicy, GroupStatus, TrajectoryStatus
+from trajcore.domain.groups import GroupRules, GroupStatus, TrajectoryStatus
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, SLOT_TOOLS
@@ -162,7 +162,7 @@ async def test_a_verification_hit_by_an_infra_failure_fails_the_member_never_zer
 
         group = await collect_group(
             group_id="g",
-            policy=GroupPolicy(group_size=4, min_healthy=2, drop_equal_scores=False),
+            rules=GroupRules(group_size=4, min_healthy=2, drop_equal_scores=False),
             run_member=member,
         )
     by_name = {m.trajectory_id: m for m in group.members}

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from trajcore.adapters.sandbox.image_cache import CachedImage
-from trajcore.adapters.sandbox.snapshots import (
+from trajcore.adapters.slot_server.image_cache import CachedImage
+from trajcore.adapters.slot_server.snapshots import (
     MAX_DEPTH,
     Snapshot,
     SnapshotRefused,
     SnapshotStore,
 )
-from trajcore.adapters.sandbox.workspace_overlays import (
+from trajcore.adapters.slot_server.workspace_overlays import (
     WorkspaceOverlays,
     _unescape,
     mount_points_under,

@@ -15,7 +15,7 @@ from trajcore.adapters.tokenizers import TransformersTokenizer
 from trajcore.domain.agent_loop import AgentLoopConfig, StopReason
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.errors import SlotFileError
-from trajcore.domain.groups import GroupPolicy, GroupStatus, TrajectoryStatus
+from trajcore.domain.groups import GroupRules, GroupStatus, TrajectoryStatus
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, SamplingParams, TokenCompletion
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
@@ -177,7 +177,7 @@ async def test_a_member_that_crashes_outside_the_runner_is_an_unscored_infra_err
             return await _run(ChatPolicy(_solving_chat()), pool, tid=trajectory_id)
 
     group = await collect_group(
-        group_id="g", policy=GroupPolicy(group_size=2, min_healthy=1), run_member=run_member
+        group_id="g", rules=GroupRules(group_size=2, min_healthy=1), run_member=run_member
     )
     crashed = group.members[1]
     assert crashed.trajectory_id == "g/1"
@@ -233,7 +233,7 @@ async def test_group_keeps_healthy_members_and_never_scores_failures() -> None:
 
         group = await collect_group(
             group_id="g",
-            policy=GroupPolicy(group_size=4, min_healthy=2, drop_equal_scores=False),
+            rules=GroupRules(group_size=4, min_healthy=2, drop_equal_scores=False),
             run_member=member,
         )
     assert group.verdict.status is GroupStatus.PARTIAL

@@ -23,8 +23,8 @@ from typing import TypeVar
 
 import pytest
 
-from trajcore.adapters.sandbox import workspace as workspace_module
-from trajcore.adapters.sandbox.workspace import Workspace
+from trajcore.adapters.slot_server import workspace as workspace_module
+from trajcore.adapters.slot_server.workspace import Workspace
 from trajcore.domain.errors import ConfigError, ToolArgumentError
 from trajcore.domain.slot_protocol import EntryKind
 

@@ -1,7 +1,7 @@
-"""The bubblewrap argument vector of a slot's sandbox, as a pure function of the slot policy.
+"""The bubblewrap argument vector of a slot's sandbox, as a pure function of the slot isolation.
 
 A slot server starts one bubblewrap (``bwrap``) sandbox per slot, with the slot's keeper as its
-first process. ``bwrap_argv`` turns the policy plus a few facts about the host into the exact
+first process. ``bwrap_argv`` turns the isolation plus a few facts about the host into the exact
 argument vector; keeping it pure lets the tests state its properties (no network namespace is
 ever missing when network is off, the workspace is the only writable host path, capabilities
 are always dropped) without starting a process.
@@ -23,7 +23,7 @@ Rules this module keeps:
   ever kept are ``KEEPER_CAPABILITIES``, and only when the caller asks for them: the slot's
   keeper needs them, inside the sandbox's own user namespace, to give every lease new pid,
   mount, ipc and uts namespaces; each lease drops every capability before it runs anything
-  (the slot helper, ``trajcore/adapters/sandbox/slot_helper.c``).
+  (the slot helper, ``trajcore/adapters/slot_server/slot_helper.c``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.sandbox_policy import SANDBOX_TMP, Bind, SlotPolicy
+from trajcore.domain.isolation import SANDBOX_TMP, Bind, SlotIsolation
 
 __all__ = ["IMAGE_KEEPER_CAPABILITIES", "KEEPER_CAPABILITIES", "bwrap_argv", "private_tmp_binds"]
 
@@ -51,7 +51,7 @@ def _under(path: str, root: str) -> bool:
 
 
 def bwrap_argv(
-    policy: SlotPolicy,
+    isolation: SlotIsolation,
     *,
     workspace: str,
     command: Sequence[str],
@@ -63,11 +63,12 @@ def bwrap_argv(
     """The full ``bwrap`` argument vector that runs ``command`` in a sandbox for one slot.
 
     Args:
-        policy: The slot's policy.
-        workspace: The slot's workspace on the host, bound read-write at ``policy.workspace_path``.
+        isolation: The slot's isolation.
+        workspace: The slot's workspace on the host, bound read-write at
+            ``isolation.workspace_path``.
         command: The program (and its arguments) to start as the sandbox's first process.
         bwrap: The bubblewrap executable.
-        host_symlinks: Which of ``policy.system_paths`` are symlinks on the host, and their
+        host_symlinks: Which of ``isolation.system_paths`` are symlinks on the host, and their
             targets; those are recreated with ``--symlink`` instead of bound.
         rebind: Host paths the command needs (the Python it runs on, say) that the system binds
             or the private ``/tmp`` would leave out; bound read-only at the same place. Paths
@@ -102,13 +103,13 @@ def bwrap_argv(
         "--unshare-uts",
         "--unshare-cgroup-try",
     ]
-    if not policy.allow_network:
+    if not isolation.allow_network:
         argv.append("--unshare-net")
     argv += ["--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     for capability in keep_capabilities:
         argv += ["--cap-add", capability]
     argv += ["--hostname", "slot"]
-    for path in policy.system_paths:
+    for path in isolation.system_paths:
         if path in links:
             argv += ["--symlink", links[path], path]
         else:
@@ -119,22 +120,22 @@ def bwrap_argv(
             argv += ["--ro-bind", wanted.source, wanted.dest]
             continue
         path = wanted
-        covered = any(_under(path, p) for p in policy.system_paths if p not in links)
+        covered = any(_under(path, p) for p in isolation.system_paths if p not in links)
         if covered and not _under(path, SANDBOX_TMP):
             continue
         argv += ["--ro-bind", path, path]
-    for bind in policy.extra_binds:
+    for bind in isolation.extra_binds:
         flag = "--bind" if bind.writable else "--ro-bind"
         argv += [flag + ("-try" if bind.optional else ""), bind.source, bind.dest]
-    argv += ["--bind", workspace, policy.workspace_path]
-    if policy.read_only_root:
+    argv += ["--bind", workspace, isolation.workspace_path]
+    if isolation.read_only_root:
         argv += ["--remount-ro", "/"]
-    argv += ["--chdir", policy.workspace_path, "--", *command]
+    argv += ["--chdir", isolation.workspace_path, "--", *command]
     return argv
 
 
 def private_tmp_binds(
-    policy: SlotPolicy, *, rebind: Sequence[str | Bind] = ()
+    isolation: SlotIsolation, *, rebind: Sequence[str | Bind] = ()
 ) -> list[tuple[str, bool]]:
     """The sandbox paths ``bwrap_argv`` (given the same ``rebind``) binds *under* the private
     ``/tmp``, in bind order, each with whether it is writable: a lease that mounts a fresh
@@ -142,8 +143,10 @@ def private_tmp_binds(
     dests = [path.dest if isinstance(path, Bind) else path for path in rebind]
     found = [(path, False) for path in dests if _under(path, SANDBOX_TMP)]
     found += [
-        (bind.dest, bind.writable) for bind in policy.extra_binds if _under(bind.dest, SANDBOX_TMP)
+        (bind.dest, bind.writable)
+        for bind in isolation.extra_binds
+        if _under(bind.dest, SANDBOX_TMP)
     ]
-    if _under(policy.workspace_path, SANDBOX_TMP):
-        found.append((policy.workspace_path, True))
+    if _under(isolation.workspace_path, SANDBOX_TMP):
+        found.append((isolation.workspace_path, True))
     return found

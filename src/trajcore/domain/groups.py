@@ -3,7 +3,7 @@
 An environment runs a *group* of trajectories per dataset item; the trainer computes advantages
 relative to the group, so one wrong score biases every member. This module decides which members'
 scores enter the group and whether the group is sent at all. It is a pure function of the outcomes
-and the env's ``GroupPolicy``; ``GroupPolicy.assess`` returns a frozen ``GroupVerdict``.
+and the env's ``GroupRules``; ``GroupRules.assess`` returns a frozen ``GroupVerdict``.
 
 Rules this module keeps:
 
@@ -16,7 +16,7 @@ Rules this module keeps:
   would drag the group's advantages. Each is counted under its own name, so a bug in an env is
   never reported as a broken sandbox.
 - A healthy member whose model produced nothing has its reward hook skipped (the env has nothing
-  to verify) and gets the policy's ``empty_score`` instead: 0.0 by default, since an empty answer
+  to verify) and gets the rules' ``empty_score`` instead: 0.0 by default, since an empty answer
   is the policy's failure and should be learnt from. With ``empty_score=None`` such members are
   left out instead, and they do not count as usable.
 - ``on_failure`` is the env's choice: ``drop`` sends no group that had any failure;
@@ -27,11 +27,11 @@ Rules this module keeps:
 - Scores that are all equal give no learning signal: Atropos drops such groups when
   ``ensure_scores_are_not_same`` is on (a group of one counts as all equal there too). The verdict
   always flags it; with ``drop_equal_scores`` (the default, as in Atropos) it also drops the group.
-- Training needs tokens: with ``require_tokens`` (the trainer's policy) a scored member without
+- Training needs tokens: with ``require_tokens`` (the trainer's rules) a scored member without
   training tokens (it never had a model turn) is left out, and a group left with fewer than
   ``min_healthy`` members with tokens, or with only equal scores once they are left out, is
   dropped as ``no_tokens``. Evaluation does not require tokens. Every threshold comes from the
-  policy's ``group_size``, never from the members at hand.
+  rules' ``group_size``, never from the members at hand.
 - The first reason found stands: a member failure (under ``drop``), then too few usable members,
   then too few with tokens, then equal scores (all usable ones, then those with tokens).
 - A kept partial group has fewer members than ``group_size``; whoever sends it must say so to
@@ -54,7 +54,7 @@ from trajcore.domain.errors import ConfigError, InvalidInput
 
 __all__ = [
     "DropReason",
-    "GroupPolicy",
+    "GroupRules",
     "GroupStatus",
     "GroupVerdict",
     "OnFailure",
@@ -88,7 +88,7 @@ class TrajectoryOutcome:
             nothing (their reward hook is skipped), a finite number otherwise.
         produced_output: Whether the model produced anything (text, reasoning or a call).
         detail: A one-line reason for logs, e.g. the error that ended it.
-        has_tokens: Whether the trajectory has training tokens (it had a model turn); a policy
+        has_tokens: Whether the trajectory has training tokens (it had a model turn); rules
             with ``require_tokens`` leaves a member without them out.
 
     Raises (when built):
@@ -150,22 +150,22 @@ class DropReason(enum.StrEnum):
     ALL_EQUAL_SCORES = "all_equal_scores"  # no learning signal (drop_equal_scores)
 
 
-def _default_min_healthy(policy: GroupPolicy) -> int:
-    size: object = policy.group_size  # not validated yet when defaults are filled in
+def _default_min_healthy(rules: GroupRules) -> int:
+    size: object = rules.group_size  # not validated yet when defaults are filled in
     return min(2, size) if isinstance(size, int) else 1
 
 
-def _check_min_healthy(policy: GroupPolicy, attribute: attrs.Attribute[int], value: object) -> None:
+def _check_min_healthy(rules: GroupRules, attribute: attrs.Attribute[int], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(attribute.name, f"must be an integer, got {value!r}")
-    if not 1 <= value <= policy.group_size:
+    if not 1 <= value <= rules.group_size:
         raise ConfigError(
-            attribute.name, f"must be in [1, group_size={policy.group_size}], got {value}"
+            attribute.name, f"must be in [1, group_size={rules.group_size}], got {value}"
         )
 
 
 @attrs.frozen(kw_only=True)
-class GroupPolicy:
+class GroupRules:
     """An env's rules for turning a group's outcomes into training data.
 
     Attributes:

@@ -2,7 +2,7 @@
 masked and read-only paths).
 
 A lease mounts a fresh ``/proc`` in its own pid namespace; these lists say what it then covers.
-They are data: the slot helper carries them out (``adapters/sandbox/sandboxes.py`` hands them
+They are data: the slot helper carries them out (``adapters/slot_server/sandboxes.py`` hands them
 over), and the security tests check each from inside a lease. A path the kernel does not have is
 skipped. What a lease may not call is the other half, ``seccomp_rules``.
 """

@@ -5,7 +5,7 @@ slot-server``), one per allocation. This module describes that job without any I
 ``job_json`` turns a checked ``NomadJobSpec`` into the ``Job`` object of a
 ``JobRegisterRequest`` (Nomad's HTTP API, JSON field names as Nomad spells them), and
 ``scale_request`` a new count. Reading Nomad's answers (allocation listings, addresses) is the
-adapter's: ``trajcore.adapters.sandbox.nomad_client``.
+adapter's: ``trajcore.adapters.pools.nomad_client``.
 
 The job (one task group, one task):
 
@@ -15,7 +15,7 @@ The job (one task group, one task):
   workspace root in the task directory, ``--listen`` on the allocated port and ``--token-env``
   naming the task environment variable ``token_env`` that carries the token (so the token never
   appears on a command line, and no template renders it to a file; the server drops the variable
-  once read), then the policy flags of ``SlotPolicy``.
+  once read), then the isolation flags of ``SlotIsolation``.
 - Drivers: ``docker`` runs ``image`` (``trajcore/slot-server``, the image ``./dev image``
   builds) with ``entrypoint`` set to ``command`` (the image's own entrypoint is not relied on),
   maps the ``slot`` port, listens on ``0.0.0.0`` inside the container, and gives the container
@@ -52,9 +52,9 @@ from attrs.validators import optional
 
 from trajcore.domain.converters import command_words
 from trajcore.domain.errors import ConfigError
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSON, JSONObject
-from trajcore.domain.sandbox_policy import SlotPolicy
-from trajcore.domain.slot_server_flags import policy_argv
+from trajcore.domain.slot_server_flags import isolation_argv
 from trajcore.domain.validators import finite_number, flag, instance_of, whole_number
 
 __all__ = [
@@ -154,7 +154,7 @@ class NomadJobSettings:
     """The slot servers' Nomad job as an operator sets it: what Nomad runs and where.
 
     The pool's settings (``NomadPoolConfig``) hold this value beside the slot servers' own
-    settings (slots, policy); a ``NomadJobSpec`` holds it with them, the count and the token.
+    settings (slots, isolation); a ``NomadJobSpec`` holds it with them, the count and the token.
 
     Attributes:
         job_id: The job's ID (and name): letters, digits, ``_``, ``.``, ``-``; at most 128.
@@ -266,19 +266,19 @@ class NomadJobSettings:
 @attrs.frozen(kw_only=True)
 class NomadJobSpec:
     """Everything the slot servers' Nomad job is built from: the job's settings, what each slot
-    server is told (its slots and policy), the count and the token.
+    server is told (its slots and isolation), the count and the token.
 
     Attributes:
         job: The job as the operator sets it (``NomadJobSettings``).
         slots_per_container: Slots each slot server serves (N).
-        policy: The sandbox policy every slot server gets.
+        isolation: The sandbox isolation every slot server gets.
         count: Allocations (containers) to run.
         token: The slot servers' bearer token (at least 16 printable ASCII characters).
     """
 
     job: NomadJobSettings = attrs.field(validator=instance_of(NomadJobSettings))
     slots_per_container: int = attrs.field(validator=whole_number(1))
-    policy: SlotPolicy = attrs.field(validator=instance_of(SlotPolicy))
+    isolation: SlotIsolation = attrs.field(validator=instance_of(SlotIsolation))
     count: int = attrs.field(validator=whole_number(0))
     token: str = attrs.field(
         repr=False, validator=_matches(_TOKEN, "16 to 512 printable ASCII characters")
@@ -298,7 +298,7 @@ class NomadJobSpec:
         return f"${{NOMAD_IP_{PORT_LABEL}}}:${{NOMAD_PORT_{PORT_LABEL}}}"
 
     def server_args(self) -> list[str]:
-        """The words after ``command``: slots, root, listen address, token variable, policy."""
+        """The words after ``command``: slots, root, listen address, token variable, isolation."""
         return [
             "--slots", str(self.slots_per_container),
             "--root", "${NOMAD_TASK_DIR}/slots",
@@ -306,7 +306,7 @@ class NomadJobSpec:
             "--token-env", self.job.token_env,
             # allocations on one host share its uids: each takes its own block of slot uids
             "--slot-uid-block", "${NOMAD_ALLOC_INDEX}",
-            *policy_argv(self.policy),
+            *isolation_argv(self.isolation),
         ]  # fmt: skip
 
 

@@ -45,7 +45,7 @@ again under that run (``(alloc_id, restarts)``).
 
 Rules it keeps (``check_valid`` asserts them):
 
-- The target is the ``ScalePolicy``'s, always within ``[min_containers, max_containers]``; a
+- The target is the ``ScaleRules``'s, always within ``[min_containers, max_containers]``; a
   ``SetCount`` never asks for more than ``max_containers``.
 - Capacity is the JOINED members only: draining and joining ones do not count. At most one
   JOINED member per index and every JOINED index is below the target, so capacity never
@@ -69,7 +69,7 @@ from typing import Final
 import attrs
 
 from trajcore.domain.errors import InvalidInput
-from trajcore.domain.scale_policy import ScaleConfig, ScalePolicy, ScaleReason
+from trajcore.domain.scaling import ScaleConfig, ScaleReason, ScaleRules
 from trajcore.domain.validators import instance_of, non_negative_int, positive_seconds, whole_number
 
 __all__ = [
@@ -242,7 +242,7 @@ class ReconcileConfig:
     """The reconciler's settings.
 
     Attributes:
-        scale: The scale policy's limits and damping.
+        scale: The scaling rules' limits and damping.
         restart_attempts: In-place restarts an allocation may have; beyond them it is replaced.
         join_timeout_s: Longest a join may take before the allocation is replaced.
     """
@@ -291,7 +291,7 @@ class NomadReconciler:
     """
 
     config: ReconcileConfig
-    _policy: ScalePolicy = attrs.field(init=False)
+    _policy: ScaleRules = attrs.field(init=False)
     _target: int = attrs.field(init=False)
     _job_count: int | None = attrs.field(init=False, default=None)
     _members: dict[str, _Member] = attrs.field(init=False, factory=dict)
@@ -299,14 +299,14 @@ class NomadReconciler:
     _now: float = attrs.field(init=False, default=-math.inf)
 
     def __attrs_post_init__(self) -> None:
-        self._policy = ScalePolicy(self.config.scale)
+        self._policy = ScaleRules(self.config.scale)
         self._target = self.config.scale.min_containers
 
     # ------------------------------------------------------------------------- inspection
 
     @property
     def target(self) -> int:
-        """The container count the scale policy wants now."""
+        """The container count the scaling rules want now."""
         return self._target
 
     @property

@@ -1,6 +1,6 @@
 """Every lease's seccomp filter, as data: which system calls fail, on which arguments, and how.
 
-The adapter ``adapters/sandbox/seccomp.py`` compiles these rules with libseccomp once per slot
+The adapter ``adapters/slot_server/seccomp.py`` compiles these rules with libseccomp once per slot
 server; each lease installs the result as the last step of its setup. The filter allows what no
 rule names (a deny list, as Flatpak's): a sandbox runs whatever a task needs (compilers,
 interpreters, package managers), and the rules refuse what only an escape, a cross-lease attack

@@ -73,7 +73,7 @@ import attrs
 
 from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, InvalidInput, StaleLease, StateError, UnknownSlot
-from trajcore.domain.scale_policy import ContainerLoad
+from trajcore.domain.scaling import ContainerLoad
 from trajcore.domain.slots import Lease, PoolStatistics, SlotId, SlotState
 
 __all__ = ["Grant", "SlotBook", "Ticket"]

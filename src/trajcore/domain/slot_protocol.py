@@ -3,7 +3,7 @@
 A slot server (``trajcore slot-server``) owns N slot workspaces and runs tool calls in them; the
 local pool and the Nomad pool talk to it with JSON over HTTP. This module holds the protocol's
 values, one frozen type per message, independent of how they travel: the cattrs codec in
-``trajcore.adapters.sandbox.codec`` turns them into JSON and back and reports malformed input as
+``trajcore.adapters.slot_server.codec`` turns them into JSON and back and reports malformed input as
 ``reason @ $.path``.
 
 Endpoints (all under ``/v1``, bodies JSON; ``PROTOCOL_VERSION`` names this set):
@@ -32,7 +32,7 @@ Rules the values keep:
   lease epoch answers with the first result and does not run the call again.
 - A call's ``epoch`` is its lease's; once a slot was reset for epoch E, calls with an epoch <= E are
   refused as stale.
-- Nothing the model writes can change the policy: ``allow_network``, ``require_sandbox`` and the
+- Nothing the model writes can change the isolation: ``allow_network``, ``require_sandbox`` and the
   timeout range belong to the server's configuration, reported in ``Health``.
 """
 
@@ -175,7 +175,7 @@ class Capabilities:
     """What this slot server's host can do.
 
     Attributes:
-        bwrap: bubblewrap starts a sandbox with every namespace the policy asks for.
+        bwrap: bubblewrap starts a sandbox with every namespace the isolation asks for.
         tmux: tmux runs (inside the sandbox when there is one).
         network_isolation: a sandbox can get its own network namespace.
         cgroups: per-slot limits use cgroups (otherwise rlimits per process).
@@ -204,8 +204,8 @@ class Health:
         slots: How many slots it serves, indexed ``0 .. slots-1``.
         capabilities: What its host can do.
         sandboxed: Calls run inside bubblewrap (``False``: unsandboxed, and results say so).
-        allow_network: The policy's network setting.
-        require_sandbox: The policy refuses to run calls without a sandbox.
+        allow_network: The isolation's network setting.
+        require_sandbox: The isolation refuses to run calls without a sandbox.
         tools: The tools it runs.
         min_timeout_s: The shortest limit a call gets.
         max_timeout_s: The longest limit a call gets.
@@ -249,7 +249,7 @@ class ExecuteCall:
         epoch: The lease epoch the call runs under.
         call_id: The idempotency key: a repeated id returns the first result.
         tool: The tool's name.
-        arguments: The tool's arguments as the model wrote them (policy keys are ignored).
+        arguments: The tool's arguments as the model wrote them ((isolation keys are ignored)).
         timeout_s: The limit the env gives the call; the server clamps it to its range.
     """
 

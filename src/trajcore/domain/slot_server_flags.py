@@ -1,23 +1,23 @@
-"""The slot policy on ``trajcore slot-server``'s command line: one flag per ``SlotPolicy`` field.
+"""The isolation on ``trajcore slot-server``'s command line: a flag per ``SlotIsolation`` field.
 
 The pools and the job descriptions (local processes, containers, Nomad, SSH, Slurm, cloud) start
-a slot server with ``policy_argv(policy)``; the server builds its parser from ``POLICY_FLAGS``
-and reads the words back into the same value. Both come from the one table below, so a flag
-cannot mean one thing to a pool and another to the server.
+a slot server with ``isolation_argv(isolation)``; the server builds its parser from
+``ISOLATION_FLAGS`` and reads the words back into the same value. Both come from the one table
+below, so a flag cannot mean one thing to a pool and another to the server.
 
 Rules this module keeps:
 
-- The table names every field of ``SlotPolicy``, in field order, each with its flag, its help
+- The table names every field of ``SlotIsolation``, in field order, each with its flag, its help
   and how its value is written as one word and read back (``_Codec``); a field missing from the
-  table, or one the policy no longer has, fails at import with both lists named. The defaults
-  are the policy's own, never restated here.
+  table, or one the isolation no longer has, fails at import with both lists named. The defaults
+  are the isolation's own, never restated here.
 - A field whose default is a bool is a switch (no codec): the flag's presence means the
-  opposite of the default, and ``policy_argv`` writes it only when the value differs.
+  opposite of the default, and ``isolation_argv`` writes it only when the value differs.
 - Every valued flag is written, as one word ``--name=value`` (a path may start with ``-``), so a
-  server whose defaults differ still gets this policy. Floats are written by ``repr`` and read
+  server whose defaults differ still gets this isolation. Floats are written by ``repr`` and read
   back exactly; lists of paths and binds travel as compact JSON.
 - Reading a malformed word raises ``ValueError`` saying what was expected; the value is then
-  judged by the policy's own validators when it is built.
+  judged by the isolation's own validators when it is built.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from typing import Any
 import attrs
 
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.sandbox_policy import Bind, SlotPolicy
+from trajcore.domain.isolation import Bind, SlotIsolation
 
-__all__ = ["POLICY_FLAGS", "PolicyFlag", "policy_argv"]
+__all__ = ["ISOLATION_FLAGS", "IsolationFlag", "isolation_argv"]
 
 
 @attrs.frozen
@@ -86,7 +86,7 @@ _PATHS = _Codec(
 )
 _BINDS = _Codec(show=_show_binds, read=_read_binds, metavar="JSON")
 
-# field -> (flag, help, codec); ``None`` for a switch. In ``SlotPolicy``'s field order.
+# field -> (flag, help, codec); ``None`` for a switch. In ``SlotIsolation``'s field order.
 _TABLE: dict[str, tuple[str, str, _Codec | None]] = {
     "allow_network": ("--allow-network", "share the host network", None),
     "require_sandbox": ("--require-sandbox", "refuse every call when bwrap is unusable", None),
@@ -119,8 +119,8 @@ _TABLE: dict[str, tuple[str, str, _Codec | None]] = {
 
 
 @attrs.frozen
-class PolicyFlag:
-    """One ``SlotPolicy`` field as a slot-server flag.
+class IsolationFlag:
+    """One ``SlotIsolation`` field as a slot-server flag.
 
     Attributes:
         field: The field's name (the parser's ``dest``).
@@ -154,16 +154,16 @@ class PolicyFlag:
         return self.codec.read(word)
 
 
-def _policy_flags(table: dict[str, tuple[str, str, _Codec | None]]) -> tuple[PolicyFlag, ...]:
-    """``table`` as flags, with the policy's defaults.
+def _isolation_flags(table: dict[str, tuple[str, str, _Codec | None]]) -> tuple[IsolationFlag, ...]:
+    """``table`` as flags, with the isolation's defaults.
 
     Raises:
-        ValueError: the table's fields are not the policy's, in order (both lists named).
+        ValueError: the table's fields are not the isolation's, in order (both lists named).
     """
-    fields = attrs.fields(SlotPolicy)
+    fields = attrs.fields(SlotIsolation)
     names = [field.name for field in fields]
     if list(table) != names:
-        msg = f"the flag table lists {list(table)}, but SlotPolicy's fields are {names}"
+        msg = f"the flag table lists {list(table)}, but SlotIsolation's fields are {names}"
         raise ValueError(msg)
     flags = []
     for field in fields:
@@ -171,20 +171,20 @@ def _policy_flags(table: dict[str, tuple[str, str, _Codec | None]]) -> tuple[Pol
         if (codec is None) != isinstance(field.default, bool):
             msg = f"{field.name}: a switch is exactly a field whose default is a bool"
             raise ValueError(msg)
-        flags.append(PolicyFlag(field.name, name, help_text, field.default, codec))
+        flags.append(IsolationFlag(field.name, name, help_text, field.default, codec))
     return tuple(flags)
 
 
-POLICY_FLAGS: tuple[PolicyFlag, ...] = _policy_flags(_TABLE)
-"""Every ``SlotPolicy`` field as its slot-server flag, in field order."""
+ISOLATION_FLAGS: tuple[IsolationFlag, ...] = _isolation_flags(_TABLE)
+"""Every ``SlotIsolation`` field as its slot-server flag, in field order."""
 
 
-def policy_argv(policy: SlotPolicy) -> list[str]:
-    """``policy`` as ``trajcore slot-server`` flags, in field order: every valued flag as one
+def isolation_argv(isolation: SlotIsolation) -> list[str]:
+    """``isolation`` as ``trajcore slot-server`` flags, in field order: every valued flag as one
     word ``--name=value``, a switch only when the field differs from its default."""
     words: list[str] = []
-    for flag in POLICY_FLAGS:
-        value = getattr(policy, flag.field)
+    for flag in ISOLATION_FLAGS:
+        value = getattr(isolation, flag.field)
         if flag.codec is None:
             if value != flag.default:
                 words.append(flag.name)

@@ -35,8 +35,8 @@ import attrs
 
 from trajcore.domain.converters import command_words
 from trajcore.domain.errors import ConfigError, InvalidInput
-from trajcore.domain.sandbox_policy import SlotPolicy, check_slot_uid_range
-from trajcore.domain.slot_server_flags import policy_argv
+from trajcore.domain.isolation import SlotIsolation, check_slot_uid_range
+from trajcore.domain.slot_server_flags import isolation_argv
 from trajcore.domain.validators import (
     optional_positive_int,
     optional_text,
@@ -126,7 +126,7 @@ def _nonempty_words(_: object, attribute: attrs.Attribute[tuple[str, ...]], valu
 @attrs.frozen(kw_only=True)
 class SlurmJobSettings:
     """One slot server's batch job as an operator sets it. The pool's settings
-    (``SlurmPoolConfig``) hold it beside the slot servers' slots and policy; ``sbatch_argv``
+    (``SlurmPoolConfig``) hold it beside the slot servers' slots and isolation; ``sbatch_argv``
     adds those, the run and the index.
 
     Attributes:
@@ -201,7 +201,7 @@ def sbatch_argv(
     settings: SlurmJobSettings,
     *,
     slots_per_container: int,
-    policy: SlotPolicy,
+    isolation: SlotIsolation,
     script: str,
     run_dir: str,
     run: str,
@@ -210,7 +210,7 @@ def sbatch_argv(
     token_file: str,
 ) -> list[str]:
     """The ``sbatch`` words that submit server ``index`` of run ``run`` (``--parsable``: it
-    prints the job ID), a slot server of ``slots_per_container`` slots under ``policy``.
+    prints the job ID), a slot server of ``slots_per_container`` slots under ``isolation``.
     ``uid_base`` is the first slot uid of this job's servers."""
     if _RUN.fullmatch(run) is None:
         raise InvalidInput("run", f"must be 1-32 lowercase letters or digits, got {run!r}")
@@ -232,10 +232,10 @@ def sbatch_argv(
         if value is not None:
             words.append(f"--{option}={value}")
     words.extend(settings.extra_options)
-    policy = attrs.evolve(policy, slot_uid_base=uid_base)
+    isolation = attrs.evolve(isolation, slot_uid_base=uid_base)
     server = [
         *settings.command, "--slots", str(slots_per_container),
-        "--token-file", token_file, *policy_argv(policy),
+        "--token-file", token_file, *isolation_argv(isolation),
     ]  # fmt: skip
     return [*words, script, run_dir, *server]
 

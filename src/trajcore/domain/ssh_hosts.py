@@ -1,7 +1,7 @@
 """SSH hosts that run slot servers, as pure data: the host list, the ``ssh`` command lines, and
 what a host's start check reported.
 
-The SSH pool (``adapters/sandbox/ssh_pool``) runs slot servers on machines an operator reaches
+The SSH pool (``adapters/pools/ssh_pool``) runs slot servers on machines an operator reaches
 with ``ssh``. Everything it decides without touching a socket lives here:
 
 - ``SshHost``: one host as the operator names it (address, user, port, key, known_hosts, how

@@ -2,7 +2,7 @@
 an image layer may do to the tree it is unpacked into.
 
 A task may run over its own root filesystem, taken from a container image. The slot server
-unpacks each image once per host into a read-only cache (``adapters/sandbox/image_cache``);
+unpacks each image once per host into a read-only cache (``adapters/slot_server/image_cache``);
 everything that cache decides without touching a file lives here:
 
 - ``EnvironmentRef``: an image reference as an operator or a dataset writes it, with the

@@ -40,7 +40,7 @@ from types import FrameType
 
 import attrs
 
-from trajcore.adapters.sandbox.local_pool import abandon_local_pools
+from trajcore.adapters.pools.local_pool import abandon_local_pools
 
 __all__ = ["Interrupted", "closing_on_signals", "exit_status"]
 

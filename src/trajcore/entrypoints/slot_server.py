@@ -22,10 +22,10 @@ SIGHUP never forces the end. The server exits at once when PID is already gone. 
 after its parent died removes DIR, which that parent can no longer do. A bad flag or an unusable
 root exits 2 with ``reason @ field`` on stderr.
 
-The policy (network, sandbox requirement, limits, timeout range, cgroups, bubblewrap, slot
+The isolation (network, sandbox requirement, limits, timeout range, cgroups, bubblewrap, slot
 helper, slot uids) comes from these flags only; nothing a model writes into a call changes it.
-Its flags are the fields of ``SlotPolicy`` (``slot_server_flags.policy_argv`` writes them), so
-``--help`` lists exactly what a policy can say.
+Its flags are the fields of ``SlotIsolation`` (``slot_server_flags.isolation_argv`` writes them), so
+``--help`` lists exactly what a isolation can say.
 """
 
 from __future__ import annotations
@@ -43,21 +43,21 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from trajcore.adapters.sandbox.codec import unstructure
-from trajcore.adapters.sandbox.removal import remove_tree
-from trajcore.adapters.sandbox.runtime import RuntimeConfig, SlotRuntime, check_config
-from trajcore.adapters.sandbox.sandboxes import name_process
-from trajcore.adapters.sandbox.server import start_http_server
+from trajcore.adapters.removal import remove_tree
+from trajcore.adapters.slot_server.codec import unstructure
+from trajcore.adapters.slot_server.runtime import RuntimeConfig, SlotRuntime, check_config
+from trajcore.adapters.slot_server.sandboxes import name_process
+from trajcore.adapters.slot_server.server import start_http_server
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.sandbox_policy import SlotPolicy, check_slot_uid_range
-from trajcore.domain.slot_server_flags import POLICY_FLAGS, PolicyFlag
+from trajcore.domain.isolation import SlotIsolation, check_slot_uid_range
+from trajcore.domain.slot_server_flags import ISOLATION_FLAGS, IsolationFlag
 
-__all__ = ["main", "parse_args", "policy_of"]
+__all__ = ["isolation_of", "main", "parse_args"]
 
 _ORPHAN_REMOVE_TIMEOUT_S = 60.0
 
 
-def _reader(flag: PolicyFlag) -> Callable[[str], object]:
+def _reader(flag: IsolationFlag) -> Callable[[str], object]:
     def read(word: str) -> object:
         try:
             return flag.read(word)
@@ -85,10 +85,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="environment variable holding the bearer token (removed from the environment once "
         "read)",
     )
-    policy = parser.add_argument_group("policy (the fields of SlotPolicy)")
-    for flag in POLICY_FLAGS:
+    isolation = parser.add_argument_group("isolation (the fields of SlotIsolation)")
+    for flag in ISOLATION_FLAGS:
         if flag.codec is None:
-            policy.add_argument(
+            isolation.add_argument(
                 flag.name,
                 dest=flag.field,
                 action="store_const",
@@ -97,7 +97,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                 help=flag.help,
             )
         else:
-            policy.add_argument(
+            isolation.add_argument(
                 flag.name,
                 dest=flag.field,
                 type=_reader(flag),
@@ -159,17 +159,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def policy_of(args: argparse.Namespace) -> SlotPolicy:
-    """The slot policy the parsed command line gives.
+def isolation_of(args: argparse.Namespace) -> SlotIsolation:
+    """The slot isolation the parsed command line gives.
 
     Raises:
-        ConfigError: A policy field is out of range, named by its flag.
+        ConfigError: A isolation field is out of range, named by its flag.
     """
-    values = {flag.field: getattr(args, flag.field) for flag in POLICY_FLAGS}
+    values = {flag.field: getattr(args, flag.field) for flag in ISOLATION_FLAGS}
     try:
-        return SlotPolicy(**values)
+        return SlotIsolation(**values)
     except ConfigError as error:
-        names = {flag.field: flag.name for flag in POLICY_FLAGS}
+        names = {flag.field: flag.name for flag in ISOLATION_FLAGS}
         field, bracket, rest = error.field.partition("[")
         raise ConfigError(names.get(field, field) + bracket + rest, error.reason) from None
 
@@ -182,7 +182,7 @@ def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
             "flag, and where no wheel or image ships the helper, install gcc and libc6-dev so "
             "the server can build it at start",
         )
-    policy = policy_of(args)
+    isolation = isolation_of(args)
     if args.slots <= 0:
         raise ConfigError("--slots", f"must be > 0, got {args.slots}")
     token: str | None = None
@@ -207,15 +207,15 @@ def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
         raise ConfigError("--image-cache-bytes", f"must be > 0, got {args.image_cache_bytes}")
     if args.snapshot_bytes <= 0:
         raise ConfigError("--snapshot-bytes", f"must be > 0, got {args.snapshot_bytes}")
-    uid_base = policy.slot_uid_base + args.slot_uid_block * args.slots
+    uid_base = isolation.slot_uid_base + args.slot_uid_block * args.slots
     check_slot_uid_range("--slot-uid-block", uid_base, args.slots)
     config = RuntimeConfig(
         slots=args.slots,
         slot_uid_base=uid_base,
         root=args.root.absolute(),
-        policy=policy,
-        bwrap=policy.bwrap,
-        use_cgroups=policy.use_cgroups,
+        isolation=isolation,
+        bwrap=isolation.bwrap,
+        use_cgroups=isolation.use_cgroups,
         # on unless a benchmark turns it off to measure what it saves (docs/benchmarks.md)
         warm_leases=os.environ.get("TRAJCORE_SLOT_WARM_LEASES", "1") != "0",
         image_cache=None if args.image_cache is None else args.image_cache.absolute(),

@@ -7,7 +7,7 @@ error) does not take its siblings down: it becomes an ``infra_error`` member wit
 in its detail, and is logged with its traceback. Cancellation of the group (the env shutting
 down) cancels every member; each releases its slot on the way out.
 
-The domain ``GroupPolicy`` then decides: complete, partial (keep the healthy members when enough
+The domain ``GroupRules`` then decides: complete, partial (keep the healthy members when enough
 remain) or dropped; infrastructure failures are never scored as zero.
 """
 
@@ -20,7 +20,7 @@ import anyio
 import attrs
 
 from trajcore.domain.agent_loop import StopReason, TrajectoryStats
-from trajcore.domain.groups import GroupPolicy, GroupVerdict
+from trajcore.domain.groups import GroupRules, GroupVerdict
 from trajcore.rollout.trajectory import TrajectoryResult
 
 __all__ = ["GroupResult", "collect_group", "failed_member"]
@@ -35,7 +35,7 @@ class GroupResult:
     Attributes:
         group_id: The group's id (members are ``<group_id>/<index>``).
         members: One result per member, in index order.
-        verdict: The group policy's judgement (kept members, scores, drop reason).
+        verdict: The group rules' judgement (kept members, scores, drop reason).
         duration_s: Wall time of the whole group.
         environment: The task environment (image reference) every member's lease named, or
             ``None``.
@@ -77,11 +77,11 @@ def failed_member(trajectory_id: str, reason: StopReason, detail: str) -> Trajec
 async def collect_group(
     *,
     group_id: str,
-    policy: GroupPolicy,
+    rules: GroupRules,
     run_member: Callable[[str], Awaitable[TrajectoryResult]],
     environment: str | None = None,
 ) -> GroupResult:
-    """Run ``policy.group_size`` members concurrently and judge the group.
+    """Run ``rules.group_size`` members concurrently and judge the group.
 
     ``run_member`` is called with each member's trajectory id and must return its result (it is
     typically ``run_trajectory`` with the item's messages, hooks, environment and shared
@@ -89,7 +89,7 @@ async def collect_group(
     the result for its logs.
     """
     started = anyio.current_time()
-    size = policy.group_size
+    size = rules.group_size
     members: list[TrajectoryResult | None] = [None] * size
 
     async def member(index: int) -> None:
@@ -106,7 +106,7 @@ async def collect_group(
         for index in range(size):
             group.start_soon(member, index)
     done = tuple(m for m in members if m is not None)
-    verdict = policy.assess([m.outcome for m in done])
+    verdict = rules.assess([m.outcome for m in done])
     return GroupResult(
         group_id=group_id,
         members=done,

@@ -44,7 +44,7 @@ import anyio
 import anyio.abc
 import attrs
 
-from trajcore.adapters.sandbox.cloud_pool import (
+from trajcore.adapters.pools.cloud_pool import (
     CloudSandbox,
     ProviderError,
     SandboxSpec,

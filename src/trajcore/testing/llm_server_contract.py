@@ -10,8 +10,8 @@ rejection with its body, a malformed body, a cancellation while the answer is la
 
 Settings (class attributes of a subclass):
 
-- ``attempts``: the attempts per call the factory's retry policy allows (default 5). Give the
-  retry policy millisecond backoff, or the retry steps are slow.
+- ``attempts``: the attempts per call the factory's retry rules allows (default 5). Give the
+  retry rules millisecond backoff, or the retry steps are slow.
 - ``honours_retry_after``: whether a call waits at least what a 429's ``Retry-After`` asks, and
   gives up at once when that is past its deadline (default ``True``).
 - ``machine_scale``: sequences of ``test_generated_sequences``, as a fraction of the loaded

@@ -207,7 +207,7 @@ class LLMServerMachine(RuleBasedStateMachine, Generic[S, Q, R]):
     """The shared rules (see the module doc); subclasses draw requests and check answers.
 
     Class attributes set by ``run_llm_machine``: ``portal``, ``factories``, ``attempts`` (the
-    attempts per call the factories' retry policy allows), ``honours_retry_after``.
+    attempts per call the factories' retry rules allows), ``honours_retry_after``.
     """
 
     portal: ClassVar[BlockingPortal]
@@ -453,7 +453,7 @@ def run_llm_machine(
     """Drive servers from ``factories`` with ``machine``'s rules: ``scale`` x the loaded
     profile's ``max_examples`` sequences of ``step_scale`` x its ``stateful_step_count`` steps.
 
-    ``attempts`` is what the factories' retry policy allows per call; ``honours_retry_after``
+    ``attempts`` is what the factories' retry rules allows per call; ``honours_retry_after``
     whether the servers wait for ``Retry-After`` and give up when it is past the deadline."""
     with start_blocking_portal("asyncio") as portal:
         bound = _bound(machine, portal, factories, attempts, honours_retry_after)

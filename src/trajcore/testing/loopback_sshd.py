@@ -30,7 +30,7 @@ from pathlib import Path
 
 import attrs
 
-from trajcore.adapters.sandbox.removal import remove_tree
+from trajcore.adapters.removal import remove_tree
 from trajcore.domain.ssh_hosts import SshHost, SshSettings
 
 __all__ = ["SSHD", "LoopbackSshd", "sshd_problem"]

@@ -289,7 +289,7 @@ class FakeChatServer(_ScriptedServer):
         script: The turns still to serve.
         policy: A function of the conversation, used when no script is given.
         faults: Faults still to apply, one per request.
-        max_attempts: Attempts per call for transient faults (as ``RetryPolicy.max_attempts``).
+        max_attempts: Attempts per call for transient faults (as ``RetryRules.max_attempts``).
         requests: Every request received, retries included.
     """
 

@@ -2,7 +2,7 @@
 
 It passes the same contract suite as the local pool (``trajcore.testing.sandbox_pool_contract``)
 and leases through the same domain slot book (``trajcore.domain.slot_book``, driven by
-``SlotLeasing`` from ``trajcore.adapters.sandbox.leasing``): first come first served, a deadline
+``SlotLeasing`` from ``trajcore.adapters.pools.leasing``): first come first served, a deadline
 per request, an epoch per lease, release exactly once. What differs is where calls run: each
 slot's workspace is a ``dict`` of paths to text, and ``bash`` commands are answered by a
 *command handler*, a plain function of the command and the workspace.
@@ -62,10 +62,10 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from trajcore.adapters.sandbox.batches import refuse_stale
-from trajcore.adapters.sandbox.environment_leasing import EnvironmentCounters
-from trajcore.adapters.sandbox.leasing import SlotLeasing
-from trajcore.adapters.sandbox.pool_core import DEFAULT_FORK_WAIT_S, LeasedPool
+from trajcore.adapters.pools.batches import refuse_stale
+from trajcore.adapters.pools.environment_leasing import EnvironmentCounters
+from trajcore.adapters.pools.leasing import SlotLeasing
+from trajcore.adapters.pools.pool_core import DEFAULT_FORK_WAIT_S, LeasedPool
 from trajcore.domain.environment_leases import (
     EnvironmentUnavailable,
     Snapshot,

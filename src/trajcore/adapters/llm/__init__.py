@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from .chat import OpenAIChatServer
 from .tokens import AtroposTokenServer, SGLangTokenServer, VLLMTokenServer
-from .transport import ModelServerClient, RetryPolicy, TransportStatistics
+from .transport import ModelServerClient, RetryRules, TransportStatistics
 
 __all__ = [
     "AtroposTokenServer",
     "ModelServerClient",
     "OpenAIChatServer",
-    "RetryPolicy",
+    "RetryRules",
     "SGLangTokenServer",
     "TransportStatistics",
     "VLLMTokenServer",

@@ -53,7 +53,7 @@ from .chat import OpenAIChatServer
 from .chat_wire import parse_chat_body
 from .token_wire import check_prompt_ids
 from .tokens import AtroposTokenServer, SGLangTokenServer, VLLMTokenServer
-from .transport import RetryPolicy
+from .transport import RetryRules
 from .wire import BODY_EXCERPT_BYTES, array, integer, number
 
 __all__ = [
@@ -224,9 +224,7 @@ def _config_fields(config: object) -> tuple[str, str, str, str | None]:
     return server_type, str(base_url), model, str(api_key) if api_key else None
 
 
-def chat_server_from_config(
-    config: object, *, retry: RetryPolicy | None = None
-) -> OpenAIChatServer:
+def chat_server_from_config(config: object, *, retry: RetryRules | None = None) -> OpenAIChatServer:
     """trajcore's ``OpenAIChatServer`` for one atroposlib ``APIServerConfig``.
 
     Raises:
@@ -234,12 +232,12 @@ def chat_server_from_config(
     """
     _type, base_url, model, api_key = _config_fields(config)
     return OpenAIChatServer(
-        base_url=base_url, model=model, api_key=api_key, retry=retry or RetryPolicy()
+        base_url=base_url, model=model, api_key=api_key, retry=retry or RetryRules()
     )
 
 
 def token_server_from_config(
-    config: object, *, retry: RetryPolicy | None = None
+    config: object, *, retry: RetryRules | None = None
 ) -> VLLMTokenServer | SGLangTokenServer | AtroposTokenServer:
     """trajcore's ``TokenServer`` for one atroposlib ``APIServerConfig`` (see the module doc).
 
@@ -247,7 +245,7 @@ def token_server_from_config(
         ConfigError: no ``base_url``, or a ``server_type`` without a token endpoint (``trl``).
     """
     server_type, base_url, model, api_key = _config_fields(config)
-    policy = retry or RetryPolicy()
+    policy = retry or RetryRules()
     if server_type == "vllm":
         return AtroposTokenServer(base_url=base_url, api_key=api_key, retry=policy)
     if server_type == "sglang":

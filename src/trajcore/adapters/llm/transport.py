@@ -7,7 +7,7 @@ or a body means is the parser's business.
 Rules it keeps:
 
 - **Retries.** A transient failure -- HTTP 429, 5xx, 408, a refused or dropped connection, a
-  truncated body, an attempt that outran ``RetryPolicy.attempt_timeout_s`` -- is retried with
+  truncated body, an attempt that outran ``RetryRules.attempt_timeout_s`` -- is retried with
   exponential backoff and jitter (each delay drawn uniformly from the upper half of
   ``base_delay_s * 2**(attempt-1)``, capped at ``max_delay_s``; the randomness is an injected
   ``random.Random``). A ``Retry-After`` header is honoured: the delay is at least what the server
@@ -59,7 +59,7 @@ from trajcore.domain.validators import finite_number, whole_number
 
 from .wire import is_transient, retry_after_s
 
-__all__ = ["HTTPModelServer", "ModelServerClient", "RetryPolicy", "TransportStatistics"]
+__all__ = ["HTTPModelServer", "ModelServerClient", "RetryRules", "TransportStatistics"]
 
 T = TypeVar("T")
 
@@ -75,7 +75,7 @@ _at_least_one = whole_number(1, prefix="retry.")
 
 
 @attrs.frozen(kw_only=True)
-class RetryPolicy:
+class RetryRules:
     """How transient failures are retried.
 
     Attributes:
@@ -131,7 +131,7 @@ class ModelServerClient:
     Attributes:
         base_url: The server's base URL; request paths are appended to it.
         api_key: Sent as ``Authorization: Bearer <api_key>`` when set.
-        retry: The retry policy.
+        retry: The retry rules.
         max_connections: Most connections open at once (requests beyond it queue).
         rng: Source of backoff jitter.
         transport: ``None`` to speak over sockets; a ``MemoryTransport`` answers in memory.
@@ -139,7 +139,7 @@ class ModelServerClient:
 
     base_url: str = attrs.field(validator=_check_url, converter=_strip_slash)
     api_key: str | None = None
-    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
+    retry: RetryRules = attrs.field(factory=RetryRules)
     max_connections: int = 1024
     rng: random.Random = attrs.field(factory=random.Random)
     transport: MemoryTransport | None = None
@@ -269,7 +269,7 @@ class HTTPModelServer:
 
     base_url: str
     api_key: str | None = None
-    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
+    retry: RetryRules = attrs.field(factory=RetryRules)
     max_connections: int = 1024
     rng: random.Random = attrs.field(factory=random.Random)
     transport: MemoryTransport | None = None

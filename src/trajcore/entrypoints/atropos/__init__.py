@@ -21,7 +21,7 @@ What the env does for each item: it draws the group's tools once (``enabled_tool
 ``toolset_distribution``, minus ``disabled_toolsets``), runs ``group_size`` trajectories
 concurrently (``trajcore.rollout``: each leases a sandbox slot, prepares it, loops the agent,
 verifies and scores in the same slot, releases the slot whatever happens), lets the domain
-``GroupPolicy`` judge the group, and hands Atropos a ``ScoredDataGroup``.
+``GroupRules`` judge the group, and hands Atropos a ``ScoredDataGroup``.
 
 Rules this package keeps:
 

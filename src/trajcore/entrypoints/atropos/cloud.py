@@ -6,7 +6,7 @@ sandbox section (each one ``--env.*`` flag): the image by hermes's names (``moda
 ``daytona_image``: hermes's ``TERMINAL_MODAL_IMAGE`` and ``TERMINAL_DAYTONA_IMAGE``), Modal's app,
 environment and region, Daytona's target, CPU and memory per sandbox, and the sandbox's
 lifetime. The scale range, slots per server, lease
-deadline and sandbox policy are the env's own settings, as for every pool. Credentials are the
+deadline and sandbox isolation are the env's own settings, as for every pool. Credentials are the
 providers' own variables or files, found when the pool is built and handed to the SDK's client
 (``sdk``: ``ModalSdk``, ``DaytonaSdk``, the seam a test fills with ``FakeCloud``), never logged;
 a missing SDK or credential fails the env's start naming it (``check_modal``,
@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
 
-from trajcore.adapters.sandbox.daytona_pool import (
+from trajcore.adapters.pools.daytona_pool import (
     DaytonaSandboxPool,
     DaytonaSdk,
     check_daytona,
     official_daytona_sdk,
 )
-from trajcore.adapters.sandbox.modal_pool import (
+from trajcore.adapters.pools.modal_pool import (
     ModalSandboxPool,
     ModalSdk,
     check_modal,

@@ -2,7 +2,7 @@
 
 ``AgentEnvConfig`` is Atropos's ``BaseEnvConfig`` plus trajcore's fields; ``settings()`` turns it
 into ``RolloutSettings``, the checked domain values a run uses (mode, limits, batching, toolsets,
-group policy), and ``mode_for`` decides the model mode (``ModeChoice``).
+group rules), and ``mode_for`` decides the model mode (``ModeChoice``).
 
 Rules it keeps:
 
@@ -31,7 +31,7 @@ from trajcore.adapters.tool_server import INPROCESS
 from trajcore.domain.agent_loop import AgentLoopConfig
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.groups import GroupPolicy, OnFailure
+from trajcore.domain.groups import GroupRules, OnFailure
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser, parser_names
@@ -500,7 +500,7 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings):
             drop_equal_scores=self.ensure_scores_are_not_same,
             include_messages=self.include_messages,
         )
-        settings.group_policy(self.group_size)  # min_healthy against group_size
+        settings.group_rules(self.group_size)  # min_healthy against group_size
         return settings
 
 
@@ -535,7 +535,7 @@ class RolloutSettings:
         rollout: How each trajectory runs (limits, sampling, timeouts, the deadline).
         batching: The tool dispatcher's batch window and size.
         toolsets: Which toolsets each group draws.
-        on_failure, min_healthy, drop_equal_scores: The group policy, whose ``group_size``
+        on_failure, min_healthy, drop_equal_scores: The group rules, whose ``group_size``
             comes from the config at each group (process mode changes it).
         include_messages: Send each member's conversation (Atropos's ``include_messages``).
     """
@@ -552,21 +552,21 @@ class RolloutSettings:
     drop_equal_scores: bool
     include_messages: bool = True
 
-    def group_policy(self, group_size: int) -> GroupPolicy:
-        """The group policy for training groups of ``group_size``: members without training
+    def group_rules(self, group_size: int) -> GroupRules:
+        """The group rules for training groups of ``group_size``: members without training
         tokens are left out (``require_tokens``), since the trainer is sent tokens.
 
         Raises:
             ConfigError: ``min_healthy`` outside ``[1, group_size]``.
         """
         if self.min_healthy is None:
-            return GroupPolicy(
+            return GroupRules(
                 group_size=group_size,
                 on_failure=self.on_failure,
                 drop_equal_scores=self.drop_equal_scores,
                 require_tokens=True,
             )
-        return GroupPolicy(
+        return GroupRules(
             group_size=group_size,
             on_failure=self.on_failure,
             min_healthy=self.min_healthy,
@@ -593,9 +593,9 @@ class RolloutSettings:
         )
 
     @staticmethod
-    def eval_policy(group_size: int) -> GroupPolicy:
+    def eval_rules(group_size: int) -> GroupRules:
         """Evaluation keeps every healthy member and never drops for equal scores."""
-        return GroupPolicy(
+        return GroupRules(
             group_size=group_size,
             on_failure=OnFailure.KEEP_HEALTHY,
             min_healthy=1,

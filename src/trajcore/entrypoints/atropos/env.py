@@ -531,7 +531,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         """
         services = self.services
         size = self.config.group_size if group_size is None else group_size
-        policy = self.settings.eval_policy(size) if for_eval else self.settings.group_policy(size)
+        rules = self.settings.eval_rules(size) if for_eval else self.settings.group_rules(size)
         messages = self.task_messages(item)
         built_in = type(self).task_environment is AgentEnv.task_environment
         environment, problem = tasks.group_environment(
@@ -581,7 +581,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             services=services, rollout=rollout,
         ) as prepared:  # fmt: skip
             result = await collect_group(
-                group_id=group_id, policy=policy, run_member=member, environment=environment
+                group_id=group_id, rules=rules, run_member=member, environment=environment
             )
         self._counters.record(result)
         metrics.log_group(result, drawn.toolsets)

@@ -26,11 +26,11 @@ from typing import TypeVar, cast
 
 import attrs
 
-from trajcore.adapters.sandbox.container_pool import ContainerSandboxPool
-from trajcore.adapters.sandbox.local_pool import LocalSandboxPool
-from trajcore.adapters.sandbox.nomad_pool import NomadSandboxPool
-from trajcore.adapters.sandbox.slurm_pool import SlurmSandboxPool
-from trajcore.adapters.sandbox.ssh_pool import SshSandboxPool
+from trajcore.adapters.pools.container_pool import ContainerSandboxPool
+from trajcore.adapters.pools.local_pool import LocalSandboxPool
+from trajcore.adapters.pools.nomad_pool import NomadSandboxPool
+from trajcore.adapters.pools.slurm_pool import SlurmSandboxPool
+from trajcore.adapters.pools.ssh_pool import SshSandboxPool
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
 from trajcore.entrypoints.atropos.cloud import (
     check_daytona_settings,

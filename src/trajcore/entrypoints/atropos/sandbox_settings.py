@@ -5,7 +5,7 @@ one flat ``--env.<name>`` flag: atroposlib's command line turns every field of t
 into one flag and rebuilds the config from a flat mapping, so nested sections would not reach
 it). The settings are not a second copy of the pools' own: each pool's settings are the attrs
 values its adapter defines (``LocalPoolConfig``, ``ContainerPoolConfig``, ``NomadPoolConfig``,
-``SlurmPoolConfig``, ``SshHost``, ``SlotPolicy``; ``ModalPoolConfig`` and ``DaytonaPoolConfig``
+``SlurmPoolConfig``, ``SshHost``, ``SlotIsolation``; ``ModalPoolConfig`` and ``DaytonaPoolConfig``
 in ``cloud``), and this module only names them for the command line:
 
 - Each default is the pool's own, read from its default value (``NomadJobSettings().job_id``), never
@@ -17,7 +17,7 @@ in ``cloud``), and this module only names them for the command line:
   ``min_containers``, ``acquire_timeout_s``), else it keeps the pool's default. The few env
   names that differ (hermes's ``ssh_key``) are listed beside their section. A pool's error is
   renamed by the same rule, so a bad value is a ``ConfigError`` naming the env field.
-- ``slot_policy`` is the one place the sandbox policy every slot server gets is derived.
+- ``slot_isolation`` is the one place the sandbox isolation every slot server gets is derived.
 """
 
 from __future__ import annotations
@@ -30,17 +30,17 @@ import attrs
 from attrs import AttrsInstance
 from pydantic import BaseModel, Field
 
-from trajcore.adapters.sandbox.cloud_pool import CloudPoolConfig
-from trajcore.adapters.sandbox.container_pool import ContainerPoolConfig
-from trajcore.adapters.sandbox.daytona_pool import DaytonaPoolConfig, DaytonaSandboxSettings
-from trajcore.adapters.sandbox.local_pool import LocalPoolConfig
-from trajcore.adapters.sandbox.modal_pool import ModalPoolConfig, ModalSandboxSettings
-from trajcore.adapters.sandbox.nomad_pool import NomadPoolConfig
-from trajcore.adapters.sandbox.slurm_pool import SlurmPoolConfig
-from trajcore.adapters.sandbox.ssh_pool import SshPoolConfig
+from trajcore.adapters.pools.cloud_pool import CloudPoolConfig
+from trajcore.adapters.pools.container_pool import ContainerPoolConfig
+from trajcore.adapters.pools.daytona_pool import DaytonaPoolConfig, DaytonaSandboxSettings
+from trajcore.adapters.pools.local_pool import LocalPoolConfig
+from trajcore.adapters.pools.modal_pool import ModalPoolConfig, ModalSandboxSettings
+from trajcore.adapters.pools.nomad_pool import NomadPoolConfig
+from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig
+from trajcore.adapters.pools.ssh_pool import SshPoolConfig
 from trajcore.domain.errors import ConfigError
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_job import NomadJobSettings
-from trajcore.domain.sandbox_policy import SlotPolicy
 from trajcore.domain.slurm_jobs import SlurmJobSettings
 from trajcore.domain.ssh_hosts import SshHost
 
@@ -49,7 +49,7 @@ __all__ = ["CloudSettings", "SandboxSettings"]
 T = TypeVar("T", bound=AttrsInstance)
 
 # The pools' own defaults, which the flags below take.
-_POLICY = SlotPolicy()
+_POLICY = SlotIsolation()
 _LOCAL = LocalPoolConfig()
 _CONTAINER = ContainerPoolConfig()
 _NOMAD = NomadPoolConfig()
@@ -239,8 +239,8 @@ class SandboxSettings(CloudSettings):
         description="Limit of one slot tool call (the env's, not the model's).",
     )
 
-    def slot_policy(self) -> SlotPolicy:
-        """The sandbox policy every slot server gets: network, sandbox requirement, timeouts.
+    def slot_isolation(self) -> SlotIsolation:
+        """The sandbox isolation every slot server gets: network, sandbox requirement, timeouts.
 
         ``require_stateful_sandbox`` requires the sandbox too: the persistent shell lives in it.
 
@@ -249,7 +249,7 @@ class SandboxSettings(CloudSettings):
         """
         timeout = self.terminal_timeout_s
         try:
-            return SlotPolicy(
+            return SlotIsolation(
                 allow_network=self.allow_network,
                 require_sandbox=self.require_sandbox or self.require_stateful_sandbox,
                 min_timeout_s=min(_POLICY.min_timeout_s, timeout),
@@ -260,8 +260,8 @@ class SandboxSettings(CloudSettings):
             raise ConfigError("terminal_timeout_s", error.reason) from None
 
     def server_settings(self) -> dict[str, Any]:
-        """What every pool tells its slot servers: the policy and whether tmux is required."""
-        return {"policy": self.slot_policy(), "require_tmux": self.require_stateful_sandbox}
+        """What every pool tells its slot servers: the isolation and whether tmux is required."""
+        return {"isolation": self.slot_isolation(), "require_tmux": self.require_stateful_sandbox}
 
     def local_pool_config(self) -> LocalPoolConfig:
         """The local pool's settings (``local_*`` and the shared fields)."""

@@ -3,8 +3,8 @@
 ``scored_group`` is a pure function of the ``GroupResult`` and the run's settings: it returns
 either the ``ScoredGroup`` to send or the verdict's reason it is not sent, and leaves counting
 and logging to its caller. It decides nothing: which members are sent, and whether the group is,
-is the verdict's (``domain.groups.GroupPolicy.assess``; the training policy,
-``RolloutSettings.group_policy``, leaves out members without tokens).
+is the verdict's (``domain.groups.GroupRules.assess``; the training rules,
+``RolloutSettings.group_rules``, leave out members without tokens).
 
 Rules it keeps:
 
@@ -126,8 +126,8 @@ def scored_group(group: GroupResult, settings: RolloutSettings) -> GroupConversi
     and whether to send the conversations.
 
     Raises:
-        StateError: a kept member has no tokens (the group was judged by a policy without
-            ``require_tokens``, such as the evaluation policy).
+        StateError: a kept member has no tokens (the group was judged by rules without
+            ``require_tokens``, such as the evaluation rules).
     """
     verdict = group.verdict
     left_out = tuple(group.members[i].trajectory_id for i in verdict.no_tokens)
@@ -141,7 +141,7 @@ def scored_group(group: GroupResult, settings: RolloutSettings) -> GroupConversi
         if member.tokens is None:
             raise StateError(
                 f"kept member {member.trajectory_id} has no tokens: judge training groups with "
-                "require_tokens (RolloutSettings.group_policy)"
+                "require_tokens (RolloutSettings.group_rules)"
             )
         tokens.append(member.tokens)
     exact = all(t.token_exact for t in tokens)

@@ -45,7 +45,7 @@ from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[im
 
 from trajcore.adapters.llm.atropos import token_server_from_config
 from trajcore.adapters.llm.chat import OpenAIChatServer
-from trajcore.adapters.llm.transport import RetryPolicy
+from trajcore.adapters.llm.transport import RetryRules
 from trajcore.domain.errors import (
     ConfigError,
     InfrastructureError,
@@ -243,7 +243,7 @@ def model_probes(
     manager: object, *, mode: Literal["openai", "managed"], prompt_ids: Sequence[int]
 ) -> list[EndpointProbe]:
     """One probe per server of an atroposlib ``ServerManager`` that has a base URL."""
-    retry = RetryPolicy(max_attempts=1, attempt_timeout_s=PROBE_TIMEOUT_S)
+    retry = RetryRules(max_attempts=1, attempt_timeout_s=PROBE_TIMEOUT_S)
     sampling = SamplingParams(max_tokens=1, temperature=0.0)
     probes: list[EndpointProbe] = []
     for server in cast("Any", manager).servers:

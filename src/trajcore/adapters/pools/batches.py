@@ -1,0 +1,77 @@
+"""One batch of tool calls sent to one slot server, with the failure rules both real pools share.
+
+The local pool and the Nomad pool differ in how their slot servers start, die and get replaced;
+they do not differ in what ``SandboxPool.execute`` promises about a batch. ``execute_batch``
+keeps those promises once, for both:
+
+- A call whose lease is not current in the slot book (stale, released, for another container)
+  is ``REJECTED`` with the reason, and is never sent.
+- When the container is gone (no live client), every other call is an ``INFRA_ERROR``.
+- The rest go to the slot server as one request. A ``SlotServerError`` (unreachable, crashed,
+  timed out, 5xx) or an answer outside the protocol (``InvalidInput``: ``WireError`` and kin)
+  makes each of those calls an ``INFRA_ERROR`` naming the cause, and the pool's ``lose``
+  callback takes the container out of service (its slots leave the book, its leases turn stale).
+- One result per call, in the order of the calls; nothing raises for a call's failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from trajcore.adapters.pools.client import SlotServerClient
+from trajcore.adapters.pools.leasing import SlotLeasing
+from trajcore.domain.errors import InvalidInput, SlotServerError
+from trajcore.domain.slot_protocol import execute_call
+from trajcore.domain.slots import SlotCall
+from trajcore.domain.tools import ToolOutcome, ToolResult
+
+__all__ = ["execute_batch", "refuse_stale"]
+
+
+def refuse_stale(
+    leasing: SlotLeasing, container: str, calls: Sequence[SlotCall]
+) -> tuple[list[ToolResult | None], list[int]]:
+    """The batch's first step, for every pool: a ``REJECTED`` result for each call whose lease
+    is not current (``None`` for the others), and the indices of the calls that may run."""
+    results: list[ToolResult | None] = [None] * len(calls)
+    runnable: list[int] = []
+    for i, call in enumerate(calls):
+        refusal = leasing.refusal(container, call)
+        if refusal is not None:
+            results[i] = ToolResult.failure(call.call, ToolOutcome.REJECTED, refusal)
+        else:
+            runnable.append(i)
+    return results, runnable
+
+
+async def execute_batch(
+    leasing: SlotLeasing,
+    container: str,
+    calls: Sequence[SlotCall],
+    client: SlotServerClient | None,
+    lose: Callable[[str], None],
+) -> list[ToolResult]:
+    """Run ``calls`` for ``container`` through ``client`` (``None``: the container is gone).
+
+    Returns one result per call, in order. ``lose(reason)`` is called once when the server fails
+    the batch. Never raises for a call's or the server's failure.
+    """
+    results, runnable = refuse_stale(leasing, container, calls)
+    if runnable and client is None:
+        reason = f"slot server {container} is gone"
+        for i in runnable:
+            results[i] = ToolResult.failure(calls[i].call, ToolOutcome.INFRA_ERROR, reason)
+        runnable = []
+    if runnable:
+        assert client is not None
+        try:
+            answers = await client.execute([execute_call(calls[i]) for i in runnable])
+        except (SlotServerError, InvalidInput) as error:
+            reason = f"slot server {container} failed the batch: {error}"
+            for i in runnable:
+                results[i] = ToolResult.failure(calls[i].call, ToolOutcome.INFRA_ERROR, reason)
+            lose(reason)
+        else:
+            for i, answer in zip(runnable, answers, strict=True):
+                results[i] = answer
+    return [result for result in results if result is not None]

@@ -1,0 +1,324 @@
+"""``SlotServerClient``: the pools' way to talk to one slot server (TCP or Unix socket).
+
+One client per slot server, holding one keep-alive connection pool (``adapters.http1``: a tool
+call's round trip is mostly HTTP overhead, so that client is kept lean; ``bench/tools.py`` measures
+it against aiohttp, and docs/benchmarks.md has the figures). Every request has its own timeout
+derived from what it asks: a batch waits for the slowest slot's calls one after another plus a grace
+period, so a long command is never cut by a fixed client timeout (an upstream defect). Every request
+of the protocol may be sent twice (calls are deduplicated by ``call_id``, a reset retires an epoch
+that stays retired, the rest only read), so a request that meets a keep-alive connection the server
+had just closed is replayed once on a fresh one.
+
+What the caller can rely on:
+
+- ``SlotServerError`` (an ``InfrastructureError``) when the server cannot be reached, drops the
+  connection, crashes mid-request, answers 5xx or 401, or does not answer within the request's
+  timeout. A pool treats it as "this container is dead or sick": its calls are infrastructure
+  errors and its slots leave service until a replacement joins.
+- ``WireError`` when the server answers something outside the protocol (bad JSON, a response that
+  does not fit its type, a batch with the wrong number of results) or refuses the request itself
+  as malformed (400 with an ``ErrorBody``; the field and reason are the server's).
+- ``UnknownSlot`` for a 404 on a slot index; ``ToolArgumentError`` for a refused artifact path and
+  ``FileNotFoundError`` for a missing artifact.
+- ``aclose()`` is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Self, TypeVar
+
+import attrs
+
+from trajcore.adapters.http1 import (
+    HTTPClient,
+    HTTPError,
+    Limits,
+    Origin,
+    RequestTimedOut,
+    parse_url,
+)
+from trajcore.adapters.slot_server.codec import decode, encode
+from trajcore.domain.errors import (
+    ConfigError,
+    SlotServerError,
+    ToolArgumentError,
+    UnknownSlot,
+    WireError,
+)
+from trajcore.domain.slot_protocol import (
+    PROTOCOL_VERSION,
+    ArchiveArtifactsRequest,
+    ArtifactArchive,
+    ArtifactFile,
+    DirectoryListing,
+    DropSnapshotAnswer,
+    DropSnapshotRequest,
+    ErrorBody,
+    ExecuteCall,
+    ExecuteRequest,
+    ExecuteResponse,
+    Health,
+    LeaseAnswer,
+    LeaseRequest,
+    ListArtifactsRequest,
+    ReadArtifactRequest,
+    ResetRequest,
+    ResetResult,
+    SlotListing,
+    SnapshotAnswer,
+    SnapshotRequest,
+)
+from trajcore.domain.tools import ToolResult
+
+__all__ = ["SlotServerClient"]
+
+T = TypeVar("T")
+# An archive of up to 64 MiB travels as base64 inside JSON; bodies beyond this are refused.
+_LIMITS = Limits(max_body_bytes=512 << 20)
+
+
+@attrs.define(eq=False)
+class SlotServerClient:
+    """A client of one slot server. Build with ``tcp(...)`` or ``unix(...)``.
+
+    Attributes:
+        base_url: ``http://host:port`` (for a Unix socket, a placeholder host).
+        token: The bearer token, or ``None``.
+        unix_path: The Unix socket, or ``None`` for TCP.
+        connect_timeout_s: Limit on opening a connection.
+        grace_s: Added to every request's own limit (server overhead, queueing, transfer).
+        quick_timeout_s: The limit of requests that run nothing (health, listing).
+        reset_timeout_s: The limit of a reset.
+        lease_timeout_s: The limit of a lease request (a first use of an image unpacks it).
+    """
+
+    base_url: str
+    token: str | None = None
+    unix_path: str | None = None
+    connect_timeout_s: float = 5.0
+    grace_s: float = 15.0
+    quick_timeout_s: float = 15.0
+    reset_timeout_s: float = 60.0
+    lease_timeout_s: float = 900.0
+    _http: HTTPClient | None = attrs.field(init=False, default=None)
+    _origin: Origin | None = attrs.field(init=False, default=None)
+    _prefix: str = attrs.field(init=False, default="")
+    _closed: bool = attrs.field(init=False, default=False)
+
+    @classmethod
+    def tcp(cls, address: str, token: str | None, *, grace_s: float = 15.0) -> SlotServerClient:
+        """A client for ``host:port`` (or a full ``http://`` URL) with a bearer token."""
+        base = address if address.startswith("http") else f"http://{address}"
+        return cls(base_url=base.rstrip("/"), token=token, grace_s=grace_s)
+
+    @classmethod
+    def unix(
+        cls, path: str, token: str | None = None, *, grace_s: float = 15.0
+    ) -> SlotServerClient:
+        """A client for a server listening on the Unix socket ``path``."""
+        return cls(base_url="http://slot-server", token=token, unix_path=path, grace_s=grace_s)
+
+    def _open(self) -> tuple[HTTPClient, Origin, str]:
+        if self._closed:
+            raise SlotServerError("the client is closed")
+        if self._http is None or self._origin is None:
+            try:
+                origin, prefix = parse_url(self.base_url, unix_path=self.unix_path)
+            except ConfigError as error:
+                raise SlotServerError(f"bad slot server address: {error}") from None
+            headers = {"Content-Type": "application/json"}
+            if self.token:
+                headers["Authorization"] = f"Bearer {self.token}"
+            self._http = HTTPClient(
+                limits=_LIMITS, connect_timeout_s=self.connect_timeout_s, headers=headers
+            )
+            self._origin = origin
+            self._prefix = prefix
+        return self._http, self._origin, self._prefix
+
+    async def _request(
+        self, method: str, path: str, body: object, kind: type[T], timeout_s: float
+    ) -> T:
+        http, origin, prefix = self._open()
+        raw = encode(body) if body is not None else b""
+        url = self.base_url + path
+        try:
+            response = await http.request(
+                method, origin, prefix + path, body=raw, timeout_s=timeout_s, idempotent=True
+            )
+        except RequestTimedOut:
+            raise SlotServerError(f"{method} {url}: no answer within {timeout_s:.1f} s") from None
+        except HTTPError as error:
+            raise SlotServerError(f"{method} {url}: {type(error).__name__}: {error}") from None
+        status, payload = response.status, response.body
+        if status == 200:
+            return decode(payload, kind)
+        problem = _error_body(payload)
+        if status == 401:
+            raise SlotServerError(f"{method} {url}: 401 unauthorized ({problem.error})")
+        if status >= 500 or status not in (400, 404):
+            raise SlotServerError(f"{method} {url}: HTTP {status}: {problem.error}")
+        if problem.field == "$.slot":
+            raise UnknownSlot(problem.error)
+        if problem.field == "$.path":
+            if status == 404:
+                raise FileNotFoundError(problem.error)
+            raise ToolArgumentError("path", problem.error)
+        raise WireError(problem.field, problem.error)
+
+    # ------------------------------------------------------------------------- API
+
+    async def health(self) -> Health:
+        """The server's health and capabilities.
+
+        Raises ``SlotServerError`` (unreachable), ``WireError`` (another protocol version).
+        """
+        found = await self._request("GET", "/v1/health", None, Health, self.quick_timeout_s)
+        if found.protocol_version != PROTOCOL_VERSION:
+            raise WireError(
+                "$.protocol_version",
+                f"server speaks {found.protocol_version}, client {PROTOCOL_VERSION}",
+            )
+        return found
+
+    async def wait_healthy(self, timeout_s: float) -> Health:
+        """Poll ``health()`` until it answers; raises ``SlotServerError`` after ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            try:
+                return await self.health()
+            except SlotServerError:
+                if loop.time() >= deadline:
+                    raise
+            await asyncio.sleep(0.02)
+
+    async def execute(self, calls: Sequence[ExecuteCall]) -> list[ToolResult]:
+        """Run a batch; one result per call, in the order of ``calls``.
+
+        The request's limit is the slowest slot's timeouts in sequence plus ``grace_s``.
+        Raises ``SlotServerError``, ``WireError`` (including a result count that does not match).
+        """
+        batch = ExecuteRequest(calls=calls)
+        answer = await self._request(
+            "POST", "/v1/execute", batch, ExecuteResponse, batch.deadline_s(self.grace_s)
+        )
+        if len(answer.results) != len(calls):
+            raise WireError("$.results", f"{len(answer.results)} results for {len(calls)} calls")
+        for i, (call, result) in enumerate(zip(calls, answer.results, strict=True)):
+            if result.call_id != call.call_id:
+                raise WireError(f"$.results[{i}].call_id", f"answers {result.call_id!r}")
+        return list(answer.results)
+
+    async def reset(self, slot: int, epoch: int) -> ResetResult:
+        """Kill the slot's sandbox and wipe it, retiring ``epoch``. ``ok=False``: quarantine it.
+
+        Raises ``SlotServerError``, ``UnknownSlot``, ``WireError``.
+        """
+        return await self._request(
+            "POST", "/v1/reset", ResetRequest(slot=slot, epoch=epoch), ResetResult,
+            self.reset_timeout_s,
+        )  # fmt: skip
+
+    async def lease(
+        self, slot: int, epoch: int, environment: str, *, snapshot: str | None = None
+    ) -> LeaseAnswer:
+        """Run the slot's lease ``epoch`` over ``environment`` (an ``EnvironmentRef`` text such
+        as ``oci:/path`` or ``containers-storage:NAME``), or over the server's ``snapshot`` of a
+        lease over that environment; sent before the epoch's first call.
+
+        A refusal (a bad reference, a missing or refused image, a full cache, a stale or started
+        epoch, a server without an image cache) is an answer with ``ok`` false naming the field
+        and the reason; the slot stays usable and the epoch can still run over the server's own
+        root. The limit is ``lease_timeout_s``: a first use unpacks the image.
+
+        Raises ``SlotServerError``, ``UnknownSlot``, ``WireError``.
+        """
+        asked = LeaseRequest(slot=slot, epoch=epoch, environment=environment, snapshot=snapshot)
+        answer = await self._request("POST", "/v1/lease", asked, LeaseAnswer, self.lease_timeout_s)
+        if (answer.slot, answer.epoch) != (slot, epoch):
+            raise WireError("$.slot", f"answers slot {answer.slot} epoch {answer.epoch}")
+        return answer
+
+    async def snapshot(self, slot: int, epoch: int) -> SnapshotAnswer:
+        """Freeze the slot's running lease ``epoch`` (one over an image) into a snapshot of
+        this server: what the lease wrote over the image and its workspace. The lease's
+        processes end (a snapshot holds files, not processes) and the lease goes on over its
+        snapshot, as each lease started from it (``lease(..., snapshot=answer.snapshot)``)
+        does. A refusal is an answer with ``ok`` false naming the field and the reason.
+
+        Raises ``SlotServerError``, ``UnknownSlot``, ``WireError``.
+        """
+        asked = SnapshotRequest(slot=slot, epoch=epoch)
+        answer = await self._request(
+            "POST", "/v1/snapshot", asked, SnapshotAnswer, self.lease_timeout_s
+        )
+        if (answer.slot, answer.epoch) != (slot, epoch):
+            raise WireError("$.slot", f"answers slot {answer.slot} epoch {answer.epoch}")
+        return answer
+
+    async def drop_snapshot(self, snapshot: str) -> DropSnapshotAnswer:
+        """Drop a snapshot: no new lease may start from it, and its files go once the leases
+        over it have reset (``removed`` says whether they went at once). An unknown id is an
+        answer with ``ok`` false. Raises ``SlotServerError``, ``WireError``."""
+        asked = DropSnapshotRequest(snapshot=snapshot)
+        return await self._request(
+            "POST", "/v1/snapshot/drop", asked, DropSnapshotAnswer, self.quick_timeout_s
+        )
+
+    async def list_slots(self) -> SlotListing:
+        """Every slot's state. Raises ``SlotServerError``, ``WireError``."""
+        return await self._request("GET", "/v1/slots", None, SlotListing, self.quick_timeout_s)
+
+    async def read_artifact(self, slot: int, path: str, max_bytes: int = 1 << 20) -> ArtifactFile:
+        """A workspace file (first ``max_bytes``), its size and sha256.
+
+        Raises ``ToolArgumentError`` (path refused), ``FileNotFoundError``, ``UnknownSlot``,
+        ``SlotServerError``, ``WireError``.
+        """
+        asked = ReadArtifactRequest(slot=slot, path=path, max_bytes=max_bytes)
+        return await self._request(
+            "POST", "/v1/artifacts/read", asked, ArtifactFile, self.quick_timeout_s + 60
+        )
+
+    async def list_artifacts(
+        self, slot: int, path: str = ".", max_entries: int = 1000
+    ) -> DirectoryListing:
+        """A workspace directory's entries. Raises as ``read_artifact``."""
+        asked = ListArtifactsRequest(slot=slot, path=path, max_entries=max_entries)
+        return await self._request(
+            "POST", "/v1/artifacts/list", asked, DirectoryListing, self.quick_timeout_s
+        )
+
+    async def archive_artifacts(
+        self, slot: int, path: str = ".", max_bytes: int = 64 << 20, max_files: int = 10_000
+    ) -> ArtifactArchive:
+        """A tar.gz of a workspace directory, within the caps. Raises as ``read_artifact``."""
+        asked = ArchiveArtifactsRequest(
+            slot=slot, path=path, max_bytes=max_bytes, max_files=max_files
+        )
+        return await self._request(
+            "POST", "/v1/artifacts/archive", asked, ArtifactArchive, self.quick_timeout_s + 120
+        )
+
+    async def aclose(self) -> None:
+        """Close the connection pool. Idempotent."""
+        self._closed = True
+        http, self._http = self._http, None
+        if http is not None:
+            await http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+def _error_body(payload: bytes) -> ErrorBody:
+    try:
+        return decode(payload, ErrorBody)
+    except WireError:
+        return ErrorBody(error=payload[:200].decode("utf-8", "replace") or "no body")

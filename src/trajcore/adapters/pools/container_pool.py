@@ -1,0 +1,336 @@
+"""``ContainerSandboxPool``: K slot-server containers on this machine, through podman or docker.
+
+The pool core (``pool_core``) over a supervised source whose servers are containers of the
+slot-server image (``Containerfile``; ``./dev image`` builds ``localhost/trajcore/slot-server``)
+run by the engine's command line. Each container serves ``slots_per_container`` slots on TCP,
+published on a random loopback port, with a bearer token the pool draws at start and mounts
+read-only into every container. Leasing, batches, resets and the fault rules are the local
+pool's: a container that fails a batch or a reset is killed and replaced, one that dies on its
+own (``podman kill``, an out-of-memory kill) is replaced the same way, and its leases turn stale.
+
+Containers are named ``{name_prefix}-{index}-{generation}`` and labelled
+``trajcore.pool={name_prefix}``. On start the pool removes containers labelled with its own
+prefix (those of an earlier pool of the same prefix that died without closing), never any
+other; ``aclose`` stops and removes every container it started, including the dead ones. The
+default prefix is random, so two pools never share one.
+
+What the sandbox needs from the engine (the options ``engine_options`` defaults to): ``/proc``
+unmasked (podman ``--security-opt unmask=ALL``, docker ``--security-opt
+systempaths=unconfined``) so bubblewrap can mount a fresh ``/proc``; the engine's seccomp profile
+off (``--security-opt seccomp=unconfined``; every lease gets trajcore's own filter); explicit
+``--ulimit nofile=..,nproc=..`` within this host's hard limits; and with podman, ``--runtime runc``
+where runc is installed (crun refuses hybrid cgroup hosts). No ``--privileged``.
+
+Every wait is bounded: each engine command (``engine_timeout_s``), a container's start and
+health (``start_timeout_s``), resets, leases, and stopping (``stop_timeout_s`` of grace, then a
+forced removal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import resource
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+
+import anyio
+import attrs
+
+from trajcore.adapters.pools.pool_core import Endpoint
+from trajcore.adapters.pools.supervision import SupervisedPool, SupervisedPoolConfig
+from trajcore.domain.converters import command_words
+from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
+from trajcore.domain.slot_server_flags import isolation_argv
+from trajcore.domain.validators import (
+    nonempty_text,
+    optional_text,
+    positive_seconds,
+)
+
+__all__ = [
+    "DEFAULT_IMAGE",
+    "ContainerPoolConfig",
+    "ContainerSandboxPool",
+    "default_engine_options",
+    "find_engine",
+]
+
+DEFAULT_IMAGE = "localhost/trajcore/slot-server:latest"
+LABEL = "trajcore.pool"
+_PORT = 8765  # where the server listens inside its container
+_TOKEN_FILE_IN_CONTAINER = "/run/trajcore/token"  # noqa: S105 - a path, not a secret
+_CACHE_IN_CONTAINER = "/var/cache/trajcore/images"  # the image cache's mount point
+_SLOTS_IN_CONTAINER = "/srv/slots"  # the server's --root (the image's ENTRYPOINT)
+_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,40}$")
+
+
+def find_engine() -> str | None:
+    """``podman`` when installed, else ``docker``, else ``None``."""
+    for engine in ("podman", "docker"):
+        if shutil.which(engine) is not None:
+            return engine
+    return None
+
+
+def default_engine_options(engine: str) -> tuple[str, ...]:
+    """The ``run`` options the sandbox needs on this host (see the module docstring)."""
+    _, nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, nproc = resource.getrlimit(resource.RLIMIT_NPROC)
+    nofile = 65536 if nofile == resource.RLIM_INFINITY else nofile
+    nproc = 32768 if nproc == resource.RLIM_INFINITY else min(nproc, 32768)
+    limits = ("--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={nproc}:{nproc}")
+    if Path(engine).name == "podman":
+        runtime = ("--runtime", "runc") if shutil.which("runc") is not None else ()
+        masks = ("--security-opt", "unmask=ALL")
+    else:
+        runtime = ()
+        masks = ("--security-opt", "systempaths=unconfined")
+    return (*runtime, *limits, *masks, "--security-opt", "seccomp=unconfined")
+
+
+def _prefix(_: object, attribute: attrs.Attribute[str | None], value: object) -> None:
+    if value is not None and (not isinstance(value, str) or _PREFIX.fullmatch(value) is None):
+        raise ConfigError(
+            attribute.name,
+            f"must be None or a container name prefix ([A-Za-z0-9][A-Za-z0-9_.-]*, at most 41 "
+            f"characters), got {value!r}",
+        )
+
+
+def _directories(value: object) -> tuple[Path, ...]:
+    if value is None:
+        return ()
+    words = value.split(",") if isinstance(value, str) else value
+    if not isinstance(words, list | tuple):
+        raise ConfigError("environment_dirs", f"expected paths, got {type(value).__name__}")
+    folders = tuple(Path(str(word).strip()) for word in words if str(word).strip())
+    for folder in folders:
+        if not folder.is_absolute() or ":" in str(folder) or "," in str(folder):
+            raise ConfigError(
+                "environment_dirs", f"{str(folder)!r} must be an absolute path without ':' or ','"
+            )
+    return folders
+
+
+def _options(value: object) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    return command_words(value, field="engine_options")
+
+
+@attrs.frozen(kw_only=True)
+class ContainerPoolConfig(SupervisedPoolConfig):
+    """How the container pool runs its slot servers: ``SupervisedPoolConfig``'s settings and
+    these (a container's start, up to health, may take ``start_timeout_s``: 60 s by default).
+
+    Attributes:
+        image: The slot-server image (``./dev image`` builds the default).
+        engine: ``podman``, ``docker`` or a path to one; ``None``: podman if installed, else
+            docker.
+        engine_options: ``run`` options in place of ``default_engine_options(engine)``.
+        name_prefix: The containers' names and label; ``None``: ``trajcore-<random>``.
+        engine_timeout_s: Longest one engine command (run, port, rm, ...) may take.
+        environment_dirs: Host directories mounted read-only at the same path in every
+            container, so that the ``oci:``, ``oci-archive:``, ``docker-archive:`` and
+            ``directory:`` environments under them resolve there (comma-separated text is
+            accepted). ``image_cache_dir`` is mounted at ``/var/cache/trajcore/images``, and the
+            slots' writable layers live on a volume of each container's own
+            (docs/deploy.md, "Task environments in containers").
+    """
+
+    image: str = attrs.field(default=DEFAULT_IMAGE, validator=nonempty_text)
+    engine: str | None = attrs.field(default=None, validator=optional_text)
+    engine_options: tuple[str, ...] | None = attrs.field(default=None, converter=_options)
+    name_prefix: str | None = attrs.field(default=None, validator=_prefix)
+    start_timeout_s: float = attrs.field(default=60.0, validator=positive_seconds)
+    stop_timeout_s: float = attrs.field(default=10.0, validator=positive_seconds)
+    engine_timeout_s: float = attrs.field(default=60.0, validator=positive_seconds)
+    environment_dirs: tuple[Path, ...] = attrs.field(default=(), converter=_directories)
+
+    def server_args(self, index: int) -> list[str]:
+        """The slot server's arguments (after the image's entrypoint) for container ``index``."""
+        return [
+            "--slots", str(self.slots_per_container), "--listen", f"0.0.0.0:{_PORT}",
+            "--token-file", _TOKEN_FILE_IN_CONTAINER, *isolation_argv(self.server_isolation(index)),
+            *self.image_cache_argv(Path(_CACHE_IN_CONTAINER)),
+        ]  # fmt: skip
+
+    def volume_args(self) -> list[str]:
+        """The ``run`` options of the environments: the image cache, the slots' layers on a
+        volume of their own (an overlay's upper layer cannot sit on the container's own
+        overlay root), and ``environment_dirs`` read-only."""
+        if self.image_cache_dir is None:
+            return []
+        args = ["--volume", f"{self.image_cache_dir}:{_CACHE_IN_CONTAINER}"]
+        args += ["--mount", f"type=volume,destination={_SLOTS_IN_CONTAINER}"]
+        for folder in self.environment_dirs:
+            args += ["--volume", f"{folder}:{folder}:ro"]
+        return args
+
+
+# ============================================================================ the engine
+
+
+def _write_token(folder: Path, token: str) -> Path:
+    """The token file: its directory is the owner's alone (``mkdtemp``); the file itself is
+    readable by the container's server, whichever uid the engine maps it to."""
+    path = folder / "token"
+    path.write_text(token, encoding="utf-8")
+    path.chmod(0o644)
+    return path
+
+
+@attrs.frozen
+class _Container:
+    """The handle of one started container: its engine name."""
+
+    name: str
+
+
+@attrs.define(eq=False)
+class _EngineContainers:
+    """The ``Launcher`` of the container pool: one engine command line per step."""
+
+    config: ContainerPoolConfig
+    prefix: str
+    engine: str = ""
+    options: tuple[str, ...] = ()
+    _token: str = attrs.field(init=False, repr=False, factory=lambda: secrets.token_urlsafe(32))
+    _token_file: Path | None = attrs.field(init=False, default=None)
+    _starts: int = attrs.field(init=False, default=0)
+
+    async def _run(self, *args: str, check: bool = True) -> str:
+        """``engine args``, bounded; its stdout. Raises ``SlotServerError`` when it fails."""
+        with anyio.fail_after(self.config.engine_timeout_s):
+            done = await anyio.run_process([self.engine, *args], check=False)
+        if check and done.returncode != 0:
+            error = done.stderr.decode("utf-8", "replace").strip()[-2000:]
+            raise SlotServerError(f"{self.engine} {args[0]} failed ({done.returncode}): {error}")
+        return done.stdout.decode("utf-8", "replace").strip()
+
+    async def open(self, stack: contextlib.AsyncExitStack) -> None:
+        engine = self.config.engine or find_engine()
+        if engine is None or shutil.which(engine) is None:
+            raise SandboxUnavailable(
+                f"no container engine: {engine or 'neither podman nor docker'} is not installed"
+            )
+        self.engine = engine
+        configured = self.config.engine_options
+        self.options = default_engine_options(engine) if configured is None else configured
+        try:
+            await self._run("image", "inspect", "--format", "{{.Id}}", self.config.image)
+        except SlotServerError:
+            raise SandboxUnavailable(
+                f"the image {self.config.image} is not there ({engine}); ./dev image builds it"
+            ) from None
+        await self._remove_stale()
+        folder = Path(tempfile.mkdtemp(prefix="trajcore-containers-"))
+        stack.callback(shutil.rmtree, folder, ignore_errors=True)
+        self._token_file = _write_token(folder, self._token)
+
+    async def _remove_stale(self) -> None:
+        """Remove containers labelled with this prefix: an earlier pool's, never closed."""
+        listed = await self._run(
+            "ps", "--all", "--quiet", "--filter", f"label={LABEL}={self.prefix}"
+        )
+        stale = listed.split()
+        if stale:
+            await self._run("rm", "--force", "--volumes", *stale, check=False)
+
+    async def launch(self, index: int, name: str) -> tuple[Endpoint, _Container]:
+        assert self._token_file is not None
+        self._starts += 1
+        container = _Container(f"{self.prefix}-{index}-{self._starts}")
+        try:
+            await self._run(
+                "run", "--detach", "--name", container.name,
+                "--label", f"{LABEL}={self.prefix}", *self.options,
+                "--publish", f"127.0.0.1::{_PORT}",
+                "--volume", f"{self._token_file}:{_TOKEN_FILE_IN_CONTAINER}:ro",
+                *self.config.volume_args(), self.config.image, *self.config.server_args(index),
+            )  # fmt: skip
+            published = await self._run("port", container.name, str(_PORT))
+            port = published.splitlines()[0].rsplit(":", 1)[1] if published else ""
+            if not port.isdigit():
+                raise SlotServerError(
+                    f"container {container.name} publishes no port for {_PORT}: {published!r}"
+                )
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.stop(container)
+            raise
+        return Endpoint("tcp", f"127.0.0.1:{port}", self._token), container
+
+    async def wait(self, handle: _Container) -> None:
+        while True:
+            done = await anyio.run_process([self.engine, "wait", handle.name], check=False)
+            if done.returncode != 0 or not await self._running(handle):
+                return
+            await anyio.sleep(0.5)  # the engine's wait gave up early: wait again
+
+    async def _running(self, handle: _Container) -> bool:
+        with contextlib.suppress(SlotServerError, TimeoutError):
+            state = await self._run("inspect", "--format", "{{.State.Running}}", handle.name)
+            return state == "true"
+        return False
+
+    async def kill(self, handle: _Container) -> None:
+        with contextlib.suppress(TimeoutError):
+            await self._run("kill", handle.name, check=False)
+
+    async def stop(self, handle: _Container) -> None:
+        grace = self.config.stop_timeout_s
+        with anyio.move_on_after(grace + self.config.engine_timeout_s):
+            await self._run("stop", "--time", str(max(1, round(grace))), handle.name, check=False)
+        with anyio.move_on_after(self.config.engine_timeout_s):
+            await self._run("rm", "--force", "--volumes", handle.name, check=False)
+
+    async def describe(self, handle: _Container) -> str:
+        with (
+            contextlib.suppress(OSError, TimeoutError),
+            anyio.fail_after(self.config.engine_timeout_s),
+        ):
+            done = await anyio.run_process(
+                [self.engine, "logs", "--tail", "20", handle.name], check=False
+            )
+            return (done.stdout + done.stderr).decode("utf-8", "replace").strip()[-2000:]
+        return ""
+
+
+# ============================================================================ the pool
+
+
+class ContainerSandboxPool(SupervisedPool[_Container]):
+    """The SandboxPool port over K slot-server containers. ``async with ContainerSandboxPool(c)``.
+
+    Entering removes stale containers of its prefix, starts every container and waits until each
+    is healthy; it raises ``SandboxUnavailable`` when no engine or image is there (or a sandbox
+    is required and missing) and ``SlotServerError`` when a container does not start in time;
+    nothing is left running either way. Leaving closes it: every container it started is
+    stopped and removed.
+
+    Attributes:
+        config: The pool's settings.
+        prefix: The containers' name prefix and label value.
+    """
+
+    def __init__(self, config: ContainerPoolConfig | None = None) -> None:
+        self.config = config = config or ContainerPoolConfig()
+        self.prefix = config.name_prefix or f"trajcore-{secrets.token_hex(4)}"
+        self._engine = _EngineContainers(config, self.prefix)
+        super().__init__(self._engine, config, label="container")
+
+    @property
+    def engine(self) -> str:
+        """The engine's command (known once the pool started)."""
+        return self._engine.engine
+
+    def engine_name(self, container: str) -> str:
+        """The engine's name for the container behind pool container ``container``.
+
+        Raises ``KeyError``.
+        """
+        return self._supervised.launched[container].name

@@ -1,0 +1,160 @@
+"""Leases over task environments as the pools of slot servers ask for them: what they count,
+the lease request, and a group's snapshot.
+
+``pool_core.LeasedPool`` runs every lease that names an environment the same way (the reference
+checked, the pool's own refusal, then the slot, then ``enter_environment``); the pools of slot
+servers carry ``enter_environment``, ``snapshot`` and ``drop_snapshot`` out with the functions
+here, over the slot's server's client:
+
+- ``lease_over``: ``POST /v1/lease`` for the lease's slot and epoch, from the group's snapshot
+  when the slot is on the snapshot's server (a refused fork falls back to the plain image, so a
+  member never fails because a fork could not be made); a refusal or a failed request is
+  ``EnvironmentUnavailable`` naming the image, the field and the reason. A failed request does
+  not take the server out of service: a first use may unpack a large image slowly, and the
+  release's reset, which follows, finds a dead server out as for any lease.
+- ``freeze``: ``POST /v1/snapshot`` of a held lease; ``drop``: ``POST /v1/snapshot/drop``,
+  bounded and shielded, never raising.
+- ``EnvironmentCounters``: what ``environment_statistics()`` reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+
+import anyio
+import attrs
+
+from trajcore.adapters.pools.client import SlotServerClient
+from trajcore.domain.environment_leases import (
+    EnvironmentStatistics,
+    EnvironmentUnavailable,
+    Snapshot,
+)
+from trajcore.domain.errors import InvalidInput, SlotServerError, StateError
+from trajcore.domain.slots import Lease
+
+__all__ = ["EnvironmentCounters", "drop", "freeze", "lease_only", "lease_over"]
+
+_log = logging.getLogger(__name__)
+_DROP_TIMEOUT_S = 30.0
+_FAILED = (SlotServerError, InvalidInput, StateError)  # unreachable, off-protocol, bad slot
+
+
+@attrs.define
+class EnvironmentCounters:
+    """What a pool counts of its leases over task environments (``EnvironmentStatistics``)."""
+
+    leases: int = 0
+    refused: int = 0
+    hits: int = 0
+    misses: int = 0
+    materialize_s: float = 0.0
+    lease_request_s: float = 0.0
+    snapshots: int = 0
+    snapshot_s: float = 0.0
+    snapshot_bytes: int = 0
+    forks: int = 0
+    fallbacks: int = 0
+
+    def answered(self, *, hit: bool, duration_s: float, fork: bool = False) -> None:
+        """A lease request the slot server granted (``fork``: from a snapshot)."""
+        self.lease_request_s += duration_s
+        self.forks += fork
+        if hit:
+            self.hits += 1
+        else:
+            self.misses += 1
+            self.materialize_s += duration_s
+
+    def statistics(self) -> EnvironmentStatistics:
+        """A frozen snapshot."""
+        return EnvironmentStatistics(**attrs.asdict(self))
+
+
+@contextlib.asynccontextmanager
+async def lease_only(
+    leasing: AbstractAsyncContextManager[tuple[Lease, bool]],
+) -> AsyncIterator[Lease]:
+    """``leasing``'s lease, without whether it started from a snapshot."""
+    async with leasing as (lease, _):
+        yield lease
+
+
+async def lease_over(
+    client: SlotServerClient,
+    lease: Lease,
+    environment: str,
+    snapshot: Snapshot | None,
+    counters: EnvironmentCounters,
+) -> bool:
+    """Run ``lease`` over ``environment`` on its server (``client``), from ``snapshot`` when
+    the server holds it; ``True`` when it started from the snapshot.
+
+    Raises:
+        EnvironmentUnavailable: the server refused the image or failed the request.
+    """
+    where = lease.slot.container
+    fork = snapshot.snapshot if snapshot is not None and snapshot.container == where else None
+    try:
+        answer = await client.lease(lease.slot.index, lease.epoch, environment, snapshot=fork)
+        if not answer.ok and fork is not None:
+            _log.warning("fork of %s on %s refused: %s", fork, where, answer.error)
+            fork = None
+            answer = await client.lease(lease.slot.index, lease.epoch, environment)
+    except _FAILED as error:
+        raise EnvironmentUnavailable(
+            environment, f"slot server {where}: {type(error).__name__}: {error}"
+        ) from None
+    if not answer.ok:
+        raise EnvironmentUnavailable(
+            environment,
+            f"{answer.error or 'refused'} (slot server {where})",
+            field=answer.field or "environment",
+        )
+    counters.answered(hit=answer.hit, duration_s=answer.duration_s, fork=fork is not None)
+    return fork is not None
+
+
+async def freeze(
+    client: SlotServerClient, lease: Lease, environment: str, counters: EnvironmentCounters
+) -> Snapshot:
+    """Freeze the held ``lease`` on its server into a ``Snapshot``.
+
+    Raises:
+        EnvironmentUnavailable: the server refused (``field`` ``snapshot`` or the server's).
+    """
+    where = lease.slot.container
+    try:
+        answer = await client.snapshot(lease.slot.index, lease.epoch)
+    except _FAILED as error:
+        raise EnvironmentUnavailable(
+            environment, f"snapshot on {where}: {type(error).__name__}: {error}", field="snapshot"
+        ) from None
+    if not answer.ok or answer.snapshot is None:
+        raise EnvironmentUnavailable(
+            environment,
+            f"snapshot refused: {answer.error or 'no snapshot id'} (slot server {where})",
+            field=answer.field or "snapshot",
+        )
+    counters.snapshots += 1
+    counters.snapshot_s += answer.duration_s
+    counters.snapshot_bytes += answer.bytes
+    return Snapshot(
+        environment=environment, container=where, snapshot=answer.snapshot,
+        bytes=answer.bytes, files=answer.files,
+    )  # fmt: skip
+
+
+async def drop(client: SlotServerClient, snapshot: Snapshot, label: str) -> None:
+    """Drop ``snapshot`` on its server; bounded, shielded, logging what fails."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(_DROP_TIMEOUT_S):
+        try:
+            answer = await client.drop_snapshot(snapshot.snapshot)
+        except _FAILED as error:
+            _log.warning("%s pool: dropping %s failed: %s", label, snapshot.snapshot, error)
+            return
+        if not answer.ok:
+            _log.warning("%s pool: %s not dropped: %s", label, snapshot.snapshot, answer.error)

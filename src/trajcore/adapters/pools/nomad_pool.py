@@ -1,0 +1,345 @@
+"""``NomadSandboxPool``: slot servers as allocations of a Nomad job, leased slot by slot.
+
+The pool registers one Nomad job (``trajcore.domain.nomad_job``) whose task group runs the slot
+server, ``count`` allocations of it, each serving ``slots_per_container`` slots over TCP with a
+bearer token the pool draws at start. It then implements the ``SandboxPool`` port over those
+servers exactly as the local pool does over its child processes: the same slot book and leasing
+(``SlotLeasing``), the same batch rules (``execute_batch``), the same client
+(``SlotServerClient``). What it adds is scheduling, and Nomad does the scheduling.
+
+How containers come and go (the decisions are ``domain.nomad_reconcile``'s, carried out by the
+loop this pool shares with the Slurm and cloud pools, ``reconciled``):
+
+- A watch task polls the job's allocations every ``poll_interval_s``. An allocation that Nomad
+  reports ``running`` (and wants running) joins: the pool reads it once for the address of its
+  ``slot`` port (``AllocatedResources.Shared.Ports``, else ``.Networks``), connects, waits for the
+  server's health (``start_timeout_s``), checks its slot count and, with ``require_sandbox``
+  (``require_tmux``), that it is sandboxed (has tmux), and adds its slots to the book under a
+  container name of its own (``nomad-<index>-<alloc id prefix>``, with ``~<restarts>`` after an
+  in-place restart, because a restarted server has forgotten its slots).
+- An allocation that stops, fails, is lost, disappears from the listing or restarts in place is
+  gone: its container is *lost* (its slots leave the book, their leases turn stale, later calls
+  with them are ``REJECTED``), unless it had drained, in which case it is simply removed. Nomad's
+  reschedule policy places a replacement, which joins like any other.
+- A slot server that fails a batch or a reset (unreachable, crashed, 5xx, timed out) is lost at
+  once, as in the local pool; the pool then asks Nomad to stop its allocation
+  (``POST /v1/allocation/{id}/stop``), which makes Nomad place a replacement. An allocation that
+  never becomes healthy is stopped the same way. Neither is ever joined again.
+- Scaling: the domain ``ScaleRules`` turns demand (leased plus waiting) into a target between
+  ``min_containers`` and ``max_containers``, with ``scale_down_margin`` and ``cooldown_s``. Up:
+  the job's count is raised at once (``POST /v1/job/{id}/scale``). Down: Nomad stops the highest
+  allocation indices when the count drops, so the pool first drains exactly those containers
+  (no new leases; running trajectories finish and their slots reset) and lowers the count only
+  once none of them holds a slot. A drained container that the target wants back (demand rose
+  again) rejoins with its slots free.
+
+Start and shutdown: entering the pool checks that Nomad answers (``status/leader``), purges an
+existing job of the same ID when ``purge_on_start``, registers the job with ``min_containers``
+allocations and waits until that many have joined (``start_timeout_s``; ``SlotServerError`` with
+what Nomad reported when they do not, ``SandboxUnavailable`` when a sandbox is required and a
+server has none). ``aclose`` refuses new leases, stops the watch, closes every client and stops
+the job: purged (gone from Nomad at once) with ``purge_on_shutdown``, otherwise stopped but kept
+so its allocations and logs stay inspectable until Nomad's garbage collection.
+
+Every wait is bounded: Nomad requests (``request_timeout_s``), joining (``start_timeout_s``),
+resets (``reset_timeout_s``), leases (``timeout_s`` or ``acquire_timeout_s``), shutdown
+(``stop_timeout_s``). Errors from Nomad while running are kept (``problems``) and retried on the
+next poll; they never fail a lease or a call by themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+
+import anyio
+import attrs
+
+from trajcore.adapters.pools.nomad_client import (
+    NomadClient,
+    NomadUnavailable,
+    allocation_address,
+    parse_allocation_stubs,
+)
+from trajcore.adapters.pools.reconciled import (
+    ReconciledPool,
+    ReconciledSource,
+    composed_settings,
+    scale_settings,
+)
+from trajcore.domain.errors import ConfigError
+from trajcore.domain.isolation import SlotIsolation
+from trajcore.domain.nomad_job import (
+    NomadJobSettings,
+    NomadJobSpec,
+    register_request,
+    scale_request,
+)
+from trajcore.domain.nomad_reconcile import Join, ReconcileConfig
+from trajcore.domain.scaling import ScaleConfig
+from trajcore.domain.validators import (
+    flag,
+    instance_of,
+    non_negative_seconds,
+    optional_seconds,
+    optional_text,
+    positive_seconds,
+    whole_number,
+)
+
+__all__ = ["NomadPoolConfig", "NomadSandboxPool"]
+
+_log = logging.getLogger(__name__)
+_ADDRESS = re.compile(r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+)(:\d{1,5})?/?$")
+
+# ============================================================================ config
+
+
+def _nomad_address(_: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if not isinstance(value, str) or _ADDRESS.fullmatch(value.strip()) is None:
+        raise ConfigError(
+            attribute.name, f"expected http(s)://host:port of a Nomad agent, got {value!r}"
+        )
+    port = value.strip().rstrip("/").rpartition(":")[2]
+    if port.isdigit() and not 0 < int(port) < 65536:
+        raise ConfigError(attribute.name, f"port out of range in {value!r}")
+
+
+@composed_settings
+@attrs.frozen(kw_only=True)
+class NomadPoolConfig:
+    """How the Nomad pool runs its slot servers: the Nomad job as the operator sets it (``job``:
+    the driver, image, command, datacenters, resources, restarts, ...), what each slot server
+    is told (its slots and isolation) and how the pool drives them. The isolation is the env's,
+    never the model's.
+
+    Attributes:
+        job: The Nomad job's settings (``NomadJobSettings``).
+        slots_per_container: Slots each slot server serves (N).
+        isolation: The sandbox isolation every slot server gets.
+        address: The Nomad agent's API, ``http(s)://host:port``.
+        min_containers, max_containers: The range the container count is scaled in.
+        acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
+        purge_on_start: Purge a job of the same ID before registering.
+        purge_on_shutdown: Purge the job when the pool closes (otherwise it is stopped).
+        token: Nomad ACL token (``None``: ``$NOMAD_TOKEN`` if set).
+        require_tmux: Refuse slot servers without tmux (the persistent shell of
+            ``bash_stateful`` and ``tmux`` needs it), as a missing sandbox is refused.
+        scale_down_margin, cooldown_s: The scaling rules' damping (``ScaleConfig``).
+        start_timeout_s: Longest the pool's start, and one container's join, may take.
+        reset_timeout_s: Longest a release's reset may take before the slot is quarantined.
+        poll_interval_s: How often the job's allocations are listed.
+        request_timeout_s: Longest one Nomad API request may take.
+        stop_timeout_s: Longest stopping the job at shutdown may take.
+    """
+
+    job: NomadJobSettings = attrs.field(
+        factory=NomadJobSettings, validator=instance_of(NomadJobSettings)
+    )
+    slots_per_container: int = attrs.field(default=8, validator=whole_number(1))
+    isolation: SlotIsolation = attrs.field(
+        factory=SlotIsolation, validator=instance_of(SlotIsolation)
+    )
+    address: str = attrs.field(default="http://127.0.0.1:4646", validator=_nomad_address)
+    min_containers: int = attrs.field(default=1, validator=whole_number(0))
+    max_containers: int = attrs.field(default=10, validator=whole_number(1))
+    acquire_timeout_s: float | None = attrs.field(default=600.0, validator=optional_seconds)
+    purge_on_start: bool = attrs.field(default=False, validator=flag)
+    purge_on_shutdown: bool = attrs.field(default=True, validator=flag)
+    token: str | None = attrs.field(default=None, validator=optional_text, repr=False)
+    require_tmux: bool = attrs.field(default=False, validator=flag)
+    scale_down_margin: int = attrs.field(default=0, validator=whole_number(0))
+    cooldown_s: float = attrs.field(default=30.0, validator=non_negative_seconds)
+    start_timeout_s: float = attrs.field(default=120.0, validator=positive_seconds)
+    reset_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
+    poll_interval_s: float = attrs.field(default=1.0, validator=positive_seconds)
+    request_timeout_s: float = attrs.field(default=10.0, validator=positive_seconds)
+    stop_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
+
+    def __attrs_post_init__(self) -> None:
+        self.scale_config()
+
+    def job_spec(self, *, count: int, token: str) -> NomadJobSpec:
+        """The job for ``count`` slot servers with bearer ``token``."""
+        return NomadJobSpec(
+            job=self.job,
+            slots_per_container=self.slots_per_container,
+            isolation=self.isolation,
+            count=count,
+            token=token,
+        )
+
+    def scale_config(self) -> ScaleConfig:
+        """The domain scaling rules' settings (``ConfigError`` naming the field when bad)."""
+        return scale_settings(self)
+
+
+# ============================================================================ allocations
+
+
+@attrs.define(eq=False, kw_only=True)
+class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
+    """The ``ContainerSource`` of the Nomad pool: the allocations of one job.
+
+    Every decision (join, drain, undrain, lose, remove, replace, the job's count) is the
+    domain ``NomadReconciler``'s, carried out by the shared loop (``ReconciledSource``); this
+    class lists allocations, reads their addresses, stops them and sets the job's count.
+    """
+
+    unavailable = NomadUnavailable
+    noun = "allocation"
+    nothing_started = "Nomad placed no running allocation"
+
+    nomad: NomadClient
+    _names: dict[str, str] = attrs.field(init=False, factory=dict)
+    _version: int = attrs.field(init=False, default=0)
+    _registered: bool = attrs.field(init=False, default=False)
+
+    def reconcile_config(self) -> ReconcileConfig:
+        return attrs.evolve(
+            super().reconcile_config(), restart_attempts=self.config.job.restart_attempts
+        )
+
+    @property
+    def scheduler(self) -> str:
+        return f"Nomad job {self.config.job.job_id}"
+
+    @property
+    def log_name(self) -> str:
+        return f"Nomad pool {self.config.job.job_id}"
+
+    # ------------------------------------------------------------------------- source
+
+    async def _set_up(self, stack: contextlib.AsyncExitStack) -> None:
+        config = self.config
+        await self.nomad.leader()
+        if config.purge_on_start and await self.nomad.deregister(config.job.job_id, purge=True):
+            _log.info("purged Nomad job %s before starting", config.job.job_id)
+        stack.push_async_callback(self.shutdown)
+        await self._register(config.min_containers)
+
+    async def shutdown(self) -> None:
+        """Stop the job (purged when configured), bounded and shielded."""
+        config = self.config
+        if not self._registered:
+            return
+        self._registered = False
+        await self._stop_all(
+            lambda: self.nomad.deregister(config.job.job_id, purge=config.purge_on_shutdown),
+            "stop the job",
+        )
+
+    # ------------------------------------------------------------------------- Nomad
+
+    async def _register(self, count: int) -> None:
+        config = self.config
+        spec = config.job_spec(count=count, token=self.token)
+        await self.nomad.register(config.job.job_id, register_request(spec))
+        self._registered = True
+        job = await self.nomad.read_job(config.job.job_id)
+        version = None if job is None else job.get("Version")
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise NomadUnavailable(
+                f"Nomad lost the job just registered (read back {version!r} as its version)",
+                field="job_id",
+            )
+        self._version = version
+        self.machine.registered(count)
+
+    async def _tick(self) -> None:
+        listing = await self.nomad.job_allocations(self.config.job.job_id)
+        allocations = []
+        for stub in parse_allocation_stubs(listing):
+            if stub.job_version < self._version:
+                continue
+            self._names[stub.id] = stub.name
+            allocations.append(
+                self._allocation(
+                    stub.id,
+                    stub.index,
+                    stub.client_status,
+                    desired_status=stub.desired_status,
+                    restarts=stub.restarts,
+                )
+            )
+        for count in self._observe(allocations, anyio.current_time()):
+            await self._set_count(count)
+
+    async def _set_count(self, count: int) -> None:
+        config = self.config
+        await self.nomad.scale(
+            config.job.job_id,
+            scale_request(
+                config.job.group,
+                count,
+                f"trajcore: {count} slot servers for the demand",
+            ),
+        )
+        self.machine.scaled(count)
+
+    def _replace(self, run_id: str, reason: str) -> None:
+        _log.warning("Nomad pool %s: %s", self.config.job.job_id, reason)
+        self.pool.spawn(self._stop_allocation, run_id)
+
+    async def _stop_allocation(self, alloc_id: str) -> None:
+        try:
+            await self.nomad.stop_allocation(alloc_id)
+        except NomadUnavailable as error:
+            self.pool.note(f"could not stop allocation {alloc_id}: {error}")
+
+    # ------------------------------------------------------------------------- joining
+
+    def _container_name(self, join: Join) -> str:
+        alloc_id = join.alloc_id
+        name = f"nomad-{join.index}-{alloc_id[:8]}"
+        if join.restarts:  # a restarted server has forgotten its slots: a name of its own
+            name = f"{name}~{join.restarts}"
+        if self.pool.member(name) is not None:  # two allocation IDs that share 8 digits
+            name = name.replace(alloc_id[:8], alloc_id, 1)
+        return name
+
+    async def _address(self, run_id: str) -> str:
+        return allocation_address(await self.nomad.read_allocation(run_id))
+
+    def _did_not_join(self, run_id: str, name: str, reason: str) -> str:
+        return f"allocation {self._names.get(run_id, name)} ({run_id}) did not join: {reason}"
+
+
+# ============================================================================ the pool
+
+
+class NomadSandboxPool(ReconciledPool):
+    """The SandboxPool port over slot servers run by Nomad. ``async with NomadSandboxPool(c)``.
+
+    Entering registers the job and waits for ``min_containers`` slot servers (see the module
+    doc); it raises ``NomadUnavailable`` (a ``SandboxUnavailable`` naming ``address`` or
+    ``token``) when Nomad cannot be used, ``SlotServerError`` when the servers do not become
+    healthy in time, ``SandboxUnavailable`` when ``require_sandbox`` and a server has no
+    sandbox; nothing is left registered then (unless ``purge_on_shutdown`` is off, in which case
+    the job is stopped). Leaving closes it (``aclose``).
+
+    Attributes:
+        config: The pool's settings.
+    """
+
+    def __init__(self, config: NomadPoolConfig | None = None) -> None:
+        self.config = config = config or NomadPoolConfig()
+        nomad = NomadClient(
+            address=config.address,
+            token=config.token,
+            namespace=config.job.namespace,
+            region=config.job.region,
+            timeout_s=config.request_timeout_s,
+        )
+        self._allocations = _NomadAllocations(config=config, nomad=nomad)
+        super().__init__(self._allocations, label="Nomad")
+
+    def allocation_id(self, container: str) -> str:
+        """The Nomad allocation behind ``container``. Raises ``KeyError``."""
+        return self.run_id(container)
+
+    @property
+    def job_count(self) -> int:
+        """The task group count last set in Nomad."""
+        return self._allocations.machine.job_count or 0

@@ -1,0 +1,453 @@
+"""``SlurmSandboxPool``: slot servers as Slurm batch jobs, leased slot by slot.
+
+Each slot server is one batch job (``trajcore.domain.slurm_jobs``): ``sbatch`` submits it with
+the resources a server needs (CPUs, memory, time limit, partition, account, QoS, constraint),
+the job runs the server on its node listening on TCP with a bearer token, and the pool speaks
+the same protocol to it as every other pool (the pool core, ``pool_core``).
+
+Why the command line and not ``slurmrestd``: every Slurm site has ``sbatch``, ``squeue``,
+``scancel`` and ``scontrol`` on its login nodes, authenticated as the user by munge with no
+setup, whereas ``slurmrestd`` is an optional daemon that needs JWT or a local socket, and whose
+API version changes with each release (22.05 speaks v0.0.38). The commands' text answers are
+read with fixed formats (``squeue --format``) and parsed by pure functions.
+
+How a job reports its address (discovery): through a file in the pool's run directory, which
+must be on a file system the submitting host and the nodes share (``shared_dir``; every Slurm
+cluster has one, the home or scratch file system its job logs go to). The job's script writes
+the server's ready line (its port) there, whole, and the pool reads it; the node's address is
+``NodeAddr`` of its batch host (``scontrol show node``), how Slurm itself reaches the node.
+A file needs no inbound port on the submitting host (login nodes rarely accept connections
+from compute nodes); the pool connects out to the node's port, as Slurm does.
+
+How the pool follows its jobs: every ``poll_interval_s`` it lists the jobs of its name
+(``squeue``) and hands them to the Nomad pool's reconciler (``domain.nomad_reconcile``), with
+each job as an allocation: its server index, its state as a client status (``JOB_STATES``),
+``ending`` when its time limit is within ``drain_before_s``. The reconciler's decisions are
+carried out by the loop the Nomad and cloud pools share (``reconciled``: join, drain, lose,
+remove, the count; replace is ``scancel`` here);
+what Nomad's scheduler does for a count, ``plan_jobs`` does here: one live job per index below
+the count (a new one for an index whose job ended, failed, was cancelled or nears its time
+limit), extra and stray jobs cancelled. A job whose server failed to start is submitted again
+after a growing delay (0.5 s doubling to 60 s).
+
+Faults: a job cancelled, preempted, past its time limit, or on a node that fails ends its
+server; the calls in flight get no answer and end as ``INFRA_ERROR`` (never scored), its leases
+turn stale, and a replacement job is submitted. Jobs carry ``--no-requeue``: a requeued server
+would have forgotten its slots.
+
+Start and close: the pool draws a run ID and a token, cancels every job of its name it owns
+(what a crashed pool left), and waits for ``min_containers`` servers. ``aclose`` cancels every
+job of its name (``scancel --name``), waits for them to leave the queue (``stop_timeout_s``)
+and removes its run directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import anyio
+import attrs
+
+from trajcore.adapters.pools.reconciled import (
+    ReconciledPool,
+    ReconciledSource,
+    StartBackoff,
+    composed_settings,
+    scale_settings,
+)
+from trajcore.domain.errors import ConfigError, InvalidInput, SandboxUnavailable, SlotServerError
+from trajcore.domain.isolation import SlotIsolation, check_slot_uid_range
+from trajcore.domain.nomad_reconcile import Join
+from trajcore.domain.scaling import ScaleConfig
+from trajcore.domain.slots import SlotCall
+from trajcore.domain.slurm_jobs import (
+    SlurmJob,
+    SlurmJobSettings,
+    job_script,
+    parse_node_address,
+    parse_ready,
+    parse_squeue,
+    plan_jobs,
+    sbatch_argv,
+    scancel_argv,
+    squeue_argv,
+)
+from trajcore.domain.tools import ToolOutcome, ToolResult
+from trajcore.domain.validators import (
+    flag,
+    instance_of,
+    non_negative_seconds,
+    optional_seconds,
+    positive_seconds,
+    whole_number,
+)
+
+__all__ = ["SlurmPoolConfig", "SlurmSandboxPool", "SlurmUnavailable", "start_slurm_pool"]
+
+_log = logging.getLogger(__name__)
+
+
+class SlurmUnavailable(SandboxUnavailable):
+    """A Slurm command failed, timed out or is not installed (the message names it)."""
+
+
+def _optional_dir(value: object) -> Path | None:
+    return None if value is None else Path(str(value))
+
+
+@composed_settings
+@attrs.frozen(kw_only=True)
+class SlurmPoolConfig:
+    """How the Slurm pool runs its slot servers: each server's batch job as the operator sets
+    it (``job``), what each slot server is told (its slots and isolation) and how the pool drives
+    them.
+
+    Attributes:
+        job: Each server's batch job (``SlurmJobSettings``).
+        slots_per_container: Slots each slot server (each job) serves.
+        isolation: The sandbox isolation of every server (slot uids: a block per job).
+        min_containers, max_containers: The range the server count is scaled in.
+        shared_dir: A directory the submitting host and every node share; the pool makes its
+            run directory (token, script, ready files, job logs) inside (``None``: the system's
+            temporary directory, right only when the cluster is this one machine).
+        drain_before_s: A job this close to its time limit is drained and replaced.
+        acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
+        require_tmux: Refuse servers without tmux.
+        scale_down_margin, cooldown_s: The scaling rules' damping.
+        start_timeout_s: Longest the pool's start, and one running job's join, may take.
+        reset_timeout_s: Longest a release's reset may take before the slot is quarantined.
+        poll_interval_s: How often the queue is listed.
+        command_timeout_s: Longest one Slurm command may take.
+        stop_timeout_s: Longest the close waits for the jobs to leave the queue.
+        confirm_batches: Confirm every answered batch with the server's health (see
+            ``SlurmSandboxPool.execute``); off saves a round trip per batch and lets a call cut
+            short by its job's end be answered.
+        confirm_timeout_s: Longest that confirmation may take.
+    """
+
+    job: SlurmJobSettings = attrs.field(
+        factory=SlurmJobSettings, validator=instance_of(SlurmJobSettings)
+    )
+    slots_per_container: int = attrs.field(default=8, validator=whole_number(1))
+    isolation: SlotIsolation = attrs.field(
+        factory=SlotIsolation, validator=instance_of(SlotIsolation)
+    )
+    min_containers: int = attrs.field(default=1, validator=whole_number(0))
+    max_containers: int = attrs.field(default=10, validator=whole_number(1))
+    shared_dir: Path | None = attrs.field(default=None, converter=_optional_dir)
+    drain_before_s: float = attrs.field(default=300.0, validator=non_negative_seconds)
+    acquire_timeout_s: float | None = attrs.field(default=600.0, validator=optional_seconds)
+    require_tmux: bool = attrs.field(default=False, validator=flag)
+    scale_down_margin: int = attrs.field(default=0, validator=whole_number(0))
+    cooldown_s: float = attrs.field(default=30.0, validator=non_negative_seconds)
+    start_timeout_s: float = attrs.field(default=300.0, validator=positive_seconds)
+    reset_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
+    poll_interval_s: float = attrs.field(default=1.0, validator=positive_seconds)
+    command_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
+    stop_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
+    confirm_batches: bool = attrs.field(default=True, validator=flag)
+    confirm_timeout_s: float = attrs.field(default=5.0, validator=positive_seconds)
+
+    def __attrs_post_init__(self) -> None:
+        if self.drain_before_s >= self.job.time_limit_min * 60:
+            raise ConfigError(
+                "drain_before_s",
+                f"must be below the time limit ({self.job.time_limit_min} min), "
+                f"got {self.drain_before_s} s",
+            )
+        self.scale_config()
+        # two blocks of slot uids per server: a job and the one replacing it may share a node
+        check_slot_uid_range(
+            "isolation.slot_uid_base",
+            self.isolation.slot_uid_base,
+            2 * self.max_containers * self.slots_per_container,
+        )
+
+    def scale_config(self) -> ScaleConfig:
+        """The domain scaling rules' settings (``ConfigError`` naming the field when bad)."""
+        return scale_settings(self)
+
+
+async def run_slurm(argv: Sequence[str], timeout_s: float) -> str:
+    """Run one Slurm command; its standard output. Raises ``SlurmUnavailable`` naming the
+    command when it is missing, fails or takes longer than ``timeout_s``."""
+    if shutil.which(argv[0]) is None:
+        raise SlurmUnavailable(f"{argv[0]} is not installed (Slurm's client commands are needed)")
+    try:
+        with anyio.fail_after(timeout_s):
+            done = await anyio.run_process(list(argv), check=False)
+    except TimeoutError:
+        raise SlurmUnavailable(f"{argv[0]} took longer than {timeout_s} s") from None
+    if done.returncode != 0:
+        detail = done.stderr.decode("utf-8", "replace").strip()[-500:]
+        raise SlurmUnavailable(f"{argv[0]} failed ({done.returncode}): {detail}")
+    return done.stdout.decode("utf-8", "replace")
+
+
+@attrs.define(eq=False, kw_only=True)
+class _SlurmJobs(ReconciledSource[SlurmPoolConfig]):
+    """The ``ContainerSource`` of the Slurm pool: the batch jobs of one run. The shared loop
+    (``ReconciledSource``) decides; this class lists, submits and cancels the jobs."""
+
+    unavailable = SlurmUnavailable
+    noun = "job"
+    nothing_started = "no job started"
+
+    run: str = attrs.field(factory=lambda: secrets.token_hex(6))
+    run_dir: Path | None = attrs.field(init=False, default=None)
+    count: int = attrs.field(init=False, default=0)
+    submitted: int = attrs.field(init=False, default=0)
+    _stopping: set[str] = attrs.field(init=False, factory=set)
+    _blocks: dict[str, int] = attrs.field(init=False, factory=dict)
+    _backoff: StartBackoff = attrs.field(init=False, factory=StartBackoff)
+    _nodes: dict[str, str] = attrs.field(init=False, factory=dict)
+    _open: bool = attrs.field(init=False, default=False)
+
+    @property
+    def scheduler(self) -> str:
+        return f"Slurm jobs {self.config.job.job_name}"
+
+    @property
+    def log_name(self) -> str:
+        return f"Slurm pool {self.config.job.job_name}"
+
+    async def _slurm(self, argv: Sequence[str]) -> str:
+        return await run_slurm(argv, self.config.command_timeout_s)
+
+    # ------------------------------------------------------------------------- source
+
+    async def _set_up(self, stack: contextlib.AsyncExitStack) -> None:
+        config = self.config
+        await self._slurm(squeue_argv(config.job.job_name))  # Slurm answers, or the start fails
+        shared = config.shared_dir
+        if shared is not None and not shared.is_dir():
+            raise ConfigError("shared_dir", f"{shared} is not a directory")
+        run_dir = Path(tempfile.mkdtemp(prefix=f"{config.job.job_name}-{self.run}-", dir=shared))
+        self.run_dir = run_dir
+        stack.callback(shutil.rmtree, run_dir, True)
+        token_file = run_dir / "token"
+        token_file.touch(mode=0o600)
+        token_file.write_text(self.token, encoding="utf-8")
+        script = run_dir / "slot-server.sh"
+        script.write_text(job_script(config.job), encoding="utf-8")
+        script.chmod(0o700)
+        # what a crashed pool of this name left: its jobs hold an old token; cancel them all
+        await self._slurm(scancel_argv(job_name=config.job.job_name))
+        self._open = True
+        stack.push_async_callback(self.shutdown)
+        self.count = config.min_containers
+        self.machine.registered(self.count)
+
+    async def shutdown(self) -> None:
+        """Cancel every job of the pool's name and wait for them to leave the queue; bounded."""
+        if not self._open:
+            return
+        self._open = False
+        await self._stop_all(self._cancel_all, "cancel the jobs")
+
+    async def _cancel_all(self) -> None:
+        await self._slurm(scancel_argv(job_name=self.config.job.job_name))
+        while True:  # (polling: Slurm has no event to wait on)
+            jobs = await self._list()
+            if not any(job.live or job.state == "COMPLETING" for job in jobs):
+                return
+            await anyio.sleep(0.2)
+
+    # ------------------------------------------------------------------------- the queue
+
+    async def _list(self) -> list[SlurmJob]:
+        return parse_squeue(await self._slurm(squeue_argv(self.config.job.job_name)))
+
+    async def _tick(self) -> None:
+        config = self.config
+        jobs = await self._list()
+        ours = [job for job in jobs if job.run == self.run]
+        listed = {job.job_id for job in ours if job.live}
+        for job_id in [j for j in self._blocks if j not in listed]:
+            del self._blocks[job_id]  # ended: its uids are free again
+        allocations = [
+            self._allocation(
+                job.job_id,
+                job.index,
+                job.client_status,
+                desired_status="stop" if job.job_id in self._stopping else "run",
+                ending=job.time_left_s is not None and job.time_left_s <= config.drain_before_s,
+            )
+            for job in ours
+        ]
+        now = anyio.current_time()
+        for count in self._observe(allocations, now):
+            self.count = count
+            self.machine.scaled(count)
+        plan = plan_jobs(
+            jobs,
+            run=self.run,
+            count=self.count,
+            stopping=frozenset(self._stopping),
+            ending_s=config.drain_before_s,
+        )
+        if plan.cancel:
+            self._stopping.update(plan.cancel)
+            await self._slurm(scancel_argv(plan.cancel))
+        for index in plan.submit:
+            await self._submit(index, now)
+
+    async def _submit(self, index: int, now: float) -> None:
+        if not self._backoff.due(index, now):
+            return
+        used = set(self._blocks.values())
+        block = next((b for b in range(2 * self.config.max_containers) if b not in used), None)
+        if block is None:
+            return  # every uid block is held by a job still in the queue
+        assert self.run_dir is not None
+        config = self.config
+        argv = sbatch_argv(
+            config.job,
+            slots_per_container=config.slots_per_container,
+            isolation=config.isolation,
+            script=str(self.run_dir / "slot-server.sh"),
+            run_dir=str(self.run_dir),
+            run=self.run,
+            index=index,
+            uid_base=config.isolation.slot_uid_base + block * config.slots_per_container,
+            token_file=str(self.run_dir / "token"),
+        )
+        job_id = (await self._slurm(argv)).strip().split(";")[0]
+        if not job_id:
+            raise SlurmUnavailable("sbatch printed no job ID")
+        self._blocks[job_id] = block
+        self._backoff.started(index, job_id, now)
+        self.submitted += 1
+        _log.info(
+            "Slurm pool %s: server %d submitted as job %s", config.job.job_name, index, job_id
+        )
+
+    def _replace(self, run_id: str, reason: str) -> None:
+        self._stopping.add(run_id)
+        self.pool.spawn(self._cancel, run_id)
+
+    async def _cancel(self, job_id: str) -> None:
+        self._stopping.add(job_id)
+        try:
+            await self._slurm(scancel_argv([job_id]))
+        except SlurmUnavailable as error:
+            self.pool.note(f"could not cancel job {job_id}: {error}")
+
+    # ------------------------------------------------------------------------- joining
+
+    def _container_name(self, join: Join) -> str:
+        return f"slurm-{join.index}-{join.alloc_id}"
+
+    async def _address(self, job_id: str) -> str:
+        """The ``host:port`` job ``job_id`` reported; waits for its ready line."""
+        assert self.run_dir is not None
+        ready = self.run_dir / f"{job_id}.ready"
+        while True:
+            try:
+                port = parse_ready(ready.read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                port = None
+            if port is not None:
+                break
+            await anyio.sleep(0.05)
+        host = self.config.job.bind_host
+        if host in {"0.0.0.0", "::"}:  # noqa: S104 - what it listens on, not where it is
+            host = await self._node_address(job_id)
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    async def _node_address(self, job_id: str) -> str:
+        node = next((j.node for j in await self._list() if j.job_id == job_id), None)
+        if node is None:
+            raise InvalidInput("squeue", f"job {job_id} has no batch host")
+        if node not in self._nodes:
+            show = await self._slurm(["scontrol", "show", "node", "--oneliner", node])
+            self._nodes[node] = parse_node_address(show)
+        return self._nodes[node]
+
+    def _log_tail(self, job_id: str) -> str:
+        assert self.run_dir is not None
+        try:
+            text = (self.run_dir / f"{job_id}.log").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return text.strip()[-300:]
+
+    def _did_not_join(self, run_id: str, name: str, reason: str) -> str:
+        tail = self._log_tail(run_id)
+        return f"job {run_id} did not join: {reason}" + (f" ({tail})" if tail else "")
+
+    def _joined(self, run_id: str, name: str, address: str) -> None:
+        self._backoff.joined(run_id)
+        super()._joined(run_id, name, address)
+
+
+class SlurmSandboxPool(ReconciledPool):
+    """The SandboxPool port over slot servers run as Slurm jobs. ``async with
+    SlurmSandboxPool(config)``.
+
+    Entering checks that Slurm answers (``SlurmUnavailable`` otherwise), cancels what a crashed
+    pool of the same name left, and waits for ``min_containers`` servers (``SlotServerError``
+    when they are not healthy within ``start_timeout_s``, ``SandboxUnavailable`` when a sandbox
+    is required and missing); nothing is left queued then. Leaving closes it (``aclose``).
+
+    Attributes:
+        config: The pool's settings.
+    """
+
+    def __init__(self, config: SlurmPoolConfig | None = None) -> None:
+        self.config = config = config or SlurmPoolConfig()
+        self._jobs = _SlurmJobs(config=config)
+        super().__init__(self._jobs, label="Slurm")
+
+    async def execute(self, container: str, calls: Sequence[SlotCall]) -> list[ToolResult]:
+        """See ``SandboxPool.execute``. An answered batch is confirmed by the server's health
+        before it is returned: Slurm ends a job by signalling every process in it, the slot's
+        own commands too, so a call a job's end cut short can be answered before the server
+        dies. When health then fails, the server was ending: the answered calls become
+        ``INFRA_ERROR`` (never scored) and the container is lost."""
+        results = await super().execute(container, calls)
+        member = self.member(container)
+        ran = [i for i, r in enumerate(results) if r.outcome is not ToolOutcome.REJECTED]
+        if member is None or member.lost or not ran or not self.config.confirm_batches:
+            return results
+        try:
+            with anyio.fail_after(self.config.confirm_timeout_s):
+                await member.client.health()
+        except (TimeoutError, SlotServerError, InvalidInput) as error:
+            reason = f"slot server {container} ended with the batch in flight: {error}"
+            self.lose(member, reason)
+            for i in ran:
+                results[i] = ToolResult.failure(calls[i].call, ToolOutcome.INFRA_ERROR, reason)
+        return results
+
+    def job_id(self, container: str) -> str:
+        """The Slurm job behind ``container``. Raises ``KeyError``."""
+        return self.run_id(container)
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The pool's run directory on the shared file system while it runs."""
+        return self._jobs.run_dir
+
+    @property
+    def job_count(self) -> int:
+        """The server count the pool keeps queued or running."""
+        return self._jobs.count
+
+    @property
+    def jobs_submitted(self) -> int:
+        """Jobs submitted since the start (the first ones, scale-ups and replacements)."""
+        return self._jobs.submitted
+
+
+@contextlib.asynccontextmanager
+async def start_slurm_pool(config: SlurmPoolConfig) -> AsyncIterator[SlurmSandboxPool]:
+    """``async with start_slurm_pool(config) as pool``: a started pool, closed on exit."""
+    async with SlurmSandboxPool(config) as pool:
+        yield pool

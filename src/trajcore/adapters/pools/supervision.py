@@ -1,0 +1,337 @@
+"""``SupervisedSource``: K slot servers this machine starts itself, each replaced when it dies.
+
+The ``ContainerSource`` of the pools that start their servers directly (child processes, local
+containers) rather than asking a scheduler. What differs between those is how one server starts
+and stops, a ``Launcher``; the supervision is the same:
+
+- ``start`` launches the K servers in parallel and joins each once it is healthy; one that does
+  not start within ``start_timeout_s`` fails the pool's start (``SlotServerError`` with the end
+  of its log), and nothing is left running.
+- Each joined server has a supervisor task that waits for it to end. Unless the pool is closing,
+  an ended server is gone from the pool (its leases turn stale) and, with ``restart_crashed``,
+  a replacement starts under the next name (``local-0``, ``local-0~1``, ...), tried
+  ``restart_attempts`` times with a short backoff.
+- A server the pool loses (a failed batch or reset) is killed at once; its supervisor then sees
+  it end and replaces it the same way.
+- ``shutdown`` stops every server it ever launched and has not stopped, in parallel, bounded by
+  the launcher's own stop timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Generic, Protocol, TypeVar
+
+import anyio
+import attrs
+
+from trajcore.adapters.pools.client import SlotServerClient
+from trajcore.adapters.pools.pool_core import (
+    DEFAULT_FORK_WAIT_S,
+    Endpoint,
+    Member,
+    SlotServerPool,
+    close_quietly,
+    single_error,
+)
+from trajcore.domain import validators
+from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
+from trajcore.domain.isolation import SlotIsolation, check_slot_uid_range
+
+__all__ = ["Launcher", "SupervisedPool", "SupervisedPoolConfig", "SupervisedSource"]
+
+H = TypeVar("H")
+
+
+def _cache_path(value: object) -> Path | None:
+    if value is None:
+        return None
+    path = Path(str(value)).expanduser()
+    if not str(value).strip() or not path.is_absolute():
+        raise ConfigError("image_cache_dir", f"must be an absolute path, got {str(value)!r}")
+    return path
+
+
+@attrs.frozen(kw_only=True)
+class SupervisedPoolConfig:
+    """The settings of every pool of K slot servers this machine starts itself.
+
+    The isolation is the env's, never the model's. Each pool's config adds how its servers run.
+
+    Attributes:
+        containers: Slot servers to run (K).
+        slots_per_container: Slots each serves (N).
+        isolation: The sandbox isolation of every server. Server ``k`` runs its slot ``i`` (when run
+            as root) as host uid/gid ``isolation.slot_uid_base + k * slots_per_container + i``:
+            every slot of the pool has its own uid; another pool on the same host needs a base
+            outside this range.
+        require_tmux: Refuse servers without tmux (the persistent shell of ``bash_stateful``
+            and ``tmux`` needs it), as a missing sandbox is refused.
+        acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
+        start_timeout_s: Longest a slot server may take to start and answer health.
+        reset_timeout_s: Longest a release's reset may take before the slot is quarantined.
+        stop_timeout_s: Grace between a server's stop signal and its kill.
+        restart_crashed: Replace a server that died or failed.
+        restart_attempts: Starts tried in a row before a failed server is given up.
+        image_cache_dir: The host's image cache, shared by every server of the pool (and of
+            any pool on the host): leases may then run over task environments
+            (docs/environments.md). ``None`` (the default): no cache, and a lease that names an
+            environment is refused saying to set this.
+        image_cache_bytes: The cache's size limit (least recently used images leave first).
+        fork_wait_s: How long a lease from a snapshot waits for a free slot of the snapshot's
+            server before it takes one elsewhere (and runs over the plain image).
+    """
+
+    containers: int = attrs.field(default=2, validator=validators.positive_int)
+    slots_per_container: int = attrs.field(default=4, validator=validators.positive_int)
+    isolation: SlotIsolation = attrs.field(
+        factory=SlotIsolation, validator=validators.instance_of(SlotIsolation)
+    )
+    require_tmux: bool = attrs.field(default=False, validator=validators.flag)
+    acquire_timeout_s: float | None = attrs.field(
+        default=600.0, validator=validators.optional_seconds
+    )
+    start_timeout_s: float = attrs.field(default=30.0, validator=validators.positive_seconds)
+    reset_timeout_s: float = attrs.field(default=30.0, validator=validators.positive_seconds)
+    stop_timeout_s: float = attrs.field(default=5.0, validator=validators.positive_seconds)
+    restart_crashed: bool = attrs.field(default=True, validator=validators.flag)
+    restart_attempts: int = attrs.field(default=3, validator=validators.positive_int)
+    image_cache_dir: Path | None = attrs.field(default=None, converter=_cache_path)
+    image_cache_bytes: int = attrs.field(default=32 << 30, validator=validators.positive_int)
+    fork_wait_s: float = attrs.field(
+        default=DEFAULT_FORK_WAIT_S, validator=validators.non_negative_seconds
+    )
+
+    def __attrs_post_init__(self) -> None:
+        check_slot_uid_range(
+            "isolation.slot_uid_base",
+            self.isolation.slot_uid_base,
+            self.containers * self.slots_per_container,
+        )
+
+    def server_isolation(self, index: int = 0) -> SlotIsolation:
+        """The isolation of server ``index``: the pool's, with that server's range of slot uids."""
+        base = self.isolation.slot_uid_base + index * self.slots_per_container
+        return attrs.evolve(self.isolation, slot_uid_base=base)
+
+    def image_cache_argv(self, cache: Path | None = None) -> list[str]:
+        """The slot server's image-cache flags (none without ``image_cache_dir``); ``cache``:
+        where the server sees the cache, when not at ``image_cache_dir`` (in a container)."""
+        if self.image_cache_dir is None:
+            return []
+        where = self.image_cache_dir if cache is None else cache
+        return ["--image-cache", str(where), "--image-cache-bytes", str(self.image_cache_bytes)]
+
+
+class Launcher(Protocol[H]):
+    """Starts and stops one slot server at a time; ``H`` is its handle of a running server."""
+
+    async def open(self, stack: AsyncExitStack) -> None:
+        """Acquire what every server needs (a directory, a token); cleanup goes on ``stack``."""
+        ...
+
+    async def launch(self, index: int, name: str) -> tuple[Endpoint, H]:
+        """Start server ``index`` as ``name``; return once it says where it listens.
+
+        Leaves nothing running when it raises (``SlotServerError``, ``OSError``, cancelled).
+        """
+        ...
+
+    async def wait(self, handle: H) -> None:
+        """Return once the server of ``handle`` has ended."""
+        ...
+
+    async def kill(self, handle: H) -> None:
+        """End the server now (it failed), without grace; ``wait`` then returns."""
+        ...
+
+    async def stop(self, handle: H) -> None:
+        """Stop the server gracefully, then forcibly; bounded. Called shielded."""
+        ...
+
+    async def describe(self, handle: H) -> str:
+        """What the server said last (the end of its log), for error messages."""
+        ...
+
+
+@attrs.define(eq=False)
+class SupervisedSource(Generic[H]):
+    """``containers`` servers from ``launcher``, supervised; see the module docstring.
+
+    Attributes:
+        launcher: Starts and stops one server.
+        prefix: The pool's container names: ``{prefix}-{index}``, then ``~{generation}``.
+        containers: How many servers run (K).
+        restart_crashed: Replace a server that ended or failed.
+        restart_attempts: Starts tried in a row before a failed server is given up.
+        slots: Server ``index``'s slot count (``None``: the pool's ``slots_per_container``).
+        backoff_s: The wait after a failed replacement start, doubled after each failure...
+        backoff_max_s: ...up to this.
+    """
+
+    launcher: Launcher[H]
+    prefix: str
+    containers: int
+    restart_crashed: bool = True
+    restart_attempts: int = 3
+    slots: Callable[[int], int] | None = None
+    backoff_s: float = 0.1
+    backoff_max_s: float = 2.0
+    launched: dict[str, H] = attrs.field(init=False, factory=dict)
+    _stopped: set[str] = attrs.field(init=False, factory=set)
+    _generations: dict[int, int] = attrs.field(init=False, factory=dict)
+    restarts: int = attrs.field(init=False, default=0)
+    _pool: SlotServerPool | None = attrs.field(init=False, default=None)
+
+    # ------------------------------------------------------------------------- source
+
+    async def open(self, pool: SlotServerPool, stack: AsyncExitStack) -> None:
+        self._pool = pool
+        await self.launcher.open(stack)
+
+    async def start(self, pool: SlotServerPool) -> None:
+        async with anyio.create_task_group() as starting:
+            for index in range(self.containers):
+                starting.start_soon(self._start, pool, index)
+
+    def lost(self, member: Member, reason: str) -> None:
+        if member.name not in self._stopped and self._pool is not None:
+            self._pool.spawn(self.launcher.kill, self.launched[member.name])
+
+    async def shutdown(self) -> None:
+        stopping = [name for name in self.launched if name not in self._stopped]
+        self._stopped.update(stopping)
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as group:
+                for name in stopping:
+                    group.start_soon(self.launcher.stop, self.launched[name])
+
+    # ------------------------------------------------------------------------- servers
+
+    def _name(self, index: int) -> str:
+        generation = self._generations.get(index, 0)
+        base = f"{self.prefix}-{index}"
+        return base if generation == 0 else f"{base}~{generation}"
+
+    async def _start(self, pool: SlotServerPool, index: int) -> None:
+        """Launch server ``index`` (current generation), connect, join, supervise."""
+        name = self._name(index)
+        start_timeout_s = pool.rules.start_timeout_s
+        handle: H | None = None
+        try:
+            with anyio.fail_after(start_timeout_s):
+                endpoint, handle = await self.launcher.launch(index, name)
+                self.launched[name] = handle
+                client = await self._connect(pool, endpoint, name, handle, index)
+        except BaseException as error:
+            detail = ""
+            if handle is not None:
+                self._stopped.add(name)
+                if isinstance(error, TimeoutError):
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                        detail = f": {await self.launcher.describe(handle)}"
+                await self._stop(handle)
+            if isinstance(error, TimeoutError):
+                raise SlotServerError(
+                    f"slot server {name} was not healthy within {start_timeout_s} s{detail}"
+                ) from None
+            raise
+        member = pool.join(name, client, handle, slots=self._slot_count(index))
+        if member is None:  # closed while it started: stop it with the rest
+            self._stopped.add(name)
+            await close_quietly(client)
+            await self._stop(handle)
+            return
+        pool.spawn(self._supervise, pool, index, member, handle)
+
+    def _slot_count(self, index: int) -> int | None:
+        return None if self.slots is None else self.slots(index)
+
+    async def _connect(
+        self, pool: SlotServerPool, endpoint: Endpoint, name: str, handle: H, index: int
+    ) -> SlotServerClient:
+        """``pool.connect``, unless the server ends first (``SlotServerError`` with its log)."""
+        connected: list[SlotServerClient] = []
+        slots = self._slot_count(index)
+
+        async def connect(scope: anyio.CancelScope) -> None:
+            connected.append(await pool.connect(endpoint, name, slots=slots))
+            scope.cancel()
+
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(connect, group.cancel_scope)
+                await self.launcher.wait(handle)
+                group.cancel_scope.cancel()
+        except BaseExceptionGroup as errors:
+            raise single_error(errors) from None
+        if connected:
+            return connected[0]
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            detail = await self.launcher.describe(handle)
+        raise SlotServerError(f"slot server {name} ended before it was healthy: {detail}")
+
+    async def _stop(self, handle: H) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.launcher.stop(handle)
+
+    async def _supervise(self, pool: SlotServerPool, index: int, member: Member, handle: H) -> None:
+        """Wait for ``member``'s server to end; unless the pool is closing, replace it."""
+        await self.launcher.wait(handle)
+        if pool.closed or member.name in self._stopped:
+            return
+        pool.gone(member, "its slot server exited")
+        self._stopped.add(member.name)
+        await self._stop(handle)  # what the ended server left (a container, its group)
+        if not self.restart_crashed:
+            return
+        for attempt in range(self.restart_attempts):
+            if _closed(pool):  # (a call: the pool may have closed while this waited)
+                return
+            self._generations[index] = self._generations.get(index, 0) + 1
+            try:
+                await self._start(pool, index)
+            except (SlotServerError, SandboxUnavailable, OSError) as error:
+                pool.note(f"replacing {self._name(index)} failed: {error}")
+                await anyio.sleep(min(self.backoff_s * 2**attempt, self.backoff_max_s))
+                continue
+            self.restarts += 1
+            return
+
+
+def _closed(pool: SlotServerPool) -> bool:
+    return pool.closed
+
+
+class SupervisedPool(SlotServerPool, Generic[H]):
+    """The pool core over a ``SupervisedSource`` of ``launcher``'s servers."""
+
+    def __init__(self, launcher: Launcher[H], config: SupervisedPoolConfig, *, label: str) -> None:
+        self._supervised: SupervisedSource[H] = SupervisedSource(
+            launcher,
+            prefix=label,
+            containers=config.containers,
+            restart_crashed=config.restart_crashed,
+            restart_attempts=config.restart_attempts,
+        )
+        super().__init__(self._supervised, config, label=label, fork_wait_s=config.fork_wait_s)
+        self._image_cache = config.image_cache_dir
+        self._config_name = type(config).__name__
+
+    def environment_refusal(self) -> tuple[str, str] | None:
+        """``None`` when the servers run with an image cache; else the setting to set."""
+        if self._image_cache is not None:
+            return None
+        return (
+            "image_cache_dir",
+            f"the {self._label} pool's slot servers have no image cache: set "
+            f"{self._config_name}.image_cache_dir (the env's --env.image_cache_dir) to run "
+            "leases over task environments",
+        )
+
+    @property
+    def restarts(self) -> int:
+        """Servers started to replace lost ones."""
+        return self._supervised.restarts

@@ -1,0 +1,425 @@
+"""The per-host cache of task environments: each image unpacked once, read-only, shared by
+every slot of every slot server on the host.
+
+Layout under the cache's root::
+
+    images/<id>/rootfs/     the unpacked tree (``id``: the image config's sha256)
+    images/<id>/image.json  what it is: reference, bytes, entries, seconds to unpack
+    locks/<id>.lock         flock: exclusive while the image is made or evicted, shared while used
+    staging/                trees and exports in progress, and evicted trees being removed
+    cache.lock              flock: exclusive around admission and eviction
+
+The rules it keeps:
+
+- **Once per host.** Two servers that ask for the same image at once: one unpacks it, the other
+  waits on its lock and then finds it made (a hit). An image appears under ``images/`` by one
+  rename of a finished tree, so a reader never sees half an image.
+- **Consistent after any failure.** Unpacking happens in ``staging/``; a refused layer, a
+  digest mismatch, a full disk or a crash leave nothing under ``images/`` (a crashed run's
+  staging is swept when the next cache opens).
+- **In use is never evicted.** A lease holds its image's lock shared for as long as it runs
+  over it (``ImageUse``); eviction takes the lock exclusive without waiting and skips images it
+  cannot take. Images leave least recently used first when a new one would pass ``max_bytes``;
+  when everything that could leave is in use, the new image is refused with ``ImageCacheFull``
+  naming the image and the sizes, and the cache stays as it was.
+- **Bounded waits.** Waiting for another server's unpacking ends at ``lock_timeout_s``.
+
+A ``directory:`` environment is not copied: its tree is used in place (the operator keeps it
+unchanged while runs use it) and takes no room in the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import attrs
+
+from trajcore.adapters.removal import remove_tree
+from trajcore.adapters.slot_server.image_sources import (
+    EngineExport,
+    ImageLayers,
+    exported,
+    read_image,
+)
+from trajcore.adapters.slot_server.image_unpack import unpack_layer, unpack_stream
+from trajcore.domain.task_environments import (
+    EnvironmentRef,
+    ImageCacheFull,
+    ImageCacheStatistics,
+    ImageLimits,
+    TaskEnvironmentError,
+    UnpackBudget,
+)
+
+__all__ = ["CachedImage", "ImageCache", "ImageUse"]
+
+_POLL_S = 0.05
+
+
+@attrs.frozen(kw_only=True)
+class CachedImage:
+    """An image ready to run over.
+
+    Attributes:
+        ref: the reference it was asked by.
+        image_id: its config's sha256 (``directory:`` trees: the reference itself).
+        rootfs: the tree a lease mounts read-only as its root.
+        bytes: its unpacked file bytes (0 for a directory used in place).
+        entries: its entries (0 for a directory used in place).
+        hit: whether it was in the cache already.
+        seconds: how long this request took to make it ready.
+    """
+
+    ref: str
+    image_id: str
+    rootfs: Path
+    bytes: int
+    entries: int
+    hit: bool
+    seconds: float
+
+
+class ImageUse:
+    """An image held in use (its lock shared) until ``close``: the cache will not evict it."""
+
+    def __init__(self, image: CachedImage, lock_fd: int | None) -> None:
+        self.image = image
+        self._lock_fd = lock_fd
+
+    def close(self) -> None:
+        """Stop holding the image; idempotent."""
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)  # closing the descriptor drops its flock
+
+    def __enter__(self) -> ImageUse:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+@attrs.define
+class _Counters:
+    hits: int = 0
+    misses: int = 0
+    refused: int = 0
+    evicted: int = 0
+    unpack_seconds: float = 0.0
+    recently_resolved: int = 0
+
+
+class ImageCache:
+    """Images unpacked once per host under ``root`` (see the module's rules)."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        max_bytes: int,
+        limits: ImageLimits | None = None,
+        engine_timeout_s: float = 600.0,
+        lock_timeout_s: float = 900.0,
+        resolve_ttl_s: float = 30.0,
+    ) -> None:
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
+        if resolve_ttl_s < 0:
+            raise ValueError(f"resolve_ttl_s must be >= 0, got {resolve_ttl_s}")
+        self.root = root
+        self.max_bytes = max_bytes
+        self.limits = limits or ImageLimits()
+        self.engine_timeout_s = engine_timeout_s
+        self.lock_timeout_s = lock_timeout_s
+        self.resolve_ttl_s = resolve_ttl_s
+        self._counters = _Counters()
+        # reference -> (its source's stamp, when resolved, image id): see ``_recent``
+        self._resolved: dict[str, tuple[tuple[int, ...], float, str]] = {}
+        for name in ("images", "locks", "staging"):
+            (root / name).mkdir(parents=True, exist_ok=True)
+        self._sweep_staging()
+
+    # -- requests
+
+    def acquire(self, ref: EnvironmentRef) -> ImageUse:
+        """The image of ``ref``, unpacked if needed, held in use until the result is closed.
+
+        Raises:
+            TaskEnvironmentError: the image is missing or malformed, or a layer is refused.
+            ImageCacheFull: it cannot fit beside the images in use.
+            TimeoutError: another server's unpacking of it passed ``lock_timeout_s``.
+        """
+        started = time.monotonic()
+        if ref.transport == "directory":
+            return ImageUse(self._directory(ref, started), None)
+        recent = self._recent(ref, started)
+        if recent is not None:
+            lock_fd = self._lock(recent, fcntl.LOCK_SH)
+            if self._holds(recent):
+                self._counters.hits += 1
+                self._counters.recently_resolved += 1
+                return ImageUse(self._entry(ref, recent, hit=True, started=started), lock_fd)
+            os.close(lock_fd)  # evicted since: read the reference again
+        stamp = _stamp(ref)
+        with tempfile.TemporaryDirectory(dir=self.root / "staging", prefix="read-") as scratch:
+            try:
+                found = read_image(
+                    ref, Path(scratch), timeout_s=self.engine_timeout_s, known=self._holds
+                )
+            except TaskEnvironmentError:
+                self._counters.refused += 1
+                raise
+            image_id = found if isinstance(found, str) else found.image_id
+            self._resolved[str(ref)] = (stamp, time.monotonic(), image_id)
+            lock_fd = self._lock(image_id, fcntl.LOCK_SH)
+            try:
+                if self._holds(image_id):
+                    self._counters.hits += 1
+                    return ImageUse(self._entry(ref, image_id, hit=True, started=started), lock_fd)
+                assert not isinstance(found, str)  # an id alone comes only for a held image
+                self._make(ref, found, lock_fd)
+                self._counters.misses += 1
+                image = self._entry(ref, image_id, hit=False, started=started)
+                self._counters.unpack_seconds += image.seconds
+                return ImageUse(image, lock_fd)
+            except BaseException:
+                os.close(lock_fd)
+                raise
+
+    def statistics(self) -> ImageCacheStatistics:
+        """What the cache holds now, and this process's requests so far."""
+        images = total = 0
+        for meta in (self.root / "images").glob("*/image.json"):
+            with contextlib.suppress(OSError, ValueError):
+                total += int(json.loads(meta.read_text())["bytes"])
+                images += 1
+        c = self._counters
+        return ImageCacheStatistics(
+            images=images,
+            bytes=total,
+            max_bytes=self.max_bytes,
+            hits=c.hits,
+            misses=c.misses,
+            refused=c.refused,
+            evicted=c.evicted,
+            unpack_seconds=c.unpack_seconds,
+            recently_resolved=c.recently_resolved,
+        )
+
+    # -- inside
+
+    def _directory(self, ref: EnvironmentRef, started: float) -> CachedImage:
+        tree = Path(ref.location)
+        if not tree.is_dir() or tree.is_symlink():
+            raise TaskEnvironmentError(str(ref), f"{tree} is not a directory")
+        self._counters.hits += 1
+        return CachedImage(
+            ref=str(ref),
+            image_id=str(ref),
+            rootfs=tree.resolve(),
+            bytes=0,
+            entries=0,
+            hit=True,
+            seconds=time.monotonic() - started,
+        )
+
+    def _recent(self, ref: EnvironmentRef, now: float) -> str | None:
+        """The image id ``ref`` resolved to lately, when it still stands: a layout or archive
+        whose file is unchanged (same inode, size and modification time), or an engine's image
+        resolved less than ``resolve_ttl_s`` ago (a tag moved in the engine's store is seen
+        after that). Saves a lease the engine's ``image inspect`` (a process, 100 ms and more)
+        or an archive's extraction."""
+        entry = self._resolved.get(str(ref))
+        if entry is None:
+            return None
+        stamp, resolved_at, image_id = entry
+        if ref.transport in ("containers-storage", "docker-daemon"):
+            fresh = now - resolved_at < self.resolve_ttl_s
+        else:
+            fresh = stamp != () and stamp == _stamp(ref)
+        return image_id if fresh else None
+
+    def _holds(self, image_id: str) -> bool:
+        return (self.root / "images" / image_id / "image.json").is_file()
+
+    def _lock(self, image_id: str, mode: int) -> int:
+        """The image's lock file, flocked in ``mode``, waiting at most ``lock_timeout_s``."""
+        fd = os.open(
+            self.root / "locks" / f"{image_id}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
+        try:
+            self._flock(fd, mode, what=f"image {image_id}")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _flock(self, fd: int, mode: int, *, what: str) -> None:
+        deadline = time.monotonic() + self.lock_timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{what} stayed locked past {self.lock_timeout_s} s"
+                    ) from None
+                time.sleep(_POLL_S)
+
+    def _make(self, ref: EnvironmentRef, found: ImageLayers | EngineExport, lock_fd: int) -> None:
+        """Unpack ``found`` and admit it, the lock held exclusive meanwhile, then shared again."""
+        self._flock(lock_fd, fcntl.LOCK_EX, what=f"image {found.image_id}")
+        try:
+            if self._holds(found.image_id):
+                return  # another server made it while this one waited
+            staged = Path(tempfile.mkdtemp(dir=self.root / "staging", prefix="image-"))
+            staged.chmod(0o755)  # slots run as other uids, and mount the tree below them
+            try:
+                (staged / "rootfs").mkdir(mode=0o755)
+                budget = UnpackBudget(image=str(ref), limits=self.limits)
+                started = time.monotonic()
+                if isinstance(found, EngineExport):
+                    with exported(found, timeout_s=self.engine_timeout_s) as stream:
+                        unpack_stream(
+                            stream,
+                            staged / "rootfs",
+                            image=str(ref),
+                            label="(export)",
+                            sha256=None,
+                            budget=budget,
+                        )
+                else:
+                    for layer in found.layers:
+                        unpack_layer(layer, staged / "rootfs", image=str(ref), budget=budget)
+                meta = {
+                    "ref": str(ref),
+                    "bytes": budget.bytes,
+                    "entries": budget.entries,
+                    "skipped_devices": budget.skipped_devices,
+                    "seconds": round(time.monotonic() - started, 6),
+                }
+                (staged / "image.json").write_text(json.dumps(meta))
+                self._admit(ref, found.image_id, staged, budget.bytes)
+            except TaskEnvironmentError:
+                self._counters.refused += 1
+                raise
+            finally:
+                if staged.exists():
+                    remove_tree(staged)
+        finally:
+            self._flock(lock_fd, fcntl.LOCK_SH, what=f"image {found.image_id}")
+
+    def _admit(self, ref: EnvironmentRef, image_id: str, staged: Path, size: int) -> None:
+        if size > self.max_bytes:
+            self._counters.refused += 1
+            raise ImageCacheFull(
+                f"image {ref} unpacks to {size} bytes, more than the cache's {self.max_bytes}"
+            )
+        guard = os.open(self.root / "cache.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            self._flock(guard, fcntl.LOCK_EX, what="the image cache")
+            self._evict_for(ref, size)
+            os.rename(staged, self.root / "images" / image_id)
+        finally:
+            os.close(guard)
+
+    def _evict_for(self, ref: EnvironmentRef, size: int) -> None:
+        held: list[tuple[float, str, int]] = []
+        for meta in (self.root / "images").glob("*/image.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                held.append(
+                    (
+                        meta.stat().st_mtime,
+                        meta.parent.name,
+                        int(json.loads(meta.read_text())["bytes"]),
+                    )
+                )
+        total = sum(bytes_ for _, _, bytes_ in held)
+        in_use = 0
+        for _, image_id, bytes_ in sorted(held):
+            if total + size <= self.max_bytes:
+                return
+            if self._evict(image_id):
+                total -= bytes_
+            else:
+                in_use += bytes_
+        if total + size > self.max_bytes:
+            self._counters.refused += 1
+            raise ImageCacheFull(
+                f"image {ref} needs {size} bytes; the cache holds {total} of {self.max_bytes}, "
+                f"{in_use} of them in images that leases are using"
+            )
+
+    def _evict(self, image_id: str) -> bool:
+        """Remove an image nobody uses; False (and nothing changed) when one does."""
+        fd = os.open(
+            self.root / "locks" / f"{image_id}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            gone = Path(tempfile.mkdtemp(dir=self.root / "staging", prefix="evicted-"))
+            os.rename(self.root / "images" / image_id, gone / "image")
+            remove_tree(gone)
+            self._counters.evicted += 1
+            return True
+        finally:
+            os.close(fd)
+
+    def _sweep_staging(self) -> None:
+        """Remove what a crashed run left in ``staging/``, except what a live request holds."""
+        guard = os.open(self.root / "cache.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # another server is admitting; it will not leave debris behind
+            for left in (self.root / "staging").iterdir():
+                if time.time() - left.stat().st_mtime > 3600:
+                    with contextlib.suppress(OSError):
+                        remove_tree(left) if left.is_dir() else left.unlink()
+        finally:
+            os.close(guard)
+
+    def _entry(
+        self, ref: EnvironmentRef, image_id: str, *, hit: bool, started: float
+    ) -> CachedImage:
+        """The held image ``image_id``, marked as used now (least recently used leaves first)."""
+        meta_path = self.root / "images" / image_id / "image.json"
+        with contextlib.suppress(OSError):
+            os.utime(meta_path)
+        meta = json.loads(meta_path.read_text())
+        return CachedImage(
+            ref=str(ref),
+            image_id=image_id,
+            rootfs=meta_path.parent / "rootfs",
+            bytes=int(meta["bytes"]),
+            entries=int(meta["entries"]),
+            hit=hit,
+            seconds=time.monotonic() - started,
+        )
+
+
+def _stamp(ref: EnvironmentRef) -> tuple[int, ...]:
+    """What identifies a layout's or an archive's content without reading it (``()``: nothing,
+    for an engine's image or a file that is not there)."""
+    if ref.transport == "oci":
+        path = Path(ref.location) / "index.json"
+    elif ref.transport in ("oci-archive", "docker-archive"):
+        path = Path(ref.location)
+    else:
+        return ()
+    try:
+        info = os.stat(path)
+    except OSError:
+        return ()
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)

@@ -1,0 +1,250 @@
+"""Per-slot resource limits: a cgroup per slot where the host lets us make one, rlimits otherwise.
+
+With cgroups, a slot's sandbox is started inside its own cgroup (the process that execs bubblewrap
+enters it first, so nothing of the slot is ever outside), ``pids.max`` bounds the slot's process
+count and ``memory.max`` (v2) or ``memory.limit_in_bytes`` (v1) its memory; a fork bomb or a
+memory hog in one slot cannot starve another. cgroup v2 is used when ``/sys/fs/cgroup`` is the
+unified hierarchy and the server's own cgroup can delegate ``pids`` and ``memory`` to children
+(the server moves itself into a leaf child to satisfy the no-internal-processes rule); cgroup v1
+when the ``pids`` hierarchy is writable. Otherwise the exec agent sets rlimits on itself and so on
+everything it starts: ``RLIMIT_AS`` per process, ``RLIMIT_NPROC`` (which the kernel does not apply
+to processes whose real user is root on the host; the sandbox then relies on the server not
+running as root for that bound).
+
+A sandboxed lease's ``/tmp`` and ``/dev/shm`` are two folders of one tmpfs, sized by
+``tmpfs_budget``: a quarter of the slot's memory, with one inode per 4 KiB of it. With a memory
+cgroup the files' pages are charged to the slot like any other memory, and the size only turns
+"the slot is out of memory" into "the disk is full" for a writer that fills them. Without one,
+the budget is carved out of the memory limit: every process gets ``RLIMIT_AS`` of the limit less
+the budget, so the files plus any one process stay within the slot's memory
+(``rlimits_for``). ``RLIMIT_NICE`` is always 0: no process of a slot may lower its nice value,
+whatever limit the server was started with.
+
+A slot's cgroup is also a second way to find every process of the slot: ``kill_all`` empties it
+and ``pids`` proves it empty, which reset uses before it wipes the workspace.
+
+Cost. Making a cgroup (a ``mkdir`` and a few limit files per hierarchy; a memory cgroup is the
+slow one) is kept off the path of a sandbox's start: the runtime makes every slot's cgroup when it
+starts, and a slot keeps its (empty) cgroup from one lease to the next; ``create`` on a cgroup
+that already exists does nothing. The cgroups are removed when the runtime closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+import attrs
+
+from trajcore.domain.isolation import SlotIsolation
+
+__all__ = [
+    "CgroupPlan",
+    "SlotCgroup",
+    "TmpfsBudget",
+    "detect_cgroups",
+    "remove_parent",
+    "rlimits_for",
+    "tmpfs_budget",
+]
+
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+# tmpfs sizes are kept in whole units of this (a multiple of every page size Linux uses)
+_TMPFS_UNIT = 64 << 10
+_BYTES_PER_INODE = 4096
+
+
+@attrs.frozen(kw_only=True)
+class CgroupPlan:
+    """Where slot cgroups go: one parent directory per hierarchy (one for v2, two for v1)."""
+
+    version: int
+    pids_parent: Path
+    memory_parent: Path | None
+
+
+def _own_path(controller: str) -> str | None:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return path
+    return None
+
+
+def _writable_child(parent: Path, name: str) -> Path | None:
+    probe = parent / name
+    try:
+        probe.mkdir(exist_ok=True)
+    except OSError:
+        return None
+    return probe
+
+
+def detect_cgroups(tag: str) -> CgroupPlan | None:
+    """A plan for per-slot cgroups under a directory named ``tag``, or ``None`` when impossible."""
+    try:
+        if (_CGROUP_ROOT / "cgroup.controllers").exists():
+            return _detect_v2(tag)
+        return _detect_v1(tag)
+    except OSError:
+        return None
+
+
+def _detect_v2(tag: str) -> CgroupPlan | None:
+    own = _own_path("")
+    if own is None:
+        return None
+    mine = _CGROUP_ROOT / own.lstrip("/")
+    enabled = (mine / "cgroup.subtree_control").read_text().split()
+    if "pids" not in enabled:
+        leaf = _writable_child(mine, "slot-server")
+        if leaf is None:
+            return None
+        (leaf / "cgroup.procs").write_text(str(os.getpid()))
+        (mine / "cgroup.subtree_control").write_text("+pids +memory")
+    parent = _writable_child(mine, tag)
+    if parent is None:
+        return None
+    (parent / "cgroup.subtree_control").write_text("+pids +memory")
+    return CgroupPlan(version=2, pids_parent=parent, memory_parent=parent)
+
+
+def _detect_v1(tag: str) -> CgroupPlan | None:
+    pids_own = _own_path("pids")
+    if pids_own is None or not (_CGROUP_ROOT / "pids").is_dir():
+        return None
+    pids_parent = _writable_child(_CGROUP_ROOT / "pids" / pids_own.lstrip("/"), tag)
+    if pids_parent is None:
+        return None
+    memory_parent = None
+    memory_own = _own_path("memory")
+    if memory_own is not None and (_CGROUP_ROOT / "memory").is_dir():
+        memory_parent = _writable_child(_CGROUP_ROOT / "memory" / memory_own.lstrip("/"), tag)
+    return CgroupPlan(version=1, pids_parent=pids_parent, memory_parent=memory_parent)
+
+
+@attrs.define
+class SlotCgroup:
+    """The cgroup(s) of one slot's sandbox."""
+
+    plan: CgroupPlan
+    name: str
+    dirs: list[Path] = attrs.field(factory=list)
+
+    def create(self, isolation: SlotIsolation) -> None:
+        """Make the slot's cgroup(s) and write the isolation's limits; nothing when they exist
+        already (a slot's isolation never changes). Raises ``OSError``."""
+        if self.dirs and all(folder.is_dir() for folder in self.dirs):
+            return
+        self.dirs = []
+        pids = self.plan.pids_parent / self.name
+        pids.mkdir(exist_ok=True)
+        self.dirs.append(pids)
+        if isolation.max_processes is not None:
+            (pids / "pids.max").write_text(str(isolation.max_processes))
+        if self.plan.memory_parent is not None and isolation.memory_bytes is not None:
+            memory = self.plan.memory_parent / self.name
+            memory.mkdir(exist_ok=True)
+            if memory not in self.dirs:
+                self.dirs.append(memory)
+            limit = "memory.max" if self.plan.version == 2 else "memory.limit_in_bytes"
+            (memory / limit).write_text(str(isolation.memory_bytes))
+            if self.plan.version == 2:
+                with contextlib.suppress(OSError):
+                    (memory / "memory.swap.max").write_text("0")
+
+    def enter_prefix(self) -> list[str]:
+        """An argv prefix that moves itself into the cgroup(s), then execs the rest."""
+        targets = " ".join(f"'{d}/cgroup.procs'" for d in self.dirs)
+        script = f'for f in {targets}; do echo $$ > "$f" || exit 125; done; exec "$@"'
+        return ["/bin/sh", "-c", script, "slot-cgroup"]
+
+    def enter(self, pid: int) -> None:
+        """Move process ``pid`` into the cgroup(s). Raises ``OSError``."""
+        for folder in self.dirs:
+            (folder / "cgroup.procs").write_text(str(pid))
+
+    def pids(self) -> list[int]:
+        """Every process in the slot's cgroup(s)."""
+        found: set[int] = set()
+        for folder in self.dirs:
+            with contextlib.suppress(OSError):
+                found.update(int(x) for x in (folder / "cgroup.procs").read_text().split())
+        return sorted(found)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process of the slot."""
+        for folder in self.dirs:
+            kill = folder / "cgroup.kill"
+            if kill.exists():
+                with contextlib.suppress(OSError):
+                    kill.write_text("1")
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+    def remove(self) -> None:
+        """Remove the cgroup directories (they must be empty). Raises ``OSError``."""
+        for folder in self.dirs:
+            if folder.exists():
+                folder.rmdir()
+        self.dirs = []
+
+
+def remove_parent(plan: CgroupPlan) -> None:
+    """Remove the plan's parent directories if empty; never raises."""
+    for folder in {plan.pids_parent, plan.memory_parent}:
+        if folder is not None:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+@attrs.frozen(kw_only=True)
+class TmpfsBudget:
+    """The one tmpfs that holds a lease's ``/tmp`` and ``/dev/shm``.
+
+    Attributes:
+        size_bytes: Its size (``size=``): what the files in both may hold together.
+        inodes: Its inode count (``nr_inodes=``): files and folders in both together.
+    """
+
+    size_bytes: int
+    inodes: int
+
+    def options(self) -> str:
+        """Its size and inode count as ``mount`` options."""
+        return f"size={self.size_bytes},nr_inodes={self.inodes}"
+
+
+def tmpfs_budget(isolation: SlotIsolation) -> TmpfsBudget | None:
+    """A lease's tmpfs budget: a quarter of the slot's memory in whole 64 KiB units (at least
+    one), one inode per 4 KiB of it; ``None`` when the slot has no memory limit (the kernel's
+    default, half the host's memory, then applies)."""
+    if isolation.memory_bytes is None:
+        return None
+    size = max(isolation.memory_bytes // 4 // _TMPFS_UNIT, 1) * _TMPFS_UNIT
+    return TmpfsBudget(size_bytes=size, inodes=size // _BYTES_PER_INODE)
+
+
+def rlimits_for(
+    isolation: SlotIsolation, *, cgroup_pids: bool, cgroup_memory: bool, tmpfs_bytes: int = 0
+) -> dict[str, int]:
+    """The rlimits the exec agent sets on itself (and so on every process it starts).
+
+    Process count and memory are left to the cgroup when it bounds them (an address-space
+    rlimit breaks runtimes that reserve large virtual ranges). Without a memory cgroup, each
+    process may map the slot's memory less ``tmpfs_bytes``, the size of the lease's tmpfs
+    (``tmpfs_budget``; 0 for an agent without one). ``nice`` is always 0.
+    """
+    limits: dict[str, int] = {"nice": 0}
+    if isolation.max_processes is not None and not cgroup_pids:
+        limits["nproc"] = isolation.max_processes
+    if isolation.memory_bytes is not None and not cgroup_memory:
+        limits["as"] = max(isolation.memory_bytes - tmpfs_bytes, 0)
+    if isolation.cpu_seconds is not None:
+        limits["cpu"] = isolation.cpu_seconds
+    if isolation.max_file_bytes is not None:
+        limits["fsize"] = isolation.max_file_bytes
+    return limits

@@ -1,0 +1,699 @@
+"""A slot's sandbox: its keeper, its lease's agent, and how both are started and ended.
+
+Keeper and agent are one program, the slot helper (``slot_helper.c``; docs/sandbox.md, "The
+slot helper and its protocol"). ``Sandboxes`` holds what the server learnt about the host at
+start (the helper, the seccomp filter, the staged interpreter, the slot uids, the cgroup
+hierarchy) and turns it into processes: a slot's keeper in a new bubblewrap sandbox on its first
+lease, a lease from the keeper (one fork), or a bare agent where there is no bubblewrap. Ending a
+lease or a sandbox kills its whole process group and cgroup and reaps it within a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import attrs
+
+from trajcore.adapters.slot_server.channel import Agent, AgentLost, Keeper, reply_cap
+from trajcore.adapters.slot_server.image_cache import ImageUse
+from trajcore.adapters.slot_server.limits import CgroupPlan, SlotCgroup, rlimits_for, tmpfs_budget
+from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
+from trajcore.adapters.slot_server.seccomp import SeccompUnavailable, compile_filter
+from trajcore.adapters.slot_server.slot_ids import shared_python, stage_python, unreachable
+from trajcore.adapters.slot_server.snapshots import SnapshotUse
+from trajcore.adapters.slot_server.workspace import Workspace
+from trajcore.domain.bwrap import (
+    IMAGE_KEEPER_CAPABILITIES,
+    KEEPER_CAPABILITIES,
+    bwrap_argv,
+    private_tmp_binds,
+)
+from trajcore.domain.isolation import SANDBOX_TMP, Bind, SlotIsolation
+from trajcore.domain.json_values import JSON
+from trajcore.domain.kernel_masks import MASKED_PATHS, READ_ONLY_PATHS
+from trajcore.domain.seccomp_rules import SECCOMP_RULES, UNCOUNTED_MEMORY_RULES
+from trajcore.domain.slot_calls import SlotCalls
+from trajcore.domain.slot_protocol import ExecuteCall
+from trajcore.domain.tools import ToolResult
+
+__all__ = [
+    "HELPER_PATH",
+    "SHELL_SOCKET",
+    "Sandboxes",
+    "Slot",
+    "as_ids",
+    "name_process",
+    "prepare_cgroups",
+    "run_bounded",
+    "sandbox_pid",
+]
+
+SHELL_SOCKET = "tmux.sock"
+"""The persistent shell's tmux socket, in the lease's state directory (the helper's name)."""
+_SANDBOX_STATE = "/tmp/.trajcore"  # noqa: S108 - inside the sandbox's private tmpfs
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Where the compiled helper appears in every sandbox: a fixed path outside the private /tmp, so
+# a helper cached anywhere on the host (under /tmp, under a private home) is bound the same way.
+HELPER_PATH = "/run/trajcore/slot-helper"
+# Where a keeper whose server has an image cache sees the slot's layer directory (read-write):
+# a lease over an image keeps its writable layer there (``upper``, ``work``) and mounts its root
+# at ``root`` (slot_helper.c, lease_main).
+LAYER_PATH = "/run/trajcore/layer"
+# The sandbox's first program waits for a line on its stdout (the read end of a pipe) while the
+# server moves it into the slot's cgroup (a process started as the slot's uid cannot move itself
+# there), then starts bubblewrap with stdout on /dev/null.
+_CGROUP_GATE = 'read -r _ <&1 || exit 125; exec "$@" >/dev/null'
+
+
+@attrs.define(eq=False)
+class Slot:
+    """One slot: its workspace, cgroup and sandbox, and the queue of its calls.
+
+    ``answers`` holds, per accepted call's ticket number, the call and the future its callers
+    wait on; ``reset_turns``, per queued reset's ticket number, the future its turn sets.
+    ``agent_epoch`` is the lease epoch whose calls started the current (or last) agent: an
+    agent lost during an epoch is not replaced silently, since the lease's processes, shell
+    and /tmp went with it.
+    """
+
+    index: int
+    workspace: Workspace
+    state_dir: Path
+    cgroup: SlotCgroup | None
+    calls: SlotCalls[ToolResult] = attrs.field(factory=SlotCalls)
+    answers: dict[int, tuple[ExecuteCall, asyncio.Future[ToolResult]]] = attrs.field(factory=dict)
+    reset_turns: dict[int, asyncio.Future[None]] = attrs.field(factory=dict)
+    agent: Agent | None = None
+    keeper: Keeper | None = None
+    sandbox_start_s: float | None = None
+    agent_epoch: int | None = None
+    set_aside: int = 0  # workspaces a reset moved to the trash instead of wiping them in place
+    warming: asyncio.Task[None] | None = None  # the next lease, started after a clean reset
+    warmed: Agent | None = None  # that lease's agent, until its first call takes it
+    image: ImageUse | None = None  # the image the lease ``image_epoch`` runs over, held
+    image_epoch: int | None = None
+    snapshot: SnapshotUse | None = None  # the snapshot the lease ``image_epoch`` starts from
+    agent_root: str | None = None  # the image tree the live agent runs over (None: the server's)
+
+    def warm_with(self, work: Coroutine[object, object, None]) -> asyncio.Task[None]:
+        """Run ``work`` as the slot's ``warming`` task (the slot's next calls wait for it), which
+        clears itself when it ends."""
+        task = asyncio.get_running_loop().create_task(work)
+        self.warming = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            if self.warming is task:
+                self.warming = None
+
+        task.add_done_callback(done)
+        return task
+
+    def lease_op(self) -> str:
+        """The keeper's request for this slot's next lease: ``lease`` (the server's root),
+        ``lease-image`` NUL the image's tree, or ``lease-fork`` NUL the snapshot's layers
+        (top first) NUL the image's tree."""
+        if self.image is None:
+            return "lease"
+        tree = str(self.image.image.rootfs)
+        if self.snapshot is None:
+            return f"lease-image\0{tree}"
+        return "\0".join(("lease-fork", *(str(p) for p in self.snapshot.layers), tree))
+
+
+@attrs.define(eq=False)
+class Sandboxes:
+    """Starts and ends slots' sandboxes, keepers and agents as the host allows.
+
+    Attributes:
+        config: The server's config.
+        sandboxed: Whether slots run in bubblewrap (else as bare agents).
+        symlinks: The isolation's system paths that are symlinks on the host, and their targets.
+        cgroups: The cgroup hierarchy slots get, or ``None`` (rlimits only).
+        native: The slot helper (keeper and agent); ``None`` only until ``SlotRuntime.start``
+            has found it (a server does not start without it). ``native_origin`` says where it
+            came from (``"shipped"`` with this install, ``"built at start"``, or ``"given"``).
+        uid_base: The first slot uid when slots run as their own uids (the server is root).
+        python_binds: What every sandbox binds of the server's interpreter (its installation,
+            or a staged copy of it bound at the same place), for the commands and verifiers
+            that run Python in a slot (``RuntimeConfig.python``).
+        seccomp: Every lease's seccomp filter (classic BPF), or ``None`` when none can be
+            built (``seccomp_problem`` says why).
+        uncounted_seccomp: The filter of leases whose memory no cgroup counts (``seccomp``
+            plus ``UNCOUNTED_MEMORY_RULES``), built on first use.
+        notes: What health's detail says about this host besides its problems.
+    """
+
+    config: RuntimeConfig
+    sandboxed: bool = False
+    symlinks: dict[str, str] = attrs.field(factory=dict)
+    cgroups: CgroupPlan | None = None
+    native: Path | None = None
+    native_origin: str = ""
+    uid_base: int | None = None
+    python_binds: list[str | Bind] = attrs.field(factory=list)
+    seccomp: bytes | None = None
+    seccomp_problem: str | None = None
+    uncounted_seccomp: bytes | None = None
+    notes: list[str] = attrs.field(factory=list)
+
+    def ids(self, index: int) -> tuple[int, int] | None:
+        """The host uid and gid slot ``index``'s sandbox runs as, or ``None``: the server's."""
+        if self.uid_base is None:
+            return None
+        uid = self.uid_base + max(index, 0)
+        return uid, uid
+
+    def own_workspace(self, slot: Slot) -> None:
+        """Give the slot's workspace to the slot's uid (mode 0700: no other slot reads it)."""
+        ids = self.ids(slot.index)
+        if ids is not None:
+            os.chown(slot.workspace.root, *ids)
+            os.chmod(slot.workspace.root, 0o700)
+
+    def own_layer(self, slot: Slot) -> None:
+        """Make the slot's layer directory, the slot's own (mode 0700: no other slot reads it)."""
+        layer = self.layer_dir(slot)
+        layer.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ids = self.ids(slot.index)
+        if ids is not None:
+            os.chown(layer, *ids)
+        os.chmod(layer, 0o700)
+
+    def layer_dir(self, slot: Slot) -> Path:
+        """The host directory of the slot's writable layer (its leases over images)."""
+        return self.config.root / "layers" / str(slot.index)
+
+    def runtime_dir(self) -> Path:
+        folder = self.config.root / "runtime"
+        folder.mkdir(mode=0o755, exist_ok=True)
+        return folder
+
+    def stage_python(self) -> list[str | Bind]:
+        """The binds that give a sandbox the server's interpreter: its installation where every
+        slot uid can read it, else a staged copy of it bound at the same place."""
+        python = Path(self.config.python)
+        prefix = Path(os.path.realpath(sys.base_prefix))
+        plain: list[str | Bind] = [str(prefix), str(python.parent)]
+        if self.uid_base is None or unreachable(python) is None:
+            return plain
+        if not python.is_relative_to(prefix):
+            return plain  # the probe reports that the slots cannot start it
+        try:
+            staged = shared_python(prefix, python)
+        except OSError as error:
+            self.notes.append(
+                f"the sandbox's Python has its standard library only, copied ({error})"
+            )
+            staged = stage_python(prefix, python, self.runtime_dir() / "python")
+        return [Bind(source=str(staged), dest=str(prefix))]
+
+    def sandbox_argv(
+        self, isolation: SlotIsolation, workspace: Path, command: list[str],
+        keep_capabilities: Sequence[str] = (),
+    ) -> list[str]:  # fmt: skip
+        return bwrap_argv(
+            isolation,
+            workspace=str(workspace),
+            command=command,
+            bwrap=self.config.bwrap,
+            host_symlinks=self.symlinks,
+            rebind=self.rebind(),
+            keep_capabilities=keep_capabilities,
+        )
+
+    def rebind(self) -> list[str | Bind]:
+        paths = list(self.python_binds)
+        if self.native is not None:
+            paths.append(Bind(source=str(self.native), dest=HELPER_PATH))
+        return paths
+
+    def warm(self, slot: Slot) -> asyncio.Task[None] | None:
+        """Start the slot's next lease now, off the lease's path: after a clean reset, while the
+        slot is idle, the keeper makes the fresh namespaces the next lease's first call would
+        otherwise wait for. Only where the keeper lives on (a read-only root); a failure is
+        left for that call to meet (it starts the lease again and reports why)."""
+        if (
+            not self.sandboxed
+            or not self.config.isolation.read_only_root
+            or slot.keeper is None
+            or not slot.keeper.alive()
+            or slot.agent is not None
+            or slot.warming is not None
+        ):
+            return None
+
+        async def start() -> None:
+            with contextlib.suppress(AgentLost):
+                slot.warmed = await self.lease_agent(slot, started=time.monotonic())
+
+        return slot.warm_with(start())
+
+    async def wait_warm(self, slot: Slot) -> None:
+        """Wait for the slot's warming lease to be ready or to fail (never cancels it: a lease
+        request cut short would leave the keeper's answer for the next request)."""
+        warming = slot.warming
+        if warming is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(warming)
+            if not warming.done():
+                raise asyncio.CancelledError
+
+    async def ensure_agent(self, slot: Slot) -> Agent:
+        """The slot's agent: the live one, a warmed one (``sandbox_start_s`` is then how long
+        its first call waited for it), or a new lease."""
+        started = time.monotonic()
+        await self.wait_warm(slot)
+        agent = slot.agent
+        wanted = None if slot.image is None else slot.lease_op()
+        if agent is not None and slot.agent_root != wanted:
+            await self.stop_agent(slot)  # a lease warmed over another root than this one's
+            agent = None
+        if agent is not None and agent.alive():
+            if slot.warmed is agent:
+                slot.warmed = None
+                slot.sandbox_start_s = time.monotonic() - started
+            return agent
+        if slot.agent is not None:
+            await self.stop_agent(slot)
+        started = time.monotonic()
+        if self.sandboxed:
+            agent = await self.lease_agent(slot, started=started)
+        else:
+            agent = await self.bare_agent(slot, started=started)
+        slot.sandbox_start_s = time.monotonic() - started
+        return agent
+
+    def memory_counted(self, slot: Slot) -> bool:
+        """Whether a cgroup counts the slot's memory (else rlimits and the tmpfs budget bound
+        it, and memory files are refused)."""
+        return (
+            slot.cgroup is not None
+            and self.cgroups is not None
+            and self.cgroups.memory_parent is not None
+        )
+
+    def agent_config(self, slot: Slot, *, sandboxed: bool) -> dict[str, JSON]:
+        isolation = self.config.isolation
+        budget = tmpfs_budget(isolation) if sandboxed else None
+        limits: dict[str, JSON] = dict(
+            rlimits_for(
+                isolation,
+                cgroup_pids=slot.cgroup is not None,
+                cgroup_memory=self.memory_counted(slot),
+                tmpfs_bytes=0 if budget is None else budget.size_bytes,
+            )
+        )
+        if sandboxed:
+            tmpfs = None if budget is None else budget.options()
+            return {"workspace": isolation.workspace_path, "state_dir": _SANDBOX_STATE,
+                    "limits": limits, "tmpfs": tmpfs}  # fmt: skip
+        slot.state_dir.mkdir(parents=True, exist_ok=True)
+        # ``bare`` keeps commands in the agent's session: ending the lease ends that session
+        return {"workspace": str(slot.workspace.root), "state_dir": str(slot.state_dir),
+                "limits": limits}  # fmt: skip
+
+    async def lease_filter(self, slot: Slot) -> bytes | None:
+        """The seccomp filter of the slot's leases: ``seccomp``, with ``UNCOUNTED_MEMORY_RULES``
+        added where the slot has a memory limit that no cgroup counts. Raises ``AgentLost``
+        when that filter cannot be built (never a lease with a weaker one)."""
+        if (
+            self.seccomp is None
+            or self.memory_counted(slot)
+            or self.config.isolation.memory_bytes is None
+        ):
+            return self.seccomp
+        if self.uncounted_seccomp is None:
+            rules = (*SECCOMP_RULES, *UNCOUNTED_MEMORY_RULES)
+            try:
+                self.uncounted_seccomp = await asyncio.to_thread(compile_filter, rules)
+            except SeccompUnavailable as error:
+                raise AgentLost(f"cannot build the leases' seccomp filter: {error}") from None
+        return self.uncounted_seccomp
+
+    def environment(self, workspace: str, tmp: str) -> dict[str, str]:
+        return {
+            "PATH": _PATH,
+            "HOME": workspace,
+            "LANG": "C.UTF-8",
+            "TERM": "xterm-256color",
+            "TMPDIR": tmp,
+        }
+
+    def create_cgroup(self, slot: Slot) -> None:
+        if slot.cgroup is not None:
+            try:
+                slot.cgroup.create(self.config.isolation)
+            except OSError as error:
+                raise AgentLost(f"cannot create the slot's cgroup: {error}") from None
+
+    def helper(self) -> Path:
+        """The slot helper's path on this host. Raises ``AgentLost`` before the server has
+        found it (``SlotRuntime.start`` does, or refuses to start)."""
+        if self.native is None:
+            raise AgentLost("the slot helper is not set up (the server has not started)")
+        return self.native
+
+    async def bare_agent(self, slot: Slot, *, started: float) -> Agent:
+        """A lease's agent (``slot-helper bare``) as its own process, outside any sandbox (no
+        bubblewrap here), serving on a socket that is its stdin."""
+        self.create_cgroup(slot)
+        config = self.agent_config(slot, sandboxed=False)
+        argv = [str(self.helper()), "bare", "--workspace", str(config["workspace"]),
+                "--state-dir", str(config["state_dir"])]  # fmt: skip
+        for name, value in cast("dict[str, int]", config["limits"]).items():
+            argv += ["--limit", name, str(value)]
+        if slot.cgroup is not None:
+            argv = slot.cgroup.enter_prefix() + argv
+        environment = self.environment(str(config["workspace"]), str(config["state_dir"]))
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=theirs.fileno(),
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                env=environment,
+                start_new_session=True,
+            )
+        except OSError as error:
+            ours.close()
+            raise AgentLost(f"cannot start the slot's agent: {error}") from None
+        finally:
+            theirs.close()
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        agent = Agent(
+            reader=reader, writer=writer, sandboxed=False, started_s=started,
+            pid=process.pid, process=process, cap=reply_cap(self.config.isolation),
+        )  # fmt: skip
+        slot.agent = agent
+        try:
+            await agent.greeting(self.config.start_timeout_s)
+        except AgentLost as error:
+            detail = await _stderr_of(process)
+            await self.stop_agent(slot)
+            raise AgentLost(detail or str(error)) from None
+        return agent
+
+    async def ensure_keeper(self, slot: Slot) -> Keeper:
+        """The slot's keeper, started (in a new sandbox) when there is none or it died."""
+        if slot.keeper is not None and slot.keeper.alive():
+            return slot.keeper
+        await self.stop_keeper(slot)
+        self.create_cgroup(slot)
+        isolation = self.config.isolation
+        config = self.agent_config(slot, sandboxed=True)
+        carry = private_tmp_binds(isolation, rebind=self.rebind())
+        program = await self.lease_filter(slot)
+        self.helper()
+        inner = [HELPER_PATH, "keep", "--workspace", isolation.workspace_path,
+                 "--state-dir", _SANDBOX_STATE, "--tmp", SANDBOX_TMP]  # fmt: skip
+        for name, value in cast("dict[str, int]", config["limits"]).items():
+            inner += ["--limit", name, str(value)]
+        for path, writable in carry:
+            inner += ["--carry-rw" if writable else "--carry-ro", path]
+        for path in MASKED_PATHS:
+            inner += ["--mask", path]
+        for path in READ_ONLY_PATHS:
+            inner += ["--read-only", path]
+        if config["tmpfs"] is not None:
+            inner += ["--tmpfs-options", str(config["tmpfs"])]
+        if not isolation.allow_network:
+            inner.append("--own-network")
+        if program is not None:
+            inner += ["--seccomp", program.hex()]
+        keep = KEEPER_CAPABILITIES
+        cache = self.config.image_cache
+        if cache is not None:  # leases over images: the cache read-only, the layer read-write
+            self.own_layer(slot)
+            layer = Bind(source=str(self.layer_dir(slot)), dest=LAYER_PATH, writable=True)
+            frozen = str(self.config.root / "snapshots")  # snapshots' layers (snapshots.py)
+            binds = (
+                *isolation.extra_binds, Bind(source=str(cache), dest=str(cache)), layer,
+                Bind(source=frozen, dest=frozen),
+            )  # fmt: skip
+            isolation = attrs.evolve(isolation, extra_binds=binds)
+            keep = IMAGE_KEEPER_CAPABILITIES
+        argv = self.sandbox_argv(isolation, slot.workspace.root, inner, keep_capabilities=keep)
+        keeper = await self.spawn_keeper(slot, argv)
+        try:
+            await keeper.receive(self.config.start_timeout_s)
+        except AgentLost as error:
+            detail = await _stderr_of(keeper.process)
+            await self.stop_keeper(slot)
+            raise AgentLost(detail or str(error)) from None
+        if slot.cgroup is not None:
+            keeper.pids = frozenset(await asyncio.to_thread(slot.cgroup.pids))
+        return keeper
+
+    async def spawn_keeper(self, slot: Slot, argv: list[str]) -> Keeper:
+        """Start ``argv`` (the slot's bubblewrap) as the slot's uid, inside its cgroup."""
+        isolation = self.config.isolation
+        ids = self.ids(slot.index)
+        gate: tuple[int, int] | None = None
+        if slot.cgroup is not None and ids is None:
+            argv = slot.cgroup.enter_prefix() + argv
+        elif slot.cgroup is not None:
+            gate = os.pipe()
+            argv = ["/bin/sh", "-c", _CGROUP_GATE, "slot-cgroup", *argv]
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(False)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=theirs.fileno(),
+                stdout=asyncio.subprocess.DEVNULL if gate is None else gate[0],
+                stderr=asyncio.subprocess.PIPE,
+                env=self.environment(isolation.workspace_path, SANDBOX_TMP),
+                start_new_session=True,
+                **as_ids(ids),
+            )
+        except OSError as error:
+            ours.close()
+            raise AgentLost(f"cannot start the slot's sandbox: {error}") from None
+        finally:
+            theirs.close()
+            if gate is not None:
+                os.close(gate[0])
+        keeper = Keeper(process=process, control=ours)
+        slot.keeper = keeper
+        if gate is not None:
+            assert slot.cgroup is not None
+            try:
+                slot.cgroup.enter(process.pid)
+                os.write(gate[1], b"go\n")
+            except OSError as error:
+                await self.stop_keeper(slot)
+                raise AgentLost(f"cannot move the sandbox into its cgroup: {error}") from None
+            finally:
+                os.close(gate[1])
+        return keeper
+
+    async def lease_agent(self, slot: Slot, *, started: float) -> Agent:
+        """A new lease from the slot's keeper: fresh namespaces, its own agent and channel."""
+        keeper = await self.ensure_keeper(slot)
+        op = slot.lease_op()
+        root = None if slot.image is None else op
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            reply = await keeper.ask(op, self.config.start_timeout_s, theirs)
+        except AgentLost:
+            ours.close()
+            await self.stop_keeper(slot)
+            raise
+        finally:
+            theirs.close()
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        pid = reply.get("pid")
+        agent = Agent(
+            reader=reader, writer=writer, sandboxed=True, started_s=started,
+            pid=pid if isinstance(pid, int) else None, cap=reply_cap(self.config.isolation),
+        )  # fmt: skip
+        slot.agent, slot.agent_root = agent, root
+        try:
+            await agent.greeting(self.config.start_timeout_s)
+        except AgentLost:
+            await self.stop_agent(slot)
+            raise
+        return agent
+
+    async def stop_agent(self, slot: Slot) -> None:
+        """End the slot's lease: its agent and every process it started (a warming lease once
+        it is ready)."""
+        await self.wait_warm(slot)
+        agent, slot.agent, slot.warmed = slot.agent, None, None
+        if agent is None:
+            if slot.keeper is None and slot.cgroup is not None:
+                slot.cgroup.kill_all()  # what a bare agent left behind
+            if slot.keeper is None:
+                await _end_shell(slot)
+            return
+        agent.close_channel()
+        if agent.process is not None:
+            await _end_process(agent.process, slot.cgroup)
+            await _end_sessions({agent.process.pid})  # what its commands left running
+            await _end_shell(slot)
+            return
+        keeper = slot.keeper
+        if keeper is not None:
+            try:
+                await keeper.ask("end", self.config.start_timeout_s)
+            except AgentLost:
+                await self.stop_keeper(slot)
+
+    async def stop_keeper(self, slot: Slot) -> None:
+        """Kill the slot's sandbox (keeper, lease and all) and reap it."""
+        keeper, slot.keeper = slot.keeper, None
+        if keeper is None:
+            return
+        await _end_process(keeper.process, slot.cgroup)
+        keeper.control.close()
+
+
+def name_process(name: str) -> None:
+    """Set this process's name as ``ps`` and ``top`` show it (at most 15 bytes kept)."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "wb") as comm:
+        comm.write(name.encode()[:15])
+
+
+def sandbox_pid(slot: Slot) -> int | None:
+    """The host pid of the slot's outermost sandbox process (its keeper's bubblewrap, or a bare
+    agent), while it runs."""
+    if slot.keeper is not None:
+        return slot.keeper.process.pid
+    return slot.agent.pid if slot.agent is not None else None
+
+
+def prepare_cgroups(cgroups: list[SlotCgroup], isolation: SlotIsolation) -> None:
+    for cgroup in cgroups:
+        with contextlib.suppress(OSError):
+            cgroup.create(isolation)
+
+
+def _kill_session(process: asyncio.subprocess.Process) -> None:
+    """SIGKILL a process started with ``start_new_session`` and its whole process group.
+
+    ``process.kill()`` only where the group is gone: it polls the child first, and a poll that
+    reaps it takes the exit status from the event loop's child watcher."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+
+
+async def _end_process(process: asyncio.subprocess.Process, cgroup: SlotCgroup | None) -> None:
+    """Kill ``process``'s session and everything in ``cgroup``, and reap it (within 5 s)."""
+    if process.returncode is None:
+        _kill_session(process)
+    if cgroup is not None:
+        cgroup.kill_all()
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(5):
+            await process.wait()
+
+
+async def _end_shell(slot: Slot) -> None:
+    """End the persistent shell a bare agent started, and everything its shell runs.
+
+    Its tmux server is a daemon in a session of its own: ending the agent's session does not
+    end it, and without a cgroup nothing else would, so the next lease of the slot would share
+    the host with the last one's shell and jobs. Each pane's shell leads a session of its own;
+    every process in those sessions is killed (``nohup`` and ``disown`` jobs included, which a
+    hang-up would miss), then the server. A process that left its session with ``setsid`` is
+    beyond reach without a cgroup (docs/sandbox.md, "Without cgroups").
+    """
+    shell_socket = slot.state_dir / SHELL_SOCKET
+    tmux = shutil.which("tmux", path=_PATH)  # as the bare agent found it
+    if tmux is None or not shell_socket.is_socket():
+        return
+    panes = await _tmux(tmux, shell_socket, "list-panes", "-a", "-F", "#{pane_pid}")
+    await _end_sessions({int(word) for word in panes.split() if word.isdigit()})
+    await _tmux(tmux, shell_socket, "kill-server")
+
+
+async def _end_sessions(sessions: set[int]) -> None:
+    """SIGKILL every process of ``sessions``, scanning again while any is found (a job may fork
+    while a scan runs), for at most half a second."""
+    for _ in range(50):
+        if not _kill_sessions(sessions):
+            return
+        await asyncio.sleep(0.01)
+
+
+async def _tmux(tmux: str, shell_socket: Path, *args: str) -> str:
+    """What ``tmux -S shell_socket args`` prints (within 5 s; empty when it fails)."""
+    try:
+        code, out, _ = await run_bounded([tmux, "-S", str(shell_socket), *args], timeout_s=5)
+    except OSError:
+        return ""
+    return out if code == 0 else ""
+
+
+async def run_bounded(
+    argv: list[str], *, timeout_s: float, ids: tuple[int, int] | None = None
+) -> tuple[int | None, str, str]:
+    """Run ``argv`` (as ``ids``, with no input) to its end: its exit code, stdout and stderr.
+
+    The code is ``None`` when it ran past ``timeout_s`` and was killed. Raises ``OSError`` when
+    it cannot start.
+    """
+    process = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        **as_ids(ids),
+    )
+    try:
+        async with asyncio.timeout(timeout_s):
+            out, err = await process.communicate()
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        return None, "", "timed out"
+    return process.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+
+def _kill_sessions(sessions: set[int]) -> bool:
+    """SIGKILL every process whose session is one of ``sessions``; whether any was found."""
+    found = False
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if fields[0] != b"Z" and int(fields[3]) in sessions:
+            found = True
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
+    return found
+
+
+def as_ids(ids: tuple[int, int] | None) -> dict[str, Any]:
+    """``create_subprocess_exec`` arguments that start a slot's sandbox as the slot's uid and
+    gid with no supplementary group."""
+    if ids is None:
+        return {}
+    return {"user": ids[0], "group": ids[1], "extra_groups": []}
+
+
+async def _stderr_of(process: asyncio.subprocess.Process) -> str:
+    if process.stderr is None:
+        return ""
+    with contextlib.suppress(TimeoutError, OSError):
+        async with asyncio.timeout(1):
+            return (await process.stderr.read(4096)).decode("utf-8", "replace").strip()
+    return ""

@@ -1,0 +1,1685 @@
+/*
+ * trajcore's slot helper: a slot's keeper and its leases' agents, in one program. It is the only
+ * implementation of every lease step; docs/sandbox.md ("The slot helper and its protocol") is the
+ * reference for its roles, its command lines and its two protocols. A slot server takes it from
+ * the install (wheels and images ship it) or builds it once with the host's C compiler
+ * (native_helper.py), and does not start without it.
+ *
+ *   slot-helper keep --workspace W --state-dir S --tmp T [--limit NAME VALUE]...
+ *                    [--carry-rw PATH]... [--carry-ro PATH]... [--mask PATH]...
+ *                    [--read-only PATH]... [--tmpfs-options OPTIONS] [--own-network]
+ *                    [--seccomp HEX]
+ *
+ * The keeper: the first program of a slot's bubblewrap sandbox. Requests on fd 0
+ * (SOCK_SEQPACKET): "lease" (with the lease's channel as an SCM_RIGHTS descriptor) or "end".
+ * A lease is a clone into fresh namespaces that drops every capability, sets its limits,
+ * installs the --seccomp filter last and only then serves the lease on fd 3.
+ *
+ *   slot-helper serve CHANNEL_FD STATE_DIR WORKSPACE TMUX_PATH_OR_EMPTY
+ *
+ * The agent alone, on an existing channel (what each lease runs after its setup).
+ *
+ *   slot-helper bare --workspace W --state-dir S [--limit NAME VALUE]...
+ *
+ * An unsandboxed slot's agent (no bubblewrap on the host), serving on fd 0: it enters W, sets
+ * the limits, looks tmux up on PATH, and keeps each command in its own session (a new process
+ * group of it), so the slot server can end everything a lease left by that session.
+ *
+ * Agent requests, each field a 4-byte big-endian length and its bytes, the op first:
+ *
+ *   exec      TIMEOUT CAP ARGV0 [ARGV1 ...]
+ *   stateful  TIMEOUT CAP COMMAND
+ *   tmux      LITERAL ENTER WAIT LINES KEY [KEY ...]   (LITERAL, ENTER: "0" or "1")
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+enum {
+    HEADER_SIZE = 4,
+    READ_CHUNK = 1 << 16,
+    TMUX_CAP = 1 << 20,
+    MAX_REQUEST = 16 << 20, /* runtime.MAX_REQUEST_BYTES: anything larger ends the lease */
+};
+static const double DRAIN_AFTER_EXIT_S = 0.05;
+static const double TMUX_TIMEOUT_S = 10.0;
+
+/* ------------------------------------------------------------------------------ buffers */
+
+typedef struct {
+    char *data;
+    size_t len, cap;
+} buf;
+
+static void out_of_memory(void) {
+    /* The slot server sees the channel close and reports the lease lost. */
+    static const char message[] = "slot-lease: out of memory\n";
+    (void)!write(2, message, sizeof message - 1);
+    _exit(1);
+}
+
+static void buf_reserve(buf *b, size_t more) {
+    if (b->len + more <= b->cap)
+        return;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + more)
+        cap *= 2;
+    char *data = realloc(b->data, cap);
+    if (!data)
+        out_of_memory();
+    b->data = data;
+    b->cap = cap;
+}
+
+static void buf_put(buf *b, const void *data, size_t n) {
+    if (!n)
+        return;
+    buf_reserve(b, n);
+    memcpy(b->data + b->len, data, n);
+    b->len += n;
+}
+
+static void buf_puts(buf *b, const char *text) { buf_put(b, text, strlen(text)); }
+
+static void buf_printf(buf *b, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    int n = vsnprintf(NULL, 0, format, args);
+    va_end(args);
+    if (n < 0)
+        return;
+    buf_reserve(b, (size_t)n + 1);
+    va_start(args, format);
+    vsnprintf(b->data + b->len, (size_t)n + 1, format, args);
+    va_end(args);
+    b->len += (size_t)n;
+}
+
+static void buf_free(buf *b) {
+    free(b->data);
+    *b = (buf){0};
+}
+
+/* ------------------------------------------------------------------------------ JSON */
+
+/* Length of the well-formed UTF-8 sequence at s[0..n), or 0 when it is ill-formed; *bad is then
+ * the length of its maximal ill-formed subpart (at least 1), which becomes one U+FFFD. */
+static size_t utf8_sequence(const unsigned char *s, size_t n, size_t *bad) {
+    unsigned char c = s[0];
+    size_t need;
+    unsigned char lo = 0x80, hi = 0xBF; /* the allowed range of the second byte */
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xC2 && c <= 0xDF)
+        need = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        need = 3;
+        if (c == 0xE0)
+            lo = 0xA0;
+        else if (c == 0xED)
+            hi = 0x9F; /* no surrogates */
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        need = 4;
+        if (c == 0xF0)
+            lo = 0x90;
+        else if (c == 0xF4)
+            hi = 0x8F; /* nothing above U+10FFFF */
+    } else {
+        *bad = 1;
+        return 0;
+    }
+    for (size_t i = 1; i < need; i++) {
+        unsigned char low = i == 1 ? lo : 0x80, high = i == 1 ? hi : 0xBF;
+        if (i >= n || s[i] < low || s[i] > high) {
+            *bad = i;
+            return 0;
+        }
+    }
+    return need;
+}
+
+/* ``text`` as a JSON string: quote, backslash and control characters escaped (\b \t \n \f \r
+ * by name, the rest as \u00XX), ill-formed UTF-8 replaced with U+FFFD as Python's
+ * ``bytes.decode("utf-8", "replace")`` does. */
+static void json_string(buf *out, const char *text, size_t n) {
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *s = (const unsigned char *)text;
+    buf_reserve(out, n + 2);
+    buf_put(out, "\"", 1);
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c >= 0x80) {
+            size_t bad = 0, good = utf8_sequence(s + i, n - i, &bad);
+            if (good) {
+                buf_put(out, s + i, good);
+                i += good;
+            } else {
+                buf_put(out, "\xEF\xBF\xBD", 3);
+                i += bad;
+            }
+            continue;
+        }
+        i++;
+        switch (c) {
+        case '"': buf_put(out, "\\\"", 2); break;
+        case '\\': buf_put(out, "\\\\", 2); break;
+        case '\b': buf_put(out, "\\b", 2); break;
+        case '\t': buf_put(out, "\\t", 2); break;
+        case '\n': buf_put(out, "\\n", 2); break;
+        case '\f': buf_put(out, "\\f", 2); break;
+        case '\r': buf_put(out, "\\r", 2); break;
+        default:
+            if (c < 0x20) {
+                char escape[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
+                buf_put(out, escape, sizeof escape);
+            } else {
+                buf_put(out, &c, 1);
+            }
+        }
+    }
+    buf_put(out, "\"", 1);
+}
+
+/* ------------------------------------------------------------------------------ results */
+
+typedef struct {
+    bool failed;     /* the call could not run: only ``error`` is meaningful */
+    buf error;       /* why */
+    bool has_exit;   /* "exit" is a number (else null) */
+    int exit_code;
+    bool has_signal; /* "signal" is a number (else null) */
+    int signal;
+    buf out, err; /* raw bytes, with the "dropped" marker in place; replaced when written */
+    long long out_dropped, err_dropped;
+    bool timed_out;
+    double duration;
+} result;
+
+static void result_free(result *r) {
+    buf_free(&r->error);
+    buf_free(&r->out);
+    buf_free(&r->err);
+}
+
+static void fail(result *r, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    char text[1024];
+    vsnprintf(text, sizeof text, format, args);
+    va_end(args);
+    r->failed = true;
+    r->error.len = 0;
+    buf_puts(&r->error, text);
+}
+
+static void write_result(buf *out, const result *r) {
+    if (r->failed) {
+        buf_puts(out, "{\"exit\":null,\"error\":");
+        json_string(out, r->error.data, r->error.len);
+        buf_puts(out, "}");
+        return;
+    }
+    buf_puts(out, "{\"exit\":");
+    if (r->has_exit)
+        buf_printf(out, "%d", r->exit_code);
+    else
+        buf_puts(out, "null");
+    buf_puts(out, ",\"signal\":");
+    if (r->has_signal)
+        buf_printf(out, "%d", r->signal);
+    else
+        buf_puts(out, "null");
+    buf_puts(out, ",\"stdout\":");
+    json_string(out, r->out.data, r->out.len);
+    buf_puts(out, ",\"stderr\":");
+    json_string(out, r->err.data, r->err.len);
+    buf_printf(out, ",\"stdout_dropped\":%lld,\"stderr_dropped\":%lld,\"timed_out\":%s",
+               r->out_dropped, r->err_dropped, r->timed_out ? "true" : "false");
+    buf_printf(out, ",\"duration\":%.17g}", r->duration);
+}
+
+/* ------------------------------------------------------------------------------ helpers */
+
+static double monotonic(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+}
+
+static void pause_for(double seconds) {
+    if (!(seconds > 0))
+        return;
+    if (seconds > 1e6)
+        seconds = 1e6;
+    struct timespec wait = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    while (nanosleep(&wait, &wait) != 0 && errno == EINTR) {
+    }
+}
+
+static bool exists(const char *path) {
+    struct stat info;
+    return stat(path, &info) == 0;
+}
+
+/* ``mkdir -p path`` (mode 0755); errors are left for the first use of the directory to find. */
+static void make_dirs(const char *path) {
+    char partial[PATH_MAX];
+    size_t n = strlen(path);
+    if (n >= sizeof partial)
+        return;
+    memcpy(partial, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (partial[i] == '/' || partial[i] == '\0') {
+            char kept = partial[i];
+            partial[i] = '\0';
+            if (!exists(partial))
+                (void)mkdir(partial, 0755);
+            partial[i] = kept;
+        }
+    }
+}
+
+/* The first executable ``name`` on PATH, into ``found``; false when there is none. */
+static bool which(const char *name, char *found, size_t size) {
+    const char *path = getenv("PATH");
+    if (!path)
+        path = "/usr/bin:/bin";
+    while (true) {
+        const char *end = strchr(path, ':');
+        size_t length = end ? (size_t)(end - path) : strlen(path);
+        int written = length ? snprintf(found, size, "%.*s/%s", (int)length, path, name)
+                             : snprintf(found, size, "./%s", name);
+        if (written > 0 && (size_t)written < size && access(found, X_OK) == 0 && exists(found))
+            return true;
+        if (!end)
+            return false;
+        path = end + 1;
+    }
+}
+
+static void kill_group(pid_t group) { (void)killpg(group, SIGKILL); }
+
+static pid_t wait_for_child(pid_t pid, int *status) {
+    pid_t done;
+    while ((done = waitpid(pid, status, 0)) < 0 && errno == EINTR) {
+    }
+    return done;
+}
+
+/* ------------------------------------------------------------------------------ capture */
+
+/* One output stream: keeps the first and last cap/2 bytes, counts what falls between. */
+typedef struct {
+    size_t head_cap, tail_cap;
+    buf head, tail;
+    long long total;
+} capture;
+
+static void capture_init(capture *c, size_t cap) {
+    *c = (capture){.head_cap = cap / 2, .tail_cap = cap - cap / 2};
+}
+
+static void capture_feed(capture *c, const char *data, size_t n) {
+    c->total += (long long)n;
+    if (c->head.len < c->head_cap) {
+        size_t take = c->head_cap - c->head.len;
+        if (take > n)
+            take = n;
+        buf_put(&c->head, data, take);
+        data += take;
+        n -= take;
+    }
+    if (n) {
+        buf_put(&c->tail, data, n);
+        if (c->tail.len > 2 * c->tail_cap + READ_CHUNK) {
+            memmove(c->tail.data, c->tail.data + c->tail.len - c->tail_cap, c->tail_cap);
+            c->tail.len = c->tail_cap;
+        }
+    }
+}
+
+/* The kept bytes, with a marker where bytes were dropped, into ``text``; returns how many
+ * were dropped. Frees the capture. */
+static long long capture_finish(capture *c, buf *text) {
+    if (c->tail.len > c->tail_cap) {
+        memmove(c->tail.data, c->tail.data + c->tail.len - c->tail_cap, c->tail_cap);
+        c->tail.len = c->tail_cap;
+    }
+    long long dropped = c->total - (long long)c->head.len - (long long)c->tail.len;
+    text->len = 0;
+    buf_put(text, c->head.data, c->head.len);
+    if (dropped)
+        buf_printf(text, "\n[... %lld bytes dropped ...]\n", dropped);
+    buf_put(text, c->tail.data, c->tail.len);
+    buf_free(&c->head);
+    buf_free(&c->tail);
+    return dropped;
+}
+
+/* ------------------------------------------------------------------------------ exec */
+
+static int open_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+    (void)pid;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+static void set_status(result *r, int status) {
+    r->has_exit = WIFEXITED(status);
+    r->exit_code = r->has_exit ? WEXITSTATUS(status) : 0;
+    r->has_signal = WIFSIGNALED(status);
+    r->signal = r->has_signal ? WTERMSIG(status) : 0;
+}
+
+/* Run ``argv`` in a new session (``own_session``; else a new process group of this session),
+ * stdin from /dev/null, stdout and stderr captured up to ``cap`` bytes each; kill its process
+ * group at ``timeout`` seconds. */
+static void run_exec(char *const argv[], double timeout, size_t cap, bool own_session, result *r) {
+    double started = monotonic();
+    int out_pipe[2], err_pipe[2];
+    if (pipe2(out_pipe, O_CLOEXEC) != 0) {
+        fail(r, "cannot start %s: %s", argv[0], strerror(errno));
+        return;
+    }
+    if (pipe2(err_pipe, O_CLOEXEC) != 0) {
+        fail(r, "cannot start %s: %s", argv[0], strerror(errno));
+        close(out_pipe[0]);
+        close(out_pipe[1]);
+        return;
+    }
+    posix_spawn_file_actions_t actions;
+    posix_spawnattr_t attributes;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
+    posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
+    posix_spawnattr_init(&attributes);
+    sigset_t defaults, none;
+    sigemptyset(&defaults);
+    sigaddset(&defaults, SIGPIPE);
+    sigaddset(&defaults, SIGXFSZ);
+    sigemptyset(&none);
+    posix_spawnattr_setsigdefault(&attributes, &defaults);
+    posix_spawnattr_setsigmask(&attributes, &none);
+    if (!own_session)
+        posix_spawnattr_setpgroup(&attributes, 0);
+    posix_spawnattr_setflags(&attributes,
+                             (own_session ? POSIX_SPAWN_SETSID : POSIX_SPAWN_SETPGROUP) |
+                                 POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+    pid_t pid;
+    int spawned = posix_spawn(&pid, argv[0], &actions, &attributes, argv, environ);
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attributes);
+    close(out_pipe[1]);
+    close(err_pipe[1]);
+    if (spawned != 0) {
+        fail(r, "cannot start %s: %s", argv[0], strerror(spawned));
+        close(out_pipe[0]);
+        close(err_pipe[0]);
+        return;
+    }
+
+    capture captures[2];
+    capture_init(&captures[0], cap);
+    capture_init(&captures[1], cap);
+    /* [0] stdout, [1] stderr, [2] the process (a pidfd; without one, polled with waitpid) */
+    struct pollfd watched[3] = {
+        {.fd = out_pipe[0], .events = POLLIN},
+        {.fd = err_pipe[0], .events = POLLIN},
+        {.fd = open_pidfd(pid), .events = POLLIN},
+    };
+    bool have_pidfd = watched[2].fd >= 0;
+    int open_pipes = 2, status = 0;
+    bool exited = false;
+    double deadline = started + timeout, drain_until = 0;
+    char *chunk = malloc(READ_CHUNK);
+    if (!chunk)
+        out_of_memory();
+    while (open_pipes || !exited) {
+        double now = monotonic(), wait;
+        if (!exited) {
+            wait = deadline - now;
+            if (wait <= 0) {
+                r->timed_out = true;
+                kill_group(pid);
+                wait_for_child(pid, &status);
+                exited = true;
+                if (watched[2].fd >= 0) { /* reaped: it must not be waited for again */
+                    close(watched[2].fd);
+                    watched[2].fd = -1;
+                }
+                drain_until = monotonic() + DRAIN_AFTER_EXIT_S;
+                continue;
+            }
+            if (!have_pidfd) {
+                if (waitpid(pid, &status, WNOHANG) == pid) {
+                    exited = true;
+                    drain_until = monotonic() + DRAIN_AFTER_EXIT_S;
+                    continue;
+                }
+                if (wait > 0.01)
+                    wait = 0.01;
+            }
+        } else {
+            wait = drain_until - now;
+            if (wait <= 0)
+                break; /* something the command left behind still holds its pipes */
+        }
+        /* at least 1 ms, never less than asked */
+        int ready = poll(watched, 3, wait < 1e6 ? (int)(wait * 1000) + 1 : 1000000000);
+        if (ready < 0 && errno != EINTR) {
+            if (!exited) { /* it cannot be watched any more: end it rather than leave it */
+                kill_group(pid);
+                wait_for_child(pid, &status);
+            }
+            break;
+        }
+        if (ready <= 0)
+            continue;
+        if (watched[2].fd >= 0 && watched[2].revents) {
+            wait_for_child(pid, &status);
+            exited = true;
+            close(watched[2].fd);
+            watched[2].fd = -1;
+            drain_until = monotonic() + DRAIN_AFTER_EXIT_S;
+        }
+        for (int i = 0; i < 2; i++) {
+            if (watched[i].fd < 0 || !watched[i].revents)
+                continue;
+            ssize_t got = read(watched[i].fd, chunk, READ_CHUNK);
+            if (got > 0) {
+                capture_feed(&captures[i], chunk, (size_t)got);
+            } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
+                close(watched[i].fd);
+                watched[i].fd = -1;
+                open_pipes--;
+            }
+        }
+    }
+    free(chunk);
+    for (int i = 0; i < 3; i++)
+        if (watched[i].fd >= 0)
+            close(watched[i].fd);
+    r->out_dropped = capture_finish(&captures[0], &r->out);
+    r->err_dropped = capture_finish(&captures[1], &r->err);
+    set_status(r, status);
+    r->duration = monotonic() - started;
+}
+
+/* ------------------------------------------------------------------------------ the shell */
+
+/* The slot's persistent shell: one tmux session named "main", started on first use. */
+typedef struct {
+    char dir[PATH_MAX];
+    char socket[PATH_MAX];
+    const char *workspace;
+    const char *tmux; /* NULL: not installed */
+    unsigned long counter;
+    bool own_sessions; /* false for a bare agent: commands stay in its session */
+} shell;
+
+static void tmux_run(shell *sh, const char *const *args, size_t n, result *r) {
+    char *argv[24];
+    if (n + 4 > sizeof argv / sizeof *argv) {
+        fail(r, "too many tmux arguments");
+        return;
+    }
+    argv[0] = (char *)sh->tmux;
+    argv[1] = "-S";
+    argv[2] = sh->socket;
+    for (size_t i = 0; i < n; i++)
+        argv[3 + i] = (char *)args[i];
+    argv[3 + n] = NULL;
+    run_exec(argv, TMUX_TIMEOUT_S, TMUX_CAP, true, r);
+}
+
+#define TMUX(sh, r, ...)                                                                       \
+    do {                                                                                       \
+        const char *const tmux_args_[] = {__VA_ARGS__};                                        \
+        tmux_run((sh), tmux_args_, sizeof tmux_args_ / sizeof *tmux_args_, (r));               \
+    } while (0)
+
+static bool ran_ok(const result *r) { return !r->failed && r->has_exit && r->exit_code == 0; }
+
+/* Fail ``r`` with ``prefix`` and why ``cause`` failed: its stderr, else its error. */
+static void fail_because(result *r, const char *prefix, const result *cause) {
+    r->failed = true;
+    r->error.len = 0;
+    buf_puts(&r->error, prefix);
+    if (!cause->failed && cause->err.len)
+        buf_put(&r->error, cause->err.data, cause->err.len);
+    else if (cause->failed)
+        buf_put(&r->error, cause->error.data, cause->error.len);
+    else
+        buf_puts(&r->error, "None");
+}
+
+/* Start the session unless it runs; false (with ``r`` failed) when it cannot. */
+static bool shell_ensure(shell *sh, result *r) {
+    if (!sh->tmux) {
+        fail(r, "tmux is not installed");
+        return false;
+    }
+    result probe = {0};
+    TMUX(sh, &probe, "has-session", "-t", "main");
+    bool running = ran_ok(&probe);
+    result_free(&probe);
+    if (running)
+        return true;
+    make_dirs(sh->dir);
+    char bash[PATH_MAX];
+    const char *program = which("bash", bash, sizeof bash) ? bash : "/bin/sh";
+    result started = {0};
+    /* exit-empty off: a shell ended by ``exit`` ends its session but not the server, so the next
+     * call starts a new session on a server that is not on its way out. */
+    TMUX(sh, &started, "new-session", "-d", "-s", "main", "-x", "200", "-y", "50", "-c",
+         sh->workspace, program, ";", "set-option", "-s", "exit-empty", "off");
+    bool ok = ran_ok(&started);
+    if (!ok)
+        fail_because(r, "tmux did not start: ", &started);
+    result_free(&started);
+    return ok;
+}
+
+static bool wait_for_file(const char *path, double deadline) {
+    double pause = 0.001;
+    while (true) {
+        if (exists(path))
+            return true;
+        double now = monotonic();
+        if (now >= deadline)
+            return false;
+        pause_for(pause < deadline - now ? pause : deadline - now);
+        pause = pause * 1.5 < 0.02 ? pause * 1.5 : 0.02;
+    }
+}
+
+/* ``path`` opened for reading if it is a regular file, else -1: the shell's output files are
+ * written by commands in the lease, which may swap them for a symlink, a FIFO or a device. */
+static int open_regular(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    struct stat info;
+    if (fd >= 0 && (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode))) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* The first and last cap/2 bytes of a file into ``text``, as a capture would keep them (nothing
+ * when it cannot be read); returns how many bytes fell between. */
+static long long read_capped(const char *path, size_t cap, buf *text) {
+    text->len = 0;
+    int fd = open_regular(path);
+    if (fd < 0)
+        return 0;
+    capture c;
+    capture_init(&c, cap);
+    struct stat info;
+    char *chunk = malloc(READ_CHUNK);
+    if (!chunk)
+        out_of_memory();
+    if (fstat(fd, &info) == 0) {
+        off_t size = info.st_size;
+        if ((size_t)size > cap) {
+            /* head, then the tail from its place; the middle is counted, not read */
+            buf_reserve(&c.head, c.head_cap);
+            ssize_t got = pread(fd, c.head.data, c.head_cap, 0);
+            c.head.len = got > 0 ? (size_t)got : 0;
+            buf_reserve(&c.tail, c.tail_cap);
+            got = pread(fd, c.tail.data, c.tail_cap, size - (off_t)c.tail_cap);
+            c.tail.len = got > 0 ? (size_t)got : 0;
+            c.total = (long long)size;
+        } else {
+            /* no more than the size it had: a file that grows meanwhile is read as it was */
+            size_t left = (size_t)size;
+            ssize_t got;
+            while (left && (got = read(fd, chunk, left < READ_CHUNK ? left : READ_CHUNK)) > 0) {
+                capture_feed(&c, chunk, (size_t)got);
+                left -= (size_t)got;
+            }
+        }
+    }
+    free(chunk);
+    close(fd);
+    return capture_finish(&c, text);
+}
+
+static bool write_file(const char *path, const char *data, size_t n) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return false;
+    bool ok = true;
+    while (n) {
+        ssize_t put = write(fd, data, n);
+        if (put < 0 && errno == EINTR)
+            continue;
+        if (put <= 0) {
+            ok = false;
+            break;
+        }
+        data += put;
+        n -= (size_t)put;
+    }
+    return close(fd) == 0 && ok;
+}
+
+/* Run ``command`` in the persistent shell: sourced from a file with its output sent to files and
+ * its exit status written by a rename, so the code is exact and the shell keeps its state. */
+static void shell_run(shell *sh, const char *command, size_t length, double timeout, size_t cap,
+                      result *r) {
+    double started = monotonic();
+    if (!shell_ensure(sh, r))
+        return;
+    sh->counter++;
+    char base[PATH_MAX + 32];
+    snprintf(base, sizeof base, "%s/%lu", sh->dir, sh->counter);
+    char script[sizeof base + 8], rc[sizeof base + 8], out[sizeof base + 8], err[sizeof base + 8];
+    char rc_tmp[sizeof base + 16], ended[sizeof base + 16];
+    snprintf(ended, sizeof ended, "%s.ended", base);
+    snprintf(script, sizeof script, "%s.sh", base);
+    snprintf(rc, sizeof rc, "%s.rc", base);
+    snprintf(rc_tmp, sizeof rc_tmp, "%s.rc.tmp", base);
+    snprintf(out, sizeof out, "%s.out", base);
+    snprintf(err, sizeof err, "%s.err", base);
+    buf text = {0};
+    buf_put(&text, command, length);
+    buf_put(&text, "\n", 1);
+    bool written = write_file(script, text.data, text.len);
+    buf_free(&text);
+    if (!written) {
+        fail(r, "agent failed: cannot write %s: %s", script, strerror(errno));
+        return;
+    }
+    /* The EXIT trap records the status also when the command ends the shell with ``exit``, and
+     * marks that it did (``.ended``), so the next call waits for that session to be gone. */
+    buf line = {0};
+    buf_printf(&line,
+               "trap 's=$?; : >%s; echo $s >%s; mv %s %s' EXIT; . %s >%s 2>%s </dev/null; "
+               "echo $? >%s; trap - EXIT; mv %s %s",
+               ended, rc_tmp, rc_tmp, rc, script, out, err, rc_tmp, rc_tmp, rc);
+    buf_put(&line, "", 1); /* NUL-terminated */
+    result sent = {0};
+    TMUX(sh, &sent, "send-keys", "-t", "main", "-l", line.data);
+    buf_free(&line);
+    if (!ran_ok(&sent)) {
+        fail_because(r, "tmux send-keys failed: ", &sent);
+        result_free(&sent);
+        return;
+    }
+    result_free(&sent);
+    result enter = {0};
+    TMUX(sh, &enter, "send-keys", "-t", "main", "Enter");
+    result_free(&enter);
+    bool timed_out = !wait_for_file(rc, started + timeout);
+    if (timed_out) {
+        result interrupt = {0};
+        TMUX(sh, &interrupt, "send-keys", "-t", "main", "C-c");
+        result_free(&interrupt);
+        wait_for_file(rc, monotonic() + 0.2);
+    }
+    bool has_code = false;
+    long code = 0;
+    int fd = open_regular(rc);
+    if (fd >= 0) {
+        char digits[64];
+        ssize_t got = read(fd, digits, sizeof digits - 1);
+        close(fd);
+        if (got > 0) {
+            digits[got] = '\0';
+            char *end;
+            errno = 0;
+            code = strtol(digits, &end, 10);
+            while (*end == ' ' || *end == '\n' || *end == '\t' || *end == '\r')
+                end++;
+            has_code = errno == 0 && end != digits && *end == '\0' && code >= INT_MIN &&
+                       code <= INT_MAX;
+        }
+    }
+    r->out_dropped = read_capped(out, cap, &r->out);
+    r->err_dropped = read_capped(err, cap, &r->err);
+    if (exists(ended)) {
+        /* the command ended the shell: wait (bounded) until its session is gone, so the next
+         * call starts a fresh shell instead of typing into this one as it exits */
+        double gone_by = monotonic() + 2.0;
+        while (monotonic() < gone_by) {
+            result probe = {0};
+            TMUX(sh, &probe, "has-session", "-t", "main");
+            bool running = ran_ok(&probe);
+            result_free(&probe);
+            if (!running)
+                break;
+            struct timespec pause = {0, 10 * 1000 * 1000};
+            nanosleep(&pause, NULL);
+        }
+    }
+    const char *leftovers[] = {script, out, err, rc, rc_tmp, ended};
+    for (size_t i = 0; i < sizeof leftovers / sizeof *leftovers; i++)
+        (void)unlink(leftovers[i]);
+    r->has_exit = !timed_out && has_code;
+    r->exit_code = (int)code;
+    r->has_signal = false;
+    r->timed_out = timed_out;
+    r->duration = monotonic() - started;
+}
+
+/* Send keys to the session, wait, and capture the pane. */
+static void shell_keys(shell *sh, char *const *keys, size_t n, bool literal, bool enter,
+                       double wait, long lines, result *r) {
+    double started = monotonic();
+    if (!shell_ensure(sh, r))
+        return;
+    for (size_t i = 0; i < n; i++) {
+        result sent = {0};
+        if (literal)
+            TMUX(sh, &sent, "send-keys", "-t", "main", "-l", keys[i]);
+        else
+            TMUX(sh, &sent, "send-keys", "-t", "main", keys[i]);
+        bool ok = ran_ok(&sent);
+        if (!ok)
+            fail_because(r, "tmux send-keys failed: ", &sent);
+        result_free(&sent);
+        if (!ok)
+            return;
+    }
+    if (enter) {
+        result sent = {0};
+        TMUX(sh, &sent, "send-keys", "-t", "main", "Enter");
+        result_free(&sent);
+    }
+    pause_for(wait);
+    char start[32];
+    snprintf(start, sizeof start, "-%ld", lines);
+    TMUX(sh, r, "capture-pane", "-p", "-J", "-t", "main", "-S", start);
+    if (!r->failed)
+        r->duration = monotonic() - started;
+}
+
+/* ------------------------------------------------------------------------------ requests */
+
+typedef struct {
+    size_t count;
+    char **text;    /* each NUL-terminated */
+    size_t *length; /* without the NUL */
+} fields;
+
+static void fields_free(fields *f) {
+    if (f->count)
+        free(f->text[0]);
+    free(f->text);
+    free(f->length);
+    *f = (fields){0};
+}
+
+/* The 4-byte big-endian number at ``at``: every length on the channel. */
+static uint32_t be32(const unsigned char *at) {
+    return (uint32_t)at[0] << 24 | (uint32_t)at[1] << 16 | (uint32_t)at[2] << 8 | at[3];
+}
+
+/* Split a request body into its fields; false when it is malformed. */
+static bool parse_fields(const unsigned char *body, size_t n, fields *f) {
+    size_t count = 0, at = 0;
+    while (at < n) {
+        if (n - at < HEADER_SIZE)
+            return false;
+        uint32_t size = be32(body + at);
+        if (size > n - at - HEADER_SIZE)
+            return false;
+        at += HEADER_SIZE + size;
+        count++;
+    }
+    if (!count)
+        return false;
+    f->count = count;
+    f->text = calloc(count, sizeof *f->text);
+    f->length = calloc(count, sizeof *f->length);
+    char *store = malloc(n + count);
+    if (!f->text || !f->length || !store)
+        out_of_memory();
+    at = 0;
+    for (size_t i = 0; i < count; i++) {
+        uint32_t size = be32(body + at);
+        at += HEADER_SIZE;
+        memcpy(store, body + at, size);
+        store[size] = '\0';
+        f->text[i] = store;
+        f->length[i] = size;
+        store += size + 1;
+        at += size;
+    }
+    return true;
+}
+
+static bool number(const fields *f, size_t index, const char *name, double *value, result *r) {
+    char *end;
+    errno = 0;
+    *value = strtod(f->text[index], &end);
+    bool finite = *value - *value == 0; /* false for NaN and the infinities */
+    if (errno || end == f->text[index] || *end || !finite ||
+        strlen(f->text[index]) != f->length[index]) {
+        fail(r, "agent failed: TypeError: %s must be a finite number, got %s", name,
+             f->text[index]);
+        return false;
+    }
+    return true;
+}
+
+/* An argv field: NUL bytes cannot reach a program. */
+static bool plain(const fields *f, size_t from, const char *name, result *r) {
+    for (size_t i = from; i < f->count; i++) {
+        if (memchr(f->text[i], '\0', f->length[i])) {
+            fail(r, "agent failed: ValueError: %s holds a NUL byte", name);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Bytes kept per stream: at least 1, at most 64 MiB (a reply must fit its 4-byte length even
+ * when every byte is escaped six times over). */
+static size_t as_cap(double cap) { return cap < 1 ? 1 : cap > 0x1p26 ? (size_t)0x1p26 : (size_t)cap; }
+
+/* Field ``index`` is exactly ``text`` (a NUL byte inside a field does not end it). */
+static bool is(const fields *f, size_t index, const char *text) {
+    return f->length[index] == strlen(text) && memcmp(f->text[index], text, f->length[index]) == 0;
+}
+
+/* Whether the request has ``count`` fields (at least ``count`` unless ``exact``); else ``r`` says
+ * what the request needs. */
+static bool has_fields(const fields *f, size_t count, bool exact, const char *needs, result *r) {
+    if (exact ? f->count == count : f->count >= count)
+        return true;
+    fail(r, needs);
+    return false;
+}
+
+static void answer(shell *sh, const fields *f, result *r) {
+    double timeout, cap, wait, lines;
+    if (is(f, 0, "exec")) {
+        if (!has_fields(f, 4, false,
+                        "agent failed: ValueError: an exec request needs a timeout, a cap and a program", r) ||
+            !number(f, 1, "timeout", &timeout, r) || !number(f, 2, "cap", &cap, r) ||
+            !plain(f, 3, "argv", r))
+            return;
+        size_t argc = f->count - 3;
+        char **argv = calloc(argc + 1, sizeof *argv);
+        if (!argv)
+            out_of_memory();
+        for (size_t i = 0; i < argc; i++)
+            argv[i] = f->text[3 + i];
+        run_exec(argv, timeout, as_cap(cap), sh->own_sessions, r);
+        free(argv);
+    } else if (is(f, 0, "stateful")) {
+        if (!has_fields(f, 4, true,
+                        "agent failed: ValueError: a stateful request needs a timeout, a cap and a command", r) ||
+            !number(f, 1, "timeout", &timeout, r) || !number(f, 2, "cap", &cap, r))
+            return;
+        shell_run(sh, f->text[3], f->length[3], timeout, as_cap(cap), r);
+    } else if (is(f, 0, "tmux")) {
+        if (!has_fields(f, 5, false,
+                        "agent failed: ValueError: a tmux request needs literal, enter, wait and lines", r) ||
+            !number(f, 3, "wait", &wait, r) || !number(f, 4, "lines", &lines, r) ||
+            !plain(f, 5, "keys", r))
+            return;
+        long rows = lines < 1 ? 1 : lines > 10000 ? 10000 : (long)lines;
+        shell_keys(sh, f->text + 5, f->count - 5, is(f, 1, "1"), is(f, 2, "1"), wait, rows, r);
+    } else {
+        buf named = {0};
+        json_string(&named, f->text[0], f->length[0]);
+        fail(r, "unknown op %.*s", (int)(named.len < 200 ? named.len : 200), named.data);
+        buf_free(&named);
+    }
+}
+
+/* ------------------------------------------------------------------------------ channel */
+
+static bool read_exact(int fd, unsigned char *into, size_t n) {
+    while (n) {
+        ssize_t got = read(fd, into, n);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return false;
+        into += got;
+        n -= (size_t)got;
+    }
+    return true;
+}
+
+static bool send_message(int fd, const buf *body) {
+    if (body->len > UINT32_MAX) { /* cannot happen with capped streams; never desynchronise */
+        fprintf(stderr, "slot-helper: a reply of %zu bytes does not fit its frame\n", body->len);
+        return false;
+    }
+    unsigned char header[HEADER_SIZE] = {
+        (unsigned char)(body->len >> 24), (unsigned char)(body->len >> 16),
+        (unsigned char)(body->len >> 8), (unsigned char)body->len};
+    struct iovec parts[2] = {{header, HEADER_SIZE}, {body->data, body->len}};
+    size_t left = HEADER_SIZE + body->len;
+    int part = 0;
+    while (left) {
+        ssize_t put = writev(fd, parts + part, 2 - part);
+        if (put < 0 && errno == EINTR)
+            continue;
+        if (put <= 0)
+            return false;
+        left -= (size_t)put;
+        while (part < 2 && (size_t)put >= parts[part].iov_len) {
+            put -= (ssize_t)parts[part].iov_len;
+            part++;
+        }
+        if (part < 2) {
+            parts[part].iov_base = (char *)parts[part].iov_base + put;
+            parts[part].iov_len -= (size_t)put;
+        }
+    }
+    return true;
+}
+
+/* Serve one lease's requests on ``fd`` until end of input; returns the exit status. */
+static int serve(int fd, const char *state_dir, const char *workspace, const char *tmux,
+                 bool own_sessions) {
+    (void)fcntl(fd, F_SETFD, FD_CLOEXEC); /* no command inherits the channel */
+    /* Broken pipes and oversized files are errors to report, not reasons to die; every
+     * command gets the default dispositions back. */
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN);
+    (void)prctl(PR_SET_NAME, own_sessions ? "slot-lease" : "slot-agent", 0, 0, 0);
+    if (chdir(workspace) != 0) {
+        fprintf(stderr, "slot-helper: cannot enter %s: %s\n", workspace, strerror(errno));
+        return 2;
+    }
+    shell sh = {.workspace = workspace, .tmux = tmux && tmux[0] ? tmux : NULL,
+                .own_sessions = own_sessions};
+    if (snprintf(sh.dir, sizeof sh.dir, "%s/shell", state_dir) >= (int)sizeof sh.dir ||
+        snprintf(sh.socket, sizeof sh.socket, "%s/tmux.sock", state_dir) >= (int)sizeof sh.socket) {
+        fprintf(stderr, "slot-helper: the state directory's name is too long\n");
+        return 2;
+    }
+    make_dirs(sh.dir);
+
+    buf reply = {0};
+    buf_printf(&reply, "{\"ready\":true,\"pid\":%d,\"tmux\":%s}", (int)getpid(),
+               sh.tmux ? "true" : "false");
+    if (!send_message(fd, &reply))
+        return 0;
+    while (true) {
+        unsigned char header[HEADER_SIZE];
+        if (!read_exact(fd, header, HEADER_SIZE))
+            return 0;
+        uint32_t size = be32(header);
+        if (size > MAX_REQUEST) {
+            fprintf(stderr, "slot-helper: a request of %u bytes is over the limit\n", size);
+            return 1;
+        }
+        unsigned char *body = malloc(size ? size : 1);
+        if (!body)
+            out_of_memory();
+        if (!read_exact(fd, body, size)) {
+            free(body);
+            return 0;
+        }
+        fields f = {0};
+        result r = {0};
+        if (parse_fields(body, size, &f))
+            answer(&sh, &f, &r);
+        else
+            fail(&r, "agent failed: ValueError: a malformed request of %u bytes", size);
+        free(body);
+        fields_free(&f);
+        reply.len = 0;
+        write_result(&reply, &r);
+        result_free(&r);
+        /* As its namespace's pid 1 the agent inherits every orphan of the lease: reap those
+         * that ended, so they hold no process slot. */
+        while (waitpid(-1, NULL, WNOHANG) > 0) {
+        }
+        if (!send_message(fd, &reply))
+            return 0;
+    }
+}
+
+/* ============================================================================ the keeper */
+
+enum { LEASE_FD = 3, MAX_CARRIED = 64, MAX_LIMITS = 8, MAX_KERNEL_PATHS = 32 };
+
+/* A kernel interface a lease hides or makes read-only (isolation's MASKED_PATHS and
+ * READ_ONLY_PATHS). */
+typedef struct {
+    const char *path;
+    enum { ABSENT, MASK_FILE, MASK_DIR, READ_ONLY } how;
+} kernel_path;
+
+typedef struct {
+    const char *path;
+    bool read_only;     /* remounted read-only after the bind */
+    unsigned long kept; /* its flags to repeat in that remount */
+} carried;
+
+/* What every lease of a keeper gets, worked out once by the keeper. */
+typedef struct {
+    const char *workspace, *state_dir, *tmp;
+    char tmux[PATH_MAX]; /* empty: not installed */
+    carried carry[MAX_CARRIED];
+    size_t carry_count;
+    struct {
+        int resource;
+        rlim_t value;
+    } limits[MAX_LIMITS];
+    size_t limit_count;
+    bool dev_shm;
+    char tmpfs[256];           /* the lease tmpfs's mount options (mode, size, inodes) */
+    unsigned long dev_kept;
+    kernel_path kernel[MAX_KERNEL_PATHS];
+    size_t kernel_count;
+    bool own_network;          /* each lease gets a network namespace of its own (loopback) */
+    struct sock_filter *filter; /* every lease's seccomp filter (NULL: none) */
+    size_t filter_length;       /* in instructions */
+} plan;
+
+static const char DEV_SHM[] = "/dev/shm";
+
+static void die(const char *what) {
+    fprintf(stderr, "slot-helper: %s: %s\n", what, strerror(errno));
+    exit(2);
+}
+
+/* The flags of ``path``'s mount that a read-only remount of it must repeat (nosuid, nodev,
+ * noexec and the atime flags: a user namespace may not clear them), as ``mount`` flags. */
+static unsigned long kept_flags(const char *path) {
+    static const struct {
+        unsigned long statvfs_flag, mount_flag;
+    } kept[] = {{ST_NOSUID, MS_NOSUID},       {ST_NODEV, MS_NODEV},
+                {ST_NOEXEC, MS_NOEXEC},       {ST_NOATIME, MS_NOATIME},
+                {ST_NODIRATIME, MS_NODIRATIME}, {ST_RELATIME, MS_RELATIME}};
+    struct statvfs info;
+    if (statvfs(path, &info) != 0)
+        die(path);
+    unsigned long flags = 0;
+    for (size_t i = 0; i < sizeof kept / sizeof *kept; i++)
+        if (info.f_flag & kept[i].statvfs_flag)
+            flags |= kept[i].mount_flag;
+    return flags;
+}
+
+static bool parse_limit(const char *name, const char *value, plan *p) {
+    static const struct {
+        const char *name;
+        int resource;
+    } known[] = {{"nproc", RLIMIT_NPROC}, {"as", RLIMIT_AS},       {"cpu", RLIMIT_CPU},
+                 {"fsize", RLIMIT_FSIZE}, {"nice", RLIMIT_NICE}};
+    char *end;
+    errno = 0;
+    unsigned long long number = strtoull(value, &end, 10);
+    if (errno || *end || end == value || p->limit_count == MAX_LIMITS)
+        return false;
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++) {
+        if (strcmp(name, known[i].name) == 0) {
+            p->limits[p->limit_count].resource = known[i].resource;
+            p->limits[p->limit_count].value = (rlim_t)number;
+            p->limit_count++;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The seccomp filter from its hex text (a struct sock_filter array, 8 bytes each). */
+static bool parse_filter(const char *hex, plan *p) {
+    size_t n = strlen(hex);
+    if (!n || n % 16 || n / 16 > BPF_MAXINSNS)
+        return false;
+    unsigned char *bytes = malloc(n / 2);
+    if (!bytes)
+        out_of_memory();
+    for (size_t i = 0; i < n / 2; i++) {
+        unsigned int byte;
+        if (sscanf(hex + 2 * i, "%2x", &byte) != 1) {
+            free(bytes);
+            return false;
+        }
+        bytes[i] = (unsigned char)byte;
+    }
+    p->filter = (struct sock_filter *)(void *)bytes;
+    p->filter_length = n / 16;
+    return true;
+}
+
+/* ``keep --workspace W --state-dir S --tmp T [--limit NAME VALUE]... [--carry-rw PATH]...
+ * [--carry-ro PATH]...`` and the rest of usage(); false on anything else. */
+static bool parse_plan(int argc, char **argv, plan *p) {
+    snprintf(p->tmpfs, sizeof p->tmpfs, "mode=0700");
+    for (int i = 2; i < argc; i++) {
+        const char *flag = argv[i];
+        if (strcmp(flag, "--own-network") == 0) {
+            p->own_network = true;
+            continue;
+        }
+        if (i + 1 >= argc)
+            return false;
+        const char *value = argv[++i];
+        if (strcmp(flag, "--workspace") == 0)
+            p->workspace = value;
+        else if (strcmp(flag, "--state-dir") == 0)
+            p->state_dir = value;
+        else if (strcmp(flag, "--tmp") == 0)
+            p->tmp = value;
+        else if (strcmp(flag, "--tmpfs-options") == 0) {
+            int n = snprintf(p->tmpfs, sizeof p->tmpfs, "mode=0700,%s", value);
+            if (n < 0 || (size_t)n >= sizeof p->tmpfs)
+                return false;
+        }
+        else if (strcmp(flag, "--limit") == 0) {
+            if (i + 1 >= argc || !parse_limit(value, argv[++i], p))
+                return false;
+        } else if (strcmp(flag, "--seccomp") == 0) {
+            if (!parse_filter(value, p))
+                return false;
+        } else if (strcmp(flag, "--mask") == 0 || strcmp(flag, "--read-only") == 0) {
+            if (p->kernel_count == MAX_KERNEL_PATHS)
+                return false;
+            p->kernel[p->kernel_count].path = value;
+            p->kernel[p->kernel_count].how = strcmp(flag, "--mask") == 0 ? MASK_FILE : READ_ONLY;
+            p->kernel_count++;
+        } else if (strcmp(flag, "--carry-rw") == 0 || strcmp(flag, "--carry-ro") == 0) {
+            if (p->carry_count == MAX_CARRIED)
+                return false;
+            p->carry[p->carry_count].path = value;
+            p->carry[p->carry_count].read_only = strcmp(flag, "--carry-ro") == 0;
+            p->carry_count++;
+        } else
+            return false;
+    }
+    return p->workspace && p->state_dir && (p->tmp || strcmp(argv[1], "bare") == 0);
+}
+
+/* The keeper's one-time work for all its leases: empty its bounding set, which every lease
+ * inherits (the keeper goes on using its effective capabilities; the bounding set only limits
+ * what an ``execve`` may grant, and the keeper never executes anything), plan the leases'
+ * mounts, and look tmux up. */
+static void prepare(plan *p) {
+    FILE *last = fopen("/proc/sys/kernel/cap_last_cap", "r");
+    int cap_last = -1;
+    if (!last || fscanf(last, "%d", &cap_last) != 1 || cap_last < 0)
+        die("cannot read /proc/sys/kernel/cap_last_cap");
+    fclose(last);
+    for (int capability = 0; capability <= cap_last; capability++)
+        if (prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0)
+            die("cannot drop a bounding capability");
+    if (!which("tmux", p->tmux, sizeof p->tmux))
+        p->tmux[0] = '\0';
+    for (size_t i = 0; i < p->carry_count; i++) {
+        carried *c = &p->carry[i];
+        if (!exists(c->path))
+            die(c->path);
+        c->kept = c->read_only ? kept_flags(c->path) : 0;
+    }
+    p->dev_shm = exists(DEV_SHM);
+    p->dev_kept = kept_flags("/dev");
+    for (size_t i = 0; i < p->kernel_count; i++) {
+        kernel_path *k = &p->kernel[i];
+        struct stat info;
+        if (stat(k->path, &info) != 0)
+            k->how = ABSENT; /* this kernel has no such interface */
+        else if (k->how == MASK_FILE && S_ISDIR(info.st_mode))
+            k->how = MASK_DIR;
+    }
+}
+
+/* Send {"ready": false, "error": ...} on the lease's channel and exit; never returns. */
+static void refuse(int channel, const char *what) {
+    int number = errno;
+    buf reply = {0}, text = {0};
+    buf_printf(&text, "lease setup failed: %s: %s", what, strerror(number));
+    buf_puts(&reply, "{\"ready\":false,\"error\":");
+    json_string(&reply, text.data, text.len);
+    buf_puts(&reply, "}");
+    (void)send_message(channel, &reply);
+    _exit(126);
+}
+
+static void mount_or_refuse(int channel, const char *source, const char *target,
+                            const char *kind, unsigned long flags, const char *data) {
+    if (mount(source, target, kind, flags, data) != 0) {
+        char what[PATH_MAX + 16];
+        snprintf(what, sizeof what, "mount %s", target);
+        refuse(channel, what);
+    }
+}
+
+/* Mount the lease's tmp and /dev/shm: two folders of one fresh tmpfs, so that one size bounds
+ * what both hold together. The tmpfs is mounted at tmp, each folder bound where it belongs,
+ * tmp's last, over the tmpfs's own root, which no lease sees again. */
+static void mount_scratch(int channel, const plan *p) {
+    mount_or_refuse(channel, "tmpfs", p->tmp, "tmpfs", MS_NOSUID | MS_NODEV, p->tmpfs);
+    char shm[PATH_MAX], tmp[PATH_MAX];
+    snprintf(shm, sizeof shm, "%s/shm", p->tmp);
+    snprintf(tmp, sizeof tmp, "%s/tmp", p->tmp);
+    const char *folders[2][2] = {{shm, DEV_SHM}, {tmp, p->tmp}};
+    for (size_t i = p->dev_shm ? 0 : 1; i < 2; i++) {
+        if (mkdir(folders[i][0], 0700) != 0 || chmod(folders[i][0], 01777) != 0)
+            refuse(channel, folders[i][0]);
+        mount_or_refuse(channel, folders[i][0], folders[i][1], NULL, MS_BIND, NULL);
+    }
+}
+
+/* Become a lease's first process (pid 1 of its new pid namespace) and serve it; never
+ * returns. Runs with the keeper's capabilities until it drops them all, before it reads a
+ * single request. */
+/* The lease's root over an image: an overlay of ``lower`` (the cached tree, read-only) under the
+ * lease's writable layer (LAYER_DIR/upper, the slot's own storage, which the server empties at
+ * each reset), mounted at LAYER_DIR/root and made the root with pivot_root. /dev and the
+ * workspace come along as binds; /proc, /tmp and the rest are mounted by the steps after. */
+static const char LAYER_DIR[] = "/run/trajcore/layer";
+/* A keeper request's largest size, and the most read-only layers a lease stacks: the frozen
+ * layers of a snapshot chain (snapshots.py, MAX_DEPTH) and the image's tree. */
+#define REQUEST_MAX 16384
+#define MAX_LOWER_LAYERS 17
+
+/* ``lower``: the overlay's read-only layers, top first, joined with ':' (join_layers). */
+static void enter_image(int channel, const plan *p, const char *lower) {
+    if (strpbrk(lower, ",\\") || lower[0] != '/') {
+        errno = EINVAL;
+        refuse(channel, "the image's tree (a path with ',' or '\\')");
+    }
+    char upper[PATH_MAX], work[PATH_MAX], root[PATH_MAX], options[REQUEST_MAX + 3 * PATH_MAX];
+    snprintf(upper, sizeof upper, "%s/upper", LAYER_DIR);
+    snprintf(work, sizeof work, "%s/work", LAYER_DIR);
+    snprintf(root, sizeof root, "%s/root", LAYER_DIR);
+    const char *made[] = {upper, work, root};
+    for (size_t i = 0; i < 3; i++)
+        if (mkdir(made[i], 0755) != 0 && errno != EEXIST)
+            refuse(channel, made[i]);
+    int n = snprintf(options, sizeof options, "lowerdir=%s,upperdir=%s,workdir=%s,userxattr",
+                     lower, upper, work);
+    if (n < 0 || (size_t)n >= sizeof options) {
+        errno = ENAMETOOLONG;
+        refuse(channel, "overlay options");
+    }
+    mount_or_refuse(channel, "overlay", root, "overlay", MS_NOSUID | MS_NODEV, options);
+    if (chdir(root) != 0)
+        refuse(channel, root);
+    /* mount points in the new root (the overlay's root is the lease's own directory) */
+    const char *points[] = {"proc", "dev", "tmp"};
+    for (size_t i = 0; i < sizeof points / sizeof *points; i++)
+        if (mkdir(points[i], 0755) != 0 && errno != EEXIST)
+            refuse(channel, points[i]);
+    char inside[2 * PATH_MAX];
+    snprintf(inside, sizeof inside, "%s%s", root, p->workspace);
+    make_dirs(inside);
+    mount_or_refuse(channel, "/dev", "dev", NULL, MS_BIND | MS_REC, NULL);
+    mount_or_refuse(channel, p->workspace, p->workspace + 1, NULL, MS_BIND | MS_REC, NULL);
+    /* the lease's fresh /proc, mounted while the sandbox's own is still visible (the kernel
+     * refuses a proc mount in a user namespace that sees no unmasked proc) */
+    mount_or_refuse(channel, "proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    if (syscall(SYS_pivot_root, ".", ".") != 0)
+        refuse(channel, "pivot_root");
+    /* the old root is stacked on the new one: detach it, so nothing of it stays reachable */
+    if (umount2(".", MNT_DETACH) != 0)
+        refuse(channel, "detach the old root");
+    if (chdir("/") != 0)
+        refuse(channel, "chdir /");
+}
+
+static void lease_main(int channel, const plan *p, const char *image) {
+    if (unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | (p->own_network ? CLONE_NEWNET : 0)) !=
+        0)
+        refuse(channel, "unshare");
+    if (p->own_network) { /* its loopback up: nothing else exists in a new namespace */
+        int probe = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        struct ifreq loopback = {.ifr_name = "lo"};
+        loopback.ifr_flags = IFF_UP | IFF_LOOPBACK | IFF_RUNNING;
+        if (probe < 0 || ioctl(probe, SIOCSIFFLAGS, &loopback) != 0)
+            refuse(channel, "bring up lo");
+        close(probe);
+    }
+    /* a session keyring of its own: nothing from whoever started the server (the filter
+     * below then refuses every keyring call) */
+    if (syscall(SYS_keyctl, 1 /* KEYCTL_JOIN_SESSION_KEYRING */, NULL) < 0 && errno != ENOSYS)
+        refuse(channel, "join a new session keyring");
+    mount_or_refuse(channel, NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
+    /* The carried paths, held open before the fresh tmpfs (or the image's root) hides them:
+     * descriptors opened here, in the lease's own mount namespace (a bind from another
+     * namespace's mount is refused). */
+    int held[MAX_CARRIED];
+    for (size_t i = 0; i < p->carry_count; i++) {
+        held[i] = open(p->carry[i].path, O_PATH | O_CLOEXEC);
+        if (held[i] < 0)
+            refuse(channel, p->carry[i].path);
+    }
+    char tmux[PATH_MAX];
+    snprintf(tmux, sizeof tmux, "%s", p->tmux);
+    if (image) {
+        enter_image(channel, p, image);
+        if (!which("tmux", tmux, sizeof tmux)) /* the image's own, if it has one */
+            tmux[0] = '\0';
+    }
+    else
+        mount_or_refuse(channel, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    /* The fresh /proc's kernel interfaces: masked, or read-only (the host's sysctls among them) */
+    for (size_t i = 0; i < p->kernel_count; i++) {
+        const kernel_path *k = &p->kernel[i];
+        if (k->how == MASK_FILE)
+            mount_or_refuse(channel, "/dev/null", k->path, NULL, MS_BIND, NULL);
+        else if (k->how == MASK_DIR)
+            mount_or_refuse(channel, "tmpfs", k->path, "tmpfs",
+                            MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0,mode=0555");
+        else if (k->how == READ_ONLY) {
+            mount_or_refuse(channel, k->path, k->path, NULL, MS_BIND | MS_REC, NULL);
+            mount_or_refuse(channel, NULL, k->path, NULL,
+                            MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                            NULL);
+        }
+    }
+    mount_scratch(channel, p);
+    for (size_t i = 0; i < p->carry_count; i++) {
+        const carried *c = &p->carry[i];
+        char source[64];
+        snprintf(source, sizeof source, "/proc/self/fd/%d", held[i]);
+        make_dirs(c->path);
+        mount_or_refuse(channel, source, c->path, NULL, MS_BIND | MS_REC, NULL);
+        if (c->read_only)
+            mount_or_refuse(channel, NULL, c->path, NULL,
+                            MS_REMOUNT | MS_BIND | MS_RDONLY | c->kept, NULL);
+        close(held[i]);
+    }
+    mount_or_refuse(channel, NULL, "/dev", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | p->dev_kept,
+                    NULL);
+    /* The bounding set is empty already (the keeper emptied its own): what is left is the
+     * keeper's ambient, permitted and effective sets. A kernel without ambient capabilities
+     * has none to clear. */
+    (void)prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    struct {
+        uint32_t version;
+        int pid;
+    } header = {0x20080522 /* _LINUX_CAPABILITY_VERSION_3 */, 0};
+    struct {
+        uint32_t effective, permitted, inheritable;
+    } none[2] = {{0, 0, 0}, {0, 0, 0}};
+    if (syscall(SYS_capset, &header, none) != 0)
+        refuse(channel, "capset");
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        refuse(channel, "no_new_privs");
+    /* no one of the lease (same uid) may read its memory or take its channel through /proc */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0)
+        refuse(channel, "dumpable");
+    /* the channel first: a descriptor below 3 would be overwritten by /dev/null */
+    if (channel != LEASE_FD && dup2(channel, LEASE_FD) < 0)
+        refuse(channel, "dup2");
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null < 0)
+        refuse(LEASE_FD, "open /dev/null");
+    for (int target = 0; target < 3; target++)
+        if (dup2(null, target) < 0)
+            refuse(LEASE_FD, "dup2");
+    (void)fcntl(LEASE_FD, F_SETFD, FD_CLOEXEC);
+#ifdef SYS_close_range
+    if (syscall(SYS_close_range, LEASE_FD + 1, ~0U, 0) != 0)
+#endif
+    {
+        for (int fd = LEASE_FD + 1; fd < 65536; fd++) /* kernels before 5.9 */
+            (void)close(fd);
+    }
+    for (size_t i = 0; i < p->limit_count; i++) {
+        struct rlimit limit = {p->limits[i].value, p->limits[i].value};
+        if (setrlimit(p->limits[i].resource, &limit) != 0)
+            refuse(LEASE_FD, "setrlimit");
+    }
+    /* the last step of the setup: the seccomp filter (no_new_privs is set) */
+    if (p->filter) {
+        struct sock_fprog program = {(unsigned short)p->filter_length, p->filter};
+        if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program, 0, 0) != 0)
+            refuse(LEASE_FD, "seccomp");
+    }
+    _exit(serve(LEASE_FD, p->state_dir, p->workspace, tmux, true));
+}
+
+/* Kill a lease's first process, and so its whole pid namespace, and reap it: as pid 1 of that
+ * namespace it is reapable only once the kernel has killed and reaped every other process of
+ * the lease. Returns its wait status. */
+static int end_lease(pid_t first) {
+    (void)kill(first, SIGKILL);
+    int status = 0;
+    wait_for_child(first, &status);
+    return status;
+}
+
+/* Start a lease: fork its first process straight into a new pid namespace (clone with
+ * CLONE_NEWPID, so the keeper's own namespaces never change: an unprivileged sandbox may not
+ * setns back into its pid namespace). Returns its pid as the keeper sees it, or -1 (errno
+ * set). */
+static pid_t begin_lease(int channel, const plan *p, const char *image) {
+    pid_t first = (pid_t)syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, NULL, NULL, NULL, NULL);
+    if (first == 0)
+        lease_main(channel, p, image);
+    return first;
+}
+
+/* The read-only layers of a "lease-image" or "lease-fork" request (``size`` bytes at ``at``,
+ * NUL-separated), joined with ':' for the overlay's lowerdir; NULL with ``problem`` set when a
+ * path is not absolute, is empty or holds ',', ':' or '\\' (the overlay's separators), or when
+ * there are too many (a fork: two at least, the frozen layers and the image's tree). */
+static const char *join_layers(const char *at, size_t size, bool fork, const char **problem) {
+    static char lowers[REQUEST_MAX];
+    size_t used = 0, count = 0, offset = 0;
+    while (offset < size) {
+        const char *part = at + offset;
+        size_t len = strnlen(part, size - offset);
+        if (len == 0 || part[0] != '/' || memchr(part, ',', len) || memchr(part, ':', len) ||
+            memchr(part, '\\', len)) {
+            *problem = "keeper refused the lease: a layer's path must be absolute, without ',', "
+                       "':' or '\\'";
+            return NULL;
+        }
+        if (++count > (fork ? MAX_LOWER_LAYERS : 1)) {
+            *problem = "keeper refused the lease: too many layers";
+            return NULL;
+        }
+        if (count > 1)
+            lowers[used++] = ':';
+        memcpy(lowers + used, part, len);
+        used += len;
+        offset += len + 1;
+    }
+    if (count < (fork ? 2u : 1u)) {
+        *problem = "keeper refused the lease: a fork names its frozen layers and the image's tree";
+        return NULL;
+    }
+    lowers[used] = '\0';
+    return lowers;
+}
+
+/* Run as a slot's keeper: requests arrive on fd 0, a
+ * SOCK_SEQPACKET socket, one per packet: "lease" (with the lease's channel as an SCM_RIGHTS
+ * descriptor) or "end"; each gets one JSON packet back. End of input ends the current lease and
+ * the keeper. */
+static int keep(plan *p) {
+    (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* a lease (same uid) cannot reach the keeper */
+    prepare(p);
+    (void)sched_setscheduler(0, SCHED_BATCH, &(struct sched_param){0});
+    (void)prctl(PR_SET_NAME, "slot-keeper", 0, 0, 0);
+    signal(SIGPIPE, SIG_IGN);
+    buf reply = {0};
+    buf_printf(&reply, "{\"ready\":true,\"pid\":%d}", (int)getpid());
+    if (send(0, reply.data, reply.len, 0) < 0)
+        return 0;
+    pid_t lease = 0;
+    while (true) {
+        char message[REQUEST_MAX];
+        union {
+            char room[CMSG_SPACE(4 * sizeof(int))];
+            struct cmsghdr align;
+        } control;
+        struct iovec part = {message, sizeof message - 1};
+        struct msghdr header = {.msg_iov = &part, .msg_iovlen = 1, .msg_control = control.room,
+                                .msg_controllen = sizeof control.room};
+        ssize_t got = recvmsg(0, &header, MSG_CMSG_CLOEXEC);
+        if (got < 0 && errno == EINTR)
+            continue;
+        int fds[4], fd_count = 0;
+        for (struct cmsghdr *c = got > 0 ? CMSG_FIRSTHDR(&header) : NULL; c;
+             c = CMSG_NXTHDR(&header, c)) {
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+                size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                for (size_t i = 0; i < count && fd_count < 4; i++)
+                    memcpy(&fds[fd_count++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            }
+        }
+        if (got <= 0) {
+            if (lease > 0)
+                end_lease(lease);
+            return 0;
+        }
+        message[got] = '\0';
+        reply.len = 0;
+        /* "lease"; "lease-image" NUL the image's tree: a lease over that image; or "lease-fork"
+         * NUL a snapshot's frozen layers (top first, NUL-separated) NUL the image's tree: a
+         * lease over those layers stacked on the image */
+        const char *image = NULL, *problem = NULL;
+        bool leasing = got == 5 && memcmp(message, "lease", 5) == 0;
+        size_t head = 0;
+        if (got > 12 && memcmp(message, "lease-image\0", 12) == 0)
+            head = 12;
+        else if (got > 11 && memcmp(message, "lease-fork\0", 11) == 0)
+            head = 11;
+        if (head > 0) {
+            image = join_layers(message + head, (size_t)got - head, head == 11, &problem);
+            leasing = true;
+        }
+        if (leasing && problem) {
+            buf_puts(&reply, "{\"error\":");
+            json_string(&reply, problem, strlen(problem));
+            buf_puts(&reply, "}");
+        } else if (leasing) {
+            if (fd_count != 1) {
+                buf_printf(&reply, "{\"error\":\"a lease needs one channel, got %d descriptors\"}",
+                           fd_count);
+            } else {
+                if (lease > 0)
+                    end_lease(lease);
+                lease = begin_lease(fds[0], p, image);
+                if (lease > 0) {
+                    buf_printf(&reply, "{\"lease\":true,\"pid\":%d}", (int)lease);
+                } else {
+                    buf text = {0};
+                    buf_printf(&text, "keeper failed: cannot start a lease: %s", strerror(errno));
+                    buf_puts(&reply, "{\"error\":");
+                    json_string(&reply, text.data, text.len);
+                    buf_puts(&reply, "}");
+                    buf_free(&text);
+                    lease = 0;
+                }
+            }
+        } else if (got == 3 && memcmp(message, "end", 3) == 0) {
+            if (lease > 0)
+                buf_printf(&reply, "{\"ended\":true,\"status\":%d}", end_lease(lease));
+            else
+                buf_puts(&reply, "{\"ended\":true,\"status\":null}");
+            lease = 0;
+        } else {
+            buf text = {0};
+            buf_puts(&text, "unknown op ");
+            json_string(&text, message, (size_t)got);
+            buf_puts(&reply, "{\"error\":");
+            json_string(&reply, text.data, text.len);
+            buf_puts(&reply, "}");
+            buf_free(&text);
+        }
+        for (int i = 0; i < fd_count; i++)
+            close(fds[i]);
+        if (send(0, reply.data, reply.len, 0) < 0) {
+            if (lease > 0)
+                end_lease(lease);
+            return 0;
+        }
+    }
+}
+
+/* Run as an unsandboxed slot's agent on fd 0 (the server's end of a socket pair): no
+ * namespaces to enter, so the only setup is the limits, the scheduling class and the name. */
+static int bare(plan *p) {
+    for (size_t i = 0; i < p->limit_count; i++) {
+        struct rlimit limit = {p->limits[i].value, p->limits[i].value};
+        if (setrlimit(p->limits[i].resource, &limit) != 0) {
+            fprintf(stderr, "slot-helper: cannot set a resource limit: %s\n", strerror(errno));
+            return 2;
+        }
+    }
+    (void)sched_setscheduler(0, SCHED_BATCH, &(struct sched_param){0});
+    if (!which("tmux", p->tmux, sizeof p->tmux))
+        p->tmux[0] = '\0';
+    return serve(0, p->state_dir, p->workspace, p->tmux, false);
+}
+
+/* ============================================================================ main */
+
+static int usage(void) {
+    fprintf(stderr,
+            "usage: slot-helper keep --workspace W --state-dir S --tmp T [--limit NAME VALUE]...\n"
+            "                        [--carry-rw PATH]... [--carry-ro PATH]...\n"
+            "                        [--mask PATH]... [--read-only PATH]...\n"
+            "                        [--tmpfs-options OPTIONS] [--own-network] [--seccomp HEX]\n"
+            "       slot-helper serve CHANNEL_FD STATE_DIR WORKSPACE TMUX_PATH_OR_EMPTY\n"
+            "       slot-helper bare --workspace W --state-dir S [--limit NAME VALUE]...\n");
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "keep") == 0) {
+        plan p = {0};
+        if (!parse_plan(argc, argv, &p))
+            return usage();
+        return keep(&p);
+    }
+    if (argc == 6 && strcmp(argv[1], "serve") == 0) {
+        char *end;
+        long channel = strtol(argv[2], &end, 10);
+        if (*end || end == argv[2] || channel < 0 || channel > INT_MAX ||
+            fcntl((int)channel, F_GETFD) < 0) {
+            fprintf(stderr, "slot-helper: %s is not an open descriptor\n", argv[2]);
+            return 2;
+        }
+        return serve((int)channel, argv[3], argv[4], argv[5], true);
+    }
+    if (argc >= 2 && strcmp(argv[1], "bare") == 0) {
+        plan p = {0};
+        if (!parse_plan(argc, argv, &p) || p.tmp || p.carry_count || p.kernel_count ||
+            p.filter || p.own_network)
+            return usage();
+        return bare(&p);
+    }
+    return usage();
+}
