@@ -123,10 +123,10 @@ def test_the_pool_settings_come_from_the_env_fields() -> None:
     assert (pool.slots_per_container, pool.min_containers, pool.max_containers) == (4, 2, 6)
     assert (pool.job.privileged, pool.purge_on_start, pool.purge_on_shutdown) == (True, True, False)
     assert pool.acquire_timeout_s == 20.0
-    assert pool.policy.allow_network is True
-    assert pool.policy.require_sandbox is True  # the persistent shell lives in the sandbox
+    assert pool.isolation.allow_network is True
+    assert pool.isolation.require_sandbox is True  # the persistent shell lives in the sandbox
     assert pool.require_tmux is True
-    assert pool.policy.default_timeout_s == 5.0
+    assert pool.isolation.default_timeout_s == 5.0
     assert isinstance(DoneEnv(config).make_pool(), NomadSandboxPool)
 
 

@@ -31,7 +31,7 @@ def test_every_slurm_setting_reaches_the_pool(tmp_path: Path) -> None:
     assert got.shared_dir == tmp_path
     assert (got.min_containers, got.max_containers, got.slots_per_container) == (2, 5, 3)
     assert got.acquire_timeout_s == 42.0
-    assert got.policy.allow_network
+    assert got.isolation.allow_network
     assert got.require_tmux
 
 

@@ -17,7 +17,7 @@ from trajcore.domain.isolation import (
     SlotIsolation,
 )
 from trajcore.domain.slot_server_flags import ISOLATION_FLAGS, isolation_argv
-from trajcore.entrypoints.slot_server import parse_args, policy_of
+from trajcore.entrypoints.slot_server import parse_args, isolation_of
 
 _SERVER = ["--slots", "1", "--root", "/w", "--unix", "/s"]
 
@@ -65,7 +65,7 @@ def isolations(draw: st.DrawFn) -> SlotIsolation:
 
 
 def _parse(words: list[str]) -> SlotIsolation:
-    return policy_of(parse_args([*_SERVER, *words]))
+    return isolation_of(parse_args([*_SERVER, *words]))
 
 
 @given(isolations())
