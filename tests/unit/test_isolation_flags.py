@@ -17,7 +17,7 @@ from trajcore.domain.isolation import (
     SlotIsolation,
 )
 from trajcore.domain.slot_server_flags import ISOLATION_FLAGS, isolation_argv
-from trajcore.entrypoints.slot_server import parse_args, isolation_of
+from trajcore.entrypoints.slot_server import isolation_of, parse_args
 
 _SERVER = ["--slots", "1", "--root", "/w", "--unix", "/s"]
 
