@@ -59,6 +59,11 @@ class Server:
     ready: dict[str, Any]
     root: Path
 
+    def seen(self, path: Path) -> Path:
+        """``path`` as the server sees it: through its own mount namespace (``/proc/PID/root``),
+        where its mounts (a forked workspace's overlay) are; the host does not see them."""
+        return Path(f"/proc/{self.process.pid}/root") / path.relative_to("/")
+
     def client(self, token: str | None = TOKEN) -> SlotServerClient:
         if self.ready["unix"]:
             return SlotServerClient.unix(self.ready["unix"], token)

@@ -264,12 +264,14 @@ MAKE_MANY = (
 )
 
 
-def mounted_at(path: Path) -> str | None:
-    """The file system type mounted at ``path`` (in this mount namespace, the server's)."""
-    with open("/proc/self/mountinfo", encoding="utf-8") as info:
+def mounted_at(server: Server, path: Path) -> str | None:
+    """The file system type mounted at ``path`` (``server.seen``'s) in the server's namespace."""
+    pid = server.process.pid
+    point = "/" + str(path.relative_to(f"/proc/{pid}/root"))
+    with open(f"/proc/{pid}/mountinfo", encoding="utf-8") as info:
         for line in info:
             fields = line.split(" ")
-            if fields[4] == str(path):
+            if fields[4] == point:
                 return fields[fields.index("-") + 1]
     return None
 
@@ -292,9 +294,9 @@ def test_a_forks_workspace_is_an_overlay_over_the_snapshots_and_its_writes_stay_
             for slot in (1, 2):
                 assert (await client.lease(slot, 20, ref, snapshot=frozen.snapshot)).ok
             assert (await client.health()).fork_workspaces == "overlay"
-            workspaces = [server.root / "slots" / str(slot) for slot in (1, 2)]
+            workspaces = [server.seen(server.root / "slots" / str(slot)) for slot in (1, 2)]
             for workspace in workspaces:  # from the host: the merged workspace
-                assert mounted_at(workspace) == "overlay"
+                assert mounted_at(server, workspace) == "overlay"
                 assert (workspace / "many" / f"f{MANY}").read_text() == f"{MANY}\n"
                 assert len(os.listdir(workspace / "many")) == MANY
             # a fork writes, renames and removes the snapshot's files: its own, from the host
@@ -337,7 +339,7 @@ def test_a_forks_workspace_is_an_overlay_over_the_snapshots_and_its_writes_stay_
             for slot in (0, 1, 2):
                 await reset(server, slot, 20)
             for workspace in workspaces:
-                assert mounted_at(workspace) is None
+                assert mounted_at(server, workspace) is None
                 assert os.listdir(workspace) == []
             for slot in (1, 2):
                 code, text = await shell(server, slot, 21, "ls -A /workspace | wc -l")

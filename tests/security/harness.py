@@ -96,6 +96,11 @@ class Server:
     def client(self, bearer: str | None = TOKEN) -> SlotServerClient:
         return SlotServerClient.tcp(self.address.removeprefix("http://"), bearer)
 
+    def seen(self, path: Path) -> Path:
+        """``path`` as the server sees it: through its own mount namespace (``/proc/PID/root``),
+        where its mounts (a forked workspace's overlay) are; the host does not see them."""
+        return Path(f"/proc/{self.process.pid}/root") / path.relative_to("/")
+
     def workspace(self, slot: int) -> Path:
         """The slot's workspace as a host directory."""
         return self.root / "slots" / str(slot)

@@ -69,7 +69,7 @@ def test_no_lease_can_write_a_snapshot(image_server: tuple[Server, str]) -> None
             # control: the fork's own workspace took the write (a copy of its own)
             assert text.split()[:3] == ["root-prepared", "prepared", "owned"], text
             assert text.count("Permission denied") == 2, text
-            own = server.root / "slots" / "1" / "prep.txt"
+            own = server.seen(server.root / "slots" / "1" / "prep.txt")
             assert own.read_text() == "prepared\nowned\n"
 
             # a lease over the server's root that knows the snapshot's host path
@@ -157,7 +157,7 @@ def test_no_fork_can_write_the_snapshots_workspace_under_its_overlay(
             assert (frozen_workspace / "prep.txt").read_text() == "prepared\n"
             assert (frozen_workspace / "src" / "main.py").read_text() == "code\n"
             # and the fork's own, merged workspace holds its writes
-            own = server.root / "slots" / "1"
+            own = server.seen(server.root / "slots" / "1")
             assert (own / "prep.txt").read_text() == "prepared\nowned\n"
             assert (own / "src" / "main.py").read_text() == "owned"
             for slot in (0, 1, 2):

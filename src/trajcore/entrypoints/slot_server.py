@@ -22,6 +22,11 @@ SIGHUP never forces the end. The server exits at once when PID is already gone. 
 after its parent died removes DIR, which that parent can no longer do. A bad flag or an unusable
 root exits 2 with ``reason @ field`` on stderr.
 
+A server run as root enters a mount namespace of its own before it starts (its mounts, the
+bind of its root and the forked workspaces' overlays, end with it, however it ends, and never
+appear on the host; ``nsenter -t PID -m`` shows them); the ready line's ``mount_namespace``
+says ``own``, or ``host: <why>`` where it stays in the host's.
+
 The isolation (network, sandbox requirement, limits, timeout range, cgroups, bubblewrap, slot
 helper, slot uids) comes from these flags only; nothing a model writes into a call changes it.
 Its flags are the fields of ``SlotIsolation`` (``slot_server_flags.isolation_argv`` writes them), so
@@ -226,6 +231,37 @@ def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
     return config, token
 
 
+_CLONE_NEWNS = 0x00020000
+_MS_REC, _MS_SLAVE = 0x4000, 1 << 19
+
+
+def _own_mount_namespace() -> str:
+    """Enter a mount namespace of this server's own, whose mounts never reach the host's.
+
+    With an image cache the server binds its root onto itself (a shared mount, for the forked
+    workspaces' overlays) and mounts those overlays; in the host's namespace, a server killed
+    without its close (SIGKILL, the OOM killer) left them there. In a namespace of its own they
+    end with its last process. Every mount is made a slave first: what the host mounts later
+    still reaches the server (a cache or an image folder mounted after it started), and nothing
+    the server mounts goes back. Called before any thread starts (``unshare`` moves only the
+    calling thread).
+
+    Returns ``own``, or ``host: <why>`` where it cannot (not Linux, not root: no namespace and no
+    overlays either, an ``unshare`` the host refuses).
+    """
+    if not sys.platform.startswith("linux"):
+        return "host: not Linux"
+    if os.geteuid() != 0:
+        return "host: the server does not run as root (it mounts nothing)"
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWNS) != 0:
+        return f"host: unshare(CLONE_NEWNS): {os.strerror(ctypes.get_errno())}"
+    if libc.mount(None, b"/", None, ctypes.c_ulong(_MS_REC | _MS_SLAVE), None) != 0:
+        # Still in a namespace of its own; its mounts may propagate to the host's peers.
+        return f"own (mounts not made slaves: {os.strerror(ctypes.get_errno())})"
+    return "own"
+
+
 def _force_exit() -> None:
     """End now: the process group this server leads (its sandboxes), else the process alone."""
     sys.stderr.write("trajcore slot-server: stopping forcibly\n")
@@ -253,7 +289,9 @@ def _die_with_parent(parent_pid: int) -> bool:
     return os.getppid() == parent_pid
 
 
-async def _serve(args: argparse.Namespace, config: RuntimeConfig, token: str | None) -> int:
+async def _serve(
+    args: argparse.Namespace, config: RuntimeConfig, token: str | None, mounts: str
+) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -297,6 +335,7 @@ async def _serve(args: argparse.Namespace, config: RuntimeConfig, token: str | N
             "slots": config.slots,
             "sandboxed": runtime.sandboxed,
             "capabilities": unstructure(runtime.capabilities),
+            "mount_namespace": mounts,
         }
         if not stop.is_set():  # a signal during the start: stop without saying ready
             name_process("slot-server")
@@ -327,8 +366,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, OSError) as error:
         sys.stderr.write(f"trajcore slot-server: {error}\n")
         return 2
+    mounts = _own_mount_namespace()  # before asyncio.run starts any thread
     try:
-        return asyncio.run(_serve(args, config, token))
+        return asyncio.run(_serve(args, config, token, mounts))
     except (OSError, ConfigError) as error:
         sys.stderr.write(f"trajcore slot-server: {error}\n")
         return 2
