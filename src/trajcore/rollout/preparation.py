@@ -28,6 +28,7 @@ import attrs
 
 from trajcore.domain.environment_leases import Snapshot
 from trajcore.domain.json_values import JSONObject, check_json
+from trajcore.domain.slots import Lease
 from trajcore.domain.tools import ToolSpec
 from trajcore.ports.sandbox_pool import EnvironmentPool, SandboxPool
 from trajcore.ports.tool_server import ToolServer
@@ -70,11 +71,20 @@ async def prepared_group(
 ) -> AsyncIterator[Prepared | None]:
     """The group's preparation over ``environment`` done once (see the module docstring), or
     ``None`` when it could not be; its snapshot is dropped on exit."""
+    holder = f"{group_id}/prepare"
+
+    async def run_hook(lease: Lease) -> object:
+        # The hook sees the preparation lease through the same tools a member gets.
+        router = ToolRouter(
+            lease=lease, dispatcher=dispatcher, tool_server=tool_server,
+            offered=frozenset(spec.name for spec in tools),
+            tool_timeout_s=tool_timeout_s, trajectory_id=holder,
+        )  # fmt: skip
+        return await prepare(SlotTools(router, pool=pool, environment=environment))
+
     prepared = await _prepare(
-        group_id=group_id, environment=environment, prepare=prepare, pool=pool,
-        dispatcher=dispatcher, tool_server=tool_server, tools=tools,
-        tool_timeout_s=tool_timeout_s, acquire_timeout_s=acquire_timeout_s,
-        deadline_s=deadline_s,
+        group_id=group_id, holder=holder, environment=environment, pool=pool, run_hook=run_hook,
+        acquire_timeout_s=acquire_timeout_s, deadline_s=deadline_s,
     )  # fmt: skip
     try:
         yield prepared
@@ -87,33 +97,25 @@ async def prepared_group(
 async def _prepare(
     *,
     group_id: str,
+    holder: str,
     environment: str,
-    prepare: Callable[[SlotTools], Awaitable[JSONObject | None]],
     pool: SandboxPool,
-    dispatcher: ToolDispatcher,
-    tool_server: ToolServer | None,
-    tools: Sequence[ToolSpec],
-    tool_timeout_s: float,
+    run_hook: Callable[[Lease], Awaitable[object]],
     acquire_timeout_s: float,
     deadline_s: float,
 ) -> Prepared | None:
+    """Lease ``holder``'s slot over ``environment``, run the hook in it and freeze it; ``None``
+    (logged) when any step could not be done."""
     if not isinstance(pool, EnvironmentPool):
         log.info("group %s: the pool takes no snapshots; each member prepares", group_id)
         return None
-    holder = f"{group_id}/prepare"
     started = anyio.current_time()
     with anyio.move_on_after(deadline_s):
         try:
             async with pool.lease(
                 holder, timeout_s=acquire_timeout_s, environment=environment
             ) as lease:
-                router = ToolRouter(
-                    lease=lease, dispatcher=dispatcher, tool_server=tool_server,
-                    offered=frozenset(spec.name for spec in tools),
-                    tool_timeout_s=tool_timeout_s, trajectory_id=holder,
-                )  # fmt: skip
-                slot_tools = SlotTools(router, pool=pool, environment=environment)
-                metadata: object = await prepare(slot_tools)
+                metadata = await run_hook(lease)
                 if metadata is not None and (
                     not isinstance(metadata, dict) or check_json(metadata) is not None
                 ):
