@@ -13,7 +13,9 @@ trajectories' leases then run over that image. What the pool and the rollout sha
   no slot and names the field.
 - ``Snapshot``: a group's prepared lease frozen on one slot server, which the group's members
   there start from copy-on-write instead of preparing again.
-- ``EnvironmentStatistics``: the leases over environments a pool asked for and what they cost.
+- ``EnvironmentStatistics``: the leases over environments a pool asked for and what they cost,
+  with its slot servers' own figures summed (``ServerFigureBook``: their image caches, the
+  snapshots they hold, the forks they started).
 
 Rules: no I/O; every refusal names the environment, the field and the reason.
 """
@@ -25,12 +27,19 @@ from typing import Literal
 import attrs
 
 from trajcore.domain.errors import InfrastructureError
-from trajcore.domain.task_environments import TaskEnvironmentError, parse_environment_ref
+from trajcore.domain.task_environments import (
+    ImageCacheStatistics,
+    TaskEnvironmentError,
+    parse_environment_ref,
+)
 
 __all__ = [
     "EnvironmentStatistics",
     "EnvironmentUnavailable",
     "ForkRefused",
+    "ServerFigureBook",
+    "ServerFigures",
+    "ServerTotals",
     "Snapshot",
     "check_environment",
 ]
@@ -87,7 +96,44 @@ def check_environment(environment: object, *, field: str = "environment") -> str
 
 
 @attrs.frozen(kw_only=True)
-class EnvironmentStatistics:
+class ServerTotals:
+    """What a pool's slot servers say of their task environments, summed (``ServerFigureBook``).
+
+    Attributes:
+        cache_servers: Servers in the pool now that have an image cache.
+        caches: Distinct caches among them (servers of one host share the host's).
+        cache_images: Images those caches hold (each cache counted once).
+        cache_bytes: What those images take.
+        cache_max_bytes: The caches' limits, added up.
+        cache_hits: Images the servers found cached (every server the pool read, gone ones too).
+        cache_misses: Images they unpacked into a cache.
+        cache_refused: Images their caches refused (missing, bad layers, a full cache).
+        cache_evicted: Images evicted to make room.
+        cache_unpack_s: Seconds spent unpacking (materializing) images.
+        cache_recently_resolved: Hits answered from a recent resolution of the reference.
+        held_snapshots: Snapshots the servers in the pool hold now.
+        held_snapshot_bytes: What those snapshots hold on disk.
+        server_forks: Leases the servers started from a snapshot (gone servers' too).
+    """
+
+    cache_servers: int = 0
+    caches: int = 0
+    cache_images: int = 0
+    cache_bytes: int = 0
+    cache_max_bytes: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_refused: int = 0
+    cache_evicted: int = 0
+    cache_unpack_s: float = 0.0
+    cache_recently_resolved: int = 0
+    held_snapshots: int = 0
+    held_snapshot_bytes: int = 0
+    server_forks: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class EnvironmentStatistics(ServerTotals):
     """A pool's leases over task environments since it started.
 
     Attributes:
@@ -104,6 +150,10 @@ class EnvironmentStatistics:
         fallbacks: Leases asked from a snapshot (``lease_from``) that started over the plain
             image instead: no slot of the snapshot's server came free within the pool's
             ``fork_wait_s``, or that server refused the fork.
+
+    And ``ServerTotals``' fields: the slot servers' own figures, as the pool last read their
+    health (the pools of slot servers read it every ``figures_interval_s``, and on
+    ``refresh_environment_figures``).
     """
 
     leases: int = 0
@@ -138,3 +188,98 @@ class Snapshot:
     snapshot: str
     bytes: int = 0
     files: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class ServerFigures:
+    """What one slot server's health says of its task environments.
+
+    Attributes:
+        cache: Its image cache's figures (``None``: it has no cache).
+        snapshots: Snapshots it holds (dropped ones still in use included).
+        snapshot_bytes: What they hold on disk.
+        forks: Leases it started from a snapshot since it started.
+    """
+
+    cache: ImageCacheStatistics | None = None
+    snapshots: int = 0
+    snapshot_bytes: int = 0
+    forks: int = 0
+
+
+_COUNTED = ("hits", "misses", "refused", "evicted", "unpack_seconds", "recently_resolved")
+
+
+def _counts(figures: ServerFigures) -> tuple[float, ...]:
+    """What a server counts (forks, then the cache's counters), never going down while it runs."""
+    cache = figures.cache
+    counted = (0.0,) * len(_COUNTED) if cache is None else (getattr(cache, n) for n in _COUNTED)
+    return (figures.forks, *counted)
+
+
+@attrs.define
+class ServerFigureBook:
+    """A pool's slot servers' environment figures, summed into ``ServerTotals``. Sans-IO: the
+    pool reads each server's health and hands it here.
+
+    - What the servers *count* (cache hits, misses, refusals, evictions, unpacking seconds,
+      recent resolutions, forks) is summed over every server the pool read, one that left the
+      pool included (its last reading is kept), so a count never goes down.
+    - What a cache *holds* (images, bytes, its limit) is counted once per cache: servers that
+      share one (``observe``'s ``cache`` key: the local and container pools' servers all read
+      the host's cache; a Nomad node's allocations read the node's) report the same directory,
+      and the latest reading of each cache counts, not each server's.
+    - What a server holds itself (snapshots, their bytes) counts for the servers in the pool.
+    """
+
+    _live: dict[str, tuple[str, ServerFigures]] = attrs.field(factory=dict)
+    _left: list[float] = attrs.field(factory=lambda: [0.0] * (1 + len(_COUNTED)))
+
+    def observe(self, server: str, cache: str, figures: ServerFigures) -> None:
+        """``server``'s latest health; ``cache`` names the cache it reads."""
+        seen = self._live.pop(server, None)
+        if seen is not None and any(
+            now < before for now, before in zip(_counts(figures), _counts(seen[1]), strict=True)
+        ):
+            self._keep(seen[1])  # its counts went back: a new process under the same name
+        self._live[server] = (cache, figures)  # last in order: the latest reading
+
+    def leave(self, server: str) -> None:
+        """``server`` left the pool: what it counted stays counted; what it held goes."""
+        seen = self._live.pop(server, None)
+        if seen is not None:
+            self._keep(seen[1])
+
+    def _keep(self, figures: ServerFigures) -> None:
+        self._left = [a + b for a, b in zip(self._left, _counts(figures), strict=True)]
+
+    def totals(self) -> ServerTotals:
+        """The figures summed (see the class doc)."""
+        counted = list(self._left)
+        caches: dict[str, ImageCacheStatistics] = {}
+        servers = snapshots = snapshot_bytes = 0
+        for cache, figures in self._live.values():
+            counted = [a + b for a, b in zip(counted, _counts(figures), strict=True)]
+            snapshots += figures.snapshots
+            snapshot_bytes += figures.snapshot_bytes
+            if figures.cache is not None:
+                servers += 1
+                caches.pop(cache, None)
+                caches[cache] = figures.cache
+        forks, hits, misses, refused, evicted, unpack_s, resolved = counted
+        return ServerTotals(
+            cache_servers=servers,
+            caches=len(caches),
+            cache_images=sum(c.images for c in caches.values()),
+            cache_bytes=sum(c.bytes for c in caches.values()),
+            cache_max_bytes=sum(c.max_bytes for c in caches.values()),
+            cache_hits=round(hits),
+            cache_misses=round(misses),
+            cache_refused=round(refused),
+            cache_evicted=round(evicted),
+            cache_unpack_s=unpack_s,
+            cache_recently_resolved=round(resolved),
+            held_snapshots=snapshots,
+            held_snapshot_bytes=snapshot_bytes,
+            server_forks=round(forks),
+        )

@@ -14,14 +14,16 @@ here, over the slot's server's client:
   release's reset, which follows, finds a dead server out as for any lease.
 - ``freeze``: ``POST /v1/snapshot`` of a held lease; ``drop``: ``POST /v1/snapshot/drop``,
   bounded and shielded, never raising.
-- ``EnvironmentCounters``: what ``environment_statistics()`` reports.
+- ``read_figures``: a server's image cache, snapshots and forks, from its health.
+- ``EnvironmentCounters``: what ``environment_statistics()`` reports: the pool's own counts of
+  the answers, and the servers' figures from their health (``ServerFigureBook``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 
 import anyio
@@ -31,12 +33,22 @@ from trajcore.adapters.pools.client import SlotServerClient
 from trajcore.domain.environment_leases import (
     EnvironmentStatistics,
     EnvironmentUnavailable,
+    ServerFigureBook,
+    ServerFigures,
     Snapshot,
 )
 from trajcore.domain.errors import InvalidInput, SlotServerError, StateError
 from trajcore.domain.slots import Lease
 
-__all__ = ["EnvironmentCounters", "drop", "freeze", "lease_only", "lease_over"]
+__all__ = [
+    "EnvironmentCounters",
+    "drop",
+    "freeze",
+    "lease_only",
+    "lease_over",
+    "read_figures",
+    "refresh_figures",
+]
 
 _log = logging.getLogger(__name__)
 _DROP_TIMEOUT_S = 30.0
@@ -58,6 +70,8 @@ class EnvironmentCounters:
     snapshot_bytes: int = 0
     forks: int = 0
     fallbacks: int = 0
+    servers: ServerFigureBook = attrs.field(factory=ServerFigureBook)
+    """The slot servers' own figures (their health), summed."""
 
     def answered(self, *, hit: bool, duration_s: float, fork: bool = False) -> None:
         """A lease request the slot server granted (``fork``: from a snapshot)."""
@@ -71,7 +85,8 @@ class EnvironmentCounters:
 
     def statistics(self) -> EnvironmentStatistics:
         """A frozen snapshot."""
-        return EnvironmentStatistics(**attrs.asdict(self))
+        counted = attrs.asdict(self, recurse=False, filter=lambda a, _: a.name != "servers")
+        return EnvironmentStatistics(**counted, **attrs.asdict(self.servers.totals()))
 
 
 @contextlib.asynccontextmanager
@@ -89,21 +104,26 @@ async def lease_over(
     environment: str,
     snapshot: Snapshot | None,
     counters: EnvironmentCounters,
+    *,
+    sent: str | None = None,
 ) -> bool:
     """Run ``lease`` over ``environment`` on its server (``client``), from ``snapshot`` when
-    the server holds it; ``True`` when it started from the snapshot.
+    the server holds it; ``True`` when it started from the snapshot. ``sent``: the reference
+    as that server reads it, when not ``environment`` itself (a Nomad raw_exec allocation's
+    own task directory); refusals name ``environment``.
 
     Raises:
         EnvironmentUnavailable: the server refused the image or failed the request.
     """
     where = lease.slot.container
     fork = snapshot.snapshot if snapshot is not None and snapshot.container == where else None
+    asked = environment if sent is None else sent
     try:
-        answer = await client.lease(lease.slot.index, lease.epoch, environment, snapshot=fork)
+        answer = await client.lease(lease.slot.index, lease.epoch, asked, snapshot=fork)
         if not answer.ok and fork is not None:
             _log.warning("fork of %s on %s refused: %s", fork, where, answer.error)
             fork = None
-            answer = await client.lease(lease.slot.index, lease.epoch, environment)
+            answer = await client.lease(lease.slot.index, lease.epoch, asked)
     except _FAILED as error:
         raise EnvironmentUnavailable(
             environment, f"slot server {where}: {type(error).__name__}: {error}"
@@ -158,3 +178,36 @@ async def drop(client: SlotServerClient, snapshot: Snapshot, label: str) -> None
             return
         if not answer.ok:
             _log.warning("%s pool: %s not dropped: %s", label, snapshot.snapshot, answer.error)
+
+
+async def read_figures(client: SlotServerClient) -> ServerFigures | None:
+    """The server's environment figures from its health; ``None`` when it does not answer (a
+    failing server is found out by its batches and resets, not here)."""
+    try:
+        health = await client.health()
+    except _FAILED:
+        return None
+    return ServerFigures(
+        cache=health.image_cache,
+        snapshots=health.snapshots,
+        snapshot_bytes=health.snapshot_bytes,
+        forks=health.forks,
+    )
+
+
+async def refresh_figures(
+    servers: Sequence[tuple[str, str, SlotServerClient]],
+    book: ServerFigureBook,
+    still_in: Callable[[str], bool],
+) -> None:
+    """Read each server's figures at once (``(name, cache key, client)``) into ``book``; a
+    server that left meanwhile (``still_in`` false) or does not answer is skipped."""
+
+    async def read(name: str, cache: str, client: SlotServerClient) -> None:
+        figures = await read_figures(client)
+        if figures is not None and still_in(name):
+            book.observe(name, cache, figures)
+
+    async with anyio.create_task_group() as group:
+        for name, cache, client in servers:
+            group.start_soon(read, name, cache, client)

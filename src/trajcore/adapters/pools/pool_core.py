@@ -47,6 +47,7 @@ from trajcore.adapters.pools.environment_leasing import (
     freeze,
     lease_only,
     lease_over,
+    refresh_figures,
 )
 from trajcore.adapters.pools.leasing import SlotLeasing
 from trajcore.domain.environment_leases import (
@@ -253,7 +254,7 @@ class LeasedPool(abc.ABC):
         counters.leases += 1
         try:
             check_environment(environment)
-            refusal = self.environment_refusal()
+            refusal = self.environment_refusal() or self.reference_refusal(environment)
             if refusal is not None:
                 raise EnvironmentUnavailable(environment, refusal[1], field=refusal[0])
         except EnvironmentUnavailable:
@@ -275,6 +276,12 @@ class LeasedPool(abc.ABC):
         """Why no lease of this pool can run over a task environment (the field at fault and
         the reason), or ``None`` when it can."""
         return "environment", f"the {type(self).__name__} does not run task environments"
+
+    def reference_refusal(self, environment: str) -> tuple[str, str] | None:
+        """Why this pool cannot run ``environment`` itself (as ``environment_refusal``), known
+        before a slot is leased; ``None`` by default."""
+        del environment
+        return None
 
     async def enter_environment(
         self, lease: Lease, environment: str, snapshot: Snapshot | None
@@ -367,6 +374,8 @@ class SlotServerPool(LeasedPool):
             stack.callback(self._group.cancel_scope.cancel)
             stack.push_async_callback(self.aclose)
             await self._source.start(self)
+            if self.environment_refusal() is None:  # its servers' figures, kept fresh
+                self.spawn(self._watch_figures)
         except BaseException as error:  # noqa: BLE001 - undo the start, then re-raise
             await stack.aclose()  # (each cleanup shields itself; the group exits unshielded)
             self._group = None
@@ -561,6 +570,7 @@ class SlotServerPool(LeasedPool):
             return
         member.lost = True
         self._lost += 1
+        self._environments.servers.leave(member.name)
         with contextlib.suppress(UnknownSlot):
             self._leasing.lose_container(member.name)
         message = f"container {member.name} lost: {reason}"
@@ -584,6 +594,7 @@ class SlotServerPool(LeasedPool):
                     self._leasing.lose_container(member.name)
                 self._problems.append(f"container {member.name} lost: {reason}")
             member.lost = True
+        self._environments.servers.leave(member.name)
         del self._members[member.name]
         if self._group is not None and not self._closed:
             self._group.start_soon(close_quietly, member.client)
@@ -639,6 +650,27 @@ class SlotServerPool(LeasedPool):
         member = self._members.get(snapshot.container)
         if member is not None and not member.lost:
             await drop(member.client, snapshot, self._label)
+
+    figures_interval_s: float = 10.0
+    """How often the servers' health is read for ``environment_statistics``' figures."""
+
+    async def refresh_environment_figures(self) -> None:
+        """Read every live server's health now for ``environment_statistics``' figures (each
+        request bounded by the client's limit; one that fails is skipped)."""
+        await refresh_figures(
+            [(m.name, self.cache_of(m), m.client) for m in self._members.values() if not m.lost],
+            self._environments.servers,
+            lambda name: (m := self._members.get(name)) is not None and not m.lost,
+        )
+
+    async def _watch_figures(self) -> None:
+        while not self._closed:
+            await self.refresh_environment_figures()
+            await anyio.sleep(self.figures_interval_s)
+
+    def cache_of(self, member: Member) -> str:
+        """The key of the image cache ``member``'s server reads (by default, its own)."""
+        return member.name
 
     def _environment_client(self, lease: Lease, environment: str) -> SlotServerClient:
         member = self._members.get(lease.slot.container)

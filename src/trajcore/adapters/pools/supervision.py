@@ -320,6 +320,10 @@ class SupervisedPool(SlotServerPool, Generic[H]):
         self._image_cache = config.image_cache_dir
         self._config_name = type(config).__name__
 
+    def cache_of(self, member: Member) -> str:
+        """Every server of the pool reads the host's one cache (``image_cache_dir``)."""
+        return str(self._image_cache) if self._image_cache is not None else member.name
+
     def environment_refusal(self) -> tuple[str, str] | None:
         """``None`` when the servers run with an image cache; else the setting to set."""
         if self._image_cache is not None:

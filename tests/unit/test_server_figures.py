@@ -1,0 +1,63 @@
+"""``ServerFigureBook``: the slot servers' environment figures summed the way a pool reports
+them (counts over every server ever read, a cache's contents once per cache, held snapshots
+of the servers in the pool)."""
+
+from __future__ import annotations
+
+from trajcore.domain.environment_leases import ServerFigureBook, ServerFigures, ServerTotals
+from trajcore.domain.task_environments import ImageCacheStatistics
+
+
+def cache(
+    *, images: int = 1, hits: int = 0, misses: int = 0, seconds: float = 0.0
+) -> ImageCacheStatistics:
+    return ImageCacheStatistics(
+        images=images, bytes=100 * images, max_bytes=1000, hits=hits, misses=misses,
+        refused=0, evicted=0, unpack_seconds=seconds,
+    )  # fmt: skip
+
+
+def test_an_empty_book_sums_to_zero() -> None:
+    assert ServerFigureBook().totals() == ServerTotals()
+
+
+def test_servers_sharing_a_cache_count_its_contents_once_and_their_counts_each() -> None:
+    book = ServerFigureBook()
+    book.observe("a", "host", ServerFigures(cache=cache(hits=2, misses=1, seconds=1.5), forks=1))
+    book.observe("b", "host", ServerFigures(cache=cache(images=2, hits=3), snapshots=1))
+    book.observe("c", "other", ServerFigures(cache=cache(misses=1), snapshot_bytes=7))
+    totals = book.totals()
+    assert (totals.cache_servers, totals.caches) == (3, 2)
+    assert (totals.cache_images, totals.cache_bytes, totals.cache_max_bytes) == (3, 300, 2000)
+    assert (totals.cache_hits, totals.cache_misses, totals.cache_unpack_s) == (5, 2, 1.5)
+    assert (totals.held_snapshots, totals.held_snapshot_bytes, totals.server_forks) == (1, 7, 1)
+
+
+def test_a_server_that_leaves_keeps_its_counts_and_drops_what_it_held() -> None:
+    book = ServerFigureBook()
+    book.observe("a", "a", ServerFigures(cache=cache(hits=4), snapshots=2, forks=3))
+    book.leave("a")
+    book.leave("never-seen")
+    totals = book.totals()
+    assert (totals.cache_hits, totals.server_forks) == (4, 3)
+    assert (totals.cache_servers, totals.caches, totals.cache_images) == (0, 0, 0)
+    assert totals.held_snapshots == 0
+
+
+def test_counts_that_go_back_are_a_new_process_and_add_up() -> None:
+    book = ServerFigureBook()
+    book.observe("a", "a", ServerFigures(cache=cache(hits=4)))
+    book.observe("a", "a", ServerFigures(cache=cache(hits=6)))  # later reading: replaces
+    assert book.totals().cache_hits == 6
+    book.observe("a", "a", ServerFigures(cache=cache(hits=1)))  # restarted under its name
+    assert book.totals().cache_hits == 7
+
+
+def test_the_latest_reading_of_a_cache_counts() -> None:
+    book = ServerFigureBook()
+    book.observe("a", "host", ServerFigures(cache=cache(images=1)))
+    book.observe("b", "host", ServerFigures(cache=cache(images=2)))
+    book.observe("a", "host", ServerFigures(cache=cache(images=3)))
+    assert book.totals().cache_images == 3
+    book.observe("b", "host", ServerFigures(cache=None))  # a server without a cache
+    assert (book.totals().cache_servers, book.totals().cache_images) == (1, 3)
