@@ -68,6 +68,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict, deque
+from collections.abc import Container
 
 import attrs
 
@@ -148,6 +149,17 @@ class _Container:
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise AssertionError(f"check_valid: {message}")
+
+
+def _earliest_live(heap: list[tuple[float, int]], live: Container[int]) -> float | None:
+    """The earliest time in ``heap`` whose ticket is still in ``live``, or None; the entries
+    before it, whose tickets left (served, cancelled, expired or relaxed), are dropped."""
+    while heap:
+        when, ticket_id = heap[0]
+        if ticket_id in live:
+            return when
+        heapq.heappop(heap)
+    return None
 
 
 def _tag(lease: Lease) -> str:
@@ -326,13 +338,7 @@ class SlotBook:
     def next_relax(self) -> float | None:
         """The earliest ``prefer_until`` of a waiting request that still prefers (call
         ``relax`` then), or None."""
-        heap = self._relaxing
-        while heap:
-            until, ticket_id = heap[0]
-            if ticket_id in self._prefers:
-                return until
-            heapq.heappop(heap)
-        return None
+        return _earliest_live(self._relaxing, self._prefers)
 
     def prefers(self, ticket: Ticket) -> str | None:
         """The container ``ticket`` waits for, while it still prefers one, else None."""
@@ -407,13 +413,7 @@ class SlotBook:
 
     def next_deadline(self) -> float | None:
         """The earliest deadline of a waiting request (call ``expire`` then), or None."""
-        heap = self._deadlines
-        while heap:
-            deadline, ticket_id = heap[0]
-            if ticket_id in self._waiters:
-                return deadline
-            heapq.heappop(heap)
-        return None
+        return _earliest_live(self._deadlines, self._waiters)
 
     def is_current(self, lease: Lease) -> bool:
         """True while ``lease`` holds its slot (granted, not released, container not lost)."""
