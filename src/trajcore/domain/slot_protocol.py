@@ -87,6 +87,12 @@ _TIMEOUT: JSONObject = {
     "type": "number",
     "description": "Seconds; may only shorten the limit the environment sets.",
 }
+# What ``bash`` and ``bash_stateful`` take: a command, and optionally a shorter timeout.
+_COMMAND: JSONObject = {
+    "type": "object",
+    "properties": {"command": {"type": "string"}, "timeout": _TIMEOUT},
+    "required": ["command"],
+}
 
 # The tools a slot server runs itself, as the model sees them; any other tool name belongs to an
 # external tool server. Keys the model adds (allow_network, require_sandbox, ...) are ignored.
@@ -94,22 +100,14 @@ SLOT_TOOL_SPECS: tuple[ToolSpec, ...] = (
     ToolSpec(
         name="bash",
         description="Run a command with /bin/sh in the workspace, in a fresh shell.",
-        parameters={
-            "type": "object",
-            "properties": {"command": {"type": "string"}, "timeout": _TIMEOUT},
-            "required": ["command"],
-        },
+        parameters=_COMMAND,
     ),
     ToolSpec(
         name="bash_stateful",
         description=(
             "Run a command in the slot's persistent shell (directory and variables persist)."
         ),
-        parameters={
-            "type": "object",
-            "properties": {"command": {"type": "string"}, "timeout": _TIMEOUT},
-            "required": ["command"],
-        },
+        parameters=_COMMAND,
     ),
     ToolSpec(
         name="tmux",
