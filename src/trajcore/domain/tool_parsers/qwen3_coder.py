@@ -33,8 +33,10 @@ Rules this parser keeps, beyond those in ``base``:
 
   When the nesting never balances, the value ends at the first ``</parameter>`` with a
   structural follower or the first such ``</function>``, whichever comes first, and the next
-  parameter is read from there. Finding where values end takes one pass over the text's tags
-  (``_Tags``), however many values look to its end for their balance. Outside
+  parameter is read from there. A value that nests nothing before its end (the ordinary
+  case) is read by a walk over that value alone; from the first value that does, where values
+  end is found over an index of the text's tags (``_Tags``, built then), in one pass however
+  many values look to its end for their balance. Outside
   values (in a function's header, between parameters) a ``<tool_call>`` does start the next
   call, so a call cut off there is one problem and the next call is read.
 - Values are typed by the tool's schema with ``value_types.type_value`` (``anyOf``/``oneOf``/
@@ -211,10 +213,15 @@ class _Scan:
     function_end: Marker
     block_open: Marker
     block_close: Marker
-    tags: _Tags = attrs.field(init=False)
+    _tags: _Tags | None = attrs.field(init=False, default=None)
 
-    def __attrs_post_init__(self) -> None:
-        self.tags = self._index()
+    @property
+    def tags(self) -> _Tags:
+        """The text's tag index, built on first use (the first value the plain walk leaves
+        undecided); from then on every value of the scan is read over it."""
+        if self._tags is None:
+            self._tags = self._index()
+        return self._tags
 
     @classmethod
     def of(cls, text: str, *, wrapped: bool, open_tag: str, close_tag: str) -> _Scan:
@@ -314,7 +321,56 @@ class _Scan:
     def value_end(
         self, start: int, key: str, given: JSONObject, function: _Function
     ) -> tuple[int, int] | None:
-        """Where the value opening at ``start`` ends and where scanning goes on, or ``None``."""
+        """Where the value opening at ``start`` ends and where scanning goes on, or ``None``.
+
+        Until a value needs it, the tag index is not built: a value that meets no
+        ``<parameter=`` of its own before its end (no nesting: the ordinary case) is read by
+        ``plain_value_end``, whose walk covers the value alone.
+        """
+        if self._tags is None:
+            found = self.plain_value_end(start, key, given, function.known)
+            if found is not None:
+                return found
+        return self.indexed_value_end(start, key, given, function)
+
+    def plain_value_end(
+        self, start: int, key: str, given: JSONObject, known: Mapping[str, JSON] | None
+    ) -> tuple[int, int] | None:
+        """Where the value opening at ``start`` ends when its walk never leaves depth 0, or
+        ``None`` when that walk cannot decide (a named opener nests, or no closer follows).
+
+        The walk from ``start`` looks at each ``</parameter>`` and the openers before it: a
+        closer with a structural follower ends the value, an opener of a name that can start
+        the next parameter ends it before the opener, a broken opener is text. It looks at
+        nothing past where the value ends, so over the values it decides it reads the text
+        once; a ``</function>`` before the end decides nothing here (it is only a fallback).
+        """
+        text = self.text
+        pos = start
+        closer = text.find(PARAMETER_END, pos)
+        while True:
+            opener = text.find(PARAMETER, pos, len(text) if closer < 0 else closer)
+            if opener >= 0:
+                name, _ = self.tag_name(opener + len(PARAMETER))
+                if name is None:
+                    pos = opener + len(PARAMETER)
+                    continue
+                if name != key and name not in given and (known is None or name in known):
+                    return opener, opener
+                return None
+            if closer < 0:
+                return None
+            after = closer + len(PARAMETER_END)
+            name, hard = self.closer_follower(after)
+            if hard or (name is not None and (known is None or name in known)):
+                return closer, after
+            pos = after
+            closer = text.find(PARAMETER_END, pos)
+
+    def indexed_value_end(
+        self, start: int, key: str, given: JSONObject, function: _Function
+    ) -> tuple[int, int] | None:
+        """``value_end`` over the tag index (built here when it is not yet)."""
         tags = self.tags
         known = function.known
 
