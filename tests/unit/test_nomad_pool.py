@@ -22,7 +22,7 @@ from trajcore.adapters.pools.nomad_client import NomadClient, NomadUnavailable
 from trajcore.adapters.pools.nomad_pool import NomadSandboxPool
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
 from trajcore.domain.isolation import SlotIsolation
-from trajcore.domain.nomad_job import NomadJobSettings, register_request
+from trajcore.domain.nomad_job import EnvironmentArtifact, NomadJobSettings, register_request
 from trajcore.domain.slots import Lease
 from trajcore.domain.tools import ToolOutcome
 from trajcore.testing.fake_nomad import FakeNomadAPI
@@ -98,13 +98,15 @@ def test_the_job_spec_carries_every_job_setting_of_the_config() -> None:
         nofile_limit=100, nproc_limit=200, datacenters="east, west", namespace="ns", region="eu",
         group="g", task="t", cpu_mhz=7, memory_mb=99, disk_mb=50, restart_attempts=2,
         restart_delay_s=2.0, reschedule_delay_s=9.0, reschedule_max_delay_s=90.0,
-        kill_timeout_s=3.0, token="acl-token",
+        kill_timeout_s=3.0, token="acl-token", image_cache_dir="/c", image_cache_bytes=1 << 30,
+        artifacts=[EnvironmentArtifact(source="/s", destination="d")], client_alloc_dir="/a",
     )  # fmt: skip
     spec = config.job_spec(count=3, token="b" * 16)
     defaults = NomadJobSettings()
     assert spec.job is config.job
+    docker_only = ("privileged", "image_cache_volume")  # (the default driver's: not raw_exec)
     for field in attrs.fields(NomadJobSettings):
-        if field.name != "privileged":  # (only docker, the default driver, runs privileged)
+        if field.name not in docker_only:
             assert getattr(config.job, field.name) != getattr(defaults, field.name), field.name
     assert (spec.slots_per_container, spec.isolation) == (3, SlotIsolation(output_cap_bytes=4096))
     assert (spec.count, spec.token) == (3, "b" * 16)  # the bearer token, not the ACL token

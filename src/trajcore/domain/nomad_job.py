@@ -35,6 +35,12 @@ The job (one task group, one task):
 - Updates are not rolled (``MaxParallel`` 0): a changed job replaces its allocations at once,
   since old slot servers hold an old token and are useless to the new pool.
 - Durations are nanoseconds, as Nomad's JSON API wants them.
+- Task environments (``image_cache_dir`` set): the server gets ``--image-cache`` and
+  ``--image-cache-bytes``; ``image_cache_volume`` becomes the group's host ``Volumes`` entry and
+  the task's ``VolumeMounts`` at the cache; each ``EnvironmentArtifact`` a task ``Artifacts``
+  entry (``GetterSource``, ``RelativeDest`` under ``local/environments``, ``GetterMode``,
+  ``GetterOptions``). ``task_reference`` and ``reference_refusal`` say how an env's reference
+  under ``/local/`` reaches an allocation's server.
 
 Rules it keeps: every field of a spec is checked when built (``ConfigError`` naming the field);
 Nomad's own limits that would make a registration fail are checked here first (reschedule delay
@@ -55,14 +61,23 @@ from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.slot_server_flags import isolation_argv
-from trajcore.domain.validators import finite_number, flag, instance_of, whole_number
+from trajcore.domain.task_environments import TaskEnvironmentError, parse_environment_ref
+from trajcore.domain.validators import (
+    finite_number,
+    flag,
+    instance_of,
+    optional_text,
+    whole_number,
+)
 
 __all__ = [
     "DOCKER_SECURITY_OPTS",
     "DRIVERS",
+    "ENVIRONMENTS_DIR",
     "PORT_LABEL",
     "SERVICE_NAME",
     "Driver",
+    "EnvironmentArtifact",
     "NomadJobSettings",
     "NomadJobSpec",
     "job_json",
@@ -149,6 +164,98 @@ def _datacenters(_: object, attribute: attrs.Attribute[tuple[str, ...]], value: 
     )
 
 
+TASK_LOCAL: Final = "/local"
+"""Where a ``docker`` or ``exec`` task sees its own ``local`` directory (Nomad's layout)."""
+ENVIRONMENTS_DIR: Final = "local/environments"
+"""Where the job's artifacts land, relative to the task directory."""
+_ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)*$")
+_VOLUME = "trajcore-image-cache"
+
+
+@attrs.frozen(kw_only=True)
+class EnvironmentArtifact:
+    """A task environment that Nomad fetches into every allocation before its slot server
+    starts (the task's ``artifact`` block): an OCI archive or layout the env then names under
+    ``/local/environments/`` (``path``).
+
+    Attributes:
+        source: What Nomad's go-getter fetches: a URL (``https://host/task-17.tar``,
+            ``s3::https://...``, ``git::...``) or an absolute path on the client.
+        destination: Its name under the task's ``local/environments/`` (``task-17.tar``;
+            letters, digits, ``_``, ``.``, ``-`` and ``/`` between names).
+        unpack: ``False`` (the default): the file is placed as it is (``GetterMode`` ``file``,
+            go-getter's ``archive=false``): name it ``oci-archive:/local/environments/<name>``.
+            ``True``: go-getter unpacks the archive into the folder ``destination``
+            (``GetterMode`` ``dir``; a folder source is copied): an OCI layout, named
+            ``oci:/local/environments/<name>``.
+        checksum: ``sha256:<hex>`` (any of go-getter's ``type:value``), checked by Nomad before
+            the task starts (a mismatch fails the allocation).
+    """
+
+    source: str
+    destination: str = attrs.field(
+        validator=_matches(_ARTIFACT_NAME, "a relative name of letters, digits, '_', '.', '-'")
+    )
+    unpack: bool = attrs.field(default=False, validator=flag)
+    checksum: str | None = attrs.field(default=None, validator=optional_text)
+
+    def __attrs_post_init__(self) -> None:
+        _check(
+            bool(str(self.source).strip()),
+            "source",
+            f"must name what Nomad fetches (a URL or a path on the client), got {self.source!r}",
+        )
+        _check(
+            ".." not in self.destination.split("/"),
+            "destination",
+            f"must stay under {ENVIRONMENTS_DIR}, got {self.destination!r}",
+        )
+        if self.checksum is not None:
+            kind, colon, value = self.checksum.partition(":")
+            _check(
+                bool(colon and kind and value and not any(c.isspace() for c in self.checksum)),
+                "checksum",
+                f"must be type:value (sha256:<hex>), got {self.checksum!r}",
+            )
+
+    @property
+    def path(self) -> str:
+        """Where a ``docker`` or ``exec`` task finds it (``/local/environments/<name>``)."""
+        return f"{TASK_LOCAL}/environments/{self.destination}"
+
+    def artifact_json(self) -> JSONObject:
+        """The ``TaskArtifact`` Nomad's API takes."""
+        options: JSONObject = {} if self.unpack else {"archive": "false"}
+        if self.checksum is not None:
+            options["checksum"] = self.checksum
+        return {
+            "GetterSource": self.source,
+            "RelativeDest": f"{ENVIRONMENTS_DIR}/{self.destination}",
+            "GetterMode": "dir" if self.unpack else "file",
+            "GetterOptions": options,
+        }
+
+
+def _artifacts(value: object) -> tuple[EnvironmentArtifact, ...]:
+    if isinstance(value, EnvironmentArtifact):
+        return (value,)
+    if isinstance(value, list | tuple):
+        return tuple(value)
+    raise ConfigError("artifacts", f"expected EnvironmentArtifact values, got {value!r}")
+
+
+def _cache_dir(_: object, attribute: attrs.Attribute[str | None], value: object) -> None:
+    if value is not None:
+        _check(
+            isinstance(value, str)
+            and value.startswith(("/", "${NOMAD_"))
+            and not any(c.isspace() or c in ",:" for c in value),
+            attribute.name,
+            f"must be None or an absolute path as the task sees it (or one under "
+            f"${{NOMAD_ALLOC_DIR}}), without spaces, ',' or ':', got {value!r}",
+        )
+
+
 @attrs.frozen(kw_only=True)
 class NomadJobSettings:
     """The slot servers' Nomad job as an operator sets it: what Nomad runs and where.
@@ -181,6 +288,23 @@ class NomadJobSettings:
             replaced, growing exponentially up to the maximum (``None``: the larger of 60 s
             and the delay); unlimited attempts.
         kill_timeout_s: Grace between SIGTERM and SIGKILL when Nomad stops a slot server.
+        image_cache_dir: The slot servers' image cache (``--image-cache``), as the task sees
+            it: leases may then run over task environments (docs/environments.md). ``None``
+            (the default): none, and a lease naming an environment is refused saying to set
+            it. A ``raw_exec`` task reads the client's own path (shared by the node's
+            allocations); a ``docker`` or ``exec`` task mounts ``image_cache_volume`` there,
+            or keeps a cache of its own inside its file system.
+        image_cache_bytes: The cache's size limit (``--image-cache-bytes``).
+        image_cache_volume: A Nomad host volume (the client's ``host_volume`` block) mounted
+            read-write at ``image_cache_dir`` in ``docker`` and ``exec`` tasks, so the node's
+            allocations share one cache. Not for ``raw_exec``.
+        artifacts: Task environments Nomad fetches into every allocation before its server
+            starts (``EnvironmentArtifact``: the task's ``artifact`` blocks), named by the env
+            under ``/local/environments/``.
+        client_alloc_dir: ``raw_exec`` only: the clients' allocation directory
+            (``<data_dir>/alloc``). A ``raw_exec`` task sees the client's file system, not
+            ``/local``: a reference under ``/local/`` is read in the allocation's own task
+            directory, ``<client_alloc_dir>/<allocation id>/<task>/local/``.
     """
 
     job_id: str = attrs.field(
@@ -223,8 +347,14 @@ class NomadJobSettings:
     kill_timeout_s: float = attrs.field(
         default=10.0, validator=finite_number(None, at_least=0.0, unit="seconds")
     )
+    image_cache_dir: str | None = attrs.field(default=None, validator=_cache_dir)
+    image_cache_bytes: int = attrs.field(default=32 << 30, validator=whole_number(1))
+    image_cache_volume: str | None = attrs.field(default=None, validator=_optional_name)
+    artifacts: tuple[EnvironmentArtifact, ...] = attrs.field(default=(), converter=_artifacts)
+    client_alloc_dir: str | None = attrs.field(default=None, validator=_cache_dir)
 
     def __attrs_post_init__(self) -> None:
+        self._check_environments()
         _check(
             self.driver in DRIVERS,
             "driver",
@@ -254,6 +384,83 @@ class NomadJobSettings:
             f"{self.restart_attempts} restarts {self.restart_delay_s} s apart do not fit in "
             f"Nomad's restart interval of {_RESTART_INTERVAL_S} s",
         )
+
+    def _check_environments(self) -> None:
+        for artifact in self.artifacts:
+            _check(
+                isinstance(artifact, EnvironmentArtifact),
+                "artifacts",
+                f"expected EnvironmentArtifact values, got {artifact!r}",
+            )
+        cache = self.image_cache_dir is not None
+        _check(
+            cache or not (self.artifacts or self.image_cache_volume),
+            "image_cache_dir",
+            "artifacts and image_cache_volume are task environments: set image_cache_dir",
+        )
+        _check(
+            self.image_cache_volume is None or self.driver != "raw_exec",
+            "image_cache_volume",
+            "raw_exec tasks run on the client's own file system and mount no volume: name "
+            "the client's path in image_cache_dir",
+        )
+        _check(
+            self.client_alloc_dir is None or self.driver == "raw_exec",
+            "client_alloc_dir",
+            f"only raw_exec tasks read the client's paths; {self.driver} tasks see /local",
+        )
+        names = [a.destination for a in self.artifacts]
+        for name in names:
+            _check(
+                not any(o != name and o.startswith(f"{name}/") for o in names)
+                and names.count(name) == 1,
+                "artifacts",
+                f"two artifacts land at {ENVIRONMENTS_DIR}/{name} (or one inside the other)",
+            )
+
+    def task_reference(self, environment: str, alloc_id: str) -> str:
+        """``environment`` as the allocation ``alloc_id``'s slot server reads it: a path under
+        ``/local/`` of a ``raw_exec`` task is its own task directory on the client
+        (``client_alloc_dir``); any other reference as it is. Needs a well-formed reference
+        (``check_environment``); ``environment`` itself when it is not."""
+        if self.driver != "raw_exec" or self.client_alloc_dir is None:
+            return environment
+        try:
+            ref = parse_environment_ref(environment)
+        except TaskEnvironmentError:
+            return environment
+        if not ref.location.startswith(f"{TASK_LOCAL}/"):
+            return environment
+        task_dir = f"{self.client_alloc_dir.rstrip('/')}/{alloc_id}/{self.task}"
+        return str(attrs.evolve(ref, location=task_dir + ref.location))
+
+    def reference_refusal(self, environment: str) -> tuple[str, str] | None:
+        """Why no allocation of this job can run ``environment`` (the field at fault and the
+        reason), known before a lease: a path under ``/local/environments/`` that no artifact
+        places, or one under ``/local/`` that a ``raw_exec`` task cannot find without
+        ``client_alloc_dir``; ``None`` otherwise."""
+        try:
+            location = parse_environment_ref(environment).location
+        except TaskEnvironmentError:
+            return None
+        if not location.startswith(f"{TASK_LOCAL}/"):
+            return None
+        if location.startswith(f"{TASK_LOCAL}/environments/"):
+            placed = [a.path for a in self.artifacts]
+            if not any(location == p or location.startswith(f"{p}/") for p in placed):
+                where = ", ".join(placed) or "nothing"
+                return (
+                    "artifacts",
+                    f"no artifact of the Nomad job {self.job_id} places {location} (its "
+                    f"artifacts place {where}; NomadJobSettings.artifacts)",
+                )
+        if self.driver == "raw_exec" and self.client_alloc_dir is None:
+            return (
+                "client_alloc_dir",
+                f"a raw_exec task reads {location} in its own task directory on the client: "
+                "set NomadJobSettings.client_alloc_dir to the clients' <data_dir>/alloc",
+            )
+        return None
 
     @property
     def max_reschedule_delay_s(self) -> float:
@@ -307,7 +514,15 @@ class NomadJobSpec:
             # allocations on one host share its uids: each takes its own block of slot uids
             "--slot-uid-block", "${NOMAD_ALLOC_INDEX}",
             *isolation_argv(self.isolation),
+            *self.image_cache_args(),
         ]  # fmt: skip
+
+    def image_cache_args(self) -> list[str]:
+        """The slot server's image-cache flags (none without ``image_cache_dir``)."""
+        if self.job.image_cache_dir is None:
+            return []
+        cache, size = self.job.image_cache_dir, str(self.job.image_cache_bytes)
+        return ["--image-cache", cache, "--image-cache-bytes", size]
 
 
 def _ns(seconds: float) -> int:
@@ -350,6 +565,12 @@ def job_json(spec: NomadJobSpec) -> JSONObject:
         "LogConfig": {"MaxFiles": _LOG_FILES, "MaxFileSizeMB": _LOG_FILE_MB},
         "Meta": {"trajcore-role": "slot-server"},
     }
+    if settings.artifacts:
+        task["Artifacts"] = [artifact.artifact_json() for artifact in settings.artifacts]
+    if settings.image_cache_volume is not None and settings.image_cache_dir is not None:
+        task["VolumeMounts"] = [
+            {"Volume": _VOLUME, "Destination": settings.image_cache_dir, "ReadOnly": False}
+        ]
     group: JSONObject = {
         "Name": settings.group,
         "Count": spec.count,
@@ -388,6 +609,15 @@ def job_json(spec: NomadJobSpec) -> JSONObject:
         "Update": {"MaxParallel": 0},
         "Tasks": [task],
     }
+    if settings.image_cache_volume is not None:
+        group["Volumes"] = {
+            _VOLUME: {
+                "Name": _VOLUME,
+                "Type": "host",
+                "Source": settings.image_cache_volume,
+                "ReadOnly": False,
+            }
+        }
     job: JSONObject = {
         "ID": settings.job_id,
         "Name": settings.job_id,

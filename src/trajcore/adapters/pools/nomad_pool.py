@@ -41,6 +41,16 @@ server has none). ``aclose`` refuses new leases, stops the watch, closes every c
 the job: purged (gone from Nomad at once) with ``purge_on_shutdown``, otherwise stopped but kept
 so its allocations and logs stay inspectable until Nomad's garbage collection.
 
+Task environments (docs/environments.md, "On the Nomad pool"): with the job's
+``image_cache_dir`` set, its servers run with an image cache and a lease may name an image. The
+image reaches an allocation as a pre-pulled image of the node's engine (``containers-storage:``
+on a raw_exec node), a folder or archive on the node (a host volume, a shared file system), or
+an artifact of the job that Nomad fetches into every allocation (``oci:/local/environments/
+<name>``); a reference under ``/local/`` that no allocation can find is refused before a slot
+is leased, and a raw_exec server is sent its own task directory's path
+(``NomadJobSettings.task_reference``). The servers of one node share its cache where the job
+mounts one (``cache_of``), so the cache's figures count it once.
+
 Every wait is bounded: Nomad requests (``request_timeout_s``), joining (``start_timeout_s``),
 resets (``reset_timeout_s``), leases (``timeout_s`` or ``acquire_timeout_s``), shutdown
 (``stop_timeout_s``). Errors from Nomad while running are kept (``problems``) and retried on the
@@ -52,22 +62,26 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+from urllib.parse import urlsplit
 
 import anyio
 import attrs
 
+from trajcore.adapters.pools.environment_leasing import lease_over
 from trajcore.adapters.pools.nomad_client import (
     NomadClient,
     NomadUnavailable,
     allocation_address,
     parse_allocation_stubs,
 )
+from trajcore.adapters.pools.pool_core import Member
 from trajcore.adapters.pools.reconciled import (
     ReconciledPool,
     ReconciledSource,
     composed_settings,
     scale_settings,
 )
+from trajcore.domain.environment_leases import Snapshot
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_job import (
@@ -78,6 +92,7 @@ from trajcore.domain.nomad_job import (
 )
 from trajcore.domain.nomad_reconcile import Join, ReconcileConfig
 from trajcore.domain.scaling import ScaleConfig
+from trajcore.domain.slots import Lease
 from trajcore.domain.validators import (
     flag,
     instance_of,
@@ -334,6 +349,41 @@ class NomadSandboxPool(ReconciledPool):
         )
         self._allocations = _NomadAllocations(config=config, nomad=nomad)
         super().__init__(self._allocations, label="Nomad")
+
+    # ------------------------------------------------------------------------- environments
+
+    def environment_refusal(self) -> tuple[str, str] | None:
+        """``None`` when the job's servers run with an image cache; else the setting to set."""
+        if self.config.job.image_cache_dir is not None:
+            return None
+        return (
+            "image_cache_dir",
+            "the Nomad pool's slot servers have no image cache: set "
+            "NomadJobSettings.image_cache_dir (the env's --env.image_cache_dir) to run leases "
+            "over task environments",
+        )
+
+    def reference_refusal(self, environment: str) -> tuple[str, str] | None:
+        """A reference under ``/local/`` the job's allocations cannot find
+        (``NomadJobSettings.reference_refusal``)."""
+        return self.config.job.reference_refusal(environment)
+
+    async def enter_environment(
+        self, lease: Lease, environment: str, snapshot: Snapshot | None
+    ) -> bool:
+        """As every pool of slot servers, with the reference as the lease's allocation reads
+        it (``NomadJobSettings.task_reference``: a raw_exec task's own directory)."""
+        client = self._environment_client(lease, environment)
+        sent = self.config.job.task_reference(environment, self.allocation_id(lease.slot.container))
+        return await lease_over(client, lease, environment, snapshot, self._environments, sent=sent)
+
+    def cache_of(self, member: Member) -> str:
+        """The node's cache (by its address) where the node's allocations share one: a
+        raw_exec path or a host volume; else the allocation's own."""
+        job = self.config.job
+        if job.driver == "raw_exec" or job.image_cache_volume is not None:
+            return urlsplit(member.client.base_url).hostname or member.name
+        return member.name
 
     def allocation_id(self, container: str) -> str:
         """The Nomad allocation behind ``container``. Raises ``KeyError``."""

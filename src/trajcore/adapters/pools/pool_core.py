@@ -628,8 +628,8 @@ class SlotServerPool(LeasedPool):
         (``SupervisedPool``: the local and container pools, with an image cache)."""
         return (
             "environment",
-            f"the {self._label} pool does not run task environments yet (the local and "
-            "container pools do, with image_cache_dir set)",
+            f"the {self._label} pool does not run task environments yet (the local, "
+            "container and Nomad pools do, with image_cache_dir set)",
         )
 
     async def enter_environment(

@@ -53,9 +53,12 @@ module holds the HTTP routes and the scheduler.
 - Stopping is SIGTERM to the process group, then SIGKILL after the task's kill timeout (capped
   by ``kill_timeout_cap_s``).
 
+- Artifacts are fetched into the task directory before each start (``artifacts``: local
+  ones only); a failed one is a ``Failed Artifact Download`` event and a failed start.
+
 Faults and inspection: ``kill_allocation`` (signal a running task's process group),
-``fail_requests`` (the next requests answer an HTTP error), ``requests`` (every request: method,
-path, query, JSON body), ``violations``, ``allocations`` and ``job``.
+``fail_requests`` (the next requests answer an HTTP error), ``alloc_dir``, ``requests``
+(every request: method, path, query, JSON body), ``violations``, ``allocations`` and ``job``.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ import attrs
 from trajcore.adapters.http1 import HTTPServer, Reply, Request
 from trajcore.domain.errors import ConfigError, StateError
 from trajcore.domain.json_values import JSON, JSONObject, check_json
+from trajcore.testing.fake_nomad.artifacts import ArtifactError, fetch_artifacts
 from trajcore.testing.fake_nomad.jobs import (
     NS,
     Alloc,
@@ -240,6 +244,13 @@ class FakeNomadAPI:
         return f"http://127.0.0.1:{self._port}"
 
     # ------------------------------------------------------------------------- faults
+
+    @property
+    def alloc_dir(self) -> Path:
+        """The client's allocation directory: ``<alloc_dir>/<id>/<task>`` is a task's."""
+        if self._dir is None:
+            raise StateError("the fake Nomad API is not started")
+        return self._dir
 
     def kill_allocation(self, alloc_id: str, signum: int = signal.SIGKILL) -> None:
         """Send ``signum`` to ``alloc_id``'s running task: its process group, and for a
@@ -639,6 +650,11 @@ class FakeNomadAPI:
     async def _run_once(self, alloc: Alloc, task_dir: Path, alloc_dir: Path) -> int | None:
         """Start the task once and wait for it; its exit code, ``None`` when it did not start."""
         container = f"{self.container_prefix}-{alloc.id}"
+        try:  # Nomad fetches the artifacts before the task starts, on every start
+            await anyio.to_thread.run_sync(fetch_artifacts, alloc.spec.artifacts, task_dir)
+        except ArtifactError as error:
+            self._event(alloc, "Failed Artifact Download", str(error))
+            return None
         try:
             if alloc.spec.docker is not None:
                 assert self.engine is not None  # checked when built

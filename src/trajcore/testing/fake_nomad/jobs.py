@@ -5,8 +5,9 @@ task) or raises ``Refused`` (a 400 with the reason the real agent would give): n
 in it, a reschedule delay under 5 s, memory under 10 MB, ambiguous restart or reschedule
 policies, log storage above the disk, a template whose destination leaves the task directory;
 and what the fake cannot run (more than one task group or task, a template other than
-``{{ env "NAME" }}``). ``Job`` and ``Alloc`` are the scheduler's records; ``NomadRequest`` and
-``FakeAllocation`` are the snapshots tests read.
+``{{ env "NAME" }}``, a host volume: its client has none). ``parse_artifacts`` reads a task's
+``Artifacts`` as Nomad checks them (``artifacts`` fetches them). ``Job`` and ``Alloc`` are the
+scheduler's records; ``NomadRequest`` and ``FakeAllocation`` are the snapshots tests read.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import enum
 import json
 import re
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Final
 
 import anyio.abc
@@ -28,6 +29,7 @@ __all__ = [
     "ENV_TEMPLATE",
     "NS",
     "Alloc",
+    "Artifact",
     "DockerConfig",
     "FakeAllocation",
     "Job",
@@ -40,6 +42,7 @@ __all__ = [
     "as_str",
     "bad",
     "now_ns",
+    "parse_artifacts",
     "task_spec",
     "without_count",
 ]
@@ -151,6 +154,58 @@ def as_str(value: JSON | None, where: str, default: str = "") -> str:
     return value
 
 
+_GETTER_MODES: Final = ("any", "file", "dir")
+_GETTER_OPTIONS: Final = ("archive", "checksum")
+
+
+@attrs.frozen(kw_only=True)
+class Artifact:
+    """One artifact of a task: where from, where to (relative to the task directory), how."""
+
+    source: str
+    destination: str
+    mode: str
+    options: tuple[tuple[str, str], ...] = ()
+
+    def option(self, name: str) -> str | None:
+        return dict(self.options).get(name)
+
+
+def parse_artifacts(task: JSONObject) -> tuple[Artifact, ...]:
+    """The task's artifacts, checked as Nomad checks them at registration (``Refused``)."""
+    found = []
+    for i, raw in enumerate(as_list(task.get("Artifacts"), "Tasks[0].Artifacts")):
+        where = f"Tasks[0].Artifacts[{i}]"
+        artifact = as_object(raw, where)
+        source = as_str(artifact.get("GetterSource"), f"{where}.GetterSource")
+        if not source:
+            raise bad(f"{where}: source must be specified")
+        destination = as_str(artifact.get("RelativeDest"), f"{where}.RelativeDest", "local/")
+        relative = PurePosixPath(destination)
+        if relative.is_absolute() or ".." in relative.parts:
+            raise bad(f"{where}: destination escapes allocation directory: {destination!r}")
+        mode = as_str(artifact.get("GetterMode"), f"{where}.GetterMode", "any") or "any"
+        if mode not in _GETTER_MODES:
+            raise bad(f"{where}: invalid artifact mode {mode!r}; must be one of {_GETTER_MODES}")
+        options = as_object(artifact.get("GetterOptions") or {}, f"{where}.GetterOptions")
+        unknown = sorted(set(options) - set(_GETTER_OPTIONS))
+        if unknown:
+            raise bad(
+                f"{where}: the fake Nomad knows the getter options {_GETTER_OPTIONS}, not {unknown}"
+            )
+        found.append(
+            Artifact(
+                source=source,
+                destination=destination,
+                mode=mode,
+                options=tuple(
+                    (k, as_str(v, f"{where}.GetterOptions.{k}")) for k, v in options.items()
+                ),
+            )
+        )
+    return tuple(found)
+
+
 @attrs.frozen(kw_only=True)
 class TaskSpec:
     """What the fake runs of a registered job (its one group and one task)."""
@@ -172,6 +227,7 @@ class TaskSpec:
     cpu: int
     memory_mb: int
     docker: DockerConfig | None = None
+    artifacts: tuple[Artifact, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -290,6 +346,8 @@ def task_spec(job: JSONObject) -> tuple[TaskSpec, int]:
     """The runnable part of ``job`` and its group's count; ``Refused`` (400) for what the real
     agent refuses or the fake cannot run."""
     group, task = _job_group_task(job)
+    if group.get("Volumes") or task.get("VolumeMounts"):
+        raise bad("the fake Nomad's client has no host volumes to mount")
     count = as_int(group.get("Count"), "TaskGroups[0].Count", 1)
     if count < 0:
         raise bad("Task group count can't be negative")
@@ -339,6 +397,7 @@ def task_spec(job: JSONObject) -> tuple[TaskSpec, int]:
         cpu=cpu,
         memory_mb=memory,
         docker=_docker_config(config) if driver == "docker" else None,
+        artifacts=parse_artifacts(task),
     )
     return spec, count
 
