@@ -8,18 +8,21 @@ server reads it in its own task directory (``client_alloc_dir``). The ``TaskEnvi
 runs against that pool. Besides: a reference under ``/local/environments`` that no artifact
 places is refused before a slot is leased; an artifact gone from the allocation fails only its
 lease, naming the image and the reason; a host layout (a node's own folder) runs as well; the
-cache's figures are summed across the allocations sharing the node's cache; a pool without a
-cache names the setting.
+cache's figures are summed across the allocations sharing the node's cache; an image pulled
+into the node's engine runs (``containers-storage:``); a pool without a cache names the
+setting.
 """
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 import pytest
 
 from tests.environment_roots import IMAGE_OS_RELEASE, image_problem, write_shell_image
@@ -158,6 +161,23 @@ async def test_a_layout_on_the_node_runs_too(shell_image: Path) -> None:
         pool.lease("node", environment=node_layout) as lease,
     ):
         assert await cat(pool, lease, "/etc/os-release") == IMAGE_OS_RELEASE.decode()
+
+
+@pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")
+async def test_an_image_pulled_into_the_nodes_engine_runs(shell_image: Path) -> None:
+    layout = f"oci:{shell_image / 'layout'}"
+    pulled = (await anyio.run_process(["podman", "pull", "-q", layout])).stdout.decode().strip()
+    name = f"localhost/trajcore-nomad-env-{secrets.token_hex(4)}:latest"
+    try:
+        await anyio.run_process(["podman", "tag", pulled, name])
+        async with (
+            nomad_pool(PoolShape(slots_per_container=1), shell_image) as pool,
+            pool.lease("engine", environment=f"containers-storage:{name}") as lease,
+        ):
+            assert await cat(pool, lease, "/etc/os-release") == IMAGE_OS_RELEASE.decode()
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(120):
+            await anyio.run_process(["podman", "rmi", "--force", pulled], check=False)
 
 
 async def test_the_cache_figures_are_summed_once_per_node(shell_image: Path) -> None:
