@@ -428,7 +428,9 @@ async def fork_group(
     started = time.perf_counter()
     first, _ = await lease(server, 0, environment)
     await run(server, 0, first, prepare)
+    prepared_s = time.perf_counter()
     frozen = await client.snapshot(0, first)
+    snapshotted_s = time.perf_counter()
     if not frozen.ok or frozen.snapshot is None:
         print(f"  fork: not available: {frozen.field}: {frozen.error}")
         await reset(server, 0, first)
@@ -463,7 +465,12 @@ async def fork_group(
     print(f"  fork: the snapshot request {frozen.duration_s:.2f} s "
           f"({frozen.bytes / 1e6:.0f} MB, {frozen.files} entries); a fork's lease request p50 "
           f"{p50_ms([m.request_s for m in forks]):.1f} ms (server "
-          f"{p50_ms([m.server_s for m in forks]):.1f} ms), then its first call")  # fmt: skip
+          f"{p50_ms([m.server_s for m in forks]):.1f} ms, max "
+          f"{max(m.server_s for m in forks) * 1e3:.1f} ms), then its first call p50 "
+          f"{p50_ms([m.seconds - m.request_s for m in forks]):.1f} ms")  # fmt: skip
+    members_s = total_s - (snapshotted_s - started)
+    print(f"  fork: preparation {prepared_s - started:.2f} s, snapshot request round trip "
+          f"{snapshotted_s - prepared_s:.2f} s, members started {members_s:.2f} s")  # fmt: skip
     return [member.seconds for member in members], total_s
 
 
@@ -494,16 +501,21 @@ async def leases_and_groups(root: Path, args: argparse.Namespace) -> None:
             await run(server, 0, server.epochs[0], "true")
             await reset(server, 0, server.epochs[0])
             print(f"first use of {environment} at the slot server: {answer.duration_s:.2f} s")
-            layout = root / "layout"
-            saved = [*PODMAN, "save", "--format", "oci-dir", "-o", str(layout), TASKS[0].image_name]
-            await asyncio.to_thread(subprocess.run, saved, check=True, capture_output=True)
-            kinds = {
-                "no environment": None,
-                "containers-storage: (hit)": environment,
-                "oci: layout of it (hit)": f"oci:{layout}",
-            }
-            await lease_and_reset(server, kinds, args.leases)
-            await disk_and_memory(server, environment, answer.image_id)
+            if "a" in args.rows:
+                layout = root / "layout"
+                saved = [*PODMAN, "save", "--format", "oci-dir", "-o", str(layout),
+                         TASKS[0].image_name]  # fmt: skip
+                await asyncio.to_thread(subprocess.run, saved, check=True, capture_output=True)
+                kinds = {
+                    "no environment": None,
+                    "containers-storage: (hit)": environment,
+                    "oci: layout of it (hit)": f"oci:{layout}",
+                }
+                await lease_and_reset(server, kinds, args.leases)
+            if "b" in args.rows:
+                await disk_and_memory(server, environment, answer.image_id)
+            if "c" not in args.rows:
+                return
             tag = f"localhost/trajcore-bench-repository:{args.repo_files}-{args.repo_mb}"
             files, written = await asyncio.to_thread(
                 build_repository_image, root, tag, args.repo_files, args.repo_mb
@@ -530,7 +542,13 @@ def main() -> None:
     parser.add_argument("--leases", type=int, default=None, help="(a): leases of each kind")
     parser.add_argument("--repo-files", type=int, default=None, help="(c): the repository's files")
     parser.add_argument("--repo-mb", type=int, default=None, help="(c): the repository's MB")
+    parser.add_argument("--rows", default="first,a,b,c",
+                        help="the rows to run, comma-separated (first, a, b, c)")  # fmt: skip
     args = parser.parse_args()
+    args.rows = set(args.rows.split(","))
+    unknown = args.rows - {"first", "a", "b", "c"}
+    if unknown:
+        parser.error(f"--rows: unknown rows {sorted(unknown)} (first, a, b, c)")
     args.leases = args.leases or (10 if args.short else 40)
     args.repo_files = args.repo_files or (1000 if args.short else 5000)
     args.repo_mb = args.repo_mb or (10 if args.short else 100)
@@ -543,8 +561,8 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="trajcore-bench-env-"))
     root.chmod(0o711)  # the slots' uids reach their workspaces below it
     try:
-        if args.short:
-            print("first use: skipped (--short)")
+        if args.short or "first" not in args.rows:
+            print(f"first use: skipped ({'--short' if args.short else '--rows'})")
         elif subprocess.run([*PODMAN, "image", "exists", args.image], check=False).returncode:
             print(f"first use: NOT RUN: podman's store has no {args.image} (./dev image)")
         else:

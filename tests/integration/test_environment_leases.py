@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import json
 import os
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ import aiohttp
 import pytest
 
 from tests.environment_roots import IMAGE_OS_RELEASE, image_problem, write_shell_image
+from tests.image_layouts import Entry
 from tests.integration.test_slot_server import (
     TOKEN,
     Server,
@@ -32,6 +34,14 @@ from trajcore.adapters.pools.client import SlotServerClient
 from trajcore.domain.tools import ToolOutcome
 
 HOST_RELEASE = Path("/etc/os-release").read_text()
+REPOSITORY = (
+    Entry(name="repo/", kind=tarfile.DIRTYPE, mode=0o755),
+    Entry(name="repo/app.py", data=b"return 1\n", mode=0o644),
+    Entry(name="repo/README", data=b"read me\n", mode=0o644),
+    Entry(name="repo/owner-only", data=b"owner-only\n", mode=0o600),
+    Entry(name="repo/pkg/", kind=tarfile.DIRTYPE, mode=0o755),
+)
+"""A repository the image holds as root (as SWE-style images hold theirs)."""
 pytestmark = [pytest.mark.skipif(image_problem() is not None, reason=str(image_problem()))]
 
 
@@ -53,7 +63,7 @@ def tree_digest(root: Path) -> str:
 def image_server() -> Iterator[tuple[Server, str]]:
     """A slot server with an image cache, and the reference of a small image with a shell."""
     with searchable_dir("environments") as folder:
-        write_shell_image(folder / "layout")
+        write_shell_image(folder / "layout", extra=REPOSITORY)
         running = start_server(folder / "root", "--image-cache", str(folder / "cache"))
         yield running, f"oci:{folder / 'layout'}"
         assert stop_server(running) == 0
@@ -106,13 +116,16 @@ def test_a_lease_over_an_image_runs_in_it_and_writes_to_its_own_layer(
             server, 0, 1, "echo lease-wrote > /made-by-lease && cat /made-by-lease"
         )
         assert (code, text.strip()) == (0, "lease-wrote")
-        # the image's own files are read-only to the lease (they belong to the cache's owner)
-        code, _ = await shell(server, 0, 1, "echo changed > /etc/os-release")
-        assert code != 0
+        # the image's own files are the lease's (an idmapped lower): a change is copied up
+        code, text = await shell(
+            server, 0, 1, "echo changed > /etc/os-release; cat /etc/os-release"
+        )
+        assert (code, text) == (0, "changed\n"), text
         code, text = await shell(server, 0, 1, "echo ws > /workspace/f && cat /workspace/f")
         assert (code, text.strip()) == (0, "ws")
         layer = server.root / "layers" / "0"
         assert (layer / "upper" / "made-by-lease").read_text() == "lease-wrote\n"
+        assert (layer / "upper" / "etc" / "os-release").read_text() == "changed\n"
         assert not (rootfs / "made-by-lease").exists()
         assert tree_digest(rootfs) == before
         await reset(server, 0, 1)
@@ -123,8 +136,8 @@ def test_a_lease_over_an_image_runs_in_it_and_writes_to_its_own_layer(
         code, text = await shell(server, 0, 2, "ls / ; cat /made-by-lease")
         assert code != 0, text
         assert "made-by-lease" not in text.split(), text
-        code, text = await shell(server, 0, 2, "ls /workspace")
-        assert (code, text.strip()) == (0, "")
+        code, text = await shell(server, 0, 2, "ls /workspace; cat /etc/os-release")
+        assert (code, text.strip()) == (0, IMAGE_OS_RELEASE.decode().strip())
         await reset(server, 0, 2)
         assert tree_digest(rootfs) == before
 
@@ -277,5 +290,48 @@ def test_a_lease_over_an_image_is_warmed_when_named_not_at_the_reset(
             code, text = await shell(server, 0, 11, "cat /etc/os-release")
             assert (code, text.strip()) == (0, IMAGE_OS_RELEASE.decode().strip())
             await reset(server, 0, 11)
+
+    asyncio.run(main())
+
+
+def test_a_lease_edits_the_images_root_owned_repository_in_its_own_layer(
+    image_server: tuple[Server, str],
+) -> None:
+    """An SWE-style image puts its repository at ``/repo`` as root: the lease owns it there
+    (the cache's owner shown as the slot's uid), edits it, and the reset takes the edit away;
+    the cached tree never changes."""
+    server, ref = image_server
+
+    async def main() -> None:
+        answer = await lease(server, 0, 30, ref)
+        assert answer["ok"] is True, answer
+        rootfs = cached_rootfs(server.root, str(answer["image_id"]))
+        cached = rootfs / "repo" / "app.py"
+        assert (cached.stat().st_uid, cached.stat().st_mode & 0o777) == (os.geteuid(), 0o644)
+        before = tree_digest(rootfs)
+        code, text = await shell(server, 0, 30, "id -u; ls -ln /repo/app.py; cat /repo/owner-only")
+        assert code == 0, text
+        uid = text.split()[0]
+        assert text.split()[3] == uid, text  # the file's owner, as the lease sees it: itself
+        assert "owner-only\n" in text, text  # mode 0600: readable by its owner, the lease
+        edit = (
+            "echo 'return 2' >> /repo/app.py && rm /repo/README && echo new > /repo/new.py && "
+            "mkdir /repo/pkg/sub && cat /repo/app.py && ls /repo"
+        )
+        code, text = await shell(server, 0, 30, edit)
+        assert code == 0, text
+        assert text.split() == ["return", "1", "return", "2", "app.py", "new.py", "owner-only",
+                                "pkg"], text  # fmt: skip
+        upper = server.root / "layers" / "0" / "upper" / "repo"
+        assert (upper / "app.py").read_text() == "return 1\nreturn 2\n"
+        assert cached.read_text() == "return 1\n"
+        assert (rootfs / "repo" / "README").exists()
+        assert tree_digest(rootfs) == before
+        await reset(server, 0, 30)
+        assert (await lease(server, 0, 31, ref))["ok"] is True
+        code, text = await shell(server, 0, 31, "cat /repo/app.py; ls /repo")
+        assert text.split() == ["return", "1", "README", "app.py", "owner-only", "pkg"], text
+        await reset(server, 0, 31)
+        assert tree_digest(rootfs) == before
 
     asyncio.run(main())

@@ -123,9 +123,10 @@ def test_forks_start_from_what_the_first_lease_prepared_and_stay_apart(
                 "rm /prepared-root && echo b-root > /prepared-root",
             )  # fmt: skip
             assert code == 0, text
-            # what the frozen layer holds is part of the image: read-only in place
-            code, text = await shell(server, 1, 1, "echo b > /image-dir/made")
-            assert code != 0, text
+            # what the frozen layer holds is the fork's to change (an idmapped lower), copied
+            # up into its own layer: the other fork and the snapshot keep theirs
+            code, text = await shell(server, 1, 1, "echo b >> /image-dir/made; cat /image-dir/made")
+            assert (code, text.split()) == (0, ["new", "b"]), text
             code, text = await shell(
                 server, 2, 1,
                 "cat /workspace/prep.txt /prepared-root /image-dir/made; ls /b-only; "
@@ -346,5 +347,47 @@ def test_a_forks_workspace_is_an_overlay_over_the_snapshots_and_its_writes_stay_
                 assert (code, text.strip()) == (0, "0"), text
                 await reset(server, slot, 21)
             assert (await client.drop_snapshot(frozen.snapshot)).removed is True
+
+    asyncio.run(main())
+
+
+def test_a_fork_edits_the_snapshots_frozen_files_in_its_own_layer(
+    image_server: tuple[Server, str],
+) -> None:
+    """A file the preparation wrote at the lease's root is frozen as the server's: every fork
+    owns it (the server's ids shown as the fork's slot's), edits it in its own layer, and the
+    fork's reset takes the edit away; the snapshot never changes."""
+    server, ref = image_server
+
+    async def main() -> None:
+        async with server.client() as client:
+            frozen = await prepared_snapshot(client, server, ref, 30)
+            folder = snapshot_folder(server, frozen)
+            frozen_file = folder / "root" / "prepared-root"
+            assert frozen_file.stat().st_uid == os.geteuid()  # the server's, not the slot's
+            before = tree_digest(folder)
+            assert (await client.lease(1, 30, ref, snapshot=frozen)).ok
+            code, text = await shell(server, 1, 30, "id -u; ls -ln /prepared-root /image-dir/made")
+            assert code == 0, text
+            uid = text.split()[0]
+            assert text.split()[3] == text.split()[12] == uid, text  # both the fork's own
+            edit = (
+                "echo edited >> /prepared-root && rm /image-dir/made && echo mine > /image-dir/x"
+                " && cat /prepared-root && ls /image-dir"
+            )
+            code, text = await shell(server, 1, 30, edit)
+            assert (code, text.split()) == (0, ["root-prepared", "edited", "x"]), text
+            upper = server.root / "layers" / "1" / "upper"
+            assert (upper / "prepared-root").read_text() == "root-prepared\nedited\n"
+            assert frozen_file.read_text() == "root-prepared\n"
+            assert tree_digest(folder) == before
+            await reset(server, 1, 30)
+            assert (await client.lease(1, 31, ref, snapshot=frozen)).ok
+            code, text = await shell(server, 1, 31, "cat /prepared-root; ls /image-dir")
+            assert (code, text.split()) == (0, ["root-prepared", "made"]), text
+            await reset(server, 1, 31)
+            await reset(server, 0, 30)
+            assert tree_digest(folder) == before
+            assert (await client.drop_snapshot(frozen)).removed is True
 
     asyncio.run(main())

@@ -105,3 +105,45 @@ def test_a_lease_over_an_image_reaches_no_host_file(image_server: tuple[Server, 
         await reset(server, 3, 1)
 
     asyncio.run(main())
+
+
+def test_a_lease_that_owns_the_images_files_never_writes_the_cache(
+    image_server: tuple[Server, str],
+) -> None:
+    """The image's files are the lease's (an idmapped, read-only clone of the cached tree under
+    its overlay): every write, removal and new entry it makes lands in its own layer, and the
+    cached tree, checked from the host, is as it was. Control: the writes took effect, in the
+    lease's view and in its layer on the host."""
+    server, ref = image_server
+
+    async def main() -> None:
+        answer = await lease(server, 0, 2, ref)
+        assert answer["ok"] is True, answer
+        rootfs = cached_rootfs(server.root, str(answer["image_id"])).resolve()
+        before = tree_digest(rootfs)
+        owners = {path.lstat().st_uid for path in rootfs.rglob("*")}
+        release = rootfs / "etc" / "os-release"
+        attack = (
+            "echo owned > /etc/os-release; echo owned >> /proc/self/root/etc/os-release; "
+            "rm /usr/bin/id; mkdir /etc/planted; echo owned > /etc/planted/file; "
+            "ls /run/trajcore/layer/lower-0 /run/trajcore/layer; cat /etc/os-release; ls /usr/bin"
+        )
+        _, text = await shell(server, 0, 2, attack)
+        assert text.count("No such file") == 2, text  # the clone and the layer are out of reach
+        # control: each write took effect in the lease's view ...
+        assert "owned\nowned\n" in text, text
+        assert "id" not in text.split(), text
+        # ... and landed in its own layer on the host
+        upper = server.root / "layers" / "0" / "upper"
+        assert (upper / "etc" / "os-release").read_text() == "owned\nowned\n"
+        assert (upper / "etc" / "planted" / "file").read_text() == "owned\n"
+        # the canary: the cached tree, from the host
+        assert release.read_bytes() == IMAGE_OS_RELEASE
+        assert (rootfs / "usr" / "bin" / "id").is_file()
+        assert not (rootfs / "etc" / "planted").exists()
+        assert tree_digest(rootfs) == before
+        assert {path.lstat().st_uid for path in rootfs.rglob("*")} == owners == {0}
+        await reset(server, 0, 2)
+        assert tree_digest(rootfs) == before
+
+    asyncio.run(main())

@@ -65,12 +65,16 @@ def test_no_lease_can_write_a_snapshot(image_server: tuple[Server, str]) -> None
                 f"echo owned >> /workspace/prep.txt; cat /prepared-root /workspace/prep.txt"
             )
             _, text = await shell(server, 1, 1, attack)
-            # the frozen file, unchanged in its view
-            # control: the fork's own workspace took the write (a copy of its own)
-            assert text.split()[:3] == ["root-prepared", "prepared", "owned"], text
-            assert text.count("Permission denied") == 2, text
+            # the frozen files are the fork's to change in its view (an idmapped lower), and
+            # the host paths are out of its root; control: the writes landed, in the fork's
+            # own layer and in its own workspace (the snapshot is checked from the host below)
+            assert text.split()[:3] == ["owned", "prepared", "owned"], text
+            assert text.count("Directory nonexistent") == 2, text
             own = server.seen(server.root / "slots" / "1" / "prep.txt")
             assert own.read_text() == "prepared\nowned\n"
+            upper = server.root / "layers" / "1" / "upper"
+            assert (upper / "prepared-root").read_text() == "owned\n"
+            assert (upper / "image-dir" / "made").read_text() == "new\nowned\n"
 
             # a lease over the server's root that knows the snapshot's host path
             attack = (

@@ -16,6 +16,7 @@ import contextlib
 import json
 import socket
 import struct
+from collections.abc import Sequence
 from typing import cast
 
 import attrs
@@ -192,17 +193,19 @@ class Keeper:
         return cast("dict[str, JSON]", reply)
 
     async def ask(
-        self, op: str, timeout_s: float, channel: socket.socket | None = None
-    ) -> dict[str, JSON]:
-        """Send one request (``lease`` or ``end``; with ``channel`` passed along) and return the
-        answer. Raises ``AgentLost`` when the keeper is gone, answers an error, or is late."""
+        self, op: str, timeout_s: float, channel: socket.socket | None = None,
+        more: Sequence[int] = (),
+    ) -> dict[str, JSON]:  # fmt: skip
+        """Send one request (``lease`` or ``end``; with ``channel`` passed along, and ``more``
+        descriptors after it) and return the answer. Raises ``AgentLost`` when the keeper is
+        gone, answers an error, or is late."""
         payload = op.encode()
         async with self.lock:
             try:
                 if channel is None:
                     self.control.send(payload)
                 else:
-                    socket.send_fds(self.control, [payload], [channel.fileno()])
+                    socket.send_fds(self.control, [payload], [channel.fileno(), *more])
             except OSError as error:
                 raise AgentLost(f"the slot's keeper is gone ({type(error).__name__})") from None
             return await self.receive(timeout_s)

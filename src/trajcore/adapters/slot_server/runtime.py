@@ -240,7 +240,10 @@ class SlotRuntime:
         )
         (self.config.root / "layers").mkdir(mode=0o711, exist_ok=True)
         owner = (os.geteuid(), os.getegid()) if self._sandboxes.uid_base is not None else None
-        overlays = await asyncio.to_thread(WorkspaceOverlays.open, self.config.root, owner)
+        idmaps = await asyncio.to_thread(  # made ahead, off every lease's path
+            self._sandboxes.open_idmaps, owner, self.config.slots, cache / "images"
+        )
+        overlays = await asyncio.to_thread(WorkspaceOverlays.open, self.config.root, owner, idmaps)
         self.snapshots = await asyncio.to_thread(
             SnapshotStore, self.config.root / "snapshots", locks=cache / "locks",
             max_bytes=self.config.snapshot_bytes, owner=owner, overlays=overlays,

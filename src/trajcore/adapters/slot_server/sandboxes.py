@@ -14,22 +14,29 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import sys
 import time
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import attrs
 
 from trajcore.adapters.slot_server.channel import Agent, AgentLost, Keeper, reply_cap
+from trajcore.adapters.slot_server.idmaps import IdMaps, open_idmaps
 from trajcore.adapters.slot_server.image_cache import ImageUse
 from trajcore.adapters.slot_server.limits import CgroupPlan, SlotCgroup, rlimits_for, tmpfs_budget
 from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
 from trajcore.adapters.slot_server.seccomp import SeccompUnavailable, compile_filter
 from trajcore.adapters.slot_server.slot_ids import shared_python, stage_python, unreachable
+from trajcore.adapters.slot_server.slot_processes import (
+    as_ids,
+    end_process,
+    end_sessions,
+    run_bounded,
+    tmux_output,
+)
 from trajcore.adapters.slot_server.snapshots import SnapshotUse
 from trajcore.adapters.slot_server.workspace import Workspace
 from trajcore.domain.bwrap import (
@@ -118,16 +125,18 @@ class Slot:
         task.add_done_callback(done)
         return task
 
-    def lease_op(self) -> str:
-        """The keeper's request for this slot's next lease: ``lease`` (the server's root),
-        ``lease-image`` NUL the image's tree, or ``lease-fork`` NUL the snapshot's layers
-        (top first) NUL the image's tree."""
+    def layers(self) -> tuple[Path, ...]:
+        """The read-only layers of the slot's next lease, top first: its snapshot's frozen
+        layers and its image's tree (none: a lease over the server's root)."""
         if self.image is None:
-            return "lease"
-        tree = str(self.image.image.rootfs)
-        if self.snapshot is None:
-            return f"lease-image\0{tree}"
-        return "\0".join(("lease-fork", *(str(p) for p in self.snapshot.layers), tree))
+            return ()
+        return (*(() if self.snapshot is None else self.snapshot.layers), self.image.image.rootfs)
+
+    def lease_op(self) -> str:
+        """The keeper's request for this slot's next lease: ``lease`` (the server's root), or
+        ``lease-image`` (``lease-fork`` from a snapshot) NUL its ``layers``, NUL-separated."""
+        kind = "lease" if self.image is None else "lease-fork" if self.snapshot else "lease-image"
+        return "\0".join((kind, *map(str, self.layers())))
 
 
 @attrs.define(eq=False)
@@ -151,6 +160,10 @@ class Sandboxes:
         uncounted_seccomp: The filter of leases whose memory no cgroup counts (``seccomp``
             plus ``UNCOUNTED_MEMORY_RULES``), built on first use.
         notes: What health's detail says about this host besides its problems.
+        lowers: Makes idmapped clones of a lease's image and frozen layers (their owner shown
+            as the slot's ids: the lease may change their files, each copied up into its own
+            layer); ``None`` where the host cannot (the layers are mounted as they are,
+            read-only to the lease, and ``notes`` says why).
     """
 
     config: RuntimeConfig
@@ -165,6 +178,7 @@ class Sandboxes:
     seccomp_problem: str | None = None
     uncounted_seccomp: bytes | None = None
     notes: list[str] = attrs.field(factory=list)
+    lowers: IdMaps | None = None
 
     def ids(self, index: int) -> tuple[int, int] | None:
         """The host uid and gid slot ``index``'s sandbox runs as, or ``None``: the server's."""
@@ -172,6 +186,19 @@ class Sandboxes:
             return None
         uid = self.uid_base + max(index, 0)
         return uid, uid
+
+    def open_idmaps(self, owner: tuple[int, int] | None, slots: int, images: Path) -> IdMaps | None:
+        """The idmaps of this server's idmapped clones (``idmaps.open_idmaps``: the user
+        namespaces for ``owner``, the server's ids, and for the owner of ``images``, the image
+        cache's trees, each mapped to every slot's ids, made now), kept as ``lowers`` when a
+        lease's layers can be cloned, else ``notes`` says why not. Blocking."""
+        ids = [found for index in range(slots) if (found := self.ids(index)) is not None]
+        idmaps, problem = open_idmaps(self.helper(), owner, ids, images)
+        if problem is None:
+            self.lowers = idmaps
+        else:
+            self.notes.append(f"the image's files are read-only to leases: {problem}")
+        return idmaps
 
     def own_workspace(self, slot: Slot) -> None:
         """Give the slot's workspace to the slot's uid (mode 0700: no other slot reads it)."""
@@ -503,15 +530,19 @@ class Sandboxes:
         keeper = await self.ensure_keeper(slot)
         op = slot.lease_op()
         root = None if slot.image is None else op
+        lowers, ids = self.lowers, self.ids(slot.index)
+        clones = [] if lowers is None else await lowers.lease_clones(ids, slot.layers())
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            reply = await keeper.ask(op, self.config.start_timeout_s, theirs)
+            reply = await keeper.ask(op, self.config.start_timeout_s, theirs, clones)
         except AgentLost:
             ours.close()
             await self.stop_keeper(slot)
             raise
         finally:
             theirs.close()
+            for fd in clones:
+                os.close(fd)
         reader, writer = await asyncio.open_unix_connection(sock=ours)
         pid = reply.get("pid")
         agent = Agent(
@@ -539,8 +570,8 @@ class Sandboxes:
             return
         agent.close_channel()
         if agent.process is not None:
-            await _end_process(agent.process, slot.cgroup)
-            await _end_sessions({agent.process.pid})  # what its commands left running
+            await end_process(agent.process, slot.cgroup)
+            await end_sessions({agent.process.pid})  # what its commands left running
             await _end_shell(slot)
             return
         keeper = slot.keeper
@@ -555,7 +586,7 @@ class Sandboxes:
         keeper, slot.keeper = slot.keeper, None
         if keeper is None:
             return
-        await _end_process(keeper.process, slot.cgroup)
+        await end_process(keeper.process, slot.cgroup)
         keeper.control.close()
 
 
@@ -579,29 +610,6 @@ def prepare_cgroups(cgroups: list[SlotCgroup], isolation: SlotIsolation) -> None
             cgroup.create(isolation)
 
 
-def _kill_session(process: asyncio.subprocess.Process) -> None:
-    """SIGKILL a process started with ``start_new_session`` and its whole process group.
-
-    ``process.kill()`` only where the group is gone: it polls the child first, and a poll that
-    reaps it takes the exit status from the event loop's child watcher."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-
-
-async def _end_process(process: asyncio.subprocess.Process, cgroup: SlotCgroup | None) -> None:
-    """Kill ``process``'s session and everything in ``cgroup``, and reap it (within 5 s)."""
-    if process.returncode is None:
-        _kill_session(process)
-    if cgroup is not None:
-        cgroup.kill_all()
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(5):
-            await process.wait()
-
-
 async def _end_shell(slot: Slot) -> None:
     """End the persistent shell a bare agent started, and everything its shell runs.
 
@@ -616,78 +624,9 @@ async def _end_shell(slot: Slot) -> None:
     tmux = shutil.which("tmux", path=_PATH)  # as the bare agent found it
     if tmux is None or not shell_socket.is_socket():
         return
-    panes = await _tmux(tmux, shell_socket, "list-panes", "-a", "-F", "#{pane_pid}")
-    await _end_sessions({int(word) for word in panes.split() if word.isdigit()})
-    await _tmux(tmux, shell_socket, "kill-server")
-
-
-async def _end_sessions(sessions: set[int]) -> None:
-    """SIGKILL every process of ``sessions``, scanning again while any is found (a job may fork
-    while a scan runs), for at most half a second."""
-    for _ in range(50):
-        if not _kill_sessions(sessions):
-            return
-        await asyncio.sleep(0.01)
-
-
-async def _tmux(tmux: str, shell_socket: Path, *args: str) -> str:
-    """What ``tmux -S shell_socket args`` prints (within 5 s; empty when it fails)."""
-    try:
-        code, out, _ = await run_bounded([tmux, "-S", str(shell_socket), *args], timeout_s=5)
-    except OSError:
-        return ""
-    return out if code == 0 else ""
-
-
-async def run_bounded(
-    argv: list[str], *, timeout_s: float, ids: tuple[int, int] | None = None
-) -> tuple[int | None, str, str]:
-    """Run ``argv`` (as ``ids``, with no input) to its end: its exit code, stdout and stderr.
-
-    The code is ``None`` when it ran past ``timeout_s`` and was killed. Raises ``OSError`` when
-    it cannot start.
-    """
-    process = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        **as_ids(ids),
-    )
-    try:
-        async with asyncio.timeout(timeout_s):
-            out, err = await process.communicate()
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        return None, "", "timed out"
-    return process.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-
-
-def _kill_sessions(sessions: set[int]) -> bool:
-    """SIGKILL every process whose session is one of ``sessions``; whether any was found."""
-    found = False
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue  # gone meanwhile
-        if fields[0] != b"Z" and int(fields[3]) in sessions:
-            found = True
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(entry.name), signal.SIGKILL)
-    return found
-
-
-def as_ids(ids: tuple[int, int] | None) -> dict[str, Any]:
-    """``create_subprocess_exec`` arguments that start a slot's sandbox as the slot's uid and
-    gid with no supplementary group."""
-    if ids is None:
-        return {}
-    return {"user": ids[0], "group": ids[1], "extra_groups": []}
+    panes = await tmux_output(tmux, shell_socket, "list-panes", "-a", "-F", "#{pane_pid}")
+    await end_sessions({int(word) for word in panes.split() if word.isdigit()})
+    await tmux_output(tmux, shell_socket, "kill-server")
 
 
 async def _stderr_of(process: asyncio.subprocess.Process) -> str:

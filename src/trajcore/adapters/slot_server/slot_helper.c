@@ -25,6 +25,13 @@
  * the limits, looks tmux up on PATH, and keeps each command in its own session (a new process
  * group of it), so the slot server can end everything a lease left by that session.
  *
+ *   slot-helper userns COUNT
+ *
+ * COUNT processes, each in a new user namespace with no ids mapped, for the slot server (root)
+ * to map and hold by descriptor: an idmapped mount takes one (workspace_overlays.py, idmaps.py).
+ * Prints their pids on one line once every one is in its namespace; each ends when its stdin
+ * reaches its end (the server closes it once it holds the namespaces).
+ *
  * Agent requests, each field a 4-byte big-endian length and its bytes, the op first:
  *
  *   exec      TIMEOUT CAP ARGV0 [ARGV1 ...]
@@ -1308,9 +1315,44 @@ static const char LAYER_DIR[] = "/run/trajcore/layer";
  * layers of a snapshot chain (snapshots.py, MAX_DEPTH) and the image's tree. */
 #define REQUEST_MAX 16384
 #define MAX_LOWER_LAYERS 17
+/* A lease request's descriptors: its channel and an idmapped clone of each layer. */
+#define MAX_DESCRIPTORS (1 + MAX_LOWER_LAYERS)
 
-/* ``lower``: the overlay's read-only layers, top first, joined with ':' (join_layers). */
-static void enter_image(int channel, const plan *p, const char *lower) {
+#ifndef SYS_move_mount
+#define SYS_move_mount 429 /* the same number on every architecture */
+#endif
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
+#endif
+
+/* The idmapped clones of the layers (``clones``, ``count`` detached mounts the server made with
+ * open_tree and mount_setattr, top first), attached in the lease's own mount namespace at
+ * LAYER_DIR/lower-<i> (under the old root, which the pivot detaches), and joined with ':' into
+ * ``lower``, which then names them instead of the layers' own paths. */
+static void attach_clones(int channel, const int *clones, size_t count, char *lower,
+                          size_t size) {
+    size_t used = 0;
+    for (size_t i = 0; i < count; i++) {
+        char point[PATH_MAX];
+        snprintf(point, sizeof point, "%s/lower-%zu", LAYER_DIR, i);
+        if (mkdir(point, 0700) != 0 && errno != EEXIST)
+            refuse(channel, point);
+        if (syscall(SYS_move_mount, clones[i], "", AT_FDCWD, point, MOVE_MOUNT_F_EMPTY_PATH) != 0)
+            refuse(channel, "attach an idmapped layer");
+        int n = snprintf(lower + used, size - used, "%s%s", i ? ":" : "", point);
+        if (n < 0 || (size_t)n >= size - used) {
+            errno = ENAMETOOLONG;
+            refuse(channel, "overlay layers");
+        }
+        used += (size_t)n;
+        close(clones[i]);
+    }
+}
+
+/* ``lower``: the overlay's read-only layers, top first, joined with ':' (join_layers); with
+ * ``count`` idmapped ``clones`` of them, those are mounted instead (attach_clones). */
+static void enter_image(int channel, const plan *p, const char *lower, const int *clones,
+                        size_t count) {
     if (strpbrk(lower, ",\\") || lower[0] != '/') {
         errno = EINVAL;
         refuse(channel, "the image's tree (a path with ',' or '\\')");
@@ -1323,6 +1365,11 @@ static void enter_image(int channel, const plan *p, const char *lower) {
     for (size_t i = 0; i < 3; i++)
         if (mkdir(made[i], 0755) != 0 && errno != EEXIST)
             refuse(channel, made[i]);
+    static char attached[REQUEST_MAX];
+    if (count > 0) {
+        attach_clones(channel, clones, count, attached, sizeof attached);
+        lower = attached;
+    }
     int n = snprintf(options, sizeof options, "lowerdir=%s,upperdir=%s,workdir=%s,userxattr",
                      lower, upper, work);
     if (n < 0 || (size_t)n >= sizeof options) {
@@ -1354,7 +1401,8 @@ static void enter_image(int channel, const plan *p, const char *lower) {
         refuse(channel, "chdir /");
 }
 
-static void lease_main(int channel, const plan *p, const char *image) {
+static void lease_main(int channel, const plan *p, const char *image, const int *clones,
+                       size_t count) {
     if (unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | (p->own_network ? CLONE_NEWNET : 0)) !=
         0)
         refuse(channel, "unshare");
@@ -1383,7 +1431,7 @@ static void lease_main(int channel, const plan *p, const char *image) {
     char tmux[PATH_MAX];
     snprintf(tmux, sizeof tmux, "%s", p->tmux);
     if (image) {
-        enter_image(channel, p, image);
+        enter_image(channel, p, image, clones, count);
         if (!which("tmux", tmux, sizeof tmux)) /* the image's own, if it has one */
             tmux[0] = '\0';
     }
@@ -1481,10 +1529,11 @@ static int end_lease(pid_t first) {
  * CLONE_NEWPID, so the keeper's own namespaces never change: an unprivileged sandbox may not
  * setns back into its pid namespace). Returns its pid as the keeper sees it, or -1 (errno
  * set). */
-static pid_t begin_lease(int channel, const plan *p, const char *image) {
+static pid_t begin_lease(int channel, const plan *p, const char *image, const int *clones,
+                         size_t count) {
     pid_t first = (pid_t)syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, NULL, NULL, NULL, NULL);
     if (first == 0)
-        lease_main(channel, p, image);
+        lease_main(channel, p, image, clones, count);
     return first;
 }
 
@@ -1492,7 +1541,8 @@ static pid_t begin_lease(int channel, const plan *p, const char *image) {
  * NUL-separated), joined with ':' for the overlay's lowerdir; NULL with ``problem`` set when a
  * path is not absolute, is empty or holds ',', ':' or '\\' (the overlay's separators), or when
  * there are too many (a fork: two at least, the frozen layers and the image's tree). */
-static const char *join_layers(const char *at, size_t size, bool fork, const char **problem) {
+static const char *join_layers(const char *at, size_t size, bool fork, const char **problem,
+                               size_t *layers) {
     static char lowers[REQUEST_MAX];
     size_t used = 0, count = 0, offset = 0;
     while (offset < size) {
@@ -1519,6 +1569,7 @@ static const char *join_layers(const char *at, size_t size, bool fork, const cha
         return NULL;
     }
     lowers[used] = '\0';
+    *layers = count;
     return lowers;
 }
 
@@ -1540,7 +1591,7 @@ static int keep(plan *p) {
     while (true) {
         char message[REQUEST_MAX];
         union {
-            char room[CMSG_SPACE(4 * sizeof(int))];
+            char room[CMSG_SPACE(MAX_DESCRIPTORS * sizeof(int))];
             struct cmsghdr align;
         } control;
         struct iovec part = {message, sizeof message - 1};
@@ -1549,12 +1600,12 @@ static int keep(plan *p) {
         ssize_t got = recvmsg(0, &header, MSG_CMSG_CLOEXEC);
         if (got < 0 && errno == EINTR)
             continue;
-        int fds[4], fd_count = 0;
+        int fds[MAX_DESCRIPTORS], fd_count = 0;
         for (struct cmsghdr *c = got > 0 ? CMSG_FIRSTHDR(&header) : NULL; c;
              c = CMSG_NXTHDR(&header, c)) {
             if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
                 size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-                for (size_t i = 0; i < count && fd_count < 4; i++)
+                for (size_t i = 0; i < count && fd_count < MAX_DESCRIPTORS; i++)
                     memcpy(&fds[fd_count++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
             }
         }
@@ -1567,16 +1618,18 @@ static int keep(plan *p) {
         reply.len = 0;
         /* "lease"; "lease-image" NUL the image's tree: a lease over that image; or "lease-fork"
          * NUL a snapshot's frozen layers (top first, NUL-separated) NUL the image's tree: a
-         * lease over those layers stacked on the image */
+         * lease over those layers stacked on the image. The lease's channel is the first
+         * descriptor; a lease over layers may bring an idmapped clone of each after it, in the
+         * same order (attach_clones), or none (the layers' own paths) */
         const char *image = NULL, *problem = NULL;
         bool leasing = got == 5 && memcmp(message, "lease", 5) == 0;
-        size_t head = 0;
+        size_t head = 0, layers = 0;
         if (got > 12 && memcmp(message, "lease-image\0", 12) == 0)
             head = 12;
         else if (got > 11 && memcmp(message, "lease-fork\0", 11) == 0)
             head = 11;
         if (head > 0) {
-            image = join_layers(message + head, (size_t)got - head, head == 11, &problem);
+            image = join_layers(message + head, (size_t)got - head, head == 11, &problem, &layers);
             leasing = true;
         }
         if (leasing && problem) {
@@ -1584,13 +1637,15 @@ static int keep(plan *p) {
             json_string(&reply, problem, strlen(problem));
             buf_puts(&reply, "}");
         } else if (leasing) {
-            if (fd_count != 1) {
-                buf_printf(&reply, "{\"error\":\"a lease needs one channel, got %d descriptors\"}",
-                           fd_count);
+            if (fd_count != 1 && (size_t)fd_count != 1 + layers) {
+                buf_printf(&reply,
+                           "{\"error\":\"a lease needs one channel (and one idmapped clone per "
+                           "layer, or none), got %d descriptors for %zu layers\"}",
+                           fd_count, layers);
             } else {
                 if (lease > 0)
                     end_lease(lease);
-                lease = begin_lease(fds[0], p, image);
+                lease = begin_lease(fds[0], p, image, fds + 1, (size_t)fd_count - 1);
                 if (lease > 0) {
                     buf_printf(&reply, "{\"lease\":true,\"pid\":%d}", (int)lease);
                 } else {
@@ -1644,6 +1699,77 @@ static int bare(plan *p) {
     return serve(0, p->state_dir, p->workspace, p->tmux, false);
 }
 
+/* ``userns COUNT`` (the usage above): for the server's idmapped mounts, which each take a user
+ * namespace mapping an owner to a slot's ids. A child of this program is a few hundred
+ * microseconds where an interpreter takes a tenth of a second. */
+static int userns_main(const char *count_text) {
+    char *end;
+    errno = 0;
+    long count = strtol(count_text, &end, 10);
+    if (errno || *end || end == count_text || count < 1 || count > 65536) {
+        fprintf(stderr, "slot-helper: userns takes a count from 1 to 65536\n");
+        return 2;
+    }
+    int ready[2];
+    if (pipe2(ready, O_CLOEXEC) != 0)
+        die("pipe");
+    pid_t *children = calloc((size_t)count, sizeof *children);
+    if (!children)
+        out_of_memory();
+    long made = 0;
+    int failure = 0;
+    for (; made < count; made++) {
+        pid_t child = fork();
+        if (child < 0) {
+            failure = errno;
+            break;
+        }
+        if (child == 0) {
+            (void)prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+            close(ready[0]);
+            int result = unshare(CLONE_NEWUSER) == 0 ? 0 : errno;
+            if (write(ready[1], &result, sizeof result) != (ssize_t)sizeof result || result)
+                _exit(3);
+            close(ready[1]);
+            for (char byte;;) { /* until stdin ends */
+                ssize_t got = read(0, &byte, 1);
+                if (got == 0 || (got < 0 && errno != EINTR))
+                    _exit(0);
+            }
+        }
+        children[made] = child;
+    }
+    close(ready[1]);
+    for (long heard = 0; heard < made && !failure;) {
+        int result = 0;
+        ssize_t got = read(ready[0], &result, sizeof result);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got != (ssize_t)sizeof result)
+            failure = EIO;
+        else if (result)
+            failure = result;
+        heard++;
+    }
+    close(ready[0]);
+    if (failure) {
+        fprintf(stderr, "slot-helper: cannot make a user namespace: %s\n", strerror(failure));
+        for (long i = 0; i < made; i++)
+            (void)kill(children[i], SIGKILL);
+    } else {
+        for (long i = 0; i < made; i++)
+            printf("%s%d", i ? " " : "", (int)children[i]);
+        printf("\n");
+        fflush(stdout);
+    }
+    for (long i = 0; i < made; i++) {
+        int status;
+        wait_for_child(children[i], &status);
+    }
+    free(children);
+    return failure ? 3 : 0;
+}
+
 /* ============================================================================ main */
 
 static int usage(void) {
@@ -1653,7 +1779,8 @@ static int usage(void) {
             "                        [--mask PATH]... [--read-only PATH]...\n"
             "                        [--tmpfs-options OPTIONS] [--own-network] [--seccomp HEX]\n"
             "       slot-helper serve CHANNEL_FD STATE_DIR WORKSPACE TMUX_PATH_OR_EMPTY\n"
-            "       slot-helper bare --workspace W --state-dir S [--limit NAME VALUE]...\n");
+            "       slot-helper bare --workspace W --state-dir S [--limit NAME VALUE]...\n"
+            "       slot-helper userns COUNT\n");
     return 2;
 }
 
@@ -1674,6 +1801,8 @@ int main(int argc, char **argv) {
         }
         return serve((int)channel, argv[3], argv[4], argv[5], true);
     }
+    if (argc == 3 && strcmp(argv[1], "userns") == 0)
+        return userns_main(argv[2]);
     if (argc >= 2 && strcmp(argv[1], "bare") == 0) {
         plan p = {0};
         if (!parse_plan(argc, argv, &p) || p.tmp || p.carry_count || p.kernel_count ||

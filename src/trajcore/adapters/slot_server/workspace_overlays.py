@@ -24,6 +24,9 @@ At the reset: the overlay and the lower's clone are unmounted (detached), and th
 is set aside into the trash like the lease's layer. A crashed server's mounts under its root are
 detached at the next start.
 
+The clone's user namespace (the server's ids mapped to the slot's) is made ahead, for every
+slot when the server starts (``idmaps.IdMaps``), so a fork's lease request only mounts.
+
 Where this cannot work (a server that is not root, a kernel without idmapped mounts or
 overlays, a root that cannot be made a shared mount), ``problem`` says why and forks copy the
 workspace, as before.
@@ -34,15 +37,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import select
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import attrs
 
 from trajcore.adapters.removal import remove_tree
+from trajcore.adapters.slot_server.idmaps import IdMaps
 
 __all__ = ["WorkspaceOverlays", "mount_points_under"]
 
@@ -141,9 +141,9 @@ class WorkspaceOverlays:
 
     root: Path
     owner: tuple[int, int]
+    idmaps: IdMaps | None = None
     problem: str | None = None
     _bound: bool = False
-    _namespaces: dict[tuple[int, int], int] = attrs.field(factory=dict)
     _mounted: dict[Path, Path] = attrs.field(factory=dict)
 
     @property
@@ -151,14 +151,21 @@ class WorkspaceOverlays:
         return self.root / "forks"
 
     @classmethod
-    def open(cls, root: Path, owner: tuple[int, int] | None) -> WorkspaceOverlays:
-        """Detach a crashed server's mounts under ``root``, make ``root`` a shared mount, and
-        probe; never raises for what the host cannot do (``problem`` says it). Call it before
-        any keeper starts (their sandboxes must see ``root`` shared)."""
+    def open(
+        cls, root: Path, owner: tuple[int, int] | None, idmaps: IdMaps | None = None
+    ) -> WorkspaceOverlays:
+        """Detach a crashed server's mounts under ``root`` and make ``root`` a shared mount;
+        ``idmaps`` makes the lower clones' user namespaces (prepared already). Never raises for
+        what the host cannot do (``problem`` says it). Call it before any keeper starts (their
+        sandboxes must see ``root`` shared)."""
         root = Path(os.path.realpath(root))
-        found = cls(root=root, owner=owner or (os.geteuid(), os.getegid()))
+        found = cls(root=root, owner=owner or (os.geteuid(), os.getegid()), idmaps=idmaps)
         if owner is None or os.geteuid() != 0:
             found.problem = "forked workspaces are copies: the slot server does not run as root"
+            return found
+        if idmaps is None or idmaps.problem is not None:
+            why = "no user namespaces to map ids with" if idmaps is None else idmaps.problem
+            found.problem = f"forked workspaces are copies: {why}"
             return found
         bad = next((c for c in _OVERLAY_SEPARATORS if c in str(root)), None)
         if bad is not None:
@@ -179,7 +186,6 @@ class WorkspaceOverlays:
                 _mount(str(root), str(root), None, _MS_BIND, None)
                 found._bound = True
             _mount(None, str(root), None, _MS_SHARED, None)
-            found._namespace((0, 0))  # the probe: a user namespace to map ids with
         except OSError as error:
             found.problem = f"forked workspaces are copies: {error}"
         return found
@@ -202,27 +208,13 @@ class WorkspaceOverlays:
         (folder / "upper").mkdir(mode=0o700)
         os.chown(folder / "upper", *ids)
         attached = False
+        assert self.idmaps is not None  # no problem: ``open`` had them
         try:
-            userns = self._namespace(ids)
-            tree = _check(
-                _LIBC.syscall(
-                    _SYS_OPEN_TREE, _AT_FDCWD, str(lower).encode(),
-                    _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC,
-                ),
-                "open_tree", lower,
-            )  # fmt: skip
+            userns = self.idmaps.held(self.owner, ids)
+            if userns is None:  # a slot the server did not make ahead (never, as it starts)
+                userns = self.idmaps.namespace(self.owner, ids)
+            tree = self.idmaps.clone(lower, userns)
             try:
-                attr = _MountAttr(
-                    _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID
-                    | _MOUNT_ATTR_NODEV, 0, 0, userns,
-                )  # fmt: skip
-                _check(
-                    _LIBC.syscall(
-                        _SYS_MOUNT_SETATTR, tree, b"", _AT_EMPTY_PATH, ctypes.byref(attr),
-                        ctypes.sizeof(attr),
-                    ),
-                    "mount_setattr (an idmapped clone)", lower,
-                )  # fmt: skip
                 _check(
                     _LIBC.syscall(
                         _SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, str(folder / "lower").encode(),
@@ -276,43 +268,9 @@ class WorkspaceOverlays:
             with contextlib.suppress(OSError):
                 _detach(folder / "lower")
         self._mounted.clear()
-        for fd in self._namespaces.values():
-            os.close(fd)
-        self._namespaces.clear()
+        if self.idmaps is not None:
+            self.idmaps.close()
         if self._bound:
             self._bound = False
             with contextlib.suppress(OSError):
                 _detach(self.root)
-
-    def _namespace(self, ids: tuple[int, int]) -> int:
-        """A user namespace that maps the frozen workspaces' owner to ``ids`` (one per slot,
-        kept): the idmap of a lower's clone."""
-        held = self._namespaces.get(ids)
-        if held is not None:
-            return held
-        child = subprocess.Popen(
-            [sys.executable, "-S", "-c", _UNSHARE],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        assert child.stdin is not None
-        assert child.stdout is not None
-        try:
-            ready, _, _ = select.select([child.stdout], [], [], _NAMESPACE_TIMEOUT_S)
-            if not ready or child.stdout.read(1) != b"u":
-                raise OSError("cannot make a user namespace to map the workspace's owner with")
-            maps = (("uid", self.owner[0], ids[0]), ("gid", self.owner[1], ids[1]))
-            for kind, inside, outside in maps:
-                Path(f"/proc/{child.pid}/{kind}_map").write_text(f"{inside} {outside} 1\n")
-            fd = os.open(f"/proc/{child.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-        finally:
-            with contextlib.suppress(OSError):
-                child.stdin.close()
-            deadline = time.monotonic() + _NAMESPACE_TIMEOUT_S
-            try:
-                child.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-            child.stdout.close()
-        self._namespaces[ids] = fd
-        return fd
