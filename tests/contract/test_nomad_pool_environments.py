@@ -29,6 +29,7 @@ from tests.environment_roots import IMAGE_OS_RELEASE, image_problem, write_shell
 from tests.nomad_testbed import OPENAPI, nomad_pool_config, pool_on
 from trajcore.adapters.pools.nomad_pool import NomadSandboxPool
 from trajcore.domain.environment_leases import EnvironmentUnavailable
+from trajcore.domain.errors import SlotServerError
 from trajcore.domain.nomad_job import EnvironmentArtifact
 from trajcore.domain.slots import Lease
 from trajcore.ports.sandbox_pool import SandboxPool
@@ -193,6 +194,23 @@ async def test_the_cache_figures_are_summed_once_per_node(shell_image: Path) -> 
     # each allocation reads its own copy of the artifact: two resolutions, one unpacking
     assert stats.cache_hits + stats.cache_misses == 3, stats
     assert stats.cache_hits >= 1
+
+
+async def test_an_artifact_nomad_cannot_fetch_fails_the_start_naming_it(shell_image: Path) -> None:
+    async with FakeNomadAPI(openapi=OPENAPI) as fake:
+        missing = shell_image / "no-such-image.tar"
+        config = nomad_pool_config(
+            fake.address,
+            start_timeout_s=3.0,
+            image_cache_dir=str(shell_image / "cache"),
+            artifacts=(EnvironmentArtifact(source=str(missing), destination="task.tar"),),
+            client_alloc_dir=str(fake.alloc_dir),
+        )
+        with pytest.raises(SlotServerError) as caught:
+            async with NomadSandboxPool(config):
+                pytest.fail("a pool started without its allocations' artifacts")
+    assert "Failed Artifact Download" in str(caught.value)
+    assert str(missing) in str(caught.value)
 
 
 async def test_a_pool_without_a_cache_names_the_setting(shell_image: Path) -> None:

@@ -13,7 +13,11 @@ from pathlib import Path
 import pytest
 
 from tests.nomad_testbed import OPENAPI, wait_until
-from trajcore.adapters.pools.nomad_client import NomadClient, NomadUnavailable
+from trajcore.adapters.pools.nomad_client import (
+    NomadClient,
+    NomadUnavailable,
+    parse_allocation_stubs,
+)
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.nomad_job import (
@@ -112,6 +116,11 @@ async def test_an_artifact_that_cannot_be_fetched_never_starts_the_task(
     assert downloads, messages
     assert reason in str(downloads[0]["Message"])
     assert str(source) in str(downloads[0]["Message"])
+    # what the pool reads of it: the stub's failure, which its start error then names
+    (stub,) = [s for s in parse_allocation_stubs(await client.job_allocations("fetchers"))
+               if s.id == failed.id]  # fmt: skip
+    assert stub.failure.startswith("Failed Artifact Download: failed to download artifact")
+    assert reason in stub.failure
 
 
 @pytest.mark.parametrize(

@@ -267,6 +267,8 @@ class AllocationStub(AllocationStatus):
         client_status: ``pending``, ``running``, ``complete``, ``failed``, ``lost`` (or newer).
         desired_status: ``run``, ``stop`` or ``evict``.
         restarts: In-place restarts of its tasks so far.
+        failure: The latest event of its tasks that says why a task could not start or run
+            (``Failed Artifact Download: ...``, ``Driver Failure: ...``), or ``""``.
     """
 
     id: str
@@ -276,6 +278,7 @@ class AllocationStub(AllocationStatus):
     client_status: str
     desired_status: str
     restarts: int
+    failure: str = ""
 
 
 # The wire types: only the fields the pool reads, each named as Nomad spells it (so a fault's
@@ -283,8 +286,24 @@ class AllocationStub(AllocationStatus):
 
 
 @attrs.frozen(kw_only=True)
+class _TaskEvent:
+    Type: str | None = None
+    Time: int | None = None
+    DisplayMessage: str | None = None
+    Message: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class _TaskState:
     Restarts: int | None = None
+    Events: list[_TaskEvent] | None = None
+
+
+_FAILURES = frozenset(
+    {"Failed Artifact Download", "Driver Failure", "Setup Failure", "Failed Validation",
+     "Task hook failed", "Template failed"}
+)  # fmt: skip
+"""The task events that say why a task could not start (Nomad's ``TaskEvent`` types)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -327,7 +346,7 @@ class _Allocation:
     AllocatedResources: _Resources | None = None
 
 
-_WIRE_TYPES = (_TaskState, _ListStub, _Port, _Network, _Shared, _Resources, _Allocation)
+_WIRE_TYPES = (_TaskEvent, _TaskState, _ListStub, _Port, _Network, _Shared, _Resources, _Allocation)
 _INDEX = re.compile(r"\[(\d+)\]$")
 
 
@@ -376,6 +395,16 @@ def _stub(item: _ListStub, path: str) -> AllocationStub:
         _count(state.Restarts, f"{path}.TaskStates[{task!r}].Restarts")
         for task, state in (item.TaskStates or {}).items()
     )
+    failures = [
+        event
+        for state in (item.TaskStates or {}).values()
+        for event in state.Events or ()
+        if event.Type in _FAILURES
+    ]
+    failure = ""
+    if failures:
+        last = max(failures, key=lambda event: event.Time or 0)
+        failure = f"{last.Type}: {last.DisplayMessage or last.Message or ''}".rstrip(": ")
     return AllocationStub(
         id=item.ID,
         name=item.Name,
@@ -384,6 +413,7 @@ def _stub(item: _ListStub, path: str) -> AllocationStub:
         client_status=item.ClientStatus,
         desired_status=item.DesiredStatus,
         restarts=restarts,
+        failure=failure,
     )
 
 

@@ -208,6 +208,7 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
 
     nomad: NomadClient
     _names: dict[str, str] = attrs.field(init=False, factory=dict)
+    _failed: set[str] = attrs.field(init=False, factory=set)
     _version: int = attrs.field(init=False, default=0)
     _registered: bool = attrs.field(init=False, default=False)
 
@@ -269,6 +270,9 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
             if stub.job_version < self._version:
                 continue
             self._names[stub.id] = stub.name
+            if stub.failure and stub.id not in self._failed:  # why it never ran, said once
+                self._failed.add(stub.id)
+                self.pool.note(f"allocation {stub.name} ({stub.id}): {stub.failure}")
             allocations.append(
                 self._allocation(
                     stub.id,
