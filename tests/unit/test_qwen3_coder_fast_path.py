@@ -8,6 +8,7 @@ unbalanced ones included, and that the ordinary turn never builds the index."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import SupportsIndex
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -192,3 +193,45 @@ def test_a_broken_opener_in_a_value_is_text_to_the_plain_walk() -> None:
     turn = _read(scan, None)
     assert [(c.name, c.arguments) for c in turn.calls] == [("f", {"a": "see <parameter=x\nhere"})]
     assert scan._tags is None
+
+
+class _CountingText(str):
+    """A text that counts the characters its ``find`` calls pass over."""
+
+    __slots__ = ("scanned",)
+
+    scanned: int
+
+    def find(
+        self, sub: str, start: SupportsIndex | None = None, end: SupportsIndex | None = None, /
+    ) -> int:
+        found = super().find(sub, start, end)
+        begin = 0 if start is None else int(start)
+        stop = len(self) if end is None else min(int(end), len(self))
+        self.scanned = (
+            getattr(self, "scanned", 0) + (found + len(sub) if found >= 0 else stop) - begin
+        )
+        return found
+
+
+def test_values_without_closers_are_read_with_the_text_scanned_about_once() -> None:
+    # No value has a closer: each ends at the next parameter's opener. Looking for the closer
+    # from every value again would pass over the rest of the text each time (n times the text).
+    n = 400
+    body = "".join(f"<parameter=p{i}>\nv\n" for i in range(n))
+    text = _CountingText(f"<tool_call>\n<function=f>\n{body}</function>\n</tool_call>")
+    turn = _read(_scan(text, "qwen3_coder", wrapped=True), None)
+    assert [len(c.arguments) for c in turn.calls] == [n]
+    assert turn.errors == ()
+    assert text.scanned <= 4 * len(text)
+
+
+def test_the_remembered_closer_answers_only_between_where_it_was_looked_for_and_found() -> None:
+    text = "a</parameter>b</parameter>"
+    scan = _scan(text, "qwen3_coder", wrapped=False)
+    assert scan.next_closer(2) == 14
+    assert scan.next_closer(14) == 14
+    assert scan.next_closer(0) == 1  # before where it was looked for from: looked for again
+    assert scan.next_closer(15) == -1
+    assert scan.next_closer(20) == -1
+    assert scan.next_closer(3) == 14

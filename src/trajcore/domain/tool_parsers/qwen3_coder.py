@@ -214,6 +214,10 @@ class _Scan:
     block_open: Marker
     block_close: Marker
     _tags: _Tags | None = attrs.field(init=False, default=None)
+    # the first ``</parameter>`` at or after ``_closer_from`` (-1: none; ``_closer_from`` -1:
+    # not looked for yet): the plain walks move forward, so they look for each closer once
+    _closer_from: int = attrs.field(init=False, default=-1)
+    _closer_at: int = attrs.field(init=False, default=-1)
 
     @property
     def tags(self) -> _Tags:
@@ -341,13 +345,15 @@ class _Scan:
 
         The walk from ``start`` looks at each ``</parameter>`` and the openers before it: a
         closer with a structural follower ends the value, an opener of a name that can start
-        the next parameter ends it before the opener, a broken opener is text. It looks at
-        nothing past where the value ends, so over the values it decides it reads the text
-        once; a ``</function>`` before the end decides nothing here (it is only a fallback).
+        the next parameter ends it before the opener, a broken opener is text. Openers are
+        looked for only up to the next closer, and each closer once over the scan
+        (``next_closer``: values are read forward), so the walks read the text about once
+        however many values they decide; a ``</function>`` before the end decides nothing
+        here (it is only a fallback).
         """
         text = self.text
         pos = start
-        closer = text.find(PARAMETER_END, pos)
+        closer = self.next_closer(pos)
         while True:
             opener = text.find(PARAMETER, pos, len(text) if closer < 0 else closer)
             if opener >= 0:
@@ -365,7 +371,16 @@ class _Scan:
             if hard or (name is not None and (known is None or name in known)):
                 return closer, after
             pos = after
-            closer = text.find(PARAMETER_END, pos)
+            closer = self.next_closer(pos)
+
+    def next_closer(self, pos: int) -> int:
+        """The first ``</parameter>`` at or after ``pos`` (-1 when none is): found again only
+        when ``pos`` is before where the last one was looked for from, or past what it found."""
+        at = self._closer_at
+        if self._closer_from < 0 or pos < self._closer_from or 0 <= at < pos:
+            at = self.text.find(PARAMETER_END, pos)
+            self._closer_from, self._closer_at = pos, at
+        return at
 
     def indexed_value_end(
         self, start: int, key: str, given: JSONObject, function: _Function
