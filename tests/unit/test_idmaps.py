@@ -28,6 +28,8 @@ from trajcore.adapters.slot_server.idmaps import (
     open_idmaps,
 )
 from trajcore.adapters.slot_server.native_helper import build_slot_helper
+from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
+from trajcore.adapters.slot_server.sandboxes import Sandboxes
 
 ROOT = os.geteuid() == 0
 HAS_COMPILER = any(shutil.which(name) for name in ("cc", "gcc", "clang"))
@@ -165,3 +167,24 @@ def test_a_server_that_is_not_root_makes_no_namespaces(helper: Path, tmp_path: P
         None,
         "the slot server does not run as root",
     )
+
+
+@needs_root
+def test_health_says_when_the_images_files_stay_read_only(helper: Path, tmp_path: Path) -> None:
+    sandboxes = Sandboxes(config=RuntimeConfig(slots=2, root=tmp_path), native=helper)
+    sandboxes.uid_base = SLOT[0]
+    images = tmp_path / "images"
+    images.mkdir()
+    maps = sandboxes.open_idmaps((0, 0), 2, images)
+    assert maps is not None
+    assert sandboxes.lowers is maps  # leases get clones of their layers
+    assert sandboxes.notes == []
+    maps.close()
+    refusing = Sandboxes(config=RuntimeConfig(slots=2, root=tmp_path), native=helper)
+    refusing.uid_base = SLOT[0]
+    maps = refusing.open_idmaps((0, 0), 2, Path("/proc/sys"))
+    assert maps is not None  # forked workspaces may still use them
+    assert refusing.lowers is None  # leases mount their layers as they are
+    (note,) = refusing.notes  # what health's detail carries
+    assert note.startswith("the image's files are read-only to leases: the image cache's file")
+    maps.close()
