@@ -37,6 +37,10 @@ EQUIVALENT = REPO / "mutation" / "equivalent.toml"
 BUILD = REPO / "build" / "mutation"
 RESULTS = BUILD / "results.json"
 
+# mutmut stops a mutant's tests after (t + 1 s) x 2 x this many CPU seconds (t: their measured
+# time in the clean run); a hung mutant counts as detected ("timeout").
+TIMEOUT_MULTIPLIER = 1.0
+
 # mutmut's statuses, grouped: a mutant the tests noticed, one they missed, one not judged.
 DETECTED = {"killed", "timeout", "segfault", "caught by type check"}
 MISSED = {"survived", "no tests", "suspicious"}
@@ -129,6 +133,11 @@ def prepare(key: str, tests: list[str]) -> Path:
             f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
             'also_copy = ["mutation/"]',
             'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "mutation.plugin"]',
+            # A mutant that hangs (an endless loop) is stopped after (t + 1 s) x 2 x this many
+            # CPU seconds, t being the measured time of the tests that reach it: mutmut's own
+            # 15 made that up to an hour for a parser's shared helpers, whose tests are the
+            # properties of every family. A mutant the tests miss runs them in about t.
+            f"timeout_multiplier = {TIMEOUT_MULTIPLIER}",
             "",
         ]
     )
