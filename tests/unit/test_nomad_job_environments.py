@@ -17,6 +17,7 @@ from trajcore.domain.nomad_job import (
     job_json,
     register_request,
 )
+from trajcore.entrypoints.atropos.sandbox_settings import SandboxSettings
 
 SHELL = EnvironmentArtifact(source="https://images.internal/shell.tar", destination="shell.tar")
 LAYOUT = EnvironmentArtifact(
@@ -166,3 +167,12 @@ def test_a_local_reference_no_allocation_can_find_is_refused_naming_why() -> Non
     refused = raw.reference_refusal("oci:/local/environments/task-17")
     assert refused is not None
     assert refused[0] == "client_alloc_dir"
+
+
+def test_the_envs_image_cache_reaches_the_nomad_job() -> None:
+    settings = SandboxSettings(image_cache_dir="/var/cache/images", image_cache_bytes=1 << 30)
+    job = settings.nomad_pool_config().job
+    assert (job.image_cache_dir, job.image_cache_bytes) == ("/var/cache/images", 1 << 30)
+    with pytest.raises(ConfigError) as caught:
+        SandboxSettings(image_cache_dir="relative").nomad_pool_config()
+    assert caught.value.field == "image_cache_dir"
