@@ -165,8 +165,9 @@ class SandboxSettings(CloudSettings):
     )
     image_cache_dir: str | None = Field(
         default=None,
-        description="Local and container pools: the host's image cache (an absolute path), "
-        "which lets tasks run over their own images (task_environment); off by default.",
+        description="Local, container and Nomad pools: the slot servers' image cache (an "
+        "absolute path; a Nomad task's as it sees it), which lets tasks run over their own "
+        "images (task_environment); off by default.",
     )
     image_cache_bytes: int = Field(
         default=_LOCAL.image_cache_bytes, ge=1, description="The image cache's size limit."
