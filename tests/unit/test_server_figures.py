@@ -4,6 +4,9 @@ of the servers in the pool)."""
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from trajcore.domain.environment_leases import ServerFigureBook, ServerFigures, ServerTotals
 from trajcore.domain.task_environments import ImageCacheStatistics
 
@@ -61,3 +64,35 @@ def test_the_latest_reading_of_a_cache_counts() -> None:
     assert book.totals().cache_images == 3
     book.observe("b", "host", ServerFigures(cache=None))  # a server without a cache
     assert (book.totals().cache_servers, book.totals().cache_images) == (1, 3)
+
+
+@st.composite
+def readings(draw: st.DrawFn) -> list[tuple[str, str, int]]:
+    """Steps: (``observe`` or ``leave``, server, how much its hits grew); a server's hits only
+    grow while it runs, and start again from 0 after it left."""
+    step = st.tuples(
+        st.sampled_from(["observe", "leave"]), st.sampled_from("abc"), st.integers(0, 5)
+    )
+    return draw(st.lists(step, max_size=30))
+
+
+@given(readings())
+def test_counts_never_go_down_and_sum_every_servers_last_reading(
+    steps: list[tuple[str, str, int]],
+) -> None:
+    book = ServerFigureBook()
+    hits: dict[str, int] = {}
+    expected = 0  # what servers that left had counted
+    last = 0
+    for action, server, grew in steps:
+        if action == "leave":
+            expected += hits.pop(server, 0)
+            book.leave(server)
+        else:
+            hits[server] = hits.get(server, 0) + grew
+            book.observe(server, "host", ServerFigures(cache=cache(hits=hits[server])))
+        total = book.totals().cache_hits
+        assert total >= last
+        assert total == expected + sum(hits.values())
+        assert book.totals().caches == (1 if hits else 0)
+        last = total
