@@ -109,6 +109,7 @@ def test_the_environment_settings_validate_against_nomads_job_schema() -> None:
             },
         ),
         ("client_alloc_dir", {"client_alloc_dir": "/opt/nomad/data/alloc"}),
+        ("client_alloc_dir", {"driver": "raw_exec", "command": "s", "client_alloc_dir": "alloc"}),
         ("artifacts", {"image_cache_dir": "/c", "artifacts": [SHELL, SHELL]}),
         ("artifacts", {"image_cache_dir": "/c", "artifacts": "shell.tar"}),
     ],

@@ -244,6 +244,15 @@ def _artifacts(value: object) -> tuple[EnvironmentArtifact, ...]:
     raise ConfigError("artifacts", f"expected EnvironmentArtifact values, got {value!r}")
 
 
+def _client_dir(_: object, attribute: attrs.Attribute[str | None], value: object) -> None:
+    if value is not None:
+        _check(
+            isinstance(value, str) and value.startswith("/") and "\0" not in value,
+            attribute.name,
+            f"must be None or an absolute path on the clients, got {value!r}",
+        )
+
+
 def _cache_dir(_: object, attribute: attrs.Attribute[str | None], value: object) -> None:
     if value is not None:
         _check(
@@ -351,7 +360,7 @@ class NomadJobSettings:
     image_cache_bytes: int = attrs.field(default=32 << 30, validator=whole_number(1))
     image_cache_volume: str | None = attrs.field(default=None, validator=_optional_name)
     artifacts: tuple[EnvironmentArtifact, ...] = attrs.field(default=(), converter=_artifacts)
-    client_alloc_dir: str | None = attrs.field(default=None, validator=_cache_dir)
+    client_alloc_dir: str | None = attrs.field(default=None, validator=_client_dir)
 
     def __attrs_post_init__(self) -> None:
         self._check_environments()
