@@ -62,6 +62,7 @@ __all__ = [
 
 MAX_DEPTH = 16
 """The most frozen layers a lease stacks over its image (a snapshot of a fork of a fork...)."""
+_SET_IDS = stat.S_ISUID | stat.S_ISGID
 _KEPT_MODE = ~(stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWGRP | stat.S_IWOTH)
 _COPY_TIMEOUT_S = 600.0
 _REMOVE_TIMEOUT_S = 600.0
@@ -413,8 +414,12 @@ def copy_tree(source: Path, dest: Path, *, owner: tuple[int, int] | None) -> Non
     times and extended attributes kept; every entry then given to ``owner`` when named.
     Raises ``OSError``."""
     dest.mkdir(mode=0o700, exist_ok=True)
-    cp = shutil.which("cp")
-    if cp is not None and _gnu(cp):
+    with os.scandir(source) as entries:
+        empty = next(entries, None) is None  # a preparation that wrote to the root alone
+    cp = None if empty else shutil.which("cp")
+    if empty:
+        pass
+    elif cp is not None and _gnu(cp):
         done = subprocess.run(
             [cp, "-a", "--reflink=auto", "--", f"{source}/.", f"{dest}/"],
             capture_output=True, text=True, timeout=_COPY_TIMEOUT_S, check=False,
@@ -458,12 +463,15 @@ def _own(root: Path, owner: tuple[int, int] | None, *, keep_mode: bool) -> None:
         with os.scandir(pending.pop()) as entries:
             for entry in entries:
                 info = entry.stat(follow_symlinks=False)
-                if owner is not None:
+                if owner is not None and (
+                    (info.st_uid, info.st_gid) != owner or info.st_mode & _SET_IDS
+                ):  # a chown drops the set-ids bits too, as the copy would see them dropped
                     os.lchown(entry.path, *owner)
                 if stat.S_ISLNK(info.st_mode):
                     continue
-                if not keep_mode:
-                    os.chmod(entry.path, stat.S_IMODE(info.st_mode) & _KEPT_MODE)
+                kept = stat.S_IMODE(info.st_mode) & _KEPT_MODE
+                if not keep_mode and kept != stat.S_IMODE(info.st_mode):  # else nothing to drop
+                    os.chmod(entry.path, kept)
                 if stat.S_ISDIR(info.st_mode):
                     pending.append(entry.path)
 
