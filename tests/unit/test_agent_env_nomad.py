@@ -84,6 +84,15 @@ def _config(**fields: Any) -> AgentEnvConfig:
         ({"nomad_datacenters": ","}, "nomad_datacenters"),
         ({"nomad_driver": "raw_exec", "privileged": True}, "privileged"),
         ({"min_containers": 3, "max_containers": 2}, "max_containers"),
+        ({"nomad_artifacts": "[{}]", "image_cache_dir": "/cache"}, "nomad_artifacts"),
+        ({"nomad_artifacts": '{"source": "/a"}', "image_cache_dir": "/cache"}, "nomad_artifacts"),
+        ({"nomad_artifacts": "not json", "image_cache_dir": "/cache"}, "nomad_artifacts"),
+        (
+            {"nomad_artifacts": '[{"source": "/a", "destination": "../up"}]'},
+            "nomad_artifacts",
+        ),
+        ({"nomad_image_cache_volume": "cache"}, "image_cache_dir"),  # a volume for no cache
+        ({"nomad_client_alloc_dir": "/var/lib/nomad/alloc"}, "nomad_client_alloc_dir"),  # docker
     ],
 )
 def test_bad_nomad_settings_fail_at_start_named_by_their_env_field(
@@ -163,3 +172,31 @@ async def test_a_group_runs_on_slot_servers_that_nomad_schedules() -> None:
     assert result.verdict.status is GroupStatus.COMPLETE
     assert result.verdict.member_scores == (1.0, 1.0)
     assert any(r.path == "/v1/job/trajcore-slots" and r.method == "POST" for r in fake.requests)
+
+
+def test_task_environments_on_nomad_come_from_the_env_fields() -> None:
+    """The cache's host volume, the artifacts (a JSON list) and the raw_exec clients'
+    allocation directory each reach the job from a flag of their own."""
+    docker = _config(
+        image_cache_dir="/cache",
+        nomad_image_cache_volume="trajcore-cache",
+        nomad_artifacts=(
+            '[{"source": "https://store.internal/task-17.tar", "destination": "task-17.tar",'
+            ' "checksum": "sha256:' + "0" * 64 + '"},'
+            ' {"source": "/srv/layouts/task-18", "destination": "task-18", "unpack": true}]'
+        ),
+    ).nomad_pool_config()
+    assert docker.job.image_cache_volume == "trajcore-cache"
+    assert [(a.source, a.destination, a.unpack) for a in docker.job.artifacts] == [
+        ("https://store.internal/task-17.tar", "task-17.tar", False),
+        ("/srv/layouts/task-18", "task-18", True),
+    ]
+    assert docker.job.artifacts[0].checksum == "sha256:" + "0" * 64
+    raw = _config(
+        image_cache_dir="/cache",
+        nomad_driver="raw_exec",
+        nomad_client_alloc_dir="/var/lib/nomad/alloc",
+    ).nomad_pool_config()
+    assert raw.job.client_alloc_dir == "/var/lib/nomad/alloc"
+    assert raw.job.artifacts == ()
+    assert raw.job.image_cache_volume is None

@@ -46,6 +46,9 @@ def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
         "privileged": "privileged",
         "image_cache_dir": "image_cache_dir",  # the servers' cache, for the Nomad pool too
         "image_cache_bytes": "image_cache_bytes",
+        "image_cache_volume": "nomad_image_cache_volume",
+        "artifacts": "nomad_artifacts",
+        "client_alloc_dir": "nomad_client_alloc_dir",
     }
     assert section(NomadPoolConfig, ("nomad_",), {}) == {
         "address": "nomad_address", "token": "nomad_token",

@@ -22,6 +22,7 @@ in ``cloud``), and this module only names them for the command line:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any, TypeVar, cast
@@ -40,7 +41,7 @@ from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig
 from trajcore.adapters.pools.ssh_pool import SshPoolConfig
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
-from trajcore.domain.nomad_job import NomadJobSettings
+from trajcore.domain.nomad_job import EnvironmentArtifact, NomadJobSettings
 from trajcore.domain.slurm_jobs import SlurmJobSettings
 from trajcore.domain.ssh_hosts import SshHost
 
@@ -202,6 +203,21 @@ class SandboxSettings(CloudSettings):
         default=",".join(_NOMAD_JOB.datacenters),
         description="Nomad datacenters for the slots, comma-separated.",
     )
+    nomad_image_cache_volume: str | None = Field(
+        default=_NOMAD_JOB.image_cache_volume,
+        description="Nomad: a client host volume mounted at image_cache_dir (docker and exec "
+        "tasks), so a node's servers share one image cache.",
+    )
+    nomad_artifacts: str = Field(
+        default="",
+        description="Nomad: task environments fetched into every allocation, a JSON list of "
+        '{"source", "destination", "unpack", "checksum"} objects (docs/deploy.md).',
+    )
+    nomad_client_alloc_dir: str | None = Field(
+        default=_NOMAD_JOB.client_alloc_dir,
+        description="Nomad raw_exec: the clients' allocation directory (<data_dir>/alloc), "
+        "where a server finds its artifacts.",
+    )
     min_containers: int = Field(
         default=_NOMAD.min_containers, ge=1, description="Nomad: fewest containers."
     )
@@ -278,8 +294,52 @@ class SandboxSettings(CloudSettings):
         Raises:
             ConfigError: a Nomad setting that cannot work, named by its env field.
         """
-        job = _build(self, NomadJobSettings, ("nomad_",), {})
+        job = _build(self, NomadJobSettings, ("nomad_",), {"artifacts": self._nomad_artifacts()})
         return _build(self, NomadPoolConfig, ("nomad_",), {**self.server_settings(), "job": job})
+
+    def _nomad_artifacts(self) -> tuple[EnvironmentArtifact, ...]:
+        """``nomad_artifacts`` read: a JSON list of objects with ``EnvironmentArtifact``'s
+        fields; an empty text is none.
+
+        Raises:
+            ConfigError: not such a list, or an artifact that cannot work (field
+                ``nomad_artifacts``, the entry and its field named in the reason).
+        """
+        text = self.nomad_artifacts.strip()
+        if not text:
+            return ()
+        try:
+            entries = json.loads(text)
+        except ValueError as error:
+            raise ConfigError("nomad_artifacts", f"not JSON: {error}") from None
+        if not isinstance(entries, list):
+            raise ConfigError("nomad_artifacts", f"expected a JSON list, got {text[:80]!r}")
+        known = {
+            field.name: field.default is attrs.NOTHING
+            for field in attrs.fields(EnvironmentArtifact)
+        }
+        found: list[EnvironmentArtifact] = []
+        for index, entry in enumerate(entries):
+            where = f"[{index}]"
+            if not isinstance(entry, dict):
+                raise ConfigError("nomad_artifacts", f"{where}: expected an object, got {entry!r}")
+            unknown = sorted(set(entry) - set(known))
+            missing = sorted(
+                name for name, required in known.items() if required and name not in entry
+            )
+            if unknown or missing:
+                raise ConfigError(
+                    "nomad_artifacts",
+                    f"{where}: unknown keys {unknown}, missing keys {missing} "
+                    f"(keys: {sorted(known)})",
+                )
+            try:
+                found.append(EnvironmentArtifact(**entry))
+            except ConfigError as error:
+                raise ConfigError(
+                    "nomad_artifacts", f"{where}.{error.field}: {error.reason}"
+                ) from None
+        return tuple(found)
 
     def slurm_pool_config(self) -> SlurmPoolConfig:
         """The Slurm pool's settings (``slurm_*`` and the shared fields).
