@@ -37,9 +37,12 @@ EQUIVALENT = REPO / "mutation" / "equivalent.toml"
 BUILD = REPO / "build" / "mutation"
 RESULTS = BUILD / "results.json"
 
-# mutmut stops a mutant's tests after (t + 1 s) x 2 x this many CPU seconds (t: their measured
-# time in the clean run); a hung mutant counts as detected ("timeout").
+# mutmut stops a mutant's tests after (t + TIMEOUT_CONSTANT) x TIMEOUT_MULTIPLIER seconds of wall
+# time (and twice that of CPU time), t being their measured time in the clean run; a hung mutant
+# counts as detected ("timeout"). The constant covers the fork and pytest's own work per mutant
+# on a busy machine (with mutmut's 1 s, quick modules' mutants were cut off as they ran).
 TIMEOUT_MULTIPLIER = 1.0
+TIMEOUT_CONSTANT = 10.0
 
 # mutmut's statuses, grouped: a mutant the tests noticed, one they missed, one not judged.
 DETECTED = {"killed", "timeout", "segfault", "caught by type check"}
@@ -133,11 +136,12 @@ def prepare(key: str, tests: list[str]) -> Path:
             f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
             'also_copy = ["mutation/"]',
             'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "mutation.plugin"]',
-            # A mutant that hangs (an endless loop) is stopped after (t + 1 s) x 2 x this many
-            # CPU seconds, t being the measured time of the tests that reach it: mutmut's own
-            # 15 made that up to an hour for a parser's shared helpers, whose tests are the
-            # properties of every family. A mutant the tests miss runs them in about t.
+            # A mutant that hangs (an endless loop) is stopped after t + 10 s, t being the
+            # measured time of the tests that reach it: mutmut's own (t + 1 s) x 15 made that
+            # up to an hour for a parser's shared helpers, whose tests are the properties of
+            # every family. A mutant the tests miss runs them in about t.
             f"timeout_multiplier = {TIMEOUT_MULTIPLIER}",
+            f"timeout_constant = {TIMEOUT_CONSTANT}",
             "",
         ]
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from trajcore.adapters.json_schema import JSONSchemaValidator
 from trajcore.domain.tool_parsers import (
     DeepSeekV3Parser,
     Glm45Parser,
@@ -162,6 +163,51 @@ def test_glm45_values_are_typed_by_the_tools_schema_and_only_by_it() -> None:
             call_id="call_0",
         ),
     )
+
+
+def test_glm45_a_key_not_closed_before_the_next_key_is_missing_its_closer() -> None:
+    """Pins that GLM-4.5 looks for the next ``<arg_key>`` after a key's start (the first one,
+    not any later one): a key that runs into it lacks its ``</arg_key>``."""
+    pairs = (
+        "<arg_key>k<arg_key>j</arg_key><arg_value>v</arg_value>"
+        "<arg_key>z</arg_key><arg_value>w</arg_value>"
+    )
+    assert _glm_problems(_glm("bash\n" + pairs)) == [
+        (_glm("bash\n" + pairs), "bash", "missing </arg_key> @ arguments")
+    ]
+
+
+def test_glm45_a_name_after_leading_newlines_is_read() -> None:
+    """Pins that GLM-4.5's name starts after the whitespace that opens the body (newlines
+    included), so a newline there does not end an empty name."""
+    text = _glm("\n bash\n<arg_key>k</arg_key><arg_value>v</arg_value>\n")
+    assert Glm45Parser().parse(text).calls == (
+        ToolCall(id="call_0", name="bash", arguments={"k": "v"}),
+    )
+
+
+def test_glm45_a_values_schema_reference_resolves_against_the_tools_parameters() -> None:
+    """Pins that GLM-4.5 types a value whose schema is a ``$ref`` by resolving it in the tool's
+    parameters (where ``$defs`` live)."""
+    spec = ToolSpec(
+        name="count",
+        validator=JSONSchemaValidator(),
+        parameters={
+            "type": "object",
+            "$defs": {"N": {"type": "integer"}},
+            "properties": {"n": {"$ref": "#/$defs/N"}},
+        },
+    )
+    text = _glm("count\n<arg_key>n</arg_key><arg_value>5</arg_value>")
+    assert Glm45Parser().parse(text, tools=[spec]).calls == (
+        ToolCall(id="call_0", name="count", arguments={"n": 5}),
+    )
+
+
+def test_glm45_renders_values_that_are_no_strings_as_json_not_escaped() -> None:
+    """Pins that GLM-4.5's render writes a non-string value as JSON with non-ASCII as it is."""
+    text = Glm45Parser().render([ToolCall(id="c", name="a", arguments={"k": ["é"]})])
+    assert '<arg_value>["é"]</arg_value>' in text
 
 
 # ------------------------------------------------------------------------------ llama3_json
