@@ -220,6 +220,11 @@ class _Scan:
     _closer_at: int = attrs.field(init=False, default=-1)
 
     @property
+    def indexed(self) -> bool:
+        """Whether the tag index is built (values are then read over it)."""
+        return self._tags is not None
+
+    @property
     def tags(self) -> _Tags:
         """The text's tag index, built on first use (the first value the plain walk leaves
         undecided); from then on every value of the scan is read over it."""
@@ -331,7 +336,7 @@ class _Scan:
         ``<parameter=`` of its own before its end (no nesting: the ordinary case) is read by
         ``plain_value_end``, whose walk covers the value alone.
         """
-        if self._tags is None:
+        if not self.indexed:
             found = self.plain_value_end(start, key, given, function.known)
             if found is not None:
                 return found
@@ -482,24 +487,26 @@ def read_function(builder: TurnBuilder, scan: _Scan, start: int, call_start: int
         return refuse(scan.skip_function(start), "missing name @ name")
     spec = builder.spec(name)
     known = _property_schemas(spec)
-    function = _Function(known=known)
+    function: _Function | None = None  # made when a value of the function needs the index
     root = spec.parameters if spec is not None else None
     arguments: JSONObject = {}
     pos = after_name
     while True:
         pos = scan.skip_space(pos)
-        if pos >= len(text):
-            return refuse(len(text), "truncated call @ function", name)
-        if text.startswith(FUNCTION_END, pos):
-            end = pos + len(FUNCTION_END)
-            builder.accept(text[call_start:end], name, arguments)
-            return end
-        if scan.wrapped and text.startswith(scan.close_tag, pos):
-            builder.accept(text[call_start:pos], name, arguments)
-            return pos
-        if scan.wrapped and text.startswith(scan.open_tag, pos):
-            return refuse(pos, "truncated call @ function", name)
+        # (the tags tested here start differently, so the order of the tests is free: the
+        # parameter, the most frequent, first)
         if not text.startswith(PARAMETER, pos):
+            if pos >= len(text):
+                return refuse(len(text), "truncated call @ function", name)
+            if text.startswith(FUNCTION_END, pos):
+                end = pos + len(FUNCTION_END)
+                builder.accept(text[call_start:end], name, arguments)
+                return end
+            if scan.wrapped and text.startswith(scan.close_tag, pos):
+                builder.accept(text[call_start:pos], name, arguments)
+                return pos
+            if scan.wrapped and text.startswith(scan.open_tag, pos):
+                return refuse(pos, "truncated call @ function", name)
             # Text between parameters that is not markup: skip to the next tag.
             following = text.find("<", pos + 1)
             pos = len(text) if following < 0 else following
@@ -513,7 +520,12 @@ def read_function(builder: TurnBuilder, scan: _Scan, start: int, call_start: int
             )
         if not key:
             return refuse(scan.skip_function(pos), "missing parameter name @ arguments", name)
-        found = scan.value_end(value_start, key, arguments, function)
+        # (``scan.value_end``, unfolded)
+        found = None if scan.indexed else scan.plain_value_end(value_start, key, arguments, known)
+        if found is None:
+            if function is None:
+                function = _Function(known=known)
+            found = scan.indexed_value_end(value_start, key, arguments, function)
         if found is None:
             return refuse(len(text), f"truncated call @ arguments.{key}", name)
         value_end, pos = found
