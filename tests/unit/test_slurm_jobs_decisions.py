@@ -345,3 +345,35 @@ def test_on_one_index_a_running_job_is_kept_before_any_pending_one_and_the_earli
     pending = [_job("100", 0, "PENDING"), _job("20_3", 0, "PENDING"), _job("x", 0, "PENDING")]
     plan = plan_jobs(pending, run="r1", count=1, stopping=frozenset(), ending_s=0.0)
     assert plan == JobPlan(submit=(), cancel=("20_3", "100"))
+
+
+def test_a_time_left_that_is_not_slurms_names_the_field_time_left() -> None:
+    """Pins the field a bad time left is refused under."""
+    with pytest.raises(InvalidInput) as caught:
+        parse_time_left("soon")
+    assert caught.value.field == "time_left"
+
+
+def test_the_ready_line_is_the_first_line_and_only_a_trailing_slash_is_dropped() -> None:
+    """Pins that the ready line is the text's first line (what the server prints after it is
+    not read) and that only ``/`` is dropped from the address's end before its port."""
+    assert parse_ready('{"ready": true, "address": "h:81"}\n{"later": 1}\n') == 81
+    with pytest.raises(InvalidInput) as caught:
+        parse_ready('{"ready": true, "address": "h:80X"}\n')
+    assert caught.value.reason == "no port in 'h:80X'"
+
+
+def test_a_long_line_that_is_no_ready_line_is_quoted_up_to_200_characters() -> None:
+    """Pins how much of a JSON line that is no ready line the reason quotes."""
+    line = "[" + "1," * 150 + "1]"
+    with pytest.raises(InvalidInput) as caught:
+        parse_ready(line + "\n")
+    assert caught.value.reason == f"not a TCP ready line: {line[:200]!r}"
+
+
+def test_a_job_id_that_is_no_number_sorts_before_every_numbered_one() -> None:
+    """Pins that among pending jobs on one index a job whose ID has no number is kept before
+    the numbered ones (its number counts as 0)."""
+    jobs = [_job("1", 0, "PENDING"), _job("x", 0, "PENDING")]
+    plan = plan_jobs(jobs, run="r1", count=1, stopping=frozenset(), ending_s=0.0)
+    assert plan == JobPlan(submit=(), cancel=("1",))
