@@ -334,7 +334,7 @@ class _Scan:
 
         Until a value needs it, the tag index is not built: a value that meets no
         ``<parameter=`` of its own before its end (no nesting: the ordinary case) is read by
-        ``plain_value_end``, whose walk covers the value alone.
+        ``plain_value_end`` without it.
         """
         if not self.indexed:
             found = self.plain_value_end(start, key, given, function.known)
