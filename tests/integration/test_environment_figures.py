@@ -2,14 +2,17 @@
 forks), summed into the local pool's ``environment_statistics()`` and the env's metrics.
 
 Two slot servers share the host's cache: its image is counted once, their hits and misses
-add up; a snapshot held by one server counts while it is held; a fork counts; a server that
-leaves the pool keeps what it counted.
+add up; a snapshot held by one server counts while it is held; a fork counts; the leases'
+writable layers, measured by each server after their resets, add up (the largest is the
+largest of all); a server that leaves the pool keeps what it counted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import pytest
 
 from tests.environment_roots import image_problem, write_shell_image
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.domain.environment_leases import EnvironmentStatistics
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.entrypoints.atropos.metrics import service_metrics
 from trajcore.rollout.dispatcher import DispatcherStatistics
@@ -46,6 +50,19 @@ def shell_image() -> Iterator[tuple[Path, str]]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+async def measured(pool: LocalSandboxPool, layers: int) -> EnvironmentStatistics:
+    """The pool's figures once its servers measured ``layers`` leases' layers (each server
+    measures a lease's layer in the background after its reset)."""
+    deadline = time.monotonic() + 20
+    while True:
+        await pool.refresh_environment_figures()
+        figures = pool.environment_statistics()
+        if figures.layers_measured >= layers:
+            return figures
+        assert time.monotonic() < deadline, figures
+        await asyncio.sleep(0.05)
+
+
 def pool_config(folder: Path) -> LocalPoolConfig:
     return LocalPoolConfig(
         containers=2,
@@ -66,9 +83,23 @@ async def test_the_servers_cache_snapshots_and_forks_are_summed(
         empty = pool.environment_statistics()
         assert (empty.cache_servers, empty.caches, empty.cache_images) == (2, 1, 0), empty
         assert empty.cache_max_bytes == 32 << 30  # one cache, not one per server
-        async with pool.lease("a", environment=ref) as first, pool.lease("b", environment=ref):
+        async with (
+            pool.lease("a", environment=ref) as first,
+            pool.lease("b", environment=ref) as second,
+        ):
             await pool.refresh_environment_figures()
             both = pool.environment_statistics()
+            # the second lease writes 300 kB over the image (its server's layer, not the first's)
+            (big,) = await pool.execute(
+                second.slot.container,
+                [slot_call(second, "write_file", path="big.bin", content="x" * 100_000)],
+            )
+            assert big.ok, big
+            (copied,) = await pool.execute(
+                second.slot.container,
+                [slot_call(second, "bash", command="for n in 1 2 3; do cat big.bin > /b$n; done")],
+            )
+            assert copied.ok, copied
             (wrote,) = await pool.execute(
                 first.slot.container,
                 [slot_call(first, "write_file", path="prep.txt", content="prepared\n")],
@@ -86,8 +117,10 @@ async def test_the_servers_cache_snapshots_and_forks_are_summed(
         async with pool.lease_from("c", frozen) as (_, forked):
             assert forked
         await pool.drop_snapshot(frozen)
-        await pool.refresh_environment_figures()
-        after = pool.environment_statistics()
+        after = await measured(pool, 3)  # a's, b's and the fork's: over both servers
+        assert after.layer_largest_bytes >= 300_000, after
+        assert after.layer_bytes >= after.layer_largest_bytes, after
+        assert after.layer_entries >= 3, after
         assert after.server_forks >= 1, after
         assert after.held_snapshots == 0, after
         assert after.cache_hits == both.cache_hits, after  # a fork holds its image already
@@ -95,6 +128,9 @@ async def test_the_servers_cache_snapshots_and_forks_are_summed(
         assert metrics["trajcore/environments/cache_images"] == 1.0
         assert metrics["trajcore/environments/cache_hits"] == after.cache_hits
         assert metrics["trajcore/environments/server_forks"] == after.server_forks
+        assert metrics["trajcore/environments/layers_measured"] == after.layers_measured
+        assert metrics["trajcore/environments/layer_bytes"] == after.layer_bytes
+        assert metrics["trajcore/environments/layer_largest_bytes"] == after.layer_largest_bytes
         # a server that leaves keeps what it counted; its cache stays counted by the other
         name = pool.container_names()[0]
         member = pool.member(name)
@@ -105,3 +141,5 @@ async def test_the_servers_cache_snapshots_and_forks_are_summed(
         assert gone.cache_hits >= after.cache_hits, gone
         assert gone.cache_misses == after.cache_misses, gone
         assert gone.cache_images == 1, gone
+        assert gone.layers_measured >= after.layers_measured, gone  # the gone server's count
+        assert gone.layer_largest_bytes == after.layer_largest_bytes, gone

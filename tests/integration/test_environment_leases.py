@@ -31,6 +31,7 @@ from tests.integration.test_slot_server import (
     stop_server,
 )
 from trajcore.adapters.pools.client import SlotServerClient
+from trajcore.domain.task_environments import LeaseLayerStatistics
 from trajcore.domain.tools import ToolOutcome
 
 HOST_RELEASE = Path("/etc/os-release").read_text()
@@ -333,5 +334,62 @@ def test_a_lease_edits_the_images_root_owned_repository_in_its_own_layer(
         assert text.split() == ["return", "1", "README", "app.py", "owner-only", "pkg"], text
         await reset(server, 0, 31)
         assert tree_digest(rootfs) == before
+
+    asyncio.run(main())
+
+
+async def measured_layers(
+    client: SlotServerClient, server: Server, at_least: int
+) -> LeaseLayerStatistics:
+    """Health's layer figures once the trash is swept and ``at_least`` layers were measured
+    (the sweep measures them after the resets, in the background)."""
+    deadline = time.monotonic() + 20
+    while True:
+        figures = (await client.health()).lease_layers
+        trash = server.root / "trash"
+        if figures.measured >= at_least and not (trash.exists() and any(trash.iterdir())):
+            return figures
+        assert time.monotonic() < deadline, (figures, at_least)
+        await asyncio.sleep(0.05)
+
+
+def test_a_reset_measures_the_layer_its_lease_wrote_over_the_image(
+    image_server: tuple[Server, str],
+) -> None:
+    """Health counts each lease's writable layer after its reset: one that wrote 400 kB over
+    the image counts a layer at least that large, one that wrote nothing (the control) a small
+    one; the count, the total and the largest add up."""
+    server, ref = image_server
+    size = 200_000
+
+    async def main() -> None:
+        async with server.client() as client:
+            before = await measured_layers(client, server, 0)
+            assert (await lease(server, 1, 90, ref))["ok"] is True
+            wrote = await one(
+                client, call(1, "write_file", epoch=90, path="big.bin", content="x" * size)
+            )
+            assert wrote.outcome == ToolOutcome.OK, wrote
+            code, text = await shell(
+                server, 1, 90, "cat /workspace/big.bin > /big && cat /workspace/big.bin > /big2"
+            )
+            assert code == 0, text
+            await reset(server, 1, 90)
+            big = await measured_layers(client, server, before.measured + 1)
+            assert big.measured == before.measured + 1, big
+            assert big.last_bytes >= 2 * size, big
+            assert big.last_entries >= 2, big
+            assert big.largest_bytes >= big.last_bytes, big
+            assert big.bytes - before.bytes == big.last_bytes, big
+            assert (await lease(server, 1, 91, ref))["ok"] is True
+            code, text = await shell(server, 1, 91, "true")
+            assert code == 0, text
+            await reset(server, 1, 91)
+            small = await measured_layers(client, server, big.measured + 1)
+            assert small.measured == big.measured + 1, small
+            assert small.last_bytes < size, small  # the control: it wrote nothing of its own
+            assert small.largest_bytes == max(before.largest_bytes, big.last_bytes), small
+            assert small.bytes - big.bytes == small.last_bytes, small
+            assert small.cut_short == before.cut_short, small
 
     asyncio.run(main())

@@ -20,7 +20,12 @@ import pytest
 
 from tests.environment_roots import image_problem, write_shell_image
 from tests.image_layouts import Entry
-from tests.integration.test_environment_leases import reset, shell, tree_digest
+from tests.integration.test_environment_leases import (
+    measured_layers,
+    reset,
+    shell,
+    tree_digest,
+)
 from tests.integration.test_slot_server import (
     Server,
     call,
@@ -388,6 +393,37 @@ def test_a_fork_edits_the_snapshots_frozen_files_in_its_own_layer(
             await reset(server, 1, 31)
             await reset(server, 0, 30)
             assert tree_digest(folder) == before
+            assert (await client.drop_snapshot(frozen)).removed is True
+
+    asyncio.run(main())
+
+
+def test_a_forks_reset_measures_its_root_layer_and_its_workspace_overlays_layer(
+    image_server: tuple[Server, str],
+) -> None:
+    """A fork writes 200 kB into its workspace (its overlay's upper layer, when forks' workspaces
+    are overlays) and 200 kB at its root: its reset counts one layer holding both."""
+    server, ref = image_server
+    size = 200_000
+
+    async def main() -> None:
+        async with server.client() as client:
+            frozen = await prepared_snapshot(client, server, ref, 90)
+            await reset(server, 0, 90)
+            before = await measured_layers(client, server, 0)
+            assert (await client.lease(1, 90, ref, snapshot=frozen)).ok
+            wrote = await one(
+                client, call(1, "write_file", epoch=90, path="big.bin", content="x" * size)
+            )
+            assert wrote.outcome == ToolOutcome.OK, wrote
+            code, text = await shell(server, 1, 90, "cat /workspace/big.bin > /big")
+            assert code == 0, text
+            overlay = (await client.health()).fork_workspaces == "overlay"
+            await reset(server, 1, 90)
+            after = await measured_layers(client, server, before.measured + 1)
+            assert after.measured == before.measured + 1, after
+            assert after.last_bytes >= (2 if overlay else 1) * size, (overlay, after)
+            assert after.bytes - before.bytes == after.last_bytes, after
             assert (await client.drop_snapshot(frozen)).removed is True
 
     asyncio.run(main())

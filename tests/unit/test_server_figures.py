@@ -4,11 +4,12 @@ of the servers in the pool)."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from trajcore.domain.environment_leases import ServerFigureBook, ServerFigures, ServerTotals
-from trajcore.domain.task_environments import ImageCacheStatistics
+from trajcore.domain.task_environments import ImageCacheStatistics, LeaseLayerStatistics
 
 
 def cache(
@@ -96,3 +97,39 @@ def test_counts_never_go_down_and_sum_every_servers_last_reading(
         assert total == expected + sum(hits.values())
         assert book.totals().caches == (1 if hits else 0)
         last = total
+
+
+def layers(*sizes: int, cut_short: int = 0) -> LeaseLayerStatistics:
+    figures = LeaseLayerStatistics()
+    for index, size in enumerate(sizes):
+        figures = figures.add(
+            size=size, entries=size // 10, cut_short=index < cut_short, seconds=0.25
+        )
+    return figures
+
+
+def test_a_servers_layers_count_each_one_the_largest_and_the_last() -> None:
+    figures = layers(300, 1000, 20, cut_short=1)
+    assert (figures.measured, figures.bytes, figures.entries) == (3, 1320, 132)
+    assert (figures.largest_bytes, figures.last_bytes, figures.last_entries) == (1000, 20, 2)
+    assert (figures.cut_short, figures.measure_seconds) == (1, 0.75)
+    with pytest.raises(ValueError, match="size: a layer's figure cannot be negative"):
+        figures.add(size=-1, entries=0, cut_short=False, seconds=0.0)
+
+
+def test_the_servers_layers_are_summed_and_the_largest_is_the_largest_of_all() -> None:
+    book = ServerFigureBook()
+    book.observe("a", "host", ServerFigures(cache=cache(), layers=layers(100, 5000)))
+    book.observe("b", "host", ServerFigures(cache=cache(), layers=layers(700, cut_short=1)))
+    totals = book.totals()
+    assert (totals.layers_measured, totals.layer_bytes, totals.layer_entries) == (3, 5800, 580)
+    assert (totals.layer_largest_bytes, totals.layers_cut_short) == (5000, 1)
+    assert totals.layer_measure_s == 0.75
+    book.leave("a")  # what it measured stays counted, its largest layer too
+    book.observe("b", "host", ServerFigures(cache=cache(), layers=layers(700, 10, cut_short=1)))
+    after = book.totals()
+    assert (after.layers_measured, after.layer_bytes, after.layer_largest_bytes) == (4, 5810, 5000)
+    # a server whose layer count went back is a new process: its old count is kept
+    book.observe("b", "host", ServerFigures(cache=cache(), layers=layers(3)))
+    again = book.totals()
+    assert (again.layers_measured, again.layer_bytes) == (5, 5813)

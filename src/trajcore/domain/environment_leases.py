@@ -29,6 +29,7 @@ import attrs
 from trajcore.domain.errors import InfrastructureError
 from trajcore.domain.task_environments import (
     ImageCacheStatistics,
+    LeaseLayerStatistics,
     TaskEnvironmentError,
     parse_environment_ref,
 )
@@ -114,6 +115,13 @@ class ServerTotals:
         held_snapshots: Snapshots the servers in the pool hold now.
         held_snapshot_bytes: What those snapshots hold on disk.
         server_forks: Leases the servers started from a snapshot (gone servers' too).
+        layers_measured: Leases' writable layers the servers measured after their resets
+            (gone servers' too; ``LeaseLayerStatistics``).
+        layer_bytes: Those layers' disk use added up.
+        layer_entries: Their entries added up.
+        layer_largest_bytes: The largest of them.
+        layers_cut_short: Measurements stopped at their deadline (a lower bound each).
+        layer_measure_s: Seconds the servers spent measuring them.
     """
 
     cache_servers: int = 0
@@ -130,6 +138,12 @@ class ServerTotals:
     held_snapshots: int = 0
     held_snapshot_bytes: int = 0
     server_forks: int = 0
+    layers_measured: int = 0
+    layer_bytes: int = 0
+    layer_entries: int = 0
+    layer_largest_bytes: int = 0
+    layers_cut_short: int = 0
+    layer_measure_s: float = 0.0
 
 
 @attrs.frozen(kw_only=True)
@@ -199,22 +213,26 @@ class ServerFigures:
         snapshots: Snapshots it holds (dropped ones still in use included).
         snapshot_bytes: What they hold on disk.
         forks: Leases it started from a snapshot since it started.
+        layers: What its leases' writable layers held, measured after their resets.
     """
 
     cache: ImageCacheStatistics | None = None
     snapshots: int = 0
     snapshot_bytes: int = 0
     forks: int = 0
+    layers: LeaseLayerStatistics = attrs.field(factory=LeaseLayerStatistics)
 
 
 _COUNTED = ("hits", "misses", "refused", "evicted", "unpack_seconds", "recently_resolved")
+_LAYERS = ("measured", "bytes", "entries", "cut_short", "measure_seconds")
 
 
 def _counts(figures: ServerFigures) -> tuple[float, ...]:
-    """What a server counts (forks, then the cache's counters), never going down while it runs."""
+    """What a server counts (forks, the cache's counters, then its layers'), never going down
+    while it runs."""
     cache = figures.cache
     counted = (0.0,) * len(_COUNTED) if cache is None else (getattr(cache, n) for n in _COUNTED)
-    return (figures.forks, *counted)
+    return (figures.forks, *counted, *(getattr(figures.layers, n) for n in _LAYERS))
 
 
 @attrs.define
@@ -223,8 +241,9 @@ class ServerFigureBook:
     pool reads each server's health and hands it here.
 
     - What the servers *count* (cache hits, misses, refusals, evictions, unpacking seconds,
-      recent resolutions, forks) is summed over every server the pool read, one that left the
-      pool included (its last reading is kept), so a count never goes down.
+      recent resolutions, forks, the leases' layers measured and what they held) is summed
+      over every server the pool read, one that left the pool included (its last reading is
+      kept), so a count never goes down; the largest layer is the largest any of them saw.
     - What a cache *holds* (images, bytes, its limit) is counted once per cache: servers that
       share one (``observe``'s ``cache`` key: the local and container pools' servers all read
       the host's cache; a Nomad node's allocations read the node's) report the same directory,
@@ -233,7 +252,8 @@ class ServerFigureBook:
     """
 
     _live: dict[str, tuple[str, ServerFigures]] = attrs.field(factory=dict)
-    _left: list[float] = attrs.field(factory=lambda: [0.0] * (1 + len(_COUNTED)))
+    _left: list[float] = attrs.field(factory=lambda: [0.0] * (1 + len(_COUNTED) + len(_LAYERS)))
+    _largest_left: int = 0
 
     def observe(self, server: str, cache: str, figures: ServerFigures) -> None:
         """``server``'s latest health; ``cache`` names the cache it reads."""
@@ -252,21 +272,25 @@ class ServerFigureBook:
 
     def _keep(self, figures: ServerFigures) -> None:
         self._left = [a + b for a, b in zip(self._left, _counts(figures), strict=True)]
+        self._largest_left = max(self._largest_left, figures.layers.largest_bytes)
 
     def totals(self) -> ServerTotals:
         """The figures summed (see the class doc)."""
         counted = list(self._left)
         caches: dict[str, ImageCacheStatistics] = {}
         servers = snapshots = snapshot_bytes = 0
+        largest = self._largest_left
         for cache, figures in self._live.values():
             counted = [a + b for a, b in zip(counted, _counts(figures), strict=True)]
+            largest = max(largest, figures.layers.largest_bytes)
             snapshots += figures.snapshots
             snapshot_bytes += figures.snapshot_bytes
             if figures.cache is not None:
                 servers += 1
                 caches.pop(cache, None)
                 caches[cache] = figures.cache
-        forks, hits, misses, refused, evicted, unpack_s, resolved = counted
+        forks, hits, misses, refused, evicted, unpack_s, resolved, *layers = counted
+        measured, layer_bytes, layer_entries, cut_short, measure_s = layers
         return ServerTotals(
             cache_servers=servers,
             caches=len(caches),
@@ -282,4 +306,10 @@ class ServerFigureBook:
             held_snapshots=snapshots,
             held_snapshot_bytes=snapshot_bytes,
             server_forks=round(forks),
+            layers_measured=round(measured),
+            layer_bytes=round(layer_bytes),
+            layer_entries=round(layer_entries),
+            layer_largest_bytes=largest,
+            layers_cut_short=round(cut_short),
+            layer_measure_s=measure_s,
         )

@@ -47,7 +47,7 @@ from trajcore.domain import converters, validators
 from trajcore.domain.errors import WireError
 from trajcore.domain.json_values import JSONObject, check_json
 from trajcore.domain.slots import SlotCall
-from trajcore.domain.task_environments import ImageCacheStatistics
+from trajcore.domain.task_environments import ImageCacheStatistics, LeaseLayerStatistics
 from trajcore.domain.tools import ToolResult, ToolSpec
 
 __all__ = [
@@ -217,6 +217,8 @@ class Health:
         fork_workspaces: How a forked lease's workspace starts: ``overlay`` (copy-on-write
             over the snapshot's), or ``copy: <why>`` (empty: the server has no snapshots).
         image_cache: The image cache's figures (``None``: the server has no image cache).
+        lease_layers: What its leases over environments wrote (their writable layers, each
+            measured after its reset; a server that predates them reads as none).
     """
 
     protocol_version: int
@@ -236,6 +238,7 @@ class Health:
     forks: int = 0
     fork_workspaces: str = ""
     image_cache: ImageCacheStatistics | None = None
+    lease_layers: LeaseLayerStatistics = attrs.field(factory=LeaseLayerStatistics)
 
 
 @attrs.frozen(kw_only=True)

@@ -55,6 +55,7 @@ __all__ = [
     "ImageCacheStatistics",
     "ImageLimits",
     "LayerRefused",
+    "LeaseLayerStatistics",
     "MakeOpaque",
     "RemoveLower",
     "SkipDevice",
@@ -344,3 +345,50 @@ class ImageCacheStatistics:
     recently_resolved: int = 0
     """Hits answered from a recent resolution of the reference (the adapter's ``ImageCache``): no
     engine lookup, no archive read."""
+
+
+@attrs.frozen(kw_only=True)
+class LeaseLayerStatistics:
+    """What one slot server measured of its leases' writable layers: each lease over an
+    environment (an image or a fork) is measured once its reset set what it wrote aside (its
+    upper layer over the image and, for a fork, its workspace overlay's upper layer), before
+    the trash is emptied. A slot server's health carries it.
+
+    Attributes:
+        measured: Layers measured (one per lease that started a sandbox or a fork).
+        bytes: Their disk use added up (allocated blocks, each inode once, as ``du`` counts).
+        entries: Their entries added up (files, directories, links, whiteouts).
+        largest_bytes: The largest one's disk use.
+        last_bytes: The latest one's disk use.
+        last_entries: The latest one's entries.
+        cut_short: Measurements stopped at their deadline (their figures are a lower bound).
+        measure_seconds: Seconds spent measuring (off the resets' path).
+    """
+
+    measured: int = 0
+    bytes: int = 0
+    entries: int = 0
+    largest_bytes: int = 0
+    last_bytes: int = 0
+    last_entries: int = 0
+    cut_short: int = 0
+    measure_seconds: float = 0.0
+
+    def add(
+        self, *, size: int, entries: int, cut_short: bool, seconds: float
+    ) -> LeaseLayerStatistics:
+        """These figures with one more layer counted. Raises ``ValueError`` for a negative
+        figure, naming it."""
+        for name, value in (("size", size), ("entries", entries), ("seconds", seconds)):
+            if value < 0:
+                raise ValueError(f"{name}: a layer's figure cannot be negative, got {value}")
+        return LeaseLayerStatistics(
+            measured=self.measured + 1,
+            bytes=self.bytes + size,
+            entries=self.entries + entries,
+            largest_bytes=max(self.largest_bytes, size),
+            last_bytes=size,
+            last_entries=entries,
+            cut_short=self.cut_short + cut_short,
+            measure_seconds=self.measure_seconds + seconds,
+        )

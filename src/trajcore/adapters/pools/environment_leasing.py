@@ -192,6 +192,7 @@ async def read_figures(client: SlotServerClient) -> ServerFigures | None:
         snapshots=health.snapshots,
         snapshot_bytes=health.snapshot_bytes,
         forks=health.forks,
+        layers=health.lease_layers,
     )
 
 

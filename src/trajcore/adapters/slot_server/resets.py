@@ -10,8 +10,15 @@ The wipe has a budget (``wipe_timeout_s``). Whatever a lease left (a tree too de
 to remove within it, entries that will not go), the slot is not lost for it: its sandbox is
 ended, the whole workspace directory is renamed into the server's ``trash`` (one rename,
 whatever the tree), and the slot gets a new, empty workspace. The trash is emptied in the
-background (``empty_trash``), within its own deadline; what it cannot remove stays counted.
+background (``Trash``), within its own deadline; what it cannot remove stays counted.
 Only when even that fails is the slot reported unclean.
+
+What a lease over an environment wrote (its upper layer over the image and, for a fork, its
+workspace overlay's upper layer) is set aside by its reset into one ``layer-*`` folder of the
+trash; the sweep measures it (``measure_layer``: a ``du``-like walk, each inode once, within
+``LAYER_MEASURE_TIMEOUT_S``) before removing it, and counts it in ``Trash.layers`` (health's
+``lease_layers``) at once, so the measuring costs the reset nothing, and a layer gone from the
+trash is counted.
 """
 
 from __future__ import annotations
@@ -20,13 +27,32 @@ import asyncio
 import contextlib
 import os
 import signal
+import stat
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+import attrs
 
 from trajcore.adapters.removal import remove_tree
 from trajcore.adapters.slot_server.channel import AgentLost
 from trajcore.adapters.slot_server.sandboxes import Sandboxes, Slot
+from trajcore.domain.task_environments import LeaseLayerStatistics
 
-__all__ = ["clean_slot", "empty_trash", "warm_keeper"]
+__all__ = [
+    "LAYER_MEASURE_TIMEOUT_S",
+    "LayerSize",
+    "Trash",
+    "clean_slot",
+    "empty_trash",
+    "measure_layer",
+    "warm_keeper",
+]
+
+LAYER_MEASURE_TIMEOUT_S = 5.0
+"""How long the sweep measures one lease's layer at most (past it, a lower bound is counted)."""
+_TRASH_TIMEOUT_S = 600.0  # one set-aside workspace's removal in the background, at most
+_LAYER_PREFIX = "layer-"
 
 
 async def clean_slot(
@@ -114,8 +140,14 @@ def _discard_layer(sandboxes: Sandboxes, slot: Slot, trash: Path) -> str | None:
     holding the image and the snapshot it started from; ``None`` once the layer directory is
     empty."""
     frozen = slot.snapshot
+    # one folder in the trash for all the lease wrote, which the sweep measures as one layer
+    aside = trash / f"{_LAYER_PREFIX}{slot.index}-{os.urandom(6).hex()}"
     if frozen is not None:  # a fork's workspace overlay goes first: it reads the snapshot's
-        problem = frozen.store.unmount(slot.workspace.root, trash)
+        try:
+            aside.mkdir(mode=0o700, parents=True)
+        except OSError as failed:
+            return f"cannot set the forked workspace aside: {failed}"
+        problem = frozen.store.unmount(slot.workspace.root, aside)
         if problem is not None:
             return problem
     use, slot.image, slot.image_epoch = slot.image, None, None
@@ -131,9 +163,7 @@ def _discard_layer(sandboxes: Sandboxes, slot: Slot, trash: Path) -> str | None:
         with os.scandir(layer) as entries:
             names = [entry.name for entry in entries]
         if names:
-            trash.mkdir(mode=0o700, exist_ok=True)
-            aside = trash / f"layer-{slot.index}-{os.urandom(6).hex()}"
-            aside.mkdir(mode=0o700)
+            aside.mkdir(mode=0o700, parents=True, exist_ok=True)
             for name in names:
                 (layer / name).rename(aside / name)
     except OSError as failed:
@@ -147,18 +177,134 @@ def _swap_workspace(root: Path, trash: Path) -> None:
     root.mkdir(mode=0o700)
 
 
-def empty_trash(trash: Path, timeout_s: float) -> list[str]:
-    """Remove every workspace set aside in ``trash``; returns a line for each that could not
-    be removed within ``timeout_s`` (each) or at all."""
+@attrs.frozen
+class LayerSize:
+    """One lease's layer as ``measure_layer`` found it."""
+
+    bytes: int
+    entries: int
+    cut_short: bool
+    seconds: float
+
+
+def measure_layer(folder: Path, *, timeout_s: float = LAYER_MEASURE_TIMEOUT_S) -> LayerSize:
+    """What a lease's layer folder in the trash holds: its ``upper`` and its fork's
+    ``fork-*/upper``, walked without following a link, each inode's allocated blocks counted
+    once (as ``du`` does) and every entry counted; past ``timeout_s`` the walk stops and says
+    so (``cut_short``: a lower bound). A folder that cannot be read counts what was read."""
+    started = time.monotonic()
+    deadline = started + timeout_s
+    total = entries = 0
+    seen: set[tuple[int, int]] = set()
+    pending = [str(folder / "upper")]
+    with contextlib.suppress(OSError):
+        pending += [str(fork / "upper") for fork in folder.glob("fork-*")]
+    cut = False
+    while pending and not cut:
+        try:
+            with os.scandir(pending.pop()) as found:
+                for entry in found:
+                    if time.monotonic() > deadline:
+                        cut = True
+                        break
+                    info = entry.stat(follow_symlinks=False)
+                    entries += 1
+                    if stat.S_ISDIR(info.st_mode):
+                        pending.append(entry.path)
+                    elif info.st_nlink > 1:
+                        if (info.st_dev, info.st_ino) in seen:
+                            continue
+                        seen.add((info.st_dev, info.st_ino))
+                    total += info.st_blocks * 512
+        except OSError:
+            continue  # a missing upper (the lease wrote no root), or one gone meanwhile
+    return LayerSize(total, entries, cut, time.monotonic() - started)
+
+
+def empty_trash(
+    trash: Path,
+    timeout_s: float,
+    *,
+    measured: set[str] | None = None,
+    measure_s: float = LAYER_MEASURE_TIMEOUT_S,
+    on_layer: Callable[[LayerSize], None] | None = None,
+) -> tuple[list[str], list[LayerSize]]:
+    """Remove everything set aside in ``trash``, measuring each lease's layer folder first
+    (``on_layer`` hears of each before it is removed); returns a line for each entry that
+    could not be removed within ``timeout_s`` (each) or at all, and the layers measured.
+    ``measured`` names the layer folders an earlier sweep measured (and could not remove):
+    they are not measured again; it is kept up to date."""
     left: list[str] = []
+    layers: list[LayerSize] = []
     if not trash.exists():
-        return left
+        return left, layers
+    done = set() if measured is None else measured
     for entry in sorted(trash.iterdir()):
+        if entry.name.startswith(_LAYER_PREFIX) and entry.name not in done:
+            layers.append(measure_layer(entry, timeout_s=measure_s))
+            done.add(entry.name)
+            if on_layer is not None:
+                on_layer(layers[-1])
         try:
             remove_tree(entry, timeout_s=timeout_s)
         except OSError as failed:
             left.append(f"{entry.name}: {failed}")
-    return left
+            continue
+        done.discard(entry.name)
+    return left, layers
+
+
+@attrs.define
+class Trash:
+    """A server's trash folder, emptied in the background (one sweep at a time; one asked for
+    meanwhile runs once the current one ends).
+
+    Attributes:
+        folder: The trash folder.
+        left: What the last sweep could not remove (one line each).
+        layers: The leases' layers measured so far.
+    """
+
+    folder: Path
+    left: tuple[str, ...] = ()
+    layers: LeaseLayerStatistics = attrs.field(factory=LeaseLayerStatistics)
+    _sweeping: bool = False
+    _again: bool = False
+    _measured: set[str] = attrs.field(factory=set)
+
+    def sweep(self, tasks: set[asyncio.Task[None]]) -> None:
+        """Empty the trash in the background when it holds anything (the task goes into
+        ``tasks`` while it runs)."""
+        if self._sweeping:
+            self._again = True
+            return
+        if not self.folder.exists() or not any(self.folder.iterdir()):
+            return
+        self._sweeping = True
+        task = asyncio.get_running_loop().create_task(self._run())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _run(self) -> None:
+        try:
+            again = True
+            while again:
+                self._again = False
+                left, _ = await asyncio.to_thread(
+                    empty_trash, self.folder, _TRASH_TIMEOUT_S, measured=self._measured,
+                    on_layer=self._count,
+                )  # fmt: skip
+                self.left = tuple(left)
+                again = self._again
+        finally:
+            self._sweeping = False
+
+    def _count(self, size: LayerSize) -> None:
+        # in the sweep's thread, before the layer's removal: once a layer is gone from the
+        # trash it is counted (one sweep at a time writes; a reader sees one value or the next)
+        self.layers = self.layers.add(
+            size=size.bytes, entries=size.entries, cut_short=size.cut_short, seconds=size.seconds
+        )
 
 
 async def _prove_empty(slot: Slot) -> str | None:

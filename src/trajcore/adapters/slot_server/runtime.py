@@ -75,7 +75,7 @@ from trajcore.adapters.slot_server.native_helper import (
     NativeBuildError,
     build_slot_helper,
 )
-from trajcore.adapters.slot_server.resets import clean_slot, empty_trash, warm_keeper
+from trajcore.adapters.slot_server.resets import Trash, clean_slot, warm_keeper
 from trajcore.adapters.slot_server.runtime_config import RuntimeConfig, check_config
 from trajcore.adapters.slot_server.sandboxes import (
     HELPER_PATH,
@@ -123,8 +123,6 @@ from trajcore.domain.slot_protocol import (
 from trajcore.domain.task_environments import TaskEnvironmentError, parse_environment_ref
 from trajcore.domain.tools import ToolOutcome, ToolResult
 
-_TRASH_TIMEOUT_S = 600.0  # one set-aside workspace's removal in the background, at most
-
 __all__ = [
     "HELPER_PATH",
     "MAX_REQUEST_BYTES",
@@ -152,18 +150,22 @@ class SlotRuntime:
     _slots: list[Slot] = attrs.field(init=False, factory=list)
     _tasks: set[asyncio.Task[None]] = attrs.field(init=False, factory=set)
     _closed: bool = attrs.field(init=False, default=False)
-    _sweeping: bool = attrs.field(init=False, default=False)
     _sweeping_snapshots: bool = attrs.field(init=False, default=False)
     images: ImageCache | None = attrs.field(init=False, default=None)
     """The host's image cache (``RuntimeConfig.image_cache``), once started."""
     snapshots: SnapshotStore | None = attrs.field(init=False, default=None)
     """This server's snapshots (with an image cache), once started."""
     trash_left: tuple[str, ...] = attrs.field(init=False, default=())
-    """What the last sweep of the trash could not remove (one line each)."""
+    """What the snapshots' sweeps could not remove (one line each)."""
+    _bin: Trash = attrs.field(init=False)  # the trash's sweeps, and the leases' layers measured
 
     @_sandboxes.default
     def _new_sandboxes(self) -> Sandboxes:
         return Sandboxes(config=self.config)
+
+    @_bin.default
+    def _new_bin(self) -> Trash:
+        return Trash(self.config.root / "trash")
 
     # ------------------------------------------------------------------------- life cycle
 
@@ -325,12 +327,13 @@ class SlotRuntime:
                 slot.index for slot in self._slots if slot.calls.statistics().broken
             ),
             workspaces_set_aside=sum(slot.set_aside for slot in self._slots),
-            trash_left=self.trash_left,
+            trash_left=(*self._bin.left, *self.trash_left),
             snapshots=held,
             snapshot_bytes=held_bytes,
             forks=forks,
             fork_workspaces="" if self.snapshots is None else self.snapshots.fork_workspaces(),
             image_cache=None if self.images is None else self.images.statistics(),
+            lease_layers=self._bin.layers,
         )
 
     def listing(self) -> SlotListing:
@@ -636,26 +639,12 @@ class SlotRuntime:
 
     @property
     def _trash(self) -> Path:
-        return self.config.root / "trash"
+        return self._bin.folder
 
     def _sweep_trash(self) -> None:
-        """Empty the trash in the background when a reset set a workspace aside (one sweep at
-        a time; a later reset starts the next)."""
-        if self._sweeping or self._closed or not self._trash.exists():
-            return
-        if not any(self._trash.iterdir()):
-            return
-        self._sweeping = True
-        task = asyncio.get_running_loop().create_task(self._empty_trash())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _empty_trash(self) -> None:
-        try:
-            left = await asyncio.to_thread(empty_trash, self._trash, _TRASH_TIMEOUT_S)
-            self.trash_left = tuple(left)
-        finally:
-            self._sweeping = False
+        """Empty the trash in the background (measuring the leases' layers first)."""
+        if not self._closed:
+            self._bin.sweep(self._tasks)
 
     # ------------------------------------------------------------------------- artifacts
 
