@@ -447,3 +447,59 @@ def test_mistral_renders_arguments_as_written_not_escaped() -> None:
         '[TOOL_CALLS][{"name": "a", "arguments": {"x": "é"}}]'
     )
     assert MistralParser().render([], content="hi") == "hi"
+
+
+@pytest.mark.parametrize(
+    ("text", "raw", "reason"),
+    [
+        ("[TOOL_CALLS][", "[", "truncated JSON @ call"),
+        ("[TOOL_CALLS] [TOOL_CALLS]a[ARGS]{}", "[TOOL_CALLS] ", "missing name @ name"),
+        ('[TOOL_CALLS]{"x": 1}', '[TOOL_CALLS]{"x": 1}', "missing name @ name"),
+        (
+            "[TOOL_CALLS]a b[ARGS]{} text",
+            "[TOOL_CALLS]a b[ARGS]{} text",
+            "invalid tool name 'a b' (1-64 of [A-Za-z0-9_.-]) @ name",
+        ),
+    ],
+)
+def test_mistral_a_refused_call_keeps_its_text_and_none_of_it_is_content(
+    text: str, raw: str, reason: str
+) -> None:
+    """Pins what a refused Mistral call keeps: its text as written (the whole segment for a
+    named call, a ``{`` first being no name), and that none of it becomes content."""
+    turn = MistralParser().parse(text)
+    assert [(p.raw, p.reason) for p in turn.errors] == [(raw, reason)]
+    assert turn.content == ""
+
+
+def test_mistral_an_array_is_read_element_by_element_without_spaces() -> None:
+    """Pins where Mistral's array reading resumes: right after a ``,`` (no space needed) and
+    right after the closing ``]`` (the next character is content)."""
+    turn = MistralParser().parse('[TOOL_CALLS][{"name": "a"},{"name": "b"}]Done')
+    assert turn.calls == (ToolCall(id="call_0", name="a"), ToolCall(id="call_1", name="b"))
+    assert turn.content == "Done"
+
+
+def test_mistral_a_named_call_splits_at_the_first_markers() -> None:
+    """Pins that a named call's arguments start at its first ``[ARGS]`` (the marker's text
+    inside the JSON is a value), its name ends at the first ``[`` and its id starts after the
+    first ``[CALL_ID]`` (the rest, brackets and all, is the id, refused as one)."""
+    turn = MistralParser().parse('[TOOL_CALLS]bash[ARGS]{"x": "[ARGS]"}')
+    assert turn.calls == (ToolCall(id="call_0", name="bash", arguments={"x": "[ARGS]"}),)
+    for written in ("x[y", "a[CALL_ID]b"):
+        turn = MistralParser().parse(f"[TOOL_CALLS]bash[CALL_ID]{written}[ARGS]{{}}")
+        assert [(p.name, p.reason) for p in turn.errors] == [
+            ("bash", f"invalid call id {written!r} (1-64 of [A-Za-z0-9_.-]) @ id")
+        ]
+
+
+def test_mistral_a_named_call_without_arguments_or_with_a_wrong_tool_keeps_text_and_name() -> None:
+    """Pins that a named Mistral call refused for its arguments (none written) or by the tool
+    check keeps its text from ``[TOOL_CALLS]`` and its name."""
+    turn = MistralParser().parse(
+        "[TOOL_CALLS]bash [TOOL_CALLS]nope[ARGS]{}", tools=[ToolSpec(name="a")]
+    )
+    assert [(p.raw, p.name, p.reason) for p in turn.errors] == [
+        ("[TOOL_CALLS]bash ", "bash", "missing arguments @ arguments"),
+        ("[TOOL_CALLS]nope[ARGS]{}", "nope", "unknown tool 'nope' @ name"),
+    ]
