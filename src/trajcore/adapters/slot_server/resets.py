@@ -135,8 +135,9 @@ async def _set_aside(sandboxes: Sandboxes, slot: Slot, trash: Path, why: Excepti
 
 def _discard_layer(sandboxes: Sandboxes, slot: Slot, trash: Path) -> str | None:
     """Set aside what the lease wrote over its image (its upper layer, the overlay's work
-    directory, and a fork's workspace overlay, unmounted: renamed into ``trash``, which the
-    runtime empties in the background, so the reset does not wait for their removal) and stop
+    directory, and a fork's workspace overlay, unmounted: renamed into one ``layer-*`` folder of
+    ``trash``, which the runtime measures and empties in the background, so the reset waits
+    for neither) and stop
     holding the image and the snapshot it started from; ``None`` once the layer directory is
     empty."""
     frozen = slot.snapshot
@@ -144,7 +145,8 @@ def _discard_layer(sandboxes: Sandboxes, slot: Slot, trash: Path) -> str | None:
     aside = trash / f"{_LAYER_PREFIX}{slot.index}-{os.urandom(6).hex()}"
     if frozen is not None:  # a fork's workspace overlay goes first: it reads the snapshot's
         try:
-            aside.mkdir(mode=0o700, parents=True)
+            trash.mkdir(mode=0o700, exist_ok=True)
+            aside.mkdir(mode=0o700)
         except OSError as failed:
             return f"cannot set the forked workspace aside: {failed}"
         problem = frozen.store.unmount(slot.workspace.root, aside)
@@ -163,7 +165,8 @@ def _discard_layer(sandboxes: Sandboxes, slot: Slot, trash: Path) -> str | None:
         with os.scandir(layer) as entries:
             names = [entry.name for entry in entries]
         if names:
-            aside.mkdir(mode=0o700, parents=True, exist_ok=True)
+            trash.mkdir(mode=0o700, exist_ok=True)
+            aside.mkdir(mode=0o700, exist_ok=True)
             for name in names:
                 (layer / name).rename(aside / name)
     except OSError as failed:
