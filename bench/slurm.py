@@ -24,6 +24,7 @@ import sys
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
 
@@ -40,13 +41,14 @@ from trajcore.domain.tools import ToolCall
 
 SERVERS = 4
 SLOTS = 4
+H = TypeVar("H")  # the pool's handle of one server
 
 
 def _isolation() -> SlotIsolation:
     return SlotIsolation(require_sandbox=shutil.which("bwrap") is not None, max_processes=64)
 
 
-async def _first_lease(pool: SlotServerPool, started: float) -> tuple[float, float]:
+async def _first_lease(pool: SlotServerPool[H], started: float) -> tuple[float, float]:
     async with pool.lease("bench", timeout_s=120) as lease:
         call = ToolCall(id="c", name="bash", arguments={"command": "true"})
         [result] = await pool.execute(lease.slot.container, [SlotCall(lease=lease, call=call,

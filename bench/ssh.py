@@ -22,6 +22,7 @@ import tempfile
 import time
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
 
@@ -37,9 +38,10 @@ SERVERS = 4
 SLOTS = 16
 ISOLATION = SlotIsolation(require_sandbox=True, max_processes=64, memory_bytes=512 << 20)
 _ids = itertools.count()
+H = TypeVar("H")  # the pool's handle of one server
 
 
-async def _throughput(pool: SlotServerPool, trajectories: int, seconds: float) -> float:
+async def _throughput(pool: SlotServerPool[H], trajectories: int, seconds: float) -> float:
     done = 0
 
     async def trajectory(index: int) -> None:
@@ -63,7 +65,7 @@ async def _throughput(pool: SlotServerPool, trajectories: int, seconds: float) -
 
 
 async def _measure(
-    pool: AbstractAsyncContextManager[SlotServerPool], seconds: float
+    pool: AbstractAsyncContextManager[SlotServerPool[H]], seconds: float
 ) -> dict[str, float]:
     started = time.monotonic()
     async with pool as opened:

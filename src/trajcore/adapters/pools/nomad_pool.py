@@ -78,6 +78,7 @@ from trajcore.adapters.pools.pool_core import Member
 from trajcore.adapters.pools.reconciled import (
     ReconciledPool,
     ReconciledSource,
+    Run,
     composed_settings,
     scale_settings,
 )
@@ -381,7 +382,7 @@ class NomadSandboxPool(ReconciledPool):
         sent = self.config.job.task_reference(environment, self.allocation_id(lease.slot.container))
         return await lease_over(client, lease, environment, snapshot, self._environments, sent=sent)
 
-    def cache_of(self, member: Member) -> str:
+    def cache_of(self, member: Member[Run]) -> str:
         """The node's cache (by its address) where the node's allocations share one: a
         raw_exec path or a host volume; else the allocation's own."""
         job = self.config.job

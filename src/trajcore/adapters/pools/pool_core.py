@@ -33,7 +33,7 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
-from typing import Literal, Protocol, Self
+from typing import Generic, Literal, Protocol, Self, TypeVar
 
 import anyio
 import anyio.abc
@@ -85,6 +85,7 @@ __all__ = [
 _log = logging.getLogger(__name__)
 _PROBLEMS_KEPT = 20
 DEFAULT_FORK_WAIT_S = 2.0
+H = TypeVar("H")  # a source's handle of one running server
 
 
 @attrs.frozen
@@ -153,20 +154,21 @@ def join_rules(config: PoolSettings) -> JoinRules:
 
 
 @attrs.define(eq=False)
-class Member:
-    """One slot server in the pool: its container name, client, the source's handle, and its
-    slot count (0: the pool's ``slots_per_container``)."""
+class Member(Generic[H]):
+    """One slot server in the pool: its container name, client, the source's handle ``H`` of
+    it, and its slot count (0: the pool's ``slots_per_container``)."""
 
     name: str
     client: SlotServerClient
-    handle: object
+    handle: H
     lost: bool = False
     draining: bool = False
     slots: int = 0
 
 
-class ContainerSource(Protocol):
-    """Runs the slot servers of one pool: starts them, watches them, stops them.
+class ContainerSource(Protocol[H]):
+    """Runs the slot servers of one pool (each known by its handle ``H``): starts them, watches
+    them, stops them.
 
     The core calls ``open`` once when the pool starts (resources whose cleanup goes on
     ``stack``), then ``start`` (the first servers joined, background work spawned), ``lost``
@@ -174,15 +176,15 @@ class ContainerSource(Protocol):
     when the pool closes.
     """
 
-    async def open(self, pool: SlotServerPool, stack: AsyncExitStack) -> None:
+    async def open(self, pool: SlotServerPool[H], stack: AsyncExitStack) -> None:
         """Acquire what the servers need; push the matching cleanup on ``stack``."""
         ...
 
-    async def start(self, pool: SlotServerPool) -> None:
+    async def start(self, pool: SlotServerPool[H]) -> None:
         """Bring the first servers up and ``join`` them; raise when the pool cannot serve."""
         ...
 
-    def lost(self, member: Member, reason: str) -> None:
+    def lost(self, member: Member[H], reason: str) -> None:
         """The core took ``member`` out of service (a failed batch or reset): stop it now."""
         ...
 
@@ -319,8 +321,9 @@ class LeasedPool(abc.ABC):
         await self.aclose()
 
 
-class SlotServerPool(LeasedPool):
-    """The SandboxPool port over the slot servers of ``source``. ``async with pool``.
+class SlotServerPool(LeasedPool, Generic[H]):
+    """The SandboxPool port over the slot servers of ``source`` (``H``: its handle of one).
+    ``async with pool``.
 
     Entering opens the source and starts it; it raises what the source raises
     (``SlotServerError``, ``SandboxUnavailable``, ...) after undoing everything. Leaving closes
@@ -329,7 +332,7 @@ class SlotServerPool(LeasedPool):
 
     def __init__(
         self,
-        source: ContainerSource,
+        source: ContainerSource[H],
         settings: PoolSettings,
         *,
         label: str,
@@ -347,7 +350,7 @@ class SlotServerPool(LeasedPool):
         self._environments = EnvironmentCounters()
         self.fork_wait_s = fork_wait_s
         self.leasing = self._leasing  # (sources that scale drain containers through it)
-        self._members: dict[str, Member] = {}
+        self._members: dict[str, Member[H]] = {}
         self._orphans: list[SlotServerClient] = []  # clients of gone members, closed at the end
         self._stack = AsyncExitStack()
         self._group: anyio.abc.TaskGroup | None = None
@@ -459,11 +462,11 @@ class SlotServerPool(LeasedPool):
         """Whether the pool is closing or closed."""
         return self._closed
 
-    def members(self) -> list[Member]:
+    def members(self) -> list[Member[H]]:
         """Every member not yet gone, lost ones included, in the order they joined."""
         return list(self._members.values())
 
-    def member(self, container: str) -> Member | None:
+    def member(self, container: str) -> Member[H] | None:
         """The member named ``container``, if it has not gone."""
         return self._members.get(container)
 
@@ -538,11 +541,11 @@ class SlotServerPool(LeasedPool):
         self,
         name: str,
         client: SlotServerClient,
-        handle: object,
+        handle: H,
         *,
         draining: bool = False,
         slots: int | None = None,
-    ) -> Member | None:
+    ) -> Member[H] | None:
         """Put the connected server ``name`` in service with ``slots`` slots (``None``:
         ``slots_per_container``); ``None`` when the pool closed meanwhile (the caller then stops
         the server and closes ``client``).
@@ -563,7 +566,7 @@ class SlotServerPool(LeasedPool):
         self.signal()
         return member
 
-    def lose(self, member: Member, reason: str) -> None:
+    def lose(self, member: Member[H], reason: str) -> None:
         """Take a failing ``member`` out of service now (its leases turn stale) and tell the
         source, which stops it. Idempotent."""
         if member.lost:
@@ -578,7 +581,7 @@ class SlotServerPool(LeasedPool):
         self.note(message)
         self._source.lost(member, reason)
 
-    def gone(self, member: Member, reason: str) -> None:
+    def gone(self, member: Member[H], reason: str) -> None:
         """``member``'s server no longer runs: removed when it had drained, else lost (without
         telling the source, which saw it end). Its client closes in the background."""
         if self._members.get(member.name) is not member:
@@ -602,13 +605,13 @@ class SlotServerPool(LeasedPool):
             self._orphans.append(member.client)
         self.signal()
 
-    def drain(self, member: Member) -> None:
+    def drain(self, member: Member[H]) -> None:
         """No new leases in ``member``; its slots drain as they are released."""
         if not member.draining:
             member.draining = True
             self._leasing.drain_container(member.name)
 
-    def undrain(self, member: Member) -> None:
+    def undrain(self, member: Member[H]) -> None:
         """A drained ``member`` is wanted again: its slots come back free (a member with a
         quarantined slot is lost instead)."""
         slots = member.slots or self.rules.slots_per_container
@@ -668,7 +671,7 @@ class SlotServerPool(LeasedPool):
             await self.refresh_environment_figures()
             await anyio.sleep(self.figures_interval_s)
 
-    def cache_of(self, member: Member) -> str:
+    def cache_of(self, member: Member[H]) -> str:
         """The key of the image cache ``member``'s server reads (by default, its own)."""
         return member.name
 

@@ -84,7 +84,6 @@ __all__ = [
     "ScaledSettings",
     "StartBackoff",
     "composed_settings",
-    "run_of",
     "scale_settings",
 ]
 
@@ -178,16 +177,10 @@ class Run:
     restarts: int = 0
 
 
-def run_of(member: Member) -> Run:
-    """The run behind ``member``."""
-    assert isinstance(member.handle, Run)
-    return member.handle
-
-
 @attrs.define(eq=False, kw_only=True)
 class ReconciledSource(abc.ABC, Generic[C_co]):
-    """The ``ContainerSource`` of a scheduled pool (module doc): the reconciler, the members by
-    run ID, and the loop; a subclass supplies the scheduler's side.
+    """The ``ContainerSource[Run]`` of a scheduled pool (module doc): the reconciler, the members
+    by run ID, and the loop; a subclass supplies the scheduler's side.
 
     Attributes:
         config: The pool's settings.
@@ -206,8 +199,8 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
     config: C_co
     token: str = attrs.field(repr=False, factory=lambda: secrets.token_urlsafe(32))
     machine: NomadReconciler = attrs.field(init=False)
-    by_run: dict[str, Member] = attrs.field(init=False, factory=dict)
-    _pool: SlotServerPool | None = attrs.field(init=False, default=None)
+    by_run: dict[str, Member[Run]] = attrs.field(init=False, factory=dict)
+    _pool: SlotServerPool[Run] | None = attrs.field(init=False, default=None)
     _fatal: BaseException | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
@@ -220,7 +213,7 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
         )
 
     @property
-    def pool(self) -> SlotServerPool:
+    def pool(self) -> SlotServerPool[Run]:
         assert self._pool is not None
         return self._pool
 
@@ -280,11 +273,11 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
 
     # ------------------------------------------------------------------------- source
 
-    async def open(self, pool: SlotServerPool, stack: AsyncExitStack) -> None:
+    async def open(self, pool: SlotServerPool[Run], stack: AsyncExitStack) -> None:
         self._pool = pool
         await self._set_up(stack)
 
-    async def start(self, pool: SlotServerPool) -> None:
+    async def start(self, pool: SlotServerPool[Run]) -> None:
         pool.spawn(self._watch)
         config = self.config
         with anyio.move_on_after(config.start_timeout_s):
@@ -315,15 +308,15 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
         if scope.cancelled_caught:
             self.pool.note(f"could not {what} within {limit} s")
 
-    def lost(self, member: Member, reason: str) -> None:
+    def lost(self, member: Member[Run], reason: str) -> None:
         """The core lost ``member`` (a failed batch or reset): the machine replaces it."""
-        self._apply(self.machine.failed(run_of(member).id, reason, anyio.current_time()))
+        self._apply(self.machine.failed(member.handle.id, reason, anyio.current_time()))
 
     def check_valid(self) -> None:
         """The reconciler's invariants, and every member filed under its run and its name."""
         self.machine.check_valid()
         for run_id, member in self.by_run.items():
-            if run_of(member).id != run_id or self.pool.member(member.name) is not member:
+            if member.handle.id != run_id or self.pool.member(member.name) is not member:
                 raise AssertionError(f"check_valid: container {member.name} is misfiled")
 
     # ------------------------------------------------------------------------- the loop
@@ -431,7 +424,7 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
         self._apply(actions)
 
 
-class ReconciledPool(SlotServerPool):
+class ReconciledPool(SlotServerPool[Run]):
     """A ``SlotServerPool`` over a ``ReconciledSource``, with the scheduler's view of it."""
 
     def __init__(self, source: ReconciledSource[ReconciledSettings], *, label: str) -> None:
@@ -443,7 +436,7 @@ class ReconciledPool(SlotServerPool):
         member = self.member(container)
         if member is None:
             raise KeyError(container)
-        return run_of(member).id
+        return member.handle.id
 
     @property
     def target(self) -> int:

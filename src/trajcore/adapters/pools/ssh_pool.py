@@ -405,7 +405,7 @@ async def _ready_line(connection: _Connection) -> dict[str, object]:
     return ready
 
 
-class SshSandboxPool(SlotServerPool):
+class SshSandboxPool(SlotServerPool[_Connection]):
     """The SandboxPool port over slot servers on SSH hosts. ``async with SshSandboxPool(config)``.
 
     Entering checks every host, starts every server and waits until each is healthy

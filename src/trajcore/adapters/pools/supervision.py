@@ -183,22 +183,22 @@ class SupervisedSource(Generic[H]):
     _stopped: set[str] = attrs.field(init=False, factory=set)
     _generations: dict[int, int] = attrs.field(init=False, factory=dict)
     restarts: int = attrs.field(init=False, default=0)
-    _pool: SlotServerPool | None = attrs.field(init=False, default=None)
+    _pool: SlotServerPool[H] | None = attrs.field(init=False, default=None)
 
     # ------------------------------------------------------------------------- source
 
-    async def open(self, pool: SlotServerPool, stack: AsyncExitStack) -> None:
+    async def open(self, pool: SlotServerPool[H], stack: AsyncExitStack) -> None:
         self._pool = pool
         await self.launcher.open(stack)
 
-    async def start(self, pool: SlotServerPool) -> None:
+    async def start(self, pool: SlotServerPool[H]) -> None:
         async with anyio.create_task_group() as starting:
             for index in range(self.containers):
                 starting.start_soon(self._start, pool, index)
 
-    def lost(self, member: Member, reason: str) -> None:
+    def lost(self, member: Member[H], reason: str) -> None:
         if member.name not in self._stopped and self._pool is not None:
-            self._pool.spawn(self.launcher.kill, self.launched[member.name])
+            self._pool.spawn(self.launcher.kill, member.handle)
 
     async def shutdown(self) -> None:
         stopping = [name for name in self.launched if name not in self._stopped]
@@ -215,7 +215,7 @@ class SupervisedSource(Generic[H]):
         base = f"{self.prefix}-{index}"
         return base if generation == 0 else f"{base}~{generation}"
 
-    async def _start(self, pool: SlotServerPool, index: int) -> None:
+    async def _start(self, pool: SlotServerPool[H], index: int) -> None:
         """Launch server ``index`` (current generation), connect, join, supervise."""
         name = self._name(index)
         start_timeout_s = pool.rules.start_timeout_s
@@ -244,13 +244,13 @@ class SupervisedSource(Generic[H]):
             await close_quietly(client)
             await self._stop(handle)
             return
-        pool.spawn(self._supervise, pool, index, member, handle)
+        pool.spawn(self._supervise, pool, index, member)
 
     def _slot_count(self, index: int) -> int | None:
         return None if self.slots is None else self.slots(index)
 
     async def _connect(
-        self, pool: SlotServerPool, endpoint: Endpoint, name: str, handle: H, index: int
+        self, pool: SlotServerPool[H], endpoint: Endpoint, name: str, handle: H, index: int
     ) -> SlotServerClient:
         """``pool.connect``, unless the server ends first (``SlotServerError`` with its log)."""
         connected: list[SlotServerClient] = []
@@ -277,8 +277,9 @@ class SupervisedSource(Generic[H]):
         with anyio.CancelScope(shield=True):
             await self.launcher.stop(handle)
 
-    async def _supervise(self, pool: SlotServerPool, index: int, member: Member, handle: H) -> None:
+    async def _supervise(self, pool: SlotServerPool[H], index: int, member: Member[H]) -> None:
         """Wait for ``member``'s server to end; unless the pool is closing, replace it."""
+        handle = member.handle
         await self.launcher.wait(handle)
         if pool.closed or member.name in self._stopped:
             return
@@ -301,11 +302,11 @@ class SupervisedSource(Generic[H]):
             return
 
 
-def _closed(pool: SlotServerPool) -> bool:
+def _closed(pool: SlotServerPool[H]) -> bool:
     return pool.closed
 
 
-class SupervisedPool(SlotServerPool, Generic[H]):
+class SupervisedPool(SlotServerPool[H]):
     """The pool core over a ``SupervisedSource`` of ``launcher``'s servers."""
 
     def __init__(self, launcher: Launcher[H], config: SupervisedPoolConfig, *, label: str) -> None:
@@ -320,7 +321,7 @@ class SupervisedPool(SlotServerPool, Generic[H]):
         self._image_cache = config.image_cache_dir
         self._config_name = type(config).__name__
 
-    def cache_of(self, member: Member) -> str:
+    def cache_of(self, member: Member[H]) -> str:
         """Every server of the pool reads the host's one cache (``image_cache_dir``)."""
         return str(self._image_cache) if self._image_cache is not None else member.name
 
