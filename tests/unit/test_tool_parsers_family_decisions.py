@@ -244,10 +244,26 @@ def test_llama3_a_broken_call_is_at_fault_under_the_key_it_wrote(piece: str, rea
     assert [(p.name, p.reason) for p in turn.errors] == [("a", reason)]
 
 
+def test_llama3_a_separator_or_tag_ending_the_text_ends_the_calls() -> None:
+    """Pins that Llama 3's calls end at the end of the text after a last ``;`` or tag (nothing
+    more is attempted there)."""
+    for end in (";", "; ", "<|python_tag|>"):
+        turn = Llama3JsonParser().parse('<|python_tag|>{"name": "a"}' + end)
+        assert turn == ParsedTurn(calls=[ToolCall(id="call_0", name="a")])
+
+
+def test_llama3_a_broken_call_keeps_its_piece_as_written() -> None:
+    """Pins that a Llama 3 call whose JSON does not decode keeps its piece (to where it
+    breaks) as the problem's text."""
+    turn = Llama3JsonParser().parse('<|python_tag|>{"name": "a", "parameters": {"x": 1 2}}; x')
+    assert [p.raw for p in turn.errors] == ['{"name": "a", "parameters": {"x": 1 2}}', "x"]
+
+
 def test_llama3_calls_start_at_a_tag_or_an_opening_brace_only() -> None:
     """Pins when a Llama 3 text holds calls: a tag anywhere, or a ``{`` first (after spaces);
     content before the tag is kept, and text after the calls is content until a later tag."""
-    assert Llama3JsonParser().parse(' \n{"name": "a"}').calls == (ToolCall(id="call_0", name="a"),)
+    for bare in (' \n{"name": "a"}', '{"name": "a"}'):
+        assert Llama3JsonParser().parse(bare) == ParsedTurn(calls=[ToolCall(id="call_0", name="a")])
     turn = Llama3JsonParser().parse('So {"name": "a"} and <|python_tag|>{"name": "b"} done')
     assert turn.content == 'So {"name": "a"} and\ndone'
     assert turn.calls == (ToolCall(id="call_0", name="b"),)
