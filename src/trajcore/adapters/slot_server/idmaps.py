@@ -36,7 +36,7 @@ from pathlib import Path
 
 import attrs
 
-__all__ = ["IdMaps", "Ids", "kernel_problem", "make_namespaces", "open_idmaps"]
+__all__ = ["LIBC", "IdMaps", "Ids", "checked", "kernel_problem", "make_namespaces", "open_idmaps"]
 
 Ids = tuple[int, int]
 """A uid and a gid."""
@@ -60,10 +60,12 @@ class _MountAttr(ctypes.Structure):
     ]
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC = ctypes.CDLL(None, use_errno=True)
+"""The C library, its calls setting ``errno`` (read by ``checked``)."""
 
 
-def _check(result: int, what: str, path: object = None) -> int:
+def checked(result: int, what: str, path: object = None) -> int:
+    """``result`` of a C call, or the ``OSError`` of its ``errno`` naming ``what`` and ``path``."""
     if result < 0:
         number = ctypes.get_errno()
         raise OSError(number, f"{what}: {os.strerror(number)}", None if path is None else path)
@@ -203,8 +205,8 @@ class IdMaps:
     def clone(self, path: Path, userns: int) -> int:
         """A detached, read-only, nosuid, nodev clone of ``path`` idmapped through ``userns``
         (a descriptor to attach with ``move_mount``, or to close). Raises ``OSError``."""
-        tree = _check(
-            _LIBC.syscall(
+        tree = checked(
+            LIBC.syscall(
                 _SYS_OPEN_TREE, _AT_FDCWD, str(path).encode(),
                 _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC,
             ),
@@ -215,8 +217,8 @@ class IdMaps:
                 _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV,
                 0, 0, userns,
             )  # fmt: skip
-            _check(
-                _LIBC.syscall(
+            checked(
+                LIBC.syscall(
                     _SYS_MOUNT_SETATTR, tree, b"", _AT_EMPTY_PATH, ctypes.byref(attr),
                     ctypes.sizeof(attr),
                 ),

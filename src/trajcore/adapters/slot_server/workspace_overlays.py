@@ -42,52 +42,21 @@ from pathlib import Path
 import attrs
 
 from trajcore.adapters.removal import remove_tree
-from trajcore.adapters.slot_server.idmaps import IdMaps
+from trajcore.adapters.slot_server.idmaps import LIBC, IdMaps, checked
 
 __all__ = ["WorkspaceOverlays", "mount_points_under"]
 
-_SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442  # x86_64 and arm64 alike
-_OPEN_TREE_CLONE, _OPEN_TREE_CLOEXEC, _AT_EMPTY_PATH = 1, os.O_CLOEXEC, 0x1000
-_MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
-_MOUNT_ATTR_IDMAP = 0x100000
+_SYS_MOVE_MOUNT = 429  # the same on every architecture
 _MOVE_MOUNT_F_EMPTY_PATH = 4
 _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_SHARED = 0x2, 0x4, 0x1000, 1 << 20
 _MNT_DETACH = 2
-_CLONE_NEWUSER = 0x10000000
 _AT_FDCWD = -100
-_NAMESPACE_TIMEOUT_S = 10.0
 _OVERLAY_SEPARATORS = (",", ":", "\\")
-
-_UNSHARE = (
-    "import ctypes, sys\n"
-    "if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) != 0:\n"
-    "    sys.exit(3)\n"
-    "sys.stdout.write('u'); sys.stdout.flush(); sys.stdin.read()\n"
-)
-
-
-class _MountAttr(ctypes.Structure):
-    _fields_ = [
-        ("attr_set", ctypes.c_uint64),
-        ("attr_clr", ctypes.c_uint64),
-        ("propagation", ctypes.c_uint64),
-        ("userns_fd", ctypes.c_uint64),
-    ]
-
-
-_LIBC = ctypes.CDLL(None, use_errno=True)
-
-
-def _check(result: int, what: str, path: object = None) -> int:
-    if result < 0:
-        number = ctypes.get_errno()
-        raise OSError(number, f"{what}: {os.strerror(number)}", None if path is None else path)
-    return result
 
 
 def _mount(source: str | None, target: str, kind: str | None, flags: int, data: str | None) -> None:
-    _check(
-        _LIBC.mount(
+    checked(
+        LIBC.mount(
             None if source is None else source.encode(), target.encode(),
             None if kind is None else kind.encode(), ctypes.c_ulong(flags),
             None if data is None else data.encode(),
@@ -97,7 +66,7 @@ def _mount(source: str | None, target: str, kind: str | None, flags: int, data: 
 
 
 def _detach(target: Path) -> None:
-    _check(_LIBC.umount2(str(target).encode(), _MNT_DETACH), "umount", target)
+    checked(LIBC.umount2(str(target).encode(), _MNT_DETACH), "umount", target)
 
 
 def mount_points_under(root: Path) -> list[Path]:
@@ -215,8 +184,8 @@ class WorkspaceOverlays:
                 userns = self.idmaps.namespace(self.owner, ids)
             tree = self.idmaps.clone(lower, userns)
             try:
-                _check(
-                    _LIBC.syscall(
+                checked(
+                    LIBC.syscall(
                         _SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, str(folder / "lower").encode(),
                         _MOVE_MOUNT_F_EMPTY_PATH,
                     ),
