@@ -204,6 +204,15 @@ def test_glm45_a_values_schema_reference_resolves_against_the_tools_parameters()
     )
 
 
+def test_glm45_a_call_the_tool_check_refuses_keeps_its_text() -> None:
+    """Pins that a GLM-4.5 call read whole but refused by the tool check keeps its text."""
+    text = _glm("nope\n<arg_key>k</arg_key><arg_value>v</arg_value>")
+    turn = Glm45Parser().parse(text, tools=[COUNTS])
+    assert [(p.raw, p.name, p.reason) for p in turn.errors] == [
+        (text, "nope", "unknown tool 'nope' @ name")
+    ]
+
+
 def test_glm45_renders_values_that_are_no_strings_as_json_not_escaped() -> None:
     """Pins that GLM-4.5's render writes a non-string value as JSON with non-ASCII as it is."""
     text = Glm45Parser().render([ToolCall(id="c", name="a", arguments={"k": ["é"]})])
