@@ -367,6 +367,50 @@ def test_deepseek_a_cut_off_call_with_no_arguments_is_truncated_at_its_arguments
     assert _ds_problems(_ds(f"bash{sep} ")) == [("bash", "missing arguments @ arguments")]
 
 
+def test_deepseek_the_name_ends_at_the_first_separator() -> None:
+    """Pins that a DeepSeek call's name ends at its first ``<|tool_sep|>``: the separator's
+    text inside the arguments' JSON is part of a value."""
+    sep = deepseek_v3.SEP
+    turn = DeepSeekV3Parser().parse(_ds(f'bash{sep}{{"x": "{sep}"}}'))
+    assert turn.calls == (ToolCall(id="call_0", name="bash", arguments={"x": sep}),)
+
+
+def test_deepseek_a_refused_call_keeps_its_text() -> None:
+    """Pins that every DeepSeek refusal keeps the call as written (V3 and V3.1): no separator
+    (closed or cut off), a name line cut off, a blank name, bad arguments; and that a name
+    without a separator ends at the first ``<``."""
+    sep = deepseek_v3.SEP
+    for inner, closed, name, reason in [
+        ("bash<|x<|y", True, "bash", f"missing {sep} @ call"),
+        ("bash", False, "bash", "truncated call @ name"),
+        (f"function{sep}bash", False, "bash", "truncated call @ name"),
+        (f"function{sep} \n```json\n{{}}\n```", True, None, "missing name @ name"),
+        (
+            f"function{sep}bash\n```json\n[1]\n```",
+            True,
+            "bash",
+            "expected a JSON object, got array @ arguments",
+        ),
+        (f" {sep}{{}}", True, None, "missing name @ name"),
+        (f"bash{sep}[1]", True, "bash", "expected a JSON object, got array @ arguments"),
+    ]:
+        text = _ds(inner, closed=closed)
+        raw = deepseek_v3.CALL_BEGIN + inner + (deepseek_v3.CALL_END if closed else "")
+        turn = DeepSeekV3Parser().parse(text)
+        assert [(p.raw, p.name, p.reason) for p in turn.errors] == [(raw, name, reason)]
+
+
+def test_deepseek_the_fence_is_the_first_one_and_may_close_at_once() -> None:
+    """Pins that DeepSeek V3's arguments start after the first ``json`` fence (one inside the
+    JSON is part of a value), and that a fence closed right after it opens holds no arguments
+    (missing)."""
+    sep = deepseek_v3.SEP
+    turn = DeepSeekV3Parser().parse(_ds(f'function{sep}bash\n```json\n{{"s": "```json"}}\n```'))
+    assert turn.calls == (ToolCall(id="call_0", name="bash", arguments={"s": "```json"}),)
+    empty = _ds(f"function{sep}bash\n```json```")
+    assert _ds_problems(empty) == [("bash", "missing arguments @ arguments")]
+
+
 def test_deepseek_renders_arguments_as_written_not_escaped() -> None:
     """Pins that DeepSeek's render (both forms) writes non-ASCII arguments as they are, and
     writes the content alone when there are no calls."""
