@@ -1357,11 +1357,12 @@ def test_an_unsandboxed_slots_processes_end_with_its_lease(
             assert started.outcome is ToolOutcome.OK, started.content
             assert started.exec is not None
             assert not started.exec.sandboxed
-            # the control: the check sees the job (and the shell's server) while the lease runs
+            # the control: the check sees the job (and the shell's server) while the lease runs;
+            # read until every marker shows in one pass (a process between nohup's, bash's and
+            # sleep's exec can read as no command line for an instant)
             async with asyncio.timeout(10):
-                while not host_processes_with(marker):  # noqa: ASYNC110 - a stranger's exec
+                while not all((seen := {m: host_processes_with(m) for m in markers}).values()):  # noqa: ASYNC110 - a stranger's exec
                     await asyncio.sleep(0.01)
-            seen = {m: host_processes_with(m) for m in markers}
             if ending == "reset":
                 assert (await runtime.reset(0, 1)).ok
             else:
