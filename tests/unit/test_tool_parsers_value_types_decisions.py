@@ -54,3 +54,42 @@ def test_a_python_literal_holds_only_json_values() -> None:
     assert type_value("{'x': 1.5, 'y': [None]}", {"type": "object"}) == {"x": 1.5, "y": [None]}
     assert isinstance(type_value("[b'x']", {"type": "array"}), JSONFault)
     assert isinstance(type_value("{'x': 1e999}", {"type": "object"}), JSONFault)
+
+
+def _any_of(levels: int) -> JSON:
+    schema: JSON = {"type": "integer"}
+    for _ in range(levels):
+        schema = {"anyOf": [schema]}
+    return schema
+
+
+def test_alternatives_and_references_are_followed_32_levels_deep() -> None:
+    """Pins the depth bound of the schema walk: 32 levels of alternatives or references are
+    read, the 33rd is not (a cycle ends there)."""
+    assert allowed_types(_any_of(32)) == ("integer",)
+    assert allowed_types(_any_of(33)) == ()
+    defs: JSONObject = {f"R{i}": {"$ref": f"#/$defs/R{i + 1}"} for i in range(32)}
+    defs["R32"] = {"type": "boolean"}
+    root: JSONObject = {"type": "object", "$defs": defs}
+    assert allowed_types({"$ref": "#/$defs/R1"}, root) == ("boolean",)
+    assert allowed_types({"$ref": "#/$defs/R0"}, root) == ()
+
+
+def test_a_schema_without_a_root_resolves_references_in_itself() -> None:
+    """Pins that a schema given without a root is its own root for ``$ref``."""
+    assert allowed_types({"$defs": {"N": {"type": "number"}}, "$ref": "#/$defs/N"}) == ("number",)
+
+
+def test_prefix_items_allow_an_array() -> None:
+    """Pins that ``prefixItems`` without a type allows an array."""
+    assert allowed_types({"prefixItems": [{}]}) == ("array",)
+
+
+def test_text_is_read_only_as_the_kind_asked_for() -> None:
+    """Pins that a Python literal of the other container kind is no value of this one, a JSON
+    string is no number, a cut-off array is a fault, and text that does not start like an
+    object or array stays text."""
+    assert isinstance(type_value("{'a': 1}", {"type": "array"}), JSONFault)
+    assert type_value('"5"', {"type": "number"}) == '"5"'
+    assert type_value("[1, ", {"type": "array"}) == JSONFault(reason="truncated JSON")
+    assert type_value("Xyz", {"type": "object"}) == "Xyz"
