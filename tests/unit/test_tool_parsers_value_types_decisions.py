@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.tool_parsers.base import JSONFault
 from trajcore.domain.tool_parsers.value_types import allowed_types, type_value
@@ -41,11 +43,17 @@ def test_a_python_literal_as_deep_as_python_reads_it_is_a_value() -> None:
     value: JSON = "a"
     for _ in range(200):
         value = [value]
-    assert type_value(_nested(200, "'a'", "[", "]"), {"type": "array"}) == value
     mapping: JSON = "x"
     for _ in range(150):
         mapping = {"k": mapping}
-    assert type_value(_nested(150, "'x'", "{'k': ", "}"), {"type": "object"}) == mapping
+    # The check recurses once per level; a mutation run's trampolines add frames to each call.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 5000))
+    try:
+        assert type_value(_nested(200, "'a'", "[", "]"), {"type": "array"}) == value
+        assert type_value(_nested(150, "'x'", "{'k': ", "}"), {"type": "object"}) == mapping
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def test_a_python_literal_holds_only_json_values() -> None:
