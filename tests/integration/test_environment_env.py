@@ -20,14 +20,16 @@ from tests.unit.test_agent_env import _config, _turn
 from trajcore.adapters.fakes.llm import FakeChatServer
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
-from trajcore.domain.environment_leases import ForkRefused
+from trajcore.domain.environment_leases import EnvironmentStatistics, ForkRefused
 from trajcore.domain.groups import GroupStatus, TrajectoryStatus
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
+from trajcore.domain.slots import PoolStatistics
 from trajcore.domain.tools import ToolCall
 from trajcore.entrypoints.atropos import AgentEnv
 from trajcore.rollout.dispatcher import ToolDispatcher
+from trajcore.rollout.group import GroupResult
 from trajcore.rollout.tools import SlotTools, ToolRouter
 
 pytestmark = [
@@ -140,24 +142,32 @@ class PreparedOnceEnv(OsReleaseEnv):
         return 1.0 if both.stdout == "ready" + "made-over-the-image\n" + RELEASE else 0.0
 
 
-async def test_prepare_once_forks_the_prepared_lease_into_every_member(image_dir: Path) -> None:
-    image = f"oci:{image_dir / 'layout'}"
+async def _group_prepared_once(
+    image_dir: Path, *, group_size: int, containers: int
+) -> tuple[GroupResult, EnvironmentStatistics, PoolStatistics]:
+    """One group of ``group_size`` with ``prepare_once``, over the image, on ``containers``
+    servers of 4 slots: its result and the pool's figures after it."""
     PreparedOnceEnv.preparations = 0
     env = PreparedOnceEnv(
-        _config(group_size=3, ensure_scores_are_not_same=False, prepare_once=True)
+        _config(group_size=group_size, ensure_scores_are_not_same=False, prepare_once=True)
     )
     config = LocalPoolConfig(
-        containers=1,
+        containers=containers,
         slots_per_container=4,
         isolation=SlotIsolation(require_sandbox=True),
         image_cache_dir=image_dir / "cache",
     )
     async with LocalSandboxPool(config) as pool:
         result = await env.run_task(
-            image, pool=pool, policy=env.make_policy(chat=_shows_os_release())
+            f"oci:{image_dir / 'layout'}",
+            pool=pool,
+            policy=env.make_policy(chat=_shows_os_release()),
         )
-        environments = pool.environment_statistics()
-        stats = pool.statistics()
+        return result, pool.environment_statistics(), pool.statistics()
+
+
+async def test_prepare_once_forks_the_prepared_lease_into_every_member(image_dir: Path) -> None:
+    result, environments, stats = await _group_prepared_once(image_dir, group_size=3, containers=1)
     assert PreparedOnceEnv.preparations == 1
     assert result.verdict.member_scores == (1.0, 1.0, 1.0)
     assert [m.prepare_metadata for m in result.members] == [{"preparations": 1}] * 3
@@ -168,23 +178,7 @@ async def test_prepare_once_forks_the_prepared_lease_into_every_member(image_dir
 async def test_a_group_of_four_prepared_once_forks_every_member_on_two_servers(
     image_dir: Path,
 ) -> None:
-    image = f"oci:{image_dir / 'layout'}"
-    PreparedOnceEnv.preparations = 0
-    env = PreparedOnceEnv(
-        _config(group_size=4, ensure_scores_are_not_same=False, prepare_once=True)
-    )
-    config = LocalPoolConfig(
-        containers=2,
-        slots_per_container=4,
-        isolation=SlotIsolation(require_sandbox=True),
-        image_cache_dir=image_dir / "cache",
-    )
-    async with LocalSandboxPool(config) as pool:
-        result = await env.run_task(
-            image, pool=pool, policy=env.make_policy(chat=_shows_os_release())
-        )
-        environments = pool.environment_statistics()
-        stats = pool.statistics()
+    result, environments, stats = await _group_prepared_once(image_dir, group_size=4, containers=2)
     assert PreparedOnceEnv.preparations == 1
     assert result.verdict.member_scores == (1.0, 1.0, 1.0, 1.0)
     assert [m.prepare_metadata for m in result.members] == [{"preparations": 1}] * 4
