@@ -165,9 +165,23 @@ async def test_a_layout_on_the_node_runs_too(shell_image: Path) -> None:
 
 
 @pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")
+async def _pull(layout: str) -> str:
+    """``layout`` pulled into podman's store: its image ID. A failed pull is tried once more
+    (the engine's store can refuse for an instant under other work: that is set-up, not the
+    pool); a second failure fails the test with podman's own words."""
+    for attempt in (1, 2):
+        done = await anyio.run_process(["podman", "pull", "-q", layout], check=False)
+        if done.returncode == 0:
+            return done.stdout.decode().strip()
+        if attempt == 2:
+            pytest.fail(f"podman pull {layout}: {done.stderr.decode(errors='replace')}")
+        await anyio.sleep(1.0)
+    raise AssertionError("unreachable")
+
+
 async def test_an_image_pulled_into_the_nodes_engine_runs(shell_image: Path) -> None:
     layout = f"oci:{shell_image / 'layout'}"
-    pulled = (await anyio.run_process(["podman", "pull", "-q", layout])).stdout.decode().strip()
+    pulled = await _pull(layout)
     name = f"localhost/trajcore-nomad-env-{secrets.token_hex(4)}:latest"
     try:
         await anyio.run_process(["podman", "tag", pulled, name])
