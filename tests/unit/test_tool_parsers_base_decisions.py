@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from trajcore.domain.tool_parsers import HermesParser
 from trajcore.domain.tool_parsers.base import (
     Block,
     JSONFault,
@@ -24,6 +23,7 @@ from trajcore.domain.tool_parsers.base import (
     split_reasoning,
     value_extent,
 )
+from trajcore.domain.tool_parsers.hermes import HermesParser
 from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.domain.turns import ParsedTurn, ParseProblem
 
@@ -93,6 +93,14 @@ def test_reasoning_is_split_on_the_tags_the_family_gives() -> None:
 def test_json_that_stops_inside_a_value_is_truncated(text: str) -> None:
     """Pins what counts as cut off: empty text, an unclosed string (a lone quote too), or more
     brackets opened than closed (brackets inside strings not counted)."""
+    assert load_json(text) == JSONFault(reason="truncated JSON")
+
+
+@pytest.mark.parametrize("text", ['"ab\\"', '"\\"', '"ab\\"\\', '"a\\\\\\"'])
+def test_a_top_level_string_cut_just_after_an_escaped_quote_is_truncated(text: str) -> None:
+    """Pins that a string whose last character is an escaped quote (``"ab\\"``) is still open:
+    the escaped quote does not close it, so the text is cut off, not invalid, also with nothing
+    around the string to count brackets by."""
     assert load_json(text) == JSONFault(reason="truncated JSON")
 
 

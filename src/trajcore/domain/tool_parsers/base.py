@@ -159,8 +159,10 @@ _TRUNCATED = JSONFault(reason="truncated JSON")
 
 # A JSON string (closed or running to the end of the text) or a bracket. The string pattern is the
 # unrolled loop "[^"\\]*(\\.[^"\\]*)*": every step consumes a character no other branch could,
-# so it cannot backtrack more than once.
-_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
+# so it cannot backtrack more than once. The group holds the string's closing quote, empty when
+# the string runs to the end of the text (one whose last character is an escaped quote, "ab\",
+# ends with a quote yet is still open).
+_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*("?)|[\[\]{}]', re.DOTALL)
 
 
 def _stops_inside_a_value(text: str) -> bool:
@@ -169,7 +171,7 @@ def _stops_inside_a_value(text: str) -> bool:
     for token in _STRING_OR_BRACKET.finditer(text):
         piece = token.group()
         if piece[0] == '"':
-            if len(piece) == 1 or piece[-1] != '"':
+            if not token.group(1):
                 return True
         elif piece in "{[":
             depth += 1
