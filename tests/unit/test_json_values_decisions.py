@@ -1,0 +1,77 @@
+"""The decisions of the domain's JSON values: how a JSON Lines text is read, which text holds a
+JSON object, and how a value's type is named."""
+
+from __future__ import annotations
+
+import pytest
+
+from trajcore.domain.errors import InvalidInput
+from trajcore.domain.json_values import json_lines, json_object, json_type
+
+
+def test_json_lines_numbers_each_object_by_its_line_from_one_skipping_blank_lines() -> None:
+    """A blank (or whitespace-only) line is skipped but still counted, so the numbers are the
+    lines a person finds in the file."""
+    lines = ['{"a": 1}', "", "   ", '{"b": [2]}']
+    assert list(json_lines(lines)) == [(1, {"a": 1}), (4, {"b": [2]})]
+
+
+def test_json_lines_refuses_a_line_naming_its_number_and_why() -> None:
+    """A line that is no JSON object stops the read with the line's number as the field."""
+    with pytest.raises(InvalidInput) as caught:
+        list(json_lines(['{"a": 1}', "", "[1, 2]"]))
+    assert (caught.value.field, caught.value.reason) == ("line 3", "expected a JSON object")
+    with pytest.raises(InvalidInput) as caught:
+        list(json_lines(["{oops"]))
+    assert caught.value.field == "line 1"
+    assert caught.value.reason.startswith("not JSON: ")
+
+
+def test_a_json_object_text_is_decoded_whole() -> None:
+    """The object comes back as decoded, nested values included."""
+    assert json_object('{"a": {"b": [1, 2.5, null, true]}, "c": "d"}', "body") == {
+        "a": {"b": [1, 2.5, None, True]},
+        "c": "d",
+    }
+
+
+def test_text_that_is_not_json_is_refused_with_the_decoders_reason_and_the_field() -> None:
+    """The reason is the JSON decoder's own message, after ``not JSON: ``."""
+    with pytest.raises(InvalidInput) as caught:
+        json_object('{"a": ', "config.extra")
+    assert (caught.value.field, caught.value.reason) == (
+        "config.extra",
+        "not JSON: Expecting value",
+    )
+    assert caught.value.__cause__ is None  # the decoder's traceback is not chained
+
+
+@pytest.mark.parametrize("text", ["[]", "1", '"text"', "null", "true"])
+def test_json_that_is_not_an_object_is_refused_naming_the_field(text: str) -> None:
+    """Only an object is taken; any other JSON value is refused as such."""
+    with pytest.raises(InvalidInput) as caught:
+        json_object(text, "payload")
+    assert (caught.value.field, caught.value.reason) == ("payload", "expected a JSON object")
+
+
+@pytest.mark.parametrize(
+    ("value", "name"),
+    [
+        (None, "null"),
+        (True, "boolean"),
+        (3, "integer"),
+        (2.5, "number"),
+        ("s", "string"),
+        ([], "array"),
+        ({}, "object"),
+        ((1, 2), "tuple"),
+        (b"x", "bytes"),
+        (float, "type"),
+    ],
+)
+def test_a_values_type_is_its_json_schema_name_or_else_its_python_name(
+    value: object, name: str
+) -> None:
+    """JSON values get JSON Schema's names (a bool is a boolean, not an integer); anything else
+    is named by its Python type, so an error says what was given."""
+    assert json_type(value) == name
