@@ -23,6 +23,12 @@ from trajcore.domain.tool_parsers.base import (
     split_reasoning,
     value_extent,
 )
+from trajcore.domain.tool_parsers.family import (
+    Sections,
+    read_json_arguments,
+    read_json_object,
+    section_text,
+)
 from trajcore.domain.tool_parsers.hermes import HermesParser
 from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.domain.turns import ParsedTurn, ParseProblem
@@ -451,3 +457,57 @@ def test_the_ids_of_problems_are_made_distinct_too() -> None:
     assert _ids(turn) == ["a", "p-3"]
     assert turn.errors[0].index == 1
     assert used == {"p", "a", "p-3"}
+
+
+# ------------------------------------------------------------------------ family reading steps
+
+SECTIONS = Sections(begin="<B>", end="<E>", call_begin="<C>", call_end="</C>")
+
+
+def test_a_plain_segments_section_markers_are_removed_and_its_text_kept() -> None:
+    """Pins ``section_text`` outside the last segment: every section's markers removed (stray
+    ends before the first section too, and begins after it), the text inside and around each
+    section kept whole, whitespace included, and nothing refused."""
+    builder = _builder()
+    text = section_text(builder, "a<E>b<B> x y<E>c<E>d<B>z", SECTIONS, last=False)
+    assert text == "ab x ycdz"
+    assert builder.problems == []
+    assert section_text(builder, "a<E>b", SECTIONS, last=False) == "ab"
+
+
+def test_a_section_with_text_but_no_call_in_the_last_segment_is_one_problem() -> None:
+    """Pins ``section_text`` in the last segment: a section holding text but no call is refused,
+    ``missing <call_begin>`` when it is closed and ``truncated call`` when the text ends inside
+    it, with the section as written for its text (not the content); a blank section is not (its
+    blank stays in the content)."""
+    builder = _builder()
+    text = section_text(builder, "a<B> x <E>b<B> <E>c<B>y", SECTIONS, last=True)
+    assert text == "ab c"
+    assert builder.problems == [
+        ParseProblem(index=0, raw="<B> x <E>", reason="missing <C> @ call", call_id="t_0"),
+        ParseProblem(index=1, raw="<B>y", reason="truncated call @ call", call_id="t_1"),
+    ]
+
+
+def test_a_call_read_from_a_json_object_keeps_its_text_when_refused() -> None:
+    """Pins that ``read_json_object`` gives the call as written (``raw``, not the JSON text) to
+    the problem of a decoded value that is no call."""
+    builder = _builder()
+    read_json_object(builder, "RAW", "[1]", key="arguments", fallback="x", fault_key=str)
+    assert builder.problems == [
+        ParseProblem(
+            index=0, raw="RAW", reason="expected a JSON object, got array @ call", call_id="t_0"
+        )
+    ]
+
+
+def test_arguments_that_do_not_decode_keep_the_calls_text_and_name() -> None:
+    """Pins ``read_json_arguments``' refusal of JSON that does not decode: the fault ``@
+    arguments``, the call as written and the name the markup gave."""
+    builder = _builder()
+    read_json_arguments(builder, "RAW", "bash", '{"a": ', closed=True)
+    assert builder.problems == [
+        ParseProblem(
+            index=0, raw="RAW", reason="truncated JSON @ arguments", name="bash", call_id="t_0"
+        )
+    ]
