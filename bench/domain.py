@@ -36,7 +36,8 @@ from trajcore.domain.batch_planner import BatchConfig, BatchPlanner
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.slot_book import SlotBook
 from trajcore.domain.slots import Lease, SlotCall, SlotId
-from trajcore.domain.tool_parsers import PARSER_NAMES, ToolCallParser, get_parser
+from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser
+from trajcore.domain.tool_parsers.base import ToolCallParser
 from trajcore.domain.tools import ToolCall, ToolSpec
 
 CONTAINERS = 4

@@ -29,7 +29,8 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import httpx
 
-from trajcore.adapters.http1 import HTTPClient, parse_url
+from trajcore.adapters.http1.client import HTTPClient
+from trajcore.adapters.http1.values import parse_url
 from trajcore.adapters.llm.chat import OpenAIChatServer
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams

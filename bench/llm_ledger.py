@@ -20,12 +20,11 @@ import argparse
 import statistics
 import time
 
-from trajcore.adapters.tokenizers import TransformersTokenizer
+from trajcore.adapters.tokenizers import TransformersTokenizer, qwen3_tokenizer_path
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, TokenCompletion
-from trajcore.domain.token_ledger import ChatTemplate
+from trajcore.domain.token_ledger.template import ChatTemplate
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult, ToolSpec
-from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 TOOLS = (
     ToolSpec(

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import attrs
 
+from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.env import (
     AgentEnv,
     AgentEnvConfig,
@@ -42,7 +43,6 @@ from trajcore.env import (
     ToolCall,
 )
 from trajcore.rollout.scripted import ScriptStep
-from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 __all__ = ["SANDBOX_PYTHON", "SOLUTIONS", "TASKS", "CodeFixEnv", "CodeTask", "solve"]
 

@@ -21,10 +21,10 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams
 from trajcore.env import AgentEnv, AgentEnvConfig, Message, SlotTools, ToolCall, ToolSpec
 from trajcore.rollout.scripted import ScriptStep, script_message
-from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 __all__ = ["SOLUTIONS", "TASKS", "ScriptedSolver", "ShellTask", "ShellTasksEnv", "solve"]
 

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import attrs
 
+from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.env import (
     AgentEnv,
     AgentEnvConfig,
@@ -48,7 +49,6 @@ from trajcore.env import (
     ToolCall,
 )
 from trajcore.rollout.scripted import ScriptStep
-from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 __all__ = [
     "IMAGE_LABEL",

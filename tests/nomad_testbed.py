@@ -19,7 +19,8 @@ from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_job import NomadJobSettings
 from trajcore.ports.sandbox_pool import SandboxPool
-from trajcore.testing.fake_nomad import OPENAPI_ENV, FakeNomadAPI, NomadOpenAPI
+from trajcore.testing.fake_nomad.agent import FakeNomadAPI
+from trajcore.testing.fake_nomad.openapi import OPENAPI_ENV, NomadOpenAPI
 
 # Nomad's OpenAPI description lives beside the repository (never copied into it); CI and ./dev
 # set the variable, and a plain pytest run gets the same default here.

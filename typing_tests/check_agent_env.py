@@ -19,7 +19,9 @@ from trajcore.domain.errors import ToolServerError
 from trajcore.domain.messages import Message
 from trajcore.domain.tools import ToolSpec
 from trajcore.domain.toolsets import Toolset, ToolsetCatalog
-from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig, ScoredGroup
+from trajcore.entrypoints.atropos.config import AgentEnvConfig
+from trajcore.entrypoints.atropos.env import AgentEnv
+from trajcore.entrypoints.atropos.scored_data import ScoredGroup
 from trajcore.ports.chat_server import ChatServer
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.rollout.group import GroupResult

@@ -15,7 +15,7 @@ from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.environment_leases import EnvironmentStatistics, Snapshot
 from trajcore.domain.messages import Message
 from trajcore.domain.slots import Lease
-from trajcore.entrypoints.atropos import AgentEnv
+from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.ports.sandbox_pool import EnvironmentPool, SandboxPool
 from trajcore.rollout.tools import SlotTools
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from trajcore.adapters.fakes.tools import FakeToolServer
-from trajcore.adapters.tool_server import INPROCESS, HTTPToolServer, ToolHandler
+from trajcore.adapters.tool_server import INPROCESS, HTTPToolServer, ToolHandler, ToolRegistry
 from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.tools import ToolContext
-from trajcore.entrypoints.tool_server import ToolRegistry, make_app
+from trajcore.entrypoints.tool_server import make_app
 from trajcore.ports.tool_server import ToolServer
 
 

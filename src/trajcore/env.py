@@ -44,13 +44,9 @@ from trajcore.domain.toolsets import (
     ToolsetCatalog,
     ToolsetDistribution,
 )
-from trajcore.entrypoints.atropos import (
-    AgentEnv,
-    AgentEnvConfig,
-    MemberOverrides,
-    ScoredGroup,
-    render_transcript,
-)
+from trajcore.entrypoints.atropos.config import AgentEnvConfig
+from trajcore.entrypoints.atropos.env import AgentEnv
+from trajcore.entrypoints.atropos.scored_data import MemberOverrides, ScoredGroup, render_transcript
 from trajcore.entrypoints.atropos.startup import ModelEndpointUnavailable, server_configs
 from trajcore.entrypoints.item_limits import ItemLimits
 from trajcore.entrypoints.seed_settings import SeedSettingWarning

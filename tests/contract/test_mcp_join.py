@@ -16,15 +16,9 @@ import pytest
 pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install 'trajcore[mcp]')")
 
 from trajcore.adapters.fakes.tools import FakeToolServer, ToolFault
-from trajcore.adapters.mcp import (
-    MCPURL,
-    JoinedMember,
-    JoinedToolServer,
-    MCPCommand,
-    SessionScope,
-    open_tool_servers,
-    parse_tool_servers,
-)
+from trajcore.adapters.mcp.client import MCPURL, MCPCommand, SessionScope
+from trajcore.adapters.mcp.join import JoinedMember, JoinedToolServer
+from trajcore.adapters.mcp.settings import open_tool_servers, parse_tool_servers
 from trajcore.domain.errors import ConfigError, PoolClosed, ToolServerError
 from trajcore.domain.json_values import JSON
 from trajcore.domain.tools import ToolCall, ToolContext, ToolOutcome

@@ -22,12 +22,7 @@ pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install 'tr
 
 import mcp_types as types
 
-from trajcore.adapters.mcp import (
-    MCPURL,
-    MCPCommand,
-    MCPToolServer,
-    SessionScope,
-)
+from trajcore.adapters.mcp.client import MCPURL, MCPCommand, MCPToolServer, SessionScope
 from trajcore.adapters.mcp.protocol import (
     ANONYMOUS_TRAJECTORY,
     CONTEXT_META_KEY,

@@ -33,7 +33,7 @@ from trajcore.domain.errors import SlotServerError
 from trajcore.domain.nomad_job import EnvironmentArtifact
 from trajcore.domain.slots import Lease
 from trajcore.ports.sandbox_pool import SandboxPool
-from trajcore.testing.fake_nomad import FakeNomadAPI
+from trajcore.testing.fake_nomad.agent import FakeNomadAPI
 from trajcore.testing.portal_pools import slot_call
 from trajcore.testing.sandbox_pool_contract import (
     EnvironmentCase,

@@ -16,7 +16,7 @@ import pytest
 
 from tests.nomad_testbed import OPENAPI, crash_allocation, nomad_pool_config, pool_on
 from trajcore.ports.sandbox_pool import SandboxPool
-from trajcore.testing.fake_nomad import FakeNomadAPI
+from trajcore.testing.fake_nomad.agent import FakeNomadAPI
 from trajcore.testing.sandbox_pool_contract import (
     CrashContainer,
     PoolShape,

@@ -12,17 +12,17 @@ from pathlib import Path
 import anyio
 import pytest
 
-from trajcore.adapters.fakes import UnisolatedSandboxPool
+from trajcore.adapters.fakes.unisolated import UnisolatedSandboxPool
 from trajcore.domain.errors import StateError
 from trajcore.domain.slots import SlotId
 from trajcore.domain.tools import ToolOutcome
 from trajcore.ports.sandbox_pool import SandboxPool
+from trajcore.testing.portal_pools import slot_call
 from trajcore.testing.sandbox_pool_contract import (
     CrashContainer,
     PoolShape,
     SandboxPoolContract,
     SandboxPoolFactory,
-    slot_call,
 )
 
 

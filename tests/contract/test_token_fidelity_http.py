@@ -41,13 +41,13 @@ from trajcore.adapters.llm.transport import RetryRules
 from trajcore.adapters.tokenizers import TransformersTokenizer, qwen3_tokenizer_path
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, SamplingParams, TokenCompletion
-from trajcore.domain.token_ledger import (
+from trajcore.domain.token_ledger.ledger import (
     MASKED_LABEL,
     MASKED_LOGPROB,
-    ChatTemplate,
     SegmentKind,
     TrainingTokens,
 )
+from trajcore.domain.token_ledger.template import ChatTemplate
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.domain.tools import ToolOutcome, ToolResult, ToolSpec
 from trajcore.ports.tokenizer import Tokenizer

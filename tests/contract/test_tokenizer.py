@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 
 from trajcore.adapters.mistral import MistralCommonTokenizer
-from trajcore.adapters.tokenizers import TransformersTokenizer
+from trajcore.adapters.tokenizers import TransformersTokenizer, qwen3_tokenizer_path
 from trajcore.ports.tokenizer import Tokenizer
 from trajcore.testing.tokenizer_contract import TokenizerContract
 from trajcore.testing.tokenizers import (
-    qwen3_tokenizer_path,
     write_llama3_shaped_tokenizer,
     write_mistral_shaped_tokenizer,
 )

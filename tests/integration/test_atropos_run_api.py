@@ -31,17 +31,17 @@ import pytest
 
 from trajcore.adapters.fakes.llm import FakeTokenServer
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
+from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.errors import SlotFileError
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, TokenCompletion
-from trajcore.domain.token_ledger import MASKED_LABEL
+from trajcore.domain.token_ledger.ledger import MASKED_LABEL
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.domain.tools import ToolCall
-from trajcore.entrypoints.atropos import AgentEnv
+from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.ports.token_server import TokenServer
 from trajcore.rollout.tools import SlotTools
-from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 GROUP_SIZE = 4
 BATCH_SIZE = 8

@@ -30,12 +30,12 @@ from trajcore.domain.errors import ConfigError, SandboxUnavailable
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.tools import ToolOutcome
 from trajcore.ports.sandbox_pool import SandboxPool
+from trajcore.testing.portal_pools import slot_call
 from trajcore.testing.sandbox_pool_contract import (
     CrashContainer,
     PoolShape,
     SandboxPoolContract,
     SandboxPoolFactory,
-    slot_call,
 )
 
 ENGINE = find_engine()

@@ -23,15 +23,15 @@ from examples import code_fix
 from examples.shell_tasks import SOLUTIONS, TASKS, ShellTasksEnv
 
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slot_protocol import SLOT_TOOLS
 from trajcore.domain.tools import ToolCall
-from trajcore.entrypoints.atropos import AgentEnvConfig
+from trajcore.entrypoints.atropos.config import AgentEnvConfig
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.tools import SlotTools, ToolRouter
 from trajcore.rollout.trajectory import ScoreAnswer
-from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is missing"),

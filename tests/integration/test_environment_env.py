@@ -27,7 +27,7 @@ from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
 from trajcore.domain.slots import PoolStatistics
 from trajcore.domain.tools import ToolCall
-from trajcore.entrypoints.atropos import AgentEnv
+from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.group import GroupResult
 from trajcore.rollout.tools import SlotTools, ToolRouter

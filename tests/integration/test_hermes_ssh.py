@@ -31,12 +31,12 @@ from pathlib import Path
 import attrs
 import pytest
 
+from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.messages import Message
 from trajcore.entrypoints.run import main
 from trajcore.entrypoints.seed_settings import SeedSettingWarning
 from trajcore.rollout.scripted import ScriptStep, tool_call
 from trajcore.testing.loopback_sshd import LoopbackSshd, descendants, loopback_sshd, sshd_problem
-from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 PROBLEM = sshd_problem() or (None if shutil.which("bwrap") else "bubblewrap is not installed")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(PROBLEM is not None, reason=str(PROBLEM))]

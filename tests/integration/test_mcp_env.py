@@ -17,11 +17,12 @@ import pytest
 pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install 'trajcore[mcp]')")
 
 from tests.contract.test_mcp_tool_server import serve_command
-from trajcore.adapters.fakes import FakeChatServer, FakeSandboxPool
+from trajcore.adapters.fakes.llm import FakeChatServer
+from trajcore.adapters.fakes.sandbox import FakeSandboxPool
+from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.sampling import ChatTurn, FinishReason
 from trajcore.env import AgentEnv, AgentEnvConfig, Message, SlotTools, ToolCall, Transcript
-from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

@@ -30,15 +30,9 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.contract.test_mcp_tool_server import REPO, TOKEN, ServedMCP, serve_command
-from trajcore.adapters.mcp import (
-    MCPURL,
-    OUTCOME_META_KEY,
-    MCPCommand,
-    MCPToolServer,
-    SessionScope,
-    open_tool_servers,
-    parse_tool_servers,
-)
+from trajcore.adapters.mcp.client import MCPURL, MCPCommand, MCPToolServer, SessionScope
+from trajcore.adapters.mcp.protocol import OUTCOME_META_KEY
+from trajcore.adapters.mcp.settings import open_tool_servers, parse_tool_servers
 from trajcore.adapters.tool_server import ToolRegistry
 from trajcore.domain.errors import PoolClosed, ToolServerError
 from trajcore.domain.json_values import JSON, JSONObject

@@ -33,13 +33,8 @@ import pytest
 
 pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install 'trajcore[mcp]')")
 
-from trajcore.adapters.mcp import (
-    MCPURL,
-    MCPCommand,
-    MCPToolServer,
-    open_tool_servers,
-    parse_tool_servers,
-)
+from trajcore.adapters.mcp.client import MCPURL, MCPCommand, MCPToolServer
+from trajcore.adapters.mcp.settings import open_tool_servers, parse_tool_servers
 from trajcore.domain.errors import ConfigError, PoolClosed
 from trajcore.domain.json_values import JSON
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS

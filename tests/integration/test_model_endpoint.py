@@ -29,11 +29,12 @@ from pathlib import Path
 import pytest
 
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
+from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.messages import Message
-from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig
+from trajcore.entrypoints.atropos.config import AgentEnvConfig
+from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.rollout.tools import SlotTools
-from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ from tests.nomad_testbed import OPENAPI, crash_allocation, nomad_pool_config, po
 from trajcore.adapters.pools.nomad_pool import NomadSandboxPool
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.ports.sandbox_pool import SandboxPool
-from trajcore.testing.fake_nomad import FakeNomadAPI
+from trajcore.testing.fake_nomad.agent import FakeNomadAPI
 from trajcore.testing.sandbox_pool_contract import (
     CrashContainer,
     PoolShape,

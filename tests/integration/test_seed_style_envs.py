@@ -19,13 +19,13 @@ import pytest
 from examples.atropos_agent_seed_style import AddTool, CountLinesEnv, CountTask, SumEnv, SumTask
 from examples.hermes_seed_style import GreetingFileEnv, Item
 
-from trajcore.adapters.fakes import FakeChatServer
+from trajcore.adapters.fakes.llm import FakeChatServer
+from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.compat import AgentResult, ToolContext
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason
 from trajcore.domain.tools import ToolCall
-from trajcore.entrypoints.atropos import AgentEnvConfig
-from trajcore.testing.tokenizers import qwen3_tokenizer_path
+from trajcore.entrypoints.atropos.config import AgentEnvConfig
 
 pytestmark = [
     pytest.mark.anyio,

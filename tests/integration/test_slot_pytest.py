@@ -10,14 +10,15 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 import pytest
 from examples.code_fix import SANDBOX_PYTHON, _pytest_env
 
-from trajcore.adapters.fakes import UnisolatedSandboxPool
+from trajcore.adapters.fakes.unisolated import UnisolatedSandboxPool
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slot_protocol import SLOT_TOOLS
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.rollout.dispatcher import ToolDispatcher
-from trajcore.rollout.tools import PytestExit, SlotTools, ToolRouter
+from trajcore.rollout.pytest_outcome import PytestExit
+from trajcore.rollout.tools import SlotTools, ToolRouter
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # each pytest run starts a Python
 

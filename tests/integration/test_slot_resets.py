@@ -20,7 +20,8 @@ import pytest
 
 from trajcore.adapters.removal import remove_tree
 from trajcore.adapters.slot_server import runtime as runtime_module
-from trajcore.adapters.slot_server.runtime import RuntimeConfig, SlotRuntime
+from trajcore.adapters.slot_server.runtime import SlotRuntime
+from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
 from trajcore.adapters.slot_server.workspace import Workspace
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSON

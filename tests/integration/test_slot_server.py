@@ -30,7 +30,8 @@ import pytest
 from trajcore.adapters.pools.client import SlotServerClient
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, start_local_pool
 from trajcore.adapters.slot_server import runtime as runtime_module
-from trajcore.adapters.slot_server.runtime import RuntimeConfig, SlotRuntime
+from trajcore.adapters.slot_server.runtime import SlotRuntime
+from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
 from trajcore.adapters.slot_server.seccomp import SeccompUnavailable
 from trajcore.domain.errors import SlotServerError, ToolArgumentError, UnknownSlot, WireError
 from trajcore.domain.isolation import Bind, SlotIsolation

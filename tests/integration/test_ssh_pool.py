@@ -33,12 +33,12 @@ from trajcore.domain.ssh_hosts import SshHost
 from trajcore.domain.tools import ToolOutcome
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.loopback_sshd import LoopbackSshd, loopback_sshd, sshd_problem
+from trajcore.testing.portal_pools import slot_call
 from trajcore.testing.sandbox_pool_contract import (
     CrashContainer,
     PoolShape,
     SandboxPoolContract,
     SandboxPoolFactory,
-    slot_call,
 )
 from trajcore.testing.sandbox_pool_machine import MachineShape, run_pool_machine
 

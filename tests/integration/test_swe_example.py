@@ -28,18 +28,19 @@ from examples.swe_style import SOLUTIONS, TASKS, SweStyleEnv, SweTask, image_pro
 
 from tests.image_source import image_problem as server_image_problem
 from tests.integration.test_slot_server import searchable_dir
-from trajcore.adapters.fakes import FakeChatServer
+from trajcore.adapters.fakes.llm import FakeChatServer
 from trajcore.adapters.pools.container_pool import DEFAULT_IMAGE, find_engine
+from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.environment_leases import EnvironmentStatistics
 from trajcore.domain.groups import TrajectoryStatus
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn
-from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig
+from trajcore.entrypoints.atropos.config import AgentEnvConfig
+from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.ports.sandbox_pool import EnvironmentPool
 from trajcore.rollout.group import GroupResult
 from trajcore.rollout.scripted import chat_turn
 from trajcore.rollout.trajectory import TrajectoryResult
-from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 
 def _missing_api() -> str | None:

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from trajcore.adapters.slot_server.runtime import RuntimeConfig, SlotRuntime
+from trajcore.adapters.slot_server.runtime import SlotRuntime
+from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
 from trajcore.domain.json_values import JSON
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.tools import ToolOutcome

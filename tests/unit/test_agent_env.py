@@ -16,23 +16,20 @@ from anyio import wait_all_tasks_blocked
 from trajcore.adapters.fakes.llm import FakeChatServer, FakeTokenServer, LLMFault
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.fakes.tools import FakeToolServer
+from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.adapters.tool_server import ToolRegistry
 from trajcore.domain.errors import ConfigError, SlotFileError, StateError
 from trajcore.domain.groups import GroupStatus, TrajectoryStatus
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, TokenCompletion
-from trajcore.domain.token_ledger import MASKED_LABEL
+from trajcore.domain.token_ledger.ledger import MASKED_LABEL
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.domain.tools import ToolCall, ToolContext
-from trajcore.entrypoints.atropos import (
-    AgentEnv,
-    AgentEnvConfig,
-    ScoredGroup,
-    render_transcript,
-)
+from trajcore.entrypoints.atropos.config import AgentEnvConfig
+from trajcore.entrypoints.atropos.env import AgentEnv
+from trajcore.entrypoints.atropos.scored_data import ScoredGroup, render_transcript
 from trajcore.rollout.tools import SlotTools
-from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 pytestmark = pytest.mark.anyio
 

@@ -21,7 +21,7 @@ from trajcore.domain.groups import GroupStatus, TrajectoryStatus
 from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.messages import Message
 from trajcore.domain.tools import ToolCall
-from trajcore.entrypoints.atropos import AgentEnv
+from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.rollout.tools import SlotTools
 
 pytestmark = pytest.mark.anyio

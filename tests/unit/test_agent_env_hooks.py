@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.unit.test_agent_env import _alternating_chat, _config
-from trajcore.adapters.fakes import FakeSandboxPool
+from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.domain.errors import ConfigError, ToolServerError
 from trajcore.domain.groups import TrajectoryStatus
 from trajcore.env import AgentEnv, ItemLimits, JSONObject, SlotTools, Transcript

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from tests.unit.test_agent_env import FileEnv, _alternating_chat, _config, _turn, _write
-from trajcore.adapters.fakes import FakeChatServer, FakeSandboxPool, FakeTokenServer
+from trajcore.adapters.fakes.llm import FakeChatServer, FakeTokenServer
+from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, TokenCompletion
 from trajcore.domain.tool_parsers import get_parser

@@ -14,7 +14,8 @@ import pytest
 pytest.importorskip("mistral_common", reason="the mistral extra is not installed")
 
 from tests.unit.test_agent_env import FileEnv, _config
-from trajcore.adapters.fakes import FakeSandboxPool, FakeTokenServer
+from trajcore.adapters.fakes.llm import FakeTokenServer
+from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.mistral import MistralCommonTokenizer
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.sampling import FinishReason, TokenCompletion

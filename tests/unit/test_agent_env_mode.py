@@ -11,7 +11,7 @@ from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[im
 )
 
 from tests.unit.test_agent_env import QWEN, FileEnv, _alternating_chat, _config
-from trajcore.adapters.fakes import FakeSandboxPool
+from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.domain.errors import ConfigError
 from trajcore.rollout.policy import ChatPolicy, TokenPolicy
 

@@ -17,15 +17,16 @@ import pytest
 from tests.nomad_testbed import OPENAPI, SLOT_SERVER
 from trajcore.adapters.fakes.llm import FakeChatServer
 from trajcore.adapters.pools.nomad_pool import NomadSandboxPool
+from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.errors import ConfigError, SlotFileError
 from trajcore.domain.groups import GroupStatus
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason
 from trajcore.domain.tools import ToolCall
-from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig
+from trajcore.entrypoints.atropos.config import AgentEnvConfig
+from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.rollout.tools import SlotTools
-from trajcore.testing.fake_nomad import FakeNomadAPI
-from trajcore.testing.tokenizers import qwen3_tokenizer_path
+from trajcore.testing.fake_nomad.agent import FakeNomadAPI
 
 pytestmark = pytest.mark.anyio
 

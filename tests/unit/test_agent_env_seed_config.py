@@ -23,7 +23,8 @@ import pytest
 from atroposlib.utils.cli import merge_dicts  # type: ignore[import-untyped]
 
 from tests.unit.test_agent_env import QWEN, FileEnv, _alternating_chat, _config, _turn
-from trajcore.adapters.fakes import FakeChatServer, FakeSandboxPool, LLMFault
+from trajcore.adapters.fakes.llm import FakeChatServer, LLMFault
+from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.pools.container_pool import ContainerSandboxPool
 from trajcore.adapters.pools.local_pool import LocalSandboxPool
 from trajcore.adapters.tool_server import ToolRegistry
@@ -34,7 +35,8 @@ from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.messages import Message
 from trajcore.domain.tools import ToolCall, ToolContext
 from trajcore.domain.toolsets import DistributionRegistry, ToolsetDistribution
-from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig
+from trajcore.entrypoints.atropos.config import AgentEnvConfig
+from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.entrypoints.seed_settings import SEED_FIELDS, SeedSettingWarning
 from trajcore.rollout.tools import SlotTools
 

@@ -22,7 +22,8 @@ from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[im
 )
 
 from tests.unit.test_agent_env import QWEN, FileEnv, _alternating_chat, _config, _turn, _write
-from trajcore.adapters.fakes import FakeChatServer, FakeSandboxPool
+from trajcore.adapters.fakes.llm import FakeChatServer
+from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.compat import (
     AgentConfig,
     AgentResult,
@@ -37,7 +38,8 @@ from trajcore.domain.errors import ConfigError, SlotInfraError
 from trajcore.domain.groups import TrajectoryStatus
 from trajcore.domain.messages import Message
 from trajcore.domain.tools import ToolCall
-from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig
+from trajcore.entrypoints.atropos.config import AgentEnvConfig
+from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.entrypoints.seed_settings import SeedSettingWarning, translate_seed_flags
 from trajcore.rollout.policy import ChatPolicy
 from trajcore.rollout.tools import SlotTools

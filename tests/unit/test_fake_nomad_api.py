@@ -42,7 +42,8 @@ from trajcore.domain.nomad_job import (
     register_request,
     scale_request,
 )
-from trajcore.testing.fake_nomad import OPENAPI_ENV, FakeNomadAPI, NomadOpenAPI
+from trajcore.testing.fake_nomad.agent import FakeNomadAPI
+from trajcore.testing.fake_nomad.openapi import OPENAPI_ENV, NomadOpenAPI
 
 pytestmark = pytest.mark.anyio
 

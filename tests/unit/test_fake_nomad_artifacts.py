@@ -27,7 +27,7 @@ from trajcore.domain.nomad_job import (
     job_json,
     register_request,
 )
-from trajcore.testing.fake_nomad import FakeNomadAPI
+from trajcore.testing.fake_nomad.agent import FakeNomadAPI
 
 pytestmark = pytest.mark.anyio
 

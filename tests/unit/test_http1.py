@@ -19,24 +19,25 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trajcore.adapters.http1 import (
+from trajcore.adapters.http1.client import HTTPClient, _ClientConnection
+from trajcore.adapters.http1.errors import (
     ClientClosed,
     ConnectFailed,
     ConnectionLost,
-    Headers,
-    HTTPClient,
-    HTTPServer,
-    Limits,
     MalformedMessage,
     MessageTooLarge,
+    RequestTimedOut,
+)
+from trajcore.adapters.http1.server import HTTPServer
+from trajcore.adapters.http1.values import (
+    Headers,
+    Limits,
     Origin,
     Reply,
     Request,
-    RequestTimedOut,
     Response,
     parse_url,
 )
-from trajcore.adapters.http1.client import _ClientConnection
 from trajcore.domain.errors import ConfigError, InfrastructureError
 
 pytestmark = pytest.mark.anyio

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trajcore.adapters.http1 import Limits
 from trajcore.adapters.http1.errors import HTTPError
 from trajcore.adapters.http1.parsing import Refusal, RequestReader, ResponseReader
+from trajcore.adapters.http1.values import Limits
 
 LIMITS = Limits(max_head_bytes=1024, max_headers=50, max_body_bytes=4096)
 REFUSED = "refused"

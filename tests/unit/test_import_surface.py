@@ -86,13 +86,23 @@ def test_every_dotted_reference_resolves(where: str, dotted: str) -> None:
     _resolve(dotted)
 
 
-def test_every_fake_the_docs_name_is_exported_by_the_fakes_package() -> None:
-    fakes = importlib.import_module("trajcore.adapters.fakes")
+def test_every_fake_the_docs_name_is_exported_by_the_testing_facade() -> None:
+    testing = importlib.import_module("trajcore.testing")
     named = {name for path in DOCS for name in re.findall(r"`(Fake[A-Z]\w*)`", path.read_text())}
     assert {"FakeChatServer", "FakeTokenServer", "FakeSandboxPool", "FakeToolServer"} <= named
-    missing = sorted(name for name in named if not hasattr(fakes, name))
-    assert not missing, f"trajcore.adapters.fakes lacks {missing}"
-    assert set(fakes.__all__) >= named
+    missing = sorted(name for name in named if not hasattr(testing, name))
+    assert not missing, f"trajcore.testing lacks {missing}"
+    assert set(testing.__all__) >= named
+
+
+def test_the_testing_facade_loads_each_fake_from_its_home_on_first_use() -> None:
+    testing = importlib.import_module("trajcore.testing")
+    homes: dict[str, str] = vars(testing)["_HOMES"]
+    assert sorted(homes) == sorted(testing.__all__)
+    for name in testing.__all__:
+        assert getattr(testing, name) is getattr(importlib.import_module(homes[name]), name), name
+    with pytest.raises(AttributeError, match="no_such_fake"):
+        _ = testing.no_such_fake
 
 
 def test_the_env_surface_is_whole_and_the_same_from_trajcore() -> None:

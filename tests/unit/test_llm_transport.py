@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from trajcore.adapters.fakes.llm import LLMFault
-from trajcore.adapters.http1 import MemoryTransport
+from trajcore.adapters.http1.client import MemoryTransport
 from trajcore.adapters.llm.chat import OpenAIChatServer
 from trajcore.adapters.llm.transport import RetryRules
 from trajcore.domain.errors import ConfigError, ModelServerError, RateLimited

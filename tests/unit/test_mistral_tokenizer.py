@@ -22,7 +22,7 @@ from tests.mistral_tokenizers import NAMES, adapter, encode
 from trajcore.adapters.mistral import BundledMistral, MistralCommonTokenizer, mistral_call_id
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.messages import Message
-from trajcore.domain.token_ledger import ChatRenderer, ChatTemplate
+from trajcore.domain.token_ledger.template import ChatRenderer, ChatTemplate
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult, ToolSpec
 from trajcore.ports.tokenizer import Tokenizer
 

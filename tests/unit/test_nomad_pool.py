@@ -25,8 +25,8 @@ from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_job import EnvironmentArtifact, NomadJobSettings, register_request
 from trajcore.domain.slots import Lease
 from trajcore.domain.tools import ToolOutcome
-from trajcore.testing.fake_nomad import FakeNomadAPI
-from trajcore.testing.sandbox_pool_contract import slot_call
+from trajcore.testing.fake_nomad.agent import FakeNomadAPI
+from trajcore.testing.portal_pools import slot_call
 
 pytestmark = pytest.mark.anyio
 

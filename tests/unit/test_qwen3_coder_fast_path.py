@@ -14,9 +14,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from trajcore.domain.json_values import JSON, JSONObject
-from trajcore.domain.tool_parsers import Qwen3CoderParser
 from trajcore.domain.tool_parsers.base import TurnBuilder
-from trajcore.domain.tool_parsers.qwen3_coder import _Function, _Scan, read_text
+from trajcore.domain.tool_parsers.qwen3_coder import Qwen3CoderParser, _Function, _Scan, read_text
 from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.domain.turns import ParsedTurn
 

@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_agent_env import FileEnv, _config
-from trajcore.adapters.fakes import FakeSandboxPool, FakeTokenServer
+from trajcore.adapters.fakes.llm import FakeTokenServer
+from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.sampling import FinishReason, TokenCompletion
 from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser, parser_names, register_parser
 from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.domain.turns import ParsedTurn
-from trajcore.entrypoints.atropos import AgentEnvConfig
+from trajcore.entrypoints.atropos.config import AgentEnvConfig
 from trajcore.entrypoints.atropos.pools import POOLS, make_pool, register_pool
 from trajcore.entrypoints.atropos.registries import discover
 from trajcore.entrypoints.atropos.tokenizer_modes import (
@@ -199,8 +200,8 @@ def test_a_name_is_registered_once_unless_replaced() -> None:
 def _install_plugin(root: Path, *, module: str, entry_points: str) -> None:
     """A package installed on ``root`` (a ``.dist-info`` with its entry points), never imported."""
     (root / f"{module}.py").write_text(
-        "from trajcore.adapters.fakes import FakeSandboxPool\n"
-        "from trajcore.domain.tool_parsers import HermesParser\n"
+        "from trajcore.adapters.fakes.sandbox import FakeSandboxPool\n"
+        "from trajcore.domain.tool_parsers.hermes import HermesParser\n"
         "def parser():\n"
         "    return HermesParser(family='qwen')\n"
         "def pool(config):\n"

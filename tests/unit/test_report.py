@@ -26,7 +26,7 @@ from trajcore.domain.agent_loop import (
 )
 from trajcore.domain.groups import GroupRules
 from trajcore.domain.messages import Message
-from trajcore.domain.token_ledger import TrainingTokens
+from trajcore.domain.token_ledger.ledger import TrainingTokens
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 from trajcore.entrypoints.report import (
     ProgressBar,

@@ -14,17 +14,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.unit.test_report import TOKENS, member
+from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.agent_loop import StopReason
 from trajcore.domain.errors import StateError
 from trajcore.domain.groups import DropReason
-from trajcore.domain.token_ledger import TrainingTokens
-from trajcore.entrypoints.atropos import AgentEnvConfig
-from trajcore.entrypoints.atropos.config import RolloutSettings
+from trajcore.domain.token_ledger.ledger import TrainingTokens
+from trajcore.entrypoints.atropos.config import AgentEnvConfig, RolloutSettings
 from trajcore.entrypoints.atropos.metrics import RolloutCounters
 from trajcore.entrypoints.atropos.scored_data import scored_group
 from trajcore.rollout.group import GroupResult
 from trajcore.rollout.trajectory import TrajectoryResult
-from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 INEXACT = TrainingTokens(
     tokens=(1, 2),

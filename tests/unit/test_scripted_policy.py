@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from tests.unit.test_agent_env import FileEnv, _config
-from trajcore.adapters.fakes import FakeSandboxPool
+from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.domain.errors import InvalidInput
 from trajcore.domain.groups import TrajectoryStatus
 from trajcore.domain.messages import Message

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from tests.unit.test_agent_env import _config, _turn
-from trajcore.adapters.fakes import FakeChatServer, FakeSandboxPool, LLMFault
+from trajcore.adapters.fakes.llm import FakeChatServer, LLMFault
+from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.compat import (
     AtroposAgentEnv,
     SeedToolRegistry,

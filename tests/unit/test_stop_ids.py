@@ -20,7 +20,8 @@ from trajcore.adapters.tokenizers import TransformersTokenizer, qwen3_tokenizer_
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, SamplingParams, TokenCompletion
-from trajcore.domain.token_ledger import MASKED_LABEL, ChatTemplate
+from trajcore.domain.token_ledger.ledger import MASKED_LABEL
+from trajcore.domain.token_ledger.template import ChatTemplate
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.rollout.policy import TokenPolicy
 

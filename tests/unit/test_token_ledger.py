@@ -13,15 +13,15 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from trajcore.domain.errors import ConfigError, StateError
 from trajcore.domain.sampling import FinishReason, TokenCompletion
-from trajcore.domain.token_ledger import (
+from trajcore.domain.token_ledger.drift import measure_drift
+from trajcore.domain.token_ledger.ledger import (
     MASKED_LABEL,
     MASKED_LOGPROB,
     Segment,
     SegmentKind,
-    TemplateShape,
     TokenLedger,
-    measure_drift,
 )
+from trajcore.domain.token_ledger.template import TemplateShape
 
 IDS = st.lists(st.integers(0, 50_000), min_size=1, max_size=20)
 LOGPROB = st.floats(-30.0, 0.0, allow_nan=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from trajcore.domain.token_ledger import Drift, measure_drift
+from trajcore.domain.token_ledger.drift import Drift, measure_drift
 
 
 @pytest.mark.parametrize(

@@ -60,13 +60,9 @@ from trajcore.adapters.mistral import BundledMistral
 from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, SamplingParams, TokenCompletion
-from trajcore.domain.token_ledger import (
-    MASKED_LABEL,
-    MASKED_LOGPROB,
-    ChatTemplate,
-    Drift,
-    TrainingTokens,
-)
+from trajcore.domain.token_ledger.drift import Drift
+from trajcore.domain.token_ledger.ledger import MASKED_LABEL, MASKED_LOGPROB, TrainingTokens
+from trajcore.domain.token_ledger.template import ChatTemplate
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult, ToolSpec
 from trajcore.domain.turns import ParsedTurn

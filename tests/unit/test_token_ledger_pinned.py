@@ -8,7 +8,7 @@ import pytest
 
 from trajcore.domain.errors import ConfigError, StateError
 from trajcore.domain.sampling import FinishReason, TokenCompletion
-from trajcore.domain.token_ledger import Segment, SegmentKind, TokenLedger
+from trajcore.domain.token_ledger.ledger import Segment, SegmentKind, TokenLedger
 
 PROMPT = Segment(kind=SegmentKind.PROMPT, token_ids=(1, 2))
 COMPLETION = Segment(

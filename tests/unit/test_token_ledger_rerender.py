@@ -11,8 +11,8 @@ import pytest
 
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.messages import Message
-from trajcore.domain.token_ledger import ChatTemplate, Segment, TemplateShape
-from trajcore.domain.token_ledger.template import _common_prefix
+from trajcore.domain.token_ledger.ledger import Segment
+from trajcore.domain.token_ledger.template import ChatTemplate, TemplateShape, _common_prefix
 from trajcore.domain.tools import ToolSpec
 
 USER, ASSISTANT, THINK = 1, 2, 3

@@ -18,8 +18,8 @@ import pytest
 from trajcore.domain.errors import ConfigError, StateError
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, TokenCompletion
-from trajcore.domain.token_ledger import ChatTemplate, TemplateShape, TokenLedger
-from trajcore.domain.token_ledger.template import _common_suffix
+from trajcore.domain.token_ledger.ledger import TokenLedger
+from trajcore.domain.token_ledger.template import ChatTemplate, TemplateShape, _common_suffix
 from trajcore.domain.tools import ToolSpec
 
 USER, ASSISTANT, THINK, TOOL, CALL = 1, 2, 3, 4, 5

@@ -19,21 +19,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trajcore.adapters.tokenizers import TransformersTokenizer
+from trajcore.adapters.tokenizers import TransformersTokenizer, qwen3_tokenizer_path
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, TokenCompletion
-from trajcore.domain.token_ledger import (
+from trajcore.domain.token_ledger.ledger import (
     MASKED_LABEL,
     MASKED_LOGPROB,
-    ChatTemplate,
     SegmentKind,
     TokenLedger,
 )
+from trajcore.domain.token_ledger.template import ChatTemplate
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult, ToolSpec
 from trajcore.testing.tokenizers import (
-    qwen3_tokenizer_path,
     write_llama3_shaped_tokenizer,
     write_mistral_shaped_tokenizer,
 )

@@ -7,14 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from trajcore.adapters.tokenizers import TransformersTokenizer
+from trajcore.adapters.tokenizers import TransformersTokenizer, qwen3_tokenizer_path
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.messages import Message
-from trajcore.domain.token_ledger import ChatRenderer
+from trajcore.domain.token_ledger.template import ChatRenderer
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult, ToolSpec
 from trajcore.ports.tokenizer import Tokenizer
 from trajcore.testing.tokenizers import (
-    qwen3_tokenizer_path,
     write_llama3_shaped_tokenizer,
     write_mistral_shaped_tokenizer,
 )

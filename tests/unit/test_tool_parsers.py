@@ -11,16 +11,13 @@ from hypothesis import strategies as st
 from trajcore.adapters.json_schema import JSONSchemaValidator
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.json_values import JSONObject
-from trajcore.domain.tool_parsers import (
-    PARSER_NAMES,
-    DeepSeekV3Parser,
-    HermesParser,
-    Llama3JsonParser,
-    MistralParser,
-    Qwen3CoderParser,
-    get_parser,
-)
+from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser
 from trajcore.domain.tool_parsers.base import distinct_ids
+from trajcore.domain.tool_parsers.deepseek_v3 import DeepSeekV3Parser
+from trajcore.domain.tool_parsers.hermes import HermesParser
+from trajcore.domain.tool_parsers.llama3_json import Llama3JsonParser
+from trajcore.domain.tool_parsers.mistral import MistralParser
+from trajcore.domain.tool_parsers.qwen3_coder import Qwen3CoderParser
 from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.domain.turns import ParsedTurn
 

@@ -7,7 +7,10 @@ import json
 
 import pytest
 
-from trajcore.domain.tool_parsers import GraniteParser, HermesParser, KimiK2Parser, granite, kimi_k2
+from trajcore.domain.tool_parsers import granite, kimi_k2
+from trajcore.domain.tool_parsers.granite import GraniteParser
+from trajcore.domain.tool_parsers.hermes import HermesParser
+from trajcore.domain.tool_parsers.kimi_k2 import KimiK2Parser
 from trajcore.domain.tools import ToolCall
 from trajcore.domain.turns import ParseProblem
 

@@ -7,13 +7,11 @@ from __future__ import annotations
 import pytest
 
 from trajcore.adapters.json_schema import JSONSchemaValidator
-from trajcore.domain.tool_parsers import (
-    DeepSeekV3Parser,
-    Glm45Parser,
-    Llama3JsonParser,
-    MistralParser,
-    deepseek_v3,
-)
+from trajcore.domain.tool_parsers import deepseek_v3
+from trajcore.domain.tool_parsers.deepseek_v3 import DeepSeekV3Parser
+from trajcore.domain.tool_parsers.glm45 import Glm45Parser
+from trajcore.domain.tool_parsers.llama3_json import Llama3JsonParser
+from trajcore.domain.tool_parsers.mistral import MistralParser
 from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.domain.turns import ParsedTurn, ParseProblem
 

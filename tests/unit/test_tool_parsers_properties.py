@@ -12,12 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trajcore.domain.json_values import JSON, JSONObject
-from trajcore.domain.tool_parsers import (
-    PARSER_NAMES,
-    MistralParser,
-    ToolCallParser,
-    get_parser,
-)
+from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser
+from trajcore.domain.tool_parsers.base import ToolCallParser
+from trajcore.domain.tool_parsers.mistral import MistralParser
 from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.domain.turns import ParsedTurn
 

@@ -12,12 +12,12 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from trajcore.domain.json_values import JSON, JSONObject
-from trajcore.domain.tool_parsers import Qwen3CoderParser
 from trajcore.domain.tool_parsers.base import TurnBuilder
 from trajcore.domain.tool_parsers.qwen3_coder import (
     FUNCTION_END,
     PARAMETER,
     PARAMETER_END,
+    Qwen3CoderParser,
     _Function,
     _Scan,
     read_text,

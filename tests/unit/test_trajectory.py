@@ -11,7 +11,7 @@ import pytest
 
 from trajcore.adapters.fakes.llm import FakeChatServer, FakeTokenServer, LLMFault
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
-from trajcore.adapters.tokenizers import TransformersTokenizer
+from trajcore.adapters.tokenizers import TransformersTokenizer, qwen3_tokenizer_path
 from trajcore.domain.agent_loop import AgentLoopConfig, StopReason
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.errors import SlotFileError
@@ -19,7 +19,8 @@ from trajcore.domain.groups import GroupRules, GroupStatus, TrajectoryStatus
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, SamplingParams, TokenCompletion
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
-from trajcore.domain.token_ledger import MASKED_LABEL, ChatTemplate
+from trajcore.domain.token_ledger.ledger import MASKED_LABEL
+from trajcore.domain.token_ledger.template import ChatTemplate
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.domain.tools import ToolCall, ToolOutcome
 from trajcore.entrypoints.idle_slots import IdleLimitedPolicy
@@ -33,7 +34,6 @@ from trajcore.rollout.trajectory import (
     TrajectoryResult,
     run_trajectory,
 )
-from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 pytestmark = pytest.mark.anyio
 

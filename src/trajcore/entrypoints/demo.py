@@ -50,7 +50,8 @@ import attrs
 from trajcore.adapters.llm.chat import OpenAIChatServer
 from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.errors import ConfigError, StateError, TrajcoreError
-from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig
+from trajcore.entrypoints.atropos.config import AgentEnvConfig
+from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.entrypoints.report import (
     ProgressBar,
     ran_unsandboxed,

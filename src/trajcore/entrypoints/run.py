@@ -57,7 +57,10 @@ from trajcore.adapters.llm.chat import OpenAIChatServer
 from trajcore.domain.errors import ConfigError, TrajcoreError
 from trajcore.domain.messages import Message
 from trajcore.domain.tool_parsers import get_parser
-from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig, ScoredGroup, scored_data
+from trajcore.entrypoints.atropos import scored_data
+from trajcore.entrypoints.atropos.config import AgentEnvConfig
+from trajcore.entrypoints.atropos.env import AgentEnv
+from trajcore.entrypoints.atropos.scored_data import ScoredGroup
 from trajcore.entrypoints.report import (
     ProgressBar,
     ran_unsandboxed,

@@ -88,7 +88,8 @@ from trajcore.domain.errors import ConfigError, InfrastructureError, StateError
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
 from trajcore.domain.tools import ToolCall, ToolResult
-from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig
+from trajcore.entrypoints.atropos.config import AgentEnvConfig
+from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.entrypoints.seed_tools import SeedToolRegistry, default_seed_tools, run_agent
 from trajcore.rollout.tools import SlotTools
 from trajcore.rollout.trajectory import RolloutConfig, ScoreAnswer, Transcript, env_failure

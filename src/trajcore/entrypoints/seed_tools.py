@@ -55,7 +55,8 @@ from trajcore.domain.messages import Message
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, SLOT_TOOLS
 from trajcore.domain.tools import ToolCall, ToolContext, ToolSpec
 from trajcore.domain.toolsets import select_specs
-from trajcore.entrypoints.atropos import AgentEnv, AgentEnvConfig
+from trajcore.entrypoints.atropos.config import AgentEnvConfig
+from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.entrypoints.atropos.services import release_tool_sessions
 from trajcore.entrypoints.idle_slots import IdleLimitedPolicy
 from trajcore.rollout.tools import SlotTools

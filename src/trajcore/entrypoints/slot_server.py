@@ -50,7 +50,8 @@ from pathlib import Path
 
 from trajcore.adapters.removal import remove_tree
 from trajcore.adapters.slot_server.codec import unstructure
-from trajcore.adapters.slot_server.runtime import RuntimeConfig, SlotRuntime, check_config
+from trajcore.adapters.slot_server.runtime import SlotRuntime
+from trajcore.adapters.slot_server.runtime_config import RuntimeConfig, check_config
 from trajcore.adapters.slot_server.sandboxes import name_process
 from trajcore.adapters.slot_server.server import start_http_server
 from trajcore.domain.errors import ConfigError

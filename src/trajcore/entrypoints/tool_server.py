@@ -4,8 +4,8 @@
 
     trajcore tool-server --app my_tools:registry --listen 127.0.0.1:8765 --token-file token
 
-An env author collects tools in a ``ToolRegistry`` (defined in ``trajcore.adapters.tool_server``,
-where the fake uses it too, and re-exported here)::
+An env author collects tools in a ``ToolRegistry`` (``from trajcore.env import ToolRegistry``;
+defined in ``trajcore.adapters.tool_server``, where the fake uses it too)::
 
     registry = ToolRegistry()
 
@@ -85,12 +85,11 @@ from trajcore.domain.errors import ConfigError, WireError
 from trajcore.domain.json_values import JSON
 
 __all__ = [
-    "ToolRegistry",
     "load_registry",
     "main",
     "make_app",
     "parse_args",
-]  # ToolRegistry: re-exported
+]
 
 
 def _json_response(payload: JSON, status: int = 200) -> Response:

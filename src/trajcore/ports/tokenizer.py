@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from trajcore.domain.token_ledger import ChatRenderer
+from trajcore.domain.token_ledger.template import ChatRenderer
 
 __all__ = ["Tokenizer"]
 

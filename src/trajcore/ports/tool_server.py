@@ -7,7 +7,7 @@ from typing import Protocol
 
 from trajcore.domain.tools import ToolCall, ToolContext, ToolResult, ToolSpec
 
-__all__ = ["ToolContext", "ToolServer"]
+__all__ = ["ToolServer"]
 
 
 class ToolServer(Protocol):

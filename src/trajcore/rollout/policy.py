@@ -25,9 +25,10 @@ import attrs
 
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, SamplingParams
-from trajcore.domain.token_ledger import ChatTemplate, Drift, TokenLedger, TrainingTokens
-from trajcore.domain.tool_parsers import ToolCallParser
-from trajcore.domain.tool_parsers.base import distinct_ids
+from trajcore.domain.token_ledger.drift import Drift
+from trajcore.domain.token_ledger.ledger import TokenLedger, TrainingTokens
+from trajcore.domain.token_ledger.template import ChatTemplate
+from trajcore.domain.tool_parsers.base import ToolCallParser, distinct_ids
 from trajcore.domain.tools import ToolSpec
 from trajcore.domain.turns import ParsedTurn
 from trajcore.ports.chat_server import ChatServer

@@ -34,8 +34,8 @@ from trajcore.domain.errors import InvalidInput
 from trajcore.domain.json_values import JSON, JSONObject, json_lines, json_object
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams, TokenCompletion
-from trajcore.domain.token_ledger import ChatTemplate
-from trajcore.domain.tool_parsers import ToolCallParser
+from trajcore.domain.token_ledger.template import ChatTemplate
+from trajcore.domain.tool_parsers.base import ToolCallParser
 from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.ports.tokenizer import Tokenizer
 from trajcore.rollout.policy import (

@@ -52,9 +52,9 @@ from trajcore.domain.tools import (
 from trajcore.ports.sandbox_pool import EnvironmentPool, SandboxPool
 from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.dispatcher import ToolDispatcher
-from trajcore.rollout.pytest_outcome import PytestExit, PytestOutcome, read_pytest_outcome
+from trajcore.rollout.pytest_outcome import PytestOutcome, read_pytest_outcome
 
-__all__ = ["PytestExit", "PytestOutcome", "SlotTools", "ToolRouter"]
+__all__ = ["SlotTools", "ToolRouter"]
 
 
 @attrs.define

@@ -70,7 +70,8 @@ from trajcore.domain.json_values import JSONObject, check_json
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.slots import Lease
-from trajcore.domain.token_ledger import Drift, TrainingTokens
+from trajcore.domain.token_ledger.drift import Drift
+from trajcore.domain.token_ledger.ledger import TrainingTokens
 from trajcore.domain.tools import ToolCall, ToolResult, ToolSpec
 from trajcore.ports.sandbox_pool import EnvironmentPool, SandboxPool
 from trajcore.ports.tool_server import ToolServer

@@ -46,7 +46,9 @@ from trajcore.adapters.fakes.llm import (
     TokenResponder,
     truncate_completion,
 )
-from trajcore.adapters.http1 import AbortConnection, HTTPServer, MemoryTransport, Reply, Request
+from trajcore.adapters.http1.client import MemoryTransport
+from trajcore.adapters.http1.server import AbortConnection, HTTPServer
+from trajcore.adapters.http1.values import Reply, Request
 from trajcore.domain.errors import InvalidInput
 from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.messages import Message

@@ -73,7 +73,6 @@ __all__ = [
     "SandboxPoolContract",
     "SandboxPoolFactory",
     "TaskEnvironmentContract",
-    "slot_call",
 ]
 
 NO_SUCH_IMAGE = "oci:/nonexistent/trajcore-contract/no-such-image"

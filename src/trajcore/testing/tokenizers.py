@@ -26,12 +26,9 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from trajcore.adapters.tokenizers import qwen3_tokenizer_path
-
 __all__ = [
     "LLAMA3_SHAPED_SPECIAL_TOKENS",
     "MISTRAL_SHAPED_SPECIAL_TOKENS",
-    "qwen3_tokenizer_path",
     "write_llama3_shaped_tokenizer",
     "write_mistral_shaped_tokenizer",
 ]

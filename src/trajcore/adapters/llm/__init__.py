@@ -5,19 +5,3 @@ Parsing is pure (``wire``, ``chat_wire``, ``token_wire``); I/O is one shared tra
 measurement -- see its docstring). The adapters
 (``chat``, ``tokens``, ``atropos``) are thin compositions of the two.
 """
-
-from __future__ import annotations
-
-from .chat import OpenAIChatServer
-from .tokens import AtroposTokenServer, SGLangTokenServer, VLLMTokenServer
-from .transport import ModelServerClient, RetryRules, TransportStatistics
-
-__all__ = [
-    "AtroposTokenServer",
-    "ModelServerClient",
-    "OpenAIChatServer",
-    "RetryRules",
-    "SGLangTokenServer",
-    "TransportStatistics",
-    "VLLMTokenServer",
-]

@@ -45,14 +45,9 @@ from typing import NoReturn, TypeVar
 import anyio
 import attrs
 
-from trajcore.adapters.http1 import (
-    HTTPClient,
-    HTTPError,
-    Limits,
-    MemoryTransport,
-    Origin,
-    parse_url,
-)
+from trajcore.adapters.http1.client import HTTPClient, MemoryTransport
+from trajcore.adapters.http1.errors import HTTPError
+from trajcore.adapters.http1.values import Limits, Origin, parse_url
 from trajcore.domain.errors import ConfigError, ModelServerError, PoolClosed, RateLimited
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.validators import finite_number, whole_number

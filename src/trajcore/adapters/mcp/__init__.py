@@ -13,35 +13,3 @@
 The official Python SDK (``mcp`` on PyPI, the ``mcp`` extra) is imported only by these modules; its
 untyped corners stay inside them.
 """
-
-from __future__ import annotations
-
-from trajcore.adapters.mcp.client import (
-    MCPURL,
-    MCPCommand,
-    MCPEndpoint,
-    MCPToolServer,
-    SessionScope,
-)
-from trajcore.adapters.mcp.join import JoinedMember, JoinedToolServer
-from trajcore.adapters.mcp.protocol import CONTEXT_META_KEY, OUTCOME_META_KEY
-from trajcore.adapters.mcp.settings import (
-    MCPServerSetting,
-    open_tool_servers,
-    parse_tool_servers,
-)
-
-__all__ = [
-    "CONTEXT_META_KEY",
-    "MCPURL",
-    "OUTCOME_META_KEY",
-    "JoinedMember",
-    "JoinedToolServer",
-    "MCPCommand",
-    "MCPEndpoint",
-    "MCPServerSetting",
-    "MCPToolServer",
-    "SessionScope",
-    "open_tool_servers",
-    "parse_tool_servers",
-]

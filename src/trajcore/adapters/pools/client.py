@@ -31,14 +31,9 @@ from typing import Self, TypeVar
 
 import attrs
 
-from trajcore.adapters.http1 import (
-    HTTPClient,
-    HTTPError,
-    Limits,
-    Origin,
-    RequestTimedOut,
-    parse_url,
-)
+from trajcore.adapters.http1.client import HTTPClient
+from trajcore.adapters.http1.errors import HTTPError, RequestTimedOut
+from trajcore.adapters.http1.values import Limits, Origin, parse_url
 from trajcore.adapters.slot_server.codec import decode, encode
 from trajcore.domain.errors import (
     ConfigError,

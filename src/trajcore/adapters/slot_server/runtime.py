@@ -61,7 +61,6 @@ from pathlib import Path
 import attrs
 
 from trajcore.adapters.slot_server.capabilities import probe
-from trajcore.adapters.slot_server.channel import MAX_REQUEST_BYTES, check_reply, reply_cap
 from trajcore.adapters.slot_server.forks import (
     NEEDS_CACHE,
     freeze_lease,
@@ -76,9 +75,8 @@ from trajcore.adapters.slot_server.native_helper import (
     build_slot_helper,
 )
 from trajcore.adapters.slot_server.resets import Trash, clean_slot, warm_keeper
-from trajcore.adapters.slot_server.runtime_config import RuntimeConfig, check_config
+from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
 from trajcore.adapters.slot_server.sandboxes import (
-    HELPER_PATH,
     Sandboxes,
     Slot,
     prepare_cgroups,
@@ -123,15 +121,7 @@ from trajcore.domain.slot_protocol import (
 from trajcore.domain.task_environments import TaskEnvironmentError, parse_environment_ref
 from trajcore.domain.tools import ToolOutcome, ToolResult
 
-__all__ = [
-    "HELPER_PATH",
-    "MAX_REQUEST_BYTES",
-    "RuntimeConfig",
-    "SlotRuntime",
-    "check_config",
-    "check_reply",
-    "reply_cap",
-]
+__all__ = ["SlotRuntime"]
 
 
 @attrs.define(eq=False)

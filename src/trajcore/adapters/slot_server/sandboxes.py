@@ -34,7 +34,6 @@ from trajcore.adapters.slot_server.slot_processes import (
     as_ids,
     end_process,
     end_sessions,
-    run_bounded,
     tmux_output,
 )
 from trajcore.adapters.slot_server.snapshots import SnapshotUse
@@ -58,10 +57,8 @@ __all__ = [
     "SHELL_SOCKET",
     "Sandboxes",
     "Slot",
-    "as_ids",
     "name_process",
     "prepare_cgroups",
-    "run_bounded",
     "sandbox_pid",
 ]
 

@@ -22,7 +22,8 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from trajcore.adapters.http1 import Handler, HTTPServer, Limits, Reply, Request
+from trajcore.adapters.http1.server import HTTPServer
+from trajcore.adapters.http1.values import Handler, Limits, Reply, Request
 from trajcore.adapters.slot_server.codec import decode, encode
 from trajcore.adapters.slot_server.runtime import SlotRuntime
 from trajcore.domain.errors import ToolArgumentError, UnknownSlot, WireError

@@ -37,30 +37,3 @@ then scores tokens the model never produced. The ledger avoids this by never re-
 This package is pure. Rendering is injected as a ``ChatRenderer`` (the ``Tokenizer`` port fits it),
 so the domain decides what to render and the adapter does the tokenizer's work.
 """
-
-from trajcore.domain.token_ledger.drift import Drift, measure_drift
-from trajcore.domain.token_ledger.ledger import (
-    MASKED_LABEL,
-    MASKED_LOGPROB,
-    Segment,
-    SegmentKind,
-    TokenLedger,
-    TrainingTokens,
-    Truncation,
-)
-from trajcore.domain.token_ledger.template import ChatRenderer, ChatTemplate, TemplateShape
-
-__all__ = [
-    "MASKED_LABEL",
-    "MASKED_LOGPROB",
-    "ChatRenderer",
-    "ChatTemplate",
-    "Drift",
-    "Segment",
-    "SegmentKind",
-    "TemplateShape",
-    "TokenLedger",
-    "TrainingTokens",
-    "Truncation",
-    "measure_drift",
-]

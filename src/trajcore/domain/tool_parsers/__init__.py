@@ -54,23 +54,7 @@ from trajcore.domain.tool_parsers.mistral import MistralParser
 from trajcore.domain.tool_parsers.pythonic import PythonicParser
 from trajcore.domain.tool_parsers.qwen3_coder import Qwen3CoderParser
 
-__all__ = [
-    "PARSER_NAMES",
-    "DeepSeekV3Parser",
-    "Glm45Parser",
-    "GraniteParser",
-    "HermesParser",
-    "KimiK2Parser",
-    "Llama3JsonParser",
-    "MistralParser",
-    "ParserFactory",
-    "PythonicParser",
-    "Qwen3CoderParser",
-    "ToolCallParser",
-    "get_parser",
-    "parser_names",
-    "register_parser",
-]
+__all__ = ["PARSER_NAMES", "ParserFactory", "get_parser", "parser_names", "register_parser"]
 
 ParserFactory = Callable[[], ToolCallParser]
 """Makes a fresh parser; called once per ``get_parser``."""

@@ -54,7 +54,6 @@ __all__ = [
     "distinct_ids",
     "fault_part",
     "join_content",
-    "json_type",
     "load_json",
     "load_json_prefix",
     "name_in_broken_json",

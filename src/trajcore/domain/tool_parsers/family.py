@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import attrs
 
-from trajcore.domain.json_values import JSON
+from trajcore.domain.json_values import JSON, json_type
 from trajcore.domain.tool_parsers.base import (
     THINK_CLOSE,
     THINK_OPEN,
@@ -33,7 +33,6 @@ from trajcore.domain.tool_parsers.base import (
     TurnBuilder,
     fault_part,
     join_content,
-    json_type,
     load_json,
     name_in_broken_json,
     scan_blocks,

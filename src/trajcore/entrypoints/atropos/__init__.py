@@ -93,34 +93,3 @@ as Atropos's ``ScoredDataGroup``, pure), ``metrics`` (counters, wandb metrics an
 table), ``services`` (``RolloutServices`` and the adapters behind them), ``env`` (``AgentEnv``
 and its hooks).
 """
-
-from __future__ import annotations
-
-from trajcore.entrypoints.atropos.config import (
-    DEFAULT_PARSER,
-    EXTERNAL_TOOLSET,
-    AgentEnvConfig,
-    Mode,
-    ModeChoice,
-    RolloutSettings,
-)
-from trajcore.entrypoints.atropos.env import AgentEnv
-from trajcore.entrypoints.atropos.scored_data import MemberOverrides, ScoredGroup, render_transcript
-from trajcore.entrypoints.atropos.services import RolloutServices
-from trajcore.entrypoints.atropos.startup import ModelEndpointUnavailable, server_configs
-
-__all__ = [
-    "DEFAULT_PARSER",
-    "EXTERNAL_TOOLSET",
-    "AgentEnv",
-    "AgentEnvConfig",
-    "MemberOverrides",
-    "Mode",
-    "ModeChoice",
-    "ModelEndpointUnavailable",
-    "RolloutServices",
-    "RolloutSettings",
-    "ScoredGroup",
-    "render_transcript",
-    "server_configs",
-]

@@ -349,7 +349,7 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings):
         if value is None:
             return None
         try:
-            from trajcore.adapters.mcp import parse_tool_servers
+            from trajcore.adapters.mcp.settings import parse_tool_servers
         except ImportError as exc:
             raise ConfigError(
                 "tool_servers", f"needs the MCP SDK: pip install 'trajcore[mcp]' ({exc})"

@@ -35,7 +35,7 @@ from trajcore.domain.errors import ConfigError, StateError
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
-from trajcore.domain.token_ledger import ChatTemplate
+from trajcore.domain.token_ledger.template import ChatTemplate
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.domain.tools import ToolSpec
 from trajcore.domain.toolsets import DistributionRegistry, Toolset, ToolsetCatalog, select_specs
@@ -51,9 +51,9 @@ from trajcore.entrypoints.atropos.services import (
     resolve_default_toolset,
     server_types,
     token_server_for,
-    tokenizer_for,
     tool_server_for,
 )
+from trajcore.entrypoints.atropos.tokenizer_modes import tokenizer_for
 from trajcore.entrypoints.atropos_bases import BaseEnv
 from trajcore.entrypoints.dataset_rows import DatasetRows, builtin_dataset
 from trajcore.entrypoints.idle_slots import IdleLimitedPolicy

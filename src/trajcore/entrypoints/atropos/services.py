@@ -30,7 +30,7 @@ from trajcore.adapters.llm.atropos import ServerManagerTokenServer, token_server
 from trajcore.adapters.tool_server import INPROCESS, HTTPToolServer, ToolRegistry
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
-from trajcore.domain.token_ledger import ChatTemplate
+from trajcore.domain.token_ledger.template import ChatTemplate
 from trajcore.domain.tools import ToolSpec
 from trajcore.domain.toolsets import Toolset, ToolsetCatalog
 from trajcore.entrypoints.atropos.config import (
@@ -39,7 +39,6 @@ from trajcore.entrypoints.atropos.config import (
     AgentEnvConfig,
     RolloutSettings,
 )
-from trajcore.entrypoints.atropos.tokenizer_modes import mistral_tokenizer, tokenizer_for
 from trajcore.entrypoints.tool_server import make_app
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.ports.token_server import TokenServer
@@ -54,12 +53,10 @@ __all__ = [
     "default_toolsets",
     "join_tool_servers",
     "learn_chat_template",
-    "mistral_tokenizer",
     "release_tool_sessions",
     "resolve_default_toolset",
     "server_types",
     "token_server_for",
-    "tokenizer_for",
     "tool_server_for",
 ]
 
@@ -207,7 +204,8 @@ async def join_tool_servers(
         if not config.tool_servers:
             yield single, ()
             return
-        from trajcore.adapters.mcp import JoinedMember, open_tool_servers, parse_tool_servers
+        from trajcore.adapters.mcp.join import JoinedMember
+        from trajcore.adapters.mcp.settings import open_tool_servers, parse_tool_servers
 
         before = [JoinedMember(name="tool_server", server=single)] if single else []
         async with open_tool_servers(

@@ -5,16 +5,3 @@ Nomad's OpenAPI description is read from the file ``$TRAJCORE_NOMAD_OPENAPI`` na
 the scheduler), ``openapi`` (schema checks), ``jobs`` (Nomad's job rules, records),
 ``processes`` (running a task), ``render`` (the JSON answers).
 """
-
-from trajcore.testing.fake_nomad.agent import FakeNomadAPI
-from trajcore.testing.fake_nomad.jobs import FakeAllocation, NomadRequest
-from trajcore.testing.fake_nomad.openapi import OPENAPI_ENV, NomadOpenAPI, nomad_openapi_path
-
-__all__ = [
-    "OPENAPI_ENV",
-    "FakeAllocation",
-    "FakeNomadAPI",
-    "NomadOpenAPI",
-    "NomadRequest",
-    "nomad_openapi_path",
-]

@@ -80,7 +80,8 @@ import anyio
 import anyio.abc
 import attrs
 
-from trajcore.adapters.http1 import HTTPServer, Reply, Request
+from trajcore.adapters.http1.server import HTTPServer
+from trajcore.adapters.http1.values import Reply, Request
 from trajcore.domain.errors import ConfigError, StateError
 from trajcore.domain.json_values import JSON, JSONObject, check_json
 from trajcore.testing.fake_nomad.artifacts import ArtifactError, fetch_artifacts
