@@ -614,8 +614,7 @@ class FakeSandboxPool(InProcessSlotPool):
         files = dict(self._files(lease.slot))
         self._snapshots[name] = files
         size = sum(len(text.encode("utf-8", "surrogatepass")) for text in files.values())
-        self._environments.snapshots += 1
-        self._environments.snapshot_bytes += size
+        self._environments.froze(duration_s=0.0, size_bytes=size)
         return Snapshot(
             environment=environment, container=lease.slot.container, snapshot=name,
             bytes=size, files=len(files),

@@ -57,36 +57,50 @@ _FAILED = (SlotServerError, InvalidInput, StateError)  # unreachable, off-protoc
 
 @attrs.define
 class EnvironmentCounters:
-    """What a pool counts of its leases over task environments (``EnvironmentStatistics``)."""
+    """What a pool counts of its leases over task environments: the lease figures of an
+    ``EnvironmentStatistics`` (``counted``, replaced as answers come), and the slot servers' own
+    figures (``servers``, their health), summed into it by ``statistics``."""
 
-    leases: int = 0
-    refused: int = 0
-    hits: int = 0
-    misses: int = 0
-    materialize_s: float = 0.0
-    lease_request_s: float = 0.0
-    snapshots: int = 0
-    snapshot_s: float = 0.0
-    snapshot_bytes: int = 0
-    forks: int = 0
-    fallbacks: int = 0
+    counted: EnvironmentStatistics = attrs.field(factory=EnvironmentStatistics)
     servers: ServerFigureBook = attrs.field(factory=ServerFigureBook)
-    """The slot servers' own figures (their health), summed."""
+
+    def asked(self) -> None:
+        """A lease that named an environment."""
+        self.counted = attrs.evolve(self.counted, leases=self.counted.leases + 1)
+
+    def refused(self) -> None:
+        """A lease refused (by the pool, or by the slot server's answer or failure)."""
+        self.counted = attrs.evolve(self.counted, refused=self.counted.refused + 1)
+
+    def fell_back(self) -> None:
+        """A lease asked from a snapshot that started over the plain image instead."""
+        self.counted = attrs.evolve(self.counted, fallbacks=self.counted.fallbacks + 1)
 
     def answered(self, *, hit: bool, duration_s: float, fork: bool = False) -> None:
         """A lease request the slot server granted (``fork``: from a snapshot)."""
-        self.lease_request_s += duration_s
-        self.forks += fork
-        if hit:
-            self.hits += 1
-        else:
-            self.misses += 1
-            self.materialize_s += duration_s
+        c = self.counted
+        self.counted = attrs.evolve(
+            c,
+            lease_request_s=c.lease_request_s + duration_s,
+            forks=c.forks + fork,
+            hits=c.hits + hit,
+            misses=c.misses + (not hit),
+            materialize_s=c.materialize_s + (0.0 if hit else duration_s),
+        )
+
+    def froze(self, *, duration_s: float, size_bytes: int) -> None:
+        """A snapshot the slot server took (in ``duration_s``, holding ``size_bytes``)."""
+        c = self.counted
+        self.counted = attrs.evolve(
+            c,
+            snapshots=c.snapshots + 1,
+            snapshot_s=c.snapshot_s + duration_s,
+            snapshot_bytes=c.snapshot_bytes + size_bytes,
+        )
 
     def statistics(self) -> EnvironmentStatistics:
         """A frozen snapshot."""
-        counted = attrs.asdict(self, recurse=False, filter=lambda a, _: a.name != "servers")
-        return EnvironmentStatistics(**counted, **attrs.asdict(self.servers.totals()))
+        return attrs.evolve(self.counted, **attrs.asdict(self.servers.totals()))
 
 
 @contextlib.asynccontextmanager
@@ -159,9 +173,7 @@ async def freeze(
             f"snapshot refused: {answer.error or 'no snapshot id'} (slot server {where})",
             field=answer.field or "snapshot",
         )
-    counters.snapshots += 1
-    counters.snapshot_s += answer.duration_s
-    counters.snapshot_bytes += answer.bytes
+    counters.froze(duration_s=answer.duration_s, size_bytes=answer.bytes)
     return Snapshot(
         environment=environment, container=where, snapshot=answer.snapshot,
         bytes=answer.bytes, files=answer.files,

@@ -253,14 +253,14 @@ class LeasedPool(abc.ABC):
         wait = self.fork_wait_s if fork_wait_s is None else fork_wait_s
         if math.isnan(wait) or wait < 0:
             raise InvalidInput("fork_wait_s", f"must be seconds >= 0, got {wait!r}")
-        counters.leases += 1
+        counters.asked()
         try:
             check_environment(environment)
             refusal = self.environment_refusal() or self.reference_refusal(environment)
             if refusal is not None:
                 raise EnvironmentUnavailable(environment, refusal[1], field=refusal[0])
         except EnvironmentUnavailable:
-            counters.refused += 1
+            counters.refused()
             raise
         prefer = None if snapshot is None else snapshot.container
         leasing = self._leasing.lease(holder, timeout_s=timeout_s, prefer=prefer, prefer_s=wait)
@@ -268,10 +268,10 @@ class LeasedPool(abc.ABC):
             try:
                 forked = await self.enter_environment(lease, environment, snapshot)
             except EnvironmentUnavailable:
-                counters.refused += 1
+                counters.refused()
                 raise
             if snapshot is not None and not forked:
-                counters.fallbacks += 1
+                counters.fell_back()
             yield lease, forked
 
     def environment_refusal(self) -> tuple[str, str] | None:
