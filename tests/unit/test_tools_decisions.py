@@ -1,0 +1,180 @@
+"""The decisions of the tool values: which calls and specs may exist, how a call's arguments are
+written out and checked, and what a failed call tells the model."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from trajcore.domain.errors import ConfigError, ToolArgumentError
+from trajcore.domain.json_values import JSONObject
+from trajcore.domain.tool_schema import ArgumentCheck, ArgumentProblem
+from trajcore.domain.tools import ExecReport, ToolCall, ToolOutcome, ToolResult, ToolSpec
+
+CALL = ToolCall(id="c1", name="bash", arguments={"command": "ls"})
+
+
+def test_a_calls_arguments_must_be_an_object_saying_what_came() -> None:
+    with pytest.raises(ToolArgumentError) as caught:
+        ToolCall(id="c", name="bash", arguments="ls")  # type: ignore[arg-type]
+    assert (caught.value.field, caught.value.reason) == (
+        "arguments",
+        "expected a JSON object, got str",
+    )
+
+
+def test_a_calls_arguments_that_hold_no_json_value_are_refused_at_its_path() -> None:
+    with pytest.raises(ToolArgumentError) as caught:
+        ToolCall(id="c", name="bash", arguments={"a": {"b": math.nan}})
+    assert (caught.value.field, caught.value.reason) == (
+        "arguments",
+        "non-finite number nan @ $.a.b",
+    )
+
+
+def test_a_calls_arguments_are_written_as_compact_json_in_their_order_unescaped() -> None:
+    """The text a chat template or a wire body gets: no spaces, keys as given, any character
+    as itself."""
+    call = ToolCall(id="c", name="t", arguments={"z": [1, {"b": None}], "a": "é\u4e2d"})
+    assert call.arguments_json() == '{"z":[1,{"b":null}],"a":"é\u4e2d"}'
+
+
+def test_a_failure_tells_the_model_why_and_keeps_what_the_command_did() -> None:
+    report = ExecReport(exit_code=None, stderr="killed", timed_out=True)
+    result = ToolResult.failure(CALL, ToolOutcome.TIMEOUT, "ran past 30 s", exec=report)
+    assert result == ToolResult(
+        call_id="c1",
+        name="bash",
+        outcome=ToolOutcome.TIMEOUT,
+        content="Error: ran past 30 s",
+        error="ran past 30 s",
+        exec=report,
+    )
+    assert ToolResult.failure(CALL, ToolOutcome.TOOL_ERROR, "x").exec is None
+
+
+def test_a_failure_needs_an_outcome_other_than_ok() -> None:
+    with pytest.raises(ValueError, match=r"^failure\(\) needs a non-OK outcome$"):
+        ToolResult.failure(CALL, ToolOutcome.OK, "fine")
+
+
+def test_a_broken_batch_answers_each_call_as_an_infra_failure_with_the_reason() -> None:
+    other = ToolCall(id="c2", name="read_file", arguments={"path": "a"})
+    assert ToolResult.infra_errors([CALL, other], "server gone") == [
+        ToolResult.failure(CALL, ToolOutcome.INFRA_ERROR, "server gone"),
+        ToolResult.failure(other, ToolOutcome.INFRA_ERROR, "server gone"),
+    ]
+
+
+def test_a_call_to_a_tool_not_offered_is_rejected_naming_the_tool_at_name() -> None:
+    assert ToolResult.unknown_tool(ToolCall(id="c", name="rm", arguments={})) == ToolResult(
+        call_id="c",
+        name="rm",
+        outcome=ToolOutcome.REJECTED,
+        content="Error: unknown tool 'rm' @ name",
+        error="unknown tool 'rm' @ name",
+    )
+
+
+@pytest.mark.parametrize("name", ["a", "A-z_0.9", "x" * 64])
+def test_a_tool_name_is_one_to_64_letters_digits_or_dot_dash_underscore(name: str) -> None:
+    assert ToolSpec(name=name).name == name
+
+
+@pytest.mark.parametrize("name", ["", "x" * 65, "a b", "a/b", "tool!", "é"])
+def test_any_other_tool_name_is_refused_saying_what_a_name_may_be(name: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        ToolSpec(name=name)
+    assert (caught.value.field, caught.value.reason) == (
+        "name",
+        f"{name!r} is not 1-64 of [A-Za-z0-9_.-]",
+    )
+
+
+def test_a_specs_parameters_must_be_a_json_object_schema_of_type_object() -> None:
+    with pytest.raises(ConfigError) as caught:
+        ToolSpec(name="t", parameters=["type"])  # type: ignore[arg-type]
+    assert (caught.value.field, caught.value.reason) == (
+        "parameters",
+        "a schema must be a JSON object",
+    )
+    with pytest.raises(ConfigError) as caught:
+        ToolSpec(name="t", parameters={"type": "object", "default": {"x": math.inf}})
+    assert (caught.value.field, caught.value.reason) == (
+        "parameters.default.x",
+        "non-finite number inf",
+    )
+    wrong_type: list[JSONObject] = [{"type": "array"}, {"properties": {}}]
+    for parameters in wrong_type:
+        with pytest.raises(ConfigError) as caught:
+            ToolSpec(name="t", parameters=parameters)
+        assert (caught.value.field, caught.value.reason) == (
+            "parameters.type",
+            "a tool's parameters must be of type 'object'",
+        )
+
+
+def test_a_spec_without_parameters_takes_an_object_with_any_properties() -> None:
+    spec = ToolSpec(name="t")
+    assert spec.parameters == {"type": "object", "properties": {}}
+    assert spec.validate_arguments({"anything": 1}) == []
+    assert [str(p) for p in spec.validate_arguments([])] == ["expected object, got array @ $"]
+
+
+class _Recording:
+    """A validator that records what it compiled and reports one fixed problem per call."""
+
+    def __init__(self) -> None:
+        self.compiled: list[tuple[str, JSONObject]] = []
+
+    def compile(self, tool: str, schema: JSONObject) -> ArgumentCheck:
+        self.compiled.append((tool, schema))
+
+        def check(arguments: object, /) -> list[ArgumentProblem]:
+            return [ArgumentProblem(path="$.seen", reason=repr(arguments))]
+
+        return check
+
+
+def test_a_spec_compiles_its_schema_once_under_its_name_with_its_validator() -> None:
+    validator = _Recording()
+    parameters: dict[str, Any] = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    spec = ToolSpec(name="calc", parameters=parameters, validator=validator)
+    assert validator.compiled == [("calc", parameters)]
+    assert spec.validate_arguments({"x": 1}) == [ArgumentProblem(path="$.seen", reason="{'x': 1}")]
+    spec.validate_arguments({})
+    assert len(validator.compiled) == 1
+
+
+def test_a_call_that_misses_the_schema_raises_its_first_problem_and_lists_every_one() -> None:
+    """The error's field is the tool's name then the problem's path below the arguments."""
+    spec = ToolSpec(
+        name="bash",
+        parameters={
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "timeout": {"type": "number"}},
+            "required": ["command"],
+            "additionalProperties": False,
+        },
+    )
+    call = ToolCall(id="c", name="bash", arguments={"timeout": "9", "x": 1})
+    with pytest.raises(ToolArgumentError) as caught:
+        spec.check_call(call)
+    assert (caught.value.field, caught.value.reason) == ("bash.command", "required")
+    assert caught.value.problems == (
+        "required @ bash.command",
+        "expected number, got string @ bash.timeout",
+        "unexpected property @ bash.x",
+    )
+    spec.check_call(ToolCall(id="c", name="bash", arguments={"command": "ls"}))
+
+
+def test_a_spec_in_the_openai_shape_carries_its_name_description_and_schema() -> None:
+    parameters: dict[str, Any] = {"type": "object", "properties": {"p": {"type": "string"}}}
+    spec = ToolSpec(name="read", description="Read a file.", parameters=parameters)
+    assert spec.to_openai() == {
+        "type": "function",
+        "function": {"name": "read", "description": "Read a file.", "parameters": parameters},
+    }
