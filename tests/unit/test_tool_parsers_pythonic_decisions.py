@@ -74,6 +74,10 @@ def test_a_list_ends_after_the_bracket_that_balances_it(
         ("x [f()] [g()]", ParsedTurn(content="x [f()]", calls=[_call(0, "g")])),
         ("[f()]\n[g()]", ParsedTurn(calls=[_call(0, "f"), _call(1, "g")])),
         ("Use [f(x=1)] like this.", ParsedTurn(content="Use [f(x=1)] like this.")),
+        ("x[f()] y", ParsedTurn(content="x[f()] y")),
+        ("X[f()] y", ParsedTurn(content="X[f()] y")),
+        ("a\nx[f()] y", ParsedTurn(content="a\nx[f()] y")),
+        (" [f()] y", ParsedTurn(content="y", calls=[_call(0, "f")])),
         ("[f(x=')')] ok", ParsedTurn(content="ok", calls=[_call(0, "f", {"x": ")"})])),
         ("[f(x=1)]]", ParsedTurn(content="]", calls=[_call(0, "f", {"x": 1})])),
         ("[1, f()]\n[(f())]", ParsedTurn(content="[1, f()]\n[(f())]")),
@@ -248,6 +252,16 @@ def test_the_plain_reader_leaves_everything_else_to_python(source: str) -> None:
     assert read_plain(source) is None
 
 
+def test_a_list_in_the_plain_shape_is_read_by_the_plain_reader_first() -> None:
+    """Pins that ``parse`` tries the plain reader before ``ast``: a plain list nested deeper than
+    Python's parser takes (200 brackets) but within the reader's reach is read, not refused as
+    invalid Python."""
+    value = "[" * 250 + "]" * 250
+    turn = PYTHONIC.parse(f"[f(x={value})]")
+    assert turn.errors == ()
+    assert [c.name for c in turn.calls] == ["f"]
+
+
 def test_the_plain_reader_leaves_values_nested_past_the_recursion_limit_to_python() -> None:
     """Pins that the fast path gives up (rather than raising) on a value nested deeper than the
     interpreter's recursion limit."""
@@ -268,6 +282,8 @@ def _read(source: str) -> TurnBuilder:
     ("text", "reason", "name"),
     [
         ("[f()()]", "expected a function name @ name", None),
+        ("[f().g()]", "expected a function name @ name", None),
+        ("[f(x=-y)]", "expected a literal, got Name @ arguments.x", "f"),
         ("[f(x=-True)]", "expected a number after a sign @ arguments.x", "f"),
         ("[f(x=-'a')]", "expected a number after a sign @ arguments.x", "f"),
         ("[f(x=b'a')]", "expected a JSON value, got bytes @ arguments.x", "f"),
@@ -413,3 +429,6 @@ def test_calls_are_checked_against_the_tools_offered() -> None:
     turn = PYTHONIC.parse("[f(), g()]", tools=tools)
     assert turn.calls == (_call(0, "f"),)
     assert turn.errors == (_problem(1, "g()", "unknown tool 'g' @ name", "g"),)
+    # read by ast (a tuple is not the plain shape): the refused call keeps its text too
+    turn = PYTHONIC.parse("[f(), g(x=(1,))]", tools=tools)
+    assert turn.errors == (_problem(1, "g(x=(1,))", "unknown tool 'g' @ name", "g"),)
