@@ -7,9 +7,11 @@ Responses are framed by ``Content-Length``, ``chunked`` or the end of the connec
 responses are skipped; ``HEAD``, 204 and 304 have no body. No proxies, no redirects, no
 compression, no pipelining. A connection is reused only after a complete, well-framed exchange.
 
-Built with ``transport=MemoryTransport(handler)``, the client opens no socket: each request is
-encoded, read back by the server's parser, answered by ``handler`` and the answer's bytes parsed
-by the client's parser, so callers see exactly what the wire would give them.
+Built with ``transport=MemoryTransport(handler)``, the client opens no socket: its connections
+are in memory, and each request is encoded, read back by the server's parser, answered by
+``handler`` and the answer's bytes parsed by the client's parser, so callers see exactly what the
+wire would give them. Those connections go through the same pool as sockets do (kept alive,
+capped, replayed when a reused one is lost), so the pool's logic runs in unit tests too.
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ class MemoryTransport:
     reaches the caller as the client would read it (``Response``). An ``HTTPError`` the handler
     raises (``ConnectFailed``, ``ConnectionLost``, ...) is what the caller gets, as if the network
     had failed, and ``AbortConnection`` (as from an ``HTTPServer`` handler) is ``ConnectionLost``;
-    any other exception propagates unchanged.
+    any other exception propagates unchanged. The connections are pooled as sockets are: a
+    ``ConnectionLost`` on a reused one replays an idempotent request once, on a fresh one.
 
     Attributes:
         handler: Answers one request.
@@ -144,6 +147,10 @@ class _ClientConnection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_exception(error)
 
+    async def exchange(self, request: bytes, *, head_request: bool) -> Response:
+        """Send ``request`` and wait for its response."""
+        return await self.start(request, head_request=head_request)
+
     def start(self, request: bytes, *, head_request: bool) -> asyncio.Future[Response]:
         """Send ``request`` and return the future of its response."""
         assert self.transport is not None
@@ -158,6 +165,49 @@ class _ClientConnection(asyncio.Protocol):
         self.waiter = waiter
         self.transport.write(request)
         return waiter
+
+
+class _MemoryConnection(_ClientConnection):
+    """A connection to ``handler`` in memory: the request read back by the server's parser, the
+    reply's bytes parsed by the client's, kept alive as the request and the reply allow."""
+
+    def __init__(self, limits: Limits, handler: MemoryHandler) -> None:
+        super().__init__(limits)
+        self.handler = handler
+
+    def usable(self) -> bool:
+        return not self.closed
+
+    def close(self) -> None:
+        self.closed = True
+        self.reusable = False
+
+    async def exchange(self, request: bytes, *, head_request: bool) -> Response:
+        self.received = 0
+        self.reusable = False
+        incoming = RequestReader(Limits(max_head_bytes=len(request), max_body_bytes=len(request)))
+        try:
+            incoming.feed(request)
+        except Refusal as refusal:  # the encoder and the parser disagree: a bug here
+            raise MalformedMessage(f"request refused in memory: {refusal.reason}") from None
+        ((parsed, keep),) = incoming.ready
+        try:
+            answer = self.handler(parsed)
+            reply = await answer if inspect.isawaitable(answer) else answer
+        except AbortConnection:
+            self.close()
+            raise ConnectionLost("the server closed the connection before the response") from None
+        if self.closed:
+            raise ConnectionLost("the connection was closed during the request")
+        wire = encode_reply(reply, close=not keep, head=head_request)
+        self.received = len(wire)
+        reader = ResponseReader(self.limits, head_request=head_request)
+        response = reader.feed(wire)
+        if response is None:
+            self.close()
+            raise ConnectionLost("the in-memory answer ended before the response was complete")
+        self.reusable = reader.reusable
+        return response
 
 
 @attrs.define(eq=False)
@@ -289,44 +339,14 @@ class HTTPClient:
         if idempotent is None:
             idempotent = method in ("GET", "HEAD", "OPTIONS", "PUT", "DELETE")
         if timeout_s is None:
-            return await self._route(origin, wire, method == "HEAD", idempotent)
+            return await self._exchange(origin, wire, method == "HEAD", idempotent)
         try:
             async with asyncio.timeout(timeout_s):
-                return await self._route(origin, wire, method == "HEAD", idempotent)
+                return await self._exchange(origin, wire, method == "HEAD", idempotent)
         except TimeoutError:
             raise RequestTimedOut(
                 f"{method} {target}: no complete answer within {timeout_s:.3g} s"
             ) from None
-
-    async def _route(
-        self, origin: Origin, wire: bytes, head_request: bool, idempotent: bool
-    ) -> Response:
-        if self.transport is None:
-            return await self._exchange(origin, wire, head_request, idempotent)
-        self._requests += 1
-        return await self._in_memory(self.transport, wire, head_request)
-
-    async def _in_memory(
-        self, transport: MemoryTransport, wire: bytes, head_request: bool
-    ) -> Response:
-        incoming = RequestReader(Limits(max_head_bytes=len(wire), max_body_bytes=len(wire)))
-        try:
-            incoming.feed(wire)
-        except Refusal as refusal:  # the encoder and the parser disagree: a bug here
-            raise MalformedMessage(f"request refused in memory: {refusal.reason}") from None
-        ((request, keep),) = incoming.ready
-        try:
-            answer = transport.handler(request)
-            reply = await answer if inspect.isawaitable(answer) else answer
-        except AbortConnection:
-            raise ConnectionLost("the server reset the connection before the response") from None
-        if self._closed:
-            raise ClientClosed("the HTTP client was closed during the request")
-        reader = ResponseReader(self.limits, head_request=head_request)
-        response = reader.feed(encode_reply(reply, close=not keep, head=head_request))
-        if response is None:
-            raise ConnectionLost("the in-memory answer ended before the response was complete")
-        return response
 
     def _encode(
         self,
@@ -377,9 +397,8 @@ class HTTPClient:
         conn = await self._acquire(pool, origin)
         reused = conn.last_used > 0
         while True:
-            waiter = conn.start(wire, head_request=head_request)
             try:
-                response = await waiter
+                response = await conn.exchange(wire, head_request=head_request)
             except ConnectionLost as error:
                 pool.discard(conn)
                 if self._closed:
@@ -446,6 +465,9 @@ class HTTPClient:
     async def _connect(self, origin: Origin) -> _ClientConnection:
         if self._closed:
             raise ClientClosed("the HTTP client is closed")
+        if self.transport is not None:
+            self._opened += 1
+            return _MemoryConnection(self.limits, self.transport.handler)
         loop = asyncio.get_running_loop()
         limits = self.limits
         where = origin.unix_path or f"{origin.host}:{origin.port}"
