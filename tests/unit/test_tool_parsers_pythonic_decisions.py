@@ -353,6 +353,15 @@ def test_a_list_nested_past_the_parsers_limit_is_refused_saying_so() -> None:
     ]
 
 
+def test_a_list_holding_a_lone_surrogate_is_refused_naming_it_not_nesting() -> None:
+    """Pins the reason for a list Python's parser cannot take because it holds a lone surrogate
+    (no UTF-8 for it): that reason, not "nested too deeply"."""
+    source = "[f(x='\ud800')]"
+    assert _read(source).problems == [
+        _problem(0, source, "invalid Python (surrogates not allowed) @ call")
+    ]
+
+
 def test_a_call_nested_past_the_recursion_limit_is_refused_at_its_arguments() -> None:
     """Pins the refusal of one call whose value parses but is nested too deeply to read (signs
     upon signs): that call is refused at its arguments with its own text; the call before it

@@ -327,6 +327,9 @@ def read_list(builder: TurnBuilder, source: str) -> None:
         reason = "truncated call @ call" if truncated else f"invalid Python ({error.msg}) @ call"
         builder.refuse(source.strip(), reason)
         return
+    except UnicodeEncodeError as error:  # a lone surrogate: no UTF-8 for the parser to read
+        builder.refuse(source.strip(), f"invalid Python ({error.reason}) @ call")
+        return
     except (RecursionError, MemoryError, ValueError):
         builder.refuse(source.strip(), "invalid Python (nested too deeply) @ call")
         return
