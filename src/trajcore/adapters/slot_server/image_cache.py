@@ -107,6 +107,8 @@ class ImageUse:
 
 @attrs.define
 class _Counters:
+    """This process's requests so far, named as ``ImageCacheStatistics`` names them."""
+
     hits: int = 0
     misses: int = 0
     refused: int = 0
@@ -199,17 +201,8 @@ class ImageCache:
             with contextlib.suppress(OSError, ValueError):
                 total += int(json.loads(meta.read_text())["bytes"])
                 images += 1
-        c = self._counters
         return ImageCacheStatistics(
-            images=images,
-            bytes=total,
-            max_bytes=self.max_bytes,
-            hits=c.hits,
-            misses=c.misses,
-            refused=c.refused,
-            evicted=c.evicted,
-            unpack_seconds=c.unpack_seconds,
-            recently_resolved=c.recently_resolved,
+            images=images, bytes=total, max_bytes=self.max_bytes, **attrs.asdict(self._counters)
         )
 
     # -- inside
@@ -233,8 +226,8 @@ class ImageCache:
         """The image id ``ref`` resolved to lately, when it still stands: a layout or archive
         whose file is unchanged (same inode, size and modification time), or an engine's image
         resolved less than ``resolve_ttl_s`` ago (a tag moved in the engine's store is seen
-        after that). Saves a lease the engine's ``image inspect`` (a process, 100 ms and more)
-        or an archive's extraction."""
+        after that). Saves a lease the engine's ``image inspect`` (a process of its own) or an
+        archive's extraction."""
         entry = self._resolved.get(str(ref))
         if entry is None:
             return None

@@ -176,13 +176,7 @@ class SlotRuntime:
                 raise ConfigError(
                     "slot_uid_base", f"{problem}: choose a base inside this namespace's range"
                 )
-            blocked = unreachable(root / "slots")
-            if blocked is not None:
-                raise ConfigError(
-                    "root",
-                    f"slots run as uids {sandboxes.uid_base}.. and cannot reach their workspaces "
-                    f"under {root / 'slots'}: {blocked} is not searchable by others",
-                )
+            _require_reachable(root / "slots", "root", sandboxes.uid_base, "their workspaces")
         for path in self.config.isolation.system_paths:
             if os.path.islink(path):  # noqa: ASYNC240 - a handful of lstat calls at start
                 sandboxes.symlinks[path] = os.readlink(path)
@@ -241,13 +235,7 @@ class SlotRuntime:
             max_bytes=self.config.snapshot_bytes, owner=owner, overlays=overlays,
         )  # fmt: skip
         if self._sandboxes.uid_base is not None:
-            blocked = unreachable(cache / "images")
-            if blocked is not None:
-                raise ConfigError(
-                    "image_cache",
-                    f"slots run as uids {self._sandboxes.uid_base}.. and cannot reach the images "
-                    f"under {cache}: {blocked} is not searchable by others",
-                )
+            _require_reachable(cache / "images", "image_cache", self._sandboxes.uid_base, "images")
 
     async def _slot_helper(self) -> tuple[Path, str]:
         """The slot helper this server runs, and where it came from. Raises ``ConfigError``
@@ -676,3 +664,15 @@ def _slot_info(slot: Slot) -> SlotInfo:
         sandbox_start_s=slot.sandbox_start_s,
         set_aside=slot.set_aside,
     )
+
+
+def _require_reachable(path: Path, field: str, uid_base: int, what: str) -> None:
+    """Raise ``ConfigError`` (``field``) when the slots, run as uids from ``uid_base``, cannot
+    search every directory down to ``path``, where ``what`` they need lies."""
+    blocked = unreachable(path)
+    if blocked is not None:
+        raise ConfigError(
+            field,
+            f"slots run as uids {uid_base}.. and cannot reach {what} under {path}: "
+            f"{blocked} is not searchable by others",
+        )
