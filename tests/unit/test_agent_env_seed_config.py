@@ -158,8 +158,8 @@ def test_atropos_agent_values_keep_their_meaning() -> None:
     assert config.sandbox == "nomad"
     assert config.batch_window_ms == 20
     assert config.max_batch_size == 200
-    assert config.nomad_job_id == "atropos-sandbox-agent-env"
-    assert config.nomad_image == "atropos-sandbox:local"
+    assert config.nomad_job().job_id == "atropos-sandbox-agent-env"
+    assert config.nomad_job().image == "atropos-sandbox:local"
     assert config.purge_on_start is True
     assert config.purge_on_shutdown is True
     assert config.max_turns == 50

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import attrs
 import pytest
 from pydantic import Field
 
@@ -17,6 +18,7 @@ from trajcore.adapters.pools.modal_pool import ModalPoolConfig, ModalSandboxSett
 from trajcore.adapters.pools.nomad_pool import NomadPoolConfig
 from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig
 from trajcore.adapters.pools.ssh_pool import SshPoolConfig
+from trajcore.domain.converters import command_words
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_job import NomadJobSettings
@@ -30,37 +32,23 @@ _SHARED = ("slots_per_container", "min_containers", "max_containers", "acquire_t
 
 def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
     section = sandbox_settings._section
-    assert section(NomadJobSettings, ("nomad_",), {}) == {
-        **{
-            name: f"nomad_{name}"
-            for name in (
-                "job_id",
-                "driver",
-                "image",
-                "command",
-                "namespace",
-                "region",
-                "datacenters",
-            )
-        },
+    # Every field of the Nomad job is its own nomad_* flag, but the three that are shared.
+    shared_job_fields = {
         "privileged": "privileged",
         "image_cache_dir": "image_cache_dir",  # the servers' cache, for the Nomad pool too
         "image_cache_bytes": "image_cache_bytes",
-        "image_cache_volume": "nomad_image_cache_volume",
-        "artifacts": "nomad_artifacts",
-        "client_alloc_dir": "nomad_client_alloc_dir",
+    }
+    assert section(NomadJobSettings, ("nomad_",), {}) == {
+        **{field.name: f"nomad_{field.name}" for field in attrs.fields(NomadJobSettings)},
+        **shared_job_fields,
     }
     assert section(NomadPoolConfig, ("nomad_",), {}) == {
         "address": "nomad_address", "token": "nomad_token",
         **{name: name for name in (*_SHARED, "purge_on_start", "purge_on_shutdown")},
     }  # fmt: skip
     assert section(SlurmJobSettings, ("slurm_",), {}) == {
-        name: f"slurm_{name}"
-        for name in (
-            "command", "partition", "account", "qos", "constraint", "cpus_per_task",
-            "memory_mb", "time_limit_min",
-        )
-    }  # fmt: skip
+        field.name: f"slurm_{field.name}" for field in attrs.fields(SlurmJobSettings)
+    }
     assert section(SlurmPoolConfig, ("slurm_",), {}) == {
         "shared_dir": "slurm_shared_dir", **{name: name for name in _SHARED},
     }  # fmt: skip
@@ -168,3 +156,102 @@ def test_the_pool_modules_never_import_the_env_config(module: str) -> None:
         for alias in node.names
     }
     assert not any(name.startswith("trajcore.entrypoints.atropos.config") for name in imported)
+
+
+def test_every_job_setting_is_a_flag_with_the_settings_default_and_doc() -> None:
+    flags = SandboxSettings.model_fields
+    for settings, prefix, label in sandbox_settings.JOB_SECTIONS:
+        docs = sandbox_settings.attribute_docs(settings)
+        for field in attrs.fields(settings):
+            if field.name in sandbox_settings.DeclaredSettings.model_fields:
+                continue  # a shared flag (privileged, image_cache_dir, ...)
+            flag = flags[prefix + field.name]
+            assert docs.get(field.name), f"{settings.__name__}.{field.name} has no doc entry"
+            assert flag.description == f"{label}: {docs[field.name]}"
+    defaults = SandboxSettings()
+    assert defaults.nomad_job() == NomadJobSettings()
+    assert defaults.slurm_job() == SlurmJobSettings()
+
+
+def test_the_newer_job_flags_reach_the_job_and_a_bad_one_is_named() -> None:
+    values = {
+        "nomad_cpu_mhz": 2500, "nomad_restart_attempts": 2, "nomad_token_env": "SLOT_TOKEN",
+        "slurm_extra_options": "--gres=gpu:1 --exclusive", "slurm_job_name": "rl-slots",
+    }  # fmt: skip
+    settings = SandboxSettings.model_validate(values)
+    nomad = settings.nomad_job()
+    assert (nomad.cpu_mhz, nomad.restart_attempts, nomad.token_env) == (2500, 2, "SLOT_TOKEN")
+    slurm = settings.slurm_job()
+    assert slurm.extra_options == ("--gres=gpu:1", "--exclusive")
+    assert slurm.job_name == "rl-slots"
+    for field, value in [
+        ("nomad_cpu_mhz", 0), ("nomad_reschedule_delay_s", 1.0), ("nomad_group", "a b"),
+        ("slurm_extra_options", "gres"), ("slurm_job_name", "two words"),
+    ]:  # fmt: skip
+        built = SandboxSettings.model_validate({field: value})
+        check = built.nomad_pool_config if field.startswith("nomad_") else built.slurm_pool_config
+        with pytest.raises(ConfigError) as caught:
+            check()
+        assert caught.value.field == field
+
+
+def _comma_words(value: str | tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(value.split(",")) if isinstance(value, str) else value
+
+
+@attrs.frozen(kw_only=True)
+class _DemoJob:
+    """A job as a newcomer writes it.
+
+    Attributes:
+        cores: Cores each server takes.
+        labels, zones: Where it may run
+            (comma-separated).
+        note: Free text.
+    """
+
+    cores: int = attrs.field(default=2, validator=attrs.validators.gt(0))
+    labels: tuple[str, ...] = attrs.field(default=("a", "b"), converter=_comma_words)
+    zones: tuple[str, ...] = attrs.field(default=(), converter=command_words)
+    note: str | None = None
+
+
+def test_a_field_written_once_in_a_settings_class_is_a_documented_flag() -> None:
+    flags = sandbox_settings.derived_flags(
+        sandbox_settings.DeclaredSettings, ((_DemoJob, "demo_", "Demo job"),)
+    )
+    assert set(flags) == {"demo_cores", "demo_labels", "demo_zones", "demo_note"}
+    kind, field = flags["demo_cores"]
+    assert (kind, field.default, field.description) == (
+        int,
+        2,
+        "Demo job: Cores each server takes.",
+    )
+    kind, field = flags["demo_labels"]  # its converter splits on commas: the default joins so
+    assert (kind, field.default) == (str, "a,b")
+    assert field.description == "Demo job: Where it may run (comma-separated)."
+    assert flags["demo_zones"][1].default == ""
+    assert flags["demo_note"][0] == str | None
+
+
+@attrs.frozen
+class _Unflaggable:
+    where: dict[str, int] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class _Unsplit:
+    words: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+
+
+@attrs.frozen
+class _Required:
+    name: str
+
+
+@pytest.mark.parametrize("settings", [_Unflaggable, _Unsplit, _Required])
+def test_a_settings_field_no_flag_can_read_is_refused_naming_it(settings: type) -> None:
+    with pytest.raises(TypeError, match=rf"{settings.__name__}\."):
+        sandbox_settings.derived_flags(
+            sandbox_settings.DeclaredSettings, ((settings, "bad_", "Bad"),)
+        )

@@ -118,6 +118,11 @@ def _words(_: object, attribute: attrs.Attribute[tuple[str, ...]], value: object
         raise ConfigError(attribute.name, f"must be sbatch options (--name=value), got {value!r}")
 
 
+def _options(value: str | Iterable[str]) -> tuple[str, ...]:
+    """Options as words: a string split on whitespace, or a sequence's items as they are."""
+    return tuple(value.split()) if isinstance(value, str) else tuple(value)
+
+
 def _nonempty_words(_: object, attribute: attrs.Attribute[tuple[str, ...]], value: object) -> None:
     if not value:
         raise ConfigError(attribute.name, "must name the slot server program")
@@ -139,7 +144,8 @@ class SlurmJobSettings:
         time_limit_min: ``--time`` in minutes; the pool drains a job before it.
         partition, account, qos, constraint: ``--partition``, ``--account``, ``--qos``,
             ``--constraint`` (``None``: the cluster's defaults).
-        extra_options: More ``sbatch`` options, each one word ``--name=value``.
+        extra_options: More ``sbatch`` options, each one word ``--name=value`` (a string is
+            split on whitespace).
         bind_host: The address the server listens on, on its node (``0.0.0.0``: every one).
         workspace_dir: Where on the node the server keeps its slots (``None``:
             ``$TMPDIR``, else ``/tmp``), in a directory of the job's own, removed at its end.
@@ -156,7 +162,7 @@ class SlurmJobSettings:
     account: str | None = attrs.field(default=None, validator=_optional_word)
     qos: str | None = attrs.field(default=None, validator=_optional_word)
     constraint: str | None = attrs.field(default=None, validator=_optional_word)
-    extra_options: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_words)
+    extra_options: tuple[str, ...] = attrs.field(default=(), converter=_options, validator=_words)
     bind_host: str = attrs.field(default="0.0.0.0", validator=_optional_word)  # noqa: S104
     workspace_dir: str | None = attrs.field(default=None, validator=optional_text)
 

@@ -5,31 +5,61 @@ one flat ``--env.<name>`` flag: atroposlib's command line turns every field of t
 into one flag and rebuilds the config from a flat mapping, so nested sections would not reach
 it). The settings are not a second copy of the pools' own: each pool's settings are the attrs
 values its adapter defines (``LocalPoolConfig``, ``ContainerPoolConfig``, ``NomadPoolConfig``,
-``SlurmPoolConfig``, ``SshHost``, ``SlotIsolation``; ``ModalPoolConfig`` and ``DaytonaPoolConfig``
-in ``cloud``), and this module only names them for the command line:
+``NomadJobSettings``, ``SlurmPoolConfig``, ``SlurmJobSettings``, ``SshHost``, ``SlotIsolation``;
+``ModalPoolConfig`` and ``DaytonaPoolConfig`` in ``cloud``), and this module only names them
+for the command line. The flags come two ways:
 
-- Each default is the pool's own, read from its default value (``NomadJobSettings().job_id``), never
-  restated; where the env chooses differently it says so (``slots_per_container``: 8 slots,
-  the Nomad and Slurm pools' default, for every pool).
-- A pool's settings are built from its section by one rule (``_section``): the pool's field
-  ``name`` is read from the env field ``<prefix><name>`` of its section (``nomad_job_id``),
-  else from the env field ``name`` that several pools share (``slots_per_container``,
-  ``min_containers``, ``acquire_timeout_s``), else it keeps the pool's default. The few env
-  names that differ (hermes's ``ssh_key``) are listed beside their section. A pool's error is
-  renamed by the same rule, so a bad value is a ``ConfigError`` naming the env field.
-- ``slot_isolation`` is the one place the sandbox isolation every slot server gets is derived.
+- Derived: every field of a job's settings (``JOB_SECTIONS``: ``NomadJobSettings`` as
+  ``nomad_<field>``, ``SlurmJobSettings`` as ``slurm_<field>``) is a flag with the field's
+  default (words and JSON lists as text) and its ``Attributes:`` entry as help, generated when
+  this module is imported (``derived_flags``). Adding a Nomad job setting is one field, with
+  its default, validator and docstring entry, in ``NomadJobSettings``: its flag, its default,
+  its help and its error's name follow. A type no flag reads (a mapping, a tuple whose
+  converter splits no text) is refused at import, naming the field.
+- Written out (``DeclaredSettings``): the choice of pool, the settings several pools share
+  (``slots_per_container``, ``image_cache_dir``, the isolation's), and the pools' own that no
+  job settings value holds (``nomad_address``, ``ssh_*``, ``container_*``, ...). Each default
+  is the pool's own, read from its default value, never restated; where the env chooses
+  differently it says so (``slots_per_container``: 8 slots, the Nomad and Slurm pools'
+  default, for every pool).
+
+A pool's settings are built from the flags by one rule (``_section``): the pool's field ``name``
+is read from the flag ``<prefix><name>`` of its section (``nomad_job_id``), else from the flag
+``name`` that several pools share (``slots_per_container``, ``privileged``,
+``acquire_timeout_s``), else it keeps the pool's default. The few flags named otherwise
+(hermes's ``ssh_key``) are listed beside their section. A pool's error is renamed by the same
+rule, so a bad value is a ``ConfigError`` naming the flag. ``slot_isolation`` is the one place
+the sandbox isolation every slot server gets is derived.
+
+Typing: the derived flags are fields at run time (command line, YAML, ``model_validate``,
+``model_fields``) but not to mypy, which sees only ``DeclaredSettings``. Typed code reads them
+built and checked, ``nomad_job()`` and ``slurm_job()``, and gives them by name
+(``AgentEnvConfig.model_validate({"nomad_cpu_mhz": 2000, ...})``).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
+import re
 from collections.abc import Mapping
-from typing import Any, TypeVar, cast
+from types import UnionType
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Literal,
+    TypeVar,
+    Union,
+    cast,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 import attrs
 from attrs import AttrsInstance
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
 from trajcore.adapters.pools.cloud_pool import CloudPoolConfig
 from trajcore.adapters.pools.container_pool import ContainerPoolConfig
@@ -41,11 +71,18 @@ from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig
 from trajcore.adapters.pools.ssh_pool import SshPoolConfig
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
-from trajcore.domain.nomad_job import EnvironmentArtifact, NomadJobSettings
+from trajcore.domain.nomad_job import NomadJobSettings
 from trajcore.domain.slurm_jobs import SlurmJobSettings
 from trajcore.domain.ssh_hosts import SshHost
 
-__all__ = ["CloudSettings", "SandboxSettings"]
+__all__ = [
+    "JOB_SECTIONS",
+    "CloudSettings",
+    "DeclaredSettings",
+    "SandboxSettings",
+    "attribute_docs",
+    "derived_flags",
+]
 
 T = TypeVar("T", bound=AttrsInstance)
 
@@ -94,8 +131,10 @@ class CloudSettings(BaseModel):
     )
 
 
-class SandboxSettings(CloudSettings):
-    """Where slot servers run and what they are told (see the module docstring)."""
+class DeclaredSettings(CloudSettings):
+    """The sandbox flags written out here: the choice of pool, the settings several pools
+    share, and the pools' own that no job settings value holds (the job flags are derived,
+    ``JOB_SECTIONS``)."""
 
     sandbox: str = Field(
         default="local",
@@ -104,27 +143,6 @@ class SandboxSettings(CloudSettings):
         "batch jobs, or a registered pool source (register_pool).",
     )
 
-    slurm_command: str = Field(
-        default=" ".join(_SLURM.command),
-        description="Slurm pool: the slot server's command as the nodes run it.",
-    )
-    slurm_partition: str | None = Field(
-        default=_SLURM.partition, description="Slurm pool: --partition."
-    )
-    slurm_account: str | None = Field(default=_SLURM.account, description="Slurm pool: --account.")
-    slurm_qos: str | None = Field(default=_SLURM.qos, description="Slurm pool: --qos.")
-    slurm_constraint: str | None = Field(
-        default=_SLURM.constraint, description="Slurm pool: --constraint."
-    )
-    slurm_cpus_per_task: int = Field(
-        default=_SLURM.cpus_per_task, ge=1, description="Slurm pool: --cpus-per-task."
-    )
-    slurm_memory_mb: int | None = Field(
-        default=_SLURM.memory_mb, description="Slurm pool: --mem in MB."
-    )
-    slurm_time_limit_min: int = Field(
-        default=_SLURM.time_limit_min, ge=1, description="Slurm pool: --time (min)."
-    )
     slurm_shared_dir: str | None = Field(
         default=None, description="Slurm pool: a directory this host and every node share."
     )
@@ -183,40 +201,8 @@ class SandboxSettings(CloudSettings):
         default=_NOMAD.slots_per_container, ge=1, description="Slots per container (N)."
     )
     nomad_address: str = Field(default=_NOMAD.address, description="Nomad API URL.")
-    nomad_job_id: str = Field(default=_NOMAD_JOB.job_id, description="Nomad job of the slots.")
-    nomad_image: str = Field(default=_NOMAD_JOB.image, description="Slot image.")
-    nomad_driver: str = Field(
-        default=_NOMAD_JOB.driver, description="Nomad task driver: docker, exec or raw_exec."
-    )
-    nomad_command: str = Field(
-        default=" ".join(_NOMAD_JOB.command),
-        description="Nomad: the slot server command as the task runs it (words).",
-    )
     nomad_token: str | None = Field(
         default=_NOMAD.token, description="Nomad ACL token (default: $NOMAD_TOKEN)."
-    )
-    nomad_namespace: str | None = Field(
-        default=_NOMAD_JOB.namespace, description="Nomad namespace."
-    )
-    nomad_region: str | None = Field(default=_NOMAD_JOB.region, description="Nomad region.")
-    nomad_datacenters: str = Field(
-        default=",".join(_NOMAD_JOB.datacenters),
-        description="Nomad datacenters for the slots, comma-separated.",
-    )
-    nomad_image_cache_volume: str | None = Field(
-        default=_NOMAD_JOB.image_cache_volume,
-        description="Nomad: a client host volume mounted at image_cache_dir (docker and exec "
-        "tasks), so a node's servers share one image cache.",
-    )
-    nomad_artifacts: str = Field(
-        default="",
-        description="Nomad: task environments fetched into every allocation, a JSON list of "
-        '{"source", "destination", "unpack", "checksum"} objects (docs/deploy.md).',
-    )
-    nomad_client_alloc_dir: str | None = Field(
-        default=_NOMAD_JOB.client_alloc_dir,
-        description="Nomad raw_exec: the clients' allocation directory (<data_dir>/alloc), "
-        "where a server finds its artifacts.",
     )
     min_containers: int = Field(
         default=_NOMAD.min_containers, ge=1, description="Nomad: fewest containers."
@@ -256,6 +242,143 @@ class SandboxSettings(CloudSettings):
         description="Limit of one slot tool call (the env's, not the model's).",
     )
 
+
+# ============================================================================ derived flags
+
+JOB_SECTIONS: tuple[tuple[type[AttrsInstance], str, str], ...] = (
+    (NomadJobSettings, "nomad_", "Nomad job"),
+    (SlurmJobSettings, "slurm_", "Slurm job"),
+)
+"""The settings values whose every field is a flag ``<prefix><field>`` (``nomad_cpu_mhz``), with
+the settings' default and its ``Attributes:`` entry as the flag's help: a field added to one
+of them is a flag with nothing else written. A field whose bare name is a flag written out
+above (``privileged``, ``image_cache_dir``) is read from that shared flag instead."""
+
+_ENTRY = re.compile(r"^([a-z_][a-z0-9_]*(?:, [a-z_][a-z0-9_]*)*): (.*)$")
+
+
+def attribute_docs(cls: type) -> dict[str, str]:
+    """Each field's text in ``cls``'s docstring ``Attributes:`` block, on one line (an entry
+    ``a, b: text`` gives both ``a`` and ``b`` its text)."""
+    lines = inspect.cleandoc(cls.__doc__ or "").splitlines()
+    docs: dict[str, list[str]] = {}
+    current: list[str] = []
+    inside = False
+    for line in lines:
+        if line.strip() == "Attributes:":
+            inside = True
+            continue
+        if not inside:
+            continue
+        if line.strip() and not line.startswith("    "):
+            break
+        entry = _ENTRY.match(line[4:]) if not line.startswith("     ") else None
+        if entry is not None:
+            current = [entry.group(2)]
+            for name in entry.group(1).split(", "):
+                docs[name] = current
+        elif line.strip():
+            current.append(line.strip())
+    return {name: " ".join(words) for name, words in docs.items()}
+
+
+def _json_items(hint: object) -> type[AttrsInstance] | None:
+    """The attrs class of a ``tuple[C, ...]`` settings field (given as a JSON list), else
+    ``None``."""
+    args = get_args(hint)
+    if get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item = args[0]
+        if isinstance(item, type) and attrs.has(item):
+            return item
+    return None
+
+
+def _flag_type(hint: object, where: str) -> object:
+    """The flag's type for a settings field of type ``hint``: the type itself for ``bool``,
+    ``int``, ``float`` and ``str``; text for a ``Literal``, words and a JSON list of values;
+    ``X | None`` for an optional one. Raises ``TypeError`` naming ``where`` for any other."""
+    if hint in (bool, int, float, str):
+        return hint
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Literal or origin is tuple:
+        return str
+    if origin in (Union, UnionType) and type(None) in args:
+        (inner,) = [arg for arg in args if arg is not type(None)]
+        return _flag_type(inner, where) | None  # type: ignore[operator]
+    raise TypeError(f"{where}: a settings field of type {hint!r} has no flag form; give it one")
+
+
+def _flag_default(field: attrs.Attribute[Any], hint: object, where: str) -> object:
+    """The flag's default: the settings' own, as text where the flag is text. Words are joined
+    by the separator the field's converter splits text on (spaces, else commas).
+
+    Raises:
+        TypeError: a tuple field whose converter reads no text (naming ``where``).
+    """
+    default: Any = field.default
+    factory = getattr(default, "factory", None)
+    if factory is not None:  # attrs.Factory
+        default = factory()
+    if _json_items(hint) is not None:
+        return json.dumps([attrs.asdict(item) for item in default]) if default else ""
+    if isinstance(default, tuple):
+        converter: Any = field.converter
+        probe = ("x", "y")
+        for separator in (" ", ","):
+            if callable(converter) and converter(separator.join(probe)) == probe:
+                return separator.join(default)
+        raise TypeError(f"{where}: a tuple field needs a converter that splits text into words")
+    return default
+
+
+def derived_flags(
+    declared: type[BaseModel],
+    sections: tuple[tuple[type[AttrsInstance], str, str], ...] = JOB_SECTIONS,
+) -> dict[str, Any]:
+    """The flags of ``sections`` (settings, prefix, label) that ``declared`` does not write
+    out, for ``pydantic.create_model``: each ``(type, Field(default, description))``.
+
+    Raises:
+        TypeError: a settings field of a type no flag reads (naming it).
+    """
+    flags: dict[str, Any] = {}
+    for settings, prefix, label in sections:
+        hints = get_type_hints(settings)
+        docs = attribute_docs(settings)
+        for field in attrs.fields(settings):
+            name = prefix + field.name
+            if not field.init or field.name in declared.model_fields:
+                continue
+            hint, where = hints[field.name], f"{settings.__name__}.{field.name}"
+            if field.default is attrs.NOTHING:
+                raise TypeError(f"{where}: a flag needs a default")
+            flags[name] = (
+                _flag_type(hint, where),
+                Field(
+                    default=_flag_default(field, hint, where),
+                    description=f"{label}: {docs.get(field.name, '')}",
+                ),
+            )
+    return flags
+
+
+if TYPE_CHECKING:
+    _Flags = DeclaredSettings
+else:
+    _Flags = create_model(
+        "SandboxFlags",
+        __base__=DeclaredSettings,
+        __module__=__name__,
+        **derived_flags(DeclaredSettings),
+    )
+
+
+class SandboxSettings(_Flags):
+    """Where slot servers run and what they are told (see the module docstring). The flags
+    derived from ``JOB_SECTIONS`` (``nomad_*``, ``slurm_*`` but ``slurm_shared_dir``) are
+    fields at run time, not to mypy: in typed code read them built (``nomad_job()``,
+    ``slurm_job()``) and give them by name (``AgentEnvConfig.model_validate({...})``)."""
+
     def slot_isolation(self) -> SlotIsolation:
         """The sandbox isolation every slot server gets: network, sandbox requirement, timeouts.
 
@@ -294,52 +417,24 @@ class SandboxSettings(CloudSettings):
         Raises:
             ConfigError: a Nomad setting that cannot work, named by its env field.
         """
-        job = _build(self, NomadJobSettings, ("nomad_",), {"artifacts": self._nomad_artifacts()})
+        job = self.nomad_job()
         return _build(self, NomadPoolConfig, ("nomad_",), {**self.server_settings(), "job": job})
 
-    def _nomad_artifacts(self) -> tuple[EnvironmentArtifact, ...]:
-        """``nomad_artifacts`` read: a JSON list of objects with ``EnvironmentArtifact``'s
-        fields; an empty text is none.
+    def nomad_job(self) -> NomadJobSettings:
+        """The Nomad job's settings, from the ``nomad_*`` flags (and the shared ones).
 
         Raises:
-            ConfigError: not such a list, or an artifact that cannot work (field
-                ``nomad_artifacts``, the entry and its field named in the reason).
+            ConfigError: a job setting that cannot work, named by its env field.
         """
-        text = self.nomad_artifacts.strip()
-        if not text:
-            return ()
-        try:
-            entries = json.loads(text)
-        except ValueError as error:
-            raise ConfigError("nomad_artifacts", f"not JSON: {error}") from None
-        if not isinstance(entries, list):
-            raise ConfigError("nomad_artifacts", f"expected a JSON list, got {text[:80]!r}")
-        known = {
-            field.name: field.default is attrs.NOTHING
-            for field in attrs.fields(EnvironmentArtifact)
-        }
-        found: list[EnvironmentArtifact] = []
-        for index, entry in enumerate(entries):
-            where = f"[{index}]"
-            if not isinstance(entry, dict):
-                raise ConfigError("nomad_artifacts", f"{where}: expected an object, got {entry!r}")
-            unknown = sorted(set(entry) - set(known))
-            missing = sorted(
-                name for name, required in known.items() if required and name not in entry
-            )
-            if unknown or missing:
-                raise ConfigError(
-                    "nomad_artifacts",
-                    f"{where}: unknown keys {unknown}, missing keys {missing} "
-                    f"(keys: {sorted(known)})",
-                )
-            try:
-                found.append(EnvironmentArtifact(**entry))
-            except ConfigError as error:
-                raise ConfigError(
-                    "nomad_artifacts", f"{where}.{error.field}: {error.reason}"
-                ) from None
-        return tuple(found)
+        return _build(self, NomadJobSettings, ("nomad_",), {})
+
+    def slurm_job(self) -> SlurmJobSettings:
+        """Each Slurm batch job's settings, from the ``slurm_*`` flags.
+
+        Raises:
+            ConfigError: a job setting that cannot work, named by its env field.
+        """
+        return _build(self, SlurmJobSettings, ("slurm_",), {})
 
     def slurm_pool_config(self) -> SlurmPoolConfig:
         """The Slurm pool's settings (``slurm_*`` and the shared fields).
@@ -347,7 +442,7 @@ class SandboxSettings(CloudSettings):
         Raises:
             ConfigError: a Slurm setting that cannot work, named by its env field.
         """
-        job = _build(self, SlurmJobSettings, ("slurm_",), {})
+        job = self.slurm_job()
         return _build(self, SlurmPoolConfig, ("slurm_",), {**self.server_settings(), "job": job})
 
     def ssh_pool_config(self) -> SshPoolConfig:
@@ -454,8 +549,55 @@ def _build(
     """``target`` built from its section of ``settings`` and ``given``; a ``ConfigError`` is
     renamed to the env field its value came from."""
     section = _section(target, prefixes, names or {})
-    values = {name: getattr(settings, flag) for name, flag in section.items() if name not in given}
+    try:
+        hints = get_type_hints(target)
+    except NameError:  # annotations only a type checker resolves: no JSON-list field
+        hints = {}
+    values: dict[str, object] = {}
+    for name, flag in section.items():
+        if name not in given:
+            value, items = getattr(settings, flag), _json_items(hints.get(name))
+            values[name] = _json_values(flag, items, value) if items is not None else value
     try:
         return target(**values, **given)
     except ConfigError as error:
         raise ConfigError(section.get(error.field, error.field), error.reason) from None
+
+
+def _json_values(flag: str, cls: type[AttrsInstance], value: object) -> object:
+    """A JSON-list flag's text read as ``cls`` values (an empty text: none); anything but text
+    as it is.
+
+    Raises:
+        ConfigError: not a JSON list of objects with ``cls``'s fields, or a value that cannot
+            work (field ``flag``, the entry and its field named in the reason).
+    """
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if not text:
+        return ()
+    try:
+        entries = json.loads(text)
+    except ValueError as error:
+        raise ConfigError(flag, f"not JSON: {error}") from None
+    if not isinstance(entries, list):
+        raise ConfigError(flag, f"expected a JSON list, got {text[:80]!r}")
+    known = {field.name: field.default is attrs.NOTHING for field in attrs.fields(cls)}
+    found: list[AttrsInstance] = []
+    for index, entry in enumerate(entries):
+        where = f"[{index}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(flag, f"{where}: expected an object, got {entry!r}")
+        unknown = sorted(set(entry) - set(known))
+        missing = sorted(name for name, required in known.items() if required and name not in entry)
+        if unknown or missing:
+            raise ConfigError(
+                flag,
+                f"{where}: unknown keys {unknown}, missing keys {missing} (keys: {sorted(known)})",
+            )
+        try:
+            found.append(cls(**entry))
+        except ConfigError as error:
+            raise ConfigError(flag, f"{where}.{error.field}: {error.reason}") from None
+    return tuple(found)
