@@ -108,11 +108,12 @@ def stop_server(server: Server) -> int:
 
 
 @contextlib.contextmanager
-def searchable_dir(tag: str) -> Iterator[Path]:
-    """A fresh directory every user may search (not list): a server run as root runs its slots
-    as other uids, which must reach their workspaces below it (pytest's own temporary
-    directories are private to their owner)."""
-    folder = Path(tempfile.mkdtemp(prefix=f"trajcore-{tag}-"))
+def searchable_dir(tag: str, under: Path | None = None) -> Iterator[Path]:
+    """A fresh directory (below ``under``, by default the system's temporary directory) every
+    user may search (not list): a server run as root runs its slots as other uids, which must
+    reach their workspaces below it (pytest's own temporary directories are private to their
+    owner)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"trajcore-{tag}-", dir=under))
     folder.chmod(0o711)
     try:
         yield folder

@@ -9,6 +9,7 @@ of them writes reaches another or the snapshot, whose files are checked from the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import stat
 import tarfile
@@ -35,6 +36,7 @@ from tests.integration.test_slot_server import (
     stop_server,
 )
 from trajcore.adapters.pools.client import SlotServerClient
+from trajcore.domain.slot_protocol import SnapshotAnswer
 from trajcore.domain.tools import ToolOutcome
 
 pytestmark = [pytest.mark.skipif(image_problem() is not None, reason=str(image_problem()))]
@@ -48,15 +50,22 @@ PREPARE = (
 )
 
 
-@pytest.fixture(scope="module")
-def image_server() -> Iterator[tuple[Server, str]]:
-    """A slot server with an image cache, and an image with a file and a folder at its top
-    (where a lease may delete them: the overlay's root is the lease's own)."""
-    with searchable_dir("snapshots") as folder:
-        write_shell_image(folder / "layout", salt="snapshots", extra=[IMAGE_FILE, EMPTY_DIR])
+@contextlib.contextmanager
+def snapshot_server(tag: str, under: Path | None = None) -> Iterator[tuple[Server, str]]:
+    """A slot server with an image cache in a fresh searchable folder (``searchable_dir``), and
+    the reference of an image with a file and a folder at its top (where a lease may delete
+    them: the overlay's root is the lease's own)."""
+    with searchable_dir(tag, under) as folder:
+        write_shell_image(folder / "layout", salt=tag, extra=[IMAGE_FILE, EMPTY_DIR])
         running = start_server(folder / "root", "--image-cache", str(folder / "cache"))
         yield running, f"oci:{folder / 'layout'}"
         assert stop_server(running) == 0
+
+
+@pytest.fixture(scope="module")
+def image_server() -> Iterator[tuple[Server, str]]:
+    with snapshot_server("snapshots") as running:
+        yield running
 
 
 def snapshot_folder(server: Server, snapshot: str) -> Path:
@@ -70,15 +79,25 @@ async def wait_gone(path: Path) -> None:
         await asyncio.sleep(0.05)
 
 
-async def prepared_snapshot(client: SlotServerClient, server: Server, ref: str, epoch: int) -> str:
-    """Slot 0's lease ``epoch`` prepares files and is frozen; the snapshot's id."""
+async def freeze_prepared(
+    client: SlotServerClient, server: Server, ref: str, epoch: int
+) -> SnapshotAnswer:
+    """Slot 0's lease ``epoch`` over ``ref`` prepares files (``PREPARE``) and is frozen; the
+    server's answer (granted, with an id)."""
     assert (await client.lease(0, epoch, ref)).ok
     code, text = await shell(server, 0, epoch, PREPARE)
     assert code == 0, text
     frozen = await client.snapshot(0, epoch)
     assert frozen.ok, frozen
     assert frozen.snapshot is not None
-    return frozen.snapshot
+    return frozen
+
+
+async def prepared_snapshot(client: SlotServerClient, server: Server, ref: str, epoch: int) -> str:
+    """``freeze_prepared``'s snapshot id."""
+    snapshot = (await freeze_prepared(client, server, ref, epoch)).snapshot
+    assert snapshot is not None
+    return snapshot
 
 
 def test_forks_start_from_what_the_first_lease_prepared_and_stay_apart(
@@ -88,11 +107,7 @@ def test_forks_start_from_what_the_first_lease_prepared_and_stay_apart(
 
     async def main() -> None:
         async with server.client() as client:
-            assert (await client.lease(0, 1, ref)).ok
-            code, text = await shell(server, 0, 1, PREPARE)
-            assert code == 0, text
-            frozen = await client.snapshot(0, 1)
-            assert frozen.ok, frozen
+            frozen = await freeze_prepared(client, server, ref, 1)
             assert frozen.snapshot is not None
             assert frozen.bytes >= len("prepared\ncode\nroot-prepared\nnew\n"), frozen
             folder = snapshot_folder(server, frozen.snapshot)

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.environment_roots import image_problem, write_shell_image
+from tests.environment_roots import image_problem
 from tests.integration.test_environment_leases import reset, shell, tree_digest
-from tests.integration.test_slot_server import Server, call, one, start_server, stop_server
-from tests.integration.test_snapshots import EMPTY_DIR, IMAGE_FILE, PREPARE
+from tests.integration.test_slot_server import Server, call, one
+from tests.integration.test_snapshots import prepared_snapshot, snapshot_server
 from trajcore.domain.tools import ToolOutcome
 
 pytestmark = [pytest.mark.skipif(image_problem() is not None, reason=str(image_problem()))]
@@ -30,15 +28,8 @@ pytestmark = [pytest.mark.skipif(image_problem() is not None, reason=str(image_p
 def image_server() -> Iterator[tuple[Server, str]]:
     """A server whose root lies outside ``/tmp`` (a lease's own ``/tmp`` would hide the
     snapshots' folder from the lease over the server's root, which attacks it by its path)."""
-    folder = Path(tempfile.mkdtemp(prefix="trajcore-snapshot-attacks-", dir="/var/tmp"))
-    folder.chmod(0o711)
-    try:
-        write_shell_image(folder / "layout", salt="snapshot-attacks", extra=[IMAGE_FILE, EMPTY_DIR])
-        running = start_server(folder / "root", "--image-cache", str(folder / "cache"))
-        yield running, f"oci:{folder / 'layout'}"
-        assert stop_server(running) == 0
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with snapshot_server("snapshot-attacks", under=Path("/var/tmp")) as running:
+        yield running
 
 
 def test_no_lease_can_write_a_snapshot(image_server: tuple[Server, str]) -> None:
@@ -46,19 +37,14 @@ def test_no_lease_can_write_a_snapshot(image_server: tuple[Server, str]) -> None
 
     async def main() -> None:
         async with server.client() as client:
-            assert (await client.lease(0, 1, ref)).ok
-            code, text = await shell(server, 0, 1, PREPARE)
-            assert code == 0, text
-            frozen = await client.snapshot(0, 1)
-            assert frozen.ok, frozen
-            assert frozen.snapshot is not None
-            folder = server.root / "snapshots" / frozen.snapshot
+            snapshot = await prepared_snapshot(client, server, ref, 1)
+            folder = server.root / "snapshots" / snapshot
             before = tree_digest(folder)
             frozen_file = folder / "root" / "prepared-root"
             frozen_workspace = folder / "workspace" / "prep.txt"
 
             # a fork: the frozen file in its root, its workspace's copy, the host paths
-            assert (await client.lease(1, 1, ref, snapshot=frozen.snapshot)).ok
+            assert (await client.lease(1, 1, ref, snapshot=snapshot)).ok
             attack = (
                 f"echo owned > /prepared-root; echo owned >> /image-dir/made; "
                 f"echo owned > {frozen_file}; echo owned > {frozen_workspace}; "
@@ -96,7 +82,7 @@ def test_no_lease_can_write_a_snapshot(image_server: tuple[Server, str]) -> None
             assert not (folder / "root" / "planted").exists()
             for slot in (0, 1, 2):
                 await reset(server, slot, 1)
-            assert (await client.drop_snapshot(frozen.snapshot)).removed is True
+            assert (await client.drop_snapshot(snapshot)).removed is True
 
     asyncio.run(main())
 
@@ -108,16 +94,11 @@ def test_no_fork_can_write_the_snapshots_workspace_under_its_overlay(
 
     async def main() -> None:
         async with server.client() as client:
-            assert (await client.lease(0, 2, ref)).ok
-            code, text = await shell(server, 0, 2, PREPARE)
-            assert code == 0, text
-            frozen = await client.snapshot(0, 2)
-            assert frozen.ok, frozen
-            assert frozen.snapshot is not None
-            folder = server.root / "snapshots" / frozen.snapshot
+            snapshot = await prepared_snapshot(client, server, ref, 2)
+            folder = server.root / "snapshots" / snapshot
             frozen_workspace = folder / "workspace"
             before = tree_digest(folder)
-            assert (await client.lease(1, 2, ref, snapshot=frozen.snapshot)).ok
+            assert (await client.lease(1, 2, ref, snapshot=snapshot)).ok
             assert (await client.health()).fork_workspaces == "overlay"
             forks = server.root / "forks" / "1"
             # through its workspace: every change lands in its own upper layer
@@ -137,7 +118,7 @@ def test_no_fork_can_write_the_snapshots_workspace_under_its_overlay(
             )
             assert wrote.outcome == ToolOutcome.OK, wrote
             for path in (
-                f"../../snapshots/{frozen.snapshot}/workspace/prep.txt",
+                f"../../snapshots/{snapshot}/workspace/prep.txt",
                 str(frozen_workspace / "prep.txt"),
                 "../../forks/1/lower/prep.txt",
             ):
@@ -181,6 +162,6 @@ def test_no_fork_can_write_the_snapshots_workspace_under_its_overlay(
             _, stderr = await asyncio.wait_for(writer.communicate(), timeout=30)
             assert writer.returncode == 0, stderr
             assert tree_digest(folder) != before
-            assert (await client.drop_snapshot(frozen.snapshot)).removed is True
+            assert (await client.drop_snapshot(snapshot)).removed is True
 
     asyncio.run(main())
