@@ -131,6 +131,10 @@ def test_a_later_list_after_a_never_closed_one_is_not_read_apart() -> None:
             "<|python_start|>[f(x='<|python_start|>')]<|python_end|>",
             ParsedTurn(calls=[_call(0, "f", {"x": "<|python_start|>"})]),
         ),
+        (
+            "<|python_end|>a<|python_start|>[f()]<|python_end|>b<|python_end|>",
+            ParsedTurn(content="<|python_end|>a\nb<|python_end|>", calls=[_call(0, "f")]),
+        ),
     ],
 )
 def test_tags_mark_the_one_list_and_the_text_around_them_is_content(
@@ -139,7 +143,7 @@ def test_tags_mark_the_one_list_and_the_text_around_them_is_content(
     """Pins Llama 4's tags: the list is the text between ``<|python_start|>`` and
     ``<|python_end|>`` (or the end of the text), stripped; the text before the opener and after
     the closer is content, not searched for other lists; the first opener opens the list (a
-    later one is inside it)."""
+    later one is inside it) and the first closer after it closes it."""
     assert PYTHONIC.parse(text) == turn
     assert LLAMA4.parse(text) == turn
 
