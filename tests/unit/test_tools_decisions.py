@@ -178,3 +178,18 @@ def test_a_spec_in_the_openai_shape_carries_its_name_description_and_schema() ->
         "type": "function",
         "function": {"name": "read", "description": "Read a file.", "parameters": parameters},
     }
+
+
+def test_a_non_json_value_under_a_property_whose_name_holds_an_at_sign_is_named_whole() -> None:
+    """The field is the whole path to the bad value, a property's name with `` @ `` in it
+    included, and the reason is the fault alone."""
+    for name in ("a @ b", "x @ parameters.y"):
+        with pytest.raises(ConfigError) as caught:
+            ToolSpec(
+                name="t",
+                parameters={"type": "object", "properties": {name: {"default": math.nan}}},
+            )
+        assert (caught.value.field, caught.value.reason) == (
+            f"parameters.properties.{name}.default",
+            "non-finite number nan",
+        )

@@ -185,8 +185,9 @@ def _parameters(_: object, attribute: attrs.Attribute[JSONObject], value: JSONOb
         raise ConfigError(attribute.name, "a schema must be a JSON object")
     problem = check_json(value, attribute.name)
     if problem:
-        reason, _, where = problem.rpartition(" @ ")
-        raise ConfigError(where, reason)
+        # the path starts at the attribute's name; a property's name in it may hold " @ " too
+        reason, _, below = problem.partition(f" @ {attribute.name}")
+        raise ConfigError(attribute.name + below, reason)
     if value.get("type") != "object":
         raise ConfigError(f"{attribute.name}.type", "a tool's parameters must be of type 'object'")
 
