@@ -17,6 +17,7 @@ import pytest
 from trajcore.adapters.pools.nomad_pool import NomadPoolConfig, NomadSandboxPool
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
+from trajcore.domain.json_values import JSONObject
 from trajcore.domain.nomad_job import NomadJobSettings
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.fake_nomad.agent import FakeNomadAPI
@@ -46,6 +47,23 @@ SLOT_SERVER = (sys.executable, "-m", "trajcore.entrypoints.slot_server")
 """The real slot server, as a raw_exec task runs it."""
 
 OPENAPI, OPENAPI_PROBLEM = _openapi()
+
+
+def group_and_task(job: JSONObject) -> tuple[JSONObject, JSONObject]:
+    """The one task group of ``job`` (a job's JSON as ``job_json`` writes it) and its one task."""
+    groups = job["TaskGroups"]
+    assert isinstance(groups, list)
+    assert len(groups) == 1
+    group = groups[0]
+    assert isinstance(group, dict)
+    tasks = group["Tasks"]
+    assert isinstance(tasks, list)
+    assert len(tasks) == 1
+    task = tasks[0]
+    assert isinstance(task, dict)
+    return group, task
+
+
 """Nomad's OpenAPI description (``None`` when ``$TRAJCORE_NOMAD_OPENAPI`` names no file), and
 why it is missing."""
 

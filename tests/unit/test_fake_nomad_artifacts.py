@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.nomad_testbed import OPENAPI, wait_until
+from tests.nomad_testbed import OPENAPI, group_and_task, wait_until
 from trajcore.adapters.pools.nomad_client import (
     NomadClient,
     NomadUnavailable,
@@ -135,14 +135,7 @@ async def test_an_artifact_nomad_refuses_is_a_400(
     fake: FakeNomadAPI, change: JSONObject, reason: str
 ) -> None:
     body = job_json(spec(EnvironmentArtifact(source="/s", destination="d")))
-    groups = body["TaskGroups"]
-    assert isinstance(groups, list)
-    group = groups[0]
-    assert isinstance(group, dict)
-    tasks = group["Tasks"]
-    assert isinstance(tasks, list)
-    task = tasks[0]
-    assert isinstance(task, dict)
+    _, task = group_and_task(body)
     artifacts = task["Artifacts"]
     assert isinstance(artifacts, list)
     artifact = artifacts[0]

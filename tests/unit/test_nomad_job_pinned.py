@@ -9,6 +9,7 @@ import re
 import attrs
 import pytest
 
+from tests.nomad_testbed import group_and_task
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_job import (
@@ -33,13 +34,8 @@ def test_the_whole_job_nomad_is_sent() -> None:
         isolation=SlotIsolation(),
     )
     job = job_json(spec)
-    groups = job["TaskGroups"]
-    assert isinstance(groups, list)
-    assert isinstance(groups[0], dict)
-    tasks = groups[0]["Tasks"]
-    assert isinstance(tasks, list)
-    assert isinstance(tasks[0], dict)
-    config = tasks[0]["Config"]
+    _, task = group_and_task(job)
+    config = task["Config"]
     assert isinstance(config, dict)
     args = config.pop("args")
     assert isinstance(args, list)
@@ -153,14 +149,7 @@ def test_a_spec_holds_the_job_settings_beside_the_slots_the_count_and_the_token(
     assert (spec.job, spec.slots_per_container, spec.isolation) == (settings, 3, isolation)
     assert (spec.count, spec.token) == (4, TOKEN)
     job = job_json(spec)
-    groups = job["TaskGroups"]
-    assert isinstance(groups, list)
-    group = groups[0]
-    assert isinstance(group, dict)
-    tasks = group["Tasks"]
-    assert isinstance(tasks, list)
-    task = tasks[0]
-    assert isinstance(task, dict)
+    group, task = group_and_task(job)
     config = task["Config"]
     assert isinstance(config, dict)
     assert (job["ID"], job["Datacenters"], job["Namespace"], job["Region"]) == (
