@@ -10,10 +10,9 @@ written (the clone is read-only, and overlayfs never writes a lower layer).
 
 An idmapped mount takes a user namespace whose map says which ids become which: one per owner
 and slot, held by descriptor for the server's life. Making one takes a process that unshares
-its user namespace; a Python child took 100-190 ms on a loaded 2-core machine (16 forks at once
-put it on each fork's path), so the compiled slot helper makes them (``slot-helper userns
-COUNT``: one program, a child per namespace, a few milliseconds for all of a server's slots),
-all at once when the server starts (``prepare``), off every lease's path.
+its user namespace, too slow a step for a fork's lease path, so the compiled slot helper makes
+them (``slot-helper userns COUNT``: one program, a child per namespace) for all of a server's
+slots at once when the server starts (``prepare``), off every lease's path.
 
 Where the host cannot (a server that is not root, a kernel without idmapped mounts, a file
 system that refuses them), ``problem`` says why, and whoever asked keeps to what it did before
