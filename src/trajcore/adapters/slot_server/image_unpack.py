@@ -94,22 +94,20 @@ class _Hashing:
         return self.digest.hexdigest()
 
 
+# A header's type flag to what the entry is (as ``TarInfo.isreg()``, ``isdir()``, ... read it).
+_KINDS: dict[bytes, EntryKind] = {
+    **dict.fromkeys(tarfile.REGULAR_TYPES, EntryKind.FILE),
+    tarfile.DIRTYPE: EntryKind.DIRECTORY,
+    tarfile.SYMTYPE: EntryKind.SYMLINK,
+    tarfile.LNKTYPE: EntryKind.HARDLINK,
+    tarfile.FIFOTYPE: EntryKind.FIFO,
+    tarfile.CHRTYPE: EntryKind.CHAR_DEVICE,
+    tarfile.BLKTYPE: EntryKind.BLOCK_DEVICE,
+}
+
+
 def _kind(member: tarfile.TarInfo) -> EntryKind:
-    if member.isreg():
-        return EntryKind.FILE
-    if member.isdir():
-        return EntryKind.DIRECTORY
-    if member.issym():
-        return EntryKind.SYMLINK
-    if member.islnk():
-        return EntryKind.HARDLINK
-    if member.isfifo():
-        return EntryKind.FIFO
-    if member.ischr():
-        return EntryKind.CHAR_DEVICE
-    if member.isblk():
-        return EntryKind.BLOCK_DEVICE
-    return EntryKind.OTHER
+    return _KINDS.get(member.type, EntryKind.OTHER)
 
 
 def _open_stream(hashing: _Hashing) -> tarfile.TarFile:
