@@ -116,6 +116,16 @@ def _all_free(stats: PoolStatistics) -> bool:
     return stats.leased == 0 and stats.resetting == 0 and stats.waiting == 0
 
 
+def _settled(free: int) -> Callable[[PoolStatistics], bool]:
+    return lambda stats: _all_free(stats) and stats.free == free
+
+
+async def _a_new_lease_runs(pool: SandboxPool) -> None:
+    async with pool.lease("after") as after:
+        ok = await _one(pool, slot_call(after, "bash", command="echo ok"))
+    assert ok.content == "ok\n"
+
+
 class SandboxPoolContract(AsyncioContract):
     """Abstract suite: subclass and override ``sandbox_pool_factory`` (and ``crash_container``)."""
 
@@ -145,8 +155,7 @@ class SandboxPoolContract(AsyncioContract):
                 assert lease.epoch >= 1
                 held = pool.statistics()
                 assert (held.leased, held.free) == (1, 1)
-            stats = await wait_for_statistics(pool, _all_free)
-            assert stats.free == 2
+            stats = await wait_for_statistics(pool, _settled(2))
             assert stats.leases_granted >= 1
 
     async def test_concurrent_leases_get_distinct_slots(
@@ -168,7 +177,7 @@ class SandboxPoolContract(AsyncioContract):
                     group.start_soon(hold, i)
             assert len({lease.slot for lease in leases}) == 4
             assert len({lease.slot.container for lease in leases}) == 2
-            await wait_for_statistics(pool, lambda s: _all_free(s) and s.free == 4)
+            await wait_for_statistics(pool, _settled(4))
 
     async def test_waiters_are_served_first_come_first_served(
         self, sandbox_pool_factory: SandboxPoolFactory
@@ -225,8 +234,7 @@ class SandboxPoolContract(AsyncioContract):
                 assert pool.statistics().waiting == 0
             async with pool.lease("after") as lease:
                 assert lease.holder == "after"
-            stats = await wait_for_statistics(pool, _all_free)
-            assert stats.free == 1
+            await wait_for_statistics(pool, _settled(1))
 
     async def test_cancellation_while_holding_releases_exactly_once(
         self, sandbox_pool_factory: SandboxPoolFactory
@@ -238,8 +246,7 @@ class SandboxPoolContract(AsyncioContract):
                     await _one(pool, slot_call(lease, "write_file", path="a.txt", content="x"))
                     await anyio.sleep_forever()
             assert scope.cancelled_caught
-            stats = await wait_for_statistics(pool, _all_free)
-            assert stats.free == 2
+            stats = await wait_for_statistics(pool, _settled(2))
             assert stats.quarantined == 0
             assert stats.leases_granted == granted + 1
             # The released slot is clean and leasable again.
@@ -255,8 +262,7 @@ class SandboxPoolContract(AsyncioContract):
             with pytest.raises(ZeroDivisionError):
                 async with pool.lease("t"):
                     _ = 1 / 0
-            stats = await wait_for_statistics(pool, _all_free)
-            assert stats.free == 1
+            await wait_for_statistics(pool, _settled(1))
 
     # ------------------------------------------------------------------------- execute
 
@@ -468,10 +474,8 @@ class SandboxPoolContract(AsyncioContract):
                 assert fine.content == "fine\n"
                 again = await _one(pool, slot_call(victim, "bash", command="true"))
                 assert again.outcome in (ToolOutcome.REJECTED, ToolOutcome.INFRA_ERROR)
-            await wait_for_statistics(pool, lambda s: _all_free(s) and s.free == 4, 30.0)
-            async with pool.lease("after") as after:
-                ok = await _one(pool, slot_call(after, "bash", command="echo ok"))
-            assert ok.content == "ok\n"
+            await wait_for_statistics(pool, _settled(4), 30.0)
+            await _a_new_lease_runs(pool)
 
     # ------------------------------------------------------------------------- environments
 
@@ -487,9 +491,7 @@ class SandboxPoolContract(AsyncioContract):
             assert caught.value.reason
             stats = await wait_for_statistics(pool, _all_free)
             assert (stats.free, stats.quarantined) == (1, 0)
-            async with pool.lease("after") as lease:
-                ok = await _one(pool, slot_call(lease, "bash", command="echo ok"))
-            assert ok.content == "ok\n"
+            await _a_new_lease_runs(pool)
 
     async def test_a_malformed_environment_is_refused_before_a_slot_is_leased(
         self, sandbox_pool_factory: SandboxPoolFactory
@@ -575,7 +577,7 @@ class TaskEnvironmentContract(AsyncioContract):
             async with pool.lease("plain") as plain:
                 assert await self._cat(pool, plain, case.path) != case.content
             assert _environment_counts(pool) == (1, 0, 1)
-            await wait_for_statistics(pool, lambda s: _all_free(s) and s.free == 1)
+            await wait_for_statistics(pool, _settled(1))
 
     async def test_the_next_lease_over_the_image_starts_clean(
         self, environment_case: EnvironmentCase
@@ -609,7 +611,7 @@ class TaskEnvironmentContract(AsyncioContract):
                     group.start_soon(member, i)
             assert seen == [case.content] * 4
             assert _environment_counts(pool) == (4, 0, 4)
-            await wait_for_statistics(pool, lambda s: _all_free(s) and s.free == 4)
+            await wait_for_statistics(pool, _settled(4))
 
     async def test_a_refused_image_fails_only_its_own_lease(
         self, environment_case: EnvironmentCase
@@ -631,7 +633,7 @@ class TaskEnvironmentContract(AsyncioContract):
                     assert await self._cat(pool, good, case.path) == case.content
             assert [error.environment for error in refused] == [NO_SUCH_IMAGE]
             assert _environment_counts(pool) == (2, 1, 1)
-            stats = await wait_for_statistics(pool, lambda s: _all_free(s) and s.free == 2)
+            stats = await wait_for_statistics(pool, _settled(2))
             assert stats.quarantined == 0
 
     async def test_leases_start_from_a_prepared_snapshot_until_it_is_dropped(
