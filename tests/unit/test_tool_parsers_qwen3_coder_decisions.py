@@ -28,3 +28,22 @@ def test_value_end_reads_a_value_that_nests_nothing_without_the_tag_index() -> N
     assert scan.value_end(second, "b", {"a": "x"}, function) == (closer, closer + 12)
     assert scan.indexed
     assert scan.value_end(first, "a", {}, function) == (16, 28)
+
+
+def test_the_fallback_closer_of_one_tool_is_not_taken_for_another() -> None:
+    """Pins that the skip pointers of the fallback closer search (a value whose nesting never
+    balances ends at the first structural closer) are kept per tool: a closer before
+    ``<parameter=b>`` is structural for a tool that has ``b`` and text for one that lacks it,
+    so a search for the second tool, after one for the first passed that closer, still stops
+    there."""
+    text = (
+        "<parameter=a><parameter=a><parameter=a>x</parameter><parameter=b>y</parameter></function>"
+    )
+    scan = _Scan.of(text, wrapped=False, open_tag="<tool_call>", close_tag="</tool_call>")
+    start = len("<parameter=a>")
+    first_closer = text.index("</parameter>")
+    last_closer = text.rindex("</parameter>")
+    without_b = _Function(known={"a": {}})
+    with_b = _Function(known={"a": {}, "b": {}})
+    assert scan.value_end(start, "a", {}, without_b) == (last_closer, last_closer + 12)
+    assert scan.value_end(start, "a", {}, with_b) == (first_closer, first_closer + 12)
