@@ -3,7 +3,8 @@ by mutation testing). Each test's docstring names the decision it pins."""
 
 from __future__ import annotations
 
-from trajcore.domain.tool_parsers.qwen3_coder import _Function, _Scan
+from trajcore.domain.tool_parsers.qwen3_coder import Qwen3CoderParser, _Function, _Scan
+from trajcore.domain.turns import ParsedTurn
 
 
 def _indexed(scan: _Scan) -> bool:
@@ -51,3 +52,13 @@ def test_the_fallback_closer_of_one_tool_is_not_taken_for_another() -> None:
     with_b = _Function(known={"a": {}, "b": {}})
     assert scan.value_end(start, "a", {}, without_b) == (last_closer, last_closer + 12)
     assert scan.value_end(start, "a", {}, with_b) == (first_closer, first_closer + 12)
+
+
+def test_seed_oss_reads_its_own_reasoning_tags_when_either_one_is_there() -> None:
+    """Pins Seed-OSS's choice of reasoning tags: ``<seed:think>``'s pair as soon as the text
+    holds either of them (only the closer when the template opened the block, only the opener
+    when the block was cut off), ``<think>`` only when it holds neither."""
+    parser = Qwen3CoderParser(family="seed_oss")
+    assert parser.parse("r</seed:think>done") == ParsedTurn(content="done", reasoning="r")
+    assert parser.parse("a<seed:think>r</think>") == ParsedTurn(content="a", reasoning="r</think>")
+    assert parser.parse("<think>r</think>done") == ParsedTurn(content="done", reasoning="r")
