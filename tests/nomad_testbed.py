@@ -11,9 +11,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
-import attrs
 import pytest
 
+from tests.flat_settings import split_off
 from trajcore.adapters.pools.nomad_pool import NomadPoolConfig, NomadSandboxPool
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
@@ -110,14 +110,12 @@ def nomad_pool_config(
     return pool_config(**settings)
 
 
-_JOB_FIELDS = frozenset(field.name for field in attrs.fields(NomadJobSettings))
-
-
 def pool_config(**settings: object) -> NomadPoolConfig:
-    """A ``NomadPoolConfig`` from flat settings: the job's (``NomadJobSettings``) go to ``job``."""
-    job = {name: value for name, value in settings.items() if name in _JOB_FIELDS}
-    pool = {name: value for name, value in settings.items() if name not in _JOB_FIELDS}
-    return NomadPoolConfig(job=NomadJobSettings(**job), **pool)  # type: ignore[arg-type]
+    """A ``NomadPoolConfig`` from flat settings: the job's (``NomadJobSettings``) go to ``job``,
+    the slot servers' (``SlotServerSettings``) to ``server``."""
+    pool = dict(settings)
+    job, server = split_off(NomadJobSettings(), pool), split_off(NomadPoolConfig().server, pool)
+    return NomadPoolConfig(job=job, server=server, **pool)  # type: ignore[arg-type]
 
 
 async def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:

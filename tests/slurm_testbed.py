@@ -22,8 +22,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-import attrs
-
+from tests.flat_settings import split_off
 from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slurm_jobs import SlurmJobSettings
@@ -31,7 +30,6 @@ from trajcore.domain.slurm_jobs import SlurmJobSettings
 NODE = "trajnode"
 KILL_WAIT_S = 2  # the cluster's KillWait: SIGKILL this long after a job's SIGTERM
 SLOT_SERVER = (sys.executable, "-m", "trajcore.entrypoints.slot_server")
-_JOB_FIELDS = frozenset(field.name for field in attrs.fields(SlurmJobSettings))
 _DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol")
 
 
@@ -263,6 +261,7 @@ PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
             "stop_timeout_s": 20.0,
         }
         settings.update(overrides)
-        job = {name: value for name, value in settings.items() if name in _JOB_FIELDS}
-        pool = {name: value for name, value in settings.items() if name not in _JOB_FIELDS}
-        return SlurmPoolConfig(job=SlurmJobSettings(**job), **pool)  # type: ignore[arg-type]
+        pool = dict(settings)
+        job = split_off(SlurmJobSettings(), pool)
+        server = split_off(SlurmPoolConfig().server, pool)
+        return SlurmPoolConfig(job=job, server=server, **pool)  # type: ignore[arg-type]

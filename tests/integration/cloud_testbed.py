@@ -9,13 +9,23 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+from tests.flat_settings import split_off
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
-from trajcore.adapters.pools.cloud_pool import CloudSandboxPool
+from trajcore.adapters.pools.cloud_pool import CloudPoolConfig, CloudSandboxPool
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.fake_cloud import FakeCloud
 from trajcore.testing.sandbox_pool_contract import PoolShape, SandboxPoolFactory
 from trajcore.testing.sandbox_pool_machine import MachineShape, run_pool_machine
+
+
+def cloud_pool_config(**settings: object) -> CloudPoolConfig:
+    """A ``CloudPoolConfig`` from flat settings: the slot servers' (``SlotServerSettings``) go
+    to ``server``."""
+    pool = dict(settings)
+    server = split_off(CloudPoolConfig().server, pool)
+    return CloudPoolConfig(server=server, **pool)  # type: ignore[arg-type]
+
 
 FAST: dict[str, object] = {
     "python": sys.executable,

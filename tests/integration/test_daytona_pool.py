@@ -19,11 +19,12 @@ from daytona_api_client.models.create_sandbox import CreateSandbox
 from tests.integration.cloud_testbed import (
     FAST,
     agree_with_the_fake,
+    cloud_pool_config,
     pool_on,
     shape_settings,
     stop_sandbox,
 )
-from trajcore.adapters.pools.cloud_pool import OWNER_LABEL, RUN_LABEL, CloudPoolConfig
+from trajcore.adapters.pools.cloud_pool import OWNER_LABEL, RUN_LABEL
 from trajcore.adapters.pools.daytona_pool import (
     DaytonaPoolConfig,
     DaytonaSandboxPool,
@@ -44,7 +45,7 @@ from trajcore.testing.sandbox_pool_contract import (
 
 def _config(**overrides: object) -> DaytonaPoolConfig:
     settings = {**FAST, "owner": "test-daytona", **overrides}
-    return DaytonaPoolConfig(pool=CloudPoolConfig(**settings))  # type: ignore[arg-type]
+    return DaytonaPoolConfig(pool=cloud_pool_config(**settings))
 
 
 @asynccontextmanager

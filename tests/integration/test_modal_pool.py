@@ -18,6 +18,7 @@ import pytest
 from tests.integration.cloud_testbed import (
     FAST,
     agree_with_the_fake,
+    cloud_pool_config,
     pool_on,
     shape_settings,
     stop_sandbox,
@@ -25,7 +26,6 @@ from tests.integration.cloud_testbed import (
 from trajcore.adapters.pools.cloud_pool import (
     OWNER_LABEL,
     RUN_LABEL,
-    CloudPoolConfig,
     ProviderError,
     SandboxSpec,
     server_argv,
@@ -45,7 +45,7 @@ from trajcore.testing.sandbox_pool_contract import (
 
 def _config(**overrides: object) -> ModalPoolConfig:
     settings = {**FAST, "owner": "test-modal", **overrides}
-    return ModalPoolConfig(pool=CloudPoolConfig(**settings))  # type: ignore[arg-type]
+    return ModalPoolConfig(pool=cloud_pool_config(**settings))
 
 
 @asynccontextmanager

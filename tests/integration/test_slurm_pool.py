@@ -300,7 +300,7 @@ async def test_a_job_past_its_time_limit_is_drained_replaced_then_ended(
             )
             # drained: its free slot takes no lease; the held one works until the limit
             assert (await _one(pool, held, "echo still")).content == "still\n"
-            replacement_s = config.start_timeout_s + _tick_s(config)
+            replacement_s = config.server.start_timeout_s + _tick_s(config)
             try:
                 async with pool.lease("new", timeout_s=replacement_s) as new:
                     assert new.slot.container != first
@@ -330,7 +330,7 @@ async def test_a_drained_ending_job_with_nothing_held_is_cancelled_early(
         await _wait_until(
             lambda: first not in pool.container_names(), _drain_due_s(config), "the drain", pool
         )
-        replacement_s = config.start_timeout_s + _tick_s(config)
+        replacement_s = config.server.start_timeout_s + _tick_s(config)
         await _wait_until(
             lambda: len(pool.container_names()) == 1, replacement_s, "a replacement", pool
         )

@@ -8,6 +8,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import attrs
 import pytest
 
 from trajcore.adapters.pools.cloud_pool import CloudPoolConfig
@@ -45,10 +46,13 @@ _IMAGE = os.environ.get("TRAJCORE_LIVE_IMAGE", "ghcr.io/trajcore/slot-server:lat
 
 
 def _pool(shape: PoolShape) -> CloudPoolConfig:
+    server = attrs.evolve(
+        CloudPoolConfig().server,
+        slots_per_container=shape.slots_per_container, acquire_timeout_s=shape.acquire_timeout_s,
+    )  # fmt: skip
     return CloudPoolConfig(
-        owner="trajcore-live-test", slots_per_container=shape.slots_per_container,
+        owner="trajcore-live-test", server=server,
         min_containers=shape.containers, max_containers=shape.containers,
-        acquire_timeout_s=shape.acquire_timeout_s,
     )  # fmt: skip
 
 

@@ -38,8 +38,8 @@ def test_every_modal_setting_reaches_the_pool() -> None:
     )  # fmt: skip
     assert (sandbox.cpu, sandbox.memory_mib, sandbox.sandbox_timeout_s) == (2.5, 3000, 7200.0)
     assert (pool.owner, pool.min_containers, pool.max_containers) == ("run-7", 2, 6)
-    assert (pool.slots_per_container, pool.acquire_timeout_s) == (5, 30.0)
-    assert pool.isolation.allow_network
+    assert (pool.server.slots_per_container, pool.server.acquire_timeout_s) == (5, 30.0)
+    assert pool.server.isolation.allow_network
 
 
 def test_daytona_settings_are_rounded_up_to_its_units() -> None:

@@ -130,13 +130,15 @@ def test_the_pool_settings_come_from_the_env_fields() -> None:
     assert (pool.token, pool.job.namespace, pool.job.region) == ("acl-secret", "rl", "eu")
     assert pool.job.datacenters == ("dc1", "dc2")
     assert pool.job.command == ("trajcore", "slot-server")
-    assert (pool.slots_per_container, pool.min_containers, pool.max_containers) == (4, 2, 6)
+    server = pool.server
+    assert (server.slots_per_container, pool.min_containers, pool.max_containers) == (4, 2, 6)
     assert (pool.job.privileged, pool.purge_on_start, pool.purge_on_shutdown) == (True, True, False)
-    assert pool.acquire_timeout_s == 20.0
-    assert pool.isolation.allow_network is True
-    assert pool.isolation.require_sandbox is True  # the persistent shell lives in the sandbox
-    assert pool.require_tmux is True
-    assert pool.isolation.default_timeout_s == 5.0
+    assert server.acquire_timeout_s == 20.0
+    assert server.isolation.allow_network is True
+    assert server.isolation.require_sandbox is True  # the persistent shell lives in the sandbox
+    assert server.require_tmux is True
+    assert server.isolation.default_timeout_s == 5.0
+    assert server.start_timeout_s == 120.0  # the Nomad pool's own, kept
     assert isinstance(DoneEnv(config).make_pool(), NomadSandboxPool)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trajcore.adapters.pools.slurm_pool import SlurmSandboxPool
+from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig, SlurmSandboxPool
 from trajcore.domain.errors import ConfigError
 from trajcore.entrypoints.atropos import pools
 from trajcore.entrypoints.atropos.config import AgentEnvConfig
@@ -29,10 +29,12 @@ def test_every_slurm_setting_reaches_the_pool(tmp_path: Path) -> None:
     assert (job.partition, job.account, job.qos, job.constraint) == ("gpu", "lab", "high", "avx2")
     assert (job.cpus_per_task, job.memory_mb, job.time_limit_min) == (4, 4096, 60)
     assert got.shared_dir == tmp_path
-    assert (got.min_containers, got.max_containers, got.slots_per_container) == (2, 5, 3)
-    assert got.acquire_timeout_s == 42.0
-    assert got.isolation.allow_network
-    assert got.require_tmux
+    server = got.server
+    assert (got.min_containers, got.max_containers, server.slots_per_container) == (2, 5, 3)
+    assert server.acquire_timeout_s == 42.0
+    assert server.isolation.allow_network
+    assert server.require_tmux
+    assert server.start_timeout_s == SlurmPoolConfig().server.start_timeout_s  # the pool's
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from trajcore.adapters.pools.modal_pool import ModalPoolConfig, ModalSandboxSett
 from trajcore.adapters.pools.nomad_pool import NomadPoolConfig
 from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig
 from trajcore.domain.errors import ConfigError
+from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_job import NomadJobSettings
 
 
@@ -21,7 +22,27 @@ from trajcore.domain.nomad_job import NomadJobSettings
     ("config", "given", "part"),
     [
         (NomadPoolConfig, {"image": "img:1"}, "job=NomadJobSettings(image=...)"),
-        (NomadPoolConfig, {"allow_network": True}, "isolation=SlotIsolation(allow_network=...)"),
+        (
+            NomadPoolConfig,
+            {"slots_per_container": 3},
+            "server=SlotServerSettings(slots_per_container=...)",
+        ),
+        (
+            NomadPoolConfig,
+            {"allow_network": True},
+            "server=SlotServerSettings(isolation=SlotIsolation(allow_network=...))",
+        ),
+        (SlurmPoolConfig, {"require_tmux": True}, "server=SlotServerSettings(require_tmux=...)"),
+        (
+            CloudPoolConfig,
+            {"start_timeout_s": 1.0},
+            "server=SlotServerSettings(start_timeout_s=...)",
+        ),
+        (
+            ModalPoolConfig,
+            {"reset_timeout_s": 1.0},
+            "pool=CloudPoolConfig(server=SlotServerSettings(reset_timeout_s=...))",
+        ),
         (SlurmPoolConfig, {"partition": "gpu"}, "job=SlurmJobSettings(partition=...)"),
         (ModalPoolConfig, {"owner": "run-7"}, "pool=CloudPoolConfig(owner=...)"),
         (ModalPoolConfig, {"image": "img:1"}, "sandbox=ModalSandboxSettings(image=...)"),
@@ -57,8 +78,8 @@ def test_own_settings_unknown_keywords_and_evolve_are_untouched() -> None:
 
 def test_a_part_of_another_type_is_refused_naming_its_field() -> None:
     with pytest.raises(ConfigError) as caught:
-        CloudPoolConfig(isolation="open")  # type: ignore[arg-type]
-    assert caught.value.field == "isolation"
+        CloudPoolConfig(server=SlotIsolation())  # type: ignore[arg-type]
+    assert caught.value.field == "server"
     with pytest.raises(ConfigError) as caught:
         ModalPoolConfig(sandbox=DaytonaSandboxSettings())  # type: ignore[arg-type]
     assert caught.value.field == "sandbox"

@@ -33,7 +33,6 @@ from trajcore.adapters.pools.nomad_client import (
     parse_allocation_stubs,
 )
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.nomad_job import (
     NomadJobSettings,
@@ -42,6 +41,7 @@ from trajcore.domain.nomad_job import (
     register_request,
     scale_request,
 )
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.testing.fake_nomad.agent import FakeNomadAPI
 from trajcore.testing.fake_nomad.openapi import OPENAPI_ENV, NomadOpenAPI
 
@@ -69,8 +69,7 @@ def sleeper_spec(count: int = 1, **change: object) -> NomadJobSpec:
         job=NomadJobSettings(**settings),  # type: ignore[arg-type]
         count=count,
         token=TOKEN,
-        slots_per_container=8,
-        isolation=SlotIsolation(),
+        server=SlotServerSettings(slots_per_container=8),
     )
 
 

@@ -18,7 +18,6 @@ from trajcore.adapters.pools.nomad_client import (
     NomadUnavailable,
     parse_allocation_stubs,
 )
-from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.nomad_job import (
     EnvironmentArtifact,
@@ -27,6 +26,7 @@ from trajcore.domain.nomad_job import (
     job_json,
     register_request,
 )
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.testing.fake_nomad.agent import FakeNomadAPI
 
 pytestmark = pytest.mark.anyio
@@ -51,8 +51,8 @@ def spec(*artifacts: EnvironmentArtifact) -> NomadJobSpec:
         artifacts=artifacts,
     )  # fmt: skip
     return NomadJobSpec(
-        job=job, count=1, token="token-token-token", slots_per_container=1,
-        isolation=SlotIsolation(),
+        job=job, count=1, token="token-token-token",
+        server=SlotServerSettings(slots_per_container=1),
     )  # fmt: skip
 
 

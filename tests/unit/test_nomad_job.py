@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import string
 
-import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.flat_settings import split_off
 from tests.nomad_testbed import OPENAPI, needs_openapi
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
@@ -28,6 +28,7 @@ from trajcore.domain.nomad_job import (
     register_request,
     scale_request,
 )
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.entrypoints.slot_server import parse_args
 
 TOKEN = "t0ken-t0ken-t0ken"
@@ -87,20 +88,20 @@ def specs(draw: st.DrawFn) -> NomadJobSpec:
     return NomadJobSpec(
         job=job,
         count=draw(st.integers(0, 1000)),
-        slots_per_container=draw(st.integers(1, 256)),
-        isolation=draw(flags()),
+        server=SlotServerSettings(
+            slots_per_container=draw(st.integers(1, 256)), isolation=draw(flags())
+        ),
         token="tok:" + draw(st.text(string.ascii_letters + string.digits + "-_.~", min_size=12)),
     )
 
 
-_SPEC_FIELDS = frozenset(f.name for f in attrs.fields(NomadJobSpec)) - {"job"}
-
-
 def _spec(**settings: object) -> NomadJobSpec:
-    """A spec from flat settings: the job's settings go to its ``NomadJobSettings``."""
-    job = {name: value for name, value in settings.items() if name not in _SPEC_FIELDS}
-    rest = {name: value for name, value in settings.items() if name in _SPEC_FIELDS}
-    return NomadJobSpec(job=NomadJobSettings(**job), **rest)  # type: ignore[arg-type]
+    """A spec from flat settings: the job's settings go to its ``NomadJobSettings``, the slot
+    servers' to its ``SlotServerSettings``."""
+    rest = dict(settings)
+    server = split_off(SlotServerSettings(), rest)
+    job = split_off(NomadJobSettings(), rest)
+    return NomadJobSpec(job=job, server=server, **rest)  # type: ignore[arg-type]
 
 
 def _task(job: JSONObject) -> JSONObject:
@@ -187,12 +188,12 @@ def test_the_job_runs_the_slot_server_as_specified(spec: NomadJobSpec) -> None:
     assert words != argv[len(spec.job.command) :]
     parsed = parse_args(words)
     assert parsed.slot_uid_block == 3  # each allocation its own block of slot uids
-    assert parsed.slots == spec.slots_per_container
+    assert parsed.slots == spec.server.slots_per_container
     assert parsed.listen == spec.listen_address()
     assert parsed.token_env == spec.job.token_env
     assert parsed.token_file is None
-    assert parsed.allow_network is spec.isolation.allow_network
-    assert parsed.require_sandbox is spec.isolation.require_sandbox
+    assert parsed.allow_network is spec.server.isolation.allow_network
+    assert parsed.require_sandbox is spec.server.isolation.require_sandbox
     # The token reaches the task only through its environment: never an argument, no template.
     assert task["Env"] == {spec.job.token_env: spec.token}
     assert not any(spec.token in word for word in argv)

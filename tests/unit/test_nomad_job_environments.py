@@ -8,7 +8,6 @@ import pytest
 
 from tests.nomad_testbed import OPENAPI, needs_openapi
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.nomad_job import (
     EnvironmentArtifact,
@@ -17,6 +16,7 @@ from trajcore.domain.nomad_job import (
     job_json,
     register_request,
 )
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.entrypoints.atropos.sandbox_settings import SandboxSettings
 
 SHELL = EnvironmentArtifact(source="https://images.internal/shell.tar", destination="shell.tar")
@@ -28,8 +28,7 @@ LAYOUT = EnvironmentArtifact(
 def spec(**job: object) -> NomadJobSpec:
     return NomadJobSpec(
         job=NomadJobSettings(**job),  # type: ignore[arg-type]
-        slots_per_container=2,
-        isolation=SlotIsolation(),
+        server=SlotServerSettings(slots_per_container=2),
         count=1,
         token="t" * 32,
     )

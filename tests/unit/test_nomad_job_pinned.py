@@ -19,6 +19,7 @@ from trajcore.domain.nomad_job import (
     job_json,
     scale_request,
 )
+from trajcore.domain.slot_server_settings import SlotServerSettings
 
 TOKEN = "t0ken-t0ken-t0ken"
 
@@ -30,8 +31,7 @@ def test_the_whole_job_nomad_is_sent() -> None:
         ),
         count=2,
         token=TOKEN,
-        slots_per_container=8,
-        isolation=SlotIsolation(),
+        server=SlotServerSettings(slots_per_container=8),
     )
     job = job_json(spec)
     _, task = group_and_task(job)
@@ -143,10 +143,9 @@ def test_a_spec_holds_the_job_settings_beside_the_slots_the_count_and_the_token(
         kill_timeout_s=3.0,
     )
     isolation = SlotIsolation(max_processes=7)
-    spec = NomadJobSpec(
-        job=settings, slots_per_container=3, isolation=isolation, count=4, token=TOKEN
-    )
-    assert (spec.job, spec.slots_per_container, spec.isolation) == (settings, 3, isolation)
+    server = SlotServerSettings(slots_per_container=3, isolation=isolation)
+    spec = NomadJobSpec(job=settings, server=server, count=4, token=TOKEN)
+    assert (spec.job, spec.server) == (settings, server)
     assert (spec.count, spec.token) == (4, TOKEN)
     job = job_json(spec)
     group, task = group_and_task(job)

@@ -108,7 +108,11 @@ def test_the_job_spec_carries_every_job_setting_of_the_config() -> None:
     for field in attrs.fields(NomadJobSettings):
         if field.name not in docker_only:
             assert getattr(config.job, field.name) != getattr(defaults, field.name), field.name
-    assert (spec.slots_per_container, spec.isolation) == (3, SlotIsolation(output_cap_bytes=4096))
+    assert spec.server == config.server
+    assert (spec.server.slots_per_container, spec.server.isolation) == (
+        3,
+        SlotIsolation(output_cap_bytes=4096),
+    )
     assert (spec.count, spec.token) == (3, "b" * 16)  # the bearer token, not the ACL token
     assert spec.job.command == ("python", "-m", "trajcore.entrypoints.slot_server")
     assert spec.job.datacenters == ("east", "west")

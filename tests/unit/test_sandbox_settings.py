@@ -22,12 +22,13 @@ from trajcore.domain.converters import command_words
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_job import NomadJobSettings
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slurm_jobs import SlurmJobSettings
 from trajcore.domain.ssh_hosts import SshHost
 from trajcore.entrypoints.atropos import sandbox_settings
 from trajcore.entrypoints.atropos.sandbox_settings import SandboxSettings
 
-_SHARED = ("slots_per_container", "min_containers", "max_containers", "acquire_timeout_s")
+_SHARED = ("min_containers", "max_containers")
 
 
 def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
@@ -45,6 +46,11 @@ def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
     assert section(NomadPoolConfig, ("nomad_",), {}) == {
         "address": "nomad_address", "token": "nomad_token",
         **{name: name for name in (*_SHARED, "purge_on_start", "purge_on_shutdown")},
+    }  # fmt: skip
+    # The slot servers' settings of every scheduled pool: the shared flags (the isolation and
+    # the tmux requirement come from slot_isolation and require_stateful_sandbox).
+    assert section(SlotServerSettings, (), {}) == {
+        "slots_per_container": "slots_per_container", "acquire_timeout_s": "acquire_timeout_s",
     }  # fmt: skip
     assert section(SlurmJobSettings, ("slurm_",), {}) == {
         field.name: f"slurm_{field.name}" for field in attrs.fields(SlurmJobSettings)
@@ -93,7 +99,8 @@ def test_the_cloud_pools_read_their_sections_with_the_renamed_fields() -> None:
     }  # fmt: skip
     settings = SandboxSettings()
     # The env's scale range and slots, every other setting the pool's own default.
-    pool = CloudPoolConfig(slots_per_container=8, max_containers=10)
+    server = attrs.evolve(CloudPoolConfig().server, slots_per_container=8)
+    pool = CloudPoolConfig(server=server, max_containers=10)
     assert settings.modal_pool_config() == ModalPoolConfig(pool=pool)
     assert settings.daytona_pool_config() == DaytonaPoolConfig(pool=pool)
     with pytest.raises(ConfigError) as caught:

@@ -7,7 +7,6 @@ import pytest
 
 from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig
 from trajcore.domain.errors import ConfigError, InvalidInput
-from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_reconcile import (
     Allocation,
     Drain,
@@ -19,6 +18,7 @@ from trajcore.domain.nomad_reconcile import (
     Replace,
 )
 from trajcore.domain.scaling import ScaleConfig
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slurm_jobs import (
     SlurmJob,
     SlurmJobSettings,
@@ -98,7 +98,7 @@ def test_the_job_words_carry_the_resources_and_no_token() -> None:
         command="/venv/bin/python -m trajcore.entrypoints.slot_server", partition="cpu",
         account="rl", qos="high", constraint="bwrap", cpus_per_task=4, time_limit_min=90,
     )  # fmt: skip
-    words = sbatch_argv(settings, slots_per_container=2, isolation=SlotIsolation(),
+    words = sbatch_argv(settings, server=SlotServerSettings(slots_per_container=2),
                         script="/s/job.sh", run_dir="/s", run="r1", index=3,
                         uid_base=1900000000, token_file="/s/token")  # fmt: skip
     for word in ("--partition=cpu", "--account=rl", "--qos=high", "--constraint=bwrap",

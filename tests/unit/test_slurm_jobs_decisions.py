@@ -9,6 +9,7 @@ import pytest
 from trajcore.domain.errors import ConfigError, InvalidInput
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slot_server_flags import isolation_argv
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slurm_jobs import (
     JobPlan,
     SlurmJob,
@@ -76,8 +77,7 @@ def test_the_settings_each_check_accepts() -> None:
     """Pins what the checks let through: absent optional words, a Slurm word with its
     punctuation, sbatch options."""
     gres = ("--gres=gpu:1",)
-    # attrs types the argument of a tuple converter as Iterable[_T_co]
-    settings = SlurmJobSettings(partition=None, constraint="a100&(ib|eth)", extra_options=gres)  # type: ignore[arg-type]
+    settings = SlurmJobSettings(partition=None, constraint="a100&(ib|eth)", extra_options=gres)
     assert (settings.partition, settings.constraint) == (None, "a100&(ib|eth)")
     assert settings.extra_options == ("--gres=gpu:1",)
 
@@ -110,11 +110,12 @@ def test_the_job_words_in_full() -> None:
     settings = SlurmJobSettings(
         job_name="js", command="/v/python -m srv", cpus_per_task=2, memory_mb=1000,
         time_limit_min=30, account="rl", constraint="c",
-        extra_options=("--gres=gpu:1",),  # type: ignore[arg-type]  # attrs: Iterable[_T_co]
+        extra_options=("--gres=gpu:1",),
     )  # fmt: skip
     isolation = SlotIsolation()
+    server = SlotServerSettings(slots_per_container=3, isolation=isolation)
     words = sbatch_argv(
-        settings, slots_per_container=3, isolation=isolation, script="/r/job.sh", run_dir="/r",
+        settings, server=server, script="/r/job.sh", run_dir="/r",
         run="abc1", index=4, uid_base=UID_BASE, token_file="/r/token",
     )  # fmt: skip
     assert words == [
@@ -135,7 +136,7 @@ def test_a_run_that_is_not_lowercase_letters_and_digits_is_refused(run: str) -> 
     """Pins the run's rule (1-32 lowercase letters or digits) and its reason."""
     with pytest.raises(InvalidInput) as caught:
         sbatch_argv(
-            SlurmJobSettings(), slots_per_container=1, isolation=SlotIsolation(), script="/s",
+            SlurmJobSettings(), server=SlotServerSettings(slots_per_container=1), script="/s",
             run_dir="/r", run=run, index=0, uid_base=UID_BASE, token_file="/t",
         )  # fmt: skip
     assert (caught.value.field, caught.value.reason) == (
@@ -148,7 +149,7 @@ def test_the_uid_base_is_checked_for_the_servers_slots() -> None:
     """Pins that ``sbatch_argv`` checks the job's uid range under the field ``uid_base``."""
     with pytest.raises(ConfigError) as caught:
         sbatch_argv(
-            SlurmJobSettings(), slots_per_container=1, isolation=SlotIsolation(), script="/s",
+            SlurmJobSettings(), server=SlotServerSettings(slots_per_container=1), script="/s",
             run_dir="/r", run="a", index=0, uid_base=5, token_file="/t",
         )  # fmt: skip
     assert caught.value.field == "uid_base"

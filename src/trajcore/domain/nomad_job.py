@@ -58,9 +58,9 @@ from attrs.validators import optional
 
 from trajcore.domain.converters import command_words
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.slot_server_flags import isolation_argv
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.task_environments import TaskEnvironmentError, parse_environment_ref
 from trajcore.domain.validators import (
     finite_number,
@@ -270,7 +270,9 @@ class NomadJobSettings:
     """The slot servers' Nomad job as an operator sets it: what Nomad runs and where.
 
     The pool's settings (``NomadPoolConfig``) hold this value beside the slot servers' own
-    settings (slots, isolation); a ``NomadJobSpec`` holds it with them, the count and the token.
+    settings (``SlotServerSettings``); a ``NomadJobSpec`` holds both, the count and the token.
+    Each field is also the env's flag ``--env.nomad_<field>`` (its default and this entry as
+    help; ``sandbox_settings.JOB_SECTIONS``): a setting added here needs nothing else.
 
     Attributes:
         job_id: The job's ID (and name): letters, digits, ``_``, ``.``, ``-``; at most 128.
@@ -482,19 +484,18 @@ class NomadJobSettings:
 @attrs.frozen(kw_only=True)
 class NomadJobSpec:
     """Everything the slot servers' Nomad job is built from: the job's settings, what each slot
-    server is told (its slots and isolation), the count and the token.
+    server is told (its slots and isolation, of ``server``), the count and the token.
 
     Attributes:
         job: The job as the operator sets it (``NomadJobSettings``).
-        slots_per_container: Slots each slot server serves (N).
-        isolation: The sandbox isolation every slot server gets.
+        server: The slot servers' settings (``SlotServerSettings``): the job passes their
+            slots and isolation on each server's command line.
         count: Allocations (containers) to run.
         token: The slot servers' bearer token (at least 16 printable ASCII characters).
     """
 
     job: NomadJobSettings = attrs.field(validator=instance_of(NomadJobSettings))
-    slots_per_container: int = attrs.field(validator=whole_number(1))
-    isolation: SlotIsolation = attrs.field(validator=instance_of(SlotIsolation))
+    server: SlotServerSettings = attrs.field(validator=instance_of(SlotServerSettings))
     count: int = attrs.field(validator=whole_number(0))
     token: str = attrs.field(
         repr=False, validator=_matches(_TOKEN, "16 to 512 printable ASCII characters")
@@ -505,7 +506,7 @@ class NomadJobSpec:
         """The memory each allocation reserves: ``memory_mb``, or 512 MB plus 256 MB a slot."""
         if self.job.memory_mb is not None:
             return self.job.memory_mb
-        return 512 + 256 * self.slots_per_container
+        return 512 + 256 * self.server.slots_per_container
 
     def listen_address(self) -> str:
         """What the slot server listens on, as Nomad interpolates it in the task's arguments."""
@@ -516,13 +517,13 @@ class NomadJobSpec:
     def server_args(self) -> list[str]:
         """The words after ``command``: slots, root, listen address, token variable, isolation."""
         return [
-            "--slots", str(self.slots_per_container),
+            "--slots", str(self.server.slots_per_container),
             "--root", "${NOMAD_TASK_DIR}/slots",
             "--listen", self.listen_address(),
             "--token-env", self.job.token_env,
             # allocations on one host share its uids: each takes its own block of slot uids
             "--slot-uid-block", "${NOMAD_ALLOC_INDEX}",
-            *isolation_argv(self.isolation),
+            *isolation_argv(self.server.isolation),
             *self.image_cache_args(),
         ]  # fmt: skip
 
@@ -634,7 +635,7 @@ def job_json(spec: NomadJobSpec) -> JSONObject:
         "Datacenters": list(settings.datacenters),
         "Meta": {
             "trajcore-role": "slot-servers",
-            "trajcore-slots-per-container": str(spec.slots_per_container),
+            "trajcore-slots-per-container": str(spec.server.slots_per_container),
         },
         "TaskGroups": [group],
     }

@@ -35,8 +35,9 @@ import attrs
 
 from trajcore.domain.converters import command_words
 from trajcore.domain.errors import ConfigError, InvalidInput
-from trajcore.domain.isolation import SlotIsolation, check_slot_uid_range
+from trajcore.domain.isolation import check_slot_uid_range
 from trajcore.domain.slot_server_flags import isolation_argv
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.validators import (
     optional_positive_int,
     optional_text,
@@ -131,8 +132,9 @@ def _nonempty_words(_: object, attribute: attrs.Attribute[tuple[str, ...]], valu
 @attrs.frozen(kw_only=True)
 class SlurmJobSettings:
     """One slot server's batch job as an operator sets it. The pool's settings
-    (``SlurmPoolConfig``) hold it beside the slot servers' slots and isolation; ``sbatch_argv``
-    adds those, the run and the index.
+    (``SlurmPoolConfig``) hold it beside the slot servers' settings (``SlotServerSettings``);
+    ``sbatch_argv`` adds their slots and isolation, the run and the index. Each field is also
+    the env's flag ``--env.slurm_<field>`` (``sandbox_settings.JOB_SECTIONS``).
 
     Attributes:
         job_name: The name of every job of the pool (``squeue --name``, ``scancel --name``).
@@ -206,8 +208,7 @@ exit "$status"
 def sbatch_argv(
     settings: SlurmJobSettings,
     *,
-    slots_per_container: int,
-    isolation: SlotIsolation,
+    server: SlotServerSettings,
     script: str,
     run_dir: str,
     run: str,
@@ -216,8 +217,9 @@ def sbatch_argv(
     token_file: str,
 ) -> list[str]:
     """The ``sbatch`` words that submit server ``index`` of run ``run`` (``--parsable``: it
-    prints the job ID), a slot server of ``slots_per_container`` slots under ``isolation``.
-    ``uid_base`` is the first slot uid of this job's servers."""
+    prints the job ID), a slot server told ``server``'s slots and isolation. ``uid_base`` is
+    the first slot uid of this job's server."""
+    slots_per_container = server.slots_per_container
     if _RUN.fullmatch(run) is None:
         raise InvalidInput("run", f"must be 1-32 lowercase letters or digits, got {run!r}")
     check_slot_uid_range("uid_base", uid_base, slots_per_container)
@@ -238,12 +240,12 @@ def sbatch_argv(
         if value is not None:
             words.append(f"--{option}={value}")
     words.extend(settings.extra_options)
-    isolation = attrs.evolve(isolation, slot_uid_base=uid_base)
-    server = [
+    isolation = attrs.evolve(server.isolation, slot_uid_base=uid_base)
+    command = [
         *settings.command, "--slots", str(slots_per_container),
         "--token-file", token_file, *isolation_argv(isolation),
     ]  # fmt: skip
-    return [*words, script, run_dir, *server]
+    return [*words, script, run_dir, *command]
 
 
 def squeue_argv(job_name: str) -> list[str]:

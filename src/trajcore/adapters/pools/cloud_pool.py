@@ -49,21 +49,20 @@ from trajcore.adapters.pools.reconciled import (
     ReconciledPool,
     ReconciledSource,
     StartBackoff,
+    composed_settings,
     scale_settings,
 )
 from trajcore.domain.errors import ConfigError, InvalidInput, SandboxUnavailable
-from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_reconcile import Join
 from trajcore.domain.scaling import ScaleConfig
 from trajcore.domain.slot_server_flags import isolation_argv
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolOutcome, ToolResult
 from trajcore.domain.validators import (
-    flag,
     instance_of,
     non_negative_seconds,
     nonempty_text,
-    optional_seconds,
     positive_seconds,
     whole_number,
 )
@@ -201,6 +200,7 @@ def require_sdk(provider: str) -> None:
         )
 
 
+@composed_settings
 @attrs.frozen(kw_only=True)
 class CloudPoolConfig:
     """The settings every cloud pool shares: how it runs, scales and reaches its slot servers.
@@ -210,26 +210,22 @@ class CloudPoolConfig:
     Attributes:
         owner: The label every sandbox of this pool carries; at start, every sandbox carrying
             it is deleted (what a crashed run left), so give each concurrent pool its own.
-        slots_per_container: Slots per slot server (per sandbox).
-        isolation: The slots' sandbox isolation (passed to the server as flags).
+        server: The slot servers' settings (``SlotServerSettings``; by default 4 slots per
+            sandbox, and 600 s for the start and each sandbox's join).
         python: The interpreter in the image that runs the slot server.
         workspace_dir: Where the slot workspaces live inside the sandbox.
         port: The port the server listens on inside the sandbox and the provider exposes.
         min_containers, max_containers: The range the sandbox count is scaled in.
         scale_down_margin, cooldown_s: The scaling rules' damping.
-        acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
-        require_tmux: Refuse servers without tmux.
-        start_timeout_s: Longest the start, and one sandbox's join, may take.
-        reset_timeout_s: Longest a release's reset may take before the slot is quarantined.
         poll_interval_s: How often the sandboxes are listed.
         request_timeout_s: Longest one provider request may take.
         stop_timeout_s: Longest the close waits for the sandboxes to be deleted.
     """
 
     owner: str = attrs.field(default="trajcore", validator=nonempty_text)
-    slots_per_container: int = attrs.field(default=4, validator=whole_number(1))
-    isolation: SlotIsolation = attrs.field(
-        factory=SlotIsolation, validator=instance_of(SlotIsolation)
+    server: SlotServerSettings = attrs.field(
+        factory=lambda: SlotServerSettings(start_timeout_s=600.0),
+        validator=instance_of(SlotServerSettings),
     )
     python: str = attrs.field(default="python3", validator=nonempty_text)
     workspace_dir: str = attrs.field(default="/tmp/trajcore-slots")  # noqa: S108 - in the sandbox
@@ -238,10 +234,6 @@ class CloudPoolConfig:
     max_containers: int = attrs.field(default=4, validator=whole_number(1))
     scale_down_margin: int = attrs.field(default=0, validator=whole_number(0))
     cooldown_s: float = attrs.field(default=30.0, validator=non_negative_seconds)
-    acquire_timeout_s: float | None = attrs.field(default=600.0, validator=optional_seconds)
-    require_tmux: bool = attrs.field(default=False, validator=flag)
-    start_timeout_s: float = attrs.field(default=600.0, validator=positive_seconds)
-    reset_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
     poll_interval_s: float = attrs.field(default=2.0, validator=positive_seconds)
     request_timeout_s: float = attrs.field(default=60.0, validator=positive_seconds)
     stop_timeout_s: float = attrs.field(default=60.0, validator=positive_seconds)
@@ -260,11 +252,11 @@ def server_argv(config: CloudPoolConfig) -> tuple[str, ...]:
     """The slot server's command line in every sandbox of ``config``."""
     return (
         config.python, "-m", "trajcore.entrypoints.slot_server",
-        "--slots", str(config.slots_per_container),
+        "--slots", str(config.server.slots_per_container),
         "--root", config.workspace_dir,
         "--listen", f"0.0.0.0:{config.port}",
         "--token-env", TOKEN_ENV,
-        *isolation_argv(config.isolation),
+        *isolation_argv(config.server.isolation),
     )  # fmt: skip
 
 

@@ -84,7 +84,6 @@ from trajcore.adapters.pools.reconciled import (
 )
 from trajcore.domain.environment_leases import Snapshot
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_job import (
     NomadJobSettings,
     NomadJobSpec,
@@ -93,12 +92,12 @@ from trajcore.domain.nomad_job import (
 )
 from trajcore.domain.nomad_reconcile import Join, ReconcileConfig
 from trajcore.domain.scaling import ScaleConfig
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import Lease
 from trajcore.domain.validators import (
     flag,
     instance_of,
     non_negative_seconds,
-    optional_seconds,
     optional_text,
     positive_seconds,
     whole_number,
@@ -127,24 +126,19 @@ def _nomad_address(_: object, attribute: attrs.Attribute[str], value: object) ->
 class NomadPoolConfig:
     """How the Nomad pool runs its slot servers: the Nomad job as the operator sets it (``job``:
     the driver, image, command, datacenters, resources, restarts, ...), what each slot server
-    is told (its slots and isolation) and how the pool drives them. The isolation is the env's,
-    never the model's.
+    is told and must show (``server``: its slots, isolation, timeouts) and how the pool drives
+    them. The isolation is the env's, never the model's.
 
     Attributes:
         job: The Nomad job's settings (``NomadJobSettings``).
-        slots_per_container: Slots each slot server serves (N).
-        isolation: The sandbox isolation every slot server gets.
+        server: The slot servers' settings (``SlotServerSettings``; by default 8 slots, and
+            120 s for the pool's start and each container's join).
         address: The Nomad agent's API, ``http(s)://host:port``.
         min_containers, max_containers: The range the container count is scaled in.
-        acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
         purge_on_start: Purge a job of the same ID before registering.
         purge_on_shutdown: Purge the job when the pool closes (otherwise it is stopped).
         token: Nomad ACL token (``None``: ``$NOMAD_TOKEN`` if set).
-        require_tmux: Refuse slot servers without tmux (the persistent shell of
-            ``bash_stateful`` and ``tmux`` needs it), as a missing sandbox is refused.
         scale_down_margin, cooldown_s: The scaling rules' damping (``ScaleConfig``).
-        start_timeout_s: Longest the pool's start, and one container's join, may take.
-        reset_timeout_s: Longest a release's reset may take before the slot is quarantined.
         poll_interval_s: How often the job's allocations are listed.
         request_timeout_s: Longest one Nomad API request may take.
         stop_timeout_s: Longest stopping the job at shutdown may take.
@@ -153,22 +147,18 @@ class NomadPoolConfig:
     job: NomadJobSettings = attrs.field(
         factory=NomadJobSettings, validator=instance_of(NomadJobSettings)
     )
-    slots_per_container: int = attrs.field(default=8, validator=whole_number(1))
-    isolation: SlotIsolation = attrs.field(
-        factory=SlotIsolation, validator=instance_of(SlotIsolation)
+    server: SlotServerSettings = attrs.field(
+        factory=lambda: SlotServerSettings(slots_per_container=8, start_timeout_s=120.0),
+        validator=instance_of(SlotServerSettings),
     )
     address: str = attrs.field(default="http://127.0.0.1:4646", validator=_nomad_address)
     min_containers: int = attrs.field(default=1, validator=whole_number(0))
     max_containers: int = attrs.field(default=10, validator=whole_number(1))
-    acquire_timeout_s: float | None = attrs.field(default=600.0, validator=optional_seconds)
     purge_on_start: bool = attrs.field(default=False, validator=flag)
     purge_on_shutdown: bool = attrs.field(default=True, validator=flag)
     token: str | None = attrs.field(default=None, validator=optional_text, repr=False)
-    require_tmux: bool = attrs.field(default=False, validator=flag)
     scale_down_margin: int = attrs.field(default=0, validator=whole_number(0))
     cooldown_s: float = attrs.field(default=30.0, validator=non_negative_seconds)
-    start_timeout_s: float = attrs.field(default=120.0, validator=positive_seconds)
-    reset_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
     poll_interval_s: float = attrs.field(default=1.0, validator=positive_seconds)
     request_timeout_s: float = attrs.field(default=10.0, validator=positive_seconds)
     stop_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
@@ -178,13 +168,7 @@ class NomadPoolConfig:
 
     def job_spec(self, *, count: int, token: str) -> NomadJobSpec:
         """The job for ``count`` slot servers with bearer ``token``."""
-        return NomadJobSpec(
-            job=self.job,
-            slots_per_container=self.slots_per_container,
-            isolation=self.isolation,
-            count=count,
-            token=token,
-        )
+        return NomadJobSpec(job=self.job, server=self.server, count=count, token=token)
 
     def scale_config(self) -> ScaleConfig:
         """The domain scaling rules' settings (``ConfigError`` naming the field when bad)."""

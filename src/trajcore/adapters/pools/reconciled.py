@@ -32,10 +32,10 @@ Sources that start every run themselves, one per server index (Slurm, the cloud)
 that doubles from 0.5 s to 60 s.
 
 Their settings are composed, never inherited: each pool's config holds the values it is made
-of (the Nomad job's settings, the Slurm job's, a cloud provider's sandbox settings, the slot
-servers' isolation) as fields, and ``composed_settings`` makes a keyword that belongs to one of
-those parts a ``ConfigError`` naming the part (``NomadPoolConfig(image=...)`` says
-``job=NomadJobSettings(image=...)``).
+of as fields (its slot servers' ``SlotServerSettings`` as ``server``, which the pool core
+reads; the Nomad job's settings, the Slurm job's, a cloud provider's sandbox settings), and
+``composed_settings`` makes a keyword that belongs to one of those parts a ``ConfigError``
+naming the part (``NomadPoolConfig(image=...)`` says ``job=NomadJobSettings(image=...)``).
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ from attrs import AttrsInstance
 from trajcore.adapters.pools.pool_core import (
     Endpoint,
     Member,
-    PoolSettings,
     SlotServerPool,
     close_quietly,
 )
@@ -75,6 +74,7 @@ from trajcore.domain.nomad_reconcile import (
     Undrain,
 )
 from trajcore.domain.scaling import ScaleConfig
+from trajcore.domain.slot_server_settings import SlotServerSettings
 
 __all__ = [
     "ReconciledPool",
@@ -92,14 +92,15 @@ _MAX_BACKOFF_S = 60.0
 
 
 class ScaledSettings(Protocol):
-    """The scaling settings every scheduled pool's config has."""
+    """The scaling settings every scheduled pool's config has (its servers' slots are its
+    ``server``'s)."""
 
+    @property
+    def server(self) -> SlotServerSettings: ...
     @property
     def min_containers(self) -> int: ...
     @property
     def max_containers(self) -> int: ...
-    @property
-    def slots_per_container(self) -> int: ...
     @property
     def scale_down_margin(self) -> int: ...
     @property
@@ -113,7 +114,7 @@ def scale_settings(config: ScaledSettings) -> ScaleConfig:
         return ScaleConfig(
             min_containers=config.min_containers,
             max_containers=config.max_containers,
-            slots_per_container=config.slots_per_container,
+            slots_per_container=config.server.slots_per_container,
             scale_down_margin=config.scale_down_margin,
             cooldown_s=config.cooldown_s,
         )
@@ -124,19 +125,34 @@ def scale_settings(config: ScaledSettings) -> ScaleConfig:
 S = TypeVar("S", bound=AttrsInstance)
 
 
+def _held_by(cls: type) -> dict[str, str]:
+    """Each setting of ``cls``'s parts (its attrs fields typed as attrs classes), at any depth,
+    and how to give it (``server=SlotServerSettings(isolation=SlotIsolation(allow_network=...))``);
+    a nearer part's first."""
+    try:
+        attrs.resolve_types(cls)
+    except NameError:  # annotations only a type checker resolves: no parts seen
+        return {}
+    parts = [p for p in attrs.fields(cls) if isinstance(p.type, type) and attrs.has(p.type)]
+    held_by: dict[str, str] = {}
+    for part in parts:
+        for field in attrs.fields(part.type):
+            name = field.alias or field.name
+            held_by.setdefault(name, f"{part.name}={part.type.__name__}({name}=...)")
+    for part in parts:
+        for name, given in _held_by(part.type).items():
+            held_by.setdefault(name, f"{part.name}={part.type.__name__}({given})")
+    return held_by
+
+
 def composed_settings(cls: type[S]) -> type[S]:
     """Class decorator of a settings class composed of settings values (its attrs fields typed
-    as attrs classes): a keyword that is no field of ``cls`` but one of a part's is refused with
-    a ``ConfigError`` naming it and the part that holds it (``job=NomadJobSettings(image=...)``),
-    not Python's bare ``TypeError``. Every other call is ``cls``'s own ``__init__``."""
-    attrs.resolve_types(cls)
+    as attrs classes): a keyword that is no field of ``cls`` but one of a part's (at any depth)
+    is refused with a ``ConfigError`` naming it and the part that holds it
+    (``job=NomadJobSettings(image=...)``), not Python's bare ``TypeError``. Every other call is
+    ``cls``'s own ``__init__``."""
     own = {field.alias or field.name for field in attrs.fields(cls)}
-    held_by: dict[str, str] = {}
-    for part in attrs.fields(cls):
-        if isinstance(part.type, type) and attrs.has(part.type):
-            for field in attrs.fields(part.type):
-                name = field.alias or field.name
-                held_by.setdefault(name, f"{part.name}={part.type.__name__}({name}=...)")
+    held_by = _held_by(cls)
     init = cls.__init__
 
     @functools.wraps(init)
@@ -152,9 +168,10 @@ def composed_settings(cls: type[S]) -> type[S]:
     return cls
 
 
-class ReconciledSettings(PoolSettings, ScaledSettings, Protocol):
-    """What the loop reads from a scheduled pool's config: the core's settings
-    (``PoolSettings``), the scaling ones and how often the scheduler is polled."""
+class ReconciledSettings(ScaledSettings, Protocol):
+    """What the loop reads from a scheduled pool's config: its slot servers' settings
+    (``server``, which the pool core reads), the scaling ones and how often the scheduler is
+    polled."""
 
     @property
     def poll_interval_s(self) -> float: ...
@@ -209,7 +226,7 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
     def reconcile_config(self) -> ReconcileConfig:
         """The reconciler's settings (a subclass adds what its scheduler has)."""
         return ReconcileConfig(
-            scale=self.config.scale_config(), join_timeout_s=self.config.start_timeout_s
+            scale=self.config.scale_config(), join_timeout_s=self.config.server.start_timeout_s
         )
 
     @property
@@ -280,7 +297,8 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
     async def start(self, pool: SlotServerPool[Run]) -> None:
         pool.spawn(self._watch)
         config = self.config
-        with anyio.move_on_after(config.start_timeout_s):
+        start_timeout_s = config.server.start_timeout_s
+        with anyio.move_on_after(start_timeout_s):
             while True:
                 if self._fatal is not None:
                     raise self._fatal
@@ -291,7 +309,7 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
         raise SlotServerError(
             f"{self.scheduler}: {len(pool.container_names())} of "
             f"{config.min_containers} slot servers became healthy within "
-            f"{config.start_timeout_s} s ({seen})"
+            f"{start_timeout_s} s ({seen})"
         )
 
     async def _stop_all(self, stop: Callable[[], Awaitable[object]], what: str) -> None:
@@ -347,7 +365,7 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
         member = self.by_run.get(run_id)
         held = quarantined = 0
         if member is not None and not member.lost:
-            slots = self.config.slots_per_container
+            slots = self.config.server.slots_per_container
             held = self.pool.leasing.held(member.name, slots)
             quarantined = self.pool.leasing.quarantined(member.name, slots)
         return Allocation(
@@ -397,7 +415,7 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
         run_id = join.alloc_id
         name = self._container_name(join)
         try:
-            with anyio.fail_after(self.config.start_timeout_s):
+            with anyio.fail_after(self.config.server.start_timeout_s):
                 address = await self._address(run_id)
                 client = await pool.connect(Endpoint("tcp", address, self.token), name)
         except (TimeoutError, SlotServerError, InvalidInput, self.unavailable) as error:
@@ -429,7 +447,7 @@ class ReconciledPool(SlotServerPool[Run]):
 
     def __init__(self, source: ReconciledSource[ReconciledSettings], *, label: str) -> None:
         self._runs = source
-        super().__init__(source, source.config, label=label)
+        super().__init__(source, source.config.server, label=label)
 
     def run_id(self, container: str) -> str:
         """The scheduler's ID of the run behind ``container``. Raises ``KeyError``."""

@@ -62,9 +62,10 @@ from trajcore.adapters.pools.reconciled import (
     scale_settings,
 )
 from trajcore.domain.errors import ConfigError, InvalidInput, SandboxUnavailable, SlotServerError
-from trajcore.domain.isolation import SlotIsolation, check_slot_uid_range
+from trajcore.domain.isolation import check_slot_uid_range
 from trajcore.domain.nomad_reconcile import Join
 from trajcore.domain.scaling import ScaleConfig
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.slurm_jobs import (
     SlurmJob,
@@ -83,7 +84,6 @@ from trajcore.domain.validators import (
     flag,
     instance_of,
     non_negative_seconds,
-    optional_seconds,
     positive_seconds,
     whole_number,
 )
@@ -105,23 +105,20 @@ def _optional_dir(value: object) -> Path | None:
 @attrs.frozen(kw_only=True)
 class SlurmPoolConfig:
     """How the Slurm pool runs its slot servers: each server's batch job as the operator sets
-    it (``job``), what each slot server is told (its slots and isolation) and how the pool drives
-    them.
+    it (``job``), what each slot server is told and must show (``server``) and how the pool
+    drives them.
 
     Attributes:
         job: Each server's batch job (``SlurmJobSettings``).
-        slots_per_container: Slots each slot server (each job) serves.
-        isolation: The sandbox isolation of every server (slot uids: a block per job).
+        server: The slot servers' settings (``SlotServerSettings``; by default 8 slots, and
+            300 s for the pool's start and each running job's join). Slot uids: a block per
+            job.
         min_containers, max_containers: The range the server count is scaled in.
         shared_dir: A directory the submitting host and every node share; the pool makes its
             run directory (token, script, ready files, job logs) inside (``None``: the system's
             temporary directory, right only when the cluster is this one machine).
         drain_before_s: A job this close to its time limit is drained and replaced.
-        acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
-        require_tmux: Refuse servers without tmux.
         scale_down_margin, cooldown_s: The scaling rules' damping.
-        start_timeout_s: Longest the pool's start, and one running job's join, may take.
-        reset_timeout_s: Longest a release's reset may take before the slot is quarantined.
         poll_interval_s: How often the queue is listed.
         command_timeout_s: Longest one Slurm command may take.
         stop_timeout_s: Longest the close waits for the jobs to leave the queue.
@@ -134,20 +131,16 @@ class SlurmPoolConfig:
     job: SlurmJobSettings = attrs.field(
         factory=SlurmJobSettings, validator=instance_of(SlurmJobSettings)
     )
-    slots_per_container: int = attrs.field(default=8, validator=whole_number(1))
-    isolation: SlotIsolation = attrs.field(
-        factory=SlotIsolation, validator=instance_of(SlotIsolation)
+    server: SlotServerSettings = attrs.field(
+        factory=lambda: SlotServerSettings(slots_per_container=8, start_timeout_s=300.0),
+        validator=instance_of(SlotServerSettings),
     )
     min_containers: int = attrs.field(default=1, validator=whole_number(0))
     max_containers: int = attrs.field(default=10, validator=whole_number(1))
     shared_dir: Path | None = attrs.field(default=None, converter=_optional_dir)
     drain_before_s: float = attrs.field(default=300.0, validator=non_negative_seconds)
-    acquire_timeout_s: float | None = attrs.field(default=600.0, validator=optional_seconds)
-    require_tmux: bool = attrs.field(default=False, validator=flag)
     scale_down_margin: int = attrs.field(default=0, validator=whole_number(0))
     cooldown_s: float = attrs.field(default=30.0, validator=non_negative_seconds)
-    start_timeout_s: float = attrs.field(default=300.0, validator=positive_seconds)
-    reset_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
     poll_interval_s: float = attrs.field(default=1.0, validator=positive_seconds)
     command_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
     stop_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
@@ -164,9 +157,9 @@ class SlurmPoolConfig:
         self.scale_config()
         # two blocks of slot uids per server: a job and the one replacing it may share a node
         check_slot_uid_range(
-            "isolation.slot_uid_base",
-            self.isolation.slot_uid_base,
-            2 * self.max_containers * self.slots_per_container,
+            "server.isolation.slot_uid_base",
+            self.server.isolation.slot_uid_base,
+            2 * self.max_containers * self.server.slots_per_container,
         )
 
     def scale_config(self) -> ScaleConfig:
@@ -306,16 +299,15 @@ class _SlurmJobs(ReconciledSource[SlurmPoolConfig]):
         if block is None:
             return  # every uid block is held by a job still in the queue
         assert self.run_dir is not None
-        config = self.config
+        config, server = self.config, self.config.server
         argv = sbatch_argv(
             config.job,
-            slots_per_container=config.slots_per_container,
-            isolation=config.isolation,
+            server=config.server,
             script=str(self.run_dir / "slot-server.sh"),
             run_dir=str(self.run_dir),
             run=self.run,
             index=index,
-            uid_base=config.isolation.slot_uid_base + block * config.slots_per_container,
+            uid_base=server.isolation.slot_uid_base + block * server.slots_per_container,
             token_file=str(self.run_dir / "token"),
         )
         job_id = (await self._slurm(argv)).strip().split(";")[0]

@@ -72,6 +72,7 @@ from trajcore.adapters.pools.ssh_pool import SshPoolConfig
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_job import NomadJobSettings
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slurm_jobs import SlurmJobSettings
 from trajcore.domain.ssh_hosts import SshHost
 
@@ -91,8 +92,8 @@ _POLICY = SlotIsolation()
 _LOCAL = LocalPoolConfig()
 _CONTAINER = ContainerPoolConfig()
 _NOMAD = NomadPoolConfig()
-_NOMAD_JOB = _NOMAD.job
-_SLURM = SlurmPoolConfig().job
+_SLURM = SlurmPoolConfig()
+_CLOUD = CloudPoolConfig()
 _SSH = SshHost(address="host")
 _MODAL = ModalPoolConfig()
 _DAYTONA = DaytonaPoolConfig()
@@ -198,7 +199,7 @@ class DeclaredSettings(CloudSettings):
         "server its group was prepared on before it prepares elsewhere (prepare_once).",
     )
     slots_per_container: int = Field(
-        default=_NOMAD.slots_per_container, ge=1, description="Slots per container (N)."
+        default=_NOMAD.server.slots_per_container, ge=1, description="Slots per container (N)."
     )
     nomad_address: str = Field(default=_NOMAD.address, description="Nomad API URL.")
     nomad_token: str | None = Field(
@@ -211,7 +212,7 @@ class DeclaredSettings(CloudSettings):
         default=_NOMAD.max_containers, ge=1, description="Nomad: most containers."
     )
     privileged: bool = Field(
-        default=_NOMAD_JOB.privileged, description="Nomad: run containers privileged."
+        default=_NOMAD.job.privileged, description="Nomad: run containers privileged."
     )
     purge_on_start: bool = Field(
         default=_NOMAD.purge_on_start, description="Nomad: purge the job on start."
@@ -220,7 +221,7 @@ class DeclaredSettings(CloudSettings):
         default=_NOMAD.purge_on_shutdown, description="Nomad: purge it on shutdown."
     )
     acquire_timeout_s: float = Field(
-        default=cast("float", _NOMAD.acquire_timeout_s),
+        default=cast("float", _NOMAD.server.acquire_timeout_s),
         gt=0,
         description="Longest wait for a slot.",
     )
@@ -403,6 +404,15 @@ class SandboxSettings(_Flags):
         """What every pool tells its slot servers: the isolation and whether tmux is required."""
         return {"isolation": self.slot_isolation(), "require_tmux": self.require_stateful_sandbox}
 
+    def slot_servers(self, default: SlotServerSettings) -> SlotServerSettings:
+        """A pool's slot servers' settings: ``default`` (the pool's own) with the env's slots,
+        lease deadline, isolation and tmux requirement.
+
+        Raises:
+            ConfigError: a setting that cannot work, named by its env field.
+        """
+        return _build(self, SlotServerSettings, (), self.server_settings(), base=default)
+
     def local_pool_config(self) -> LocalPoolConfig:
         """The local pool's settings (``local_*`` and the shared fields)."""
         return _build(self, LocalPoolConfig, ("local_",), self.server_settings())
@@ -418,7 +428,8 @@ class SandboxSettings(_Flags):
             ConfigError: a Nomad setting that cannot work, named by its env field.
         """
         job = self.nomad_job()
-        return _build(self, NomadPoolConfig, ("nomad_",), {**self.server_settings(), "job": job})
+        server = self.slot_servers(_NOMAD.server)
+        return _build(self, NomadPoolConfig, ("nomad_",), {"server": server, "job": job})
 
     def nomad_job(self) -> NomadJobSettings:
         """The Nomad job's settings, from the ``nomad_*`` flags (and the shared ones).
@@ -443,7 +454,8 @@ class SandboxSettings(_Flags):
             ConfigError: a Slurm setting that cannot work, named by its env field.
         """
         job = self.slurm_job()
-        return _build(self, SlurmPoolConfig, ("slurm_",), {**self.server_settings(), "job": job})
+        server = self.slot_servers(_SLURM.server)
+        return _build(self, SlurmPoolConfig, ("slurm_",), {"server": server, "job": job})
 
     def ssh_pool_config(self) -> SshPoolConfig:
         """The SSH pool's settings: each ``ssh_host`` runs ``local_containers`` servers of
@@ -504,7 +516,8 @@ class SandboxSettings(_Flags):
 
     def _cloud_pool_config(self) -> CloudPoolConfig:
         """The cloud pool's settings of the Modal and Daytona pools (``cloud_*``, shared)."""
-        return _build(self, CloudPoolConfig, ("cloud_",), self.server_settings())
+        server = self.slot_servers(_CLOUD.server)
+        return _build(self, CloudPoolConfig, ("cloud_",), {"server": server})
 
 
 _SSH_NAMES: Mapping[str, str] = {
@@ -545,9 +558,12 @@ def _build(
     prefixes: tuple[str, ...],
     given: Mapping[str, object],
     names: Mapping[str, str] | None = None,
+    *,
+    base: T | None = None,
 ) -> T:
-    """``target`` built from its section of ``settings`` and ``given``; a ``ConfigError`` is
-    renamed to the env field its value came from."""
+    """``target`` built from its section of ``settings`` and ``given`` (over ``base``'s values
+    when given, else its defaults); a ``ConfigError`` is renamed to the env field its value
+    came from."""
     section = _section(target, prefixes, names or {})
     try:
         hints = get_type_hints(target)
@@ -559,7 +575,9 @@ def _build(
             value, items = getattr(settings, flag), _json_items(hints.get(name))
             values[name] = _json_values(flag, items, value) if items is not None else value
     try:
-        return target(**values, **given)
+        if base is None:
+            return target(**values, **given)
+        return target(**{**attrs.asdict(base, recurse=False), **values, **given})
     except ConfigError as error:
         raise ConfigError(section.get(error.field, error.field), error.reason) from None
 
