@@ -4,6 +4,7 @@ by mutation testing). Each test's docstring names the decision it pins."""
 from __future__ import annotations
 
 from trajcore.domain.tool_parsers.qwen3_coder import Qwen3CoderParser, _Function, _Scan
+from trajcore.domain.tools import ToolSpec
 from trajcore.domain.turns import ParsedTurn
 
 
@@ -62,3 +63,27 @@ def test_seed_oss_reads_its_own_reasoning_tags_when_either_one_is_there() -> Non
     assert parser.parse("r</seed:think>done") == ParsedTurn(content="done", reasoning="r")
     assert parser.parse("a<seed:think>r</think>") == ParsedTurn(content="a", reasoning="r</think>")
     assert parser.parse("<think>r</think>done") == ParsedTurn(content="done", reasoning="r")
+
+
+def test_a_tool_whose_schema_names_no_properties_has_no_parameter_names() -> None:
+    """Pins that a tool spec without ``properties`` knows no parameter names (not "any name"):
+    a closer before ``<parameter=y>`` inside a value is then text, not the value's end."""
+    tool = ToolSpec(name="f", parameters={"type": "object"})
+    text = (
+        "<tool_call>\n<function=f>\n<parameter=a>\nx</parameter>\n<parameter=y>z\n"
+        "</parameter>\n</function>\n</tool_call>"
+    )
+    turn = Qwen3CoderParser().parse(text, tools=[tool])
+    assert turn.errors == ()
+    assert [c.arguments for c in turn.calls] == [{"a": "x</parameter>\n<parameter=y>z"}]
+
+
+def test_a_refused_call_in_a_block_keeps_the_text_from_its_block_opener() -> None:
+    """Pins that a refused call's text starts at its ``<tool_call>``, not at the start of the
+    completion (the content before it is not part of the call)."""
+    text = "Working.\n<tool_call>\n<function=f>\n<parameter=a"
+    turn = Qwen3CoderParser().parse(text)
+    assert [(p.raw, p.reason) for p in turn.errors] == [
+        ("<tool_call>\n<function=f>\n<parameter=a", "truncated call @ arguments")
+    ]
+    assert turn.content == "Working."
