@@ -1,0 +1,112 @@
+"""A lease's network namespace is made ahead by its keeper, off the lease's start, and is fresh.
+
+The keeper makes the next lease's network namespace (loopback up) before it answers its start
+and each "end", and holds it by a descriptor; the next lease enters it instead of creating one.
+These tests look at it from the host (root reads the keeper's descriptors): the idle keeper
+holds a network namespace that is neither its own nor the last lease's, the next lease runs in
+exactly that one, and two leases never share one.
+
+The runtime runs in this process with bubblewrap and the compiled helper, as the slot servers
+do; warm leases are off, so the keeper stays idle between a reset and the next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trajcore.adapters.slot_server.runtime import SlotRuntime
+from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
+from trajcore.domain.json_values import JSON
+from trajcore.domain.slot_protocol import ExecuteCall
+from trajcore.domain.tools import ToolOutcome
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="reading a keeper's descriptors needs root"),
+]
+
+_ids = itertools.count(1)
+
+
+def call(epoch: int, command: str) -> ExecuteCall:
+    arguments: dict[str, JSON] = {"command": command}
+    return ExecuteCall(
+        slot=0, epoch=epoch, call_id=f"n{next(_ids)}", tool="bash", arguments=arguments,
+        timeout_s=10.0,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    """A server root every uid may search (a root server runs its slots as other uids)."""
+    folder = Path(tempfile.mkdtemp(prefix="trajcore-netns-"))
+    folder.chmod(0o711)
+    try:
+        yield folder / "root"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def keeper_of(sandbox: int) -> int:
+    """The pid of the slot keeper below the slot's sandbox process ``sandbox``."""
+    todo = [sandbox]
+    while todo:
+        pid = todo.pop()
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "slot-keeper":
+            return pid
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            todo += [int(child) for child in (task / "children").read_text().split()]
+    raise AssertionError(f"no slot-keeper below {sandbox}")
+
+
+def held_networks(pid: int) -> list[str]:
+    """The network namespaces ``pid`` holds open by a descriptor."""
+    links = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+    return [link for link in links if link.startswith("net:")]
+
+
+def test_the_idle_keeper_holds_a_fresh_network_namespace_for_the_next_lease(root: Path) -> None:
+    config = RuntimeConfig(slots=1, root=root, use_cgroups=False, warm_leases=False)
+    probe = "readlink /proc/self/ns/net"
+    loopback = (
+        "python3 -c \"import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+        "socket.create_connection(s.getsockname()); print('loopback-ok')\""
+    )
+
+    async def main() -> tuple[str, str, str, list[str], list[str], str]:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        try:
+            (first,) = await runtime.execute([call(1, probe)])
+            assert first.outcome is ToolOutcome.OK, first.content
+            sandbox = runtime.listing().slots[0].sandbox_pid
+            assert sandbox is not None
+            keeper = keeper_of(sandbox)
+            own = os.readlink(f"/proc/{keeper}/ns/net")
+            assert (await runtime.reset(0, 1)).ok
+            idle = held_networks(keeper)
+            (second,) = await runtime.execute([call(2, probe)])
+            assert second.outcome is ToolOutcome.OK, second.content
+            during = held_networks(keeper)
+            (works,) = await runtime.execute([call(2, loopback)])
+            assert (await runtime.reset(0, 2)).ok
+            return first.content, second.content, own, idle, during, works.content
+        finally:
+            await runtime.aclose()
+
+    first, second, own, idle, during, works = asyncio.run(main())
+    first_net, second_net = first.strip(), second.strip()
+    assert len(idle) == 1, idle  # made ahead while the keeper was idle
+    assert idle[0] not in (own, first_net)  # fresh: neither the keeper's nor the last lease's
+    assert second_net == idle[0]  # the next lease runs in exactly that one
+    assert second_net != first_net
+    assert during == []  # handed over: the keeper keeps no copy of a lease's namespace
+    assert works == "loopback-ok\n", works  # its loopback is up
