@@ -87,3 +87,27 @@ def test_a_refused_call_in_a_block_keeps_the_text_from_its_block_opener() -> Non
         ("<tool_call>\n<function=f>\n<parameter=a", "truncated call @ arguments")
     ]
     assert turn.content == "Working."
+
+
+def test_a_call_cut_off_after_its_values_is_truncated_at_the_function_naming_it() -> None:
+    """Pins the refusal of a call whose text ends between its parameters: ``truncated call @
+    function``, with the function's name and the call's text."""
+    text = "<tool_call>\n<function=f>\n<parameter=a>\nx\n</parameter>\n"
+    turn = Qwen3CoderParser().parse(text)
+    assert [(p.raw, p.reason, p.name) for p in turn.errors] == [
+        (text, "truncated call @ function", "f")
+    ]
+
+
+def test_a_call_refused_by_the_tool_checks_keeps_its_text_up_to_where_it_ends() -> None:
+    """Pins the text of a call read whole but refused by the shared checks (an unknown tool):
+    from its ``<tool_call>`` to its ``</function>``, or to the block's end when the function
+    was not closed."""
+    tools = [ToolSpec(name="f", parameters={"type": "object", "properties": {}})]
+    closed = "<tool_call>\n<function=g>\n</function>"
+    unclosed = "<tool_call>\n<function=h>\n"
+    turn = Qwen3CoderParser().parse(f"{closed}\n</tool_call>{unclosed}</tool_call>", tools=tools)
+    assert [(p.raw, p.reason) for p in turn.errors] == [
+        (closed, "unknown tool 'g' @ name"),
+        (unclosed, "unknown tool 'h' @ name"),
+    ]
