@@ -111,3 +111,16 @@ def test_a_call_refused_by_the_tool_checks_keeps_its_text_up_to_where_it_ends() 
         (closed, "unknown tool 'g' @ name"),
         (unclosed, "unknown tool 'h' @ name"),
     ]
+
+
+def test_text_between_parameters_is_passed_over() -> None:
+    """Pins that text between a function's header and its parameters that is no markup is
+    skipped to the next tag (past a ``<`` that opens none), in a call that opens the completion
+    too (only a ``<tool_call>`` right there cuts the call off)."""
+    text = (
+        "<tool_call>\n<function=f>\nnote < this\n<parameter=a>\nx\n</parameter>\n"
+        "</function>\n</tool_call>"
+    )
+    turn = Qwen3CoderParser().parse(text)
+    assert turn.errors == ()
+    assert [(c.name, c.arguments) for c in turn.calls] == [("f", {"a": "x"})]
