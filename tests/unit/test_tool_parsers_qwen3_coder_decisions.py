@@ -124,3 +124,15 @@ def test_text_between_parameters_is_passed_over() -> None:
     turn = Qwen3CoderParser().parse(text)
     assert turn.errors == ()
     assert [(c.name, c.arguments) for c in turn.calls] == [("f", {"a": "x"})]
+
+
+def test_a_block_opener_outside_values_cuts_the_call_naming_its_function() -> None:
+    """Pins that a ``<tool_call>`` between a function's parameters ends that call as ``truncated
+    call @ function`` with the function's name and the text before the opener, and the next
+    call is read."""
+    text = "<tool_call>\n<function=f>\n<tool_call>\n<function=g>\n</function>\n</tool_call>"
+    turn = Qwen3CoderParser().parse(text)
+    assert [(p.raw, p.reason, p.name) for p in turn.errors] == [
+        ("<tool_call>\n<function=f>\n", "truncated call @ function", "f")
+    ]
+    assert [c.name for c in turn.calls] == ["g"]
