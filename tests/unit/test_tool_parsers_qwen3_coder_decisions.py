@@ -124,6 +124,9 @@ def test_text_between_parameters_is_passed_over() -> None:
     turn = Qwen3CoderParser().parse(text)
     assert turn.errors == ()
     assert [(c.name, c.arguments) for c in turn.calls] == [("f", {"a": "x"})]
+    # one character of text right before the tag
+    turn = Qwen3CoderParser().parse(text.replace("note < this\n", "y"))
+    assert [(c.name, c.arguments) for c in turn.calls] == [("f", {"a": "x"})]
 
 
 def test_a_block_opener_outside_values_cuts_the_call_naming_its_function() -> None:
