@@ -139,3 +139,13 @@ def test_a_block_opener_outside_values_cuts_the_call_naming_its_function() -> No
         ("<tool_call>\n<function=f>\n", "truncated call @ function", "f")
     ]
     assert [c.name for c in turn.calls] == ["g"]
+
+
+def test_a_broken_parameter_name_is_refused_naming_the_function() -> None:
+    """Pins the refusal of a parameter whose name is broken off (by a newline before ``>``):
+    ``expected '>' after the parameter name @ arguments``, with the function's name."""
+    text = "<tool_call>\n<function=f>\n<parameter=a\nx\n</parameter>\n</function>\n</tool_call>"
+    turn = Qwen3CoderParser().parse(text)
+    assert [(p.reason, p.name) for p in turn.errors] == [
+        ("expected '>' after the parameter name @ arguments", "f")
+    ]
