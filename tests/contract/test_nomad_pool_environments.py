@@ -55,8 +55,11 @@ ARTIFACT_REF = "oci:/local/environments/shell"
 @pytest.fixture(scope="module")
 def shell_image() -> Iterator[Path]:
     """A folder every slot uid may search, holding the shell image's OCI layout (``layout``);
-    the image cache goes under it too."""
-    folder = Path(tempfile.mkdtemp(prefix="trajcore-nomad-env-"))
+    the image cache goes under it too. Its name is lowercase letters and digits only: podman
+    names an image pulled from ``oci:PATH`` after PATH, and refuses the pull as an "invalid
+    reference format" when a component begins or ends with ``_`` (which ``mkdtemp`` may give)."""
+    folder = Path(tempfile.gettempdir()) / f"trajcore-nomad-env-{secrets.token_hex(6)}"
+    folder.mkdir(mode=0o711)
     folder.chmod(0o711)
     try:
         write_shell_image(folder / "layout", salt="nomad")
