@@ -66,6 +66,7 @@ from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.policy import ChatPolicy
@@ -169,8 +170,11 @@ async def child(args: argparse.Namespace) -> None:
     slots = -(-args.concurrency // args.servers)
     isolation = SlotIsolation(require_sandbox=True, max_processes=64, memory_bytes=512 << 20)
     pool_config = LocalPoolConfig(
-        containers=args.servers, slots_per_container=slots, isolation=isolation,
-        acquire_timeout_s=300.0, start_timeout_s=120.0,
+        containers=args.servers,
+        server=SlotServerSettings(
+            slots_per_container=slots, isolation=isolation,
+            acquire_timeout_s=300.0, start_timeout_s=120.0,
+        ),
     )  # fmt: skip
     config = RolloutConfig(
         agent=AgentLoopConfig(max_turns=len(COMMANDS)),

@@ -39,6 +39,7 @@ from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.isolation import DEFAULT_SLOT_UID_BASE, SlotIsolation
 from trajcore.domain.slot_protocol import ExecuteCall
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolCall
 from trajcore.rollout.dispatcher import ToolDispatcher
@@ -87,7 +88,10 @@ async def rounds(
 
 async def through_pool(workers: int, seconds: float, count: int) -> None:
     config = LocalPoolConfig(
-        containers=SERVERS, slots_per_container=SLOTS, isolation=SlotIsolation(require_sandbox=True)
+        containers=SERVERS,
+        server=SlotServerSettings(
+            slots_per_container=SLOTS, isolation=SlotIsolation(require_sandbox=True)
+        ),
     )
     ids = itertools.count()
     batching = BatchConfig(window_ms=5.0)

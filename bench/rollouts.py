@@ -72,6 +72,7 @@ from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolSpec
 from trajcore.rollout.dispatcher import ToolDispatcher
@@ -268,8 +269,11 @@ async def bench(args: argparse.Namespace, reference: Reference) -> None:  # noqa
     slots = -(-concurrency // args.servers)
     isolation = SlotIsolation(require_sandbox=True, max_processes=64, memory_bytes=512 << 20)
     pool_config = LocalPoolConfig(
-        containers=args.servers, slots_per_container=slots, isolation=isolation,
-        acquire_timeout_s=300.0, start_timeout_s=120.0,
+        containers=args.servers,
+        server=SlotServerSettings(
+            slots_per_container=slots, isolation=isolation,
+            acquire_timeout_s=300.0, start_timeout_s=120.0,
+        ),
     )  # fmt: skip
     config = RolloutConfig(
         agent=AgentLoopConfig(max_turns=turns),

@@ -36,6 +36,7 @@ from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.adapters.pools.pool_core import SlotServerPool
 from trajcore.adapters.pools.slurm_pool import SlurmSandboxPool
 from trajcore.domain.isolation import SlotIsolation
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolCall
 
@@ -73,7 +74,10 @@ async def _slurm(cluster: SlurmCluster) -> tuple[float, float]:
 
 
 async def _local() -> tuple[float, float]:
-    config = LocalPoolConfig(containers=SERVERS, slots_per_container=SLOTS, isolation=_isolation())
+    config = LocalPoolConfig(
+        containers=SERVERS,
+        server=SlotServerSettings(slots_per_container=SLOTS, isolation=_isolation()),
+    )
     started = time.monotonic()
     async with LocalSandboxPool(config) as pool:
         return await _first_lease(pool, started)

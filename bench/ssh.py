@@ -30,6 +30,7 @@ from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.adapters.pools.pool_core import SlotServerPool
 from trajcore.adapters.pools.ssh_pool import SshPoolConfig, SshSandboxPool
 from trajcore.domain.isolation import SlotIsolation
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome
 from trajcore.testing.loopback_sshd import loopback_sshd, sshd_problem
@@ -84,12 +85,19 @@ async def main(seconds: float) -> int:
         print(f"bench/ssh.py: skipped: {problem}")
         return 0
     local = LocalSandboxPool(
-        LocalPoolConfig(containers=SERVERS, slots_per_container=SLOTS, isolation=ISOLATION)
+        LocalPoolConfig(
+            containers=SERVERS,
+            server=SlotServerSettings(slots_per_container=SLOTS, isolation=ISOLATION),
+        )
     )
     local_figures = await _measure(local, seconds)
     with tempfile.TemporaryDirectory() as directory, loopback_sshd(Path(directory)) as sshd:
         host = sshd.host(servers=SERVERS, slots=SLOTS)
-        ssh = SshSandboxPool(SshPoolConfig(hosts=[host], ssh=sshd.settings(), isolation=ISOLATION))
+        ssh = SshSandboxPool(
+            SshPoolConfig(
+                hosts=[host], ssh=sshd.settings(), server=SlotServerSettings(isolation=ISOLATION)
+            )
+        )
         ssh_figures = await _measure(ssh, seconds)
     print(f"{'':24} {'local':>10} {'ssh':>10} {'ssh/local':>10}")
     for key in ("calls_per_s_1", "calls_per_s_64", "start_s"):

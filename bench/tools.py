@@ -54,6 +54,7 @@ from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.bwrap import bwrap_argv
 from trajcore.domain.isolation import DEFAULT_SLOT_UID_BASE, SlotIsolation
 from trajcore.domain.slot_protocol import ExecuteCall
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import Lease, SlotCall
 from trajcore.domain.tools import ToolCall
 from trajcore.rollout.dispatcher import DispatcherStatistics, ToolDispatcher
@@ -237,8 +238,9 @@ async def bench(  # noqa: PLR0915 - one linear script of measurements
     counter = iter(range(1, 1 << 62))
     pool_config = LocalPoolConfig(
         containers=servers,
-        slots_per_container=slots_per_server,
-        isolation=SlotIsolation(require_sandbox=True),
+        server=SlotServerSettings(
+            slots_per_container=slots_per_server, isolation=SlotIsolation(require_sandbox=True)
+        ),
     )
     pool = LocalSandboxPool(pool_config)
     dispatcher = ToolDispatcher(pool, BatchConfig(window_ms=window_ms))

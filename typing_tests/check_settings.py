@@ -1,7 +1,7 @@
 """The pools' settings, as typed code sees them (mypy checks this file; pytest never runs it).
 
-- A scheduled pool's slot servers' settings are one ``SlotServerSettings`` value (``server``),
-  which is what the pool core reads (``PoolSettings``) and the Nomad job spec holds.
+- Every pool's slot servers' settings are one ``SlotServerSettings`` value (``server``), which
+  is what the pool core reads (``join_rules``) and the Nomad job spec holds.
 - The env's flags derived from a job's settings (``nomad_cpu_mhz``, ``slurm_job_name``, ...)
   are not fields mypy sees: typed code reads them built and checked, ``nomad_job()`` and
   ``slurm_job()``, whose fields keep their types.
@@ -12,10 +12,13 @@ from __future__ import annotations
 from typing import assert_type
 
 from trajcore.adapters.pools.cloud_pool import CloudPoolConfig
+from trajcore.adapters.pools.container_pool import ContainerPoolConfig
+from trajcore.adapters.pools.local_pool import LocalPoolConfig
 from trajcore.adapters.pools.nomad_pool import NomadPoolConfig
-from trajcore.adapters.pools.pool_core import PoolSettings
+from trajcore.adapters.pools.pool_core import JoinRules, join_rules
 from trajcore.adapters.pools.reconciled import ReconciledSettings
 from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig
+from trajcore.adapters.pools.ssh_pool import SshPoolConfig
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_job import NomadJobSettings, NomadJobSpec
 from trajcore.domain.slot_server_settings import SlotServerSettings
@@ -23,8 +26,16 @@ from trajcore.domain.slurm_jobs import SlurmJobSettings
 from trajcore.env import AgentEnvConfig
 
 
-def check_the_pool_core_reads_the_servers_settings(server: SlotServerSettings) -> PoolSettings:
-    return server
+def check_the_pool_core_reads_the_servers_settings(server: SlotServerSettings) -> JoinRules:
+    return join_rules(server)
+
+
+def check_started_pools_hold_one_server_value(
+    local: LocalPoolConfig, container: ContainerPoolConfig, ssh: SshPoolConfig
+) -> list[JoinRules]:
+    for config in (local, container, ssh):
+        assert_type(config.server, SlotServerSettings)
+    return [join_rules(local.server), join_rules(container.server), join_rules(ssh.server)]
 
 
 def check_scheduled_pools_hold_one_server_value(

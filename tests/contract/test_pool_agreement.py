@@ -30,6 +30,7 @@ from tests.nomad_testbed import OPENAPI, OPENAPI_PROBLEM, crash_allocation
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.isolation import SlotIsolation
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.sandbox_pool_contract import PoolShape
 from trajcore.testing.sandbox_pool_machine import MachineShape, run_pool_machine
@@ -52,10 +53,13 @@ def fake_pool() -> FakeSandboxPool:
 
 def local_pool() -> LocalSandboxPool:
     config = LocalPoolConfig(
-        containers=SHAPE.containers, slots_per_container=SHAPE.slots_per_container,
-        reset_timeout_s=10.0, acquire_timeout_s=30.0,
-        isolation=SlotIsolation(
-            require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_bytes=512 << 20
+        containers=SHAPE.containers,
+        server=SlotServerSettings(
+            slots_per_container=SHAPE.slots_per_container,
+            reset_timeout_s=10.0, acquire_timeout_s=30.0,
+            isolation=SlotIsolation(
+                require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_bytes=512 << 20
+            ),
         ),
     )  # fmt: skip
     return LocalSandboxPool(config)

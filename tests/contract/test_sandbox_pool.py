@@ -13,6 +13,7 @@ import pytest
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.isolation import SlotIsolation
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.sandbox_pool_contract import (
     CrashContainer,
@@ -36,12 +37,14 @@ async def fake_pool(shape: PoolShape) -> AsyncIterator[SandboxPool]:
 async def local_pool(shape: PoolShape) -> AsyncIterator[SandboxPool]:
     config = LocalPoolConfig(
         containers=shape.containers,
-        slots_per_container=shape.slots_per_container,
-        acquire_timeout_s=shape.acquire_timeout_s,
-        isolation=SlotIsolation(
-            require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_bytes=512 << 20
+        server=SlotServerSettings(
+            slots_per_container=shape.slots_per_container,
+            acquire_timeout_s=shape.acquire_timeout_s,
+            isolation=SlotIsolation(
+                require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_bytes=512 << 20
+            ),
+            reset_timeout_s=10.0,
         ),
-        reset_timeout_s=10.0,
     )
     async with LocalSandboxPool(config) as pool:
         yield pool

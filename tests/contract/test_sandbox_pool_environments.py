@@ -18,6 +18,7 @@ from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.environment_leases import EnvironmentUnavailable
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.sandbox_pool_contract import (
     EnvironmentCase,
@@ -55,10 +56,12 @@ class TestFakeSandboxPoolEnvironments(TaskEnvironmentContract):
 def local_config(shape: PoolShape, cache: Path | None) -> LocalPoolConfig:
     return LocalPoolConfig(
         containers=shape.containers,
-        slots_per_container=shape.slots_per_container,
-        acquire_timeout_s=shape.acquire_timeout_s,
-        isolation=ISOLATION,
-        reset_timeout_s=10.0,
+        server=SlotServerSettings(
+            slots_per_container=shape.slots_per_container,
+            acquire_timeout_s=shape.acquire_timeout_s,
+            isolation=ISOLATION,
+            reset_timeout_s=10.0,
+        ),
         image_cache_dir=cache,
     )
 

@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
+from tests.flat_settings import split_off
 from tests.image_source import image_problem
 from trajcore.adapters.pools.container_pool import (
     DEFAULT_IMAGE,
@@ -69,13 +70,16 @@ def containers_labelled(prefix: str) -> list[str]:
 
 
 def config(containers: int = 2, slots: int = 2, **more: object) -> ContainerPoolConfig:
+    values: dict[str, object] = {
+        "slots_per_container": slots, "isolation": ISOLATION, "reset_timeout_s": 10.0,
+        "image": IMAGE,
+    } | more  # fmt: skip
+    server = split_off(ContainerPoolConfig().server, values)
     return ContainerPoolConfig(
         containers=containers,
-        slots_per_container=slots,
-        isolation=ISOLATION,
+        server=server,
         name_prefix=f"test-pool-{secrets.token_hex(3)}",
-        reset_timeout_s=10.0,
-        **({"image": IMAGE} | more),  # type: ignore[arg-type]
+        **values,  # type: ignore[arg-type]
     )
 
 

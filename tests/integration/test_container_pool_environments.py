@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import attrs
 import pytest
 
 from tests.environment_roots import IMAGE_OS_RELEASE, image_problem, write_shell_image
@@ -57,11 +58,14 @@ def image_dir() -> Iterator[Path]:
 def environment_config(shape: PoolShape, folder: Path) -> ContainerPoolConfig:
     return ContainerPoolConfig(
         containers=shape.containers,
-        slots_per_container=shape.slots_per_container,
-        acquire_timeout_s=shape.acquire_timeout_s,
-        isolation=SlotIsolation(require_sandbox=True, min_timeout_s=0.2, max_processes=64),
+        server=attrs.evolve(
+            ContainerPoolConfig().server,
+            slots_per_container=shape.slots_per_container,
+            acquire_timeout_s=shape.acquire_timeout_s,
+            isolation=SlotIsolation(require_sandbox=True, min_timeout_s=0.2, max_processes=64),
+            reset_timeout_s=20.0,
+        ),
         name_prefix=f"test-env-{secrets.token_hex(3)}",
-        reset_timeout_s=20.0,
         image=IMAGE,
         image_cache_dir=folder / "cache",
         environment_dirs=(folder / "layout",),

@@ -27,6 +27,7 @@ from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slot_protocol import SLOT_TOOLS
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.tools import ToolCall
 from trajcore.entrypoints.atropos.config import AgentEnvConfig
 from trajcore.rollout.dispatcher import ToolDispatcher
@@ -79,8 +80,11 @@ def test_the_demo_runs_offline_and_solves_every_task(tmp_path: Path) -> None:
 async def local_pool() -> AsyncIterator[tuple[LocalSandboxPool, ToolDispatcher]]:
     """A real local pool (one slot server, bubblewrap required) and a dispatcher over it."""
     config = LocalPoolConfig(
-        containers=1, slots_per_container=2, acquire_timeout_s=30.0,
-        isolation=SlotIsolation(require_sandbox=True, min_timeout_s=0.5),
+        containers=1,
+        server=SlotServerSettings(
+            slots_per_container=2, acquire_timeout_s=30.0,
+            isolation=SlotIsolation(require_sandbox=True, min_timeout_s=0.5),
+        ),
     )  # fmt: skip
     async with (
         LocalSandboxPool(config) as pool,

@@ -25,6 +25,7 @@ from trajcore.domain.groups import GroupStatus, TrajectoryStatus
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import PoolStatistics
 from trajcore.domain.tools import ToolCall
 from trajcore.entrypoints.atropos.env import AgentEnv
@@ -98,8 +99,9 @@ async def test_an_items_image_is_the_root_of_every_member_and_of_verify(image_di
     env = OsReleaseEnv(_config(group_size=3, ensure_scores_are_not_same=False))
     config = LocalPoolConfig(
         containers=2,
-        slots_per_container=2,
-        isolation=SlotIsolation(require_sandbox=True),
+        server=SlotServerSettings(
+            slots_per_container=2, isolation=SlotIsolation(require_sandbox=True)
+        ),
         image_cache_dir=image_dir / "cache",
     )
     policy = env.make_policy(chat=_shows_os_release())
@@ -153,8 +155,9 @@ async def _group_prepared_once(
     )
     config = LocalPoolConfig(
         containers=containers,
-        slots_per_container=4,
-        isolation=SlotIsolation(require_sandbox=True),
+        server=SlotServerSettings(
+            slots_per_container=4, isolation=SlotIsolation(require_sandbox=True)
+        ),
         image_cache_dir=image_dir / "cache",
     )
     async with LocalSandboxPool(config) as pool:
@@ -190,8 +193,9 @@ async def test_slot_tools_fork_copies_a_running_lease_over_the_image(image_dir: 
     image = f"oci:{image_dir / 'layout'}"
     config = LocalPoolConfig(
         containers=2,
-        slots_per_container=3,
-        isolation=SlotIsolation(require_sandbox=True),
+        server=SlotServerSettings(
+            slots_per_container=3, isolation=SlotIsolation(require_sandbox=True)
+        ),
         image_cache_dir=image_dir / "cache",
     )
     async with (

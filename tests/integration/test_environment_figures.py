@@ -22,6 +22,7 @@ from tests.environment_roots import image_problem, write_shell_image
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.environment_leases import EnvironmentStatistics
 from trajcore.domain.isolation import SlotIsolation
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.entrypoints.atropos.metrics import service_metrics
 from trajcore.rollout.dispatcher import DispatcherStatistics
 from trajcore.testing.portal_pools import slot_call
@@ -66,10 +67,12 @@ async def measured(pool: LocalSandboxPool, layers: int) -> EnvironmentStatistics
 def pool_config(folder: Path) -> LocalPoolConfig:
     return LocalPoolConfig(
         containers=2,
-        slots_per_container=1,
-        acquire_timeout_s=30.0,
-        isolation=SlotIsolation(require_sandbox=True, min_timeout_s=0.2, max_processes=64),
-        reset_timeout_s=10.0,
+        server=SlotServerSettings(
+            slots_per_container=1,
+            acquire_timeout_s=30.0,
+            isolation=SlotIsolation(require_sandbox=True, min_timeout_s=0.2, max_processes=64),
+            reset_timeout_s=10.0,
+        ),
         image_cache_dir=folder / "cache",
     )
 

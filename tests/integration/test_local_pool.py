@@ -20,6 +20,7 @@ import pytest
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.isolation import SlotIsolation
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 from trajcore.rollout.dispatcher import ToolDispatcher
@@ -36,9 +37,12 @@ def anyio_backend() -> str:
 
 def config(containers: int = 2, slots: int = 4) -> LocalPoolConfig:
     return LocalPoolConfig(
-        containers=containers, slots_per_container=slots, acquire_timeout_s=60.0,
-        isolation=SlotIsolation(
-            require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_bytes=512 << 20
+        containers=containers,
+        server=SlotServerSettings(
+            slots_per_container=slots, acquire_timeout_s=60.0,
+            isolation=SlotIsolation(
+                require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_bytes=512 << 20
+            ),
         ),
     )  # fmt: skip
 

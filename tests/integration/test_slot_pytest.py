@@ -15,6 +15,7 @@ from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slot_protocol import SLOT_TOOLS
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.pytest_outcome import PytestExit
@@ -50,9 +51,11 @@ def unisolated() -> AbstractAsyncContextManager[SandboxPool]:
 def local() -> AbstractAsyncContextManager[SandboxPool]:
     config = LocalPoolConfig(
         containers=1,
-        slots_per_container=1,
-        acquire_timeout_s=30.0,
-        isolation=SlotIsolation(require_sandbox=True, min_timeout_s=0.5),
+        server=SlotServerSettings(
+            slots_per_container=1,
+            acquire_timeout_s=30.0,
+            isolation=SlotIsolation(require_sandbox=True, min_timeout_s=0.5),
+        ),
     )
     return LocalSandboxPool(config)
 

@@ -38,6 +38,7 @@ from trajcore.domain.isolation import Bind, SlotIsolation
 from trajcore.domain.json_values import JSON
 from trajcore.domain.kernel_masks import MASKED_PATHS, READ_ONLY_PATHS
 from trajcore.domain.slot_protocol import ExecuteCall
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 
@@ -1428,8 +1429,11 @@ def test_a_forged_or_oversize_reply_ends_the_lease(attack: str, tmp_path: Path) 
 def test_a_tcp_local_pool_starts_its_servers_and_runs_calls() -> None:
     async def main() -> tuple[list[ToolResult], list[int]]:
         config = LocalPoolConfig(
-            containers=2, slots_per_container=1, transport="tcp", acquire_timeout_s=60.0,
-            isolation=SlotIsolation(require_sandbox=True, min_timeout_s=0.2),
+            containers=2, transport="tcp",
+            server=SlotServerSettings(
+                slots_per_container=1, acquire_timeout_s=60.0,
+                isolation=SlotIsolation(require_sandbox=True, min_timeout_s=0.2),
+            ),
         )  # fmt: skip
         async with start_local_pool(config) as pool:
             results, uids = [], []

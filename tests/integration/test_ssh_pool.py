@@ -24,11 +24,13 @@ from pathlib import Path
 import anyio
 import pytest
 
+from tests.flat_settings import split_off
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.pools.client import SlotServerClient
 from trajcore.adapters.pools.ssh_pool import SshPoolConfig, SshSandboxPool
 from trajcore.domain.errors import SandboxUnavailable, SlotServerError
 from trajcore.domain.isolation import SlotIsolation
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.ssh_hosts import SshHost
 from trajcore.domain.tools import ToolOutcome
 from trajcore.ports.sandbox_pool import SandboxPool
@@ -64,8 +66,9 @@ def config(sshd: LoopbackSshd, *hosts: SshHost, **more: object) -> SshPoolConfig
         "check_timeout_s": 60.0,
         "backoff_s": 0.2,
         "backoff_max_s": 2.0,
-    }
-    return SshPoolConfig(**(values | more))  # type: ignore[arg-type]
+    } | more
+    server = split_off(SlotServerSettings(), values)
+    return SshPoolConfig(server=server, **values)  # type: ignore[arg-type]
 
 
 def alive(pid: int) -> bool:

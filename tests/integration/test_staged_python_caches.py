@@ -25,6 +25,7 @@ from trajcore.adapters.slot_server.slot_ids import (
     stage_python,
 )
 from trajcore.domain.isolation import SlotIsolation
+from trajcore.domain.slot_server_settings import SlotServerSettings
 
 pytestmark = [
     pytest.mark.slow,  # a staging links the whole library and runs pytest once
@@ -88,8 +89,11 @@ async def test_a_slots_staged_library_holds_pytests_rewritten_plugins(
         pytest.skip(f"{PYTHON} is not the installation at {PREFIX}")
     tag, files = plugins()
     config = LocalPoolConfig(
-        containers=1, slots_per_container=1, acquire_timeout_s=60.0, start_timeout_s=120.0,
-        isolation=SlotIsolation(require_sandbox=True),
+        containers=1,
+        server=SlotServerSettings(
+            slots_per_container=1, acquire_timeout_s=60.0, start_timeout_s=120.0,
+            isolation=SlotIsolation(require_sandbox=True),
+        ),
     )  # fmt: skip
     async with LocalSandboxPool(config) as pool, pool.lease("t", timeout_s=60.0):
         staged = shared_python(PREFIX, PYTHON)  # the staging the server made: it exists

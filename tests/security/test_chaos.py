@@ -47,6 +47,7 @@ from hypothesis.stateful import (
 from tests.security.harness import host_pids
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.isolation import SlotIsolation
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import Lease, SlotCall
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
@@ -85,10 +86,13 @@ def bash(command: str) -> ToolCall:
 @pytest.fixture(scope="module")
 def chaos_pool() -> Iterator[Pool]:
     config = LocalPoolConfig(
-        containers=2, slots_per_container=2, acquire_timeout_s=60.0,
-        isolation=SlotIsolation(
-            require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_bytes=512 << 20,
-            output_cap_bytes=1 << 16,
+        containers=2,
+        server=SlotServerSettings(
+            slots_per_container=2, acquire_timeout_s=60.0,
+            isolation=SlotIsolation(
+                require_sandbox=True, min_timeout_s=0.2, max_processes=64, memory_bytes=512 << 20,
+                output_cap_bytes=1 << 16,
+            ),
         ),
     )  # fmt: skip
     pool = LocalSandboxPool(config)

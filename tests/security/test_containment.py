@@ -41,6 +41,7 @@ from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.adapters.removal import remove_tree
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slot_protocol import ExecuteCall
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome
 
@@ -205,8 +206,11 @@ def test_closing_a_pool_removes_a_deep_tree_a_held_lease_left() -> None:
     cleanly and its private directory (workspaces included) is gone."""
     pool = LocalSandboxPool(
         LocalPoolConfig(
-            containers=1, slots_per_container=1, acquire_timeout_s=60.0,
-            isolation=SlotIsolation(require_sandbox=True, min_timeout_s=0.2, max_processes=64),
+            containers=1,
+            server=SlotServerSettings(
+                slots_per_container=1, acquire_timeout_s=60.0,
+                isolation=SlotIsolation(require_sandbox=True, min_timeout_s=0.2, max_processes=64),
+            ),
         )
     )  # fmt: skip
 

@@ -34,6 +34,7 @@ from tests.security.harness import (
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSON
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import Lease, SlotCall
 from trajcore.domain.tools import ToolCall, ToolResult
 
@@ -72,7 +73,9 @@ def test_a_pool_lease_reaches_neither_host_keys_nor_host_settings(
             memory_bytes=256 << 20, min_timeout_s=0.2,
         )  # fmt: skip
         config = LocalPoolConfig(
-            containers=1, slots_per_container=1, root=root, isolation=isolation
+            containers=1,
+            root=root,
+            server=SlotServerSettings(slots_per_container=1, isolation=isolation),
         )
         async with LocalSandboxPool(config) as pool, pool.lease("attacker") as lease:
             workspace = root / lease.slot.container / "slots" / str(lease.slot.index)

@@ -224,10 +224,10 @@ def test_hermes_docker_backend_runs_terminals_in_the_container_pool() -> None:
     pool = FileEnv(config).make_pool()  # unopened: nothing starts
     assert isinstance(pool, ContainerSandboxPool)
     assert pool.config.image == config.container_image
-    assert (pool.config.containers, pool.config.slots_per_container) == (3, 5)
-    assert pool.config.require_tmux
-    assert pool.config.isolation == config.slot_isolation()
-    assert pool.config.isolation.default_timeout_s == 45
+    assert (pool.config.containers, pool.config.server.slots_per_container) == (3, 5)
+    assert pool.config.server.require_tmux
+    assert pool.config.server.isolation == config.slot_isolation()
+    assert pool.config.server.isolation.default_timeout_s == 45
 
 
 @pytest.mark.skipif(
@@ -247,10 +247,10 @@ def test_the_local_pool_requires_tmux_exactly_when_the_env_requires_a_stateful_s
     )
     pool = FileEnv(config).make_pool()  # unopened: nothing starts
     assert isinstance(pool, LocalSandboxPool)
-    assert (pool.config.containers, pool.config.slots_per_container) == (2, 3)
-    assert pool.config.require_tmux is stateful
+    assert (pool.config.containers, pool.config.server.slots_per_container) == (2, 3)
+    assert pool.config.server.require_tmux is stateful
     assert pool.rules.require_tmux is stateful  # what a slot server must show to join
-    assert pool.config.isolation == config.slot_isolation()
+    assert pool.config.server.isolation == config.slot_isolation()
 
 
 def test_a_seed_name_wins_over_the_defaults_atropos_merges_it_onto() -> None:

@@ -1,4 +1,4 @@
-"""The scheduled and cloud pools' settings are composed of settings values
+"""Every pool's settings are composed of settings values
 (``reconciled.composed_settings``): a keyword that belongs to one of the parts is refused with
 one ``ConfigError`` naming it and the part to give it in; the class's own keywords, unknown
 keywords and ``attrs.evolve`` behave as without the decorator."""
@@ -9,10 +9,13 @@ import attrs
 import pytest
 
 from trajcore.adapters.pools.cloud_pool import CloudPoolConfig
+from trajcore.adapters.pools.container_pool import ContainerPoolConfig
 from trajcore.adapters.pools.daytona_pool import DaytonaPoolConfig, DaytonaSandboxSettings
+from trajcore.adapters.pools.local_pool import LocalPoolConfig
 from trajcore.adapters.pools.modal_pool import ModalPoolConfig, ModalSandboxSettings
 from trajcore.adapters.pools.nomad_pool import NomadPoolConfig
 from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig
+from trajcore.adapters.pools.ssh_pool import SshPoolConfig
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_job import NomadJobSettings
@@ -48,6 +51,21 @@ from trajcore.domain.nomad_job import NomadJobSettings
         (ModalPoolConfig, {"image": "img:1"}, "sandbox=ModalSandboxSettings(image=...)"),
         (DaytonaPoolConfig, {"max_containers": 3}, "pool=CloudPoolConfig(max_containers=...)"),
         (DaytonaPoolConfig, {"target": "eu"}, "sandbox=DaytonaSandboxSettings(target=...)"),
+        (
+            LocalPoolConfig,
+            {"slots_per_container": 3},
+            "server=SlotServerSettings(slots_per_container=...)",
+        ),
+        (
+            ContainerPoolConfig,
+            {"start_timeout_s": 1.0},
+            "server=SlotServerSettings(start_timeout_s=...)",
+        ),
+        (
+            SshPoolConfig,
+            {"require_sandbox": True},
+            "server=SlotServerSettings(isolation=SlotIsolation(require_sandbox=...))",
+        ),
     ],
 )
 def test_a_setting_of_a_part_is_named_with_the_part_to_give_it_in(

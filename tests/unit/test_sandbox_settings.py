@@ -47,8 +47,8 @@ def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
         "address": "nomad_address", "token": "nomad_token",
         **{name: name for name in (*_SHARED, "purge_on_start", "purge_on_shutdown")},
     }  # fmt: skip
-    # The slot servers' settings of every scheduled pool: the shared flags (the isolation and
-    # the tmux requirement come from slot_isolation and require_stateful_sandbox).
+    # The slot servers' settings of every pool: the shared flags (the isolation and the tmux
+    # requirement come from slot_isolation and require_stateful_sandbox).
     assert section(SlotServerSettings, (), {}) == {
         "slots_per_container": "slots_per_container", "acquire_timeout_s": "acquire_timeout_s",
     }  # fmt: skip
@@ -59,8 +59,6 @@ def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
         "shared_dir": "slurm_shared_dir", **{name: name for name in _SHARED},
     }  # fmt: skip
     shared_servers = {
-        "slots_per_container": "slots_per_container",
-        "acquire_timeout_s": "acquire_timeout_s",
         "image_cache_dir": "image_cache_dir",
         "image_cache_bytes": "image_cache_bytes",
         "fork_wait_s": "fork_wait_s",
@@ -73,7 +71,7 @@ def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
         "engine": "container_engine", "environment_dirs": "container_environment_dirs",
         **shared_servers,
     }  # fmt: skip
-    assert section(SshPoolConfig, ("ssh_",), {}) == {"acquire_timeout_s": "acquire_timeout_s"}
+    assert section(SshPoolConfig, ("ssh_",), {}) == {}
     assert section(SshHost, ("ssh_",), sandbox_settings._SSH_NAMES) == {
         "user": "ssh_user", "port": "ssh_port", "servers": "local_containers",
         "slots": "slots_per_container", "python": "ssh_python", "identity_file": "ssh_key",
@@ -114,10 +112,15 @@ def test_the_defaults_are_the_pools_own() -> None:
     assert settings.nomad_pool_config() == NomadPoolConfig()
     assert settings.slurm_pool_config() == SlurmPoolConfig()
     # The env serves 8 slots per server everywhere (the Nomad and Slurm pools' default).
-    assert settings.local_pool_config() == LocalPoolConfig(slots_per_container=8)
-    assert settings.container_pool_config() == ContainerPoolConfig(slots_per_container=8)
+    local, container = LocalPoolConfig(), ContainerPoolConfig()
+    eight = attrs.evolve(local.server, slots_per_container=8)
+    assert settings.local_pool_config() == attrs.evolve(local, server=eight)
+    container_server = attrs.evolve(container.server, slots_per_container=8)
+    assert container.server.start_timeout_s == 60.0  # the container pool's own
+    assert settings.container_pool_config() == attrs.evolve(container, server=container_server)
     ssh = SandboxSettings(ssh_host="a, b").ssh_pool_config()
-    assert ssh == SshPoolConfig(hosts=[SshHost(address=a, servers=2, slots=8) for a in ("a", "b")])
+    hosts = [SshHost(address=a, servers=2, slots=8) for a in ("a", "b")]
+    assert ssh == SshPoolConfig(hosts=hosts, server=eight)
 
 
 def test_the_fork_wait_reaches_the_local_and_container_pools() -> None:

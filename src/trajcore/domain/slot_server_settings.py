@@ -1,16 +1,16 @@
 """``SlotServerSettings``: what a pool tells each of its slot servers and requires of them.
 
-Every pool runs slot servers somewhere (a Nomad allocation, a Slurm job, a cloud sandbox, ...),
+Every pool runs slot servers somewhere (a child process, a local container, an SSH host, a Nomad
+allocation, a Slurm job, a cloud sandbox, ...),
 and each tells them the same things: how many slots to serve and under which isolation; and
 each requires the same of them before their slots are leased: a usable sandbox when the
 isolation says so, tmux when asked, health within the start timeout, resets within the reset
 timeout. That is one value, held by each pool's settings as their ``server`` field and given
 whole to the job descriptions (``NomadJobSpec``, ``sbatch_argv``) and the pool core, never
 restated field by field. A pool whose servers need more or less time to start states its own
-default value once (``NomadPoolConfig``: 120 s).
+default value once (``ContainerPoolConfig``: 60 s, ``NomadPoolConfig``: 120 s).
 
-The attribute names are the pool core's (``pool_core.PoolSettings``), so the value is what the
-core reads.
+The pool core reads this value itself (``pool_core.join_rules``).
 """
 
 from __future__ import annotations

@@ -40,11 +40,14 @@ import anyio
 import attrs
 
 from trajcore.adapters.pools.pool_core import Endpoint
+from trajcore.adapters.pools.reconciled import composed_settings
 from trajcore.adapters.pools.supervision import SupervisedPool, SupervisedPoolConfig
 from trajcore.domain.converters import command_words
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
 from trajcore.domain.slot_server_flags import isolation_argv
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.validators import (
+    instance_of,
     nonempty_text,
     optional_text,
     positive_seconds,
@@ -121,12 +124,15 @@ def _options(value: object) -> tuple[str, ...] | None:
     return command_words(value, field="engine_options")
 
 
+@composed_settings
 @attrs.frozen(kw_only=True)
 class ContainerPoolConfig(SupervisedPoolConfig):
     """How the container pool runs its slot servers: ``SupervisedPoolConfig``'s settings and
-    these (a container's start, up to health, may take ``start_timeout_s``: 60 s by default).
+    these.
 
     Attributes:
+        server: The slot servers' settings (``SlotServerSettings``; by default 60 s for a
+            container's start, up to health).
         image: The slot-server image (``./dev image`` builds the default).
         engine: ``podman``, ``docker`` or a path to one; ``None``: podman if installed, else
             docker.
@@ -141,11 +147,14 @@ class ContainerPoolConfig(SupervisedPoolConfig):
             (docs/deploy.md, "Task environments in containers").
     """
 
+    server: SlotServerSettings = attrs.field(
+        factory=lambda: SlotServerSettings(start_timeout_s=60.0),
+        validator=instance_of(SlotServerSettings),
+    )
     image: str = attrs.field(default=DEFAULT_IMAGE, validator=nonempty_text)
     engine: str | None = attrs.field(default=None, validator=optional_text)
     engine_options: tuple[str, ...] | None = attrs.field(default=None, converter=_options)
     name_prefix: str | None = attrs.field(default=None, validator=_prefix)
-    start_timeout_s: float = attrs.field(default=60.0, validator=positive_seconds)
     stop_timeout_s: float = attrs.field(default=10.0, validator=positive_seconds)
     engine_timeout_s: float = attrs.field(default=60.0, validator=positive_seconds)
     environment_dirs: tuple[Path, ...] = attrs.field(default=(), converter=_directories)
@@ -153,7 +162,7 @@ class ContainerPoolConfig(SupervisedPoolConfig):
     def server_args(self, index: int) -> list[str]:
         """The slot server's arguments (after the image's entrypoint) for container ``index``."""
         return [
-            "--slots", str(self.slots_per_container), "--listen", f"0.0.0.0:{_PORT}",
+            "--slots", str(self.server.slots_per_container), "--listen", f"0.0.0.0:{_PORT}",
             "--token-file", _TOKEN_FILE_IN_CONTAINER, *isolation_argv(self.server_isolation(index)),
             *self.image_cache_argv(Path(_CACHE_IN_CONTAINER)),
         ]  # fmt: skip

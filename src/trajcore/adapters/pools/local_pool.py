@@ -59,6 +59,7 @@ import attrs
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from trajcore.adapters.pools.pool_core import Endpoint
+from trajcore.adapters.pools.reconciled import composed_settings
 from trajcore.adapters.pools.server_processes import log_tail as _tail
 from trajcore.adapters.pools.server_processes import signal_group as _signal_group
 from trajcore.adapters.pools.supervision import SupervisedPool, SupervisedPoolConfig
@@ -80,9 +81,11 @@ def _optional_path(value: object) -> Path | None:
     return None if value is None else Path(str(value))
 
 
+@composed_settings
 @attrs.frozen(kw_only=True)
 class LocalPoolConfig(SupervisedPoolConfig):
-    """How the local pool runs its slot servers: ``SupervisedPoolConfig``'s settings and these.
+    """How the local pool runs its slot servers: ``SupervisedPoolConfig``'s settings (``server``
+    among them) and these.
 
     Attributes:
         root: Directory for the servers' workspaces; ``None``: inside the pool's private
@@ -105,7 +108,7 @@ class LocalPoolConfig(SupervisedPoolConfig):
         ``--listen ... --token-file`` words)."""
         argv = [
             self.python, "-m", "trajcore.entrypoints.slot_server",
-            "--slots", str(self.slots_per_container), "--root", str(root),
+            "--slots", str(self.server.slots_per_container), "--root", str(root),
         ]  # fmt: skip
         return [
             *argv, *listen, *isolation_argv(self.server_isolation(index)), *self.image_cache_argv()

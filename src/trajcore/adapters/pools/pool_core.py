@@ -64,7 +64,7 @@ from trajcore.domain.errors import (
     StateError,
     UnknownSlot,
 )
-from trajcore.domain.isolation import SlotIsolation
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
 from trajcore.domain.tools import ToolResult
 
@@ -75,7 +75,6 @@ __all__ = [
     "JoinRules",
     "LeasedPool",
     "Member",
-    "PoolSettings",
     "SlotServerPool",
     "close_quietly",
     "join_rules",
@@ -124,25 +123,9 @@ class JoinRules:
     acquire_timeout_s: float | None = 600.0
 
 
-class PoolSettings(Protocol):
-    """The settings every pool config has, from which its ``JoinRules`` come."""
-
-    @property
-    def slots_per_container(self) -> int: ...
-    @property
-    def isolation(self) -> SlotIsolation: ...
-    @property
-    def require_tmux(self) -> bool: ...
-    @property
-    def start_timeout_s(self) -> float: ...
-    @property
-    def reset_timeout_s(self) -> float: ...
-    @property
-    def acquire_timeout_s(self) -> float | None: ...
-
-
-def join_rules(config: PoolSettings) -> JoinRules:
-    """The ``JoinRules`` of a pool config (a sandbox is required when its isolation says so)."""
+def join_rules(config: SlotServerSettings) -> JoinRules:
+    """The ``JoinRules`` of a pool's slot server settings (a sandbox is required when their
+    isolation says so)."""
     return JoinRules(
         slots_per_container=config.slots_per_container,
         require_sandbox=config.isolation.require_sandbox,
@@ -333,7 +316,7 @@ class SlotServerPool(LeasedPool, Generic[H]):
     def __init__(
         self,
         source: ContainerSource[H],
-        settings: PoolSettings,
+        settings: SlotServerSettings,
         *,
         label: str,
         fork_wait_s: float = DEFAULT_FORK_WAIT_S,

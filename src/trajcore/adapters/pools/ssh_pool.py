@@ -51,12 +51,14 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from trajcore.adapters.pools import ssh_remote
 from trajcore.adapters.pools.pool_core import Endpoint, SlotServerPool
+from trajcore.adapters.pools.reconciled import composed_settings
 from trajcore.adapters.pools.server_processes import log_tail, signal_group
 from trajcore.adapters.pools.supervision import SupervisedSource
 from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
 from trajcore.domain.isolation import SlotIsolation, check_slot_uid_range
 from trajcore.domain.slot_server_flags import isolation_argv
+from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.ssh_hosts import SshHost, SshSettings, host_lacks, ssh_argv
 
 __all__ = ["SshPoolConfig", "SshSandboxPool", "start_ssh_pool"]
@@ -78,20 +80,20 @@ def _hosts(value: object) -> tuple[SshHost, ...]:
     return tuple(value)
 
 
+@composed_settings
 @attrs.frozen(kw_only=True)
 class SshPoolConfig:
     """The SSH pool's settings.
 
     Attributes:
         hosts: The hosts, each with its servers and slots.
+        server: The slot servers' settings (``SlotServerSettings``: isolation, tmux, start,
+            reset and lease timeouts; a start includes the login). Each server serves its own
+            host's ``slots``, not ``server.slots_per_container``. On each host, server ``k``
+            runs its slot ``i`` as uid ``server.isolation.slot_uid_base + k * slots + i`` (when
+            run as root).
         ssh: What every connection shares (the client, its config file, keepalives).
-        isolation: The sandbox isolation of every server. On each host, server ``k`` runs its slot
-            ``i`` as uid ``isolation.slot_uid_base + k * slots + i`` (when run as root).
-        require_tmux: Refuse hosts without tmux (the persistent shell needs it).
-        acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
         check_timeout_s: Longest a host's start check may take (login included).
-        start_timeout_s: Longest a server may take to start (login included) and answer health.
-        reset_timeout_s: Longest a release's reset may take before the slot is quarantined.
         stop_timeout_s: Grace for a server to stop after its session closes, then ssh is killed.
         restart_crashed: Replace a server that ended or failed.
         restart_attempts: Starts tried in a row before a failed server is given up.
@@ -100,19 +102,13 @@ class SshPoolConfig:
     """
 
     hosts: tuple[SshHost, ...] = attrs.field(converter=_hosts)
+    server: SlotServerSettings = attrs.field(
+        factory=SlotServerSettings, validator=validators.instance_of(SlotServerSettings)
+    )
     ssh: SshSettings = attrs.field(
         factory=SshSettings, validator=validators.instance_of(SshSettings)
     )
-    isolation: SlotIsolation = attrs.field(
-        factory=SlotIsolation, validator=validators.instance_of(SlotIsolation)
-    )
-    require_tmux: bool = attrs.field(default=False, validator=validators.flag)
-    acquire_timeout_s: float | None = attrs.field(
-        default=600.0, validator=validators.optional_seconds
-    )
     check_timeout_s: float = attrs.field(default=30.0, validator=validators.positive_seconds)
-    start_timeout_s: float = attrs.field(default=30.0, validator=validators.positive_seconds)
-    reset_timeout_s: float = attrs.field(default=30.0, validator=validators.positive_seconds)
     stop_timeout_s: float = attrs.field(default=10.0, validator=validators.positive_seconds)
     restart_crashed: bool = attrs.field(default=True, validator=validators.flag)
     restart_attempts: int = attrs.field(default=8, validator=validators.positive_int)
@@ -122,15 +118,10 @@ class SshPoolConfig:
     def __attrs_post_init__(self) -> None:
         for index, host in enumerate(self.hosts):
             check_slot_uid_range(
-                f"hosts[{index}]: isolation.slot_uid_base",
-                self.isolation.slot_uid_base,
+                f"hosts[{index}]: server.isolation.slot_uid_base",
+                self.server.isolation.slot_uid_base,
                 host.servers * host.slots,
             )
-
-    @property
-    def slots_per_container(self) -> int:
-        """The first host's slot count (each server joins with its own host's count)."""
-        return self.hosts[0].slots
 
     def placements(self) -> list[tuple[SshHost, int]]:
         """Every server as ``(host, k)``: its host and its number there, hosts in order."""
@@ -138,9 +129,8 @@ class SshPoolConfig:
 
     def server_isolation(self, host: SshHost, k: int) -> SlotIsolation:
         """Server ``k`` of ``host``'s isolation: the pool's, with its own range of slot uids."""
-        return attrs.evolve(
-            self.isolation, slot_uid_base=self.isolation.slot_uid_base + k * host.slots
-        )
+        isolation = self.server.isolation
+        return attrs.evolve(isolation, slot_uid_base=isolation.slot_uid_base + k * host.slots)
 
 
 @attrs.define(eq=False)
@@ -239,8 +229,8 @@ class _SshServers:
         lacks = host_lacks(
             report,
             python=host.python,
-            need_bwrap=self.config.isolation.require_sandbox,
-            need_tmux=self.config.require_tmux,
+            need_bwrap=self.config.server.isolation.require_sandbox,
+            need_tmux=self.config.server.require_tmux,
         )
         if probe is None:
             self.transports[host.label] = "tcp"
@@ -430,7 +420,8 @@ class SshSandboxPool(SlotServerPool[_Connection]):
             backoff_s=config.backoff_s,
             backoff_max_s=config.backoff_max_s,
         )
-        super().__init__(self._supervised, config, label="ssh")
+        # Each server joins with its own host's slot count (``slots`` above).
+        super().__init__(self._supervised, config.server, label="ssh")
 
     @property
     def restarts(self) -> int:

@@ -36,9 +36,11 @@ from trajcore.adapters.pools.pool_core import (
     close_quietly,
     single_error,
 )
+from trajcore.adapters.pools.reconciled import composed_settings
 from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
 from trajcore.domain.isolation import SlotIsolation, check_slot_uid_range
+from trajcore.domain.slot_server_settings import SlotServerSettings
 
 __all__ = ["Launcher", "SupervisedPool", "SupervisedPoolConfig", "SupervisedSource"]
 
@@ -54,24 +56,22 @@ def _cache_path(value: object) -> Path | None:
     return path
 
 
+@composed_settings
 @attrs.frozen(kw_only=True)
 class SupervisedPoolConfig:
     """The settings of every pool of K slot servers this machine starts itself.
 
-    The isolation is the env's, never the model's. Each pool's config adds how its servers run.
+    What each server is told and must show is one value, ``server``; each pool's config adds
+    how its servers run.
 
     Attributes:
+        server: The slot servers' settings (``SlotServerSettings``: slots, isolation, tmux,
+            start, reset and lease timeouts). The isolation is the env's, never the model's.
+            Server ``k`` runs its slot ``i`` (when run as root) as host uid/gid
+            ``server.isolation.slot_uid_base + k * server.slots_per_container + i``: every slot
+            of the pool has its own uid; another pool on the same host needs a base outside
+            this range.
         containers: Slot servers to run (K).
-        slots_per_container: Slots each serves (N).
-        isolation: The sandbox isolation of every server. Server ``k`` runs its slot ``i`` (when run
-            as root) as host uid/gid ``isolation.slot_uid_base + k * slots_per_container + i``:
-            every slot of the pool has its own uid; another pool on the same host needs a base
-            outside this range.
-        require_tmux: Refuse servers without tmux (the persistent shell of ``bash_stateful``
-            and ``tmux`` needs it), as a missing sandbox is refused.
-        acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
-        start_timeout_s: Longest a slot server may take to start and answer health.
-        reset_timeout_s: Longest a release's reset may take before the slot is quarantined.
         stop_timeout_s: Grace between a server's stop signal and its kill.
         restart_crashed: Replace a server that died or failed.
         restart_attempts: Starts tried in a row before a failed server is given up.
@@ -84,17 +84,10 @@ class SupervisedPoolConfig:
             server before it takes one elsewhere (and runs over the plain image).
     """
 
+    server: SlotServerSettings = attrs.field(
+        factory=SlotServerSettings, validator=validators.instance_of(SlotServerSettings)
+    )
     containers: int = attrs.field(default=2, validator=validators.positive_int)
-    slots_per_container: int = attrs.field(default=4, validator=validators.positive_int)
-    isolation: SlotIsolation = attrs.field(
-        factory=SlotIsolation, validator=validators.instance_of(SlotIsolation)
-    )
-    require_tmux: bool = attrs.field(default=False, validator=validators.flag)
-    acquire_timeout_s: float | None = attrs.field(
-        default=600.0, validator=validators.optional_seconds
-    )
-    start_timeout_s: float = attrs.field(default=30.0, validator=validators.positive_seconds)
-    reset_timeout_s: float = attrs.field(default=30.0, validator=validators.positive_seconds)
     stop_timeout_s: float = attrs.field(default=5.0, validator=validators.positive_seconds)
     restart_crashed: bool = attrs.field(default=True, validator=validators.flag)
     restart_attempts: int = attrs.field(default=3, validator=validators.positive_int)
@@ -106,15 +99,16 @@ class SupervisedPoolConfig:
 
     def __attrs_post_init__(self) -> None:
         check_slot_uid_range(
-            "isolation.slot_uid_base",
-            self.isolation.slot_uid_base,
-            self.containers * self.slots_per_container,
+            "server.isolation.slot_uid_base",
+            self.server.isolation.slot_uid_base,
+            self.containers * self.server.slots_per_container,
         )
 
     def server_isolation(self, index: int = 0) -> SlotIsolation:
         """The isolation of server ``index``: the pool's, with that server's range of slot uids."""
-        base = self.isolation.slot_uid_base + index * self.slots_per_container
-        return attrs.evolve(self.isolation, slot_uid_base=base)
+        isolation = self.server.isolation
+        base = isolation.slot_uid_base + index * self.server.slots_per_container
+        return attrs.evolve(isolation, slot_uid_base=base)
 
     def image_cache_argv(self, cache: Path | None = None) -> list[str]:
         """The slot server's image-cache flags (none without ``image_cache_dir``); ``cache``:
@@ -317,7 +311,9 @@ class SupervisedPool(SlotServerPool[H]):
             restart_crashed=config.restart_crashed,
             restart_attempts=config.restart_attempts,
         )
-        super().__init__(self._supervised, config, label=label, fork_wait_s=config.fork_wait_s)
+        super().__init__(
+            self._supervised, config.server, label=label, fork_wait_s=config.fork_wait_s
+        )
         self._image_cache = config.image_cache_dir
         self._config_name = type(config).__name__
 

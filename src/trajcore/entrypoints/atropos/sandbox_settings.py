@@ -95,6 +95,7 @@ _NOMAD = NomadPoolConfig()
 _SLURM = SlurmPoolConfig()
 _CLOUD = CloudPoolConfig()
 _SSH = SshHost(address="host")
+_SSH_POOL = SshPoolConfig(hosts=[_SSH])
 _MODAL = ModalPoolConfig()
 _DAYTONA = DaytonaPoolConfig()
 
@@ -233,7 +234,7 @@ class DeclaredSettings(CloudSettings):
         description="Refuse to start when commands cannot run isolated.",
     )
     require_stateful_sandbox: bool = Field(
-        default=_LOCAL.require_tmux,
+        default=_LOCAL.server.require_tmux,
         description="Refuse to start when slots cannot keep a persistent shell "
         "(bash_stateful, tmux; the local pool needs tmux on the host).",
     )
@@ -400,10 +401,6 @@ class SandboxSettings(_Flags):
         except ConfigError as error:
             raise ConfigError("terminal_timeout_s", error.reason) from None
 
-    def server_settings(self) -> dict[str, Any]:
-        """What every pool tells its slot servers: the isolation and whether tmux is required."""
-        return {"isolation": self.slot_isolation(), "require_tmux": self.require_stateful_sandbox}
-
     def slot_servers(self, default: SlotServerSettings) -> SlotServerSettings:
         """A pool's slot servers' settings: ``default`` (the pool's own) with the env's slots,
         lease deadline, isolation and tmux requirement.
@@ -411,15 +408,26 @@ class SandboxSettings(_Flags):
         Raises:
             ConfigError: a setting that cannot work, named by its env field.
         """
-        return _build(self, SlotServerSettings, (), self.server_settings(), base=default)
+        given = {"isolation": self.slot_isolation(), "require_tmux": self.require_stateful_sandbox}
+        return _build(self, SlotServerSettings, (), given, base=default)
 
     def local_pool_config(self) -> LocalPoolConfig:
-        """The local pool's settings (``local_*`` and the shared fields)."""
-        return _build(self, LocalPoolConfig, ("local_",), self.server_settings())
+        """The local pool's settings (``local_*`` and the shared fields).
+
+        Raises:
+            ConfigError: a setting that cannot work, named by its env field.
+        """
+        server = self.slot_servers(_LOCAL.server)
+        return _build(self, LocalPoolConfig, ("local_",), {"server": server})
 
     def container_pool_config(self) -> ContainerPoolConfig:
-        """The container pool's settings (``container_*``, ``local_containers``, shared)."""
-        return _build(self, ContainerPoolConfig, ("container_", "local_"), self.server_settings())
+        """The container pool's settings (``container_*``, ``local_containers``, shared).
+
+        Raises:
+            ConfigError: a setting that cannot work, named by its env field.
+        """
+        server = self.slot_servers(_CONTAINER.server)
+        return _build(self, ContainerPoolConfig, ("container_", "local_"), {"server": server})
 
     def nomad_pool_config(self) -> NomadPoolConfig:
         """The Nomad pool's settings (``nomad_*`` and the shared fields).
@@ -467,13 +475,12 @@ class SandboxSettings(_Flags):
         hosts = [word.strip() for word in (self.ssh_host or "").split(",") if word.strip()]
         if not hosts:
             raise ConfigError("ssh_host", "sandbox 'ssh' needs at least one host")
-        settings = self.server_settings()
         return _build(
             self,
             SshPoolConfig,
             ("ssh_",),
             {
-                **settings,
+                "server": self.slot_servers(_SSH_POOL.server),
                 "hosts": [
                     _build(self, SshHost, ("ssh_",), {"address": address}, _SSH_NAMES)
                     for address in hosts
