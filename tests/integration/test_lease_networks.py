@@ -13,19 +13,16 @@ do; warm leases are off, so the keeper stays idle between a reset and the next c
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.slot_runtime_testbed import call, searchable_root
 from trajcore.adapters.slot_server.runtime import SlotRuntime
 from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
-from trajcore.domain.json_values import JSON
-from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.tools import ToolOutcome
 
 pytestmark = [
@@ -33,26 +30,11 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="reading a keeper's descriptors needs root"),
 ]
 
-_ids = itertools.count(1)
-
-
-def call(epoch: int, command: str) -> ExecuteCall:
-    arguments: dict[str, JSON] = {"command": command}
-    return ExecuteCall(
-        slot=0, epoch=epoch, call_id=f"n{next(_ids)}", tool="bash", arguments=arguments,
-        timeout_s=10.0,
-    )  # fmt: skip
-
 
 @pytest.fixture
 def root() -> Iterator[Path]:
-    """A server root every uid may search (a root server runs its slots as other uids)."""
-    folder = Path(tempfile.mkdtemp(prefix="trajcore-netns-"))
-    folder.chmod(0o711)
-    try:
-        yield folder / "root"
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with searchable_root("trajcore-netns-") as path:
+        yield path
 
 
 def keeper_of(sandbox: int) -> int:

@@ -9,42 +9,24 @@ do; the control turns warming off (``RuntimeConfig.warm_leases``).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.slot_runtime_testbed import call, searchable_root
 from trajcore.adapters.slot_server.runtime import SlotRuntime
 from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
-from trajcore.domain.json_values import JSON
-from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.tools import ToolOutcome
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
-_ids = itertools.count(1)
-
-
-def call(epoch: int, command: str) -> ExecuteCall:
-    arguments: dict[str, JSON] = {"command": command}
-    return ExecuteCall(
-        slot=0, epoch=epoch, call_id=f"w{next(_ids)}", tool="bash", arguments=arguments,
-        timeout_s=10.0,
-    )  # fmt: skip
-
 
 @pytest.fixture
 def root() -> Iterator[Path]:
-    """A server root every uid may search (a root server runs its slots as other uids)."""
-    folder = Path(tempfile.mkdtemp(prefix="trajcore-warm-"))
-    folder.chmod(0o711)
-    try:
-        yield folder / "root"
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with searchable_root("trajcore-warm-") as path:
+        yield path
 
 
 async def running_after_reset(runtime: SlotRuntime, wait_s: float) -> bool:

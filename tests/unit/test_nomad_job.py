@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.flat_settings import split_off
-from tests.nomad_testbed import OPENAPI, needs_openapi
+from tests.nomad_testbed import OPENAPI, group_and_task, needs_openapi
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSONObject
@@ -104,20 +104,6 @@ def _spec(**settings: object) -> NomadJobSpec:
     return NomadJobSpec(job=job, server=server, **rest)  # type: ignore[arg-type]
 
 
-def _task(job: JSONObject) -> JSONObject:
-    groups = job["TaskGroups"]
-    assert isinstance(groups, list)
-    assert len(groups) == 1
-    group = groups[0]
-    assert isinstance(group, dict)
-    tasks = group["Tasks"]
-    assert isinstance(tasks, list)
-    assert len(tasks) == 1
-    task = tasks[0]
-    assert isinstance(task, dict)
-    return task
-
-
 def _argv(task: JSONObject) -> list[str]:
     config = task["Config"]
     assert isinstance(config, dict)
@@ -161,7 +147,7 @@ def test_the_schema_check_refuses_unknown_fields_and_wrong_types() -> None:
         )
     )
     job["Drivr"] = "raw_exec"
-    _task(job)["Resources"] = {"CPU": "lots"}
+    group_and_task(job)[1]["Resources"] = {"CPU": "lots"}
     problems = OPENAPI.check_schema("Job", job)
     assert any("'Drivr' was unexpected" in p for p in problems)
     assert any("Resources.CPU" in p for p in problems)
@@ -179,7 +165,7 @@ def test_the_job_runs_the_slot_server_as_specified(spec: NomadJobSpec) -> None:
     assert isinstance(group, dict)
     assert group["Count"] == spec.count
     assert group["Networks"] == [{"Mode": "host", "DynamicPorts": [{"Label": PORT_LABEL}]}]
-    task = _task(job)
+    task = group_and_task(job)[1]
     assert task["Driver"] == spec.job.driver
     argv = _argv(task)
     assert argv[: len(spec.job.command)] == list(spec.job.command)
@@ -235,7 +221,7 @@ def test_durations_are_whole_nanoseconds(spec: NomadJobSpec) -> None:
     assert isinstance(restart, dict)
     assert restart["Mode"] == "fail"
     assert restart["Attempts"] == spec.job.restart_attempts
-    assert _task(job_json(spec))["KillTimeout"] == round(spec.job.kill_timeout_s * 1e9)
+    assert group_and_task(job_json(spec))[1]["KillTimeout"] == round(spec.job.kill_timeout_s * 1e9)
 
 
 # ----------------------------------------------------------------------------- bad specs
