@@ -11,8 +11,11 @@ base of the means, and the verdict against the bar the containment work was held
 figure more than 10% below the base). Every figure is measured in this run.
 
 Run: ``.venv/bin/python bench/trees.py [--base REV] [--head REV] [--levels 1,8,64]
-[--pairs 3] [--seconds 2]``: by default HEAD's parent against HEAD. ``--head .`` measures the
-working tree as it is, uncommitted changes included.
+[--pairs 3] [--seconds 2] [--base-driver FILE]``: by default HEAD's parent against HEAD.
+``--head .`` measures the working tree as it is, uncommitted changes included. A base older than
+the modules ``call_path.py`` imports (the slot server and pools split into their packages, the
+pool settings composed) runs ``--base-driver``: a copy of ``call_path.py`` with that revision's
+import paths and settings, its measurement unchanged; the run prints the lines that differ.
 """
 
 from __future__ import annotations
@@ -43,10 +46,12 @@ def worktree(rev: str, into: Path) -> Path:
     return path
 
 
-def measure(tree: Path, path: str, trajectories: int, seconds: float) -> list[float]:
+def measure(
+    tree: Path, path: str, trajectories: int, seconds: float, driver: Path = DRIVER
+) -> list[float]:
     environment = {**os.environ, "PYTHONPATH": str(tree / "src")}
     done = subprocess.run(
-        [sys.executable, str(DRIVER), path, str(trajectories), "--seconds", str(seconds),
+        [sys.executable, str(driver), path, str(trajectories), "--seconds", str(seconds),
          "--rounds", "3"],
         env=environment, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
@@ -62,7 +67,18 @@ def main() -> None:
     parser.add_argument("--levels", default="1,8,64", help="trajectories, comma-separated")
     parser.add_argument("--pairs", type=int, default=3, help="alternations per row")
     parser.add_argument("--seconds", type=float, default=2.0, help="per round (3 per run)")
+    parser.add_argument(
+        "--base-driver", type=Path, default=DRIVER,
+        help="call_path.py as the base revision's modules need it (default: this tree's)",
+    )  # fmt: skip
     args = parser.parse_args()
+    drivers = {"base": args.base_driver.resolve(), "head": DRIVER}
+    if drivers["base"] != DRIVER:
+        shown = subprocess.run(
+            ["diff", str(DRIVER), str(drivers["base"])], capture_output=True, text=True,
+            check=False,
+        )  # fmt: skip
+        print(f"base driver {drivers['base']}, against this tree's:\n{shown.stdout}")
     levels = [int(level) for level in args.levels.split(",")]
     with tempfile.TemporaryDirectory(prefix="trajcore-trees-") as folder:
         made: list[Path] = []
@@ -82,7 +98,9 @@ def main() -> None:
                     rates: dict[str, list[float]] = {"base": [], "head": []}
                     for _ in range(args.pairs):
                         for name in ("base", "head"):
-                            rates[name] += measure(trees[name], path, level, args.seconds)
+                            rates[name] += measure(
+                                trees[name], path, level, args.seconds, drivers[name]
+                            )
                     base, head = (statistics.mean(rates[n]) for n in ("base", "head"))
                     ratio = head / base
                     verdict = "ok" if ratio >= BAR else f"BELOW {BAR:.2f}"
