@@ -40,8 +40,11 @@ RESULTS = BUILD / "results.json"
 # mutmut stops a mutant's tests after (t + TIMEOUT_CONSTANT) x TIMEOUT_MULTIPLIER seconds of wall
 # time (and twice that of CPU time), t being their measured time in the clean run; a hung mutant
 # counts as detected ("timeout"). The constant covers the fork and pytest's own work per mutant
-# on a busy machine (with mutmut's 1 s, quick modules' mutants were cut off as they ran).
-TIMEOUT_MULTIPLIER = 1.0
+# on a busy machine (with mutmut's 1 s, quick modules' mutants were cut off as they ran). A hang
+# is stopped sooner, by CPU time, in the test that hangs (mutation/plugin.py); this wall limit is
+# the backstop, and its multiplier of 2 keeps a mutant the tests miss, which runs them all in
+# about t, from being taken for a hang while the shared machine is busy.
+TIMEOUT_MULTIPLIER = 2.0
 TIMEOUT_CONSTANT = 10.0
 
 # mutmut's statuses, grouped: a mutant the tests noticed, one they missed, one not judged.
@@ -195,7 +198,9 @@ def collect_here() -> None:
         data.load()
         for name, exit_code in data.exit_code_by_key.items():
             status = status_by_exit_code[exit_code]
-            diff = "" if status in DETECTED else get_diff_for_mutant(name, path=path)
+            # a timeout's diff too: the report lists the stopped mutants, to be judged
+            judged = status in DETECTED and status != "timeout"
+            diff = "" if judged else get_diff_for_mutant(name, path=path)
             out[name] = {"status": status, "diff": diff}
     json.dump(out, sys.stdout)
 
@@ -280,12 +285,21 @@ def locate(source_lines: list[str], start: int, end: int, offset: int, removed: 
     return min(matches, key=lambda n: abs(n - guess))
 
 
-def describe(key: str, mutants: dict[str, dict[str, str]]) -> list[dict[str, Any]]:
+def describe(
+    key: str, mutants: dict[str, dict[str, str]], statuses: set[str] | None = None
+) -> list[dict[str, Any]]:
+    """The mutants of ``statuses`` (unless told, every one judged and not detected), each with
+    its function, line, original and mutated code."""
     source = (PACKAGE / key).read_text()
     lines = source.splitlines()
     out = []
     for name, entry in mutants.items():
-        if entry["status"] in DETECTED or entry["status"] == "not checked":
+        status = entry["status"]
+        if statuses is None:
+            wanted = status not in DETECTED and status != "not checked"
+        else:
+            wanted = status in statuses
+        if not wanted:
             continue
         function = function_of(name)
         offset, removed, added = changed_lines(entry["diff"])
@@ -332,8 +346,23 @@ def is_equivalent(key: str, missed: dict[str, Any], entries: list[dict[str, str]
 # ------------------------------------------------------------------------------ reporting
 
 
+def stopped_in(work: Path) -> dict[str, dict[str, Any]]:
+    """The mutants the plugin stopped for CPU time, by name: the test and the limit."""
+    path = work / "mutants" / "stopped.jsonl"
+    if not path.is_file():
+        return {}
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {r["mutant"]: r for r in records}
+
+
 def summarise(
-    key: str, tests: list[str], mutants: dict[str, dict[str, str]], code: int, seconds: float
+    key: str,
+    tests: list[str],
+    mutants: dict[str, dict[str, str]],
+    code: int,
+    seconds: float,
+    *,
+    stopped: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     entries = load_equivalents()
     statuses = [m["status"] for m in mutants.values()]
@@ -343,6 +372,12 @@ def summarise(
     for m in missed:
         why = is_equivalent(key, m, entries)
         (equivalent if why else survivors).append({**m, "why": why} if why else m)
+    timeouts = describe(key, mutants, {"timeout"})
+    for m in timeouts:
+        by = (stopped or {}).get(m["name"].replace("__init__.", ""))
+        m["stopped"] = (
+            f"{by['test']} past {by['cpu_limit_s']} s of CPU" if by else "mutmut's wall limit"
+        )
     detected = sum(s in DETECTED for s in statuses)
     judged = detected + len(survivors)
     return {
@@ -356,9 +391,11 @@ def summarise(
         "equivalent": len(equivalent),
         "missed": len(survivors),
         "not_checked": statuses.count("not checked"),
+        "timeout": len(timeouts),
         "rate": detected / judged if judged else 1.0,
         "survivors": survivors,
         "equivalents": equivalent,
+        "timeouts": timeouts,
     }
 
 
@@ -398,6 +435,13 @@ def report(results: list[dict[str, Any]], target: float, missing: list[str]) -> 
                 f"- src/trajcore/{r['module']}:{m['line']} `{m['function']}` ({m['status']}): "
                 f"`{m['original']}` -> `{m['mutant']}`"
             )
+    text += ["", "## Mutants stopped as hung, counted as detected (file:line, function, by)", ""]
+    for r in results:
+        for m in r.get("timeouts", []):
+            text.append(
+                f"- src/trajcore/{r['module']}:{m['line']} `{m['function']}` ({m['stopped']}): "
+                f"`{m['original']}` -> `{m['mutant']}`"
+            )
     return "\n".join(text) + "\n"
 
 
@@ -422,11 +466,12 @@ def run_module(
     if code not in (0, -1):
         print(log[-3000:])
         print(f"   mutmut failed (exit {code}); see the log")
-    result = summarise(key, tests, mutants, code, seconds)
+    result = summarise(key, tests, mutants, code, seconds, stopped=stopped_in(work))
     store(result)
     print(
         f"   {result['mutants']} mutants: {result['killed']} killed, {result['equivalent']} "
-        f"equivalent, {result['missed']} missed -> {100 * result['rate']:.1f}% in "
+        f"equivalent, {result['missed']} missed ({result['timeout']} of the killed stopped as "
+        f"hung) -> {100 * result['rate']:.1f}% in "
         f"{result['seconds']} s{'' if result['complete'] else ' (INCOMPLETE)'}"
     )
     for m in result["survivors"]:
