@@ -52,10 +52,9 @@ request's container and call ids; ``resets`` each slot reset and whether it succ
 from __future__ import annotations
 
 import abc
-import contextlib
 import posixpath
 import shlex
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar, Self, cast
 
 import anyio
@@ -548,38 +547,20 @@ class FakeSandboxPool(InProcessSlotPool):
         at their absolute paths. Raises ``KeyError``."""
         return self._files(slot)
 
-    @contextlib.asynccontextmanager
-    async def _environment_lease(
-        self,
-        holder: str,
-        timeout_s: float | None,
-        environment: str,
-        snapshot: Snapshot | None,
-        fork_wait_s: float | None = None,
-    ) -> AsyncIterator[tuple[Lease, bool]]:
-        entered = False
-        try:
-            # (named, not super(): attrs' slotted class and a decorated method's cell)
-            leasing = LeasedPool._environment_lease(
-                self, holder, timeout_s, environment, snapshot, fork_wait_s
+    def environment_leased(self, lease: Lease, environment: str, forked: bool) -> None:
+        self.environment_leases.append(
+            EnvironmentLeaseRecord(
+                holder=lease.holder, environment=environment, slot=lease.slot,
+                epoch=lease.epoch, forked=forked,
             )
-            async with leasing as (lease, forked):
-                entered = True
-                self.environment_leases.append(
-                    EnvironmentLeaseRecord(
-                        holder=holder, environment=environment, slot=lease.slot,
-                        epoch=lease.epoch, forked=forked,
-                    )
-                )  # fmt: skip
-                yield lease, forked
-        except EnvironmentUnavailable as error:
-            if not entered:
-                self.environment_leases.append(
-                    EnvironmentLeaseRecord(
-                        holder=holder, environment=environment, refusal=str(error)
-                    )
-                )
-            raise
+        )  # fmt: skip
+
+    def environment_refused(
+        self, holder: str, environment: str, error: EnvironmentUnavailable
+    ) -> None:
+        self.environment_leases.append(
+            EnvironmentLeaseRecord(holder=holder, environment=environment, refusal=str(error))
+        )
 
     def environment_refusal(self) -> tuple[str, str] | None:
         return None

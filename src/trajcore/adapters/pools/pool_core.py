@@ -242,20 +242,35 @@ class LeasedPool(abc.ABC):
             refusal = self.environment_refusal() or self.reference_refusal(environment)
             if refusal is not None:
                 raise EnvironmentUnavailable(environment, refusal[1], field=refusal[0])
-        except EnvironmentUnavailable:
+        except EnvironmentUnavailable as error:
             counters.refused()
+            self.environment_refused(holder, environment, error)
             raise
         prefer = None if snapshot is None else snapshot.container
         leasing = self._leasing.lease(holder, timeout_s=timeout_s, prefer=prefer, prefer_s=wait)
         async with leasing as lease:
             try:
                 forked = await self.enter_environment(lease, environment, snapshot)
-            except EnvironmentUnavailable:
+            except EnvironmentUnavailable as error:
                 counters.refused()
+                self.environment_refused(holder, environment, error)
                 raise
             if snapshot is not None and not forked:
                 counters.fell_back()
+            self.environment_leased(lease, environment, forked)
             yield lease, forked
+
+    def environment_leased(self, lease: Lease, environment: str, forked: bool) -> None:
+        """``lease`` runs over ``environment`` (from its snapshot when ``forked``) and its block
+        starts now; nothing by default (the fake pool records it)."""
+        del lease, environment, forked
+
+    def environment_refused(
+        self, holder: str, environment: str, error: EnvironmentUnavailable
+    ) -> None:
+        """``holder``'s lease over ``environment`` was refused (``error``, counted) before its
+        block ran; nothing more by default (the fake pool records it)."""
+        del holder, environment, error
 
     def environment_refusal(self) -> tuple[str, str] | None:
         """Why no lease of this pool can run over a task environment (the field at fault and
