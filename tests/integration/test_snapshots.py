@@ -442,3 +442,69 @@ def test_a_forks_reset_measures_its_root_layer_and_its_workspace_overlays_layer(
             assert (await client.drop_snapshot(frozen)).removed is True
 
     asyncio.run(main())
+
+
+def test_a_snapshot_moves_the_leases_workspace_and_the_lease_goes_on_over_an_overlay(
+    image_server: tuple[Server, str],
+) -> None:
+    """Freezing a workspace is renames, not a copy: the snapshot holds the lease's own files
+    (the same inodes), given to the server; the lease goes on over an overlay of them, as a
+    fork does, and what it writes then is its own."""
+    server, ref = image_server
+
+    async def main() -> None:
+        async with server.client() as client:
+            assert (await client.lease(0, 100, ref)).ok
+            code, text = await shell(server, 0, 100, MAKE_MANY)
+            assert code == 0, text
+            workspace = server.seen(server.root / "slots" / "0")
+            written = (workspace / "many" / "f7").stat()
+            assert written.st_uid != os.geteuid()  # the slot's
+            frozen = await client.snapshot(0, 100)
+            assert frozen.ok, frozen
+            assert frozen.snapshot is not None
+            folder = snapshot_folder(server, frozen.snapshot)
+            moved = (folder / "workspace" / "many" / "f7").stat()
+            assert (moved.st_dev, moved.st_ino) == (written.st_dev, written.st_ino)  # not copied
+            assert (moved.st_uid, moved.st_gid) == (os.geteuid(), os.getegid())
+            assert stat.S_IMODE((folder / "workspace").stat().st_mode) == 0o700
+            assert mounted_at(server, workspace) == "overlay"
+            before = tree_digest(folder)
+            # the lease goes on over its snapshot's files, as its own, and changes them
+            code, text = await shell(
+                server, 0, 100,
+                "cat /workspace/many/f7 && echo a > /workspace/many/f7 && "
+                "rm /workspace/many/f8 && echo new > /workspace/new && ls -ln /workspace/prep.txt",
+            )  # fmt: skip
+            assert code == 0, text
+            assert text.split()[0] == "7", text
+            assert text.split()[3] == str(written.st_uid), text
+            wrote = await one(
+                client, call(0, "write_file", epoch=100, path="many/f9", content="by-tool\n")
+            )
+            assert wrote.outcome == ToolOutcome.OK, wrote
+            assert (workspace / "many" / "f7").read_text() == "a\n"
+            assert (workspace / "many" / "f9").read_text() == "by-tool\n"
+            assert not (workspace / "many" / "f8").exists()
+            # a fork starts from the snapshot as frozen, not from the lease's later writes
+            assert (await client.lease(1, 100, ref, snapshot=frozen.snapshot)).ok
+            code, text = await shell(
+                server, 1, 100, "cat /workspace/many/f7 /workspace/many/f8 /workspace/many/f9"
+            )
+            assert (code, text.split()) == (0, ["7", "8", "9"]), text
+            code, text = await shell(server, 1, 100, "ls /workspace/new")
+            assert code != 0, text
+            assert tree_digest(folder) == before
+            assert (folder / "workspace" / "many" / "f7").read_text() == "7\n"
+            # the resets take the overlays away: both slots' next leases see empty workspaces
+            for slot in (0, 1):
+                await reset(server, slot, 100)
+            assert mounted_at(server, workspace) is None
+            assert os.listdir(workspace) == []
+            for slot in (0, 1):
+                code, text = await shell(server, slot, 101, "ls -A /workspace | wc -l")
+                assert (code, text.strip()) == (0, "0"), text
+                await reset(server, slot, 101)
+            assert (await client.drop_snapshot(frozen.snapshot)).removed is True
+
+    asyncio.run(main())

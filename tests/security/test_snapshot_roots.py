@@ -18,7 +18,7 @@ import pytest
 from tests.environment_roots import image_problem
 from tests.integration.test_environment_leases import reset, shell, tree_digest
 from tests.integration.test_slot_server import Server, call, one
-from tests.integration.test_snapshots import prepared_snapshot, snapshot_server
+from tests.integration.test_snapshots import PREPARE, prepared_snapshot, snapshot_server
 from trajcore.domain.tools import ToolOutcome
 
 pytestmark = [pytest.mark.skipif(image_problem() is not None, reason=str(image_problem()))]
@@ -163,5 +163,88 @@ def test_no_fork_can_write_the_snapshots_workspace_under_its_overlay(
             assert writer.returncode == 0, stderr
             assert tree_digest(folder) != before
             assert (await client.drop_snapshot(snapshot)).removed is True
+
+    asyncio.run(main())
+
+
+def test_the_frozen_lease_cannot_write_the_workspace_it_gave_its_snapshot(
+    image_server: tuple[Server, str],
+) -> None:
+    """A snapshot's workspace holds the frozen lease's own files, moved (the same inodes), not
+    copies: that lease goes on over an overlay of them, and none of its writes, by any path,
+    reaches them; the frozen files are the server's, none the slot's."""
+    server, ref = image_server
+
+    async def main() -> None:
+        async with server.client() as client:
+            own = server.seen(server.root / "slots" / "0")
+            assert (await client.lease(0, 3, ref)).ok
+            code, text = await shell(server, 0, 3, PREPARE)
+            assert code == 0, text
+            written = (own / "src" / "main.py").stat()
+            frozen = await client.snapshot(0, 3)
+            assert frozen.ok, frozen
+            assert frozen.snapshot is not None
+            folder = server.root / "snapshots" / frozen.snapshot
+            frozen_workspace = folder / "workspace"
+            moved = (frozen_workspace / "src" / "main.py").stat()
+            assert (moved.st_dev, moved.st_ino) == (written.st_dev, written.st_ino)
+            owners = {
+                (info.st_uid, info.st_gid)
+                for info in (
+                    (Path(path) / name).lstat()
+                    for path, dirs, files in os.walk(frozen_workspace)
+                    for name in (*dirs, *files)
+                )
+            }
+            assert owners == {(os.geteuid(), os.getegid())}, owners
+            before = tree_digest(folder)
+            forks = server.root / "forks" / "0"
+            attack = (
+                "echo owned >> /workspace/prep.txt; echo owned >> /workspace/src/main.py; "
+                "chmod 777 /workspace/src; echo owned > /workspace/src/new; "
+                f"echo owned > {frozen_workspace / 'prep.txt'}; "
+                f"echo owned > {forks / 'lower' / 'prep.txt'}; "
+                "cat /workspace/prep.txt /workspace/src/main.py"
+            )
+            _, text = await shell(server, 0, 3, attack)
+            assert text.split()[:4] == ["prepared", "owned", "code", "owned"], text
+            wrote = await one(
+                client, call(0, "write_file", epoch=3, path="src/main.py", content="by-tool")
+            )
+            assert wrote.outcome == ToolOutcome.OK, wrote
+            for path in (
+                f"../../snapshots/{frozen.snapshot}/workspace/prep.txt",
+                str(frozen_workspace / "prep.txt"),
+                "../../forks/0/lower/prep.txt",
+            ):
+                escaped = await one(
+                    client, call(0, "write_file", epoch=3, path=path, content="owned")
+                )
+                assert escaped.outcome != ToolOutcome.OK, (path, escaped)
+            # control: the writes landed, in the lease's own merged workspace
+            assert (own / "prep.txt").read_text() == "prepared\nowned\n"
+            assert (own / "src" / "main.py").read_text() == "by-tool"
+            assert (own / "src" / "new").read_text() == "owned\n"
+            # the canary, from the host: the snapshot's workspace is as it was frozen
+            assert tree_digest(folder) == before
+            assert (frozen_workspace / "prep.txt").read_text() == "prepared\n"
+            assert (frozen_workspace / "src" / "main.py").read_text() == "code\n"
+            assert not (frozen_workspace / "src" / "new").exists()
+            await reset(server, 0, 3)
+            # control: the same write by the slot's uid, where the frozen file is made its own
+            # and its folders searchable, reaches it, and the check sees it
+            for opened in (folder, frozen_workspace):
+                opened.chmod(0o755)
+            os.chown(frozen_workspace / "prep.txt", written.st_uid, written.st_gid)
+            writer = await asyncio.create_subprocess_exec(
+                "setpriv", f"--reuid={written.st_uid}", f"--regid={written.st_gid}",
+                "--clear-groups", "sh", "-c", f"echo owned >> {frozen_workspace / 'prep.txt'}",
+                stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            _, stderr = await asyncio.wait_for(writer.communicate(), timeout=30)
+            assert writer.returncode == 0, stderr
+            assert tree_digest(folder) != before
+            assert (await client.drop_snapshot(frozen.snapshot)).removed is True
 
     asyncio.run(main())

@@ -54,10 +54,12 @@ async def freeze_lease(
     *, wipe_timeout_s: float,
 ) -> Snapshot:  # fmt: skip
     """Freeze the slot's lease (``problem()`` found none): end its processes (a snapshot holds
-    files, not processes), move its layer into a new snapshot and copy its workspace there.
-    The lease goes on over the snapshot, as every lease started from it does: its next call
-    starts a fresh lease over it. The slot's calls wait for the freezing (as for a warming
-    lease). Raises ``SnapshotRefused``; the lease's files are then as they were."""
+    files, not processes), move its layer into a new snapshot, and its workspace too where
+    forks' workspaces are overlays (``SnapshotStore.freeze``; else a copy). The lease goes on
+    over the snapshot, as every lease started from it does: its next call starts a fresh
+    lease over it, whose workspace is then an overlay over the snapshot's (its reset is a
+    fork's). The slot's calls wait for the freezing (as for a warming lease). Raises
+    ``SnapshotRefused``; the lease's files are then as they were."""
     await sandboxes.stop_agent(slot)
     found = problem()  # what changed while the lease ended
     if found is not None:
@@ -71,8 +73,9 @@ async def freeze_lease(
 
     def freeze_files() -> Snapshot:
         frozen = store.freeze(
-            upper=layer / "upper", workspace=slot.workspace.root, image=use.image, parent=parent
-        )
+            upper=layer / "upper", workspace=slot.workspace.root, image=use.image,
+            parent=parent, ids=sandboxes.ids(slot.index),
+        )  # fmt: skip
         with contextlib.suppress(OSError):  # the ended overlay's; the next lease makes its own
             remove_tree(layer / "work", timeout_s=wipe_timeout_s)
         return frozen

@@ -35,6 +35,7 @@ and is removed when its last lease resets; ``close`` removes them all.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -42,6 +43,7 @@ import secrets
 import shutil
 import stat
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
@@ -203,12 +205,21 @@ class SnapshotStore:
     # -- changes (blocking: run them in a worker thread)
 
     def freeze(
-        self, *, upper: Path, workspace: Path, image: CachedImage, parent: Snapshot | None
-    ) -> Snapshot:
+        self, *, upper: Path, workspace: Path, image: CachedImage, parent: Snapshot | None,
+        ids: tuple[int, int] | None = None,
+    ) -> Snapshot:  # fmt: skip
         """Make a snapshot of a lease that has ended: its ``upper`` layer (moved into the
-        snapshot) and a copy of its ``workspace``; ``parent``, the snapshot the lease had
-        started from. ``admit`` then holds it. Raises ``SnapshotRefused`` (too deep, over the
-        limit, a full disk, a copy that failed); the lease's layer is then where it was."""
+        snapshot) and its ``workspace``; ``parent``, the snapshot the lease had started from.
+        ``admit`` then holds it.
+
+        The workspace is *moved* when it can be (``ids``, the lease's slot's uid and gid,
+        given; forked workspaces mounted as overlays here; the workspace a plain directory,
+        not a fork's overlay): its entries are renamed into the snapshot and given to the
+        server, and an overlay over them is mounted at ``workspace``, so the lease goes on
+        over its snapshot's workspace as a fork does (``forked`` is then true). Else it is
+        copied and the lease keeps its own. Raises ``SnapshotRefused`` (too deep, over the
+        limit, a full disk, a copy that failed); the lease's layer and workspace are then as
+        they were."""
         depth = 1 if parent is None else len(parent.layers) + 1
         if depth > MAX_DEPTH:
             raise SnapshotRefused(
@@ -216,26 +227,13 @@ class SnapshotStore:
                 f"a snapshot of a lease started from a snapshot {depth - 1} deep: at most "
                 f"{MAX_DEPTH} frozen layers stack over an image",
             )
-        size, files = tree_size(workspace)
-        if upper.is_dir():
-            more, entries = tree_size(upper)
-            size, files = size + more, files + entries
-        held = sum(s.bytes for s in self._held.values())
-        if held + size > self.max_bytes:
-            raise SnapshotRefused(
-                "snapshot",
-                f"the lease holds {size} bytes; with the {held} bytes of this server's "
-                f"snapshots that passes the limit of {self.max_bytes} (--snapshot-bytes)",
-            )
+        size, files = self._room_for(upper, workspace)
         snapshot_id = secrets.token_hex(16)
         staging = self.root / f".staging-{snapshot_id}"
         staging.mkdir(mode=0o711)
-        moved = False
+        moved, taken = False, _Moved()
         try:
-            copy_tree(workspace, staging / "workspace", owner=self.owner)
-            os.chmod(staging / "workspace", 0o700)
-            if self.owner is not None:  # the server's alone: no slot reads it
-                os.lchown(staging / "workspace", *self.owner)
+            self._freeze_workspace(workspace, staging / "workspace", ids, taken)
             if upper.is_dir():
                 upper.rename(staging / "root")
                 moved = True
@@ -249,17 +247,99 @@ class SnapshotStore:
                 if lock is not None:
                     os.close(lock)
                 raise
-        except SnapshotRefused:
+        except (SnapshotRefused, OSError) as error:
+            reason = error.reason if isinstance(error, SnapshotRefused) else (
+                f"cannot freeze the lease: {_describe(error)}"
+            )  # fmt: skip
+            if ids is not None:
+                try:
+                    self._give_back(staging / "workspace", workspace, ids, taken)
+                except OSError as stuck:  # kept in staging: removed when a server next starts
+                    reason += f"; the workspace's files stay in {staging}: {_describe(stuck)}"
+                    raise SnapshotRefused("snapshot", reason) from None
             self._undo(staging, upper, moved)
-            raise
-        except OSError as error:
-            self._undo(staging, upper, moved)
-            reason = f"cannot freeze the lease: {_describe(error)}"
-            raise SnapshotRefused("snapshot", reason) from None
+            raise SnapshotRefused(
+                "snapshot" if isinstance(error, OSError) else error.field, reason
+            ) from None
         return Snapshot(
             snapshot_id=snapshot_id, image=image, folder=self.root / snapshot_id,
             bytes=size, files=files, image_lock=lock,
         )  # fmt: skip
+
+    def _room_for(self, upper: Path, workspace: Path) -> tuple[int, int]:
+        """(bytes, entries) of the lease's layer and workspace. Raises ``SnapshotRefused``
+        when they do not fit beside this server's snapshots."""
+        size, files = tree_size(workspace)
+        if upper.is_dir():
+            more, entries = tree_size(upper)
+            size, files = size + more, files + entries
+        held = sum(s.bytes for s in self._held.values())
+        if held + size > self.max_bytes:
+            raise SnapshotRefused(
+                "snapshot",
+                f"the lease holds {size} bytes; with the {held} bytes of this server's "
+                f"snapshots that passes the limit of {self.max_bytes} (--snapshot-bytes)",
+            )
+        return size, files
+
+    def _freeze_workspace(
+        self, workspace: Path, frozen: Path, ids: tuple[int, int] | None, moved: _Moved
+    ) -> None:
+        """Make ``frozen`` (the server's alone, mode 0700: no slot reads it) the snapshot's
+        workspace: ``workspace``'s entries moved there when they can be (``moved`` names them
+        while they are there), else a copy. Raises ``OSError``; ``moved`` then says what to
+        give back."""
+        frozen.mkdir(mode=0o700)
+        if self.owner is not None:
+            os.lchown(frozen, *self.owner)
+        if (
+            ids is not None
+            and self._movable(workspace)
+            and self._take(workspace, frozen, ids, moved)
+        ):
+            return
+        copy_tree(workspace, frozen, owner=self.owner)
+        os.chmod(frozen, 0o700)
+        if self.owner is not None:
+            os.lchown(frozen, *self.owner)
+
+    def _movable(self, workspace: Path) -> bool:
+        overlays = self.overlays
+        return overlays is not None and overlays.problem is None and not self.forked(workspace)
+
+    def _take(self, workspace: Path, frozen: Path, ids: tuple[int, int], moved: _Moved) -> bool:
+        """Move ``workspace``'s entries into ``frozen``, give them to the server, and mount the
+        overlay over them at ``workspace``; ``False`` when the overlay cannot be had (the
+        entries are given back: the caller copies instead). Raises ``OSError`` only when what
+        was moved cannot be put back (``moved`` still names it)."""
+        assert self.overlays is not None
+        try:
+            moved.names = _move_entries(workspace, frozen)
+            _own(frozen, self.owner, keep_mode=True)
+            os.chmod(frozen, 0o700)
+            self.overlays.mount(frozen, workspace, ids)
+            moved.mounted = True
+        except OSError as error:  # another file system (nothing moved), a failed mount
+            self.overlay_failure = _describe(error)
+            self._give_back(frozen, workspace, ids, moved)
+            return False
+        return True
+
+    def _give_back(
+        self, frozen: Path, workspace: Path, ids: tuple[int, int], moved: _Moved
+    ) -> None:
+        """Undo ``_take``: the overlay unmounted, the entries ``moved`` names back in
+        ``workspace`` and the slot's again. Raises ``OSError`` when one will not go back."""
+        if moved.mounted and self.overlays is not None:
+            problem = self.overlays.unmount(workspace, None)
+            if problem is not None:
+                raise OSError(errno.EBUSY, problem)
+            moved.mounted = False
+        if moved.names is None:
+            return
+        _put_back(frozen, workspace, moved.names)
+        moved.names = None
+        _own(workspace, ids, keep_mode=True)
 
     def admit(self, frozen: Snapshot, parent: Snapshot | None) -> None:
         """Hold ``frozen`` (what ``freeze`` made), and through it ``parent``. On the event
@@ -432,6 +512,64 @@ def copy_tree(source: Path, dest: Path, *, owner: tuple[int, int] | None) -> Non
         shutil.copytree(source, dest, symlinks=True, dirs_exist_ok=True)
     if owner is not None:
         _own(dest, owner, keep_mode=True)
+
+
+def _move_entries(source: Path, dest: Path) -> list[str]:
+    """Rename every entry of ``source`` into ``dest`` (the same file system), through the two
+    directories' descriptors (never following a link); the names moved. On a failure what
+    was moved goes back, and the ``OSError`` is raised."""
+    with _directory(source) as source_fd, _directory(dest) as dest_fd:
+        moved: list[str] = []
+        try:
+            for name in os.listdir(source_fd):
+                os.rename(name, name, src_dir_fd=source_fd, dst_dir_fd=dest_fd)
+                moved.append(name)
+        except OSError:
+            _rename_all(dest_fd, source_fd, moved)
+            raise
+        return moved
+
+
+def _put_back(frozen: Path, workspace: Path, names: list[str]) -> None:
+    """Rename ``names`` from ``frozen`` back into ``workspace``. Raises ``OSError`` naming
+    what would not go back."""
+    with _directory(frozen) as frozen_fd, _directory(workspace) as workspace_fd:
+        left = _rename_all(frozen_fd, workspace_fd, names)
+    if left:
+        raise OSError(errno.EIO, f"{len(left)} entries would not go back, {left[:3]} first")
+
+
+def _rename_all(source_fd: int, dest_fd: int, names: list[str]) -> list[str]:
+    """Rename each of ``names`` (one missing from ``source_fd`` is there already); the ones
+    that would not go."""
+    left = []
+    for name in names:
+        try:
+            os.rename(name, name, src_dir_fd=source_fd, dst_dir_fd=dest_fd)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            left.append(name)
+    return left
+
+
+@contextlib.contextmanager
+def _directory(path: Path) -> Iterator[int]:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@attrs.define
+class _Moved:
+    """A workspace being moved into its snapshot: the names of its entries while they are in
+    the snapshot's staging folder."""
+
+    names: list[str] | None = None
+    mounted: bool = False
+    """Whether the overlay over them is mounted at the workspace."""
 
 
 _GNU: dict[str, bool] = {}
