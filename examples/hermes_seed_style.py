@@ -1,7 +1,7 @@
 """An env written the hermes-agent way, ported by its imports (``trajcore.compat``).
 
 ``format_prompt`` builds the user message; ``compute_reward`` gets hermes's ``AgentResult``
-(turns, tool errors, reasoning) and a ``ToolContext`` bound to the slot the model used, whose
+(turns, tool errors, reasoning) and a ``HermesToolContext`` bound to the slot the model used, whose
 calls are awaited here.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 
-from trajcore.compat import AgentResult, HermesAgentEnv, ToolContext
+from trajcore.compat import AgentResult, HermesAgentEnv, HermesToolContext
 
 Item = dict[str, str]
 
@@ -30,7 +30,9 @@ class GreetingFileEnv(HermesAgentEnv[Item]):
     def format_prompt(self, item: Item) -> str:
         return f"Create the file {item['file']} containing exactly: {item['text']}"
 
-    async def compute_reward(self, item: Item, result: AgentResult, ctx: ToolContext) -> float:
+    async def compute_reward(
+        self, item: Item, result: AgentResult, ctx: HermesToolContext
+    ) -> float:
         if result.turns_used == 0:
             return 0.0
         shown = await ctx.terminal(f"cat {item['file']}")

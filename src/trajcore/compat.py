@@ -4,8 +4,10 @@
 ``setup_trajectory_workspace``, ``verify_and_score_trajectory``, ``score_trajectory``,
 ``build_agent_config``, ``run_agent``, and ``build_tools()``/``self.tools`` with the seed's tool
 objects: ``Tool``, ``ToolSchema``, ``SeedToolResult``, ``SeedToolRegistry``),
-``from trajcore.compat import HermesAgentEnv, AgentResult, ToolContext`` for a hermes-agent env
-(``format_prompt``, ``compute_reward`` with a ``ToolContext`` whose calls are awaited). Each
+``from trajcore.compat import HermesAgentEnv, AgentResult, HermesToolContext`` for a hermes-agent
+env (``format_prompt``, ``compute_reward`` with hermes's ``ToolContext``, here
+``HermesToolContext`` because ``trajcore.env.ToolContext`` is the tool server's call context,
+whose calls are awaited). Each
 base's config class (``AtroposAgentEnvConfig``, ``HermesAgentEnvConfig``) has its seed's
 defaults where they are safe; ``server_configs`` names the model server in ``config_init``. The
 implementation and its rules are in ``trajcore.entrypoints.seed_envs`` and ``seed_tools``;
@@ -22,7 +24,7 @@ from trajcore.entrypoints.seed_envs import (
     ExecTool,
     HermesAgentEnv,
     HermesAgentEnvConfig,
-    ToolContext,
+    HermesToolContext,
     ToolError,
 )
 from trajcore.entrypoints.seed_settings import SEED_FIELDS, SeedSettingWarning
@@ -44,13 +46,13 @@ __all__ = [
     "ExecTool",
     "HermesAgentEnv",
     "HermesAgentEnvConfig",
+    "HermesToolContext",
     "ItemLimits",
     "SeedSettingWarning",
     "SeedToolRegistry",
     "SeedToolResult",
     "SlotTool",
     "Tool",
-    "ToolContext",
     "ToolError",
     "ToolFailed",
     "ToolSchema",

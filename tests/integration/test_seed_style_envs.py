@@ -4,7 +4,7 @@
 verification in the slot, per-item step budgets; a tool object added by ``build_tools()`` and
 ``run_agent``) and ``examples/hermes_seed_style.py``
 (``format_prompt``, ``compute_reward`` with hermes's ``AgentResult`` and an awaited
-``ToolContext``), each driven by a scripted model through the env's own pool.
+``HermesToolContext``), each driven by a scripted model through the env's own pool.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from examples.hermes_seed_style import GreetingFileEnv, Item
 
 from trajcore.adapters.fakes.llm import FakeChatServer
 from trajcore.adapters.tokenizers import qwen3_tokenizer_path
-from trajcore.compat import AgentResult, ToolContext
+from trajcore.compat import AgentResult, HermesToolContext
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason
 from trajcore.domain.tools import ToolCall
@@ -185,7 +185,7 @@ async def test_run_agent_runs_the_agent_in_a_slot_of_the_local_pool() -> None:
 
 
 class _ProbedGreetingEnv(GreetingFileEnv):
-    """Records what compute_reward got, and exercises every ToolContext call."""
+    """Records what compute_reward got, and exercises every HermesToolContext call."""
 
     def __init__(self, *args: Any, probe_dir: Path, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -193,7 +193,9 @@ class _ProbedGreetingEnv(GreetingFileEnv):
         self.probes: list[dict[str, Any]] = []
         self.probe_dir = probe_dir
 
-    async def compute_reward(self, item: Item, result: AgentResult, ctx: ToolContext) -> float:
+    async def compute_reward(
+        self, item: Item, result: AgentResult, ctx: HermesToolContext
+    ) -> float:
         self.results.append(result)
         source = self.probe_dir / "blob.bin"
         fetched = self.probe_dir / f"back-{ctx.task_id.replace('/', '_')}.bin"

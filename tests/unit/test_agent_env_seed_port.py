@@ -32,7 +32,7 @@ from trajcore.compat import (
     ExecTool,
     HermesAgentEnv,
     HermesAgentEnvConfig,
-    ToolContext,
+    HermesToolContext,
 )
 from trajcore.domain.errors import ConfigError, SlotInfraError
 from trajcore.domain.groups import TrajectoryStatus
@@ -289,7 +289,7 @@ class RaisingReward(HermesAgentEnv[str]):
     def format_prompt(self, item: str) -> str:
         return f"Create done.txt containing {item}."
 
-    async def compute_reward(self, item: str, result: AgentResult, ctx: ToolContext) -> float:
+    async def compute_reward(self, item: str, result: AgentResult, ctx: HermesToolContext) -> float:
         read = await ctx.read_file("done.txt")
         if read.get("content") != item:
             raise RuntimeError("reward model timed out")
@@ -454,7 +454,7 @@ class HermesToolNames(HermesAgentEnv[str]):
     def format_prompt(self, item: str) -> str:
         return "Say ok."
 
-    async def compute_reward(self, item: str, result: AgentResult, ctx: ToolContext) -> float:
+    async def compute_reward(self, item: str, result: AgentResult, ctx: HermesToolContext) -> float:
         self.answers.append(
             {
                 "slow": await ctx.terminal("sleep 0.6"),  # timeout 180 (hermes's default)

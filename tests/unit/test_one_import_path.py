@@ -82,3 +82,41 @@ def test_no_module_but_a_facade_re_exports(module: str) -> None:
 
 def test_the_facades_exist() -> None:
     assert all((SRC / facade).is_file() for facade in FACADES)
+
+
+def one_meaning(facades: dict[str, dict[str, object]]) -> list[str]:
+    """The names that two facades export as different objects (one name, two meanings)."""
+    seen: dict[str, tuple[str, object]] = {}
+    clashes: list[str] = []
+    for facade, names in facades.items():
+        for name, value in names.items():
+            first = seen.setdefault(name, (facade, value))
+            if first[1] is not value:
+                clashes.append(f"{name}: {first[0]} and {facade}")
+    return clashes
+
+
+def test_the_check_sees_one_name_with_two_meanings() -> None:
+    """Control: the same name bound to two classes in two facades is caught; one object is not."""
+
+    class Context: ...
+
+    class SeedContext: ...
+
+    assert one_meaning({"a": {"Context": Context}, "b": {"Context": SeedContext}}) == [
+        "Context: a and b"
+    ]
+    assert one_meaning({"a": {"Context": Context}, "b": {"Context": Context}}) == []
+
+
+def test_a_name_means_one_thing_in_every_facade() -> None:
+    """``trajcore.env``, ``trajcore.compat`` and ``trajcore.testing`` share a name only for one
+    object: a seed's class that trajcore also names is exported under its seed's name
+    (``HermesToolContext``, ``SeedToolResult``)."""
+    import importlib
+
+    facades = {}
+    for facade in ("trajcore.env", "trajcore.compat", "trajcore.testing"):
+        module = importlib.import_module(facade)
+        facades[facade] = {name: getattr(module, name) for name in module.__all__}
+    assert one_meaning(facades) == []

@@ -3,7 +3,7 @@
 Both seeds' envs subclassed a base with hook names of its own. These two bases keep those names,
 the arguments each hook got and the seeds' defaults, and map them onto ``AgentEnv``'s hooks, so
 porting an env is ``from trajcore.compat import ...`` and, for hermes, an ``await`` before each
-ToolContext call:
+HermesToolContext call:
 
 ``AtroposAgentEnv`` (atropos-agent's ``AgentEnv``):
 
@@ -38,10 +38,10 @@ ToolContext call:
 ``HermesAgentEnv`` (hermes-agent's ``HermesAgentBaseEnv``):
 
 - ``format_prompt(item) -> str``,
-- ``compute_reward(item, result: AgentResult, ctx: ToolContext) -> float``, where
+- ``compute_reward(item, result: AgentResult, ctx: HermesToolContext) -> float``, where
   ``AgentResult`` carries hermes's fields (``messages`` as OpenAI dicts, ``turns_used``,
   ``finished_naturally``, ``reasoning_per_turn``, ``tool_errors``) plus ``trajectory_id`` and
-  ``stop_reason``, and ``ToolContext`` offers hermes's calls (``terminal``, ``read_file``,
+  ``stop_reason``, and ``HermesToolContext`` offers hermes's calls (``terminal``, ``read_file``,
   ``write_file``, ``upload_file``, ``upload_dir``, ``download_file``, ``download_dir``,
   ``search``, ``call_tool``) bound to the very slot the model used. They are coroutines here:
   trajcore's tools run on the event loop, so ``ctx.terminal(...)`` becomes
@@ -102,7 +102,7 @@ __all__ = [
     "ExecTool",
     "HermesAgentEnv",
     "HermesAgentEnvConfig",
-    "ToolContext",
+    "HermesToolContext",
     "ToolError",
 ]
 
@@ -489,7 +489,7 @@ class AgentResult:
 
 
 @attrs.frozen
-class ToolContext:
+class HermesToolContext:
     """hermes-agent's ``ToolContext``: its calls, bound to the trajectory's slot.
 
     Every method is a coroutine (``await ctx.terminal("pytest -q")``) and answers as hermes's
@@ -622,7 +622,9 @@ class HermesAgentEnv(AgentEnv[ItemT, ConfigT_co], Generic[ItemT, ConfigT_co]):
         """The user message for ``item``."""
 
     @abc.abstractmethod
-    async def compute_reward(self, item: ItemT, result: AgentResult, ctx: ToolContext) -> float:
+    async def compute_reward(
+        self, item: ItemT, result: AgentResult, ctx: HermesToolContext
+    ) -> float:
         """Score the rollout with full access to its slot through ``ctx``."""
 
     def build_task(self, item: ItemT) -> str | Sequence[Message]:
@@ -632,7 +634,9 @@ class HermesAgentEnv(AgentEnv[ItemT, ConfigT_co], Generic[ItemT, ConfigT_co]):
         self, item: ItemT, tools: SlotTools, messages: Transcript
     ) -> ScoreAnswer:
         try:
-            return await self.compute_reward(item, AgentResult.of(messages), ToolContext(tools))
+            return await self.compute_reward(
+                item, AgentResult.of(messages), HermesToolContext(tools)
+            )
         except InfrastructureError:
             raise  # the slot or a server failed: never a score
         except Exception as exc:
