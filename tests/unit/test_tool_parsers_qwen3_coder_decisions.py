@@ -149,3 +149,67 @@ def test_a_broken_parameter_name_is_refused_naming_the_function() -> None:
     assert [(p.reason, p.name) for p in turn.errors] == [
         ("expected '>' after the parameter name @ arguments", "f")
     ]
+
+
+# ------------------------------------------------------------------- the index's skip pointers
+
+
+def _literal_pairs(name: str, n: int) -> str:
+    """A value opening ``<parameter=a>`` that holds ``n`` literal ``<parameter=NAME>`` pairs,
+    each closer followed by text (so none is structural), then the function's end."""
+    return "<parameter=a>" + f"<parameter={name}>q</parameter> t " * n + "</function>"
+
+
+def _steps(scan: _Scan) -> int:
+    return scan.tags.steps
+
+
+def test_a_value_read_again_over_the_index_follows_the_pointers_its_first_read_left() -> None:
+    """Pins that each search of a value's end over the index leaves skip pointers behind: the
+    search for the next tag that may end a value (one per tool), the fallback closer's and the
+    function end's. A second read of the same value then takes one step per search, where the
+    first walked past every literal pair (a walk without its pointers would again, and the
+    reads of many values would be quadratic)."""
+    pairs = 20
+    text = _literal_pairs("zz", pairs)  # zz: a name the tool lacks, so its pairs are text
+    scan = _Scan.of(text, wrapped=False, open_tag="<tool_call>", close_tag="</tool_call>")
+    function = _Function(known={"a": {}})
+    start = len("<parameter=a>")
+    end = text.index("</function>")
+    assert scan.value_end(start, "a", {}, function) == (end, end)
+    first = _steps(scan)
+    assert first >= 3 * pairs
+    assert scan.indexed_value_end(start, "a", {}, function) == (end, end)
+    assert _steps(scan) - first <= 4
+
+
+def test_the_values_of_one_function_share_its_skip_pointers() -> None:
+    """Pins that a function's own skip pointers serve all of its values: what ends a value only
+    shrinks as the names given grow, so the next parameter's search (another key, one more name
+    given) passes in one step the literal pairs the first value's search passed."""
+    pairs = 20
+    text = _literal_pairs("a", pairs)  # pairs of the value's own name: literal, they nest
+    scan = _Scan.of(text, wrapped=False, open_tag="<tool_call>", close_tag="</tool_call>")
+    function = _Function(known={"a": {}, "b": {}})
+    start = len("<parameter=a>")
+    end = text.index("</function>")
+    assert scan.value_end(start, "a", {}, function) == (end, end)
+    first = _steps(scan)
+    assert first >= 3 * pairs
+    assert scan.indexed_value_end(start, "b", {"a": "x"}, function) == (end, end)
+    assert _steps(scan) - first <= 5
+
+
+def test_skip_pointers_are_shared_between_functions_only_while_few_names_are_given() -> None:
+    """Pins the bound on the pointers shared between functions of one tool: they are keyed by
+    the names given, and kept only for fewer than eight (``_SHARED_GIVEN``), so that a call
+    with many parameters does not keep a table per prefix of them."""
+    text = _literal_pairs("zz", 3)
+    start = len("<parameter=a>")
+    for given, shared in ((7, True), (8, False)):
+        scan = _Scan.of(text, wrapped=False, open_tag="<tool_call>", close_tag="</tool_call>")
+        names = {f"p{i}": "x" for i in range(given)}
+        function = _Function(known={"a": {}})
+        scan.indexed_value_end(start, "a", names, function)
+        keys = [key for key in scan.tags.skips if isinstance(key, tuple) and key[0] == "ends"]
+        assert len(keys) == (1 if shared else 0), given
