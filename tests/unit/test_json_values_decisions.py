@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from trajcore.domain.errors import InvalidInput
-from trajcore.domain.json_values import json_lines, json_object, json_type
+from trajcore.domain.errors import ConfigError, InvalidInput
+from trajcore.domain.json_values import json_lines, json_object, json_type, json_value
 
 
 def test_json_lines_numbers_each_object_by_its_line_from_one_skipping_blank_lines() -> None:
@@ -44,6 +44,36 @@ def test_text_that_is_not_json_is_refused_with_the_decoders_reason_and_the_field
         "not JSON: Expecting value",
     )
     assert caught.value.__cause__ is None  # the decoder's traceback is not chained
+
+
+def test_a_json_value_is_any_json_and_its_refusal_is_the_callers_error_at_the_field() -> None:
+    """A setting's text may hold any JSON value; a refusal is the error the caller names
+    (``ConfigError`` for a setting), at its field, with the decoder's own message."""
+    assert json_value('[1, {"a": null}]', "flag") == [1, {"a": None}]
+    assert json_value('"text"', "flag") == "text"
+    with pytest.raises(ConfigError) as caught:
+        json_value("[1,", "--env.flag", error=ConfigError)
+    assert (caught.value.field, caught.value.reason) == (
+        "--env.flag",
+        "not JSON: Expecting value",
+    )
+    assert caught.value.__cause__ is None
+    with pytest.raises(InvalidInput) as plain:
+        json_value("{", "body")
+    assert type(plain.value) is InvalidInput
+
+
+def test_a_number_past_pythons_digit_limit_is_refused_naming_the_field() -> None:
+    """``int()`` refuses a number of more than 4300 digits with a bare ``ValueError``; the text
+    is refused as not JSON at its field (a JSON Lines line, a setting), never that error."""
+    huge = "1" * 5000
+    with pytest.raises(InvalidInput) as caught:
+        json_object(f'{{"a": {huge}}}', "line 7")
+    assert caught.value.field == "line 7"
+    assert caught.value.reason.startswith("not JSON: Exceeds the limit")
+    with pytest.raises(ConfigError) as setting:
+        json_value(huge, "--env.flag", error=ConfigError)
+    assert setting.value.field == "--env.flag"
 
 
 @pytest.mark.parametrize("text", ["[]", "1", '"text"', "null", "true"])

@@ -1,5 +1,5 @@
-"""JSON values as the domain holds them: the ``JSON`` type, its check, its type names, and the
-objects of a JSON Lines text.
+"""JSON values as the domain holds them: the ``JSON`` type, its check, its type names, the value
+of a JSON text (refused naming its field), and the objects of a JSON Lines text.
 
 JSON payloads (tool arguments, schemas, wire bodies) are plain ``dict``/``list`` trees typed as
 ``JSON``. They are not deep-frozen; treat them as read-only.
@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, TypeAlias
 
 from trajcore.domain.errors import InvalidInput
 
-__all__ = ["JSON", "JSONObject", "check_json", "json_lines", "json_object", "json_type"]
+__all__ = [
+    "JSON",
+    "JSONObject",
+    "check_json",
+    "json_lines",
+    "json_object",
+    "json_type",
+    "json_value",
+]
 
 if TYPE_CHECKING:
     JSON: TypeAlias = "bool | int | float | str | list[JSON] | dict[str, JSON] | None"
@@ -40,16 +48,30 @@ def json_lines(lines: Iterable[str]) -> Iterator[tuple[int, JSONObject]]:
             yield number, json_object(line, f"line {number}")
 
 
+def json_value(text: str, field: str, *, error: type[InvalidInput] = InvalidInput) -> JSON:
+    """The JSON value ``text`` holds (a setting's text, a body, a line).
+
+    Raises:
+        InvalidInput: ``text`` is not JSON, or holds a number Python will not read (more
+            digits than its limit): ``error`` (``ConfigError`` for a setting) at ``field``,
+            the decoder's own message after ``not JSON: ``.
+    """
+    try:
+        value: JSON = json.loads(text)
+    except ValueError as fault:  # json.JSONDecodeError, or int()'s limit on digits
+        reason = fault.msg if isinstance(fault, json.JSONDecodeError) else str(fault)
+        raise error(field, f"not JSON: {reason}") from None
+    return value
+
+
 def json_object(text: str, field: str) -> JSONObject:
     """The JSON object ``text`` holds.
 
     Raises:
-        InvalidInput: ``text`` is not JSON, or not an object (field ``field``).
+        InvalidInput: ``text`` is not JSON (as ``json_value``), or not an object (field
+            ``field``).
     """
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise InvalidInput(field, f"not JSON: {error.msg}") from None
+    value = json_value(text, field)
     if not isinstance(value, dict):
         raise InvalidInput(field, "expected a JSON object")
     return value

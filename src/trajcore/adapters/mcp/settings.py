@@ -23,7 +23,6 @@ is a mistake (a dropped setting never passes silently). ``open_tool_servers`` en
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -41,6 +40,7 @@ from trajcore.adapters.mcp.client import (
 )
 from trajcore.adapters.mcp.join import JoinedMember, JoinedToolServer
 from trajcore.domain.errors import ConfigError
+from trajcore.domain.json_values import json_value
 
 __all__ = ["MCPServerSetting", "open_tool_servers", "parse_tool_servers"]
 
@@ -120,10 +120,7 @@ def parse_tool_servers(value: object) -> tuple[MCPServerSetting, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as exc:
-            raise ConfigError(FIELD, f"expected a mapping or JSON text of one: {exc}") from None
+        value = json_value(value, FIELD, error=ConfigError)
     if not isinstance(value, Mapping):
         raise ConfigError(FIELD, f"expected a mapping of server name to settings, got {value!r}")
     settings = []

@@ -20,7 +20,6 @@ Rules it keeps:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -32,7 +31,7 @@ from trajcore.domain.agent_loop import AgentLoopConfig
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.groups import GroupRules, OnFailure
-from trajcore.domain.json_values import JSONObject
+from trajcore.domain.json_values import JSONObject, json_value
 from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser, parser_names
 from trajcore.domain.toolsets import DistributionRegistry, ToolsetDistribution, ToolsetSelection
@@ -105,10 +104,7 @@ def _json_or_pairs(field: str, value: object) -> object:
     if not text or text == "None":
         return None
     if text.startswith("{"):
-        try:
-            return json.loads(text)
-        except ValueError as exc:
-            raise ConfigError(field, f"not valid JSON: {exc}") from None
+        return json_value(text, field, error=ConfigError)
     pairs: dict[str, object] = {}
     for part in text.split(","):
         name, sep, number = part.partition("=")

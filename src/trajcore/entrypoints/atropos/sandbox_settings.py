@@ -71,6 +71,7 @@ from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig
 from trajcore.adapters.pools.ssh_pool import SshPoolConfig
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
+from trajcore.domain.json_values import json_value
 from trajcore.domain.nomad_job import NomadJobSettings
 from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slurm_jobs import SlurmJobSettings
@@ -602,10 +603,7 @@ def _json_values(flag: str, cls: type[AttrsInstance], value: object) -> object:
     text = value.strip()
     if not text:
         return ()
-    try:
-        entries = json.loads(text)
-    except ValueError as error:
-        raise ConfigError(flag, f"not JSON: {error}") from None
+    entries = json_value(text, flag, error=ConfigError)
     if not isinstance(entries, list):
         raise ConfigError(flag, f"expected a JSON list, got {text[:80]!r}")
     known = {field.name: field.default is attrs.NOTHING for field in attrs.fields(cls)}
