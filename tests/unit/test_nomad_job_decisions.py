@@ -197,3 +197,14 @@ def test_artifacts_are_a_list_of_artifacts_and_a_cache_path_may_hold_any_other_l
         "expected EnvironmentArtifact values, got 't.tar'",
     )
     assert NomadJobSettings(image_cache_dir="/X/cache-X").image_cache_dir == "/X/cache-X"
+
+
+def test_a_cache_directory_may_start_at_a_nomad_variable_spelt_as_nomad_spells_it() -> None:
+    """Pins the other root a task-side cache path may have: a Nomad variable
+    (``${NOMAD_ALLOC_DIR}/images``, which the task sees as a path), in Nomad's upper case; a
+    variable in other letters is no Nomad variable, so a relative path, and refused."""
+    under_alloc = "${NOMAD_ALLOC_DIR}/images"
+    assert NomadJobSettings(image_cache_dir=under_alloc).image_cache_dir == under_alloc
+    field, reason = _job_refusal(image_cache_dir="${nomad_alloc_dir}/images")
+    assert field == "image_cache_dir"
+    assert reason.endswith("got '${nomad_alloc_dir}/images'")

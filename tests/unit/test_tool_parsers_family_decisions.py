@@ -276,6 +276,18 @@ def test_llama3_calls_start_at_a_tag_or_an_opening_brace_only() -> None:
     assert turn.calls == (ToolCall(id="call_0", name="b"),)
 
 
+def test_llama3_each_later_tag_in_the_content_starts_calls_again_in_order() -> None:
+    """Pins that after the calls, content runs to the *next* ``<|python_tag|>``, not the last:
+    every tagged run of calls is read, and the text between runs is content."""
+    text = (
+        'x <|python_tag|>{"name": "a"} mid <|python_tag|>{"name": "b"} more '
+        '<|python_tag|>{"name": "c"} end'
+    )
+    turn = Llama3JsonParser().parse(text)
+    assert [c.name for c in turn.calls] == ["a", "b", "c"]
+    assert turn.content == "x\nmid\nmore\nend"
+
+
 def test_llama3_renders_arguments_as_written_not_escaped() -> None:
     """Pins that Llama 3's render writes non-ASCII arguments as they are."""
     text = Llama3JsonParser().render([ToolCall(id="c", name="a", arguments={"x": "é"})])
