@@ -11,8 +11,12 @@ sandboxed slot servers (16 slots each), one of two ways:
 
 After every slot has run one call (its start is not measured), ``--rounds`` rounds of
 ``--seconds`` each print one JSON line: calls per second, and the CPU seconds per call of this
-process and of the whole machine (``/proc/stat``). Only names that every revision since the
-containment work has are used, so that older trees run it unchanged.
+process (the env side: pool, dispatcher, client), of the slot servers' own processes (their
+Python), of everything those servers started (bubblewrap, keepers, lease agents and the commands
+they reaped), and of the whole machine (``/proc/stat``). The per-process figures come from
+``/proc/<pid>/stat`` and so hold beside other load on a shared machine, where the machine's
+figure does not. Only names that every revision since the containment work has are used, so that
+older trees run it unchanged.
 
 Run: ``.venv/bin/python bench/call_path.py [pool|direct] [TRAJECTORIES] [--seconds 3]
 [--rounds 3]`` (the pool at 64 trajectories by default).
@@ -61,6 +65,56 @@ def own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _children() -> dict[int, list[int]]:
+    """Every live process's children, by parent pid."""
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    after = stat.read().rpartition(")")[2].split()
+            except OSError:
+                continue
+            tree.setdefault(int(after[1]), []).append(int(entry))
+    return tree
+
+
+def _cpu_of(pid: int, *, reaped: bool) -> float:
+    """``pid``'s CPU seconds (with ``reaped``: and its reaped children's); 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            after = stat.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    ticks = sum(int(v) for v in after[11 : 15 if reaped else 13])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def servers_cpu_s() -> tuple[float, float]:
+    """CPU seconds of this process's slot servers (their own Python, reaped children left
+    out) and of every process below them (with what each reaped: the commands)."""
+    tree = _children()
+    servers, below = 0.0, 0.0
+    stack = list(tree.get(os.getpid(), []))
+    while stack:
+        pid = stack.pop()
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                is_server = b"trajcore.entrypoints.slot_server" in cmdline.read()
+        except OSError:
+            continue
+        if is_server:
+            servers += _cpu_of(pid, reaped=False)
+            stack_below = list(tree.get(pid, []))
+            while stack_below:
+                child = stack_below.pop()
+                below += _cpu_of(child, reaped=True)
+                stack_below += tree.get(child, [])
+        else:
+            stack += tree.get(pid, [])
+    return servers, below
+
+
 async def rounds(
     path: str, workers: int, seconds: float, count: int, once: Callable[[int], Awaitable[None]]
 ) -> None:
@@ -75,14 +129,19 @@ async def rounds(
     for _ in range(count):
         done = [0] * workers
         own, whole, started = own_cpu_s(), machine_cpu_s(), time.perf_counter()
+        servers, below = servers_cpu_s()
         stop_at = loop.time() + seconds
         await asyncio.gather(*(worker(i, stop_at, done) for i in range(workers)))
         elapsed = time.perf_counter() - started
+        servers_after, below_after = servers_cpu_s()
         calls = sum(done)
         print(json.dumps({
             "path": path, "trajectories": workers, "calls_per_s": calls / elapsed,
             "process_cpu_per_call_s": (own_cpu_s() - own) / calls,
+            "server_cpu_per_call_s": (servers_after - servers) / calls,
+            "sandbox_cpu_per_call_s": (below_after - below) / calls,
             "machine_cpu_per_call_s": (machine_cpu_s() - whole) / calls,
+            "load_1m": os.getloadavg()[0],
         }), flush=True)  # fmt: skip
 
 
@@ -168,7 +227,14 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--seconds", type=float, default=3.0, help="per round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--servers", type=int, default=SERVERS, choices=range(1, SERVERS + 1),
+        metavar=f"1..{SERVERS}", help="slot servers (one to profile a single server's process)",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.trajectories > args.servers * SLOTS:
+        parser.error(f"{args.servers} servers hold at most {args.servers * SLOTS} trajectories")
+    globals()["SERVERS"] = args.servers
     if args.path == "pool":
         asyncio.run(through_pool(args.trajectories, args.seconds, args.rounds))
         return

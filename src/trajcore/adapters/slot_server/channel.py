@@ -64,29 +64,29 @@ def reply_cap(isolation: SlotIsolation) -> int:
     return 12 * max(isolation.output_cap_bytes, 1 << 20) + (1 << 16)
 
 
-_REPLY_TYPES: dict[str, tuple[type, ...]] = {
-    "exit": (int, type(None)),
-    "signal": (int, type(None)),
-    "stdout": (str,),
-    "stderr": (str,),
-    "stdout_dropped": (int,),
-    "stderr_dropped": (int,),
-    "timed_out": (bool,),
-    "duration": (int, float),
-    "error": (str,),
+# Each field of a reply and the exact types (as ``json.loads`` makes them) it may have: a
+# ``bool`` is no number here, whatever Python's subclassing says.
+_REPLY_TYPES: dict[str, frozenset[type]] = {
+    "exit": frozenset({int, type(None)}),
+    "signal": frozenset({int, type(None)}),
+    "stdout": frozenset({str}),
+    "stderr": frozenset({str}),
+    "stdout_dropped": frozenset({int}),
+    "stderr_dropped": frozenset({int}),
+    "timed_out": frozenset({bool}),
+    "duration": frozenset({int, float}),
+    "error": frozenset({str}),
 }
+_NO_TYPES: frozenset[type] = frozenset()
 
 
 def check_reply(reply: object) -> dict[str, JSON]:
     """``reply`` when it is what an agent answers a request with, else ``AgentLost``: a reply
     that does not parse as one never becomes a result."""
-    if not isinstance(reply, dict) or "exit" not in reply:
+    if type(reply) is not dict or "exit" not in reply:
         raise AgentLost(f"the slot's agent sent a malformed reply ({type(reply).__name__})")
     for key, value in reply.items():
-        kinds = _REPLY_TYPES.get(key)
-        if kinds is None or not isinstance(value, kinds):
-            raise AgentLost(f"the slot's agent sent a malformed reply (field {key!r})")
-        if isinstance(value, bool) and bool not in kinds:
+        if type(value) not in _REPLY_TYPES.get(key, _NO_TYPES):
             raise AgentLost(f"the slot's agent sent a malformed reply (field {key!r})")
     return cast("dict[str, JSON]", reply)
 
@@ -140,7 +140,9 @@ class Agent:
         JSON: bytes from inside the sandbox are not trusted."""
         try:
             self.writer.write(_HEADER.pack(len(payload)) + payload)
-            await self.writer.drain()
+            transport = self.writer.transport
+            if transport.is_closing() or transport.get_write_buffer_size():
+                await self.writer.drain()  # else all was sent, and there is nothing to wait for
             async with asyncio.timeout(timeout_s):
                 body = await self._frame()
         except (OSError, asyncio.IncompleteReadError) as error:

@@ -8,6 +8,12 @@ so a bad request reads ``expected an integer @ $.calls[2].slot``.
 
 ``encode(value) -> bytes`` and ``decode(data, type) -> value`` are the two entry points; the
 round trip ``decode(encode(x), type(x)) == x`` holds for every protocol value.
+
+A batch and its results travel on every tool call, so they have a fast path
+(``batch_codec``): plain functions that take the common, well-formed shape straight to the
+values (the values' own validators still run) and hand anything else to the converter, which
+then accepts or refuses it exactly as it always does. Both paths give equal values and equal
+JSON for every input (``tests/unit/test_slot_batch_codec.py``).
 """
 
 from __future__ import annotations
@@ -15,11 +21,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import cattrs
 from cattrs.gen import make_dict_structure_fn, override
 
+from trajcore.adapters.slot_server.batch_codec import FAST_STRUCTURE, FAST_UNSTRUCTURE
 from trajcore.adapters.wire import register_strict_primitives
 from trajcore.domain.errors import InvalidInput, WireError
 from trajcore.domain.json_values import JSONObject, check_json
@@ -94,6 +101,11 @@ def structure(data: object, kind: type[T]) -> T:
     Raises:
         WireError: ``data`` does not fit ``kind``; the field is the JSON path of the first fault.
     """
+    fast = FAST_STRUCTURE.get(kind)
+    if fast is not None:
+        found = fast(data)
+        if found is not None:
+            return cast("T", found)
     try:
         return converter.structure(data, kind)
     except (cattrs.BaseValidationError, InvalidInput, ValueError, TypeError, KeyError) as error:
@@ -103,6 +115,9 @@ def structure(data: object, kind: type[T]) -> T:
 
 def unstructure(value: object) -> Any:  # a JSON tree, as cattrs returns it
     """``value`` as plain JSON data (dicts, lists, strings, numbers)."""
+    fast = FAST_UNSTRUCTURE.get(type(value))
+    if fast is not None:
+        return fast(value)
     return converter.unstructure(value)
 
 

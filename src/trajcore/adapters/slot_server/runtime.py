@@ -329,9 +329,15 @@ class SlotRuntime:
     # ------------------------------------------------------------------------- execute
 
     async def execute(self, calls: Sequence[ExecuteCall]) -> list[ToolResult]:
-        """Run a batch; one result per call, in order. Never raises for a call's failure."""
+        """Run a batch; one result per call, in order. Never raises for a call's failure.
+
+        A cancelled request stops waiting and nothing else: its calls' futures are shared with
+        any repeat of the same ``call_id`` and go on (``asyncio.wait`` never cancels them)."""
         futures = [self._submit(call) for call in calls]
-        return list(await asyncio.gather(*(asyncio.shield(f) for f in futures)))
+        pending = [future for future in futures if not future.done()]
+        if pending:
+            await asyncio.wait(pending)
+        return [future.result() for future in futures]
 
     def _submit(self, call: ExecuteCall) -> asyncio.Future[ToolResult]:
         """The future of ``call``'s result, after the slot's queue has taken it in."""
@@ -373,15 +379,16 @@ class SlotRuntime:
                 continue
             task = asyncio.get_running_loop().create_task(self._run_turn(slot, turn.ticket, call))
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
             task.add_done_callback(functools.partial(self._settle, slot, turn.ticket, call))
             return
 
     def _settle(
-        self, slot: Slot, ticket: CallTicket, call: ExecuteCall, _: asyncio.Task[None]
+        self, slot: Slot, ticket: CallTicket, call: ExecuteCall, task: asyncio.Task[None]
     ) -> None:
-        """A call's task ended: if it never answered (cancelled before it began), answer it as
-        closing and let the slot's next turn go on, so no call and no reset waits for it."""
+        """A call's task ended: forget it, and if it never answered (cancelled before it
+        began), answer it as closing and let the slot's next turn go on, so no call and no
+        reset waits for it."""
+        self._tasks.discard(task)
         if ticket.number in slot.answers:
             self._answer(slot, ticket, _refused(call, Closing()))
             self._take_turns(slot)

@@ -10,6 +10,7 @@ shell and ``/tmp`` are gone, so the next call of that epoch is refused, not run 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import cast
 
 from trajcore.adapters.slot_server.channel import MAX_REQUEST_BYTES, AgentLost, encode_request
@@ -19,11 +20,66 @@ from trajcore.domain.isolation import clamp_timeout
 from trajcore.domain.json_values import JSON
 from trajcore.domain.slot_calls import StaleEpoch
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, ExecuteCall
+from trajcore.domain.tool_schema import BUILTIN_VALIDATOR
 from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult, ToolSpec
 
-__all__ = ["failure", "run_call"]
+__all__ = ["failure", "flat_check", "run_call"]
 
 _TOOLS: dict[str, ToolSpec] = {spec.name: spec for spec in SLOT_TOOL_SPECS}
+
+# JSON-schema types a flat schema's properties may have, as the exact Python types that
+# ``json.loads`` makes for them (``bool`` is not an ``int`` here, nor an ``int`` a ``float``'s
+# only form: ``number`` takes both).
+_FLAT_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
+}  # fmt: skip
+_ANNOTATIONS = frozenset({"description", "title"})
+
+
+def flat_check(spec: ToolSpec) -> Callable[[dict[str, JSON]], bool] | None:
+    """A quick test that is true only for arguments ``spec``'s checker finds nothing wrong
+    with: every required property present, every known property of its exact type, anything
+    else allowed. ``None`` when the schema is not that flat (or the spec has another checker).
+
+    ``run_call`` asks it before ``spec.validate_arguments``, which it then skips; arguments the
+    test does not pass still go through the checker, which names the fault.
+    """
+    schema = spec.parameters
+    if spec.validator is not BUILTIN_VALIDATOR or schema.get("type") != "object":
+        return None
+    if set(schema) - {"type", "properties", "required"} - _ANNOTATIONS:
+        return None
+    properties, required = schema.get("properties", {}), schema.get("required", [])
+    if not isinstance(properties, dict) or not isinstance(required, list):
+        return None
+    kinds: dict[str, tuple[type, ...]] = {}
+    for name, sub in properties.items():
+        if not isinstance(sub, dict) or set(sub) - {"type"} - _ANNOTATIONS:
+            return None
+        kind = sub.get("type")
+        if not isinstance(kind, str) or kind not in _FLAT_TYPES:
+            return None
+        kinds[name] = _FLAT_TYPES[kind]
+    needed = tuple(name for name in required if isinstance(name, str))
+    if len(needed) != len(required):
+        return None
+    typed = tuple(kinds.items())
+
+    def fits(arguments: dict[str, JSON]) -> bool:
+        for name in needed:
+            if name not in arguments:
+                return False
+        for name, types in typed:
+            if name in arguments and type(arguments[name]) not in types:
+                return False
+        return True
+
+    return fits
+
+
+_FLAT: dict[str, Callable[[dict[str, JSON]], bool] | None] = {
+    name: flat_check(spec) for name, spec in _TOOLS.items()
+}
 
 
 def _result(
@@ -59,9 +115,11 @@ async def run_call(
             ToolOutcome.REJECTED,
             f"unknown tool {call.tool!r} (this slot runs {known}) @ $.tool",
         )
-    problems = spec.validate_arguments(call.arguments)
-    if problems:
-        return failure(call, ToolOutcome.REJECTED, f"{problems[0]} (tool {call.tool})")
+    fits = _FLAT[call.tool]
+    if fits is None or not fits(call.arguments):
+        problems = spec.validate_arguments(call.arguments)
+        if problems:
+            return failure(call, ToolOutcome.REJECTED, f"{problems[0]} (tool {call.tool})")
     isolation = sandboxes.config.isolation
     if isolation.require_sandbox and not sandboxes.sandboxed:
         reason = f"a sandbox is required and bubblewrap is unusable: {unsandboxed_why}"
@@ -180,44 +238,44 @@ async def _write_file(sandboxes: Sandboxes, slot: Slot, call: ExecuteCall) -> To
 def _command_result(
     call: ExecuteCall, reply: dict[str, JSON], timeout: float, *, sandboxed: bool
 ) -> ToolResult:
-    def number(key: str) -> int:
-        value = reply.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-    problem = reply.get("error")
-    exit_code = reply.get("exit")
-    exit_code = exit_code if isinstance(exit_code, int) else None
-    duration = reply.get("duration")
+    """The result of a command from the agent's ``reply`` (checked by ``channel.check_reply``:
+    each field present has its type)."""
+    get = reply.get
+    exit_code = get("exit")
+    exit_code = exit_code if type(exit_code) is int else None
+    duration = get("duration")
+    stdout, stderr = get("stdout"), get("stderr")
+    stdout_dropped, stderr_dropped = get("stdout_dropped", 0), get("stderr_dropped", 0)
     report = ExecReport(
         exit_code=exit_code,
-        stdout=str(reply.get("stdout") or ""),
-        stderr=str(reply.get("stderr") or ""),
-        stdout_dropped=number("stdout_dropped"),
-        stderr_dropped=number("stderr_dropped"),
-        timed_out=reply.get("timed_out") is True,
+        stdout=stdout if type(stdout) is str else "",
+        stderr=stderr if type(stderr) is str else "",
+        stdout_dropped=stdout_dropped if type(stdout_dropped) is int else 0,
+        stderr_dropped=stderr_dropped if type(stderr_dropped) is int else 0,
+        timed_out=get("timed_out") is True,
         duration_s=max(float(duration), 0.0) if isinstance(duration, int | float) else 0.0,
         sandboxed=sandboxed,
     )
-    if isinstance(problem, str):
+    problem = get("error")
+    if type(problem) is str:
         return failure(call, ToolOutcome.TOOL_ERROR, problem, report)
-    parts = [report.stdout]
+    content = report.stdout
     if report.stderr:
-        if parts[0] and not parts[0].endswith("\n"):
-            parts.append("\n")
-        parts.append(f"[stderr]\n{report.stderr}")
+        if content and not content.endswith("\n"):
+            content += "\n"
+        content += f"[stderr]\n{report.stderr}"
     if report.timed_out:
         reason = f"timed out after {timeout:g} s; its process group was killed"
         return _result(
-            call, ToolOutcome.TIMEOUT, "".join([*parts, f"\n[{reason}]"]), error=reason,
-            exec_report=report,
-        )  # fmt: skip
-    signal_number = reply.get("signal")
-    if exit_code is None and isinstance(signal_number, int):
+            call, ToolOutcome.TIMEOUT, f"{content}\n[{reason}]", error=reason, exec_report=report
+        )
+    signal_number = get("signal")
+    if exit_code is None and type(signal_number) is int:
         reason = f"killed by signal {signal_number}"
         return _result(
-            call, ToolOutcome.TOOL_ERROR, "".join([*parts, f"\n[{reason}]"]), error=reason,
+            call, ToolOutcome.TOOL_ERROR, f"{content}\n[{reason}]", error=reason,
             exec_report=report,
         )  # fmt: skip
     if exit_code:
-        parts.append(f"\n[exit code {exit_code}]")
-    return _result(call, ToolOutcome.OK, "".join(parts), exec_report=report)
+        content += f"\n[exit code {exit_code}]"
+    return _result(call, ToolOutcome.OK, content, exec_report=report)

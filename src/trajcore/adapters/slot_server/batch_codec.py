@@ -1,0 +1,197 @@
+"""The fast path of the slot-server codec for what travels on every tool call: a batch of
+calls (``ExecuteRequest``) and its results (``ExecuteResponse``).
+
+The converter in ``codec`` is general and names the path of every fault, and costs tens of
+microseconds per call doing it. These functions take only the exact shapes ``json.loads``
+produces for a well-formed message (``dict``, ``list``, ``str``, ``int``, ``float``, ``bool``,
+``None``, compared by exact type) and build the values through their own constructors, so
+every validator of ``domain.slot_protocol`` and ``domain.tools`` still runs. Anything else
+(a missing key, a wrong type, a value a validator refuses, a huge integer) returns ``None``,
+and ``codec.structure`` hands the data to the converter, which accepts or refuses it exactly as
+before and names the field. So the fast path can only be faster, never more permissive: for any
+input it either gives the value the converter would give, or gives nothing.
+
+Unstructuring writes the same JSON tree the converter writes (keys in field order, enums by
+value, ``None`` kept).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from trajcore.domain.errors import InvalidInput
+from trajcore.domain.slot_protocol import ExecuteCall, ExecuteRequest, ExecuteResponse
+from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult
+
+__all__ = ["FAST_STRUCTURE", "FAST_UNSTRUCTURE"]
+
+_OUTCOMES = {outcome.value: outcome for outcome in ToolOutcome}
+_EXACT_FLOAT = 1 << 53  # integers up to this convert to float exactly, as the converter's do
+_REFUSED = (InvalidInput, ValueError, TypeError)
+
+
+def _number(value: object) -> float | None:
+    """``value`` as the converter's strict float would give it, or ``None`` to let it decide."""
+    if type(value) is float:
+        return value if math.isfinite(value) else None
+    if type(value) is int and -_EXACT_FLOAT <= value <= _EXACT_FLOAT:
+        return float(value)
+    return None
+
+
+def _call(item: object) -> ExecuteCall | None:
+    if type(item) is not dict:
+        return None
+    slot, epoch, call_id, tool = (
+        item.get("slot"),
+        item.get("epoch"),
+        item.get("call_id"),
+        item.get("tool"),
+    )
+    arguments = item.get("arguments", {})
+    timeout = _number(item.get("timeout_s"))
+    if (
+        type(slot) is not int or type(epoch) is not int or type(call_id) is not str
+        or type(tool) is not str or type(arguments) is not dict or timeout is None
+    ):  # fmt: skip
+        return None
+    # the constructor's validators check ranges, emptiness and that arguments are JSON
+    return ExecuteCall(
+        slot=slot, epoch=epoch, call_id=call_id, tool=tool, arguments=arguments, timeout_s=timeout
+    )
+
+
+def _execute_request(data: object) -> ExecuteRequest | None:
+    if type(data) is not dict:
+        return None
+    items = data.get("calls")
+    if type(items) is not list:
+        return None
+    calls = []
+    try:
+        for item in items:
+            call = _call(item)
+            if call is None:
+                return None
+            calls.append(call)
+    except _REFUSED:
+        return None
+    return ExecuteRequest(calls=calls)
+
+
+def _report(data: object) -> ExecReport | None:
+    if type(data) is not dict:
+        return None
+    if "exit_code" not in data:
+        return None
+    exit_code = data["exit_code"]
+    stdout, stderr = data.get("stdout", ""), data.get("stderr", "")
+    out_dropped, err_dropped = data.get("stdout_dropped", 0), data.get("stderr_dropped", 0)
+    timed_out, sandboxed = data.get("timed_out", False), data.get("sandboxed", False)
+    duration = _number(data.get("duration_s", 0.0))
+    if (
+        (exit_code is not None and type(exit_code) is not int)
+        or type(stdout) is not str or type(stderr) is not str
+        or type(out_dropped) is not int or type(err_dropped) is not int
+        or type(timed_out) is not bool or type(sandboxed) is not bool or duration is None
+    ):  # fmt: skip
+        return None
+    return ExecReport(
+        exit_code=exit_code, stdout=stdout, stderr=stderr, stdout_dropped=out_dropped,
+        stderr_dropped=err_dropped, timed_out=timed_out, duration_s=duration, sandboxed=sandboxed,
+    )  # fmt: skip
+
+
+def _result(data: object) -> ToolResult | None:
+    if type(data) is not dict:
+        return None
+    call_id, name, outcome = data.get("call_id"), data.get("name"), data.get("outcome")
+    content, error = data.get("content", ""), data.get("error")
+    found = data.get("exec")
+    report = None if found is None else _report(found)
+    if (
+        type(call_id) is not str or type(name) is not str or type(outcome) is not str
+        or outcome not in _OUTCOMES or type(content) is not str
+        or (error is not None and type(error) is not str) or (found is not None and report is None)
+    ):  # fmt: skip
+        return None
+    return ToolResult(
+        call_id=call_id, name=name, outcome=_OUTCOMES[outcome], content=content, error=error,
+        exec=report,
+    )  # fmt: skip
+
+
+def _execute_response(data: object) -> ExecuteResponse | None:
+    if type(data) is not dict:
+        return None
+    items = data.get("results")
+    if type(items) is not list:
+        return None
+    results = []
+    try:
+        for item in items:
+            result = _result(item)
+            if result is None:
+                return None
+            results.append(result)
+    except _REFUSED:
+        return None
+    return ExecuteResponse(results=results)
+
+
+def _unstructure_request(request: ExecuteRequest) -> dict[str, Any]:
+    return {
+        "calls": [
+            {
+                "slot": call.slot,
+                "epoch": call.epoch,
+                "call_id": call.call_id,
+                "tool": call.tool,
+                "arguments": call.arguments,
+                "timeout_s": call.timeout_s,
+            }
+            for call in request.calls
+        ]
+    }
+
+
+def _unstructure_report(report: ExecReport | None) -> dict[str, Any] | None:
+    if report is None:
+        return None
+    return {
+        "exit_code": report.exit_code, "stdout": report.stdout, "stderr": report.stderr,
+        "stdout_dropped": report.stdout_dropped, "stderr_dropped": report.stderr_dropped,
+        "timed_out": report.timed_out, "duration_s": report.duration_s,
+        "sandboxed": report.sandboxed,
+    }  # fmt: skip
+
+
+def _unstructure_response(response: ExecuteResponse) -> dict[str, Any]:
+    return {
+        "results": [
+            {
+                "call_id": result.call_id,
+                "name": result.name,
+                "outcome": result.outcome.value,
+                "content": result.content,
+                "error": result.error,
+                "exec": _unstructure_report(result.exec),
+            }
+            for result in response.results
+        ]
+    }
+
+
+FAST_STRUCTURE: dict[type, Callable[[object], object | None]] = {
+    ExecuteRequest: _execute_request,
+    ExecuteResponse: _execute_response,
+}
+"""Per type: JSON data to the value, or ``None`` (let the converter decide)."""
+
+FAST_UNSTRUCTURE: dict[type, Callable[[Any], Any]] = {
+    ExecuteRequest: _unstructure_request,
+    ExecuteResponse: _unstructure_response,
+}
+"""Per type: the value as the JSON tree the converter would write."""
