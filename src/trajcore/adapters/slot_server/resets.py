@@ -37,6 +37,7 @@ import attrs
 from trajcore.adapters.removal import remove_tree
 from trajcore.adapters.slot_server.channel import AgentLost
 from trajcore.adapters.slot_server.sandboxes import Sandboxes, Slot
+from trajcore.adapters.slot_server.snapshots import SnapshotUse
 from trajcore.domain.task_environments import LeaseLayerStatistics
 
 __all__ = [
@@ -76,7 +77,7 @@ async def clean_slot(
     if problem is not None:
         return problem
     if slot.image is not None:  # the lease ran over an image: its writable layer goes
-        problem = _discard_layer(sandboxes, slot, trash)
+        problem = await _discard_layer(sandboxes, slot, trash)
         if problem is not None:
             return problem
     # Most workspaces end a lease small: an empty one costs one directory read here, not a
@@ -133,32 +134,46 @@ async def _set_aside(sandboxes: Sandboxes, slot: Slot, trash: Path, why: Excepti
     return None
 
 
-def _discard_layer(sandboxes: Sandboxes, slot: Slot, trash: Path) -> str | None:
+async def _discard_layer(sandboxes: Sandboxes, slot: Slot, trash: Path) -> str | None:
     """Set aside what the lease wrote over its image (its upper layer, the overlay's work
     directory, and a fork's workspace overlay, unmounted: renamed into one ``layer-*`` folder of
     ``trash``, which the runtime measures and empties in the background, so the reset waits
-    for neither) and stop
-    holding the image and the snapshot it started from; ``None`` once the layer directory is
-    empty."""
+    for neither) and stop holding the image and the snapshot it started from; ``None`` once
+    the layer directory is empty. A fork's unmounts run in a worker thread: each detach waits
+    for the kernel (an RCU grace period, 5-8 ms measured), which would stall the server's event
+    loop, every other slot's calls with it."""
     frozen = slot.snapshot
     # one folder in the trash for all the lease wrote, which the sweep measures as one layer
     aside = trash / f"{_LAYER_PREFIX}{slot.index}-{os.urandom(6).hex()}"
-    if frozen is not None:  # a fork's workspace overlay goes first: it reads the snapshot's
-        try:
-            trash.mkdir(mode=0o700, exist_ok=True)
-            aside.mkdir(mode=0o700)
-        except OSError as failed:
-            return f"cannot set the forked workspace aside: {failed}"
-        problem = frozen.store.unmount(slot.workspace.root, aside)
-        if problem is not None:
-            return problem
+    layer = sandboxes.layer_dir(slot)
+    if frozen is not None and frozen.store.forked(slot.workspace.root):
+        # a fork's workspace overlay goes first: it reads the snapshot's
+        unmounted, problem = await asyncio.to_thread(_unmount, frozen, slot, trash, aside)
+    else:
+        unmounted, problem = True, None
+    if not unmounted:
+        return problem
     use, slot.image, slot.image_epoch = slot.image, None, None
     if use is not None:
         use.close()
     slot.snapshot = None
     if frozen is not None:
         frozen.close()  # the last lease over a dropped snapshot removes it
-    layer = sandboxes.layer_dir(slot)
+    return problem if problem is not None else _set_layer_aside(layer, trash, aside)
+
+
+def _unmount(frozen: SnapshotUse, slot: Slot, trash: Path, aside: Path) -> tuple[bool, str | None]:
+    """Unmount the slot's forked workspace into ``aside`` (blocking): (unmounted, problem)."""
+    try:
+        trash.mkdir(mode=0o700, exist_ok=True)
+        aside.mkdir(mode=0o700)
+    except OSError as failed:
+        return False, f"cannot set the forked workspace aside: {failed}"
+    problem = frozen.store.unmount(slot.workspace.root, aside)
+    return problem is None, problem
+
+
+def _set_layer_aside(layer: Path, trash: Path, aside: Path) -> str | None:
     try:
         if not layer.is_dir():  # the lease started no sandbox (file tools only): no layer
             return None

@@ -433,7 +433,10 @@ class Sandboxes:
         if slot.keeper is not None and slot.keeper.alive():
             return slot.keeper
         await self.stop_keeper(slot)
-        self.create_cgroup(slot)
+        # Off the event loop, as the keeper's layer folder and its cgroup move below: each
+        # may wait on the kernel (a journal, an RCU grace period) for tens to hundreds of
+        # milliseconds when a group's forks reset at once, every other slot's calls with it.
+        await asyncio.to_thread(self.create_cgroup, slot)
         isolation = self.config.isolation
         config = self.agent_config(slot, sandboxed=True)
         carry = private_tmp_binds(isolation, rebind=self.rebind())
@@ -458,7 +461,7 @@ class Sandboxes:
         keep = KEEPER_CAPABILITIES
         cache = self.config.image_cache
         if cache is not None:  # leases over images: the cache read-only, the layer read-write
-            self.own_layer(slot)
+            await asyncio.to_thread(self.own_layer, slot)
             layer = Bind(source=str(self.layer_dir(slot)), dest=LAYER_PATH, writable=True)
             frozen = str(self.config.root / "snapshots")  # snapshots' layers (snapshots.py)
             binds = (
@@ -513,7 +516,7 @@ class Sandboxes:
         if gate is not None:
             assert slot.cgroup is not None
             try:
-                slot.cgroup.enter(process.pid)
+                await asyncio.to_thread(slot.cgroup.enter, process.pid)
                 os.write(gate[1], b"go\n")
             except OSError as error:
                 await self.stop_keeper(slot)

@@ -114,6 +114,9 @@ class WorkspaceOverlays:
     problem: str | None = None
     _bound: bool = False
     _mounted: dict[Path, Path] = attrs.field(factory=dict)
+    _ids: dict[Path, tuple[int, int]] = attrs.field(factory=dict)
+    _ready: dict[Path, tuple[int, int]] = attrs.field(factory=dict)
+    """Forks' folders made empty after an unmount, and whose ``upper`` they are."""
 
     @property
     def forks(self) -> Path:
@@ -169,13 +172,8 @@ class WorkspaceOverlays:
             if any(c in str(path) for c in _OVERLAY_SEPARATORS):
                 raise OSError(f"{path} holds one of ',', ':' or '\\' (the overlay's separators)")
         folder = self.forks / workspace.name
-        if folder.exists():  # a fork's folder the last reset did not set aside
-            remove_tree(folder, timeout_s=600.0)
-        folder.mkdir(mode=0o700)
-        (folder / "lower").mkdir(mode=0o700)
-        (folder / "work").mkdir(mode=0o700)
-        (folder / "upper").mkdir(mode=0o700)
-        os.chown(folder / "upper", *ids)
+        if self._ready.pop(folder, None) != ids:  # else the last unmount made it, empty
+            self._make_folder(folder, ids)
         attached = False
         assert self.idmaps is not None  # no problem: ``open`` had them
         try:
@@ -204,6 +202,18 @@ class WorkspaceOverlays:
                 remove_tree(folder, timeout_s=600.0)
             raise
         self._mounted[workspace] = folder
+        self._ids[workspace] = ids
+
+    def _make_folder(self, folder: Path, ids: tuple[int, int]) -> None:
+        """A fork's folder, empty: ``lower`` (where the clone is attached), ``work``, and
+        ``upper`` (``ids``' own)."""
+        if folder.exists():  # a fork's folder the last reset did not set aside
+            remove_tree(folder, timeout_s=600.0)
+        folder.mkdir(mode=0o700)
+        (folder / "lower").mkdir(mode=0o700)
+        (folder / "work").mkdir(mode=0o700)
+        (folder / "upper").mkdir(mode=0o700)
+        os.chown(folder / "upper", *ids)
 
     def mounted(self, workspace: Path) -> bool:
         """Whether ``workspace`` is a fork's overlay now."""
@@ -214,6 +224,7 @@ class WorkspaceOverlays:
         aside into ``trash`` (or remove it now); ``None`` when done (or there was none), else
         why not."""
         folder = self._mounted.pop(workspace, None)
+        ids = self._ids.pop(workspace, None)
         if folder is None:
             return None
         try:
@@ -227,6 +238,10 @@ class WorkspaceOverlays:
                 folder.rename(trash / f"fork-{folder.name}-{os.urandom(6).hex()}")
         except OSError as error:
             return f"cannot unmount the forked workspace: {error}"
+        if ids is not None:  # the slot's next fork finds its folder made, off its lease's path
+            with contextlib.suppress(OSError):
+                self._make_folder(folder, ids)
+                self._ready[folder] = ids
         return None
 
     def close(self) -> None:
