@@ -235,8 +235,8 @@ class IdMaps:
         server that is not root), or when one cannot be made (``failure`` says why: the lease
         mounts the layers as they are, read-only to it, as without clones). Made in a worker
         thread: ``open_tree`` and ``mount_setattr`` wait for the kernel's mount lock, which
-        the keepers' lease setups take in turn (up to 30-65 ms measured with 15 forks
-        starting at once), and would stall the server's event loop meanwhile."""
+        the keepers' lease setups take in turn (for tens of milliseconds when a group's forks
+        start at once), and would stall the server's event loop meanwhile."""
         if ids is None or not layers or self.problem is not None:
             return []
         made = asyncio.ensure_future(asyncio.to_thread(self._lease_clones, ids, layers))

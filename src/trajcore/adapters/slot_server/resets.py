@@ -140,8 +140,8 @@ async def _discard_layer(sandboxes: Sandboxes, slot: Slot, trash: Path) -> str |
     ``trash``, which the runtime measures and empties in the background, so the reset waits
     for neither) and stop holding the image and the snapshot it started from; ``None`` once
     the layer directory is empty. A fork's unmounts run in a worker thread: each detach waits
-    for the kernel (an RCU grace period, 5-8 ms measured), which would stall the server's event
-    loop, every other slot's calls with it."""
+    for the kernel (an RCU grace period), which would stall the server's event loop, every
+    other slot's calls with it."""
     frozen = slot.snapshot
     # one folder in the trash for all the lease wrote, which the sweep measures as one layer
     aside = trash / f"{_LAYER_PREFIX}{slot.index}-{os.urandom(6).hex()}"

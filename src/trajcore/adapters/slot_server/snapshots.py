@@ -24,10 +24,18 @@ directory carries ``user.overlay.opaque``, and every lease's overlay is mounted 
 Renames of directories are copies in such an overlay (no ``redirect_dir``), so no redirect
 marks exist to carry.
 
-How a workspace is frozen: copied with ``cp -a --reflink=auto`` (blocks shared where the file
+How a workspace is frozen: *moved*, where forks' workspaces are overlays (a server that runs
+as root with idmapped mounts) and the workspace is a plain directory. Its top-level entries
+are renamed into the snapshot's ``workspace/`` (one rename each, whatever they hold), every
+entry is given to the server, and the server mounts at the lease's workspace the overlay a
+fork gets (``workspace_overlays``): the lease goes on over its snapshot's files as a fork does,
+its writes copied up into its own upper layer, and its reset is a fork's: freezing costs a
+walk of the tree, not a copy of its bytes (docs/environments.md has the figures). Else (no
+overlays here, another file system, a fork's workspace, which is an
+overlay already) it is copied with ``cp -a --reflink=auto`` (blocks shared where the file
 system can share them; a Python copy when GNU ``cp`` is missing), every entry given to the
-server (a fork's overlay shows them as its slot's through an idmapped clone). A fork whose
-workspace cannot be an overlay gets a copy, every entry given to the lease's uid.
+server, and the lease keeps its own. A fork whose workspace cannot be an overlay gets a copy,
+every entry given to the lease's uid.
 
 Counting. A snapshot counts the leases that run over it; a dropped snapshot takes no new lease
 and is removed when its last lease resets; ``close`` removes them all.
