@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from trajcore.adapters.slot_server.idmaps import IdMaps
 from trajcore.adapters.slot_server.image_cache import CachedImage
 from trajcore.adapters.slot_server.snapshots import (
     MAX_DEPTH,
@@ -239,3 +240,42 @@ def test_mount_points_are_read_with_their_escapes(tmp_path: Path) -> None:
     assert _unescape(r"/srv/a\040b\134c") == "/srv/a b\\c"
     assert _unescape("/plain") == "/plain"
     assert mount_points_under(tmp_path) == []
+
+
+@pytest.mark.skipif(not ROOT, reason="a moved workspace is given to the server: root only")
+def test_a_workspace_whose_overlay_cannot_be_mounted_goes_back_to_the_lease_and_is_copied(
+    tmp_path: Path,
+) -> None:
+    """The freeze moves the workspace's entries into the snapshot, then the overlay over them
+    fails (the clone's user namespace cannot be made: no slot helper): the entries go back to
+    the lease's workspace, the slot's again, and the snapshot holds a copy."""
+    (tmp_path / "root" / "forks").mkdir(parents=True)
+    overlays = WorkspaceOverlays(
+        root=tmp_path / "root", owner=OWNER, idmaps=IdMaps(helper=tmp_path / "no-helper")
+    )
+    store = SnapshotStore(
+        tmp_path / "snapshots", locks=tmp_path / "locks", max_bytes=1 << 20, owner=OWNER,
+        overlays=overlays,
+    )  # fmt: skip
+    slot = (1000, 1000)
+    try:
+        upper, workspace = lease_files(tmp_path)
+        for path in (workspace / "src", workspace / "src" / "main.py"):
+            os.lchown(path, *slot)
+        written = (workspace / "src" / "main.py").stat().st_ino
+        frozen = store.freeze(
+            upper=upper, workspace=workspace, image=image(tmp_path), parent=None, ids=slot
+        )
+        store.admit(frozen, None)
+        kept = (workspace / "src" / "main.py").stat()
+        assert (kept.st_ino, kept.st_uid, kept.st_gid) == (written, *slot)
+        assert (workspace / "src").stat().st_uid == slot[0]
+        copied = (frozen.workspace / "src" / "main.py").stat()
+        assert copied.st_ino != written
+        assert (copied.st_uid, copied.st_gid) == OWNER
+        assert (frozen.workspace / "src" / "main.py").read_text() == "code\n"
+        assert not store.forked(workspace)
+        assert store.overlay_failure is not None
+        assert "no-helper" in store.overlay_failure
+    finally:
+        store.close()
