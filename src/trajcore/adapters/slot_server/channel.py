@@ -16,7 +16,7 @@ import contextlib
 import json
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import attrs
@@ -28,6 +28,7 @@ __all__ = [
     "MAX_REQUEST_BYTES",
     "Agent",
     "AgentLost",
+    "Answer",
     "Keeper",
     "check_reply",
     "encode_request",
@@ -91,12 +92,112 @@ def check_reply(reply: object) -> dict[str, JSON]:
     return cast("dict[str, JSON]", reply)
 
 
+Answer = Callable[["dict[str, JSON] | AgentLost"], None]
+"""Called once with a request's reply (checked by ``check_reply``) or with why the lease is lost."""
+
+
+class _Replies(asyncio.Protocol):
+    """The agent's channel once it is ready: one request at a time, its reply framed as it
+    arrives and handed to the request's ``Answer`` from the event loop's read callback, with no
+    task, stream or timeout object of its own.
+
+    Whatever the agent's side sends is checked before it is kept: a length over ``cap`` loses
+    the lease before anything is buffered for it; bytes that no request waits for (before a
+    request, or after its reply) lose it too, so a frame written into the channel by anything
+    but the agent's answer never waits there to become the next call's result; so does the
+    end of the channel and a deadline passed. Once lost, the channel reads nothing more."""
+
+    def __init__(self, transport: asyncio.WriteTransport, cap: int) -> None:
+        self.transport = transport
+        self.cap = cap
+        self.buffer = bytearray()
+        self.answer: Answer | None = None
+        self.deadline: asyncio.TimerHandle | None = None
+        self.lost: AgentLost | None = None
+
+    def send(self, payload: bytes, timeout_s: float, answer: Answer) -> None:
+        if self.lost is not None:
+            answer(self.lost)
+            return
+        if self.answer is not None:
+            raise RuntimeError("an agent serves one request at a time")
+        self.answer = answer
+        self.deadline = asyncio.get_running_loop().call_later(timeout_s, self._late, timeout_s)
+        self.transport.write(_HEADER.pack(len(payload)) + payload)
+
+    def _late(self, timeout_s: float) -> None:
+        self.lose(AgentLost(f"the slot's agent did not answer within {timeout_s:.1f} s"))
+
+    def lose(self, why: AgentLost) -> None:
+        if self.lost is not None:
+            return
+        self.lost = why
+        self.buffer = bytearray()
+        with contextlib.suppress(OSError, RuntimeError):
+            self.transport.close()
+        self._give(why)
+
+    def _give(self, outcome: dict[str, JSON] | AgentLost) -> None:
+        answer, self.answer = self.answer, None
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+        if answer is not None:
+            answer(outcome)
+
+    def data_received(self, data: bytes) -> None:
+        if self.lost is not None:
+            return
+        if self.answer is None:
+            self.lose(AgentLost("the slot's agent sent bytes no request asked for"))
+            return
+        buffer = self.buffer
+        buffer += data
+        if len(buffer) < _HEADER.size:
+            return
+        size = _HEADER.unpack_from(buffer)[0]
+        if size > self.cap:
+            self.lose(
+                AgentLost(
+                    f"the slot's agent sent a frame of {size} bytes, over the cap of {self.cap}"
+                )
+            )
+            return
+        end = _HEADER.size + size
+        if len(buffer) < end:
+            return
+        if len(buffer) > end:
+            self.lose(AgentLost("the slot's agent sent more than one reply to a request"))
+            return
+        body = bytes(buffer[_HEADER.size :])
+        buffer.clear()
+        try:
+            reply: dict[str, JSON] | AgentLost = check_reply(json.loads(body))
+        except ValueError:
+            reply = AgentLost("the slot's agent sent a reply that is not JSON")
+        except AgentLost as malformed:
+            reply = malformed
+        if isinstance(reply, AgentLost):
+            self.lose(reply)
+        else:
+            self._give(reply)
+
+    def eof_received(self) -> bool:
+        self.lose(AgentLost("the slot's sandbox ended (end of its channel)"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lose(AgentLost(f"the slot's sandbox ended ({type(exc).__name__})"))
+
+
 @attrs.define(eq=False)
 class Agent:
     """One lease's exec agent: the channel to it, and (for a bare agent) its own process.
 
     ``cap``: the largest reply it may send (``reply_cap``); a length above it, or a reply that
-    does not parse as one, ends the lease (``AgentLost``), never becomes a result."""
+    does not parse as one, ends the lease (``AgentLost``), never becomes a result. Its greeting
+    is read from ``reader``; after it the channel is served by ``_Replies``, and ``send`` (or
+    ``request``) asks one request at a time."""
 
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
@@ -105,6 +206,7 @@ class Agent:
     pid: int | None
     cap: int
     process: asyncio.subprocess.Process | None = None
+    _replies: _Replies | None = attrs.field(init=False, default=None)
 
     async def _frame(self) -> bytes:
         size = _HEADER.unpack(await self.reader.readexactly(_HEADER.size))[0]
@@ -117,7 +219,14 @@ class Agent:
     def alive(self) -> bool:
         if self.process is not None:
             return self.process.returncode is None
+        if self._replies is not None:
+            return self._replies.lost is None
         return not self.reader.at_eof()
+
+    def idle(self) -> bool:
+        """Ready for a request now: greeted, its channel not lost, no request under way."""
+        replies = self._replies
+        return replies is not None and replies.lost is None and replies.answer is None
 
     def close_channel(self) -> None:
         with contextlib.suppress(OSError, RuntimeError):
@@ -133,27 +242,48 @@ class Agent:
         if not isinstance(hello, dict) or hello.get("ready") is not True:
             detail = hello.get("error") if isinstance(hello, dict) else None
             raise AgentLost(str(detail) if detail else f"unexpected greeting {hello!r}")
+        # From here on the channel carries replies only. Anything the stream reader still
+        # holds came unasked and is dropped with it, never read as a reply.
+        transport = self.writer.transport
+        self._replies = _Replies(transport, self.cap)
+        transport.set_protocol(self._replies)
+        if transport.is_closing():
+            self._replies.lost = AgentLost("the slot's sandbox ended (its channel closed)")
+        elif isinstance(transport, asyncio.ReadTransport):
+            transport.resume_reading()  # in case the stream reader had paused it
         return cast("dict[str, JSON]", hello)
+
+    def send(self, payload: bytes, timeout_s: float, answer: Answer) -> None:
+        """Send one request (made by ``encode_request``); ``answer`` is called once, from the
+        event loop, with its checked reply or with the ``AgentLost`` that ended the lease (also
+        at once, when it is lost already). Raises ``RuntimeError`` before the greeting or while
+        another request is under way."""
+        if self._replies is None:
+            raise RuntimeError("the agent has not greeted yet")
+        self._replies.send(payload, timeout_s, answer)
 
     async def request(self, payload: bytes, timeout_s: float) -> dict[str, JSON]:
         """One request (made by ``encode_request``) and its reply. The reply is
-        JSON: bytes from inside the sandbox are not trusted."""
+        JSON: bytes from inside the sandbox are not trusted. Raises ``AgentLost``."""
+        done: asyncio.Future[dict[str, JSON] | AgentLost] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+        def answer(outcome: dict[str, JSON] | AgentLost) -> None:
+            if not done.done():
+                done.set_result(outcome)
+
+        self.send(payload, timeout_s, answer)
         try:
-            self.writer.write(_HEADER.pack(len(payload)) + payload)
-            transport = self.writer.transport
-            if transport.is_closing() or transport.get_write_buffer_size():
-                await self.writer.drain()  # else all was sent, and there is nothing to wait for
-            async with asyncio.timeout(timeout_s):
-                body = await self._frame()
-        except (OSError, asyncio.IncompleteReadError) as error:
-            raise AgentLost(f"the slot's sandbox ended ({type(error).__name__})") from None
-        except TimeoutError:
-            raise AgentLost(f"the slot's agent did not answer within {timeout_s:.1f} s") from None
-        try:
-            reply = json.loads(body)
-        except ValueError:
-            raise AgentLost("the slot's agent sent a reply that is not JSON") from None
-        return check_reply(reply)
+            outcome = await done
+        except asyncio.CancelledError:
+            # a request cut short leaves its reply on the way: the channel is of no more use
+            if self._replies is not None:
+                self._replies.lose(AgentLost("the request to the slot's agent was cancelled"))
+            raise
+        if isinstance(outcome, AgentLost):
+            raise outcome
+        return outcome
 
 
 @attrs.define(eq=False)

@@ -61,6 +61,7 @@ from pathlib import Path
 import attrs
 
 from trajcore.adapters.slot_server.capabilities import probe
+from trajcore.adapters.slot_server.channel import AgentLost
 from trajcore.adapters.slot_server.forks import (
     NEEDS_CACHE,
     freeze_lease,
@@ -80,12 +81,12 @@ from trajcore.adapters.slot_server.sandboxes import (
     Sandboxes,
     Slot,
     prepare_cgroups,
-    sandbox_pid,
 )
 from trajcore.adapters.slot_server.seccomp import SeccompUnavailable, compile_filter
 from trajcore.adapters.slot_server.slot_ids import stage_file, unmapped, unreachable
+from trajcore.adapters.slot_server.slot_listing import slot_info
 from trajcore.adapters.slot_server.snapshots import SnapshotRefused, SnapshotStore
-from trajcore.adapters.slot_server.tool_calls import failure, run_call
+from trajcore.adapters.slot_server.tool_calls import failure, refused, run_call, start_call
 from trajcore.adapters.slot_server.workspace import Workspace
 from trajcore.adapters.slot_server.workspace_overlays import WorkspaceOverlays
 from trajcore.domain.errors import ConfigError, UnknownSlot
@@ -96,7 +97,6 @@ from trajcore.domain.slot_calls import (
     CallTicket,
     Closing,
     Joined,
-    Refusal,
     RefuseCall,
     Refused,
     RunReset,
@@ -114,7 +114,6 @@ from trajcore.domain.slot_protocol import (
     Health,
     LeaseAnswer,
     ResetResult,
-    SlotInfo,
     SlotListing,
     SnapshotAnswer,
 )
@@ -262,7 +261,7 @@ class SlotRuntime:
         for slot in self._slots:
             for ticket in slot.calls.close():
                 call, answer = slot.answers.pop(ticket.number)
-                answer.set_result(_refused(call, Closing()))
+                answer.set_result(refused(call, Closing()))
         for task in list(self._tasks):
             task.cancel()
         for slot in self._slots:
@@ -316,7 +315,7 @@ class SlotRuntime:
 
     def listing(self) -> SlotListing:
         """Every slot's state."""
-        return SlotListing(slots=tuple(_slot_info(slot) for slot in self._slots))
+        return SlotListing(slots=tuple(slot_info(slot) for slot in self._slots))
 
     def slot(self, index: int) -> Slot:
         """The slot at ``index``. Raises ``UnknownSlot``."""
@@ -344,7 +343,7 @@ class SlotRuntime:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[ToolResult] = loop.create_future()
         if self._closed:
-            done.set_result(_refused(call, Closing()))
+            done.set_result(refused(call, Closing()))
             return done
         if not 0 <= call.slot < len(self._slots):
             reason = f"slot {call.slot} does not exist @ $.slot"
@@ -357,7 +356,7 @@ class SlotRuntime:
         if isinstance(submission, Answered):
             done.set_result(submission.result)
         elif isinstance(submission, Refused):
-            done.set_result(_refused(call, submission.reason))
+            done.set_result(refused(call, submission.reason))
         else:
             assert isinstance(submission, Accepted)
             slot.answers[submission.ticket.number] = (call, done)
@@ -375,11 +374,18 @@ class SlotRuntime:
                 return
             call = slot.answers[turn.ticket.number][0]
             if isinstance(turn, RefuseCall):
-                self._answer(slot, turn.ticket, _refused(call, turn.reason))
+                self._answer(slot, turn.ticket, refused(call, turn.reason))
                 continue
-            task = asyncio.get_running_loop().create_task(self._run_turn(slot, turn.ticket, call))
-            self._tasks.add(task)
-            task.add_done_callback(functools.partial(self._settle, slot, turn.ticket, call))
+            started = start_call(
+                self._sandboxes, slot, call, unsandboxed_why=self.capabilities.detail,
+                done=functools.partial(self._sent_call_done, slot, turn.ticket, call),
+            )  # fmt: skip
+            if isinstance(started, ToolResult):
+                self._answer(slot, turn.ticket, started)
+                continue
+            if started:
+                return
+            self._run_task(slot, turn.ticket, call)
             return
 
     def _settle(
@@ -390,17 +396,46 @@ class SlotRuntime:
         reset waits for it."""
         self._tasks.discard(task)
         if ticket.number in slot.answers:
-            self._answer(slot, ticket, _refused(call, Closing()))
+            self._answer(slot, ticket, refused(call, Closing()))
             self._take_turns(slot)
 
-    async def _run_turn(self, slot: Slot, ticket: CallTicket, call: ExecuteCall) -> None:
+    def _sent_call_done(
+        self, slot: Slot, ticket: CallTicket, call: ExecuteCall, outcome: ToolResult | AgentLost
+    ) -> None:
+        """A call ``start_call`` sent has its reply (answer it, go on with the slot's turns), or
+        its lease was lost (stop the agent first, then answer, as ``run_call`` does)."""
+        if isinstance(outcome, ToolResult):
+            self._answer(slot, ticket, outcome)
+            self._take_turns(slot)
+            return
+        if self._closed:  # aclose ends the agent itself
+            self._answer(slot, ticket, refused(call, Closing()))
+            return
+        self._run_task(slot, ticket, call, outcome)
+
+    def _run_task(
+        self, slot: Slot, ticket: CallTicket, call: ExecuteCall, lost: AgentLost | None = None
+    ) -> None:
+        task = asyncio.get_running_loop().create_task(self._run_turn(slot, ticket, call, lost))
+        self._tasks.add(task)
+        task.add_done_callback(functools.partial(self._settle, slot, ticket, call))
+
+    async def _run_turn(
+        self, slot: Slot, ticket: CallTicket, call: ExecuteCall, lost: AgentLost | None
+    ) -> None:
+        """Run the call (or, when a call ``start_call`` sent ``lost`` its lease, stop the agent
+        first and then answer it, as ``run_call`` does), answer it, go on with the turns."""
         result: ToolResult
         try:
-            result = await run_call(
-                self._sandboxes, slot, call, unsandboxed_why=self.capabilities.detail
-            )
+            if lost is None:
+                result = await run_call(
+                    self._sandboxes, slot, call, unsandboxed_why=self.capabilities.detail
+                )
+            else:
+                await self._sandboxes.stop_agent(slot)
+                result = failure(call, ToolOutcome.INFRA_ERROR, str(lost))
         except asyncio.CancelledError:
-            result = _refused(call, Closing())
+            result = refused(call, Closing())
         except Exception as error:  # noqa: BLE001 - every call gets a result, whatever failed
             reason = f"slot server fault: {type(error).__name__}: {error}"
             result = failure(call, ToolOutcome.INFRA_ERROR, reason)
@@ -649,28 +684,6 @@ class SlotRuntime:
         """See ``Workspace.archive``; also raises ``UnknownSlot``."""
         workspace = self.slot(index).workspace
         return await asyncio.to_thread(workspace.archive, path, max_bytes, max_files)
-
-
-def _refused(call: ExecuteCall, reason: Refusal) -> ToolResult:
-    """The result of a call the slot's queue refused: a stale epoch is the caller's mistake
-    (``REJECTED``), a broken slot or a closing server is the infrastructure's."""
-    outcome = ToolOutcome.REJECTED if isinstance(reason, StaleEpoch) else ToolOutcome.INFRA_ERROR
-    return failure(call, outcome, reason.message)
-
-
-def _slot_info(slot: Slot) -> SlotInfo:
-    calls = slot.calls.statistics()
-    return SlotInfo(
-        index=slot.index,
-        sandbox_running=slot.agent is not None,
-        busy=calls.busy,
-        retired_epoch=calls.retired_epoch,
-        calls_run=calls.calls_run,
-        broken=calls.broken,
-        sandbox_pid=sandbox_pid(slot),
-        sandbox_start_s=slot.sandbox_start_s,
-        set_aside=slot.set_aside,
-    )
 
 
 def _require_reachable(path: Path, field: str, uid_base: int, what: str) -> None:

@@ -18,14 +18,15 @@ from trajcore.adapters.slot_server.sandboxes import Sandboxes, Slot
 from trajcore.domain.errors import ToolArgumentError
 from trajcore.domain.isolation import clamp_timeout
 from trajcore.domain.json_values import JSON
-from trajcore.domain.slot_calls import StaleEpoch
+from trajcore.domain.slot_calls import Refusal, StaleEpoch
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, ExecuteCall
 from trajcore.domain.tool_schema import BUILTIN_VALIDATOR
 from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult, ToolSpec
 
-__all__ = ["failure", "flat_check", "run_call"]
+__all__ = ["failure", "flat_check", "refused", "run_call", "start_call"]
 
 _TOOLS: dict[str, ToolSpec] = {spec.name: spec for spec in SLOT_TOOL_SPECS}
+_COMMANDS = frozenset({"bash", "bash_stateful", "tmux"})  # what the lease's agent runs
 
 # JSON-schema types a flat schema's properties may have, as the exact Python types that
 # ``json.loads`` makes for them (``bool`` is not an ``int`` here, nor an ``int`` a ``float``'s
@@ -102,11 +103,16 @@ def failure(
     return _result(call, outcome, f"Error: {reason}", error=reason, exec_report=exec_report)
 
 
-async def run_call(
-    sandboxes: Sandboxes, slot: Slot, call: ExecuteCall, *, unsandboxed_why: str
-) -> ToolResult:
-    """Run ``call`` in ``slot`` now; its failure is its result, never an exception.
-    ``unsandboxed_why``: why the host has no usable sandbox (for a isolation that requires one)."""
+def refused(call: ExecuteCall, reason: Refusal) -> ToolResult:
+    """The result of a call the slot's queue refused: a stale epoch is the caller's mistake
+    (``REJECTED``), a broken slot or a closing server is the infrastructure's."""
+    outcome = ToolOutcome.REJECTED if isinstance(reason, StaleEpoch) else ToolOutcome.INFRA_ERROR
+    return failure(call, outcome, reason.message)
+
+
+def _refusal(sandboxes: Sandboxes, call: ExecuteCall, unsandboxed_why: str) -> ToolResult | None:
+    """Why ``call`` is not run at all (an unknown tool, bad arguments, no sandbox where one is
+    required), or ``None``."""
     spec = _TOOLS.get(call.tool)
     if spec is None:
         known = ", ".join(_TOOLS)
@@ -120,10 +126,21 @@ async def run_call(
         problems = spec.validate_arguments(call.arguments)
         if problems:
             return failure(call, ToolOutcome.REJECTED, f"{problems[0]} (tool {call.tool})")
-    isolation = sandboxes.config.isolation
-    if isolation.require_sandbox and not sandboxes.sandboxed:
+    if sandboxes.config.isolation.require_sandbox and not sandboxes.sandboxed:
         reason = f"a sandbox is required and bubblewrap is unusable: {unsandboxed_why}"
         return failure(call, ToolOutcome.INFRA_ERROR, reason)
+    return None
+
+
+async def run_call(
+    sandboxes: Sandboxes, slot: Slot, call: ExecuteCall, *, unsandboxed_why: str
+) -> ToolResult:
+    """Run ``call`` in ``slot`` now; its failure is its result, never an exception.
+    ``unsandboxed_why``: why the host has no usable sandbox (for a isolation that requires one)."""
+    refused = _refusal(sandboxes, call, unsandboxed_why)
+    if refused is not None:
+        return refused
+    isolation = sandboxes.config.isolation
     timeout = clamp_timeout(isolation, call.timeout_s, call.arguments.get("timeout"))
     if call.tool == "read_file":
         return await _read_file(sandboxes, slot, call)
@@ -132,13 +149,56 @@ async def run_call(
     return await _run_command(sandboxes, slot, call, timeout)
 
 
+def start_call(
+    sandboxes: Sandboxes, slot: Slot, call: ExecuteCall, *, unsandboxed_why: str,
+    done: Callable[[ToolResult | AgentLost], None],
+) -> ToolResult | bool:  # fmt: skip
+    """Start a command on the slot's running lease without a task of its own, when that is all
+    it needs: a command tool, for the lease epoch whose agent is up and idle (not warming, not
+    just warmed, over the root the lease asks for). Returns ``False`` when the call needs
+    ``run_call`` (nothing was done); a ``ToolResult`` when it is answered at once (refused);
+    ``True`` when it was sent, and then ``done`` is called once, from the event loop, with its
+    result or with the ``AgentLost`` that ended the lease (the caller stops the agent and
+    answers ``INFRA_ERROR``, as ``run_call`` does)."""
+    agent = slot.agent
+    if (
+        call.tool not in _COMMANDS or agent is None or slot.warming is not None
+        or slot.warmed is agent or not agent.idle() or not agent.alive()
+        or slot.agent_epoch != call.epoch or call.epoch <= slot.calls.retired_epoch
+        or slot.agent_root != (None if slot.image is None else slot.lease_op())
+    ):  # fmt: skip
+        return False
+    refused = _refusal(sandboxes, call, unsandboxed_why)
+    if refused is not None:
+        return refused
+    isolation = sandboxes.config.isolation
+    timeout = clamp_timeout(isolation, call.timeout_s, call.arguments.get("timeout"))
+    asked = _command_request(sandboxes, call, timeout)
+    if isinstance(asked, ToolResult):
+        return asked
+    sandboxed = agent.sandboxed
+
+    def answer(outcome: dict[str, JSON] | AgentLost) -> None:
+        if isinstance(outcome, AgentLost):
+            done(outcome)
+            return
+        try:
+            result = _command_result(call, outcome, timeout, sandboxed=sandboxed)
+        except Exception as error:  # noqa: BLE001 - every call gets a result, whatever failed
+            reason = f"slot server fault: {type(error).__name__}: {error}"
+            result = failure(call, ToolOutcome.INFRA_ERROR, reason)
+        done(result)
+
+    agent.send(asked, timeout + sandboxes.config.agent_grace_s, answer)
+    return True
+
+
 # ------------------------------------------------------------------------- commands
 
 
-async def _run_command(
-    sandboxes: Sandboxes, slot: Slot, call: ExecuteCall, limit_s: float
-) -> ToolResult:
-    timeout = limit_s
+def _command_request(sandboxes: Sandboxes, call: ExecuteCall, timeout: float) -> ToolResult | bytes:
+    """The agent request for a command tool's call, or its refusal (a NUL, a lone surrogate,
+    a request over ``MAX_REQUEST_BYTES``)."""
     cap = sandboxes.config.isolation.output_cap_bytes
     args = call.arguments
     fields: list[str]
@@ -170,6 +230,16 @@ async def _run_command(
     if len(payload) > MAX_REQUEST_BYTES:
         reason = f"{len(payload)} bytes, over the limit of {MAX_REQUEST_BYTES} @ $.{name}"
         return failure(call, ToolOutcome.REJECTED, reason)
+    return payload
+
+
+async def _run_command(
+    sandboxes: Sandboxes, slot: Slot, call: ExecuteCall, limit_s: float
+) -> ToolResult:
+    timeout = limit_s
+    payload = _command_request(sandboxes, call, timeout)
+    if isinstance(payload, ToolResult):
+        return payload
     if slot.agent_epoch == call.epoch and (slot.agent is None or not slot.agent.alive()):
         if slot.agent is not None:
             await sandboxes.stop_agent(slot)
