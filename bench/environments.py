@@ -29,9 +29,10 @@ verdict (met or NOT met):
   snapshot, start each member from the snapshot) is measured when the slot server's client has
   snapshots; until then the row says fork is not available and prints the baseline.
 
-``--short`` (CI): (a) and (b) with fewer leases, (c) over a smaller repository; the
-first-use row is skipped. Needs podman, bubblewrap, and the example's image
-(``./dev images``); a missing one is named and the rows that need it are NOT RUN.
+``--short`` (CI): (a) and (b) with fewer leases, (c) over a smaller repository (prepared
+into the layer and into the workspace, as the full profile); the first-use row is skipped.
+Needs podman, bubblewrap, and the example's image (``./dev images``); a missing one is
+named and the rows that need it are NOT RUN.
 Run: ``.venv/bin/python bench/environments.py [--short]``.
 """
 
@@ -523,7 +524,7 @@ async def leases_and_groups(root: Path, args: argparse.Namespace) -> None:
             try:
                 described = (f"a repository of {files} files, {written / 1e6:.0f} MB "
                              f"(podman's {tag})")  # fmt: skip
-                for into in ("layer",) if args.short else ("layer", "workspace"):
+                for into in ("layer", "workspace"):
                     await group_preparation(
                         server, f"containers-storage:{tag}", described, into, files
                     )
