@@ -18,7 +18,6 @@ from trajcore.adapters.pools.nomad_pool import NomadPoolConfig, NomadSandboxPool
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSONObject
-from trajcore.domain.nomad_job import NomadJobSettings
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.fake_nomad.agent import FakeNomadAPI
 from trajcore.testing.fake_nomad.openapi import OPENAPI_ENV, NomadOpenAPI
@@ -112,10 +111,12 @@ def nomad_pool_config(
 
 def pool_config(**settings: object) -> NomadPoolConfig:
     """A ``NomadPoolConfig`` from flat settings: the job's (``NomadJobSettings``) go to ``job``,
-    the slot servers' (``SlotServerSettings``) to ``server``."""
-    pool = dict(settings)
-    job, server = split_off(NomadJobSettings(), pool), split_off(NomadPoolConfig().server, pool)
-    return NomadPoolConfig(job=job, server=server, **pool)  # type: ignore[arg-type]
+    the slot servers' (``SlotServerSettings``) to ``server``, the scaling ones
+    (``ScaleSettings``) to ``scaling``."""
+    pool, defaults = dict(settings), NomadPoolConfig()
+    job, server = split_off(defaults.job, pool), split_off(defaults.server, pool)
+    scaling = split_off(defaults.scaling, pool)
+    return NomadPoolConfig(job=job, server=server, scaling=scaling, **pool)  # type: ignore[arg-type]
 
 
 async def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:

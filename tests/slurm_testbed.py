@@ -262,6 +262,12 @@ PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
         }
         settings.update(overrides)
         pool = dict(settings)
+        defaults = SlurmPoolConfig()
         job = split_off(SlurmJobSettings(), pool)
-        server = split_off(SlurmPoolConfig().server, pool)
-        return SlurmPoolConfig(job=job, server=server, **pool)  # type: ignore[arg-type]
+        server, scaling = split_off(defaults.server, pool), split_off(defaults.scaling, pool)
+        return SlurmPoolConfig(
+            job=job,
+            server=server,
+            scaling=scaling,
+            **pool,  # type: ignore[arg-type]
+        )

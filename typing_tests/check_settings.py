@@ -2,6 +2,9 @@
 
 - Every pool's slot servers' settings are one ``SlotServerSettings`` value (``server``), which
   is what the pool core reads (``join_rules``) and the Nomad job spec holds.
+- Every scheduled pool's scaling settings are one ``ScaleSettings`` value (``scaling``), which
+  the reconciler reads; every pool that starts its own servers holds one ``RestartSettings``
+  value (``restart``), which its supervision reads.
 - The env's flags derived from a job's settings (``nomad_cpu_mhz``, ``slurm_job_name``, ...)
   are not fields mypy sees: typed code reads them built and checked, ``nomad_job()`` and
   ``slurm_job()``, whose fields keep their types.
@@ -19,8 +22,11 @@ from trajcore.adapters.pools.pool_core import JoinRules, join_rules
 from trajcore.adapters.pools.reconciled import ReconciledSettings
 from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig
 from trajcore.adapters.pools.ssh_pool import SshPoolConfig
+from trajcore.adapters.pools.supervision import RestartSettings
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_job import NomadJobSettings, NomadJobSpec
+from trajcore.domain.nomad_reconcile import ReconcileConfig
+from trajcore.domain.scaling import ScaleSettings
 from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slurm_jobs import SlurmJobSettings
 from trajcore.env import AgentEnvConfig
@@ -35,6 +41,7 @@ def check_started_pools_hold_one_server_value(
 ) -> list[JoinRules]:
     for config in (local, container, ssh):
         assert_type(config.server, SlotServerSettings)
+        assert_type(config.restart, RestartSettings)
     return [join_rules(local.server), join_rules(container.server), join_rules(ssh.server)]
 
 
@@ -44,6 +51,8 @@ def check_scheduled_pools_hold_one_server_value(
     for config in (nomad, slurm, cloud):
         assert_type(config.server, SlotServerSettings)
         assert_type(config.server.isolation, SlotIsolation)
+        assert_type(config.scaling, ScaleSettings)
+        assert_type(ReconcileConfig(scale=config.scaling), ReconcileConfig)
     assert_type(nomad.job_spec(count=1, token="t" * 16), NomadJobSpec)
     return [nomad, slurm, cloud]
 

@@ -21,10 +21,10 @@ from trajcore.testing.sandbox_pool_machine import MachineShape, run_pool_machine
 
 def cloud_pool_config(**settings: object) -> CloudPoolConfig:
     """A ``CloudPoolConfig`` from flat settings: the slot servers' (``SlotServerSettings``) go
-    to ``server``."""
-    pool = dict(settings)
-    server = split_off(CloudPoolConfig().server, pool)
-    return CloudPoolConfig(server=server, **pool)  # type: ignore[arg-type]
+    to ``server``, the scaling ones (``ScaleSettings``) to ``scaling``."""
+    pool, defaults = dict(settings), CloudPoolConfig()
+    server, scaling = split_off(defaults.server, pool), split_off(defaults.scaling, pool)
+    return CloudPoolConfig(server=server, scaling=scaling, **pool)  # type: ignore[arg-type]
 
 
 FAST: dict[str, object] = {

@@ -68,7 +68,8 @@ def config(sshd: LoopbackSshd, *hosts: SshHost, **more: object) -> SshPoolConfig
         "backoff_max_s": 2.0,
     } | more
     server = split_off(SlotServerSettings(), values)
-    return SshPoolConfig(server=server, **values)  # type: ignore[arg-type]
+    restart = split_off(SshPoolConfig(hosts=values["hosts"]).restart, values)
+    return SshPoolConfig(server=server, restart=restart, **values)  # type: ignore[arg-type]
 
 
 def alive(pid: int) -> bool:

@@ -25,6 +25,7 @@ from trajcore.adapters.pools.modal_pool import (
     check_modal,
 )
 from trajcore.domain.errors import SandboxUnavailable
+from trajcore.domain.scaling import ScaleSettings
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.sandbox_pool_contract import (
     PoolShape,
@@ -50,10 +51,8 @@ def _pool(shape: PoolShape) -> CloudPoolConfig:
         CloudPoolConfig().server,
         slots_per_container=shape.slots_per_container, acquire_timeout_s=shape.acquire_timeout_s,
     )  # fmt: skip
-    return CloudPoolConfig(
-        owner="trajcore-live-test", server=server,
-        min_containers=shape.containers, max_containers=shape.containers,
-    )  # fmt: skip
+    scaling = ScaleSettings(min_containers=shape.containers, max_containers=shape.containers)
+    return CloudPoolConfig(owner="trajcore-live-test", server=server, scaling=scaling)
 
 
 @asynccontextmanager

@@ -37,7 +37,7 @@ def test_every_modal_setting_reaches_the_pool() -> None:
         "registry.example/slots:1", "rl", "dev", "us-east"
     )  # fmt: skip
     assert (sandbox.cpu, sandbox.memory_mib, sandbox.sandbox_timeout_s) == (2.5, 3000, 7200.0)
-    assert (pool.owner, pool.min_containers, pool.max_containers) == ("run-7", 2, 6)
+    assert (pool.owner, pool.scaling.min_containers, pool.scaling.max_containers) == ("run-7", 2, 6)
     assert (pool.server.slots_per_container, pool.server.acquire_timeout_s) == (5, 30.0)
     assert pool.server.isolation.allow_network
 

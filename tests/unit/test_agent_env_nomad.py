@@ -131,7 +131,8 @@ def test_the_pool_settings_come_from_the_env_fields() -> None:
     assert pool.job.datacenters == ("dc1", "dc2")
     assert pool.job.command == ("trajcore", "slot-server")
     server = pool.server
-    assert (server.slots_per_container, pool.min_containers, pool.max_containers) == (4, 2, 6)
+    scaling = pool.scaling
+    assert (server.slots_per_container, scaling.min_containers, scaling.max_containers) == (4, 2, 6)
     assert (pool.job.privileged, pool.purge_on_start, pool.purge_on_shutdown) == (True, True, False)
     assert server.acquire_timeout_s == 20.0
     assert server.isolation.allow_network is True

@@ -30,7 +30,9 @@ def test_every_slurm_setting_reaches_the_pool(tmp_path: Path) -> None:
     assert (job.cpus_per_task, job.memory_mb, job.time_limit_min) == (4, 4096, 60)
     assert got.shared_dir == tmp_path
     server = got.server
-    assert (got.min_containers, got.max_containers, server.slots_per_container) == (2, 5, 3)
+    scaling = got.scaling
+    assert (scaling.min_containers, scaling.max_containers, server.slots_per_container) == (2, 5, 3)
+    assert scaling.cooldown_s == SlurmPoolConfig().scaling.cooldown_s  # the pool's
     assert server.acquire_timeout_s == 42.0
     assert server.isolation.allow_network
     assert server.require_tmux

@@ -40,20 +40,20 @@ from trajcore.domain.nomad_reconcile import (
     SetCount,
     Undrain,
 )
-from trajcore.domain.scaling import ScaleConfig, ScaleReason
+from trajcore.domain.scaling import ScaleReason, ScaleSettings
 
 
 def reconciler(**scale: Any) -> NomadReconciler:
-    settings: dict[str, Any] = {
-        "min_containers": 1,
-        "max_containers": 4,
-        "slots_per_container": 2,
-        "cooldown_s": 0.0,
-    }
+    settings: dict[str, Any] = {"min_containers": 1, "max_containers": 4, "cooldown_s": 0.0}
     restart_attempts = scale.pop("restart_attempts", 0)
+    slots = scale.pop("slots_per_container", 2)
     settings.update(scale)
     return NomadReconciler(
-        ReconcileConfig(scale=ScaleConfig(**settings), restart_attempts=restart_attempts)
+        ReconcileConfig(
+            scale=ScaleSettings(**settings),
+            slots_per_container=slots,
+            restart_attempts=restart_attempts,
+        )
     )
 
 
@@ -187,7 +187,7 @@ def test_restarts_beyond_the_attempts_are_replaced_and_within_them_rejoined() ->
 
 def test_a_join_that_takes_too_long_is_replaced_and_a_late_answer_discarded() -> None:
     machine = NomadReconciler(
-        ReconcileConfig(scale=ScaleConfig(min_containers=1, max_containers=1), join_timeout_s=5)
+        ReconcileConfig(scale=ScaleSettings(min_containers=1, max_containers=1), join_timeout_s=5)
     )
     machine.registered(1)
     machine.observe([running("a", 0)], demand=0, now=0.0)
@@ -223,9 +223,11 @@ def test_bad_input_names_the_argument() -> None:
     with pytest.raises(InvalidInput, match="index"):
         Allocation(id="a", index=-1, client_status="running")
     with pytest.raises(ConfigError, match="join_timeout_s"):
-        ReconcileConfig(scale=ScaleConfig(), join_timeout_s=0)
+        ReconcileConfig(scale=ScaleSettings(), join_timeout_s=0)
     with pytest.raises(ConfigError, match="restart_attempts"):
-        ReconcileConfig(scale=ScaleConfig(), restart_attempts=-1)
+        ReconcileConfig(scale=ScaleSettings(), restart_attempts=-1)
+    with pytest.raises(ConfigError, match="slots_per_container"):
+        ReconcileConfig(scale=ScaleSettings(), slots_per_container=0)
 
 
 # ---------------------------------------------------------------------- stateful
@@ -261,13 +263,13 @@ class NomadAndPool(RuleBasedStateMachine):
         self, minimum: int, extra: int, slots: int, margin: int, cooldown: float, attempts: int
     ) -> None:
         config = ReconcileConfig(
-            scale=ScaleConfig(
+            scale=ScaleSettings(
                 min_containers=minimum,
                 max_containers=minimum + 1 + extra,
-                slots_per_container=slots,
                 scale_down_margin=margin,
                 cooldown_s=cooldown,
             ),
+            slots_per_container=slots,
             restart_attempts=attempts,
             join_timeout_s=10.0,
         )
@@ -472,7 +474,7 @@ class NomadAndPool(RuleBasedStateMachine):
         alloc_id = self.pick_joined(data, draining=False)
         if alloc_id is not None:
             entry = self.book[alloc_id]
-            entry["held"] = min(self.config.scale.slots_per_container, entry["held"] + 1)
+            entry["held"] = min(self.config.slots_per_container, entry["held"] + 1)
         self.poll()
 
     @rule(data=st.data(), quarantine=st.booleans())
@@ -530,7 +532,7 @@ def test_a_join_is_waited_for_up_to_its_deadline_inclusive() -> None:
     # join_timeout_s is the longest a join may take: at exactly that age it is still waited for,
     # only past it is the allocation replaced.
     machine = NomadReconciler(
-        ReconcileConfig(scale=ScaleConfig(min_containers=1, max_containers=1), join_timeout_s=5)
+        ReconcileConfig(scale=ScaleSettings(min_containers=1, max_containers=1), join_timeout_s=5)
     )
     machine.registered(1)
     assert machine.observe([running("a", 0)], demand=0, now=0.0) == [
@@ -566,7 +568,7 @@ def test_the_count_is_lowered_only_when_every_leaving_member_is_free() -> None:
 def test_by_default_an_allocation_restarted_in_place_is_replaced_not_rejoined() -> None:
     # restart_attempts defaults to 0: a slot server that restarted in place even once is
     # replaced (the default trusts no restarted run).
-    config = ReconcileConfig(scale=ScaleConfig(min_containers=1, max_containers=1))
+    config = ReconcileConfig(scale=ScaleSettings(min_containers=1, max_containers=1))
     assert config.restart_attempts == 0
     machine = NomadReconciler(config)
     machine.registered(1)
@@ -693,7 +695,7 @@ def test_the_container_that_joined_first_keeps_a_shared_index() -> None:
 
 def test_a_join_deadline_counts_from_when_the_join_began() -> None:
     machine = NomadReconciler(
-        ReconcileConfig(scale=ScaleConfig(min_containers=1, max_containers=1), join_timeout_s=5)
+        ReconcileConfig(scale=ScaleSettings(min_containers=1, max_containers=1), join_timeout_s=5)
     )
     machine.registered(1)
     machine.observe([], demand=0, now=10.0)

@@ -22,13 +22,12 @@ from trajcore.domain.converters import command_words
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.nomad_job import NomadJobSettings
+from trajcore.domain.scaling import ScaleSettings
 from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slurm_jobs import SlurmJobSettings
 from trajcore.domain.ssh_hosts import SshHost
 from trajcore.entrypoints.atropos import sandbox_settings
 from trajcore.entrypoints.atropos.sandbox_settings import SandboxSettings
-
-_SHARED = ("min_containers", "max_containers")
 
 
 def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
@@ -45,7 +44,12 @@ def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
     }
     assert section(NomadPoolConfig, ("nomad_",), {}) == {
         "address": "nomad_address", "token": "nomad_token",
-        **{name: name for name in (*_SHARED, "purge_on_start", "purge_on_shutdown")},
+        "purge_on_start": "purge_on_start", "purge_on_shutdown": "purge_on_shutdown",
+    }  # fmt: skip
+    # The scaling settings of every scheduled pool: the shared scale range (the damping is
+    # the pool's own).
+    assert section(ScaleSettings, (), {}) == {
+        "min_containers": "min_containers", "max_containers": "max_containers",
     }  # fmt: skip
     # The slot servers' settings of every pool: the shared flags (the isolation and the tmux
     # requirement come from slot_isolation and require_stateful_sandbox).
@@ -56,8 +60,8 @@ def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
         field.name: f"slurm_{field.name}" for field in attrs.fields(SlurmJobSettings)
     }
     assert section(SlurmPoolConfig, ("slurm_",), {}) == {
-        "shared_dir": "slurm_shared_dir", **{name: name for name in _SHARED},
-    }  # fmt: skip
+        "shared_dir": "slurm_shared_dir",
+    }
     shared_servers = {
         "image_cache_dir": "image_cache_dir",
         "image_cache_bytes": "image_cache_bytes",
@@ -82,8 +86,8 @@ def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
 def test_the_cloud_pools_read_their_sections_with_the_renamed_fields() -> None:
     section = sandbox_settings._section
     assert section(CloudPoolConfig, ("cloud_",), {}) == {
-        "owner": "cloud_owner", **{name: name for name in _SHARED},
-    }  # fmt: skip
+        "owner": "cloud_owner",
+    }
     assert section(ModalSandboxSettings, ("modal_", "cloud_"), sandbox_settings._MODAL_NAMES) == {
         "app_name": "modal_app", "environment": "modal_environment", "image": "modal_image",
         "region": "modal_region", "cpu": "cloud_cpu", "memory_mib": "cloud_memory_mb",
@@ -98,7 +102,7 @@ def test_the_cloud_pools_read_their_sections_with_the_renamed_fields() -> None:
     settings = SandboxSettings()
     # The env's scale range and slots, every other setting the pool's own default.
     server = attrs.evolve(CloudPoolConfig().server, slots_per_container=8)
-    pool = CloudPoolConfig(server=server, max_containers=10)
+    pool = CloudPoolConfig(server=server, scaling=ScaleSettings(max_containers=10))
     assert settings.modal_pool_config() == ModalPoolConfig(pool=pool)
     assert settings.daytona_pool_config() == DaytonaPoolConfig(pool=pool)
     with pytest.raises(ConfigError) as caught:
@@ -138,6 +142,9 @@ def test_a_pools_error_names_the_env_field() -> None:
     with pytest.raises(ConfigError) as caught:
         SandboxSettings(container_image="").container_pool_config()
     assert caught.value.field == "container_image"
+    with pytest.raises(ConfigError) as caught:
+        SandboxSettings(min_containers=3, max_containers=2).slurm_pool_config()
+    assert caught.value.field == "max_containers"
 
 
 class _EnvSettings(SandboxSettings):

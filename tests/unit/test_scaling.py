@@ -11,24 +11,23 @@ from hypothesis import strategies as st
 from trajcore.domain.errors import ConfigError, InvalidInput
 from trajcore.domain.scaling import (
     ContainerLoad,
-    ScaleConfig,
     ScaleDecision,
     ScaleReason,
     ScaleRules,
+    ScaleSettings,
     drain_order,
 )
 
 
-def rules(**settings: float) -> ScaleRules:
+def rules(*, slots_per_container: int = 4, **settings: float) -> ScaleRules:
     base: dict[str, float] = {
         "min_containers": 1,
         "max_containers": 10,
-        "slots_per_container": 4,
         "scale_down_margin": 2,
         "cooldown_s": 30.0,
     }
     base.update(settings)
-    return ScaleRules(ScaleConfig(**base))  # type: ignore[arg-type]
+    return ScaleRules(ScaleSettings(**base), slots_per_container)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------- examples
@@ -107,20 +106,26 @@ def test_drain_order_is_fewest_leased_then_newest_then_name() -> None:
 @pytest.mark.parametrize(
     ("settings", "field"),
     [
-        ({"min_containers": -1}, "scaling.min_containers"),
-        ({"max_containers": 0}, "scaling.max_containers"),
-        ({"min_containers": 3, "max_containers": 2}, "scaling.max_containers"),
-        ({"slots_per_container": 0}, "scaling.slots_per_container"),
-        ({"scale_down_margin": -1}, "scaling.scale_down_margin"),
-        ({"cooldown_s": -1.0}, "scaling.cooldown_s"),
-        ({"cooldown_s": float("nan")}, "scaling.cooldown_s"),
-        ({"max_containers": 2.5}, "scaling.max_containers"),
+        ({"min_containers": -1}, "min_containers"),
+        ({"max_containers": 0}, "max_containers"),
+        ({"min_containers": 3, "max_containers": 2}, "max_containers"),
+        ({"scale_down_margin": -1}, "scale_down_margin"),
+        ({"cooldown_s": -1.0}, "cooldown_s"),
+        ({"cooldown_s": float("nan")}, "cooldown_s"),
+        ({"max_containers": 2.5}, "max_containers"),
     ],
 )
 def test_bad_config_names_the_field(settings: dict[str, float], field: str) -> None:
     with pytest.raises(ConfigError) as caught:
-        ScaleConfig(**settings)  # type: ignore[arg-type]
+        ScaleSettings(**settings)  # type: ignore[arg-type]
     assert caught.value.field == field
+
+
+@pytest.mark.parametrize("slots", [0, -1, 2.5, True])
+def test_bad_slots_per_container_names_the_field(slots: object) -> None:
+    with pytest.raises(ConfigError) as caught:
+        ScaleRules(ScaleSettings(), slots)  # type: ignore[arg-type]
+    assert caught.value.field == "slots_per_container"
 
 
 def test_bad_inputs_name_the_argument() -> None:
@@ -136,13 +141,15 @@ def test_bad_inputs_name_the_argument() -> None:
 
 # ---------------------------------------------------------------------- properties
 
-configs = st.builds(
-    lambda lo, extra, spc, margin, cooldown: ScaleConfig(
-        min_containers=lo,
-        max_containers=max(1, lo + extra),
-        slots_per_container=spc,
-        scale_down_margin=margin,
-        cooldown_s=cooldown,
+scale_rules = st.builds(
+    lambda lo, extra, spc, margin, cooldown: ScaleRules(
+        ScaleSettings(
+            min_containers=lo,
+            max_containers=max(1, lo + extra),
+            scale_down_margin=margin,
+            cooldown_s=cooldown,
+        ),
+        spc,
     ),
     st.integers(0, 4),
     st.integers(0, 8),
@@ -161,11 +168,11 @@ steps = st.lists(
 )
 
 
-@given(config=configs, start=st.integers(0, 15), history=steps)
+@given(scale=scale_rules, start=st.integers(0, 15), history=steps)
 def test_target_in_bounds_and_no_reversal_within_cooldown(
-    config: ScaleConfig, start: int, history: list[tuple[int, float, bool]]
+    scale: ScaleRules, start: int, history: list[tuple[int, float, bool]]
 ) -> None:
-    scale = ScaleRules(config)
+    config, slots = scale.config, scale.slots_per_container
     now, current = 0.0, start
     changes: list[tuple[float, int]] = []  # (when, direction)
     for demand, step, acted in history:
@@ -179,14 +186,13 @@ def test_target_in_bounds_and_no_reversal_within_cooldown(
                 "reversed within the cooldown"
             )
         if decision.reason is ScaleReason.UP:
-            needed = config.needed(demand)
+            needed = scale.needed(demand)
             assert decision.target == min(needed, config.max_containers)
-            assert (
-                decision.target * config.slots_per_container >= demand
-                or decision.target == config.max_containers
-            ), "scaling up must cover the demand when max allows"
+            assert decision.target * slots >= demand or decision.target == config.max_containers, (
+                "scaling up must cover the demand when max allows"
+            )
         if decision.reason is ScaleReason.DOWN:
-            spare = decision.target * config.slots_per_container - demand
+            spare = decision.target * slots - demand
             assert spare >= config.scale_down_margin or decision.target == config.min_containers
         if direction:
             changes.append((now, direction))
@@ -194,9 +200,9 @@ def test_target_in_bounds_and_no_reversal_within_cooldown(
             current = decision.target
 
 
-@given(config=configs, start=st.integers(0, 15), demand=st.integers(0, 80))
-def test_steady_demand_settles(config: ScaleConfig, start: int, demand: int) -> None:
-    scale = ScaleRules(config)
+@given(scale=scale_rules, start=st.integers(0, 15), demand=st.integers(0, 80))
+def test_steady_demand_settles(scale: ScaleRules, start: int, demand: int) -> None:
+    config = scale.config
     now, current = 0.0, start
     targets = []
     for _ in range(6):
@@ -208,8 +214,8 @@ def test_steady_demand_settles(config: ScaleConfig, start: int, demand: int) -> 
     assert len(set(targets[2:])) == 1, targets
     final = targets[-1]
     assert scale.decide(demand=demand, current=final, now=now).reason is ScaleReason.HOLD
-    if config.needed(demand) <= config.max_containers:
-        assert final * config.slots_per_container >= demand, "settled short of the demand"
+    if scale.needed(demand) <= config.max_containers:
+        assert final * scale.slots_per_container >= demand, "settled short of the demand"
 
 
 @given(

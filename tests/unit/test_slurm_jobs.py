@@ -17,7 +17,7 @@ from trajcore.domain.nomad_reconcile import (
     Remove,
     Replace,
 )
-from trajcore.domain.scaling import ScaleConfig
+from trajcore.domain.scaling import ScaleSettings
 from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slurm_jobs import (
     SlurmJob,
@@ -119,9 +119,11 @@ def test_bad_settings_are_refused_naming_the_field() -> None:
 
 def _machine() -> NomadReconciler:
     machine = NomadReconciler(
-        ReconcileConfig(scale=ScaleConfig(min_containers=1, max_containers=2,
-                                          slots_per_container=1, cooldown_s=0.0))
-    )  # fmt: skip
+        ReconcileConfig(
+            scale=ScaleSettings(min_containers=1, max_containers=2, cooldown_s=0.0),
+            slots_per_container=1,
+        )
+    )
     machine.registered(1)
     return machine
 

@@ -69,8 +69,14 @@ from typing import Final
 import attrs
 
 from trajcore.domain.errors import InvalidInput
-from trajcore.domain.scaling import ScaleConfig, ScaleReason, ScaleRules
-from trajcore.domain.validators import instance_of, non_negative_int, positive_seconds, whole_number
+from trajcore.domain.scaling import ScaleReason, ScaleRules, ScaleSettings
+from trajcore.domain.validators import (
+    instance_of,
+    non_negative_int,
+    positive_int,
+    positive_seconds,
+    whole_number,
+)
 
 __all__ = [
     "TERMINAL_CLIENT_STATUSES",
@@ -243,11 +249,13 @@ class ReconcileConfig:
 
     Attributes:
         scale: The scaling rules' limits and damping.
+        slots_per_container: Slots each allocation's slot server serves.
         restart_attempts: In-place restarts an allocation may have; beyond them it is replaced.
         join_timeout_s: Longest a join may take before the allocation is replaced.
     """
 
-    scale: ScaleConfig = attrs.field(validator=instance_of(ScaleConfig))
+    scale: ScaleSettings = attrs.field(validator=instance_of(ScaleSettings))
+    slots_per_container: int = attrs.field(default=1, validator=positive_int)
     restart_attempts: int = attrs.field(default=0, validator=non_negative_int)
     join_timeout_s: float = attrs.field(default=120.0, validator=positive_seconds)
 
@@ -299,7 +307,7 @@ class NomadReconciler:
     _now: float = attrs.field(init=False, default=-math.inf)
 
     def __attrs_post_init__(self) -> None:
-        self._policy = ScaleRules(self.config.scale)
+        self._policy = ScaleRules(self.config.scale, self.config.slots_per_container)
         self._target = self.config.scale.min_containers
 
     # ------------------------------------------------------------------------- inspection

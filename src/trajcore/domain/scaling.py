@@ -47,50 +47,41 @@ from trajcore.domain.errors import ConfigError, InvalidInput
 
 __all__ = [
     "ContainerLoad",
-    "ScaleConfig",
     "ScaleDecision",
     "ScaleReason",
     "ScaleRules",
+    "ScaleSettings",
     "drain_order",
 ]
 
 
-def _count(minimum: int) -> validators.Check:
-    return validators.whole_number(minimum, prefix="scaling.")
-
-
-_seconds = validators.finite_number(None, at_least=0.0, unit="seconds", prefix="scaling.")
-
-
 @attrs.frozen(kw_only=True)
-class ScaleConfig:
-    """The limits and damping of scaling.
+class ScaleSettings:
+    """The limits and damping of scaling: the one value every scheduled pool's config holds as
+    its ``scaling`` (the slots each container serves are its slot servers', ``ScaleRules``
+    takes them beside). Each pool states its own default value once (``NomadPoolConfig``: up to
+    10 containers; ``CloudPoolConfig``: up to 4). A bad value is a ``ConfigError`` naming the
+    field as given here (``max_containers``).
 
     Attributes:
         min_containers: Fewest containers to run, even with no demand.
         max_containers: Most containers to run, whatever the demand.
-        slots_per_container: Slots each container serves.
         scale_down_margin: Spare slots tolerated before scaling down; also the spare a
             scale-down keeps.
         cooldown_s: Seconds after a change during which the opposite change is held back.
     """
 
-    min_containers: int = attrs.field(default=1, validator=_count(0))
-    max_containers: int = attrs.field(default=1, validator=_count(1))
-    slots_per_container: int = attrs.field(default=1, validator=_count(1))
-    scale_down_margin: int = attrs.field(default=0, validator=_count(0))
-    cooldown_s: float = attrs.field(default=30.0, validator=_seconds)
+    min_containers: int = attrs.field(default=1, validator=validators.non_negative_int)
+    max_containers: int = attrs.field(default=1, validator=validators.positive_int)
+    scale_down_margin: int = attrs.field(default=0, validator=validators.non_negative_int)
+    cooldown_s: float = attrs.field(default=30.0, validator=validators.non_negative_seconds)
 
     def __attrs_post_init__(self) -> None:
         if self.max_containers < self.min_containers:
             raise ConfigError(
-                "scaling.max_containers",
+                "max_containers",
                 f"must be >= min_containers ({self.min_containers}), got {self.max_containers}",
             )
-
-    def needed(self, demand: int) -> int:
-        """Containers that hold ``demand`` slots, ignoring the bounds."""
-        return -(-demand // self.slots_per_container)
 
     def clamp(self, containers: int) -> int:
         """``containers`` brought into ``[min_containers, max_containers]``."""
@@ -129,9 +120,15 @@ class ScaleDecision:
 
 @attrs.define
 class ScaleRules:
-    """Decides the container count from demand, with bounds, hysteresis and cooldown."""
+    """Decides the container count from demand, with bounds, hysteresis and cooldown.
 
-    config: ScaleConfig
+    Attributes:
+        config: The limits and damping.
+        slots_per_container: Slots each container serves (its slot servers' setting).
+    """
+
+    config: ScaleSettings
+    slots_per_container: int = attrs.field(default=1, validator=validators.positive_int)
     _last_change_at: float | None = attrs.field(init=False, default=None)
     _last_direction: int = attrs.field(init=False, default=0)  # +1 up, -1 down, 0 none yet
     _now: float = attrs.field(init=False, default=-math.inf)
@@ -154,7 +151,7 @@ class ScaleRules:
         config = self.config
         if not config.min_containers <= current <= config.max_containers:
             reason = ScaleReason.BOUNDS
-            target = config.clamp(max(current, config.needed(demand)))
+            target = config.clamp(max(current, self.needed(demand)))
         else:
             reason, target = self._wanted(demand, current)
             direction = (target > current) - (target < current)
@@ -170,14 +167,18 @@ class ScaleRules:
             self._last_direction = 1 if target > current else -1
         return ScaleDecision(target=target, current=current, reason=reason)
 
+    def needed(self, demand: int) -> int:
+        """Containers that hold ``demand`` slots, ignoring the bounds."""
+        return -(-demand // self.slots_per_container)
+
     def _wanted(self, demand: int, current: int) -> tuple[ScaleReason, int]:
         config = self.config
-        up = min(config.max_containers, config.needed(demand))
+        up = min(config.max_containers, self.needed(demand))
         if up > current:
             return ScaleReason.UP, up
-        spare = current * config.slots_per_container - demand
+        spare = current * self.slots_per_container - demand
         if spare > config.scale_down_margin:
-            down = config.clamp(config.needed(demand + config.scale_down_margin))
+            down = config.clamp(self.needed(demand + config.scale_down_margin))
             if down < current:
                 return ScaleReason.DOWN, down
         return ScaleReason.HOLD, current

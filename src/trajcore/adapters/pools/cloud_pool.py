@@ -50,18 +50,16 @@ from trajcore.adapters.pools.reconciled import (
     ReconciledSource,
     StartBackoff,
     composed_settings,
-    scale_settings,
 )
 from trajcore.domain.errors import ConfigError, InvalidInput, SandboxUnavailable
 from trajcore.domain.nomad_reconcile import Join
-from trajcore.domain.scaling import ScaleConfig
+from trajcore.domain.scaling import ScaleSettings
 from trajcore.domain.slot_server_flags import isolation_argv
 from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolOutcome, ToolResult
 from trajcore.domain.validators import (
     instance_of,
-    non_negative_seconds,
     nonempty_text,
     positive_seconds,
     whole_number,
@@ -215,8 +213,8 @@ class CloudPoolConfig:
         python: The interpreter in the image that runs the slot server.
         workspace_dir: Where the slot workspaces live inside the sandbox.
         port: The port the server listens on inside the sandbox and the provider exposes.
-        min_containers, max_containers: The range the sandbox count is scaled in.
-        scale_down_margin, cooldown_s: The scaling rules' damping.
+        scaling: The scaling rules' settings (``ScaleSettings``; by default 1 to 4
+            sandboxes): the range the sandbox count is scaled in and its damping.
         poll_interval_s: How often the sandboxes are listed.
         request_timeout_s: Longest one provider request may take.
         stop_timeout_s: Longest the close waits for the sandboxes to be deleted.
@@ -230,10 +228,9 @@ class CloudPoolConfig:
     python: str = attrs.field(default="python3", validator=nonempty_text)
     workspace_dir: str = attrs.field(default="/tmp/trajcore-slots")  # noqa: S108 - in the sandbox
     port: int = attrs.field(default=8765, validator=whole_number(1))
-    min_containers: int = attrs.field(default=1, validator=whole_number(0))
-    max_containers: int = attrs.field(default=4, validator=whole_number(1))
-    scale_down_margin: int = attrs.field(default=0, validator=whole_number(0))
-    cooldown_s: float = attrs.field(default=30.0, validator=non_negative_seconds)
+    scaling: ScaleSettings = attrs.field(
+        factory=lambda: ScaleSettings(max_containers=4), validator=instance_of(ScaleSettings)
+    )
     poll_interval_s: float = attrs.field(default=2.0, validator=positive_seconds)
     request_timeout_s: float = attrs.field(default=60.0, validator=positive_seconds)
     stop_timeout_s: float = attrs.field(default=60.0, validator=positive_seconds)
@@ -241,11 +238,6 @@ class CloudPoolConfig:
     def __attrs_post_init__(self) -> None:
         if self.port > 65535:
             raise ConfigError("port", f"must be a TCP port (1-65535), got {self.port}")
-        self.scale_config()
-
-    def scale_config(self) -> ScaleConfig:
-        """The domain scaling rules' settings (``ConfigError`` naming the field when bad)."""
-        return scale_settings(self)
 
 
 def server_argv(config: CloudPoolConfig) -> tuple[str, ...]:
@@ -358,7 +350,7 @@ class _CloudSandboxes(ReconciledSource[CloudPoolConfig]):
                 await self.provider.delete(sandbox.id)
         self._open = True
         stack.push_async_callback(self.shutdown)
-        self.count = self.config.min_containers
+        self.count = self.config.scaling.min_containers
         self.machine.registered(self.count)
 
     async def shutdown(self) -> None:

@@ -26,7 +26,8 @@ loop this pool shares with the Slurm and cloud pools, ``reconciled``):
   (``POST /v1/allocation/{id}/stop``), which makes Nomad place a replacement. An allocation that
   never becomes healthy is stopped the same way. Neither is ever joined again.
 - Scaling: the domain ``ScaleRules`` turns demand (leased plus waiting) into a target between
-  ``min_containers`` and ``max_containers``, with ``scale_down_margin`` and ``cooldown_s``. Up:
+  ``min_containers`` and ``max_containers``, with ``scale_down_margin`` and ``cooldown_s``
+  (the config's ``scaling``). Up:
   the job's count is raised at once (``POST /v1/job/{id}/scale``). Down: Nomad stops the highest
   allocation indices when the count drops, so the pool first drains exactly those containers
   (no new leases; running trajectories finish and their slots reset) and lowers the count only
@@ -80,7 +81,6 @@ from trajcore.adapters.pools.reconciled import (
     ReconciledSource,
     Run,
     composed_settings,
-    scale_settings,
 )
 from trajcore.domain.environment_leases import Snapshot
 from trajcore.domain.errors import ConfigError
@@ -91,16 +91,14 @@ from trajcore.domain.nomad_job import (
     scale_request,
 )
 from trajcore.domain.nomad_reconcile import Join, ReconcileConfig
-from trajcore.domain.scaling import ScaleConfig
+from trajcore.domain.scaling import ScaleSettings
 from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import Lease
 from trajcore.domain.validators import (
     flag,
     instance_of,
-    non_negative_seconds,
     optional_text,
     positive_seconds,
-    whole_number,
 )
 
 __all__ = ["NomadPoolConfig", "NomadSandboxPool"]
@@ -126,19 +124,20 @@ def _nomad_address(_: object, attribute: attrs.Attribute[str], value: object) ->
 class NomadPoolConfig:
     """How the Nomad pool runs its slot servers: the Nomad job as the operator sets it (``job``:
     the driver, image, command, datacenters, resources, restarts, ...), what each slot server
-    is told and must show (``server``: its slots, isolation, timeouts) and how the pool drives
-    them. The isolation is the env's, never the model's.
+    is told and must show (``server``: its slots, isolation, timeouts), the range its count is
+    scaled in (``scaling``) and how the pool drives them. The isolation is the env's, never
+    the model's.
 
     Attributes:
         job: The Nomad job's settings (``NomadJobSettings``).
         server: The slot servers' settings (``SlotServerSettings``; by default 8 slots, and
             120 s for the pool's start and each container's join).
+        scaling: The scaling rules' settings (``ScaleSettings``; by default 1 to 10
+            containers): the range the container count is scaled in and its damping.
         address: The Nomad agent's API, ``http(s)://host:port``.
-        min_containers, max_containers: The range the container count is scaled in.
         purge_on_start: Purge a job of the same ID before registering.
         purge_on_shutdown: Purge the job when the pool closes (otherwise it is stopped).
         token: Nomad ACL token (``None``: ``$NOMAD_TOKEN`` if set).
-        scale_down_margin, cooldown_s: The scaling rules' damping (``ScaleConfig``).
         poll_interval_s: How often the job's allocations are listed.
         request_timeout_s: Longest one Nomad API request may take.
         stop_timeout_s: Longest stopping the job at shutdown may take.
@@ -151,28 +150,20 @@ class NomadPoolConfig:
         factory=lambda: SlotServerSettings(slots_per_container=8, start_timeout_s=120.0),
         validator=instance_of(SlotServerSettings),
     )
+    scaling: ScaleSettings = attrs.field(
+        factory=lambda: ScaleSettings(max_containers=10), validator=instance_of(ScaleSettings)
+    )
     address: str = attrs.field(default="http://127.0.0.1:4646", validator=_nomad_address)
-    min_containers: int = attrs.field(default=1, validator=whole_number(0))
-    max_containers: int = attrs.field(default=10, validator=whole_number(1))
     purge_on_start: bool = attrs.field(default=False, validator=flag)
     purge_on_shutdown: bool = attrs.field(default=True, validator=flag)
     token: str | None = attrs.field(default=None, validator=optional_text, repr=False)
-    scale_down_margin: int = attrs.field(default=0, validator=whole_number(0))
-    cooldown_s: float = attrs.field(default=30.0, validator=non_negative_seconds)
     poll_interval_s: float = attrs.field(default=1.0, validator=positive_seconds)
     request_timeout_s: float = attrs.field(default=10.0, validator=positive_seconds)
     stop_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
 
-    def __attrs_post_init__(self) -> None:
-        self.scale_config()
-
     def job_spec(self, *, count: int, token: str) -> NomadJobSpec:
         """The job for ``count`` slot servers with bearer ``token``."""
         return NomadJobSpec(job=self.job, server=self.server, count=count, token=token)
-
-    def scale_config(self) -> ScaleConfig:
-        """The domain scaling rules' settings (``ConfigError`` naming the field when bad)."""
-        return scale_settings(self)
 
 
 # ============================================================================ allocations
@@ -218,7 +209,7 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
         if config.purge_on_start and await self.nomad.deregister(config.job.job_id, purge=True):
             _log.info("purged Nomad job %s before starting", config.job.job_id)
         stack.push_async_callback(self.shutdown)
-        await self._register(config.min_containers)
+        await self._register(config.scaling.min_containers)
 
     async def shutdown(self) -> None:
         """Stop the job (purged when configured), bounded and shielded."""

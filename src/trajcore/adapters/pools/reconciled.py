@@ -21,8 +21,8 @@ stop a run given up on (``_replace``). What the loop keeps:
   the pool's start (``start`` raises it), any other failure only retires that run.
 - A member the core loses (a failed batch or reset) is reported to the reconciler
   (``failed``), which replaces its run.
-- The pool's start waits for ``min_containers`` members within ``start_timeout_s``; when they do
-  not come it raises ``SlotServerError`` naming the scheduler and the latest problems.
+- The pool's start waits for ``scaling.min_containers`` members within ``start_timeout_s``;
+  when they do not come it raises ``SlotServerError`` naming the scheduler and the latest problems.
 - The pool's close stops every run its own way (``shutdown``) through ``_stop_all``: shielded
   from cancellation, within ``stop_timeout_s``, a scheduler's error or the time running out
   noted in ``problems``.
@@ -33,7 +33,8 @@ that doubles from 0.5 s to 60 s.
 
 Their settings are composed, never inherited: each pool's config holds the values it is made
 of as fields (its slot servers' ``SlotServerSettings`` as ``server``, which the pool core
-reads; the Nomad job's settings, the Slurm job's, a cloud provider's sandbox settings), and
+reads; its ``ScaleSettings`` as ``scaling``, which the reconciler reads; the Nomad job's
+settings, the Slurm job's, a cloud provider's sandbox settings), and
 ``composed_settings`` makes a keyword that belongs to one of those parts a ``ConfigError``
 naming the part (``NomadPoolConfig(image=...)`` says ``job=NomadJobSettings(image=...)``).
 """
@@ -73,7 +74,7 @@ from trajcore.domain.nomad_reconcile import (
     SetCount,
     Undrain,
 )
-from trajcore.domain.scaling import ScaleConfig
+from trajcore.domain.scaling import ScaleSettings
 from trajcore.domain.slot_server_settings import SlotServerSettings
 
 __all__ = [
@@ -81,45 +82,12 @@ __all__ = [
     "ReconciledSettings",
     "ReconciledSource",
     "Run",
-    "ScaledSettings",
     "StartBackoff",
     "composed_settings",
-    "scale_settings",
 ]
 
 _log = logging.getLogger(__name__)
 _MAX_BACKOFF_S = 60.0
-
-
-class ScaledSettings(Protocol):
-    """The scaling settings every scheduled pool's config has (its servers' slots are its
-    ``server``'s)."""
-
-    @property
-    def server(self) -> SlotServerSettings: ...
-    @property
-    def min_containers(self) -> int: ...
-    @property
-    def max_containers(self) -> int: ...
-    @property
-    def scale_down_margin(self) -> int: ...
-    @property
-    def cooldown_s(self) -> float: ...
-
-
-def scale_settings(config: ScaledSettings) -> ScaleConfig:
-    """The domain scaling rules' settings of a pool config. Raises ``ConfigError`` naming the
-    config's own field (``min_containers``, not ``scaling.min_containers``)."""
-    try:
-        return ScaleConfig(
-            min_containers=config.min_containers,
-            max_containers=config.max_containers,
-            slots_per_container=config.server.slots_per_container,
-            scale_down_margin=config.scale_down_margin,
-            cooldown_s=config.cooldown_s,
-        )
-    except ConfigError as error:
-        raise ConfigError(error.field.removeprefix("scaling."), error.reason) from None
 
 
 S = TypeVar("S", bound=AttrsInstance)
@@ -168,16 +136,19 @@ def composed_settings(cls: type[S]) -> type[S]:
     return cls
 
 
-class ReconciledSettings(ScaledSettings, Protocol):
+class ReconciledSettings(Protocol):
     """What the loop reads from a scheduled pool's config: its slot servers' settings
-    (``server``, which the pool core reads), the scaling ones and how often the scheduler is
-    polled."""
+    (``server``, which the pool core reads), its scaling settings (``scaling``), how often the
+    scheduler is polled and how long stopping every run may take."""
 
+    @property
+    def server(self) -> SlotServerSettings: ...
+    @property
+    def scaling(self) -> ScaleSettings: ...
     @property
     def poll_interval_s(self) -> float: ...
     @property
     def stop_timeout_s(self) -> float: ...
-    def scale_config(self) -> ScaleConfig: ...
 
 
 C_co = TypeVar("C_co", bound=ReconciledSettings, covariant=True)
@@ -225,8 +196,11 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
 
     def reconcile_config(self) -> ReconcileConfig:
         """The reconciler's settings (a subclass adds what its scheduler has)."""
+        server = self.config.server
         return ReconcileConfig(
-            scale=self.config.scale_config(), join_timeout_s=self.config.server.start_timeout_s
+            scale=self.config.scaling,
+            slots_per_container=server.slots_per_container,
+            join_timeout_s=server.start_timeout_s,
         )
 
     @property
@@ -296,19 +270,19 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
 
     async def start(self, pool: SlotServerPool[Run]) -> None:
         pool.spawn(self._watch)
-        config = self.config
-        start_timeout_s = config.server.start_timeout_s
+        start_timeout_s = self.config.server.start_timeout_s
+        wanted = self.config.scaling.min_containers
         with anyio.move_on_after(start_timeout_s):
             while True:
                 if self._fatal is not None:
                     raise self._fatal
-                if len(pool.container_names()) >= config.min_containers:
+                if len(pool.container_names()) >= wanted:
                     return
                 await pool.changed()
         seen = "; ".join(pool.problems[-3:]) or self.nothing_started
         raise SlotServerError(
             f"{self.scheduler}: {len(pool.container_names())} of "
-            f"{config.min_containers} slot servers became healthy within "
+            f"{wanted} slot servers became healthy within "
             f"{start_timeout_s} s ({seen})"
         )
 

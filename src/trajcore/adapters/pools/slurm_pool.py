@@ -59,12 +59,11 @@ from trajcore.adapters.pools.reconciled import (
     ReconciledSource,
     StartBackoff,
     composed_settings,
-    scale_settings,
 )
 from trajcore.domain.errors import ConfigError, InvalidInput, SandboxUnavailable, SlotServerError
 from trajcore.domain.isolation import check_slot_uid_range
 from trajcore.domain.nomad_reconcile import Join
-from trajcore.domain.scaling import ScaleConfig
+from trajcore.domain.scaling import ScaleSettings
 from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.slurm_jobs import (
@@ -85,7 +84,6 @@ from trajcore.domain.validators import (
     instance_of,
     non_negative_seconds,
     positive_seconds,
-    whole_number,
 )
 
 __all__ = ["SlurmPoolConfig", "SlurmSandboxPool", "SlurmUnavailable", "start_slurm_pool"]
@@ -105,20 +103,20 @@ def _optional_dir(value: object) -> Path | None:
 @attrs.frozen(kw_only=True)
 class SlurmPoolConfig:
     """How the Slurm pool runs its slot servers: each server's batch job as the operator sets
-    it (``job``), what each slot server is told and must show (``server``) and how the pool
-    drives them.
+    it (``job``), what each slot server is told and must show (``server``), the range their
+    count is scaled in (``scaling``) and how the pool drives them.
 
     Attributes:
         job: Each server's batch job (``SlurmJobSettings``).
         server: The slot servers' settings (``SlotServerSettings``; by default 8 slots, and
             300 s for the pool's start and each running job's join). Slot uids: a block per
             job.
-        min_containers, max_containers: The range the server count is scaled in.
+        scaling: The scaling rules' settings (``ScaleSettings``; by default 1 to 10
+            servers): the range the server count is scaled in and its damping.
         shared_dir: A directory the submitting host and every node share; the pool makes its
             run directory (token, script, ready files, job logs) inside (``None``: the system's
             temporary directory, right only when the cluster is this one machine).
         drain_before_s: A job this close to its time limit is drained and replaced.
-        scale_down_margin, cooldown_s: The scaling rules' damping.
         poll_interval_s: How often the queue is listed.
         command_timeout_s: Longest one Slurm command may take.
         stop_timeout_s: Longest the close waits for the jobs to leave the queue.
@@ -135,12 +133,11 @@ class SlurmPoolConfig:
         factory=lambda: SlotServerSettings(slots_per_container=8, start_timeout_s=300.0),
         validator=instance_of(SlotServerSettings),
     )
-    min_containers: int = attrs.field(default=1, validator=whole_number(0))
-    max_containers: int = attrs.field(default=10, validator=whole_number(1))
+    scaling: ScaleSettings = attrs.field(
+        factory=lambda: ScaleSettings(max_containers=10), validator=instance_of(ScaleSettings)
+    )
     shared_dir: Path | None = attrs.field(default=None, converter=_optional_dir)
     drain_before_s: float = attrs.field(default=300.0, validator=non_negative_seconds)
-    scale_down_margin: int = attrs.field(default=0, validator=whole_number(0))
-    cooldown_s: float = attrs.field(default=30.0, validator=non_negative_seconds)
     poll_interval_s: float = attrs.field(default=1.0, validator=positive_seconds)
     command_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
     stop_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
@@ -154,17 +151,12 @@ class SlurmPoolConfig:
                 f"must be below the time limit ({self.job.time_limit_min} min), "
                 f"got {self.drain_before_s} s",
             )
-        self.scale_config()
         # two blocks of slot uids per server: a job and the one replacing it may share a node
         check_slot_uid_range(
             "server.isolation.slot_uid_base",
             self.server.isolation.slot_uid_base,
-            2 * self.max_containers * self.server.slots_per_container,
+            2 * self.scaling.max_containers * self.server.slots_per_container,
         )
-
-    def scale_config(self) -> ScaleConfig:
-        """The domain scaling rules' settings (``ConfigError`` naming the field when bad)."""
-        return scale_settings(self)
 
 
 async def run_slurm(argv: Sequence[str], timeout_s: float) -> str:
@@ -234,7 +226,7 @@ class _SlurmJobs(ReconciledSource[SlurmPoolConfig]):
         await self._slurm(scancel_argv(job_name=config.job.job_name))
         self._open = True
         stack.push_async_callback(self.shutdown)
-        self.count = config.min_containers
+        self.count = config.scaling.min_containers
         self.machine.registered(self.count)
 
     async def shutdown(self) -> None:
@@ -295,7 +287,9 @@ class _SlurmJobs(ReconciledSource[SlurmPoolConfig]):
         if not self._backoff.due(index, now):
             return
         used = set(self._blocks.values())
-        block = next((b for b in range(2 * self.config.max_containers) if b not in used), None)
+        block = next(
+            (b for b in range(2 * self.config.scaling.max_containers) if b not in used), None
+        )
         if block is None:
             return  # every uid block is held by a job still in the queue
         assert self.run_dir is not None

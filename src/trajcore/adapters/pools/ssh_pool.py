@@ -27,8 +27,9 @@ Per host (``SshHost``): ``servers`` slot servers of ``slots`` slots each, run by
   stall_deadline_s`` (keepalives); on the host the tether stops the server when its session
   ends or when the pool's heartbeat (every ``keepalive_s / 2``) has not come for as long. Either
   way the server is gone from the pool: its slots leave the book, its leases turn stale, its
-  batch in flight is answered ``INFRA_ERROR`` (never scored), and a replacement is tried
-  ``restart_attempts`` times with a backoff doubling from ``backoff_s`` to ``backoff_max_s``.
+  batch in flight is answered ``INFRA_ERROR`` (never scored), and a replacement is tried as the
+  config's ``restart`` says: ``restart_attempts`` times with a backoff doubling from
+  ``backoff_s`` to ``backoff_max_s``.
 - **Stopping.** Closing a server's stdin lets the tether stop the server's process group and
   remove its directory; ssh's process group is killed after ``stop_timeout_s`` if it lingers.
 """
@@ -53,7 +54,7 @@ from trajcore.adapters.pools import ssh_remote
 from trajcore.adapters.pools.pool_core import Endpoint, SlotServerPool
 from trajcore.adapters.pools.reconciled import composed_settings
 from trajcore.adapters.pools.server_processes import log_tail, signal_group
-from trajcore.adapters.pools.supervision import SupervisedSource
+from trajcore.adapters.pools.supervision import RestartSettings, SupervisedSource
 from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
 from trajcore.domain.isolation import SlotIsolation, check_slot_uid_range
@@ -93,12 +94,10 @@ class SshPoolConfig:
             runs its slot ``i`` as uid ``server.isolation.slot_uid_base + k * slots + i`` (when
             run as root).
         ssh: What every connection shares (the client, its config file, keepalives).
+        restart: How a server that ended or failed is replaced (``RestartSettings``; by
+            default 8 tries, from 0.5 s apart up to 30 s: a host may take a while to return).
         check_timeout_s: Longest a host's start check may take (login included).
         stop_timeout_s: Grace for a server to stop after its session closes, then ssh is killed.
-        restart_crashed: Replace a server that ended or failed.
-        restart_attempts: Starts tried in a row before a failed server is given up.
-        backoff_s: The wait after a failed replacement start, doubled after each one...
-        backoff_max_s: ...up to this.
     """
 
     hosts: tuple[SshHost, ...] = attrs.field(converter=_hosts)
@@ -108,12 +107,12 @@ class SshPoolConfig:
     ssh: SshSettings = attrs.field(
         factory=SshSettings, validator=validators.instance_of(SshSettings)
     )
+    restart: RestartSettings = attrs.field(
+        factory=lambda: RestartSettings(restart_attempts=8, backoff_s=0.5, backoff_max_s=30.0),
+        validator=validators.instance_of(RestartSettings),
+    )
     check_timeout_s: float = attrs.field(default=30.0, validator=validators.positive_seconds)
     stop_timeout_s: float = attrs.field(default=10.0, validator=validators.positive_seconds)
-    restart_crashed: bool = attrs.field(default=True, validator=validators.flag)
-    restart_attempts: int = attrs.field(default=8, validator=validators.positive_int)
-    backoff_s: float = attrs.field(default=0.5, validator=validators.positive_seconds)
-    backoff_max_s: float = attrs.field(default=30.0, validator=validators.positive_seconds)
 
     def __attrs_post_init__(self) -> None:
         for index, host in enumerate(self.hosts):
@@ -414,11 +413,8 @@ class SshSandboxPool(SlotServerPool[_Connection]):
             self._servers,
             prefix="ssh",
             containers=len(placements),
-            restart_crashed=config.restart_crashed,
-            restart_attempts=config.restart_attempts,
+            restart=config.restart,
             slots=lambda index: placements[index][0].slots,
-            backoff_s=config.backoff_s,
-            backoff_max_s=config.backoff_max_s,
         )
         # Each server joins with its own host's slot count (``slots`` above).
         super().__init__(self._supervised, config.server, label="ssh")

@@ -10,7 +10,9 @@ and stops, a ``Launcher``; the supervision is the same:
 - Each joined server has a supervisor task that waits for it to end. Unless the pool is closing,
   an ended server is gone from the pool (its leases turn stale) and, with ``restart_crashed``,
   a replacement starts under the next name (``local-0``, ``local-0~1``, ...), tried
-  ``restart_attempts`` times with a short backoff.
+  ``restart_attempts`` times with a backoff that doubles from ``backoff_s`` to
+  ``backoff_max_s``: one value, ``RestartSettings``, held by each such pool's config as its
+  ``restart`` (``SupervisedPoolConfig``: 3 tries from 0.1 s; ``SshPoolConfig``: 8 from 0.5 s).
 - A server the pool loses (a failed batch or reset) is killed at once; its supervisor then sees
   it end and replaces it the same way.
 - ``shutdown`` stops every server it ever launched and has not stopped, in parallel, bounded by
@@ -42,7 +44,13 @@ from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerEr
 from trajcore.domain.isolation import SlotIsolation, check_slot_uid_range
 from trajcore.domain.slot_server_settings import SlotServerSettings
 
-__all__ = ["Launcher", "SupervisedPool", "SupervisedPoolConfig", "SupervisedSource"]
+__all__ = [
+    "Launcher",
+    "RestartSettings",
+    "SupervisedPool",
+    "SupervisedPoolConfig",
+    "SupervisedSource",
+]
 
 H = TypeVar("H")
 
@@ -54,6 +62,24 @@ def _cache_path(value: object) -> Path | None:
     if not str(value).strip() or not path.is_absolute():
         raise ConfigError("image_cache_dir", f"must be an absolute path, got {str(value)!r}")
     return path
+
+
+@attrs.frozen(kw_only=True)
+class RestartSettings:
+    """How a pool that starts its own slot servers replaces one that ended or failed (module
+    doc). Each pool's config holds it as its ``restart`` and states its own default once.
+
+    Attributes:
+        restart_crashed: Replace a server that ended or failed.
+        restart_attempts: Starts tried in a row before a failed server is given up.
+        backoff_s: The wait after a failed replacement start, doubled after each one...
+        backoff_max_s: ...up to this.
+    """
+
+    restart_crashed: bool = attrs.field(default=True, validator=validators.flag)
+    restart_attempts: int = attrs.field(default=3, validator=validators.positive_int)
+    backoff_s: float = attrs.field(default=0.1, validator=validators.positive_seconds)
+    backoff_max_s: float = attrs.field(default=2.0, validator=validators.positive_seconds)
 
 
 @composed_settings
@@ -72,9 +98,9 @@ class SupervisedPoolConfig:
             of the pool has its own uid; another pool on the same host needs a base outside
             this range.
         containers: Slot servers to run (K).
+        restart: How a server that died or failed is replaced (``RestartSettings``: by
+            default 3 tries, from 0.1 s apart).
         stop_timeout_s: Grace between a server's stop signal and its kill.
-        restart_crashed: Replace a server that died or failed.
-        restart_attempts: Starts tried in a row before a failed server is given up.
         image_cache_dir: The host's image cache, shared by every server of the pool (and of
             any pool on the host): leases may then run over task environments
             (docs/environments.md). ``None`` (the default): no cache, and a lease that names an
@@ -88,9 +114,10 @@ class SupervisedPoolConfig:
         factory=SlotServerSettings, validator=validators.instance_of(SlotServerSettings)
     )
     containers: int = attrs.field(default=2, validator=validators.positive_int)
+    restart: RestartSettings = attrs.field(
+        factory=RestartSettings, validator=validators.instance_of(RestartSettings)
+    )
     stop_timeout_s: float = attrs.field(default=5.0, validator=validators.positive_seconds)
-    restart_crashed: bool = attrs.field(default=True, validator=validators.flag)
-    restart_attempts: int = attrs.field(default=3, validator=validators.positive_int)
     image_cache_dir: Path | None = attrs.field(default=None, converter=_cache_path)
     image_cache_bytes: int = attrs.field(default=32 << 30, validator=validators.positive_int)
     fork_wait_s: float = attrs.field(
@@ -158,21 +185,15 @@ class SupervisedSource(Generic[H]):
         launcher: Starts and stops one server.
         prefix: The pool's container names: ``{prefix}-{index}``, then ``~{generation}``.
         containers: How many servers run (K).
-        restart_crashed: Replace a server that ended or failed.
-        restart_attempts: Starts tried in a row before a failed server is given up.
+        restart: How a server that ended or failed is replaced.
         slots: Server ``index``'s slot count (``None``: the pool's ``slots_per_container``).
-        backoff_s: The wait after a failed replacement start, doubled after each failure...
-        backoff_max_s: ...up to this.
     """
 
     launcher: Launcher[H]
     prefix: str
     containers: int
-    restart_crashed: bool = True
-    restart_attempts: int = 3
+    restart: RestartSettings = attrs.field(factory=RestartSettings)
     slots: Callable[[int], int] | None = None
-    backoff_s: float = 0.1
-    backoff_max_s: float = 2.0
     launched: dict[str, H] = attrs.field(init=False, factory=dict)
     _stopped: set[str] = attrs.field(init=False, factory=set)
     _generations: dict[int, int] = attrs.field(init=False, factory=dict)
@@ -280,9 +301,10 @@ class SupervisedSource(Generic[H]):
         pool.gone(member, "its slot server exited")
         self._stopped.add(member.name)
         await self._stop(handle)  # what the ended server left (a container, its group)
-        if not self.restart_crashed:
+        restart = self.restart
+        if not restart.restart_crashed:
             return
-        for attempt in range(self.restart_attempts):
+        for attempt in range(restart.restart_attempts):
             if _closed(pool):  # (a call: the pool may have closed while this waited)
                 return
             self._generations[index] = self._generations.get(index, 0) + 1
@@ -290,7 +312,7 @@ class SupervisedSource(Generic[H]):
                 await self._start(pool, index)
             except (SlotServerError, SandboxUnavailable, OSError) as error:
                 pool.note(f"replacing {self._name(index)} failed: {error}")
-                await anyio.sleep(min(self.backoff_s * 2**attempt, self.backoff_max_s))
+                await anyio.sleep(min(restart.backoff_s * 2**attempt, restart.backoff_max_s))
                 continue
             self.restarts += 1
             return
@@ -308,8 +330,7 @@ class SupervisedPool(SlotServerPool[H]):
             launcher,
             prefix=label,
             containers=config.containers,
-            restart_crashed=config.restart_crashed,
-            restart_attempts=config.restart_attempts,
+            restart=config.restart,
         )
         super().__init__(
             self._supervised, config.server, label=label, fork_wait_s=config.fork_wait_s

@@ -73,6 +73,7 @@ from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import json_value
 from trajcore.domain.nomad_job import NomadJobSettings
+from trajcore.domain.scaling import ScaleSettings
 from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slurm_jobs import SlurmJobSettings
 from trajcore.domain.ssh_hosts import SshHost
@@ -208,10 +209,10 @@ class DeclaredSettings(CloudSettings):
         default=_NOMAD.token, description="Nomad ACL token (default: $NOMAD_TOKEN)."
     )
     min_containers: int = Field(
-        default=_NOMAD.min_containers, ge=1, description="Nomad: fewest containers."
+        default=_NOMAD.scaling.min_containers, ge=1, description="Nomad: fewest containers."
     )
     max_containers: int = Field(
-        default=_NOMAD.max_containers, ge=1, description="Nomad: most containers."
+        default=_NOMAD.scaling.max_containers, ge=1, description="Nomad: most containers."
     )
     privileged: bool = Field(
         default=_NOMAD.job.privileged, description="Nomad: run containers privileged."
@@ -412,6 +413,15 @@ class SandboxSettings(_Flags):
         given = {"isolation": self.slot_isolation(), "require_tmux": self.require_stateful_sandbox}
         return _build(self, SlotServerSettings, (), given, base=default)
 
+    def scaling(self, default: ScaleSettings) -> ScaleSettings:
+        """A scheduled pool's scaling settings: ``default`` (the pool's own) with the env's
+        ``min_containers`` and ``max_containers``.
+
+        Raises:
+            ConfigError: a setting that cannot work, named by its env field.
+        """
+        return _build(self, ScaleSettings, (), {}, base=default)
+
     def local_pool_config(self) -> LocalPoolConfig:
         """The local pool's settings (``local_*`` and the shared fields).
 
@@ -436,9 +446,12 @@ class SandboxSettings(_Flags):
         Raises:
             ConfigError: a Nomad setting that cannot work, named by its env field.
         """
-        job = self.nomad_job()
-        server = self.slot_servers(_NOMAD.server)
-        return _build(self, NomadPoolConfig, ("nomad_",), {"server": server, "job": job})
+        given = {
+            "job": self.nomad_job(),
+            "server": self.slot_servers(_NOMAD.server),
+            "scaling": self.scaling(_NOMAD.scaling),
+        }
+        return _build(self, NomadPoolConfig, ("nomad_",), given)
 
     def nomad_job(self) -> NomadJobSettings:
         """The Nomad job's settings, from the ``nomad_*`` flags (and the shared ones).
@@ -462,9 +475,12 @@ class SandboxSettings(_Flags):
         Raises:
             ConfigError: a Slurm setting that cannot work, named by its env field.
         """
-        job = self.slurm_job()
-        server = self.slot_servers(_SLURM.server)
-        return _build(self, SlurmPoolConfig, ("slurm_",), {"server": server, "job": job})
+        given = {
+            "job": self.slurm_job(),
+            "server": self.slot_servers(_SLURM.server),
+            "scaling": self.scaling(_SLURM.scaling),
+        }
+        return _build(self, SlurmPoolConfig, ("slurm_",), given)
 
     def ssh_pool_config(self) -> SshPoolConfig:
         """The SSH pool's settings: each ``ssh_host`` runs ``local_containers`` servers of
@@ -524,8 +540,11 @@ class SandboxSettings(_Flags):
 
     def _cloud_pool_config(self) -> CloudPoolConfig:
         """The cloud pool's settings of the Modal and Daytona pools (``cloud_*``, shared)."""
-        server = self.slot_servers(_CLOUD.server)
-        return _build(self, CloudPoolConfig, ("cloud_",), {"server": server})
+        given = {
+            "server": self.slot_servers(_CLOUD.server),
+            "scaling": self.scaling(_CLOUD.scaling),
+        }
+        return _build(self, CloudPoolConfig, ("cloud_",), given)
 
 
 _SSH_NAMES: Mapping[str, str] = {
