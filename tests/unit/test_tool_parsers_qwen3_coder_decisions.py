@@ -213,3 +213,13 @@ def test_skip_pointers_are_shared_between_functions_only_while_few_names_are_giv
         scan.indexed_value_end(start, "a", names, function)
         keys = [key for key in scan.tags.skips if isinstance(key, tuple) and key[0] == "ends"]
         assert len(keys) == (1 if shared else 0), given
+
+
+def test_a_parameter_without_a_name_is_refused_naming_the_function() -> None:
+    """Pins the refusal of ``<parameter=>``: ``missing parameter name @ arguments``, with the
+    function's name, the call ending at its ``</function>``."""
+    call = "<tool_call>\n<function=f>\n<parameter=>\nx\n</parameter>\n</function>"
+    turn = Qwen3CoderParser().parse(call + "\n</tool_call>")
+    assert [(p.raw, p.reason, p.name) for p in turn.errors] == [
+        (call, "missing parameter name @ arguments", "f")
+    ]
