@@ -372,6 +372,17 @@ def test_arguments_no_plain_json_are_refused_at_their_path_under_the_familys_key
     ]
 
 
+def test_a_key_holding_an_at_sign_stays_whole_in_a_refusals_path() -> None:
+    """Pins where the path of a refusal by the call itself starts: at the first ``" @ $"``, so
+    a key holding ``" @ "`` stays whole in the path, and the reason keeps none of it (the split
+    at the last ``" @ "`` named ``$.a`` inside the reason and the family's key as the path)."""
+    builder = _builder()
+    builder.accept("raw", "bash", {"a @ b": [float("inf")]}, arguments_key="parameters")
+    assert [p.reason for p in builder.problems] == ["non-finite number inf @ parameters.a @ b[0]"]
+    turn = HermesParser().parse('<tool_call>{"name": "bash", "arguments": {"x @ $y": 1e400}}')
+    assert [p.reason for p in turn.errors] == ["non-finite number inf @ arguments.x @ $y"]
+
+
 def test_arguments_nested_too_deeply_for_the_schema_check_are_refused_saying_so() -> None:
     """Pins the refusal of arguments the schema check cannot walk (deeper than the recursion
     limit): ``nested too deeply`` under the family's key."""

@@ -4,7 +4,7 @@ by mutation testing). Each test's docstring names the decision it pins."""
 from __future__ import annotations
 
 from trajcore.domain.tool_parsers.qwen3_coder import Qwen3CoderParser, _Function, _Scan
-from trajcore.domain.tools import ToolSpec
+from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.domain.turns import ParsedTurn
 
 
@@ -223,3 +223,32 @@ def test_a_parameter_without_a_name_is_refused_naming_the_function() -> None:
     assert [(p.raw, p.reason, p.name) for p in turn.errors] == [
         (call, "missing parameter name @ arguments", "f")
     ]
+
+
+def test_a_value_its_schema_cannot_read_is_refused_naming_the_function_and_parameter() -> None:
+    """Pins the refusal of a value the parameter's schema types and that does not read as its
+    type (an object cut off): the fault at ``arguments.KEY``, the function's name, and the
+    call's text to its ``</function>``."""
+    tool = ToolSpec(
+        name="f", parameters={"type": "object", "properties": {"x": {"type": "object"}}}
+    )
+    call = '<tool_call>\n<function=f>\n<parameter=x>\n{"a": 1\n</parameter>\n</function>'
+    turn = Qwen3CoderParser().parse(call + "\n</tool_call>", tools=[tool])
+    assert [(p.raw, p.reason, p.name) for p in turn.errors] == [
+        (call, "truncated JSON @ arguments.x", "f")
+    ]
+
+
+def test_a_bare_function_is_a_call_from_its_opener_and_takes_a_stray_block_closer() -> None:
+    """Pins the calls of a text without ``<tool_call>``: each ``<function=`` block is a call
+    whose text starts at its opener (the content before it is not part of it), and a
+    ``</tool_call>`` right after its ``</function>`` is part of the call, not content."""
+    good = "Hi.\n<function=f>\n<parameter=x>\nq\n</parameter>\n</function>\n</tool_call>\nDone."
+    turn = Qwen3CoderParser().parse(good)
+    assert turn == ParsedTurn(
+        content="Hi.\nDone.", calls=[ToolCall(id="call_0", name="f", arguments={"x": "q"})]
+    )
+    refused = "Hi.\n<function=f>\n<parameter=>\nq\n</parameter>\n</function>"
+    turn = Qwen3CoderParser().parse(refused + "\n</tool_call>\nDone.")
+    assert turn.content == "Hi.\nDone."
+    assert [p.raw for p in turn.errors] == [refused.removeprefix("Hi.\n")]

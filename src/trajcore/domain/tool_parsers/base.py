@@ -513,9 +513,10 @@ class TurnBuilder:
             call = ToolCall(id=kept or self._generated_id(), name=name, arguments=arguments)
         except ToolArgumentError as error:
             # The arguments are not plain JSON (a number too large for a float): "reason @ $.x".
-            reason, _, path = error.reason.rpartition(" @ ")
-            where = f"{arguments_key}{path[1:]}" if path.startswith("$") else arguments_key
-            self.refuse(raw, f"{reason or error.reason} @ {where}", name=name, call_id=kept)
+            # The path starts at the first " @ $": a key in it may hold " @ " itself.
+            reason, at, path = error.reason.partition(" @ $")
+            where = f"{arguments_key}{path}" if at else arguments_key
+            self.refuse(raw, f"{reason} @ {where}", name=name, call_id=kept)
             return
         except TrajcoreError as error:
             self.refuse(raw, str(error), name=name, call_id=kept)
