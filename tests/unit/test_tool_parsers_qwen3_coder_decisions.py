@@ -3,6 +3,7 @@ by mutation testing). Each test's docstring names the decision it pins."""
 
 from __future__ import annotations
 
+from trajcore.domain.json_values import JSONObject
 from trajcore.domain.tool_parsers.qwen3_coder import Qwen3CoderParser, _Function, _Scan
 from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.domain.turns import ParsedTurn
@@ -208,7 +209,7 @@ def test_skip_pointers_are_shared_between_functions_only_while_few_names_are_giv
     start = len("<parameter=a>")
     for given, shared in ((7, True), (8, False)):
         scan = _Scan.of(text, wrapped=False, open_tag="<tool_call>", close_tag="</tool_call>")
-        names = {f"p{i}": "x" for i in range(given)}
+        names: JSONObject = {f"p{i}": "x" for i in range(given)}
         function = _Function(known={"a": {}})
         scan.indexed_value_end(start, "a", names, function)
         keys = [key for key in scan.tags.skips if isinstance(key, tuple) and key[0] == "ends"]
