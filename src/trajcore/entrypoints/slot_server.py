@@ -58,7 +58,7 @@ from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation, check_slot_uid_range
 from trajcore.domain.slot_server_flags import ISOLATION_FLAGS, IsolationFlag
 
-__all__ = ["isolation_of", "main", "parse_args"]
+__all__ = ["isolation_of", "main", "parse_args", "wait_for_children_by_pidfd"]
 
 _ORPHAN_REMOVE_TIMEOUT_S = 60.0
 
@@ -368,6 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"trajcore slot-server: {error}\n")
         return 2
     mounts = _own_mount_namespace()  # before asyncio.run starts any thread
+    wait_for_children_by_pidfd()
     try:
         return asyncio.run(_serve(args, config, token, mounts))
     except (OSError, ConfigError) as error:
@@ -375,6 +376,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     finally:
         _remove_orphaned_dir(args)
+
+
+def wait_for_children_by_pidfd() -> bool:
+    """Have asyncio learn of its children's exits from a pidfd on the event loop, where the
+    kernel has pidfds (Linux 5.3); whether it now does.
+
+    Python 3.11's default, the threaded watcher, starts one thread per child (each keeper's
+    lives as long as the keeper), and under load a thread's start alone took up to 300 ms on
+    the loop. From 3.12 asyncio picks the pidfd watcher itself where the kernel allows."""
+    if sys.version_info >= (3, 12):
+        return True
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return False  # an older kernel: asyncio's threaded watcher stays
+    asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
+    return True
 
 
 def _remove_orphaned_dir(args: argparse.Namespace) -> None:

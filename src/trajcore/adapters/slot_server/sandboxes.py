@@ -31,7 +31,6 @@ from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
 from trajcore.adapters.slot_server.seccomp import SeccompUnavailable, compile_filter
 from trajcore.adapters.slot_server.slot_ids import shared_python, stage_python, unreachable
 from trajcore.adapters.slot_server.slot_processes import (
-    as_ids,
     end_process,
     end_sessions,
     tmux_output,
@@ -483,7 +482,8 @@ class Sandboxes:
         return keeper
 
     async def spawn_keeper(self, slot: Slot, argv: list[str]) -> Keeper:
-        """Start ``argv`` (the slot's bubblewrap) as the slot's uid, inside its cgroup."""
+        """Start ``argv`` (the slot's bubblewrap) as the slot's uid (the helper's ``--ids``
+        drops to it in the child), inside its cgroup."""
         isolation = self.config.isolation
         ids = self.ids(slot.index)
         gate: tuple[int, int] | None = None
@@ -492,6 +492,11 @@ class Sandboxes:
         elif slot.cgroup is not None:
             gate = os.pipe()
             argv = ["/bin/sh", "-c", _CGROUP_GATE, "slot-cgroup", *argv]
+        if ids is not None:
+            # The helper drops to the slot's ids in the child and checks that they took (docs/
+            # sandbox.md, "The slot helper and its protocol"): given a user or a group, Python's
+            # subprocess forks the whole server on the event loop; without, it vforks.
+            argv = [str(self.helper()), "--ids", f"{ids[0]}:{ids[1]}", *argv]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setblocking(False)
         try:
@@ -502,7 +507,6 @@ class Sandboxes:
                 stderr=asyncio.subprocess.PIPE,
                 env=self.environment(isolation.workspace_path, SANDBOX_TMP),
                 start_new_session=True,
-                **as_ids(ids),
             )
         except OSError as error:
             ours.close()

@@ -41,6 +41,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <limits.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -1851,6 +1852,64 @@ static int userns_main(const char *count_text) {
 
 /* ============================================================================ main */
 
+/* One id of ``--ids``: decimal digits only, from 1 to 4294967294 (0 is root's, -1 means "unchanged"
+ * to the set*id calls). */
+static bool parse_one_id(const char *text, size_t length, unsigned long *out) {
+    if (length == 0 || length > 10)
+        return false;
+    unsigned long value = 0;
+    for (size_t i = 0; i < length; i++) {
+        if (text[i] < '0' || text[i] > '9')
+            return false;
+        value = value * 10 + (unsigned long)(text[i] - '0');
+    }
+    if (value == 0 || value >= 4294967295UL)
+        return false;
+    *out = value;
+    return true;
+}
+
+/* ``--ids UID:GID PROGRAM [ARG]...`` (the usage below): become UID and GID, with no
+ * supplementary group, check that every id took (real, effective and saved), then exec PROGRAM
+ * (a bare name is looked up on the environment's PATH) with the rest. The server starts a
+ * slot's sandbox this way so that its own start can be a vfork (Python's subprocess forks the
+ * whole server when it is given a user or a group), the drop happening here, in the child.
+ * Refuses, exit status 2, on a bad value or an id not taken. */
+static int ids_main(int argc, char **argv) {
+    if (argc < 4) {
+        fprintf(stderr, "slot-helper: --ids takes UID:GID and then a program to run\n");
+        return 2;
+    }
+    const char *text = argv[2];
+    const char *colon = strchr(text, ':');
+    unsigned long uid_value, gid_value;
+    if (!colon || !parse_one_id(text, (size_t)(colon - text), &uid_value) ||
+        !parse_one_id(colon + 1, strlen(colon + 1), &gid_value)) {
+        fprintf(stderr,
+                "slot-helper: --ids '%s': not UID:GID (two decimal ids, each from 1 to "
+                "4294967294; root's 0 is refused)\n",
+                text);
+        return 2;
+    }
+    uid_t uid = (uid_t)uid_value;
+    gid_t gid = (gid_t)gid_value;
+    if (setgroups(0, NULL) != 0 || setresgid(gid, gid, gid) != 0 || setresuid(uid, uid, uid) != 0) {
+        fprintf(stderr, "slot-helper: --ids %s: cannot take the ids: %s\n", text, strerror(errno));
+        return 2;
+    }
+    uid_t ruid, euid, suid;
+    gid_t rgid, egid, sgid;
+    if (getresuid(&ruid, &euid, &suid) != 0 || getresgid(&rgid, &egid, &sgid) != 0 ||
+        ruid != uid || euid != uid || suid != uid || rgid != gid || egid != gid || sgid != gid ||
+        getgroups(0, NULL) != 0) {
+        fprintf(stderr, "slot-helper: --ids %s: the ids did not take; refusing to go on\n", text);
+        return 2;
+    }
+    execvp(argv[3], argv + 3); /* a bare name: looked up on PATH, as the slot's uid */
+    fprintf(stderr, "slot-helper: --ids: cannot start %s: %s\n", argv[3], strerror(errno));
+    return 127;
+}
+
 static int usage(void) {
     fprintf(stderr,
             "usage: slot-helper keep --workspace W --state-dir S --tmp T [--limit NAME VALUE]...\n"
@@ -1859,11 +1918,14 @@ static int usage(void) {
             "                        [--tmpfs-options OPTIONS] [--own-network] [--seccomp HEX]\n"
             "       slot-helper serve CHANNEL_FD STATE_DIR WORKSPACE TMUX_PATH_OR_EMPTY\n"
             "       slot-helper bare --workspace W --state-dir S [--limit NAME VALUE]...\n"
-            "       slot-helper userns COUNT\n");
+            "       slot-helper userns COUNT\n"
+            "       slot-helper --ids UID:GID PROGRAM [ARG]...\n");
     return 2;
 }
 
 int main(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "--ids") == 0)
+        return ids_main(argc, argv);
     if (argc >= 2 && strcmp(argv[1], "keep") == 0) {
         plan p = {0};
         if (!parse_plan(argc, argv, &p))
