@@ -13,6 +13,7 @@ Endpoints (all under ``/v1``, bodies JSON; ``PROTOCOL_VERSION`` names this set):
 ``POST /v1/execute``        ``ExecuteRequest``            ``ExecuteResponse``
 ``POST /v1/reset``          ``ResetRequest``              ``ResetResult``
 ``POST /v1/lease``          ``LeaseRequest``              ``LeaseAnswer``
+``POST /v1/lease/fork``     ``ForkRequest``               ``ForkAnswer``
 ``POST /v1/snapshot``       ``SnapshotRequest``           ``SnapshotAnswer``
 ``POST /v1/snapshot/drop``  ``DropSnapshotRequest``       ``DropSnapshotAnswer``
 ``GET  /v1/slots``          --                            ``SlotListing``
@@ -39,6 +40,7 @@ Rules the values keep:
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -67,6 +69,9 @@ __all__ = [
     "ExecuteCall",
     "ExecuteRequest",
     "ExecuteResponse",
+    "ForkAnswer",
+    "ForkLease",
+    "ForkRequest",
     "Health",
     "LeaseAnswer",
     "LeaseRequest",
@@ -214,6 +219,8 @@ class Health:
         snapshots: The snapshots this server holds (dropped ones still in use included).
         snapshot_bytes: What they hold on disk.
         forks: The leases started from a snapshot since the server started.
+        fork_requests: The ``POST /v1/lease/fork`` requests answered since the server started
+            (each starting one or more of those leases).
         fork_workspaces: How a forked lease's workspace starts: ``overlay`` (copy-on-write
             over the snapshot's), or ``copy: <why>`` (empty: the server has no snapshots).
         image_cache: The image cache's figures (``None``: the server has no image cache).
@@ -236,6 +243,7 @@ class Health:
     snapshots: int = 0
     snapshot_bytes: int = 0
     forks: int = 0
+    fork_requests: int = 0
     fork_workspaces: str = ""
     image_cache: ImageCacheStatistics | None = None
     lease_layers: LeaseLayerStatistics = attrs.field(factory=LeaseLayerStatistics)
@@ -348,6 +356,50 @@ class LeaseAnswer:
     hit: bool = False
     duration_s: float = 0.0
     snapshot: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ForkLease:
+    """One lease of a ``ForkRequest``: the slot and its lease's epoch."""
+
+    slot: int = attrs.field(validator=_index)
+    epoch: int = attrs.field(validator=_index)
+
+
+def _fork_leases(leases: Iterable[ForkLease]) -> tuple[ForkLease, ...]:
+    return tuple(leases)
+
+
+def _lease_answers(answers: Iterable[LeaseAnswer]) -> tuple[LeaseAnswer, ...]:
+    return tuple(answers)
+
+
+def _distinct_leases(_: object, attribute: attrs.Attribute[object], value: object) -> None:
+    leases = value if isinstance(value, tuple) else ()
+    if not leases:
+        raise WireError(attribute.name, "must name at least one lease")
+    slots = [lease.slot for lease in leases if isinstance(lease, ForkLease)]
+    if len(set(slots)) != len(slots):
+        raise WireError(attribute.name, f"names a slot twice: {sorted(slots)}")
+
+
+@attrs.frozen(kw_only=True)
+class ForkRequest:
+    """Start several leases from one snapshot in one request (``POST /v1/lease/fork``): each as
+    a ``LeaseRequest`` naming ``snapshot`` would, the server starting them together (their
+    clones and mounts in one worker thread). Each lease is answered on its own: a refusal
+    fails that lease only."""
+
+    environment: str
+    snapshot: str = attrs.field(validator=_nonempty)
+    leases: tuple[ForkLease, ...] = attrs.field(converter=_fork_leases, validator=_distinct_leases)
+
+
+@attrs.frozen(kw_only=True)
+class ForkAnswer:
+    """One ``LeaseAnswer`` per lease of a ``ForkRequest``, in its order."""
+
+    leases: tuple[LeaseAnswer, ...] = attrs.field(converter=_lease_answers)
 
 
 @attrs.frozen(kw_only=True)

@@ -22,16 +22,15 @@ environment, from its current files (``EnvironmentPool.snapshot`` and ``lease_fr
 from __future__ import annotations
 
 import itertools
-import math
 import shlex
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 
 import anyio
 import attrs
 
 from trajcore.domain import validators
-from trajcore.domain.environment_leases import EnvironmentUnavailable, ForkRefused
+from trajcore.domain.environment_leases import EnvironmentUnavailable, ForkRefused, Snapshot
 from trajcore.domain.errors import (
     AcquireTimeout,
     InvalidInput,
@@ -170,7 +169,9 @@ class SlotTools:
         forks start with none either.
 
         ``timeout_s`` bounds the wait for the ``n`` slots on that server, all together (``None``:
-        the pool's ``fork_wait_s``); leases already opened are released when the rest cannot be.
+        the pool's ``fork_wait_s``): the ``n`` leases are asked at once, so that the pool's
+        client starts them in one request to the slot server; leases already opened are
+        released when the rest cannot be.
 
         Raises:
             InvalidInput: ``n`` is not a positive integer, or ``timeout_s`` is negative or NaN.
@@ -195,32 +196,85 @@ class SlotTools:
         except EnvironmentUnavailable as error:
             raise ForkRefused("snapshot_refused", str(error)) from None
         batch = next(self._ids)
-        deadline = math.inf if timeout_s is None else anyio.current_time() + timeout_s
         try:
-            async with AsyncExitStack() as stack:
+            async with self._forks(pool, snapshot, batch, n, timeout_s) as opened:
                 forks: list[SlotTools] = []
-                for index in range(n):
-                    holder = f"{self.router.trajectory_id}/fork{batch}-{index}"
-                    left = None if timeout_s is None else max(deadline - anyio.current_time(), 0)
-                    leasing = pool.lease_from(holder, snapshot, timeout_s=left, fork_wait_s=left)
-                    try:
-                        opened, forked = await stack.enter_async_context(leasing)
-                    except AcquireTimeout as error:
-                        raise ForkRefused(
-                            "no_slots", f"fork {index + 1} of {n} from {lease.slot}: {error}"
-                        ) from None
+                for index, (got, forked) in enumerate(opened):
                     if not forked:
                         raise ForkRefused(
                             "no_slots",
                             f"fork {index + 1} of {n} from {lease.slot}: no slot of "
-                            f"{snapshot.container} came free in time (got {opened.slot})",
+                            f"{snapshot.container} came free in time (got {got.slot})",
                         )
-                    router = attrs.evolve(self.router, lease=opened, trajectory_id=holder)
+                    holder = f"{self.router.trajectory_id}/fork{batch}-{index}"
+                    router = attrs.evolve(self.router, lease=got, trajectory_id=holder)
                     forks.append(SlotTools(router, pool=pool, environment=environment))
                 yield forks
         finally:
             with anyio.CancelScope(shield=True):
                 await pool.drop_snapshot(snapshot)
+
+    @asynccontextmanager
+    async def _forks(
+        self, pool: EnvironmentPool, snapshot: Snapshot, batch: int, n: int,
+        timeout_s: float | None,
+    ) -> AsyncIterator[list[tuple[Lease, bool]]]:  # fmt: skip
+        """The ``n`` leases from ``snapshot``, asked all at once (so that the pool's client
+        sends them to the slot server in one request), held until the block ends; all of them
+        are released when one cannot be had (``ForkRefused`` ``no_slots`` for a wait that ran
+        out, else what the pool raised)."""
+        opened: list[tuple[Lease, bool] | None] = [None] * n
+        failures: list[tuple[int, Exception]] = []
+        settled, release = anyio.Event(), anyio.Event()
+        left = [n]
+
+        def done() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                settled.set()
+
+        async def hold(index: int) -> None:
+            holder = f"{self.router.trajectory_id}/fork{batch}-{index}"
+            leasing = pool.lease_from(holder, snapshot, timeout_s=timeout_s, fork_wait_s=timeout_s)
+            entered = False
+            try:
+                async with leasing as got:
+                    entered, opened[index] = True, got
+                    done()
+                    await release.wait()
+            except Exception as error:
+                if entered:
+                    raise
+                failures.append((index, error))
+                done()
+
+        failure: Exception | None = None
+        async with anyio.create_task_group() as group:
+            try:
+                for index in range(n):
+                    group.start_soon(hold, index)
+                await settled.wait()
+                failure = self._fork_failure(failures, n)
+                if failure is None:
+                    try:
+                        yield [got for got in opened if got is not None]
+                    except Exception as error:  # noqa: BLE001 - raised once the leases are released
+                        failure = error
+            finally:
+                release.set()
+        if failure is not None:
+            raise failure
+
+    def _fork_failure(self, failures: list[tuple[int, Exception]], n: int) -> Exception | None:
+        """What ``fork`` raises for the forks that could not be opened (the first one's)."""
+        if not failures:
+            return None
+        index, error = min(failures, key=lambda failed: failed[0])
+        if isinstance(error, AcquireTimeout):
+            return ForkRefused(
+                "no_slots", f"fork {index + 1} of {n} from {self.lease.slot}: {error}"
+            )
+        return error
 
     async def bash(self, command: str) -> ToolResult:
         """Run ``command`` with ``/bin/sh`` in the slot's workspace and return the raw result.

@@ -54,6 +54,9 @@ from trajcore.domain.slot_protocol import (
     ExecuteCall,
     ExecuteRequest,
     ExecuteResponse,
+    ForkAnswer,
+    ForkLease,
+    ForkRequest,
     Health,
     LeaseAnswer,
     LeaseRequest,
@@ -72,6 +75,8 @@ __all__ = ["SlotServerClient"]
 T = TypeVar("T")
 # An archive of up to 64 MiB travels as base64 inside JSON; bodies beyond this are refused.
 _LIMITS = Limits(max_body_bytes=512 << 20)
+_FORK_TURNS = 2
+"""How many turns of the event loop the first fork of a snapshot waits for others to join it."""
 
 
 @attrs.define(eq=False)
@@ -101,6 +106,10 @@ class SlotServerClient:
     _origin: Origin | None = attrs.field(init=False, default=None)
     _prefix: str = attrs.field(init=False, default="")
     _closed: bool = attrs.field(init=False, default=False)
+    _forks: dict[tuple[str, str], list[tuple[int, int, asyncio.Future[LeaseAnswer]]]] = attrs.field(
+        init=False, factory=dict
+    )
+    _sending: set[asyncio.Task[None]] = attrs.field(init=False, factory=set)
 
     @classmethod
     def tcp(cls, address: str, token: str | None, *, grace_s: float = 15.0) -> SlotServerClient:
@@ -231,11 +240,70 @@ class SlotServerClient:
 
         Raises ``SlotServerError``, ``UnknownSlot``, ``WireError``.
         """
-        asked = LeaseRequest(slot=slot, epoch=epoch, environment=environment, snapshot=snapshot)
+        if snapshot is not None:
+            return await self._fork_together(slot, epoch, environment, snapshot)
+        asked = LeaseRequest(slot=slot, epoch=epoch, environment=environment)
         answer = await self._request("POST", "/v1/lease", asked, LeaseAnswer, self.lease_timeout_s)
         if (answer.slot, answer.epoch) != (slot, epoch):
             raise WireError("$.slot", f"answers slot {answer.slot} epoch {answer.epoch}")
         return answer
+
+    async def fork(
+        self, environment: str, snapshot: str, leases: Sequence[tuple[int, int]]
+    ) -> list[LeaseAnswer]:
+        """Start each ``(slot, epoch)`` lease from the server's ``snapshot`` (of a lease over
+        ``environment``) in one request (``POST /v1/lease/fork``): one answer per lease, in
+        order, each as ``lease(..., snapshot=snapshot)`` answers it; a refusal fails that lease
+        only. The limit is ``lease_timeout_s``.
+
+        Raises ``SlotServerError``, ``WireError`` (the request refused, or an answer that does
+        not match its lease).
+        """
+        asked = ForkRequest(
+            environment=environment, snapshot=snapshot,
+            leases=tuple(ForkLease(slot=slot, epoch=epoch) for slot, epoch in leases),
+        )  # fmt: skip
+        answer = await self._request(
+            "POST", "/v1/lease/fork", asked, ForkAnswer, self.lease_timeout_s
+        )
+        if len(answer.leases) != len(asked.leases):
+            raise WireError("$.leases", f"{len(answer.leases)} answers for {len(leases)} leases")
+        for i, (lease, got) in enumerate(zip(asked.leases, answer.leases, strict=True)):
+            if (got.slot, got.epoch) != (lease.slot, lease.epoch):
+                raise WireError(f"$.leases[{i}]", f"answers slot {got.slot} epoch {got.epoch}")
+        return list(answer.leases)
+
+    async def _fork_together(
+        self, slot: int, epoch: int, environment: str, snapshot: str
+    ) -> LeaseAnswer:
+        """``lease(..., snapshot=snapshot)``: the forks of one snapshot asked in the same turns
+        of the event loop (a group's members, ``SlotTools.fork``) go in one ``fork`` request."""
+        key = (environment, snapshot)
+        mine: asyncio.Future[LeaseAnswer] = asyncio.get_running_loop().create_future()
+        waiting = self._forks.get(key)
+        if waiting is None:
+            waiting = self._forks[key] = []
+            task = asyncio.get_running_loop().create_task(self._send_forks(key))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+        waiting.append((slot, epoch, mine))
+        return await asyncio.shield(mine)  # one fork's cancellation leaves the others' request
+
+    async def _send_forks(self, key: tuple[str, str]) -> None:
+        for _ in range(_FORK_TURNS):
+            await asyncio.sleep(0)
+        batch = self._forks.pop(key)
+        try:
+            answers = await self.fork(*key, [(slot, epoch) for slot, epoch, _ in batch])
+        except Exception as error:  # noqa: BLE001 - each fork's caller gets it
+            _fail(batch, error)
+            return
+        except BaseException:
+            _fail(batch, SlotServerError("the fork request was cancelled"))
+            raise
+        for (_, _, future), answer in zip(batch, answers, strict=True):
+            if not future.done():
+                future.set_result(answer)
 
     async def snapshot(self, slot: int, epoch: int) -> SnapshotAnswer:
         """Freeze the slot's running lease ``epoch`` (one over an image) into a snapshot of
@@ -310,6 +378,12 @@ class SlotServerClient:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+def _fail(batch: list[tuple[int, int, asyncio.Future[LeaseAnswer]]], error: Exception) -> None:
+    for _, _, future in batch:
+        if not future.done():
+            future.set_exception(error)
 
 
 def _error_body(payload: bytes) -> ErrorBody:

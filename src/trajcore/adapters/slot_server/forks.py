@@ -1,8 +1,9 @@
 """A slot's side of snapshots: freezing a slot's lease, and starting a lease from a snapshot.
 
-``SlotRuntime`` answers ``POST /v1/snapshot`` with ``freeze_lease`` and a ``POST /v1/lease``
-naming a snapshot with ``start_from``; the files are ``snapshots.SnapshotStore``'s. Both raise
-``SnapshotRefused`` naming the field and the reason; the caller turns it into the answer.
+``SlotRuntime`` answers ``POST /v1/snapshot`` with ``freeze_lease``, and a ``POST /v1/lease``
+naming a snapshot and a ``POST /v1/lease/fork`` with ``start_many``; the files are
+``snapshots.SnapshotStore``'s. ``freeze_lease`` raises ``SnapshotRefused`` naming the field and
+the reason (the caller turns it into the answer); ``start_many`` answers each lease itself.
 """
 
 from __future__ import annotations
@@ -10,20 +11,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trajcore.adapters.removal import remove_tree
 from trajcore.adapters.slot_server.sandboxes import Sandboxes, Slot
 from trajcore.adapters.slot_server.snapshots import Snapshot, SnapshotRefused, SnapshotStore
+from trajcore.domain.errors import UnknownSlot
 from trajcore.domain.slot_calls import StaleEpoch
+from trajcore.domain.slot_protocol import LeaseAnswer
 from trajcore.domain.task_environments import TaskEnvironmentError, parse_environment_ref
 
-__all__ = ["NEEDS_CACHE", "freeze_lease", "snapshot_problem", "start_from"]
+__all__ = ["NEEDS_CACHE", "freeze_lease", "snapshot_problem", "start_many"]
 
 NEEDS_CACHE = "snapshots need an image cache: start the slot server with --image-cache DIR"
 
 Problem = Callable[[], "tuple[str, str] | None"]
+LeaseProblem = Callable[[Slot, int], "tuple[str, str] | None"]
 
 
 def snapshot_problem(
@@ -101,42 +106,125 @@ async def freeze_lease(
     return frozen
 
 
-async def start_from(
-    sandboxes: Sandboxes, store: SnapshotStore, slot: Slot, *, epoch: int, environment: str,
-    wanted: str, problem: Problem, wipe_timeout_s: float,
-) -> None:  # fmt: skip
-    """Make the slot's lease ``epoch`` start from snapshot ``wanted``: its workspace a copy of
-    the snapshot's, its root the snapshot's layers over the image (``problem()`` found none
-    before). Raises ``SnapshotRefused``."""
-    found = store.find(wanted)
+async def start_many(
+    sandboxes: Sandboxes, store: SnapshotStore | None, leases: Sequence[tuple[int, int]], *,
+    environment: str, wanted: str, slot_of: Callable[[int], Slot], problem: LeaseProblem,
+    wipe_timeout_s: float,
+) -> list[LeaseAnswer]:  # fmt: skip
+    """Start each ``(slot, epoch)`` lease from snapshot ``wanted``: its workspace the
+    snapshot's (an overlay, or a copy), its root the snapshot's layers over the image. The
+    clones and mounts of all of them run one after another in one worker thread. Each lease is
+    answered on its own, in the order of ``leases``: a refusal (an unknown slot, a slot named
+    twice, ``problem``, a refused snapshot, a failed clone) fails that lease only and names the
+    field and the reason; the others are kept. Each started lease is isolated as one started
+    alone (its own slot, epoch, workspace and layer)."""
+    started = time.monotonic()
+    answers: dict[int, LeaseAnswer] = {}
+
+    def refuse(at: int, field: str, reason: str) -> None:
+        index, epoch = leases[at]
+        answers[at] = LeaseAnswer(
+            slot=index, epoch=epoch, ok=False, error=reason, field=field,
+            duration_s=time.monotonic() - started,
+        )  # fmt: skip
+
+    common: tuple[str, str] | None = None
+    found: Snapshot | None = None
     try:
+        if store is None:
+            raise SnapshotRefused("slot", NEEDS_CACHE)
+        found = store.find(wanted)
         asked = str(parse_environment_ref(environment))
+        if asked != found.image.ref:
+            raise SnapshotRefused(
+                "environment", f"snapshot {wanted} was taken over {found.image.ref}, not {asked}"
+            )
+    except SnapshotRefused as error:
+        common = error.field, error.reason
     except TaskEnvironmentError as error:
-        raise SnapshotRefused(error.field, error.reason) from None
-    if asked != found.image.ref:
-        raise SnapshotRefused(
-            "environment", f"snapshot {wanted} was taken over {found.image.ref}, not {asked}"
-        )
-    if _holds_anything(slot.workspace.root):
-        raise SnapshotRefused(
-            "epoch",
-            "the lease's workspace holds files already: start the lease from the snapshot "
-            "before anything is written to it",
-        )
-    use, image = store.use(found, fork=True), found.hold_image()
+        common = error.field, error.reason
+    ready: list[tuple[int, Slot, int]] = []
+    seen: set[int] = set()
+    for at, (index, epoch) in enumerate(leases):
+        try:
+            slot = slot_of(index)
+        except UnknownSlot as error:
+            refuse(at, "slot", str(error))
+            continue
+        if index in seen:
+            refuse(at, "slot", f"slot {index} is named twice in one request")
+            continue
+        seen.add(index)
+        why = problem(slot, epoch) or common
+        if why is None and _holds_anything(slot.workspace.root):
+            why = (
+                "epoch",
+                "the lease's workspace holds files already: start the lease from the snapshot "
+                "before anything is written to it",
+            )
+        if why is not None:
+            refuse(at, *why)
+            continue
+        ready.append((at, slot, epoch))
+    if ready:
+        assert store is not None
+        assert found is not None
+        await _start_ready(
+            sandboxes, store, found, ready, problem=problem, refuse=refuse,
+            wipe_timeout_s=wipe_timeout_s,
+        )  # fmt: skip
+        for at, slot, epoch in ready:
+            if at not in answers:
+                assert slot.image is not None
+                answers[at] = LeaseAnswer(
+                    slot=slot.index, epoch=epoch, ok=True, image_id=slot.image.image.image_id,
+                    hit=True, duration_s=time.monotonic() - started, snapshot=wanted,
+                )  # fmt: skip
+    return [answers[at] for at in range(len(leases))]
+
+
+async def _start_ready(
+    sandboxes: Sandboxes, store: SnapshotStore, found: Snapshot,
+    ready: list[tuple[int, Slot, int]], *, problem: LeaseProblem,
+    refuse: Callable[[int, str, str], None], wipe_timeout_s: float,
+) -> None:  # fmt: skip
+    """Clone or mount ``found``'s workspace for every lease of ``ready`` in one worker thread,
+    then hand each lease its snapshot (or refuse it, releasing its holds)."""
+    holds = [(store.use(found, fork=True), found.hold_image()) for _ in ready]
+    work = [(slot.workspace.root, sandboxes.ids(slot.index)) for _, slot, _ in ready]
+
+    def start_all() -> list[tuple[str, str] | None]:
+        failed: list[tuple[str, str] | None] = []
+        for workspace, ids in work:
+            try:
+                store.start(found, workspace, ids)
+                failed.append(None)
+            except SnapshotRefused as error:
+                failed.append((error.field, error.reason))
+            except Exception as error:  # noqa: BLE001 - that lease fails alone
+                failed.append(
+                    ("snapshot", f"cannot start from it: {type(error).__name__}: {error}")
+                )
+        return failed
+
     try:
-        ids = sandboxes.ids(slot.index)
-        await asyncio.to_thread(store.start, found, slot.workspace.root, ids)
-        late = problem()  # what changed during the copy
-        if late is not None:
-            await asyncio.to_thread(store.unmount, slot.workspace.root, None)
-            await asyncio.to_thread(slot.workspace.wipe, timeout_s=wipe_timeout_s)
-            raise SnapshotRefused(*late)
+        failures = await asyncio.to_thread(start_all)
     except BaseException:
-        use.close()
-        image.close()
+        for use, image in holds:
+            use.close()
+            image.close()
         raise
-    slot.image, slot.image_epoch, slot.snapshot = image, epoch, use
+    for (at, slot, epoch), (use, image), failure in zip(ready, holds, failures, strict=True):
+        late = failure or problem(slot, epoch)  # what changed during the clone
+        if late is not None:
+            if failure is None:
+                await asyncio.to_thread(store.unmount, slot.workspace.root, None)
+                await asyncio.to_thread(slot.workspace.wipe, timeout_s=wipe_timeout_s)
+            use.close()
+            image.close()
+            refuse(at, *late)
+            continue
+        slot.image, slot.image_epoch, slot.snapshot = image, epoch, use
 
 
 def _holds_anything(path: Path) -> bool:

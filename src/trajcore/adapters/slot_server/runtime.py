@@ -66,7 +66,7 @@ from trajcore.adapters.slot_server.forks import (
     NEEDS_CACHE,
     freeze_lease,
     snapshot_problem,
-    start_from,
+    start_many,
 )
 from trajcore.adapters.slot_server.image_cache import ImageCache
 from trajcore.adapters.slot_server.limits import SlotCgroup, detect_cgroups, remove_parent
@@ -471,21 +471,8 @@ class SlotRuntime:
         if problem is not None:
             return refused(*problem)
         if snapshot is not None:
-            assert self.snapshots is not None
-            try:
-                await start_from(
-                    self._sandboxes, self.snapshots, slot, epoch=epoch, environment=environment,
-                    wanted=snapshot, problem=lambda: self._lease_problem(slot, epoch),
-                    wipe_timeout_s=self.config.reset_timeout_s,
-                )  # fmt: skip
-            except SnapshotRefused as error:
-                return refused(error.field, error.reason)
-            assert slot.image is not None
-            await self._warm_environment(slot)
-            return LeaseAnswer(
-                slot=index, epoch=epoch, ok=True, image_id=slot.image.image.image_id, hit=True,
-                duration_s=time.monotonic() - started, snapshot=snapshot,
-            )  # fmt: skip
+            (answer,) = await self.fork(environment, snapshot, [(index, epoch)])
+            return answer
         assert self.images is not None
         try:
             ref = parse_environment_ref(environment)
@@ -504,6 +491,20 @@ class SlotRuntime:
             slot=index, epoch=epoch, ok=True, image_id=use.image.image_id, hit=use.image.hit,
             duration_s=time.monotonic() - started,
         )  # fmt: skip
+
+    async def fork(
+        self, environment: str, snapshot: str, leases: Sequence[tuple[int, int]]
+    ) -> list[LeaseAnswer]:
+        """Start each ``(slot, epoch)`` lease from ``snapshot`` (``forks.start_many``), one
+        answer per lease in order; a refusal (an unknown slot too) fails that lease only."""
+        answers = await start_many(
+            self._sandboxes, self.snapshots, leases, environment=environment, wanted=snapshot,
+            slot_of=self.slot, problem=self._lease_problem,
+            wipe_timeout_s=self.config.reset_timeout_s,
+        )  # fmt: skip
+        for answer in filter(lambda answer: answer.ok, answers):
+            await self._warm_environment(self.slot(answer.slot))
+        return answers
 
     # ------------------------------------------------------------------------- snapshots
 

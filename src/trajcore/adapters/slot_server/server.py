@@ -11,8 +11,8 @@ token when one is configured (constant-time comparison; a missing or wrong token
 JSON path); an unknown slot 404; a refused artifact path 400 on ``$.path``; a missing artifact
 404; an unknown path 404 and a known path with the wrong method 405, both on ``$.path``. A batch
 execute is always 200 with one result per call, because a call's failure is data, not a failed
-request. Nothing is logged per request: at thousands of calls a second it would cost more than
-the calls.
+request; so is a fork request (``/v1/lease/fork``), with one answer per lease. Nothing is logged
+per request: at thousands of calls a second it would cost more than the calls.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import hmac
 import os
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
+
+import attrs
 
 from trajcore.adapters.http1.server import HTTPServer
 from trajcore.adapters.http1.values import Handler, Limits, Reply, Request
@@ -33,6 +35,8 @@ from trajcore.domain.slot_protocol import (
     ErrorBody,
     ExecuteRequest,
     ExecuteResponse,
+    ForkAnswer,
+    ForkRequest,
     LeaseRequest,
     ListArtifactsRequest,
     ReadArtifactRequest,
@@ -65,8 +69,10 @@ def make_answer(runtime: SlotRuntime, token: str | None) -> Answer:
     """The protocol over ``runtime`` as one function; ``token`` ``None``: no authentication."""
     expected = f"Bearer {token}".encode() if token is not None else None
 
+    fork_requests = 0
+
     async def health(_: bytes) -> object:
-        return runtime.health()
+        return attrs.evolve(runtime.health(), fork_requests=fork_requests)
 
     async def execute(body: bytes) -> object:
         batch = decode(body, ExecuteRequest)
@@ -79,6 +85,13 @@ def make_answer(runtime: SlotRuntime, token: str | None) -> Answer:
     async def lease(body: bytes) -> object:
         asked = decode(body, LeaseRequest)
         return await runtime.lease(asked.slot, asked.epoch, asked.environment, asked.snapshot)
+
+    async def fork(body: bytes) -> object:
+        nonlocal fork_requests
+        asked = decode(body, ForkRequest)
+        fork_requests += 1
+        leases = [(lease.slot, lease.epoch) for lease in asked.leases]
+        return ForkAnswer(leases=await runtime.fork(asked.environment, asked.snapshot, leases))
 
     async def snapshot(body: bytes) -> object:
         asked = decode(body, SnapshotRequest)
@@ -110,6 +123,7 @@ def make_answer(runtime: SlotRuntime, token: str | None) -> Answer:
         "/v1/execute": ("POST", execute),
         "/v1/reset": ("POST", reset),
         "/v1/lease": ("POST", lease),
+        "/v1/lease/fork": ("POST", fork),
         "/v1/snapshot": ("POST", snapshot),
         "/v1/snapshot/drop": ("POST", drop_snapshot),
         "/v1/slots": ("GET", slots),
