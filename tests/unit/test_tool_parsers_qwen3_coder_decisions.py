@@ -4,7 +4,8 @@ by mutation testing). Each test's docstring names the decision it pins."""
 from __future__ import annotations
 
 from trajcore.domain.json_values import JSONObject
-from trajcore.domain.tool_parsers.qwen3_coder import Qwen3CoderParser, _Function, _Scan
+from trajcore.domain.tool_parsers.base import TurnBuilder
+from trajcore.domain.tool_parsers.qwen3_coder import Qwen3CoderParser, _Function, _Scan, read_text
 from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.domain.turns import ParsedTurn
 
@@ -253,3 +254,33 @@ def test_a_bare_function_is_a_call_from_its_opener_and_takes_a_stray_block_close
     turn = Qwen3CoderParser().parse(refused + "\n</tool_call>\nDone.")
     assert turn.content == "Hi.\nDone."
     assert [p.raw for p in turn.errors] == [refused.removeprefix("Hi.\n")]
+
+
+def test_a_repeated_parameter_is_refused_naming_the_function() -> None:
+    """Pins the refusal of a parameter given twice: ``repeated parameter @ arguments.KEY``
+    with the function's name, the call ending at its ``</function>``."""
+    call = (
+        "<tool_call>\n<function=f>\n<parameter=a>\nx\n</parameter>\n<parameter=a>\ny\n"
+        "</parameter>\n</function>"
+    )
+    turn = Qwen3CoderParser().parse(call + "\n</tool_call>")
+    assert [(p.raw, p.reason, p.name) for p in turn.errors] == [
+        (call, "repeated parameter @ arguments.a", "f")
+    ]
+
+
+def test_once_the_index_is_built_every_later_value_is_read_over_it() -> None:
+    """Pins that the plain walk is tried only until the tag index is built: a value after the
+    first that nests is read over the index even when it nests nothing (the two agree on its
+    end; the index answers from what earlier walks left)."""
+    values = 10
+    text = (
+        "<tool_call>\n<function=f>\n<parameter=a>\n<parameter=a>x</parameter>\n</parameter>\n"
+        + "".join(f"<parameter=b{i}>\nv\n</parameter>\n" for i in range(values))
+        + "</function>\n</tool_call>"
+    )
+    scan = _scan(text)
+    builder = TurnBuilder.start(None, "call")
+    read_text(builder, scan)
+    assert [len(c.arguments) for c in builder.calls] == [1 + values]
+    assert _steps(scan) >= values
