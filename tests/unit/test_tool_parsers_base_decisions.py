@@ -82,6 +82,15 @@ def test_an_empty_think_block_is_no_reasoning() -> None:
     assert split_reasoning("<think> \n</think>x") == (None, "x")
 
 
+def test_the_first_closer_ends_reasoning_and_the_first_opener_before_it_starts_it() -> None:
+    """Pins which tags split the reasoning when there are several: the first ``</think>`` ends
+    it, and the first ``<think>`` before that starts it (later tags are text of the reasoning
+    or of the rest); without a closer, the first ``<think>`` starts it."""
+    assert split_reasoning("a</think>b</think>c") == ("a", "b</think>c")
+    assert split_reasoning("x<think>a<think>b</think>c") == ("a<think>b", "xc")
+    assert split_reasoning("x<think>a<think>b") == ("a<think>b", "x")
+
+
 def test_reasoning_is_split_on_the_tags_the_family_gives() -> None:
     """Pins that ``split_reasoning`` uses the tags it is given, not ``<think>``."""
     text = "[THINK]r[/THINK]x<think>y</think>"
@@ -164,6 +173,8 @@ def test_a_json_prefix_decodes_one_value_and_says_where_it_ends() -> None:
         ('{"a": ";"} x', 0, 10),
         ('{"a": "b', 0, 8),
         ('{"a": [1]', 0, 9),
+        ('{"a": ""}; x', 0, 9),
+        ('[""]', 0, 4),
     ],
 )
 def test_a_values_extent_ends_at_its_balancing_bracket_or_where_it_breaks(
