@@ -23,11 +23,15 @@ from trajcore.domain.slot_calls import StaleEpoch
 from trajcore.domain.slot_protocol import LeaseAnswer
 from trajcore.domain.task_environments import TaskEnvironmentError, parse_environment_ref
 
-__all__ = ["NEEDS_CACHE", "freeze_lease", "snapshot_problem", "start_many"]
+__all__ = ["FORK_THREADS", "NEEDS_CACHE", "freeze_lease", "snapshot_problem", "start_many"]
 
 NEEDS_CACHE = "snapshots need an image cache: start the slot server with --image-cache DIR"
 
 Problem = Callable[[], "tuple[str, str] | None"]
+FORK_THREADS = 4
+"""How many worker threads start one fork request's leases (each a part of them, in turn): a
+slot's first fork makes its user namespace, which waits on a child process, so a request of many
+leases is not one thread's sequence, nor a thread hop per lease."""
 LeaseProblem = Callable[[Slot, int], "tuple[str, str] | None"]
 
 
@@ -113,7 +117,8 @@ async def start_many(
 ) -> list[LeaseAnswer]:  # fmt: skip
     """Start each ``(slot, epoch)`` lease from snapshot ``wanted``: its workspace the
     snapshot's (an overlay, or a copy), its root the snapshot's layers over the image. The
-    clones and mounts of all of them run one after another in one worker thread. Each lease is
+    clones and mounts run in at most ``FORK_THREADS`` worker threads, each taking its part of
+    the leases in turn (not a thread hop per lease). Each lease is
     answered on its own, in the order of ``leases``: a refusal (an unknown slot, a slot named
     twice, ``problem``, a refused snapshot, a failed clone) fails that lease only and names the
     field and the reason; the others are kept. Each started lease is isolated as one started
@@ -188,14 +193,14 @@ async def _start_ready(
     ready: list[tuple[int, Slot, int]], *, problem: LeaseProblem,
     refuse: Callable[[int, str, str], None], wipe_timeout_s: float,
 ) -> None:  # fmt: skip
-    """Clone or mount ``found``'s workspace for every lease of ``ready`` in one worker thread,
+    """Clone or mount ``found``'s workspace for every lease of ``ready`` (``FORK_THREADS``),
     then hand each lease its snapshot (or refuse it, releasing its holds)."""
     holds = [(store.use(found, fork=True), found.hold_image()) for _ in ready]
     work = [(slot.workspace.root, sandboxes.ids(slot.index)) for _, slot, _ in ready]
 
-    def start_all() -> list[tuple[str, str] | None]:
+    def start_some(part: list[tuple[Path, tuple[int, int] | None]]) -> list[tuple[str, str] | None]:
         failed: list[tuple[str, str] | None] = []
-        for workspace, ids in work:
+        for workspace, ids in part:
             try:
                 store.start(found, workspace, ids)
                 failed.append(None)
@@ -208,7 +213,10 @@ async def _start_ready(
         return failed
 
     try:
-        failures = await asyncio.to_thread(start_all)
+        threads = min(len(work), FORK_THREADS)
+        parts = [work[i::threads] for i in range(threads)]
+        done = await asyncio.gather(*(asyncio.to_thread(start_some, part) for part in parts))
+        failures = [done[at % threads][at // threads] for at in range(len(work))]
     except BaseException:
         for use, image in holds:
             use.close()

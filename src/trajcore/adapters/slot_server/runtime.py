@@ -502,8 +502,8 @@ class SlotRuntime:
             slot_of=self.slot, problem=self._lease_problem,
             wipe_timeout_s=self.config.reset_timeout_s,
         )  # fmt: skip
-        for answer in filter(lambda answer: answer.ok, answers):
-            await self._warm_environment(self.slot(answer.slot))
+        ok = [self._warm_environment(self.slot(answer.slot)) for answer in answers if answer.ok]
+        await asyncio.gather(*ok)  # each ends its slot's idle lease: together, not in turn
         return answers
 
     # ------------------------------------------------------------------------- snapshots
