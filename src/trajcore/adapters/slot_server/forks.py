@@ -28,7 +28,7 @@ __all__ = ["FORK_THREADS", "NEEDS_CACHE", "freeze_lease", "snapshot_problem", "s
 NEEDS_CACHE = "snapshots need an image cache: start the slot server with --image-cache DIR"
 
 Problem = Callable[[], "tuple[str, str] | None"]
-FORK_THREADS = 4
+FORK_THREADS = 8
 """How many worker threads start one fork request's leases (each a part of them, in turn): a
 slot's first fork makes its user namespace, which waits on a child process, so a request of many
 leases is not one thread's sequence, nor a thread hop per lease."""
