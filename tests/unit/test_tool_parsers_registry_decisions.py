@@ -4,7 +4,8 @@ unknown name's refusal says.
 
 Each test registers into a copy of the registry (``monkeypatch``), so the names it adds are gone
 after it, and the registry's own calls at import are not what is checked: mutation testing
-switches a mutant on only after the import."""
+switches a mutant on only after the import. Other test modules register names at import, so
+the tests compare with the names registered when they start, not with the built-ins alone."""
 
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ def own_registry(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_parser_name_must_be_one_plain_word(name: str) -> None:
     """Pins the name rule: not empty and no whitespace anywhere (the config names it as one
     word); a refused name is not registered."""
+    before = parser_names()
     with pytest.raises(ConfigError) as caught:
         register_parser(name, HermesParser)
     assert caught.value.field == "tool_call_parser"
     assert caught.value.reason == f"cannot register parser {name!r}: not a plain name"
-    assert parser_names() == PARSER_NAMES
+    assert parser_names() == before
 
 
 @pytest.mark.parametrize("name", [None, 3, b"bytes", ("hermes",)])
@@ -52,9 +54,11 @@ def test_a_new_name_is_listed_after_the_builtins_and_gives_its_parser() -> None:
         made.append(Llama3JsonParser())
         return made[-1]
 
+    before = parser_names()
+    assert before[: len(PARSER_NAMES)] == PARSER_NAMES
     register_parser("z_first", factory)
     register_parser("a_second", HermesParser)
-    assert parser_names() == (*PARSER_NAMES, "z_first", "a_second")
+    assert parser_names() == (*before, "z_first", "a_second")
     first, second = get_parser("z_first"), get_parser("z_first")
     assert made == [first, second]
     assert first is made[0]
@@ -65,6 +69,7 @@ def test_a_new_name_is_listed_after_the_builtins_and_gives_its_parser() -> None:
 def test_a_name_is_registered_once_unless_replaced() -> None:
     """Pins that registering a taken name is refused, naming it, and leaves its factory in
     place; ``replace=True`` puts the new factory there, for a new name as for a taken one."""
+    before = parser_names()
     with pytest.raises(ConfigError) as caught:
         register_parser("llama3_json", HermesParser)
     assert caught.value.field == "tool_call_parser"
@@ -74,7 +79,7 @@ def test_a_name_is_registered_once_unless_replaced() -> None:
     assert isinstance(get_parser("llama3_json"), Llama3JsonParser)
     register_parser("llama3_json", HermesParser, replace=True)
     assert isinstance(get_parser("llama3_json"), HermesParser)
-    assert parser_names() == PARSER_NAMES  # replaced where it was, not listed again
+    assert parser_names() == before  # replaced where it was, not listed again
     register_parser("fresh", HermesParser, replace=True)
     assert parser_names()[-1] == "fresh"
 
@@ -82,10 +87,11 @@ def test_a_name_is_registered_once_unless_replaced() -> None:
 def test_an_unknown_name_is_refused_listing_every_registered_name_in_order() -> None:
     """Pins the refusal of an unknown name: the field, the name, and the known names (the
     registered ones too) joined by commas, in the listing order."""
+    before = parser_names()
     register_parser("mine", HermesParser)
     with pytest.raises(ConfigError) as caught:
         get_parser("hermes2")
     assert caught.value.field == "tool_call_parser"
     assert caught.value.reason == (
-        "unknown parser 'hermes2'; known: " + ", ".join((*PARSER_NAMES, "mine"))
+        "unknown parser 'hermes2'; known: " + ", ".join((*before, "mine"))
     )
