@@ -1,5 +1,5 @@
 """The decisions of the slot-server protocol's values: how a slot call goes on the wire, how long
-a batch may take, and which arguments a call may carry."""
+a batch may take, which arguments a call may carry, and what a fork request and its answer hold."""
 
 from __future__ import annotations
 
@@ -8,7 +8,15 @@ import math
 import pytest
 
 from trajcore.domain.errors import WireError
-from trajcore.domain.slot_protocol import ExecuteCall, ExecuteRequest, execute_call
+from trajcore.domain.slot_protocol import (
+    ExecuteCall,
+    ExecuteRequest,
+    ForkAnswer,
+    ForkLease,
+    ForkRequest,
+    LeaseAnswer,
+    execute_call,
+)
 from trajcore.domain.slots import Lease, SlotCall, SlotId
 from trajcore.domain.tools import ToolCall
 
@@ -78,3 +86,97 @@ def test_arguments_that_are_not_json_inside_are_refused_at_their_path() -> None:
         "non-finite number inf @ $.arguments.a[1]",
     )
     ExecuteCall(slot=0, epoch=1, call_id="c", tool="bash", arguments={"a": [1]}, timeout_s=1.0)
+
+
+def test_a_fork_request_names_an_environment_a_snapshot_and_its_leases_in_order() -> None:
+    """A fork request holds the environment, the snapshot to start from and its leases as
+    slot/epoch pairs, kept as a tuple in the order given (an iterable is taken)."""
+    asked = ForkRequest(
+        environment="oci:/images/py",
+        snapshot="snap-1",
+        leases=iter([ForkLease(slot=2, epoch=7), ForkLease(slot=0, epoch=3)]),
+    )
+    assert (asked.environment, asked.snapshot) == ("oci:/images/py", "snap-1")
+    assert asked.leases == (ForkLease(slot=2, epoch=7), ForkLease(slot=0, epoch=3))
+    assert (asked.leases[0].slot, asked.leases[0].epoch) == (2, 7)
+
+
+def test_a_fork_request_of_one_lease_is_a_fork() -> None:
+    """One lease is enough: a fork needs at least one, not several."""
+    asked = ForkRequest(environment="oci:/a", snapshot="s", leases=(ForkLease(slot=5, epoch=0),))
+    assert asked.leases == (ForkLease(slot=5, epoch=0),)
+
+
+def test_a_fork_request_without_leases_is_refused_naming_the_leases() -> None:
+    """A fork that starts nothing is a peer's mistake, refused with the field and the reason."""
+    empty: tuple[ForkLease, ...] | list[ForkLease]
+    for empty in ((), []):
+        with pytest.raises(WireError) as caught:
+            ForkRequest(environment="oci:/a", snapshot="s", leases=empty)
+        assert (caught.value.field, caught.value.reason) == (
+            "leases",
+            "must name at least one lease",
+        )
+        assert str(caught.value) == "must name at least one lease @ leases"
+
+
+def test_a_fork_request_naming_a_slot_twice_is_refused_listing_its_slots() -> None:
+    """Each slot is forked at most once per request (two leases of one slot cannot both run),
+    whatever their epochs; the refusal names the field and lists the slots asked, sorted."""
+    with pytest.raises(WireError) as caught:
+        ForkRequest(
+            environment="oci:/a",
+            snapshot="s",
+            leases=(
+                ForkLease(slot=3, epoch=1),
+                ForkLease(slot=1, epoch=1),
+                ForkLease(slot=3, epoch=2),
+            ),
+        )
+    assert (caught.value.field, caught.value.reason) == ("leases", "names a slot twice: [1, 3, 3]")
+    assert str(caught.value) == "names a slot twice: [1, 3, 3] @ leases"
+
+
+def test_leases_of_distinct_slots_may_share_an_epoch() -> None:
+    """Only the slot must differ: leases of different slots with the same epoch are a fork."""
+    asked = ForkRequest(
+        environment="oci:/a",
+        snapshot="s",
+        leases=(ForkLease(slot=0, epoch=4), ForkLease(slot=1, epoch=4)),
+    )
+    assert [lease.slot for lease in asked.leases] == [0, 1]
+
+
+def test_a_fork_request_must_name_its_snapshot() -> None:
+    """A fork starts from a snapshot, so an empty snapshot name is refused naming the field."""
+    with pytest.raises(WireError) as caught:
+        ForkRequest(environment="oci:/a", snapshot="", leases=(ForkLease(slot=0, epoch=0),))
+    assert (caught.value.field, caught.value.reason) == (
+        "snapshot",
+        "expected a non-empty string, got ''",
+    )
+
+
+def test_a_fork_lease_is_a_slot_index_and_an_epoch_neither_negative() -> None:
+    """A fork lease's slot and epoch are whole numbers from 0, as a lease request's are."""
+    assert ForkLease(slot=0, epoch=0) == ForkLease(slot=0, epoch=0)
+    for field, given in (("slot", {"slot": -1, "epoch": 0}), ("epoch", {"slot": 0, "epoch": -1})):
+        with pytest.raises(WireError) as caught:
+            ForkLease(**given)
+        assert (caught.value.field, caught.value.reason) == (
+            field,
+            "must be an integer >= 0, got -1",
+        )
+
+
+def test_a_fork_answer_holds_one_lease_answer_per_lease_in_order() -> None:
+    """The answer keeps each lease's own answer, in the request's order, as a tuple: a refused
+    lease fails that lease only."""
+    answers = [
+        LeaseAnswer(slot=2, epoch=7, ok=True, image_id="img", hit=True),
+        LeaseAnswer(slot=0, epoch=3, ok=False, error="no room", field="snapshot"),
+    ]
+    answer = ForkAnswer(leases=iter(answers))
+    assert answer.leases == tuple(answers)
+    assert [(lease.slot, lease.ok) for lease in answer.leases] == [(2, True), (0, False)]
+    assert ForkAnswer(leases=()).leases == ()
