@@ -1,7 +1,9 @@
 """Task environments: the decisions ``test_task_environments`` checks only in part (found by
 mutation testing): each refusal's exact field and reason (the tests matched a part of the reason,
 which a reason with text around it still holds), the boundaries of the symlink target's length and
-of its NUL check, and a directory's mode in a planned entry."""
+of its NUL check, a directory's mode in a planned entry, and how a slot server's lease layer
+figures add up (each figure's own sum, the largest, the latest, and the negative figures refused
+by name)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from trajcore.domain.task_environments import (
     EntryKind,
     ImageLimits,
     LayerRefused,
+    LeaseLayerStatistics,
     TaskEnvironmentError,
     UnpackBudget,
     parse_environment_ref,
@@ -145,3 +148,63 @@ def test_the_budget_names_the_image_and_the_entry_past_each_limit() -> None:
         "oci:/i: entry 'b'",
         "the image holds more than 1 entries",
     )
+
+
+def test_lease_layer_figures_add_up_keep_the_largest_and_the_latest() -> None:
+    """Pins ``LeaseLayerStatistics.add``: one more layer measured per call; bytes, entries, the
+    cut-short count and the seconds are sums; the largest layer is kept when a smaller one
+    follows; the latest layer's size and entries are the last call's."""
+    figures = LeaseLayerStatistics().add(size=700, entries=9, cut_short=True, seconds=0.5)
+    assert figures == LeaseLayerStatistics(
+        measured=1,
+        bytes=700,
+        entries=9,
+        largest_bytes=700,
+        last_bytes=700,
+        last_entries=9,
+        cut_short=1,
+        measure_seconds=0.5,
+    )
+    figures = figures.add(size=300, entries=4, cut_short=False, seconds=0.25)
+    assert figures == LeaseLayerStatistics(
+        measured=2,
+        bytes=1000,
+        entries=13,
+        largest_bytes=700,
+        last_bytes=300,
+        last_entries=4,
+        cut_short=1,
+        measure_seconds=0.75,
+    )
+    figures = figures.add(size=900, entries=2, cut_short=True, seconds=1.0)
+    assert (figures.measured, figures.largest_bytes, figures.last_bytes, figures.cut_short) == (
+        3,
+        900,
+        900,
+        2,
+    )
+
+
+def test_a_lease_layer_of_zero_size_entries_and_seconds_is_counted() -> None:
+    """Pins that only a negative figure is refused: a layer that wrote nothing, measured in no
+    time, is still one layer measured."""
+    figures = LeaseLayerStatistics().add(size=0, entries=0, cut_short=False, seconds=0.0)
+    assert figures == LeaseLayerStatistics(measured=1)
+
+
+@pytest.mark.parametrize(
+    ("size", "entries", "seconds", "message"),
+    [
+        (-1, 0, 0.0, "size: a layer's figure cannot be negative, got -1"),
+        (0, -2, 0.0, "entries: a layer's figure cannot be negative, got -2"),
+        (0, 0, -0.5, "seconds: a layer's figure cannot be negative, got -0.5"),
+    ],
+)
+def test_a_negative_lease_layer_figure_is_refused_naming_it(
+    size: int, entries: int, seconds: float, message: str
+) -> None:
+    """Pins the refusal of each negative figure of ``LeaseLayerStatistics.add``: a
+    ``ValueError`` whose whole message names the figure and the value given."""
+    with pytest.raises(ValueError, match="cannot be negative") as caught:
+        LeaseLayerStatistics().add(size=size, entries=entries, cut_short=False, seconds=seconds)
+    assert str(caught.value) == message
