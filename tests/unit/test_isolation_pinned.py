@@ -3,12 +3,22 @@ mutation testing (docs/testing.md)."""
 
 from __future__ import annotations
 
+import math
+
 import attrs
 import pytest
 
 from trajcore.domain.bwrap import bwrap_argv
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.isolation import Bind, SlotIsolation
+from trajcore.domain.isolation import (
+    MAX_SLOT_UID,
+    MIN_SLOT_UID_BASE,
+    Bind,
+    SlotIsolation,
+    _switch,
+    check_slot_uid_range,
+    clamp_timeout,
+)
 
 
 def test_the_bwrap_vector_is_exactly_the_policy() -> None:
@@ -163,3 +173,201 @@ def test_extra_binds_on_a_command_line_are_a_json_list_of_binds(word: str, probl
     assert flag.read(shown) == binds
     with pytest.raises(ValueError, match=problem):
         flag.read(word)
+
+
+def test_a_slot_uid_range_may_reach_the_largest_uid_and_start_at_the_smallest_base() -> None:
+    """The uid range's bounds are inclusive: the base may be ``MIN_SLOT_UID_BASE`` and the last
+    slot's uid ``MAX_SLOT_UID``; one past either is refused with the field and the reason."""
+    check_slot_uid_range("slot_uid_base", MIN_SLOT_UID_BASE, 1)
+    check_slot_uid_range("slot_uid_base", MAX_SLOT_UID - 3, 4)
+    check_slot_uid_range("slot_uid_base", MAX_SLOT_UID, 1)
+    with pytest.raises(ConfigError) as caught:
+        check_slot_uid_range("slot_uid_base", MAX_SLOT_UID - 2, 4)
+    assert str(caught.value) == (
+        f"{MAX_SLOT_UID - 2} + 4 slots runs past the largest slot uid {MAX_SLOT_UID}"
+        " @ slot_uid_base"
+    )
+    with pytest.raises(ConfigError) as caught:
+        check_slot_uid_range("slots.uid", MIN_SLOT_UID_BASE - 1, 1)
+    assert str(caught.value) == (
+        f"must be >= {MIN_SLOT_UID_BASE} (above ordinary accounts), got {MIN_SLOT_UID_BASE - 1}"
+        " @ slots.uid"
+    )
+    with pytest.raises(ConfigError) as caught:
+        check_slot_uid_range("slot_uid_base", True, 1)
+    assert str(caught.value) == "must be an integer, got True @ slot_uid_base"
+    with pytest.raises(ConfigError) as caught:
+        SlotIsolation(slot_uid_base=MAX_SLOT_UID + 1)
+    assert str(caught.value) == (
+        f"{MAX_SLOT_UID + 1} + 1 slots runs past the largest slot uid {MAX_SLOT_UID}"
+        " @ slot_uid_base"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("ws", "'ws' is not an absolute path @ workspace_path"),
+        ("", "'' is not an absolute path @ workspace_path"),
+        (5, "5 is not an absolute path @ workspace_path"),
+        ("/work\0space", "'/work\\x00space' is not an absolute path @ workspace_path"),
+        ("\0/x", "'\\x00/x' is not an absolute path @ workspace_path"),
+        ("/a/../b", "'/a/../b' must not contain '..' @ workspace_path"),
+        ("/a/..", "'/a/..' must not contain '..' @ workspace_path"),
+    ],
+)
+def test_the_workspace_path_must_be_absolute_without_nul_or_parent_steps(
+    value: object, message: str
+) -> None:
+    """An absolute path is a string starting with ``/`` with no NUL and no ``..`` component;
+    each refusal names the field and says which rule the path broke."""
+    with pytest.raises(ConfigError) as caught:
+        SlotIsolation(workspace_path=value)  # type: ignore[arg-type]  # bad input on purpose
+    assert str(caught.value) == message
+
+
+def test_a_path_with_dots_that_are_not_a_parent_step_is_absolute() -> None:
+    """Only a whole ``..`` component is refused: ``/a..b`` and ``/..x`` name ordinary entries."""
+    assert SlotIsolation(workspace_path="/a..b").workspace_path == "/a..b"
+    assert SlotIsolation(workspace_path="/..x/y").workspace_path == "/..x/y"
+    bind = Bind(source="/src/a..b", dest="/mnt/..c")
+    assert (bind.source, bind.dest) == ("/src/a..b", "/mnt/..c")
+
+
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [
+        ("source", "'rel' is not an absolute path @ source"),
+        ("dest", "'rel' is not an absolute path @ dest"),
+    ],
+)
+def test_each_end_of_a_bind_must_be_absolute_naming_that_end(field: str, message: str) -> None:
+    """A bind's source and destination are each checked as absolute paths, by their own name."""
+    ends = {"source": "/a", "dest": "/b", field: "rel"}
+    with pytest.raises(ConfigError) as caught:
+        Bind(source=ends["source"], dest=ends["dest"])
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("", "must be a program name or path, got '' @ bwrap"),
+        (" bwrap", "must be a program name or path, got ' bwrap' @ bwrap"),
+        ("bwrap\n", "must be a program name or path, got 'bwrap\\n' @ bwrap"),
+        ("bw\0rap", "must be a program name or path, got 'bw\\x00rap' @ bwrap"),
+        (None, "must be a program name or path, got None @ bwrap"),
+    ],
+)
+def test_the_bwrap_executable_is_a_nonempty_name_without_edge_space_or_nul(
+    value: object, message: str
+) -> None:
+    """``bwrap`` must be a non-empty string, not padded with whitespace and free of NUL; the
+    refusal names the field and shows what came."""
+    with pytest.raises(ConfigError) as caught:
+        SlotIsolation(bwrap=value)  # type: ignore[arg-type]  # bad input on purpose
+    assert str(caught.value) == message
+    assert SlotIsolation(bwrap="/usr/bin/bwrap").bwrap == "/usr/bin/bwrap"
+    assert SlotIsolation(bwrap="b").bwrap == "b"
+
+
+def test_every_extra_bind_must_be_a_bind_naming_its_index() -> None:
+    """An extra bind that is not a ``Bind`` is refused by its index, showing what came."""
+    with pytest.raises(ConfigError) as caught:
+        SlotIsolation(extra_binds=(Bind(source="/a", dest="/b"), "/c"))  # type: ignore[arg-type]
+    assert str(caught.value) == "expected a Bind, got '/c' @ extra_binds[1]"
+
+
+def test_a_switch_field_has_its_default_and_takes_only_a_bool() -> None:
+    """``_switch`` makes a field defaulting to the given bool whose validator refuses non-bools
+    by the field's name (called directly: the class body runs it at import)."""
+
+    @attrs.frozen(kw_only=True)
+    class Switches:
+        on: bool = _switch(True)
+        off: bool = _switch(False)
+
+    made = Switches()
+    assert (made.on, made.off) == (True, False)
+    assert Switches(on=False, off=True) == Switches(on=False, off=True)
+    with pytest.raises(ConfigError) as caught:
+        Switches(off=0)  # type: ignore[arg-type]  # bad input on purpose
+    assert str(caught.value) == "must be true or false, got 0 @ off"
+    with pytest.raises(ConfigError) as caught:
+        Switches(on="yes")  # type: ignore[arg-type]  # bad input on purpose
+    assert str(caught.value) == "must be true or false, got 'yes' @ on"
+
+
+def test_the_isolation_switches_default_to_closed_network_and_cgroups_and_read_only_root() -> None:
+    """The switches' defaults: no network, no required sandbox, a read-only root, cgroups."""
+    isolation = SlotIsolation()
+    assert (
+        isolation.allow_network,
+        isolation.require_sandbox,
+        isolation.read_only_root,
+        isolation.use_cgroups,
+    ) == (False, False, True, True)
+
+
+@pytest.mark.parametrize("path", ["/", "/tmp", "/proc", "/dev"])
+def test_the_workspace_may_not_be_a_path_the_sandbox_itself_provides(path: str) -> None:
+    """``/``, the private ``/tmp``, ``/proc`` and ``/dev`` are reserved as the workspace, by the
+    field's name; a path below one of them is not."""
+    with pytest.raises(ConfigError) as caught:
+        SlotIsolation(workspace_path=path)
+    assert str(caught.value) == f"{path!r} is reserved @ workspace_path"
+    assert SlotIsolation(workspace_path=path.rstrip("/") + "/ws").workspace_path.endswith("/ws")
+
+
+def test_the_default_timeout_must_lie_between_the_bounds_inclusive() -> None:
+    """``min <= default <= max``, bounds included; outside, the default is named with both."""
+    SlotIsolation(min_timeout_s=2.0, default_timeout_s=2.0, max_timeout_s=2.0)
+    with pytest.raises(ConfigError) as caught:
+        SlotIsolation(min_timeout_s=2.0, default_timeout_s=1.5, max_timeout_s=3.0)
+    assert str(caught.value) == (
+        "must lie in [min_timeout_s, max_timeout_s] = [2.0, 3.0], got 1.5 @ default_timeout_s"
+    )
+    with pytest.raises(ConfigError) as caught:
+        SlotIsolation(min_timeout_s=2.0, default_timeout_s=3.5, max_timeout_s=3.0)
+    assert str(caught.value) == (
+        "must lie in [min_timeout_s, max_timeout_s] = [2.0, 3.0], got 3.5 @ default_timeout_s"
+    )
+
+
+@pytest.mark.parametrize("requested", [None, True, False, 0, 0.0, -1.0, math.inf, math.nan])
+def test_an_env_timeout_that_is_no_positive_finite_number_means_the_default(
+    requested: float | None,
+) -> None:
+    """The env's figure is used only when it is a positive finite number and not a bool;
+    otherwise the call gets the isolation's default."""
+    isolation = SlotIsolation(min_timeout_s=0.1, default_timeout_s=30.0, max_timeout_s=600.0)
+    assert clamp_timeout(isolation, requested) == 30.0
+
+
+@pytest.mark.parametrize("requested", [0.25, 1.0, 1, 500.0])
+def test_a_positive_env_timeout_is_used_even_below_one_second(requested: float) -> None:
+    """Any positive finite figure inside the bounds is the limit, fractions of a second too."""
+    isolation = SlotIsolation(min_timeout_s=0.1, default_timeout_s=30.0, max_timeout_s=600.0)
+    result = clamp_timeout(isolation, requested)
+    assert result == requested
+    assert type(result) is float
+
+
+@pytest.mark.parametrize("model", [True, False, 0, 0.0, -5, math.inf, math.nan, "5", None, [5]])
+def test_a_model_timeout_that_is_no_positive_finite_number_is_ignored(model: object) -> None:
+    """A model's figure shortens the limit only when it is a positive finite int or float, not a
+    bool (``True`` is not one second)."""
+    isolation = SlotIsolation(min_timeout_s=0.1, default_timeout_s=30.0, max_timeout_s=600.0)
+    assert clamp_timeout(isolation, 60.0, model) == 60.0
+
+
+@pytest.mark.parametrize("model", [0.5, 1, 1.0, 7])
+def test_a_positive_model_timeout_shortens_the_limit_even_below_one_second(
+    model: float,
+) -> None:
+    """A positive model figure below the env's shortens the call's limit (down to the minimum),
+    a fraction of a second included; above the env's it changes nothing."""
+    isolation = SlotIsolation(min_timeout_s=0.1, default_timeout_s=30.0, max_timeout_s=600.0)
+    assert clamp_timeout(isolation, 60.0, model) == float(model)
+    assert clamp_timeout(isolation, 0.2, model) == 0.2
+    assert clamp_timeout(isolation, None, 0.01) == 0.1
