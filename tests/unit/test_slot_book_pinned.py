@@ -189,6 +189,21 @@ def test_a_slot_of_the_preferred_container_goes_to_its_waiter() -> None:
     book.check_valid()
 
 
+def test_one_freed_slot_serves_one_waiter_and_the_later_ones_keep_waiting() -> None:
+    """With a preference in the queue, a freed slot goes to the oldest waiter that accepts
+    it; the waiters behind it get nothing and keep their places."""
+    book, _, on_d = two_full()
+    preferring = waiting(book.request("t1", now=2.0, prefer="d", prefer_until=10.0))
+    plain = waiting(book.request("t2", now=2.0))
+    later = waiting(book.request("t3", now=2.0))
+    grants = free_again(book, on_d, now=3.0)
+    assert grants == [
+        Grant(ticket=preferring, lease=Lease(slot=slot("d", 0), epoch=2, holder="t1"))
+    ]
+    assert book.waiting() == [plain, later]
+    book.check_valid()
+
+
 def test_a_plain_waiter_passes_a_preferring_one_for_another_container_slot() -> None:
     """A freed slot the preferring waiter does not accept goes to the next waiter, which
     accepts any; the preferring one keeps waiting."""
