@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from trajcore.domain.errors import InvalidInput
 from trajcore.domain.slot_protocol import ExecuteCall, ExecuteRequest, ExecuteResponse
@@ -30,6 +30,7 @@ __all__ = ["FAST_STRUCTURE", "FAST_UNSTRUCTURE"]
 _OUTCOMES = {outcome.value: outcome for outcome in ToolOutcome}
 _EXACT_FLOAT = 1 << 53  # integers up to this convert to float exactly, as the converter's do
 _REFUSED = (InvalidInput, ValueError, TypeError)
+T = TypeVar("T")
 
 
 def _number(value: object) -> float | None:
@@ -63,22 +64,29 @@ def _call(item: object) -> ExecuteCall | None:
     )
 
 
-def _execute_request(data: object) -> ExecuteRequest | None:
+def _items(data: object, key: str, read: Callable[[object], T | None]) -> list[T] | None:
+    """``data[key]`` read item by item with ``read``; ``None`` when any item is not of the exact
+    shape (the converter then decides)."""
     if type(data) is not dict:
         return None
-    items = data.get("calls")
+    items = data.get(key)
     if type(items) is not list:
         return None
-    calls = []
+    out = []
     try:
         for item in items:
-            call = _call(item)
-            if call is None:
+            value = read(item)
+            if value is None:
                 return None
-            calls.append(call)
+            out.append(value)
     except _REFUSED:
         return None
-    return ExecuteRequest(calls=calls)
+    return out
+
+
+def _execute_request(data: object) -> ExecuteRequest | None:
+    calls = _items(data, "calls", _call)
+    return None if calls is None else ExecuteRequest(calls=calls)
 
 
 def _report(data: object) -> ExecReport | None:
@@ -124,21 +132,8 @@ def _result(data: object) -> ToolResult | None:
 
 
 def _execute_response(data: object) -> ExecuteResponse | None:
-    if type(data) is not dict:
-        return None
-    items = data.get("results")
-    if type(items) is not list:
-        return None
-    results = []
-    try:
-        for item in items:
-            result = _result(item)
-            if result is None:
-                return None
-            results.append(result)
-    except _REFUSED:
-        return None
-    return ExecuteResponse(results=results)
+    results = _items(data, "results", _result)
+    return None if results is None else ExecuteResponse(results=results)
 
 
 def _unstructure_request(request: ExecuteRequest) -> dict[str, Any]:
