@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import fnmatch
+import hashlib
 import json
 import os
 import re
@@ -107,6 +108,121 @@ def load_equivalents() -> list[dict[str, str]]:
         if missing:
             sys.exit(f"./dev mutate: mutation/equivalent.toml entry {i} lacks {sorted(missing)}")
     return entries
+
+
+# ------------------------------------------------------------------------------ what a run saw
+
+# Besides the module and its tests, what decides which mutants the tests kill: the per-test stop
+# and ordering (plugin.py), the pinned versions of mutmut, pytest and hypothesis, and the limits
+# and statuses above (``_TOOLCHAIN_SETTINGS``). The reporting below changes no kill.
+TOOLCHAIN = ("mutation/plugin.py", "requirements.lock")
+_TOOLCHAIN_SETTINGS = json.dumps(
+    [TIMEOUT_MULTIPLIER, TIMEOUT_CONSTANT, sorted(DETECTED), sorted(MISSED)]
+)
+
+
+def _digest(root: Path, paths: list[str], extra: str = "") -> str:
+    h = hashlib.sha256(extra.encode())
+    for rel in sorted(set(paths)):
+        h.update(b"\0" + rel.encode() + b"\0")
+        target = root / rel
+        h.update(target.read_bytes() if target.is_file() else b"<missing>")
+    return h.hexdigest()[:16]
+
+
+def selected_files(tests: list[str], root: Path = REPO) -> list[str]:
+    """The files a module's pytest arguments select (a file, a file's node, a folder's test files),
+    with every ``conftest.py`` from ``tests/`` down to each of them: what those tests run."""
+    found: set[str] = set()
+    for arg in tests:
+        path = root / arg.partition("::")[0]
+        if arg.startswith("-") or not path.exists():
+            continue  # an option, or the value of one (``-k`` ...)
+        files = sorted(path.rglob("test_*.py")) if path.is_dir() else [path]
+        for file in files:
+            found.add(str(file.relative_to(root)))
+            folder = file.parent
+            while folder != root and folder.is_relative_to(root / "tests"):
+                if (folder / "conftest.py").is_file():
+                    found.add(str((folder / "conftest.py").relative_to(root)))
+                folder = folder.parent
+    return sorted(found)
+
+
+def fingerprint(key: str, tests: list[str], root: Path = REPO) -> dict[str, str]:
+    """Digests of what a run of ``key`` saw: its source, its tests (their files and the
+    arguments selecting them) and the toolchain. A stored run is current while all three match."""
+    return {
+        "module": _digest(root, [f"src/trajcore/{key}"]),
+        "tests": _digest(root, selected_files(tests, root), json.dumps(tests)),
+        "toolchain": _digest(root, list(TOOLCHAIN), _TOOLCHAIN_SETTINGS),
+    }
+
+
+def staleness(stored: dict[str, Any], key: str, tests: list[str], root: Path = REPO) -> str:
+    """Why ``stored`` (a module's last stored run) does not stand for its module as it is now,
+    or ``""`` when it does."""
+    seen = stored.get("fingerprint")
+    if not isinstance(seen, dict):
+        return "run before fingerprints were kept"
+    now = fingerprint(key, tests, root)
+    changed = [part for part in ("module", "tests", "toolchain") if seen.get(part) != now[part]]
+    if changed:
+        return {
+            "module": "the module changed since",
+            "tests": "its tests changed since",
+            "toolchain": "the toolchain changed since",
+        }[changed[0]]
+    if not stored.get("complete"):
+        return "cut short"
+    return ""
+
+
+def revision(root: Path = REPO) -> str:
+    """The commit a run started at, with ``+`` when the tree had uncommitted changes."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+" if dirty else "")
+
+
+def rejudged(result: dict[str, Any]) -> dict[str, Any]:
+    """A stored run with its missed mutants judged again against ``mutation/equivalent.toml`` as
+    it is now, so an entry added or removed there shows without a rerun."""
+    entries = load_equivalents()
+    equivalent: list[dict[str, Any]] = []
+    survivors: list[dict[str, Any]] = []
+    for m in [*result.get("survivors", []), *result.get("equivalents", [])]:
+        why = is_equivalent(result["module"], m, entries)
+        if why:
+            equivalent.append({**m, "why": why})
+        else:
+            survivors.append({k: v for k, v in m.items() if k != "why"})
+    judged = result["killed"] + len(survivors)
+    return {
+        **result,
+        "survivors": survivors,
+        "equivalents": equivalent,
+        "equivalent": len(equivalent),
+        "missed": len(survivors),
+        "rate": result["killed"] / judged if judged else 1.0,
+    }
 
 
 # ------------------------------------------------------------------------------ running mutmut
@@ -405,19 +521,32 @@ def store(result: dict[str, Any]) -> None:
     RESULTS.write_text(json.dumps(stored, indent=1, sort_keys=True))
 
 
-def report(results: list[dict[str, Any]], target: float, missing: list[str]) -> str:
+def report(
+    results: list[dict[str, Any]],
+    target: float,
+    missing: list[str],
+    stale: dict[str, str] | None = None,
+) -> str:
+    """The table of ``results`` and every missed and hung mutant. With ``stale`` (the
+    ``--summary`` of stored runs) a column says whether each row's run was of its module and
+    tests as they are now."""
     rows = [
-        "| module | mutants | killed | equivalent | missed | kill rate | target |",
-        "|---|---|---|---|---|---|---|",
+        "| module | mutants | killed | equivalent | missed | kill rate | target |"
+        + (" run of the code as it is | run at |" if stale is not None else ""),
+        "|---|---|---|---|---|---|---|" + ("---|---|" if stale is not None else ""),
     ]
     for r in results:
         verdict = "met" if r["rate"] >= target else "NOT met"
         if not r["complete"]:
             verdict = f"not known (incomplete: {r['not_checked']} not checked)"
-        rows.append(
+        row = (
             f"| {r['module']} | {r['mutants']} | {r['killed']} | {r['equivalent']} | "
             f"{r['missed']} | {100 * r['rate']:.1f}% | {verdict} |"
         )
+        if stale is not None:
+            why = stale.get(r["module"], "")
+            row += f" {'yes' if not why else 'NO: ' + why} | {r['date']} {r.get('revision', '')} |"
+        rows.append(row)
     text = [
         f"# Mutation testing (mutmut), {datetime.date.today().isoformat()}",
         "",
@@ -426,6 +555,13 @@ def report(results: list[dict[str, Any]], target: float, missing: list[str]) -> 
         "",
         *rows,
     ]
+    if stale is not None:
+        current = [r for r in results if not stale.get(r["module"])]
+        text += [
+            "",
+            f"{len(current)} of {len(results) + len(missing)} modules' stored runs are of their "
+            "module, tests and toolchain as they are now.",
+        ]
     if missing:
         text += ["", "Not run: " + ", ".join(missing)]
     text += ["", "## Mutants the tests missed (file:line, function, original -> mutant)", ""]
@@ -453,6 +589,7 @@ def run_module(
     key: str, config: dict[str, Any], jobs: int, limit_s: float | None
 ) -> dict[str, Any]:
     tests = tests_for(key, config)
+    seen, at = fingerprint(key, tests), revision()
     work = prepare(key, tests)
     print(f"== {key}: mutmut over {' '.join(tests)} (log: {work.relative_to(REPO)}/mutmut.log)")
     sys.stdout.flush()
@@ -467,6 +604,11 @@ def run_module(
         print(log[-3000:])
         print(f"   mutmut failed (exit {code}); see the log")
     result = summarise(key, tests, mutants, code, seconds, stopped=stopped_in(work))
+    if fingerprint(key, tests) != seen:
+        # the module or its tests were edited while it ran: the result stands for neither
+        print("   the module or its tests changed during the run: stored as not current")
+        seen = {**seen, "module": "changed during the run"}
+    result = {**result, "fingerprint": seen, "revision": at}
     store(result)
     print(
         f"   {result['mutants']} mutants: {result['killed']} killed, {result['equivalent']} "
@@ -489,6 +631,12 @@ def main() -> int:
         "modules", nargs="*", help="e.g. domain/groups.py or trajcore.domain.groups"
     )
     parser.add_argument("--all", action="store_true", help="every module of the profile")
+    parser.add_argument(
+        "--stale",
+        action="store_true",
+        help="with --all: only the modules whose last stored run is not of their module, tests "
+        "and toolchain as they are now, or was cut short (a full run, resumed)",
+    )
     parser.add_argument("--list", action="store_true", help="the profile's modules and tests")
     parser.add_argument(
         "--summary", action="store_true", help="report the last stored result of each module"
@@ -506,15 +654,27 @@ def main() -> int:
         for key in profile_modules(config):
             print(f"{key}: {' '.join(tests_for(key, config))}")
         return 0
+    stored = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     if args.summary:
-        stored = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
         keys = profile_modules(config)
-        results = [stored[k] for k in keys if k in stored]
-        text = report(results, target, [k for k in keys if k not in stored])
+        results = [rejudged(stored[k]) for k in keys if k in stored]
+        stale = {
+            r["module"]: staleness(r, r["module"], tests_for(r["module"], config)) for r in results
+        }
+        missing = [k for k in keys if k not in stored]
+        text = report(results, target, missing, stale)
         args.report.write_text(text)
         print(text)
-        return 0
+        whole = not missing and not any(stale.values())
+        return 0 if whole and all(r["rate"] >= target for r in results) else 1
+    if args.stale and not args.all:
+        parser.error("--stale goes with --all")
     keys = profile_modules(config) if args.all else [module_key(m) for m in args.modules]
+    if args.stale:
+        keys = [k for k in keys if k not in stored or staleness(stored[k], k, tests_for(k, config))]
+        print(f"{len(keys)} modules of the profile to run: {' '.join(keys) or '(none)'}")
+        if not keys:
+            return 0
     if not keys:
         parser.error("name a module (e.g. domain/groups.py), or --all")
     for key in keys:
