@@ -16,7 +16,9 @@ last stored result of every module of the profile.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import fcntl
 import fnmatch
 import hashlib
 import json
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -516,9 +519,14 @@ def summarise(
 
 
 def store(result: dict[str, Any]) -> None:
-    stored: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
-    stored[result["module"]] = result
-    RESULTS.write_text(json.dumps(stored, indent=1, sort_keys=True))
+    """Adds ``result`` to the stored runs; runs of other modules may store at the same time."""
+    with (BUILD / "results.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stored: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+        stored[result["module"]] = result
+        part = RESULTS.with_suffix(".json.part")
+        part.write_text(json.dumps(stored, indent=1, sort_keys=True))
+        part.replace(RESULTS)
 
 
 def report(
@@ -585,6 +593,23 @@ def report(
 _NOTHING_TO_TEST = "could not find any test case for any mutant"
 
 
+@contextlib.contextmanager
+def module_lock(key: str) -> Iterator[bool]:
+    """Held while a run of ``key`` uses its working folder; yields False when another run
+    holds it (two runs of one module would wipe each other's folder)."""
+    BUILD.mkdir(parents=True, exist_ok=True)
+    with (BUILD / f"{slug(key)}.lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def run_module(
     key: str, config: dict[str, Any], jobs: int, limit_s: float | None
 ) -> dict[str, Any]:
@@ -622,6 +647,46 @@ def run_module(
     return result
 
 
+def run_each(
+    keys: list[str], config: dict[str, Any], jobs: int, limit_s: float | None, *, resumed: bool
+) -> list[dict[str, Any]]:
+    """Runs each module in turn. ``resumed`` (``--all --stale``): just before its turn a module
+    whose stored run has become current meanwhile (another run did it) is not run again."""
+    results = []
+    for key in keys:
+        with module_lock(key) as held:
+            if not held:
+                print(f"== {key}: another run of it is going on; left to that run")
+                continue
+            if resumed:
+                # a long resumed run: what others ran or changed meanwhile decides, not the list
+                config = load_config()
+                now = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+                if key in now and not staleness(now[key], key, tests_for(key, config)):
+                    print(f"== {key}: its stored run is current by now; not run again")
+                    results.append(now[key])
+                    continue
+            results.append(run_module(key, config, jobs, limit_s))
+    return results
+
+
+def summary(config: dict[str, Any], stored: dict[str, Any], path: Path) -> int:
+    """``--summary``: every module's last stored run, judged against the equivalents as they are
+    and marked current or not; 0 only when every module's run is current and meets the target."""
+    target = float(config["profile"]["target"])
+    keys = profile_modules(config)
+    results = [rejudged(stored[k]) for k in keys if k in stored]
+    stale = {
+        r["module"]: staleness(r, r["module"], tests_for(r["module"], config)) for r in results
+    }
+    missing = [k for k in keys if k not in stored]
+    text = report(results, target, missing, stale)
+    path.write_text(text)
+    print(text)
+    whole = not missing and not any(stale.values())
+    return 0 if whole and all(r["rate"] >= target for r in results) else 1
+
+
 def main() -> int:
     if sys.argv[1:2] == ["collect"]:
         collect_here()
@@ -656,17 +721,7 @@ def main() -> int:
         return 0
     stored = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     if args.summary:
-        keys = profile_modules(config)
-        results = [rejudged(stored[k]) for k in keys if k in stored]
-        stale = {
-            r["module"]: staleness(r, r["module"], tests_for(r["module"], config)) for r in results
-        }
-        missing = [k for k in keys if k not in stored]
-        text = report(results, target, missing, stale)
-        args.report.write_text(text)
-        print(text)
-        whole = not missing and not any(stale.values())
-        return 0 if whole and all(r["rate"] >= target for r in results) else 1
+        return summary(config, stored, args.report)
     if args.stale and not args.all:
         parser.error("--stale goes with --all")
     keys = profile_modules(config) if args.all else [module_key(m) for m in args.modules]
@@ -680,7 +735,7 @@ def main() -> int:
     for key in keys:
         tests_for(key, config)  # every module has tests before anything runs
     limit = args.max_minutes * 60 if args.max_minutes else None
-    results = [run_module(key, config, args.jobs, limit) for key in keys]
+    results = run_each(keys, config, args.jobs, limit, resumed=args.stale)
     text = report(results, target, [])
     args.report.write_text(text)
     print(f"\nreport: {args.report}")

@@ -5,6 +5,7 @@ the code as it is and ``--all --stale`` reruns only the others: a full run, resu
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -136,3 +137,34 @@ def test_a_stored_run_is_judged_again_against_the_equivalents_as_they_are(
     again = tool.rejudged(now)
     assert (again["missed"], again["equivalent"], again["rate"]) == (1, 0, 0.75)
     assert again["survivors"] == [missed]
+
+
+def test_one_module_is_run_by_one_run_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs of one module would wipe each other's working folder: the second is told."""
+    monkeypatch.setattr(tool, "BUILD", tmp_path)
+    with tool.module_lock("domain/m.py") as first, tool.module_lock("domain/m.py") as second:
+        assert (first, second) == (True, False)
+        with tool.module_lock("domain/other.py") as another:
+            assert another
+    with tool.module_lock("domain/m.py") as again:
+        assert again
+
+
+def test_a_resumed_run_leaves_a_module_that_became_current_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--all --stale`` decides each module at its turn, from the runs stored by then."""
+    key = "domain/converters.py"
+    config = tool.load_config()
+    done = {
+        "module": key,
+        "complete": True,
+        "fingerprint": tool.fingerprint(key, tool.tests_for(key, config)),
+    }
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({key: done}))
+    monkeypatch.setattr(tool, "BUILD", tmp_path)
+    monkeypatch.setattr(tool, "RESULTS", results)
+    assert tool.run_each([key], config, 1, None, resumed=True) == [done]
