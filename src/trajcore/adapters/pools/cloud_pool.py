@@ -50,6 +50,7 @@ from trajcore.adapters.pools.reconciled import (
     ReconciledSource,
     StartBackoff,
     composed_settings,
+    part,
 )
 from trajcore.domain.errors import ConfigError, InvalidInput, SandboxUnavailable
 from trajcore.domain.nomad_reconcile import Join
@@ -59,7 +60,6 @@ from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolOutcome, ToolResult
 from trajcore.domain.validators import (
-    instance_of,
     nonempty_text,
     positive_seconds,
     whole_number,
@@ -221,16 +221,13 @@ class CloudPoolConfig:
     """
 
     owner: str = attrs.field(default="trajcore", validator=nonempty_text)
-    server: SlotServerSettings = attrs.field(
-        factory=lambda: SlotServerSettings(start_timeout_s=600.0),
-        validator=instance_of(SlotServerSettings),
+    server: SlotServerSettings = part(
+        SlotServerSettings, lambda: SlotServerSettings(start_timeout_s=600.0)
     )
     python: str = attrs.field(default="python3", validator=nonempty_text)
     workspace_dir: str = attrs.field(default="/tmp/trajcore-slots")  # noqa: S108 - in the sandbox
     port: int = attrs.field(default=8765, validator=whole_number(1))
-    scaling: ScaleSettings = attrs.field(
-        factory=lambda: ScaleSettings(max_containers=4), validator=instance_of(ScaleSettings)
-    )
+    scaling: ScaleSettings = part(ScaleSettings, lambda: ScaleSettings(max_containers=4))
     poll_interval_s: float = attrs.field(default=2.0, validator=positive_seconds)
     request_timeout_s: float = attrs.field(default=60.0, validator=positive_seconds)
     stop_timeout_s: float = attrs.field(default=60.0, validator=positive_seconds)

@@ -40,14 +40,13 @@ import anyio
 import attrs
 
 from trajcore.adapters.pools.pool_core import Endpoint
-from trajcore.adapters.pools.reconciled import composed_settings
+from trajcore.adapters.pools.reconciled import composed_settings, part
 from trajcore.adapters.pools.supervision import SupervisedPool, SupervisedPoolConfig
 from trajcore.domain.converters import command_words
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
 from trajcore.domain.slot_server_flags import isolation_argv
 from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.validators import (
-    instance_of,
     nonempty_text,
     optional_text,
     positive_seconds,
@@ -147,9 +146,8 @@ class ContainerPoolConfig(SupervisedPoolConfig):
             (docs/deploy.md, "Task environments in containers").
     """
 
-    server: SlotServerSettings = attrs.field(
-        factory=lambda: SlotServerSettings(start_timeout_s=60.0),
-        validator=instance_of(SlotServerSettings),
+    server: SlotServerSettings = part(
+        SlotServerSettings, lambda: SlotServerSettings(start_timeout_s=60.0)
     )
     image: str = attrs.field(default=DEFAULT_IMAGE, validator=nonempty_text)
     engine: str | None = attrs.field(default=None, validator=optional_text)

@@ -32,9 +32,9 @@ from trajcore.adapters.pools.cloud_pool import (
     ProviderSdk,
     require_sdk,
 )
-from trajcore.adapters.pools.reconciled import composed_settings
+from trajcore.adapters.pools.reconciled import composed_settings, part
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
-from trajcore.domain.validators import instance_of, nonempty_text, positive_seconds, whole_number
+from trajcore.domain.validators import nonempty_text, positive_seconds, whole_number
 
 __all__ = [
     "DaytonaCredentials",
@@ -90,12 +90,8 @@ class DaytonaPoolConfig:
         sandbox: What each Daytona sandbox is created with (``DaytonaSandboxSettings``).
     """
 
-    pool: CloudPoolConfig = attrs.field(
-        factory=CloudPoolConfig, validator=instance_of(CloudPoolConfig)
-    )
-    sandbox: DaytonaSandboxSettings = attrs.field(
-        factory=DaytonaSandboxSettings, validator=instance_of(DaytonaSandboxSettings)
-    )
+    pool: CloudPoolConfig = part(CloudPoolConfig)
+    sandbox: DaytonaSandboxSettings = part(DaytonaSandboxSettings)
 
 
 @attrs.frozen(kw_only=True)

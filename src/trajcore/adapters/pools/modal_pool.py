@@ -31,9 +31,9 @@ from trajcore.adapters.pools.cloud_pool import (
     ProviderSdk,
     require_sdk,
 )
-from trajcore.adapters.pools.reconciled import composed_settings
+from trajcore.adapters.pools.reconciled import composed_settings, part
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
-from trajcore.domain.validators import instance_of, nonempty_text, positive_seconds
+from trajcore.domain.validators import nonempty_text, positive_seconds
 
 __all__ = [
     "ModalCredentials",
@@ -92,12 +92,8 @@ class ModalPoolConfig:
         sandbox: What each Modal sandbox is created with (``ModalSandboxSettings``).
     """
 
-    pool: CloudPoolConfig = attrs.field(
-        factory=CloudPoolConfig, validator=instance_of(CloudPoolConfig)
-    )
-    sandbox: ModalSandboxSettings = attrs.field(
-        factory=ModalSandboxSettings, validator=instance_of(ModalSandboxSettings)
-    )
+    pool: CloudPoolConfig = part(CloudPoolConfig)
+    sandbox: ModalSandboxSettings = part(ModalSandboxSettings)
 
 
 @attrs.frozen(kw_only=True)

@@ -81,6 +81,7 @@ from trajcore.adapters.pools.reconciled import (
     ReconciledSource,
     Run,
     composed_settings,
+    part,
 )
 from trajcore.domain.environment_leases import Snapshot
 from trajcore.domain.errors import ConfigError
@@ -96,7 +97,6 @@ from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import Lease
 from trajcore.domain.validators import (
     flag,
-    instance_of,
     optional_text,
     positive_seconds,
 )
@@ -143,16 +143,11 @@ class NomadPoolConfig:
         stop_timeout_s: Longest stopping the job at shutdown may take.
     """
 
-    job: NomadJobSettings = attrs.field(
-        factory=NomadJobSettings, validator=instance_of(NomadJobSettings)
+    job: NomadJobSettings = part(NomadJobSettings)
+    server: SlotServerSettings = part(
+        SlotServerSettings, lambda: SlotServerSettings(slots_per_container=8, start_timeout_s=120.0)
     )
-    server: SlotServerSettings = attrs.field(
-        factory=lambda: SlotServerSettings(slots_per_container=8, start_timeout_s=120.0),
-        validator=instance_of(SlotServerSettings),
-    )
-    scaling: ScaleSettings = attrs.field(
-        factory=lambda: ScaleSettings(max_containers=10), validator=instance_of(ScaleSettings)
-    )
+    scaling: ScaleSettings = part(ScaleSettings, lambda: ScaleSettings(max_containers=10))
     address: str = attrs.field(default="http://127.0.0.1:4646", validator=_nomad_address)
     purge_on_start: bool = attrs.field(default=False, validator=flag)
     purge_on_shutdown: bool = attrs.field(default=True, validator=flag)

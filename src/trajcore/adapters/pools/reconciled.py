@@ -36,7 +36,8 @@ of as fields (its slot servers' ``SlotServerSettings`` as ``server``, which the 
 reads; its ``ScaleSettings`` as ``scaling``, which the reconciler reads; the Nomad job's
 settings, the Slurm job's, a cloud provider's sandbox settings), and
 ``composed_settings`` makes a keyword that belongs to one of those parts a ``ConfigError``
-naming the part (``NomadPoolConfig(image=...)`` says ``job=NomadJobSettings(image=...)``).
+naming the part (``NomadPoolConfig(image=...)`` says ``job=NomadJobSettings(image=...)``);
+``part`` declares each such field once: its type, its default and its check.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ from trajcore.domain.nomad_reconcile import (
 )
 from trajcore.domain.scaling import ScaleSettings
 from trajcore.domain.slot_server_settings import SlotServerSettings
+from trajcore.domain.validators import instance_of
 
 __all__ = [
     "ReconciledPool",
@@ -84,6 +86,7 @@ __all__ = [
     "Run",
     "StartBackoff",
     "composed_settings",
+    "part",
 ]
 
 _log = logging.getLogger(__name__)
@@ -134,6 +137,17 @@ def composed_settings(cls: type[S]) -> type[S]:
 
     type.__setattr__(cls, "__init__", checked_init)
     return cls
+
+
+def part(kind: type[S], default: Callable[[], S] | None = None) -> S:
+    """The attrs field of a composed config that holds a settings value of type ``kind``: made
+    by ``default`` (else ``kind()``) when not given, a ``ConfigError`` naming the field when
+    given as anything but a ``kind`` (``server: SlotServerSettings = part(SlotServerSettings,
+    lambda: SlotServerSettings(start_timeout_s=60.0))``)."""
+    field: S = attrs.field(
+        factory=kind if default is None else default, validator=instance_of(kind)
+    )
+    return field
 
 
 class ReconciledSettings(Protocol):

@@ -59,6 +59,7 @@ from trajcore.adapters.pools.reconciled import (
     ReconciledSource,
     StartBackoff,
     composed_settings,
+    part,
 )
 from trajcore.domain.errors import ConfigError, InvalidInput, SandboxUnavailable, SlotServerError
 from trajcore.domain.isolation import check_slot_uid_range
@@ -81,7 +82,6 @@ from trajcore.domain.slurm_jobs import (
 from trajcore.domain.tools import ToolOutcome, ToolResult
 from trajcore.domain.validators import (
     flag,
-    instance_of,
     non_negative_seconds,
     positive_seconds,
 )
@@ -126,16 +126,11 @@ class SlurmPoolConfig:
         confirm_timeout_s: Longest that confirmation may take.
     """
 
-    job: SlurmJobSettings = attrs.field(
-        factory=SlurmJobSettings, validator=instance_of(SlurmJobSettings)
+    job: SlurmJobSettings = part(SlurmJobSettings)
+    server: SlotServerSettings = part(
+        SlotServerSettings, lambda: SlotServerSettings(slots_per_container=8, start_timeout_s=300.0)
     )
-    server: SlotServerSettings = attrs.field(
-        factory=lambda: SlotServerSettings(slots_per_container=8, start_timeout_s=300.0),
-        validator=instance_of(SlotServerSettings),
-    )
-    scaling: ScaleSettings = attrs.field(
-        factory=lambda: ScaleSettings(max_containers=10), validator=instance_of(ScaleSettings)
-    )
+    scaling: ScaleSettings = part(ScaleSettings, lambda: ScaleSettings(max_containers=10))
     shared_dir: Path | None = attrs.field(default=None, converter=_optional_dir)
     drain_before_s: float = attrs.field(default=300.0, validator=non_negative_seconds)
     poll_interval_s: float = attrs.field(default=1.0, validator=positive_seconds)

@@ -52,7 +52,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from trajcore.adapters.pools import ssh_remote
 from trajcore.adapters.pools.pool_core import Endpoint, SlotServerPool
-from trajcore.adapters.pools.reconciled import composed_settings
+from trajcore.adapters.pools.reconciled import composed_settings, part
 from trajcore.adapters.pools.server_processes import log_tail, signal_group
 from trajcore.adapters.pools.supervision import RestartSettings, SupervisedSource
 from trajcore.domain import validators
@@ -101,15 +101,11 @@ class SshPoolConfig:
     """
 
     hosts: tuple[SshHost, ...] = attrs.field(converter=_hosts)
-    server: SlotServerSettings = attrs.field(
-        factory=SlotServerSettings, validator=validators.instance_of(SlotServerSettings)
-    )
-    ssh: SshSettings = attrs.field(
-        factory=SshSettings, validator=validators.instance_of(SshSettings)
-    )
-    restart: RestartSettings = attrs.field(
-        factory=lambda: RestartSettings(restart_attempts=8, backoff_s=0.5, backoff_max_s=30.0),
-        validator=validators.instance_of(RestartSettings),
+    server: SlotServerSettings = part(SlotServerSettings)
+    ssh: SshSettings = part(SshSettings)
+    restart: RestartSettings = part(
+        RestartSettings,
+        lambda: RestartSettings(restart_attempts=8, backoff_s=0.5, backoff_max_s=30.0),
     )
     check_timeout_s: float = attrs.field(default=30.0, validator=validators.positive_seconds)
     stop_timeout_s: float = attrs.field(default=10.0, validator=validators.positive_seconds)

@@ -38,7 +38,7 @@ from trajcore.adapters.pools.pool_core import (
     close_quietly,
     single_error,
 )
-from trajcore.adapters.pools.reconciled import composed_settings
+from trajcore.adapters.pools.reconciled import composed_settings, part
 from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
 from trajcore.domain.isolation import SlotIsolation, check_slot_uid_range
@@ -110,13 +110,9 @@ class SupervisedPoolConfig:
             server before it takes one elsewhere (and runs over the plain image).
     """
 
-    server: SlotServerSettings = attrs.field(
-        factory=SlotServerSettings, validator=validators.instance_of(SlotServerSettings)
-    )
+    server: SlotServerSettings = part(SlotServerSettings)
     containers: int = attrs.field(default=2, validator=validators.positive_int)
-    restart: RestartSettings = attrs.field(
-        factory=RestartSettings, validator=validators.instance_of(RestartSettings)
-    )
+    restart: RestartSettings = part(RestartSettings)
     stop_timeout_s: float = attrs.field(default=5.0, validator=validators.positive_seconds)
     image_cache_dir: Path | None = attrs.field(default=None, converter=_cache_path)
     image_cache_bytes: int = attrs.field(default=32 << 30, validator=validators.positive_int)
