@@ -67,6 +67,7 @@ from trajcore.adapters.pools.daytona_pool import DaytonaPoolConfig, DaytonaSandb
 from trajcore.adapters.pools.local_pool import LocalPoolConfig
 from trajcore.adapters.pools.modal_pool import ModalPoolConfig, ModalSandboxSettings
 from trajcore.adapters.pools.nomad_pool import NomadPoolConfig
+from trajcore.adapters.pools.reconciled import ReconciledSettings
 from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig
 from trajcore.adapters.pools.ssh_pool import SshPoolConfig
 from trajcore.domain.errors import ConfigError
@@ -446,12 +447,7 @@ class SandboxSettings(_Flags):
         Raises:
             ConfigError: a Nomad setting that cannot work, named by its env field.
         """
-        given = {
-            "job": self.nomad_job(),
-            "server": self.slot_servers(_NOMAD.server),
-            "scaling": self.scaling(_NOMAD.scaling),
-        }
-        return _build(self, NomadPoolConfig, ("nomad_",), given)
+        return self._scheduled(NomadPoolConfig, "nomad_", _NOMAD, job=self.nomad_job())
 
     def nomad_job(self) -> NomadJobSettings:
         """The Nomad job's settings, from the ``nomad_*`` flags (and the shared ones).
@@ -475,12 +471,7 @@ class SandboxSettings(_Flags):
         Raises:
             ConfigError: a Slurm setting that cannot work, named by its env field.
         """
-        given = {
-            "job": self.slurm_job(),
-            "server": self.slot_servers(_SLURM.server),
-            "scaling": self.scaling(_SLURM.scaling),
-        }
-        return _build(self, SlurmPoolConfig, ("slurm_",), given)
+        return self._scheduled(SlurmPoolConfig, "slurm_", _SLURM, job=self.slurm_job())
 
     def ssh_pool_config(self) -> SshPoolConfig:
         """The SSH pool's settings: each ``ssh_host`` runs ``local_containers`` servers of
@@ -540,11 +531,20 @@ class SandboxSettings(_Flags):
 
     def _cloud_pool_config(self) -> CloudPoolConfig:
         """The cloud pool's settings of the Modal and Daytona pools (``cloud_*``, shared)."""
+        return self._scheduled(CloudPoolConfig, "cloud_", _CLOUD)
+
+    def _scheduled(
+        self, target: type[T], prefix: str, default: ReconciledSettings, **parts: object
+    ) -> T:
+        """A scheduled pool's settings (``<prefix>*`` and the shared fields): its slot servers'
+        and its scaling settings, ``default``'s (the pool's own) with the env's, and ``parts``
+        (its ``job``)."""
         given = {
-            "server": self.slot_servers(_CLOUD.server),
-            "scaling": self.scaling(_CLOUD.scaling),
+            **parts,
+            "server": self.slot_servers(default.server),
+            "scaling": self.scaling(default.scaling),
         }
-        return _build(self, CloudPoolConfig, ("cloud_",), given)
+        return _build(self, target, (prefix,), given)
 
 
 _SSH_NAMES: Mapping[str, str] = {
