@@ -49,7 +49,7 @@ Pools under test must allow call timeouts down to 0.2 s (the timeout test uses 0
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import ClassVar
 
@@ -118,6 +118,15 @@ def _all_free(stats: PoolStatistics) -> bool:
 
 def _settled(free: int) -> Callable[[PoolStatistics], bool]:
     return lambda stats: _all_free(stats) and stats.free == free
+
+
+@contextlib.asynccontextmanager
+async def _one_slot_leased(
+    factory: SandboxPoolFactory,
+) -> AsyncIterator[tuple[SandboxPool, Lease]]:
+    """A pool of one slot, that slot leased (to ``"t"``) for the block."""
+    async with factory(PoolShape(slots_per_container=1)) as pool, pool.lease("t") as lease:
+        yield pool, lease
 
 
 async def _a_new_lease_runs(pool: SandboxPool) -> None:
@@ -196,31 +205,22 @@ class SandboxPoolContract(AsyncioContract):
             assert order == [0, 1, 2, 3, 4]
             await wait_for_statistics(pool, _all_free)
 
+    @pytest.mark.parametrize("the_pools", [False, True], ids=["given", "the_pools_default"])
     async def test_a_lease_deadline_gives_acquire_timeout(
-        self, sandbox_pool_factory: SandboxPoolFactory
+        self, sandbox_pool_factory: SandboxPoolFactory, the_pools: bool
     ) -> None:
-        async with sandbox_pool_factory(PoolShape(slots_per_container=1)) as pool:
+        # The deadline given to the lease, or (none given) the pool's default acquire timeout.
+        shape = PoolShape(slots_per_container=1, acquire_timeout_s=0.2 if the_pools else 30.0)
+        async with sandbox_pool_factory(shape) as pool:
             async with pool.lease("holder"):
                 with pytest.raises(AcquireTimeout):
-                    async with pool.lease("late", timeout_s=0.2):
+                    async with pool.lease("late", timeout_s=None if the_pools else 0.2):
                         pytest.fail("got a slot that was held")
                 assert pool.statistics().waiting == 0
             async with pool.lease("next", timeout_s=5.0) as lease:
                 assert lease.holder == "next"
             stats = await wait_for_statistics(pool, _all_free)
             assert stats.leases_expired >= 1
-
-    async def test_the_default_acquire_timeout_applies(
-        self, sandbox_pool_factory: SandboxPoolFactory
-    ) -> None:
-        async with sandbox_pool_factory(
-            PoolShape(slots_per_container=1, acquire_timeout_s=0.2)
-        ) as pool:
-            async with pool.lease("holder"):
-                with pytest.raises(AcquireTimeout):
-                    async with pool.lease("late"):
-                        pytest.fail("got a slot that was held")
-            await wait_for_statistics(pool, _all_free)
 
     async def test_a_waiter_cancelled_while_queued_leaves_the_queue(
         self, sandbox_pool_factory: SandboxPoolFactory
@@ -291,10 +291,7 @@ class SandboxPoolContract(AsyncioContract):
     async def test_calls_for_one_slot_run_in_order(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
-        async with (
-            sandbox_pool_factory(PoolShape(slots_per_container=1)) as pool,
-            pool.lease("t") as lease,
-        ):
+        async with _one_slot_leased(sandbox_pool_factory) as (pool, lease):
             parts = [str(k) for k in range(8)]
             calls = [
                 slot_call(lease, "write_file", path="log.txt", content=part, append=True)
@@ -352,10 +349,7 @@ class SandboxPoolContract(AsyncioContract):
     async def test_a_repeated_call_id_returns_the_first_result_without_running_again(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
-        async with (
-            sandbox_pool_factory(PoolShape(slots_per_container=1)) as pool,
-            pool.lease("t") as lease,
-        ):
+        async with _one_slot_leased(sandbox_pool_factory) as (pool, lease):
             first = slot_call(lease, "write_file", path="n", content="x", append=True)
             again = slot_call(
                 lease, "write_file", call_id=first.call.id, path="n", content="x", append=True
@@ -371,10 +365,7 @@ class SandboxPoolContract(AsyncioContract):
     async def test_failures_are_results_never_exceptions(
         self, sandbox_pool_factory: SandboxPoolFactory
     ) -> None:
-        async with (
-            sandbox_pool_factory(PoolShape(slots_per_container=1)) as pool,
-            pool.lease("t") as lease,
-        ):
+        async with _one_slot_leased(sandbox_pool_factory) as (pool, lease):
             calls = [
                 slot_call(lease, "no_such_tool", x=1),
                 slot_call(lease, "bash"),
