@@ -139,20 +139,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the host's image cache: leases may then run over an image (POST /v1/lease); "
         "off by default",
     )
-    images.add_argument(
-        "--image-cache-bytes",
-        type=int,
-        default=32 << 30,
-        metavar="N",
-        help="the cache's size limit in bytes (default: 32 GiB)",
-    )
-    images.add_argument(
-        "--snapshot-bytes",
-        type=int,
-        default=16 << 30,
-        metavar="N",
-        help="what this server's snapshots (POST /v1/snapshot) may hold (default: 16 GiB)",
-    )
+    for name, gib, what in (
+        ("--image-cache-bytes", 32, "the cache's size limit in bytes"),
+        ("--snapshot-bytes", 16, "what this server's snapshots (POST /v1/snapshot) may hold"),
+    ):
+        help_text = f"{what} (default: {gib} GiB)"
+        images.add_argument(name, type=int, default=gib << 30, metavar="N", help=help_text)
     parser.add_argument("--slot-helper", dest="retired_slot_helper", help=argparse.SUPPRESS)
     parser.add_argument(
         "--slot-uid-block",
