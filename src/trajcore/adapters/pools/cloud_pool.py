@@ -322,10 +322,6 @@ class _CloudSandboxes(ReconciledSource[CloudPoolConfig]):
         return f"{self.provider.name} sandboxes of {self.config.owner}"
 
     @property
-    def log_name(self) -> str:
-        return f"{self.provider.name} pool"
-
-    @property
     def tick_timeout_s(self) -> float:
         return self.config.request_timeout_s
 

@@ -192,10 +192,6 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
     def scheduler(self) -> str:
         return f"Nomad job {self.config.job.job_id}"
 
-    @property
-    def log_name(self) -> str:
-        return f"Nomad pool {self.config.job.job_id}"
-
     # ------------------------------------------------------------------------- source
 
     async def _set_up(self, stack: contextlib.AsyncExitStack) -> None:

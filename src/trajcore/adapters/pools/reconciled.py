@@ -227,12 +227,7 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
     @property
     @abc.abstractmethod
     def scheduler(self) -> str:
-        """Who runs the servers, for a failed start (``Nomad job trajcore``)."""
-
-    @property
-    @abc.abstractmethod
-    def log_name(self) -> str:
-        """The pool in log lines (``Nomad pool trajcore``)."""
+        """Who runs the servers (``Nomad job trajcore``), for a failed start and in log lines."""
 
     @property
     def tick_timeout_s(self) -> float | None:
@@ -274,7 +269,7 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
 
     def _joined(self, run_id: str, name: str, address: str) -> None:
         """The run's server joined as ``name``."""
-        _log.info("%s: %s joined (%s)", self.log_name, name, address)
+        _log.info("%s: %s joined (%s)", self.scheduler, name, address)
 
     # ------------------------------------------------------------------------- source
 
@@ -309,7 +304,7 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
             try:
                 await stop()
             except (self.unavailable, InvalidInput) as error:
-                _log.warning("%s: could not %s: %s", self.log_name, what, error)
+                _log.warning("%s: could not %s: %s", self.scheduler, what, error)
                 self.pool.note(f"could not {what}: {error}")
         if scope.cancelled_caught:
             self.pool.note(f"could not {what} within {limit} s")
@@ -335,7 +330,7 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
                     await self._tick()
             except (self.unavailable, InvalidInput, TimeoutError) as error:
                 reason = str(error) or self.no_answer
-                _log.warning("%s: %s", self.log_name, reason)
+                _log.warning("%s: %s", self.scheduler, reason)
                 self.pool.note(reason)
             await anyio.sleep(self.config.poll_interval_s)
 

@@ -193,10 +193,6 @@ class _SlurmJobs(ReconciledSource[SlurmPoolConfig]):
     def scheduler(self) -> str:
         return f"Slurm jobs {self.config.job.job_name}"
 
-    @property
-    def log_name(self) -> str:
-        return f"Slurm pool {self.config.job.job_name}"
-
     async def _slurm(self, argv: Sequence[str]) -> str:
         return await run_slurm(argv, self.config.command_timeout_s)
 
