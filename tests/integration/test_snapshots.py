@@ -508,3 +508,39 @@ def test_a_snapshot_moves_the_leases_workspace_and_the_lease_goes_on_over_an_ove
             assert (await client.drop_snapshot(frozen.snapshot)).removed is True
 
     asyncio.run(main())
+
+
+def test_a_snapshot_of_the_root_alone_forks_without_a_workspace_overlay_or_a_new_keeper(
+    image_server: tuple[Server, str],
+) -> None:
+    """A preparation that wrote to its root alone: the frozen lease and its forks keep plain,
+    empty workspaces of their own (nothing mounted there, seen from the host), see the
+    prepared root, and a fork's reset leaves its slot's keeper running (a fork's workspace
+    overlay would end it)."""
+    server, ref = image_server
+
+    async def main() -> None:
+        async with server.client() as client:
+            assert (await client.lease(0, 40, ref)).ok
+            code, text = await shell(server, 0, 40, "echo root-only > /prepared-root")
+            assert code == 0, text
+            frozen = await client.snapshot(0, 40)
+            assert frozen.ok, frozen
+            assert frozen.snapshot is not None
+            assert (await client.lease(1, 40, ref, snapshot=frozen.snapshot)).ok
+            for slot in (0, 1):
+                workspace = server.seen(server.root / "slots" / str(slot))
+                assert mounted_at(server, workspace) is None
+                code, text = await shell(
+                    server, slot, 40, "cat /prepared-root; ls -A /workspace; echo x > /workspace/x"
+                )
+                assert (code, text.split()) == (0, ["root-only"]), text
+                assert (workspace / "x").stat().st_uid != os.geteuid()  # the slot's own
+            keeper = (await client.list_slots()).slots[1].sandbox_pid
+            assert keeper is not None
+            await reset(server, 1, 40)
+            assert (await client.list_slots()).slots[1].sandbox_pid == keeper
+            await reset(server, 0, 40)
+            assert (await client.drop_snapshot(frozen.snapshot)).removed is True
+
+    asyncio.run(main())

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from trajcore.adapters.removal import remove_tree
 from trajcore.adapters.slot_server.idmaps import IdMaps
 from trajcore.adapters.slot_server.image_cache import CachedImage
 from trajcore.adapters.slot_server.snapshots import (
@@ -277,5 +278,46 @@ def test_a_workspace_whose_overlay_cannot_be_mounted_goes_back_to_the_lease_and_
         assert not store.forked(workspace)
         assert store.overlay_failure is not None
         assert "no-helper" in store.overlay_failure
+    finally:
+        store.close()
+
+
+@pytest.mark.skipif(not ROOT, reason="a moved workspace is given to the server: root only")
+def test_an_empty_workspace_is_neither_mounted_nor_copied_when_frozen_or_forked(
+    tmp_path: Path,
+) -> None:
+    """A lease that prepared its root alone: freezing it and starting a fork from it mount no
+    overlay (the overlays here cannot mount one: a try would be recorded as a failure) and
+    copy nothing; the frozen lease and the fork keep their own empty workspaces, the slots'."""
+    (tmp_path / "root" / "forks").mkdir(parents=True)
+    overlays = WorkspaceOverlays(
+        root=tmp_path / "root", owner=OWNER, idmaps=IdMaps(helper=tmp_path / "no-helper")
+    )
+    store = SnapshotStore(
+        tmp_path / "snapshots", locks=tmp_path / "locks", max_bytes=1 << 20, owner=OWNER,
+        overlays=overlays,
+    )  # fmt: skip
+    slot = (1000, 1000)
+    try:
+        upper, workspace = lease_files(tmp_path)
+        remove_tree(workspace / "src")
+        os.chown(workspace, *slot)
+        frozen = store.freeze(
+            upper=upper, workspace=workspace, image=image(tmp_path), parent=None, ids=slot
+        )
+        store.admit(frozen, None)
+        assert store.overlay_failure is None
+        assert list(frozen.workspace.iterdir()) == []
+        assert list(workspace.iterdir()) == []
+        assert workspace.stat().st_uid == slot[0]
+        fork = tmp_path / "fork"
+        fork.mkdir(mode=0o700)
+        os.chown(fork, 4242, 4242)
+        store.start(frozen, fork, (4242, 4242))
+        assert store.overlay_failure is None
+        assert not store.forked(fork)
+        assert list(fork.iterdir()) == []
+        assert fork.stat().st_uid == 4242
+        assert (frozen.layer / "made").read_text() == "made\n"  # the root's files are frozen
     finally:
         store.close()

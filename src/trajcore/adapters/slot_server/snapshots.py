@@ -319,12 +319,16 @@ class SnapshotStore:
         """Move ``workspace``'s entries into ``frozen``, give them to the server, and mount the
         overlay over them at ``workspace``; ``False`` when the overlay cannot be had (the
         entries are given back: the caller copies instead). Raises ``OSError`` only when what
-        was moved cannot be put back (``moved`` still names it)."""
+        was moved cannot be put back (``moved`` still names it). An empty workspace moves
+        nothing and mounts nothing: the lease goes on over its own empty workspace, as its
+        forks do (``start``)."""
         assert self.overlays is not None
         try:
             moved.names = _move_entries(workspace, frozen)
             _own(frozen, self.owner, keep_mode=True)
             os.chmod(frozen, 0o700)
+            if not moved.names:
+                return True
             self.overlays.mount(frozen, workspace, ids)
             moved.mounted = True
         except OSError as error:  # another file system (nothing moved), a failed mount
@@ -376,8 +380,14 @@ class SnapshotStore:
 
     def start(self, snapshot: Snapshot, workspace: Path, ids: tuple[int, int] | None) -> None:
         """Give ``workspace`` (an empty one) the snapshot's workspace: an overlay over it when
-        the server can mount one, else a copy given to ``ids``. Raises ``SnapshotRefused`` (a
-        full disk: what was copied is removed again)."""
+        the server can mount one, else a copy given to ``ids``; nothing where the snapshot's
+        workspace is empty (a preparation that wrote to the root alone): the lease keeps its
+        own empty workspace, as a lease over the image does, with no mount to make now and to
+        undo at its reset. Raises ``SnapshotRefused`` (a full disk: what was copied is removed
+        again)."""
+        with os.scandir(snapshot.workspace) as entries:
+            if next(entries, None) is None:
+                return
         overlays = self.overlays
         if overlays is not None and overlays.problem is None and ids is not None:
             try:
@@ -386,9 +396,6 @@ class SnapshotStore:
                 self.overlay_failure = _describe(error)
             else:
                 return
-        with os.scandir(snapshot.workspace) as entries:
-            if next(entries, None) is None:
-                return  # nothing to copy (a preparation that wrote to the root alone)
         try:
             copy_tree(snapshot.workspace, workspace, owner=ids)
         except OSError as error:
