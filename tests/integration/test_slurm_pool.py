@@ -348,18 +348,19 @@ async def test_the_pool_scales_jobs_up_with_demand_and_back_down(cluster: SlurmC
     )
     async with SlurmSandboxPool(config) as pool:
         assert pool.container_names() != []
-        assert pool.job_count == 1
+        assert pool.server_count == 1
         async with (
             pool.lease("a", timeout_s=60) as a,
             pool.lease("b", timeout_s=60) as b,
             pool.lease("c", timeout_s=60) as c,
         ):
             assert len({a.slot.container, b.slot.container, c.slot.container}) == 3
-            assert pool.job_count == 3
+            assert pool.server_count == 3
+            assert pool.servers_started >= 3
             for lease in (a, b, c):
                 assert (await _one(pool, lease, "echo up")).content == "up\n"
         await _wait_until(lambda: len(pool.container_names()) == 1, 60, "the scale-down")
-        assert pool.job_count == 1
+        assert pool.server_count == 1
         live = cluster.run("squeue", "--noheader", "--states=PENDING,RUNNING", "--format=%i")
         assert len(live.split()) == 1
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
-import secrets
 from collections.abc import Mapping, Sequence
 from typing import Literal, Protocol, TypeVar
 
@@ -46,9 +45,8 @@ import anyio
 import attrs
 
 from trajcore.adapters.pools.reconciled import (
-    ReconciledPool,
-    ReconciledSource,
-    StartBackoff,
+    IndexedPool,
+    IndexedSource,
     composed_settings,
     part,
 )
@@ -293,25 +291,21 @@ def plan_sandboxes(
 
 
 @attrs.define(eq=False, kw_only=True)
-class _CloudSandboxes(ReconciledSource[CloudPoolConfig]):
+class _CloudSandboxes(IndexedSource[CloudPoolConfig]):
     """The ``ContainerSource`` of a cloud pool: the sandboxes of one run. The shared loop
     (``ReconciledSource``) decides; this class lists, creates and deletes the sandboxes."""
 
     unavailable = ProviderError
     noun = "sandbox"
     nothing_started = "no sandbox started"
+    stopping = "delete the sandboxes"
 
     provider: CloudProvider
-    run: str = attrs.field(factory=lambda: secrets.token_hex(6))
     names: dict[str, str] = attrs.field(init=False, factory=dict)
-    count: int = attrs.field(init=False, default=0)
-    created: int = attrs.field(init=False, default=0)
     _deleting: set[str] = attrs.field(init=False, factory=set)
     # what the provider last said of a sandbox replaced after a failure (its state and
     # message), kept past its deletion for the calls that failed with it
     last_seen: dict[str, CloudSandbox] = attrs.field(init=False, factory=dict)
-    _backoff: StartBackoff = attrs.field(init=False, factory=StartBackoff)
-    _open: bool = attrs.field(init=False, default=False)
 
     @property
     def labels(self) -> dict[str, str]:
@@ -341,19 +335,10 @@ class _CloudSandboxes(ReconciledSource[CloudPoolConfig]):
                       sandbox.id, sandbox.labels.get(RUN_LABEL, "?"))  # fmt: skip
             with anyio.fail_after(self.config.request_timeout_s):
                 await self.provider.delete(sandbox.id)
-        self._open = True
-        stack.push_async_callback(self.shutdown)
-        self.count = self.config.scaling.min_containers
-        self.machine.registered(self.count)
+        self._opened(stack)
 
-    async def shutdown(self) -> None:
-        """Delete every sandbox of the run and wait until none is listed; bounded."""
-        if not self._open:
-            return
-        self._open = False
-        await self._stop_all(self._delete_all, "delete the sandboxes")
-
-    async def _delete_all(self) -> None:
+    async def _stop_runs(self) -> None:
+        """Delete every sandbox of the run and wait until none is listed."""
         while left := await self.provider.list(self.labels):
             for sandbox in left:
                 await self.provider.delete(sandbox.id)
@@ -382,9 +367,7 @@ class _CloudSandboxes(ReconciledSource[CloudPoolConfig]):
                     message = sandbox.message or sandbox.state
                     self.pool.note(f"sandbox {sandbox.id} {sandbox.state}: {message}")
         now = anyio.current_time()
-        for count in self._observe(allocations, now):
-            self.count = count
-            self.machine.scaled(count)
+        self._observed(allocations, now)
         plan = plan_sandboxes(
             ours, run=self.run, count=self.count, deleting=frozenset(self._deleting)
         )
@@ -414,7 +397,7 @@ class _CloudSandboxes(ReconciledSource[CloudPoolConfig]):
                 self.pool.signal()
             return
         self._backoff.started(index, box_id, now)
-        self.created += 1
+        self.started += 1
         _log.info("%s pool: server %d is sandbox %s", self.provider.name, index, box_id)
 
     def _replace(self, run_id: str, reason: str) -> None:
@@ -462,7 +445,7 @@ class _CloudSandboxes(ReconciledSource[CloudPoolConfig]):
         _log.info("%s pool: %s joined", self.provider.name, name)
 
 
-class CloudSandboxPool(ReconciledPool):
+class CloudSandboxPool(IndexedPool):
     """The SandboxPool port over slot servers run as a cloud provider's sandboxes.
 
     Entering deletes what a crashed run of the same owner left and waits for
@@ -510,18 +493,3 @@ class CloudSandboxPool(ReconciledPool):
     def sandbox_id(self, container: str) -> str:
         """The provider's sandbox behind ``container``. Raises ``KeyError``."""
         return self.run_id(container)
-
-    @property
-    def run(self) -> str:
-        """This pool's run ID (the ``trajcore-run`` label of its sandboxes)."""
-        return self._boxes.run
-
-    @property
-    def sandbox_count(self) -> int:
-        """The sandbox count the pool keeps."""
-        return self._boxes.count
-
-    @property
-    def sandboxes_created(self) -> int:
-        """Sandboxes created since the start (the first ones, scale-ups and replacements)."""
-        return self._boxes.created

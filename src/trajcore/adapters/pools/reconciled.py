@@ -80,6 +80,8 @@ from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.validators import instance_of
 
 __all__ = [
+    "IndexedPool",
+    "IndexedSource",
     "ReconciledPool",
     "ReconciledSettings",
     "ReconciledSource",
@@ -483,3 +485,79 @@ class StartBackoff:
     def failures(self, index: int) -> int:
         """Starts on ``index`` in a row that did not join, as last counted."""
         return self._failures.get(index, 0)
+
+
+@attrs.define(eq=False, kw_only=True)
+class IndexedSource(ReconciledSource[C_co]):
+    """The source of a pool that starts every run itself, one per server index (Slurm jobs,
+    cloud sandboxes): what it shares beside the loop. Its runs carry the pool's run ID; it keeps
+    the count the reconciler set, starts an index again only when ``StartBackoff`` says so
+    (``_backoff``; a joined server resets it) and stops every run at the pool's close
+    (``_stop_runs``, shielded and bounded, which ``stopping`` describes).
+
+    Attributes:
+        run: This pool's run ID, which each of its runs carries.
+        count: The server count the pool keeps.
+        started: Runs started since the start (the first ones, scale-ups and replacements).
+    """
+
+    stopping: ClassVar[str]
+    """What stopping every run is called in problems (``cancel the jobs``)."""
+
+    run: str = attrs.field(factory=lambda: secrets.token_hex(6))
+    count: int = attrs.field(init=False, default=0)
+    started: int = attrs.field(init=False, default=0)
+    _backoff: StartBackoff = attrs.field(init=False, factory=StartBackoff)
+    _open: bool = attrs.field(init=False, default=False)
+
+    def _opened(self, stack: AsyncExitStack) -> None:
+        """The scheduler is ready: every run stops at the pool's close, and the count starts at
+        ``scaling.min_containers``."""
+        self._open = True
+        stack.push_async_callback(self.shutdown)
+        self.count = self.config.scaling.min_containers
+        self.machine.registered(self.count)
+
+    async def shutdown(self) -> None:
+        """Stop every run of the pool (``_stop_runs``), bounded and shielded; idempotent."""
+        if not self._open:
+            return
+        self._open = False
+        await self._stop_all(self._stop_runs, self.stopping)
+
+    @abc.abstractmethod
+    async def _stop_runs(self) -> None:
+        """End every run of the pool and wait until the scheduler shows none."""
+
+    def _observed(self, allocations: Sequence[Allocation], now: float) -> None:
+        """Hand one poll to the reconciler and keep the counts it sets."""
+        for count in self._observe(allocations, now):
+            self.count = count
+            self.machine.scaled(count)
+
+    def _joined(self, run_id: str, name: str, address: str) -> None:
+        self._backoff.joined(run_id)
+        super()._joined(run_id, name, address)
+
+
+class IndexedPool(ReconciledPool):
+    """A ``ReconciledPool`` over an ``IndexedSource``: the Slurm and the cloud pools."""
+
+    def __init__(self, source: IndexedSource[ReconciledSettings], *, label: str) -> None:
+        self._indexed = source
+        super().__init__(source, label=label)
+
+    @property
+    def run(self) -> str:
+        """This pool's run ID (its jobs' and sandboxes' own label)."""
+        return self._indexed.run
+
+    @property
+    def server_count(self) -> int:
+        """The server count the pool keeps (jobs queued or running, sandboxes)."""
+        return self._indexed.count
+
+    @property
+    def servers_started(self) -> int:
+        """Runs started since the start (the first ones, scale-ups and replacements)."""
+        return self._indexed.started

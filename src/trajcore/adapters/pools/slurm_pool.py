@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import secrets
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Sequence
@@ -55,9 +54,8 @@ import anyio
 import attrs
 
 from trajcore.adapters.pools.reconciled import (
-    ReconciledPool,
-    ReconciledSource,
-    StartBackoff,
+    IndexedPool,
+    IndexedSource,
     composed_settings,
     part,
 )
@@ -171,23 +169,19 @@ async def run_slurm(argv: Sequence[str], timeout_s: float) -> str:
 
 
 @attrs.define(eq=False, kw_only=True)
-class _SlurmJobs(ReconciledSource[SlurmPoolConfig]):
+class _SlurmJobs(IndexedSource[SlurmPoolConfig]):
     """The ``ContainerSource`` of the Slurm pool: the batch jobs of one run. The shared loop
     (``ReconciledSource``) decides; this class lists, submits and cancels the jobs."""
 
     unavailable = SlurmUnavailable
     noun = "job"
     nothing_started = "no job started"
+    stopping = "cancel the jobs"
 
-    run: str = attrs.field(factory=lambda: secrets.token_hex(6))
     run_dir: Path | None = attrs.field(init=False, default=None)
-    count: int = attrs.field(init=False, default=0)
-    submitted: int = attrs.field(init=False, default=0)
     _stopping: set[str] = attrs.field(init=False, factory=set)
     _blocks: dict[str, int] = attrs.field(init=False, factory=dict)
-    _backoff: StartBackoff = attrs.field(init=False, factory=StartBackoff)
     _nodes: dict[str, str] = attrs.field(init=False, factory=dict)
-    _open: bool = attrs.field(init=False, default=False)
 
     @property
     def scheduler(self) -> str:
@@ -215,19 +209,10 @@ class _SlurmJobs(ReconciledSource[SlurmPoolConfig]):
         script.chmod(0o700)
         # what a crashed pool of this name left: its jobs hold an old token; cancel them all
         await self._slurm(scancel_argv(job_name=config.job.job_name))
-        self._open = True
-        stack.push_async_callback(self.shutdown)
-        self.count = config.scaling.min_containers
-        self.machine.registered(self.count)
+        self._opened(stack)
 
-    async def shutdown(self) -> None:
-        """Cancel every job of the pool's name and wait for them to leave the queue; bounded."""
-        if not self._open:
-            return
-        self._open = False
-        await self._stop_all(self._cancel_all, "cancel the jobs")
-
-    async def _cancel_all(self) -> None:
+    async def _stop_runs(self) -> None:
+        """Cancel every job of the pool's name and wait for them to leave the queue."""
         await self._slurm(scancel_argv(job_name=self.config.job.job_name))
         while True:  # (polling: Slurm has no event to wait on)
             jobs = await self._list()
@@ -258,9 +243,7 @@ class _SlurmJobs(ReconciledSource[SlurmPoolConfig]):
             for job in ours
         ]
         now = anyio.current_time()
-        for count in self._observe(allocations, now):
-            self.count = count
-            self.machine.scaled(count)
+        self._observed(allocations, now)
         plan = plan_jobs(
             jobs,
             run=self.run,
@@ -300,7 +283,7 @@ class _SlurmJobs(ReconciledSource[SlurmPoolConfig]):
             raise SlurmUnavailable("sbatch printed no job ID")
         self._blocks[job_id] = block
         self._backoff.started(index, job_id, now)
-        self.submitted += 1
+        self.started += 1
         _log.info(
             "Slurm pool %s: server %d submitted as job %s", config.job.job_name, index, job_id
         )
@@ -359,12 +342,8 @@ class _SlurmJobs(ReconciledSource[SlurmPoolConfig]):
         tail = self._log_tail(run_id)
         return f"job {run_id} did not join: {reason}" + (f" ({tail})" if tail else "")
 
-    def _joined(self, run_id: str, name: str, address: str) -> None:
-        self._backoff.joined(run_id)
-        super()._joined(run_id, name, address)
 
-
-class SlurmSandboxPool(ReconciledPool):
+class SlurmSandboxPool(IndexedPool):
     """The SandboxPool port over slot servers run as Slurm jobs. ``async with
     SlurmSandboxPool(config)``.
 
@@ -411,16 +390,6 @@ class SlurmSandboxPool(ReconciledPool):
     def run_dir(self) -> Path | None:
         """The pool's run directory on the shared file system while it runs."""
         return self._jobs.run_dir
-
-    @property
-    def job_count(self) -> int:
-        """The server count the pool keeps queued or running."""
-        return self._jobs.count
-
-    @property
-    def jobs_submitted(self) -> int:
-        """Jobs submitted since the start (the first ones, scale-ups and replacements)."""
-        return self._jobs.submitted
 
 
 @contextlib.asynccontextmanager
