@@ -27,9 +27,11 @@ stop a run given up on (``_replace``). What the loop keeps:
   from cancellation, within ``stop_timeout_s``, a scheduler's error or the time running out
   noted in ``problems``.
 
-Sources that start every run themselves, one per server index (Slurm, the cloud), also share
-``StartBackoff``: a server that did not join is started again on its index only after a delay
-that doubles from 0.5 s to 60 s.
+Sources that start every run themselves, one per server index (Slurm, the cloud), share more,
+written once in ``IndexedSource`` (and their pools' view of it in ``IndexedPool``): the run ID
+their runs carry, the count they keep, the runs started, ``StartBackoff`` (a server that did
+not join is started again on its index only after a delay that doubles from 0.5 s to 60 s),
+and stopping every run at the pool's close.
 
 Their settings are composed, never inherited: each pool's config holds the values it is made
 of as fields (its slot servers' ``SlotServerSettings`` as ``server``, which the pool core
