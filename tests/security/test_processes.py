@@ -159,3 +159,74 @@ def test_control_the_kit_leaves_batch_scheduling_on_the_host(kit: Path, tmp_path
         assert scheduling_of(process.pid) == (SCHED_OTHER, -10)
     finally:
         end_and_reap(process)
+
+
+# ---------------------------------------------------------------------------------- core files
+#
+# A crash writes a core file as large as the process's memory, which no file size limit bounds:
+# a policy that crashes on purpose could fill the host's disk through its workspace. Every
+# process of a slot gets ``RLIMIT_CORE`` 0 (soft and hard), whatever the server was started
+# with: the server below is started with it unlimited (as ``ulimit -c unlimited`` hands it
+# down), a lease raises its own soft limit as far as it may and crashes with SIGSEGV, and the
+# host looks for a core file in the lease's workspace. Control: the same crash on the host,
+# under the same unlimited limit, leaves one. Both need the kernel's ``core_pattern`` to name a
+# file in the crashing process's folder; a host that pipes dumps to a program skips (the kernel
+# does not apply the limit to pipes: docs/sandbox.md).
+
+CORE_PATTERN = Path("/proc/sys/kernel/core_pattern")
+UNLIMITED_CORES = ["prlimit", "--core=unlimited:unlimited", "--"]
+CRASH = "ulimit -c unlimited 2>/dev/null; ulimit -S -c unlimited 2>/dev/null; kill -SEGV $$"
+
+
+def core_files_land_in_the_crashing_folder() -> None:
+    try:
+        pattern = CORE_PATTERN.read_text().strip()
+    except OSError as error:
+        pytest.skip(f"the kernel's core_pattern cannot be read here: {error}")
+    if pattern.startswith("|") or "/" in pattern:
+        pytest.skip(f"core_pattern {pattern!r} does not write into the crashing process's folder")
+
+
+def core_files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("core"))
+
+
+@pytest.fixture(scope="module")
+def unlimited_core_server() -> Iterator[Server]:
+    """A slot server started with ``RLIMIT_CORE`` unlimited."""
+    core_files_land_in_the_crashing_folder()
+    if bwrap_missing():
+        pytest.skip("bubblewrap is not installed: there is no sandbox to attack")
+    if compiler() is None:
+        pytest.skip("no C compiler (cc, gcc, clang) to build the slot helper")
+    with server_root("core") as root:
+        running_server = start_server(root, prefix=UNLIMITED_CORES)
+        yield running_server
+        stop_server(running_server)
+
+
+def test_a_crashing_lease_leaves_no_core_file_whatever_its_servers_limit(
+    unlimited_core_server: Server,
+) -> None:
+    async def main() -> tuple[list[str], str]:
+        async with (
+            unlimited_core_server.client() as client,
+            leased(unlimited_core_server, client, 1) as lease,
+        ):
+            crashed = await lease.bash(f"sh -c '{CRASH}'; echo exit=$?")
+            return core_files(lease.workspace), crashed.content
+
+    found, said = anyio.run(main)
+    assert "exit=139" in said, f"the crash did not happen as planned: {said!r}"
+    assert found == [], f"a crashing lease wrote {found} into its workspace"
+
+
+def test_control_the_same_crash_on_the_host_leaves_a_core_file(tmp_path: Path) -> None:
+    core_files_land_in_the_crashing_folder()
+    folder = tmp_path / "crash"
+    folder.mkdir()
+    done = subprocess.run(
+        [*UNLIMITED_CORES, "sh", "-c", CRASH], cwd=folder, check=False, timeout=30
+    )
+    assert done.returncode == -11
+    assert core_files(folder) != [], "the host's crash wrote no core file: the check sees nothing"

@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_slot_helper import HAS_COMPILER, Agent
+from trajcore.adapters.slot_server.limits import rlimits_for
 from trajcore.adapters.slot_server.native_helper import build_slot_helper
+from trajcore.domain.isolation import SlotIsolation
 
 pytestmark = pytest.mark.skipif(not HAS_COMPILER, reason="no C compiler to build the helper")
 
@@ -86,6 +88,25 @@ def test_the_bare_agent_enters_the_workspace_and_sets_the_limits(
     line = next(row for row in str(limits["stdout"]).splitlines() if "Max file size" in row)
     assert line.split()[3:5] == ["4096", "4096"], line
     assert bare.greeting["tmux"] is (shutil.which("tmux") is not None)
+
+
+def test_a_slots_processes_may_write_no_core_dump_whatever_the_servers_limit(
+    tmp_path: Path,
+) -> None:
+    """The limits every slot gets hold ``RLIMIT_CORE`` 0, soft and hard, so no process of the
+    slot can raise it back; the agent is started under an unlimited core limit (the control: what
+    the server's own limit would otherwise hand down)."""
+    isolation = SlotIsolation()
+    limits = rlimits_for(isolation, cgroup_pids=True, cgroup_memory=True)
+    flags = [part for name, value in limits.items() for part in ("--limit", name, str(value))]
+    argv = ["prlimit", "--core=unlimited:unlimited", "--", *bare_argv(tmp_path, *flags)]
+    agent = start(argv, tmp_path)
+    try:
+        reply = agent.ask("exec", "10.0", "8192", "/bin/cat", "/proc/self/limits")
+    finally:
+        assert agent.close() == 0
+    line = next(row for row in str(reply["stdout"]).splitlines() if "Max core file size" in row)
+    assert line.split()[4:6] == ["0", "0"], line
 
 
 @pytest.mark.parametrize(

@@ -37,15 +37,15 @@ def test_the_tmpfs_budget_is_a_quarter_of_the_memory_in_whole_units() -> None:
 def test_without_a_memory_cgroup_processes_get_the_limit_less_the_tmpfs() -> None:
     isolation = SlotIsolation(memory_bytes=256 * MIB, max_processes=64)
     limits = rlimits_for(isolation, cgroup_pids=False, cgroup_memory=False, tmpfs_bytes=64 * MIB)
-    assert limits == {"nice": 0, "nproc": 64, "as": 192 * MIB}
+    assert limits == {"nice": 0, "core": 0, "nproc": 64, "as": 192 * MIB}
     bare = rlimits_for(isolation, cgroup_pids=False, cgroup_memory=False)
     assert bare["as"] == 256 * MIB  # an agent without a tmpfs of its own
 
 
-def test_with_cgroups_only_the_nice_limit_and_the_files_are_rlimits() -> None:
+def test_with_cgroups_only_the_nice_and_core_limits_and_the_files_are_rlimits() -> None:
     isolation = SlotIsolation(memory_bytes=256 * MIB, max_file_bytes=MIB)
     limits = rlimits_for(isolation, cgroup_pids=True, cgroup_memory=True, tmpfs_bytes=64 * MIB)
-    assert limits == {"nice": 0, "fsize": MIB}
+    assert limits == {"nice": 0, "core": 0, "fsize": MIB}
 
 
 def _by_name(name: str, rules: tuple[SyscallRule, ...] = SECCOMP_RULES) -> list[SyscallRule]:

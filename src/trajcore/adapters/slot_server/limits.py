@@ -18,7 +18,9 @@ cgroup the files' pages are charged to the slot like any other memory, and the s
 the budget is carved out of the memory limit: every process gets ``RLIMIT_AS`` of the limit less
 the budget, so the files plus any one process stay within the slot's memory
 (``rlimits_for``). ``RLIMIT_NICE`` is always 0: no process of a slot may lower its nice value,
-whatever limit the server was started with.
+whatever limit the server was started with. ``RLIMIT_CORE`` is always 0 too (soft and hard): no
+process of a slot writes a core file (the kernel does not apply it to a ``core_pattern`` that pipes
+to a program; docs/sandbox.md).
 
 A slot's cgroup is also a second way to find every process of the slot: ``kill_all`` empties it
 and ``pids`` proves it empty, which reset uses before it wipes the workspace.
@@ -236,9 +238,9 @@ def rlimits_for(
     Process count and memory are left to the cgroup when it bounds them (an address-space
     rlimit breaks runtimes that reserve large virtual ranges). Without a memory cgroup, each
     process may map the slot's memory less ``tmpfs_bytes``, the size of the lease's tmpfs
-    (``tmpfs_budget``; 0 for an agent without one). ``nice`` is always 0.
+    (``tmpfs_budget``; 0 for an agent without one). ``nice`` and ``core`` are always 0.
     """
-    limits: dict[str, int] = {"nice": 0}
+    limits: dict[str, int] = {"nice": 0, "core": 0}
     if isolation.max_processes is not None and not cgroup_pids:
         limits["nproc"] = isolation.max_processes
     if isolation.memory_bytes is not None and not cgroup_memory:

@@ -1148,8 +1148,8 @@ static bool parse_limit(const char *name, const char *value, plan *p) {
     static const struct {
         const char *name;
         int resource;
-    } known[] = {{"nproc", RLIMIT_NPROC}, {"as", RLIMIT_AS},       {"cpu", RLIMIT_CPU},
-                 {"fsize", RLIMIT_FSIZE}, {"nice", RLIMIT_NICE}};
+    } known[] = {{"nproc", RLIMIT_NPROC}, {"as", RLIMIT_AS},     {"cpu", RLIMIT_CPU},
+                 {"fsize", RLIMIT_FSIZE}, {"nice", RLIMIT_NICE}, {"core", RLIMIT_CORE}};
     char *end;
     errno = 0;
     unsigned long long number = strtoull(value, &end, 10);
