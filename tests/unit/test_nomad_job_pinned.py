@@ -218,6 +218,7 @@ def _refusal(**change: object) -> tuple[str, str]:
             "reschedule_max_delay_s",
             "must be >= reschedule_delay_s (30.0), got 10.0",
         ),
+        ({"kill_timeout_s": -1.0}, "kill_timeout_s", "must be finite seconds >= 0, got -1.0"),
         (
             {"restart_attempts": 900, "restart_delay_s": 2.0},
             "restart_attempts",
