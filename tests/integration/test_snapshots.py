@@ -521,26 +521,26 @@ def test_a_snapshot_of_the_root_alone_forks_without_a_workspace_overlay_or_a_new
 
     async def main() -> None:
         async with server.client() as client:
-            assert (await client.lease(0, 40, ref)).ok
-            code, text = await shell(server, 0, 40, "echo root-only > /prepared-root")
+            assert (await client.lease(0, 400, ref)).ok
+            code, text = await shell(server, 0, 400, "echo root-only > /prepared-root")
             assert code == 0, text
-            frozen = await client.snapshot(0, 40)
+            frozen = await client.snapshot(0, 400)
             assert frozen.ok, frozen
             assert frozen.snapshot is not None
-            assert (await client.lease(1, 40, ref, snapshot=frozen.snapshot)).ok
+            assert (await client.lease(1, 400, ref, snapshot=frozen.snapshot)).ok
             for slot in (0, 1):
                 workspace = server.seen(server.root / "slots" / str(slot))
                 assert mounted_at(server, workspace) is None
                 code, text = await shell(
-                    server, slot, 40, "cat /prepared-root; ls -A /workspace; echo x > /workspace/x"
+                    server, slot, 400, "cat /prepared-root; ls -A /workspace; echo x > /workspace/x"
                 )
                 assert (code, text.split()) == (0, ["root-only"]), text
                 assert (workspace / "x").stat().st_uid != os.geteuid()  # the slot's own
             keeper = (await client.list_slots()).slots[1].sandbox_pid
             assert keeper is not None
-            await reset(server, 1, 40)
+            await reset(server, 1, 400)
             assert (await client.list_slots()).slots[1].sandbox_pid == keeper
-            await reset(server, 0, 40)
+            await reset(server, 0, 400)
             assert (await client.drop_snapshot(frozen.snapshot)).removed is True
 
     asyncio.run(main())
