@@ -33,6 +33,8 @@ FORK_THREADS = 8
 slot's first fork makes its user namespace, which waits on a child process, so a request of many
 leases is not one thread's sequence, nor a thread hop per lease."""
 LeaseProblem = Callable[[Slot, int], "tuple[str, str] | None"]
+_Started = tuple["tuple[str, str] | None", list[int]]
+"""A fork's workspace started: its refusal (field, reason) or ``None``, and its clones."""
 
 
 def snapshot_problem(
@@ -194,37 +196,52 @@ async def _start_ready(
     refuse: Callable[[int, str, str], None], wipe_timeout_s: float,
 ) -> None:  # fmt: skip
     """Clone or mount ``found``'s workspace for every lease of ``ready`` (``FORK_THREADS``),
-    then hand each lease its snapshot (or refuse it, releasing its holds)."""
+    and make each lease's idmapped clones of its layers beside it (its keeper's lease takes
+    them: no thread hop of its own when the leases are warmed), then hand each lease its
+    snapshot (or refuse it, releasing its holds)."""
     holds = [(store.use(found, fork=True), found.hold_image()) for _ in ready]
     work = [(slot.workspace.root, sandboxes.ids(slot.index)) for _, slot, _ in ready]
+    layers = (*found.layers, found.image.rootfs)
+    lowers = sandboxes.lowers
 
-    def start_some(part: list[tuple[Path, tuple[int, int] | None]]) -> list[tuple[str, str] | None]:
-        failed: list[tuple[str, str] | None] = []
+    def start_some(part: list[tuple[Path, tuple[int, int] | None]]) -> list[_Started]:
+        failed: list[_Started] = []
         for workspace, ids in part:
             try:
                 store.start(found, workspace, ids)
-                failed.append(None)
             except SnapshotRefused as error:
-                failed.append((error.field, error.reason))
+                failed.append(((error.field, error.reason), []))
+                continue
             except Exception as error:  # noqa: BLE001 - that lease fails alone
-                failed.append(
-                    ("snapshot", f"cannot start from it: {type(error).__name__}: {error}")
-                )
+                why = f"cannot start from it: {type(error).__name__}: {error}"
+                failed.append((("snapshot", why), []))
+                continue
+            clones = [] if lowers is None else lowers.lease_clones_now(ids, layers)
+            failed.append((None, clones))
         return failed
 
     try:
         threads = min(len(work), FORK_THREADS)
         parts = [work[i::threads] for i in range(threads)]
-        done = await asyncio.gather(*(asyncio.to_thread(start_some, part) for part in parts))
+        made = asyncio.gather(*(asyncio.to_thread(start_some, part) for part in parts))
+        try:
+            done = await asyncio.shield(made)
+        except asyncio.CancelledError:  # nobody takes the clones: closed once they are made
+            made.add_done_callback(_close_clones)
+            raise
         failures = [done[at % threads][at // threads] for at in range(len(work))]
     except BaseException:
         for use, image in holds:
             use.close()
             image.close()
         raise
-    for (at, slot, epoch), (use, image), failure in zip(ready, holds, failures, strict=True):
+    for (at, slot, epoch), (use, image), (failure, clones) in zip(
+        ready, holds, failures, strict=True
+    ):
         late = failure or problem(slot, epoch)  # what changed during the clone
         if late is not None:
+            for fd in clones:
+                os.close(fd)
             if failure is None:
                 await asyncio.to_thread(store.unmount, slot.workspace.root, None)
                 await asyncio.to_thread(slot.workspace.wipe, timeout_s=wipe_timeout_s)
@@ -233,6 +250,18 @@ async def _start_ready(
             refuse(at, *late)
             continue
         slot.image, slot.image_epoch, slot.snapshot = image, epoch, use
+        slot.drop_clones()
+        if clones:
+            slot.clones = layers, clones
+
+
+def _close_clones(made: asyncio.Future[list[list[_Started]]]) -> None:
+    if made.cancelled() or made.exception() is not None:
+        return
+    for part in made.result():
+        for _, clones in part:
+            for fd in clones:
+                os.close(fd)
 
 
 def _holds_anything(path: Path) -> bool:

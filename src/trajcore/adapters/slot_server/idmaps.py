@@ -239,14 +239,18 @@ class IdMaps:
         start at once), and would stall the server's event loop meanwhile."""
         if ids is None or not layers or self.problem is not None:
             return []
-        made = asyncio.ensure_future(asyncio.to_thread(self._lease_clones, ids, layers))
+        made = asyncio.ensure_future(asyncio.to_thread(self.lease_clones_now, ids, layers))
         try:
             return await asyncio.shield(made)
         except asyncio.CancelledError:
             made.add_done_callback(_close_clones)  # nobody takes them now
             raise
 
-    def _lease_clones(self, ids: Ids, layers: Sequence[Path]) -> list[int]:
+    def lease_clones_now(self, ids: Ids | None, layers: Sequence[Path]) -> list[int]:
+        """``lease_clones``, blocking (in a worker thread the caller is in already: a fork
+        request's, which makes its leases' clones beside their workspaces)."""
+        if ids is None or not layers or self.problem is not None:
+            return []
         clones: list[int] = []
         try:
             for layer in layers:

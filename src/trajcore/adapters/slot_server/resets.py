@@ -154,6 +154,7 @@ async def _discard_layer(sandboxes: Sandboxes, slot: Slot, trash: Path) -> str |
     if not unmounted:
         return problem
     use, slot.image, slot.image_epoch = slot.image, None, None
+    slot.drop_clones()  # made ahead for a lease that never started its keeper's lease
     if use is not None:
         use.close()
     slot.snapshot = None

@@ -107,6 +107,25 @@ class Slot:
     image_epoch: int | None = None
     snapshot: SnapshotUse | None = None  # the snapshot the lease ``image_epoch`` starts from
     agent_root: str | None = None  # the image tree the live agent runs over (None: the server's)
+    clones: tuple[tuple[Path, ...], list[int]] | None = None
+    """Idmapped clones of the next lease's layers made ahead (a fork's, in its request's worker
+    thread), with those layers: that lease takes them (``take_clones``); a reset closes them."""
+
+    def take_clones(self, layers: tuple[Path, ...]) -> list[int] | None:
+        """The clones made ahead for ``layers`` (the caller closes them), or ``None`` (any made
+        for other layers are closed)."""
+        made, self.clones = self.clones, None
+        if made is None:
+            return None
+        if made[0] == layers:
+            return made[1]
+        for fd in made[1]:
+            os.close(fd)
+        return None
+
+    def drop_clones(self) -> None:
+        """Close the clones made ahead, if any (their lease will not start)."""
+        self.take_clones(())
 
     def warm_with(self, work: Coroutine[object, object, None]) -> asyncio.Task[None]:
         """Run ``work`` as the slot's ``warming`` task (the slot's next calls wait for it), which
@@ -534,8 +553,10 @@ class Sandboxes:
         keeper = await self.ensure_keeper(slot)
         op = slot.lease_op()
         root = None if slot.image is None else op
-        lowers, ids = self.lowers, self.ids(slot.index)
-        clones = [] if lowers is None else await lowers.lease_clones(ids, slot.layers())
+        lowers, ids, layers = self.lowers, self.ids(slot.index), slot.layers()
+        clones = slot.take_clones(layers)
+        if clones is None:
+            clones = [] if lowers is None else await lowers.lease_clones(ids, layers)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             reply = await keeper.ask(op, self.config.start_timeout_s, theirs, clones)
