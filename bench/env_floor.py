@@ -1,0 +1,432 @@
+"""The floor of a Python asyncio env per tool call, beside the machine's compiled spawn limit.
+
+Whatever a slot server does, the env (an Atropos env: Python, on the same cores in the
+benchmarks) spends some CPU on every tool call. This measures the least any asyncio env can
+spend, to say which of the per-call targets a Python env allows physically:
+
+- N trajectories (1, 8, 64) are asyncio tasks, each awaiting one call at a time; trajectory i
+  belongs to container i % 4, as in ``bench/call_path.py``;
+- each container holds one loopback TCP connection (an ``asyncio.Protocol``, no streams) to
+  ``bench/responder.c``, a compiled responder that answers each call with a fixed small result
+  (a slot server's result of ``true``) and spawns nothing;
+- the calls of a container are batched the way the dispatcher's group commit batches them: a
+  lone call goes at once; while a batch is in flight, the container's further calls wait and go
+  together when it returns (one request per batch, as many calls as are waiting);
+- so the only Python on the path is the env side's minimum: a coroutine resumption and a future
+  per call, the call's JSON object, one ``write`` and one read per batch, ``json.dumps`` of the
+  batch and ``json.loads`` of its results, with a length-prefixed frame (no HTTP).
+
+Levels: 1, 8 and 64 trajectories with the responder answering at once (the latency floor, and
+small batches), and 64 trajectories with each answer held back so that the calls arrive at 0.85
+of (a) in full batches of 16, the operating point of the calls target (the hold costs no CPU).
+
+Beside them, in the same run: ``bench/call_path.py pool 64`` (trajcore's env process: pool,
+dispatcher, client; and its slot servers), and the compiled reference (``bench/reference.py``):
+(a) the all-core spawn limit before and after, the higher taken, with the CPU one spawn costs.
+CPU comes from ``getrusage`` (this process) and ``/proc/<pid>/stat`` (the responder), user + sys,
+so it holds beside other load on a shared machine. The bound: a Python env at the floor with a
+zero-cost server reaches at most ``c / (c + e)`` of (a), where ``c = cores / (a)`` is what one
+compiled spawn occupies of the machine and ``e`` the env's floor per call.
+
+Run: ``.venv/bin/python bench/env_floor.py [--seconds 1.5] [--rounds 3] [--loop asyncio|uvloop]
+[--no-trajcore]`` (about 50 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import resource
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import attrs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.reference import (
+    NO_COMPILER,
+    Measured,
+    ReferenceUnavailable,
+    cache_dir,
+    compiler,
+    workers,
+)
+from bench.reference import build as build_reference
+
+SOURCE = Path(__file__).with_name("responder.c")
+CALL_PATH = Path(__file__).with_name("call_path.py")
+CONTAINERS = 4
+SLOTS = 16
+TARGET_OF_A = 0.85
+TARGET_ADDED_P50_S = 0.5e-3
+_HEADER = struct.Struct(">II")  # body length, calls
+_LENGTH = struct.Struct(">I")
+
+
+def build_responder() -> Path:
+    """``bench/responder.c``, built as the compiled reference is, when its source changed."""
+    source = SOURCE.read_bytes()
+    binary = cache_dir() / f"bench-responder-{hashlib.sha256(source).hexdigest()[:16]}"
+    if binary.is_file() and os.access(binary, os.X_OK):
+        return binary
+    cc = compiler()
+    if cc is None:
+        raise ReferenceUnavailable(NO_COMPILER.replace("reference.c", "responder.c"))
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    partial = binary.with_name(f"{binary.name}.{os.getpid()}.tmp")
+    done = subprocess.run(
+        [cc, "-O2", "-Wall", "-o", str(partial), str(SOURCE)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise ReferenceUnavailable(f"{cc} could not build bench/responder.c:\n{done.stderr}")
+    partial.replace(binary)
+    return binary
+
+
+def own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def process_cpu_s(pid: int) -> float:
+    """``pid``'s time on a CPU, user and sys (``/proc/<pid>/schedstat``: nanoseconds, where
+    ``/proc/<pid>/stat`` counts 10 ms ticks, too coarse for the responder's few milliseconds)."""
+    with open(f"/proc/{pid}/schedstat") as schedstat:
+        return int(schedstat.read().split()[0]) / 1e9
+
+
+class Container(asyncio.Protocol):
+    """One container's connection: group commit, one batch in flight, results by position."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.WriteTransport | None = None
+        self.waiting: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]] = []
+        self.in_flight: list[asyncio.Future[dict[str, Any]]] = []
+        self.flush_due = False
+        self.buffer = bytearray()
+        self.batches = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast("asyncio.WriteTransport", transport)  # uvloop's is not a subclass
+
+    def call(self, call: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+        future: asyncio.Future[dict[str, Any]] = self.loop.create_future()
+        self.waiting.append((call, future))
+        if not self.in_flight and not self.flush_due:
+            # after the callbacks already due: the trajectories resumed with this one join it
+            self.flush_due = True
+            self.loop.call_soon(self.flush)
+        return future
+
+    def flush(self) -> None:
+        self.flush_due = False
+        if self.in_flight or not self.waiting:
+            return
+        batch, self.waiting = self.waiting, []
+        body = json.dumps({"calls": [call for call, _ in batch]}, separators=(",", ":")).encode()
+        assert self.transport is not None
+        self.transport.write(_HEADER.pack(len(body), len(batch)) + body)
+        self.in_flight = [future for _, future in batch]
+        self.batches += 1
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while len(self.buffer) >= _LENGTH.size:
+            (length,) = _LENGTH.unpack_from(self.buffer)
+            if len(self.buffer) < _LENGTH.size + length:
+                break
+            results = json.loads(self.buffer[_LENGTH.size : _LENGTH.size + length])["results"]
+            del self.buffer[: _LENGTH.size + length]
+            futures, self.in_flight = self.in_flight, []
+            if len(results) != len(futures):
+                raise RuntimeError(f"{len(results)} results for {len(futures)} calls")
+            for future, result in zip(futures, results, strict=True):
+                future.set_result(result)
+        if self.waiting and not self.in_flight:
+            self.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for future in self.in_flight:
+            if not future.done():
+                future.set_exception(ConnectionError(f"the responder left: {exc}"))
+
+
+@attrs.frozen(kw_only=True)
+class Round:
+    """One round at one level: calls, seconds, CPU seconds of the env and of the responder,
+    batches sent, the latencies' p50 and p99, the 1-minute load average at its end."""
+
+    trajectories: int
+    hold_s: float
+    calls: int
+    seconds: float
+    env_cpu_s: float
+    responder_cpu_s: float
+    batches: int
+    p50_s: float
+    p99_s: float
+    load: float
+
+    @property
+    def rate(self) -> float:
+        return self.calls / self.seconds
+
+    @property
+    def env_per_call_s(self) -> float:
+        return self.env_cpu_s / self.calls
+
+    @property
+    def responder_per_call_s(self) -> float:
+        return self.responder_cpu_s / self.calls
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+async def floor_rounds(
+    binary: Path, trajectories: int, hold_s: float, seconds: float, count: int
+) -> list[Round]:
+    """``count`` rounds of ``seconds`` at one level, against a responder of its own."""
+    responder = await asyncio.create_subprocess_exec(
+        str(binary), str(round(hold_s * 1e6)), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert responder.stdout is not None
+        ready = await asyncio.wait_for(responder.stdout.readline(), 30)
+        if not ready:
+            raise ReferenceUnavailable("bench/responder.c exited before it listened")
+        port = int(json.loads(ready)["port"])
+        loop = asyncio.get_running_loop()
+        containers = []
+        for _ in range(min(CONTAINERS, trajectories)):
+            _, container = await loop.create_connection(lambda: Container(loop), "127.0.0.1", port)
+            containers.append(container)
+        stop_at = 0.0
+        latencies: list[float] = []
+        done = [0]
+
+        async def trajectory(index: int, measured: bool) -> None:
+            container = containers[index % len(containers)]
+            slot, sent = index // len(containers), 0
+            while True:
+                call = {
+                    "slot": slot, "epoch": 1, "call_id": f"f{index}-{sent}", "tool": "bash",
+                    "arguments": {"command": "true"}, "timeout_s": 30,
+                }  # fmt: skip
+                started = time.perf_counter()
+                result = await container.call(call)
+                if result["exec"]["exit_code"] != 0:
+                    raise RuntimeError(f"call failed: {result}")
+                sent += 1
+                if not measured:
+                    return
+                latencies.append(time.perf_counter() - started)
+                done[0] += 1
+                if loop.time() >= stop_at:
+                    return
+
+        await asyncio.wait_for(
+            asyncio.gather(*(trajectory(i, False) for i in range(trajectories))), hold_s + 30
+        )
+        rounds = []
+        for _ in range(count):
+            latencies.clear()
+            done[0] = 0
+            batches = sum(c.batches for c in containers)
+            own, served = own_cpu_s(), process_cpu_s(responder.pid)
+            started = time.perf_counter()
+            stop_at = loop.time() + seconds
+            await asyncio.wait_for(
+                asyncio.gather(*(trajectory(i, True) for i in range(trajectories))),
+                seconds + hold_s + 30,
+            )
+            elapsed = time.perf_counter() - started
+            rounds.append(
+                Round(
+                    trajectories=trajectories,
+                    hold_s=hold_s,
+                    calls=done[0],
+                    seconds=elapsed,
+                    env_cpu_s=own_cpu_s() - own,
+                    responder_cpu_s=process_cpu_s(responder.pid) - served,
+                    batches=sum(c.batches for c in containers) - batches,
+                    p50_s=quantile(latencies, 0.5),
+                    p99_s=quantile(latencies, 0.99),
+                    load=os.getloadavg()[0],
+                )
+            )
+        for container in containers:
+            assert container.transport is not None
+            container.transport.close()
+        return rounds
+    finally:
+        if responder.returncode is None:
+            responder.terminate()
+        await asyncio.wait_for(responder.wait(), 10)
+
+
+@attrs.frozen(kw_only=True)
+class Spawns:
+    """One run of (a) with the CPU its process tree used (user + sys of everything reaped)."""
+
+    measured: Measured
+    cpu_s: float
+
+
+def spawn_limit(binary: Path, spawners: int, seconds: float) -> Spawns:
+    before = children_cpu_s()
+    done = subprocess.run(
+        [str(binary), "spawn", str(spawners), str(seconds)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise ReferenceUnavailable(f"reference spawn failed: {done.stderr.strip()}")
+    return Spawns(measured=Measured(**json.loads(done.stdout)), cpu_s=children_cpu_s() - before)
+
+
+def trajcore_call_path(trajectories: int, seconds: float, count: int) -> list[dict[str, Any]]:
+    """``bench/call_path.py pool TRAJECTORIES`` as a child process: its JSON lines."""
+    done = subprocess.run(
+        [sys.executable, str(CALL_PATH), "pool", str(trajectories), "--seconds", str(seconds),
+         "--rounds", str(count)],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"bench/call_path.py failed:\n{done.stderr[-2000:]}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def spread(values: list[float], scale: float, fmt: str = ".0f") -> str:
+    low, high = min(values) * scale, max(values) * scale
+    return f"{low:{fmt}}" if f"{low:{fmt}}" == f"{high:{fmt}}" else f"{low:{fmt}}-{high:{fmt}}"
+
+
+def describe_level(rounds: list[Round], occupied_s: float) -> str:
+    first = rounds[0]
+    hold = f", answers held {first.hold_s * 1e3:.1f} ms" if first.hold_s else ""
+    batch = [r.calls / r.batches for r in rounds if r.batches]
+    env = [r.env_per_call_s for r in rounds]
+    return (
+        f"  {first.trajectories:>2} trajectories{hold}: {spread([r.rate for r in rounds], 1)} "
+        f"calls/s, {spread(batch, 1, '.1f')} calls/batch; env CPU/call "
+        f"{spread(env, 1e6)} us (/ a spawn's share of the cores "
+        f"{spread(env, 1 / occupied_s, '.3f')}), "
+        f"responder {spread([r.responder_per_call_s for r in rounds], 1e6, '.1f')} us; "
+        f"latency p50 {spread([r.p50_s for r in rounds], 1e6)} us, "
+        f"p99 {spread([r.p99_s for r in rounds], 1e6)} us; "
+        f"load {spread([r.load for r in rounds], 1, '.1f')}"
+    )
+
+
+async def measure(responder: Path, seconds: float, count: int, hold_s: float) -> list[list[Round]]:
+    levels = [await floor_rounds(responder, n, 0.0, seconds, count) for n in (1, 8, SLOTS * 4)]
+    levels.append(await floor_rounds(responder, SLOTS * 4, hold_s, seconds, count))
+    return levels
+
+
+def run_loop(kind: str) -> Callable[[Any], Any]:
+    if kind == "uvloop":
+        import uvloop
+
+        return lambda main: asyncio.Runner(loop_factory=uvloop.new_event_loop).run(main)
+    return asyncio.run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    parser.add_argument("--seconds", type=float, default=1.5, help="per round")
+    parser.add_argument("--rounds", type=int, default=3, help="per level")
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    parser.add_argument(
+        "--no-trajcore", action="store_true", help="leave out bench/call_path.py's comparison"
+    )
+    args = parser.parse_args()
+    load_at_start = os.getloadavg()
+    try:
+        reference, responder = build_reference(), build_responder()
+        before = spawn_limit(reference, workers(), 2.0)
+        single = spawn_limit(reference, 1, 1.0)
+    except ReferenceUnavailable as error:
+        sys.exit(f"env_floor: {error}")
+    # the calls target's operating point: 64 trajectories at 0.85 of (a), 16 calls a batch
+    hold_s = SLOTS * 4 / (TARGET_OF_A * before.measured.rate)
+    levels = run_loop(args.loop)(measure(responder, args.seconds, args.rounds, hold_s))
+    ours = [] if args.no_trajcore else trajcore_call_path(SLOTS * 4, 2.0, args.rounds)
+    after = spawn_limit(reference, workers(), 2.0)
+    best = max((before, after), key=lambda s: s.measured.rate)
+    rate = best.measured.rate
+    cores = workers()
+    occupied = cores / rate  # what one compiled spawn occupies of the machine, core-seconds
+    spawn_cpu = best.cpu_s / best.measured.count  # its user + sys, measured
+    print(
+        f"load average at start {load_at_start[0]:.2f} {load_at_start[1]:.2f} "
+        f"{load_at_start[2]:.2f}; {cores} cores; event loop: {args.loop}"
+    )
+    print(
+        f"(a) all-core spawn limit: {rate:,.0f} spawns/s ({before.measured.rate:,.0f} before, "
+        f"{after.measured.rate:,.0f} after); one spawn occupies {occupied * 1e6:.0f} us of the "
+        f"cores (cores / (a)), uses {spawn_cpu * 1e6:.0f} us CPU; one spawn at 1 worker p50 "
+        f"{single.measured.p50_s * 1e6:.0f} us"
+    )
+    print("Python env floor (asyncio tasks, futures, json, one write and one read per batch):")
+    for rounds in levels:
+        print(describe_level(rounds, occupied))
+    target_point = levels[-1]
+    floor = statistics.median(r.env_per_call_s for r in target_point)
+    floor_responder = statistics.median(r.responder_per_call_s for r in target_point)
+    budget = occupied * (1 / TARGET_OF_A - 1)
+    print(
+        f"calls at 64 >= {TARGET_OF_A} of (a) leaves {budget * 1e6:.0f} us per call outside the "
+        f"spawn; the env floor takes {floor * 1e6:.0f} us of it ({floor / budget:.2f}), leaving "
+        f"{(budget - floor) * 1e6:.0f} us for the server"
+    )
+    bound = occupied / (occupied + floor)
+    print(
+        f"BOUND calls at 64 with a Python env at the floor and a zero-cost server: "
+        f"{bound:.2f} of (a) (target {TARGET_OF_A}: "
+        f"{'physically reachable' if bound >= TARGET_OF_A else 'out of reach'}); with this "
+        f"responder's own CPU too: {occupied / (occupied + floor + floor_responder):.2f}; "
+        f"the env process alone (one core) allows {1 / (floor * rate):.1f}x (a)"
+    )
+    if ours:
+        env = [float(line["process_cpu_per_call_s"]) for line in ours]
+        server = [float(line["server_cpu_per_call_s"]) for line in ours]
+        calls = [float(line["calls_per_s"]) for line in ours]
+        print(
+            f"trajcore (bench/call_path.py pool 64, same run): {spread(calls, 1)} calls/s = "
+            f"{spread(calls, 1 / rate, '.2f')} of (a); env process {spread(env, 1e6)} us/call "
+            f"({spread(env, 1 / floor, '.1f')}x the floor), slot servers {spread(server, 1e6)} "
+            f"us/call; with trajcore's env and a zero-cost server: "
+            f"{occupied / (occupied + statistics.median(env)):.2f} of (a)"
+        )
+    latency = statistics.median(r.p50_s for r in levels[0])
+    print(
+        f"BOUND added p50 at 1 trajectory with a zero-cost server: the floor's round trip "
+        f"{latency * 1e6:.0f} us = {latency / TARGET_ADDED_P50_S:.2f} of the "
+        f"{TARGET_ADDED_P50_S * 1e3:.1f} ms target ("
+        f"{'physically reachable' if latency < TARGET_ADDED_P50_S else 'out of reach'}), leaving "
+        f"{(TARGET_ADDED_P50_S - latency) * 1e6:.0f} us for the server's own latency per call"
+    )
+
+
+if __name__ == "__main__":
+    main()
