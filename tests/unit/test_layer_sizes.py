@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trajcore.adapters.slot_server.resets import empty_trash, measure_layer
+from trajcore.adapters.slot_server.resets import _set_layer_aside, empty_trash, measure_layer
 
 
 def blocks(path: Path) -> int:
@@ -74,3 +74,22 @@ def test_the_sweep_measures_each_layer_once_and_removes_it(tmp_path: Path) -> No
     assert measured == set()  # what was removed is forgotten
     assert list(trash.iterdir()) == []
     assert empty_trash(trash, 10.0) == ([], [])
+
+
+def test_a_reset_sets_the_layer_aside_but_the_empty_folders_the_keeper_mounts_on(
+    tmp_path: Path,
+) -> None:
+    """``upper``, ``work`` and anything else go to the trash; ``root`` and ``lower-N`` stay
+    (the same folders: the next lease's keeper need not make them again) while empty."""
+    layer = make_layer(tmp_path / "layers" / "0")
+    for name in ("root", "lower-0", "lower-1", "lower-x"):
+        (layer / name).mkdir()
+    (layer / "lower-1" / "planted").write_text("x")  # not empty: set aside with the rest
+    kept = {name: (layer / name).stat().st_ino for name in ("root", "lower-0")}
+    aside = tmp_path / "trash" / "layer-0-x"
+    assert _set_layer_aside(layer, tmp_path / "trash", aside) is None
+    assert {path.name: path.stat().st_ino for path in layer.iterdir()} == kept
+    assert sorted(path.name for path in aside.iterdir()) == [
+        "fork-1-abc", "lower-1", "lower-x", "upper", "work",
+    ]  # fmt: skip
+    assert (aside / "lower-1" / "planted").read_text() == "x"
