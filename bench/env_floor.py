@@ -63,7 +63,8 @@ from bench.reference import (
 )
 from bench.reference import build as build_reference
 
-SOURCE = Path(__file__).with_name("responder.c")
+SELF = Path(__file__).resolve()
+SOURCE = SELF.with_name("responder.c")
 CALL_PATH = Path(__file__).with_name("call_path.py")
 CONTAINERS = 4
 SLOTS = 16
@@ -173,6 +174,7 @@ class Round:
     """One round at one level: calls, seconds, CPU seconds of the env and of the responder,
     batches sent, the latencies' p50 and p99, the 1-minute load average at its end."""
 
+    server: str
     trajectories: int
     hold_s: float
     calls: int
@@ -203,17 +205,18 @@ def quantile(values: list[float], q: float) -> float:
 
 
 async def floor_rounds(
-    binary: Path, trajectories: int, hold_s: float, seconds: float, count: int
+    server: list[str], trajectories: int, hold_s: float, seconds: float, count: int
 ) -> list[Round]:
-    """``count`` rounds of ``seconds`` at one level, against a responder of its own."""
+    """``count`` rounds of ``seconds`` at one level, against a responder of its own (``server``:
+    its command line, to which the hold in microseconds is added)."""
     responder = await asyncio.create_subprocess_exec(
-        str(binary), str(round(hold_s * 1e6)), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        *server, str(round(hold_s * 1e6)), stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
     try:
         assert responder.stdout is not None
         ready = await asyncio.wait_for(responder.stdout.readline(), 30)
         if not ready:
-            raise ReferenceUnavailable("bench/responder.c exited before it listened")
+            raise ReferenceUnavailable(f"{server[-1]} exited before it listened")
         port = int(json.loads(ready)["port"])
         loop = asyncio.get_running_loop()
         containers = []
@@ -262,6 +265,7 @@ async def floor_rounds(
             elapsed = time.perf_counter() - started
             rounds.append(
                 Round(
+                    server="python" if server[0] == sys.executable else "compiled",
                     trajectories=trajectories,
                     hold_s=hold_s,
                     calls=done[0],
@@ -320,16 +324,18 @@ def spread(values: list[float], scale: float, fmt: str = ".0f") -> str:
     return f"{low:{fmt}}" if f"{low:{fmt}}" == f"{high:{fmt}}" else f"{low:{fmt}}-{high:{fmt}}"
 
 
-def describe_level(rounds: list[Round], occupied_s: float) -> str:
+def describe_level(rounds: list[Round], spawn_cpu_s: float) -> str:
     first = rounds[0]
     hold = f", answers held {first.hold_s * 1e3:.1f} ms" if first.hold_s else ""
+    if first.server == "python":
+        hold += ", Python responder"
     batch = [r.calls / r.batches for r in rounds if r.batches]
     env = [r.env_per_call_s for r in rounds]
     return (
         f"  {first.trajectories:>2} trajectories{hold}: {spread([r.rate for r in rounds], 1)} "
         f"calls/s, {spread(batch, 1, '.1f')} calls/batch; env CPU/call "
-        f"{spread(env, 1e6)} us (/ a spawn's share of the cores "
-        f"{spread(env, 1 / occupied_s, '.3f')}), "
+        f"{spread(env, 1e6)} us (/ one spawn's CPU "
+        f"{spread(env, 1 / spawn_cpu_s, '.3f')}), "
         f"responder {spread([r.responder_per_call_s for r in rounds], 1e6, '.1f')} us; "
         f"latency p50 {spread([r.p50_s for r in rounds], 1e6)} us, "
         f"p99 {spread([r.p99_s for r in rounds], 1e6)} us; "
@@ -337,10 +343,77 @@ def describe_level(rounds: list[Round], occupied_s: float) -> str:
     )
 
 
-async def measure(responder: Path, seconds: float, count: int, hold_s: float) -> list[list[Round]]:
-    levels = [await floor_rounds(responder, n, 0.0, seconds, count) for n in (1, 8, SLOTS * 4)]
-    levels.append(await floor_rounds(responder, SLOTS * 4, hold_s, seconds, count))
-    return levels
+async def measure(
+    responder: Path, seconds: float, count: int, hold_s: float
+) -> tuple[list[list[Round]], list[list[Round]]]:
+    """The compiled responder's levels, then the Python responder's (1, and 64 held)."""
+    compiled = [str(responder)]
+    levels = [await floor_rounds(compiled, n, 0.0, seconds, count) for n in (1, 8, SLOTS * 4)]
+    levels.append(await floor_rounds(compiled, SLOTS * 4, hold_s, seconds, count))
+    python = [sys.executable, str(SELF), "--serve"]
+    beside = [
+        await floor_rounds(python, 1, 0.0, seconds, count),
+        await floor_rounds(python, SLOTS * 4, hold_s, seconds, count),
+    ]
+    return levels, beside
+
+
+class PythonResponder(asyncio.Protocol):
+    """The least a Python server does per batch: the frame, ``json.loads`` of the calls, one
+    result per call (its id and tool read back) and ``json.dumps`` of them, one write."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, hold_s: float) -> None:
+        self.loop = loop
+        self.hold_s = hold_s
+        self.transport: asyncio.WriteTransport | None = None
+        self.buffer = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast("asyncio.WriteTransport", transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while len(self.buffer) >= _HEADER.size:
+            length, _ = _HEADER.unpack_from(self.buffer)
+            if len(self.buffer) < _HEADER.size + length:
+                break
+            calls = json.loads(self.buffer[_HEADER.size : _HEADER.size + length])["calls"]
+            del self.buffer[: _HEADER.size + length]
+            results = [
+                {"call_id": call["call_id"], "name": call["tool"], "outcome": "ok",
+                 "content": "exit 0", "error": None,
+                 "exec": {"exit_code": 0, "stdout": "", "stderr": "", "stdout_dropped": 0,
+                          "stderr_dropped": 0, "timed_out": False, "duration_s": 0.001,
+                          "sandboxed": True}}
+                for call in calls
+            ]  # fmt: skip
+            body = json.dumps({"results": results}, separators=(",", ":")).encode()
+            frame = _LENGTH.pack(len(body)) + body
+            if self.hold_s > 0:
+                self.loop.call_later(self.hold_s, self.send, frame)
+            else:
+                self.send(frame)
+
+    def send(self, frame: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(frame)
+
+
+async def serve(hold_us: int) -> None:
+    """``--serve HOLD_US``: the Python responder, on loopback, until standard input ends."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: PythonResponder(loop, hold_us / 1e6), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    print(json.dumps({"port": port}), flush=True)
+    ended = loop.create_future()
+
+    def stdin_ready() -> None:
+        if not os.read(0, 64) and not ended.done():
+            ended.set_result(None)
+
+    loop.add_reader(0, stdin_ready)
+    await ended
+    server.close()
 
 
 def run_loop(kind: str) -> Callable[[Any], Any]:
@@ -359,7 +432,11 @@ def main() -> None:
     parser.add_argument(
         "--no-trajcore", action="store_true", help="leave out bench/call_path.py's comparison"
     )
+    parser.add_argument("--serve", type=int, metavar="HOLD_US", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve is not None:
+        run_loop(args.loop)(serve(args.serve))
+        return
     load_at_start = os.getloadavg()
     try:
         reference, responder = build_reference(), build_responder()
@@ -369,62 +446,93 @@ def main() -> None:
         sys.exit(f"env_floor: {error}")
     # the calls target's operating point: 64 trajectories at 0.85 of (a), 16 calls a batch
     hold_s = SLOTS * 4 / (TARGET_OF_A * before.measured.rate)
-    levels = run_loop(args.loop)(measure(responder, args.seconds, args.rounds, hold_s))
+    levels, python = run_loop(args.loop)(measure(responder, args.seconds, args.rounds, hold_s))
     ours = [] if args.no_trajcore else trajcore_call_path(SLOTS * 4, 2.0, args.rounds)
     after = spawn_limit(reference, workers(), 2.0)
+    report(
+        args.loop, load_at_start=load_at_start, spawns=(before, after, single), levels=levels,
+        python=python, ours=ours,
+    )  # fmt: skip
+
+
+def report(
+    loop: str,
+    *,
+    load_at_start: tuple[float, float, float],
+    spawns: tuple[Spawns, Spawns, Spawns],
+    levels: list[list[Round]],
+    python: list[list[Round]],
+    ours: list[dict[str, Any]],
+) -> None:
+    """Every figure beside its limit from the same run, then the bounds on the two targets."""
+    before, after, single = spawns
     best = max((before, after), key=lambda s: s.measured.rate)
-    rate = best.measured.rate
-    cores = workers()
-    occupied = cores / rate  # what one compiled spawn occupies of the machine, core-seconds
-    spawn_cpu = best.cpu_s / best.measured.count  # its user + sys, measured
+    rate, cores = best.measured.rate, workers()
+    # What one compiled spawn costs: its user + sys, measured (it holds beside other load), and
+    # what it occupies of the cores at the limit (cores / (a): the same on a quiet machine,
+    # more where other work takes cores from the reference).
+    cost = best.cpu_s / best.measured.count
+    occupied = cores / rate
     print(
         f"load average at start {load_at_start[0]:.2f} {load_at_start[1]:.2f} "
-        f"{load_at_start[2]:.2f}; {cores} cores; event loop: {args.loop}"
+        f"{load_at_start[2]:.2f}; {cores} cores; event loop: {loop}"
     )
     print(
         f"(a) all-core spawn limit: {rate:,.0f} spawns/s ({before.measured.rate:,.0f} before, "
-        f"{after.measured.rate:,.0f} after); one spawn occupies {occupied * 1e6:.0f} us of the "
-        f"cores (cores / (a)), uses {spawn_cpu * 1e6:.0f} us CPU; one spawn at 1 worker p50 "
-        f"{single.measured.p50_s * 1e6:.0f} us"
+        f"{after.measured.rate:,.0f} after); one spawn uses {cost * 1e6:.0f} us CPU (user+sys) "
+        f"and occupies {occupied * 1e6:.0f} us of the cores (cores / (a)); one spawn at 1 worker "
+        f"p50 {single.measured.p50_s * 1e6:.0f} us"
     )
     print("Python env floor (asyncio tasks, futures, json, one write and one read per batch):")
-    for rounds in levels:
-        print(describe_level(rounds, occupied))
-    target_point = levels[-1]
-    floor = statistics.median(r.env_per_call_s for r in target_point)
-    floor_responder = statistics.median(r.responder_per_call_s for r in target_point)
-    budget = occupied * (1 / TARGET_OF_A - 1)
+    for rounds in levels + python:
+        print(describe_level(rounds, cost))
+    floor = statistics.median(r.env_per_call_s for r in levels[-1])
+    floor_responder = statistics.median(r.responder_per_call_s for r in levels[-1])
+    # at 0.85 of (a), every call may cost (1/0.85 - 1) of a spawn beyond its own spawn
+    budget = cost * (1 / TARGET_OF_A - 1)
     print(
-        f"calls at 64 >= {TARGET_OF_A} of (a) leaves {budget * 1e6:.0f} us per call outside the "
-        f"spawn; the env floor takes {floor * 1e6:.0f} us of it ({floor / budget:.2f}), leaving "
-        f"{(budget - floor) * 1e6:.0f} us for the server"
+        f"calls at 64 >= {TARGET_OF_A} of (a) leaves {budget * 1e6:.0f} us of CPU per call "
+        f"outside the spawn; the env floor (64, held) takes {floor * 1e6:.0f} us of it "
+        f"({floor / budget:.2f}), leaving {(budget - floor) * 1e6:.0f} us for the server"
     )
-    bound = occupied / (occupied + floor)
+    bound = cost / (cost + floor)
     print(
-        f"BOUND calls at 64 with a Python env at the floor and a zero-cost server: "
-        f"{bound:.2f} of (a) (target {TARGET_OF_A}: "
-        f"{'physically reachable' if bound >= TARGET_OF_A else 'out of reach'}); with this "
-        f"responder's own CPU too: {occupied / (occupied + floor + floor_responder):.2f}; "
-        f"the env process alone (one core) allows {1 / (floor * rate):.1f}x (a)"
+        f"BOUND calls at 64, a Python env at the floor and a zero-cost server: {bound:.2f} of "
+        f"(a) (target {TARGET_OF_A}: "
+        f"{'physically reachable' if bound >= TARGET_OF_A else 'out of reach'}; by cores / (a) "
+        f"{occupied / (occupied + floor):.2f}); with this responder's CPU too "
+        f"{cost / (cost + floor + floor_responder):.2f}; the env's one core allows "
+        f"{1 / (floor * rate):.1f}x (a)"
     )
     if ours:
         env = [float(line["process_cpu_per_call_s"]) for line in ours]
         server = [float(line["server_cpu_per_call_s"]) for line in ours]
         calls = [float(line["calls_per_s"]) for line in ours]
+        pair = [e + s for e, s in zip(env, server, strict=True)]
         print(
             f"trajcore (bench/call_path.py pool 64, same run): {spread(calls, 1)} calls/s = "
             f"{spread(calls, 1 / rate, '.2f')} of (a); env process {spread(env, 1e6)} us/call "
             f"({spread(env, 1 / floor, '.1f')}x the floor), slot servers {spread(server, 1e6)} "
-            f"us/call; with trajcore's env and a zero-cost server: "
-            f"{occupied / (occupied + statistics.median(env)):.2f} of (a)"
+            f"us/call; the two {spread(pair, 1e6)} us/call = {spread(pair, 1 / budget, '.1f')}x "
+            f"the budget; trajcore's env with a zero-cost server would reach "
+            f"{cost / (cost + statistics.median(env)):.2f} of (a)"
         )
+    both = floor + statistics.median(r.responder_per_call_s for r in python[1])
+    print(
+        f"with a Python server at its own floor too (json in and out, no spawn, no agent): "
+        f"{both * 1e6:.0f} us/call for the two processes = {both / budget:.2f} of the budget; "
+        f"calls at 64 at most {cost / (cost + both):.2f} of (a)"
+    )
     latency = statistics.median(r.p50_s for r in levels[0])
     print(
-        f"BOUND added p50 at 1 trajectory with a zero-cost server: the floor's round trip "
+        f"BOUND added p50 at 1 trajectory, a zero-cost server: the floor's round trip "
         f"{latency * 1e6:.0f} us = {latency / TARGET_ADDED_P50_S:.2f} of the "
         f"{TARGET_ADDED_P50_S * 1e3:.1f} ms target ("
         f"{'physically reachable' if latency < TARGET_ADDED_P50_S else 'out of reach'}), leaving "
-        f"{(TARGET_ADDED_P50_S - latency) * 1e6:.0f} us for the server's own latency per call"
+        f"{(TARGET_ADDED_P50_S - latency) * 1e6:.0f} us for the server's own latency per call; "
+        f"with a Python server at its floor the round trip is "
+        f"{statistics.median(r.p50_s for r in python[0]) * 1e6:.0f} us = "
+        f"{statistics.median(r.p50_s for r in python[0]) / TARGET_ADDED_P50_S:.2f} of it"
     )
 
 
