@@ -19,17 +19,23 @@ spend, to say which of the per-call targets a Python env allows physically:
 Levels: 1, 8 and 64 trajectories with the responder answering at once (the latency floor, and
 small batches), and 64 trajectories with each answer held back so that the calls arrive at 0.85
 of (a) in full batches of 16, the operating point of the calls target (the hold costs no CPU).
+Then the same env against a Python responder at its own floor (``--serve``: ``json.loads`` of the
+batch, one result per call, ``json.dumps``, one write; no spawn, no agent) at 1 and at 64 held: the
+least a Python slot server could add.
 
 Beside them, in the same run: ``bench/call_path.py pool 64`` (trajcore's env process: pool,
 dispatcher, client; and its slot servers), and the compiled reference (``bench/reference.py``):
-(a) the all-core spawn limit before and after, the higher taken, with the CPU one spawn costs.
-CPU comes from ``getrusage`` (this process) and ``/proc/<pid>/stat`` (the responder), user + sys,
-so it holds beside other load on a shared machine. The bound: a Python env at the floor with a
-zero-cost server reaches at most ``c / (c + e)`` of (a), where ``c = cores / (a)`` is what one
-compiled spawn occupies of the machine and ``e`` the env's floor per call.
+(a) the all-core spawn limit before and after, the higher taken, with the CPU one spawn costs
+(user + sys of the reference's whole process tree, from ``getrusage``). CPU of this process comes
+from ``getrusage`` and of the responders from ``/proc/<pid>/schedstat``, so it holds beside other
+load on a shared machine. The bounds: with ``c`` the CPU of one compiled spawn and ``e`` the env's
+floor per call at the target's operating point, a Python env at the floor with a zero-cost server
+reaches at most ``c / (c + e)`` of (a) (all cores busy, the env's CPU displacing spawns), and 0.85
+of (a) leaves ``c * (1 / 0.85 - 1)`` of CPU per call to everything beside the spawn. For the
+added p50 at one trajectory, the floor's round trip is what a zero-cost server still costs.
 
 Run: ``.venv/bin/python bench/env_floor.py [--seconds 1.5] [--rounds 3] [--loop asyncio|uvloop]
-[--no-trajcore]`` (about 50 s).
+[--no-trajcore]`` (about 45 s; ``./dev bench`` runs it with the defaults).
 """
 
 from __future__ import annotations
