@@ -19,9 +19,10 @@ spend, to say which of the per-call targets a Python env allows physically:
 Levels: 1, 8 and 64 trajectories with the responder answering at once (the latency floor, and
 small batches), and 64 trajectories with each answer held back so that the calls arrive at 0.85
 of (a) in full batches of 16, the operating point of the calls target (the hold costs no CPU).
-Then the same env against a Python responder at its own floor (``--serve``: ``json.loads`` of the
-batch, one result per call, ``json.dumps``, one write; no spawn, no agent) at 1 and at 64 held: the
-least a Python slot server could add.
+Then the same env against a Python server at its own floor (``--serve``: ``json.loads`` of the
+batch, per call one exchange with a compiled agent over the slot's own Unix socket, as a lease has
+its agent, ``json.dumps`` of the results, one write; the agent is ``bench/responder.c`` and holds
+the answers instead) at 1 and at 64 held: the least a Python slot server could add.
 
 Beside them, in the same run: ``bench/call_path.py pool 64`` (trajcore's env process: pool,
 dispatcher, client; and its slot servers), and the compiled reference (``bench/reference.py``):
@@ -50,6 +51,7 @@ import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -210,6 +212,17 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
+async def stop(responder: asyncio.subprocess.Process) -> None:
+    """End of file on its standard input ends a responder; a stuck one is terminated."""
+    if responder.stdin is not None:
+        responder.stdin.close()
+    try:
+        await asyncio.wait_for(responder.wait(), 10)
+    except TimeoutError:
+        responder.terminate()
+        await asyncio.wait_for(responder.wait(), 10)
+
+
 async def floor_rounds(
     server: list[str], trajectories: int, hold_s: float, seconds: float, count: int
 ) -> list[Round]:
@@ -289,9 +302,7 @@ async def floor_rounds(
             container.transport.close()
         return rounds
     finally:
-        if responder.returncode is None:
-            responder.terminate()
-        await asyncio.wait_for(responder.wait(), 10)
+        await stop(responder)
 
 
 @attrs.frozen(kw_only=True)
@@ -334,7 +345,7 @@ def describe_level(rounds: list[Round], spawn_cpu_s: float) -> str:
     first = rounds[0]
     hold = f", answers held {first.hold_s * 1e3:.1f} ms" if first.hold_s else ""
     if first.server == "python":
-        hold += ", Python responder"
+        hold += ", Python server + compiled agent"
     batch = [r.calls / r.batches for r in rounds if r.batches]
     env = [r.env_per_call_s for r in rounds]
     return (
@@ -365,14 +376,18 @@ async def measure(
 
 
 class PythonResponder(asyncio.Protocol):
-    """The least a Python server does per batch: the frame, ``json.loads`` of the calls, one
-    result per call (its id and tool read back) and ``json.dumps`` of them, one write."""
+    """The least a Python slot server does per batch: the frame, ``json.loads`` of the calls;
+    per call one exchange with a compiled agent (``bench/responder.c`` again, one Unix socket
+    connection per slot, as a lease has its agent) whose answer becomes the call's result;
+    ``json.dumps`` of the results, one write. One task per batch."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, hold_s: float) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, agent_path: str) -> None:
         self.loop = loop
-        self.hold_s = hold_s
+        self.agent_path = agent_path
         self.transport: asyncio.WriteTransport | None = None
         self.buffer = bytearray()
+        self.agents: dict[int, Container] = {}
+        self.batches: set[asyncio.Task[None]] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast("asyncio.WriteTransport", transport)
@@ -385,30 +400,45 @@ class PythonResponder(asyncio.Protocol):
                 break
             calls = json.loads(self.buffer[_HEADER.size : _HEADER.size + length])["calls"]
             del self.buffer[: _HEADER.size + length]
-            results = [
-                {"call_id": call["call_id"], "name": call["tool"], "outcome": "ok",
-                 "content": "exit 0", "error": None,
-                 "exec": {"exit_code": 0, "stdout": "", "stderr": "", "stdout_dropped": 0,
-                          "stderr_dropped": 0, "timed_out": False, "duration_s": 0.001,
-                          "sandboxed": True}}
-                for call in calls
-            ]  # fmt: skip
-            body = json.dumps({"results": results}, separators=(",", ":")).encode()
-            frame = _LENGTH.pack(len(body)) + body
-            if self.hold_s > 0:
-                self.loop.call_later(self.hold_s, self.send, frame)
-            else:
-                self.send(frame)
+            task = self.loop.create_task(self.answer(calls))
+            self.batches.add(task)
+            task.add_done_callback(self.batches.discard)
 
-    def send(self, frame: bytes) -> None:
+    async def agent(self, slot: int) -> Container:
+        agent = self.agents.get(slot)
+        if agent is None:
+            loop = self.loop
+            _, agent = await loop.create_unix_connection(lambda: Container(loop), self.agent_path)
+            self.agents[slot] = agent
+        return agent
+
+    async def answer(self, calls: list[dict[str, Any]]) -> None:
+        asked = []
+        for call in calls:
+            agent = await self.agent(call["slot"])
+            asked.append(agent.call({"argv": call["arguments"]["command"]}))
+        results = []
+        for call, result in zip(calls, await asyncio.gather(*asked), strict=True):
+            result["call_id"] = call["call_id"]
+            results.append(result)
+        body = json.dumps({"results": results}, separators=(",", ":")).encode()
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(frame)
+            self.transport.write(_LENGTH.pack(len(body)) + body)
 
 
 async def serve(hold_us: int) -> None:
-    """``--serve HOLD_US``: the Python responder, on loopback, until standard input ends."""
+    """``--serve HOLD_US``: the Python responder on loopback, until standard input ends; its
+    agent, the compiled responder, holds each answer ``HOLD_US``."""
+    folder = tempfile.TemporaryDirectory(prefix="trajcore-env-floor-")
+    agent_path = f"{folder.name}/agent"
+    agent = await asyncio.create_subprocess_exec(
+        str(build_responder()), str(hold_us), agent_path,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert agent.stdout is not None
+    await asyncio.wait_for(agent.stdout.readline(), 30)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: PythonResponder(loop, hold_us / 1e6), "127.0.0.1", 0)
+    server = await loop.create_server(lambda: PythonResponder(loop, agent_path), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     print(json.dumps({"port": port}), flush=True)
     ended = loop.create_future()
@@ -420,6 +450,9 @@ async def serve(hold_us: int) -> None:
     loop.add_reader(0, stdin_ready)
     await ended
     server.close()
+    agent.terminate()
+    await asyncio.wait_for(agent.wait(), 10)
+    folder.cleanup()
 
 
 def run_loop(kind: str) -> Callable[[Any], Any]:
@@ -525,7 +558,8 @@ def report(
         )
     both = floor + statistics.median(r.responder_per_call_s for r in python[1])
     print(
-        f"with a Python server at its own floor too (json in and out, no spawn, no agent): "
+        f"with a Python server at its own floor too (json in and out, one exchange per call "
+        f"with a compiled agent, no spawn): "
         f"{both * 1e6:.0f} us/call for the two processes = {both / budget:.2f} of the budget; "
         f"calls at 64 at most {cost / (cost + both):.2f} of (a)"
     )

@@ -1,8 +1,8 @@
 /* The least a tool-call server can do: bench/env_floor.py's other end.
  *
- *   responder HOLD_US
+ *   responder HOLD_US [UNIX_PATH]
  *       Listens on 127.0.0.1 (a port the kernel picks, printed as one line of JSON on stdout:
- *       {"port": P}), accepts any number of connections and serves them from one thread with
+ *       {"port": P}), or on the Unix socket UNIX_PATH ({"port": 0}), accepts any number of connections and serves them from one thread with
  *       epoll. A request is a frame: a 4-byte big-endian body length, a 4-byte big-endian count
  *       of calls, then the body (the batch's JSON, which is not read). The answer is a frame of
  *       a 4-byte big-endian length and the body {"results":[R,...]} with one fixed result R per
@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -105,8 +107,8 @@ static int before_or_at(const struct timespec *a, const struct timespec *b) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: responder HOLD_US\n");
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: responder HOLD_US [UNIX_PATH]\n");
         return 2;
     }
     long hold_us = atol(argv[1]);
@@ -119,14 +121,26 @@ int main(int argc, char **argv) {
         memcpy(answer + 12 + i * (result + 1), RESULT, result);
         answer[12 + i * (result + 1) + result] = ',';
     }
-    int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    bool unix_socket = argc == 3;
+    int listener = socket(unix_socket ? AF_UNIX : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in address = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_un local = {.sun_family = AF_UNIX};
     socklen_t length = sizeof address;
-    if (listener < 0 || bind(listener, (struct sockaddr *)&address, sizeof address) != 0 ||
-        listen(listener, 64) != 0 ||
-        getsockname(listener, (struct sockaddr *)&address, &length) != 0)
+    if (unix_socket) {
+        if (strlen(argv[2]) >= sizeof local.sun_path) {
+            errno = ENAMETOOLONG;
+            die(argv[2]);
+        }
+        strcpy(local.sun_path, argv[2]);
+        if (listener < 0 || bind(listener, (struct sockaddr *)&local, sizeof local) != 0 ||
+            listen(listener, 256) != 0)
+            die(argv[2]);
+    } else if (listener < 0 || bind(listener, (struct sockaddr *)&address, sizeof address) != 0 ||
+               listen(listener, 64) != 0 ||
+               getsockname(listener, (struct sockaddr *)&address, &length) != 0) {
         die("listen on 127.0.0.1");
-    printf("{\"port\": %u}\n", (unsigned)ntohs(address.sin_port));
+    }
+    printf("{\"port\": %u}\n", unix_socket ? 0u : (unsigned)ntohs(address.sin_port));
     fflush(stdout);
     int poll = epoll_create1(EPOLL_CLOEXEC);
     int timer = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
@@ -164,7 +178,8 @@ int main(int argc, char **argv) {
                     die("too many connections");
                 }
                 int one = 1;
-                setsockopt(client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                if (!unix_socket)
+                    setsockopt(client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
                 connections[client] = (connection){.fd = client};
                 event.data.fd = client;
                 if (epoll_ctl(poll, EPOLL_CTL_ADD, client, &event) != 0)
