@@ -10,7 +10,8 @@ verdict (met or NOT met):
 - **(a) lease and reset over an image** against today's lease and reset, through
   ``SlotServerClient`` to a real slot server started with ``--image-cache``: a lease's start
   (``lease`` for the image, then its first ``true``) and its reset, p50 of ``--leases`` each,
-  the kinds interleaved, after a warm-up (target: at most 2x, start and reset each). The image
+  the kinds interleaved, each measured lease after a lease and reset of its own kind (as in a
+  run of one kind), after a warm-up (target: at most 2x, start and reset each). The image
   is named two ways: in podman's store (``containers-storage:``, whose hit costs one
   ``podman image inspect``) and as an OCI layout of it (``oci:``, ``podman save``); the lease
   request's round trip and the server's own figure for it are printed beside each.
