@@ -36,7 +36,7 @@ of (a) leaves ``c * (1 / 0.85 - 1)`` of CPU per call to everything beside the sp
 added p50 at one trajectory, the floor's round trip is what a zero-cost server still costs.
 
 Run: ``.venv/bin/python bench/env_floor.py [--seconds 1.5] [--rounds 3] [--loop asyncio|uvloop]
-[--no-trajcore]`` (about 45 s; ``./dev bench`` runs it with the defaults).
+[--unix] [--no-trajcore]`` (about 45 s; ``./dev bench`` runs it with the defaults).
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ CONTAINERS = 4
 SLOTS = 16
 TARGET_OF_A = 0.85
 TARGET_ADDED_P50_S = 0.5e-3
+UNIX_SOCKET = False  # --unix
 _HEADER = struct.Struct(">II")  # body length, calls
 _LENGTH = struct.Struct(">I")
 
@@ -223,13 +224,32 @@ async def stop(responder: asyncio.subprocess.Process) -> None:
         await asyncio.wait_for(responder.wait(), 10)
 
 
+async def connect(count: int, port: int, path: str | None) -> list[Container]:
+    """``count`` containers' connections, to ``path`` (a Unix socket) or else to ``port``."""
+    loop = asyncio.get_running_loop()
+    containers = []
+    for _ in range(count):
+        if path is None:
+            _, container = await loop.create_connection(lambda: Container(loop), "127.0.0.1", port)
+        else:
+            _, container = await loop.create_unix_connection(lambda: Container(loop), path)
+        containers.append(container)
+    return containers
+
+
 async def floor_rounds(
     server: list[str], trajectories: int, hold_s: float, seconds: float, count: int
 ) -> list[Round]:
     """``count`` rounds of ``seconds`` at one level, against a responder of its own (``server``:
-    its command line, to which the hold in microseconds is added)."""
+    its command line, to which the hold in microseconds is added), over loopback TCP or, with
+    ``UNIX_SOCKET`` set (``--unix``), a Unix socket (the local pool's default transport)."""
+    folder = tempfile.TemporaryDirectory(prefix="trajcore-env-floor-")
+    path = f"{folder.name}/server" if UNIX_SOCKET else None
+    where = (
+        [] if path is None else [path] if server[0] != sys.executable else ["--serve-unix", path]
+    )
     responder = await asyncio.create_subprocess_exec(
-        *server, str(round(hold_s * 1e6)), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        *server, str(round(hold_s * 1e6)), *where, stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
     try:
         assert responder.stdout is not None
@@ -238,10 +258,7 @@ async def floor_rounds(
             raise ReferenceUnavailable(f"{server[-1]} exited before it listened")
         port = int(json.loads(ready)["port"])
         loop = asyncio.get_running_loop()
-        containers = []
-        for _ in range(min(CONTAINERS, trajectories)):
-            _, container = await loop.create_connection(lambda: Container(loop), "127.0.0.1", port)
-            containers.append(container)
+        containers = await connect(min(CONTAINERS, trajectories), port, path)
         stop_at = 0.0
         latencies: list[float] = []
         done = [0]
@@ -303,6 +320,7 @@ async def floor_rounds(
         return rounds
     finally:
         await stop(responder)
+        folder.cleanup()
 
 
 @attrs.frozen(kw_only=True)
@@ -426,7 +444,7 @@ class PythonResponder(asyncio.Protocol):
             self.transport.write(_LENGTH.pack(len(body)) + body)
 
 
-async def serve(hold_us: int) -> None:
+async def serve(hold_us: int, unix_path: str | None) -> None:
     """``--serve HOLD_US``: the Python responder on loopback, until standard input ends; its
     agent, the compiled responder, holds each answer ``HOLD_US``."""
     folder = tempfile.TemporaryDirectory(prefix="trajcore-env-floor-")
@@ -438,8 +456,12 @@ async def serve(hold_us: int) -> None:
     assert agent.stdout is not None
     await asyncio.wait_for(agent.stdout.readline(), 30)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: PythonResponder(loop, agent_path), "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    if unix_path is None:
+        server = await loop.create_server(lambda: PythonResponder(loop, agent_path), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+    else:
+        server = await loop.create_unix_server(lambda: PythonResponder(loop, agent_path), unix_path)
+        port = 0
     print(json.dumps({"port": port}), flush=True)
     ended = loop.create_future()
 
@@ -471,10 +493,16 @@ def main() -> None:
     parser.add_argument(
         "--no-trajcore", action="store_true", help="leave out bench/call_path.py's comparison"
     )
+    parser.add_argument(
+        "--unix", action="store_true",
+        help="the env reaches its servers over a Unix socket (the local pool's default), not TCP",
+    )  # fmt: skip
     parser.add_argument("--serve", type=int, metavar="HOLD_US", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-unix", metavar="PATH", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    globals()["UNIX_SOCKET"] = args.unix
     if args.serve is not None:
-        run_loop(args.loop)(serve(args.serve))
+        run_loop(args.loop)(serve(args.serve, args.serve_unix))
         return
     load_at_start = os.getloadavg()
     try:
@@ -514,7 +542,8 @@ def report(
     occupied = cores / rate
     print(
         f"load average at start {load_at_start[0]:.2f} {load_at_start[1]:.2f} "
-        f"{load_at_start[2]:.2f}; {cores} cores; event loop: {loop}"
+        f"{load_at_start[2]:.2f}; {cores} cores; event loop: {loop}; env to server: "
+        f"{'Unix socket' if UNIX_SOCKET else 'loopback TCP'}"
     )
     print(
         f"(a) all-core spawn limit: {rate:,.0f} spawns/s ({before.measured.rate:,.0f} before, "
