@@ -130,11 +130,13 @@ def test_a_lease_over_an_image_runs_in_it_and_writes_to_its_own_layer(
         assert not (rootfs / "made-by-lease").exists()
         assert tree_digest(rootfs) == before
         await reset(server, 0, 1)
-        # the reset discarded the layer; the empty folders the keeper mounts on stay
+        # the reset discarded the layer: the empty folders the keeper mounts on stay, and the
+        # next lease's empty upper and work layers are made, the slot's
         kept = {path.name: list(path.iterdir()) for path in layer.iterdir()}
-        assert "root" in kept, kept
-        assert set(kept) <= {"root", *(f"lower-{i}" for i in range(17))}, kept
+        assert {"root", "upper", "work"} <= set(kept), kept
+        assert set(kept) <= {"root", "upper", "work", *(f"lower-{i}" for i in range(17))}, kept
         assert not any(kept.values()), kept
+        assert (layer / "upper").stat().st_uid == (layer / "root").stat().st_uid != 0
         again = await lease(server, 0, 2, ref)
         assert again["ok"] is True, again
         assert again["hit"] is True, again

@@ -160,7 +160,13 @@ async def _discard_layer(sandboxes: Sandboxes, slot: Slot, trash: Path) -> str |
     slot.snapshot = None
     if frozen is not None:
         frozen.close()  # the last lease over a dropped snapshot removes it
-    return problem if problem is not None else _set_layer_aside(layer, trash, aside)
+    problem = problem if problem is not None else _set_layer_aside(layer, trash, aside)
+    if problem is None and layer.is_dir():
+        try:
+            sandboxes.ready_layer(slot)  # the next lease's, off its setup
+        except OSError as failed:
+            return f"cannot make the next lease's layer: {failed}"
+    return problem
 
 
 def _unmount(frozen: SnapshotUse, slot: Slot, trash: Path, aside: Path) -> tuple[bool, str | None]:

@@ -223,13 +223,30 @@ class Sandboxes:
             os.chmod(slot.workspace.root, 0o700)
 
     def own_layer(self, slot: Slot) -> None:
-        """Make the slot's layer directory, the slot's own (mode 0700: no other slot reads it)."""
+        """Make the slot's layer directory, the slot's own (mode 0700: no other slot reads it),
+        and the next lease's empty layers in it (``ready_layer``)."""
         layer = self.layer_dir(slot)
         layer.mkdir(mode=0o700, parents=True, exist_ok=True)
         ids = self.ids(slot.index)
         if ids is not None:
             os.chown(layer, *ids)
         os.chmod(layer, 0o700)
+        self.ready_layer(slot)
+
+    def ready_layer(self, slot: Slot) -> None:
+        """Make the next lease's empty ``upper`` and ``work`` in the slot's layer directory, the
+        slot's own (mode 0755 under the server's umask, which its keeper has too: as the keeper
+        makes them), off the lease's setup: the keeper finds them there (slot_helper.c,
+        enter_image). Where one is there already, it is left."""
+        ids = self.ids(slot.index)
+        for name in ("upper", "work"):
+            folder = self.layer_dir(slot) / name
+            try:
+                folder.mkdir(mode=0o755)
+            except FileExistsError:
+                continue
+            if ids is not None:
+                os.chown(folder, *ids)
 
     def layer_dir(self, slot: Slot) -> Path:
         """The host directory of the slot's writable layer (its leases over images)."""
