@@ -18,7 +18,7 @@ from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.errors import PoolClosed
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
-from trajcore.rollout.dispatcher import ToolDispatcher
+from trajcore.rollout.dispatcher import ToolDispatcher, _Backend
 
 _ids = itertools.count(1)
 
@@ -294,3 +294,32 @@ async def test_exiting_before_the_loop_first_runs_is_clean() -> None:
         for _ in range(20):
             async with ToolDispatcher(pool, BatchConfig()):
                 pass  # exit at once: the loop task may not have started yet
+
+
+@pytest.mark.anyio
+async def test_the_backend_looked_up_once_reads_anyios_clock_and_makes_its_events() -> None:
+    """The hot path's clock and events (looked up when the dispatcher starts) are anyio's own."""
+    backend = _Backend.running()
+    for _ in range(3):
+        before = anyio.current_time()
+        read = backend.clock()
+        assert before <= read <= anyio.current_time()
+        await anyio.sleep(0.001)
+    event = backend.event()
+    assert type(event) is type(anyio.Event())
+    assert isinstance(event, anyio.Event)
+    assert not event.is_set()
+
+    async def set_it() -> None:
+        await anyio.sleep(0.001)
+        event.set()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(set_it)
+            await event.wait()
+    assert event.is_set()
+
+
+def test_outside_an_asyncio_loop_the_backend_reads_anyios_clock() -> None:
+    assert _Backend.running().clock is anyio.current_time
