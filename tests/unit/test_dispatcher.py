@@ -6,8 +6,9 @@ the batch, or the test waits on what the fake recorded, never on a clock.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 
 import anyio
@@ -18,7 +19,7 @@ from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.errors import PoolClosed
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
-from trajcore.rollout.dispatcher import ToolDispatcher, _Backend
+from trajcore.rollout.dispatcher import ToolDispatcher, _Backend, _FutureWaiter, _Waiter
 
 _ids = itertools.count(1)
 
@@ -323,3 +324,74 @@ async def test_the_backend_looked_up_once_reads_anyios_clock_and_makes_its_event
 
 def test_outside_an_asyncio_loop_the_backend_reads_anyios_clock() -> None:
     assert _Backend.running().clock is anyio.current_time
+
+
+def _anyio_waiter() -> _Waiter | _FutureWaiter:
+    return _Waiter(anyio.Event())
+
+
+def _future_waiter() -> _Waiter | _FutureWaiter:
+    return _FutureWaiter(asyncio.get_running_loop())
+
+
+WAITERS = pytest.mark.parametrize("make", [_anyio_waiter, _future_waiter], ids=["anyio", "future"])
+
+
+@pytest.mark.anyio
+async def test_asyncio_gets_the_future_waiter() -> None:
+    assert isinstance(_Backend.running().waiter(), _FutureWaiter)
+
+
+@WAITERS
+@pytest.mark.anyio
+async def test_a_waiter_hands_over_its_first_result_whenever_it_is_awaited(
+    make: Callable[[], _Waiter | _FutureWaiter],
+) -> None:
+    """The future waiter (asyncio's hot path) and the anyio one behave alike."""
+    first = ToolResult.infra_errors([ToolCall(id="a", name="bash")], "first")[0]
+    second = ToolResult.infra_errors([ToolCall(id="a", name="bash")], "second")[0]
+    early = make()
+    assert not early.delivered()
+    early.deliver(first)
+    early.deliver(second)
+    assert early.delivered()
+    with anyio.fail_after(5):
+        assert await early.wait() is first
+    late = make()
+
+    async def deliver_soon() -> None:
+        await anyio.sleep(0.001)
+        late.deliver(None)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(deliver_soon)
+            assert await late.wait() is None
+    assert late.delivered()
+
+
+@WAITERS
+@pytest.mark.anyio
+async def test_a_delivered_waiter_still_yields_to_a_cancellation(
+    make: Callable[[], _Waiter | _FutureWaiter],
+) -> None:
+    waiter = make()
+    waiter.deliver(None)
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await waiter.wait()
+        pytest.fail("wait() returned inside a cancelled scope")
+    assert scope.cancelled_caught
+
+
+@WAITERS
+@pytest.mark.anyio
+async def test_a_cancelled_wait_leaves_the_waiter_undelivered(
+    make: Callable[[], _Waiter | _FutureWaiter],
+) -> None:
+    waiter = make()
+    with anyio.move_on_after(0.01) as scope:
+        await waiter.wait()
+    assert scope.cancelled_caught
+    assert not waiter.delivered()  # so the caller withdraws its queued call
+    waiter.deliver(None)  # a late result is dropped without an error

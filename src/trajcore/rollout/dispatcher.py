@@ -28,6 +28,7 @@ the env process's CPU per call at 64 trajectories (docs/benchmarks.md).
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -70,9 +71,58 @@ class DispatcherStatistics:
     largest_batch: int = 0
 
 
+class _Waiter:
+    """Where one call's result waits for its caller, on any backend (an anyio event)."""
+
+    __slots__ = ("_done", "_result")
+
+    def __init__(self, done: anyio.Event) -> None:
+        self._done = done
+        self._result: ToolResult | None = None
+
+    def deliver(self, result: ToolResult | None) -> None:
+        """Hand the caller ``result`` (``None``: the dispatcher stopped); the first one counts."""
+        if not self._done.is_set():
+            self._result = result
+            self._done.set()
+
+    def delivered(self) -> bool:
+        return self._done.is_set()
+
+    async def wait(self) -> ToolResult | None:
+        await self._done.wait()
+        return self._result
+
+
+class _FutureWaiter:
+    """``_Waiter`` on asyncio, one future instead of an anyio event around an asyncio one.
+
+    The same cancellation points: a waiter already delivered still yields once before it returns
+    (anyio's checkpoint in ``Event.wait``), and a cancelled caller leaves it undelivered.
+    """
+
+    __slots__ = ("_future",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._future: asyncio.Future[ToolResult | None] = loop.create_future()
+
+    def deliver(self, result: ToolResult | None) -> None:
+        if not self._future.done():
+            self._future.set_result(result)
+
+    def delivered(self) -> bool:
+        return self._future.done() and not self._future.cancelled()
+
+    async def wait(self) -> ToolResult | None:
+        if self._future.done() and not self._future.cancelled():
+            await asyncio.sleep(0)
+        return await self._future
+
+
 @attrs.frozen
 class _Backend:
-    """The running backend's clock and event class, looked up once (see the module's notes).
+    """The running backend's clock, event class and waiters, looked up once (see the module's
+    notes).
 
     ``clock()`` reads what ``anyio.current_time()`` reads and ``event()`` makes what
     ``anyio.Event()`` makes, in the event loop that was running when ``running()`` was called.
@@ -80,6 +130,7 @@ class _Backend:
 
     clock: Callable[[], float]
     event: Callable[[], anyio.Event]
+    waiter: Callable[[], _Waiter | _FutureWaiter]
 
     @classmethod
     def running(cls) -> _Backend:
@@ -87,16 +138,9 @@ class _Backend:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # another backend than asyncio: its clock through anyio
-            return cls(clock=anyio.current_time, event=event)
-        return cls(clock=loop.time, event=event)  # anyio's asyncio clock is the loop's
-
-
-class _Waiter:
-    __slots__ = ("done", "result")
-
-    def __init__(self, done: anyio.Event) -> None:
-        self.done = done
-        self.result: ToolResult | None = None
+            return cls(clock=anyio.current_time, event=event, waiter=lambda: _Waiter(event()))
+        # anyio's asyncio clock is the loop's
+        return cls(clock=loop.time, event=event, waiter=functools.partial(_FutureWaiter, loop))
 
 
 class ToolDispatcher:
@@ -112,9 +156,11 @@ class ToolDispatcher:
         self._pool = pool
         self._planner = BatchPlanner(config)
         self._grace_s = grace_s
-        self._waiters: dict[_Key, _Waiter] = {}
+        self._waiters: dict[_Key, _Waiter | _FutureWaiter] = {}
         self._wake = anyio.Event()
-        self._backend = _Backend(clock=anyio.current_time, event=anyio.Event)
+        self._backend = _Backend(
+            clock=anyio.current_time, event=anyio.Event, waiter=lambda: _Waiter(anyio.Event())
+        )
         self._group: anyio.abc.TaskGroup | None = None
         self._closed = False
         self._stats = DispatcherStatistics()
@@ -133,7 +179,7 @@ class ToolDispatcher:
             group.cancel_scope.cancel()
             await group.__aexit__(None, None, None)
         for waiter in self._waiters.values():
-            waiter.done.set()  # their callers see no result and raise PoolClosed
+            waiter.deliver(None)  # their callers see no result and raise PoolClosed
 
     def statistics(self) -> DispatcherStatistics:
         """A snapshot of the counts so far."""
@@ -152,27 +198,27 @@ class ToolDispatcher:
             raise PoolClosed("the tool dispatcher is not running")
         backend = self._backend
         now = backend.clock()
-        waiters: list[tuple[SlotCall, _Waiter]] = []
+        waiters: list[tuple[SlotCall, _Waiter | _FutureWaiter]] = []
         try:
             for call in calls:
                 key = _key(call)
-                waiter = _Waiter(backend.event())
+                waiter = backend.waiter()
                 self._planner.offer(call, now)
                 self._waiters[key] = waiter
                 waiters.append((call, waiter))
             self._wake.set()
             results: list[ToolResult] = []
             for _call, waiter in waiters:
-                await waiter.done.wait()
-                if waiter.result is None:
+                result = await waiter.wait()
+                if result is None:
                     raise PoolClosed("the tool dispatcher stopped before the call returned")
-                results.append(waiter.result)
+                results.append(result)
             return results
         finally:
             withdrawn = 0
             for call, waiter in waiters:
                 self._waiters.pop(_key(call), None)
-                if waiter.done.is_set() or self._closed:
+                if waiter.delivered() or self._closed:
                     continue
                 if self._planner.withdraw(call):  # still queued: it never goes out
                     withdrawn += 1
@@ -212,8 +258,7 @@ class ToolDispatcher:
         for call, result in zip(calls, results, strict=True):
             waiter = self._waiters.get(_key(call))
             if waiter is not None:
-                waiter.result = result
-                waiter.done.set()
+                waiter.deliver(result)
         self._planner.complete(batch.id, self._backend.clock())
         stats = self._stats
         self._stats = attrs.evolve(
