@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from trajcore.adapters.pools.client import SlotServerClient
 from trajcore.adapters.pools.leasing import SlotLeasing
 from trajcore.domain.errors import InvalidInput, SlotServerError
-from trajcore.domain.slot_protocol import execute_call
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolOutcome, ToolResult
 
@@ -65,7 +64,7 @@ async def execute_batch(
     if runnable:
         assert client is not None
         try:
-            answers = await client.execute([execute_call(calls[i]) for i in runnable])
+            answers = await client.execute_slot_calls([calls[i] for i in runnable])
         except (SlotServerError, InvalidInput) as error:
             reason = f"slot server {container} failed the batch: {error}"
             for i in runnable:

@@ -34,6 +34,7 @@ import attrs
 from trajcore.adapters.http1.client import HTTPClient
 from trajcore.adapters.http1.errors import HTTPError, RequestTimedOut
 from trajcore.adapters.http1.values import Limits, Origin, parse_url
+from trajcore.adapters.pools.batch_wire import batch_body
 from trajcore.adapters.slot_server.codec import decode, encode
 from trajcore.domain.errors import (
     ConfigError,
@@ -67,7 +68,9 @@ from trajcore.domain.slot_protocol import (
     SlotListing,
     SnapshotAnswer,
     SnapshotRequest,
+    execute_call,
 )
+from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolResult
 
 __all__ = ["SlotServerClient"]
@@ -145,8 +148,9 @@ class SlotServerClient:
     async def _request(
         self, method: str, path: str, body: object, kind: type[T], timeout_s: float
     ) -> T:
+        """``body`` (a protocol value, ``None`` for none, or ``bytes`` already encoded)."""
         http, origin, prefix = self._open()
-        raw = encode(body) if body is not None else b""
+        raw = body if isinstance(body, bytes) else b"" if body is None else encode(body)
         url = self.base_url + path
         try:
             response = await http.request(
@@ -209,12 +213,24 @@ class SlotServerClient:
         answer = await self._request(
             "POST", "/v1/execute", batch, ExecuteResponse, batch.deadline_s(self.grace_s)
         )
-        if len(answer.results) != len(calls):
-            raise WireError("$.results", f"{len(answer.results)} results for {len(calls)} calls")
-        for i, (call, result) in enumerate(zip(calls, answer.results, strict=True)):
-            if result.call_id != call.call_id:
-                raise WireError(f"$.results[{i}].call_id", f"answers {result.call_id!r}")
-        return list(answer.results)
+        return _results(answer, [call.call_id for call in calls])
+
+    async def execute_slot_calls(self, calls: Sequence[SlotCall]) -> list[ToolResult]:
+        """``execute([execute_call(call) for call in calls])``, the pools' hot path: the same
+        request, deadline, results and errors, with the body written straight from the calls
+        (``batch_wire``) when they have the plain shape.
+
+        Raises ``SlotServerError``, ``WireError`` (a call the protocol refuses, as
+        ``execute_call`` refuses it, or an answer as ``execute`` refuses it).
+        """
+        fast = batch_body(calls)
+        if fast is None:
+            return await self.execute([execute_call(call) for call in calls])
+        body, limit_s = fast
+        answer = await self._request(
+            "POST", "/v1/execute", body, ExecuteResponse, limit_s + self.grace_s
+        )
+        return _results(answer, [call.call.id for call in calls])
 
     async def reset(self, slot: int, epoch: int) -> ResetResult:
         """Kill the slot's sandbox and wipe it, retiring ``epoch``. ``ok=False``: quarantine it.
@@ -384,6 +400,16 @@ def _fail(batch: list[tuple[int, int, asyncio.Future[LeaseAnswer]]], error: Exce
     for _, _, future in batch:
         if not future.done():
             future.set_exception(error)
+
+
+def _results(answer: ExecuteResponse, call_ids: list[str]) -> list[ToolResult]:
+    """The batch's results, once they answer the calls ``call_ids`` one for one, in order."""
+    if len(answer.results) != len(call_ids):
+        raise WireError("$.results", f"{len(answer.results)} results for {len(call_ids)} calls")
+    for i, (call_id, result) in enumerate(zip(call_ids, answer.results, strict=True)):
+        if result.call_id != call_id:
+            raise WireError(f"$.results[{i}].call_id", f"answers {result.call_id!r}")
+    return list(answer.results)
 
 
 def _error_body(payload: bytes) -> ErrorBody:
