@@ -22,7 +22,9 @@ Rules it keeps:
 Every call passes through here, so the hot path looks the event loop up once, when the
 dispatcher starts (``_Backend``): ``anyio.current_time()`` and ``anyio.Event()`` each find the
 running backend anew on every use (a context lookup and the current task), which was a tenth of
-the env process's CPU per call at 64 trajectories (docs/benchmarks.md).
+the env process's CPU per call at 64 trajectories (docs/benchmarks.md). On asyncio a call's
+result waits in one future (``_FutureWaiter``) rather than an anyio event wrapping an asyncio
+event, with the same cancellation points.
 """
 
 from __future__ import annotations
