@@ -151,30 +151,53 @@ def test_subclasses_are_left_to_the_general_path() -> None:
         general(calls)  # which accepts them
 
 
-leaf = st.one_of(
+json_leaf = st.one_of(
     st.none(), st.booleans(), st.integers(-(10**20), 10**20), st.text(max_size=6),
-    st.floats(), st.binary(max_size=3),
+    st.floats(allow_nan=False, allow_infinity=False),
 )  # fmt: skip
-json_like = st.recursive(
-    leaf,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=3),
-        st.dictionaries(st.one_of(st.text(max_size=4), st.integers()), inner, max_size=3),
-    ),
+json_value = st.recursive(
+    json_leaf,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(), inner)),
     max_leaves=6,
 )
-anything = st.one_of(leaf, st.builds(Text, st.text(max_size=3)), st.builds(Whole, st.integers()))
-calls = st.builds(
-    slot_call,
-    index=st.one_of(st.integers(-2, 10**6), anything),
-    epoch=st.one_of(st.integers(-2, 10**6), anything),
-    call_id=st.one_of(st.text(max_size=6), anything),
-    tool=st.one_of(st.sampled_from(["bash", "read_file"]), st.text(max_size=4), anything),
-    arguments=st.one_of(st.dictionaries(st.text(max_size=6), json_like, max_size=4), json_like),
-    timeout_s=st.one_of(st.floats(), st.integers(-(2**60), 2**60), anything),
+edges = st.sampled_from(
+    ["", 0, -1, 0.0, -0.0, math.nan, math.inf, 10**400, 2**53 + 1, True, False, {}, []]
 )
+anything = st.one_of(
+    edges, st.none(), st.integers(-(2**60), 2**60), st.text(max_size=4), st.floats(),
+    st.binary(max_size=3), st.builds(Text, st.text(max_size=3)), st.builds(Whole, st.integers()),
+    st.lists(st.integers(), max_size=2), st.dictionaries(st.integers(), st.sets(st.integers())),
+)  # fmt: skip
+VALID: dict[str, st.SearchStrategy[Any]] = {
+    "index": st.integers(0, 10**6),
+    "epoch": st.integers(0, 10**6),
+    "call_id": st.text(min_size=1, max_size=6),
+    "tool": st.sampled_from(["bash", "read_file", "t"]),
+    "arguments": st.dictionaries(st.text(max_size=6), json_value, max_size=4),
+    "timeout_s": st.one_of(st.floats(min_value=5e-324, max_value=1e300), st.integers(1, 2**53)),
+}
 
 
-@given(st.lists(calls, max_size=4))
+@st.composite
+def calls(draw: st.DrawFn, wrong: str | None = None) -> SlotCall:
+    """A call whose fields are all valid, or all but one (``wrong``, or a drawn one, gets any
+    value, an edge value half of the time)."""
+    fields = {name: draw(strategy) for name, strategy in VALID.items()}
+    if wrong is None and draw(st.booleans()):
+        wrong = draw(st.sampled_from(sorted(VALID)))
+    if wrong is not None:
+        fields[wrong] = draw(st.one_of(edges, anything))
+    return slot_call(**fields)
+
+
+@given(st.lists(calls(), max_size=4))
 def test_any_batch_the_fast_path_takes_it_writes_as_the_general_path(batch: list[SlotCall]) -> None:
+    agrees(batch)
+
+
+@pytest.mark.parametrize("field", sorted(VALID))
+@given(data=st.data())
+def test_a_batch_with_one_field_of_any_value_agrees(field: str, data: st.DataObject) -> None:
+    batch = data.draw(st.lists(calls(), max_size=3))
+    batch.insert(data.draw(st.integers(0, len(batch))), data.draw(calls(wrong=field)))
     agrees(batch)
