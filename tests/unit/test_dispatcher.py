@@ -14,12 +14,14 @@ from contextlib import AbstractAsyncContextManager
 import anyio
 import pytest
 
+from trajcore.adapters.event_loops import FutureWaiter, asyncio_hooks
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.errors import PoolClosed
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
-from trajcore.rollout.dispatcher import ToolDispatcher, _Backend, _FutureWaiter, _Waiter
+from trajcore.ports.event_loop import LoopHooks, ResultWaiter
+from trajcore.rollout.dispatcher import ToolDispatcher, _Backend, _Waiter
 
 _ids = itertools.count(1)
 
@@ -27,6 +29,16 @@ _ids = itertools.count(1)
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+HookFactory = Callable[[], LoopHooks | None] | None
+
+
+@pytest.fixture(params=[None, asyncio_hooks], ids=["anyio", "asyncio_hooks"])
+def loop_hooks(request: pytest.FixtureRequest) -> HookFactory:
+    """Every scenario runs with anyio's portable waiters and with the asyncio loop's own."""
+    hooks: HookFactory = request.param
+    return hooks
 
 
 def bash(lease: Lease, command: str, *, timeout_s: float = 5.0) -> SlotCall:
@@ -68,11 +80,13 @@ class RaisingPool:
 
 
 @pytest.mark.anyio
-async def test_calls_from_many_trajectories_go_out_as_one_request_per_container() -> None:
+async def test_calls_from_many_trajectories_go_out_as_one_request_per_container(
+    loop_hooks: HookFactory,
+) -> None:
     config = BatchConfig(window_ms=60_000.0, max_batch_size=8, eager=False)
     outputs: dict[int, str] = {}
     async with FakeSandboxPool(containers=1, slots_per_container=8) as pool:
-        async with ToolDispatcher(pool, config) as dispatcher:
+        async with ToolDispatcher(pool, config, loop_hooks=loop_hooks) as dispatcher:
 
             async def trajectory(i: int) -> None:
                 async with pool.lease(f"t{i}") as lease:
@@ -91,12 +105,12 @@ async def test_calls_from_many_trajectories_go_out_as_one_request_per_container(
 
 
 @pytest.mark.anyio
-async def test_each_caller_gets_its_own_results_in_order() -> None:
+async def test_each_caller_gets_its_own_results_in_order(loop_hooks: HookFactory) -> None:
     config = BatchConfig(window_ms=1.0, max_batch_size=16)
     got: dict[int, list[str]] = {}
     async with (
         FakeSandboxPool(containers=2, slots_per_container=4) as pool,
-        ToolDispatcher(pool, config) as dispatcher,
+        ToolDispatcher(pool, config, loop_hooks=loop_hooks) as dispatcher,
     ):
 
         async def trajectory(i: int) -> None:
@@ -113,13 +127,13 @@ async def test_each_caller_gets_its_own_results_in_order() -> None:
 
 
 @pytest.mark.anyio
-async def test_a_slow_container_never_delays_another() -> None:
+async def test_a_slow_container_never_delays_another(loop_hooks: HookFactory) -> None:
     config = BatchConfig(window_ms=0.0, max_batch_size=8)
     async with FakeSandboxPool(containers=2, slots_per_container=1) as pool:
         slow, fast = pool.container_names()
         pool.hang_container(slow)
         async with (
-            ToolDispatcher(pool, config) as dispatcher,
+            ToolDispatcher(pool, config, loop_hooks=loop_hooks) as dispatcher,
             pool.lease("a") as first,
             pool.lease("b") as second,
         ):
@@ -140,13 +154,15 @@ async def test_a_slow_container_never_delays_another() -> None:
 
 
 @pytest.mark.anyio
-async def test_a_batch_that_raises_fails_only_its_own_calls_as_infra_errors() -> None:
+async def test_a_batch_that_raises_fails_only_its_own_calls_as_infra_errors(
+    loop_hooks: HookFactory,
+) -> None:
     config = BatchConfig(window_ms=0.0, max_batch_size=8)
     async with FakeSandboxPool(containers=2, slots_per_container=2) as fake:
         broken = fake.container_names()[0]
         pool = RaisingPool(fake, broken)
         results: dict[str, ToolResult] = {}
-        async with ToolDispatcher(pool, config) as dispatcher:
+        async with ToolDispatcher(pool, config, loop_hooks=loop_hooks) as dispatcher:
 
             async def trajectory(i: int) -> None:
                 async with pool.lease(f"t{i}") as lease:
@@ -168,13 +184,13 @@ async def test_a_batch_that_raises_fails_only_its_own_calls_as_infra_errors() ->
 
 
 @pytest.mark.anyio
-async def test_a_cancelled_caller_withdraws_its_queued_calls() -> None:
+async def test_a_cancelled_caller_withdraws_its_queued_calls(loop_hooks: HookFactory) -> None:
     config = BatchConfig(window_ms=60_000.0, max_batch_size=64, eager=True)
     async with FakeSandboxPool(containers=1, slots_per_container=2) as pool:
         (container,) = pool.container_names()
         pool.hang_container(container)
         async with (
-            ToolDispatcher(pool, config) as dispatcher,
+            ToolDispatcher(pool, config, loop_hooks=loop_hooks) as dispatcher,
             pool.lease("a") as a,
             pool.lease("b") as b,
         ):
@@ -205,13 +221,15 @@ async def _cancel_soon(scope: anyio.CancelScope) -> None:
 
 
 @pytest.mark.anyio
-async def test_cancelling_a_caller_in_flight_costs_no_one_else_their_result() -> None:
+async def test_cancelling_a_caller_in_flight_costs_no_one_else_their_result(
+    loop_hooks: HookFactory,
+) -> None:
     config = BatchConfig(window_ms=60_000.0, max_batch_size=2, eager=False)
     async with FakeSandboxPool(containers=1, slots_per_container=2) as pool:
         (container,) = pool.container_names()
         pool.hang_container(container)
         async with (
-            ToolDispatcher(pool, config) as dispatcher,
+            ToolDispatcher(pool, config, loop_hooks=loop_hooks) as dispatcher,
             pool.lease("a") as a,
             pool.lease("b") as b,
         ):
@@ -238,10 +256,10 @@ async def _cancel_after_batch(pool: FakeSandboxPool, scope: anyio.CancelScope) -
 
 
 @pytest.mark.anyio
-async def test_a_stale_lease_is_rejected_through_the_dispatcher() -> None:
+async def test_a_stale_lease_is_rejected_through_the_dispatcher(loop_hooks: HookFactory) -> None:
     async with (
         FakeSandboxPool(containers=1, slots_per_container=1) as pool,
-        ToolDispatcher(pool, BatchConfig()) as dispatcher,
+        ToolDispatcher(pool, BatchConfig(), loop_hooks=loop_hooks) as dispatcher,
     ):
         async with pool.lease("old") as old:
             pass
@@ -255,9 +273,15 @@ async def test_a_stale_lease_is_rejected_through_the_dispatcher() -> None:
 
 
 @pytest.mark.anyio
-async def test_calls_after_the_pool_closed_are_infra_errors_and_after_exit_pool_closed() -> None:
+async def test_calls_after_the_pool_closed_are_infra_errors_and_after_exit_pool_closed(
+    loop_hooks: HookFactory,
+) -> None:
     pool = FakeSandboxPool(containers=1, slots_per_container=1)
-    async with pool, ToolDispatcher(pool, BatchConfig()) as dispatcher, pool.lease("t") as lease:
+    async with (
+        pool,
+        ToolDispatcher(pool, BatchConfig(), loop_hooks=loop_hooks) as dispatcher,
+        pool.lease("t") as lease,
+    ):
         await pool.aclose()
         (result,) = await dispatcher.run([bash(lease, "true")])
     assert result.outcome is ToolOutcome.INFRA_ERROR
@@ -268,13 +292,15 @@ async def test_calls_after_the_pool_closed_are_infra_errors_and_after_exit_pool_
 
 
 @pytest.mark.anyio
-async def test_callers_waiting_when_the_dispatcher_stops_get_pool_closed() -> None:
+async def test_callers_waiting_when_the_dispatcher_stops_get_pool_closed(
+    loop_hooks: HookFactory,
+) -> None:
     async with FakeSandboxPool(containers=1, slots_per_container=1) as pool:
         (container,) = pool.container_names()
         pool.hang_container(container)
         errors: list[BaseException] = []
         async with pool.lease("t") as lease:
-            dispatcher = ToolDispatcher(pool, BatchConfig())
+            dispatcher = ToolDispatcher(pool, BatchConfig(), loop_hooks=loop_hooks)
 
             async def caller() -> None:
                 try:
@@ -290,10 +316,10 @@ async def test_callers_waiting_when_the_dispatcher_stops_get_pool_closed() -> No
 
 
 @pytest.mark.anyio
-async def test_exiting_before_the_loop_first_runs_is_clean() -> None:
+async def test_exiting_before_the_loop_first_runs_is_clean(loop_hooks: HookFactory) -> None:
     async with FakeSandboxPool() as pool:
         for _ in range(20):
-            async with ToolDispatcher(pool, BatchConfig()):
+            async with ToolDispatcher(pool, BatchConfig(), loop_hooks=loop_hooks):
                 pass  # exit at once: the loop task may not have started yet
 
 
@@ -322,30 +348,47 @@ async def test_the_backend_looked_up_once_reads_anyios_clock_and_makes_its_event
     assert event.is_set()
 
 
-def test_outside_an_asyncio_loop_the_backend_reads_anyios_clock() -> None:
+def test_without_hooks_the_backend_reads_anyios_clock() -> None:
     assert _Backend.running().clock is anyio.current_time
 
 
-def _anyio_waiter() -> _Waiter | _FutureWaiter:
+def test_outside_an_asyncio_loop_there_are_no_asyncio_hooks() -> None:
+    assert asyncio_hooks() is None
+
+
+@pytest.mark.anyio
+async def test_the_asyncio_hooks_read_the_loops_clock() -> None:
+    hooks = asyncio_hooks()
+    assert hooks is not None
+    backend = _Backend.running(hooks)
+    for _ in range(3):
+        before = anyio.current_time()
+        read = backend.clock()
+        assert before <= read <= anyio.current_time()
+        await anyio.sleep(0.001)
+
+
+def _anyio_waiter() -> ResultWaiter:
     return _Waiter(anyio.Event())
 
 
-def _future_waiter() -> _Waiter | _FutureWaiter:
-    return _FutureWaiter(asyncio.get_running_loop())
+def _future_waiter() -> ResultWaiter:
+    return FutureWaiter(asyncio.get_running_loop())
 
 
 WAITERS = pytest.mark.parametrize("make", [_anyio_waiter, _future_waiter], ids=["anyio", "future"])
 
 
 @pytest.mark.anyio
-async def test_asyncio_gets_the_future_waiter() -> None:
-    assert isinstance(_Backend.running().waiter(), _FutureWaiter)
+async def test_asyncio_hooks_give_the_future_waiter_and_no_hooks_the_anyio_one() -> None:
+    assert isinstance(_Backend.running(asyncio_hooks()).waiter(), FutureWaiter)
+    assert isinstance(_Backend.running().waiter(), _Waiter)
 
 
 @WAITERS
 @pytest.mark.anyio
 async def test_a_waiter_hands_over_its_first_result_whenever_it_is_awaited(
-    make: Callable[[], _Waiter | _FutureWaiter],
+    make: Callable[[], ResultWaiter],
 ) -> None:
     """The future waiter (asyncio's hot path) and the anyio one behave alike."""
     first = ToolResult.infra_errors([ToolCall(id="a", name="bash")], "first")[0]
@@ -373,7 +416,7 @@ async def test_a_waiter_hands_over_its_first_result_whenever_it_is_awaited(
 @WAITERS
 @pytest.mark.anyio
 async def test_a_delivered_waiter_still_yields_to_a_cancellation(
-    make: Callable[[], _Waiter | _FutureWaiter],
+    make: Callable[[], ResultWaiter],
 ) -> None:
     waiter = make()
     waiter.deliver(None)
@@ -387,7 +430,7 @@ async def test_a_delivered_waiter_still_yields_to_a_cancellation(
 @WAITERS
 @pytest.mark.anyio
 async def test_a_cancelled_wait_leaves_the_waiter_undelivered(
-    make: Callable[[], _Waiter | _FutureWaiter],
+    make: Callable[[], ResultWaiter],
 ) -> None:
     waiter = make()
     with anyio.move_on_after(0.01) as scope:

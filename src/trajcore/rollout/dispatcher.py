@@ -22,15 +22,14 @@ Rules it keeps:
 Every call passes through here, so the hot path looks the event loop up once, when the
 dispatcher starts (``_Backend``): ``anyio.current_time()`` and ``anyio.Event()`` each find the
 running backend anew on every use (a context lookup and the current task), which was a tenth of
-the env process's CPU per call at 64 trajectories (docs/benchmarks.md). On asyncio a call's
-result waits in one future (``_FutureWaiter``) rather than an anyio event wrapping an asyncio
-event, with the same cancellation points.
+the env process's CPU per call at 64 trajectories (docs/benchmarks.md). Given ``loop_hooks``
+(``trajcore.ports.event_loop``), it takes the clock and the result waiters from the running
+loop's adapter instead (on asyncio, ``trajcore.adapters.event_loops.asyncio_hooks``: the loop's
+clock, one future per call), with the same cancellation points.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -42,6 +41,7 @@ from trajcore.domain.batch_planner import Batch, BatchConfig, BatchPlanner
 from trajcore.domain.errors import PoolClosed
 from trajcore.domain.slots import SlotCall, SlotId
 from trajcore.domain.tools import ToolResult
+from trajcore.ports.event_loop import LoopHooks, ResultWaiter
 from trajcore.ports.sandbox_pool import SandboxPool
 
 __all__ = ["DispatcherStatistics", "ToolDispatcher"]
@@ -96,31 +96,6 @@ class _Waiter:
         return self._result
 
 
-class _FutureWaiter:
-    """``_Waiter`` on asyncio, one future instead of an anyio event around an asyncio one.
-
-    The same cancellation points: a waiter already delivered still yields once before it returns
-    (anyio's checkpoint in ``Event.wait``), and a cancelled caller leaves it undelivered.
-    """
-
-    __slots__ = ("_future",)
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._future: asyncio.Future[ToolResult | None] = loop.create_future()
-
-    def deliver(self, result: ToolResult | None) -> None:
-        if not self._future.done():
-            self._future.set_result(result)
-
-    def delivered(self) -> bool:
-        return self._future.done() and not self._future.cancelled()
-
-    async def wait(self) -> ToolResult | None:
-        if self._future.done() and not self._future.cancelled():
-            await asyncio.sleep(0)
-        return await self._future
-
-
 @attrs.frozen
 class _Backend:
     """The running backend's clock, event class and waiters, looked up once (see the module's
@@ -132,17 +107,15 @@ class _Backend:
 
     clock: Callable[[], float]
     event: Callable[[], anyio.Event]
-    waiter: Callable[[], _Waiter | _FutureWaiter]
+    waiter: Callable[[], ResultWaiter]
 
     @classmethod
-    def running(cls) -> _Backend:
+    def running(cls, hooks: LoopHooks | None = None) -> _Backend:
+        """The running backend's, or ``hooks``' clock and waiters where given."""
         event = type(anyio.Event())  # the backend's own class; calling it skips the lookup
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # another backend than asyncio: its clock through anyio
+        if hooks is None:
             return cls(clock=anyio.current_time, event=event, waiter=lambda: _Waiter(event()))
-        # anyio's asyncio clock is the loop's
-        return cls(clock=loop.time, event=event, waiter=functools.partial(_FutureWaiter, loop))
+        return cls(clock=hooks.clock, event=event, waiter=hooks.waiter)
 
 
 class ToolDispatcher:
@@ -152,13 +125,24 @@ class ToolDispatcher:
         pool: Where batches run.
         config: The batching window (``window_ms``, ``max_batch_size``, ``eager``).
         grace_s: Slack added to a batch's longest call timeout before the batch is abandoned.
+        loop_hooks: Called when the dispatcher starts, in its loop: that loop's clock and
+            result waiters (``trajcore.adapters.event_loops.asyncio_hooks``), or ``None`` for
+            anyio's portable ones (also the default).
     """
 
-    def __init__(self, pool: SandboxPool, config: BatchConfig, *, grace_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        pool: SandboxPool,
+        config: BatchConfig,
+        *,
+        grace_s: float = 10.0,
+        loop_hooks: Callable[[], LoopHooks | None] | None = None,
+    ) -> None:
         self._pool = pool
+        self._loop_hooks = loop_hooks
         self._planner = BatchPlanner(config)
         self._grace_s = grace_s
-        self._waiters: dict[_Key, _Waiter | _FutureWaiter] = {}
+        self._waiters: dict[_Key, ResultWaiter] = {}
         self._wake = anyio.Event()
         self._backend = _Backend(
             clock=anyio.current_time, event=anyio.Event, waiter=lambda: _Waiter(anyio.Event())
@@ -168,7 +152,7 @@ class ToolDispatcher:
         self._stats = DispatcherStatistics()
 
     async def __aenter__(self) -> ToolDispatcher:
-        self._backend = _Backend.running()
+        self._backend = _Backend.running(None if self._loop_hooks is None else self._loop_hooks())
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
         self._group.start_soon(self._loop, self._group)
@@ -200,7 +184,7 @@ class ToolDispatcher:
             raise PoolClosed("the tool dispatcher is not running")
         backend = self._backend
         now = backend.clock()
-        waiters: list[tuple[SlotCall, _Waiter | _FutureWaiter]] = []
+        waiters: list[tuple[SlotCall, ResultWaiter]] = []
         try:
             for call in calls:
                 key = _key(call)

@@ -28,6 +28,7 @@ from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[im
 )
 from typing_extensions import TypeVar
 
+from trajcore.adapters.event_loops import asyncio_hooks
 from trajcore.adapters.llm.atropos import ServerManagerChatServer, close_server_manager
 from trajcore.adapters.tool_server import ToolRegistry
 from trajcore.domain.agent_loop import StopReason
@@ -433,7 +434,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             if pool is None:
                 pool = await stack.enter_async_context(self.make_pool())
             dispatcher = await stack.enter_async_context(
-                ToolDispatcher(pool, self.settings.batching)
+                ToolDispatcher(pool, self.settings.batching, loop_hooks=asyncio_hooks)
             )
             await anyio.lowlevel.checkpoint()  # the dispatcher's loop starts before any exit
             self._services = RolloutServices(
