@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.reference import build
 from bench.rollouts import start_keepers
+from trajcore.adapters.event_loops import asyncio_hooks
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.agent_loop import AgentLoopConfig
 from trajcore.domain.batch_planner import BatchConfig
@@ -191,7 +192,9 @@ async def child(args: argparse.Namespace) -> None:
     elapsed = 0.0
     async with (
         LocalSandboxPool(pool_config) as pool,
-        ToolDispatcher(pool, BatchConfig(window_ms=args.window_ms)) as dispatcher,
+        ToolDispatcher(
+            pool, BatchConfig(window_ms=args.window_ms), loop_hooks=asyncio_hooks
+        ) as dispatcher,
     ):
         await start_keepers(pool, args.servers * slots)
 

@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+from trajcore.adapters.event_loops import asyncio_hooks
 from trajcore.adapters.pools.client import SlotServerClient
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
@@ -156,7 +157,7 @@ async def through_pool(workers: int, seconds: float, count: int) -> None:
     batching = BatchConfig(window_ms=5.0)
     async with (
         LocalSandboxPool(config) as pool,
-        ToolDispatcher(pool, batching) as dispatcher,
+        ToolDispatcher(pool, batching, loop_hooks=asyncio_hooks) as dispatcher,
         AsyncExitStack() as held,
     ):
         leases = [await held.enter_async_context(pool.lease(f"t{i}")) for i in range(workers)]

@@ -65,6 +65,7 @@ import attrs
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.reference import Reference, ReferenceUnavailable
+from trajcore.adapters.event_loops import asyncio_hooks
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.agent_loop import AgentLoopConfig
 from trajcore.domain.batch_planner import BatchConfig
@@ -288,7 +289,9 @@ async def bench(args: argparse.Namespace, reference: Reference) -> None:  # noqa
           f"rounds={args.rounds}, batch window={args.window_ms} ms")  # fmt: skip
     async with (
         LocalSandboxPool(pool_config) as pool,
-        ToolDispatcher(pool, BatchConfig(window_ms=args.window_ms)) as dispatcher,
+        ToolDispatcher(
+            pool, BatchConfig(window_ms=args.window_ms), loop_hooks=asyncio_hooks
+        ) as dispatcher,
     ):
         helpers = {
             (await pool.client(name).health()).capabilities.slot_helper

@@ -48,6 +48,7 @@ import attrs
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.reference import Reference, ReferenceUnavailable
+from trajcore.adapters.event_loops import asyncio_hooks
 from trajcore.adapters.pools.client import SlotServerClient
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
@@ -243,7 +244,7 @@ async def bench(  # noqa: PLR0915 - one linear script of measurements
         ),
     )
     pool = LocalSandboxPool(pool_config)
-    dispatcher = ToolDispatcher(pool, BatchConfig(window_ms=window_ms))
+    dispatcher = ToolDispatcher(pool, BatchConfig(window_ms=window_ms), loop_hooks=asyncio_hooks)
     try:
         await pool.__aenter__()
         await dispatcher.__aenter__()
