@@ -387,6 +387,13 @@ layer (``/src``, a new entry at the lease's root) or into its workspace (as
 ``examples/swe_style.py`` prepares)."""
 
 
+async def settle() -> None:
+    """The file systems' dirty pages written out before a timed part of (c) begins: preparing
+    every member writes 16 copies of the repository, and the kernel's writeback of them would
+    otherwise fall on whichever part came next. Each part starts from the same state."""
+    await asyncio.to_thread(os.sync)
+
+
 async def group_preparation(
     server: Server, environment: str, described: str, into: str, files: int
 ) -> None:
@@ -401,8 +408,10 @@ async def group_preparation(
         await run(server, slot, epoch, prepare)
         return epoch, time.perf_counter() - started
 
+    await settle()
     epoch, one_s = await member(0)  # the limit: one member's preparation, alone
     await reset(server, 0, epoch)
+    await settle()
     started = time.perf_counter()
     members = await asyncio.gather(*(member(slot) for slot in range(GROUP)))
     every_s = time.perf_counter() - started
@@ -413,6 +422,7 @@ async def group_preparation(
     print(f"  one member's preparation alone (lease, copy)   {one_s:7.2f} s   1.00")
     print(f"  prepare every member: group total              {every_s:7.2f} s   "
           f"{every_s / one_s:.2f}   member start p50 {p50_ms(every):8.1f} ms")  # fmt: skip
+    await settle()
     forked = await fork_group(server, environment, prepare, files if into == "layer" else None)
     if forked is None:
         starts, total_s, how = every, every_s, "prepare every member (fork is not available)"
