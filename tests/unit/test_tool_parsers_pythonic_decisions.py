@@ -264,9 +264,16 @@ def test_the_plain_reader_leaves_everything_else_to_python(source: str) -> None:
 def test_a_list_in_the_plain_shape_is_read_by_the_plain_reader_first() -> None:
     """Pins that ``parse`` tries the plain reader before ``ast``: a plain list nested deeper than
     Python's parser takes (200 brackets) but within the reader's reach is read, not refused as
-    invalid Python."""
+    invalid Python. The reader's reach is the interpreter's recursion limit less the stack the
+    caller already holds, so the limit is raised here: the test does not depend on how deep it
+    is called (mutation testing wraps every call of the module in a second frame)."""
     value = "[" * 250 + "]" * 250
-    turn = PYTHONIC.parse(f"[f(x={value})]")
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10_000))
+    try:
+        turn = PYTHONIC.parse(f"[f(x={value})]")
+    finally:
+        sys.setrecursionlimit(limit)
     assert turn.errors == ()
     assert [c.name for c in turn.calls] == ["f"]
 
