@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import os
 import resource
@@ -62,11 +61,9 @@ import attrs
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.reference import (
-    NO_COMPILER,
     Measured,
     ReferenceUnavailable,
-    cache_dir,
-    compiler,
+    build_c,
     workers,
 )
 from bench.reference import build as build_reference
@@ -85,23 +82,7 @@ _LENGTH = struct.Struct(">I")
 
 def build_responder() -> Path:
     """``bench/responder.c``, built as the compiled reference is, when its source changed."""
-    source = SOURCE.read_bytes()
-    binary = cache_dir() / f"bench-responder-{hashlib.sha256(source).hexdigest()[:16]}"
-    if binary.is_file() and os.access(binary, os.X_OK):
-        return binary
-    cc = compiler()
-    if cc is None:
-        raise ReferenceUnavailable(NO_COMPILER.replace("reference.c", "responder.c"))
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    partial = binary.with_name(f"{binary.name}.{os.getpid()}.tmp")
-    done = subprocess.run(
-        [cc, "-O2", "-Wall", "-o", str(partial), str(SOURCE)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if done.returncode != 0:
-        raise ReferenceUnavailable(f"{cc} could not build bench/responder.c:\n{done.stderr}")
-    partial.replace(binary)
-    return binary
+    return build_c(SOURCE, "responder")
 
 
 def own_cpu_s() -> float:

@@ -80,25 +80,31 @@ def compiler() -> str | None:
     return None
 
 
-def build() -> Path:
-    """The compiled reference, built when its source changed. Raises ``ReferenceUnavailable``."""
-    source = SOURCE.read_bytes()
-    binary = cache_dir() / f"bench-reference-{hashlib.sha256(source).hexdigest()[:16]}"
+def build_c(source: Path, name: str) -> Path:
+    """``source`` compiled into the cache as ``bench-NAME-<hash of the source>``, built when the
+    source changed. Raises ``ReferenceUnavailable`` (no compiler, or it failed)."""
+    text = source.read_bytes()
+    binary = cache_dir() / f"bench-{name}-{hashlib.sha256(text).hexdigest()[:16]}"
     if binary.is_file() and os.access(binary, os.X_OK):
         return binary
     cc = compiler()
     if cc is None:
-        raise ReferenceUnavailable(NO_COMPILER)
+        raise ReferenceUnavailable(NO_COMPILER.replace("reference.c", source.name))
     binary.parent.mkdir(parents=True, exist_ok=True)
     partial = binary.with_name(f"{binary.name}.{os.getpid()}.tmp")
     done = subprocess.run(
-        [cc, "-O2", "-Wall", "-o", str(partial), str(SOURCE)],
+        [cc, "-O2", "-Wall", "-o", str(partial), str(source)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if done.returncode != 0:
-        raise ReferenceUnavailable(f"{cc} could not build bench/reference.c:\n{done.stderr}")
+        raise ReferenceUnavailable(f"{cc} could not build bench/{source.name}:\n{done.stderr}")
     partial.replace(binary)
     return binary
+
+
+def build() -> Path:
+    """The compiled reference, built when its source changed. Raises ``ReferenceUnavailable``."""
+    return build_c(SOURCE, "reference")
 
 
 def workers() -> int:

@@ -183,23 +183,16 @@ def staleness(stored: dict[str, Any], key: str, tests: list[str], root: Path = R
 
 def revision(root: Path = REPO) -> str:
     """The commit a run started at, with ``+`` when the tree had uncommitted changes."""
+
+    def git(*words: str) -> str:
+        done = subprocess.run(
+            ["git", *words], cwd=root, capture_output=True, text=True, check=True, timeout=30
+        )
+        return done.stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=30,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=30,
-        ).stdout.strip()
+        head = git("rev-parse", "--short=12", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("+" if dirty else "")
