@@ -83,7 +83,7 @@ def specs(draw: st.DrawFn) -> NomadJobSpec:
         restart_delay_s=draw(st.floats(min_value=0.0, max_value=60.0)),
         reschedule_delay_s=delay,
         reschedule_max_delay_s=draw(st.floats(min_value=delay, max_value=delay * 100)),
-        kill_timeout_s=draw(st.floats(min_value=0.0, max_value=600.0)),
+        kill_timeout_s=draw(st.floats(min_value=1.0, max_value=600.0)),
     )
     return NomadJobSpec(
         job=job,
@@ -221,7 +221,12 @@ def test_durations_are_whole_nanoseconds(spec: NomadJobSpec) -> None:
     assert isinstance(restart, dict)
     assert restart["Mode"] == "fail"
     assert restart["Attempts"] == spec.job.restart_attempts
-    assert group_and_task(job_json(spec))[1]["KillTimeout"] == round(spec.job.kill_timeout_s * 1e9)
+    task = group_and_task(job_json(spec))[1]
+    assert task["KillTimeout"] == round(spec.job.kill_timeout_s * 1e9)
+    # the server ends itself (and its sandboxes) before Nomad's SIGKILL can
+    args = spec.server_args()
+    stop_deadline = float(args[args.index("--stop-deadline") + 1])
+    assert 0 < stop_deadline < spec.job.kill_timeout_s
 
 
 # ----------------------------------------------------------------------------- bad specs

@@ -39,11 +39,13 @@ def test_the_whole_job_nomad_is_sent() -> None:
     assert isinstance(config, dict)
     args = config.pop("args")
     assert isinstance(args, list)
-    assert args[:10] == [
+    assert args[:12] == [
         "--slots", "8",
         "--root", "${NOMAD_TASK_DIR}/slots",
         "--listen", "0.0.0.0:${NOMAD_PORT_slot}",
         "--token-env", "TRAJCORE_SLOT_TOKEN",
+        # the server's own forced end, half a second before Nomad's SIGKILL (KillTimeout 10 s)
+        "--stop-deadline", "9.5",
         "--slot-uid-block", "${NOMAD_ALLOC_INDEX}",
     ]  # fmt: skip
     seconds = 1_000_000_000
@@ -220,6 +222,12 @@ def _refusal(**change: object) -> tuple[str, str]:
         ),
         ({"kill_timeout_s": -1.0}, "kill_timeout_s", "must be finite seconds >= 0, got -1.0"),
         (
+            {"kill_timeout_s": 0.9},
+            "kill_timeout_s",
+            "must be at least 1.0 s: the slot server ends its sandboxes within it before "
+            "Nomad's SIGKILL, got 0.9",
+        ),
+        (
             {"restart_attempts": 900, "restart_delay_s": 2.0},
             "restart_attempts",
             "900 restarts 2.0 s apart do not fit in Nomad's restart interval of 1800.0 s",
@@ -255,3 +263,16 @@ def test_a_refused_scale_count_says_why() -> None:
         scale_request("slots", -1, "x")
     assert caught.value.reason == "must be an integer >= 0, got -1"
     assert scale_request("g", 0, "m") == {"Count": 0, "Target": {"Group": "g"}, "Message": "m"}
+
+
+def test_the_server_ends_itself_half_a_second_before_nomads_sigkill() -> None:
+    """The shortest kill timeout, 1 s, is taken and leaves the server 0.5 s to end its sandboxes."""
+    spec = NomadJobSpec(
+        job=NomadJobSettings(kill_timeout_s=1.0),
+        server=SlotServerSettings(slots_per_container=1),
+        count=1,
+        token=TOKEN,
+    )
+    args = spec.server_args()
+    assert args[args.index("--stop-deadline") + 1] == "0.5"
+    assert group_and_task(job_json(spec))[1]["KillTimeout"] == 1_000_000_000

@@ -103,6 +103,10 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _TOKEN = re.compile(r"^[\x21-\x7e]{16,512}$")
 _MIN_RESCHEDULE_DELAY_S = 5.0  # Nomad refuses a reschedule delay below this
 _RESTART_INTERVAL_S = 1800.0
+# The slot server's own forced end (--stop-deadline) comes this long before Nomad's SIGKILL, so
+# a server whose close runs late still kills its sandboxes' process group itself.
+STOP_MARGIN_S = 0.5
+_MIN_KILL_TIMEOUT_S = 1.0
 _CHECK_INTERVAL_S, _CHECK_TIMEOUT_S = 10.0, 2.0
 _LOG_FILES, _LOG_FILE_MB = 2, 10
 _LOG_MB = _LOG_FILES * _LOG_FILE_MB  # Nomad wants the ephemeral disk larger than this
@@ -298,7 +302,9 @@ class NomadJobSettings:
         reschedule_delay_s, reschedule_max_delay_s: Delay before a failed allocation is
             replaced, growing exponentially up to the maximum (``None``: the larger of 60 s
             and the delay); unlimited attempts.
-        kill_timeout_s: Grace between SIGTERM and SIGKILL when Nomad stops a slot server.
+        kill_timeout_s: Grace between SIGTERM and SIGKILL when Nomad stops a slot server, at
+            least 1 s. The server is told to end itself (``--stop-deadline``) ``STOP_MARGIN_S``
+            before it, so its sandboxes end with it however late its close runs.
         image_cache_dir: The slot servers' image cache (``--image-cache``), as the task sees
             it: leases may then run over task environments (docs/environments.md). ``None``
             (the default): none, and a lease naming an environment is refused saying to set
@@ -395,6 +401,16 @@ class NomadJobSettings:
             f"{self.restart_attempts} restarts {self.restart_delay_s} s apart do not fit in "
             f"Nomad's restart interval of {_RESTART_INTERVAL_S} s",
         )
+        _check(
+            self.kill_timeout_s >= _MIN_KILL_TIMEOUT_S,
+            "kill_timeout_s",
+            f"must be at least {_MIN_KILL_TIMEOUT_S} s: the slot server ends its sandboxes "
+            f"within it before Nomad's SIGKILL, got {self.kill_timeout_s}",
+        )
+
+    def stop_deadline_s(self) -> float:
+        """The slot server's ``--stop-deadline``: ``STOP_MARGIN_S`` before Nomad's SIGKILL."""
+        return self.kill_timeout_s - STOP_MARGIN_S
 
     def _check_environments(self) -> None:
         for artifact in self.artifacts:
@@ -521,6 +537,7 @@ class NomadJobSpec:
             "--root", "${NOMAD_TASK_DIR}/slots",
             "--listen", self.listen_address(),
             "--token-env", self.job.token_env,
+            "--stop-deadline", repr(self.job.stop_deadline_s()),
             # allocations on one host share its uids: each takes its own block of slot uids
             "--slot-uid-block", "${NOMAD_ALLOC_INDEX}",
             *isolation_argv(self.server.isolation),
