@@ -1,10 +1,10 @@
-"""A lease's network namespace is made ahead by its keeper, off the lease's start, and is fresh.
+"""A lease's network namespace is fresh: neither its keeper's nor any other lease's.
 
-The keeper makes the next lease's network namespace (loopback up) before it answers its start
-and each "end", and holds it by a descriptor; the next lease enters it instead of creating one.
-These tests look at it from the host (root reads the keeper's descriptors): the idle keeper
-holds a network namespace that is neither its own nor the last lease's, the next lease runs in
-exactly that one, and two leases never share one.
+Each lease's first process makes its network namespace (loopback up): at the lease request, or
+ahead, when the idle keeper readied the lease (tests/integration/test_readied_leases.py). The
+keeper holds none by a descriptor. These tests look at it from the host (root reads the
+keeper's descriptors): two leases never share one, neither is the keeper's, and the keeper
+keeps no copy of one.
 
 The runtime runs in this process with bubblewrap and the compiled helper, as the slot servers
 do; warm leases are off, so the keeper stays idle between a reset and the next call.
@@ -55,7 +55,7 @@ def held_networks(pid: int) -> list[str]:
     return [link for link in links if link.startswith("net:")]
 
 
-def test_the_idle_keeper_holds_a_fresh_network_namespace_for_the_next_lease(root: Path) -> None:
+def test_each_lease_runs_in_a_fresh_network_namespace_the_keeper_holds_none(root: Path) -> None:
     config = RuntimeConfig(slots=1, root=root, use_cgroups=False, warm_leases=False)
     probe = "readlink /proc/self/ns/net"
     loopback = (
@@ -86,9 +86,8 @@ def test_the_idle_keeper_holds_a_fresh_network_namespace_for_the_next_lease(root
 
     first, second, own, idle, during, works = asyncio.run(main())
     first_net, second_net = first.strip(), second.strip()
-    assert len(idle) == 1, idle  # made ahead while the keeper was idle
-    assert idle[0] not in (own, first_net)  # fresh: neither the keeper's nor the last lease's
-    assert second_net == idle[0]  # the next lease runs in exactly that one
-    assert second_net != first_net
-    assert during == []  # handed over: the keeper keeps no copy of a lease's namespace
+    assert idle == []  # the keeper holds no network namespace for the next lease
+    assert second_net not in (own, first_net)  # fresh: neither the keeper's nor the last lease's
+    assert first_net != own
+    assert during == []  # the keeper keeps no copy of a lease's namespace
     assert works == "loopback-ok\n", works  # its loopback is up

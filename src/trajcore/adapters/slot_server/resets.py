@@ -99,14 +99,16 @@ async def clean_slot(
 
 
 def warm_keeper(sandboxes: Sandboxes, slot: Slot) -> asyncio.Task[None] | None:
-    """Start the slot's keeper again, off the next lease's path, where the reset ended it (a
-    fork's: its workspace overlay goes with it) and keepers live on between leases; the
-    lease's calls wait for it as for a warming lease. A failure is left for the next call to
-    meet (it starts the keeper again and reports why)."""
+    """Ready the slot's next lease over an image, off its path, once a reset proved the slot
+    clean: start the keeper again where the reset ended it (a fork's: its workspace overlay
+    goes with it) and keepers live on between leases, and have the keeper ready the next
+    lease's first process and namespaces (``Sandboxes.ready_lease``). The lease's calls wait
+    for it as for a warming lease. A failure is left for the next call to meet (it starts the
+    keeper again and reports why)."""
     if (
         not sandboxes.sandboxed
         or not sandboxes.config.isolation.read_only_root
-        or slot.keeper is not None
+        or slot.agent is not None
         or slot.warming is not None
     ):
         return None
@@ -114,6 +116,7 @@ def warm_keeper(sandboxes: Sandboxes, slot: Slot) -> asyncio.Task[None] | None:
     async def start() -> None:
         with contextlib.suppress(AgentLost, OSError):
             await sandboxes.ensure_keeper(slot)
+            await sandboxes.ready_lease(slot)
 
     return slot.warm_with(start())
 

@@ -317,6 +317,16 @@ class Sandboxes:
 
         return slot.warm_with(start())
 
+    async def ready_lease(self, slot: Slot) -> None:
+        """Have the slot's idle keeper ready its next lease: clone the lease's first process
+        and make its namespaces now, so that a lease request only hands it the request
+        (slot_helper.c, "readied leases"). Only between a reset that proved the slot clean (or
+        a keeper's start) and the next lease: the process is made while no tenant's process
+        is left, and the next lease request consumes it. Raises ``AgentLost``."""
+        keeper = slot.keeper
+        if keeper is not None and keeper.alive() and slot.agent is None:
+            await keeper.ask("ready", self.config.start_timeout_s)
+
     async def wait_warm(self, slot: Slot) -> None:
         """Wait for the slot's warming lease to be ready or to fail (never cancels it: a lease
         request cut short would leave the keeper's answer for the next request)."""

@@ -11,8 +11,8 @@
  *                    [--seccomp HEX]
  *
  * The keeper: the first program of a slot's bubblewrap sandbox. Requests on fd 0
- * (SOCK_SEQPACKET): "lease" (with the lease's channel as an SCM_RIGHTS descriptor) or "end".
- * A lease is a clone into fresh namespaces that drops every capability, sets its limits,
+ * (SOCK_SEQPACKET): "lease" (with the lease's channel as an SCM_RIGHTS descriptor), "end" or
+ * "ready" (ready the next lease's first process while idle). A lease is a clone into fresh namespaces that drops every capability, sets its limits,
  * installs the --seccomp filter last and only then serves the lease on fd 3.
  *
  *   slot-helper serve CHANNEL_FD STATE_DIR WORKSPACE TMUX_PATH_OR_EMPTY
@@ -1114,7 +1114,8 @@ typedef struct {
     kernel_path kernel[MAX_KERNEL_PATHS];
     size_t kernel_count;
     bool own_network;          /* each lease gets a network namespace of its own (loopback) */
-    int next_network;          /* the next lease's network namespace, made while idle (-1: none) */
+    pid_t readied;             /* the next lease's first process, readied while idle (0: none) */
+    int readied_socket;        /* the keeper's end of its request socket (-1: none) */
     struct sock_filter *filter; /* every lease's seccomp filter (NULL: none) */
     size_t filter_length;       /* in instructions */
 } plan;
@@ -1414,83 +1415,27 @@ static bool loopback_up(void) {
     return up;
 }
 
-/* Make the next lease's network namespace ahead, before the keeper answers its start ("ready")
- * and each "end", so that a lease's start only enters it: creating a network namespace is the
- * dearest of a lease's namespaces (most of its unshare; 0.6-0.9 ms here). A child of the keeper
- * unshares one, brings its loopback up and sends it back as a descriptor, and is reaped before
- * the answer (the server then finds no process of the slot but the keeper's). The namespace is
- * fresh (no lease ever ran in it) and goes to exactly one lease. Leaves ``next_network`` at -1
- * when anything fails (a child killed is an end of file here): that lease makes its own. */
-static void make_next_network(plan *p) {
-    if (!p->own_network || p->next_network >= 0)
-        return;
-    int pair[2];
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0)
-        return;
-    pid_t child = fork();
-    if (child == 0) {
-        close(pair[0]);
-        int made = -1;
-        if (unshare(CLONE_NEWNET) == 0 && loopback_up())
-            made = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
-        union {
-            char room[CMSG_SPACE(sizeof(int))];
-            struct cmsghdr align;
-        } control;
-        char byte = made >= 0 ? 'y' : 'n';
-        struct iovec part = {&byte, 1};
-        struct msghdr header = {.msg_iov = &part, .msg_iovlen = 1};
-        if (made >= 0) {
-            header.msg_control = control.room;
-            header.msg_controllen = sizeof control.room;
-            struct cmsghdr *c = CMSG_FIRSTHDR(&header);
-            c->cmsg_level = SOL_SOCKET;
-            c->cmsg_type = SCM_RIGHTS;
-            c->cmsg_len = CMSG_LEN(sizeof(int));
-            memcpy(CMSG_DATA(c), &made, sizeof(int));
-        }
-        _exit(sendmsg(pair[1], &header, 0) == 1 ? 0 : 1);
-    }
-    close(pair[1]);
-    if (child > 0) {
-        union {
-            char room[CMSG_SPACE(sizeof(int))];
-            struct cmsghdr align;
-        } control;
-        char byte = 0;
-        struct iovec part = {&byte, 1};
-        struct msghdr header = {.msg_iov = &part, .msg_iovlen = 1, .msg_control = control.room,
-                                .msg_controllen = sizeof control.room};
-        ssize_t got;
-        do
-            got = recvmsg(pair[0], &header, MSG_CMSG_CLOEXEC);
-        while (got < 0 && errno == EINTR);
-        struct cmsghdr *c = got == 1 && byte == 'y' ? CMSG_FIRSTHDR(&header) : NULL;
-        if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-            c->cmsg_len == CMSG_LEN(sizeof(int)))
-            memcpy(&p->next_network, CMSG_DATA(c), sizeof(int));
-        int status;
-        wait_for_child(child, &status);
-    }
-    close(pair[0]);
+/* The first steps of a lease's setup, which need nothing of its request: new mount, ipc, uts
+ * and (with --own-network) network namespaces, the network's loopback up, and a session keyring
+ * of its own (nothing from whoever started the server; the filter then refuses every keyring
+ * call). Its mounts stay as the keeper's namespace had them, and receive what the server mounts
+ * on the host (a fork's workspace overlay) until lease_main makes them private. Returns what
+ * failed, or NULL. */
+static const char *lease_namespaces(const plan *p) {
+    if (unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | (p->own_network ? CLONE_NEWNET : 0)) !=
+        0)
+        return "unshare";
+    if (p->own_network && !loopback_up()) /* nothing else exists in a new one */
+        return "bring up lo";
+    if (syscall(SYS_keyctl, 1 /* KEYCTL_JOIN_SESSION_KEYRING */, NULL) < 0 && errno != ENOSYS)
+        return "join a new session keyring";
+    return NULL;
 }
 
+/* The rest of a lease's setup (after lease_namespaces), from its request: its channel, the image's
+ * tree or layers and their clones; then it serves the lease. Never returns. */
 static void lease_main(int channel, const plan *p, const char *image, const int *clones,
                        size_t count) {
-    /* its own network namespace: the one the keeper made for it while idle (loopback up
-     * already), else a new one made now */
-    bool entered = p->next_network >= 0 && setns(p->next_network, CLONE_NEWNET) == 0;
-    if (p->next_network >= 0)
-        close(p->next_network);
-    if (unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS |
-                (p->own_network && !entered ? CLONE_NEWNET : 0)) != 0)
-        refuse(channel, "unshare");
-    if (p->own_network && !entered && !loopback_up()) /* nothing else exists in a new one */
-        refuse(channel, "bring up lo");
-    /* a session keyring of its own: nothing from whoever started the server (the filter
-     * below then refuses every keyring call) */
-    if (syscall(SYS_keyctl, 1 /* KEYCTL_JOIN_SESSION_KEYRING */, NULL) < 0 && errno != ENOSYS)
-        refuse(channel, "join a new session keyring");
     mount_or_refuse(channel, NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
     /* The carried paths, held open before the fresh tmpfs (or the image's root) hides them:
      * descriptors opened here, in the lease's own mount namespace (a bind from another
@@ -1605,8 +1550,150 @@ static int end_lease(pid_t first) {
 static pid_t begin_lease(int channel, const plan *p, const char *image, const int *clones,
                          size_t count) {
     pid_t first = (pid_t)syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, NULL, NULL, NULL, NULL);
-    if (first == 0)
+    if (first == 0) {
+        const char *failed = lease_namespaces(p);
+        if (failed)
+            refuse(channel, failed);
         lease_main(channel, p, image, clones, count);
+    }
+    return first;
+}
+
+/* ------------------------------------------------------------------------ readied leases
+ *
+ * While the slot is idle, the keeper readies its next lease when the server asks ("ready", sent
+ * once a reset has proven the slot clean, or a keeper started: no process of any tenant is
+ * left): it clones the lease's first process into a new pid namespace, which makes its other
+ * namespaces (lease_namespaces), says so with one byte, and waits for its request on a socket of
+ * its own. A lease request then only hands it the request (its layers, its channel and clones)
+ * and answers with its pid; the process goes on with the setup every lease gets (lease_main).
+ * Nothing of a tenant reaches it: it is made while no lease runs ("ready" during a lease is
+ * ignored) and consumed by exactly one lease; a lease request while a lease runs drops it, and
+ * one that finds it dead or failed clones a fresh lease as before. It dies with the keeper
+ * (PR_SET_PDEATHSIG). */
+#define READIED_WAIT_S 5.0
+
+static void readied_main(int socket_fd, const plan *p) {
+    (void)prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    const char *failed = lease_namespaces(p);
+    (void)prctl(PR_SET_NAME, "slot-readied", 0, 0, 0); /* its namespaces made; "slot-lease" */
+    char byte = failed ? 'n' : 'y';
+    if (send(socket_fd, &byte, 1, 0) != 1 || failed)
+        _exit(3);
+    static char message[REQUEST_MAX];
+    union {
+        char room[CMSG_SPACE(MAX_DESCRIPTORS * sizeof(int))];
+        struct cmsghdr align;
+    } control;
+    struct iovec part = {message, sizeof message - 1};
+    struct msghdr header = {.msg_iov = &part, .msg_iovlen = 1, .msg_control = control.room,
+                            .msg_controllen = sizeof control.room};
+    ssize_t got;
+    do
+        got = recvmsg(socket_fd, &header, MSG_CMSG_CLOEXEC);
+    while (got < 0 && errno == EINTR);
+    int fds[MAX_DESCRIPTORS];
+    size_t fd_count = 0;
+    for (struct cmsghdr *c = got > 0 ? CMSG_FIRSTHDR(&header) : NULL; c;
+         c = CMSG_NXTHDR(&header, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (size_t i = 0; i < n && fd_count < MAX_DESCRIPTORS; i++)
+                memcpy(&fds[fd_count++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        }
+    }
+    if (got <= 0 || fd_count == 0)
+        _exit(3);
+    close(socket_fd);
+    message[got] = '\0';
+    /* the keeper checked the request: "-" (the server's root), else "L" and the joined layers */
+    lease_main(fds[0], p, got > 1 ? message + 1 : NULL, fds + 1, fd_count - 1);
+}
+
+/* Drop the readied lease, if any: kill and reap it. */
+static void drop_readied(plan *p) {
+    if (p->readied > 0)
+        end_lease(p->readied);
+    if (p->readied_socket >= 0)
+        close(p->readied_socket);
+    p->readied = 0;
+    p->readied_socket = -1;
+}
+
+/* Ready the next lease (above) unless one is readied; nothing when anything fails (the next
+ * lease request then clones a fresh one). */
+static void ready_next(plan *p) {
+    int status;
+    if (p->readied > 0 && waitpid(p->readied, &status, WNOHANG) == 0)
+        return; /* readied already, and alive */
+    if (p->readied > 0) { /* killed (a reset's proof of an empty slot): reaped just now */
+        p->readied = 0;
+        drop_readied(p);
+    }
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0)
+        return;
+    pid_t first = (pid_t)syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, NULL, NULL, NULL, NULL);
+    if (first == 0) {
+        close(pair[0]);
+        readied_main(pair[1], p);
+    }
+    close(pair[1]);
+    if (first < 0) {
+        close(pair[0]);
+        return;
+    }
+    p->readied = first;
+    p->readied_socket = pair[0];
+}
+
+/* Start a lease in the readied process: wait (at most READIED_WAIT_S) for its byte saying its
+ * namespaces are made, then hand it the request ("-": the server's root, or "L" and the joined
+ * layers) with the descriptors. Returns its pid, or -1 when it has none to offer (dropped; the caller clones a
+ * fresh one). */
+static pid_t use_readied(plan *p, const char *image, const int *fds, size_t fd_count) {
+    if (p->readied <= 0)
+        return -1;
+    struct pollfd wait = {p->readied_socket, POLLIN, 0};
+    char byte = 0;
+    int ready;
+    do
+        ready = poll(&wait, 1, (int)(READIED_WAIT_S * 1000));
+    while (ready < 0 && errno == EINTR);
+    if (ready != 1 || recv(p->readied_socket, &byte, 1, 0) != 1 || byte != 'y') {
+        drop_readied(p);
+        return -1;
+    }
+    static char message[REQUEST_MAX + 1];
+    size_t length = 1;
+    message[0] = 'L';
+    if (image) {
+        length += strlen(image);
+        memcpy(message + 1, image, length - 1);
+    }
+    union {
+        char room[CMSG_SPACE(MAX_DESCRIPTORS * sizeof(int))];
+        struct cmsghdr align;
+    } control;
+    memset(&control, 0, sizeof control);
+    struct iovec part = {message, image ? length : 1};
+    if (!image)
+        message[0] = '-';
+    struct msghdr header = {.msg_iov = &part, .msg_iovlen = 1, .msg_control = control.room,
+                            .msg_controllen = CMSG_SPACE(fd_count * sizeof(int))};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&header);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(fd_count * sizeof(int));
+    memcpy(CMSG_DATA(c), fds, fd_count * sizeof(int));
+    if (sendmsg(p->readied_socket, &header, MSG_NOSIGNAL) != (ssize_t)part.iov_len) {
+        drop_readied(p);
+        return -1;
+    }
+    pid_t first = p->readied;
+    close(p->readied_socket);
+    p->readied = 0;
+    p->readied_socket = -1;
     return first;
 }
 
@@ -1651,13 +1738,13 @@ static const char *join_layers(const char *at, size_t size, bool fork, const cha
  * descriptor) or "end"; each gets one JSON packet back. End of input ends the current lease and
  * the keeper. */
 static int keep(plan *p) {
-    p->next_network = -1;
+    p->readied = 0;
+    p->readied_socket = -1;
     (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* a lease (same uid) cannot reach the keeper */
     prepare(p);
     (void)sched_setscheduler(0, SCHED_BATCH, &(struct sched_param){0});
     (void)prctl(PR_SET_NAME, "slot-keeper", 0, 0, 0);
     signal(SIGPIPE, SIG_IGN);
-    make_next_network(p);
     buf reply = {0};
     buf_printf(&reply, "{\"ready\":true,\"pid\":%d}", (int)getpid());
     if (send(0, reply.data, reply.len, 0) < 0)
@@ -1687,6 +1774,7 @@ static int keep(plan *p) {
         if (got <= 0) {
             if (lease > 0)
                 end_lease(lease);
+            drop_readied(p);
             return 0;
         }
         message[got] = '\0';
@@ -1718,13 +1806,13 @@ static int keep(plan *p) {
                            "layer, or none), got %d descriptors for %zu layers\"}",
                            fd_count, layers);
             } else {
-                if (lease > 0)
+                if (lease > 0) { /* no "end" came: the readied lease saw this tenant's time */
                     end_lease(lease);
-                lease = begin_lease(fds[0], p, image, fds + 1, (size_t)fd_count - 1);
-                if (lease > 0 && p->next_network >= 0) { /* the lease's now, and its alone */
-                    close(p->next_network);
-                    p->next_network = -1;
+                    drop_readied(p);
                 }
+                lease = use_readied(p, image, fds, (size_t)fd_count);
+                if (lease <= 0)
+                    lease = begin_lease(fds[0], p, image, fds + 1, (size_t)fd_count - 1);
                 if (lease > 0) {
                     buf_printf(&reply, "{\"lease\":true,\"pid\":%d}", (int)lease);
                 } else {
@@ -1743,7 +1831,14 @@ static int keep(plan *p) {
             else
                 buf_puts(&reply, "{\"ended\":true,\"status\":null}");
             lease = 0;
-            make_next_network(p);
+        } else if (got == 5 && memcmp(message, "ready", 5) == 0) {
+            /* the server asks once the slot is proven clean (never while a lease runs) */
+            if (lease <= 0)
+                ready_next(p);
+            if (p->readied > 0)
+                buf_printf(&reply, "{\"readied\":true,\"pid\":%d}", (int)p->readied);
+            else
+                buf_puts(&reply, "{\"readied\":false}");
         } else {
             buf text = {0};
             buf_puts(&text, "unknown op ");
@@ -1758,6 +1853,7 @@ static int keep(plan *p) {
         if (send(0, reply.data, reply.len, 0) < 0) {
             if (lease > 0)
                 end_lease(lease);
+            drop_readied(p);
             return 0;
         }
     }

@@ -1,0 +1,204 @@
+"""An idle keeper readies its next lease: the lease's first process and namespaces, made ahead.
+
+Once a reset has proven a slot clean (or a keeper started again), the server asks the slot's
+keeper to ready its next lease ("ready", slot_helper.c): the keeper clones the lease's first
+process into a new pid namespace, which makes its mount, ipc, uts and network namespaces and
+waits; the next lease request hands it the request, and the process goes on with the setup every
+lease gets. These tests look at it from the host (root reads /proc): the idle keeper has exactly
+one readied child, in namespaces that are neither the keeper's nor the last lease's, the next
+lease runs in exactly that process and network namespace (loopback up), no readied process
+lives beside a running lease, and a fork's workspace overlay, mounted on the host after the
+process was readied, reaches the fork's lease that it became.
+
+The runtime runs in this process with bubblewrap and the compiled helper, as the slot servers
+do; warm leases are on (readying is a warming).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+
+from tests.environment_roots import image_problem, write_shell_image
+from tests.slot_runtime_testbed import searchable_root
+from trajcore.adapters.slot_server.runtime import SlotRuntime
+from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
+from trajcore.domain.json_values import JSON
+from trajcore.domain.slot_protocol import ExecuteCall
+from trajcore.domain.tools import ToolOutcome
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="reading a keeper's children needs root"),
+    pytest.mark.skipif(image_problem() is not None, reason=str(image_problem())),
+]
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    with searchable_root("trajcore-readied-") as path:
+        yield path
+
+
+def bash(slot: int, epoch: int, command: str) -> ExecuteCall:
+    arguments: dict[str, JSON] = {"command": command}
+    return ExecuteCall(
+        slot=slot, epoch=epoch, call_id=f"r{slot}-{epoch}-{time.monotonic_ns()}", tool="bash",
+        arguments=arguments, timeout_s=10.0,
+    )  # fmt: skip
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def comm(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+def keeper_of(sandbox: int) -> int:
+    """The pid of the slot keeper below the slot's sandbox process ``sandbox``."""
+    todo = [sandbox]
+    while todo:
+        pid = todo.pop()
+        if comm(pid) == "slot-keeper":
+            return pid
+        todo += children(pid)
+    raise AssertionError(f"no slot-keeper below {sandbox}")
+
+
+def namespaces(pid: int) -> dict[str, str]:
+    return {kind: os.readlink(f"/proc/{pid}/ns/{kind}") for kind in ("pid", "mnt", "net", "ipc")}
+
+
+def kept_children(keeper: int, deadline_s: float = 10.0) -> list[tuple[int, str]]:
+    """The keeper's children and their names, once none is still being made (a readied process
+    has the keeper's name until its namespaces are made)."""
+    limit = time.monotonic() + deadline_s
+    while True:
+        kids = [(pid, comm(pid)) for pid in children(keeper)]
+        if all(name != "slot-keeper" for _, name in kids) or time.monotonic() > limit:
+            return kids
+        time.sleep(0.01)
+
+
+@attrs.define
+class Seen:
+    keeper: dict[str, str]
+    first: str = ""
+    second: str = ""
+    during_first: list[tuple[int, str]] = attrs.Factory(list)
+    idle: list[tuple[int, str]] = attrs.Factory(list)
+    idle_ns: list[dict[str, str]] = attrs.Factory(list)
+    during: list[tuple[int, str]] = attrs.Factory(list)
+    during_ns: list[dict[str, str]] = attrs.Factory(list)
+
+
+def net_of(listing: str) -> str:
+    """The namespace ``ls -l /proc/self/ns/net`` showed."""
+    return listing.split("-> ")[1].split(maxsplit=1)[0]
+
+
+def test_an_idle_keeper_readies_the_next_lease_and_the_lease_runs_in_it(root: Path) -> None:
+    layout = root.parent / "layout"
+    write_shell_image(layout, salt="readied")
+    ref = f"oci:{layout}"
+    config = RuntimeConfig(slots=1, root=root, image_cache=root.parent / "cache")
+    probe = "ls -l /proc/self/ns/net"
+
+    async def main() -> Seen:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        try:
+            assert (await runtime.lease(0, 1, ref)).ok
+            (first,) = await runtime.execute([bash(0, 1, probe)])
+            assert first.outcome is ToolOutcome.OK, first.content
+            sandbox = runtime.listing().slots[0].sandbox_pid
+            assert sandbox is not None
+            keeper = keeper_of(sandbox)
+            seen = Seen(keeper=namespaces(keeper), first=first.content)
+            seen.during_first = kept_children(keeper)
+            assert (await runtime.reset(0, 1)).ok
+            await runtime._sandboxes.wait_warm(runtime.slot(0))
+            seen.idle = kept_children(keeper)
+            seen.idle_ns = [namespaces(pid) for pid, _ in seen.idle]
+            assert (await runtime.lease(0, 2, ref)).ok
+            (second,) = await runtime.execute([bash(0, 2, probe)])
+            assert second.outcome is ToolOutcome.OK, second.content
+            seen.second = second.content
+            seen.during = kept_children(keeper)
+            seen.during_ns = [namespaces(pid) for pid, _ in seen.during]
+            assert keeper_of(sandbox) == keeper  # the same keeper all along
+            assert (await runtime.reset(0, 2)).ok
+            return seen
+        finally:
+            await runtime.aclose()
+
+    seen = asyncio.run(main())
+    first_net, second_net = net_of(seen.first), net_of(seen.second)
+    assert [name for _, name in seen.during_first] == ["slot-lease"]
+    assert [name for _, name in seen.idle] == ["slot-readied"], seen.idle  # readied while idle
+    (readied,) = seen.idle_ns
+    for kind in ("pid", "mnt", "net", "ipc"):  # fresh namespaces of its own
+        assert readied[kind] != seen.keeper[kind], kind
+    assert readied["net"] != first_net  # not the last lease's
+    assert seen.during == [(seen.idle[0][0], "slot-lease")]  # it became the lease, alone
+    assert second_net == readied["net"]  # the lease runs in its network namespace
+    assert second_net != first_net
+    (during,) = seen.during_ns
+    assert during["pid"] == readied["pid"]
+
+
+def test_a_readied_lease_becomes_a_fork_and_sees_the_forked_workspace(root: Path) -> None:
+    layout = root.parent / "layout"
+    write_shell_image(layout, salt="readied-fork")
+    ref = f"oci:{layout}"
+    config = RuntimeConfig(slots=2, root=root, image_cache=root.parent / "cache")
+
+    async def main() -> tuple[list[tuple[int, str]], list[tuple[int, str]], str, str]:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        try:
+            assert (await runtime.lease(1, 1, ref)).ok  # slot 1's keeper, then a readied lease
+            (ran,) = await runtime.execute([bash(1, 1, "true")])
+            assert ran.outcome is ToolOutcome.OK, ran.content
+            assert (await runtime.reset(1, 1)).ok
+            await runtime._sandboxes.wait_warm(runtime.slot(1))
+            sandbox = runtime.listing().slots[1].sandbox_pid
+            assert sandbox is not None
+            keeper = keeper_of(sandbox)
+            idle = kept_children(keeper)
+            assert (await runtime.lease(0, 1, ref)).ok
+            made = "mkdir -p /workspace/src && echo prepared > /workspace/src/file"
+            (prepared,) = await runtime.execute([bash(0, 1, made)])
+            assert prepared.outcome is ToolOutcome.OK, prepared.content
+            frozen = await runtime.snapshot(0, 1)
+            assert frozen.ok, frozen
+            assert frozen.snapshot is not None
+            (answer,) = await runtime.fork(ref, frozen.snapshot, [(1, 2)])
+            assert answer.ok, answer
+            assert runtime.slot(1).workspace.root.is_mount()  # the snapshot's, an overlay
+            (read,) = await runtime.execute([bash(1, 2, "cat /workspace/src/file")])
+            during = kept_children(keeper)
+            fork_keeper = keeper_of(sandbox)
+            assert (await runtime.reset(1, 2)).ok
+            assert (await runtime.reset(0, 1)).ok
+            return idle, during, read.content, str(fork_keeper == keeper)
+        finally:
+            await runtime.aclose()
+
+    idle, during, read, same = asyncio.run(main())
+    assert [name for _, name in idle] == ["slot-readied"], idle
+    assert same == "True"
+    assert during == [(idle[0][0], "slot-lease")]  # the readied process is the fork's lease
+    assert read == "prepared\n", read  # and sees the overlay mounted after it was readied
