@@ -215,6 +215,45 @@ async def test_a_cancelled_caller_withdraws_its_queued_calls(loop_hooks: HookFac
     assert len(pool.batches) == 1
 
 
+@pytest.mark.anyio
+async def test_calls_waiting_behind_a_busy_batch_go_out_when_it_completes(
+    loop_hooks: HookFactory,
+) -> None:
+    """Eager mode with a window of a minute: the calls offered while the container's batch is
+    out (another slot's, and a later call of the busy slot) go out as that batch completes,
+    and each batch after it, sent by a task that sent one before, does the same."""
+    config = BatchConfig(window_ms=60_000.0, max_batch_size=64, eager=True)
+    async with FakeSandboxPool(containers=1, slots_per_container=2) as pool:
+        (container,) = pool.container_names()
+        async with (
+            ToolDispatcher(pool, config, loop_hooks=loop_hooks) as dispatcher,
+            pool.lease("a") as a,
+            pool.lease("b") as b,
+        ):
+            for round_ in range(3):
+                pool.hang_container(container)
+                got: dict[str, list[str]] = {}
+
+                async def run(name: str, calls: list[SlotCall], into: dict[str, list[str]]) -> None:
+                    into[name] = [r.content for r in await dispatcher.run(calls)]
+
+                with anyio.fail_after(5):
+                    async with anyio.create_task_group() as group:
+                        group.start_soon(run, "first", [bash(a, f"echo a{round_}")], got)
+                        await wait_until_batches(pool, 2 * round_ + 1)  # out, hung
+                        group.start_soon(run, "other", [bash(b, f"echo b{round_}")], got)
+                        group.start_soon(run, "later", [bash(a, f"echo c{round_}")], got)
+                        await anyio.sleep(0.01)
+                        assert len(pool.batches) == 2 * round_ + 1  # both wait for the first
+                        pool.unhang(container)
+                assert got == {
+                    "first": [f"a{round_}\n"], "other": [f"b{round_}\n"],
+                    "later": [f"c{round_}\n"],
+                }  # fmt: skip
+                assert len(pool.batches) == 2 * round_ + 2  # the two went out together
+            assert dispatcher.statistics().batches == 6
+
+
 async def _cancel_soon(scope: anyio.CancelScope) -> None:
     await anyio.sleep(0.01)
     scope.cancel()

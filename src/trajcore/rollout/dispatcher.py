@@ -8,8 +8,9 @@ planner's.
 
 Rules it keeps:
 
-- Each batch runs in its own task, so a slow or dead container never delays another; the loop
-  itself only asks the planner what is due and sleeps until ``next_deadline()`` or a new offer.
+- Each batch runs in a task of its own, so a slow or dead container never delays another; the
+  loop itself only asks the planner what is due and sleeps until ``next_deadline()`` or until an
+  offer or a completed batch makes something due before that.
 - It never leases slots: callers arrive holding their leases (the upstream deadlock came from
   acquiring slots inside the dispatch loop).
 - Nothing hangs: every batch runs under a deadline of its longest call's timeout plus
@@ -25,7 +26,10 @@ running backend anew on every use (a context lookup and the current task), which
 the env process's CPU per call at 64 trajectories (docs/benchmarks.md). Given ``loop_hooks``
 (``trajcore.ports.event_loop``), it takes the clock and the result waiters from the running
 loop's adapter instead (on asyncio, ``trajcore.adapters.event_loops.asyncio_hooks``: the loop's
-clock, one future per call), with the same cancellation points.
+clock, one future per call), with the same cancellation points. For the same reason a task that
+has sent its batch waits for the next one (``_Courier``, at most ``_IDLE_COURIERS`` waiting)
+instead of ending, so a batch starts a task only when every earlier one is still busy, and the
+loop is woken only when a batch became due before it would look anyway.
 """
 
 from __future__ import annotations
@@ -39,18 +43,15 @@ import attrs
 
 from trajcore.domain.batch_planner import Batch, BatchConfig, BatchPlanner
 from trajcore.domain.errors import PoolClosed
-from trajcore.domain.slots import SlotCall, SlotId
+from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolResult
 from trajcore.ports.event_loop import LoopHooks, ResultWaiter
 from trajcore.ports.sandbox_pool import SandboxPool
 
 __all__ = ["DispatcherStatistics", "ToolDispatcher"]
 
-_Key = tuple[SlotId, int, str]
-
-
-def _key(call: SlotCall) -> _Key:
-    return (call.lease.slot, call.lease.epoch, call.call.id)
+_IDLE_COURIERS = 64
+"""Most tasks kept waiting for a next batch; a task that finds this many waiting ends."""
 
 
 @attrs.frozen(kw_only=True)
@@ -94,6 +95,17 @@ class _Waiter:
     async def wait(self) -> ToolResult | None:
         await self._done.wait()
         return self._result
+
+
+class _Courier:
+    """A task that sent a batch, waiting for the next one: the loop sets ``batch``, then
+    ``ready``."""
+
+    __slots__ = ("batch", "ready")
+
+    def __init__(self, ready: anyio.Event) -> None:
+        self.ready = ready
+        self.batch: Batch | None = None
 
 
 @attrs.frozen
@@ -142,14 +154,19 @@ class ToolDispatcher:
         self._loop_hooks = loop_hooks
         self._planner = BatchPlanner(config)
         self._grace_s = grace_s
-        self._waiters: dict[_Key, ResultWaiter] = {}
+        # Each call's waiter, by the identity of the SlotCall the planner hands back in its
+        # batch (the planner refuses a second pending call under the same lease and id).
+        self._waiters: dict[int, ResultWaiter] = {}
         self._wake = anyio.Event()
+        self._until = -math.inf  # when the loop next looks at the planner unless woken
         self._backend = _Backend(
             clock=anyio.current_time, event=anyio.Event, waiter=lambda: _Waiter(anyio.Event())
         )
         self._group: anyio.abc.TaskGroup | None = None
+        self._idle: list[_Courier] = []
         self._closed = False
-        self._stats = DispatcherStatistics()
+        # batches, calls, failed batches, withdrawn calls, largest batch
+        self._counts = [0, 0, 0, 0, 0]
 
     async def __aenter__(self) -> ToolDispatcher:
         self._backend = _Backend.running(None if self._loop_hooks is None else self._loop_hooks())
@@ -169,7 +186,11 @@ class ToolDispatcher:
 
     def statistics(self) -> DispatcherStatistics:
         """A snapshot of the counts so far."""
-        return self._stats
+        batches, calls, failed, withdrawn, largest = self._counts
+        return DispatcherStatistics(
+            batches=batches, calls=calls, failed_batches=failed, withdrawn=withdrawn,
+            largest_batch=largest,
+        )  # fmt: skip
 
     async def run(self, calls: Sequence[SlotCall]) -> list[ToolResult]:
         """Run ``calls`` (offered together, so they may share a batch); results in their order.
@@ -184,15 +205,15 @@ class ToolDispatcher:
             raise PoolClosed("the tool dispatcher is not running")
         backend = self._backend
         now = backend.clock()
+        planner, registered = self._planner, self._waiters
         waiters: list[tuple[SlotCall, ResultWaiter]] = []
         try:
             for call in calls:
-                key = _key(call)
                 waiter = backend.waiter()
-                self._planner.offer(call, now)
-                self._waiters[key] = waiter
+                planner.offer(call, now)
+                registered[id(call)] = waiter
                 waiters.append((call, waiter))
-            self._wake.set()
+            self._nudge()
             results: list[ToolResult] = []
             for _call, waiter in waiters:
                 result = await waiter.wait()
@@ -203,25 +224,57 @@ class ToolDispatcher:
         finally:
             withdrawn = 0
             for call, waiter in waiters:
-                self._waiters.pop(_key(call), None)
+                registered.pop(id(call), None)
                 if waiter.delivered() or self._closed:
                     continue
-                if self._planner.withdraw(call):  # still queued: it never goes out
+                if planner.withdraw(call):  # still queued: it never goes out
                     withdrawn += 1
             if withdrawn:
-                self._stats = attrs.evolve(self._stats, withdrawn=self._stats.withdrawn + withdrawn)
+                self._counts[3] += withdrawn
                 self._wake.set()
+
+    def _nudge(self) -> None:
+        """Wake the loop when the planner now has a batch due before the loop would look."""
+        if self._until == -math.inf:
+            return  # it is looking now, or woken already
+        deadline = self._planner.next_deadline()
+        if deadline is not None and deadline < self._until:
+            self._until = -math.inf
+            self._wake.set()
 
     async def _loop(self, group: anyio.abc.TaskGroup) -> None:
         clock, event = self._backend.clock, self._backend.event
         while True:
             for batch in self._planner.due(clock()):
-                group.start_soon(self._send, batch)
+                if self._idle:
+                    courier = self._idle.pop()
+                    courier.batch = batch
+                    courier.ready.set()
+                else:
+                    group.start_soon(self._courier, batch)
             deadline = self._planner.next_deadline()
-            delay = math.inf if deadline is None else max(0.0, deadline - clock())
-            with anyio.move_on_after(delay):
+            if deadline is None:
+                self._until = math.inf
                 await self._wake.wait()
+            else:
+                self._until = deadline
+                with anyio.move_on_after(max(0.0, deadline - clock())):
+                    await self._wake.wait()
+            self._until = -math.inf  # looking now: no one need wake it
             self._wake = event()
+
+    async def _courier(self, batch: Batch) -> None:
+        """Send ``batch``, then each batch the loop hands over while this task waits."""
+        event, idle = self._backend.event, self._idle
+        while True:
+            await self._send(batch)
+            if len(idle) >= _IDLE_COURIERS:
+                return
+            courier = _Courier(event())
+            idle.append(courier)
+            await courier.ready.wait()  # cancelled with the dispatcher's task group
+            assert courier.batch is not None
+            batch = courier.batch
 
     async def _send(self, batch: Batch) -> None:
         calls = list(batch.calls)
@@ -241,17 +294,15 @@ class ToolDispatcher:
             failure = f"{batch.container} answered {len(results)} results for {len(calls)} calls"
         if failure is not None:
             results = ToolResult.infra_errors((call.call for call in calls), failure)
+        registered = self._waiters
         for call, result in zip(calls, results, strict=True):
-            waiter = self._waiters.get(_key(call))
+            waiter = registered.get(id(call))
             if waiter is not None:
                 waiter.deliver(result)
         self._planner.complete(batch.id, self._backend.clock())
-        stats = self._stats
-        self._stats = attrs.evolve(
-            stats,
-            batches=stats.batches + 1,
-            calls=stats.calls + len(calls),
-            failed_batches=stats.failed_batches + (failure is not None),
-            largest_batch=max(stats.largest_batch, len(calls)),
-        )
-        self._wake.set()
+        counts = self._counts
+        counts[0] += 1
+        counts[1] += len(calls)
+        counts[2] += failure is not None
+        counts[4] = max(counts[4], len(calls))
+        self._nudge()

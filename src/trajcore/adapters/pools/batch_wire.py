@@ -13,6 +13,14 @@ takes the general path, which refuses it as it always did, naming the field.
 So both paths send the same bytes with the same deadline for every batch the general path
 accepts, and the fast path accepts nothing the general path refuses
 (``tests/unit/test_batch_wire.py``).
+
+The answer comes back the same way: ``batch_results`` reads a ``POST /v1/execute`` response body
+in one pass into the calls' ``ToolResult``s, checking each answers its call, where the general path
+(``codec.decode`` into an ``ExecuteResponse``, then the client's count and ``call_id`` checks)
+builds the response and walks it again. It takes only the exact shapes the slot codec's own fast
+path takes, builds every value through its constructor (so every validator runs), and returns
+``None`` for anything else, for the general path to accept or refuse as it always did, naming
+the field (``tests/unit/test_batch_results.py``).
 """
 
 from __future__ import annotations
@@ -22,22 +30,40 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from trajcore.domain.errors import InvalidInput
 from trajcore.domain.json_values import check_json
 from trajcore.domain.slots import SlotCall
+from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult
 
-__all__ = ["batch_body", "json_bytes"]
+__all__ = ["batch_body", "batch_results", "json_bytes"]
 
 _EXACT_FLOAT = 1 << 53  # the general path's validator converts larger ints to float (or fails)
+_OUTCOMES = {outcome.value: outcome for outcome in ToolOutcome}
+# The codec's encoding, built once. A cycle cannot reach it: ``check_json`` refuses (or recurses
+# out of) any tree before it is encoded, so the circular check is left off.
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
+_COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"), check_circular=False)
+_PLAIN = (str, int, bool, type(None))
 
 
 def json_bytes(tree: Any) -> bytes:
     """``tree`` as compact UTF-8 JSON, as the slot codec's ``encode`` writes it (text that is not
     valid Unicode, a lone surrogate, as a ``\\uXXXX`` escape)."""
-    text = json.dumps(tree, ensure_ascii=False, separators=(",", ":"))
+    text = _COMPACT.encode(tree)
     try:
         return text.encode()
     except UnicodeEncodeError:
-        return json.dumps(tree, ensure_ascii=True, separators=(",", ":")).encode()
+        return _COMPACT_ASCII.encode(tree).encode()
+
+
+def _flat_json(arguments: dict[Any, Any]) -> bool:
+    """Whether ``arguments`` holds only ``str`` keys and values of exactly ``str``, ``int``,
+    ``bool`` or ``None`` (so ``check_json`` has nothing to refuse); ``False`` otherwise, for
+    ``check_json`` to decide."""
+    for key, value in arguments.items():
+        if type(key) is not str or type(value) not in _PLAIN:
+            return False
+    return True
 
 
 def batch_body(calls: Sequence[SlotCall]) -> tuple[bytes, float] | None:
@@ -61,7 +87,7 @@ def batch_body(calls: Sequence[SlotCall]) -> tuple[bytes, float] | None:
                 return None
         elif type(timeout) is not int or not 0 < timeout <= _EXACT_FLOAT:
             return None
-        if check_json(arguments, "$.arguments"):
+        if not _flat_json(arguments) and check_json(arguments, "$.arguments"):
             return None
         items.append({
             "slot": slot, "epoch": epoch, "call_id": call_id, "tool": tool,
@@ -69,3 +95,77 @@ def batch_body(calls: Sequence[SlotCall]) -> tuple[bytes, float] | None:
         })  # fmt: skip
         per_slot[slot] = per_slot.get(slot, 0.0) + timeout
     return json_bytes({"calls": items}), max(per_slot.values(), default=0.0)
+
+
+def _report(data: object) -> ExecReport | None:
+    """An ``exec`` object as the slot codec's fast path reads it, or ``None``."""
+    if type(data) is not dict or "exit_code" not in data:
+        return None
+    exit_code = data["exit_code"]
+    stdout, stderr = data.get("stdout", ""), data.get("stderr", "")
+    out_dropped, err_dropped = data.get("stdout_dropped", 0), data.get("stderr_dropped", 0)
+    timed_out, sandboxed = data.get("timed_out", False), data.get("sandboxed", False)
+    duration = data.get("duration_s", 0.0)
+    if type(duration) is not float:
+        if type(duration) is not int or not -_EXACT_FLOAT <= duration <= _EXACT_FLOAT:
+            return None
+        duration = float(duration)
+    if (
+        (exit_code is not None and type(exit_code) is not int)
+        or type(stdout) is not str or type(stderr) is not str
+        or type(out_dropped) is not int or out_dropped < 0
+        or type(err_dropped) is not int or err_dropped < 0
+        or type(timed_out) is not bool or type(sandboxed) is not bool
+        or not 0.0 <= duration < math.inf
+    ):  # fmt: skip
+        return None
+    return ExecReport(
+        exit_code=exit_code, stdout=stdout, stderr=stderr, stdout_dropped=out_dropped,
+        stderr_dropped=err_dropped, timed_out=timed_out, duration_s=duration, sandboxed=sandboxed,
+    )  # fmt: skip
+
+
+def batch_results(payload: bytes, call_ids: Sequence[str]) -> list[ToolResult] | None:
+    """The results of a ``POST /v1/execute`` answer ``payload``, one per call of ``call_ids``
+    in order, each answering its call; ``None`` when the answer is not JSON of the plain shape
+    or does not answer the calls one for one, for the general path to decide."""
+    try:
+        data = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if type(data) is not dict:
+        return None
+    items = data.get("results")
+    if type(items) is not list or len(items) != len(call_ids):
+        return None
+    try:
+        return _read_results(items, call_ids)
+    except (InvalidInput, ValueError, TypeError):  # a validator added since: the general path
+        return None
+
+
+def _read_results(items: list[Any], call_ids: Sequence[str]) -> list[ToolResult] | None:
+    out: list[ToolResult] = []
+    outcomes = _OUTCOMES
+    for item, asked in zip(items, call_ids, strict=True):
+        if type(item) is not dict:
+            return None
+        call_id, name, outcome = item.get("call_id"), item.get("name"), item.get("outcome")
+        content, error, found = item.get("content", ""), item.get("error"), item.get("exec")
+        if (
+            type(call_id) is not str or call_id != asked or type(name) is not str
+            or type(outcome) is not str or outcome not in outcomes or type(content) is not str
+            or (error is not None and type(error) is not str)
+        ):  # fmt: skip
+            return None
+        report = None
+        if found is not None:
+            report = _report(found)
+            if report is None:
+                return None
+        result = ToolResult(
+            call_id=call_id, name=name, outcome=outcomes[outcome], content=content, error=error,
+            exec=report,
+        )  # fmt: skip
+        out.append(result)
+    return out

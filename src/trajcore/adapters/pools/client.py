@@ -34,7 +34,7 @@ import attrs
 from trajcore.adapters.http1.client import HTTPClient
 from trajcore.adapters.http1.errors import HTTPError, RequestTimedOut
 from trajcore.adapters.http1.values import Limits, Origin, parse_url
-from trajcore.adapters.pools.batch_wire import batch_body
+from trajcore.adapters.pools.batch_wire import batch_body, batch_results
 from trajcore.adapters.slot_server.codec import decode, encode
 from trajcore.domain.errors import (
     ConfigError,
@@ -149,8 +149,12 @@ class SlotServerClient:
         self, method: str, path: str, body: object, kind: type[T], timeout_s: float
     ) -> T:
         """``body`` (a protocol value, ``None`` for none, or ``bytes`` already encoded)."""
-        http, origin, prefix = self._open()
         raw = body if isinstance(body, bytes) else b"" if body is None else encode(body)
+        return decode(await self._answer(method, path, raw, timeout_s), kind)
+
+    async def _answer(self, method: str, path: str, raw: bytes, timeout_s: float) -> bytes:
+        """The body of a 200 answer to ``raw``; any other answer raised as its error."""
+        http, origin, prefix = self._open()
         url = self.base_url + path
         try:
             response = await http.request(
@@ -162,7 +166,7 @@ class SlotServerClient:
             raise SlotServerError(f"{method} {url}: {type(error).__name__}: {error}") from None
         status, payload = response.status, response.body
         if status == 200:
-            return decode(payload, kind)
+            return payload
         problem = _error_body(payload)
         if status == 401:
             raise SlotServerError(f"{method} {url}: 401 unauthorized ({problem.error})")
@@ -218,7 +222,8 @@ class SlotServerClient:
     async def execute_slot_calls(self, calls: Sequence[SlotCall]) -> list[ToolResult]:
         """``execute([execute_call(call) for call in calls])``, the pools' hot path: the same
         request, deadline, results and errors, with the body written straight from the calls
-        (``batch_wire``) when they have the plain shape.
+        and the answer read straight into the results (``batch_wire``) when they have the plain
+        shape.
 
         Raises ``SlotServerError``, ``WireError`` (a call the protocol refuses, as
         ``execute_call`` refuses it, or an answer as ``execute`` refuses it).
@@ -227,10 +232,12 @@ class SlotServerClient:
         if fast is None:
             return await self.execute([execute_call(call) for call in calls])
         body, limit_s = fast
-        answer = await self._request(
-            "POST", "/v1/execute", body, ExecuteResponse, limit_s + self.grace_s
-        )
-        return _results(answer, [call.call.id for call in calls])
+        payload = await self._answer("POST", "/v1/execute", body, limit_s + self.grace_s)
+        call_ids = [call.call.id for call in calls]
+        results = batch_results(payload, call_ids)
+        if results is None:
+            results = _results(decode(payload, ExecuteResponse), call_ids)
+        return results
 
     async def reset(self, slot: int, epoch: int) -> ResetResult:
         """Kill the slot's sandbox and wipe it, retiring ``epoch``. ``ok=False``: quarantine it.
