@@ -385,6 +385,11 @@ async def test_the_backend_looked_up_once_reads_anyios_clock_and_makes_its_event
             group.start_soon(set_it)
             await event.wait()
     assert event.is_set()
+    scope = backend.scope(deadline=anyio.current_time() + 0.001)
+    assert type(scope) is type(anyio.CancelScope())
+    with anyio.fail_after(5), scope:
+        await anyio.sleep(10)
+    assert scope.cancelled_caught
 
 
 def test_without_hooks_the_backend_reads_anyios_clock() -> None:

@@ -4,6 +4,9 @@ A *slot* is one workspace in one container (a slot server); a *lease* is one tra
 exclusive use of a slot. Every lease carries the slot's epoch at the time it was granted: the epoch
 grows on every grant, so a release or call with an old epoch is recognisably stale and can be
 rejected instead of freeing (or running in) a slot that now belongs to someone else.
+
+Slot ids and leases are dictionary keys on every tool call's path (the batch planner, the slot
+book), so each computes its hash once and keeps it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from trajcore.domain.tools import ToolCall
 __all__ = ["Lease", "PoolStatistics", "SlotCall", "SlotId", "SlotState"]
 
 
-@attrs.frozen(kw_only=True, order=True)
+@attrs.frozen(kw_only=True, order=True, cache_hash=True)
 class SlotId:
     """A slot's address: the container (slot server) that holds it and its index there."""
 
@@ -39,7 +42,7 @@ class SlotState(enum.Enum):
     DRAINING = "draining"  # its container is being removed; leased again never, freed to gone
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)
 class Lease:
     """One trajectory's hold on one slot.
 

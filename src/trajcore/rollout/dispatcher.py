@@ -110,24 +110,32 @@ class _Courier:
 
 @attrs.frozen
 class _Backend:
-    """The running backend's clock, event class and waiters, looked up once (see the module's
-    notes).
+    """The running backend's clock, event and cancel scope classes and waiters, looked up once
+    (see the module's notes).
 
-    ``clock()`` reads what ``anyio.current_time()`` reads and ``event()`` makes what
-    ``anyio.Event()`` makes, in the event loop that was running when ``running()`` was called.
+    ``clock()`` reads what ``anyio.current_time()`` reads, ``event()`` makes what
+    ``anyio.Event()`` makes and ``scope(deadline=...)`` what ``anyio.CancelScope(deadline=...)``
+    makes, in the event loop that was running when ``running()`` was called.
     """
 
     clock: Callable[[], float]
     event: Callable[[], anyio.Event]
     waiter: Callable[[], ResultWaiter]
+    scope: Callable[..., anyio.CancelScope] = anyio.CancelScope
 
     @classmethod
     def running(cls, hooks: LoopHooks | None = None) -> _Backend:
         """The running backend's, or ``hooks``' clock and waiters where given."""
         event = type(anyio.Event())  # the backend's own class; calling it skips the lookup
+        try:
+            scope: Callable[..., anyio.CancelScope] = type(anyio.CancelScope())  # likewise
+        except RuntimeError:  # no loop is running (anyio's NoEventLoopError): the portable one
+            scope = anyio.CancelScope
         if hooks is None:
-            return cls(clock=anyio.current_time, event=event, waiter=lambda: _Waiter(event()))
-        return cls(clock=hooks.clock, event=event, waiter=hooks.waiter)
+            return cls(
+                clock=anyio.current_time, event=event, waiter=lambda: _Waiter(event()), scope=scope
+            )
+        return cls(clock=hooks.clock, event=event, waiter=hooks.waiter, scope=scope)
 
 
 class ToolDispatcher:
@@ -243,7 +251,7 @@ class ToolDispatcher:
             self._wake.set()
 
     async def _loop(self, group: anyio.abc.TaskGroup) -> None:
-        clock, event = self._backend.clock, self._backend.event
+        clock, event, scope = self._backend.clock, self._backend.event, self._backend.scope
         while True:
             for batch in self._planner.due(clock()):
                 if self._idle:
@@ -258,7 +266,7 @@ class ToolDispatcher:
                 await self._wake.wait()
             else:
                 self._until = deadline
-                with anyio.move_on_after(max(0.0, deadline - clock())):
+                with scope(deadline=deadline):  # anyio.move_on_after, until the deadline
                     await self._wake.wait()
             self._until = -math.inf  # looking now: no one need wake it
             self._wake = event()
@@ -281,7 +289,8 @@ class ToolDispatcher:
         limit = max(call.timeout_s for call in calls) + self._grace_s
         failure: str | None = None
         results: list[ToolResult] = []
-        with anyio.move_on_after(limit) as scope:
+        backend = self._backend
+        with backend.scope(deadline=backend.clock() + limit) as scope:
             try:
                 results = await self._pool.execute(batch.container, calls)
             except PoolClosed:
