@@ -33,11 +33,11 @@ def root() -> Iterator[Path]:
 
 
 def call_tasks() -> int:
-    """Tasks of this loop that run one call (``SlotRuntime._run_turn``)."""
+    """Tasks of this loop that run one call (``CallTurns._run_turn``, ``SlotRuntime``'s)."""
     return sum(
         1
         for task in asyncio.all_tasks()
-        if getattr(task.get_coro(), "__qualname__", "") == "SlotRuntime._run_turn"
+        if getattr(task.get_coro(), "__qualname__", "") == "CallTurns._run_turn"
     )
 
 

@@ -42,8 +42,9 @@ runs ``ExecuteCall`` values in them:
   ``REJECTED`` with ``reason @ $.path``; a sandbox that dies mid-call is ``INFRA_ERROR``.
 
 Modules: ``runtime_config`` (the config), ``channel`` (framing and replies), ``sandboxes``
-(keepers, leases, bare agents), ``capabilities`` (the host probe), ``tool_calls`` (the slot
-tools), ``resets`` (proving a slot clean). ``RuntimeConfig``, ``check_config``, ``reply_cap``,
+(keepers, leases, bare agents), ``capabilities`` (the host probe), ``call_turns`` (the calls
+carried out in their slots' turns), ``tool_calls`` (the slot tools), ``resets`` (proving a slot
+clean). ``RuntimeConfig``, ``check_config``, ``reply_cap``,
 ``MAX_REQUEST_BYTES`` and ``HELPER_PATH`` are importable from here too.
 """
 
@@ -51,17 +52,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gzip  # noqa: F401 - loaded now: the archive runs as the slot, which cannot read /root
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs
 
+from trajcore.adapters.slot_server.call_turns import CallTurns
 from trajcore.adapters.slot_server.capabilities import probe
-from trajcore.adapters.slot_server.channel import AgentLost
 from trajcore.adapters.slot_server.forks import (
     NEEDS_CACHE,
     freeze_lease,
@@ -86,20 +86,13 @@ from trajcore.adapters.slot_server.seccomp import SeccompUnavailable, compile_fi
 from trajcore.adapters.slot_server.slot_ids import stage_file, unmapped, unreachable
 from trajcore.adapters.slot_server.slot_listing import slot_info
 from trajcore.adapters.slot_server.snapshots import SnapshotRefused, SnapshotStore
-from trajcore.adapters.slot_server.tool_calls import failure, refused, run_call, start_call
+from trajcore.adapters.slot_server.tool_calls import refused
 from trajcore.adapters.slot_server.workspace import Workspace
 from trajcore.adapters.slot_server.workspace_overlays import WorkspaceOverlays
 from trajcore.domain.errors import ConfigError, UnknownSlot
 from trajcore.domain.seccomp_rules import SECCOMP_RULES
 from trajcore.domain.slot_calls import (
-    Accepted,
-    Answered,
-    CallTicket,
     Closing,
-    Joined,
-    RefuseCall,
-    Refused,
-    RunReset,
     SlotCalls,
     StaleEpoch,
 )
@@ -110,7 +103,6 @@ from trajcore.domain.slot_protocol import (
     Capabilities,
     DirectoryListing,
     DropSnapshotAnswer,
-    ExecuteCall,
     Health,
     LeaseAnswer,
     ResetResult,
@@ -118,13 +110,13 @@ from trajcore.domain.slot_protocol import (
     SnapshotAnswer,
 )
 from trajcore.domain.task_environments import TaskEnvironmentError, parse_environment_ref
-from trajcore.domain.tools import ToolOutcome, ToolResult
+from trajcore.domain.tools import ToolResult
 
 __all__ = ["SlotRuntime"]
 
 
 @attrs.define(eq=False)
-class SlotRuntime:
+class SlotRuntime(CallTurns):
     """N slots and their sandboxes. Create, ``await start()``, use, ``await aclose()``."""
 
     config: RuntimeConfig
@@ -138,6 +130,9 @@ class SlotRuntime:
     _sandboxes: Sandboxes = attrs.field(init=False)
     _slots: list[Slot] = attrs.field(init=False, factory=list)
     _tasks: set[asyncio.Task[None]] = attrs.field(init=False, factory=set)
+    _listeners: dict[asyncio.Future[ToolResult], list[Callable[[], None]]] = attrs.field(
+        init=False, factory=dict
+    )  # per unanswered call's future: ``execute_now``'s batches waiting on it
     _closed: bool = attrs.field(init=False, default=False)
     _sweeping_snapshots: bool = attrs.field(init=False, default=False)
     images: ImageCache | None = attrs.field(init=False, default=None)
@@ -261,7 +256,7 @@ class SlotRuntime:
         for slot in self._slots:
             for ticket in slot.calls.close():
                 call, answer = slot.answers.pop(ticket.number)
-                answer.set_result(refused(call, Closing()))
+                self._resolve(answer, refused(call, Closing()))
         for task in list(self._tasks):
             task.cancel()
         for slot in self._slots:
@@ -324,129 +319,6 @@ class SlotRuntime:
                 f"slot {index} does not exist; this server has 0..{len(self._slots) - 1}"
             )
         return self._slots[index]
-
-    # ------------------------------------------------------------------------- execute
-
-    async def execute(self, calls: Sequence[ExecuteCall]) -> list[ToolResult]:
-        """Run a batch; one result per call, in order. Never raises for a call's failure.
-
-        A cancelled request stops waiting and nothing else: its calls' futures are shared with
-        any repeat of the same ``call_id`` and go on (``asyncio.wait`` never cancels them)."""
-        futures = [self._submit(call) for call in calls]
-        pending = [future for future in futures if not future.done()]
-        if pending:
-            await asyncio.wait(pending)
-        return [future.result() for future in futures]
-
-    def _submit(self, call: ExecuteCall) -> asyncio.Future[ToolResult]:
-        """The future of ``call``'s result, after the slot's queue has taken it in."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[ToolResult] = loop.create_future()
-        if self._closed:
-            done.set_result(refused(call, Closing()))
-            return done
-        if not 0 <= call.slot < len(self._slots):
-            reason = f"slot {call.slot} does not exist @ $.slot"
-            done.set_result(failure(call, ToolOutcome.REJECTED, reason))
-            return done
-        slot = self._slots[call.slot]
-        submission = slot.calls.submit(call.epoch, call.call_id)
-        if isinstance(submission, Joined):
-            return slot.answers[submission.ticket.number][1]
-        if isinstance(submission, Answered):
-            done.set_result(submission.result)
-        elif isinstance(submission, Refused):
-            done.set_result(refused(call, submission.reason))
-        else:
-            assert isinstance(submission, Accepted)
-            slot.answers[submission.ticket.number] = (call, done)
-            self._take_turns(slot)
-        return done
-
-    def _take_turns(self, slot: Slot) -> None:
-        """Carry out the slot's next turns: answer refused calls, start the next call's task or
-        let the waiting reset go on. Returns once a turn is under way or none is left."""
-        while (turn := slot.calls.next_turn()) is not None:
-            if isinstance(turn, RunReset):
-                waiter = slot.reset_turns.pop(turn.ticket.number)
-                if not waiter.done():
-                    waiter.set_result(None)
-                return
-            call = slot.answers[turn.ticket.number][0]
-            if isinstance(turn, RefuseCall):
-                self._answer(slot, turn.ticket, refused(call, turn.reason))
-                continue
-            started = start_call(
-                self._sandboxes, slot, call, unsandboxed_why=self.capabilities.detail,
-                done=functools.partial(self._sent_call_done, slot, turn.ticket, call),
-            )  # fmt: skip
-            if isinstance(started, ToolResult):
-                self._answer(slot, turn.ticket, started)
-                continue
-            if started:
-                return
-            self._run_task(slot, turn.ticket, call)
-            return
-
-    def _settle(
-        self, slot: Slot, ticket: CallTicket, call: ExecuteCall, task: asyncio.Task[None]
-    ) -> None:
-        """A call's task ended: forget it, and if it never answered (cancelled before it
-        began), answer it as closing and let the slot's next turn go on, so no call and no
-        reset waits for it."""
-        self._tasks.discard(task)
-        if ticket.number in slot.answers:
-            self._answer(slot, ticket, refused(call, Closing()))
-            self._take_turns(slot)
-
-    def _sent_call_done(
-        self, slot: Slot, ticket: CallTicket, call: ExecuteCall, outcome: ToolResult | AgentLost
-    ) -> None:
-        """A call ``start_call`` sent has its reply (answer it, go on with the slot's turns), or
-        its lease was lost (stop the agent first, then answer, as ``run_call`` does)."""
-        if isinstance(outcome, ToolResult):
-            self._answer(slot, ticket, outcome)
-            self._take_turns(slot)
-            return
-        if self._closed:  # aclose ends the agent itself
-            self._answer(slot, ticket, refused(call, Closing()))
-            return
-        self._run_task(slot, ticket, call, outcome)
-
-    def _run_task(
-        self, slot: Slot, ticket: CallTicket, call: ExecuteCall, lost: AgentLost | None = None
-    ) -> None:
-        task = asyncio.get_running_loop().create_task(self._run_turn(slot, ticket, call, lost))
-        self._tasks.add(task)
-        task.add_done_callback(functools.partial(self._settle, slot, ticket, call))
-
-    async def _run_turn(
-        self, slot: Slot, ticket: CallTicket, call: ExecuteCall, lost: AgentLost | None
-    ) -> None:
-        """Run the call (or, when a call ``start_call`` sent ``lost`` its lease, stop the agent
-        first and then answer it, as ``run_call`` does), answer it, go on with the turns."""
-        result: ToolResult
-        try:
-            if lost is None:
-                result = await run_call(
-                    self._sandboxes, slot, call, unsandboxed_why=self.capabilities.detail
-                )
-            else:
-                await self._sandboxes.stop_agent(slot)
-                result = failure(call, ToolOutcome.INFRA_ERROR, str(lost))
-        except asyncio.CancelledError:
-            result = refused(call, Closing())
-        except Exception as error:  # noqa: BLE001 - every call gets a result, whatever failed
-            reason = f"slot server fault: {type(error).__name__}: {error}"
-            result = failure(call, ToolOutcome.INFRA_ERROR, reason)
-        self._answer(slot, ticket, result)
-        self._take_turns(slot)
-
-    def _answer(self, slot: Slot, ticket: CallTicket, result: ToolResult) -> None:
-        slot.calls.finish(ticket, result)
-        answer = slot.answers.pop(ticket.number)[1]
-        if not answer.done():
-            answer.set_result(result)
 
     # ------------------------------------------------------------------------- lease
 

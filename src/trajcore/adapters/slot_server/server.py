@@ -17,6 +17,7 @@ per request: at thousands of calls a second it would cost more than the calls.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import os
 from collections.abc import Awaitable, Callable
@@ -26,6 +27,7 @@ import attrs
 
 from trajcore.adapters.http1.server import HTTPServer
 from trajcore.adapters.http1.values import Handler, Limits, Reply, Request
+from trajcore.adapters.slot_server.call_turns import setter
 from trajcore.adapters.slot_server.codec import decode, encode
 from trajcore.adapters.slot_server.runtime import SlotRuntime
 from trajcore.domain.errors import ToolArgumentError, UnknownSlot, WireError
@@ -43,6 +45,7 @@ from trajcore.domain.slot_protocol import (
     ResetRequest,
     SnapshotRequest,
 )
+from trajcore.domain.tools import ToolResult
 
 __all__ = [
     "MAX_REQUEST_BYTES",
@@ -163,8 +166,15 @@ def make_answer(runtime: SlotRuntime, token: str | None) -> Answer:
 
 def make_handler(runtime: SlotRuntime, token: str | None) -> Handler:
     """A handler for ``adapters.http1.HTTPServer`` serving ``runtime`` (build the server with
-    ``Limits(max_body_bytes=MAX_REQUEST_BYTES)``)."""
+    ``Limits(max_body_bytes=MAX_REQUEST_BYTES)``).
+
+    A batch (``POST /v1/execute``, its token right) is decoded and submitted inside the read
+    that completed it (``SlotRuntime.execute_now``: its agents are written to before the
+    handler returns), and answered at once when every call is; otherwise its results come back
+    through one future, set from the last call's answer. Every other request goes through
+    ``make_answer`` in a task of its own."""
     answer = make_answer(runtime, token)
+    expected = f"Bearer {token}".encode() if token is not None else None
 
     async def handle(request: Request) -> Reply:
         status, body = await answer(
@@ -172,7 +182,32 @@ def make_handler(runtime: SlotRuntime, token: str | None) -> Handler:
         )
         return Reply(status=status, body=body, content_type=_JSON)
 
-    return handle
+    def respond(results: list[ToolResult]) -> Reply:
+        return Reply(status=200, body=encode(ExecuteResponse(results=results)), content_type=_JSON)
+
+    async def later(answered: asyncio.Future[list[ToolResult]]) -> Reply:
+        return respond(await answered)
+
+    def execute_now(body: bytes) -> Reply | Awaitable[Reply]:
+        try:
+            batch = decode(body, ExecuteRequest)
+        except WireError as error:
+            status, text = _error(400, error.reason, error.field)
+            return Reply(status=status, body=text, content_type=_JSON)
+        answered: asyncio.Future[list[ToolResult]] = asyncio.get_running_loop().create_future()
+        results = runtime.execute_now(batch.calls, setter(answered))
+        return respond(results) if results is not None else later(answered)
+
+    def dispatch(request: Request) -> Reply | Awaitable[Reply]:
+        if request.path == "/v1/execute" and request.method == "POST":
+            if expected is None:
+                return execute_now(request.body)
+            given = (request.headers.get("authorization") or "").encode("utf-8", "surrogateescape")
+            if hmac.compare_digest(given, expected):
+                return execute_now(request.body)
+        return handle(request)
+
+    return dispatch
 
 
 async def start_http_server(
