@@ -16,6 +16,7 @@ import contextlib
 import json
 import socket
 import struct
+import time
 from collections.abc import Callable, Sequence
 from typing import cast
 
@@ -36,6 +37,7 @@ __all__ = [
 ]
 
 _HEADER = struct.Struct(">I")
+_RESOLUTION = time.get_clock_info("monotonic").resolution  # the event loop's clock's
 
 
 class AgentLost(Exception):
@@ -112,7 +114,9 @@ class _Replies(asyncio.Protocol):
         self.cap = cap
         self.buffer = bytearray()
         self.answer: Answer | None = None
-        self.deadline: asyncio.TimerHandle | None = None
+        self.deadline: asyncio.TimerHandle | None = None  # fires at or before ``due``
+        self.due = 0.0  # the request under way's deadline (loop time)
+        self.limit_s = 0.0  # and its timeout
         self.lost: AgentLost | None = None
 
     def send(self, payload: bytes, timeout_s: float, answer: Answer) -> None:
@@ -122,11 +126,29 @@ class _Replies(asyncio.Protocol):
         if self.answer is not None:
             raise RuntimeError("an agent serves one request at a time")
         self.answer = answer
-        self.deadline = asyncio.get_running_loop().call_later(timeout_s, self._late, timeout_s)
+        loop = asyncio.get_running_loop()
+        self.due, self.limit_s = loop.time() + timeout_s, timeout_s
+        # One timer per channel, moved on lazily: a request's answer leaves it armed, and the
+        # next request reuses it unless it must fire sooner (no timer made or cancelled per
+        # request, as the calls of a lease mostly share one timeout).
+        deadline = self.deadline
+        if deadline is None or deadline.when() > self.due:
+            if deadline is not None:
+                deadline.cancel()
+            self.deadline = loop.call_at(self.due, self._check)
         self.transport.write(_HEADER.pack(len(payload)) + payload)
 
-    def _late(self, timeout_s: float) -> None:
-        self.lose(AgentLost(f"the slot's agent did not answer within {timeout_s:.1f} s"))
+    def _check(self) -> None:
+        """The timer fired: lose the lease if the request under way is past its deadline,
+        else wait on for it (none under way: the timer lapses until the next request)."""
+        self.deadline = None
+        if self.answer is None or self.lost is not None:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() + _RESOLUTION < self.due:  # a timer may fire this early
+            self.deadline = loop.call_at(self.due, self._check)
+            return
+        self.lose(AgentLost(f"the slot's agent did not answer within {self.limit_s:.1f} s"))
 
     def lose(self, why: AgentLost) -> None:
         if self.lost is not None:
@@ -139,7 +161,7 @@ class _Replies(asyncio.Protocol):
 
     def _give(self, outcome: dict[str, JSON] | AgentLost) -> None:
         answer, self.answer = self.answer, None
-        if self.deadline is not None:
+        if self.lost is not None and self.deadline is not None:  # no more requests: no timer
             self.deadline.cancel()
             self.deadline = None
         if answer is not None:
