@@ -121,6 +121,12 @@ def unstructure(value: object) -> Any:  # a JSON tree, as cattrs returns it
     return converter.unstructure(value)
 
 
+# ``json.dumps`` with any option makes a new encoder per call: these are made once (the same
+# output; an encoder keeps no state between calls).
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_COMPACT_ASCII = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"))
+
+
 def encode(value: object) -> bytes:
     """``value`` as compact UTF-8 JSON.
 
@@ -130,11 +136,11 @@ def encode(value: object) -> bytes:
     the same text; so every value round-trips and a peer's odd text never fails a message.
     """
     tree = unstructure(value)
-    text = json.dumps(tree, ensure_ascii=False, separators=(",", ":"))
+    text = _COMPACT.encode(tree)
     try:
         return text.encode()
     except UnicodeEncodeError:
-        return json.dumps(tree, ensure_ascii=True, separators=(",", ":")).encode()
+        return _COMPACT_ASCII.encode(tree).encode()
 
 
 def decode(data: bytes | str, kind: type[T]) -> T:
