@@ -13,10 +13,12 @@ After every slot has run one call (its start is not measured), ``--rounds`` roun
 ``--seconds`` each print one JSON line: calls per second, and the CPU seconds per call of this
 process (the env side: pool, dispatcher, client), of the slot servers' own processes (their
 Python), of everything those servers started (bubblewrap, keepers, lease agents and the commands
-they reaped), and of the whole machine (``/proc/stat``). The per-process figures come from
-``/proc/<pid>/stat`` and so hold beside other load on a shared machine, where the machine's
-figure does not. Only names that every revision since the containment work has are used, so that
-older trees run it unchanged.
+they reaped), and of the whole machine (``/proc/stat``); this process's CPU also split into user
+and system time, with its involuntary context switches per call (a sampling profiler's samples
+in a socket write are mostly the woken slot server running first, not the write's own CPU).
+The per-process figures come from ``/proc/<pid>/stat`` and so hold beside other load on a shared
+machine, where the machine's figure does not. Only names that every revision since the
+containment work has are used, so that older trees run it unchanged.
 
 Run: ``.venv/bin/python bench/call_path.py [pool|direct] [TRAJECTORIES] [--seconds 3]
 [--rounds 3]`` (the pool at 64 trajectories by default).
@@ -64,6 +66,12 @@ def machine_cpu_s() -> float:
 def own_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def own_usage() -> tuple[float, float, int]:
+    """This process's user and system CPU seconds and its involuntary context switches."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime, usage.ru_stime, usage.ru_nivcsw
 
 
 def _children() -> dict[int, list[int]]:
@@ -130,15 +138,20 @@ async def rounds(
     for _ in range(count):
         done = [0] * workers
         own, whole, started = own_cpu_s(), machine_cpu_s(), time.perf_counter()
+        user, system, preempted = own_usage()
         servers, below = servers_cpu_s()
         stop_at = loop.time() + seconds
         await asyncio.gather(*(worker(i, stop_at, done) for i in range(workers)))
         elapsed = time.perf_counter() - started
         servers_after, below_after = servers_cpu_s()
         calls = sum(done)
+        user_after, system_after, preempted_after = own_usage()
         print(json.dumps({
             "path": path, "trajectories": workers, "calls_per_s": calls / elapsed,
             "process_cpu_per_call_s": (own_cpu_s() - own) / calls,
+            "process_user_per_call_s": (user_after - user) / calls,
+            "process_sys_per_call_s": (system_after - system) / calls,
+            "process_preempted_per_call": (preempted_after - preempted) / calls,
             "server_cpu_per_call_s": (servers_after - servers) / calls,
             "sandbox_cpu_per_call_s": (below_after - below) / calls,
             "machine_cpu_per_call_s": (machine_cpu_s() - whole) / calls,
