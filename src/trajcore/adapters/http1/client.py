@@ -21,7 +21,7 @@ import collections
 import inspect
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Final
+from typing import Final, cast
 
 import attrs
 
@@ -92,8 +92,8 @@ class _ClientConnection(asyncio.Protocol):
     # -- asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport (uvloop's are not subclasses of asyncio.Transport, and work alike).
+        self.transport = cast("asyncio.Transport", transport)
 
     def data_received(self, data: bytes) -> None:
         waiter, reader = self.waiter, self.reader
