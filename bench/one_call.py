@@ -241,35 +241,39 @@ async def run(args: argparse.Namespace, servers: list[tuple[str, str, int]]) -> 
                 s.label: round(statistics.median(s.block_cpu_s) * 1e6, 1) for s in served},
         }), flush=True)  # fmt: skip
     if args.trace:
-        reference_timeline(f"{args.trace}.reference")
-    for one in served if args.trace else ():
-        print(f"{one.label}:", flush=True)
-        number = await trace(args, one.client, number, one.pid, f"{args.trace}.{one.label}")
+        reference_timeline(f"{args.trace}-reference")
+    if args.trace:
+        await trace(args, served, number)
 
 
-async def trace(
-    args: argparse.Namespace, client: Client, number: int, server_pid: int, output: str
-) -> int:
-    agents = [pid for pid, name in descendants(server_pid) if name.startswith("slot-lease")]
-    pids = [os.getpid(), server_pid, *agents]
+async def trace(args: argparse.Namespace, served: list[Served], number: int) -> None:
+    """``perf record`` of the ``EVENTS`` of this process, every server and its lease agent
+    over ``--trace-calls`` calls per server, the servers taking turns call by call (so they
+    share the load of the same moments), then each server's timeline."""
+    agents = [
+        pid for one in served for pid, name in descendants(one.pid) if name.startswith("slot-lease")
+    ]
+    pids = [os.getpid(), *(one.pid for one in served), *agents]
     events = ",".join(EVENTS)
     perf = subprocess.Popen(  # noqa: ASYNC220 - the calls wait for it, nothing else runs
-        ["perf", "record", "-q", "-o", output, "-e", events, "-p", ",".join(map(str, pids))],
+        ["perf", "record", "-q", "-o", args.trace, "-e", events, "-p", ",".join(map(str, pids))],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     await asyncio.sleep(2.0)
     for _ in range(args.trace_calls):
-        number += 1
-        await client.call(number)
+        for one in served:
+            number += 1
+            await one.client.call(number)
     await asyncio.sleep(0.5)
     perf.send_signal(2)
     perf.wait(30)
     script = subprocess.run(  # noqa: ASYNC221 - after the calls, nothing else runs
-        ["perf", "script", "-i", output, "-F", "pid,time,event,trace"],
+        ["perf", "script", "-i", args.trace, "-F", "pid,time,event,trace"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
-    timeline(script.stdout, pids[0], server_pid)
-    return number
+    for one in served:
+        print(f"{one.label}:", flush=True)
+        timeline(script.stdout, pids[0], one.pid, {s.pid for s in served})
 
 
 def reference_timeline(output: str) -> None:
@@ -336,7 +340,7 @@ HOPS = (
 )
 
 
-def timeline(text: str, env_pid: int, server_pid: int) -> None:  # noqa: PLR0915 - one parser
+def timeline(text: str, env_pid: int, server_pid: int, servers: set[int]) -> None:  # noqa: PLR0915 - one parser
     """The median time of each hop from the env's send over the traced calls (``perf script``
     of the ``EVENTS``), and the server's event-loop iterations (``epoll_wait``) per call."""
     calls: list[dict[str, float]] = []
@@ -347,7 +351,7 @@ def timeline(text: str, env_pid: int, server_pid: int) -> None:  # noqa: PLR0915
         if not found:
             continue
         pid, t, event, rest = int(found[1]), float(found[2]) * 1e3, found[3], found[4]
-        who = "env" if pid == env_pid else "server" if pid == server_pid else "agent"
+        who = "env" if pid == env_pid else "server" if pid in servers else "agent"
         ret = re.search(r"0x([0-9a-f]+)$", rest)
         value = int(ret[1], 16) if ret and "sys_exit" in event else -1
         kind = None
@@ -377,12 +381,18 @@ def timeline(text: str, env_pid: int, server_pid: int) -> None:  # noqa: PLR0915
             kind = "reaped"
         elif who == "agent" and event.endswith("sys_enter_writev"):
             kind = "reply"
+        if kind == "read_request":
+            current.setdefault("server", pid)
         if kind is not None:
             current.setdefault(f"{who}:{kind}", t)
         if kind == "read_response":
             loops.append(int(current["epolls"]))
             current = None
-    whole = [c for c in calls if all(f"{w}:{k}" in c for _, w, k in HOPS)]
+    whole = [
+        c
+        for c in calls
+        if all(f"{w}:{k}" in c for _, w, k in HOPS) and c.get("server") == server_pid
+    ]
     print(f"timeline of {len(whole)} traced calls (median ms after the env's send; step):")
     previous = 0.0
     for label, who, kind in HOPS:
