@@ -557,6 +557,9 @@ class Sandboxes:
         except OSError as error:
             ours.close()
             raise AgentLost(f"cannot start the slot's sandbox: {error}") from None
+        except BaseException:  # cancelled (a server closing while a keeper starts)
+            ours.close()
+            raise
         finally:
             theirs.close()
             if gate is not None:
