@@ -77,6 +77,7 @@ TARGET_IDLE_PSS_MIB = 1.0
 TARGET_MEMBER_START_MS = 50.0
 TARGET_GROUP_RATIO = 1.25
 GROUP = 16
+SETTLE_TIMEOUT_S = 300.0  # the most a part waits for the previous part's trash
 # Past bench/tools.py's slot uids (servers run as root: every slot has a host uid of its own).
 UID_BASE = DEFAULT_SLOT_UID_BASE + (1 << 16) + 4096
 _ids = itertools.count()
@@ -387,10 +388,20 @@ layer (``/src``, a new entry at the lease's root) or into its workspace (as
 ``examples/swe_style.py`` prepares)."""
 
 
-async def settle() -> None:
-    """The file systems' dirty pages written out before a timed part of (c) begins: preparing
-    every member writes 16 copies of the repository, and the kernel's writeback of them would
-    otherwise fall on whichever part came next. Each part starts from the same state."""
+async def settle(server: Server) -> None:
+    """The server's trash emptied and the file systems' dirty pages written out before a timed
+    part of (c) begins: preparing every member writes 16 copies of the repository, which their
+    resets set aside for the server to remove in the background, and that removal and the
+    kernel's writeback would otherwise fall on whichever part came next (the fork's own
+    preparation ran 3-8x slower than a lone one beside them). Each part starts from the same
+    state."""
+    trash = server.root / "trash"
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while trash.exists() and any(trash.iterdir()):
+        if time.monotonic() > deadline:
+            print(f"  (the slot server's trash was not empty after {SETTLE_TIMEOUT_S:.0f} s)")
+            break
+        await asyncio.sleep(0.2)
     await asyncio.to_thread(os.sync)
 
 
@@ -408,10 +419,10 @@ async def group_preparation(
         await run(server, slot, epoch, prepare)
         return epoch, time.perf_counter() - started
 
-    await settle()
+    await settle(server)
     epoch, one_s = await member(0)  # the limit: one member's preparation, alone
     await reset(server, 0, epoch)
-    await settle()
+    await settle(server)
     started = time.perf_counter()
     members = await asyncio.gather(*(member(slot) for slot in range(GROUP)))
     every_s = time.perf_counter() - started
@@ -422,7 +433,7 @@ async def group_preparation(
     print(f"  one member's preparation alone (lease, copy)   {one_s:7.2f} s   1.00")
     print(f"  prepare every member: group total              {every_s:7.2f} s   "
           f"{every_s / one_s:.2f}   member start p50 {p50_ms(every):8.1f} ms")  # fmt: skip
-    await settle()
+    await settle(server)
     forked = await fork_group(server, environment, prepare, files if into == "layer" else None)
     if forked is None:
         starts, total_s, how = every, every_s, "prepare every member (fork is not available)"
