@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,3 +203,47 @@ def test_a_readied_lease_becomes_a_fork_and_sees_the_forked_workspace(root: Path
     assert same == "True"
     assert during == [(idle[0][0], "slot-lease")]  # the readied process is the fork's lease
     assert read == "prepared\n", read  # and sees the overlay mounted after it was readied
+
+
+def test_no_lease_is_readied_while_a_lease_runs_and_a_dead_readied_one_is_replaced(
+    root: Path,
+) -> None:
+    layout = root.parent / "layout"
+    write_shell_image(layout, salt="readied-guard")
+    ref = f"oci:{layout}"
+    config = RuntimeConfig(slots=1, root=root, image_cache=root.parent / "cache")
+
+    async def main() -> tuple[dict[str, JSON], list[tuple[int, str]], int, list[tuple[int, str]]]:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        try:
+            assert (await runtime.lease(0, 1, ref)).ok
+            (ran,) = await runtime.execute([bash(0, 1, "true")])
+            assert ran.outcome is ToolOutcome.OK, ran.content
+            keeper = runtime.slot(0).keeper
+            assert keeper is not None
+            during = await keeper.ask("ready", 10.0)  # asked while the lease runs
+            sandbox = runtime.listing().slots[0].sandbox_pid
+            assert sandbox is not None
+            pid = keeper_of(sandbox)
+            beside = kept_children(pid)
+            assert (await runtime.reset(0, 1)).ok
+            await runtime._sandboxes.wait_warm(runtime.slot(0))
+            ((killed, name),) = kept_children(pid)
+            assert name == "slot-readied"
+            os.kill(killed, signal.SIGKILL)  # as a reset's proof of an empty slot kills it
+            assert (await runtime.lease(0, 2, ref)).ok
+            (again,) = await runtime.execute([bash(0, 2, "echo still")])
+            assert again.outcome is ToolOutcome.OK, again.content
+            after = kept_children(pid)
+            assert (await runtime.reset(0, 2)).ok
+            return during, beside, killed, after
+        finally:
+            await runtime.aclose()
+
+    during, beside, killed, after = asyncio.run(main())
+    assert during == {"readied": False}  # nothing readied beside a running lease
+    assert [name for _, name in beside] == ["slot-lease"]
+    ((lease, name),) = after  # the next lease cloned afresh, the dead one reaped
+    assert name == "slot-lease"
+    assert lease != killed
