@@ -11,7 +11,8 @@ from pathlib import Path
 import uvloop
 
 from trajcore.adapters.http1.client import HTTPClient
-from trajcore.adapters.http1.values import Origin, parse_url
+from trajcore.adapters.http1.server import HTTPServer
+from trajcore.adapters.http1.values import Origin, Reply, Request, parse_url
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
 
@@ -77,5 +78,28 @@ def test_the_client_speaks_over_uvloops_unix_transport(tmp_path: Path) -> None:
         async with server:
             origin, _ = parse_url("http://slot-server", unix_path=path)
             assert await two_requests(origin) == ([(200, b"hello"), (200, b"hello")], 1)
+
+    on_uvloop(main)
+
+
+def test_the_server_answers_over_uvloops_transports(tmp_path: Path) -> None:
+    """trajcore's own HTTP server on uvloop, over TCP and a Unix socket, keeping the connection
+    alive for the client's second request (its fakes and the slot server serve on it)."""
+    path = str(tmp_path / "server.sock")
+
+    def hello(request: Request) -> Reply:
+        return Reply(status=200, body=b"hello")
+
+    async def main() -> None:
+        server = HTTPServer(handler=hello)
+        try:
+            host, port = await server.listen_tcp("127.0.0.1", 0)
+            await server.listen_unix(path)
+            over_tcp, _ = parse_url(f"http://{host}:{port}")
+            over_unix, _ = parse_url("http://slot-server", unix_path=path)
+            for origin in (over_tcp, over_unix):
+                assert await two_requests(origin) == ([(200, b"hello"), (200, b"hello")], 1)
+        finally:
+            await server.aclose()
 
     on_uvloop(main)

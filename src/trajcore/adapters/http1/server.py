@@ -21,6 +21,7 @@ import email.utils
 import json
 import time
 from collections.abc import Awaitable
+from typing import cast
 
 import attrs
 
@@ -88,8 +89,8 @@ class _ServerConnection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport (uvloop's are not subclasses of asyncio.Transport, and work alike).
+        self.transport = cast("asyncio.Transport", transport)
         self.server._connections.add(self)
         self._arm_idle()
 
