@@ -116,6 +116,7 @@ def test_an_idle_keeper_readies_the_next_lease_and_the_lease_runs_in_it(root: Pa
     ref = f"oci:{layout}"
     config = RuntimeConfig(slots=1, root=root, image_cache=root.parent / "cache")
     probe = "ls -l /proc/self/ns/net"
+    held: list[int] = []  # the first lease's network namespace, open from the host
 
     async def main() -> Seen:
         runtime = SlotRuntime(config)
@@ -129,6 +130,10 @@ def test_an_idle_keeper_readies_the_next_lease_and_the_lease_runs_in_it(root: Pa
             keeper = keeper_of(sandbox)
             seen = Seen(keeper=namespaces(keeper), first=first.content)
             seen.during_first = kept_children(keeper)
+            # Hold the first lease's network namespace open from the host until the end, so the
+            # kernel cannot give its inode number to a later namespace: "not the last lease's"
+            # then compares two namespaces that existed at once.
+            held.append(os.open(f"/proc/{seen.during_first[0][0]}/ns/net", os.O_RDONLY))
             assert (await runtime.reset(0, 1)).ok
             await runtime._sandboxes.wait_warm(runtime.slot(0))
             seen.idle = kept_children(keeper)
@@ -145,7 +150,12 @@ def test_an_idle_keeper_readies_the_next_lease_and_the_lease_runs_in_it(root: Pa
         finally:
             await runtime.aclose()
 
-    seen = asyncio.run(main())
+    try:
+        seen = asyncio.run(main())
+        assert [os.readlink(f"/proc/self/fd/{fd}") for fd in held] == [net_of(seen.first)]
+    finally:
+        for fd in held:
+            os.close(fd)
     first_net, second_net = net_of(seen.first), net_of(seen.second)
     assert [name for _, name in seen.during_first] == ["slot-lease"]
     assert [name for _, name in seen.idle] == ["slot-readied"], seen.idle  # readied while idle
