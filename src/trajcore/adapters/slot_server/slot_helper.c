@@ -412,9 +412,85 @@ static void set_status(result *r, int status) {
     r->signal = r->has_signal ? WTERMSIG(status) : 0;
 }
 
+/* How long a command may run before the agent watches its process (a pidfd) besides its pipes.
+ * A short command (``ls``, ``cat``, ``true``) closes its pipes by exiting well before: then one
+ * ``waitpid(WNOHANG)`` at the end of its output reaps it, with no descriptor opened for it. A
+ * command that exits sooner while something it left in the background holds its pipes is seen
+ * to have exited at this age at the latest (its output then drains for DRAIN_AFTER_EXIT_S). */
+static const double WATCH_PROCESS_AFTER_S = 0.01;
+
+/* The spawn's file actions and attributes, made once and kept while they stay the same: the
+ * pipes' write ends come back at the same descriptor numbers call after call (every descriptor
+ * of a call is closed before the next), and the C library checks each descriptor of a file
+ * action against RLIMIT_NOFILE when it is added (a system call each), not when it is used. */
+typedef struct {
+    bool ready;
+    int out_fd, err_fd;
+    bool own_session;
+    posix_spawn_file_actions_t actions;
+    posix_spawnattr_t attributes;
+} spawn_setup;
+
+static spawn_setup kept_spawn;
+
+static void spawn_setup_drop(spawn_setup *s) {
+    if (!s->ready)
+        return;
+    posix_spawn_file_actions_destroy(&s->actions);
+    posix_spawnattr_destroy(&s->attributes);
+    s->ready = false;
+}
+
+/* The file actions and attributes of a spawn writing to ``out_fd`` and ``err_fd``: stdin from
+ * /dev/null, SIGPIPE and SIGXFSZ back to their defaults, no signal blocked, a new session
+ * (``own_session``) or a new process group. Returns 0 or the error number. */
+static int spawn_setup_for(spawn_setup *s, int out_fd, int err_fd, bool own_session) {
+    if (s->ready && s->out_fd == out_fd && s->err_fd == err_fd && s->own_session == own_session)
+        return 0;
+    spawn_setup_drop(s);
+    int failed = posix_spawn_file_actions_init(&s->actions);
+    if (failed)
+        return failed;
+    failed = posix_spawnattr_init(&s->attributes);
+    if (failed) {
+        posix_spawn_file_actions_destroy(&s->actions);
+        return failed;
+    }
+    sigset_t defaults, none;
+    sigemptyset(&defaults);
+    sigaddset(&defaults, SIGPIPE);
+    sigaddset(&defaults, SIGXFSZ);
+    sigemptyset(&none);
+    if (!(failed = posix_spawn_file_actions_addopen(&s->actions, 0, "/dev/null", O_RDONLY, 0)) &&
+        !(failed = posix_spawn_file_actions_adddup2(&s->actions, out_fd, 1)) &&
+        !(failed = posix_spawn_file_actions_adddup2(&s->actions, err_fd, 2)) &&
+        !(failed = posix_spawnattr_setsigdefault(&s->attributes, &defaults)) &&
+        !(failed = posix_spawnattr_setsigmask(&s->attributes, &none)) &&
+        !(failed = own_session ? 0 : posix_spawnattr_setpgroup(&s->attributes, 0)))
+        failed = posix_spawnattr_setflags(
+            &s->attributes, (short)((own_session ? POSIX_SPAWN_SETSID : POSIX_SPAWN_SETPGROUP) |
+                                    POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK));
+    if (failed) {
+        posix_spawn_file_actions_destroy(&s->actions);
+        posix_spawnattr_destroy(&s->attributes);
+        return failed;
+    }
+    s->out_fd = out_fd;
+    s->err_fd = err_fd;
+    s->own_session = own_session;
+    s->ready = true;
+    return 0;
+}
+
 /* Run ``argv`` in a new session (``own_session``; else a new process group of this session),
  * stdin from /dev/null, stdout and stderr captured up to ``cap`` bytes each; kill its process
- * group at ``timeout`` seconds. */
+ * group at ``timeout`` seconds.
+ *
+ * Only the two pipes are watched at first. At the end of both, one ``waitpid(WNOHANG)`` reaps a
+ * command that has exited (nearly every one); the process itself is watched (a pidfd; without
+ * one, ``waitpid`` every 10 ms) only when it still runs then, or once it is
+ * WATCH_PROCESS_AFTER_S old: a command that closed its pipes but runs on, and one whose
+ * background processes hold its pipes after it exited. */
 static void run_exec(char *const argv[], double timeout, size_t cap, bool own_session, result *r) {
     double started = monotonic();
     int out_pipe[2], err_pipe[2];
@@ -428,29 +504,11 @@ static void run_exec(char *const argv[], double timeout, size_t cap, bool own_se
         close(out_pipe[1]);
         return;
     }
-    posix_spawn_file_actions_t actions;
-    posix_spawnattr_t attributes;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
-    posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
-    posix_spawnattr_init(&attributes);
-    sigset_t defaults, none;
-    sigemptyset(&defaults);
-    sigaddset(&defaults, SIGPIPE);
-    sigaddset(&defaults, SIGXFSZ);
-    sigemptyset(&none);
-    posix_spawnattr_setsigdefault(&attributes, &defaults);
-    posix_spawnattr_setsigmask(&attributes, &none);
-    if (!own_session)
-        posix_spawnattr_setpgroup(&attributes, 0);
-    posix_spawnattr_setflags(&attributes,
-                             (own_session ? POSIX_SPAWN_SETSID : POSIX_SPAWN_SETPGROUP) |
-                                 POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
     pid_t pid;
-    int spawned = posix_spawn(&pid, argv[0], &actions, &attributes, argv, environ);
-    posix_spawn_file_actions_destroy(&actions);
-    posix_spawnattr_destroy(&attributes);
+    int spawned = spawn_setup_for(&kept_spawn, out_pipe[1], err_pipe[1], own_session);
+    if (!spawned)
+        spawned = posix_spawn(&pid, argv[0], &kept_spawn.actions, &kept_spawn.attributes, argv,
+                              environ);
     close(out_pipe[1]);
     close(err_pipe[1]);
     if (spawned != 0) {
@@ -463,16 +521,17 @@ static void run_exec(char *const argv[], double timeout, size_t cap, bool own_se
     capture captures[2];
     capture_init(&captures[0], cap);
     capture_init(&captures[1], cap);
-    /* [0] stdout, [1] stderr, [2] the process (a pidfd; without one, polled with waitpid) */
+    /* [0] stdout, [1] stderr, [2] the process once it is watched (a pidfd; -1 before, and
+     * without one, when it is polled with waitpid) */
     struct pollfd watched[3] = {
         {.fd = out_pipe[0], .events = POLLIN},
         {.fd = err_pipe[0], .events = POLLIN},
-        {.fd = open_pidfd(pid), .events = POLLIN},
+        {.fd = -1, .events = POLLIN},
     };
-    bool have_pidfd = watched[2].fd >= 0;
     int open_pipes = 2, status = 0;
-    bool exited = false;
-    double deadline = started + timeout, drain_until = 0;
+    bool exited = false, watching = false;
+    double deadline = started + timeout, watch_from = started + WATCH_PROCESS_AFTER_S;
+    double drain_until = 0;
     char *chunk = malloc(READ_CHUNK);
     if (!chunk)
         out_of_memory();
@@ -492,14 +551,23 @@ static void run_exec(char *const argv[], double timeout, size_t cap, bool own_se
                 drain_until = monotonic() + DRAIN_AFTER_EXIT_S;
                 continue;
             }
-            if (!have_pidfd) {
+            bool look = watching ? watched[2].fd < 0 : !open_pipes || now >= watch_from;
+            if (look) {
                 if (waitpid(pid, &status, WNOHANG) == pid) {
                     exited = true;
                     drain_until = monotonic() + DRAIN_AFTER_EXIT_S;
                     continue;
                 }
-                if (wait > 0.01)
-                    wait = 0.01;
+                if (!watching) {
+                    watched[2].fd = open_pidfd(pid);
+                    watching = true;
+                }
+            }
+            if (!watching) {
+                if (wait > watch_from - now)
+                    wait = watch_from - now;
+            } else if (watched[2].fd < 0 && wait > 0.01) {
+                wait = 0.01;
             }
         } else {
             wait = drain_until - now;
@@ -507,7 +575,8 @@ static void run_exec(char *const argv[], double timeout, size_t cap, bool own_se
                 break; /* something the command left behind still holds its pipes */
         }
         /* at least 1 ms, never less than asked */
-        int ready = poll(watched, 3, wait < 1e6 ? (int)(wait * 1000) + 1 : 1000000000);
+        int ready = poll(watched, watched[2].fd >= 0 ? 3 : 2,
+                         wait < 1e6 ? (int)(wait * 1000) + 1 : 1000000000);
         if (ready < 0 && errno != EINTR) {
             if (!exited) { /* it cannot be watched any more: end it rather than leave it */
                 kill_group(pid);
@@ -987,6 +1056,41 @@ static bool read_exact(int fd, unsigned char *into, size_t n) {
     return true;
 }
 
+/* The channel's input as read: a request's header and body come in one read (the server
+ * writes them together), and whatever that read brought beyond the request (the next request,
+ * if a server sent one early) waits here for its turn. */
+enum { READ_AHEAD = 1 << 16 };
+typedef struct {
+    unsigned char *data; /* READ_AHEAD bytes */
+    size_t start, len;   /* the unread bytes: data[start .. start + len) */
+} inbox;
+
+/* Read until the inbox holds at least ``n`` (at most READ_AHEAD) bytes; false at the end of
+ * input or on an error. */
+static bool inbox_fill(int fd, inbox *in, size_t n) {
+    if (in->start + n > READ_AHEAD) {
+        memmove(in->data, in->data + in->start, in->len);
+        in->start = 0;
+    }
+    while (in->len < n) {
+        unsigned char *end = in->data + in->start + in->len;
+        ssize_t got = read(fd, end, READ_AHEAD - in->start - in->len);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return false;
+        in->len += (size_t)got;
+    }
+    return true;
+}
+
+static void inbox_take(inbox *in, size_t n) {
+    in->start += n;
+    in->len -= n;
+    if (!in->len)
+        in->start = 0;
+}
+
 static bool send_message(int fd, const buf *body) {
     if (body->len > UINT32_MAX) { /* cannot happen with capped streams; never desynchronise */
         fprintf(stderr, "slot-helper: a reply of %zu bytes does not fit its frame\n", body->len);
@@ -1044,29 +1148,45 @@ static int serve(int fd, const char *state_dir, const char *workspace, const cha
                sh.tmux ? "true" : "false");
     if (!send_message(fd, &reply))
         return 0;
+    inbox in = {.data = malloc(READ_AHEAD)};
+    if (!in.data)
+        out_of_memory();
     while (true) {
-        unsigned char header[HEADER_SIZE];
-        if (!read_exact(fd, header, HEADER_SIZE))
+        if (!inbox_fill(fd, &in, HEADER_SIZE))
             return 0;
-        uint32_t size = be32(header);
+        uint32_t size = be32(in.data + in.start);
         if (size > MAX_REQUEST) {
             fprintf(stderr, "slot-helper: a request of %u bytes is over the limit\n", size);
             return 1;
         }
-        unsigned char *body = malloc(size ? size : 1);
-        if (!body)
-            out_of_memory();
-        if (!read_exact(fd, body, size)) {
-            free(body);
-            return 0;
+        inbox_take(&in, HEADER_SIZE);
+        /* the body: in the inbox when it fits there, else read on into a buffer of its own */
+        unsigned char *body = NULL;
+        if (size <= READ_AHEAD) {
+            if (!inbox_fill(fd, &in, size))
+                return 0;
+        } else {
+            body = malloc(size);
+            if (!body)
+                out_of_memory();
+            memcpy(body, in.data + in.start, in.len);
+            bool read = read_exact(fd, body + in.len, size - in.len);
+            inbox_take(&in, in.len);
+            if (!read) {
+                free(body);
+                return 0;
+            }
         }
         fields f = {0};
         result r = {0};
-        if (parse_fields(body, size, &f))
+        if (parse_fields(body ? body : in.data + in.start, size, &f))
             answer(&sh, &f, &r);
         else
             fail(&r, "agent failed: ValueError: a malformed request of %u bytes", size);
-        free(body);
+        if (body)
+            free(body);
+        else
+            inbox_take(&in, size);
         fields_free(&f);
         reply.len = 0;
         write_result(&reply, &r);
