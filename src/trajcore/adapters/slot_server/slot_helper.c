@@ -487,8 +487,9 @@ static int spawn_setup_for(spawn_setup *s, int out_fd, int err_fd, bool own_sess
  * group at ``timeout`` seconds.
  *
  * Only the two pipes are watched at first. At the end of both, one ``waitpid(WNOHANG)`` reaps a
- * command that has exited (nearly every one); the process itself is watched (a pidfd; without
- * one, ``waitpid`` every 10 ms) only when it still runs then, or once it is
+ * command that has exited (most: the kernel ends an exiting process's pipes a little before it
+ * makes it a zombie, so the look is now and then too early); the process itself is watched (a
+ * pidfd; without one, ``waitpid`` every 10 ms) only when it still runs then, or once it is
  * WATCH_PROCESS_AFTER_S old: a command that closed its pipes but runs on, and one whose
  * background processes hold its pipes after it exited. */
 static void run_exec(char *const argv[], double timeout, size_t cap, bool own_session, result *r) {
