@@ -51,6 +51,10 @@ from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolCall
 from trajcore.rollout.dispatcher import ToolDispatcher
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.proc_cpu import below_s, children_by_parent, cpu_s
+
 SERVERS = 4
 SLOTS = 16
 TOKEN = "call-path-bench-token-0123456789ab"
@@ -74,35 +78,10 @@ def own_usage() -> tuple[float, float, int]:
     return usage.ru_utime, usage.ru_stime, usage.ru_nivcsw
 
 
-def _children() -> dict[int, list[int]]:
-    """Every live process's children, by parent pid."""
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    after = stat.read().rpartition(")")[2].split()
-            except OSError:
-                continue
-            tree.setdefault(int(after[1]), []).append(int(entry))
-    return tree
-
-
-def _cpu_of(pid: int, *, reaped: bool) -> float:
-    """``pid``'s CPU seconds (with ``reaped``: and its reaped children's); 0 once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            after = stat.read().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    ticks = sum(int(v) for v in after[11 : 15 if reaped else 13])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
 def servers_cpu_s() -> tuple[float, float]:
     """CPU seconds of this process's slot servers (their own Python, reaped children left
     out) and of every process below them (with what each reaped: the commands)."""
-    tree = _children()
+    tree = children_by_parent()
     servers, below = 0.0, 0.0
     stack = list(tree.get(os.getpid(), []))
     while stack:
@@ -113,12 +92,8 @@ def servers_cpu_s() -> tuple[float, float]:
         except OSError:
             continue
         if is_server:
-            servers += _cpu_of(pid, reaped=False)
-            stack_below = list(tree.get(pid, []))
-            while stack_below:
-                child = stack_below.pop()
-                below += _cpu_of(child, reaped=True)
-                stack_below += tree.get(child, [])
+            servers += cpu_s(pid, reaped=False)
+            below += below_s(pid, tree)
         else:
             stack += tree.get(pid, [])
     return servers, below

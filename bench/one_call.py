@@ -38,6 +38,7 @@ import attrs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.proc_cpu import below_s, user_sys_s
 from bench.reference import build as build_reference
 
 BODY = (
@@ -89,42 +90,6 @@ def schedstat_s(pid: int) -> float:
             return int(stat.read().split()[0]) / 1e9
     except OSError:
         return 0.0
-
-
-def user_sys_s(pid: int) -> tuple[float, float]:
-    """``pid``'s user and system CPU seconds (clock ticks)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            after = stat.read().rpartition(")")[2].split()
-    except OSError:
-        return 0.0, 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(after[11]) / tick, int(after[12]) / tick
-
-
-def below_s(pid: int) -> float:
-    """CPU seconds of every process below ``pid`` (with what each reaped)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    after = stat.read().rpartition(")")[2].split()
-            except OSError:
-                continue
-            tree.setdefault(int(after[1]), []).append(int(entry))
-    total, stack = 0.0, list(tree.get(pid, []))
-    while stack:
-        child = stack.pop()
-        try:
-            with open(f"/proc/{child}/stat") as stat:
-                after = stat.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        total += sum(int(v) for v in after[11:15]) / tick
-        stack += tree.get(child, [])
-    return total
 
 
 def descendants(pid: int) -> list[tuple[int, str]]:

@@ -9,15 +9,12 @@ The test plays the agent on the other end of a socket pair (as ``test_channel_re
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
-import struct
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import pytest
 
+from tests.agent_peer import frame, greeted, read_request
 from trajcore.adapters.slot_server.channel import Agent, AgentLost, encode_request
 from trajcore.domain.json_values import JSON
 
@@ -25,33 +22,6 @@ REPLY: dict[str, JSON] = {
     "exit": 0, "signal": None, "stdout": "", "stderr": "", "stdout_dropped": 0,
     "stderr_dropped": 0, "timed_out": False, "duration": 0.001,
 }  # fmt: skip
-
-
-def frame(message: object) -> bytes:
-    body = json.dumps(message).encode()
-    return struct.pack(">I", len(body)) + body
-
-
-def read_request(peer: socket.socket) -> bytes:
-    peer.settimeout(5)
-    (size,) = struct.unpack(">I", peer.recv(4, socket.MSG_WAITALL))
-    return peer.recv(size, socket.MSG_WAITALL)
-
-
-@asynccontextmanager
-async def greeted() -> AsyncIterator[tuple[Agent, socket.socket]]:
-    ours, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    peer.sendall(frame({"ready": True, "pid": 1, "tmux": False}))
-    reader, writer = await asyncio.open_unix_connection(sock=ours)
-    agent = Agent(
-        reader=reader, writer=writer, sandboxed=True, started_s=time.monotonic(), pid=1, cap=1 << 16
-    )
-    try:
-        await agent.greeting(5)
-        yield agent, peer
-    finally:
-        agent.close_channel()
-        peer.close()
 
 
 ASK = encode_request(["exec", "5.0", "1000", "/bin/sh", "-c", "true"])

@@ -11,16 +11,13 @@ same reply the way the agent does and gets it back.
 from __future__ import annotations
 
 import asyncio
-import json
-import socket
 import struct
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import pytest
 
-from trajcore.adapters.slot_server.channel import Agent, AgentLost, encode_request
+from tests.agent_peer import CAP, frame, greeted, read_request
+from trajcore.adapters.slot_server.channel import AgentLost, encode_request
 from trajcore.domain.json_values import JSON
 
 REPLY: dict[str, JSON] = {
@@ -28,35 +25,6 @@ REPLY: dict[str, JSON] = {
     "stderr_dropped": 0, "timed_out": False, "duration": 0.001,
 }  # fmt: skip
 FORGED = {**REPLY, "stdout": "FORGED\n"}
-CAP = 1 << 16
-
-
-def frame(message: object) -> bytes:
-    body = json.dumps(message).encode()
-    return struct.pack(">I", len(body)) + body
-
-
-def read_request(peer: socket.socket) -> bytes:
-    peer.settimeout(5)
-    (size,) = struct.unpack(">I", peer.recv(4, socket.MSG_WAITALL))
-    return peer.recv(size, socket.MSG_WAITALL)
-
-
-@asynccontextmanager
-async def greeted() -> AsyncIterator[tuple[Agent, socket.socket]]:
-    """An agent whose greeting was read, and the socket the test plays the agent on."""
-    ours, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    peer.sendall(frame({"ready": True, "pid": 1, "tmux": False}))
-    reader, writer = await asyncio.open_unix_connection(sock=ours)
-    agent = Agent(
-        reader=reader, writer=writer, sandboxed=True, started_s=time.monotonic(), pid=1, cap=CAP
-    )
-    try:
-        await agent.greeting(5)
-        yield agent, peer
-    finally:
-        agent.close_channel()
-        peer.close()
 
 
 def ask() -> bytes:
