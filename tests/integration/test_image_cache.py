@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,9 @@ import pytest
 
 from tests.image_layouts import Entry, write_docker_archive, write_layout
 from trajcore.adapters.slot_server.image_cache import ImageCache
+from trajcore.adapters.slot_server.image_sources import EngineExport, ImageLayers
 from trajcore.domain.task_environments import (
+    EnvironmentRef,
     ImageCacheFull,
     TaskEnvironmentError,
     parse_environment_ref,
@@ -170,6 +173,7 @@ _CHILD = """
 import json, sys
 from pathlib import Path
 from trajcore.adapters.slot_server.image_cache import ImageCache
+from trajcore.adapters.slot_server.image_sources import EngineExport, ImageLayers
 from trajcore.domain.task_environments import parse_environment_ref
 cache = ImageCache(Path(sys.argv[1]), max_bytes=1 << 30)
 with cache.acquire(parse_environment_ref("oci:" + sys.argv[2])) as use:
@@ -189,6 +193,49 @@ def test_two_processes_asking_at_once_unpack_the_image_once(tmp_path: Path) -> N
         results.append(json.loads(out))
     assert sorted(r["hit"] for r in results) == [False, True]
     assert results[0]["rootfs"] == results[1]["rootfs"]
+    assert len(list((tmp_path / "cache" / "images").iterdir())) == 1
+
+
+class _MeetingCache(ImageCache):
+    """A cache whose unpacking waits, after its own check found no image, until the other
+    server's check has found none too: the two servers then both ask to unpack it."""
+
+    def __init__(self, root: Path, meeting: threading.Barrier) -> None:
+        super().__init__(root, max_bytes=1 << 30)
+        self._meeting = meeting
+
+    def _make(self, ref: EnvironmentRef, found: ImageLayers | EngineExport, lock_fd: int) -> bool:
+        self._meeting.wait()
+        return super()._make(ref, found, lock_fd)
+
+
+def test_two_servers_that_both_asked_to_unpack_report_one_miss_and_one_hit(
+    tmp_path: Path,
+) -> None:
+    layout = tmp_path / "layout"
+    write_layout(layout, [[Entry(name=f"f{n}", data=b"x" * 100) for n in range(50)]])
+    ref = parse_environment_ref(f"oci:{layout}")
+    meeting = threading.Barrier(2, timeout=30)
+    caches = [_MeetingCache(tmp_path / "cache", meeting) for _ in range(2)]
+    hits: list[bool] = []
+    failures: list[BaseException] = []
+
+    def ask(cache: ImageCache) -> None:
+        try:
+            with cache.acquire(ref) as use:
+                hits.append(use.image.hit)
+        except BaseException as error:  # noqa: BLE001 - reported by the test below
+            failures.append(error)
+
+    threads = [threading.Thread(target=ask, args=(cache,)) for cache in caches]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert failures == []
+    assert sorted(hits) == [False, True]
+    assert sorted((c.statistics().hits, c.statistics().misses) for c in caches) == [(0, 1), (1, 0)]
     assert len(list((tmp_path / "cache" / "images").iterdir())) == 1
 
 

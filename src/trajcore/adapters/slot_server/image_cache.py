@@ -185,7 +185,9 @@ class ImageCache:
                     self._counters.hits += 1
                     return ImageUse(self._entry(ref, image_id, hit=True, started=started), lock_fd)
                 assert not isinstance(found, str)  # an id alone comes only for a held image
-                self._make(ref, found, lock_fd)
+                if not self._make(ref, found, lock_fd):
+                    self._counters.hits += 1  # another server unpacked it while this one waited
+                    return ImageUse(self._entry(ref, image_id, hit=True, started=started), lock_fd)
                 self._counters.misses += 1
                 image = self._entry(ref, image_id, hit=False, started=started)
                 self._counters.unpack_seconds += image.seconds
@@ -266,12 +268,15 @@ class ImageCache:
                     ) from None
                 time.sleep(_POLL_S)
 
-    def _make(self, ref: EnvironmentRef, found: ImageLayers | EngineExport, lock_fd: int) -> None:
-        """Unpack ``found`` and admit it, the lock held exclusive meanwhile, then shared again."""
+    def _make(self, ref: EnvironmentRef, found: ImageLayers | EngineExport, lock_fd: int) -> bool:
+        """Unpack ``found`` and admit it, the lock held exclusive meanwhile, then shared again.
+
+        Returns False when another server made it while this one waited for the lock (two
+        servers that both held it shared, saw no image and asked to unpack it)."""
         self._flock(lock_fd, fcntl.LOCK_EX, what=f"image {found.image_id}")
         try:
             if self._holds(found.image_id):
-                return  # another server made it while this one waited
+                return False
             staged = Path(tempfile.mkdtemp(dir=self.root / "staging", prefix="image-"))
             staged.chmod(0o755)  # slots run as other uids, and mount the tree below them
             try:
@@ -300,6 +305,7 @@ class ImageCache:
                 }
                 (staged / "image.json").write_text(json.dumps(meta))
                 self._admit(ref, found.image_id, staged, budget.bytes)
+                return True
             except TaskEnvironmentError:
                 self._counters.refused += 1
                 raise
