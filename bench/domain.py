@@ -1,6 +1,8 @@
 """Throughput of the pure domain's hot paths, beside a bare-Python floor measured in the same run.
 
-Run: ``.venv/bin/python -m bench.domain [--seconds 1.0]``
+Run: ``.venv/bin/python -m bench.domain [--seconds 1.0] [--only parsers]``
+(``--only`` picks groups of rows: ``planner``, ``slot_book``, ``parsers`` (the hermes parser row
+and every family's turn), ``validator``; repeat it for several).
 
 - **planner**: offer one call per slot for 64 slots over 4 containers, ``due`` them as batches,
   ``complete`` every batch; an operation is one call offered and flushed.
@@ -331,17 +333,30 @@ def bench_validator(seconds: float) -> tuple[float, float]:
     return _rate(validate, seconds), _rate(floor, seconds)
 
 
+GROUPS = ("planner", "slot_book", "parsers", "validator")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=1.0, help="measuring time per figure")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=GROUPS,
+        help="run only this group of rows (repeatable; default: every group)",
+    )
     args = parser.parse_args()
-    rows = [
-        ("planner offer+flush", *bench_planner(args.seconds), 100_000.0, "ops/s"),
-        ("slot book lease+release", *bench_slot_book(args.seconds), 100_000.0, "ops/s"),
-        ("hermes parser", *bench_parser(args.seconds), 10.0, "MB/s"),
-        *bench_parser_families(args.seconds / 4),
-        ("tool-argument validator", *bench_validator(args.seconds), 100_000.0, "ops/s"),
-    ]
+    groups = args.only or GROUPS
+    rows: list[tuple[str, float, float, float, str]] = []
+    if "planner" in groups:
+        rows.append(("planner offer+flush", *bench_planner(args.seconds), 100_000.0, "ops/s"))
+    if "slot_book" in groups:
+        rows.append(("slot book lease+release", *bench_slot_book(args.seconds), 100_000.0, "ops/s"))
+    if "parsers" in groups:
+        rows.append(("hermes parser", *bench_parser(args.seconds), 10.0, "MB/s"))
+        rows.extend(bench_parser_families(args.seconds / 4))
+    if "validator" in groups:
+        rows.append(("tool-argument validator", *bench_validator(args.seconds), 100_000.0, "ops/s"))
     print(f"{'path':<26}{'measured':>17}{'floor':>19}{'of floor':>10}{'target':>16}  verdict")
     for name, measured, floor, target, unit in rows:
         verdict = "met" if measured >= target else "NOT met"
