@@ -6,12 +6,19 @@ decision it pins."""
 
 from __future__ import annotations
 
+import inspect
 import re
 import sys
+from collections.abc import Callable
+from unittest.mock import ANY
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from tests.unit.test_tool_parsers_properties_families import PLAIN_PIECES, python_call_lists
 from trajcore.domain.json_values import JSONObject
+from trajcore.domain.tool_parsers import pythonic
 from trajcore.domain.tool_parsers.base import TurnBuilder
 from trajcore.domain.tool_parsers.pythonic import (
     PythonicParser,
@@ -263,26 +270,124 @@ def test_the_plain_reader_leaves_everything_else_to_python(source: str) -> None:
 
 def test_a_list_in_the_plain_shape_is_read_by_the_plain_reader_first() -> None:
     """Pins that ``parse`` tries the plain reader before ``ast``: a plain list nested deeper than
-    Python's parser takes (200 brackets) but within the reader's reach is read, not refused as
-    invalid Python. The reader's reach is the interpreter's recursion limit less the stack the
-    caller already holds, so the limit is raised here: the test does not depend on how deep it
-    is called (mutation testing wraps every call of the module in a second frame)."""
+    Python's parser takes (200 brackets) is read, not refused as invalid Python."""
     value = "[" * 250 + "]" * 250
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 10_000))
-    try:
-        turn = PYTHONIC.parse(f"[f(x={value})]")
-    finally:
-        sys.setrecursionlimit(limit)
+    turn = PYTHONIC.parse(f"[f(x={value})]")
     assert turn.errors == ()
     assert [c.name for c in turn.calls] == ["f"]
 
 
-def test_the_plain_reader_leaves_values_nested_past_the_recursion_limit_to_python() -> None:
-    """Pins that the fast path gives up (rather than raising) on a value nested deeper than the
-    interpreter's recursion limit."""
-    depth = sys.getrecursionlimit() + 10
-    assert read_plain("[f(x=" + "[" * depth + "]" * depth + ")]") is None
+def _depth(value: object) -> int:
+    """How deeply lists and dicts nest in ``value`` (each holding at most one item)."""
+    depth = 0
+    while isinstance(value, list | dict) and value:
+        value = value[0] if isinstance(value, list) else next(iter(value.values()))
+        depth += 1
+    return depth + isinstance(value, list | dict)
+
+
+def _stack_depth() -> int:
+    frame, depth = inspect.currentframe(), 0
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1
+    return depth
+
+
+@pytest.mark.parametrize("headroom", [None, 40])
+def test_the_plain_reader_reads_any_depth_whatever_the_recursion_limit(
+    headroom: int | None,
+) -> None:
+    """Pins that the plain reader's reach does not depend on the interpreter's stack: a value
+    nested 2,000 deep in lists and dicts is read whole, under the default recursion limit and
+    with a limit 40 frames above the caller's, too low for a recursive reader to reach it."""
+    depth = 2000
+    value = "[{'k': " * (depth // 2) + "{'k': 1}" + "}]" * (depth // 2)
+    source = f"[f(x={value}, y='z'), g()]"
+    before = sys.getrecursionlimit()
+    if headroom is not None:
+        sys.setrecursionlimit(_stack_depth() + headroom)
+    try:
+        got = read_plain(source)
+    finally:
+        sys.setrecursionlimit(before)
+    assert got is not None
+    (name, arguments, raw), second = got
+    assert (name, raw, second) == ("f", source[1 : source.index(", g()")], ("g", {}, "g()"))
+    assert _depth(arguments["x"]) == depth + 1
+    assert arguments["y"] == "z"
+
+
+def test_a_call_nested_deeper_than_its_check_can_walk_is_refused_at_its_arguments() -> None:
+    """Pins the outcome for a plain list nested far past Python's parser and the recursion
+    limit: read whole, then refused where the arguments are checked (``nested too deeply @
+    arguments``), naming the call; the call after it stands."""
+    value = "[" * 50_000 + "]" * 50_000
+    turn = PYTHONIC.parse(f"[f(x={value}), g()]")
+    assert turn == ParsedTurn(
+        calls=[_call(1, "g")],
+        errors=[_problem(0, f"f(x={value})", "nested too deeply @ arguments", "f")],
+    )
+
+
+def test_an_integer_longer_than_the_interpreter_converts_is_left_to_python() -> None:
+    """Pins that an integer with more digits than ``int`` converts (4,300 by default) is not
+    read by the plain reader, and the list is one problem with the parser's words; ``parse``
+    does not raise."""
+    source = "[f(x=" + "1" * 5000 + ")]"
+    assert read_plain(source) is None
+    turn = PYTHONIC.parse(source)
+    assert turn.calls == ()
+    [problem] = turn.errors
+    assert problem.reason.startswith("invalid Python (Exceeds the limit (4300 digits)")
+    assert read_plain("[f(x=" + "1" * 4000 + ")]") == [("f", {"x": int("1" * 4000)}, ANY)]
+
+
+def _read_with(reader: Callable[[str, int], object], text: str, start: int) -> object:
+    try:
+        return reader(text, start)
+    except pythonic._Shape:
+        return None
+
+
+NESTED_PIECES = [*PLAIN_PIECES, "[1, {'k': [2]}]", "{'a': 1, 'b': [True]}", "{}", "[]", ": "]
+
+
+@given(
+    calls=python_call_lists(),
+    prefix=st.sampled_from(["", "x ", "\n "]),
+    suffix=st.sampled_from(["", "]", " tail"]),
+)
+def test_the_one_call_at_a_time_reader_agrees_with_the_token_reader(
+    calls: list[ToolCall], prefix: str, suffix: str
+) -> None:
+    """Pins that the two plain readers agree: on every list the call-at-a-time reader takes it
+    gives what the token reader gives (the token reader takes more: lists and dicts), and both
+    end the list where ``list_extent`` does."""
+    source = prefix + (PYTHONIC.render(calls) or "[f()]") + suffix
+    start = len(prefix)
+    flat = _read_with(pythonic._read_flat_at, source, start)
+    tokens = _read_with(pythonic._read_tokens_at, source, start)
+    if flat is not None:
+        assert flat == tokens
+    if tokens is not None:
+        assert isinstance(tokens, tuple)
+        assert list_extent(source, start) == tokens[1]
+    scalars_only = all(not isinstance(v, list | dict) for c in calls for v in c.arguments.values())
+    if scalars_only and tokens is not None:
+        assert flat is not None
+
+
+@given(source=st.lists(st.sampled_from(NESTED_PIECES), max_size=25).map("".join))
+def test_the_plain_readers_agree_on_any_pieces(source: str) -> None:
+    """Pins the same agreement on text pieced together from the shape's tokens and near
+    misses: what the call-at-a-time reader takes, the token reader takes alike."""
+    flat = _read_with(pythonic._read_flat_at, source, 0)
+    tokens = _read_with(pythonic._read_tokens_at, source, 0)
+    if flat is not None:
+        assert flat == tokens
+    if tokens is not None:
+        assert isinstance(tokens, tuple)
+        assert list_extent(source, 0) == tokens[1]
 
 
 # ------------------------------------------------------------------------ reading with ast

@@ -27,7 +27,12 @@ Rules this parser keeps, beyond those in ``base``:
 - Lists in the plain shape models write (ASCII names, keyword arguments, quoted strings without
   escapes, JSON numbers, ``True``/``False``/``None``, lists and dicts) are read by a small
   reader of that shape first, which is faster than compiling; anything else goes to ``ast``,
-  and both give the same calls (property-tested).
+  and both give the same calls (property-tested). The reader takes a list of calls whose
+  values are all strings, numbers or words with one regular expression a call, and any other
+  token by token, keeping the lists and dicts it is inside on a stack of its own: its reach
+  does not depend on the interpreter's recursion limit, and a value nested deeper than the
+  arguments' check can walk is refused as ``nested too deeply @ arguments``. Every repeat in
+  its expressions is possessive, so a scan stays linear on any text.
 - ``render`` writes ``[name(key=value, ...), ...]`` with values as Python literals. Keys must
   be Python identifiers and names dotted identifiers, as the format requires; ``render``
   raises ``ValueError`` for others.
@@ -82,157 +87,248 @@ def list_extent(text: str, start: int) -> int | None:
 _CLOSER = {"[": "]", "(": ")", "{": "}"}
 
 
-_ASCII_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
-_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+# The pieces of the plain shape. A string's quotes hold no escape, line break, carriage
+# return, NUL or lone surrogate; the strings are matched to their closing quote only, and
+# those are looked for once in the text read (``_check_plain``) and in each string's body.
+# Every repeat is possessive (``*+``): a piece is matched one way or not at all, so a failed
+# match never backtracks and each costs at most one pass over the text it covers.
+_STRING_TEXT = r"""'[^']*+'|"[^"]*+\""""
+_NUMBER_TEXT = r"-?+(?:0|[1-9][0-9]*+)(?:\.[0-9]++)?+(?:[eE][+-]?+[0-9]++)?+"
+_NAME_TEXT = r"[A-Za-z_][A-Za-z0-9_]*+"
+_SPACE = r"[ \t\n]*+"
+
+# One token (group 1), after any spaces, tabs and newlines: a string, a number, a dotted name
+# or one punctuation mark. Which it is shows in its first character. Two tokens with nothing
+# between them are never read as one Python token: each that can end in a letter or a digit
+# leaves the shape when another token follows it at once (``1e5j``, ``Truex``, ``b'x'``).
+_TOKEN = re.compile(
+    rf"{_SPACE}({_STRING_TEXT}|{_NUMBER_TEXT}|{_NAME_TEXT}(?:\.{_NAME_TEXT})*+|[\[\](){{}},:=])"
+)
+
+# The common shape, one call at a time: a dotted name, keyword arguments whose values are
+# strings, numbers or words (no list or dict), and the comma or ``]`` after the call. Group 1
+# is the name, 2 the arguments, 3 the call's closing parenthesis, 4 what follows it.
+_SCALAR_TEXT = rf"(?:{_STRING_TEXT}|{_NUMBER_TEXT}|{_NAME_TEXT})"
+_FLAT_ARGUMENT = re.compile(rf"({_NAME_TEXT}){_SPACE}={_SPACE}({_SCALAR_TEXT})")
+_ARGUMENT_TEXT = rf"{_NAME_TEXT}{_SPACE}={_SPACE}{_SCALAR_TEXT}"
+_FLAT_CALL = re.compile(
+    rf"{_SPACE}({_NAME_TEXT}(?:\.{_NAME_TEXT})*+){_SPACE}\({_SPACE}"
+    rf"((?:{_ARGUMENT_TEXT}(?:{_SPACE},{_SPACE}{_ARGUMENT_TEXT})*+)?+){_SPACE}(\)){_SPACE}([,\]])"
+)
+_LIST_OPEN = re.compile(rf"{_SPACE}\[")
+
 _WORDS: dict[str, JSON] = {"True": True, "False": False, "None": None}
-_AFTER_VALUE = frozenset(" \t\n,)]}:")
+_KEYWORDS = frozenset(keyword.kwlist)
+_QUOTES = ("'", '"')
+_OPENERS = ("[", "{")
 
 
 class _Shape(Exception):
     """The text leaves the plain shape the fast reader knows; ``ast`` reads it instead."""
 
 
-class _PlainReader:
-    """Reads ``[name(key=value, ...), ...]`` in the plain shape, or raises ``_Shape``.
+def _string(piece: str) -> str:
+    """The body of a string token; raise ``_Shape`` for another token or a string holding a
+    line break."""
+    if piece[0] not in _QUOTES or "\n" in piece:
+        raise _Shape
+    return piece[1:-1]
 
-    It accepts only text that Python reads the same way: anything it is unsure of (escapes,
-    prefixes, tuples, trailing commas, comments, keywords as names) raises ``_Shape``.
-    """
 
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.pos = 0
-
-    def space(self) -> None:
-        text, pos = self.text, self.pos
-        while pos < len(text) and text[pos] in " \t\n":
-            pos += 1
-        self.pos = pos
-
-    def char(self) -> str:
-        return self.text[self.pos] if self.pos < len(self.text) else ""
-
-    def take(self, expected: str) -> None:
-        if self.char() != expected:
-            raise _Shape
-        self.pos += 1
-        self.space()
-
-    def name(self, pattern: re.Pattern[str]) -> str:
-        found = pattern.match(self.text, self.pos)
-        if found is None or any(keyword.iskeyword(part) for part in found.group().split(".")):
-            raise _Shape
-        self.pos = found.end()
-        self.space()
-        return found.group()
-
-    def value(self) -> JSON:
-        head = self.char()
-        value: JSON
-        if head in ("'", '"'):
-            value = self.string(head)
-        elif head == "[":
-            value = self.items()
-        elif head == "{":
-            value = self.mapping()
-        elif head == "-" or head.isdigit():
-            value = self.number()
-        else:
-            found = _ASCII_NAME.match(self.text, self.pos)
-            if found is None or found.group() not in _WORDS:
-                raise _Shape
-            value = _WORDS[found.group()]
-            self.pos = found.end()
-        if self.pos < len(self.text) and self.text[self.pos] not in _AFTER_VALUE:
-            raise _Shape
-        self.space()
-        return value
-
-    def string(self, quote: str) -> str:
-        end = self.text.find(quote, self.pos + 1)
-        body = self.text[self.pos + 1 : end]
-        if end < 0 or "\\" in body or "\n" in body or "\r" in body:
-            raise _Shape
-        self.pos = end + 1
-        return body
-
-    def items(self) -> list[JSON]:
-        self.take("[")
-        items: list[JSON] = []
-        while self.char() != "]":
-            if items:
-                self.take(",")
-            items.append(self.value())
-        self.pos += 1
-        return items
-
-    def mapping(self) -> JSONObject:
-        self.take("{")
-        out: JSONObject = {}
-        first = True
-        while self.char() != "}":
-            if not first:
-                self.take(",")
-            first = False
-            key = self.value()
-            if not isinstance(key, str):
-                raise _Shape
-            self.take(":")
-            out[key] = self.value()
-        self.pos += 1
-        return out
-
-    def number(self) -> int | float:
-        found = _NUMBER.match(self.text, self.pos)
-        if found is None:
-            raise _Shape
-        self.pos = found.end()
-        if not (found.group(1) or found.group(2)):
-            return int(found.group())
-        number = float(found.group())
+def _scalar(piece: str) -> JSON:
+    """The value of a string, number or word token; raise ``_Shape`` for a string holding a
+    line break, a number that is not finite, or any other token."""
+    head = piece[0]
+    if head in _QUOTES:
+        return _string(piece)
+    if head == "-" or head.isdigit():
+        if "." not in piece and "e" not in piece and "E" not in piece:
+            try:
+                return int(piece)
+            except ValueError:  # more digits than the interpreter converts: ``ast`` says so
+                raise _Shape from None
+        number = float(piece)
         if not math.isfinite(number):
             raise _Shape
         return number
+    if piece not in _WORDS:
+        raise _Shape
+    return _WORDS[piece]
 
-    def calls(self) -> list[tuple[str, JSONObject, str]]:
-        self.space()
-        self.take("[")
-        calls: list[tuple[str, JSONObject, str]] = []
-        while True:
-            start = self.pos
-            name = self.name(_DOTTED_NAME)
-            self.take("(")
-            arguments: JSONObject = {}
-            while self.char() != ")":
-                if arguments:
-                    self.take(",")
-                key = self.name(_ASCII_NAME)
-                if key in arguments:
+
+def _closer(container: list[JSON] | JSONObject) -> str:
+    return "]" if isinstance(container, list) else "}"
+
+
+def _call_name(name: str) -> str:
+    """``name``, a token; raise ``_Shape`` unless it is a dotted name with no keyword in it."""
+    if not all(part.isidentifier() and part not in _KEYWORDS for part in name.split(".")):
+        raise _Shape
+    return name
+
+
+def _check_plain(text: str) -> None:
+    """Raise ``_Shape`` when ``text`` (a list read) holds a character no plain string may:
+    a backslash, a carriage return, a NUL, or a lone surrogate (no UTF-8 for Python's parser)."""
+    if "\\" in text or "\r" in text or "\x00" in text:
+        raise _Shape
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            raise _Shape from None
+
+
+PlainCall = tuple[str, JSONObject, str]
+"""A call read in the plain shape: its name, its arguments and its text as written."""
+
+
+def _read_flat_at(text: str, start: int) -> tuple[list[PlainCall], int]:
+    """``read_plain_at`` for lists of calls whose values hold no list or dict, one regular
+    expression a call; raise ``_Shape`` for any other text."""
+    opened = _LIST_OPEN.match(text, start)
+    if opened is None:
+        raise _Shape
+    calls: list[PlainCall] = []
+    pos = opened.end()
+    while (call := _FLAT_CALL.match(text, pos)) is not None:
+        arguments: JSONObject = {}
+        for key, value in _FLAT_ARGUMENT.findall(text, call.start(2), call.end(2)):
+            if key in _KEYWORDS or key in arguments:
+                raise _Shape
+            arguments[key] = _scalar(value)
+        calls.append((_call_name(call.group(1)), arguments, text[call.start(1) : call.end(3)]))
+        pos = call.end()
+        if call.group(4) == "]":
+            return calls, pos
+    raise _Shape
+
+
+class _Tokens:
+    """The tokens of the plain shape from an index of a text on, one at a time."""
+
+    def __init__(self, text: str, start: int) -> None:
+        self.text = text
+        self.start = self.end = start  # where the last token began (spaces not counted), ended
+
+    def next(self) -> str:
+        """The next token; raise ``_Shape`` when the text ends or what comes next is no token."""
+        token = _TOKEN.match(self.text, self.end)
+        if token is None:
+            raise _Shape
+        self.start, self.end = token.span(1)
+        return token.group(1)
+
+
+def _read_value(tokens: _Tokens, piece: str) -> JSON:
+    """The value that opens with the token ``piece``: a string, number or word, or a list or
+    dict read to its closer. The lists and dicts not yet closed are kept on a stack of their
+    own, not the interpreter's, so any depth is read. Raise ``_Shape`` for text outside the
+    shape."""
+    if piece not in _OPENERS:
+        return _scalar(piece)
+    root: list[JSON] | JSONObject = [] if piece == "[" else {}
+    stack = [root]
+    just_opened = True
+    while stack:
+        top = stack[-1]
+        piece = tokens.next()
+        if just_opened and piece == _closer(top):
+            stack.pop()  # an empty list or dict
+        else:
+            key = ""
+            if isinstance(top, dict):
+                key = _string(piece)
+                if tokens.next() != ":":
                     raise _Shape
-                self.take("=")
-                arguments[key] = self.value()
-            self.pos += 1
-            calls.append((name, arguments, self.text[start : self.pos]))
-            self.space()
-            if self.char() == "]":
-                self.pos += 1
-                self.space()
-                if self.pos != len(self.text):
+                piece = tokens.next()
+            item: JSON
+            if piece in _OPENERS:
+                opened: list[JSON] | JSONObject = [] if piece == "[" else {}
+                stack.append(opened)
+                item = opened
+            else:
+                item = _scalar(piece)
+            # A value goes into its container as it opens: a dict keeps a repeated key where
+            # it first stood, as Python's does.
+            if isinstance(top, list):
+                top.append(item)
+            else:
+                top[key] = item
+            just_opened = piece in _OPENERS
+            if just_opened:
+                continue
+        # After an item, or a list or dict that closed: a comma, or the closers of the lists
+        # and dicts that end here.
+        just_opened = False
+        while stack:
+            piece = tokens.next()
+            if piece == ",":
+                break
+            if piece != _closer(stack[-1]):
+                raise _Shape
+            stack.pop()
+    return root
+
+
+def _read_tokens_at(text: str, start: int) -> tuple[list[PlainCall], int]:
+    """``read_plain_at`` token by token, for values that hold lists and dicts; raise
+    ``_Shape`` for text outside the plain shape."""
+    tokens = _Tokens(text, start)
+    if tokens.next() != "[":
+        raise _Shape
+    calls: list[PlainCall] = []
+    while True:
+        name = _call_name(tokens.next())
+        call_start = tokens.start
+        if tokens.next() != "(":
+            raise _Shape
+        arguments: JSONObject = {}
+        piece = tokens.next()
+        while piece != ")":
+            if arguments:
+                if piece != ",":
                     raise _Shape
-                return calls
-            self.take(",")
+                piece = tokens.next()
+            if not piece.isidentifier() or piece in _KEYWORDS or piece in arguments:
+                raise _Shape
+            if tokens.next() != "=":
+                raise _Shape
+            arguments[piece] = _read_value(tokens, tokens.next())
+            piece = tokens.next()
+        calls.append((name, arguments, text[call_start : tokens.end]))
+        piece = tokens.next()
+        if piece == "]":
+            return calls, tokens.end
+        if piece != ",":
+            raise _Shape
 
 
-def read_plain(source: str) -> list[tuple[str, JSONObject, str]] | None:
-    """The ``(name, arguments, raw)`` calls of a list in the plain shape, or ``None``."""
-    if "\x00" in source:
-        return None
+def read_plain_at(text: str, start: int) -> tuple[list[PlainCall], int]:
+    """Read the list in the plain shape that opens at ``text[start]`` (spaces, tabs and
+    newlines before its ``[`` allowed): its calls and the index after its closing ``]``.
+
+    It accepts only text that Python reads the same way: anything it is unsure of (escapes,
+    prefixes, tuples, trailing commas, comments, keywords as names) raises ``_Shape``. Lists
+    whose values hold no list or dict are read a call at a time; any other is read token by
+    token, at any depth.
+    """
     try:
-        source.encode()
-        return _PlainReader(source).calls()
-    except (_Shape, RecursionError, UnicodeEncodeError):
+        calls, end = _read_flat_at(text, start)
+    except _Shape:
+        calls, end = _read_tokens_at(text, start)
+    _check_plain(text[start:end])
+    return calls, end
+
+
+def read_plain(source: str) -> list[PlainCall] | None:
+    """The calls of ``source``, a list in the plain shape with nothing but spaces, tabs and
+    newlines around it; ``None`` when it is not one."""
+    try:
+        calls, end = read_plain_at(source, 0)
+    except _Shape:
         return None
+    return calls if not source[end:].strip(" \t\n") else None
 
 
 def _opens_line(text: str, start: int) -> bool:
@@ -401,7 +497,14 @@ class PythonicParser(FamilyParser):
         text_end = len(rest.rstrip())
         while (found := _CALL_LIST.search(rest, pos)) is not None:
             start = found.start()
-            stop = list_extent(rest, start)
+            # A list in the plain shape is read where it stands, and ends where its reading
+            # does (where ``list_extent`` would end it); any other is found, then read.
+            plain: list[PlainCall] | None
+            stop: int | None
+            try:
+                plain, stop = read_plain_at(rest, start)
+            except _Shape:
+                plain, stop = None, list_extent(rest, start)
             if stop is None:
                 segments.append(rest[content_from:start])
                 read_list(builder, rest[start:])
@@ -409,7 +512,11 @@ class PythonicParser(FamilyParser):
                 break
             if _opens_line(rest, start) or stop >= text_end:
                 segments.append(rest[content_from:start])
-                read_list(builder, rest[start:stop])
+                if plain is None:
+                    read_list(builder, rest[start:stop])
+                else:
+                    for name, arguments, raw in plain:
+                        builder.accept(raw, name, arguments)
                 content_from = stop
             pos = stop
         segments.append(rest[content_from:])
