@@ -24,17 +24,22 @@ Printed, every figure measured in this run:
   (the lease's namespaces, its seccomp filter, a slot uid, eight ``/bin/sh -c true``), one worker
   per core; the measured rate's ratio to (b) is the target (>= 0.75), the ratio to the asyncio
   ideal above its second column;
-- lease start under ``concurrency`` trajectories: each slot server's ``GET /v1/slots`` is read
-  every 50 ms during the run and every new ``sandbox_start_s`` (a lease's fresh namespaces, timed
-  by the server) is kept; a trajectory lasts at least ``turns * latency`` (400 ms), so no lease
-  is missed; p50, p99 and max (target p99 <= 10 ms);
+- lease start under ``concurrency`` trajectories: the slot servers' ``GET /v1/slots`` are read
+  (all at once) every 100 ms during the run and every new ``sandbox_start_s`` (a lease's fresh
+  namespaces, timed by the server) is kept; a trajectory lasts at least ``turns * latency``
+  (400 ms), so no lease is missed; p50, p99 and max (target p99 <= 10 ms). Each reading costs
+  the servers and this process about 0.25 ms of CPU apiece, so it is not read more often;
 - the peak RSS of this process (the env side: trajectories, dispatcher, pool clients; the slot
   servers and sandboxes are other processes and are excluded) per concurrent trajectory, as
   ``(VmHWM during the run - VmRSS before it) / concurrency`` (target < 100 KiB). The high-water
   mark is reset through ``/proc/self/clear_refs`` just before the run;
 - beside them, what the ideal leaves out: this process's CPU time during the run, the keepers'
   start before it, and the lease start time the slot servers report (each trajectory gets fresh
-  namespaces after a reset).
+  namespaces after a reset);
+- where the machine's CPU went during the run (``/proc/stat``, every core), per trajectory: this
+  process, the slot servers' own processes, and the rest (keepers, lease agents, commands, the
+  kernel's threads, and any other load on the machine), beside (b)'s CPU per trajectory (cores
+  over its rate): with every core busy, the ratio to (b) is about the second over the first.
 
 The chat server is a small class here, not ``FakeChatServer``: the fake keeps every request for
 inspection, which would charge the trajectories memory that no real client holds.
@@ -64,6 +69,8 @@ import attrs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.call_path import machine_cpu_s
+from bench.proc_cpu import cpu_s as process_cpu_s
 from bench.reference import Reference, ReferenceUnavailable
 from trajcore.adapters.event_loops import asyncio_hooks
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
@@ -184,16 +191,21 @@ async def start_keepers(pool: LocalSandboxPool, slots: int) -> float:
 
 
 async def watch_lease_starts(pool: LocalSandboxPool, into: list[float], every_s: float) -> None:
-    """Until cancelled, read every server's slot listing each ``every_s`` and keep each new
-    ``sandbox_start_s`` (one per lease started since the last reading)."""
+    """Until cancelled, read every server's slot listing each ``every_s`` (the servers at once)
+    and keep each new ``sandbox_start_s`` (one per lease started since the last reading)."""
     last: dict[tuple[str, int], float | None] = {}
+
+    async def read(name: str) -> None:
+        for info in (await pool.client(name).list_slots()).slots:
+            key = (name, info.index)
+            if key in last and info.sandbox_start_s != last[key] and info.sandbox_start_s:
+                into.append(info.sandbox_start_s)
+            last[key] = info.sandbox_start_s
+
     while True:
-        for name in pool.container_names():
-            for info in (await pool.client(name).list_slots()).slots:
-                key = (name, info.index)
-                if key in last and info.sandbox_start_s != last[key] and info.sandbox_start_s:
-                    into.append(info.sandbox_start_s)
-                last[key] = info.sandbox_start_s
+        async with anyio.create_task_group() as group:
+            for name in pool.container_names():
+                group.start_soon(read, name)
         await anyio.sleep(every_s)
 
 
@@ -207,6 +219,8 @@ class RunFigures:
     tool_errors: int
     peak_kib: int
     cpu_s: float
+    servers_cpu_s: float
+    machine_cpu_s: float
 
 
 async def run_wave(
@@ -239,17 +253,24 @@ async def run_wave(
             )
             results.append(result)
 
+    server_pids = [pool.server_pid(name) for name in pool.container_names()]
+
+    def servers_cpu() -> float:
+        return sum(process_cpu_s(pid, reaped=False) for pid in server_pids)
+
+    servers_started, machine_started = servers_cpu(), machine_cpu_s()
     started = time.perf_counter()
     cpu_started = time.process_time()
     async with anyio.create_task_group() as outer:
         if lease_starts is not None:
-            outer.start_soon(watch_lease_starts, pool, lease_starts, 0.05)
+            outer.start_soon(watch_lease_starts, pool, lease_starts, 0.1)
         async with anyio.create_task_group() as group:
             for index in range(concurrency):
                 group.start_soon(worker, index)
         outer.cancel_scope.cancel()
     elapsed = time.perf_counter() - started
     cpu_s = time.process_time() - cpu_started
+    servers_s, machine_s = servers_cpu() - servers_started, machine_cpu_s() - machine_started
     statuses: dict[str, int] = {}
     for result in results:
         statuses[result.outcome.status.value] = statuses.get(result.outcome.status.value, 0) + 1
@@ -260,6 +281,8 @@ async def run_wave(
         tool_errors=sum(r.stats.tool_errors.total for r in results),
         peak_kib=status_kib("VmHWM"),
         cpu_s=cpu_s,
+        servers_cpu_s=servers_s,
+        machine_cpu_s=machine_s,
     )
 
 
@@ -341,7 +364,16 @@ async def bench(args: argparse.Namespace, reference: Reference) -> None:  # noqa
           f"{rate:.1f} traj/s   statuses {figures.statuses}   tool errors "
           f"{figures.tool_errors}")  # fmt: skip
     print(f"env process CPU during the run: {figures.cpu_s:.2f} s "
-          f"({figures.cpu_s / figures.elapsed_s:.0%} of one core)")  # fmt: skip
+          f"({figures.cpu_s / figures.elapsed_s:.0%} of one core), "
+          f"{figures.cpu_s / figures.trajectories * 1e3:.2f} ms per trajectory")  # fmt: skip
+    per_ms = 1e3 / figures.trajectories
+    rest_s = figures.machine_cpu_s - figures.cpu_s - figures.servers_cpu_s
+    print(f"machine CPU during the run: {figures.machine_cpu_s:.2f} s "
+          f"({figures.machine_cpu_s / figures.elapsed_s / (os.cpu_count() or 1):.0%} of "
+          f"{os.cpu_count()} cores), per trajectory {figures.machine_cpu_s * per_ms:.2f} ms: "
+          f"env process {figures.cpu_s * per_ms:.2f}, slot servers' own processes "
+          f"{figures.servers_cpu_s * per_ms:.2f}, the rest (keepers, lease agents, commands, "
+          f"the kernel's threads, any other load) {rest_s * per_ms:.2f}")  # fmt: skip
     print(f"dispatcher: {stats.batches} requests, {stats.calls / max(stats.batches, 1):.1f} "
           f"calls per request, largest {stats.largest_batch}")  # fmt: skip
     print(f"before the run: {args.servers * slots} slot keepers (one sandbox per slot, kept for "
@@ -362,7 +394,9 @@ async def bench(args: argparse.Namespace, reference: Reference) -> None:  # noqa
     print("\n".join(reference.describe()))
     ratio = rate / ideal
     of_b = rate / reference.trajectory_rate
-    print(f"measured / (b) = {of_b:.2f}   measured / asyncio ideal = {ratio:.2f}")
+    b_cpu_ms = (os.cpu_count() or 1) / reference.trajectory_rate * 1e3
+    print(f"measured / (b) = {of_b:.2f}   measured / asyncio ideal = {ratio:.2f}   (b)'s CPU "
+          f"per trajectory (cores / rate): {b_cpu_ms:.2f} ms")  # fmt: skip
     print(f"TARGET rollouts >= 0.75 of (b): {of_b:.2f}  {verdict(of_b >= 0.75)}")
     grown_kib = max(figures.peak_kib - baseline_kib, 0)
     per_trajectory = grown_kib / 1024 / concurrency
