@@ -249,6 +249,38 @@ def test_an_unclosed_block_ends_at_the_first_of_its_other_ends_which_stays_in_th
     assert pieces == ["", Block(body="x", raw="<b>x", closed=False), "<f>y<e>z</b>"]
 
 
+def test_an_opener_that_starts_inside_a_closer_opens_no_block() -> None:
+    """Pins that ``scan_blocks`` looks for the next opener after a closed block's closer: an
+    opener whose text begins inside that closer is part of the closer, not a new block."""
+    assert scan_blocks("ab1xab", "ab", "xa") == [
+        "",
+        Block(body="1", raw="ab1xa", closed=True),
+        "b",
+    ]
+    assert scan_blocks("ab1xab2ab3", "ab", "xa") == [
+        "",
+        Block(body="1", raw="ab1xa", closed=True),
+        "b2",
+        Block(body="3", raw="ab3", closed=False),
+        "",
+    ]
+
+
+def test_each_of_several_other_ends_is_found_again_after_the_scan_passes_it() -> None:
+    """Pins that ``scan_blocks`` finds each of ``also_ends`` again once the scan is past it: an
+    unclosed block ends at the first of them after its opener, block after block."""
+    pieces = scan_blocks("<b>x<e>1<b>y<f>2<b>z<e>3", "<b>", "</b>", also_ends=("<e>", "<f>"))
+    assert pieces == [
+        "",
+        Block(body="x", raw="<b>x", closed=False),
+        "<e>1",
+        Block(body="y", raw="<b>y", closed=False),
+        "<f>2",
+        Block(body="z", raw="<b>z", closed=False),
+        "<e>3",
+    ]
+
+
 def test_skip_space_stops_at_the_first_non_space_or_the_end() -> None:
     """Pins ``skip_space``: from the position given, past whitespace of any kind."""
     assert skip_space(" \n\tx ", 0) == 3

@@ -322,24 +322,40 @@ def scan_blocks(
     kept in the following segment) or at the end of the text. Stray closers stay in the plain
     text. Linear in the length of the text.
     """
+    # Where each marker next occurs at or after the scan's position (``len(text)``: nowhere
+    # further), each found once per occurrence as ``Marker`` would, kept in locals.
+    size = len(text)
     pieces: list[str | Block] = []
-    opens = Marker(text, open_)
-    closes = Marker(text, close)
-    enders = [Marker(text, end) for end in also_ends]
+    found_open = text.find(open_)
+    found_close = -1
+    found_ends = [-1] * len(also_ends)
     pos = 0
     while True:
-        start = opens.next_at(pos)
-        if start >= len(text):
+        start = size if found_open < 0 else found_open
+        if start >= size:
             pieces.append(text[pos:])
             return pieces
         pieces.append(text[pos:start])
         body_start = start + len(open_)
-        stop = closes.next_at(body_start)
-        limit = min([opens.next_at(body_start), *(e.next_at(body_start) for e in enders)])
-        if stop < limit:
-            end = stop + len(close)
-            pieces.append(Block(body=text[body_start:stop], raw=text[start:end], closed=True))
+        if found_close < body_start:
+            found_close = text.find(close, body_start)
+            if found_close < 0:
+                found_close = size
+        found_open = text.find(open_, body_start)
+        limit = size if found_open < 0 else found_open
+        for i, ender in enumerate(also_ends):
+            if found_ends[i] < body_start:
+                found = text.find(ender, body_start)
+                found_ends[i] = size if found < 0 else found
+            limit = min(limit, found_ends[i])
+        if found_close < limit:
+            end = found_close + len(close)
+            pieces.append(
+                Block(body=text[body_start:found_close], raw=text[start:end], closed=True)
+            )
             pos = end
+            if found_open >= 0 and found_open < pos:  # the next opener stood inside the closer
+                found_open = text.find(open_, pos)
         else:
             pieces.append(Block(body=text[body_start:limit], raw=text[start:limit], closed=False))
             pos = limit
@@ -483,7 +499,7 @@ class TurnBuilder:
         ``None`` when absent); ``arguments_key`` is how the family calls the arguments, for the
         reason. ``call_id`` is kept by the rules in the module docstring.
         """
-        if not isinstance(name, str) or not name.strip():
+        if not isinstance(name, str) or not (stripped := name.strip()):
             reason = (
                 "missing name @ name"
                 if name is None or isinstance(name, str)
@@ -491,11 +507,11 @@ class TurnBuilder:
             )
             self.refuse(raw, reason)
             return
-        name = name.strip()
+        name = stripped
         if not TOOL_NAME.fullmatch(name):
             self.refuse(raw, f"invalid tool name {name[:80]!r} (1-64 of [A-Za-z0-9_.-]) @ name")
             return
-        kept = self.model_id(call_id)
+        kept = None if call_id is None else self.model_id(call_id)
         if isinstance(kept, ParseProblemReason):
             self.refuse(raw, kept.reason, name=name)
             return
@@ -505,10 +521,11 @@ class TurnBuilder:
                 raw, f"expected a JSON object, got {got} @ {arguments_key}", name=name, call_id=kept
             )
             return
-        problem = self._check(name, arguments, arguments_key)
-        if problem is not None:
-            self.refuse(raw, problem, name=name, call_id=kept)
-            return
+        if self.tools is not None:
+            problem = self._check(self.tools, name, arguments, arguments_key)
+            if problem is not None:
+                self.refuse(raw, problem, name=name, call_id=kept)
+                return
         try:
             call = ToolCall(id=kept or self._generated_id(), name=name, arguments=arguments)
         except ToolArgumentError as error:
@@ -524,13 +541,14 @@ class TurnBuilder:
         except RecursionError:
             self.refuse(raw, f"nested too deeply @ {arguments_key}", name=name, call_id=kept)
             return
-        self._take(call.id)
+        self._attempts += 1
+        self._taken.add(call.id)
         self.calls.append(call)
 
-    def _check(self, name: str, arguments: JSONObject, arguments_key: str) -> str | None:
-        if self.tools is None:
-            return None
-        spec = self.tools.get(name)
+    def _check(
+        self, tools: Mapping[str, ToolSpec], name: str, arguments: JSONObject, arguments_key: str
+    ) -> str | None:
+        spec = tools.get(name)
         if spec is None:
             return f"unknown tool {name!r} @ name"
         try:
