@@ -29,8 +29,14 @@ from typing import ClassVar
 
 import attrs
 
-from trajcore.domain.tool_parsers.base import TurnBuilder, join_content, skip_space, value_extent
-from trajcore.domain.tool_parsers.family import FamilyParser, read_json_object
+from trajcore.domain.tool_parsers.base import (
+    TurnBuilder,
+    join_content,
+    load_json_prefix,
+    skip_space,
+    value_extent,
+)
+from trajcore.domain.tool_parsers.family import FamilyParser, accept_json_value, read_json_object
 from trajcore.domain.tools import ToolCall
 
 __all__ = ["Llama3JsonParser"]
@@ -56,11 +62,23 @@ def read_calls(builder: TurnBuilder, text: str, start: int) -> int:
             builder.refuse(piece, f"expected a JSON object, got {piece[:24]!r} @ call")
             pos = end + len(SEPARATOR)
             continue
-        end = value_extent(text, pos)
-        piece = text[pos:end]
-        read_json_object(
-            builder, piece, piece, key="parameters", fallback="arguments", fault_key=_key_in_text
-        )
+        decoded = load_json_prefix(text, pos)
+        if decoded is not None:
+            # A value that decodes ends where ``value_extent`` would end it: read it once.
+            value, end = decoded
+            piece = text[pos:end]
+            accept_json_value(builder, piece, value, key="parameters", fallback="arguments")
+        else:
+            end = value_extent(text, pos)
+            piece = text[pos:end]
+            read_json_object(
+                builder,
+                piece,
+                piece,
+                key="parameters",
+                fallback="arguments",
+                fault_key=_key_in_text,
+            )
         pos = skip_space(text, end)
         if text.startswith(SEPARATOR, pos):
             pos += len(SEPARATOR)
