@@ -207,16 +207,26 @@ def test_the_plain_reader_reads_the_plain_shape_models_write(
 def test_the_plain_reader_reads_each_kind_of_value_as_python_does() -> None:
     """Pins the values of the fast path one kind at a time: an integer stays an integer, a
     number with a fraction or an exponent is a float, the three words their JSON values."""
-    got = read_plain("[f(a=12, b=-0, c=1.5, d=2e2, e=True, f=False, g=None, h='t')]")
+    got = read_plain("[f(a=12, b=-0, c=1.5, d=2e2, e=True, f=False, g=None, h='t', i=3E1)]")
     assert got == [
         (
             "f",
-            {"a": 12, "b": 0, "c": 1.5, "d": 200.0, "e": True, "f": False, "g": None, "h": "t"},
-            "f(a=12, b=-0, c=1.5, d=2e2, e=True, f=False, g=None, h='t')",
+            {
+                "a": 12,
+                "b": 0,
+                "c": 1.5,
+                "d": 200.0,
+                "e": True,
+                "f": False,
+                "g": None,
+                "h": "t",
+                "i": 30.0,
+            },
+            "f(a=12, b=-0, c=1.5, d=2e2, e=True, f=False, g=None, h='t', i=3E1)",
         )
     ]
     assert [type(v) for v in got[0][1].values()] == [
-        int, int, float, float, bool, bool, type(None), str,
+        int, int, float, float, bool, bool, type(None), str, float,
     ]  # fmt: skip
 
 
@@ -256,6 +266,8 @@ def test_the_plain_reader_reads_each_kind_of_value_as_python_does() -> None:
         "[f(x=1:2)]",
         "f()]",
         "[f(x=1) g()]",
+        "[f()] X",
+        "[f()]\x0c",
     ],
 )
 def test_the_plain_reader_leaves_everything_else_to_python(source: str) -> None:
@@ -275,6 +287,21 @@ def test_a_list_in_the_plain_shape_is_read_by_the_plain_reader_first() -> None:
     turn = PYTHONIC.parse(f"[f(x={value})]")
     assert turn.errors == ()
     assert [c.name for c in turn.calls] == ["f"]
+
+
+def test_a_list_in_llama4_tags_is_read_by_the_plain_reader_first() -> None:
+    """Pins that the list between Llama 4's tags goes to the plain reader before ``ast`` too:
+    a plain list nested deeper than Python's parser takes is read, and a refused call of it
+    keeps its text as written."""
+    value = "[" * 250 + "]" * 250
+    turn = LLAMA4.parse(f"<|python_start|>[f(x={value})]<|python_end|>")
+    assert turn.errors == ()
+    assert [c.name for c in turn.calls] == ["f"]
+    tools = [ToolSpec(name="f")]
+    turn = LLAMA4.parse("<|python_start|> [g(x=1), f()]\n<|python_end|>", tools=tools)
+    assert turn == ParsedTurn(
+        calls=[_call(1, "f")], errors=[_problem(0, "g(x=1)", "unknown tool 'g' @ name", "g")]
+    )
 
 
 def _depth(value: object) -> int:

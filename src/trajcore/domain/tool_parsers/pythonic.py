@@ -193,7 +193,7 @@ def _read_flat_at(text: str, start: int) -> tuple[list[PlainCall], int]:
     pos = opened.end()
     while (call := _FLAT_CALL.match(text, pos)) is not None:
         arguments: JSONObject = {}
-        for key, value in _FLAT_ARGUMENT.findall(text, call.start(2), call.end(2)):
+        for key, value in _FLAT_ARGUMENT.findall(call.group(2)):
             if key in _KEYWORDS or key in arguments:
                 raise _Shape
             arguments[key] = _scalar(value)
@@ -220,47 +220,43 @@ class _Tokens:
         return token.group(1)
 
 
+def _item(piece: str, stack: list[list[JSON] | JSONObject]) -> JSON:
+    """The value that opens with the token ``piece``: a scalar, or a new list or dict, which
+    is pushed on ``stack`` to be filled."""
+    if piece not in _OPENERS:
+        return _scalar(piece)
+    opened: list[JSON] | JSONObject = [] if piece == "[" else {}
+    stack.append(opened)
+    return opened
+
+
 def _read_value(tokens: _Tokens, piece: str) -> JSON:
     """The value that opens with the token ``piece``: a string, number or word, or a list or
     dict read to its closer. The lists and dicts not yet closed are kept on a stack of their
     own, not the interpreter's, so any depth is read. Raise ``_Shape`` for text outside the
     shape."""
-    if piece not in _OPENERS:
-        return _scalar(piece)
-    root: list[JSON] | JSONObject = [] if piece == "[" else {}
-    stack = [root]
-    just_opened = True
+    stack: list[list[JSON] | JSONObject] = []
+    value = _item(piece, stack)
     while stack:
         top = stack[-1]
         piece = tokens.next()
-        if just_opened and piece == _closer(top):
-            stack.pop()  # an empty list or dict
+        # A value goes into its container as it opens (a dict keeps a repeated key where it
+        # first stood, as Python's does), so a list or dict is empty only until its first item.
+        if not top and piece == _closer(top):
+            stack.pop()
         else:
-            key = ""
-            if isinstance(top, dict):
+            if isinstance(top, list):
+                top.append(_item(piece, stack))
+            else:
                 key = _string(piece)
                 if tokens.next() != ":":
                     raise _Shape
                 piece = tokens.next()
-            item: JSON
+                top[key] = _item(piece, stack)
             if piece in _OPENERS:
-                opened: list[JSON] | JSONObject = [] if piece == "[" else {}
-                stack.append(opened)
-                item = opened
-            else:
-                item = _scalar(piece)
-            # A value goes into its container as it opens: a dict keeps a repeated key where
-            # it first stood, as Python's does.
-            if isinstance(top, list):
-                top.append(item)
-            else:
-                top[key] = item
-            just_opened = piece in _OPENERS
-            if just_opened:
                 continue
         # After an item, or a list or dict that closed: a comma, or the closers of the lists
         # and dicts that end here.
-        just_opened = False
         while stack:
             piece = tokens.next()
             if piece == ",":
@@ -268,7 +264,7 @@ def _read_value(tokens: _Tokens, piece: str) -> JSON:
             if piece != _closer(stack[-1]):
                 raise _Shape
             stack.pop()
-    return root
+    return value
 
 
 def _read_tokens_at(text: str, start: int) -> tuple[list[PlainCall], int]:
