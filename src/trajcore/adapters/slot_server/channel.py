@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 _HEADER = struct.Struct(">I")
+_decode_json = json.JSONDecoder().decode  # an agent writes UTF-8: no encoding to detect
 _RESOLUTION = time.get_clock_info("monotonic").resolution  # the event loop's clock's
 
 
@@ -191,11 +192,11 @@ class _Replies(asyncio.Protocol):
         if len(buffer) > end:
             self.lose(AgentLost("the slot's agent sent more than one reply to a request"))
             return
-        body = bytes(buffer[_HEADER.size :])
+        body = buffer[_HEADER.size :]
         buffer.clear()
         try:
-            reply: dict[str, JSON] | AgentLost = check_reply(json.loads(body))
-        except ValueError:
+            reply: dict[str, JSON] | AgentLost = check_reply(_decode_json(body.decode()))
+        except ValueError:  # UnicodeDecodeError too
             reply = AgentLost("the slot's agent sent a reply that is not JSON")
         except AgentLost as malformed:
             reply = malformed

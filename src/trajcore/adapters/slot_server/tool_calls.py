@@ -10,6 +10,7 @@ shell and ``/tmp`` are gone, so the next call of that epoch is refused, not run 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from typing import cast
 
@@ -201,32 +202,50 @@ def _command_request(sandboxes: Sandboxes, call: ExecuteCall, timeout: float) ->
     a request over ``MAX_REQUEST_BYTES``)."""
     cap = sandboxes.config.isolation.output_cap_bytes
     args = call.arguments
-    fields: list[str]
-    if call.tool == "bash":
-        fields = ["exec", repr(timeout), str(cap), "/bin/sh", "-c", str(args["command"])]
-    elif call.tool == "bash_stateful":
-        fields = ["stateful", repr(timeout), str(cap), str(args["command"])]
-    else:
-        keys = args["keys"]
-        wait = args.get("wait_s", 0.3)
-        lines = args.get("lines", 50)
-        fields = [
-            "tmux",
-            "1" if args.get("literal", True) is True else "0",
-            "1" if args.get("enter", True) is True else "0",
-            repr(min(max(float(wait), 0.0), timeout) if isinstance(wait, int | float) else 0.3),
-            str(min(max(int(lines), 1), 10_000) if isinstance(lines, int) else 50),
-            *([keys] if isinstance(keys, str) else [str(k) for k in cast("list[JSON]", keys)]),
-        ]
-    name = "keys" if call.tool == "tmux" else "command"
+    if call.tool != "tmux":  # the fields before the command are the same for most calls
+        command = str(args["command"])
+        if "\0" in command:
+            reason = "holds a NUL character, which no command line can carry @ $.command"
+            return failure(call, ToolOutcome.REJECTED, reason)
+        try:
+            payload = _command_head(call.tool, repr(timeout), cap) + encode_request([command])
+        except UnicodeEncodeError as error:
+            reason = f"not valid Unicode text (a lone surrogate at {error.start}) @ $.command"
+            return failure(call, ToolOutcome.REJECTED, reason)
+        return _within_limit(call, payload, "command")
+    keys = args["keys"]
+    wait = args.get("wait_s", 0.3)
+    lines = args.get("lines", 50)
+    fields = [
+        "tmux",
+        "1" if args.get("literal", True) is True else "0",
+        "1" if args.get("enter", True) is True else "0",
+        repr(min(max(float(wait), 0.0), timeout) if isinstance(wait, int | float) else 0.3),
+        str(min(max(int(lines), 1), 10_000) if isinstance(lines, int) else 50),
+        *([keys] if isinstance(keys, str) else [str(k) for k in cast("list[JSON]", keys)]),
+    ]
     if any("\0" in field for field in fields):
-        reason = "holds a NUL character, which no command line can carry @ $." + name
+        reason = "holds a NUL character, which no command line can carry @ $.keys"
         return failure(call, ToolOutcome.REJECTED, reason)
     try:
         payload = encode_request(fields)
     except UnicodeEncodeError as error:
-        reason = f"not valid Unicode text (a lone surrogate at {error.start}) @ $.{name}"
+        reason = f"not valid Unicode text (a lone surrogate at {error.start}) @ $.keys"
         return failure(call, ToolOutcome.REJECTED, reason)
+    return _within_limit(call, payload, "keys")
+
+
+@functools.lru_cache(maxsize=64)
+def _command_head(tool: str, timeout: str, cap: int) -> bytes:
+    """The encoded fields of a ``bash`` or ``bash_stateful`` request before its command (the
+    op, the timeout as ``repr`` writes it, the output cap, and for ``bash`` the shell): they
+    hold no NUL and are the same for every call of a lease with one timeout."""
+    if tool == "bash":
+        return encode_request(["exec", timeout, str(cap), "/bin/sh", "-c"])
+    return encode_request(["stateful", timeout, str(cap)])
+
+
+def _within_limit(call: ExecuteCall, payload: bytes, name: str) -> ToolResult | bytes:
     if len(payload) > MAX_REQUEST_BYTES:
         reason = f"{len(payload)} bytes, over the limit of {MAX_REQUEST_BYTES} @ $.{name}"
         return failure(call, ToolOutcome.REJECTED, reason)
