@@ -30,10 +30,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from trajcore.adapters.exec_wire import read_exec_report
 from trajcore.domain.errors import InvalidInput
 from trajcore.domain.json_values import check_json
 from trajcore.domain.slots import SlotCall
-from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult
+from trajcore.domain.tools import ToolOutcome, ToolResult
 
 __all__ = ["batch_body", "batch_results", "json_bytes"]
 
@@ -97,34 +98,6 @@ def batch_body(calls: Sequence[SlotCall]) -> tuple[bytes, float] | None:
     return json_bytes({"calls": items}), max(per_slot.values(), default=0.0)
 
 
-def _report(data: object) -> ExecReport | None:
-    """An ``exec`` object as the slot codec's fast path reads it, or ``None``."""
-    if type(data) is not dict or "exit_code" not in data:
-        return None
-    exit_code = data["exit_code"]
-    stdout, stderr = data.get("stdout", ""), data.get("stderr", "")
-    out_dropped, err_dropped = data.get("stdout_dropped", 0), data.get("stderr_dropped", 0)
-    timed_out, sandboxed = data.get("timed_out", False), data.get("sandboxed", False)
-    duration = data.get("duration_s", 0.0)
-    if type(duration) is not float:
-        if type(duration) is not int or not -_EXACT_FLOAT <= duration <= _EXACT_FLOAT:
-            return None
-        duration = float(duration)
-    if (
-        (exit_code is not None and type(exit_code) is not int)
-        or type(stdout) is not str or type(stderr) is not str
-        or type(out_dropped) is not int or out_dropped < 0
-        or type(err_dropped) is not int or err_dropped < 0
-        or type(timed_out) is not bool or type(sandboxed) is not bool
-        or not 0.0 <= duration < math.inf
-    ):  # fmt: skip
-        return None
-    return ExecReport(
-        exit_code=exit_code, stdout=stdout, stderr=stderr, stdout_dropped=out_dropped,
-        stderr_dropped=err_dropped, timed_out=timed_out, duration_s=duration, sandboxed=sandboxed,
-    )  # fmt: skip
-
-
 def batch_results(payload: bytes, call_ids: Sequence[str]) -> list[ToolResult] | None:
     """The results of a ``POST /v1/execute`` answer ``payload``, one per call of ``call_ids``
     in order, each answering its call; ``None`` when the answer is not JSON of the plain shape
@@ -160,7 +133,7 @@ def _read_results(items: list[Any], call_ids: Sequence[str]) -> list[ToolResult]
             return None
         report = None
         if found is not None:
-            report = _report(found)
+            report = read_exec_report(found)
             if report is None:
                 return None
         result = ToolResult(

@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from trajcore.adapters.exec_wire import read_exec_report
 from trajcore.domain.errors import InvalidInput
 from trajcore.domain.slot_protocol import ExecuteCall, ExecuteRequest, ExecuteResponse
 from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult
@@ -89,36 +90,13 @@ def _execute_request(data: object) -> ExecuteRequest | None:
     return None if calls is None else ExecuteRequest(calls=calls)
 
 
-def _report(data: object) -> ExecReport | None:
-    if type(data) is not dict:
-        return None
-    if "exit_code" not in data:
-        return None
-    exit_code = data["exit_code"]
-    stdout, stderr = data.get("stdout", ""), data.get("stderr", "")
-    out_dropped, err_dropped = data.get("stdout_dropped", 0), data.get("stderr_dropped", 0)
-    timed_out, sandboxed = data.get("timed_out", False), data.get("sandboxed", False)
-    duration = _number(data.get("duration_s", 0.0))
-    if (
-        (exit_code is not None and type(exit_code) is not int)
-        or type(stdout) is not str or type(stderr) is not str
-        or type(out_dropped) is not int or type(err_dropped) is not int
-        or type(timed_out) is not bool or type(sandboxed) is not bool or duration is None
-    ):  # fmt: skip
-        return None
-    return ExecReport(
-        exit_code=exit_code, stdout=stdout, stderr=stderr, stdout_dropped=out_dropped,
-        stderr_dropped=err_dropped, timed_out=timed_out, duration_s=duration, sandboxed=sandboxed,
-    )  # fmt: skip
-
-
 def _result(data: object) -> ToolResult | None:
     if type(data) is not dict:
         return None
     call_id, name, outcome = data.get("call_id"), data.get("name"), data.get("outcome")
     content, error = data.get("content", ""), data.get("error")
     found = data.get("exec")
-    report = None if found is None else _report(found)
+    report = None if found is None else read_exec_report(found)
     if (
         type(call_id) is not str or type(name) is not str or type(outcome) is not str
         or outcome not in _OUTCOMES or type(content) is not str
