@@ -11,8 +11,12 @@ and ``codec.structure`` hands the data to the converter, which accepts or refuse
 before and names the field. So the fast path can only be faster, never more permissive: for any
 input it either gives the value the converter would give, or gives nothing.
 
-Unstructuring writes the same JSON tree the converter writes (keys in field order, enums by
-value, ``None`` kept).
+Unstructuring a batch writes the same JSON tree the converter writes (keys in field order,
+enums by value, ``None`` kept). A batch's results, written on every call, leave out each field
+at its default (``content`` empty, no ``error``, no ``exec``; in ``exec`` empty streams, no
+bytes dropped, not timed out, not sandboxed), in the converter's key order otherwise: every
+reader (the converter, this fast path, the env's ``pools.batch_wire``) takes a field left out
+as its default, so the value read back is the same, in about half the bytes.
 """
 
 from __future__ import annotations
@@ -130,31 +134,41 @@ def _unstructure_request(request: ExecuteRequest) -> dict[str, Any]:
     }
 
 
-def _unstructure_report(report: ExecReport | None) -> dict[str, Any] | None:
-    if report is None:
-        return None
-    return {
-        "exit_code": report.exit_code, "stdout": report.stdout, "stderr": report.stderr,
-        "stdout_dropped": report.stdout_dropped, "stderr_dropped": report.stderr_dropped,
-        "timed_out": report.timed_out, "duration_s": report.duration_s,
-        "sandboxed": report.sandboxed,
-    }  # fmt: skip
+def _unstructure_report(report: ExecReport) -> dict[str, Any]:
+    tree: dict[str, Any] = {"exit_code": report.exit_code}
+    if report.stdout:
+        tree["stdout"] = report.stdout
+    if report.stderr:
+        tree["stderr"] = report.stderr
+    if report.stdout_dropped:
+        tree["stdout_dropped"] = report.stdout_dropped
+    if report.stderr_dropped:
+        tree["stderr_dropped"] = report.stderr_dropped
+    if report.timed_out:
+        tree["timed_out"] = True
+    tree["duration_s"] = report.duration_s
+    if report.sandboxed:
+        tree["sandboxed"] = True
+    return tree
+
+
+def _unstructure_result(result: ToolResult) -> dict[str, Any]:
+    tree: dict[str, Any] = {
+        "call_id": result.call_id,
+        "name": result.name,
+        "outcome": result.outcome.value,
+    }
+    if result.content:
+        tree["content"] = result.content
+    if result.error is not None:
+        tree["error"] = result.error
+    if result.exec is not None:
+        tree["exec"] = _unstructure_report(result.exec)
+    return tree
 
 
 def _unstructure_response(response: ExecuteResponse) -> dict[str, Any]:
-    return {
-        "results": [
-            {
-                "call_id": result.call_id,
-                "name": result.name,
-                "outcome": result.outcome.value,
-                "content": result.content,
-                "error": result.error,
-                "exec": _unstructure_report(result.exec),
-            }
-            for result in response.results
-        ]
-    }
+    return {"results": [_unstructure_result(result) for result in response.results]}
 
 
 FAST_STRUCTURE: dict[type, Callable[[object], object | None]] = {
