@@ -266,6 +266,18 @@ def test_llama3_a_broken_call_keeps_its_piece_as_written() -> None:
     assert [p.raw for p in turn.errors] == ['{"name": "a", "parameters": {"x": 1 2}}', "x"]
 
 
+def test_llama3_a_refused_call_that_decodes_keeps_its_object_as_written() -> None:
+    """Pins that a Llama 3 call whose JSON decodes but which is refused (an unknown tool, a
+    name that is no string) keeps its object, as written and no more, as the problem's text."""
+    text = '<|python_tag|>{"name": "b", "parameters": {}} ; {"name": 1}{"name": "a"}'
+    turn = Llama3JsonParser().parse(text, tools=[ToolSpec(name="a")])
+    assert [(p.raw, p.reason) for p in turn.errors] == [
+        ('{"name": "b", "parameters": {}}', "unknown tool 'b' @ name"),
+        ('{"name": 1}', "expected string, got integer @ name"),
+    ]
+    assert turn.calls == (ToolCall(id="call_2", name="a"),)
+
+
 def test_llama3_calls_start_at_a_tag_or_an_opening_brace_only() -> None:
     """Pins when a Llama 3 text holds calls: a tag anywhere, or a ``{`` first (after spaces);
     content before the tag is kept, and text after the calls is content until a later tag."""

@@ -43,6 +43,8 @@ __all__ = ["Llama3JsonParser"]
 
 PYTHON_TAG = "<|python_tag|>"
 SEPARATOR = ";"
+ARGUMENTS = "parameters"  # the key of a call's arguments ...
+ALSO_ARGUMENTS = "arguments"  # ... or this one, when the call has only it
 
 
 def read_calls(builder: TurnBuilder, text: str, start: int) -> int:
@@ -67,7 +69,7 @@ def read_calls(builder: TurnBuilder, text: str, start: int) -> int:
             # A value that decodes ends where ``value_extent`` would end it: read it once.
             value, end = decoded
             piece = text[pos:end]
-            accept_json_value(builder, piece, value, key="parameters", fallback="arguments")
+            accept_json_value(builder, piece, value, key=ARGUMENTS, fallback=ALSO_ARGUMENTS)
         else:
             end = value_extent(text, pos)
             piece = text[pos:end]
@@ -75,8 +77,8 @@ def read_calls(builder: TurnBuilder, text: str, start: int) -> int:
                 builder,
                 piece,
                 piece,
-                key="parameters",
-                fallback="arguments",
+                key=ARGUMENTS,
+                fallback=ALSO_ARGUMENTS,
                 fault_key=_key_in_text,
             )
         pos = skip_space(text, end)
