@@ -47,8 +47,6 @@ __all__ = ["allowed_types", "type_value"]
 
 _MAX_REF_DEPTH = 32
 _KNOWN = ("string", "integer", "number", "boolean", "object", "array", "null")
-_COMBINED = frozenset(("$ref", "anyOf", "oneOf", "allOf"))  # keys that add types of their own
-_DECODED = frozenset(("integer", "number", "object", "array"))  # types read from JSON
 
 
 def _resolve(ref: str, root: Mapping[str, JSON]) -> JSON | None:
@@ -106,9 +104,6 @@ def allowed_types(schema: JSON, root: Mapping[str, JSON] | None = None) -> tuple
     """
     out: list[str] = []
     if isinstance(schema, dict):
-        kind = schema.get("type")
-        if isinstance(kind, str) and kind in _KNOWN and _COMBINED.isdisjoint(schema):
-            return (kind,)  # what ``_collect`` finds for one type named and nothing combined
         _collect(schema, root if root is not None else schema, out, 0)
     return tuple(out)
 
@@ -173,7 +168,8 @@ def type_value(text: str, schema: JSON, root: Mapping[str, JSON] | None = None) 
     word = text.strip()
     if "null" in kinds and word in ("null", "None"):
         return None
-    decoded = _NOT_DECODED if _DECODED.isdisjoint(kinds) else load_json(word)
+    structured = any(k in ("integer", "number", "object", "array") for k in kinds)
+    decoded = load_json(word) if structured else _NOT_DECODED
     for kind in kinds:
         if kind != "null":
             ok, value = _read_as(kind, text, word, decoded)
