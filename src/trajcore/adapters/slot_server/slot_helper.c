@@ -1680,6 +1680,36 @@ static pid_t begin_lease(int channel, const plan *p, const char *image, const in
     return first;
 }
 
+/* Receive one request packet on ``fd`` (a SOCK_SEQPACKET socket; interrupted calls retried):
+ * at most ``size`` - 1 bytes into ``message``, NUL-terminated, and the SCM_RIGHTS descriptors
+ * that came with it (close-on-exec, at most MAX_DESCRIPTORS) into ``fds``, ``*fd_count`` of
+ * them. Returns the packet's length: 0 at end of input, -1 on an error (errno set). */
+static ssize_t receive_request(int fd, char *message, size_t size, int *fds, size_t *fd_count) {
+    union {
+        char room[CMSG_SPACE(MAX_DESCRIPTORS * sizeof(int))];
+        struct cmsghdr align;
+    } control;
+    struct iovec part = {message, size - 1};
+    struct msghdr header = {.msg_iov = &part, .msg_iovlen = 1, .msg_control = control.room,
+                            .msg_controllen = sizeof control.room};
+    ssize_t got;
+    do
+        got = recvmsg(fd, &header, MSG_CMSG_CLOEXEC);
+    while (got < 0 && errno == EINTR);
+    *fd_count = 0;
+    for (struct cmsghdr *c = got > 0 ? CMSG_FIRSTHDR(&header) : NULL; c;
+         c = CMSG_NXTHDR(&header, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (size_t i = 0; i < count && *fd_count < MAX_DESCRIPTORS; i++)
+                memcpy(&fds[(*fd_count)++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        }
+    }
+    if (got >= 0)
+        message[got] = '\0';
+    return got;
+}
+
 /* ------------------------------------------------------------------------ readied leases
  *
  * While the slot is idle, the keeper readies its next lease when the server asks ("ready", sent
@@ -1702,31 +1732,12 @@ static void readied_main(int socket_fd, const plan *p) {
     if (send(socket_fd, &byte, 1, 0) != 1 || failed)
         _exit(3);
     static char message[REQUEST_MAX];
-    union {
-        char room[CMSG_SPACE(MAX_DESCRIPTORS * sizeof(int))];
-        struct cmsghdr align;
-    } control;
-    struct iovec part = {message, sizeof message - 1};
-    struct msghdr header = {.msg_iov = &part, .msg_iovlen = 1, .msg_control = control.room,
-                            .msg_controllen = sizeof control.room};
-    ssize_t got;
-    do
-        got = recvmsg(socket_fd, &header, MSG_CMSG_CLOEXEC);
-    while (got < 0 && errno == EINTR);
     int fds[MAX_DESCRIPTORS];
     size_t fd_count = 0;
-    for (struct cmsghdr *c = got > 0 ? CMSG_FIRSTHDR(&header) : NULL; c;
-         c = CMSG_NXTHDR(&header, c)) {
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-            size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (size_t i = 0; i < n && fd_count < MAX_DESCRIPTORS; i++)
-                memcpy(&fds[fd_count++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        }
-    }
+    ssize_t got = receive_request(socket_fd, message, sizeof message, fds, &fd_count);
     if (got <= 0 || fd_count == 0)
         _exit(3);
     close(socket_fd);
-    message[got] = '\0';
     /* the keeper checked the request: "-" (the server's root), else "L" and the joined layers */
     lease_main(fds[0], p, got > 1 ? message + 1 : NULL, fds + 1, fd_count - 1);
 }
@@ -1873,32 +1884,15 @@ static int keep(plan *p) {
     pid_t lease = 0;
     while (true) {
         char message[REQUEST_MAX];
-        union {
-            char room[CMSG_SPACE(MAX_DESCRIPTORS * sizeof(int))];
-            struct cmsghdr align;
-        } control;
-        struct iovec part = {message, sizeof message - 1};
-        struct msghdr header = {.msg_iov = &part, .msg_iovlen = 1, .msg_control = control.room,
-                                .msg_controllen = sizeof control.room};
-        ssize_t got = recvmsg(0, &header, MSG_CMSG_CLOEXEC);
-        if (got < 0 && errno == EINTR)
-            continue;
-        int fds[MAX_DESCRIPTORS], fd_count = 0;
-        for (struct cmsghdr *c = got > 0 ? CMSG_FIRSTHDR(&header) : NULL; c;
-             c = CMSG_NXTHDR(&header, c)) {
-            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-                size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-                for (size_t i = 0; i < count && fd_count < MAX_DESCRIPTORS; i++)
-                    memcpy(&fds[fd_count++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-            }
-        }
+        int fds[MAX_DESCRIPTORS];
+        size_t fd_count = 0;
+        ssize_t got = receive_request(0, message, sizeof message, fds, &fd_count);
         if (got <= 0) {
             if (lease > 0)
                 end_lease(lease);
             drop_readied(p);
             return 0;
         }
-        message[got] = '\0';
         reply.len = 0;
         /* "lease"; "lease-image" NUL the image's tree: a lease over that image; or "lease-fork"
          * NUL a snapshot's frozen layers (top first, NUL-separated) NUL the image's tree: a
@@ -1921,19 +1915,19 @@ static int keep(plan *p) {
             json_string(&reply, problem, strlen(problem));
             buf_puts(&reply, "}");
         } else if (leasing) {
-            if (fd_count != 1 && (size_t)fd_count != 1 + layers) {
+            if (fd_count != 1 && fd_count != 1 + layers) {
                 buf_printf(&reply,
                            "{\"error\":\"a lease needs one channel (and one idmapped clone per "
-                           "layer, or none), got %d descriptors for %zu layers\"}",
+                           "layer, or none), got %zu descriptors for %zu layers\"}",
                            fd_count, layers);
             } else {
                 if (lease > 0) { /* no "end" came: the readied lease saw this tenant's time */
                     end_lease(lease);
                     drop_readied(p);
                 }
-                lease = use_readied(p, image, fds, (size_t)fd_count);
+                lease = use_readied(p, image, fds, fd_count);
                 if (lease <= 0)
-                    lease = begin_lease(fds[0], p, image, fds + 1, (size_t)fd_count - 1);
+                    lease = begin_lease(fds[0], p, image, fds + 1, fd_count - 1);
                 if (lease > 0) {
                     buf_printf(&reply, "{\"lease\":true,\"pid\":%d}", (int)lease);
                 } else {
@@ -1969,7 +1963,7 @@ static int keep(plan *p) {
             buf_puts(&reply, "}");
             buf_free(&text);
         }
-        for (int i = 0; i < fd_count; i++)
+        for (size_t i = 0; i < fd_count; i++)
             close(fds[i]);
         if (send(0, reply.data, reply.len, 0) < 0) {
             if (lease > 0)
