@@ -93,6 +93,20 @@ def kept_children(keeper: int, deadline_s: float = 10.0) -> list[tuple[int, str]
         time.sleep(0.01)
 
 
+def wait_dead(pid: int, deadline_s: float = 10.0) -> None:
+    """Return once ``pid`` has exited (a zombie not yet reaped, or gone)."""
+    limit = time.monotonic() + deadline_s
+    while time.monotonic() < limit:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return
+        if state == "Z":
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"{pid} still runs {deadline_s} s after SIGKILL")
+
+
 @attrs.define
 class Seen:
     keeper: dict[str, str]
@@ -242,6 +256,7 @@ def test_no_lease_is_readied_while_a_lease_runs_and_a_dead_readied_one_is_replac
             ((killed, name),) = kept_children(pid)
             assert name == "slot-readied"
             os.kill(killed, signal.SIGKILL)  # as a reset's proof of an empty slot kills it
+            wait_dead(killed)  # as that proof waits for it: the next lease comes after
             assert (await runtime.lease(0, 2, ref)).ok
             (again,) = await runtime.execute([bash(0, 2, "echo still")])
             assert again.outcome is ToolOutcome.OK, again.content
