@@ -249,6 +249,12 @@ def test_an_unclosed_block_ends_at_the_first_of_its_other_ends_which_stays_in_th
     assert pieces == ["", Block(body="x", raw="<b>x", closed=False), "<f>y<e>z</b>"]
 
 
+def test_a_text_without_an_opener_is_one_plain_segment() -> None:
+    """Pins that ``scan_blocks`` gives a text with no opener back whole, stray closers and
+    other ends in it."""
+    assert scan_blocks("a</b>c<e>", "<b>", "</b>", also_ends=("<e>",)) == ["a</b>c<e>"]
+
+
 def test_an_opener_that_starts_inside_a_closer_opens_no_block() -> None:
     """Pins that ``scan_blocks`` looks for the next opener after a closed block's closer: an
     opener whose text begins inside that closer is part of the closer, not a new block."""

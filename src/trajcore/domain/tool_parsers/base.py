@@ -322,43 +322,35 @@ def scan_blocks(
     kept in the following segment) or at the end of the text. Stray closers stay in the plain
     text. Linear in the length of the text.
     """
-    # Where each marker next occurs at or after the scan's position (``len(text)``: nowhere
-    # further), each found once per occurrence as ``Marker`` would, kept in locals.
-    size = len(text)
-    pieces: list[str | Block] = []
-    found_open = text.find(open_)
-    found_close = -1
-    found_ends = [-1] * len(also_ends)
-    pos = 0
+    # Openers are looked for afresh: from a block's body, and again from a closed block's end
+    # (the text between is read at most twice). Closers and other ends are remembered
+    # (``Marker``), so that a text full of openers and no closers costs one pass, not one pass
+    # per opener.
+    opened = text.find(open_)
+    if opened == -1:
+        return [text]
+    pieces: list[str | Block] = [text[:opened]]
+    closes = Marker(text, close)
+    enders = [Marker(text, end) for end in also_ends]
     while True:
-        start = size if found_open < 0 else found_open
-        if start >= size:
-            pieces.append(text[pos:])
-            return pieces
-        pieces.append(text[pos:start])
-        body_start = start + len(open_)
-        if found_close < body_start:
-            found_close = text.find(close, body_start)
-            if found_close < 0:
-                found_close = size
-        found_open = text.find(open_, body_start)
-        limit = size if found_open < 0 else found_open
-        for i, ender in enumerate(also_ends):
-            if found_ends[i] < body_start:
-                found = text.find(ender, body_start)
-                found_ends[i] = size if found < 0 else found
-            limit = min(limit, found_ends[i])
-        if found_close < limit:
-            end = found_close + len(close)
-            pieces.append(
-                Block(body=text[body_start:found_close], raw=text[start:end], closed=True)
-            )
-            pos = end
-            if found_open >= 0 and found_open < pos:  # the next opener stood inside the closer
-                found_open = text.find(open_, pos)
+        body_start = opened + len(open_)
+        stop = closes.next_at(body_start)
+        following = text.find(open_, body_start)
+        end = len(text) if following == -1 else following
+        for ender in enders:
+            end = min(end, ender.next_at(body_start))
+        if stop < end:
+            end = stop + len(close)
+            block = Block(body=text[body_start:stop], raw=text[opened:end], closed=True)
+            following = text.find(open_, end)
         else:
-            pieces.append(Block(body=text[body_start:limit], raw=text[start:limit], closed=False))
-            pos = limit
+            block = Block(body=text[body_start:end], raw=text[opened:end], closed=False)
+        pieces.append(block)
+        if following == -1:
+            pieces.append(text[end:])
+            return pieces
+        pieces.append(text[end:following])
+        opened = following
 
 
 def skip_space(text: str, pos: int) -> int:
@@ -511,7 +503,7 @@ class TurnBuilder:
         if not TOOL_NAME.fullmatch(name):
             self.refuse(raw, f"invalid tool name {name[:80]!r} (1-64 of [A-Za-z0-9_.-]) @ name")
             return
-        kept = None if call_id is None else self.model_id(call_id)
+        kept = self.model_id(call_id)
         if isinstance(kept, ParseProblemReason):
             self.refuse(raw, kept.reason, name=name)
             return
