@@ -272,3 +272,51 @@ def test_no_lease_is_readied_while_a_lease_runs_and_a_dead_readied_one_is_replac
     ((lease, name),) = after  # the next lease cloned afresh, the dead one reaped
     assert name == "slot-lease"
     assert lease != killed
+
+
+def pid_in_namespace(pid: int) -> int:
+    """``pid``'s number in its own (innermost) pid namespace."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    raise AssertionError(f"no NSpid for {pid}")
+
+
+def test_an_idle_slot_holds_its_bubblewrap_its_keeper_and_the_readied_lease_alone(
+    root: Path,
+) -> None:
+    """The keeper is the sandbox's first process (pid 1 of its pid namespace, no reaper of
+    bubblewrap's between them): an idle slot over an image is three processes, and a lease
+    replaces the readied one."""
+    layout = root.parent / "layout"
+    write_shell_image(layout, salt="readied-chain")
+    ref = f"oci:{layout}"
+    config = RuntimeConfig(slots=1, root=root, image_cache=root.parent / "cache")
+
+    async def main() -> tuple[int, list[int], int, list[tuple[int, str]], list[tuple[int, str]]]:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        try:
+            assert (await runtime.lease(0, 1, ref)).ok
+            (ran,) = await runtime.execute([bash(0, 1, "true")])
+            assert ran.outcome is ToolOutcome.OK, ran.content
+            assert (await runtime.reset(0, 1)).ok
+            await runtime._sandboxes.wait_warm(runtime.slot(0))
+            sandbox = runtime.listing().slots[0].sandbox_pid
+            assert sandbox is not None
+            keeper = keeper_of(sandbox)
+            idle = kept_children(keeper)
+            assert (await runtime.lease(0, 2, ref)).ok
+            (again,) = await runtime.execute([bash(0, 2, "echo $$")])
+            assert again.outcome is ToolOutcome.OK, again.content
+            during = kept_children(keeper)
+            assert (await runtime.reset(0, 2)).ok
+            return keeper, children(sandbox), pid_in_namespace(keeper), idle, during
+        finally:
+            await runtime.aclose()
+
+    keeper, below_sandbox, keeper_number, idle, during = asyncio.run(main())
+    assert below_sandbox == [keeper]  # bubblewrap's own child is the keeper
+    assert keeper_number == 1  # the first process of the sandbox's pid namespace
+    assert [name for _, name in idle] == ["slot-readied"], idle
+    assert during == [(idle[0][0], "slot-lease")]
