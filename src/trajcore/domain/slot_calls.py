@@ -223,12 +223,14 @@ class SlotCallStatistics:
     closed: bool
 
 
-@attrs.define(kw_only=True)
+@attrs.define(kw_only=True, on_setattr=attrs.setters.NO_OP)
 class SlotCalls(Generic[R]):
     """One slot's calls and resets, in order. See the module docstring for the rules.
 
     Attributes:
-        remember: How many finished results are kept for ``call_id`` repeats.
+        remember: How many finished results are kept for ``call_id`` repeats; checked when
+            built (the queue's own state changes several times a call, so no attribute is
+            checked on assignment).
     """
 
     remember: int = attrs.field(default=4096, validator=positive_int)
