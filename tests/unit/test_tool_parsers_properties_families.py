@@ -216,8 +216,8 @@ def test_markup_soup_never_raises(family: str, text: str, with_tools: bool) -> N
 
 def _python_oracle(source: str) -> list[tuple[str, JSON]] | None:
     """What Python itself reads from a call list: ``(name, arguments)``; ``None`` if not that."""
-    try:
-        tree = ast.parse(source, mode="eval")
+    try:  # whitespace before the list is no indentation to the reader (nor to ``eval``)
+        tree = ast.parse(source.lstrip(), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     if not isinstance(tree.body, ast.List):
