@@ -320,3 +320,43 @@ def test_an_idle_slot_holds_its_bubblewrap_its_keeper_and_the_readied_lease_alon
     assert keeper_number == 1  # the first process of the sandbox's pid namespace
     assert [name for _, name in idle] == ["slot-readied"], idle
     assert during == [(idle[0][0], "slot-lease")]
+
+
+def mount_table(pid: int) -> list[list[str]]:
+    """``pid``'s mount namespace as ``/proc/PID/mountinfo`` lists it, each line's fields."""
+    return [line.split() for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()]
+
+
+def test_a_lease_over_an_image_writes_a_volatile_layer(root: Path) -> None:
+    """The lease's overlay never syncs its writable layer, which its reset throws away: no
+    disk flush when the lease ends (its mount options, read from the host)."""
+    layout = root.parent / "layout"
+    write_shell_image(layout, salt="readied-volatile")
+    ref = f"oci:{layout}"
+    config = RuntimeConfig(slots=1, root=root, image_cache=root.parent / "cache")
+
+    async def main() -> list[list[str]]:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        roots: list[list[str]] = []
+        try:
+            for epoch in (1, 2):  # the first lease, and one after a reset
+                assert (await runtime.lease(0, epoch, ref)).ok
+                (ran,) = await runtime.execute([bash(0, epoch, "echo kept > /written")])
+                assert ran.outcome is ToolOutcome.OK, ran.content
+                sandbox = runtime.listing().slots[0].sandbox_pid
+                assert sandbox is not None
+                ((lease, _),) = kept_children(keeper_of(sandbox))
+                roots += [fields for fields in mount_table(lease) if fields[4] == "/"]
+                assert (await runtime.reset(0, epoch)).ok
+            return roots
+        finally:
+            await runtime.aclose()
+
+    roots = asyncio.run(main())
+    assert len(roots) == 2, roots
+    for fields in roots:
+        dash = fields.index("-")
+        assert fields[dash + 1] == "overlay", fields
+        options = set(fields[dash + 3].split(","))
+        assert options & {"volatile", "fsync=volatile"}, fields  # (6.x kernels show the second)

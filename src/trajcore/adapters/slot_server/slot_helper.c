@@ -39,6 +39,7 @@
  *   tmux      LITERAL ENTER WAIT LINES KEY [KEY ...]   (LITERAL, ENTER: "0" or "1")
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -1473,6 +1474,18 @@ static void attach_clones(int channel, const int *clones, size_t count, char *lo
     }
 }
 
+/* Whether the folder at ``path`` holds nothing (false when it cannot be read). */
+static bool empty_folder(const char *path) {
+    DIR *folder = opendir(path);
+    if (!folder)
+        return false;
+    bool empty = true;
+    for (struct dirent *entry; empty && (entry = readdir(folder));)
+        empty = strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0;
+    closedir(folder);
+    return empty;
+}
+
 /* ``lower``: the overlay's read-only layers, top first, joined with ':' (join_layers); with
  * ``count`` idmapped ``clones`` of them, those are mounted instead (attach_clones). */
 static void enter_image(int channel, const plan *p, const char *lower, const int *clones,
@@ -1494,13 +1507,36 @@ static void enter_image(int channel, const plan *p, const char *lower, const int
         attach_clones(channel, clones, count, attached, sizeof attached);
         lower = attached;
     }
-    int n = snprintf(options, sizeof options, "lowerdir=%s,upperdir=%s,workdir=%s,userxattr",
-                     lower, upper, work);
+    /* The writable layer is thrown away at the lease's reset (or frozen by a snapshot once the
+     * lease's processes have ended, read through the page cache): the overlay is volatile, so
+     * it never syncs the upper file system, and its unmount at the lease's end flushes no disk
+     * (5-8 ms of a reset otherwise). A volatile mount leaves a mark in its work folder that
+     * refuses any later mount over it: a work folder an earlier overlay used (a lease going on
+     * in its epoch over its layer or its snapshot) is set aside, for the reset to discard with
+     * the layer, and a fresh one made. A kernel before 5.10 refuses the option. */
+    bool volatile_layer = empty_folder(work);
+    if (!volatile_layer) {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        char aside[PATH_MAX];
+        snprintf(aside, sizeof aside, "%s/work-%lld%09ld", LAYER_DIR, (long long)now.tv_sec,
+                 now.tv_nsec);
+        if (rename(work, aside) != 0 || mkdir(work, 0755) != 0)
+            refuse(channel, "set the overlay's used work folder aside");
+        volatile_layer = true;
+    }
+    int n = snprintf(options, sizeof options, "lowerdir=%s,upperdir=%s,workdir=%s,userxattr%s",
+                     lower, upper, work, volatile_layer ? ",volatile" : "");
     if (n < 0 || (size_t)n >= sizeof options) {
         errno = ENAMETOOLONG;
         refuse(channel, "overlay options");
     }
-    mount_or_refuse(channel, "overlay", root, "overlay", MS_NOSUID | MS_NODEV, options);
+    if (mount("overlay", root, "overlay", MS_NOSUID | MS_NODEV, options) != 0) {
+        if (!volatile_layer || errno != EINVAL)
+            refuse(channel, "mount the overlay");
+        options[n - strlen(",volatile")] = '\0';
+        mount_or_refuse(channel, "overlay", root, "overlay", MS_NOSUID | MS_NODEV, options);
+    }
     if (chdir(root) != 0)
         refuse(channel, root);
     /* mount points in the new root (the overlay's root is the lease's own directory) */
