@@ -714,6 +714,20 @@ def test_commands_run_as_batch_work(server: Server) -> None:
     assert result.content.strip() == "3", result
 
 
+def test_commands_run_nicer_than_their_agent(server: Server) -> None:
+    # field 19 of /proc/PID/stat is the nice value: a command's is its agent's (the lease's pid
+    # 1, at the slot server's) plus 10, so the server's own work waits less behind commands
+    result = run(
+        lambda client: one(
+            client,
+            call(1, "bash", epoch=85, command="cut -d' ' -f19 /proc/1/stat /proc/$$/stat"),
+        ),
+        server,
+    )
+    agent, command = (int(line) for line in result.content.split())
+    assert command == min(agent + 10, 19), result
+
+
 def test_the_lease_reaps_its_orphans(server: Server) -> None:
     """A background process that outlives its command and ends is reaped by the lease's pid 1
     (its agent): no zombie keeps a process slot for the rest of the lease."""

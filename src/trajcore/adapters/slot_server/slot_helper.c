@@ -80,6 +80,11 @@ enum {
 };
 static const double DRAIN_AFTER_EXIT_S = 0.05;
 static const double TMUX_TIMEOUT_S = 10.0;
+/* A command runs this much nicer than its agent (and so than the slot server and its keepers,
+ * which run at the agent's nice value): when a host's cores are busy with commands, the server's
+ * readying of the next lease and its answers wait behind them less. A lease cannot undo it
+ * (RLIMIT_NICE is 0), and a command's own children inherit it. */
+static const int COMMAND_NICENESS = 10;
 
 /* ------------------------------------------------------------------------------ buffers */
 
@@ -511,6 +516,13 @@ static void run_exec(char *const argv[], double timeout, size_t cap, bool own_se
     if (!spawned)
         spawned = posix_spawn(&pid, argv[0], &kept_spawn.actions, &kept_spawn.attributes, argv,
                               environ);
+    if (!spawned) {
+        errno = 0;
+        int own = getpriority(PRIO_PROCESS, 0);
+        int nicer = own + COMMAND_NICENESS < 19 ? own + COMMAND_NICENESS : 19; /* the most */
+        if (errno == 0)
+            setpriority(PRIO_PROCESS, (id_t)pid, nicer);
+    }
     close(out_pipe[1]);
     close(err_pipe[1]);
     if (spawned != 0) {
