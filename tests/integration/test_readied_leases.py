@@ -82,6 +82,22 @@ def namespaces(pid: int) -> dict[str, str]:
     return {kind: os.readlink(f"/proc/{pid}/ns/{kind}") for kind in ("pid", "mnt", "net", "ipc")}
 
 
+async def readied_after_a_reset(
+    runtime: SlotRuntime, slot: int, ref: str
+) -> tuple[int, int, list[tuple[int, str]]]:
+    """Lease ``slot`` over ``ref`` in epoch 1, run a command, reset it and wait for the next
+    lease to be readied: the slot's sandbox process, its keeper and the keeper's children then."""
+    assert (await runtime.lease(slot, 1, ref)).ok
+    (ran,) = await runtime.execute([bash(slot, 1, "true")])
+    assert ran.outcome is ToolOutcome.OK, ran.content
+    assert (await runtime.reset(slot, 1)).ok
+    await runtime._sandboxes.wait_warm(runtime.slot(slot))
+    sandbox = runtime.listing().slots[slot].sandbox_pid
+    assert sandbox is not None
+    keeper = keeper_of(sandbox)
+    return sandbox, keeper, kept_children(keeper)
+
+
 def kept_children(keeper: int, deadline_s: float = 10.0) -> list[tuple[int, str]]:
     """The keeper's children and their names, once none is still being made (a readied process
     has the keeper's name until its namespaces are made)."""
@@ -194,15 +210,8 @@ def test_a_readied_lease_becomes_a_fork_and_sees_the_forked_workspace(root: Path
         runtime = SlotRuntime(config)
         await runtime.start()
         try:
-            assert (await runtime.lease(1, 1, ref)).ok  # slot 1's keeper, then a readied lease
-            (ran,) = await runtime.execute([bash(1, 1, "true")])
-            assert ran.outcome is ToolOutcome.OK, ran.content
-            assert (await runtime.reset(1, 1)).ok
-            await runtime._sandboxes.wait_warm(runtime.slot(1))
-            sandbox = runtime.listing().slots[1].sandbox_pid
-            assert sandbox is not None
-            keeper = keeper_of(sandbox)
-            idle = kept_children(keeper)
+            # slot 1's keeper, then a readied lease
+            sandbox, keeper, idle = await readied_after_a_reset(runtime, 1, ref)
             assert (await runtime.lease(0, 1, ref)).ok
             made = "mkdir -p /workspace/src && echo prepared > /workspace/src/file"
             (prepared,) = await runtime.execute([bash(0, 1, made)])
@@ -297,15 +306,7 @@ def test_an_idle_slot_holds_its_bubblewrap_its_keeper_and_the_readied_lease_alon
         runtime = SlotRuntime(config)
         await runtime.start()
         try:
-            assert (await runtime.lease(0, 1, ref)).ok
-            (ran,) = await runtime.execute([bash(0, 1, "true")])
-            assert ran.outcome is ToolOutcome.OK, ran.content
-            assert (await runtime.reset(0, 1)).ok
-            await runtime._sandboxes.wait_warm(runtime.slot(0))
-            sandbox = runtime.listing().slots[0].sandbox_pid
-            assert sandbox is not None
-            keeper = keeper_of(sandbox)
-            idle = kept_children(keeper)
+            sandbox, keeper, idle = await readied_after_a_reset(runtime, 0, ref)
             assert (await runtime.lease(0, 2, ref)).ok
             (again,) = await runtime.execute([bash(0, 2, "echo $$")])
             assert again.outcome is ToolOutcome.OK, again.content
