@@ -517,10 +517,16 @@ static void run_exec(char *const argv[], double timeout, size_t cap, bool own_se
         spawned = posix_spawn(&pid, argv[0], &kept_spawn.actions, &kept_spawn.attributes, argv,
                               environ);
     if (!spawned) {
-        errno = 0;
-        int own = getpriority(PRIO_PROCESS, 0);
-        int nicer = own + COMMAND_NICENESS < 19 ? own + COMMAND_NICENESS : 19; /* the most */
-        if (errno == 0)
+        static int nicer = INT_MIN; /* this process's nice value never changes: read it once */
+        if (nicer == INT_MIN) {
+            errno = 0;
+            int own = getpriority(PRIO_PROCESS, 0);
+            if (errno)
+                nicer = INT_MAX;
+            else /* at most 19, the kernel's highest */
+                nicer = own + COMMAND_NICENESS < 19 ? own + COMMAND_NICENESS : 19;
+        }
+        if (nicer != INT_MAX) /* INT_MAX: unreadable, left as it is */
             setpriority(PRIO_PROCESS, (id_t)pid, nicer);
     }
     close(out_pipe[1]);
