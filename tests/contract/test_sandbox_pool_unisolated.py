@@ -4,7 +4,6 @@ out refused, everything gone after close."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,6 +17,7 @@ from trajcore.domain.slots import SlotId
 from trajcore.domain.tools import ToolOutcome
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.portal_pools import slot_call
+from trajcore.testing.processes import running
 from trajcore.testing.sandbox_pool_contract import (
     CrashContainer,
     PoolShape,
@@ -60,16 +60,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is dead for our purpose
-    status = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()[0]
-    return status != "Z"
 
 
 async def test_commands_really_run_and_files_are_real() -> None:
@@ -124,9 +114,9 @@ async def test_background_processes_end_with_the_lease_and_close_removes_everyth
             )
             assert started.exec is not None
             pid = int(started.exec.stdout.strip())
-            assert _alive(pid)  # it outlives the call within the lease
+            assert running(pid)  # it outlives the call within the lease
         with anyio.fail_after(10):
-            while _alive(pid):  # noqa: ASYNC110 - polling another process
+            while running(pid):  # noqa: ASYNC110 - polling another process
                 await anyio.sleep(0.02)
         assert not (root / lease.slot.container / "0").exists()
         async with pool.lease("u") as second:
@@ -138,7 +128,7 @@ async def test_background_processes_end_with_the_lease_and_close_removes_everyth
             late = int(again.exec.stdout.strip())
             await pool.aclose()
         with anyio.fail_after(10):
-            while _alive(late):  # noqa: ASYNC110 - polling another process
+            while running(late):  # noqa: ASYNC110 - polling another process
                 await anyio.sleep(0.02)
     assert not root.exists()
 
@@ -167,7 +157,7 @@ async def test_a_timeout_kills_the_command_group() -> None:
         assert timed.outcome is ToolOutcome.TIMEOUT
         child = int((pool.slot_path(lease.slot) / "child").read_text())
         with anyio.fail_after(10):
-            while _alive(child):  # noqa: ASYNC110 - polling another process
+            while running(child):  # noqa: ASYNC110 - polling another process
                 await anyio.sleep(0.02)
 
 

@@ -37,6 +37,7 @@ from trajcore.entrypoints.run import main
 from trajcore.entrypoints.seed_settings import SeedSettingWarning
 from trajcore.rollout.scripted import ScriptStep, tool_call
 from trajcore.testing.loopback_sshd import LoopbackSshd, descendants, loopback_sshd, sshd_problem
+from trajcore.testing.processes import running
 
 PROBLEM = sshd_problem() or (None if shutil.which("bwrap") else "bubblewrap is not installed")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(PROBLEM is not None, reason=str(PROBLEM))]
@@ -129,14 +130,6 @@ def _wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> Non
         time.sleep(0.1)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
-
-
 def _forward_dirs(clients: dict[int, list[str]]) -> set[Path]:
     """The local directories of the forwarded sockets on the ssh clients' command lines."""
     found: set[Path] = set()
@@ -224,13 +217,13 @@ def _check_nothing_is_left(sshd: LoopbackSshd, watch: _Watch) -> None:
     roots = {Path(s.root) for s in watch.sightings}
     _wait_for(lambda: sshd.sessions() == [], SESSIONS_END_S, "the ssh sessions ended")
     assert _servers_under(sshd) == {}
-    assert not any(_alive(pid) for pid in servers)
+    assert not any(running(pid) for pid in servers)
     assert not any(root.parent.exists() for root in roots), roots  # the servers' directories
     run_ids = {root.parent.name.split("-")[1] for root in roots}
     (run_id,) = run_ids
     assert glob.glob(f"/tmp/trajcore-{run_id}-*") == []  # nor the start check's probe socket
     assert watch.ssh_clients, "the run's ssh clients were seen"
-    assert not any(_alive(pid) for pid in watch.ssh_clients)
+    assert not any(running(pid) for pid in watch.ssh_clients)
     assert _ssh_clients() == {}
     forward_dirs = _forward_dirs(watch.ssh_clients)
     assert forward_dirs
@@ -242,6 +235,6 @@ def _end_what_outlived_the_run(watch: _Watch) -> None:
     by pid: each is the leader of its own process group."""
     leaders = {s.server for s in watch.sightings} | set(watch.ssh_clients)
     for pid in leaders:
-        if _alive(pid):
+        if running(pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)

@@ -36,6 +36,7 @@ from trajcore.domain.tools import ToolOutcome
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.loopback_sshd import LoopbackSshd, loopback_sshd, sshd_problem
 from trajcore.testing.portal_pools import slot_call
+from trajcore.testing.processes import running, stat_fields
 from trajcore.testing.sandbox_pool_contract import (
     CrashContainer,
     PoolShape,
@@ -70,14 +71,6 @@ def config(sshd: LoopbackSshd, *hosts: SshHost, **more: object) -> SshPoolConfig
     server = split_off(SlotServerSettings(), values)
     restart = split_off(SshPoolConfig(hosts=values["hosts"]).restart, values)
     return SshPoolConfig(server=server, restart=restart, **values)  # type: ignore[arg-type]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
 
 
 async def wait_for(condition: object, timeout_s: float, what: str) -> float:
@@ -180,7 +173,7 @@ async def test_the_host_dropped_mid_batch_answers_infra_error_then_comes_back(
         # every server of the host left service, and the tether ended each on the host
         await wait_for(lambda: pool.statistics().free == 0, STALL_S + 5, "the host drained")
         assert pool.containers_lost == 2
-        await wait_for(lambda: not any(map(alive, servers.values())), 15, "servers ended")
+        await wait_for(lambda: not any(map(running, servers.values())), 15, "servers ended")
         # the host comes back: replacements join after backoff, and serve
         sshd.restart()
         await wait_for(lambda: len(pool.container_names()) == 2, 60, "replacements joined")
@@ -191,7 +184,7 @@ async def test_the_host_dropped_mid_batch_answers_infra_error_then_comes_back(
             )
         assert ok.content == "ok\n"
         pool.check_valid()
-    assert not any(alive(pool_pid) for pool_pid in servers.values())
+    assert not any(running(pool_pid) for pool_pid in servers.values())
 
 
 @pytest.mark.anyio
@@ -207,7 +200,7 @@ async def test_a_killed_connection_loses_its_server_only_and_it_is_replaced(
             os.kill(session, signal.SIGKILL)
             (result,) = await pool.execute(victim, [slot_call(first, "bash", command="echo x")])
             assert result.outcome in (ToolOutcome.INFRA_ERROR, ToolOutcome.REJECTED), result
-            await wait_for(lambda: not alive(server), 15, "the orphaned server ended")
+            await wait_for(lambda: not running(server), 15, "the orphaned server ended")
             others = [name for name in pool.container_names() if name != victim]
             assert others
         await wait_for(lambda: pool.restarts >= 1, 60, "a replacement joined")
@@ -219,8 +212,9 @@ def _session_of(sshd: LoopbackSshd, pid: int) -> int:
     sessions = set(sshd.sessions())
     current = pid
     while current > 1:
-        stat = Path(f"/proc/{current}/stat").read_text()
-        current = int(stat.rpartition(")")[2].split()[1])
+        fields = stat_fields(current)
+        assert fields is not None, f"process {current} ended before its session was found"
+        current = int(fields[1])
         if current in sessions:
             return current
     raise AssertionError(f"no sshd session above {pid}")
@@ -242,7 +236,7 @@ async def test_a_stalled_connection_is_noticed_within_the_stall_deadline(
             assert time.monotonic() - started < STALL_S + 3
         await wait_for(lambda: pool.container_names() == [], STALL_S + 3, "servers lost")
         # on the host, the tether ends its server when the heartbeat stops coming
-        await wait_for(lambda: not any(map(alive, servers)), STALL_S + 10, "servers ended")
+        await wait_for(lambda: not any(map(running, servers)), STALL_S + 10, "servers ended")
 
 
 @pytest.mark.anyio

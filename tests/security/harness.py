@@ -40,6 +40,7 @@ from trajcore.adapters.pools.client import SlotServerClient
 from trajcore.domain.json_values import JSON
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.tools import ToolResult
+from trajcore.testing.processes import stat_fields
 
 TOKEN = "security-suite-token"
 KIT_SOURCE = Path(__file__).with_name("kit.c")
@@ -292,7 +293,8 @@ def status_of(pid: int) -> dict[str, str]:
 
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU time of ``pid`` (all its threads), from ``/proc/PID/stat``."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = stat_fields(pid)
+    assert fields is not None, f"process {pid} ended before its CPU time was read"
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

@@ -39,6 +39,7 @@ from tests.security.harness import (
     wait_for,
 )
 from trajcore.domain.tools import ToolResult
+from trajcore.testing.processes import stat_fields
 
 
 def test_a_lease_cannot_signal_another_slots_processes(server: Server, kit: Path) -> None:
@@ -112,7 +113,8 @@ def generous_server() -> Iterator[Server]:
 
 def scheduling_of(pid: int) -> tuple[int, int]:
     """``pid``'s scheduling policy and nice value (fields 41 and 19 of ``/proc/PID/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = stat_fields(pid)
+    assert fields is not None, f"process {pid} ended before its scheduling was read"
     return int(fields[38]), int(fields[16])
 
 

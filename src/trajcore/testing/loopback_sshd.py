@@ -32,6 +32,7 @@ import attrs
 
 from trajcore.adapters.removal import remove_tree
 from trajcore.domain.ssh_hosts import SshHost, SshSettings
+from trajcore.testing.processes import stat_fields
 
 __all__ = ["SSHD", "LoopbackSshd", "sshd_problem"]
 
@@ -78,12 +79,8 @@ def _children() -> dict[int, list[int]]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rpartition(")")[2].split()[1])
-        tree.setdefault(ppid, []).append(int(entry))
+        if (fields := stat_fields(int(entry))) is not None:
+            tree.setdefault(int(fields[1]), []).append(int(entry))
     return tree
 
 
