@@ -1,12 +1,24 @@
 """The decisions of the domain's JSON values: how a JSON Lines text is read, which text holds a
-JSON object, and how a value's type is named."""
+JSON object, how a value's type is named, and which trees ``check_json`` takes on its fast path
+(``plain_json``) and which it walks with their paths."""
 
 from __future__ import annotations
+
+import collections
+import enum
+import math
 
 import pytest
 
 from trajcore.domain.errors import ConfigError, InvalidInput
-from trajcore.domain.json_values import json_lines, json_object, json_type, json_value
+from trajcore.domain.json_values import (
+    check_json,
+    json_lines,
+    json_object,
+    json_type,
+    json_value,
+    plain_json,
+)
 
 
 def test_json_lines_numbers_each_object_by_its_line_from_one_skipping_blank_lines() -> None:
@@ -105,3 +117,66 @@ def test_a_values_type_is_its_json_schema_name_or_else_its_python_name(
     """JSON values get JSON Schema's names (a bool is a boolean, not an integer); anything else
     is named by its Python type, so an error says what was given."""
     assert json_type(value) == name
+
+
+class _Text(str):
+    """A ``str`` subclass: JSON all the same, but not of the plain kind."""
+
+
+class _Level(enum.IntEnum):
+    """An ``int`` subclass, likewise."""
+
+    LOW = 1
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        True,
+        0,
+        "",
+        1.5,
+        [],
+        {},
+        {"command": "ls -l", "timeout": 30, "env": None, "force": False},
+        {"a": [1, 2.5, "x", None, True, {"b": [[], {}]}]},
+    ],
+)
+def test_a_tree_of_exactly_the_built_in_json_types_is_plain_and_so_json(value: object) -> None:
+    assert plain_json(value) is True
+    assert check_json(value) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ({"a": 1, "b": math.inf}, "non-finite number inf @ $.b"),
+        ([1, [math.nan]], "non-finite number nan @ $[1][0]"),
+        ({"a": "x", 1: "y"}, "object key 1 is not a string @ $"),
+        ({"a": (1, 2)}, "tuple is not a JSON value @ $.a"),
+        ([1, {"a": [b"x"]}], "bytes is not a JSON value @ $[1].a[0]"),
+    ],
+)
+def test_a_tree_that_is_not_json_is_not_plain_and_check_json_names_its_first_fault(
+    value: object, problem: str
+) -> None:
+    assert plain_json(value) is False
+    assert check_json(value) == problem
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        _Text("ls"),
+        {"command": _Text("ls")},
+        [1, {"a": [_Text("x")]}],
+        [_Text("x"), 2.5],  # its finite float walked with the paths, and taken
+        {_Text("key"): 1},
+        collections.OrderedDict(a=1),
+        [_Level.LOW],
+    ],
+)
+def test_json_built_of_subclasses_is_not_plain_yet_check_json_takes_it(value: object) -> None:
+    assert plain_json(value) is False
+    assert check_json(value) is None

@@ -23,6 +23,7 @@ __all__ = [
     "json_object",
     "json_type",
     "json_value",
+    "plain_json",
 ]
 
 if TYPE_CHECKING:
@@ -77,18 +78,49 @@ def json_object(text: str, field: str) -> JSONObject:
     return value
 
 
+_PLAIN_SCALARS = frozenset({str, int, bool, type(None)})
+
+
 def check_json(value: object, path: str = "$") -> str | None:
     """Return ``None`` when ``value`` is a JSON tree, else ``"reason @ path"`` for the first fault.
 
     JSON here means: None, bool, int, finite float, str, list of JSON, dict with str keys of JSON.
     """
+    if plain_json(value):
+        return None  # the common case, decided without writing a path for every item
+    return _first_fault(value, path)
+
+
+def plain_json(value: object) -> bool:
+    """Whether ``value`` is a JSON tree built of exactly the built-in types (no subclass), every
+    float finite: the trees ``json.loads`` makes, and tool arguments nearly always.
+
+    ``True`` means ``check_json`` finds nothing to refuse; ``False`` means only that the tree is
+    not of this plain kind (a ``str`` subclass is still JSON), so ask ``check_json``.
+    """
+    if type(value) in _PLAIN_SCALARS:
+        return True
+    if type(value) is float:
+        return math.isfinite(value)
+    if type(value) is dict:
+        for key, item in value.items():
+            if type(key) is not str or not plain_json(item):
+                return False
+        return True
+    if type(value) is list:
+        return all(plain_json(item) for item in value)
+    return False
+
+
+def _first_fault(value: object, path: str) -> str | None:
+    """``check_json``'s answer, walking the whole tree with the path to each item."""
     if value is None or isinstance(value, bool | int | str):
         return None
     if isinstance(value, float):
         return None if math.isfinite(value) else f"non-finite number {value!r} @ {path}"
     if isinstance(value, list):
         for i, item in enumerate(value):
-            problem = check_json(item, f"{path}[{i}]")
+            problem = _first_fault(item, f"{path}[{i}]")
             if problem:
                 return problem
         return None
@@ -96,7 +128,7 @@ def check_json(value: object, path: str = "$") -> str | None:
         for key, item in value.items():
             if not isinstance(key, str):
                 return f"object key {key!r} is not a string @ {path}"
-            problem = check_json(item, f"{path}.{key}")
+            problem = _first_fault(item, f"{path}.{key}")
             if problem:
                 return problem
         return None
