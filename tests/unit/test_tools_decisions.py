@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import attrs
 import pytest
 
 from trajcore.domain.errors import ConfigError, ToolArgumentError
@@ -53,6 +54,21 @@ def test_a_failure_tells_the_model_why_and_keeps_what_the_command_did() -> None:
         exec=report,
     )
     assert ToolResult.failure(CALL, ToolOutcome.TOOL_ERROR, "x").exec is None
+
+
+def test_a_result_answering_another_call_keeps_every_other_field() -> None:
+    """How a slot's answer goes back under the model's own call id (``ToolRouter``)."""
+    report = ExecReport(exit_code=3, stdout="out", stderr="err", duration_s=0.5, sandboxed=True)
+    result = ToolResult(
+        call_id="c1#4", name="bash", outcome=ToolOutcome.TOOL_ERROR, content="Error: x",
+        error="x", exec=report,
+    )  # fmt: skip
+    # Every field differs from its default, so a field that answering() leaves out shows here.
+    assert all(getattr(result, field.name) != field.default for field in attrs.fields(ToolResult))
+    answer = result.answering("c1")
+    assert answer == attrs.evolve(result, call_id="c1")
+    assert answer.call_id == "c1"
+    assert result.call_id == "c1#4"
 
 
 def test_a_failure_needs_an_outcome_other_than_ok() -> None:

@@ -135,6 +135,21 @@ class ToolResult:
     def ok(self) -> bool:
         return self.outcome is ToolOutcome.OK
 
+    def answering(self, call_id: str) -> ToolResult:
+        """This result as the answer to the call ``call_id`` (every other field kept).
+
+        The same value as ``attrs.evolve(self, call_id=call_id)``, at under half its cost: every
+        slot call's result passes through here on its way back to the model.
+        """
+        return ToolResult(
+            call_id=call_id,
+            name=self.name,
+            outcome=self.outcome,
+            content=self.content,
+            error=self.error,
+            exec=self.exec,
+        )
+
     @classmethod
     def success(cls, call: ToolCall, content: str) -> ToolResult:
         """An OK result of ``call`` whose content is ``content``."""
