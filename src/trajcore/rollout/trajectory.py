@@ -347,6 +347,7 @@ async def _agent(run: _Run, tools: Sequence[ToolSpec], policy: Policy, router: T
     decision: CallModel | RunTools | Finish = loop.start(run.now())
     run.session = session = policy.start(run.messages, tools=tools)
     while isinstance(decision, CallModel):
+        turn_number = decision.turn
         sampling = run.config.sampling
         if decision.completion_tokens_left is not None:
             sampling = attrs.evolve(
@@ -370,16 +371,16 @@ async def _agent(run: _Run, tools: Sequence[ToolSpec], policy: Policy, router: T
             now=run.now(),
         )
         if isinstance(decision, RunTools):
-            decision = await _tools(run, decision, router, session)
+            decision = await _tools(run, decision, router, session, turn_number)
 
 
 async def _tools(
-    run: _Run, decision: RunTools, router: ToolRouter, session: PolicySession
+    run: _Run, decision: RunTools, router: ToolRouter, session: PolicySession, turn: int
 ) -> CallModel | Finish:
+    """Run the calls of the model's turn number ``turn`` and hand the loop their results."""
     if run.config.tool_delay_s > 0:
         await anyio.sleep(run.config.tool_delay_s)
     results = await router.run(decision.calls) if decision.calls else []
-    turn = run.loop.stats().turns
     by_id = {result.call_id: result for result in results}
     answered = [*results, *decision.rejections]
     run.exchanges.extend(
