@@ -482,3 +482,19 @@ async def test_a_cancelled_wait_leaves_the_waiter_undelivered(
     assert scope.cancelled_caught
     assert not waiter.delivered()  # so the caller withdraws its queued call
     waiter.deliver(None)  # a late result is dropped without an error
+
+
+@pytest.mark.anyio
+async def test_the_dispatchers_clock_is_anyios_time_before_and_after_it_starts(
+    loop_hooks: HookFactory,
+) -> None:
+    """Trajectories read their time here (``run_trajectory``): the same clock as
+    ``anyio.current_time()``, whichever waiters the dispatcher runs with."""
+    async with FakeSandboxPool(containers=1, slots_per_container=1) as pool:
+        dispatcher = ToolDispatcher(pool, BatchConfig(), loop_hooks=loop_hooks)
+        before = anyio.current_time()
+        assert before <= dispatcher.clock() <= anyio.current_time()
+        async with dispatcher:
+            await anyio.sleep(0.01)
+            before = anyio.current_time()
+            assert before <= dispatcher.clock() <= anyio.current_time()

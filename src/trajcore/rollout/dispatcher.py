@@ -192,6 +192,12 @@ class ToolDispatcher:
         for waiter in self._waiters.values():
             waiter.deliver(None)  # their callers see no result and raise PoolClosed
 
+    def clock(self) -> float:
+        """The running loop's time, as ``anyio.current_time()`` reads it, without looking the
+        backend up again once the dispatcher has started (see the module's notes): the clock of
+        every trajectory that sends its calls here."""
+        return self._backend.clock()
+
     def statistics(self) -> DispatcherStatistics:
         """A snapshot of the counts so far."""
         batches, calls, failed, withdrawn, largest = self._counts

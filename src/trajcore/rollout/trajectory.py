@@ -230,6 +230,7 @@ class _Run:
     config: RolloutConfig
     loop: AgentLoop
     messages: list[Message]
+    clock: Callable[[], float]  # the dispatcher's: anyio's time, the backend looked up once
     exchanges: list[ToolExchange] = attrs.field(factory=list)
     session: PolicySession | None = None
     slot: str | None = None
@@ -240,7 +241,7 @@ class _Run:
     score_metadata: JSONObject | None = None
 
     def now(self) -> float:
-        return anyio.current_time()
+        return self.clock()
 
 
 async def run_trajectory(
@@ -260,8 +261,8 @@ async def run_trajectory(
     """Run one trajectory to its end, its lease over ``environment`` (an image reference) when
     given, from the group's ``prepared`` snapshot where it can; see the module docstring for
     what it promises."""
-    started = anyio.current_time()
-    run = _Run(trajectory_id, config, AgentLoop(config.agent), list(messages))
+    run = _Run(trajectory_id, config, AgentLoop(config.agent), list(messages), dispatcher.clock)
+    started = run.now()
     env = _Env(tools, hooks, policy, pool, dispatcher, tool_server, environment, prepared)
     with anyio.move_on_after(config.deadline_s) as deadline:
         await _leased(run, env)
@@ -486,7 +487,7 @@ def _result(run: _Run, policy: Policy, started: float) -> TrajectoryResult:
         tokens=tokens,
         drift=drift,
         exchanges=tuple(run.exchanges),
-        duration_s=anyio.current_time() - started,
+        duration_s=run.now() - started,
         slot=run.slot,
         prepare_metadata=run.prepare_metadata,
         score_metadata=run.score_metadata,
