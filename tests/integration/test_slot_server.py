@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ import aiohttp
 import attrs
 import pytest
 
+from tests.environment_roots import image_problem, write_shell_image
 from trajcore.adapters.pools.client import SlotServerClient
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, start_local_pool
 from trajcore.adapters.slot_server import runtime as runtime_module
@@ -656,6 +658,78 @@ def test_reset_kills_background_processes_and_tmux_and_wipes(server: Server) -> 
     assert "stale" in (stale.error or "")
     assert again.content == "next-lease\n"
     assert list((server.root / "slots" / "1").iterdir()) == []
+
+
+def test_a_forks_reset_keeps_its_layer_folder_from_another_slots_sweep(tmp_path: Path) -> None:
+    """A fork's reset makes a ``layer-*`` folder in the trash and fills it in steps: in a worker
+    thread, its workspace overlay is unmounted (each detach waits for the kernel) and the
+    fork's folder renamed into it; then the rest of the layer. Another slot's reset ending
+    meanwhile sweeps the trash. Here the fork's thread loses the CPU between making the folder
+    and its rename, as on a loaded host, until that sweep has passed: the folder being filled
+    is left alone, and the reset proves its slot clean (removed half filled, the rename failed,
+    and a clean slot was reported unclean and quarantined)."""
+    if os.geteuid() != 0:
+        pytest.skip("a fork's workspace overlay needs a root server")
+    if image_problem() is not None:
+        pytest.skip(str(image_problem()))
+    folder = tmp_path / "forks"
+    folder.mkdir()
+    folder.chmod(0o711)  # the slots' uids search it for the image
+    write_shell_image(folder / "layout", salt="forked-reset-sweep")
+    ref = f"oci:{folder / 'layout'}"
+    config = RuntimeConfig(
+        slots=3, root=folder / "root", use_cgroups=False, warm_leases=False,
+        image_cache=folder / "cache",
+    )  # fmt: skip
+    trash = folder / "root" / "trash"
+    held, go = threading.Event(), threading.Event()
+    rename = Path.rename
+
+    def slow_rename(source: Path, target: str | os.PathLike[str]) -> Path:
+        into = Path(target).parent
+        if into.parent == trash and into.name.startswith("layer-1-") and not held.is_set():
+            held.set()  # slot 1's reset, between making its folder and filling it
+            go.wait(30)
+        return rename(source, target)
+
+    def swept_later() -> bool:  # slot 2's folder, after slot 1's in the sweep's order
+        return any(entry.name.startswith("layer-2-") for entry in trash.iterdir())
+
+    async def main() -> tuple[bool, str | None]:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        try:
+            assert (await runtime.lease(0, 1, ref)).ok
+            made = await runtime.execute([call(0, "bash", command="echo ready > prepared.txt")])
+            assert made[0].outcome is ToolOutcome.OK, made
+            frozen = await runtime.snapshot(0, 1)
+            assert frozen.ok, frozen
+            assert frozen.snapshot is not None
+            assert runtime.snapshots is not None
+            if runtime.snapshots.fork_workspaces() != "overlay":
+                pytest.skip(f"forked workspaces: {runtime.snapshots.fork_workspaces()}")
+            answers = await runtime.fork(ref, frozen.snapshot, [(1, 1), (2, 1)])
+            assert [a.ok for a in answers] == [True, True], answers
+            assert runtime.snapshots.forked(runtime.slot(1).workspace.root)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(Path, "rename", slow_rename)
+                first = asyncio.ensure_future(runtime.reset(1, 1))
+                assert await asyncio.to_thread(held.wait, 30)  # in the unmount's worker thread
+                other = await runtime.reset(2, 1)  # ends with a sweep of the trash
+                assert other.ok, other.error
+                async with asyncio.timeout(30):  # until that sweep has passed slot 1's folder
+                    while swept_later():  # noqa: ASYNC110 - polls state that has no event
+                        await asyncio.sleep(0.01)
+                go.set()
+                reset = await first
+            assert (await runtime.reset(0, 1)).ok
+            return reset.ok, reset.error
+        finally:
+            go.set()
+            await runtime.aclose()
+
+    ok, error = asyncio.run(main())
+    assert ok, error
 
 
 # --------------------------------------------------------------------------------- leases

@@ -3,10 +3,16 @@ once, ``du``-like, within its deadline, before the trash's sweep removes it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
-from trajcore.adapters.slot_server.resets import _set_layer_aside, empty_trash, measure_layer
+from trajcore.adapters.slot_server.resets import (
+    Trash,
+    _set_layer_aside,
+    empty_trash,
+    measure_layer,
+)
 
 
 def blocks(path: Path) -> int:
@@ -93,3 +99,33 @@ def test_a_reset_sets_the_layer_aside_but_the_empty_folders_the_keeper_mounts_on
         "fork-1-abc", "lower-1", "lower-x", "upper", "work",
     ]  # fmt: skip
     assert (aside / "lower-1" / "planted").read_text() == "x"
+
+
+def test_a_sweep_leaves_the_folder_a_reset_is_filling_for_a_later_sweep(tmp_path: Path) -> None:
+    """A reset fills its ``layer-*`` folder in steps while other slots' resets start sweeps: a
+    sweep meanwhile measures and removes the others and leaves that one, which the sweep asked
+    for once it is filled takes (measured once, whole)."""
+
+    async def main() -> tuple[list[str], list[str], Trash]:
+        trash = Trash(tmp_path / "trash")
+        tasks: set[asyncio.Task[None]] = set()
+        make_layer(trash.folder / "layer-0-x")  # another slot's, set aside whole
+        with trash.setting_aside("layer-1") as aside:
+            assert aside.parent == trash.folder
+            assert aside.name.startswith("layer-1-")
+            aside.mkdir()  # half filled: its upper comes next
+            trash.sweep(tasks)
+            await asyncio.gather(*tasks)
+            during = sorted(path.name for path in trash.folder.iterdir())
+            make_layer(aside)  # the rest of the lease's layer
+        trash.sweep(tasks)
+        await asyncio.gather(*tasks)
+        return during, sorted(path.name for path in trash.folder.iterdir()), trash
+
+    during, after, trash = asyncio.run(main())
+    assert len(during) == 1
+    assert during[0].startswith("layer-1-")  # left alone while it was filled
+    assert after == []
+    assert trash.left == ()
+    assert trash.layers.measured == 2
+    assert trash.layers.bytes >= 2 * 150_000  # layer-1 measured whole, not empty

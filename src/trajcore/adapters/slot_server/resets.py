@@ -19,6 +19,12 @@ trash; the sweep measures it (``measure_layer``: a ``du``-like walk, each inode 
 ``LAYER_MEASURE_TIMEOUT_S``) before removing it, and counts it in ``Trash.layers`` (health's
 ``lease_layers``) at once, so the measuring costs the reset nothing, and a layer gone from the
 trash is counted.
+
+A ``layer-*`` folder is filled in steps (a fork's workspace overlay is unmounted into it, which
+waits for the kernel, then the layer is renamed into it), while other slots' resets start
+sweeps. A sweep leaves a folder alone while a reset fills it (``Trash.setting_aside``):
+removed half filled, the reset's next rename into it would fail, and the slot, clean, would be
+reported unclean and quarantined.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import os
 import signal
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 import attrs
@@ -57,7 +63,7 @@ _LAYER_PREFIX = "layer-"
 
 
 async def clean_slot(
-    sandboxes: Sandboxes, slot: Slot, *, wipe_timeout_s: float, trash: Path
+    sandboxes: Sandboxes, slot: Slot, *, wipe_timeout_s: float, trash: Trash
 ) -> str | None:
     """End the slot's lease and wipe its workspace (or set it aside, adding one to
     ``slot.set_aside``); ``None`` when the slot is proven clean, else why not. Never raises for
@@ -86,7 +92,7 @@ async def clean_slot(
         try:
             await asyncio.to_thread(slot.workspace.wipe, timeout_s=wipe_timeout_s)
         except Exception as failed:  # noqa: BLE001 - whatever stopped the wipe, set it aside
-            problem = await _set_aside(sandboxes, slot, trash, failed)
+            problem = await _set_aside(sandboxes, slot, trash.folder, failed)
             if problem is not None:
                 return problem
     sandboxes.own_workspace(slot)
@@ -137,7 +143,7 @@ async def _set_aside(sandboxes: Sandboxes, slot: Slot, trash: Path, why: Excepti
     return None
 
 
-async def _discard_layer(sandboxes: Sandboxes, slot: Slot, trash: Path) -> str | None:
+async def _discard_layer(sandboxes: Sandboxes, slot: Slot, trash: Trash) -> str | None:
     """Set aside what the lease wrote over its image (its upper layer, the overlay's work
     directory, and a fork's workspace overlay, unmounted: renamed into one ``layer-*`` folder of
     ``trash``, which the runtime measures and empties in the background, so the reset waits
@@ -146,24 +152,27 @@ async def _discard_layer(sandboxes: Sandboxes, slot: Slot, trash: Path) -> str |
     for the kernel (an RCU grace period), which would stall the server's event loop, every
     other slot's calls with it."""
     frozen = slot.snapshot
-    # one folder in the trash for all the lease wrote, which the sweep measures as one layer
-    aside = trash / f"{_LAYER_PREFIX}{slot.index}-{os.urandom(6).hex()}"
     layer = sandboxes.layer_dir(slot)
-    if frozen is not None and frozen.store.forked(slot.workspace.root):
-        # a fork's workspace overlay goes first: it reads the snapshot's
-        unmounted, problem = await asyncio.to_thread(_unmount, frozen, slot, trash, aside)
-    else:
-        unmounted, problem = True, None
-    if not unmounted:
-        return problem
-    use, slot.image, slot.image_epoch = slot.image, None, None
-    slot.drop_clones()  # made ahead for a lease that never started its keeper's lease
-    if use is not None:
-        use.close()
-    slot.snapshot = None
-    if frozen is not None:
-        frozen.close()  # the last lease over a dropped snapshot removes it
-    problem = problem if problem is not None else _set_layer_aside(layer, trash, aside)
+    # one folder in the trash for all the lease wrote, which the sweep measures as one layer
+    with trash.setting_aside(f"{_LAYER_PREFIX}{slot.index}") as aside:
+        if frozen is not None and frozen.store.forked(slot.workspace.root):
+            # a fork's workspace overlay goes first: it reads the snapshot's
+            unmounted, problem = await asyncio.to_thread(
+                _unmount, frozen, slot, trash.folder, aside
+            )
+        else:
+            unmounted, problem = True, None
+        if not unmounted:
+            return problem
+        use, slot.image, slot.image_epoch = slot.image, None, None
+        slot.drop_clones()  # made ahead for a lease that never started its keeper's lease
+        if use is not None:
+            use.close()
+        slot.snapshot = None
+        if frozen is not None:
+            frozen.close()  # the last lease over a dropped snapshot removes it
+        if problem is None:
+            problem = _set_layer_aside(layer, trash.folder, aside)
     if problem is None and layer.is_dir():
         try:
             sandboxes.ready_layer(slot)  # the next lease's, off its setup
@@ -271,6 +280,7 @@ def empty_trash(
     timeout_s: float,
     *,
     measured: set[str] | None = None,
+    filling: Collection[str] = (),
     measure_s: float = LAYER_MEASURE_TIMEOUT_S,
     on_layer: Callable[[LayerSize], None] | None = None,
 ) -> tuple[list[str], list[LayerSize]]:
@@ -278,13 +288,17 @@ def empty_trash(
     (``on_layer`` hears of each before it is removed); returns a line for each entry that
     could not be removed within ``timeout_s`` (each) or at all, and the layers measured.
     ``measured`` names the layer folders an earlier sweep measured (and could not remove):
-    they are not measured again; it is kept up to date."""
+    they are not measured again; it is kept up to date. ``filling`` names the entries a reset
+    is filling now: they are left for a later sweep (looked up as each entry's turn comes, so
+    it may change meanwhile)."""
     left: list[str] = []
     layers: list[LayerSize] = []
     if not trash.exists():
         return left, layers
     done = set() if measured is None else measured
     for entry in sorted(trash.iterdir()):
+        if entry.name in filling:
+            continue
         if entry.name.startswith(_LAYER_PREFIX) and entry.name not in done:
             layers.append(measure_layer(entry, timeout_s=measure_s))
             done.add(entry.name)
@@ -316,6 +330,22 @@ class Trash:
     _sweeping: bool = False
     _again: bool = False
     _measured: set[str] = attrs.field(factory=set)
+    _filling: set[str] = attrs.field(factory=set)  # read by the sweep's thread: see below
+
+    @contextlib.contextmanager
+    def setting_aside(self, prefix: str) -> Iterator[Path]:
+        """A path for a new folder of the trash (``prefix``, a dash and a random suffix), which
+        the caller makes and fills within the block: no sweep measures or removes it before
+        the block ends (a sweep asked for at the end, as every reset asks, takes it)."""
+        name = f"{prefix}-{os.urandom(6).hex()}"
+        # Named before the folder exists: a sweep that lists it finds the name here, and the
+        # name goes only once the folder is filled. The sweep's thread only tests membership
+        # (one set operation, atomic), while the event loop adds and discards.
+        self._filling.add(name)
+        try:
+            yield self.folder / name
+        finally:
+            self._filling.discard(name)
 
     def sweep(self, tasks: set[asyncio.Task[None]]) -> None:
         """Empty the trash in the background when it holds anything (the task goes into
@@ -337,7 +367,7 @@ class Trash:
                 self._again = False
                 left, _ = await asyncio.to_thread(
                     empty_trash, self.folder, _TRASH_TIMEOUT_S, measured=self._measured,
-                    on_layer=self._count,
+                    filling=self._filling, on_layer=self._count,
                 )  # fmt: skip
                 self.left = tuple(left)
                 again = self._again

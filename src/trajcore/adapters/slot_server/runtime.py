@@ -509,7 +509,7 @@ class SlotRuntime(CallTurns):
                 await self._sandboxes.stop_agent(slot)  # interrupts a running call at once
                 await turn
                 error = await clean_slot(
-                    self._sandboxes, slot, wipe_timeout_s=limit / 2, trash=self._trash
+                    self._sandboxes, slot, wipe_timeout_s=limit / 2, trash=self._bin
                 )
         except TimeoutError:
             error = f"reset took longer than {limit} s"
@@ -529,10 +529,6 @@ class SlotRuntime(CallTurns):
         return ResetResult(
             slot=index, ok=error is None, error=error, duration_s=time.monotonic() - started
         )
-
-    @property
-    def _trash(self) -> Path:
-        return self._bin.folder
 
     def _sweep_trash(self) -> None:
         """Empty the trash in the background (measuring the leases' layers first)."""
