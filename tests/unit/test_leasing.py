@@ -6,6 +6,7 @@ Every test ends with ``check_valid()`` and with the slot counts it expects: a le
 
 from __future__ import annotations
 
+import logging
 import math
 
 import anyio
@@ -142,8 +143,19 @@ async def until_leased(leasing: SlotLeasing, count: int) -> None:
     pytest.fail(f"never {count} leased: {leasing.statistics()}")
 
 
+def quarantines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The warnings the leasing logged."""
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "trajcore.adapters.pools.leasing" and record.levelno == logging.WARNING
+    ]
+
+
 @pytest.mark.anyio
-async def test_a_failed_or_raising_reset_quarantines_the_slot() -> None:
+async def test_a_failed_or_raising_reset_quarantines_the_slot(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     resets = Resets(fail_next=1, raise_next=1)
     leasing = leasing_with(resets, ("c", 3))
     async with leasing.lease("a"), leasing.lease("b"):
@@ -153,10 +165,16 @@ async def test_a_failed_or_raising_reset_quarantines_the_slot() -> None:
     async with leasing.lease("c") as lease:
         assert lease.slot.index == 2  # the only clean slot left
     leasing.check_valid()
+    # the raising reset (b's, the first released) is named with why; one that fails says why itself
+    assert quarantines(caplog) == [
+        "slot c/1 quarantined: its reset raised OSError: the reset broke (scripted)"
+    ]
 
 
 @pytest.mark.anyio
-async def test_a_reset_past_its_timeout_quarantines_the_slot() -> None:
+async def test_a_reset_past_its_timeout_quarantines_the_slot(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     resets = Resets(gate=anyio.Event())  # never opened
     leasing = SlotLeasing(reset=resets, reset_timeout_s=0.01)
     leasing.add_container("c", 1)
@@ -164,6 +182,9 @@ async def test_a_reset_past_its_timeout_quarantines_the_slot() -> None:
         pass
     assert counts(leasing.statistics()) == (0, 0, 0, 1, 0)
     leasing.check_valid()
+    assert quarantines(caplog) == [
+        "slot c/0 quarantined: its reset ran past reset_timeout_s (0.01 s)"
+    ]
 
 
 # ----------------------------------------------------------------------------- waiting

@@ -13,8 +13,10 @@ Rules it keeps:
 - Leaving a ``lease`` block, however it ends, releases the lease exactly once. Release runs
   shielded from cancellation: the book moves the slot to RESETTING, ``reset`` runs under its own
   timeout (``reset_timeout_s``), and ``reset_done`` frees the slot (or quarantines it when the
-  reset failed, raised or ran out of time). Grants the book makes then are handed to their
-  waiters at once, so no slot stays free while someone waits.
+  reset failed, raised or ran out of time). A slot never leaves service silently: a warning
+  names it and why (the reset's own for a reset that failed, this module's for one that raised
+  or ran out of time). Grants the book makes then are handed to their waiters at once, so no
+  slot stays free while someone waits.
 - A waiter's deadline is the book's ticket deadline. Each waiter sleeps at most until its own
   deadline and then asks the book to ``expire``; every ticket the book returns (its own and any
   other that was due) ends in ``AcquireTimeout``, and the book counts it in ``leases_expired``.
@@ -39,6 +41,7 @@ Rules it keeps:
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -52,8 +55,11 @@ from trajcore.domain.slots import Lease, PoolStatistics, SlotCall, SlotId, SlotS
 
 __all__ = ["ResetSlot", "SlotLeasing"]
 
+_log = logging.getLogger(__name__)
+
 ResetSlot = Callable[[Lease], Awaitable[bool]]
-"""Tear a released slot down; ``True`` when it is clean and may be leased again."""
+"""Tear a released slot down; ``True`` when it is clean and may be leased again, ``False`` (the
+slot is quarantined) once it has logged a warning naming the slot and why."""
 
 
 @attrs.define(eq=False)
@@ -179,16 +185,20 @@ class SlotLeasing:
                 slot = self._book.release(lease, self._clock())
             except (StaleLease, UnknownSlot):
                 return  # its container was lost: nothing is left to reset or free
-            ok = False
-            with anyio.move_on_after(self.reset_timeout_s):
+            ok, why = False, None
+            with anyio.move_on_after(self.reset_timeout_s) as limit:
                 try:
                     ok = await self.reset(lease)
-                except Exception:  # noqa: BLE001 - a failed reset quarantines the slot
-                    ok = False
+                except Exception as error:  # noqa: BLE001 - a failed reset quarantines the slot
+                    why = f"its reset raised {type(error).__name__}: {error}"
+            if limit.cancelled_caught:
+                why = f"its reset ran past reset_timeout_s ({self.reset_timeout_s} s)"
             try:
                 grants = self._book.reset_done(slot, ok, self._clock())
             except UnknownSlot:
                 return  # its container was lost while the slot reset
+            if why is not None:  # a reset that answers False has said why itself
+                _log.warning("slot %s quarantined: %s", lease.slot, why)
             self._deliver(grants)
 
     def _deliver(self, grants: Sequence[Grant]) -> None:

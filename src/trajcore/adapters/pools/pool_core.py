@@ -64,6 +64,7 @@ from trajcore.domain.errors import (
     StateError,
     UnknownSlot,
 )
+from trajcore.domain.slot_protocol import ResetResult
 from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
 from trajcore.domain.tools import ToolResult
@@ -485,8 +486,10 @@ class SlotServerPool(LeasedPool, Generic[H]):
 
         self._group.start_soon(run)
 
-    def note(self, problem: str) -> None:
-        """Keep ``problem`` in ``problems`` and wake whoever waits for a change."""
+    def note(self, problem: str, *, warn: bool = False) -> None:
+        """Keep ``problem`` in ``problems`` (``warn``: log it too) and wake whoever waits."""
+        if warn:
+            _log.warning("%s pool: %s", self._label, problem)
         self._problems.append(problem)
         self.signal()
 
@@ -574,9 +577,7 @@ class SlotServerPool(LeasedPool, Generic[H]):
         self._environments.servers.leave(member.name)
         with contextlib.suppress(UnknownSlot):
             self._leasing.lose_container(member.name)
-        message = f"container {member.name} lost: {reason}"
-        _log.warning("%s pool: %s", self._label, message)
-        self.note(message)
+        self.note(f"container {member.name} lost: {reason}", warn=True)
         self._source.lost(member, reason)
 
     def gone(self, member: Member[H], reason: str) -> None:
@@ -692,6 +693,8 @@ class SlotServerPool(LeasedPool, Generic[H]):
         except SlotServerError as error:
             self.lose(member, f"reset failed: {error}")
             return False
-        except (InvalidInput, StateError):
-            return False
+        except (InvalidInput, StateError) as error:
+            outcome = ResetResult(slot=lease.slot.index, ok=False, error=f"refused: {error}")
+        if not outcome.ok:  # quarantined (``SlotLeasing``), never silently
+            self.note(f"slot {lease.slot} quarantined: {outcome.error}", warn=True)
         return outcome.ok
