@@ -72,6 +72,24 @@ class TestFakeSandboxPool(SandboxPoolContract):
     def crash_container(self) -> CrashContainer:
         return crash_fake
 
+    async def test_a_scripted_failed_reset_quarantines_the_slot_saying_why(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        async with FakeSandboxPool(containers=1, slots_per_container=2) as pool:
+            pool.fail_next_reset()
+            async with pool.lease("first") as first:
+                slot = first.slot
+            async with pool.lease("second"):
+                pass
+            stats = pool.statistics()
+            assert (stats.quarantined, stats.free) == (1, 1)
+            assert [record.ok for record in pool.resets] == [False, True]
+        quarantines = [r.getMessage() for r in caplog.records if "quarantined" in r.getMessage()]
+        assert quarantines == [
+            f"fake pool: slot {slot.container}/{slot.index} quarantined: a scripted reset "
+            "failure (fail_next_reset)"
+        ]
+
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")

@@ -52,6 +52,7 @@ request's container and call ids; ``resets`` each slot reset and whether it succ
 from __future__ import annotations
 
 import abc
+import logging
 import posixpath
 import shlex
 from collections.abc import Callable, Mapping, Sequence
@@ -91,6 +92,8 @@ __all__ = [
     "workspace_path",
     "wrote",
 ]
+
+_log = logging.getLogger(__name__)
 
 _TOOLS: dict[str, ToolSpec] = {spec.name: spec for spec in SLOT_TOOL_SPECS}
 
@@ -421,12 +424,21 @@ class InProcessSlotPool(LeasedPool):
     async def _reset(self, lease: Lease) -> bool:
         live = self._live.get(lease.slot.container)
         if live is None:
+            _log.warning(
+                "fake pool: slot %s/%d quarantined: its container is gone",
+                lease.slot.container, lease.slot.index,
+            )  # fmt: skip
             return False
         slot = live.slots[lease.slot.index]
         async with slot.lock:
             ok = self._fail_resets == 0
             if not ok:
                 self._fail_resets -= 1
+                _log.warning(
+                    "fake pool: slot %s/%d quarantined: a scripted reset failure "
+                    "(fail_next_reset)",
+                    lease.slot.container, lease.slot.index,
+                )  # fmt: skip
             slot.files.clear()
             slot.results.clear()
             await self._wipe(lease.slot)
