@@ -12,13 +12,16 @@ directory (``/tmp/trajcore-pool-*``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -340,3 +343,112 @@ def test_a_slot_server_whose_parent_is_gone_exits_at_once(tmp_path: Path) -> Non
     assert done.returncode == 1
     assert f"the parent {gone.pid} is gone" in done.stderr
     assert not (tmp_path / "s.sock").exists()
+
+
+# A parent that starts one slot server as the local pool does (its own session, ``--parent-pid``
+# of this parent, ``--parent-dir``, stderr to a log inside that directory), passes its ready line
+# on, and waits to be killed.
+_PARENT = """
+import os, subprocess, sys
+directory, argv = sys.argv[1], sys.argv[2:]
+with open(os.path.join(directory, "server.log"), "wb") as log:
+    server = subprocess.Popen(
+        [*argv, "--parent-pid", str(os.getpid()), "--parent-dir", directory],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
+    )
+sys.stdout.buffer.write(server.stdout.readline())
+sys.stdout.flush()
+sys.stdin.read()
+"""
+
+
+@attrs.frozen
+class Orphanable:
+    parent: subprocess.Popen[bytes]
+    server: int  # a pidfd of the slot server (not this process's child: no pid to reuse)
+    directory: Path
+    log: Path
+
+    def signal_server(self, signum: int) -> bool:
+        """Send ``signum`` to the server; False once it is gone."""
+        try:
+            signal.pidfd_send_signal(self.server, signum)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def server_ended(self, timeout_s: float) -> bool:
+        readable, _, _ = select.select([self.server], [], [], timeout_s)
+        return bool(readable)
+
+
+@contextmanager
+def orphanable_server(files: int = 0) -> Iterator[Orphanable]:
+    """A slot server whose parent (``_PARENT``) the test may kill, with ``files`` empty files in
+    its ``--parent-dir`` (a tree that takes a while to remove). Everything is ended and removed
+    on the way out."""
+    directory = Path(tempfile.mkdtemp(prefix="trajcore-orphan-test-"))
+    directory.chmod(0o711)  # the slots' uids (a server run as root) reach their workspaces
+    junk = directory / "junk"
+    junk.mkdir()
+    for index in range(files):
+        (junk / str(index)).touch()
+    argv = [
+        sys.executable, "-m", "trajcore.entrypoints.slot_server", "--slots", "1",
+        "--root", str(directory / "slots"), "--unix", str(directory / "server.sock"),
+    ]  # fmt: skip
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT, str(directory), *argv],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=_environment(),
+    )
+    server: int | None = None
+    try:
+        assert parent.stdout is not None
+        line = parent.stdout.readline()
+        assert line, (directory / "server.log").read_text()
+        server = os.pidfd_open(json.loads(line)["pid"])
+        yield Orphanable(parent, server, directory, directory / "server.log")
+    finally:
+        parent.kill()
+        parent.communicate()  # (closes its pipes)
+        if server is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(server, signal.SIGKILL)
+            select.select([server], [], [], 10.0)
+            os.close(server)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_late_parent_death_signals_never_stop_an_orphaned_server_removing_the_directory() -> None:
+    # Linux sends the parent-death SIGHUP once per thread of the parent as they end, so a
+    # killed env's SIGHUPs keep coming while its servers close and remove its directory.
+    with orphanable_server(files=20_000) as run:
+        with run.log.open("rb") as log:  # stays readable once the removal unlinks it
+            run.parent.kill()
+            run.parent.wait()
+            deadline = time.monotonic() + 60.0
+            while run.signal_server(signal.SIGHUP) and time.monotonic() < deadline:
+                if run.server_ended(0.001):
+                    break
+            assert run.server_ended(10.0)
+            output = log.read().decode(errors="replace")
+        assert not run.directory.exists(), (output, sorted(run.directory.rglob("*"))[:10])
+
+
+def test_an_orphaned_server_forced_to_end_still_removes_the_directory() -> None:
+    with orphanable_server() as run:
+        # Stopped, the server takes the parent-death SIGHUP, a SIGTERM and a SIGINT at once on
+        # SIGCONT: whichever it handles first, the last comes while it closes and forces the end.
+        with run.log.open("rb") as log:  # stays readable once the removal unlinks it
+            assert run.signal_server(signal.SIGSTOP)
+            run.parent.kill()
+            run.parent.wait()
+            assert run.signal_server(signal.SIGTERM)
+            assert run.signal_server(signal.SIGINT)
+            assert run.signal_server(signal.SIGCONT)
+            assert run.server_ended(30.0)
+            output = log.read().decode(errors="replace")
+        assert "stopping forcibly" in output
+        assert not run.directory.exists(), (output, sorted(run.directory.rglob("*"))[:10])

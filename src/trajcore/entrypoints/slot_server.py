@@ -19,8 +19,12 @@ parent dies, however it dies (Linux's parent-death signal), and stop as on SIGTE
 env leaves no slot server behind; Linux sends it once per thread of the parent as they end, so
 SIGHUP never forces the end. The server exits at once when PID is already gone. With
 ``--parent-dir DIR`` as well (the local pool passes its private directory), a server that closes
-after its parent died removes DIR, which that parent can no longer do. A bad flag or an unusable
-root exits 2 with ``reason @ field`` on stderr.
+after its parent died removes DIR, which that parent can no longer do; once closed it ignores
+SIGHUP (a killed parent's later ones keep coming), and a forced end first kills every process
+the server started, then removes DIR too. A removal that fails is said on stderr and, when
+stderr's file went with DIR (the local pool's log of the server lies there), in
+``DIR/slot-server-PID.error``. A bad flag or an unusable root exits 2 with ``reason @ field``
+on stderr.
 
 A server run as root enters a mount namespace of its own before it starts (its mounts, the
 bind of its root and the forked workspaces' overlays, end with it, however it ends, and never
@@ -43,10 +47,13 @@ import gc
 import json
 import os
 import signal
+import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import FrameType
+from typing import NoReturn
 
 from trajcore.adapters.removal import remove_tree
 from trajcore.adapters.slot_server.codec import unstructure
@@ -61,6 +68,8 @@ from trajcore.domain.slot_server_flags import ISOLATION_FLAGS, IsolationFlag
 __all__ = ["isolation_of", "main", "parse_args", "wait_for_children_by_pidfd"]
 
 _ORPHAN_REMOVE_TIMEOUT_S = 60.0
+_FORCED_KILL_TIMEOUT_S = 5.0  # a forced end: killing what the server started
+_FORCED_REMOVE_TIMEOUT_S = 10.0  # then removing ``--parent-dir``
 
 
 def _reader(flag: IsolationFlag) -> Callable[[str], object]:
@@ -255,13 +264,60 @@ def _own_mount_namespace() -> str:
     return "own"
 
 
-def _force_exit() -> None:
-    """End now: the process group this server leads (its sandboxes), else the process alone."""
-    sys.stderr.write("trajcore slot-server: stopping forcibly\n")
-    sys.stderr.flush()
+def _force_exit(args: argparse.Namespace) -> NoReturn:
+    """End now: the process group this server leads (its sandboxes), else the process alone.
+
+    An orphaned server (``_orphaned``) first kills every process it started, so nothing writes
+    below ``--parent-dir`` any more, and removes that directory (within
+    ``_FORCED_REMOVE_TIMEOUT_S``): a forced end must not leave it behind either.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write("trajcore slot-server: stopping forcibly\n")
+        sys.stderr.flush()
+    if _orphaned(args):
+        _kill_descendants(_FORCED_KILL_TIMEOUT_S)
+        _remove_orphaned_dir(args, timeout_s=_FORCED_REMOVE_TIMEOUT_S)
     if os.getpgrp() == os.getpid():
         os.killpg(os.getpid(), signal.SIGKILL)
     os._exit(1)
+
+
+def _descendants(root: int) -> list[int]:
+    """The pids of ``root``'s live descendants (zombies left out), from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue  # gone while we looked
+        fields = text[text.rindex(")") + 2 :].split()  # the name may hold ')' and spaces
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found: list[int] = []
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def _kill_descendants(timeout_s: float) -> None:
+    """SIGKILL every process this one started (its sandboxes, whatever runs in them), again
+    until none is left or ``timeout_s`` has passed (one may fork while the others die).
+
+    Their process groups are their own, so killing this server's group would not reach them
+    at once (they die with it later, through bubblewrap's ``--die-with-parent``)."""
+    if not sys.platform.startswith("linux"):
+        return
+    deadline = time.monotonic() + timeout_s
+    while (left := _descendants(os.getpid())) and time.monotonic() < deadline:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
 
 
 def _die_with_parent(parent_pid: int) -> bool:
@@ -291,18 +347,80 @@ async def _serve(
     def on_signal(forceable: bool) -> None:
         if stop.is_set():
             if forceable:
-                _force_exit()
+                _force_exit(args)
             return
         stop.set()
-        loop.call_later(args.stop_deadline, _force_exit)
+        loop.call_later(args.stop_deadline, _force_exit, args)
 
-    def on_parent_death() -> None:
-        args.parent_died = True  # (its process may still be ending: getppid() cannot tell yet)
-        on_signal(False)
+    with _signals_to(loop, args, on_signal):
+        return await _run(args, config, token, mounts, stop)
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, True)
-    loop.add_signal_handler(signal.SIGHUP, on_parent_death)
+
+@contextlib.contextmanager
+def _signals_to(
+    loop: asyncio.AbstractEventLoop,
+    args: argparse.Namespace,
+    on_signal: Callable[[bool], None],
+) -> Iterator[None]:
+    """SIGTERM, SIGINT and SIGHUP, handled from here to the exit of the process.
+
+    Within the block each goes to ``on_signal`` on the loop (``forceable``: not a SIGHUP; a
+    SIGHUP also sets ``args.parent_died``). After it, while ``--parent-dir`` is removed and the
+    interpreter exits, SIGHUP only sets ``args.parent_died``, and SIGTERM or SIGINT forces the end.
+
+    The handlers are the process's (``signal.signal``), never the loop's: closing a loop gives
+    each signal it handled the default action back, for a moment even when taken back before,
+    and another thread of the server may take a signal in that moment. Linux sends the
+    parent-death SIGHUP again each time the parent's thread that counts as the server's parent
+    ends, so a killed multi-threaded parent's SIGHUPs are spread over its threads' exits; one
+    that came under the default action killed the server while it removed ``--parent-dir``, and
+    left the directory behind. Whichever thread a signal lands on, its number goes to a socket
+    the loop reads (``signal.set_wakeup_fd``), which wakes the main thread, where its handler
+    runs.
+    """
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    within = True
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            args.parent_died = True  # (its process may still be ending: getppid() cannot tell)
+        if within:
+            with contextlib.suppress(RuntimeError):  # (the loop closed meanwhile)
+                loop.call_soon_threadsafe(on_signal, signum != signal.SIGHUP)
+                return
+        if signum != signal.SIGHUP:
+            _force_exit(args)
+
+    def drain() -> None:
+        with contextlib.suppress(OSError):
+            while reader.recv(4096):
+                pass
+
+    loop.add_reader(reader.fileno(), drain)
+    previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, handle)
+    # a parent-death SIGHUP held back since ``main`` asked for it is handled now
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
+    try:
+        yield
+    finally:
+        within = False
+        signal.set_wakeup_fd(previous)
+        loop.remove_reader(reader.fileno())
+        reader.close()
+        writer.close()
+
+
+async def _run(
+    args: argparse.Namespace,
+    config: RuntimeConfig,
+    token: str | None,
+    mounts: str,
+    stop: asyncio.Event,
+) -> int:
     runtime = SlotRuntime(config)
     try:
         await runtime.start()
@@ -348,6 +466,16 @@ async def _serve(
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the slot server until SIGTERM. Returns the exit status (0, or 2 on a bad config)."""
     args = parse_args(argv)
+    # Held back until the loop handles it (``_serve``): under the default action, a parent that
+    # died during the start would kill the server before it could remove ``--parent-dir``.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        return _main(args)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         if args.parent_pid is not None and not _die_with_parent(args.parent_pid):
             sys.stderr.write(f"trajcore slot-server: the parent {args.parent_pid} is gone\n")
@@ -387,16 +515,26 @@ def wait_for_children_by_pidfd() -> bool:
     return True
 
 
-def _remove_orphaned_dir(args: argparse.Namespace) -> None:
-    """Remove ``--parent-dir`` when the parent of ``--parent-pid`` died (its close never ran)."""
+def _orphaned(args: argparse.Namespace) -> bool:
+    """Whether ``--parent-dir`` is this server's to remove: its ``--parent-pid`` died."""
     if args.parent_dir is None or args.parent_pid is None:
-        return
-    if not getattr(args, "parent_died", False) and os.getppid() == args.parent_pid:
+        return False
+    # (SIGHUP may come while the parent is still ending: getppid() cannot tell yet)
+    return bool(getattr(args, "parent_died", False)) or os.getppid() != args.parent_pid
+
+
+def _remove_orphaned_dir(
+    args: argparse.Namespace, *, timeout_s: float = _ORPHAN_REMOVE_TIMEOUT_S
+) -> None:
+    """Remove ``--parent-dir`` when the parent of ``--parent-pid`` died (its close never ran).
+
+    A failure is reported where it survives the removal (``_report_leftover``)."""
+    if not _orphaned(args):
         return
     # The parent's other servers are closing too and may still be writing below DIR: try again
     # until the tree is gone or the deadline passes.
     directory: Path = args.parent_dir.absolute()
-    deadline = time.monotonic() + _ORPHAN_REMOVE_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while True:
         try:
             remove_tree(directory, timeout_s=max(0.1, deadline - time.monotonic()))
@@ -404,9 +542,25 @@ def _remove_orphaned_dir(args: argparse.Namespace) -> None:
             if time.monotonic() < deadline:
                 time.sleep(0.1)
                 continue
-            with contextlib.suppress(OSError):
-                sys.stderr.write(f"trajcore slot-server: cannot remove {directory}: {error}\n")
+            _report_leftover(directory, f"cannot remove {directory}: {error}")
         return
+
+
+def _report_leftover(directory: Path, why: str) -> None:
+    """Say ``why`` on stderr and, when stderr's file is no longer linked anywhere (the local
+    pool's log of this server lies in ``directory``, and the removal took it first), in
+    ``directory/slot-server-PID.error``, beside what was left, so the reason is not lost."""
+    line = f"trajcore slot-server: {why}\n"
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    try:
+        if os.fstat(sys.stderr.fileno()).st_nlink > 0:
+            return
+    except (OSError, ValueError, AttributeError):
+        pass  # no stderr, or no file behind it
+    with contextlib.suppress(OSError):
+        (directory / f"slot-server-{os.getpid()}.error").write_text(line, encoding="utf-8")
 
 
 if __name__ == "__main__":
