@@ -44,6 +44,10 @@ Printed, every figure measured in this run:
 The chat server is a small class here, not ``FakeChatServer``: the fake keeps every request for
 inspection, which would charge the trajectories memory that no real client holds.
 
+The env process's garbage collector runs at the threshold an env's ``serve``/``process`` run
+sets (``gc_young_threshold``, ``trajcore.entrypoints.gc_tuning``); ``--gc-young-threshold 0``
+measures with Python's own.
+
 Pool size: 4 slot servers x 64 slots = 256 slots, one per concurrent trajectory; on a 2-core
 machine more servers only add processes competing for the same cores.
 
@@ -83,6 +87,7 @@ from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
 from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolSpec
+from trajcore.entrypoints.gc_tuning import DEFAULT_YOUNG_GC_THRESHOLD, young_gc_threshold
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.policy import ChatPolicy
 from trajcore.rollout.tools import SlotTools
@@ -416,6 +421,13 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=4, help="slot servers (containers)")
     parser.add_argument("--window-ms", type=float, default=5.0, help="dispatcher batch window")
     parser.add_argument("--spawn-seconds", type=float, default=2.0)
+    parser.add_argument(
+        "--gc-young-threshold",
+        type=int,
+        default=DEFAULT_YOUNG_GC_THRESHOLD,
+        help="the collector's young threshold during the run, as an env's serve/process run "
+        "sets it (gc_young_threshold); 0: Python's own",
+    )
     args = parser.parse_args()
     if shutil.which("bwrap") is None:
         parser.error("bubblewrap (bwrap) is required")
@@ -424,7 +436,8 @@ def main() -> None:
             reference = Reference.prepare(Path(folder))
         except ReferenceUnavailable as error:
             sys.exit(f"bench/rollouts.py: {error}")
-        anyio.run(bench, args, reference, backend="asyncio")
+        with young_gc_threshold(args.gc_young_threshold or None):
+            anyio.run(bench, args, reference, backend="asyncio")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import json
 import logging
@@ -29,6 +30,7 @@ from trajcore.domain.tools import ToolCall, ToolContext
 from trajcore.entrypoints.atropos.config import AgentEnvConfig
 from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.entrypoints.atropos.scored_data import ScoredGroup, render_transcript
+from trajcore.entrypoints.gc_tuning import DEFAULT_YOUNG_GC_THRESHOLD
 from trajcore.rollout.tools import SlotTools
 
 pytestmark = pytest.mark.anyio
@@ -497,3 +499,53 @@ async def test_evaluate_runs_the_eval_items_and_writes_metrics(tmp_path: Path) -
     assert metrics["eval/items"] == 4
     assert metrics["eval/mean_score"] == 0.5
     assert (tmp_path / "samples.jsonl").is_file()
+
+
+# ---------------------------------------------------------------- the env process's collector
+
+
+class CliFileEnv(FileEnv):
+    """``FileEnv`` as a CLI run builds it: its own model server (so no endpoint is probed) and
+    its own pool."""
+
+    def make_chat_server(self) -> FakeChatServer:
+        return _alternating_chat()
+
+    def make_pool(self) -> FakeSandboxPool:
+        return FakeSandboxPool(containers=1, slots_per_container=2)
+
+
+@pytest.mark.parametrize(
+    ("field", "young"), [({}, DEFAULT_YOUNG_GC_THRESHOLD), ({"gc_young_threshold": 1234}, 1234)]
+)
+async def test_a_run_collects_young_objects_at_its_threshold_and_puts_the_old_one_back(
+    field: dict[str, int], young: int
+) -> None:
+    env = CliFileEnv(_config(**field))
+    before = gc.get_threshold()
+    during: list[tuple[int, ...]] = []
+
+    async def run() -> None:
+        during.append(gc.get_threshold())
+        assert env.services.pool is not None  # inside the run's services
+
+    await env._run_with_services(run)
+    assert during == [(young, *before[1:])]
+    assert gc.get_threshold() == before
+
+
+async def test_gc_young_threshold_none_leaves_the_collector_alone() -> None:
+    env = CliFileEnv(_config(gc_young_threshold=None))
+    before = gc.get_threshold()
+    during: list[tuple[int, ...]] = []
+
+    async def run() -> None:
+        during.append(gc.get_threshold())
+
+    await env._run_with_services(run)
+    assert during == [before]
+
+
+def test_gc_young_threshold_below_one_is_refused_naming_it() -> None:
+    with pytest.raises(ConfigError, match="gc_young_threshold"):
+        _config(gc_young_threshold=0)

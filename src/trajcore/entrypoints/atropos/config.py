@@ -39,6 +39,7 @@ from trajcore.entrypoints.atropos import pools, registries
 from trajcore.entrypoints.atropos.sandbox_settings import SandboxSettings
 from trajcore.entrypoints.atropos.tokenizer_modes import TOKENIZER_MODES
 from trajcore.entrypoints.atropos_bases import BaseEnvConfig
+from trajcore.entrypoints.gc_tuning import DEFAULT_YOUNG_GC_THRESHOLD
 from trajcore.entrypoints.seed_settings import (
     SEED_FIELDS,
     SeedNames,
@@ -247,6 +248,14 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings):
     )
     min_healthy: int | None = Field(
         default=None, ge=1, description="Fewest members a group is sent with (default 2)."
+    )
+    # -- the env process
+    gc_young_threshold: int | None = Field(
+        default=DEFAULT_YOUNG_GC_THRESHOLD,
+        ge=1,
+        description="serve/process/evaluate: the garbage collector's young-generation threshold "
+        "during the run (Python's default is 700; a rollout makes almost no reference cycles, "
+        "so collecting less often saves env CPU); None leaves Python's.",
     )
     # -- the model endpoint
     model_wait_s: float = Field(

@@ -57,6 +57,7 @@ from trajcore.entrypoints.atropos.services import (
 from trajcore.entrypoints.atropos.tokenizer_modes import tokenizer_for
 from trajcore.entrypoints.atropos_bases import BaseEnv
 from trajcore.entrypoints.dataset_rows import DatasetRows, builtin_dataset
+from trajcore.entrypoints.gc_tuning import young_gc_threshold
 from trajcore.entrypoints.idle_slots import IdleLimitedPolicy
 from trajcore.entrypoints.item_limits import ItemLimits
 from trajcore.ports.chat_server import ChatServer
@@ -451,15 +452,13 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
                 self._services = None
 
     async def _run_with_services(self, run: Any) -> None:
-        try:
+        async with contextlib.AsyncExitStack() as stack:  # unwound last to first
+            stack.push_async_callback(close_server_manager, self.server)
             await self.wait_for_model()
-            async with self.rollout_services():
-                try:
-                    await run()
-                finally:
-                    await self._stop_workers()
-        finally:
-            await close_server_manager(self.server)
+            stack.enter_context(young_gc_threshold(self.config.gc_young_threshold))
+            await stack.enter_async_context(self.rollout_services())
+            stack.push_async_callback(self._stop_workers)
+            await run()
 
     async def _stop_workers(self) -> None:
         runner = [self.eval_runner] if self.eval_runner is not None else []
