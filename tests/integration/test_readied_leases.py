@@ -17,6 +17,7 @@ do; warm leases are on (readying is a warming).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import signal
@@ -281,6 +282,81 @@ def test_no_lease_is_readied_while_a_lease_runs_and_a_dead_readied_one_is_replac
     ((lease, name),) = after  # the next lease cloned afresh, the dead one reaped
     assert name == "slot-lease"
     assert lease != killed
+
+
+def keeper_pid_of(pid: int) -> int:
+    """``pid``'s number as its keeper sees it (the pid namespace above its own)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-2])
+    raise AssertionError(f"no NSpid for {pid}")
+
+
+def test_a_readied_process_that_dies_after_taking_its_lease_is_replaced_at_once(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The keeper hands the lease to its readied process, which dies before it greets (killed
+    from the host, as the kernel's OOM killer would): the lease's channel ends, and the lease
+    is started again at once in a fresh process, with a warning naming the slot. (It was a
+    failed greeting that left the slot's first call waiting for ever.)"""
+    layout = root.parent / "layout"
+    write_shell_image(layout, salt="readied-died")
+    ref = f"oci:{layout}"
+    config = RuntimeConfig(slots=1, root=root, image_cache=root.parent / "cache")
+    probe = (  # the image's shell has no grep
+        "id -u; while read -r line; do case $line in Seccomp:*|CapEff:*|NoNewPrivs:*) "
+        'echo "$line";; esac; done < /proc/self/status'
+    )
+
+    async def main() -> tuple[int, int, list[tuple[int, str]], str, str, float, int]:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        try:
+            assert (await runtime.lease(0, 1, ref)).ok
+            (first,) = await runtime.execute([bash(0, 1, probe)])  # a lease's isolation
+            assert first.outcome is ToolOutcome.OK, first.content
+            assert (await runtime.reset(0, 1)).ok
+            await runtime._sandboxes.wait_warm(runtime.slot(0))
+            sandbox = runtime.listing().slots[0].sandbox_pid
+            assert sandbox is not None
+            keeper = keeper_of(sandbox)
+            ((readied, name),) = kept_children(keeper)
+            assert name == "slot-readied"
+            inner = keeper_pid_of(readied)
+            # Stopped, it takes the lease's request (the keeper's hand-over succeeds) but
+            # cannot greet; killed once the keeper has answered, before the greeting.
+            os.kill(readied, signal.SIGSTOP)
+            assert (await runtime.lease(0, 2, ref)).ok  # the lease starts, warming
+            slot = runtime.slot(0)
+            limit = time.monotonic() + 10
+            while slot.agent is None and time.monotonic() < limit:  # noqa: ASYNC110 - the warming task sets it
+                await asyncio.sleep(0.002)
+            assert slot.agent is not None  # the keeper answered: handed over
+            assert slot.agent.pid == inner
+            os.kill(readied, signal.SIGKILL)
+            started = time.monotonic()
+            (again,) = await asyncio.wait_for(runtime.execute([bash(0, 2, probe)]), 30)
+            took = time.monotonic() - started
+            assert again.outcome is ToolOutcome.OK, again.content
+            lease = kept_children(keeper)
+            assert (await runtime.reset(0, 2)).ok
+            return inner, readied, lease, again.content, first.content, took, slot.readied_lost
+        finally:
+            await runtime.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="trajcore.adapters.slot_server.sandboxes"):
+        inner, readied, lease, seen, before, took, lost = asyncio.run(main())
+    assert took < 3.0, took  # not the greeting's 10 s deadline, nor for ever
+    ((fresh, name),) = lease
+    assert name == "slot-lease"
+    assert fresh != readied  # a freshly cloned process
+    assert seen == before  # the same uid, filter, capabilities as the lease before it
+    assert seen.splitlines()[0] != "0"
+    assert "Seccomp:\t2" in seen
+    assert lost == 1
+    (warning,) = [r for r in caplog.records if "readied lease process" in r.getMessage()]
+    assert warning.levelno == logging.WARNING
+    assert warning.getMessage().startswith(f"slot 0: its readied lease process (pid {inner} ")
 
 
 def pid_in_namespace(pid: int) -> int:

@@ -28,6 +28,7 @@ from trajcore.domain.json_values import JSON
 __all__ = [
     "MAX_REQUEST_BYTES",
     "Agent",
+    "AgentEnded",
     "AgentLost",
     "Answer",
     "Keeper",
@@ -43,6 +44,11 @@ _RESOLUTION = time.get_clock_info("monotonic").resolution  # the event loop's cl
 
 class AgentLost(Exception):
     """The slot's agent ended or stopped answering."""
+
+
+class AgentEnded(AgentLost):
+    """The agent's channel ended before its greeting: its process died while it started (or,
+    readied, while it waited for its lease), and nothing of the lease ran yet."""
 
 
 # The largest request a server sends an agent (the agent refuses larger ones: slot_helper.c's
@@ -256,11 +262,17 @@ class Agent:
             self.writer.close()
 
     async def greeting(self, timeout_s: float) -> dict[str, JSON]:
-        """The agent's first message (``{"ready": true, ...}``). Raises ``AgentLost``."""
+        """The agent's first message (``{"ready": true, ...}``). Raises ``AgentEnded`` when the
+        channel ends first (the agent's process died), else ``AgentLost``."""
         try:
             async with asyncio.timeout(timeout_s):
                 hello = json.loads(await self._frame())
-        except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError):
+        except (asyncio.IncompleteReadError, ConnectionError) as ended:
+            why = "end of its channel" if isinstance(ended, EOFError) else type(ended).__name__
+            raise AgentEnded(f"the agent ended before it was ready ({why})") from None
+        except TimeoutError:
+            raise AgentLost(f"the agent did not greet within {timeout_s:.1f} s") from None
+        except (OSError, ValueError):
             raise AgentLost("the agent ended before it was ready") from None
         if not isinstance(hello, dict) or hello.get("ready") is not True:
             detail = hello.get("error") if isinstance(hello, dict) else None

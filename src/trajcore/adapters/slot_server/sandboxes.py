@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import socket
@@ -23,7 +24,7 @@ from typing import cast
 
 import attrs
 
-from trajcore.adapters.slot_server.channel import Agent, AgentLost, Keeper, reply_cap
+from trajcore.adapters.slot_server.channel import Agent, AgentEnded, AgentLost, Keeper, reply_cap
 from trajcore.adapters.slot_server.idmaps import IdMaps, open_idmaps
 from trajcore.adapters.slot_server.image_cache import ImageUse
 from trajcore.adapters.slot_server.limits import CgroupPlan, SlotCgroup, rlimits_for, tmpfs_budget
@@ -60,6 +61,8 @@ __all__ = [
     "prepare_cgroups",
     "sandbox_pid",
 ]
+
+_log = logging.getLogger(__name__)
 
 SHELL_SOCKET = "tmux.sock"
 """The persistent shell's tmux socket, in the lease's state directory (the helper's name)."""
@@ -101,6 +104,7 @@ class Slot:
     sandbox_start_s: float | None = None
     agent_epoch: int | None = None
     set_aside: int = 0  # workspaces a reset moved to the trash instead of wiping them in place
+    readied_lost: int = 0  # readied lease processes found dead by their lease (lease_agent)
     warming: asyncio.Task[None] | None = None  # the next lease, started after a clean reset
     warmed: Agent | None = None  # that lease's agent, until its first call takes it
     image: ImageUse | None = None  # the image the lease ``image_epoch`` runs over, held
@@ -585,7 +589,37 @@ class Sandboxes:
         return keeper
 
     async def lease_agent(self, slot: Slot, *, started: float) -> Agent:
-        """A new lease from the slot's keeper: fresh namespaces, its own agent and channel."""
+        """A new lease from the slot's keeper: fresh namespaces, its own agent and channel.
+
+        Where the keeper gave the lease its readied process (``"readied": true``) and the
+        lease's channel ends before the greeting, that process died while it waited (killed,
+        out of memory): nothing of the lease ran in it, so the lease is asked for again at
+        once and gets a freshly cloned process with the same isolation (the keeper has no
+        readied one left). Each such event is logged as a warning naming the slot and counted
+        (``Slot.readied_lost``). Raises ``AgentLost``, naming both failures when the fresh
+        lease fails too."""
+        try:
+            return await self._lease_once(slot, started=started)
+        except _ReadiedEnded as lost:
+            slot.readied_lost += 1
+            _log.warning(
+                "slot %d: its readied lease process (pid %s in its sandbox) died before the "
+                "lease's greeting (%s); starting the lease in a fresh process",
+                slot.index, lost.pid, lost,
+            )  # fmt: skip
+            try:
+                return await self._lease_once(slot, started=started)
+            except AgentLost as again:
+                raise AgentLost(
+                    f"the slot's readied lease process (pid {lost.pid}) died before its "
+                    f"greeting ({lost}), and a fresh lease failed too: {again}"
+                ) from None
+
+    async def _lease_once(self, slot: Slot, *, started: float) -> Agent:
+        """Ask the keeper for a lease and wait for its agent's greeting (``lease_agent``).
+        Raises ``_ReadiedEnded`` when a readied process took it and died before greeting,
+        else ``AgentLost``. A failed lease is ended here, never through ``stop_agent``, which
+        waits for the slot's warming lease: this may be that lease."""
         keeper = await self.ensure_keeper(slot)
         op = slot.lease_op()
         root = None if slot.image is None else op
@@ -613,8 +647,13 @@ class Sandboxes:
         slot.agent, slot.agent_root = agent, root
         try:
             await agent.greeting(self.config.start_timeout_s)
+        except AgentEnded as ended:
+            await self._end_agent(slot)
+            if reply.get("readied") is True:
+                raise _ReadiedEnded(str(ended), pid=agent.pid) from None
+            raise
         except AgentLost:
-            await self.stop_agent(slot)
+            await self._end_agent(slot)
             raise
         return agent
 
@@ -622,6 +661,10 @@ class Sandboxes:
         """End the slot's lease: its agent and every process it started (a warming lease once
         it is ready)."""
         await self.wait_warm(slot)
+        await self._end_agent(slot)
+
+    async def _end_agent(self, slot: Slot) -> None:
+        """``stop_agent`` without waiting for the slot's warming lease."""
         agent, slot.agent, slot.warmed = slot.agent, None, None
         if agent is None:
             if slot.keeper is None and slot.cgroup is not None:
@@ -649,6 +692,14 @@ class Sandboxes:
             return
         await end_process(keeper.process, slot.cgroup)
         keeper.control.close()
+
+
+class _ReadiedEnded(AgentLost):
+    """A lease's readied process died before its greeting (``Sandboxes.lease_agent``)."""
+
+    def __init__(self, why: str, *, pid: int | None) -> None:
+        super().__init__(why)
+        self.pid = pid
 
 
 def name_process(name: str) -> None:

@@ -1775,7 +1775,10 @@ static ssize_t receive_request(int fd, char *message, size_t size, int *fds, siz
  * Nothing of a tenant reaches it: it is made while no lease runs ("ready" during a lease is
  * ignored) and consumed by exactly one lease; a lease request while a lease runs drops it, and
  * one that finds it dead or failed clones a fresh lease as before. It dies with the keeper
- * (PR_SET_PDEATHSIG). */
+ * (PR_SET_PDEATHSIG). The answer to a lease request says whether the readied process took it
+ * ("readied": true): one that dies after the hand-over (killed, out of memory) ends the lease's
+ * channel before its greeting, and the server asks for a fresh lease at once (sandboxes.py,
+ * lease_agent); the keeper reaps it at that lease's "end". */
 #define READIED_WAIT_S 5.0
 
 static void readied_main(int socket_fd, const plan *p) {
@@ -1980,10 +1983,12 @@ static int keep(plan *p) {
                     drop_readied(p);
                 }
                 lease = use_readied(p, image, fds, fd_count);
+                bool readied = lease > 0; /* the server starts a fresh lease if it died */
                 if (lease <= 0)
                     lease = begin_lease(fds[0], p, image, fds + 1, fd_count - 1);
                 if (lease > 0) {
-                    buf_printf(&reply, "{\"lease\":true,\"pid\":%d}", (int)lease);
+                    buf_printf(&reply, "{\"lease\":true,\"pid\":%d,\"readied\":%s}", (int)lease,
+                               readied ? "true" : "false");
                 } else {
                     buf text = {0};
                     buf_printf(&text, "keeper failed: cannot start a lease: %s", strerror(errno));
