@@ -23,7 +23,8 @@ from tests.agent_peer import CAP
 from trajcore.adapters.slot_server import sandboxes as sandboxes_module
 from trajcore.adapters.slot_server.channel import Agent, AgentEnded, AgentLost
 from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
-from trajcore.adapters.slot_server.sandboxes import Sandboxes, Slot
+from trajcore.adapters.slot_server.sandboxes import Sandboxes
+from trajcore.adapters.slot_server.slot_state import Slot
 from trajcore.adapters.slot_server.workspace import Workspace
 
 

@@ -19,7 +19,8 @@ import functools
 from collections.abc import Callable, Sequence
 
 from trajcore.adapters.slot_server.channel import AgentLost
-from trajcore.adapters.slot_server.sandboxes import Sandboxes, Slot
+from trajcore.adapters.slot_server.sandboxes import Sandboxes
+from trajcore.adapters.slot_server.slot_state import Slot
 from trajcore.adapters.slot_server.tool_calls import failure, refused, run_call, start_call
 from trajcore.domain.slot_calls import (
     Accepted,

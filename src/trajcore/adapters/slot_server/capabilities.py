@@ -17,8 +17,9 @@ from pathlib import Path
 import attrs
 
 from trajcore.adapters.slot_server.channel import AgentLost, encode_request
-from trajcore.adapters.slot_server.sandboxes import Sandboxes, Slot
+from trajcore.adapters.slot_server.sandboxes import Sandboxes
 from trajcore.adapters.slot_server.slot_processes import run_bounded
+from trajcore.adapters.slot_server.slot_state import Slot
 from trajcore.adapters.slot_server.workspace import Workspace
 from trajcore.domain.slot_protocol import Capabilities
 

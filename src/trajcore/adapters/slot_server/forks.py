@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trajcore.adapters.removal import remove_tree
-from trajcore.adapters.slot_server.sandboxes import Sandboxes, Slot
+from trajcore.adapters.slot_server.sandboxes import Sandboxes
+from trajcore.adapters.slot_server.slot_state import Slot
 from trajcore.adapters.slot_server.snapshots import Snapshot, SnapshotRefused, SnapshotStore
 from trajcore.domain.errors import UnknownSlot
 from trajcore.domain.slot_calls import StaleEpoch

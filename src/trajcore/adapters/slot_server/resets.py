@@ -42,7 +42,8 @@ import attrs
 
 from trajcore.adapters.removal import remove_tree
 from trajcore.adapters.slot_server.channel import AgentLost
-from trajcore.adapters.slot_server.sandboxes import Sandboxes, Slot
+from trajcore.adapters.slot_server.sandboxes import Sandboxes
+from trajcore.adapters.slot_server.slot_state import Slot
 from trajcore.adapters.slot_server.snapshots import SnapshotUse
 from trajcore.domain.task_environments import LeaseLayerStatistics
 

@@ -77,14 +77,11 @@ from trajcore.adapters.slot_server.native_helper import (
 )
 from trajcore.adapters.slot_server.resets import Trash, clean_slot, warm_keeper
 from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
-from trajcore.adapters.slot_server.sandboxes import (
-    Sandboxes,
-    Slot,
-    prepare_cgroups,
-)
+from trajcore.adapters.slot_server.sandboxes import Sandboxes, prepare_cgroups
 from trajcore.adapters.slot_server.seccomp import SeccompUnavailable, compile_filter
 from trajcore.adapters.slot_server.slot_ids import stage_file, unmapped, unreachable
 from trajcore.adapters.slot_server.slot_listing import slot_info
+from trajcore.adapters.slot_server.slot_state import Slot
 from trajcore.adapters.slot_server.snapshots import SnapshotRefused, SnapshotStore
 from trajcore.adapters.slot_server.tool_calls import refused
 from trajcore.adapters.slot_server.workspace import Workspace

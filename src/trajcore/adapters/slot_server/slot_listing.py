@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trajcore.adapters.slot_server.sandboxes import Slot, sandbox_pid
+from trajcore.adapters.slot_server.slot_state import Slot, sandbox_pid
 from trajcore.domain.slot_protocol import SlotInfo
 
 __all__ = ["slot_info"]

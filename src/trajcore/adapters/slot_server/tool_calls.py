@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import cast
 
 from trajcore.adapters.slot_server.channel import MAX_REQUEST_BYTES, AgentLost, encode_request
-from trajcore.adapters.slot_server.sandboxes import Sandboxes, Slot
+from trajcore.adapters.slot_server.sandboxes import Sandboxes
+from trajcore.adapters.slot_server.slot_state import Slot
 from trajcore.domain.errors import ToolArgumentError
 from trajcore.domain.isolation import clamp_timeout
 from trajcore.domain.json_values import JSON
