@@ -340,6 +340,7 @@ def test_a_readied_process_that_dies_after_taking_its_lease_is_replaced_at_once(
             assert again.outcome is ToolOutcome.OK, again.content
             lease = kept_children(keeper)
             assert (await runtime.reset(0, 2)).ok
+            assert runtime.listing().slots[0].readied_lost == slot.readied_lost  # reported
             return inner, readied, lease, again.content, first.content, took, slot.readied_lost
         finally:
             await runtime.aclose()

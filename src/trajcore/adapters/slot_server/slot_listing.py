@@ -21,4 +21,5 @@ def slot_info(slot: Slot) -> SlotInfo:
         sandbox_pid=sandbox_pid(slot),
         sandbox_start_s=slot.sandbox_start_s,
         set_aside=slot.set_aside,
+        readied_lost=slot.readied_lost,
     )
