@@ -130,3 +130,31 @@ async def test_pytest_in_the_slot_tells_errors_nothing_and_no_pytest(
             {"sub/test_y.py": "def test_y():\n    pass\n"}, python=python, cwd="sub"
         )
         assert inside.passed_all
+
+
+@pytest.mark.parametrize("make", POOLS)
+async def test_pytest_in_the_slot_reads_bytecode_from_a_fresh_folder_it_removes_after(
+    make: Callable[[], AbstractAsyncContextManager[SandboxPool]],
+) -> None:
+    """On the unisolated pool the slot's /tmp is the host's: the run leaves nothing there."""
+    async with slot_tools(make) as tools:
+        python = await _pytest_env(tools)
+        # the Python that runs pytest first notes the bytecode folder it was given
+        noting = 'sh -c \'printf %s "$PYTHONPYCACHEPREFIX" > prefix.txt; exec "$0" "$@"\''
+        ran = await tools.pytest(
+            {"p/test_p.py": "def test_p():\n    pass\n"},
+            python=f"{noting} env {python}",
+            args=["p"],
+        )
+        assert ran.passed_all, ran.output
+        folder = await tools.read_file("prefix.txt")
+        assert folder.startswith("/"), folder
+        assert not await tools.check(f"test -e {folder}")  # removed after the run
+        failed = await tools.pytest(
+            {"p/test_p.py": "def test_p():\n    assert False\n"},
+            python=f"{noting} env {python}",
+            args=["p"],
+        )
+        assert failed.exit is PytestExit.TESTS_FAILED  # pytest's own status still comes back
+        assert failed.exit_code == 1
+        assert not await tools.check(f"test -e {await tools.read_file('prefix.txt')}")

@@ -394,11 +394,15 @@ class SlotTools:
         if files:
             await self.upload(files)
         words = " ".join(shlex.quote(arg) for arg in args)
+        # Bytecode is read from a fresh, empty folder no one else could have filled (a stale or
+        # planted .pyc is never used) and written nowhere; the folder is removed after, so an
+        # unsandboxed slot leaves nothing in the host's /tmp.
         command = (
+            'cache="$(mktemp -d)" || exit 125; '
             f"cd {shlex.quote(cwd)} && PYTHONDONTWRITEBYTECODE=1 "
-            f'PYTHONPYCACHEPREFIX="$(mktemp -d)" {python} -m pytest -q -rfE -p no:cacheprovider '
+            f'PYTHONPYCACHEPREFIX="$cache" {python} -m pytest -q -rfE -p no:cacheprovider '
             f"--color=no {words}"
-        ).rstrip()
+        ).rstrip() + '; status=$?; rm -rf "$cache"; exit "$status"'
         report = await self.run(command, timeout_s=timeout_s)
         output = report.stdout
         if report.stderr:
