@@ -284,11 +284,11 @@ def test_no_lease_is_readied_while_a_lease_runs_and_a_dead_readied_one_is_replac
     assert lease != killed
 
 
-def keeper_pid_of(pid: int) -> int:
-    """``pid``'s number as its keeper sees it (the pid namespace above its own)."""
+def namespace_pids(pid: int) -> list[int]:
+    """``pid``'s number in each pid namespace it is in, the host's first, its own last."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("NSpid:"):
-            return int(line.split()[-2])
+            return [int(word) for word in line.split()[1:]]
     raise AssertionError(f"no NSpid for {pid}")
 
 
@@ -322,7 +322,7 @@ def test_a_readied_process_that_dies_after_taking_its_lease_is_replaced_at_once(
             keeper = keeper_of(sandbox)
             ((readied, name),) = kept_children(keeper)
             assert name == "slot-readied"
-            inner = keeper_pid_of(readied)
+            inner = namespace_pids(readied)[-2]  # as its keeper sees it
             # Stopped, it takes the lease's request (the keeper's hand-over succeeds) but
             # cannot greet; killed once the keeper has answered, before the greeting.
             os.kill(readied, signal.SIGSTOP)
@@ -360,14 +360,6 @@ def test_a_readied_process_that_dies_after_taking_its_lease_is_replaced_at_once(
     assert warning.getMessage().startswith(f"slot 0: its readied lease process (pid {inner} ")
 
 
-def pid_in_namespace(pid: int) -> int:
-    """``pid``'s number in its own (innermost) pid namespace."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("NSpid:"):
-            return int(line.split()[-1])
-    raise AssertionError(f"no NSpid for {pid}")
-
-
 def test_an_idle_slot_holds_its_bubblewrap_its_keeper_and_the_readied_lease_alone(
     root: Path,
 ) -> None:
@@ -389,7 +381,7 @@ def test_an_idle_slot_holds_its_bubblewrap_its_keeper_and_the_readied_lease_alon
             assert again.outcome is ToolOutcome.OK, again.content
             during = kept_children(keeper)
             assert (await runtime.reset(0, 2)).ok
-            return keeper, children(sandbox), pid_in_namespace(keeper), idle, during
+            return keeper, children(sandbox), namespace_pids(keeper)[-1], idle, during
         finally:
             await runtime.aclose()
 

@@ -670,8 +670,8 @@ def test_a_forks_reset_keeps_its_layer_folder_from_another_slots_sweep(tmp_path:
     and a clean slot was reported unclean and quarantined)."""
     if os.geteuid() != 0:
         pytest.skip("a fork's workspace overlay needs a root server")
-    if image_problem() is not None:
-        pytest.skip(str(image_problem()))
+    if (problem := image_problem()) is not None:
+        pytest.skip(problem)
     folder = tmp_path / "forks"
     folder.mkdir()
     folder.chmod(0o711)  # the slots' uids search it for the image
@@ -707,7 +707,10 @@ def test_a_forks_reset_keeps_its_layer_folder_from_another_slots_sweep(tmp_path:
             assert frozen.snapshot is not None
             assert runtime.snapshots is not None
             if runtime.snapshots.fork_workspaces() != "overlay":
-                pytest.skip(f"forked workspaces: {runtime.snapshots.fork_workspaces()}")
+                pytest.skip(
+                    "the race is in a forked workspace overlay's unmount; this host forks "
+                    f"workspaces as {runtime.snapshots.fork_workspaces()}"
+                )
             answers = await runtime.fork(ref, frozen.snapshot, [(1, 1), (2, 1)])
             assert [a.ok for a in answers] == [True, True], answers
             assert runtime.snapshots.forked(runtime.slot(1).workspace.root)

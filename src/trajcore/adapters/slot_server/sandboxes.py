@@ -563,13 +563,10 @@ class Sandboxes:
         slot.agent, slot.agent_root = agent, root
         try:
             await agent.greeting(self.config.start_timeout_s)
-        except AgentEnded as ended:
+        except AgentLost as failed:
             await self._end_agent(slot)
-            if reply.get("readied") is True:
-                raise _ReadiedEnded(str(ended), pid=agent.pid) from None
-            raise
-        except AgentLost:
-            await self._end_agent(slot)
+            if isinstance(failed, AgentEnded) and reply.get("readied") is True:
+                raise _ReadiedEnded(str(failed), pid=agent.pid) from None
             raise
         return agent
 
