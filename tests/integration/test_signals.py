@@ -124,10 +124,16 @@ def process_mode_run(
     killed (with all it started) on the way out."""
     ready = tmp_path / "ready.json"
     log = tmp_path / "env.log"
+    # The env imports wandb, which makes temporary folders that only an orderly exit removes;
+    # this test kills it, so its $TMPDIR is one of its own (searchable by the slots' uids,
+    # since the local pool's directory is made there), removed on the way out.
+    scratch = Path(tempfile.mkdtemp(prefix="trajcore-signals-tmp-"))
+    scratch.chmod(0o711)
     environment = _environment()
     environment.update(
         SIGNAL_ENV_READY=str(ready),
         SIGNAL_ENV_STUCK_CLOSE="1" if stuck_close else "0",
+        TMPDIR=str(scratch),
     )
     argv = [
         sys.executable, str(SCRIPT), mode,
@@ -160,6 +166,7 @@ def process_mode_run(
             os.kill(proc.pid, signal.SIGKILL)
         if run_dir is not None:
             shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _names(procs: list[Proc]) -> str:
