@@ -17,7 +17,7 @@ per request: at thousands of calls a second it would cost more than the calls.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import hmac
 import os
 from collections.abc import Awaitable, Callable
@@ -26,8 +26,7 @@ from typing import TypeVar
 import attrs
 
 from trajcore.adapters.http1.server import HTTPServer
-from trajcore.adapters.http1.values import Handler, Limits, Reply, Request
-from trajcore.adapters.slot_server.call_turns import setter
+from trajcore.adapters.http1.values import Handler, Later, Limits, Reply, Request
 from trajcore.adapters.slot_server.codec import decode, encode
 from trajcore.adapters.slot_server.runtime import SlotRuntime
 from trajcore.domain.errors import ToolArgumentError, UnknownSlot, WireError
@@ -170,9 +169,9 @@ def make_handler(runtime: SlotRuntime, token: str | None) -> Handler:
 
     A batch (``POST /v1/execute``, its token right) is decoded and submitted inside the read
     that completed it (``SlotRuntime.execute_now``: its agents are written to before the
-    handler returns), and answered at once when every call is; otherwise its results come back
-    through one future, set from the last call's answer. Every other request goes through
-    ``make_answer`` in a task of its own."""
+    handler returns), and answered at once when every call is; otherwise its response is
+    written from the last call's answer (``Later``: no task, no future, no loop iteration
+    between). Every other request goes through ``make_answer`` in a task of its own."""
     answer = make_answer(runtime, token)
     expected = f"Bearer {token}".encode() if token is not None else None
 
@@ -185,20 +184,21 @@ def make_handler(runtime: SlotRuntime, token: str | None) -> Handler:
     def respond(results: list[ToolResult]) -> Reply:
         return Reply(status=200, body=encode(ExecuteResponse(results=results)), content_type=_JSON)
 
-    async def later(answered: asyncio.Future[list[ToolResult]]) -> Reply:
-        return respond(await answered)
-
-    def execute_now(body: bytes) -> Reply | Awaitable[Reply]:
+    def execute_now(body: bytes) -> Reply | Later:
         try:
             batch = decode(body, ExecuteRequest)
         except WireError as error:
             status, text = _error(400, error.reason, error.field)
             return Reply(status=status, body=text, content_type=_JSON)
-        answered: asyncio.Future[list[ToolResult]] = asyncio.get_running_loop().create_future()
-        results = runtime.execute_now(batch.calls, setter(answered))
-        return respond(results) if results is not None else later(answered)
+        later = Later()
 
-    def dispatch(request: Request) -> Reply | Awaitable[Reply]:
+        def done(results: list[ToolResult]) -> None:
+            later.give(functools.partial(respond, results))
+
+        results = runtime.execute_now(batch.calls, done)
+        return respond(results) if results is not None else later
+
+    def dispatch(request: Request) -> Reply | Awaitable[Reply] | Later:
         if request.path == "/v1/execute" and request.method == "POST":
             if expected is None:
                 return execute_now(request.body)
