@@ -20,8 +20,13 @@ The per-process figures come from ``/proc/<pid>/stat`` and so hold beside other 
 machine, where the machine's figure does not. Only names that every revision since the
 containment work has are used, so that older trees run it unchanged.
 
+With ``--reference``, (a), the compiled all-core spawn limit (``bench/reference.c``), runs before
+and after the rounds, each printed as one JSON line with its spawns per second and the CPU one
+spawn costs (its process tree, ``sh`` included), so the rounds' rate and CPU per call read
+against the machine's limit measured in the same minutes.
+
 Run: ``.venv/bin/python bench/call_path.py [pool|direct] [TRAJECTORIES] [--seconds 3]
-[--rounds 3]`` (the pool at 64 trajectories by default).
+[--rounds 3] [--reference]`` (the pool at 64 trajectories by default).
 """
 
 from __future__ import annotations
@@ -53,7 +58,8 @@ from trajcore.rollout.dispatcher import ToolDispatcher
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.proc_cpu import below_s, children_by_parent, cpu_s
+from bench.proc_cpu import below_s, children_by_parent, user_sys_s
+from bench.reference import build, workers
 
 SERVERS = 4
 SLOTS = 16
@@ -78,11 +84,12 @@ def own_usage() -> tuple[float, float, int]:
     return usage.ru_utime, usage.ru_stime, usage.ru_nivcsw
 
 
-def servers_cpu_s() -> tuple[float, float]:
-    """CPU seconds of this process's slot servers (their own Python, reaped children left
-    out) and of every process below them (with what each reaped: the commands)."""
+def servers_cpu_s() -> tuple[float, float, float]:
+    """User and system CPU seconds of this process's slot servers (their own Python, reaped
+    children left out), and CPU seconds of every process below them (with what each reaped:
+    the commands)."""
     tree = children_by_parent()
-    servers, below = 0.0, 0.0
+    user, system, below = 0.0, 0.0, 0.0
     stack = list(tree.get(os.getpid(), []))
     while stack:
         pid = stack.pop()
@@ -92,11 +99,12 @@ def servers_cpu_s() -> tuple[float, float]:
         except OSError:
             continue
         if is_server:
-            servers += cpu_s(pid, reaped=False)
+            server_user, server_sys = user_sys_s(pid)
+            user, system = user + server_user, system + server_sys
             below += below_s(pid, tree)
         else:
             stack += tree.get(pid, [])
-    return servers, below
+    return user, system, below
 
 
 async def rounds(
@@ -114,11 +122,13 @@ async def rounds(
         done = [0] * workers
         own, whole, started = own_cpu_s(), machine_cpu_s(), time.perf_counter()
         user, system, preempted = own_usage()
-        servers, below = servers_cpu_s()
+        servers_user, servers_sys, below = servers_cpu_s()
         stop_at = loop.time() + seconds
         await asyncio.gather(*(worker(i, stop_at, done) for i in range(workers)))
         elapsed = time.perf_counter() - started
-        servers_after, below_after = servers_cpu_s()
+        servers_user_after, servers_sys_after, below_after = servers_cpu_s()
+        servers_user_after -= servers_user
+        servers_sys_after -= servers_sys
         calls = sum(done)
         user_after, system_after, preempted_after = own_usage()
         print(json.dumps({
@@ -127,7 +137,9 @@ async def rounds(
             "process_user_per_call_s": (user_after - user) / calls,
             "process_sys_per_call_s": (system_after - system) / calls,
             "process_preempted_per_call": (preempted_after - preempted) / calls,
-            "server_cpu_per_call_s": (servers_after - servers) / calls,
+            "server_cpu_per_call_s": (servers_user_after + servers_sys_after) / calls,
+            "server_user_per_call_s": servers_user_after / calls,
+            "server_sys_per_call_s": servers_sys_after / calls,
             "sandbox_cpu_per_call_s": (below_after - below) / calls,
             "machine_cpu_per_call_s": (machine_cpu_s() - whole) / calls,
             "load_1m": os.getloadavg()[0],
@@ -207,6 +219,24 @@ async def direct(workers: int, seconds: float, count: int, listening: list[str])
             await client.aclose()
 
 
+def reference_spawns(seconds: float) -> None:
+    """(a), the all-core compiled spawn limit (``bench/reference.c``, one worker per core), as
+    one JSON line: spawns per second and the CPU seconds of one spawn (the reference's process
+    tree, ``sh`` included)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(
+        [str(build()), "spawn", str(workers()), str(seconds)], capture_output=True, check=True
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    measured = json.loads(done.stdout)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    print(json.dumps({
+        "path": "reference (a)", "workers": workers(),
+        "spawns_per_s": measured["count"] / measured["seconds"],
+        "cpu_per_spawn_s": cpu / measured["count"], "load_1m": os.getloadavg()[0],
+    }), flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     parser.add_argument("path", nargs="?", default="pool", choices=("pool", "direct"))
@@ -220,10 +250,22 @@ def main() -> None:
         "--servers", type=int, default=SERVERS, choices=range(1, SERVERS + 1),
         metavar=f"1..{SERVERS}", help="slot servers (one to profile a single server's process)",
     )  # fmt: skip
+    parser.add_argument(
+        "--reference", action="store_true",
+        help="run (a), the compiled all-core spawn limit, before and after the rounds",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.trajectories > args.servers * SLOTS:
         parser.error(f"{args.servers} servers hold at most {args.servers * SLOTS} trajectories")
     globals()["SERVERS"] = args.servers
+    if args.reference:
+        reference_spawns(args.seconds)
+    measure(args)
+    if args.reference:
+        reference_spawns(args.seconds)
+
+
+def measure(args: argparse.Namespace) -> None:
     if args.path == "pool":
         asyncio.run(through_pool(args.trajectories, args.seconds, args.rounds))
         return
