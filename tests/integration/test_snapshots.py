@@ -544,3 +544,40 @@ def test_a_snapshot_of_the_root_alone_forks_without_a_workspace_overlay_or_a_new
             assert (await client.drop_snapshot(frozen.snapshot)).removed is True
 
     asyncio.run(main())
+
+
+def test_a_slots_first_fork_mounts_over_the_fork_folder_its_server_made_at_start() -> None:
+    """Every slot's fork folder (``lower``, ``work`` and the slot's ``upper``) is made when the
+    server starts, so a slot's first fork only clones and mounts: its workspace overlay's upper
+    layer is that folder (the same inode; the fork's write lands in it, seen from the host),
+    the slot's, mode 0700, in a folder of the server's."""
+    with snapshot_server("fork-folders") as (server, ref):
+
+        async def main() -> None:
+            forks = server.seen(server.root / "forks")
+            uids = {}
+            for slot in range(4):
+                upper = forks / str(slot) / "upper"
+                info = upper.stat()
+                assert stat.S_IMODE(info.st_mode) == 0o700
+                assert (forks / str(slot)).stat().st_uid == os.geteuid()
+                assert sorted(os.listdir(forks / str(slot))) == ["lower", "upper", "work"]
+                uids[slot] = info.st_uid
+            assert len(set(uids.values())) == 4  # each slot's own
+            made = (forks / "1" / "upper").stat().st_ino
+            async with server.client() as client:
+                snapshot = await prepared_snapshot(client, server, ref, 1)
+                assert (await client.lease(1, 1, ref, snapshot=snapshot)).ok
+                workspace = server.seen(server.root / "slots" / "1")
+                assert mounted_at(server, workspace) == "overlay"
+                assert uids[1] == workspace.stat().st_uid
+                code, text = await shell(server, 1, 1, "echo fork > /workspace/forked")
+                assert code == 0, text
+                upper = forks / "1" / "upper"
+                assert upper.stat().st_ino == made
+                assert (upper / "forked").read_text() == "fork\n"
+                for slot in (0, 1):
+                    await reset(server, slot, 1)
+                assert (await client.drop_snapshot(snapshot)).ok
+
+        asyncio.run(main())

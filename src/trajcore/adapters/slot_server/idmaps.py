@@ -160,10 +160,12 @@ class IdMaps:
     Attributes:
         helper: The slot helper (``slot-helper userns``).
         problem: Why no clone can be made here (``None``: they can).
+        slots: Every slot's ids, in the slots' order, as the first ``prepare`` named them.
     """
 
     helper: Path
     problem: str | None = None
+    slots: tuple[Ids, ...] = ()
     failure: str | None = None
     """Why the last lease that should have had clones had none (``lease_clones``)."""
     _held: dict[tuple[Ids, Ids], int] = attrs.field(factory=dict)
@@ -172,6 +174,8 @@ class IdMaps:
     def prepare(self, owner: Ids, slots: Sequence[Ids]) -> None:
         """Make the namespaces that map ``owner`` to each of ``slots`` now (blocking: at the
         server's start, in a worker thread). Sets ``problem`` when they cannot be made."""
+        if not self.slots:
+            self.slots = tuple(slots)
         if self.problem is not None:
             return
         with self._lock:
