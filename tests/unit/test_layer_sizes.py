@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from pathlib import Path
 
 from trajcore.adapters.slot_server.resets import (
@@ -130,31 +129,3 @@ def test_a_sweep_leaves_the_folder_a_reset_is_filling_for_a_later_sweep(tmp_path
     assert trash.left == ()
     assert trash.layers.measured == 2
     assert trash.layers.bytes >= 2 * 150_000  # layer-1 measured whole, not empty
-
-
-def test_a_sweep_waits_its_delay_and_takes_what_was_set_aside_meanwhile(tmp_path: Path) -> None:
-    """A sweep starts ``delay_s`` after it is asked for (after the start of the lease that
-    follows a reset), and one pass takes what further resets set aside meanwhile."""
-
-    async def main() -> tuple[list[str], list[str], float, int, Trash]:
-        trash = Trash(tmp_path / "trash", delay_s=0.3)
-        tasks: set[asyncio.Task[None]] = set()
-        make_layer(trash.folder / "layer-0-a")
-        asked = time.monotonic()
-        trash.sweep(tasks)
-        await asyncio.sleep(0.1)
-        make_layer(trash.folder / "layer-1-b")  # a second reset's, within the delay
-        trash.sweep(tasks)  # asked again while the first waits: no second sweep
-        waiting = sorted(path.name for path in trash.folder.iterdir())
-        sweeps = len(tasks)
-        await asyncio.gather(*tasks)
-        took = time.monotonic() - asked
-        after = sorted(path.name for path in trash.folder.iterdir())
-        return waiting, after, took, sweeps, trash
-
-    waiting, after, took, sweeps, trash = asyncio.run(main())
-    assert waiting == ["layer-0-a", "layer-1-b"]  # nothing removed before the delay
-    assert sweeps == 1
-    assert after == []
-    assert took >= 0.3
-    assert trash.layers.measured == 2

@@ -319,25 +319,13 @@ class Trash:
     """A server's trash folder, emptied in the background (one sweep at a time; one asked for
     meanwhile runs once the current one ends).
 
-    A sweep starts ``delay_s`` after it is asked for, and takes everything set aside by then:
-    a reset asks for one as it answers, and the slot's next lease most often starts at once
-    (its request, its keeper's setup and its first call: a few milliseconds). Removing the
-    lease's layer then (a measuring walk and an ext4 unlink per entry, in a worker thread)
-    competed with that start for the two cores, the trash folder's lock (the next reset's
-    folder in it) and the interpreter's lock: 0.3 ms of a lease request over an image in a
-    loop of leases. Deferred, it runs after the start, and the resets of many leases share one
-    sweep and one thread hop. What the trash holds waits ``delay_s`` longer to go; the work
-    is the same.
-
     Attributes:
         folder: The trash folder.
-        delay_s: How long a sweep waits after it is asked for before it starts.
         left: What the last sweep could not remove (one line each).
         layers: The leases' layers measured so far.
     """
 
     folder: Path
-    delay_s: float = attrs.field(default=0.05, kw_only=True)
     left: tuple[str, ...] = ()
     layers: LeaseLayerStatistics = attrs.field(factory=LeaseLayerStatistics)
     _sweeping: bool = False
@@ -377,7 +365,6 @@ class Trash:
         try:
             again = True
             while again:
-                await asyncio.sleep(self.delay_s)  # after the start that follows a reset
                 self._again = False
                 left, _ = await asyncio.to_thread(
                     empty_trash, self.folder, _TRASH_TIMEOUT_S, measured=self._measured,
