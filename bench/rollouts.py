@@ -36,6 +36,8 @@ Printed, every figure measured in this run:
 - beside them, what the ideal leaves out: this process's CPU time during the run, the keepers'
   start before it, and the lease start time the slot servers report (each trajectory gets fresh
   namespaces after a reset);
+- the load average (1 minute) at the run's start and end (the run's own sandboxes raise the
+  second): the lease start's tail and the ratios move with other work on a shared machine;
 - where the machine's CPU went during the run (``/proc/stat``, every core), per trajectory: this
   process, the slot servers' own processes, and the rest (keepers, lease agents, commands, the
   kernel's threads, and any other load on the machine), beside (b)'s CPU per trajectory (cores
@@ -340,10 +342,12 @@ async def bench(args: argparse.Namespace, reference: Reference) -> None:  # noqa
         baseline_kib = status_kib("VmRSS")
         peak_reset = reset_peak()
         lease_starts: list[float] = []
+        load_before = os.getloadavg()[0]
         figures = await run_wave(
             pool=pool, dispatcher=dispatcher, chat=chat, config=config,
             concurrency=concurrency, rounds=args.rounds, tag="run", lease_starts=lease_starts,
         )  # fmt: skip
+        load_after = os.getloadavg()[0]
         stats = dispatcher.statistics()
         # The raw limit again, after the run: the ideal takes the higher of the two, so noise
         # from anything else on the machine can only lower the ratio.
@@ -379,6 +383,8 @@ async def bench(args: argparse.Namespace, reference: Reference) -> None:  # noqa
           f"env process {figures.cpu_s * per_ms:.2f}, slot servers' own processes "
           f"{figures.servers_cpu_s * per_ms:.2f}, the rest (keepers, lease agents, commands, "
           f"the kernel's threads, any other load) {rest_s * per_ms:.2f}")  # fmt: skip
+    print(f"load average (1 min): {load_before:.1f} at the run's start, {load_after:.1f} at its "
+          f"end (the run's own sandboxes raise the second)")  # fmt: skip
     print(f"dispatcher: {stats.batches} requests, {stats.calls / max(stats.batches, 1):.1f} "
           f"calls per request, largest {stats.largest_batch}")  # fmt: skip
     print(f"before the run: {args.servers * slots} slot keepers (one sandbox per slot, kept for "
