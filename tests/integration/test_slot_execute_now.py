@@ -1,9 +1,10 @@
 """A batch request is submitted inside the read that completed it (``SlotRuntime.execute_now``
 through ``server.make_handler``): its agents are written to before the handler returns, with no
-task and no event-loop iteration before them, and its response is made from the last call's
-answer (a ``Later`` reply: no task, no future, no ``asyncio.wait``). What the old path promised
-still holds: one result per call in order, a repeated ``call_id`` run once, a cancelled wait
-cancelling nothing, the token checked first and a malformed body refused with its field.
+task and no event-loop iteration before them, and its response is made in the iteration after
+the last call's answer (a ``Later`` reply: no task, no future, no ``asyncio.wait``). What the
+old path promised still holds: one result per call in order, a repeated ``call_id`` run once, a
+cancelled wait cancelling nothing, the token checked first and a malformed body refused with
+its field.
 
 The runtime runs in this process with bubblewrap and the compiled helper, as the slot servers do.
 """
