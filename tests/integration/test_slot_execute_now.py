@@ -1,10 +1,9 @@
 """A batch request is submitted inside the read that completed it (``SlotRuntime.execute_now``
 through ``server.make_handler``): its agents are written to before the handler returns, with no
-task and no event-loop iteration before them, and its response is made in the iteration after
-the last call's answer (a ``Later`` reply: no task, no future, no ``asyncio.wait``). What the
-old path promised still holds: one result per call in order, a repeated ``call_id`` run once, a
-cancelled wait cancelling nothing, the token checked first and a malformed body refused with
-its field.
+task and no event-loop iteration before them, and its results come back through one future set
+from the last call's answer (no ``asyncio.wait``). What the old path promised still holds: one
+result per call in order, a repeated ``call_id`` run once, a cancelled wait cancelling nothing,
+the token checked first and a malformed body refused with its field.
 
 The runtime runs in this process with bubblewrap and the compiled helper, as the slot servers do.
 """
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.slot_runtime_testbed import call, searchable_root
-from trajcore.adapters.http1.values import Headers, Later, Reply, Request
+from trajcore.adapters.http1.values import Headers, Reply, Request
 from trajcore.adapters.slot_server.codec import encode
 from trajcore.adapters.slot_server.runtime import SlotRuntime
 from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
@@ -47,16 +46,8 @@ def batch(*calls: ExecuteCall) -> bytes:
     return encode(ExecuteRequest(calls=list(calls)))
 
 
-async def reply_of(answer: Reply | Awaitable[Reply] | Later) -> Reply:
-    """The handler's reply: at once, awaited, or once a ``Later`` is given (as the server would
-    make it)."""
-    if isinstance(answer, Reply):
-        return answer
-    if not isinstance(answer, Later):
-        return await answer
-    made: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-    answer.then(lambda make: made.set_result(make()))
-    return await made
+async def reply_of(answer: Reply | Awaitable[Reply]) -> Reply:
+    return answer if isinstance(answer, Reply) else await answer
 
 
 def results_of(reply: Reply) -> list[dict[str, object]]:

@@ -18,16 +18,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
-import functools
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import cast
 
 import attrs
 
 from .parsing import Refusal, RequestReader
-from .values import CRLF, REASONS, Handler, Later, Limits, Reply, Request
+from .values import CRLF, REASONS, Handler, Limits, Reply, Request
 
 __all__ = ["AbortConnection", "HTTPServer", "encode_reply"]
 
@@ -228,9 +227,8 @@ class HTTPServer:
 
     Attributes:
         handler: Turns a ``Request`` into a ``Reply``, directly (answered inside the read, no
-            task), as an awaitable (run as a task) or ``Later`` (answered inside the callback
-            that gives it); an exception becomes a 500, ``AbortConnection`` resets the
-            connection without an answer.
+            task) or as an awaitable (run as a task); an exception becomes a 500,
+            ``AbortConnection`` resets the connection without an answer.
         limits: What a request may be.
         idle_timeout_s: A connection idle (or half-way through a request head) this long is
             closed.
@@ -242,8 +240,6 @@ class HTTPServer:
     _servers: list[asyncio.Server] = attrs.field(init=False, factory=list)
     _connections: set[_ServerConnection] = attrs.field(init=False, factory=set)
     _tasks: set[asyncio.Task[None]] = attrs.field(init=False, factory=set)
-    _later: set[Later] = attrs.field(init=False, factory=set)
-    _all_given: asyncio.Future[None] | None = attrs.field(init=False, default=None)
     _closing: bool = attrs.field(init=False, default=False)
 
     async def listen_tcp(self, host: str, port: int, *, backlog: int = 100) -> tuple[str, int]:
@@ -275,10 +271,6 @@ class HTTPServer:
         if isinstance(answer, Reply):  # answered at once: no task
             conn.finish(answer, keep_alive, head=head)
             return
-        if isinstance(answer, Later):  # answered from the callback that gives it: no task
-            self._later.add(answer)
-            answer.then(functools.partial(self._given, conn, answer, keep_alive, head))
-            return
         task = asyncio.get_running_loop().create_task(
             self._answer(conn, answer, keep_alive, head=head)
         )
@@ -297,42 +289,6 @@ class HTTPServer:
             reply = _error_reply(500, f"internal error: {type(error).__name__}")
         conn.finish(reply, keep_alive, head=head)
 
-    def _given(
-        self, conn: _ServerConnection, later: Later, keep_alive: bool, head: bool,
-        make: Callable[[], Reply],
-    ) -> None:  # fmt: skip
-        self._later.discard(later)
-        if not self._later and self._all_given is not None and not self._all_given.done():
-            self._all_given.set_result(None)
-        try:
-            reply = make()
-        except AbortConnection:
-            conn.abort()
-            return
-        except Exception as error:  # noqa: BLE001 - every request gets an answer
-            reply = _error_reply(500, f"internal error: {type(error).__name__}")
-        conn.finish(reply, keep_alive, head=head)
-
-    async def _drain(self, grace_s: float) -> None:
-        """Wait up to ``grace_s`` for the running handlers (tasks and ``Later`` replies); then
-        cancel the tasks and drop the replies not given."""
-        tasks = list(self._tasks)
-        waits: list[asyncio.Future[None]] = list(tasks)
-        if self._later:
-            self._all_given = asyncio.get_running_loop().create_future()
-            waits.append(self._all_given)
-        if not waits:
-            return
-        await asyncio.wait(waits, timeout=grace_s)
-        for later in self._later:
-            later.drop()
-        self._later.clear()
-        running = [task for task in tasks if not task.done()]
-        for task in running:
-            task.cancel()
-        if running:
-            await asyncio.wait(running, timeout=1.0)
-
     async def aclose(self, grace_s: float = 5.0) -> None:
         """Stop listening, let running handlers finish for up to ``grace_s`` (then cancel them),
         close every connection. Idempotent."""
@@ -342,7 +298,12 @@ class HTTPServer:
         for conn in list(self._connections):
             if not conn.busy:
                 conn._close()
-        await self._drain(grace_s)
+        if self._tasks:
+            _, running = await asyncio.wait(list(self._tasks), timeout=grace_s)
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.wait(running, timeout=1.0)
         for conn in list(self._connections):
             conn._close()
         for server in self._servers:

@@ -14,7 +14,6 @@ __all__ = [
     "ClientStatistics",
     "Handler",
     "Headers",
-    "Later",
     "Limits",
     "Origin",
     "Reply",
@@ -251,46 +250,5 @@ class Reply:
     headers: tuple[tuple[str, str], ...] = ()
 
 
-class Later:
-    """A reply a handler gives later from a plain callback, not from a task: the handler returns
-    a ``Later`` and calls ``give`` once, from the event loop, with a function that makes the
-    reply. The server makes the reply and writes it inside that call (no task, no event-loop
-    iteration between); what ``make`` raises is answered as a handler's exception is. Given
-    before the server took it, it is answered as soon as the server does; given again, or after
-    the server dropped it, it is ignored."""
-
-    __slots__ = ("_given", "_then")
-
-    def __init__(self) -> None:
-        self._then: Callable[[Callable[[], Reply]], None] | None = None
-        self._given: Callable[[], Reply] | None = None
-
-    def give(self, make: Callable[[], Reply]) -> None:
-        then = self._then
-        if then is not None:
-            self._then = _ignore
-            then(make)
-        elif self._given is None:
-            self._given = make
-
-    def then(self, deliver: Callable[[Callable[[], Reply]], None]) -> None:
-        """The server's side: ``deliver`` gets the reply's maker once it is given (at once if
-        it was)."""
-        given = self._given
-        if given is None:
-            self._then = deliver
-            return
-        self._then = _ignore
-        deliver(given)
-
-    def drop(self) -> None:
-        """The server's side: deliver nothing more (it closed without waiting for the reply)."""
-        self._then = _ignore
-
-
-def _ignore(_: Callable[[], Reply]) -> None:
-    """What a ``Later`` delivers to once it delivered, or was dropped."""
-
-
-# Turns a request into a reply: directly, as an awaitable (run as a task), or ``Later``.
-Handler = Callable[[Request], Awaitable[Reply] | Reply | Later]
+# Turns a request into a reply, directly or as an awaitable.
+Handler = Callable[[Request], Awaitable[Reply] | Reply]

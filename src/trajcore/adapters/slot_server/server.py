@@ -18,7 +18,6 @@ per request: at thousands of calls a second it would cost more than the calls.
 from __future__ import annotations
 
 import asyncio
-import functools
 import hmac
 import os
 from collections.abc import Awaitable, Callable
@@ -27,7 +26,8 @@ from typing import TypeVar
 import attrs
 
 from trajcore.adapters.http1.server import HTTPServer
-from trajcore.adapters.http1.values import Handler, Later, Limits, Reply, Request
+from trajcore.adapters.http1.values import Handler, Limits, Reply, Request
+from trajcore.adapters.slot_server.call_turns import setter
 from trajcore.adapters.slot_server.codec import decode, encode
 from trajcore.adapters.slot_server.runtime import SlotRuntime
 from trajcore.domain.errors import ToolArgumentError, UnknownSlot, WireError
@@ -170,9 +170,8 @@ def make_handler(runtime: SlotRuntime, token: str | None) -> Handler:
 
     A batch (``POST /v1/execute``, its token right) is decoded and submitted inside the read
     that completed it (``SlotRuntime.execute_now``: its agents are written to before the
-    handler returns), and answered at once when every call is; otherwise its response is
-    written in the loop iteration after the last call's answer (``Later``, given by one
-    callback: no task and no future a request). Every other request goes through
+    handler returns), and answered at once when every call is; otherwise its results come back
+    through one future, set from the last call's answer. Every other request goes through
     ``make_answer`` in a task of its own."""
     answer = make_answer(runtime, token)
     expected = f"Bearer {token}".encode() if token is not None else None
@@ -186,26 +185,20 @@ def make_handler(runtime: SlotRuntime, token: str | None) -> Handler:
     def respond(results: list[ToolResult]) -> Reply:
         return Reply(status=200, body=encode(ExecuteResponse(results=results)), content_type=_JSON)
 
-    def execute_now(body: bytes) -> Reply | Later:
+    async def later(answered: asyncio.Future[list[ToolResult]]) -> Reply:
+        return respond(await answered)
+
+    def execute_now(body: bytes) -> Reply | Awaitable[Reply]:
         try:
             batch = decode(body, ExecuteRequest)
         except WireError as error:
             status, text = _error(400, error.reason, error.field)
             return Reply(status=status, body=text, content_type=_JSON)
-        later = Later()
-        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[list[ToolResult]] = asyncio.get_running_loop().create_future()
+        results = runtime.execute_now(batch.calls, setter(answered))
+        return respond(results) if results is not None else later(answered)
 
-        def done(results: list[ToolResult]) -> None:
-            # Written in the loop's next iteration (as a task's answer was), not inside the last
-            # call's answer: written there, the env woke while this server still had the
-            # iteration's other replies to read, and at 64 trajectories the calls fell by a
-            # tenth and this server's system time doubled (bench/call_path.py, 7 pairs).
-            loop.call_soon(later.give, functools.partial(respond, results))
-
-        results = runtime.execute_now(batch.calls, done)
-        return respond(results) if results is not None else later
-
-    def dispatch(request: Request) -> Reply | Awaitable[Reply] | Later:
+    def dispatch(request: Request) -> Reply | Awaitable[Reply]:
         if request.path == "/v1/execute" and request.method == "POST":
             if expected is None:
                 return execute_now(request.body)
