@@ -25,24 +25,6 @@ to a program; docs/sandbox.md).
 A slot's cgroup is also a second way to find every process of the slot: ``kill_all`` empties it
 and ``pids`` proves it empty, which reset uses before it wipes the workspace.
 
-CPU. A host with autogroups (``kernel.sched_autogroup_enabled``, on in many distributions'
-kernels) schedules every session in the root ``cpu`` cgroup as a group of its own, each weighed
-as one nice-0 process whatever the nice values inside it: every command (a session of its own)
-weighed as much as the whole slot server, and under 256 concurrent trajectories the server's
-event loop waited for a core for tens of milliseconds at a time, the next leases' starts with it.
-So on cgroup v1, where the ``cpu`` hierarchy is writable, the server makes ``TAG`` there and
-moves itself into ``TAG/server``, and each slot gets ``TAG/slot-N``: the slot's keeper, leases
-and commands are scheduled there together (its commands' nice value counts against its agent's),
-and ``share_cpu`` weighs ``TAG`` as the server and its slots would weigh as sessions of their own
-(one nice-0 share each: other work on the host keeps about what it got) and the server as all
-its slots together, so that its work waits less behind its slots' commands (it uses a small
-part of it; the scheduler gives what one group leaves to the others). While the server readies a
-slot's next lease (after a reset proved the slot empty, until the lease's greeting: only the
-server's own work is there) the slot weighs as 8 sessions (``SlotCgroup.readying``), so that the
-readying goes ahead of the other slots' commands. Without the hierarchy, as before. cgroup v2
-is not changed (nor measured): where the ``cpu`` controller is enabled down to the server's
-cgroup, its slots are outside the autogroups already.
-
 Cost. Making a cgroup (a ``mkdir`` and a few limit files per hierarchy; a memory cgroup is the
 slow one) is kept off the path of a sandbox's start: the runtime makes every slot's cgroup when it
 starts, and a slot keeps its (empty) cgroup from one lease to the next; ``create`` on a cgroup
@@ -69,16 +51,10 @@ __all__ = [
     "detect_cgroups",
     "remove_parent",
     "rlimits_for",
-    "share_cpu",
     "tmpfs_budget",
 ]
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
-# cgroup v1 cpu.shares: a nice-0 process's (and an autogroup's) weight, and the kernel's largest
-_SHARE = 1024
-_MAX_SHARES = 262144
-# A slot's share while the server readies its next lease in it (no tenant process is there)
-_READYING_SHARES = 8 * _SHARE
 # tmpfs sizes are kept in whole units of this (a multiple of every page size Linux uses)
 _TMPFS_UNIT = 64 << 10
 _BYTES_PER_INODE = 4096
@@ -86,13 +62,11 @@ _BYTES_PER_INODE = 4096
 
 @attrs.frozen(kw_only=True)
 class CgroupPlan:
-    """Where slot cgroups go: one parent directory per hierarchy (one for v2; on v1 one each for
-    ``pids``, ``memory`` and ``cpu``, the last two where the host lets the server make them)."""
+    """Where slot cgroups go: one parent directory per hierarchy (one for v2, two for v1)."""
 
     version: int
     pids_parent: Path
     memory_parent: Path | None
-    cpu_parent: Path | None = None
 
 
 def _own_path(controller: str) -> str | None:
@@ -152,44 +126,7 @@ def _detect_v1(tag: str) -> CgroupPlan | None:
     memory_own = _own_path("memory")
     if memory_own is not None and (_CGROUP_ROOT / "memory").is_dir():
         memory_parent = _writable_child(_CGROUP_ROOT / "memory" / memory_own.lstrip("/"), tag)
-    cpu_parent = _cpu_parent(tag)
-    return CgroupPlan(
-        version=1, pids_parent=pids_parent, memory_parent=memory_parent, cpu_parent=cpu_parent
-    )
-
-
-def _cpu_parent(tag: str) -> Path | None:
-    """``tag`` in the v1 ``cpu`` hierarchy with this process moved into its ``server`` child, or
-    ``None`` (nothing left made) where either cannot be done."""
-    own = _own_path("cpu")
-    if own is None or not (_CGROUP_ROOT / "cpu").is_dir():
-        return None
-    parent = _writable_child(_CGROUP_ROOT / "cpu" / own.lstrip("/"), tag)
-    if parent is None:
-        return None
-    server = _writable_child(parent, "server")
-    try:
-        if server is None:
-            raise OSError("cannot make the server's cpu cgroup")
-        (server / "cgroup.procs").write_text(str(os.getpid()))
-    except OSError:
-        for folder in (server, parent):
-            if folder is not None:
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
-        return None
-    return parent
-
-
-def share_cpu(plan: CgroupPlan, slots: int) -> None:
-    """Weigh the server's ``cpu`` cgroups for ``slots`` slots (the module's "CPU"): the whole as
-    ``slots + 1`` sessions, the server's own as its slots together; nothing without them."""
-    parent = plan.cpu_parent
-    if parent is None:
-        return
-    with contextlib.suppress(OSError):
-        (parent / "cpu.shares").write_text(str(min(_SHARE * (slots + 1), _MAX_SHARES)))
-        (parent / "server" / "cpu.shares").write_text(str(min(_SHARE * max(slots, 1), _MAX_SHARES)))
+    return CgroupPlan(version=1, pids_parent=pids_parent, memory_parent=memory_parent)
 
 
 @attrs.define
@@ -221,22 +158,6 @@ class SlotCgroup:
             if self.plan.version == 2:
                 with contextlib.suppress(OSError):
                     (memory / "memory.swap.max").write_text("0")
-        if self.plan.cpu_parent is not None:  # a share, not a limit: without it, as before
-            cpu = self.plan.cpu_parent / self.name
-            with contextlib.suppress(OSError):
-                cpu.mkdir(exist_ok=True)
-                self.dirs.append(cpu)
-
-    def readying(self, ready: bool) -> None:
-        """Weigh the slot's ``cpu`` cgroup as 8 sessions while the server readies its next lease
-        in it (``ready``), then as one again: between a reset that proved the slot empty and the
-        lease's greeting, before any call of the lease can run, only the server's own work is
-        there, and it goes ahead of the other slots' commands. Nothing without the cgroup."""
-        parent = self.plan.cpu_parent
-        for folder in self.dirs:
-            if parent is not None and folder.parent == parent:
-                with contextlib.suppress(OSError):
-                    (folder / "cpu.shares").write_text(str(_READYING_SHARES if ready else _SHARE))
 
     def enter_prefix(self) -> list[str]:
         """An argv prefix that moves itself into the cgroup(s), then execs the rest."""
@@ -296,14 +217,8 @@ class SlotCgroup:
 
 
 def remove_parent(plan: CgroupPlan) -> None:
-    """Remove the plan's parent directories if empty (this process back in the ``cpu`` cgroup it
-    came from, its ``server`` group removed first); never raises."""
-    if plan.cpu_parent is not None:
-        with contextlib.suppress(OSError):
-            (plan.cpu_parent.parent / "cgroup.procs").write_text(str(os.getpid()))
-        with contextlib.suppress(OSError):
-            (plan.cpu_parent / "server").rmdir()
-    for folder in {plan.pids_parent, plan.memory_parent, plan.cpu_parent}:
+    """Remove the plan's parent directories if empty; never raises."""
+    for folder in {plan.pids_parent, plan.memory_parent}:
         if folder is not None:
             with contextlib.suppress(OSError):
                 folder.rmdir()

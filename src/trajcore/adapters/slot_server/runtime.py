@@ -265,9 +265,9 @@ class SlotRuntime(CallTurns):
             if slot.snapshot is not None:
                 slot.snapshot.close()
                 slot.snapshot = None
-            if slot.cgroup is not None:
+            if slot.cgroup is not None:  # a busy one is tried again for a moment: off the loop
                 with contextlib.suppress(OSError):
-                    slot.cgroup.remove()
+                    await asyncio.to_thread(slot.cgroup.remove)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5)
         if self.snapshots is not None:

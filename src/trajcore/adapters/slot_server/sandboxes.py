@@ -26,13 +26,7 @@ import attrs
 
 from trajcore.adapters.slot_server.channel import Agent, AgentEnded, AgentLost, Keeper, reply_cap
 from trajcore.adapters.slot_server.idmaps import IdMaps, open_idmaps
-from trajcore.adapters.slot_server.limits import (
-    CgroupPlan,
-    SlotCgroup,
-    rlimits_for,
-    share_cpu,
-    tmpfs_budget,
-)
+from trajcore.adapters.slot_server.limits import CgroupPlan, SlotCgroup, rlimits_for, tmpfs_budget
 from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
 from trajcore.adapters.slot_server.seccomp import SeccompUnavailable, compile_filter
 from trajcore.adapters.slot_server.slot_ids import shared_python, stage_python, unreachable
@@ -238,15 +232,8 @@ class Sandboxes:
             return None
 
         async def start() -> None:
-            cgroup = slot.cgroup
-            if cgroup is not None:  # the server's work goes ahead of commands (limits.py)
-                cgroup.readying(True)
-            try:
-                with contextlib.suppress(AgentLost):
-                    slot.warmed = await self.lease_agent(slot, started=time.monotonic())
-            finally:
-                if cgroup is not None:
-                    cgroup.readying(False)
+            with contextlib.suppress(AgentLost):
+                slot.warmed = await self.lease_agent(slot, started=time.monotonic())
 
         return slot.warm_with(start())
 
@@ -638,8 +625,6 @@ def prepare_cgroups(cgroups: list[SlotCgroup], isolation: SlotIsolation) -> None
     for cgroup in cgroups:
         with contextlib.suppress(OSError):
             cgroup.create(isolation)
-    if cgroups:  # the slots' cpu cgroups, weighed for their number (limits.py, "CPU")
-        share_cpu(cgroups[0].plan, len(cgroups))
 
 
 async def _end_shell(slot: Slot) -> None:
