@@ -793,11 +793,16 @@ def test_commands_run_as_batch_work(server: Server) -> None:
 
 def test_commands_run_nicer_than_their_agent(server: Server) -> None:
     # field 19 of /proc/PID/stat is the nice value: a command's is its agent's (the lease's pid
-    # 1, at the slot server's) plus 10, so the server's own work waits less behind commands
+    # 1, at the slot server's) plus 10, so the server's own work waits less behind commands.
+    # The agent sets it just after the spawn returns (posix_spawn cannot set it in the child):
+    # a command that reads it in its first moments under load can still see the agent's, so
+    # this one reads it a moment in.
     result = run(
         lambda client: one(
             client,
-            call(1, "bash", epoch=85, command="cut -d' ' -f19 /proc/1/stat /proc/$$/stat"),
+            call(
+                1, "bash", epoch=85, command="sleep 0.1; cut -d' ' -f19 /proc/1/stat /proc/$$/stat"
+            ),
         ),
         server,
     )
