@@ -32,6 +32,7 @@ from tests.environment_roots import image_problem, write_shell_image
 from tests.slot_runtime_testbed import searchable_root
 from trajcore.adapters.slot_server.runtime import SlotRuntime
 from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
+from trajcore.adapters.slot_server.sandboxes import READIED_GREETING_S
 from trajcore.domain.json_values import JSON
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.tools import ToolOutcome
@@ -358,6 +359,62 @@ def test_a_readied_process_that_dies_after_taking_its_lease_is_replaced_at_once(
     (warning,) = [r for r in caplog.records if "readied lease process" in r.getMessage()]
     assert warning.levelno == logging.WARNING
     assert warning.getMessage().startswith(f"slot 0: its readied lease process (pid {inner} ")
+
+
+def test_a_readied_process_that_hangs_after_taking_its_lease_is_replaced_in_seconds(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The keeper hands the lease to its readied process, which hangs (stopped: it never
+    greets, and its channel stays open): after ``READIED_GREETING_S``, not the start's 10 s
+    limit, it is ended and the lease starts in a fresh process with the same isolation, with
+    a warning naming the slot; the hung process is gone."""
+    layout = root.parent / "layout"
+    write_shell_image(layout, salt="readied-hung")
+    ref = f"oci:{layout}"
+    config = RuntimeConfig(slots=1, root=root, image_cache=root.parent / "cache")
+    assert config.start_timeout_s > READIED_GREETING_S + 3  # the control: a longer limit
+    probe = (  # the image's shell has no grep
+        "id -u; while read -r line; do case $line in Seccomp:*|CapEff:*|NoNewPrivs:*) "
+        'echo "$line";; esac; done < /proc/self/status'
+    )
+
+    async def main() -> tuple[int, list[tuple[int, str]], str, str, float, int]:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        try:
+            assert (await runtime.lease(0, 1, ref)).ok
+            (first,) = await runtime.execute([bash(0, 1, probe)])
+            assert first.outcome is ToolOutcome.OK, first.content
+            assert (await runtime.reset(0, 1)).ok
+            await runtime._sandboxes.wait_warm(runtime.slot(0))
+            sandbox = runtime.listing().slots[0].sandbox_pid
+            assert sandbox is not None
+            keeper = keeper_of(sandbox)
+            ((readied, name),) = kept_children(keeper)
+            assert name == "slot-readied"
+            os.kill(readied, signal.SIGSTOP)  # takes the hand-over, never greets
+            started = time.monotonic()
+            assert (await runtime.lease(0, 2, ref)).ok
+            (again,) = await asyncio.wait_for(runtime.execute([bash(0, 2, probe)]), 30)
+            took = time.monotonic() - started
+            assert again.outcome is ToolOutcome.OK, again.content
+            lease = kept_children(keeper)
+            assert (await runtime.reset(0, 2)).ok
+            return readied, lease, again.content, first.content, took, runtime.slot(0).readied_lost
+        finally:
+            await runtime.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="trajcore.adapters.slot_server.sandboxes"):
+        readied, lease, seen, before, took, lost = asyncio.run(main())
+    assert READIED_GREETING_S <= took < READIED_GREETING_S + 3.0, took
+    ((fresh, name),) = lease  # the hung one is gone: the keeper holds the fresh lease alone
+    assert name == "slot-lease"
+    assert fresh != readied
+    assert seen == before  # the same uid, filter, capabilities as the lease before it
+    assert "Seccomp:\t2" in seen
+    assert lost == 1
+    (warning,) = [r for r in caplog.records if "readied lease process" in r.getMessage()]
+    assert "did not greet within" in warning.getMessage()
 
 
 def test_an_idle_slot_holds_its_bubblewrap_its_keeper_and_the_readied_lease_alone(

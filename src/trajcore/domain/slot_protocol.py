@@ -502,8 +502,8 @@ class SlotInfo:
         sandbox_pid: The host pid of the sandbox's outermost process, while it runs.
         sandbox_start_s: How long the current (or last) sandbox took to become ready.
         set_aside: Workspaces of this slot that resets moved to the trash instead of wiping.
-        readied_lost: Readied lease processes found dead by the lease they were handed
-            (each lease was started again in a fresh process; docs/sandbox.md).
+        readied_lost: Readied lease processes found dead or hung by the lease they were
+            handed (each lease was started again in a fresh process; docs/sandbox.md).
     """
 
     index: int

@@ -30,6 +30,7 @@ __all__ = [
     "Agent",
     "AgentEnded",
     "AgentLost",
+    "AgentSilent",
     "Answer",
     "Keeper",
     "check_reply",
@@ -49,6 +50,10 @@ class AgentLost(Exception):
 class AgentEnded(AgentLost):
     """The agent's channel ended before its greeting: its process died while it started (or,
     readied, while it waited for its lease), and nothing of the lease ran yet."""
+
+
+class AgentSilent(AgentLost):
+    """The agent did not greet within its limit (its process hung, or never got a core)."""
 
 
 # The largest request a server sends an agent (the agent refuses larger ones: slot_helper.c's
@@ -263,7 +268,8 @@ class Agent:
 
     async def greeting(self, timeout_s: float) -> dict[str, JSON]:
         """The agent's first message (``{"ready": true, ...}``). Raises ``AgentEnded`` when the
-        channel ends first (the agent's process died), else ``AgentLost``."""
+        channel ends first (the agent's process died), ``AgentSilent`` when ``timeout_s``
+        passes first, else ``AgentLost``."""
         try:
             async with asyncio.timeout(timeout_s):
                 hello = json.loads(await self._frame())
@@ -271,7 +277,7 @@ class Agent:
             why = "end of its channel" if isinstance(ended, EOFError) else type(ended).__name__
             raise AgentEnded(f"the agent ended before it was ready ({why})") from None
         except TimeoutError:
-            raise AgentLost(f"the agent did not greet within {timeout_s:.1f} s") from None
+            raise AgentSilent(f"the agent did not greet within {timeout_s:.1f} s") from None
         except (OSError, ValueError):
             raise AgentLost("the agent ended before it was ready") from None
         if not isinstance(hello, dict) or hello.get("ready") is not True:

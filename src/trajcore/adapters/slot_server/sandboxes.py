@@ -24,7 +24,14 @@ from typing import cast
 
 import attrs
 
-from trajcore.adapters.slot_server.channel import Agent, AgentEnded, AgentLost, Keeper, reply_cap
+from trajcore.adapters.slot_server.channel import (
+    Agent,
+    AgentEnded,
+    AgentLost,
+    AgentSilent,
+    Keeper,
+    reply_cap,
+)
 from trajcore.adapters.slot_server.idmaps import IdMaps, open_idmaps
 from trajcore.adapters.slot_server.limits import CgroupPlan, SlotCgroup, rlimits_for, tmpfs_budget
 from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
@@ -68,6 +75,10 @@ HELPER_PATH = "/run/trajcore/slot-helper"
 # a lease over an image keeps its writable layer there (``upper``, ``work``) and mounts its root
 # at ``root`` (slot_helper.c, lease_main).
 LAYER_PATH = "/run/trajcore/layer"
+# How long a readied lease process may take to greet once it has its lease: its namespaces and
+# root are made already (a few milliseconds of work; 0.3 s at the most seen under 256
+# trajectories on 2 cores), so one silent past this is hung and a fresh process replaces it.
+READIED_GREETING_S = 2.0
 # The sandbox's first program waits for a line on its stdout (the read end of a pipe) while the
 # server moves it into the slot's cgroup (a process started as the slot's uid cannot move itself
 # there), then starts bubblewrap with stdout on /dev/null.
@@ -509,33 +520,34 @@ class Sandboxes:
 
         Where the keeper gave the lease its readied process (``"readied": true``) and the
         lease's channel ends before the greeting, that process died while it waited (killed,
-        out of memory): nothing of the lease ran in it, so the lease is asked for again at
-        once and gets a freshly cloned process with the same isolation (the keeper has no
-        readied one left). Each such event is logged as a warning naming the slot and counted
-        (``Slot.readied_lost``). Raises ``AgentLost``, naming both failures when the fresh
-        lease fails too."""
+        out of memory); where it does not greet within ``READIED_GREETING_S`` (or the start
+        limit, if shorter), it hung. Nothing of the lease ran in it, so it is ended and the
+        lease is asked for again at once and gets a freshly cloned process with the same
+        isolation (the keeper has no readied one left). Each such event is logged as a warning
+        naming the slot and counted (``Slot.readied_lost``). Raises ``AgentLost``, naming both
+        failures when the fresh lease fails too."""
         try:
             return await self._lease_once(slot, started=started)
         except _ReadiedEnded as lost:
             slot.readied_lost += 1
             _log.warning(
-                "slot %d: its readied lease process (pid %s in its sandbox) died before the "
-                "lease's greeting (%s); starting the lease in a fresh process",
+                "slot %d: its readied lease process (pid %s in its sandbox) died or hung "
+                "before the lease's greeting (%s); starting the lease in a fresh process",
                 slot.index, lost.pid, lost,
             )  # fmt: skip
             try:
                 return await self._lease_once(slot, started=started)
             except AgentLost as again:
                 raise AgentLost(
-                    f"the slot's readied lease process (pid {lost.pid}) died before its "
-                    f"greeting ({lost}), and a fresh lease failed too: {again}"
+                    f"the slot's readied lease process (pid {lost.pid}) died or hung before "
+                    f"its greeting ({lost}), and a fresh lease failed too: {again}"
                 ) from None
 
     async def _lease_once(self, slot: Slot, *, started: float) -> Agent:
         """Ask the keeper for a lease and wait for its agent's greeting (``lease_agent``).
-        Raises ``_ReadiedEnded`` when a readied process took it and died before greeting,
-        else ``AgentLost``. A failed lease is ended here, never through ``stop_agent``, which
-        waits for the slot's warming lease: this may be that lease."""
+        Raises ``_ReadiedEnded`` when a readied process took it and died or hung before
+        greeting, else ``AgentLost``. A failed lease is ended here, never through
+        ``stop_agent``, which waits for the slot's warming lease: this may be that lease."""
         keeper = await self.ensure_keeper(slot)
         op = slot.lease_op()
         root = None if slot.image is None else op
@@ -561,11 +573,13 @@ class Sandboxes:
             pid=pid if isinstance(pid, int) else None, cap=reply_cap(self.config.isolation),
         )  # fmt: skip
         slot.agent, slot.agent_root = agent, root
+        readied = reply.get("readied") is True
+        limit = self.config.start_timeout_s
         try:
-            await agent.greeting(self.config.start_timeout_s)
+            await agent.greeting(min(limit, READIED_GREETING_S) if readied else limit)
         except AgentLost as failed:
             await self._end_agent(slot)
-            if isinstance(failed, AgentEnded) and reply.get("readied") is True:
+            if readied and isinstance(failed, AgentEnded | AgentSilent):
                 raise _ReadiedEnded(str(failed), pid=agent.pid) from None
             raise
         return agent
@@ -608,7 +622,7 @@ class Sandboxes:
 
 
 class _ReadiedEnded(AgentLost):
-    """A lease's readied process died before its greeting (``Sandboxes.lease_agent``)."""
+    """A lease's readied process died or hung before its greeting (``Sandboxes.lease_agent``)."""
 
     def __init__(self, why: str, *, pid: int | None) -> None:
         super().__init__(why)

@@ -50,7 +50,7 @@ class Slot:
     sandbox_start_s: float | None = None
     agent_epoch: int | None = None
     set_aside: int = 0  # workspaces a reset moved to the trash instead of wiping them in place
-    readied_lost: int = 0  # readied lease processes found dead by their lease (lease_agent)
+    readied_lost: int = 0  # readied lease processes found dead or hung by their lease (lease_agent)
     warming: asyncio.Task[None] | None = None  # the next lease, started after a clean reset
     warmed: Agent | None = None  # that lease's agent, until its first call takes it
     image: ImageUse | None = None  # the image the lease ``image_epoch`` runs over, held
