@@ -22,15 +22,16 @@ from tests.integration.test_slot_server import call, searchable_dir, start_serve
 ROOT = Path("/sys/fs/cgroup")
 
 
-def _server_dirs(pid: int) -> list[Path]:
-    """The cgroup directories a server of ``pid`` made (``trajcore-PID-*``), in any hierarchy."""
-    found: list[Path] = []
+def _server_dirs(pattern: str) -> set[Path]:
+    """The cgroup directories named ``pattern`` (a glob) beside this process's, in any
+    hierarchy."""
+    found: set[Path] = set()
     for line in Path(f"/proc/{os.getpid()}/cgroup").read_text().splitlines():
         _, controllers, own = line.split(":", 2)
         hierarchy = ROOT if controllers == "" else ROOT / controllers.split(",")[0]
         base = hierarchy / own.lstrip("/")
         if base.is_dir():
-            found += sorted(base.glob(f"trajcore-{pid}-*"))
+            found |= set(base.glob(pattern))
     return found
 
 
@@ -45,9 +46,10 @@ def _holds(folder: Path, pid: int) -> bool:
 @pytest.mark.parametrize("run", range(3))
 def test_a_stopped_server_leaves_no_cgroup_behind_even_with_a_command_running(run: int) -> None:
     with searchable_dir("cgroup-removal") as folder:
+        before = _server_dirs("trajcore-*")  # a folder another server left is not this one's
         server = start_server(folder / "root")
         try:
-            made = _server_dirs(server.process.pid)
+            made = _server_dirs(f"trajcore-{server.process.pid}-root") - before
             if not made:
                 pytest.skip("the server could make no cgroup on this host (no writable hierarchy)")
 

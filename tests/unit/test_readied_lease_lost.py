@@ -102,9 +102,9 @@ def test_a_dead_readied_process_gets_a_fresh_lease_logged_and_counted(
     (record,) = caplog.records
     assert record.levelno == logging.WARNING
     assert record.getMessage() == (
-        "slot 3: its readied lease process (pid 5 in its sandbox) died before the lease's "
-        "greeting (the agent ended before it was ready (end of its channel)); starting the "
-        "lease in a fresh process"
+        "slot 3: its readied lease process (pid 5 in its sandbox) died or hung before the "
+        "lease's greeting (the agent ended before it was ready (end of its channel)); starting "
+        "the lease in a fresh process"
     )
 
 
@@ -114,8 +114,8 @@ def test_a_fresh_lease_that_fails_too_names_both_failures(tmp_path: Path) -> Non
     with pytest.raises(AgentLost) as caught:
         asyncio.run(sandboxes.lease_agent(slot, started=time.monotonic()))
     assert str(caught.value) == (
-        "the slot's readied lease process (pid 5) died before its greeting (the agent ended "
-        "before it was ready (end of its channel)), and a fresh lease failed too: keeper "
+        "the slot's readied lease process (pid 5) died or hung before its greeting (the agent "
+        "ended before it was ready (end of its channel)), and a fresh lease failed too: keeper "
         "failed: cannot start a lease: Cannot allocate memory"
     )
     assert asked == ["_ReadiedEnded", "AgentLost"]  # asked for once more, not again

@@ -28,7 +28,9 @@ and ``pids`` proves it empty, which reset uses before it wipes the workspace.
 Cost. Making a cgroup (a ``mkdir`` and a few limit files per hierarchy; a memory cgroup is the
 slow one) is kept off the path of a sandbox's start: the runtime makes every slot's cgroup when it
 starts, and a slot keeps its (empty) cgroup from one lease to the next; ``create`` on a cgroup
-that already exists does nothing. The cgroups are removed when the runtime closes.
+that already exists does nothing. The cgroups are removed when the runtime closes; those of a
+server that could not (killed with SIGKILL) are removed by the next server that starts beside
+them (``sweep_stale``: a ``trajcore-PID-...`` folder whose PID is gone, and its slots' groups).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -51,6 +54,7 @@ __all__ = [
     "detect_cgroups",
     "remove_parent",
     "rlimits_for",
+    "sweep_stale",
     "tmpfs_budget",
 ]
 
@@ -58,6 +62,8 @@ _CGROUP_ROOT = Path("/sys/fs/cgroup")
 # tmpfs sizes are kept in whole units of this (a multiple of every page size Linux uses)
 _TMPFS_UNIT = 64 << 10
 _BYTES_PER_INODE = 4096
+# The folder a slot server makes for its slots' cgroups: ``trajcore-PID-NAME`` (runtime.py)
+_SERVER_CGROUP = re.compile(r"trajcore-([0-9]+)-.+")
 
 
 @attrs.frozen(kw_only=True)
@@ -86,6 +92,33 @@ def _writable_child(parent: Path, name: str) -> Path | None:
     return probe
 
 
+def sweep_stale(parent: Path) -> int:
+    """Remove the cgroups below ``parent`` that slot servers no longer running left behind
+    (``trajcore-PID-...`` whose PID is gone, with their slots' groups; a server killed with
+    SIGKILL cannot remove its own); returns how many. Only empty ones go (``rmdir`` refuses
+    a cgroup that holds a process or a group); never raises. A PID in use again keeps its
+    folder, for a later start to sweep."""
+    removed = 0
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return 0
+    for entry in entries:
+        match = _SERVER_CGROUP.fullmatch(entry.name)
+        if match is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        if os.path.exists(f"/proc/{match.group(1)}"):
+            continue
+        folder = Path(entry.path)
+        with contextlib.suppress(OSError):
+            for child in [c for c in folder.iterdir() if c.is_dir()]:
+                child.rmdir()
+                removed += 1
+            folder.rmdir()
+            removed += 1
+    return removed
+
+
 def detect_cgroups(tag: str) -> CgroupPlan | None:
     """A plan for per-slot cgroups under a directory named ``tag``, or ``None`` when impossible."""
     try:
@@ -108,6 +141,7 @@ def _detect_v2(tag: str) -> CgroupPlan | None:
             return None
         (leaf / "cgroup.procs").write_text(str(os.getpid()))
         (mine / "cgroup.subtree_control").write_text("+pids +memory")
+    sweep_stale(mine)
     parent = _writable_child(mine, tag)
     if parent is None:
         return None
@@ -119,13 +153,17 @@ def _detect_v1(tag: str) -> CgroupPlan | None:
     pids_own = _own_path("pids")
     if pids_own is None or not (_CGROUP_ROOT / "pids").is_dir():
         return None
-    pids_parent = _writable_child(_CGROUP_ROOT / "pids" / pids_own.lstrip("/"), tag)
+    pids_own_dir = _CGROUP_ROOT / "pids" / pids_own.lstrip("/")
+    sweep_stale(pids_own_dir)
+    pids_parent = _writable_child(pids_own_dir, tag)
     if pids_parent is None:
         return None
     memory_parent = None
     memory_own = _own_path("memory")
     if memory_own is not None and (_CGROUP_ROOT / "memory").is_dir():
-        memory_parent = _writable_child(_CGROUP_ROOT / "memory" / memory_own.lstrip("/"), tag)
+        memory_own_dir = _CGROUP_ROOT / "memory" / memory_own.lstrip("/")
+        sweep_stale(memory_own_dir)
+        memory_parent = _writable_child(memory_own_dir, tag)
     return CgroupPlan(version=1, pids_parent=pids_parent, memory_parent=memory_parent)
 
 
