@@ -35,7 +35,7 @@ from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
 from trajcore.adapters.slot_server.sandboxes import READIED_GREETING_S
 from trajcore.domain.json_values import JSON
 from trajcore.domain.slot_protocol import ExecuteCall
-from trajcore.domain.tools import ToolOutcome
+from trajcore.domain.tools import ToolOutcome, ToolResult
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap"),
@@ -293,6 +293,29 @@ def namespace_pids(pid: int) -> list[int]:
     raise AssertionError(f"no NSpid for {pid}")
 
 
+# What a lease's isolation looks like from inside (the image's shell has no grep)
+_PROBE = (
+    "id -u; while read -r line; do case $line in Seccomp:*|CapEff:*|NoNewPrivs:*) "
+    'echo "$line";; esac; done < /proc/self/status'
+)
+
+
+async def _leased_then_readied(runtime: SlotRuntime, ref: str) -> tuple[ToolResult, int, int]:
+    """Slot 0 leased over ``ref`` (epoch 1), probed, reset, and its next lease readied: the
+    probe's result, the keeper's pid and the readied process's (as the host sees them)."""
+    assert (await runtime.lease(0, 1, ref)).ok
+    (first,) = await runtime.execute([bash(0, 1, _PROBE)])
+    assert first.outcome is ToolOutcome.OK, first.content
+    assert (await runtime.reset(0, 1)).ok
+    await runtime._sandboxes.wait_warm(runtime.slot(0))
+    sandbox = runtime.listing().slots[0].sandbox_pid
+    assert sandbox is not None
+    keeper = keeper_of(sandbox)
+    ((readied, name),) = kept_children(keeper)
+    assert name == "slot-readied"
+    return first, keeper, readied
+
+
 def test_a_readied_process_that_dies_after_taking_its_lease_is_replaced_at_once(
     root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -304,25 +327,12 @@ def test_a_readied_process_that_dies_after_taking_its_lease_is_replaced_at_once(
     write_shell_image(layout, salt="readied-died")
     ref = f"oci:{layout}"
     config = RuntimeConfig(slots=1, root=root, image_cache=root.parent / "cache")
-    probe = (  # the image's shell has no grep
-        "id -u; while read -r line; do case $line in Seccomp:*|CapEff:*|NoNewPrivs:*) "
-        'echo "$line";; esac; done < /proc/self/status'
-    )
 
     async def main() -> tuple[int, int, list[tuple[int, str]], str, str, float, int]:
         runtime = SlotRuntime(config)
         await runtime.start()
         try:
-            assert (await runtime.lease(0, 1, ref)).ok
-            (first,) = await runtime.execute([bash(0, 1, probe)])  # a lease's isolation
-            assert first.outcome is ToolOutcome.OK, first.content
-            assert (await runtime.reset(0, 1)).ok
-            await runtime._sandboxes.wait_warm(runtime.slot(0))
-            sandbox = runtime.listing().slots[0].sandbox_pid
-            assert sandbox is not None
-            keeper = keeper_of(sandbox)
-            ((readied, name),) = kept_children(keeper)
-            assert name == "slot-readied"
+            first, keeper, readied = await _leased_then_readied(runtime, ref)
             inner = namespace_pids(readied)[-2]  # as its keeper sees it
             # Stopped, it takes the lease's request (the keeper's hand-over succeeds) but
             # cannot greet; killed once the keeper has answered, before the greeting.
@@ -336,7 +346,7 @@ def test_a_readied_process_that_dies_after_taking_its_lease_is_replaced_at_once(
             assert slot.agent.pid == inner
             os.kill(readied, signal.SIGKILL)
             started = time.monotonic()
-            (again,) = await asyncio.wait_for(runtime.execute([bash(0, 2, probe)]), 30)
+            (again,) = await asyncio.wait_for(runtime.execute([bash(0, 2, _PROBE)]), 30)
             took = time.monotonic() - started
             assert again.outcome is ToolOutcome.OK, again.content
             lease = kept_children(keeper)
@@ -373,29 +383,16 @@ def test_a_readied_process_that_hangs_after_taking_its_lease_is_replaced_in_seco
     ref = f"oci:{layout}"
     config = RuntimeConfig(slots=1, root=root, image_cache=root.parent / "cache")
     assert config.start_timeout_s > READIED_GREETING_S + 3  # the control: a longer limit
-    probe = (  # the image's shell has no grep
-        "id -u; while read -r line; do case $line in Seccomp:*|CapEff:*|NoNewPrivs:*) "
-        'echo "$line";; esac; done < /proc/self/status'
-    )
 
     async def main() -> tuple[int, list[tuple[int, str]], str, str, float, int]:
         runtime = SlotRuntime(config)
         await runtime.start()
         try:
-            assert (await runtime.lease(0, 1, ref)).ok
-            (first,) = await runtime.execute([bash(0, 1, probe)])
-            assert first.outcome is ToolOutcome.OK, first.content
-            assert (await runtime.reset(0, 1)).ok
-            await runtime._sandboxes.wait_warm(runtime.slot(0))
-            sandbox = runtime.listing().slots[0].sandbox_pid
-            assert sandbox is not None
-            keeper = keeper_of(sandbox)
-            ((readied, name),) = kept_children(keeper)
-            assert name == "slot-readied"
+            first, keeper, readied = await _leased_then_readied(runtime, ref)
             os.kill(readied, signal.SIGSTOP)  # takes the hand-over, never greets
             started = time.monotonic()
             assert (await runtime.lease(0, 2, ref)).ok
-            (again,) = await asyncio.wait_for(runtime.execute([bash(0, 2, probe)]), 30)
+            (again,) = await asyncio.wait_for(runtime.execute([bash(0, 2, _PROBE)]), 30)
             took = time.monotonic() - started
             assert again.outcome is ToolOutcome.OK, again.content
             lease = kept_children(keeper)
