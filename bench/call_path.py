@@ -20,10 +20,14 @@ The per-process figures come from ``/proc/<pid>/stat`` and so hold beside other 
 machine, where the machine's figure does not. Only names that every revision since the
 containment work has are used, so that older trees run it unchanged.
 
-With ``--reference``, (a), the compiled all-core spawn limit (``bench/reference.c``), runs before
-and after the rounds, each printed as one JSON line with its spawns per second and the CPU one
-spawn costs (its process tree, ``sh`` included), so the rounds' rate and CPU per call read
-against the machine's limit measured in the same minutes.
+With ``--reference``, (a), the compiled all-core spawn limit (``bench/reference.c``), and (a'),
+the same limit inside a lease's isolation (``bench/reference.py``), run before and after the
+rounds, each printed as one JSON line with its spawns per second and the CPU one spawn costs
+(its process tree, ``sh`` included), so the rounds' rate and CPU per call read against the
+machine's limits measured in the same minutes. A last line gives every round's calls per second
+as ratios to (a) and to (a') (the higher of each's two runs), and its sandbox and machine CPU per
+call as ratios to (a')'s CPU per spawn (the lower of its runs): what a perfect sandboxed path
+would cost.
 
 Run: ``.venv/bin/python bench/call_path.py [pool|direct] [TRAJECTORIES] [--seconds 3]
 [--rounds 3] [--reference]`` (the pool at 64 trajectories by default).
@@ -59,7 +63,14 @@ from trajcore.rollout.dispatcher import ToolDispatcher
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.proc_cpu import below_s, children_by_parent, user_sys_s
-from bench.reference import build, workers
+from bench.reference import (
+    UID_BASE,
+    Measured,
+    Reference,
+    ReferenceUnavailable,
+    isolated_limit,
+    workers,
+)
 
 SERVERS = 4
 SLOTS = 16
@@ -109,7 +120,8 @@ def servers_cpu_s() -> tuple[float, float, float]:
 
 async def rounds(
     path: str, workers: int, seconds: float, count: int, once: Callable[[int], Awaitable[None]]
-) -> None:
+) -> list[dict[str, float]]:
+    """Run the rounds, print each as one JSON line and return their figures."""
     await asyncio.gather(*(once(worker) for worker in range(workers)))  # every slot started
     loop = asyncio.get_running_loop()
 
@@ -118,6 +130,7 @@ async def rounds(
             await once(index)
             done[index] += 1
 
+    printed: list[dict[str, float]] = []
     for _ in range(count):
         done = [0] * workers
         own, whole, started = own_cpu_s(), machine_cpu_s(), time.perf_counter()
@@ -131,8 +144,8 @@ async def rounds(
         servers_sys_after -= servers_sys
         calls = sum(done)
         user_after, system_after, preempted_after = own_usage()
-        print(json.dumps({
-            "path": path, "trajectories": workers, "calls_per_s": calls / elapsed,
+        printed.append({
+            "calls_per_s": calls / elapsed,
             "process_cpu_per_call_s": (own_cpu_s() - own) / calls,
             "process_user_per_call_s": (user_after - user) / calls,
             "process_sys_per_call_s": (system_after - system) / calls,
@@ -143,10 +156,12 @@ async def rounds(
             "sandbox_cpu_per_call_s": (below_after - below) / calls,
             "machine_cpu_per_call_s": (machine_cpu_s() - whole) / calls,
             "load_1m": os.getloadavg()[0],
-        }), flush=True)  # fmt: skip
+        })  # fmt: skip
+        print(json.dumps({"path": path, "trajectories": workers, **printed[-1]}), flush=True)
+    return printed
 
 
-async def through_pool(workers: int, seconds: float, count: int) -> None:
+async def through_pool(workers: int, seconds: float, count: int) -> list[dict[str, float]]:
     config = LocalPoolConfig(
         containers=SERVERS,
         server=SlotServerSettings(
@@ -169,7 +184,7 @@ async def through_pool(workers: int, seconds: float, count: int) -> None:
             if result.exec is None or result.exec.exit_code != 0:
                 raise RuntimeError(f"call failed: {result}")
 
-        await rounds("pool", workers, seconds, count, once)
+        return await rounds("pool", workers, seconds, count, once)
 
 
 def start_servers(root: Path) -> list[subprocess.Popen[bytes]]:
@@ -199,7 +214,9 @@ def addresses(servers: list[subprocess.Popen[bytes]]) -> list[str]:
     return out
 
 
-async def direct(workers: int, seconds: float, count: int, listening: list[str]) -> None:
+async def direct(
+    workers: int, seconds: float, count: int, listening: list[str]
+) -> list[dict[str, float]]:
     clients = [SlotServerClient.tcp(address, TOKEN) for address in listening]
     try:
         ids = itertools.count()
@@ -213,27 +230,56 @@ async def direct(workers: int, seconds: float, count: int, listening: list[str])
             if result.exec is None or result.exec.exit_code != 0:
                 raise RuntimeError(f"call failed: {result}")
 
-        await rounds("direct", workers, seconds, count, once)
+        return await rounds("direct", workers, seconds, count, once)
     finally:
         for client in clients:
             await client.aclose()
 
 
-def reference_spawns(seconds: float) -> None:
-    """(a), the all-core compiled spawn limit (``bench/reference.c``, one worker per core), as
-    one JSON line: spawns per second and the CPU seconds of one spawn (the reference's process
-    tree, ``sh`` included)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(
-        [str(build()), "spawn", str(workers()), str(seconds)], capture_output=True, check=True
-    )
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    measured = json.loads(done.stdout)
-    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+def reference_spawns(reference: Reference, seconds: float) -> tuple[Measured, Measured]:
+    """(a), the all-core compiled spawn limit (``bench/reference.c``, one worker per core), and
+    (a'), the same inside a lease's isolation, each as one JSON line: spawns per second and the
+    CPU seconds of one spawn (the reference's process tree, ``sh`` included)."""
+    found = []
+    for name, argv in (
+        ("reference (a)", ["spawn", str(workers()), str(seconds)]),
+        ("reference (a')", [
+            "isolated", str(workers()), str(seconds), str(reference.filter_file), str(UID_BASE),
+            reference.controls,
+        ]),
+    ):  # fmt: skip
+        done = subprocess.run([str(reference.binary), *argv], capture_output=True, check=False)
+        if done.returncode != 0:
+            sys.exit(f"bench/call_path.py: {name} failed: {done.stderr.decode().strip()}")
+        measured = Measured(**json.loads(done.stdout))
+        found.append(measured)
+        print(json.dumps({
+            "path": name, "workers": workers(), "spawns_per_s": measured.rate,
+            **({"controls": reference.controls} if "isolated" in argv else {}),
+            "cpu_per_spawn_s": measured.cpu_per_one_s, "load_1m": os.getloadavg()[0],
+        }), flush=True)  # fmt: skip
+    return found[0], found[1]
+
+
+def ratios(printed: list[dict[str, float]], references: list[tuple[Measured, Measured]]) -> None:
+    """One JSON line: each round's calls per second over (a) (the higher of its runs) and over
+    (a') (``isolated_limit``), and its sandbox and machine CPU per call over (a')'s CPU per spawn
+    (the lower of its runs)."""
+    plain = max(pair[0].rate for pair in references)
+    isolated = isolated_limit(references)
+    isolated_cpu = min(pair[1].cpu_per_one_s for pair in references)
     print(json.dumps({
-        "path": "reference (a)", "workers": workers(),
-        "spawns_per_s": measured["count"] / measured["seconds"],
-        "cpu_per_spawn_s": cpu / measured["count"], "load_1m": os.getloadavg()[0],
+        "path": "ratios", "a_spawns_per_s": plain, "a_prime_spawns_per_s": isolated,
+        "a_prime_over_a": isolated / plain, "a_prime_cpu_per_spawn_s": isolated_cpu,
+        "calls_over_a": [round(p["calls_per_s"] / plain, 3) for p in printed],
+        "calls_over_a_prime": [round(p["calls_per_s"] / isolated, 3) for p in printed],
+        "sandbox_cpu_over_a_prime": [
+            round(p["sandbox_cpu_per_call_s"] / isolated_cpu, 3) for p in printed
+        ],
+        "machine_cpu_over_a_prime": [
+            round(p["machine_cpu_per_call_s"] / isolated_cpu, 3) for p in printed
+        ],
+        "load_1m": os.getloadavg()[0],
     }), flush=True)  # fmt: skip
 
 
@@ -252,28 +298,35 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument(
         "--reference", action="store_true",
-        help="run (a), the compiled all-core spawn limit, before and after the rounds",
+        help="run (a) and (a'), the compiled all-core spawn limits, before and after the rounds",
     )  # fmt: skip
     args = parser.parse_args()
     if args.trajectories > args.servers * SLOTS:
         parser.error(f"{args.servers} servers hold at most {args.servers * SLOTS} trajectories")
     globals()["SERVERS"] = args.servers
-    if args.reference:
-        reference_spawns(args.seconds)
-    measure(args)
-    if args.reference:
-        reference_spawns(args.seconds)
-
-
-def measure(args: argparse.Namespace) -> None:
-    if args.path == "pool":
-        asyncio.run(through_pool(args.trajectories, args.seconds, args.rounds))
+    if not args.reference:
+        measure(args)
         return
+    with tempfile.TemporaryDirectory(prefix="trajcore-call-path-reference-") as folder:
+        try:
+            reference = Reference.prepare(Path(folder))
+        except ReferenceUnavailable as error:
+            sys.exit(f"bench/call_path.py: {error}")
+        before = reference_spawns(reference, args.seconds)
+        printed = measure(args)
+        ratios(printed, [before, reference_spawns(reference, args.seconds)])
+
+
+def measure(args: argparse.Namespace) -> list[dict[str, float]]:
+    if args.path == "pool":
+        return asyncio.run(through_pool(args.trajectories, args.seconds, args.rounds))
     with tempfile.TemporaryDirectory(prefix="trajcore-call-path-") as folder:
         os.chmod(folder, 0o755)  # the slots' uids reach their workspaces below it
         servers = start_servers(Path(folder))
         try:
-            asyncio.run(direct(args.trajectories, args.seconds, args.rounds, addresses(servers)))
+            return asyncio.run(
+                direct(args.trajectories, args.seconds, args.rounds, addresses(servers))
+            )
         finally:
             for server in servers:
                 server.terminate()
