@@ -4,12 +4,16 @@
   is unchanged is not read again, an engine's image is not looked up again within
   ``resolve_ttl_s`` (the engine here is a stand-in ``docker`` on ``PATH`` that logs each call
   and names an image the cache holds).
+- ``acquire_recent`` answers only from such a resolution, at once: a layout resolved lately
+  and unchanged, held by the cache, and not locked for its unpacking or eviction; anything
+  else is ``None`` (``acquire`` finds out), counting nothing.
 - An archive's members are extracted by the cache's own rules, the same on every Python 3.11:
   files and directories only, no name outside the staging folder.
 """
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import tarfile
@@ -17,9 +21,54 @@ from pathlib import Path
 
 import pytest
 
-from tests.image_layouts import Entry, write_docker_archive
+from tests.image_layouts import Entry, write_docker_archive, write_layout
 from trajcore.adapters.slot_server.image_cache import ImageCache
 from trajcore.domain.task_environments import TaskEnvironmentError, parse_environment_ref
+
+
+def test_acquire_recent_answers_from_a_late_resolution_only(tmp_path: Path) -> None:
+    layout = tmp_path / "layout"
+    write_layout(layout, [[Entry(name="a", data=b"one")]])
+    cache = ImageCache(tmp_path / "cache", max_bytes=1 << 30)
+    ref = parse_environment_ref(f"oci:{layout}")
+    assert cache.acquire_recent(ref) is None  # never resolved: acquire reads the layout
+    with cache.acquire(ref) as first:
+        image_id = first.image.image_id
+    before = cache.statistics()
+    use = cache.acquire_recent(ref)
+    assert use is not None
+    with use:
+        assert (use.image.image_id, use.image.hit) == (image_id, True)
+        assert (use.image.rootfs / "a").read_bytes() == b"one"
+        after = cache.statistics()
+        assert (after.hits, after.recently_resolved) == (
+            before.hits + 1,
+            1 + before.recently_resolved,
+        )
+        # held: an eviction's exclusive lock cannot be taken meanwhile
+        lock = os.open(cache.root / "locks" / f"{image_id}.lock", os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(lock)
+    # locked for an unpacking or an eviction: no wait, None
+    lock = os.open(cache.root / "locks" / f"{image_id}.lock", os.O_RDWR)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assert cache.acquire_recent(ref) is None
+    finally:
+        os.close(lock)
+    # the layout changed (another image written over it): resolved again by acquire alone
+    write_layout(layout, [[Entry(name="a", data=b"two")]])
+    assert cache.acquire_recent(ref) is None
+    with cache.acquire(ref) as second:
+        assert second.image.image_id != image_id
+    assert cache.statistics().hits == before.hits + 1
+    # a directory tree is never answered here
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    assert cache.acquire_recent(parse_environment_ref(f"directory:{tree}")) is None
 
 
 def test_an_unchanged_archive_is_not_read_again_and_a_changed_one_is(tmp_path: Path) -> None:

@@ -345,7 +345,9 @@ class SlotRuntime(CallTurns):
         assert self.images is not None
         try:
             ref = parse_environment_ref(environment)
-            use = await asyncio.to_thread(self.images.acquire, ref)
+            use = self.images.acquire_recent(ref)  # on the loop: no thread's round trip
+            if use is None:
+                use = await asyncio.to_thread(self.images.acquire, ref)
         except TaskEnvironmentError as error:
             return refused(error.field, error.reason)
         except Exception as error:  # noqa: BLE001 - a full cache, a late lock, a full disk
