@@ -109,21 +109,26 @@ static void record(int worker, double seconds) {
     }
 }
 
-/* One "/bin/sh -c true", waited for. */
-static void spawn_true(void) {
-    static char *const argv[] = {"/bin/sh", "-c", "true", NULL};
-    pid_t child;
+/* Wait for ``child``; fail naming ``what`` unless it exited 0. */
+static void reap_ok(pid_t child, const char *what) {
     int status = 0;
-    errno = posix_spawn(&child, "/bin/sh", NULL, NULL, argv, environ);
-    if (errno != 0)
-        fail("posix_spawn /bin/sh");
     while (waitpid(child, &status, 0) < 0)
         if (errno != EINTR)
             fail("waitpid");
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         errno = 0;
-        fail("/bin/sh -c true did not exit 0");
+        fail(what);
     }
+}
+
+/* One "/bin/sh -c true", waited for. */
+static void spawn_true(void) {
+    static char *const argv[] = {"/bin/sh", "-c", "true", NULL};
+    pid_t child;
+    errno = posix_spawn(&child, "/bin/sh", NULL, NULL, argv, environ);
+    if (errno != 0)
+        fail("posix_spawn /bin/sh");
+    reap_ok(child, "/bin/sh -c true did not exit 0");
 }
 
 static void write_file(const char *path, const char *text) {
@@ -210,14 +215,7 @@ static void trajectory(int worker, const trajectory_plan *plan) {
             spawn_true();
         _exit(0);
     }
-    int status = 0;
-    while (waitpid(outer, &status, 0) < 0)
-        if (errno != EINTR)
-            fail("waitpid");
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        errno = 0;
-        fail("a trajectory failed");
-    }
+    reap_ok(outer, "a trajectory failed");
 }
 
 /* ------------------------------------------------------------------ isolated: (a) + controls */
@@ -350,14 +348,7 @@ static void spawn_controlled(spawner *s) {
         close(err_pipe[1]);
         drain(out_pipe[0], err_pipe[0]);
     }
-    int status = 0;
-    while (waitpid(child, &status, 0) < 0)
-        if (errno != EINTR)
-            fail("waitpid");
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        errno = 0;
-        fail("/bin/sh -c true did not exit 0");
-    }
+    reap_ok(child, "/bin/sh -c true did not exit 0");
 }
 
 /* One worker of isolated: enter the controls once, then spawn until ``stop_at``. */
