@@ -29,6 +29,9 @@ verdict (met or NOT met):
   50 ms) and the group's total (target: at most 1.25x one member's). Fork (prepare once,
   snapshot, start each member from the snapshot) is measured when the slot server's client has
   snapshots; until then the row says fork is not available and prints the baseline.
+  ``--fork-rounds N`` forks every slot from the snapshot N-1 more times (the trash settled
+  before each) and prints each such round's member start p50 and their median, beside the
+  verdict's first round (one round's p50 moves with the minute's load).
 
 ``--short`` (CI): (a) and (b) with fewer leases, (c) over a smaller repository (prepared
 into the layer and into the workspace, as the full profile); the first-use row is skipped.
@@ -406,7 +409,7 @@ async def settle(server: Server) -> None:
 
 
 async def group_preparation(
-    server: Server, environment: str, described: str, into: str, files: int
+    server: Server, environment: str, described: str, into: str, files: int, *, rounds: int
 ) -> None:
     prepare = PREPARATIONS[into]
     for slot in range(GROUP):  # every slot's sandbox started, the image in the cache
@@ -434,7 +437,9 @@ async def group_preparation(
     print(f"  prepare every member: group total              {every_s:7.2f} s   "
           f"{every_s / one_s:.2f}   member start p50 {p50_ms(every):8.1f} ms")  # fmt: skip
     await settle(server)
-    forked = await fork_group(server, environment, prepare, files if into == "layer" else None)
+    forked = await fork_group(
+        server, environment, prepare, files if into == "layer" else None, rounds
+    )
     if forked is None:
         starts, total_s, how = every, every_s, "prepare every member (fork is not available)"
     else:
@@ -449,11 +454,13 @@ async def group_preparation(
 
 
 async def fork_group(
-    server: Server, environment: str, prepare: str, files: int | None
+    server: Server, environment: str, prepare: str, files: int | None, rounds: int = 1
 ) -> tuple[list[float], float] | None:
     """Prepare once in slot 0, snapshot it, start the other members from the snapshot (slot 0
     goes on over it too): each member's start and the group's total, or ``None`` (said why)
-    when the server takes no snapshot."""
+    when the server takes no snapshot. ``rounds`` above 1 forks every slot from the snapshot
+    ``rounds - 1`` times more, each such round's member start p50 printed (not in the
+    verdict)."""
     client = server.client
     started = time.perf_counter()
     first, _ = await lease(server, 0, environment)
@@ -490,7 +497,18 @@ async def fork_group(
             raise SystemExit(f"a fork holds {counted.strip()} files of the repository's {files}")
     for slot, member in enumerate(members):
         await reset(server, slot, member.epoch)
+    again = []  # more rounds from the same snapshot, every slot a fork (``--fork-rounds``)
+    for _ in range(rounds - 1):
+        await settle(server)
+        more = await asyncio.gather(*(fork(slot) for slot in range(GROUP)))
+        for slot, member in enumerate(more):
+            await reset(server, slot, member.epoch)
+        again.append(p50_ms([member.seconds for member in more]))
     await client.drop_snapshot(snapshot)
+    if again:
+        print(f"  fork: {len(again)} more rounds of {GROUP} forks from the snapshot (settled "
+              f"between): member start p50 {' '.join(f'{p:.1f}' for p in again)} ms, median "
+              f"{statistics.median(again):.1f} ms")  # fmt: skip
     forks = members[1:]
     print(f"  fork: the snapshot request {frozen.duration_s:.2f} s "
           f"({frozen.bytes / 1e6:.0f} MB, {frozen.files} entries); a fork's lease request p50 "
@@ -555,8 +573,9 @@ async def leases_and_groups(root: Path, args: argparse.Namespace) -> None:
                              f"(podman's {tag})")  # fmt: skip
                 for into in ("layer", "workspace"):
                     await group_preparation(
-                        server, f"containers-storage:{tag}", described, into, files
-                    )
+                        server, f"containers-storage:{tag}", described, into, files,
+                        rounds=args.fork_rounds,
+                    )  # fmt: skip
             finally:
                 removal = [*PODMAN, "rmi", "-f", tag]
                 await asyncio.to_thread(subprocess.run, removal, capture_output=True, check=False)
@@ -572,10 +591,15 @@ def main() -> None:
     parser.add_argument("--leases", type=int, default=None, help="(a): leases of each kind")
     parser.add_argument("--repo-files", type=int, default=None, help="(c): the repository's files")
     parser.add_argument("--repo-mb", type=int, default=None, help="(c): the repository's MB")
+    parser.add_argument(
+        "--fork-rounds", type=int, default=1, help="(c): fork rounds per snapshot (verdict: 1st)"
+    )
     parser.add_argument("--rows", default="first,a,b,c",
                         help="the rows to run, comma-separated (first, a, b, c)")  # fmt: skip
     args = parser.parse_args()
     args.rows = set(args.rows.split(","))
+    if args.fork_rounds < 1:
+        parser.error(f"--fork-rounds: at least 1, not {args.fork_rounds}")
     unknown = args.rows - {"first", "a", "b", "c"}
     if unknown:
         parser.error(f"--rows: unknown rows {sorted(unknown)} (first, a, b, c)")
