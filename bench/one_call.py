@@ -17,7 +17,16 @@ calls, and the timeline of the median call is printed hop by hop: env send, serv
 agent request written, agent's request read, spawn, the command's exit, the agent's reply,
 server's read of it, response sent, env receive.
 
-Run: ``.venv/bin/python bench/one_call.py [--seconds 2] [--rounds 4] [--trace FILE]``.
+``--client``: each server is also driven, block by block in turn with the raw client, through
+trajcore's own env side of the wire (``SlotServerClient.unix(...).execute_slot_calls``, this
+tree's, whatever tree serves), as a row labelled ``LABEL+client``. Every row prints the CPU per
+call of this process (``env_cpu_us``), so the pair says what the env's client adds to a call at
+one trajectory. The raw client is the server's path alone; the target's figure
+(``bench/tools.py``: the pool and its dispatcher in front of the client) is higher by that and by
+the dispatcher's own turns, both on the path of every call at one trajectory
+(docs/benchmarks.md, "Why tools.py reads more than one_call.py").
+
+Run: ``.venv/bin/python bench/one_call.py [--seconds 2] [--rounds 4] [--trace FILE] [--client]``.
 """
 
 from __future__ import annotations
@@ -40,6 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.proc_cpu import below_s, user_sys_s
 from bench.reference import build as build_reference
+from trajcore.adapters.pools.client import SlotServerClient
+from trajcore.domain.slots import Lease, SlotCall, SlotId
+from trajcore.domain.tools import ToolCall
 
 BODY = (
     b'{"calls":[{"slot":0,"epoch":1,"call_id":"c%d","tool":"bash",'
@@ -73,7 +85,8 @@ class Client(asyncio.Protocol):
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(body)
 
-    async def call(self, number: int) -> bytes:
+    async def call(self, number: int) -> None:
+        """One call of ``true``; raises ``RuntimeError`` when it did not exit 0."""
         body = BODY % number
         self.waiter = asyncio.get_running_loop().create_future()
         assert self.transport is not None
@@ -81,7 +94,28 @@ class Client(asyncio.Protocol):
             b"POST /v1/execute HTTP/1.1\r\nHost: slot\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
         )
-        return await self.waiter
+        reply = await self.waiter
+        if b'"exit_code":0' not in reply:
+            raise RuntimeError(f"the call failed: {reply[:300]!r}")
+
+
+class TrajcoreClient:
+    """The same call through trajcore's env side of the wire: ``SlotServerClient`` (its HTTP/1.1
+    client, the batch written and its results read by ``pools.batch_wire``), as the pools send
+    every batch."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.client = SlotServerClient.unix(socket_path)
+        self.lease = Lease(slot=SlotId(container="one-call", index=0), epoch=1, holder="one-call")
+
+    async def call(self, number: int) -> None:
+        """One call of ``true``; raises ``RuntimeError`` when it did not exit 0."""
+        call = ToolCall(id=f"t{number}", name="bash", arguments={"command": "true"})
+        (result,) = await self.client.execute_slot_calls(
+            [SlotCall(lease=self.lease, call=call, timeout_s=30)]
+        )
+        if result.exec is None or result.exec.exit_code != 0:
+            raise RuntimeError(f"the call failed: {result}")
 
 
 def schedstat_s(pid: int) -> float:
@@ -131,13 +165,14 @@ class Served:
 
     label: str
     pid: int
-    client: Client
+    client: Client | TrajcoreClient
     times: list[float] = attrs.field(factory=list)
+    env_cpu_s: float = 0.0
     block_p50_s: list[float] = attrs.field(factory=list)
     block_cpu_s: list[float] = attrs.field(factory=list)
     cpu_s: float = 0.0
     below_s: float = 0.0
-    user_sys_s: tuple[float, float] = (0.0, 0.0)
+    user_sys_s: list[float] = attrs.field(factory=lambda: [0.0, 0.0])
 
 
 async def run(args: argparse.Namespace, servers: list[tuple[str, str, int]]) -> None:
@@ -146,32 +181,36 @@ async def run(args: argparse.Namespace, servers: list[tuple[str, str, int]]) -> 
     for label, socket_path, pid in servers:
         _, client = await loop.create_unix_connection(Client, socket_path)
         served.append(Served(label=label, pid=pid, client=client))
+        if args.client:
+            trajcore = TrajcoreClient(socket_path)
+            served.append(Served(label=f"{label}+client", pid=pid, client=trajcore))
     number = 0
     for one in served:
         for _ in range(200):  # the sandbox started and warm
             number += 1
-            reply = await one.client.call(number)
-        if b'"exit_code":0' not in reply:
-            raise RuntimeError(f"the call failed: {reply[:300]!r}")
+            await one.client.call(number)
     for _ in range(args.rounds):
         compiled = compiled_p50_s(1.0)
-        for one in served:
-            one.user_sys_s = user_sys_s(one.pid)
         for block in range(args.blocks):  # the servers alternate, block by block
             for one in served if block % 2 == 0 else reversed(served):
                 cpu, below = schedstat_s(one.pid), below_s(one.pid)
+                user_sys = user_sys_s(one.pid)
                 times = []
+                env_cpu = time.process_time()
                 for _ in range(args.block_calls):
                     number += 1
                     started = time.perf_counter()
                     await one.client.call(number)
                     times.append(time.perf_counter() - started)
+                one.env_cpu_s += time.process_time() - env_cpu
                 spent = schedstat_s(one.pid) - cpu
                 one.times += times
                 one.block_p50_s.append(statistics.median(times))
                 one.block_cpu_s.append(spent / len(times))
                 one.cpu_s += spent
                 one.below_s += below_s(one.pid) - below
+                for i, (now, then) in enumerate(zip(user_sys_s(one.pid), user_sys, strict=True)):
+                    one.user_sys_s[i] += now - then
         for one in served:
             calls, p50 = len(one.times), statistics.median(one.times)
             print(json.dumps({
@@ -180,16 +219,15 @@ async def run(args: argparse.Namespace, servers: list[tuple[str, str, int]]) -> 
                 "p90_ms": round(statistics.quantiles(one.times, n=10)[-1] * 1e3, 3),
                 "compiled_p50_ms": round(compiled * 1e3, 3),
                 "added_p50_ms": round((p50 - compiled) * 1e3, 3),
+                "env_cpu_us": round(one.env_cpu_s / calls * 1e6, 1),
                 "server_cpu_us": round(one.cpu_s / calls * 1e6, 1),
                 "sandbox_cpu_us": round(one.below_s / calls * 1e6, 1),
-                "server_user_sys_us": [
-                    round((now - then) / calls * 1e6)
-                    for now, then in zip(user_sys_s(one.pid), one.user_sys_s, strict=True)
-                ],
+                "server_user_sys_us": [round(spent / calls * 1e6) for spent in one.user_sys_s],
                 "calls": calls,
                 "loadavg": round(os.getloadavg()[0], 2),
             }), flush=True)  # fmt: skip
-            one.times, one.cpu_s, one.below_s = [], 0.0, 0.0
+            one.times, one.cpu_s, one.below_s, one.env_cpu_s = [], 0.0, 0.0, 0.0
+            one.user_sys_s = [0.0, 0.0]
     first = served[0]
     for one in served[1:]:  # adjacent blocks, paired: what the load moves, both share
         pairs = zip(one.block_p50_s, first.block_p50_s, strict=True)
@@ -207,8 +245,11 @@ async def run(args: argparse.Namespace, servers: list[tuple[str, str, int]]) -> 
         }), flush=True)  # fmt: skip
     if args.trace:
         reference_timeline(f"{args.trace}-reference")
-    if args.trace:
-        await trace(args, served, number)
+    if args.trace:  # the raw clients' calls only: their sends are the timeline's start
+        await trace(args, [one for one in served if isinstance(one.client, Client)], number)
+    for one in served:
+        if isinstance(one.client, TrajcoreClient):
+            await one.client.client.aclose()
 
 
 async def trace(args: argparse.Namespace, served: list[Served], number: int) -> None:
@@ -377,6 +418,10 @@ def main() -> None:
     parser.add_argument("--profile", help="run the server under cProfile, its stats to this file")
     parser.add_argument("--blocks", type=int, default=10, help="blocks per round")
     parser.add_argument("--block-calls", type=int, default=50, help="calls per block")
+    parser.add_argument(
+        "--client", action="store_true",
+        help="also drive each server through trajcore's SlotServerClient, block by block in turn",
+    )  # fmt: skip
     parser.add_argument(
         "--tree", action="append", default=[], metavar="LABEL=PATH",
         help="serve with PATH/src on PYTHONPATH (repeat to alternate trees; default: this one)",

@@ -28,6 +28,16 @@ pool >= 0.85 of (a); at 1, the pool's added p50 per call <= 0.5 ms over one comp
 reference's p50 at one worker); sandbox start p50 <= 50 ms; an idle leased slot's PSS < 1 MiB.
 Nothing here is hard-coded: every figure is measured in this run. Run: ``.venv/bin/python
 bench/tools.py [--seconds 3]``.
+
+Every row also prints this process's CPU per call (``env CPU``: the env's side of a call, or for
+the raw rows asyncio's side of a spawn). At one trajectory that CPU lies on the call's path, so
+it is why the pool's added p50 here reads above ``bench/one_call.py``'s: that benchmark drives
+one slot server with a raw HTTP client (no trajcore on the env's side) and so measures the
+server's path alone, while the users' row here also carries ``SlotServerClient`` (HTTP/1.1
+client, the batch written and its results read by ``pools.batch_wire``), the pool's batch rules
+and the dispatcher's turns (its loop and a courier task between the caller and the request). The
+direct row adds TCP and the general codec instead of the dispatcher. ``one_call.py --client``
+measures the client's share beside the raw client; docs/benchmarks.md has the split.
 """
 
 from __future__ import annotations
@@ -66,11 +76,12 @@ TOKEN = "bench-token"
 
 
 class Measured:
-    """Latencies of one run and its rate."""
+    """Latencies of one run, its rate and this process's CPU per call (the env's side)."""
 
-    def __init__(self, latencies: list[float], elapsed: float) -> None:
+    def __init__(self, latencies: list[float], elapsed: float, cpu_s: float = 0.0) -> None:
         self.latencies = sorted(latencies)
         self.rate = len(latencies) / elapsed if elapsed > 0 else 0.0
+        self.env_cpu_s = cpu_s / len(latencies) if latencies else float("nan")
 
     def quantile(self, q: float) -> float:
         if not self.latencies:
@@ -81,6 +92,7 @@ class Measured:
         return (
             f"  {name:<26} {self.rate:9.0f} calls/s   p50 {self.quantile(0.5) * 1e3:7.2f} ms"
             f"   p99 {self.quantile(0.99) * 1e3:7.2f} ms   n={len(self.latencies)}"
+            f"   env CPU {self.env_cpu_s * 1e6:4.0f} us/call"
         )
 
 
@@ -96,9 +108,9 @@ async def drive(workers: int, seconds: float, once: Callable[[int], Awaitable[No
             await once(index)
             latencies.append(time.perf_counter() - started)
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(worker(i) for i in range(workers)))
-    return Measured(latencies, time.perf_counter() - started)
+    return Measured(latencies, time.perf_counter() - started, time.process_time() - cpu)
 
 
 def start_servers(
