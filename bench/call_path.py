@@ -64,7 +64,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.proc_cpu import below_s, children_by_parent, user_sys_s
 from bench.reference import (
-    UID_BASE,
     Measured,
     Reference,
     ReferenceUnavailable,
@@ -240,25 +239,19 @@ def reference_spawns(reference: Reference, seconds: float) -> tuple[Measured, Me
     """(a), the all-core compiled spawn limit (``bench/reference.c``, one worker per core), and
     (a'), the same inside a lease's isolation, each as one JSON line: spawns per second and the
     CPU seconds of one spawn (the reference's process tree, ``sh`` included)."""
-    found = []
-    for name, argv in (
-        ("reference (a)", ["spawn", str(workers()), str(seconds)]),
-        ("reference (a')", [
-            "isolated", str(workers()), str(seconds), str(reference.filter_file), str(UID_BASE),
-            reference.controls,
-        ]),
-    ):  # fmt: skip
-        done = subprocess.run([str(reference.binary), *argv], capture_output=True, check=False)
-        if done.returncode != 0:
-            sys.exit(f"bench/call_path.py: {name} failed: {done.stderr.decode().strip()}")
-        measured = Measured(**json.loads(done.stdout))
-        found.append(measured)
+    try:
+        plain, isolated = asyncio.run(reference.limits(seconds))
+    except ReferenceUnavailable as error:
+        sys.exit(f"bench/call_path.py: {error}")
+    for name, measured, extra in (
+        ("reference (a)", plain, {}),
+        ("reference (a')", isolated, {"controls": reference.controls}),
+    ):
         print(json.dumps({
-            "path": name, "workers": workers(), "spawns_per_s": measured.rate,
-            **({"controls": reference.controls} if "isolated" in argv else {}),
+            "path": name, "workers": workers(), "spawns_per_s": measured.rate, **extra,
             "cpu_per_spawn_s": measured.cpu_per_one_s, "load_1m": os.getloadavg()[0],
         }), flush=True)  # fmt: skip
-    return found[0], found[1]
+    return plain, isolated
 
 
 def ratios(printed: list[dict[str, float]], references: list[tuple[Measured, Measured]]) -> None:

@@ -243,9 +243,8 @@ async def run(args: argparse.Namespace, servers: list[tuple[str, str, int]]) -> 
             "median_block_server_cpu_us": {
                 s.label: round(statistics.median(s.block_cpu_s) * 1e6, 1) for s in served},
         }), flush=True)  # fmt: skip
-    if args.trace:
-        reference_timeline(f"{args.trace}-reference")
     if args.trace:  # the raw clients' calls only: their sends are the timeline's start
+        reference_timeline(f"{args.trace}-reference")
         await trace(args, [one for one in served if isinstance(one.client, Client)], number)
     for one in served:
         if isinstance(one.client, TrajcoreClient):

@@ -102,6 +102,13 @@ class Measured:
         """CPU seconds per spawn (or trajectory), every process of the run counted."""
         return self.cpu_s / self.count if self.count else float("nan")
 
+    @property
+    def busy(self) -> float:
+        """For a run at one worker per core: the share of the cores it kept busy (CPU over
+        wall time); below 1, the spawns waited for something other than a core, or other load
+        had it."""
+        return self.cpu_s / (self.seconds * workers())
+
 
 @attrs.frozen(kw_only=True)
 class Step:
@@ -137,11 +144,8 @@ class Step:
 
     @property
     def busy(self) -> float:
-        """The share of the workers' cores the isolated runs kept busy (CPU over wall time):
-        below 1, the spawns waited for something other than a core, or other load had it."""
-        return statistics.median(
-            isolated.cpu_s / (isolated.seconds * workers()) for isolated, _ in self.pairs
-        )
+        """The median share of the cores the isolated runs kept busy (``Measured.busy``)."""
+        return statistics.median(isolated.busy for isolated, _ in self.pairs)
 
 
 def agent_controls(source: Path = AGENT_SOURCE) -> str:
@@ -239,11 +243,18 @@ class Reference:
             controls,
         )  # fmt: skip
 
+    async def limits(self, seconds: float) -> tuple[Measured, Measured]:
+        """One run of (a), then one of (a') right after it, at one worker per core (kept by
+        nobody: ``measure`` keeps its own)."""
+        plain = await self._run("spawn", str(workers()), str(seconds))
+        return plain, await self._isolated(seconds, self.controls)
+
     async def measure(self, seconds: float) -> None:
         """One run of each: (a) at one worker per core and (a') right after it, (a) at one
         worker, (b)."""
-        self.spawns.append(await self._run("spawn", str(workers()), str(seconds)))
-        self.isolated.append(await self._isolated(seconds, self.controls))
+        plain, isolated = await self.limits(seconds)
+        self.spawns.append(plain)
+        self.isolated.append(isolated)
         self.single.append(await self._run("spawn", "1", str(seconds)))
         self.trajectories.append(
             await self._run(
@@ -354,7 +365,7 @@ def describe_breakdown(steps: list[Step]) -> list[str]:
         for step in steps
     )
     if plain:
-        busy = statistics.median(m.cpu_s / (m.seconds * workers()) for m in plain)
+        busy = statistics.median(m.busy for m in plain)
         lines.append(
             f"  {'(a) plain, the runs beside them':<{width}}"
             f"  {statistics.median(m.rate for m in plain):8,.0f}  {'1.00':<16}"
