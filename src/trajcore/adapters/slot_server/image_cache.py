@@ -37,6 +37,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import overload
 
 import attrs
 
@@ -160,14 +161,9 @@ class ImageCache:
         started = time.monotonic()
         if ref.transport == "directory":
             return ImageUse(self._directory(ref, started), None)
-        recent = self._recent(ref, started)
-        if recent is not None:
-            lock_fd = self._lock(recent, fcntl.LOCK_SH)
-            if self._holds(recent):
-                self._counters.hits += 1
-                self._counters.recently_resolved += 1
-                return ImageUse(self._entry(ref, recent, hit=True, started=started), lock_fd)
-            os.close(lock_fd)  # evicted since: read the reference again
+        held = self._take_recent(ref, started, wait=True)
+        if held is not None:
+            return held
         stamp = _stamp(ref)
         with tempfile.TemporaryDirectory(dir=self.root / "staging", prefix="read-") as scratch:
             try:
@@ -202,25 +198,37 @@ class ImageCache:
         finds out. A few system calls on the cache's own files (a stat, the lock, the image's
         ``image.json``), no engine, no archive and no wait: a lease request takes it on the
         event loop instead of a round trip through a worker thread."""
-        started = time.monotonic()
         if ref.transport == "directory":
             return None
+        return self._take_recent(ref, time.monotonic(), wait=False)
+
+    def _take_recent(self, ref: EnvironmentRef, started: float, *, wait: bool) -> ImageUse | None:
+        """The held image ``ref`` resolved to lately (``_recent``), its lock taken shared and
+        counted as a hit; ``None`` when there is none, it was evicted since, or (``wait``
+        false) its lock is not free at once or its files cannot be read, for ``acquire`` to
+        sort out. With ``wait``, the lock is waited for (``lock_timeout_s``) and an unreadable
+        image raises."""
         recent = self._recent(ref, started)
         if recent is None:
             return None
-        fd = os.open(
-            self.root / "locks" / f"{recent}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
-        )
+        lock_fd = self._lock(recent, fcntl.LOCK_SH, wait=wait)
+        if lock_fd is None:
+            return None
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             if self._holds(recent):
                 image = self._entry(ref, recent, hit=True, started=started)
                 self._counters.hits += 1
                 self._counters.recently_resolved += 1
-                return ImageUse(image, fd)
+                return ImageUse(image, lock_fd)
         except (OSError, ValueError, KeyError):
-            pass  # being unpacked or evicted (locked), or unreadable: acquire sorts it out
-        os.close(fd)
+            os.close(lock_fd)
+            if wait:
+                raise
+            return None
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        os.close(lock_fd)  # evicted since: read the reference again
         return None
 
     def statistics(self) -> ImageCacheStatistics:
@@ -270,15 +278,25 @@ class ImageCache:
     def _holds(self, image_id: str) -> bool:
         return (self.root / "images" / image_id / "image.json").is_file()
 
-    def _lock(self, image_id: str, mode: int) -> int:
-        """The image's lock file, flocked in ``mode``, waiting at most ``lock_timeout_s``."""
+    @overload
+    def _lock(self, image_id: str, mode: int) -> int: ...
+    @overload
+    def _lock(self, image_id: str, mode: int, *, wait: bool) -> int | None: ...
+    def _lock(self, image_id: str, mode: int, *, wait: bool = True) -> int | None:
+        """The image's lock file, flocked in ``mode``, waiting at most ``lock_timeout_s``;
+        without ``wait``, ``None`` when the lock is not free at once."""
         fd = os.open(
             self.root / "locks" / f"{image_id}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
         )
         try:
-            self._flock(fd, mode, what=f"image {image_id}")
-        except BaseException:
+            if wait:
+                self._flock(fd, mode, what=f"image {image_id}")
+            else:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except BaseException as error:
             os.close(fd)
+            if not wait and isinstance(error, OSError):
+                return None  # held by an unpacking or an eviction, or unusable: not at once
             raise
         return fd
 
