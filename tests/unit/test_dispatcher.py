@@ -254,6 +254,36 @@ async def test_calls_waiting_behind_a_busy_batch_go_out_when_it_completes(
             assert dispatcher.statistics().batches == 6
 
 
+@pytest.mark.anyio
+async def test_a_call_offered_while_the_loop_sleeps_goes_out_in_the_callers_turn(
+    loop_hooks: HookFactory,
+) -> None:
+    """An eager batch that an offer makes due while the loop sleeps is handed to a courier by
+    the offering caller itself, so no turn of the dispatcher's loop stands on the call's path:
+    when the caller first waits for its result the batch is already out of the planner."""
+    config = BatchConfig(window_ms=60_000.0, max_batch_size=64, eager=True)
+    async with (
+        FakeSandboxPool(containers=1, slots_per_container=1) as pool,
+        ToolDispatcher(pool, config, loop_hooks=loop_hooks) as dispatcher,
+        pool.lease("a") as lease,
+    ):
+        (warm,) = await dispatcher.run([bash(lease, "echo warm")])
+        assert warm.content == "warm\n"
+        await anyio.sleep(0.01)  # the loop has looked and sleeps: nothing is due
+        caller = dispatcher.run([bash(lease, "echo now")])
+        caller.send(None)  # the caller's turn, up to its wait for the result
+        planned = dispatcher._planner.statistics()
+        caller.close()  # the call is in flight: it finishes, its result is dropped
+        assert (planned.ready, planned.in_flight_batches, planned.in_flight_calls) == (0, 1, 1)
+        await wait_until_batches(pool, 2)
+        with anyio.fail_after(5):
+            while dispatcher.statistics().batches < 2:  # noqa: ASYNC110 - no event to wait on
+                await anyio.sleep(0.001)
+        (after,) = await dispatcher.run([bash(lease, "echo after")])
+        assert after.content == "after\n"
+        assert [len(calls) for _container, calls in pool.batches] == [1, 1, 1]
+
+
 async def _cancel_soon(scope: anyio.CancelScope) -> None:
     await anyio.sleep(0.01)
     scope.cancel()

@@ -10,7 +10,10 @@ Rules it keeps:
 
 - Each batch runs in a task of its own, so a slow or dead container never delays another; the
   loop itself only asks the planner what is due and sleeps until ``next_deadline()`` or until an
-  offer or a completed batch makes something due before that.
+  offer or a completed batch makes something due before that. An offer that makes a batch due
+  at once while the loop sleeps hands it out itself, as the loop would (at low concurrency the
+  loop's turn was one event-loop iteration on every call's path); a loop already woken is left
+  to gather its iteration's offers into one batch.
 - It never leases slots: callers arrive holding their leases (the upstream deadlock came from
   acquiring slots inside the dispatch loop).
 - Nothing hangs: every batch runs under a deadline of its longest call's timeout plus
@@ -227,7 +230,7 @@ class ToolDispatcher:
                 planner.offer(call, now)
                 registered[id(call)] = waiter
                 waiters.append((call, waiter))
-            self._nudge()
+            self._offered(now)
             results: list[ToolResult] = []
             for _call, waiter in waiters:
                 result = await waiter.wait()
@@ -247,6 +250,23 @@ class ToolDispatcher:
                 self._counts[3] += withdrawn
                 self._wake.set()
 
+    def _offered(self, now: float) -> None:
+        """After a caller's offer: send what is due at once from here, or wake the loop.
+
+        When the loop sleeps (nothing woke it since it last looked) and the offer made a batch
+        due now (eager mode and an idle container, or a full batch), the batch is handed to a
+        courier here, as the loop would hand it, without a turn of the loop first: at low
+        concurrency that turn was one event-loop iteration on every call's path. A loop already
+        woken (a batch completed, say) is left to collect every offer of its iteration into one
+        batch, as before.
+        """
+        if self._until == -math.inf:
+            return  # it is looking now, or woken already
+        deadline = self._planner.next_deadline()
+        if deadline is not None and deadline <= now and self._group is not None:
+            self._hand_out(self._group, now)
+        self._nudge()
+
     def _nudge(self) -> None:
         """Wake the loop when the planner now has a batch due before the loop would look."""
         if self._until == -math.inf:
@@ -256,16 +276,20 @@ class ToolDispatcher:
             self._until = -math.inf
             self._wake.set()
 
+    def _hand_out(self, group: anyio.abc.TaskGroup, now: float) -> None:
+        """Give each batch due at ``now`` to a waiting courier, or to a new one."""
+        for batch in self._planner.due(now):
+            if self._idle:
+                courier = self._idle.pop()
+                courier.batch = batch
+                courier.ready.set()
+            else:
+                group.start_soon(self._courier, batch)
+
     async def _loop(self, group: anyio.abc.TaskGroup) -> None:
         clock, event, scope = self._backend.clock, self._backend.event, self._backend.scope
         while True:
-            for batch in self._planner.due(clock()):
-                if self._idle:
-                    courier = self._idle.pop()
-                    courier.batch = batch
-                    courier.ready.set()
-                else:
-                    group.start_soon(self._courier, batch)
+            self._hand_out(group, clock())
             deadline = self._planner.next_deadline()
             if deadline is None:
                 self._until = math.inf
