@@ -284,6 +284,39 @@ async def test_a_call_offered_while_the_loop_sleeps_goes_out_in_the_callers_turn
         assert [len(calls) for _container, calls in pool.batches] == [1, 1, 1]
 
 
+@pytest.mark.anyio
+async def test_with_another_call_outstanding_the_loop_gathers_the_offer(
+    loop_hooks: HookFactory,
+) -> None:
+    """While another caller's call is out, an offer that makes a batch due at once still goes
+    through the loop's turn (which gathers the offers of one iteration into one batch): when
+    its caller first waits, the call is still queued."""
+    config = BatchConfig(window_ms=60_000.0, max_batch_size=64, eager=True)
+    async with (
+        FakeSandboxPool(containers=2, slots_per_container=1) as pool,
+        ToolDispatcher(pool, config, loop_hooks=loop_hooks) as dispatcher,
+        pool.lease("a") as a,
+        pool.lease("b") as b,
+        anyio.create_task_group() as group,
+    ):
+        assert a.slot.container != b.slot.container
+        await dispatcher.run([bash(b, "echo warm")])
+        pool.hang_container(a.slot.container)
+        group.start_soon(dispatcher.run, [bash(a, "echo busy")])
+        await wait_until_batches(pool, 2)  # out, hung
+        await anyio.sleep(0.01)  # the loop has looked and sleeps
+        caller = dispatcher.run([bash(b, "echo gathered")])
+        caller.send(None)
+        planned = dispatcher._planner.statistics()
+        caller.close()  # still queued: withdrawn
+        assert (planned.ready, planned.in_flight_batches) == (1, 1)
+        assert dispatcher.statistics().withdrawn == 1
+        (after,) = await dispatcher.run([bash(b, "echo after")])  # its container was idle
+        assert after.content == "after\n"
+        assert pool.batches[2][0] == b.slot.container
+        pool.unhang(a.slot.container)
+
+
 async def _cancel_soon(scope: anyio.CancelScope) -> None:
     await anyio.sleep(0.01)
     scope.cancel()

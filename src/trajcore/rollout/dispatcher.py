@@ -10,10 +10,11 @@ Rules it keeps:
 
 - Each batch runs in a task of its own, so a slow or dead container never delays another; the
   loop itself only asks the planner what is due and sleeps until ``next_deadline()`` or until an
-  offer or a completed batch makes something due before that. An offer that makes a batch due
-  at once while the loop sleeps hands it out itself, as the loop would (at low concurrency the
-  loop's turn was one event-loop iteration on every call's path); a loop already woken is left
-  to gather its iteration's offers into one batch.
+  offer or a completed batch makes something due before that. A caller whose calls are the only
+  ones outstanding, and whose offer makes a batch due at once while the loop sleeps, hands it out
+  itself, as the loop would (the loop's turn was one event-loop iteration on the path of every
+  call made alone); with other calls outstanding the loop's turn gathers the offers that their
+  results bring in the same iteration into one batch.
 - It never leases slots: callers arrive holding their leases (the upstream deadlock came from
   acquiring slots inside the dispatch loop).
 - Nothing hangs: every batch runs under a deadline of its longest call's timeout plus
@@ -230,7 +231,10 @@ class ToolDispatcher:
                 planner.offer(call, now)
                 registered[id(call)] = waiter
                 waiters.append((call, waiter))
-            self._offered(now)
+            if len(registered) == len(waiters):  # no other caller's call is outstanding
+                self._offered_alone(now)
+            else:
+                self._nudge()
             results: list[ToolResult] = []
             for _call, waiter in waiters:
                 result = await waiter.wait()
@@ -250,15 +254,16 @@ class ToolDispatcher:
                 self._counts[3] += withdrawn
                 self._wake.set()
 
-    def _offered(self, now: float) -> None:
-        """After a caller's offer: send what is due at once from here, or wake the loop.
+    def _offered_alone(self, now: float) -> None:
+        """After the offer of a caller whose calls are the only ones outstanding: send what is
+        due at once from here, or wake the loop.
 
         When the loop sleeps (nothing woke it since it last looked) and the offer made a batch
         due now (eager mode and an idle container, or a full batch), the batch is handed to a
-        courier here, as the loop would hand it, without a turn of the loop first: at low
-        concurrency that turn was one event-loop iteration on every call's path. A loop already
-        woken (a batch completed, say) is left to collect every offer of its iteration into one
-        batch, as before.
+        courier here, as the loop would hand it, without a turn of the loop first: that turn was
+        one event-loop iteration on the path of every call made alone. Where other calls are
+        outstanding, their callers may offer in the same iteration when their results come, and
+        the loop's turn gathers those offers into one batch, so they go through ``_nudge``.
         """
         if self._until == -math.inf:
             return  # it is looking now, or woken already
