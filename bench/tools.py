@@ -35,9 +35,10 @@ it is why the pool's added p50 here reads above ``bench/one_call.py``'s: that be
 one slot server with a raw HTTP client (no trajcore on the env's side) and so measures the
 server's path alone, while the users' row here also carries ``SlotServerClient`` (HTTP/1.1
 client, the batch written and its results read by ``pools.batch_wire``), the pool's batch rules
-and the dispatcher's turns (its loop and a courier task between the caller and the request). The
-direct row adds TCP and the general codec instead of the dispatcher. ``one_call.py --client``
-measures the client's share beside the raw client; docs/benchmarks.md has the split.
+and the dispatcher's turns (a courier task between the caller and the request; the loop's
+turn too where other calls are outstanding). The direct row adds TCP and the general codec
+instead of the dispatcher. ``one_call.py --client`` measures the client's share beside the raw
+client; docs/benchmarks.md has the split.
 """
 
 from __future__ import annotations
