@@ -18,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import functools
 import json
 import time
 from collections.abc import Awaitable
-from typing import cast
+from typing import Any, cast
 
 import attrs
 
@@ -227,7 +228,8 @@ class HTTPServer:
 
     Attributes:
         handler: Turns a ``Request`` into a ``Reply``, directly (answered inside the read, no
-            task) or as an awaitable (run as a task); an exception becomes a 500,
+            task), as an ``asyncio.Future`` (answered from its done callback, no task) or as
+            another awaitable (run as a task); an exception becomes a 500,
             ``AbortConnection`` resets the connection without an answer.
         limits: What a request may be.
         idle_timeout_s: A connection idle (or half-way through a request head) this long is
@@ -239,7 +241,7 @@ class HTTPServer:
     idle_timeout_s: float = 75.0
     _servers: list[asyncio.Server] = attrs.field(init=False, factory=list)
     _connections: set[_ServerConnection] = attrs.field(init=False, factory=set)
-    _tasks: set[asyncio.Task[None]] = attrs.field(init=False, factory=set)
+    _tasks: set[asyncio.Future[Any]] = attrs.field(init=False, factory=set)  # answers due
     _closing: bool = attrs.field(init=False, default=False)
 
     async def listen_tcp(self, host: str, port: int, *, backlog: int = 100) -> tuple[str, int]:
@@ -271,11 +273,33 @@ class HTTPServer:
         if isinstance(answer, Reply):  # answered at once: no task
             conn.finish(answer, keep_alive, head=head)
             return
-        task = asyncio.get_running_loop().create_task(
-            self._answer(conn, answer, keep_alive, head=head)
-        )
+        if isinstance(answer, asyncio.Future):  # answered when it is done: no task either
+            self._tasks.add(answer)
+            answer.add_done_callback(functools.partial(self._answered, conn, keep_alive, head))
+            return
+        task = conn.loop.create_task(self._answer(conn, answer, keep_alive, head=head))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _answered(
+        self, conn: _ServerConnection, keep_alive: bool, head: bool, answer: asyncio.Future[Reply]
+    ) -> None:
+        """A handler's future is done: its reply, a 500 for its exception, or nothing when it
+        was cancelled (``aclose``), as ``_answer`` does for a task."""
+        self._tasks.discard(answer)
+        if answer.cancelled():
+            return
+        error = answer.exception()
+        if error is None:
+            reply = answer.result()
+        elif isinstance(error, AbortConnection):
+            conn.abort()
+            return
+        elif isinstance(error, Exception):
+            reply = _error_reply(500, f"internal error: {type(error).__name__}")
+        else:
+            raise error  # SystemExit, KeyboardInterrupt: out of the loop, as from a task
+        conn.finish(reply, keep_alive, head=head)
 
     async def _answer(
         self, conn: _ServerConnection, answer: Awaitable[Reply], keep_alive: bool, *, head: bool

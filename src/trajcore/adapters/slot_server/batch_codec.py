@@ -156,7 +156,7 @@ def _unstructure_result(result: ToolResult) -> dict[str, Any]:
     tree: dict[str, Any] = {
         "call_id": result.call_id,
         "name": result.name,
-        "outcome": result.outcome.value,
+        "outcome": result.outcome._value_,  # ``value``, without its descriptor
     }
     if result.content:
         tree["content"] = result.content

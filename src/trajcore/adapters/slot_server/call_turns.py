@@ -74,7 +74,8 @@ class CallTurns:
         before this returns. The results, one per call in order, when all are answered at once;
         else ``None``, and ``done`` gets them once, called from the last call's answer (no
         task, no loop iteration between). ``done`` must not raise."""
-        futures = [self._submit(call) for call in calls]
+        create = asyncio.get_running_loop().create_future
+        futures = [self._submit(call, create()) for call in calls]
         pending = [future for future in futures if not future.done()]
         if not pending:
             return [future.result() for future in futures]
@@ -86,14 +87,20 @@ class CallTurns:
             if not left:
                 done([future.result() for future in futures])
 
+        listeners = self._listeners
         for future in pending:  # a call twice in the batch is one future, counted twice
-            self._listeners.setdefault(future, []).append(one_answered)
+            waiting = listeners.get(future)
+            if waiting is None:
+                listeners[future] = [one_answered]
+            else:
+                waiting.append(one_answered)
         return None
 
-    def _submit(self, call: ExecuteCall) -> asyncio.Future[ToolResult]:
-        """The future of ``call``'s result, after the slot's queue has taken it in."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[ToolResult] = loop.create_future()
+    def _submit(
+        self, call: ExecuteCall, done: asyncio.Future[ToolResult]
+    ) -> asyncio.Future[ToolResult]:
+        """The future of ``call``'s result (``done``, a new future, unless the call joins one
+        already under way), after the slot's queue has taken it in."""
         if self._closed:
             done.set_result(refused(call, Closing()))
             return done
@@ -103,16 +110,16 @@ class CallTurns:
             return done
         slot = self._slots[call.slot]
         submission = slot.calls.submit(call.epoch, call.call_id)
-        if isinstance(submission, Joined):
-            return slot.answers[submission.ticket.number][1]
-        if isinstance(submission, Answered):
-            done.set_result(submission.result)
-        elif isinstance(submission, Refused):
-            done.set_result(refused(call, submission.reason))
-        else:
-            assert isinstance(submission, Accepted)
+        if isinstance(submission, Accepted):  # the common case first
             slot.answers[submission.ticket.number] = (call, done)
             self._take_turns(slot)
+        elif isinstance(submission, Joined):
+            return slot.answers[submission.ticket.number][1]
+        elif isinstance(submission, Answered):
+            done.set_result(submission.result)
+        else:
+            assert isinstance(submission, Refused)
+            done.set_result(refused(call, submission.reason))
         return done
 
     def _take_turns(self, slot: Slot) -> None:

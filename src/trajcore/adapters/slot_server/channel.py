@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import socket
 import struct
@@ -26,6 +27,7 @@ from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSON
 
 __all__ = [
+    "FIELD_LENGTH",
     "MAX_REQUEST_BYTES",
     "Agent",
     "AgentEnded",
@@ -39,7 +41,12 @@ __all__ = [
 ]
 
 _HEADER = struct.Struct(">I")
-_decode_json = json.JSONDecoder().decode  # an agent writes UTF-8: no encoding to detect
+FIELD_LENGTH = _HEADER
+"""The length before each field of a request and before each frame (``encode_request``)."""
+_JSON = json.JSONDecoder()
+_decode_json = _JSON.decode  # an agent writes UTF-8: no encoding to detect
+# The C scanner ``decode`` runs between its two whitespace matches (an instance attribute)
+_scan_json = cast("Callable[[str, int], tuple[object, int]]", vars(_JSON)["scan_once"])
 _RESOLUTION = time.get_clock_info("monotonic").resolution  # the event loop's clock's
 
 
@@ -93,6 +100,25 @@ _REPLY_TYPES: dict[str, frozenset[type]] = {
     "error": frozenset({str}),
 }
 _NO_TYPES: frozenset[type] = frozenset()
+# A command's reply as the helper writes it (``write_result``): every field, in this order. Its
+# allowed types, field by field, are every combination of ``_REPLY_TYPES``, so a reply of this
+# shape is checked by two comparisons (anything else by ``_REPLY_TYPES``, field by field).
+_HELPER_KEYS = (
+    "exit", "signal", "stdout", "stderr", "stdout_dropped", "stderr_dropped", "timed_out",
+    "duration",
+)  # fmt: skip
+_HELPER_SHAPES = frozenset(itertools.product(*(_REPLY_TYPES[key] for key in _HELPER_KEYS)))
+
+
+def _parse(text: str) -> object:
+    """``json.loads(text)``: the agent's compact JSON read by the C scanner alone, anything else
+    (leading or trailing whitespace, extra data, no JSON at all) by ``JSONDecoder.decode``,
+    which accepts or refuses it as it always does. Raises ``ValueError``."""
+    try:
+        value, end = _scan_json(text, 0)
+    except StopIteration:
+        return _decode_json(text)
+    return value if end == len(text) else _decode_json(text)
 
 
 def check_reply(reply: object) -> dict[str, JSON]:
@@ -100,6 +126,8 @@ def check_reply(reply: object) -> dict[str, JSON]:
     that does not parse as one never becomes a result."""
     if type(reply) is not dict or "exit" not in reply:
         raise AgentLost(f"the slot's agent sent a malformed reply ({type(reply).__name__})")
+    if tuple(reply) == _HELPER_KEYS and tuple(map(type, reply.values())) in _HELPER_SHAPES:
+        return cast("dict[str, JSON]", reply)
     for key, value in reply.items():
         if type(value) not in _REPLY_TYPES.get(key, _NO_TYPES):
             raise AgentLost(f"the slot's agent sent a malformed reply (field {key!r})")
@@ -127,9 +155,11 @@ class _Replies(asyncio.Protocol):
         self.buffer = bytearray()
         self.answer: Answer | None = None
         self.deadline: asyncio.TimerHandle | None = None  # fires at or before ``due``
+        self.fires = 0.0  # when ``deadline`` fires (its ``when()``)
         self.due = 0.0  # the request under way's deadline (loop time)
         self.limit_s = 0.0  # and its timeout
         self.lost: AgentLost | None = None
+        self.loop = asyncio.get_running_loop()
 
     def send(self, payload: bytes, timeout_s: float, answer: Answer) -> None:
         if self.lost is not None:
@@ -138,16 +168,17 @@ class _Replies(asyncio.Protocol):
         if self.answer is not None:
             raise RuntimeError("an agent serves one request at a time")
         self.answer = answer
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         self.due, self.limit_s = loop.time() + timeout_s, timeout_s
         # One timer per channel, moved on lazily: a request's answer leaves it armed, and the
         # next request reuses it unless it must fire sooner (no timer made or cancelled per
         # request, as the calls of a lease mostly share one timeout).
         deadline = self.deadline
-        if deadline is None or deadline.when() > self.due:
+        if deadline is None or self.fires > self.due:
             if deadline is not None:
                 deadline.cancel()
             self.deadline = loop.call_at(self.due, self._check)
+            self.fires = self.due
         self.transport.write(_HEADER.pack(len(payload)) + payload)
 
     def _check(self) -> None:
@@ -156,9 +187,10 @@ class _Replies(asyncio.Protocol):
         self.deadline = None
         if self.answer is None or self.lost is not None:
             return
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         if loop.time() + _RESOLUTION < self.due:  # a timer may fire this early
             self.deadline = loop.call_at(self.due, self._check)
+            self.fires = self.due
             return
         self.lose(AgentLost(f"the slot's agent did not answer within {self.limit_s:.1f} s"))
 
@@ -185,36 +217,42 @@ class _Replies(asyncio.Protocol):
         if self.answer is None:
             self.lose(AgentLost("the slot's agent sent bytes no request asked for"))
             return
+        # A reply mostly comes in one read: framed from ``data`` itself, never copied into the
+        # buffer, which holds only the start of a frame that a later read completes.
         buffer = self.buffer
-        buffer += data
-        if len(buffer) < _HEADER.size:
-            return
-        size = _HEADER.unpack_from(buffer)[0]
-        if size > self.cap:
-            self.lose(
-                AgentLost(
-                    f"the slot's agent sent a frame of {size} bytes, over the cap of {self.cap}"
+        held = bool(buffer)
+        if held:
+            buffer += data
+        frame = buffer if held else data
+        if len(frame) >= _HEADER.size:
+            size = _HEADER.unpack_from(frame)[0]
+            if size > self.cap:
+                self.lose(
+                    AgentLost(
+                        f"the slot's agent sent a frame of {size} bytes, over the cap of {self.cap}"
+                    )
                 )
-            )
-            return
-        end = _HEADER.size + size
-        if len(buffer) < end:
-            return
-        if len(buffer) > end:
-            self.lose(AgentLost("the slot's agent sent more than one reply to a request"))
-            return
-        body = buffer[_HEADER.size :]
-        buffer.clear()
-        try:
-            reply: dict[str, JSON] | AgentLost = check_reply(_decode_json(body.decode()))
-        except ValueError:  # UnicodeDecodeError too
-            reply = AgentLost("the slot's agent sent a reply that is not JSON")
-        except AgentLost as malformed:
-            reply = malformed
-        if isinstance(reply, AgentLost):
-            self.lose(reply)
-        else:
-            self._give(reply)
+                return
+            end = _HEADER.size + size
+            if len(frame) > end:
+                self.lose(AgentLost("the slot's agent sent more than one reply to a request"))
+                return
+            if len(frame) == end:
+                try:
+                    text = frame[_HEADER.size :].decode()
+                    buffer.clear()
+                    reply: dict[str, JSON] | AgentLost = check_reply(_parse(text))
+                except ValueError:  # UnicodeDecodeError too
+                    reply = AgentLost("the slot's agent sent a reply that is not JSON")
+                except AgentLost as malformed:
+                    reply = malformed
+                if isinstance(reply, AgentLost):
+                    self.lose(reply)
+                else:
+                    self._give(reply)
+                return
+        if not held:
+            buffer += data
 
     def eof_received(self) -> bool:
         self.lose(AgentLost("the slot's sandbox ended (end of its channel)"))

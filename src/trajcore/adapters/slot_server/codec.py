@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import cattrs
@@ -143,6 +144,26 @@ def encode(value: object) -> bytes:
         return _COMPACT_ASCII.encode(tree).encode()
 
 
+_DECODER = json.JSONDecoder()
+# ``json.loads``'s own steps for compact UTF-8 JSON: the C scanner (an instance attribute)
+_scan = cast("Callable[[str, int], tuple[object, int]]", vars(_DECODER)["scan_once"])
+
+
+def _loads(data: bytes | str) -> object:
+    """``json.loads(data)``. A message that opens with ``{`` is UTF-8 (``json.detect_encoding``
+    finds nothing else for it) and is read by the C scanner alone when it holds one value and
+    nothing after it; anything else goes through ``json.loads``, which accepts or refuses it as
+    it always does. Raises ``ValueError`` (``UnicodeDecodeError`` too)."""
+    if type(data) is bytes and data[:1] == b"{" and data[1:2] != b"\x00":
+        text = data.decode("utf-8", "surrogatepass")  # as ``json.loads`` decodes it
+        try:
+            value, end = _scan(text, 0)
+        except StopIteration:  # not reached for a text opening with ``{``; to be sure
+            return json.loads(data)
+        return value if end == len(text) else _DECODER.decode(text)
+    return json.loads(data)
+
+
 def decode(data: bytes | str, kind: type[T]) -> T:
     """Parse JSON ``data`` into a ``kind``.
 
@@ -150,7 +171,7 @@ def decode(data: bytes | str, kind: type[T]) -> T:
         WireError: the text is not JSON (field ``$``) or does not fit ``kind``.
     """
     try:
-        parsed = json.loads(data)
+        parsed = _loads(data)
     except (ValueError, UnicodeDecodeError) as error:
         raise WireError("$", f"not JSON: {error}") from None
     return structure(parsed, kind)

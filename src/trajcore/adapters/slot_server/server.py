@@ -27,7 +27,6 @@ import attrs
 
 from trajcore.adapters.http1.server import HTTPServer
 from trajcore.adapters.http1.values import Handler, Limits, Reply, Request
-from trajcore.adapters.slot_server.call_turns import setter
 from trajcore.adapters.slot_server.codec import decode, encode
 from trajcore.adapters.slot_server.runtime import SlotRuntime
 from trajcore.domain.errors import ToolArgumentError, UnknownSlot, WireError
@@ -170,9 +169,10 @@ def make_handler(runtime: SlotRuntime, token: str | None) -> Handler:
 
     A batch (``POST /v1/execute``, its token right) is decoded and submitted inside the read
     that completed it (``SlotRuntime.execute_now``: its agents are written to before the
-    handler returns), and answered at once when every call is; otherwise its results come back
-    through one future, set from the last call's answer. Every other request goes through
-    ``make_answer`` in a task of its own."""
+    handler returns), and answered at once when every call is; otherwise its reply is made
+    from the last call's answer and comes back through one future, which the HTTP server
+    writes from its done callback in the loop's next iteration (no task). Every other request
+    goes through ``make_answer`` in a task of its own."""
     answer = make_answer(runtime, token)
     expected = f"Bearer {token}".encode() if token is not None else None
 
@@ -185,18 +185,26 @@ def make_handler(runtime: SlotRuntime, token: str | None) -> Handler:
     def respond(results: list[ToolResult]) -> Reply:
         return Reply(status=200, body=encode(ExecuteResponse(results=results)), content_type=_JSON)
 
-    async def later(answered: asyncio.Future[list[ToolResult]]) -> Reply:
-        return respond(await answered)
-
     def execute_now(body: bytes) -> Reply | Awaitable[Reply]:
         try:
             batch = decode(body, ExecuteRequest)
         except WireError as error:
             status, text = _error(400, error.reason, error.field)
             return Reply(status=status, body=text, content_type=_JSON)
-        answered: asyncio.Future[list[ToolResult]] = asyncio.get_running_loop().create_future()
-        results = runtime.execute_now(batch.calls, setter(answered))
-        return respond(results) if results is not None else later(answered)
+        answered: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+
+        def done(results: list[ToolResult]) -> None:
+            if answered.done():  # the server closed and gave up on it
+                return
+            try:
+                reply = respond(results)
+            except Exception as error:  # noqa: BLE001 - the server answers it with a 500
+                answered.set_exception(error)
+            else:
+                answered.set_result(reply)
+
+        results = runtime.execute_now(batch.calls, done)
+        return respond(results) if results is not None else answered
 
     def dispatch(request: Request) -> Reply | Awaitable[Reply]:
         if request.path == "/v1/execute" and request.method == "POST":

@@ -14,7 +14,12 @@ import functools
 from collections.abc import Callable
 from typing import cast
 
-from trajcore.adapters.slot_server.channel import MAX_REQUEST_BYTES, AgentLost, encode_request
+from trajcore.adapters.slot_server.channel import (
+    FIELD_LENGTH,
+    MAX_REQUEST_BYTES,
+    AgentLost,
+    encode_request,
+)
 from trajcore.adapters.slot_server.sandboxes import Sandboxes
 from trajcore.adapters.slot_server.slot_state import Slot
 from trajcore.domain.errors import ToolArgumentError
@@ -29,6 +34,7 @@ __all__ = ["failure", "flat_check", "refused", "run_call", "start_call"]
 
 _TOOLS: dict[str, ToolSpec] = {spec.name: spec for spec in SLOT_TOOL_SPECS}
 _COMMANDS = frozenset({"bash", "bash_stateful", "tmux"})  # what the lease's agent runs
+_LENGTH = FIELD_LENGTH.pack
 
 # JSON-schema types a flat schema's properties may have, as the exact Python types that
 # ``json.loads`` makes for them (``bool`` is not an ``int`` here, nor an ``int`` a ``float``'s
@@ -209,7 +215,9 @@ def _command_request(sandboxes: Sandboxes, call: ExecuteCall, timeout: float) ->
             reason = "holds a NUL character, which no command line can carry @ $.command"
             return failure(call, ToolOutcome.REJECTED, reason)
         try:
-            payload = _command_head(call.tool, repr(timeout), cap) + encode_request([command])
+            data = command.encode("utf-8")  # the last field, as ``encode_request`` writes it
+            head = _command_head(call.tool, repr(timeout), cap)
+            payload = b"".join((head, _LENGTH(len(data)), data))
         except UnicodeEncodeError as error:
             reason = f"not valid Unicode text (a lone surrogate at {error.start}) @ $.command"
             return failure(call, ToolOutcome.REJECTED, reason)
@@ -368,4 +376,7 @@ def _command_result(
         )  # fmt: skip
     if exit_code:
         content += f"\n[exit code {exit_code}]"
-    return _result(call, ToolOutcome.OK, content, exec_report=report)
+    return ToolResult(
+        call_id=call.call_id, name=call.tool, outcome=ToolOutcome.OK, content=content,
+        exec=report,
+    )  # fmt: skip
