@@ -123,6 +123,26 @@ def test_a_reply_that_is_not_a_reply_ends_the_lease() -> None:
     asyncio.run(main())
 
 
+def test_a_reply_nested_past_the_parsers_depth_ends_the_lease_as_not_json() -> None:
+    """JSON nested deeper than the parser recurses is refused as any bad reply is (the lease
+    lost, "not JSON"), not a parser crash inside the protocol's callback; the control, the
+    same reply nested ten deep, parses and is then refused for its field."""
+
+    async def main(depth: int) -> dict[str, JSON]:
+        body = b'{"exit": 0, "x": ' + b"[" * depth + b"]" * depth + b"}"
+        async with greeted() as (agent, peer):
+            asking = asyncio.ensure_future(agent.request(ask(), 5))
+            await settle()
+            read_request(peer)
+            peer.sendall(struct.pack(">I", len(body)) + body)
+            return await asking
+
+    with pytest.raises(AgentLost, match="not JSON"):
+        asyncio.run(main(10_000))
+    with pytest.raises(AgentLost, match="malformed reply \\(field 'x'\\)"):
+        asyncio.run(main(10))
+
+
 def test_send_answers_once_from_the_loop_and_refuses_a_second_request_meanwhile() -> None:
     async def main() -> None:
         async with greeted() as (agent, peer):

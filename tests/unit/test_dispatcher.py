@@ -7,6 +7,7 @@ the batch, or the test waits on what the fake recorded, never on a clock.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -315,6 +316,47 @@ async def test_with_another_call_outstanding_the_loop_gathers_the_offer(
         assert after.content == "after\n"
         assert pool.batches[2][0] == b.slot.container
         pool.unhang(a.slot.container)
+
+
+_CALLER = contextvars.ContextVar("caller", default="none")
+
+
+class ContextRecordingPool(RaisingPool):
+    """A pool that records, for each batch, the ``_CALLER`` its courier runs with."""
+
+    def __init__(self, inner: FakeSandboxPool) -> None:
+        super().__init__(inner, broken="")
+        self.seen: list[str] = []
+
+    async def execute(self, container: str, calls: Sequence[SlotCall]) -> list[ToolResult]:
+        self.seen.append(_CALLER.get())
+        return await self.inner.execute(container, calls)
+
+
+@pytest.mark.anyio
+async def test_a_courier_a_caller_starts_runs_in_the_dispatchers_context(
+    loop_hooks: HookFactory,
+) -> None:
+    """A caller whose offer starts a courier (none waiting, the loop asleep) does not lend it
+    its own context variables: the courier serves later batches of every trajectory. The
+    control: the caller itself sees its variable."""
+    config = BatchConfig(window_ms=60_000.0, max_batch_size=64, eager=True)
+    async with (
+        FakeSandboxPool(containers=1, slots_per_container=1) as inner,
+        ToolDispatcher(
+            recording := ContextRecordingPool(inner), config, loop_hooks=loop_hooks
+        ) as dispatcher,
+        inner.lease("a") as lease,
+    ):
+        await anyio.sleep(0.01)  # the loop has looked and sleeps; no courier exists yet
+        token = _CALLER.set("trajectory-1")
+        try:
+            (result,) = await dispatcher.run([bash(lease, "echo one")])
+            assert _CALLER.get() == "trajectory-1"
+        finally:
+            _CALLER.reset(token)
+        assert result.content == "one\n"
+        assert recording.seen == ["none"]
 
 
 async def _cancel_soon(scope: anyio.CancelScope) -> None:

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from trajcore.adapters.slot_server import channel, codec
 from trajcore.adapters.slot_server.channel import AgentLost, check_reply
+from trajcore.domain.errors import WireError
+from trajcore.domain.slot_protocol import ExecuteRequest
 
 _JSONISH = st.sampled_from(
     ["{", "}", "[", "]", '"', ":", ",", " ", "\n", "0", "1.5", "-", "e", "true", "null", "NaN",
@@ -68,3 +70,14 @@ def test_a_helper_shaped_reply_passes_exactly_when_every_field_has_its_type(
     else:
         with pytest.raises(AgentLost, match="malformed reply"):
             check_reply(reply)
+
+
+def test_a_request_nested_past_the_parsers_depth_is_a_wire_error() -> None:
+    """A body nested deeper than the parser recurses is refused as JSON that does not parse
+    (``WireError`` at ``$``, which the server answers with a 400), not a crash (a 500)."""
+    nested = b'{"calls": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"
+    with pytest.raises(WireError) as refused:
+        codec.decode(nested, ExecuteRequest)
+    assert refused.value.field == "$"
+    assert "not JSON" in refused.value.reason
+    assert codec.decode(b'{"calls": []}', ExecuteRequest).calls == ()

@@ -38,6 +38,7 @@ loop is woken only when a batch became due before it would look anyway.
 
 from __future__ import annotations
 
+import contextvars
 import math
 from collections.abc import Callable, Sequence
 
@@ -175,6 +176,9 @@ class ToolDispatcher:
             clock=anyio.current_time, event=anyio.Event, waiter=lambda: _Waiter(anyio.Event())
         )
         self._group: anyio.abc.TaskGroup | None = None
+        # The context couriers start in: the dispatcher's own, not that of the caller whose
+        # offer happens to start one (a courier serves every trajectory's batches after it).
+        self._context = contextvars.copy_context()
         self._idle: list[_Courier] = []
         self._closed = False
         # batches, calls, failed batches, withdrawn calls, largest batch
@@ -182,6 +186,7 @@ class ToolDispatcher:
 
     async def __aenter__(self) -> ToolDispatcher:
         self._backend = _Backend.running(None if self._loop_hooks is None else self._loop_hooks())
+        self._context = contextvars.copy_context()
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
         self._group.start_soon(self._loop, self._group)
@@ -289,7 +294,7 @@ class ToolDispatcher:
                 courier.batch = batch
                 courier.ready.set()
             else:
-                group.start_soon(self._courier, batch)
+                self._context.run(group.start_soon, self._courier, batch)
 
     async def _loop(self, group: anyio.abc.TaskGroup) -> None:
         clock, event, scope = self._backend.clock, self._backend.event, self._backend.scope

@@ -298,6 +298,7 @@ class HTTPServer:
         elif isinstance(error, Exception):
             reply = _error_reply(500, f"internal error: {type(error).__name__}")
         else:
+            conn.abort()  # no answer will come: the client is not left waiting
             raise error  # SystemExit, KeyboardInterrupt: out of the loop, as from a task
         conn.finish(reply, keep_alive, head=head)
 

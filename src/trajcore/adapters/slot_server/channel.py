@@ -111,14 +111,19 @@ _HELPER_SHAPES = frozenset(itertools.product(*(_REPLY_TYPES[key] for key in _HEL
 
 
 def _parse(text: str) -> object:
-    """``json.loads(text)``: the agent's compact JSON read by the C scanner alone, anything else
-    (leading or trailing whitespace, extra data, no JSON at all) by ``JSONDecoder.decode``,
-    which accepts or refuses it as it always does. Raises ``ValueError``."""
+    """``json.loads(text)``: the agent's compact JSON read once, by the C scanner alone; white
+    space after it skipped and anything else after it refused, as ``JSONDecoder.decode`` does
+    (read once more by no one); text the scanner does not start on (leading white space, no
+    JSON at all) by ``decode`` itself. Raises ``ValueError`` (``RecursionError`` for JSON
+    nested past the interpreter's depth)."""
     try:
         value, end = _scan_json(text, 0)
     except StopIteration:
         return _decode_json(text)
-    return value if end == len(text) else _decode_json(text)
+    stop = len(text) - len(text[end:].lstrip(" \t\n\r"))  # JSON's white space
+    if stop == len(text):
+        return value
+    raise json.JSONDecodeError("Extra data", text, stop)  # as ``decode`` refuses it
 
 
 def check_reply(reply: object) -> dict[str, JSON]:
@@ -242,7 +247,7 @@ class _Replies(asyncio.Protocol):
                     text = frame[_HEADER.size :].decode()
                     buffer.clear()
                     reply: dict[str, JSON] | AgentLost = check_reply(_parse(text))
-                except ValueError:  # UnicodeDecodeError too
+                except (ValueError, RecursionError):  # UnicodeDecodeError; nested too deep
                     reply = AgentLost("the slot's agent sent a reply that is not JSON")
                 except AgentLost as malformed:
                     reply = malformed

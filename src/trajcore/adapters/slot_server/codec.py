@@ -151,16 +151,20 @@ _scan = cast("Callable[[str, int], tuple[object, int]]", vars(_DECODER)["scan_on
 
 def _loads(data: bytes | str) -> object:
     """``json.loads(data)``. A message that opens with ``{`` is UTF-8 (``json.detect_encoding``
-    finds nothing else for it) and is read by the C scanner alone when it holds one value and
-    nothing after it; anything else goes through ``json.loads``, which accepts or refuses it as
-    it always does. Raises ``ValueError`` (``UnicodeDecodeError`` too)."""
+    finds nothing else for it) and is read once, by the C scanner alone: white space after its
+    value skipped and anything else after it refused, as ``json.loads`` does; anything else
+    goes through ``json.loads``. Raises ``ValueError`` (``UnicodeDecodeError`` too), and
+    ``RecursionError`` for JSON nested past the interpreter's depth."""
     if type(data) is bytes and data[:1] == b"{" and data[1:2] != b"\x00":
         text = data.decode("utf-8", "surrogatepass")  # as ``json.loads`` decodes it
         try:
             value, end = _scan(text, 0)
         except StopIteration:  # not reached for a text opening with ``{``; to be sure
             return json.loads(data)
-        return value if end == len(text) else _DECODER.decode(text)
+        stop = len(text) - len(text[end:].lstrip(" \t\n\r"))  # JSON's white space
+        if stop == len(text):
+            return value
+        raise json.JSONDecodeError("Extra data", text, stop)  # as ``decode`` refuses it
     return json.loads(data)
 
 
@@ -172,6 +176,6 @@ def decode(data: bytes | str, kind: type[T]) -> T:
     """
     try:
         parsed = _loads(data)
-    except (ValueError, UnicodeDecodeError) as error:
+    except (ValueError, RecursionError) as error:  # UnicodeDecodeError; nested too deep
         raise WireError("$", f"not JSON: {error}") from None
     return structure(parsed, kind)
