@@ -234,12 +234,14 @@ async def test_malformed_request_is_400_naming_the_path() -> None:
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(base_url="http://t", transport=transport, headers=headers) as raw:
         not_json = await raw.post("/v1/execute", content=b"{nope")
+        too_deep = await raw.post("/v1/execute", content=b"[" * 5_000 + b"]" * 5_000)
         bad_call = await raw.post(
             "/v1/execute",
             json={"calls": [{"id": "c1", "name": 7}], "context": {"trajectory_id": "t"}},
         )
         no_context = await raw.post("/v1/execute", json={"calls": []})
     assert (not_json.status_code, not_json.json()["field"]) == (400, "$")
+    assert (too_deep.status_code, too_deep.json()["field"]) == (400, "$")
     assert (bad_call.status_code, bad_call.json()["field"]) == (400, "$.calls[0].name")
     assert (no_context.status_code, no_context.json()["field"]) == (400, "$.context")
 

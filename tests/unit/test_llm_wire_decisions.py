@@ -19,6 +19,7 @@ from trajcore.adapters.llm.token_wire import (
     sglang_generate_request,
     vllm_completion_request,
 )
+from trajcore.adapters.llm.wire import decode_json
 from trajcore.domain.errors import ModelServerRejected, WireError
 from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.messages import Message
@@ -597,3 +598,36 @@ def test_a_response_parser_reads_the_status_then_the_decoded_body() -> None:
     with pytest.raises(ModelServerRejected) as rejected:
         parse(404, {}, json.dumps(body).encode())
     assert rejected.value.status == 404
+
+
+def test_arguments_nested_too_deeply_or_with_too_many_digits_are_a_problem_not_a_crash() -> None:
+    """A policy's arguments that the JSON parser cannot read for its depth or for a number's
+    digits are a ``ParseProblem`` of that call, as any broken JSON is (the model is told), not
+    an exception out of the response's parsing; the call beside them is kept."""
+    deep = '{"a": ' + "[" * 5_000 + "]" * 5_000 + "}"
+    digits = '{"a": ' + "1" * 5_000 + "}"
+    calls = [_fn(deep, call_id="c0"), _fn(digits, call_id="c1"), _fn('{"a": 1}', call_id="c2")]
+    turn = parse_chat_body(_chat({"content": None, "tool_calls": calls}))
+    assert turn.message.tool_calls == (ToolCall(id="c2", name="bash", arguments={"a": 1}),)
+    reasons = [problem.reason for problem in turn.problems]
+    assert reasons[0] == "arguments are not valid JSON (nested too deeply) @ arguments"
+    assert reasons[1].startswith("arguments are not valid JSON (Exceeds the limit (4300 digits)")
+    assert [problem.index for problem in turn.problems] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"[" * 5_000 + b"]" * 5_000, "body is not JSON: nested too deeply"),
+        (b"1" * 5_000, "body is not JSON: Exceeds the limit (4300 digits)"),
+    ],
+)
+def test_a_body_the_parser_cannot_read_for_its_depth_or_digits_is_a_wire_error(
+    body: bytes, reason: str
+) -> None:
+    """A server's body nested past the parser's depth, or with a number past its digits, is a
+    ``WireError`` at ``$`` as any body that is not JSON is."""
+    with pytest.raises(WireError) as refused:
+        decode_json(body)
+    assert refused.value.field == "$"
+    assert refused.value.reason.startswith(reason)

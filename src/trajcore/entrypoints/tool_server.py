@@ -140,7 +140,7 @@ def make_app(
             return refused()
         try:
             data = json.loads(await request.body())
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
             return _problem(400, "$", f"the body is not JSON: {exc}")
         try:
             batch = structure(data, ExecuteRequest)

@@ -99,6 +99,10 @@ def _arguments(raw: object, at: str) -> tuple[JSONObject | None, str, str]:
         value: JSON = json.loads(text)
     except json.JSONDecodeError as exc:
         return None, text, f"arguments are not valid JSON ({exc.msg} at column {exc.colno})"
+    except ValueError as exc:  # a number past int()'s limit on digits
+        return None, text, f"arguments are not valid JSON ({exc})"
+    except RecursionError:
+        return None, text, "arguments are not valid JSON (nested too deeply)"
     if not isinstance(value, dict):
         return None, text, f"arguments must be a JSON object, got {type(value).__name__}"
     return value, text, ""

@@ -79,6 +79,10 @@ def decode_json(body: bytes, *, field: str = "$") -> object:
         raise WireError(
             field, f"body is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
+    except ValueError as exc:  # a number past int()'s limit on digits
+        raise WireError(field, f"body is not JSON: {exc}") from None
+    except RecursionError:
+        raise WireError(field, "body is not JSON: nested too deeply") from None
 
 
 def obj(value: object, field: str) -> dict[str, object]:
@@ -183,7 +187,7 @@ def _error_message(body: bytes) -> str:
     text = body[:BODY_EXCERPT_BYTES].decode("utf-8", errors="replace")
     try:
         data = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # JSONDecodeError, a number past int()'s digits, depth
         return text[:300]
     if isinstance(data, dict):
         error = data.get("error")
