@@ -606,7 +606,11 @@ def test_arguments_nested_too_deeply_or_with_too_many_digits_are_a_problem_not_a
     an exception out of the response's parsing; the call beside them is kept."""
     deep = '{"a": ' + "[" * 5_000 + "]" * 5_000 + "}"
     digits = '{"a": ' + "1" * 5_000 + "}"
-    calls = [_fn(deep, call_id="c0"), _fn(digits, call_id="c1"), _fn('{"a": 1}', call_id="c2")]
+    calls: list[JSON] = [
+        _fn(deep, call_id="c0"),
+        _fn(digits, call_id="c1"),
+        _fn('{"a": 1}', call_id="c2"),
+    ]
     turn = parse_chat_body(_chat({"content": None, "tool_calls": calls}))
     assert turn.message.tool_calls == (ToolCall(id="c2", name="bash", arguments={"a": 1}),)
     reasons = [problem.reason for problem in turn.problems]
