@@ -606,17 +606,20 @@ def test_arguments_nested_too_deeply_or_with_too_many_digits_are_a_problem_not_a
     an exception out of the response's parsing; the call beside them is kept."""
     deep = '{"a": ' + "[" * 5_000 + "]" * 5_000 + "}"
     digits = '{"a": ' + "1" * 5_000 + "}"
+    walked = '{"a": ' + "[" * 600 + "]" * 600 + "}"  # parses; too deep for the checks after
     calls: list[JSON] = [
         _fn(deep, call_id="c0"),
         _fn(digits, call_id="c1"),
-        _fn('{"a": 1}', call_id="c2"),
+        _fn(walked, call_id="c2"),
+        _fn('{"a": 1}', call_id="c3"),
     ]
     turn = parse_chat_body(_chat({"content": None, "tool_calls": calls}))
-    assert turn.message.tool_calls == (ToolCall(id="c2", name="bash", arguments={"a": 1}),)
+    assert turn.message.tool_calls == (ToolCall(id="c3", name="bash", arguments={"a": 1}),)
     reasons = [problem.reason for problem in turn.problems]
     assert reasons[0] == "arguments are not valid JSON (nested too deeply) @ arguments"
     assert reasons[1].startswith("arguments are not valid JSON (Exceeds the limit (4300 digits)")
-    assert [problem.index for problem in turn.problems] == [0, 1]
+    assert reasons[2] == "nested too deeply @ arguments"
+    assert [problem.index for problem in turn.problems] == [0, 1, 2]
 
 
 @pytest.mark.parametrize(

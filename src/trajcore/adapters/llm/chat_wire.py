@@ -151,6 +151,8 @@ def parse_chat_body(data: object) -> ChatTurn:
                 continue
             except ToolArgumentError as exc:
                 arguments, reason = None, exc.reason
+            except RecursionError:  # parsed, but too deep for the checks that walk it
+                arguments, reason = None, "nested too deeply"
         if arguments is None:
             if finish_reason is FinishReason.LENGTH:
                 reason = f"cut at max_tokens: {reason}"
