@@ -12,6 +12,7 @@ import pytest
 
 from trajcore.domain.errors import ConfigError, InvalidInput
 from trajcore.domain.json_values import (
+    MAX_DEPTH,
     check_json,
     json_lines,
     json_object,
@@ -180,3 +181,39 @@ def test_a_tree_that_is_not_json_is_not_plain_and_check_json_names_its_first_fau
 def test_json_built_of_subclasses_is_not_plain_yet_check_json_takes_it(value: object) -> None:
     assert plain_json(value) is False
     assert check_json(value) is None
+
+
+def _nested(depth: int, leaf: object = 1) -> object:
+    """``leaf`` inside ``depth`` arrays and objects, one inside the other, alternating."""
+    value = leaf
+    for level in range(depth):
+        value = {"k": value} if level % 2 else [value]
+    return value
+
+
+@pytest.mark.parametrize("depth", [1, 2, MAX_DEPTH - 1, MAX_DEPTH])
+def test_a_tree_nested_up_to_the_bound_is_plain_json(depth: int) -> None:
+    assert plain_json(_nested(depth)) is True
+    assert check_json(_nested(depth)) is None
+    assert check_json(_nested(depth, leaf=_Text("x"))) is None  # the walk with paths takes it
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, MAX_DEPTH + 2, 5_000])
+def test_a_tree_nested_past_the_bound_is_refused_at_the_level_past_it(depth: int) -> None:
+    """Past ``MAX_DEPTH`` nested arrays and objects a tree is refused, naming where the level
+    past the bound begins, however deep it goes (a few hundred levels used to end the walk in
+    a RecursionError): by ``check_json`` with a reason, by ``plain_json`` with ``False``."""
+    value = _nested(depth)
+    assert plain_json(value) is False
+    problem = check_json(value, "$.x")
+    assert problem is not None
+    reason, _, path = problem.partition(" @ ")
+    assert reason == f"nested deeper than {MAX_DEPTH} arrays and objects"
+    assert path.startswith("$.x")
+    assert path.count("[0]") + path.count(".k") == MAX_DEPTH  # the first level past the bound
+
+
+def test_the_bound_counts_arrays_and_objects_not_scalars() -> None:
+    assert MAX_DEPTH == 100
+    assert check_json({"a": [1, "x", None, 2.5]}) is None
+    assert check_json(_nested(MAX_DEPTH, leaf="deep")) is None

@@ -17,6 +17,7 @@ from trajcore.domain.errors import InvalidInput
 
 __all__ = [
     "JSON",
+    "MAX_DEPTH",
     "JSONObject",
     "check_json",
     "json_lines",
@@ -81,19 +82,28 @@ def json_object(text: str, field: str) -> JSONObject:
 _PLAIN_SCALARS = frozenset({str, int, bool, type(None)})
 
 
+MAX_DEPTH = 100
+"""The most arrays and objects a JSON tree nests, one inside another: every walk of a tree (this
+check, a schema's validation, the wire's encoders) recurses once a level or more, and Python's
+recursion limit (1,000 frames) must never be what refuses a tree (a policy's arguments nested a
+few hundred deep would otherwise fail the request that carries them, not the call alone)."""
+
+
 def check_json(value: object, path: str = "$") -> str | None:
     """Return ``None`` when ``value`` is a JSON tree, else ``"reason @ path"`` for the first fault.
 
-    JSON here means: None, bool, int, finite float, str, list of JSON, dict with str keys of JSON.
+    JSON here means: None, bool, int, finite float, str, list of JSON, dict with str keys of JSON,
+    arrays and objects nested at most ``MAX_DEPTH`` deep.
     """
     if plain_json(value):
         return None  # the common case, decided without writing a path for every item
-    return _first_fault(value, path)
+    return _first_fault(value, path, 0)
 
 
-def plain_json(value: object) -> bool:
+def plain_json(value: object, depth: int = 0) -> bool:
     """Whether ``value`` is a JSON tree built of exactly the built-in types (no subclass), every
-    float finite: the trees ``json.loads`` makes, and tool arguments nearly always.
+    float finite, nested at most ``MAX_DEPTH`` deep (``depth``: how deep ``value`` itself
+    stands): the trees ``json.loads`` makes, and tool arguments nearly always.
 
     ``True`` means ``check_json`` finds nothing to refuse; ``False`` means only that the tree is
     not of this plain kind (a ``str`` subclass is still JSON), so ask ``check_json``.
@@ -103,24 +113,33 @@ def plain_json(value: object) -> bool:
     if type(value) is float:
         return math.isfinite(value)
     if type(value) is dict:
+        if depth >= MAX_DEPTH:
+            return False
         for key, item in value.items():
-            if type(key) is not str or not plain_json(item):
+            if type(key) is not str or not plain_json(item, depth + 1):
                 return False
         return True
     if type(value) is list:
-        return all(plain_json(item) for item in value)
+        if depth >= MAX_DEPTH:
+            return False
+        for item in value:  # noqa: SIM110 - a loop, not all(...): no generator frame a level
+            if not plain_json(item, depth + 1):
+                return False
+        return True
     return False
 
 
-def _first_fault(value: object, path: str) -> str | None:
+def _first_fault(value: object, path: str, depth: int) -> str | None:
     """``check_json``'s answer, walking the whole tree with the path to each item."""
     if value is None or isinstance(value, bool | int | str):
         return None
     if isinstance(value, float):
         return None if math.isfinite(value) else f"non-finite number {value!r} @ {path}"
+    if isinstance(value, list | dict) and depth >= MAX_DEPTH:
+        return f"nested deeper than {MAX_DEPTH} arrays and objects @ {path}"
     if isinstance(value, list):
         for i, item in enumerate(value):
-            problem = _first_fault(item, f"{path}[{i}]")
+            problem = _first_fault(item, f"{path}[{i}]", depth + 1)
             if problem:
                 return problem
         return None
@@ -128,7 +147,7 @@ def _first_fault(value: object, path: str) -> str | None:
         for key, item in value.items():
             if not isinstance(key, str):
                 return f"object key {key!r} is not a string @ {path}"
-            problem = _first_fault(item, f"{path}.{key}")
+            problem = _first_fault(item, f"{path}.{key}", depth + 1)
             if problem:
                 return problem
         return None
