@@ -217,3 +217,12 @@ def test_the_bound_counts_arrays_and_objects_not_scalars() -> None:
     assert MAX_DEPTH == 100
     assert check_json({"a": [1, "x", None, 2.5]}) is None
     assert check_json(_nested(MAX_DEPTH, leaf="deep")) is None
+
+
+@pytest.mark.parametrize("innermost", [{"k": 1}, [1], {}, []])
+def test_one_array_or_object_past_the_bound_is_refused_whichever_it_is(innermost: object) -> None:
+    """The level past the bound is refused whether it is an array or an object, empty or not;
+    the same tree one level shallower is taken."""
+    assert plain_json(_nested(MAX_DEPTH - 1, leaf=innermost)) is True
+    assert plain_json(_nested(MAX_DEPTH, leaf=innermost)) is False
+    assert check_json(_nested(MAX_DEPTH, leaf=innermost)) is not None

@@ -606,7 +606,7 @@ def test_arguments_nested_too_deeply_or_with_too_many_digits_are_a_problem_not_a
     an exception out of the response's parsing; the call beside them is kept."""
     deep = '{"a": ' + "[" * 5_000 + "]" * 5_000 + "}"
     digits = '{"a": ' + "1" * 5_000 + "}"
-    walked = '{"a": ' + "[" * 600 + "]" * 600 + "}"  # parses; too deep for the checks after
+    walked = '{"a": ' + "[" * 600 + "]" * 600 + "}"  # parses; past the JSON trees' depth
     calls: list[JSON] = [
         _fn(deep, call_id="c0"),
         _fn(digits, call_id="c1"),
@@ -618,7 +618,9 @@ def test_arguments_nested_too_deeply_or_with_too_many_digits_are_a_problem_not_a
     reasons = [problem.reason for problem in turn.problems]
     assert reasons[0] == "arguments are not valid JSON (nested too deeply) @ arguments"
     assert reasons[1].startswith("arguments are not valid JSON (Exceeds the limit (4300 digits)")
-    assert reasons[2] == "nested too deeply @ arguments"
+    assert reasons[2] == (
+        f"nested deeper than 100 arrays and objects @ $.a{'[0]' * 99} @ arguments"
+    )
     assert [problem.index for problem in turn.problems] == [0, 1, 2]
 
 

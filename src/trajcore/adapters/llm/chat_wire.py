@@ -149,10 +149,8 @@ def parse_chat_body(data: object) -> ChatTurn:
             try:
                 calls.append(ToolCall(id=call_id, name=name, arguments=arguments))
                 continue
-            except ToolArgumentError as exc:
+            except ToolArgumentError as exc:  # nested past MAX_DEPTH among them
                 arguments, reason = None, exc.reason
-            except RecursionError:  # parsed, but too deep for the checks that walk it
-                arguments, reason = None, "nested too deeply"
         if arguments is None:
             if finish_reason is FinishReason.LENGTH:
                 reason = f"cut at max_tokens: {reason}"
