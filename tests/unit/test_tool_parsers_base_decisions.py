@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from trajcore.domain.json_values import MAX_DEPTH
 from trajcore.domain.tool_parsers.base import (
     Block,
     JSONFault,
@@ -433,19 +434,20 @@ def test_a_key_holding_an_at_sign_stays_whole_in_a_refusals_path() -> None:
 
 
 def test_arguments_nested_too_deeply_for_the_schema_check_are_refused_saying_so() -> None:
-    """Pins the refusal of arguments the schema check cannot walk (deeper than the recursion
-    limit): ``nested too deeply`` under the family's key."""
+    """Pins the refusal of arguments nested past the JSON trees' depth (``MAX_DEPTH``), far
+    past what a walk of them could recurse through: refused for their depth under the
+    family's key, where the level past the bound begins, with a schema to check or without."""
     deep: object = []
     for _ in range(100_000):
         deep = [deep]
+    reason = f"nested deeper than {MAX_DEPTH} arrays and objects @ parameters.x{'[0]' * 99}"
     spec = ToolSpec(name="t", parameters={"type": "object", "properties": {"x": {}}})
-    builder = _builder([spec])
-    builder.accept("raw", "t", {"x": deep}, arguments_key="parameters", call_id="c")
-    assert builder.problems == [
-        ParseProblem(
-            index=0, raw="raw", reason="nested too deeply @ parameters", name="t", call_id="c"
-        )
-    ]
+    for tools in ([spec], None):
+        builder = _builder(tools)
+        builder.accept("raw", "t", {"x": deep}, arguments_key="parameters", call_id="c")
+        assert builder.problems == [
+            ParseProblem(index=0, raw="raw", reason=reason, name="t", call_id="c")
+        ]
 
 
 def test_a_refused_call_takes_its_index_and_id_so_the_next_call_gets_the_next_ones() -> None:

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.unit.test_tool_parsers_properties_families import PLAIN_PIECES, python_call_lists
-from trajcore.domain.json_values import JSONObject
+from trajcore.domain.json_values import MAX_DEPTH, JSONObject
 from trajcore.domain.tool_parsers import pythonic
 from trajcore.domain.tool_parsers.base import TurnBuilder
 from trajcore.domain.tool_parsers.pythonic import (
@@ -280,23 +280,30 @@ def test_the_plain_reader_leaves_everything_else_to_python(source: str) -> None:
     assert read_plain(source) is None
 
 
+_TOO_DEEP = f"nested deeper than {MAX_DEPTH} arrays and objects @ arguments.x{'[0]' * 99}"
+
+
 def test_a_list_in_the_plain_shape_is_read_by_the_plain_reader_first() -> None:
     """Pins that ``parse`` tries the plain reader before ``ast``: a plain list nested deeper than
-    Python's parser takes (200 brackets) is read, not refused as invalid Python."""
+    Python's parser takes (200 brackets) is read, not refused as invalid Python; past the JSON
+    trees' depth (``MAX_DEPTH``) its call is then refused for that, at its arguments, and a
+    list as deep as the bound is a call."""
     value = "[" * 250 + "]" * 250
     turn = PYTHONIC.parse(f"[f(x={value})]")
-    assert turn.errors == ()
-    assert [c.name for c in turn.calls] == ["f"]
+    assert turn.calls == ()
+    assert [problem.reason for problem in turn.errors] == [_TOO_DEEP]
+    value = "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1)
+    assert [c.name for c in PYTHONIC.parse(f"[f(x={value})]").calls] == ["f"]
 
 
 def test_a_list_in_llama4_tags_is_read_by_the_plain_reader_first() -> None:
     """Pins that the list between Llama 4's tags goes to the plain reader before ``ast`` too:
-    a plain list nested deeper than Python's parser takes is read, and a refused call of it
-    keeps its text as written."""
+    a plain list nested deeper than Python's parser takes is read (then refused for its depth,
+    not as invalid Python), and a refused call of it keeps its text as written."""
     value = "[" * 250 + "]" * 250
     turn = LLAMA4.parse(f"<|python_start|>[f(x={value})]<|python_end|>")
-    assert turn.errors == ()
-    assert [c.name for c in turn.calls] == ["f"]
+    assert turn.calls == ()
+    assert [problem.reason for problem in turn.errors] == [_TOO_DEEP]
     tools = [ToolSpec(name="f")]
     turn = LLAMA4.parse("<|python_start|> [g(x=1), f()]\n<|python_end|>", tools=tools)
     assert turn == ParsedTurn(
@@ -346,13 +353,12 @@ def test_the_plain_reader_reads_any_depth_whatever_the_recursion_limit(
 
 def test_a_call_nested_deeper_than_its_check_can_walk_is_refused_at_its_arguments() -> None:
     """Pins the outcome for a plain list nested far past Python's parser and the recursion
-    limit: read whole, then refused where the arguments are checked (``nested too deeply @
-    arguments``), naming the call; the call after it stands."""
+    limit: read whole, then refused where the arguments are checked (past ``MAX_DEPTH``, named
+    where the level past it begins), naming the call; the call after it stands."""
     value = "[" * 50_000 + "]" * 50_000
     turn = PYTHONIC.parse(f"[f(x={value}), g()]")
     assert turn == ParsedTurn(
-        calls=[_call(1, "g")],
-        errors=[_problem(0, f"f(x={value})", "nested too deeply @ arguments", "f")],
+        calls=[_call(1, "g")], errors=[_problem(0, f"f(x={value})", _TOO_DEEP, "f")]
     )
 
 
