@@ -5,6 +5,8 @@ bytes; they only skip steps for the compact JSON the env and the agent write."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -27,16 +29,16 @@ _VALUES = st.recursive(
 )
 
 
-def _outcome(read: object, data: object) -> object:
+def _outcome(read: Callable[[Any], object], data: object) -> object:
     try:
-        return ("value", repr(read(data)))  # type: ignore[operator]
+        return ("value", repr(read(data)))
     except ValueError as error:  # JSONDecodeError and UnicodeDecodeError too
         return ("error", type(error).__name__, str(error))
 
 
 @given(_TEXT | st.just("{") | _VALUES.map(json.dumps))
 def test_a_replys_text_reads_as_json_loads_reads_it(text: str) -> None:
-    assert _outcome(channel._parse, text) == _outcome(json.loads, text)
+    assert _outcome(channel.parse_json, text) == _outcome(json.loads, text)
 
 
 @given(

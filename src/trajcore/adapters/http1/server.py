@@ -21,7 +21,6 @@ import email.utils
 import functools
 import json
 import time
-from collections.abc import Awaitable
 from typing import Any, cast
 
 import attrs
@@ -273,19 +272,17 @@ class HTTPServer:
         if isinstance(answer, Reply):  # answered at once: no task
             conn.finish(answer, keep_alive, head=head)
             return
-        if isinstance(answer, asyncio.Future):  # answered when it is done: no task either
-            self._tasks.add(answer)
-            answer.add_done_callback(functools.partial(self._answered, conn, keep_alive, head))
-            return
-        task = conn.loop.create_task(self._answer(conn, answer, keep_alive, head=head))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        # A future is answered when it is done (no task); any other awaitable runs as a task,
+        # answered the same way when it ends.
+        pending = asyncio.ensure_future(answer, loop=conn.loop)
+        self._tasks.add(pending)
+        pending.add_done_callback(functools.partial(self._answered, conn, keep_alive, head))
 
     def _answered(
         self, conn: _ServerConnection, keep_alive: bool, head: bool, answer: asyncio.Future[Reply]
     ) -> None:
-        """A handler's future is done: its reply, a 500 for its exception, or nothing when it
-        was cancelled (``aclose``), as ``_answer`` does for a task."""
+        """A handler's future (or task) is done: its reply, a 500 for its exception, a reset for
+        ``AbortConnection``, or nothing when it was cancelled (``aclose``)."""
         self._tasks.discard(answer)
         if answer.cancelled():
             return
@@ -300,18 +297,6 @@ class HTTPServer:
         else:
             conn.abort()  # no answer will come: the client is not left waiting
             raise error  # SystemExit, KeyboardInterrupt: out of the loop, as from a task
-        conn.finish(reply, keep_alive, head=head)
-
-    async def _answer(
-        self, conn: _ServerConnection, answer: Awaitable[Reply], keep_alive: bool, *, head: bool
-    ) -> None:
-        try:
-            reply = await answer
-        except AbortConnection:
-            conn.abort()
-            return
-        except Exception as error:  # noqa: BLE001 - every request gets an answer
-            reply = _error_reply(500, f"internal error: {type(error).__name__}")
         conn.finish(reply, keep_alive, head=head)
 
     async def aclose(self, grace_s: float = 5.0) -> None:

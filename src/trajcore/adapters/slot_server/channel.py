@@ -27,7 +27,6 @@ from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSON
 
 __all__ = [
-    "FIELD_LENGTH",
     "MAX_REQUEST_BYTES",
     "Agent",
     "AgentEnded",
@@ -37,12 +36,11 @@ __all__ = [
     "Keeper",
     "check_reply",
     "encode_request",
+    "parse_json",
     "reply_cap",
 ]
 
 _HEADER = struct.Struct(">I")
-FIELD_LENGTH = _HEADER
-"""The length before each field of a request and before each frame (``encode_request``)."""
 _JSON = json.JSONDecoder()
 _decode_json = _JSON.decode  # an agent writes UTF-8: no encoding to detect
 # The C scanner ``decode`` runs between its two whitespace matches (an instance attribute)
@@ -110,7 +108,7 @@ _HELPER_KEYS = (
 _HELPER_SHAPES = frozenset(itertools.product(*(_REPLY_TYPES[key] for key in _HELPER_KEYS)))
 
 
-def _parse(text: str) -> object:
+def parse_json(text: str) -> object:
     """``json.loads(text)``: the agent's compact JSON read once, by the C scanner alone; white
     space after it skipped and anything else after it refused, as ``JSONDecoder.decode`` does
     (read once more by no one); text the scanner does not start on (leading white space, no
@@ -246,7 +244,7 @@ class _Replies(asyncio.Protocol):
                 try:
                     text = frame[_HEADER.size :].decode()
                     buffer.clear()
-                    reply: dict[str, JSON] | AgentLost = check_reply(_parse(text))
+                    reply: dict[str, JSON] | AgentLost = check_reply(parse_json(text))
                 except (ValueError, RecursionError):  # UnicodeDecodeError; nested too deep
                     reply = AgentLost("the slot's agent sent a reply that is not JSON")
                 except AgentLost as malformed:

@@ -21,13 +21,13 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import cattrs
 from cattrs.gen import make_dict_structure_fn, override
 
 from trajcore.adapters.slot_server.batch_codec import FAST_STRUCTURE, FAST_UNSTRUCTURE
+from trajcore.adapters.slot_server.channel import parse_json
 from trajcore.adapters.wire import register_strict_primitives
 from trajcore.domain.errors import InvalidInput, WireError
 from trajcore.domain.json_values import JSONObject, check_json
@@ -144,27 +144,14 @@ def encode(value: object) -> bytes:
         return _COMPACT_ASCII.encode(tree).encode()
 
 
-_DECODER = json.JSONDecoder()
-# ``json.loads``'s own steps for compact UTF-8 JSON: the C scanner (an instance attribute)
-_scan = cast("Callable[[str, int], tuple[object, int]]", vars(_DECODER)["scan_once"])
-
-
 def _loads(data: bytes | str) -> object:
     """``json.loads(data)``. A message that opens with ``{`` is UTF-8 (``json.detect_encoding``
-    finds nothing else for it) and is read once, by the C scanner alone: white space after its
-    value skipped and anything else after it refused, as ``json.loads`` does; anything else
-    goes through ``json.loads``. Raises ``ValueError`` (``UnicodeDecodeError`` too), and
-    ``RecursionError`` for JSON nested past the interpreter's depth."""
+    finds nothing else for it), decoded as ``json.loads`` decodes it and read by the agent
+    channel's short cut (``channel.parse_json``); anything else goes through ``json.loads``.
+    Raises ``ValueError`` (``UnicodeDecodeError`` too), and ``RecursionError`` for JSON nested
+    past the interpreter's depth."""
     if type(data) is bytes and data[:1] == b"{" and data[1:2] != b"\x00":
-        text = data.decode("utf-8", "surrogatepass")  # as ``json.loads`` decodes it
-        try:
-            value, end = _scan(text, 0)
-        except StopIteration:  # not reached for a text opening with ``{``; to be sure
-            return json.loads(data)
-        stop = len(text) - len(text[end:].lstrip(" \t\n\r"))  # JSON's white space
-        if stop == len(text):
-            return value
-        raise json.JSONDecodeError("Extra data", text, stop)  # as ``decode`` refuses it
+        return parse_json(data.decode("utf-8", "surrogatepass"))
     return json.loads(data)
 
 

@@ -14,12 +14,7 @@ import functools
 from collections.abc import Callable
 from typing import cast
 
-from trajcore.adapters.slot_server.channel import (
-    FIELD_LENGTH,
-    MAX_REQUEST_BYTES,
-    AgentLost,
-    encode_request,
-)
+from trajcore.adapters.slot_server.channel import MAX_REQUEST_BYTES, AgentLost, encode_request
 from trajcore.adapters.slot_server.sandboxes import Sandboxes
 from trajcore.adapters.slot_server.slot_state import Slot
 from trajcore.domain.errors import ToolArgumentError
@@ -34,7 +29,6 @@ __all__ = ["failure", "flat_check", "refused", "run_call", "start_call"]
 
 _TOOLS: dict[str, ToolSpec] = {spec.name: spec for spec in SLOT_TOOL_SPECS}
 _COMMANDS = frozenset({"bash", "bash_stateful", "tmux"})  # what the lease's agent runs
-_LENGTH = FIELD_LENGTH.pack
 
 # JSON-schema types a flat schema's properties may have, as the exact Python types that
 # ``json.loads`` makes for them (``bool`` is not an ``int`` here, nor an ``int`` a ``float``'s
@@ -215,9 +209,7 @@ def _command_request(sandboxes: Sandboxes, call: ExecuteCall, timeout: float) ->
             reason = "holds a NUL character, which no command line can carry @ $.command"
             return failure(call, ToolOutcome.REJECTED, reason)
         try:
-            data = command.encode("utf-8")  # the last field, as ``encode_request`` writes it
-            head = _command_head(call.tool, repr(timeout), cap)
-            payload = b"".join((head, _LENGTH(len(data)), data))
+            payload = _command_head(call.tool, repr(timeout), cap) + encode_request([command])
         except UnicodeEncodeError as error:
             reason = f"not valid Unicode text (a lone surrogate at {error.start}) @ $.command"
             return failure(call, ToolOutcome.REJECTED, reason)
