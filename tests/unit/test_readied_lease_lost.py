@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import struct
 import time
 from pathlib import Path
 from typing import cast
@@ -56,6 +57,26 @@ def test_a_silent_agent_is_lost_at_its_deadline_and_not_an_ended_one() -> None:
         try:
             with pytest.raises(AgentLost, match=r"did not greet within 0\.1 s") as caught:
                 await agent.greeting(0.1)
+            assert not isinstance(caught.value, AgentEnded)
+        finally:
+            agent.close_channel()
+            peer.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "greeting",
+    [b"[" * 30_000 + b"]" * 30_000, b'{"ready": true, "x": "\xff"}', b"{not json"],
+    ids=["nested-past-the-parser", "not-utf-8", "malformed"],
+)
+def test_a_greeting_that_is_not_json_loses_the_agent_naming_why(greeting: bytes) -> None:
+    async def main() -> None:
+        agent, peer = await unread_agent()
+        try:
+            peer.sendall(struct.pack(">I", len(greeting)) + greeting)
+            with pytest.raises(AgentLost, match=r"^the agent's greeting is not JSON$") as caught:
+                await agent.greeting(5)
             assert not isinstance(caught.value, AgentEnded)
         finally:
             agent.close_channel()

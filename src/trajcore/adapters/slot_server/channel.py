@@ -319,8 +319,10 @@ class Agent:
             raise AgentEnded(f"the agent ended before it was ready ({why})") from None
         except TimeoutError:
             raise AgentSilent(f"the agent did not greet within {timeout_s:.1f} s") from None
-        except (OSError, ValueError):
+        except OSError:
             raise AgentLost("the agent ended before it was ready") from None
+        except (ValueError, RecursionError):  # UnicodeDecodeError; nested too deep
+            raise AgentLost("the agent's greeting is not JSON") from None
         if not isinstance(hello, dict) or hello.get("ready") is not True:
             detail = hello.get("error") if isinstance(hello, dict) else None
             raise AgentLost(str(detail) if detail else f"unexpected greeting {hello!r}")
@@ -397,7 +399,7 @@ class Keeper:
             raise AgentLost("the slot's keeper ended")
         try:
             reply = json.loads(packet)
-        except ValueError:
+        except (ValueError, RecursionError):  # UnicodeDecodeError; nested too deep
             raise AgentLost("the slot's keeper sent malformed JSON") from None
         if not isinstance(reply, dict):
             raise AgentLost(f"the slot's keeper sent {reply!r}")
