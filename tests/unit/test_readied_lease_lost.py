@@ -51,32 +51,26 @@ def test_a_channel_that_ends_before_the_greeting_is_an_ended_agent() -> None:
     asyncio.run(main())
 
 
-def test_a_silent_agent_is_lost_at_its_deadline_and_not_an_ended_one() -> None:
-    async def main() -> None:
-        agent, peer = await unread_agent()
-        try:
-            with pytest.raises(AgentLost, match=r"did not greet within 0\.1 s") as caught:
-                await agent.greeting(0.1)
-            assert not isinstance(caught.value, AgentEnded)
-        finally:
-            agent.close_channel()
-            peer.close()
-
-    asyncio.run(main())
-
-
 @pytest.mark.parametrize(
-    "greeting",
-    [b"[" * 30_000 + b"]" * 30_000, b'{"ready": true, "x": "\xff"}', b"{not json"],
-    ids=["nested-past-the-parser", "not-utf-8", "malformed"],
+    ("greeting", "why"),
+    [
+        (None, r"^the agent did not greet within 0\.1 s$"),  # silent: lost at its deadline
+        (b"[" * 30_000 + b"]" * 30_000, r"^the agent's greeting is not JSON$"),
+        (b'{"ready": true, "x": "\xff"}', r"^the agent's greeting is not JSON$"),
+        (b"{not json", r"^the agent's greeting is not JSON$"),
+    ],
+    ids=["silent", "nested-past-the-parser", "not-utf-8", "malformed"],
 )
-def test_a_greeting_that_is_not_json_loses_the_agent_naming_why(greeting: bytes) -> None:
+def test_an_agent_that_gives_no_json_greeting_is_lost_naming_why_and_not_ended(
+    greeting: bytes | None, why: str
+) -> None:
     async def main() -> None:
         agent, peer = await unread_agent()
         try:
-            peer.sendall(struct.pack(">I", len(greeting)) + greeting)
-            with pytest.raises(AgentLost, match=r"^the agent's greeting is not JSON$") as caught:
-                await agent.greeting(5)
+            if greeting is not None:
+                peer.sendall(struct.pack(">I", len(greeting)) + greeting)
+            with pytest.raises(AgentLost, match=why) as caught:
+                await agent.greeting(0.1 if greeting is None else 5)
             assert not isinstance(caught.value, AgentEnded)
         finally:
             agent.close_channel()
