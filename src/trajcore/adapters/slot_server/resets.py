@@ -108,12 +108,10 @@ async def clean_slot(
 def warm_keeper(sandboxes: Sandboxes, slot: Slot) -> asyncio.Task[None] | None:
     """Ready the slot's next lease over an image, off its path, once a reset proved the slot
     clean: start the keeper again where the reset ended it (a fork's: its workspace overlay
-    goes with it) and keepers live on between leases, make the next lease's empty layer
-    (``Sandboxes.ready_layer``: after the reset's answer, not before it; where it is not made,
-    the keeper makes it), and have the keeper ready the next lease's first process and
-    namespaces (``Sandboxes.ready_lease``). The lease's calls wait for it as for a warming
-    lease. A failure is left for the next call to meet (it starts the keeper again and reports
-    why)."""
+    goes with it) and keepers live on between leases, and have the keeper ready the next
+    lease's first process and namespaces (``Sandboxes.ready_lease``). The lease's calls wait
+    for it as for a warming lease. A failure is left for the next call to meet (it starts the
+    keeper again and reports why)."""
     if (
         not sandboxes.sandboxed
         or not sandboxes.config.isolation.read_only_root
@@ -123,9 +121,6 @@ def warm_keeper(sandboxes: Sandboxes, slot: Slot) -> asyncio.Task[None] | None:
         return None
 
     async def start() -> None:
-        with contextlib.suppress(OSError):  # the keeper makes what is not there
-            if sandboxes.layer_dir(slot).is_dir():
-                sandboxes.ready_layer(slot)
         with contextlib.suppress(AgentLost, OSError):
             await sandboxes.ensure_keeper(slot)
             await sandboxes.ready_lease(slot)
@@ -179,6 +174,11 @@ async def _discard_layer(sandboxes: Sandboxes, slot: Slot, trash: Trash) -> str 
             frozen.close()  # the last lease over a dropped snapshot removes it
         if problem is None:
             problem = _set_layer_aside(layer, trash.folder, aside)
+    if problem is None and layer.is_dir():
+        try:
+            sandboxes.ready_layer(slot)  # the next lease's, off its setup
+        except OSError as failed:
+            return f"cannot make the next lease's layer: {failed}"
     return problem
 
 

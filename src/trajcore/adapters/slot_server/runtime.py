@@ -112,9 +112,6 @@ from trajcore.domain.tools import ToolResult
 __all__ = ["SlotRuntime"]
 
 
-_SWEEP_DELAY_S = 0.005  # from a reset to the trash's sweep (``SlotRuntime._sweep_trash``)
-
-
 @attrs.define(eq=False)
 class SlotRuntime(CallTurns):
     """N slots and their sandboxes. Create, ``await start()``, use, ``await aclose()``."""
@@ -134,7 +131,6 @@ class SlotRuntime(CallTurns):
         init=False, factory=dict
     )  # per unanswered call's future: ``execute_now``'s batches waiting on it
     _closed: bool = attrs.field(init=False, default=False)
-    _sweep_due: asyncio.TimerHandle | None = attrs.field(init=False, default=None)
     _sweeping_snapshots: bool = attrs.field(init=False, default=False)
     images: ImageCache | None = attrs.field(init=False, default=None)
     """The host's image cache (``RuntimeConfig.image_cache``), once started."""
@@ -534,17 +530,7 @@ class SlotRuntime(CallTurns):
         )
 
     def _sweep_trash(self) -> None:
-        """Empty the trash in the background (measuring the leases' layers first), from
-        ``_SWEEP_DELAY_S`` on: the sweep's worker thread takes turns with the event loop for
-        the interpreter, so a reset's answer, and the lease request that often follows it at
-        once, go first (a reset over an image answered in 1.1-1.2 ms, against 1.3-1.5 with the
-        sweep started beside its answer), and a group's resets share one sweep."""
-        if self._sweep_due is None and not self._closed:
-            loop = asyncio.get_running_loop()
-            self._sweep_due = loop.call_later(_SWEEP_DELAY_S, self._sweep_now)
-
-    def _sweep_now(self) -> None:
-        self._sweep_due = None
+        """Empty the trash in the background (measuring the leases' layers first)."""
         if not self._closed:
             self._bin.sweep(self._tasks)
 
