@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from trajcore.adapters.removal import remove_tree
@@ -221,39 +221,68 @@ async def _start_ready(
             failed.append((None, clones))
         return failed
 
-    try:
-        threads = min(len(work), FORK_THREADS)
-        parts = [work[i::threads] for i in range(threads)]
-        made = asyncio.gather(*(asyncio.to_thread(start_some, part) for part in parts))
+    with _forking([slot for _, slot, _ in ready]):
         try:
-            done = await asyncio.shield(made)
-        except asyncio.CancelledError:  # nobody takes the clones: closed once they are made
-            made.add_done_callback(_close_clones)
+            threads = min(len(work), FORK_THREADS)
+            parts = [work[i::threads] for i in range(threads)]
+            made = asyncio.gather(*(asyncio.to_thread(start_some, part) for part in parts))
+            try:
+                done = await asyncio.shield(made)
+            except asyncio.CancelledError:  # nobody takes the clones: closed once they are made
+                made.add_done_callback(_close_clones)
+                raise
+            failures = [done[at % threads][at // threads] for at in range(len(work))]
+        except BaseException:
+            for use, image in holds:
+                use.close()
+                image.close()
             raise
-        failures = [done[at % threads][at // threads] for at in range(len(work))]
-    except BaseException:
-        for use, image in holds:
-            use.close()
-            image.close()
-        raise
-    for (at, slot, epoch), (use, image), (failure, clones) in zip(
-        ready, holds, failures, strict=True
-    ):
-        late = failure or problem(slot, epoch)  # what changed during the clone
-        if late is not None:
-            for fd in clones:
-                os.close(fd)
-            if failure is None:
-                await asyncio.to_thread(store.unmount, slot.workspace.root, None)
-                await asyncio.to_thread(slot.workspace.wipe, timeout_s=wipe_timeout_s)
-            use.close()
-            image.close()
-            refuse(at, *late)
-            continue
-        slot.image, slot.image_epoch, slot.snapshot = image, epoch, use
-        slot.drop_clones()
-        if clones:
-            slot.clones = layers, clones
+        for (at, slot, epoch), (use, image), (failure, clones) in zip(
+            ready, holds, failures, strict=True
+        ):
+            late = failure or problem(slot, epoch)  # what changed during the clone
+            if late is not None:
+                for fd in clones:
+                    os.close(fd)
+                if failure is None:
+                    await _undo_start(sandboxes, store, slot, wipe_timeout_s)
+                use.close()
+                image.close()
+                refuse(at, *late)
+                continue
+            slot.image, slot.image_epoch, slot.snapshot = image, epoch, use
+            slot.drop_clones()
+            if clones:
+                slot.clones = layers, clones
+
+
+@contextlib.contextmanager
+def _forking(slots: list[Slot]) -> Iterator[None]:
+    """Each slot's ``forking`` set while a fork request starts it (a reset of it waits)."""
+    loop = asyncio.get_running_loop()
+    for slot in slots:
+        slot.forking = loop.create_future()
+    try:
+        yield
+    finally:
+        for slot in slots:
+            forking, slot.forking = slot.forking, None
+            if forking is not None and not forking.done():
+                forking.set_result(None)
+
+
+async def _undo_start(
+    sandboxes: Sandboxes, store: SnapshotStore, slot: Slot, wipe_timeout_s: float
+) -> None:
+    """Take back a fork's start that was refused late: its workspace unmounted and wiped. A
+    mounted workspace overlay reached the keeper's namespace by propagation, where the host's
+    unmount does not reach it (``clean_slot``): the keeper, and any lease it warmed meanwhile,
+    end first, and the slot's next lease starts a fresh one."""
+    if store.forked(slot.workspace.root):
+        await sandboxes.stop_agent(slot)
+        await sandboxes.stop_keeper(slot)
+    await asyncio.to_thread(store.unmount, slot.workspace.root, None)
+    await asyncio.to_thread(slot.workspace.wipe, timeout_s=wipe_timeout_s)
 
 
 def _close_clones(made: asyncio.Future[list[list[_Started]]]) -> None:

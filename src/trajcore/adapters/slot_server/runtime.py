@@ -507,6 +507,8 @@ class SlotRuntime(CallTurns):
             async with asyncio.timeout(limit):
                 await self._sandboxes.stop_agent(slot)  # interrupts a running call at once
                 await turn
+                if slot.forking is not None:  # a fork starting the slot: it ends first
+                    await asyncio.shield(slot.forking)
                 error = await clean_slot(
                     self._sandboxes, slot, wipe_timeout_s=limit / 2, trash=self._bin
                 )

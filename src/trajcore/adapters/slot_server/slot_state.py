@@ -60,6 +60,10 @@ class Slot:
     clones: tuple[tuple[Path, ...], list[int]] | None = None
     """Idmapped clones of the next lease's layers made ahead (a fork's, in its request's worker
     thread), with those layers: that lease takes them (``take_clones``); a reset closes them."""
+    forking: asyncio.Future[None] | None = None
+    """Set while a fork request starts a lease of this slot from a snapshot (its workspace
+    mounted in a worker thread): a reset of the slot waits for it to end, so that it cleans
+    what the fork made (or what the fork's own refusal left), never the slot beside it."""
 
     def take_clones(self, layers: tuple[Path, ...]) -> list[int] | None:
         """The clones made ahead for ``layers`` (the caller closes them), or ``None`` (any made
