@@ -153,20 +153,36 @@ async def lease_over(
 
 
 async def freeze(
-    client: SlotServerClient, lease: Lease, environment: str, counters: EnvironmentCounters
+    client: SlotServerClient,
+    lease: Lease,
+    environment: str,
+    counters: EnvironmentCounters,
+    label: str = "environment",
 ) -> Snapshot:
     """Freeze the held ``lease`` on its server into a ``Snapshot``.
+
+    The request is shielded from the caller's cancellation (it is bounded by the client's
+    lease timeout): a caller cancelled while the server freezes (its deadline, its group
+    cancelled) would never learn the snapshot's id, and a snapshot nobody can drop stays on
+    its server until it closes, holding its image against eviction and counting against the
+    server's snapshot bytes. Such a snapshot is dropped here (``label`` names the pool in its
+    log) before the cancellation goes on.
 
     Raises:
         EnvironmentUnavailable: the server refused (``field`` ``snapshot`` or the server's).
     """
     where = lease.slot.container
-    try:
-        answer = await client.snapshot(lease.slot.index, lease.epoch)
-    except _FAILED as error:
+    failed: BaseException | None = None
+    answer = None
+    with anyio.CancelScope(shield=True):
+        try:
+            answer = await client.snapshot(lease.slot.index, lease.epoch)
+        except _FAILED as error:
+            failed = error
+    if answer is None:
         raise EnvironmentUnavailable(
-            environment, f"snapshot on {where}: {type(error).__name__}: {error}", field="snapshot"
-        ) from None
+            environment, f"snapshot on {where}: {type(failed).__name__}: {failed}", field="snapshot"
+        )
     if not answer.ok or answer.snapshot is None:
         raise EnvironmentUnavailable(
             environment,
@@ -174,10 +190,16 @@ async def freeze(
             field=answer.field or "snapshot",
         )
     counters.froze(duration_s=answer.duration_s, size_bytes=answer.bytes)
-    return Snapshot(
+    snapshot = Snapshot(
         environment=environment, container=where, snapshot=answer.snapshot,
         bytes=answer.bytes, files=answer.files,
     )  # fmt: skip
+    try:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+    except BaseException:  # cancelled meanwhile: nobody holds the snapshot, so it goes now
+        await drop(client, snapshot, label)
+        raise
+    return snapshot
 
 
 async def drop(client: SlotServerClient, snapshot: Snapshot, label: str) -> None:

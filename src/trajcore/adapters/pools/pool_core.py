@@ -645,7 +645,7 @@ class SlotServerPool(LeasedPool, Generic[H]):
     async def snapshot(self, lease: Lease, environment: str) -> Snapshot:
         """See ``EnvironmentPool.snapshot`` (``environment_leasing.freeze``)."""
         client = self._environment_client(lease, environment)
-        return await freeze(client, lease, environment, self._environments)
+        return await freeze(client, lease, environment, self._environments, self._label)
 
     async def drop_snapshot(self, snapshot: Snapshot) -> None:
         """See ``EnvironmentPool.drop_snapshot`` (bounded, shielded)."""
