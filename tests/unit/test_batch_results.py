@@ -110,6 +110,8 @@ REFUSED: list[tuple[bytes, list[str]]] = [
     (body(result(exec=report(stdout=None))), ["c1"]),
     (b'{"results":[{"call_id":"c1","name":"x","outcome":"ok","exec":{"exit_code":0,'
      b'"duration_s":Infinity}}]}', ["c1"]),
+    (b"[" * 100_000 + b"]" * 100_000, ["c1"]),  # nested past the parser: never RecursionError
+    (b'{"results":[' + b"[" * 100_000 + b"]" * 100_000 + b"]}", ["c1"]),
 ]  # fmt: skip
 
 

@@ -184,6 +184,52 @@ async def test_a_batch_that_raises_fails_only_its_own_calls_as_infra_errors(
             assert result.outcome is ToolOutcome.OK
 
 
+class SequentialPool:
+    """A SandboxPool that takes, for a batch, 0.6 of the time its slowest slot's calls may take
+    one after another (as a slot server runs them), then answers from ``inner``."""
+
+    def __init__(self, inner: FakeSandboxPool) -> None:
+        self.inner = inner
+
+    def lease(
+        self, holder: str, *, timeout_s: float | None = None, environment: str | None = None
+    ) -> AbstractAsyncContextManager[Lease]:
+        return self.inner.lease(holder, timeout_s=timeout_s, environment=environment)
+
+    async def execute(self, container: str, calls: Sequence[SlotCall]) -> list[ToolResult]:
+        per_slot: dict[object, float] = {}
+        for call in calls:
+            per_slot[call.lease.slot] = per_slot.get(call.lease.slot, 0.0) + call.timeout_s
+        await anyio.sleep(0.6 * max(per_slot.values()))
+        return await self.inner.execute(container, calls)
+
+    def statistics(self) -> PoolStatistics:
+        return self.inner.statistics()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_batch_of_one_slots_calls_may_take_their_timeouts_added_up(
+    loop_hooks: HookFactory,
+) -> None:
+    """A model's parallel calls in one turn go to one slot in one batch, where the slot server
+    runs them one after another: the batch's deadline is their timeouts added up (plus the
+    grace), not the longest one's, or a healthy server's calls would all be infra errors."""
+    config = BatchConfig(window_ms=60_000.0, max_batch_size=3, eager=False)
+    async with FakeSandboxPool(containers=1, slots_per_container=1) as fake:
+        pool = SequentialPool(fake)
+        async with (
+            ToolDispatcher(pool, config, grace_s=0.05, loop_hooks=loop_hooks) as dispatcher,
+            pool.lease("t") as lease,
+        ):
+            calls = [bash(lease, f"echo {k}", timeout_s=0.2) for k in range(3)]
+            results = await dispatcher.run(calls)  # 0.36 s, within 3 x 0.2 + 0.05
+    assert [r.outcome for r in results] == [ToolOutcome.OK] * 3, results
+    assert [r.content for r in results] == ["0\n", "1\n", "2\n"]
+
+
 @pytest.mark.anyio
 async def test_a_cancelled_caller_withdraws_its_queued_calls(loop_hooks: HookFactory) -> None:
     config = BatchConfig(window_ms=60_000.0, max_batch_size=64, eager=True)

@@ -176,15 +176,35 @@ async def test_a_reset_past_its_timeout_quarantines_the_slot(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     resets = Resets(gate=anyio.Event())  # never opened
-    leasing = SlotLeasing(reset=resets, reset_timeout_s=0.01)
+    leasing = SlotLeasing(reset=resets, reset_timeout_s=0.01, reset_backstop_s=0.02)
     leasing.add_container("c", 1)
     async with leasing.lease("a"):
         pass
     assert counts(leasing.statistics()) == (0, 0, 0, 1, 0)
     leasing.check_valid()
     assert quarantines(caplog) == [
-        "slot c/0 quarantined: its reset ran past reset_timeout_s (0.01 s)"
+        "slot c/0 quarantined: its reset ran past reset_timeout_s (0.01 s) plus 0.02 s"
     ]
+
+
+@pytest.mark.anyio
+async def test_a_reset_that_bounds_itself_gets_its_own_limit_before_the_backstop() -> None:
+    """The release's limit is a backstop past ``reset_timeout_s``: a pool's reset that fails at
+    its own bound (a slot server's client, which then loses the server) is heard, not cut off."""
+    heard: list[str] = []
+
+    async def own_bound(lease: Lease) -> bool:
+        with anyio.move_on_after(0.05):
+            await anyio.sleep_forever()
+        heard.append(f"{lease.slot} gave up at its own bound")
+        return False
+
+    leasing = SlotLeasing(reset=own_bound, reset_timeout_s=0.05, reset_backstop_s=5.0)
+    leasing.add_container("c", 1)
+    async with leasing.lease("a"):
+        pass
+    assert heard == ["c/0 gave up at its own bound"]
+    assert counts(leasing.statistics()) == (0, 0, 0, 1, 0)
 
 
 # ----------------------------------------------------------------------------- waiting

@@ -263,7 +263,10 @@ async def test_a_lost_allocation_is_replaced_and_its_leases_turn_stale(
                 lambda: pool.container_names() not in ([], [first]), "a replacement joins"
             )
             (stale,) = await pool.execute(first, [slot_call(lease, "bash", command="true")])
-            assert stale.outcome is ToolOutcome.REJECTED
+            assert stale.outcome is ToolOutcome.INFRA_ERROR  # its lease ended with its server
+            assert stale.error == (
+                f"slot server {first} was lost: lease {lease.slot}#1 ended with it"
+            )
         (second,) = pool.container_names()
         assert pool.allocation_id(second) != alloc
         assert pool.containers_lost == 1
@@ -439,7 +442,7 @@ async def test_a_slot_server_restarted_in_place_rejoins_as_a_new_container(
             fake.kill_allocation(alloc)
             await wait_until(lambda: pool.container_names() == [f"{first}~1"], "it rejoins")
             (stale,) = await pool.execute(first, [slot_call(before, "bash", command="true")])
-            assert stale.outcome is ToolOutcome.REJECTED
+            assert stale.outcome is ToolOutcome.INFRA_ERROR  # its lease ended with its server
         assert pool.allocation_id(f"{first}~1") == alloc  # the same allocation, restarted
         async with pool.lease("after") as after:
             (ok,) = await pool.execute(

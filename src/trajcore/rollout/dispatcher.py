@@ -17,9 +17,12 @@ Rules it keeps:
   results bring in the same iteration into one batch.
 - It never leases slots: callers arrive holding their leases (the upstream deadlock came from
   acquiring slots inside the dispatch loop).
-- Nothing hangs: every batch runs under a deadline of its longest call's timeout plus
-  ``grace_s``; a batch that overruns, raises, or answers with the wrong number of results gives
-  each of its calls an ``INFRA_ERROR`` result naming what happened.
+- Nothing hangs: every batch runs under a deadline of its slowest slot's call timeouts added
+  up (a slot server runs one slot's calls one after another) plus ``grace_s``; a batch that
+  overruns, raises, or answers with the wrong number of results gives each of its calls an
+  ``INFRA_ERROR`` result naming what happened. The deadline is a backstop: a pool bounds its
+  own batches (a slot server's client gives the server up at the same sum plus its own
+  grace, and the pool loses that server), so ``DISPATCH_GRACE_S`` is longer than that grace.
 - A cancelled caller withdraws its calls that are still queued; calls already in flight finish and
   their results are dropped. No one else loses a result, and nothing is released twice (the
   dispatcher holds no lease).
@@ -48,12 +51,17 @@ import attrs
 
 from trajcore.domain.batch_planner import Batch, BatchConfig, BatchPlanner
 from trajcore.domain.errors import PoolClosed
-from trajcore.domain.slots import SlotCall
+from trajcore.domain.slots import SlotCall, SlotId
 from trajcore.domain.tools import ToolResult
 from trajcore.ports.event_loop import LoopHooks, ResultWaiter
 from trajcore.ports.sandbox_pool import SandboxPool
 
-__all__ = ["DispatcherStatistics", "ToolDispatcher"]
+__all__ = ["DISPATCH_GRACE_S", "DispatcherStatistics", "ToolDispatcher"]
+
+DISPATCH_GRACE_S = 30.0
+"""The default slack past a batch's limit before the dispatcher abandons it: longer than a slot
+server client's own (15 s), so that a hung server fails its batch at the client first, which
+loses it, and the dispatcher's deadline only catches a pool that does not bound itself."""
 
 _IDLE_COURIERS = 64
 """Most tasks kept waiting for a next batch; a task that finds this many waiting ends."""
@@ -149,7 +157,9 @@ class ToolDispatcher:
     Args:
         pool: Where batches run.
         config: The batching window (``window_ms``, ``max_batch_size``, ``eager``).
-        grace_s: Slack added to a batch's longest call timeout before the batch is abandoned.
+        grace_s: Slack added to a batch's limit (its slowest slot's call timeouts, one after
+            another, as the slot server runs them) before the batch is abandoned: a backstop
+            past the pool's own limit (``DISPATCH_GRACE_S``).
         loop_hooks: Called when the dispatcher starts, in its loop: that loop's clock and
             result waiters (``trajcore.adapters.event_loops.asyncio_hooks``), or ``None`` for
             anyio's portable ones (also the default).
@@ -160,7 +170,7 @@ class ToolDispatcher:
         pool: SandboxPool,
         config: BatchConfig,
         *,
-        grace_s: float = 10.0,
+        grace_s: float = DISPATCH_GRACE_S,
         loop_hooks: Callable[[], LoopHooks | None] | None = None,
     ) -> None:
         self._pool = pool
@@ -326,7 +336,14 @@ class ToolDispatcher:
 
     async def _send(self, batch: Batch) -> None:
         calls = list(batch.calls)
-        limit = max(call.timeout_s for call in calls) + self._grace_s
+        if len(calls) == 1:
+            limit = calls[0].timeout_s + self._grace_s
+        else:  # a slot runs its calls one after another: its timeouts add up
+            per_slot: dict[SlotId, float] = {}
+            for call in calls:
+                slot = call.lease.slot
+                per_slot[slot] = per_slot.get(slot, 0.0) + call.timeout_s
+            limit = max(per_slot.values()) + self._grace_s
         failure: str | None = None
         results: list[ToolResult] = []
         backend = self._backend

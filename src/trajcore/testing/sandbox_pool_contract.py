@@ -21,7 +21,8 @@ The suite then checks what ``trajcore.ports.sandbox_pool`` promises:
 - ``aclose`` is idempotent; afterwards ``execute`` and ``lease`` raise ``PoolClosed``, and a
   waiter queued when the pool closes gets ``PoolClosed``;
 - (with ``supports_crash``) a dead container gives every call of its batch an ``INFRA_ERROR``,
-  its slots leave service, and later leases still work;
+  and every later call under one of its leases too (naming it), its slots leave service, and
+  later leases still work;
 - a lease naming a task environment the pool cannot run (one no host has, or any for a pool
   that runs none) raises ``EnvironmentUnavailable`` on entry naming it, and its slot is free
   and clean afterwards; a malformed reference is refused before any slot is leased.
@@ -464,7 +465,9 @@ class SandboxPoolContract(AsyncioContract):
                 fine = await _one(pool, slot_call(other, "bash", command="echo fine"))
                 assert fine.content == "fine\n"
                 again = await _one(pool, slot_call(victim, "bash", command="true"))
-                assert again.outcome in (ToolOutcome.REJECTED, ToolOutcome.INFRA_ERROR)
+                assert again.outcome is ToolOutcome.INFRA_ERROR, again  # never the model's fault
+                assert again.error is not None
+                assert dead in again.error, again.error
             await wait_for_statistics(pool, _settled(4), 30.0)
             await _a_new_lease_runs(pool)
 

@@ -19,8 +19,8 @@ can do, the same step on every pool, and checks after every step what
   copy); a call past its timeout is ``TIMEOUT`` within its deadline; a batch cancelled mid-way
   still lets its lease go;
 - faults (when the pool can stage them): a container that dies answers its batch with
-  ``INFRA_ERROR`` (or ``REJECTED`` once the pool has noticed), its leases turn stale, and the
-  pool gets its slots back;
+  ``INFRA_ERROR``, its leases turn stale (a later call under one is an ``INFRA_ERROR`` too: its
+  lease ended with its server, not by its holder), and the pool gets its slots back;
 - always: no exception but the port's typed errors; every slot is in exactly one state
   (``free + leased`` is the pool's size once resets settle, ``leased`` is the number of live
   leases the model holds, each on its own slot); leases granted grow by exactly the grants the
@@ -117,6 +117,7 @@ class _Held:
     holds: list[Hold]
     files: dict[str, str] = attrs.field(factory=dict)
     stale: bool = False
+    lost: bool = False  # stale because its container died (its calls: INFRA_ERROR)
     first: list[tuple[list[SlotCall], list[ToolResult]]] = attrs.field(factory=list)
 
     @property
@@ -257,6 +258,10 @@ def pool_machine(
         def expect(self, op: _Op, result: ToolResult, batch_container: bool) -> None:
             """Check ``result`` against the model, and apply the op to the model."""
             held = op.held
+            if held.lost and batch_container:
+                assert result.outcome is ToolOutcome.INFRA_ERROR, (op, result)
+                assert result.error
+                return
             if held.stale or not batch_container:
                 assert result.outcome is ToolOutcome.REJECTED, (op, result)
                 assert result.error
@@ -450,6 +455,9 @@ def pool_machine(
                 result = results[0][position]
                 on_target = self.same_container(op.held, target)
                 if op.repeat_of is not None:
+                    if op.held.lost and on_target:
+                        assert result.outcome is ToolOutcome.INFRA_ERROR, (op, result)
+                        continue
                     if op.held.stale or not on_target:
                         assert result.outcome is ToolOutcome.REJECTED, (op, result)
                         continue
@@ -512,10 +520,10 @@ def pool_machine(
                 got = portal.call(pool.execute, victim.leases[i].slot.container, calls)
                 assert [r.call_id for r in got] == [c.call.id for c in calls]
                 for result in got:
-                    assert result.outcome in (ToolOutcome.INFRA_ERROR, ToolOutcome.REJECTED), result
+                    assert result.outcome is ToolOutcome.INFRA_ERROR, result
                     assert result.error
             for held in on_it:
-                held.stale = True
+                held.stale = held.lost = True
 
         # ----------------------------------------------------------------- closing
 

@@ -104,7 +104,7 @@ def batch_results(payload: bytes, call_ids: Sequence[str]) -> list[ToolResult] |
     or does not answer the calls one for one, for the general path to decide."""
     try:
         data = json.loads(payload)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # UnicodeDecodeError; nested too deep: ``decode`` says
         return None
     if type(data) is not dict:
         return None

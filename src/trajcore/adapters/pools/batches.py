@@ -5,7 +5,9 @@ they do not differ in what ``SandboxPool.execute`` promises about a batch. ``exe
 keeps those promises once, for both:
 
 - A call whose lease is not current in the slot book (stale, released, for another container)
-  is ``REJECTED`` with the reason, and is never sent.
+  is ``REJECTED`` with the reason, and is never sent; one whose lease ended because its slot
+  server was lost is an ``INFRA_ERROR`` (the trajectory's infrastructure failed, not its
+  model), also never sent.
 - When the container is gone (no live client), every other call is an ``INFRA_ERROR``.
 - The rest go to the slot server as one request. A ``SlotServerError`` (unreachable, crashed,
   timed out, 5xx) or an answer outside the protocol (``InvalidInput``: ``WireError`` and kin)
@@ -31,15 +33,20 @@ def refuse_stale(
     leasing: SlotLeasing, container: str, calls: Sequence[SlotCall]
 ) -> tuple[list[ToolResult | None], list[int]]:
     """The batch's first step, for every pool: a ``REJECTED`` result for each call whose lease
-    is not current (``None`` for the others), and the indices of the calls that may run."""
+    is not current (an ``INFRA_ERROR`` where its server was lost; ``None`` for the others), and
+    the indices of the calls that may run."""
     results: list[ToolResult | None] = [None] * len(calls)
     runnable: list[int] = []
     for i, call in enumerate(calls):
         refusal = leasing.refusal(container, call)
-        if refusal is not None:
-            results[i] = ToolResult.failure(call.call, ToolOutcome.REJECTED, refusal)
-        else:
+        if refusal is None:
             runnable.append(i)
+        elif call.container == container and leasing.was_lost(container):  # ended with it
+            lease = f"{call.lease.slot}#{call.lease.epoch}"
+            reason = f"slot server {container} was lost: lease {lease} ended with it"
+            results[i] = ToolResult.failure(call.call, ToolOutcome.INFRA_ERROR, reason)
+        else:
+            results[i] = ToolResult.failure(call.call, ToolOutcome.REJECTED, refusal)
     return results, runnable
 
 

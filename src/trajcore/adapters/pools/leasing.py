@@ -11,9 +11,10 @@ fake pool lease through it, so both keep one policy.
 Rules it keeps:
 
 - Leaving a ``lease`` block, however it ends, releases the lease exactly once. Release runs
-  shielded from cancellation: the book moves the slot to RESETTING, ``reset`` runs under its own
-  timeout (``reset_timeout_s``), and ``reset_done`` frees the slot (or quarantines it when the
-  reset failed, raised or ran out of time). A slot never leaves service silently: a warning
+  shielded from cancellation: the book moves the slot to RESETTING, ``reset`` runs (bounded by
+  ``reset_timeout_s`` itself, with ``RESET_BACKSTOP_S`` more here as a backstop), and
+  ``reset_done`` frees the slot (or quarantines it when the reset failed, raised or ran out of
+  time). A slot never leaves service silently: a warning
   names it and why (the reset's own for a reset that failed, this module's for one that raised
   or ran out of time). Grants the book makes then are handed to their waiters at once, so no
   slot stays free while someone waits.
@@ -53,7 +54,12 @@ from trajcore.domain.errors import AcquireTimeout, InvalidInput, PoolClosed, Sta
 from trajcore.domain.slot_book import Grant, SlotBook, Ticket
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall, SlotId, SlotState
 
-__all__ = ["ResetSlot", "SlotLeasing"]
+__all__ = ["RESET_BACKSTOP_S", "ResetSlot", "SlotLeasing"]
+
+RESET_BACKSTOP_S = 5.0
+"""How long past ``reset_timeout_s`` a release waits for its reset before it quarantines the
+slot itself: a pool's reset bounds itself at ``reset_timeout_s`` (a slot server's client gives
+the server up there and the pool loses it), and this catches one that does not."""
 
 _log = logging.getLogger(__name__)
 
@@ -86,15 +92,19 @@ class SlotLeasing:
             exception or running past ``reset_timeout_s``: quarantine it).
         default_timeout_s: The lease deadline when ``lease`` gets none (``None``: none).
         reset_timeout_s: How long a release's reset may take.
+        reset_backstop_s: How long past ``reset_timeout_s`` the release waits for a reset that
+            does not bound itself before it quarantines the slot (``RESET_BACKSTOP_S``).
     """
 
     reset: ResetSlot
     default_timeout_s: float | None = None
     reset_timeout_s: float = 30.0
+    reset_backstop_s: float = RESET_BACKSTOP_S
     _book: SlotBook = attrs.field(init=False, factory=SlotBook)
     _waiters: dict[int, _Waiter] = attrs.field(init=False, factory=dict)
     _closed: bool = attrs.field(init=False, default=False)
     _now: float = attrs.field(init=False, default=-math.inf)
+    _lost: set[str] = attrs.field(init=False, factory=set)  # containers lost (names are not reused)
 
     # ------------------------------------------------------------------------- leases
 
@@ -186,13 +196,18 @@ class SlotLeasing:
             except (StaleLease, UnknownSlot):
                 return  # its container was lost: nothing is left to reset or free
             ok, why = False, None
-            with anyio.move_on_after(self.reset_timeout_s) as limit:
+            # past the reset's own limit (a slot server's client gives the server up there,
+            # and the pool loses it): a backstop for a reset that does not bound itself
+            with anyio.move_on_after(self.reset_timeout_s + self.reset_backstop_s) as limit:
                 try:
                     ok = await self.reset(lease)
                 except Exception as error:  # noqa: BLE001 - a failed reset quarantines the slot
                     why = f"its reset raised {type(error).__name__}: {error}"
             if limit.cancelled_caught:
-                why = f"its reset ran past reset_timeout_s ({self.reset_timeout_s} s)"
+                why = (
+                    f"its reset ran past reset_timeout_s ({self.reset_timeout_s} s) "
+                    f"plus {self.reset_backstop_s} s"
+                )
             try:
                 grants = self._book.reset_done(slot, ok, self._clock())
             except UnknownSlot:
@@ -228,6 +243,11 @@ class SlotLeasing:
             return f"lease {call.lease.slot}#{call.lease.epoch} is stale or released @ $.epoch"
         return None
 
+    def was_lost(self, container: str) -> bool:
+        """Whether ``container`` was lost (``lose_container``): its leases ended with it, not
+        by their holders' release."""
+        return container in self._lost
+
     def add_container(self, name: str, slots: int) -> None:
         """Put ``slots`` fresh slots of ``name`` in service; waiters get them first.
 
@@ -241,7 +261,9 @@ class SlotLeasing:
         Returns the leases that were held there; they are stale from now on, and releasing one
         later changes nothing. Waiters keep waiting. Raises ``UnknownSlot`` for an unknown name.
         """
-        return self._book.lose_container(name)
+        leases = self._book.lose_container(name)
+        self._lost.add(name)
+        return leases
 
     def drain_container(self, name: str) -> None:
         """No new leases in ``name``; its free slots drain now, the others when released."""
