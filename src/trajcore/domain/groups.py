@@ -88,8 +88,9 @@ class TrajectoryOutcome:
             nothing (their reward hook is skipped), a finite number otherwise.
         produced_output: Whether the model produced anything (text, reasoning or a call).
         detail: A one-line reason for logs, e.g. the error that ended it.
-        has_tokens: Whether the trajectory has training tokens (it had a model turn); rules
-            with ``require_tokens`` leaves a member without them out.
+        has_tokens: Whether the trajectory has training tokens (a sampled token left after
+            the cut to the trainer's length); rules with ``require_tokens`` leave a member
+            without them out.
 
     Raises (when built):
         InvalidInput: a failure with a score, a healthy member with output but no score, an

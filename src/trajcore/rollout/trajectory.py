@@ -467,17 +467,20 @@ def _result(run: _Run, policy: Policy, started: float) -> TrajectoryResult:
         )
         if policy.token_exact and stats.stop_reason is not StopReason.MODEL_ERROR:
             drift = run.session.drift(run.messages)
+    # training data only where a sampled token is left to train on: a member cut to
+    # max_token_length before its first completion token is left out as having no tokens
+    trainable = tokens is not None and tokens.completion_tokens > 0
     if run.score_failure is not None:
         outcome = TrajectoryOutcome(
             status=run.score_failure_status,
             produced_output=stats.produced_output,
             detail=run.score_failure,
-            has_tokens=tokens is not None,
+            has_tokens=trainable,
         )
     else:
         outcome = attrs.evolve(
             stats.outcome(score=run.score if stats.needs_score else None),
-            has_tokens=tokens is not None,
+            has_tokens=trainable,
         )
     return TrajectoryResult(
         trajectory_id=run.trajectory_id,

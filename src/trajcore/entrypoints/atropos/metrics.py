@@ -106,6 +106,8 @@ class RolloutCounters:
     drift_tokens: int = 0
     measured: int = 0
     reward_errors: int = 0
+    truncated: int = 0
+    truncated_completion_tokens: int = 0
     error_details: list[str] = attrs.field(factory=list)
 
     def record(self, group: GroupResult) -> None:
@@ -125,6 +127,10 @@ class RolloutCounters:
                 count = stats.tool_errors.of(outcome)
                 if count:
                     self.tool_errors[outcome.value] = self.tool_errors.get(outcome.value, 0) + count
+            cut = None if member.tokens is None else member.tokens.truncation
+            if cut is not None:
+                self.truncated += 1
+                self.truncated_completion_tokens += cut.cut_completion_tokens
             if member.drift is not None:
                 self.measured += 1
                 self.drifted += not member.drift.exact
@@ -160,6 +166,8 @@ class RolloutCounters:
             "trajcore/tool_calls": self.tool_calls,
             "trajcore/tool_errors": sum(self.tool_errors.values()),
             "trajcore/parse_errors": self.parse_errors,
+            "trajcore/truncated": self.truncated,
+            "trajcore/truncated_completion_tokens": self.truncated_completion_tokens,
         }
         if self.reward_errors:
             out["trajcore/reward_errors"] = self.reward_errors
@@ -235,6 +243,17 @@ def log_group(group: GroupResult, toolsets: Sequence[str]) -> None:
                 member.trajectory_id,
                 json.dumps(member.prepare_metadata, sort_keys=True),
                 json.dumps(member.score_metadata, sort_keys=True),
+            )
+        cut = None if member.tokens is None else member.tokens.truncation
+        if cut is not None:
+            log.warning(
+                "trajectory %s cut to max_token_length %d: %d tokens cut, %d of them sampled "
+                "(lost for training)%s",
+                member.trajectory_id,
+                cut.max_token_length,
+                cut.cut_tokens,
+                cut.cut_completion_tokens,
+                "" if member.outcome.has_tokens else "; no sampled token left: left out",
             )
         if not member.outcome.status.healthy:
             log.warning(

@@ -97,9 +97,11 @@ def chat_dicts(messages: Sequence[Message]) -> list[dict[str, Any]]:
 
 
 def member_story(member: TrajectoryResult) -> dict[str, Any]:
-    """``overrides[i]["trajcore"]``: the member's id, status, stop reason, counts and metadata."""
+    """``overrides[i]["trajcore"]``: the member's id, status, stop reason, counts, what was cut
+    to fit ``max_token_length`` and metadata."""
     stats = member.stats
     errors = stats.tool_errors
+    cut = None if member.tokens is None else member.tokens.truncation
     return {
         "trajectory_id": member.trajectory_id,
         "status": member.outcome.status.value,
@@ -114,6 +116,8 @@ def member_story(member: TrajectoryResult) -> dict[str, Any]:
         "drift_tokens": None
         if member.drift is None
         else member.drift.ledger_only_tokens + member.drift.rendered_only_tokens,
+        "truncated_tokens": 0 if cut is None else cut.cut_tokens,
+        "truncated_completion_tokens": 0 if cut is None else cut.cut_completion_tokens,
         "prepare_metadata": member.prepare_metadata,
         "score_metadata": member.score_metadata,
     }

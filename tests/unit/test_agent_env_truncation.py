@@ -1,0 +1,137 @@
+"""Members cut to ``max_token_length`` are said to be cut, and one with no sampled token left is
+left out.
+
+``TokenLedger.export`` keeps the head of a trajectory and cuts its tail to the trainer's length.
+What it cut is now in the member's ``overrides[i]["trajcore"]`` (``truncated_tokens``,
+``truncated_completion_tokens``), in the ``trajcore/truncated*`` counters and in a warning; and
+a member whose every sampled token was cut (the prompt fills the length) has no training tokens,
+so the group's rules leave it out instead of sending its score over masks that are all -100.
+Before, nothing read the cut, and such a member was sent.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from trajcore.adapters.fakes.llm import FakeTokenServer
+from trajcore.adapters.fakes.sandbox import FakeSandboxPool
+from trajcore.adapters.tokenizers import qwen3_tokenizer_path
+from trajcore.domain.errors import SlotFileError
+from trajcore.domain.messages import Message
+from trajcore.domain.sampling import FinishReason, TokenCompletion
+from trajcore.domain.tool_parsers import get_parser
+from trajcore.domain.tools import ToolCall
+from trajcore.entrypoints.atropos.config import AgentEnvConfig
+from trajcore.entrypoints.atropos.env import AgentEnv
+from trajcore.rollout.group import GroupResult
+from trajcore.rollout.tools import SlotTools
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class FileEnv(AgentEnv[str]):
+    name = "truncation_env"
+
+    async def get_next_item(self) -> str:
+        return "ok"
+
+    def build_task(self, item: str) -> str:
+        return f"Create done.txt containing {item}."
+
+    async def verify_and_score(
+        self, item: str, tools: SlotTools, messages: Sequence[Message]
+    ) -> float:
+        try:
+            return 1.0 if (await tools.read_file("done.txt")) == item else 0.0
+        except SlotFileError:
+            return 0.0
+
+
+def config(**fields: Any) -> AgentEnvConfig:
+    base: dict[str, Any] = {
+        "tokenizer_name": str(qwen3_tokenizer_path()), "use_wandb": False, "group_size": 2,
+        "max_turns": 4, "max_tokens": 256, "max_token_length": 8192, "slot_lifetime_s": 30.0,
+        "acquire_timeout_s": 10.0, "terminal_timeout_s": 5.0, "mode": "managed",
+        "tool_call_parser": "hermes", "enabled_toolsets": ["file"],
+    }  # fmt: skip
+    base.update(fields)
+    return AgentEnvConfig(**base)
+
+
+def responder(env: FileEnv, answer_words: int) -> Callable[[Sequence[int]], TokenCompletion]:
+    """Each member writes done.txt (one right, one wrong), then answers in ``answer_words``."""
+    tokenizer = env.tokenizer_port()
+    end = tokenizer.encode("<|im_end|>")
+    parser = get_parser("hermes")
+    turns = itertools.count()
+
+    def respond(prompt: Sequence[int]) -> TokenCompletion:
+        n = next(turns)
+        if tokenizer.decode(prompt).count("<|im_start|>assistant") > 1:
+            text = "All done. " + "word " * answer_words
+        else:
+            arguments = {"path": "done.txt", "content": "ok" if n % 2 else "no"}
+            text = parser.render([ToolCall(id="x", name="write_file", arguments=arguments)])
+        ids = [*tokenizer.encode(text), *end]
+        return TokenCompletion.of(ids, [-0.5] * len(ids), FinishReason.STOP)
+
+    return respond
+
+
+async def run(env: FileEnv, answer_words: int) -> tuple[GroupResult, FakeTokenServer]:
+    server = FakeTokenServer(policy=responder(env, answer_words))
+    async with FakeSandboxPool(containers=1, slots_per_container=2) as pool:
+        group = await env.run_task("ok", pool=pool, policy=env.make_policy(token=server))
+    return group, server
+
+
+async def prompt_length() -> int:
+    _, server = await run(FileEnv(config()), 0)
+    return len(server.requests[0].prompt_ids)
+
+
+async def test_a_member_cut_to_the_trainers_length_is_said_to_be_cut(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # room for the prompt, the write_file turn and its result, not for the final answer
+    env = FileEnv(config(max_token_length=await prompt_length() + 120))
+    with caplog.at_level(logging.WARNING):
+        group, _ = await run(env, 200)
+        scored = env.scored_group(group)
+    assert scored is not None
+    assert sorted(scored["scores"]) == [0.0, 1.0]  # each member keeps sampled tokens
+    stories = [overrides["trajcore"] for overrides in scored["overrides"]]
+    for member, story in zip(group.members, stories, strict=True):
+        assert member.tokens is not None
+        cut = member.tokens.truncation
+        assert cut is not None
+        assert cut.cut_completion_tokens > 0
+        assert story["truncated_tokens"] == cut.cut_tokens
+        assert story["truncated_completion_tokens"] == cut.cut_completion_tokens
+    metrics = env.tool_error_metrics()
+    assert metrics["trajcore/truncated"] == 2
+    assert metrics["trajcore/truncated_completion_tokens"] == sum(
+        s["truncated_completion_tokens"] for s in stories
+    )
+    warned = [r.getMessage() for r in caplog.records if "cut to max_token_length" in r.getMessage()]
+    assert len(warned) == 2, warned
+
+
+async def test_a_member_with_no_sampled_token_left_is_left_out() -> None:
+    env = FileEnv(config(max_token_length=await prompt_length() - 5))  # the prompt fills it
+    group, _ = await run(env, 0)
+    for member in group.members:
+        assert member.tokens is not None
+        assert member.tokens.completion_tokens == 0
+        assert not member.outcome.has_tokens
+    assert env.scored_group(group) is None  # nothing to train on: not sent
