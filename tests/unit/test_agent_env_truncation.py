@@ -22,6 +22,7 @@ from trajcore.adapters.fakes.llm import FakeTokenServer
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.errors import SlotFileError
+from trajcore.domain.json_values import JSON
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, TokenCompletion
 from trajcore.domain.tool_parsers import get_parser
@@ -80,7 +81,7 @@ def responder(env: FileEnv, answer_words: int) -> Callable[[Sequence[int]], Toke
         if tokenizer.decode(prompt).count("<|im_start|>assistant") > 1:
             text = "All done. " + "word " * answer_words
         else:
-            arguments = {"path": "done.txt", "content": "ok" if n % 2 else "no"}
+            arguments: dict[str, JSON] = {"path": "done.txt", "content": "ok" if n % 2 else "no"}
             text = parser.render([ToolCall(id="x", name="write_file", arguments=arguments)])
         ids = [*tokenizer.encode(text), *end]
         return TokenCompletion.of(ids, [-0.5] * len(ids), FinishReason.STOP)
