@@ -60,6 +60,23 @@ def test_managed_mode_without_a_token_server_or_parser_is_refused() -> None:
     assert caught.value.field == "tool_call_parser"
 
 
+@pytest.mark.parametrize(
+    ("field", "value"), [("reasoning_effort", "high"), ("max_reasoning_tokens", 2048)]
+)
+def test_atropos_reasoning_settings_are_refused_in_managed_mode_and_kept_in_openai_mode(
+    field: str, value: object
+) -> None:
+    """Atropos adds them to OpenAI mode's chat requests (its ``ServerManager``); managed mode
+    sends token ids rendered with the chat template, which carry none, so a managed run that
+    sets one is refused at start, never run without it."""
+    with pytest.raises(ConfigError) as caught:
+        FileEnv(_config(mode="managed", **{field: value}), [_server("vllm")])
+    assert caught.value.field == field
+    assert "managed mode" in caught.value.reason
+    env = FileEnv(_config(mode="openai", **{field: value}), [_server("openai")])
+    assert getattr(env.config, field) == value
+
+
 def test_a_vllm_server_makes_the_env_managed_with_the_hermes_parser() -> None:
     env = FileEnv(_config(), [_server("vllm")])
     assert env.settings.mode == "managed"

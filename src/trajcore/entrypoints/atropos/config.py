@@ -441,6 +441,15 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings):
                 "tool_call_parser", f"managed mode parses tool calls itself: set one of "
                 f"{', '.join(parser_names())}"
             )  # fmt: skip
+        for name in _CHAT_ONLY_REASONING if choice.mode == "managed" else ():
+            if getattr(self, name) is not None:
+                raise ConfigError(
+                    name,
+                    "managed mode sends token ids it rendered with the chat template, which "
+                    "carry no reasoning setting (Atropos adds it to OpenAI mode's chat requests "
+                    "only): the template decides how the model reasons; unset it, or run in "
+                    "OpenAI mode",
+                )
         if self.max_containers < self.min_containers:
             raise ConfigError("max_containers", f"must be >= min_containers={self.min_containers}")
         if self.worker_timeout > 0 and self.slot_lifetime_s >= self.worker_timeout:
@@ -510,6 +519,8 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings):
 
 
 _TOKEN_SERVER_TYPES = frozenset({"vllm", "sglang"})
+# Atropos's reasoning settings (BaseEnvConfig), which only chat requests carry
+_CHAT_ONLY_REASONING = ("reasoning_effort", "max_reasoning_tokens")
 DEFAULT_PARSER = "hermes"
 """Managed mode's parser when a vLLM or SGLang server is configured and none is named."""
 
