@@ -21,6 +21,7 @@ import attrs
 
 from trajcore.domain.agent_loop import StopReason, TrajectoryStats
 from trajcore.domain.groups import GroupRules, GroupVerdict
+from trajcore.domain.sampling import SamplingParams
 from trajcore.rollout.trajectory import TrajectoryResult
 
 __all__ = ["GroupResult", "collect_group", "failed_member"]
@@ -39,6 +40,8 @@ class GroupResult:
         duration_s: Wall time of the whole group.
         environment: The task environment (image reference) every member's lease named, or
             ``None``.
+        sampling: The sampling the members ran with (an item's own, from ``item_rollout``),
+            or ``None`` when the caller did not say.
     """
 
     group_id: str
@@ -46,6 +49,7 @@ class GroupResult:
     verdict: GroupVerdict
     duration_s: float
     environment: str | None = None
+    sampling: SamplingParams | None = None
 
     @property
     def kept(self) -> tuple[TrajectoryResult, ...]:
@@ -80,13 +84,14 @@ async def collect_group(
     rules: GroupRules,
     run_member: Callable[[str], Awaitable[TrajectoryResult]],
     environment: str | None = None,
+    sampling: SamplingParams | None = None,
 ) -> GroupResult:
     """Run ``rules.group_size`` members concurrently and judge the group.
 
     ``run_member`` is called with each member's trajectory id and must return its result (it is
     typically ``run_trajectory`` with the item's messages, hooks, environment and shared
     services bound). ``environment`` is the task environment the members' leases name, kept in
-    the result for its logs.
+    the result for its logs; ``sampling``, the sampling they run with, kept for the trainer.
     """
     started = anyio.current_time()
     size = rules.group_size
@@ -113,4 +118,5 @@ async def collect_group(
         verdict=verdict,
         duration_s=anyio.current_time() - started,
         environment=environment,
+        sampling=sampling,
     )

@@ -581,8 +581,9 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             services=services, rollout=rollout,
         ) as prepared:  # fmt: skip
             result = await collect_group(
-                group_id=group_id, rules=rules, run_member=member, environment=environment
-            )
+                group_id=group_id, rules=rules, run_member=member, environment=environment,
+                sampling=rollout.sampling,
+            )  # fmt: skip
         self._counters.record(result)
         metrics.log_group(result, drawn.toolsets)
         return result

@@ -126,8 +126,8 @@ def member_story(member: TrajectoryResult) -> dict[str, Any]:
 def scored_group(group: GroupResult, settings: RolloutSettings) -> GroupConversion:
     """The Atropos ``ScoredDataGroup`` of a judged group's kept members, or why it is not sent.
 
-    ``settings`` gives the sampling parameters and the mode that go into ``generation_params``,
-    and whether to send the conversations.
+    ``generation_params`` carries the sampling the group ran with (``group.sampling``, else
+    ``settings``'), and ``settings`` the mode and whether to send the conversations.
 
     Raises:
         StateError: a kept member has no tokens (the group was judged by rules without
@@ -155,7 +155,8 @@ def scored_group(group: GroupResult, settings: RolloutSettings) -> GroupConversi
     group_overrides: dict[str, Any] = {"token_exact": exact, "trajcore_group": group.group_id}
     if len(kept) != len(verdict.member_scores):  # one per member of the configured group size
         group_overrides["group_size"] = len(kept)
-    sampling = settings.rollout.sampling
+    # what the members ran with (an item's own sampling, from item_rollout), else the config's
+    sampling = group.sampling or settings.rollout.sampling
     scored = ScoredGroup(
         tokens=[list(t.tokens) for t in tokens],
         masks=[list(t.masks) for t in tokens],
