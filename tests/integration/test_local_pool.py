@@ -148,7 +148,9 @@ async def test_a_slot_server_killed_mid_batch_is_replaced() -> None:
             assert all(r.error and dead in r.error for r in results)
             assert dead not in pool.container_names()
             (late,) = await pool.execute(dead, [bash(victim, "true")])
-            assert late.outcome is ToolOutcome.REJECTED
+            assert late.outcome is ToolOutcome.INFRA_ERROR  # its lease ended with its server
+            assert late.error is not None
+            assert f"slot server {dead} was lost" in late.error
         with anyio.fail_after(30):
             while pool.restarts < 1 or len(pool.container_names()) < 2:  # noqa: ASYNC110 - polls state that has no event
                 await anyio.sleep(0.02)
