@@ -22,7 +22,7 @@ from trajcore.adapters.fakes.llm import FakeTokenServer
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.errors import SlotFileError
-from trajcore.domain.json_values import JSON
+from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, TokenCompletion
 from trajcore.domain.tool_parsers import get_parser
@@ -101,22 +101,52 @@ async def prompt_length() -> int:
     return len(server.requests[0].prompt_ids)
 
 
+class BigReadEnv(FileEnv):
+    """Its workspace holds a large file, which each member reads first."""
+
+    async def prepare_workspace(self, item: str, tools: SlotTools) -> JSONObject | None:
+        await tools.write_file("big.txt", "line of text\n" * 400)
+        return None
+
+
+def reader(env: FileEnv) -> Callable[[Sequence[int]], TokenCompletion]:
+    """Each member reads big.txt, then answers."""
+    tokenizer = env.tokenizer_port()
+    end = tokenizer.encode("<|im_end|>")
+    parser = get_parser("hermes")
+
+    def respond(prompt: Sequence[int]) -> TokenCompletion:
+        if tokenizer.decode(prompt).count("<|im_start|>assistant") > 1:
+            text = "Read it."
+        else:
+            call = ToolCall(id="x", name="read_file", arguments={"path": "big.txt"})
+            text = parser.render([call])
+        ids = [*tokenizer.encode(text), *end]
+        return TokenCompletion.of(ids, [-0.5] * len(ids), FinishReason.STOP)
+
+    return respond
+
+
 async def test_a_member_cut_to_the_trainers_length_is_said_to_be_cut(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # room for the prompt, the write_file turn and its result, not for the final answer
-    env = FileEnv(config(max_token_length=await prompt_length() + 120))
+    """A tool result longer than what is left of the length: the turn after it gets one token,
+    and the export cuts the tail (the result's end and that token)."""
+    env = BigReadEnv(
+        config(max_token_length=await prompt_length() + 200, ensure_scores_are_not_same=False)
+    )
+    server = FakeTokenServer(policy=reader(env))
     with caplog.at_level(logging.WARNING):
-        group, _ = await run(env, 200)
+        async with FakeSandboxPool(containers=1, slots_per_container=2) as pool:
+            group = await env.run_task("ok", pool=pool, policy=env.make_policy(token=server))
         scored = env.scored_group(group)
     assert scored is not None
-    assert sorted(scored["scores"]) == [0.0, 1.0]  # each member keeps sampled tokens
     stories = [overrides["trajcore"] for overrides in scored["overrides"]]
     for member, story in zip(group.members, stories, strict=True):
         assert member.tokens is not None
         cut = member.tokens.truncation
         assert cut is not None
-        assert cut.cut_completion_tokens > 0
+        assert cut.cut_environment_tokens > 0
         assert story["truncated_tokens"] == cut.cut_tokens
         assert story["truncated_completion_tokens"] == cut.cut_completion_tokens
     metrics = env.tool_error_metrics()
@@ -136,3 +166,18 @@ async def test_a_member_with_no_sampled_token_left_is_left_out() -> None:
         assert member.tokens.completion_tokens == 0
         assert not member.outcome.has_tokens
     assert env.scored_group(group) is None  # nothing to train on: not sent
+
+
+async def test_each_managed_turn_is_capped_by_the_context_left() -> None:
+    """``max_tokens`` None (or above what is left) asks each turn for no more than fits in the
+    trainer's length after its prompt, so nothing sampled is cut for length."""
+    limit = await prompt_length() + 300
+    env = FileEnv(config(max_tokens=None, max_token_length=limit))
+    group, server = await run(env, 10)
+    exported = limit - 1  # Atropos takes sequences shorter than max_token_length
+    for request in server.requests:
+        assert request.sampling.max_tokens == exported - len(request.prompt_ids), (
+            request.sampling.max_tokens,
+            len(request.prompt_ids),
+        )
+    assert all(m.tokens is not None and m.tokens.truncation is None for m in group.members)

@@ -77,6 +77,12 @@ class PolicySession(Protocol):
         """Record what followed the last assistant turn (tool results, a user nudge)."""
         ...
 
+    def prompt_tokens(self) -> int | None:
+        """The next request's prompt length where the session renders the prompt itself
+        (managed mode: its ledger), so that a turn can be capped by the context left; ``None``
+        where the server renders it (OpenAI mode)."""
+        ...
+
     def training_tokens(
         self, messages: Sequence[Message], *, max_token_length: int | None
     ) -> TrainingTokens | None:
@@ -97,6 +103,9 @@ class SessionWrapper:
 
     def add_environment(self, messages: Sequence[Message]) -> None:
         self.inner.add_environment(messages)
+
+    def prompt_tokens(self) -> int | None:
+        return self.inner.prompt_tokens()
 
     def training_tokens(
         self, messages: Sequence[Message], *, max_token_length: int | None
@@ -141,6 +150,9 @@ class _ChatSession:
 
     def add_environment(self, messages: Sequence[Message]) -> None:
         return None  # the server re-reads the whole conversation each turn
+
+    def prompt_tokens(self) -> int | None:
+        return None  # the server renders the prompt
 
     def training_tokens(
         self, messages: Sequence[Message], *, max_token_length: int | None
@@ -198,6 +210,9 @@ class _TokenSession:
 
     def add_environment(self, messages: Sequence[Message]) -> None:
         self.policy.template.append_environment(self.ledger, messages)
+
+    def prompt_tokens(self) -> int | None:
+        return len(self.ledger)
 
     def training_tokens(
         self, messages: Sequence[Message], *, max_token_length: int | None

@@ -343,6 +343,20 @@ async def _leased(run: _Run, env: _Env) -> None:
             run.loop.infra_failed(now=run.now(), detail=f"{type(exc).__name__}: {exc}")
 
 
+def _turn_cap(run: _Run, decision: CallModel, session: PolicySession) -> int | None:
+    """The most tokens the next turn may sample: what is left of the completion budget and,
+    where the session knows its prompt's length (managed mode), of the context (the loop's
+    ``max_context_tokens`` and the exported ``max_token_length``, the trainer's); ``None`` for
+    no cap."""
+    caps = [] if decision.completion_tokens_left is None else [decision.completion_tokens_left]
+    limits = [n for n in (run.config.agent.max_context_tokens, run.config.max_token_length) if n]
+    if limits:
+        prompt = session.prompt_tokens()
+        if prompt is not None:
+            caps.append(min(limits) - prompt)
+    return min(caps) if caps else None
+
+
 async def _agent(run: _Run, tools: Sequence[ToolSpec], policy: Policy, router: ToolRouter) -> None:
     loop = run.loop
     decision: CallModel | RunTools | Finish = loop.start(run.now())
@@ -350,11 +364,9 @@ async def _agent(run: _Run, tools: Sequence[ToolSpec], policy: Policy, router: T
     while isinstance(decision, CallModel):
         turn_number = decision.turn
         sampling = run.config.sampling
-        if decision.completion_tokens_left is not None:
-            sampling = attrs.evolve(
-                sampling,
-                max_tokens=max(1, min(sampling.max_tokens, decision.completion_tokens_left)),
-            )
+        cap = _turn_cap(run, decision, session)
+        if cap is not None and cap < sampling.max_tokens:
+            sampling = attrs.evolve(sampling, max_tokens=max(1, cap))
         try:
             turn = await session.sample(run.messages, sampling=sampling)
         except IdleLimitExceeded as exc:

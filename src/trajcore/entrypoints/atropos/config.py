@@ -168,8 +168,8 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings):
     max_tokens: int | None = Field(
         default=4096,
         ge=1,
-        description="Most tokens sampled per turn; None: no cap of its own, each turn may use "
-        "what is left of max_token_length.",
+        description="Most tokens sampled per turn; None: no cap of its own. In managed mode a "
+        "turn is also capped by what is left of max_token_length.",
     )
     tool_delay_s: float = Field(default=0.0, ge=0, description="Pause before each tool batch.")
     system_prompt: str | None = Field(default=None, description="Prepended to every task.")
@@ -485,7 +485,8 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings):
                 max_turns=self.max_turns, max_context_tokens=self.max_token_length
             ),
             sampling=SamplingParams(
-                # None: no cap of its own; the loop caps each turn by the context left.
+                # None: no cap of its own; in managed mode the trajectory caps each turn by
+                # the context left (rollout.trajectory._turn_cap), in OpenAI mode the server.
                 max_tokens=self.max_tokens
                 if self.max_tokens is not None
                 else self.max_token_length,
