@@ -11,7 +11,8 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from tests.unit.test_agent_env_truncation import FileEnv, config, responder
+from tests.unit.test_agent_env import FileEnv
+from tests.unit.test_agent_env_truncation import config, responder
 from trajcore.adapters.fakes.llm import FakeTokenServer
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.entrypoints.item_limits import ItemLimits

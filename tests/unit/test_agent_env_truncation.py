@@ -18,17 +18,14 @@ from typing import Any
 
 import pytest
 
+from tests.unit.test_agent_env import FileEnv, _config
 from trajcore.adapters.fakes.llm import FakeTokenServer
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
-from trajcore.adapters.tokenizers import qwen3_tokenizer_path
-from trajcore.domain.errors import SlotFileError
-from trajcore.domain.json_values import JSON, JSONObject
-from trajcore.domain.messages import Message
+from trajcore.domain.json_values import JSON
 from trajcore.domain.sampling import FinishReason, TokenCompletion
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.domain.tools import ToolCall
 from trajcore.entrypoints.atropos.config import AgentEnvConfig
-from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.rollout.group import GroupResult
 from trajcore.rollout.tools import SlotTools
 
@@ -40,33 +37,13 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-class FileEnv(AgentEnv[str]):
-    name = "truncation_env"
-
-    async def get_next_item(self) -> str:
-        return "ok"
-
-    def build_task(self, item: str) -> str:
-        return f"Create done.txt containing {item}."
-
-    async def verify_and_score(
-        self, item: str, tools: SlotTools, messages: Sequence[Message]
-    ) -> float:
-        try:
-            return 1.0 if (await tools.read_file("done.txt")) == item else 0.0
-        except SlotFileError:
-            return 0.0
-
-
 def config(**fields: Any) -> AgentEnvConfig:
+    """``test_agent_env``'s config for a managed group of two with the file tools."""
     base: dict[str, Any] = {
-        "tokenizer_name": str(qwen3_tokenizer_path()), "use_wandb": False, "group_size": 2,
-        "max_turns": 4, "max_tokens": 256, "max_token_length": 8192, "slot_lifetime_s": 30.0,
-        "acquire_timeout_s": 10.0, "terminal_timeout_s": 5.0, "mode": "managed",
+        "group_size": 2, "include_messages": False, "mode": "managed",
         "tool_call_parser": "hermes", "enabled_toolsets": ["file"],
     }  # fmt: skip
-    base.update(fields)
-    return AgentEnvConfig(**base)
+    return _config(**{**base, **fields})
 
 
 def responder(env: FileEnv, answer_words: int) -> Callable[[Sequence[int]], TokenCompletion]:
@@ -104,9 +81,8 @@ async def prompt_length() -> int:
 class BigReadEnv(FileEnv):
     """Its workspace holds a large file, which each member reads first."""
 
-    async def prepare_workspace(self, item: str, tools: SlotTools) -> JSONObject | None:
+    async def prepare_workspace(self, item: str, tools: SlotTools) -> None:
         await tools.write_file("big.txt", "line of text\n" * 400)
-        return None
 
 
 def reader(env: FileEnv) -> Callable[[Sequence[int]], TokenCompletion]:

@@ -56,12 +56,11 @@ async def wait_until_batches(pool: FakeSandboxPool, count: int) -> None:
             await anyio.sleep(0.001)
 
 
-class RaisingPool:
-    """A SandboxPool whose ``execute`` raises for one container and delegates otherwise."""
+class DelegatingPool:
+    """A SandboxPool that hands everything to ``inner`` (subclasses change ``execute``)."""
 
-    def __init__(self, inner: FakeSandboxPool, broken: str) -> None:
+    def __init__(self, inner: FakeSandboxPool) -> None:
         self.inner = inner
-        self.broken = broken
 
     def lease(
         self, holder: str, *, timeout_s: float | None = None, environment: str | None = None
@@ -69,8 +68,6 @@ class RaisingPool:
         return self.inner.lease(holder, timeout_s=timeout_s, environment=environment)
 
     async def execute(self, container: str, calls: Sequence[SlotCall]) -> list[ToolResult]:
-        if container == self.broken:
-            raise RuntimeError("connection reset by peer")
         return await self.inner.execute(container, calls)
 
     def statistics(self) -> PoolStatistics:
@@ -78,6 +75,19 @@ class RaisingPool:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+class RaisingPool(DelegatingPool):
+    """A SandboxPool whose ``execute`` raises for one container and delegates otherwise."""
+
+    def __init__(self, inner: FakeSandboxPool, broken: str) -> None:
+        super().__init__(inner)
+        self.broken = broken
+
+    async def execute(self, container: str, calls: Sequence[SlotCall]) -> list[ToolResult]:
+        if container == self.broken:
+            raise RuntimeError("connection reset by peer")
+        return await self.inner.execute(container, calls)
 
 
 @pytest.mark.anyio
@@ -184,17 +194,9 @@ async def test_a_batch_that_raises_fails_only_its_own_calls_as_infra_errors(
             assert result.outcome is ToolOutcome.OK
 
 
-class SequentialPool:
+class SequentialPool(DelegatingPool):
     """A SandboxPool that takes, for a batch, 0.6 of the time its slowest slot's calls may take
     one after another (as a slot server runs them), then answers from ``inner``."""
-
-    def __init__(self, inner: FakeSandboxPool) -> None:
-        self.inner = inner
-
-    def lease(
-        self, holder: str, *, timeout_s: float | None = None, environment: str | None = None
-    ) -> AbstractAsyncContextManager[Lease]:
-        return self.inner.lease(holder, timeout_s=timeout_s, environment=environment)
 
     async def execute(self, container: str, calls: Sequence[SlotCall]) -> list[ToolResult]:
         per_slot: dict[object, float] = {}
@@ -202,12 +204,6 @@ class SequentialPool:
             per_slot[call.lease.slot] = per_slot.get(call.lease.slot, 0.0) + call.timeout_s
         await anyio.sleep(0.6 * max(per_slot.values()))
         return await self.inner.execute(container, calls)
-
-    def statistics(self) -> PoolStatistics:
-        return self.inner.statistics()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 @pytest.mark.anyio
