@@ -15,7 +15,7 @@ from trajcore.adapters.pools.container_pool import ContainerPoolConfig, Containe
 from trajcore.adapters.pools.daytona_pool import DaytonaPoolConfig, DaytonaSandboxSettings
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.adapters.pools.modal_pool import ModalPoolConfig, ModalSandboxSettings
-from trajcore.adapters.pools.nomad_pool import NomadPoolConfig
+from trajcore.adapters.pools.nomad_pool import NomadPoolConfig, NomadSandboxPool
 from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig
 from trajcore.adapters.pools.ssh_pool import SshPoolConfig
 from trajcore.domain.converters import command_words
@@ -45,6 +45,7 @@ def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
     assert section(NomadPoolConfig, ("nomad_",), {}) == {
         "address": "nomad_address", "token": "nomad_token",
         "purge_on_start": "purge_on_start", "purge_on_shutdown": "purge_on_shutdown",
+        "fork_wait_s": "fork_wait_s",
     }  # fmt: skip
     # The scaling settings of every scheduled pool: the shared scale range (the damping is
     # the pool's own).
@@ -127,12 +128,16 @@ def test_the_defaults_are_the_pools_own() -> None:
     assert ssh == SshPoolConfig(hosts=hosts, server=eight)
 
 
-def test_the_fork_wait_reaches_the_local_and_container_pools() -> None:
+def test_the_fork_wait_reaches_every_pool_that_forks() -> None:
+    """The local, container and Nomad pools run task environments and forks; the Nomad pool
+    read no fork wait before (its leases from a snapshot waited the default 2 s)."""
     settings = SandboxSettings(fork_wait_s=0.25)
     assert LocalSandboxPool(settings.local_pool_config()).fork_wait_s == 0.25
     assert ContainerSandboxPool(settings.container_pool_config()).fork_wait_s == 0.25
-    with pytest.raises(ConfigError, match="fork_wait_s"):
-        LocalPoolConfig(fork_wait_s=-1)
+    assert NomadSandboxPool(settings.nomad_pool_config()).fork_wait_s == 0.25
+    for config in (LocalPoolConfig, NomadPoolConfig):
+        with pytest.raises(ConfigError, match="fork_wait_s"):
+            config(fork_wait_s=-1)
 
 
 def test_a_pools_error_names_the_env_field() -> None:

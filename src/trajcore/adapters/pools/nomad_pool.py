@@ -75,7 +75,7 @@ from trajcore.adapters.pools.nomad_client import (
     allocation_address,
     parse_allocation_stubs,
 )
-from trajcore.adapters.pools.pool_core import Member
+from trajcore.adapters.pools.pool_core import DEFAULT_FORK_WAIT_S, Member
 from trajcore.adapters.pools.reconciled import (
     ReconciledPool,
     ReconciledSource,
@@ -97,6 +97,7 @@ from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import Lease
 from trajcore.domain.validators import (
     flag,
+    non_negative_seconds,
     optional_text,
     positive_seconds,
 )
@@ -141,6 +142,8 @@ class NomadPoolConfig:
         poll_interval_s: How often the job's allocations are listed.
         request_timeout_s: Longest one Nomad API request may take.
         stop_timeout_s: Longest stopping the job at shutdown may take.
+        fork_wait_s: How long a lease from a snapshot waits for a free slot of the snapshot's
+            allocation before it takes one elsewhere (and runs over the plain image).
     """
 
     job: NomadJobSettings = part(NomadJobSettings)
@@ -155,6 +158,7 @@ class NomadPoolConfig:
     poll_interval_s: float = attrs.field(default=1.0, validator=positive_seconds)
     request_timeout_s: float = attrs.field(default=10.0, validator=positive_seconds)
     stop_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
+    fork_wait_s: float = attrs.field(default=DEFAULT_FORK_WAIT_S, validator=non_negative_seconds)
 
     def job_spec(self, *, count: int, token: str) -> NomadJobSpec:
         """The job for ``count`` slot servers with bearer ``token``."""
@@ -320,6 +324,7 @@ class NomadSandboxPool(ReconciledPool):
         )
         self._allocations = _NomadAllocations(config=config, nomad=nomad)
         super().__init__(self._allocations, label="Nomad")
+        self.fork_wait_s = config.fork_wait_s
 
     # ------------------------------------------------------------------------- environments
 

@@ -199,8 +199,8 @@ class DeclaredSettings(CloudSettings):
     fork_wait_s: float = Field(
         default=_LOCAL.fork_wait_s,
         ge=0,
-        description="Local and container pools: how long a member waits for a slot of the "
-        "server its group was prepared on before it prepares elsewhere (prepare_once).",
+        description="Local, container and Nomad pools: how long a member waits for a slot of "
+        "the server its group was prepared on before it prepares elsewhere (prepare_once).",
     )
     slots_per_container: int = Field(
         default=_NOMAD.server.slots_per_container, ge=1, description="Slots per container (N)."
