@@ -71,7 +71,7 @@ from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.slots import Lease
 from trajcore.domain.token_ledger.drift import Drift
-from trajcore.domain.token_ledger.ledger import TrainingTokens
+from trajcore.domain.token_ledger.ledger import TrainingTokens, Truncation
 from trajcore.domain.tools import ToolCall, ToolResult, ToolSpec
 from trajcore.ports.sandbox_pool import EnvironmentPool, SandboxPool
 from trajcore.ports.tool_server import ToolServer
@@ -151,6 +151,12 @@ class TrajectoryResult:
     slot: str | None
     prepare_metadata: JSONObject | None = None
     score_metadata: JSONObject | None = None
+
+    @property
+    def truncation(self) -> Truncation | None:
+        """What the export cut to fit ``max_token_length``, or ``None`` (nothing cut, or no
+        training tokens)."""
+        return None if self.tokens is None else self.tokens.truncation
 
 
 @attrs.frozen(kw_only=True)

@@ -323,8 +323,7 @@ class NomadSandboxPool(ReconciledPool):
             timeout_s=config.request_timeout_s,
         )
         self._allocations = _NomadAllocations(config=config, nomad=nomad)
-        super().__init__(self._allocations, label="Nomad")
-        self.fork_wait_s = config.fork_wait_s
+        super().__init__(self._allocations, label="Nomad", fork_wait_s=config.fork_wait_s)
 
     # ------------------------------------------------------------------------- environments
 

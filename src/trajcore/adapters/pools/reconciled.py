@@ -57,6 +57,7 @@ import attrs
 from attrs import AttrsInstance
 
 from trajcore.adapters.pools.pool_core import (
+    DEFAULT_FORK_WAIT_S,
     Endpoint,
     Member,
     SlotServerPool,
@@ -432,9 +433,15 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
 class ReconciledPool(SlotServerPool[Run]):
     """A ``SlotServerPool`` over a ``ReconciledSource``, with the scheduler's view of it."""
 
-    def __init__(self, source: ReconciledSource[ReconciledSettings], *, label: str) -> None:
+    def __init__(
+        self,
+        source: ReconciledSource[ReconciledSettings],
+        *,
+        label: str,
+        fork_wait_s: float = DEFAULT_FORK_WAIT_S,
+    ) -> None:
         self._runs = source
-        super().__init__(source, source.config.server, label=label)
+        super().__init__(source, source.config.server, label=label, fork_wait_s=fork_wait_s)
 
     def run_id(self, container: str) -> str:
         """The scheduler's ID of the run behind ``container``. Raises ``KeyError``."""

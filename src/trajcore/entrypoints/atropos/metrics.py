@@ -127,7 +127,7 @@ class RolloutCounters:
                 count = stats.tool_errors.of(outcome)
                 if count:
                     self.tool_errors[outcome.value] = self.tool_errors.get(outcome.value, 0) + count
-            cut = None if member.tokens is None else member.tokens.truncation
+            cut = member.truncation
             if cut is not None:
                 self.truncated += 1
                 self.truncated_completion_tokens += cut.cut_completion_tokens
@@ -244,7 +244,7 @@ def log_group(group: GroupResult, toolsets: Sequence[str]) -> None:
                 json.dumps(member.prepare_metadata, sort_keys=True),
                 json.dumps(member.score_metadata, sort_keys=True),
             )
-        cut = None if member.tokens is None else member.tokens.truncation
+        cut = member.truncation
         if cut is not None:
             log.warning(
                 "trajectory %s cut to max_token_length %d: %d tokens cut, %d of them sampled "

@@ -101,7 +101,7 @@ def member_story(member: TrajectoryResult) -> dict[str, Any]:
     to fit ``max_token_length`` and metadata."""
     stats = member.stats
     errors = stats.tool_errors
-    cut = None if member.tokens is None else member.tokens.truncation
+    cut = member.truncation
     return {
         "trajectory_id": member.trajectory_id,
         "status": member.outcome.status.value,
