@@ -8,6 +8,7 @@ naming the pool's private directory may remain.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import random
 import shutil
@@ -15,9 +16,11 @@ import signal
 from pathlib import Path
 
 import anyio
+import attrs
 import pytest
 
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.pools.supervision import RestartSettings
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slot_server_settings import SlotServerSettings
@@ -168,6 +171,41 @@ async def test_a_slot_server_killed_mid_batch_is_replaced() -> None:
                         assert ok.content == "ok\n"
 
                 group.start_soon(use)
+    await wait_no_leftovers(groups, run_dir, before)
+
+
+@pytest.mark.anyio
+async def test_a_replacement_that_never_starts_is_given_up_with_a_warning(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = running_now()
+    settings = config(containers=2, slots=1)
+    settings = attrs.evolve(
+        settings, restart=RestartSettings(restart_attempts=2, backoff_s=0.01, backoff_max_s=0.01)
+    )
+    async with LocalSandboxPool(settings) as pool:
+        groups = {pool.server_pid(name) for name in pool.container_names()}
+        run_dir = pool.run_dir
+        dead = pool.container_names()[0]
+        launcher = type(pool._processes)  # noqa: SLF001 - every later start runs a failing server
+        monkeypatch.setattr(launcher, "_argv", lambda self, index, name: ["/bin/false"])
+        with caplog.at_level(logging.WARNING):
+            os.kill(pool.server_pid(dead), signal.SIGKILL)
+            with anyio.fail_after(30):
+                while not any("gave up" in r.getMessage() for r in caplog.records):  # noqa: ASYNC110 - polls the log
+                    await anyio.sleep(0.02)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert sum("replacing" in w and "failed" in w for w in warnings) == 2, warnings
+        assert any(
+            f"gave up replacing {dead} after 2 tries (restart_attempts); 1 slot servers are left"
+            in w
+            for w in warnings
+        ), warnings
+        assert pool.restarts == 0
+        assert pool.container_names() == [n for n in pool.container_names() if n != dead]
+        async with pool.lease("after") as lease:  # the server left still serves
+            (ok,) = await pool.execute(lease.slot.container, [bash(lease, "echo ok")])
+            assert ok.content == "ok\n"
     await wait_no_leftovers(groups, run_dir, before)
 
 

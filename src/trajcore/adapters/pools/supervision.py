@@ -13,6 +13,8 @@ and stops, a ``Launcher``; the supervision is the same:
   ``restart_attempts`` times with a backoff that doubles from ``backoff_s`` to
   ``backoff_max_s``: one value, ``RestartSettings``, held by each such pool's config as its
   ``restart`` (``SupervisedPoolConfig``: 3 tries from 0.1 s; ``SshPoolConfig``: 8 from 0.5 s).
+  Each failed try is a warning, and so is giving up after the last (naming how many servers
+  are left); the pool goes on with those.
 - A server the pool loses (a failed batch or reset) is killed at once; its supervisor then sees
   it end and replaces it the same way.
 - ``shutdown`` stops every server it ever launched and has not stopped, in parallel, bounded by
@@ -307,11 +309,17 @@ class SupervisedSource(Generic[H]):
             try:
                 await self._start(pool, index)
             except (SlotServerError, SandboxUnavailable, OSError) as error:
-                pool.note(f"replacing {self._name(index)} failed: {error}")
+                pool.note(f"replacing {self._name(index)} failed: {error}", warn=True)
                 await anyio.sleep(min(restart.backoff_s * 2**attempt, restart.backoff_max_s))
                 continue
             self.restarts += 1
             return
+        if not _closed(pool):
+            pool.note(
+                f"gave up replacing {member.name} after {restart.restart_attempts} tries "
+                f"(restart_attempts); {sum(not m.lost for m in pool.members())} slot servers are left",
+                warn=True,
+            )
 
 
 def _closed(pool: SlotServerPool[H]) -> bool:
