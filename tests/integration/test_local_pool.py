@@ -187,7 +187,7 @@ async def test_a_replacement_that_never_starts_is_given_up_with_a_warning(
         groups = {pool.server_pid(name) for name in pool.container_names()}
         run_dir = pool.run_dir
         dead = pool.container_names()[0]
-        launcher = type(pool._processes)  # noqa: SLF001 - every later start runs a failing server
+        launcher = type(pool._processes)  # every later start runs a server that fails
         monkeypatch.setattr(launcher, "_argv", lambda self, index, name: ["/bin/false"])
         with caplog.at_level(logging.WARNING):
             os.kill(pool.server_pid(dead), signal.SIGKILL)

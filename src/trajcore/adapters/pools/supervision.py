@@ -315,9 +315,10 @@ class SupervisedSource(Generic[H]):
             self.restarts += 1
             return
         if not _closed(pool):
+            left = sum(not m.lost for m in pool.members())
             pool.note(
                 f"gave up replacing {member.name} after {restart.restart_attempts} tries "
-                f"(restart_attempts); {sum(not m.lost for m in pool.members())} slot servers are left",
+                f"(restart_attempts); {left} slot servers are left",
                 warn=True,
             )
 
