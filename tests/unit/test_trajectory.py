@@ -14,7 +14,7 @@ from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.tokenizers import TransformersTokenizer, qwen3_tokenizer_path
 from trajcore.domain.agent_loop import AgentLoopConfig, StopReason
 from trajcore.domain.batch_planner import BatchConfig
-from trajcore.domain.errors import SlotFileError
+from trajcore.domain.errors import ConfigError, SlotFileError
 from trajcore.domain.groups import GroupRules, GroupStatus, TrajectoryStatus
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, SamplingParams, TokenCompletion
@@ -22,11 +22,18 @@ from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
 from trajcore.domain.token_ledger.ledger import MASKED_LABEL
 from trajcore.domain.token_ledger.template import ChatTemplate
 from trajcore.domain.tool_parsers import get_parser
-from trajcore.domain.tools import ToolCall, ToolOutcome
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolSpec
 from trajcore.entrypoints.idle_slots import IdleLimitedPolicy
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.group import collect_group
-from trajcore.rollout.policy import ChatPolicy, Policy, TokenPolicy
+from trajcore.rollout.policy import (
+    ChatPolicy,
+    ModelTurn,
+    Policy,
+    PolicySession,
+    SessionWrapper,
+    TokenPolicy,
+)
 from trajcore.rollout.tools import SlotTools
 from trajcore.rollout.trajectory import (
     RolloutConfig,
@@ -187,6 +194,45 @@ async def test_a_member_that_crashes_outside_the_runner_is_an_unscored_infra_err
     assert crashed.stats.detail == "RuntimeError: adapter bug"
     assert (crashed.stats.turns, crashed.messages, crashed.slot) == (0, (), None)
     assert group.members[0].outcome.status is TrajectoryStatus.FINISHED
+
+
+@attrs.frozen
+class _UnbridgeableSession(SessionWrapper):
+    """A session whose chat template cannot append tool results (what ``ChatTemplate`` raises
+    for a template that re-renders the history after an assistant turn)."""
+
+    inner: PolicySession
+
+    async def sample(self, messages: Sequence[Message], *, sampling: SamplingParams) -> ModelTurn:
+        return await self.inner.sample(messages, sampling=sampling)
+
+    def add_environment(self, messages: Sequence[Message]) -> None:
+        raise ConfigError("chat_template", "rendering messages after an assistant turn changes")
+
+
+@attrs.frozen
+class _UnbridgeablePolicy:
+    inner: Policy
+
+    @property
+    def token_exact(self) -> bool:
+        return True
+
+    def start(self, messages: Sequence[Message], *, tools: Sequence[ToolSpec]) -> PolicySession:
+        return _UnbridgeableSession(self.inner.start(messages, tools=tools))
+
+
+async def test_a_chat_template_that_cannot_append_tool_results_is_an_env_error() -> None:
+    async with FakeSandboxPool() as pool:
+        result = await _run(_UnbridgeablePolicy(ChatPolicy(_solving_chat())), pool)
+        assert pool.statistics().leased == 0
+    assert result.outcome.status is TrajectoryStatus.ENV_ERROR
+    assert result.outcome.score is None
+    assert result.stats.stop_reason is StopReason.ENV_ERROR
+    assert "the tool results cannot be appended" in (result.stats.detail or "")
+    assert "chat_template" in (result.stats.detail or "")
+    assert result.stats.turns == 1
+    assert len(result.messages) == 4  # the task, the model's turn and its tool result are kept
 
 
 async def test_no_slot_before_the_deadline_is_an_infra_error() -> None:

@@ -60,6 +60,7 @@ from trajcore.domain.agent_loop import (
     TrajectoryStats,
 )
 from trajcore.domain.errors import (
+    ConfigError,
     IdleLimitExceeded,
     InfrastructureError,
     InvalidInput,
@@ -409,7 +410,12 @@ async def _tools(
     run.messages.extend(tool_messages)
     next_step = run.loop.tool_results(results, now=run.now())
     if isinstance(next_step, CallModel):
-        session.add_environment(tool_messages)
+        try:
+            session.add_environment(tool_messages)
+        except ConfigError as exc:  # the env's chat template: an env_error, never infra's
+            return run.loop.env_failed(
+                now=run.now(), detail=f"the tool results cannot be appended: {exc}"
+            )
     return next_step
 
 
