@@ -12,11 +12,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from tests.unit.test_agent_env import _config, _turn
-from trajcore.adapters.fakes.llm import FakeChatServer
+from trajcore.adapters.fakes.llm import FakeChatServer, LLMFault
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
+from trajcore.domain.agent_loop import StopReason
 from trajcore.domain.groups import GroupStatus, TrajectoryStatus
 from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.messages import Message
@@ -292,6 +294,57 @@ async def test_members_on_another_server_prepare_themselves() -> None:
     assert forked
     assert all(r.slot is not None and r.slot.container == prepare.slot.container for r in forked)
     assert PreparedEnv.preparations == 1 + (len(members) - len(forked))
+
+
+async def test_a_preparation_done_once_spends_the_members_deadline_not_a_second_one() -> None:
+    """slot_lifetime_s bounds the group from its start (below Atropos's worker_timeout): the
+    members of a group prepared once get what the preparation left, as they would had each
+    prepared itself; before, each got a whole lifetime after it."""
+
+    class SlowPreparation(PreparedEnv):
+        async def prepare_workspace(self, item: str, tools: SlotTools) -> JSONObject | None:
+            await anyio.sleep(2.0)
+            return await super().prepare_workspace(item, tools)
+
+    SlowPreparation.preparations = 0
+    env = SlowPreparation(
+        _config(
+            group_size=2, ensure_scores_are_not_same=False, prepare_once=True,
+            slot_lifetime_s=2.4,
+        )
+    )  # fmt: skip
+    chat = _reads_os_release()
+    chat.inject(LLMFault.delay(30.0), LLMFault.delay(30.0))  # each member waits out its deadline
+    async with _pool() as pool:
+        started = anyio.current_time()
+        result = await env.run_task(IMAGE, pool=pool, policy=env.make_policy(chat=chat))
+        took = anyio.current_time() - started
+    assert [m.stats.stop_reason for m in result.members] == [StopReason.TIME_BUDGET] * 2
+    assert [m.prepare_metadata for m in result.members] == [{"preparation": 1}] * 2
+    assert 2.3 < took < 3.6, took  # one lifetime (2.4 s), not the preparation and one more (4.4)
+
+
+async def test_a_preparation_that_uses_the_whole_lifetime_fails_the_members_as_infra() -> None:
+    class EndlessPreparation(PreparedEnv):
+        async def prepare_workspace(self, item: str, tools: SlotTools) -> JSONObject | None:
+            await anyio.sleep(30.0)
+            return None
+
+    env = EndlessPreparation(
+        _config(
+            group_size=2, ensure_scores_are_not_same=False, prepare_once=True,
+            slot_lifetime_s=0.5,
+        )
+    )  # fmt: skip
+    async with _pool() as pool:
+        with anyio.fail_after(5):
+            result = await env.run_task(
+                IMAGE, pool=pool, policy=env.make_policy(chat=_reads_os_release())
+            )
+    for member in result.members:
+        assert member.outcome.status is TrajectoryStatus.INFRA_ERROR
+        assert member.outcome.score is None
+        assert "preparation used the whole slot_lifetime_s (0.5 s)" in str(member.outcome.detail)
 
 
 async def test_a_failed_preparation_leaves_each_member_to_prepare_and_report_it() -> None:

@@ -176,8 +176,9 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings):
     slot_lifetime_s: float = Field(
         default=540.0,
         gt=0,
-        description="The trajectory's single deadline: slot wait, model, tools and scoring; "
-        "below worker_timeout, after which Atropos cancels the whole group.",
+        description="The trajectory's single deadline: slot wait, model, tools and scoring, "
+        "from the group's start (a preparation done once spends it too); below "
+        "worker_timeout, after which Atropos cancels the whole group.",
     )
     slot_idle_timeout_s: float | None = Field(
         default=None,

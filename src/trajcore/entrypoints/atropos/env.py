@@ -23,6 +23,7 @@ from typing import Any, Generic, cast
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
+import attrs
 from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[import-untyped]
     ServerBaseline,
 )
@@ -554,9 +555,20 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             services.policy if idle_s is None else IdleLimitedPolicy(services.policy, idle_s)
         )
 
+        started = anyio.current_time()
+
         async def member(trajectory_id: str) -> TrajectoryResult:
             if problem is not None:
                 return failed_member(trajectory_id, StopReason.ENV_ERROR, problem)
+            # One deadline from the group's start: a preparation done once for the group
+            # (prepare_once) spends the members' time, as each member's own would.
+            left = rollout.deadline_s - (anyio.current_time() - started)
+            if left <= 0:
+                return failed_member(
+                    trajectory_id, StopReason.INFRA_ERROR,
+                    f"the group's preparation used the whole slot_lifetime_s "
+                    f"({rollout.deadline_s:g} s)",
+                )  # fmt: skip
             try:
                 return await run_trajectory(
                     trajectory_id=trajectory_id,
@@ -567,7 +579,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
                     pool=services.pool,
                     dispatcher=services.dispatcher,
                     tool_server=services.tool_server,
-                    config=rollout,
+                    config=attrs.evolve(rollout, deadline_s=left),
                     environment=environment,
                     prepared=prepared,
                 )
