@@ -23,7 +23,6 @@ from typing import Any, Generic, cast
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
-import attrs
 from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[import-untyped]
     ServerBaseline,
 )
@@ -560,15 +559,9 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         async def member(trajectory_id: str) -> TrajectoryResult:
             if problem is not None:
                 return failed_member(trajectory_id, StopReason.ENV_ERROR, problem)
-            # One deadline from the group's start: a preparation done once for the group
-            # (prepare_once) spends the members' time, as each member's own would.
-            left = rollout.deadline_s - (anyio.current_time() - started)
-            if left <= 0:
-                return failed_member(
-                    trajectory_id, StopReason.INFRA_ERROR,
-                    f"the group's preparation used the whole slot_lifetime_s "
-                    f"({rollout.deadline_s:g} s)",
-                )  # fmt: skip
+            config = tasks.member_rollout(rollout, started)  # what the group's deadline left
+            if isinstance(config, str):
+                return failed_member(trajectory_id, StopReason.INFRA_ERROR, config)
             try:
                 return await run_trajectory(
                     trajectory_id=trajectory_id,
@@ -579,7 +572,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
                     pool=services.pool,
                     dispatcher=services.dispatcher,
                     tool_server=services.tool_server,
-                    config=attrs.evolve(rollout, deadline_s=left),
+                    config=config,
                     environment=environment,
                     prepared=prepared,
                 )
@@ -654,12 +647,9 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         samples = metrics.eval_samples(done)
         if self.config.data_dir_to_save_evals is not None:
             await self.evaluate_log(
-                metrics=eval_metrics,
-                start_time=started,
-                end_time=anyio.current_time(),
-                samples=samples,
-                verbose=False,
-            )
+                metrics=eval_metrics, start_time=started, end_time=anyio.current_time(),
+                samples=samples, verbose=False,
+            )  # fmt: skip
         if self.config.use_wandb:
             await super().wandb_log(dict(eval_metrics))
 
@@ -686,9 +676,8 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         """Atropos's metrics plus the ``trajcore/*`` counters (which then start again), the
         pool's and dispatcher's statistics, and hermes's ``train/tool_errors_count`` and
         ``train/tool_error_details`` (one line per failed call since the last log)."""
-        logged = dict(wandb_metrics or {})
         counted = {**self._counters.metrics(), **self.service_metrics()}
-        logged.update(counted)
+        logged = {**(wandb_metrics or {}), **counted}
         details = self._counters.details()
         if details:
             logged["train/tool_error_details"] = details

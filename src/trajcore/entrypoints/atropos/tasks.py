@@ -12,12 +12,18 @@ task environment.
   never the model) with the field named, before any slot is leased.
 - ``preparing``: with ``prepare_once`` and an environment, the group's preparation done once
   and frozen (``rollout.preparation``); else nothing.
+- ``member_rollout``: a member's rollout with the deadline left of the group's: the deadline
+  (``slot_lifetime_s``) counts from the group's start, so a preparation done once spends the
+  members' time, as each member's own preparation would.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+
+import anyio
+import attrs
 
 from trajcore.domain.environment_leases import EnvironmentUnavailable, check_environment
 from trajcore.domain.errors import ConfigError
@@ -28,7 +34,13 @@ from trajcore.rollout.preparation import Prepared, prepared_group
 from trajcore.rollout.tools import SlotTools
 from trajcore.rollout.trajectory import RolloutConfig, env_failure
 
-__all__ = ["group_environment", "preparing", "row_environment", "task_messages"]
+__all__ = [
+    "group_environment",
+    "member_rollout",
+    "preparing",
+    "row_environment",
+    "task_messages",
+]
 
 
 def task_messages(task: str | Sequence[Message], system_prompt: str | None) -> list[Message]:
@@ -125,3 +137,12 @@ async def preparing(
             yield prepared
     finally:
         await release_tool_sessions(services.tool_server, holder)
+
+
+def member_rollout(rollout: RolloutConfig, started: float) -> RolloutConfig | str:
+    """``rollout`` with its deadline cut to what is left of the group's (``started``: the
+    group's start, by ``anyio.current_time()``), or why nothing is left."""
+    left = rollout.deadline_s - (anyio.current_time() - started)
+    if left <= 0:
+        return f"the group's preparation used the whole slot_lifetime_s ({rollout.deadline_s:g} s)"
+    return attrs.evolve(rollout, deadline_s=left)
