@@ -118,3 +118,39 @@ def test_a_workspace_that_cannot_be_wiped_is_set_aside_and_the_slot_goes_on_clea
     assert health.workspaces_set_aside == 1
     assert health.broken_slots == ()
     assert trash == [], "the background sweep did not empty the trash"
+
+
+def test_a_server_started_over_an_earlier_servers_root_shows_none_of_its_files(
+    root: Path,
+) -> None:
+    """A slot server restarted over the same ``root`` (a crash, a service restart): the earlier
+    server's workspaces and slot state go to the trash at start and are swept, with the trash
+    it left, so the new server's first lease starts empty."""
+
+    async def main() -> tuple[ToolResult, ToolResult, list[str]]:
+        earlier = SlotRuntime(config(root))
+        await earlier.start()
+        try:
+            (made,) = await earlier.execute([call(1, "echo secret > left.txt; mkdir d")])
+            assert made.outcome is ToolOutcome.OK, made
+        finally:
+            await earlier.aclose()
+        (root / "trash" / "unswept").mkdir(parents=True)
+        (root / "trash" / "unswept" / "file").write_text("left by the earlier server")
+        runtime = SlotRuntime(config(root))
+        await runtime.start()
+        try:
+            (first,) = await runtime.execute([call(1, "ls -A; echo end")])
+            (works,) = await runtime.execute([call(1, "echo ok > new.txt && cat new.txt")])
+            for _ in range(200):  # the sweep runs in the background
+                if not os.listdir(root / "trash"):
+                    break
+                await asyncio.sleep(0.02)
+            return first, works, os.listdir(root / "trash")
+        finally:
+            await runtime.aclose()
+
+    first, works, trash = asyncio.run(main())
+    assert (first.outcome, first.content) == (ToolOutcome.OK, "end\n"), first
+    assert (works.outcome, works.content) == (ToolOutcome.OK, "ok\n"), works
+    assert trash == [], "the start's sweep did not empty the trash"

@@ -189,6 +189,7 @@ class SlotRuntime(CallTurns):
             await self._start_images()
         self.capabilities = await probe(sandboxes)
         self.sandboxed = sandboxes.sandboxed = self.capabilities.bwrap
+        await asyncio.to_thread(self._set_aside_stale)
         for index in range(self.config.slots):
             cgroup = SlotCgroup(sandboxes.cgroups, f"slot-{index}") if sandboxes.cgroups else None
             # The file tools run with the slot's file-system ids (``Workspace.owner``): what
@@ -207,6 +208,21 @@ class SlotRuntime(CallTurns):
         cgroups = [slot.cgroup for slot in self._slots if slot.cgroup is not None]
         if cgroups:
             await asyncio.to_thread(prepare_cgroups, cgroups, self.config.isolation)
+        self._sweep_trash()  # what the set-aside left, and what an earlier server did not sweep
+
+    def _set_aside_stale(self) -> None:
+        """Move what an earlier server left under the root (its slots' workspaces and state:
+        a server restarted over the same ``root``) into the trash, so that no lease of this
+        server sees another's files. Raises ``OSError`` when that cannot be done."""
+        root = self.config.root
+        stale = [entry for kind in ("slots", "state") for entry in (root / kind).iterdir()]
+        if not stale:
+            return
+        self._bin.folder.mkdir(mode=0o700, exist_ok=True)
+        with self._bin.setting_aside("stale") as aside:
+            aside.mkdir(mode=0o700)
+            for entry in stale:
+                entry.rename(aside / f"{entry.parent.name}-{entry.name}")
 
     async def _start_images(self) -> None:
         """Open the image cache, and give the slots a place for their writable layers."""
