@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
@@ -23,7 +24,7 @@ from trajcore.domain.tool_parsers import PARSER_NAMES, get_parser, parser_names,
 from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.domain.turns import ParsedTurn
 from trajcore.entrypoints.atropos.config import AgentEnvConfig
-from trajcore.entrypoints.atropos.pools import POOLS, make_pool, register_pool
+from trajcore.entrypoints.atropos.pools import POOLS, make_pool, register_pool, unread_settings
 from trajcore.entrypoints.atropos.registries import discover
 from trajcore.entrypoints.atropos.tokenizer_modes import (
     TOKENIZER_MODES,
@@ -154,6 +155,38 @@ def test_a_registered_sources_check_runs_when_the_settings_are_checked() -> None
     with pytest.raises(ConfigError) as caught:
         config.settings()
     assert caught.value.field == "local_containers"
+
+
+@pytest.mark.parametrize(
+    ("sandbox", "given", "unread"),
+    [
+        ("local", {"nomad_address": "http://nomad.internal:4646"}, ["nomad_address"]),
+        ("local", {"min_containers": 2, "container_image": "mine"}, ["container_image",
+                                                                     "min_containers"]),
+        ("container", {"container_image": "mine", "local_containers": 3}, []),
+        ("ssh", {"ssh_host": "h", "image_cache_dir": "/cache"}, ["image_cache_dir"]),
+        ("nomad", {"local_containers": 3, "image_cache_dir": "/cache"}, ["local_containers"]),
+    ],
+)  # fmt: skip
+def test_a_setting_the_chosen_pool_never_reads_is_warned_about_by_name(
+    sandbox: str, given: dict[str, object], unread: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    config = _config(sandbox=sandbox, **given)
+    assert sorted(unread_settings(config)) == unread
+    with caplog.at_level(logging.WARNING, logger="trajcore.entrypoints.atropos.pools"):
+        config.settings()
+    warned = [r.getMessage() for r in caplog.records if "never reads" in r.getMessage()]
+    if unread:
+        (line,) = warned
+        assert f"sandbox {sandbox!r} never reads" in line
+        assert all(f"{name}=" in line for name in unread), line
+    else:
+        assert warned == []
+
+
+def test_a_source_that_names_no_settings_builder_is_not_second_guessed() -> None:
+    config = _config(sandbox="test_recording", local_containers=1, nomad_address="http://n:1")
+    assert unread_settings(config) == []
 
 
 @pytest.mark.parametrize(

@@ -14,11 +14,17 @@ Rules it keeps:
 - A setting that cannot work is a ``ConfigError`` named by its env field (``terminal_timeout_s``,
   ``nomad_driver``, ...), not by the pool's own field name.
 - Nothing here starts anything: ``make_pool`` returns an unopened pool, which the run enters.
+- A sandbox setting the chosen source never reads is not dropped in silence: when the source
+  names the builder of its own settings (``register_pool(..., settings=)``, as every built-in
+  does), ``check_pool`` finds the env fields that builder reads, and warns about each one set
+  away from its default that it does not (``nomad_address`` with ``sandbox local``).
 - It never imports the env's config module (``config`` imports it, to check ``sandbox``).
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 import shutil
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -49,12 +55,14 @@ __all__ = [
     "check_pool",
     "make_pool",
     "register_pool",
+    "unread_settings",
 ]
 
 PoolFactory = Callable[[SandboxSettings], AbstractAsyncContextManager[SandboxPool]]
 """Builds the unopened pool of a source from the env's settings (its ``AgentEnvConfig``)."""
 
 S = TypeVar("S", bound=SandboxSettings)
+_log = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -65,10 +73,14 @@ class PoolSource:
         factory: Builds the unopened pool from the env's settings (its ``AgentEnvConfig``).
         check: Raises ``ConfigError`` (naming the env field) for settings the source cannot
             work with, at ``AgentEnvConfig.settings``; ``None`` checks nothing early.
+        settings: Builds the source's own settings from the env's (``local_pool_config``):
+            the env fields it reads are the ones the source reads (module doc); ``None``:
+            unknown, nothing is warned about.
     """
 
     factory: PoolFactory
     check: Callable[[SandboxSettings], object] | None = None
+    settings: Callable[[SandboxSettings], object] | None = None
 
 
 def _as_source(loaded: object) -> PoolSource:
@@ -90,9 +102,12 @@ def register_pool(
     factory: Callable[[S], AbstractAsyncContextManager[SandboxPool]],
     *,
     check: Callable[[S], object] | None = None,
+    settings: Callable[[S], object] | None = None,
     replace: bool = False,
 ) -> None:
-    """Make ``factory`` selectable as ``--env.sandbox name`` (``check`` runs at settings time).
+    """Make ``factory`` selectable as ``--env.sandbox name`` (``check`` runs at settings time;
+    ``settings``, when given, builds the source's own settings, telling which env fields it
+    reads).
 
     Both are called with the env's config: a factory may take the ``AgentEnvConfig`` (or the
     env's own config class) rather than ``SandboxSettings``, to read the env's other fields.
@@ -105,6 +120,7 @@ def register_pool(
     source = PoolSource(
         factory=cast("PoolFactory", factory),
         check=cast("Callable[[SandboxSettings], object] | None", check),
+        settings=cast("Callable[[SandboxSettings], object] | None", settings),
     )
     POOLS.register(name, source, replace=replace)
 
@@ -116,9 +132,57 @@ def check_pool(config: SandboxSettings) -> None:
         ConfigError: an unknown ``sandbox``, or a setting the source cannot work with, named by
             its env field.
     """
-    check = POOLS.get(config.sandbox).check
-    if check is not None:
-        check(config)
+    source = POOLS.get(config.sandbox)
+    if source.check is not None:
+        source.check(config)
+    unread = unread_settings(config)
+    if unread:
+        _log.warning(
+            "sandbox %r never reads %s: set away from the default, ignored",
+            config.sandbox, ", ".join(f"{name}={getattr(config, name)!r}" for name in unread),
+        )  # fmt: skip
+
+
+def unread_settings(config: SandboxSettings) -> list[str]:
+    """The sandbox settings set away from their default that the chosen source never reads
+    (module doc); none when the source does not name its settings builder.
+
+    Raises:
+        ConfigError: as the source's settings builder.
+    """
+    build = POOLS.get(config.sandbox).settings
+    if build is None:
+        return []
+    reads = _Reads(config)
+    build(cast("SandboxSettings", reads))
+    fields = type(config).model_fields
+    return [
+        name
+        for name in SandboxSettings.model_fields
+        if name != "sandbox"
+        and name not in reads.read
+        and getattr(config, name) != fields[name].get_default(call_default_factory=True)
+    ]
+
+
+class _Reads:
+    """``config`` as a settings builder sees it, noting each sandbox field it reads: its
+    methods and properties run over this view, so what they read is noted too."""
+
+    def __init__(self, config: SandboxSettings) -> None:
+        self.config = config
+        self.read: set[str] = set()
+
+    def __getattr__(self, name: str) -> object:
+        if name in SandboxSettings.model_fields:
+            self.read.add(name)
+            return getattr(self.config, name)
+        found = getattr(type(self.config), name, None)
+        if isinstance(found, property) and found.fget is not None:
+            return found.fget(self)
+        if inspect.isfunction(found):
+            return found.__get__(self)
+        return getattr(self.config, name)
 
 
 def make_pool(config: SandboxSettings) -> AbstractAsyncContextManager[SandboxPool]:
@@ -148,18 +212,32 @@ def _check_ssh(config: SandboxSettings) -> None:
         raise ConfigError("ssh_host", "sandbox 'ssh' needs at least one host")
 
 
-register_pool("local", _local_pool)
-register_pool("container", lambda config: ContainerSandboxPool(config.container_pool_config()))
+_S = SandboxSettings
+register_pool("local", _local_pool, settings=_S.local_pool_config)
+register_pool(
+    "container",
+    lambda config: ContainerSandboxPool(config.container_pool_config()),
+    settings=_S.container_pool_config,
+)
 register_pool(
     "nomad",
     lambda config: NomadSandboxPool(config.nomad_pool_config()),
-    check=SandboxSettings.nomad_pool_config,
+    check=_S.nomad_pool_config,
+    settings=_S.nomad_pool_config,
 )
-register_pool("ssh", lambda config: SshSandboxPool(config.ssh_pool_config()), check=_check_ssh)
+register_pool(
+    "ssh",
+    lambda config: SshSandboxPool(config.ssh_pool_config()),
+    check=_check_ssh,
+    settings=_S.ssh_pool_config,
+)
 register_pool(
     "slurm",
     lambda config: SlurmSandboxPool(config.slurm_pool_config()),
-    check=SandboxSettings.slurm_pool_config,
+    check=_S.slurm_pool_config,
+    settings=_S.slurm_pool_config,
 )
-register_pool("modal", modal_pool, check=check_modal_settings)
-register_pool("daytona", daytona_pool, check=check_daytona_settings)
+register_pool("modal", modal_pool, check=check_modal_settings, settings=_S.modal_pool_config)
+register_pool(
+    "daytona", daytona_pool, check=check_daytona_settings, settings=_S.daytona_pool_config
+)
