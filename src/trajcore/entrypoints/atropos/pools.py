@@ -37,7 +37,7 @@ from trajcore.adapters.pools.local_pool import LocalSandboxPool
 from trajcore.adapters.pools.nomad_pool import NomadSandboxPool
 from trajcore.adapters.pools.slurm_pool import SlurmSandboxPool
 from trajcore.adapters.pools.ssh_pool import SshSandboxPool
-from trajcore.domain.errors import ConfigError, SandboxUnavailable
+from trajcore.domain.errors import SandboxUnavailable
 from trajcore.entrypoints.atropos.cloud import (
     check_daytona_settings,
     check_modal_settings,
@@ -73,9 +73,11 @@ class PoolSource:
         factory: Builds the unopened pool from the env's settings (its ``AgentEnvConfig``).
         check: Raises ``ConfigError`` (naming the env field) for settings the source cannot
             work with, at ``AgentEnvConfig.settings``; ``None`` checks nothing early.
-        settings: Builds the source's own settings from the env's (``local_pool_config``):
-            the env fields it reads are the ones the source reads (module doc); ``None``:
-            unknown, nothing is warned about.
+        settings: Builds the source's own settings from the env's (``local_pool_config``),
+            raising ``ConfigError`` (naming the env field) for one that cannot work: it runs
+            when the settings are checked, after ``check``, and the env fields it reads are the
+            ones the source reads (module doc); ``None``: nothing is built early, nor warned
+            about.
     """
 
     factory: PoolFactory
@@ -126,7 +128,8 @@ def register_pool(
 
 
 def check_pool(config: SandboxSettings) -> None:
-    """Run the chosen source's settings check.
+    """Run the chosen source's settings check and build its settings, warning about each
+    sandbox setting it never reads (module doc).
 
     Raises:
         ConfigError: an unknown ``sandbox``, or a setting the source cannot work with, named by
@@ -207,11 +210,6 @@ def _local_pool(config: SandboxSettings) -> AbstractAsyncContextManager[SandboxP
     return LocalSandboxPool(config.local_pool_config())
 
 
-def _check_ssh(config: SandboxSettings) -> None:
-    if not (config.ssh_host or "").strip():
-        raise ConfigError("ssh_host", "sandbox 'ssh' needs at least one host")
-
-
 _S = SandboxSettings
 register_pool("local", _local_pool, settings=_S.local_pool_config)
 register_pool(
@@ -222,19 +220,14 @@ register_pool(
 register_pool(
     "nomad",
     lambda config: NomadSandboxPool(config.nomad_pool_config()),
-    check=_S.nomad_pool_config,
     settings=_S.nomad_pool_config,
 )
 register_pool(
-    "ssh",
-    lambda config: SshSandboxPool(config.ssh_pool_config()),
-    check=_check_ssh,
-    settings=_S.ssh_pool_config,
+    "ssh", lambda config: SshSandboxPool(config.ssh_pool_config()), settings=_S.ssh_pool_config
 )
 register_pool(
     "slurm",
     lambda config: SlurmSandboxPool(config.slurm_pool_config()),
-    check=_S.slurm_pool_config,
     settings=_S.slurm_pool_config,
 )
 register_pool("modal", modal_pool, check=check_modal_settings, settings=_S.modal_pool_config)
