@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 
 from trajcore.domain.bwrap import KEEPER_CAPABILITIES, bwrap_argv, private_tmp_binds
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.isolation import Bind, SlotIsolation, check_slot_uid_range, clamp_timeout
+from trajcore.domain.isolation import (
+    Bind,
+    SlotIsolation,
+    check_slot_uid_range,
+    clamp_timeout,
+    positive_seconds,
+)
 from trajcore.domain.kernel_masks import MASKED_PATHS, READ_ONLY_PATHS
 from trajcore.domain.seccomp_rules import SECCOMP_RULES
 
@@ -201,8 +207,9 @@ def test_bad_arguments_to_the_builder() -> None:
 
 finite = st.floats(min_value=0.001, max_value=1e6, allow_nan=False)
 anything = st.one_of(
-    st.none(), st.booleans(), st.text(max_size=3), st.floats(), st.integers(-5, 10**7)
-)
+    st.none(), st.booleans(), st.text(max_size=3), st.floats(), st.integers(-5, 10**7),
+    st.integers(-(10**400), 10**400),
+)  # fmt: skip
 
 
 @given(
@@ -228,6 +235,28 @@ def test_clamp_is_identity_inside_the_range(requested: float) -> None:
     isolation = SlotIsolation(min_timeout_s=0.001, default_timeout_s=1.0, max_timeout_s=1e6)
     assert clamp_timeout(isolation, requested) == requested
     assert clamp_timeout(isolation, requested, requested * 2) == requested
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (2, 2.0), (0.5, 0.5), (10**6, 1e6),
+        (0, None), (-1, None), (-0.5, None), (True, None), (False, None), ("3", None),
+        (None, None), (float("inf"), None), (float("nan"), None), (10**400, None),
+        (-(10**400), None), ([1], None),
+    ],
+)  # fmt: skip
+def test_positive_seconds_takes_positive_finite_numbers_only(
+    value: object, seconds: float | None
+) -> None:
+    assert positive_seconds(value) == seconds
+
+
+def test_a_model_timeout_past_a_floats_range_is_ignored_not_raised() -> None:
+    isolation = SlotIsolation(min_timeout_s=0.1, default_timeout_s=30.0, max_timeout_s=60.0)
+    assert clamp_timeout(isolation, 10.0, 10**400) == 10.0
+    assert clamp_timeout(isolation, 10**400, 5) == 5.0  # the env's own figure, likewise
+    assert clamp_timeout(isolation, 10**400) == 30.0
 
 
 def test_no_sandbox_may_make_user_namespaces() -> None:

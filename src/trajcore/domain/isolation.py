@@ -48,6 +48,7 @@ __all__ = [
     "SlotIsolation",
     "check_slot_uid_range",
     "clamp_timeout",
+    "positive_seconds",
 ]
 
 # The sandbox's private /tmp: a path inside the sandbox, not the host's shared one.
@@ -262,18 +263,22 @@ def clamp_timeout(
     ``[isolation.min_timeout_s, isolation.max_timeout_s]``. Never raises.
     """
     limit = isolation.default_timeout_s
-    if (
-        requested_s is not None
-        and not isinstance(requested_s, bool)
-        and math.isfinite(requested_s)
-        and requested_s > 0
-    ):
-        limit = float(requested_s)
-    if (
-        not isinstance(model_s, bool)
-        and isinstance(model_s, int | float)
-        and math.isfinite(model_s)
-        and model_s > 0
-    ):
-        limit = min(limit, float(model_s))
+    requested = positive_seconds(requested_s)
+    if requested is not None:
+        limit = requested
+    model = positive_seconds(model_s)
+    if model is not None:
+        limit = min(limit, model)
     return min(max(limit, isolation.min_timeout_s), isolation.max_timeout_s)
+
+
+def positive_seconds(value: object) -> float | None:
+    """``value`` as seconds when it is a positive finite number (not a bool), else ``None``;
+    an integer too large for a float is not finite. Never raises."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int past a float's range (10**400): not a finite number
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None

@@ -135,10 +135,14 @@ class CallTurns:
             if isinstance(turn, RefuseCall):
                 self._answer(slot, turn.ticket, refused(call, turn.reason))
                 continue
-            started = start_call(
-                self._sandboxes, slot, call, unsandboxed_why=self.capabilities.detail,
-                done=functools.partial(self._sent_call_done, slot, turn.ticket, call),
-            )  # fmt: skip
+            try:
+                started = start_call(
+                    self._sandboxes, slot, call, unsandboxed_why=self.capabilities.detail,
+                    done=functools.partial(self._sent_call_done, slot, turn.ticket, call),
+                )  # fmt: skip
+            except Exception as error:  # noqa: BLE001 - one call's fault, never the batch's
+                reason = f"slot server fault: {type(error).__name__}: {error}"
+                started = failure(call, ToolOutcome.INFRA_ERROR, reason)
             if isinstance(started, ToolResult):
                 self._answer(slot, turn.ticket, started)
                 continue

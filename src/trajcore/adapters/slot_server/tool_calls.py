@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 from collections.abc import Callable
 from typing import cast
 
@@ -221,7 +222,7 @@ def _command_request(sandboxes: Sandboxes, call: ExecuteCall, timeout: float) ->
         "tmux",
         "1" if args.get("literal", True) is True else "0",
         "1" if args.get("enter", True) is True else "0",
-        repr(min(max(float(wait), 0.0), timeout) if isinstance(wait, int | float) else 0.3),
+        repr(_wait_s(wait, timeout)),
         str(min(max(int(lines), 1), 10_000) if isinstance(lines, int) else 50),
         *([keys] if isinstance(keys, str) else [str(k) for k in cast("list[JSON]", keys)]),
     ]
@@ -234,6 +235,18 @@ def _command_request(sandboxes: Sandboxes, call: ExecuteCall, timeout: float) ->
         reason = f"not valid Unicode text (a lone surrogate at {error.start}) @ $.keys"
         return failure(call, ToolOutcome.REJECTED, reason)
     return _within_limit(call, payload, "keys")
+
+
+def _wait_s(wait: JSON, timeout: float) -> float:
+    """The tmux tool's wait: the model's ``wait_s`` within ``[0, timeout]`` (past a float's
+    range: ``timeout``), 0.3 s when it is not a number."""
+    if not isinstance(wait, int | float):
+        return 0.3
+    try:
+        seconds = float(wait)
+    except OverflowError:  # an int past a float's range (10**400)
+        return timeout
+    return 0.3 if math.isnan(seconds) else min(max(seconds, 0.0), timeout)
 
 
 @functools.lru_cache(maxsize=64)
