@@ -18,14 +18,17 @@ from pathlib import Path
 
 import pytest
 
+from trajcore.adapters.pools.client import SlotServerClient
 from trajcore.adapters.removal import remove_tree
 from trajcore.adapters.slot_server import runtime as runtime_module
 from trajcore.adapters.slot_server.runtime import SlotRuntime
 from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
+from trajcore.adapters.slot_server.server import start_http_server
 from trajcore.adapters.slot_server.workspace import Workspace
+from trajcore.domain.errors import WireError
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSON
-from trajcore.domain.slot_protocol import ExecuteCall, Health
+from trajcore.domain.slot_protocol import ExecuteCall, Health, ResetRequest
 from trajcore.domain.tools import ToolOutcome, ToolResult
 
 _ids = itertools.count(1)
@@ -154,3 +157,52 @@ def test_a_server_started_over_an_earlier_servers_root_shows_none_of_its_files(
     assert (first.outcome, first.content) == (ToolOutcome.OK, "end\n"), first
     assert (works.outcome, works.content) == (ToolOutcome.OK, "ok\n"), works
     assert trash == [], "the start's sweep did not empty the trash"
+
+
+def test_a_reset_keeps_to_the_limit_the_pools_client_sends(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool's client sends its ``reset_timeout_s`` with ``POST /v1/reset``
+    (``ResetRequest.timeout_s``) and the server keeps to it: the wipe gets half of it, then the
+    workspace is set aside; a request without one gets the server's own ``reset_timeout_s``.
+    Before, a pool's limit never reached its servers, so a pool with a shorter one gave up on a
+    server still wiping (and lost it with every lease on it)."""
+    wipes: list[float] = []
+
+    async def recording_clean(*args: object, wipe_timeout_s: float, **kwargs: object) -> None:
+        wipes.append(wipe_timeout_s)
+
+    token = "reset-limit-token-0123456789abcdef"
+
+    async def main() -> list[bool]:
+        runtime = SlotRuntime(config(root))  # the server's own reset_timeout_s: 15 s
+        await runtime.start()
+        server, address = await start_http_server(runtime, token, listen="127.0.0.1:0")
+        assert address is not None
+        client = SlotServerClient.tcp(address, token)
+        try:
+            monkeypatch.setattr(runtime_module, "clean_slot", recording_clean)
+            answers = []
+            for epoch, limit in ((1, 2.0), (2, None)):
+                (made,) = await runtime.execute([call(epoch, "true")])
+                assert made.outcome is ToolOutcome.OK, made
+                if limit is None:  # as a client that sends no limit would
+                    answers.append((await runtime.reset(0, epoch)).ok)
+                    continue
+                client.reset_timeout_s = limit
+                answers.append((await client.reset(0, epoch)).ok)
+            return answers
+        finally:
+            await client.aclose()
+            await server.aclose()
+            await runtime.aclose()
+
+    assert asyncio.run(main()) == [True, True]
+    assert wipes == [1.0, 7.5]
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan"), True, "2"])
+def test_a_reset_limit_that_is_not_finite_seconds_is_refused_naming_it(bad: object) -> None:
+    with pytest.raises(WireError) as caught:
+        ResetRequest(slot=0, epoch=3, timeout_s=bad)  # type: ignore[arg-type]
+    assert caught.value.field == "timeout_s"

@@ -163,6 +163,7 @@ _nonempty = validators.nonempty_string(error=WireError)
 
 
 _positive_seconds = validators.finite_number(0.0, unit="seconds", error=WireError)
+_optional_seconds = validators.finite_number(0.0, optional=True, unit="seconds", error=WireError)
 
 
 def _json_object(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -308,10 +309,15 @@ class ExecuteResponse:
 
 @attrs.frozen(kw_only=True)
 class ResetRequest:
-    """End a slot's lease: kill its sandbox, wipe its workspace, retire ``epoch`` and older."""
+    """End a slot's lease: kill its sandbox, wipe its workspace, retire ``epoch`` and older.
+
+    ``timeout_s``: how long the reset may take, the pool's ``reset_timeout_s`` (``None``: the
+    server's own); a workspace whose wipe takes half of it is set aside instead.
+    """
 
     slot: int = attrs.field(validator=_index)
     epoch: int = attrs.field(validator=_index)
+    timeout_s: float | None = attrs.field(default=None, validator=_optional_seconds)
 
 
 @attrs.frozen(kw_only=True)

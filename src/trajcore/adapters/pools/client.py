@@ -240,14 +240,14 @@ class SlotServerClient:
         return results
 
     async def reset(self, slot: int, epoch: int) -> ResetResult:
-        """Kill the slot's sandbox and wipe it, retiring ``epoch``. ``ok=False``: quarantine it.
+        """Kill the slot's sandbox and wipe it, retiring ``epoch``, within ``reset_timeout_s``
+        (sent: the server keeps to it). ``ok=False``: quarantine it.
 
         Raises ``SlotServerError``, ``UnknownSlot``, ``WireError``.
         """
-        return await self._request(
-            "POST", "/v1/reset", ResetRequest(slot=slot, epoch=epoch), ResetResult,
-            self.reset_timeout_s,
-        )  # fmt: skip
+        limit = self.reset_timeout_s
+        asked = ResetRequest(slot=slot, epoch=epoch, timeout_s=limit)
+        return await self._request("POST", "/v1/reset", asked, ResetResult, limit)
 
     async def lease(
         self, slot: int, epoch: int, environment: str, *, snapshot: str | None = None

@@ -502,8 +502,9 @@ class SlotRuntime(CallTurns):
 
     # ------------------------------------------------------------------------- reset
 
-    async def reset(self, index: int, epoch: int) -> ResetResult:
-        """End the slot's lease ``epoch``: kill its sandbox, wipe its workspace.
+    async def reset(self, index: int, epoch: int, limit_s: float | None = None) -> ResetResult:
+        """End the slot's lease ``epoch``: kill its sandbox, wipe its workspace, within
+        ``limit_s`` (the pool's; ``None``: the config's ``reset_timeout_s``).
 
         Returns ``ok=False`` (and marks the slot broken) when the slot could not be proven
         clean. Raises ``UnknownSlot`` for a bad index.
@@ -518,7 +519,7 @@ class SlotRuntime(CallTurns):
         slot.reset_turns[ticket.number] = turn
         self._take_turns(slot)
         error: str | None = "the reset was interrupted"
-        limit = self.config.reset_timeout_s
+        limit = self.config.reset_timeout_s if limit_s is None else limit_s
         try:
             async with asyncio.timeout(limit):
                 await self._sandboxes.stop_agent(slot)  # interrupts a running call at once

@@ -82,7 +82,7 @@ def make_answer(runtime: SlotRuntime, token: str | None) -> Answer:
 
     async def reset(body: bytes) -> object:
         asked = decode(body, ResetRequest)
-        return await runtime.reset(asked.slot, asked.epoch)
+        return await runtime.reset(asked.slot, asked.epoch, asked.timeout_s)
 
     async def lease(body: bytes) -> object:
         asked = decode(body, LeaseRequest)
