@@ -11,7 +11,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from trajcore.domain.errors import ConfigError, InvalidInput, StaleLease, StateError, UnknownSlot
 from trajcore.domain.scaling import ContainerLoad, drain_order
 from trajcore.domain.slot_book import Grant, SlotBook, Ticket
-from trajcore.domain.slots import Lease, SlotId, SlotState
+from trajcore.domain.slots import Lease, SlotCall, SlotId, SlotState
+from trajcore.domain.tools import ToolCall
 
 
 def slot(container: str, index: int) -> SlotId:
@@ -29,6 +30,18 @@ def waiting(result: Lease | Ticket) -> Ticket:
 
 
 # ---------------------------------------------------------------------- examples
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -1.0, float("inf"), float("nan"), True])
+def test_a_slot_call_takes_finite_seconds_only(bad: float) -> None:
+    """A call's limit is finite seconds > 0: an infinite one would be refused by the slot
+    server for the whole batch, taking the server out of service."""
+    lease = Lease(slot=SlotId(container="c", index=0), epoch=1, holder="t")
+    call = ToolCall(id="a", name="bash", arguments={"command": "true"})
+    assert SlotCall(lease=lease, call=call, timeout_s=0.5).timeout_s == 0.5
+    with pytest.raises(InvalidInput) as caught:
+        SlotCall(lease=lease, call=call, timeout_s=bad)
+    assert caught.value.field == "timeout_s"
 
 
 def test_a_free_slot_is_leased_at_once_and_its_epoch_grows_on_every_grant() -> None:

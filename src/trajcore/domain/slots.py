@@ -15,6 +15,8 @@ import enum
 
 import attrs
 
+from trajcore.domain import validators
+from trajcore.domain.errors import InvalidInput
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.tools import ToolCall
 
@@ -69,7 +71,9 @@ class SlotCall:
 
     lease: Lease
     call: ToolCall
-    timeout_s: float = attrs.field(validator=attrs.validators.gt(0.0))
+    timeout_s: float = attrs.field(
+        validator=validators.finite_number(0.0, unit="seconds", error=InvalidInput)
+    )
 
     @property
     def container(self) -> str:
