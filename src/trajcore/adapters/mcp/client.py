@@ -25,15 +25,23 @@ The rules it keeps:
 - A call is checked against the listing before it is sent: an unknown tool or arguments that miss
   the schema are ``REJECTED`` naming the field, as in every trajcore tool server. The calls of one
   ``execute`` run one after another, in order; concurrent ``execute`` calls share the session.
-- Results: see ``protocol.tool_result`` (``isError`` is ``TOOL_ERROR``). A JSON-RPC error answer is
-  ``REJECTED`` for invalid params (-32602), ``TIMEOUT`` for a request timeout (-32001) and
-  ``TOOL_ERROR`` otherwise, naming the code. A call past ``call_timeout_s`` is ``TIMEOUT`` (the SDK
-  tells the server it was cancelled). A session that cannot be opened, a server that dies or
-  breaks the protocol gives its calls ``INFRA_ERROR``; calls are never retried (a tool may have
-  side effects).
-- A session that died (a crashed stdio server, a lost HTTP session) is reopened on the next call
-  (a stdio server is started again), at most ``max_restarts`` times per session over the adapter's
-  lifetime; past that its calls are ``INFRA_ERROR`` saying so. A failed open counts as one.
+- Results: see ``protocol.tool_result`` (``isError`` is ``TOOL_ERROR``). A JSON-RPC error the
+  server sent is ``REJECTED`` for invalid params (-32602), ``TIMEOUT`` for a request timeout
+  (-32001), ``INFRA_ERROR`` for a parse error or an invalid request (-32700, -32600: the exchange
+  itself broke, which is also how the SDK reports an answer it cannot read) and ``TOOL_ERROR``
+  otherwise, naming the code. A call past ``call_timeout_s`` is ``TIMEOUT`` (the SDK tells the
+  server it was cancelled). A session that cannot be opened, a server that dies or breaks the
+  protocol gives its calls ``INFRA_ERROR``; calls are never retried (a tool may have side effects).
+- Over HTTP, the status of each call's own POST is kept for that call (a context variable the
+  SDK carries to the task that sends it): 404 (the session is gone) and 5xx lose the session;
+  another 4xx with a JSON-RPC error body is that error, without one it is ``INFRA_ERROR`` naming
+  the status. The statuses of other requests (the optional GET stream, which a server may answer
+  405) never decide a call's outcome.
+- A session dies when its transport ends (a stdio server that exits, even between calls) or
+  yields something that is not a JSON-RPC message (a malformed line): its calls in flight are
+  ``INFRA_ERROR`` at once, and the next call opens it again (a stdio server is started again), at
+  most ``max_restarts`` times per session over the adapter's lifetime; past that its calls are
+  ``INFRA_ERROR`` saying so. A failed open counts as one.
 - Deadlines: opening (initialize and listing) ``connect_timeout_s``; each call ``call_timeout_s``;
   closing a session is bounded by the SDK (stdin closed, then the process tree is killed) and
   shielded. The caller's cancellation propagates from ``execute``, never becomes a result, and
@@ -69,6 +77,13 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
 from trajcore.adapters.mcp.protocol import context_meta, tool_result, tool_spec
+from trajcore.adapters.mcp.transport import (
+    EXCHANGE,
+    Exchange,
+    WatchedReadStream,
+    note_post,
+    refusal_in,
+)
 from trajcore.adapters.tool_server import ToolListing, check_tool_listing, rejected_result
 from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, PoolClosed, StateError, ToolServerError, WireError
@@ -79,6 +94,9 @@ __all__ = ["MCPURL", "MCPCommand", "MCPEndpoint", "MCPToolServer", "SessionScope
 _STDERR_TAIL: Final = 600
 _MAX_PAGES: Final = 100
 _RUN_KEY: Final = ""
+# JSON-RPC errors that say the exchange broke, not that the tool refused or failed; the SDK's
+# HTTP transport also makes these up for an answer it cannot read (not JSON, not JSON-RPC, HTML).
+_BROKENEXCHANGE: Final = frozenset({types.PARSE_ERROR, types.INVALID_REQUEST})
 
 
 class SessionScope(enum.Enum):
@@ -197,19 +215,24 @@ class _Session:
     stop: anyio.Event = attrs.field(factory=anyio.Event)
     done: anyio.Event = attrs.field(factory=anyio.Event)
     stderr: IO[str] | None = None
-    http_status: int | None = None
+    opening: Exchange = attrs.field(factory=Exchange)
+    open_scope: anyio.CancelScope | None = None
+    refusal: WireError | None = None
 
     def die(self, reason: str) -> None:
         if self.state in (_State.OPEN, _State.OPENING):
             self.state = _State.DEAD
             self.failure = reason
+            if self.open_scope is not None:
+                self.open_scope.cancel()
         self.stop.set()
 
-    def hint(self) -> str:
-        """What the transport saw beyond the SDK's message: the HTTP status, the server's stderr."""
-        if self.http_status is not None:
-            why = ": check the bearer token" if self.http_status in (401, 403) else ""
-            return f" (HTTP {self.http_status}{why})"
+    def hint(self, status: int | None = None) -> str:
+        """What the transport saw beyond the SDK's message: an HTTP error status (``status``, of
+        the request that failed), else the server's stderr."""
+        if status is not None and status >= 400:
+            why = ": check the bearer token" if status in (401, 403) else ""
+            return f" (HTTP {status}{why})"
         return self.stderr_tail()
 
     def stderr_tail(self) -> str:
@@ -389,6 +412,9 @@ class MCPToolServer:
             key = _RUN_KEY if self.scope is SessionScope.RUN else "\0listing"
             session = await self._session(key)
             if isinstance(session, str):
+                failed = self._sessions.get(key)
+                if failed is not None and failed.refusal is not None:
+                    raise failed.refusal
                 raise ToolServerError(session)
             if self.scope is SessionScope.TRAJECTORY:
                 # A per-trajectory server's tools are listed on a session of their own.
@@ -435,32 +461,50 @@ class MCPToolServer:
     async def _serve(self, session: _Session) -> None:
         """Open ``session``, report it opened (or failed), hold it until it is stopped."""
         started = False
+        EXCHANGE.set(session.opening)  # this task's own context: the POSTs that open it
+
+        def ended() -> None:
+            if not session.stop.is_set():
+                session.die(f"MCP server {self.name} closed the connection{session.hint()}")
+
+        async def on_message(message: types.ServerNotification | Exception) -> None:
+            if isinstance(message, Exception):
+                session.die(f"MCP server {self.name} broke the protocol: {_describe(message)}")
+
         try:
             async with (
                 self._open_streams(session) as (read, write),
-                ClientSession(read, write) as client,
+                ClientSession(
+                    WatchedReadStream(read, ended), write, message_handler=on_message
+                ) as client,
             ):
                 specs: list[ToolSpec] = []
                 with anyio.move_on_after(self.connect_timeout_s) as opening:
+                    session.open_scope = opening
                     await client.initialize()
                     specs = await self._list_all(client)
+                    self._accept_listing(specs)
+                session.open_scope = None
                 if opening.cancelled_caught:
                     session.die(
                         f"MCP server {self.name} did not initialize and list its tools within "
-                        f"{self.connect_timeout_s:g} s{session.hint()}"
+                        f"{self.connect_timeout_s:g} s{session.hint(session.opening.status)}"
                     )
                     return
-                self._accept_listing(specs)
                 session.client, session.specs = client, specs
                 session.state = _State.OPEN
                 session.opened.set()
                 started = True
                 await self._hold(session)
-        except WireError as exc:
-            session.die(f"MCP server {self.name} listed a tool trajcore cannot take: {exc}")
         except Exception as exc:  # noqa: BLE001 - whatever ends a session becomes its reason
-            verb = "failed" if started else "could not be started or reached"
-            session.die(f"MCP server {self.name} {verb}: {_describe(exc)}{session.hint()}")
+            refusal = refusal_in(exc)
+            if refusal is not None:
+                session.refusal = refusal
+                session.die(f"MCP server {self.name}: its tool listing was refused: {refusal}")
+            else:
+                verb = "failed" if started else "could not be started or reached"
+                hint = session.hint(None if started else session.opening.status)
+                session.die(f"MCP server {self.name} {verb}: {_describe(exc)}{hint}")
         finally:
             session.client = None
             if session.state in (_State.OPEN, _State.OPENING):
@@ -488,13 +532,8 @@ class MCPToolServer:
             return
         headers = {"Authorization": f"Bearer {endpoint.token}"} if endpoint.token else {}
         timeout = httpx2.Timeout(self.connect_timeout_s, read=self.call_timeout_s + 30)
-
-        async def note_status(response: httpx2.Response) -> None:
-            # The SDK turns an HTTP error into a generic JSON-RPC error; keep the status.
-            if response.status_code >= 400:
-                session.http_status = response.status_code
-
-        hooks = {"response": [note_status]}
+        # The SDK turns an HTTP error into a generic JSON-RPC error; keep each POST's status.
+        hooks = {"response": [note_post]}
         async with (
             httpx2.AsyncClient(
                 headers=headers, timeout=timeout, trust_env=False, event_hooks=hooks
@@ -547,6 +586,9 @@ class MCPToolServer:
                 call, ToolOutcome.INFRA_ERROR, f"MCP server {self.name}: no session"
             )
         meta = cast("types.RequestParamsMeta", context_meta(context))
+        exchange = Exchange()
+        # The SDK sends the request's POST in a task that copies this context.
+        token = EXCHANGE.set(exchange)
         session.in_flight += 1
         try:
             with anyio.move_on_after(self.call_timeout_s) as deadline:
@@ -560,10 +602,20 @@ class MCPToolServer:
                     f"ran past its {self.call_timeout_s:g} s limit @ {call.name}",
                 )
         except MCPError as exc:
+            status = exchange.status
             if exc.code == types.CONNECTION_CLOSED or session.stop.is_set():
-                return self._lost(session, call, f"connection closed: {exc.message}")
-            if session.http_status is not None:
-                return self._lost(session, call, exc.message)
+                return self._lost(session, call, f"connection closed: {exc.message}", status)
+            if status is not None and (status == 404 or status >= 500):
+                return self._lost(session, call, exc.message, status)
+            if exc.code in _BROKENEXCHANGE or (
+                status is not None and status >= 400 and not exchange.json_body
+            ):
+                return ToolResult.failure(
+                    call,
+                    ToolOutcome.INFRA_ERROR,
+                    f"MCP server {self.name} broke the protocol: MCP error {exc.code}: "
+                    f"{exc.message} @ {call.name}{session.hint(status)}",
+                )
             if exc.code == types.INVALID_PARAMS:
                 return ToolResult.failure(
                     call, ToolOutcome.REJECTED, f"{exc.message} @ {call.name}"
@@ -582,15 +634,22 @@ class MCPToolServer:
                 f"MCP server {self.name} broke the protocol: {_describe(exc)}",
             )
         finally:
+            EXCHANGE.reset(token)
             session.in_flight -= 1
             session.last_used = time.monotonic()
         return tool_result(call, answer)
 
-    def _lost(self, session: _Session, call: ToolCall, reason: str) -> ToolResult:
+    def _lost(
+        self, session: _Session, call: ToolCall, reason: str, status: int | None = None
+    ) -> ToolResult:
         if self._closed:
             raise PoolClosed(f"MCP server {self.name}: closed during the call")
-        message = f"MCP server {self.name} failed during the call: {reason}{session.hint()}"
-        session.die(message)
+        if session.state is _State.DEAD and session.failure is not None:
+            message = session.failure  # it died first (exited, broke the protocol): say why
+        else:
+            message = f"MCP server {self.name} failed during the call: {reason}"
+            message += session.hint(status)
+            session.die(message)
         return ToolResult.failure(call, ToolOutcome.INFRA_ERROR, message)
 
 

@@ -75,7 +75,9 @@ def tool_spec(tool: types.Tool, index: int) -> ToolSpec:
         field = (
             "name" if exc.field == "name" else f"inputSchema{exc.field.removeprefix('parameters')}"
         )
-        raise WireError(f"{where}.{field}", f"tool {tool.name!r}: {exc.reason}") from None
+        named = f"tool {tool.name!r}: "
+        reason = exc.reason if exc.reason.startswith(named) else named + exc.reason
+        raise WireError(f"{where}.{field}", reason) from None
 
 
 def context_meta(context: ToolContext) -> JSONObject:
