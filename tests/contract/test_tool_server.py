@@ -408,6 +408,32 @@ async def test_request_past_its_deadline_is_an_infra_error() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_tool_past_the_servers_limit_is_its_timeout_not_the_clients() -> None:
+    app = make_app(CONTRACT_REGISTRY, token=TOKEN, call_timeout_s=0.5)
+    server = HTTPToolServer(INPROCESS, token=TOKEN, app=app, timeout_s=0.5, call_timeout_s=0.5)
+    try:
+        with anyio.fail_after(10):
+            (result,) = await server.execute(
+                [ToolCall(id="c1", name="sleep", arguments={"seconds": 30})], context=CONTEXT
+            )
+    finally:
+        await server.aclose()
+    assert result.outcome is ToolOutcome.TIMEOUT
+
+
+@pytest.mark.anyio
+async def test_calls_each_within_the_limit_are_ok_however_long_together() -> None:
+    app = make_app(CONTRACT_REGISTRY, token=TOKEN, call_timeout_s=0.5)
+    server = HTTPToolServer(INPROCESS, token=TOKEN, app=app, timeout_s=0.5, call_timeout_s=0.5)
+    calls = [ToolCall(id=f"c{i}", name="sleep", arguments={"seconds": 0.3}) for i in range(3)]
+    try:
+        results = await server.execute(calls, context=CONTEXT)
+    finally:
+        await server.aclose()
+    assert [r.outcome for r in results] == [ToolOutcome.OK] * 3
+
+
+@pytest.mark.anyio
 async def test_tool_returning_a_non_json_value_is_a_tool_error() -> None:
     registry = ToolRegistry()
 
@@ -441,6 +467,9 @@ def test_client_settings_are_checked() -> None:
         with pytest.raises(ConfigError) as caught:
             HTTPToolServer("http://127.0.0.1:1", timeout_s=bad)
         assert caught.value.field == "timeout_s"
+        with pytest.raises(ConfigError) as caught:
+            HTTPToolServer("http://127.0.0.1:1", call_timeout_s=bad)
+        assert caught.value.field == "call_timeout_s"
 
 
 def test_registry_takes_names_and_descriptions_from_functions_and_refuses_duplicates() -> None:

@@ -38,8 +38,11 @@ keeps:
   Calls are never retried: a tool may have side effects.
 - ``list_tools`` raises ``ToolServerError`` for the same server failures and ``WireError`` (with
   the JSON path) for a malformed answer.
-- Each request has a deadline of ``timeout_s``; the caller's own anyio cancel scope is honoured as
-  well (a cancelled ``execute`` raises the cancellation, never a result).
+- Each request has a deadline of ``timeout_s``, and an ``execute`` request ``call_timeout_s`` more
+  per call it carries (the server runs them one after another, each bounded by its own per-call
+  limit, which ``call_timeout_s`` should match): a tool past the server's limit comes back as the
+  server's ``TIMEOUT`` result, never cut short by the client. The caller's own anyio cancel scope
+  is honoured as well (a cancelled ``execute`` raises the cancellation, never a result).
 - ``aclose`` is idempotent; any call after it raises ``PoolClosed``.
 """
 
@@ -353,13 +356,17 @@ class HTTPToolServer:
     Attributes:
         url: The server's base URL (``http://host:port``), or ``"inprocess"`` to call ``app``.
         token: The bearer token; ``None`` sends none (for a server that wants none).
-        timeout_s: Deadline of one request (connect, run every call of it, answer).
+        timeout_s: Deadline of one request (connect, answer); an ``execute`` request gets
+            ``call_timeout_s`` more per call it carries.
+        call_timeout_s: The server's per-call limit (``make_app``'s ``call_timeout_s``, ``trajcore
+            tool-server --call-timeout-s``); ``None``: ``timeout_s`` bounds a whole request.
         app: The ASGI app to call when ``url`` is ``"inprocess"``
             (``trajcore.entrypoints.tool_server.make_app``); must be ``None`` otherwise.
         transport: An httpx transport to use instead of the network (tests, custom proxies).
 
     Raises:
-        ConfigError: a malformed ``url``, a non-positive ``timeout_s``, ``"inprocess"`` without
+        ConfigError: a malformed ``url``, a non-positive ``timeout_s`` or ``call_timeout_s``,
+            ``"inprocess"`` without
             an ``app``, or an ``app`` with a network URL.
     """
 
@@ -367,6 +374,9 @@ class HTTPToolServer:
     token: str | None = attrs.field(default=None, kw_only=True, repr=False)
     timeout_s: float = attrs.field(
         default=60.0, kw_only=True, validator=validators.positive_seconds
+    )
+    call_timeout_s: float | None = attrs.field(
+        default=None, kw_only=True, validator=validators.optional_seconds
     )
     app: ASGIApp | None = attrs.field(default=None, kw_only=True, repr=False)
     transport: httpx.AsyncBaseTransport | None = attrs.field(default=None, kw_only=True, repr=False)
@@ -440,8 +450,12 @@ class HTTPToolServer:
         if not calls:
             return []
         body = unstructure(ExecuteRequest(calls=calls, context=context))
+        deadline = self.timeout_s + len(calls) * (self.call_timeout_s or 0.0)
         try:
-            answer = structure(await self._request("POST", "/v1/execute", body), ExecuteResponse)
+            answer = structure(
+                await self._request("POST", "/v1/execute", body, timeout_s=deadline),
+                ExecuteResponse,
+            )
             check_answers(calls, answer.results)
         except (ToolServerError, WireError) as exc:
             reason = (
@@ -462,8 +476,11 @@ class HTTPToolServer:
         with anyio.CancelScope(shield=True):
             await self._client.aclose()
 
-    async def _request(self, method: str, path: str, body: JSON = None) -> object:
-        """Send one request and decode its JSON answer.
+    async def _request(
+        self, method: str, path: str, body: JSON = None, *, timeout_s: float | None = None
+    ) -> object:
+        """Send one request and decode its JSON answer, within ``timeout_s`` (default: the
+        client's ``timeout_s``).
 
         Raises:
             PoolClosed, ToolServerError, WireError (at ``$`` for a body that is not JSON).
@@ -473,15 +490,14 @@ class HTTPToolServer:
         where = f"tool server {self.url}"
         content = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if content is not None else None
+        limit = self.timeout_s if timeout_s is None else timeout_s
         try:
-            with anyio.fail_after(self.timeout_s):
+            with anyio.fail_after(limit):
                 response = await self._client.request(
-                    method, path, content=content, headers=headers
+                    method, path, content=content, headers=headers, timeout=httpx.Timeout(limit)
                 )
         except TimeoutError as exc:
-            raise ToolServerError(
-                f"{where} did not answer {path} within {self.timeout_s:g} s"
-            ) from exc
+            raise ToolServerError(f"{where} did not answer {path} within {limit:g} s") from exc
         except (httpx.HTTPError, RuntimeError) as exc:
             if self._closed:
                 raise PoolClosed("the tool server client was closed during the call") from exc

@@ -129,13 +129,17 @@ def tool_server_for(
         raise ConfigError(
             "tool_server_url", "'inprocess' serves tool_registry(), which returned None"
         )
+    # Each call is bounded by terminal_timeout_s on the server, so a request of n calls may take
+    # n times that; the client waits that long and terminal_timeout_s more.
+    limit = config.terminal_timeout_s
     if registry is not None:
-        return HTTPToolServer(
-            INPROCESS, app=make_app(registry), timeout_s=config.terminal_timeout_s
-        )
+        app = make_app(registry, call_timeout_s=limit)
+        return HTTPToolServer(INPROCESS, app=app, timeout_s=limit, call_timeout_s=limit)
     if url is None:
         return None
-    return HTTPToolServer(url, token=config.tool_server_token, timeout_s=config.terminal_timeout_s)
+    return HTTPToolServer(
+        url, token=config.tool_server_token, timeout_s=limit, call_timeout_s=limit
+    )
 
 
 def learn_chat_template(tokenizer: Tokenizer, config: AgentEnvConfig) -> ChatTemplate:
