@@ -331,11 +331,12 @@ async def _leased(run: _Run, env: _Env) -> None:
                     if forked and env.prepared is not None
                     else await env.hooks.prepare(slot_tools)
                 )
-            except InfrastructureError as exc:
-                run.loop.infra_failed(now=run.now(), detail=f"prepare hook failed: {exc}")
-                return
-            except Exception as exc:  # noqa: BLE001 - the env's own code: an env_error
-                run.loop.env_failed(now=run.now(), detail=env_failure("prepare hook", exc))
+            except Exception as exc:  # noqa: BLE001 - the env's own code, or the slot's failure
+                if _infrastructure(exc):
+                    detail = f"prepare hook failed: {_first(exc)}"
+                    run.loop.infra_failed(now=run.now(), detail=detail)
+                else:
+                    run.loop.env_failed(now=run.now(), detail=env_failure("prepare hook", exc))
                 return
             problem = _metadata_problem(metadata)
             if problem is not None:
@@ -429,12 +430,31 @@ def _metadata_problem(metadata: object) -> str | None:
     return None if problem is None else f"metadata that is not JSON: {problem}"
 
 
+def _infrastructure(exc: BaseException) -> bool:
+    """Whether ``exc`` is the infrastructure's failure: an ``InfrastructureError``, or a group
+    of nothing else (a hook's task group whose calls all hit a failed slot)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(InfrastructureError)[1] is None
+    return isinstance(exc, InfrastructureError)
+
+
+def _first(exc: BaseException) -> BaseException:
+    """``exc``, or the first exception a group of them holds that is not the infrastructure's
+    (else its first), looked for through nested groups."""
+    while isinstance(exc, BaseExceptionGroup):
+        rest = exc.split(InfrastructureError)[1]
+        exc = (rest if rest is not None else exc).exceptions[0]
+    return exc
+
+
 def env_failure(where: str, exc: BaseException) -> str:
     """One line for an exception the env's own code raised: what, and where it was raised.
 
     ``"score hook raised ValueError: bad (at my_env.py:42 in compute_reward)"``; the frame is
-    the traceback's last (where the exception was raised).
+    the traceback's last (where the exception was raised). Of a group of exceptions (a task
+    group's), the first that is not the infrastructure's is told.
     """
+    exc = _first(exc)
     frames = traceback.extract_tb(exc.__traceback__)
     at = ""
     if frames:
@@ -458,12 +478,12 @@ def _transcript(run: _Run) -> Transcript:
 async def _score(run: _Run, hooks: TrajectoryHooks, slot_tools: SlotTools) -> None:
     try:
         score: object = await hooks.score(slot_tools, _transcript(run))
-    except InfrastructureError as exc:
-        run.score_failure = f"score hook failed: {exc}"
-        run.score_failure_status = TrajectoryStatus.INFRA_ERROR
-        return
-    except Exception as exc:  # noqa: BLE001 - the env's own code: an env_error
-        run.score_failure = env_failure("score hook", exc)
+    except Exception as exc:  # noqa: BLE001 - the env's own code, or the slot's failure
+        if _infrastructure(exc):
+            run.score_failure = f"score hook failed: {_first(exc)}"
+            run.score_failure_status = TrajectoryStatus.INFRA_ERROR
+        else:
+            run.score_failure = env_failure("score hook", exc)
         return
     if isinstance(score, tuple) and len(score) == 2:
         score, metadata = score

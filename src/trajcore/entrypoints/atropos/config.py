@@ -250,6 +250,13 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings):
     min_healthy: int | None = Field(
         default=None, ge=1, description="Fewest members a group is sent with (default 2)."
     )
+    max_failed_groups: int | None = Field(
+        default=5,
+        ge=1,
+        description="Training groups in a row that may fail (too few healthy members: the "
+        "env's code, the model server or the slots failed) before the run stops, naming the "
+        "last group's failures; None: no bound (Atropos retries the next item forever).",
+    )
     # -- the env process
     gc_young_threshold: int | None = Field(
         default=DEFAULT_YOUNG_GC_THRESHOLD,

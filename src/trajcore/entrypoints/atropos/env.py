@@ -42,6 +42,7 @@ from trajcore.domain.tools import ToolSpec
 from trajcore.domain.toolsets import DistributionRegistry, Toolset, ToolsetCatalog, select_specs
 from trajcore.entrypoints.atropos import metrics, pools, scored_data, startup, tasks
 from trajcore.entrypoints.atropos.config import AgentEnvConfig, RolloutSettings
+from trajcore.entrypoints.atropos.failing_groups import FailingGroups
 from trajcore.entrypoints.atropos.scored_data import ScoredGroup
 from trajcore.entrypoints.atropos.services import (
     RolloutServices,
@@ -58,7 +59,6 @@ from trajcore.entrypoints.atropos.tokenizer_modes import tokenizer_for
 from trajcore.entrypoints.atropos_bases import BaseEnv
 from trajcore.entrypoints.dataset_rows import DatasetRows, builtin_dataset
 from trajcore.entrypoints.gc_tuning import young_gc_threshold
-from trajcore.entrypoints.idle_slots import IdleLimitedPolicy
 from trajcore.entrypoints.item_limits import ItemLimits
 from trajcore.ports.chat_server import ChatServer
 from trajcore.ports.sandbox_pool import SandboxPool
@@ -133,6 +133,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         self._rng = random.Random(config.toolset_seed)  # noqa: S311 - toolset draws, not secrets
         self._counters = metrics.RolloutCounters()
         self._table = metrics.RolloutTable()
+        self._failing = FailingGroups(config.max_failed_groups)
 
     @classmethod
     def config_init(cls) -> tuple[AgentEnvConfig, object]:
@@ -439,13 +440,9 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             )
             await anyio.lowlevel.checkpoint()  # the dispatcher's loop starts before any exit
             self._services = RolloutServices(
-                pool=pool,
-                dispatcher=dispatcher,
-                policy=policy,
-                tool_server=tool_server,
-                specs=specs,
-                catalog=catalog,
-            )
+                pool=pool, dispatcher=dispatcher, policy=policy, tool_server=tool_server,
+                specs=specs, catalog=catalog,
+            )  # fmt: skip
             try:
                 yield self._services
             finally:
@@ -525,22 +522,29 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
     ) -> GroupResult:
         """Run one group of ``item`` on the open services and judge it.
 
+        ``build_task``, ``item_limits`` or ``task_environment`` raising fails the members as
+        ``env_error``, naming the hook and the frame (``tasks.env_hook``).
+
         Raises:
             StateError: no services are open.
-            ConfigError: ``build_task`` or the toolset draw failed.
+            ConfigError: the toolset draw failed.
         """
         services = self.services
         size = self.config.group_size if group_size is None else group_size
         rules = self.settings.eval_rules(size) if for_eval else self.settings.group_rules(size)
-        messages = self.task_messages(item)
+        messages, problem = tasks.env_hook(
+            "build_task", lambda: self.task_messages(item), list[Message]()
+        )
+        rollout, limits = tasks.env_hook("item_limits", lambda: self.item_rollout(item),
+                                         self.settings.rollout)  # fmt: skip
         built_in = type(self).task_environment is AgentEnv.task_environment
-        environment, problem = tasks.group_environment(
+        environment, found = tasks.group_environment(
             lambda: self.task_environment(item),
             field=str(self.config.environment_field) if built_in else "task_environment",
         )
+        problem = problem or limits or found
         drawn = self.settings.toolsets.draw(services.catalog, self._rng)
         specs = select_specs(drawn.tools, services.specs)
-        rollout = self.item_rollout(item)
 
         async def prepare(tools: SlotTools) -> JSONObject | None:
             return await self.prepare_workspace(item, tools)
@@ -549,11 +553,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             return await self.verify_and_score(item, tools, transcript)
 
         hooks = TrajectoryHooks(prepare=prepare, score=score)
-        idle_s = self.config.slot_idle_timeout_s
-        agent_policy = (
-            services.policy if idle_s is None else IdleLimitedPolicy(services.policy, idle_s)
-        )
-
+        agent_policy = tasks.idle_limited(services.policy, self.config.slot_idle_timeout_s)
         started = anyio.current_time()
 
         async def member(trajectory_id: str) -> TrajectoryResult:
@@ -564,18 +564,11 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
                 return failed_member(trajectory_id, StopReason.INFRA_ERROR, config)
             try:
                 return await run_trajectory(
-                    trajectory_id=trajectory_id,
-                    messages=messages,
-                    tools=specs,
-                    hooks=hooks,
-                    policy=agent_policy,
-                    pool=services.pool,
-                    dispatcher=services.dispatcher,
-                    tool_server=services.tool_server,
-                    config=config,
-                    environment=environment,
+                    trajectory_id=trajectory_id, messages=messages, tools=specs, hooks=hooks,
+                    policy=agent_policy, pool=services.pool, dispatcher=services.dispatcher,
+                    tool_server=services.tool_server, config=config, environment=environment,
                     prepared=prepared,
-                )
+                )  # fmt: skip
             finally:
                 await release_tool_sessions(services.tool_server, trajectory_id)
 
@@ -602,8 +595,12 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         return conversion.scored
 
     async def collect_trajectories(self, item: ItemT) -> tuple[ScoredGroup | None, list[ItemT]]:
-        """Atropos's hook: one group of ``item``, scored, or ``None`` when it is not sent."""
-        return self.scored_group(await self.run_group(item)), []
+        """Atropos's hook: one group of ``item``, scored, or ``None`` when it is not sent.
+        Raises ``GroupsFailing`` at ``max_failed_groups`` failed groups in a row."""
+        result = await self.run_group(item)
+        scored = self.scored_group(result)
+        self._failing.record(result)
+        return scored, []
 
     async def run_task(
         self,

@@ -10,6 +10,10 @@ task environment.
   ``domain.task_environments``: a malformed reference, an answer that is not text, or a hook
   that raises fails that group's members as ``env_error`` (the env's data or code is at fault,
   never the model) with the field named, before any slot is leased.
+- ``env_hook``: the same for the env's other per-item hooks (``build_task``, ``item_limits``):
+  one that raises fails the group's members as ``env_error`` naming the hook and the frame,
+  never the run, and the group is counted like any other.
+- ``idle_limited``: the policy with ``slot_idle_timeout_s`` bounding each model turn.
 - ``preparing``: with ``prepare_once`` and an environment, the group's preparation done once
   and frozen (``rollout.preparation``); else nothing.
 - ``member_rollout``: a member's rollout with the deadline left of the group's: the deadline
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import anyio
 import attrs
@@ -30,17 +35,23 @@ from trajcore.domain.errors import ConfigError
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
 from trajcore.entrypoints.atropos.services import RolloutServices, release_tool_sessions
+from trajcore.entrypoints.idle_slots import IdleLimitedPolicy
+from trajcore.rollout.policy import Policy
 from trajcore.rollout.preparation import Prepared, prepared_group
 from trajcore.rollout.tools import SlotTools
 from trajcore.rollout.trajectory import RolloutConfig, env_failure
 
 __all__ = [
+    "env_hook",
     "group_environment",
+    "idle_limited",
     "member_rollout",
     "preparing",
     "row_environment",
     "task_messages",
 ]
+
+T = TypeVar("T")
 
 
 def task_messages(task: str | Sequence[Message], system_prompt: str | None) -> list[Message]:
@@ -97,18 +108,30 @@ def group_environment(
     """What ``hook`` (the env's ``task_environment`` for one item) names, checked:
     ``(environment, None)``, or ``(None, detail)`` when the group must fail as ``env_error``
     (``detail`` names ``field``, the hook or the row field the reference came from)."""
-    try:
-        answer: object = hook()
-    except ConfigError as error:
-        return None, f"task_environment: {error}"
-    except Exception as error:  # noqa: BLE001 - the env's own code: its members' env_error
-        return None, env_failure("task_environment", error)
-    if answer is None:
-        return None, None
+    answer, problem = env_hook("task_environment", hook, None)
+    if problem is not None or answer is None:
+        return None, problem
     try:
         return check_environment(answer, field=field), None
     except EnvironmentUnavailable as error:
         return None, f"task_environment returned {answer!r}: {error.reason} @ {error.field}"
+
+
+def env_hook(where: str, hook: Callable[[], T], fallback: T) -> tuple[T, str | None]:
+    """``(hook(), None)``, or ``(fallback, detail)`` when the env's hook ``where`` raised: a
+    ``ConfigError`` as it reads, anything else as ``env_failure`` gives it (what, and the frame
+    it was raised at). The group's members then fail as ``env_error`` with ``detail``."""
+    try:
+        return hook(), None
+    except ConfigError as error:
+        return fallback, f"{where}: {error}"
+    except Exception as error:  # noqa: BLE001 - the env's own code: its members' env_error
+        return fallback, env_failure(where, error)
+
+
+def idle_limited(policy: Policy, idle_s: float | None) -> Policy:
+    """``policy`` with each model turn bounded by ``slot_idle_timeout_s`` when it is set."""
+    return policy if idle_s is None else IdleLimitedPolicy(policy, idle_s)
 
 
 @contextlib.asynccontextmanager
