@@ -25,6 +25,7 @@ from trajcore.adapters.pools.container_pool import (
     LABEL,
     ContainerPoolConfig,
     ContainerSandboxPool,
+    abandon_container_pools,
     find_engine,
 )
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
@@ -177,6 +178,28 @@ async def test_stale_containers_of_the_same_prefix_are_removed_and_no_others(
     async with ContainerSandboxPool(pool_config) as pool:
         assert containers_labelled(prefix) == [pool.engine_name(pool.container_names()[0])]
     assert containers_labelled(prefix) == []
+    assert containers_labelled(stranger) == [stranger]
+
+
+@pytest.mark.anyio
+async def test_a_forced_end_removes_every_container_and_the_token_folder(
+    stranger: str,
+) -> None:
+    """What a second signal does (``signals``: the process exits at once, without the pool's
+    close): ``abandon_container_pools`` removes the pool's containers by its label, and its
+    token folder, synchronously; another pool's container stays."""
+    pool_config = config(containers=2)
+    prefix = pool_config.name_prefix
+    assert prefix is not None
+    async with ContainerSandboxPool(pool_config) as pool:
+        assert len(containers_labelled(prefix)) == 2
+        token = pool._engine._token_file  # where the bearer token lies on this host
+        assert token is not None
+        assert token.exists()
+        assert abandon_container_pools(grace_s=60.0) == 1
+        assert containers_labelled(prefix) == []
+        assert not token.parent.exists()
+        assert abandon_container_pools() == 0  # abandoned pools are forgotten
     assert containers_labelled(stranger) == [stranger]
 
 

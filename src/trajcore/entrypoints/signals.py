@@ -16,7 +16,9 @@ What a signal does:
   ``Interrupted`` where the program is, as Ctrl-C does.
 - A second signal, or the first one's shutdown running past ``grace_s``, forces the end: every
   open local pool's slot servers get SIGTERM and then SIGKILL, its directory is removed
-  (``abandon_local_pools``), and the process exits at once with ``128 + signal``.
+  (``abandon_local_pools``), every open container pool's containers are removed with the
+  engine's ``rm --force`` and its token folder with them (``abandon_container_pools``), and
+  the process exits at once with ``128 + signal``.
 - The block ends with ``SystemExit(128 + signal)`` (130 for SIGINT, 143 for SIGTERM) after one
   line on stderr, instead of a traceback.
 - A signal ignored when the block is entered (``nohup``, a background job's SIGINT) stays
@@ -40,6 +42,7 @@ from types import FrameType
 
 import attrs
 
+from trajcore.adapters.pools.container_pool import abandon_container_pools
 from trajcore.adapters.pools.local_pool import abandon_local_pools
 
 __all__ = ["Interrupted", "closing_on_signals", "exit_status"]
@@ -100,6 +103,8 @@ class _Shutdown:
         _stderr(f"{self.name}: {why}: ending the slot servers and stopping now")
         with contextlib.suppress(Exception):
             abandon_local_pools()
+        with contextlib.suppress(Exception):
+            abandon_container_pools()
         os._exit(exit_status(signum))
 
     def cancel(self) -> None:

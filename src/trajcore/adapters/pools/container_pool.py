@@ -33,6 +33,7 @@ import re
 import resource
 import secrets
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -56,6 +57,7 @@ __all__ = [
     "DEFAULT_IMAGE",
     "ContainerPoolConfig",
     "ContainerSandboxPool",
+    "abandon_container_pools",
     "default_engine_options",
     "find_engine",
 ]
@@ -237,6 +239,25 @@ class _EngineContainers:
         folder = Path(tempfile.mkdtemp(prefix="trajcore-containers-"))
         stack.callback(shutil.rmtree, folder, ignore_errors=True)
         self._token_file = _write_token(folder, self._token)
+        _OPEN.add(self)
+        stack.callback(_OPEN.discard, self)
+
+    def abandon(self, grace_s: float) -> None:
+        """Remove every container of this pool's label and its token folder, synchronously,
+        each engine command bounded by ``grace_s`` (see ``abandon_container_pools``)."""
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            listed = subprocess.run(
+                [self.engine, "ps", "--all", "--quiet", "--filter", f"label={LABEL}={self.prefix}"],
+                capture_output=True, text=True, timeout=grace_s, check=False,
+            )  # fmt: skip
+            if listed.stdout.split():
+                subprocess.run(
+                    [self.engine, "rm", "--force", "--volumes", *listed.stdout.split()],
+                    capture_output=True, timeout=grace_s, check=False,
+                )  # fmt: skip
+        if self._token_file is not None:
+            shutil.rmtree(self._token_file.parent, ignore_errors=True)
+        _OPEN.discard(self)
 
     async def _remove_stale(self) -> None:
         """Remove containers labelled with this prefix: an earlier pool's, never closed."""
@@ -305,6 +326,29 @@ class _EngineContainers:
             )
             return (done.stdout + done.stderr).decode("utf-8", "replace").strip()[-2000:]
         return ""
+
+
+_OPEN: set[_EngineContainers] = set()
+"""The engines of this process's open container pools, for ``abandon_container_pools``."""
+
+
+def abandon_container_pools(grace_s: float = 10.0) -> int:
+    """Remove every open container pool's containers and token folder, synchronously.
+
+    For a process that must exit now, without running the pools' close (a forced stop, a second
+    signal): each pool's containers (by its label) are removed with the engine's ``rm
+    --force``, each engine command bounded by ``grace_s``. The pools are unusable afterwards.
+    Safe to call from a signal handler or another thread. Returns how many pools it ended.
+    """
+    while True:
+        try:
+            engines = list(_OPEN)
+        except RuntimeError:  # changed size while copied (another thread): try again
+            continue
+        break
+    for engine in engines:
+        engine.abandon(grace_s)
+    return len(engines)
 
 
 # ============================================================================ the pool
