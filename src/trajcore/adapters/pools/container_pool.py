@@ -42,6 +42,7 @@ import attrs
 
 from trajcore.adapters.pools.pool_core import Endpoint
 from trajcore.adapters.pools.reconciled import composed_settings, part
+from trajcore.adapters.pools.server_processes import abandon_each
 from trajcore.adapters.pools.supervision import SupervisedPool, SupervisedPoolConfig
 from trajcore.domain.converters import command_words
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
@@ -340,15 +341,7 @@ def abandon_container_pools(grace_s: float = 10.0) -> int:
     --force``, each engine command bounded by ``grace_s``. The pools are unusable afterwards.
     Safe to call from a signal handler or another thread. Returns how many pools it ended.
     """
-    while True:
-        try:
-            engines = list(_OPEN)
-        except RuntimeError:  # changed size while copied (another thread): try again
-            continue
-        break
-    for engine in engines:
-        engine.abandon(grace_s)
-    return len(engines)
+    return abandon_each(_OPEN, grace_s)
 
 
 # ============================================================================ the pool

@@ -60,6 +60,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from trajcore.adapters.pools.pool_core import Endpoint
 from trajcore.adapters.pools.reconciled import composed_settings
+from trajcore.adapters.pools.server_processes import abandon_each
 from trajcore.adapters.pools.server_processes import log_tail as _tail
 from trajcore.adapters.pools.server_processes import signal_group as _signal_group
 from trajcore.adapters.pools.supervision import SupervisedPool, SupervisedPoolConfig
@@ -304,15 +305,7 @@ def abandon_local_pools(grace_s: float = 2.0) -> int:
     after ``grace_s``. The pools are unusable afterwards. Safe to call from a signal handler
     or another thread. Returns how many pools it ended.
     """
-    while True:
-        try:
-            launchers = list(_OPEN)
-        except RuntimeError:  # changed size while copied (another thread): try again
-            continue
-        break
-    for launcher in launchers:
-        launcher.abandon(grace_s)
-    return len(launchers)
+    return abandon_each(_OPEN, grace_s)
 
 
 # ============================================================================ the pool
