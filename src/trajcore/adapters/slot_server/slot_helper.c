@@ -886,6 +886,13 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
     const char *leftovers[] = {script, out, err, rc, rc_tmp, ended};
     for (size_t i = 0; i < sizeof leftovers / sizeof *leftovers; i++)
         (void)unlink(leftovers[i]);
+    if (!timed_out && !has_code) {
+        /* the command ended, but its status file is empty or unreadable: most often its /tmp
+         * (where the file is written) was full; never a success without a code */
+        fail(r, "the command's exit status was lost: the shell could not write it to %s (is "
+                "/tmp full?)", rc);
+        return;
+    }
     r->has_exit = !timed_out && has_code;
     r->exit_code = (int)code;
     r->has_signal = false;

@@ -379,6 +379,12 @@ def _command_result(
             call, ToolOutcome.TOOL_ERROR, f"{content}\n[{reason}]", error=reason,
             exec_report=report,
         )  # fmt: skip
+    if exit_code is None:  # neither a code nor a signal: never a success
+        reason = "the command ended without an exit status"
+        return _result(
+            call, ToolOutcome.TOOL_ERROR, f"{content}\n[{reason}]", error=reason,
+            exec_report=report,
+        )  # fmt: skip
     if exit_code:
         content += f"\n[exit code {exit_code}]"
     return ToolResult(
