@@ -50,6 +50,69 @@ async def one(
     return result, time.monotonic() - started
 
 
+async def test_a_command_that_ignores_ctrl_c_is_killed_with_its_shell(
+    pool: LocalSandboxPool,
+) -> None:
+    async with pool.lease("t") as lease:
+        kept, _ = await one(pool, lease, "bash_stateful", command="cd /tmp && V=1")
+        assert kept.outcome is ToolOutcome.OK
+        stopped, _ = await one(pool, lease, "bash_stateful", 1.0, command="sleep 30")
+        assert stopped.outcome is ToolOutcome.TIMEOUT
+        assert "got Ctrl-C and stopped; the shell keeps its state" in (stopped.error or "")
+        state, _ = await one(pool, lease, "bash_stateful", command="echo $V $(pwd)")
+        assert state.content == "1 /tmp\n"  # Ctrl-C was enough: the shell is the same one
+
+        stubborn, took = await one(
+            pool, lease, "bash_stateful", 1.0,
+            command="trap '' INT; sleep 4; echo late > /workspace/late",
+        )  # fmt: skip
+        assert stubborn.outcome is ToolOutcome.TIMEOUT, stubborn
+        assert "the shell was killed with everything it ran" in (stubborn.error or "")
+        assert took < 4.0
+        after, _ = await one(pool, lease, "bash_stateful", 2.0, command="echo next $V $(pwd)")
+        assert (after.outcome, after.content) == (ToolOutcome.OK, "next /workspace\n"), after
+        late, _ = await one(pool, lease, "bash", command="sleep 4; ls /workspace")
+        assert late.content == ""  # the killed command never went on
+
+
+async def test_the_tmux_tool_keeps_to_its_timeout(pool: LocalSandboxPool) -> None:
+    async with pool.lease("t") as lease:
+        many, took = await one(pool, lease, "tmux", 1.0, keys=["a"] * 3000, enter=False, wait_s=0)
+        assert many.outcome is ToolOutcome.TIMEOUT, many
+        assert "keys not sent by then were dropped" in (many.error or "")
+        assert took < 3.0
+        after, _ = await one(pool, lease, "bash", command="echo alive")
+        assert after.content == "alive\n", after
+        pane, _ = await one(pool, lease, "tmux", keys=[], enter=False, wait_s=0)
+        assert pane.outcome is ToolOutcome.OK
+        assert "aaaa" in pane.content  # the shell that got the keys is still there
+
+
+async def test_a_stopped_tmux_server_times_out_and_the_next_call_gets_a_new_shell(
+    pool: LocalSandboxPool,
+) -> None:
+    async with pool.lease("t") as lease:
+        first, _ = await one(pool, lease, "bash_stateful", command="echo first")
+        assert first.content == "first\n"
+        stop = "kill -STOP $(tmux -S /tmp/.trajcore/tmux.sock display -p '#{pid}')"
+        stopped, _ = await one(pool, lease, "bash", command=f"{stop} && echo stopped")
+        assert stopped.content == "stopped\n", stopped
+        hung, took = await one(pool, lease, "bash_stateful", 1.0, command="echo never")
+        assert hung.outcome is ToolOutcome.TIMEOUT, hung
+        assert "its tmux server did not answer" in (hung.error or "")
+        assert took < 3.5
+        after, _ = await one(pool, lease, "bash_stateful", command="echo again")
+        assert (after.outcome, after.content) == (ToolOutcome.OK, "again\n"), after
+        stop_again, _ = await one(pool, lease, "bash", command=f"{stop} && echo stopped")
+        assert stop_again.content == "stopped\n", stop_again
+        keys, took = await one(pool, lease, "tmux", 1.0, keys="echo x")
+        assert keys.outcome is ToolOutcome.TIMEOUT, keys
+        assert "its tmux server did not answer" in (keys.error or "")
+        assert took < 3.5
+        alive, _ = await one(pool, lease, "bash_stateful", command="echo alive")
+        assert alive.content == "alive\n", alive
+
+
 async def test_a_lost_exit_status_is_a_tool_error(pool: LocalSandboxPool) -> None:
     async with pool.lease("t") as lease:
         # the command fills /tmp, where the shell writes its status: the status file stays empty

@@ -11,11 +11,15 @@ tests/unit/test_bare_agent.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -276,10 +280,79 @@ def test_stateful_shell_keeps_state_and_tmux_answers(agent: Agent) -> None:
     assert first["exit"] == 0
     second = agent.ask("stateful", "10.0", "1024", "echo $((X+1)) $(pwd); exit 4")
     assert (second["exit"], second["stdout"]) == (4, "42 /tmp\n")
-    pane = agent.ask("tmux", "1", "1", "0.3", "20", "echo from-the-pane")
+    pane = agent.ask("tmux", "10.0", "1", "1", "0.3", "20", "echo from-the-pane")
     assert "from-the-pane" in str(pane["stdout"])
     slow = agent.ask("stateful", "0.5", "1024", "sleep 5")
     assert (slow["timed_out"], slow["exit"]) == (True, None)
+
+
+def test_a_shell_command_that_ignores_ctrl_c_is_killed_with_its_shell(
+    agent: Agent, tmp_path: Path
+) -> None:
+    """Past its timeout a command gets Ctrl-C (signal 2: the shell keeps its state); one the
+    shell is not back from soon after is killed with the shell (signal 9), and the next call
+    starts a fresh shell."""
+    if not agent.greeting["tmux"]:
+        pytest.skip("tmux is not installed")
+    marker = tmp_path / "late"
+    assert agent.ask("stateful", "10.0", "1024", "V=1")["exit"] == 0
+    stopped = agent.ask("stateful", "0.5", "1024", "sleep 30")
+    assert (stopped["timed_out"], stopped["signal"], stopped["exit"]) == (True, 2, None)
+    assert agent.ask("stateful", "10.0", "1024", 'echo "v$V"')["stdout"] == "v1\n"
+    started = time.monotonic()
+    stubborn = agent.ask("stateful", "0.5", "1024", f"trap '' INT; sleep 3; touch {marker}")
+    assert (stubborn["timed_out"], stubborn["signal"], stubborn["exit"]) == (True, 9, None)
+    assert time.monotonic() - started < 2.5
+    after = agent.ask("stateful", "10.0", "1024", 'echo "next$V"')
+    assert (after["exit"], after["stdout"]) == (0, "next\n")
+    time.sleep(3.5)
+    assert not marker.exists(), "the command that ignored Ctrl-C went on"
+
+
+def test_tmux_keys_keep_to_the_timeout(agent: Agent) -> None:
+    if not agent.greeting["tmux"]:
+        pytest.skip("tmux is not installed")
+    started = time.monotonic()
+    many = agent.ask("tmux", "0.5", "1", "0", "0", "20", *(["a"] * 3000))
+    assert time.monotonic() - started < 1.5
+    assert (many["timed_out"], many["exit"], many["signal"]) == (True, None, None)
+    assert "aaa" in str(many["stdout"])  # the pane as it was, with the keys sent in time
+    assert agent.ask("stateful", "10.0", "1024", "echo fine")["stdout"] == "fine\n"
+    short = agent.ask("tmux", "10.0", "1", "0")
+    assert short["error"] == (
+        "agent failed: ValueError: a tmux request needs a timeout, literal, enter, wait and lines"
+    )
+
+
+@pytest.mark.parametrize("request_fields", [
+    ("stateful", "0.5", "1024", "echo never"),
+    ("tmux", "0.5", "1", "1", "0.1", "20", "echo never"),
+], ids=["stateful", "tmux"])  # fmt: skip
+def test_a_stopped_tmux_server_is_killed_and_the_next_call_starts_a_new_shell(
+    agent: Agent, tmp_path: Path, request_fields: tuple[str, ...]
+) -> None:
+    tmux = shutil.which("tmux")
+    if tmux is None or not agent.greeting["tmux"]:
+        pytest.skip("tmux is not installed")
+    assert agent.ask("stateful", "10.0", "1024", "echo first")["stdout"] == "first\n"
+    shown = subprocess.run(
+        [tmux, "-S", str(tmp_path / "state" / "tmux.sock"), "display", "-p", "#{pid}"],
+        capture_output=True, text=True, timeout=10, check=True,
+    )  # fmt: skip
+    server = int(shown.stdout)
+    os.kill(server, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        hung = agent.ask(*request_fields)
+        assert time.monotonic() - started < 2.0
+        assert (hung["timed_out"], hung["signal"], hung["exit"]) == (True, 9, None)
+        again = agent.ask("stateful", "10.0", "1024", "echo again")
+        assert (again["exit"], again["stdout"]) == (0, "again\n")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server, signal.SIGKILL)
+    state = (Path("/proc") / str(server) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    assert state in {"Z", "X"}
 
 
 @pytest.mark.parametrize(

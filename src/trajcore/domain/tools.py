@@ -96,7 +96,8 @@ class ExecReport:
         stderr: Captured standard error, capped likewise.
         stdout_dropped: Bytes of stdout cut out by the cap (the head and tail are kept).
         stderr_dropped: Bytes of stderr cut out by the cap.
-        timed_out: The call ran past its timeout and its process group was killed.
+        timed_out: The call ran past its timeout: a ``bash`` command's process group was killed; a
+            ``bash_stateful`` command got Ctrl-C, or its shell was killed (the error says which).
         duration_s: Wall time of the call inside the slot server.
         sandboxed: Whether the command ran inside the slot's bubblewrap sandbox.
     """

@@ -36,7 +36,7 @@
  *
  *   exec      TIMEOUT CAP ARGV0 [ARGV1 ...]
  *   stateful  TIMEOUT CAP COMMAND
- *   tmux      LITERAL ENTER WAIT LINES KEY [KEY ...]   (LITERAL, ENTER: "0" or "1")
+ *   tmux      TIMEOUT LITERAL ENTER WAIT LINES KEY [KEY ...]   (LITERAL, ENTER: "0" or "1")
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -66,6 +66,7 @@
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -79,7 +80,12 @@ enum {
     MAX_REQUEST = 16 << 20, /* runtime.MAX_REQUEST_BYTES: anything larger ends the lease */
 };
 static const double DRAIN_AFTER_EXIT_S = 0.05;
-static const double TMUX_TIMEOUT_S = 10.0;
+/* The persistent shell keeps to its call's TIMEOUT: each tmux command gets the time the call has
+ * left. Past it, the steps that end the call (Ctrl-C, a capture of the pane) get TMUX_LATE_S each,
+ * and the shell SHELL_SETTLE_S to be back at its prompt after Ctrl-C, else it is killed: a call
+ * answers within about a second of its TIMEOUT, well inside the slot server's grace. */
+static const double TMUX_LATE_S = 0.5;
+static const double SHELL_SETTLE_S = 0.5;
 /* A command runs this much nicer than its agent (and so than the slot server and its keepers,
  * which run at the agent's nice value): when a host's cores are busy with commands, the server's
  * readying of the next lease and its answers wait behind them less. A lease cannot undo it
@@ -648,10 +654,16 @@ typedef struct {
     bool own_sessions; /* false for a bare agent: commands stay in its session */
 } shell;
 
-static void tmux_run(shell *sh, const char *const *args, size_t n, result *r) {
+/* Run tmux with ``args`` for at most ``limit`` seconds (its client killed then, ``r->timed_out``
+ * set); no time left: not run, ``r->timed_out`` set. */
+static void tmux_run(shell *sh, double limit, const char *const *args, size_t n, result *r) {
     char *argv[24];
     if (n + 4 > sizeof argv / sizeof *argv) {
         fail(r, "too many tmux arguments");
+        return;
+    }
+    if (!(limit > 0)) {
+        r->timed_out = true;
         return;
     }
     argv[0] = (char *)sh->tmux;
@@ -660,14 +672,20 @@ static void tmux_run(shell *sh, const char *const *args, size_t n, result *r) {
     for (size_t i = 0; i < n; i++)
         argv[3 + i] = (char *)args[i];
     argv[3 + n] = NULL;
-    run_exec(argv, TMUX_TIMEOUT_S, TMUX_CAP, true, r);
+    run_exec(argv, limit, TMUX_CAP, true, r);
 }
 
-#define TMUX(sh, r, ...)                                                                       \
+#define TMUX(sh, r, limit, ...)                                                                \
     do {                                                                                       \
         const char *const tmux_args_[] = {__VA_ARGS__};                                        \
-        tmux_run((sh), tmux_args_, sizeof tmux_args_ / sizeof *tmux_args_, (r));               \
+        tmux_run((sh), (limit), tmux_args_, sizeof tmux_args_ / sizeof *tmux_args_, (r));      \
     } while (0)
+
+/* The seconds left until ``deadline``, and at least ``least``. */
+static double left_until(double deadline, double least) {
+    double left = deadline - monotonic();
+    return left > least ? left : least;
+}
 
 static bool ran_ok(const result *r) { return !r->failed && r->has_exit && r->exit_code == 0; }
 
@@ -684,31 +702,117 @@ static void fail_because(result *r, const char *prefix, const result *cause) {
         buf_puts(&r->error, "None");
 }
 
-/* Start the session unless it runs; false (with ``r`` failed) when it cannot. */
-static bool shell_ensure(shell *sh, result *r) {
+/* State, parent and session of process ``pid`` from /proc; false when it cannot be read. */
+static bool process_stat(pid_t pid, char *state, pid_t *parent, pid_t *session) {
+    char path[64], text[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t got = read(fd, text, sizeof text - 1);
+    close(fd);
+    if (got <= 0)
+        return false;
+    text[got] = '\0';
+    char *name_end = strrchr(text, ')'); /* the name may hold spaces and parentheses */
+    int up, group, sid;
+    if (!name_end || sscanf(name_end + 1, " %c %d %d %d", state, &up, &group, &sid) != 4)
+        return false;
+    *parent = (pid_t)up;
+    *session = (pid_t)sid;
+    return true;
+}
+
+/* The process listening on the shell's tmux socket, as the kernel recorded it (it need not
+ * answer: a stopped server is found too); 0 when there is none, or it is not this user's, or
+ * it is this agent or pid 1. */
+static pid_t tmux_server(const shell *sh) {
+    struct sockaddr_un address = {.sun_family = AF_UNIX};
+    if (strlen(sh->socket) >= sizeof address.sun_path)
+        return 0;
+    strcpy(address.sun_path, sh->socket);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return 0;
+    struct ucred peer = {0};
+    socklen_t size = sizeof peer;
+    bool found = connect(fd, (struct sockaddr *)&address, sizeof address) == 0 &&
+                 getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &size) == 0;
+    close(fd);
+    if (!found || peer.uid != getuid() || peer.pid <= 1 || peer.pid == getpid())
+        return 0;
+    return peer.pid;
+}
+
+enum { MAX_PANES = 256 };
+
+/* End the persistent shell for good: its tmux server (answering or not) and every process in
+ * the sessions of its panes (each pane's program leads a session of its own), then the socket,
+ * so the next call starts a fresh server and shell. */
+static void shell_kill(shell *sh) {
+    pid_t server = tmux_server(sh), panes[MAX_PANES];
+    size_t count = 0;
+    for (int round = 0; round < 8 && server > 0; round++) {
+        DIR *listing = opendir("/proc");
+        if (!listing)
+            break;
+        size_t killed = 0;
+        struct dirent *entry;
+        while ((entry = readdir(listing)) != NULL) {
+            char *end;
+            long number = strtol(entry->d_name, &end, 10);
+            pid_t pid = (pid_t)number, parent, session;
+            char state;
+            if (*end || number <= 1 || pid == getpid() || pid == server ||
+                !process_stat(pid, &state, &parent, &session) || state == 'Z')
+                continue;
+            bool pane = round == 0 && parent == server && session == pid;
+            if (pane && count < MAX_PANES)
+                panes[count++] = pid;
+            for (size_t i = 0; !pane && i < count; i++)
+                pane = session == panes[i];
+            if (pane && kill(pid, SIGKILL) == 0)
+                killed++;
+        }
+        closedir(listing);
+        if (round == 0)
+            (void)kill(server, SIGKILL); /* its panes known: none can start after this */
+        else if (!killed)
+            break;
+    }
+    (void)unlink(sh->socket);
+}
+
+typedef enum { SHELL_READY, SHELL_FAILED, SHELL_LATE } shell_state;
+
+/* Start the session unless it runs, by ``deadline``: SHELL_READY; SHELL_FAILED (with ``r``
+ * failed) when it cannot start; SHELL_LATE when tmux did not answer by ``deadline``. */
+static shell_state shell_ensure(shell *sh, double deadline, result *r) {
     if (!sh->tmux) {
         fail(r, "tmux is not installed");
-        return false;
+        return SHELL_FAILED;
     }
     result probe = {0};
-    TMUX(sh, &probe, "has-session", "-t", "main");
-    bool running = ran_ok(&probe);
+    TMUX(sh, &probe, deadline - monotonic(), "has-session", "-t", "main");
+    bool running = ran_ok(&probe), late = probe.timed_out;
     result_free(&probe);
-    if (running)
-        return true;
+    if (running || late)
+        return running ? SHELL_READY : SHELL_LATE;
     make_dirs(sh->dir);
     char bash[PATH_MAX];
     const char *program = which("bash", bash, sizeof bash) ? bash : "/bin/sh";
     result started = {0};
     /* exit-empty off: a shell ended by ``exit`` ends its session but not the server, so the next
      * call starts a new session on a server that is not on its way out. */
-    TMUX(sh, &started, "new-session", "-d", "-s", "main", "-x", "200", "-y", "50", "-c",
-         sh->workspace, program, ";", "set-option", "-s", "exit-empty", "off");
-    bool ok = ran_ok(&started);
-    if (!ok)
+    TMUX(sh, &started, deadline - monotonic(), "new-session", "-d", "-s", "main", "-x", "200",
+         "-y", "50", "-c", sh->workspace, program, ";", "set-option", "-s", "exit-empty", "off");
+    shell_state state = ran_ok(&started) ? SHELL_READY
+                        : started.timed_out ? SHELL_LATE
+                                            : SHELL_FAILED;
+    if (state == SHELL_FAILED)
         fail_because(r, "tmux did not start: ", &started);
     result_free(&started);
-    return ok;
+    return state;
 }
 
 static bool wait_for_file(const char *path, double deadline) {
@@ -794,63 +898,84 @@ static bool write_file(const char *path, const char *data, size_t n) {
     return close(fd) == 0 && ok;
 }
 
+/* After a call's time ran out: Ctrl-C to the pane, then a line that creates ``idle`` once the
+ * shell reads it. True when it appears within SHELL_SETTLE_S (the command stopped and the shell
+ * is back at its prompt, its state kept); else the shell is killed (shell_kill) and false. */
+static bool shell_interrupt(shell *sh, const char *idle) {
+    buf line = {0};
+    buf_printf(&line, "trap - EXIT; : >%s", idle);
+    buf_put(&line, "", 1); /* NUL-terminated */
+    result sent = {0};
+    TMUX(sh, &sent, TMUX_LATE_S, "send-keys", "-t", "main", "C-c", ";", "send-keys", "-t", "main",
+         "-l", line.data, ";", "send-keys", "-t", "main", "Enter");
+    buf_free(&line);
+    bool settled = ran_ok(&sent) && wait_for_file(idle, monotonic() + SHELL_SETTLE_S);
+    result_free(&sent);
+    if (!settled)
+        shell_kill(sh);
+    return settled;
+}
+
 /* Run ``command`` in the persistent shell: sourced from a file with its output sent to files and
- * its exit status written by a rename, so the code is exact and the shell keeps its state. */
+ * its exit status written by a rename, so the code is exact and the shell keeps its state. Past
+ * ``timeout`` the command gets Ctrl-C; a shell not back at its prompt soon after is killed with
+ * everything it runs (the reply's signal: 2 for Ctrl-C, 9 for killed). */
 static void shell_run(shell *sh, const char *command, size_t length, double timeout, size_t cap,
                       result *r) {
-    double started = monotonic();
-    if (!shell_ensure(sh, r))
+    double started = monotonic(), deadline = started + timeout;
+    shell_state state = shell_ensure(sh, deadline, r);
+    if (state == SHELL_FAILED)
         return;
     sh->counter++;
     char base[PATH_MAX + 32];
     snprintf(base, sizeof base, "%s/%lu", sh->dir, sh->counter);
     char script[sizeof base + 8], rc[sizeof base + 8], out[sizeof base + 8], err[sizeof base + 8];
-    char rc_tmp[sizeof base + 16], ended[sizeof base + 16];
+    char rc_tmp[sizeof base + 16], ended[sizeof base + 16], idle[sizeof base + 16];
     snprintf(ended, sizeof ended, "%s.ended", base);
+    snprintf(idle, sizeof idle, "%s.idle", base);
     snprintf(script, sizeof script, "%s.sh", base);
     snprintf(rc, sizeof rc, "%s.rc", base);
     snprintf(rc_tmp, sizeof rc_tmp, "%s.rc.tmp", base);
     snprintf(out, sizeof out, "%s.out", base);
     snprintf(err, sizeof err, "%s.err", base);
-    buf text = {0};
-    buf_put(&text, command, length);
-    buf_put(&text, "\n", 1);
-    bool written = write_file(script, text.data, text.len);
-    buf_free(&text);
-    if (!written) {
-        fail(r, "agent failed: cannot write %s: %s", script, strerror(errno));
-        return;
-    }
-    /* The EXIT trap records the status also when the command ends the shell with ``exit``, and
-     * marks that it did (``.ended``), so the next call waits for that session to be gone. */
-    buf line = {0};
-    buf_printf(&line,
-               "trap 's=$?; : >%s; echo $s >%s; mv %s %s' EXIT; . %s >%s 2>%s </dev/null; "
-               "echo $? >%s; trap - EXIT; mv %s %s",
-               ended, rc_tmp, rc_tmp, rc, script, out, err, rc_tmp, rc_tmp, rc);
-    buf_put(&line, "", 1); /* NUL-terminated */
-    result sent = {0};
-    TMUX(sh, &sent, "send-keys", "-t", "main", "-l", line.data);
-    buf_free(&line);
-    if (!ran_ok(&sent)) {
-        fail_because(r, "tmux send-keys failed: ", &sent);
+    bool late = state == SHELL_LATE;
+    if (!late) {
+        buf text = {0};
+        buf_put(&text, command, length);
+        buf_put(&text, "\n", 1);
+        bool written = write_file(script, text.data, text.len);
+        buf_free(&text);
+        if (!written) {
+            fail(r, "agent failed: cannot write %s: %s", script, strerror(errno));
+            return;
+        }
+        /* The EXIT trap records the status also when the command ends the shell with ``exit``,
+         * and marks that it did (``.ended``), so the next call waits for that session to be
+         * gone. */
+        buf line = {0};
+        buf_printf(&line,
+                   "trap 's=$?; : >%s; echo $s >%s; mv %s %s' EXIT; . %s >%s 2>%s </dev/null; "
+                   "echo $? >%s; trap - EXIT; mv %s %s",
+                   ended, rc_tmp, rc_tmp, rc, script, out, err, rc_tmp, rc_tmp, rc);
+        buf_put(&line, "", 1); /* NUL-terminated */
+        result sent = {0};
+        TMUX(sh, &sent, deadline - monotonic(), "send-keys", "-t", "main", "-l", line.data, ";",
+             "send-keys", "-t", "main", "Enter");
+        buf_free(&line);
+        late = sent.timed_out;
+        if (!late && !ran_ok(&sent)) {
+            fail_because(r, "tmux send-keys failed: ", &sent);
+            result_free(&sent);
+            (void)unlink(script);
+            return;
+        }
         result_free(&sent);
-        return;
+        late = late || !wait_for_file(rc, deadline);
     }
-    result_free(&sent);
-    result enter = {0};
-    TMUX(sh, &enter, "send-keys", "-t", "main", "Enter");
-    result_free(&enter);
-    bool timed_out = !wait_for_file(rc, started + timeout);
-    if (timed_out) {
-        result interrupt = {0};
-        TMUX(sh, &interrupt, "send-keys", "-t", "main", "C-c");
-        result_free(&interrupt);
-        wait_for_file(rc, monotonic() + 0.2);
-    }
+    bool interrupted = late && shell_interrupt(sh, idle);
     bool has_code = false;
     long code = 0;
-    int fd = open_regular(rc);
+    int fd = late ? -1 : open_regular(rc);
     if (fd >= 0) {
         char digits[64];
         ssize_t got = read(fd, digits, sizeof digits - 1);
@@ -868,13 +993,16 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
     }
     r->out_dropped = read_capped(out, cap, &r->out);
     r->err_dropped = read_capped(err, cap, &r->err);
-    if (exists(ended)) {
+    if (!late && exists(ended)) {
         /* the command ended the shell: wait (bounded) until its session is gone, so the next
          * call starts a fresh shell instead of typing into this one as it exits */
         double gone_by = monotonic() + 2.0;
+        if (gone_by > deadline + TMUX_LATE_S)
+            gone_by = deadline + TMUX_LATE_S > monotonic() ? deadline + TMUX_LATE_S
+                                                           : monotonic() + TMUX_LATE_S;
         while (monotonic() < gone_by) {
             result probe = {0};
-            TMUX(sh, &probe, "has-session", "-t", "main");
+            TMUX(sh, &probe, gone_by - monotonic(), "has-session", "-t", "main");
             bool running = ran_ok(&probe);
             result_free(&probe);
             if (!running)
@@ -883,53 +1011,73 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
             nanosleep(&pause, NULL);
         }
     }
-    const char *leftovers[] = {script, out, err, rc, rc_tmp, ended};
+    const char *leftovers[] = {script, out, err, rc, rc_tmp, ended, idle};
     for (size_t i = 0; i < sizeof leftovers / sizeof *leftovers; i++)
         (void)unlink(leftovers[i]);
-    if (!timed_out && !has_code) {
+    if (!late && !has_code) {
         /* the command ended, but its status file is empty or unreadable: most often its /tmp
          * (where the file is written) was full; never a success without a code */
         fail(r, "the command's exit status was lost: the shell could not write it to %s (is "
                 "/tmp full?)", rc);
         return;
     }
-    r->has_exit = !timed_out && has_code;
+    r->has_exit = !late;
     r->exit_code = (int)code;
-    r->has_signal = false;
-    r->timed_out = timed_out;
+    r->has_signal = late;
+    r->signal = interrupted ? SIGINT : SIGKILL;
+    r->timed_out = late;
     r->duration = monotonic() - started;
 }
 
-/* Send keys to the session, wait, and capture the pane. */
+/* Send keys to the session, wait, and capture the pane, keeping to ``timeout``: keys not sent
+ * by then are dropped (``timed_out``, with the pane as it is); a tmux server that does not
+ * answer then is killed with the shell (the reply's signal 9), so the next call starts afresh. */
 static void shell_keys(shell *sh, char *const *keys, size_t n, bool literal, bool enter,
-                       double wait, long lines, result *r) {
-    double started = monotonic();
-    if (!shell_ensure(sh, r))
+                       double timeout, double wait, long lines, result *r) {
+    double started = monotonic(), deadline = started + timeout;
+    shell_state state = shell_ensure(sh, deadline, r);
+    if (state == SHELL_FAILED)
         return;
-    for (size_t i = 0; i < n; i++) {
+    bool late = state == SHELL_LATE;
+    for (size_t i = 0; i < n && !late; i++) {
         result sent = {0};
         if (literal)
-            TMUX(sh, &sent, "send-keys", "-t", "main", "-l", keys[i]);
+            TMUX(sh, &sent, deadline - monotonic(), "send-keys", "-t", "main", "-l", keys[i]);
         else
-            TMUX(sh, &sent, "send-keys", "-t", "main", keys[i]);
-        bool ok = ran_ok(&sent);
+            TMUX(sh, &sent, deadline - monotonic(), "send-keys", "-t", "main", keys[i]);
+        late = sent.timed_out;
+        bool ok = late || ran_ok(&sent);
         if (!ok)
             fail_because(r, "tmux send-keys failed: ", &sent);
         result_free(&sent);
         if (!ok)
             return;
     }
-    if (enter) {
+    if (enter && !late) {
         result sent = {0};
-        TMUX(sh, &sent, "send-keys", "-t", "main", "Enter");
+        TMUX(sh, &sent, deadline - monotonic(), "send-keys", "-t", "main", "Enter");
+        late = sent.timed_out;
         result_free(&sent);
     }
-    pause_for(wait);
+    if (!late)
+        pause_for(wait < deadline - monotonic() ? wait : deadline - monotonic());
     char start[32];
     snprintf(start, sizeof start, "-%ld", lines);
-    TMUX(sh, r, "capture-pane", "-p", "-J", "-t", "main", "-S", start);
-    if (!r->failed)
-        r->duration = monotonic() - started;
+    TMUX(sh, r, late ? TMUX_LATE_S : left_until(deadline, TMUX_LATE_S), "capture-pane", "-p", "-J",
+         "-t", "main", "-S", start);
+    if (r->failed)
+        return;
+    if (r->timed_out) { /* the server did not answer even past the call's time */
+        result_free(r);
+        *r = (result){.has_signal = true, .signal = SIGKILL};
+        shell_kill(sh);
+        late = true;
+    }
+    if (late) {
+        r->has_exit = false;
+        r->timed_out = true;
+    }
+    r->duration = monotonic() - started;
 }
 
 /* ------------------------------------------------------------------------------ requests */
@@ -1053,13 +1201,14 @@ static void answer(shell *sh, const fields *f, result *r) {
             return;
         shell_run(sh, f->text[3], f->length[3], timeout, as_cap(cap), r);
     } else if (is(f, 0, "tmux")) {
-        if (!has_fields(f, 5, false,
-                        "agent failed: ValueError: a tmux request needs literal, enter, wait and lines", r) ||
-            !number(f, 3, "wait", &wait, r) || !number(f, 4, "lines", &lines, r) ||
-            !plain(f, 5, "keys", r))
+        if (!has_fields(f, 6, false,
+                        "agent failed: ValueError: a tmux request needs a timeout, literal, enter, wait and lines", r) ||
+            !number(f, 1, "timeout", &timeout, r) || !number(f, 4, "wait", &wait, r) ||
+            !number(f, 5, "lines", &lines, r) || !plain(f, 6, "keys", r))
             return;
         long rows = lines < 1 ? 1 : lines > 10000 ? 10000 : (long)lines;
-        shell_keys(sh, f->text + 5, f->count - 5, is(f, 1, "1"), is(f, 2, "1"), wait, rows, r);
+        shell_keys(sh, f->text + 6, f->count - 6, is(f, 2, "1"), is(f, 3, "1"), timeout, wait, rows,
+                   r);
     } else {
         buf named = {0};
         json_string(&named, f->text[0], f->length[0]);

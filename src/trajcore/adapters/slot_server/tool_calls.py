@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import signal
 from collections.abc import Callable
 from typing import cast
 
@@ -229,8 +230,8 @@ def _command_request(sandboxes: Sandboxes, call: ExecuteCall, timeout: float) ->
     if any("\0" in field for field in fields):
         reason = "holds a NUL character, which no command line can carry @ $.keys"
         return failure(call, ToolOutcome.REJECTED, reason)
-    try:
-        payload = encode_request(fields)
+    try:  # the call's timeout goes after the op: the agent keeps every tmux step within it
+        payload = encode_request([fields[0], repr(timeout), *fields[1:]])
     except UnicodeEncodeError as error:
         reason = f"not valid Unicode text (a lone surrogate at {error.start}) @ $.keys"
         return failure(call, ToolOutcome.REJECTED, reason)
@@ -367,12 +368,12 @@ def _command_result(
         if content and not content.endswith("\n"):
             content += "\n"
         content += f"[stderr]\n{report.stderr}"
+    signal_number = get("signal")
     if report.timed_out:
-        reason = f"timed out after {timeout:g} s; its process group was killed"
+        reason = f"timed out after {timeout:g} s; {_timeout_end(call.tool, signal_number)}"
         return _result(
             call, ToolOutcome.TIMEOUT, f"{content}\n[{reason}]", error=reason, exec_report=report
         )
-    signal_number = get("signal")
     if exit_code is None and type(signal_number) is int:
         reason = f"killed by signal {signal_number}"
         return _result(
@@ -391,3 +392,21 @@ def _command_result(
         call_id=call.call_id, name=call.tool, outcome=ToolOutcome.OK, content=content,
         exec=report,
     )  # fmt: skip
+
+
+def _timeout_end(tool: str, signal_number: JSON) -> str:
+    """What became of a command that ran out of time, from its reply's ``signal``: ``bash``'s
+    process group is killed; the persistent shell's command gets Ctrl-C (2) and, when the shell
+    is not back at its prompt soon after, or its tmux server does not answer, the shell is
+    killed with everything it ran (9), so the next call starts a new one."""
+    if tool == "bash":
+        return "its process group was killed"
+    if signal_number == signal.SIGKILL:
+        return (
+            "the shell did not stop on Ctrl-C or its tmux server did not answer, so the shell "
+            "was killed with everything it ran; the next call starts a new shell (directory "
+            "and variables reset)"
+        )
+    if tool == "tmux":
+        return "keys not sent by then were dropped; the pane is shown as it was"
+    return "the command got Ctrl-C and stopped; the shell keeps its state"
