@@ -12,7 +12,14 @@ import pytest
 from trajcore.domain.errors import ConfigError, ToolArgumentError
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.tool_schema import ArgumentCheck, ArgumentProblem
-from trajcore.domain.tools import ExecReport, ToolCall, ToolOutcome, ToolResult, ToolSpec
+from trajcore.domain.tools import (
+    ExecReport,
+    ToolCall,
+    ToolOutcome,
+    ToolResult,
+    ToolSpec,
+    timeout_end,
+)
 
 CALL = ToolCall(id="c1", name="bash", arguments={"command": "ls"})
 
@@ -209,3 +216,21 @@ def test_a_non_json_value_under_a_property_whose_name_holds_an_at_sign_is_named_
             f"parameters.properties.{name}.default",
             "non-finite number nan",
         )
+
+
+@pytest.mark.parametrize(
+    ("tool", "signal_number", "says"),
+    [
+        ("bash", 9, "its process group was killed"),
+        ("bash", None, "its process group was killed"),
+        ("bash_stateful", 2, "the command got Ctrl-C and stopped; the shell keeps its state"),
+        ("bash_stateful", None, "the command got Ctrl-C and stopped; the shell keeps its state"),
+        ("bash_stateful", 9, "the shell was killed with everything it ran; the next call"),
+        ("tmux", 9, "the shell was killed with everything it ran; the next call"),
+        ("tmux", 2, "keys not sent by then were dropped; the pane is shown as it was"),
+    ],
+)
+def test_a_timed_out_command_says_what_became_of_it(
+    tool: str, signal_number: int | None, says: str
+) -> None:
+    assert says in timeout_end(tool, signal_number)

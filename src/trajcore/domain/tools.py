@@ -32,6 +32,7 @@ __all__ = [
     "ToolOutcome",
     "ToolResult",
     "ToolSpec",
+    "timeout_end",
 ]
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -84,6 +85,27 @@ class ToolOutcome(enum.Enum):
     TIMEOUT = "timeout"
     REJECTED = "rejected"
     INFRA_ERROR = "infra_error"
+
+
+_SIGKILL = 9
+
+
+def timeout_end(tool: str, signal_number: object) -> str:
+    """What became of a command that ran out of time, as its result says, from its reply's
+    ``signal``: ``bash``'s process group is killed; the persistent shell's command gets Ctrl-C
+    (2) and, when the shell is not back at its prompt soon after, or its tmux server does not
+    answer, the shell is killed with everything it ran (9), so the next call starts a new one."""
+    if tool == "bash":
+        return "its process group was killed"
+    if signal_number == _SIGKILL:
+        return (
+            "the shell did not stop on Ctrl-C or its tmux server did not answer, so the shell "
+            "was killed with everything it ran; the next call starts a new shell (directory "
+            "and variables reset)"
+        )
+    if tool == "tmux":
+        return "keys not sent by then were dropped; the pane is shown as it was"
+    return "the command got Ctrl-C and stopped; the shell keeps its state"
 
 
 @attrs.frozen(kw_only=True)

@@ -74,7 +74,7 @@ from trajcore.domain.environment_leases import (
 from trajcore.domain.errors import ConfigError, PoolClosed
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
 from trajcore.domain.slots import Lease, SlotCall, SlotId
-from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult, ToolSpec
+from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult, ToolSpec, timeout_end
 from trajcore.domain.validators import positive_int
 
 __all__ = [
@@ -219,7 +219,8 @@ def command_result(call: SlotCall, report: ExecReport) -> ToolResult:
     if report.stderr:
         text += ("\n" if text and not text.endswith("\n") else "") + f"[stderr]\n{report.stderr}"
     if report.timed_out:
-        reason = f"timed out after {call.timeout_s:g} s; its process group was killed"
+        end = timeout_end(call.call.name, None)  # a stateful shell keeps its state here
+        reason = f"timed out after {call.timeout_s:g} s; {end}"
         return ToolResult(
             call_id=call.call.id, name=call.call.name, outcome=ToolOutcome.TIMEOUT,
             content=f"{text}\n[{reason}]", error=reason, exec=report,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-import signal
 from collections.abc import Callable
 from typing import cast
 
@@ -25,7 +24,7 @@ from trajcore.domain.json_values import JSON
 from trajcore.domain.slot_calls import Refusal, StaleEpoch
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, ExecuteCall
 from trajcore.domain.tool_schema import BUILTIN_VALIDATOR
-from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult, ToolSpec
+from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult, ToolSpec, timeout_end
 
 __all__ = ["failure", "flat_check", "refused", "run_call", "start_call"]
 
@@ -370,7 +369,7 @@ def _command_result(
         content += f"[stderr]\n{report.stderr}"
     signal_number = get("signal")
     if report.timed_out:
-        reason = f"timed out after {timeout:g} s; {_timeout_end(call.tool, signal_number)}"
+        reason = f"timed out after {timeout:g} s; {timeout_end(call.tool, signal_number)}"
         return _result(
             call, ToolOutcome.TIMEOUT, f"{content}\n[{reason}]", error=reason, exec_report=report
         )
@@ -392,21 +391,3 @@ def _command_result(
         call_id=call.call_id, name=call.tool, outcome=ToolOutcome.OK, content=content,
         exec=report,
     )  # fmt: skip
-
-
-def _timeout_end(tool: str, signal_number: JSON) -> str:
-    """What became of a command that ran out of time, from its reply's ``signal``: ``bash``'s
-    process group is killed; the persistent shell's command gets Ctrl-C (2) and, when the shell
-    is not back at its prompt soon after, or its tmux server does not answer, the shell is
-    killed with everything it ran (9), so the next call starts a new one."""
-    if tool == "bash":
-        return "its process group was killed"
-    if signal_number == signal.SIGKILL:
-        return (
-            "the shell did not stop on Ctrl-C or its tmux server did not answer, so the shell "
-            "was killed with everything it ran; the next call starts a new shell (directory "
-            "and variables reset)"
-        )
-    if tool == "tmux":
-        return "keys not sent by then were dropped; the pane is shown as it was"
-    return "the command got Ctrl-C and stopped; the shell keeps its state"
