@@ -218,19 +218,26 @@ def test_a_non_json_value_under_a_property_whose_name_holds_an_at_sign_is_named_
         )
 
 
+KILLED_SHELL = (
+    "the shell did not stop on Ctrl-C or its tmux server did not answer, so the shell was killed "
+    "with everything it ran; the next call starts a new shell (directory and variables reset)"
+)
+CTRL_C = "the command got Ctrl-C and stopped; the shell keeps its state"
+
+
 @pytest.mark.parametrize(
     ("tool", "signal_number", "says"),
     [
         ("bash", 9, "its process group was killed"),
         ("bash", None, "its process group was killed"),
-        ("bash_stateful", 2, "the command got Ctrl-C and stopped; the shell keeps its state"),
-        ("bash_stateful", None, "the command got Ctrl-C and stopped; the shell keeps its state"),
-        ("bash_stateful", 9, "the shell was killed with everything it ran; the next call"),
-        ("tmux", 9, "the shell was killed with everything it ran; the next call"),
+        ("bash_stateful", 2, CTRL_C),
+        ("bash_stateful", None, CTRL_C),
+        ("bash_stateful", 9, KILLED_SHELL),
+        ("tmux", 9, KILLED_SHELL),
         ("tmux", 2, "keys not sent by then were dropped; the pane is shown as it was"),
     ],
 )
 def test_a_timed_out_command_says_what_became_of_it(
     tool: str, signal_number: int | None, says: str
 ) -> None:
-    assert says in timeout_end(tool, signal_number)
+    assert timeout_end(tool, signal_number) == says
