@@ -16,6 +16,8 @@ without losing a setting. So ``AgentEnvConfig`` takes every setting name of both
   ``config.max_turns``; ``seed_alias``), and is accepted as a command-line flag
   (``--env.agent_max_steps 3`` becomes ``--env.max_turns 3`` with the same warning;
   ``translate_seed_flags``).
+- A config subclass's own field named as a seed setting sets the default of the field it names
+  (``SeedFieldsAsTargets``, the config's metaclass), so the seed name keeps meaning that field.
 
 ``docs/porting.md`` sets both seeds beside trajcore field by field; this table is its source of
 truth for the renamed ones.
@@ -23,18 +25,23 @@ truth for the renamed ones.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import attrs
+from pydantic._internal._model_construction import ModelMetaclass
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
 from trajcore.domain.errors import ConfigError
 
 __all__ = [
     "SEED_FIELDS",
     "SeedField",
+    "SeedFieldsAsTargets",
     "SeedNames",
     "SeedSettingWarning",
     "closest_name",
@@ -286,6 +293,98 @@ def translate_seed_flags(
         converted = seed.convert(name, value)
         out.extend([flag, str(converted)])
     return out
+
+
+def _seed_field_as_its_target(
+    cls_name: str, name: str, value: object, inherited: Mapping[str, FieldInfo]
+) -> FieldInfo:
+    """A subclass's ``name: T = default`` for a seed name, as the field its seed name sets:
+    trajcore's field (its type, checks and description) with the default converted as a seed
+    value is (``terminal_backend = "docker"`` is ``sandbox = "container"``)."""
+    seed = SEED_FIELDS[name]
+    where = f"{cls_name}.{name}"
+    fix = f"declare {seed.target} with its default instead"
+    default = value
+    description: str | None = None
+    if isinstance(value, FieldInfo):
+        plain = FieldInfo(default=value.default, description=value.description)
+        if value.default_factory is not None or repr(plain) != repr(value):
+            raise ConfigError(
+                where,
+                f"is the {'/'.join(seed.seeds)} name of trajcore's {seed.target}, and "
+                f"only a plain default (Field(default=..., description=...)) maps onto it; {fix}",
+            )
+        default, description = value.default, value.description
+    if default is PydanticUndefined:
+        raise ConfigError(
+            where,
+            f"is the {'/'.join(seed.seeds)} name of trajcore's {seed.target} and needs a "
+            f"default to set it; {fix}",
+        )
+    info = copy.copy(inherited[seed.target])
+    converted = seed.convert(where, default)
+    if isinstance(converted, list | dict):
+        kept = converted
+        info.default = PydanticUndefined
+        info.default_factory = lambda: copy.deepcopy(kept)
+    else:
+        info.default = converted
+        info.default_factory = None
+    if description:
+        info.description = description
+    warnings.warn(seed.warning(f" (in {cls_name}, its default)"), stacklevel=3)
+    return info
+
+
+class _SeedFieldsAsTargets(ModelMetaclass):
+    """Builds ``AgentEnvConfig`` and its subclasses: a subclass field named as a seed setting
+    (hermes's ``dataset_name: str = Field(default=...)``) becomes the default of the trajcore
+    field it names, so the seed name keeps reading and writing that field (``SeedNames``), and
+    a value given under either name reaches it. A field that cannot map exactly (a factory, a
+    constraint, no default, or the trajcore field declared beside it) is a ``ConfigError``
+    naming both, when the class is defined."""
+
+    def __new__(
+        mcs,
+        cls_name: str,
+        bases: tuple[type[Any], ...],
+        namespace: dict[str, Any],
+        **kwargs: Any,
+    ) -> type:
+        annotations = namespace.get("__annotations__")
+        inherited: dict[str, FieldInfo] = {}
+        for base in reversed(bases):
+            inherited.update(getattr(base, "__pydantic_fields__", None) or {})
+        if isinstance(annotations, dict) and "max_turns" in inherited:
+            for name in [n for n in annotations if n in SEED_FIELDS and n not in inherited]:
+                target = SEED_FIELDS[name].target
+                if target in annotations:
+                    raise ConfigError(
+                        f"{cls_name}.{name}",
+                        f"is the seeds' name of trajcore's {target}, which {cls_name} declares "
+                        "too: keep one",
+                    )
+                value = namespace.pop(name, PydanticUndefined)
+                del annotations[name]
+                namespace[target] = _seed_field_as_its_target(cls_name, name, value, inherited)
+                annotations[target] = inherited[target].annotation
+        cls = super().__new__(mcs, cls_name, bases, namespace, **kwargs)
+        # Annotations this could not rewrite (evaluated lazily): refused rather than shadowed.
+        for name in set(getattr(cls, "__pydantic_fields__", {})) & SEED_FIELDS.keys():
+            target = SEED_FIELDS[name].target
+            raise ConfigError(
+                f"{cls_name}.{name}",
+                f"is the seeds' name of trajcore's {target}; declare {target} instead",
+            )
+        return cls
+
+
+# A type checker learns a pydantic model's __init__ from ModelMetaclass's dataclass_transform,
+# which mypy does not look for on a subclass of it: it sees the metaclass as pydantic's own.
+if TYPE_CHECKING:
+    SeedFieldsAsTargets = ModelMetaclass
+else:
+    SeedFieldsAsTargets = _SeedFieldsAsTargets
 
 
 if TYPE_CHECKING:

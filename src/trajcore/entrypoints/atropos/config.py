@@ -42,6 +42,7 @@ from trajcore.entrypoints.atropos_bases import BaseEnvConfig
 from trajcore.entrypoints.gc_tuning import DEFAULT_YOUNG_GC_THRESHOLD
 from trajcore.entrypoints.seed_settings import (
     SEED_FIELDS,
+    SeedFieldsAsTargets,
     SeedNames,
     closest_name,
     translate_seed_fields,
@@ -118,7 +119,7 @@ def _json_or_pairs(field: str, value: object) -> object:
     return pairs
 
 
-class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings):
+class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFieldsAsTargets):
     """An agent env's settings: Atropos's ``BaseEnvConfig`` plus trajcore's.
 
     Every field can be given as ``--env.<field>`` on the command line or under ``env:`` in the
