@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import Field
 
-from tests.unit.test_agent_env import QWEN
+from tests.unit.test_agent_env import QWEN, _config
 from trajcore.compat import HermesAgentEnvConfig
 from trajcore.domain.errors import ConfigError
 from trajcore.entrypoints.seed_settings import SeedSettingWarning
@@ -87,3 +87,9 @@ def test_a_redeclared_seed_field_that_cannot_map_exactly_is_refused_naming_both(
 
             class Required(HermesAgentEnvConfig):
                 dataset_name: str
+
+
+def test_hermes_disabled_toolsets_none_means_nothing_disabled() -> None:
+    # hermes's default, which its envs pass explicitly
+    assert _config(disabled_toolsets=None).disabled_toolsets == []
+    assert _config(disabled_toolsets="None").disabled_toolsets == []

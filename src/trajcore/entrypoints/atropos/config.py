@@ -224,7 +224,7 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
         default=None, description="Toolsets offered to every group (default: all)."
     )
     disabled_toolsets: list[str] = Field(
-        default_factory=list, description="Toolsets never offered."
+        default_factory=list, description="Toolsets never offered (None: none)."
     )
     toolset_distribution: dict[str, float] | str | None = Field(
         default=None,
@@ -316,10 +316,16 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
         known.update(f.alias for f in cls.model_fields.values() if f.alias)
         return translate_seed_fields({str(k): v for k, v in data.items()}, known)
 
-    @field_validator("enabled_toolsets", "disabled_toolsets", mode="before")
+    @field_validator("enabled_toolsets", mode="before")
     @classmethod
     def _names_from_text(cls, value: object) -> object:
         return None if value is None or value == "None" else _split_names(value)
+
+    @field_validator("disabled_toolsets", mode="before")
+    @classmethod
+    def _disabled_from_text(cls, value: object) -> object:
+        # hermes-agent's default, which its envs pass explicitly: None, nothing disabled
+        return [] if value is None or value == "None" else _split_names(value)
 
     @field_validator("toolset_distribution", mode="before")
     @classmethod
