@@ -10,11 +10,13 @@ env (``format_prompt``, ``compute_reward`` with hermes's ``ToolContext``, here
 whose calls are awaited). Each
 base's config class (``AtroposAgentEnvConfig``, ``HermesAgentEnvConfig``) has its seed's
 defaults where they are safe; ``server_configs`` names the model server in ``config_init``. The
-implementation and its rules are in ``trajcore.entrypoints.seed_envs`` and ``seed_tools``;
+implementation and its rules are in ``trajcore.entrypoints.seed_envs``, ``hermes_tool_context``
+and ``seed_tools``;
 ``docs/porting.md`` sets both seeds beside trajcore, setting by setting and hook by hook.
 """
 
 from trajcore.entrypoints.atropos.startup import server_configs
+from trajcore.entrypoints.hermes_tool_context import HermesToolContext
 from trajcore.entrypoints.item_limits import ItemLimits
 from trajcore.entrypoints.seed_envs import (
     AgentConfig,
@@ -24,7 +26,6 @@ from trajcore.entrypoints.seed_envs import (
     ExecTool,
     HermesAgentEnv,
     HermesAgentEnvConfig,
-    HermesToolContext,
     ToolError,
 )
 from trajcore.entrypoints.seed_settings import SEED_FIELDS, SeedSettingWarning

@@ -4,14 +4,19 @@ hermes's own defaults passed explicitly, and ``HermesToolContext`` misuse that m
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from pydantic import Field
 
-from tests.unit.test_agent_env import QWEN, _config
-from trajcore.compat import HermesAgentEnvConfig
+from tests.unit.test_agent_env import QWEN, _config, _turn
+from trajcore.adapters.fakes.llm import FakeChatServer
+from trajcore.adapters.fakes.sandbox import FakeSandboxPool
+from trajcore.compat import AgentResult, HermesAgentEnv, HermesAgentEnvConfig, HermesToolContext
 from trajcore.domain.errors import ConfigError
+from trajcore.domain.messages import Message
+from trajcore.domain.tools import ToolCall
 from trajcore.entrypoints.seed_settings import SeedSettingWarning
 
 pytestmark = pytest.mark.anyio
@@ -93,3 +98,67 @@ def test_hermes_disabled_toolsets_none_means_nothing_disabled() -> None:
     # hermes's default, which its envs pass explicitly
     assert _config(disabled_toolsets=None).disabled_toolsets == []
     assert _config(disabled_toolsets="None").disabled_toolsets == []
+
+
+def _writes_a_txt() -> FakeChatServer:
+    def respond(messages: Sequence[Message]) -> Any:
+        if messages[-1].role == "tool":
+            return _turn(Message.assistant("done"))
+        call = ToolCall(id="w", name="write_file", arguments={"path": "a.txt", "content": "x"})
+        return _turn(Message.assistant("writing", tool_calls=[call]))
+
+    return FakeChatServer(policy=respond)
+
+
+class ForgotAwait(HermesAgentEnv[str]):
+    """hermes's reward line, ported without its ``await``."""
+
+    name = "forgot_await"
+
+    async def get_next_item(self) -> str:
+        return "x"
+
+    def format_prompt(self, item: str) -> str:
+        return "Write a.txt."
+
+    async def compute_reward(self, item: str, result: AgentResult, ctx: HermesToolContext) -> float:
+        check = ctx.terminal("cat a.txt")
+        return 1.0 if check["exit_code"] == 0 else 0.0  # type: ignore[index]  # the bug
+
+
+class ForgotAwaitUnused(ForgotAwait):
+    """A call whose answer is never looked at: the command never ran, the score means nothing."""
+
+    async def compute_reward(self, item: str, result: AgentResult, ctx: HermesToolContext) -> float:
+        ctx.write_file("b.txt", "y")  # type: ignore[unused-coroutine]  # the bug
+        return 1.0
+
+
+@pytest.mark.parametrize("env_class", [ForgotAwait, ForgotAwaitUnused])
+async def test_a_forgotten_await_on_the_tool_context_is_an_env_error_naming_the_call(
+    env_class: type[ForgotAwait],
+) -> None:
+    env = env_class(_config(group_size=2, min_healthy=1))
+    async with FakeSandboxPool() as pool:
+        result = await env.run_task("x", pool=pool, policy=env.make_policy(chat=_writes_a_txt()))
+    assert [m.outcome.status.value for m in result.members] == ["env_error"] * 2
+    method = "terminal" if env_class is ForgotAwait else "write_file"
+    for member in result.members:
+        detail = str(member.outcome.detail)
+        assert f"ctx.{method}() at test_agent_env_hermes_port.py:" in detail, detail
+        assert "without await" in detail
+    assert env.tool_error_metrics().get("trajcore/reward_errors", 0) == 0  # never a 0
+
+
+class CleansUp(ForgotAwait):
+    async def compute_reward(self, item: str, result: AgentResult, ctx: HermesToolContext) -> float:
+        ctx.cleanup()  # hermes called it without await
+        await ctx.cleanup()  # a port that added one everywhere
+        return 1.0 if (await ctx.read_file("a.txt")).get("content") == "x" else 0.0
+
+
+async def test_hermes_cleanup_runs_with_or_without_await_and_leaves_the_slot_to_trajcore() -> None:
+    env = CleansUp(_config(group_size=2, min_healthy=1))
+    async with FakeSandboxPool() as pool:
+        result = await env.run_task("x", pool=pool, policy=env.make_policy(chat=_writes_a_txt()))
+    assert [m.outcome.score for m in result.members] == [1.0, 1.0]

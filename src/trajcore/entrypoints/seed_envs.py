@@ -43,14 +43,15 @@ HermesToolContext call:
   ``finished_naturally``, ``reasoning_per_turn``, ``tool_errors``) plus ``trajectory_id`` and
   ``stop_reason``, and ``HermesToolContext`` offers hermes's calls (``terminal``, ``read_file``,
   ``write_file``, ``upload_file``, ``upload_dir``, ``download_file``, ``download_dir``,
-  ``search``, ``call_tool``) bound to the very slot the model used. They are coroutines here:
-  trajcore's tools run on the event loop, so ``ctx.terminal(...)`` becomes
-  ``await ctx.terminal(...)``.
+  ``search``, ``call_tool``, ``cleanup``) bound to the very slot the model used
+  (``trajcore.entrypoints.hermes_tool_context``). They are coroutines here: trajcore's tools
+  run on the event loop, so ``ctx.terminal(...)`` becomes ``await ctx.terminal(...)``.
 - A ``compute_reward`` that raises scores that member ``reward_error_score`` (0.0, as hermes
   did), counted as ``trajcore/reward_errors``, logged with its traceback and kept in the
   member's score metadata (``reward_error``). Set ``reward_error_score = None`` to fail such a
   member as ``env_error`` instead. An ``InfrastructureError`` (the slot died) always fails it as
-  ``infra_error``: it is never a 0.
+  ``infra_error``, and a ``ctx`` call made without ``await`` (whether or not it raised) as
+  ``env_error`` naming the call and its line: neither is ever a score.
 
 Both: the seeds' tool names work in the env's own calls (``exec_tool``, ``ctx.call_tool``):
 ``terminal`` is trajcore's ``bash``; a timeout the env's own code gives its command
@@ -64,19 +65,12 @@ reach the network by default; trajcore does not, and the atropos-agent base says
 from __future__ import annotations
 
 import abc
-import base64
 import copy
 import inspect
-import itertools
-import json
 import logging
-import math
-import shlex
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, ClassVar, Generic, cast
 
-import anyio
 import attrs
 from pydantic.fields import FieldInfo
 from typing_extensions import TypeVar
@@ -90,6 +84,7 @@ from trajcore.domain.messages import Message
 from trajcore.domain.tools import ToolCall, ToolResult
 from trajcore.entrypoints.atropos.config import AgentEnvConfig
 from trajcore.entrypoints.atropos.env import AgentEnv
+from trajcore.entrypoints.hermes_tool_context import HermesToolContext, run_env_tool
 from trajcore.entrypoints.seed_tools import SeedToolRegistry, default_seed_tools, run_agent
 from trajcore.rollout.tools import SlotTools
 from trajcore.rollout.trajectory import RolloutConfig, ScoreAnswer, Transcript, env_failure
@@ -102,7 +97,6 @@ __all__ = [
     "ExecTool",
     "HermesAgentEnv",
     "HermesAgentEnvConfig",
-    "HermesToolContext",
     "ToolError",
 ]
 
@@ -113,41 +107,6 @@ ConfigT_co = TypeVar("ConfigT_co", bound=AgentEnvConfig, default=AgentEnvConfig,
 
 ExecTool = Callable[[ToolCall], Awaitable[ToolResult]]
 """atropos-agent's ``exec_tool``: run one call in the trajectory's slot, get its result."""
-
-SEED_TOOL_NAMES: Mapping[str, str] = {"terminal": "bash"}
-"""The seeds' names of trajcore's tools, as the env's own code may call them."""
-
-_call_ids = itertools.count()
-
-
-def _timeout_of(arguments: Mapping[str, Any]) -> float | None:
-    value = arguments.get("timeout")
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value) if value > 0 else None
-
-
-async def run_env_tool(
-    tools: SlotTools,
-    name: str,
-    arguments: Mapping[str, Any],
-    *,
-    timeout_s: float | None = None,
-) -> ToolResult:
-    """One call from the env's own code in the trajectory's slot: a seed tool name
-    (``terminal``) is its trajcore tool, and ``timeout_s`` (or a ``timeout`` argument) is
-    honoured even past ``terminal_timeout_s`` (it is the env's, not the model's)."""
-    name = SEED_TOOL_NAMES.get(name, name)
-    limit = timeout_s if timeout_s is not None else _timeout_of(arguments)
-    router = tools.router
-    router = attrs.evolve(
-        router,
-        offered=router.offered | {name},
-        tool_timeout_s=router.tool_timeout_s if limit is None else limit,
-    )
-    call = ToolCall(id=f"compat_{next(_call_ids)}", name=name, arguments=dict(arguments))
-    (result,) = await router.run([call])
-    return result
 
 
 def _exec_tool(tools: SlotTools) -> ExecTool:
@@ -488,114 +447,6 @@ class AgentResult:
         )
 
 
-@attrs.frozen
-class HermesToolContext:
-    """hermes-agent's ``ToolContext``: its calls, bound to the trajectory's slot.
-
-    Every method is a coroutine (``await ctx.terminal("pytest -q")``) and answers as hermes's
-    did: a dict (``{"exit_code", "output"}`` from the terminal, ``{"content"}`` or
-    ``{"error"}`` from files), or the raw text from ``call_tool``.
-
-    Attributes:
-        tools: The slot's toolbox (trajcore's ``SlotTools``).
-    """
-
-    tools: SlotTools
-
-    @property
-    def task_id(self) -> str:
-        """The trajectory's id (hermes's ``task_id``)."""
-        return self.tools.router.trajectory_id
-
-    async def terminal(
-        self,
-        command: str,
-        timeout: int = 180,  # noqa: ASYNC109 - hermes's signature; the slot server enforces it
-    ) -> dict[str, Any]:
-        """Run ``command`` in the slot: ``{"exit_code", "output"}`` (stdout then stderr).
-
-        ``timeout`` is the command's limit in seconds (hermes's default 180), honoured as given:
-        ``terminal_timeout_s`` bounds the model's calls, not the env's verification.
-        """
-        result = await run_env_tool(self.tools, "bash", {"command": command}, timeout_s=timeout)
-        report = result.exec
-        if report is None:
-            return {"exit_code": -1, "output": result.error or result.content}
-        code = -1 if report.exit_code is None else report.exit_code  # killed: as hermes's -1
-        return {"exit_code": code, "output": report.stdout + report.stderr}
-
-    async def read_file(self, path: str) -> dict[str, Any]:
-        """``{"content": text}``, or ``{"error": why}``."""
-        result = await self.tools.call("read_file", {"path": path})
-        return {"content": result.content} if result.ok else {"error": result.error}
-
-    async def write_file(self, path: str, content: str) -> dict[str, Any]:
-        """``{"success": True}``, or ``{"error": why}``."""
-        result = await self.tools.call("write_file", {"path": path, "content": content})
-        return {"success": True} if result.ok else {"error": result.error}
-
-    async def upload_file(self, local_path: str, remote_path: str) -> dict[str, Any]:
-        """Copy a host file into the slot, binary-safe: ``{"exit_code", "output"}``."""
-        local = anyio.Path(local_path)
-        if not await local.is_file():
-            return {"exit_code": -1, "output": f"Local file not found: {local_path}"}
-        data = base64.b64encode(await local.read_bytes()).decode("ascii")
-        target = shlex.quote(remote_path)
-        parent = shlex.quote(str(Path(remote_path).parent))
-        return await self.terminal(
-            f"mkdir -p {parent} && printf '%s' {shlex.quote(data)} | base64 -d > {target}"
-        )
-
-    async def upload_dir(self, local_dir: str, remote_dir: str) -> list[dict[str, Any]]:
-        """``upload_file`` for every file under ``local_dir``, keeping the layout."""
-        local = anyio.Path(local_dir)
-        if not await local.is_dir():
-            return [{"exit_code": -1, "output": f"Local directory not found: {local_dir}"}]
-        files = sorted([path async for path in local.rglob("*") if await path.is_file()])
-        return [
-            await self.upload_file(str(path), f"{remote_dir}/{path.relative_to(local)}")
-            for path in files
-        ]
-
-    async def download_file(self, remote_path: str, local_path: str) -> dict[str, Any]:
-        """Copy a slot file to the host, binary-safe: ``{"success", "bytes"}`` or an error."""
-        answer = await self.terminal(f"base64 {shlex.quote(remote_path)}")
-        if answer["exit_code"] != 0:
-            return {"success": False, "error": f"Failed to read remote file: {answer['output']}"}
-        raw = base64.b64decode(str(answer["output"]))
-        local = anyio.Path(local_path)
-        await local.parent.mkdir(parents=True, exist_ok=True)
-        await local.write_bytes(raw)
-        return {"success": True, "bytes": len(raw)}
-
-    async def download_dir(self, remote_dir: str, local_dir: str) -> list[dict[str, Any]]:
-        """``download_file`` for every file under ``remote_dir``, keeping the layout."""
-        listing = await self.terminal(f"find {shlex.quote(remote_dir)} -type f")
-        if listing["exit_code"] != 0:
-            return [{"success": False, "error": f"Failed to list remote dir: {remote_dir}"}]
-        out: list[dict[str, Any]] = []
-        for remote in str(listing["output"]).split("\n"):
-            if remote.strip():
-                relative = Path(remote).relative_to(remote_dir)
-                out.append(await self.download_file(remote, str(Path(local_dir) / relative)))
-        return out
-
-    async def search(self, query: str, path: str = ".") -> dict[str, Any]:
-        """Lines matching ``query`` under ``path``: ``{"matches": ["file:line:text", ...]}``."""
-        answer = await self.terminal(
-            f"grep -rn -- {shlex.quote(query)} {shlex.quote(path)} || test $? -eq 1"
-        )
-        if answer["exit_code"] != 0:
-            return {"error": answer["output"]}
-        return {"matches": [line for line in str(answer["output"]).splitlines() if line]}
-
-    async def call_tool(self, tool_name: str, arguments: dict[str, Any]) -> str:
-        """Any tool by name (slot or tool server; hermes's ``terminal`` is ``bash``); its raw
-        text answer (an error as JSON)."""
-        result = await run_env_tool(self.tools, tool_name, arguments)
-        return result.content if result.ok else json.dumps({"error": result.error})
-
-
 class HermesAgentEnvConfig(AgentEnvConfig):
     """``AgentEnvConfig`` with hermes-agent's defaults where they are safe (``docs/porting.md``
     lists the rest): parser ``hermes`` (used in managed mode, ignored in OpenAI mode as hermes
@@ -633,13 +484,13 @@ class HermesAgentEnv(AgentEnv[ItemT, ConfigT_co], Generic[ItemT, ConfigT_co]):
     async def verify_and_score(
         self, item: ItemT, tools: SlotTools, messages: Transcript
     ) -> ScoreAnswer:
+        ctx = HermesToolContext(tools)
         try:
-            return await self.compute_reward(
-                item, AgentResult.of(messages), HermesToolContext(tools)
-            )
+            reward = await self.compute_reward(item, AgentResult.of(messages), ctx)
         except InfrastructureError:
             raise  # the slot or a server failed: never a score
         except Exception as exc:
+            ctx.check_awaited("compute_reward")  # a forgotten await is a bug, never a 0
             score = self.reward_error_score
             if score is None:
                 raise
@@ -649,3 +500,5 @@ class HermesAgentEnv(AgentEnv[ItemT, ConfigT_co], Generic[ItemT, ConfigT_co]):
             )
             self._counters.reward_errors += 1
             return score, {"reward_error": why}
+        ctx.check_awaited("compute_reward")
+        return reward

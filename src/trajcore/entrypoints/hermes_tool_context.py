@@ -1,0 +1,306 @@
+"""hermes-agent's ``ToolContext`` on trajcore: ``HermesToolContext``, and the env's own tool calls.
+
+``compute_reward`` got hermes's ``ToolContext`` to verify in the task's sandbox; here it gets
+``HermesToolContext``, bound to the trajectory's slot, with the same calls and answers. Rules it
+keeps:
+
+- Every call is a coroutine, as trajcore's tools run on the event loop: ``await
+  ctx.terminal(...)``. A call made without ``await`` never runs; the context remembers each call
+  it made, so the env can fail the member naming the call (``unawaited``) instead of scoring what
+  the unawaited coroutine turned into.
+- Nothing it answers is silently cut: the terminal's answer says when the command could not
+  start, was killed or timed out; files move whole and binary-safe in pieces that each fit under
+  the slot's output cap and argument limit, and a piece that came back short is an error, never
+  a spliced success.
+- ``run_env_tool`` is the env's own call in the slot (hermes's and atropos-agent's tool names,
+  the env's timeout honoured even past the model's ``terminal_timeout_s``).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import inspect
+import itertools
+import json
+import math
+import shlex
+import sys
+from collections.abc import Callable, Coroutine, Generator, Mapping
+from pathlib import Path
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import anyio
+import attrs
+
+from trajcore.domain.errors import StateError
+from trajcore.domain.tools import ToolCall, ToolResult
+from trajcore.rollout.tools import SlotTools
+
+__all__ = ["SEED_TOOL_NAMES", "HermesToolContext", "run_env_tool"]
+
+SEED_TOOL_NAMES: Mapping[str, str] = {"terminal": "bash"}
+"""The seeds' names of trajcore's tools, as the env's own code may call them."""
+
+# A file crosses the terminal in pieces: a download piece's base64 (4/3 of it, plus line breaks)
+# stays well under the slot's 64 KiB stdout cap, an upload piece's under the kernel's 128 KiB
+# limit on one argument (the command is one ``sh -c`` argument).
+DOWNLOAD_PIECE_BYTES = 36 * 1024
+UPLOAD_PIECE_BYTES = 48 * 1024
+
+_call_ids = itertools.count()
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _timeout_of(arguments: Mapping[str, Any]) -> float | None:
+    value = arguments.get("timeout")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value) if value > 0 else None
+
+
+async def run_env_tool(
+    tools: SlotTools,
+    name: str,
+    arguments: Mapping[str, Any],
+    *,
+    timeout_s: float | None = None,
+) -> ToolResult:
+    """One call from the env's own code in the trajectory's slot: a seed tool name
+    (``terminal``) is its trajcore tool, and ``timeout_s`` (or a ``timeout`` argument) is
+    honoured even past ``terminal_timeout_s`` (it is the env's, not the model's)."""
+    name = SEED_TOOL_NAMES.get(name, name)
+    limit = timeout_s if timeout_s is not None else _timeout_of(arguments)
+    router = tools.router
+    router = attrs.evolve(
+        router,
+        offered=router.offered | {name},
+        tool_timeout_s=router.tool_timeout_s if limit is None else limit,
+    )
+    call = ToolCall(id=f"compat_{next(_call_ids)}", name=name, arguments=dict(arguments))
+    (result,) = await router.run([call])
+    return result
+
+
+def _remembered(
+    method: Callable[Concatenate[HermesToolContext, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[HermesToolContext, P], Coroutine[Any, Any, R]]:
+    """``method``, with each coroutine it makes remembered by the context (``unawaited``)."""
+
+    def call(
+        self: HermesToolContext, /, *args: P.args, **kwargs: P.kwargs
+    ) -> Coroutine[Any, Any, R]:
+        coroutine = method(self, *args, **kwargs)
+        caller = sys._getframe(1)  # where the call was written, for the error
+        where = f"{caller.f_code.co_filename.rsplit('/', 1)[-1]}:{caller.f_lineno}"
+        made = self._made
+        made[:] = [m for m in made if inspect.getcoroutinestate(m[1]) != inspect.CORO_CLOSED]
+        made.append((f"ctx.{method.__name__}() at {where}", coroutine))
+        return coroutine
+
+    functools.update_wrapper(call, method)
+    return call
+
+
+class _Done:
+    """An answer that is already there: awaiting it gives ``None``, and so does not awaiting it."""
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # a generator that ends at once
+
+
+@attrs.frozen
+class HermesToolContext:
+    """hermes-agent's ``ToolContext``: its calls, bound to the trajectory's slot.
+
+    Every method but ``cleanup`` is a coroutine (``await ctx.terminal("pytest -q")``) and
+    answers as hermes's did: a dict (``{"exit_code", "output"}`` from the terminal,
+    ``{"content"}`` or ``{"error"}`` from files), or the raw text from ``call_tool``.
+
+    Attributes:
+        tools: The slot's toolbox (trajcore's ``SlotTools``).
+    """
+
+    tools: SlotTools
+    _made: list[tuple[str, Coroutine[Any, Any, Any]]] = attrs.field(  # (call, coroutine)
+        factory=list, init=False, repr=False, eq=False
+    )
+
+    @property
+    def task_id(self) -> str:
+        """The trajectory's id (hermes's ``task_id``)."""
+        return self.tools.router.trajectory_id
+
+    def unawaited(self) -> list[str]:
+        """The calls made on this context whose coroutine never started (a forgotten
+        ``await``), each as ``ctx.<method>() at <file>:<line>``; each is closed, so it never
+        runs later."""
+        names = []
+        for name, coroutine in self._made:
+            if inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED:
+                coroutine.close()
+                names.append(name)
+        self._made.clear()
+        return names
+
+    def check_awaited(self, hook: str) -> None:
+        """Raise when a call on this context was made without ``await`` in ``hook``.
+
+        Raises:
+            StateError: naming the calls; the member fails as ``env_error``, never a score.
+        """
+        calls = self.unawaited()
+        if calls:
+            raise StateError(
+                f"{hook} called {', '.join(calls)} without await, so the call never ran and "
+                "its answer was a coroutine: write `await ctx.<method>(...)`"
+            )
+
+    def cleanup(self) -> _Done:
+        """hermes's ``cleanup()``: nothing to do here, as trajcore releases and resets the slot
+        (its files, processes and persistent shell) after scoring. Call it with or without
+        ``await``."""
+        return _Done()
+
+    @_remembered
+    async def terminal(
+        self,
+        command: str,
+        timeout: int = 180,  # noqa: ASYNC109 - hermes's signature; the slot server enforces it
+    ) -> dict[str, Any]:
+        """Run ``command`` in the slot: ``{"exit_code", "output"}`` (stdout then stderr).
+
+        ``timeout`` is the command's limit in seconds (hermes's default 180), honoured as given:
+        ``terminal_timeout_s`` bounds the model's calls, not the env's verification. A command
+        that could not start, was killed or timed out has ``exit_code`` -1 (as hermes's) and
+        its output ends with why, in brackets (``[timed out after 1 s; ...]``).
+        """
+        result = await run_env_tool(self.tools, "bash", {"command": command}, timeout_s=timeout)
+        report = result.exec
+        if report is None:
+            return {"exit_code": -1, "output": result.error or result.content}
+        output = report.stdout + report.stderr
+        if report.exit_code is not None and not report.timed_out:
+            return {"exit_code": report.exit_code, "output": output}
+        why = result.error or ("timed out" if report.timed_out else "killed")
+        return {"exit_code": -1, "output": f"{output}\n[{why}]" if output else f"[{why}]"}
+
+    @_remembered
+    async def read_file(self, path: str) -> dict[str, Any]:
+        """``{"content": text}``, or ``{"error": why}``."""
+        result = await self.tools.call("read_file", {"path": path})
+        return {"content": result.content} if result.ok else {"error": result.error}
+
+    @_remembered
+    async def write_file(self, path: str, content: str) -> dict[str, Any]:
+        """``{"success": True}``, or ``{"error": why}``."""
+        result = await self.tools.call("write_file", {"path": path, "content": content})
+        return {"success": True} if result.ok else {"error": result.error}
+
+    @_remembered
+    async def upload_file(self, local_path: str, remote_path: str) -> dict[str, Any]:
+        """Copy a host file into the slot, binary-safe and whole (in pieces of
+        ``UPLOAD_PIECE_BYTES``): ``{"exit_code", "output"}``; on success the output is empty,
+        otherwise it says which piece failed and why."""
+        local = anyio.Path(local_path)
+        if not await local.is_file():
+            return {"exit_code": -1, "output": f"Local file not found: {local_path}"}
+        data = await local.read_bytes()
+        target = shlex.quote(remote_path)
+        parent = shlex.quote(str(Path(remote_path).parent))
+        start = await self.terminal(f"mkdir -p {parent} && : > {target}")
+        if start["exit_code"] != 0:
+            return start
+        for offset in range(0, len(data), UPLOAD_PIECE_BYTES):
+            piece = base64.b64encode(data[offset : offset + UPLOAD_PIECE_BYTES]).decode("ascii")
+            answer = await self.terminal(f"printf '%s' {piece} | base64 -d >> {target}")
+            if answer["exit_code"] != 0:
+                where = f"writing bytes {offset}.. of {len(data)} to {remote_path}"
+                return {"exit_code": answer["exit_code"], "output": f"{where}: {answer['output']}"}
+        size = await self.terminal(f"wc -c < {target}")
+        if size["exit_code"] != 0 or size["output"].strip() != str(len(data)):
+            return {
+                "exit_code": -1,
+                "output": f"{remote_path} has {size['output'].strip()!r} bytes, not {len(data)}",
+            }
+        return {"exit_code": 0, "output": ""}
+
+    @_remembered
+    async def upload_dir(self, local_dir: str, remote_dir: str) -> list[dict[str, Any]]:
+        """``upload_file`` for every file under ``local_dir``, keeping the layout."""
+        local = anyio.Path(local_dir)
+        if not await local.is_dir():
+            return [{"exit_code": -1, "output": f"Local directory not found: {local_dir}"}]
+        files = sorted([path async for path in local.rglob("*") if await path.is_file()])
+        return [
+            await self.upload_file(str(path), f"{remote_dir}/{path.relative_to(local)}")
+            for path in files
+        ]
+
+    @_remembered
+    async def download_file(self, remote_path: str, local_path: str) -> dict[str, Any]:
+        """Copy a slot file to the host, binary-safe and whole (in pieces of
+        ``DOWNLOAD_PIECE_BYTES``): ``{"success": True, "bytes"}``, or ``{"success": False,
+        "error"}`` (the local file is then not written)."""
+        quoted = shlex.quote(remote_path)
+        size = await self.terminal(f"wc -c < {quoted}")
+        if size["exit_code"] != 0 or not size["output"].strip().isdigit():
+            return {"success": False, "error": f"Failed to read remote file: {size['output']}"}
+        total = int(size["output"].strip())
+        raw = bytearray()
+        while len(raw) < total:
+            want = min(DOWNLOAD_PIECE_BYTES, total - len(raw))
+            result = await run_env_tool(
+                self.tools,
+                "bash",
+                {"command": f"tail -c +{len(raw) + 1} {quoted} | head -c {want} | base64"},
+            )
+            report = result.exec
+            piece = b""
+            if report is not None and report.exit_code == 0 and not report.stdout_dropped:
+                piece = base64.b64decode(report.stdout)
+            if len(piece) != want:
+                why = result.error or (report.stderr if report else "") or "a short read"
+                return {
+                    "success": False,
+                    "error": f"Failed to read bytes {len(raw)}..{len(raw) + want} of "
+                    f"{total} from {remote_path}: {why.strip()}",
+                }
+            raw += piece
+        local = anyio.Path(local_path)
+        await local.parent.mkdir(parents=True, exist_ok=True)
+        await local.write_bytes(bytes(raw))
+        return {"success": True, "bytes": len(raw)}
+
+    @_remembered
+    async def download_dir(self, remote_dir: str, local_dir: str) -> list[dict[str, Any]]:
+        """``download_file`` for every file under ``remote_dir``, keeping the layout."""
+        listing = await self.terminal(f"find {shlex.quote(remote_dir)} -type f")
+        if listing["exit_code"] != 0:
+            return [{"success": False, "error": f"Failed to list remote dir: {remote_dir}"}]
+        out: list[dict[str, Any]] = []
+        for remote in str(listing["output"]).split("\n"):
+            if remote.strip():
+                relative = Path(remote).relative_to(remote_dir)
+                out.append(await self.download_file(remote, str(Path(local_dir) / relative)))
+        return out
+
+    @_remembered
+    async def search(self, query: str, path: str = ".") -> dict[str, Any]:
+        """Lines matching ``query`` under ``path``: ``{"matches": ["file:line:text", ...]}``."""
+        answer = await self.terminal(
+            f"grep -rn -- {shlex.quote(query)} {shlex.quote(path)} || test $? -eq 1"
+        )
+        if answer["exit_code"] != 0:
+            return {"error": answer["output"]}
+        return {"matches": [line for line in str(answer["output"]).splitlines() if line]}
+
+    @_remembered
+    async def call_tool(self, tool_name: str, arguments: dict[str, Any]) -> str:
+        """Any tool by name (slot or tool server; hermes's ``terminal`` is ``bash``); its raw
+        text answer (an error as JSON)."""
+        result = await run_env_tool(self.tools, tool_name, arguments)
+        return result.content if result.ok else json.dumps({"error": result.error})

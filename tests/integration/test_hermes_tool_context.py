@@ -1,0 +1,75 @@
+"""``HermesToolContext`` on the local pool: real slot servers, real bubblewrap. Files move whole
+and binary-safe past the terminal's output cap and argument limit, and the terminal says why a
+command could not start or did not finish."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_local_pool import config
+from tests.integration.test_slot_tools_local import slot_tools
+from trajcore.adapters.pools.local_pool import LocalSandboxPool
+from trajcore.compat import HermesToolContext
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is missing"),
+]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@asynccontextmanager
+async def context() -> AsyncIterator[HermesToolContext]:
+    async with (
+        LocalSandboxPool(config(containers=1, slots=1)) as pool,
+        slot_tools(pool, timeout_s=20.0) as tools,
+    ):
+        yield HermesToolContext(tools)
+
+
+async def test_files_cross_whole_and_binary_safe_past_the_output_cap(tmp_path: Path) -> None:
+    sent = os.urandom(200_000)  # base64 of it is past the 128 KiB limit of one argument
+    (tmp_path / "up.bin").write_bytes(sent)
+    async with context() as ctx:
+        assert await ctx.upload_file(str(tmp_path / "up.bin"), "in/blob.bin") == {
+            "exit_code": 0,
+            "output": "",
+        }
+        digest = await ctx.terminal("sha256sum in/blob.bin")
+        assert digest["output"].split()[0] == hashlib.sha256(sent).hexdigest()
+
+        for size in (0, 50_000, 300_000):  # 50 kB: its base64 is just past the 64 KiB cap
+            await ctx.terminal(f"head -c {size} /dev/urandom > f{size}.bin")
+            there = (await ctx.terminal(f"sha256sum f{size}.bin"))["output"].split()[0]
+            answer = await ctx.download_file(f"f{size}.bin", str(tmp_path / f"f{size}.bin"))
+            assert answer == {"success": True, "bytes": size}
+            assert hashlib.sha256((tmp_path / f"f{size}.bin").read_bytes()).hexdigest() == there
+
+        missing = await ctx.download_file("nope.bin", str(tmp_path / "nope.bin"))
+        assert missing["success"] is False
+        assert "nope.bin" in missing["error"]
+        assert not (tmp_path / "nope.bin").exists()
+
+
+async def test_the_terminal_says_why_a_command_did_not_start_or_finish() -> None:
+    async with context() as ctx:
+        too_long = await ctx.terminal("printf '%s' " + "A" * 140_000 + " | wc -c")
+        assert too_long["exit_code"] == -1
+        assert "Argument list too long" in too_long["output"], too_long
+
+        slow = await ctx.terminal("echo started; sleep 5", timeout=1)
+        assert slow["exit_code"] == -1
+        assert slow["output"].startswith("started\n")
+        assert "[timed out after 1 s" in slow["output"], slow
