@@ -202,6 +202,24 @@ async def test_every_agent_config_field_reaches_the_model_and_the_loop() -> None
     assert result.verdict.member_scores == (1.0, 1.0)
 
 
+@pytest.mark.parametrize("config_prompt", [None, "config prompt"])
+async def test_the_items_system_prompt_follows_the_thinking_prompt(
+    config_prompt: str | None,
+) -> None:
+    config = _config(
+        group_size=1,
+        min_healthy=1,
+        thinking_mode=True,
+        custom_thinking_prompt="Think first.",
+        system_prompt=config_prompt,
+    )
+    env, chat = PerItemAgent(config), _solver()
+    async with FakeSandboxPool() as pool:
+        await env.run_task("ok", pool=pool, policy=env.make_policy(chat=chat))
+    systems = [m.content for m in chat.requests[0].messages if m.role == "system"]
+    assert systems == ["Think first.\n\nYou fix files."]
+
+
 def test_the_seed_agent_config_has_the_seeds_defaults_and_refuses_a_working_dir() -> None:
     assert AgentConfig() == AgentConfig(
         temperature=0.7, max_tokens=None, max_steps=50, system_prompt=None, tool_delay_s=0.0

@@ -82,6 +82,7 @@ from trajcore.domain.errors import ConfigError, InfrastructureError, StateError
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
 from trajcore.domain.tools import ToolCall, ToolResult
+from trajcore.entrypoints.atropos import tasks
 from trajcore.entrypoints.atropos.config import AgentEnvConfig
 from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.entrypoints.hermes_tool_context import HermesToolContext, run_env_tool
@@ -348,15 +349,14 @@ class AtroposAgentEnv(AgentEnv[ItemT, ConfigT_co], Generic[ItemT, ConfigT_co]):
         return cast("float", answer)
 
     def task_messages(self, item: ItemT) -> list[Message]:
-        messages = super().task_messages(item)
         prompt = self.build_agent_config(item).system_prompt
         if prompt is None:
-            return messages
-        if messages[0].role == "system" and messages[0].content == self.config.system_prompt:
-            messages = messages[1:]  # the config's prompt, which the item's replaces
-        if not any(m.role == "system" for m in messages):
-            messages.insert(0, Message.system(prompt))
-        return messages
+            return super().task_messages(item)
+        # The item's prompt replaces the config's, behind the thinking prompt as that one is.
+        config = self.config
+        if config.thinking_mode and config.custom_thinking_prompt:
+            prompt = f"{config.custom_thinking_prompt}\n\n{prompt}"
+        return tasks.task_messages(self.build_task(item), prompt)
 
     def item_rollout(self, item: ItemT) -> RolloutConfig:
         agent = self.build_agent_config(item)
