@@ -73,3 +73,16 @@ async def test_the_terminal_says_why_a_command_did_not_start_or_finish() -> None
         assert slow["exit_code"] == -1
         assert slow["output"].startswith("started\n")
         assert "[timed out after 1 s" in slow["output"], slow
+
+
+async def test_file_tools_read_a_tilde_path_as_the_shell_does() -> None:
+    # hermes's prompts: "Create ~/greeting.txt", checked with `cat ~/greeting.txt`
+    async with context() as ctx:
+        assert await ctx.write_file("~/greeting.txt", "hello") == {"success": True}
+        assert await ctx.terminal("cat ~/greeting.txt") == {"exit_code": 0, "output": "hello"}
+        assert await ctx.terminal("test ! -e '~'") == {"exit_code": 0, "output": ""}
+        await ctx.terminal("mkdir -p ~/sub && printf deep > ~/sub/f.txt")
+        assert await ctx.read_file("~/sub/f.txt") == {"content": "deep"}
+        assert await ctx.read_file("sub/f.txt") == {"content": "deep"}
+        refused = await ctx.read_file("~/../outside")
+        assert "error" in refused

@@ -16,6 +16,7 @@ from trajcore.domain.slot_protocol import (
     ForkRequest,
     LeaseAnswer,
     execute_call,
+    home_relative,
 )
 from trajcore.domain.slots import Lease, SlotCall, SlotId
 from trajcore.domain.tools import ToolCall
@@ -180,3 +181,12 @@ def test_a_fork_answer_holds_one_lease_answer_per_lease_in_order() -> None:
     assert answer.leases == tuple(answers)
     assert [(lease.slot, lease.ok) for lease in answer.leases] == [(2, True), (0, False)]
     assert ForkAnswer(leases=()).leases == ()
+
+
+@pytest.mark.parametrize(
+    ("path", "relative"),
+    [("~", "."), ("~/", "."), ("~/a.txt", "a.txt"), ("~/d/b", "d/b"), ("~user/x", "~user/x"),
+     ("a/~/b", "a/~/b"), ("x.txt", "x.txt"), ("~/../out", "../out")],
+)  # fmt: skip
+def test_a_tilde_path_is_the_workspaces_as_home_is(path: str, relative: str) -> None:
+    assert home_relative(path) == relative  # ../out is then refused as any other

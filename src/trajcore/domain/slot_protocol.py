@@ -84,6 +84,7 @@ __all__ = [
     "SnapshotAnswer",
     "SnapshotRequest",
     "execute_call",
+    "home_relative",
 ]
 
 PROTOCOL_VERSION = 1
@@ -153,6 +154,17 @@ SLOT_TOOL_SPECS: tuple[ToolSpec, ...] = (
     ),
 )
 SLOT_TOOLS: tuple[str, ...] = tuple(spec.name for spec in SLOT_TOOL_SPECS)
+
+
+def home_relative(path: str) -> str:
+    """A file tool's ``path`` as the slot's shell reads it: ``HOME`` is the workspace, so
+    ``~/notes.txt`` is ``notes.txt`` and ``~`` is ``.``; any other path is returned as it is
+    (``~user/x`` is a name like any other)."""
+    if path == "~":
+        return "."
+    if path.startswith("~/"):
+        return path[2:] or "."
+    return path
 
 
 _index = validators.whole_number(0, error=WireError)

@@ -72,7 +72,7 @@ from trajcore.domain.environment_leases import (
     check_environment,
 )
 from trajcore.domain.errors import ConfigError, PoolClosed
-from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
+from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, home_relative
 from trajcore.domain.slots import Lease, SlotCall, SlotId
 from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult, ToolSpec, timeout_end
 from trajcore.domain.validators import positive_int
@@ -149,10 +149,11 @@ class ResetRecord:
 
 
 def workspace_path(path: object) -> str | None:
-    """``path`` normalised inside the workspace, or ``None`` when it leads out (or is not text)."""
+    """``path`` normalised inside the workspace (``~`` is the workspace, as ``HOME`` is), or
+    ``None`` when it leads out (or is not text)."""
     if not isinstance(path, str) or not path or path.startswith("/") or "\0" in path:
         return None
-    normal = posixpath.normpath(path)
+    normal = posixpath.normpath(home_relative(path))
     if normal == ".." or normal.startswith("../"):
         return None
     return normal

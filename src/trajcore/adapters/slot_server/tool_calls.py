@@ -22,7 +22,7 @@ from trajcore.domain.errors import ToolArgumentError
 from trajcore.domain.isolation import clamp_timeout
 from trajcore.domain.json_values import JSON
 from trajcore.domain.slot_calls import Refusal, StaleEpoch
-from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, ExecuteCall
+from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, ExecuteCall, home_relative
 from trajcore.domain.tool_schema import BUILTIN_VALIDATOR
 from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult, ToolSpec, timeout_end
 
@@ -307,7 +307,7 @@ async def _read_file(sandboxes: Sandboxes, slot: Slot, call: ExecuteCall) -> Too
         cap = min(cap, asked)
     path = cast("str", call.arguments["path"])
     try:
-        found = await asyncio.to_thread(slot.workspace.read, path, cap)
+        found = await asyncio.to_thread(slot.workspace.read, home_relative(path), cap)
     except ToolArgumentError as error:
         return failure(call, ToolOutcome.REJECTED, f"{error.reason} @ $.{error.field}")
     except OSError as error:
@@ -329,7 +329,7 @@ async def _write_file(sandboxes: Sandboxes, slot: Slot, call: ExecuteCall) -> To
     try:
         limit = sandboxes.config.isolation.file_cap_bytes
         written = await asyncio.to_thread(
-            lambda: slot.workspace.write(path, data, append=append, max_bytes=limit)
+            lambda: slot.workspace.write(home_relative(path), data, append=append, max_bytes=limit)
         )
     except ToolArgumentError as error:
         return failure(call, ToolOutcome.REJECTED, f"{error.reason} @ $.{error.field}")
