@@ -135,3 +135,12 @@ def check_config_fields_are_typed() -> None:
     base: AgentEnv[Task] = env  # the config parameter defaults to AgentEnvConfig
     general: AgentEnvConfig = base.config
     del turns, parser, mode, file, same, general
+
+
+async def ask_the_model_directly(env: TaskEnv) -> str | None:
+    """A seed env's own evaluation calls atroposlib's server manager, typed."""
+    completion = await env.server.chat_completion(
+        messages=[{"role": "user", "content": "hi"}], n=1, max_tokens=16, split="eval"
+    )
+    text = (await env.server.completion(prompt="hi", max_tokens=4)).choices[0].text
+    return completion.choices[0].message.content or text

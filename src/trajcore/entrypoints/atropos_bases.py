@@ -21,8 +21,20 @@ __all__ = ["BaseEnv", "BaseEnvConfig"]
 if TYPE_CHECKING:
     import asyncio
     from collections.abc import Mapping, Sequence
+    from typing import Protocol
 
     import pydantic
+    from openai.types import Completion
+    from openai.types.chat import ChatCompletion
+
+    class ServerManager(Protocol):
+        """atroposlib's ``ServerManager`` (``BaseEnv.server``): the calls an env makes on it,
+        each routed to the most available model server (OpenAI's keyword arguments, plus
+        atroposlib's ``split="eval"``)."""
+
+        async def chat_completion(self, **kwargs: object) -> ChatCompletion: ...
+
+        async def completion(self, **kwargs: object) -> Completion: ...
 
     class BaseEnvConfig(pydantic.BaseModel):
         """atroposlib's ``BaseEnvConfig``: the settings every Atropos env has."""
@@ -63,7 +75,7 @@ if TYPE_CHECKING:
         name: str | None
         env_config_cls: type[BaseEnvConfig]
         config: BaseEnvConfig
-        server: object
+        server: ServerManager
         tokenizer: object
         curr_step: int
         max_token_len: int
