@@ -23,7 +23,6 @@ import functools
 import inspect
 import itertools
 import json
-import math
 import shlex
 import sys
 from collections.abc import Callable, Coroutine, Generator, Mapping
@@ -34,6 +33,7 @@ import anyio
 import attrs
 
 from trajcore.domain.errors import StateError
+from trajcore.domain.isolation import positive_seconds
 from trajcore.domain.tools import ToolCall, ToolResult
 from trajcore.rollout.tools import SlotTools
 
@@ -55,10 +55,9 @@ R = TypeVar("R")
 
 
 def _timeout_of(arguments: Mapping[str, Any]) -> float | None:
-    value = arguments.get("timeout")
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value) if value > 0 else None
+    """The ``timeout`` argument as seconds, when it is a positive finite number (one past a
+    float's range is not)."""
+    return positive_seconds(arguments.get("timeout"))
 
 
 async def run_env_tool(
