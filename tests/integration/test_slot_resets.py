@@ -15,6 +15,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ from trajcore.adapters.slot_server.runtime import SlotRuntime
 from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
 from trajcore.adapters.slot_server.server import start_http_server
 from trajcore.adapters.slot_server.workspace import Workspace
-from trajcore.domain.errors import WireError
+from trajcore.domain.errors import SlotServerError, WireError
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSON
 from trajcore.domain.slot_protocol import ExecuteCall, Health, ResetRequest
@@ -206,3 +207,44 @@ def test_a_reset_limit_that_is_not_finite_seconds_is_refused_naming_it(bad: obje
     with pytest.raises(WireError) as caught:
         ResetRequest(slot=0, epoch=3, timeout_s=bad)  # type: ignore[arg-type]
     assert caught.value.field == "timeout_s"
+
+
+def test_a_batch_answered_by_a_server_restarted_in_place_fails_naming_it(root: Path) -> None:
+    """A slot server restarted in place (an orchestrator's in-place restart: the same socket and
+    token) has none of its slots' state, so a lease's next call must not come back ``OK`` from
+    it: each run of a server has its own ``boot`` (in health and in every batch's answer), and
+    the client refuses a batch answered by another boot than the one it first saw, which the
+    pool takes as the server's loss (every call ``INFRA_ERROR``)."""
+    socket = str(root.parent / "server.sock")
+
+    async def serve() -> tuple[SlotRuntime, Any]:
+        runtime = SlotRuntime(config(root))
+        await runtime.start()
+        server, _ = await start_http_server(runtime, None, unix=socket)
+        return runtime, server
+
+    async def main() -> tuple[ToolResult, str | None, str, str]:
+        client = SlotServerClient.unix(socket)
+        runtime, server = await serve()
+        first_boot = runtime.boot
+        try:
+            await client.health()
+            (made,) = await client.execute([call(1, "echo kept > state.txt")])
+        finally:
+            await server.aclose()
+            await runtime.aclose()
+        runtime, server = await serve()  # the same socket, no memory of slot 0's lease
+        try:
+            with pytest.raises(SlotServerError) as caught:
+                await client.execute([call(1, "cat state.txt")])
+            return made, client.boot, first_boot, str(caught.value)
+        finally:
+            await client.aclose()
+            await server.aclose()
+            await runtime.aclose()
+
+    made, seen, first_boot, error = asyncio.run(main())
+    assert made.outcome is ToolOutcome.OK, made
+    assert seen == first_boot
+    assert "was restarted" in error
+    assert "the state of its slots is gone" in error

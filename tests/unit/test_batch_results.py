@@ -21,23 +21,26 @@ from trajcore.domain.slot_protocol import ExecuteResponse
 from trajcore.domain.tools import ToolResult
 
 
-def general(payload: bytes, call_ids: list[str]) -> list[ToolResult]:
+def general(payload: bytes, call_ids: list[str]) -> tuple[list[ToolResult], str | None]:
     """What the general path gives (raises what it raises)."""
-    return _results(decode(payload, ExecuteResponse), call_ids)
+    answer = decode(payload, ExecuteResponse)
+    return _results(answer, call_ids), answer.boot
 
 
 def agrees(payload: bytes, call_ids: list[str]) -> list[ToolResult] | None:
-    """The fast path gives the general path's results, or nothing; returns what it gave."""
+    """The fast path gives the general path's results and boot, or nothing; returns the
+    results it gave."""
     fast = batch_results(payload, call_ids)
     try:
         slow = general(payload, call_ids)
     except InvalidInput:
         assert fast is None, "the fast path took an answer the general path refuses"
         return None
-    if fast is not None:
-        assert fast == slow
-        assert [type(r.exec) for r in fast] == [type(r.exec) for r in slow]
-    return fast
+    if fast is None:
+        return None
+    assert fast == slow
+    assert [type(r.exec) for r in fast[0]] == [type(r.exec) for r in slow[0]]
+    return fast[0]
 
 
 def report(**values: Any) -> dict[str, Any]:
@@ -78,6 +81,23 @@ def test_a_slot_servers_plain_answers_take_the_fast_path() -> None:
         found = agrees(payload, call_ids)
         assert found is not None
         assert [r.call_id for r in found] == call_ids
+
+
+def test_the_servers_boot_comes_back_with_the_results() -> None:
+    payload = json.dumps({"results": [result()], "boot": "1f2e3d4c5b6a7988"}).encode()
+    assert agrees(payload, ["c1"]) is not None
+    fast = batch_results(payload, ["c1"])
+    assert fast is not None
+    assert fast[1] == "1f2e3d4c5b6a7988"
+    read = batch_results(body(result()), ["c1"])
+    assert read is not None
+    assert read[1] is None  # a server that predates it
+    bads: list[object] = [3, [], {"a": 1}]
+    for bad in bads:
+        payload = json.dumps({"results": [result()], "boot": bad}).encode()
+        assert batch_results(payload, ["c1"]) is None
+        with pytest.raises(InvalidInput):
+            general(payload, ["c1"])
 
 
 # Answers the general path refuses (a WireError naming the field), each left to it.

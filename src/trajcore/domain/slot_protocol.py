@@ -239,6 +239,9 @@ class Health:
         image_cache: The image cache's figures (``None``: the server has no image cache).
         lease_layers: What its leases over environments wrote (their writable layers, each
             measured after its reset; a server that predates them reads as none).
+        boot: Drawn at random when the server starts: a server restarted in place (the same
+            address and token) answers with another, and its slots' state is gone (``None``:
+            a server that predates it).
     """
 
     protocol_version: int
@@ -260,6 +263,7 @@ class Health:
     fork_workspaces: str = ""
     image_cache: ImageCacheStatistics | None = None
     lease_layers: LeaseLayerStatistics = attrs.field(factory=LeaseLayerStatistics)
+    boot: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -314,9 +318,12 @@ class ExecuteRequest:
 
 @attrs.frozen(kw_only=True)
 class ExecuteResponse:
-    """The batch's results, one per call, in the order of the calls."""
+    """The batch's results, one per call, in the order of the calls, and the server's ``boot``
+    (``Health.boot``): results from another boot than the one a client joined answer calls of
+    leases that server never held."""
 
     results: tuple[ToolResult, ...] = attrs.field(converter=converters.tool_results)
+    boot: str | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -98,23 +98,29 @@ def batch_body(calls: Sequence[SlotCall]) -> tuple[bytes, float] | None:
     return json_bytes({"calls": items}), max(per_slot.values(), default=0.0)
 
 
-def batch_results(payload: bytes, call_ids: Sequence[str]) -> list[ToolResult] | None:
+def batch_results(
+    payload: bytes, call_ids: Sequence[str]
+) -> tuple[list[ToolResult], str | None] | None:
     """The results of a ``POST /v1/execute`` answer ``payload``, one per call of ``call_ids``
-    in order, each answering its call; ``None`` when the answer is not JSON of the plain shape
-    or does not answer the calls one for one, for the general path to decide."""
+    in order, each answering its call, and the server's ``boot``; ``None`` when the answer is
+    not JSON of the plain shape or does not answer the calls one for one, for the general path
+    to decide."""
     try:
         data = json.loads(payload)
     except (ValueError, RecursionError):  # UnicodeDecodeError; nested too deep: ``decode`` says
         return None
     if type(data) is not dict:
         return None
-    items = data.get("results")
+    items, boot = data.get("results"), data.get("boot")
     if type(items) is not list or len(items) != len(call_ids):
         return None
+    if boot is not None and type(boot) is not str:
+        return None
     try:
-        return _read_results(items, call_ids)
+        results = _read_results(items, call_ids)
     except (InvalidInput, ValueError, TypeError):  # a validator added since: the general path
         return None
+    return None if results is None else (results, boot)
 
 
 def _read_results(items: list[Any], call_ids: Sequence[str]) -> list[ToolResult] | None:

@@ -95,6 +95,8 @@ class SlotServerClient:
         quick_timeout_s: The limit of requests that run nothing (health, listing).
         reset_timeout_s: The limit of a reset.
         lease_timeout_s: The limit of a lease request (a first use of an image unpacks it).
+        boot: The server's boot as its first health answer gave it: a batch answered by
+            another boot fails (``SlotServerError``: restarted in place, its slots' state gone).
     """
 
     base_url: str
@@ -105,6 +107,7 @@ class SlotServerClient:
     quick_timeout_s: float = 15.0
     reset_timeout_s: float = 60.0
     lease_timeout_s: float = 900.0
+    boot: str | None = attrs.field(init=False, default=None)
     _http: HTTPClient | None = attrs.field(init=False, default=None)
     _origin: Origin | None = attrs.field(init=False, default=None)
     _prefix: str = attrs.field(init=False, default="")
@@ -193,6 +196,8 @@ class SlotServerClient:
                 "$.protocol_version",
                 f"server speaks {found.protocol_version}, client {PROTOCOL_VERSION}",
             )
+        if self.boot is None:
+            self.boot = found.boot
         return found
 
     async def wait_healthy(self, timeout_s: float) -> Health:
@@ -211,13 +216,16 @@ class SlotServerClient:
         """Run a batch; one result per call, in the order of ``calls``.
 
         The request's limit is the slowest slot's timeouts in sequence plus ``grace_s``.
-        Raises ``SlotServerError``, ``WireError`` (including a result count that does not match).
+        Raises ``SlotServerError`` (also: another boot of the server answered), ``WireError``
+        (including a result count that does not match).
         """
         batch = ExecuteRequest(calls=calls)
         answer = await self._request(
             "POST", "/v1/execute", batch, ExecuteResponse, batch.deadline_s(self.grace_s)
         )
-        return _results(answer, [call.call_id for call in calls])
+        results = _results(answer, [call.call_id for call in calls])
+        self._same_boot(answer.boot)
+        return results
 
     async def execute_slot_calls(self, calls: Sequence[SlotCall]) -> list[ToolResult]:
         """``execute([execute_call(call) for call in calls])``, the pools' hot path: the same
@@ -234,10 +242,22 @@ class SlotServerClient:
         body, limit_s = fast
         payload = await self._answer("POST", "/v1/execute", body, limit_s + self.grace_s)
         call_ids = [call.call.id for call in calls]
-        results = batch_results(payload, call_ids)
-        if results is None:
-            results = _results(decode(payload, ExecuteResponse), call_ids)
+        read = batch_results(payload, call_ids)
+        if read is None:
+            answer = decode(payload, ExecuteResponse)
+            read = _results(answer, call_ids), answer.boot
+        results, boot = read
+        self._same_boot(boot)
         return results
+
+    def _same_boot(self, boot: str | None) -> None:
+        """Raise ``SlotServerError`` when ``boot`` is not the one the client first saw (in
+        health): the server was restarted in place, and the state of its slots is gone."""
+        if boot is not None and self.boot is not None and boot != self.boot:
+            raise SlotServerError(
+                f"slot server {self.base_url} was restarted (boot {boot}, first seen "
+                f"{self.boot}): the state of its slots is gone"
+            )
 
     async def reset(self, slot: int, epoch: int) -> ResetResult:
         """Kill the slot's sandbox and wipe it, retiring ``epoch``, within ``reset_timeout_s``

@@ -115,7 +115,13 @@ def _result(data: object) -> ToolResult | None:
 
 def _execute_response(data: object) -> ExecuteResponse | None:
     results = _items(data, "results", _result)
-    return None if results is None else ExecuteResponse(results=results)
+    if results is None:
+        return None
+    assert type(data) is dict  # _items read a list from it
+    boot = data.get("boot")
+    if boot is not None and type(boot) is not str:
+        return None  # the general path says what is wrong
+    return ExecuteResponse(results=results, boot=boot)
 
 
 def _unstructure_request(request: ExecuteRequest) -> dict[str, Any]:
@@ -168,7 +174,10 @@ def _unstructure_result(result: ToolResult) -> dict[str, Any]:
 
 
 def _unstructure_response(response: ExecuteResponse) -> dict[str, Any]:
-    return {"results": [_unstructure_result(result) for result in response.results]}
+    tree: dict[str, Any] = {"results": [_unstructure_result(r) for r in response.results]}
+    if response.boot is not None:
+        tree["boot"] = response.boot
+    return tree
 
 
 FAST_STRUCTURE: dict[type, Callable[[object], object | None]] = {

@@ -138,6 +138,8 @@ class SlotRuntime(CallTurns):
     """This server's snapshots (with an image cache), once started."""
     trash_left: tuple[str, ...] = attrs.field(init=False, default=())
     """What the snapshots' sweeps could not remove (one line each)."""
+    boot: str = attrs.field(init=False, factory=lambda: os.urandom(8).hex())
+    """This run of the server (``Health.boot``; in every batch's answer)."""
     _bin: Trash = attrs.field(init=False)  # the trash's sweeps, and the leases' layers measured
 
     @_sandboxes.default
@@ -313,6 +315,7 @@ class SlotRuntime(CallTurns):
             ),
             workspaces_set_aside=sum(slot.set_aside for slot in self._slots),
             trash_left=(*self._bin.left, *self.trash_left),
+            boot=self.boot,
             snapshots=held,
             snapshot_bytes=held_bytes,
             forks=forks,

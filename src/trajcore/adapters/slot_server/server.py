@@ -78,7 +78,7 @@ def make_answer(runtime: SlotRuntime, token: str | None) -> Answer:
 
     async def execute(body: bytes) -> object:
         batch = decode(body, ExecuteRequest)
-        return ExecuteResponse(results=await runtime.execute(batch.calls))
+        return ExecuteResponse(results=await runtime.execute(batch.calls), boot=runtime.boot)
 
     async def reset(body: bytes) -> object:
         asked = decode(body, ResetRequest)
@@ -183,7 +183,8 @@ def make_handler(runtime: SlotRuntime, token: str | None) -> Handler:
         return Reply(status=status, body=body, content_type=_JSON)
 
     def respond(results: list[ToolResult]) -> Reply:
-        return Reply(status=200, body=encode(ExecuteResponse(results=results)), content_type=_JSON)
+        answer = ExecuteResponse(results=results, boot=runtime.boot)
+        return Reply(status=200, body=encode(answer), content_type=_JSON)
 
     def execute_now(body: bytes) -> Reply | Awaitable[Reply]:
         try:
