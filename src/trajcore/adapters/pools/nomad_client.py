@@ -1,8 +1,10 @@
 """``NomadClient``: the Nomad HTTP API calls the Nomad pool makes, typed, async and bounded.
 
 python-nomad (import name ``nomad``) is synchronous and untyped. This is the one module that
-imports it: every call runs in a worker thread (``anyio.to_thread``), under a deadline of its own,
-and what comes back is checked to be JSON before it leaves (``JSON`` values, never ``Any``).
+imports it, when a client is made (it comes with the ``nomad`` extra: an env installed with
+``atropos`` alone imports this module, and a Nomad pool it starts says which extra to install):
+every call runs in a worker thread (``anyio.to_thread``), under a deadline of its own, and what
+comes back is checked to be JSON before it leaves (``JSON`` values, never ``Any``).
 
 It also reads Nomad's answers, as pure functions of the JSON (gidgethub's sans-I/O shape):
 ``parse_allocation_stubs`` turns ``GET /v1/job/{id}/allocations`` into ``AllocationStub`` values
@@ -46,8 +48,6 @@ import anyio
 import anyio.to_thread
 import attrs
 import cattrs
-import nomad  # type: ignore[import-untyped]  # python-nomad ships no types; wrapped here
-import nomad.api.exceptions  # type: ignore[import-untyped]
 from cattrs.cols import is_mapping, is_sequence, list_structure_factory, mapping_structure_factory
 
 from trajcore.adapters.wire import register_strict_primitives, structure
@@ -101,6 +101,23 @@ def _checked(value: object, what: str) -> JSON:
     return value  # type: ignore[return-value]  # check_json proved it is a JSON tree
 
 
+def _python_nomad() -> Any:
+    """python-nomad (import name ``nomad``; untyped, wrapped here), imported when a client is
+    made: the Nomad pool needs the ``nomad`` extra, nothing else does.
+
+    Raises:
+        SandboxUnavailable: it is not installed (naming the extra).
+    """
+    try:
+        import nomad  # type: ignore[import-untyped]  # the nomad extra only
+        import nomad.api.exceptions  # type: ignore[import-untyped]
+    except ImportError:
+        raise SandboxUnavailable(
+            "the Nomad pool needs python-nomad, which is not installed: install trajcore[nomad]"
+        ) from None
+    return nomad
+
+
 @attrs.define(eq=False)
 class NomadClient:
     """The Nomad API at ``address``, bounded by ``timeout_s`` per request.
@@ -120,11 +137,14 @@ class NomadClient:
     timeout_s: float = 10.0
     verify_tls: bool = True
     _api: Any = attrs.field(init=False, default=None, repr=False)  # nomad.Nomad (untyped)
+    _failed: Any = attrs.field(init=False, default=None, repr=False)  # its exceptions' base
     _limiter: anyio.CapacityLimiter | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"timeout_s must be finite and > 0, got {self.timeout_s!r}")
+        nomad = _python_nomad()
+        self._failed = nomad.api.exceptions.BaseNomadException
         self._api = nomad.Nomad(
             address=self.address.rstrip("/"),
             token=self.token,
@@ -229,7 +249,7 @@ class NomadClient:
                 f"{what}: Nomad at {self.address} did not answer within {self.timeout_s} s",
                 field="address",
             ) from None
-        except nomad.api.exceptions.BaseNomadException as error:
+        except self._failed as error:
             raise self._failure(what, error) from None
         except json.JSONDecodeError as error:
             raise NomadUnavailable(
