@@ -368,7 +368,7 @@ def test_a_dataset_row_without_the_prompt_field_fails_at_start(tmp_path: Path) -
     with pytest.raises(ConfigError) as caught:
         RowsEnv(_rows_config(path))
     assert caught.value.field == "prompt_field"
-    assert "row 1" in caught.value.reason
+    assert f"{path}:2 has no text field" in caught.value.reason
 
 
 def test_a_missing_dataset_file_fails_at_start(tmp_path: Path) -> None:

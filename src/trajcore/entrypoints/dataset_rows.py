@@ -12,10 +12,16 @@ Rules this module keeps:
 
 - **Offline.** A local ``.jsonl`` or ``.parquet`` file is read directly; a folder saved with
   ``datasets``' ``save_to_disk`` is loaded from disk; any other name goes to
-  ``datasets.load_dataset`` with ``HF_HUB_OFFLINE=1`` forced for the call, so it is served from
-  the local cache or fails, and never downloads (the error says how to fetch it once).
+  ``datasets.load_dataset`` with offline mode forced for the call (the ``HF_HUB_OFFLINE``
+  variables and the constants ``huggingface_hub`` and ``datasets`` read them into at import), so
+  it is served from the local cache or fails, and never reaches the network (the error says
+  how to fetch it once).
+- **Files as they are.** A ``.jsonl`` file is UTF-8, one JSON value per ``\\n``-ended line
+  (blank lines skipped; a string may hold U+2028 and the like); a file that is not, or a
+  ``.parquet`` file pyarrow cannot read, is a ``ConfigError`` naming the file (and line).
 - **Checked when loaded.** Every row must be a JSON object holding ``prompt_field`` with text; a
-  row that does not is a ``ConfigError`` naming the row and the field, when the env is built.
+  row that does not is a ``ConfigError`` naming the row (``path:line`` in a ``.jsonl`` file)
+  and the field, when the env is built.
 - **Order.** Rows come in file order, then again from the first (the env's ``group_size``
   trajectories of one row are one group).
 """
@@ -37,42 +43,71 @@ from trajcore.domain.json_values import JSONObject, check_json
 __all__ = ["DatasetRows", "DatasetSettings", "builtin_dataset", "load_rows"]
 
 
+_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
 @contextmanager
-def _offline() -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
-    os.environ.update(dict.fromkeys(saved, "1"))
+def _offline(hub_constants: object, datasets_config: object) -> Iterator[None]:
+    """Offline mode for the call: the environment variables, and the module constants
+    ``huggingface_hub`` and ``datasets`` read them into when imported (setting the variables
+    alone does nothing once they are imported)."""
+    saved_env = {name: os.environ.get(name) for name in _OFFLINE_VARIABLES}
+    targets = [(hub_constants, "HF_HUB_OFFLINE")]
+    targets += [(datasets_config, name) for name in _OFFLINE_VARIABLES]
+    saved = [(module, name, getattr(module, name)) for module, name in targets]
+    os.environ.update(dict.fromkeys(saved_env, "1"))
+    for module, name, _ in saved:
+        setattr(module, name, True)
     try:
         yield
     finally:
-        for name, value in saved.items():
-            if value is None:
+        for module, name, value in saved:
+            setattr(module, name, value)
+        for name, env_value in saved_env.items():
+            if env_value is None:
                 os.environ.pop(name, None)
             else:
-                os.environ[name] = value
+                os.environ[name] = env_value
 
 
-def _jsonl(path: Path) -> list[object]:
-    rows: list[object] = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except ValueError as exc:
-                raise ConfigError("dataset", f"{path}:{number} is not JSON: {exc}") from None
+def _jsonl(path: Path) -> list[tuple[str, object]]:
+    """Each row of ``path`` with where it is (``path:line``, lines counted from 1, blank ones
+    too). Lines end at ``\\n`` only: a JSON string may hold U+2028, U+2029 or U+0085."""
+    rows: list[tuple[str, object]] = []
+    try:
+        with path.open("rb") as file:
+            for number, raw in enumerate(file, start=1):
+                where = f"{path}:{number}"
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise ConfigError("dataset", f"{where} is not UTF-8: {exc}") from None
+                if line.strip():
+                    try:
+                        rows.append((where, json.loads(line)))
+                    except ValueError as exc:
+                        raise ConfigError("dataset", f"{where} is not JSON: {exc}") from None
+    except OSError as exc:
+        raise ConfigError("dataset", f"{path}: cannot be read: {exc}") from None
     return rows
 
 
 def _parquet(path: Path) -> list[object]:
-    import pyarrow.parquet  # type: ignore[import-untyped]  # pyarrow ships no types
+    import pyarrow  # type: ignore[import-untyped]  # pyarrow ships no types
+    import pyarrow.parquet  # type: ignore[import-untyped]
 
-    rows: list[object] = pyarrow.parquet.read_table(path).to_pylist()
+    try:
+        rows: list[object] = pyarrow.parquet.read_table(path).to_pylist()
+    except (pyarrow.ArrowException, OSError) as exc:
+        raise ConfigError("dataset", f"{path}: not a readable Parquet file: {exc}") from None
     return rows
 
 
 def _hugging_face(source: str, split: str) -> list[object]:
     import datasets  # type: ignore[import-untyped]  # datasets ships no types
+    import huggingface_hub.constants
 
-    with _offline():
+    with _offline(huggingface_hub.constants, datasets.config):
         try:
             if Path(source).is_dir():
                 loaded = datasets.load_from_disk(source)
@@ -102,27 +137,27 @@ def load_rows(source: str, *, split: str, prompt_field: str) -> tuple[JSONObject
     if path.suffix == ".jsonl":
         if not path.is_file():
             raise ConfigError("dataset", f"no such file: {source}")
-        raw = _jsonl(path)
+        located = _jsonl(path)
     elif path.suffix == ".parquet":
         if not path.is_file():
             raise ConfigError("dataset", f"no such file: {source}")
-        raw = _parquet(path)
+        located = [(f"row {i} of {source!r}", row) for i, row in enumerate(_parquet(path))]
     else:
         raw = _hugging_face(source, split)
-    if not raw:
+        located = [(f"row {i} of {source!r}", row) for i, row in enumerate(raw)]
+    if not located:
         raise ConfigError("dataset", f"{source!r} has no rows")
     rows: list[JSONObject] = []
-    for index, row in enumerate(raw):
+    for where, row in located:
         if not isinstance(row, dict):
-            raise ConfigError("dataset", f"row {index} of {source!r} is not an object")
+            raise ConfigError("dataset", f"{where} is not an object")
         problem = check_json(row)
         if problem is not None:
-            raise ConfigError("dataset", f"row {index} of {source!r}: {problem}")
+            raise ConfigError("dataset", f"{where}: {problem}")
         if not isinstance(row.get(prompt_field), str):
             raise ConfigError(
                 "prompt_field",
-                f"row {index} of {source!r} has no text field {prompt_field!r} "
-                f"(it has {sorted(row)})",
+                f"{where} has no text field {prompt_field!r} (it has {sorted(row)})",
             )
         rows.append(cast("JSONObject", row))  # check_json proved it
     return tuple(rows)
