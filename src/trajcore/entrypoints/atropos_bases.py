@@ -78,6 +78,7 @@ if TYPE_CHECKING:
         server: ServerManager
         tokenizer: object
         curr_step: int
+        wandb_prepend: str | None
         max_token_len: int
         n_groups_to_process: int
         group_size_to_process: int

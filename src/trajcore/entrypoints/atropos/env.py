@@ -522,8 +522,9 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
     ) -> GroupResult:
         """Run one group of ``item`` on the open services and judge it.
 
-        ``build_task``, ``item_limits`` or ``task_environment`` raising fails the members as
-        ``env_error``, naming the hook and the frame (``tasks.env_hook``).
+        ``build_task``, ``item_limits`` or ``task_environment`` raising (or ``item_rollout``
+        not returning a ``RolloutConfig``) fails the members as ``env_error``, naming the hook
+        (``tasks.env_hook``).
 
         Raises:
             StateError: no services are open.
@@ -535,8 +536,8 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         messages, problem = tasks.env_hook(
             "build_task", lambda: self.task_messages(item), list[Message]()
         )
-        rollout, limits = tasks.env_hook("item_limits", lambda: self.item_rollout(item),
-                                         self.settings.rollout)  # fmt: skip
+        rollout, limits = tasks.group_rollout(lambda: self.item_rollout(item),
+                                              self.settings.rollout)  # fmt: skip
         built_in = type(self).task_environment is AgentEnv.task_environment
         environment, found = tasks.group_environment(
             lambda: self.task_environment(item),
@@ -582,7 +583,8 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
                 group_id=group_id, rules=rules, run_member=member, environment=environment,
                 sampling=rollout.sampling,
             )  # fmt: skip
-        self._counters.record(result)
+        if not for_eval:  # the trajcore/* counters count training groups only
+            self._counters.record(result)
         metrics.log_group(result, drawn.toolsets)
         return result
 
@@ -626,9 +628,10 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
     # -------------------------------------------------------------------------- evaluate
 
     async def evaluate(self, *args: object, **kwargs: object) -> None:
-        """Run each of ``eval_items()`` once (one trajectory each, at most ``max_eval_workers``
-        at a time) and log the mean score, the share solved (score > 0), and the failures, to
-        wandb when enabled, to ``data_dir_to_save_evals`` when set, and to the log always."""
+        """Run each of ``eval_items()`` once, at most ``max_eval_workers`` at a time (an item
+        whose run raises is a failed sample), and log ``eval/*`` to wandb when enabled, to
+        ``data_dir_to_save_evals`` when set, and to the log; training counters and the rollout
+        table are left alone. Raises ``ConfigError`` when ``max_eval_workers`` is below 1."""
         items = list(await self.eval_items())
         if not items:
             log.info("evaluate: eval_items() is empty; nothing to evaluate")
@@ -638,17 +641,16 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         async def one(item: ItemT) -> GroupResult:
             return await self.run_group(item, group_size=1, for_eval=True)
 
-        done = await metrics.each_limited(items, one, limit=int(self.config.max_eval_workers))
+        done = await metrics.evaluate_items(items, one, workers=self.config.max_eval_workers)
         eval_metrics = metrics.eval_metrics(len(items), done)
         log.info("evaluate: %s", json.dumps(eval_metrics))
-        samples = metrics.eval_samples(done)
         if self.config.data_dir_to_save_evals is not None:
             await self.evaluate_log(
                 metrics=eval_metrics, start_time=started, end_time=anyio.current_time(),
-                samples=samples, verbose=False,
+                samples=metrics.eval_samples(done), verbose=False,
             )  # fmt: skip
         if self.config.use_wandb:
-            await super().wandb_log(dict(eval_metrics))
+            metrics.log_eval_to_wandb(eval_metrics, step=self.curr_step, prefix=self.wandb_prepend)
 
     # ------------------------------------------------------------------------ logging
 
@@ -673,12 +675,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         """Atropos's metrics plus the ``trajcore/*`` counters (which then start again), the
         pool's and dispatcher's statistics, and hermes's ``train/tool_errors_count`` and
         ``train/tool_error_details`` (one line per failed call since the last log)."""
-        counted = {**self._counters.metrics(), **self.service_metrics()}
-        logged = {**(wandb_metrics or {}), **counted}
-        details = self._counters.details()
-        if details:
-            logged["train/tool_error_details"] = details
-        log.info("trajcore metrics: %s", json.dumps(counted, sort_keys=True))
+        logged = metrics.training_metrics(self._counters, self.service_metrics(), wandb_metrics)
         self._counters = metrics.RolloutCounters()
         await super().wandb_log(logged)
 

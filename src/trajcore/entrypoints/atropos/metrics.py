@@ -1,5 +1,5 @@
 """What a run counts and shows: the ``trajcore/*`` counters, service statistics, the group log
-line, the wandb rollout table and the evaluation metrics.
+line, the wandb rollout table, and the evaluation's runs and metrics.
 
 Rules it keeps:
 
@@ -10,20 +10,25 @@ Rules it keeps:
 - Statistics snapshots (attrs values from ``statistics()``) become metrics field by field, so a
   new numeric field shows up without a change here.
 - The rollout table shows each conversation as readable text (``render_transcript``).
+- Evaluation counts apart: ``eval/*`` never goes into the training counters or takes the
+  training rollout table, and an item whose run raises is a failed sample, not the end of
+  the evaluation. No metric is NaN: a mean over nothing is left out.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import anyio
 import attrs
 
+from trajcore.domain.agent_loop import StopReason
+from trajcore.domain.errors import ConfigError, InfrastructureError
 from trajcore.domain.tools import ToolOutcome
+from trajcore.entrypoints.atropos.config import RolloutSettings
 from trajcore.entrypoints.atropos.scored_data import (
     GroupConversion,
     ScoredGroup,
@@ -31,8 +36,8 @@ from trajcore.entrypoints.atropos.scored_data import (
     render_transcript,
 )
 from trajcore.ports.sandbox_pool import EnvironmentPool, SandboxPool
-from trajcore.rollout.group import GroupResult
-from trajcore.rollout.trajectory import ToolExchange
+from trajcore.rollout.group import GroupResult, collect_group, failed_member
+from trajcore.rollout.trajectory import ToolExchange, TrajectoryResult, env_failure
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -44,11 +49,14 @@ __all__ = [
     "each_limited",
     "eval_metrics",
     "eval_samples",
+    "evaluate_items",
     "log_conversion",
+    "log_eval_to_wandb",
     "log_group",
     "log_to_stderr_unless_configured",
     "service_metrics",
     "statistics_metrics",
+    "training_metrics",
 ]
 
 log = logging.getLogger("trajcore.env")
@@ -338,44 +346,121 @@ class RolloutTable:
 
 
 def eval_metrics(items: int, done: Sequence[GroupResult]) -> dict[str, float]:
-    """``eval/*``: items, members scored and failed, the mean score and the share solved
-    (score > 0); the mean and share are NaN when nothing was scored."""
+    """``eval/*``: items, members scored and failed (``eval/failed``, and by status
+    ``eval/failed/<status>``), and, when any member was scored, the mean score and the share
+    solved (score > 0); with nothing scored those two are left out, never NaN."""
     scores = [s for r in done for s in r.verdict.member_scores if s is not None]
-    failed = sum(len(r.verdict.failed) for r in done)
-    return {
-        "eval/items": items,
-        "eval/scored": len(scores),
-        "eval/failed": failed,
-        "eval/mean_score": sum(scores) / len(scores) if scores else math.nan,
-        "eval/solved_rate": sum(s > 0 for s in scores) / len(scores) if scores else math.nan,
-    }
+    out: dict[str, float] = {"eval/items": items, "eval/scored": len(scores), "eval/failed": 0}
+    for group in done:
+        for index in group.verdict.failed:
+            out["eval/failed"] += 1
+            key = f"eval/failed/{group.members[index].outcome.status.value}"
+            out[key] = out.get(key, 0) + 1
+    if scores:
+        out["eval/mean_score"] = sum(scores) / len(scores)
+        out["eval/solved_rate"] = sum(s > 0 for s in scores) / len(scores)
+    return out
 
 
 def eval_samples(done: Sequence[GroupResult]) -> list[dict[str, Any]]:
-    """One sample per evaluated item for ``evaluate_log``: score, status, detail, messages."""
+    """One sample per evaluated item, in item order, for ``evaluate_log``: the item's index in
+    ``eval_items()``, its trajectory id, score, status, detail and messages."""
     return [
         {
+            "item": index,
+            "trajectory_id": r.members[0].trajectory_id,
             "score": r.verdict.member_scores[0],
             "status": r.members[0].outcome.status.value,
             "detail": r.members[0].outcome.detail,
             "messages": chat_dicts(r.members[0].messages),
         }
-        for r in done
+        for index, r in enumerate(done)
     ]
+
+
+def log_eval_to_wandb(eval_metrics: dict[str, float], *, step: int, prefix: str | None) -> None:
+    """Log ``eval/*`` to wandb at ``step`` (each key led by ``prefix_`` when set), and nothing
+    else: the training rollout table, completion lengths and timings stay for the training
+    log."""
+    import wandb
+
+    logged = {f"{prefix}_{k}" if prefix else k: v for k, v in eval_metrics.items()}
+    wandb.log(logged, step=step)
+
+
+def training_metrics(
+    counters: RolloutCounters, services: dict[str, float], given: dict[str, Any] | None
+) -> dict[str, Any]:
+    """What ``wandb_log`` logs besides Atropos's own: ``given``, the counters and ``services``
+    (logged here as one line), and ``train/tool_error_details`` when a call failed."""
+    counted = {**counters.metrics(), **services}
+    logged = {**(given or {}), **counted}
+    details = counters.details()
+    if details:
+        logged["train/tool_error_details"] = details
+    log.info("trajcore metrics: %s", json.dumps(counted, sort_keys=True))
+    return logged
+
+
+async def evaluate_items(
+    items: Sequence[T], run: Callable[[T], Awaitable[GroupResult]], *, workers: object
+) -> list[GroupResult]:
+    """``run`` over ``items``, at most ``workers`` at a time, results in item order. An item
+    whose ``run`` raises is logged and becomes a one-member failed group (``infra_error`` for
+    an ``InfrastructureError``, else ``env_error``, with what was raised and where); the other
+    items run on.
+
+    Raises:
+        ConfigError: ``workers`` (``max_eval_workers``) is not an integer of at least 1.
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError("max_eval_workers", f"must be an integer of at least 1, got {workers!r}")
+
+    async def guarded(index: int) -> GroupResult:
+        try:
+            return await run(items[index])
+        except Exception as error:
+            log.exception("evaluate: item %d raised; it is a failed sample", index)
+            infra = isinstance(error, InfrastructureError)
+            reason = StopReason.INFRA_ERROR if infra else StopReason.ENV_ERROR
+            detail = env_failure(f"eval item {index}", error)
+
+            async def failed(trajectory_id: str) -> TrajectoryResult:
+                return failed_member(trajectory_id, reason, detail)
+
+            return await collect_group(
+                group_id=f"eval-item-{index}", rules=RolloutSettings.eval_rules(1),
+                run_member=failed,
+            )  # fmt: skip
+
+    return await each_limited(range(len(items)), guarded, limit=workers)
 
 
 async def each_limited(
     items: Sequence[T], run: Callable[[T], Awaitable[R]], *, limit: int
 ) -> list[R]:
-    """``run`` over ``items`` concurrently, at most ``limit`` at a time; results in item order."""
-    results: list[R | None] = [None] * len(items)
-    limiter = anyio.CapacityLimiter(max(1, limit))
+    """``run`` over ``items`` concurrently, at most ``limit`` at a time; results in item order.
 
-    async def one(index: int) -> None:
-        async with limiter:
+    ``limit`` workers (at most one per item) take the next item in turn, so the tasks alive at
+    once are bounded by ``limit``, not by the number of items. An exception in ``run`` ends
+    the whole call (the task group's); catch it in ``run`` to go on.
+
+    Raises:
+        ValueError: ``limit`` is below 1.
+    """
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    results: dict[int, R] = {}
+    next_index = 0
+
+    async def worker() -> None:
+        nonlocal next_index
+        while next_index < len(items):
+            index = next_index
+            next_index += 1
             results[index] = await run(items[index])
 
     async with anyio.create_task_group() as group:
-        for index in range(len(items)):
-            group.start_soon(one, index)
-    return [r for r in results if r is not None]
+        for _ in range(min(limit, len(items))):
+            group.start_soon(worker)
+    return [results[index] for index in range(len(items))]

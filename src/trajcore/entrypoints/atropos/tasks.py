@@ -13,6 +13,8 @@ task environment.
 - ``env_hook``: the same for the env's other per-item hooks (``build_task``, ``item_limits``):
   one that raises fails the group's members as ``env_error`` naming the hook and the frame,
   never the run, and the group is counted like any other.
+- ``group_rollout``: the env's ``item_rollout`` answer, checked to be a ``RolloutConfig`` (any
+  other answer fails the group's members as ``env_error`` naming the hook and what it returned).
 - ``idle_limited``: the policy with ``slot_idle_timeout_s`` bounding each model turn.
 - ``preparing``: with ``prepare_once`` and an environment, the group's preparation done once
   and frozen (``rollout.preparation``); else nothing.
@@ -44,6 +46,7 @@ from trajcore.rollout.trajectory import RolloutConfig, env_failure
 __all__ = [
     "env_hook",
     "group_environment",
+    "group_rollout",
     "idle_limited",
     "member_rollout",
     "preparing",
@@ -127,6 +130,23 @@ def env_hook(where: str, hook: Callable[[], T], fallback: T) -> tuple[T, str | N
         return fallback, f"{where}: {error}"
     except Exception as error:  # noqa: BLE001 - the env's own code: its members' env_error
         return fallback, env_failure(where, error)
+
+
+def group_rollout(
+    hook: Callable[[], object], fallback: RolloutConfig
+) -> tuple[RolloutConfig, str | None]:
+    """``(rollout, None)``: what ``hook`` (the env's ``item_rollout`` for one item) returned;
+    or ``(fallback, detail)`` when it raised or returned something that is not a
+    ``RolloutConfig``, and the group's members must fail as ``env_error``."""
+    answer, problem = env_hook("item_limits", hook, None)
+    if isinstance(answer, RolloutConfig):
+        return answer, None
+    if problem is None:
+        problem = (
+            f"item_rollout returned {type(answer).__name__} {answer!r:.120}, not a RolloutConfig "
+            "(item_limits returns ItemLimits or None; item_rollout applies them)"
+        )
+    return fallback, problem
 
 
 def idle_limited(policy: Policy, idle_s: float | None) -> Policy:
