@@ -25,6 +25,7 @@ from trajcore.domain.json_values import JSON
 from trajcore.domain.sampling import FinishReason, TokenCompletion
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.domain.tools import ToolCall
+from trajcore.entrypoints.atropos import tasks
 from trajcore.entrypoints.atropos.config import AgentEnvConfig
 from trajcore.rollout.group import GroupResult
 from trajcore.rollout.tools import SlotTools
@@ -157,3 +158,40 @@ async def test_each_managed_turn_is_capped_by_the_context_left() -> None:
             len(request.prompt_ids),
         )
     assert all(m.tokens is not None and m.tokens.truncation is None for m in group.members)
+
+
+async def test_the_trainers_lower_max_token_len_cuts_the_tokens_so_the_group_is_sent() -> None:
+    """The trainer's ``max_token_len`` (``get_server_info``) below ``max_token_length``: the
+    members are cut to fit it, so Atropos sends the group trajcore counts as sent."""
+    env = FileEnv(config(max_token_length=8192, ensure_scores_are_not_same=False))
+    limit = await prompt_length() + 40
+    env.max_token_len = limit  # what the trainer's /info said
+    group, _ = await run(env, 200)
+    scored = env.scored_group(group)
+    assert scored is not None
+    assert all(len(tokens) == limit - 1 for tokens in scored["tokens"])
+    counted = env.tool_error_metrics()
+    assert counted["trajcore/groups_sent"] == 1
+    assert counted["trajcore/truncated"] == 2
+    sent: list[object] = []
+
+    async def keep(scored_data: object, item: object = None) -> None:
+        sent.append(scored_data)
+
+    env.add_rollouts_for_wandb = keep  # type: ignore[method-assign]  # called per group sent
+    atropos: Any = env  # atroposlib's BaseEnv.handle_send_to_api, untyped
+    await atropos.handle_send_to_api(scored, "ok", do_send_to_api=False)
+    assert sent == [scored]
+
+
+def test_a_trainer_limit_below_max_token_length_is_said_at_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="trajcore.env"):
+        tasks.log_token_limit(8192, 4096)
+        tasks.log_token_limit(8192, 8192)
+        tasks.log_token_limit(8192, -1)
+    assert [r.getMessage() for r in caplog.records] == [
+        "the trainer's max_token_len 4096 is below max_token_length 8192: trajectories are cut "
+        "to 4095 tokens, so that Atropos does not skip their groups"
+    ]

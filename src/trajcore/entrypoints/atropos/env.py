@@ -481,6 +481,11 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             probes = startup.model_probes(self.server, mode=self.settings.mode, prompt_ids=prompt)
             await startup.wait_for_model(probes, wait_s=self.config.model_wait_s)
 
+    async def get_server_info(self) -> None:
+        """Atropos's: the trainer's batch size and ``max_token_len`` (``tasks.trainer_limited``)."""
+        await super().get_server_info()
+        tasks.log_token_limit(self.config.max_token_length, self.max_token_len)
+
     def mode_line(self) -> str:
         """One line for the start-up log: the mode, why, and whether tokens are exact."""
         return self.settings.mode_line()
@@ -524,7 +529,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
 
         ``build_task``, ``item_limits`` or ``task_environment`` raising (or ``item_rollout``
         not returning a ``RolloutConfig``) fails the members as ``env_error``, naming the hook
-        (``tasks.env_hook``).
+        (``tasks.env_hook``). Tokens are cut below the trainer's ``max_token_len`` too.
 
         Raises:
             StateError: no services are open.
@@ -537,7 +542,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             "build_task", lambda: self.task_messages(item), list[Message]()
         )
         rollout, limits = tasks.group_rollout(lambda: self.item_rollout(item),
-                                              self.settings.rollout)  # fmt: skip
+            self.settings.rollout, trainer_max_token_len=self.max_token_len)  # fmt: skip
         built_in = type(self).task_environment is AgentEnv.task_environment
         environment, found = tasks.group_environment(
             lambda: self.task_environment(item),

@@ -14,7 +14,10 @@ task environment.
   one that raises fails the group's members as ``env_error`` naming the hook and the frame,
   never the run, and the group is counted like any other.
 - ``group_rollout``: the env's ``item_rollout`` answer, checked to be a ``RolloutConfig`` (any
-  other answer fails the group's members as ``env_error`` naming the hook and what it returned).
+  other answer fails the group's members as ``env_error`` naming the hook and what it returned),
+  with the exported tokens cut below the trainer's ``max_token_len`` too (``trainer_limited``):
+  Atropos skips a group holding a sequence of that many tokens, so trajcore cuts to the lower
+  of its own ``max_token_length`` and the trainer's, and never counts such a group as sent.
 - ``idle_limited``: the policy with ``slot_idle_timeout_s`` bounding each model turn.
 - ``preparing``: with ``prepare_once`` and an environment, the group's preparation done once
   and frozen (``rollout.preparation``); else nothing.
@@ -26,6 +29,7 @@ task environment.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
@@ -48,13 +52,16 @@ __all__ = [
     "group_environment",
     "group_rollout",
     "idle_limited",
+    "log_token_limit",
     "member_rollout",
     "preparing",
     "row_environment",
     "task_messages",
+    "trainer_limited",
 ]
 
 T = TypeVar("T")
+log = logging.getLogger("trajcore.env")
 
 
 def task_messages(task: str | Sequence[Message], system_prompt: str | None) -> list[Message]:
@@ -133,20 +140,42 @@ def env_hook(where: str, hook: Callable[[], T], fallback: T) -> tuple[T, str | N
 
 
 def group_rollout(
-    hook: Callable[[], object], fallback: RolloutConfig
+    hook: Callable[[], object], fallback: RolloutConfig, *, trainer_max_token_len: int
 ) -> tuple[RolloutConfig, str | None]:
-    """``(rollout, None)``: what ``hook`` (the env's ``item_rollout`` for one item) returned;
-    or ``(fallback, detail)`` when it raised or returned something that is not a
-    ``RolloutConfig``, and the group's members must fail as ``env_error``."""
+    """``(rollout, None)``: what ``hook`` (the env's ``item_rollout`` for one item) returned,
+    cut to the trainer's limit; or ``(fallback, detail)`` when it raised or returned something
+    that is not a ``RolloutConfig``, and the group's members must fail as ``env_error``."""
     answer, problem = env_hook("item_limits", hook, None)
     if isinstance(answer, RolloutConfig):
-        return answer, None
+        return trainer_limited(answer, trainer_max_token_len), None
     if problem is None:
         problem = (
             f"item_rollout returned {type(answer).__name__} {answer!r:.120}, not a RolloutConfig "
             "(item_limits returns ItemLimits or None; item_rollout applies them)"
         )
-    return fallback, problem
+    return trainer_limited(fallback, trainer_max_token_len), problem
+
+
+def trainer_limited(rollout: RolloutConfig, trainer_max_token_len: int) -> RolloutConfig:
+    """``rollout`` with its exported tokens cut below ``trainer_max_token_len`` as well (the
+    trainer's ``max_token_len``; 0 or less: the trainer sets none)."""
+    if trainer_max_token_len <= 0:
+        return rollout
+    cap = max(1, trainer_max_token_len - 1)
+    if rollout.max_token_length is not None and rollout.max_token_length <= cap:
+        return rollout
+    return attrs.evolve(rollout, max_token_length=cap)
+
+
+def log_token_limit(max_token_length: int, trainer_max_token_len: int) -> None:
+    """Warn, for the start-up log, when the trainer's ``max_token_len`` is lower than the env's
+    ``max_token_length``: trajectories are then cut to the trainer's (``trainer_limited``)."""
+    if 0 < trainer_max_token_len < max_token_length:
+        log.warning(
+            "the trainer's max_token_len %d is below max_token_length %d: trajectories are cut "
+            "to %d tokens, so that Atropos does not skip their groups",
+            trainer_max_token_len, max_token_length, max(1, trainer_max_token_len - 1),
+        )  # fmt: skip
 
 
 def idle_limited(policy: Policy, idle_s: float | None) -> Policy:
