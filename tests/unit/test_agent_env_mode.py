@@ -126,3 +126,27 @@ async def test_serve_warns_once_about_inexact_tokens(
     if warned:
         assert "inexact tokens" in warnings[0].getMessage()
         assert "vllm or sglang" in warnings[0].getMessage()
+
+
+def _keyless(server_type: str) -> Any:
+    return APIServerConfig(
+        server_type=server_type, base_url="http://127.0.0.1:9/v1", model_name="m", api_key="",
+        tokenizer_name=QWEN,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("server_type", ["openai", "vllm"])
+def test_a_server_given_no_api_key_gets_a_placeholder_so_the_client_starts(
+    server_type: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--openai.base_url`` without ``--openai.api_key`` (a local vLLM or SGLang server takes
+    none): the ``openai`` client Atropos makes refuses to start with an empty key, so such a
+    server is given ``OPENAI_API_KEY``, else ``EMPTY``."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    env = FileEnv(_config(), [_keyless(server_type)])
+    servers: Any = env.server_configs
+    assert [server.api_key for server in servers] == ["EMPTY"]
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-the-environment")
+    env = FileEnv(_config(), [_keyless(server_type)])
+    servers = env.server_configs
+    assert [server.api_key for server in servers] == ["sk-from-the-environment"]

@@ -31,6 +31,7 @@ Rules it keeps:
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -169,7 +170,23 @@ def normalize_servers(servers: object) -> object:
     if not single.base_url:
         baseline: object = ServerBaseline(**_baseline_fields(single))
         return baseline
-    return servers if isinstance(servers, list) else [servers]
+    listed = servers if isinstance(servers, list) else [servers]
+    return [_with_key(server) for server in listed]
+
+
+NO_KEY = "EMPTY"
+"""The API key sent to a server given none and no ``OPENAI_API_KEY`` (the ``openai`` client
+Atropos makes refuses to start with an empty key; a vLLM or SGLang server without
+``--api-key`` takes any)."""
+
+
+def _with_key(server: object) -> object:
+    """``server`` with ``OPENAI_API_KEY``, else ``NO_KEY``, as its API key when it has none."""
+    if not isinstance(server, APIServerConfig) or server.api_key:
+        return server
+    key = os.environ.get("OPENAI_API_KEY") or NO_KEY
+    keyed: object = server.model_copy(update={"api_key": key})
+    return keyed
 
 
 @contextmanager
