@@ -505,6 +505,20 @@ def test_load_registry_names_the_app_flag(target: str, reason: str) -> None:
     assert caught.value.field == "--app"
 
 
+def test_an_app_module_in_the_current_directory_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``trajcore tool-server --app my_tools:registry`` run where ``my_tools.py`` lies (as
+    docs/mcp.md has it; the console script's ``sys.path`` does not hold the current directory)."""
+    name = f"tools_here_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(
+        "from trajcore.env import ToolRegistry\nregistry = ToolRegistry()\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert isinstance(load_registry(f"{name}:registry"), ToolRegistry)
+
+
 def test_main_exits_2_on_a_bad_configuration(
     tmp_path: Path, token_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

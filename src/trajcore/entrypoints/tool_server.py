@@ -164,7 +164,7 @@ def make_app(
 
 
 def load_registry(target: str) -> ToolRegistry:
-    """Import ``module:attribute`` and return it.
+    """Import ``module:attribute`` (looked for in the current directory too) and return it.
 
     Raises:
         ConfigError: at ``--app`` when the target is malformed, cannot be imported, or is not a
@@ -173,6 +173,8 @@ def load_registry(target: str) -> ToolRegistry:
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise ConfigError("--app", f"expected module:attribute, got {target!r}")
+    if os.getcwd() not in sys.path:  # as ``python -m`` and ``trajcore run`` find one here
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
