@@ -121,3 +121,21 @@ def test_usage_errors_name_what_is_wrong(
     with pytest.raises(SystemExit):
         main([SHELL_TASKS])  # no model given: argparse says which to give
     assert "--policy" in capsys.readouterr().err
+
+
+RUN_ENVS = Path(__file__).with_name("run_envs.py")
+
+
+def test_a_run_that_fails_before_its_first_group_reports_zero_groups(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "none"
+    argv = [f"{RUN_ENVS}:SetupFailsEnv", "--policy", f"{SHELL_TASKS.rpartition(':')[0]}:solve",
+            "--out", str(out), "--pool", "unisolated"]  # fmt: skip
+    assert main([*argv, "--plain"]) == 1
+    printed = capsys.readouterr()
+    assert "ConfigError: the env's data cannot be read @ dataset" in printed.err
+    assert "0 trajectories in 0 groups" in printed.out
+    assert (out / "trajectories.jsonl").read_text() == ""
+    assert main(argv) == 1  # the table drawn by rich, too
+    assert "0 trajectories in 0 groups" in capsys.readouterr().out

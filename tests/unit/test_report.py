@@ -322,6 +322,13 @@ def test_summary_table_rows_and_totals() -> None:
 
 
 @pytest.mark.parametrize("plain", [True, False])
+def test_summary_table_of_no_groups_is_the_header_and_a_zero_total(plain: bool) -> None:
+    table = summary_table([], plain=plain).splitlines()
+    assert table[0].split() == ["group", "#", "status", "score", "turns", "tools", "errors", "time"]
+    assert table[-1] == "0 trajectories in 0 groups: none; mean score - over 0 scored"
+
+
+@pytest.mark.parametrize("plain", [True, False])
 def test_summary_table_shows_the_stop_reason_when_it_differs(plain: bool) -> None:
     g = group("g", member("g/0", stop=StopReason.MAX_TURNS))
     assert "budget_exhausted (max_turns)" in summary_table([g], plain=plain)

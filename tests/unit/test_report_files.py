@@ -130,6 +130,10 @@ def test_the_report_command_writes_the_page_and_prints_the_table(
     printed = capsys.readouterr().out
     assert "env-1" in printed
     assert (tmp_path / "groups.html").is_file()
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main([str(empty), "--plain"]) == 0
+    assert "0 trajectories in 0 groups" in capsys.readouterr().out
     bad = tmp_path / "bad.jsonl"
     bad.write_text("nope\n")
     assert main([str(bad)]) == 2

@@ -274,7 +274,7 @@ def summary_table(
     """
     groups = _as_report(groups)
     rows = _summary_rows(groups)
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_COLUMNS)]
+    widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(_COLUMNS)]
     if not plain and _rich_installed():
         table = _rich_table(rows, widths)
     else:

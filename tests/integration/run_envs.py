@@ -1,0 +1,32 @@
+"""Small envs for ``trajcore run``'s tests, loaded by path as ``run_envs.py:ClassName``."""
+
+from __future__ import annotations
+
+from trajcore.adapters.tokenizers import qwen3_tokenizer_path
+from trajcore.domain.errors import ConfigError
+from trajcore.env import AgentEnv, AgentEnvConfig, Message, SlotTools, Transcript
+
+
+class SetupFailsEnv(AgentEnv[str]):
+    """An env whose ``setup`` raises, so no group ever runs."""
+
+    name = "setup_fails"
+
+    @classmethod
+    def config_init(cls) -> tuple[AgentEnvConfig, object]:
+        config, servers = super().config_init()
+        config.tokenizer_name = str(qwen3_tokenizer_path())
+        config.group_size = 1
+        return config, servers
+
+    async def setup(self) -> None:
+        raise ConfigError("dataset", "the env's data cannot be read")
+
+    async def get_next_item(self) -> str:
+        return "hello"
+
+    def build_task(self, item: str) -> list[Message]:
+        return [Message.user(item)]
+
+    async def verify_and_score(self, item: str, tools: SlotTools, transcript: Transcript) -> float:
+        return 1.0
