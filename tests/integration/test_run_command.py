@@ -139,3 +139,28 @@ def test_a_run_that_fails_before_its_first_group_reports_zero_groups(
     assert (out / "trajectories.jsonl").read_text() == ""
     assert main(argv) == 1  # the table drawn by rich, too
     assert "0 trajectories in 0 groups" in capsys.readouterr().out
+
+
+def test_a_replay_of_the_default_output_keeps_the_recording(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main([SHELL_TASKS, "--policy", "solve", "--groups", "3", "--group-size", "1",
+                 "--pool", "unisolated", "--plain"]) == 0  # fmt: skip
+    recording = Path("out/run/shell_tasks/trajectories.jsonl")
+    before = recording.read_text()
+    assert len(before.splitlines()) == 3
+    assert main([SHELL_TASKS, "--replay", str(recording), "--group-size", "1",
+                 "--pool", "unisolated", "--plain"]) == 0  # fmt: skip
+    assert recording.read_text() == before
+    replayed = _records(Path("out/run/shell_tasks-replay"))
+    assert len(replayed) == 3  # as many groups as were recorded
+    assert all(r["score"] == 1.0 for r in replayed)
+    capsys.readouterr()
+    # An --out that would write over the recording is refused, naming both.
+    assert main([SHELL_TASKS, "--replay", str(recording), "--out", "out/run/shell_tasks",
+                 "--pool", "unisolated"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "--replay" in err
+    assert "--out" in err
+    assert recording.read_text() == before

@@ -22,13 +22,16 @@ The model, one of:
   rendered by the env's tool-call parser and sampled back as exact tokens.
 - ``--replay FILE``: recorded tool calls: the ``trajectories.jsonl`` of an earlier
   ``trajcore run`` or ``trajcore demo`` (from a real model or a script); each trajectory plays
-  the recorded turns of its task (``trajcore.rollout.scripted.Replay``).
+  the recorded turns of its task (``trajcore.rollout.scripted.Replay``). ``--groups`` defaults
+  to the number of groups recorded.
 - ``--base-url URL``: an OpenAI-compatible endpoint (OpenAI mode; ``--model``, and the API key
   from the variable ``--api-key-env``).
 
-It writes into ``--out`` (default ``out/run/<env name>``): ``trajectories.jsonl`` (one record
-per trajectory), ``scored_groups.jsonl`` (what Atropos would be sent, one ``ScoredDataGroup``
-per line) and ``report.html`` (every turn's messages, tool calls, results, scores and metadata),
+It writes into ``--out`` (default ``out/run/<env name>``, and ``out/run/<env name>-replay``
+for a replay; a run never writes over the file it replays: it refuses, status 2):
+``trajectories.jsonl`` (one record per trajectory), ``scored_groups.jsonl`` (what Atropos
+would be sent, one ``ScoredDataGroup`` per line) and ``report.html`` (every turn's messages,
+tool calls, results, scores and metadata),
 and prints the summary table. Exit status: 0 when every group ran; 1 when the run stopped on an
 error (the groups done are still written); 2 for a usage or setting error; 128 + the signal
 after SIGINT or SIGTERM (``trajcore.entrypoints.signals``), also with what was done written.
@@ -178,9 +181,12 @@ def _model(args: argparse.Namespace, env: AgentEnv[Any], env_module: ModuleType)
     if args.replay is not None:
         try:
             with args.replay.open(encoding="utf-8") as lines:
-                replay = Replay.of(replay_records(lines))
+                records = replay_records(lines)
         except OSError as error:
             raise UsageError(f"--replay {args.replay}: {error.strerror}") from None
+        replay = Replay.of(records)
+        if args.groups is None:
+            args.groups = max(1, len({str(r.get("group")) for r in records}))
         return _Model(
             scripted_policy(env, replay), f"replay of {args.replay} ({env.settings.mode} mode)"
         )
@@ -222,7 +228,11 @@ def _arguments(argv: Sequence[str]) -> argparse.Namespace:
     model.add_argument("--base-url", help="an OpenAI-compatible endpoint (OpenAI mode)")
     parser.add_argument("--model", default="default", help="model name sent to --base-url")
     parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="variable with the key")
-    parser.add_argument("--groups", type=int, default=1, help="groups to run (default 1)")
+    parser.add_argument(
+        "--groups",
+        type=int,
+        help="groups to run (default 1; with --replay, the recording's number of groups)",
+    )
     parser.add_argument("--group-size", type=int, help="trajectories per group (default: config)")
     parser.add_argument("--out", type=Path, help="output directory (default out/run/<env>)")
     parser.add_argument(
@@ -236,7 +246,7 @@ def _arguments(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--plain", action="store_true", help="plain-text table and progress")
     args = parser.parse_args(list(argv))
-    if args.groups < 1:
+    if args.groups is not None and args.groups < 1:
         parser.error("--groups must be >= 1")
     if args.group_size is not None and args.group_size < 1:
         parser.error("--group-size must be >= 1")
@@ -306,6 +316,24 @@ def _write(done: _Done, out: Path, *, title: str, notes: list[str], plain: bool)
     print(f"report: {out / 'report.html'}")
 
 
+def _out_dir(args: argparse.Namespace, env_name: str) -> Path:
+    """The output directory: ``--out``, else ``out/run/<env name>`` (``...-replay`` for a
+    replay, so replaying the default output never writes over the recording).
+
+    Raises:
+        UsageError: the run would write its ``trajectories.jsonl`` over the ``--replay`` file.
+    """
+    default = Path("out") / "run" / (f"{env_name}-replay" if args.replay else env_name)
+    out: Path = args.out or default
+    written = out / "trajectories.jsonl"
+    if args.replay is not None and written.resolve() == args.replay.resolve():
+        raise UsageError(
+            f"--replay {args.replay} is the file this run writes (--out {out}): "
+            "give another --out so the recording is kept"
+        )
+    return out
+
+
 def main(argv: Sequence[str]) -> int:
     """Run the env; returns the exit status (see the module docstring)."""
     args = _arguments(argv)
@@ -325,12 +353,14 @@ def main(argv: Sequence[str]) -> int:
                 "give a local tokenizer folder: --set tokenizer_name=PATH)",
             ) from None
         model = _model(args, env, env_module)
+        out = _out_dir(args, env.name or env_class.__name__)
     except (TrajcoreError, OSError) as error:
         print(f"trajcore run: {error}", file=sys.stderr)
         return 2
+    if args.groups is None:
+        args.groups = 1
     if args.pool == "unisolated":
         print("trajcore run: --pool unisolated: commands run WITHOUT ISOLATION", file=sys.stderr)
-    out: Path = args.out or Path("out") / "run" / (env.name or env_class.__name__)
     print(
         f"trajcore run: {env_class.__name__}, {args.groups} groups, {model.line}", file=sys.stderr
     )
