@@ -164,3 +164,17 @@ def test_a_replay_of_the_default_output_keeps_the_recording(
     assert "--replay" in err
     assert "--out" in err
     assert recording.read_text() == before
+
+
+def test_settings_the_command_line_cannot_honour_are_refused_naming_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    managed = [SHELL_TASKS, "--base-url", "http://127.0.0.1:1/v1",
+               "--set", "mode=managed", "--set", "tool_call_parser=hermes"]  # fmt: skip
+    assert main(managed) == 2  # --base-url is OpenAI mode: never a silent switch
+    assert "@ mode" in capsys.readouterr().err
+    unsandboxed = [SHELL_TASKS, "--policy", "solve", "--pool", "unisolated"]
+    assert main([*unsandboxed, "--set", "require_sandbox=true"]) == 2
+    assert "@ require_sandbox" in capsys.readouterr().err
+    assert main([*unsandboxed, "--set", "require_stateful_sandbox=true"]) == 2
+    assert "@ require_stateful_sandbox" in capsys.readouterr().err

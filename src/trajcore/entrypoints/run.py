@@ -11,7 +11,8 @@ it parses, as text otherwise), with wandb off and messages kept, and runs ``--gr
 of ``--group-size`` (default: the config's) items from its own ``get_next_item``, after its
 ``setup``, on the env's pool (``make_pool()``: the local pool of slot servers unless the config
 says otherwise) or, with ``--pool unisolated``, on ``UnisolatedSandboxPool`` (real commands in
-plain directories, NO ISOLATION: only for scripts you trust).
+plain directories, NO ISOLATION: only for scripts you trust; refused with ``require_sandbox``
+or ``require_stateful_sandbox`` set).
 
 The model, one of:
 
@@ -25,16 +26,19 @@ The model, one of:
   the recorded turns of its task (``trajcore.rollout.scripted.Replay``). ``--groups`` defaults
   to the number of groups recorded.
 - ``--base-url URL``: an OpenAI-compatible endpoint (OpenAI mode; ``--model``, and the API key
-  from the variable ``--api-key-env``).
+  from the variable ``--api-key-env``). A config whose ``mode`` is ``managed`` is refused (its
+  token endpoint is process mode's: ``python env.py process --openai.base_url URL``); ``auto``
+  is OpenAI mode here.
 
 It writes into ``--out`` (default ``out/run/<env name>``, and ``out/run/<env name>-replay``
 for a replay; a run never writes over the file it replays: it refuses, status 2):
 ``trajectories.jsonl`` (one record per trajectory), ``scored_groups.jsonl`` (what Atropos
 would be sent, one ``ScoredDataGroup`` per line) and ``report.html`` (every turn's messages,
-tool calls, results, scores and metadata),
-and prints the summary table. Exit status: 0 when every group ran; 1 when the run stopped on an
-error (the groups done are still written); 2 for a usage or setting error; 128 + the signal
-after SIGINT or SIGTERM (``trajcore.entrypoints.signals``), also with what was done written.
+tool calls, results, scores and metadata), and prints the summary table.
+
+Exit status: 0 when every group ran; 1 when the run stopped on an error (the groups done are
+still written); 2 for a usage or setting error; 128 + the signal after SIGINT or SIGTERM
+(``trajcore.entrypoints.signals``), also with what was done written.
 """
 
 from __future__ import annotations
@@ -316,6 +320,30 @@ def _write(done: _Done, out: Path, *, title: str, notes: list[str], plain: bool)
     print(f"report: {out / 'report.html'}")
 
 
+def _check_choices(args: argparse.Namespace, config: AgentEnvConfig) -> None:
+    """Refuse a config the command line cannot honour; ``--base-url`` makes ``auto`` OpenAI mode.
+
+    Raises:
+        ConfigError: ``mode`` managed with ``--base-url``; ``require_sandbox`` (or
+            ``require_stateful_sandbox``) with ``--pool unisolated``.
+    """
+    if args.base_url is not None:
+        if config.mode == "managed":
+            raise ConfigError(
+                "mode",
+                "--base-url runs OpenAI mode (the endpoint's chat completions); managed mode "
+                "needs its token endpoint: run `python ENV.py process --openai.base_url URL`, "
+                "or drop --set mode=managed",
+            )
+        config.mode = "openai"
+    if args.pool == "unisolated":
+        for field in ("require_sandbox", "require_stateful_sandbox"):
+            if getattr(config, field):
+                raise ConfigError(
+                    field, "--pool unisolated runs commands without a sandbox; use --pool env"
+                )
+
+
 def _out_dir(args: argparse.Namespace, env_name: str) -> Path:
     """The output directory: ``--out``, else ``out/run/<env name>`` (``...-replay`` for a
     replay, so replaying the default output never writes over the recording).
@@ -344,6 +372,7 @@ def main(argv: Sequence[str]) -> int:
             raise UsageError(f"{args.target} is not an AgentEnv subclass")
         env_module = sys.modules[env_class.__module__]
         config, servers = _config(env_class, args.set)
+        _check_choices(args, config)
         try:
             env = env_class(config, servers)
         except OSError as error:  # Atropos loads tokenizer_name when the env is built
