@@ -178,3 +178,30 @@ def test_settings_the_command_line_cannot_honour_are_refused_naming_them(
     assert "@ require_sandbox" in capsys.readouterr().err
     assert main([*unsandboxed, "--set", "require_stateful_sandbox=true"]) == 2
     assert "@ require_stateful_sandbox" in capsys.readouterr().err
+
+
+def test_an_endpoint_that_does_not_answer_stops_the_run_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = "http://127.0.0.1:1/v1"  # nothing listens on port 1
+    argv = [SHELL_TASKS, "--base-url", url, "--set", "model_wait_s=1",
+            "--out", str(tmp_path / "none"), "--pool", "unisolated", "--plain"]  # fmt: skip
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "ModelEndpointUnavailable" in err
+    assert url in err
+    assert _records(tmp_path / "none") == []
+
+
+def test_a_run_where_every_trajectory_failed_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = {"messages": [{"role": "user", "content": "another task"},
+                          {"role": "assistant", "content": "done"}]}  # fmt: skip
+    recording = tmp_path / "other.jsonl"
+    recording.write_text(json.dumps(other) + "\n")
+    out = tmp_path / "failed"
+    assert main([SHELL_TASKS, "--replay", str(recording), "--groups", "2", "--group-size", "1",
+                 "--out", str(out), "--pool", "unisolated", "--plain"]) == 1  # fmt: skip
+    assert "no trajectory of the 2 groups was scored" in capsys.readouterr().err
+    assert [r["status"] for r in _records(out)] == ["model_error", "model_error"]

@@ -28,7 +28,9 @@ The model, one of:
 - ``--base-url URL``: an OpenAI-compatible endpoint (OpenAI mode; ``--model``, and the API key
   from the variable ``--api-key-env``). A config whose ``mode`` is ``managed`` is refused (its
   token endpoint is process mode's: ``python env.py process --openai.base_url URL``); ``auto``
-  is OpenAI mode here.
+  is OpenAI mode here. Before the first group the endpoint must answer a one-token chat
+  request, within the config's ``model_wait_s`` (``--set model_wait_s=SECONDS``), else the run
+  stops naming the URL and what came back.
 
 It writes into ``--out`` (default ``out/run/<env name>``, and ``out/run/<env name>-replay``
 for a replay; a run never writes over the file it replays: it refuses, status 2):
@@ -37,7 +39,8 @@ would be sent, one ``ScoredDataGroup`` per line) and ``report.html`` (every turn
 tool calls, results, scores and metadata), and prints the summary table.
 
 Exit status: 0 when every group ran; 1 when the run stopped on an error (the groups done are
-still written); 2 for a usage or setting error; 128 + the signal after SIGINT or SIGTERM
+still written) or no trajectory of any group was scored (every one failed: the table and the
+report say why); 2 for a usage or setting error; 128 + the signal after SIGINT or SIGTERM
 (``trajcore.entrypoints.signals``), also with what was done written.
 """
 
@@ -61,10 +64,12 @@ import attrs
 
 from trajcore.adapters.fakes.unisolated import UnisolatedSandboxPool
 from trajcore.adapters.llm.chat import OpenAIChatServer
+from trajcore.adapters.llm.transport import RetryRules
 from trajcore.domain.errors import ConfigError, TrajcoreError
 from trajcore.domain.messages import Message
+from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.tool_parsers import get_parser
-from trajcore.entrypoints.atropos import scored_data
+from trajcore.entrypoints.atropos import scored_data, startup
 from trajcore.entrypoints.atropos.config import AgentEnvConfig
 from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.entrypoints.atropos.scored_data import ScoredGroup
@@ -273,6 +278,8 @@ def _task_text(env: AgentEnv[Any], item: object) -> str:
 async def _run(
     env: AgentEnv[Any], model: _Model, args: argparse.Namespace, done: _Done, bar: ProgressBar
 ) -> None:
+    if args.base_url is not None:
+        await _wait_for_endpoint(args, env.config.model_wait_s)
     await env.setup()
     pool: SandboxPool | None = None
     async with contextlib.AsyncExitStack() as stack:
@@ -344,6 +351,34 @@ def _check_choices(args: argparse.Namespace, config: AgentEnvConfig) -> None:
                 )
 
 
+async def _wait_for_endpoint(args: argparse.Namespace, wait_s: float) -> None:
+    """Return once ``--base-url`` answers a one-token chat request (``startup.wait_for_model``).
+
+    Raises:
+        ModelEndpointUnavailable: it answered the wrong thing, or nothing within ``wait_s``.
+    """
+    retry = RetryRules(max_attempts=1, attempt_timeout_s=startup.PROBE_TIMEOUT_S)
+    chat = OpenAIChatServer(
+        base_url=args.base_url,
+        model=args.model,
+        api_key=os.environ.get(args.api_key_env),
+        retry=retry,
+    )
+
+    async def send() -> object:
+        sampling = SamplingParams(max_tokens=1, temperature=0.0)
+        return await chat.chat([Message.user("hi")], tools=(), sampling=sampling)
+
+    expected = (
+        f"POST {args.base_url.rstrip('/')}/chat/completions answering 200 with an OpenAI chat "
+        f"completion for model {args.model!r}"
+    )
+    probe = startup.EndpointProbe(
+        url=args.base_url, expected=expected, send=send, close=chat.aclose
+    )
+    await startup.wait_for_model([probe], wait_s=wait_s)
+
+
 def _out_dir(args: argparse.Namespace, env_name: str) -> Path:
     """The output directory: ``--out``, else ``out/run/<env name>`` (``...-replay`` for a
     replay, so replaying the default output never writes over the recording).
@@ -360,6 +395,11 @@ def _out_dir(args: argparse.Namespace, env_name: str) -> Path:
             "give another --out so the recording is kept"
         )
     return out
+
+
+def _nothing_scored(groups: Sequence[GroupResult]) -> bool:
+    """Whether ``groups`` ran and not one member of them has a score."""
+    return bool(groups) and all(m.outcome.score is None for g in groups for m in g.members)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -408,6 +448,13 @@ def main(argv: Sequence[str]) -> int:
             status = exit_status(stop.signum)
         finally:
             bar.close()
+    if status == 0 and _nothing_scored(done.groups):
+        print(
+            f"\ntrajcore run: no trajectory of the {len(done.groups)} groups was scored: every "
+            "one failed (see the table and the report for why)",
+            file=sys.stderr,
+        )
+        status = 1
     notes = [f"env: {args.target}", f"model: {model.line}", f"pool: {args.pool}"]
     _write(done, out, title=f"trajcore run: {env_class.__name__}", notes=notes, plain=args.plain)
     return status
