@@ -1,17 +1,20 @@
 """``trajcore demo``: the shell-tasks env in Atropos's process mode on the local pool, reported.
 
     trajcore demo [--out DIR] [--base-url URL] [--model NAME] [--api-key-env VAR]
-                  [--groups N] [--group-size N] [--plain]
+                  [--model-wait-s SECONDS] [--groups N] [--group-size N] [--plain]
 
-What it runs: ``ShellTasksEnv`` from the repository's ``examples/shell_tasks.py``, driven through
-``AgentEnv.process_manager``, the very code path of ``python examples/shell_tasks.py process``
-(Atropos's loop: get an item, collect a group, write it to Atropos's JSONL, and Atropos's own
-HTML page at the end). The sandbox is the embedded default: a ``LocalSandboxPool`` of slot
-servers on this machine (bubblewrap when it works here; without it commands run unsandboxed and
-the demo says so). wandb is off and nothing is sent to a trainer.
+What it runs: ``ShellTasksEnv`` from the repository's ``examples/shell_tasks.py`` (so it runs
+from a checkout, ``./dev demo``; an installed wheel has no ``examples/`` and says so), driven
+through ``AgentEnv.process_manager``, the very code path of ``python examples/shell_tasks.py
+process`` (Atropos's loop: get an item, collect a group, write it to Atropos's JSONL, and
+Atropos's own HTML page at the end). The sandbox is the embedded default: a
+``LocalSandboxPool`` of slot servers on this machine (bubblewrap when it works here; without it
+commands run unsandboxed and the demo says so). wandb is off and nothing is sent to a trainer.
 
 The model: with ``--base-url`` (or ``OPENAI_BASE_URL``) the env talks to that OpenAI-compatible
-endpoint (OpenAI mode; ``--model``, the API key read from the variable ``--api-key-env``). With
+endpoint (OpenAI mode; ``--model``, the API key read from the variable ``--api-key-env``), once
+it answers a one-token chat request: the demo waits at most ``--model-wait-s`` (10 s) for it,
+then stops naming the URL and what came back. With
 neither, it says so and uses ``ScriptedSolver``, a chat server that plays back tool calls which
 solve the bundled tasks, so the whole pipeline runs offline. The tokenizer that re-renders
 training tokens is Qwen3's, shipped with the locked dependencies (no download); OpenAI-mode tokens
@@ -28,7 +31,8 @@ by ``rich`` when it is installed (``--plain``: plain text either way). SIGINT or
 with the pool closed and writes what was done (a second signal stops it at once:
 ``trajcore.entrypoints.signals``). Process mode
 retries a group that is not sent (say, every member failed); the demo stops with an error after
-``2 * groups + 2`` groups rather than retry forever.
+``2 * groups + 2`` groups (or after ``max_failed_groups`` failed groups in a row) rather than
+retry forever; an error ends it with its message and status 1, never a traceback.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.errors import ConfigError, StateError, TrajcoreError
 from trajcore.entrypoints.atropos.config import AgentEnvConfig
 from trajcore.entrypoints.atropos.env import AgentEnv
+from trajcore.entrypoints.atropos.failing_groups import GroupsFailing
 from trajcore.entrypoints.report import (
     ProgressBar,
     ran_unsandboxed,
@@ -59,6 +64,7 @@ from trajcore.entrypoints.report import (
     write_html,
     write_jsonl,
 )
+from trajcore.entrypoints.run import wait_for_endpoint
 from trajcore.entrypoints.signals import Interrupted, closing_on_signals, exit_status
 from trajcore.ports.chat_server import ChatServer
 from trajcore.rollout.group import GroupResult
@@ -76,7 +82,11 @@ def _shell_tasks() -> ModuleType:
     """
     path = _EXAMPLES / "shell_tasks.py"
     if not path.is_file():
-        raise ConfigError("examples", f"the demo runs examples/shell_tasks.py; not found at {path}")
+        raise ConfigError(
+            "examples",
+            f"the demo runs the repository's examples/shell_tasks.py, not found at {path} (an "
+            "installed trajcore has no examples/): run it from a checkout: ./dev demo",
+        )
     name = "trajcore_demo_shell_tasks"
     if name in sys.modules:
         return sys.modules[name]
@@ -98,6 +108,12 @@ def _arguments(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--base-url", help="OpenAI-compatible API root (default: OPENAI_BASE_URL)")
     parser.add_argument("--model", default="default", help="model name sent with each request")
     parser.add_argument(
+        "--model-wait-s",
+        type=float,
+        default=10.0,
+        help="longest wait for the endpoint to answer before the first group (default 10)",
+    )
+    parser.add_argument(
         "--api-key-env", default="OPENAI_API_KEY", help="variable holding the API key"
     )
     parser.add_argument("--groups", type=int, default=0, help="groups (default: one per task)")
@@ -110,6 +126,8 @@ def _arguments(argv: Sequence[str]) -> argparse.Namespace:
         parser.error("--groups must be >= 0")
     if args.group_size < 1:
         parser.error("--group-size must be >= 1")
+    if not args.model_wait_s > 0:
+        parser.error("--model-wait-s must be > 0")
     return args
 
 
@@ -154,7 +172,14 @@ def _demo_env(shell_tasks: ModuleType, chat: ChatServer, run: _Run) -> type[Agen
     return DemoEnv
 
 
-async def _process(env: AgentEnv[Any]) -> None:
+async def _process(env: AgentEnv[Any], args: argparse.Namespace, base_url: str | None) -> None:
+    if base_url:
+        await wait_for_endpoint(
+            base_url,
+            model=args.model,
+            api_key=os.environ.get(args.api_key_env),
+            wait_s=args.model_wait_s,
+        )
     await env.process_manager()
 
 
@@ -172,6 +197,14 @@ def _report(run: _Run, out: Path, *, mode: str, groups: int, args: argparse.Name
         print("note: bubblewrap is unusable here, so commands ran without a sandbox")
     print(f"wrote {written} trajectories to {out / 'trajectories.jsonl'}")
     print(f"report: {out / 'report.html'}   Atropos's own: {out / 'atropos_groups.jsonl'}")
+
+
+def _close_groups_file(env: AgentEnv[Any]) -> None:
+    """Close Atropos's groups file: it is opened when the env is built and closed only by a
+    process run that reaches its end (closing twice is a no-op)."""
+    writer = getattr(env, "jsonl_writer", None)
+    if writer is not None:
+        writer.close()
 
 
 def main(argv: Sequence[str]) -> int:
@@ -234,8 +267,8 @@ def main(argv: Sequence[str]) -> int:
     status = 0
     with closing_on_signals("trajcore demo"):
         try:
-            anyio.run(_process, env, backend="asyncio")
-        except TrajcoreError as exc:
+            anyio.run(_process, env, args, base_url, backend="asyncio")
+        except (TrajcoreError, GroupsFailing) as exc:
             run.progress.close()
             print(f"\ntrajcore demo: {type(exc).__name__}: {exc}", file=sys.stderr)
             status = 1
@@ -245,5 +278,6 @@ def main(argv: Sequence[str]) -> int:
             status = exit_status(stop.signum)
         finally:
             run.progress.close()
+            _close_groups_file(env)
     _report(run, out, mode=mode, groups=groups, args=args)
     return status

@@ -87,7 +87,7 @@ from trajcore.rollout.group import GroupResult
 from trajcore.rollout.policy import ChatPolicy, Policy
 from trajcore.rollout.scripted import ModelScript, Replay, ScriptedPolicy, replay_records
 
-__all__ = ["load_object", "main", "scripted_policy"]
+__all__ = ["load_object", "main", "scripted_policy", "wait_for_endpoint"]
 
 log = logging.getLogger("trajcore.run")
 
@@ -279,7 +279,12 @@ async def _run(
     env: AgentEnv[Any], model: _Model, args: argparse.Namespace, done: _Done, bar: ProgressBar
 ) -> None:
     if args.base_url is not None:
-        await _wait_for_endpoint(args, env.config.model_wait_s)
+        await wait_for_endpoint(
+            args.base_url,
+            model=args.model,
+            api_key=os.environ.get(args.api_key_env),
+            wait_s=env.config.model_wait_s,
+        )
     await env.setup()
     pool: SandboxPool | None = None
     async with contextlib.AsyncExitStack() as stack:
@@ -351,31 +356,28 @@ def _check_choices(args: argparse.Namespace, config: AgentEnvConfig) -> None:
                 )
 
 
-async def _wait_for_endpoint(args: argparse.Namespace, wait_s: float) -> None:
-    """Return once ``--base-url`` answers a one-token chat request (``startup.wait_for_model``).
+async def wait_for_endpoint(
+    base_url: str, *, model: str, api_key: str | None, wait_s: float
+) -> None:
+    """Return once ``base_url`` answers a one-token chat request for ``model``
+    (``startup.wait_for_model``: a refused connection or a 5xx is tried again each second).
 
     Raises:
-        ModelEndpointUnavailable: it answered the wrong thing, or nothing within ``wait_s``.
+        ModelEndpointUnavailable: it answered the wrong thing, or nothing within ``wait_s``;
+            the message names the URL and what came back.
     """
     retry = RetryRules(max_attempts=1, attempt_timeout_s=startup.PROBE_TIMEOUT_S)
-    chat = OpenAIChatServer(
-        base_url=args.base_url,
-        model=args.model,
-        api_key=os.environ.get(args.api_key_env),
-        retry=retry,
-    )
+    chat = OpenAIChatServer(base_url=base_url, model=model, api_key=api_key, retry=retry)
 
     async def send() -> object:
         sampling = SamplingParams(max_tokens=1, temperature=0.0)
         return await chat.chat([Message.user("hi")], tools=(), sampling=sampling)
 
     expected = (
-        f"POST {args.base_url.rstrip('/')}/chat/completions answering 200 with an OpenAI chat "
-        f"completion for model {args.model!r}"
+        f"POST {base_url.rstrip('/')}/chat/completions answering 200 with an OpenAI chat "
+        f"completion for model {model!r}"
     )
-    probe = startup.EndpointProbe(
-        url=args.base_url, expected=expected, send=send, close=chat.aclose
-    )
+    probe = startup.EndpointProbe(url=base_url, expected=expected, send=send, close=chat.aclose)
     await startup.wait_for_model([probe], wait_s=wait_s)
 
 
