@@ -4,6 +4,8 @@ groups read back, shown with every turn's tool calls, results, scores and metada
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import attrs
@@ -129,7 +131,7 @@ def test_the_report_command_writes_the_page_and_prints_the_table(
     assert main([str(path), "--plain"]) == 0
     printed = capsys.readouterr().out
     assert "env-1" in printed
-    assert (tmp_path / "groups.html").is_file()
+    assert (tmp_path / "groups.report.html").is_file()
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     assert main([str(empty), "--plain"]) == 0
@@ -138,3 +140,32 @@ def test_the_report_command_writes_the_page_and_prints_the_table(
     bad.write_text("nope\n")
     assert main([str(bad)]) == 2
     assert "line 1" in capsys.readouterr().err
+
+
+_WITHOUT_JINJA2 = """
+import sys
+
+
+class _NoJinja2:
+    def find_spec(self, name, path=None, target=None):
+        if name == "jinja2" or name.startswith("jinja2."):
+            raise ModuleNotFoundError("No module named 'jinja2'", name="jinja2")
+
+
+sys.meta_path.insert(0, _NoJinja2())
+from trajcore.entrypoints.cli import main
+
+sys.exit(main(["report", "groups.jsonl"]))
+"""
+
+
+def test_the_report_command_without_its_extra_names_the_report_extra() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_JINJA2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "install trajcore[report]" in done.stderr

@@ -34,7 +34,7 @@ _EXTRAS: dict[str, str] = {
     "tool-server": "tool-server",
     "demo": "atropos",
     "run": "atropos",
-    "report": "atropos",
+    "report": "report",
 }
 
 

@@ -12,8 +12,11 @@
   tool calls and errors, slot, the hooks' metadata), and the page shows it; any other Atropos
   env's groups show their messages and scores.
 
-It writes the self-contained HTML page (default: ``FILE`` with ``.html``) and prints the summary
-table. Exit status 0, or 2 with ``reason @ line N`` on stderr when the file cannot be read.
+It writes the self-contained HTML page (default: ``FILE`` with ``.report.html`` for its
+suffix, so ``groups.jsonl`` gives ``groups.report.html`` and the ``groups.html`` Atropos writes
+beside its groups file is left as it is) and prints the summary table. Exit status 0, or 2
+with ``reason @ line N`` on stderr when the file cannot be read. It needs the ``report`` extra
+(jinja2; rich for the drawn table), and says so when it is missing.
 """
 
 from __future__ import annotations
@@ -127,7 +130,7 @@ def _arguments(argv: Sequence[str]) -> argparse.Namespace:
         description="Write the HTML report of an env's output file and print its summary.",
     )
     parser.add_argument("file", type=Path, help="trajectories.jsonl, or Atropos's groups JSONL")
-    parser.add_argument("--out", type=Path, help="the page to write (default: FILE.html)")
+    parser.add_argument("--out", type=Path, help="the page to write (default: FILE.report.html)")
     parser.add_argument("--title", help="the page's title (default: the file's name)")
     parser.add_argument("--plain", action="store_true", help="print the table as plain text")
     return parser.parse_args(list(argv))
@@ -141,7 +144,7 @@ def main(argv: Sequence[str]) -> int:
     except (InvalidInput, OSError) as error:
         print(f"trajcore report: {args.file}: {error}", file=sys.stderr)
         return 2
-    out: Path = args.out or args.file.with_suffix(".html")
+    out: Path = args.out or args.file.with_suffix(".report.html")
     write_html(groups, out, title=args.title or f"trajcore report: {args.file.name}")
     print(summary_table(groups, plain=args.plain))
     print(f"report: {out}")
