@@ -132,6 +132,9 @@ def test_the_core_install_is_small_and_holds_no_trainer_stack(core_venv: Path) -
     assert "trajcore" in installed
     assert {"attrs", "cattrs", "anyio", "jsonschema"} <= set(installed)
     assert len(installed) <= MAX_CORE_DISTRIBUTIONS, installed
+    said = re.search(r"that is (\d+) distributions", (ROOT / "docs" / "deploy.md").read_text())
+    assert said is not None
+    assert int(said.group(1)) == len(installed), installed  # docs/deploy.md says the count
     for heavy in ("atroposlib", "transformers", "tokenizers", "httpx", "aiohttp", "numpy"):
         assert heavy not in installed
 
