@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import anyio
+
 from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.errors import ConfigError
 from trajcore.env import AgentEnv, AgentEnvConfig, Message, SlotTools, Transcript
@@ -30,3 +32,13 @@ class SetupFailsEnv(AgentEnv[str]):
 
     async def verify_and_score(self, item: str, tools: SlotTools, transcript: Transcript) -> float:
         return 1.0
+
+
+class SlowSetupEnv(SetupFailsEnv):
+    """An env whose ``setup`` takes a minute, to stop by a signal before the first group."""
+
+    name = "slow_setup"
+
+    async def setup(self) -> None:
+        print("setting up", flush=True)
+        await anyio.sleep(60)

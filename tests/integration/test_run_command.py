@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -205,3 +206,30 @@ def test_a_run_where_every_trajectory_failed_exits_1(
                  "--out", str(out), "--pool", "unisolated", "--plain"]) == 1  # fmt: skip
     assert "no trajectory of the 2 groups was scored" in capsys.readouterr().err
     assert [r["status"] for r in _records(out)] == ["model_error", "model_error"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_before_the_first_group_ends_the_run_with_its_status(
+    tmp_path: Path, signum: int
+) -> None:
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    argv = [
+        sys.executable, "-m", "trajcore.entrypoints.cli", "run", f"{RUN_ENVS}:SlowSetupEnv",
+        "--policy", f"{SHELL_TASKS.rpartition(':')[0]}:solve", "--pool", "unisolated",
+        "--out", str(tmp_path / "out"), "--plain",
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline() == "setting up\n"
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 128 + signum, err[-2000:]
+    assert "Traceback" not in err
+    assert "0 trajectories in 0 groups" in out
