@@ -19,9 +19,12 @@ import anyio
 import attrs
 import pytest
 
+from trajcore.adapters.pools.admission import slots_in_use
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
+from trajcore.adapters.pools.pool_core import Endpoint
 from trajcore.adapters.pools.supervision import RestartSettings
 from trajcore.domain.batch_planner import BatchConfig
+from trajcore.domain.errors import SlotServerError
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
@@ -298,3 +301,24 @@ async def test_close_leaves_no_process_behind_even_with_background_jobs() -> Non
             group.cancel_scope.cancel()
     await wait_no_leftovers(groups, run_dir, before)
     assert not run_dir.exists()
+
+
+@pytest.mark.anyio
+async def test_a_server_a_lease_used_never_joins_and_a_fresh_one_does(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A fresh server's listing shows no use, so it joins; once a lease ran a call in it (what
+    a resumed Slurm job or a reconnected Nomad client brings back), ``connect`` refuses it with
+    a warning naming the server and the slot."""
+    async with LocalSandboxPool(config(containers=1, slots=2)) as pool:
+        (name,) = pool.container_names()
+        assert slots_in_use(await pool.client(name).list_slots()) == []
+        unix_path = pool.client(name).unix_path
+        assert unix_path is not None
+        async with pool.lease("victim") as lease:
+            (result,) = await pool.execute(name, [bash(lease, "echo secret > note")])
+            assert result.outcome is ToolOutcome.OK
+        with pytest.raises(SlotServerError, match="slot server again was refused: it is not fresh"):
+            await pool.connect(Endpoint("unix", unix_path), "again")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("again was refused" in w and "slot 0:" in w for w in warnings), warnings

@@ -214,6 +214,30 @@ async def test_scancel_of_a_running_job_fails_its_call_in_flight_and_a_new_job_s
 
 
 @pytest.mark.anyio
+async def test_a_suspended_job_is_cancelled_and_its_slots_never_leased_again(
+    cluster: SlurmCluster,
+) -> None:
+    """Gang or suspend preemption: the pool loses the suspended job, cancels it and serves from
+    a replacement; resumed, the job must not bring the old lease's workspace back."""
+    config = cluster.pool_config(containers=1, slots_per_container=1)
+    async with SlurmSandboxPool(config) as pool:
+        [first] = pool.container_names()
+        job_id = pool.job_id(first)
+        async with pool.lease("victim") as lease:
+            assert (await _one(pool, lease, "echo secret > note; echo ok")).content == "ok\n"
+            cluster.run("scontrol", "suspend", job_id)
+            await _wait_until(lambda: first not in pool.container_names(), 30, "the loss", pool)
+        cluster.run("scontrol", "resume", job_id, check=False)  # (cancelled already: refused)
+        await _wait_until(
+            lambda: pool.container_names() not in ([], [first]), 60, "a new job", pool
+        )
+        assert await _end_state(cluster, job_id, config) == "CANCELLED"
+        async with pool.lease("next") as after:
+            assert pool.job_id(after.slot.container) != job_id
+            assert "secret" not in ((await _one(pool, after, "cat note 2>&1")).content or "")
+
+
+@pytest.mark.anyio
 async def test_a_node_set_down_fails_the_calls_in_flight_and_the_pool_recovers(
     cluster: SlurmCluster,
 ) -> None:

@@ -144,8 +144,10 @@ def test_a_draining_container_that_still_holds_slots_is_neither_back_nor_removed
     assert machine.members()["b"] is MemberState.DRAINING
     # its allocation stops while it holds a slot: lost (the lease turns stale), not removed
     gone = [running("a", 0), Allocation(id="b", index=1, client_status="lost", held=1)]
+    lost = "its scheduler lost it: its server may come back with old leases"
     assert machine.observe(gone, demand=4, now=3.0) == [
-        Lose(alloc_id="b", reason="its allocation is lost (desired run)")
+        Lose(alloc_id="b", reason="its allocation is lost (desired run)"),
+        Replace(alloc_id="b", restarts=0, reason=lost),
     ]
 
 
@@ -297,6 +299,7 @@ class NomadAndPool(RuleBasedStateMachine):
             match action:
                 case Join(alloc_id=alloc_id, restarts=restarts):
                     assert (alloc_id, restarts) not in self.replaced
+                    assert (alloc_id, restarts) not in self.joins, "a run is joined twice"
                     assert restarts <= attempts
                     assert self.nomad[alloc_id]["client"] == "running"
                     self.joins.add((alloc_id, restarts))
@@ -422,6 +425,15 @@ class NomadAndPool(RuleBasedStateMachine):
         alloc_id = self.pick(data, "running")
         if alloc_id is not None:
             self.nomad[alloc_id]["client"] = status
+        self.poll()
+
+    @rule(data=st.data())
+    def lost_allocation_runs_again(self, data: st.DataObject) -> None:
+        """A lost client comes back (a disconnected Nomad client, a resumed Slurm job): its
+        allocation runs again with whatever its last leases left."""
+        alloc_id = self.pick(data, "lost")
+        if alloc_id is not None and self.nomad[alloc_id]["desired"] == "run":
+            self.nomad[alloc_id]["client"] = "running"
         self.poll()
 
     @rule(data=st.data())
@@ -825,3 +837,51 @@ def test_only_one_drained_container_per_index_comes_back() -> None:
         Undrain(alloc_id="b", reason="index below 2")
     ]
     machine.check_valid()
+
+
+def test_a_lost_run_is_stopped_at_once_and_never_joined_again() -> None:
+    machine = reconciler(max_containers=1)
+    machine.registered(1)
+    machine.observe([running("a", 0)], demand=0, now=0.0)
+    machine.joined("a", 0.0)
+    lost = [Allocation(id="a", index=0, client_status="lost")]
+    why = "its scheduler lost it: its server may come back with old leases"
+    assert machine.observe(lost, demand=0, now=1.0) == [
+        Lose(alloc_id="a", reason="its allocation is lost (desired run)"),
+        Replace(alloc_id="a", restarts=0, reason=why),
+    ]
+    assert machine.retired("a", 0)
+    assert machine.observe(lost, demand=0, now=2.0) == []  # asked to stop once
+    # it runs again (a client reconnects, a suspended job resumes): never joined
+    assert machine.observe([running("a", 0)], demand=0, now=3.0) == []
+    assert machine.members() == {}
+    machine.check_valid()
+
+
+def test_a_gone_run_seen_running_again_is_stopped_once_and_never_joined() -> None:
+    machine = reconciler(max_containers=1)
+    machine.registered(1)
+    machine.observe([running("a", 0)], demand=0, now=0.0)
+    machine.joined("a", 0.0)
+    assert machine.observe([], demand=0, now=1.0) == [
+        Lose(alloc_id="a", reason="its allocation is no longer listed")
+    ]
+    why = "it runs again after the pool gave it up"
+    assert machine.observe([running("a", 0), running("b", 0)], demand=0, now=2.0) == [
+        Replace(alloc_id="a", restarts=0, reason=why),
+        Join(alloc_id="b", index=0, restarts=0),
+    ]
+    assert machine.observe([running("a", 0), running("b", 0)], demand=0, now=3.0) == []
+    assert list(machine.members()) == ["b"]
+
+
+def test_a_joining_run_that_is_lost_is_never_joined_when_it_runs_again() -> None:
+    machine = reconciler(max_containers=1)
+    machine.registered(1)
+    machine.observe([running("a", 0)], demand=0, now=0.0)
+    actions = machine.observe([Allocation(id="a", index=0, client_status="lost")], 0, 1.0)
+    assert [type(a) for a in actions] == [Replace]
+    assert machine.joined("a", 1.5) == [
+        Discard(alloc_id="a", reason="it joined after the pool gave it up")
+    ]
+    assert machine.observe([running("a", 0)], demand=0, now=2.0) == []

@@ -11,6 +11,7 @@ from trajcore.domain.nomad_reconcile import (
     Allocation,
     Drain,
     Join,
+    Lose,
     MemberState,
     NomadReconciler,
     ReconcileConfig,
@@ -152,3 +153,33 @@ def test_an_ending_run_is_never_joined() -> None:
     machine = _machine()
     listing = [Allocation(id="a", index=0, client_status="running", ending=True)]
     assert machine.observe(listing, 0, 0.0) == []
+
+
+def test_a_suspended_job_is_cancelled_at_once_and_never_joined_when_resumed() -> None:
+    """Gang or suspend preemption: a SUSPENDED job is lost to the pool (its leases turn stale)
+    and cancelled then, so its server never serves the old leases' workspaces again; a
+    replacement is planned on its index whether or not Slurm resumes it."""
+    machine = _machine()
+    stopping: set[str] = set()
+
+    def tick(jobs: list[SlurmJob], now: float) -> tuple[list[type], tuple[int, ...]]:
+        allocations = [
+            Allocation(
+                id=j.job_id,
+                index=j.index,
+                client_status=j.client_status,
+                desired_status="stop" if j.job_id in stopping else "run",
+            )
+            for j in jobs
+        ]
+        actions = machine.observe(allocations, 0, now)
+        stopping.update(a.alloc_id for a in actions if isinstance(a, Replace))
+        plan = plan_jobs(jobs, run="r1", count=1, stopping=frozenset(stopping), ending_s=60.0)
+        return [type(a) for a in actions], plan.submit
+
+    assert tick([_job("1", 0)], 0.0) == ([Join], ())
+    machine.joined("1", 0.5)
+    assert tick([_job("1", 0, state="SUSPENDED")], 1.0) == ([Lose, Replace], (0,))
+    assert stopping == {"1"}
+    assert tick([_job("1", 0), _job("2", 0)], 2.0) == ([Join], ())
+    assert list(machine.members()) == ["2"]

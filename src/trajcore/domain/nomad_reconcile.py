@@ -41,7 +41,11 @@ Nomad pool never reports one, so none of this touches it.
 restarted in place (a restarted slot server has forgotten its slots; the new run joins afresh).
 An allocation whose run failed to join, failed a batch or reset, or was restarted in place more
 than ``restart_attempts`` times is *retired*: asked to stop once (``Replace``) and never joined
-again under that run (``(alloc_id, restarts)``).
+again under that run (``(alloc_id, restarts)``). A run that is gone is retired too: its leases
+turned stale, but its server may still hold their workspaces and processes, so a run the
+scheduler lost (client status ``lost``: a Slurm job suspended or preempted, a Nomad client
+disconnected) is asked to stop at once, and any other gone run that is seen running again is
+asked to stop then; either way once, and it is never joined again.
 
 Rules it keeps (``check_valid`` asserts them):
 
@@ -54,7 +58,8 @@ Rules it keeps (``check_valid`` asserts them):
   Nomad stops the highest indices when the count drops, so those members are drained first and
   the count is lowered only when none of them holds a slot.
 - A member that restarted in place more than ``restart_attempts`` times, or whose join takes
-  longer than ``join_timeout_s``, is replaced; every retired run is replaced exactly once.
+  longer than ``join_timeout_s``, is replaced; every retired run is replaced exactly once, a
+  gone one only when it is lost or runs again. A retired run is never a member again.
 - Deterministic: the same events give the same actions, whatever the order of the listing (it
   is read by index, then ID).
 """
@@ -304,6 +309,7 @@ class NomadReconciler:
     _job_count: int | None = attrs.field(init=False, default=None)
     _members: dict[str, _Member] = attrs.field(init=False, factory=dict)
     _retired: set[tuple[str, int]] = attrs.field(init=False, factory=set)
+    _unstopped: set[tuple[str, int]] = attrs.field(init=False, factory=set)
     _now: float = attrs.field(init=False, default=-math.inf)
 
     def __attrs_post_init__(self) -> None:
@@ -445,6 +451,9 @@ class NomadReconciler:
 
     def _gone(self, alloc_id: str, member: _Member, reason: str, actions: list[Action]) -> None:
         del self._members[alloc_id]
+        # its server may come back with the old leases' workspaces and processes: never rejoin
+        self._retired.add((alloc_id, member.restarts))
+        self._unstopped.add((alloc_id, member.restarts))
         if member.state is MemberState.JOINING:
             return  # its join is answered with Discard
         if member.state is MemberState.DRAINING and member.held == 0:
@@ -462,6 +471,17 @@ class NomadReconciler:
                 why = f"not healthy within {self.config.join_timeout_s} s"
                 actions.extend(self._retire(alloc_id, member, why, lose=False))
         for seen in listing:
+            key = (seen.id, seen.restarts)
+            if key in self._unstopped and seen.desired_status == "run":
+                if seen.running or seen.client_status == "lost":
+                    self._unstopped.discard(key)
+                    why = (
+                        "it runs again after the pool gave it up"
+                        if seen.running
+                        else "its scheduler lost it: its server may come back with old leases"
+                    )
+                    actions.append(Replace(alloc_id=seen.id, restarts=seen.restarts, reason=why))
+                continue
             if (
                 not seen.running
                 or seen.ending

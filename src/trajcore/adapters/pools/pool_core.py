@@ -9,8 +9,8 @@ What the core does, once for every source:
 - Leasing is the domain slot book's, driven by ``SlotLeasing``; batches follow ``execute_batch``;
   a released slot is reset through the slot server of its container.
 - A source connects to a slot server it started (``connect``: health within ``start_timeout_s``,
-  the slot count, a sandbox and tmux when required) and hands it to the core (``join``): its
-  slots enter the book under the source's container name.
+  the slot count, a sandbox and tmux when required, fresh slots) and hands it to the core
+  (``join``): its slots enter the book under the source's container name.
 - A server that fails a batch or a reset is *lost* at once (``lose``): its slots leave the book
   (their leases turn stale) and the source is told (``ContainerSource.lost``) so it can stop the
   server and start a replacement. A server the source sees end on its own is ``gone``: lost the
@@ -39,6 +39,7 @@ import anyio
 import anyio.abc
 import attrs
 
+from trajcore.adapters.pools.admission import check_fresh
 from trajcore.adapters.pools.batches import execute_batch
 from trajcore.adapters.pools.client import SlotServerClient
 from trajcore.adapters.pools.environment_leasing import (
@@ -288,10 +289,8 @@ class LeasedPool(abc.ABC):
         self, lease: Lease, environment: str, snapshot: Snapshot | None
     ) -> bool:
         """Run the just-acquired ``lease`` over ``environment`` before its block runs, started
-        from ``snapshot`` where it can (then ``True``).
-
-        Raises ``EnvironmentUnavailable`` (the lease is then released as usual).
-        """
+        from ``snapshot`` where it can (then ``True``). Raises ``EnvironmentUnavailable`` (the
+        lease is then released as usual)."""
         raise EnvironmentUnavailable(environment, f"the {type(self).__name__} cannot run it")
 
     async def snapshot(self, lease: Lease, environment: str) -> Snapshot:
@@ -505,12 +504,12 @@ class SlotServerPool(LeasedPool, Generic[H]):
     async def connect(
         self, endpoint: Endpoint, name: str, *, slots: int | None = None
     ) -> SlotServerClient:
-        """A client of the server at ``endpoint``, healthy and fit to join as ``name`` with
-        ``slots`` slots (``None``: ``slots_per_container``).
+        """A client of the server at ``endpoint``, healthy, fresh (``admission``) and fit to
+        join as ``name`` with ``slots`` slots (``None``: ``slots_per_container``).
 
         Raises ``TimeoutError`` (not healthy within ``start_timeout_s``), ``SlotServerError``
-        (wrong slot count, a failed request) or ``SandboxUnavailable`` (a sandbox or tmux is
-        required and missing); the client is closed then.
+        (wrong slot count, a lease used it, a failed request) or ``SandboxUnavailable`` (a
+        sandbox or tmux is required and missing); the client is closed then.
         """
         rules = self.rules
         expected = rules.slots_per_container if slots is None else slots
@@ -533,6 +532,7 @@ class SlotServerPool(LeasedPool, Generic[H]):
                     f"slot server {name}: a persistent shell is required and tmux is not "
                     "installed there"
                 )
+            await check_fresh(client, name)
         except BaseException:
             await close_quietly(client)
             raise
