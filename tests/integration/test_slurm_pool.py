@@ -390,24 +390,38 @@ async def test_the_pool_scales_jobs_up_with_demand_and_back_down(cluster: SlurmC
 
 
 @pytest.mark.anyio
-async def test_jobs_of_the_name_left_by_a_crashed_pool_are_cancelled_at_start(
+async def test_jobs_of_the_name_left_by_a_crashed_pool_are_cancelled_and_a_live_pools_kept(
     cluster: SlurmCluster,
 ) -> None:
-    stray = cluster.run(
-        "sbatch", "--parsable", "--job-name=trajcore-test", "--comment=trajcore:dead0:0",
-        "--mem=64", "--output=/dev/null", "--wrap=sleep 300",
-    ).strip()  # fmt: skip
-    other = cluster.run(
-        "sbatch", "--parsable", "--job-name=someone-else", "--output=/dev/null", "--mem=64",
-        "--wrap=sleep 300",
-    ).strip()  # fmt: skip
+    """Another run's jobs are strays only when that run's heartbeat beside ours is stale: a
+    crashed pool's are cancelled at start, a live pool's of the same name are left alone."""
+    shared = cluster.dir / "shared"
+    shared.mkdir(exist_ok=True)
+    for run, age_s in (("dead0", 3600.0), ("alive0", 0.0)):
+        run_dir = shared / f"trajcore-test-{run}-x"
+        run_dir.mkdir()
+        (run_dir / "heartbeat").touch()
+        os.utime(run_dir / "heartbeat", (time.time() - age_s,) * 2)
+
+    def submit(*words: str) -> str:
+        return cluster.run(
+            "sbatch", "--parsable", "--mem=64", "--output=/dev/null", *words, "--wrap=sleep 300"
+        ).strip()  # fmt: skip
+
+    stray = submit("--job-name=trajcore-test", "--comment=trajcore:dead0:0")
+    alive = submit("--job-name=trajcore-test", "--comment=trajcore:alive0:0")
+    other = submit("--job-name=someone-else")
     try:
         async with SlurmSandboxPool(cluster.pool_config()) as pool:
             assert cluster.job_state(stray) in ("CANCELLED", "COMPLETING")
-            assert cluster.job_state(other) in ("PENDING", "RUNNING")
-            assert pool.job_id(pool.container_names()[0]) != stray
+            assert pool.job_id(pool.container_names()[0]) not in (stray, alive)
+            assert any("run dead0 are cancelled" in p for p in pool.problems), pool.problems
+        for kept in (alive, other):  # the close cancelled only its own run's jobs
+            assert cluster.job_state(kept) in ("PENDING", "RUNNING")
     finally:
-        cluster.run("scancel", other)
+        cluster.run("scancel", alive, other)
+        for run in ("dead0", "alive0"):
+            shutil.rmtree(shared / f"trajcore-test-{run}-x")
 
 
 @pytest.mark.anyio

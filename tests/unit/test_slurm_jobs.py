@@ -23,6 +23,7 @@ from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slurm_jobs import (
     SlurmJob,
     SlurmJobSettings,
+    dead_runs,
     parse_node_address,
     parse_ready,
     parse_squeue,
@@ -87,11 +88,35 @@ def test_the_plan_keeps_one_live_job_per_index_below_the_count() -> None:
         _job("3", 2, left=10.0),  # ending: index 2 gets a replacement, it is not cancelled
         _job("4", 3),  # above the count: cancelled
         _job("5", 0, state="PENDING"),  # a second live job on index 0: cancelled
-        _job("6", 0, run="old"),  # a stray of a crashed pool: cancelled
+        _job("6", 0, run="old"),  # a stray of a crashed pool (its run is dead): cancelled
+        _job("7", 0, run="other"),  # a job of another live pool of the name: left alone
+        _job("8", 0, run=None),  # a job of the name that is not trajcore's: left alone
     ]
-    plan = plan_jobs(jobs, run="r1", count=3, stopping=frozenset(), ending_s=60.0)
+    plan = plan_jobs(
+        jobs, run="r1", count=3, stopping=frozenset(), ending_s=60.0, dead_runs=frozenset({"old"})
+    )
     assert plan.submit == (1, 2)
     assert sorted(plan.cancel) == ["4", "5", "6"]
+
+
+def test_another_run_is_dead_only_once_its_known_heartbeat_is_stale() -> None:
+    """Two pools of one job name must not cancel each other's jobs: another run is a stray
+    only when its pool's heartbeat is known and older than the bound."""
+    jobs = [
+        _job("1", 0),
+        _job("2", 0, run="crashed"),
+        _job("3", 0, run="alive"),
+        _job("4", 0, run="elsewhere"),  # its run directory is not beside ours: unknown
+        _job("5", 0, run="ended", state="CANCELLED"),  # nothing live to cancel
+        _job("6", 0, run=None),
+    ]
+    ages = {"r1": 999.0, "crashed": 601.0, "alive": 2.0, "ended": 999.0}
+    assert dead_runs(jobs, run="r1", heartbeat_ages=ages, stale_after_s=600.0) == {"crashed"}
+    assert dead_runs(jobs, run="r1", heartbeat_ages={"crashed": 600.0}, stale_after_s=600.0) == (
+        frozenset()
+    )
+    plan = plan_jobs(jobs, run="r1", count=1, stopping=frozenset(), ending_s=60.0)
+    assert plan.cancel == ()
 
 
 def test_the_job_words_carry_the_resources_and_no_token() -> None:

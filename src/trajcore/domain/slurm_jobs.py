@@ -11,8 +11,10 @@ for a count of servers (``plan_jobs``).
 Rules it keeps:
 
 - Every job of one pool carries the pool's job name and a comment ``trajcore:<run>:<index>``;
-  ``run`` is drawn afresh by every pool start, so jobs a crashed pool left (same name, another
-  run) are recognised as strays and cancelled, never joined.
+  ``run`` is drawn afresh by every pool start, so a pool never joins another run's job. Two
+  pools may share a name (a training run and an eval run of one user), so another run's jobs
+  are cancelled only once that run is proved dead: the heartbeat every pool touches in its run
+  directory has gone stale (``dead_runs``). A pool cancels its own run's jobs and no others.
 - The job script holds no secret: the bearer token stays in a file only its owner reads, named
   on the server's command line; the script and the words are what ``scontrol show job`` shows.
 - A job Slurm ends (``scancel``, time limit, node failure, preemption) gets SIGTERM in every
@@ -26,9 +28,10 @@ Rules it keeps:
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
@@ -50,6 +53,7 @@ __all__ = [
     "JobPlan",
     "SlurmJob",
     "SlurmJobSettings",
+    "dead_runs",
     "job_script",
     "parse_node_address",
     "parse_ready",
@@ -137,7 +141,7 @@ class SlurmJobSettings:
     the env's flag ``--env.slurm_<field>`` (``sandbox_settings.JOB_SECTIONS``).
 
     Attributes:
-        job_name: The name of every job of the pool (``squeue --name``, ``scancel --name``).
+        job_name: The name of every job of the pool (``squeue --name``); other pools may share it.
         command: The slot server program as the node runs it, e.g. ``"/opt/venv/bin/python -m
             trajcore.entrypoints.slot_server"`` (a string is split on whitespace); it must exist
             at that path on every node.
@@ -394,13 +398,15 @@ def plan_jobs(
     count: int,
     stopping: frozenset[str],
     ending_s: float,
+    dead_runs: frozenset[str] = frozenset(),
 ) -> JobPlan:
     """What keeps ``count`` servers of run ``run`` queued or running.
 
     Every index below ``count`` without a live job of this run (one not in ``stopping``, not
-    within ``ending_s`` of its time limit) gets a submission. Cancelled: live jobs of another
-    run (strays of a crashed pool), live jobs at an index at or above ``count``, and a pending
-    job beside another live one on its index (the later IDs first).
+    within ``ending_s`` of its time limit) gets a submission. Cancelled: live jobs of a run in
+    ``dead_runs`` (strays of a pool that crashed), live jobs of this run at an index at or above
+    ``count``, and a pending job beside another live one on its index (the later IDs first).
+    Jobs of any other run, or of none, are another pool's or someone's own: never touched.
     """
     if count < 0:
         raise InvalidInput("count", f"must be >= 0, got {count}")
@@ -409,7 +415,11 @@ def plan_jobs(
     for job in jobs:
         if not job.live or job.job_id in stopping:
             continue
-        if job.run != run or job.index >= count:
+        if job.run != run:
+            if job.run is not None and job.run in dead_runs:
+                cancel.append(job.job_id)
+            continue
+        if job.index >= count:
             cancel.append(job.job_id)
             continue
         if job.time_left_s is not None and job.time_left_s <= ending_s:
@@ -420,6 +430,27 @@ def plan_jobs(
         cancel.extend(j.job_id for j in extra if j.client_status == "pending")
     submit = tuple(i for i in range(count) if i not in serving)
     return JobPlan(submit=submit, cancel=tuple(cancel))
+
+
+def dead_runs(
+    jobs: Sequence[SlurmJob],
+    *,
+    run: str,
+    heartbeat_ages: Mapping[str, float],
+    stale_after_s: float,
+) -> frozenset[str]:
+    """The runs other than ``run`` with a live job that are proved dead: their pool's heartbeat
+    is older than ``stale_after_s`` (``heartbeat_ages``: seconds since each run's pool last
+    touched it). A run whose heartbeat is not known (not in ``heartbeat_ages``: its run
+    directory is elsewhere, or gone) may be alive: it is not dead."""
+    return frozenset(
+        job.run
+        for job in jobs
+        if job.live
+        and job.run is not None
+        and job.run != run
+        and heartbeat_ages.get(job.run, -math.inf) > stale_after_s
+    )
 
 
 def _id_key(job: SlurmJob) -> tuple[int, str]:

@@ -35,18 +35,23 @@ server; the calls in flight get no answer and end as ``INFRA_ERROR`` (never scor
 turn stale, and a replacement job is submitted. Jobs carry ``--no-requeue``: a requeued server
 would have forgotten its slots.
 
-Start and close: the pool draws a run ID and a token, cancels every job of its name it owns
-(what a crashed pool left), and waits for ``min_containers`` servers. ``aclose`` cancels every
-job of its name (``scancel --name``), waits for them to leave the queue (``stop_timeout_s``)
-and removes its run directory.
+Start and close: the pool draws a run ID and a token and waits for ``min_containers``
+servers. ``aclose`` cancels its run's jobs, waits for them to leave the queue
+(``stop_timeout_s``) and removes its run directory. Two pools of one name (a training run and
+an eval run) leave each other's jobs alone: on every poll the pool touches ``heartbeat`` in its
+run directory, and another run's jobs are cancelled as strays only when that run's directory
+beside this one (``<shared_dir>/<job_name>-<run>-*``) holds a heartbeat older than
+``stray_after_s``: a pool that crashed. A run whose directory is not found here is left alone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -68,6 +73,7 @@ from trajcore.domain.slots import SlotCall
 from trajcore.domain.slurm_jobs import (
     SlurmJob,
     SlurmJobSettings,
+    dead_runs,
     job_script,
     parse_node_address,
     parse_ready,
@@ -87,6 +93,9 @@ from trajcore.domain.validators import (
 __all__ = ["SlurmPoolConfig", "SlurmSandboxPool", "SlurmUnavailable", "start_slurm_pool"]
 
 _log = logging.getLogger(__name__)
+
+HEARTBEAT = "heartbeat"
+"""The file in a run directory its pool touches on every poll."""
 
 
 class SlurmUnavailable(SandboxUnavailable):
@@ -115,7 +124,9 @@ class SlurmPoolConfig:
             run directory (token, script, ready files, job logs) inside (``None``: the system's
             temporary directory, right only when the cluster is this one machine).
         drain_before_s: A job this close to its time limit is drained and replaced.
-        poll_interval_s: How often the queue is listed.
+        poll_interval_s: How often the queue is listed (and the run's heartbeat touched).
+        stray_after_s: Another run of the job name whose heartbeat is older than this is dead:
+            its jobs are cancelled as strays (a pool that crashed left them).
         command_timeout_s: Longest one Slurm command may take.
         stop_timeout_s: Longest the close waits for the jobs to leave the queue.
         confirm_batches: Confirm every answered batch with the server's health (see
@@ -132,6 +143,7 @@ class SlurmPoolConfig:
     shared_dir: Path | None = attrs.field(default=None, converter=_optional_dir)
     drain_before_s: float = attrs.field(default=300.0, validator=non_negative_seconds)
     poll_interval_s: float = attrs.field(default=1.0, validator=positive_seconds)
+    stray_after_s: float = attrs.field(default=600.0, validator=positive_seconds)
     command_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
     stop_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
     confirm_batches: bool = attrs.field(default=True, validator=flag)
@@ -182,6 +194,7 @@ class _SlurmJobs(IndexedSource[SlurmPoolConfig]):
     _stopping: set[str] = attrs.field(init=False, factory=set)
     _blocks: dict[str, int] = attrs.field(init=False, factory=dict)
     _nodes: dict[str, str] = attrs.field(init=False, factory=dict)
+    _dead: frozenset[str] = attrs.field(init=False, default=frozenset())
 
     @property
     def scheduler(self) -> str:
@@ -207,18 +220,36 @@ class _SlurmJobs(IndexedSource[SlurmPoolConfig]):
         script = run_dir / "slot-server.sh"
         script.write_text(job_script(config.job), encoding="utf-8")
         script.chmod(0o700)
-        # what a crashed pool of this name left: its jobs hold an old token; cancel them all
-        await self._slurm(scancel_argv(job_name=config.job.job_name))
+        (run_dir / HEARTBEAT).touch()
         self._opened(stack)
 
     async def _stop_runs(self) -> None:
-        """Cancel every job of the pool's name and wait for them to leave the queue."""
-        await self._slurm(scancel_argv(job_name=self.config.job.job_name))
+        """Cancel the run's jobs and wait for them to leave the queue."""
+        cancelled: set[str] = set()
         while True:  # (polling: Slurm has no event to wait on)
-            jobs = await self._list()
-            if not any(job.live or job.state == "COMPLETING" for job in jobs):
+            ours = [job for job in await self._list() if job.run == self.run]
+            live = [job.job_id for job in ours if job.live and job.job_id not in cancelled]
+            if live:
+                await self._slurm(scancel_argv(live))
+                cancelled.update(live)
+            if not any(job.live or job.state == "COMPLETING" for job in ours):
                 return
             await anyio.sleep(0.2)
+
+    def _heartbeat_ages(self, jobs: Sequence[SlurmJob]) -> dict[str, float]:
+        """Touch this run's heartbeat; the age of every other listed run's heartbeat found in
+        a run directory beside this one."""
+        assert self.run_dir is not None
+        (self.run_dir / HEARTBEAT).touch()
+        now = time.time()
+        ages: dict[str, float] = {}
+        for run in {job.run for job in jobs if job.run not in {None, self.run}}:
+            pattern = f"{self.config.job.job_name}-{run}-*/{HEARTBEAT}"
+            for beat in self.run_dir.parent.glob(pattern):
+                with contextlib.suppress(OSError):
+                    age = now - beat.stat().st_mtime
+                    ages[str(run)] = min(age, ages.get(str(run), math.inf))
+        return ages
 
     # ------------------------------------------------------------------------- the queue
 
@@ -244,12 +275,26 @@ class _SlurmJobs(IndexedSource[SlurmPoolConfig]):
         ]
         now = anyio.current_time()
         self._observed(allocations, now)
+        dead = dead_runs(
+            jobs,
+            run=self.run,
+            heartbeat_ages=self._heartbeat_ages(jobs),
+            stale_after_s=config.stray_after_s,
+        )
+        for run in sorted(dead - self._dead):
+            self.pool.note(
+                f"the jobs of run {run} are cancelled: its pool's heartbeat is older than "
+                f"stray_after_s ({config.stray_after_s} s)",
+                warn=True,
+            )
+        self._dead |= dead
         plan = plan_jobs(
             jobs,
             run=self.run,
             count=self.count,
             stopping=frozenset(self._stopping),
             ending_s=config.drain_before_s,
+            dead_runs=dead,
         )
         if plan.cancel:
             self._stopping.update(plan.cancel)
@@ -348,9 +393,10 @@ class SlurmSandboxPool(IndexedPool):
     SlurmSandboxPool(config)``.
 
     Entering checks that Slurm answers (``SlurmUnavailable`` otherwise), cancels what a crashed
-    pool of the same name left, and waits for ``min_containers`` servers (``SlotServerError``
-    when they are not healthy within ``start_timeout_s``, ``SandboxUnavailable`` when a sandbox
-    is required and missing); nothing is left queued then. Leaving closes it (``aclose``).
+    pool of the same name left (once its heartbeat is stale), and waits for ``min_containers``
+    servers (``SlotServerError`` when they are not healthy within ``start_timeout_s``,
+    ``SandboxUnavailable`` when a sandbox is required and missing); nothing of its run is left
+    queued then. Leaving closes it (``aclose``).
 
     Attributes:
         config: The pool's settings.
