@@ -182,7 +182,9 @@ def job_script(settings: SlurmJobSettings) -> str:
 
     It runs ``COMMAND`` with ``--root`` (a directory of the job's own on the node) and
     ``--listen``, puts the server's ready line whole in ``DIR/<job id>.ready`` (where the pool
-    reads it), kills the server when Slurm signals the job, and removes the directory after.
+    reads it), kills the server when Slurm signals the job, and removes the directory after,
+    writable first (a slot may have made a directory of it read-only, ``chmod -w``; symbolic
+    links are not followed).
     """
     root = settings.workspace_dir
     base = '"${TMPDIR:-/tmp}"' if root is None else shlex.quote(root)
@@ -204,7 +206,8 @@ trap 'kill -KILL "$server" 2>/dev/null' TERM INT
 wait "$server"; status=$?
 # a trapped signal ends the first wait early: wait for the server itself
 while kill -0 "$server" 2>/dev/null; do wait "$server"; status=$?; done
-rm -rf "$root"
+# a killed server removed nothing: a slot may have left a directory its owner may not write
+chmod -R u+rwX "$root" 2>/dev/null; rm -rf "$root"
 exit "$status"
 """
 
