@@ -22,7 +22,7 @@ import pytest
 from tests.slurm_testbed import KILL_WAIT_S, NODE, SLURM_PROBLEM, SlurmCluster
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig, SlurmSandboxPool
-from trajcore.domain.errors import AcquireTimeout
+from trajcore.domain.errors import AcquireTimeout, ConfigError
 from trajcore.domain.slots import Lease, SlotCall
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 from trajcore.ports.sandbox_pool import SandboxPool
@@ -422,6 +422,20 @@ async def test_jobs_of_the_name_left_by_a_crashed_pool_are_cancelled_and_a_live_
         cluster.run("scancel", alive, other)
         for run in ("dead0", "alive0"):
             shutil.rmtree(shared / f"trajcore-test-{run}-x")
+
+
+@pytest.mark.anyio
+async def test_a_partition_sbatch_refuses_fails_the_start_at_once_naming_it(
+    cluster: SlurmCluster,
+) -> None:
+    config = cluster.pool_config(partition="no-such-partition")
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as caught:
+        async with SlurmSandboxPool(config):
+            pass
+    assert time.monotonic() - started < config.server.start_timeout_s / 2
+    assert caught.value.field == "slurm_partition"
+    assert "no-such-partition" in caught.value.reason
 
 
 @pytest.mark.anyio

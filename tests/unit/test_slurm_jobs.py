@@ -30,6 +30,7 @@ from trajcore.domain.slurm_jobs import (
     parse_time_left,
     plan_jobs,
     sbatch_argv,
+    sbatch_refusal,
 )
 
 
@@ -208,3 +209,26 @@ def test_a_suspended_job_is_cancelled_at_once_and_never_joined_when_resumed() ->
     assert stopping == {"1"}
     assert tick([_job("1", 0), _job("2", 0)], 2.0) == ([Join], ())
     assert list(machine.members()) == ["2"]
+
+
+@pytest.mark.parametrize(
+    ("said", "field"),
+    [
+        ("sbatch: error: invalid partition specified: nope", "slurm_partition"),
+        (
+            "sbatch: error: Batch job submission failed: Invalid account or account/partition "
+            "combination specified",
+            "slurm_account",
+        ),
+        ("sbatch: error: Batch job submission failed: Invalid qos specification", "slurm_qos"),
+        ("sbatch: error: Invalid feature specification", "slurm_constraint"),
+        ("sbatch: error: Memory specification can not be satisfied", "slurm_memory_mb"),
+        ("sbatch: error: Requested time limit is invalid", "slurm_time_limit_min"),
+        ("sbatch: error: Batch job submission failed: Access denied", "slurm_job"),
+    ],
+)
+def test_a_refused_first_job_names_the_setting_sbatch_names(said: str, field: str) -> None:
+    error = sbatch_refusal(said)
+    assert isinstance(error, ConfigError)
+    assert error.field == field
+    assert said in error.reason

@@ -61,6 +61,7 @@ __all__ = [
     "parse_time_left",
     "plan_jobs",
     "sbatch_argv",
+    "sbatch_refusal",
     "scancel_argv",
     "squeue_argv",
 ]
@@ -253,6 +254,31 @@ def sbatch_argv(
         "--token-file", token_file, *isolation_argv(isolation),
     ]  # fmt: skip
     return [*words, script, run_dir, *command]
+
+
+_REFUSALS: Final = (
+    # what sbatch's refusal names, first match wins -> the env field (SlurmJobSettings field)
+    ("account", "account"),  # "Invalid account or account/partition combination specified"
+    ("qos", "qos"),  # "Invalid qos specification"
+    ("partition", "partition"),  # "invalid partition specified: gpu"
+    ("feature", "constraint"),  # "Invalid feature specification"
+    ("constraint", "constraint"),
+    ("memory", "memory_mb"),  # "Memory specification can not be satisfied"
+    ("time limit", "time_limit_min"),  # "Requested time limit is invalid"
+)
+
+
+def sbatch_refusal(text: str) -> ConfigError:
+    """The error for an ``sbatch`` that refused the pool's first job (``text``: what it
+    printed): the ``slurm_<field>`` setting its words name (account, QOS, partition,
+    constraint, memory, time limit), else ``slurm_job`` (the job settings as a whole), with
+    sbatch's own words."""
+    lowered = text.lower()
+    field = next((f for word, f in _REFUSALS if word in lowered), None)
+    said = " ".join(text.split())[:500]
+    if field is None:
+        return ConfigError("slurm_job", f"sbatch refused the job settings (slurm_*): {said}")
+    return ConfigError(f"slurm_{field}", f"sbatch refused the job: {said}")
 
 
 def squeue_argv(job_name: str) -> list[str]:

@@ -28,7 +28,9 @@ remove, the count; replace is ``scancel`` here);
 what Nomad's scheduler does for a count, ``plan_jobs`` does here: one live job per index below
 the count (a new one for an index whose job ended, failed, was cancelled or nears its time
 limit), extra and stray jobs cancelled. A job whose server failed to start is submitted again
-after a growing delay (0.5 s doubling to 60 s).
+after a growing delay (0.5 s doubling to 60 s). When ``sbatch`` refuses the pool's very first
+job (an unknown partition, account or QOS), the start fails at once with a ``ConfigError``
+naming the setting (``sbatch_refusal``) instead of waiting out ``start_timeout_s``.
 
 Faults: a job cancelled, preempted, past its time limit, or on a node that fails ends its
 server; the calls in flight get no answer and end as ``INFRA_ERROR`` (never scored), its leases
@@ -80,6 +82,7 @@ from trajcore.domain.slurm_jobs import (
     parse_squeue,
     plan_jobs,
     sbatch_argv,
+    sbatch_refusal,
     scancel_argv,
     squeue_argv,
 )
@@ -90,7 +93,13 @@ from trajcore.domain.validators import (
     positive_seconds,
 )
 
-__all__ = ["SlurmPoolConfig", "SlurmSandboxPool", "SlurmUnavailable", "start_slurm_pool"]
+__all__ = [
+    "SlurmPoolConfig",
+    "SlurmRefused",
+    "SlurmSandboxPool",
+    "SlurmUnavailable",
+    "start_slurm_pool",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -100,6 +109,14 @@ HEARTBEAT = "heartbeat"
 
 class SlurmUnavailable(SandboxUnavailable):
     """A Slurm command failed, timed out or is not installed (the message names it)."""
+
+
+class SlurmRefused(SlurmUnavailable):
+    """A Slurm command ran and refused (exited non-zero); ``detail`` is what it printed."""
+
+    def __init__(self, message: str, detail: str) -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 def _optional_dir(value: object) -> Path | None:
@@ -176,7 +193,7 @@ async def run_slurm(argv: Sequence[str], timeout_s: float) -> str:
         raise SlurmUnavailable(f"{argv[0]} took longer than {timeout_s} s") from None
     if done.returncode != 0:
         detail = done.stderr.decode("utf-8", "replace").strip()[-500:]
-        raise SlurmUnavailable(f"{argv[0]} failed ({done.returncode}): {detail}")
+        raise SlurmRefused(f"{argv[0]} failed ({done.returncode}): {detail}", detail)
     return done.stdout.decode("utf-8", "replace")
 
 
@@ -323,7 +340,14 @@ class _SlurmJobs(IndexedSource[SlurmPoolConfig]):
             uid_base=server.isolation.slot_uid_base + block * server.slots_per_container,
             token_file=str(self.run_dir / "token"),
         )
-        job_id = (await self._slurm(argv)).strip().split(";")[0]
+        try:
+            answer = await self._slurm(argv)
+        except SlurmRefused as error:
+            if not self.started:  # no job of these settings was ever taken: it never will be
+                self._fatal = self._fatal or sbatch_refusal(error.detail)
+                self.pool.signal()
+            raise
+        job_id = answer.strip().split(";")[0]
         if not job_id:
             raise SlurmUnavailable("sbatch printed no job ID")
         self._blocks[job_id] = block
