@@ -49,3 +49,11 @@ def test_a_slurm_setting_that_cannot_work_names_its_field(field: str, value: obj
     with pytest.raises(ConfigError) as raised:
         config.slurm_pool_config()
     assert raised.value.field == field
+
+
+@pytest.mark.parametrize(("minutes", "drain_s"), [(1, 15.0), (5, 75.0), (20, 300.0), (240, 300.0)])
+def test_a_short_time_limit_works_and_drains_a_quarter_of_it(minutes: int, drain_s: float) -> None:
+    """The drain margin is no env field: it follows the time limit, so no limit the flag takes
+    fails with an error about a field the env does not have."""
+    config = AgentEnvConfig.model_construct(None, sandbox="slurm", slurm_time_limit_min=minutes)
+    assert config.slurm_pool_config().drain_before_s == drain_s

@@ -140,7 +140,8 @@ class SlurmPoolConfig:
         shared_dir: A directory the submitting host and every node share; the pool makes its
             run directory (token, script, ready files, job logs) inside (``None``: the system's
             temporary directory, right only when the cluster is this one machine).
-        drain_before_s: A job this close to its time limit is drained and replaced.
+        drain_before_s: A job this close to its time limit is drained and replaced (by
+            default a quarter of the time limit, at most 300 s; ``default_drain_s``).
         poll_interval_s: How often the queue is listed (and the run's heartbeat touched).
         stray_after_s: Another run of the job name whose heartbeat is older than this is dead:
             its jobs are cancelled as strays (a pool that crashed left them).
@@ -158,7 +159,10 @@ class SlurmPoolConfig:
     )
     scaling: ScaleSettings = part(ScaleSettings, lambda: ScaleSettings(max_containers=10))
     shared_dir: Path | None = attrs.field(default=None, converter=_optional_dir)
-    drain_before_s: float = attrs.field(default=300.0, validator=non_negative_seconds)
+    drain_before_s: float = attrs.field(
+        default=attrs.Factory(lambda self: default_drain_s(self.job), takes_self=True),
+        validator=non_negative_seconds,
+    )
     poll_interval_s: float = attrs.field(default=1.0, validator=positive_seconds)
     stray_after_s: float = attrs.field(default=600.0, validator=positive_seconds)
     command_timeout_s: float = attrs.field(default=30.0, validator=positive_seconds)
@@ -179,6 +183,12 @@ class SlurmPoolConfig:
             self.server.isolation.slot_uid_base,
             2 * self.scaling.max_containers * self.server.slots_per_container,
         )
+
+
+def default_drain_s(job: SlurmJobSettings) -> float:
+    """How long before its time limit a job drains unless told: a quarter of the limit, at
+    most 300 s (so a short limit, ``time_limit_min`` 5 or less, still leaves it time to serve)."""
+    return min(300.0, job.time_limit_min * 60 / 4)
 
 
 async def run_slurm(argv: Sequence[str], timeout_s: float) -> str:
