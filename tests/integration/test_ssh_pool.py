@@ -289,6 +289,30 @@ async def test_the_start_check_names_what_a_host_lacks(sshd: LoopbackSshd) -> No
                 pass
 
 
+@pytest.mark.anyio
+async def test_a_remote_dir_that_cannot_serve_is_named_at_the_start_check(
+    sshd: LoopbackSshd,
+) -> None:
+    """A missing remote_dir, whatever the transport, and one too long for a Unix socket under
+    transport 'unix', fail the start check naming remote_dir (not a remote traceback, not a
+    server start that fails until the start timeout); 'auto' falls back to TCP there."""
+    for transport in ("auto", "tcp", "unix"):
+        host = sshd.host(remote_dir="/nonexistent/trajcore", transport=transport, name=transport)
+        found = rf"host {transport}: remote_dir '/nonexistent/trajcore': it does not exist"
+        with pytest.raises(SandboxUnavailable, match=found):
+            async with SshSandboxPool(config(sshd, host)):
+                pass
+    deep = Path(sshd.remote_dir) / ("d" * 60) / ("e" * 60)  # (where slot uids may go)
+    deep.mkdir(parents=True)
+    unix = sshd.host(remote_dir=str(deep), transport="unix", name="deep", servers=1, slots=1)
+    with pytest.raises(SandboxUnavailable, match=r"host deep: remote_dir .* cannot hold"):
+        async with SshSandboxPool(config(sshd, unix)):
+            pass
+    auto = sshd.host(remote_dir=str(deep), transport="auto", name="deep", servers=1, slots=1)
+    async with SshSandboxPool(config(sshd, auto)) as pool:
+        assert pool.transport_of(auto) == "tcp"
+
+
 # ----------------------------------------------------------------------------- transports
 
 

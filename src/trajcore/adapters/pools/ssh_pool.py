@@ -14,14 +14,16 @@ Per host (``SshHost``): ``servers`` slot servers of ``slots`` slots each, run by
 - **Start check.** Before any server starts, every host runs ``ssh_remote check`` (in
   parallel, within ``check_timeout_s``): the pool refuses to start, naming each host and what it
   lacks (Python >= 3.11, trajcore, a usable bubblewrap when the isolation requires a sandbox, tmux
-  when a persistent shell is required), or why ssh could not log in (an unknown or changed host
-  key, a refused key).
+  when a persistent shell is required, a ``remote_dir`` that exists and is writable), or why ssh
+  could not log in (an unknown or changed host key, a refused key).
 - **Transport.** ``unix``: ssh forwards a local Unix socket (mode 0600, in the pool's private
   directory) to the server's socket in its private host directory (mode 0711, socket 0600), so
   the server opens no port on the host's network. ``tcp``: the server listens on ``tcp_bind``
   with a random bearer token, sent over the ssh session's stdin (never on a command line).
   ``auto`` (the default) probes at the start check whether the host's sshd forwards Unix sockets
-  and falls back to ``tcp`` when it refuses (``transport_of`` says which was chosen).
+  and falls back to ``tcp`` when it refuses, or when no Unix socket can be made in ``remote_dir``
+  (a path too long for one: ``unix`` then refuses the host naming ``remote_dir``);
+  ``transport_of`` says which was chosen.
 - **Deadlines.** A server that dies ends its tether and then its ``ssh``: noticed at once. A
   host that drops or a connection that stalls ends ``ssh`` within ``SshSettings.
   stall_deadline_s`` (keepalives); on the host the tether stops the server when its session
@@ -67,6 +69,7 @@ __all__ = ["SshPoolConfig", "SshSandboxPool", "start_ssh_pool"]
 _DEVNULL = -3  # subprocess.DEVNULL
 _PIPE = -1  # subprocess.PIPE
 _SOURCE = Path(ssh_remote.__file__).read_text(encoding="utf-8")
+_SOCKET_PATH_MAX = 107  # bytes of a Unix socket path (sun_path, less its NUL) on Linux
 _GREETING = b"trajcore-forward-ok\n"
 
 
@@ -181,17 +184,29 @@ class _SshServers:
     async def _check(self, index: int, host: SshHost) -> list[str]:
         """What ``host`` lacks ([]: nothing), and its transport chosen (``transports``)."""
         assert self.run_dir is not None
-        probe = host.transport in ("auto", "unix")
+        # the longest Unix socket path a server of this host may get (starts up to 10**6)
+        longest = f"{host.remote_dir}/trajcore-{self.run_id}-999999/server.sock"
+        fits = len(longest.encode()) <= _SOCKET_PATH_MAX
+        probe = host.transport in ("auto", "unix") and fits
         local = str(self.run_dir / f"probe-{index}.sock")
         remote = f"{host.remote_dir}/trajcore-{self.run_id}-probe-{index}.sock"
-        words = ["check", "--probe-socket", remote, "--probe-wait-s", "10"] if probe else ["check"]
+        words = ["check", "--remote-dir", host.remote_dir]
+        if probe:
+            words += ["--probe-socket", remote, "--probe-wait-s", "10"]
         argv = self._ssh(host, words, (local, remote) if probe else None)
         process = await anyio.open_process(
             argv, stdin=_DEVNULL, stdout=_PIPE, stderr=_PIPE, start_new_session=True
         )
         try:
             with anyio.move_on_after(self.config.check_timeout_s) as waited:
-                return await self._read_check(host, process, local if probe else None)
+                lacks = await self._read_check(host, process, local if probe else None)
+                if not fits and host.transport == "unix":
+                    lacks.append(
+                        f"remote_dir {host.remote_dir!r} cannot hold the servers' Unix sockets "
+                        f"({longest!r} is longer than {_SOCKET_PATH_MAX} bytes); choose a "
+                        "shorter remote_dir or transport 'tcp'"
+                    )
+                return lacks
             if waited.cancelled_caught:
                 return [f"its start check took longer than {self.config.check_timeout_s} s"]
             return []  # pragma: no cover - (move_on_after returns inside or times out)
@@ -227,8 +242,19 @@ class _SshServers:
             need_bwrap=self.config.server.isolation.require_sandbox,
             need_tmux=self.config.server.require_tmux,
         )
+        unusable = report.get("remote_dir_error")
+        if unusable is not None:
+            return [*lacks, f"remote_dir {host.remote_dir!r}: {unusable}"]
+        no_socket = report.get("probe_error")
         if probe is None:
             self.transports[host.label] = "tcp"
+        elif no_socket is not None and host.transport == "unix":
+            lacks.append(
+                f"remote_dir {host.remote_dir!r} cannot hold the servers' Unix sockets "
+                f"({no_socket}); choose a shorter remote_dir or transport 'tcp'"
+            )
+        elif no_socket is not None:
+            self.transports[host.label] = "tcp"  # auto: no Unix socket there
         elif await _forwarded(probe):
             self.transports[host.label] = "unix"
         elif host.transport == "auto":

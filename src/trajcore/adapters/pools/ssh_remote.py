@@ -7,8 +7,11 @@ what it lacks.
 
 ``check`` prints one JSON line: the interpreter's version, trajcore's version (or why it does not
 import), where ``bwrap`` and ``tmux`` are, and whether bubblewrap can make a sandbox. With
-``--probe-socket PATH`` it then listens on the Unix socket ``PATH`` for one connection and
-greets it, so the pool can tell whether the host's sshd forwards Unix sockets.
+``--remote-dir D`` it says why ``D`` cannot hold the servers' directories (``remote_dir_error``:
+missing, not a directory, not writable). With ``--probe-socket PATH`` it then listens on the
+Unix socket ``PATH`` for one connection and greets it, so the pool can tell whether the host's
+sshd forwards Unix sockets; a socket that cannot be made there (a path too long for a Unix
+socket) is reported as ``probe_error`` instead.
 
 ``serve --dir D --stall-s S [--token-stdin] -- ARGS`` makes the private directory ``D`` (mode
 0711; refused when it exists), runs ``python -m trajcore.entrypoints.slot_server ARGS`` in a
@@ -47,12 +50,20 @@ _STOP_GRACE_S = 5.0
 _PROBE_GREETING = b"trajcore-forward-ok\n"
 
 
-def check(probe_socket: str | None, probe_wait_s: float) -> int:
+def check(probe_socket: str | None, probe_wait_s: float, remote_dir: str | None = None) -> int:
     """Print the host's report; with ``probe_socket``, greet one connection on it (listening
     before the report is printed, so the pool may connect as soon as it reads it)."""
-    listener = None if probe_socket is None else _listen(probe_socket)
+    report = _report()
+    listener = None
+    if remote_dir is not None:
+        report["remote_dir_error"] = _directory_problem(remote_dir)
+    if probe_socket is not None and report.get("remote_dir_error") is None:
+        try:
+            listener = _listen(probe_socket)
+        except OSError as error:  # a path too long for a Unix socket, a full disk
+            report["probe_error"] = f"cannot listen on {probe_socket}: {error}"
     try:
-        sys.stdout.write(json.dumps(_report()) + "\n")
+        sys.stdout.write(json.dumps(report) + "\n")
         sys.stdout.flush()
         if listener is not None:
             _greet_one(listener, probe_wait_s)
@@ -79,6 +90,16 @@ def _report() -> dict[str, object]:
     report["tmux"] = shutil.which("tmux")
     report["bwrap_error"] = None if bwrap is None else _bwrap_problem(bwrap)
     return report
+
+
+def _directory_problem(path: str) -> str | None:
+    if not os.path.exists(path):
+        return "it does not exist"
+    if not os.path.isdir(path):
+        return "it is not a directory"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return "this user may not make directories in it"
+    return None
 
 
 def _bwrap_problem(bwrap: str) -> str | None:
@@ -204,13 +225,13 @@ def _remove(directory: str) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    """``check [--probe-socket PATH --probe-wait-s S]`` or ``serve --dir D --stall-s S
-    [--token-stdin] -- ARGS``; exit 2 on a malformed command line."""
+    """``check [--remote-dir D] [--probe-socket PATH --probe-wait-s S]`` or ``serve --dir D
+    --stall-s S [--token-stdin] -- ARGS``; exit 2 on a malformed command line."""
     words = list(argv)
     if words[:1] == ["check"]:
         probe = _option(words, "--probe-socket")
         wait = float(_option(words, "--probe-wait-s") or "10")
-        return check(probe, wait)
+        return check(probe, wait, _option(words, "--remote-dir"))
     if words[:1] == ["serve"] and "--" in words:
         split = words.index("--")
         head, rest = words[:split], words[split + 1 :]
