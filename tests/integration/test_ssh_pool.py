@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -311,6 +312,30 @@ async def test_a_remote_dir_that_cannot_serve_is_named_at_the_start_check(
     auto = sshd.host(remote_dir=str(deep), transport="auto", name="deep", servers=1, slots=1)
     async with SshSandboxPool(config(sshd, auto)) as pool:
         assert pool.transport_of(auto) == "tcp"
+
+
+@pytest.mark.anyio
+async def test_a_start_removes_what_a_killed_pool_left_here_and_keeps_a_live_ones(
+    sshd: LoopbackSshd,
+) -> None:
+    """A pool whose process was SIGKILLed never ran its close: its private directory (the
+    forwarded sockets) stays in the temporary directory until the next pool starts."""
+    dead_pid = (await anyio.run_process(["sh", "-c", "echo $$"])).stdout.decode().strip()
+    parent = Path(tempfile.gettempdir())
+    dead = parent / f"trajcore-ssh-{dead_pid}-left"
+    alive = parent / f"trajcore-ssh-{os.getpid()}-alive"
+    for path in (dead, alive):
+        path.mkdir()
+        (path / "0.sock").touch()
+    try:
+        host = sshd.host(servers=1, slots=1)
+        async with SshSandboxPool(config(sshd, host)) as pool:
+            assert pool.container_names()
+        assert not dead.exists()
+        assert alive.exists()
+    finally:
+        for path in (dead, alive):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- transports

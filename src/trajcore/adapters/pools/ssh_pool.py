@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import secrets
 import shutil
 import signal
@@ -64,11 +65,12 @@ from trajcore.domain.slot_server_flags import isolation_argv
 from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.ssh_hosts import SshHost, SshSettings, host_lacks, ssh_argv
 
-__all__ = ["SshPoolConfig", "SshSandboxPool", "start_ssh_pool"]
+__all__ = ["SshPoolConfig", "SshSandboxPool", "start_ssh_pool", "sweep_stale_run_dirs"]
 
 _DEVNULL = -3  # subprocess.DEVNULL
 _PIPE = -1  # subprocess.PIPE
 _SOURCE = Path(ssh_remote.__file__).read_text(encoding="utf-8")
+_RUN_DIR_PREFIX = "trajcore-ssh-"  # then the pool's pid: trajcore-ssh-<pid>-<random>
 _SOCKET_PATH_MAX = 107  # bytes of a Unix socket path (sun_path, less its NUL) on Linux
 _GREETING = b"trajcore-forward-ok\n"
 
@@ -160,7 +162,9 @@ class _SshServers:
     _starts: int = 0
 
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
-        run_dir = self.run_dir = Path(tempfile.mkdtemp(prefix="trajcore-ssh-"))
+        sweep_stale_run_dirs(Path(tempfile.gettempdir()))
+        run_dir = Path(tempfile.mkdtemp(prefix=f"{_RUN_DIR_PREFIX}{os.getpid()}-"))
+        self.run_dir = run_dir
         stack.callback(shutil.rmtree, run_dir, True)
         problems: dict[str, list[str]] = {}
 
@@ -384,6 +388,25 @@ def _login_problem(host: SshHost, status: int | None, stderr: bytes) -> str:
             f"{host.known_hosts or 'known_hosts'}, or set accept_new_host_key for this host"
         )
     return f"ssh to {host.destination} failed with status {status}: {text}"
+
+
+def sweep_stale_run_dirs(parent: Path) -> list[Path]:
+    """Remove the private directories in ``parent`` that SSH pools of this user left when their
+    process was killed (``trajcore-ssh-<pid>-*`` of a pid that no longer runs; a close removes
+    its own); returns them. A directory whose pid runs, or that another user owns, is kept."""
+    removed: list[Path] = []
+    for path in parent.glob(f"{_RUN_DIR_PREFIX}*-*"):
+        pid = path.name.removeprefix(_RUN_DIR_PREFIX).split("-", 1)[0]
+        try:
+            if not pid.isdigit() or path.lstat().st_uid != os.getuid() or not path.is_dir():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        except OSError:  # it runs as another user, or the directory went meanwhile
+            continue
+    return removed
 
 
 async def _forwarded(local: str) -> bool:
