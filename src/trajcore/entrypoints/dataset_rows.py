@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,24 +52,29 @@ _OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 def _offline(hub_constants: object, datasets_config: object) -> Iterator[None]:
     """Offline mode for the call: the environment variables, and the module constants
     ``huggingface_hub`` and ``datasets`` read them into when imported (setting the variables
-    alone does nothing once they are imported)."""
-    saved_env = {name: os.environ.get(name) for name in _OFFLINE_VARIABLES}
-    targets = [(hub_constants, "HF_HUB_OFFLINE")]
-    targets += [(datasets_config, name) for name in _OFFLINE_VARIABLES]
-    saved = [(module, name, getattr(module, name)) for module, name in targets]
-    os.environ.update(dict.fromkeys(saved_env, "1"))
-    for module, name, _ in saved:
-        setattr(module, name, True)
-    try:
-        yield
-    finally:
-        for module, name, value in saved:
-            setattr(module, name, value)
-        for name, env_value in saved_env.items():
-            if env_value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = env_value
+    alone does nothing once they are imported). One call at a time: two interleaved ones
+    would each restore what the other set."""
+    with _OFFLINE_LOCK:
+        saved_env = {name: os.environ.get(name) for name in _OFFLINE_VARIABLES}
+        targets = [(hub_constants, "HF_HUB_OFFLINE")]
+        targets += [(datasets_config, name) for name in _OFFLINE_VARIABLES]
+        saved = [(module, name, getattr(module, name)) for module, name in targets]
+        os.environ.update(dict.fromkeys(saved_env, "1"))
+        for module, name, _ in saved:
+            setattr(module, name, True)
+        try:
+            yield
+        finally:
+            for module, name, value in saved:
+                setattr(module, name, value)
+            for name, env_value in saved_env.items():
+                if env_value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = env_value
+
+
+_OFFLINE_LOCK = threading.Lock()
 
 
 def _jsonl(path: Path) -> list[tuple[str, object]]:
@@ -105,9 +112,10 @@ def _parquet(path: Path) -> list[object]:
 
 def _hugging_face(source: str, split: str) -> list[object]:
     import datasets  # type: ignore[import-untyped]  # datasets ships no types
-    import huggingface_hub.constants
 
-    with _offline(huggingface_hub.constants, datasets.config):
+    # huggingface_hub (datasets' own dependency, loaded with it) holds the offline switch too
+    hub_constants = sys.modules["huggingface_hub.constants"]
+    with _offline(hub_constants, datasets.config):
         try:
             if Path(source).is_dir():
                 loaded = datasets.load_from_disk(source)

@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import attrs
 from pydantic._internal._model_construction import ModelMetaclass
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 from trajcore.domain.errors import ConfigError
+
+PydanticUndefined: Any = FieldInfo().default  # pydantic's marker of a field without a default
 
 __all__ = [
     "SEED_FIELDS",
