@@ -50,6 +50,25 @@ async def one(
     return result, time.monotonic() - started
 
 
+async def test_a_command_that_takes_a_while_to_stop_on_ctrl_c_keeps_the_shell(
+    pool: LocalSandboxPool,
+) -> None:
+    """A command that stops on Ctrl-C but cleans up first (pytest, pip) ends as ``TIMEOUT`` and
+    the shell keeps its directory and variables."""
+    slow_stop = (
+        "python3 -c 'import time\ntry: time.sleep(30)\nexcept KeyboardInterrupt: time.sleep(0.8)'"
+    )
+    async with pool.lease("t") as lease:
+        kept, _ = await one(pool, lease, "bash_stateful", command="cd /tmp && export V=kept")
+        assert kept.outcome is ToolOutcome.OK
+        stopped, took = await one(pool, lease, "bash_stateful", 1.0, command=slow_stop)
+        assert stopped.outcome is ToolOutcome.TIMEOUT, stopped
+        assert "the shell keeps its state" in (stopped.error or ""), stopped.error
+        assert took < 5.0
+        after, _ = await one(pool, lease, "bash_stateful", command="echo $PWD $V")
+        assert (after.content or "").strip() == "/tmp kept", after
+
+
 async def test_a_command_that_ignores_ctrl_c_is_killed_with_its_shell(
     pool: LocalSandboxPool,
 ) -> None:

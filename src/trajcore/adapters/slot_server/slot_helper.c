@@ -82,10 +82,11 @@ enum {
 static const double DRAIN_AFTER_EXIT_S = 0.05;
 /* The persistent shell keeps to its call's TIMEOUT: each tmux command gets the time the call has
  * left. Past it, the steps that end the call (Ctrl-C, a capture of the pane) get TMUX_LATE_S each,
- * and the shell SHELL_SETTLE_S to be back at its prompt after Ctrl-C, else it is killed: a call
- * answers within about a second of its TIMEOUT, well inside the slot server's grace. */
+ * and the shell SHELL_SETTLE_S to be back at its prompt after Ctrl-C (a test runner or a package
+ * installer cleans up for a while), else it is killed: a call answers within about three seconds
+ * of its TIMEOUT, inside the slot server's grace (agent_grace_s, 5 s). */
 static const double TMUX_LATE_S = 0.5;
-static const double SHELL_SETTLE_S = 0.5;
+static const double SHELL_SETTLE_S = 2.0;
 /* A command runs this much nicer than its agent (and so than the slot server and its keepers,
  * which run at the agent's nice value): when a host's cores are busy with commands, the server's
  * readying of the next lease and its answers wait behind them less. A lease cannot undo it
