@@ -25,6 +25,7 @@ from trajcore.domain.messages import Message
 from trajcore.entrypoints.atropos.failing_groups import GroupsFailing
 from trajcore.entrypoints.item_limits import ItemLimits
 from trajcore.rollout.tools import SlotTools
+from trajcore.rollout.trajectory import RolloutConfig
 
 pytestmark = pytest.mark.anyio
 
@@ -100,17 +101,25 @@ class BrokenHooks(FileEnv):
         return None
 
 
+class BrokenRollout(BrokenHooks):
+    def item_rollout(self, item: str) -> RolloutConfig:
+        if self.broken == "item_rollout":
+            raise LookupError("no rollout for this row")
+        return super().item_rollout(item)
+
+
 @pytest.mark.parametrize(
     ("hook", "detail"),
     [
         ("build_task", "build_task raised KeyError: 'text' (at test_agent_env_failures.py:"),
         ("item_limits", "item_limits raised ValueError: no limits for this row (at "),
+        ("item_rollout", "item_rollout raised LookupError: no rollout for this row (at "),
     ],
 )
 async def test_a_per_item_hook_that_raises_fails_the_members_as_the_envs(
     hook: str, detail: str
 ) -> None:
-    env = BrokenHooks(_config(group_size=2))
+    env = (BrokenRollout if hook == "item_rollout" else BrokenHooks)(_config(group_size=2))
     env.broken = hook
     async with FakeSandboxPool(containers=1, slots_per_container=2) as pool:
         result = await env.run_task("ok", pool=pool, policy=env.make_policy(chat=_says_done()))

@@ -538,11 +538,11 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         services = self.services
         size = self.config.group_size if group_size is None else group_size
         rules = self.settings.eval_rules(size) if for_eval else self.settings.group_rules(size)
-        messages, problem = tasks.env_hook(
-            "build_task", lambda: self.task_messages(item), list[Message]()
-        )
+        messages, problem = tasks.env_hook("build_task", lambda: self.task_messages(item),
+                                           list[Message]())  # fmt: skip
         rollout, limits = tasks.group_rollout(lambda: self.item_rollout(item),
-            self.settings.rollout, trainer_max_token_len=self.max_token_len)  # fmt: skip
+            self.settings.rollout, trainer_max_token_len=self.max_token_len,
+            overridden=type(self).item_rollout is not AgentEnv.item_rollout)  # fmt: skip
         built_in = type(self).task_environment is AgentEnv.task_environment
         environment, found = tasks.group_environment(
             lambda: self.task_environment(item),

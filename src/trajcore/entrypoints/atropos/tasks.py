@@ -140,12 +140,18 @@ def env_hook(where: str, hook: Callable[[], T], fallback: T) -> tuple[T, str | N
 
 
 def group_rollout(
-    hook: Callable[[], object], fallback: RolloutConfig, *, trainer_max_token_len: int
+    hook: Callable[[], object],
+    fallback: RolloutConfig,
+    *,
+    trainer_max_token_len: int,
+    overridden: bool = False,
 ) -> tuple[RolloutConfig, str | None]:
     """``(rollout, None)``: what ``hook`` (the env's ``item_rollout`` for one item) returned,
     cut to the trainer's limit; or ``(fallback, detail)`` when it raised or returned something
-    that is not a ``RolloutConfig``, and the group's members must fail as ``env_error``."""
-    answer, problem = env_hook("item_limits", hook, None)
+    that is not a ``RolloutConfig``, and the group's members must fail as ``env_error``. The
+    detail names ``item_rollout`` when the env ``overridden`` it, else ``item_limits`` (which
+    the built-in ``item_rollout`` calls)."""
+    answer, problem = env_hook("item_rollout" if overridden else "item_limits", hook, None)
     if isinstance(answer, RolloutConfig):
         return trainer_limited(answer, trainer_max_token_len), None
     if problem is None:
