@@ -394,7 +394,8 @@ async def test_jobs_of_the_name_left_by_a_crashed_pool_are_cancelled_and_a_live_
     cluster: SlurmCluster,
 ) -> None:
     """Another run's jobs are strays only when that run's heartbeat beside ours is stale: a
-    crashed pool's are cancelled at start, a live pool's of the same name are left alone."""
+    crashed pool's are cancelled once this pool has polled for stray_after_s, a live pool's of
+    the same name are left alone."""
     shared = cluster.dir / "shared"
     shared.mkdir(exist_ok=True)
     for run, age_s in (("dead0", 3600.0), ("alive0", 0.0)):
@@ -411,11 +412,26 @@ async def test_jobs_of_the_name_left_by_a_crashed_pool_are_cancelled_and_a_live_
     stray = submit("--job-name=trajcore-test", "--comment=trajcore:dead0:0")
     alive = submit("--job-name=trajcore-test", "--comment=trajcore:alive0:0")
     other = submit("--job-name=someone-else")
+    alive_beat = shared / "trajcore-test-alive0-x" / "heartbeat"
+
+    async def alive_pool() -> None:  # the live pool of run alive0 touches its heartbeat
+        while True:
+            alive_beat.touch()
+            await anyio.sleep(0.2)
+
     try:
-        async with SlurmSandboxPool(cluster.pool_config()) as pool:
-            assert cluster.job_state(stray) in ("CANCELLED", "COMPLETING")
-            assert pool.job_id(pool.container_names()[0]) not in (stray, alive)
-            assert any("run dead0 are cancelled" in p for p in pool.problems), pool.problems
+        async with anyio.create_task_group() as beating:
+            beating.start_soon(alive_pool)
+            async with SlurmSandboxPool(cluster.pool_config(stray_after_s=2.0)) as pool:
+                await _wait_until(
+                    lambda: cluster.job_state(stray) in ("CANCELLED", "COMPLETING"),
+                    30,
+                    "the stray",
+                    pool,
+                )
+                assert pool.job_id(pool.container_names()[0]) not in (stray, alive)
+                assert any("run dead0 are cancelled" in p for p in pool.problems), pool.problems
+            beating.cancel_scope.cancel()
         for kept in (alive, other):  # the close cancelled only its own run's jobs
             assert cluster.job_state(kept) in ("PENDING", "RUNNING")
     finally:

@@ -31,6 +31,7 @@ from trajcore.domain.slurm_jobs import (
     plan_jobs,
     sbatch_argv,
     sbatch_refusal,
+    watch_start,
 )
 
 
@@ -112,12 +113,46 @@ def test_another_run_is_dead_only_once_its_known_heartbeat_is_stale() -> None:
         _job("6", 0, run=None),
     ]
     ages = {"r1": 999.0, "crashed": 601.0, "alive": 2.0, "ended": 999.0}
-    assert dead_runs(jobs, run="r1", heartbeat_ages=ages, stale_after_s=600.0) == {"crashed"}
-    assert dead_runs(jobs, run="r1", heartbeat_ages={"crashed": 600.0}, stale_after_s=600.0) == (
-        frozenset()
+    assert dead_runs(jobs, run="r1", heartbeat_ages=ages, stale_after_s=600.0, watched_s=600.0) == {
+        "crashed"
+    }
+    assert (
+        dead_runs(
+            jobs, run="r1", heartbeat_ages={"crashed": 600.0}, stale_after_s=600.0, watched_s=900.0
+        )
+        == frozenset()
     )
     plan = plan_jobs(jobs, run="r1", count=1, stopping=frozenset(), ending_s=60.0)
     assert plan.cancel == ()
+
+
+def test_no_run_is_dead_before_this_pool_has_polled_well_for_the_bound() -> None:
+    """After an outage every heartbeat is old because no pool could poll: a stale heartbeat
+    proves a crash only once this pool has polled well for ``stale_after_s`` itself."""
+    jobs = [_job("2", 0, run="crashed")]
+    ages = {"crashed": 5000.0}
+    for watched_s, dead in ((0.0, set()), (599.9, set()), (600.0, {"crashed"})):
+        assert (
+            dead_runs(jobs, run="r1", heartbeat_ages=ages, stale_after_s=600.0, watched_s=watched_s)
+            == dead
+        )
+
+
+@pytest.mark.parametrize(
+    ("since", "last_poll", "now", "start"),
+    [
+        (None, None, 50.0, 50.0),  # the first good poll
+        (None, 40.0, 50.0, 50.0),  # the first good poll after a failed one
+        (10.0, None, 50.0, 50.0),
+        (10.0, 40.0, 50.0, 10.0),  # polls close enough: the stretch goes on
+        (10.0, 20.0, 50.0, 10.0),  # a gap of exactly max_gap_s still does
+        (10.0, 19.9, 50.0, 50.0),  # a longer one (the pool stood still) begins a new stretch
+    ],
+)
+def test_the_stretch_of_good_polls_breaks_on_a_failure_or_a_gap(
+    since: float | None, last_poll: float | None, now: float, start: float
+) -> None:
+    assert watch_start(since, last_poll, now, max_gap_s=30.0) == start
 
 
 def test_the_job_words_carry_the_resources_and_no_token() -> None:

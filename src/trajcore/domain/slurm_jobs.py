@@ -14,7 +14,8 @@ Rules it keeps:
   ``run`` is drawn afresh by every pool start, so a pool never joins another run's job. Two
   pools may share a name (a training run and an eval run of one user), so another run's jobs
   are cancelled only once that run is proved dead: the heartbeat every pool touches in its run
-  directory has gone stale (``dead_runs``). A pool cancels its own run's jobs and no others.
+  directory has gone stale while this pool could poll (``dead_runs``). A pool cancels its own
+  run's jobs and no others.
 - The job script holds no secret: the bearer token stays in a file only its owner reads, named
   on the server's command line; the script and the words are what ``scontrol show job`` shows.
 - A job Slurm ends (``scancel``, time limit, node failure, preemption) gets SIGTERM in every
@@ -64,6 +65,7 @@ __all__ = [
     "sbatch_refusal",
     "scancel_argv",
     "squeue_argv",
+    "watch_start",
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -467,11 +469,18 @@ def dead_runs(
     run: str,
     heartbeat_ages: Mapping[str, float],
     stale_after_s: float,
+    watched_s: float,
 ) -> frozenset[str]:
     """The runs other than ``run`` with a live job that are proved dead: their pool's heartbeat
     is older than ``stale_after_s`` (``heartbeat_ages``: seconds since each run's pool last
     touched it). A run whose heartbeat is not known (not in ``heartbeat_ages``: its run
-    directory is elsewhere, or gone) may be alive: it is not dead."""
+    directory is elsewhere, or gone) may be alive: it is not dead. No run is dead before this
+    pool has itself listed the queue and touched its own heartbeat without a break for
+    ``stale_after_s`` (``watched_s``, ``watch_start``): after an outage (the Slurm controller
+    or the shared file system down, this process paused) a heartbeat is old because nobody
+    could poll, not because its pool is gone."""
+    if watched_s < stale_after_s:
+        return frozenset()
     return frozenset(
         job.run
         for job in jobs
@@ -480,6 +489,18 @@ def dead_runs(
         and job.run != run
         and heartbeat_ages.get(job.run, -math.inf) > stale_after_s
     )
+
+
+def watch_start(
+    since: float | None, last_poll: float | None, now: float, *, max_gap_s: float
+) -> float:
+    """When this pool's unbroken stretch of good polls began, given one more good poll at
+    ``now``: ``since`` (``None``: the last poll failed, or none was good yet) unless the last
+    good poll (``last_poll``) is more than ``max_gap_s`` before ``now`` (the pool stood
+    still), else ``now``."""
+    if since is None or last_poll is None or now - last_poll > max_gap_s:
+        return now
+    return since
 
 
 def _id_key(job: SlurmJob) -> tuple[int, str]:

@@ -40,10 +40,12 @@ would have forgotten its slots.
 Start and close: the pool draws a run ID and a token and waits for ``min_containers``
 servers. ``aclose`` cancels its run's jobs, waits for them to leave the queue
 (``stop_timeout_s``) and removes its run directory. Two pools of one name (a training run and
-an eval run) leave each other's jobs alone: on every poll the pool touches ``heartbeat`` in its
-run directory, and another run's jobs are cancelled as strays only when that run's directory
-beside this one (``<shared_dir>/<job_name>-<run>-*``) holds a heartbeat older than
-``stray_after_s``: a pool that crashed. A run whose directory is not found here is left alone.
+an eval run) leave each other's jobs alone: every poll first touches ``heartbeat`` in its run
+directory (whether or not Slurm then answers), and another run's jobs are cancelled as strays
+only when that run's directory beside this one (``<shared_dir>/<job_name>-<run>-*``) holds a
+heartbeat older than ``stray_after_s`` while this pool itself has polled well (heartbeat
+touched, queue listed) without a break for ``stray_after_s``: a pool that crashed, not one that
+could not poll through an outage. A run whose directory is not found here is left alone.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ from trajcore.domain.slurm_jobs import (
     sbatch_refusal,
     scancel_argv,
     squeue_argv,
+    watch_start,
 )
 from trajcore.domain.tools import ToolOutcome, ToolResult
 from trajcore.domain.validators import (
@@ -144,7 +147,8 @@ class SlurmPoolConfig:
             default a quarter of the time limit, at most 300 s; ``default_drain_s``).
         poll_interval_s: How often the queue is listed (and the run's heartbeat touched).
         stray_after_s: Another run of the job name whose heartbeat is older than this is dead:
-            its jobs are cancelled as strays (a pool that crashed left them).
+            its jobs are cancelled as strays (a pool that crashed left them), once this pool has
+            itself polled well for this long without a break.
         command_timeout_s: Longest one Slurm command may take.
         stop_timeout_s: Longest the close waits for the jobs to leave the queue.
         confirm_batches: Confirm every answered batch with the server's health (see
@@ -222,6 +226,9 @@ class _SlurmJobs(IndexedSource[SlurmPoolConfig]):
     _blocks: dict[str, int] = attrs.field(init=False, factory=dict)
     _nodes: dict[str, str] = attrs.field(init=False, factory=dict)
     _dead: frozenset[str] = attrs.field(init=False, default=frozenset())
+    _watched_since: float | None = attrs.field(init=False, default=None)
+    _last_poll: float | None = attrs.field(init=False, default=None)
+    _beat_failed: bool = attrs.field(init=False, default=False)
 
     @property
     def scheduler(self) -> str:
@@ -263,11 +270,40 @@ class _SlurmJobs(IndexedSource[SlurmPoolConfig]):
                 return
             await anyio.sleep(0.2)
 
-    def _heartbeat_ages(self, jobs: Sequence[SlurmJob]) -> dict[str, float]:
-        """Touch this run's heartbeat; the age of every other listed run's heartbeat found in
-        a run directory beside this one."""
+    def _beat(self) -> bool:
+        """Touch this run's heartbeat; whether it could be. A failure (the run directory gone,
+        the shared file system down) is noted with a warning when it starts (once until the
+        heartbeat is touched again) and never raised: the pool goes on polling."""
         assert self.run_dir is not None
-        (self.run_dir / HEARTBEAT).touch()
+        try:
+            (self.run_dir / HEARTBEAT).touch()
+        except OSError as error:
+            if not self._beat_failed:
+                self.pool.note(
+                    f"could not touch the run's heartbeat {self.run_dir / HEARTBEAT}: {error}",
+                    warn=True,
+                )
+            self._beat_failed = True
+            return False
+        self._beat_failed = False
+        return True
+
+    def _watched_s(self, beat: bool, now: float) -> float:
+        """How long this pool has polled well without a break (heartbeat touched and queue
+        listed, polls at most ``stray_after_s / 2`` apart), counting the poll at ``now``."""
+        if not beat:
+            self._watched_since = None
+            return 0.0
+        self._watched_since = watch_start(
+            self._watched_since, self._last_poll, now, max_gap_s=self.config.stray_after_s / 2
+        )
+        self._last_poll = now
+        return now - self._watched_since
+
+    def _heartbeat_ages(self, jobs: Sequence[SlurmJob]) -> dict[str, float]:
+        """The age of every other listed run's heartbeat found in a run directory beside this
+        one."""
+        assert self.run_dir is not None
         now = time.time()
         ages: dict[str, float] = {}
         for run in {job.run for job in jobs if job.run not in {None, self.run}}:
@@ -285,7 +321,12 @@ class _SlurmJobs(IndexedSource[SlurmPoolConfig]):
 
     async def _tick(self) -> None:
         config = self.config
-        jobs = await self._list()
+        beat = self._beat()  # first: a poll Slurm does not answer still shows this run alive
+        try:
+            jobs = await self._list()
+        except (SlurmUnavailable, InvalidInput):
+            self._watched_since = None  # no queue seen: another run's heartbeat proves nothing
+            raise
         ours = [job for job in jobs if job.run == self.run]
         listed = {job.job_id for job in ours if job.live}
         for job_id in [j for j in self._blocks if j not in listed]:
@@ -307,6 +348,7 @@ class _SlurmJobs(IndexedSource[SlurmPoolConfig]):
             run=self.run,
             heartbeat_ages=self._heartbeat_ages(jobs),
             stale_after_s=config.stray_after_s,
+            watched_s=self._watched_s(beat, now),
         )
         for run in sorted(dead - self._dead):
             self.pool.note(
@@ -426,11 +468,12 @@ class SlurmSandboxPool(IndexedPool):
     """The SandboxPool port over slot servers run as Slurm jobs. ``async with
     SlurmSandboxPool(config)``.
 
-    Entering checks that Slurm answers (``SlurmUnavailable`` otherwise), cancels what a crashed
-    pool of the same name left (once its heartbeat is stale), and waits for ``min_containers``
-    servers (``SlotServerError`` when they are not healthy within ``start_timeout_s``,
-    ``SandboxUnavailable`` when a sandbox is required and missing); nothing of its run is left
-    queued then. Leaving closes it (``aclose``).
+    Entering checks that Slurm answers (``SlurmUnavailable`` otherwise) and waits for
+    ``min_containers`` servers (``SlotServerError`` when they are not healthy within
+    ``start_timeout_s``, ``SandboxUnavailable`` when a sandbox is required and missing);
+    nothing of its run is left queued then. While it runs, it cancels what a crashed pool of
+    the same name left (once that pool's heartbeat is stale and this pool has polled well for
+    ``stray_after_s``). Leaving closes it (``aclose``).
 
     Attributes:
         config: The pool's settings.
