@@ -251,19 +251,55 @@ def test_a_suspended_job_is_cancelled_at_once_and_never_joined_when_resumed() ->
     [
         ("sbatch: error: invalid partition specified: nope", "slurm_partition"),
         (
+            "sbatch: error: Batch job submission failed: Invalid partition name specified",
+            "slurm_partition",
+        ),
+        (
             "sbatch: error: Batch job submission failed: Invalid account or account/partition "
             "combination specified",
             "slurm_account",
         ),
         ("sbatch: error: Batch job submission failed: Invalid qos specification", "slurm_qos"),
         ("sbatch: error: Invalid feature specification", "slurm_constraint"),
-        ("sbatch: error: Memory specification can not be satisfied", "slurm_memory_mb"),
-        ("sbatch: error: Requested time limit is invalid", "slurm_time_limit_min"),
-        ("sbatch: error: Batch job submission failed: Access denied", "slurm_job"),
+        (
+            "sbatch: error: Memory specification can not be satisfied\nsbatch: error: Batch job "
+            "submission failed: Requested node configuration is not available",
+            "slurm_memory_mb",
+        ),
+        (
+            "Batch job submission failed: Memory required by task is not available",
+            "slurm_memory_mb",
+        ),
+        (
+            "sbatch: error: Requested time limit is invalid (missing or exceeds some limit)",
+            "slurm_time_limit_min",
+        ),
+        (
+            "Batch job submission failed: Requested time limit exceeds partition limit",
+            "slurm_time_limit_min",
+        ),
+        ("Batch job submission failed: Requested node configuration is not available", "slurm_job"),
+        ("sbatch: error: Batch job submission failed: Access/permission denied", "slurm_job"),
     ],
 )
 def test_a_refused_first_job_names_the_setting_sbatch_names(said: str, field: str) -> None:
     error = sbatch_refusal(said)
     assert isinstance(error, ConfigError)
     assert error.field == field
-    assert said in error.reason
+    assert " ".join(said.split()) in error.reason
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "sbatch: error: Batch job submission failed: Resource temporarily unavailable",
+        "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation",
+        "sbatch: error: QOSMaxSubmitJobPerUserLimit\nsbatch: error: Batch job submission failed: "
+        "Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)",
+        "sbatch: error: Batch job submission failed: Access denied",
+        "",
+    ],
+)
+def test_any_other_refusal_may_pass_and_is_no_configuration_error(said: str) -> None:
+    """A timeout, a busy controller or a limit on submitted jobs is retried: ``None``."""
+    assert sbatch_refusal(said) is None

@@ -1,5 +1,5 @@
 """The Slurm pool's poll through outages, with the Slurm commands played by small scripts on
-``PATH`` (real processes): the heartbeat and the stray rule."""
+``PATH`` (real processes): the heartbeat, the stray rule, and ``sbatch``'s refusals."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from trajcore.adapters.pools.slurm_pool import (
     SlurmSandboxPool,
     _SlurmJobs,
 )
+from trajcore.domain.errors import ConfigError
 
 pytestmark = pytest.mark.anyio
 
@@ -126,3 +127,28 @@ async def test_a_heartbeat_that_cannot_be_touched_is_noted_once_and_the_polls_go
     notes = [p for p in pool.problems if "could not touch the run's heartbeat" in p]
     assert len(notes) == 1, pool.problems
     assert slurm.cancels() == ""  # this pool's own polls are not good: nothing is judged
+
+
+@pytest.mark.parametrize(
+    ("said", "fatal"),
+    [
+        ("sbatch: error: Batch job submission failed: Invalid qos specification", "slurm_qos"),
+        ("sbatch: error: Batch job submission failed: Resource temporarily unavailable", None),
+    ],
+)
+async def test_only_a_known_refusal_of_the_first_job_fails_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, said: str, fatal: str | None
+) -> None:
+    slurm = FakeSlurm(tmp_path, monkeypatch)
+    slurm.refusal.write_text(said, encoding="utf-8")
+    _, jobs = _jobs(tmp_path)
+    now = anyio.current_time()
+    with pytest.raises(SlurmRefused):
+        await jobs._submit(0, now)
+    if fatal is None:
+        assert jobs._fatal is None
+    else:
+        assert isinstance(jobs._fatal, ConfigError)
+        assert jobs._fatal.field == fatal
+    assert not jobs._backoff.due(0, now + 0.1)  # retried only after the delay
+    assert jobs._backoff.due(0, now + 1.0)

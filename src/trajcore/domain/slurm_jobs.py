@@ -259,28 +259,36 @@ def sbatch_argv(
 
 
 _REFUSALS: Final = (
-    # what sbatch's refusal names, first match wins -> the env field (SlurmJobSettings field)
-    ("account", "account"),  # "Invalid account or account/partition combination specified"
-    ("qos", "qos"),  # "Invalid qos specification"
-    ("partition", "partition"),  # "invalid partition specified: gpu"
-    ("feature", "constraint"),  # "Invalid feature specification"
-    ("constraint", "constraint"),
-    ("memory", "memory_mb"),  # "Memory specification can not be satisfied"
-    ("time limit", "time_limit_min"),  # "Requested time limit is invalid"
+    # sbatch's words for a job it will never take, first match wins -> the env field
+    # (SlurmJobSettings field; "job": the settings as a whole). Whole phrases only: "account"
+    # alone would match "accounting" in a QOS submit limit, which is transient.
+    ("invalid account or account/partition combination specified", "account"),
+    ("invalid qos specification", "qos"),
+    ("invalid partition name specified", "partition"),
+    ("invalid partition specified", "partition"),  # "invalid partition specified: gpu"
+    ("invalid feature specification", "constraint"),
+    ("memory specification can not be satisfied", "memory_mb"),
+    ("memory required by task is not available", "memory_mb"),
+    ("requested time limit is invalid", "time_limit_min"),
+    ("requested time limit exceeds partition limit", "time_limit_min"),
+    ("requested node configuration is not available", "job"),
+    ("access/permission denied", "job"),
 )
 
 
-def sbatch_refusal(text: str) -> ConfigError:
+def sbatch_refusal(text: str) -> ConfigError | None:
     """The error for an ``sbatch`` that refused the pool's first job (``text``: what it
-    printed): the ``slurm_<field>`` setting its words name (account, QOS, partition,
-    constraint, memory, time limit), else ``slurm_job`` (the job settings as a whole), with
-    sbatch's own words."""
-    lowered = text.lower()
-    field = next((f for word, f in _REFUSALS if word in lowered), None)
-    said = " ".join(text.split())[:500]
+    printed) when its words are a known refusal of the job's settings: the ``slurm_<field>``
+    setting they name (account, QOS, partition, constraint, memory, time limit), else
+    ``slurm_job`` (the job settings as a whole, e.g. a node configuration no node has), with
+    sbatch's own words. ``None`` for any other refusal (a timeout, ``Resource temporarily
+    unavailable``, a QOS limit on submitted jobs): it may pass, so it is retried."""
+    said = " ".join(text.split())
+    lowered = said.lower()
+    field = next((f for phrase, f in _REFUSALS if phrase in lowered), None)
     if field is None:
-        return ConfigError("slurm_job", f"sbatch refused the job settings (slurm_*): {said}")
-    return ConfigError(f"slurm_{field}", f"sbatch refused the job: {said}")
+        return None
+    return ConfigError(f"slurm_{field}", f"sbatch refused the job: {said[:500]}")
 
 
 def squeue_argv(job_name: str) -> list[str]:

@@ -28,9 +28,12 @@ remove, the count; replace is ``scancel`` here);
 what Nomad's scheduler does for a count, ``plan_jobs`` does here: one live job per index below
 the count (a new one for an index whose job ended, failed, was cancelled or nears its time
 limit), extra and stray jobs cancelled. A job whose server failed to start is submitted again
-after a growing delay (0.5 s doubling to 60 s). When ``sbatch`` refuses the pool's very first
-job (an unknown partition, account or QOS), the start fails at once with a ``ConfigError``
-naming the setting (``sbatch_refusal``) instead of waiting out ``start_timeout_s``.
+after a growing delay (0.5 s doubling to 60 s), and so is one ``sbatch`` refused. When
+``sbatch`` refuses the pool's very first job with words that name a setting no job will pass
+(an unknown partition, account or QOS, a node configuration no node has), the start fails at
+once with a ``ConfigError`` naming the setting (``sbatch_refusal``) instead of waiting out
+``start_timeout_s``; any other refusal (a timeout, ``Resource temporarily unavailable``, a
+limit on submitted jobs) is noted and retried.
 
 Faults: a job cancelled, preempted, past its time limit, or on a node that fails ends its
 server; the calls in flight get no answer and end as ``INFRA_ERROR`` (never scored), its leases
@@ -395,9 +398,12 @@ class _SlurmJobs(IndexedSource[SlurmPoolConfig]):
         try:
             answer = await self._slurm(argv)
         except SlurmRefused as error:
-            if not self.started:  # no job of these settings was ever taken: it never will be
-                self._fatal = self._fatal or sbatch_refusal(error.detail)
+            refusal = sbatch_refusal(error.detail)
+            if refusal is not None and not self.started:
+                # a known refusal of the settings and no job of them ever taken: none will be
+                self._fatal = self._fatal or refusal
                 self.pool.signal()
+            self._backoff.started(index, None, now)  # any other: retried after a delay
             raise
         job_id = answer.strip().split(";")[0]
         if not job_id:
