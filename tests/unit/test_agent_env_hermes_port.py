@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
-from pydantic import Field
+from pydantic import Field, field_serializer, field_validator
 
 from tests.unit.test_agent_env import QWEN, _config, _turn
 from trajcore.adapters.fakes.llm import FakeChatServer
@@ -92,6 +92,61 @@ def test_a_redeclared_seed_field_that_cannot_map_exactly_is_refused_naming_both(
 
             class Required(HermesAgentEnvConfig):
                 dataset_name: str
+
+
+def test_a_validator_on_a_redeclared_seed_field_checks_the_trajcore_setting() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SeedSettingWarning)
+
+        class Checked(HermesAgentEnvConfig):
+            dataset_name: str = Field(default="x.jsonl")
+
+            @field_validator("dataset_name")
+            @classmethod
+            def _jsonl(cls, value: str | None) -> str | None:
+                if value is not None and not value.endswith(".jsonl"):
+                    raise ValueError("needs a .jsonl file")
+                return value
+
+            @field_serializer("dataset_name")
+            def _upper(self, value: str | None) -> str | None:
+                return None if value is None else value.upper()
+
+        class Inherited(Checked):
+            @field_validator("max_agent_turns")
+            @classmethod
+            def _even(cls, value: int) -> int:
+                if value % 2:
+                    raise ValueError("needs an even count")
+                return value
+
+        assert Checked(tokenizer_name=QWEN).dataset == "x.jsonl"
+        assert Checked(tokenizer_name=QWEN, dataset_name="y.jsonl").dataset_name == "y.jsonl"
+        assert Checked(tokenizer_name=QWEN).model_dump()["dataset"] == "X.JSONL"
+        with pytest.raises(ConfigError, match=r"needs a .jsonl file @ dataset"):
+            Checked(tokenizer_name=QWEN, dataset="y.csv")
+        seed_named = Inherited(tokenizer_name=QWEN, max_agent_turns=4)  # type: ignore[call-arg]
+        assert seed_named.max_turns == 4
+        with pytest.raises(ConfigError, match="needs an even count @ max_turns"):
+            Inherited(tokenizer_name=QWEN, max_turns=3)
+
+
+def test_a_class_var_with_a_seed_name_stays_a_class_attribute() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SeedSettingWarning)  # no field is rewritten
+
+        class Steps(HermesAgentEnvConfig):
+            # the seed names' properties are shadowed on purpose
+            agent_max_steps: ClassVar[int] = 7  # type: ignore[misc]
+            dataset_name: ClassVar[str] = "kept"  # type: ignore[misc]  # a string annotation
+
+    assert Steps.agent_max_steps == 7
+    assert Steps.dataset_name == "kept"
+    assert (
+        Steps.model_fields["max_turns"].default
+        == HermesAgentEnvConfig.model_fields["max_turns"].default
+    )
+    assert Steps.model_fields["dataset"].default is None
 
 
 def test_hermes_disabled_toolsets_none_means_nothing_disabled() -> None:

@@ -26,12 +26,20 @@ truth for the renamed ones.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
+import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, get_origin
 
 import attrs
+from pydantic._internal._decorators import (
+    FieldSerializerDecoratorInfo,
+    FieldValidatorDecoratorInfo,
+    PydanticDescriptorProxy,
+    ValidatorDecoratorInfo,
+)
 from pydantic._internal._model_construction import ModelMetaclass
 from pydantic.fields import FieldInfo
 
@@ -337,11 +345,49 @@ def _seed_field_as_its_target(
     return info
 
 
+_CLASS_VAR = re.compile(r"^[\s'\"]*(?:[A-Za-z_][A-Za-z_0-9]*\.)*ClassVar\b")
+
+
+def _is_class_var(annotation: object) -> bool:
+    """``ClassVar[...]`` (an object, or a string under ``from __future__ import annotations``):
+    a class attribute, not a setting."""
+    if isinstance(annotation, str):
+        return _CLASS_VAR.match(annotation) is not None
+    return annotation is ClassVar or get_origin(annotation) is ClassVar
+
+
+def _decorators_on_targets(namespace: dict[str, Any], known: set[str]) -> None:
+    """Point each field validator and serializer (``@field_validator("dataset_name")``) that
+    names a seed setting at the trajcore field it sets (``dataset``), in place: the seed name is
+    no field of the class, so pydantic would refuse the decorator."""
+    for attr, value in list(namespace.items()):
+        if not isinstance(value, PydanticDescriptorProxy):
+            continue
+        info = value.decorator_info
+        if not isinstance(
+            info,
+            FieldValidatorDecoratorInfo | FieldSerializerDecoratorInfo | ValidatorDecoratorInfo,
+        ):
+            continue
+        moved = tuple(
+            SEED_FIELDS[f].target if f in SEED_FIELDS and f not in known else f for f in info.fields
+        )
+        if moved != info.fields:
+            # past the namespace's own __setitem__, which warns of an overridden decorator
+            dict.__setitem__(
+                namespace,
+                attr,
+                dataclasses.replace(value, decorator_info=dataclasses.replace(info, fields=moved)),
+            )
+
+
 class _SeedFieldsAsTargets(ModelMetaclass):
     """Builds ``AgentEnvConfig`` and its subclasses: a subclass field named as a seed setting
     (hermes's ``dataset_name: str = Field(default=...)``) becomes the default of the trajcore
     field it names, so the seed name keeps reading and writing that field (``SeedNames``), and
-    a value given under either name reaches it. A field that cannot map exactly (a factory, a
+    a value given under either name reaches it. A field validator or serializer naming a seed
+    name (``@field_validator("dataset_name")``) runs on that trajcore field, and a ``ClassVar``
+    with a seed name stays a class attribute. A field that cannot map exactly (a factory, a
     constraint, no default, or the trajcore field declared beside it) is a ``ConfigError``
     naming both, when the class is defined."""
 
@@ -357,7 +403,12 @@ class _SeedFieldsAsTargets(ModelMetaclass):
         for base in reversed(bases):
             inherited.update(getattr(base, "__pydantic_fields__", None) or {})
         if isinstance(annotations, dict) and "max_turns" in inherited:
-            for name in [n for n in annotations if n in SEED_FIELDS and n not in inherited]:
+            seed_names = [
+                n
+                for n, annotation in annotations.items()
+                if n in SEED_FIELDS and n not in inherited and not _is_class_var(annotation)
+            ]
+            for name in seed_names:
                 target = SEED_FIELDS[name].target
                 if target in annotations:
                     raise ConfigError(
@@ -369,6 +420,8 @@ class _SeedFieldsAsTargets(ModelMetaclass):
                 del annotations[name]
                 namespace[target] = _seed_field_as_its_target(cls_name, name, value, inherited)
                 annotations[target] = inherited[target].annotation
+        if "max_turns" in inherited:
+            _decorators_on_targets(namespace, set(inherited) | set(annotations or ()))
         cls = super().__new__(mcs, cls_name, bases, namespace, **kwargs)
         # Annotations this could not rewrite (evaluated lazily): refused rather than shadowed.
         for name in set(getattr(cls, "__pydantic_fields__", {})) & SEED_FIELDS.keys():
