@@ -11,7 +11,10 @@ keeps:
 - Nothing it answers is silently cut: the terminal's answer says when the command could not
   start, was killed or timed out; files move whole and binary-safe in pieces that each fit under
   the slot's output cap and argument limit, and a piece that came back short is an error, never
-  a spliced success.
+  a spliced success. An upload lands whole or not at all (it is written beside the target and
+  moved into place), and a failed download writes nothing.
+- Paths are read as the file tools read them: ``~`` and ``~/x`` are the slot's workspace (its
+  ``HOME``), and a path starting with ``-`` is a path, never an option.
 - ``run_env_tool`` is the env's own call in the slot (hermes's and atropos-agent's tool names,
   the env's timeout honoured even past the model's ``terminal_timeout_s``).
 """
@@ -23,6 +26,7 @@ import functools
 import inspect
 import itertools
 import json
+import secrets
 import shlex
 import sys
 from collections.abc import Callable, Coroutine, Generator, Mapping
@@ -34,6 +38,7 @@ import attrs
 
 from trajcore.domain.errors import StateError
 from trajcore.domain.isolation import positive_seconds
+from trajcore.domain.slot_protocol import home_relative
 from trajcore.domain.tools import ToolCall, ToolResult
 from trajcore.rollout.tools import SlotTools
 
@@ -43,8 +48,10 @@ SEED_TOOL_NAMES: Mapping[str, str] = {"terminal": "bash"}
 """The seeds' names of trajcore's tools, as the env's own code may call them."""
 
 # A file crosses the terminal in pieces: a download piece's base64 (4/3 of it, plus line breaks)
-# stays well under the slot's 64 KiB stdout cap, an upload piece's under the kernel's 128 KiB
-# limit on one argument (the command is one ``sh -c`` argument).
+# stays well under the slot's default 64 KiB stdout cap (under a smaller cap, a piece whose
+# output was cut is asked again at half the size, and the smaller size is kept), an upload
+# piece's under the kernel's 128 KiB limit on one argument (the command is one ``sh -c``
+# argument).
 DOWNLOAD_PIECE_BYTES = 36 * 1024
 UPLOAD_PIECE_BYTES = 48 * 1024
 
@@ -52,6 +59,14 @@ _call_ids = itertools.count()
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+def _shell_path(path: str) -> str:
+    """``path`` as the slot's file tools read it (``~`` and ``~/x`` are the workspace;
+    ``home_relative``), with ``./`` before a leading ``-`` so that no command reads it as an
+    option; unquoted."""
+    relative = home_relative(path)
+    return f"./{relative}" if relative.startswith("-") else relative
 
 
 def _timeout_of(arguments: Mapping[str, Any]) -> float | None:
@@ -208,22 +223,41 @@ class HermesToolContext:
         if not await local.is_file():
             return {"exit_code": -1, "output": f"Local file not found: {local_path}"}
         data = await local.read_bytes()
-        target = shlex.quote(remote_path)
-        parent = shlex.quote(str(Path(remote_path).parent))
-        start = await self.terminal(f"mkdir -p {parent} && : > {target}")
+        path = _shell_path(remote_path)
+        target = shlex.quote(path)
+        parent = shlex.quote(str(Path(path).parent))
+        # written beside the target and moved into place whole: a failed upload leaves the
+        # target as it was
+        partial = shlex.quote(f"{path}.upload-{secrets.token_hex(4)}")
+        start = await self.terminal(f"mkdir -p -- {parent} && : > {partial}")
         if start["exit_code"] != 0:
             return start
+        answer = await self._upload_pieces(data, partial, remote_path)
+        if answer["exit_code"] == 0:
+            moved = await self.terminal(f"mv -f -- {partial} {target}")
+            if moved["exit_code"] == 0:
+                return answer
+            answer = {
+                "exit_code": moved["exit_code"],
+                "output": f"moving the upload into {remote_path}: {moved['output']}",
+            }
+        await self.terminal(f"rm -f -- {partial}")
+        return answer
+
+    async def _upload_pieces(self, data: bytes, partial: str, remote_path: str) -> dict[str, Any]:
+        """Append ``data`` to the quoted ``partial`` in pieces and check its size: ``{"exit_code":
+        0, "output": ""}``, or the failure naming ``remote_path``."""
         for offset in range(0, len(data), UPLOAD_PIECE_BYTES):
             piece = base64.b64encode(data[offset : offset + UPLOAD_PIECE_BYTES]).decode("ascii")
-            answer = await self.terminal(f"printf '%s' {piece} | base64 -d >> {target}")
+            answer = await self.terminal(f"printf '%s' {piece} | base64 -d >> {partial}")
             if answer["exit_code"] != 0:
                 where = f"writing bytes {offset}.. of {len(data)} to {remote_path}"
                 return {"exit_code": answer["exit_code"], "output": f"{where}: {answer['output']}"}
-        size = await self.terminal(f"wc -c < {target}")
+        size = await self.terminal(f"wc -c < {partial}")
         if size["exit_code"] != 0 or size["output"].strip() != str(len(data)):
             return {
                 "exit_code": -1,
-                "output": f"{remote_path} has {size['output'].strip()!r} bytes, not {len(data)}",
+                "output": f"{remote_path} got {size['output'].strip()!r} bytes, not {len(data)}",
             }
         return {"exit_code": 0, "output": ""}
 
@@ -242,22 +276,28 @@ class HermesToolContext:
     @_remembered
     async def download_file(self, remote_path: str, local_path: str) -> dict[str, Any]:
         """Copy a slot file to the host, binary-safe and whole (in pieces of
-        ``DOWNLOAD_PIECE_BYTES``): ``{"success": True, "bytes"}``, or ``{"success": False,
-        "error"}`` (the local file is then not written)."""
-        quoted = shlex.quote(remote_path)
+        ``DOWNLOAD_PIECE_BYTES``, halved while a piece's output is cut by a smaller output
+        cap): ``{"success": True, "bytes"}``, or ``{"success": False, "error"}`` (the local
+        file is then not written)."""
+        quoted = shlex.quote(_shell_path(remote_path))
         size = await self.terminal(f"wc -c < {quoted}")
         if size["exit_code"] != 0 or not size["output"].strip().isdigit():
             return {"success": False, "error": f"Failed to read remote file: {size['output']}"}
         total = int(size["output"].strip())
         raw = bytearray()
+        piece_bytes = DOWNLOAD_PIECE_BYTES
         while len(raw) < total:
-            want = min(DOWNLOAD_PIECE_BYTES, total - len(raw))
+            want = min(piece_bytes, total - len(raw))
             result = await run_env_tool(
                 self.tools,
                 "bash",
                 {"command": f"tail -c +{len(raw) + 1} {quoted} | head -c {want} | base64"},
             )
             report = result.exec
+            cut = report is not None and report.exit_code == 0 and report.stdout_dropped > 0
+            if cut and want > 1:  # the slot's output cap is under the piece's base64: ask less
+                piece_bytes = want // 2
+                continue
             piece = b""
             if report is not None and report.exit_code == 0 and not report.stdout_dropped:
                 piece = base64.b64decode(report.stdout)
@@ -277,21 +317,23 @@ class HermesToolContext:
     @_remembered
     async def download_dir(self, remote_dir: str, local_dir: str) -> list[dict[str, Any]]:
         """``download_file`` for every file under ``remote_dir``, keeping the layout."""
-        listing = await self.terminal(f"find {shlex.quote(remote_dir)} -type f")
+        listed = _shell_path(remote_dir)
+        listing = await self.terminal(f"find {shlex.quote(listed)} -type f")
         if listing["exit_code"] != 0:
             return [{"success": False, "error": f"Failed to list remote dir: {remote_dir}"}]
         out: list[dict[str, Any]] = []
         for remote in str(listing["output"]).split("\n"):
             if remote.strip():
-                relative = Path(remote).relative_to(remote_dir)
+                relative = Path(remote).relative_to(listed)
                 out.append(await self.download_file(remote, str(Path(local_dir) / relative)))
         return out
 
     @_remembered
     async def search(self, query: str, path: str = ".") -> dict[str, Any]:
-        """Lines matching ``query`` under ``path``: ``{"matches": ["file:line:text", ...]}``."""
+        """Lines matching ``query`` under ``path`` (``~`` is the workspace): ``{"matches":
+        ["file:line:text", ...]}``."""
         answer = await self.terminal(
-            f"grep -rn -- {shlex.quote(query)} {shlex.quote(path)} || test $? -eq 1"
+            f"grep -rn -- {shlex.quote(query)} {shlex.quote(_shell_path(path))} || test $? -eq 1"
         )
         if answer["exit_code"] != 0:
             return {"error": answer["output"]}
