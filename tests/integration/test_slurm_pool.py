@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -235,6 +236,9 @@ async def test_a_suspended_job_is_cancelled_and_its_slots_never_leased_again(
         async with pool.lease("next") as after:
             assert pool.job_id(after.slot.container) != job_id
             assert "secret" not in ((await _one(pool, after, "cat note 2>&1")).content or "")
+    # A job cancelled while suspended is killed before its script can remove its directory on
+    # the node (docs/deploy.md says so): what it left on this machine is removed here.
+    shutil.rmtree(Path(tempfile.gettempdir()) / f"trajcore-slots-{job_id}", ignore_errors=True)
 
 
 @pytest.mark.anyio
