@@ -391,10 +391,8 @@ async def test_server_killed_mid_call_gives_infra_error_results(
     ]
 
 
-@pytest.mark.anyio
-async def test_request_past_its_deadline_is_an_infra_error() -> None:
-    app = make_app(CONTRACT_REGISTRY, token=TOKEN, call_timeout_s=60)
-    server = HTTPToolServer(INPROCESS, token=TOKEN, app=app, timeout_s=0.2)
+async def _sleep_30(server: HTTPToolServer) -> ToolResult:
+    """The result of a 30 s ``sleep`` call through ``server`` (closed after), within 10 s."""
     try:
         with anyio.fail_after(10):
             (result,) = await server.execute(
@@ -402,6 +400,13 @@ async def test_request_past_its_deadline_is_an_infra_error() -> None:
             )
     finally:
         await server.aclose()
+    return result
+
+
+@pytest.mark.anyio
+async def test_request_past_its_deadline_is_an_infra_error() -> None:
+    app = make_app(CONTRACT_REGISTRY, token=TOKEN, call_timeout_s=60)
+    result = await _sleep_30(HTTPToolServer(INPROCESS, token=TOKEN, app=app, timeout_s=0.2))
     assert result.outcome is ToolOutcome.INFRA_ERROR
     assert result.error is not None
     assert "did not answer" in result.error
@@ -411,13 +416,7 @@ async def test_request_past_its_deadline_is_an_infra_error() -> None:
 async def test_a_tool_past_the_servers_limit_is_its_timeout_not_the_clients() -> None:
     app = make_app(CONTRACT_REGISTRY, token=TOKEN, call_timeout_s=0.5)
     server = HTTPToolServer(INPROCESS, token=TOKEN, app=app, timeout_s=0.5, call_timeout_s=0.5)
-    try:
-        with anyio.fail_after(10):
-            (result,) = await server.execute(
-                [ToolCall(id="c1", name="sleep", arguments={"seconds": 30})], context=CONTEXT
-            )
-    finally:
-        await server.aclose()
+    result = await _sleep_30(server)
     assert result.outcome is ToolOutcome.TIMEOUT
 
 
