@@ -235,6 +235,44 @@ async def test_a_chat_template_that_cannot_append_tool_results_is_an_env_error()
     assert len(result.messages) == 4  # the task, the model's turn and its tool result are kept
 
 
+async def test_a_huge_tool_result_reaches_the_model_cut_in_the_middle() -> None:
+    # A policy that reads a large file must cost the env a bounded render, not a 10 MiB one.
+    big = "".join(f"{i:07d}\n" for i in range(50_000))  # 400,000 characters
+    chat = FakeChatServer(
+        script=[
+            Message.assistant(
+                "",
+                tool_calls=[
+                    ToolCall(id="w", name="write_file", arguments={"path": "big", "content": big})
+                ],
+            ),
+            Message.assistant(
+                "", tool_calls=[ToolCall(id="r", name="read_file", arguments={"path": "big"})]
+            ),
+            Message.assistant("done"),
+        ]
+    )
+    config = attrs.evolve(CONFIG, max_tool_result_chars=10_000)
+    async with FakeSandboxPool(containers=1, slots_per_container=1) as pool:
+        result = await _run(ChatPolicy(chat), pool, config)
+    read = result.messages[5]
+    assert read.role == "tool"
+    assert read.tool_call_id == "r"
+    assert len(read.content) <= 10_000
+    assert read.content.startswith("0000000\n0000001\n")
+    assert read.content.endswith("0049999\n")
+    assert "cut here: a tool result is capped at 10000 characters" in read.content
+    assert result.exchanges[1].result.content == read.content
+    # what the model was sent on its next turn is the cut text too
+    assert chat.requests[-1].messages[5].content == read.content
+    assert result.outcome.status is TrajectoryStatus.FINISHED
+
+
+def test_a_tool_result_cap_below_200_characters_is_refused() -> None:
+    with pytest.raises(ConfigError, match="max_tool_result_chars"):
+        attrs.evolve(CONFIG, max_tool_result_chars=10)
+
+
 async def test_no_slot_before_the_deadline_is_an_infra_error() -> None:
     async with FakeSandboxPool(containers=1, slots_per_container=1) as pool, pool.lease("hog"):
         config = attrs.evolve(CONFIG, acquire_timeout_s=0.2, deadline_s=5.0)

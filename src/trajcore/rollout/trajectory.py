@@ -25,6 +25,10 @@ The decisions are the domain ``AgentLoop``'s; this module performs them. Its pro
 - **One deadline.** ``deadline_s`` covers acquisition, every model call, every tool call and
   scoring. When it passes, the loop finishes as ``time_budget`` (or ``infra_error`` if no slot was
   ever acquired) and whatever was produced so far is kept.
+- **Bounded tool results.** A result's text longer than ``max_tool_result_chars`` reaches the
+  model, the transcript and the training tokens cut in the middle (its head and tail kept, and
+  a line saying how many characters were cut and why), whatever its tool: a policy that reads a
+  10 MiB file, or a tool server that answers one, costs the env a bounded render and tokenize.
 - **Scoring in the same slot.** The verify-and-score hook gets ``SlotTools`` bound to the slot
   the model worked in, and runs only when the loop says a score is needed (finished healthy, with
   some output).
@@ -105,6 +109,8 @@ class RolloutConfig:
         acquire_timeout_s: Longest wait for a slot (also bounded by ``deadline_s``).
         tool_delay_s: Pause before each batch of tool calls (rate-limits real tools).
         max_token_length: Truncation of exported training tokens.
+        max_tool_result_chars: Longest text of one tool result the model sees; a longer one is
+            cut in the middle (``None``: no cap).
     """
 
     agent: AgentLoopConfig
@@ -114,6 +120,12 @@ class RolloutConfig:
     acquire_timeout_s: float = 600.0
     tool_delay_s: float = 0.0
     max_token_length: int | None = None
+    max_tool_result_chars: int | None = attrs.field(default=100_000)
+
+    @max_tool_result_chars.validator
+    def _check_cap(self, attribute: attrs.Attribute[int | None], value: int | None) -> None:
+        if value is not None and (isinstance(value, bool) or value < 200):
+            raise ConfigError(attribute.name, f"must be at least 200 characters, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -402,6 +414,9 @@ async def _tools(
     if run.config.tool_delay_s > 0:
         await anyio.sleep(run.config.tool_delay_s)
     results = await router.run(decision.calls) if decision.calls else []
+    cap = run.config.max_tool_result_chars
+    if cap is not None:
+        results = [_capped(result, cap) for result in results]
     by_id = {result.call_id: result for result in results}
     answered = [*results, *decision.rejections]
     run.exchanges.extend(
@@ -418,6 +433,23 @@ async def _tools(
                 now=run.now(), detail=f"the tool results cannot be appended: {exc}"
             )
     return next_step
+
+
+def _capped(result: ToolResult, limit: int) -> ToolResult:
+    """``result`` with its text (``content``) cut to about ``limit`` characters when longer:
+    its head and tail kept around a line saying how many characters were cut."""
+    text = result.content
+    if len(text) <= limit:
+        return result
+    note_room = 120
+    keep = limit - note_room
+    head, tail = text[: keep // 2], text[len(text) - (keep - keep // 2) :]
+    cut = len(text) - len(head) - len(tail)
+    note = (
+        f"\n[... {cut} of {len(text)} characters cut here: a tool result is capped at "
+        f"{limit} characters ...]\n"
+    )
+    return attrs.evolve(result, content=f"{head}{note}{tail}")
 
 
 def _metadata_problem(metadata: object) -> str | None:

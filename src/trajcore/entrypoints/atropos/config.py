@@ -173,6 +173,12 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
         "turn is also capped by what is left of max_token_length.",
     )
     tool_delay_s: float = Field(default=0.0, ge=0, description="Pause before each tool batch.")
+    max_tool_result_chars: int | None = Field(
+        default=100_000,
+        ge=200,
+        description="Longest text of one tool result the model sees; a longer one is cut in the "
+        "middle, head and tail kept, with a line saying so. None: no cap.",
+    )
     system_prompt: str | None = Field(default=None, description="Prepended to every task.")
     slot_lifetime_s: float = Field(
         default=540.0,
@@ -512,6 +518,7 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
             deadline_s=self.slot_lifetime_s,
             acquire_timeout_s=self.acquire_timeout_s,
             tool_delay_s=self.tool_delay_s,
+            max_tool_result_chars=self.max_tool_result_chars,
             # Atropos drops a group with any sequence of max_token_length tokens or more.
             max_token_length=self.max_token_length - 1,
         )
