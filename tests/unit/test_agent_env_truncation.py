@@ -135,14 +135,22 @@ async def test_a_member_cut_to_the_trainers_length_is_said_to_be_cut(
     assert len(warned) == 2, warned
 
 
-async def test_a_member_with_no_sampled_token_left_is_left_out() -> None:
+async def test_a_member_with_no_sampled_token_left_is_left_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     env = FileEnv(config(max_token_length=await prompt_length() - 5))  # the prompt fills it
     group, _ = await run(env, 0)
     for member in group.members:
         assert member.tokens is not None
         assert member.tokens.completion_tokens == 0
         assert not member.outcome.has_tokens
-    assert env.scored_group(group) is None  # nothing to train on: not sent
+    with caplog.at_level(logging.WARNING):
+        assert env.scored_group(group) is None  # nothing to train on: not sent
+    left_out = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    said = [m for m in left_out if "has no training tokens" in m]
+    assert len(said) == len(group.members), left_out
+    # the reason is the cut, not a member that never called the model
+    assert all("every sampled token was cut by max_token_length" in m for m in said), said
 
 
 async def test_each_managed_turn_is_capped_by_the_context_left() -> None:

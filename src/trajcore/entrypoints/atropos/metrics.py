@@ -286,11 +286,19 @@ def log_group(group: GroupResult, toolsets: Sequence[str]) -> None:
 
 def log_conversion(group: GroupResult, conversion: GroupConversion) -> None:
     """Log the kept members left out for want of tokens, and why a group is not sent."""
+    members = {member.trajectory_id: member for member in group.members}
     for trajectory_id in conversion.left_out:
+        member = members.get(trajectory_id)
+        why = (
+            "every sampled token was cut by max_token_length"
+            if member is not None and member.truncation is not None
+            else "no model turn"
+        )
         log.warning(
-            "group %s: member %s has no tokens (no model turn); left out",
+            "group %s: member %s has no training tokens (%s); left out",
             group.group_id,
             trajectory_id,
+            why,
         )
     if conversion.scored is None:
         log.info("group %s dropped: %s", group.group_id, conversion.detail)
