@@ -37,9 +37,20 @@ def test_the_tmpfs_budget_is_a_quarter_of_the_memory_in_whole_units() -> None:
 def test_without_a_memory_cgroup_processes_get_the_limit_less_the_tmpfs() -> None:
     isolation = SlotIsolation(memory_bytes=256 * MIB, max_processes=64)
     limits = rlimits_for(isolation, cgroup_pids=False, cgroup_memory=False, tmpfs_bytes=64 * MIB)
-    assert limits == {"nice": 0, "core": 0, "nproc": 64, "as": 192 * MIB}
+    assert limits == {"nice": 0, "core": 0, "nproc": 64, "as": 192 * MIB, "fsize": 1 << 30}
     bare = rlimits_for(isolation, cgroup_pids=False, cgroup_memory=False)
     assert bare["as"] == 256 * MIB  # an agent without a tmpfs of its own
+
+
+def test_a_file_is_capped_at_one_gib_unless_the_env_says_otherwise() -> None:
+    # a runaway `yes > out` stops at the cap instead of filling the host's disk
+    assert SlotIsolation().max_file_bytes == 1 << 30
+    limits = rlimits_for(SlotIsolation(), cgroup_pids=True, cgroup_memory=True)
+    assert limits["fsize"] == 1 << 30
+    unbounded = rlimits_for(
+        SlotIsolation(max_file_bytes=None), cgroup_pids=True, cgroup_memory=True
+    )
+    assert "fsize" not in unbounded
 
 
 def test_with_cgroups_only_the_nice_and_core_limits_and_the_files_are_rlimits() -> None:

@@ -166,7 +166,9 @@ class SlotIsolation:
         max_processes: Processes (and threads) a slot may hold at once, or ``None``.
         memory_bytes: Memory a slot may use (cgroup) or a process may map (rlimit), or ``None``.
         cpu_seconds: CPU seconds a process of the slot may use (rlimit), or ``None``.
-        max_file_bytes: Largest file a process of the slot may write (rlimit), or ``None``.
+        max_file_bytes: Largest file a process of the slot may write (rlimit; 1 GiB by default,
+            so a runaway ``yes > out`` stops there instead of filling the host's disk), or
+            ``None``.
         output_cap_bytes: Bytes kept per stream (stdout, stderr) of one call: head plus tail.
         file_cap_bytes: Largest file ``read_file`` returns and ``write_file`` accepts.
         min_timeout_s: Shortest limit a call gets.
@@ -208,7 +210,7 @@ class SlotIsolation:
         validator=validators.optional_positive_int,
     )
     max_file_bytes: int | None = attrs.field(
-        default=None,
+        default=1 << 30,
         validator=validators.optional_positive_int,
     )
     output_cap_bytes: int = attrs.field(
