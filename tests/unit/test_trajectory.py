@@ -78,14 +78,18 @@ HOOKS = TrajectoryHooks(prepare=_prepare, score=_score)
 
 
 async def _run(
-    policy: Policy, pool: FakeSandboxPool, config: RolloutConfig = CONFIG, tid: str = "t0"
+    policy: Policy,
+    pool: FakeSandboxPool,
+    config: RolloutConfig = CONFIG,
+    tid: str = "t0",
+    hooks: TrajectoryHooks = HOOKS,
 ) -> TrajectoryResult:
     async with ToolDispatcher(pool, BatchConfig()) as dispatcher:
         return await run_trajectory(
             trajectory_id=tid,
             messages=TASK,
             tools=SLOT_TOOL_SPECS,
-            hooks=HOOKS,
+            hooks=hooks,
             policy=policy,
             pool=pool,
             dispatcher=dispatcher,
@@ -271,6 +275,36 @@ async def test_a_huge_tool_result_reaches_the_model_cut_in_the_middle() -> None:
 def test_a_tool_result_cap_below_200_characters_is_refused() -> None:
     with pytest.raises(ConfigError, match="max_tool_result_chars"):
         attrs.evolve(CONFIG, max_tool_result_chars=10)
+
+
+async def _score_without_await(tools: SlotTools, messages: Sequence[Message]) -> float:
+    # the README's check with its await forgotten: a coroutine, which is true
+    return 1.0 if tools.check("test -f done.txt") else 0.0  # type: ignore[truthy-bool]
+
+
+async def _prepare_without_await(tools: SlotTools) -> None:
+    tools.write_file("README", "task files")  # type: ignore[unused-coroutine]
+
+
+async def test_a_score_hook_that_forgets_an_await_is_an_env_error_not_a_score() -> None:
+    hooks = TrajectoryHooks(prepare=_prepare, score=_score_without_await)
+    never = FakeChatServer(script=[Message.assistant("done")])  # writes nothing
+    async with FakeSandboxPool(containers=1, slots_per_container=1) as pool:
+        result = await _run(ChatPolicy(never), pool, hooks=hooks)
+    assert result.outcome.status is TrajectoryStatus.ENV_ERROR
+    assert result.outcome.score is None
+    detail = result.outcome.detail or ""
+    assert "score hook called tools.check() at test_trajectory.py:" in detail
+    assert "without await" in detail
+
+
+async def test_a_prepare_hook_that_forgets_an_await_is_an_env_error() -> None:
+    hooks = TrajectoryHooks(prepare=_prepare_without_await, score=_score)
+    async with FakeSandboxPool(containers=1, slots_per_container=1) as pool:
+        result = await _run(ChatPolicy(_solving_chat()), pool, hooks=hooks)
+    assert result.outcome.status is TrajectoryStatus.ENV_ERROR
+    assert "prepare hook called tools.write_file() at" in (result.outcome.detail or "")
+    assert result.stats.turns == 0  # the model never ran
 
 
 async def test_no_slot_before_the_deadline_is_an_infra_error() -> None:

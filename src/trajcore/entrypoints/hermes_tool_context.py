@@ -22,24 +22,21 @@ keeps:
 from __future__ import annotations
 
 import base64
-import functools
-import inspect
 import itertools
 import json
 import secrets
 import shlex
-import sys
-from collections.abc import Callable, Coroutine, Generator, Mapping
+from collections.abc import Generator, Mapping
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import anyio
 import attrs
 
-from trajcore.domain.errors import StateError
 from trajcore.domain.isolation import positive_seconds
 from trajcore.domain.slot_protocol import home_relative
 from trajcore.domain.tools import ToolCall, ToolResult
+from trajcore.rollout.awaited import CallLog, remembered
 from trajcore.rollout.tools import SlotTools
 
 __all__ = ["SEED_TOOL_NAMES", "HermesToolContext", "run_env_tool"]
@@ -98,26 +95,6 @@ async def run_env_tool(
     return result
 
 
-def _remembered(
-    method: Callable[Concatenate[HermesToolContext, P], Coroutine[Any, Any, R]],
-) -> Callable[Concatenate[HermesToolContext, P], Coroutine[Any, Any, R]]:
-    """``method``, with each coroutine it makes remembered by the context (``unawaited``)."""
-
-    def call(
-        self: HermesToolContext, /, *args: P.args, **kwargs: P.kwargs
-    ) -> Coroutine[Any, Any, R]:
-        coroutine = method(self, *args, **kwargs)
-        caller = sys._getframe(1)  # where the call was written, for the error
-        where = f"{caller.f_code.co_filename.rsplit('/', 1)[-1]}:{caller.f_lineno}"
-        made = self._made
-        made[:] = [m for m in made if inspect.getcoroutinestate(m[1]) != inspect.CORO_CLOSED]
-        made.append((f"ctx.{method.__name__}() at {where}", coroutine))
-        return coroutine
-
-    functools.update_wrapper(call, method)
-    return call
-
-
 class _Done:
     """An answer that is already there: awaiting it gives ``None``, and so does not awaiting it."""
 
@@ -139,9 +116,7 @@ class HermesToolContext:
     """
 
     tools: SlotTools
-    _made: list[tuple[str, Coroutine[Any, Any, Any]]] = attrs.field(  # (call, coroutine)
-        factory=list, init=False, repr=False, eq=False
-    )
+    call_log: CallLog = attrs.field(factory=CallLog, init=False, repr=False, eq=False)
 
     @property
     def task_id(self) -> str:
@@ -152,13 +127,7 @@ class HermesToolContext:
         """The calls made on this context whose coroutine never started (a forgotten
         ``await``), each as ``ctx.<method>() at <file>:<line>``; each is closed, so it never
         runs later."""
-        names = []
-        for name, coroutine in self._made:
-            if inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED:
-                coroutine.close()
-                names.append(name)
-        self._made.clear()
-        return names
+        return self.call_log.unawaited()
 
     def check_awaited(self, hook: str) -> None:
         """Raise when a call on this context was made without ``await`` in ``hook``.
@@ -166,12 +135,7 @@ class HermesToolContext:
         Raises:
             StateError: naming the calls; the member fails as ``env_error``, never a score.
         """
-        calls = self.unawaited()
-        if calls:
-            raise StateError(
-                f"{hook} called {', '.join(calls)} without await, so the call never ran and "
-                "its answer was a coroutine: write `await ctx.<method>(...)`"
-            )
+        self.call_log.check_awaited(hook, "await ctx.<method>(...)")
 
     def cleanup(self) -> _Done:
         """hermes's ``cleanup()``: nothing to do here, as trajcore releases and resets the slot
@@ -179,7 +143,7 @@ class HermesToolContext:
         ``await``."""
         return _Done()
 
-    @_remembered
+    @remembered("ctx")
     async def terminal(
         self,
         command: str,
@@ -202,19 +166,19 @@ class HermesToolContext:
         why = result.error or ("timed out" if report.timed_out else "killed")
         return {"exit_code": -1, "output": f"{output}\n[{why}]" if output else f"[{why}]"}
 
-    @_remembered
+    @remembered("ctx")
     async def read_file(self, path: str) -> dict[str, Any]:
         """``{"content": text}``, or ``{"error": why}``."""
         result = await self.tools.call("read_file", {"path": path})
         return {"content": result.content} if result.ok else {"error": result.error}
 
-    @_remembered
+    @remembered("ctx")
     async def write_file(self, path: str, content: str) -> dict[str, Any]:
         """``{"success": True}``, or ``{"error": why}``."""
         result = await self.tools.call("write_file", {"path": path, "content": content})
         return {"success": True} if result.ok else {"error": result.error}
 
-    @_remembered
+    @remembered("ctx")
     async def upload_file(self, local_path: str, remote_path: str) -> dict[str, Any]:
         """Copy a host file into the slot, binary-safe and whole (in pieces of
         ``UPLOAD_PIECE_BYTES``): ``{"exit_code", "output"}``; on success the output is empty,
@@ -261,7 +225,7 @@ class HermesToolContext:
             }
         return {"exit_code": 0, "output": ""}
 
-    @_remembered
+    @remembered("ctx")
     async def upload_dir(self, local_dir: str, remote_dir: str) -> list[dict[str, Any]]:
         """``upload_file`` for every file under ``local_dir``, keeping the layout."""
         local = anyio.Path(local_dir)
@@ -273,7 +237,7 @@ class HermesToolContext:
             for path in files
         ]
 
-    @_remembered
+    @remembered("ctx")
     async def download_file(self, remote_path: str, local_path: str) -> dict[str, Any]:
         """Copy a slot file to the host, binary-safe and whole (in pieces of
         ``DOWNLOAD_PIECE_BYTES``, halved while a piece's output is cut by a smaller output
@@ -314,7 +278,7 @@ class HermesToolContext:
         await local.write_bytes(bytes(raw))
         return {"success": True, "bytes": len(raw)}
 
-    @_remembered
+    @remembered("ctx")
     async def download_dir(self, remote_dir: str, local_dir: str) -> list[dict[str, Any]]:
         """``download_file`` for every file under ``remote_dir``, keeping the layout."""
         listed = _shell_path(remote_dir)
@@ -328,7 +292,7 @@ class HermesToolContext:
                 out.append(await self.download_file(remote, str(Path(local_dir) / relative)))
         return out
 
-    @_remembered
+    @remembered("ctx")
     async def search(self, query: str, path: str = ".") -> dict[str, Any]:
         """Lines matching ``query`` under ``path`` (``~`` is the workspace): ``{"matches":
         ["file:line:text", ...]}``."""
@@ -339,7 +303,7 @@ class HermesToolContext:
             return {"error": answer["output"]}
         return {"matches": [line for line in str(answer["output"]).splitlines() if line]}
 
-    @_remembered
+    @remembered("ctx")
     async def call_tool(self, tool_name: str, arguments: dict[str, Any]) -> str:
         """Any tool by name (slot or tool server; hermes's ``terminal`` is ``bash``); its raw
         text answer (an error as JSON)."""

@@ -50,6 +50,7 @@ from trajcore.domain.tools import (
 )
 from trajcore.ports.sandbox_pool import EnvironmentPool, SandboxPool
 from trajcore.ports.tool_server import ToolServer
+from trajcore.rollout.awaited import CallLog, remembered
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.pytest_outcome import PytestOutcome, read_pytest_outcome
 
@@ -137,17 +138,21 @@ class SlotTools:
         router: The trajectory's router (its lease).
         pool: The pool the lease is of (``fork`` needs it), or ``None``.
         environment: The task environment the lease runs over (``fork`` needs it), or ``None``.
+        call_log: The coroutines its methods made, so a hook's forgotten ``await`` is found
+            (``trajcore.rollout.awaited``).
     """
 
     router: ToolRouter
     _ids: itertools.count[int] = attrs.field(factory=itertools.count, init=False)
     pool: SandboxPool | None = attrs.field(default=None, kw_only=True)
     environment: str | None = attrs.field(default=None, kw_only=True)
+    call_log: CallLog = attrs.field(factory=CallLog, init=False, repr=False, eq=False)
 
     @property
     def lease(self) -> Lease:
         return self.router.lease
 
+    @remembered("tools")
     async def call(self, name: str, arguments: JSONObject | None = None) -> ToolResult:
         """Run any tool (slot or external) and return its result."""
         call = ToolCall(id=f"ctx_{next(self._ids)}", name=name, arguments=dict(arguments or {}))
@@ -279,6 +284,7 @@ class SlotTools:
             )
         return error
 
+    @remembered("tools")
     async def bash(self, command: str) -> ToolResult:
         """Run ``command`` with ``/bin/sh`` in the slot's workspace and return the raw result.
 
@@ -287,6 +293,7 @@ class SlotTools:
         """
         return await self.call("bash", {"command": command})
 
+    @remembered("tools")
     async def run(self, command: str, *, timeout_s: float | None = None) -> ExecReport:
         """Run ``command`` with ``/bin/sh`` in the slot's workspace and report what it did.
 
@@ -317,6 +324,7 @@ class SlotTools:
             report = attrs.evolve(report, timed_out=True)
         return report
 
+    @remembered("tools")
     async def check(self, command: str, *, timeout_s: float | None = None) -> bool:
         """Whether ``command`` exits with code 0 in the slot's workspace (a timeout is False).
 
@@ -326,6 +334,7 @@ class SlotTools:
         report = await self.run(command, timeout_s=timeout_s)
         return report.exit_code == 0 and not report.timed_out
 
+    @remembered("tools")
     async def read_file(self, path: str) -> str:
         """The text of ``path`` (relative to the workspace).
 
@@ -337,6 +346,7 @@ class SlotTools:
         self._file_outcome("read_file", path, result)
         return result.content
 
+    @remembered("tools")
     async def write_file(self, path: str, content: str) -> None:
         """Write ``content`` to ``path`` (relative to the workspace), creating parent folders.
 
@@ -355,15 +365,18 @@ class SlotTools:
         if not result.ok:
             raise SlotFileError(path, f"{tool}: {result.error}")
 
+    @remembered("tools")
     async def upload(self, files: Mapping[str, str]) -> None:
         """Write several files into the workspace."""
         for path, content in files.items():
             await self.write_file(path, content)
 
+    @remembered("tools")
     async def download(self, paths: Sequence[str]) -> dict[str, str]:
         """Read several files from the workspace."""
         return {path: await self.read_file(path) for path in paths}
 
+    @remembered("tools")
     async def pytest(
         self,
         files: Mapping[str, str] | None = None,

@@ -29,6 +29,10 @@ The decisions are the domain ``AgentLoop``'s; this module performs them. Its pro
   model, the transcript and the training tokens cut in the middle (its head and tail kept, and
   a line saying how many characters were cut and why), whatever its tool: a policy that reads a
   10 MiB file, or a tool server that answers one, costs the env a bounded render and tokenize.
+- **A forgotten ``await`` is the env's error.** A hook that called a ``SlotTools`` method
+  without ``await`` (``if tools.check(...)``: a coroutine, which is true) fails the member as
+  ``env_error`` naming the call and its line, never with the score it returned
+  (``rollout.awaited``).
 - **Scoring in the same slot.** The verify-and-score hook gets ``SlotTools`` bound to the slot
   the model worked in, and runs only when the loop says a score is needed (finished healthy, with
   some output).
@@ -69,6 +73,7 @@ from trajcore.domain.errors import (
     InfrastructureError,
     InvalidInput,
     ModelServerRejected,
+    StateError,
 )
 from trajcore.domain.groups import TrajectoryOutcome, TrajectoryStatus
 from trajcore.domain.json_values import JSONObject, check_json
@@ -350,6 +355,10 @@ async def _leased(run: _Run, env: _Env) -> None:
                 else:
                     run.loop.env_failed(now=run.now(), detail=env_failure("prepare hook", exc))
                 return
+            forgotten = _forgotten_await(slot_tools, "prepare hook")
+            if forgotten is not None:
+                run.loop.env_failed(now=run.now(), detail=forgotten)
+                return
             problem = _metadata_problem(metadata)
             if problem is not None:
                 run.loop.env_failed(now=run.now(), detail=f"prepare hook returned {problem}")
@@ -452,6 +461,16 @@ def _capped(result: ToolResult, limit: int) -> ToolResult:
     return attrs.evolve(result, content=f"{head}{note}{tail}")
 
 
+def _forgotten_await(slot_tools: SlotTools, hook: str) -> str | None:
+    """Why ``hook`` failed when it called a method of ``slot_tools`` without ``await`` (the
+    call never ran, and its coroutine may have passed for a true check), else ``None``."""
+    try:
+        slot_tools.call_log.check_awaited(hook, "await tools.<method>(...)")
+    except StateError as exc:
+        return str(exc)
+    return None
+
+
 def _metadata_problem(metadata: object) -> str | None:
     """``None`` when ``metadata`` is ``None`` or a JSON object, else what is wrong with it."""
     if metadata is None:
@@ -516,6 +535,10 @@ async def _score(run: _Run, hooks: TrajectoryHooks, slot_tools: SlotTools) -> No
             run.score_failure_status = TrajectoryStatus.INFRA_ERROR
         else:
             run.score_failure = env_failure("score hook", exc)
+        return
+    forgotten = _forgotten_await(slot_tools, "score hook")
+    if forgotten is not None:
+        run.score_failure = forgotten
         return
     if isinstance(score, tuple) and len(score) == 2:
         score, metadata = score
