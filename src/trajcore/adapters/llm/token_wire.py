@@ -14,7 +14,8 @@ logprob per id, and names the path of anything wrong.
   ``meta_info.output_token_logprobs`` is a list of ``[logprob, token_id, text-or-null]``;
   ``meta_info.finish_reason`` is ``{"type": "stop"|"length"|"abort", ...}`` (a bare string is
   accepted). A batch-shaped reply (a list of one result) is accepted too. When ``output_ids`` is
-  present it must agree with the logprob entries.
+  present it must agree with the logprob entries, after the prompt ids SGLang's detokenizer puts
+  in front of them (up to five, its incremental-decoding context) are skipped.
 - **Atropos ``/generate``** (the vLLM API server atroposlib's ``VLLMServer`` talks to):
   ``{"prompt": {"prompt_token_ids": [...]}, "logprobs": 0, ...sampling}`` in;
   ``{"text": [...], "finish_reasons": [...], "logprobs": [[[{"<id>": lp}], ...]], "token_ids":
@@ -59,6 +60,7 @@ __all__ = [
     "parse_vllm_completion",
     "parse_vllm_completion_body",
     "response_parser",
+    "sglang_generate_parser",
     "sglang_generate_request",
     "vllm_completion_request",
 ]
@@ -207,11 +209,17 @@ def _finish_type(value: object, field: str) -> FinishReason:
     return FinishReason.parse(value, field=field)
 
 
-def parse_sglang_generate_body(data: object) -> TokenCompletion:
-    """The ``TokenCompletion`` in a decoded SGLang ``/generate`` response.
+def parse_sglang_generate_body(data: object, prompt_ids: Sequence[int] = ()) -> TokenCompletion:
+    """The ``TokenCompletion`` in a decoded SGLang ``/generate`` response to ``prompt_ids``.
+
+    The sampled ids are those of ``output_token_logprobs``. ``output_ids`` must agree with them;
+    SGLang's detokenizer may put up to the last few prompt ids in front of them there (its
+    incremental-decoding context, sgl-project/sglang#10896), so leading ids that equal the tail
+    of ``prompt_ids`` are skipped. Without ``prompt_ids`` nothing is skipped.
 
     Raises:
-        WireError: a field missing or mistyped, naming the path.
+        WireError: a field missing or mistyped, or ``output_ids`` that disagree with the
+            logprob entries, naming the path.
     """
     root_at = "$"
     if isinstance(data, list):
@@ -234,6 +242,9 @@ def parse_sglang_generate_body(data: object) -> TokenCompletion:
     raw_ids = optional(root, "output_ids")
     if raw_ids is not None:
         output_ids = integers(raw_ids, f"{root_at}.output_ids")
+        extra = len(output_ids) - len(ids)
+        if 0 < extra <= len(prompt_ids) and output_ids[:extra] == list(prompt_ids[-extra:]):
+            output_ids = output_ids[extra:]  # the detokenizer's context, not sampled
         if len(output_ids) != len(ids):
             raise WireError(entries_at, f"{len(ids)} logprobs for {len(output_ids)} token ids")
         if output_ids != ids:
@@ -242,8 +253,19 @@ def parse_sglang_generate_body(data: object) -> TokenCompletion:
     return TokenCompletion(token_ids=ids, logprobs=values, finish_reason=finish, text=text)
 
 
-#: The ``TokenCompletion`` an SGLang ``/generate`` response carries (see ``response_parser``).
+#: The ``TokenCompletion`` an SGLang ``/generate`` response carries (see ``response_parser``),
+#: with no prompt to recognise in ``output_ids`` (see ``sglang_generate_parser``).
 parse_sglang_generate = response_parser(parse_sglang_generate_body)
+
+
+def sglang_generate_parser(prompt_ids: Sequence[int]) -> ResponseParser:
+    """The parser of SGLang's answer to ``prompt_ids`` (see ``parse_sglang_generate_body``)."""
+    prompt = tuple(prompt_ids)
+
+    def parse_body(data: object) -> TokenCompletion:
+        return parse_sglang_generate_body(data, prompt)
+
+    return response_parser(parse_body)
 
 
 # ------------------------------------------------------------------------------ Atropos /generate

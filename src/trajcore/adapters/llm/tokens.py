@@ -30,6 +30,7 @@ from .token_wire import (
     parse_atropos_generate,
     parse_sglang_generate,
     parse_vllm_completion,
+    sglang_generate_parser,
     sglang_generate_request,
     vllm_completion_request,
 )
@@ -51,6 +52,10 @@ class _HttpTokenServer(HTTPModelServer):
     def _request(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject:
         raise NotImplementedError
 
+    def _parser(self, prompt_ids: Sequence[int]) -> ResponseParser:
+        """The parser of the answer to ``prompt_ids``."""
+        return type(self)._parse
+
     async def generate(
         self, prompt_ids: Sequence[int], *, sampling: SamplingParams
     ) -> TokenCompletion:
@@ -65,7 +70,7 @@ class _HttpTokenServer(HTTPModelServer):
             PoolClosed: after ``aclose``.
         """
         body = self._request(prompt_ids, sampling)
-        return await self._client.post_json(self._path, body, type(self)._parse)
+        return await self._client.post_json(self._path, body, self._parser(prompt_ids))
 
 
 @attrs.define
@@ -113,6 +118,10 @@ class SGLangTokenServer(_GenerateTokenServer):
 
     _build = staticmethod(sglang_generate_request)
     _parse = parse_sglang_generate
+
+    def _parser(self, prompt_ids: Sequence[int]) -> ResponseParser:
+        # SGLang may repeat the prompt's last ids in ``output_ids``; the parser skips them.
+        return sglang_generate_parser(prompt_ids)
 
 
 @attrs.define
