@@ -25,6 +25,7 @@ from trajcore.domain.token_ledger.template import ChatTemplate
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult, ToolSpec
 from trajcore.rollout.policy import TokenPolicy
+from trajcore.testing.llm_stubs import LoopbackLLMServer
 
 pytestmark = pytest.mark.anyio
 
@@ -121,3 +122,32 @@ def test_sglang_output_ids_led_by_ids_that_are_not_the_prompts_are_refused() -> 
     assert parse_sglang_generate_body(body, prompt_ids=[1, 2]).token_ids == (7,)
     with pytest.raises(WireError):
         parse_sglang_generate_body(body, prompt_ids=[2])
+
+
+async def test_sglang_sampling_keys_of_extra_body_reach_sampling_params() -> None:
+    # SGLang's /generate reads sampling settings only inside ``sampling_params``; the same keys
+    # at the top level are dropped without an error, so the run would sample with defaults.
+    async with LoopbackLLMServer(generate_dialect="sglang") as stub:
+        server = SGLangTokenServer(base_url=stub.url, retry=FAST_RETRY)
+        sampling = SamplingParams(
+            max_tokens=8,
+            extra_body={
+                "top_k": 20,
+                "min_p": 0.0,
+                "sampling_params": {"repetition_penalty": 1.05},
+                "rid": "r1",
+            },
+        )
+        try:
+            with anyio.fail_after(30):
+                await server.generate([1, 2, 3], sampling=sampling)
+        finally:
+            await server.aclose()
+    body = stub.requests[-1].body
+    assert isinstance(body, dict)
+    params = body["sampling_params"]
+    assert isinstance(params, dict)
+    assert (params["top_k"], params["min_p"], params["repetition_penalty"]) == (20, 0.0, 1.05)
+    assert params["max_new_tokens"] == 8
+    assert {"top_k", "min_p"}.isdisjoint(body)
+    assert body["rid"] == "r1"

@@ -329,7 +329,13 @@ def test_token_parsers_reject_invalid_utf8_and_4xx(
 def test_token_requests_pass_extra_body_and_refuse_bad_prompts() -> None:
     sampling = SamplingParams(max_tokens=7, extra_body={"min_p": 0.1})
     assert vllm_completion_request(model="m", prompt_ids=[1], sampling=sampling)["min_p"] == 0.1
-    assert sglang_generate_request(prompt_ids=[1], sampling=sampling)["min_p"] == 0.1
+    assert sglang_generate_request(prompt_ids=[1], sampling=sampling)["sampling_params"] == {
+        "max_new_tokens": 7,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "skip_special_tokens": False,
+        "min_p": 0.1,
+    }
     atropos = atropos_generate_request(prompt_ids=[1], sampling=sampling)
     assert atropos["prompt"] == {"prompt_token_ids": [1]}
     assert atropos["max_tokens"] == 7

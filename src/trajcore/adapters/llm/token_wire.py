@@ -23,7 +23,9 @@ logprob per id, and names the path of anything wrong.
   itself takes the first key of each logprob dict, which is only right when no top-k was asked
   for); each position's logprob is looked up under its own id.
 
-``sampling.extra_body`` is merged into the top level of every request body last.
+``sampling.extra_body`` is merged into every request body last: at the top level, except that
+for SGLang a sampling key (``top_k``, ``min_p``...) goes inside ``sampling_params``, the only place
+SGLang reads it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from .wire import (
 )
 
 __all__ = [
+    "SGLANG_SAMPLING_KEYS",
     "TOKEN_ID_PREFIX",
     "ResponseParser",
     "atropos_generate_request",
@@ -182,8 +185,46 @@ parse_vllm_completion = response_parser(parse_vllm_completion_body)
 # ------------------------------------------------------------------------------- SGLang /generate
 
 
+#: The names SGLang reads inside ``sampling_params`` (its ``SamplingParams`` API fields). At the
+#: top level of a ``/generate`` body they are ignored without a word, so ``extra_body`` keys of
+#: these names are put inside ``sampling_params``.
+SGLANG_SAMPLING_KEYS = frozenset(
+    {
+        "max_new_tokens",
+        "stop",
+        "stop_token_ids",
+        "stop_regex",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "min_new_tokens",
+        "n",
+        "json_schema",
+        "regex",
+        "ebnf",
+        "structural_tag",
+        "ignore_eos",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "no_stop_trim",
+        "custom_params",
+        "stream_interval",
+        "logit_bias",
+        "sampling_seed",
+    }
+)
+
+
 def sglang_generate_request(*, prompt_ids: Sequence[int], sampling: SamplingParams) -> JSONObject:
     """The body of SGLang's native ``POST /generate`` for a token-id prompt.
+
+    ``sampling.extra_body`` is merged last: a key SGLang samples with (``SGLANG_SAMPLING_KEYS``,
+    e.g. ``top_k``, ``min_p``, ``repetition_penalty``) and the entries of an ``extra_body``
+    ``sampling_params`` object go into ``sampling_params``; any other key at the top level.
 
     Raises:
         WireError: ``prompt_ids`` empty or not non-negative integers.
@@ -199,7 +240,13 @@ def sglang_generate_request(*, prompt_ids: Sequence[int], sampling: SamplingPara
         "logprob_start_len": -1,
         "return_text_in_logprobs": False,
     }
-    body.update(sampling.extra_body)
+    for key, value in sampling.extra_body.items():
+        if key == "sampling_params" and isinstance(value, dict):
+            params.update(value)
+        elif key in SGLANG_SAMPLING_KEYS:
+            params[key] = value
+        else:
+            body[key] = value
     return body
 
 
