@@ -51,7 +51,7 @@ async def test_sglang_output_ids_led_by_the_prompts_last_ids_are_accepted(
     qwen: TransformersTokenizer,
 ) -> None:
     # SGLang's detokenizer sends its incremental-decoding context (the prompt's last five ids)
-    # in front of the sampled ids in ``output_ids`` (sgl-project/sglang#10896); the sampled ids
+    # in front of the sampled ids in ``output_ids`` (sgl-project/sglang#17240); the sampled ids
     # and their logprobs are in ``meta_info.output_token_logprobs``.
     parser = get_parser("hermes")
     im_end = qwen.encode("<|im_end|>")

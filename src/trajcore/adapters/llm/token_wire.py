@@ -261,7 +261,7 @@ def parse_sglang_generate_body(data: object, prompt_ids: Sequence[int] = ()) -> 
 
     The sampled ids are those of ``output_token_logprobs``. ``output_ids`` must agree with them;
     SGLang's detokenizer may put up to the last few prompt ids in front of them there (its
-    incremental-decoding context, sgl-project/sglang#10896), so leading ids that equal the tail
+    incremental-decoding context, sgl-project/sglang#17240), so leading ids that equal the tail
     of ``prompt_ids`` are skipped. Without ``prompt_ids`` nothing is skipped.
 
     Raises:
