@@ -3,9 +3,13 @@
 A parsed turn keeps everything: the visible content, the reasoning, the well-formed tool calls in
 order, and one ``ParseProblem`` for every call that could not be understood. A malformed call is
 never dropped silently: the agent loop answers each problem to the model as an error and counts it.
+In OpenAI mode (``pair_problems``) the malformed call also stays in the assistant message, with
+empty arguments, so that the answer to it pairs with a call when the conversation is replayed.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import attrs
 
@@ -50,16 +54,41 @@ class ParsedTurn:
         reasoning: The reasoning (think block), or ``None`` when there was none.
         calls: Well-formed tool calls, in the order the model wrote them.
         errors: One problem per malformed call.
+        pair_problems: Whether the assistant message keeps a call for each malformed call that
+            has an id (OpenAI mode): a chat-completions server reads the whole conversation
+            again each turn and refuses a ``tool`` message (here, the rejection answering the
+            malformed call) whose ``tool_call_id`` no call of the assistant message before it
+            has. Managed mode keeps its sampled tokens and leaves this off.
     """
 
     content: str = ""
     reasoning: str | None = None
     calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=converters.tool_calls)
     errors: tuple[ParseProblem, ...] = attrs.field(default=(), converter=converters.parse_problems)
+    pair_problems: bool = False
 
     def to_message(self) -> Message:
-        """The assistant message to put in the conversation (well-formed calls only)."""
-        return Message.assistant(self.content, tool_calls=self.calls, reasoning=self.reasoning)
+        """The assistant message to put in the conversation: the well-formed calls, and with
+        ``pair_problems`` also each malformed call that has an id and a name, with empty
+        arguments, in the model's order."""
+        return Message.assistant(
+            self.content, tool_calls=self.message_calls(), reasoning=self.reasoning
+        )
+
+    def message_calls(self) -> tuple[ToolCall, ...]:
+        """The calls ``to_message`` puts in the assistant message (see ``pair_problems``)."""
+        if not self.pair_problems or not self.errors:
+            return self.calls
+        indexes = {problem.index for problem in self.errors}
+        free = (i for i in itertools.count() if i not in indexes)
+        placed = [(next(free), call) for call in self.calls]
+        placed += [
+            (p.index, ToolCall(id=p.call_id, name=p.name))
+            for p in self.errors
+            if p.call_id and p.name
+        ]
+        placed.sort(key=lambda pair: pair[0])
+        return tuple(call for _, call in placed)
 
     @classmethod
     def from_message(cls, message: Message) -> ParsedTurn:

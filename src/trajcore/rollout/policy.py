@@ -142,7 +142,8 @@ class _ChatSession:
         turn = await self.server.chat(messages, tools=self.tools, sampling=sampling)
         usage = turn.usage
         return ModelTurn(
-            parsed=turn.parsed(),
+            # the server reads the conversation again: a malformed call stays in it, answered
+            parsed=attrs.evolve(turn.parsed(), pair_problems=True),
             finish_reason=turn.finish_reason,
             completion_tokens=usage.completion_tokens,
             context_tokens=usage.prompt_tokens + usage.completion_tokens,

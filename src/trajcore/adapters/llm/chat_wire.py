@@ -23,6 +23,10 @@ one ``ParseProblem`` per malformed call with its raw text and the call's id (the
 ``arguments`` and says when the generation was cut at ``max_tokens``). The agent loop answers every
 problem to the model (``ParseProblem.message_for_model``) and counts it, exactly as for the
 managed-mode parsers.
+Such a call stays in the assistant message the conversation replays (``ParsedTurn.to_message``,
+with empty arguments), so the tool message that answers it answers a call of the message before
+it: a chat-completions server refuses a ``tool`` message whose ``tool_call_id`` no earlier
+assistant call has (OpenAI answers HTTP 400), and that would end the trajectory as a model error.
 Anything else that breaks the protocol (a missing ``id`` or ``name``, a wrong type) is a plain
 ``WireError``: the server, not the model, is at fault.
 """

@@ -1,0 +1,200 @@
+"""OpenAI mode at its seams: the real ``OpenAIChatServer`` over HTTP on loopback, against a server
+that answers raw chat-completions JSON and refuses, as OpenAI does, a conversation whose ``tool``
+messages do not answer the calls of the assistant message before them; the trajectory runs end to
+end over the shipped fake sandbox."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import attrs
+import pytest
+
+from trajcore.adapters.fakes.sandbox import FakeSandboxPool
+from trajcore.adapters.http1.server import HTTPServer
+from trajcore.adapters.http1.values import Reply, Request
+from trajcore.adapters.llm.chat import OpenAIChatServer
+from trajcore.adapters.llm.transport import RetryRules
+from trajcore.domain.agent_loop import AgentLoopConfig, StopReason
+from trajcore.domain.batch_planner import BatchConfig
+from trajcore.domain.groups import TrajectoryStatus
+from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.messages import Message
+from trajcore.domain.sampling import SamplingParams
+from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
+from trajcore.domain.tools import ToolCall
+from trajcore.domain.turns import ParsedTurn, ParseProblem
+from trajcore.rollout.dispatcher import ToolDispatcher
+from trajcore.rollout.policy import ChatPolicy
+from trajcore.rollout.tools import SlotTools
+from trajcore.rollout.trajectory import (
+    RolloutConfig,
+    TrajectoryHooks,
+    TrajectoryResult,
+    Transcript,
+    run_trajectory,
+)
+
+pytestmark = pytest.mark.anyio
+
+CONFIG = RolloutConfig(
+    agent=AgentLoopConfig(max_turns=4),
+    sampling=SamplingParams(max_tokens=256),
+    tool_timeout_s=5.0,
+    deadline_s=30.0,
+    acquire_timeout_s=5.0,
+)
+GOOD = json.dumps({"path": "a.txt", "content": "x"})
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _pairing_problem(messages: list[JSON]) -> str | None:
+    """What OpenAI would refuse in ``messages``: a tool message answering no pending call, or
+    calls left unanswered before the next message; ``None`` when they pair."""
+    pending: list[object] = []
+    for i, message in enumerate(messages):
+        assert isinstance(message, dict)
+        if message.get("role") == "tool":
+            if message.get("tool_call_id") not in pending:
+                return f"messages[{i}]: role 'tool' must answer a preceding 'tool_calls'"
+            pending.remove(message.get("tool_call_id"))
+            continue
+        if pending:
+            return f"messages[{i}]: tool calls {pending} were not answered"
+        calls = message.get("tool_calls") or []
+        assert isinstance(calls, list)
+        for call in calls:
+            assert isinstance(call, dict)
+            pending.append(call["id"])
+    return None
+
+
+@attrs.define
+class StrictChatServer:
+    """Answers each chat request with the next scripted assistant message (raw JSON)."""
+
+    script: list[JSONObject]
+    requests: list[JSONObject] = attrs.field(factory=list)
+
+    def handle(self, request: Request) -> Reply:
+        body = json.loads(request.body)
+        self.requests.append(body)
+        problem = _pairing_problem(body["messages"])
+        if problem is not None:
+            error = {"error": {"message": problem, "type": "invalid_request_error"}}
+            return Reply(status=400, body=json.dumps(error).encode())
+        message = self.script.pop(0) if self.script else {"role": "assistant", "content": "done"}
+        answer = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5},
+        }
+        return Reply(body=json.dumps(answer).encode())
+
+
+async def _prepare(tools: SlotTools) -> None:
+    return None
+
+
+async def _score(tools: SlotTools, transcript: Transcript) -> float:
+    return 1.0 if transcript.final_response else 0.0
+
+
+async def _run(script: list[JSONObject]) -> tuple[TrajectoryResult, StrictChatServer]:
+    server = StrictChatServer(script)
+    http = HTTPServer(server.handle)
+    _, port = await http.listen_tcp("127.0.0.1", 0)
+    chat = OpenAIChatServer(
+        base_url=f"http://127.0.0.1:{port}/v1", model="m", retry=RetryRules(max_attempts=1)
+    )
+    try:
+        async with FakeSandboxPool() as pool, ToolDispatcher(pool, BatchConfig()) as dispatcher:
+            result = await run_trajectory(
+                trajectory_id="t0",
+                messages=[Message.user("write a.txt")],
+                tools=SLOT_TOOL_SPECS,
+                hooks=TrajectoryHooks(prepare=_prepare, score=_score),
+                policy=ChatPolicy(chat),
+                pool=pool,
+                dispatcher=dispatcher,
+                tool_server=None,
+                config=CONFIG,
+            )
+    finally:
+        await chat.aclose()
+        await http.aclose(grace_s=0.0)
+    return result, server
+
+
+def _call(call_id: str, arguments: str) -> JSONObject:
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": "write_file", "arguments": arguments},
+    }
+
+
+def _replayed_assistant(request: JSONObject) -> JSONObject:
+    messages = request["messages"]
+    assert isinstance(messages, list)
+    (assistant,) = [m for m in messages if isinstance(m, dict) and m["role"] == "assistant"]
+    assert isinstance(assistant, dict)
+    return assistant
+
+
+def _ids(calls: object) -> Sequence[object]:
+    assert isinstance(calls, list)
+    return [call["id"] for call in calls if isinstance(call, dict)]
+
+
+async def test_a_garbled_call_is_replayed_so_the_answer_to_it_pairs() -> None:
+    """A call whose arguments are broken JSON is answered with an error; the next request must
+    still carry that call in the assistant message, or OpenAI refuses it with HTTP 400 and the
+    model's mistake ends the trajectory as a model error."""
+    result, server = await _run(
+        [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [_call("c1", GOOD), _call("c2", "{")],
+            }
+        ]
+    )
+    assert result.outcome.status is TrajectoryStatus.FINISHED, result.stats.detail
+    assert result.stats.stop_reason is StopReason.NATURAL
+    assert result.stats.parse_errors == 1
+    assert result.stats.tool_calls == 1
+    replayed = _replayed_assistant(server.requests[1])
+    assert _ids(replayed["tool_calls"]) == ["c1", "c2"]
+    calls = replayed["tool_calls"]
+    assert isinstance(calls, list)
+    assert isinstance(calls[1], dict)
+    assert calls[1]["function"] == {"name": "write_file", "arguments": "{}"}
+    tool_ids = [m.tool_call_id for m in result.messages if m.role == "tool"]
+    assert tool_ids == ["c1", "c2"]
+
+
+def _problem(index: int, call_id: str) -> ParseProblem:
+    return ParseProblem(
+        index=index, raw="{", reason="bad @ arguments", name="bash", call_id=call_id
+    )
+
+
+def test_managed_mode_keeps_malformed_calls_out_of_the_message() -> None:
+    turn = ParsedTurn(calls=[ToolCall(id="a", name="bash")], errors=[_problem(0, "b")])
+    assert [c.id for c in turn.to_message().tool_calls] == ["a"]
+    paired = attrs.evolve(turn, pair_problems=True)
+    assert [(c.id, c.arguments) for c in paired.to_message().tool_calls] == [("b", {}), ("a", {})]
