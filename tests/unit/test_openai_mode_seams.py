@@ -187,10 +187,42 @@ async def test_a_garbled_call_is_replayed_so_the_answer_to_it_pairs() -> None:
     assert tool_ids == ["c1", "c2"]
 
 
+async def test_two_calls_with_one_id_both_run_under_distinct_ids() -> None:
+    """A server that gives two calls of a turn the same id used to crash the trajectory
+    (``InvalidInput`` out of the agent loop, counted as an infrastructure failure)."""
+    result, server = await _run(
+        [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [_call("c1", GOOD), _call("c1", GOOD)],
+            }
+        ]
+    )
+    assert result.outcome.status is TrajectoryStatus.FINISHED, result.stats.detail
+    assert result.stats.tool_calls == 2
+    assert result.stats.tool_errors.total == 0
+    assert _ids(_replayed_assistant(server.requests[1])["tool_calls"]) == ["c1", "c1_1"]
+
+
 def _problem(index: int, call_id: str) -> ParseProblem:
     return ParseProblem(
         index=index, raw="{", reason="bad @ arguments", name="bash", call_id=call_id
     )
+
+
+def test_distinct_ids_rename_later_repeats_in_the_models_order() -> None:
+    turn = ParsedTurn(
+        calls=[ToolCall(id="a", name="bash"), ToolCall(id="a_1", name="bash")],
+        errors=[_problem(1, "a")],
+        pair_problems=True,
+    )
+    distinct = turn.with_distinct_ids()
+    assert [c.id for c in distinct.calls] == ["a", "a_1_2"]
+    assert [p.call_id for p in distinct.errors] == ["a_1"]
+    assert [c.id for c in distinct.to_message().tool_calls] == ["a", "a_1", "a_1_2"]
+    plain = ParsedTurn(calls=[ToolCall(id="a", name="bash")])
+    assert plain.with_distinct_ids() is plain
 
 
 def test_managed_mode_keeps_malformed_calls_out_of_the_message() -> None:

@@ -75,6 +75,40 @@ class ParsedTurn:
             self.content, tool_calls=self.message_calls(), reasoning=self.reasoning
         )
 
+    def with_distinct_ids(self) -> ParsedTurn:
+        """This turn with no id shared by two of its calls (well-formed or not): a later call
+        whose id an earlier one has gets ``<id>_<index>`` (its position in the turn, repeated
+        until new), so each result answers exactly one call. ``self`` when the ids are already
+        distinct. A server may send one id twice (a model that writes its own ids, a server
+        that numbers each turn's calls badly); the agent loop refuses such a turn."""
+        problems = {p.index: p for p in self.errors}
+        free = (i for i in itertools.count() if i not in problems)
+        order = sorted(
+            [(next(free), call.id, call) for call in self.calls]
+            + [(p.index, p.call_id, p) for p in self.errors if p.call_id],
+            key=lambda item: item[0],
+        )
+        taken: set[str] = set()
+        renamed: dict[int, str] = {}
+        for index, call_id, _ in order:
+            fresh = call_id
+            while fresh in taken:
+                fresh = f"{fresh}_{index}"
+            taken.add(fresh)
+            if fresh != call_id:
+                renamed[index] = fresh
+        if not renamed:
+            return self
+        calls = tuple(
+            attrs.evolve(item, id=renamed.get(index, item.id))
+            for index, _, item in order
+            if isinstance(item, ToolCall)
+        )
+        errors = tuple(
+            attrs.evolve(p, call_id=renamed.get(p.index, p.call_id)) for p in self.errors
+        )
+        return attrs.evolve(self, calls=calls, errors=errors)
+
     def message_calls(self) -> tuple[ToolCall, ...]:
         """The calls ``to_message`` puts in the assistant message (see ``pair_problems``)."""
         if not self.pair_problems or not self.errors:

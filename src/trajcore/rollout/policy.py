@@ -143,7 +143,7 @@ class _ChatSession:
         usage = turn.usage
         return ModelTurn(
             # the server reads the conversation again: a malformed call stays in it, answered
-            parsed=attrs.evolve(turn.parsed(), pair_problems=True),
+            parsed=attrs.evolve(turn.parsed(), pair_problems=True).with_distinct_ids(),
             finish_reason=turn.finish_reason,
             completion_tokens=usage.completion_tokens,
             context_tokens=usage.prompt_tokens + usage.completion_tokens,

@@ -29,6 +29,9 @@ it: a chat-completions server refuses a ``tool`` message whose ``tool_call_id`` 
 assistant call has (OpenAI answers HTTP 400), and that would end the trajectory as a model error.
 Anything else that breaks the protocol (a missing ``id`` or ``name``, a wrong type) is a plain
 ``WireError``: the server, not the model, is at fault.
+
+Ids are read as sent, two calls with one id included (``ParsedTurn.with_distinct_ids`` tells
+them apart before the agent loop sees them).
 """
 
 from __future__ import annotations
