@@ -205,6 +205,15 @@ async def test_two_calls_with_one_id_both_run_under_distinct_ids() -> None:
     assert _ids(_replayed_assistant(server.requests[1])["tool_calls"]) == ["c1", "c1_1"]
 
 
+async def test_a_refusal_is_the_answer_the_env_scores() -> None:
+    """OpenAI puts a model's refusal in ``refusal`` with ``content`` null; it used to be dropped,
+    leaving an empty turn that the env never scored."""
+    result, _ = await _run([{"role": "assistant", "content": None, "refusal": "I can't do that."}])
+    assert result.messages[-1].content == "I can't do that."
+    assert result.stats.produced_output
+    assert result.outcome.score == 1.0
+
+
 def _problem(index: int, call_id: str) -> ParseProblem:
     return ParseProblem(
         index=index, raw="{", reason="bad @ arguments", name="bash", call_id=call_id

@@ -31,7 +31,9 @@ Anything else that breaks the protocol (a missing ``id`` or ``name``, a wrong ty
 ``WireError``: the server, not the model, is at fault.
 
 Ids are read as sent, two calls with one id included (``ParsedTurn.with_distinct_ids`` tells
-them apart before the agent loop sees them).
+them apart before the agent loop sees them). A ``refusal`` (OpenAI's field for a model that
+declines) with no other content becomes the turn's content, so the env scores the answer the
+model gave instead of an empty turn.
 """
 
 from __future__ import annotations
@@ -46,7 +48,16 @@ from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams, Usa
 from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.domain.turns import ParseProblem
 
-from .wire import array, integer, obj, optional, read_response, sampling_fields, string
+from .wire import (
+    array,
+    integer,
+    obj,
+    optional,
+    optional_string,
+    read_response,
+    sampling_fields,
+    string,
+)
 
 __all__ = ["chat_request", "parse_chat_body", "parse_chat_response"]
 
@@ -134,6 +145,9 @@ def parse_chat_body(data: object) -> ChatTurn:
     )
     content_raw = optional(message, "content")
     content = "" if content_raw is None else string(content_raw, f"{at}.content")
+    refusal = optional_string(message, "refusal", f"{at}.refusal")
+    if refusal and not content.strip():
+        content = refusal  # the model's answer is its refusal: kept, never an empty turn
     reasoning = _reasoning(message, at)
 
     calls: list[ToolCall] = []
