@@ -9,15 +9,19 @@ import json
 from collections.abc import Sequence
 
 import attrs
+import httpx2
+import openai
 import pytest
 
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.http1.server import HTTPServer
 from trajcore.adapters.http1.values import Reply, Request
+from trajcore.adapters.llm.atropos import ServerManagerChatServer
 from trajcore.adapters.llm.chat import OpenAIChatServer
 from trajcore.adapters.llm.transport import RetryRules
 from trajcore.domain.agent_loop import AgentLoopConfig, StopReason
 from trajcore.domain.batch_planner import BatchConfig
+from trajcore.domain.errors import ContextFull
 from trajcore.domain.groups import TrajectoryStatus
 from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.messages import Message
@@ -80,10 +84,14 @@ class StrictChatServer:
 
     script: list[JSONObject]
     requests: list[JSONObject] = attrs.field(factory=list)
+    failures: dict[int, tuple[int, JSONObject]] = attrs.field(factory=dict)  # request number
 
     def handle(self, request: Request) -> Reply:
         body = json.loads(request.body)
         self.requests.append(body)
+        failure = self.failures.get(len(self.requests))
+        if failure is not None:
+            return Reply(status=failure[0], body=json.dumps(failure[1]).encode())
         problem = _pairing_problem(body["messages"])
         if problem is not None:
             error = {"error": {"message": problem, "type": "invalid_request_error"}}
@@ -113,8 +121,10 @@ async def _score(tools: SlotTools, transcript: Transcript) -> float:
     return 1.0 if transcript.final_response else 0.0
 
 
-async def _run(script: list[JSONObject]) -> tuple[TrajectoryResult, StrictChatServer]:
-    server = StrictChatServer(script)
+async def _run(
+    script: list[JSONObject], failures: dict[int, tuple[int, JSONObject]] | None = None
+) -> tuple[TrajectoryResult, StrictChatServer]:
+    server = StrictChatServer(script, failures=failures or {})
     http = HTTPServer(server.handle)
     _, port = await http.listen_tcp("127.0.0.1", 0)
     chat = OpenAIChatServer(
@@ -239,3 +249,54 @@ def test_managed_mode_keeps_malformed_calls_out_of_the_message() -> None:
     assert [c.id for c in turn.to_message().tool_calls] == ["a"]
     paired = attrs.evolve(turn, pair_problems=True)
     assert [(c.id, c.arguments) for c in paired.to_message().tool_calls] == [("b", {}), ("a", {})]
+
+
+VLLM_TOO_LONG: JSONObject = {
+    "object": "error",
+    "message": "This model's maximum context length is 32768 tokens. However, you requested "
+    "33000 tokens (32744 in the messages, 256 in the completion).",
+    "type": "BadRequestError",
+    "code": 400,
+}
+
+
+async def test_a_conversation_past_the_models_context_ends_on_its_token_budget() -> None:
+    """A tool result that fills the context makes the server refuse the next request (vLLM:
+    HTTP 400 "maximum context length"). That used to end the trajectory as a model error,
+    unscored; managed mode ends the same trajectory on its token budget and scores it."""
+    result, server = await _run(
+        [{"role": "assistant", "content": None, "tool_calls": [_call("c1", GOOD)]}],
+        failures={2: (400, VLLM_TOO_LONG)},
+    )
+    assert result.stats.stop_reason is StopReason.TOKEN_BUDGET, result.stats.detail
+    assert result.outcome.status is TrajectoryStatus.BUDGET_EXHAUSTED
+    assert result.outcome.score == 0.0
+    assert "maximum context length" in (result.stats.detail or "")
+    assert len(server.requests) == 2
+
+
+async def test_any_other_refusal_is_still_a_model_error() -> None:
+    refused: JSONObject = {"error": {"message": "unknown model 'm'", "type": "invalid_request"}}
+    result, _ = await _run([], failures={1: (400, refused)})
+    assert result.stats.stop_reason is StopReason.MODEL_ERROR
+    assert result.outcome.score is None
+
+
+@attrs.define
+class _RefusingManager:
+    """Stands in for atroposlib's ``ServerManager``: its openai client got this refusal."""
+
+    error: Exception
+
+    async def chat_completion(self, **_: object) -> object:
+        raise self.error
+
+
+async def test_the_server_manager_path_reads_a_context_refusal_alike() -> None:
+    request = httpx2.Request("POST", "http://127.0.0.1:1/v1/chat/completions")
+    response = httpx2.Response(400, json=VLLM_TOO_LONG, request=request)
+    error = openai.BadRequestError("Error code: 400", response=response, body=VLLM_TOO_LONG)
+    chat = ServerManagerChatServer(_RefusingManager(error))
+    with pytest.raises(ContextFull) as caught:
+        await chat.chat([Message.user("hi")], tools=(), sampling=SamplingParams())
+    assert caught.value.status == 400

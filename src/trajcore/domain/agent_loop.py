@@ -45,7 +45,9 @@ Rules this module keeps:
   ``token_budget`` when the completion budget is spent): a call cut off mid-way is not answered
   as a parse error, because the model did not choose to stop there. Complete calls of a LENGTH
   turn do run, and the truncated tail's problem is answered like any other.
-- A turn with ``finish_reason`` ABORT ends as ``model_error``: the server gave up on it.
+- A turn with ``finish_reason`` ABORT ends as ``model_error``: the server gave up on it. A
+  request the server refused as longer than the model's context (``model_failed`` with
+  ``context_full``) ends as ``token_budget``: the conversation outgrew the context.
 - Tool outcomes are counted per kind (tool_error, timeout, rejected, infra_error). An infra error
   is never the model's fault, and a trajectory that saw one is not a fair sample of the policy,
   so by default one infra error ends the trajectory as ``infra_error`` (which group assembly never
@@ -571,15 +573,19 @@ class AgentLoop:
         self._move(LoopEvent.TOOL_RESULTS, LoopState.AWAITING_MODEL)
         return self._call_model()
 
-    def model_failed(self, *, now: float, detail: str) -> Finish:
-        """The LLM server failed for this turn (after its retries): finish with ``model_error``.
+    def model_failed(self, *, now: float, detail: str, context_full: bool = False) -> Finish:
+        """The LLM server failed for this turn (after its retries): finish with ``model_error``;
+        with ``context_full`` (it refused the request as longer than the model's context) with
+        ``token_budget`` instead: the conversation outgrew the context, a budget, as when
+        ``max_context_tokens`` ends the loop.
 
         Raises:
             StateError: the loop is not waiting for the model.
         """
         self._expect(LoopEvent.MODEL_FAILED)
         self._observe(now)
-        return self._finish(LoopEvent.MODEL_FAILED, StopReason.MODEL_ERROR, detail)
+        reason = StopReason.TOKEN_BUDGET if context_full else StopReason.MODEL_ERROR
+        return self._finish(LoopEvent.MODEL_FAILED, reason, detail)
 
     def infra_failed(self, *, now: float, detail: str) -> Finish:
         """The sandbox or a server failed outside a tool result: finish with ``infra_error``.

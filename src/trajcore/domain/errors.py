@@ -20,6 +20,7 @@
     │   ├── ToolServerError     an external tool server failed
     │   └── AcquireTimeout      no slot became free before the lease deadline
     ├── ModelServerRejected     the LLM server refused the request itself (4xx other than 429)
+    │   └── ContextFull         ... as longer than the model's context (a budget, not a fault)
     ├── SlotFileError           a hook's file read or write in its slot failed (missing file,
     │                           not a regular file, too large)
     ├── DeadlineExceeded        a trajectory's single deadline passed
@@ -38,6 +39,7 @@ from __future__ import annotations
 __all__ = [
     "AcquireTimeout",
     "ConfigError",
+    "ContextFull",
     "DeadlineExceeded",
     "IdleLimitExceeded",
     "InfrastructureError",
@@ -150,6 +152,12 @@ class ModelServerRejected(TrajcoreError):
         super().__init__(message)
         self.status = status
         self.body = body
+
+
+class ContextFull(ModelServerRejected):
+    """The LLM server refused the request as longer than the model's context (HTTP 400 or 413
+    saying so): the conversation outgrew the model. The trajectory ends on its token budget, as
+    when its own context cap ends it, rather than as a model error."""
 
 
 class SlotFileError(TrajcoreError):

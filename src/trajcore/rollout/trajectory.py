@@ -69,6 +69,7 @@ from trajcore.domain.agent_loop import (
 )
 from trajcore.domain.errors import (
     ConfigError,
+    ContextFull,
     IdleLimitExceeded,
     InfrastructureError,
     InvalidInput,
@@ -402,7 +403,11 @@ async def _agent(run: _Run, tools: Sequence[ToolSpec], policy: Policy, router: T
             loop.idle_limit(now=run.now(), detail=str(exc))
             return
         except (InfrastructureError, ModelServerRejected, InvalidInput) as exc:
-            loop.model_failed(now=run.now(), detail=f"{type(exc).__name__}: {exc}")
+            loop.model_failed(
+                now=run.now(),
+                detail=f"{type(exc).__name__}: {exc}",
+                context_full=isinstance(exc, ContextFull),  # a budget: the work so far is scored
+            )
             return
         run.messages.append(turn.parsed.to_message())
         decision = loop.assistant_turn(

@@ -21,7 +21,8 @@ atroposlib is untyped; its ``Any`` stays inside this module: the manager and con
 
 Error mapping: ``tenacity.RetryError`` is unwrapped to its last failure; openai's
 ``RateLimitError`` becomes ``RateLimited``; ``APIStatusError`` becomes ``ModelServerRejected``
-(4xx) or ``ModelServerError`` (5xx); connection and timeout errors, and aiohttp's errors on the
+(4xx; ``ContextFull`` when it says the request is longer than the model's context) or
+``ModelServerError`` (5xx); connection and timeout errors, and aiohttp's errors on the
 token path, become ``ModelServerError``; a reply atroposlib could not unpack (``KeyError``,
 ``IndexError``, ``TypeError``) becomes ``WireError``.
 """
@@ -39,7 +40,6 @@ import tenacity
 from trajcore.domain.errors import (
     ConfigError,
     ModelServerError,
-    ModelServerRejected,
     PoolClosed,
     RateLimited,
     TrajcoreError,
@@ -54,7 +54,7 @@ from .chat_wire import parse_chat_body
 from .token_wire import check_prompt_ids
 from .tokens import AtroposTokenServer, SGLangTokenServer, VLLMTokenServer
 from .transport import RetryRules
-from .wire import BODY_EXCERPT_BYTES, array, integer, number
+from .wire import BODY_EXCERPT_BYTES, array, integer, number, rejection
 
 __all__ = [
     "ServerManagerChatServer",
@@ -79,15 +79,13 @@ def _translate(exc: BaseException) -> BaseException:
         status = exc.status_code
         if 400 <= status < 500 and status not in (408, 429):
             body = exc.response.text[:BODY_EXCERPT_BYTES]
-            return ModelServerRejected(f"model server refused: {exc}", status=status, body=body)
+            return rejection(f"model server refused: {exc}", status=status, body=body)
         return ModelServerError(f"model server failed: {exc}", status=status)
     if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
         return ModelServerError(f"model server unreachable: {exc}", status=None)
     if isinstance(exc, aiohttp.ClientResponseError):
         if 400 <= exc.status < 500 and exc.status not in (408, 429):
-            return ModelServerRejected(
-                f"model server refused: {exc}", status=exc.status, body=exc.message
-            )
+            return rejection(f"model server refused: {exc}", status=exc.status, body=exc.message)
         kind = RateLimited if exc.status == 429 else ModelServerError
         return kind(f"model server failed: {exc}", status=exc.status)
     if isinstance(exc, aiohttp.ClientError | OSError | TimeoutError):

@@ -10,7 +10,8 @@ Rules it keeps:
 
 - A status decides first. 2xx is read; 429 is ``RateLimited``; 5xx and 408 are
   ``ModelServerError`` (transient: the transport retries both); any other 4xx is
-  ``ModelServerRejected`` with the status and the body, and is never retried. Anything else
+  ``ModelServerRejected`` with the status and the body, and is never retried (``ContextFull``,
+  its kind, when a 400 or 413 says the request is longer than the model's context). Anything else
   (1xx, 3xx) is a ``ModelServerError`` the transport does not retry.
 - A body that is not UTF-8 or not JSON is a ``WireError`` at ``$`` saying which and where.
 - Every accessor names the JSON path of the value it checks (``$.choices[0].message.content``), so a
@@ -28,6 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from trajcore.domain.errors import (
+    ContextFull,
     ModelServerError,
     ModelServerRejected,
     RateLimited,
@@ -51,6 +53,7 @@ __all__ = [
     "optional",
     "optional_string",
     "read_response",
+    "rejection",
     "retry_after_s",
     "sampling_fields",
     "string",
@@ -213,12 +216,29 @@ def error_for_status(status: int, headers: Mapping[str, str], body: bytes) -> Tr
         return RateLimited(f"model server rate-limited the request: {reason}", status=status)
     if 400 <= status < 500 and status != 408:
         text = body[:BODY_EXCERPT_BYTES].decode("utf-8", errors="replace")
-        return ModelServerRejected(
+        return rejection(
             f"model server refused the request with HTTP {status}: {reason}",
             status=status,
             body=text,
         )
     return ModelServerError(f"model server failed with HTTP {status}: {reason}", status=status)
+
+
+_CONTEXT_FULL = (
+    "context length",  # vLLM, SGLang, OpenAI: "maximum context length is 32768 tokens"
+    "context_length_exceeded",  # OpenAI's error code
+    "context size",  # llama.cpp: "the request exceeds the available context size"
+    "context window",
+)
+
+
+def rejection(message: str, *, status: int, body: str) -> ModelServerRejected:
+    """The error for a 4xx refusal: ``ContextFull`` when the status is 400 or 413 and the body
+    says the request is longer than the model's context, else ``ModelServerRejected``."""
+    lowered = body.lower()
+    full = status in (400, 413) and any(marker in lowered for marker in _CONTEXT_FULL)
+    kind = ContextFull if full else ModelServerRejected
+    return kind(message, status=status, body=body)
 
 
 def is_transient(error: BaseException) -> bool:
