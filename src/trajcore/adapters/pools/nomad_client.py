@@ -8,7 +8,8 @@ comes back is checked to be JSON before it leaves (``JSON`` values, never ``Any`
 
 It also reads Nomad's answers, as pure functions of the JSON (gidgethub's sans-I/O shape):
 ``parse_allocation_stubs`` turns ``GET /v1/job/{id}/allocations`` into ``AllocationStub`` values
-and ``allocation_address`` finds a slot server's ``host:port`` in ``GET /v1/allocation/{id}``.
+``allocation_address`` finds a slot server's ``host:port`` in ``GET /v1/allocation/{id}`` and
+``parse_job`` reads what tells a pool whether ``GET /v1/job/{id}`` is still its own job.
 Both structure the answer with cattrs into wire types named as Nomad spells its fields, with
 strict primitives (``"3"`` is not a number); what Nomad sends as ``null`` (a Go nil slice, an
 unset number) counts as empty or 0, fields the pool does not read are ignored, and a malformed
@@ -58,10 +59,12 @@ from trajcore.domain.nomad_reconcile import AllocationStatus
 
 __all__ = [
     "AllocationStub",
+    "JobState",
     "NomadClient",
     "NomadUnavailable",
     "allocation_address",
     "parse_allocation_stubs",
+    "parse_job",
 ]
 
 T = TypeVar("T")
@@ -366,7 +369,29 @@ class _Allocation:
     AllocatedResources: _Resources | None = None
 
 
-_WIRE_TYPES = (_TaskEvent, _TaskState, _ListStub, _Port, _Network, _Shared, _Resources, _Allocation)
+@attrs.frozen(kw_only=True)
+class _Task:
+    Name: str | None = None
+    Env: dict[str, str] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class _Group:
+    Name: str | None = None
+    Tasks: list[_Task] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class _Job:
+    Version: int | None = None
+    Stop: bool | None = None
+    TaskGroups: list[_Group] | None = None
+
+
+_WIRE_TYPES = (
+    _TaskEvent, _TaskState, _ListStub, _Port, _Network, _Shared, _Resources, _Allocation,
+    _Task, _Group, _Job,
+)  # fmt: skip
 _INDEX = re.compile(r"\[(\d+)\]$")
 
 
@@ -492,3 +517,35 @@ def allocation_address(body: JSON, label: str = PORT_LABEL) -> str:
     raise WireError(
         "$.AllocatedResources.Shared.Ports", f"no port labelled {label!r} in the allocation"
     )
+
+
+@attrs.frozen(kw_only=True)
+class JobState:
+    """What a pool needs of ``GET /v1/job/{job_id}`` to know whether the job is still its own.
+
+    Attributes:
+        version: The job's version (``Version``).
+        stopped: The job is stopped (``Stop``): by a pool's close, or by an operator.
+        token: The task's value of the token variable (``Env``), ``None`` when the job has no
+            such task or variable: a pool's job carries its own token there.
+    """
+
+    version: int
+    stopped: bool
+    token: str | None = attrs.field(repr=False)
+
+
+def parse_job(body: JSON, *, group: str, task: str, token_env: str) -> JobState:
+    """The ``JobState`` of ``GET /v1/job/{job_id}``'s answer; ``token`` is ``token_env`` in the
+    ``Env`` of the task ``task`` of the group ``group``.
+
+    Raises:
+        WireError: the answer is not a job (the path names the fault).
+    """
+    job = structure(body, _Job, converter=_converter)
+    token = None
+    for one in job.TaskGroups or ():
+        for each in one.Tasks or () if one.Name == group else ():
+            if each.Name == task:
+                token = (each.Env or {}).get(token_env)
+    return JobState(version=_count(job.Version, "$.Version"), stopped=bool(job.Stop), token=token)

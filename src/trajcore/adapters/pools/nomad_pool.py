@@ -52,6 +52,12 @@ is leased, and a raw_exec server is sent its own task directory's path
 (``NomadJobSettings.task_reference``). The servers of one node share its cache where the job
 mounts one (``cache_of``), so the cache's figures count it once.
 
+Whose the job is: the job is the pool's while its task carries the pool's token. A poll that
+shows a newer job version or nothing that should run reads the job (``GET /v1/job/{id}``);
+when it was stopped, purged or registered again with another token (another pool with the same
+job ID) outside the pool, that is noted once, its servers leave service, and the pool neither
+scales it nor stops its allocations, nor stops it at its close when another pool holds it.
+
 Every wait is bounded: Nomad requests (``request_timeout_s``), joining (``start_timeout_s``),
 resets (``reset_timeout_s``), leases (``timeout_s`` or ``acquire_timeout_s``), shutdown
 (``stop_timeout_s``). Errors from Nomad while running are kept (``problems``) and retried on the
@@ -61,8 +67,10 @@ next poll; they never fail a lease or a call by themselves.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import re
+import secrets
 from urllib.parse import urlsplit
 
 import anyio
@@ -70,10 +78,12 @@ import attrs
 
 from trajcore.adapters.pools.environment_leasing import lease_over
 from trajcore.adapters.pools.nomad_client import (
+    AllocationStub,
     NomadClient,
     NomadUnavailable,
     allocation_address,
     parse_allocation_stubs,
+    parse_job,
 )
 from trajcore.adapters.pools.pool_core import DEFAULT_FORK_WAIT_S, Member
 from trajcore.adapters.pools.reconciled import (
@@ -168,6 +178,18 @@ class NomadPoolConfig:
 # ============================================================================ allocations
 
 
+class _Whose(enum.Enum):
+    """Whose the job of the pool's ID is now, as Nomad answers it."""
+
+    OURS = "is this pool's"
+    STOPPED = "was stopped outside this pool (nomad job stop)"
+    PURGED = "was purged outside this pool"
+    FOREIGN = (
+        "was registered again with another slot token: another pool (or a person) with the "
+        "same job_id took it over"
+    )
+
+
 @attrs.define(eq=False, kw_only=True)
 class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
     """The ``ContainerSource`` of the Nomad pool: the allocations of one job.
@@ -185,6 +207,8 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
     _names: dict[str, str] = attrs.field(init=False, factory=dict)
     _failed: set[str] = attrs.field(init=False, factory=set)
     _version: int = attrs.field(init=False, default=0)
+    _owned_version: int = attrs.field(init=False, default=0)
+    _whose: _Whose = attrs.field(init=False, default=_Whose.OURS)
     _registered: bool = attrs.field(init=False, default=False)
 
     def reconcile_config(self) -> ReconcileConfig:
@@ -207,15 +231,22 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
         await self._register(config.scaling.min_containers)
 
     async def shutdown(self) -> None:
-        """Stop the job (purged when configured), bounded and shielded."""
-        config = self.config
+        """Stop the job (purged when configured), bounded and shielded; a job that another
+        pool registered again meanwhile is left to it."""
         if not self._registered:
             return
         self._registered = False
-        await self._stop_all(
-            lambda: self.nomad.deregister(config.job.job_id, purge=config.purge_on_shutdown),
-            "stop the job",
-        )
+        await self._stop_all(self._stop_job, "stop the job")
+
+    async def _stop_job(self) -> None:
+        config = self.config
+        if await self._whose_job() is _Whose.FOREIGN:
+            self.pool.note(
+                f"left Nomad job {config.job.job_id} running: it {_Whose.FOREIGN.value}",
+                warn=True,
+            )
+            return
+        await self.nomad.deregister(config.job.job_id, purge=config.purge_on_shutdown)
 
     # ------------------------------------------------------------------------- Nomad
 
@@ -224,22 +255,62 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
         spec = config.job_spec(count=count, token=self.token)
         await self.nomad.register(config.job.job_id, register_request(spec))
         self._registered = True
-        job = await self.nomad.read_job(config.job.job_id)
-        version = None if job is None else job.get("Version")
-        if isinstance(version, bool) or not isinstance(version, int):
+        if await self._whose_job() is not _Whose.OURS:
             raise NomadUnavailable(
-                f"Nomad lost the job just registered (read back {version!r} as its version)",
-                field="job_id",
+                f"Nomad lost the job just registered: it {self._whose.value}", field="job_id"
             )
-        self._version = version
+        self._version = self._owned_version
         self.machine.registered(count)
+
+    async def _whose_job(self) -> _Whose:
+        """Whose the job is now (kept in ``_whose``); the latest version known to be the pool's
+        in ``_owned_version``."""
+        job = self.config.job
+        body = await self.nomad.read_job(job.job_id)
+        if body is None:
+            self._whose = _Whose.PURGED
+            return self._whose
+        state = parse_job(body, group=job.group, task=job.task, token_env=job.token_env)
+        token = (state.token or "").encode("utf-8", "surrogatepass")
+        if state.stopped:
+            self._whose = _Whose.STOPPED
+        elif not secrets.compare_digest(token, self.token.encode()):
+            self._whose = _Whose.FOREIGN
+        else:
+            self._whose = _Whose.OURS
+            self._owned_version = max(self._owned_version, state.version)
+        return self._whose
+
+    async def _own_allocations(self, stubs: list[AllocationStub]) -> list[AllocationStub]:
+        """The allocations of this pool's versions of the job. When the listing shows a newer
+        version or nothing that should run, the job is read: one stopped, purged or taken over
+        outside the pool is said once (and once more when it is the pool's again), and the
+        allocations of versions that are not the pool's are left alone."""
+        was = self._whose
+        if (
+            was is not _Whose.OURS
+            or not any(
+                stub.desired_status == "run" and stub.job_version <= self._owned_version
+                for stub in stubs
+            )
+            or any(stub.job_version > self._owned_version for stub in stubs)
+        ):
+            now = await self._whose_job()
+            if now is not was:
+                job_id = self.config.job.job_id
+                self.pool.note(
+                    f"Nomad job {job_id} {now.value}"
+                    + ("" if now is _Whose.OURS else ": its slot servers leave service and "
+                       "the pool no longer scales or replaces them (start the env again)"),
+                    warn=True,
+                )  # fmt: skip
+        return [stub for stub in stubs if stub.job_version <= self._owned_version]
 
     async def _tick(self) -> None:
         listing = await self.nomad.job_allocations(self.config.job.job_id)
+        stubs = [s for s in parse_allocation_stubs(listing) if s.job_version >= self._version]
         allocations = []
-        for stub in parse_allocation_stubs(listing):
-            if stub.job_version < self._version:
-                continue
+        for stub in await self._own_allocations(stubs):
             self._names[stub.id] = stub.name
             if stub.failure and stub.id not in self._failed:  # why it never ran, said once
                 self._failed.add(stub.id)
@@ -253,7 +324,8 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
                     restarts=stub.restarts,
                 )
             )
-        for count in self._observe(allocations, anyio.current_time()):
+        counts = self._observe(allocations, anyio.current_time())
+        for count in counts if self._whose is _Whose.OURS else ():
             await self._set_count(count)
 
     async def _set_count(self, count: int) -> None:
