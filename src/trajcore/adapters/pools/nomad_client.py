@@ -9,7 +9,8 @@ comes back is checked to be JSON before it leaves (``JSON`` values, never ``Any`
 It also reads Nomad's answers, as pure functions of the JSON (gidgethub's sans-I/O shape):
 ``parse_allocation_stubs`` turns ``GET /v1/job/{id}/allocations`` into ``AllocationStub`` values
 ``allocation_address`` finds a slot server's ``host:port`` in ``GET /v1/allocation/{id}`` and
-``parse_job`` reads what tells a pool whether ``GET /v1/job/{id}`` is still its own job.
+``parse_job`` reads what tells a pool whether ``GET /v1/job/{id}`` is still its own job, and
+``placement_failure`` why ``GET /v1/job/{id}/evaluations`` says Nomad could not place it.
 Both structure the answer with cattrs into wire types named as Nomad spells its fields, with
 strict primitives (``"3"`` is not a number); what Nomad sends as ``null`` (a Go nil slice, an
 unset number) counts as empty or 0, fields the pool does not read are ignored, and a malformed
@@ -17,7 +18,8 @@ answer is one ``WireError`` whose path names the fault (``$[0].Name``, ``reason 
 every fault in ``problems``). The job Nomad is sent is the domain's (``domain.nomad_job``).
 
 The calls (all under ``/v1``): ``GET status/leader``; ``POST job/{id}`` (register);
-``GET job/{id}``; ``GET job/{id}/allocations``; ``GET allocation/{id}``;
+``GET job/{id}``; ``GET job/{id}/allocations``; ``GET job/{id}/evaluations``;
+``GET allocation/{id}``;
 ``POST allocation/{id}/stop``; ``POST job/{id}/scale`` (python-nomad has no method for it, so it
 goes through the library's generic ``request``); ``DELETE job/{id}?purge=...``.
 
@@ -65,6 +67,7 @@ __all__ = [
     "allocation_address",
     "parse_allocation_stubs",
     "parse_job",
+    "placement_failure",
 ]
 
 T = TypeVar("T")
@@ -190,6 +193,12 @@ class NomadClient:
         """The job's allocations (``AllocationListStub`` objects) as Nomad lists them."""
         return await self._call(
             f"list allocations of {job_id}", lambda api: api.job.get_allocations(job_id)
+        )
+
+    async def job_evaluations(self, job_id: str) -> JSON:
+        """The job's evaluations (``Evaluation`` objects) as Nomad lists them."""
+        return await self._call(
+            f"list evaluations of {job_id}", lambda api: api.job.get_evaluations(job_id)
         )
 
     async def read_allocation(self, alloc_id: str) -> JSON:
@@ -388,9 +397,28 @@ class _Job:
     TaskGroups: list[_Group] | None = None
 
 
+@attrs.frozen(kw_only=True)
+class _Metric:
+    NodesEvaluated: int | None = None
+    CoalescedFailures: int | None = None
+    NodesAvailable: dict[str, int] | None = None
+    ClassFiltered: dict[str, int] | None = None
+    ConstraintFiltered: dict[str, int] | None = None
+    ClassExhausted: dict[str, int] | None = None
+    DimensionExhausted: dict[str, int] | None = None
+    QuotaExhausted: list[str] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class _Evaluation:
+    Status: str | None = None
+    CreateIndex: int | None = None
+    FailedTGAllocs: dict[str, _Metric] | None = None
+
+
 _WIRE_TYPES = (
     _TaskEvent, _TaskState, _ListStub, _Port, _Network, _Shared, _Resources, _Allocation,
-    _Task, _Group, _Job,
+    _Task, _Group, _Job, _Metric, _Evaluation,
 )  # fmt: skip
 _INDEX = re.compile(r"\[(\d+)\]$")
 
@@ -549,3 +577,36 @@ def parse_job(body: JSON, *, group: str, task: str, token_env: str) -> JobState:
             if each.Name == task:
                 token = (each.Env or {}).get(token_env)
     return JobState(version=_count(job.Version, "$.Version"), stopped=bool(job.Stop), token=token)
+
+
+def placement_failure(body: JSON, group: str) -> str:
+    """Why the latest complete evaluation in ``GET /v1/job/{job_id}/evaluations`` could not place
+    allocations of ``group`` (its ``FailedTGAllocs`` entry: the nodes evaluated, the datacenters
+    without a ready node, what filtered or exhausted them), or ``""`` when it placed them all.
+
+    Raises:
+        WireError: the body is not a list of evaluations (the path names the fault).
+    """
+    if body is None:
+        return ""
+    evaluations = structure(body, list[_Evaluation], converter=_converter)
+    done = [e for e in evaluations if e.Status == "complete"]
+    latest = max(done, key=lambda e: e.CreateIndex or 0, default=None)
+    metric = None if latest is None else (latest.FailedTGAllocs or {}).get(group)
+    if metric is None:
+        return ""
+    parts = [f"{metric.NodesEvaluated or 0} nodes evaluated"]
+    available = metric.NodesAvailable or {}
+    if not any(available.values()):
+        where = ", ".join(sorted(available)) or "its datacenters"
+        parts.append(f"no ready node in {where}")
+    for what, found in (
+        ("filtered", (metric.ClassFiltered or {}) | (metric.ConstraintFiltered or {})),
+        ("exhausted", (metric.ClassExhausted or {}) | (metric.DimensionExhausted or {})),
+    ):
+        if found:
+            parts.append(f"{what}: " + ", ".join(f"{k} {n}" for k, n in sorted(found.items())))
+    if metric.QuotaExhausted:
+        parts.append("quota exhausted: " + ", ".join(metric.QuotaExhausted))
+    failed = (metric.CoalescedFailures or 0) + 1
+    return f"Nomad could not place {failed} allocation(s) of group {group}: " + "; ".join(parts)

@@ -84,6 +84,7 @@ from trajcore.adapters.pools.nomad_client import (
     allocation_address,
     parse_allocation_stubs,
     parse_job,
+    placement_failure,
 )
 from trajcore.adapters.pools.pool_core import DEFAULT_FORK_WAIT_S, Member
 from trajcore.adapters.pools.reconciled import (
@@ -94,7 +95,7 @@ from trajcore.adapters.pools.reconciled import (
     part,
 )
 from trajcore.domain.environment_leases import Snapshot
-from trajcore.domain.errors import ConfigError
+from trajcore.domain.errors import ConfigError, InvalidInput
 from trajcore.domain.nomad_job import (
     NomadJobSettings,
     NomadJobSpec,
@@ -339,6 +340,17 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
             ),
         )
         self.machine.scaled(count)
+
+    async def _why_not_started(self) -> str | None:
+        """Why Nomad's latest evaluation of the job could not place its allocations (no node
+        in the datacenters, a missing driver, exhausted resources), if it says."""
+        job = self.config.job
+        try:
+            listing = await self.nomad.job_evaluations(job.job_id)
+            return placement_failure(listing, job.group) or None
+        except (NomadUnavailable, InvalidInput) as error:
+            _log.info("Nomad pool %s: no placement failure read: %s", job.job_id, error)
+            return None
 
     def _replace(self, run_id: str, reason: str) -> None:
         _log.warning("Nomad pool %s: %s", self.config.job.job_id, reason)

@@ -22,7 +22,9 @@ stop a run given up on (``_replace``). What the loop keeps:
 - A member the core loses (a failed batch or reset) is reported to the reconciler
   (``failed``), which replaces its run.
 - The pool's start waits for ``scaling.min_containers`` members within ``start_timeout_s``;
-  when they do not come it raises ``SlotServerError`` naming the scheduler and the latest problems.
+  when they do not come it raises ``SlotServerError`` naming the scheduler, what it says about
+  runs it did not start (``_why_not_started``: Nomad's placement failures) and the latest
+  problems.
 - The pool's close stops every run its own way (``shutdown``) through ``_stop_all``: shielded
   from cancellation, within ``stop_timeout_s``, a scheduler's error or the time running out
   noted in ``problems``.
@@ -268,6 +270,11 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
     def _replace(self, run_id: str, reason: str) -> None:
         """Stop the run given up on (in the background), so that another one takes its place."""
 
+    async def _why_not_started(self) -> str | None:
+        """What the scheduler says about runs it did not start, for a failed start (``None``:
+        nothing); never raises."""
+        return None
+
     def _did_not_join(self, run_id: str, name: str, reason: str) -> str:
         """The problem noted when the run's server did not join."""
         return f"{self.noun} {run_id} did not join: {reason}"
@@ -294,6 +301,8 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
                     return
                 await pool.changed()
         seen = "; ".join(pool.problems[-3:]) or self.nothing_started
+        why = await self._why_not_started()
+        seen = seen if why is None else f"{why}; {seen}"
         raise SlotServerError(
             f"{self.scheduler}: {len(pool.container_names())} of "
             f"{wanted} slot servers became healthy within "

@@ -9,7 +9,8 @@ can kill one (``kill_allocation``) and watch the pool notice and replace it.
 
 Endpoints (under ``/v1``): ``GET status/leader``; ``POST jobs`` and ``POST job/{id}``
 (register); ``GET job/{id}``; ``DELETE job/{id}`` (``purge``); ``GET job/{id}/allocations``
-(``all``); ``POST job/{id}/scale``; ``GET allocation/{id}``; ``POST allocation/{id}/stop``.
+(``all``); ``GET job/{id}/evaluations``; ``POST job/{id}/scale``; ``GET allocation/{id}``;
+``POST allocation/{id}/stop``.
 Anything else is 404, as on an agent that does not know the path.
 
 Strictness. Given a ``NomadOpenAPI`` (Nomad's own OpenAPI description, read from the file
@@ -33,8 +34,9 @@ What it simulates, and how (one node, ``fake-node``, address ``127.0.0.1``):
 
 - Placement: one allocation per missing index ``0 .. Count-1`` of the one task group, named
   ``job.group[i]``, with a fresh free port per ``DynamicPorts`` label. Tasks whose driver is not
-  in ``drivers`` (``raw_exec`` and ``exec``, both run as plain child processes) are not placed,
-  as on a cluster with no such client; the job stays ``pending``.
+  in ``drivers`` (``raw_exec`` and ``exec``, both run as plain child processes), and jobs whose
+  ``Datacenters`` do not match the node's ``datacenter``, are not placed, as on a cluster with
+  no such client; the job stays ``pending`` and its evaluation says why (``FailedTGAllocs``).
 Where each part lives: ``openapi`` (the schema checks), ``jobs`` (Nomad's job rules and the
 scheduler's records), ``processes`` (how a task runs), ``render`` (the JSON answers); this
 module holds the HTTP routes and the scheduler.
@@ -98,6 +100,7 @@ from trajcore.testing.fake_nomad.jobs import (
     as_str,
     bad,
     now_ns,
+    placement_failure,
     task_spec,
     without_count,
 )
@@ -109,7 +112,12 @@ from trajcore.testing.fake_nomad.processes import (
     start_container,
     start_task,
 )
-from trajcore.testing.fake_nomad.render import allocation_json, job_json, stub_json
+from trajcore.testing.fake_nomad.render import (
+    allocation_json,
+    evaluation_json,
+    job_json,
+    stub_json,
+)
 from trajcore.testing.fake_nomad.routes import route
 
 __all__ = ["FakeNomadAPI"]
@@ -142,6 +150,8 @@ class FakeNomadAPI:
         kill_timeout_cap_s: Longest a stopped task gets between SIGTERM and SIGKILL.
         root: Where allocation directories go (``None``: a temporary directory, removed on
             close).
+        datacenter: The node's datacenter: a job whose ``Datacenters`` do not match it is
+            not placed.
     """
 
     openapi: NomadOpenAPI | None = None
@@ -154,6 +164,7 @@ class FakeNomadAPI:
     restart_delay_cap_s: float | None = 0.1
     kill_timeout_cap_s: float = 5.0
     root: Path | None = None
+    datacenter: str = "dc1"
     _server: HTTPServer | None = attrs.field(init=False, default=None)
     _group: anyio.abc.TaskGroup | None = attrs.field(init=False, default=None)
     _port: int = attrs.field(init=False, default=0)
@@ -285,7 +296,7 @@ class FakeNomadAPI:
         """Snapshots of the job's allocations, oldest first (``all_versions``: also those of
         earlier registrations of the same ID)."""
         return [
-            self._snapshot(alloc)
+            alloc.snapshot()
             for alloc in self._allocs.values()
             if alloc.job_id == job_id and (all_versions or self._current(alloc))
         ]
@@ -297,22 +308,6 @@ class FakeNomadAPI:
             for a in self.allocations(job_id)
             if a.client_status == "running" and a.desired_status == "run"
         ]
-
-    def _snapshot(self, alloc: Alloc) -> FakeAllocation:
-        label = alloc.spec.port_labels[0] if alloc.spec.port_labels else None
-        process = alloc.process
-        return FakeAllocation(
-            id=alloc.id,
-            name=alloc.name,
-            index=alloc.index,
-            job_id=alloc.job_id,
-            job_version=alloc.job_version,
-            client_status=alloc.client_status,
-            desired_status=alloc.desired_status,
-            restarts=alloc.restarts,
-            address=None if label is None else f"127.0.0.1:{alloc.ports[label]}",
-            pid=process.pid if process is not None and process.returncode is None else None,
-        )
 
     def _current(self, alloc: Alloc) -> bool:
         job = self._jobs.get((alloc.namespace, alloc.job_id))
@@ -398,6 +393,8 @@ class FakeNomadAPI:
             return self._deregister(namespace, params["job"], query.get("purge", "") in GO_TRUE)
         if template == "/job/{jobName}/allocations":
             return self._list_allocations(namespace, params["job"], query.get("all", "") in GO_TRUE)
+        if template == "/job/{jobName}/evaluations":
+            return list(reversed(self._find_job(namespace, params["job"]).evaluations))
         if template == "/job/{jobName}/scale":
             return self._scale(namespace, params["job"], as_object(body, "body"))
         if template == "/allocation/{allocID}" and method == "GET":
@@ -422,14 +419,9 @@ class FakeNomadAPI:
 
     def _write_answer(self, eval_id: str, job: Job) -> JSONObject:
         return {
-            "EvalID": eval_id,
-            "EvalCreateIndex": self._index,
-            "JobModifyIndex": job.modify_index,
-            "Warnings": "",
-            "LastIndex": self._index,
-            "KnownLeader": True,
-            "LastContact": 0,
-        }
+            "EvalID": eval_id, "EvalCreateIndex": self._index, "JobModifyIndex": job.modify_index,
+            "Warnings": "", "LastIndex": self._index, "KnownLeader": True, "LastContact": 0,
+        }  # fmt: skip
 
     def _register(self, request: JSONObject, path_id: str | None, namespace: str) -> JSON:
         body = copy.deepcopy(as_object(request.get("Job"), "Job"))
@@ -473,13 +465,9 @@ class FakeNomadAPI:
         if purge:
             del self._jobs[(namespace, job_id)]
         return {
-            "EvalID": eval_id,
-            "EvalCreateIndex": index,
-            "JobModifyIndex": index,
-            "LastIndex": index,
-            "KnownLeader": True,
-            "LastContact": 0,
-        }
+            "EvalID": eval_id, "EvalCreateIndex": index, "JobModifyIndex": index,
+            "LastIndex": index, "KnownLeader": True, "LastContact": 0,
+        }  # fmt: skip
 
     def _scale(self, namespace: str, job_id: str, request: JSONObject) -> JSON:
         job = self._find_job(namespace, job_id)
@@ -553,11 +541,12 @@ class FakeNomadAPI:
                 self._stop(alloc, why)
         if job.stopped:
             return
-        if job.spec.driver not in self.drivers:
-            job.blocked = f"no client runs driver {job.spec.driver!r}"
-            return
-        job.blocked = ""
         covered = {alloc.index for alloc in self._job_allocs(job) if alloc.live}
+        missing = len(set(range(job.count)) - covered)
+        job.blocked, failed = placement_failure(job, self.drivers, self.datacenter, missing)
+        job.evaluations.append(evaluation_json(job, eval_id, self._index, now_ns(), failed))
+        if job.blocked:
+            return
         for index in range(job.count):
             if index not in covered:
                 self._place(job, index, eval_id)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import fnmatch
 import json
 import re
 import time
@@ -43,6 +44,7 @@ __all__ = [
     "bad",
     "now_ns",
     "parse_artifacts",
+    "placement_failure",
     "task_spec",
     "without_count",
 ]
@@ -426,6 +428,7 @@ class Job:
     submit_time: int
     stopped: bool = False
     blocked: str = ""
+    evaluations: list[JSONObject] = attrs.field(factory=list)
 
 
 @attrs.define(eq=False)
@@ -465,6 +468,23 @@ class Alloc:
     def name(self) -> str:
         return f"{self.job_id}.{self.spec.group}[{self.index}]"
 
+    def snapshot(self) -> FakeAllocation:
+        """What a test may inspect of it now."""
+        label = self.spec.port_labels[0] if self.spec.port_labels else None
+        process = self.process
+        return FakeAllocation(
+            id=self.id,
+            name=self.name,
+            index=self.index,
+            job_id=self.job_id,
+            job_version=self.job_version,
+            client_status=self.client_status,
+            desired_status=self.desired_status,
+            restarts=self.restarts,
+            address=None if label is None else f"127.0.0.1:{self.ports[label]}",
+            pid=process.pid if process is not None and process.returncode is None else None,
+        )
+
     @property
     def live(self) -> bool:
         """Wanted and holding its index: pending, running, or failed awaiting a replacement."""
@@ -501,3 +521,26 @@ class TaskChange(enum.Enum):
             alloc.started_at = now
         elif self.task_state == "dead":
             alloc.finished_at = now
+
+
+def placement_failure(
+    job: Job, drivers: tuple[str, ...], datacenter: str, missing: int
+) -> tuple[str, JSONObject | None]:
+    """Why the one node (in ``datacenter``, running ``drivers``) cannot take ``missing``
+    allocations of ``job``, and the ``AllocationMetric`` Nomad's evaluation reports for the group
+    (``FailedTGAllocs``); ``("", None)`` when it can (or nothing is missing). Datacenters match
+    as Nomad matches them, with ``*`` and ``?`` globs."""
+    wanted = [as_str(dc, "Job.Datacenters") for dc in as_list(job.body.get("Datacenters"), "")]
+    metric: JSONObject = {"CoalescedFailures": missing - 1}
+    if missing <= 0:
+        return "", None
+    if not any(fnmatch.fnmatchcase(datacenter, dc) for dc in wanted):
+        metric |= {"NodesEvaluated": 0, "NodesAvailable": dict.fromkeys(wanted, 0)}
+        return f"no node in datacenters {', '.join(wanted)}", metric
+    if job.spec.driver not in drivers:
+        metric |= {
+            "NodesEvaluated": 1, "NodesFiltered": 1, "NodesAvailable": {datacenter: 1},
+            "ConstraintFiltered": {"missing drivers": 1},
+        }  # fmt: skip
+        return f"no client runs driver {job.spec.driver!r}", metric
+    return "", None

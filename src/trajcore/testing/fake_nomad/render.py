@@ -14,7 +14,7 @@ from typing import Final
 from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.testing.fake_nomad.jobs import NS, Alloc, Job
 
-__all__ = ["NODE_ID", "allocation_json", "job_json", "stub_json"]
+__all__ = ["NODE_ID", "allocation_json", "evaluation_json", "job_json", "stub_json"]
 
 NODE_ID: Final = "8c4f1a2e-0000-4000-8000-000000000001"
 _NODE_NAME: Final = "fake-node"
@@ -129,3 +129,19 @@ def allocation_json(alloc: Alloc) -> JSONObject:
     if alloc.next:
         full["NextAllocation"] = alloc.next
     return full
+
+
+def evaluation_json(
+    job: Job, eval_id: str, index: int, now: int, failed: JSONObject | None
+) -> JSONObject:
+    """One evaluation of ``job`` as ``GET /v1/job/{id}/evaluations`` lists it, complete; with
+    ``failed`` (an ``AllocationMetric``) the group's placements failed (``FailedTGAllocs``)."""
+    evaluation: JSONObject = {
+        "ID": eval_id, "Namespace": job.namespace, "Priority": 50, "Type": "service",
+        "TriggeredBy": "job-register", "JobID": job.id, "JobModifyIndex": job.modify_index,
+        "Status": "complete", "CreateIndex": index, "ModifyIndex": index, "CreateTime": now,
+        "ModifyTime": now,
+    }  # fmt: skip
+    if failed is not None:
+        evaluation["FailedTGAllocs"] = {job.spec.group: failed}
+    return evaluation

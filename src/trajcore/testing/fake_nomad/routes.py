@@ -20,6 +20,7 @@ _ROUTES: Final = (  # (method, path pattern, path in the OpenAPI description)
     ("POST", re.compile(r"^/v1/job/(?P<job>[^/]+)$"), "/job/{jobName}"),
     ("DELETE", re.compile(r"^/v1/job/(?P<job>[^/]+)$"), "/job/{jobName}"),
     ("GET", re.compile(r"^/v1/job/(?P<job>[^/]+)/allocations$"), "/job/{jobName}/allocations"),
+    ("GET", re.compile(r"^/v1/job/(?P<job>[^/]+)/evaluations$"), "/job/{jobName}/evaluations"),
     ("POST", re.compile(r"^/v1/job/(?P<job>[^/]+)/scale$"), "/job/{jobName}/scale"),
     ("GET", re.compile(r"^/v1/allocation/(?P<alloc>[^/]+)$"), "/allocation/{allocID}"),
     ("POST", re.compile(r"^/v1/allocation/(?P<alloc>[^/]+)/stop$"), "/allocation/{allocID}/stop"),
