@@ -35,14 +35,16 @@ What the caller can rely on:
   start of Nomad's answer.
 - ``read_job`` answers ``None`` and ``deregister`` ``False`` for a job Nomad does not know (404).
 - The ACL token goes in ``X-Nomad-Token``; with none given, python-nomad falls back to the
-  ``NOMAD_TOKEN`` environment variable (and ``NOMAD_NAMESPACE``, ``NOMAD_REGION`` likewise), as
-  the ``nomad`` command line does.
+  ``NOMAD_TOKEN`` environment variable (and ``NOMAD_NAMESPACE``, ``NOMAD_REGION``,
+  ``NOMAD_CLIENT_CERT`` and ``NOMAD_CLIENT_KEY`` likewise), as the ``nomad`` command line does;
+  an https agent's certificate is checked against ``NOMAD_CACERT`` when set.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -133,7 +135,9 @@ class NomadClient:
         token: ACL token, or ``None``.
         namespace, region: Sent with every request that takes them (``None``: the agent's).
         timeout_s: Longest one request may take.
-        verify_tls: Check the agent's TLS certificate (https only).
+        verify_tls: Check the agent's TLS certificate (https only): against the CA bundle
+            that ``$NOMAD_CACERT`` names when set (a cluster's own CA, as the ``nomad`` command
+            line reads it), else the system's.
     """
 
     address: str
@@ -157,7 +161,7 @@ class NomadClient:
             namespace=self.namespace,
             region=self.region,
             timeout=self.timeout_s,
-            verify=self.verify_tls,
+            verify=(os.environ.get("NOMAD_CACERT") or True) if self.verify_tls else False,
         )
 
     # ------------------------------------------------------------------------- calls
