@@ -87,9 +87,10 @@ def test_a_conversation_without_assistant_turns_is_one_prompt() -> None:
     assert _kinds_and_ids(ledger.segments) == [("prompt", (USER, A, *EOT, USER, B, *EOT))]
 
 
-def test_an_assistant_turn_the_template_rewrites_later_has_no_span() -> None:
-    # The first reply renders with its reasoning only while it is the last message, so the
-    # full conversation shares nothing of it: no span (an empty one would break alternation).
+def test_an_assistant_turn_the_template_rewrites_later_is_trained_as_the_whole_has_it() -> None:
+    # The first reply renders with its reasoning only while it is the last message (as Qwen3
+    # writes a think block into the last assistant turn only): its span is what the whole
+    # conversation holds of it, up to its own end of turn, and it is trained.
     messages = [
         Message.user("a"),
         Message.assistant("b", reasoning="x"),
@@ -98,10 +99,29 @@ def test_an_assistant_turn_the_template_rewrites_later_has_no_span() -> None:
     ]
     ledger = _template(ToyRenderer(drops_reasoning=True)).rerender(messages)
     assert _kinds_and_ids(ledger.segments) == [
-        ("prompt", (USER, A, *EOT, ASSISTANT, B, *EOT, USER, C, *EOT, ASSISTANT)),
+        ("prompt", (USER, A, *EOT, ASSISTANT)),
+        ("completion", (B, 100)),
+        ("environment", (101, USER, C, *EOT, ASSISTANT)),
         ("completion", (D, 100)),
         ("environment", (101,)),
     ]
+
+
+def test_a_rewritten_turn_whose_end_of_turn_is_missing_has_no_span() -> None:
+    class Unended(ToyRenderer):
+        def render(
+            self,
+            messages: Sequence[Message],
+            *,
+            tools: Sequence[ToolSpec] = (),
+            add_generation_prompt: bool = False,
+        ) -> list[int]:
+            ids = super().render(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+            return [i for i in ids if i != 100] if len(messages) > 2 else ids  # the whole: no end
+
+    messages = [Message.user("a"), Message.assistant("b", reasoning="x"), Message.user("c")]
+    ledger = _template(Unended(drops_reasoning=True)).rerender(messages)
+    assert [s.kind.value for s in ledger.segments] == ["prompt"]
 
 
 @pytest.mark.parametrize(

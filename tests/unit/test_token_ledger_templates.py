@@ -404,3 +404,28 @@ def test_rerendered_ledger_is_marked_inexact_and_finds_assistant_spans(
     completions = [s.token_ids for s in rebuilt.segments if s.kind is SegmentKind.COMPLETION]
     assert completions == [ids for ids, _ in exact.sampled]
     rebuilt.check_valid()
+
+
+def test_rerender_trains_every_tool_call_turn_of_a_qwen3_conversation() -> None:
+    # Qwen3 writes an empty think block into the last assistant turn only, so each earlier
+    # turn renders otherwise while it is the last message: it is still a completion span.
+    tokenizer = TransformersTokenizer.from_path(qwen3_tokenizer_path())
+    template = ChatTemplate.learn(tokenizer, turn_stops=[tokenizer.eos_token_id or 0])
+    call = ToolCall(id="c1", name="bash", arguments={"command": "ls"})
+    conversation = [
+        Message.system("S"),
+        Message.user("U"),
+        Message.assistant("", tool_calls=[call]),
+        Message.tool(ToolResult(call_id="c1", name="bash", outcome=ToolOutcome.OK, content="a")),
+        Message.assistant("Done."),
+    ]
+    ledger = template.rerender(conversation, tools=TOOLS)
+    trained = [
+        tokenizer.decode(s.token_ids) for s in ledger.segments if s.kind is SegmentKind.COMPLETION
+    ]
+    assert trained == [
+        '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>',
+        "<think>\n\n</think>\n\nDone.<|im_end|>",
+    ]
+    assert list(ledger.prompt_ids()) == tokenizer.render(conversation, tools=TOOLS)
+    ledger.check_valid()

@@ -61,6 +61,18 @@ def _common_suffix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def _first_end_of_turn(ids: Sequence[int], end_of_turn: tuple[int, ...], start: int) -> int:
+    """The index just after the first id of the end of turn at or after ``start`` in ``ids``
+    (the template may write other ids after that one once a message follows); ``start`` when
+    there is none."""
+    if not end_of_turn:
+        return start
+    try:
+        return ids.index(end_of_turn[0], start) + 1
+    except ValueError:
+        return start
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
@@ -278,8 +290,12 @@ class ChatTemplate:
 
         Each assistant message's span is found by rendering the conversation up to it (with the
         generation prompt) and up to and including it; the span ends after the first token of
-        the end-of-turn (the template's separator after it counts as environment). This renders
-        the conversation once per assistant turn: fine for SFT data, not for a hot loop.
+        the end-of-turn (the template's separator after it counts as environment). A message the
+        template renders otherwise while it is the last one (Qwen3 writes an empty think block
+        into the last assistant turn only, so every earlier tool-call turn differs) ends at the
+        first end-of-turn after its start in the whole conversation: its tokens as the whole
+        conversation has them are trained. This renders the conversation once per assistant
+        turn: fine for SFT data, not for a hot loop.
 
         Raises:
             ConfigError: the conversation is empty or starts with an assistant message
@@ -299,6 +315,8 @@ class ChatTemplate:
             end = _common_prefix(upto, full)
             if end - start >= len(eot) and tuple(full[end - len(eot) : end]) == eot:
                 end -= len(eot) - 1
+            else:  # rendered otherwise when last (Qwen3's empty think block): its own end of turn
+                end = max(end, _first_end_of_turn(full, eot, start))
             start = max(start, spans[-1][1] if spans else 0)
             if end > start:
                 spans.append((start, end))
