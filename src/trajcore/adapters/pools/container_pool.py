@@ -70,6 +70,8 @@ _TOKEN_FILE_IN_CONTAINER = "/run/trajcore/token"  # noqa: S105 - a path, not a s
 _CACHE_IN_CONTAINER = "/var/cache/trajcore/images"  # the image cache's mount point
 _SLOTS_IN_CONTAINER = "/srv/slots"  # the server's --root (the image's ENTRYPOINT)
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,40}$")
+# what podman ("image not known") and docker ("No such image") say of an image they lack
+_MISSING_IMAGE = re.compile(r"image not known|no such image|no such object", re.IGNORECASE)
 
 
 def find_engine() -> str | None:
@@ -232,7 +234,11 @@ class _EngineContainers:
         self.options = default_engine_options(engine) if configured is None else configured
         try:
             await self._run("image", "inspect", "--format", "{{.Id}}", self.config.image)
-        except SlotServerError:
+        except SlotServerError as error:
+            if _MISSING_IMAGE.search(str(error)) is None:  # the engine itself failed: say how
+                raise SandboxUnavailable(
+                    f"the container engine {engine} cannot be used: {error}"
+                ) from None
             raise SandboxUnavailable(
                 f"the image {self.config.image} is not there ({engine}); ./dev image builds it"
             ) from None
@@ -351,8 +357,9 @@ class ContainerSandboxPool(SupervisedPool[_Container]):
     """The SandboxPool port over K slot-server containers. ``async with ContainerSandboxPool(c)``.
 
     Entering removes stale containers of its prefix, starts every container and waits until each
-    is healthy; it raises ``SandboxUnavailable`` when no engine or image is there (or a sandbox
-    is required and missing) and ``SlotServerError`` when a container does not start in time;
+    is healthy; it raises ``SandboxUnavailable`` when no engine or image is there, when the
+    engine fails (with what it said), or when a sandbox is required and missing, and
+    ``SlotServerError`` when a container does not start in time;
     nothing is left running either way. Leaving closes it: every container it started is
     stopped and removed.
 
