@@ -85,3 +85,21 @@ async def test_an_engine_that_cannot_be_used_is_named_with_its_error(tmp_path: P
     message = str(refused.value)
     assert "unable to connect to Podman socket: connection refused" in message
     assert "./dev image" not in message
+
+
+@NEEDS_IMAGE
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_hung_stop_still_removes_the_container(tmp_path: Path) -> None:
+    """An engine whose ``stop`` hangs: the stop is given up after its deadline, the container
+    is removed all the same, and the pool's close raises nothing."""
+    hung = script(tmp_path, f'if [ "$1" = stop ]; then exec sleep 120; fi\nexec {ENGINE} "$@"')
+    pool_config = config(hung, engine_timeout_s=2.0, stop_timeout_s=1.0)
+    assert pool_config.name_prefix is not None
+    try:
+        async with ContainerSandboxPool(pool_config) as pool:
+            assert len(pool.container_names()) == 1
+        assert containers_labelled(pool_config.name_prefix) == []
+    finally:
+        for name in containers_labelled(pool_config.name_prefix):
+            _engine("rm", "--force", "--volumes", name)

@@ -35,6 +35,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 
 import anyio
@@ -72,6 +73,8 @@ _SLOTS_IN_CONTAINER = "/srv/slots"  # the server's --root (the image's ENTRYPOIN
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,40}$")
 # what podman ("image not known") and docker ("No such image") say of an image they lack
 _MISSING_IMAGE = re.compile(r"image not known|no such image|no such object", re.IGNORECASE)
+# ... and of a container that is gone already
+_MISSING_CONTAINER = re.compile(r"no such container|no container with", re.IGNORECASE)
 
 
 def find_engine() -> str | None:
@@ -214,10 +217,18 @@ class _EngineContainers:
     _token_file: Path | None = attrs.field(init=False, default=None)
     _starts: int = attrs.field(init=False, default=0)
 
-    async def _run(self, *args: str, check: bool = True) -> str:
-        """``engine args``, bounded; its stdout. Raises ``SlotServerError`` when it fails."""
-        with anyio.fail_after(self.config.engine_timeout_s):
+    async def _run(self, *args: str, check: bool = True, extra_s: float = 0.0) -> str:
+        """``engine args``, bounded by ``engine_timeout_s`` (plus ``extra_s``); its stdout.
+
+        Raises ``SlotServerError`` when it fails (with ``check``) or does not finish in time
+        (always; the engine's command is killed then)."""
+        limit = self.config.engine_timeout_s + extra_s
+        with anyio.move_on_after(limit) as deadline:
             done = await anyio.run_process([self.engine, *args], check=False)
+        if deadline.cancelled_caught:
+            raise SlotServerError(
+                f"{self.engine} {args[0]} did not finish within {limit:g} s (engine_timeout_s)"
+            )
         if check and done.returncode != 0:
             error = done.stderr.decode("utf-8", "replace").strip()[-2000:]
             raise SlotServerError(f"{self.engine} {args[0]} failed ({done.returncode}): {error}")
@@ -307,21 +318,31 @@ class _EngineContainers:
             await anyio.sleep(0.5)  # the engine's wait gave up early: wait again
 
     async def _running(self, handle: _Container) -> bool:
-        with contextlib.suppress(SlotServerError, TimeoutError):
+        with contextlib.suppress(SlotServerError):
             state = await self._run("inspect", "--format", "{{.State.Running}}", handle.name)
             return state == "true"
         return False
 
     async def kill(self, handle: _Container) -> None:
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(SlotServerError):
             await self._run("kill", handle.name, check=False)
 
     async def stop(self, handle: _Container) -> None:
+        """``stop`` with the grace, then ``rm --force`` whatever the stop did (it may hang or
+        fail); a container the engine would not remove is a warning naming it."""
         grace = self.config.stop_timeout_s
-        with anyio.move_on_after(grace + self.config.engine_timeout_s):
-            await self._run("stop", "--time", str(max(1, round(grace))), handle.name, check=False)
-        with anyio.move_on_after(self.config.engine_timeout_s):
-            await self._run("rm", "--force", "--volumes", handle.name, check=False)
+        with contextlib.suppress(SlotServerError):
+            seconds = str(max(1, round(grace)))
+            await self._run("stop", "--time", seconds, handle.name, check=False, extra_s=grace)
+        try:
+            await self._run("rm", "--force", "--volumes", handle.name)
+        except SlotServerError as error:
+            if not _MISSING_CONTAINER.search(str(error)):
+                warnings.warn(
+                    f"the container pool could not remove its container {handle.name}: {error}",
+                    ResourceWarning,
+                    stacklevel=1,
+                )
 
     async def describe(self, handle: _Container) -> str:
         with (
