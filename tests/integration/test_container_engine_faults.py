@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,12 +22,15 @@ from tests.image_source import image_problem
 from trajcore.adapters.pools.container_pool import (
     DEFAULT_IMAGE,
     LABEL,
+    OWNER_LABEL,
     ContainerPoolConfig,
     ContainerSandboxPool,
     find_engine,
 )
-from trajcore.domain.errors import SandboxUnavailable
+from trajcore.domain.errors import ConfigError, SandboxUnavailable
 from trajcore.domain.slot_server_settings import SlotServerSettings
+from trajcore.domain.tools import ToolOutcome
+from trajcore.testing.portal_pools import slot_call
 
 ENGINE = find_engine()
 IMAGE = os.environ.get("TRAJCORE_IMAGE") or DEFAULT_IMAGE
@@ -61,13 +66,13 @@ def script(folder: Path, body: str) -> str:
 
 
 def config(engine: str | None = None, **more: object) -> ContainerPoolConfig:
+    values: dict[str, object] = {"name_prefix": f"test-faults-{secrets.token_hex(3)}"} | more
     return ContainerPoolConfig(
         containers=1,
         server=SlotServerSettings(slots_per_container=1, start_timeout_s=60.0),
         image=IMAGE,
         engine=engine,
-        name_prefix=f"test-faults-{secrets.token_hex(3)}",
-        **more,  # type: ignore[arg-type]
+        **values,  # type: ignore[arg-type]
     )
 
 
@@ -103,3 +108,88 @@ async def test_a_hung_stop_still_removes_the_container(tmp_path: Path) -> None:
     finally:
         for name in containers_labelled(pool_config.name_prefix):
             _engine("rm", "--force", "--volumes", name)
+
+
+def _start_of(pid: int) -> str:
+    """Process ``pid``'s start time, as the owner label records it (``/proc``)."""
+    return Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()[19]
+
+
+def _ended_pid() -> int:
+    """The pid of a process that ran and was reaped."""
+    done = subprocess.Popen(["true"])
+    done.wait()
+    return done.pid
+
+
+@pytest.fixture
+def leftovers() -> Iterator[dict[str, str]]:
+    """Three containers as other pools left them, by the prefix of each: ``dead`` (its owner
+    process ended), ``alive`` (its owner runs) and ``unowned`` (no owner label)."""
+    host = socket.gethostname()
+    living = subprocess.Popen(["sleep", "120"])  # a process that runs a pool elsewhere
+    owners = {
+        "dead": f"{host}/{_ended_pid()}/0/abc",
+        "alive": f"{host}/{living.pid}/{_start_of(living.pid)}/abc",
+        "unowned": "",
+    }
+    created: list[str] = []
+    try:
+        prefixes: dict[str, str] = {}
+        for role, owner in owners.items():
+            prefix = prefixes[role] = f"test-left-{role}-{secrets.token_hex(3)}"
+            labels = ["--label", f"{LABEL}={prefix}"]
+            if owner:
+                labels += ["--label", f"{OWNER_LABEL}={owner}"]
+            created.append(_engine("create", "--name", f"{prefix}-0-1", *labels, IMAGE))
+        yield prefixes
+    finally:
+        living.kill()
+        living.wait()
+        for container in created:  # one at a time: podman 4's rm skips all if one is gone
+            subprocess.run(
+                [ENGINE or "podman", "rm", "--force", "--volumes", container],
+                capture_output=True,
+                check=False,
+            )
+
+
+@NEEDS_IMAGE
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+async def test_containers_of_a_killed_pool_are_removed_at_the_next_start(
+    leftovers: dict[str, str],
+) -> None:
+    """A pool whose process was killed leaves its containers running under its own (random)
+    prefix; the next pool on this host removes them, and leaves a running pool's containers
+    and those without an owner alone."""
+    async with ContainerSandboxPool(config()) as pool:
+        assert len(pool.container_names()) == 1
+    assert containers_labelled(leftovers["dead"]) == []
+    assert containers_labelled(leftovers["alive"]) == [f"{leftovers['alive']}-0-1"]
+    assert containers_labelled(leftovers["unowned"]) == [f"{leftovers['unowned']}-0-1"]
+
+
+@NEEDS_IMAGE
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_prefix_a_running_pool_holds_is_refused_and_that_pool_keeps_serving() -> None:
+    """Two pools given the same ``name_prefix``: the second is refused naming the setting,
+    instead of removing the first one's containers."""
+    first_config = config()
+    prefix = first_config.name_prefix
+    assert prefix is not None
+    async with ContainerSandboxPool(first_config) as first:
+        running = containers_labelled(prefix)
+        with pytest.raises(ConfigError) as refused:
+            async with ContainerSandboxPool(config(name_prefix=prefix)):
+                pytest.fail("a second pool started over a running pool's prefix")
+        assert refused.value.field == "name_prefix"
+        assert containers_labelled(prefix) == running
+        async with first.lease("still") as lease:
+            (result,) = await first.execute(
+                lease.slot.container, [slot_call(lease, "bash", command="echo ok")]
+            )
+        assert result.outcome is ToolOutcome.OK, result
+    assert containers_labelled(prefix) == []

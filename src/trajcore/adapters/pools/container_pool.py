@@ -9,10 +9,15 @@ pool's: a container that fails a batch or a reset is killed and replaced, one th
 own (``podman kill``, an out-of-memory kill) is replaced the same way, and its leases turn stale.
 
 Containers are named ``{name_prefix}-{index}-{generation}`` and labelled
-``trajcore.pool={name_prefix}``. On start the pool removes containers labelled with its own
-prefix (those of an earlier pool of the same prefix that died without closing), never any
-other; ``aclose`` stops and removes every container it started, including the dead ones. The
-default prefix is random, so two pools never share one.
+``trajcore.pool={name_prefix}`` and ``trajcore.owner=host/pid/start/instance`` (the process
+that runs the pool, and which of its pools). A container outlives a process killed without
+its close (SIGKILL, an OOM kill of the env), so on start the pool removes every container
+labelled ``trajcore.pool`` whose owner process has ended on this host, whatever its prefix,
+and those of its own prefix without an owner label; it refuses (``ConfigError`` on
+``name_prefix``) a prefix whose containers a running pool holds, rather than remove them. Other
+containers are never touched, and after ``run`` each container is named by its ID. ``aclose``
+stops and removes every container it started, including the dead ones. The default prefix is
+random, so two pools never share one.
 
 What the sandbox needs from the engine (the options ``engine_options`` defaults to): ``/proc``
 unmasked (podman ``--security-opt unmask=ALL``, docker ``--security-opt
@@ -29,10 +34,12 @@ forced removal).
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import resource
 import secrets
 import shutil
+import socket
 import subprocess
 import tempfile
 import warnings
@@ -57,6 +64,8 @@ from trajcore.domain.validators import (
 
 __all__ = [
     "DEFAULT_IMAGE",
+    "LABEL",
+    "OWNER_LABEL",
     "ContainerPoolConfig",
     "ContainerSandboxPool",
     "abandon_container_pools",
@@ -66,6 +75,7 @@ __all__ = [
 
 DEFAULT_IMAGE = "localhost/trajcore/slot-server:latest"
 LABEL = "trajcore.pool"
+OWNER_LABEL = "trajcore.owner"  # host/pid/process start/pool instance of the pool that ran it
 _PORT = 8765  # where the server listens inside its container
 _TOKEN_FILE_IN_CONTAINER = "/run/trajcore/token"  # noqa: S105 - a path, not a secret
 _CACHE_IN_CONTAINER = "/var/cache/trajcore/images"  # the image cache's mount point
@@ -198,11 +208,61 @@ def _write_token(folder: Path, token: str) -> Path:
     return path
 
 
+def _process_start(pid: int) -> str | None:
+    """When process ``pid`` started (``/proc``'s clock ticks since boot), to tell it from a
+    later process of the same pid; ``None`` when there is no such process, ``"-"`` when this
+    host has no ``/proc`` (then only whether the pid exists counts)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        if Path("/proc/self/stat").exists():
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return "-"
+    except OSError:
+        return "-"
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 else "-"
+
+
+def _owner_value(instance: str) -> str:
+    """The owner label of this process's pool ``instance``: ``host/pid/start/instance``."""
+    pid = os.getpid()
+    return f"{socket.gethostname()}/{pid}/{_process_start(pid) or '-'}/{instance}"
+
+
+def _owner_state(owner: str) -> str:
+    """``"ended"``: the pool behind ``owner`` is gone (its process ended on this host, or it is
+    a closed pool of this process); ``"running"``: it runs here; ``"unknown"``: another host's
+    (or no owner label: a container of an older trajcore)."""
+    host, pid_text, start, instance = ([*owner.split("/", 3), "", "", ""])[:4]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return "unknown"
+    pid = int(pid_text)
+    now = _process_start(pid)
+    if now is None or (start != "-" and now not in ("-", start)):
+        return "ended"
+    if pid == os.getpid():
+        return "running" if instance in {engine.instance for engine in _OPEN} else "ended"
+    return "running"
+
+
 @attrs.frozen
 class _Container:
-    """The handle of one started container: its engine name."""
+    """The handle of one started container: its engine name, and its ID once it runs (every
+    later command names it by ID, so no other container of the same name is ever touched)."""
 
     name: str
+    id: str = ""
+
+    @property
+    def ref(self) -> str:
+        return self.id or self.name
 
 
 @attrs.define(eq=False)
@@ -216,6 +276,7 @@ class _EngineContainers:
     _token: str = attrs.field(init=False, repr=False, factory=lambda: secrets.token_urlsafe(32))
     _token_file: Path | None = attrs.field(init=False, default=None)
     _starts: int = attrs.field(init=False, default=0)
+    instance: str = attrs.field(init=False, factory=lambda: secrets.token_hex(6))
 
     async def _run(self, *args: str, check: bool = True, extra_s: float = 0.0) -> str:
         """``engine args``, bounded by ``engine_timeout_s`` (plus ``extra_s``); its stdout.
@@ -253,7 +314,7 @@ class _EngineContainers:
             raise SandboxUnavailable(
                 f"the image {self.config.image} is not there ({engine}); ./dev image builds it"
             ) from None
-        await self._remove_stale()
+        await self._clear_leftovers()
         folder = Path(tempfile.mkdtemp(prefix="trajcore-containers-"))
         stack.callback(shutil.rmtree, folder, ignore_errors=True)
         self._token_file = _write_token(folder, self._token)
@@ -277,28 +338,62 @@ class _EngineContainers:
             shutil.rmtree(self._token_file.parent, ignore_errors=True)
         _OPEN.discard(self)
 
-    async def _remove_stale(self) -> None:
-        """Remove containers labelled with this prefix: an earlier pool's, never closed."""
-        listed = await self._run(
-            "ps", "--all", "--quiet", "--filter", f"label={LABEL}={self.prefix}"
+    async def _clear_leftovers(self) -> None:
+        """Remove what pools that are gone left, refuse a prefix a running pool holds.
+
+        Removed: every container labelled ``trajcore.pool`` whose owner ended on this host
+        (whatever its prefix: a pool whose process was killed, or a closed one of this
+        process), and those of this prefix without an owner label (an older trajcore's).
+        Refused (``ConfigError`` on ``name_prefix``): this prefix while a running pool, or one
+        of another host, has containers of it. Others' containers are never touched.
+        """
+        listed = (await self._run("ps", "--all", "--quiet", "--filter", f"label={LABEL}")).split()
+        if not listed:
+            return
+        template = (
+            f'{{{{.Id}}}} {{{{index .Config.Labels "{LABEL}"}}}} '
+            f'{{{{index .Config.Labels "{OWNER_LABEL}"}}}}'
         )
-        stale = listed.split()
-        if stale:
-            await self._run("rm", "--force", "--volumes", *stale, check=False)
+        # check=False: a container removed since the listing fails only its own line
+        described = await self._run("inspect", "--format", template, *listed, check=False)
+        leftovers: list[str] = []
+        for line in described.splitlines():
+            container_id, prefix, owner = ([*line.split(maxsplit=2), "", ""])[:3]
+            owner = "" if owner == "<no value>" else owner
+            state = _owner_state(owner) if owner else "unknown"
+            if state == "ended" or (prefix == self.prefix and not owner):
+                leftovers.append(container_id)
+            elif prefix == self.prefix:
+                where = owner.rsplit("/", 2)[0]
+                raise ConfigError(
+                    "name_prefix",
+                    f"{self.prefix!r} is in use by a running container pool ({where}, host/pid)"
+                    f": give this pool another name_prefix, or close that one",
+                )
+        async with anyio.create_task_group() as removing:
+            for container_id in leftovers:  # one each: podman 4.3's rm of several removes
+                # none when one of them is gone by then (another pool removed it first)
+                removing.start_soon(self._remove, container_id)
+
+    async def _remove(self, container_id: str) -> None:
+        with contextlib.suppress(SlotServerError):
+            await self._run("rm", "--force", "--volumes", container_id, check=False)
 
     async def launch(self, index: int, name: str) -> tuple[Endpoint, _Container]:
         assert self._token_file is not None
         self._starts += 1
         container = _Container(f"{self.prefix}-{index}-{self._starts}")
         try:
-            await self._run(
-                "run", "--detach", "--name", container.name,
-                "--label", f"{LABEL}={self.prefix}", *self.options,
+            started = await self._run(
+                "run", "--detach", "--name", container.name, "--label", f"{LABEL}={self.prefix}",
+                "--label", f"{OWNER_LABEL}={_owner_value(self.instance)}", *self.options,
                 "--publish", f"127.0.0.1::{_PORT}",
                 "--volume", f"{self._token_file}:{_TOKEN_FILE_IN_CONTAINER}:ro",
                 *self.config.volume_args(), self.config.image, *self.config.server_args(index),
             )  # fmt: skip
-            published = await self._run("port", container.name, str(_PORT))
+            if started:  # the ID it printed
+                container = attrs.evolve(container, id=started.split()[-1])
+            published = await self._run("port", container.ref, str(_PORT))
             port = published.splitlines()[0].rsplit(":", 1)[1] if published else ""
             if not port.isdigit():
                 raise SlotServerError(
@@ -312,20 +407,20 @@ class _EngineContainers:
 
     async def wait(self, handle: _Container) -> None:
         while True:
-            done = await anyio.run_process([self.engine, "wait", handle.name], check=False)
+            done = await anyio.run_process([self.engine, "wait", handle.ref], check=False)
             if done.returncode != 0 or not await self._running(handle):
                 return
             await anyio.sleep(0.5)  # the engine's wait gave up early: wait again
 
     async def _running(self, handle: _Container) -> bool:
         with contextlib.suppress(SlotServerError):
-            state = await self._run("inspect", "--format", "{{.State.Running}}", handle.name)
+            state = await self._run("inspect", "--format", "{{.State.Running}}", handle.ref)
             return state == "true"
         return False
 
     async def kill(self, handle: _Container) -> None:
         with contextlib.suppress(SlotServerError):
-            await self._run("kill", handle.name, check=False)
+            await self._run("kill", handle.ref, check=False)
 
     async def stop(self, handle: _Container) -> None:
         """``stop`` with the grace, then ``rm --force`` whatever the stop did (it may hang or
@@ -333,9 +428,9 @@ class _EngineContainers:
         grace = self.config.stop_timeout_s
         with contextlib.suppress(SlotServerError):
             seconds = str(max(1, round(grace)))
-            await self._run("stop", "--time", seconds, handle.name, check=False, extra_s=grace)
+            await self._run("stop", "--time", seconds, handle.ref, check=False, extra_s=grace)
         try:
-            await self._run("rm", "--force", "--volumes", handle.name)
+            await self._run("rm", "--force", "--volumes", handle.ref)
         except SlotServerError as error:
             if not _MISSING_CONTAINER.search(str(error)):
                 warnings.warn(
@@ -350,7 +445,7 @@ class _EngineContainers:
             anyio.fail_after(self.config.engine_timeout_s),
         ):
             done = await anyio.run_process(
-                [self.engine, "logs", "--tail", "20", handle.name], check=False
+                [self.engine, "logs", "--tail", "20", handle.ref], check=False
             )
             return (done.stdout + done.stderr).decode("utf-8", "replace").strip()[-2000:]
         return ""
@@ -377,12 +472,12 @@ def abandon_container_pools(grace_s: float = 10.0) -> int:
 class ContainerSandboxPool(SupervisedPool[_Container]):
     """The SandboxPool port over K slot-server containers. ``async with ContainerSandboxPool(c)``.
 
-    Entering removes stale containers of its prefix, starts every container and waits until each
-    is healthy; it raises ``SandboxUnavailable`` when no engine or image is there, when the
-    engine fails (with what it said), or when a sandbox is required and missing, and
-    ``SlotServerError`` when a container does not start in time;
-    nothing is left running either way. Leaving closes it: every container it started is
-    stopped and removed.
+    Entering removes the containers of pools that are gone (module doc), starts every
+    container and waits until each is healthy; it raises ``SandboxUnavailable`` when no engine
+    or image is there, when the engine fails (with what it said), or when a sandbox is required
+    and missing, ``ConfigError`` when a running pool holds its ``name_prefix``, and
+    ``SlotServerError`` when a container does not start in time; nothing is left running
+    either way. Leaving closes it: every container it started is stopped and removed.
 
     Attributes:
         config: The pool's settings.
