@@ -25,6 +25,7 @@ from trajcore.adapters.pools.container_pool import (
     OWNER_LABEL,
     ContainerPoolConfig,
     ContainerSandboxPool,
+    abandon_container_pools,
     find_engine,
 )
 from trajcore.domain.errors import ConfigError, SandboxUnavailable
@@ -66,9 +67,10 @@ def script(folder: Path, body: str) -> str:
 
 
 def config(engine: str | None = None, **more: object) -> ContainerPoolConfig:
-    values: dict[str, object] = {"name_prefix": f"test-faults-{secrets.token_hex(3)}"} | more
+    values: dict[str, object] = {
+        "name_prefix": f"test-faults-{secrets.token_hex(3)}", "containers": 1
+    } | more  # fmt: skip
     return ContainerPoolConfig(
-        containers=1,
         server=SlotServerSettings(slots_per_container=1, start_timeout_s=60.0),
         image=IMAGE,
         engine=engine,
@@ -193,3 +195,29 @@ async def test_a_prefix_a_running_pool_holds_is_refused_and_that_pool_keeps_serv
             )
         assert result.outcome is ToolOutcome.OK, result
     assert containers_labelled(prefix) == []
+
+
+@NEEDS_IMAGE
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_forced_end_removes_the_containers_when_one_listed_is_gone(
+    tmp_path: Path,
+) -> None:
+    """A forced end (``abandon_container_pools``) while a container is being removed by the
+    pool's own stop: the engine lists an ID that is gone by the time of ``rm``; the pool's
+    other containers are removed all the same."""
+    gone = "0" * 64
+    racing = script(
+        tmp_path,
+        f'if [ "$1" = ps ]; then {ENGINE} "$@" && echo {gone}; exit $?; fi\nexec {ENGINE} "$@"',
+    )
+    pool_config = config(racing, containers=2)
+    assert pool_config.name_prefix is not None
+    try:
+        async with ContainerSandboxPool(pool_config):
+            assert len(containers_labelled(pool_config.name_prefix)) == 2
+            assert abandon_container_pools(grace_s=60.0) == 1
+            assert containers_labelled(pool_config.name_prefix) == []
+    finally:
+        for name in containers_labelled(pool_config.name_prefix):
+            _engine("rm", "--force", "--volumes", name)

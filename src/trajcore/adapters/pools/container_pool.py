@@ -42,6 +42,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -329,11 +330,22 @@ class _EngineContainers:
                 [self.engine, "ps", "--all", "--quiet", "--filter", f"label={LABEL}={self.prefix}"],
                 capture_output=True, text=True, timeout=grace_s, check=False,
             )  # fmt: skip
-            if listed.stdout.split():
-                subprocess.run(
-                    [self.engine, "rm", "--force", "--volumes", *listed.stdout.split()],
-                    capture_output=True, timeout=grace_s, check=False,
-                )  # fmt: skip
+            # one rm each, all at once: podman 4.3's rm of several removes none of them when
+            # one is gone by then (the pool's own stop may be removing it)
+            removals = [
+                subprocess.Popen(
+                    [self.engine, "rm", "--force", "--volumes", container_id],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )
+                for container_id in listed.stdout.split()
+            ]  # fmt: skip
+            deadline = time.monotonic() + grace_s
+            for removal in removals:
+                try:
+                    removal.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    removal.kill()
+                    removal.wait()
         if self._token_file is not None:
             shutil.rmtree(self._token_file.parent, ignore_errors=True)
         _OPEN.discard(self)
