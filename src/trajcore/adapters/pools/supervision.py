@@ -6,7 +6,8 @@ and stops, a ``Launcher``; the supervision is the same:
 
 - ``start`` launches the K servers in parallel and joins each once it is healthy; one that does
   not start within ``start_timeout_s`` fails the pool's start (``SlotServerError`` with the end
-  of its log), and nothing is left running.
+  of its log), and nothing is left running. Several that fail together (a bad image or
+  flag fails them all) are one ``SlotServerError`` naming each reason, not an exception group.
 - Each joined server has a supervisor task that waits for it to end. Unless the pool is closing,
   an ended server is gone from the pool (its leases turn stale) and, with ``restart_crashed``,
   a replacement starts under the next name (``local-0``, ``local-0~1``, ...), tried
@@ -205,9 +206,14 @@ class SupervisedSource(Generic[H]):
         await self.launcher.open(stack)
 
     async def start(self, pool: SlotServerPool[H]) -> None:
-        async with anyio.create_task_group() as starting:
-            for index in range(self.containers):
-                starting.start_soon(self._start, pool, index)
+        """Start the K servers; when several fail together (one bad image or flag fails them
+        all), one error of their kind names how many and why, not an exception group."""
+        try:
+            async with anyio.create_task_group() as starting:
+                for index in range(self.containers):
+                    starting.start_soon(self._start, pool, index)
+        except BaseExceptionGroup as group:
+            raise _one_start_error(group, self.containers) from None
 
     def lost(self, member: Member[H], reason: str) -> None:
         if member.name not in self._stopped and self._pool is not None:
@@ -321,6 +327,32 @@ class SupervisedSource(Generic[H]):
                 f"(restart_attempts); {left} slot servers are left",
                 warn=True,
             )
+
+
+def _one_start_error(group: BaseExceptionGroup[BaseException], containers: int) -> BaseException:
+    """The start's failures as one error: the first's kind (``SlotServerError`` or
+    ``SandboxUnavailable``, when every failure is one of those), saying how many of the
+    ``containers`` failed and each distinct reason; else the group itself (a cancellation)."""
+    failures: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        error = pending.pop(0)
+        if isinstance(error, BaseExceptionGroup):
+            pending[:0] = error.exceptions
+        else:
+            failures.append(error)
+    kinds = (SlotServerError, SandboxUnavailable)
+    if not failures or not all(isinstance(error, kinds) for error in failures):
+        return group
+    if len(failures) == 1:
+        return failures[0]
+    reasons = list(dict.fromkeys(str(error) for error in failures))
+    first = failures[0]
+    kind = SandboxUnavailable if isinstance(first, SandboxUnavailable) else SlotServerError
+    return kind(
+        f"{len(failures)} of the {containers} slot servers failed to start, so the pool did "
+        "not: " + "; ".join(reasons)
+    )
 
 
 def _closed(pool: SlotServerPool[H]) -> bool:
