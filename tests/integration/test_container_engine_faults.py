@@ -9,6 +9,7 @@ checks that no container it made is left.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import socket
@@ -26,9 +27,10 @@ from trajcore.adapters.pools.container_pool import (
     ContainerPoolConfig,
     ContainerSandboxPool,
     abandon_container_pools,
+    default_engine_options,
     find_engine,
 )
-from trajcore.domain.errors import ConfigError, SandboxUnavailable
+from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
 from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.tools import ToolOutcome
 from trajcore.testing.portal_pools import slot_call
@@ -218,6 +220,35 @@ async def test_a_forced_end_removes_the_containers_when_one_listed_is_gone(
             assert len(containers_labelled(pool_config.name_prefix)) == 2
             assert abandon_container_pools(grace_s=60.0) == 1
             assert containers_labelled(pool_config.name_prefix) == []
+    finally:
+        for name in containers_labelled(pool_config.name_prefix):
+            _engine("rm", "--force", "--volumes", name)
+
+
+@NEEDS_IMAGE
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_server_that_exits_at_once_fails_the_start_with_what_it_said(
+    tmp_path: Path,
+) -> None:
+    """A server that rejects its flags (an image of another tree) ends before the pool asks
+    for its port; the start's error carries what the server said, not only that no port was
+    published."""
+    slow_run = script(
+        tmp_path,
+        f'if [ "$1" = run ]; then {ENGINE} "$@"; done=$?; sleep 1; exit $done; fi\n'
+        f'exec {ENGINE} "$@"',
+    )
+    assert ENGINE is not None
+    refusing = json.dumps(["/bin/sh", "-c", "echo 'error: unrecognized arguments: --x' >&2"])
+    options = (*default_engine_options(ENGINE), "--entrypoint", refusing)
+    pool_config = config(slow_run, engine_options=options)
+    assert pool_config.name_prefix is not None
+    try:
+        with pytest.raises(SlotServerError, match="unrecognized arguments: --x"):
+            async with ContainerSandboxPool(pool_config):
+                pytest.fail("a pool started with a server that exited")
+        assert containers_labelled(pool_config.name_prefix) == []
     finally:
         for name in containers_labelled(pool_config.name_prefix):
             _engine("rm", "--force", "--volumes", name)

@@ -405,11 +405,14 @@ class _EngineContainers:
             )  # fmt: skip
             if started:  # the ID it printed
                 container = attrs.evolve(container, id=started.split()[-1])
-            published = await self._run("port", container.ref, str(_PORT))
-            port = published.splitlines()[0].rsplit(":", 1)[1] if published else ""
-            if not port.isdigit():
+            published = await self._run("port", container.ref, str(_PORT), check=False)
+            port = published.splitlines()[0].rsplit(":", 1)[-1] if published else ""
+            if not port.isdigit():  # it ended already (the engine unpublishes an ended one)
+                with anyio.CancelScope(shield=True):
+                    said = await self.describe(container)
                 raise SlotServerError(
-                    f"container {container.name} publishes no port for {_PORT}: {published!r}"
+                    f"container {container.name} publishes no port for {_PORT} "
+                    f"({published!r}); its server said: {said}"
                 )
         except BaseException:
             with anyio.CancelScope(shield=True):
