@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import socket
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -252,3 +254,39 @@ async def test_a_server_that_exits_at_once_fails_the_start_with_what_it_said(
     finally:
         for name in containers_labelled(pool_config.name_prefix):
             _engine("rm", "--force", "--volumes", name)
+
+
+@pytest.fixture
+def token_folders() -> Iterator[tuple[Path, Path]]:
+    """Two token folders as pools left them: of a process that ended, of one that runs."""
+    living = subprocess.Popen(["sleep", "120"])
+    temporary = Path(tempfile.gettempdir())
+    tag = secrets.token_hex(3)
+    dead = temporary / f"trajcore-containers-{_ended_pid()}.1-{tag}"
+    alive = temporary / f"trajcore-containers-{living.pid}.{_start_of(living.pid)}-{tag}"
+    try:
+        for folder in (dead, alive):
+            folder.mkdir(mode=0o700)
+            (folder / "token").write_text("old", encoding="utf-8")
+        yield dead, alive
+    finally:
+        living.kill()
+        living.wait()
+        for folder in (dead, alive):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@NEEDS_IMAGE
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+async def test_the_token_folder_of_a_killed_pool_is_removed_at_the_next_start(
+    token_folders: tuple[Path, Path],
+) -> None:
+    """A killed env leaves its pool's token folder (the bearer token) in the temporary
+    directory; the next pool removes it, and leaves the folder of a process still running."""
+    dead, alive = token_folders
+    async with ContainerSandboxPool(config()) as pool:
+        assert len(pool.container_names()) == 1
+    assert not dead.exists()
+    assert (alive / "token").exists()

@@ -15,9 +15,11 @@ its close (SIGKILL, an OOM kill of the env), so on start the pool removes every 
 labelled ``trajcore.pool`` whose owner process has ended on this host, whatever its prefix,
 and those of its own prefix without an owner label; it refuses (``ConfigError`` on
 ``name_prefix``) a prefix whose containers a running pool holds, rather than remove them. Other
-containers are never touched, and after ``run`` each container is named by its ID. ``aclose``
-stops and removes every container it started, including the dead ones. The default prefix is
-random, so two pools never share one.
+containers are never touched, and after ``run`` each container is named by its ID. The bearer
+token lies in a private temporary folder named after the process
+(``trajcore-containers-PID.START-*``); a start also removes those whose process has ended.
+``aclose`` stops and removes every container it started, including the dead ones. The default
+prefix is random, so two pools never share one.
 
 What the sandbox needs from the engine (the options ``engine_options`` defaults to): ``/proc``
 unmasked (podman ``--security-opt unmask=ALL``, docker ``--security-opt
@@ -81,6 +83,7 @@ _PORT = 8765  # where the server listens inside its container
 _TOKEN_FILE_IN_CONTAINER = "/run/trajcore/token"  # noqa: S105 - a path, not a secret
 _CACHE_IN_CONTAINER = "/var/cache/trajcore/images"  # the image cache's mount point
 _SLOTS_IN_CONTAINER = "/srv/slots"  # the server's --root (the image's ENTRYPOINT)
+_TOKEN_FOLDERS = "trajcore-containers-"  # noqa: S105 - the token folders' names, not a secret
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,40}$")
 # what podman ("image not known") and docker ("No such image") say of an image they lack
 _MISSING_IMAGE = re.compile(r"image not known|no such image|no such object", re.IGNORECASE)
@@ -231,6 +234,31 @@ def _process_start(pid: int) -> str | None:
     return fields[19] if len(fields) > 19 else "-"
 
 
+def _process_ended(pid: int, start: str) -> bool:
+    """Whether process ``pid`` that started at ``start`` (``_process_start``) has ended."""
+    now = _process_start(pid)
+    return now is None or (start not in ("-", "") and now not in ("-", start))
+
+
+def _token_folder_prefix() -> str:
+    """The token folder's name up to its random end: ``trajcore-containers-PID.START-``."""
+    pid = os.getpid()
+    return f"{_TOKEN_FOLDERS}{pid}.{_process_start(pid) or '-'}-"
+
+
+def _remove_ended_token_folders() -> None:
+    """Remove the token folders of processes that ended without their pools' close (killed):
+    each names its process (``_token_folder_prefix``); others' are left, and so are folders
+    this user cannot remove."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{_TOKEN_FOLDERS}*.*-*"):
+        pid_text, _, start = (
+            folder.name.removeprefix(_TOKEN_FOLDERS).split("-", 1)[0].partition(".")
+        )
+        ours = pid_text.isdigit() and int(pid_text) == os.getpid()
+        if pid_text.isdigit() and not ours and _process_ended(int(pid_text), start):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def _owner_value(instance: str) -> str:
     """The owner label of this process's pool ``instance``: ``host/pid/start/instance``."""
     pid = os.getpid()
@@ -245,8 +273,7 @@ def _owner_state(owner: str) -> str:
     if host != socket.gethostname() or not pid_text.isdigit():
         return "unknown"
     pid = int(pid_text)
-    now = _process_start(pid)
-    if now is None or (start != "-" and now not in ("-", start)):
+    if _process_ended(pid, start):
         return "ended"
     if pid == os.getpid():
         return "running" if instance in {engine.instance for engine in _OPEN} else "ended"
@@ -316,7 +343,8 @@ class _EngineContainers:
                 f"the image {self.config.image} is not there ({engine}); ./dev image builds it"
             ) from None
         await self._clear_leftovers()
-        folder = Path(tempfile.mkdtemp(prefix="trajcore-containers-"))
+        _remove_ended_token_folders()
+        folder = Path(tempfile.mkdtemp(prefix=_token_folder_prefix()))
         stack.callback(shutil.rmtree, folder, ignore_errors=True)
         self._token_file = _write_token(folder, self._token)
         _OPEN.add(self)
