@@ -290,3 +290,24 @@ async def test_the_token_folder_of_a_killed_pool_is_removed_at_the_next_start(
         assert len(pool.container_names()) == 1
     assert not dead.exists()
     assert (alive / "token").exists()
+
+
+@NEEDS_IMAGE
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_engine_options_the_engine_refuses_name_the_defaults_they_replace() -> None:
+    """``engine_options`` replaces every default option; when the engine refuses the run, the
+    error says so and what the defaults are, so that a limit is added to them."""
+    assert ENGINE is not None
+    pool_config = config(engine_options=("--no-such-option",))
+    assert pool_config.name_prefix is not None
+    try:
+        with pytest.raises(SlotServerError) as refused:
+            async with ContainerSandboxPool(pool_config):
+                pytest.fail("a pool started with an option the engine refuses")
+        assert "no-such-option" in str(refused.value)
+        assert " ".join(default_engine_options(ENGINE)) in str(refused.value)
+        assert containers_labelled(pool_config.name_prefix) == []
+    finally:
+        for name in containers_labelled(pool_config.name_prefix):
+            _engine("rm", "--force", "--volumes", name)

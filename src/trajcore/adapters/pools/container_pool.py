@@ -157,7 +157,8 @@ class ContainerPoolConfig(SupervisedPoolConfig):
         image: The slot-server image (``./dev image`` builds the default).
         engine: ``podman``, ``docker`` or a path to one; ``None``: podman if installed, else
             docker.
-        engine_options: ``run`` options in place of ``default_engine_options(engine)``.
+        engine_options: ``run`` options in place of ``default_engine_options(engine)``, all
+            of them: to add a limit (``--memory 8g``, ``--pids-limit``), start from those.
         name_prefix: The containers' names and label; ``None``: ``trajcore-<random>``.
         engine_timeout_s: Longest one engine command (run, port, rm, ...) may take.
         environment_dirs: Host directories mounted read-only at the same path in every
@@ -424,13 +425,7 @@ class _EngineContainers:
         self._starts += 1
         container = _Container(f"{self.prefix}-{index}-{self._starts}")
         try:
-            started = await self._run(
-                "run", "--detach", "--name", container.name, "--label", f"{LABEL}={self.prefix}",
-                "--label", f"{OWNER_LABEL}={_owner_value(self.instance)}", *self.options,
-                "--publish", f"127.0.0.1::{_PORT}",
-                "--volume", f"{self._token_file}:{_TOKEN_FILE_IN_CONTAINER}:ro",
-                *self.config.volume_args(), self.config.image, *self.config.server_args(index),
-            )  # fmt: skip
+            started = await self._started(container, index)
             if started:  # the ID it printed
                 container = attrs.evolve(container, id=started.split()[-1])
             published = await self._run("port", container.ref, str(_PORT), check=False)
@@ -447,6 +442,26 @@ class _EngineContainers:
                 await self.stop(container)
             raise
         return Endpoint("tcp", f"127.0.0.1:{port}", self._token), container
+
+    async def _started(self, container: _Container, index: int) -> str:
+        """``run`` server ``index``'s container: its ID, or ``SlotServerError`` with what the
+        engine said (and, with ``engine_options`` set, what those replace)."""
+        try:
+            return await self._run(
+                "run", "--detach", "--name", container.name, "--label", f"{LABEL}={self.prefix}",
+                "--label", f"{OWNER_LABEL}={_owner_value(self.instance)}", *self.options,
+                "--publish", f"127.0.0.1::{_PORT}",
+                "--volume", f"{self._token_file}:{_TOKEN_FILE_IN_CONTAINER}:ro",
+                *self.config.volume_args(), self.config.image, *self.config.server_args(index),
+            )  # fmt: skip
+        except SlotServerError as error:
+            if self.config.engine_options is None:
+                raise
+            defaults = " ".join(default_engine_options(self.engine))
+            raise SlotServerError(
+                f"{error} (engine_options replaces the options the sandbox needs: start from "
+                f"default_engine_options({self.engine!r}), here {defaults!r})"
+            ) from None
 
     async def wait(self, handle: _Container) -> None:
         while True:
