@@ -449,6 +449,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
                 self._services = None
 
     async def _run_with_services(self, run: Any) -> None:
+        startup.check_wandb(self.config.use_wandb)  # before the wait on the model
         async with contextlib.AsyncExitStack() as stack:  # unwound last to first
             stack.push_async_callback(close_server_manager, self.server)
             await self.wait_for_model()
@@ -458,7 +459,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             await run()
 
     async def _stop_workers(self) -> None:
-        runner = [self.eval_runner] if self.eval_runner is not None else []
+        runner = () if self.eval_runner is None else (self.eval_runner,)
         workers = [w for w in (*self.workers, *self.eval_workers, *runner) if not w.done()]
         for worker in workers:
             worker.cancel()
@@ -660,9 +661,8 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
     # ------------------------------------------------------------------------ logging
 
     def tool_error_metrics(self) -> dict[str, float]:
-        """The ``trajcore/*`` counters since the last ``wandb_log`` (groups, trajectories by
-        status, tool calls, tool errors by outcome, parse errors, token drift), and hermes's
-        ``train/tool_errors_count``."""
+        """The ``trajcore/*`` counters since the last ``wandb_log`` (groups, trajectories,
+        tool calls and errors, parse errors, drift), and ``train/tool_errors_count``."""
         return self._counters.metrics()
 
     def service_metrics(self) -> dict[str, float]:

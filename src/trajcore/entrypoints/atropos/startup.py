@@ -23,6 +23,11 @@ Rules it keeps:
   the wrong thing (a 4xx, a body that is not the expected JSON) ends the start at once, one
   that cannot be reached or answers 5xx is tried again each second until ``model_wait_s``
   has passed, and then the start fails with ``ModelEndpointUnavailable`` naming all of it.
+- **wandb that cannot log is said before the run waits on anything.** Atropos's ``process``
+  turns ``use_wandb`` on whatever ``config_init`` set, and wandb then stops the run only after
+  the model answered. ``check_wandb`` refuses a start with ``use_wandb`` on, wandb not switched
+  off (``WANDB_MODE`` ``disabled`` or ``offline``), and no credentials (``WANDB_API_KEY``, or a
+  netrc entry for wandb's host), naming the ways out.
 - ``server_configs`` is the typed way for ``config_init`` to name a server (``APIServerConfig``
   is untyped): each value is checked here, and a bad one is a ``ConfigError`` naming
   ``openai.<field>``.
@@ -31,11 +36,13 @@ Rules it keeps:
 from __future__ import annotations
 
 import logging
+import netrc
 import os
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal, cast
+from urllib.parse import urlsplit
 
 import anyio
 import attrs
@@ -62,6 +69,7 @@ from trajcore.entrypoints.seed_settings import translate_seed_flags
 __all__ = [
     "ModelEndpointUnavailable",
     "ServerType",
+    "check_wandb",
     "cli_command",
     "cli_servers",
     "model_probes",
@@ -376,3 +384,34 @@ async def wait_for_model(probes: Sequence[EndpointProbe], *, wait_s: float) -> N
         with anyio.CancelScope(shield=True):
             for probe in probes:
                 await probe.close()
+
+
+def check_wandb(use_wandb: bool, environ: dict[str, str] | None = None) -> None:
+    """Raise when wandb is on but has nothing to log in with, before the run starts.
+
+    Raises:
+        ConfigError: ``use_wandb`` is on, ``WANDB_MODE`` is not ``disabled``, ``offline`` or
+            ``dryrun`` (nor ``WANDB_DISABLED`` true), and there is neither a ``WANDB_API_KEY``
+            nor a netrc entry (``$NETRC``, else ``~/.netrc``) for wandb's host.
+    """
+    env = dict(os.environ) if environ is None else environ
+    off = env.get("WANDB_MODE", "").lower() in ("disabled", "offline", "dryrun")
+    if not use_wandb or off or env.get("WANDB_DISABLED", "").lower() in ("true", "1"):
+        return
+    if env.get("WANDB_API_KEY"):
+        return
+    host = urlsplit(env.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or ""
+    path = env.get("NETRC") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".netrc")
+    try:
+        if netrc.netrc(path).authenticators(host) is not None:
+            return
+    except FileNotFoundError:
+        pass
+    except (OSError, netrc.NetrcParseError):
+        return  # a netrc we cannot read: wandb may still find its key; let it say
+    raise ConfigError(
+        "use_wandb",
+        "wandb is on (Atropos's process and evaluate turn it on whatever config_init sets) but "
+        f"has no credentials (no WANDB_API_KEY, no {path} entry for {host}): pass "
+        "--env.use_wandb false, set WANDB_MODE=disabled or offline, or run `wandb login`",
+    )
