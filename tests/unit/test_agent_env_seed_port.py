@@ -375,6 +375,25 @@ def test_a_parser_with_an_openai_server_keeps_openai_mode_and_says_so(
     assert (forced.settings.mode, forced.settings.parser) == ("managed", "hermes")
 
 
+def test_a_seed_configs_own_parser_default_is_not_warned_about_as_chosen(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Atropos rebuilds the config from model_dump(), which sets every field: hermes's default
+    # parser is still the default, so OpenAI mode is logged, not warned about
+    caplog.set_level(logging.WARNING, logger="trajcore.env")
+    rebuilt = HermesAgentEnvConfig.model_validate(
+        HermesAgentEnvConfig(tokenizer_name=QWEN).model_dump()
+    )
+    assert "tool_call_parser" in rebuilt.model_fields_set
+    env = RaisingReward(rebuilt, [_server("openai")])
+    assert env.settings.mode == "openai"
+    assert env.settings.ignored_parser == "hermes"
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+    chosen = HermesAgentEnvConfig(tokenizer_name=QWEN, tool_call_parser="qwen3_coder")
+    RaisingReward(chosen, [_server("openai")])
+    assert [r for r in caplog.records if "is ignored" in r.getMessage()]
+
+
 # ------------------------------------------------------------------ 5. seed names as names
 
 

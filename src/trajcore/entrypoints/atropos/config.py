@@ -322,6 +322,13 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
         known.update(f.alias for f in cls.model_fields.values() if f.alias)
         return translate_seed_fields({str(k): v for k, v in data.items()}, known)
 
+    def parser_given(self) -> bool:
+        """Whether ``tool_call_parser`` is other than this config class's default: what the
+        user chose (not ``model_fields_set``: Atropos rebuilds a config from ``model_dump()``,
+        which sets every field)."""
+        default: object = type(self).model_fields["tool_call_parser"].default
+        return self.tool_call_parser != default
+
     @field_validator("enabled_toolsets", mode="before")
     @classmethod
     def _names_from_text(cls, value: object) -> object:

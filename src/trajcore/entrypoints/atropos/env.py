@@ -119,7 +119,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         self.settings: RolloutSettings = config.settings(
             self.toolset_distributions(), server_types=server_types(self.server_configs)
         )
-        if self.settings.ignored_parser and "tool_call_parser" in config.model_fields_set:
+        if self.settings.ignored_parser and config.parser_given():
             log.warning("%s", self.settings.mode_line())
         builtin = [h for h in _ITEM_HOOKS if getattr(type(self), h) is getattr(AgentEnv, h)]
         self._dataset: DatasetRows | None = builtin_dataset(
