@@ -166,6 +166,8 @@ def env() -> FileEnv:
         ({"on_failure": "retry"}, "on_failure"),
         ({"toolset_distribution": "terminal=lots"}, "toolset_distribution"),
         ({"extra_body": "top_k"}, "extra_body"),
+        ({"extra_body": '{"n": 4}'}, "extra_body.n"),
+        ({"extra_body": {"best_of": 2}}, "extra_body.best_of"),
     ],
 )
 def test_invalid_fields_are_config_errors_naming_them(fields: dict[str, Any], field: str) -> None:
@@ -210,6 +212,7 @@ def test_cli_text_becomes_lists_and_mappings() -> None:
     assert config.enabled_toolsets == ["terminal", "file"]
     assert config.disabled_toolsets == ["stateful_terminal"]
     assert config.extra_body == {"top_k": 5}
+    assert _config(extra_body={"n": 1}).extra_body == {"n": 1}  # one completion: as sent
     assert _config(toolset_distribution="terminal=1,file=0.5").toolset_distribution == {
         "terminal": 1.0,
         "file": 0.5,

@@ -352,7 +352,16 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
     def _body_from_text(cls, value: object) -> object:
         if isinstance(value, str) and value.strip() and not value.strip().startswith("{"):
             raise ConfigError("extra_body", f"expected a JSON object, got {value!r}")
-        return _json_or_pairs("extra_body", value)
+        body = _json_or_pairs("extra_body", value)
+        for key in ("n", "best_of"):  # one completion per turn is read; more are paid and lost
+            if isinstance(body, dict) and body.get(key, 1) != 1:
+                raise ConfigError(
+                    f"extra_body.{key}",
+                    f"{body[key]!r}: a trajectory takes one completion per turn, so the others "
+                    "would be sampled, paid for and dropped; group_size sets how many "
+                    "trajectories sample each item",
+                )
+        return body
 
     @field_validator("tool_call_parser")
     @classmethod
