@@ -288,6 +288,14 @@ def test_every_call_rule_continues_on_partial_infra_errors() -> None:
     assert decision.reason is StopReason.INFRA_ERROR
 
 
+def test_a_request_past_the_models_context_ends_on_the_token_budget() -> None:
+    loop = started(max_turns=5)
+    assert loop.model_failed(now=1.0, detail="HTTP 400: context length", context_full=True) == (
+        Finish(reason=StopReason.TOKEN_BUDGET, detail="HTTP 400: context length")
+    )
+    assert loop.stats().stop_reason is StopReason.TOKEN_BUDGET
+
+
 def test_model_and_infra_failures() -> None:
     loop = started(max_turns=5)
     assert loop.model_failed(now=1.0, detail="503 after 3 retries") == Finish(

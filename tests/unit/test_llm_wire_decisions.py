@@ -16,6 +16,7 @@ from trajcore.adapters.llm.token_wire import (
     parse_sglang_generate_body,
     parse_vllm_completion_body,
     response_parser,
+    sglang_generate_parser,
     sglang_generate_request,
     vllm_completion_request,
 )
@@ -640,3 +641,85 @@ def test_a_body_the_parser_cannot_read_for_its_depth_or_digits_is_a_wire_error(
         decode_json(body)
     assert refused.value.field == "$"
     assert refused.value.reason.startswith(reason)
+
+
+def test_sglang_extra_body_sampling_goes_into_sampling_params_and_the_rest_to_the_top() -> None:
+    """Pins where ``extra_body`` lands in an SGLang body: a key SGLang samples with, and the
+    entries of a ``sampling_params`` object, inside ``sampling_params``; anything else (and a
+    ``sampling_params`` that is not an object) at the top level."""
+    extra = SamplingParams(
+        max_tokens=5,
+        extra_body={"top_k": 4, "sampling_params": {"min_p": 0.1}, "rid": "r1"},
+    )
+    body = sglang_generate_request(prompt_ids=[1], sampling=extra)
+    params = body["sampling_params"]
+    assert isinstance(params, dict)
+    assert (params["top_k"], params["min_p"], params["max_new_tokens"]) == (4, 0.1, 5)
+    assert body["rid"] == "r1"
+    assert "top_k" not in body
+    odd = SamplingParams(extra_body={"sampling_params": "raw"})
+    assert sglang_generate_request(prompt_ids=[1], sampling=odd)["sampling_params"] == "raw"
+
+
+@pytest.mark.parametrize(
+    ("output_ids", "prompt", "expected"),
+    [
+        ([7, 8], [1, 2, 3], (7, 8)),  # as sampled
+        ([3, 7, 8], [1, 2, 3], (7, 8)),  # led by the prompt's last id
+        ([2, 3, 7, 8], [1, 2, 3], (7, 8)),  # by its last two
+    ],
+)
+def test_sglang_output_ids_led_by_the_prompts_tail_are_the_sampled_ids(
+    output_ids: list[int], prompt: list[int], expected: tuple[int, ...]
+) -> None:
+    """Pins the skip of SGLang's detokenizer context: leading ``output_ids`` equal to the end of
+    the prompt the answer is to."""
+    body = _sglang([[-0.5, 7], [-0.25, 8]], output_ids=list[JSON](output_ids))
+    assert parse_sglang_generate_body(body, prompt).token_ids == expected
+
+
+@pytest.mark.parametrize(
+    ("output_ids", "prompt", "reason"),
+    [
+        ([9, 7, 8], [1, 2, 3], "2 logprobs for 3 token ids"),  # not the prompt's tail
+        ([1, 2, 3, 4, 7, 8], [1, 2, 3], "2 logprobs for 6 token ids"),  # longer than the prompt
+        ([3, 7, 8], [], "2 logprobs for 3 token ids"),  # no prompt to recognise
+        ([7], [1, 2, 3], "2 logprobs for 1 token ids"),  # fewer
+    ],
+)
+def test_sglang_output_ids_that_are_not_the_prompts_tail_are_refused(
+    output_ids: list[int], prompt: list[int], reason: str
+) -> None:
+    """Pins that only the prompt's own tail is skipped: any other extra id is a ``WireError``."""
+    body = _sglang([[-0.5, 7], [-0.25, 8]], output_ids=list[JSON](output_ids))
+    with pytest.raises(WireError) as caught:
+        parse_sglang_generate_body(body, prompt)
+    assert (caught.value.field, caught.value.reason) == (
+        "$.meta_info.output_token_logprobs",
+        reason,
+    )
+
+
+def test_the_sglang_parser_for_a_prompt_skips_that_prompts_tail() -> None:
+    """Pins ``sglang_generate_parser``: a parser of whole responses bound to its prompt."""
+    body = json.dumps(_sglang([[-0.5, 7]], output_ids=[3, 7])).encode()
+    parse = sglang_generate_parser([1, 2, 3])
+    assert parse(200, {}, body).token_ids == (7,)
+    with pytest.raises(WireError):
+        sglang_generate_parser([1, 2, 4])(200, {}, body)
+
+
+@pytest.mark.parametrize(
+    ("message", "content"),
+    [
+        ({"content": None, "refusal": "I can't help with that."}, "I can't help with that."),
+        ({"content": "  ", "refusal": "No."}, "No."),
+        ({"content": "Here it is.", "refusal": "No."}, "Here it is."),
+        ({"content": "", "refusal": None}, ""),
+    ],
+)
+def test_a_refusal_is_the_answer_when_the_message_has_no_content(
+    message: JSONObject, content: str
+) -> None:
+    """Pins the refusal rule: a refusal with no other content is the turn's content."""
+    assert parse_chat_body(_chat(message)).message.content == content
