@@ -43,3 +43,27 @@ def test_frequent_tokens_of_a_long_middle_still_match() -> None:
         ledger_only_tokens=3,
         rendered_only_tokens=3,
     )
+
+
+def test_a_middle_at_the_align_limit_is_aligned_and_one_past_it_is_counted() -> None:
+    # 2048 x 2048 is ALIGN_LIMIT: aligned token by token, a shift of one costs one on each side
+    shifted = measure_drift([1, 2] * 1024, [2, 1] * 1024)
+    assert (shifted.ledger_only_tokens, shifted.rendered_only_tokens) == (1, 1)
+    # one more pair: counted by the tokens the sides share, which a shift does not change
+    counted = measure_drift([1, 2] * 1025, [2, 1] * 1025)
+    assert (counted.ledger_only_tokens, counted.rendered_only_tokens) == (0, 0)
+
+
+def test_a_long_middle_whose_render_only_drops_tokens_counts_exactly() -> None:
+    # Qwen3's shape: the re-render drops tokens (earlier think blocks), adds none
+    ledger = [0] + [1, 2, 3] * 1500 + [9]
+    rendered = [0] + [1, 3] * 1500 + [9]
+    assert measure_drift(ledger, rendered) == Drift(
+        ledger_tokens=4502,
+        rendered_tokens=3002,
+        first_difference=2,
+        ledger_only_tokens=1500,
+        rendered_only_tokens=0,
+    )
+    added = measure_drift(rendered, ledger)  # and the other way round
+    assert (added.ledger_only_tokens, added.rendered_only_tokens) == (0, 1500)
