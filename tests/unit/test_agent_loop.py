@@ -315,6 +315,11 @@ def test_out_of_time_while_tools_run() -> None:
     loop = started(max_turns=5, time_budget_s=10.0)
     say(loop, turn(calls=1))
     assert loop.out_of_time(now=10.0).reason is StopReason.TIME_BUDGET
+    other = started(max_turns=5)
+    say(other, turn(calls=1))
+    assert other.out_of_time(now=10.0, detail="the caller's deadline passed") == Finish(
+        reason=StopReason.TIME_BUDGET, detail="the caller's deadline passed"
+    )
     assert loop.pending_calls == ()
 
 

@@ -161,6 +161,7 @@ async def test_the_deadline_ends_a_hanging_model_as_time_budget() -> None:
             result = await _run(ChatPolicy(chat), pool, config)
         assert pool.statistics().leased == 0
     assert result.stats.stop_reason is StopReason.TIME_BUDGET
+    assert result.stats.detail == "the trajectory's deadline of 0.3 s passed"
     assert result.outcome.score is None or result.outcome.score == 0.0
 
 

@@ -607,8 +607,9 @@ class AgentLoop:
         """
         return self._failed_from_outside(StopReason.ENV_ERROR, now, detail)
 
-    def out_of_time(self, *, now: float) -> Finish:
-        """The time budget ran out while the model or the tools were busy.
+    def out_of_time(self, *, now: float, detail: str | None = None) -> Finish:
+        """The time budget ran out while the model or the tools were busy; ``detail`` says whose
+        (the caller's deadline), else the loop's own ``time_budget_s``.
 
         Raises:
             StateError: the loop is not running.
@@ -616,7 +617,8 @@ class AgentLoop:
         self._expect(LoopEvent.OUT_OF_TIME)
         self._observe(now)
         self._pending = ()
-        return self._finish(LoopEvent.OUT_OF_TIME, StopReason.TIME_BUDGET, self._time_detail())
+        reason = self._time_detail() if detail is None else detail
+        return self._finish(LoopEvent.OUT_OF_TIME, StopReason.TIME_BUDGET, reason)
 
     def idle_limit(self, *, now: float, detail: str) -> Finish:
         """The model's turn kept the slot idle past its lifetime: finish with ``idle_limit``

@@ -293,7 +293,8 @@ async def run_trajectory(
         await _leased(run, env)
     if deadline.cancelled_caught and not run.loop.finished:
         if LoopEvent.OUT_OF_TIME in run.loop.allowed_events():
-            run.loop.out_of_time(now=run.now())
+            detail = f"the trajectory's deadline of {config.deadline_s:g} s passed"
+            run.loop.out_of_time(now=run.now(), detail=detail)
         elif run.slot is None:
             run.loop.infra_failed(now=run.now(), detail="no slot before the trajectory deadline")
         else:
