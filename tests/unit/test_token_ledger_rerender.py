@@ -12,7 +12,12 @@ import pytest
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.messages import Message
 from trajcore.domain.token_ledger.ledger import Segment
-from trajcore.domain.token_ledger.template import ChatTemplate, TemplateShape, _common_prefix
+from trajcore.domain.token_ledger.template import (
+    ChatTemplate,
+    TemplateShape,
+    _common_prefix,
+    _first_end_of_turn,
+)
 from trajcore.domain.tools import ToolSpec
 
 USER, ASSISTANT, THINK = 1, 2, 3
@@ -107,21 +112,19 @@ def test_an_assistant_turn_the_template_rewrites_later_is_trained_as_the_whole_h
     ]
 
 
-def test_a_rewritten_turn_whose_end_of_turn_is_missing_has_no_span() -> None:
-    class Unended(ToyRenderer):
-        def render(
-            self,
-            messages: Sequence[Message],
-            *,
-            tools: Sequence[ToolSpec] = (),
-            add_generation_prompt: bool = False,
-        ) -> list[int]:
-            ids = super().render(messages, tools=tools, add_generation_prompt=add_generation_prompt)
-            return [i for i in ids if i != 100] if len(messages) > 2 else ids  # the whole: no end
-
-    messages = [Message.user("a"), Message.assistant("b", reasoning="x"), Message.user("c")]
-    ledger = _template(Unended(drops_reasoning=True)).rerender(messages)
-    assert [s.kind.value for s in ledger.segments] == ["prompt"]
+@pytest.mark.parametrize(
+    ("ids", "end_of_turn", "start", "expected"),
+    [
+        ([1, 9, 8, 9], (9, 8), 0, 2),  # just after the end of turn's first id
+        ([9, 1, 9], (9,), 1, 3),  # at or after the start only
+        ([9, 1, 2], (9,), 1, 1),  # none after it: the start (no span)
+        ([1, 2], (), 0, 0),  # no end of turn learnt: the start
+    ],
+)
+def test_a_rewritten_turn_ends_after_the_first_id_of_the_next_end_of_turn(
+    ids: list[int], end_of_turn: tuple[int, ...], start: int, expected: int
+) -> None:
+    assert _first_end_of_turn(ids, end_of_turn, start) == expected
 
 
 @pytest.mark.parametrize(
