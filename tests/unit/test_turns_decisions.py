@@ -50,3 +50,59 @@ def test_a_server_parsed_message_becomes_a_turn_with_its_content_calls_and_reaso
     turn = ParsedTurn.from_message(message)
     assert turn == ParsedTurn(content="Done.", reasoning="All read.", calls=(CALL,), errors=())
     assert turn.to_message() == message
+
+
+def _call(call_id: str, name: str = "bash") -> ToolCall:
+    return ToolCall(id=call_id, name=name, arguments={"command": call_id})
+
+
+def _problem(index: int, call_id: str | None, name: str | None = "bash") -> ParseProblem:
+    return ParseProblem(index=index, raw="{", reason="truncated JSON @ arguments", name=name,
+                        call_id=call_id)  # fmt: skip
+
+
+def test_a_turn_with_distinct_ids_is_itself() -> None:
+    turn = ParsedTurn(calls=(_call("a"), _call("b")), errors=(_problem(2, "c"),))
+    assert turn.with_distinct_ids() is turn
+
+
+def test_a_repeated_id_is_renamed_by_its_position_in_the_models_order() -> None:
+    """Pins the renaming: good calls take the positions the problems leave free, a later repeat
+    gets ``<id>_<position>`` (again until new), and problems keep their positions."""
+    turn = ParsedTurn(
+        calls=(_call("x"), _call("x"), _call("x_2")),
+        errors=(_problem(1, "x"),),
+    )
+    distinct = turn.with_distinct_ids()
+    # positions: call x at 0, problem x at 1, call x at 2, call x_2 at 3
+    assert [c.id for c in distinct.calls] == ["x", "x_2", "x_2_3"]
+    assert [p.call_id for p in distinct.errors] == ["x_1"]
+    assert [c.arguments for c in distinct.calls] == [c.arguments for c in turn.calls]
+    assert distinct.errors[0].index == 1
+    assert len({c.id for c in distinct.calls} | {"x_1"}) == 4
+
+
+def test_a_problem_without_an_id_keeps_none_and_takes_no_id() -> None:
+    turn = ParsedTurn(calls=(_call("a"), _call("a")), errors=(_problem(0, None),))
+    distinct = turn.with_distinct_ids()
+    assert [c.id for c in distinct.calls] == ["a", "a_2"]
+    assert distinct.errors[0].call_id is None
+
+
+def test_the_message_keeps_each_named_problem_with_an_id_in_the_models_order() -> None:
+    """Pins ``message_calls``: without ``pair_problems`` (or problems) the good calls only;
+    with it, each problem that has an id and a name as a call with empty arguments, placed at
+    its index among the good calls."""
+    calls = (_call("a"), _call("b"))
+    errors = (_problem(0, "p0", "read_file"), _problem(2, "p2"), _problem(3, None),
+              _problem(4, "p4", None))  # fmt: skip
+    assert ParsedTurn(calls=calls, errors=errors).message_calls() == calls
+    assert ParsedTurn(calls=calls, pair_problems=True).message_calls() == calls
+    paired = ParsedTurn(calls=calls, errors=errors, pair_problems=True)
+    assert paired.message_calls() == (
+        ToolCall(id="p0", name="read_file"),
+        _call("a"),  # position 1
+        ToolCall(id="p2", name="bash"),
+        _call("b"),  # position 5: 3 and 4 are problems without a message call
+    )
+    assert paired.to_message().tool_calls == paired.message_calls()
