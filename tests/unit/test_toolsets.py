@@ -346,6 +346,23 @@ def test_selection_check_against_names_the_field() -> None:
         )
 
 
+def test_a_toolset_turned_on_whose_every_tool_is_disabled_is_refused() -> None:
+    catalog = sample_catalog()
+    # terminal keeps bash and tmux when file is off: it still gives tools
+    ToolsetSelection(enabled=["terminal"], disabled=["file"]).check_against(catalog)
+    with pytest.raises(ConfigError) as caught:
+        ToolsetSelection(enabled=["web", "file"], disabled=["terminal"]).check_against(catalog)
+    assert caught.value.field == "enabled_toolsets[1]"
+    assert "every tool of toolset 'file' is switched off by disabled_toolsets" in str(caught.value)
+    drawn = ToolsetDistribution(probabilities={"web": 0.5, "file": 1.0})
+    with pytest.raises(ConfigError, match=r"toolset 'file' .* @ toolset_distribution\.file"):
+        ToolsetSelection(distribution=drawn, disabled=["file"]).check_against(catalog)
+    never = ToolsetDistribution(probabilities={"web": 1.0, "file": 0.0})  # never drawn: fine
+    ToolsetSelection(distribution=never, disabled=["file"]).check_against(catalog)
+    empty = ToolsetCatalog(toolsets=[Toolset(name="external"), Toolset(name="file", tools=["a"])])
+    ToolsetSelection(enabled=["external"], disabled=["file"]).check_against(empty)  # no tools
+
+
 def test_select_specs_in_order_and_missing_named() -> None:
     specs = [ToolSpec(name="bash"), ToolSpec(name="read_file"), ToolSpec(name="tmux")]
     assert [s.name for s in select_specs(("tmux", "bash"), specs)] == ["tmux", "bash"]

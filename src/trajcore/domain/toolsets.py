@@ -366,12 +366,28 @@ class ToolsetSelection:
             )
 
     def check_against(self, catalog: ToolsetCatalog) -> None:
-        """Raise ``ConfigError`` for the first toolset name the catalog lacks, at its field."""
+        """Raise ``ConfigError`` for the first toolset name the catalog lacks, at its field, and
+        for a toolset turned on (enabled, or drawn with a probability above 0) whose every tool
+        ``disabled`` switches off: the groups that get it would get none of its tools."""
         if self.enabled is not None:
             catalog.check_names(self.enabled, field="enabled_toolsets")
         catalog.check_names(self.disabled, field="disabled_toolsets")
         if self.distribution is not None:
             self.distribution.check_against(catalog)
+        kept = set(catalog.resolve(disabled=self.disabled))
+        if self.distribution is not None:
+            name = self.distribution.name
+            on = [(f"{name}.{t}", t) for t, p in self.distribution.probabilities if p > 0]
+        else:
+            on = [(f"enabled_toolsets[{i}]", t) for i, t in enumerate(self.enabled or ())]
+        for field, toolset in on:
+            tools = catalog.tools_of(toolset)
+            if tools and kept.isdisjoint(tools):
+                raise ConfigError(
+                    field,
+                    f"every tool of toolset {toolset!r} is switched off by disabled_toolsets "
+                    f"{list(self.disabled)}, so a group given it would get none of its tools",
+                )
 
     def draw(self, catalog: ToolsetCatalog, rng: random.Random) -> GroupTools:
         """The tools for one group; call once per group.
