@@ -3,6 +3,8 @@ between a turn and the assistant message that holds it."""
 
 from __future__ import annotations
 
+import attrs
+
 from trajcore.domain.messages import Message
 from trajcore.domain.tools import ToolCall
 from trajcore.domain.turns import ParsedTurn, ParseProblem
@@ -106,3 +108,13 @@ def test_the_message_keeps_each_named_problem_with_an_id_in_the_models_order() -
         _call("b"),  # position 5: 3 and 4 are problems without a message call
     )
     assert paired.to_message().tool_calls == paired.message_calls()
+
+
+def test_renaming_follows_positions_not_ids_and_leaves_other_ids_alone() -> None:
+    # positions: call b at 0, problem q at 1, call a at 2, call b at 3 (a repeat: renamed)
+    turn = ParsedTurn(calls=(_call("b"), _call("a"), _call("b")), errors=(_problem(1, "q"),))
+    distinct = turn.with_distinct_ids()
+    assert [c.id for c in distinct.calls] == ["b", "a", "b_3"]
+    assert [p.call_id for p in distinct.errors] == ["q"]
+    paired = attrs.evolve(distinct, pair_problems=True)
+    assert [c.id for c in paired.message_calls()] == ["b", "q", "a", "b_3"]
