@@ -26,8 +26,8 @@ Rules it keeps:
 - **wandb that cannot log is said before the run waits on anything.** Atropos's ``process``
   turns ``use_wandb`` on whatever ``config_init`` set, and wandb then stops the run only after
   the model answered. ``check_wandb`` refuses a start with ``use_wandb`` on, wandb not switched
-  off (``WANDB_MODE`` ``disabled`` or ``offline``), and no credentials (``WANDB_API_KEY``, or a
-  netrc entry for wandb's host), naming the ways out.
+  off (``WANDB_MODE`` ``disabled`` or ``offline``), and nowhere wandb reads a key from (no
+  ``WANDB_API_KEY``, no netrc file, no wandb settings file), naming the ways out.
 - ``server_configs`` is the typed way for ``config_init`` to name a server (``APIServerConfig``
   is untyped): each value is checked here, and a bad one is a ``ConfigError`` naming
   ``openai.<field>``.
@@ -36,13 +36,11 @@ Rules it keeps:
 from __future__ import annotations
 
 import logging
-import netrc
 import os
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal, cast
-from urllib.parse import urlsplit
 
 import anyio
 import attrs
@@ -387,31 +385,34 @@ async def wait_for_model(probes: Sequence[EndpointProbe], *, wait_s: float) -> N
 
 
 def check_wandb(use_wandb: bool, environ: dict[str, str] | None = None) -> None:
-    """Raise when wandb is on but has nothing to log in with, before the run starts.
+    """Raise when wandb is on and this machine holds no credentials for it at all, before the
+    run starts (Atropos's ``process`` and ``evaluate`` turn ``use_wandb`` on, and wandb refuses
+    only after the model has answered).
+
+    Conservative: any place wandb reads a key from that exists (``WANDB_API_KEY``,
+    ``WANDB_IDENTITY_TOKEN_FILE``, a netrc file, wandb's settings file) lets the run start, and
+    wandb itself decides; only a machine with none of them is refused.
 
     Raises:
-        ConfigError: ``use_wandb`` is on, ``WANDB_MODE`` is not ``disabled``, ``offline`` or
-            ``dryrun`` (nor ``WANDB_DISABLED`` true), and there is neither a ``WANDB_API_KEY``
-            nor a netrc entry (``$NETRC``, else ``~/.netrc``) for wandb's host.
+        ConfigError: at ``use_wandb``, naming the ways out.
     """
     env = dict(os.environ) if environ is None else environ
     off = env.get("WANDB_MODE", "").lower() in ("disabled", "offline", "dryrun")
     if not use_wandb or off or env.get("WANDB_DISABLED", "").lower() in ("true", "1"):
         return
-    if env.get("WANDB_API_KEY"):
+    if env.get("WANDB_API_KEY") or env.get("WANDB_IDENTITY_TOKEN_FILE"):
         return
-    host = urlsplit(env.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or ""
-    path = env.get("NETRC") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".netrc")
-    try:
-        if netrc.netrc(path).authenticators(host) is not None:
-            return
-    except FileNotFoundError:
-        pass
-    except (OSError, netrc.NetrcParseError):
-        return  # a netrc we cannot read: wandb may still find its key; let it say
+    home = env.get("HOME") or os.path.expanduser("~")
+    config = env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    wandb_dir = env.get("WANDB_CONFIG_DIR") or os.path.join(config, "wandb")
+    settings = os.path.join(wandb_dir, "settings")
+    places = [env.get("NETRC", ""), os.path.join(home, ".netrc"), os.path.join(home, "_netrc")]
+    if any(place and os.path.exists(place) for place in (*places, settings)):
+        return  # a key may be there: wandb says whether it is
     raise ConfigError(
         "use_wandb",
-        "wandb is on (Atropos's process and evaluate turn it on whatever config_init sets) but "
-        f"has no credentials (no WANDB_API_KEY, no {path} entry for {host}): pass "
-        "--env.use_wandb false, set WANDB_MODE=disabled or offline, or run `wandb login`",
+        "wandb is on (Atropos's process and evaluate turn it on whatever config_init sets) and "
+        f"this machine has no credentials for it (no WANDB_API_KEY, no {places[1]}, no "
+        f"{settings}): pass --env.use_wandb false, set WANDB_MODE=disabled or offline, or run "
+        "`wandb login`",
     )
