@@ -22,6 +22,7 @@ from tests.mistral_tokenizers import NAMES, adapter, encode
 from trajcore.adapters.mistral import BundledMistral, MistralCommonTokenizer, mistral_call_id
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.messages import Message
+from trajcore.domain.token_ledger.ledger import SegmentKind
 from trajcore.domain.token_ledger.template import ChatRenderer, ChatTemplate
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult, ToolSpec
 from trajcore.ports.tokenizer import Tokenizer
@@ -226,3 +227,29 @@ def test_openai_mode_rerender_finds_mistrals_assistant_spans(name: BundledMistra
         ("completion", "done</s>"),
     ]
     assert list(ledger.prompt_ids()) == tokenizer.render(conversation)
+
+
+def test_openai_mode_rerender_never_trains_mistrals_user_text(name: BundledMistral) -> None:
+    # Mistral writes the tools (v3: and the system prompt) before the last user message, so an
+    # earlier reply renders after other history than the whole has: it is masked, and no user
+    # text is ever trained as the model's.
+    tokenizer = adapter(name)
+    template = ChatTemplate.learn(tokenizer, turn_stops=[2])
+    tool = ToolSpec(
+        name="bash", parameters={"type": "object", "properties": {"command": {"type": "string"}}}
+    )
+    conversation = [
+        Message.user("Hello."),
+        Message.assistant("Hi there."),
+        Message.user("Thanks."),
+        Message.assistant("Welcome."),
+    ]
+    for tools in ((tool,), ()):
+        ledger = template.rerender(conversation, tools=tools)
+        trained = [
+            tokenizer.decode(s.token_ids)
+            for s in ledger.segments
+            if s.kind is SegmentKind.COMPLETION
+        ]
+        assert trained[-1] == "Welcome.</s>"
+        assert not any("Hello" in t or "Thanks" in t or "[INST]" in t for t in trained), trained

@@ -20,7 +20,7 @@ from trajcore.domain.token_ledger.template import (
 )
 from trajcore.domain.tools import ToolSpec
 
-USER, ASSISTANT, THINK = 1, 2, 3
+USER, ASSISTANT, THINK, HEADER = 1, 2, 3, 4
 EOT = (100, 101)
 
 
@@ -32,6 +32,7 @@ class ToyRenderer:
 
     end_of_turn: tuple[int, ...] = EOT
     drops_reasoning: bool = False
+    header_at_last_user: bool = False  # as Mistral writes its tools before the last user turn
 
     def render(
         self,
@@ -41,7 +42,10 @@ class ToyRenderer:
         add_generation_prompt: bool = False,
     ) -> list[int]:
         ids: list[int] = []
+        users = [i for i, m in enumerate(messages) if m.role == "user"]
         for index, message in enumerate(messages):
+            if self.header_at_last_user and users and index == users[-1]:
+                ids.append(HEADER)
             ids.append(ASSISTANT if message.role == "assistant" else USER)
             last = index == len(messages) - 1
             if message.reasoning and (last or not self.drops_reasoning):
@@ -107,6 +111,23 @@ def test_an_assistant_turn_the_template_rewrites_later_is_trained_as_the_whole_h
         ("prompt", (USER, A, *EOT, ASSISTANT)),
         ("completion", (B, 100)),
         ("environment", (101, USER, C, *EOT, ASSISTANT)),
+        ("completion", (D, 100)),
+        ("environment", (101,)),
+    ]
+
+
+def test_a_turn_after_history_the_template_moves_is_never_a_span_over_user_text() -> None:
+    # The header goes before the last user turn, so the render up to the first reply parts from
+    # the whole at its first id: that reply gets no span (masked), never one over "a".
+    messages = [
+        Message.user("a"),
+        Message.assistant("b"),
+        Message.user("c"),
+        Message.assistant("d"),
+    ]
+    ledger = _template(ToyRenderer(header_at_last_user=True)).rerender(messages)
+    assert _kinds_and_ids(ledger.segments) == [
+        ("prompt", (USER, A, *EOT, ASSISTANT, B, *EOT, HEADER, USER, C, *EOT, ASSISTANT)),
         ("completion", (D, 100)),
         ("environment", (101,)),
     ]

@@ -315,7 +315,8 @@ class ChatTemplate:
             end = _common_prefix(upto, full)
             if end - start >= len(eot) and tuple(full[end - len(eot) : end]) == eot:
                 end -= len(eot) - 1
-            else:  # rendered otherwise when last (Qwen3's empty think block): its own end of turn
+            elif start == len(before):  # rendered otherwise when last (Qwen3's empty think
+                # block), after a history the whole shares: up to its own end of turn
                 end = max(end, _first_end_of_turn(full, eot, start))
             start = max(start, spans[-1][1] if spans else 0)
             if end > start:
