@@ -276,6 +276,30 @@ async def test_prepare_once_prepares_the_group_once_and_forks_every_member() -> 
     assert pool._snapshots == {}  # dropped when the group ended
 
 
+class ForgetfulPreparedEnv(PreparedEnv):
+    """Its preparation forgets an await: the shared preparation is not frozen, and each member,
+    preparing itself, fails as the env's error, never with a score."""
+
+    async def prepare_workspace(self, item: str, tools: SlotTools) -> JSONObject | None:
+        type(self).preparations += 1
+        tools.write_file("prepared.txt", "ready")  # type: ignore[unused-coroutine]
+        return None
+
+
+async def test_a_preparation_done_once_that_forgets_an_await_fails_every_member() -> None:
+    env = ForgetfulPreparedEnv(
+        _config(group_size=2, ensure_scores_are_not_same=False, prepare_once=True)
+    )
+    async with _pool() as pool:
+        result = await env.run_task(
+            IMAGE, pool=pool, policy=env.make_policy(chat=_reads_os_release())
+        )
+        assert pool.environment_statistics().forks == 0  # nothing was frozen
+    for member in result.members:
+        assert member.outcome.status is TrajectoryStatus.ENV_ERROR
+        assert "prepare hook called tools.write_file() at" in str(member.outcome.detail)
+
+
 async def test_members_on_another_server_prepare_themselves() -> None:
     PreparedEnv.preparations = 0
     env = PreparedEnv(_config(group_size=4, ensure_scores_are_not_same=False, prepare_once=True))

@@ -132,6 +132,19 @@ async def test_slot_tools_fork_opens_n_copies_of_the_leases_files_and_drops_the_
         assert (stats.snapshots, stats.forks, stats.fallbacks) == (1, 3, 0)
 
 
+async def test_a_forks_forgotten_await_is_the_parents_to_answer_for() -> None:
+    async with (
+        _pool(containers=1, slots=3) as pool,
+        ToolDispatcher(pool, BatchConfig()) as dispatcher,
+        pool.lease("t", environment=IMAGE) as lease,
+    ):
+        tools = _tools(pool, dispatcher, lease, IMAGE)
+        async with tools.fork(1) as (child,):
+            never = child.check("false")  # a coroutine: true in an `if`
+            assert never  # type: ignore[truthy-bool]
+        assert [c.split(" at ")[0] for c in tools.call_log.unawaited()] == ["tools.check()"]
+
+
 async def test_slot_tools_fork_refuses_naming_the_reason() -> None:
     async with (
         _pool(containers=2, slots=2, fork_wait_s=0.05) as pool,

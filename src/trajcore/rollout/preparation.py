@@ -80,7 +80,10 @@ async def prepared_group(
             offered=frozenset(spec.name for spec in tools),
             tool_timeout_s=tool_timeout_s, trajectory_id=holder,
         )  # fmt: skip
-        return await prepare(SlotTools(router, pool=pool, environment=environment))
+        slot_tools = SlotTools(router, pool=pool, environment=environment)
+        metadata = await prepare(slot_tools)
+        slot_tools.call_log.check_awaited("prepare hook", "await tools.<method>(...)")
+        return metadata  # a forgotten await above: not frozen, each member prepares (and fails)
 
     prepared = await _prepare(
         group_id=group_id, holder=holder, environment=environment, pool=pool, run_hook=run_hook,

@@ -216,7 +216,9 @@ class SlotTools:
                         )
                     holder = f"{self.router.trajectory_id}/fork{batch}-{index}"
                     router = attrs.evolve(self.router, lease=got, trajectory_id=holder)
-                    forks.append(SlotTools(router, pool=pool, environment=environment))
+                    child = SlotTools(router, pool=pool, environment=environment)
+                    child.call_log = self.call_log  # a child's forgotten await is the hook's
+                    forks.append(child)
                 yield forks
         finally:
             with anyio.CancelScope(shield=True):
