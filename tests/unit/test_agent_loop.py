@@ -290,10 +290,21 @@ def test_every_call_rule_continues_on_partial_infra_errors() -> None:
 
 def test_a_request_past_the_models_context_ends_on_the_token_budget() -> None:
     loop = started(max_turns=5)
+    decision = say(loop, turn(calls=1))
+    assert isinstance(decision, RunTools)
+    loop.tool_results([ok(c) for c in decision.calls], now=1.0)
     assert loop.model_failed(now=1.0, detail="HTTP 400: context length", context_full=True) == (
         Finish(reason=StopReason.TOKEN_BUDGET, detail="HTTP 400: context length")
     )
     assert loop.stats().stop_reason is StopReason.TOKEN_BUDGET
+
+
+def test_a_first_request_past_the_models_context_is_the_model_servers_refusal() -> None:
+    # nothing the model did filled the context: the task and max_tokens are too long for it
+    loop = started(max_turns=5)
+    assert loop.model_failed(now=1.0, detail="HTTP 400: context length", context_full=True) == (
+        Finish(reason=StopReason.MODEL_ERROR, detail="HTTP 400: context length")
+    )
 
 
 def test_model_and_infra_failures() -> None:

@@ -575,16 +575,20 @@ class AgentLoop:
 
     def model_failed(self, *, now: float, detail: str, context_full: bool = False) -> Finish:
         """The LLM server failed for this turn (after its retries): finish with ``model_error``;
-        with ``context_full`` (it refused the request as longer than the model's context) with
-        ``token_budget`` instead: the conversation outgrew the context, a budget, as when
-        ``max_context_tokens`` ends the loop.
+        with ``context_full`` (it refused the request as longer than the model's context) after
+        a first turn, with ``token_budget`` instead: the conversation outgrew the context, a
+        budget, as when ``max_context_tokens`` ends the loop. Refused so on the first turn, the
+        task and the sampling settings are too long for the model: ``model_error``.
 
         Raises:
             StateError: the loop is not waiting for the model.
         """
         self._expect(LoopEvent.MODEL_FAILED)
         self._observe(now)
-        reason = StopReason.TOKEN_BUDGET if context_full else StopReason.MODEL_ERROR
+        # On the first turn nothing the model did filled the context: the task and max_tokens
+        # did (a setting), so it is the model server's refusal, not a budget the model spent.
+        outgrew = context_full and self._turns > 0
+        reason = StopReason.TOKEN_BUDGET if outgrew else StopReason.MODEL_ERROR
         return self._finish(LoopEvent.MODEL_FAILED, reason, detail)
 
     def infra_failed(self, *, now: float, detail: str) -> Finish:
