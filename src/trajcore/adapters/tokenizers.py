@@ -16,15 +16,23 @@ What this adapter promises, and why:
   ``raise_exception`` in the template) becomes ``ConfigError("messages", reason)``; a folder that
   is missing or holds no tokenizer becomes ``ConfigError("tokenizer_path", reason)``.
 
-Special-token text inside message content (a tool result that prints ``<|im_end|>``) is encoded
-as the special token, exactly as transformers' own chat templating does; that is a property of
-the model's tokenizer, not something this adapter hides.
+- **Message text is text.** A tool result, user message or system prompt that spells a special or
+  added token (a file holding ``<|im_end|>`` or ``<tool_call>``) is encoded as the characters it
+  is, never as that token: transformers' own templating would end the turn there, open a fake
+  user turn or plant a fake tool call in the prompt the model is sent and in the training tokens.
+  ``render`` writes such a conversation with a private-use placeholder for each such spelling,
+  encodes the template's own added tokens as their ids and every stretch between them with the
+  tokenizer's normalizer, pre-tokenizer and model alone (no added-token matching), which is what
+  the tokenizer does to text between added tokens anyway; a conversation without such text takes
+  the plain path and gets exactly transformers' ids. Assistant messages are left alone: what the
+  model sampled is the ledger's, and a re-render writes its markup as the model did.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -61,6 +69,8 @@ class TransformersTokenizer:
 
     _tokenizer: Any = attrs.field(alias="tokenizer", repr=False)
     path: Path
+    _added: dict[str, int] | None = attrs.field(default=None, init=False, repr=False)
+    _pattern: re.Pattern[str] | None = attrs.field(default=None, init=False, repr=False)
 
     @classmethod
     def from_path(
@@ -112,10 +122,25 @@ class TransformersTokenizer:
         tools: Sequence[ToolSpec] = (),
         add_generation_prompt: bool = False,
     ) -> list[int]:
-        """See ``ChatRenderer.render``; the model's Hugging Face chat template."""
-        return _ids(
-            self._apply(messages, tools, add_generation_prompt, tokenize=True), what="messages"
+        """See ``ChatRenderer.render``; the model's Hugging Face chat template, with message text
+        that spells an added token kept as text (see the module doc)."""
+        chat = [message.to_chat_dict() for message in messages]
+        masked, spelled = self._mask_added_text(chat)
+        if not spelled:
+            return _ids(
+                self._apply(chat, tools, add_generation_prompt, tokenize=True), what="messages"
+            )
+        text = _text(
+            self._apply(masked, tools, add_generation_prompt, tokenize=False), what="messages"
         )
+        added = self._added_vocab()
+        ids: list[int] = []
+        for piece in self._added_pattern().split(text):
+            if piece in added:
+                ids.append(added[piece])
+            elif piece:
+                ids.extend(self._plain_ids(_unmask(piece, spelled)))
+        return ids
 
     def render_text(
         self,
@@ -125,19 +150,73 @@ class TransformersTokenizer:
         add_generation_prompt: bool = False,
     ) -> str:
         """What ``render`` writes, as text (for inspection); raises as ``render`` does."""
+        chat = [message.to_chat_dict() for message in messages]
         return _text(
-            self._apply(messages, tools, add_generation_prompt, tokenize=False), what="messages"
+            self._apply(chat, tools, add_generation_prompt, tokenize=False), what="messages"
         )
+
+    def _added_vocab(self) -> dict[str, int]:
+        if self._added is None:
+            vocab = self._tokenizer.get_added_vocab()
+            self._added = {str(k): int(v) for k, v in vocab.items() if k}
+        return self._added
+
+    def _added_pattern(self) -> re.Pattern[str]:
+        if self._pattern is None:
+            names = sorted(self._added_vocab(), key=len, reverse=True)
+            self._pattern = re.compile("(" + "|".join(map(re.escape, names)) + ")")
+        return self._pattern
+
+    def _mask_added_text(
+        self, chat: list[dict[str, JSON]]
+    ) -> tuple[list[dict[str, JSON]], dict[str, str]]:
+        """``chat`` with each added-token spelling in a non-assistant message's text replaced by
+        a private-use character, and the map back; an empty map when there is none (or when
+        the text already holds such characters, or the tokenizer has more added tokens than
+        the area has characters, where transformers' plain path is taken)."""
+        added = self._added_vocab()
+        texts = [m.get("content") for m in chat if m.get("role") != "assistant"]
+        if not added or not any(
+            isinstance(t, str) and self._added_pattern().search(t) for t in texts
+        ):
+            return chat, {}
+        names = sorted(added)
+        if len(names) > _PRIVATE_USE_SIZE:
+            return chat, {}
+        marks = {name: chr(_PRIVATE_USE + k) for k, name in enumerate(names)}
+        if any(isinstance(t, str) and _PRIVATE_RANGE.search(t) for t in texts):
+            return chat, {}
+        pattern = self._added_pattern()
+        masked: list[dict[str, JSON]] = []
+        for message in chat:
+            content = message.get("content")
+            if message.get("role") != "assistant" and isinstance(content, str):
+                hidden = pattern.sub(lambda m: marks[m.group(0)], content)
+                masked.append({**message, "content": hidden})
+            else:
+                masked.append(message)
+        return masked, {mark: name for name, mark in marks.items()}
+
+    def _plain_ids(self, text: str) -> list[int]:
+        """The ids of ``text`` with no added token matched: normalizer, pre-tokenizer, model."""
+        backend = getattr(self._tokenizer, "backend_tokenizer", None)
+        if backend is None or backend.pre_tokenizer is None:
+            return _ids(
+                self._tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True),
+                what="messages",
+            )
+        normal = backend.normalizer.normalize_str(text) if backend.normalizer else text
+        pieces = backend.pre_tokenizer.pre_tokenize_str(normal)
+        return [int(token.id) for piece, _ in pieces for token in backend.model.tokenize(piece)]
 
     def _apply(
         self,
-        messages: Sequence[Message],
+        chat: list[dict[str, JSON]],
         tools: Sequence[ToolSpec],
         add_generation_prompt: bool,
         *,
         tokenize: bool,
     ) -> object:
-        chat = [message.to_chat_dict() for message in messages]
         specs: list[JSON] | None = [spec.to_openai() for spec in tools] or None
         try:
             # return_dict=False: transformers 5 returns a mapping by default when tokenizing.
@@ -151,6 +230,16 @@ class TransformersTokenizer:
         except TemplateError as exc:
             raise ConfigError("messages", f"the chat template refused them: {exc}") from exc
         return result
+
+
+_PRIVATE_USE = 0xF0000
+"""Placeholders come from Supplementary Private Use Area-A, which no tokenizer gives meaning."""
+_PRIVATE_USE_SIZE = 0xFFFE
+_PRIVATE_RANGE = re.compile("[\U000f0000-\U000fffff]")
+
+
+def _unmask(text: str, spelled: dict[str, str]) -> str:
+    return _PRIVATE_RANGE.sub(lambda m: spelled.get(m.group(0), m.group(0)), text)
 
 
 def qwen3_tokenizer_path() -> Path:
