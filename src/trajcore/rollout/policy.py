@@ -137,9 +137,11 @@ class _ChatSession:
     server: ChatServer
     tools: tuple[ToolSpec, ...]
     template: ChatTemplate | None
+    finishes: list[FinishReason] = attrs.field(factory=list)  # one per sampled turn, in order
 
     async def sample(self, messages: Sequence[Message], *, sampling: SamplingParams) -> ModelTurn:
         turn = await self.server.chat(messages, tools=self.tools, sampling=sampling)
+        self.finishes.append(turn.finish_reason)
         usage = turn.usage
         return ModelTurn(
             # the server reads the conversation again: a malformed call stays in it, answered
@@ -160,7 +162,11 @@ class _ChatSession:
     ) -> TrainingTokens | None:
         if self.template is None:
             return None
-        ledger = self.template.rerender(messages, tools=self.tools)
+        # A turn cut at max_tokens sampled no end of turn: the re-render's is not trained. The
+        # sampled turns are the last assistant messages (a prompt may hold earlier ones).
+        first = sum(1 for m in messages if m.role == "assistant") - len(self.finishes)
+        cut = [first + k for k, f in enumerate(self.finishes) if f is FinishReason.LENGTH]
+        ledger = self.template.rerender(messages, tools=self.tools, cut_turns=cut)
         return ledger.export(max_token_length=max_token_length)
 
     def drift(self, messages: Sequence[Message]) -> Drift | None:

@@ -284,7 +284,11 @@ class ChatTemplate:
         return measure_drift(ids, rendered)
 
     def rerender(
-        self, messages: Sequence[Message], *, tools: Sequence[ToolSpec] = ()
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        cut_turns: Iterable[int] = (),
     ) -> TokenLedger:
         """OpenAI mode: a ledger rebuilt by rendering ``messages``, marked ``token_exact=False``.
 
@@ -294,8 +298,11 @@ class ChatTemplate:
         template renders otherwise while it is the last one (Qwen3 writes an empty think block
         into the last assistant turn only, so every earlier tool-call turn differs) ends at the
         first end-of-turn after its start in the whole conversation: its tokens as the whole
-        conversation has them are trained. This renders the conversation once per assistant
-        turn: fine for SFT data, not for a hot loop.
+        conversation has them are trained. ``cut_turns`` holds the positions, counted among
+        the assistant messages from 0, of turns the server cut at ``max_tokens`` (finish
+        ``length``): the model sampled no end of turn there, so the template's is environment,
+        not trained. This renders the conversation once per assistant turn: fine for SFT data,
+        not for a hot loop.
 
         Raises:
             ConfigError: the conversation is empty or starts with an assistant message
@@ -306,9 +313,12 @@ class ChatTemplate:
         full = self.renderer.render(messages, tools=tools)
         eot = self.shape.end_of_turn
         spans: list[tuple[int, int]] = []
+        cut = frozenset(cut_turns)
+        turn = -1
         for index, message in enumerate(messages):
             if message.role != "assistant":
                 continue
+            turn += 1
             before = self.renderer.render(messages[:index], tools=tools, add_generation_prompt=True)
             upto = self.renderer.render(messages[: index + 1], tools=tools)
             start = _common_prefix(before, full)
@@ -318,6 +328,8 @@ class ChatTemplate:
             elif start == len(before):  # rendered otherwise when last (Qwen3's empty think
                 # block), after a history the whole shares: up to its own end of turn
                 end = max(end, _first_end_of_turn(full, eot, start))
+            if turn in cut and end > start and eot and full[end - 1] == eot[0]:
+                end -= 1
             start = max(start, spans[-1][1] if spans else 0)
             if end > start:
                 spans.append((start, end))
