@@ -17,8 +17,13 @@ Rules this parser keeps, beyond those in ``base``:
   ``parameters`` is read as the arguments (as ``llama3_json`` does). With neither key the call
   has no arguments (``{}``). Arguments given as a string are refused, not decoded, so a model
   that writes them that way learns from the error.
-- The scan is ``str.find`` over the text and one ``json`` decode per call, so a long turn costs
-  little beside the model's time (``bench/domain.py`` measures it; docs/benchmarks.md).
+- A call whose body is one complete JSON object followed by ``</tool_call>`` ends there, even
+  when a string inside it holds ``<tool_call>`` or ``</tool_call>`` (a command that writes the
+  markup into a file): the markers inside a JSON string are text. Only a body that does not
+  decode is cut at the first marker, by the rule above.
+- The scan is ``str.find`` over the text and at most two ``json`` decodes per call, so a long
+  turn costs little beside the model's time (``bench/domain.py`` measures it;
+  docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from trajcore.domain.tool_parsers.base import Block, TurnBuilder
+from trajcore.domain.tool_parsers.base import Block, TurnBuilder, join_content
 from trajcore.domain.tool_parsers.family import FamilyParser, blocks_content, read_json_object
 from trajcore.domain.tools import ToolCall
 
@@ -36,6 +41,25 @@ __all__ = ["HermesParser", "read_json_call"]
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
+_DECODER = json.JSONDecoder()
+_SPACE = " \t\r\n"
+
+
+def _json_block_end(text: str, body_start: int) -> int:
+    """The index just after the ``</tool_call>`` that follows one complete JSON object starting
+    at ``body_start`` (after blanks); ``-1`` when the body is not such an object."""
+    at = body_start
+    while at < len(text) and text[at] in _SPACE:
+        at += 1
+    if not text.startswith("{", at):
+        return -1
+    try:
+        _, at = _DECODER.raw_decode(text, at)
+    except (ValueError, RecursionError):  # broken, too deep, a number too long: scanned
+        return -1
+    while at < len(text) and text[at] in _SPACE:
+        at += 1
+    return at + len(CLOSE) if text.startswith(CLOSE, at) else -1
 
 
 def _arguments_key(text: str) -> str:
@@ -80,7 +104,20 @@ class HermesParser(FamilyParser):
         return self.family
 
     def read_calls(self, builder: TurnBuilder, text: str) -> str:
-        return blocks_content(builder, text, OPEN, CLOSE, read_json_call)
+        # Calls whose JSON decodes whole are taken first, so markup inside their strings is
+        # text; from the first that does not, the marker scan reads the rest.
+        segments: list[str] = []
+        done = 0
+        while (start := text.find(OPEN, done)) != -1:
+            end = _json_block_end(text, start + len(OPEN))
+            if end == -1:
+                break
+            segments.append(text[done:start])
+            body = text[start + len(OPEN) : end - len(CLOSE)]
+            read_json_call(builder, Block(body=body, raw=text[start:end], closed=True))
+            done = end
+        segments.append(blocks_content(builder, text[done:], OPEN, CLOSE, read_json_call))
+        return join_content(segments)
 
     def render(self, calls: Sequence[ToolCall], *, content: str = "") -> str:
         """``content``, then one ``<tool_call>`` block per call, as Qwen's template writes them."""
