@@ -133,10 +133,13 @@ def leftovers() -> Iterator[dict[str, str]]:
     """Three containers as other pools left them, by the prefix of each: ``dead`` (its owner
     process ended), ``alive`` (its owner runs) and ``unowned`` (no owner label)."""
     host = socket.gethostname()
+    space = os.stat("/proc/self/ns/pid").st_ino
     living = subprocess.Popen(["sleep", "120"])  # a process that runs a pool elsewhere
     owners = {
-        "dead": f"{host}/{_ended_pid()}/0/abc",
-        "alive": f"{host}/{living.pid}/{_start_of(living.pid)}/abc",
+        "dead": f"{host}/{space}/{_ended_pid()}/0/abc",
+        "alive": f"{host}/{space}/{living.pid}/{_start_of(living.pid)}/abc",
+        # a pool of another pid namespace (a container sharing the engine): its pid says nothing
+        "elsewhere": f"{host}/{space + 1}/{_ended_pid()}/0/abc",
         "unowned": "",
     }
     created: list[str] = []
@@ -175,6 +178,7 @@ async def test_containers_of_a_killed_pool_are_removed_at_the_next_start(
     assert containers_labelled(leftovers["dead"]) == []
     assert containers_labelled(leftovers["alive"]) == [f"{leftovers['alive']}-0-1"]
     assert containers_labelled(leftovers["unowned"]) == [f"{leftovers['unowned']}-0-1"]
+    assert containers_labelled(leftovers["elsewhere"]) == [f"{leftovers['elsewhere']}-0-1"]
 
 
 @NEEDS_IMAGE

@@ -9,7 +9,7 @@ pool's: a container that fails a batch or a reset is killed and replaced, one th
 own (``podman kill``, an out-of-memory kill) is replaced the same way, and its leases turn stale.
 
 Containers are named ``{name_prefix}-{index}-{generation}`` and labelled
-``trajcore.pool={name_prefix}`` and ``trajcore.owner=host/pid/start/instance`` (the process
+``trajcore.pool={name_prefix}`` and ``trajcore.owner=host/pidns/pid/start/instance`` (the pool's
 that runs the pool, and which of its pools). A container outlives a process killed without
 its close (SIGKILL, an OOM kill of the env), so on start the pool removes every container
 labelled ``trajcore.pool`` whose owner process has ended on this host, whatever its prefix,
@@ -78,7 +78,7 @@ __all__ = [
 
 DEFAULT_IMAGE = "localhost/trajcore/slot-server:latest"
 LABEL = "trajcore.pool"
-OWNER_LABEL = "trajcore.owner"  # host/pid/process start/pool instance of the pool that ran it
+OWNER_LABEL = "trajcore.owner"  # host/pid namespace/pid/start/instance of the pool that ran it
 _PORT = 8765  # where the server listens inside its container
 _TOKEN_FILE_IN_CONTAINER = "/run/trajcore/token"  # noqa: S105 - a path, not a secret
 _CACHE_IN_CONTAINER = "/var/cache/trajcore/images"  # the image cache's mount point
@@ -260,18 +260,34 @@ def _remove_ended_token_folders() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def _pid_namespace() -> str:
+    """This process's pid namespace (its inode), ``-`` where ``/proc`` does not say: a pid
+    means a process only within its namespace (an env in a container of its own, sharing the
+    host's engine and name)."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "-"
+
+
 def _owner_value(instance: str) -> str:
-    """The owner label of this process's pool ``instance``: ``host/pid/start/instance``."""
+    """The owner label of this process's pool ``instance``:
+    ``host/pid-namespace/pid/start/instance``."""
     pid = os.getpid()
-    return f"{socket.gethostname()}/{pid}/{_process_start(pid) or '-'}/{instance}"
+    start = _process_start(pid) or "-"
+    return f"{socket.gethostname()}/{_pid_namespace()}/{pid}/{start}/{instance}"
 
 
 def _owner_state(owner: str) -> str:
-    """``"ended"``: the pool behind ``owner`` is gone (its process ended on this host, or it is
-    a closed pool of this process); ``"running"``: it runs here; ``"unknown"``: another host's
-    (or no owner label: a container of an older trajcore)."""
-    host, pid_text, start, instance = ([*owner.split("/", 3), "", "", ""])[:4]
-    if host != socket.gethostname() or not pid_text.isdigit():
+    """``"ended"``: the pool behind ``owner`` is gone (its process ended on this host, in this
+    pid namespace, or it is a closed pool of this process); ``"running"``: it runs here;
+    ``"unknown"``: another host's or another pid namespace's, where its pid says nothing (or no
+    owner label: a container of an older trajcore)."""
+    host, space, pid_text, start, instance = ([*owner.split("/", 4), "", "", "", ""])[:5]
+    here = _pid_namespace()
+    if host != socket.gethostname() or not pid_text.isdigit() or space in ("-", "") or here == "-":
+        return "unknown"
+    if space != here:
         return "unknown"
     pid = int(pid_text)
     if _process_ended(pid, start):
@@ -408,8 +424,8 @@ class _EngineContainers:
                 where = owner.rsplit("/", 2)[0]
                 raise ConfigError(
                     "name_prefix",
-                    f"{self.prefix!r} is in use by a running container pool ({where}, host/pid)"
-                    f": give this pool another name_prefix, or close that one",
+                    f"{self.prefix!r} is in use by a running container pool ({where}: host/pid "
+                    "namespace/pid): give this pool another name_prefix, or close that one",
                 )
         async with anyio.create_task_group() as removing:
             for container_id in leftovers:  # one each: podman 4.3's rm of several removes
