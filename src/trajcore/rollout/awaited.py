@@ -33,12 +33,18 @@ class CallLog:
     """The coroutines a toolbox's methods made, with where each call was written."""
 
     _made: list[tuple[str, Coroutine[Any, Any, Any]]] = attrs.field(factory=list, init=False)
+    _prune_at: int = attrs.field(default=_PRUNE_AT, init=False)
 
     def remember(self, name: str, coroutine: Coroutine[Any, Any, Any]) -> None:
-        """Note ``coroutine``, made by the call ``name`` (``tools.check() at env.py:41``)."""
+        """Note ``coroutine``, made by the call ``name`` (``tools.check() at env.py:41``).
+
+        Started coroutines are dropped once the log holds ``_prune_at``; when most are still
+        unstarted (a hook that makes thousands before it gathers them) the threshold doubles,
+        so the pruning costs a constant share of each call, never a pass per call."""
         made = self._made
-        if len(made) >= _PRUNE_AT:
+        if len(made) >= self._prune_at:
             made[:] = [m for m in made if inspect.getcoroutinestate(m[1]) == inspect.CORO_CREATED]
+            self._prune_at = max(_PRUNE_AT, 2 * len(made))
         made.append((name, coroutine))
 
     def unawaited(self) -> list[str]:
@@ -50,6 +56,7 @@ class CallLog:
                 coroutine.close()
                 names.append(name)
         self._made.clear()
+        self._prune_at = _PRUNE_AT
         return names
 
     def check_awaited(self, hook: str, example: str) -> None:
