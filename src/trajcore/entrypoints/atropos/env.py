@@ -10,7 +10,6 @@ wandb hooks. Settings live in ``config``, the pool in ``pools``, what Atropos is
 from __future__ import annotations
 
 import abc
-import asyncio
 import contextlib
 import json
 import logging
@@ -40,9 +39,8 @@ from trajcore.domain.token_ledger.template import ChatTemplate
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.domain.tools import ToolSpec
 from trajcore.domain.toolsets import DistributionRegistry, Toolset, ToolsetCatalog, select_specs
-from trajcore.entrypoints.atropos import metrics, pools, scored_data, startup, tasks
+from trajcore.entrypoints.atropos import failing_groups, metrics, pools, scored_data, startup, tasks
 from trajcore.entrypoints.atropos.config import AgentEnvConfig, RolloutSettings
-from trajcore.entrypoints.atropos.failing_groups import FailingGroups
 from trajcore.entrypoints.atropos.scored_data import ScoredGroup
 from trajcore.entrypoints.atropos.services import (
     RolloutServices,
@@ -133,7 +131,8 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         self._rng = random.Random(config.toolset_seed)  # noqa: S311 - toolset draws, not secrets
         self._counters = metrics.RolloutCounters()
         self._table = metrics.RolloutTable()
-        self._failing = FailingGroups(config.max_failed_groups)
+        self._failing = failing_groups.FailingGroups(config.max_failed_groups)
+        self._stop = failing_groups.RunStop()  # serve: GroupsFailing from a worker ends the run
 
     @classmethod
     def config_init(cls) -> tuple[AgentEnvConfig, object]:
@@ -455,17 +454,9 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             await self.wait_for_model()
             stack.enter_context(young_gc_threshold(self.config.gc_young_threshold))
             await stack.enter_async_context(self.rollout_services())
-            stack.push_async_callback(self._stop_workers)
+            stack.push_async_callback(lambda: failing_groups.stop_workers(
+                (*self.workers, *self.eval_workers, self.eval_runner)))  # fmt: skip
             await run()
-
-    async def _stop_workers(self) -> None:
-        runner = () if self.eval_runner is None else (self.eval_runner,)
-        workers = [w for w in (*self.workers, *self.eval_workers, *runner) if not w.done()]
-        for worker in workers:
-            worker.cancel()
-        if workers:
-            with anyio.move_on_after(30, shield=True):
-                await asyncio.gather(*workers, return_exceptions=True)
 
     async def wait_for_model(self) -> None:
         """Before a run: wait until the ``--openai.*`` endpoint answers as a model server,
@@ -502,7 +493,8 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
                 "of vllm or sglang (or tool_call_parser) so that mode auto picks managed mode",
                 self.mode_line(),
             )
-        await self._run_with_services(super().env_manager)
+        loop = super().env_manager
+        await self._run_with_services(lambda: self._stop.run(loop))
 
     async def process_manager(self) -> None:
         """``process``: Atropos's loop, inside the rollout services."""
@@ -607,7 +599,11 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         Raises ``GroupsFailing`` at ``max_failed_groups`` failed groups in a row."""
         result = await self.run_group(item)
         scored = self.scored_group(result)
-        self._failing.record(result)
+        try:
+            self._failing.record(result)
+        except failing_groups.GroupsFailing as exc:
+            self._stop.stop(exc)  # Atropos's serve loop drops a worker's exception
+            raise
         return scored, []
 
     async def run_task(
