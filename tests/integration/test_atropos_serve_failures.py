@@ -1,19 +1,26 @@
-"""``serve`` against a real Atropos ``run-api``: what ends a run whose groups keep failing.
+"""``serve`` against a real Atropos ``run-api``: failing groups, and groups the pool cannot hold.
 
-Atropos runs each group in a worker task and logs and drops any exception it raises, so a bound
-raised there (``GroupsFailing`` at ``max_failed_groups``) would stop nothing: the env would run
-failing groups forever. The test starts ``run-api`` on loopback, registers as a trainer, starts
-this file as an env whose score hook always raises, and checks that the env process ends by
-itself, naming the failures, with nothing of its process group left.
+- Atropos runs each group in a worker task and logs and drops any exception it raises, so a
+  bound raised there (``GroupsFailing`` at ``max_failed_groups``) would stop nothing: the env
+  would run failing groups forever. The env process must end by itself, naming the failures.
+- Atropos starts up to 8 groups at once by default, whatever the pool holds; the members that
+  wait for a slot spend their deadline waiting and fail as ``infra_error``. ``serve`` runs at
+  most the groups the pool's slots hold, so no member waits out its deadline.
+
+Each test starts ``run-api`` on loopback, registers as a trainer and starts this file as the
+env (``ENV_KIND`` picks which), and kills both process groups at the end.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 
@@ -24,9 +31,16 @@ from tests.integration.test_atropos_run_api import (
     _process_group,
     _wait_until,
 )
+from trajcore.adapters.fakes.llm import FakeTokenServer
+from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.messages import Message
+from trajcore.domain.sampling import SamplingParams, TokenCompletion
+from trajcore.ports.sandbox_pool import SandboxPool
+from trajcore.ports.token_server import TokenServer
 from trajcore.rollout.tools import SlotTools
+
+TURN_S = 1.0  # the slow model's seconds per turn
 
 
 class BrokenScoreEnv(RunApiEnv):
@@ -40,17 +54,57 @@ class BrokenScoreEnv(RunApiEnv):
         raise RuntimeError("the score hook is broken")
 
 
-@pytest.mark.slow
-def test_failed_groups_in_a_row_end_a_serve_run(tmp_path: Path) -> None:
-    deadline = time.monotonic() + 90
+class SlowTokenServer(FakeTokenServer):
+    """The fake model, taking ``TURN_S`` per turn."""
+
+    async def generate(
+        self, prompt_ids: Sequence[int], *, sampling: SamplingParams
+    ) -> TokenCompletion:
+        await anyio.sleep(TURN_S)
+        return await super().generate(prompt_ids, sampling=sampling)
+
+
+class SmallPoolEnv(RunApiEnv):
+    """A slow model and a pool of 8 slots: 2 groups of 4 at once."""
+
+    name = "small_pool_env"
+
+    def make_pool(self) -> AbstractAsyncContextManager[SandboxPool]:
+        return FakeSandboxPool(containers=2, slots_per_container=4)
+
+    def make_token_server(self) -> TokenServer:
+        fast = super().make_token_server()
+        assert isinstance(fast, FakeTokenServer)
+        return SlowTokenServer(policy=fast.policy)
+
+
+def _common_flags(url: str, name: str) -> list[str]:
+    return [
+        "--env.rollout_server_url", url,
+        "--env.tokenizer_name", str(qwen3_tokenizer_path()),
+        "--env.mode", "managed",
+        "--env.tool_call_parser", "hermes",
+        "--env.use_wandb", "false",
+        "--env.wandb_name", name,
+        "--env.group_size", "4",
+        "--env.max_token_length", "8192",
+        "--env.max_turns", "3",
+        "--env.max_tokens", "256",
+        "--env.total_steps", "100",
+        "--env.enabled_toolsets", "file,terminal",
+    ]  # fmt: skip
+
+
+@contextmanager
+def _trainer(tmp_path: Path, deadline: float) -> Iterator[tuple[str, httpx.Client, Path]]:
+    """``run-api`` on a free loopback port, registered with as a trainer (batch size 8)."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    child_env = {**_child_env(tmp_path), "NO_PROXY": "*"}
-    api_log, env_log = tmp_path / "run-api.log", tmp_path / "env.log"
+    api_log = tmp_path / "run-api.log"
     run_api = Path(sys.executable).parent / "run-api"
     with (
         _process_group(
-            [str(run_api), "--host", "127.0.0.1", "--port", str(port)], api_log, child_env
+            [str(run_api), "--host", "127.0.0.1", "--port", str(port)], api_log, _env(tmp_path)
         ),
         httpx.Client(base_url=url, timeout=5.0, trust_env=False) as trainer,
     ):
@@ -72,24 +126,23 @@ def test_failed_groups_in_a_row_end_a_serve_run(tmp_path: Path) -> None:
         )  # fmt: skip
         assert registered.status_code == 200
         trainer.get("/batch")  # starts the run
+        yield url, trainer, api_log
+
+
+def _env(tmp_path: Path, kind: str = "") -> dict[str, str]:
+    return {**_child_env(tmp_path), "NO_PROXY": "*", "ENV_KIND": kind}
+
+
+@pytest.mark.slow
+def test_failed_groups_in_a_row_end_a_serve_run(tmp_path: Path) -> None:
+    deadline = time.monotonic() + 90
+    env_log = tmp_path / "env.log"
+    with _trainer(tmp_path, deadline) as (url, trainer, api_log):
         argv = [
-            sys.executable, __file__, "serve",
-            "--env.rollout_server_url", url,
-            "--env.tokenizer_name", str(qwen3_tokenizer_path()),
-            "--env.mode", "managed",
-            "--env.tool_call_parser", "hermes",
-            "--env.use_wandb", "false",
-            "--env.wandb_name", "broken_score_env",
-            "--env.group_size", "4",
-            "--env.max_token_length", "8192",
-            "--env.max_turns", "3",
-            "--env.max_tokens", "256",
-            "--env.total_steps", "100",
-            "--env.enabled_toolsets", "file,terminal",
-            "--env.slot_lifetime_s", "30",
-            "--env.max_failed_groups", "3",
+            sys.executable, __file__, "serve", *_common_flags(url, "broken_score_env"),
+            "--env.slot_lifetime_s", "30", "--env.max_failed_groups", "3",
         ]  # fmt: skip
-        with _process_group(argv, env_log, child_env) as env:
+        with _process_group(argv, env_log, _env(tmp_path, "broken")) as env:
 
             def ended() -> int | None:
                 return env.poll()
@@ -102,5 +155,29 @@ def test_failed_groups_in_a_row_end_a_serve_run(tmp_path: Path) -> None:
         assert trainer.get("/batch").json()["batch"] is None  # nothing was sent
 
 
+@pytest.mark.slow
+def test_serve_runs_no_more_groups_than_the_pools_slots_hold(tmp_path: Path) -> None:
+    deadline = time.monotonic() + 120
+    env_log = tmp_path / "env.log"
+    with _trainer(tmp_path, deadline) as (url, trainer, api_log):
+        argv = [
+            sys.executable, __file__, "serve", *_common_flags(url, "small_pool_env"),
+            "--env.slot_lifetime_s", str(3.5 * TURN_S), "--env.max_failed_groups", "1000",
+        ]  # fmt: skip
+        batches: list[list[dict[str, object]]] = []
+        with _process_group(argv, env_log, _env(tmp_path, "small_pool")):
+
+            def next_batch() -> list[dict[str, object]] | None:
+                batch: list[dict[str, object]] | None = trainer.get("/batch").json()["batch"]
+                return batch
+
+            while len(batches) < 2:
+                batches.append(_wait_until(deadline, "a batch", [env_log, api_log], next_batch))
+    log = env_log.read_text(errors="replace")
+    assert "no slot before the trajectory deadline" not in log
+    assert "infra_error" not in log
+    assert "serve runs at most 2 groups at once: 8 slots hold 2 groups of group_size=4" in log
+
+
 if __name__ == "__main__":
-    BrokenScoreEnv.cli()
+    {"broken": BrokenScoreEnv, "small_pool": SmallPoolEnv}[os.environ["ENV_KIND"]].cli()

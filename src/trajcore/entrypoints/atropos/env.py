@@ -42,6 +42,7 @@ from trajcore.domain.toolsets import DistributionRegistry, Toolset, ToolsetCatal
 from trajcore.entrypoints.atropos import failing_groups, metrics, pools, scored_data, startup, tasks
 from trajcore.entrypoints.atropos.config import AgentEnvConfig, RolloutSettings
 from trajcore.entrypoints.atropos.scored_data import ScoredGroup
+from trajcore.entrypoints.atropos.serve_workers import cap_workers
 from trajcore.entrypoints.atropos.services import (
     RolloutServices,
     default_toolsets,
@@ -483,10 +484,8 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         return self.settings.mode_line()
 
     async def env_manager(self) -> None:
-        """``serve``: Atropos's loop, inside the rollout services.
-
-        ``serve`` feeds a trainer, so OpenAI mode's inexact tokens are warned about here, once.
-        """
+        """``serve``: Atropos's loop, inside the rollout services (``serve_workers``,
+        ``failing_groups.RunStop``); OpenAI mode's inexact tokens are warned about here, once."""
         if self.settings.mode == "openai":
             log.warning(
                 "serve sends inexact tokens to the trainer: %s. For RL set an --openai.server_type "
@@ -494,7 +493,12 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
                 self.mode_line(),
             )
         loop = super().env_manager
-        await self._run_with_services(lambda: self._stop.run(loop))
+
+        async def serve() -> None:  # Atropos's loop, its workers capped to the pool's slots
+            cap_workers(self.config, self.server, self.services.pool)
+            await self._stop.run(loop)
+
+        await self._run_with_services(serve)
 
     async def process_manager(self) -> None:
         """``process``: Atropos's loop, inside the rollout services."""
