@@ -6,6 +6,8 @@
 - Atropos starts up to 8 groups at once by default, whatever the pool holds; the members that
   wait for a slot spend their deadline waiting and fail as ``infra_error``. ``serve`` runs at
   most the groups the pool's slots hold, so no member waits out its deadline.
+- ``run-api`` not reachable: Atropos's quick retries end in tenacity's ``RetryError``, which
+  names neither the URL nor the setting; ``serve`` ends naming ``rollout_server_url``.
 
 Each test starts ``run-api`` on loopback, registers as a trainer and starts this file as the
 env (``ENV_KIND`` picks which), and kills both process groups at the end.
@@ -14,6 +16,7 @@ env (``ENV_KIND`` picks which), and kills both process groups at the end.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -177,6 +180,19 @@ def test_serve_runs_no_more_groups_than_the_pools_slots_hold(tmp_path: Path) -> 
     assert "no slot before the trajectory deadline" not in log
     assert "infra_error" not in log
     assert "serve runs at most 2 groups at once: 8 slots hold 2 groups of group_size=4" in log
+
+
+@pytest.mark.slow
+def test_serve_without_run_api_ends_naming_rollout_server_url(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    argv = [sys.executable, __file__, "serve", *_common_flags(url, "no_api_env")]
+    ended = subprocess.run(
+        argv, env=_env(tmp_path, "small_pool"), capture_output=True, timeout=90, check=False
+    )
+    err = ended.stderr.decode(errors="replace")
+    assert ended.returncode != 0
+    assert f"TrainerApiUnavailable: rollout_server_url: the trainer's API at {url} could " in err
+    assert "start run-api and register the trainer before serve" in err
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ from trajcore.entrypoints.atropos.services import (
     tool_server_for,
 )
 from trajcore.entrypoints.atropos.tokenizer_modes import tokenizer_for
+from trajcore.entrypoints.atropos.trainer_api import explained
 from trajcore.entrypoints.atropos_bases import BaseEnv
 from trajcore.entrypoints.dataset_rows import DatasetRows, builtin_dataset
 from trajcore.entrypoints.gc_tuning import young_gc_threshold
@@ -455,8 +456,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             await self.wait_for_model()
             stack.enter_context(young_gc_threshold(self.config.gc_young_threshold))
             await stack.enter_async_context(self.rollout_services())
-            stack.push_async_callback(lambda: failing_groups.stop_workers(
-                (*self.workers, *self.eval_workers, self.eval_runner)))  # fmt: skip
+            stack.push_async_callback(failing_groups.stop_workers, self)
             await run()
 
     async def wait_for_model(self) -> None:
@@ -496,7 +496,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
 
         async def serve() -> None:  # Atropos's loop, its workers capped to the pool's slots
             cap_workers(self.config, self.server, self.services.pool)
-            await self._stop.run(loop)
+            await self._stop.run(explained(loop, self.config.rollout_server_url))
 
         await self._run_with_services(serve)
 

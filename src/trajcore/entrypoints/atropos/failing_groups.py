@@ -19,12 +19,13 @@ the error in the run's own task, which closes the services and ends the command;
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 
 import anyio
 import attrs
 
 from trajcore.domain.groups import GroupStatus
+from trajcore.entrypoints.atropos_bases import BaseEnv
 from trajcore.rollout.group import GroupResult
 
 __all__ = ["FailingGroups", "GroupsFailing", "RunStop", "stop_workers"]
@@ -116,9 +117,10 @@ class RunStop:
             raise self.error
 
 
-async def stop_workers(tasks: Iterable[asyncio.Task[object] | None]) -> None:
-    """Cancel the tasks still running (Atropos's workers, evaluation) and wait at most 30 s,
+async def stop_workers(env: BaseEnv) -> None:
+    """Cancel the env's Atropos tasks still running (workers, evaluation) and wait at most 30 s,
     shielded, for them to end: each releases its slots on the way out."""
+    tasks = (*env.workers, *env.eval_workers, env.eval_runner)
     running = [task for task in tasks if task is not None and not task.done()]
     for task in running:
         task.cancel()
