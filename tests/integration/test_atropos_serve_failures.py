@@ -133,7 +133,10 @@ def _trainer(tmp_path: Path, deadline: float) -> Iterator[tuple[str, httpx.Clien
 
 
 def _env(tmp_path: Path, kind: str = "") -> dict[str, str]:
-    return {**_child_env(tmp_path), "NO_PROXY": "*", "ENV_KIND": kind}
+    child = _child_env(tmp_path)
+    root = str(Path(__file__).resolve().parents[2])  # this file, run as the env, imports tests.*
+    path = os.pathsep.join(p for p in (root, child.get("PYTHONPATH", "")) if p)
+    return {**child, "NO_PROXY": "*", "ENV_KIND": kind, "PYTHONPATH": path}
 
 
 @pytest.mark.slow

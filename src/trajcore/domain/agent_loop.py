@@ -585,9 +585,7 @@ class AgentLoop:
         """
         self._expect(LoopEvent.MODEL_FAILED)
         self._observe(now)
-        # On the first turn nothing the model did filled the context: the task and max_tokens
-        # did (a setting), so it is the model server's refusal, not a budget the model spent.
-        outgrew = context_full and self._turns > 0
+        outgrew = context_full and self._turns > 0  # not the task and max_tokens alone
         reason = StopReason.TOKEN_BUDGET if outgrew else StopReason.MODEL_ERROR
         return self._finish(LoopEvent.MODEL_FAILED, reason, detail)
 
@@ -613,11 +611,8 @@ class AgentLoop:
 
     def out_of_time(self, *, now: float, detail: str | None = None) -> Finish:
         """The time budget ran out while the model or the tools were busy; ``detail`` says whose
-        (the caller's deadline), else the loop's own ``time_budget_s``.
-
-        Raises:
-            StateError: the loop is not running.
-        """
+        (the caller's deadline), else the loop's own ``time_budget_s``. Raises ``StateError``
+        unless the loop is running."""
         self._expect(LoopEvent.OUT_OF_TIME)
         self._observe(now)
         self._pending = ()
