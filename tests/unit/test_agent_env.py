@@ -168,6 +168,7 @@ def env() -> FileEnv:
         ({"extra_body": "top_k"}, "extra_body"),
         ({"extra_body": '{"n": 4}'}, "extra_body.n"),
         ({"extra_body": {"best_of": 2}}, "extra_body.best_of"),
+        ({"extra_body": {"sampling_params": {"n": 4}}}, "extra_body.sampling_params.n"),
     ],
 )
 def test_invalid_fields_are_config_errors_naming_them(fields: dict[str, Any], field: str) -> None:

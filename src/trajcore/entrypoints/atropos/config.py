@@ -353,14 +353,16 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
         if isinstance(value, str) and value.strip() and not value.strip().startswith("{"):
             raise ConfigError("extra_body", f"expected a JSON object, got {value!r}")
         body = _json_or_pairs("extra_body", value)
-        for key in ("n", "best_of"):  # one completion per turn is read; more are paid and lost
-            if isinstance(body, dict) and body.get(key, 1) != 1:
-                raise ConfigError(
-                    f"extra_body.{key}",
-                    f"{body[key]!r}: a trajectory takes one completion per turn, so the others "
-                    "would be sampled, paid for and dropped; group_size sets how many "
-                    "trajectories sample each item",
-                )
+        nested = body.get("sampling_params") if isinstance(body, dict) else None
+        for at, where in (("extra_body", body), ("extra_body.sampling_params", nested)):
+            for key in ("n", "best_of"):  # one completion per turn is read; more would be lost
+                if isinstance(where, dict) and where.get(key, 1) != 1:
+                    raise ConfigError(
+                        f"{at}.{key}",
+                        f"{where[key]!r}: a trajectory takes one completion per turn, so the "
+                        "others would be sampled, paid for and dropped; group_size sets how "
+                        "many trajectories sample each item",
+                    )
         return body
 
     @field_validator("tool_call_parser")
