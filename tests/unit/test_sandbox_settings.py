@@ -111,6 +111,14 @@ def test_the_cloud_pools_read_their_sections_with_the_renamed_fields() -> None:
     assert caught.value.field == "cloud_memory_mb"
 
 
+def test_the_file_size_limit_reaches_the_slot_servers_and_none_lifts_it() -> None:
+    assert SandboxSettings().slot_isolation().max_file_bytes == 1 << 30
+    assert SandboxSettings(max_file_bytes=None).slot_isolation().max_file_bytes is None
+    assert SandboxSettings(max_file_bytes=4096).slot_isolation().max_file_bytes == 4096
+    local = SandboxSettings(max_file_bytes=None).local_pool_config()
+    assert local.server.isolation.max_file_bytes is None
+
+
 def test_the_defaults_are_the_pools_own() -> None:
     settings = SandboxSettings()
     assert settings.slot_isolation() == SlotIsolation()

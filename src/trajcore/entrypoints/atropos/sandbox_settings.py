@@ -241,6 +241,12 @@ class DeclaredSettings(CloudSettings):
         description="Refuse to start when slots cannot keep a persistent shell "
         "(bash_stateful, tmux; the local pool needs tmux on the host).",
     )
+    max_file_bytes: int | None = Field(
+        default=_POLICY.max_file_bytes,
+        ge=1,
+        description="Largest file a sandboxed process may write (an rlimit; 1 GiB by default, so "
+        "a runaway 'yes > out' stops there). None: no cap.",
+    )
     terminal_timeout_s: float = Field(
         default=_POLICY.default_timeout_s,
         gt=0,
@@ -396,6 +402,7 @@ class SandboxSettings(_Flags):
         try:
             return SlotIsolation(
                 allow_network=self.allow_network,
+                max_file_bytes=self.max_file_bytes,
                 require_sandbox=self.require_sandbox or self.require_stateful_sandbox,
                 min_timeout_s=min(_POLICY.min_timeout_s, timeout),
                 default_timeout_s=timeout,
