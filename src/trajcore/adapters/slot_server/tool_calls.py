@@ -312,10 +312,35 @@ async def _read_file(sandboxes: Sandboxes, slot: Slot, call: ExecuteCall) -> Too
         return failure(call, ToolOutcome.REJECTED, f"{error.reason} @ $.{error.field}")
     except OSError as error:
         return failure(call, ToolOutcome.TOOL_ERROR, f"cannot read {path!r}: {error.strerror}")
-    text = found.data.decode("utf-8", "replace")
-    if found.truncated:
-        text += f"\n[... truncated: showing {len(found.data)} of {found.size} bytes]"
+    text, shown = await asyncio.to_thread(_text_within, found.data, cap)
+    if found.truncated or shown < len(found.data):
+        text += f"\n[... truncated: showing {shown} of {found.size} bytes]"
     return _result(call, ToolOutcome.OK, text)
+
+
+# What JSON adds to a character of a result's text: 5 bytes for a control character written
+# ``\u00XX``, 1 for the ones with a short escape (``\n``) and for ``"`` and ``\``.
+_ESCAPE_EXTRA = {chr(c): 5 for c in range(0x20)} | dict.fromkeys('\b\t\n\f\r"\\', 1)
+
+
+def _json_bytes(text: str) -> int:
+    """The bytes ``text`` takes as a JSON string's contents (UTF-8, escapes written out)."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    return size + sum(text.count(char) * extra for char, extra in _ESCAPE_EXTRA.items())
+
+
+def _text_within(data: bytes, cap: int) -> tuple[str, int]:
+    """The text of the longest prefix of ``data`` whose JSON string fits in ``cap`` bytes, and
+    that prefix's length in bytes. A file of control characters (zeros, binary) takes up to six
+    times its size as JSON: each read of it kept to ``cap`` bytes keeps a batch's answer within
+    what the pool's client accepts, however many slots read such a file at once."""
+    shown = len(data)
+    while True:
+        text = data[:shown].decode("utf-8", "replace")
+        size = _json_bytes(text)
+        if size <= cap or shown == 0:
+            return text, shown
+        shown = shown * cap // size  # strictly less: size > cap
 
 
 async def _write_file(sandboxes: Sandboxes, slot: Slot, call: ExecuteCall) -> ToolResult:
