@@ -4,7 +4,10 @@ One client per slot server, holding one keep-alive connection pool (``adapters.h
 call's round trip is mostly HTTP overhead, so that client is kept lean; ``bench/tools.py`` measures
 it against aiohttp, and docs/benchmarks.md has the figures). Every request has its own timeout
 derived from what it asks: a batch waits for the slowest slot's calls one after another plus a grace
-period, so a long command is never cut by a fixed client timeout (an upstream defect). Every request
+period, so a long command is never cut by a fixed client timeout (an upstream defect). The limit
+counts time this process's event loop ran: a stretch in which it did not (a long synchronous step
+of another task, a CPU starved by load) is added to it, so an answer that came meanwhile and waits
+unread is read, not taken for a server that did not answer (``_Deadline``). Every request
 of the protocol may be sent twice (calls are deduplicated by ``call_id``, a reset retires an epoch
 that stays retired, the rest only read), so a request that meets a keep-alive connection the server
 had just closed is replayed once on a fresh one.
@@ -160,10 +163,15 @@ class SlotServerClient:
         http, origin, prefix = self._open()
         url = self.base_url + path
         try:
-            response = await http.request(
-                method, origin, prefix + path, body=raw, timeout_s=timeout_s, idempotent=True
-            )
-        except RequestTimedOut:
+            async with asyncio.timeout(None) as scope:
+                watch = _Deadline(asyncio.get_running_loop(), scope, timeout_s)
+                try:
+                    response = await http.request(
+                        method, origin, prefix + path, body=raw, idempotent=True
+                    )
+                finally:
+                    watch.stop()
+        except (RequestTimedOut, TimeoutError):
             raise SlotServerError(f"{method} {url}: no answer within {timeout_s:.1f} s") from None
         except HTTPError as error:
             raise SlotServerError(f"{method} {url}: {type(error).__name__}: {error}") from None
@@ -421,6 +429,53 @@ class SlotServerClient:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+_WATCH_STEP_S = 1.0
+"""How often a request's deadline looks at the clock (``_Deadline``)."""
+_STALL_S = 0.5
+"""A look this much later than it was due means this process's event loop did not run meanwhile."""
+
+
+class _Deadline:
+    """A request's limit counted in time the event loop ran: when the loop was held up (a long
+    synchronous step of another task, such as a tokenizer rendering a large trajectory, or a
+    machine starved of CPU), the answer may be waiting unread in the socket, so that time is
+    added to the limit (and a look's time more, to read it) instead of failing the request and
+    losing a healthy server. Once the limit has passed, ``scope`` (an ``asyncio.timeout``)
+    fires."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, scope: asyncio.Timeout, limit_s: float
+    ) -> None:
+        self._loop = loop
+        self._scope = scope
+        now = loop.time()
+        self._deadline = now + limit_s
+        self._due = now
+        self._handle: asyncio.TimerHandle | None = None
+        self._arm(now)
+
+    def _arm(self, now: float) -> None:
+        self._due = min(self._deadline, now + _WATCH_STEP_S)
+        self._handle = self._loop.call_at(self._due, self._look)
+
+    def _look(self) -> None:
+        now = self._loop.time()
+        late = now - self._due
+        if late > _STALL_S:  # and a look's time to read what came meanwhile
+            self._deadline += late + _WATCH_STEP_S
+        if now >= self._deadline:
+            self._handle = None
+            self._scope.reschedule(now)
+        else:
+            self._arm(now)
+
+    def stop(self) -> None:
+        """The request ended: no more looks."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 def _fail(batch: list[tuple[int, int, asyncio.Future[LeaseAnswer]]], error: Exception) -> None:
