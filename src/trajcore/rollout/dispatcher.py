@@ -20,9 +20,12 @@ Rules it keeps:
 - Nothing hangs: every batch runs under a deadline of its slowest slot's call timeouts added
   up (a slot server runs one slot's calls one after another) plus ``grace_s``; a batch that
   overruns, raises, or answers with the wrong number of results gives each of its calls an
-  ``INFRA_ERROR`` result naming what happened. The deadline is a backstop: a pool bounds its
-  own batches (a slot server's client gives the server up at the same sum plus its own
-  grace, and the pool loses that server), so ``DISPATCH_GRACE_S`` is longer than that grace.
+  ``INFRA_ERROR`` result naming what happened. The deadline counts time the event loop ran
+  (one task watches every batch's): a stretch in which it did not (a long synchronous step, a
+  CPU starved by load) is added, as the slot server's client adds it. The deadline is a
+  backstop: a pool bounds its own batches (a slot server's client gives the server up at the
+  same sum plus its own grace, and the pool loses that server), so ``DISPATCH_GRACE_S`` is
+  longer than that grace.
 - A cancelled caller withdraws its calls that are still queued; calls already in flight finish and
   their results are dropped. No one else loses a result, and nothing is released twice (the
   dispatcher holds no lease).
@@ -62,6 +65,11 @@ DISPATCH_GRACE_S = 30.0
 """The default slack past a batch's limit before the dispatcher abandons it: longer than a slot
 server client's own (15 s), so that a hung server fails its batch at the client first, which
 loses it, and the dispatcher's deadline only catches a pool that does not bound itself."""
+
+_LOOK_S = 1.0
+"""Longest the watch of batch deadlines waits between looks while batches are in flight."""
+_STALL_S = 0.5
+"""A look this much later than due means the event loop did not run meanwhile (``_watch``)."""
 
 _IDLE_COURIERS = 64
 """Most tasks kept waiting for a next batch; a task that finds this many waiting ends."""
@@ -191,6 +199,10 @@ class ToolDispatcher:
         self._context = contextvars.copy_context()
         self._idle: list[_Courier] = []
         self._closed = False
+        # the batches in flight: each one's cancel scope and deadline (``_watch``)
+        self._deadlines: dict[anyio.CancelScope, float] = {}
+        self._watch_wake = anyio.Event()
+        self._watch_until = math.inf  # when the watch next looks unless woken
         # batches, calls, failed batches, withdrawn calls, largest batch
         self._counts = [0, 0, 0, 0, 0]
 
@@ -199,7 +211,9 @@ class ToolDispatcher:
         self._context = contextvars.copy_context()
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
+        self._watch_wake = self._backend.event()
         self._group.start_soon(self._loop, self._group)
+        self._group.start_soon(self._watch)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -321,6 +335,34 @@ class ToolDispatcher:
             self._until = -math.inf  # looking now: no one need wake it
             self._wake = event()
 
+    async def _watch(self) -> None:
+        """Cancel each batch past its deadline, counted in time the event loop ran: a look that
+        comes more than ``_STALL_S`` after it was due (the loop was held up by a long synchronous
+        step or starved of CPU, while the batch's answer may have come) moves every deadline by
+        that much and ``_LOOK_S`` more, for the loop to read what came meanwhile. It looks at
+        least every ``_LOOK_S`` while batches are in flight."""
+        clock, event, scope, deadlines = (
+            self._backend.clock, self._backend.event, self._backend.scope, self._deadlines
+        )  # fmt: skip
+        while True:
+            now = clock()
+            due = min(*deadlines.values(), now + _LOOK_S) if deadlines else math.inf
+            self._watch_until = due
+            if due > now:
+                with scope(deadline=due):
+                    await self._watch_wake.wait()
+            self._watch_wake = event()
+            self._watch_until = -math.inf  # looking now
+            looked = clock()
+            late = looked - due
+            if late > _STALL_S:  # and a look's time to read what came meanwhile
+                for batch in deadlines:
+                    deadlines[batch] += late + _LOOK_S
+            for batch, deadline in list(deadlines.items()):
+                if deadline <= looked:
+                    del deadlines[batch]
+                    batch.cancel()
+
     async def _courier(self, batch: Batch) -> None:
         """Send ``batch``, then each batch the loop hands over while this task waits."""
         event, idle = self._backend.event, self._idle
@@ -347,13 +389,18 @@ class ToolDispatcher:
         failure: str | None = None
         results: list[ToolResult] = []
         backend = self._backend
-        with backend.scope(deadline=backend.clock() + limit) as scope:
+        scope = backend.scope()
+        deadline = self._deadlines[scope] = backend.clock() + limit
+        if deadline < self._watch_until:
+            self._watch_wake.set()
+        with scope:
             try:
                 results = await self._pool.execute(batch.container, calls)
             except PoolClosed:
                 failure = "the sandbox pool is closed"
             except Exception as exc:  # noqa: BLE001 - any adapter failure becomes per-call results
                 failure = f"batch to {batch.container} failed: {type(exc).__name__}: {exc}"
+        self._deadlines.pop(scope, None)
         if scope.cancelled_caught:
             failure = f"batch to container {batch.container} overran its {limit:.1f}s deadline"
         elif failure is None and len(results) != len(calls):
