@@ -299,6 +299,19 @@ async def test_a_score_hook_that_forgets_an_await_is_an_env_error_not_a_score() 
     assert "without await" in detail
 
 
+async def _score_reads_a_coroutine(tools: SlotTools, messages: Sequence[Message]) -> float:
+    report = tools.run("cat done.txt")  # no await: a coroutine, which has no stdout
+    return 1.0 if report.stdout == "ok" else 0.0  # type: ignore[attr-defined]
+
+
+async def test_a_score_hook_that_raises_on_a_forgotten_await_is_named_for_it() -> None:
+    hooks = TrajectoryHooks(prepare=_prepare, score=_score_reads_a_coroutine)
+    async with FakeSandboxPool(containers=1, slots_per_container=1) as pool:
+        result = await _run(ChatPolicy(_solving_chat()), pool, hooks=hooks)
+    assert result.outcome.status is TrajectoryStatus.ENV_ERROR
+    assert "score hook called tools.run() at test_trajectory.py:" in str(result.outcome.detail)
+
+
 async def test_a_prepare_hook_that_forgets_an_await_is_an_env_error() -> None:
     hooks = TrajectoryHooks(prepare=_prepare_without_await, score=_score)
     async with FakeSandboxPool(containers=1, slots_per_container=1) as pool:

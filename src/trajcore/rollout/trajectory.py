@@ -351,11 +351,13 @@ async def _leased(run: _Run, env: _Env) -> None:
                     else await env.hooks.prepare(slot_tools)
                 )
             except Exception as exc:  # noqa: BLE001 - the env's own code, or the slot's failure
+                forgotten = _forgotten_await(slot_tools, "prepare hook")
                 if _infrastructure(exc):
                     detail = f"prepare hook failed: {_first(exc)}"
                     run.loop.infra_failed(now=run.now(), detail=detail)
-                else:
-                    run.loop.env_failed(now=run.now(), detail=env_failure("prepare hook", exc))
+                else:  # a coroutine used as its answer raises: the forgotten await is the cause
+                    detail = forgotten or env_failure("prepare hook", exc)
+                    run.loop.env_failed(now=run.now(), detail=detail)
                 return
             forgotten = _forgotten_await(slot_tools, "prepare hook")
             if forgotten is not None:
@@ -536,11 +538,12 @@ async def _score(run: _Run, hooks: TrajectoryHooks, slot_tools: SlotTools) -> No
     try:
         score: object = await hooks.score(slot_tools, _transcript(run))
     except Exception as exc:  # noqa: BLE001 - the env's own code, or the slot's failure
+        forgotten = _forgotten_await(slot_tools, "score hook")
         if _infrastructure(exc):
             run.score_failure = f"score hook failed: {_first(exc)}"
             run.score_failure_status = TrajectoryStatus.INFRA_ERROR
-        else:
-            run.score_failure = env_failure("score hook", exc)
+        else:  # a coroutine used as its answer raises: the forgotten await is the cause
+            run.score_failure = forgotten or env_failure("score hook", exc)
         return
     forgotten = _forgotten_await(slot_tools, "score hook")
     if forgotten is not None:
