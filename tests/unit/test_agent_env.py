@@ -204,6 +204,18 @@ def test_settings_that_cannot_work_fail_at_start(
     assert words in caught.value.reason
 
 
+def test_a_tokenizer_that_cannot_be_loaded_offline_is_named_with_the_way_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError) as caught:
+        FileEnv(_config(tokenizer_name="no-such-org/no-such-model"))
+    assert caught.value.field == "tokenizer_name"
+    assert "'no-such-org/no-such-model' could not be loaded" in caught.value.reason
+    assert "offline, a model name loads only from the local cache" in caught.value.reason
+    assert str(qwen3_tokenizer_path()) in caught.value.reason
+
+
 def test_cli_text_becomes_lists_and_mappings() -> None:
     config = _config(
         enabled_toolsets="terminal,file",

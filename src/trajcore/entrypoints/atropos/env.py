@@ -125,7 +125,10 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         self._dataset: DatasetRows | None = builtin_dataset(
             config, env_name=type(self).__name__, builtin=builtin
         )
-        super().__init__(config, self.server_configs, slurm=slurm, testing=testing)
+        try:  # Atropos loads the tokenizer here
+            super().__init__(config, self.server_configs, slurm=slurm, testing=testing)
+        except OSError as error:
+            raise startup.tokenizer_unavailable(config.tokenizer_name, error) or error from error
         self._services: RolloutServices | None = None
         self._server_toolsets: list[Toolset] = []
         self._template: ChatTemplate | None = None
@@ -269,12 +272,9 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
 
     @classmethod
     def cli(cls) -> None:
-        """``python my_env.py serve|process|evaluate ...``, as with any Atropos env.
-
-        When the program has configured no logging, trajcore's log (groups, failures, tool
-        errors, metrics) goes to stderr at INFO level. SIGINT and SIGTERM stop the run with
-        the pool closed; a second one forces it (``trajcore.entrypoints.signals``).
-        """
+        """``python my_env.py serve|process|evaluate ...``, as with any Atropos env: trajcore's
+        log goes to stderr at INFO unless the program configured logging; SIGINT and SIGTERM
+        stop the run with the pool closed, a second one forces it (``entrypoints.signals``)."""
         metrics.log_to_stderr_unless_configured()
         from trajcore.entrypoints.signals import closing_on_signals
 

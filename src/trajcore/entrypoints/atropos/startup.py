@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal, cast
@@ -52,6 +53,7 @@ from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[im
 from trajcore.adapters.llm.atropos import token_server_from_config
 from trajcore.adapters.llm.chat import OpenAIChatServer
 from trajcore.adapters.llm.transport import RetryRules
+from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.errors import (
     ConfigError,
     InfrastructureError,
@@ -73,6 +75,7 @@ __all__ = [
     "model_probes",
     "normalize_servers",
     "server_configs",
+    "tokenizer_unavailable",
     "wait_for_model",
 ]
 
@@ -415,4 +418,26 @@ def check_wandb(use_wandb: bool, environ: dict[str, str] | None = None) -> None:
         f"this machine has no credentials for it (no WANDB_API_KEY, no {places[1]}, no "
         f"{settings}): pass --env.use_wandb false, set WANDB_MODE=disabled or offline, or run "
         "`wandb login`",
+    )
+
+
+def tokenizer_unavailable(name: str, error: OSError) -> ConfigError | None:
+    """The ``ConfigError`` at ``tokenizer_name`` for Atropos's failed load of the tokenizer
+    ``name`` (transformers raises ``OSError`` with a page of advice), or ``None`` when ``error``
+    was not raised loading it. Offline (``HF_HUB_OFFLINE``), a model name loads only from the
+    local cache, so the message says so and names the tokenizer trajcore ships."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not any("/transformers/" in f.filename or "/huggingface_hub/" in f.filename for f in frames):
+        return None
+    offline = any(
+        os.environ.get(flag, "").lower() not in ("", "0", "false")
+        for flag in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+    where = "offline, a model name loads only from the local cache; " if offline else ""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return ConfigError(
+        "tokenizer_name",
+        f"{name!r} could not be loaded ({first}): {where}pass --env.tokenizer_name with a local "
+        f"tokenizer folder or a model name, such as the Qwen3 tokenizer trajcore ships: "
+        f"{qwen3_tokenizer_path()}",
     )
