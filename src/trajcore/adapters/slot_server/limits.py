@@ -28,9 +28,13 @@ and ``pids`` proves it empty, which reset uses before it wipes the workspace.
 Cost. Making a cgroup (a ``mkdir`` and a few limit files per hierarchy; a memory cgroup is the
 slow one) is kept off the path of a sandbox's start: the runtime makes every slot's cgroup when it
 starts, and a slot keeps its (empty) cgroup from one lease to the next; ``create`` on a cgroup
-that already exists does nothing. The cgroups are removed when the runtime closes; those of a
-server that could not (killed with SIGKILL) are removed by the next server that starts beside
-them (``sweep_stale``: a ``trajcore-PID-...`` folder whose PID is gone, and its slots' groups).
+that already exists does nothing. The cgroups are removed when the runtime closes. A server that
+cannot close them (killed with SIGKILL) leaves them to its watcher: a small shell in a session of
+its own, started beside the cgroups, that waits for the server's end of a pipe to close (however
+the server ended), kills what is left in the slots' groups and removes them, then the server's
+folder, trying busy ones again for up to 10 s. Where no watcher could run (or it was killed too),
+the next server that starts beside them sweeps them (``sweep_stale``: a ``trajcore-PID-...``
+folder whose PID is gone, and its slots' groups).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import errno
 import os
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -73,6 +78,11 @@ class CgroupPlan:
     version: int
     pids_parent: Path
     memory_parent: Path | None
+    watcher: subprocess.Popen[bytes] | None = attrs.field(default=None, eq=False, repr=False)
+
+    def parents(self) -> list[Path]:
+        """The server's cgroup folders, one per hierarchy."""
+        return list(dict.fromkeys(p for p in (self.pids_parent, self.memory_parent) if p))
 
 
 def _own_path(controller: str) -> str | None:
@@ -90,6 +100,41 @@ def _writable_child(parent: Path, name: str) -> Path | None:
     except OSError:
         return None
     return probe
+
+
+# The watcher (see the module doc): ``read`` returns at the end of its stdin, the server's pipe;
+# then each slot's group is emptied and removed, then the folder, until none is left (10 s).
+_WATCHER = r"""while read -r _; do :; done
+tries=0
+while :; do
+  left=
+  for parent in "$@"; do
+    [ -d "$parent" ] || continue
+    for group in "$parent"/*/; do
+      [ -d "$group" ] || continue
+      [ -f "$group/cgroup.kill" ] && echo 1 2>/dev/null > "$group/cgroup.kill"
+      while read -r pid; do kill -9 "$pid" 2>/dev/null; done 2>/dev/null < "$group/cgroup.procs"
+      rmdir "$group" 2>/dev/null || left=1
+    done
+    rmdir "$parent" 2>/dev/null || left=1
+  done
+  [ -z "$left" ] && exit 0
+  tries=$((tries + 1))
+  [ "$tries" -ge 100 ] && exit 1
+  sleep 0.1
+done"""
+
+
+def _start_watcher(parents: list[Path]) -> subprocess.Popen[bytes] | None:
+    """Start the watcher of ``parents``; ``None`` where it cannot run (``sweep_stale`` then)."""
+    try:
+        return subprocess.Popen(  # its own session: a kill of the server's group spares it
+            ["/bin/sh", "-c", _WATCHER, "trajcore-cgroup-watcher", *map(str, parents)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+    except OSError:
+        return None
 
 
 def sweep_stale(parent: Path) -> int:
@@ -120,13 +165,18 @@ def sweep_stale(parent: Path) -> int:
 
 
 def detect_cgroups(tag: str) -> CgroupPlan | None:
-    """A plan for per-slot cgroups under a directory named ``tag``, or ``None`` when impossible."""
+    """A plan for per-slot cgroups under a directory named ``tag``, or ``None`` when impossible.
+    The plan's watcher removes them if the server ends without ``remove_parent``."""
     try:
         if (_CGROUP_ROOT / "cgroup.controllers").exists():
-            return _detect_v2(tag)
-        return _detect_v1(tag)
+            plan = _detect_v2(tag)
+        else:
+            plan = _detect_v1(tag)
     except OSError:
         return None
+    if plan is None:
+        return None
+    return attrs.evolve(plan, watcher=_start_watcher(plan.parents()))
 
 
 def _detect_v2(tag: str) -> CgroupPlan | None:
@@ -254,12 +304,18 @@ class SlotCgroup:
             raise failed
 
 
-def remove_parent(plan: CgroupPlan) -> None:
-    """Remove the plan's parent directories if empty; never raises."""
-    for folder in {plan.pids_parent, plan.memory_parent}:
-        if folder is not None:
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+def remove_parent(plan: CgroupPlan, wait_s: float = 1.0) -> None:
+    """Remove the plan's parent directories if empty, then end its watcher (it removes what is
+    left, the slots' groups included) and reap it within ``wait_s``; never raises. Blocks."""
+    for folder in plan.parents():
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    watcher = plan.watcher
+    if watcher is not None and watcher.stdin is not None:
+        with contextlib.suppress(OSError):
+            watcher.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            watcher.wait(wait_s)  # one that is still busy ends within 10 s; Popen reaps it later
 
 
 @attrs.frozen(kw_only=True)

@@ -291,7 +291,7 @@ class SlotRuntime(CallTurns):
         if self.snapshots is not None:
             await asyncio.to_thread(self.snapshots.close)
         if self._sandboxes.cgroups is not None:
-            remove_parent(self._sandboxes.cgroups)
+            await asyncio.to_thread(remove_parent, self._sandboxes.cgroups)
 
     # ------------------------------------------------------------------------- queries
 
