@@ -134,6 +134,42 @@ def test_a_turn_after_history_the_template_moves_is_never_a_span_over_user_text(
 
 
 @pytest.mark.parametrize(
+    ("cut", "expected"),
+    [
+        # turn 0 cut at max_tokens: its end of turn is the environment's, not trained
+        ((0,), [("prompt", (USER, A, *EOT, ASSISTANT)), ("completion", (B,)),
+                ("environment", (*EOT, USER, C, *EOT, ASSISTANT)), ("completion", (D, 100)),
+                ("environment", (101,))]),
+        # turn 1 (counted among the assistant messages from 0)
+        ((1,), [("prompt", (USER, A, *EOT, ASSISTANT)), ("completion", (B, 100)),
+                ("environment", (101, USER, C, *EOT, ASSISTANT)), ("completion", (D,)),
+                ("environment", EOT)]),
+        # a position past the last turn cuts nothing
+        ((2,), [("prompt", (USER, A, *EOT, ASSISTANT)), ("completion", (B, 100)),
+                ("environment", (101, USER, C, *EOT, ASSISTANT)), ("completion", (D, 100)),
+                ("environment", (101,))]),
+    ],
+)  # fmt: skip
+def test_a_turn_cut_at_max_tokens_trains_its_text_but_not_the_end_of_turn(
+    cut: tuple[int, ...], expected: list[tuple[str, tuple[int, ...]]]
+) -> None:
+    messages = [
+        Message.user("a"),
+        Message.assistant("b"),
+        Message.user("c"),
+        Message.assistant("d"),
+    ]
+    ledger = _template(ToyRenderer()).rerender(messages, cut_turns=cut)
+    assert _kinds_and_ids(ledger.segments) == expected
+
+
+def test_an_empty_turn_cut_at_max_tokens_has_no_span() -> None:
+    messages = [Message.user("a"), Message.assistant("")]
+    ledger = _template(ToyRenderer()).rerender(messages, cut_turns=(0,))
+    assert _kinds_and_ids(ledger.segments) == [("prompt", (USER, A, *EOT, ASSISTANT, *EOT))]
+
+
+@pytest.mark.parametrize(
     ("ids", "end_of_turn", "start", "expected"),
     [
         ([1, 9, 8, 9], (9, 8), 0, 2),  # just after the end of turn's first id

@@ -9,7 +9,7 @@ import pytest
 
 from trajcore.domain.tool_parsers import granite, kimi_k2
 from trajcore.domain.tool_parsers.granite import GraniteParser
-from trajcore.domain.tool_parsers.hermes import HermesParser
+from trajcore.domain.tool_parsers.hermes import HermesParser, _json_block_end
 from trajcore.domain.tool_parsers.kimi_k2 import KimiK2Parser
 from trajcore.domain.tools import ToolCall
 from trajcore.domain.turns import ParseProblem
@@ -152,3 +152,55 @@ def test_granite_renders_the_array_after_the_content_as_written() -> None:
     """Pins Granite's render: no content by default, non-ASCII arguments not escaped."""
     text = GraniteParser().render([ToolCall(id="c", name="bash", arguments={"a": "é"})])
     assert text == '<|tool_call|>[{"name": "bash", "arguments": {"a": "é"}}]'
+
+
+# ------------------------------------------------------------------ hermes: markup in arguments
+
+_MARKUP = '{"name": "bash", "arguments": {"command": "echo \'</tool_call>\' > f"}}'
+
+
+@pytest.mark.parametrize(
+    ("text", "start", "expected"),
+    [
+        ("<tool_call>" + '  {"a": 1}  ' + "</tool_call>", 11, 35),  # blanks on both sides
+        ("<tool_call>[1]</tool_call>", 11, -1),  # not an object
+        ("{ [1]</tool_call>", 1, -1),  # the object must start at the body, not before it
+        ('x<tool_call>{"a": 1}</tool_call>', 12, 32),  # decoded from the body's start
+        ('<tool_call>{"a": </tool_call>', 11, -1),  # broken JSON
+        ('</tool_call>{"a": 1} x', 12, -1),  # not followed by the closer
+        ("<tool_call>" + "{" * 3000 + "</tool_call>", 11, -1),  # too deep to decode
+    ],
+)
+def test_hermes_a_json_block_ends_after_its_closer_or_is_not_one(
+    text: str, start: int, expected: int
+) -> None:
+    """Pins ``_json_block_end``: one JSON object after blanks, then blanks and the closer."""
+    assert _json_block_end(text, start) == expected
+
+
+@pytest.mark.parametrize("lead", ["", " ", "Sure.\n"])
+def test_hermes_markup_inside_a_strings_json_is_text_wherever_the_call_starts(lead: str) -> None:
+    """Pins the whole-JSON pass of ``read_calls``: a closer inside an argument string neither
+    ends the call nor leaves its tail in the content, with the call at index 0, 1 or later."""
+    turn = HermesParser().parse(f"{lead}<tool_call>{_MARKUP}</tool_call>")
+    assert turn.errors == ()
+    assert [c.arguments for c in turn.calls] == [{"command": "echo '</tool_call>' > f"}]
+    assert turn.content == lead.strip()
+
+
+def test_hermes_two_whole_calls_then_a_broken_one_are_read_in_order() -> None:
+    text = (
+        f"<tool_call>{_MARKUP}</tool_call>\n<tool_call>{_MARKUP}</tool_call>\n"
+        '<tool_call>{"name": "bash", "arguments": {"command": </tool_call>'
+    )
+    turn = HermesParser().parse(text)
+    assert len(turn.calls) == 2
+    assert [p.index for p in turn.errors] == [2]
+
+
+def test_hermes_a_whole_block_that_is_no_call_keeps_its_text_as_the_problems_raw() -> None:
+    block = '<tool_call>{"name": 5, "arguments": {}}</tool_call>'
+    turn = HermesParser().parse(block)
+    assert turn.calls == ()
+    (problem,) = turn.errors
+    assert problem.raw == block

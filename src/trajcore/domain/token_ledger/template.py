@@ -297,8 +297,11 @@ class ChatTemplate:
         the end-of-turn (the template's separator after it counts as environment). A message the
         template renders otherwise while it is the last one (Qwen3 writes an empty think block
         into the last assistant turn only, so every earlier tool-call turn differs) ends at the
-        first end-of-turn after its start in the whole conversation: its tokens as the whole
-        conversation has them are trained. ``cut_turns`` holds the positions, counted among
+        first end-of-turn after its start in the whole conversation, when the conversation
+        before it renders as the whole has it (a template that moves earlier text, as Mistral's
+        moves the system prompt and the tools to the last user message, gives no span there,
+        never one over user text): its tokens as the whole conversation has them are trained.
+        ``cut_turns`` holds the positions, counted among
         the assistant messages from 0, of turns the server cut at ``max_tokens`` (finish
         ``length``): the model sampled no end of turn there, so the template's is environment,
         not trained. This renders the conversation once per assistant turn: fine for SFT data,
