@@ -417,6 +417,11 @@ def main(argv: Sequence[str]) -> int:
         _check_choices(args, config)
         try:
             env = env_class(config, servers)
+        except ConfigError as error:  # the env names the setting; this command's flag is --set
+            if error.field != "tokenizer_name":
+                raise
+            reason = f"{error.reason} (--set tokenizer_name=PATH)"
+            raise ConfigError("tokenizer_name", reason) from None
         except OSError as error:  # Atropos loads tokenizer_name when the env is built
             raise ConfigError(
                 "tokenizer_name",

@@ -437,7 +437,7 @@ def tokenizer_unavailable(name: str, error: OSError) -> ConfigError | None:
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return ConfigError(
         "tokenizer_name",
-        f"{name!r} could not be loaded ({first}): {where}pass --env.tokenizer_name with a local "
+        f"{name!r} could not be loaded ({first}): {where}set tokenizer_name to a local "
         f"tokenizer folder or a model name, such as the Qwen3 tokenizer trajcore ships: "
         f"{qwen3_tokenizer_path()}",
     )
