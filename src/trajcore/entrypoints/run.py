@@ -404,6 +404,29 @@ def _nothing_scored(groups: Sequence[GroupResult]) -> bool:
     return bool(groups) and all(m.outcome.score is None for g in groups for m in g.members)
 
 
+def _built(
+    env_class: type[AgentEnv[Any]], config: AgentEnvConfig, servers: object
+) -> AgentEnv[Any]:
+    """The env, built; a tokenizer it cannot load is a ``ConfigError`` naming this command's flag.
+
+    Raises:
+        ConfigError: a setting the env refuses.
+    """
+    try:
+        return env_class(config, servers)
+    except ConfigError as error:  # the env names the setting; this command's flag is --set
+        if error.field != "tokenizer_name":
+            raise
+        reason = f"{error.reason} (--set tokenizer_name=PATH)"
+        raise ConfigError("tokenizer_name", reason) from None
+    except OSError as error:  # Atropos loads tokenizer_name when the env is built
+        raise ConfigError(
+            "tokenizer_name",
+            f"building the env failed loading {config.tokenizer_name!r}: {error} (offline, "
+            "give a local tokenizer folder: --set tokenizer_name=PATH)",
+        ) from None
+
+
 def main(argv: Sequence[str]) -> int:
     """Run the env; returns the exit status (see the module docstring)."""
     args = _arguments(argv)
@@ -415,19 +438,7 @@ def main(argv: Sequence[str]) -> int:
         env_module = sys.modules[env_class.__module__]
         config, servers = _config(env_class, args.set)
         _check_choices(args, config)
-        try:
-            env = env_class(config, servers)
-        except ConfigError as error:  # the env names the setting; this command's flag is --set
-            if error.field != "tokenizer_name":
-                raise
-            reason = f"{error.reason} (--set tokenizer_name=PATH)"
-            raise ConfigError("tokenizer_name", reason) from None
-        except OSError as error:  # Atropos loads tokenizer_name when the env is built
-            raise ConfigError(
-                "tokenizer_name",
-                f"building the env failed loading {config.tokenizer_name!r}: {error} (offline, "
-                "give a local tokenizer folder: --set tokenizer_name=PATH)",
-            ) from None
+        env = _built(env_class, config, servers)
         model = _model(args, env, env_module)
         out = _out_dir(args, env.name or env_class.__name__)
     except (TrajcoreError, OSError) as error:
