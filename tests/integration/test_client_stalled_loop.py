@@ -13,6 +13,7 @@ import time
 import pytest
 
 from tests.integration.test_slot_server import call, searchable_dir, start_server, stop_server
+from trajcore.adapters.pools import client as client_module
 from trajcore.adapters.pools.client import SlotServerClient
 from trajcore.domain.errors import SlotServerError
 from trajcore.domain.tools import ToolOutcome, ToolResult
@@ -78,6 +79,48 @@ def test_a_server_that_never_answers_still_fails_at_its_limit() -> None:
     error, took = asyncio.run(main())
     assert "no answer within 0.8 s" in error
     assert 0.7 < took < 3.0, took
+
+
+def test_a_loop_held_up_again_and_again_still_gives_up_on_a_mute_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stalls add to a request's limit at most ``_STALL_ROOM_S`` in all (2 s here, 30 s in
+    use): a loop that is always busy in long synchronous steps still fails a mute server."""
+    monkeypatch.setattr(client_module, "_STALL_ROOM_S", 2.0)
+
+    async def main() -> tuple[str, float]:
+        held: list[asyncio.StreamWriter] = []
+
+        async def mute(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            held.append(writer)
+
+        async def busy() -> None:
+            while True:
+                _hold_up(2.0)  # each look of the deadline comes late
+                await asyncio.sleep(0.02)
+
+        listener = await asyncio.start_server(mute, "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
+        client = SlotServerClient.tcp(f"127.0.0.1:{port}", None, grace_s=0.3)
+        hog = asyncio.ensure_future(busy())
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(30):
+                await client.execute([call(0, "bash", command="true", timeout_s=1.0)])
+        except SlotServerError as error:
+            return str(error), time.monotonic() - started
+        finally:
+            hog.cancel()
+            await client.aclose()
+            for writer in held:
+                writer.close()
+            listener.close()
+            await listener.wait_closed()
+        raise AssertionError("the batch did not fail")
+
+    error, took = asyncio.run(main())
+    assert "no answer within 1.3 s" in error
+    assert took < 1.3 + 2.0 + 2 * 2.0 + 1.0, took  # the limit, the room, the steps between
 
 
 def _hold_up(seconds: float) -> None:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trajcore.adapters.slot_server.limits import sweep_stale
+from trajcore.adapters.slot_server.limits import _writable_child, sweep_stale
 
 
 def _dead_pid() -> int:
@@ -49,3 +49,19 @@ def test_a_gone_servers_cgroups_are_removed_and_nothing_else(tmp_path: Path) -> 
 
 def test_a_missing_hierarchy_sweeps_nothing(tmp_path: Path) -> None:
     assert sweep_stale(tmp_path / "absent") == 0
+
+
+def test_a_servers_folder_is_always_one_it_made_never_one_that_was_there(tmp_path: Path) -> None:
+    # another server of the same pid (another pid namespace, the same cgroup file system) may
+    # hold trajcore-PID-TAG; the watcher empties what it is given, so it is never taken over
+    first = _writable_child(tmp_path, "trajcore-7-server")
+    assert first == tmp_path / "trajcore-7-server"
+    (first / "theirs").mkdir()
+    second = _writable_child(tmp_path, "trajcore-7-server")
+    assert second is not None
+    assert second != first
+    assert second.name.startswith("trajcore-7-server~")
+    assert [p.name for p in second.iterdir()] == []
+    assert (first / "theirs").is_dir()  # left alone
+    # this process's own leaf (not emptied by anyone) is used again as it is
+    assert _writable_child(tmp_path, "trajcore-7-server", fresh=False) == first

@@ -68,6 +68,9 @@ loses it, and the dispatcher's deadline only catches a pool that does not bound 
 
 _LOOK_S = 1.0
 """Longest the watch of batch deadlines waits between looks while batches are in flight."""
+_STALL_ROOM_S = 30.0
+"""What stalls of the event loop may add to one batch's deadline in all, at the least (its
+limit when longer): a loop that is always held up still abandons an overrun batch."""
 _STALL_S = 0.5
 """A look this much later than due means the event loop did not run meanwhile (``_watch``)."""
 
@@ -201,6 +204,7 @@ class ToolDispatcher:
         self._closed = False
         # the batches in flight: each one's cancel scope and deadline (``_watch``)
         self._deadlines: dict[anyio.CancelScope, float] = {}
+        self._room: dict[anyio.CancelScope, float] = {}  # what stalls may still add to each
         self._watch_wake = anyio.Event()
         self._watch_until = math.inf  # when the watch next looks unless woken
         # batches, calls, failed batches, withdrawn calls, largest batch
@@ -339,8 +343,10 @@ class ToolDispatcher:
         """Cancel each batch past its deadline, counted in time the event loop ran: a look that
         comes more than ``_STALL_S`` after it was due (the loop was held up by a long synchronous
         step or starved of CPU, while the batch's answer may have come) moves every deadline by
-        that much and ``_LOOK_S`` more, for the loop to read what came meanwhile. It looks at
-        least every ``_LOOK_S`` while batches are in flight."""
+        that much and ``_LOOK_S`` more, for the loop to read what came meanwhile, up to
+        ``_STALL_ROOM_S`` (or the batch's limit) in all (a loop always held up still gives up
+        on a batch). It
+        looks at least every ``_LOOK_S`` while batches are in flight."""
         clock, event, scope, deadlines = (
             self._backend.clock, self._backend.event, self._backend.scope, self._deadlines
         )  # fmt: skip
@@ -356,11 +362,14 @@ class ToolDispatcher:
             looked = clock()
             late = looked - due
             if late > _STALL_S:  # and a look's time to read what came meanwhile
-                for batch in deadlines:
-                    deadlines[batch] += late + _LOOK_S
+                for batch in deadlines:  # at most the limit once more in all
+                    extra = min(late + _LOOK_S, self._room.get(batch, 0.0))
+                    deadlines[batch] += extra
+                    self._room[batch] = self._room.get(batch, 0.0) - extra
             for batch, deadline in list(deadlines.items()):
                 if deadline <= looked:
                     del deadlines[batch]
+                    self._room.pop(batch, None)
                     batch.cancel()
 
     async def _courier(self, batch: Batch) -> None:
@@ -391,6 +400,7 @@ class ToolDispatcher:
         backend = self._backend
         scope = backend.scope()
         deadline = self._deadlines[scope] = backend.clock() + limit
+        self._room[scope] = max(limit, _STALL_ROOM_S)
         if deadline < self._watch_until:
             self._watch_wake.set()
         with scope:
@@ -401,6 +411,7 @@ class ToolDispatcher:
             except Exception as exc:  # noqa: BLE001 - any adapter failure becomes per-call results
                 failure = f"batch to {batch.container} failed: {type(exc).__name__}: {exc}"
         self._deadlines.pop(scope, None)
+        self._room.pop(scope, None)
         if scope.cancelled_caught:
             failure = f"batch to container {batch.container} overran its {limit:.1f}s deadline"
         elif failure is None and len(results) != len(calls):

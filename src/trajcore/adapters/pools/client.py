@@ -433,6 +433,9 @@ class SlotServerClient:
 
 _WATCH_STEP_S = 1.0
 """How often a request's deadline looks at the clock (``_Deadline``)."""
+_STALL_ROOM_S = 30.0
+"""What stalls of the event loop may add to one request's limit in all, at the least (the limit
+itself when longer): a loop that is always held up still gives up on a server."""
 _STALL_S = 0.5
 """A look this much later than it was due means this process's event loop did not run meanwhile."""
 
@@ -442,8 +445,9 @@ class _Deadline:
     synchronous step of another task, such as a tokenizer rendering a large trajectory, or a
     machine starved of CPU), the answer may be waiting unread in the socket, so that time is
     added to the limit (and a look's time more, to read it) instead of failing the request and
-    losing a healthy server. Once the limit has passed, ``scope`` (an ``asyncio.timeout``)
-    fires."""
+    losing a healthy server; at most ``_STALL_ROOM_S`` (or the limit, when longer) in all, so
+    a loop that is always held up still gives up on a server that never answers. Once the
+    limit has passed, ``scope`` (an ``asyncio.timeout``) fires."""
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, scope: asyncio.Timeout, limit_s: float
@@ -452,6 +456,7 @@ class _Deadline:
         self._scope = scope
         now = loop.time()
         self._deadline = now + limit_s
+        self._room = max(limit_s, _STALL_ROOM_S)  # what stalls may add in all, then it fires
         self._due = now
         self._handle: asyncio.TimerHandle | None = None
         self._arm(now)
@@ -464,7 +469,9 @@ class _Deadline:
         now = self._loop.time()
         late = now - self._due
         if late > _STALL_S:  # and a look's time to read what came meanwhile
-            self._deadline += late + _WATCH_STEP_S
+            extra = min(late + _WATCH_STEP_S, self._room)
+            self._deadline += extra
+            self._room -= extra
         if now >= self._deadline:
             self._handle = None
             self._scope.reschedule(now)

@@ -43,6 +43,7 @@ import contextlib
 import errno
 import os
 import re
+import secrets
 import signal
 import subprocess
 import time
@@ -93,13 +94,20 @@ def _own_path(controller: str) -> str | None:
     return None
 
 
-def _writable_child(parent: Path, name: str) -> Path | None:
-    probe = parent / name
-    try:
-        probe.mkdir(exist_ok=True)
-    except OSError:
-        return None
-    return probe
+def _writable_child(parent: Path, name: str, *, fresh: bool = True) -> Path | None:
+    """A folder ``name`` below ``parent``. ``fresh``: made here, never one that was there (a
+    server of the same pid in another pid namespace, sharing the cgroup file system, may hold
+    it, and the watcher empties what it is given), so a name taken gets a suffix."""
+    for suffix in ("", *(f"~{secrets.token_hex(3)}" for _ in range(3))):
+        probe = parent / f"{name}{suffix}"
+        try:
+            probe.mkdir(exist_ok=not fresh)
+        except FileExistsError:
+            continue
+        except OSError:
+            return None
+        return probe
+    return None
 
 
 # The watcher (see the module doc): ``read`` returns at the end of its stdin, the server's pipe;
@@ -186,7 +194,7 @@ def _detect_v2(tag: str) -> CgroupPlan | None:
     mine = _CGROUP_ROOT / own.lstrip("/")
     enabled = (mine / "cgroup.subtree_control").read_text().split()
     if "pids" not in enabled:
-        leaf = _writable_child(mine, "slot-server")
+        leaf = _writable_child(mine, "slot-server", fresh=False)  # this process's own leaf
         if leaf is None:
             return None
         (leaf / "cgroup.procs").write_text(str(os.getpid()))
