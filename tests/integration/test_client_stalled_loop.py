@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -54,29 +55,7 @@ def test_an_answer_that_came_while_the_loop_was_blocked_is_read() -> None:
 
 
 def test_a_server_that_never_answers_still_fails_at_its_limit() -> None:
-    async def main() -> tuple[str, float]:
-        held: list[asyncio.StreamWriter] = []
-
-        async def mute(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            held.append(writer)  # reads nothing, answers nothing
-
-        listener = await asyncio.start_server(mute, "127.0.0.1", 0)
-        port = listener.sockets[0].getsockname()[1]
-        client = SlotServerClient.tcp(f"127.0.0.1:{port}", None, grace_s=0.3)
-        started = time.monotonic()
-        try:
-            await client.execute([call(0, "bash", command="true", timeout_s=0.5)])
-        except SlotServerError as error:
-            return str(error), time.monotonic() - started
-        finally:
-            await client.aclose()
-            for writer in held:
-                writer.close()
-            listener.close()
-            await listener.wait_closed()
-        raise AssertionError("the batch did not fail")
-
-    error, took = asyncio.run(main())
+    error, took = asyncio.run(_fail_against_a_mute_server(timeout_s=0.5))
     assert "no answer within 0.8 s" in error
     assert 0.7 < took < 3.0, took
 
@@ -88,39 +67,45 @@ def test_a_loop_held_up_again_and_again_still_gives_up_on_a_mute_server(
     use): a loop that is always busy in long synchronous steps still fails a mute server."""
     monkeypatch.setattr(client_module, "_STALL_ROOM_S", 2.0)
 
-    async def main() -> tuple[str, float]:
-        held: list[asyncio.StreamWriter] = []
+    async def busy() -> None:
+        while True:
+            _hold_up(2.0)  # each look of the deadline comes late
+            await asyncio.sleep(0.02)
 
-        async def mute(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            held.append(writer)
-
-        async def busy() -> None:
-            while True:
-                _hold_up(2.0)  # each look of the deadline comes late
-                await asyncio.sleep(0.02)
-
-        listener = await asyncio.start_server(mute, "127.0.0.1", 0)
-        port = listener.sockets[0].getsockname()[1]
-        client = SlotServerClient.tcp(f"127.0.0.1:{port}", None, grace_s=0.3)
-        hog = asyncio.ensure_future(busy())
-        started = time.monotonic()
-        try:
-            async with asyncio.timeout(30):
-                await client.execute([call(0, "bash", command="true", timeout_s=1.0)])
-        except SlotServerError as error:
-            return str(error), time.monotonic() - started
-        finally:
-            hog.cancel()
-            await client.aclose()
-            for writer in held:
-                writer.close()
-            listener.close()
-            await listener.wait_closed()
-        raise AssertionError("the batch did not fail")
-
-    error, took = asyncio.run(main())
+    error, took = asyncio.run(_fail_against_a_mute_server(timeout_s=1.0, meanwhile=busy))
     assert "no answer within 1.3 s" in error
     assert took < 1.3 + 2.0 + 2 * 2.0 + 1.0, took  # the limit, the room, the steps between
+
+
+async def _fail_against_a_mute_server(
+    *, timeout_s: float, meanwhile: Callable[[], Awaitable[None]] | None = None
+) -> tuple[str, float]:
+    """One call to a server that reads nothing and answers nothing (grace 0.3 s), with
+    ``meanwhile`` running beside it; its error and how long it took to come (30 s at most)."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def mute(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    listener = await asyncio.start_server(mute, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    client = SlotServerClient.tcp(f"127.0.0.1:{port}", None, grace_s=0.3)
+    other = asyncio.ensure_future(meanwhile()) if meanwhile is not None else None
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(30):
+            await client.execute([call(0, "bash", command="true", timeout_s=timeout_s)])
+    except SlotServerError as error:
+        return str(error), time.monotonic() - started
+    finally:
+        if other is not None:
+            other.cancel()
+        await client.aclose()
+        for writer in held:
+            writer.close()
+        listener.close()
+        await listener.wait_closed()
+    raise AssertionError("the batch did not fail")
 
 
 def _hold_up(seconds: float) -> None:
