@@ -190,7 +190,7 @@ def test_truncated_without_complete_call() -> None:
     loop = started(max_turns=5)
     decision = say(loop, turn(problems=1), finish=LENGTH)
     assert isinstance(decision, Finish)
-    assert decision.reason is StopReason.TRUNCATED
+    assert decision.reason is StopReason.MAX_TOKENS
     assert loop.stats().status is TrajectoryStatus.FINISHED
 
 
@@ -560,16 +560,20 @@ class AgentLoopMachine(RuleBasedStateMachine):
                 assert reply.outcome is ToolOutcome.REJECTED
                 assert reply.content == problem.message_for_model()
             self.replies += problems
-            assert finish is not FinishReason.ABORT
+            assert finish not in (FinishReason.ABORT, FinishReason.CONTENT_FILTER)
             assert calls or (problems and finish is not FinishReason.LENGTH)
         else:
             self.unanswered += problems
             if finish is FinishReason.ABORT:
                 assert decision.reason is StopReason.MODEL_ERROR
+            elif finish is FinishReason.CONTENT_FILTER:
+                assert decision.reason in (StopReason.CONTENT_FILTER, StopReason.TIME_BUDGET)
             elif decision.reason is not StopReason.TIME_BUDGET:
-                assert not calls
+                window = self.config.max_context_tokens
+                cut = finish is FinishReason.LENGTH and window is not None and context >= window
+                assert not calls or cut
                 if finish is FinishReason.LENGTH:
-                    assert decision.reason in (StopReason.TRUNCATED, StopReason.TOKEN_BUDGET)
+                    assert decision.reason in (StopReason.MAX_TOKENS, StopReason.TOKEN_BUDGET)
                 elif not problems:
                     assert decision.reason is StopReason.NATURAL
 

@@ -48,7 +48,7 @@ def test_a_loop_started_late_counts_its_time_from_its_start() -> None:
     [
         (FinishReason.ABORT, None, StopReason.MODEL_ERROR, "the server aborted the generation"),
         (LENGTH, 10, StopReason.TOKEN_BUDGET, "completion token budget spent"),
-        (LENGTH, None, StopReason.TRUNCATED, "cut off by max_tokens with no complete call"),
+        (LENGTH, None, StopReason.MAX_TOKENS, "cut off by max_tokens with no complete call"),
     ],
 )
 def test_each_way_a_turn_ends_the_loop_says_why(

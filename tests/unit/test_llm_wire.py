@@ -100,7 +100,7 @@ def test_invalid_utf8_is_a_wire_error_naming_the_offset() -> None:
             "$.choices[0].finish_reason",
         ),
         (
-            {"choices": [{"message": {"tool_calls": [{"function": {"name": "x"}}]}}]},
+            {"choices": [{"message": {"tool_calls": [{"id": 3, "function": {"name": "x"}}]}}]},
             "$.choices[0].message.tool_calls[0].id",
         ),
         (

@@ -162,9 +162,9 @@ def _fn(arguments: JSON, name: str = "bash", call_id: str = "c0") -> JSONObject:
             "expected an object, got integer",
         ),
         (
-            _chat({"tool_calls": [_fn("{}", call_id="")]}),
+            _chat({"tool_calls": [{"id": 7, "function": {"name": "bash", "arguments": "{}"}}]}),
             "$.choices[0].message.tool_calls[0].id",
-            "must not be empty",
+            "expected a string, got integer",
         ),
         (
             _chat({"tool_calls": [_fn("{}", name="")]}),

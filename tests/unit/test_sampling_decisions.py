@@ -26,13 +26,13 @@ from trajcore.domain.turns import ParsedTurn, ParseProblem
         ("function_call", FinishReason.TOOL_CALLS),
         ("abort", FinishReason.ABORT),
         ("cancelled", FinishReason.ABORT),
-        ("content_filter", FinishReason.ABORT),
+        ("content_filter", FinishReason.CONTENT_FILTER),
     ],
 )
 def test_each_servers_word_for_why_it_stopped_is_read_as_one_reason(
     said: str | None, reason: FinishReason
 ) -> None:
-    """vLLM, SGLang, OpenAI and Anthropic-style words map onto the four reasons; a server that
+    """vLLM, SGLang, OpenAI and Anthropic-style words map onto the five reasons; a server that
     says nothing stopped normally."""
     assert FinishReason.parse(said) is reason
 

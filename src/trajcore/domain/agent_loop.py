@@ -31,7 +31,9 @@ Rules this module keeps:
   loop finishes with ``max_turns`` instead of asking the model again. The calls of that turn do
   run, so that what the model did counts when the env verifies the work. The token budgets (total
   completion tokens, context length) stop the loop the same way: they end the *next* model call,
-  not the tools the current turn asked for.
+  not the tools the current turn asked for; except a turn the server *cut* (``LENGTH``) at the
+  context window (``max_context_tokens``, or the ``context_window`` its ``max_tokens`` was capped
+  to fit): nothing can follow it, so it ends as ``token_budget`` at once, its calls not run.
 - The time budget is strict: an event at or past ``time_budget_s`` since ``start`` finishes with
   ``time_budget`` at once; the calls of a turn that arrives late are not run. A model turn that
   outlasts the slot's idle lifetime (``idle_limit``, measured by the rollout) finishes with
@@ -41,10 +43,12 @@ Rules this module keeps:
   message for the model. A turn with problems and no well-formed call still gets ``RunTools``
   (with no calls), so the model reads its errors and tries again. When the turn ends the
   trajectory instead, its problems are counted but there is no one left to answer.
-- A turn with ``finish_reason`` LENGTH and no complete call ends as ``truncated`` (or as
+- A turn with ``finish_reason`` LENGTH and no complete call ends as ``max_tokens`` (or as
   ``token_budget`` when the completion budget is spent): a call cut off mid-way is not answered
   as a parse error, because the model did not choose to stop there. Complete calls of a LENGTH
-  turn do run, and the truncated tail's problem is answered like any other.
+  turn do run, and the cut tail's problem is answered like any other.
+- ``CONTENT_FILTER`` ends as ``content_filter``, finished and scored: the server filtered what
+  the policy wrote, the policy's outcome (not a server failure); its calls do not run.
 - A turn with ``finish_reason`` ABORT ends as ``model_error``: the server gave up on it. A
   request the server refused as longer than the model's context (``model_failed`` with
   ``context_full``) ends as ``token_budget``: the conversation outgrew the context.
@@ -58,13 +62,12 @@ Rules this module keeps:
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
 import attrs
 
-from trajcore.domain import converters, validators
+from trajcore.domain import converters, loop_checks, validators
 from trajcore.domain.errors import InvalidInput, StateError
 from trajcore.domain.groups import TrajectoryOutcome, TrajectoryStatus
 from trajcore.domain.sampling import FinishReason
@@ -139,7 +142,8 @@ class StopReason(enum.Enum):
     TOKEN_BUDGET = "token_budget"  # noqa: S105 - a stop reason, not a secret
     TIME_BUDGET = "time_budget"
     IDLE_LIMIT = "idle_limit"  # one model turn kept the slot idle past its lifetime
-    TRUNCATED = "truncated"  # cut off by max_tokens with no complete call
+    MAX_TOKENS = "max_tokens"  # a turn cut by max_tokens with no complete call
+    CONTENT_FILTER = "content_filter"  # the server's content filter stopped the model's turn
     MODEL_ERROR = "model_error"  # the LLM server failed or aborted
     INFRA_ERROR = "infra_error"  # sandbox, slot server or tool server failed
     ENV_ERROR = "env_error"  # the env's own code (a hook) failed
@@ -152,7 +156,8 @@ class StopReason(enum.Enum):
 
 _STATUS_OF: Mapping[StopReason, TrajectoryStatus] = {
     StopReason.NATURAL: TrajectoryStatus.FINISHED,
-    StopReason.TRUNCATED: TrajectoryStatus.FINISHED,
+    StopReason.MAX_TOKENS: TrajectoryStatus.FINISHED,
+    StopReason.CONTENT_FILTER: TrajectoryStatus.FINISHED,
     StopReason.MAX_TURNS: TrajectoryStatus.BUDGET_EXHAUSTED,
     StopReason.TOKEN_BUDGET: TrajectoryStatus.BUDGET_EXHAUSTED,
     StopReason.TIME_BUDGET: TrajectoryStatus.BUDGET_EXHAUSTED,
@@ -351,12 +356,6 @@ class TrajectoryStats:
 # ---------------------------------------------------------------------------------- the loop
 
 
-def _count(field: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidInput(field, f"must be an integer >= 0, got {value!r}")
-    return value
-
-
 @attrs.define
 class AgentLoop:
     """One trajectory's agent loop. Feed it events; do what the returned decision says.
@@ -472,6 +471,7 @@ class AgentLoop:
         completion_tokens: int,
         context_tokens: int,
         now: float,
+        context_window: int | None = None,
     ) -> RunTools | Finish:
         """Take the model's turn and decide what follows.
 
@@ -481,6 +481,8 @@ class AgentLoop:
             completion_tokens: Tokens the model generated in this turn.
             context_tokens: Length of the context after this turn (prompt plus completion).
             now: The time the turn arrived.
+            context_window: The context this turn's ``max_tokens`` was capped to fit (managed
+                mode: the trainer's length), or ``None``; ``max_context_tokens`` counts too.
 
         Returns ``RunTools`` (calls to run and parse problems to answer) or ``Finish``.
 
@@ -490,12 +492,11 @@ class AgentLoop:
                 two calls with the same id; the field is named and the loop is left unchanged.
         """
         self._expect(LoopEvent.ASSISTANT_TURN)
-        completion = _count("completion_tokens", completion_tokens)
-        context = _count("context_tokens", context_tokens)
-        ids = [call.id for call in turn.calls]
-        for i, call_id in enumerate(ids):
-            if call_id in ids[:i]:
-                raise InvalidInput(f"turn.calls[{i}].id", f"duplicate call id {call_id!r}")
+        completion = loop_checks.checked_count("completion_tokens", completion_tokens)
+        context = loop_checks.checked_count("context_tokens", context_tokens)
+        if context_window is not None:
+            loop_checks.checked_count("context_window", context_window)
+        loop_checks.check_distinct_call_ids(turn)
         self._observe(now)
 
         self._turns += 1
@@ -513,17 +514,16 @@ class AgentLoop:
             return finish(StopReason.MODEL_ERROR, "the server aborted the generation")
         if self._time_is_up(now):
             return finish(StopReason.TIME_BUDGET, self._time_detail())
+        cut = self._cut_turn_stop(turn, finish_reason, context_window)
+        if cut is not None:
+            return finish(*cut)
         if not turn.calls:
-            if finish_reason is FinishReason.LENGTH:
-                if self._completion_budget_spent():
-                    return finish(StopReason.TOKEN_BUDGET, "completion token budget spent")
-                return finish(StopReason.TRUNCATED, "cut off by max_tokens with no complete call")
             if not turn.errors:
                 return finish(StopReason.NATURAL, "the model answered without calling a tool")
             budget = self._budget_stop()
             if budget is not None:
                 return finish(*budget)
-        rejections = tuple(self._rejection(problem) for problem in turn.errors)
+        rejections = tuple(problem.rejection(self._turns) for problem in turn.errors)
         self._answered += len(rejections)
         self._pending = turn.calls
         self._move(LoopEvent.ASSISTANT_TURN, LoopState.AWAITING_TOOLS)
@@ -542,17 +542,7 @@ class AgentLoop:
                 ``now`` before the last event; the loop is left unchanged.
         """
         self._expect(LoopEvent.TOOL_RESULTS)
-        waiting = {call.id for call in self._pending}
-        answered: set[str] = set()
-        for i, result in enumerate(results):
-            if result.call_id not in waiting:
-                raise InvalidInput(f"results[{i}].call_id", f"{result.call_id!r} is not pending")
-            if result.call_id in answered:
-                raise InvalidInput(f"results[{i}].call_id", f"{result.call_id!r} answered twice")
-            answered.add(result.call_id)
-        missing = [call.id for call in self._pending if call.id not in answered]
-        if missing:
-            raise InvalidInput("results", f"no result for pending calls {missing}")
+        loop_checks.check_results(self._pending, results)
         self._observe(now)
 
         self._pending = ()
@@ -650,11 +640,7 @@ class AgentLoop:
         self._state = to
 
     def _observe(self, now: object) -> None:
-        if isinstance(now, bool) or not isinstance(now, int | float) or not math.isfinite(now):
-            raise InvalidInput("now", f"must be a finite number, got {now!r}")
-        if self._last_now is not None and now < self._last_now:
-            raise InvalidInput("now", f"went backwards: {now!r} after {self._last_now!r}")
-        self._last_now = now
+        self._last_now = loop_checks.checked_now(now, after=self._last_now)
 
     def _finish(self, event: LoopEvent, reason: StopReason, detail: str) -> Finish:
         self._move(event, LoopState.FINISHED)
@@ -679,6 +665,24 @@ class AgentLoop:
         budget = self.config.max_completion_tokens
         return budget is not None and self._completion_tokens >= budget
 
+    def _cut_turn_stop(
+        self, turn: ParsedTurn, finish_reason: FinishReason, context_window: int | None
+    ) -> tuple[StopReason, str] | None:
+        """How a turn the server cut ends the trajectory, or ``None`` when it goes on."""
+        if finish_reason is FinishReason.CONTENT_FILTER:
+            return StopReason.CONTENT_FILTER, "finish_reason content_filter: the turn was filtered"
+        if finish_reason is not FinishReason.LENGTH:
+            return None
+        windows = [n for n in (context_window, self.config.max_context_tokens) if n is not None]
+        if windows and self._context_tokens >= min(windows):
+            detail = f"turn cut at the context window ({self._context_tokens} of {min(windows)})"
+            return StopReason.TOKEN_BUDGET, detail
+        if turn.calls:
+            return None
+        if self._completion_budget_spent():
+            return StopReason.TOKEN_BUDGET, "completion token budget spent"
+        return StopReason.MAX_TOKENS, "cut off by max_tokens with no complete call"
+
     def _budget_stop(self) -> tuple[StopReason, str] | None:
         if self._turns >= self.config.max_turns:
             return StopReason.MAX_TURNS, f"max_turns={self.config.max_turns} reached"
@@ -688,12 +692,3 @@ class AgentLoop:
         if context_budget is not None and self._context_tokens >= context_budget:
             return StopReason.TOKEN_BUDGET, f"context reached {self._context_tokens} tokens"
         return None
-
-    def _rejection(self, problem: ParseProblem) -> ToolResult:
-        return ToolResult(
-            call_id=problem.call_id or f"invalid-{self._turns}-{problem.index}",
-            name=problem.name or "",
-            outcome=ToolOutcome.REJECTED,
-            content=problem.message_for_model(),
-            error=problem.reason,
-        )

@@ -28,6 +28,7 @@ class FinishReason(enum.Enum):
     LENGTH = "length"  # max_tokens reached: the turn may be cut mid-sentence or mid-call
     TOOL_CALLS = "tool_calls"  # OpenAI mode: the server parsed tool calls
     ABORT = "abort"  # the server aborted the request
+    CONTENT_FILTER = "content_filter"  # the server's filter stopped what the model wrote
 
     @classmethod
     def parse(cls, value: object, *, field: str = "finish_reason") -> FinishReason:
@@ -38,8 +39,10 @@ class FinishReason(enum.Enum):
             return cls.LENGTH
         if value in ("tool_calls", "function_call"):
             return cls.TOOL_CALLS
-        if value in ("abort", "cancelled", "content_filter"):
+        if value in ("abort", "cancelled"):
             return cls.ABORT
+        if value == "content_filter":
+            return cls.CONTENT_FILTER
         raise WireError(field, f"unknown finish reason {value!r}")
 
 

@@ -15,7 +15,7 @@ import attrs
 
 from trajcore.domain import converters
 from trajcore.domain.messages import Message
-from trajcore.domain.tools import ToolCall
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 
 __all__ = ["ParseProblem", "ParsedTurn"]
 
@@ -43,6 +43,17 @@ class ParseProblem:
         """A one-line error the agent loop sends back to the model."""
         who = f"tool call {self.index}" + (f" ({self.name})" if self.name else "")
         return f"Error: {who} was not run: {self.reason}"
+
+    def rejection(self, turn: int) -> ToolResult:
+        """The ``REJECTED`` result that answers this problem in the conversation; its
+        ``call_id`` is the problem's, or ``invalid-<turn>-<index>`` when it had none."""
+        return ToolResult(
+            call_id=self.call_id or f"invalid-{turn}-{self.index}",
+            name=self.name or "",
+            outcome=ToolOutcome.REJECTED,
+            content=self.message_for_model(),
+            error=self.reason,
+        )
 
 
 @attrs.frozen(kw_only=True)

@@ -13,7 +13,10 @@ training tokens. The trajectory runner neither knows nor cares which mode it dri
   family's domain parser. Training tokens are exact, and the drift against a full re-render is
   reported as a metric.
 
-Tool-call ids are unique within a trajectory: managed mode prefixes them with the turn number.
+Tool-call ids are unique within a trajectory: managed mode prefixes them with the turn number,
+and both modes rename an id an earlier turn had (``distinct_ids``), so a server that numbers each
+turn's calls from 0, or sends none (``chat_wire`` generates them), cannot pair a result with the
+wrong call.
 """
 
 from __future__ import annotations
@@ -131,6 +134,8 @@ class Policy(Protocol):
 
 # ------------------------------------------------------------------------------- OpenAI mode
 
+_CUT = frozenset({FinishReason.LENGTH, FinishReason.CONTENT_FILTER})  # turns with no end of turn
+
 
 @attrs.define
 class _ChatSession:
@@ -138,14 +143,17 @@ class _ChatSession:
     tools: tuple[ToolSpec, ...]
     template: ChatTemplate | None
     finishes: list[FinishReason] = attrs.field(factory=list)  # one per sampled turn, in order
+    used_ids: set[str] = attrs.field(factory=set)  # call ids of earlier turns: ids stay unique
 
     async def sample(self, messages: Sequence[Message], *, sampling: SamplingParams) -> ModelTurn:
         turn = await self.server.chat(messages, tools=self.tools, sampling=sampling)
         self.finishes.append(turn.finish_reason)
         usage = turn.usage
+        # the server reads the conversation again: a malformed call stays in it, answered
+        parsed = attrs.evolve(turn.parsed(), pair_problems=True).with_distinct_ids()
         return ModelTurn(
-            # the server reads the conversation again: a malformed call stays in it, answered
-            parsed=attrs.evolve(turn.parsed(), pair_problems=True).with_distinct_ids(),
+            # a server may number each turn's calls from 0, or send none (chat_wire generates)
+            parsed=distinct_ids(parsed, self.used_ids, suffix=str(len(self.finishes))),
             finish_reason=turn.finish_reason,
             completion_tokens=usage.completion_tokens,
             context_tokens=usage.prompt_tokens + usage.completion_tokens,
@@ -162,10 +170,11 @@ class _ChatSession:
     ) -> TrainingTokens | None:
         if self.template is None:
             return None
-        # A turn cut at max_tokens sampled no end of turn: the re-render's is not trained. The
-        # sampled turns are the last assistant messages (a prompt may hold earlier ones).
+        # A turn cut at max_tokens (or stopped by the server's content filter) sampled no end of
+        # turn: the re-render's is not trained. The sampled turns are the last assistant
+        # messages (a prompt may hold earlier ones).
         first = sum(1 for m in messages if m.role == "assistant") - len(self.finishes)
-        cut = [first + k for k, f in enumerate(self.finishes) if f is FinishReason.LENGTH]
+        cut = [first + k for k, f in enumerate(self.finishes) if f in _CUT]
         ledger = self.template.rerender(messages, tools=self.tools, cut_turns=cut)
         return ledger.export(max_token_length=max_token_length)
 

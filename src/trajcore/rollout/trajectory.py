@@ -376,17 +376,21 @@ async def _leased(run: _Run, env: _Env) -> None:
             run.loop.infra_failed(now=run.now(), detail=f"{type(exc).__name__}: {exc}")
 
 
-def _turn_cap(run: _Run, decision: CallModel, session: PolicySession) -> int | None:
-    """The most tokens the next turn may sample: what is left of the completion budget and,
-    where the session knows its prompt's length (managed mode), of the context (the loop's
-    ``max_context_tokens`` and the exported ``max_token_length``, the trainer's); ``None`` for
-    no cap."""
-    caps = [] if decision.completion_tokens_left is None else [decision.completion_tokens_left]
+def _context_window(run: _Run, session: PolicySession) -> int | None:
+    """The context the next turn must fit in (the loop's ``max_context_tokens`` and the exported
+    ``max_token_length``, the trainer's) where the session knows its prompt's length (managed
+    mode), else ``None``."""
     limits = [n for n in (run.config.agent.max_context_tokens, run.config.max_token_length) if n]
-    if limits:
-        prompt = session.prompt_tokens()
-        if prompt is not None:
-            caps.append(min(limits) - prompt)
+    return min(limits) if limits and session.prompt_tokens() is not None else None
+
+
+def _turn_cap(decision: CallModel, session: PolicySession, window: int | None) -> int | None:
+    """The most tokens the next turn may sample: what is left of the completion budget and of
+    the context ``window`` after the prompt; ``None`` for no cap."""
+    caps = [] if decision.completion_tokens_left is None else [decision.completion_tokens_left]
+    prompt = session.prompt_tokens()
+    if window is not None and prompt is not None:
+        caps.append(window - prompt)
     return min(caps) if caps else None
 
 
@@ -397,7 +401,8 @@ async def _agent(run: _Run, tools: Sequence[ToolSpec], policy: Policy, router: T
     while isinstance(decision, CallModel):
         turn_number = decision.turn
         sampling = run.config.sampling
-        cap = _turn_cap(run, decision, session)
+        window = _context_window(run, session)
+        cap = _turn_cap(decision, session, window)
         if cap is not None and cap < sampling.max_tokens:
             sampling = attrs.evolve(sampling, max_tokens=max(1, cap))
         try:
@@ -419,6 +424,7 @@ async def _agent(run: _Run, tools: Sequence[ToolSpec], policy: Policy, router: T
             completion_tokens=turn.completion_tokens,
             context_tokens=turn.context_tokens,
             now=run.now(),
+            context_window=window,  # a turn cut there ends the trajectory as token_budget
         )
         if isinstance(decision, RunTools):
             decision = await _tools(run, decision, router, session, turn_number)

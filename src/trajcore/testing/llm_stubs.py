@@ -148,6 +148,7 @@ _WIRE_FINISH = {
     FinishReason.LENGTH: "length",
     FinishReason.TOOL_CALLS: "tool_calls",
     FinishReason.ABORT: "abort",
+    FinishReason.CONTENT_FILTER: "content_filter",
 }
 
 

@@ -27,11 +27,16 @@ Such a call stays in the assistant message the conversation replays (``ParsedTur
 with empty arguments), so the tool message that answers it answers a call of the message before
 it: a chat-completions server refuses a ``tool`` message whose ``tool_call_id`` no earlier
 assistant call has (OpenAI answers HTTP 400), and that would end the trajectory as a model error.
-Anything else that breaks the protocol (a missing ``id`` or ``name``, a wrong type) is a plain
+Anything else that breaks the protocol (a missing ``name``, a wrong type) is a plain
 ``WireError``: the server, not the model, is at fault.
 
 Ids are read as sent, two calls with one id included (``ParsedTurn.with_distinct_ids`` tells
-them apart before the agent loop sees them). A ``refusal`` (OpenAI's field for a model that
+them apart before the agent loop sees them, and the OpenAI-mode session keeps them distinct from
+earlier turns'). A call whose ``id`` is absent, ``null`` or blank (several OpenAI-compatible
+servers and proxies send no id) gets one, ``generated_call_<index>``: the call is well formed
+otherwise, and the conversation we send back carries that id on the call and on its result,
+which is all the chat-completions protocol asks of an id. A missing id is not worth ending the
+trajectory as a model error for. A ``refusal`` (OpenAI's field for a model that
 declines) with no other content becomes the turn's content, so the env scores the answer the
 model gave instead of an empty turn.
 """
@@ -156,11 +161,11 @@ def parse_chat_body(data: object) -> ChatTurn:
     for i, item in enumerate(array(raw_calls, f"{at}.tool_calls") if raw_calls else []):
         where = f"{at}.tool_calls[{i}]"
         call = obj(item, where)
-        call_id = string(call.get("id"), f"{where}.id")
+        call_id = optional_string(call, "id", f"{where}.id") or ""
+        if not call_id.strip():
+            call_id = f"generated_call_{i}"  # a server that sends no id: see the module doc
         function = obj(call.get("function"), f"{where}.function")
         name = string(function.get("name"), f"{where}.function.name")
-        if not call_id:
-            raise WireError(f"{where}.id", "must not be empty")
         if not name:
             raise WireError(f"{where}.function.name", "must not be empty")
         arguments, raw, reason = _arguments(
