@@ -6,6 +6,7 @@ Every test ends with ``check_valid()`` and with the slot counts it expects: a le
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 
@@ -15,7 +16,7 @@ import attrs
 import pytest
 
 from trajcore.adapters.pools.leasing import SlotLeasing
-from trajcore.domain.errors import AcquireTimeout, InvalidInput, PoolClosed
+from trajcore.domain.errors import AcquireTimeout, InvalidInput, PoolClosed, SandboxUnavailable
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall, SlotId
 from trajcore.domain.tools import ToolCall
 
@@ -487,4 +488,39 @@ async def test_close_fails_every_waiter_and_every_later_lease_with_pool_closed()
     stats = leasing.statistics()
     assert counts(stats) == (1, 0, 0, 0, 0)
     assert stats.leases_expired == 0
+    leasing.check_valid()
+
+
+@pytest.mark.anyio
+async def test_a_suspended_leasing_fails_its_waiters_and_new_leases_until_resumed() -> None:
+    resets = Resets()
+    leasing = leasing_with(resets, ("c", 1))
+    failures: list[BaseException] = []
+
+    def refusal() -> Exception:
+        return SandboxUnavailable("the scheduler stopped the servers (scripted)")
+
+    async def wait_for_a_slot(holder: str, *, prefer: str | None = None) -> None:
+        with pytest.raises(SandboxUnavailable) as caught:
+            async with leasing.lease(holder, prefer=prefer, prefer_s=60.0):
+                pytest.fail("a lease from a suspended leasing")
+        failures.append(caught.value)
+
+    async with leasing.lease("holder"), anyio.create_task_group() as group:
+        group.start_soon(wait_for_a_slot, "first")
+        group.start_soon(functools.partial(wait_for_a_slot, "second", prefer="c"))
+        while leasing.statistics().waiting < 2:
+            await anyio.lowlevel.checkpoint()
+        leasing.suspend(refusal)
+        assert leasing.suspended
+    assert len(failures) == 2
+    assert failures[0] is not failures[1]  # each lease gets an error of its own
+    with pytest.raises(SandboxUnavailable, match="scripted"):
+        async with leasing.lease("late"):
+            pytest.fail("a lease from a suspended leasing")
+    leasing.check_valid()
+    leasing.resume()
+    async with leasing.lease("after") as lease:
+        assert lease.slot == SlotId(container="c", index=0)
+    assert counts(leasing.statistics()) == (1, 0, 0, 0, 0)
     leasing.check_valid()

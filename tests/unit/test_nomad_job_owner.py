@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
-from tests.nomad_testbed import OPENAPI, nomad_pool_config, wait_until
-from trajcore.adapters.pools.nomad_client import NomadClient, parse_job
+from tests.nomad_testbed import OPENAPI, group_and_task, nomad_pool_config, wait_until
+from trajcore.adapters.pools.nomad_client import NomadClient, NomadUnavailable, parse_job
 from trajcore.adapters.pools.nomad_pool import NomadSandboxPool
 from trajcore.domain.errors import WireError
 from trajcore.domain.json_values import JSONObject
@@ -87,12 +87,104 @@ async def test_a_job_stopped_outside_the_pool_is_said_and_not_scaled(
             "the pool says the job was stopped",
         )
         await wait_until(lambda: pool.container_names() == [], "its server leaves service")
-        with anyio.move_on_after(0.5) as waiting:
+        with anyio.fail_after(5), pytest.raises(NomadUnavailable, match=f"{what} outside"):
             async with pool.lease("t"):
                 pytest.fail("a lease on a stopped job")
-        assert waiting.cancelled_caught
         assert not any(r.path.endswith("/scale") for r in fake.requests)
         assert _stops(fake) == []
+
+
+def _job_token(fake: FakeNomadAPI) -> str:
+    """The slot token of the job as the pool last registered it."""
+    registered = [r for r in fake.requests if (r.method, r.path) == ("POST", "/v1/job/test-slots")]
+    body = registered[-1].body
+    assert isinstance(body, dict)
+    job = body["Job"]
+    assert isinstance(job, dict)
+    _, task = group_and_task(job)
+    env = task["Env"]
+    assert isinstance(env, dict)
+    token = env["TRAJCORE_SLOT_TOKEN"]
+    assert isinstance(token, str)
+    return token
+
+
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [
+        ("stop", "was stopped outside this pool (nomad job stop)"),
+        ("purge", "was purged outside this pool"),
+        ("take over", "took it over"),
+    ],
+)
+async def test_leases_waiting_on_a_job_lost_outside_the_pool_fail_at_once(
+    fake: FakeNomadAPI, how: str, said: str
+) -> None:
+    config = nomad_pool_config(fake.address, acquire_timeout_s=600.0)  # the default deadline
+    failures: list[NomadUnavailable] = []
+    async with NomadSandboxPool(config) as pool:
+
+        async def wait_for_a_slot(name: str) -> None:
+            with pytest.raises(NomadUnavailable) as caught:
+                async with pool.lease(name):
+                    pytest.fail("a lease on a job lost outside the pool")
+            failures.append(caught.value)
+
+        async with pool.lease("holder"), anyio.create_task_group() as group:
+            group.start_soon(wait_for_a_slot, "first")
+            group.start_soon(wait_for_a_slot, "second")
+            await wait_until(lambda: pool.statistics().waiting == 2, "both wait for the slot")
+            nomad = NomadClient(address=fake.address)
+            if how == "take over":
+                other = config.job_spec(count=1, token="another-pools-token-0123456789")
+                await nomad.register("test-slots", register_request(other))
+            else:
+                await nomad.deregister("test-slots", purge=how == "purge")
+            with anyio.fail_after(10):  # (they waited out acquire_timeout_s before)
+                await wait_until(lambda: len(failures) == 2, "the waiting leases fail")
+        with anyio.fail_after(5), pytest.raises(NomadUnavailable) as new:
+            async with pool.lease("late"):
+                pytest.fail("a lease on a job lost outside the pool")
+        for error in [*failures, new.value]:
+            assert error.field == "job_id"
+            assert "Nomad job test-slots " in str(error)
+            assert said in str(error)
+        assert pool.statistics().waiting == 0
+        pool.check_valid()
+
+
+async def test_leasing_goes_on_when_the_job_is_the_pools_again(fake: FakeNomadAPI) -> None:
+    config = nomad_pool_config(fake.address)
+    async with NomadSandboxPool(config) as pool:
+        nomad = NomadClient(address=fake.address)
+        await nomad.deregister("test-slots", purge=False)
+        await wait_until(lambda: pool.leasing.suspended, "the pool stops leasing")
+        with anyio.fail_after(5), pytest.raises(NomadUnavailable):
+            async with pool.lease("early"):
+                pytest.fail("a lease on a stopped job")
+        again = config.job_spec(count=1, token=_job_token(fake))
+        await nomad.register("test-slots", register_request(again))  # an operator's job run
+        await wait_until(lambda: any("is this pool's" in p for p in pool.problems), "it is said")
+        async with pool.lease("after", timeout_s=20.0) as lease:
+            assert lease.slot.container in pool.container_names()
+
+
+async def test_a_start_whose_job_is_stopped_meanwhile_fails_at_once() -> None:
+    async with FakeNomadAPI(openapi=OPENAPI, datacenter="elsewhere") as fake:  # never placed
+        config = nomad_pool_config(fake.address, start_timeout_s=60.0)
+
+        async def stop_it() -> None:
+            await wait_until(lambda: fake.job("test-slots") is not None, "the job is registered")
+            await NomadClient(address=fake.address).deregister("test-slots", purge=False)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(stop_it)
+            with anyio.fail_after(20), pytest.raises(NomadUnavailable) as caught:
+                async with NomadSandboxPool(config):
+                    pytest.fail("a pool started on a stopped job")
+        assert caught.value.field == "job_id"
+        assert "Nomad job test-slots was stopped outside this pool" in str(caught.value)
+        assert fake.violations == []
 
 
 async def test_a_job_left_by_a_forced_end_is_replaced_by_the_next_start(

@@ -18,6 +18,8 @@ import attrs
 import pytest
 
 from tests.nomad_testbed import OPENAPI, nomad_pool_config, pool_config, wait_until
+from trajcore.adapters.http1.server import HTTPServer
+from trajcore.adapters.http1.values import Reply, Request
 from trajcore.adapters.pools.nomad_client import NomadClient, NomadUnavailable
 from trajcore.adapters.pools.nomad_pool import NomadSandboxPool
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
@@ -164,6 +166,58 @@ async def test_a_refused_acl_token_is_named() -> None:
         assert caught.value.status == 403
         assert fake.job("test-slots") is None
         assert all(r.token == "a-wrong-token" for r in fake.requests[1:])
+
+
+@pytest.mark.parametrize(
+    ("status", "denied"),
+    [
+        (401, ()),  # the token is refused from the first request on (a proxy's 401)
+        (403, ("/v1/job/test-slots/allocations",)),  # it may register, not list (no read-job)
+        (401, ("/v1/job/test-slots/allocations",)),
+        (403, ("/v1/allocation/",)),  # it may list, not read an allocation for its address
+    ],
+)
+async def test_a_refused_token_fails_the_start_at_once_naming_the_setting_and_status(
+    status: int, denied: tuple[str, ...]
+) -> None:
+    secret = "the-pools-acl-token-0123"
+    async with FakeNomadAPI(
+        openapi=OPENAPI,
+        acl_token=None if denied else "the-right-token",
+        acl_status=status,
+        acl_denied=denied,
+        kill_timeout_cap_s=0.5,
+    ) as fake:
+        config = nomad_pool_config(fake.address, token=secret, start_timeout_s=60.0)
+        with anyio.fail_after(20), pytest.raises(NomadUnavailable) as caught:
+            async with NomadSandboxPool(config):
+                pytest.fail("a pool started with a refused token")
+        assert (caught.value.field, caught.value.status) == ("token", status)
+        assert f"HTTP {status}" in str(caught.value)
+        assert "--env.nomad_token" in str(caught.value)
+        assert secret not in str(caught.value)
+        assert fake.job("test-slots") is None
+        assert fake.violations == []
+
+
+async def test_a_refusal_that_echoes_the_token_never_shows_it() -> None:
+    secret = "the-pools-acl-token-0123"
+
+    async def echo(request: Request) -> Reply:  # a proxy that quotes what it refused
+        header = request.headers.get("x-nomad-token") or ""
+        return Reply(status=401, body=f"bad token {header!r}".encode(), content_type="text/plain")
+
+    server = HTTPServer(echo, idle_timeout_s=5.0)
+    _, port = await server.listen_tcp("127.0.0.1", 0)
+    try:
+        client = NomadClient(address=f"http://127.0.0.1:{port}", token=secret, timeout_s=5.0)
+        with pytest.raises(NomadUnavailable) as caught:
+            await client.read_job("test-slots")
+    finally:
+        await server.aclose(grace_s=0.5)
+    assert (caught.value.field, caught.value.status) == ("token", 401)
+    assert secret not in str(caught.value)
+    assert "bad token '<the ACL token>'" in str(caught.value)
 
 
 # ============================================================================ start and stop

@@ -30,6 +30,10 @@ Rules it keeps:
 - A waiter cancelled while queued withdraws its ticket (``cancel``). When the book had already
   served it (the grant and the cancellation crossed), the lease it was given is released like
   any other, shielded, so nothing leaks.
+- A pool whose slots cannot come back (a Nomad job stopped or taken over outside the pool)
+  ``suspend``s its leasing with the error that says why: every waiter ends in that error at
+  once, and so does every new lease until ``resume``; held leases go on (their calls and
+  releases are their containers' business).
 - A lost container (its server died) leaves the book at once. Its leases are stale from then on:
   their later release raises ``StaleLease`` in the book, and a reset that was running for one of
   its slots ends in ``UnknownSlot``; both are expected here and ignored, as nothing is left to
@@ -54,7 +58,7 @@ from trajcore.domain.errors import AcquireTimeout, InvalidInput, PoolClosed, Sta
 from trajcore.domain.slot_book import Grant, SlotBook, Ticket
 from trajcore.domain.slots import Lease, PoolStatistics, SlotCall, SlotId, SlotState
 
-__all__ = ["RESET_BACKSTOP_S", "ResetSlot", "SlotLeasing"]
+__all__ = ["RESET_BACKSTOP_S", "LeaseRefusal", "ResetSlot", "SlotLeasing"]
 
 RESET_BACKSTOP_S = 5.0
 """How long past ``reset_timeout_s`` a release waits for its reset before it quarantines the
@@ -62,6 +66,9 @@ slot itself: a pool's reset bounds itself at ``reset_timeout_s`` (a slot server'
 the server up there and the pool loses it), and this catches one that does not."""
 
 _log = logging.getLogger(__name__)
+
+LeaseRefusal = Callable[[], Exception]
+"""Makes the error a suspended leasing fails a lease with (a fresh one for each lease)."""
 
 ResetSlot = Callable[[Lease], Awaitable[bool]]
 """Tear a released slot down; ``True`` when it is clean and may be leased again, ``False`` (the
@@ -77,10 +84,11 @@ class _Waiter:
     lease: Lease | None = None  # served
     expired: bool = False
     closed: bool = False
+    refused: Exception | None = None  # the leasing was suspended
 
     @property
     def settled(self) -> bool:
-        return self.lease is not None or self.expired or self.closed
+        return self.lease is not None or self.expired or self.closed or self.refused is not None
 
 
 @attrs.define(eq=False)
@@ -103,6 +111,7 @@ class SlotLeasing:
     _book: SlotBook = attrs.field(init=False, factory=SlotBook)
     _waiters: dict[int, _Waiter] = attrs.field(init=False, factory=dict)
     _closed: bool = attrs.field(init=False, default=False)
+    _suspended: LeaseRefusal | None = attrs.field(init=False, default=None)
     _now: float = attrs.field(init=False, default=-math.inf)
     _lost: set[str] = attrs.field(init=False, factory=set)  # containers lost (names are not reused)
 
@@ -125,6 +134,8 @@ class SlotLeasing:
         Raises on entry:
             AcquireTimeout: no slot came free before the deadline.
             PoolClosed: the leasing is closed, or closes while this waits.
+            Exception: the error of a suspended leasing (``suspend``), also when it is
+                suspended while this waits.
             InvalidInput: ``timeout_s`` or ``prefer_s`` is NaN.
         """
         lease = await self._acquire(holder, timeout_s, prefer, prefer_s)
@@ -138,6 +149,8 @@ class SlotLeasing:
     ) -> Lease:
         if self._closed:
             raise PoolClosed("the sandbox pool is closed")
+        if self._suspended is not None:
+            raise self._suspended()
         if timeout_s is not None and math.isnan(timeout_s):
             raise InvalidInput("timeout_s", "must be seconds or None, got nan")
         if math.isnan(prefer_s):
@@ -176,6 +189,8 @@ class SlotLeasing:
             return waiter.lease
         if waiter.closed:
             raise PoolClosed("the sandbox pool closed while waiting for a slot")
+        if waiter.refused is not None:
+            raise waiter.refused
         raise AcquireTimeout(f"no slot came free for {holder!r} within {limit} s")
 
     def _expire(self, ticket: Ticket) -> None:
@@ -292,9 +307,29 @@ class SlotLeasing:
     def close(self) -> None:
         """Refuse new leases; every waiter gets ``PoolClosed``. Held leases release as usual."""
         self._closed = True
+        self._end_waits(lambda waiter: setattr(waiter, "closed", True))
+
+    def suspend(self, refusal: LeaseRefusal) -> None:
+        """Fail every waiter now, and every new lease until ``resume``, with ``refusal()``:
+        the slots cannot come (say, the pool's scheduler no longer runs its servers). Held
+        leases go on and release as usual. The latest refusal wins."""
+        self._suspended = refusal
+        self._end_waits(lambda waiter: setattr(waiter, "refused", refusal()))
+
+    def resume(self) -> None:
+        """Lease again after ``suspend`` (the slots can come again)."""
+        self._suspended = None
+
+    @property
+    def suspended(self) -> bool:
+        """Whether ``suspend`` refuses leases now."""
+        return self._suspended is not None
+
+    def _end_waits(self, settle: Callable[[_Waiter], None]) -> None:
+        """Withdraw every waiting ticket from the book and wake its waiter, ``settle``d."""
         for ticket_id, waiter in self._waiters.items():
             if not waiter.settled and self._book.cancel(waiter.ticket):
-                waiter.closed = True
+                settle(waiter)
                 waiter.woken.set()
             assert waiter.settled, f"ticket {ticket_id} left unsettled"
 

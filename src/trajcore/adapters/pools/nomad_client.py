@@ -31,7 +31,8 @@ What the caller can rely on:
   HTTP timeout.
 - Every failure is a ``NomadUnavailable`` (a ``SandboxUnavailable``) whose message names the
   setting to look at: ``address`` when Nomad cannot be reached or does not answer in time,
-  ``token`` when it answers 403, the request's own name otherwise, with the HTTP status and the
+  ``token`` when it refuses the ACL token (401 or 403; the message says which setting sets it,
+  never the token itself), the request's own name otherwise, with the HTTP status and the
   start of Nomad's answer.
 - ``read_job`` answers ``None`` and ``deregister`` ``False`` for a job Nomad does not know (404).
 - The ACL token goes in ``X-Nomad-Token``; with none given, python-nomad falls back to the
@@ -75,6 +76,7 @@ __all__ = [
 T = TypeVar("T")
 _GRACE_S = 1.0  # the thread hand-off around the library's own HTTP timeout
 _BODY_PREVIEW = 300
+_TOKEN_REFUSED = (401, 403)  # 403: Nomad's ACLs; 401: a proxy in front of it
 
 
 class NomadUnavailable(SandboxUnavailable):
@@ -275,16 +277,30 @@ class NomadClient:
 
     def _failure(self, what: str, error: BaseException) -> NomadUnavailable:
         status, text = _status_of(error)
-        preview = " ".join(text.split())[:_BODY_PREVIEW]
+        preview = self._redacted(" ".join(text.split()))[:_BODY_PREVIEW]
         if status is None:
             return NomadUnavailable(
                 f"{what}: cannot reach Nomad at {self.address}: {preview}", field="address"
             )
-        if status == 403:
+        if status in _TOKEN_REFUSED:
+            sent = "the ACL token" if self._sent_token() else "a request without an ACL token"
             return NomadUnavailable(
-                f"{what}: Nomad refused the ACL token (403): {preview}", field="token", status=403
+                f"{what}: Nomad refused {sent} (HTTP {status}); set the pool's token "
+                f"(--env.nomad_token, else $NOMAD_TOKEN) to one allowed to run the job: {preview}",
+                field="token",
+                status=status,
             )
         return NomadUnavailable(f"{what}: HTTP {status}: {preview}", field=what, status=status)
+
+    def _sent_token(self) -> str | None:
+        """The ACL token the requests carry: ``token``, else ``$NOMAD_TOKEN`` (python-nomad's
+        own fallback)."""
+        return self.token or os.environ.get("NOMAD_TOKEN") or None
+
+    def _redacted(self, text: str) -> str:
+        """``text`` without the ACL token in it (a proxy may echo a refused request)."""
+        token = self._sent_token()
+        return text.replace(token, "<the ACL token>") if token else text
 
 
 # ============================================================================ Nomad's answers

@@ -57,6 +57,16 @@ shows a newer job version or nothing that should run reads the job (``GET /v1/jo
 when it was stopped, purged or registered again with another token (another pool with the same
 job ID) outside the pool, that is noted once, its servers leave service, and the pool neither
 scales it nor stops its allocations, nor stops it at its close when another pool holds it.
+Leasing stops with it: every lease waiting for a slot, and every new one, fails at once with a
+``NomadUnavailable`` (an infrastructure error, ``field`` ``job_id``) that names the job and what
+happened to it, instead of waiting out ``acquire_timeout_s``; a start still waiting for its
+servers fails the same way. Should the job be the pool's again (registered again with its
+token), leasing goes on.
+
+Nomad refusing the pool's ACL token (HTTP 401 or 403, ``NomadUnavailable`` with ``field``
+``token`` and the ``status``; the token itself is never in the message) fails the start at
+once, from whichever request met it first: registering, listing the allocations, or reading
+one of them.
 
 Every wait is bounded: Nomad requests (``request_timeout_s``), joining (``start_timeout_s``),
 resets (``reset_timeout_s``), leases (``timeout_s`` or ``acquire_timeout_s``), shutdown
@@ -95,7 +105,7 @@ from trajcore.adapters.pools.reconciled import (
     part,
 )
 from trajcore.domain.environment_leases import Snapshot
-from trajcore.domain.errors import ConfigError, InvalidInput
+from trajcore.domain.errors import ConfigError, InvalidInput, SandboxUnavailable
 from trajcore.domain.nomad_job import (
     NomadJobSettings,
     NomadJobSpec,
@@ -298,14 +308,33 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
         ):
             now = await self._whose_job()
             if now is not was:
-                job_id = self.config.job.job_id
-                self.pool.note(
-                    f"Nomad job {job_id} {now.value}"
-                    + ("" if now is _Whose.OURS else ": its slot servers leave service and "
-                       "the pool no longer scales or replaces them (start the env again)"),
-                    warn=True,
-                )  # fmt: skip
+                self._job_changed_hands(now)
         return [stub for stub in stubs if stub.job_version <= self._owned_version]
+
+    def _job_changed_hands(self, now: _Whose) -> None:
+        """Say that the job is now ``now``'s; leasing stops while it is not the pool's (every
+        waiting and new lease fails at once with an error naming the job and what happened,
+        as does a start still waiting for its servers) and goes on when it is again."""
+        job_id = self.config.job.job_id
+        if now is _Whose.OURS:
+            self.pool.note(f"Nomad job {job_id} {now.value}", warn=True)
+            self.pool.leasing.resume()
+            return
+        self.pool.note(
+            f"Nomad job {job_id} {now.value}: its slot servers leave service and the pool no "
+            "longer scales or replaces them (start the env again)",
+            warn=True,
+        )
+
+        def refusal() -> NomadUnavailable:
+            return NomadUnavailable(
+                f"Nomad job {job_id} {now.value}: no slot of it can be leased (start the env "
+                "again)",
+                field="job_id",
+            )
+
+        self.pool.leasing.suspend(refusal)
+        self.fail_start(refusal())
 
     async def _tick(self) -> None:
         listing = await self.nomad.job_allocations(self.config.job.job_id)
@@ -340,6 +369,10 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
             ),
         )
         self.machine.scaled(count)
+
+    def _hopeless(self, error: SandboxUnavailable) -> bool:
+        """Nomad refused the pool's ACL token: no retry mends that."""
+        return isinstance(error, NomadUnavailable) and error.field == "token"
 
     async def _why_not_started(self) -> str | None:
         """Why Nomad's latest evaluation of the job could not place its allocations (no node

@@ -15,7 +15,9 @@ stop a run given up on (``_replace``). What the loop keeps:
   ``Replace`` stops the run (the pool's own way), ``SetCount`` comes back to the pool to set.
 - A poll that fails (the scheduler's own error, ``self.unavailable``; a malformed answer; no
   answer within ``tick_timeout_s``) is noted in the pool's ``problems`` and retried on the next
-  one; it never fails a lease or a call.
+  one; it never fails a lease or a call. A scheduler's error that no retry can mend
+  (``_hopeless``: Nomad refusing the pool's token) fails the pool's start at once with that
+  error (``fail_start``), as does one the source meets itself (its job stopped meanwhile).
 - A join connects to the run's server within ``start_timeout_s`` with the pool's bearer token
   and tells the reconciler how it went; a server without a required sandbox (or tmux) fails
   the pool's start (``start`` raises it), any other failure only retires that run.
@@ -211,6 +213,7 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
     by_run: dict[str, Member[Run]] = attrs.field(init=False, factory=dict)
     _pool: SlotServerPool[Run] | None = attrs.field(init=False, default=None)
     _fatal: BaseException | None = attrs.field(init=False, default=None)
+    _started: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
         self.machine = NomadReconciler(self.reconcile_config())
@@ -270,6 +273,21 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
     def _replace(self, run_id: str, reason: str) -> None:
         """Stop the run given up on (in the background), so that another one takes its place."""
 
+    def _hopeless(self, error: SandboxUnavailable) -> bool:
+        """Whether the scheduler's ``error`` (from a poll or a join) is one no retry mends, so
+        the pool's start fails with it at once (``False`` by default)."""
+        del error
+        return False
+
+    def fail_start(self, error: BaseException) -> bool:
+        """Fail the pool's start with ``error`` at once, if it has not ended; whether it had
+        not (the first such error wins)."""
+        if self._started or self._fatal is not None:
+            return False
+        self._fatal = error
+        self.pool.signal()
+        return True
+
     async def _why_not_started(self) -> str | None:
         """What the scheduler says about runs it did not start, for a failed start (``None``:
         nothing); never raises."""
@@ -298,6 +316,7 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
                 if self._fatal is not None:
                     raise self._fatal
                 if len(pool.container_names()) >= wanted:
+                    self._started = True
                     return
                 await pool.changed()
         seen = "; ".join(pool.problems[-3:]) or self.nothing_started
@@ -346,6 +365,8 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
                 reason = str(error) or self.no_answer
                 _log.warning("%s: %s", self.scheduler, reason)
                 self.pool.note(reason)
+                if isinstance(error, self.unavailable) and self._hopeless(error):
+                    self.fail_start(error)
             await anyio.sleep(self.config.poll_interval_s)
 
     def _allocation(
@@ -418,6 +439,8 @@ class ReconciledSource(abc.ABC, Generic[C_co]):
         except (TimeoutError, SlotServerError, InvalidInput, self.unavailable) as error:
             reason = "not healthy in time" if isinstance(error, TimeoutError) else str(error)
             pool.note(self._did_not_join(run_id, name, reason))
+            if isinstance(error, self.unavailable) and self._hopeless(error):
+                self.fail_start(error)
             self._apply(self.machine.join_failed(run_id, reason, anyio.current_time()))
             return
         except SandboxUnavailable as error:  # a sandbox (or tmux) is required: the start fails

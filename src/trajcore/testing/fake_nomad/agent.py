@@ -143,6 +143,9 @@ class FakeNomadAPI:
         container_prefix: Names of the containers started (``<prefix>-<allocation id>``); every
             one is removed when its task stops and when the fake closes.
         acl_token: When set, every request but ``status/leader`` must carry it.
+        acl_status: What a refused token gets: 403 as Nomad answers, 401 as a proxy may.
+        acl_denied: Paths (prefixes) refused to every token, as to one whose policy lacks
+            the capability (``/v1/job/x/allocations``: no ``read-job``).
         reschedule_delay_cap_s: Longest a failed allocation waits for its replacement
             (doubling per failure of the same chain from a twentieth of it); ``None``: the job's
             own delay.
@@ -160,6 +163,8 @@ class FakeNomadAPI:
     engine: tuple[str, ...] | None = None
     container_prefix: str = "trajcore-fake-nomad"
     acl_token: str | None = attrs.field(default=None, repr=False)
+    acl_status: int = 403
+    acl_denied: tuple[str, ...] = ()
     reschedule_delay_cap_s: float | None = 0.5
     restart_delay_cap_s: float | None = 0.1
     kill_timeout_cap_s: float = 5.0
@@ -348,8 +353,8 @@ class FakeNomadAPI:
                     self.violations.extend(problems)
                     raise bad("; ".join(problems))
             needs_token = self.acl_token is not None and template != "/status/leader"
-            if needs_token and token != self.acl_token:
-                raise Refused(403, "Permission denied")
+            if (needs_token and token != self.acl_token) or path.startswith(self.acl_denied):
+                raise Refused(self.acl_status, "Permission denied")
             answer = self._serve(request.method, template, params, query, body)
         except Refused as refused:
             return Reply(
