@@ -64,8 +64,8 @@ import attrs
 
 from trajcore.adapters.pools.batches import refuse_stale
 from trajcore.adapters.pools.environment_leasing import EnvironmentCounters
+from trajcore.adapters.pools.leased_pool import DEFAULT_FORK_WAIT_S, LeasedPool
 from trajcore.adapters.pools.leasing import SlotLeasing
-from trajcore.adapters.pools.pool_core import DEFAULT_FORK_WAIT_S, LeasedPool
 from trajcore.domain.environment_leases import (
     EnvironmentUnavailable,
     Snapshot,

@@ -1,7 +1,7 @@
 """Leases over task environments as the pools of slot servers ask for them: what they count,
 the lease request, and a group's snapshot.
 
-``pool_core.LeasedPool`` runs every lease that names an environment the same way (the reference
+``leased_pool.LeasedPool`` runs every lease that names an environment the same way (the reference
 checked, the pool's own refusal, then the slot, then ``enter_environment``); the pools of slot
 servers carry ``enter_environment``, ``snapshot`` and ``drop_snapshot`` out with the functions
 here, over the slot's server's client:

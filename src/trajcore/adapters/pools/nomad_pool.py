@@ -87,6 +87,7 @@ import anyio
 import attrs
 
 from trajcore.adapters.pools.environment_leasing import lease_over
+from trajcore.adapters.pools.leased_pool import DEFAULT_FORK_WAIT_S
 from trajcore.adapters.pools.nomad_client import (
     AllocationStub,
     NomadClient,
@@ -96,7 +97,7 @@ from trajcore.adapters.pools.nomad_client import (
     parse_job,
     placement_failure,
 )
-from trajcore.adapters.pools.pool_core import DEFAULT_FORK_WAIT_S, Member
+from trajcore.adapters.pools.pool_core import Member
 from trajcore.adapters.pools.reconciled import (
     ReconciledPool,
     ReconciledSource,

@@ -65,11 +65,9 @@ from trajcore.domain.slots import Lease, SlotCall
 from trajcore.domain.tools import ToolResult
 
 __all__ = [
-    "DEFAULT_FORK_WAIT_S",
     "ContainerSource",
     "Endpoint",
     "JoinRules",
-    "LeasedPool",
     "Member",
     "SlotServerPool",
     "close_quietly",

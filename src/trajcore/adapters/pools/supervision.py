@@ -33,8 +33,8 @@ import anyio
 import attrs
 
 from trajcore.adapters.pools.client import SlotServerClient
+from trajcore.adapters.pools.leased_pool import DEFAULT_FORK_WAIT_S
 from trajcore.adapters.pools.pool_core import (
-    DEFAULT_FORK_WAIT_S,
     Endpoint,
     Member,
     SlotServerPool,
