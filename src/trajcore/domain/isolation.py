@@ -169,6 +169,13 @@ class SlotIsolation:
         max_file_bytes: Largest file a process of the slot may write (rlimit; 1 GiB by default,
             so a runaway ``yes > out`` stops there instead of filling the host's disk), or
             ``None``.
+        disk_bytes: Disk space one lease may fill in its writable area (its workspace, or its
+            workspace's and root's writable layers over a task environment), counted in
+            allocated blocks as ``du`` counts them; a lease past it is ended with a named
+            failure and its space comes back at its reset. 10 GiB by default; ``None``: no
+            budget.
+        disk_files: Files (inodes: directories, links and the rest too) one lease may keep in
+            the same area; 1,000,000 by default; ``None``: no budget.
         output_cap_bytes: Bytes kept per stream (stdout, stderr) of one call: head plus tail.
         file_cap_bytes: Largest file ``read_file`` returns and ``write_file`` accepts.
         min_timeout_s: Shortest limit a call gets.
@@ -211,6 +218,14 @@ class SlotIsolation:
     )
     max_file_bytes: int | None = attrs.field(
         default=1 << 30,
+        validator=validators.optional_positive_int,
+    )
+    disk_bytes: int | None = attrs.field(
+        default=10 << 30,
+        validator=validators.optional_positive_int,
+    )
+    disk_files: int | None = attrs.field(
+        default=1_000_000,
         validator=validators.optional_positive_int,
     )
     output_cap_bytes: int = attrs.field(

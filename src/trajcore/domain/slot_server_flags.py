@@ -102,6 +102,8 @@ _TABLE: dict[str, tuple[str, str, _Codec | None]] = {
     "memory_bytes": ("--memory-bytes", "memory per slot, in bytes", _OPTIONAL_INT),
     "cpu_seconds": ("--cpu-seconds", "CPU seconds per process", _OPTIONAL_INT),
     "max_file_bytes": ("--max-file-bytes", "largest file a process may write", _OPTIONAL_INT),
+    "disk_bytes": ("--disk-bytes", "disk space one lease may fill, in bytes", _OPTIONAL_INT),
+    "disk_files": ("--disk-files", "files (inodes) one lease may keep", _OPTIONAL_INT),
     "output_cap_bytes": ("--output-cap-bytes", "bytes kept per stream of a call", _INT),
     "file_cap_bytes": ("--file-cap-bytes", "largest file read or written by a call", _INT),
     "min_timeout_s": ("--min-timeout-s", "shortest limit a call gets", _SECONDS),

@@ -21,7 +21,13 @@ from collections.abc import Callable, Sequence
 from trajcore.adapters.slot_server.channel import AgentLost
 from trajcore.adapters.slot_server.sandboxes import Sandboxes
 from trajcore.adapters.slot_server.slot_state import Slot
-from trajcore.adapters.slot_server.tool_calls import failure, refused, run_call, start_call
+from trajcore.adapters.slot_server.tool_calls import (
+    failure,
+    lost_result,
+    refused,
+    run_call,
+    start_call,
+)
 from trajcore.domain.slot_calls import (
     Accepted,
     Answered,
@@ -196,7 +202,7 @@ class CallTurns:
                 )
             else:
                 await self._sandboxes.stop_agent(slot)
-                result = failure(call, ToolOutcome.INFRA_ERROR, str(lost))
+                result = lost_result(slot, call, lost)
         except asyncio.CancelledError:
             result = refused(call, Closing())
         except Exception as error:  # noqa: BLE001 - every call gets a result, whatever failed

@@ -62,6 +62,7 @@ import attrs
 
 from trajcore.adapters.slot_server.call_turns import CallTurns
 from trajcore.adapters.slot_server.capabilities import probe
+from trajcore.adapters.slot_server.disk_budget import DiskWatch
 from trajcore.adapters.slot_server.forks import (
     NEEDS_CACHE,
     freeze_lease,
@@ -141,6 +142,7 @@ class SlotRuntime(CallTurns):
     boot: str = attrs.field(init=False, factory=lambda: os.urandom(8).hex())
     """This run of the server (``Health.boot``; in every batch's answer)."""
     _bin: Trash = attrs.field(init=False)  # the trash's sweeps, and the leases' layers measured
+    _disk: DiskWatch = attrs.field(init=False)  # each lease's disk budget
 
     @_sandboxes.default
     def _new_sandboxes(self) -> Sandboxes:
@@ -149,6 +151,34 @@ class SlotRuntime(CallTurns):
     @_bin.default
     def _new_bin(self) -> Trash:
         return Trash(self.config.root / "trash")
+
+    @_disk.default
+    def _new_disk(self) -> DiskWatch:
+        return DiskWatch(
+            isolation=self.config.isolation, areas=self._disk_area,
+            end_lease=self._end_lease,
+            retired=lambda slot: slot.calls.retired_epoch,
+            interval_s=self.config.disk_check_s,
+        )  # fmt: skip
+
+    async def _end_lease(self, slot: Slot) -> None:
+        """End the slot's lease (a keeper that cannot end it is killed with its sandbox)."""
+        try:
+            await self._sandboxes.stop_agent(slot)
+        except Exception:
+            await self._sandboxes.stop_keeper(slot)
+            raise
+
+    def _disk_area(self, slot: Slot) -> list[Path]:
+        """Where slot's lease writes on the server's storage: its workspace (a fork's overlay's
+        upper layer instead) and, over an image, its root's upper layer."""
+        workspace = slot.workspace.root
+        overlays = None if self.snapshots is None else self.snapshots.overlays
+        upper = None if overlays is None else overlays.upper(workspace)
+        area = [workspace if upper is None else upper]
+        if slot.image is not None:
+            area.append(self._sandboxes.layer_dir(slot) / "upper")
+        return area
 
     # ------------------------------------------------------------------------- life cycle
 
@@ -211,6 +241,10 @@ class SlotRuntime(CallTurns):
         if cgroups:
             await asyncio.to_thread(prepare_cgroups, cgroups, self.config.isolation)
         self._sweep_trash()  # what the set-aside left, and what an earlier server did not sweep
+        if self._disk.enabled:
+            watch = asyncio.get_running_loop().create_task(self._disk.run(self._slots))
+            self._tasks.add(watch)
+            watch.add_done_callback(self._tasks.discard)
 
     def _set_aside_stale(self) -> None:
         """Move what an earlier server left under the root (its slots' workspaces and state:

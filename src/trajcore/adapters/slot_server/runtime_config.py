@@ -56,6 +56,8 @@ class RuntimeConfig:
         image_cache_bytes: The cache's size limit.
         snapshot_bytes: What this server's snapshots (``POST /v1/snapshot``, under
             ``root/snapshots``) may hold together; a snapshot past it is refused.
+        disk_check_s: How often a live lease's writable area is measured against its disk
+            budget (``SlotIsolation.disk_bytes``, ``disk_files``; ``disk_budget``) at most.
     """
 
     slots: int = attrs.field(validator=positive_int)
@@ -74,6 +76,7 @@ class RuntimeConfig:
     image_cache: Path | None = None
     image_cache_bytes: int = attrs.field(default=32 << 30, validator=positive_int)
     snapshot_bytes: int = attrs.field(default=16 << 30, validator=positive_int)
+    disk_check_s: float = attrs.field(default=0.5, validator=positive_seconds)
 
     def __attrs_post_init__(self) -> None:
         check_slot_uid_range("slot_uid_base", self.slot_uid_base, self.slots)

@@ -60,6 +60,10 @@ class Slot:
     clones: tuple[tuple[Path, ...], list[int]] | None = None
     """Idmapped clones of the next lease's layers made ahead (a fork's, in its request's worker
     thread), with those layers: that lease takes them (``take_clones``); a reset closes them."""
+    disk_written: int | None = None
+    """The lease epoch whose ``write_file`` wrote since its disk budget's last measure."""
+    disk_over: tuple[int, str] | None = None
+    """The lease epoch ended for passing its disk budget, and why (``disk_budget``)."""
     forking: asyncio.Future[None] | None = None
     """Set while a fork request starts a lease of this slot from a snapshot (its workspace
     mounted in a worker thread): a reset of the slot waits for it to end, so that it cleans

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import cast
 
 from trajcore.adapters.slot_server.channel import MAX_REQUEST_BYTES, AgentLost, encode_request
+from trajcore.adapters.slot_server.disk_budget import over_for
 from trajcore.adapters.slot_server.sandboxes import Sandboxes
 from trajcore.adapters.slot_server.slot_state import Slot
 from trajcore.domain.errors import ToolArgumentError
@@ -26,7 +27,7 @@ from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, ExecuteCall, home_rel
 from trajcore.domain.tool_schema import BUILTIN_VALIDATOR
 from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult, ToolSpec, timeout_end
 
-__all__ = ["failure", "flat_check", "refused", "run_call", "start_call"]
+__all__ = ["failure", "flat_check", "lost_result", "refused", "run_call", "start_call"]
 
 _TOOLS: dict[str, ToolSpec] = {spec.name: spec for spec in SLOT_TOOL_SPECS}
 _COMMANDS = frozenset({"bash", "bash_stateful", "tmux"})  # what the lease's agent runs
@@ -273,9 +274,13 @@ async def _run_command(
     payload = _command_request(sandboxes, call, timeout)
     if isinstance(payload, ToolResult):
         return payload
+    if (over := over_for(slot, call.epoch)) is not None:
+        return failure(call, ToolOutcome.TOOL_ERROR, over)
     if slot.agent_epoch == call.epoch and (slot.agent is None or not slot.agent.alive()):
         if slot.agent is not None:
             await sandboxes.stop_agent(slot)
+        if (over := over_for(slot, call.epoch)) is not None:
+            return failure(call, ToolOutcome.TOOL_ERROR, over)
         reason = (
             f"the slot's sandbox ended during lease epoch {call.epoch}, and its processes, "
             "shell and /tmp with it; reset the slot to start a new lease"
@@ -296,7 +301,7 @@ async def _run_command(
         reply = await agent.request(payload, timeout + sandboxes.config.agent_grace_s)
     except AgentLost as error:
         await sandboxes.stop_agent(slot)
-        return failure(call, ToolOutcome.INFRA_ERROR, str(error))
+        return lost_result(slot, call, error)
     return _command_result(call, reply, timeout, sandboxed=agent.sandboxed)
 
 
@@ -343,8 +348,19 @@ def _text_within(data: bytes, cap: int) -> tuple[str, int]:
         shown = shown * cap // size  # strictly less: size > cap
 
 
+def lost_result(slot: Slot, call: ExecuteCall, lost: AgentLost) -> ToolResult:
+    """The result of a call whose lease was lost: ``TOOL_ERROR`` naming the disk budget when
+    the lease was ended for passing it, else ``INFRA_ERROR`` naming the loss."""
+    over = over_for(slot, call.epoch)
+    if over is not None:
+        return failure(call, ToolOutcome.TOOL_ERROR, over)
+    return failure(call, ToolOutcome.INFRA_ERROR, str(lost))
+
+
 async def _write_file(sandboxes: Sandboxes, slot: Slot, call: ExecuteCall) -> ToolResult:
     path = cast("str", call.arguments["path"])
+    if (over := over_for(slot, call.epoch)) is not None:
+        return failure(call, ToolOutcome.TOOL_ERROR, over)
     try:
         data = cast("str", call.arguments["content"]).encode("utf-8")
     except UnicodeEncodeError as error:
@@ -360,6 +376,7 @@ async def _write_file(sandboxes: Sandboxes, slot: Slot, call: ExecuteCall) -> To
         return failure(call, ToolOutcome.REJECTED, f"{error.reason} @ $.{error.field}")
     except OSError as error:
         return failure(call, ToolOutcome.TOOL_ERROR, f"cannot write {path!r}: {error.strerror}")
+    slot.disk_written = call.epoch  # the disk budget's watch measures the lease's area next
     return _result(call, ToolOutcome.OK, f"wrote {written} bytes to {path}")
 
 

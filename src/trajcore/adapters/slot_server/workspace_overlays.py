@@ -237,6 +237,11 @@ class WorkspaceOverlays:
         """Whether ``workspace`` is a fork's overlay now."""
         return workspace in self._mounted
 
+    def upper(self, workspace: Path) -> Path | None:
+        """The upper layer of ``workspace``'s overlay (what its lease wrote), or ``None``."""
+        folder = self._mounted.get(workspace)
+        return None if folder is None else folder / "upper"
+
     def unmount(self, workspace: Path, trash: Path | None) -> str | None:
         """Detach ``workspace``'s overlay and its lower's clone and set the fork's folder
         aside into ``trash`` (or remove it now); ``None`` when done (or there was none), else

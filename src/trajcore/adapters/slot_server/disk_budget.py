@@ -1,0 +1,252 @@
+"""Each lease's disk budget: the bytes and files it may keep in its writable area, watched.
+
+``max_file_bytes`` (an rlimit) bounds one file; a lease that writes many files could still fill
+the host's disk within its timeout and fail every other slot. So each lease also has a budget
+for all it writes (``SlotIsolation.disk_bytes`` and ``disk_files``), over its *writable area*:
+what it writes lands on the server's storage, in plain host directories under the server's
+root:
+
+- its workspace (``ROOT/slots/<i>``), or, for a fork whose workspace is an overlay, that
+  overlay's upper layer (``ROOT/forks/<i>/upper``: the snapshot's frozen files below it are
+  not the lease's);
+- for a lease over a task environment, also its root's upper layer (``ROOT/layers/<i>/upper``).
+
+(``/tmp`` and ``/dev/shm`` are one tmpfs per lease, sized already: ``limits.tmpfs_budget``.)
+
+Why a watcher and not a kernel cap: these directories must stay on disk (a workspace is a
+repository checkout, a virtualenv, build output: gigabytes that a tmpfs would hold in memory,
+charged to the slot's memory limit), the server often is not root or has no loop devices, and
+project quotas need a file system mounted for them. So the server measures, as ``du`` does:
+every entry counted once as a file (an inode: directories, links and whiteouts too), each
+inode's allocated blocks once (hard links are not counted twice, holes in sparse files not at
+all), walked without following a link; the walk stops as soon as the area is over either
+budget, so it never looks at more than ``disk_files + 1`` entries.
+
+When: every ``interval_s`` (0.5 s by default) for each slot with a live lease (an agent: its
+background processes write between calls too) or a file written by ``write_file`` since its
+last measure; a slot whose measure took ``d`` seconds waits ``4 d`` before the next, so
+measuring takes at most a fifth of one thread. One slot at a time, in a worker thread.
+
+What a lease past its budget gets: its lease ends at once (every process of it, as a reset
+ends them), the call it ran fails with ``TOOL_ERROR`` and the reason ("disk budget of N bytes
+(disk_bytes) reached ..."), and every later call of that lease epoch fails with the same
+reason until the slot is reset; the reset wipes the area as always, so the space comes back.
+The other slots go on. The bound is a watcher's: a lease can pass its budget by what it writes
+in one interval (plus one measure) before it is ended, which the file-size rlimit and the
+disk's speed bound. A directory the walk cannot read (a server that is not root, a mode the
+lease took away) is first given back its owner's rights when it is the server's own; one still
+unreadable ends the lease the same way (fail closed: the budget cannot be proven).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import stat
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+import attrs
+
+from trajcore.adapters.slot_server.slot_state import Slot
+from trajcore.domain.isolation import SlotIsolation
+
+__all__ = ["DiskUse", "DiskWatch", "measure_area", "over_budget", "over_for"]
+
+_log = logging.getLogger(__name__)
+
+_BACKOFF = 4.0  # a slot waits this many times its last measure's duration before the next
+
+
+@attrs.frozen
+class DiskUse:
+    """What ``measure_area`` found.
+
+    Attributes:
+        bytes: Allocated bytes counted (at least this many when ``over``).
+        files: Entries counted (at least this many when ``over``).
+        over: The walk stopped because either budget was passed.
+        unreadable: A directory the walk could not read (``None``: every one was read).
+    """
+
+    bytes: int
+    files: int
+    over: bool
+    unreadable: str | None = None
+
+
+def _scan(path: str) -> list[os.DirEntry[str]]:
+    """The entries of directory ``path``; a directory of the server's own that it cannot read
+    is given its owner's rights back once (``PermissionError`` when that is not enough)."""
+    try:
+        with os.scandir(path) as found:
+            return list(found)
+    except PermissionError:
+        info = os.lstat(path)
+        if info.st_uid != os.geteuid() or not stat.S_ISDIR(info.st_mode):
+            raise
+        os.chmod(path, stat.S_IMODE(info.st_mode) | stat.S_IRWXU)
+        with os.scandir(path) as found:
+            return list(found)
+
+
+def measure_area(roots: Sequence[Path], *, max_bytes: int | None, max_files: int | None) -> DiskUse:
+    """What the directories ``roots`` hold (not counting the roots themselves), stopping once
+    past ``max_bytes`` or ``max_files`` (``None``: no limit). A root or entry that is gone
+    (removed meanwhile) counts nothing. Blocking; never raises ``OSError``."""
+    total = files = 0
+    seen: set[tuple[int, int]] = set()
+    pending = [str(root) for root in roots]
+    while pending:
+        path = pending.pop()
+        try:
+            entries = _scan(path)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError:
+            return DiskUse(total, files, over=False, unreadable=path)
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue  # gone meanwhile
+            files += 1
+            if stat.S_ISDIR(info.st_mode):
+                pending.append(entry.path)
+            elif info.st_nlink > 1:
+                key = (info.st_dev, info.st_ino)
+                if key in seen:
+                    continue
+                seen.add(key)
+            total += info.st_blocks * 512
+            if (max_bytes is not None and total > max_bytes) or (
+                max_files is not None and files > max_files
+            ):
+                return DiskUse(total, files, over=True)
+    return DiskUse(total, files, over=False)
+
+
+def over_budget(use: DiskUse, isolation: SlotIsolation) -> str | None:
+    """Why a lease whose area ``use`` describes must end (its budget, named), or ``None``."""
+    if use.unreadable is not None:
+        return (
+            f"disk budget cannot be checked: the lease's directory {use.unreadable!r} cannot be "
+            "read; the lease was ended (reset the slot to start a new one)"
+        )
+    if not use.over:
+        return None
+    if isolation.disk_files is not None and use.files > isolation.disk_files:
+        what = f"disk budget of {isolation.disk_files} files (disk_files) reached"
+    else:
+        what = f"disk budget of {isolation.disk_bytes} bytes (disk_bytes) reached"
+    return (
+        f"{what}: the lease's writable area holds at least {use.bytes} bytes in {use.files} "
+        "files; the lease was ended (its processes stopped) and every later call of it fails; "
+        "reset the slot to start a new lease with its space given back"
+    )
+
+
+@attrs.define(eq=False)
+class DiskWatch:
+    """Measures every live lease's writable area and ends a lease past its budget.
+
+    Attributes:
+        isolation: The budgets (``disk_bytes``, ``disk_files``).
+        areas: A slot's writable area (its directories).
+        end_lease: Ends a slot's lease (its agent and every process).
+        retired: A slot's last retired epoch (an epoch at or below it is reset or resetting).
+        interval_s: The shortest time between two measures of one slot.
+    """
+
+    isolation: SlotIsolation
+    areas: Callable[[Slot], list[Path]]
+    end_lease: Callable[[Slot], Awaitable[None]]
+    retired: Callable[[Slot], int]
+    interval_s: float = 0.5
+    _due: dict[int, float] = attrs.field(factory=dict)
+
+    @property
+    def enabled(self) -> bool:
+        return self.isolation.disk_bytes is not None or self.isolation.disk_files is not None
+
+    async def run(self, slots: Sequence[Slot]) -> None:
+        """Watch ``slots`` until cancelled."""
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.tick(slots)
+            except Exception:  # noqa: BLE001 - a fault of one round never ends the watch
+                _log.exception("cannot check the leases' disk budgets")
+
+    async def tick(self, slots: Sequence[Slot]) -> list[str]:
+        """One round: measure every slot of ``slots`` whose lease is live (or wrote a file)
+        and whose turn has come, in one worker thread, one after another; end each lease past
+        its budget. Returns the reasons the leases ended for."""
+        now = time.monotonic()
+        due: list[_Due] = []
+        for slot in slots:
+            agent = slot.agent
+            live = agent is not None and slot.warmed is not agent
+            epoch = slot.agent_epoch if live else slot.disk_written
+            if epoch is None or epoch <= self.retired(slot) or over_for(slot, epoch) is not None:
+                continue
+            if now >= self._due.get(slot.index, 0.0):
+                due.append(_Due(slot, agent, live, epoch, slot.disk_written, self.areas(slot)))
+        if not due:
+            return []
+        measured = await asyncio.to_thread(self._measure, [each.area for each in due])
+        reasons: list[str] = []
+        for each, (use, took) in zip(due, measured, strict=True):
+            self._due[each.slot.index] = time.monotonic() + max(self.interval_s, _BACKOFF * took)
+            reason = await self._settle(each, use)
+            if reason is not None:
+                reasons.append(reason)
+        return reasons
+
+    def _measure(self, areas: list[list[Path]]) -> list[tuple[DiskUse, float]]:
+        found = []
+        for area in areas:
+            started = time.monotonic()
+            use = measure_area(
+                area, max_bytes=self.isolation.disk_bytes, max_files=self.isolation.disk_files
+            )
+            found.append((use, time.monotonic() - started))
+        return found
+
+    async def _settle(self, each: _Due, use: DiskUse) -> str | None:
+        slot, epoch = each.slot, each.epoch
+        reason = over_budget(use, self.isolation)
+        if reason is None:
+            if slot.disk_written == each.written:  # no write_file since: nothing new to measure
+                slot.disk_written = None
+            return None
+        if epoch <= self.retired(slot) or slot.agent is not each.agent:
+            return None  # reset, or another lease, meanwhile
+        slot.disk_over = (epoch, reason)
+        _log.warning("slot %d, lease epoch %d: %s", slot.index, epoch, reason)
+        if each.live:
+            try:
+                await self.end_lease(slot)
+            except Exception:  # noqa: BLE001 - logged; its calls still fail naming the budget
+                _log.exception("slot %d: cannot end the lease past its disk budget", slot.index)
+        return reason
+
+
+@attrs.frozen
+class _Due:
+    """A slot measured in one round, and what it was when the round began."""
+
+    slot: Slot
+    agent: object
+    live: bool
+    epoch: int
+    written: int | None
+    area: list[Path]
+
+
+def over_for(slot: Slot, epoch: int) -> str | None:
+    """Why lease ``epoch`` of ``slot`` was ended for its disk budget, or ``None``."""
+    over = slot.disk_over
+    return over[1] if over is not None and over[0] == epoch else None
