@@ -8,7 +8,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from trajcore.adapters.pools.cloud_pool import CloudPoolConfig
 from trajcore.adapters.pools.container_pool import ContainerPoolConfig, ContainerSandboxPool
@@ -117,6 +117,22 @@ def test_the_file_size_limit_reaches_the_slot_servers_and_none_lifts_it() -> Non
     assert SandboxSettings(max_file_bytes=4096).slot_isolation().max_file_bytes == 4096
     local = SandboxSettings(max_file_bytes=None).local_pool_config()
     assert local.server.isolation.max_file_bytes is None
+
+
+def test_the_disk_budget_reaches_the_slot_servers_and_none_lifts_it() -> None:
+    assert SandboxSettings().slot_isolation().disk_bytes == 10 << 30
+    assert SandboxSettings().slot_isolation().disk_files == 1_000_000
+    budget = SandboxSettings(disk_bytes=8 << 20, disk_files=None).local_pool_config()
+    assert budget.server.isolation.disk_bytes == 8 << 20
+    assert budget.server.isolation.disk_files is None
+
+
+@pytest.mark.parametrize("field", ["disk_bytes", "disk_files"])
+@pytest.mark.parametrize("value", [0, -1, 1.5, "many"])
+def test_a_bad_disk_budget_is_refused_naming_it(field: str, value: object) -> None:
+    with pytest.raises(ValidationError) as caught:
+        SandboxSettings.model_validate({field: value})
+    assert caught.value.errors()[0]["loc"] == (field,)
 
 
 def test_the_defaults_are_the_pools_own() -> None:

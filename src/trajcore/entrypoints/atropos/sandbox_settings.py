@@ -247,6 +247,18 @@ class DeclaredSettings(CloudSettings):
         description="Largest file a sandboxed process may write (an rlimit; 1 GiB by default, so "
         "a runaway 'yes > out' stops there). None: no cap.",
     )
+    disk_bytes: int | None = Field(
+        default=_POLICY.disk_bytes,
+        ge=1,
+        description="Disk space one lease may fill in its workspace and writable layers (10 GiB "
+        "by default); a lease past it is ended, naming the budget. None: no budget.",
+    )
+    disk_files: int | None = Field(
+        default=_POLICY.disk_files,
+        ge=1,
+        description="Files (inodes) one lease may keep in its workspace and writable layers "
+        "(1,000,000 by default); a lease past it is ended, naming the budget. None: no budget.",
+    )
     terminal_timeout_s: float = Field(
         default=_POLICY.default_timeout_s,
         gt=0,
@@ -403,6 +415,8 @@ class SandboxSettings(_Flags):
             return SlotIsolation(
                 allow_network=self.allow_network,
                 max_file_bytes=self.max_file_bytes,
+                disk_bytes=self.disk_bytes,
+                disk_files=self.disk_files,
                 require_sandbox=self.require_sandbox or self.require_stateful_sandbox,
                 min_timeout_s=min(_POLICY.min_timeout_s, timeout),
                 default_timeout_s=timeout,
