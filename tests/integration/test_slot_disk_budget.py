@@ -1,0 +1,86 @@
+"""The disk budget in a slot server without bubblewrap (the bare agent): a background job a
+lease leaves running is measured too, between its calls, and ended with the lease.
+
+The runtime runs in process, unsandboxed and without cgroups, with an 8 MiB budget measured
+every 0.1 s. Slot 0's call starts a job that writes 1 MiB files every 20 ms up to 400 MiB and
+returns at once; slot 1 (the control) writes 1 MiB and goes on working. The job must be gone
+(the workspace stops growing) and slot 0's next call must name the budget; its reset empties
+the workspace, and the next lease of it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from tests.integration.test_slot_server import call, searchable_dir
+from trajcore.adapters.slot_server.runtime import SlotRuntime
+from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
+from trajcore.domain.isolation import SlotIsolation
+from trajcore.domain.tools import ToolOutcome
+
+JOB = (
+    "(i=0; while [ $i -lt 400 ]; do head -c 1048576 /dev/zero > f$i; i=$((i+1)); "
+    "sleep 0.02; done) >/dev/null 2>&1 &\necho started"
+)
+
+
+def _used(folder: Path) -> int:
+    total = 0
+    for parent, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            try:
+                total += os.lstat(os.path.join(parent, name)).st_blocks * 512
+            except FileNotFoundError:
+                continue
+    return total
+
+
+def test_a_background_writer_is_ended_with_its_lease_past_the_budget() -> None:
+    with searchable_dir("disk-budget") as folder:
+        _background_writer(folder)
+
+
+def _background_writer(tmp_path: Path) -> None:
+    isolation = SlotIsolation(require_sandbox=False, disk_bytes=8 << 20, disk_files=1000)
+    config = RuntimeConfig(
+        slots=2, root=tmp_path / "root", isolation=isolation, bwrap="/nonexistent/bwrap",
+        use_cgroups=False, disk_check_s=0.1,
+    )  # fmt: skip
+    workspace = tmp_path / "root" / "slots" / "0"
+
+    async def main() -> None:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        try:
+            started, kept = await runtime.execute(
+                [call(0, "bash", command=JOB), call(1, "bash", command="head -c 1048576 "
+                 "/dev/zero > keep && echo ok")]
+            )  # fmt: skip
+            assert started.outcome is ToolOutcome.OK, started
+            assert kept.outcome is ToolOutcome.OK, kept
+            result = started
+            async with asyncio.timeout(20):
+                while result.outcome is ToolOutcome.OK:
+                    await asyncio.sleep(0.2)
+                    (result,) = await runtime.execute([call(0, "bash", command="true")])
+            assert result.outcome is ToolOutcome.TOOL_ERROR, result
+            assert f"disk budget of {8 << 20} bytes (disk_bytes) reached" in (result.error or "")
+            held = _used(workspace)
+            await asyncio.sleep(0.5)
+            assert _used(workspace) == held  # the job is gone: nothing grows
+            assert held < 100 << 20
+            (control,) = await runtime.execute([call(1, "bash", command="ls keep")])
+            assert control.outcome is ToolOutcome.OK, control
+            assert control.exec is not None
+            assert control.exec.exit_code == 0
+            assert (await runtime.reset(0, 1)).ok
+            assert _used(workspace) == 0
+            (fresh,) = await runtime.execute([call(0, "bash", epoch=2, command="echo again")])
+            assert fresh.outcome is ToolOutcome.OK, fresh
+            assert fresh.content.strip() == "again"
+        finally:
+            await runtime.aclose()
+
+    asyncio.run(main())
