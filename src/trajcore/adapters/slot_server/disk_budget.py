@@ -45,7 +45,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
 import attrs
@@ -77,19 +77,18 @@ class DiskUse:
     unreadable: str | None = None
 
 
-def _scan(path: str) -> list[os.DirEntry[str]]:
-    """The entries of directory ``path``; a directory of the server's own that it cannot read
-    is given its owner's rights back once (``PermissionError`` when that is not enough)."""
+def _scan(path: str) -> os._ScandirIterator[str]:  # typeshed's name for what scandir returns
+    """An open listing of directory ``path`` (read lazily: a directory of a million entries is
+    never held whole); a directory of the server's own that it cannot read is given its owner's
+    rights back once (``PermissionError`` when that is not enough)."""
     try:
-        with os.scandir(path) as found:
-            return list(found)
+        return os.scandir(path)
     except PermissionError:
         info = os.lstat(path)
         if info.st_uid != os.geteuid() or not stat.S_ISDIR(info.st_mode):
             raise
         os.chmod(path, stat.S_IMODE(info.st_mode) | stat.S_IRWXU)
-        with os.scandir(path) as found:
-            return list(found)
+        return os.scandir(path)
 
 
 def measure_area(roots: Sequence[Path], *, max_bytes: int | None, max_files: int | None) -> DiskUse:
@@ -102,30 +101,41 @@ def measure_area(roots: Sequence[Path], *, max_bytes: int | None, max_files: int
     while pending:
         path = pending.pop()
         try:
-            entries = _scan(path)
+            listing = _scan(path)
         except (FileNotFoundError, NotADirectoryError):
             continue
         except OSError:
             return DiskUse(total, files, over=False, unreadable=path)
-        for entry in entries:
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue  # gone meanwhile
-            files += 1
-            if stat.S_ISDIR(info.st_mode):
-                pending.append(entry.path)
-            elif info.st_nlink > 1:
-                key = (info.st_dev, info.st_ino)
-                if key in seen:
-                    continue
-                seen.add(key)
-            total += info.st_blocks * 512
-            if (max_bytes is not None and total > max_bytes) or (
-                max_files is not None and files > max_files
-            ):
-                return DiskUse(total, files, over=True)
+        with listing:
+            for entry in _entries(listing):
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # gone meanwhile
+                files += 1
+                if stat.S_ISDIR(info.st_mode):
+                    pending.append(entry.path)
+                elif info.st_nlink > 1:
+                    key = (info.st_dev, info.st_ino)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                total += info.st_blocks * 512
+                if (max_bytes is not None and total > max_bytes) or (
+                    max_files is not None and files > max_files
+                ):
+                    return DiskUse(total, files, over=True)
     return DiskUse(total, files, over=False)
+
+
+def _entries(listing: Iterator[os.DirEntry[str]]) -> Iterator[os.DirEntry[str]]:
+    """``listing``'s entries until it ends or fails (its directory removed meanwhile)."""
+    while True:
+        try:
+            entry = next(listing)
+        except (StopIteration, OSError):
+            return
+        yield entry
 
 
 def over_budget(use: DiskUse, isolation: SlotIsolation) -> str | None:
