@@ -279,8 +279,6 @@ async def _run_command(
     if slot.agent_epoch == call.epoch and (slot.agent is None or not slot.agent.alive()):
         if slot.agent is not None:
             await sandboxes.stop_agent(slot)
-        if (over := over_for(slot, call.epoch)) is not None:
-            return failure(call, ToolOutcome.TOOL_ERROR, over)
         reason = (
             f"the slot's sandbox ended during lease epoch {call.epoch}, and its processes, "
             "shell and /tmp with it; reset the slot to start a new lease"
