@@ -185,7 +185,12 @@ def test_invalid_fields_are_config_errors_naming_them(fields: dict[str, Any], fi
         ({"mode": "managed"}, "tool_call_parser", "hermes"),
         ({"min_healthy": 5}, "min_healthy", "group_size"),
         ({"slot_lifetime_s": 700, "worker_timeout": 600}, "slot_lifetime_s", "worker_timeout"),
-        ({"min_containers": 3, "max_containers": 2}, "max_containers", "min_containers"),
+        (
+            {"sandbox": "nomad", "min_containers": 3, "max_containers": 2},
+            "max_containers",
+            "min_containers",
+        ),
+        ({"min_containers": 3}, "min_containers", "sandbox 'local' never reads it"),
         ({"toolset_distribution": {"terminal": 2.0}}, "toolset_distribution.terminal", "[0, 1]"),
         (
             {"enabled_toolsets": ["file"], "toolset_distribution": {"file": 1.0}},

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import sys
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
@@ -168,20 +167,20 @@ def test_a_registered_sources_check_runs_when_the_settings_are_checked() -> None
         ("nomad", {"local_containers": 3, "image_cache_dir": "/cache"}, ["local_containers"]),
     ],
 )  # fmt: skip
-def test_a_setting_the_chosen_pool_never_reads_is_warned_about_by_name(
-    sandbox: str, given: dict[str, object], unread: list[str], caplog: pytest.LogCaptureFixture
+def test_a_setting_the_chosen_pool_never_reads_is_refused_by_name(
+    sandbox: str, given: dict[str, object], unread: list[str]
 ) -> None:
     config = _config(sandbox=sandbox, **given)
     assert sorted(unread_settings(config)) == unread
-    with caplog.at_level(logging.WARNING, logger="trajcore.entrypoints.atropos.pools"):
+    if not unread:
         config.settings()
-    warned = [r.getMessage() for r in caplog.records if "never reads" in r.getMessage()]
-    if unread:
-        (line,) = warned
-        assert f"sandbox {sandbox!r} never reads" in line
-        assert all(f"{name}=" in line for name in unread), line
-    else:
-        assert warned == []
+        return
+    with pytest.raises(ConfigError) as caught:
+        config.settings()
+    assert caught.value.field in unread
+    assert sorted(problem.rpartition(" @ ")[2] for problem in caught.value.problems) == unread
+    for problem in caught.value.problems:
+        assert f"sandbox {sandbox!r} never reads it" in problem
 
 
 def test_a_source_that_names_no_settings_builder_is_not_second_guessed() -> None:

@@ -74,7 +74,8 @@ def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
     assert section(ContainerPoolConfig, ("container_", "local_"), {}) == {
         "containers": "local_containers", "image": "container_image",
         "engine": "container_engine", "environment_dirs": "container_environment_dirs",
-        **shared_servers,
+        "engine_options": "container_engine_options", "name_prefix": "container_name_prefix",
+        "engine_timeout_s": "container_engine_timeout_s", **shared_servers,
     }  # fmt: skip
     assert section(SshPoolConfig, ("ssh_",), {}) == {}
     assert section(SshHost, ("ssh_",), sandbox_settings._SSH_NAMES) == {

@@ -16,13 +16,20 @@ Rules it keeps:
 - Nothing here starts anything: ``make_pool`` returns an unopened pool, which the run enters.
 - A sandbox setting the chosen source never reads is not dropped in silence: when the source
   names the builder of its own settings (``register_pool(..., settings=)``, as every built-in
-  does), ``check_pool`` finds the env fields that builder reads, and warns about each one set
-  away from its default that it does not (``nomad_address`` with ``sandbox local``).
+  does), ``check_pool`` finds the env fields that builder reads, and refuses each one set away
+  from its default that it does not (``nomad_address`` with ``sandbox local``): a
+  ``ConfigError`` naming the setting, the chosen source and the sources that read it. The
+  builders are the one table of which source reads which setting (``settings_readers``).
+  "Set" means away from the config class's default: Atropos rebuilds a config from
+  ``model_dump()``, so a value given equal to the default cannot be told from none.
+- The Nomad pool's agent comes from the settings, else ``$NOMAD_ADDR`` and the other Nomad
+  variables (``nomad_agent``); its start-up log line says which, never showing the token.
 - It never imports the env's config module (``config`` imports it, to check ``sandbox``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import shutil
@@ -37,7 +44,7 @@ from trajcore.adapters.pools.local_pool import LocalSandboxPool
 from trajcore.adapters.pools.nomad_pool import NomadSandboxPool
 from trajcore.adapters.pools.slurm_pool import SlurmSandboxPool
 from trajcore.adapters.pools.ssh_pool import SshSandboxPool
-from trajcore.domain.errors import SandboxUnavailable
+from trajcore.domain.errors import ConfigError, SandboxUnavailable
 from trajcore.entrypoints.atropos.cloud import (
     check_daytona_settings,
     check_modal_settings,
@@ -55,6 +62,8 @@ __all__ = [
     "check_pool",
     "make_pool",
     "register_pool",
+    "settings_read",
+    "settings_readers",
     "unread_settings",
 ]
 
@@ -76,8 +85,8 @@ class PoolSource:
         settings: Builds the source's own settings from the env's (``local_pool_config``),
             raising ``ConfigError`` (naming the env field) for one that cannot work: it runs
             when the settings are checked, after ``check``, and the env fields it reads are the
-            ones the source reads (module doc); ``None``: nothing is built early, nor warned
-            about.
+            ones the source reads (module doc); ``None``: nothing is built early, nor any
+            setting refused as unread.
     """
 
     factory: PoolFactory
@@ -128,22 +137,41 @@ def register_pool(
 
 
 def check_pool(config: SandboxSettings) -> None:
-    """Run the chosen source's settings check and build its settings, warning about each
-    sandbox setting it never reads (module doc).
+    """Run the chosen source's settings check and build its settings, refusing each sandbox
+    setting it never reads (module doc).
 
     Raises:
-        ConfigError: an unknown ``sandbox``, or a setting the source cannot work with, named by
-            its env field.
+        ConfigError: an unknown ``sandbox``, a setting the source cannot work with, or one set
+            that it never reads, named by its env field (``problems``: every such setting).
     """
     source = POOLS.get(config.sandbox)
     if source.check is not None:
         source.check(config)
     unread = unread_settings(config)
-    if unread:
-        _log.warning(
-            "sandbox %r never reads %s: set away from the default, ignored",
-            config.sandbox, ", ".join(f"{name}={getattr(config, name)!r}" for name in unread),
-        )  # fmt: skip
+    if not unread:
+        return
+    problems = []
+    for name in unread:
+        readers = settings_readers(config, name)
+        elsewhere = (
+            f"it is a setting of sandbox {' and '.join(map(repr, readers))}"
+            if readers
+            else "no sandbox reads it with these settings"
+        )
+        reason = (
+            f"set to {_shown(config, name)}, but sandbox {config.sandbox!r} never reads it "
+            f"({elsewhere}): unset it, or choose a sandbox that reads it"
+        )
+        problems.append(f"{reason} @ {name}")
+    first = problems[0].rpartition(" @ ")[0]
+    raise ConfigError(unread[0], first, problems=tuple(problems))
+
+
+def _shown(config: SandboxSettings, name: str) -> str:
+    """The value of setting ``name`` for an error, a secret's only as set."""
+    if name.endswith(("_token", "_secret", "_password")):
+        return "a value (not shown)"
+    return repr(getattr(config, name))
 
 
 def unread_settings(config: SandboxSettings) -> list[str]:
@@ -166,6 +194,25 @@ def unread_settings(config: SandboxSettings) -> list[str]:
         and name not in reads.read
         and getattr(config, name) != fields[name].get_default(call_default_factory=True)
     ]
+
+
+def settings_read(config: SandboxSettings, sandbox: str) -> frozenset[str]:
+    """The sandbox settings that source ``sandbox``'s settings builder reads with ``config``'s
+    values (those read before it refused one, if it does); empty when it names no builder."""
+    build = POOLS.get(sandbox).settings
+    if build is None:
+        return frozenset()
+    values = {name: getattr(config, name) for name in type(config).model_fields}
+    reads = _Reads(type(config).model_construct(**{**values, "sandbox": sandbox}))
+    with contextlib.suppress(ConfigError):
+        build(cast("SandboxSettings", reads))
+    return frozenset(reads.read)
+
+
+def settings_readers(config: SandboxSettings, name: str) -> list[str]:
+    """The registered sources whose settings builder reads setting ``name`` (``settings_read``),
+    in their order of registration."""
+    return [sandbox for sandbox in POOLS.names() if name in settings_read(config, sandbox)]
 
 
 class _Reads:
@@ -210,6 +257,14 @@ def _local_pool(config: SandboxSettings) -> AbstractAsyncContextManager[SandboxP
     return LocalSandboxPool(config.local_pool_config())
 
 
+def _nomad_pool(config: SandboxSettings) -> AbstractAsyncContextManager[SandboxPool]:
+    """The Nomad pool, its agent and where the address came from said in the log (never the
+    token)."""
+    pool = config.nomad_pool_config()
+    _log.info("%s", config.nomad_agent().line(pool.address))
+    return NomadSandboxPool(pool)
+
+
 _S = SandboxSettings
 register_pool("local", _local_pool, settings=_S.local_pool_config)
 register_pool(
@@ -217,11 +272,8 @@ register_pool(
     lambda config: ContainerSandboxPool(config.container_pool_config()),
     settings=_S.container_pool_config,
 )
-register_pool(
-    "nomad",
-    lambda config: NomadSandboxPool(config.nomad_pool_config()),
-    settings=_S.nomad_pool_config,
-)
+
+register_pool("nomad", _nomad_pool, settings=_S.nomad_pool_config)
 register_pool(
     "ssh", lambda config: SshSandboxPool(config.ssh_pool_config()), settings=_S.ssh_pool_config
 )

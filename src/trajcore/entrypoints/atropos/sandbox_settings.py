@@ -18,7 +18,8 @@ for the command line. The flags come two ways:
   converter splits no text) is refused at import, naming the field.
 - Written out (``DeclaredSettings``): the choice of pool, the settings several pools share
   (``slots_per_container``, ``image_cache_dir``, the isolation's), and the pools' own that no
-  job settings value holds (``nomad_address``, ``ssh_*``, ``container_*``, ...). Each default
+  job settings value holds (``nomad_address``, ``ssh_*``, ...; the ``container_*`` flags in
+  ``container_settings``). Each default
   is the pool's own, read from its default value, never restated; where the env chooses
   differently it says so (``slots_per_container``: 8 slots, the Nomad and Slurm pools'
   default, for every pool).
@@ -39,11 +40,12 @@ built and checked, ``nomad_job()`` and ``slurm_job()``, and gives them by name
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import UnionType
 from typing import (
     TYPE_CHECKING,
@@ -78,6 +80,8 @@ from trajcore.domain.scaling import ScaleSettings
 from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slurm_jobs import SlurmJobSettings
 from trajcore.domain.ssh_hosts import SshHost
+from trajcore.entrypoints.atropos.container_settings import ContainerSettings
+from trajcore.entrypoints.atropos.nomad_agent import NOMAD_VARIABLES, NomadAgent, nomad_agent
 
 __all__ = [
     "JOB_SECTIONS",
@@ -136,7 +140,7 @@ class CloudSettings(BaseModel):
     )
 
 
-class DeclaredSettings(CloudSettings):
+class DeclaredSettings(ContainerSettings, CloudSettings):
     """The sandbox flags written out here: the choice of pool, the settings several pools
     share, and the pools' own that no job settings value holds (the job flags are derived,
     ``JOB_SECTIONS``)."""
@@ -174,19 +178,6 @@ class DeclaredSettings(CloudSettings):
     local_containers: int = Field(
         default=_LOCAL.containers, ge=1, description="Local and container pools: slot servers (K)."
     )
-    container_image: str = Field(
-        default=_CONTAINER.image,
-        description="Container pool: the slot-server image (./dev image builds it).",
-    )
-    container_engine: str | None = Field(
-        default=_CONTAINER.engine,
-        description="Container pool: 'podman' or 'docker' (default: whichever works here).",
-    )
-    container_environment_dirs: str | None = Field(
-        default=None,
-        description="Container pool: host directories of task environments (OCI layouts, "
-        "archives), comma-separated, mounted read-only at the same paths.",
-    )
     image_cache_dir: str | None = Field(
         default=None,
         description="Local, container and Nomad pools: the slot servers' image cache (an "
@@ -205,7 +196,10 @@ class DeclaredSettings(CloudSettings):
     slots_per_container: int = Field(
         default=_NOMAD.server.slots_per_container, ge=1, description="Slots per container (N)."
     )
-    nomad_address: str = Field(default=_NOMAD.address, description="Nomad API URL.")
+    nomad_address: str | None = Field(
+        default=None,
+        description=f"Nomad API URL (default: $NOMAD_ADDR, else {_NOMAD.address}).",
+    )
     nomad_token: str | None = Field(
         default=_NOMAD.token, description="Nomad ACL token (default: $NOMAD_TOKEN)."
     )
@@ -463,20 +457,40 @@ class SandboxSettings(_Flags):
         return _build(self, ContainerPoolConfig, ("container_", "local_"), {"server": server})
 
     def nomad_pool_config(self) -> NomadPoolConfig:
-        """The Nomad pool's settings (``nomad_*`` and the shared fields).
+        """The Nomad pool's settings (``nomad_*`` and the shared fields; the agent's address,
+        token, namespace and region from ``$NOMAD_*`` where not given, ``nomad_agent``).
 
         Raises:
             ConfigError: a Nomad setting that cannot work, named by its env field.
         """
-        return self._scheduled(NomadPoolConfig, "nomad_", _NOMAD, job=self.nomad_job())
+        job, agent = self.nomad_job(), self.nomad_agent()
+        address, token = agent.values["nomad_address"], agent.values["nomad_token"]
+        with _read_from_variables(agent):
+            return self._scheduled(
+                NomadPoolConfig, "nomad_", _NOMAD, job=job, token=token,
+                address=_NOMAD.address if address is None else address,
+            )  # fmt: skip
+
+    def nomad_agent(self, environ: Mapping[str, str] | None = None) -> NomadAgent:
+        """The Nomad agent the pool talks to: ``nomad_address``, ``nomad_token``,
+        ``nomad_namespace`` and ``nomad_region``, each not given read from its Nomad variable
+        in ``environ`` (default: this process's environment; ``nomad_agent.NOMAD_VARIABLES``)."""
+        return nomad_agent({name: getattr(self, name) for name in NOMAD_VARIABLES}, environ)
 
     def nomad_job(self) -> NomadJobSettings:
-        """The Nomad job's settings, from the ``nomad_*`` flags (and the shared ones).
+        """The Nomad job's settings, from the ``nomad_*`` flags (and the shared ones; the
+        namespace and region from ``$NOMAD_NAMESPACE`` and ``$NOMAD_REGION`` where not given).
 
         Raises:
             ConfigError: a job setting that cannot work, named by its env field.
         """
-        return _build(self, NomadJobSettings, ("nomad_",), {})
+        agent = self.nomad_agent()
+        given = {
+            "namespace": agent.values["nomad_namespace"],
+            "region": agent.values["nomad_region"],
+        }
+        with _read_from_variables(agent):
+            return _build(self, NomadJobSettings, ("nomad_",), given)
 
     def slurm_job(self) -> SlurmJobSettings:
         """Each Slurm batch job's settings, from the ``slurm_*`` flags.
@@ -501,21 +515,15 @@ class SandboxSettings(_Flags):
         Raises:
             ConfigError: no host, or a host setting that cannot work, named by its env field.
         """
-        hosts = [word.strip() for word in (self.ssh_host or "").split(",") if word.strip()]
-        if not hosts:
+        server = self.slot_servers(_SSH_POOL.server)
+        addresses = [word.strip() for word in (self.ssh_host or "").split(",") if word.strip()]
+        hosts = [
+            _build(self, SshHost, ("ssh_",), {"address": address}, _SSH_NAMES)
+            for address in addresses or [_SSH.address]  # the host settings are read all the same
+        ]
+        if not addresses:
             raise ConfigError("ssh_host", "sandbox 'ssh' needs at least one host")
-        return _build(
-            self,
-            SshPoolConfig,
-            ("ssh_",),
-            {
-                "server": self.slot_servers(_SSH_POOL.server),
-                "hosts": [
-                    _build(self, SshHost, ("ssh_",), {"address": address}, _SSH_NAMES)
-                    for address in hosts
-                ],
-            },
-        )
+        return _build(self, SshPoolConfig, ("ssh_",), {"server": server, "hosts": hosts})
 
     def modal_pool_config(self) -> ModalPoolConfig:
         """The Modal pool's settings (``modal_*``, ``cloud_*`` and the shared fields;
@@ -582,6 +590,19 @@ _DAYTONA_NAMES: Mapping[str, str] = {
     "memory_gib": "cloud_memory_mb",
     "auto_stop_min": "cloud_lifetime_s",
 }
+
+
+@contextlib.contextmanager
+def _read_from_variables(agent: NomadAgent) -> Iterator[None]:
+    """A ``ConfigError`` of a setting read from its Nomad variable says so."""
+    try:
+        yield
+    except ConfigError as error:
+        variable = agent.from_variable(error.field)
+        if variable is None:
+            raise
+        reason = f"{error.reason} (read from ${variable}, as {error.field} is not set)"
+        raise ConfigError(error.field, reason) from None
 
 
 def _section(
