@@ -29,6 +29,7 @@ from trajcore.domain.messages import Message
 from trajcore.domain.token_ledger.ledger import TrainingTokens
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 from trajcore.entrypoints.report import (
+    JsonLines,
     ProgressBar,
     render_html,
     summary_table,
@@ -113,6 +114,34 @@ GROUPS = [
         member("fix/1", tokens=TOKENS, errors=ToolErrorCounts(timeout=1, rejected=2)),
     ),
 ]
+
+
+def test_json_lines_are_on_disk_group_by_group_before_the_file_is_closed(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "trajectories.jsonl"
+    path.write_text("an earlier run's line\n")
+    lines = JsonLines.create(path)
+    assert path.read_text() == ""  # a new run starts the file afresh
+    assert lines.append_group(GROUPS[0]) == 2
+    # not closed, not flushed by anyone: a process ended now (SIGKILL) leaves these lines
+    assert [json.loads(line)["member"] for line in path.read_text().splitlines()] == [0, 1]
+    assert lines.append([{"note": "line\nbreak"}]) == 1
+    lines.close()
+    lines.close()
+    assert lines.lines == 3
+    assert json.loads(path.read_text().splitlines()[2]) == {"note": "line\nbreak"}
+    with pytest.raises(ValueError, match="closed"):
+        lines.append([{}])
+
+
+def test_the_writers_replace_a_file_whole_and_leave_no_partial_file(tmp_path: Path) -> None:
+    path = tmp_path / "report.html"
+    path.write_text("the old page")
+    write_html(GROUPS, path, title="report")
+    write_jsonl(GROUPS, tmp_path / "groups.jsonl")
+    assert path.read_text().rstrip().endswith("</html>")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["groups.jsonl", "report.html"]
 
 
 def test_jsonl_has_one_scored_line_per_trajectory(tmp_path: Path) -> None:

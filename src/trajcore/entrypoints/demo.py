@@ -27,9 +27,10 @@ What it writes into ``--out`` (default ``./out/demo``):
 - ``atropos_groups.jsonl`` and ``atropos_groups.html``: what Atropos's process mode writes.
 
 A progress bar runs on standard error and the summary table is printed at the end, both drawn
-by ``rich`` when it is installed (``--plain``: plain text either way). SIGINT or SIGTERM stops it
-with the pool closed and writes what was done (a second signal stops it at once:
-``trajcore.entrypoints.signals``). Process mode
+by ``rich`` when it is installed (``--plain``: plain text either way). ``trajectories.jsonl``
+grows group by group (whole lines only); the report comes at the end. SIGINT or SIGTERM stops it
+with the pool closed and writes what was done (a second signal stops it at once, keeping the
+groups already in ``trajectories.jsonl``: ``trajcore.entrypoints.signals``). Process mode
 retries a group that is not sent (say, every member failed); the demo stops with an error after
 ``2 * groups + 2`` groups (or after ``max_failed_groups`` failed groups in a row) rather than
 retry forever; an error ends it with its message and status 1, never a traceback.
@@ -58,11 +59,11 @@ from trajcore.entrypoints.atropos.config import AgentEnvConfig
 from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.entrypoints.atropos.failing_groups import GroupsFailing
 from trajcore.entrypoints.report import (
+    JsonLines,
     ProgressBar,
     ran_unsandboxed,
     summary_table,
     write_html,
-    write_jsonl,
 )
 from trajcore.entrypoints.run import wait_for_endpoint
 from trajcore.entrypoints.signals import Interrupted, closing_on_signals, exit_status
@@ -137,6 +138,7 @@ class _Run:
 
     progress: ProgressBar
     limit: int
+    trajectories: JsonLines
     groups: list[GroupResult] = attrs.field(factory=list)
     tasks: dict[str, str] = attrs.field(factory=dict)
     attempts: int = 0
@@ -164,6 +166,7 @@ def _demo_env(shell_tasks: ModuleType, chat: ChatServer, run: _Run) -> type[Agen
             )
             label = f"{len(run.groups) + 1:02d}-{item.name}"
             run.groups.append(attrs.evolve(result, group_id=label))
+            run.trajectories.append_group(run.groups[-1])
             run.tasks[label] = f"{item.name}: {item.prompt}"
             scores = [m.outcome.score for m in result.members]
             run.progress.advance(f"{item.name} scores {scores}")
@@ -184,7 +187,8 @@ async def _process(env: AgentEnv[Any], args: argparse.Namespace, base_url: str |
 
 
 def _report(run: _Run, out: Path, *, mode: str, groups: int, args: argparse.Namespace) -> None:
-    written = write_jsonl(run.groups, out / "trajectories.jsonl")
+    run.trajectories.close()
+    written = run.trajectories.lines
     write_html(
         run.groups,
         out / "report.html",
@@ -257,7 +261,11 @@ def main(argv: Sequence[str]) -> int:
         slot_lifetime_s=300.0,  # below Atropos's worker_timeout (600 s)
         acquire_timeout_s=120.0,
     )
-    run = _Run(progress=ProgressBar(total=groups, plain=args.plain), limit=2 * groups + 2)
+    run = _Run(
+        progress=ProgressBar(total=groups, plain=args.plain),
+        limit=2 * groups + 2,
+        trajectories=JsonLines.create(out / "trajectories.jsonl"),
+    )
     env = _demo_env(shell_tasks, chat, run)(config, None)
     env.n_groups_to_process = groups
     env.group_size_to_process = args.group_size
@@ -278,6 +286,7 @@ def main(argv: Sequence[str]) -> int:
             status = exit_status(stop.signum)
         finally:
             run.progress.close()
+            run.trajectories.close()
             _close_groups_file(env)
-    _report(run, out, mode=mode, groups=groups, args=args)
+        _report(run, out, mode=mode, groups=groups, args=args)  # (a signal here: files whole)
     return status

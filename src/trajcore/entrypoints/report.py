@@ -5,7 +5,9 @@ A run of an env ends with ``GroupResult`` values; this module writes them down t
 - ``write_jsonl``: one JSON object per trajectory (group, member, score, status, turns, tool
   calls, tool errors, duration, the prepare and score hooks' metadata, each tool call's outcome,
   the messages, and tokens, masks and logprobs when the policy exported them). One line is one
-  trajectory, so files from several runs concatenate.
+  trajectory, so files from several runs concatenate. ``JsonLines`` writes the same lines as a
+  run goes, group by group, so a run ended at once (a second Ctrl-C, a SIGKILL after SIGTERM)
+  keeps every group it finished, each line whole.
 - ``write_html``: one self-contained page (inline style, no script, no external asset): a summary
   table with a row per trajectory, and under it every conversation in an expandable section:
   every turn's text and reasoning, each tool call as its name and indented arguments, each
@@ -31,17 +33,22 @@ Rules this module keeps:
   a terminal the bar writes one line per step, so logs stay readable.
 - A member that failed (infrastructure or model error) shows its status and its detail, never a
   score of 0: its ``score`` is ``null`` in JSON and ``-`` in the tables.
+- A file is never left half-written: ``write_jsonl`` and ``write_html`` write a temporary file
+  beside it and rename it over the old one; ``JsonLines.append`` writes its lines with one
+  ``write`` on a file opened for appending, so a line is either all there or not at all.
 - Writers take the groups as they are; they never re-judge them. ``kept`` says whether the
   group's verdict keeps the member for training.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
+import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -53,6 +60,7 @@ from trajcore.rollout.group import GroupResult
 from trajcore.rollout.trajectory import ToolExchange, TrajectoryResult
 
 __all__ = [
+    "JsonLines",
     "ProgressBar",
     "ReportGroup",
     "ran_unsandboxed",
@@ -138,18 +146,81 @@ def trajectory_record(group: GroupResult, index: int) -> JSONObject:
     return record
 
 
+def _json_lines(records: Iterable[JSON]) -> str:
+    return "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file renamed over it: a reader, or a run
+    stopped in the middle, sees the old file or the new one, never a part of either."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
+
+
 def write_jsonl(groups: Sequence[GroupResult], path: Path) -> int:
-    """Write one line per trajectory of ``groups`` to ``path`` (replacing it).
+    """Write one line per trajectory of ``groups`` to ``path`` (replacing it, at once).
 
     Returns the number of lines written. Raises ``OSError`` when the file cannot be written.
     """
-    count = 0
-    with path.open("w", encoding="utf-8") as out:
-        for group, index, _ in _members(groups):
-            out.write(json.dumps(trajectory_record(group, index), ensure_ascii=False))
-            out.write("\n")
-            count += 1
-    return count
+    records = [trajectory_record(group, index) for group, index, _ in _members(groups)]
+    _replace(path, _json_lines(records))
+    return len(records)
+
+
+@attrs.define(eq=False)
+class JsonLines:
+    """A JSON-lines file written as a run goes: ``JsonLines.create(path)`` empties it, each
+    ``append`` adds whole lines, ``close`` closes it (also ``with``).
+
+    Attributes:
+        path: The file.
+        lines: How many lines were appended.
+    """
+
+    path: Path
+    _fd: int | None
+    lines: int = 0
+
+    @classmethod
+    def create(cls, path: Path) -> JsonLines:
+        """Open ``path`` empty. Raises ``OSError`` when it cannot be written."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
+        return cls(path, os.open(path, flags, 0o644))
+
+    def append(self, records: Iterable[Mapping[str, object]]) -> int:
+        """Add one line per record, all with one ``write`` (a line is never left cut short by
+        a stop between two of them); returns how many. Raises ``OSError``; ``ValueError``
+        when closed."""
+        if self._fd is None:
+            raise ValueError(f"{self.path} is closed")
+        lines = [json.dumps(record, ensure_ascii=False) + "\n" for record in records]
+        data = memoryview("".join(lines).encode("utf-8"))
+        while data:  # (a regular file takes it all at once, unless the disk is full)
+            data = data[os.write(self._fd, data) :]
+        self.lines += len(lines)
+        return len(lines)
+
+    def append_group(self, group: GroupResult) -> int:
+        """Add ``group``'s trajectory records (``trajectory_record``); returns how many."""
+        return self.append(trajectory_record(group, i) for i in range(len(group.members)))
+
+    def close(self) -> None:
+        """Close the file (again: nothing)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __enter__(self) -> JsonLines:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 # ------------------------------------------------------------------------------- the terminal
@@ -594,5 +665,6 @@ def write_html(
     notes: Sequence[str] = (),
     tasks: Mapping[str, str] | None = None,
 ) -> None:
-    """Write ``render_html(...)`` to ``path``. Raises ``OSError`` when it cannot be written."""
-    path.write_text(render_html(groups, title=title, notes=notes, tasks=tasks), encoding="utf-8")
+    """Write ``render_html(...)`` to ``path`` (replacing it, at once). Raises ``OSError`` when
+    it cannot be written."""
+    _replace(path, render_html(groups, title=title, notes=notes, tasks=tasks))

@@ -36,7 +36,10 @@ It writes into ``--out`` (default ``out/run/<env name>``, and ``out/run/<env nam
 for a replay; a run never writes over the file it replays: it refuses, status 2):
 ``trajectories.jsonl`` (one record per trajectory), ``scored_groups.jsonl`` (what Atropos
 would be sent, one ``ScoredDataGroup`` per line) and ``report.html`` (every turn's messages,
-tool calls, results, scores and metadata), and prints the summary table.
+tool calls, results, scores and metadata), and prints the summary table. The two JSONL files
+grow group by group as the run goes (whole lines only), so a run ended at once (a second
+signal, a SIGKILL after SIGTERM) keeps every group it finished; the report and the table come
+at the end.
 
 Exit status: 0 when every group ran; 1 when the run stopped on an error (the groups done are
 still written) or no trajectory of any group was scored (every one failed: the table and the
@@ -74,11 +77,11 @@ from trajcore.entrypoints.atropos.config import AgentEnvConfig
 from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.entrypoints.atropos.scored_data import ScoredGroup
 from trajcore.entrypoints.report import (
+    JsonLines,
     ProgressBar,
     ran_unsandboxed,
     summary_table,
     write_html,
-    write_jsonl,
 )
 from trajcore.entrypoints.signals import Interrupted, closing_on_signals, exit_status
 from trajcore.ports.chat_server import ChatServer
@@ -264,10 +267,38 @@ def _arguments(argv: Sequence[str]) -> argparse.Namespace:
 
 @attrs.define
 class _Done:
+    """The groups done so far, each written to the JSONL files as it ends."""
+
+    trajectories: JsonLines
+    scored_lines: JsonLines
     groups: list[GroupResult] = attrs.field(factory=list)
     scored: list[ScoredGroup] = attrs.field(factory=list)
     not_sent: list[str] = attrs.field(factory=list)
     tasks: dict[str, str] = attrs.field(factory=dict)
+
+    @classmethod
+    def create(cls, out: Path) -> _Done:
+        """Empty JSONL files in ``out`` (made when missing). Raises ``OSError``."""
+        out.mkdir(parents=True, exist_ok=True)
+        trajectories = JsonLines.create(out / "trajectories.jsonl")
+        try:
+            return cls(trajectories, JsonLines.create(out / "scored_groups.jsonl"))
+        except BaseException:
+            trajectories.close()
+            raise
+
+    def add(self, result: GroupResult, scored: ScoredGroup | None, task: str) -> None:
+        """Keep ``result`` and write its lines (and ``scored``'s) now."""
+        self.groups.append(result)
+        self.tasks[result.group_id] = task
+        self.trajectories.append_group(result)
+        if scored is not None:
+            self.scored.append(scored)
+            self.scored_lines.append([scored])
+
+    def close(self) -> None:
+        self.trajectories.close()
+        self.scored_lines.close()
 
 
 def _task_text(env: AgentEnv[Any], item: object) -> str:
@@ -302,12 +333,9 @@ async def _run(
                     log.info("get_next_item() gave None: no more items")
                     break
                 result = await env.run_group(item, group_size=args.group_size)
-                done.groups.append(result)
-                done.tasks[result.group_id] = _task_text(env, item)
                 scored = env.scored_group(result)
-                if scored is not None:
-                    done.scored.append(scored)
-                else:
+                done.add(result, scored, _task_text(env, item))
+                if scored is None:
                     why = scored_data.scored_group(result, env.settings)
                     done.not_sent.append(f"{result.group_id}: {why.drop_reason} {why.detail}")
                 scores = [m.outcome.score for m in result.members]
@@ -315,11 +343,8 @@ async def _run(
 
 
 def _write(done: _Done, out: Path, *, title: str, notes: list[str], plain: bool) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    written = write_jsonl(done.groups, out / "trajectories.jsonl")
-    with (out / "scored_groups.jsonl").open("w", encoding="utf-8") as scored:
-        for group in done.scored:
-            scored.write(json.dumps(group, ensure_ascii=False) + "\n")
+    done.close()
+    written = done.trajectories.lines
     write_html(done.groups, out / "report.html", title=title, notes=notes, tasks=done.tasks)
     print(summary_table(done.groups, plain=plain))
     if ran_unsandboxed(done.groups):
@@ -451,21 +476,41 @@ def main(argv: Sequence[str]) -> int:
     print(
         f"trajcore run: {env_class.__name__}, {args.groups} groups, {model.line}", file=sys.stderr
     )
-    done = _Done()
+    try:
+        done = _Done.create(out)
+    except OSError as error:
+        print(f"trajcore run: --out {out}: {error}", file=sys.stderr)
+        return 2
     bar = ProgressBar(total=args.groups, plain=args.plain)
-    bar.start()
-    status = 0
+    notes = [f"env: {args.target}", f"model: {model.line}", f"pool: {args.pool}"]
+    title = f"trajcore run: {env_class.__name__}"
+    # The report is written within the block too: a signal while it is written stops the
+    # command with its one line, and leaves the files whole (``trajcore.entrypoints.report``).
     with closing_on_signals("trajcore run"):
         try:
-            anyio.run(_run, env, model, args, done, bar, backend="asyncio")
-        except TrajcoreError as error:
-            print(f"\ntrajcore run: {type(error).__name__}: {error}", file=sys.stderr)
-            status = 1
-        except Interrupted as stop:
-            print(f"\ntrajcore run: stopped by {stop}; writing what was done", file=sys.stderr)
-            status = exit_status(stop.signum)
+            status = _run_to_end(env, model, args, done, bar)
         finally:
-            bar.close()
+            done.close()
+        _write(done, out, title=title, notes=notes, plain=args.plain)
+    return status
+
+
+def _run_to_end(
+    env: AgentEnv[Any], model: _Model, args: argparse.Namespace, done: _Done, bar: ProgressBar
+) -> int:
+    """Run the groups; returns the exit status (see the module docstring)."""
+    status = 0
+    bar.start()
+    try:
+        anyio.run(_run, env, model, args, done, bar, backend="asyncio")
+    except TrajcoreError as error:
+        print(f"\ntrajcore run: {type(error).__name__}: {error}", file=sys.stderr)
+        status = 1
+    except Interrupted as stop:
+        print(f"\ntrajcore run: stopped by {stop}; writing what was done", file=sys.stderr)
+        status = exit_status(stop.signum)
+    finally:
+        bar.close()
     if status == 0 and _nothing_scored(done.groups):
         print(
             f"\ntrajcore run: no trajectory of the {len(done.groups)} groups was scored: every "
@@ -473,6 +518,4 @@ def main(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         status = 1
-    notes = [f"env: {args.target}", f"model: {model.line}", f"pool: {args.pool}"]
-    _write(done, out, title=f"trajcore run: {env_class.__name__}", notes=notes, plain=args.plain)
     return status
