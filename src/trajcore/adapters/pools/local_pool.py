@@ -34,6 +34,11 @@ Rules this module keeps:
   A process that must exit without running the pools' close (a second Ctrl-C) calls
   ``abandon_local_pools()``: every open pool's servers are ended and its directory removed,
   synchronously.
+- The directory also outlives no killed pool whose servers had already stopped (a SIGKILL in
+  the middle of the close, after the servers, before the removal ended): a small guard process
+  (``guard_directory``), started with the directory and told each server's process group,
+  removes it when this process ends without saying its close is done, once those groups are
+  gone.
 - Waiting is bounded everywhere: server start (``start_timeout_s``), reset (``reset_timeout_s``),
   stop (``stop_timeout_s``), lease (``timeout_s`` or ``acquire_timeout_s``).
 """
@@ -72,6 +77,7 @@ __all__ = [
     "LocalPoolConfig",
     "LocalSandboxPool",
     "abandon_local_pools",
+    "guard_directory",
     "start_local_pool",
 ]
 
@@ -166,12 +172,49 @@ class _LocalProcesses:
     _token: str | None = None
     _starts: int = 0
     servers: set[int] = attrs.field(factory=set)  # pids (= process groups) not yet stopped
+    _guard: anyio.abc.Process | None = None
+    _guard_fd: int | None = None  # the guard's stdin: server groups, then "done"
 
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
         run_dir = self.run_dir = Path(tempfile.mkdtemp(prefix="trajcore-pool-"))
         _OPEN.add(self)
         stack.push_async_callback(self._remove_run_dir, run_dir)
         self._prepare(run_dir)
+        await self._start_guard(run_dir)
+
+    async def _start_guard(self, run_dir: Path) -> None:
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        try:
+            code = f"from {__name__} import guard_directory as g; g()"
+            self._guard = await anyio.open_process(
+                [self.config.python, "-c", code, str(run_dir)],
+                stdin=read_fd, stdout=_DEVNULL, stderr=None, start_new_session=True,
+            )  # fmt: skip
+        except BaseException:
+            os.close(write_fd)
+            raise
+        finally:
+            os.close(read_fd)
+        self._guard_fd = write_fd
+
+    def _tell_guard(self, line: str) -> None:
+        if self._guard_fd is not None:
+            with contextlib.suppress(OSError):  # (a guard gone: the close removes the dir)
+                os.write(self._guard_fd, f"{line}\n".encode())
+
+    async def _release_guard(self) -> None:
+        self._tell_guard("done")
+        fd, self._guard_fd = self._guard_fd, None
+        if fd is not None:
+            os.close(fd)
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            with anyio.CancelScope(shield=True):
+                with anyio.move_on_after(_GUARD_EXIT_S):
+                    await guard.wait()
+                if guard.returncode is None:
+                    guard.kill()
+                    await guard.wait()
 
     def _prepare(self, run_dir: Path) -> None:
         # Searchable, not listable: a server run as root runs its slots as other uids, which
@@ -198,6 +241,7 @@ class _LocalProcesses:
                     ResourceWarning,
                     stacklevel=1,
                 )
+            await self._release_guard()
         self.run_dir = None
         _OPEN.discard(self)
 
@@ -224,6 +268,7 @@ class _LocalProcesses:
             )
         assert process.stdout is not None
         self.servers.add(process.pid)
+        self._tell_guard(f"+{process.pid}")
         server = _Process(name, process, BufferedByteReceiveStream(process.stdout), log)
         try:
             try:
@@ -247,6 +292,7 @@ class _LocalProcesses:
         except BaseException:
             await _stop_process(process, self.config.stop_timeout_s)
             self.servers.discard(process.pid)
+            self._tell_guard(f"-{process.pid}")
             raise
         return endpoint, server
 
@@ -263,6 +309,7 @@ class _LocalProcesses:
     async def stop(self, handle: _Process) -> None:
         await _stop_process(handle.process, self.config.stop_timeout_s)
         self.servers.discard(handle.pid)
+        self._tell_guard(f"-{handle.pid}")
 
     def abandon(self, grace_s: float) -> None:
         """End every server now and remove the directory, synchronously (see the module doc)."""
@@ -289,6 +336,8 @@ class _LocalProcesses:
 
 
 _REMOVE_TIMEOUT_S = 120.0  # the pool's directory, slot workspaces and all, at close
+_GUARD_EXIT_S = 5.0  # the guard's exit once told the close is done
+_GUARD_SERVERS_S = 30.0  # a guard whose pool died waits this long for the servers' groups
 _ABANDON_REMOVE_TIMEOUT_S = 10.0  # the same when the process must stop now
 _DEVNULL = -3  # subprocess.DEVNULL, without importing subprocess into the async code
 _PIPE = -1  # subprocess.PIPE
@@ -306,6 +355,41 @@ def abandon_local_pools(grace_s: float = 2.0) -> int:
     or another thread. Returns how many pools it ended.
     """
     return abandon_each(_OPEN, grace_s)
+
+
+def guard_directory() -> None:
+    """The guard process of a local pool's directory (``sys.argv[1]``); see the module doc.
+
+    Reads lines from stdin: ``+PID`` (a server's process group started), ``-PID`` (stopped),
+    ``done`` (the pool removed its directory: exit). At the end of stdin without ``done`` (the
+    pool's process ended), it waits up to ``_GUARD_SERVERS_S`` for the groups still listed to
+    end (they close their sandboxes and may remove the directory themselves), kills what is
+    left of them, and removes the directory, within ``_REMOVE_TIMEOUT_S``.
+    """
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)  # it ends with the pool's pipe, not a signal
+    run_dir = Path(sys.argv[1])
+    groups: set[int] = set()
+    for line in sys.stdin:
+        word = line.strip()
+        if word == "done":
+            return
+        if word[:1] in ("+", "-") and word[1:].isdigit():
+            (groups.add if word[0] == "+" else groups.discard)(int(word[1:]))
+    deadline = time.monotonic() + _GUARD_SERVERS_S
+    while time.monotonic() < deadline and any(_signal_group(pid, 0) for pid in groups):
+        time.sleep(0.05)
+    for pid in groups:
+        _signal_group(pid, signal.SIGKILL)
+    deadline = time.monotonic() + _REMOVE_TIMEOUT_S
+    while run_dir.exists():  # (a server may still be writing below it: try again)
+        try:
+            remove_tree(run_dir, timeout_s=max(0.1, deadline - time.monotonic()))
+        except OSError as error:
+            if time.monotonic() >= deadline:
+                sys.stderr.write(f"trajcore local pool: cannot remove {run_dir}: {error}\n")
+                return
+            time.sleep(0.1)
 
 
 # ============================================================================ the pool
