@@ -9,10 +9,15 @@
 Each subcommand's module is imported only when it runs, so ``trajcore slot-server`` starts
 without loading transformers or atroposlib, and runs in the core install (``pip install
 trajcore``); a subcommand whose extra is not installed exits 2 naming the extra to install.
+
+Ctrl-C before a subcommand handles signals itself (while its module and the env load, say)
+ends the command with one line on stderr and status 130, never a traceback; from then on the
+subcommand's own handling applies (``trajcore.entrypoints.signals``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 from collections.abc import Sequence
@@ -54,6 +59,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command not in _COMMANDS:
         print(f"trajcore: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    try:
+        return _run(command, rest)
+    except KeyboardInterrupt:  # before the subcommand's own handlers, or a command without
+        with contextlib.suppress(OSError, ValueError):
+            print(f"\ntrajcore {command}: interrupted (SIGINT)", file=sys.stderr)
+        return _INTERRUPTED
+
+
+_INTERRUPTED = 128 + 2  # the shell's status for SIGINT
+
+
+def _run(command: str, rest: list[str]) -> int:
     try:
         module = importlib.import_module(_COMMANDS[command][0])
     except ModuleNotFoundError as error:
