@@ -38,11 +38,22 @@ __all__ = [
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 
+_FLAT = frozenset({str, int, bool, type(None)})
+
+
 def _json_object(_: object, attribute: attrs.Attribute[object], value: object) -> None:
     if not isinstance(value, dict):
         raise ToolArgumentError(
             attribute.name, f"expected a JSON object, got {type(value).__name__}"
         )
+    # Every call is built through here at least twice (parsed, then sent under its slot id):
+    # the common flat object of str keys and plain scalars is decided inline, without the
+    # tree walk's call per item; anything else is left to ``check_json``.
+    for key, item in value.items():
+        if type(key) is not str or type(item) not in _FLAT:
+            break
+    else:
+        return
     problem = check_json(value)
     if problem:
         raise ToolArgumentError(attribute.name, problem)
