@@ -10,6 +10,8 @@ cancellation points as the anyio event it replaces.
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Callable
 
 import attrs
 
@@ -47,12 +49,14 @@ class FutureWaiter:
 @attrs.frozen
 class _AsyncioHooks:
     loop: asyncio.AbstractEventLoop
+    # anyio's asyncio clock is the loop's: its own method, with no call of ours around it
+    clock: Callable[[], float] = attrs.field(init=False)
 
-    def clock(self) -> float:
-        return self.loop.time()  # anyio's asyncio clock is the loop's
+    waiter: Callable[[], FutureWaiter] = attrs.field(init=False)  # likewise, the class itself
 
-    def waiter(self) -> FutureWaiter:
-        return FutureWaiter(self.loop)
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "clock", self.loop.time)
+        object.__setattr__(self, "waiter", functools.partial(FutureWaiter, self.loop))
 
 
 def asyncio_hooks() -> LoopHooks | None:

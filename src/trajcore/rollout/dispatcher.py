@@ -54,7 +54,7 @@ import attrs
 
 from trajcore.domain.batch_planner import Batch, BatchConfig, BatchPlanner
 from trajcore.domain.errors import PoolClosed
-from trajcore.domain.slots import SlotCall, SlotId
+from trajcore.domain.slots import SlotCall
 from trajcore.domain.tools import ToolResult
 from trajcore.ports.event_loop import LoopHooks, ResultWaiter
 from trajcore.ports.sandbox_pool import SandboxPool
@@ -196,6 +196,11 @@ class ToolDispatcher:
         self._backend = _Backend(
             clock=anyio.current_time, event=anyio.Event, waiter=lambda: _Waiter(anyio.Event())
         )
+        self.clock: Callable[[], float] = anyio.current_time
+        """The running loop's time, as ``anyio.current_time()`` reads it, without looking the
+        backend up again once the dispatcher has started (see the module's notes): the clock of
+        every trajectory that sends its calls here. The backend's own function (on asyncio the
+        loop's ``time``), so that a trajectory's reading of it is one call."""
         self._group: anyio.abc.TaskGroup | None = None
         # The context couriers start in: the dispatcher's own, not that of the caller whose
         # offer happens to start one (a courier serves every trajectory's batches after it).
@@ -212,6 +217,7 @@ class ToolDispatcher:
 
     async def __aenter__(self) -> ToolDispatcher:
         self._backend = _Backend.running(None if self._loop_hooks is None else self._loop_hooks())
+        self.clock = self._backend.clock
         self._context = contextvars.copy_context()
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
@@ -228,12 +234,6 @@ class ToolDispatcher:
             await group.__aexit__(None, None, None)
         for waiter in self._waiters.values():
             waiter.deliver(None)  # their callers see no result and raise PoolClosed
-
-    def clock(self) -> float:
-        """The running loop's time, as ``anyio.current_time()`` reads it, without looking the
-        backend up again once the dispatcher has started (see the module's notes): the clock of
-        every trajectory that sends its calls here."""
-        return self._backend.clock()
 
     def statistics(self) -> DispatcherStatistics:
         """A snapshot of the counts so far."""
@@ -258,6 +258,7 @@ class ToolDispatcher:
         now = backend.clock()
         planner, registered = self._planner, self._waiters
         waiters: list[tuple[SlotCall, ResultWaiter]] = []
+        results: list[ToolResult] = []
         try:
             for call in calls:
                 waiter = backend.waiter()
@@ -268,7 +269,6 @@ class ToolDispatcher:
                 self._offered_alone(now)
             else:
                 self._nudge()
-            results: list[ToolResult] = []
             for _call, waiter in waiters:
                 result = await waiter.wait()
                 if result is None:
@@ -277,9 +277,10 @@ class ToolDispatcher:
             return results
         finally:
             withdrawn = 0
+            every = len(results) == len(waiters)  # each waiter delivered: nothing to withdraw
             for call, waiter in waiters:
                 registered.pop(id(call), None)
-                if waiter.delivered() or self._closed:
+                if every or waiter.delivered() or self._closed:
                     continue
                 if planner.withdraw(call):  # still queued: it never goes out
                     withdrawn += 1
@@ -390,9 +391,10 @@ class ToolDispatcher:
         if len(calls) == 1:
             limit = calls[0].timeout_s + self._grace_s
         else:  # a slot runs its calls one after another: its timeouts add up
-            per_slot: dict[SlotId, float] = {}
+            # by index: the batch is one container's, and an int hashes without a call of ours
+            per_slot: dict[int, float] = {}
             for call in calls:
-                slot = call.lease.slot
+                slot = call.lease.slot.index
                 per_slot[slot] = per_slot.get(slot, 0.0) + call.timeout_s
             limit = max(per_slot.values()) + self._grace_s
         failure: str | None = None

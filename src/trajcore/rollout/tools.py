@@ -88,7 +88,8 @@ class ToolRouter:
         result comes back under the model's id.
         """
         results: list[ToolResult | None] = [None] * len(calls)
-        slot_calls: list[tuple[int, SlotCall]] = []
+        at: list[int] = []  # where each slot call's result goes
+        sent: list[SlotCall] = []
         external: list[tuple[int, ToolCall]] = []
         for i, call in enumerate(calls):
             if call.name not in self.offered:
@@ -96,22 +97,23 @@ class ToolRouter:
             elif call.name in SLOT_TOOLS:
                 self._sent += 1
                 # Built directly rather than by attrs.evolve, which costs about as much again.
-                sent = ToolCall(
+                slot_call = ToolCall(
                     id=f"{call.id}#{self._sent}", name=call.name, arguments=call.arguments
                 )
-                slot_calls.append(
-                    (i, SlotCall(lease=self.lease, call=sent, timeout_s=self.tool_timeout_s))
+                at.append(i)
+                sent.append(
+                    SlotCall(lease=self.lease, call=slot_call, timeout_s=self.tool_timeout_s)
                 )
             else:
                 external.append((i, call))
-        if slot_calls:
-            answers = await self.dispatcher.run([c for _, c in slot_calls])
-            for (i, _), answer in zip(slot_calls, answers, strict=True):
+        if sent:
+            for i, answer in zip(at, await self.dispatcher.run(sent), strict=True):
                 results[i] = answer.answering(calls[i].id)
         if external:
             for (i, _), answer in zip(external, await self._external(external), strict=True):
                 results[i] = answer
-        return [r for r in results if r is not None]
+        # every place is filled; no comprehension: on this path each is a call of its own
+        return list(filter(None, results))
 
     async def _external(self, calls: Sequence[tuple[int, ToolCall]]) -> list[ToolResult]:
         plain = [call for _, call in calls]

@@ -249,7 +249,7 @@ class SlotLeasing:
 
     def refusal(self, container: str, call: SlotCall) -> str | None:
         """Why ``call`` may not run in ``container`` now, or ``None`` when it may."""
-        if call.container != container:
+        if call.lease.slot.container != container:  # ``call.container``, without its call
             return (
                 f"the call is for a slot of {call.container}, not of {container} "
                 "@ $.lease.slot.container"
