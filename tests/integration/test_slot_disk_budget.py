@@ -84,3 +84,72 @@ def _background_writer(tmp_path: Path) -> None:
             await runtime.aclose()
 
     asyncio.run(main())
+
+
+def test_a_lease_marked_past_its_budget_runs_no_command_on_its_idle_agent() -> None:
+    """A lease the watch marked past its budget while its agent started (the watch measured it
+    after a ``write_file``, and its first command was starting the agent meanwhile) keeps an
+    idle agent: the next command, which takes the agent's fast path, fails naming the budget
+    instead of running."""
+    with searchable_dir("disk-marked") as folder:
+        isolation = SlotIsolation(require_sandbox=False, disk_bytes=8 << 20, disk_files=1000)
+        config = RuntimeConfig(
+            slots=1, root=folder / "root", isolation=isolation, bwrap="/nonexistent/bwrap",
+            use_cgroups=False, disk_check_s=60.0,
+        )  # fmt: skip
+
+        async def main() -> None:
+            runtime = SlotRuntime(config)
+            await runtime.start()
+            try:
+                (first,) = await runtime.execute([call(0, "bash", command="echo up")])
+                assert first.outcome is ToolOutcome.OK, first
+                (slot,) = runtime._slots  # the state the watch's race leaves
+                reason = "disk budget of 8388608 bytes (disk_bytes) reached: marked"
+                slot.disk_over = (1, reason)
+                (later,) = await runtime.execute([call(0, "bash", command="touch ran")])
+                assert later.outcome is ToolOutcome.TOOL_ERROR, later
+                assert later.error == reason
+                assert not (folder / "root" / "slots" / "0" / "ran").exists()
+            finally:
+                await runtime.aclose()
+
+        asyncio.run(main())
+
+
+def test_a_lease_marked_past_its_budget_while_its_agent_starts_runs_no_command() -> None:
+    """The watch marks the lease past its budget while the call waits for the slot's agent
+    (its lease warming): the call fails naming the budget instead of running."""
+    with searchable_dir("disk-warming") as folder:
+        isolation = SlotIsolation(require_sandbox=False, disk_bytes=8 << 20, disk_files=1000)
+        config = RuntimeConfig(
+            slots=1, root=folder / "root", isolation=isolation, bwrap="/nonexistent/bwrap",
+            use_cgroups=False, disk_check_s=60.0,
+        )  # fmt: skip
+        reason = "disk budget of 8388608 bytes (disk_bytes) reached: marked"
+
+        async def main() -> None:
+            runtime = SlotRuntime(config)
+            await runtime.start()
+            try:
+                (first,) = await runtime.execute([call(0, "bash", command="echo up")])
+                assert first.outcome is ToolOutcome.OK, first
+                (slot,) = runtime._slots  # the watch's race, made to happen
+
+                async def marked_while_warming() -> None:
+                    for _ in range(10_000):  # until the call is taken (a few steps)
+                        if slot.calls.statistics().busy:
+                            break
+                        await asyncio.sleep(0)
+                    await asyncio.sleep(0)  # the call's task runs first, up to its wait
+                    slot.disk_over = (1, reason)
+
+                slot.warm_with(marked_while_warming())
+                (later,) = await runtime.execute([call(0, "bash", command="touch ran")])
+                assert later.outcome is ToolOutcome.TOOL_ERROR, later
+                assert later.error == reason
+                assert not (folder / "root" / "slots" / "0" / "ran").exists()
+            finally:
+                await runtime.aclose()
+
+        asyncio.run(main())

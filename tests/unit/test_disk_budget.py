@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import cast
 
 import pytest
 
+from trajcore.adapters.slot_server.channel import Agent
 from trajcore.adapters.slot_server.disk_budget import DiskWatch, measure_area, over_budget
 from trajcore.adapters.slot_server.slot_state import Slot
 from trajcore.adapters.slot_server.workspace import Workspace
@@ -126,3 +128,26 @@ def test_a_lease_within_its_budget_or_already_reset_is_left_alone(tmp_path: Path
     slot.disk_written = 3
     assert asyncio.run(_watch(slot, ended, retired=3).tick([slot])) == []  # reset already
     assert slot.disk_over is None
+
+
+def test_a_lease_whose_first_command_starts_during_the_measure_is_ended(tmp_path: Path) -> None:
+    """A lease measured after a ``write_file``, its agent only warmed (nothing of it runs),
+    whose first command takes that agent while the walk runs: when the walk finds it past its
+    budget, it is live, so its processes are ended too (else a background writer it started
+    would go on, and the watch, finding it marked, never looks at it again)."""
+    slot = _slot(tmp_path)
+    ended: list[int] = []
+    agent = cast("Agent", object())  # the watch only compares it by identity
+    slot.agent = slot.warmed = agent
+    slot.disk_written = 7
+    _fill(slot.workspace.root, 4, MIB)
+
+    def area(watched: Slot) -> list[Path]:
+        watched.warmed = None  # the lease's first command takes the warmed agent meanwhile
+        return [watched.workspace.root]
+
+    watch = _watch(slot, ended)
+    watch.areas = area
+    (reason,) = asyncio.run(watch.tick([slot]))
+    assert slot.disk_over == (7, reason)
+    assert ended == [0]

@@ -203,7 +203,7 @@ class DiskWatch:
             if epoch is None or epoch <= self.retired(slot) or over_for(slot, epoch) is not None:
                 continue
             if now >= self._due.get(slot.index, 0.0):
-                due.append(_Due(slot, agent, live, epoch, slot.disk_written, self.areas(slot)))
+                due.append(_Due(slot, agent, epoch, slot.disk_written, self.areas(slot)))
         if not due:
             return []
         measured = await asyncio.to_thread(self._measure, [each.area for each in due])
@@ -236,7 +236,10 @@ class DiskWatch:
             return None  # reset, or another lease, meanwhile
         slot.disk_over = (epoch, reason)
         _log.warning("slot %d, lease epoch %d: %s", slot.index, epoch, reason)
-        if each.live:
+        agent = slot.agent
+        # live now, not only when the round began: a first command may have taken a warmed
+        # agent while the walk ran (the watch never measures a lease marked over again)
+        if agent is not None and slot.warmed is not agent:
             try:
                 await self.end_lease(slot)
             except Exception:  # noqa: BLE001 - logged; its calls still fail naming the budget
@@ -250,7 +253,6 @@ class _Due:
 
     slot: Slot
     agent: object
-    live: bool
     epoch: int
     written: int | None
     area: list[Path]

@@ -170,6 +170,7 @@ def start_call(
         or slot.warmed is agent or not agent.idle() or not agent.alive()
         or slot.agent_epoch != call.epoch or call.epoch <= slot.calls.retired_epoch
         or slot.agent_root != (None if slot.image is None else slot.lease_op())
+        or over_for(slot, call.epoch) is not None  # run_call answers it, naming the budget
     ):  # fmt: skip
         return False
     refused = _refusal(sandboxes, call, unsandboxed_why)
@@ -288,6 +289,8 @@ async def _run_command(
         agent = await sandboxes.ensure_agent(slot)
     except AgentLost as error:
         return failure(call, ToolOutcome.INFRA_ERROR, f"the slot's sandbox did not start: {error}")
+    if (over := over_for(slot, call.epoch)) is not None:  # marked while the agent started
+        return failure(call, ToolOutcome.TOOL_ERROR, over)
     retired = slot.calls.retired_epoch
     if call.epoch <= retired:
         # a reset came while the sandbox started: its stop found no lease to interrupt, so the
