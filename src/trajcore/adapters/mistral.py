@@ -36,6 +36,12 @@ What this adapter promises, and the rules it keeps:
   file that cannot be loaded becomes ``ConfigError("tokenizer_path", reason)``.
 - **No ``Any`` past this module.** ``mistral_common`` is typed; its JSON-typed corners (the Tekken
   file, tool parameters) are checked and converted here.
+- **Safe from several threads at once.** The trajectory runner renders finished trajectories in
+  worker threads while the event loop renders and decodes others' turns. ``mistral_common``'s
+  request encoders build new objects per call and keep no settings that a call changes (unlike
+  transformers' truncation and padding), and the Tekken (tiktoken) and SentencePiece encoders
+  under them only read; ``tests/unit/test_tokenizer_threads.py`` checks eight threads' renders
+  against single-threaded ones.
 
 ``decode`` keeps special tokens as their text (``[TOOL_CALLS]``, ``</s>``) and decodes the runs
 between them as text (SentencePiece's ``▁`` becomes a space, its leading dummy space dropped),

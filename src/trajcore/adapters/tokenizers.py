@@ -33,9 +33,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from jinja2.exceptions import TemplateError
@@ -44,6 +45,9 @@ from trajcore.domain.errors import ConfigError
 from trajcore.domain.json_values import JSON
 from trajcore.domain.messages import Message
 from trajcore.domain.tools import ToolSpec
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer as RustTokenizer
 
 __all__ = ["TransformersTokenizer", "qwen3_tokenizer_path"]
 
@@ -64,11 +68,18 @@ def _text(value: object, *, what: str) -> str:
 class TransformersTokenizer:
     """A ``transformers`` tokenizer with a chat template, as the ``Tokenizer`` port.
 
-    Build it with ``from_path``. Rendering and encoding are CPU work and synchronous.
+    Build it with ``from_path``. Rendering and encoding are CPU work and synchronous, and safe
+    to call from several threads at once (see the module doc).
+
+    ``backend`` is the Rust tokenizer to encode with, when it is the adapter's alone (nobody else
+    reconfigures it); left out, a private copy of ``tokenizer``'s is made on first use.
     """
 
     _tokenizer: Any = attrs.field(alias="tokenizer", repr=False)
     path: Path
+    _backend: RustTokenizer | None = attrs.field(default=None, alias="backend", repr=False)
+    _backend_ready: bool = attrs.field(default=False, init=False, repr=False)
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
     _added: dict[str, int] | None = attrs.field(default=None, init=False, repr=False)
     _pattern: re.Pattern[str] | None = attrs.field(default=None, init=False, repr=False)
 
@@ -99,7 +110,8 @@ class TransformersTokenizer:
             tokenizer.chat_template = chat_template
         if not tokenizer.chat_template:
             raise ConfigError("tokenizer_path", f"{str(folder)!r} has no chat template")
-        return cls(tokenizer=tokenizer, path=folder)
+        # loaded here, so its Rust tokenizer is this adapter's alone: no copy needed
+        return cls(tokenizer=tokenizer, path=folder, backend=_own_backend(tokenizer))
 
     @property
     def eos_token_id(self) -> int | None:
@@ -109,7 +121,7 @@ class TransformersTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """The ids of ``text`` with no special tokens added."""
-        return _ids(self._tokenizer.encode(text, add_special_tokens=False), what="text")
+        return self._encode(text, what="text")
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of ``ids``, special tokens kept (invalid UTF-8 becomes U+FFFD)."""
@@ -126,10 +138,11 @@ class TransformersTokenizer:
         that spells an added token kept as text (see the module doc)."""
         chat = [message.to_chat_dict() for message in messages]
         masked, spelled = self._mask_added_text(chat)
-        if not spelled:
-            return _ids(
-                self._apply(chat, tools, add_generation_prompt, tokenize=True), what="messages"
+        if not spelled:  # transformers' tokenize=True is this: the text, encoded as it is
+            text = _text(
+                self._apply(chat, tools, add_generation_prompt, tokenize=False), what="messages"
             )
+            return self._encode(text, what="messages")
         text = _text(
             self._apply(masked, tools, add_generation_prompt, tokenize=False), what="messages"
         )
@@ -155,10 +168,40 @@ class TransformersTokenizer:
             self._apply(chat, tools, add_generation_prompt, tokenize=False), what="messages"
         )
 
+    def __attrs_post_init__(self) -> None:
+        if self._backend is not None:  # the adapter's own: set now, before any thread uses it
+            _configure(self._backend, self._tokenizer)
+            self._backend_ready = True
+
+    def _rust(self) -> RustTokenizer | None:
+        """The Rust tokenizer this adapter encodes with (``None`` for a slow tokenizer): its
+        own, or a private copy made and set on first use; afterwards only read, from any
+        thread."""
+        if not self._backend_ready:
+            with self._lock:
+                if not self._backend_ready:
+                    backend = _private_backend(self._tokenizer)
+                    if backend is not None:
+                        _configure(backend, self._tokenizer)
+                    self._backend = backend
+                    self._backend_ready = True
+        return self._backend
+
+    def _encode(self, text: str, *, what: str) -> list[int]:
+        """``text``'s ids as ``tokenizer(text, add_special_tokens=False)`` gives them, without
+        reconfiguring anything another thread may be using."""
+        backend = self._rust()
+        if backend is None:  # a slow (Python) tokenizer: no shared Rust state to race on
+            return _ids(self._tokenizer.encode(text, add_special_tokens=False), what=what)
+        # encode_batch releases the GIL while it runs (encode holds it)
+        (encoding,) = backend.encode_batch([text], add_special_tokens=False)
+        return _ids(encoding.ids, what=what)
+
     def _added_vocab(self) -> dict[str, int]:
         if self._added is None:
-            vocab = self._tokenizer.get_added_vocab()
-            self._added = {str(k): int(v) for k, v in vocab.items() if k}
+            with self._lock:
+                vocab = self._tokenizer.get_added_vocab()
+                self._added = {str(k): int(v) for k, v in vocab.items() if k}
         return self._added
 
     def _added_pattern(self) -> re.Pattern[str]:
@@ -198,16 +241,18 @@ class TransformersTokenizer:
         return masked, {mark: name for name, mark in marks.items()}
 
     def _plain_ids(self, text: str) -> list[int]:
-        """The ids of ``text`` with no added token matched: normalizer, pre-tokenizer, model."""
-        backend = getattr(self._tokenizer, "backend_tokenizer", None)
-        if backend is None or backend.pre_tokenizer is None:
+        """The ids of ``text`` with no added token matched: normalizer, pre-tokenizer (where
+        there is one: else the whole text is one piece, as the tokenizer takes it), model."""
+        backend = self._rust()
+        if backend is None:  # a slow tokenizer: the flag is an argument of this call alone
             return _ids(
                 self._tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True),
                 what="messages",
             )
         normal = backend.normalizer.normalize_str(text) if backend.normalizer else text
-        pieces = backend.pre_tokenizer.pre_tokenize_str(normal)
-        return [int(token.id) for piece, _ in pieces for token in backend.model.tokenize(piece)]
+        pre = backend.pre_tokenizer
+        pieces = [piece for piece, _ in pre.pre_tokenize_str(normal)] if pre else [normal]
+        return [int(token.id) for piece in pieces for token in backend.model.tokenize(piece)]
 
     def _apply(
         self,
@@ -236,6 +281,33 @@ _PRIVATE_USE = 0xF0000
 """Placeholders come from Supplementary Private Use Area-A, which no tokenizer gives meaning."""
 _PRIVATE_USE_SIZE = 0xFFFE
 _PRIVATE_RANGE = re.compile("[\U000f0000-\U000fffff]")
+
+
+def _own_backend(tokenizer: object) -> RustTokenizer | None:
+    """``tokenizer``'s Rust tokenizer (``None`` for a slow tokenizer)."""
+    from tokenizers import Tokenizer
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend if isinstance(backend, Tokenizer) else None
+
+
+def _private_backend(tokenizer: object) -> RustTokenizer | None:
+    """A copy of ``tokenizer``'s Rust tokenizer that nobody else holds (``None`` for a slow
+    tokenizer): its own serialization read back, as pickling it does."""
+    shared = _own_backend(tokenizer)
+    return None if shared is None else type(shared).from_str(shared.to_str())
+
+
+def _configure(backend: RustTokenizer, tokenizer: object) -> None:
+    """Set ``backend`` once as transformers sets it for ``tokenizer(text)``: no truncation, no
+    padding, special-token text split only where ``tokenizer`` says so."""
+    if backend.truncation is not None:
+        backend.no_truncation()
+    if backend.padding is not None:
+        backend.no_padding()
+    split = bool(getattr(tokenizer, "split_special_tokens", False))
+    if backend.encode_special_tokens != split:
+        backend.encode_special_tokens = split
 
 
 def _unmask(text: str, spelled: dict[str, str]) -> str:

@@ -25,6 +25,16 @@ The decisions are the domain ``AgentLoop``'s; this module performs them. Its pro
 - **One deadline.** ``deadline_s`` covers acquisition, every model call, every tool call and
   scoring. When it passes, the loop finishes as ``time_budget`` (or ``infra_error`` if no slot was
   ever acquired) and whatever was produced so far is kept.
+- **The final render off the loop, with a deadline.** The training tokens (OpenAI mode's
+  re-render of the whole conversation, managed mode's export) and managed mode's drift
+  re-render are computed in a worker thread of ``RenderThreads`` (at most so many at once),
+  never on the event loop, which goes on serving the env's other trajectories meanwhile. The
+  render may use what is left of ``deadline_s``, and at least ``render_grace_s`` (the
+  deadline may have passed already): so a trajectory, and its group, ends at most
+  ``render_grace_s`` after its deadline. A render that does not make it is dropped (its
+  thread finishes it and the result is thrown away): the member keeps its outcome and score
+  but has no tokens (``has_tokens`` false, so training rules leave it out, never as a zero),
+  its detail says so and a warning is logged.
 - **Bounded tool results.** A result's text longer than ``max_tool_result_chars`` reaches the
   model, the transcript and the training tokens cut in the middle (its head and tail kept, and
   a line saying how many characters were cut and why), whatever its tool: a policy that reads a
@@ -48,6 +58,7 @@ released and the ``Cancelled`` exception propagates, as structured concurrency r
 
 from __future__ import annotations
 
+import logging
 import math
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -89,6 +100,7 @@ from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.policy import Policy, PolicySession
 from trajcore.rollout.preparation import Prepared
+from trajcore.rollout.render_threads import RenderThreads, shared_render_threads
 from trajcore.rollout.tools import SlotTools, ToolRouter
 
 __all__ = [
@@ -100,6 +112,8 @@ __all__ = [
     "env_failure",
     "run_trajectory",
 ]
+
+log = logging.getLogger("trajcore.rollout")
 
 
 @attrs.frozen(kw_only=True)
@@ -117,6 +131,9 @@ class RolloutConfig:
         max_token_length: Truncation of exported training tokens.
         max_tool_result_chars: Longest text of one tool result the model sees; a longer one is
             cut in the middle (``None``: no cap).
+        render_grace_s: The least time the final render (training tokens, drift) gets, in a
+            worker thread, after the loop and scoring: it may use what is left of
+            ``deadline_s``, and at least this much.
     """
 
     agent: AgentLoopConfig
@@ -127,6 +144,12 @@ class RolloutConfig:
     tool_delay_s: float = 0.0
     max_token_length: int | None = None
     max_tool_result_chars: int | None = attrs.field(default=100_000)
+    render_grace_s: float = attrs.field(default=120.0)
+
+    @render_grace_s.validator
+    def _check_grace(self, attribute: attrs.Attribute[float], value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ConfigError(attribute.name, f"must be a number of seconds above 0, got {value!r}")
 
     @max_tool_result_chars.validator
     def _check_cap(self, attribute: attrs.Attribute[int | None], value: int | None) -> None:
@@ -282,9 +305,11 @@ async def run_trajectory(
     config: RolloutConfig,
     environment: str | None = None,
     prepared: Prepared | None = None,
+    render_threads: RenderThreads | None = None,
 ) -> TrajectoryResult:
     """Run one trajectory to its end, its lease over ``environment`` (an image reference) when
-    given, from the group's ``prepared`` snapshot where it can; see the module docstring for
+    given, from the group's ``prepared`` snapshot where it can, its final render in
+    ``render_threads`` (the process's shared ones by default); see the module docstring for
     what it promises."""
     run = _Run(trajectory_id, config, AgentLoop(config.agent), list(messages), dispatcher.clock)
     started = run.now()
@@ -299,7 +324,8 @@ async def run_trajectory(
             run.loop.infra_failed(now=run.now(), detail="no slot before the trajectory deadline")
         else:
             run.loop.infra_failed(now=run.now(), detail="the deadline passed while preparing")
-    return _result(run, policy, started)
+    threads = shared_render_threads() if render_threads is None else render_threads
+    return await _result(run, policy, started, threads)
 
 
 @attrs.frozen
@@ -568,19 +594,54 @@ async def _score(run: _Run, hooks: TrajectoryHooks, slot_tools: SlotTools) -> No
     run.score = float(score)
 
 
-def _result(run: _Run, policy: Policy, started: float) -> TrajectoryResult:
+_Rendered = tuple[TrainingTokens | None, Drift | None]
+
+
+def _render(
+    session: PolicySession,
+    messages: Sequence[Message],
+    *,
+    drift: bool,
+    max_token_length: int | None,
+) -> _Rendered:
+    """The training tokens and (when asked) the drift: CPU work, run in a worker thread."""
+    tokens = session.training_tokens(messages, max_token_length=max_token_length)
+    return tokens, session.drift(messages) if drift else None
+
+
+async def _rendered(
+    run: _Run, policy: Policy, started: float, threads: RenderThreads
+) -> tuple[_Rendered, str | None]:
+    """The final render, off the loop, within what is left of the deadline and at least the
+    grace; ``(None, None)`` and why when it did not finish in time."""
+    session, stats = run.session, run.loop.stats()
+    if session is None or stats.turns == 0:
+        return (None, None), None
+    drift = policy.token_exact and stats.stop_reason is not StopReason.MODEL_ERROR
+    messages = tuple(run.messages)
+    max_token_length = run.config.max_token_length
+    left = run.config.deadline_s - (run.now() - started)
+    timeout_s = max(left, run.config.render_grace_s)
+    try:
+        rendered = await threads.run(
+            lambda: _render(session, messages, drift=drift, max_token_length=max_token_length),
+            timeout_s=timeout_s,
+        )
+    except TimeoutError:
+        why = f"no training tokens: their render took longer than {timeout_s:.1f} s"
+        log.warning("trajectory %s has %s; it is left out of training", run.trajectory_id, why)
+        return (None, None), why
+    return rendered, None
+
+
+async def _result(
+    run: _Run, policy: Policy, started: float, threads: RenderThreads
+) -> TrajectoryResult:
     stats = run.loop.stats()
     if stats.needs_score and run.score is None and run.score_failure is None:
         run.score_failure = "scoring did not finish before the trajectory deadline"
         run.score_failure_status = TrajectoryStatus.INFRA_ERROR
-    tokens: TrainingTokens | None = None
-    drift: Drift | None = None
-    if run.session is not None and stats.turns > 0:
-        tokens = run.session.training_tokens(
-            run.messages, max_token_length=run.config.max_token_length
-        )
-        if policy.token_exact and stats.stop_reason is not StopReason.MODEL_ERROR:
-            drift = run.session.drift(run.messages)
+    (tokens, drift), unrendered = await _rendered(run, policy, started, threads)
     # training data only where a sampled token is left to train on: a member cut to
     # max_token_length before its first completion token is left out as having no tokens
     trainable = tokens is not None and tokens.completion_tokens > 0
@@ -596,6 +657,9 @@ def _result(run: _Run, policy: Policy, started: float) -> TrajectoryResult:
             stats.outcome(score=run.score if stats.needs_score else None),
             has_tokens=trainable,
         )
+    if unrendered is not None:
+        detail = unrendered if outcome.detail is None else f"{outcome.detail}; {unrendered}"
+        outcome = attrs.evolve(outcome, detail=detail)
     return TrajectoryResult(
         trajectory_id=run.trajectory_id,
         messages=tuple(run.messages),
