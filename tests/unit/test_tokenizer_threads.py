@@ -138,3 +138,23 @@ def test_mistral_tokenizers_render_the_same_ids_from_eight_threads() -> None:
 
     for name in ("v3", "tekken-v7"):
         _hammer(MistralCommonTokenizer.bundled(name), "[INST]")
+
+
+def test_the_thread_safe_encoding_gives_transformers_own_ids(
+    qwen3: TransformersTokenizer,
+    without_pre_tokenizer: TransformersTokenizer,
+    shared_qwen3: tuple[TransformersTokenizer, object],
+) -> None:
+    # The adapter no longer lets transformers tokenize (that reconfigures the tokenizer per
+    # call): a conversation without special-token text must still get exactly its ids.
+    adapter, hf = shared_qwen3
+    cases = [(qwen3, qwen3._tokenizer), (without_pre_tokenizer, without_pre_tokenizer._tokenizer)]
+    for tokenizer, transformers_object in [*cases, (adapter, hf)]:
+        for k in (1, 3):
+            conversation = _conversation(k, "<unused>")
+            chat = [m.to_chat_dict() for m in conversation]
+            for prompt in (False, True):
+                expected = transformers_object.apply_chat_template(
+                    chat, tokenize=True, return_dict=False, add_generation_prompt=prompt
+                )
+                assert tokenizer.render(conversation, add_generation_prompt=prompt) == expected
