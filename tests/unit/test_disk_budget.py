@@ -151,3 +151,40 @@ def test_a_lease_whose_first_command_starts_during_the_measure_is_ended(tmp_path
     (reason,) = asyncio.run(watch.tick([slot]))
     assert slot.disk_over == (7, reason)
     assert ended == [0]
+
+
+def test_a_directory_swapped_for_a_link_during_the_walk_is_never_followed(tmp_path: Path) -> None:
+    """The lease renames a directory the walk has queued and puts a link to the host's files
+    in its place, again and again: no walk may count what lies behind the link (the host's
+    5,000 files here), whatever the timing. The walk before read the queued path with a call
+    that follows links."""
+    import threading
+
+    outside = tmp_path / "host"
+    _fill(outside, 5000, 0)
+    area = tmp_path / "area"
+    _fill(area, 20000, 0)  # the root's listing keeps the walk busy after it queued "d"
+    (area / "d").mkdir()
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            try:
+                os.rename(area / "d", area / "d.real")
+                os.symlink(outside, area / "d")
+                stop.wait(0.0005)  # a link half the time, the directory the other half
+                os.unlink(area / "d")
+                os.rename(area / "d.real", area / "d")
+                stop.wait(0.0005)
+            except OSError:
+                continue
+
+    swapper = threading.Thread(target=swap, daemon=True)
+    swapper.start()
+    try:
+        counts = [measure_area([area], max_bytes=None, max_files=None).files for _ in range(40)]
+    finally:
+        stop.set()
+        swapper.join(timeout=10)
+    assert not swapper.is_alive()
+    assert max(counts) <= 20003, counts  # the 20,000 files, d (or d.real, or a link), no more

@@ -20,12 +20,16 @@ project quotas need a file system mounted for them. So the server measures, as `
 every entry counted once as a file (an inode: directories, links and whiteouts too), each
 inode's allocated blocks once (hard links are not counted twice, holes in sparse files not at
 all), walked without following a link; the walk stops as soon as the area is over either
-budget, so it never looks at more than ``disk_files + 1`` entries.
+budget, so it never looks at more than ``disk_files + 1`` entries (with ``disk_files`` set). Each
+directory is opened without following a link and must be the directory listed (device and
+inode), so a lease that swaps a queued directory for a link never sends the walk, or the
+permission repair below, outside its area.
 
 When: every ``interval_s`` (0.5 s by default) for each slot with a live lease (an agent: its
 background processes write between calls too) or a file written by ``write_file`` since its
-last measure; a slot whose measure took ``d`` seconds waits ``4 d`` before the next, so
-measuring takes at most a fifth of one thread. One slot at a time, in a worker thread.
+last measure; a slot whose measure took ``d`` seconds waits ``4 d`` before the next, and a round
+that took ``t`` waits ``4 t`` before the next round, so measuring takes at most about a fifth of
+one thread. One slot at a time, in a worker thread.
 
 What a lease past its budget gets: its lease ends at once (every process of it, as a reset
 ends them), the call it ran fails with ``TOOL_ERROR`` and the reason ("disk budget of N bytes
@@ -41,6 +45,7 @@ unreadable ends the lease the same way (fail closed: the budget cannot be proven
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import stat
@@ -77,54 +82,90 @@ class DiskUse:
     unreadable: str | None = None
 
 
-def _scan(path: str) -> os._ScandirIterator[str]:  # typeshed's name for what scandir returns
-    """An open listing of directory ``path`` (read lazily: a directory of a million entries is
-    never held whole); a directory of the server's own that it cannot read is given its owner's
-    rights back once (``PermissionError`` when that is not enough)."""
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_PATH_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_dir(path: str, seen: tuple[int, int] | None) -> int | None:
+    """An open descriptor of directory ``path`` when it is still the directory the walk saw
+    (``seen``: its device and inode; ``None`` for a root), else ``None`` (gone, or replaced by a
+    link or another directory meanwhile: the lease may rename what the walk queued, and a
+    link put in its place must never be followed into the host's files). A directory of the
+    server's own that it cannot read is given its owner's rights back once, through a
+    descriptor of that very directory. Raises ``PermissionError`` when that is not enough."""
     try:
-        return os.scandir(path)
-    except PermissionError:
-        info = os.lstat(path)
-        if info.st_uid != os.geteuid() or not stat.S_ISDIR(info.st_mode):
+        fd = os.open(path, _OPEN_DIR)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return None  # a link now stands there
+        if not isinstance(error, PermissionError):
             raise
-        os.chmod(path, stat.S_IMODE(info.st_mode) | stat.S_IRWXU)
-        return os.scandir(path)
+        _own_rights_back(path, seen)
+        try:
+            fd = os.open(path, _OPEN_DIR)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+    info = os.fstat(fd)
+    if seen is not None and (info.st_dev, info.st_ino) != seen:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _own_rights_back(path: str, seen: tuple[int, int] | None) -> None:
+    """Give the directory at ``path`` its owner's rights when it is the one seen and the
+    server's own; re-raises the ``PermissionError`` otherwise."""
+    handle = os.open(path, _PATH_DIR)
+    try:
+        info = os.fstat(handle)
+        if info.st_uid != os.geteuid() or (seen is not None and (info.st_dev, info.st_ino) != seen):
+            raise PermissionError(errno.EACCES, "cannot read the directory", path)
+        # an O_PATH descriptor takes no fchmod; its /proc link names exactly this inode
+        os.chmod(f"/proc/self/fd/{handle}", stat.S_IMODE(info.st_mode) | stat.S_IRWXU)
+    finally:
+        os.close(handle)
 
 
 def measure_area(roots: Sequence[Path], *, max_bytes: int | None, max_files: int | None) -> DiskUse:
     """What the directories ``roots`` hold (not counting the roots themselves), stopping once
     past ``max_bytes`` or ``max_files`` (``None``: no limit). A root or entry that is gone
-    (removed meanwhile) counts nothing. Blocking; never raises ``OSError``."""
+    (removed meanwhile) counts nothing, nor does a directory replaced meanwhile (each is opened
+    without following a link and must be the one listed). Blocking; never raises ``OSError``."""
     total = files = 0
     seen: set[tuple[int, int]] = set()
-    pending = [str(root) for root in roots]
+    pending: list[tuple[str, tuple[int, int] | None]] = [(str(root), None) for root in roots]
     while pending:
-        path = pending.pop()
+        path, identity = pending.pop()
         try:
-            listing = _scan(path)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
+            fd = _open_dir(path, identity)
         except OSError:
             return DiskUse(total, files, over=False, unreadable=path)
-        with listing:
-            for entry in _entries(listing):
-                try:
-                    info = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue  # gone meanwhile
-                files += 1
-                if stat.S_ISDIR(info.st_mode):
-                    pending.append(entry.path)
-                elif info.st_nlink > 1:
-                    key = (info.st_dev, info.st_ino)
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                total += info.st_blocks * 512
-                if (max_bytes is not None and total > max_bytes) or (
-                    max_files is not None and files > max_files
-                ):
-                    return DiskUse(total, files, over=True)
+        if fd is None:
+            continue
+        try:
+            with os.scandir(fd) as listing:
+                for entry in _entries(listing):
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue  # gone meanwhile
+                    files += 1
+                    if stat.S_ISDIR(info.st_mode):
+                        pending.append((os.path.join(path, entry.name), (info.st_dev, info.st_ino)))
+                    elif info.st_nlink > 1:
+                        key = (info.st_dev, info.st_ino)
+                        if key in seen:
+                            continue
+                        seen.add(key)
+                    total += info.st_blocks * 512
+                    if (max_bytes is not None and total > max_bytes) or (
+                        max_files is not None and files > max_files
+                    ):
+                        return DiskUse(total, files, over=True)
+        finally:
+            os.close(fd)
     return DiskUse(total, files, over=False)
 
 
@@ -176,6 +217,7 @@ class DiskWatch:
     retired: Callable[[Slot], int]
     interval_s: float = 0.5
     _due: dict[int, float] = attrs.field(factory=dict)
+    _round_s: float = 0.0  # the last round's measuring time
 
     @property
     def enabled(self) -> bool:
@@ -184,7 +226,9 @@ class DiskWatch:
     async def run(self, slots: Sequence[Slot]) -> None:
         """Watch ``slots`` until cancelled."""
         while True:
-            await asyncio.sleep(self.interval_s)
+            # the whole round paced as each slot is: one thread measuring N heavy slots in a
+            # row would otherwise be busy N / (N + 4) of the time
+            await asyncio.sleep(max(self.interval_s, _BACKOFF * self._round_s))
             try:
                 await self.tick(slots)
             except Exception:  # noqa: BLE001 - a fault of one round never ends the watch
@@ -207,6 +251,7 @@ class DiskWatch:
         if not due:
             return []
         measured = await asyncio.to_thread(self._measure, [each.area for each in due])
+        self._round_s = sum(took for _, took in measured)
         reasons: list[str] = []
         for each, (use, took) in zip(due, measured, strict=True):
             self._due[each.slot.index] = time.monotonic() + max(self.interval_s, _BACKOFF * took)
