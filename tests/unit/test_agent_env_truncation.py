@@ -21,6 +21,7 @@ import pytest
 from tests.unit.test_agent_env import FileEnv, _config
 from trajcore.adapters.fakes.llm import FakeTokenServer
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
+from trajcore.domain.agent_loop import StopReason
 from trajcore.domain.json_values import JSON
 from trajcore.domain.sampling import FinishReason, TokenCompletion
 from trajcore.domain.tool_parsers import get_parser
@@ -107,8 +108,9 @@ def reader(env: FileEnv) -> Callable[[Sequence[int]], TokenCompletion]:
 async def test_a_member_cut_to_the_trainers_length_is_said_to_be_cut(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A tool result longer than what is left of the length: the turn after it gets one token,
-    and the export cuts the tail (the result's end and that token)."""
+    """A tool result longer than what is left of the length: no turn fits after it, so the
+    member ends there on its token budget (no request for a single token), and the export cuts
+    the tail (the result's end)."""
     env = BigReadEnv(
         config(max_token_length=await prompt_length() + 200, ensure_scores_are_not_same=False)
     )
@@ -118,6 +120,8 @@ async def test_a_member_cut_to_the_trainers_length_is_said_to_be_cut(
             group = await env.run_task("ok", pool=pool, policy=env.make_policy(token=server))
         scored = env.scored_group(group)
     assert scored is not None
+    assert len(server.requests) == len(group.members)  # each member's first turn, and no more
+    assert {m.stats.stop_reason for m in group.members} == {StopReason.TOKEN_BUDGET}
     stories = [overrides["trajcore"] for overrides in scored["overrides"]]
     for member, story in zip(group.members, stories, strict=True):
         assert member.tokens is not None

@@ -66,7 +66,11 @@ class ModelTurn:
 
 
 class PolicySession(Protocol):
-    """One trajectory's conversation with the model."""
+    """One trajectory's conversation with the model.
+
+    ``training_tokens`` and ``drift`` run once the trajectory ends, in a worker thread (the
+    rollout's render threads, off the event loop): a session must not share unguarded state
+    with other sessions there (the shipped sessions' tokenizers are safe to share)."""
 
     async def sample(self, messages: Sequence[Message], *, sampling: SamplingParams) -> ModelTurn:
         """The next assistant turn after ``messages`` (the whole conversation so far).

@@ -428,6 +428,16 @@ async def _agent(run: _Run, tools: Sequence[ToolSpec], policy: Policy, router: T
         turn_number = decision.turn
         sampling = run.config.sampling
         window = _context_window(run, session)
+        prompt = session.prompt_tokens()
+        if window is not None and prompt is not None and prompt >= window and turn_number > 1:
+            # the last tool results filled the context: no turn fits, a budget (the work so
+            # far is scored), not one more request for a single token
+            loop.model_failed(
+                now=run.now(),
+                detail=f"the conversation ({prompt} tokens) fills the context ({window} tokens)",
+                context_full=True,
+            )
+            return
         cap = _turn_cap(decision, session, window)
         if cap is not None and cap < sampling.max_tokens:
             sampling = attrs.evolve(sampling, max_tokens=max(1, cap))
