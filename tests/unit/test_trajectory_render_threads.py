@@ -54,6 +54,7 @@ CONFIG = RolloutConfig(
     tool_timeout_s=5.0,
     deadline_s=30.0,
     acquire_timeout_s=5.0,
+    render_inline_chars=0,  # every render in a worker thread, however small
 )
 WAIT_S = 10.0  # how long a blocked render waits for the other trajectory before it gives up
 
@@ -233,6 +234,24 @@ async def test_managed_mode_exports_and_measures_drift_off_the_event_loop(
     # re-render, the last one, in the worker thread
     assert recorder.render_threads[0] == loop_thread
     assert recorder.render_threads[-1] != loop_thread
+
+
+async def test_a_small_conversation_renders_on_the_loop_and_a_large_one_off_it(
+    llama3: TransformersTokenizer,
+) -> None:
+    """Under ``render_inline_chars`` the render is cheaper than the switch to a thread and back:
+    it runs on the loop; at or above it, in a worker thread."""
+    loop_thread = threading.get_ident()
+    threads = {}
+    for name, limit in (("small", 100_000), ("large", 10)):  # the conversation: about 200
+        policy = _WatchedPolicy(ChatPolicy(_writing_chat(), ChatTemplate.learn(llama3)))
+        config = attrs.evolve(CONFIG, render_inline_chars=limit)
+        async with FakeSandboxPool() as pool, ToolDispatcher(pool, BatchConfig()) as dispatcher:
+            result = await _run(policy, pool, dispatcher, config=config)
+        assert result.outcome.has_tokens
+        threads[name] = [thread for _, thread in policy.seen]
+    assert threads["small"] == [loop_thread]
+    assert loop_thread not in threads["large"]
 
 
 @attrs.frozen

@@ -12,9 +12,11 @@ trajectory runner hands it to ``RenderThreads``, which keeps these rules:
   (``default_render_threads``). The Rust tokenizer's batch encoder, which
   ``TransformersTokenizer`` calls, releases the GIL while it runs, so the tokenizing of several
   renders can overlap on a multi-core host; the chat template (jinja) is Python and holds it.
-  A trajectory waits for its render's result parked in an anyio worker thread (a blocked
-  thread, no CPU), of a capacity limiter of 64 threads per event loop (``_PARKED_WAITS``, or
-  ``threads`` if more), not of the default one that file and DNS work share.
+  On asyncio a trajectory awaits its render's future (the loop is woken when the result is
+  set: no thread is parked on it; parking one cost every trajectory a second thread switch).
+  On another backend it waits parked in an anyio worker thread (a blocked thread, no CPU), of
+  a capacity limiter of 64 threads per event loop (``_PARKED_WAITS``, or ``threads`` if
+  more), not of the default one that file and DNS work share.
 - **A deadline.** ``run`` raises ``TimeoutError`` when the wait for a thread and the render
   together take longer than ``timeout_s``. A render that has not started by then never starts.
   A thread cannot be stopped: a render already running goes on and its result is dropped, but
@@ -29,6 +31,7 @@ adapters are (``trajcore.adapters.tokenizers``, ``trajcore.adapters.mistral``).
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -100,9 +103,14 @@ class RenderThreads:
         rendering: Future[T] = self._pool.submit(work)
         try:
             with anyio.fail_after(timeout_s):
-                return await anyio.to_thread.run_sync(
-                    rendering.result, limiter=self._waiters(), abandon_on_cancel=True
-                )
+                try:
+                    asyncio.get_running_loop()
+                except RuntimeError:  # another backend: park a worker thread on the result
+                    return await anyio.to_thread.run_sync(
+                        rendering.result, limiter=self._waiters(), abandon_on_cancel=True
+                    )
+                # asyncio: the loop is woken when the result is set, no thread parked on it
+                return await asyncio.wrap_future(rendering)
         finally:
             rendering.cancel()  # a no-op once it runs or ran; else it never starts
 

@@ -28,7 +28,9 @@ The decisions are the domain ``AgentLoop``'s; this module performs them. Its pro
 - **The final render off the loop, with a deadline.** The training tokens (OpenAI mode's
   re-render of the whole conversation, managed mode's export) and managed mode's drift
   re-render are computed in a worker thread of ``RenderThreads`` (at most so many at once),
-  never on the event loop, which goes on serving the env's other trajectories meanwhile. The
+  off the event loop, which goes on serving the env's other trajectories meanwhile (a
+  conversation under ``render_inline_chars`` is rendered on the loop: the thread switch would
+  cost it more). The
   render may use what is left of ``deadline_s``, and at least ``render_grace_s`` (the
   deadline may have passed already): so a trajectory, and its group, ends at most
   ``render_grace_s`` after its deadline. A render that does not make it is dropped (its
@@ -134,6 +136,9 @@ class RolloutConfig:
         render_grace_s: The least time the final render (training tokens, drift) gets, in a
             worker thread, after the loop and scoring: it may use what is left of
             ``deadline_s``, and at least this much.
+        render_inline_chars: A conversation whose messages hold fewer characters than this
+            is rendered on the loop: its render is shorter than the switch to a worker thread
+            and back costs (``0``: every render in a worker thread).
     """
 
     agent: AgentLoopConfig
@@ -145,6 +150,12 @@ class RolloutConfig:
     max_token_length: int | None = None
     max_tool_result_chars: int | None = attrs.field(default=100_000)
     render_grace_s: float = attrs.field(default=120.0)
+    render_inline_chars: int = attrs.field(default=8192)
+
+    @render_inline_chars.validator
+    def _check_inline(self, attribute: attrs.Attribute[int], value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(attribute.name, f"must be a whole number >= 0, got {value!r}")
 
     @render_grace_s.validator
     def _check_grace(self, attribute: attrs.Attribute[float], value: object) -> None:
@@ -630,6 +641,9 @@ async def _rendered(
     drift = policy.token_exact and stats.stop_reason is not StopReason.MODEL_ERROR
     messages = tuple(run.messages)
     max_token_length = run.config.max_token_length
+    size = sum(len(m.content) + len(m.reasoning or "") for m in messages)
+    if size < run.config.render_inline_chars:  # a small render: cheaper here than a thread
+        return _render(session, messages, drift=drift, max_token_length=max_token_length), None
     left = run.config.deadline_s - (run.now() - started)
     timeout_s = max(left, run.config.render_grace_s)
     try:

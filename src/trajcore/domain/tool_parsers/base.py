@@ -390,8 +390,11 @@ def distinct_ids(turn: ParsedTurn, used: set[str], *, suffix: str) -> ParsedTurn
     becomes ``f"{id}-{suffix}"`` (the caller passes the turn number), then ``-2``, ``-3``, ...
     until it is new: deterministic, and the results of this turn answer the new id.
     """
-    renamed: dict[str, str] = {}
     mine = {call.id for call in turn.calls} | {p.call_id for p in turn.errors if p.call_id}
+    if used.isdisjoint(mine):  # the usual turn: nothing to rename, nothing rebuilt
+        used.update(mine)
+        return turn
+    renamed: dict[str, str] = {}
 
     def fresh(call_id: str) -> str:
         if call_id not in used:
