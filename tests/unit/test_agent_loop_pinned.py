@@ -103,3 +103,48 @@ def test_bad_turn_reports_are_refused_with_the_field_and_reason(
     with pytest.raises(InvalidInput) as caught:
         say(loop, turn(), context=context, now=now)
     assert str(caught.value) == message
+
+
+def test_a_turn_cut_exactly_at_the_context_window_ends_there_saying_so() -> None:
+    """A cut turn (finish length) whose context reached the window, to the token, or a
+    ``max_context_tokens`` alone: ``token_budget`` naming both figures; one token short of it,
+    its calls run."""
+    at_window = started(max_turns=5).assistant_turn(
+        turn(calls=1), finish_reason=LENGTH, completion_tokens=10, context_tokens=100,
+        now=1.0, context_window=100,
+    )  # fmt: skip
+    assert at_window == Finish(
+        reason=StopReason.TOKEN_BUDGET, detail="turn cut at the context window (100 of 100)"
+    )
+    by_config = say(started(max_turns=5, max_context_tokens=100), turn(calls=1), finish=LENGTH)
+    assert by_config == Finish(
+        reason=StopReason.TOKEN_BUDGET, detail="turn cut at the context window (100 of 100)"
+    )
+    short = started(max_turns=5).assistant_turn(
+        turn(calls=1), finish_reason=LENGTH, completion_tokens=10, context_tokens=99,
+        now=1.0, context_window=100,
+    )  # fmt: skip
+    assert isinstance(short, RunTools)
+
+
+@pytest.mark.parametrize("window", [-1, 1.5, True, "100"])
+def test_a_context_window_that_is_no_count_is_refused_by_name(window: object) -> None:
+    loop = started(max_turns=5)
+    with pytest.raises(InvalidInput) as refused:
+        loop.assistant_turn(
+            turn(calls=1), finish_reason=LENGTH, completion_tokens=10, context_tokens=99,
+            now=1.0, context_window=window,  # type: ignore[arg-type]
+        )  # fmt: skip
+    assert refused.value.field == "context_window"
+    assert isinstance(say(loop, turn(calls=1)), RunTools)  # the refusal changed nothing
+
+
+def test_a_filtered_turn_says_so_and_an_overspent_budget_leaves_nothing() -> None:
+    filtered = say(started(max_turns=5), turn(calls=1), finish=FinishReason.CONTENT_FILTER)
+    assert filtered == Finish(
+        reason=StopReason.CONTENT_FILTER,
+        detail="finish_reason content_filter: the turn was filtered",
+    )
+    loop = started(max_turns=5, max_completion_tokens=10)
+    say(loop, turn(calls=1), tokens=25)  # a server that sampled past the cap it was given
+    assert loop.completion_tokens_left() == 0

@@ -42,6 +42,14 @@ def test_a_calls_arguments_that_hold_no_json_value_are_refused_at_its_path() -> 
     )
 
 
+@pytest.mark.parametrize("arguments", [{1: "x"}, {"a": "x", 2: None}, {"a": 1.5, 3: True}])
+def test_a_flat_object_with_a_key_that_is_no_string_is_refused(arguments: Any) -> None:
+    """The flat objects decided without the tree walk are those of string keys only."""
+    with pytest.raises(ToolArgumentError) as caught:
+        ToolCall(id="c", name="bash", arguments=arguments)
+    assert caught.value.field == "arguments"
+
+
 def test_a_calls_arguments_are_written_as_compact_json_in_their_order_unescaped() -> None:
     """The text a chat template or a wire body gets: no spaces, keys as given, any character
     as itself."""
