@@ -118,3 +118,17 @@ def test_renaming_follows_positions_not_ids_and_leaves_other_ids_alone() -> None
     assert [p.call_id for p in distinct.errors] == ["q"]
     paired = attrs.evolve(distinct, pair_problems=True)
     assert [c.id for c in paired.message_calls()] == ["b", "q", "a", "b_3"]
+
+
+def test_a_problem_is_answered_by_a_rejection_naming_its_call_and_reason() -> None:
+    from trajcore.domain.tools import ToolOutcome
+
+    named = ParseProblem(index=1, raw="{", reason="truncated JSON @ arguments", name="bash",
+                         call_id="c9")  # fmt: skip
+    unnamed = ParseProblem(index=2, raw="?", reason="no tool name @ name")
+    answer = named.rejection(turn=3)
+    assert (answer.call_id, answer.name, answer.outcome) == ("c9", "bash", ToolOutcome.REJECTED)
+    assert answer.error == "truncated JSON @ arguments"
+    assert answer.content == "Error: tool call 1 (bash) was not run: truncated JSON @ arguments"
+    other = unnamed.rejection(turn=3)
+    assert (other.call_id, other.name, other.error) == ("invalid-3-2", "", "no tool name @ name")
