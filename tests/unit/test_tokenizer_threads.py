@@ -11,7 +11,9 @@ threads at once, and compares every render with the single-threaded one.
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 import threading
 from collections.abc import Callable
 
@@ -158,3 +160,16 @@ def test_the_thread_safe_encoding_gives_transformers_own_ids(
                     chat, tokenize=True, return_dict=False, add_generation_prompt=prompt
                 )
                 assert tokenizer.render(conversation, add_generation_prompt=prompt) == expected
+
+
+def test_the_adapter_still_pickles_and_copies_with_the_same_ids(
+    qwen3: TransformersTokenizer, shared_qwen3: tuple[TransformersTokenizer, object]
+) -> None:
+    # Its thread-safety holds no lock of its own: a value that pickles (into worker processes)
+    # and deep-copies as before, and renders the same ids once copied, before or after first use.
+    adapter, _ = shared_qwen3
+    conversation = _conversation(2, "<|im_end|>")  # both paths: spelled and plain
+    for tokenizer in (TransformersTokenizer(tokenizer=adapter._tokenizer, path=qwen3.path), qwen3):
+        for copied in (pickle.loads(pickle.dumps(tokenizer)), copy.deepcopy(tokenizer)):
+            assert copied.render(conversation) == tokenizer.render(conversation)
+            assert copied.render(_conversation(1, "")) == tokenizer.render(_conversation(1, ""))

@@ -79,7 +79,6 @@ class TransformersTokenizer:
     path: Path
     _backend: RustTokenizer | None = attrs.field(default=None, alias="backend", repr=False)
     _backend_ready: bool = attrs.field(default=False, init=False, repr=False)
-    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
     _added: dict[str, int] | None = attrs.field(default=None, init=False, repr=False)
     _pattern: re.Pattern[str] | None = attrs.field(default=None, init=False, repr=False)
 
@@ -178,7 +177,7 @@ class TransformersTokenizer:
         own, or a private copy made and set on first use; afterwards only read, from any
         thread."""
         if not self._backend_ready:
-            with self._lock:
+            with _FIRST_USE:
                 if not self._backend_ready:
                     backend = _private_backend(self._tokenizer)
                     if backend is not None:
@@ -199,7 +198,7 @@ class TransformersTokenizer:
 
     def _added_vocab(self) -> dict[str, int]:
         if self._added is None:
-            with self._lock:
+            with _FIRST_USE:
                 vocab = self._tokenizer.get_added_vocab()
                 self._added = {str(k): int(v) for k, v in vocab.items() if k}
         return self._added
@@ -276,6 +275,11 @@ class TransformersTokenizer:
             raise ConfigError("messages", f"the chat template refused them: {exc}") from exc
         return result
 
+
+_FIRST_USE = threading.Lock()
+"""Guards each adapter's one-time set-up (its private Rust tokenizer, its added vocabulary):
+one lock for them all, held only that once, so an adapter holds no lock of its own and stays a
+plain value that pickles and copies (into worker processes, say) as it did."""
 
 _PRIVATE_USE = 0xF0000
 """Placeholders come from Supplementary Private Use Area-A, which no tokenizer gives meaning."""
