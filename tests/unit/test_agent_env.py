@@ -209,6 +209,25 @@ def test_settings_that_cannot_work_fail_at_start(
     assert words in caught.value.reason
 
 
+@pytest.mark.parametrize(
+    ("lifetime", "worker_timeout"), [(540.0, 600.0), (100.0, 600.0), (599.0, 600.0)]
+)
+def test_a_render_past_the_deadline_still_ends_before_worker_timeout(
+    lifetime: float, worker_timeout: float
+) -> None:
+    # The final render may run its grace past the trajectory's deadline (slot_lifetime_s):
+    # the group must still end before Atropos's worker_timeout cancels it whole.
+    config = _config(slot_lifetime_s=lifetime, worker_timeout=worker_timeout)
+    rollout = config.settings().rollout
+    assert rollout.deadline_s == lifetime
+    assert rollout.deadline_s + rollout.render_grace_s < worker_timeout
+
+
+def test_without_worker_timeout_the_render_keeps_the_rollouts_grace() -> None:
+    rollout = _config(worker_timeout=-1).settings().rollout
+    assert rollout.render_grace_s == 120.0
+
+
 def test_a_tokenizer_that_cannot_be_loaded_offline_is_named_with_the_way_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

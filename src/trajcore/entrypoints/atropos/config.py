@@ -21,7 +21,7 @@ Rules it keeps:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import attrs
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -456,6 +456,15 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
             )
         return ModeChoice(mode="openai", parser=None, reason="mode", ignored_parser=parser)
 
+    def _render_grace_s(self) -> float:
+        """The final render's grace past the deadline: the rollout's own, but at most half of
+        what worker_timeout leaves after slot_lifetime_s, so a render that runs on after the
+        deadline never outlasts worker_timeout (Atropos would cancel the whole group)."""
+        grace = cast("float", attrs.fields(RolloutConfig).render_grace_s.default)
+        if self.worker_timeout > 0:
+            grace = min(grace, (self.worker_timeout - self.slot_lifetime_s) / 2)
+        return grace
+
     def settings(
         self,
         distributions: DistributionRegistry | None = None,
@@ -539,6 +548,7 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
             max_tool_result_chars=self.max_tool_result_chars,
             # Atropos drops a group with any sequence of max_token_length tokens or more.
             max_token_length=self.max_token_length - 1,
+            render_grace_s=self._render_grace_s(),
         )
         settings = RolloutSettings(
             mode=choice.mode,
