@@ -11,12 +11,13 @@ own (``podman kill``, an out-of-memory kill) is replaced the same way, and its l
 Containers are named ``{name_prefix}-{index}-{generation}`` and labelled
 ``trajcore.pool={name_prefix}`` and ``trajcore.owner=host/pidns/pid/start/instance`` (the pool's
 that runs the pool, and which of its pools). A container outlives a process killed without
-its close (SIGKILL, an OOM kill of the env), so on start the pool removes every container
-labelled ``trajcore.pool`` whose owner process has ended on this host, whatever its prefix,
-and those of its own prefix without an owner label; it refuses (``ConfigError`` on
-``name_prefix``) a prefix whose containers a running pool holds, rather than remove them. Other
-containers are never touched, and after ``run`` each container is named by its ID. The bearer
-token lies in a private temporary folder named after the process
+its close (SIGKILL, an OOM kill of the env): the pool's guard process (``container_guard``)
+sees the env end and removes that pool's containers at once; and on start the pool removes
+every container labelled ``trajcore.pool`` whose owner process has ended on this host,
+whatever its prefix, and those of its own prefix without an owner label; it refuses
+(``ConfigError`` on ``name_prefix``) a prefix whose containers a running pool holds, rather
+than remove them. Other containers are never touched, and after ``run`` each container is
+named by its ID. The bearer token lies in a private temporary folder named after the process
 (``trajcore-containers-PID.START-*``); a start also removes those whose process has ended.
 ``aclose`` stops and removes every container it started, including the dead ones. The default
 prefix is random, so two pools never share one.
@@ -30,7 +31,9 @@ where runc is installed (crun refuses hybrid cgroup hosts). No ``--privileged``.
 
 Every wait is bounded: each engine command (``engine_timeout_s``), a container's start and
 health (``start_timeout_s``), resets, leases, and stopping (``stop_timeout_s`` of grace, then a
-forced removal).
+forced removal). The engine's commands run in a session of their own: a terminal's Ctrl-C
+is the env's to handle (it closes the pool); it never ends a command under the pool (a ``wait``
+that ended so would read as a container that ended, replaced while the pool closes).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from pathlib import Path
 import anyio
 import attrs
 
+from trajcore.adapters.pools.container_guard import LABEL, OWNER_LABEL, ContainerGuard
 from trajcore.adapters.pools.pool_core import Endpoint
 from trajcore.adapters.pools.reconciled import composed_settings, part
 from trajcore.adapters.pools.server_processes import abandon_each
@@ -77,8 +81,6 @@ __all__ = [
 ]
 
 DEFAULT_IMAGE = "localhost/trajcore/slot-server:latest"
-LABEL = "trajcore.pool"
-OWNER_LABEL = "trajcore.owner"  # host/pid namespace/pid/start/instance of the pool that ran it
 _PORT = 8765  # where the server listens inside its container
 _TOKEN_FILE_IN_CONTAINER = "/run/trajcore/token"  # noqa: S105 - a path, not a secret
 _CACHE_IN_CONTAINER = "/var/cache/trajcore/images"  # the image cache's mount point
@@ -322,6 +324,7 @@ class _EngineContainers:
     _token_file: Path | None = attrs.field(init=False, default=None)
     _starts: int = attrs.field(init=False, default=0)
     instance: str = attrs.field(init=False, factory=lambda: secrets.token_hex(6))
+    guard: ContainerGuard = attrs.field(init=False, factory=ContainerGuard)
 
     async def _run(self, *args: str, check: bool = True, extra_s: float = 0.0) -> str:
         """``engine args``, bounded by ``engine_timeout_s`` (plus ``extra_s``); its stdout.
@@ -330,7 +333,11 @@ class _EngineContainers:
         (always; the engine's command is killed then)."""
         limit = self.config.engine_timeout_s + extra_s
         with anyio.move_on_after(limit) as deadline:
-            done = await anyio.run_process([self.engine, *args], check=False)
+            # a session of its own: a Ctrl-C to the terminal's group is the env's to handle
+            # (it closes the pool), not a signal that fails the engine's command under it
+            done = await anyio.run_process(
+                [self.engine, *args], check=False, start_new_session=True
+            )
         if deadline.cancelled_caught:
             raise SlotServerError(
                 f"{self.engine} {args[0]} did not finish within {limit:g} s (engine_timeout_s)"
@@ -362,6 +369,16 @@ class _EngineContainers:
         await self._clear_leftovers()
         _remove_ended_token_folders()
         folder = Path(tempfile.mkdtemp(prefix=_token_folder_prefix()))
+        try:
+            await self.guard.start(
+                engine=engine, prefix=self.prefix, owner=_owner_value(self.instance),
+                token_folder=folder,
+                deadline_s=self.config.engine_timeout_s + self.config.stop_timeout_s,
+            )  # fmt: skip
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        stack.push_async_callback(self.guard.release)  # last: once every container is gone
         stack.callback(shutil.rmtree, folder, ignore_errors=True)
         self._token_file = _write_token(folder, self._token)
         _OPEN.add(self)
@@ -393,6 +410,8 @@ class _EngineContainers:
                     removal.wait()
         if self._token_file is not None:
             shutil.rmtree(self._token_file.parent, ignore_errors=True)
+        # the guard is not told "done": once this process exits it lists the pool's
+        # containers again (an engine run under way here may still make one) and removes them
         _OPEN.discard(self)
 
     async def _clear_leftovers(self) -> None:
@@ -440,8 +459,12 @@ class _EngineContainers:
         assert self._token_file is not None
         self._starts += 1
         container = _Container(f"{self.prefix}-{index}-{self._starts}")
+        self.guard.tell(f"run {container.name}")  # a container of that name may appear now
         try:
-            started = await self._started(container, index)
+            try:
+                started = await self._started(container, index)
+            finally:
+                self.guard.tell(f"ran {container.name}")
             if started:  # the ID it printed
                 container = attrs.evolve(container, id=started.split()[-1])
             published = await self._run("port", container.ref, str(_PORT), check=False)
@@ -481,10 +504,12 @@ class _EngineContainers:
 
     async def wait(self, handle: _Container) -> None:
         while True:
-            done = await anyio.run_process([self.engine, "wait", handle.ref], check=False)
-            if done.returncode != 0 or not await self._running(handle):
+            await anyio.run_process(
+                [self.engine, "wait", handle.ref], check=False, start_new_session=True
+            )
+            if not await self._running(handle):
                 return
-            await anyio.sleep(0.5)  # the engine's wait gave up early: wait again
+            await anyio.sleep(0.5)  # the engine's wait gave up early (or was signalled): again
 
     async def _running(self, handle: _Container) -> bool:
         with contextlib.suppress(SlotServerError):
@@ -519,7 +544,9 @@ class _EngineContainers:
             anyio.fail_after(self.config.engine_timeout_s),
         ):
             done = await anyio.run_process(
-                [self.engine, "logs", "--tail", "20", handle.ref], check=False
+                [self.engine, "logs", "--tail", "20", handle.ref],
+                check=False,
+                start_new_session=True,
             )
             return (done.stdout + done.stderr).decode("utf-8", "replace").strip()[-2000:]
         return ""

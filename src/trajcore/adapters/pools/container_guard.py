@@ -1,0 +1,216 @@
+"""The guard process of a container pool: its containers go when the env is killed.
+
+A container outlives the process that ran it: the engine (podman's conmon, docker's daemon)
+keeps it running whatever becomes of the env. A pool's close removes its containers, and a
+second signal removes them synchronously (``abandon_container_pools``), but an env killed
+without either (SIGKILL by a scheduler or the out-of-memory killer) would leave them holding
+their slots, memory and CPU until the next container pool starts on this host and removes
+them by their owner labels.
+
+So each container pool starts one small guard process (``guard_containers``, in a session of
+its own and deaf to SIGINT, SIGHUP and SIGTERM, so neither a Ctrl-C to the terminal's group
+nor a stop signal to the env reaches it). Its stdin is a pipe whose only writer is the pool's
+process: the pool tells it each container it starts (``run NAME`` before the engine's ``run``,
+``ran NAME`` after), and ``done`` once its close has removed them. The end of that pipe without
+``done`` means the pool's process ended: the guard then removes, with the engine's ``rm
+--force --volumes``, every container that carries both this pool's ``trajcore.pool`` label and
+its ``trajcore.owner`` label (host, pid namespace, pid, start time and the pool's random
+instance: one pool of one process, never another's), checks each one's labels again before
+removing it, repeats until none is left and every start that was under way when the pool died
+has been seen, and removes the token folder, all within ``deadline_s`` (the pool's
+``engine_timeout_s`` and ``stop_timeout_s``). What it could not remove by then it names on
+stderr, and the next pool's start removes it.
+
+Why a process of our own rather than the engine's options: ``--rm`` and conmon's exit commands
+act when a container *exits*, and these containers never exit on their own; the engine has no
+option that ties a detached container to the life of the process that started it. Only a
+process that outlives the env, and learns of its end from the kernel (the pipe's end closes
+however the env ends), can remove them promptly. A guard killed together with the env (a
+scheduler that kills the whole cgroup) leaves the containers to the next pool's start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import attrs
+
+__all__ = ["LABEL", "OWNER_LABEL", "ContainerGuard", "guard_containers"]
+
+LABEL = "trajcore.pool"
+OWNER_LABEL = "trajcore.owner"  # host/pid namespace/pid/start/instance of the pool that ran it
+
+_ROUND_S = 0.5  # between two listings while containers or started ones remain
+
+
+def _engine(engine: str, args: list[str], deadline: float) -> str | None:
+    """``engine args``' stdout, or ``None`` when it failed or ran past ``deadline``."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return None
+    try:
+        done = subprocess.run(
+            [engine, *args], capture_output=True, text=True, timeout=left, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _owned(engine: str, labels: dict[str, str], deadline: float) -> dict[str, str] | None:
+    """The containers (ID -> name) carrying every one of ``labels`` (``None``: the engine
+    failed). Each listed one's labels are read again: only exact matches count."""
+    filters: list[str] = []
+    for key, value in labels.items():
+        filters += ["--filter", f"label={key}={value}"]
+    listed = _engine(engine, ["ps", "--all", "--quiet", "--no-trunc", *filters], deadline)
+    if listed is None:
+        return None
+    if not listed.split():
+        return {}
+    template = "{{.Id}} {{.Name}}" + "".join(
+        f' {{{{index .Config.Labels "{key}"}}}}' for key in labels
+    )
+    described = _engine(engine, ["inspect", "--format", template, *listed.split()], deadline)
+    if described is None:  # one was removed since the listing: list again next round
+        return None
+    owned: dict[str, str] = {}
+    for line in described.splitlines():
+        words = line.split()
+        if len(words) == 2 + len(labels) and words[2:] == list(labels.values()):
+            owned[words[0]] = words[1].lstrip("/")
+    return owned
+
+
+def _remove(engine: str, ids: list[str], deadline: float) -> None:
+    """``rm --force --volumes`` each (one command each: podman 4.3's rm of several removes
+    none when one of them is gone by then), in parallel, bounded by ``deadline``."""
+    removals = [
+        subprocess.Popen(
+            [engine, "rm", "--force", "--volumes", container_id],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        for container_id in ids
+    ]  # fmt: skip
+    for removal in removals:
+        try:
+            removal.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            removal.kill()
+            removal.wait()
+
+
+def _read_pool(lines: object) -> tuple[bool, set[str]]:
+    """Follow the pool's lines to their end: (whether it said ``done``, the names of the
+    containers whose start was under way when they ended)."""
+    starting: set[str] = set()
+    for line in lines:  # type: ignore[attr-defined]
+        word, _, name = str(line).strip().partition(" ")
+        if word == "done":
+            return True, starting
+        if word == "run":
+            starting.add(name)
+        elif word == "ran":
+            starting.discard(name)
+    return False, starting
+
+
+def guard_containers() -> None:
+    """The guard process (module doc). ``sys.argv[1:]``: the engine, the pool label's value,
+    the owner label's value, the token folder and the deadline in seconds."""
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)  # it ends with the pool's pipe, not a signal
+    engine, prefix, owner, token_folder, deadline_text = sys.argv[1:6]
+    done, starting = _read_pool(sys.stdin)
+    if done:
+        return
+    deadline = time.monotonic() + float(deadline_text)
+    labels = {LABEL: prefix, OWNER_LABEL: owner}
+    left: dict[str, str] | None = None
+    while time.monotonic() < deadline:
+        left = _owned(engine, labels, deadline)
+        if left is not None:
+            starting -= set(left.values())
+            if not left and not starting:
+                break
+            _remove(engine, list(left), deadline)
+        time.sleep(_ROUND_S)
+    shutil.rmtree(token_folder, ignore_errors=True)
+    if left or left is None:
+        what = ", ".join(sorted((left or {}).values())) or "the engine failed"
+        with contextlib.suppress(OSError):
+            sys.stderr.write(
+                f"trajcore container pool {prefix}: could not remove its containers within "
+                f"{deadline_text} s ({what}); the next container pool's start removes them\n"
+            )
+
+
+_EXIT_S = 5.0  # the guard's exit once told the close is done
+_DEVNULL = -3  # subprocess.DEVNULL
+
+
+@attrs.define(eq=False)
+class ContainerGuard:
+    """The pool's side of its guard process: start it, tell it each start, release it."""
+
+    _process: anyio.abc.Process | None = None
+    _fd: int | None = None  # the guard's stdin
+
+    @property
+    def pid(self) -> int | None:
+        """The guard's pid while it runs."""
+        return None if self._process is None else self._process.pid
+
+    async def start(
+        self, *, engine: str, prefix: str, owner: str, token_folder: Path, deadline_s: float
+    ) -> None:
+        """Start the guard of the containers labelled ``prefix`` and ``owner``."""
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        try:
+            code = f"from {__name__} import guard_containers as g; g()"
+            self._process = await anyio.open_process(
+                [sys.executable, "-c", code, engine, prefix, owner, str(token_folder),
+                 f"{deadline_s:g}"],
+                stdin=read_fd, stdout=_DEVNULL, stderr=None, start_new_session=True,
+            )  # fmt: skip
+        except BaseException:
+            os.close(write_fd)
+            raise
+        finally:
+            os.close(read_fd)
+        self._fd = write_fd
+
+    def tell(self, line: str) -> None:
+        """Send ``line`` (``run NAME``, ``ran NAME``, ``done``); a guard gone is no error (the
+        pool's close and the next pool's start remove the containers)."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._fd, f"{line}\n".encode())
+
+    def done(self) -> None:
+        """Say the containers are gone, and close the pipe: the guard exits (synchronous)."""
+        self.tell("done")
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    async def release(self) -> None:
+        """``done``, then wait for the guard's exit (bounded; killed after ``_EXIT_S``)."""
+        self.done()
+        process, self._process = self._process, None
+        if process is not None:
+            with anyio.CancelScope(shield=True):
+                with anyio.move_on_after(_EXIT_S):
+                    await process.wait()
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
