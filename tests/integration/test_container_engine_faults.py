@@ -22,10 +22,9 @@ from pathlib import Path
 import pytest
 
 from tests.image_source import image_problem
+from trajcore.adapters.pools.container_guard import LABEL, OWNER_LABEL
 from trajcore.adapters.pools.container_pool import (
     DEFAULT_IMAGE,
-    LABEL,
-    OWNER_LABEL,
     ContainerPoolConfig,
     ContainerSandboxPool,
     abandon_container_pools,

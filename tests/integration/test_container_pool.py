@@ -20,9 +20,9 @@ import pytest
 
 from tests.flat_settings import split_off
 from tests.image_source import image_problem
+from trajcore.adapters.pools.container_guard import LABEL
 from trajcore.adapters.pools.container_pool import (
     DEFAULT_IMAGE,
-    LABEL,
     ContainerPoolConfig,
     ContainerSandboxPool,
     abandon_container_pools,

@@ -22,8 +22,8 @@ import pytest
 
 from tests.environment_roots import IMAGE_OS_RELEASE, image_problem, write_shell_image
 from tests.integration.test_container_pool import IMAGE, IMAGE_PROBLEM, _engine
+from trajcore.adapters.pools.container_guard import LABEL
 from trajcore.adapters.pools.container_pool import (
-    LABEL,
     ContainerPoolConfig,
     ContainerSandboxPool,
 )

@@ -71,8 +71,6 @@ from trajcore.domain.validators import (
 
 __all__ = [
     "DEFAULT_IMAGE",
-    "LABEL",
-    "OWNER_LABEL",
     "ContainerPoolConfig",
     "ContainerSandboxPool",
     "abandon_container_pools",
