@@ -233,3 +233,27 @@ def test_a_signal_before_the_first_group_ends_the_run_with_its_status(
     assert process.returncode == 128 + signum, err[-2000:]
     assert "Traceback" not in err
     assert "0 trajectories in 0 groups" in out
+
+
+def test_a_group_whose_task_text_cannot_be_had_is_still_written(tmp_path: Path) -> None:
+    """``build_task`` raises: the members end as ``env_error``, and the run still writes the
+    group (its report names the error where the task's text would be); before, the report's
+    call for the task text raised after the group ran, and the group was lost."""
+    env_file = tmp_path / "broken_env.py"
+    env_file.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'examples')!r})\n"
+        "from shell_tasks import ShellTasksEnv, solve  # noqa: F401\n\n\n"
+        "class BrokenEnv(ShellTasksEnv):\n"
+        "    def build_task(self, item):\n"
+        "        raise RuntimeError('no task for this item')\n"
+    )
+    out = tmp_path / "run"
+    main([f"{env_file}:BrokenEnv", "--policy", "solve", "--groups", "1", "--group-size", "1",
+          "--pool", "unisolated", "--out", str(out), "--plain"])  # fmt: skip
+    records = _records(out)
+    assert [r["status"] for r in records] == ["env_error"]
+    assert (
+        "task_messages raised RuntimeError: no task for this item"
+        in (out / "report.html").read_text()
+    )

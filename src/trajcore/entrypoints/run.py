@@ -287,14 +287,17 @@ class _Done:
             trajectories.close()
             raise
 
-    def add(self, result: GroupResult, scored: ScoredGroup | None, task: str) -> None:
-        """Keep ``result`` and write its lines (and ``scored``'s) now."""
+    def add(self, result: GroupResult, task: str) -> None:
+        """Keep ``result`` and write its lines now (before anything else is asked of the env,
+        so a group that ran is never lost to a later error)."""
         self.groups.append(result)
         self.tasks[result.group_id] = task
         self.trajectories.append_group(result)
-        if scored is not None:
-            self.scored.append(scored)
-            self.scored_lines.append([scored])
+
+    def add_scored(self, scored: ScoredGroup) -> None:
+        """Keep ``scored`` (the group as Atropos gets it) and write its line now."""
+        self.scored.append(scored)
+        self.scored_lines.append([scored])
 
     def close(self) -> None:
         self.trajectories.close()
@@ -302,7 +305,12 @@ class _Done:
 
 
 def _task_text(env: AgentEnv[Any], item: object) -> str:
-    messages: list[Message] = env.task_messages(item)
+    """The item's last user message, for the report; what the env's hook raised instead (the
+    group's members already say it, as ``env_error``)."""
+    try:
+        messages: list[Message] = env.task_messages(item)
+    except Exception as error:  # noqa: BLE001 - the report's text only; the run goes on
+        return f"(task_messages raised {type(error).__name__}: {error})"
     return next((m.content for m in reversed(messages) if m.role == "user"), "")
 
 
@@ -333,9 +341,11 @@ async def _run(
                     log.info("get_next_item() gave None: no more items")
                     break
                 result = await env.run_group(item, group_size=args.group_size)
+                done.add(result, _task_text(env, item))
                 scored = env.scored_group(result)
-                done.add(result, scored, _task_text(env, item))
-                if scored is None:
+                if scored is not None:
+                    done.add_scored(scored)
+                else:
                     why = scored_data.scored_group(result, env.settings)
                     done.not_sent.append(f"{result.group_id}: {why.drop_reason} {why.detail}")
                 scores = [m.outcome.score for m in result.members]
