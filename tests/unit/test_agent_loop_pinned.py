@@ -148,3 +148,29 @@ def test_a_filtered_turn_says_so_and_an_overspent_budget_leaves_nothing() -> Non
     loop = started(max_turns=5, max_completion_tokens=10)
     say(loop, turn(calls=1), tokens=25)  # a server that sampled past the cap it was given
     assert loop.completion_tokens_left() == 0
+
+
+def test_the_budgets_that_end_a_loop_after_its_tools_say_which() -> None:
+    spent = started(max_turns=5, max_completion_tokens=10)
+    first = turn(calls=1)
+    say(spent, first, tokens=10)
+    assert spent.tool_results([ok(first.calls[0])], now=2.0) == Finish(
+        reason=StopReason.TOKEN_BUDGET, detail="completion token budget spent"
+    )
+    late = started(max_turns=5, time_budget_s=5.0)
+    second = turn(calls=1)
+    say(late, second, now=1.0)
+    assert late.tool_results([ok(second.calls[0])], now=9.0) == Finish(
+        reason=StopReason.TIME_BUDGET, detail="time budget of 5.0s spent"
+    )
+    assert say(started(max_turns=5, time_budget_s=5.0), turn(calls=1), now=9.0) == Finish(
+        reason=StopReason.TIME_BUDGET, detail="time budget of 5.0s spent"
+    )
+
+
+def test_a_model_failure_after_a_turn_is_a_model_error_unless_the_context_was_full() -> None:
+    loop = started(max_turns=5)
+    first = turn(calls=1)
+    say(loop, first)
+    loop.tool_results([ok(first.calls[0])], now=2.0)
+    assert loop.model_failed(now=3.0, detail="HTTP 500").reason is StopReason.MODEL_ERROR
