@@ -32,7 +32,6 @@ scheduler that kills the whole cgroup) leaves the containers to the next pool's 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import signal
 import subprocess
@@ -40,11 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-import anyio
-import anyio.abc
-import attrs
-
-__all__ = ["LABEL", "OWNER_LABEL", "ContainerGuard", "guard_containers"]
+__all__ = ["LABEL", "OWNER_LABEL", "guard_argv", "guard_containers", "remove_containers"]
 
 LABEL = "trajcore.pool"
 OWNER_LABEL = "trajcore.owner"  # host/pid namespace/pid/start/instance of the pool that ran it
@@ -91,7 +86,7 @@ def _owned(engine: str, labels: dict[str, str], deadline: float) -> dict[str, st
     return owned
 
 
-def _remove(engine: str, ids: list[str], deadline: float) -> None:
+def remove_containers(engine: str, ids: list[str], deadline: float) -> None:
     """``rm --force --volumes`` each (one command each: podman 4.3's rm of several removes
     none when one of them is gone by then), in parallel, bounded by ``deadline``."""
     removals = [
@@ -142,7 +137,7 @@ def guard_containers() -> None:
             starting -= set(left.values())
             if not left and not starting:
                 break
-            _remove(engine, list(left), deadline)
+            remove_containers(engine, list(left), deadline)
         time.sleep(_ROUND_S)
     shutil.rmtree(token_folder, ignore_errors=True)
     if left or left is None:
@@ -154,63 +149,11 @@ def guard_containers() -> None:
             )
 
 
-_EXIT_S = 5.0  # the guard's exit once told the close is done
-_DEVNULL = -3  # subprocess.DEVNULL
-
-
-@attrs.define(eq=False)
-class ContainerGuard:
-    """The pool's side of its guard process: start it, tell it each start, release it."""
-
-    _process: anyio.abc.Process | None = None
-    _fd: int | None = None  # the guard's stdin
-
-    @property
-    def pid(self) -> int | None:
-        """The guard's pid while it runs."""
-        return None if self._process is None else self._process.pid
-
-    async def start(
-        self, *, engine: str, prefix: str, owner: str, token_folder: Path, deadline_s: float
-    ) -> None:
-        """Start the guard of the containers labelled ``prefix`` and ``owner``."""
-        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-        try:
-            code = f"from {__name__} import guard_containers as g; g()"
-            self._process = await anyio.open_process(
-                [sys.executable, "-c", code, engine, prefix, owner, str(token_folder),
-                 f"{deadline_s:g}"],
-                stdin=read_fd, stdout=_DEVNULL, stderr=None, start_new_session=True,
-            )  # fmt: skip
-        except BaseException:
-            os.close(write_fd)
-            raise
-        finally:
-            os.close(read_fd)
-        self._fd = write_fd
-
-    def tell(self, line: str) -> None:
-        """Send ``line`` (``run NAME``, ``ran NAME``, ``done``); a guard gone is no error (the
-        pool's close and the next pool's start remove the containers)."""
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.write(self._fd, f"{line}\n".encode())
-
-    def done(self) -> None:
-        """Say the containers are gone, and close the pipe: the guard exits (synchronous)."""
-        self.tell("done")
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
-
-    async def release(self) -> None:
-        """``done``, then wait for the guard's exit (bounded; killed after ``_EXIT_S``)."""
-        self.done()
-        process, self._process = self._process, None
-        if process is not None:
-            with anyio.CancelScope(shield=True):
-                with anyio.move_on_after(_EXIT_S):
-                    await process.wait()
-                if process.returncode is None:
-                    process.kill()
-                    await process.wait()
+def guard_argv(
+    *, engine: str, prefix: str, owner: str, token_folder: Path, deadline_s: float
+) -> list[str]:
+    """The command line of the guard of the containers labelled ``prefix`` and ``owner``
+    (``guard_process.GuardProcess`` starts it)."""
+    code = f"from {__name__} import guard_containers as g; g()"
+    return [sys.executable, "-c", code, engine, prefix, owner, str(token_folder),
+            f"{deadline_s:g}"]  # fmt: skip

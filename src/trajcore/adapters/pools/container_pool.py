@@ -54,7 +54,13 @@ from pathlib import Path
 import anyio
 import attrs
 
-from trajcore.adapters.pools.container_guard import LABEL, OWNER_LABEL, ContainerGuard
+from trajcore.adapters.pools.container_guard import (
+    LABEL,
+    OWNER_LABEL,
+    guard_argv,
+    remove_containers,
+)
+from trajcore.adapters.pools.guard_process import GuardProcess
 from trajcore.adapters.pools.pool_core import Endpoint
 from trajcore.adapters.pools.reconciled import composed_settings, part
 from trajcore.adapters.pools.server_processes import abandon_each
@@ -322,7 +328,7 @@ class _EngineContainers:
     _token_file: Path | None = attrs.field(init=False, default=None)
     _starts: int = attrs.field(init=False, default=0)
     instance: str = attrs.field(init=False, factory=lambda: secrets.token_hex(6))
-    guard: ContainerGuard = attrs.field(init=False, factory=ContainerGuard)
+    guard: GuardProcess = attrs.field(init=False, factory=GuardProcess)
 
     async def _run(self, *args: str, check: bool = True, extra_s: float = 0.0) -> str:
         """``engine args``, bounded by ``engine_timeout_s`` (plus ``extra_s``); its stdout.
@@ -369,9 +375,11 @@ class _EngineContainers:
         folder = Path(tempfile.mkdtemp(prefix=_token_folder_prefix()))
         try:
             await self.guard.start(
-                engine=engine, prefix=self.prefix, owner=_owner_value(self.instance),
-                token_folder=folder,
-                deadline_s=self.config.engine_timeout_s + self.config.stop_timeout_s,
+                guard_argv(
+                    engine=engine, prefix=self.prefix, owner=_owner_value(self.instance),
+                    token_folder=folder,
+                    deadline_s=self.config.engine_timeout_s + self.config.stop_timeout_s,
+                )
             )  # fmt: skip
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
@@ -390,22 +398,7 @@ class _EngineContainers:
                 [self.engine, "ps", "--all", "--quiet", "--filter", f"label={LABEL}={self.prefix}"],
                 capture_output=True, text=True, timeout=grace_s, check=False,
             )  # fmt: skip
-            # one rm each, all at once: podman 4.3's rm of several removes none of them when
-            # one is gone by then (the pool's own stop may be removing it)
-            removals = [
-                subprocess.Popen(
-                    [self.engine, "rm", "--force", "--volumes", container_id],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                )
-                for container_id in listed.stdout.split()
-            ]  # fmt: skip
-            deadline = time.monotonic() + grace_s
-            for removal in removals:
-                try:
-                    removal.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    removal.kill()
-                    removal.wait()
+            remove_containers(self.engine, listed.stdout.split(), time.monotonic() + grace_s)
         if self._token_file is not None:
             shutil.rmtree(self._token_file.parent, ignore_errors=True)
         # the guard is not told "done": once this process exits it lists the pool's

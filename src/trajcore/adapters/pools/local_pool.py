@@ -63,6 +63,7 @@ import anyio.abc
 import attrs
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from trajcore.adapters.pools.guard_process import GuardProcess
 from trajcore.adapters.pools.pool_core import Endpoint
 from trajcore.adapters.pools.reconciled import composed_settings
 from trajcore.adapters.pools.server_processes import abandon_each
@@ -172,8 +173,7 @@ class _LocalProcesses:
     _token: str | None = None
     _starts: int = 0
     servers: set[int] = attrs.field(factory=set)  # pids (= process groups) not yet stopped
-    _guard: anyio.abc.Process | None = None
-    _guard_fd: int | None = None  # the guard's stdin: server groups, then "done"
+    _guard: GuardProcess = attrs.field(factory=lambda: GuardProcess(exit_s=_GUARD_EXIT_S))
 
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
         run_dir = self.run_dir = Path(tempfile.mkdtemp(prefix="trajcore-pool-"))
@@ -183,38 +183,16 @@ class _LocalProcesses:
         await self._start_guard(run_dir)
 
     async def _start_guard(self, run_dir: Path) -> None:
-        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-        try:
-            code = f"from {__name__} import guard_directory as g; g()"
-            self._guard = await anyio.open_process(
-                [self.config.python, "-c", code, str(run_dir)],
-                stdin=read_fd, stdout=_DEVNULL, stderr=None, start_new_session=True,
-            )  # fmt: skip
-        except BaseException:
-            os.close(write_fd)
-            raise
-        finally:
-            os.close(read_fd)
-        self._guard_fd = write_fd
+        """The guard of ``run_dir`` (``guard_directory``): told each server's process group
+        (``+pid``, ``-pid``), then ``done``."""
+        code = f"from {__name__} import guard_directory as g; g()"
+        await self._guard.start([self.config.python, "-c", code, str(run_dir)])
 
     def _tell_guard(self, line: str) -> None:
-        if self._guard_fd is not None:
-            with contextlib.suppress(OSError):  # (a guard gone: the close removes the dir)
-                os.write(self._guard_fd, f"{line}\n".encode())
+        self._guard.tell(line)  # (a guard gone: the close removes the dir)
 
     async def _release_guard(self) -> None:
-        self._tell_guard("done")
-        fd, self._guard_fd = self._guard_fd, None
-        if fd is not None:
-            os.close(fd)
-        guard, self._guard = self._guard, None
-        if guard is not None:
-            with anyio.CancelScope(shield=True):
-                with anyio.move_on_after(_GUARD_EXIT_S):
-                    await guard.wait()
-                if guard.returncode is None:
-                    guard.kill()
-                    await guard.wait()
+        await self._guard.release()
 
     def _prepare(self, run_dir: Path) -> None:
         # Searchable, not listable: a server run as root runs its slots as other uids, which
