@@ -12,11 +12,11 @@ trajectory runner hands it to ``RenderThreads``, which keeps these rules:
   (``default_render_threads``). The Rust tokenizer's batch encoder, which
   ``TransformersTokenizer`` calls, releases the GIL while it runs, so the tokenizing of several
   renders can overlap on a multi-core host; the chat template (jinja) is Python and holds it.
-  On asyncio a trajectory awaits its render's future (the loop is woken when the result is
-  set: no thread is parked on it; parking one cost every trajectory a second thread switch).
-  On another backend it waits parked in an anyio worker thread (a blocked thread, no CPU), of
-  a capacity limiter of 64 threads per event loop (``_PARKED_WAITS``, or ``threads`` if
-  more), not of the default one that file and DNS work share.
+  A trajectory waits for its render's result parked in an anyio worker thread (a blocked
+  thread, no CPU), of a capacity limiter of 64 threads per event loop (``_PARKED_WAITS``, or
+  ``threads`` if more), not of the default one that file and DNS work share. The two thread
+  switches this costs are paid only by a conversation long enough to need them: a shorter
+  one renders on the loop (``RolloutConfig.render_inline_chars``).
 - **A deadline.** ``run`` raises ``TimeoutError`` when the wait for a thread and the render
   together take longer than ``timeout_s``. A render that has not started by then never starts.
   A thread cannot be stopped: a render already running goes on and its result is dropped, but
@@ -31,7 +31,6 @@ adapters are (``trajcore.adapters.tokenizers``, ``trajcore.adapters.mistral``).
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -103,14 +102,9 @@ class RenderThreads:
         rendering: Future[T] = self._pool.submit(work)
         try:
             with anyio.fail_after(timeout_s):
-                try:
-                    asyncio.get_running_loop()
-                except RuntimeError:  # another backend: park a worker thread on the result
-                    return await anyio.to_thread.run_sync(
-                        rendering.result, limiter=self._waiters(), abandon_on_cancel=True
-                    )
-                # asyncio: the loop is woken when the result is set, no thread parked on it
-                return await asyncio.wrap_future(rendering)
+                return await anyio.to_thread.run_sync(
+                    rendering.result, limiter=self._waiters(), abandon_on_cancel=True
+                )
         finally:
             rendering.cancel()  # a no-op once it runs or ran; else it never starts
 
