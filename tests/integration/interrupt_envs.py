@@ -1,7 +1,9 @@
 """Envs for ``test_run_interrupts``, loaded by ``trajcore run`` as ``interrupt_envs.py:Class``.
 
 - With ``INTERRUPT_ENVS_SLOW_IMPORT=1``, loading this module prints ``importing`` on stdout
-  and then takes a minute, so a Ctrl-C lands while the env loads.
+  and then takes a minute, so a Ctrl-C lands while the env loads. With
+  ``INTERRUPT_ENVS_IMPORT_UNTIL=PATH`` it prints ``importing`` and then waits until ``PATH``
+  exists (at most ten minutes), so a signal lands while the env loads however slow the machine.
 - ``TwoGroupsEnv`` with the script ``play``: the first group ends at once; in the second,
   the model's call leaves a background process in the slot and runs for ten minutes, after
   ``slow call`` on stderr, so a signal lands mid-trajectory with one group done. With
@@ -17,6 +19,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
+from pathlib import Path
 
 import anyio
 
@@ -30,6 +33,12 @@ from trajcore.rollout.scripted import ScriptStep
 if os.environ.get("INTERRUPT_ENVS_SLOW_IMPORT") == "1":
     print("importing", flush=True)
     time.sleep(60)
+if os.environ.get("INTERRUPT_ENVS_IMPORT_UNTIL"):
+    print("importing", flush=True)
+    _told = Path(os.environ["INTERRUPT_ENVS_IMPORT_UNTIL"])
+    _deadline = time.monotonic() + 600
+    while not _told.exists() and time.monotonic() < _deadline:
+        time.sleep(0.05)
 
 
 class TwoGroupsEnv(AgentEnv[str]):

@@ -141,6 +141,28 @@ def test_ctrl_c_while_the_env_loads_ends_with_one_line(tmp_path: Path) -> None:
     assert "trajcore run: interrupted (SIGINT)" in err
 
 
+def test_sigterm_while_the_env_loads_ends_with_one_line(tmp_path: Path) -> None:
+    told = tmp_path / "go-on"
+    with trajcore_run(tmp_path, groups=1, INTERRUPT_ENVS_IMPORT_UNTIL=str(told)) as run:
+        assert run.process.stdout is not None
+        try:
+            assert run.process.stdout.readline() == "importing\n"
+            run.note_processes()
+            run.process.send_signal(signal.SIGTERM)  # what a scheduler sends: the process
+            status = run.wait()
+        finally:
+            told.touch()  # a run the signal did not end goes on, and is killed on the way out
+        deadline = time.monotonic() + 10.0  # stderr is read by a thread, maybe late
+        while "(SIGTERM)" not in "".join(run.stderr) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        err = "".join(run.stderr)
+        _nothing_left(run)
+    assert status == 143, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    ours = [line for line in err.splitlines() if line.startswith("trajcore")]
+    assert ours == ["trajcore run: terminated (SIGTERM)"], err[-3000:]
+
+
 def test_a_run_killed_after_sigterm_keeps_the_groups_it_finished(tmp_path: Path) -> None:
     with trajcore_run(tmp_path, groups=2) as run:
         run.wait_for("slow call")

@@ -12,15 +12,19 @@ trajcore``); a subcommand whose extra is not installed exits 2 naming the extra 
 
 Ctrl-C before a subcommand handles signals itself (while its module and the env load, say)
 ends the command with one line on stderr and status 130, never a traceback; from then on the
-subcommand's own handling applies (``trajcore.entrypoints.signals``).
+subcommand's own handling applies (``trajcore.entrypoints.signals``). A SIGTERM (a scheduler's
+stop) there ends ``run``, ``demo`` and ``report`` the same way, with status 143; the servers
+(``slot-server``, ``tool-server``) keep the default SIGTERM until they install their own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from types import FrameType
 
 __all__ = ["main"]
 
@@ -41,6 +45,9 @@ _EXTRAS: dict[str, str] = {
     "run": "atropos",
     "report": "report",
 }
+# The commands a SIGTERM ends with one line and status 143 before they handle signals (the
+# servers handle SIGTERM themselves once started, and die of it before).
+_TERMINABLE = frozenset({"run", "demo", "report"})
 
 
 def _usage() -> str:
@@ -60,7 +67,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trajcore: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     try:
-        return _run(command, rest)
+        with _terminated_on_sigterm(command in _TERMINABLE):
+            return _run(command, rest)
+    except _Terminated:  # a SIGTERM before the subcommand's own handlers
+        with contextlib.suppress(OSError, ValueError):
+            print(f"\ntrajcore {command}: terminated (SIGTERM)", file=sys.stderr)
+        return _TERMINATED
     except KeyboardInterrupt:  # before the subcommand's own handlers, or a command without
         with contextlib.suppress(OSError, ValueError):
             print(f"\ntrajcore {command}: interrupted (SIGINT)", file=sys.stderr)
@@ -68,6 +80,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 _INTERRUPTED = 128 + 2  # the shell's status for SIGINT
+_TERMINATED = 128 + 15  # ... and for SIGTERM
+
+
+class _Terminated(KeyboardInterrupt):
+    """A SIGTERM arrived while no handler of the subcommand's own was installed."""
+
+
+def _raise_terminated(_signum: int, _frame: FrameType | None) -> None:
+    raise _Terminated("SIGTERM")
+
+
+@contextlib.contextmanager
+def _terminated_on_sigterm(wanted: bool) -> Iterator[None]:
+    """Within the block a SIGTERM raises ``_Terminated`` where the program is, as Ctrl-C raises
+    ``KeyboardInterrupt`` (a subcommand's own handler, installed within, takes over and gives
+    this one back). A SIGTERM ignored on entry (``nohup``-style) stays ignored."""
+    if not wanted or signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        if previous is not None:  # (None: installed outside Python, cannot be restored)
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _run(command: str, rest: list[str]) -> int:
