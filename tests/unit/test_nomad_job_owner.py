@@ -1,6 +1,7 @@
 """Whose the Nomad job is: a pool whose job is stopped, purged or registered again by another
 pool outside it says so, stops acting on the other pool's allocations and leaves them running at
-its close; a job left by a forced end is replaced by the next start with the same ID.
+its close; a job left by a forced end is replaced by the next start with the same ID. A pool
+whose ACL token Nomad refuses after its start stops leasing until Nomad accepts it again.
 
 Each test runs the fake Nomad API (``trajcore.testing.fake_nomad``) with real slot servers.
 """
@@ -19,6 +20,7 @@ from trajcore.domain.errors import WireError
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.nomad_job import register_request
 from trajcore.testing.fake_nomad.agent import FakeNomadAPI
+from trajcore.testing.portal_pools import slot_call
 
 pytestmark = pytest.mark.anyio
 
@@ -167,6 +169,54 @@ async def test_leasing_goes_on_when_the_job_is_the_pools_again(fake: FakeNomadAP
         await wait_until(lambda: any("is this pool's" in p for p in pool.problems), "it is said")
         async with pool.lease("after", timeout_s=20.0) as lease:
             assert lease.slot.container in pool.container_names()
+
+
+@pytest.mark.parametrize("status", [403, 401])
+async def test_a_token_revoked_after_the_start_stops_leasing_until_it_is_accepted_again(
+    status: int,
+) -> None:
+    secret = "the-pools-acl-token-0123"
+    async with FakeNomadAPI(
+        openapi=OPENAPI, acl_token=secret, acl_status=status, kill_timeout_cap_s=0.5
+    ) as fake:
+        config = nomad_pool_config(fake.address, token=secret, acquire_timeout_s=600.0)
+        failures: list[NomadUnavailable] = []
+        async with NomadSandboxPool(config) as pool:
+
+            async def wait_for_a_slot(name: str) -> None:
+                with pytest.raises(NomadUnavailable) as caught:
+                    async with pool.lease(name):
+                        pytest.fail("a lease while Nomad refuses the pool's token")
+                failures.append(caught.value)
+
+            async with pool.lease("holder") as held, anyio.create_task_group() as group:
+                group.start_soon(wait_for_a_slot, "first")
+                await wait_until(lambda: pool.statistics().waiting == 1, "it waits for the slot")
+                fake.acl_token = "the-token-that-replaced-it"  # the pool's token is revoked
+                with anyio.fail_after(10):  # (it waited out acquire_timeout_s before)
+                    await wait_until(lambda: len(failures) == 1, "the waiting lease fails")
+                (ok,) = await pool.execute(
+                    held.slot.container, [slot_call(held, "bash", command="echo held")]
+                )
+                assert ok.content == "held\n"  # a held lease goes on
+            with anyio.fail_after(5), pytest.raises(NomadUnavailable) as new:
+                async with pool.lease("late"):
+                    pytest.fail("a lease while Nomad refuses the pool's token")
+            for error in [*failures, new.value]:
+                assert (error.field, error.status) == ("token", status)
+                assert "Nomad job test-slots" in str(error)
+                assert "--env.nomad_token" in str(error)
+                assert secret not in str(error)
+            said = [p for p in pool.problems if "refused the pool's ACL token at" in p]
+            assert len(said) == 1, pool.problems
+            assert all(secret not in p for p in pool.problems)
+            fake.acl_token = secret  # accepted again
+            await wait_until(lambda: not pool.leasing.suspended, "leasing goes on")
+            async with pool.lease("after", timeout_s=20.0) as lease:
+                assert lease.slot.container in pool.container_names()
+            pool.check_valid()
+        assert fake.job("test-slots") is None
+        assert fake.violations == []
 
 
 async def test_a_start_whose_job_is_stopped_meanwhile_fails_at_once() -> None:

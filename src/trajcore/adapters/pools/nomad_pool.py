@@ -66,12 +66,16 @@ token), leasing goes on.
 Nomad refusing the pool's ACL token (HTTP 401 or 403, ``NomadUnavailable`` with ``field``
 ``token`` and the ``status``; the token itself is never in the message) fails the start at
 once, from whichever request met it first: registering, listing the allocations, or reading
-one of them.
+one of them. Once started, a token refused at two polls in a row (revoked, its policy
+changed) stops leasing as a job lost does: every waiting and new lease fails at once with a
+``NomadUnavailable`` (``field`` ``token``) that says so, said once in ``problems``; held leases
+go on (their slot servers are reached directly), and leasing goes on at the first poll Nomad
+answers again.
 
 Every wait is bounded: Nomad requests (``request_timeout_s``), joining (``start_timeout_s``),
 resets (``reset_timeout_s``), leases (``timeout_s`` or ``acquire_timeout_s``), shutdown
 (``stop_timeout_s``). Errors from Nomad while running are kept (``problems``) and retried on the
-next poll; they never fail a lease or a call by themselves.
+next poll; but for a refused token (above) they never fail a lease or a call by themselves.
 """
 
 from __future__ import annotations
@@ -202,6 +206,10 @@ class _Whose(enum.Enum):
     )
 
 
+_TOKEN_REFUSED_POLLS = 2
+"""Polls in a row that meet a refused ACL token before leasing stops (one may be a blip)."""
+
+
 @attrs.define(eq=False, kw_only=True)
 class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
     """The ``ContainerSource`` of the Nomad pool: the allocations of one job.
@@ -222,6 +230,7 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
     _owned_version: int = attrs.field(init=False, default=0)
     _whose: _Whose = attrs.field(init=False, default=_Whose.OURS)
     _registered: bool = attrs.field(init=False, default=False)
+    _refused_polls: int = attrs.field(init=False, default=0)  # in a row, for the ACL token
 
     def reconcile_config(self) -> ReconcileConfig:
         return attrs.evolve(
@@ -338,6 +347,43 @@ class _NomadAllocations(ReconciledSource[NomadPoolConfig]):
         self.fail_start(refusal())
 
     async def _tick(self) -> None:
+        try:
+            await self._poll()
+        except NomadUnavailable as error:
+            if error.field == "token":
+                self._token_refused(error)
+            raise
+        if self._refused_polls:
+            self._token_accepted()
+
+    def _token_refused(self, error: NomadUnavailable) -> None:
+        """Another poll met a refused ACL token: from ``_TOKEN_REFUSED_POLLS`` in a row on,
+        leasing stops with ``error`` (unless it already stopped for the job's sake)."""
+        self._refused_polls += 1
+        if self._refused_polls < _TOKEN_REFUSED_POLLS or self._whose is not _Whose.OURS:
+            return
+        job_id = self.config.job.job_id
+        reason = (
+            f"Nomad job {job_id}: Nomad refused the pool's ACL token at {self._refused_polls} "
+            f"polls in a row: no slot can be leased until it accepts it again ({error.reason})"
+        )
+        if self._refused_polls == _TOKEN_REFUSED_POLLS:
+            self.pool.note(f"{reason}; leases held go on", warn=True)
+
+        def refusal() -> NomadUnavailable:
+            return NomadUnavailable(reason, field="token", status=error.status)
+
+        self.pool.leasing.suspend(refusal)
+
+    def _token_accepted(self) -> None:
+        """A poll went through after refused ones: leasing goes on (if the job is ours)."""
+        if self._refused_polls >= _TOKEN_REFUSED_POLLS and self._whose is _Whose.OURS:
+            job_id = self.config.job.job_id
+            self.pool.note(f"Nomad job {job_id}: Nomad accepts the pool's ACL token again")
+            self.pool.leasing.resume()
+        self._refused_polls = 0
+
+    async def _poll(self) -> None:
         listing = await self.nomad.job_allocations(self.config.job.job_id)
         stubs = [s for s in parse_allocation_stubs(listing) if s.job_version >= self._version]
         allocations = []
