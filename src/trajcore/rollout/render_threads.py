@@ -17,13 +17,31 @@ trajectory runner hands it to ``RenderThreads``, which keeps these rules:
   ``threads`` if more), not of the default one that file and DNS work share. The two thread
   switches this costs are paid only by a conversation long enough to need them: a shorter
   one renders on the loop (``RolloutConfig.render_inline_chars``).
-- **A deadline.** ``run`` raises ``TimeoutError`` when the wait for a thread and the render
-  together take longer than ``timeout_s``. A render that has not started by then never starts.
-  A thread cannot be stopped: a render already running goes on and its result is dropped, but
-  it keeps its pool thread until it ends, so a slow render never stacks up work beyond the
-  bound (the renders behind it wait, each under its own deadline).
+- **A deadline, queueing included, and renders in order.** ``run`` waits at most ``timeout_s``
+  in all for a free thread and for the render; renders start in the order they were asked for
+  (the pool's queue). When the time is up, a render still waiting for a thread never starts
+  (``RenderLate`` with ``started`` false); one that is running is dropped (``started`` true):
+  a thread cannot be stopped, so it goes on and its result is thrown away, but it keeps its
+  pool thread until it ends, so a slow render never stacks up work beyond the bound.
 - **Cancellable.** Cancelling the caller (its group or the env shutting down) stops its wait at
   once, as the deadline does, with the same effect on the render.
+
+**The final render's deadline** (``render_final``, which the trajectory runner calls). A
+trajectory's render must be done by its deadline plus ``RolloutConfig.render_grace_s``: the
+latest moment the trajectory may end, the same moment for every member of a group (they start
+together, and a group's preparation is taken off every member's deadline alike), and the one
+the Atropos env sizes the grace by, so that a group never outlives ``worker_timeout``. That
+moment, not a time counted from each member's own end, is what a render's wait and run are
+measured against. A group of members with large conversations that ends near its deadline asks
+for all its renders at once, and with one render thread (a 2-CPU host) they run one after
+another: given what was left of its deadline or the grace, whichever was more, from its own
+end, a member that ended before its deadline lost its render for the time it waited behind its
+group, though the group could still run on for the grace. With one shared moment, a member
+loses its tokens only if its render cannot start before that moment (it then never starts, and
+takes no thread time from the renders of other groups) or does not finish by it; the ones that
+do not make it are the group's last asked for. The renders are not reordered (shortest first
+would keep more members, but would leave the longest conversations out of training, a bias in
+the data, where arrival order is none).
 
 The render must be safe to run beside the loop's own use of the same tokenizer: the shipped
 adapters are (``trajcore.adapters.tokenizers``, ``trajcore.adapters.mistral``).
@@ -32,7 +50,7 @@ adapters are (``trajcore.adapters.tokenizers``, ``trajcore.adapters.mistral``).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
@@ -42,8 +60,19 @@ import attrs
 from anyio.lowlevel import RunVar
 
 from trajcore.domain.errors import ConfigError
+from trajcore.domain.messages import Message
+from trajcore.domain.token_ledger.drift import Drift
+from trajcore.domain.token_ledger.ledger import TrainingTokens
+from trajcore.rollout.policy import PolicySession
 
-__all__ = ["RenderThreads", "default_render_threads", "shared_render_threads"]
+__all__ = [
+    "RenderLate",
+    "RenderThreads",
+    "Rendered",
+    "default_render_threads",
+    "render_final",
+    "shared_render_threads",
+]
 
 T = TypeVar("T")
 
@@ -58,6 +87,22 @@ def default_render_threads() -> int:
     except (AttributeError, OSError):  # not on Linux
         cpus = os.cpu_count() or 1
     return max(1, min(_MAX_DEFAULT_THREADS, cpus - 1))
+
+
+class RenderLate(TimeoutError):
+    """A render not done within its time: ``started`` says whether it was running (it runs on
+    in its thread and its result is dropped) or still waiting for a thread (it never starts).
+
+    Attributes:
+        timeout_s: The time it had, its wait for a thread included.
+        started: Whether it had started when the time was up.
+    """
+
+    def __init__(self, timeout_s: float, *, started: bool) -> None:
+        self.timeout_s = timeout_s
+        self.started = started
+        what = "did not finish" if started else "could not start"
+        super().__init__(f"the render {what} within {timeout_s:.1f} s")
 
 
 def _check_threads(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
@@ -96,15 +141,21 @@ class RenderThreads:
         """``work()``'s result, computed in a pool thread; what it raises is raised here.
 
         Raises:
-            TimeoutError: waiting for a thread and running ``work`` took longer than
-                ``timeout_s`` (``work`` may still be running; its result is dropped).
+            RenderLate: (a ``TimeoutError``) waiting for a thread and running ``work`` took
+                longer than ``timeout_s``: ``work`` never starts, or runs on and its result
+                is dropped.
         """
         rendering: Future[T] = self._pool.submit(work)
         try:
-            with anyio.fail_after(timeout_s):
+            with anyio.move_on_after(timeout_s):
                 return await anyio.to_thread.run_sync(
                     rendering.result, limiter=self._waiters(), abandon_on_cancel=True
                 )
+            if rendering.cancel():  # still queued: now it never starts
+                raise RenderLate(timeout_s, started=False)
+            if rendering.done():  # it finished as the time ran out: nothing left to wait for
+                return rendering.result()
+            raise RenderLate(timeout_s, started=True)
         finally:
             rendering.cancel()  # a no-op once it runs or ran; else it never starts
 
@@ -123,3 +174,54 @@ def shared_render_threads() -> RenderThreads:
     if _SHARED is None:  # two loops in two threads racing here at worst make a spare pool
         _SHARED = RenderThreads()
     return _SHARED
+
+
+Rendered = tuple[TrainingTokens | None, Drift | None]
+"""A finished trajectory's training tokens and drift (either may be ``None``)."""
+
+
+def _render(
+    session: PolicySession,
+    messages: Sequence[Message],
+    *,
+    drift: bool,
+    max_token_length: int | None,
+) -> Rendered:
+    """The training tokens and (when asked) the drift: CPU work, run in a worker thread."""
+    tokens = session.training_tokens(messages, max_token_length=max_token_length)
+    return tokens, session.drift(messages) if drift else None
+
+
+async def render_final(
+    session: PolicySession,
+    messages: Sequence[Message],
+    *,
+    drift: bool,
+    max_token_length: int | None,
+    inline_chars: int,
+    threads: RenderThreads,
+    timeout_s: float,
+) -> tuple[Rendered, str | None]:
+    """A finished trajectory's render (its drift only when ``drift``): on the loop when its
+    messages hold fewer than ``inline_chars`` characters, else in ``threads`` within
+    ``timeout_s`` (the time left to the trajectory's deadline plus its grace: see the module
+    doc). ``((None, None), why)`` when the render could not start or finish in that time."""
+    size = sum(len(m.content) + len(m.reasoning or "") for m in messages)
+    if size < inline_chars:  # a small render: cheaper here than a thread
+        return _render(session, messages, drift=drift, max_token_length=max_token_length), None
+    try:
+        rendered = await threads.run(
+            lambda: _render(session, messages, drift=drift, max_token_length=max_token_length),
+            timeout_s=timeout_s,
+        )
+    except RenderLate as late:
+        what = (
+            "did not finish by"
+            if late.started
+            else "could not start (the render threads were busy with other renders) before"
+        )
+        return (None, None), (
+            f"no training tokens: their render {what} the trajectory's deadline plus "
+            f"render_grace_s, {late.timeout_s:.1f} s after it was asked for"
+        )
+    return rendered, None

@@ -27,16 +27,17 @@ The decisions are the domain ``AgentLoop``'s; this module performs them. Its pro
   ever acquired) and whatever was produced so far is kept.
 - **The final render off the loop, with a deadline.** The training tokens (OpenAI mode's
   re-render of the whole conversation, managed mode's export) and managed mode's drift
-  re-render are computed in a worker thread of ``RenderThreads`` (at most so many at once),
-  off the event loop, which goes on serving the env's other trajectories meanwhile (a
-  conversation under ``render_inline_chars`` is rendered on the loop: the thread switch would
-  cost it more). The
-  render may use what is left of ``deadline_s``, and at least ``render_grace_s`` (the
-  deadline may have passed already): so a trajectory, and its group, ends at most
-  ``render_grace_s`` after its deadline. A render that does not make it is dropped (its
-  thread finishes it and the result is thrown away): the member keeps its outcome and score
-  but has no tokens (``has_tokens`` false, so training rules leave it out, never as a zero),
-  its detail says so and a warning is logged.
+  re-render are computed in a worker thread of ``RenderThreads`` (at most so many at once, in
+  the order asked for), off the event loop, which goes on serving the env's other trajectories
+  meanwhile (a conversation under ``render_inline_chars`` is rendered on the loop: the thread
+  switch would cost it more). The render, its wait for a thread included, must be done by
+  the deadline plus ``render_grace_s``, the same moment for every member of a group: so a
+  trajectory, and its group, ends at most ``render_grace_s`` after its deadline, and a member
+  loses its render to queueing only when its group's time is truly spent. A render that does
+  not make it is dropped (never started if still queued; else its thread finishes it and the
+  result is thrown away): the member keeps its outcome and score but has no tokens
+  (``has_tokens`` false, so training rules leave it out, never as a zero), its detail says
+  why (could not start, or did not finish) and a warning is logged.
 - **Bounded tool results.** A result's text longer than ``max_tool_result_chars`` reaches the
   model, the transcript and the training tokens cut in the middle (its head and tail kept, and
   a line saying how many characters were cut and why), whatever its tool: a policy that reads a
@@ -102,7 +103,12 @@ from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.policy import Policy, PolicySession
 from trajcore.rollout.preparation import Prepared
-from trajcore.rollout.render_threads import RenderThreads, shared_render_threads
+from trajcore.rollout.render_threads import (
+    Rendered,
+    RenderThreads,
+    render_final,
+    shared_render_threads,
+)
 from trajcore.rollout.tools import SlotTools, ToolRouter
 
 __all__ = [
@@ -133,9 +139,9 @@ class RolloutConfig:
         max_token_length: Truncation of exported training tokens.
         max_tool_result_chars: Longest text of one tool result the model sees; a longer one is
             cut in the middle (``None``: no cap).
-        render_grace_s: The least time the final render (training tokens, drift) gets, in a
-            worker thread, after the loop and scoring: it may use what is left of
-            ``deadline_s``, and at least this much.
+        render_grace_s: How long past ``deadline_s`` the final render (training tokens,
+            drift) may go on, in a worker thread, its wait for one included: it must be done
+            by the deadline plus this (``rollout.render_threads``).
         render_inline_chars: A conversation whose messages hold fewer characters than this
             is rendered on the loop: its render is shorter than the switch to a worker thread
             and back costs (``0``: every render in a worker thread).
@@ -615,47 +621,27 @@ async def _score(run: _Run, hooks: TrajectoryHooks, slot_tools: SlotTools) -> No
     run.score = float(score)
 
 
-_Rendered = tuple[TrainingTokens | None, Drift | None]
-
-
-def _render(
-    session: PolicySession,
-    messages: Sequence[Message],
-    *,
-    drift: bool,
-    max_token_length: int | None,
-) -> _Rendered:
-    """The training tokens and (when asked) the drift: CPU work, run in a worker thread."""
-    tokens = session.training_tokens(messages, max_token_length=max_token_length)
-    return tokens, session.drift(messages) if drift else None
-
-
 async def _rendered(
     run: _Run, policy: Policy, started: float, threads: RenderThreads
-) -> tuple[_Rendered, str | None]:
-    """The final render, off the loop, within what is left of the deadline and at least the
-    grace; ``(None, None)`` and why when it did not finish in time."""
-    session, stats = run.session, run.loop.stats()
+) -> tuple[Rendered, str | None]:
+    """The final render, done by the trajectory's deadline plus the grace, its wait for a
+    render thread included; ``(None, None)`` and why when it did not make it."""
+    session, stats, config = run.session, run.loop.stats(), run.config
     if session is None or stats.turns == 0:
         return (None, None), None
-    drift = policy.token_exact and stats.stop_reason is not StopReason.MODEL_ERROR
-    messages = tuple(run.messages)
-    max_token_length = run.config.max_token_length
-    size = sum(len(m.content) + len(m.reasoning or "") for m in messages)
-    if size < run.config.render_inline_chars:  # a small render: cheaper here than a thread
-        return _render(session, messages, drift=drift, max_token_length=max_token_length), None
-    left = run.config.deadline_s - (run.now() - started)
-    timeout_s = max(left, run.config.render_grace_s)
-    try:
-        rendered = await threads.run(
-            lambda: _render(session, messages, drift=drift, max_token_length=max_token_length),
-            timeout_s=timeout_s,
-        )
-    except TimeoutError:
-        why = f"no training tokens: their render took longer than {timeout_s:.1f} s"
+    render_by = started + config.deadline_s + config.render_grace_s  # the group's, too
+    rendered, why = await render_final(
+        session,
+        tuple(run.messages),
+        drift=policy.token_exact and stats.stop_reason is not StopReason.MODEL_ERROR,
+        max_token_length=config.max_token_length,
+        inline_chars=config.render_inline_chars,
+        threads=threads,
+        timeout_s=render_by - run.now(),
+    )
+    if why is not None:
         log.warning("trajectory %s has %s; it is left out of training", run.trajectory_id, why)
-        return (None, None), why
-    return rendered, None
+    return rendered, why
 
 
 async def _result(
