@@ -4,10 +4,12 @@ bubblewrap; a killed slot server makes them raise, never answer False."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import attrs
 import pytest
 
 from tests.integration.test_local_pool import config, running_now, wait_no_leftovers
@@ -71,4 +73,24 @@ async def test_check_run_and_files_on_the_local_pool() -> None:
                 await tools.check("true")
             with pytest.raises(SlotInfraError):  # the lease is lost with its container
                 await tools.run("true")
+    await wait_no_leftovers(groups, run_dir, before)
+
+
+async def test_a_check_after_the_disk_budget_ended_the_lease_names_the_budget() -> None:
+    """A lease past its disk budget is ended and every later call of it fails; the score
+    hook's check raises, naming the budget. It said only "tool_error without an exec report"
+    before, so the member's failure hid why."""
+    before = running_now()
+    base = config(containers=1, slots=1)
+    isolation = attrs.evolve(base.server.isolation, disk_bytes=4 << 20)
+    budgeted = attrs.evolve(base, server=attrs.evolve(base.server, isolation=isolation))
+    async with LocalSandboxPool(budgeted) as pool:
+        groups = {pool.server_pid(name) for name in pool.container_names()}
+        run_dir = pool.run_dir
+        async with slot_tools(pool, timeout_s=20.0) as tools:
+            ended = await tools.bash("head -c 8388608 /dev/zero > fill; sleep 10")
+            budget = r"disk budget of 4194304 bytes \(disk_bytes\) reached"
+            assert re.match(budget, ended.error or ""), ended
+            with pytest.raises(SlotInfraError, match=f"without an exec report: {budget}"):
+                await tools.check("true")
     await wait_no_leftovers(groups, run_dir, before)

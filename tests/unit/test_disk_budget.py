@@ -50,6 +50,36 @@ def test_the_walk_stops_once_past_either_budget(tmp_path: Path) -> None:
     assert by_bytes.files < 50
 
 
+def test_a_nest_deeper_than_path_max_is_walked(tmp_path: Path) -> None:
+    """A lease may nest directories past the kernel's PATH_MAX (500 levels of 10-letter names,
+    5,500 bytes): the walk counts them and the file at the bottom. It opened each directory by
+    its full path before, so the deep ones failed with ENAMETOOLONG and a lease within its
+    budget was ended as one whose disk budget "cannot be checked"."""
+    area = tmp_path / "area"
+    area.mkdir()
+    depth = 500
+    fd = os.open(area, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):  # relative to the last one: the full path is too long to name
+            os.mkdir("dddddddddd", dir_fd=fd)
+            inner = os.open("dddddddddd", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        bottom = os.open("f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.write(bottom, b"x" * 4096)
+        os.close(bottom)
+    finally:
+        os.close(fd)
+    use = measure_area([area], max_bytes=None, max_files=None)
+    assert use.unreadable is None
+    assert not use.over
+    assert use.files == depth + 1
+    assert use.bytes >= 4096
+    capped = measure_area([area], max_bytes=None, max_files=depth)
+    assert capped.over
+    assert capped.unreadable is None
+
+
 def test_the_reason_names_the_budget_and_its_setting() -> None:
     isolation = SlotIsolation(disk_bytes=8 * MIB, disk_files=200)
     by_bytes = measure_area([], max_bytes=None, max_files=None)

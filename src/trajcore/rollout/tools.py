@@ -320,9 +320,10 @@ class SlotTools:
             )
         report = result.exec
         if report is None:
+            # the reason is the slot's answer (a lease ended for its disk budget says so)
             raise SlotInfraError(
                 f"bash {command!r} in slot {self.lease.slot}: {result.outcome.value} "
-                "without an exec report"
+                f"without an exec report: {result.error}"
             )
         if result.outcome is ToolOutcome.TIMEOUT and not report.timed_out:
             report = attrs.evolve(report, timed_out=True)

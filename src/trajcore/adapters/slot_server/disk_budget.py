@@ -84,6 +84,30 @@ class DiskUse:
 
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _PATH_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_ONE_CALL = 3072  # bytes of a path opened in one call: well below the kernel's PATH_MAX (4096)
+
+
+def _open_long(path: str, flags: int) -> int:
+    """``os.open(path, flags)``, also for a path longer than the kernel takes in one call (a
+    lease may nest its directories past ``PATH_MAX``, 500 levels of 10-letter names): the
+    path is opened in runs of whole components, each run relative to the one before (an
+    ``O_PATH`` descriptor that never follows a link at its end); the caller checks what it
+    got, as for a short path."""
+    rest = os.fsencode(path)
+    if len(rest) < _ONE_CALL:
+        return os.open(path, flags)
+    parent: int | None = None
+    try:
+        while len(rest) >= _ONE_CALL:
+            cut = rest.rindex(b"/", 1, _ONE_CALL)  # components are at most 255 bytes
+            step = os.open(rest[:cut], _PATH_DIR, dir_fd=parent)
+            if parent is not None:
+                os.close(parent)
+            parent, rest = step, rest[cut + 1 :]
+        return os.open(rest, flags, dir_fd=parent)
+    finally:
+        if parent is not None:
+            os.close(parent)
 
 
 def _open_dir(path: str, seen: tuple[int, int] | None) -> int | None:
@@ -94,7 +118,7 @@ def _open_dir(path: str, seen: tuple[int, int] | None) -> int | None:
     server's own that it cannot read is given its owner's rights back once, through a
     descriptor of that very directory. Raises ``PermissionError`` when that is not enough."""
     try:
-        fd = os.open(path, _OPEN_DIR)
+        fd = _open_long(path, _OPEN_DIR)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as error:
@@ -104,7 +128,7 @@ def _open_dir(path: str, seen: tuple[int, int] | None) -> int | None:
             raise
         _own_rights_back(path, seen)
         try:
-            fd = os.open(path, _OPEN_DIR)
+            fd = _open_long(path, _OPEN_DIR)
         except (FileNotFoundError, NotADirectoryError):
             return None
     info = os.fstat(fd)
@@ -117,7 +141,7 @@ def _open_dir(path: str, seen: tuple[int, int] | None) -> int | None:
 def _own_rights_back(path: str, seen: tuple[int, int] | None) -> None:
     """Give the directory at ``path`` its owner's rights when it is the one seen and the
     server's own; re-raises the ``PermissionError`` otherwise."""
-    handle = os.open(path, _PATH_DIR)
+    handle = _open_long(path, _PATH_DIR)
     try:
         info = os.fstat(handle)
         if info.st_uid != os.geteuid() or (seen is not None and (info.st_dev, info.st_ino) != seen):
