@@ -94,3 +94,23 @@ async def test_a_check_after_the_disk_budget_ended_the_lease_names_the_budget() 
             with pytest.raises(SlotInfraError, match=f"without an exec report: {budget}"):
                 await tools.check("true")
     await wait_no_leftovers(groups, run_dir, before)
+
+
+async def test_a_stateful_call_reaps_the_orphans_that_end_while_it_waits() -> None:
+    """The persistent shell's command fills the lease's process limit with background sleepers
+    (their parent exits, so they are the agent's: pid 1 of the lease), then needs two processes
+    at once. The sleepers end after 3 s and the agent reaps them while it waits for the
+    command, so the command's fork (which bash retries) gets through. The agent reaped only
+    between calls before: the dead sleepers kept the limit used up until the call ended, and
+    the command never forked."""
+    before = running_now()
+    async with LocalSandboxPool(config(containers=1, slots=1)) as pool:
+        groups = {pool.server_pid(name) for name in pool.container_names()}
+        run_dir = pool.run_dir
+        async with slot_tools(pool, timeout_s=25.0) as tools:
+            fill = "sh -c 'while sleep 3 & do :; done' 2>/dev/null"
+            command = f'{fill}; echo "$(sleep 0.1; echo forked)"'
+            answer = await tools.call("bash_stateful", {"command": command})
+            assert answer.exec is not None, answer
+            assert (answer.exec.timed_out, answer.exec.stdout) == (False, "forked\n"), answer
+    await wait_no_leftovers(groups, run_dir, before)

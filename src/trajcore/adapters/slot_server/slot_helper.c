@@ -816,9 +816,21 @@ static shell_state shell_ensure(shell *sh, double deadline, result *r) {
     return state;
 }
 
+/* As its namespace's pid 1 the agent inherits every orphan of the lease: reap those that
+ * ended, so they hold no process slot (pids.max counts the dead until they are reaped). Only
+ * between the agent's own waits for a child by pid, so it never takes one of those. */
+static void reap_orphans(void) {
+    while (waitpid(-1, NULL, WNOHANG) > 0) {
+    }
+}
+
+/* Wait until ``path`` exists, by ``deadline``, reaping the lease's orphans meanwhile: a
+ * command that waits for processes to end (bash retries a fork the limit refused) must not
+ * wait for the dead ones until the call is over. */
 static bool wait_for_file(const char *path, double deadline) {
     double pause = 0.001;
     while (true) {
+        reap_orphans();
         if (exists(path))
             return true;
         double now = monotonic();
@@ -1368,10 +1380,7 @@ static int serve(int fd, const char *state_dir, const char *workspace, const cha
         reply.len = 0;
         write_result(&reply, &r);
         result_free(&r);
-        /* As its namespace's pid 1 the agent inherits every orphan of the lease: reap those
-         * that ended, so they hold no process slot. */
-        while (waitpid(-1, NULL, WNOHANG) > 0) {
-        }
+        reap_orphans();
         if (!send_message(fd, &reply))
             return 0;
     }
