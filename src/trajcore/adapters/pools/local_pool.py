@@ -173,7 +173,7 @@ class _LocalProcesses:
     _token: str | None = None
     _starts: int = 0
     servers: set[int] = attrs.field(factory=set)  # pids (= process groups) not yet stopped
-    _guard: GuardProcess = attrs.field(factory=lambda: GuardProcess(exit_s=_GUARD_EXIT_S))
+    _guard: GuardProcess = attrs.field(factory=GuardProcess)
 
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
         run_dir = self.run_dir = Path(tempfile.mkdtemp(prefix="trajcore-pool-"))
@@ -187,12 +187,6 @@ class _LocalProcesses:
         (``+pid``, ``-pid``), then ``done``."""
         code = f"from {__name__} import guard_directory as g; g()"
         await self._guard.start([self.config.python, "-c", code, str(run_dir)])
-
-    def _tell_guard(self, line: str) -> None:
-        self._guard.tell(line)  # (a guard gone: the close removes the dir)
-
-    async def _release_guard(self) -> None:
-        await self._guard.release()
 
     def _prepare(self, run_dir: Path) -> None:
         # Searchable, not listable: a server run as root runs its slots as other uids, which
@@ -219,7 +213,7 @@ class _LocalProcesses:
                     ResourceWarning,
                     stacklevel=1,
                 )
-            await self._release_guard()
+            await self._guard.release()
         self.run_dir = None
         _OPEN.discard(self)
 
@@ -246,7 +240,7 @@ class _LocalProcesses:
             )
         assert process.stdout is not None
         self.servers.add(process.pid)
-        self._tell_guard(f"+{process.pid}")
+        self._guard.tell(f"+{process.pid}")
         server = _Process(name, process, BufferedByteReceiveStream(process.stdout), log)
         try:
             try:
@@ -270,7 +264,7 @@ class _LocalProcesses:
         except BaseException:
             await _stop_process(process, self.config.stop_timeout_s)
             self.servers.discard(process.pid)
-            self._tell_guard(f"-{process.pid}")
+            self._guard.tell(f"-{process.pid}")
             raise
         return endpoint, server
 
@@ -287,7 +281,7 @@ class _LocalProcesses:
     async def stop(self, handle: _Process) -> None:
         await _stop_process(handle.process, self.config.stop_timeout_s)
         self.servers.discard(handle.pid)
-        self._tell_guard(f"-{handle.pid}")
+        self._guard.tell(f"-{handle.pid}")
 
     def abandon(self, grace_s: float) -> None:
         """End every server now and remove the directory, synchronously (see the module doc)."""
@@ -314,7 +308,6 @@ class _LocalProcesses:
 
 
 _REMOVE_TIMEOUT_S = 120.0  # the pool's directory, slot workspaces and all, at close
-_GUARD_EXIT_S = 5.0  # the guard's exit once told the close is done
 _GUARD_SERVERS_S = 30.0  # a guard whose pool died waits this long for the servers' groups
 _ABANDON_REMOVE_TIMEOUT_S = 10.0  # the same when the process must stop now
 _DEVNULL = -3  # subprocess.DEVNULL, without importing subprocess into the async code
