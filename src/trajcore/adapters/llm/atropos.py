@@ -14,7 +14,10 @@ health checks, and retries with tenacity. Two ways to reuse those settings:
   ``/generate`` server atroposlib's ``VLLMServer`` talks to; ``sglang`` -> ``SGLangTokenServer``;
   ``openai`` -> ``VLLMTokenServer`` on the OpenAI completions endpoint). These take trajcore's own
   path (its HTTP/1.1 client, retries inside the caller's deadline) and are what the entrypoint
-  prefers for managed mode.
+  prefers for managed mode. The config's ``timeout`` (one request's limit) and
+  ``num_max_requests_at_once`` (requests in flight at once) hold there as they do in
+  ``ServerManager``; its periodic health check (the start-up probe checks the one server
+  here), eval request count and metrics buffer are ``ServerManager``'s own.
 
 atroposlib is untyped; its ``Any`` stays inside this module: the manager and configs come in as
 ``object`` and everything that leaves is a domain value or a trajcore error.
@@ -48,6 +51,7 @@ from trajcore.domain.errors import (
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams, TokenCompletion
 from trajcore.domain.tools import ToolSpec
+from trajcore.domain.validators import check_argument, positive_int
 
 from .chat import OpenAIChatServer
 from .chat_wire import parse_chat_body
@@ -222,34 +226,63 @@ def _config_fields(config: object) -> tuple[str, str, str, str | None]:
     return server_type, str(base_url), model, str(api_key) if api_key else None
 
 
-def chat_server_from_config(config: object, *, retry: RetryRules | None = None) -> OpenAIChatServer:
-    """trajcore's ``OpenAIChatServer`` for one atroposlib ``APIServerConfig``.
+def _client_limits(config: object, retry: RetryRules | None) -> tuple[RetryRules, int]:
+    """The retry rules and the most requests in flight at once that an ``APIServerConfig``'s
+    ``timeout`` and ``num_max_requests_at_once`` ask for, in Atropos's own meaning: the limit
+    on one request (here on one attempt, its wait for a connection included; the caller's
+    deadline still bounds them all) and the requests sent at once (more wait for one to end).
+    An explicit ``retry`` (the start-up probe's) is kept as given.
 
     Raises:
-        ConfigError: the config has no ``base_url``.
+        ConfigError: either is not a whole number of at least 1 (``openai.<field>``).
+    """
+    c = cast("Any", config)
+    timeout: Any = getattr(c, "timeout", None)
+    at_once: Any = getattr(c, "num_max_requests_at_once", None)
+    for field, value in (("timeout", timeout), ("num_max_requests_at_once", at_once)):
+        check_argument(positive_int, f"openai.{field}", value)
+    rules = retry or RetryRules(attempt_timeout_s=float(timeout))
+    return rules, int(at_once)
+
+
+def chat_server_from_config(config: object, *, retry: RetryRules | None = None) -> OpenAIChatServer:
+    """trajcore's ``OpenAIChatServer`` for one atroposlib ``APIServerConfig``, its ``timeout``
+    and ``num_max_requests_at_once`` kept (``_client_limits``).
+
+    Raises:
+        ConfigError: the config has no ``base_url``, or a limit that cannot work.
     """
     _type, base_url, model, api_key = _config_fields(config)
+    rules, at_once = _client_limits(config, retry)
     return OpenAIChatServer(
-        base_url=base_url, model=model, api_key=api_key, retry=retry or RetryRules()
+        base_url=base_url, model=model, api_key=api_key, retry=rules, max_connections=at_once
     )
 
 
 def token_server_from_config(
     config: object, *, retry: RetryRules | None = None
 ) -> VLLMTokenServer | SGLangTokenServer | AtroposTokenServer:
-    """trajcore's ``TokenServer`` for one atroposlib ``APIServerConfig`` (see the module doc).
+    """trajcore's ``TokenServer`` for one atroposlib ``APIServerConfig`` (see the module doc),
+    its ``timeout`` and ``num_max_requests_at_once`` kept (``_client_limits``).
 
     Raises:
-        ConfigError: no ``base_url``, or a ``server_type`` without a token endpoint (``trl``).
+        ConfigError: no ``base_url``, a ``server_type`` without a token endpoint (``trl``), or a
+            limit that cannot work.
     """
     server_type, base_url, model, api_key = _config_fields(config)
-    policy = retry or RetryRules()
+    policy, at_once = _client_limits(config, retry)
     if server_type == "vllm":
-        return AtroposTokenServer(base_url=base_url, api_key=api_key, retry=policy)
+        return AtroposTokenServer(
+            base_url=base_url, api_key=api_key, retry=policy, max_connections=at_once
+        )
     if server_type == "sglang":
-        return SGLangTokenServer(base_url=base_url, api_key=api_key, retry=policy)
+        return SGLangTokenServer(
+            base_url=base_url, api_key=api_key, retry=policy, max_connections=at_once
+        )
     if server_type == "openai":
-        return VLLMTokenServer(base_url=base_url, model=model, api_key=api_key, retry=policy)
+        return VLLMTokenServer(
+            base_url=base_url, model=model, api_key=api_key, retry=policy, max_connections=at_once
+        )
     raise ConfigError(
         "openai.server_type", f"{server_type!r} has no token endpoint trajcore speaks"
     )
