@@ -40,6 +40,7 @@ calls = st.builds(
     ExecuteCall, slot=count, epoch=count, call_id=text.filter(bool), tool=text.filter(bool),
     arguments=st.dictionaries(text, json_value, max_size=3),
     timeout_s=st.floats(min_value=0.001, max_value=1e6) | st.integers(1, 10**6).map(float),
+    hook=st.booleans(),
 )  # fmt: skip
 reports = st.builds(
     ExecReport, exit_code=st.none() | st.integers(-(2**31), 2**31), stdout=text, stderr=text,

@@ -172,6 +172,7 @@ _positive_count = validators.whole_number(1, error=WireError)
 
 
 _nonempty = validators.nonempty_string(error=WireError)
+_flag = validators.instance_of(bool, error=WireError)
 
 
 _positive_seconds = validators.finite_number(0.0, unit="seconds", error=WireError)
@@ -277,6 +278,8 @@ class ExecuteCall:
         tool: The tool's name.
         arguments: The tool's arguments as the model wrote them ((isolation keys are ignored)).
         timeout_s: The limit the env gives the call; the server clamps it to its range.
+        hook: The env's hooks sent it, not the model: a command it starts may use the lease's
+            process reserve, which the model's commands leave free (docs/sandbox.md).
     """
 
     slot: int = attrs.field(validator=_index)
@@ -285,6 +288,7 @@ class ExecuteCall:
     tool: str = attrs.field(validator=_nonempty)
     arguments: JSONObject = attrs.field(factory=dict, validator=_json_object)
     timeout_s: float = attrs.field(validator=_positive_seconds)
+    hook: bool = attrs.field(default=False, validator=_flag)
 
 
 def execute_call(slot_call: SlotCall) -> ExecuteCall:
@@ -296,6 +300,7 @@ def execute_call(slot_call: SlotCall) -> ExecuteCall:
         tool=slot_call.call.name,
         arguments=slot_call.call.arguments,
         timeout_s=slot_call.timeout_s,
+        hook=slot_call.hook,
     )
 
 

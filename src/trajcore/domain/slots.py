@@ -67,12 +67,17 @@ class SlotCall:
         lease: The lease whose slot runs the call; its epoch guards against stale use.
         call: The tool call, its id doubling as the idempotency key.
         timeout_s: The limit the env's policy gives this call (never the model's own figure).
+        hook: Sent by one of the env's hooks (prepare, score), never by the model: a command it
+            starts may use the lease's process reserve (docs/sandbox.md, "Processes").
     """
 
     lease: Lease
     call: ToolCall
     timeout_s: float = attrs.field(
         validator=validators.finite_number(0.0, unit="seconds", error=InvalidInput)
+    )
+    hook: bool = attrs.field(
+        default=False, kw_only=True, validator=validators.instance_of(bool, error=InvalidInput)
     )
 
     @property

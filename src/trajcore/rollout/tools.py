@@ -9,7 +9,10 @@ running. Results come back in the order of the calls. The timeout of a slot call
 request the slot server may shorten to, never lengthen past, the env's figure.
 
 ``SlotTools`` is the ToolContext of the hooks (prepare the workspace, verify and score): the same
-router, bound to the trajectory's lease, with typed helpers for the common cases. Its helpers
+router, bound to the trajectory's lease, with typed helpers for the common cases. Its calls go
+out marked as the hooks' (``SlotCall.hook``): a ``bash`` command of theirs may use the process
+reserve the model's commands leave free, so a check still starts when the model's leftover
+processes hold all they may (docs/sandbox.md, "Processes"). Its helpers
 cannot lie to a score: ``check`` and ``run`` answer with what the command did and raise
 ``SlotInfraError`` when the slot could not run it (an infrastructure error, a refusal, a lost
 lease), and file reads and writes raise ``SlotFileError`` or ``SlotInfraError``; the trajectory
@@ -68,6 +71,8 @@ class ToolRouter:
         offered: The tools the model was offered (by name); others are refused.
         tool_timeout_s: The env's limit for one slot call.
         trajectory_id: For the tool server's context.
+        hook: Its calls are the env's hooks' (``SlotTools``), not the model's: their commands
+            may use the lease's process reserve (docs/sandbox.md, "Processes").
     """
 
     lease: Lease
@@ -76,6 +81,7 @@ class ToolRouter:
     offered: frozenset[str]
     tool_timeout_s: float
     trajectory_id: str
+    hook: bool = attrs.field(default=False, kw_only=True)
     _sent: int = attrs.field(init=False, default=0)
 
     async def run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
@@ -101,8 +107,9 @@ class ToolRouter:
                     id=f"{call.id}#{self._sent}", name=call.name, arguments=call.arguments
                 )
                 at.append(i)
+                timeout_s, hook = self.tool_timeout_s, self.hook
                 sent.append(
-                    SlotCall(lease=self.lease, call=slot_call, timeout_s=self.tool_timeout_s)
+                    SlotCall(lease=self.lease, call=slot_call, timeout_s=timeout_s, hook=hook)
                 )
             else:
                 external.append((i, call))
@@ -158,7 +165,7 @@ class SlotTools:
     async def call(self, name: str, arguments: JSONObject | None = None) -> ToolResult:
         """Run any tool (slot or external) and return its result."""
         call = ToolCall(id=f"ctx_{next(self._ids)}", name=name, arguments=dict(arguments or {}))
-        router = attrs.evolve(self.router, offered=self.router.offered | {name})
+        router = attrs.evolve(self.router, offered=self.router.offered | {name}, hook=True)
         (result,) = await router.run([call])
         return result
 

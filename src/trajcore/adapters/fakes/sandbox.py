@@ -108,7 +108,8 @@ CommandHandler = Callable[[str, FakeWorkspace], CommandOutcome]
 
 @attrs.frozen(kw_only=True)
 class ExecutedCall:
-    """One call the fake ran: where, under which lease epoch, what."""
+    """One call the fake ran: where, under which lease epoch, what, and whether a hook sent it
+    (``SlotCall.hook``)."""
 
     container: str
     slot: int
@@ -116,6 +117,7 @@ class ExecutedCall:
     call_id: str
     tool: str
     arguments: dict[str, object]
+    hook: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -462,6 +464,7 @@ class InProcessSlotPool(LeasedPool):
                     call_id=call.call.id,
                     tool=call.call.name,
                     arguments=dict(call.arguments),
+                    hook=call.hook,
                 )
             )
             result = await self._tool(call)

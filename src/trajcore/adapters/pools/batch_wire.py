@@ -70,7 +70,7 @@ def batch_body(calls: Sequence[SlotCall]) -> tuple[bytes, float] | None:
         if (
             type(slot) is not int or slot < 0 or type(epoch) is not int or epoch < 0
             or type(call_id) is not str or not call_id or type(tool) is not str or not tool
-            or type(arguments) is not dict
+            or type(arguments) is not dict or type(call.hook) is not bool
         ):  # fmt: skip
             return None
         if type(timeout) is float:
@@ -87,7 +87,7 @@ def batch_body(calls: Sequence[SlotCall]) -> tuple[bytes, float] | None:
                 break
         items.append({
             "slot": slot, "epoch": epoch, "call_id": call_id, "tool": tool,
-            "arguments": arguments, "timeout_s": timeout,
+            "arguments": arguments, "timeout_s": timeout, "hook": call.hook,
         })  # fmt: skip
         per_slot[slot] = per_slot.get(slot, 0.0) + timeout
     return json_bytes({"calls": items}), max(per_slot.values(), default=0.0)

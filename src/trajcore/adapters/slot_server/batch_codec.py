@@ -56,17 +56,19 @@ def _call(item: object) -> ExecuteCall | None:
         item.get("call_id"),
         item.get("tool"),
     )
-    arguments = item.get("arguments", {})
+    arguments, hook = item.get("arguments", {}), item.get("hook", False)
     timeout = _number(item.get("timeout_s"))
     if (
         type(slot) is not int or type(epoch) is not int or type(call_id) is not str
         or type(tool) is not str or type(arguments) is not dict or timeout is None
+        or type(hook) is not bool
     ):  # fmt: skip
         return None
     # the constructor's validators check ranges, emptiness and that arguments are JSON
     return ExecuteCall(
-        slot=slot, epoch=epoch, call_id=call_id, tool=tool, arguments=arguments, timeout_s=timeout
-    )
+        slot=slot, epoch=epoch, call_id=call_id, tool=tool, arguments=arguments,
+        timeout_s=timeout, hook=hook,
+    )  # fmt: skip
 
 
 def _items(data: object, key: str, read: Callable[[object], T | None]) -> list[T] | None:
@@ -134,6 +136,7 @@ def _unstructure_request(request: ExecuteRequest) -> dict[str, Any]:
                 "tool": call.tool,
                 "arguments": call.arguments,
                 "timeout_s": call.timeout_s,
+                "hook": call.hook,
             }
             for call in request.calls
         ]

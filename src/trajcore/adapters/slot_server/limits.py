@@ -22,6 +22,16 @@ whatever limit the server was started with. ``RLIMIT_CORE`` is always 0 too (sof
 process of a slot writes a core file (the kernel does not apply it to a ``core_pattern`` that pipes
 to a program; docs/sandbox.md).
 
+The hooks' reserve. A quarter of the process limit is kept for the env's hooks (the prepare and
+score hooks' ``bash`` calls: ``verify`` requests): every other command runs with
+``RLIMIT_NPROC`` of the limit less that reserve (``command_process_limit``), so the processes a
+model leaves behind (a fork loop, a thousand background sleepers) cannot take the slots a check
+needs; nothing of theirs is ended. That rlimit counts the processes of the command's user in its
+user namespace, which is the lease's alone in a sandbox (a user namespace per slot, its own uid
+per slot when the server is root); an unsandboxed agent shares its user with the server, so with
+a cgroup counting its processes it gets no reserve. Before Linux 5.14 the count is host-wide per
+user, and a server that is not root (every slot under its uid) gets no reserve either.
+
 A slot's cgroup is also a second way to find every process of the slot: ``kill_all`` empties it
 and ``pids`` proves it empty, which reset uses before it wipes the workspace.
 
@@ -41,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import re
 import secrets
@@ -57,11 +68,13 @@ __all__ = [
     "CgroupPlan",
     "SlotCgroup",
     "TmpfsBudget",
+    "command_process_limit",
     "detect_cgroups",
     "remove_parent",
     "rlimits_for",
     "sweep_stale",
     "tmpfs_budget",
+    "ucounts_per_namespace",
 ]
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -373,3 +386,27 @@ def rlimits_for(
     if isolation.max_file_bytes is not None:
         limits["fsize"] = isolation.max_file_bytes
     return limits
+
+
+def command_process_limit(
+    isolation: SlotIsolation, *, own_count: bool, cgroup_pids: bool
+) -> int | None:
+    """The ``RLIMIT_NPROC`` of a lease's commands other than its hooks' (``--command-nproc``):
+    the slot's process limit less a quarter of it, the hooks' reserve (see the module doc).
+
+    ``own_count``: whether the user the commands run as counts only this slot's processes (a
+    sandboxed lease on Linux 5.14 or later, or a slot uid of its own). ``None``: no reserve, for
+    a slot without a process limit, with one under 4, or whose count is not its own while a
+    cgroup bounds it (an rlimit would then count other slots' processes as well)."""
+    limit = isolation.max_processes
+    if limit is None or limit < 4 or (cgroup_pids and not own_count):
+        return None
+    return limit - limit // 4
+
+
+@functools.cache
+def ucounts_per_namespace() -> bool:
+    """Whether ``RLIMIT_NPROC`` counts a user's processes per user namespace (Linux 5.14 and
+    later), so a sandbox's own count is its slot's alone."""
+    found = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return found is not None and (int(found[1]), int(found[2])) >= (5, 14)

@@ -33,7 +33,14 @@ from trajcore.adapters.slot_server.channel import (
     reply_cap,
 )
 from trajcore.adapters.slot_server.idmaps import IdMaps, open_idmaps
-from trajcore.adapters.slot_server.limits import CgroupPlan, SlotCgroup, rlimits_for, tmpfs_budget
+from trajcore.adapters.slot_server.limits import (
+    CgroupPlan,
+    SlotCgroup,
+    command_process_limit,
+    rlimits_for,
+    tmpfs_budget,
+    ucounts_per_namespace,
+)
 from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
 from trajcore.adapters.slot_server.seccomp import SeccompUnavailable, compile_filter
 from trajcore.adapters.slot_server.slot_ids import shared_python, stage_python, unreachable
@@ -313,14 +320,18 @@ class Sandboxes:
                 tmpfs_bytes=0 if budget is None else budget.size_bytes,
             )
         )
+        own_count = self.ids(slot.index) is not None or (sandboxed and ucounts_per_namespace())
+        commands = command_process_limit(
+            isolation, own_count=own_count, cgroup_pids=slot.cgroup is not None
+        )
         if sandboxed:
             tmpfs = None if budget is None else budget.options()
             return {"workspace": isolation.workspace_path, "state_dir": _SANDBOX_STATE,
-                    "limits": limits, "tmpfs": tmpfs}  # fmt: skip
+                    "limits": limits, "tmpfs": tmpfs, "command_nproc": commands}  # fmt: skip
         slot.state_dir.mkdir(parents=True, exist_ok=True)
         # ``bare`` keeps commands in the agent's session: ending the lease ends that session
         return {"workspace": str(slot.workspace.root), "state_dir": str(slot.state_dir),
-                "limits": limits}  # fmt: skip
+                "limits": limits, "command_nproc": commands}  # fmt: skip
 
     async def lease_filter(self, slot: Slot) -> bytes | None:
         """The seccomp filter of the slot's leases: ``seccomp``, with ``UNCOUNTED_MEMORY_RULES``
@@ -372,6 +383,8 @@ class Sandboxes:
                 "--state-dir", str(config["state_dir"])]  # fmt: skip
         for name, value in cast("dict[str, int]", config["limits"]).items():
             argv += ["--limit", name, str(value)]
+        if config["command_nproc"] is not None:
+            argv += ["--command-nproc", str(config["command_nproc"])]
         if slot.cgroup is not None:
             argv = slot.cgroup.enter_prefix() + argv
         environment = self.environment(str(config["workspace"]), str(config["state_dir"]))
@@ -422,6 +435,8 @@ class Sandboxes:
                  "--state-dir", _SANDBOX_STATE, "--tmp", SANDBOX_TMP]  # fmt: skip
         for name, value in cast("dict[str, int]", config["limits"]).items():
             inner += ["--limit", name, str(value)]
+        if config["command_nproc"] is not None:
+            inner += ["--command-nproc", str(config["command_nproc"])]
         for path, writable in carry:
             inner += ["--carry-rw" if writable else "--carry-ro", path]
         for path in MASKED_PATHS:

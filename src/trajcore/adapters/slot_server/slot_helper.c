@@ -8,7 +8,7 @@
  *   slot-helper keep --workspace W --state-dir S --tmp T [--limit NAME VALUE]...
  *                    [--carry-rw PATH]... [--carry-ro PATH]... [--mask PATH]...
  *                    [--read-only PATH]... [--tmpfs-options OPTIONS] [--own-network]
- *                    [--seccomp HEX]
+ *                    [--seccomp HEX] [--command-nproc N]
  *
  * The keeper: the first program of a slot's bubblewrap sandbox. Requests on fd 0
  * (SOCK_SEQPACKET): "lease" (with the lease's channel as an SCM_RIGHTS descriptor), "end" or
@@ -19,7 +19,7 @@
  *
  * The agent alone, on an existing channel (what each lease runs after its setup).
  *
- *   slot-helper bare --workspace W --state-dir S [--limit NAME VALUE]...
+ *   slot-helper bare --workspace W --state-dir S [--limit NAME VALUE]... [--command-nproc N]
  *
  * An unsandboxed slot's agent (no bubblewrap on the host), serving on fd 0: it enters W, sets
  * the limits, looks tmux up on PATH, and keeps each command in its own session (a new process
@@ -35,6 +35,7 @@
  * Agent requests, each field a 4-byte big-endian length and its bytes, the op first:
  *
  *   exec      TIMEOUT CAP ARGV0 [ARGV1 ...]
+ *   verify    TIMEOUT CAP ARGV0 [ARGV1 ...]   (exec for the env's hooks: the process reserve)
  *   stateful  TIMEOUT CAP COMMAND
  *   tmux      TIMEOUT LITERAL ENTER WAIT LINES KEY [KEY ...]   (LITERAL, ENTER: "0" or "1")
  */
@@ -505,7 +506,39 @@ static int spawn_setup_for(spawn_setup *s, int out_fd, int err_fd, bool own_sess
  * pidfd; without one, ``waitpid`` every 10 ms) only when it still runs then, or once it is
  * WATCH_PROCESS_AFTER_S old: a command that closed its pipes but runs on, and one whose
  * background processes hold its pipes after it exited. */
-static void run_exec(char *const argv[], double timeout, size_t cap, bool own_session, result *r) {
+/* The process reserve of the env's hooks (``--command-nproc N``, docs/sandbox.md): every command
+ * starts with RLIMIT_NPROC N (soft and hard), which leaves the lease's own process limit (its
+ * cgroup's pids.max, or the agent's RLIMIT_NPROC) a reserve that only a ``verify`` request's
+ * command (and what it starts) may use. The agent keeps its hard limit and holds its soft one
+ * at N between spawns, so a command inherits N from its first instruction on (a fork loop can
+ * never take the reserve); the hard limit is lowered to N on the child right after its spawn.
+ * ``command_nproc`` RLIM_INFINITY: no reserve. */
+static rlim_t command_nproc = RLIM_INFINITY;
+static rlim_t agent_nproc_hard = RLIM_INFINITY;
+
+/* Hold the agent's soft RLIMIT_NPROC at the commands' limit (at most its hard one). */
+static void hold_command_nproc(void) {
+    struct rlimit own;
+    if (command_nproc == RLIM_INFINITY || getrlimit(RLIMIT_NPROC, &own) != 0)
+        return;
+    agent_nproc_hard = own.rlim_max;
+    own.rlim_cur = command_nproc < own.rlim_max ? command_nproc : own.rlim_max;
+    (void)setrlimit(RLIMIT_NPROC, &own);
+}
+
+/* Around a spawn: a reserved one runs with the agent's whole limit (``open``), then the agent
+ * goes back to the commands' one. */
+static void open_reserve(bool open) {
+    if (command_nproc == RLIM_INFINITY)
+        return;
+    struct rlimit own = {open ? agent_nproc_hard
+                              : (command_nproc < agent_nproc_hard ? command_nproc : agent_nproc_hard),
+                         agent_nproc_hard};
+    (void)setrlimit(RLIMIT_NPROC, &own);
+}
+
+static void run_command(char *const argv[], double timeout, size_t cap, bool own_session,
+                        bool reserved, result *r) {
     double started = monotonic();
     int out_pipe[2], err_pipe[2];
     if (pipe2(out_pipe, O_CLOEXEC) != 0) {
@@ -520,9 +553,20 @@ static void run_exec(char *const argv[], double timeout, size_t cap, bool own_se
     }
     pid_t pid;
     int spawned = spawn_setup_for(&kept_spawn, out_pipe[1], err_pipe[1], own_session);
-    if (!spawned)
+    if (!spawned) {
+        if (reserved)
+            open_reserve(true);
         spawned = posix_spawn(&pid, argv[0], &kept_spawn.actions, &kept_spawn.attributes, argv,
                               environ);
+        if (reserved)
+            open_reserve(false);
+    }
+    if (!spawned && !reserved && command_nproc != RLIM_INFINITY) {
+        /* its soft limit is the commands' already (inherited); this takes away the rest, so it
+         * cannot raise it into the reserve (a failure leaves the soft limit, which binds) */
+        struct rlimit commands = {command_nproc, command_nproc};
+        (void)prlimit(pid, RLIMIT_NPROC, &commands, NULL);
+    }
     if (!spawned) {
         static int nicer = INT_MIN; /* this process's nice value never changes: read it once */
         if (nicer == INT_MIN) {
@@ -641,6 +685,11 @@ static void run_exec(char *const argv[], double timeout, size_t cap, bool own_se
     r->err_dropped = capture_finish(&captures[1], &r->err);
     set_status(r, status);
     r->duration = monotonic() - started;
+}
+
+/* A command of the lease's own (not reserved): ``run_command`` within the commands' limit. */
+static void run_exec(char *const argv[], double timeout, size_t cap, bool own_session, result *r) {
+    run_command(argv, timeout, cap, own_session, false, r);
 }
 
 /* ------------------------------------------------------------------------------ the shell */
@@ -1193,7 +1242,8 @@ static bool has_fields(const fields *f, size_t count, bool exact, const char *ne
 
 static void answer(shell *sh, const fields *f, result *r) {
     double timeout, cap, wait, lines;
-    if (is(f, 0, "exec")) {
+    bool verify = is(f, 0, "verify");
+    if (verify || is(f, 0, "exec")) {
         if (!has_fields(f, 4, false,
                         "agent failed: ValueError: an exec request needs a timeout, a cap and a program", r) ||
             !number(f, 1, "timeout", &timeout, r) || !number(f, 2, "cap", &cap, r) ||
@@ -1205,7 +1255,7 @@ static void answer(shell *sh, const fields *f, result *r) {
             out_of_memory();
         for (size_t i = 0; i < argc; i++)
             argv[i] = f->text[3 + i];
-        run_exec(argv, timeout, as_cap(cap), sh->own_sessions, r);
+        run_command(argv, timeout, as_cap(cap), sh->own_sessions, verify, r);
         free(argv);
     } else if (is(f, 0, "stateful")) {
         if (!has_fields(f, 4, true,
@@ -1331,6 +1381,7 @@ static int serve(int fd, const char *state_dir, const char *workspace, const cha
         return 2;
     }
     make_dirs(sh.dir);
+    hold_command_nproc();
 
     buf reply = {0};
     buf_printf(&reply, "{\"ready\":true,\"pid\":%d,\"tmux\":%s}", (int)getpid(),
@@ -1518,7 +1569,14 @@ static bool parse_plan(int argc, char **argv, plan *p) {
             if (n < 0 || (size_t)n >= sizeof p->tmpfs)
                 return false;
         }
-        else if (strcmp(flag, "--limit") == 0) {
+        else if (strcmp(flag, "--command-nproc") == 0) {
+            char *end;
+            errno = 0;
+            unsigned long long number = strtoull(value, &end, 10);
+            if (errno || *end || end == value || !number || number >= RLIM_INFINITY)
+                return false;
+            command_nproc = (rlim_t)number;
+        } else if (strcmp(flag, "--limit") == 0) {
             if (i + 1 >= argc || !parse_limit(value, argv[++i], p))
                 return false;
         } else if (strcmp(flag, "--seccomp") == 0) {
@@ -2352,8 +2410,10 @@ static int usage(void) {
             "                        [--carry-rw PATH]... [--carry-ro PATH]...\n"
             "                        [--mask PATH]... [--read-only PATH]...\n"
             "                        [--tmpfs-options OPTIONS] [--own-network] [--seccomp HEX]\n"
+            "                        [--command-nproc N]\n"
             "       slot-helper serve CHANNEL_FD STATE_DIR WORKSPACE TMUX_PATH_OR_EMPTY\n"
             "       slot-helper bare --workspace W --state-dir S [--limit NAME VALUE]...\n"
+            "                        [--command-nproc N]\n"
             "       slot-helper userns COUNT\n"
             "       slot-helper --ids UID:GID PROGRAM [ARG]...\n");
     return 2;

@@ -212,7 +212,8 @@ def _command_request(sandboxes: Sandboxes, call: ExecuteCall, timeout: float) ->
             reason = "holds a NUL character, which no command line can carry @ $.command"
             return failure(call, ToolOutcome.REJECTED, reason)
         try:
-            payload = _command_head(call.tool, repr(timeout), cap) + encode_request([command])
+            head = _command_head(call.tool, repr(timeout), cap, hook=call.hook)
+            payload = head + encode_request([command])
         except UnicodeEncodeError as error:
             reason = f"not valid Unicode text (a lone surrogate at {error.start}) @ $.command"
             return failure(call, ToolOutcome.REJECTED, reason)
@@ -252,12 +253,14 @@ def _wait_s(wait: JSON, timeout: float) -> float:
 
 
 @functools.lru_cache(maxsize=64)
-def _command_head(tool: str, timeout: str, cap: int) -> bytes:
+def _command_head(tool: str, timeout: str, cap: int, *, hook: bool) -> bytes:
     """The encoded fields of a ``bash`` or ``bash_stateful`` request before its command (the
     op, the timeout as ``repr`` writes it, the output cap, and for ``bash`` the shell): they
-    hold no NUL and are the same for every call of a lease with one timeout."""
+    hold no NUL and are the same for every call of a lease with one timeout. A hook's ``bash``
+    is a ``verify`` request: its command may use the lease's process reserve."""
     if tool == "bash":
-        return encode_request(["exec", timeout, str(cap), "/bin/sh", "-c"])
+        op = "verify" if hook else "exec"
+        return encode_request([op, timeout, str(cap), "/bin/sh", "-c"])
     return encode_request(["stateful", timeout, str(cap)])
 
 
