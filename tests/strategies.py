@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import attrs
 from hypothesis import strategies as st
 
 from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.messages import Message, Role
 from trajcore.domain.sampling import FinishReason, SamplingParams, TokenCompletion
-from trajcore.domain.tools import ExecReport, ToolCall, ToolOutcome, ToolResult, ToolSpec
+from trajcore.domain.tools import (
+    ExecReport,
+    SandboxBudget,
+    ToolCall,
+    ToolOutcome,
+    ToolResult,
+    ToolSpec,
+)
 
 names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_0123456789", min_size=1, max_size=20)
 json_scalars: st.SearchStrategy[JSON] = (
@@ -45,6 +53,14 @@ tool_results = st.builds(
     content=st.text(max_size=50),
     error=st.none() | st.text(max_size=30),
     exec=st.none() | exec_reports,
+).flatmap(  # a call whose lease a budget ended is never OK
+    lambda result: (
+        st.just(result)
+        if result.ok
+        else st.builds(
+            attrs.evolve, st.just(result), sandbox_budget=st.none() | st.just(SandboxBudget.DISK)
+        )
+    )
 )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -23,7 +24,7 @@ from trajcore.domain.slot_protocol import (
     ExecuteRequest,
     ExecuteResponse,
 )
-from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult, ToolSpec
+from trajcore.domain.tools import ExecReport, SandboxBudget, ToolOutcome, ToolResult, ToolSpec
 
 text = st.text(max_size=12)
 count = st.integers(0, 10**9)
@@ -50,6 +51,10 @@ reports = st.builds(
 results = st.builds(
     ToolResult, call_id=text, name=text, outcome=st.sampled_from(ToolOutcome), content=text,
     error=st.none() | text, exec=st.none() | reports,
+).flatmap(  # the marker of a lease a budget ended, on any result but an OK one
+    lambda result: st.just(result) if result.ok else st.builds(
+        attrs.evolve, st.just(result), sandbox_budget=st.none() | st.sampled_from(SandboxBudget)
+    )
 )  # fmt: skip
 batches = st.one_of(
     st.builds(ExecuteRequest, calls=st.lists(calls, max_size=3)),
@@ -92,7 +97,7 @@ def _changed(tree: Any, at: tuple[object, ...], how: str, value: object) -> Any:
 # duration is always written).
 _LEFT_OUT_AT = {
     "content": "", "error": None, "exec": None, "stdout": "", "stderr": "", "stdout_dropped": 0,
-    "stderr_dropped": 0, "timed_out": False, "sandboxed": False,
+    "stderr_dropped": 0, "timed_out": False, "sandboxed": False, "sandbox_budget": None,
 }  # fmt: skip
 
 

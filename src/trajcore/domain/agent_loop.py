@@ -56,6 +56,9 @@ Rules this module keeps:
   is never the model's fault, and a trajectory that saw one is not a fair sample of the policy,
   so by default one infra error ends the trajectory as ``infra_error`` (which group assembly never
   scores); ``InfraErrorRule.EVERY_CALL`` ends it only when every call of a batch failed so.
+- A result marked with a ``sandbox_budget`` (the slot ended the lease for its disk budget) ends
+  the trajectory as ``sandbox_budget`` before any other rule: the policy's doing, a budget; its
+  lease is gone, so ``needs_score`` is false and the rollout gives it the env's fixed score.
 - ``finished`` accepts nothing. ``check_valid()`` checks the counters against each other.
 """
 
@@ -142,6 +145,7 @@ class StopReason(enum.Enum):
     TOKEN_BUDGET = "token_budget"  # noqa: S105 - a stop reason, not a secret
     TIME_BUDGET = "time_budget"
     IDLE_LIMIT = "idle_limit"  # one model turn kept the slot idle past its lifetime
+    SANDBOX_BUDGET = "sandbox_budget"  # the slot ended the lease for its disk budget
     MAX_TOKENS = "max_tokens"  # a turn cut by max_tokens with no complete call
     CONTENT_FILTER = "content_filter"  # the server's content filter stopped the model's turn
     MODEL_ERROR = "model_error"  # the LLM server failed or aborted
@@ -162,6 +166,7 @@ _STATUS_OF: Mapping[StopReason, TrajectoryStatus] = {
     StopReason.TOKEN_BUDGET: TrajectoryStatus.BUDGET_EXHAUSTED,
     StopReason.TIME_BUDGET: TrajectoryStatus.BUDGET_EXHAUSTED,
     StopReason.IDLE_LIMIT: TrajectoryStatus.BUDGET_EXHAUSTED,
+    StopReason.SANDBOX_BUDGET: TrajectoryStatus.BUDGET_EXHAUSTED,
     StopReason.MODEL_ERROR: TrajectoryStatus.MODEL_ERROR,
     StopReason.INFRA_ERROR: TrajectoryStatus.INFRA_ERROR,
     StopReason.ENV_ERROR: TrajectoryStatus.ENV_ERROR,
@@ -332,12 +337,14 @@ class TrajectoryStats:
 
     @property
     def needs_score(self) -> bool:
-        """Whether the env's verify-and-score hook should run: finished healthy, with output."""
-        status = self.status
-        return status is not None and status.healthy and self.produced_output
+        """Whether the env's verify-and-score hook should run: finished healthy, with output,
+        in a lease that still stands (not ``sandbox_budget``: its score is the env's fixed one)."""
+        status, ended = self.status, self.stop_reason is StopReason.SANDBOX_BUDGET
+        return status is not None and status.healthy and self.produced_output and not ended
 
     def outcome(self, score: float | None = None) -> TrajectoryOutcome:
-        """The outcome group assembly takes; pass the score exactly when ``needs_score``.
+        """The outcome group assembly takes; pass the score exactly when it is healthy with
+        output (the hook's when ``needs_score``, else a ``sandbox_budget`` stop's fixed one).
 
         Raises:
             StateError: the loop has not finished.
@@ -412,9 +419,8 @@ class AgentLoop:
 
     def stats(self) -> TrajectoryStats:
         """A frozen snapshot of the counters; allowed in every state."""
-        elapsed = 0.0
-        if self._started_at is not None and self._last_now is not None:
-            elapsed = self._last_now - self._started_at
+        started, last = self._started_at, self._last_now
+        elapsed = 0.0 if started is None or last is None else last - started
         return TrajectoryStats(
             state=self._state,
             stop_reason=None if self._stop is None else self._stop.reason,
@@ -532,8 +538,8 @@ class AgentLoop:
     def tool_results(self, results: Sequence[ToolResult], *, now: float) -> CallModel | Finish:
         """Take the results of the pending calls (one each, any order) and decide what follows.
 
-        Returns ``CallModel`` for the next turn, or ``Finish`` (infra errors per
-        ``config.infra_errors_end``, then the time budget, ``max_turns``, the token budgets).
+        Returns ``CallModel`` for the next turn, or ``Finish`` (a lease a sandbox budget ended,
+        infra errors per ``infra_errors_end``, the time budget, ``max_turns``, the token budgets).
 
         Raises:
             StateError: the loop is not waiting for tool results.
@@ -549,6 +555,10 @@ class AgentLoop:
         self._tool_calls += len(results)
         for result in results:
             self._tool_errors = self._tool_errors.plus(result.outcome)
+        for ended in results:
+            if ended.sandbox_budget is not None:
+                detail = f"lease ended for its {ended.sandbox_budget.value} budget: {ended.error}"
+                return self._finish(LoopEvent.TOOL_RESULTS, StopReason.SANDBOX_BUDGET, detail)
         infra = [r for r in results if r.outcome is ToolOutcome.INFRA_ERROR]
         rule = self.config.infra_errors_end
         if infra and (rule is InfraErrorRule.ANY_CALL or len(infra) == len(results)):
@@ -651,12 +661,8 @@ class AgentLoop:
         return CallModel(turn=self._turns + 1, completion_tokens_left=self.completion_tokens_left())
 
     def _time_is_up(self, now: float) -> bool:
-        budget = self.config.time_budget_s
-        return (
-            budget is not None
-            and self._started_at is not None
-            and (now - self._started_at >= budget)
-        )
+        budget, started = self.config.time_budget_s, self._started_at
+        return budget is not None and started is not None and now - started >= budget
 
     def _time_detail(self) -> str:
         return f"time budget of {self.config.time_budget_s}s spent"

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import attrs
 
 from trajcore.domain import validators
-from trajcore.domain.errors import ConfigError, ToolArgumentError
+from trajcore.domain.errors import ConfigError, InvalidInput, ToolArgumentError
 from trajcore.domain.json_values import JSONObject, check_json
 from trajcore.domain.tool_schema import (
     BUILTIN_VALIDATOR,
@@ -27,6 +27,7 @@ from trajcore.domain.tool_schema import (
 
 __all__ = [
     "ExecReport",
+    "SandboxBudget",
     "ToolCall",
     "ToolContext",
     "ToolOutcome",
@@ -98,6 +99,23 @@ class ToolOutcome(enum.Enum):
     INFRA_ERROR = "infra_error"
 
 
+class SandboxBudget(enum.Enum):
+    """A budget of the lease itself that the slot server enforces by ending the lease.
+
+    A call's result names it (``ToolResult.sandbox_budget``) when the lease the call ran in was
+    ended for passing it: what the policy did, not a failure of the infrastructure.
+    """
+
+    DISK = "disk"  # the bytes or files of its writable area (disk_bytes, disk_files)
+
+
+def _budget_not_ok(
+    result: ToolResult, _: attrs.Attribute[SandboxBudget | None], value: SandboxBudget | None
+) -> None:
+    if value is not None and result.outcome is ToolOutcome.OK:
+        raise InvalidInput("sandbox_budget", "a call whose lease was ended cannot be OK")
+
+
 _SIGKILL = 9
 
 
@@ -156,6 +174,9 @@ class ToolResult:
         content: The text the model will see.
         error: For any outcome but ``OK``, a one-line reason naming the field at fault.
         exec: For commands, what the process did.
+        sandbox_budget: The lease's budget whose overrun ended the lease this call ran in
+            (the slot server's marker, on a non-``OK`` result whose ``error`` names the budget
+            and what was measured), or ``None``.
     """
 
     call_id: str
@@ -164,6 +185,7 @@ class ToolResult:
     content: str = ""
     error: str | None = None
     exec: ExecReport | None = None
+    sandbox_budget: SandboxBudget | None = attrs.field(default=None, validator=_budget_not_ok)
 
     @property
     def ok(self) -> bool:
@@ -182,6 +204,7 @@ class ToolResult:
             content=self.content,
             error=self.error,
             exec=self.exec,
+            sandbox_budget=self.sandbox_budget,
         )
 
     @classmethod

@@ -48,7 +48,8 @@ The decisions are the domain ``AgentLoop``'s; this module performs them. Its pro
   (``rollout.awaited``).
 - **Scoring in the same slot.** The verify-and-score hook gets ``SlotTools`` bound to the slot
   the model worked in, and runs only when the loop says a score is needed (finished healthy, with
-  some output).
+  some output). A member whose lease the slot ended for its disk budget (``sandbox_budget``)
+  gets ``sandbox_budget_score`` instead: its check cannot run in the ended lease.
 - **Hooks carry what the seeds carried.** The prepare hook may return metadata (a JSON object);
   the score hook sees a ``Transcript`` (the messages, and the trajectory's id, stop reason,
   turns, tool calls with their results, and that metadata) and may return ``(score,
@@ -71,6 +72,7 @@ from typing import overload
 import anyio
 import attrs
 
+from trajcore.domain import validators
 from trajcore.domain.agent_loop import (
     AgentLoop,
     AgentLoopConfig,
@@ -145,6 +147,9 @@ class RolloutConfig:
         render_inline_chars: A conversation whose messages hold fewer characters than this
             is rendered on the loop: its render is shorter than the switch to a worker thread
             and back costs (``0``: every render in a worker thread).
+        sandbox_budget_score: The score of a member whose lease the slot server ended for its
+            disk budget (``sandbox_budget``): the score hook is not called for it (its check
+            cannot run in the ended lease). ``None``: left out, as an ``infra_error``.
     """
 
     agent: AgentLoopConfig
@@ -157,6 +162,9 @@ class RolloutConfig:
     max_tool_result_chars: int | None = attrs.field(default=100_000)
     render_grace_s: float = attrs.field(default=120.0)
     render_inline_chars: int = attrs.field(default=8192)
+    sandbox_budget_score: float | None = attrs.field(
+        default=0.0, validator=validators.finite_number(None, optional=True)
+    )
 
     @render_inline_chars.validator
     def _check_inline(self, attribute: attrs.Attribute[int], value: object) -> None:
@@ -648,6 +656,13 @@ async def _result(
     run: _Run, policy: Policy, started: float, threads: RenderThreads
 ) -> TrajectoryResult:
     stats = run.loop.stats()
+    detail = stats.detail
+    if stats.stop_reason is StopReason.SANDBOX_BUDGET:  # its lease is gone: no hook could run
+        run.score = run.config.sandbox_budget_score
+        given = "left out" if run.score is None else f"scored sandbox_budget_score={run.score!r}"
+        detail = f"{detail}; the score hook was not run: {given}"
+        if run.score is None:
+            run.score_failure, run.score_failure_status = detail, TrajectoryStatus.INFRA_ERROR
     if stats.needs_score and run.score is None and run.score_failure is None:
         run.score_failure = "scoring did not finish before the trajectory deadline"
         run.score_failure_status = TrajectoryStatus.INFRA_ERROR
@@ -663,10 +678,7 @@ async def _result(
             has_tokens=trainable,
         )
     else:
-        outcome = attrs.evolve(
-            stats.outcome(score=run.score if stats.needs_score else None),
-            has_tokens=trainable,
-        )
+        outcome = attrs.evolve(stats.outcome(score=run.score), has_tokens=trainable, detail=detail)
     if unrendered is not None:
         detail = unrendered if outcome.detail is None else f"{outcome.detail}; {unrendered}"
         outcome = attrs.evolve(outcome, detail=detail)

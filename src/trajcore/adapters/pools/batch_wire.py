@@ -34,12 +34,13 @@ from trajcore.adapters.exec_wire import read_exec_report
 from trajcore.domain.errors import InvalidInput
 from trajcore.domain.json_values import check_json
 from trajcore.domain.slots import SlotCall
-from trajcore.domain.tools import ToolOutcome, ToolResult
+from trajcore.domain.tools import SandboxBudget, ToolOutcome, ToolResult
 
 __all__ = ["batch_body", "batch_results", "json_bytes"]
 
 _EXACT_FLOAT = 1 << 53  # the general path's validator converts larger ints to float (or fails)
 _OUTCOMES = {outcome.value: outcome for outcome in ToolOutcome}
+_BUDGETS = {budget.value: budget for budget in SandboxBudget}
 # The codec's encoding, built once. A cycle cannot reach it: ``check_json`` refuses (or recurses
 # out of) any tree before it is encoded, so the circular check is left off.
 _COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
@@ -126,10 +127,12 @@ def _read_results(items: list[Any], call_ids: Sequence[str]) -> list[ToolResult]
             return None
         call_id, name, outcome = item.get("call_id"), item.get("name"), item.get("outcome")
         content, error, found = item.get("content", ""), item.get("error"), item.get("exec")
+        budget = item.get("sandbox_budget")  # set only on a call whose lease a budget ended
         if (
             type(call_id) is not str or call_id != asked or type(name) is not str
             or type(outcome) is not str or outcome not in outcomes or type(content) is not str
             or (error is not None and type(error) is not str)
+            or (budget is not None and (type(budget) is not str or budget not in _BUDGETS))
         ):  # fmt: skip
             return None
         report = None
@@ -139,7 +142,7 @@ def _read_results(items: list[Any], call_ids: Sequence[str]) -> list[ToolResult]
                 return None
         result = ToolResult(
             call_id=call_id, name=name, outcome=outcomes[outcome], content=content, error=error,
-            exec=report,
+            exec=report, sandbox_budget=None if budget is None else _BUDGETS[budget],
         )  # fmt: skip
         out.append(result)
     return out

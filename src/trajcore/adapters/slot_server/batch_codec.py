@@ -13,7 +13,8 @@ input it either gives the value the converter would give, or gives nothing.
 
 Unstructuring a batch writes the same JSON tree the converter writes (keys in field order,
 enums by value, ``None`` kept). A batch's results, written on every call, leave out each field
-at its default (``content`` empty, no ``error``, no ``exec``; in ``exec`` empty streams, no
+at its default (``content`` empty, no ``error``, no ``exec``, no ``sandbox_budget``; in
+``exec`` empty streams, no
 bytes dropped, not timed out, not sandboxed), in the converter's key order otherwise: every
 reader (the converter, this fast path, the env's ``pools.batch_wire``) takes a field left out
 as its default, so the value read back is the same, in about half the bytes.
@@ -28,11 +29,12 @@ from typing import Any, TypeVar
 from trajcore.adapters.exec_wire import read_exec_report
 from trajcore.domain.errors import InvalidInput
 from trajcore.domain.slot_protocol import ExecuteCall, ExecuteRequest, ExecuteResponse
-from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult
+from trajcore.domain.tools import ExecReport, SandboxBudget, ToolOutcome, ToolResult
 
 __all__ = ["FAST_STRUCTURE", "FAST_UNSTRUCTURE"]
 
 _OUTCOMES = {outcome.value: outcome for outcome in ToolOutcome}
+_BUDGETS = {budget.value: budget for budget in SandboxBudget}
 _EXACT_FLOAT = 1 << 53  # integers up to this convert to float exactly, as the converter's do
 _REFUSED = (InvalidInput, ValueError, TypeError)
 T = TypeVar("T")
@@ -101,17 +103,18 @@ def _result(data: object) -> ToolResult | None:
         return None
     call_id, name, outcome = data.get("call_id"), data.get("name"), data.get("outcome")
     content, error = data.get("content", ""), data.get("error")
-    found = data.get("exec")
+    found, budget = data.get("exec"), data.get("sandbox_budget")
     report = None if found is None else read_exec_report(found)
     if (
         type(call_id) is not str or type(name) is not str or type(outcome) is not str
         or outcome not in _OUTCOMES or type(content) is not str
         or (error is not None and type(error) is not str) or (found is not None and report is None)
+        or (budget is not None and (type(budget) is not str or budget not in _BUDGETS))
     ):  # fmt: skip
         return None
     return ToolResult(
         call_id=call_id, name=name, outcome=_OUTCOMES[outcome], content=content, error=error,
-        exec=report,
+        exec=report, sandbox_budget=None if budget is None else _BUDGETS[budget],
     )  # fmt: skip
 
 
@@ -173,6 +176,8 @@ def _unstructure_result(result: ToolResult) -> dict[str, Any]:
         tree["error"] = result.error
     if result.exec is not None:
         tree["exec"] = _unstructure_report(result.exec)
+    if result.sandbox_budget is not None:
+        tree["sandbox_budget"] = result.sandbox_budget._value_
     return tree
 
 

@@ -25,7 +25,14 @@ from trajcore.domain.json_values import JSON
 from trajcore.domain.slot_calls import Refusal, StaleEpoch
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, ExecuteCall, home_relative
 from trajcore.domain.tool_schema import BUILTIN_VALIDATOR
-from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult, ToolSpec, timeout_end
+from trajcore.domain.tools import (
+    ExecReport,
+    SandboxBudget,
+    ToolOutcome,
+    ToolResult,
+    ToolSpec,
+    timeout_end,
+)
 
 __all__ = ["failure", "flat_check", "lost_result", "refused", "run_call", "start_call"]
 
@@ -105,6 +112,16 @@ def failure(
     call: ExecuteCall, outcome: ToolOutcome, reason: str, exec_report: ExecReport | None = None
 ) -> ToolResult:
     return _result(call, outcome, f"Error: {reason}", error=reason, exec_report=exec_report)
+
+
+def _over_disk(call: ExecuteCall, reason: str) -> ToolResult:
+    """The result of a call whose lease was ended for its disk budget: ``TOOL_ERROR`` naming
+    the budget (``reason``), marked ``SandboxBudget.DISK`` so that the caller knows without
+    reading the text that the policy's own writes ended the lease."""
+    return ToolResult(
+        call_id=call.call_id, name=call.tool, outcome=ToolOutcome.TOOL_ERROR,
+        content=f"Error: {reason}", error=reason, sandbox_budget=SandboxBudget.DISK,
+    )  # fmt: skip
 
 
 def refused(call: ExecuteCall, reason: Refusal) -> ToolResult:
@@ -279,7 +296,7 @@ async def _run_command(
     if isinstance(payload, ToolResult):
         return payload
     if (over := over_for(slot, call.epoch)) is not None:
-        return failure(call, ToolOutcome.TOOL_ERROR, over)
+        return _over_disk(call, over)
     if slot.agent_epoch == call.epoch and (slot.agent is None or not slot.agent.alive()):
         if slot.agent is not None:
             await sandboxes.stop_agent(slot)
@@ -293,7 +310,7 @@ async def _run_command(
     except AgentLost as error:
         return failure(call, ToolOutcome.INFRA_ERROR, f"the slot's sandbox did not start: {error}")
     if (over := over_for(slot, call.epoch)) is not None:  # marked while the agent started
-        return failure(call, ToolOutcome.TOOL_ERROR, over)
+        return _over_disk(call, over)
     retired = slot.calls.retired_epoch
     if call.epoch <= retired:
         # a reset came while the sandbox started: its stop found no lease to interrupt, so the
@@ -353,18 +370,18 @@ def _text_within(data: bytes, cap: int) -> tuple[str, int]:
 
 
 def lost_result(slot: Slot, call: ExecuteCall, lost: AgentLost) -> ToolResult:
-    """The result of a call whose lease was lost: ``TOOL_ERROR`` naming the disk budget when
-    the lease was ended for passing it, else ``INFRA_ERROR`` naming the loss."""
+    """The result of a call whose lease was lost: ``TOOL_ERROR`` naming the disk budget (and
+    marked so) when the lease was ended for passing it, else ``INFRA_ERROR`` naming the loss."""
     over = over_for(slot, call.epoch)
     if over is not None:
-        return failure(call, ToolOutcome.TOOL_ERROR, over)
+        return _over_disk(call, over)
     return failure(call, ToolOutcome.INFRA_ERROR, str(lost))
 
 
 async def _write_file(sandboxes: Sandboxes, slot: Slot, call: ExecuteCall) -> ToolResult:
     path = cast("str", call.arguments["path"])
     if (over := over_for(slot, call.epoch)) is not None:
-        return failure(call, ToolOutcome.TOOL_ERROR, over)
+        return _over_disk(call, over)
     try:
         data = cast("str", call.arguments["content"]).encode("utf-8")
     except UnicodeEncodeError as error:

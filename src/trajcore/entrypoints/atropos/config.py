@@ -257,6 +257,13 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
     min_healthy: int | None = Field(
         default=None, ge=1, description="Fewest members a group is sent with (default 2)."
     )
+    sandbox_budget_score: float | None = Field(
+        default=0.0,
+        allow_inf_nan=False,
+        description="Score of a member whose lease the slot server ended for its disk budget "
+        "(stop reason sandbox_budget; the score hook is not called: its check cannot run in "
+        "the ended lease). None: left out, as an infra_error.",
+    )
     max_failed_groups: int | None = Field(
         default=5,
         ge=1,
@@ -549,6 +556,7 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
             # Atropos drops a group with any sequence of max_token_length tokens or more.
             max_token_length=self.max_token_length - 1,
             render_grace_s=self._render_grace_s(),
+            sandbox_budget_score=self.sandbox_budget_score,
         )
         settings = RolloutSettings(
             mode=choice.mode,
