@@ -14,6 +14,7 @@ from trajcore.domain.json_values import JSONObject
 from trajcore.domain.tool_schema import ArgumentCheck, ArgumentProblem
 from trajcore.domain.tools import (
     ExecReport,
+    SandboxBudget,
     ToolCall,
     ToolOutcome,
     ToolResult,
@@ -76,7 +77,7 @@ def test_a_result_answering_another_call_keeps_every_other_field() -> None:
     report = ExecReport(exit_code=3, stdout="out", stderr="err", duration_s=0.5, sandboxed=True)
     result = ToolResult(
         call_id="c1#4", name="bash", outcome=ToolOutcome.TOOL_ERROR, content="Error: x",
-        error="x", exec=report,
+        error="x", exec=report, sandbox_budget=SandboxBudget.DISK,
     )  # fmt: skip
     # Every field differs from its default, so a field that answering() leaves out shows here.
     assert all(getattr(result, field.name) != field.default for field in attrs.fields(ToolResult))
