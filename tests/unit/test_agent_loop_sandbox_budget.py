@@ -152,7 +152,7 @@ def test_group_rules_count_the_budget_stop_as_usable() -> None:
 
 def test_a_marked_result_is_never_ok() -> None:
     call = _calls(1)[0]
-    with pytest.raises(InvalidInput, match="cannot be OK") as caught:
+    with pytest.raises(InvalidInput) as caught:
         ToolResult(
             call_id=call.id,
             name=call.name,
@@ -160,4 +160,12 @@ def test_a_marked_result_is_never_ok() -> None:
             sandbox_budget=SandboxBudget.DISK,
         )
     assert caught.value.field == "sandbox_budget"
+    assert caught.value.reason == "a call whose lease was ended cannot be OK"
     assert _over(call).answering("other").sandbox_budget is SandboxBudget.DISK
+
+
+def test_a_loop_that_never_started_has_spent_no_time() -> None:
+    loop = AgentLoop(AgentLoopConfig(max_turns=1))
+    assert loop.stats().elapsed_s == 0.0
+    loop.start(5.0)
+    assert loop.stats().elapsed_s == 0.0
