@@ -17,6 +17,7 @@ from tests.integration.test_local_pool import config, running_now, wait_no_lefto
 from trajcore.adapters.pools.local_pool import LocalSandboxPool
 from trajcore.domain.agent_loop import AgentLoopConfig, StopReason
 from trajcore.domain.batch_planner import BatchConfig
+from trajcore.domain.errors import SlotBudgetSpent
 from trajcore.domain.groups import GroupRules, TrajectoryStatus
 from trajcore.domain.messages import Message
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
@@ -150,3 +151,56 @@ async def test_a_member_that_fills_its_disk_is_scored_by_the_setting_and_kept() 
     assert "old" not in hooks.scored
     verdict = rules.assess([old.outcome, solver.outcome])
     assert (verdict.failed, verdict.kept) == ((0,), ())
+
+
+LATE_FILL = f"(sleep 2; head -c {2 * BUDGET} /dev/zero > fill) > /dev/null 2>&1 &"
+
+
+def late_script(messages: Sequence[Message]) -> ScriptStep:
+    """The model: leaves a writer that fills its disk after its last turn, then answers."""
+    if any(message.role == "tool" for message in messages):
+        return "done"
+    return tool_call("bash", command=LATE_FILL)
+
+
+async def test_a_lease_ended_for_its_disk_while_the_hook_waits_is_scored_by_the_setting() -> None:
+    """The budget ends the lease after the model's last call was answered: the score hook's
+    check meets the ended lease (``SlotBudgetSpent``), and the member gets the setting's score,
+    not ``infra_error``."""
+    before = running_now()
+    base = config(containers=1, slots=1)
+    isolation = attrs.evolve(base.server.isolation, disk_bytes=BUDGET)
+    budgeted = attrs.evolve(base, server=attrs.evolve(base.server, isolation=isolation))
+    raised: list[BaseException] = []
+
+    async def score(tools: SlotTools, transcript: Transcript) -> float:
+        await anyio.sleep(6.0)  # the writer starts 2 s after its call; the watch ends the lease
+        try:
+            return 1.0 if await tools.check("test -s small") else 0.0
+        except SlotBudgetSpent as error:
+            raised.append(error)
+            raise
+
+    async with LocalSandboxPool(budgeted) as pool, ToolDispatcher(pool, BatchConfig()) as calls:
+        groups = {pool.server_pid(name) for name in pool.container_names()}
+        run_dir = pool.run_dir
+        result = await run_trajectory(
+            trajectory_id="late",
+            messages=[Message.system("You work in a slot."), Message.user("fill later")],
+            tools=SLOT_TOOL_SPECS,
+            hooks=TrajectoryHooks(prepare=Hooks().prepare, score=score),
+            policy=ScriptedPolicy.openai(late_script),
+            pool=pool,
+            dispatcher=calls,
+            tool_server=None,
+            config=ROLLOUT,
+        )
+    await wait_no_leftovers(groups, run_dir, before)
+
+    assert result.stats.stop_reason is StopReason.NATURAL  # the model's calls all answered
+    assert len(raised) == 1, result.outcome
+    assert (result.outcome.status, result.outcome.score) == (TrajectoryStatus.FINISHED, -0.5)
+    detail = result.outcome.detail or ""
+    assert "score hook: bash 'test -s small'" in detail
+    assert "ended for its disk budget" in detail
+    assert "scored sandbox_budget_score=-0.5" in detail

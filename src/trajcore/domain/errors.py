@@ -14,7 +14,9 @@
     │   ├── SandboxUnavailable  isolation was required and cannot be provided
     │   ├── SlotServerError     a slot server is down, crashed, or answered garbage
     │   ├── SlotInfraError      a hook's call in its slot could not run (infra error, refused,
-    │   │                       lost lease): never a score
+    │   │   │                   lost lease): never a score
+    │   │   └── SlotBudgetSpent ... as its lease was ended for a budget the model spent (its
+    │   │                       disk): ``sandbox_budget_score``, not a failure
     │   ├── ModelServerError    an LLM server failed after retries (``status`` when HTTP gave one)
     │   │   └── RateLimited     the server kept answering 429 until the deadline
     │   ├── ToolServerError     an external tool server failed
@@ -49,6 +51,7 @@ __all__ = [
     "PoolClosed",
     "RateLimited",
     "SandboxUnavailable",
+    "SlotBudgetSpent",
     "SlotFileError",
     "SlotInfraError",
     "SlotServerError",
@@ -122,6 +125,14 @@ class SlotInfraError(InfrastructureError):
     The slot server failed (``INFRA_ERROR``), refused the call (``REJECTED``, which is also how a
     lost or stale lease answers), or gave no report. A score computed past it would be a lie, so
     the trajectory is an infrastructure failure instead.
+    """
+
+
+class SlotBudgetSpent(SlotInfraError):
+    """A hook's call found its lease ended for a budget the model spent (its disk budget).
+
+    The model's doing, not the slot's: the rollout gives the member ``sandbox_budget_score``
+    (``RolloutConfig``) instead of failing it, as when the model's own call met the end.
     """
 
 

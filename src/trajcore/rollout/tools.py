@@ -16,7 +16,9 @@ processes hold all they may (docs/sandbox.md, "Processes"). Its helpers
 cannot lie to a score: ``check`` and ``run`` answer with what the command did and raise
 ``SlotInfraError`` when the slot could not run it (an infrastructure error, a refusal, a lost
 lease), and file reads and writes raise ``SlotFileError`` or ``SlotInfraError``; the trajectory
-runner turns an error raised from the scoring hook into an infrastructure failure, never a 0.
+runner turns an error raised from the scoring hook into an infrastructure failure, never a 0,
+except ``SlotBudgetSpent`` (the lease was ended for the disk budget the model spent), which
+gives the member ``sandbox_budget_score``.
 ``pytest`` uploads a test tree, runs pytest in the slot and reads its outcome
 (``trajcore.rollout.pytest_outcome``). ``fork`` opens n copies of a lease over a task
 environment, from its current files (``EnvironmentPool.snapshot`` and ``lease_from``).
@@ -37,6 +39,7 @@ from trajcore.domain.environment_leases import EnvironmentUnavailable, ForkRefus
 from trajcore.domain.errors import (
     AcquireTimeout,
     InvalidInput,
+    SlotBudgetSpent,
     SlotFileError,
     SlotInfraError,
     ToolServerError,
@@ -314,12 +317,15 @@ class SlotTools:
 
         Raises:
             SlotInfraError: the slot could not run it: ``INFRA_ERROR``, ``REJECTED`` (also a lost
-                or stale lease), or a result without a report.
+                or stale lease), or a result without a report; ``SlotBudgetSpent`` when the
+                lease was ended for a budget the model spent (the rollout scores that member
+                ``sandbox_budget_score``).
         """
         arguments: JSONObject = {"command": command}
         if timeout_s is not None:
             arguments["timeout"] = timeout_s
         result = await self.call("bash", arguments)
+        self._budget_spent(f"bash {command!r}", result)
         if result.outcome in (ToolOutcome.INFRA_ERROR, ToolOutcome.REJECTED):
             raise SlotInfraError(
                 f"bash {command!r} in slot {self.lease.slot}: {result.outcome.value}: "
@@ -369,7 +375,16 @@ class SlotTools:
         result = await self.call("write_file", {"path": path, "content": content})
         self._file_outcome("write_file", path, result)
 
+    def _budget_spent(self, what: str, result: ToolResult) -> None:
+        """Raise ``SlotBudgetSpent`` when ``result`` says its lease was ended for a budget."""
+        if result.sandbox_budget is not None:
+            raise SlotBudgetSpent(
+                f"{what} in slot {self.lease.slot}: the lease was ended for its "
+                f"{result.sandbox_budget.value} budget: {result.error}"
+            )
+
     def _file_outcome(self, tool: str, path: str, result: ToolResult) -> None:
+        self._budget_spent(f"{tool} {path!r}", result)
         if result.outcome in (ToolOutcome.INFRA_ERROR, ToolOutcome.REJECTED):
             raise SlotInfraError(
                 f"{tool} {path!r} in slot {self.lease.slot}: {result.outcome.value}: {result.error}"

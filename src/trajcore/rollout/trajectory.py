@@ -44,12 +44,11 @@ The decisions are the domain ``AgentLoop``'s; this module performs them. Its pro
   10 MiB file, or a tool server that answers one, costs the env a bounded render and tokenize.
 - **A forgotten ``await`` is the env's error.** A hook that called a ``SlotTools`` method
   without ``await`` (``if tools.check(...)``: a coroutine, which is true) fails the member as
-  ``env_error`` naming the call and its line, never with the score it returned
-  (``rollout.awaited``).
+  ``env_error`` naming the call and its line, never with its score (``rollout.awaited``).
 - **Scoring in the same slot.** The verify-and-score hook gets ``SlotTools`` bound to the slot
   the model worked in, and runs only when the loop says a score is needed (finished healthy, with
-  some output). A member whose lease the slot ended for its disk budget (``sandbox_budget``)
-  gets ``sandbox_budget_score`` instead: its check cannot run in the ended lease.
+  some output); a lease ended for its disk budget (``sandbox_budget``, or ``SlotBudgetSpent``
+  from the hook) gives ``sandbox_budget_score``: no check runs there.
 - **Hooks carry what the seeds carried.** The prepare hook may return metadata (a JSON object);
   the score hook sees a ``Transcript`` (the messages, and the trajectory's id, stop reason,
   turns, tool calls with their results, and that metadata) and may return ``(score,
@@ -90,6 +89,7 @@ from trajcore.domain.errors import (
     InfrastructureError,
     InvalidInput,
     ModelServerRejected,
+    SlotBudgetSpent,
     StateError,
 )
 from trajcore.domain.groups import TrajectoryOutcome, TrajectoryStatus
@@ -310,6 +310,7 @@ class _Run:
     score: float | None = None
     score_failure: str | None = None
     score_failure_status: TrajectoryStatus = TrajectoryStatus.ENV_ERROR
+    budget_spent: str | None = None  # the score hook met its lease ended for the model's budget
     prepare_metadata: JSONObject | None = None
     score_metadata: JSONObject | None = None
 
@@ -606,7 +607,9 @@ async def _score(run: _Run, hooks: TrajectoryHooks, slot_tools: SlotTools) -> No
         score: object = await hooks.score(slot_tools, _transcript(run))
     except Exception as exc:  # noqa: BLE001 - the env's own code, or the slot's failure
         forgotten = _forgotten_await(slot_tools, "score hook")
-        if _infrastructure(exc):
+        if isinstance(_first(exc), SlotBudgetSpent):
+            run.budget_spent = f"score hook: {_first(exc)}"
+        elif _infrastructure(exc):
             run.score_failure = f"score hook failed: {_first(exc)}"
             run.score_failure_status = TrajectoryStatus.INFRA_ERROR
         else:  # a coroutine used as its answer raises: the forgotten await is the cause
@@ -656,11 +659,11 @@ async def _result(
     run: _Run, policy: Policy, started: float, threads: RenderThreads
 ) -> TrajectoryResult:
     stats = run.loop.stats()
-    detail = stats.detail
-    if stats.stop_reason is StopReason.SANDBOX_BUDGET:  # its lease is gone: no hook could run
+    detail, spent = stats.detail, run.budget_spent
+    if stats.stop_reason is StopReason.SANDBOX_BUDGET or spent:  # no hook could run or finish
         run.score = run.config.sandbox_budget_score
         given = "left out" if run.score is None else f"scored sandbox_budget_score={run.score!r}"
-        detail = f"{detail}; the score hook was not run: {given}"
+        detail = f"{spent}; {given}" if spent else f"{detail}; the score hook was not run: {given}"
         if run.score is None:
             run.score_failure, run.score_failure_status = detail, TrajectoryStatus.INFRA_ERROR
     if stats.needs_score and run.score is None and run.score_failure is None:
