@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -113,4 +114,29 @@ async def test_a_stateful_call_reaps_the_orphans_that_end_while_it_waits() -> No
             answer = await tools.call("bash_stateful", {"command": command})
             assert answer.exec is not None, answer
             assert (answer.exec.timed_out, answer.exec.stdout) == (False, "forked\n"), answer
+    await wait_no_leftovers(groups, run_dir, before)
+
+
+async def test_a_plain_call_reaps_the_orphans_that_end_while_it_runs() -> None:
+    """A first ``bash`` call fills the lease's process limit with background sleepers that end
+    after 3 s (their parent exits, so they are the agent's: pid 1 of the lease); two process
+    slots come free as that call ends. The next call takes one of them with a sleeper of its
+    own and becomes a bash that tries ``sleep 0 &`` until the fork gets through (bash retries
+    a refused fork after 1, 2, 4 and 8 s). The agent reaps the first call's sleepers while the
+    second call runs, so it forks once they end. It reaped only between calls before: their
+    zombies kept the limit used up until the call ended, and it never forked."""
+    before = running_now()
+    async with LocalSandboxPool(config(containers=1, slots=1)) as pool:
+        groups = {pool.server_pid(name) for name in pool.container_names()}
+        run_dir = pool.run_dir
+        async with slot_tools(pool, timeout_s=15.0) as tools:
+            filled = await tools.bash("sh -c 'while sleep 3 & do :; done' 2>/dev/null; echo full")
+            assert filled.content == "full\n", filled
+            retry = "until sleep 0 & do :; done; echo forked"
+            started = time.monotonic()
+            answer = await tools.bash(f"sleep 20 & exec bash -c '{retry}'")
+            took = time.monotonic() - started
+            assert answer.exec is not None, answer
+            assert (answer.exec.timed_out, answer.exec.stdout) == (False, "forked\n"), answer
+            assert took < 10.0, took
     await wait_no_leftovers(groups, run_dir, before)

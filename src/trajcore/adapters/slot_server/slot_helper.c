@@ -496,6 +496,23 @@ static int spawn_setup_for(spawn_setup *s, int out_fd, int err_fd, bool own_sess
     return 0;
 }
 
+/* How often a command's wait reaps the lease's ended orphans once the command is watched. */
+static const double REAP_EVERY_S = 0.05;
+
+/* As its namespace's pid 1 the agent inherits every orphan of the lease; reap those that ended
+ * while ``command`` runs, so they hold no process slot (pids.max counts the dead until they are
+ * reaped) and a command that retries a fork the limit refused gets it once they end. Each
+ * ended child is looked at first (WNOWAIT) and reaped by its pid only when it is not
+ * ``command``, whose status its own wait reads; the look stops at it. */
+static void reap_orphans_but(pid_t command) {
+    while (true) {
+        siginfo_t ended = {0};
+        if (waitid(P_ALL, 0, &ended, WEXITED | WNOHANG | WNOWAIT) != 0 || ended.si_pid <= 0 ||
+            ended.si_pid == command || waitpid(ended.si_pid, NULL, WNOHANG) <= 0)
+            return;
+    }
+}
+
 /* Run ``argv`` in a new session (``own_session``; else a new process group of this session),
  * stdin from /dev/null, stdout and stderr captured up to ``cap`` bytes each; kill its process
  * group at ``timeout`` seconds.
@@ -505,7 +522,8 @@ static int spawn_setup_for(spawn_setup *s, int out_fd, int err_fd, bool own_sess
  * makes it a zombie, so the look is now and then too early); the process itself is watched (a
  * pidfd; without one, ``waitpid`` every 10 ms) only when it still runs then, or once it is
  * WATCH_PROCESS_AFTER_S old: a command that closed its pipes but runs on, and one whose
- * background processes hold its pipes after it exited. */
+ * background processes hold its pipes after it exited. While it is watched, the lease's ended
+ * orphans are reaped every REAP_EVERY_S at most (reap_orphans_but). */
 /* The process reserve of the env's hooks (``--command-nproc N``, docs/sandbox.md): every command
  * starts with RLIMIT_NPROC N (soft and hard), which leaves the lease's own process limit (its
  * cgroup's pids.max, or the agent's RLIMIT_NPROC) a reserve that only a ``verify`` request's
@@ -637,8 +655,11 @@ static void run_command(char *const argv[], double timeout, size_t cap, bool own
             if (!watching) {
                 if (wait > watch_from - now)
                     wait = watch_from - now;
-            } else if (watched[2].fd < 0 && wait > 0.01) {
-                wait = 0.01;
+            } else {
+                reap_orphans_but(pid);
+                double most = watched[2].fd < 0 ? 0.01 : REAP_EVERY_S;
+                if (wait > most)
+                    wait = most;
             }
         } else {
             wait = drain_until - now;
