@@ -16,7 +16,7 @@ import pytest
 from tests.integration.test_local_pool import config, running_now, wait_no_leftovers
 from trajcore.adapters.pools.local_pool import LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
-from trajcore.domain.errors import SlotFileError, SlotInfraError
+from trajcore.domain.errors import SlotBudgetSpent, SlotFileError, SlotInfraError
 from trajcore.domain.slot_protocol import SLOT_TOOLS
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.tools import SlotTools, ToolRouter
@@ -79,8 +79,8 @@ async def test_check_run_and_files_on_the_local_pool() -> None:
 
 async def test_a_check_after_the_disk_budget_ended_the_lease_names_the_budget() -> None:
     """A lease past its disk budget is ended and every later call of it fails; the score
-    hook's check raises, naming the budget. It said only "tool_error without an exec report"
-    before, so the member's failure hid why."""
+    hook's check raises ``SlotBudgetSpent`` (a ``SlotInfraError``), naming the budget. It said
+    only "tool_error without an exec report" before, so the member's failure hid why."""
     before = running_now()
     base = config(containers=1, slots=1)
     isolation = attrs.evolve(base.server.isolation, disk_bytes=4 << 20)
@@ -92,7 +92,7 @@ async def test_a_check_after_the_disk_budget_ended_the_lease_names_the_budget() 
             ended = await tools.bash("head -c 8388608 /dev/zero > fill; sleep 10")
             budget = r"disk budget of 4194304 bytes \(disk_bytes\) reached"
             assert re.match(budget, ended.error or ""), ended
-            with pytest.raises(SlotInfraError, match=f"without an exec report: {budget}"):
+            with pytest.raises(SlotBudgetSpent, match=f"ended for its disk budget: {budget}"):
                 await tools.check("true")
     await wait_no_leftovers(groups, run_dir, before)
 
