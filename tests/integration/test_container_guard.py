@@ -29,9 +29,10 @@ esac
 """
 
 
-def _guard(tmp_path: Path, containers: list[str], pool_says: str) -> tuple[list[str], str]:
+def _guard(tmp_path: Path, containers: list[str], pool_says: str) -> tuple[list[str], str, str]:
     """Run the guard of pool ``p`` (owner ``OWNER``) over ``containers`` until it exits, after
-    ``pool_says`` on its stdin and the end of it; (the containers left, the engine's log)."""
+    ``pool_says`` on its stdin and the end of it; (the containers left, the engine's log, what
+    the guard said: its stderr, which its pool points at the guards' log)."""
     state, log = tmp_path / "state", tmp_path / "log"
     state.write_text("".join(f"{line}\n" for line in containers), encoding="utf-8")
     log.touch()
@@ -47,7 +48,8 @@ def _guard(tmp_path: Path, containers: list[str], pool_says: str) -> tuple[list[
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert folder.exists() == pool_says.endswith("done\n")
-    return state.read_text(encoding="utf-8").splitlines(), log.read_text(encoding="utf-8")
+    left = state.read_text(encoding="utf-8").splitlines()
+    return left, log.read_text(encoding="utf-8"), done.stderr
 
 
 def test_a_pool_that_ended_without_its_close_loses_its_containers_and_no_others(
@@ -59,8 +61,13 @@ def test_a_pool_that_ended_without_its_close_loses_its_containers_and_no_others(
         "c4 q-0-1 q " + OWNER,  # another prefix
         "c5 p-0-1 p host/1/43/7/abc",  # another process
     ]
-    left, log = _guard(tmp_path, ours + others, "run p-0-1\nran p-0-1\n")
+    left, log, said = _guard(tmp_path, ours + others, "run p-0-1\nran p-0-1\n")
     assert left == others
+    (line,) = said.splitlines()
+    assert line.endswith(
+        "trajcore container pool p: its process ended without closing it; removed its "
+        "containers (p-0-1, p-1-2) and its token folder"
+    ), said
     assert "rm --force --volumes c1" in log
     assert "rm --force --volumes c2" in log
     assert not any(f"rm --force --volumes {c.split()[0]}" in log for c in others)
@@ -69,12 +76,13 @@ def test_a_pool_that_ended_without_its_close_loses_its_containers_and_no_others(
 def test_a_start_under_way_when_the_pool_died_is_waited_for(tmp_path: Path) -> None:
     """A ``run`` told but not ``ran``: the guard lists again until that name has appeared
     (here it is there at once) and removes it."""
-    left, _ = _guard(tmp_path, ["c9 p-2-3 p " + OWNER], "run p-2-3\n")
+    left, _, _ = _guard(tmp_path, ["c9 p-2-3 p " + OWNER], "run p-2-3\n")
     assert left == []
 
 
 def test_a_closed_pool_s_guard_exits_touching_nothing(tmp_path: Path) -> None:
     ours = ["c1 p-0-1 p " + OWNER]
-    left, log = _guard(tmp_path, ours, "run p-0-1\nran p-0-1\ndone\n")
+    left, log, said = _guard(tmp_path, ours, "run p-0-1\nran p-0-1\ndone\n")
     assert left == ours
     assert log == ""
+    assert said == ""

@@ -14,12 +14,15 @@ import json
 import os
 import secrets
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import anyio
 import attrs
@@ -48,6 +51,7 @@ pytestmark = [
 START_S = 120.0  # the env imports trajcore and starts two containers
 GONE_S = 30.0  # a killed env's containers are removed within this (no next pool needed)
 EXIT_S = 60.0  # an interrupted env closes its pool within this
+EOF_S = 2.0  # a killed env's stderr ends within this (its guard does not hold it)
 
 ENV = """
 import json, sys
@@ -81,15 +85,22 @@ def _engine(*args: str) -> str:
 
 def labelled(prefix: str) -> dict[str, str]:
     """Every container (running or not) of pool label ``prefix``: name -> owner label."""
-    names = _engine(
-        "ps", "--all", "--filter", f"label={LABEL}={prefix}", "--format", "{{.Names}}"
-    ).split()
-    if not names:
-        return {}
-    owners = _engine(
-        "inspect", "--format", f'{{{{index .Config.Labels "{OWNER_LABEL}"}}}}', *names
-    ).split()
-    return dict(zip(names, owners, strict=True))
+    assert ENGINE is not None
+    for _ in range(10):
+        names = _engine(
+            "ps", "--all", "--filter", f"label={LABEL}={prefix}", "--format", "{{.Names}}"
+        ).split()
+        if not names:
+            return {}
+        template = f'{{{{index .Config.Labels "{OWNER_LABEL}"}}}}'
+        done = subprocess.run(
+            [ENGINE, "inspect", "--format", template, *names],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        if done.returncode == 0:
+            return dict(zip(names, done.stdout.split(), strict=True))
+        # (one was removed between the listing and the inspection: list again)
+    raise AssertionError(f"{ENGINE} inspect kept failing: {done.stderr}")
 
 
 def _remove_labelled(prefix: str) -> None:
@@ -104,7 +115,23 @@ def _remove_labelled(prefix: str) -> None:
 class Env:
     process: subprocess.Popen[str]
     prefix: str
+    state: Path  # its $XDG_STATE_HOME: the guards' log is below it
     started: list[Proc] = attrs.field(factory=list)
+
+    def stderr_ends(self, timeout_s: float) -> None:
+        """Read the env's stderr to its end, which must come within ``timeout_s``."""
+        assert self.process.stderr is not None
+        deadline = time.monotonic() + timeout_s
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stderr, selectors.EVENT_READ)
+            while selector.select(max(0.0, deadline - time.monotonic())):
+                if not os.read(self.process.stderr.fileno(), 1 << 16):
+                    return
+        raise AssertionError(f"the env's stderr is still open {timeout_s} s after it ended")
+
+    def guards_log(self) -> str:
+        path = self.state / "trajcore" / "guards.log"
+        return path.read_text(encoding="utf-8") if path.exists() else ""
 
     def line(self, timeout_s: float) -> dict[str, object]:
         """The env's next JSON line on stdout (a thread-free bounded read: ``select``)."""
@@ -128,15 +155,16 @@ def env_process() -> Iterator[Env]:
     """The env (``ENV``) in a session of its own, its pool named ``test-guard-<random>``;
     ended, with whatever it left, on the way out."""
     prefix = f"test-guard-{secrets.token_hex(3)}"
+    state = Path(tempfile.mkdtemp(prefix="trajcore-guard-state-"))
     process = subprocess.Popen(
         [sys.executable, "-c", ENV, IMAGE, prefix],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "XDG_STATE_HOME": str(state)},
         start_new_session=True,
     )
-    env = Env(process, prefix)
+    env = Env(process, prefix, state)
     try:
         yield env
     finally:
@@ -149,6 +177,7 @@ def env_process() -> Iterator[Env]:
         for stream in (process.stdout, process.stderr):
             if stream is not None:
                 stream.close()
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def _wait_for(what: str, check: object, timeout_s: float) -> None:
@@ -182,12 +211,15 @@ def test_a_killed_env_s_containers_go_at_once_and_no_others(control: str) -> Non
                 "--label", f"{OWNER_LABEL}={other}", IMAGE)  # fmt: skip
         env.process.kill()  # SIGKILL to the env alone, as the out-of-memory killer sends it
         env.process.wait(10)
+        env.stderr_ends(EOF_S)  # its guard, still at work, does not hold it
         _wait_for(
             "the killed env's containers removed",
             lambda: set(labelled(env.prefix)) == {control},
             GONE_S,
         )
         assert labelled(env.prefix) == {control: other}
+        said = f"removed its containers ({', '.join(sorted(ours))}) and its token folder"
+        _wait_for("the guard's report", lambda: said in env.guards_log(), GONE_S)
         left = wait_until_gone(env.started, GONE_S)  # the guard exits once they are gone
         assert not left, f"left running: {left}"
 

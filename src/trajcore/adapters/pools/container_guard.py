@@ -18,8 +18,8 @@ its ``trajcore.owner`` label (host, pid namespace, pid, start time and the pool'
 instance: one pool of one process, never another's), checks each one's labels again before
 removing it, repeats until none is left and every start that was under way when the pool died
 has been seen, and removes the token folder, all within ``deadline_s`` (the pool's
-``engine_timeout_s`` and ``stop_timeout_s``). What it could not remove by then it names on
-stderr, and the next pool's start removes it.
+``engine_timeout_s`` and ``stop_timeout_s``). What it removed, and what it could not by then
+(which the next pool's start removes), it says in the guards' log (``guard_process.guard_log``).
 
 Why a process of our own rather than the engine's options: ``--rm`` and conmon's exit commands
 act when a container *exits*, and these containers never exit on their own; the engine has no
@@ -31,13 +31,14 @@ scheduler that kills the whole cgroup) leaves the containers to the next pool's 
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from trajcore.adapters.pools.guard_process import guard_says
 
 __all__ = ["LABEL", "OWNER_LABEL", "guard_argv", "guard_containers", "remove_containers"]
 
@@ -131,6 +132,7 @@ def guard_containers() -> None:
     deadline = time.monotonic() + float(deadline_text)
     labels = {LABEL: prefix, OWNER_LABEL: owner}
     left: dict[str, str] | None = None
+    removed: set[str] = set()
     while time.monotonic() < deadline:
         left = _owned(engine, labels, deadline)
         if left is not None:
@@ -138,15 +140,19 @@ def guard_containers() -> None:
             if not left and not starting:
                 break
             remove_containers(engine, list(left), deadline)
+            removed |= set(left.values())
         time.sleep(_ROUND_S)
     shutil.rmtree(token_folder, ignore_errors=True)
+    said = f"trajcore container pool {prefix}: its process ended without closing it"
     if left or left is None:
         what = ", ".join(sorted((left or {}).values())) or "the engine failed"
-        with contextlib.suppress(OSError):
-            sys.stderr.write(
-                f"trajcore container pool {prefix}: could not remove its containers within "
-                f"{deadline_text} s ({what}); the next container pool's start removes them\n"
-            )
+        guard_says(
+            f"{said}; could not remove its containers within {deadline_text} s ({what}); "
+            "the next container pool's start removes them"
+        )
+    else:
+        names = ", ".join(sorted(removed)) or "none was left"
+        guard_says(f"{said}; removed its containers ({names}) and its token folder")
 
 
 def guard_argv(

@@ -63,7 +63,7 @@ import anyio.abc
 import attrs
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from trajcore.adapters.pools.guard_process import GuardProcess
+from trajcore.adapters.pools.guard_process import GuardProcess, guard_says
 from trajcore.adapters.pools.pool_core import Endpoint
 from trajcore.adapters.pools.reconciled import composed_settings
 from trajcore.adapters.pools.server_processes import abandon_each
@@ -350,17 +350,21 @@ def guard_directory() -> None:
     deadline = time.monotonic() + _GUARD_SERVERS_S
     while time.monotonic() < deadline and any(_signal_group(pid, 0) for pid in groups):
         time.sleep(0.05)
-    for pid in groups:
-        _signal_group(pid, signal.SIGKILL)
+    killed = sorted(pid for pid in groups if _signal_group(pid, signal.SIGKILL))
+    said = f"trajcore local pool {run_dir}: its process ended without closing it"
+    if killed:
+        said += f"; killed its slot servers' groups {killed} (there after {_GUARD_SERVERS_S:g} s)"
+    found = run_dir.exists()
     deadline = time.monotonic() + _REMOVE_TIMEOUT_S
     while run_dir.exists():  # (a server may still be writing below it: try again)
         try:
             remove_tree(run_dir, timeout_s=max(0.1, deadline - time.monotonic()))
         except OSError as error:
             if time.monotonic() >= deadline:
-                sys.stderr.write(f"trajcore local pool: cannot remove {run_dir}: {error}\n")
+                guard_says(f"{said}; cannot remove its directory: {error}")
                 return
             time.sleep(0.1)
+    guard_says(f"{said}; {'removed' if found else 'its slot servers removed'} its directory")
 
 
 # ============================================================================ the pool
