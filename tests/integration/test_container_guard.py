@@ -19,6 +19,8 @@ pytestmark = pytest.mark.slow
 OWNER = "host/1/42/7/abc"
 ENGINE = """#!/bin/sh
 state={state}
+exec 9>>"$state.lock"
+flock 9  # one command at a time over the state file (the guard removes in parallel)
 echo "$*" >> {log}
 case "$1" in
     ps) cut -d' ' -f1 "$state" ;;

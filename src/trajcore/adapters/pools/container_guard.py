@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from trajcore.adapters.pools.guard_process import guard_says
@@ -48,21 +49,26 @@ OWNER_LABEL = "trajcore.owner"  # host/pid namespace/pid/start/instance of the p
 _ROUND_S = 0.5  # between two listings while containers or started ones remain
 
 
-def _engine(engine: str, args: list[str], deadline: float) -> str | None:
+def _words(engine: str | Sequence[str]) -> list[str]:
+    """The engine's command words: its name, or its name and options (``podman --runtime runc``)."""
+    return [engine] if isinstance(engine, str) else list(engine)
+
+
+def _engine(engine: Sequence[str], args: list[str], deadline: float) -> str | None:
     """``engine args``' stdout, or ``None`` when it failed or ran past ``deadline``."""
     left = deadline - time.monotonic()
     if left <= 0:
         return None
     try:
         done = subprocess.run(
-            [engine, *args], capture_output=True, text=True, timeout=left, check=False
+            [*engine, *args], capture_output=True, text=True, timeout=left, check=False
         )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout if done.returncode == 0 else None
 
 
-def _owned(engine: str, labels: dict[str, str], deadline: float) -> dict[str, str] | None:
+def _owned(engine: Sequence[str], labels: dict[str, str], deadline: float) -> dict[str, str] | None:
     """The containers (ID -> name) carrying every one of ``labels`` (``None``: the engine
     failed). Each listed one's labels are read again: only exact matches count."""
     filters: list[str] = []
@@ -87,12 +93,12 @@ def _owned(engine: str, labels: dict[str, str], deadline: float) -> dict[str, st
     return owned
 
 
-def remove_containers(engine: str, ids: list[str], deadline: float) -> None:
+def remove_containers(engine: str | Sequence[str], ids: list[str], deadline: float) -> None:
     """``rm --force --volumes`` each (one command each: podman 4.3's rm of several removes
     none when one of them is gone by then), in parallel, bounded by ``deadline``."""
     removals = [
         subprocess.Popen(
-            [engine, "rm", "--force", "--volumes", container_id],
+            [*_words(engine), "rm", "--force", "--volumes", container_id],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         for container_id in ids
@@ -122,10 +128,12 @@ def _read_pool(lines: object) -> tuple[bool, set[str]]:
 
 def guard_containers() -> None:
     """The guard process (module doc). ``sys.argv[1:]``: the engine, the pool label's value,
-    the owner label's value, the token folder and the deadline in seconds."""
+    the owner label's value, the token folder, the deadline in seconds, then the engine's
+    options, if any."""
     for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)  # it ends with the pool's pipe, not a signal
-    engine, prefix, owner, token_folder, deadline_text = sys.argv[1:6]
+    name, prefix, owner, token_folder, deadline_text = sys.argv[1:6]
+    engine = [name, *sys.argv[6:]]
     done, starting = _read_pool(sys.stdin)
     if done:
         return
@@ -156,10 +164,11 @@ def guard_containers() -> None:
 
 
 def guard_argv(
-    *, engine: str, prefix: str, owner: str, token_folder: Path, deadline_s: float
+    *, engine: str | Sequence[str], prefix: str, owner: str, token_folder: Path, deadline_s: float
 ) -> list[str]:
     """The command line of the guard of the containers labelled ``prefix`` and ``owner``
-    (``guard_process.GuardProcess`` starts it)."""
+    (``guard_process.GuardProcess`` starts it); ``engine``: its name, or its command words."""
     code = f"from {__name__} import guard_containers as g; g()"
-    return [sys.executable, "-c", code, engine, prefix, owner, str(token_folder),
-            f"{deadline_s:g}"]  # fmt: skip
+    name, *options = _words(engine)
+    return [sys.executable, "-c", code, name, prefix, owner, str(token_folder),
+            f"{deadline_s:g}", *options]  # fmt: skip

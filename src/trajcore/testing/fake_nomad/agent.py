@@ -106,8 +106,8 @@ from trajcore.testing.fake_nomad.jobs import (
 )
 from trajcore.testing.fake_nomad.openapi import GO_TRUE, NomadOpenAPI
 from trajcore.testing.fake_nomad.processes import (
+    ContainerGuard,
     free_port,
-    remove_container,
     signal_group,
     start_container,
     start_task,
@@ -141,7 +141,8 @@ class FakeNomadAPI:
         engine: The container engine's command words (``("podman", "--runtime", "runc")``,
             ``("docker",)``); needed for the ``docker`` driver.
         container_prefix: Names of the containers started (``<prefix>-<allocation id>``); every
-            one is removed when its task stops and when the fake closes.
+            one is removed when its task stops, when the fake closes, and by a guard process
+            when the fake's process ends without closing it (``processes.ContainerGuard``).
         acl_token: When set, every request but ``status/leader`` must carry it.
         acl_status: What a refused token gets: 403 as Nomad answers, 401 as a proxy may.
         acl_denied: Paths (prefixes) refused to every token, as to one whose policy lacks
@@ -181,6 +182,7 @@ class FakeNomadAPI:
     _faults: list[tuple[int, str]] = attrs.field(init=False, factory=list)
     _closing: bool = attrs.field(init=False, default=False)
     _containers: set[str] = attrs.field(init=False, factory=set)
+    _guard: ContainerGuard | None = attrs.field(init=False, default=None)
     requests: list[NomadRequest] = attrs.field(init=False, factory=list)
     violations: list[str] = attrs.field(init=False, factory=list)
 
@@ -203,6 +205,9 @@ class FakeNomadAPI:
         else:
             self._dir = self.root
             self._dir.mkdir(parents=True, exist_ok=True)
+        if self.engine is not None and "docker" in self.drivers:
+            self._guard = ContainerGuard(self.engine, self.container_prefix)
+            await self._guard.start(self._dir if self._own_dir else self._dir / ".guard")
         group = anyio.create_task_group()
         await group.__aenter__()
         self._group = group
@@ -245,10 +250,11 @@ class FakeNomadAPI:
                 if alloc.process is not None:
                     with anyio.move_on_after(1.0):
                         await alloc.process.wait()
-            if self.engine is not None:
+            if self._guard is not None:
                 for container in sorted(self._containers):
-                    await remove_container(self.engine, container)
+                    await self._guard.remove(container)
                 self._containers.clear()
+                await self._guard.release()
             if self._own_dir and self._dir is not None:
                 directory = self._dir
                 await anyio.to_thread.run_sync(lambda: shutil.rmtree(directory, True))
@@ -652,9 +658,10 @@ class FakeNomadAPI:
             return None
         try:
             if alloc.spec.docker is not None:
-                assert self.engine is not None  # checked when built
+                assert self._guard is not None  # the docker driver needs an engine: checked
                 self._containers.add(container)
-                process = await start_container(alloc, task_dir, alloc_dir, self.engine, container)
+                self._guard.starting(container)
+                process = await start_container(alloc, task_dir, alloc_dir, self._guard, container)
             else:
                 process = await start_task(alloc, task_dir, alloc_dir)
         except OSError as error:
@@ -667,8 +674,8 @@ class FakeNomadAPI:
         finally:
             alloc.process = None
             signal_group(process, signal.SIGKILL)  # what it started dies with it
-            if self.engine is not None and container in self._containers:
-                await remove_container(self.engine, container)
+            if self._guard is not None and container in self._containers:
+                await self._guard.remove(container)
                 self._containers.discard(container)
 
     async def _reschedule(self, alloc: Alloc) -> None:

@@ -10,6 +10,13 @@ directory (the token never appears on a command line), and the task's ``security
 ``ulimit`` and ``privileged`` as the engine spells them (podman says ``unmask=ALL`` where docker
 says ``systempaths=unconfined``). ``remove_container`` removes it, whatever state it is in.
 
+The containers do not outlive the fake's process, however it ends (a test run killed by
+SIGTERM or SIGKILL included): each carries the container pool's labels (``trajcore.pool``: the
+fake's ``container_prefix``; ``trajcore.owner``: this fake, in this process), and a
+``ContainerGuard``, the container pool's guard process (``container_guard``), removes every
+container with both labels when the fake's process ends without closing it (``--rm`` acts only
+when a container exits, and a killed fake's containers never do).
+
 For a child process, the task directory gets Nomad's layout (``local``, ``secrets``, ``tmp``,
 ``alloc/logs``), templates are rendered into it, ``${NOMAD_*}`` references in the command, its
 arguments and ``Env`` are interpolated, and the command's output goes to
@@ -21,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import socket
 import subprocess
 from collections.abc import Mapping
@@ -29,10 +37,14 @@ from typing import Final
 
 import anyio
 import anyio.abc
+import attrs
 
+from trajcore.adapters.pools.container_guard import LABEL, OWNER_LABEL, guard_argv
+from trajcore.adapters.pools.guard_process import GuardProcess
 from trajcore.testing.fake_nomad.jobs import ENV_TEMPLATE, Alloc, DockerConfig
 
 __all__ = [
+    "ContainerGuard",
     "free_port",
     "interpolate",
     "remove_container",
@@ -175,10 +187,60 @@ def _engine_options(engine: tuple[str, ...], docker: DockerConfig) -> list[str]:
     return options
 
 
+@attrs.define(eq=False)
+class ContainerGuard:
+    """The labels of a fake's containers and the guard process that removes them when the
+    fake's process ends without closing it (module doc). ``start``; ``starting`` before each
+    container's start and ``remove`` at its end; ``release`` once they are all removed.
+
+    Attributes:
+        engine: The container engine's command words.
+        prefix: The fake's ``container_prefix`` (the ``trajcore.pool`` label).
+        deadline_s: How long the guard of a killed fake may take to remove its containers.
+    """
+
+    engine: tuple[str, ...]
+    prefix: str
+    deadline_s: float = 60.0
+    owner: str = attrs.field(
+        init=False,
+        factory=lambda: f"{socket.gethostname()}/fake-nomad/{os.getpid()}/{secrets.token_hex(6)}",
+    )
+    _guard: GuardProcess = attrs.field(init=False, factory=GuardProcess)
+
+    @property
+    def labels(self) -> list[str]:
+        """The engine's ``--label`` options of every container the fake starts."""
+        return ["--label", f"{LABEL}={self.prefix}", "--label", f"{OWNER_LABEL}={self.owner}"]
+
+    async def start(self, folder: Path) -> None:
+        """Start the guard; a killed fake's guard removes ``folder`` too (after the containers)."""
+        await self._guard.start(
+            guard_argv(
+                engine=self.engine, prefix=self.prefix, owner=self.owner, token_folder=folder,
+                deadline_s=self.deadline_s,
+            )
+        )  # fmt: skip
+
+    def starting(self, name: str) -> None:
+        """The container ``name`` may appear from now on."""
+        self._guard.tell(f"run {name}")
+
+    async def remove(self, name: str) -> None:
+        """Remove the container ``name`` (``remove_container``): the guard waits for it no more."""
+        await remove_container(self.engine, name)
+        self._guard.tell(f"ran {name}")
+
+    async def release(self) -> None:
+        """The fake closed, its containers removed: the guard exits."""
+        await self._guard.release()
+
+
 async def start_container(
-    alloc: Alloc, task_dir: Path, alloc_dir: Path, engine: tuple[str, ...], name: str
+    alloc: Alloc, task_dir: Path, alloc_dir: Path, guard: ContainerGuard, name: str
 ) -> anyio.abc.Process:
-    """Start a ``docker`` task as the container ``name`` through ``engine`` (module doc).
+    """Start a ``docker`` task as the container ``name`` through ``guard``'s engine, with its
+    labels (module doc).
 
     Raises ``OSError`` when the directories cannot be made or the engine cannot start.
     """
@@ -194,11 +256,11 @@ async def start_container(
     env_file.chmod(0o600)
     words = [interpolate(word, env) for word in (*docker.entrypoint, *alloc.spec.args)]
     argv = [
-        *engine, "run", "--rm", "--name", name, "--env-file", str(env_file),
+        *guard.engine, "run", "--rm", "--name", name, *guard.labels, "--env-file", str(env_file),
         "--volume", f"{task_dir / 'local'}:/local", "--volume", f"{task_dir / 'secrets'}:/secrets",
         "--volume", f"{alloc_dir}:/alloc",
         *(f"--publish=127.0.0.1:{port}:{port}" for port in alloc.ports.values()),
-        *_engine_options(engine, docker),
+        *_engine_options(guard.engine, docker),
         *(["--entrypoint", words[0]] if words else []),
         docker.image, *words[1:],
     ]  # fmt: skip
