@@ -41,10 +41,14 @@ def _stops(fake: FakeNomadAPI) -> list[str]:
     return [r.path for r in fake.requests if r.path.endswith("/stop")]
 
 
+def _count(fake: FakeNomadAPI, path: str) -> int:
+    return sum(1 for r in fake.requests if r.method == "GET" and r.path == path)
+
+
 async def test_a_pool_whose_job_another_pool_registered_leaves_that_pool_alone(
     fake: FakeNomadAPI,
 ) -> None:
-    config = nomad_pool_config(fake.address, start_timeout_s=1.0)
+    config = nomad_pool_config(fake.address)  # each start waits as long as it needs
     opened, close = anyio.Event(), anyio.Event()
     pools: list[NomadSandboxPool] = []
 
@@ -60,10 +64,19 @@ async def test_a_pool_whose_job_another_pool_registered_leaves_that_pool_alone(
         (first,) = pools
         async with NomadSandboxPool(config) as second:
             (name,) = second.container_names()
+            (theirs,) = fake.running("test-slots")
             await wait_until(
                 lambda: any("took it over" in p for p in first.problems), "the first pool says so"
             )
-            await anyio.sleep(2.5)  # longer than a join may take: the first pool never joins
+            # Every listing shows the second pool's allocation. A pool that took it for its own
+            # would join it, and a join starts by reading the allocation (its address; only a
+            # join reads one), then stops it once the join fails. Both pools poll in this
+            # event loop, so twenty more listings leave the first pool's polls and any join
+            # they started the time to show, however slow the machine: no deadline to race.
+            listing = "/v1/job/test-slots/allocations"
+            listings = _count(fake, listing)
+            await wait_until(lambda: _count(fake, listing) >= listings + 20, "twenty more polls")
+            assert _count(fake, f"/v1/allocation/{theirs.id}") == 1  # the second pool's join
             assert _stops(fake) == []
             assert first.container_names() == []
             close.set()
