@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import secrets
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +20,11 @@ from hypothesis import HealthCheck, settings
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
+# The pools' guards append what they have to say to $XDG_STATE_HOME/trajcore/guards.log: a test
+# run's lines go to a folder of its own, removed when the run ends, not to the user's.
+_STATE_HOME = tempfile.mkdtemp(prefix="trajcore-test-state-")
+os.environ["XDG_STATE_HOME"] = _STATE_HOME
+atexit.register(shutil.rmtree, _STATE_HOME, True)
 
 # ci: reproducible and bounded, no per-example deadline (shared machines are noisy).
 settings.register_profile(
