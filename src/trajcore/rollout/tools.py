@@ -85,7 +85,10 @@ class ToolRouter:
     tool_timeout_s: float
     trajectory_id: str
     hook: bool = attrs.field(default=False, kw_only=True)
-    _sent: int = attrs.field(init=False, default=0)
+    # shared by every router evolved from this one (the hooks', a fork's): see ``run``
+    _sent: itertools.count[int] = attrs.field(
+        factory=lambda: itertools.count(1), kw_only=True, eq=False, repr=False
+    )
 
     async def run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         """One result per call, in order; failures are results (see ``ToolOutcome``).
@@ -94,7 +97,9 @@ class ToolRouter:
         without running again), but a model's ids need only be unique within one turn: servers
         that number each turn's calls from ``call_0`` exist. So each call goes to the slot
         under an id of its own in this lease (the model's id, then ``#`` and a count), and its
-        result comes back under the model's id.
+        result comes back under the model's id. The count is shared with the routers evolved
+        from this one (the hooks' ``SlotTools``), so no hook's call has a model's call's id,
+        whatever ids the model writes: its result is never the model's.
         """
         results: list[ToolResult | None] = [None] * len(calls)
         at: list[int] = []  # where each slot call's result goes
@@ -104,10 +109,9 @@ class ToolRouter:
             if call.name not in self.offered:
                 results[i] = ToolResult.unknown_tool(call)
             elif call.name in SLOT_TOOLS:
-                self._sent += 1
                 # Built directly rather than by attrs.evolve, which costs about as much again.
                 slot_call = ToolCall(
-                    id=f"{call.id}#{self._sent}", name=call.name, arguments=call.arguments
+                    id=f"{call.id}#{next(self._sent)}", name=call.name, arguments=call.arguments
                 )
                 at.append(i)
                 timeout_s, hook = self.tool_timeout_s, self.hook
