@@ -304,6 +304,11 @@ async def test_malformed_tool_listing_is_a_wire_error_with_its_path(
         ({"results": []}, "expected 1 results, got 0 @ $.results"),
         ({"results": [{"call_id": "zz", "name": "echo", "outcome": "ok"}]},
          "@ $.results[0].call_id"),
+        # only a slot server ends a lease for its budget: a tool server's marker would end the
+        # trajectory with sandbox_budget_score, the score hook never called
+        ({"results": [{"call_id": "c1", "name": "echo", "outcome": "tool_error", "error": "full",
+                       "sandbox_budget": "disk"}]},
+         "@ $.results[0].sandbox_budget"),
     ],
 )  # fmt: skip
 async def test_malformed_execute_answer_gives_infra_errors_naming_the_path(

@@ -168,7 +168,9 @@ def check_answers(calls: Sequence[ToolCall], results: Sequence[ToolResult]) -> N
 
     Raises:
         WireError: at ``$.results`` for a wrong count, at ``$.results[i].call_id`` for a result
-            that answers another call.
+            that answers another call, at ``$.results[i].sandbox_budget`` for a result that
+            says a lease was ended (a slot server's marker: it would end the trajectory with
+            the env's fixed score, its score hook never called).
     """
     if len(results) != len(calls):
         raise WireError("$.results", f"expected {len(calls)} results, got {len(results)}")
@@ -176,6 +178,11 @@ def check_answers(calls: Sequence[ToolCall], results: Sequence[ToolResult]) -> N
         if result.call_id != call.id:
             raise WireError(
                 f"$.results[{i}].call_id", f"answers call {result.call_id!r}, not {call.id!r}"
+            )
+        if result.sandbox_budget is not None:
+            raise WireError(
+                f"$.results[{i}].sandbox_budget",
+                "only a slot server ends a lease for its budget; a tool server cannot say so",
             )
 
 
