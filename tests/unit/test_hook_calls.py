@@ -5,19 +5,25 @@ model's commands leave free; the model's calls never carry the mark."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.pools.batch_wire import batch_body
 from trajcore.adapters.slot_server.codec import decode, encode
-from trajcore.adapters.slot_server.limits import command_process_limit
+from trajcore.adapters.slot_server.limits import CgroupPlan, SlotCgroup, command_process_limit
+from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
+from trajcore.adapters.slot_server.sandboxes import Sandboxes
+from trajcore.adapters.slot_server.slot_state import Slot
+from trajcore.adapters.slot_server.workspace import Workspace
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.errors import InvalidInput, WireError
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slot_protocol import SLOT_TOOLS, ExecuteCall, ExecuteRequest, execute_call
 from trajcore.domain.slots import Lease, SlotCall, SlotId
 from trajcore.domain.tools import ToolCall
+from trajcore.entrypoints.hermes_tool_context import run_env_tool
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.tools import SlotTools, ToolRouter
 
@@ -104,3 +110,47 @@ def test_the_commands_limit_leaves_the_hooks_a_quarter(
     isolation = SlotIsolation(max_processes=limit)
     found = command_process_limit(isolation, own_count=own_count, cgroup_pids=cgroup_pids)
     assert found == expected
+
+
+@pytest.mark.anyio
+async def test_a_seed_tool_context_call_is_the_hooks_too() -> None:
+    """hermes-agent's ``ToolContext`` (``ctx.terminal(...)`` in a ported env's score code) goes
+    through ``run_env_tool``: its calls carry the mark as ``SlotTools``' do."""
+    async with (
+        FakeSandboxPool() as pool,
+        ToolDispatcher(pool, BatchConfig()) as dispatcher,
+        pool.lease("t", timeout_s=5.0) as lease,
+    ):
+        router = ToolRouter(
+            lease=lease, dispatcher=dispatcher, tool_server=None,
+            offered=frozenset(SLOT_TOOLS), tool_timeout_s=5.0, trajectory_id="t",
+        )  # fmt: skip
+        await run_env_tool(SlotTools(router), "terminal", {"command": "true"})
+    assert [call.hook for call in pool.executed] == [True]
+
+
+@pytest.mark.parametrize(
+    ("sandboxed", "expected"),
+    [
+        (True, 24),  # the lease's user is the slot's own: the reserve holds
+        (False, None),  # a bare agent runs as the server's user (root here): no reserve
+    ],
+)
+def test_a_bare_agent_under_a_root_server_with_a_cgroup_gets_no_reserve(
+    tmp_path: Path, sandboxed: bool, expected: int | None
+) -> None:
+    """A root server gives each sandboxed slot a uid of its own, but an unsandboxed (``bare``)
+    agent runs as root, whom ``RLIMIT_NPROC`` never binds: a reserve there would be a promise
+    the kernel does not keep, while the cgroup's ``pids.max`` counts the slot's processes."""
+    isolation = SlotIsolation(max_processes=32)
+    sandboxes = Sandboxes(
+        config=RuntimeConfig(slots=1, root=tmp_path, isolation=isolation), uid_base=100_000
+    )
+    plan = CgroupPlan(version=2, pids_parent=tmp_path / "pids", memory_parent=None)
+    slot = Slot(
+        index=0,
+        workspace=Workspace(tmp_path / "w"),
+        state_dir=tmp_path / "s",
+        cgroup=SlotCgroup(plan=plan, name="slot-0"),
+    )
+    assert sandboxes.agent_config(slot, sandboxed=sandboxed)["command_nproc"] == expected

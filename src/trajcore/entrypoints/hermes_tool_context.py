@@ -89,6 +89,7 @@ async def run_env_tool(
         router,
         offered=router.offered | {name},
         tool_timeout_s=router.tool_timeout_s if limit is None else limit,
+        hook=True,  # the env's own call: it may use the hooks' process reserve
     )
     call = ToolCall(id=f"compat_{next(_call_ids)}", name=name, arguments=dict(arguments))
     (result,) = await router.run([call])

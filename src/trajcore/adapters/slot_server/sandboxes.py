@@ -320,7 +320,9 @@ class Sandboxes:
                 tmpfs_bytes=0 if budget is None else budget.size_bytes,
             )
         )
-        own_count = self.ids(slot.index) is not None or (sandboxed and ucounts_per_namespace())
+        # a bare agent runs as the server's user (root under a root server, whom RLIMIT_NPROC
+        # never binds): only a sandboxed lease's count is its slot's own
+        own_count = sandboxed and (self.ids(slot.index) is not None or ucounts_per_namespace())
         commands = command_process_limit(
             isolation, own_count=own_count, cgroup_pids=slot.cgroup is not None
         )
