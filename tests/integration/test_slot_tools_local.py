@@ -140,3 +140,34 @@ async def test_a_plain_call_reaps_the_orphans_that_end_while_it_runs() -> None:
             assert (answer.exec.timed_out, answer.exec.stdout) == (False, "forked\n"), answer
             assert took < 10.0, took
     await wait_no_leftovers(groups, run_dir, before)
+
+
+async def test_a_file_the_model_left_unreadable_is_the_models_doing_not_the_slots() -> None:
+    """A score hook reads the answer the model left: a FIFO, a symlink to a device or one that
+    leads out of the workspace. The slot refuses each read for the file it found, so the hook
+    gets ``SlotFileError`` (the env scores it 0, as a missing file), never ``SlotInfraError``,
+    which would fail the member as an infrastructure error and spare the model its 0. A path
+    the hook itself got wrong (``..``, absolute) stays the slot's refusal of the call."""
+    before = running_now()
+    async with LocalSandboxPool(config(containers=1, slots=1)) as pool:
+        groups = {pool.server_pid(name) for name in pool.container_names()}
+        run_dir = pool.run_dir
+        async with slot_tools(pool, timeout_s=5.0) as tools:
+            made = "mkfifo fifo && ln -s /dev/zero zero && ln -s /etc/hostname out && ln -s fifo in"
+            assert await tools.check(made)
+            for name, why in [
+                ("fifo", "is a FIFO"),
+                ("zero", "leads out of the workspace"),
+                ("out", "leads out of the workspace"),
+                ("in", "is a FIFO"),
+            ]:
+                with pytest.raises(SlotFileError, match=why) as info:
+                    await tools.read_file(name)
+                assert info.value.path == name
+                with pytest.raises(SlotFileError, match=why):
+                    await tools.write_file(name, "42")
+            with pytest.raises(SlotInfraError):
+                await tools.read_file("sub/../../fifo")
+            with pytest.raises(SlotInfraError):
+                await tools.write_file("/fifo", "42")
+    await wait_no_leftovers(groups, run_dir, before)

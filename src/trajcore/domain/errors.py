@@ -124,7 +124,8 @@ class SlotInfraError(InfrastructureError):
 
     The slot server failed (``INFRA_ERROR``), refused the call (``REJECTED``, which is also how a
     lost or stale lease answers), or gave no report. A score computed past it would be a lie, so
-    the trajectory is an infrastructure failure instead.
+    the trajectory is an infrastructure failure instead. (A file call refused for the file the
+    model left at a workspace path, a FIFO or a symlink leading out, is a ``SlotFileError``.)
     """
 
 

@@ -143,6 +143,27 @@ class ToolRouter:
             return ToolResult.infra_errors(plain, str(exc))
 
 
+def _refused_for_the_file(path: str, result: ToolResult) -> bool:
+    """Whether the slot refused a hook's file call for what the workspace holds at ``path``.
+
+    A path that names a file inside the workspace (relative, no ``..``, no NUL, encodable as a
+    file name) can only be refused ``@ $.path`` for the file found there: not a regular file
+    (a FIFO, a device, a socket) or a symlink that leads out. The model put it there, so it is
+    the model's doing, as a missing file is. A hook's own bad path (absolute, ``..``) and a
+    stale or lost lease (``@ $.epoch``) are not this.
+    """
+    if not (result.error or "").endswith("@ $.path"):
+        return False
+    parts = path.split("/")
+    if not path or path.startswith("/") or ".." in parts or "\0" in path:
+        return False
+    try:
+        path.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that stands for no byte: the hook's text
+        return False
+    return True
+
+
 @attrs.define
 class SlotTools:
     """The hooks' toolbox, bound to one trajectory's slot (the ToolContext of env authors).
@@ -361,8 +382,10 @@ class SlotTools:
         """The text of ``path`` (relative to the workspace).
 
         Raises:
-            SlotFileError: the slot read it and failed (missing, not a regular file, too large).
-            SlotInfraError: the slot could not run the read (infra error, refused, lost lease).
+            SlotFileError: the slot read it and failed (missing, not a regular file, too large),
+                or refused the file it found there (a FIFO, a device, a symlink leading out).
+            SlotInfraError: the slot could not run the read (infra error, a refusal of the
+                path itself, lost lease).
         """
         result = await self.call("read_file", {"path": path})
         self._file_outcome("read_file", path, result)
@@ -373,8 +396,10 @@ class SlotTools:
         """Write ``content`` to ``path`` (relative to the workspace), creating parent folders.
 
         Raises:
-            SlotFileError: the slot tried and the write failed.
-            SlotInfraError: the slot could not run the write (infra error, refused, lost lease).
+            SlotFileError: the slot tried and the write failed, or refused the file it found
+                there (a FIFO, a device, a symlink leading out).
+            SlotInfraError: the slot could not run the write (infra error, a refusal of the
+                path itself, lost lease).
         """
         result = await self.call("write_file", {"path": path, "content": content})
         self._file_outcome("write_file", path, result)
@@ -389,6 +414,8 @@ class SlotTools:
 
     def _file_outcome(self, tool: str, path: str, result: ToolResult) -> None:
         self._budget_spent(f"{tool} {path!r}", result)
+        if result.outcome is ToolOutcome.REJECTED and _refused_for_the_file(path, result):
+            raise SlotFileError(path, f"{tool}: {result.error}")
         if result.outcome in (ToolOutcome.INFRA_ERROR, ToolOutcome.REJECTED):
             raise SlotInfraError(
                 f"{tool} {path!r} in slot {self.lease.slot}: {result.outcome.value}: {result.error}"
