@@ -14,7 +14,7 @@ remain) or dropped; infrastructure failures are never scored as zero.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 import attrs
@@ -78,6 +78,35 @@ def failed_member(trajectory_id: str, reason: StopReason, detail: str) -> Trajec
     )
 
 
+_warned_budget_scores: set[float] = set()
+
+
+def _warn_budget_score_above(members: Sequence[TrajectoryResult]) -> None:
+    """Warn (once per score) when a member whose lease its disk budget ended got a score
+    above one the score hook gave a sibling: the policy may then learn to fill its disk rather
+    than answer (an env that scores in [-1, 1] with ``sandbox_budget_score`` 0.0)."""
+    budget = {
+        m.outcome.score
+        for m in members
+        if m.stats.stop_reason is StopReason.SANDBOX_BUDGET and m.outcome.score is not None
+    }
+    hooked = [
+        m.outcome.score
+        for m in members
+        if m.stats.stop_reason is not StopReason.SANDBOX_BUDGET and m.outcome.score is not None
+    ]
+    for score in sorted(budget - _warned_budget_scores):
+        if hooked and min(hooked) < score:
+            _warned_budget_scores.add(score)
+            log.warning(
+                "a member whose lease its disk budget ended scored sandbox_budget_score=%r, "
+                "above the %r the score hook gave a sibling: filling the disk pays better than "
+                "that answer; set sandbox_budget_score to the lowest score the hook gives",
+                score,
+                min(hooked),
+            )
+
+
 async def collect_group(
     *,
     group_id: str,
@@ -111,6 +140,7 @@ async def collect_group(
         for index in range(size):
             group.start_soon(member, index)
     done = tuple(m for m in members if m is not None)
+    _warn_budget_score_above(done)
     verdict = rules.assess([m.outcome for m in done])
     return GroupResult(
         group_id=group_id,

@@ -262,7 +262,9 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
         allow_inf_nan=False,
         description="Score of a member whose lease the slot server ended for its disk budget "
         "(stop reason sandbox_budget; the score hook is not called: its check cannot run in "
-        "the ended lease). None: left out, as an infra_error.",
+        "the ended lease). Keep it at or below the lowest score your hook gives (-1.0 for an "
+        "env scoring in [-1, 1]), or filling the disk pays better than a wrong answer; a group "
+        "where it does logs a warning. None: left out, as an infra_error.",
     )
     max_failed_groups: int | None = Field(
         default=5,
