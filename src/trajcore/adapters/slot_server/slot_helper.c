@@ -580,8 +580,12 @@ static void run_command(char *const argv[], double timeout, size_t cap, bool own
             open_reserve(false);
     }
     if (!spawned && !reserved && command_nproc != RLIM_INFINITY) {
-        /* its soft limit is the commands' already (inherited); this takes away the rest, so it
-         * cannot raise it into the reserve (a failure leaves the soft limit, which binds) */
+        /* its soft limit is the commands' already (inherited), which a fork loop or any
+         * process that leaves its limits alone keeps; this takes away the hard headroom. It
+         * comes after the command has started, so a command that raises its own soft limit at
+         * once may fork a child that keeps the headroom: the reserve keeps a check working
+         * beside leftover processes, it is not a boundary against a command bent on taking it
+         * (docs/sandbox.md) */
         struct rlimit commands = {command_nproc, command_nproc};
         (void)prlimit(pid, RLIMIT_NPROC, &commands, NULL);
     }
