@@ -261,16 +261,44 @@ def test_write_html_writes_the_page(tmp_path: Path) -> None:
     assert path.read_text(encoding="utf-8") == render_html(GROUPS, title="report")
 
 
+def _drawn(text: str) -> str:
+    """``text`` with its control characters as the Unicode symbols for them (U+2400 + code,
+    DEL as U+2421), tab and line ends kept: what the page shows."""
+    return "".join(
+        chr(0x2400 + ord(c))
+        if ord(c) < 0x20 and c not in "\t\n\r"
+        else "\u2421"
+        if c == "\x7f"
+        else c
+        for c in text
+    )
+
+
 @given(st.text())
-def test_any_message_text_reads_back_unchanged(content: str) -> None:
+def test_any_message_text_reads_back_as_it_is_drawn(content: str) -> None:
     messages = (Message.user("task"), Message.assistant(content))
     page = render_html([group("g", member("g/0", messages=messages))], title="t")
     parsed = parse(page)
     assert parsed.tags.count("script") == 0
     if content:
-        assert content.replace("\r\n", "\n").replace("\r", "\n") in "".join(parsed.pre).replace(
-            "\r\n", "\n"
-        ).replace("\r", "\n")
+        shown = _drawn(content).replace("\r\n", "\n").replace("\r", "\n")
+        assert shown in "".join(parsed.pre).replace("\r\n", "\n").replace("\r", "\n")
+
+
+def test_control_characters_a_tool_wrote_show_as_symbols() -> None:
+    """Raw tool output (a NUL, a terminal's escape sequences, a bell) reaches the page as the
+    symbols for those characters, never as the bytes a browser drops, acts on or chokes on."""
+    call = ToolCall(id="c", name="bash", arguments={"command": "x"})
+    raw = "a\x00b \x1b[31mred\x1b[0m \x07 \x7f\tend\n"
+    result = ToolResult(call_id="c", name="bash", outcome=ToolOutcome.OK, content=raw)
+    messages = (
+        Message.user("task"),
+        Message.assistant("", tool_calls=[call]),
+        Message.tool(result),
+    )
+    page = render_html([group("g", member("g/0", messages=messages))], title="t")
+    assert not any(c in page for c in "\x00\x1b\x07\x7f")
+    assert "a\u2400b \u241b[31mred\u241b[0m \u2407 \u2421\tend" in "".join(parse(page).pre)
 
 
 HOSTILE = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'

@@ -27,7 +27,8 @@ Rules this module keeps:
 
 - The HTML page is rendered with autoescape on and the templates never mark a value safe, so
   everything the model, a tool or the caller wrote (titles, notes, tasks, group ids, details,
-  messages, tool calls) shows as text and can never run or break out of an attribute.
+  messages, tool calls) shows as text and can never run or break out of an attribute; its
+  control characters (NUL, escape sequences, bells) show as their Unicode symbols.
 - The table and the progress bar use ``rich`` when it is installed (the ``report`` extra) and
   plain text otherwise; ``plain=True`` asks for plain text either way. On a stream that is not
   a terminal the bar writes one line per step, so logs stay readable.
@@ -499,14 +500,30 @@ class ProgressBar:
 # ------------------------------------------------------------------------------------ HTML
 
 
+# C0 controls and DEL as the Unicode symbols for them (NUL as U+2400, ESC as U+241B), except
+# the tab and the line ends, which the page's <pre> blocks show as they are
+_CONTROL_PICTURES = {
+    code: 0x2400 + code for code in range(0x20) if chr(code) not in "\t\n\r"
+} | {0x7F: 0x2421}
+
+
+def _visible(value: object) -> object:
+    """``value`` as the page shows it: text with its control characters drawn as symbols (a
+    tool's raw output may hold NUL, escape sequences or bells, which a browser would drop,
+    act on or choke on), anything else as it is."""
+    return value.translate(_CONTROL_PICTURES) if isinstance(value, str) else value
+
+
 @functools.cache
 def _templates() -> jinja2.Environment:
-    """The report's templates (package data), escaping every value they show."""
+    """The report's templates (package data), escaping every value they show and drawing its
+    control characters as symbols (``_visible``)."""
     return jinja2.Environment(
         loader=jinja2.PackageLoader("trajcore.entrypoints", "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=False,
+        finalize=_visible,
     )
 
 
