@@ -6,6 +6,8 @@ HTTP server on loopback, which records the requests that reached it."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import anyio
 import pytest
 from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[import-untyped]
@@ -14,6 +16,8 @@ from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[im
 
 from trajcore.adapters.fakes.llm import FaultKind, LLMFault
 from trajcore.adapters.llm.atropos import chat_server_from_config
+from trajcore.adapters.llm.tokens import AtroposTokenServer
+from trajcore.adapters.llm.transport import DEFAULT_CONNECTIONS
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
@@ -82,3 +86,13 @@ def test_a_limit_that_cannot_work_is_named(field: str) -> None:
     setattr(config, field, 0)  # pydantic does not check assignments: a hand-edited config
     with pytest.raises(ConfigError, match=f"openai.{field}"):
         token_server_for(config, None)
+
+
+def test_a_config_without_the_limits_keeps_the_clients_defaults() -> None:
+    """A config object that is not atroposlib's (no ``timeout``, no request count) is taken:
+    the client keeps its own defaults (no limit on one attempt, DEFAULT_CONNECTIONS)."""
+    config = SimpleNamespace(base_url="http://127.0.0.1:9/v1", model_name="m", server_type="vllm")
+    server = token_server_for([config], None)
+    assert isinstance(server, AtroposTokenServer)
+    assert server.retry.attempt_timeout_s is None
+    assert server.max_connections == DEFAULT_CONNECTIONS

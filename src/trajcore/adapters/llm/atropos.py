@@ -51,13 +51,13 @@ from trajcore.domain.errors import (
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams, TokenCompletion
 from trajcore.domain.tools import ToolSpec
-from trajcore.domain.validators import check_argument, positive_int
+from trajcore.domain.validators import check_argument, optional_positive_int
 
 from .chat import OpenAIChatServer
 from .chat_wire import parse_chat_body
 from .token_wire import check_prompt_ids
 from .tokens import AtroposTokenServer, SGLangTokenServer, VLLMTokenServer
-from .transport import RetryRules
+from .transport import DEFAULT_CONNECTIONS, RetryRules
 from .wire import BODY_EXCERPT_BYTES, array, integer, number, rejection
 
 __all__ = [
@@ -231,7 +231,8 @@ def _client_limits(config: object, retry: RetryRules | None) -> tuple[RetryRules
     ``timeout`` and ``num_max_requests_at_once`` ask for, in Atropos's own meaning: the limit
     on one request (here on one attempt, its wait for a connection included; the caller's
     deadline still bounds them all) and the requests sent at once (more wait for one to end).
-    An explicit ``retry`` (the start-up probe's) is kept as given.
+    An explicit ``retry`` (the start-up probe's) is kept as given; a config object without
+    either field (not atroposlib's) leaves the client's own default for it.
 
     Raises:
         ConfigError: either is not a whole number of at least 1 (``openai.<field>``).
@@ -240,9 +241,9 @@ def _client_limits(config: object, retry: RetryRules | None) -> tuple[RetryRules
     timeout: Any = getattr(c, "timeout", None)
     at_once: Any = getattr(c, "num_max_requests_at_once", None)
     for field, value in (("timeout", timeout), ("num_max_requests_at_once", at_once)):
-        check_argument(positive_int, f"openai.{field}", value)
-    rules = retry or RetryRules(attempt_timeout_s=float(timeout))
-    return rules, int(at_once)
+        check_argument(optional_positive_int, f"openai.{field}", value)
+    rules = retry or RetryRules(attempt_timeout_s=None if timeout is None else float(timeout))
+    return rules, DEFAULT_CONNECTIONS if at_once is None else int(at_once)
 
 
 def chat_server_from_config(config: object, *, retry: RetryRules | None = None) -> OpenAIChatServer:

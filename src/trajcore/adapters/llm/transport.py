@@ -54,11 +54,20 @@ from trajcore.domain.validators import finite_number, whole_number
 
 from .wire import is_transient, retry_after_s
 
-__all__ = ["HTTPModelServer", "ModelServerClient", "RetryRules", "TransportStatistics"]
+__all__ = [
+    "DEFAULT_CONNECTIONS",
+    "HTTPModelServer",
+    "ModelServerClient",
+    "RetryRules",
+    "TransportStatistics",
+]
 
 T = TypeVar("T")
 
 ResponseParser = Callable[[int, Mapping[str, str], bytes], T]
+
+DEFAULT_CONNECTIONS = 1024
+"""Connections a model-server client opens at most unless told (requests beyond it queue)."""
 
 # Long generations with logprobs make large bodies; anything beyond this is refused, not buffered.
 _LIMITS = Limits(max_body_bytes=512 << 20)
@@ -135,7 +144,7 @@ class ModelServerClient:
     base_url: str = attrs.field(validator=_check_url, converter=_strip_slash)
     api_key: str | None = None
     retry: RetryRules = attrs.field(factory=RetryRules)
-    max_connections: int = 1024
+    max_connections: int = DEFAULT_CONNECTIONS
     rng: random.Random = attrs.field(factory=random.Random)
     transport: MemoryTransport | None = None
     _http: HTTPClient | None = attrs.field(default=None, init=False)
@@ -265,7 +274,7 @@ class HTTPModelServer:
     base_url: str
     api_key: str | None = None
     retry: RetryRules = attrs.field(factory=RetryRules)
-    max_connections: int = 1024
+    max_connections: int = DEFAULT_CONNECTIONS
     rng: random.Random = attrs.field(factory=random.Random)
     transport: MemoryTransport | None = None
     _client: ModelServerClient = attrs.field(init=False)
