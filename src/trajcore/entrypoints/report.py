@@ -502,9 +502,9 @@ class ProgressBar:
 
 # C0 controls and DEL as the Unicode symbols for them (NUL as U+2400, ESC as U+241B), except
 # the tab and the line ends, which the page's <pre> blocks show as they are
-_CONTROL_PICTURES = {
-    code: 0x2400 + code for code in range(0x20) if chr(code) not in "\t\n\r"
-} | {0x7F: 0x2421}
+_CONTROL_PICTURES = {code: 0x2400 + code for code in range(0x20) if chr(code) not in "\t\n\r"} | {
+    0x7F: 0x2421
+}
 
 
 def _visible(value: object) -> object:
