@@ -269,6 +269,7 @@ def test_container_loads_feed_the_drain_order() -> None:
 # ---------------------------------------------------------------------- the stateful model
 
 NAMES = ("c0", "c1", "c2", "c3")
+ENVIRONMENTS = (None, "oci:/images/a", "oci:/images/b")
 
 
 @dataclass
@@ -284,6 +285,8 @@ class Model:
     tickets: list[Ticket] = field(default_factory=list)
     granted: int = 0
     expired: int = 0
+    queued: list[SlotId] = field(default_factory=list)  # the FREE slots, in the order freed
+    environments: dict[SlotId, str | None] = field(default_factory=dict)  # of the latest lease
 
     def free(self) -> list[SlotId]:
         return [s for s, state in self.states.items() if state is SlotState.FREE]
@@ -303,9 +306,20 @@ class SlotBookMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.holders = 0
 
-    def accept_grant(self, lease: Lease, holder: str) -> None:
+    def accept_grant(self, lease: Lease, holder: str, environment: str | None) -> None:
         model = self.model
         assert model.states.get(lease.slot) is SlotState.FREE, f"{lease.slot} was not free"
+        assert sorted(model.queued) == sorted(model.free()), "the model's free order"
+        last = model.environments.get
+        same = [s for s in model.queued if environment is not None and last(s) == environment]
+        plain = [s for s in model.queued if last(s) is None]
+        if same or plain:  # a slot of its own environment, else of none: the one free longest
+            assert lease.slot == (same or plain)[0], f"{environment!r} got {lease.slot}"
+        else:  # any: the one free longest of its environment
+            theirs = [s for s in model.queued if last(s) == last(lease.slot)]
+            assert lease.slot == theirs[0], f"{environment!r} got {lease.slot}"
+        model.queued.remove(lease.slot)
+        model.environments[lease.slot] = environment
         assert not model.draining[lease.slot.container], "leased in a draining container"
         assert lease.holder == holder
         assert lease.epoch == model.epochs.get(lease.slot, 0) + 1, "epochs grow by one per grant"
@@ -320,7 +334,7 @@ class SlotBookMachine(RuleBasedStateMachine):
         assert [g.ticket for g in grants] == expected, "waiters are served in request order"
         del model.waiters[: len(grants)]
         for grant in grants:
-            self.accept_grant(grant.lease, grant.ticket.holder)
+            self.accept_grant(grant.lease, grant.ticket.holder, grant.ticket.environment)
         assert not (model.waiters and model.free()), "a waiter was left while a slot was free"
 
     # -------------------------------------------------------------- rules
@@ -335,21 +349,26 @@ class SlotBookMachine(RuleBasedStateMachine):
         self.model.draining[name] = False
         for index in range(slots):
             self.model.states[slot(name, index)] = SlotState.FREE
+            self.model.queued.append(slot(name, index))
         self.accept_grants(grants)
 
-    @rule(deadline=st.sampled_from([None, 0.0, 0.5, 1.0, 3.0]))
-    def request(self, deadline: float | None) -> None:
+    @rule(
+        deadline=st.sampled_from([None, 0.0, 0.5, 1.0, 3.0]),
+        environment=st.sampled_from(ENVIRONMENTS),
+    )
+    def request(self, deadline: float | None, environment: str | None) -> None:
         self.holders += 1
         holder = f"t{self.holders}"
         absolute = None if deadline is None else self.now + deadline
-        result = self.book.request(holder, self.now, absolute)
+        result = self.book.request(holder, self.now, absolute, environment=environment)
         if self.model.free():
             assert isinstance(result, Lease), "a slot was free, yet the request waits"
             assert not self.model.waiters
-            self.accept_grant(result, holder)
+            self.accept_grant(result, holder, environment)
         else:
             assert isinstance(result, Ticket), "no slot was free, yet one was granted"
             assert (result.holder, result.deadline) == (holder, absolute)
+            assert result.environment == environment
             self.model.waiters.append(result)
             self.model.tickets.append(result)
 
@@ -384,6 +403,7 @@ class SlotBookMachine(RuleBasedStateMachine):
             self.model.states[done] = SlotState.DRAINING
         else:
             self.model.states[done] = SlotState.FREE
+            self.model.queued.append(done)
         self.accept_grants(grants)
         assert all(g.lease.slot == done for g in grants)
 
@@ -428,6 +448,7 @@ class SlotBookMachine(RuleBasedStateMachine):
         for s in self.model.of(name):
             if self.model.states[s] is SlotState.FREE:
                 self.model.states[s] = SlotState.DRAINING
+                self.model.queued.remove(s)
         busy = {SlotState.LEASED, SlotState.RESETTING}
         drained = not any(self.model.states[s] in busy for s in self.model.of(name))
         assert self.book.drain_container(name) is drained
@@ -461,7 +482,10 @@ class SlotBookMachine(RuleBasedStateMachine):
     def forget(self, name: str) -> None:
         model = self.model
         for s in model.of(name):
+            if model.states[s] is SlotState.FREE:
+                model.queued.remove(s)
             del model.states[s]
+            model.environments.pop(s, None)  # a container added again starts with none
             lease = model.leases.pop(s, None)
             if lease is not None:
                 model.old_leases.append(lease)

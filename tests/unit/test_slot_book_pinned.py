@@ -4,6 +4,7 @@ by mutation testing (docs/testing.md)."""
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 
 import pytest
@@ -367,6 +368,18 @@ def _queue_leased(book: SlotBook) -> None:
     book._free[0] = book._slots[slot("c", 0)]
 
 
+def _queue_twice(book: SlotBook) -> None:
+    book._free_by["e"] = OrderedDict.fromkeys(book._free)
+
+
+def _queue_empty(book: SlotBook) -> None:
+    book._free_by["e"] = OrderedDict()
+
+
+def _queue_misfiled(book: SlotBook) -> None:
+    book._free[0].environment = "e"
+
+
 def _free_preferred(book: SlotBook) -> None:
     on_d = book._slots[slot("d", 0)]
     on_d.lease = None
@@ -415,6 +428,9 @@ def _stray_preference(book: SlotBook) -> None:
         (lambda book: book._free.append(book._free[0]), "a slot is queued free twice"),
         (_queue_leased, "the free queue holds a slot that is not free"),
         (lambda book: book._free.clear(), "a free slot is missing from the queue"),
+        (_queue_twice, "a slot is queued free twice"),
+        (_queue_empty, "an empty queue for 'e'"),
+        (_queue_misfiled, "a slot is queued for another environment than None"),
         (_plain_waiter, "ticket 5 waits while a slot is free"),
         (_free_preferred, "ticket 1 waits while a slot of d is free"),
         (_stray_preference, "a preference outlived its ticket"),

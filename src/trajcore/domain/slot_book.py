@@ -26,6 +26,14 @@ Rules it keeps:
   not in the book (or drains) is waited out until ``t`` all the same.
 - Every released slot is reset before anyone else gets it: release moves it to RESETTING, and
   only ``reset_done`` frees it (or quarantines it when the reset failed).
+- A request may name the task *environment* its lease runs over (``request(...,
+  environment=e)``, an image reference): among the free slots it accepts it takes one whose
+  last lease named ``e``, else one whose last lease named none, else any (a request naming
+  none: one whose last lease named none, else any); the one free longest of its kind, except
+  that "any" takes the first of the environment whose free slots were queued first. A slot
+  server readies a slot's next lease over its last lease's image, so members of a group on
+  one image find theirs ready. It only picks among free slots: who is served, and when, is
+  as above.
 
 Slot transitions (any other move raises ``StateError`` naming the event, the slot and its state):
 
@@ -56,9 +64,9 @@ QUARANTINED because nothing could ever come of them; a restarted server joins as
 ``add_container``, and the epochs it starts from continue those of the lost one.
 
 Cost: ``request``, ``release``, ``reset_done``, ``cancel`` and ``is_current`` are O(1) (plus
-O(log waiters) for a waiter's deadline); ``expire`` is O(log waiters) per expired ticket;
-while a request prefers a container, serving is O(waiters + free slots) (a preferring request
-that gets a slot at once costs O(free slots));
+O(log waiters) for a waiter's deadline; the free slots are queued per environment);
+``expire`` is O(log waiters) per expired ticket; while a request prefers a container, serving
+is O(waiters + free slots) (a preferring request that gets a slot at once costs O(free slots));
 ``add_container``, ``drain_container``, ``lose_container`` and ``remove_container`` are
 O(slots in the book).
 """
@@ -68,7 +76,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict, deque
-from collections.abc import Container
+from collections.abc import Container, Iterable
 
 import attrs
 
@@ -89,12 +97,14 @@ class Ticket:
         holder: Who asked (a trajectory id).
         requested_at: The ``now`` of the request.
         deadline: When ``expire`` gives up on it; None waits until served or cancelled.
+        environment: The task environment its lease runs over (None: none named).
     """
 
     id: int
     holder: str
     requested_at: float
     deadline: float | None
+    environment: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -117,9 +127,10 @@ _FREE, _LEASED, _RESETTING, _QUARANTINED, _DRAINING = range(len(_STATES))
 
 
 class _Slot:
-    """One slot's record: its state (as a code), its epoch, its lease and its container."""
+    """One slot's record: its state (as a code), its epoch, its lease, its container and the
+    environment its latest lease named."""
 
-    __slots__ = ("code", "container", "epoch", "id", "lease")
+    __slots__ = ("code", "container", "environment", "epoch", "id", "lease")
 
     def __init__(self, slot: SlotId, epoch: int, container: _Container) -> None:
         self.id = slot
@@ -127,6 +138,7 @@ class _Slot:
         self.code = _FREE
         self.epoch = epoch  # of the latest grant (0 before the first ever)
         self.lease: Lease | None = None  # set exactly while LEASED
+        self.environment: str | None = None
 
     @property
     def state(self) -> SlotState:
@@ -176,7 +188,12 @@ class SlotBook:
 
     _slots: dict[SlotId, _Slot] = attrs.field(init=False, factory=dict)
     _containers: dict[str, _Container] = attrs.field(init=False, factory=dict)
-    _free: deque[_Slot] = attrs.field(init=False, factory=deque)  # FREE slots, longest free first
+    # FREE slots, longest free first: those whose latest lease named no environment, and the
+    # others by that environment (no empty queue kept)
+    _free: deque[_Slot] = attrs.field(init=False, factory=deque)
+    _free_by: OrderedDict[str, OrderedDict[_Slot, None]] = attrs.field(
+        init=False, factory=OrderedDict
+    )
     _waiters: OrderedDict[int, Ticket] = attrs.field(init=False, factory=OrderedDict)
     _deadlines: list[tuple[float, int]] = attrs.field(init=False, factory=list)
     _prefers: dict[int, str] = attrs.field(init=False, factory=dict)  # ticket -> container
@@ -229,7 +246,7 @@ class SlotBook:
             record.draining = True
             free = record.counts[_FREE]
             if free:
-                self._free = deque(s for s in self._free if s.id.container != container)
+                self._unqueue(record)
                 for slot in record.slots:
                     if slot.code == _FREE:
                         self._move(slot, _DRAINING)
@@ -267,7 +284,7 @@ class SlotBook:
         record = self._container(container, "lose_container")
         lost = [s.lease for s in record.slots if s.lease is not None]
         if record.counts[_FREE]:
-            self._free = deque(s for s in self._free if s.id.container != container)
+            self._unqueue(record)
         self._forget(record)
         return lost
 
@@ -289,9 +306,10 @@ class SlotBook:
         *,
         prefer: str | None = None,
         prefer_until: float = -math.inf,
+        environment: str | None = None,
     ) -> Lease | Ticket:
         """Ask for a slot for ``holder``, of container ``prefer`` when one is free or comes
-        free before ``prefer_until``.
+        free before ``prefer_until``, for a lease over ``environment`` (which picks the slot).
 
         Returns a ``Lease`` when a slot it accepts is free (a slot of ``prefer`` first), else
         a ``Ticket`` queued behind the earlier ones; it is later served through the grants that
@@ -306,14 +324,21 @@ class SlotBook:
         if prefer is not None:
             record = self._containers.get(prefer)
             if record is not None and record.counts[_FREE]:
-                return self._grant(self._take(record), holder)
+                return self._grant(self._take(record, environment), holder, environment)
             if prefer_until <= now or record is None or record.draining:
                 prefer = None
-        if prefer is None and self._free:
-            return self._grant(self._free.popleft(), holder)
+        if prefer is None:
+            free = self._free
+            if free and (environment is None or environment not in self._free_by):
+                return self._grant(free.popleft(), holder, environment)  # the common case
+            if self._counts[_FREE]:
+                return self._grant(self._pop(environment), holder, environment)
         if deadline is not None and math.isnan(deadline):
             raise InvalidInput("deadline", "must be a number or None, got nan")
-        ticket = Ticket(id=self._next_ticket, holder=holder, requested_at=now, deadline=deadline)
+        ticket = Ticket(
+            id=self._next_ticket, holder=holder, requested_at=now, deadline=deadline,
+            environment=environment,
+        )  # fmt: skip
         self._next_ticket += 1
         self._waiters[ticket.id] = ticket
         if deadline is not None:
@@ -383,7 +408,10 @@ class SlotBook:
             self._move(record_slot, _DRAINING)
             return []
         self._move(record_slot, _FREE)
-        self._free.append(record_slot)
+        if record_slot.environment is None:
+            self._free.append(record_slot)
+        else:
+            self._queue(record_slot, record_slot.environment)
         return self._serve()
 
     def cancel(self, ticket: Ticket) -> bool:
@@ -478,20 +506,25 @@ class SlotBook:
             seen += len(record.slots)
         _check(seen == len(self._slots), "slots indexed outside their containers")
         _check(totals == self._counts, f"state counts {self._counts} != {totals}")
-        free_ids = [slot.id for slot in self._free]
-        _check(len(set(free_ids)) == len(free_ids), "a slot is queued free twice")
+        queued = [*self._free, *(s for queue in self._free_by.values() for s in queue)]
+        _check(len(set(map(id, queued))) == len(queued), "a slot is queued free twice")
         _check(
             all(
-                slot.state is SlotState.FREE and self._slots.get(slot.id) is slot
-                for slot in self._free
+                slot.state is SlotState.FREE and self._slots.get(slot.id) is slot for slot in queued
             ),
             "the free queue holds a slot that is not free",
         )
-        _check(len(self._free) == totals[_FREE], "a free slot is missing from the queue")
+        _check(len(queued) == totals[_FREE], "a free slot is missing from the queue")
+        for environment, queue in [(None, self._free), *self._free_by.items()]:
+            _check(bool(queue) or environment is None, f"an empty queue for {environment!r}")
+            _check(
+                all(slot.environment == environment for slot in queue),
+                f"a slot is queued for another environment than {environment!r}",
+            )
         for ticket_id in self._waiters:
             want = self._prefers.get(ticket_id)
             if want is None:
-                _check(not self._free, f"ticket {ticket_id} waits while a slot is free")
+                _check(not queued, f"ticket {ticket_id} waits while a slot is free")
             else:
                 wanted = self._containers.get(want)
                 _check(
@@ -528,7 +561,8 @@ class SlotBook:
         totals[code] += 1
         slot.code = code
 
-    def _grant(self, slot: _Slot, holder: str) -> Lease:
+    def _grant(self, slot: _Slot, holder: str, environment: str | None) -> Lease:
+        slot.environment = environment
         slot.epoch += 1
         self._epochs[slot.id] = slot.epoch
         lease = Lease(slot=slot.id, epoch=slot.epoch, holder=holder)
@@ -540,36 +574,82 @@ class SlotBook:
     def _serve(self) -> list[Grant]:
         # Served whatever the time: deadlines act through ``expire`` only.
         grants: list[Grant] = []
-        waiters, free, prefers = self._waiters, self._free, self._prefers
+        waiters, counts, prefers = self._waiters, self._counts, self._prefers
         if not prefers:
-            while waiters and free:
+            while waiters and counts[_FREE]:
                 _, ticket = waiters.popitem(last=False)
-                lease = self._grant(free.popleft(), ticket.holder)
+                lease = self._grant(
+                    self._pop(ticket.environment), ticket.holder, ticket.environment
+                )
                 grants.append(Grant(ticket=ticket, lease=lease))
             return grants
         for ticket in list(waiters.values()):  # oldest first; skip who accepts no free slot
-            if not free:
+            if not counts[_FREE]:
                 break
-            want = prefers.get(ticket.id)
+            want, environment = prefers.get(ticket.id), ticket.environment
             if want is None:
-                slot = free.popleft()
+                slot = self._pop(environment)
             else:
                 record = self._containers.get(want)
                 if record is None or not record.counts[_FREE]:
                     continue
-                slot = self._take(record)
+                slot = self._take(record, environment)
                 del prefers[ticket.id]
             del waiters[ticket.id]
-            grants.append(Grant(ticket=ticket, lease=self._grant(slot, ticket.holder)))
+            grants.append(Grant(ticket=ticket, lease=self._grant(slot, ticket.holder, environment)))
         return grants
 
-    def _take(self, record: _Container) -> _Slot:
-        """Remove and return the longest-free slot of ``record`` (which has a FREE slot)."""
-        for slot in self._free:
-            if slot.container is record:
-                self._free.remove(slot)
-                return slot
+    def _queue(self, slot: _Slot, environment: str) -> None:
+        """Queue a FREE slot whose latest lease named ``environment``, behind the others."""
+        queue = self._free_by.get(environment)
+        if queue is None:
+            queue = self._free_by[environment] = OrderedDict()
+        queue[slot] = None
+
+    def _pop(self, environment: str | None) -> _Slot:
+        """Remove and return the free slot a lease over ``environment`` takes (one is free)."""
+        by = self._free_by
+        if environment is not None and environment in by:
+            queue = by[environment]
+        elif self._free:
+            return self._free.popleft()
+        else:
+            environment, queue = next(iter(by.items()))
+        slot, _ = queue.popitem(last=False)
+        if not queue:
+            del by[environment]
+        return slot
+
+    def _take(self, record: _Container, environment: str | None) -> _Slot:
+        """Remove and return the free slot of ``record`` (it has one) that a lease over
+        ``environment`` takes, chosen as ``_pop`` chooses among all free slots."""
+        by = self._free_by
+        mine = None if environment is None else by.get(environment)
+        queues: list[Iterable[_Slot]] = [] if mine is None else [mine]
+        queues += [self._free, *(queue for key, queue in by.items() if key != environment)]
+        for queue in queues:
+            for slot in queue:
+                if slot.container is record:
+                    self._unqueue_slot(slot)
+                    return slot
         raise AssertionError(f"container {record.name} counts a free slot it does not have")
+
+    def _unqueue_slot(self, slot: _Slot) -> None:
+        key = slot.environment
+        if key is None:
+            self._free.remove(slot)
+            return
+        queue = self._free_by[key]
+        del queue[slot]
+        if not queue:
+            del self._free_by[key]
+
+    def _unqueue(self, record: _Container) -> None:
+        """Take every FREE slot of ``record`` out of the free queues."""
+        self._free = deque(s for s in self._free if s.container is not record)
+        for slot in record.slots:
+            if slot.code == _FREE and slot.environment is not None:
+                self._unqueue_slot(slot)
 
     def _drained(self, record: _Container) -> bool:
         counts = record.counts

@@ -88,7 +88,9 @@ class LeasedPool(abc.ABC):
             self.environment_refused(holder, environment, error)
             raise
         prefer = None if snapshot is None else snapshot.container
-        leasing = self._leasing.lease(holder, timeout_s=timeout_s, prefer=prefer, prefer_s=wait)
+        leasing = self._leasing.lease(
+            holder, timeout_s=timeout_s, prefer=prefer, prefer_s=wait, environment=environment
+        )
         async with leasing as lease:
             try:
                 forked = await self.enter_environment(lease, environment, snapshot)

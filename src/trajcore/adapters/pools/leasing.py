@@ -125,12 +125,15 @@ class SlotLeasing:
         timeout_s: float | None = None,
         prefer: str | None = None,
         prefer_s: float = 0.0,
+        environment: str | None = None,
     ) -> AsyncIterator[Lease]:
         """Hold one slot for ``holder`` for the block; see ``SandboxPool.lease``.
 
         ``timeout_s`` (else ``default_timeout_s``; ``None``: no deadline) bounds the wait.
         ``prefer``: a slot of that container when one is free or comes free within
-        ``prefer_s`` seconds (within the deadline), else any slot.
+        ``prefer_s`` seconds (within the deadline), else any slot. ``environment``: the task
+        environment the lease runs over, which picks among the free slots (the book's rule: a
+        slot whose last lease ran over it first, whose server readied the next one over it).
         Raises on entry:
             AcquireTimeout: no slot came free before the deadline.
             PoolClosed: the leasing is closed, or closes while this waits.
@@ -138,14 +141,19 @@ class SlotLeasing:
                 suspended while this waits.
             InvalidInput: ``timeout_s`` or ``prefer_s`` is NaN.
         """
-        lease = await self._acquire(holder, timeout_s, prefer, prefer_s)
+        lease = await self._acquire(holder, timeout_s, prefer, prefer_s, environment)
         try:
             yield lease
         finally:
             await self._release(lease)
 
     async def _acquire(
-        self, holder: str, timeout_s: float | None, prefer: str | None, prefer_s: float
+        self,
+        holder: str,
+        timeout_s: float | None,
+        prefer: str | None,
+        prefer_s: float,
+        environment: str | None,
     ) -> Lease:
         if self._closed:
             raise PoolClosed("the sandbox pool is closed")
@@ -160,8 +168,9 @@ class SlotLeasing:
         deadline = math.inf if limit is None else now + limit
         until = min(now + max(prefer_s, 0.0), deadline)
         granted = self._book.request(
-            holder, now, None if limit is None else deadline, prefer=prefer, prefer_until=until
-        )
+            holder, now, None if limit is None else deadline, prefer=prefer, prefer_until=until,
+            environment=environment,
+        )  # fmt: skip
         if isinstance(granted, Lease):
             return granted
         waiter = self._waiters[granted.id] = _Waiter(ticket=granted)
