@@ -14,7 +14,11 @@ verdict (met or NOT met):
   run of one kind), after a warm-up (target: at most 2x, start and reset each). The image
   is named two ways: in podman's store (``containers-storage:``, whose hit costs one
   ``podman image inspect``) and as an OCI layout of it (``oci:``, ``podman save``); the lease
-  request's round trip and the server's own figure for it are printed beside each.
+  request's round trip and the server's own figure for it are printed beside each. Two more
+  rows measure a slot's change of environment, against the same limit and target: a lease
+  over another image of the store (the example's second task's) and one over no image, each
+  right after a lease and reset over the first image (what a slot's readied lease costs a
+  lease it does not match).
 - **(b) disk per member**: after a typical edit (the SWE-style example's preparation, its fix
   and a pytest run), the member's writable layer and workspace on disk, against the image's
   unpacked size (what a copy of the image per member would take; no target); **memory per idle
@@ -248,19 +252,24 @@ async def reset(server: Server, slot: int, epoch: int) -> float:
 # ------------------------------------------------------------------- (a) lease, reset
 
 
-async def lease_and_reset(server: Server, kinds: dict[str, str | None], leases: int) -> None:
-    """(a): ``leases`` starts and resets of each kind (a name and its environment), interleaved
-    on slot 0 after three of each as a warm-up; the first kind is the limit. Each measured
-    lease follows an unmeasured lease and reset of its own kind, as in a run whose leases are
-    all of one kind: a reset readies the slot's next lease after the lease it ended (a lease
-    over the server's root after one without an environment, which a lease over an image
-    must end first: 3-4 ms that, in a plain interleaving, fell on whichever kind came after
-    the limit's, and on no other)."""
+Kind = tuple[str | None, str | None]
+"""A measured lease's environment, and that of the unmeasured lease and reset before it."""
+
+
+async def lease_and_reset(server: Server, kinds: dict[str, Kind], leases: int) -> None:
+    """(a): ``leases`` starts and resets of each kind (a name, the environment of the lease
+    before and of the measured lease), interleaved on slot 0 after three of each as a
+    warm-up; the first kind is the limit. Each measured lease follows an unmeasured lease and
+    reset of its own kind, as in a run whose leases are all of one kind, unless the kind says
+    otherwise: a reset readies the slot's next lease after the lease it ended (a lease over
+    the server's root after one without an environment, which a lease over an image must end
+    first: 3-4 ms that, in a plain interleaving, fell on whichever kind came after the
+    limit's, and on no other)."""
     starts: dict[str, list[Started]] = {kind: [] for kind in kinds}
     resets: dict[str, list[float]] = {kind: [] for kind in kinds}
     for i in range(leases + 3):
-        for kind, environment in kinds.items():
-            before = await start(server, 0, environment)  # the slot as its own kind leaves it
+        for kind, (previous, environment) in kinds.items():
+            before = await start(server, 0, previous)  # the slot as that lease leaves it
             await reset(server, 0, before.epoch)
             started = await start(server, 0, environment)
             reset_s = await reset(server, 0, started.epoch)
@@ -535,9 +544,7 @@ def problems(task_image: str) -> list[str]:
         found.append("bubblewrap is not installed")
     if os.geteuid() != 0:
         found.append("the slot server must run as root (one host uid per slot)")
-    problem = image_problem(TASKS[0])
-    if problem is not None:
-        found.append(problem)
+    found += [problem for task in TASKS[:2] if (problem := image_problem(task)) is not None]
     return found
 
 
@@ -556,11 +563,15 @@ async def leases_and_groups(root: Path, args: argparse.Namespace) -> None:
                 saved = [*PODMAN, "save", "--format", "oci-dir", "-o", str(layout),
                          TASKS[0].image_name]  # fmt: skip
                 await asyncio.to_thread(subprocess.run, saved, check=True, capture_output=True)
-                await settle(server)  # the image's first use and its layout: 0.5 GB written
-                kinds = {
-                    "no environment": None,
-                    "containers-storage: (hit)": environment,
-                    "oci: layout of it (hit)": f"oci:{layout}",
+                first = await start(server, 0, TASKS[1].image)  # its first use, unmeasured
+                await reset(server, 0, first.epoch)
+                await settle(server)  # the images' first uses and the layout: 0.8 GB written
+                kinds: dict[str, Kind] = {
+                    "no environment": (None, None),
+                    "containers-storage: (hit)": (environment, environment),
+                    "oci: layout of it (hit)": (f"oci:{layout}", f"oci:{layout}"),
+                    "another image after one": (environment, TASKS[1].image),
+                    "no image after one": (environment, None),
                 }
                 await lease_and_reset(server, kinds, args.leases)
             if "b" in args.rows:
