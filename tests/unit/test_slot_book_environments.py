@@ -102,6 +102,42 @@ def test_a_preferring_request_takes_its_image_s_slot_of_that_container() -> None
     book.check_valid()
 
 
+def test_a_slot_remembers_the_image_of_a_lease_a_waiter_or_a_fork_was_given() -> None:
+    book = SlotBook()
+    book.add_container("c", 2, now=0.0)
+    book.add_container("d", 1, now=0.0)
+    first, second = (granted(book.request(f"t{i}", 1.0)) for i in range(2))
+    held = granted(book.request("d", 1.0))
+    ticket = waiting(book.request("waiter", 1.0, environment=A))
+    book.release(first, 2.0)
+    (grant,) = book.reset_done(first.slot, ok=True, now=2.0)
+    assert grant.ticket == ticket
+    for lease in (second, grant.lease, held):
+        release(book, lease, 3.0)  # free longest first: c/1 (none), c/0 (a), d/0 (none)
+    assert granted(book.request("a", 4.0, environment=A)).slot == slot("c", 0)
+    fork = granted(book.request("fork", 4.0, prefer="d", environment=B))
+    release(book, fork, 5.0)  # free: c/1 (none), d/0 (b)
+    assert granted(book.request("b", 6.0, environment=B)).slot == slot("d", 0)
+    book.check_valid()
+
+
+def test_a_relaxed_preference_takes_its_image_s_slot_among_the_free_ones() -> None:
+    book = SlotBook()
+    last_leases(book, None, A)  # free: c/0 (none), c/1 (a)
+    book.add_container("d", 1, now=3.0)
+    held = granted(book.request("d", 3.0, prefer="d"))
+    ticket = waiting(book.request("fork", 3.0, prefer="d", prefer_until=5.0, environment=A))
+    later = waiting(book.request("later", 3.0, prefer="d", prefer_until=50.0))
+    (grant,) = book.relax(5.0)  # ``later`` still prefers d: each waiter is looked at in turn
+    assert (grant.ticket, grant.lease.slot) == (ticket, slot("c", 1))
+    release(book, grant.lease, 6.0)  # free: c/0 (none), c/1 (a)
+    book.release(held, 6.0)
+    (grant,) = book.reset_done(held.slot, ok=True, now=6.0)
+    assert grant.ticket == later
+    assert granted(book.request("a", 7.0, environment=A)).slot == slot("c", 1)
+    book.check_valid()
+
+
 def test_draining_or_losing_a_container_takes_its_free_slots_out_of_every_queue() -> None:
     book = SlotBook()
     last_leases(book, A, None, B)
