@@ -144,3 +144,27 @@ async def test_a_lost_exit_status_is_a_tool_error(pool: LocalSandboxPool) -> Non
         assert freed.outcome is ToolOutcome.OK
         after, _ = await one(pool, lease, "bash_stateful", command="false")
         assert (after.outcome, after.exec and after.exec.exit_code) == (ToolOutcome.OK, 1)
+
+
+async def test_the_pane_shows_the_commands_and_their_output_not_the_plumbing(
+    pool: LocalSandboxPool,
+) -> None:
+    """``bash_stateful`` and ``tmux`` share one pane: a capture after ``bash_stateful`` calls
+    shows each command after the prompt and its output under it, as at a terminal, and
+    nothing of how the call runs it (the call typed its wrapper into the pane before: a
+    ``trap ... /tmp/.trajcore/shell/N.ended ...`` line per call)."""
+    async with pool.lease("t") as lease:
+        said, _ = await one(pool, lease, "bash_stateful", command="echo hi")
+        assert (said.outcome, said.content) == (ToolOutcome.OK, "hi\n"), said
+        failed, _ = await one(
+            pool, lease, "bash_stateful", command="cd /tmp && V=1\necho oops >&2; (exit 3)"
+        )
+        assert failed.exec is not None, failed
+        assert (failed.exec.exit_code, failed.exec.stderr) == (3, "oops\n"), failed
+        typed, _ = await one(pool, lease, "tmux", keys="echo $? $V $PWD", wait_s=0.5)
+        pane = typed.content or ""
+        assert "echo hi\nhi\n" in pane, pane
+        assert "cd /tmp && V=1\n> echo oops >&2; (exit 3)\noops\n" in pane, pane  # PS2: "> "
+        assert "\n3 1 /tmp\n" in pane, pane  # the shell's own $? and state, as typed there
+        for plumbing in (".trajcore", "trap", "ended", "__run"):
+            assert plumbing not in pane, pane

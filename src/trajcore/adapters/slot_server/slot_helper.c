@@ -69,6 +69,7 @@
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -88,6 +89,9 @@ static const double DRAIN_AFTER_EXIT_S = 0.05;
  * of its TIMEOUT, inside the slot server's grace (agent_grace_s, 5 s). */
 static const double TMUX_LATE_S = 0.5;
 static const double SHELL_SETTLE_S = 2.0;
+/* How long a call waits for the shell to be at its prompt before it types (a shell on its way
+ * back from the last command takes milliseconds; one busy with a program takes the keys late). */
+static const double PROMPT_WAIT_S = 1.0;
 /* A command runs this much nicer than its agent (and so than the slot server and its keepers,
  * which run at the agent's nice value): when a host's cores are busy with commands, the server's
  * readying of the next lease and its answers wait behind them less. A lease cannot undo it
@@ -727,12 +731,14 @@ typedef struct {
     const char *tmux; /* NULL: not installed */
     unsigned long counter;
     bool own_sessions; /* false for a bare agent: commands stay in its session */
+    bool line_editor;  /* the shell is bash: readline reads the pane's keys at its prompt */
+    char tty[64];      /* the pane's terminal ("": not known) */
 } shell;
 
 /* Run tmux with ``args`` for at most ``limit`` seconds (its client killed then, ``r->timed_out``
  * set); no time left: not run, ``r->timed_out`` set. */
 static void tmux_run(shell *sh, double limit, const char *const *args, size_t n, result *r) {
-    char *argv[24];
+    char *argv[32];
     if (n + 4 > sizeof argv / sizeof *argv) {
         fail(r, "too many tmux arguments");
         return;
@@ -858,38 +864,6 @@ static void shell_kill(shell *sh) {
     (void)unlink(sh->socket);
 }
 
-typedef enum { SHELL_READY, SHELL_FAILED, SHELL_LATE } shell_state;
-
-/* Start the session unless it runs, by ``deadline``: SHELL_READY; SHELL_FAILED (with ``r``
- * failed) when it cannot start; SHELL_LATE when tmux did not answer by ``deadline``. */
-static shell_state shell_ensure(shell *sh, double deadline, result *r) {
-    if (!sh->tmux) {
-        fail(r, "tmux is not installed");
-        return SHELL_FAILED;
-    }
-    result probe = {0};
-    TMUX(sh, &probe, deadline - monotonic(), "has-session", "-t", "main");
-    bool running = ran_ok(&probe), late = probe.timed_out;
-    result_free(&probe);
-    if (running || late)
-        return running ? SHELL_READY : SHELL_LATE;
-    make_dirs(sh->dir);
-    char bash[PATH_MAX];
-    const char *program = which("bash", bash, sizeof bash) ? bash : "/bin/sh";
-    result started = {0};
-    /* exit-empty off: a shell ended by ``exit`` ends its session but not the server, so the next
-     * call starts a new session on a server that is not on its way out. */
-    TMUX(sh, &started, deadline - monotonic(), "new-session", "-d", "-s", "main", "-x", "200",
-         "-y", "50", "-c", sh->workspace, program, ";", "set-option", "-s", "exit-empty", "off");
-    shell_state state = ran_ok(&started) ? SHELL_READY
-                        : started.timed_out ? SHELL_LATE
-                                            : SHELL_FAILED;
-    if (state == SHELL_FAILED)
-        fail_because(r, "tmux did not start: ", &started);
-    result_free(&started);
-    return state;
-}
-
 /* As its namespace's pid 1 the agent inherits every orphan of the lease: reap those that
  * ended, so they hold no process slot (pids.max counts the dead until they are reaped). Only
  * between the agent's own waits for a child by pid, so it never takes one of those. */
@@ -985,26 +959,253 @@ static bool write_file(const char *path, const char *data, size_t n) {
     return close(fd) == 0 && ok;
 }
 
-/* After a call's time ran out: Ctrl-C to the pane, then a line that creates ``idle`` once the
- * shell reads it. True when it appears within SHELL_SETTLE_S (the command stopped and the shell
- * is back at its prompt, its state kept); else the shell is killed (shell_kill) and false. */
+typedef enum { SHELL_READY, SHELL_FAILED, SHELL_LATE } shell_state;
+
+/* The persistent shell's rc file: the shell's own (~/.bashrc) first, then the plumbing of
+ * ``bash_stateful``, so that the pane shows what a person at that terminal would see. A call
+ * types ``__run`` (an alias; the call's files are named in ``DIR/call``); ``__run_begin``
+ * erases that line and prints the prompt and the command in its place, the command is sourced
+ * at the shell's top level (``declare`` and ``cd`` carry over), and ``__run_end`` prints its
+ * output (stdout, then stderr; the last 64 KiB of each) before it writes the status. An EXIT
+ * trap writes the status of a command that ends the shell and marks that it did (``.ended``);
+ * ``__run_idle`` (typed after Ctrl-C) marks the shell back at its prompt. Bash expands its
+ * prompt and keeps the command, not the alias, in its history; a plain sh prints PS1 as it is. */
+static const char SHELL_RC_BASH[] =
+    "[ -f ~/.bashrc ] && . ~/.bashrc\n"
+    "__run_erase() {\n"
+    "    local p=${PS1-} width=${COLUMNS:-80} rows=0 line i\n"
+    "    p=${p@P}\n"
+    "    while [[ $p == *$'\\001'*$'\\002'* ]]; do p=${p%%$'\\001'*}${p#*$'\\002'}; done\n"
+    "    p+=$1\n"
+    "    (( width > 0 )) || width=80\n"
+    "    while [[ $p == *$'\\n'* ]]; do\n"
+    "        line=${p%%$'\\n'*}\n"
+    "        p=${p#*$'\\n'}\n"
+    "        rows=$((rows + (${#line} ? (${#line} + width - 1) / width : 1)))\n"
+    "    done\n"
+    "    rows=$((rows + ${#p} / width + 1))\n"
+    "    printf '\\e[%dA\\r\\e[2K' \"$rows\"\n"
+    "    for (( i = 1; i < rows; i++ )); do printf '\\e[B\\e[2K'; done\n"
+    "    (( rows == 1 )) || printf '\\e[%dA' $((rows - 1))\n"
+    "}\n"
+    "__run_begin() {\n"
+    "    local command= ps1=${PS1-} ps2=${PS2-}\n"
+    "    __run_at=\n"
+    "    IFS= read -r __run_at <\"$__run_dir/call\" || return\n"
+    "    trap '__run_exit $?' EXIT\n"
+    "    IFS= read -r -N 65536 command <\"$__run_at.sh\" || :\n"
+    "    command=${command%$'\\n'}\n"
+    "    if [[ -o history ]]; then history -s -- \"$command\"; fi\n"
+    "    if [ -t 1 ]; then\n"
+    "        __run_erase __run\n"
+    "        ps1=${ps1@P} ps2=${ps2@P}\n"
+    "        printf '%s%s\\n' \"${ps1//[$'\\001\\002']/}\" \"${command//$'\\n'/$'\\n'${ps2//[$'\\001\\002']/}}\"\n"
+    "    fi\n"
+    "}\n"
+    "__run_end() {\n"
+    "    local status=$1 file text\n"
+    "    if [ -t 1 ]; then\n"
+    "        for file in \"$__run_at.out\" \"$__run_at.err\"; do\n"
+    "            text=\n"
+    "            [ -f \"$file\" ] && { IFS= read -r -N 65537 text <\"$file\" || :; }\n"
+    "            if (( ${#text} > 65536 )); then\n"
+    "                tail -c 65536 -- \"$file\" 2>/dev/null || :\n"
+    "            else\n"
+    "                printf '%s' \"$text\"\n"
+    "            fi\n"
+    "        done\n"
+    "    fi\n"
+    "    __run_done \"$status\"\n"
+    "    [[ $- == *e* ]] || return \"$status\"\n"
+    "}\n"
+    "__run_idle() {\n"
+    "    trap - EXIT\n"
+    "    if [ -t 1 ]; then __run_erase __run_idle; fi\n"
+    "    IFS= read -r __run_at <\"$__run_dir/call\" && : >\"$__run_at.idle\"\n"
+    "}\n";
+static const char SHELL_RC_SH[] =
+    "unset ENV\n"
+    "__run_begin() {\n"
+    "    __run_at=\n"
+    "    IFS= read -r __run_at <\"$__run_dir/call\" || return\n"
+    "    trap '__run_exit $?' EXIT\n"
+    "    if [ -t 1 ]; then\n"
+    "        printf '\\033[1A\\r\\033[2K%s' \"${PS1-}\"\n"
+    "        tail -c 65536 -- \"$__run_at.sh\" 2>/dev/null || :\n"
+    "    fi\n"
+    "}\n"
+    "__run_end() {\n"
+    "    if [ -t 1 ]; then\n"
+    "        tail -c 65536 -- \"$__run_at.out\" 2>/dev/null || :\n"
+    "        tail -c 65536 -- \"$__run_at.err\" 2>/dev/null || :\n"
+    "    fi\n"
+    "    __run_done \"$1\"\n"
+    "}\n"
+    "__run_idle() {\n"
+    "    trap - EXIT\n"
+    "    if [ -t 1 ]; then printf '\\033[1A\\r\\033[2K'; fi\n"
+    "    IFS= read -r __run_at <\"$__run_dir/call\" && : >\"$__run_at.idle\"\n"
+    "}\n";
+static const char SHELL_RC_COMMON[] =
+    "alias __run='__run_begin && . \"$__run_at.sh\" >\"$__run_at.out\" 2>\"$__run_at.err\" </dev/null; __run_end $?'\n"
+    "__run_done() {\n"
+    "    echo \"$1\" >\"$__run_at.rc.tmp\"\n"
+    "    trap - EXIT\n"
+    "    mv \"$__run_at.rc.tmp\" \"$__run_at.rc\"\n"
+    "}\n"
+    "__run_exit() {\n"
+    "    : >\"$__run_at.ended\"\n"
+    "    __run_done \"$1\"\n"
+    "}\n"
+    ": >\"$__run_dir/ready\"\n";
+
+/* ``text`` in single quotes, as a shell reads it back. */
+static void buf_shell_quoted(buf *b, const char *text) {
+    buf_put(b, "'", 1);
+    for (const char *at = text; *at; at++) {
+        if (*at == '\'')
+            buf_puts(b, "'\\''");
+        else
+            buf_put(b, at, 1);
+    }
+    buf_put(b, "'", 1);
+}
+
+static bool shell_write_rc(const shell *sh, const char *path, bool bash) {
+    buf text = {0};
+    buf_puts(&text, "__run_dir=");
+    buf_shell_quoted(&text, sh->dir);
+    buf_puts(&text, "\n");
+    buf_puts(&text, bash ? SHELL_RC_BASH : SHELL_RC_SH);
+    buf_puts(&text, SHELL_RC_COMMON);
+    bool written = write_file(path, text.data, text.len);
+    buf_free(&text);
+    return written;
+}
+
+/* Whether the pane's line editor reads keys now: its terminal is out of canonical mode, which
+ * readline sets before it prints the prompt. Keys typed before that (while the shell is still
+ * on its way from the last command to its prompt) are echoed by the terminal ahead of the
+ * prompt, and would stay on the screen. True when it cannot be told (no line editor, no
+ * terminal known). */
+static bool shell_at_prompt(const shell *sh) {
+    if (!sh->line_editor || !sh->tty[0])
+        return true;
+    int fd = open(sh->tty, O_RDONLY | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return true;
+    struct termios mode;
+    bool cooked = tcgetattr(fd, &mode) == 0 && (mode.c_lflag & ICANON);
+    close(fd);
+    return !cooked;
+}
+
+/* Wait until the shell is at its prompt (shell_at_prompt), for at most PROMPT_WAIT_S and not
+ * past ``deadline``, reaping the lease's orphans meanwhile. Past that the keys are typed
+ * anyway: a program running in the foreground reads them, as it did before. */
+static void shell_wait_for_prompt(const shell *sh, double deadline) {
+    double until = monotonic() + PROMPT_WAIT_S, pause = 0.001;
+    if (until > deadline)
+        until = deadline;
+    while (!shell_at_prompt(sh)) {
+        reap_orphans();
+        double now = monotonic();
+        if (now >= until)
+            return;
+        pause_for(pause < until - now ? pause : until - now);
+        pause = pause * 1.5 < 0.02 ? pause * 1.5 : 0.02;
+    }
+}
+
+/* Start the session unless it runs, by ``deadline``: SHELL_READY; SHELL_FAILED (with ``r``
+ * failed) when it cannot start; SHELL_LATE when tmux did not answer, or the shell did not read
+ * its rc file, by ``deadline``. Bash is started with the rc file (``--rcfile``), sh with it as
+ * its ENV; nothing of it is typed into the pane. A shell it starts is given PROMPT_WAIT_S to be
+ * at its prompt, so that the first keys, the tmux tool's too, are not echoed ahead of it. */
+static shell_state shell_ensure(shell *sh, double deadline, result *r) {
+    if (!sh->tmux) {
+        fail(r, "tmux is not installed");
+        return SHELL_FAILED;
+    }
+    result probe = {0};
+    TMUX(sh, &probe, deadline - monotonic(), "has-session", "-t", "main");
+    bool running = ran_ok(&probe), late = probe.timed_out;
+    result_free(&probe);
+    if (running || late)
+        return running ? SHELL_READY : SHELL_LATE;
+    make_dirs(sh->dir);
+    char bash[PATH_MAX], rc[sizeof sh->dir + 8], ready[sizeof sh->dir + 8];
+    bool has_bash = which("bash", bash, sizeof bash);
+    snprintf(rc, sizeof rc, "%s/rc", sh->dir);
+    snprintf(ready, sizeof ready, "%s/ready", sh->dir);
+    (void)unlink(ready);
+    if (!shell_write_rc(sh, rc, has_bash)) {
+        fail(r, "agent failed: cannot write %s: %s", rc, strerror(errno));
+        return SHELL_FAILED;
+    }
+    sh->line_editor = has_bash;
+    sh->tty[0] = '\0';
+    result started = {0};
+    /* -P: it prints the pane's terminal. exit-empty off: a shell ended by ``exit`` ends its
+     * session but not the server, so the next call starts a new session on a server that is
+     * not on its way out. */
+    if (has_bash)
+        TMUX(sh, &started, deadline - monotonic(), "new-session", "-d", "-P", "-F",
+             "#{pane_tty}", "-s", "main", "-x", "200", "-y", "50", "-c", sh->workspace, bash,
+             "--rcfile", rc, ";", "set-option", "-s", "exit-empty", "off");
+    else
+        TMUX(sh, &started, deadline - monotonic(), "new-session", "-d", "-P", "-F",
+             "#{pane_tty}", "-s", "main", "-x", "200", "-y", "50", "-c", sh->workspace,
+             "/bin/sh", "-c", "ENV=$0; export ENV; exec /bin/sh -i", rc, ";", "set-option", "-s",
+             "exit-empty", "off");
+    shell_state state = ran_ok(&started) ? SHELL_READY
+                        : started.timed_out ? SHELL_LATE
+                                            : SHELL_FAILED;
+    if (state == SHELL_FAILED)
+        fail_because(r, "tmux did not start: ", &started);
+    size_t length = started.out.len;
+    while (length && started.out.data[length - 1] == '\n')
+        length--;
+    static const char PTS[] = "/dev/pts/";
+    if (state == SHELL_READY && length < sizeof sh->tty && length > sizeof PTS - 1 &&
+        memcmp(started.out.data, PTS, sizeof PTS - 1) == 0 && !memchr(started.out.data, 0, length)) {
+        memcpy(sh->tty, started.out.data, length);
+        sh->tty[length] = '\0';
+    }
+    result_free(&started);
+    if (state == SHELL_READY && !wait_for_file(ready, deadline))
+        state = SHELL_LATE;
+    if (state == SHELL_READY) /* keys typed now are the line editor's, also the tmux tool's */
+        shell_wait_for_prompt(sh, deadline);
+    return state;
+}
+
+/* After a call's time ran out: Ctrl-C to the pane, then (once the shell is at its prompt, or
+ * PROMPT_WAIT_S on) ``__run_idle``, which creates ``idle``. True when it appears within
+ * SHELL_SETTLE_S of the Ctrl-C (the command stopped and the shell is back at its prompt, its
+ * state kept); else the shell is killed (shell_kill) and false. */
 static bool shell_interrupt(shell *sh, const char *idle) {
-    buf line = {0};
-    buf_printf(&line, "trap - EXIT; : >%s", idle);
-    buf_put(&line, "", 1); /* NUL-terminated */
     result sent = {0};
-    TMUX(sh, &sent, TMUX_LATE_S, "send-keys", "-t", "main", "C-c", ";", "send-keys", "-t", "main",
-         "-l", line.data, ";", "send-keys", "-t", "main", "Enter");
-    buf_free(&line);
-    bool settled = ran_ok(&sent) && wait_for_file(idle, monotonic() + SHELL_SETTLE_S);
+    TMUX(sh, &sent, TMUX_LATE_S, "send-keys", "-t", "main", "C-c");
+    double settle_by = monotonic() + SHELL_SETTLE_S;
+    bool settled = ran_ok(&sent);
     result_free(&sent);
+    if (settled) {
+        shell_wait_for_prompt(sh, settle_by);
+        sent = (result){0};
+        TMUX(sh, &sent, TMUX_LATE_S, "send-keys", "-t", "main", "-l", "__run_idle", ";",
+             "send-keys", "-t", "main", "Enter");
+        settled = ran_ok(&sent) && wait_for_file(idle, settle_by);
+        result_free(&sent);
+    }
     if (!settled)
         shell_kill(sh);
     return settled;
 }
 
-/* Run ``command`` in the persistent shell: sourced from a file with its output sent to files and
- * its exit status written by a rename, so the code is exact and the shell keeps its state. Past
+/* Run ``command`` in the persistent shell: written to a file that ``__run`` (SHELL_RC_COMMON)
+ * sources with its output sent to files and its exit status written by a rename, so the code
+ * is exact and the shell keeps its state, and the pane shows the command and its output. Past
  * ``timeout`` the command gets Ctrl-C; a shell not back at its prompt soon after is killed with
  * everything it runs (the reply's signal: 2 for Ctrl-C, 9 for killed). */
 static void shell_run(shell *sh, const char *command, size_t length, double timeout, size_t cap,
@@ -1018,6 +1219,8 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
     snprintf(base, sizeof base, "%s/%lu", sh->dir, sh->counter);
     char script[sizeof base + 8], rc[sizeof base + 8], out[sizeof base + 8], err[sizeof base + 8];
     char rc_tmp[sizeof base + 16], ended[sizeof base + 16], idle[sizeof base + 16];
+    char call[sizeof sh->dir + 8];
+    snprintf(call, sizeof call, "%s/call", sh->dir);
     snprintf(ended, sizeof ended, "%s.ended", base);
     snprintf(idle, sizeof idle, "%s.idle", base);
     snprintf(script, sizeof script, "%s.sh", base);
@@ -1026,6 +1229,15 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
     snprintf(out, sizeof out, "%s.out", base);
     snprintf(err, sizeof err, "%s.err", base);
     bool late = state == SHELL_LATE;
+    /* the call's files, for ``__run`` and, after Ctrl-C, ``__run_idle`` */
+    size_t named = strlen(base);
+    base[named] = '\n';
+    bool pointed = write_file(call, base, named + 1);
+    base[named] = '\0';
+    if (!pointed) {
+        fail(r, "agent failed: cannot write %s: %s", call, strerror(errno));
+        return;
+    }
     if (!late) {
         buf text = {0};
         buf_put(&text, command, length);
@@ -1039,16 +1251,10 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
         /* The EXIT trap records the status also when the command ends the shell with ``exit``,
          * and marks that it did (``.ended``), so the next call waits for that session to be
          * gone. */
-        buf line = {0};
-        buf_printf(&line,
-                   "trap 's=$?; : >%s; echo $s >%s; mv %s %s' EXIT; . %s >%s 2>%s </dev/null; "
-                   "echo $? >%s; trap - EXIT; mv %s %s",
-                   ended, rc_tmp, rc_tmp, rc, script, out, err, rc_tmp, rc_tmp, rc);
-        buf_put(&line, "", 1); /* NUL-terminated */
+        shell_wait_for_prompt(sh, deadline);
         result sent = {0};
-        TMUX(sh, &sent, deadline - monotonic(), "send-keys", "-t", "main", "-l", line.data, ";",
+        TMUX(sh, &sent, deadline - monotonic(), "send-keys", "-t", "main", "-l", "__run", ";",
              "send-keys", "-t", "main", "Enter");
-        buf_free(&line);
         late = sent.timed_out;
         if (!late && !ran_ok(&sent)) {
             fail_because(r, "tmux send-keys failed: ", &sent);
