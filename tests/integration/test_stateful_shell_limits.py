@@ -168,3 +168,72 @@ async def test_the_pane_shows_the_commands_and_their_output_not_the_plumbing(
         assert "\n3 1 /tmp\n" in pane, pane  # the shell's own $? and state, as typed there
         for plumbing in (".trajcore", "trap", "ended", "__run"):
             assert plumbing not in pane, pane
+
+
+async def test_a_bash_started_in_place_of_the_shell_or_in_it_runs_the_next_calls(
+    pool: LocalSandboxPool,
+) -> None:
+    """A bash the model starts at the pane (``exec bash``, or ``bash`` in the shell) runs the
+    next ``bash_stateful`` calls at once, as the shell did (it has no alias ``__run`` of its
+    own: the call typed into it timed out and the shell was killed); ``exit`` from the inner
+    bash leaves the outer one at its prompt without the wait for a shell that ends. A Python
+    REPL left open cannot run a call: it ends by its timeout, and the next call gets a new
+    shell."""
+    async with pool.lease("t") as lease:
+        kept, _ = await one(pool, lease, "bash_stateful", command="cd /tmp && V=1")
+        assert kept.outcome is ToolOutcome.OK, kept
+        await one(pool, lease, "tmux", keys="exec bash", wait_s=0.5)
+        replaced, took = await one(
+            pool, lease, "bash_stateful", command="echo $((1+1)) $PWD; (exit 4)"
+        )
+        assert replaced.exec is not None, replaced
+        assert (replaced.exec.exit_code, replaced.exec.stdout) == (4, "2 /tmp\n"), replaced
+        assert took < 3.0
+        await one(pool, lease, "tmux", keys="bash", wait_s=0.5)
+        inner, took = await one(pool, lease, "bash_stateful", command="W=2; echo inner $W $PWD")
+        assert (inner.outcome, inner.content) == (ToolOutcome.OK, "inner 2 /tmp\n"), inner
+        assert took < 3.0
+        left, took = await one(pool, lease, "bash_stateful", command="exit")
+        assert (left.outcome, left.exec and left.exec.exit_code) == (ToolOutcome.OK, 0), left
+        assert took < 1.5
+        outer, _ = await one(pool, lease, "bash_stateful", command="echo ${W-none} $PWD")
+        assert (outer.outcome, outer.content) == (ToolOutcome.OK, "none /tmp\n"), outer
+        pane, _ = await one(pool, lease, "tmux", keys=[], enter=False, wait_s=0)
+        assert "$ echo ${W-none} $PWD\nnone /tmp\n" in (pane.content or ""), pane
+        assert "__run" not in (pane.content or ""), pane
+
+        await one(pool, lease, "tmux", keys="python3", wait_s=0.5)
+        in_repl, took = await one(pool, lease, "bash_stateful", 1.0, command="echo lost")
+        assert in_repl.outcome is ToolOutcome.TIMEOUT, in_repl
+        assert "the shell was killed with everything it ran" in (in_repl.error or ""), in_repl
+        assert took < 4.0
+        fresh, _ = await one(pool, lease, "bash_stateful", command="echo $PWD")
+        assert (fresh.outcome, fresh.content) == (ToolOutcome.OK, "/workspace\n"), fresh
+
+
+async def test_an_sh_started_in_place_of_the_shell_runs_the_next_calls(
+    pool: LocalSandboxPool,
+) -> None:
+    """``exec sh`` at the pane: an interactive sh reads the plumbing as its ENV, so the next
+    calls run in it with their exit codes, its state kept, and the pane shows its prompt, each
+    command (continuation lines after PS2) and its output, and ``$?`` typed there is the last
+    command's."""
+    async with pool.lease("t") as lease:
+        await one(pool, lease, "bash_stateful", command="cd /tmp")
+        await one(pool, lease, "tmux", keys="exec sh", wait_s=0.5)
+        first, took = await one(
+            pool, lease, "bash_stateful", command="X=5; echo $((X+1)); (exit 5)"
+        )
+        assert first.exec is not None, first
+        assert (first.exec.exit_code, first.exec.stdout) == (5, "6\n"), first
+        assert took < 3.0
+        second, _ = await one(
+            pool, lease, "bash_stateful", command="echo $X $PWD\necho e >&2; false"
+        )
+        assert second.exec is not None, second
+        assert (second.exec.exit_code, second.exec.stdout) == (1, "5 /tmp\n"), second
+        typed, _ = await one(pool, lease, "tmux", keys="echo status $?", wait_s=0.5)
+        pane = typed.content or ""
+        assert "$ X=5; echo $((X+1)); (exit 5)\n6\n$ echo $X $PWD\n> echo e >&2; false\n" in pane
+        assert "5 /tmp\ne\n$ echo status $?\nstatus 1\n" in pane, pane
+        assert "__run" not in pane, pane

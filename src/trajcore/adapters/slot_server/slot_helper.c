@@ -961,17 +961,20 @@ static bool write_file(const char *path, const char *data, size_t n) {
 
 typedef enum { SHELL_READY, SHELL_FAILED, SHELL_LATE } shell_state;
 
-/* The persistent shell's rc file: the shell's own (~/.bashrc) first, then the plumbing of
- * ``bash_stateful``, so that the pane shows what a person at that terminal would see. A call
- * types ``__run`` (an alias; the call's files are named in ``DIR/call``); ``__run_begin``
- * erases that line and prints the prompt and the command in its place, the command is sourced
- * at the shell's top level (``declare`` and ``cd`` carry over), and ``__run_end`` prints its
- * output (stdout, then stderr; the last 64 KiB of each) before it writes the status. An EXIT
- * trap writes the status of a command that ends the shell and marks that it did (``.ended``);
- * ``__run_idle`` (typed after Ctrl-C) marks the shell back at its prompt. Bash expands its
- * prompt and keeps the command, not the alias, in its history; a plain sh prints PS1 as it is. */
+/* The persistent shell's plumbing for ``bash_stateful``, so that the pane shows what a person
+ * at that terminal would see: bash starts with ``DIR/rc`` (the shell's own ~/.bashrc, then
+ * ``DIR/run.bash``), sh with ``DIR/run.sh`` as its ENV. A call types ``__run`` (an alias; the
+ * call's files are named in ``DIR/call``); ``__run_begin`` erases that line and prints the
+ * prompt and the command in its place, the command is sourced at the shell's top level
+ * (``declare`` and ``cd`` carry over), and ``__run_end`` prints its output (stdout, then
+ * stderr; the last 64 KiB of each) before it writes the status. An EXIT trap writes the status
+ * of a command that ends the shell and marks that it did (``.ended``); ``__run_idle`` (typed
+ * after Ctrl-C) marks the shell back at its prompt. Bash expands its prompt and keeps the
+ * command, not the alias, in its history; sh expands PS1's parameters (not one that holds
+ * quotes or backslashes). A shell that replaces this one (``exec bash``, ``exec sh``) or runs
+ * in it (``bash``) gets the plumbing too: bash's exported PROMPT_COMMAND reads ``run.bash``
+ * where ``__run`` is not an alias, and an interactive sh reads ``run.sh`` as its ENV. */
 static const char SHELL_RC_BASH[] =
-    "[ -f ~/.bashrc ] && . ~/.bashrc\n"
     "__run_erase() {\n"
     "    local p=${PS1-} width=${COLUMNS:-80} rows=0 line i\n"
     "    p=${p@P}\n"
@@ -1022,28 +1025,61 @@ static const char SHELL_RC_BASH[] =
     "    trap - EXIT\n"
     "    if [ -t 1 ]; then __run_erase __run_idle; fi\n"
     "    IFS= read -r __run_at <\"$__run_dir/call\" && : >\"$__run_at.idle\"\n"
-    "}\n";
+    "}\n"
+    "__run_hook=\"alias __run >/dev/null 2>&1 || . ${__run_dir@Q}/run.bash\"\n"
+    "case ${PROMPT_COMMAND-} in\n"
+    "    *\"$__run_hook\"*) ;;\n"
+    "    *) PROMPT_COMMAND=$__run_hook${PROMPT_COMMAND:+$'\\n'$PROMPT_COMMAND} ;;\n"
+    "esac\n"
+    "ENV=$__run_dir/run.sh\n"
+    "export PROMPT_COMMAND ENV\n";
+/* sh's: the typed line is erased from the line under it, where the shell's output goes on,
+ * also when the keys came (and were echoed by the terminal) before the prompt was printed.
+ * PS1 and PS2 are expanded as sh expands them, in a subshell (one that cannot be is shown as
+ * it is). */
 static const char SHELL_RC_SH[] =
-    "unset ENV\n"
+    "__run_ps() {\n"
+    "    __run_p=$1 __run_q=\n"
+    "    while :; do\n"
+    "        case $__run_p in\n"
+    "            *\\\"*) __run_q=$__run_q${__run_p%%\\\"*}\\\\\\\"; __run_p=${__run_p#*\\\"} ;;\n"
+    "            *) break ;;\n"
+    "        esac\n"
+    "    done\n"
+    "    __run_q=$( (eval \"printf '%s.' \\\"$__run_q$__run_p\\\"\") 2>/dev/null) || __run_q=$1.\n"
+    "    __run_q=${__run_q%.}\n"
+    "}\n"
     "__run_begin() {\n"
     "    __run_at=\n"
     "    IFS= read -r __run_at <\"$__run_dir/call\" || return\n"
     "    trap '__run_exit $?' EXIT\n"
     "    if [ -t 1 ]; then\n"
-    "        printf '\\033[1A\\r\\033[2K%s' \"${PS1-}\"\n"
-    "        tail -c 65536 -- \"$__run_at.sh\" 2>/dev/null || :\n"
+    "        __run_ps \"${PS2-}\"\n"
+    "        __run_ps2=$__run_q\n"
+    "        __run_ps \"${PS1-}\"\n"
+    "        printf '\\r\\033[2K\\033[1A\\033[2K%s' \"$__run_q\"\n"
+    "        __run_q=\n"
+    "        while IFS= read -r __run_text || [ -n \"$__run_text\" ]; do\n"
+    "            printf '%s%s\\n' \"$__run_q\" \"$__run_text\"\n"
+    "            __run_q=$__run_ps2\n"
+    "        done <\"$__run_at.sh\"\n"
     "    fi\n"
+    "}\n"
+    "__run_show() {\n"
+    "    [ -s \"$1\" ] || return 0\n"
+    "    tail -c 65536 -- \"$1\" 2>/dev/null || cat -- \"$1\" 2>/dev/null || :\n"
     "}\n"
     "__run_end() {\n"
     "    if [ -t 1 ]; then\n"
-    "        tail -c 65536 -- \"$__run_at.out\" 2>/dev/null || :\n"
-    "        tail -c 65536 -- \"$__run_at.err\" 2>/dev/null || :\n"
+    "        __run_show \"$__run_at.out\"\n"
+    "        __run_show \"$__run_at.err\"\n"
     "    fi\n"
     "    __run_done \"$1\"\n"
+    "    case $- in *e*) ;; *) return \"$1\" ;; esac\n"
     "}\n"
     "__run_idle() {\n"
     "    trap - EXIT\n"
-    "    if [ -t 1 ]; then printf '\\033[1A\\r\\033[2K'; fi\n"
+    "    if [ -t 1 ]; then printf '\\r\\033[2K\\033[1A\\033[2K'; fi\n"
     "    IFS= read -r __run_at <\"$__run_dir/call\" && : >\"$__run_at.idle\"\n"
     "}\n";
 static const char SHELL_RC_COMMON[] =
@@ -1071,33 +1107,60 @@ static void buf_shell_quoted(buf *b, const char *text) {
     buf_put(b, "'", 1);
 }
 
-static bool shell_write_rc(const shell *sh, const char *path, bool bash) {
+/* ``DIR/NAME``, holding ``__run_dir`` (DIR), then ``plumbing`` and SHELL_RC_COMMON. */
+static bool shell_write_plumbing(const shell *sh, const char *name, const char *plumbing) {
+    char path[sizeof sh->dir + 16];
+    snprintf(path, sizeof path, "%s/%s", sh->dir, name);
     buf text = {0};
     buf_puts(&text, "__run_dir=");
     buf_shell_quoted(&text, sh->dir);
     buf_puts(&text, "\n");
-    buf_puts(&text, bash ? SHELL_RC_BASH : SHELL_RC_SH);
+    buf_puts(&text, plumbing);
     buf_puts(&text, SHELL_RC_COMMON);
     bool written = write_file(path, text.data, text.len);
     buf_free(&text);
     return written;
 }
 
-/* Whether the pane's line editor reads keys now: its terminal is out of canonical mode, which
- * readline sets before it prints the prompt. Keys typed before that (while the shell is still
- * on its way from the last command to its prompt) are echoed by the terminal ahead of the
- * prompt, and would stay on the screen. True when it cannot be told (no line editor, no
- * terminal known). */
-static bool shell_at_prompt(const shell *sh) {
-    if (!sh->line_editor || !sh->tty[0])
+/* The rc files (SHELL_RC_BASH's comment): ``run.sh`` always (sh's ENV: the shell's, or that of
+ * an sh started in or in place of it), ``run.bash`` and ``rc`` (the path given) for bash. */
+static bool shell_write_rc(const shell *sh, const char *rc, bool bash) {
+    if (!shell_write_plumbing(sh, "run.sh", SHELL_RC_SH))
+        return false;
+    if (!bash)
         return true;
+    if (!shell_write_plumbing(sh, "run.bash", SHELL_RC_BASH))
+        return false;
+    buf text = {0};
+    buf_puts(&text, "[ -f ~/.bashrc ] && . ~/.bashrc\n. ");
+    buf_shell_quoted(&text, sh->dir);
+    buf_puts(&text, "/run.bash\n");
+    bool written = write_file(rc, text.data, text.len);
+    buf_free(&text);
+    return written;
+}
+
+/* The mode of the pane's terminal: 1 out of canonical mode (bash's line editor reads keys:
+ * readline sets that before it prints the prompt, and canonical mode back before it runs a
+ * command); 0 in canonical mode; -1 not known (no line editor or terminal known, or it cannot
+ * be read). */
+static int shell_tty_raw(const shell *sh) {
+    if (!sh->line_editor || !sh->tty[0])
+        return -1;
     int fd = open(sh->tty, O_RDONLY | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
-        return true;
+        return -1;
     struct termios mode;
-    bool cooked = tcgetattr(fd, &mode) == 0 && (mode.c_lflag & ICANON);
+    int raw = tcgetattr(fd, &mode) == 0 ? !(mode.c_lflag & ICANON) : -1;
     close(fd);
-    return !cooked;
+    return raw;
+}
+
+/* Whether keys typed now reach the shell's line editor (shell_tty_raw). Keys typed before that
+ * (while the shell is still on its way from the last command to its prompt) are echoed by the
+ * terminal ahead of the prompt, and would stay on the screen. True when it cannot be told. */
+static bool shell_at_prompt(const shell *sh) {
+    return shell_tty_raw(sh) != 0;
 }
 
 /* Wait until the shell is at its prompt (shell_at_prompt), for at most PROMPT_WAIT_S and not
@@ -1134,13 +1197,14 @@ static shell_state shell_ensure(shell *sh, double deadline, result *r) {
     if (running || late)
         return running ? SHELL_READY : SHELL_LATE;
     make_dirs(sh->dir);
-    char bash[PATH_MAX], rc[sizeof sh->dir + 8], ready[sizeof sh->dir + 8];
+    char bash[PATH_MAX], rc[sizeof sh->dir + 16], ready[sizeof sh->dir + 8];
     bool has_bash = which("bash", bash, sizeof bash);
-    snprintf(rc, sizeof rc, "%s/rc", sh->dir);
+    snprintf(rc, sizeof rc, has_bash ? "%s/rc" : "%s/run.sh", sh->dir);
     snprintf(ready, sizeof ready, "%s/ready", sh->dir);
     (void)unlink(ready);
     if (!shell_write_rc(sh, rc, has_bash)) {
-        fail(r, "agent failed: cannot write %s: %s", rc, strerror(errno));
+        fail(r, "agent failed: cannot write the shell's rc files in %s: %s", sh->dir,
+             strerror(errno));
         return SHELL_FAILED;
     }
     sh->line_editor = has_bash;
@@ -1250,11 +1314,13 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
         }
         /* The EXIT trap records the status also when the command ends the shell with ``exit``,
          * and marks that it did (``.ended``), so the next call waits for that session to be
-         * gone. */
+         * gone. Keys the tmux tool left on the line (sent without Enter) are dropped first
+         * (end of line, then kill the line: readline's keys, and the terminal's VKILL for sh),
+         * so that the line is only ``__run``. */
         shell_wait_for_prompt(sh, deadline);
         result sent = {0};
-        TMUX(sh, &sent, deadline - monotonic(), "send-keys", "-t", "main", "-l", "__run", ";",
-             "send-keys", "-t", "main", "Enter");
+        TMUX(sh, &sent, deadline - monotonic(), "send-keys", "-t", "main", "C-e", "C-u", ";",
+             "send-keys", "-t", "main", "-l", "__run", ";", "send-keys", "-t", "main", "Enter");
         late = sent.timed_out;
         if (!late && !ran_ok(&sent)) {
             fail_because(r, "tmux send-keys failed: ", &sent);
@@ -1288,7 +1354,8 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
     r->err_dropped = read_capped(err, cap, &r->err);
     if (!late && exists(ended)) {
         /* the command ended the shell: wait (bounded) until its session is gone, so the next
-         * call starts a fresh shell instead of typing into this one as it exits */
+         * call starts a fresh shell instead of typing into this one as it exits, or until the
+         * pane's line editor reads keys again */
         double gone_by = monotonic() + 2.0;
         if (gone_by > deadline + TMUX_LATE_S)
             gone_by = deadline + TMUX_LATE_S > monotonic() ? deadline + TMUX_LATE_S
@@ -1298,7 +1365,9 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
             TMUX(sh, &probe, gone_by - monotonic(), "has-session", "-t", "main");
             bool running = ran_ok(&probe);
             result_free(&probe);
-            if (!running)
+            /* the session goes on with a shell at its prompt: the one that ended was started
+             * in it (``bash``, then ``exit``) */
+            if (!running || shell_tty_raw(sh) == 1)
                 break;
             struct timespec pause = {0, 10 * 1000 * 1000};
             nanosleep(&pause, NULL);
