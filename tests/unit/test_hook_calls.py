@@ -5,6 +5,8 @@ model's commands leave free; the model's calls never carry the mark."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -73,17 +75,23 @@ def test_a_mark_that_is_not_a_boolean_is_refused_naming_it(bad: object) -> None:
         SlotCall(lease=LEASE, call=CALL, timeout_s=1.0, hook=bad)  # type: ignore[arg-type]
 
 
-@pytest.mark.anyio
-async def test_the_hooks_calls_carry_the_mark_and_the_models_do_not() -> None:
+@asynccontextmanager
+async def _router() -> AsyncIterator[tuple[FakeSandboxPool, ToolRouter]]:
+    """A fake pool and the model's router over one lease of it."""
     async with (
         FakeSandboxPool() as pool,
         ToolDispatcher(pool, BatchConfig()) as dispatcher,
         pool.lease("t", timeout_s=5.0) as lease,
     ):
-        router = ToolRouter(
+        yield pool, ToolRouter(
             lease=lease, dispatcher=dispatcher, tool_server=None,
             offered=frozenset(SLOT_TOOLS), tool_timeout_s=5.0, trajectory_id="t",
         )  # fmt: skip
+
+
+@pytest.mark.anyio
+async def test_the_hooks_calls_carry_the_mark_and_the_models_do_not() -> None:
+    async with _router() as (pool, router):
         await router.run([ToolCall(id="m", name="bash", arguments={"command": "true"})])
         tools = SlotTools(router)
         assert await tools.check("true")
@@ -116,15 +124,7 @@ def test_the_commands_limit_leaves_the_hooks_a_quarter(
 async def test_a_seed_tool_context_call_is_the_hooks_too() -> None:
     """hermes-agent's ``ToolContext`` (``ctx.terminal(...)`` in a ported env's score code) goes
     through ``run_env_tool``: its calls carry the mark as ``SlotTools``' do."""
-    async with (
-        FakeSandboxPool() as pool,
-        ToolDispatcher(pool, BatchConfig()) as dispatcher,
-        pool.lease("t", timeout_s=5.0) as lease,
-    ):
-        router = ToolRouter(
-            lease=lease, dispatcher=dispatcher, tool_server=None,
-            offered=frozenset(SLOT_TOOLS), tool_timeout_s=5.0, trajectory_id="t",
-        )  # fmt: skip
+    async with _router() as (pool, router):
         await run_env_tool(SlotTools(router), "terminal", {"command": "true"})
     assert [call.hook for call in pool.executed] == [True]
 
