@@ -87,8 +87,9 @@ from trajcore.entrypoints.atropos.config import AgentEnvConfig
 from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.entrypoints.hermes_tool_context import HermesToolContext, run_env_tool
 from trajcore.entrypoints.seed_tools import SeedToolRegistry, default_seed_tools, run_agent
+from trajcore.rollout.hook_failures import env_failure
 from trajcore.rollout.tools import SlotTools
-from trajcore.rollout.trajectory import RolloutConfig, ScoreAnswer, Transcript, env_failure
+from trajcore.rollout.trajectory import RolloutConfig, ScoreAnswer, Transcript
 
 __all__ = [
     "AgentConfig",

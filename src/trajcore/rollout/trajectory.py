@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import logging
 import math
-import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import overload
@@ -90,10 +89,9 @@ from trajcore.domain.errors import (
     InvalidInput,
     ModelServerRejected,
     SlotBudgetSpent,
-    StateError,
 )
 from trajcore.domain.groups import TrajectoryOutcome, TrajectoryStatus
-from trajcore.domain.json_values import JSONObject, check_json
+from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.slots import Lease
@@ -103,6 +101,13 @@ from trajcore.domain.tools import ToolCall, ToolResult, ToolSpec
 from trajcore.ports.sandbox_pool import EnvironmentPool, SandboxPool
 from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.dispatcher import ToolDispatcher
+from trajcore.rollout.hook_failures import (
+    env_failure,
+    first_failure,
+    forgotten_await,
+    infrastructure_failure,
+    metadata_problem,
+)
 from trajcore.rollout.policy import Policy, PolicySession
 from trajcore.rollout.preparation import Prepared
 from trajcore.rollout.render_threads import (
@@ -119,7 +124,6 @@ __all__ = [
     "TrajectoryHooks",
     "TrajectoryResult",
     "Transcript",
-    "env_failure",
     "run_trajectory",
 ]
 
@@ -403,19 +407,19 @@ async def _leased(run: _Run, env: _Env) -> None:
                     else await env.hooks.prepare(slot_tools)
                 )
             except Exception as exc:  # noqa: BLE001 - the env's own code, or the slot's failure
-                forgotten = _forgotten_await(slot_tools, "prepare hook")
-                if _infrastructure(exc):
-                    detail = f"prepare hook failed: {_first(exc)}"
+                forgotten = forgotten_await(slot_tools, "prepare hook")
+                if infrastructure_failure(exc):
+                    detail = f"prepare hook failed: {first_failure(exc)}"
                     run.loop.infra_failed(now=run.now(), detail=detail)
                 else:  # a coroutine used as its answer raises: the forgotten await is the cause
                     detail = forgotten or env_failure("prepare hook", exc)
                     run.loop.env_failed(now=run.now(), detail=detail)
                 return
-            forgotten = _forgotten_await(slot_tools, "prepare hook")
+            forgotten = forgotten_await(slot_tools, "prepare hook")
             if forgotten is not None:
                 run.loop.env_failed(now=run.now(), detail=forgotten)
                 return
-            problem = _metadata_problem(metadata)
+            problem = metadata_problem(metadata)
             if problem is not None:
                 run.loop.env_failed(now=run.now(), detail=f"prepare hook returned {problem}")
                 return
@@ -537,61 +541,6 @@ def _capped(result: ToolResult, limit: int) -> ToolResult:
     return attrs.evolve(result, content=f"{head}{note}{tail}")
 
 
-def _forgotten_await(slot_tools: SlotTools, hook: str) -> str | None:
-    """Why ``hook`` failed when it called a method of ``slot_tools`` without ``await`` (the
-    call never ran, and its coroutine may have passed for a true check), else ``None``."""
-    try:
-        slot_tools.call_log.check_awaited(hook, "await tools.<method>(...)")
-    except StateError as exc:
-        return str(exc)
-    return None
-
-
-def _metadata_problem(metadata: object) -> str | None:
-    """``None`` when ``metadata`` is ``None`` or a JSON object, else what is wrong with it."""
-    if metadata is None:
-        return None
-    if not isinstance(metadata, dict):
-        return f"{metadata!r} as metadata, not a JSON object"
-    problem = check_json(metadata)
-    return None if problem is None else f"metadata that is not JSON: {problem}"
-
-
-def _infrastructure(exc: BaseException) -> bool:
-    """Whether ``exc`` is the infrastructure's failure: an ``InfrastructureError``, or a group
-    of nothing else (a hook's task group whose calls all hit a failed slot)."""
-    if isinstance(exc, BaseExceptionGroup):
-        return exc.split(InfrastructureError)[1] is None
-    return isinstance(exc, InfrastructureError)
-
-
-def _first(exc: BaseException) -> BaseException:
-    """``exc``, or the first exception a group of them holds that is not the infrastructure's
-    (else its first), looked for through nested groups."""
-    while isinstance(exc, BaseExceptionGroup):
-        rest = exc.split(InfrastructureError)[1]
-        exc = (rest if rest is not None else exc).exceptions[0]
-    return exc
-
-
-def env_failure(where: str, exc: BaseException) -> str:
-    """One line for an exception the env's own code raised: what, and where it was raised.
-
-    ``"score hook raised ValueError: bad (at my_env.py:42 in compute_reward)"``; the frame is
-    the traceback's last (where the exception was raised). Of a group of exceptions (a task
-    group's), the first that is not the infrastructure's is told.
-    """
-    exc = _first(exc)
-    frames = traceback.extract_tb(exc.__traceback__)
-    at = ""
-    if frames:
-        last = frames[-1]
-        file = last.filename.rsplit("/", 1)[-1]
-        at = f" (at {file}:{last.lineno} in {last.name})"
-    message = str(exc)
-    return f"{where} raised {type(exc).__name__}{': ' + message if message else ''}{at}"
-
-
 def _transcript(run: _Run) -> Transcript:
     return Transcript(
         trajectory_id=run.trajectory_id,
@@ -606,22 +555,22 @@ async def _score(run: _Run, hooks: TrajectoryHooks, slot_tools: SlotTools) -> No
     try:
         score: object = await hooks.score(slot_tools, _transcript(run))
     except Exception as exc:  # noqa: BLE001 - the env's own code, or the slot's failure
-        forgotten = _forgotten_await(slot_tools, "score hook")
-        if isinstance(_first(exc), SlotBudgetSpent):
-            run.budget_spent = f"score hook: {_first(exc)}"
-        elif _infrastructure(exc):
-            run.score_failure = f"score hook failed: {_first(exc)}"
+        forgotten = forgotten_await(slot_tools, "score hook")
+        if isinstance(first_failure(exc), SlotBudgetSpent):
+            run.budget_spent = f"score hook: {first_failure(exc)}"
+        elif infrastructure_failure(exc):
+            run.score_failure = f"score hook failed: {first_failure(exc)}"
             run.score_failure_status = TrajectoryStatus.INFRA_ERROR
         else:  # a coroutine used as its answer raises: the forgotten await is the cause
             run.score_failure = forgotten or env_failure("score hook", exc)
         return
-    forgotten = _forgotten_await(slot_tools, "score hook")
+    forgotten = forgotten_await(slot_tools, "score hook")
     if forgotten is not None:
         run.score_failure = forgotten
         return
     if isinstance(score, tuple) and len(score) == 2:
         score, metadata = score
-        problem = _metadata_problem(metadata)
+        problem = metadata_problem(metadata)
         if problem is not None:
             run.score_failure = f"score hook returned {problem}"
             return

@@ -37,7 +37,8 @@ from trajcore.entrypoints.atropos.scored_data import (
 )
 from trajcore.ports.sandbox_pool import EnvironmentPool, SandboxPool
 from trajcore.rollout.group import GroupResult, collect_group, failed_member
-from trajcore.rollout.trajectory import ToolExchange, TrajectoryResult, env_failure
+from trajcore.rollout.hook_failures import env_failure
+from trajcore.rollout.trajectory import ToolExchange, TrajectoryResult
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -42,10 +42,11 @@ from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
 from trajcore.entrypoints.atropos.services import RolloutServices, release_tool_sessions
 from trajcore.entrypoints.idle_slots import IdleLimitedPolicy
+from trajcore.rollout.hook_failures import env_failure
 from trajcore.rollout.policy import Policy
 from trajcore.rollout.preparation import Prepared, prepared_group
 from trajcore.rollout.tools import SlotTools
-from trajcore.rollout.trajectory import RolloutConfig, env_failure
+from trajcore.rollout.trajectory import RolloutConfig
 
 __all__ = [
     "env_hook",
