@@ -161,7 +161,10 @@ async def test_the_deadline_ends_a_hanging_model_as_time_budget() -> None:
             result = await _run(ChatPolicy(chat), pool, config)
         assert pool.statistics().leased == 0
     assert result.stats.stop_reason is StopReason.TIME_BUDGET
-    assert result.stats.detail == "the trajectory's deadline of 0.3 s passed"
+    assert result.stats.detail == (
+        "the turns' deadline passed (deadline_s=0.3 s less score_reserve_s=0.03 s, kept for "
+        "scoring)"
+    )
     assert result.outcome.score is None or result.outcome.score == 0.0
 
 

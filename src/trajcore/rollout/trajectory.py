@@ -22,9 +22,12 @@ The decisions are the domain ``AgentLoop``'s; this module performs them. Its pro
   once, ``rollout.preparation``), the lease starts from its snapshot where the pool can fork
   it: the prepare hook is then not run again and its metadata is the preparation's; elsewhere
   the member prepares itself.
-- **One deadline.** ``deadline_s`` covers acquisition, every model call, every tool call and
-  scoring. When it passes, the loop finishes as ``time_budget`` (or ``infra_error`` if no slot was
-  ever acquired) and whatever was produced so far is kept.
+- **One deadline, its last part kept for scoring.** ``deadline_s`` covers acquisition,
+  preparing, the turns and scoring; the turns end at ``deadline_s`` less ``score_reserve``
+  (a slot call's timeout is cut to end there too): the loop finishes as ``time_budget`` and
+  the score hook runs in the lease with at least the reserve left; a member that finished
+  earlier has all the time left. A score hook still running at ``deadline_s`` fails the
+  member as ``infra_error``, as does the deadline before a slot or while preparing.
 - **The final render off the loop, with a deadline.** The training tokens (OpenAI mode's
   re-render of the whole conversation, managed mode's export) and managed mode's drift
   re-render are computed in a worker thread of ``RenderThreads`` (at most so many at once, in
@@ -129,6 +132,10 @@ __all__ = [
 
 log = logging.getLogger("trajcore.rollout")
 
+_RESERVE_S = 60.0  # the most a trajectory keeps for scoring by default
+_reserve_seconds = validators.finite_number(None, at_least=0.0, unit="seconds")
+_LEAST_CALL_S = 0.01  # a slot call's shortest timeout, when the turns' deadline is that near
+
 
 @attrs.frozen(kw_only=True)
 class RolloutConfig:
@@ -139,7 +146,12 @@ class RolloutConfig:
         sampling: Sampling parameters for every turn (``max_tokens`` is capped by the loop's
             remaining completion budget).
         tool_timeout_s: Limit of one slot tool call (the env's, never the model's).
-        deadline_s: The single deadline of a trajectory: acquire, model, tools and scoring.
+        deadline_s: The single deadline of a trajectory: acquire, prepare, model, tools and
+            scoring.
+        score_reserve_s: The last part of ``deadline_s`` kept for scoring: the agent's turns
+            end at ``deadline_s`` less this, so the score hook of a member whose time ran out
+            still has it (``score_reserve``). ``None``: a tenth of ``deadline_s``, at most
+            60 s. At least 0 and below ``deadline_s``.
         acquire_timeout_s: Longest wait for a slot (also bounded by ``deadline_s``).
         tool_delay_s: Pause before each batch of tool calls (rate-limits real tools).
         max_token_length: Truncation of exported training tokens.
@@ -169,6 +181,25 @@ class RolloutConfig:
     sandbox_budget_score: float | None = attrs.field(
         default=0.0, validator=validators.finite_number(None, optional=True)
     )
+    score_reserve_s: float | None = attrs.field(default=None)
+
+    @score_reserve_s.validator
+    def _check_reserve(self, attribute: attrs.Attribute[float | None], value: float | None) -> None:
+        if value is None:
+            return
+        _reserve_seconds(self, attribute, value)
+        if not value < self.deadline_s:
+            raise ConfigError(
+                attribute.name,
+                f"must be below deadline_s={self.deadline_s:g}, which it is a part of (the "
+                f"turns would have no time), got {value!r}",
+            )
+
+    @property
+    def score_reserve(self) -> float:
+        """The seconds of ``deadline_s`` kept for scoring (``score_reserve_s``'s default)."""
+        reserve = self.score_reserve_s
+        return min(_RESERVE_S, self.deadline_s / 10) if reserve is None else reserve
 
     @render_inline_chars.validator
     def _check_inline(self, attribute: attrs.Attribute[int], value: object) -> None:
@@ -308,6 +339,7 @@ class _Run:
     loop: AgentLoop
     messages: list[Message]
     clock: Callable[[], float]  # the dispatcher's: anyio's time, the backend looked up once
+    turns_end: float = math.inf  # the turns' deadline, by ``clock``: scoring keeps the rest
     exchanges: list[ToolExchange] = attrs.field(factory=list)
     session: PolicySession | None = None
     slot: str | None = None
@@ -343,6 +375,7 @@ async def run_trajectory(
     what it promises."""
     run = _Run(trajectory_id, config, AgentLoop(config.agent), list(messages), dispatcher.clock)
     started = run.now()
+    run.turns_end = started + config.deadline_s - config.score_reserve
     env = _Env(tools, hooks, policy, pool, dispatcher, tool_server, environment, prepared)
     with anyio.move_on_after(config.deadline_s) as deadline:
         await _leased(run, env)
@@ -424,7 +457,7 @@ async def _leased(run: _Run, env: _Env) -> None:
                 run.loop.env_failed(now=run.now(), detail=f"prepare hook returned {problem}")
                 return
             run.prepare_metadata = metadata  # type: ignore[assignment]  # checked just above
-            await _agent(run, env.tools, env.policy, router)
+            await _turns(run, env, router)
             if run.loop.stats().needs_score:
                 await _score(run, env.hooks, slot_tools)
     except InfrastructureError as exc:  # the lease: AcquireTimeout, EnvironmentUnavailable, ...
@@ -448,6 +481,21 @@ def _turn_cap(decision: CallModel, session: PolicySession, window: int | None) -
     if window is not None and prompt is not None:
         caps.append(window - prompt)
     return min(caps) if caps else None
+
+
+async def _turns(run: _Run, env: _Env, router: ToolRouter) -> None:
+    """The agent loop, ended at the turns' deadline as ``time_budget`` (the loop's
+    ``out_of_time``), the score reserve left for scoring."""
+    left = run.turns_end - run.now()  # by the dispatcher's clock; the scope's is anyio's
+    with anyio.CancelScope(deadline=anyio.current_time() + left) as turns:
+        await _agent(run, env.tools, env.policy, router)
+    if turns.cancelled_caught and LoopEvent.OUT_OF_TIME in run.loop.allowed_events():
+        config = run.config
+        detail = (
+            f"the turns' deadline passed (deadline_s={config.deadline_s:g} s less "
+            f"score_reserve_s={config.score_reserve:g} s, kept for scoring)"
+        )
+        run.loop.out_of_time(now=run.now(), detail=detail)
 
 
 async def _agent(run: _Run, tools: Sequence[ToolSpec], policy: Policy, router: ToolRouter) -> None:
@@ -502,6 +550,9 @@ async def _tools(
     """Run the calls of the model's turn number ``turn`` and hand the loop their results."""
     if run.config.tool_delay_s > 0:
         await anyio.sleep(run.config.tool_delay_s)
+    left = run.turns_end - run.now()
+    if left < router.tool_timeout_s:  # a call ends by the turns' deadline: the slot is free
+        router = attrs.evolve(router, tool_timeout_s=max(left, _LEAST_CALL_S))
     results = await router.run(decision.calls) if decision.calls else []
     cap = run.config.max_tool_result_chars
     if cap is not None:

@@ -187,6 +187,12 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
         "from the group's start (a preparation done once spends it too); below "
         "worker_timeout, after which Atropos cancels the whole group.",
     )
+    score_reserve_s: float | None = Field(
+        default=None,
+        description="The last part of slot_lifetime_s kept for scoring: the model's turns end "
+        "this much before it (as time_budget), so a member that ran out of time is still "
+        "scored. None: a tenth of slot_lifetime_s, at most 60 s.",
+    )
     slot_idle_timeout_s: float | None = Field(
         default=None,
         gt=0,
@@ -559,6 +565,7 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
             max_token_length=self.max_token_length - 1,
             render_grace_s=self._render_grace_s(),
             sandbox_budget_score=self.sandbox_budget_score,
+            score_reserve_s=self.score_reserve_s,
         )
         settings = RolloutSettings(
             mode=choice.mode,

@@ -224,4 +224,10 @@ def member_rollout(rollout: RolloutConfig, started: float) -> RolloutConfig | st
     left = rollout.deadline_s - (anyio.current_time() - started)
     if left <= 0:
         return f"the group's preparation used the whole slot_lifetime_s ({rollout.deadline_s:g} s)"
+    reserve = rollout.score_reserve_s
+    if reserve is not None and left <= reserve:
+        return (
+            f"the group's preparation left {left:.1f} s of slot_lifetime_s "
+            f"({rollout.deadline_s:g} s), no more than score_reserve_s ({reserve:g} s)"
+        )
     return attrs.evolve(rollout, deadline_s=left)

@@ -1,0 +1,93 @@
+"""A policy that stalls is scored, not dropped: real slot servers, real bubblewrap, a scripted
+model that writes its answer and then sleeps in the slot, turn after turn. Its turns end at the
+turns' deadline (``deadline_s`` less the score reserve), its sleep is killed there (the call's
+timeout was cut to end there), and the score hook's check runs in the same lease before the
+trajectory's deadline: ``time_budget``, healthy, with the hook's score. Before, the deadline
+took the lease with the hook unrun, and the member was an ``infra_error``, left out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import anyio
+import attrs
+import pytest
+
+from tests.integration.test_local_pool import config, running_now, wait_no_leftovers
+from trajcore.adapters.pools.local_pool import LocalSandboxPool
+from trajcore.domain.agent_loop import AgentLoopConfig, StopReason
+from trajcore.domain.batch_planner import BatchConfig
+from trajcore.domain.groups import TrajectoryStatus
+from trajcore.domain.messages import Message
+from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
+from trajcore.rollout.dispatcher import ToolDispatcher
+from trajcore.rollout.scripted import ScriptedPolicy, ScriptStep, tool_call
+from trajcore.rollout.tools import SlotTools
+from trajcore.rollout.trajectory import RolloutConfig, TrajectoryHooks, Transcript, run_trajectory
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+DEADLINE_S = 10.0  # the default reserve: a tenth, 1 s
+SLACK_S = 1.0  # the release and the result past the deadline, on a loaded machine
+ROLLOUT = RolloutConfig(
+    agent=AgentLoopConfig(max_turns=50),
+    tool_timeout_s=30.0,  # one sleep would outlast the whole deadline
+    deadline_s=DEADLINE_S,
+    acquire_timeout_s=30.0,
+)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def stalling(messages: Sequence[Message]) -> ScriptStep:
+    """The model: writes its answer, then sleeps, turn after turn, never done."""
+    if not any(message.role == "tool" for message in messages):
+        return tool_call("bash", command="echo ok > answer")
+    return tool_call("bash", command="sleep 60")
+
+
+@attrs.define
+class Hooks:
+    scored_at: list[float] = attrs.field(factory=list)
+
+    async def prepare(self, tools: SlotTools) -> None:
+        return None
+
+    async def score(self, tools: SlotTools, transcript: Transcript) -> float:
+        self.scored_at.append(anyio.current_time())
+        return 1.0 if await tools.check("test -s answer") else 0.0
+
+
+async def test_a_model_sleeping_past_its_turns_is_scored_in_its_lease_within_the_deadline() -> None:
+    before = running_now()
+    hooks = Hooks()
+    async with LocalSandboxPool(config(containers=1, slots=1)) as pool:
+        groups = {pool.server_pid(name) for name in pool.container_names()}
+        run_dir = pool.run_dir
+        async with ToolDispatcher(pool, BatchConfig()) as dispatcher:
+            started = anyio.current_time()
+            with anyio.fail_after(DEADLINE_S + 20):
+                result = await run_trajectory(
+                    trajectory_id="stalls",
+                    messages=[Message.system("You work in a slot."), Message.user("answer")],
+                    tools=SLOT_TOOL_SPECS,
+                    hooks=TrajectoryHooks(prepare=hooks.prepare, score=hooks.score),
+                    policy=ScriptedPolicy.openai(stalling),
+                    pool=pool,
+                    dispatcher=dispatcher,
+                    tool_server=None,
+                    config=ROLLOUT,
+                )
+            took = anyio.current_time() - started
+    await wait_no_leftovers(groups, run_dir, before)  # the sleep died with the lease
+
+    assert result.stats.stop_reason is StopReason.TIME_BUDGET, result.outcome
+    assert (result.outcome.status, result.outcome.score) == (TrajectoryStatus.BUDGET_EXHAUSTED, 1.0)
+    assert "score_reserve_s=1 s" in (result.stats.detail or "")
+    assert [e.call.arguments["command"] for e in result.exchanges][:1] == ["echo ok > answer"]
+    (scored_at,) = hooks.scored_at
+    assert scored_at - started <= DEADLINE_S - 0.5  # it started with most of the reserve left
+    assert took <= DEADLINE_S + SLACK_S
