@@ -146,6 +146,28 @@ async def test_a_lost_exit_status_is_a_tool_error(pool: LocalSandboxPool) -> Non
         assert (after.outcome, after.exec and after.exec.exit_code) == (ToolOutcome.OK, 1)
 
 
+async def test_a_path_without_the_system_s_programs_keeps_the_exit_status(
+    pool: LocalSandboxPool,
+) -> None:
+    """A command that sets a PATH without ``/bin`` (or defines ``mv``) is answered with its
+    exit status at once, as are the calls after it, in bash and in an sh started at the pane;
+    the plumbing's programs are the system's, not what the commands left."""
+    async with pool.lease("t") as lease:
+        for start in ("", "exec sh"):
+            if start:
+                await one(pool, lease, "tmux", keys=start, wait_s=0.5)
+            for command, code, out in [
+                ("export PATH=/nowhere; echo set", 0, "set\n"),
+                ("ls /", 127, ""),
+                ("mv() { return 1; }; export PATH=/usr/bin:/bin; false", 1, ""),
+                ("echo after", 0, "after\n"),
+            ]:
+                result, took = await one(pool, lease, "bash_stateful", 4.0, command=command)
+                assert result.exec is not None, (start, command, result)
+                assert (result.exec.exit_code, result.exec.stdout) == (code, out), result
+                assert took < 3.0, (start, command, took)
+
+
 async def test_the_pane_shows_the_commands_and_their_output_not_the_plumbing(
     pool: LocalSandboxPool,
 ) -> None:

@@ -1012,7 +1012,7 @@ static const char SHELL_RC_BASH[] =
     "            text=\n"
     "            [ -f \"$file\" ] && { IFS= read -r -N 65537 text <\"$file\" || :; }\n"
     "            if (( ${#text} > 65536 )); then\n"
-    "                tail -c 65536 -- \"$file\" 2>/dev/null || :\n"
+    "                command -p tail -c 65536 -- \"$file\" 2>/dev/null || :\n"
     "            else\n"
     "                printf '%s' \"$text\"\n"
     "            fi\n"
@@ -1067,7 +1067,7 @@ static const char SHELL_RC_SH[] =
     "}\n"
     "__run_show() {\n"
     "    [ -s \"$1\" ] || return 0\n"
-    "    tail -c 65536 -- \"$1\" 2>/dev/null || cat -- \"$1\" 2>/dev/null || :\n"
+    "    command -p tail -c 65536 -- \"$1\" 2>/dev/null || command -p cat -- \"$1\" 2>/dev/null || :\n"
     "}\n"
     "__run_end() {\n"
     "    if [ -t 1 ]; then\n"
@@ -1082,12 +1082,15 @@ static const char SHELL_RC_SH[] =
     "    if [ -t 1 ]; then printf '\\r\\033[2K\\033[1A\\033[2K'; fi\n"
     "    IFS= read -r __run_at <\"$__run_dir/call\" && : >\"$__run_at.idle\"\n"
     "}\n";
+/* The plumbing's programs (mv, tail, cat) are run with ``command -p``: found on the system's
+ * default PATH, not a function, so a command that set a PATH without /bin (``export
+ * PATH=$HOME/bin``) or defined ``mv`` still gets its exit status and output reported. */
 static const char SHELL_RC_COMMON[] =
     "alias __run='__run_begin && . \"$__run_at.sh\" >\"$__run_at.out\" 2>\"$__run_at.err\" </dev/null; __run_end $?'\n"
     "__run_done() {\n"
     "    echo \"$1\" >\"$__run_at.rc.tmp\"\n"
     "    trap - EXIT\n"
-    "    mv \"$__run_at.rc.tmp\" \"$__run_at.rc\"\n"
+    "    command -p mv \"$__run_at.rc.tmp\" \"$__run_at.rc\"\n"
     "}\n"
     "__run_exit() {\n"
     "    : >\"$__run_at.ended\"\n"
