@@ -138,6 +138,19 @@ def test_a_relaxed_preference_takes_its_image_s_slot_among_the_free_ones() -> No
     book.check_valid()
 
 
+def test_the_last_preference_to_end_takes_its_image_s_slot_among_the_free_ones() -> None:
+    """Once no waiter prefers a container any more, a waiter is served as a plain one, still
+    with its image's slot first (not the longest free)."""
+    book = SlotBook()
+    last_leases(book, None, A)  # free: c/0 (none), c/1 (a)
+    book.add_container("d", 1, now=3.0)
+    granted(book.request("d", 3.0, prefer="d"))
+    ticket = waiting(book.request("fork", 3.0, prefer="d", prefer_until=5.0, environment=A))
+    (grant,) = book.relax(5.0)
+    assert (grant.ticket, grant.lease.slot) == (ticket, slot("c", 1))
+    book.check_valid()
+
+
 def test_draining_or_losing_a_container_takes_its_free_slots_out_of_every_queue() -> None:
     book = SlotBook()
     last_leases(book, A, None, B)
