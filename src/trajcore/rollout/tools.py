@@ -191,7 +191,11 @@ class SlotTools:
 
     @remembered("tools")
     async def call(self, name: str, arguments: JSONObject | None = None) -> ToolResult:
-        """Run any tool (slot or external) and return its result."""
+        """Run any tool (slot or external) and return its result.
+
+        ``bash_stateful`` and ``tmux`` run in the model's own persistent shell, which the model
+        may have rewired to report what it likes: score from ``run``/``check`` instead.
+        """
         call = ToolCall(id=f"ctx_{next(self._ids)}", name=name, arguments=dict(arguments or {}))
         router = attrs.evolve(self.router, offered=self.router.offered | {name}, hook=True)
         (result,) = await router.run([call])
