@@ -262,16 +262,22 @@ def test_write_html_writes_the_page(tmp_path: Path) -> None:
 
 
 def _drawn(text: str) -> str:
-    """``text`` with its control characters as the Unicode symbols for them (U+2400 + code,
-    DEL as U+2421), tab and line ends kept: what the page shows."""
-    return "".join(
-        chr(0x2400 + ord(c))
-        if ord(c) < 0x20 and c not in "\t\n\r"
-        else "\u2421"
-        if c == "\x7f"
-        else c
-        for c in text
-    )
+    """``text`` as the page shows it: C0 controls as the Unicode symbols for them (U+2400 +
+    code, DEL as U+2421), tab and line ends kept; C1 controls and lone surrogates escaped."""
+
+    def one(c: str) -> str:
+        code = ord(c)
+        if code < 0x20 and c not in "\t\n\r":
+            return chr(0x2400 + code)
+        if code == 0x7F:
+            return "\u2421"
+        if 0x80 <= code < 0xA0:
+            return f"\\x{code:02x}"
+        if 0xD800 <= code < 0xE000:
+            return f"\\u{code:04x}"
+        return c
+
+    return "".join(one(c) for c in text)
 
 
 @given(st.text())
@@ -289,7 +295,7 @@ def test_control_characters_a_tool_wrote_show_as_symbols() -> None:
     """Raw tool output (a NUL, a terminal's escape sequences, a bell) reaches the page as the
     symbols for those characters, never as the bytes a browser drops, acts on or chokes on."""
     call = ToolCall(id="c", name="bash", arguments={"command": "x"})
-    raw = "a\x00b \x1b[31mred\x1b[0m \x07 \x7f\tend\n"
+    raw = "a\x00b \x1b[31mred\x1b[0m \x07 \x7f\x85\tend\n"
     result = ToolResult(call_id="c", name="bash", outcome=ToolOutcome.OK, content=raw)
     messages = (
         Message.user("task"),
@@ -297,8 +303,19 @@ def test_control_characters_a_tool_wrote_show_as_symbols() -> None:
         Message.tool(result),
     )
     page = render_html([group("g", member("g/0", messages=messages))], title="t")
-    assert not any(c in page for c in "\x00\x1b\x07\x7f")
-    assert "a\u2400b \u241b[31mred\u241b[0m \u2407 \u2421\tend" in "".join(parse(page).pre)
+    assert not any(c in page for c in "\x00\x1b\x07\x7f\x85")
+    assert "a\u2400b \u241b[31mred\u241b[0m \u2407 \u2421\\x85\tend" in "".join(parse(page).pre)
+
+
+def test_a_lone_surrogate_in_a_tools_text_is_written_as_its_escape(tmp_path: Path) -> None:
+    """A tool's text may hold a lone surrogate (a JSON ``\\ud800`` decoded): UTF-8 cannot
+    write it, so the page shows its escape instead of the writer failing."""
+    call = ToolCall(id="c", name="bash", arguments={"command": "x"})
+    result = ToolResult(call_id="c", name="bash", outcome=ToolOutcome.OK, content="a\ud800b")
+    messages = (Message.user("t"), Message.assistant("", tool_calls=[call]), Message.tool(result))
+    path = tmp_path / "r.html"
+    write_html([group("g", member("g/0", messages=messages))], path, title="t")
+    assert "a\\ud800b" in path.read_text(encoding="utf-8")
 
 
 HOSTILE = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'

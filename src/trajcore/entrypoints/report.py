@@ -28,7 +28,8 @@ Rules this module keeps:
 - The HTML page is rendered with autoescape on and the templates never mark a value safe, so
   everything the model, a tool or the caller wrote (titles, notes, tasks, group ids, details,
   messages, tool calls) shows as text and can never run or break out of an attribute; its
-  control characters (NUL, escape sequences, bells) show as their Unicode symbols.
+  control characters (NUL, escape sequences, bells) show as their Unicode symbols, C1 controls
+  and lone surrogates as their escapes.
 - The table and the progress bar use ``rich`` when it is installed (the ``report`` extra) and
   plain text otherwise; ``plain=True`` asks for plain text either way. On a stream that is not
   a terminal the bar writes one line per step, so logs stay readable.
@@ -501,9 +502,13 @@ class ProgressBar:
 
 
 # C0 controls and DEL as the Unicode symbols for them (NUL as U+2400, ESC as U+241B), except
-# the tab and the line ends, which the page's <pre> blocks show as they are
-_CONTROL_PICTURES = {code: 0x2400 + code for code in range(0x20) if chr(code) not in "\t\n\r"} | {
-    0x7F: 0x2421
+# the tab and the line ends, which the page's <pre> blocks show as they are; C1 controls and
+# lone surrogates (which UTF-8 cannot write) as their escapes, ``\x85``, ``\ud800``
+_CONTROL_PICTURES: dict[int, int | str] = {
+    **{code: 0x2400 + code for code in range(0x20) if chr(code) not in "\t\n\r"},
+    0x7F: 0x2421,
+    **{code: f"\\x{code:02x}" for code in range(0x80, 0xA0)},
+    **{code: f"\\u{code:04x}" for code in range(0xD800, 0xE000)},
 }
 
 
