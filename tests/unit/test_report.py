@@ -495,3 +495,17 @@ def test_closing_an_unfinished_bar_ends_its_line_once(plain: bool) -> None:
     assert "1/3" in out
     assert out.replace("\x1b[?25h", "").endswith("\n")  # rich shows the cursor again last
     assert out.count("\n") == 1
+
+
+def test_a_lone_surrogate_reads_back_from_the_jsonl_files(tmp_path: Path) -> None:
+    """A model's JSON may carry ``"\\ud800"`` (a lone surrogate once decoded), which UTF-8
+    cannot hold: both JSONL writers write its JSON escape, and the line reads back equal."""
+    messages = (Message.user("t"), Message.assistant("a\ud800b"))
+    groups = [group("g", member("g/0", messages=messages))]
+    whole = tmp_path / "whole.jsonl"
+    write_jsonl(groups, whole)
+    with JsonLines.create(tmp_path / "live.jsonl") as live:
+        live.append_group(groups[0])
+    for path in (whole, tmp_path / "live.jsonl"):
+        (line,) = path.read_text(encoding="utf-8").splitlines()
+        assert json.loads(line) == trajectory_record(groups[0], 0)

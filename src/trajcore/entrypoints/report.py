@@ -157,7 +157,9 @@ def _replace(path: Path, text: str) -> None:
     stopped in the middle, sees the old file or the new one, never a part of either."""
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
-        partial.write_text(text, encoding="utf-8")
+        # a lone surrogate (a model's JSON "\ud800" decoded) cannot be UTF-8: written as its
+        # escape, which inside a JSON string reads back as that very character
+        partial.write_text(text, encoding="utf-8", errors="backslashreplace")
         partial.replace(path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -202,7 +204,7 @@ class JsonLines:
         if self._fd is None:
             raise ValueError(f"{self.path} is closed")
         lines = [json.dumps(record, ensure_ascii=False) + "\n" for record in records]
-        data = memoryview("".join(lines).encode("utf-8"))
+        data = memoryview("".join(lines).encode("utf-8", "backslashreplace"))  # see _replace
         while data:  # (a regular file takes it all at once, unless the disk is full)
             data = data[os.write(self._fd, data) :]
         self.lines += len(lines)
