@@ -225,12 +225,11 @@ async def test_a_bash_started_in_place_of_the_shell_or_in_it_runs_the_next_calls
         assert "__run" not in (pane.content or ""), pane
 
         await one(pool, lease, "tmux", keys="python3", wait_s=0.5)
-        in_repl, took = await one(pool, lease, "bash_stateful", 1.0, command="echo lost")
-        assert in_repl.outcome is ToolOutcome.TIMEOUT, in_repl
-        assert "the shell was killed with everything it ran" in (in_repl.error or ""), in_repl
+        in_repl, took = await one(pool, lease, "bash_stateful", command="echo $PWD")
+        assert in_repl.exec is not None, in_repl
+        assert (in_repl.outcome, in_repl.exec.stdout) == (ToolOutcome.OK, "/workspace\n"), in_repl
+        assert "python3 was running in it" in in_repl.exec.stderr, in_repl
         assert took < 4.0
-        fresh, _ = await one(pool, lease, "bash_stateful", command="echo $PWD")
-        assert (fresh.outcome, fresh.content) == (ToolOutcome.OK, "/workspace\n"), fresh
 
 
 async def test_an_sh_started_in_place_of_the_shell_runs_the_next_calls(
@@ -259,3 +258,88 @@ async def test_an_sh_started_in_place_of_the_shell_runs_the_next_calls(
         assert "$ X=5; echo $((X+1)); (exit 5)\n6\n$ echo $X $PWD\n> echo e >&2; false\n" in pane
         assert "5 /tmp\ne\n$ echo status $?\nstatus 1\n" in pane, pane
         assert "__run" not in pane, pane
+
+
+# What the model leaves at the pane with the ``tmux`` tool, and what the shell is then doing:
+# the next ``bash_stateful`` call decides within about a second that the shell is not at its
+# prompt, instead of typing into that program and waiting out its timeout.
+_LEFT_AT_THE_PANE = {
+    "heredoc": ("cat <<EOF", "kept"),
+    "read": ("read x", "kept"),
+    "repl": ("python3", "replaced"),
+    "pager": ("less /workspace/long", "replaced"),
+}
+
+
+@pytest.mark.parametrize("left", sorted(_LEFT_AT_THE_PANE))
+async def test_a_shell_not_at_its_prompt_runs_the_next_call_at_once(
+    pool: LocalSandboxPool, left: str
+) -> None:
+    """Each call answers ``ok`` well within its 20 s timeout, and its result says what became
+    of the shell: a shell that Ctrl-C brings back to its prompt keeps its directory and
+    variables; one that stays in a program is replaced by a fresh shell."""
+    keys, end = _LEFT_AT_THE_PANE[left]
+    async with pool.lease("t") as lease:
+        made, _ = await one(
+            pool, lease, "bash_stateful", command="seq 500 > long; cd /tmp && V=kept"
+        )
+        assert made.outcome is ToolOutcome.OK, made
+        typed, _ = await one(pool, lease, "tmux", keys=keys, wait_s=1)
+        assert typed.outcome is ToolOutcome.OK, typed
+        after, took = await one(pool, lease, "bash_stateful", 20.0, command="echo ok $V $PWD")
+        assert after.outcome is ToolOutcome.OK, after
+        assert after.exec is not None, after
+        assert took < 5.0, (took, after)
+        said = after.exec.stderr
+        assert "the shell was not at its prompt" in said, after
+        if end == "replaced":
+            assert after.exec.stdout == "ok /workspace\n", after
+            assert "it was replaced by a fresh shell" in said, after
+            assert "working directory and variables were reset" in said, after
+        else:
+            assert after.exec.stdout == "ok kept /tmp\n", after
+            assert "directory and variables kept" in said, after
+        assert "[stderr]" in (after.content or ""), after
+        again, took = await one(pool, lease, "bash_stateful", 20.0, command="echo again")
+        assert (again.outcome, again.content) == (ToolOutcome.OK, "again\n"), again
+        assert took < 2.0
+
+
+async def test_a_shell_at_its_prompt_keeps_its_state_and_says_nothing_of_it(
+    pool: LocalSandboxPool,
+) -> None:
+    """The control: calls and keys that leave the shell at its prompt (a command the tmux tool
+    ran to its end, a bash started in the shell) are run in it, its state kept, and the result
+    holds only the command's output."""
+    async with pool.lease("t") as lease:
+        first, _ = await one(pool, lease, "bash_stateful", command="cd /tmp && V=kept")
+        assert (first.outcome, first.content) == (ToolOutcome.OK, ""), first
+        await one(pool, lease, "tmux", keys="sleep 0.3; echo typed", wait_s=0)
+        second, took = await one(pool, lease, "bash_stateful", 20.0, command="echo $V $PWD")
+        assert (second.outcome, second.content) == (ToolOutcome.OK, "kept /tmp\n"), second
+        assert second.exec is not None, second
+        assert second.exec.stderr == "", second
+        assert took < 3.0
+        await one(pool, lease, "tmux", keys="bash", wait_s=0.5)
+        inner, took = await one(pool, lease, "bash_stateful", 20.0, command="echo $PWD; W=1")
+        assert (inner.outcome, inner.content) == (ToolOutcome.OK, "/tmp\n"), inner
+        assert took < 3.0
+        line, _ = await one(pool, lease, "bash_stateful", 20.0, command="cat <<EOF\n$W\nEOF")
+        assert (line.outcome, line.content) == (ToolOutcome.OK, "1\n"), line
+
+
+async def test_a_command_that_kills_its_shell_ends_its_call_at_once(
+    pool: LocalSandboxPool,
+) -> None:
+    """``kill -9 $$`` leaves no exit status (no EXIT trap runs): the call ends as soon as the
+    shell's process has, as a ``TOOL_ERROR`` that says the next call gets a fresh shell,
+    instead of waiting out its timeout."""
+    async with pool.lease("t") as lease:
+        await one(pool, lease, "bash_stateful", command="cd /tmp && V=1")
+        killed, took = await one(pool, lease, "bash_stateful", 20.0, command="kill -9 $$")
+        assert killed.outcome is ToolOutcome.TOOL_ERROR, killed
+        assert "the shell ended while it ran the command" in (killed.error or ""), killed
+        assert took < 3.0
+        after, took = await one(pool, lease, "bash_stateful", 20.0, command="echo ok ${V-} $PWD")
+        assert (after.outcome, after.content) == (ToolOutcome.OK, "ok /workspace\n"), after
+        assert took < 3.0

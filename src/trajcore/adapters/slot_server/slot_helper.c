@@ -733,6 +733,7 @@ typedef struct {
     bool own_sessions; /* false for a bare agent: commands stay in its session */
     bool line_editor;  /* the shell is bash: readline reads the pane's keys at its prompt */
     char tty[64];      /* the pane's terminal ("": not known) */
+    pid_t pane;        /* the pane's first process, the shell (0: not known) */
 } shell;
 
 /* Run tmux with ``args`` for at most ``limit`` seconds (its client killed then, ``r->timed_out``
@@ -783,8 +784,10 @@ static void fail_because(result *r, const char *prefix, const result *cause) {
         buf_puts(&r->error, "None");
 }
 
-/* State, parent and session of process ``pid`` from /proc; false when it cannot be read. */
-static bool process_stat(pid_t pid, char *state, pid_t *parent, pid_t *session) {
+/* State, parent, session and its terminal's foreground process group (``foreground``, unless
+ * NULL) of process ``pid`` from /proc; false when it cannot be read. */
+static bool process_stat(pid_t pid, char *state, pid_t *parent, pid_t *session,
+                         pid_t *foreground) {
     char path[64], text[512];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -796,11 +799,14 @@ static bool process_stat(pid_t pid, char *state, pid_t *parent, pid_t *session) 
         return false;
     text[got] = '\0';
     char *name_end = strrchr(text, ')'); /* the name may hold spaces and parentheses */
-    int up, group, sid;
-    if (!name_end || sscanf(name_end + 1, " %c %d %d %d", state, &up, &group, &sid) != 4)
+    int up, group, sid, tty, front;
+    if (!name_end ||
+        sscanf(name_end + 1, " %c %d %d %d %d %d", state, &up, &group, &sid, &tty, &front) != 6)
         return false;
     *parent = (pid_t)up;
     *session = (pid_t)sid;
+    if (foreground)
+        *foreground = (pid_t)front;
     return true;
 }
 
@@ -845,7 +851,7 @@ static void shell_kill(shell *sh) {
             pid_t pid = (pid_t)number, parent, session;
             char state;
             if (*end || number <= 1 || pid == getpid() || pid == server ||
-                !process_stat(pid, &state, &parent, &session) || state == 'Z')
+                !process_stat(pid, &state, &parent, &session, NULL) || state == 'Z')
                 continue;
             bool pane = round == 0 && parent == server && session == pid;
             if (pane && count < MAX_PANES)
@@ -874,19 +880,31 @@ static void reap_orphans(void) {
 
 /* Wait until ``path`` exists, by ``deadline``, reaping the lease's orphans meanwhile: a
  * command that waits for processes to end (bash retries a fork the limit refused) must not
- * wait for the dead ones until the call is over. */
-static bool wait_for_file(const char *path, double deadline) {
+ * wait for the dead ones until the call is over. With ``watched`` (a pid, not 0) and ``gone``,
+ * the wait also ends, ``*gone`` set, once that process has ended. */
+static bool wait_for_file_or_end(const char *path, double deadline, pid_t watched, bool *gone) {
     double pause = 0.001;
     while (true) {
         reap_orphans();
         if (exists(path))
             return true;
+        char state;
+        pid_t parent, session;
+        if (watched > 0 && (!process_stat(watched, &state, &parent, &session, NULL) ||
+                            state == 'Z' || state == 'X')) {
+            *gone = !exists(path);
+            return !*gone;
+        }
         double now = monotonic();
         if (now >= deadline)
             return false;
         pause_for(pause < deadline - now ? pause : deadline - now);
         pause = pause * 1.5 < 0.02 ? pause * 1.5 : 0.02;
     }
+}
+
+static bool wait_for_file(const char *path, double deadline) {
+    return wait_for_file_or_end(path, deadline, 0, NULL);
 }
 
 /* ``path`` opened for reading if it is a regular file, else -1: the shell's output files are
@@ -993,6 +1011,7 @@ static const char SHELL_RC_BASH[] =
     "}\n"
     "__run_begin() {\n"
     "    local command= ps1=${PS1-} ps2=${PS2-}\n"
+    "    ps2=${ps2//'$(__run_more)'/}\n"
     "    __run_at=\n"
     "    IFS= read -r __run_at <\"$__run_dir/call\" || return\n"
     "    trap '__run_exit $?' EXIT\n"
@@ -1026,7 +1045,10 @@ static const char SHELL_RC_BASH[] =
     "    if [ -t 1 ]; then __run_erase __run_idle; fi\n"
     "    IFS= read -r __run_at <\"$__run_dir/call\" && : >\"$__run_at.idle\"\n"
     "}\n"
-    "__run_hook=\"alias __run >/dev/null 2>&1 || . ${__run_dir@Q}/run.bash\"\n"
+    "__run_more() { { echo 2 >\"$__run_dir/line\"; } 2>/dev/null; }\n"
+    "case ${PS2-} in *__run_more*) ;; *) PS2='$(__run_more)'${PS2-} ;; esac\n"
+    "__run_hook=\"alias __run >/dev/null 2>&1 || . ${__run_dir@Q}/run.bash; "
+    "{ echo 1 >${__run_dir@Q}/line; } 2>/dev/null\"\n"
     "case ${PROMPT_COMMAND-} in\n"
     "    *\"$__run_hook\"*) ;;\n"
     "    *) PROMPT_COMMAND=$__run_hook${PROMPT_COMMAND:+$'\\n'$PROMPT_COMMAND} ;;\n"
@@ -1159,11 +1181,76 @@ static int shell_tty_raw(const shell *sh) {
     return raw;
 }
 
-/* Whether keys typed now reach the shell's line editor (shell_tty_raw). Keys typed before that
- * (while the shell is still on its way from the last command to its prompt) are echoed by the
- * terminal ahead of the prompt, and would stay on the screen. True when it cannot be told. */
+/* What the pane's shell does, as far as /proc, its terminal and its plumbing tell. */
+typedef enum {
+    PANE_AT_PROMPT, /* at its prompt, or it cannot be told */
+    PANE_GONE,      /* the shell's process ended */
+    PANE_STOPPED,   /* the shell is stopped (``kill -STOP $$``) */
+    PANE_PROGRAM,   /* a program that is not a shell is the terminal's foreground (a REPL) */
+    PANE_BUSY,      /* bash runs a command of its own or reads input (``read x``) */
+    PANE_MORE,      /* bash reads more lines of an unfinished command (a here-document) */
+} pane_state;
+
+/* The shells that run a call at their prompt (SHELL_RC_BASH's comment). */
+static bool is_shell(const char *name) {
+    static const char *const SHELLS[] = {"bash", "sh", "dash", "ash"};
+    for (size_t i = 0; i < sizeof SHELLS / sizeof *SHELLS; i++)
+        if (strcmp(name, SHELLS[i]) == 0)
+            return true;
+    return false;
+}
+
+/* The first byte of ``path`` (a regular file), or 0. */
+static char first_byte(const char *path) {
+    int fd = open_regular(path);
+    char byte = 0;
+    if (fd >= 0 && read(fd, &byte, 1) != 1)
+        byte = 0;
+    if (fd >= 0)
+        close(fd);
+    return byte;
+}
+
+/* What the pane's shell does: its process's state, the name of the terminal's foreground
+ * process (into ``program``, ``size`` bytes, "" when it is not known), and for bash its
+ * terminal's mode (canonical: not in its line editor) and whether its line editor reads a
+ * continuation line (PS2 expands ``__run_more``, which writes 2 to ``DIR/line``; the prompt
+ * writes 1 there). An sh, which has no line editor, is taken to be at its prompt. */
+static pane_state shell_pane(const shell *sh, char *program, size_t size) {
+    char state, name[32] = "", path[64];
+    pid_t parent, session, front = 0;
+    if (sh->pane <= 0)
+        return PANE_AT_PROMPT;
+    if (!process_stat(sh->pane, &state, &parent, &session, &front) || state == 'Z' ||
+        state == 'X')
+        return PANE_GONE;
+    if (state == 'T' || state == 't')
+        return PANE_STOPPED;
+    snprintf(path, sizeof path, "/proc/%d/comm", (int)(front > 0 ? front : sh->pane));
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t got = fd >= 0 ? read(fd, name, sizeof name - 1) : -1;
+    if (fd >= 0)
+        close(fd);
+    name[got > 0 ? got : 0] = '\0';
+    name[strcspn(name, "\n")] = '\0';
+    if (size)
+        snprintf(program, size, "%s", name);
+    if (!is_shell(name))
+        return PANE_PROGRAM;
+    int raw = strcmp(name, "bash") == 0 ? shell_tty_raw(sh) : -1;
+    if (raw == 0)
+        return PANE_BUSY;
+    char line[sizeof sh->dir + 8];
+    snprintf(line, sizeof line, "%s/line", sh->dir);
+    return raw == 1 && first_byte(line) == '2' ? PANE_MORE : PANE_AT_PROMPT;
+}
+
+/* Whether keys typed now reach the shell's line editor (shell_tty_raw) at its prompt
+ * (shell_pane). Keys typed before that (while the shell is still on its way from the last
+ * command to its prompt) are echoed by the terminal ahead of the prompt, and would stay on the
+ * screen. True when it cannot be told. */
 static bool shell_at_prompt(const shell *sh) {
-    return shell_tty_raw(sh) != 0;
+    return shell_tty_raw(sh) != 0 && shell_pane(sh, NULL, 0) == PANE_AT_PROMPT;
 }
 
 /* Wait until the shell is at its prompt (shell_at_prompt), for at most PROMPT_WAIT_S and not
@@ -1213,16 +1300,16 @@ static shell_state shell_ensure(shell *sh, double deadline, result *r) {
     sh->line_editor = has_bash;
     sh->tty[0] = '\0';
     result started = {0};
-    /* -P: it prints the pane's terminal. exit-empty off: a shell ended by ``exit`` ends its
+    /* -P: it prints the shell's pid and the pane's terminal. exit-empty off: a shell ended by ``exit`` ends its
      * session but not the server, so the next call starts a new session on a server that is
      * not on its way out. */
     if (has_bash)
         TMUX(sh, &started, deadline - monotonic(), "new-session", "-d", "-P", "-F",
-             "#{pane_tty}", "-s", "main", "-x", "200", "-y", "50", "-c", sh->workspace, bash,
+             "#{pane_pid} #{pane_tty}", "-s", "main", "-x", "200", "-y", "50", "-c", sh->workspace, bash,
              "--rcfile", rc, ";", "set-option", "-s", "exit-empty", "off");
     else
         TMUX(sh, &started, deadline - monotonic(), "new-session", "-d", "-P", "-F",
-             "#{pane_tty}", "-s", "main", "-x", "200", "-y", "50", "-c", sh->workspace,
+             "#{pane_pid} #{pane_tty}", "-s", "main", "-x", "200", "-y", "50", "-c", sh->workspace,
              "/bin/sh", "-c", "ENV=$0; export ENV; exec /bin/sh -i", rc, ";", "set-option", "-s",
              "exit-empty", "off");
     shell_state state = ran_ok(&started) ? SHELL_READY
@@ -1230,13 +1317,25 @@ static shell_state shell_ensure(shell *sh, double deadline, result *r) {
                                             : SHELL_FAILED;
     if (state == SHELL_FAILED)
         fail_because(r, "tmux did not start: ", &started);
+    sh->pane = 0;
     size_t length = started.out.len;
     while (length && started.out.data[length - 1] == '\n')
         length--;
+    const char *at = started.out.data, *space = length ? memchr(at, ' ', length) : NULL;
     static const char PTS[] = "/dev/pts/";
+    if (state == SHELL_READY && space && space > at && space - at < 12) {
+        char digits[12];
+        memcpy(digits, at, (size_t)(space - at));
+        digits[space - at] = '\0';
+        char *end;
+        long pid = strtol(digits, &end, 10);
+        sh->pane = *end == '\0' && pid > 1 && pid <= INT_MAX ? (pid_t)pid : 0;
+        length -= (size_t)(space + 1 - at);
+        at = space + 1;
+    }
     if (state == SHELL_READY && length < sizeof sh->tty && length > sizeof PTS - 1 &&
-        memcmp(started.out.data, PTS, sizeof PTS - 1) == 0 && !memchr(started.out.data, 0, length)) {
-        memcpy(sh->tty, started.out.data, length);
+        memcmp(at, PTS, sizeof PTS - 1) == 0 && !memchr(at, 0, length)) {
+        memcpy(sh->tty, at, length);
         sh->tty[length] = '\0';
     }
     result_free(&started);
@@ -1245,6 +1344,56 @@ static shell_state shell_ensure(shell *sh, double deadline, result *r) {
     if (state == SHELL_READY) /* keys typed now are the line editor's, also the tmux tool's */
         shell_wait_for_prompt(sh, deadline);
     return state;
+}
+
+/* A call's shell that is not at its prompt (shell_pane) once the call waited for it: a stopped
+ * shell gets SIGCONT, then (when that was not enough) Ctrl-C, each followed by at most
+ * PROMPT_WAIT_S for the prompt; a shell still not at its prompt then (or whose process ended) is
+ * killed (shell_kill) and a fresh one started (shell_ensure), so the call runs at once instead of
+ * typing into a program and waiting out its timeout. ``note`` gets a line that says what the
+ * shell did and what became of it, for the reply. SHELL_READY with the shell at its prompt,
+ * else what shell_ensure says. */
+static shell_state shell_recover(shell *sh, double deadline, result *r, buf *note) {
+    char program[32];
+    pane_state why = shell_pane(sh, program, sizeof program);
+    if (why == PANE_AT_PROMPT)
+        return SHELL_READY;
+    buf_puts(note, "[the shell was not at its prompt (");
+    if (why == PANE_PROGRAM)
+        buf_printf(note, "%s was running in it", program[0] ? program : "a program");
+    else
+        buf_puts(note, why == PANE_GONE      ? "its process had ended"
+                       : why == PANE_STOPPED ? "it was stopped"
+                       : why == PANE_BUSY    ? "it was running a command or reading input"
+                                             : "it was reading the rest of an unfinished command, "
+                                               "such as a here-document or an open quote");
+    buf_puts(note, "); ");
+    bool continued = why == PANE_STOPPED && kill(sh->pane, SIGCONT) == 0;
+    if (continued) {
+        shell_wait_for_prompt(sh, deadline);
+        why = shell_pane(sh, NULL, 0);
+    }
+    bool interrupted = false;
+    if (why != PANE_AT_PROMPT && why != PANE_GONE) {
+        result sent = {0};
+        TMUX(sh, &sent, left_until(deadline, 0), "send-keys", "-t", "main", "C-c");
+        interrupted = ran_ok(&sent);
+        result_free(&sent);
+        if (interrupted) {
+            shell_wait_for_prompt(sh, deadline);
+            why = shell_pane(sh, NULL, 0);
+        }
+    }
+    if (why == PANE_AT_PROMPT) {
+        buf_puts(note, interrupted ? "it got Ctrl-C, which dropped what ran or was being typed there"
+                                   : "it was continued (SIGCONT)");
+        buf_puts(note, ", and the command ran at its prompt: its directory and variables kept]\n");
+        return SHELL_READY;
+    }
+    shell_kill(sh);
+    buf_puts(note, "it was replaced by a fresh shell: its working directory and variables were "
+                   "reset]\n");
+    return shell_ensure(sh, deadline, r);
 }
 
 /* After a call's time ran out: Ctrl-C to the pane, then (once the shell is at its prompt, or
@@ -1296,6 +1445,8 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
     snprintf(out, sizeof out, "%s.out", base);
     snprintf(err, sizeof err, "%s.err", base);
     bool late = state == SHELL_LATE;
+    buf note = {0};    /* shell_recover's line */
+    bool gone = false; /* the shell's process ended before the command's status was written */
     /* the call's files, for ``__run`` and, after Ctrl-C, ``__run_idle`` */
     size_t named = strlen(base);
     base[named] = '\n';
@@ -1321,18 +1472,28 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
          * (end of line, then kill the line: readline's keys, and the terminal's VKILL for sh),
          * so that the line is only ``__run``. */
         shell_wait_for_prompt(sh, deadline);
+        state = shell_recover(sh, deadline, r, &note);
+        if (state == SHELL_FAILED) {
+            buf_free(&note);
+            (void)unlink(script);
+            return;
+        }
+        late = state == SHELL_LATE;
         result sent = {0};
-        TMUX(sh, &sent, deadline - monotonic(), "send-keys", "-t", "main", "C-e", "C-u", ";",
-             "send-keys", "-t", "main", "-l", "__run", ";", "send-keys", "-t", "main", "Enter");
-        late = sent.timed_out;
+        if (!late)
+            TMUX(sh, &sent, deadline - monotonic(), "send-keys", "-t", "main", "C-e", "C-u", ";",
+                 "send-keys", "-t", "main", "-l", "__run", ";", "send-keys", "-t", "main",
+                 "Enter");
+        late = late || sent.timed_out;
         if (!late && !ran_ok(&sent)) {
             fail_because(r, "tmux send-keys failed: ", &sent);
             result_free(&sent);
+            buf_free(&note);
             (void)unlink(script);
             return;
         }
         result_free(&sent);
-        late = late || !wait_for_file(rc, deadline);
+        late = late || !wait_for_file_or_end(rc, deadline, sh->pane, &gone);
     }
     bool interrupted = late && shell_interrupt(sh, idle);
     bool has_code = false;
@@ -1355,6 +1516,12 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
     }
     r->out_dropped = read_capped(out, cap, &r->out);
     r->err_dropped = read_capped(err, cap, &r->err);
+    if (note.len) { /* what became of a shell not at its prompt, ahead of the command's stderr */
+        buf_put(&note, r->err.data, r->err.len);
+        buf_free(&r->err);
+        r->err = note;
+        note = (buf){0};
+    }
     if (!late && exists(ended)) {
         /* the command ended the shell: wait (bounded) until its session is gone, so the next
          * call starts a fresh shell instead of typing into this one as it exits, or until the
@@ -1379,6 +1546,14 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
     const char *leftovers[] = {script, out, err, rc, rc_tmp, ended, idle};
     for (size_t i = 0; i < sizeof leftovers / sizeof *leftovers; i++)
         (void)unlink(leftovers[i]);
+    if (gone) { /* ``kill -9 $$``: no EXIT trap ran; the session may linger a moment */
+        shell_kill(sh);
+        fail(r, "the shell ended while it ran the command (it was killed), before it wrote the "
+                "command's exit status; the next call starts a fresh shell: its working "
+                "directory and variables are reset");
+        r->duration = monotonic() - started;
+        return;
+    }
     if (!late && !has_code) {
         /* the command ended, but its status file is empty or unreadable: most often its /tmp
          * (where the file is written) was full; never a success without a code */
