@@ -53,8 +53,16 @@ class Agent:
     def __init__(self, argv: list[str], workdir: Path) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.socket = ours
+        # a home of its own: a bare agent's shells must never write into the host user's
+        self.home = workdir / "home"
+        self.home.mkdir(exist_ok=True)
         self.process = subprocess.Popen(
-            argv, stdin=theirs.fileno(), stdout=theirs.fileno(), stderr=subprocess.PIPE, cwd=workdir
+            argv,
+            stdin=theirs.fileno(),
+            stdout=theirs.fileno(),
+            stderr=subprocess.PIPE,
+            cwd=workdir,
+            env={**os.environ, "HOME": str(self.home)},
         )
         theirs.close()
         self.socket.settimeout(30)
@@ -284,6 +292,21 @@ def test_stateful_shell_keeps_state_and_tmux_answers(agent: Agent) -> None:
     assert "from-the-pane" in str(pane["stdout"])
     slow = agent.ask("stateful", "0.5", "1024", "sleep 5")
     assert (slow["timed_out"], slow["exit"]) == (True, None)
+
+
+def test_a_shell_s_history_stays_in_its_own_folder(agent: Agent, tmp_path: Path) -> None:
+    """A persistent bash that exits writes its history under the slot's state folder (a reset
+    discards it), never into ``$HOME``: the workspace in a sandbox (a file the env's check would
+    see), the server's user's home for a bare agent."""
+    if not agent.greeting["tmux"]:
+        pytest.skip("tmux is not installed")
+    assert agent.ask("stateful", "10.0", "1024", "echo history-marker")["exit"] == 0
+    assert agent.ask("stateful", "10.0", "1024", "exit")["exit"] == 0
+    assert agent.ask("stateful", "10.0", "1024", "echo $HISTFILE")["exit"] == 0
+    written = [path for path in (tmp_path / "state").rglob("history") if path.is_file()]
+    assert len(written) == 1, written
+    assert "echo history-marker" in written[0].read_text()
+    assert sorted(agent.home.iterdir()) == []
 
 
 def test_a_shell_command_that_ignores_ctrl_c_is_killed_with_its_shell(

@@ -1156,8 +1156,14 @@ static bool shell_write_rc(const shell *sh, const char *rc, bool bash) {
         return true;
     if (!shell_write_plumbing(sh, "run.bash", SHELL_RC_BASH))
         return false;
+    /* the history goes to the shell's folder (a reset discards it), never to $HOME: that is the
+     * workspace in a sandbox (a .bash_history the env's check would see) and the server's user's
+     * home for a bare agent; exported, so a bash started in the pane keeps it too; a ~/.bashrc
+     * may set its own */
     buf text = {0};
-    buf_puts(&text, "[ -f ~/.bashrc ] && . ~/.bashrc\n. ");
+    buf_puts(&text, "export HISTFILE=");
+    buf_shell_quoted(&text, sh->dir);
+    buf_puts(&text, "/history\n[ -f ~/.bashrc ] && . ~/.bashrc\n. ");
     buf_shell_quoted(&text, sh->dir);
     buf_puts(&text, "/run.bash\n");
     bool written = write_file(rc, text.data, text.len);
