@@ -90,20 +90,23 @@ def _warn_budget_score_above(members: Sequence[TrajectoryResult]) -> None:
         for m in members
         if m.stats.stop_reason is StopReason.SANDBOX_BUDGET and m.outcome.score is not None
     }
-    hooked = [
-        m.outcome.score
-        for m in members
-        if m.stats.stop_reason is not StopReason.SANDBOX_BUDGET and m.outcome.score is not None
-    ]
+    lowest = min(
+        (
+            m.outcome.score
+            for m in members
+            if m.stats.stop_reason is not StopReason.SANDBOX_BUDGET and m.outcome.score is not None
+        ),
+        default=None,
+    )
     for score in sorted(budget - _warned_budget_scores):
-        if hooked and min(hooked) < score:
+        if lowest is not None and lowest < score:
             _warned_budget_scores.add(score)
             log.warning(
                 "a member whose lease its disk budget ended scored sandbox_budget_score=%r, "
                 "above the %r the score hook gave a sibling: filling the disk pays better than "
                 "that answer; set sandbox_budget_score to the lowest score the hook gives",
                 score,
-                min(hooked),
+                lowest,
             )
 
 

@@ -96,7 +96,7 @@ _FLAT: dict[str, Callable[[dict[str, JSON]], bool] | None] = {
 
 def _result(
     call: ExecuteCall, outcome: ToolOutcome, content: str, *, error: str | None = None,
-    exec_report: ExecReport | None = None,
+    exec_report: ExecReport | None = None, sandbox_budget: SandboxBudget | None = None,
 ) -> ToolResult:  # fmt: skip
     return ToolResult(
         call_id=call.call_id,
@@ -105,6 +105,7 @@ def _result(
         content=content,
         error=error,
         exec=exec_report,
+        sandbox_budget=sandbox_budget,
     )
 
 
@@ -118,9 +119,9 @@ def _over_disk(call: ExecuteCall, reason: str) -> ToolResult:
     """The result of a call whose lease was ended for its disk budget: ``TOOL_ERROR`` naming
     the budget (``reason``), marked ``SandboxBudget.DISK`` so that the caller knows without
     reading the text that the policy's own writes ended the lease."""
-    return ToolResult(
-        call_id=call.call_id, name=call.tool, outcome=ToolOutcome.TOOL_ERROR,
-        content=f"Error: {reason}", error=reason, sandbox_budget=SandboxBudget.DISK,
+    return _result(
+        call, ToolOutcome.TOOL_ERROR, f"Error: {reason}", error=reason,
+        sandbox_budget=SandboxBudget.DISK,
     )  # fmt: skip
 
 
