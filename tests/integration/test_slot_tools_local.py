@@ -16,8 +16,16 @@ import pytest
 from tests.integration.test_local_pool import config, running_now, wait_no_leftovers
 from trajcore.adapters.pools.local_pool import LocalSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
-from trajcore.domain.errors import SlotBudgetSpent, SlotFileError, SlotInfraError
+from trajcore.domain.errors import (
+    InfrastructureError,
+    InvalidInput,
+    SlotBudgetSpent,
+    SlotFileError,
+    SlotInfraError,
+)
+from trajcore.domain.json_values import JSONObject
 from trajcore.domain.slot_protocol import SLOT_TOOLS
+from trajcore.domain.tools import ToolOutcome
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.tools import SlotTools, ToolRouter
 
@@ -65,7 +73,7 @@ async def test_check_run_and_files_on_the_local_pool() -> None:
             assert await tools.read_file("sub/f.txt") == "text"
             with pytest.raises(SlotFileError):
                 await tools.read_file("missing.txt")
-            with pytest.raises(SlotInfraError):
+            with pytest.raises(InvalidInput, match=r"contains '\.\.'"):  # the hook's own
                 await tools.read_file("../outside")
 
             # The slot server dies: the verification has no answer, so it raises.
@@ -143,31 +151,82 @@ async def test_a_plain_call_reaps_the_orphans_that_end_while_it_runs() -> None:
 
 
 async def test_a_file_the_model_left_unreadable_is_the_models_doing_not_the_slots() -> None:
-    """A score hook reads the answer the model left: a FIFO, a symlink to a device or one that
-    leads out of the workspace. The slot refuses each read for the file it found, so the hook
-    gets ``SlotFileError`` (the env scores it 0, as a missing file), never ``SlotInfraError``,
-    which would fail the member as an infrastructure error and spare the model its 0. A path
-    the hook itself got wrong (``..``, absolute) stays the slot's refusal of the call."""
+    """A score hook reads the answer the model left: a FIFO, a socket, a directory, a symlink
+    to a device or one that leads out of the workspace. The slot server answers each read and
+    write with ``TOOL_ERROR`` naming the path and what is there (it refused them as
+    ``REJECTED`` before, which only a malformed request is now), without blocking on the
+    FIFO; the hook gets ``SlotFileError`` (the env scores it 0, as a missing file), never
+    ``SlotInfraError``, which would fail the member as an infrastructure error and spare the
+    model its 0."""
     before = running_now()
     async with LocalSandboxPool(config(containers=1, slots=1)) as pool:
         groups = {pool.server_pid(name) for name in pool.container_names()}
         run_dir = pool.run_dir
         async with slot_tools(pool, timeout_s=5.0) as tools:
-            made = "mkfifo fifo && ln -s /dev/zero zero && ln -s /etc/hostname out && ln -s fifo in"
+            made = (
+                "mkfifo fifo && ln -s /dev/null null && ln -s /etc/hostname out && ln -s fifo in"
+                " && mkdir dir && ln -s ../.. up && ln -s loop loop && python3 -c "
+                "'import socket; socket.socket(socket.AF_UNIX).bind(\"sock\")' && test -S sock"
+            )
             assert await tools.check(made)
-            for name, why in [
-                ("fifo", "is a FIFO"),
-                ("zero", "leads out of the workspace"),
-                ("out", "leads out of the workspace"),
-                ("in", "is a FIFO"),
-            ]:
-                with pytest.raises(SlotFileError, match=why) as info:
+            found = {
+                "fifo": "is a FIFO; only regular files are read or written",
+                "in": "is a FIFO; only regular files are read or written",
+                "sock": "is a socket; only regular files are read or written",
+                "null": "leads out of the workspace through a symlink",
+                "out": "leads out of the workspace through a symlink",
+                "up/etc/hostname": "leads out of the workspace through a symlink",
+                "loop": "resolves through too many symlinks",
+                "~/fifo": "is a FIFO; only regular files are read or written",
+            }
+            for name, what in found.items():
+                asked: list[tuple[str, str, JSONObject]] = [
+                    ("read_file", "read", {"path": name}),
+                    ("write_file", "write", {"path": name, "content": "42"}),
+                ]
+                for tool, verb, arguments in asked:
+                    raw = await tools.call(tool, arguments)
+                    assert raw.outcome is ToolOutcome.TOOL_ERROR, raw
+                    assert raw.error == f"cannot {verb} {name!r}: it {what}", raw
+            patterns = {name: re.escape(what) for name, what in found.items()}
+            for name, pattern in [*patterns.items(), ("dir", "(?i)is a directory")]:
+                with pytest.raises(SlotFileError, match=pattern) as info:
                     await tools.read_file(name)
                 assert info.value.path == name
-                with pytest.raises(SlotFileError, match=why):
+                with pytest.raises(SlotFileError, match=pattern):
                     await tools.write_file(name, "42")
-            with pytest.raises(SlotInfraError):
-                await tools.read_file("sub/../../fifo")
-            with pytest.raises(SlotInfraError):
-                await tools.write_file("/fifo", "42")
+            assert await tools.check("test -p fifo && test -S sock && test -L null && test -d dir")
+    await wait_no_leftovers(groups, run_dir, before)
+
+
+async def test_a_path_the_hook_got_wrong_is_the_envs_error_not_the_models_file() -> None:
+    """A score hook's own path that names no file of the workspace: ``~//etc/passwd`` (``~``
+    is the workspace, so this one is absolute), ``/etc/passwd``, ``..``. It is the env's
+    mistake, so ``InvalidInput`` naming ``path`` and why, raised before anything is sent
+    (the trajectory becomes an ``env_error``). It was a ``SlotFileError`` for
+    ``~//etc/passwd`` before (the env's ``except SlotFileError`` scored the model 0 for the
+    env's own bug) and a ``SlotInfraError`` for the others (the member was dropped as the
+    slot's failure). The model's own call with that path is the server's ``REJECTED``."""
+    before = running_now()
+    async with LocalSandboxPool(config(containers=1, slots=1)) as pool:
+        groups = {pool.server_pid(name) for name in pool.container_names()}
+        run_dir = pool.run_dir
+        async with slot_tools(pool, timeout_s=5.0) as tools:
+            for path, why in [
+                ("~//etc/passwd", "'/etc/passwd' is absolute"),
+                ("/etc/passwd", "'/etc/passwd' is absolute"),
+                ("sub/../../fifo", "contains '..'"),
+                ("~/../x", "contains '..'"),
+                ("", "must be a non-empty path"),
+            ]:
+                with pytest.raises(InvalidInput, match=re.escape(why)) as info:
+                    await tools.read_file(path)
+                assert info.value.field == "path"
+                assert not isinstance(info.value, SlotFileError | InfrastructureError)
+                with pytest.raises(InvalidInput, match=re.escape(why)):
+                    await tools.write_file(path, "42")
+                raw = await tools.call("read_file", {"path": path})
+                assert raw.outcome is ToolOutcome.REJECTED, raw
+                assert (raw.error or "").endswith("@ $.path"), raw
+            assert not await tools.check("ls -A | grep -q .")  # nothing was written
     await wait_no_leftovers(groups, run_dir, before)

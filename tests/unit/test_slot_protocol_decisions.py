@@ -17,6 +17,7 @@ from trajcore.domain.slot_protocol import (
     LeaseAnswer,
     execute_call,
     home_relative,
+    workspace_path_problem,
 )
 from trajcore.domain.slots import Lease, SlotCall, SlotId
 from trajcore.domain.tools import ToolCall
@@ -190,3 +191,41 @@ def test_a_fork_answer_holds_one_lease_answer_per_lease_in_order() -> None:
 )  # fmt: skip
 def test_a_tilde_path_is_the_workspaces_as_home_is(path: str, relative: str) -> None:
     assert home_relative(path) == relative  # ../out is then refused as any other
+
+
+@pytest.mark.parametrize(
+    ("path", "problem"),
+    [
+        ("notes.txt", None),
+        ("a/b/c", None),
+        ("./a//b/", None),
+        ("..x/x..", None),
+        ("~user/x", None),
+        ("\udcff-name", None),  # one byte 0xFF of a non-UTF-8 name
+        ("", "must be a non-empty path without NUL bytes"),
+        ("a\0b", "must be a non-empty path without NUL bytes"),
+        (
+            "x-\ud800",
+            "'x-\\ud800' holds a lone surrogate at 2 that stands for no byte "
+            "(only U+DC80..U+DCFF may appear, each for one byte 0x80..0xFF of a name)",
+        ),
+        ("/etc/passwd", "'/etc/passwd' is absolute; give a path relative to the workspace"),
+        ("..", "'..' contains '..'; paths must stay inside the workspace"),
+        ("a/../b", "'a/../b' contains '..'; paths must stay inside the workspace"),
+        ("a/..", "'a/..' contains '..'; paths must stay inside the workspace"),
+    ],
+)
+def test_a_file_tools_path_that_names_nothing_in_a_workspace_says_why(
+    path: str, problem: str | None
+) -> None:
+    """The one rule the slot server (before it opens anything) and ``SlotTools`` (before it
+    sends a hook's call) share: what no workspace could hold at ``path``."""
+    assert workspace_path_problem(path) == problem
+
+
+def test_a_path_from_the_home_that_is_absolute_names_nothing() -> None:
+    """``~`` is the workspace, so ``~//etc/passwd`` is ``/etc/passwd``: absolute."""
+    assert workspace_path_problem(home_relative("~//etc/passwd")) == (
+        "'/etc/passwd' is absolute; give a path relative to the workspace"
+    )
+    assert workspace_path_problem(home_relative("~/ok.txt")) is None

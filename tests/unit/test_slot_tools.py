@@ -3,6 +3,7 @@ a verification hit by an infrastructure failure marks the member failed, never 0
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -10,14 +11,21 @@ import pytest
 
 from trajcore.adapters.fakes.llm import FakeChatServer
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
+from trajcore.adapters.fakes.unisolated import UnisolatedSandboxPool
 from trajcore.domain.agent_loop import AgentLoopConfig
 from trajcore.domain.batch_planner import BatchConfig
-from trajcore.domain.errors import InfrastructureError, SlotFileError, SlotInfraError
+from trajcore.domain.errors import (
+    InfrastructureError,
+    InvalidInput,
+    SlotFileError,
+    SlotInfraError,
+)
 from trajcore.domain.groups import GroupRules, GroupStatus, TrajectoryStatus
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, SLOT_TOOLS
-from trajcore.domain.tools import ToolCall
+from trajcore.domain.tools import ToolCall, ToolOutcome
+from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.group import collect_group
 from trajcore.rollout.policy import ChatPolicy
@@ -38,7 +46,7 @@ def anyio_backend() -> str:
 
 
 @asynccontextmanager
-async def slot_tools(pool: FakeSandboxPool, *, timeout_s: float = 5.0) -> AsyncIterator[SlotTools]:
+async def slot_tools(pool: SandboxPool, *, timeout_s: float = 5.0) -> AsyncIterator[SlotTools]:
     async with (
         ToolDispatcher(pool, BatchConfig()) as dispatcher,
         pool.lease("t", timeout_s=5.0) as lease,
@@ -92,10 +100,41 @@ async def test_file_helpers_raise_slot_errors() -> None:
             await tools.read_file("missing.txt")
         assert info.value.path == "missing.txt"
         assert not isinstance(info.value, InfrastructureError)  # the env may score it 0
-        with pytest.raises(SlotInfraError, match="out of the workspace"):
-            await tools.read_file("../etc/passwd")
-        with pytest.raises(SlotInfraError, match="out of the workspace"):
-            await tools.write_file("/abs.txt", "x")
+
+
+async def test_a_path_the_hook_got_wrong_is_its_own_error() -> None:
+    """A hook's path that names no file of any workspace is the env's mistake: ``InvalidInput``
+    naming ``path`` (an ``env_error``), raised before the call is sent; neither the model's
+    ``SlotFileError`` nor the slot's ``SlotInfraError``. ``~//etc/passwd`` (``~`` is the
+    workspace) read as a file missing from the fake's workspace before: a ``SlotFileError``,
+    so the env's ``except SlotFileError`` scored the model 0 for the env's own bug."""
+    async with FakeSandboxPool() as pool, slot_tools(pool) as tools:
+        for path, why in [
+            ("~//etc/passwd", "'/etc/passwd' is absolute"),
+            ("../etc/passwd", "'../etc/passwd' contains '..'"),
+            ("/abs.txt", "'/abs.txt' is absolute"),
+        ]:
+            with pytest.raises(InvalidInput, match=re.escape(f"read_file: {why}")) as info:
+                await tools.read_file(path)
+            assert info.value.field == "path"
+            assert not isinstance(info.value, SlotFileError | InfrastructureError)
+            with pytest.raises(InvalidInput, match=re.escape(f"write_file: {why}")):
+                await tools.write_file(path, "x")
+        assert pool.executed == []  # nothing was sent
+
+
+async def test_a_server_that_refuses_what_a_path_finds_is_still_read_as_the_file() -> None:
+    """A slot server that predates ``TOOL_ERROR`` for what a well-formed path finds refused a
+    symlink leading out as ``REJECTED`` at ``$.path``, as the unisolated fake still does: the
+    hook gets ``SlotFileError`` there too (its path passed the hook-side check, so the refusal
+    can only be of the file), and the model its 0."""
+    async with UnisolatedSandboxPool() as pool, slot_tools(pool) as tools:
+        (pool.slot_path(tools.lease.slot) / "out").symlink_to("/etc/hostname")
+        raw = await tools.call("read_file", {"path": "out"})
+        assert raw.outcome is ToolOutcome.REJECTED, raw
+        with pytest.raises(SlotFileError, match="leads out of the workspace") as info:
+            await tools.read_file("out")
+        assert info.value.path == "out"
 
 
 # ------------------------------------------------------------------- scoring in a trajectory

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import io
 import os
@@ -24,7 +25,7 @@ from typing import TypeVar
 import pytest
 
 from trajcore.adapters.slot_server import workspace as workspace_module
-from trajcore.adapters.slot_server.workspace import Workspace
+from trajcore.adapters.slot_server.workspace import RefusedFile, Workspace
 from trajcore.domain.errors import ConfigError, ToolArgumentError
 from trajcore.domain.slot_protocol import EntryKind
 
@@ -201,6 +202,39 @@ def test_reading_or_writing_a_fifo_is_refused_without_blocking(ws: Workspace) ->
         assert os.read(reader, 16) == b""  # nothing was written to it
     finally:
         os.close(reader)
+
+
+def test_what_a_well_formed_path_finds_is_told_from_a_malformed_path(ws: Workspace) -> None:
+    """A FIFO, a symlink to a device, one leading out and one looping, at a well-formed path,
+    are ``RefusedFile`` naming the path and what is there (the tool's answer about that file,
+    which the slot server gives as ``TOOL_ERROR``); a malformed path is a plain
+    ``ToolArgumentError`` (a refusal of the request, ``REJECTED``). Both were the same plain
+    ``ToolArgumentError`` before, so the server could not tell them apart."""
+    fifo = ws.root / "p"
+    os.mkfifo(fifo)
+    (ws.root / "null").symlink_to("/dev/null")
+    (ws.root / "up").symlink_to("..")
+    (ws.root / "loop").symlink_to("loop")
+    leads_out = "leads out of the workspace through a symlink"
+    for path, what in [
+        ("p", "is a FIFO; only regular files are read or written"),
+        ("null", leads_out),
+        ("up/ws/p", leads_out),
+        ("loop", "resolves through too many symlinks"),
+    ]:
+        for action in (
+            functools.partial(ws.read, path, 16),
+            functools.partial(ws.write, path, b"x", append=False, max_bytes=16),
+        ):
+            with pytest.raises(RefusedFile) as caught:
+                promptly(action, open_other_end(fifo))
+            found = caught.value
+            assert (found.path, found.what, found.field) == (path, what, "path")
+            assert found.reason == f"{path!r} {what}"
+    for bad in ("", "/etc/passwd", "../x", "a/../../x", "a\0b", "\ud800"):
+        with pytest.raises(ToolArgumentError) as refused:
+            ws.read(bad, 10)
+        assert not isinstance(refused.value, RefusedFile), bad
 
 
 def test_a_fifo_opened_without_o_nonblock_blocks(tmp_path: Path) -> None:

@@ -124,8 +124,9 @@ class SlotInfraError(InfrastructureError):
 
     The slot server failed (``INFRA_ERROR``), refused the call (``REJECTED``, which is also how a
     lost or stale lease answers), or gave no report. A score computed past it would be a lie, so
-    the trajectory is an infrastructure failure instead. (A file call refused for the file the
-    model left at a workspace path, a FIFO or a symlink leading out, is a ``SlotFileError``.)
+    the trajectory is an infrastructure failure instead. (What a file call finds at a workspace
+    path, a FIFO or a symlink leading out, is the slot's ``TOOL_ERROR`` and a ``SlotFileError``;
+    a path of the hook's own that names no file there is its ``InvalidInput``.)
     """
 
 
@@ -173,8 +174,10 @@ class ContextFull(ModelServerRejected):
 
 
 class SlotFileError(TrajcoreError):
-    """A hook's ``read_file``/``write_file`` in its slot ran and failed: the file is missing, is
-    not a regular file, is too large, or the write failed. ``path`` is the file, ``reason`` why.
+    """A hook's ``read_file``/``write_file`` in its slot ran and failed (the slot's
+    ``TOOL_ERROR``): the file is missing, is not a regular file (a directory, a FIFO, a socket,
+    a device, a symlink leading out of the workspace), is too large, or the write failed.
+    ``path`` is the file, ``reason`` why.
 
     Not an infrastructure failure: a file the model should have written and did not is the
     model's doing, and the env may catch this to score it. Left uncaught in a hook, the

@@ -85,6 +85,7 @@ __all__ = [
     "SnapshotRequest",
     "execute_call",
     "home_relative",
+    "workspace_path_problem",
 ]
 
 PROTOCOL_VERSION = 1
@@ -165,6 +166,28 @@ def home_relative(path: str) -> str:
     if path.startswith("~/"):
         return path[2:] or "."
     return path
+
+
+def workspace_path_problem(path: str) -> str | None:
+    """Why a file tool's ``path`` (after ``home_relative``) can name nothing in a workspace,
+    whatever the workspace holds, or ``None``: empty, a NUL byte, a lone surrogate that stands
+    for no byte of a name, absolute, or a ``..`` component. The slot server refuses such a
+    request (``REJECTED`` at ``$.path``) before it looks at a file; ``SlotTools`` raises for it
+    before it sends one (the hook's own mistake, not the model's file)."""
+    if not path or "\0" in path:
+        return "must be a non-empty path without NUL bytes"
+    try:
+        path.encode("utf-8", "surrogateescape")  # what os.fsencode does with a UTF-8 locale
+    except UnicodeEncodeError as error:
+        return (
+            f"{path!r} holds a lone surrogate at {error.start} that stands for no byte "
+            "(only U+DC80..U+DCFF may appear, each for one byte 0x80..0xFF of a name)"
+        )
+    if path.startswith("/"):
+        return f"{path!r} is absolute; give a path relative to the workspace"
+    if ".." in path.split("/"):
+        return f"{path!r} contains '..'; paths must stay inside the workspace"
+    return None
 
 
 _index = validators.whole_number(0, error=WireError)

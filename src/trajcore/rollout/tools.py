@@ -15,8 +15,10 @@ reserve the model's commands leave free, so a check still starts when the model'
 processes hold all they may (docs/sandbox.md, "Processes"). Its helpers
 cannot lie to a score: ``check`` and ``run`` answer with what the command did and raise
 ``SlotInfraError`` when the slot could not run it (an infrastructure error, a refusal, a lost
-lease), and file reads and writes raise ``SlotFileError`` or ``SlotInfraError``; the trajectory
-runner turns an error raised from the scoring hook into an infrastructure failure, never a 0,
+lease), and file reads and writes raise ``SlotFileError`` (the slot's ``TOOL_ERROR``: what the
+model left at the path, for the env to score) or ``SlotInfraError``, and ``InvalidInput`` for a
+path of the hook's own that names no file of the workspace; the trajectory runner turns a
+``SlotInfraError`` raised from the scoring hook into an infrastructure failure, never a 0,
 except ``SlotBudgetSpent`` (the lease was ended for the disk budget the model spent), which
 gives the member ``sandbox_budget_score``.
 ``pytest`` uploads a test tree, runs pytest in the slot and reads its outcome
@@ -45,7 +47,7 @@ from trajcore.domain.errors import (
     ToolServerError,
 )
 from trajcore.domain.json_values import JSONObject
-from trajcore.domain.slot_protocol import SLOT_TOOLS
+from trajcore.domain.slot_protocol import SLOT_TOOLS, home_relative, workspace_path_problem
 from trajcore.domain.slots import Lease, SlotCall
 from trajcore.domain.tools import (
     ExecReport,
@@ -143,25 +145,16 @@ class ToolRouter:
             return ToolResult.infra_errors(plain, str(exc))
 
 
-def _refused_for_the_file(path: str, result: ToolResult) -> bool:
-    """Whether the slot refused a hook's file call for what the workspace holds at ``path``.
-
-    A path that names a file inside the workspace (relative, no ``..``, no NUL, encodable as a
-    file name) can only be refused ``@ $.path`` for the file found there: not a regular file
-    (a FIFO, a device, a socket) or a symlink that leads out. The model put it there, so it is
-    the model's doing, as a missing file is. A hook's own bad path (absolute, ``..``) and a
-    stale or lost lease (``@ $.epoch``) are not this.
-    """
-    if not (result.error or "").endswith("@ $.path"):
-        return False
-    parts = path.split("/")
-    if not path or path.startswith("/") or ".." in parts or "\0" in path:
-        return False
-    try:
-        path.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:  # a lone surrogate that stands for no byte: the hook's text
-        return False
-    return True
+def _checked_path(tool: str, path: str) -> None:
+    """Raise ``InvalidInput`` (field ``path``) when a hook's ``path`` can name nothing in the
+    workspace, whatever the model left there: not text, empty, absolute, with ``..`` (``~``
+    is the workspace, so ``~//etc/passwd`` is absolute). The hook's own mistake, so an
+    ``env_error``, never the model's ``SlotFileError`` nor the slot's ``SlotInfraError``."""
+    if not isinstance(path, str):
+        raise InvalidInput("path", f"{tool}: must be a string, got {type(path).__name__}")
+    problem = workspace_path_problem(home_relative(path))
+    if problem is not None:
+        raise InvalidInput("path", f"{tool}: {problem}")
 
 
 @attrs.define
@@ -386,11 +379,14 @@ class SlotTools:
         """The text of ``path`` (relative to the workspace).
 
         Raises:
-            SlotFileError: the slot read it and failed (missing, not a regular file, too large),
-                or refused the file it found there (a FIFO, a device, a symlink leading out).
-            SlotInfraError: the slot could not run the read (infra error, a refusal of the
-                path itself, lost lease).
+            SlotFileError: the slot read it and failed (``TOOL_ERROR``): missing, too large, or
+                not a regular file (a directory, a FIFO, a socket, a device, a symlink leading
+                out of the workspace).
+            SlotInfraError: the slot could not run the read (infra error, refusal, lost lease).
+            InvalidInput: ``path`` can name no file in the workspace (absolute once ``~`` is
+                the workspace, ``..``, empty): the hook's mistake; nothing is sent.
         """
+        _checked_path("read_file", path)
         result = await self.call("read_file", {"path": path})
         self._file_outcome("read_file", path, result)
         return result.content
@@ -400,11 +396,12 @@ class SlotTools:
         """Write ``content`` to ``path`` (relative to the workspace), creating parent folders.
 
         Raises:
-            SlotFileError: the slot tried and the write failed, or refused the file it found
-                there (a FIFO, a device, a symlink leading out).
-            SlotInfraError: the slot could not run the write (infra error, a refusal of the
-                path itself, lost lease).
+            SlotFileError: the slot tried and the write failed (``TOOL_ERROR``), also for what
+                it found there (a directory, a FIFO, a socket, a device, a symlink leading out).
+            SlotInfraError: the slot could not run the write (infra error, refusal, lost lease).
+            InvalidInput: as ``read_file``, for a path that names no file in the workspace.
         """
+        _checked_path("write_file", path)
         result = await self.call("write_file", {"path": path, "content": content})
         self._file_outcome("write_file", path, result)
 
@@ -417,8 +414,16 @@ class SlotTools:
             )
 
     def _file_outcome(self, tool: str, path: str, result: ToolResult) -> None:
+        """Raise for a file call's failed ``result``, by its outcome: ``TOOL_ERROR`` is the
+        file's (``SlotFileError``), the rest the slot's (``SlotInfraError``).
+
+        One exception, for slot servers that predate ``TOOL_ERROR`` for what a path finds:
+        they refused a FIFO, a device or a symlink leading out as ``REJECTED`` at ``$.path``.
+        ``path`` passed ``_checked_path``, so no server refuses it as malformed, and that
+        refusal is read as the file's; a current server never answers so.
+        """
         self._budget_spent(f"{tool} {path!r}", result)
-        if result.outcome is ToolOutcome.REJECTED and _refused_for_the_file(path, result):
+        if result.outcome is ToolOutcome.REJECTED and (result.error or "").endswith("@ $.path"):
             raise SlotFileError(path, f"{tool}: {result.error}")
         if result.outcome in (ToolOutcome.INFRA_ERROR, ToolOutcome.REJECTED):
             raise SlotInfraError(

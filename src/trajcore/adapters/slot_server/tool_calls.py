@@ -2,7 +2,10 @@
 
 ``bash``, ``bash_stateful`` and ``tmux`` become one request to the lease's exec agent (started
 on the slot's first command); ``read_file`` and ``write_file`` run in the server, confined by the
-slot's ``Workspace``. Unknown tools and bad arguments are ``REJECTED`` with ``reason @ $.path``;
+slot's ``Workspace``. Unknown tools and bad arguments are ``REJECTED`` with ``reason @ $.path``
+(for a file tool's path: a malformed one, absolute, with ``..``, empty); what a well-formed path
+finds is the tool's answer, ``TOOL_ERROR`` naming the path and what is there (missing, a
+directory, a FIFO, socket or device, a symlink leading out of the workspace or looping);
 a sandbox that dies mid-call is ``INFRA_ERROR`` (and the lease ends with it: its processes,
 shell and ``/tmp`` are gone, so the next call of that epoch is refused, not run elsewhere).
 """
@@ -19,6 +22,7 @@ from trajcore.adapters.slot_server.channel import MAX_REQUEST_BYTES, AgentLost, 
 from trajcore.adapters.slot_server.disk_budget import over_for
 from trajcore.adapters.slot_server.sandboxes import Sandboxes
 from trajcore.adapters.slot_server.slot_state import Slot
+from trajcore.adapters.slot_server.workspace import RefusedFile
 from trajcore.domain.errors import ToolArgumentError
 from trajcore.domain.isolation import clamp_timeout
 from trajcore.domain.json_values import JSON
@@ -335,6 +339,8 @@ async def _read_file(sandboxes: Sandboxes, slot: Slot, call: ExecuteCall) -> Too
     path = cast("str", call.arguments["path"])
     try:
         found = await asyncio.to_thread(slot.workspace.read, home_relative(path), cap)
+    except RefusedFile as error:
+        return failure(call, ToolOutcome.TOOL_ERROR, f"cannot read {path!r}: it {error.what}")
     except ToolArgumentError as error:
         return failure(call, ToolOutcome.REJECTED, f"{error.reason} @ $.{error.field}")
     except OSError as error:
@@ -394,6 +400,8 @@ async def _write_file(sandboxes: Sandboxes, slot: Slot, call: ExecuteCall) -> To
         written = await asyncio.to_thread(
             lambda: slot.workspace.write(home_relative(path), data, append=append, max_bytes=limit)
         )
+    except RefusedFile as error:
+        return failure(call, ToolOutcome.TOOL_ERROR, f"cannot write {path!r}: it {error.what}")
     except ToolArgumentError as error:
         return failure(call, ToolOutcome.REJECTED, f"{error.reason} @ $.{error.field}")
     except OSError as error:

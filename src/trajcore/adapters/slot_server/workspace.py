@@ -5,17 +5,18 @@ host side of the workspace bind, while the slot's commands change the same tree 
 time. So every operation here keeps these rules:
 
 - **Paths.** A path is relative to the workspace. An absolute path, a ``..`` component, an empty
-  path or a NUL byte is refused outright (``ToolArgumentError`` on field ``path``).
+  path or a NUL byte is refused outright (``ToolArgumentError`` on field ``path``), before
+  anything is opened (``slot_protocol.workspace_path_problem``).
 - **Descriptors, never host paths.** The workspace root is opened once per operation; everything
   after that is opened relative to a descriptor already held. A path is resolved beneath the root
   with ``openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`` where the kernel has it (Linux 5.6),
   else by a walk that opens one component at a time with ``O_NOFOLLOW`` and reads each symlink
   it meets itself. Either way a symlink inside the workspace is followed only while it stays
   inside (a relative target); one that leads out (an absolute target, or more ``..`` than depth)
-  is refused, and a swap between a check and an open cannot escape because there is no check
-  apart from the open.
+  is refused (``RefusedFile``), and a swap between a check and an open cannot escape because
+  there is no check apart from the open.
 - **Regular files only.** Files are opened with ``O_NONBLOCK``, and the descriptor is ``fstat``-ed
-  before a byte moves: a FIFO, socket or device is refused (``ToolArgumentError`` naming the path
+  before a byte moves: a FIFO, socket or device is refused (``RefusedFile`` naming the path
   and the kind) without blocking. A directory where a file was expected is an ordinary
   ``IsADirectoryError``.
 - **Bounded work.** A read reads at most ``max_bytes + 1`` bytes, whatever the file's size; its
@@ -39,7 +40,9 @@ time. So every operation here keeps these rules:
   following a symlink.
 
 Ordinary failures (no such file, a directory where a file was expected, permission denied) are
-``OSError``: they are the tool's answer, not an isolation refusal.
+``OSError``. Those and ``RefusedFile`` (a ``ToolArgumentError`` for what a well-formed path found:
+a FIFO, socket or device, a symlink leading out or looping) are the tool's answer about the
+file (``TOOL_ERROR``), not a refusal of the request, which only a malformed path is.
 """
 
 from __future__ import annotations
@@ -67,9 +70,10 @@ from trajcore.domain.slot_protocol import (
     DirectoryEntry,
     DirectoryListing,
     EntryKind,
+    workspace_path_problem,
 )
 
-__all__ = ["MAX_ARCHIVE_DEPTH", "MAX_SCANNED_ENTRIES", "Workspace"]
+__all__ = ["MAX_ARCHIVE_DEPTH", "MAX_SCANNED_ENTRIES", "RefusedFile", "Workspace"]
 
 MAX_SCANNED_ENTRIES = 100_000
 """Directory entries one listing or one archive looks at, at most."""
@@ -98,6 +102,31 @@ def _refuse(reason: str) -> ToolArgumentError:
     return ToolArgumentError("path", reason)
 
 
+class RefusedFile(ToolArgumentError):
+    """What the workspace holds at a well-formed ``path`` is nothing the file tools open: a
+    FIFO, a socket or a device, or a symlink that leads out of the workspace or loops.
+
+    The answer of the tool about that file (the slot's ``TOOL_ERROR``, as for a directory or a
+    missing file), not a refusal of the request; a ``ToolArgumentError`` on field ``path`` for
+    every other caller (the artifact endpoints answer it as they answer a refused path).
+
+    Attributes:
+        path: The path as it was asked (relative to the workspace).
+        what: What was found there, as the rest of a sentence: ``"is a FIFO; only regular
+            files are read or written"``, ``"leads out of the workspace through a symlink"``.
+    """
+
+    def __init__(self, path: str, what: str) -> None:
+        super().__init__("path", f"{path!r} {what}")
+        self.path = path
+        self.what = what
+
+
+_ONLY_REGULAR = "only regular files are read or written"
+_LEADS_OUT = "leads out of the workspace through a symlink"
+_LOOPS = "resolves through too many symlinks"
+
+
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
     (stat.S_ISFIFO, "a FIFO"),
@@ -113,13 +142,13 @@ def _kind_name(mode: int) -> str:
 
 
 def _require_regular(path: str, mode: int) -> None:
-    """Raises ``IsADirectoryError`` for a directory, ``ToolArgumentError`` for any other
-    non-regular file."""
+    """Raises ``IsADirectoryError`` for a directory, ``RefusedFile`` for any other non-regular
+    file."""
     if stat.S_ISREG(mode):
         return
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, "is a directory", path)
-    raise _refuse(f"{path!r} is {_kind_name(mode)}; only regular files are read or written")
+    raise RefusedFile(path, f"is {_kind_name(mode)}; {_ONLY_REGULAR}")
 
 
 # ----------------------------------------------------------------------------- openat2
@@ -165,16 +194,16 @@ def _open_beneath(root_fd: int, path: str, flags: int, *, create_dirs: bool = Fa
     """Open ``path`` (checked relative) beneath ``root_fd``; see the module's rules.
 
     Raises:
-        ToolArgumentError: the path leads out of the workspace, or loops.
+        RefusedFile: the path leads out of the workspace through a symlink, or loops.
         OSError: the open failed (missing, a directory, permission).
     """
     try:
         fd = _openat2(root_fd, path, flags, 0o644)
     except OSError as error:
         if error.errno == errno.EXDEV:
-            raise _refuse(f"{path!r} leads out of the workspace through a symlink") from None
+            raise RefusedFile(path, _LEADS_OUT) from None
         if error.errno == errno.ELOOP:
-            raise _refuse(f"{path!r} resolves through too many symlinks") from None
+            raise RefusedFile(path, _LOOPS) from None
         if not (create_dirs and error.errno == errno.ENOENT):
             raise
         fd = None  # a parent is missing: the walk creates it
@@ -196,7 +225,7 @@ def _walk_beneath(root_fd: int, path: str, flags: int, *, create_dirs: bool) -> 
             name = pending.pop(0)
             if name == "..":  # only from a symlink's target
                 if len(held) == 1:
-                    raise _refuse(f"{path!r} leads out of the workspace through a symlink")
+                    raise RefusedFile(path, _LEADS_OUT)
                 os.close(held.pop())
                 continue
             last = not pending
@@ -223,11 +252,9 @@ def _walk_beneath(root_fd: int, path: str, flags: int, *, create_dirs: bool) -> 
                     raise
                 links += 1
                 if links > _MAX_SYMLINKS:
-                    raise _refuse(f"{path!r} resolves through too many symlinks") from None
+                    raise RefusedFile(path, _LOOPS) from None
                 if target.startswith("/"):
-                    raise _refuse(
-                        f"{path!r} leads out of the workspace through a symlink"
-                    ) from None
+                    raise RefusedFile(path, _LEADS_OUT) from None
                 pending[:0] = _components(target)
                 continue
             held.append(fd)
@@ -255,7 +282,7 @@ def _open_regular(
     device cannot block the open) and its ``fstat``.
 
     Raises:
-        ToolArgumentError: the path is refused, or is not a regular file nor a directory.
+        RefusedFile: the path leads out, or is not a regular file nor a directory.
         OSError: the open failed; ``IsADirectoryError`` for a directory.
     """
     try:
@@ -264,7 +291,7 @@ def _open_regular(
         if error.errno != errno.ENXIO:  # a socket, or a FIFO opened for writing with no reader
             raise
         kind = _kind_beneath(root_fd, path)
-        raise _refuse(f"{path!r} is {kind}; only regular files are read or written") from None
+        raise RefusedFile(path, f"is {kind}; {_ONLY_REGULAR}") from None
     try:
         info = os.fstat(fd)
         _require_regular(path, info.st_mode)
@@ -393,7 +420,8 @@ class Workspace:
         whole file exactly when ``truncated`` is false; ``size`` is the file's size (``fstat``).
 
         Raises:
-            ToolArgumentError: the path is refused, or names a FIFO, socket or device.
+            RefusedFile: the path names a FIFO, socket or device, or a symlink leading out.
+            ToolArgumentError: the path is malformed (absolute, ``..``, empty).
             OSError: the file cannot be read (missing, a directory, permission).
         """
         _checked(path)
@@ -417,8 +445,8 @@ class Workspace:
         Returns the bytes written.
 
         Raises:
-            ToolArgumentError: the path is refused or names a FIFO, socket or device, or
-                ``data`` is over ``max_bytes``.
+            RefusedFile: the path names a FIFO, socket or device, or a symlink leading out.
+            ToolArgumentError: the path is malformed, or ``data`` is over ``max_bytes``.
             OSError: the file cannot be written.
         """
         if len(data) > max_bytes:
@@ -512,20 +540,14 @@ class Workspace:
 
 
 def _checked(path: str) -> str:
-    """``path`` if it may be resolved beneath the root. Raises ``ToolArgumentError``."""
-    if not path or "\0" in path:
-        raise _refuse("must be a non-empty path without NUL bytes")
-    try:
-        os.fsencode(path)
-    except UnicodeEncodeError as error:
-        raise _refuse(
-            f"{path!r} holds a lone surrogate at {error.start} that stands for no byte "
-            "(only U+DC80..U+DCFF may appear, each for one byte 0x80..0xFF of a name)"
-        ) from None
-    if path.startswith("/"):
-        raise _refuse(f"{path!r} is absolute; give a path relative to the workspace")
-    if ".." in path.split("/"):
-        raise _refuse(f"{path!r} contains '..'; paths must stay inside the workspace")
+    """``path`` if it may be resolved beneath the root (``workspace_path_problem``).
+
+    Raises:
+        ToolArgumentError: it may not, whatever the workspace holds.
+    """
+    problem = workspace_path_problem(path)
+    if problem is not None:
+        raise _refuse(problem)
     return path
 
 
