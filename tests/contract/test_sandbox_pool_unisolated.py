@@ -4,6 +4,7 @@ out refused, everything gone after close."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -95,12 +96,40 @@ async def test_a_symlink_out_of_the_workspace_is_refused(tmp_path: Path) -> None
                 slot_call(lease, "read_file", path="missing.txt"),
             ],
         )
-    assert read.outcome is ToolOutcome.REJECTED
-    assert write.outcome is ToolOutcome.REJECTED
-    assert read.error is not None
-    assert "$.path" in read.error
+    # what the model left at the path is the call's failure, as the slot server answers it
+    assert (read.outcome, read.error) == (
+        ToolOutcome.TOOL_ERROR,
+        "cannot read 'out/secret.txt': a symlink leads it out of the workspace",
+    )
+    assert (write.outcome, write.error) == (
+        ToolOutcome.TOOL_ERROR,
+        "cannot write 'out/secret.txt': a symlink leads it out of the workspace",
+    )
     assert secret.read_text() == "canary"  # the control: the file is there, untouched
     assert inside.outcome is ToolOutcome.TOOL_ERROR
+
+
+async def test_a_fifo_is_no_file_to_read_or_write() -> None:
+    """A FIFO at the path is the call's ``TOOL_ERROR``; neither call waits for a reader or a
+    writer that never comes (an open of a FIFO blocks)."""
+    async with UnisolatedSandboxPool(slots_per_container=1) as pool, pool.lease("t") as lease:
+        os.mkfifo(pool.slot_path(lease.slot) / "answer")
+        with anyio.fail_after(10):
+            read, write = await pool.execute(
+                lease.slot.container,
+                [
+                    slot_call(lease, "read_file", path="answer"),
+                    slot_call(lease, "write_file", path="answer", content="x"),
+                ],
+            )
+    assert (read.outcome, read.error) == (
+        ToolOutcome.TOOL_ERROR,
+        "cannot read 'answer': not a regular file",
+    )
+    assert (write.outcome, write.error) == (
+        ToolOutcome.TOOL_ERROR,
+        "cannot write 'answer': not a regular file",
+    )
 
 
 async def test_background_processes_end_with_the_lease_and_close_removes_everything() -> None:

@@ -24,7 +24,8 @@ from trajcore.domain.groups import GroupRules, GroupStatus, TrajectoryStatus
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, SLOT_TOOLS
-from trajcore.domain.tools import ToolCall, ToolOutcome
+from trajcore.domain.slots import SlotCall
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.group import collect_group
@@ -123,12 +124,21 @@ async def test_a_path_the_hook_got_wrong_is_its_own_error() -> None:
         assert pool.executed == []  # nothing was sent
 
 
+class _OlderServerPool(UnisolatedSandboxPool):
+    """Answers a symlink leading out as slot servers before ``TOOL_ERROR`` for what a path
+    finds did: ``REJECTED`` at ``$.path``."""
+
+    def _escape(self, call: SlotCall) -> ToolResult:
+        reason = f"{call.arguments['path']!r} leads out of the workspace @ $.path"
+        return ToolResult.failure(call.call, ToolOutcome.REJECTED, reason)
+
+
 async def test_a_server_that_refuses_what_a_path_finds_is_still_read_as_the_file() -> None:
     """A slot server that predates ``TOOL_ERROR`` for what a well-formed path finds refused a
-    symlink leading out as ``REJECTED`` at ``$.path``, as the unisolated fake still does: the
-    hook gets ``SlotFileError`` there too (its path passed the hook-side check, so the refusal
-    can only be of the file), and the model its 0."""
-    async with UnisolatedSandboxPool() as pool, slot_tools(pool) as tools:
+    symlink leading out as ``REJECTED`` at ``$.path``: the hook gets ``SlotFileError`` there
+    too (its path passed the hook-side check, so the refusal can only be of the file), and the
+    model its 0."""
+    async with _OlderServerPool() as pool, slot_tools(pool) as tools:
         (pool.slot_path(tools.lease.slot) / "out").symlink_to("/etc/hostname")
         raw = await tools.call("read_file", {"path": "out"})
         assert raw.outcome is ToolOutcome.REJECTED, raw

@@ -14,9 +14,10 @@ here runs there unchanged.
 
 Rules it keeps (as the slot server does, where a plain process can):
 
-- A slot's workspace is its directory: ``read_file``/``write_file`` refuse absolute paths,
-  ``..`` and symlinks that lead out as ``REJECTED`` naming ``$.path``, read regular files only,
-  and create parent directories on write.
+- A slot's workspace is its directory: ``read_file``/``write_file`` refuse absolute paths and
+  ``..`` as ``REJECTED`` naming ``$.path``; a symlink that leads out and anything but a regular
+  file (a FIFO, a socket, a directory) is the call's ``TOOL_ERROR`` (what the model left
+  there, as the slot server answers it); they create parent directories on write.
 - ``bash`` runs in the workspace with stdin from ``/dev/null``, in a new process group, with
   ``HOME`` set to the workspace and this process's ``PATH`` (nothing else of its environment).
   Output is capped at ``output_limit_bytes`` per stream (head and tail kept). Past the call's
@@ -153,8 +154,11 @@ class UnisolatedSandboxPool(InProcessSlotPool):
         return target if target == root or target.is_relative_to(root) else None
 
     def _escape(self, call: SlotCall) -> ToolResult:
-        reason = f"{call.arguments['path']!r} leads out of the workspace @ $.path"
-        return ToolResult.failure(call.call, ToolOutcome.REJECTED, reason)
+        verb = "read" if call.call.name == "read_file" else "write"
+        reason = (
+            f"cannot {verb} {call.arguments['path']!r}: a symlink leads it out of the workspace"
+        )
+        return ToolResult.failure(call.call, ToolOutcome.TOOL_ERROR, reason)
 
     async def _read(self, slot: SlotId, call: SlotCall, key: str) -> ToolResult:
         target = self._inside(slot, key)
@@ -180,6 +184,9 @@ class UnisolatedSandboxPool(InProcessSlotPool):
         if target is None:
             return self._escape(call)
         data = content.encode("utf-8", "surrogatepass")
+        if target.exists() and not target.is_file():  # never open a FIFO: it would block
+            reason = f"cannot write {call.arguments['path']!r}: not a regular file"
+            return ToolResult.failure(call.call, ToolOutcome.TOOL_ERROR, reason)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with target.open("ab" if append else "wb") as out:
