@@ -5,6 +5,9 @@ hold with background sleepers. The score hook's ``check`` must still start (its 
 lease's process reserve, which the model's commands leave free) and find both the answer and
 the service: a right answer scored 0 because the check could not fork is the silent failure
 this guards against. Nothing of the model's is ended to make room.
+
+A model's command that raises its own soft limit first thing and then forks all it can still
+holds no more than the commands' share: its hard limit is that share from its first instruction.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ pytestmark = [
 ]
 
 MAX_PROCESSES = 32  # the model's commands may hold 24 of them, the hooks' the other 8
+COMMAND_NPROC = MAX_PROCESSES - MAX_PROCESSES // 4
 SERVE = "python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &"
 # The same service in one thread: ``http.server``'s own starts a thread per request, which its
 # full share of the limit would refuse (a service the model started runs within that share).
@@ -85,6 +89,35 @@ FETCH = (
     "raise SystemExit(3)\n"
 )
 CHECK = f'test "$(cat answer.txt)" = 42 && python3 -c "{FETCH}"'
+
+# A command bent on the reserve: a program that raises its soft limit to its hard one first
+# thing, then forks all it can. It counts the processes of the lease (its pid namespace: the
+# agent, the shell, itself, its children) at the first fork refused, ends its children and
+# prints the count. (A hard limit lowered only once the command runs came too late for about one
+# such command in five: the shell had forked the program with the whole limit by then.)
+GRAB = (
+    "import os, resource, signal\n"
+    "hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]\n"
+    "resource.setrlimit(resource.RLIMIT_NPROC, (hard, hard))\n"
+    "children = []\n"
+    "while True:\n"
+    "    try:\n"
+    "        pid = os.fork()\n"
+    "    except OSError:\n"
+    "        break\n"
+    "    if pid == 0:\n"
+    "        signal.pause()\n"
+    "        os._exit(0)\n"
+    "    children.append(pid)\n"
+    "held = sum(name.isdigit() for name in os.listdir('/proc'))\n"
+    "for pid in children:\n"
+    "    os.kill(pid, 9)\n"
+    "for pid in children:\n"
+    "    os.waitpid(pid, 0)\n"
+    "print(held)\n"
+)
+RAISE = f'python3 -c "{GRAB}"; exit $?'
+RAISES = 50
 
 CONFIG = RolloutConfig(
     agent=AgentLoopConfig(max_turns=4),
@@ -164,4 +197,45 @@ async def test_a_service_the_model_started_is_reachable_from_the_score_hook() ->
         run_dir = pool.run_dir
         result = await _trajectory(pool, fill=False)
     await wait_no_leftovers(groups, run_dir, before)
+    assert result.outcome.score == 1.0, result.outcome
+
+
+async def _fork_after_raising(tools: SlotTools, messages: Sequence[Message]) -> float:
+    return 1.0 if await tools.check('test "$(echo forked)" = forked') else 0.0
+
+
+@pytest.mark.parametrize("cgroups", [True, False], ids=["cgroup_or_rlimit", "rlimit"])
+async def test_a_command_that_raises_its_soft_limit_at_once_holds_no_more_than_its_share(
+    cgroups: bool,
+) -> None:
+    calls = [_call(index, "bash", command=RAISE) for index in range(RAISES)]
+    chat = FakeChatServer(
+        script=[Message.assistant("forking", tool_calls=calls), Message.assistant("done")]
+    )
+    before = running_now()
+    async with LocalSandboxPool(_pool_config(cgroups=cgroups)) as pool:
+        groups = {pool.server_pid(name) for name in pool.container_names()}
+        run_dir = pool.run_dir
+        async with ToolDispatcher(pool, BatchConfig()) as dispatcher:
+            result = await run_trajectory(
+                trajectory_id="t-0",
+                messages=[Message.user("Fork all you can")],
+                tools=SLOT_TOOL_SPECS,
+                hooks=TrajectoryHooks(prepare=_prepare, score=_fork_after_raising),
+                policy=ChatPolicy(chat),
+                pool=pool,
+                dispatcher=dispatcher,
+                tool_server=None,
+                config=attrs.evolve(CONFIG, deadline_s=300.0),
+            )
+    await wait_no_leftovers(groups, run_dir, before)
+    held = []
+    for exchange in result.exchanges:
+        ran = exchange.result.exec
+        assert ran is not None, exchange.result
+        assert ran.exit_code == 0, exchange.result
+        held.append(int(ran.stdout))
+    assert len(held) == RAISES
+    # every command filled its share (one that could not would show nothing) and held no more
+    assert all(COMMAND_NPROC - 2 <= count <= COMMAND_NPROC for count in held), held
     assert result.outcome.score == 1.0, result.outcome

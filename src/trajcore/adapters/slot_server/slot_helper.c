@@ -50,7 +50,6 @@
 #include <net/if.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -437,66 +436,71 @@ static void set_status(result *r, int status) {
  * to have exited at this age at the latest (its output then drains for DRAIN_AFTER_EXIT_S). */
 static const double WATCH_PROCESS_AFTER_S = 0.01;
 
-/* The spawn's file actions and attributes, made once and kept while they stay the same: the
- * pipes' write ends come back at the same descriptor numbers call after call (every descriptor
- * of a call is closed before the next), and the C library checks each descriptor of a file
- * action against RLIMIT_NOFILE when it is added (a system call each), not when it is used. */
+/* A command's start: a clone that shares the agent's memory and runs on its own stack, with the
+ * agent suspended until it has exec'd or failed (CLONE_VM | CLONE_VFORK, as posix_spawn does).
+ * The child sets up everything a command starts with, on itself, before its first instruction:
+ * stdin from /dev/null, stdout and stderr on the pipes, a new session (``own_session``) or a new
+ * process group, SIGPIPE and SIGXFSZ back to their defaults and no signal blocked, and its
+ * RLIMIT_NPROC (``nproc``, soft and hard) when it is not RLIM_INFINITY. Rlimits are per
+ * process, so what the child sets is its own, never the agent's. An error of the child (its errno) comes back in ``error`` (shared memory). */
 typedef struct {
-    bool ready;
+    char *const *argv;
     int out_fd, err_fd;
     bool own_session;
-    posix_spawn_file_actions_t actions;
-    posix_spawnattr_t attributes;
-} spawn_setup;
+    rlim_t nproc; /* RLIM_INFINITY: inherited */
+    volatile int error;
+} spawn_plan;
 
-static spawn_setup kept_spawn;
+/* The clone's stack: the agent is one thread and suspended while its child uses it. */
+static char spawn_stack[64 * 1024] __attribute__((aligned(16)));
 
-static void spawn_setup_drop(spawn_setup *s) {
-    if (!s->ready)
-        return;
-    posix_spawn_file_actions_destroy(&s->actions);
-    posix_spawnattr_destroy(&s->attributes);
-    s->ready = false;
+/* The child of ``spawn_command``: async-signal-safe calls only (it runs in the agent's memory).
+ * The agent handles no signal (SIGPIPE and SIGXFSZ ignored, the rest default), so no handler of
+ * its can run here; every signal is blocked until the mask is emptied just before the exec. */
+static int spawn_child(void *arg) {
+    spawn_plan *p = arg;
+    struct sigaction defaults = {.sa_handler = SIG_DFL};
+    sigset_t none;
+    sigemptyset(&none);
+    int fd;
+    if (sigaction(SIGPIPE, &defaults, NULL) != 0 || sigaction(SIGXFSZ, &defaults, NULL) != 0 ||
+        (p->own_session ? setsid() < 0 : setpgid(0, 0) != 0) ||
+        (fd = open("/dev/null", O_RDONLY)) < 0 || (fd != 0 && (dup2(fd, 0) < 0 || close(fd))) ||
+        (p->out_fd == 1 ? fcntl(1, F_SETFD, 0) : dup2(p->out_fd, 1)) < 0 ||
+        (p->err_fd == 2 ? fcntl(2, F_SETFD, 0) : dup2(p->err_fd, 2)) < 0)
+        goto failed;
+    if (p->nproc != RLIM_INFINITY) {
+        struct rlimit limit = {p->nproc, p->nproc};
+        if (setrlimit(RLIMIT_NPROC, &limit) != 0)
+            goto failed;
+    }
+    if (sigprocmask(SIG_SETMASK, &none, NULL) != 0)
+        goto failed;
+    execve(p->argv[0], p->argv, environ);
+failed:
+    p->error = errno ? errno : EINVAL;
+    _exit(127);
 }
 
-/* The file actions and attributes of a spawn writing to ``out_fd`` and ``err_fd``: stdin from
- * /dev/null, SIGPIPE and SIGXFSZ back to their defaults, no signal blocked, a new session
- * (``own_session``) or a new process group. Returns 0 or the error number. */
-static int spawn_setup_for(spawn_setup *s, int out_fd, int err_fd, bool own_session) {
-    if (s->ready && s->out_fd == out_fd && s->err_fd == err_fd && s->own_session == own_session)
-        return 0;
-    spawn_setup_drop(s);
-    int failed = posix_spawn_file_actions_init(&s->actions);
+/* Start ``p->argv`` (its first element a path, not looked up); 0 and its pid in ``pid``, or
+ * the error number (the child's, reaped, when it could not exec). */
+static int spawn_command(spawn_plan *p, pid_t *pid) {
+    sigset_t all, before;
+    sigfillset(&all);
+    p->error = 0;
+    if (sigprocmask(SIG_SETMASK, &all, &before) != 0)
+        return errno;
+    pid_t child = clone(spawn_child, spawn_stack + sizeof spawn_stack,
+                        CLONE_VM | CLONE_VFORK | SIGCHLD, p);
+    int failed = child < 0 ? errno : 0;
+    (void)sigprocmask(SIG_SETMASK, &before, NULL);
     if (failed)
         return failed;
-    failed = posix_spawnattr_init(&s->attributes);
-    if (failed) {
-        posix_spawn_file_actions_destroy(&s->actions);
-        return failed;
+    if (p->error) { /* it has exited already (the agent resumes only then, or at its exec) */
+        wait_for_child(child, NULL);
+        return p->error;
     }
-    sigset_t defaults, none;
-    sigemptyset(&defaults);
-    sigaddset(&defaults, SIGPIPE);
-    sigaddset(&defaults, SIGXFSZ);
-    sigemptyset(&none);
-    if (!(failed = posix_spawn_file_actions_addopen(&s->actions, 0, "/dev/null", O_RDONLY, 0)) &&
-        !(failed = posix_spawn_file_actions_adddup2(&s->actions, out_fd, 1)) &&
-        !(failed = posix_spawn_file_actions_adddup2(&s->actions, err_fd, 2)) &&
-        !(failed = posix_spawnattr_setsigdefault(&s->attributes, &defaults)) &&
-        !(failed = posix_spawnattr_setsigmask(&s->attributes, &none)) &&
-        !(failed = own_session ? 0 : posix_spawnattr_setpgroup(&s->attributes, 0)))
-        failed = posix_spawnattr_setflags(
-            &s->attributes, (short)((own_session ? POSIX_SPAWN_SETSID : POSIX_SPAWN_SETPGROUP) |
-                                    POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK));
-    if (failed) {
-        posix_spawn_file_actions_destroy(&s->actions);
-        posix_spawnattr_destroy(&s->attributes);
-        return failed;
-    }
-    s->out_fd = out_fd;
-    s->err_fd = err_fd;
-    s->own_session = own_session;
-    s->ready = true;
+    *pid = child;
     return 0;
 }
 
@@ -532,8 +536,10 @@ static void reap_orphans_but(pid_t command) {
  * starts with RLIMIT_NPROC N (soft and hard), which leaves the lease's own process limit (its
  * cgroup's pids.max, or the agent's RLIMIT_NPROC) a reserve that only a ``verify`` request's
  * command (and what it starts) may use. The agent keeps its hard limit and holds its soft one
- * at N between spawns, so a command inherits N from its first instruction on (a fork loop can
- * never take the reserve); the hard limit is lowered to N on the child right after its spawn.
+ * at N between spawns, so the kernel refuses a command's start once the commands' processes
+ * hold N; the child of the spawn sets its own limit to N, soft and hard, before it execs, so a
+ * command holds N from its first instruction on and nothing it runs can raise it (a fork loop,
+ * or a program that raises its soft limit first thing, never takes the reserve).
  * ``command_nproc`` RLIM_INFINITY: no reserve. */
 static rlim_t command_nproc = RLIM_INFINITY;
 static rlim_t agent_nproc_hard = RLIM_INFINITY;
@@ -573,26 +579,24 @@ static void run_command(char *const argv[], double timeout, size_t cap, bool own
         close(out_pipe[1]);
         return;
     }
-    pid_t pid;
-    int spawned = spawn_setup_for(&kept_spawn, out_pipe[1], err_pipe[1], own_session);
-    if (!spawned) {
-        if (reserved)
-            open_reserve(true);
-        spawned = posix_spawn(&pid, argv[0], &kept_spawn.actions, &kept_spawn.attributes, argv,
-                              environ);
-        if (reserved)
-            open_reserve(false);
-    }
-    if (!spawned && !reserved && command_nproc != RLIM_INFINITY) {
-        /* its soft limit is the commands' already (inherited), which a fork loop or any
-         * process that leaves its limits alone keeps; this takes away the hard headroom. It
-         * comes after the command has started, so a command that raises its own soft limit at
-         * once may fork a child that keeps the headroom: the reserve keeps a check working
-         * beside leftover processes, it is not a boundary against a command bent on taking it
-         * (docs/sandbox.md) */
-        struct rlimit commands = {command_nproc, command_nproc};
-        (void)prlimit(pid, RLIMIT_NPROC, &commands, NULL);
-    }
+    /* A command of the model's gets the commands' limit, set by its own process before it
+     * execs (not from here once it runs: a command that raised its soft limit at once could
+     * fork before that); a reserved one inherits the whole limit the agent opens for it. */
+    spawn_plan plan = {
+        .argv = argv,
+        .out_fd = out_pipe[1],
+        .err_fd = err_pipe[1],
+        .own_session = own_session,
+        .nproc = reserved || command_nproc == RLIM_INFINITY ? RLIM_INFINITY
+                 : command_nproc < agent_nproc_hard         ? command_nproc
+                                                            : agent_nproc_hard,
+    };
+    pid_t pid = 0;
+    if (reserved)
+        open_reserve(true);
+    int spawned = spawn_command(&plan, &pid);
+    if (reserved)
+        open_reserve(false);
     if (!spawned) {
         static int nicer = INT_MIN; /* this process's nice value never changes: read it once */
         if (nicer == INT_MIN) {
