@@ -38,8 +38,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Literal, Protocol, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Generic, Literal, Protocol, TypeVar
 
 import anyio
 import attrs
@@ -64,6 +64,7 @@ from trajcore.domain.validators import (
 )
 
 __all__ = [
+    "DEFAULT_IMAGE",
     "OWNER_LABEL",
     "RUN_LABEL",
     "CloudPoolConfig",
@@ -71,9 +72,11 @@ __all__ = [
     "CloudSandbox",
     "CloudSandboxPool",
     "ProviderError",
+    "ProviderPoolConfig",
     "ProviderSdk",
     "SandboxSpec",
     "SandboxState",
+    "check_provider",
     "plan_sandboxes",
     "require_sdk",
     "server_argv",
@@ -83,6 +86,8 @@ _log = logging.getLogger(__name__)
 OWNER_LABEL = "trajcore-owner"
 RUN_LABEL = "trajcore-run"
 INDEX_LABEL = "trajcore-index"
+DEFAULT_IMAGE = "ghcr.io/trajcore/slot-server:latest"
+"""The registry image a cloud sandbox runs unless its settings name another."""
 TOKEN_ENV = "TRAJCORE_SLOT_TOKEN"  # noqa: S105 - the name of the variable, not a token
 
 SandboxState = Literal["pending", "running", "stopped", "failed"]
@@ -233,6 +238,31 @@ class CloudPoolConfig:
     def __attrs_post_init__(self) -> None:
         if self.port > 65535:
             raise ConfigError("port", f"must be a TCP port (1-65535), got {self.port}")
+
+
+Settings_co = TypeVar("Settings_co", covariant=True)
+
+
+@attrs.frozen(kw_only=True)
+class ProviderPoolConfig(Generic[Settings_co]):
+    """A provider's pool settings: the cloud pool's and each sandbox's. Each provider's config
+    (``ModalPoolConfig``, ``DaytonaPoolConfig``) is this with its own sandbox settings as
+    ``sandbox`` (and their defaults when not given).
+
+    Attributes:
+        pool: How the pool runs, scales and reaches its slot servers (``CloudPoolConfig``).
+        sandbox: What each of the provider's sandboxes is created with.
+    """
+
+    pool: CloudPoolConfig = part(CloudPoolConfig)
+    sandbox: Settings_co
+
+
+def check_provider(provider: str, credentials: Callable[[], object]) -> None:
+    """Raise ``SandboxUnavailable`` naming what is missing for a pool over ``provider``: its SDK
+    (``require_sdk``), then its credentials (``credentials`` raises, naming them)."""
+    require_sdk(provider)
+    credentials()
 
 
 def server_argv(config: CloudPoolConfig) -> tuple[str, ...]:

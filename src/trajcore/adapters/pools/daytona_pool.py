@@ -26,10 +26,12 @@ from typing import TypeAlias
 import attrs
 
 from trajcore.adapters.pools.cloud_pool import (
-    CloudPoolConfig,
+    DEFAULT_IMAGE,
     CloudProvider,
     CloudSandboxPool,
+    ProviderPoolConfig,
     ProviderSdk,
+    check_provider,
     require_sdk,
 )
 from trajcore.adapters.pools.reconciled import composed_settings, part
@@ -46,8 +48,6 @@ __all__ = [
     "daytona_credentials",
     "official_daytona_sdk",
 ]
-
-DEFAULT_IMAGE = "ghcr.io/trajcore/slot-server:latest"
 
 
 @attrs.frozen(kw_only=True)
@@ -82,15 +82,10 @@ class DaytonaSandboxSettings:
 
 @composed_settings
 @attrs.frozen(kw_only=True)
-class DaytonaPoolConfig:
-    """The Daytona pool's settings: the cloud pool's and each sandbox's.
+class DaytonaPoolConfig(ProviderPoolConfig[DaytonaSandboxSettings]):
+    """The Daytona pool's settings (``ProviderPoolConfig``): the cloud pool's, and as
+    ``sandbox`` what each Daytona sandbox is created with (``DaytonaSandboxSettings``)."""
 
-    Attributes:
-        pool: How the pool runs, scales and reaches its slot servers (``CloudPoolConfig``).
-        sandbox: What each Daytona sandbox is created with (``DaytonaSandboxSettings``).
-    """
-
-    pool: CloudPoolConfig = part(CloudPoolConfig)
     sandbox: DaytonaSandboxSettings = part(DaytonaSandboxSettings)
 
 
@@ -135,8 +130,7 @@ def daytona_credentials() -> DaytonaCredentials:
 def check_daytona() -> None:
     """Raise ``SandboxUnavailable`` naming what is missing for a Daytona pool: the ``daytona``
     package (``pip install 'trajcore[daytona]'``) or Daytona's credentials."""
-    require_sdk("daytona")
-    daytona_credentials()
+    check_provider("daytona", daytona_credentials)
 
 
 DaytonaSdk: TypeAlias = ProviderSdk[DaytonaSandboxSettings, DaytonaCredentials]

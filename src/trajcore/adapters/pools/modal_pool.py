@@ -25,10 +25,12 @@ from typing import TypeAlias
 import attrs
 
 from trajcore.adapters.pools.cloud_pool import (
-    CloudPoolConfig,
+    DEFAULT_IMAGE,
     CloudProvider,
     CloudSandboxPool,
+    ProviderPoolConfig,
     ProviderSdk,
+    check_provider,
     require_sdk,
 )
 from trajcore.adapters.pools.reconciled import composed_settings, part
@@ -45,8 +47,6 @@ __all__ = [
     "modal_credentials",
     "official_modal_sdk",
 ]
-
-DEFAULT_IMAGE = "ghcr.io/trajcore/slot-server:latest"
 
 
 @attrs.frozen(kw_only=True)
@@ -84,15 +84,10 @@ class ModalSandboxSettings:
 
 @composed_settings
 @attrs.frozen(kw_only=True)
-class ModalPoolConfig:
-    """The Modal pool's settings: the cloud pool's and each sandbox's.
+class ModalPoolConfig(ProviderPoolConfig[ModalSandboxSettings]):
+    """The Modal pool's settings (``ProviderPoolConfig``): the cloud pool's, and as
+    ``sandbox`` what each Modal sandbox is created with (``ModalSandboxSettings``)."""
 
-    Attributes:
-        pool: How the pool runs, scales and reaches its slot servers (``CloudPoolConfig``).
-        sandbox: What each Modal sandbox is created with (``ModalSandboxSettings``).
-    """
-
-    pool: CloudPoolConfig = part(CloudPoolConfig)
     sandbox: ModalSandboxSettings = part(ModalSandboxSettings)
 
 
@@ -140,8 +135,7 @@ def modal_credentials() -> ModalCredentials:
 def check_modal() -> None:
     """Raise ``SandboxUnavailable`` naming what is missing for a Modal pool: the ``modal``
     package (``pip install 'trajcore[modal]'``) or Modal's credentials."""
-    require_sdk("modal")
-    modal_credentials()
+    check_provider("modal", modal_credentials)
 
 
 ModalSdk: TypeAlias = ProviderSdk[ModalSandboxSettings, ModalCredentials]
