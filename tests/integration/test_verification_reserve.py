@@ -12,6 +12,7 @@ holds no more than the commands' share: its hard limit is that share from its fi
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Sequence
 
@@ -239,3 +240,40 @@ async def test_a_command_that_raises_its_soft_limit_at_once_holds_no_more_than_i
     # every command filled its share (one that could not would show nothing) and held no more
     assert all(COMMAND_NPROC - 2 <= count <= COMMAND_NPROC for count in held), held
     assert result.outcome.score == 1.0, result.outcome
+
+
+async def test_health_says_the_reserve_and_a_pool_warns_of_a_server_without_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sandboxed slot keeps a quarter of its limit for the hooks, and its server's health
+    says so; an unsandboxed slot whose processes its cgroup counts keeps none (its user's count
+    is host-wide), which the pool says once, at its start, rather than letting a check fail to
+    start later without a word."""
+    with caplog.at_level(logging.WARNING, logger="trajcore.adapters.pools.pool_core"):
+        async with LocalSandboxPool(_pool_config()) as pool:
+            (name,) = pool.container_names()
+            health = await pool.client(name).health()
+        assert health.hook_process_reserve == MAX_PROCESSES // 4
+        assert not [r for r in caplog.records if "for the env's hooks" in r.getMessage()]
+
+        base = _pool_config()
+        isolation = attrs.evolve(
+            base.server.isolation, require_sandbox=False, bwrap="/nonexistent/bwrap"
+        )
+        bare = attrs.evolve(base, server=attrs.evolve(base.server, isolation=isolation))
+        async with LocalSandboxPool(bare) as pool:
+            (name,) = pool.container_names()
+            health = await pool.client(name).health()
+    if not health.capabilities.cgroups:
+        pytest.skip(
+            "the server cannot delegate cgroups here: an unsandboxed slot's limit is an rlimit"
+        )
+    assert not health.sandboxed
+    assert health.hook_process_reserve == 0
+    said = [r.getMessage() for r in caplog.records if "for the env's hooks" in r.getMessage()]
+    assert said == [
+        f"local pool: slot server {name} keeps none of a slot's {MAX_PROCESSES} processes for "
+        "the env's hooks (a server that predates the reserve, or slots whose process count is "
+        "not their own): a score hook's check can fail to start while the model's processes "
+        'hold them all (docs/sandbox.md, "Processes at verification time")'
+    ]

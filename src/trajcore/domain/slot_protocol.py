@@ -266,6 +266,9 @@ class Health:
         boot: Drawn at random when the server starts: a server restarted in place (the same
             address and token) answers with another, and its slots' state is gone (``None``:
             a server that predates it).
+        hook_process_reserve: How many of each slot's processes only the env's hooks' commands
+            may use (the process limit less the model's commands' share; 0: none, also from a
+            server that predates it).
     """
 
     protocol_version: int
@@ -288,6 +291,7 @@ class Health:
     image_cache: ImageCacheStatistics | None = None
     lease_layers: LeaseLayerStatistics = attrs.field(factory=LeaseLayerStatistics)
     boot: str | None = None
+    hook_process_reserve: int = 0
 
 
 @attrs.frozen(kw_only=True)

@@ -106,6 +106,8 @@ class JoinRules:
         start_timeout_s: Longest a server may take to answer health.
         reset_timeout_s: Longest a release's reset may take before the slot is quarantined.
         acquire_timeout_s: The lease deadline when ``lease`` is given none (``None``: none).
+        max_processes: The slots' process limit: with one of 4 or more, a server that keeps
+            no processes for the env's hooks (``Health.hook_process_reserve``) is said once.
     """
 
     slots_per_container: int
@@ -114,6 +116,7 @@ class JoinRules:
     start_timeout_s: float = 30.0
     reset_timeout_s: float = 30.0
     acquire_timeout_s: float | None = 600.0
+    max_processes: int | None = None
 
 
 def join_rules(config: SlotServerSettings) -> JoinRules:
@@ -126,6 +129,7 @@ def join_rules(config: SlotServerSettings) -> JoinRules:
         start_timeout_s=config.start_timeout_s,
         reset_timeout_s=config.reset_timeout_s,
         acquire_timeout_s=config.acquire_timeout_s,
+        max_processes=config.isolation.max_processes,
     )
 
 
@@ -223,6 +227,7 @@ class SlotServerPool(LeasedPool, Generic[H]):
         self._lost = 0
         self._joined = 0
         self._closed = False
+        self._said_no_reserve = False
         self._started = False
 
     # ------------------------------------------------------------------------- lifetime
@@ -397,11 +402,26 @@ class SlotServerPool(LeasedPool, Generic[H]):
                     f"slot server {name}: a persistent shell is required and tmux is not "
                     "installed there"
                 )
+            self._say_no_reserve(name, health.hook_process_reserve)
             await check_fresh(client, name)
         except BaseException:
             await close_quietly(client)
             raise
         return client
+
+    def _say_no_reserve(self, name: str, reserve: int) -> None:
+        """Warn, once a pool, of a server whose slots keep no processes for the hooks."""
+        limit = self.rules.max_processes
+        if reserve or limit is None or limit < 4 or self._said_no_reserve:
+            return
+        self._said_no_reserve = True
+        _log.warning(
+            "%s pool: slot server %s keeps none of a slot's %d processes for the env's hooks "
+            "(a server that predates the reserve, or slots whose process count is not their "
+            "own): a score hook's check can fail to start while the model's processes hold "
+            "them all (docs/sandbox.md, \"Processes at verification time\")",
+            self._label, name, limit,
+        )  # fmt: skip
 
     def join(
         self,

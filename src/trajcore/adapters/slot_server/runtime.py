@@ -356,7 +356,16 @@ class SlotRuntime(CallTurns):
             fork_workspaces="" if self.snapshots is None else self.snapshots.fork_workspaces(),
             image_cache=None if self.images is None else self.images.statistics(),
             lease_layers=self._bin.layers,
+            hook_process_reserve=self._hook_process_reserve(),
         )
+
+    def _hook_process_reserve(self) -> int:
+        """The fewest processes any slot keeps for its hooks' commands (0: a slot keeps none)."""
+        limit = self.config.isolation.max_processes
+        shares = [self._sandboxes.command_nproc(s, sandboxed=self.sandboxed) for s in self._slots]
+        if limit is None or not shares or None in shares:
+            return 0
+        return limit - max(share for share in shares if share is not None)
 
     def listing(self) -> SlotListing:
         """Every slot's state."""

@@ -309,6 +309,15 @@ class Sandboxes:
             and self.cgroups.memory_parent is not None
         )
 
+    def command_nproc(self, slot: Slot, *, sandboxed: bool) -> int | None:
+        """The ``RLIMIT_NPROC`` of the slot's commands other than its hooks' (``None``: no
+        reserve). A bare agent runs as the server's user (root under a root server, whom
+        RLIMIT_NPROC never binds): only a sandboxed lease's count is its slot's own."""
+        own_count = sandboxed and (self.ids(slot.index) is not None or ucounts_per_namespace())
+        return command_process_limit(
+            self.config.isolation, own_count=own_count, cgroup_pids=slot.cgroup is not None
+        )
+
     def agent_config(self, slot: Slot, *, sandboxed: bool) -> dict[str, JSON]:
         isolation = self.config.isolation
         budget = tmpfs_budget(isolation) if sandboxed else None
@@ -320,12 +329,7 @@ class Sandboxes:
                 tmpfs_bytes=0 if budget is None else budget.size_bytes,
             )
         )
-        # a bare agent runs as the server's user (root under a root server, whom RLIMIT_NPROC
-        # never binds): only a sandboxed lease's count is its slot's own
-        own_count = sandboxed and (self.ids(slot.index) is not None or ucounts_per_namespace())
-        commands = command_process_limit(
-            isolation, own_count=own_count, cgroup_pids=slot.cgroup is not None
-        )
+        commands = self.command_nproc(slot, sandboxed=sandboxed)
         if sandboxed:
             tmpfs = None if budget is None else budget.options()
             return {"workspace": isolation.workspace_path, "state_dir": _SANDBOX_STATE,
