@@ -15,8 +15,8 @@ from trajcore.domain.token_ledger.ledger import Segment
 from trajcore.domain.token_ledger.template import (
     ChatTemplate,
     TemplateShape,
-    _common_prefix,
     _first_end_of_turn,
+    common_prefix,
 )
 from trajcore.domain.tools import ToolSpec
 
@@ -197,5 +197,5 @@ def test_a_conversation_must_start_with_a_prompt_message(messages: list[Message]
 
 
 def test_the_common_prefix_counts_from_the_first_id() -> None:
-    assert _common_prefix([1, 2], [2, 2]) == 0
-    assert _common_prefix([1, 2, 3], [1, 2]) == 2
+    assert common_prefix([1, 2], [2, 2]) == 0
+    assert common_prefix([1, 2, 3], [1, 2]) == 2

@@ -30,6 +30,7 @@ What this adapter promises, and why:
 
 from __future__ import annotations
 
+import bisect
 import importlib.util
 import os
 import re
@@ -44,6 +45,7 @@ from jinja2.exceptions import TemplateError
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.json_values import JSON
 from trajcore.domain.messages import Message
+from trajcore.domain.token_ledger.template import common_prefix, render_with_prefixes
 from trajcore.domain.tools import ToolSpec
 
 if TYPE_CHECKING:
@@ -81,6 +83,7 @@ class TransformersTokenizer:
     _backend_ready: bool = attrs.field(default=False, init=False, repr=False)
     _added: dict[str, int] | None = attrs.field(default=None, init=False, repr=False)
     _pattern: re.Pattern[str] | None = attrs.field(default=None, init=False, repr=False)
+    _splits: bool | None = attrs.field(default=None, init=False, repr=False)
 
     @classmethod
     def from_path(
@@ -153,6 +156,58 @@ class TransformersTokenizer:
             elif piece:
                 ids.extend(self._plain_ids(_unmask(piece, spelled)))
         return ids
+
+    def render_with_prefixes(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        prefixes: Sequence[tuple[int, bool]],
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """See ``PrefixRenderer.render_with_prefixes``: the same figures as rendering each
+        prefix, for about the cost of rendering the whole twice when the template writes a
+        prefix as the whole begins.
+
+        The Rust tokenizer encodes text as its stretches between added tokens, each on its
+        own. So a prefix's ids are the whole's up to the last added token that ends at least
+        one added token's length before the first character where the two texts differ (the
+        matching of added tokens there saw the same text), then the ids of the stretches of
+        the prefix's text from there on, of which only those the whole lacks are encoded (a
+        template that rewrites earlier turns, as Qwen3 drops their reasoning once a new user
+        query follows, makes a prefix differ early: its later stretches are still the
+        whole's, and only their ids are copied). That holds when the adapter can check it: a
+        Rust tokenizer whose added tokens match as written (no ``lstrip``, ``rstrip``,
+        ``single_word`` or ``normalized``, special tokens not split), a conversation that
+        takes ``render``'s plain path, and the whole's ids equal to its stretches' ids; else
+        each prefix is rendered whole (``render_with_prefixes``, the function).
+        """
+        chat = [message.to_chat_dict() for message in messages]
+        backend = self._rust()
+        if (
+            backend is None
+            or not self._splits_at_added_tokens(backend)
+            or self._spells_added_text(chat)  # some prefix may take render's other path
+        ):
+            return render_with_prefixes(_Plain(self), messages, tools=tools, prefixes=prefixes)
+        whole = _text(self._apply(chat, tools, False, tokenize=False), what="messages")
+        full = self._encode(whole, what="messages")
+        stretches: dict[str, list[int]] = {}
+        chars, offsets, stretched = self._stretch_marks(backend, whole, stretches)
+        if stretched != full:  # the whole is not its stretches: no shortcut
+            return render_with_prefixes(_Plain(self), messages, tools=tools, prefixes=prefixes)
+        reach = max(map(len, self._added_vocab()))
+        measured: list[tuple[int, int]] = []
+        for n, add_generation_prompt in prefixes:
+            text = _text(
+                self._apply(chat[:n], tools, add_generation_prompt, tokenize=False),
+                what="messages",
+            )
+            same = _shared_chars(text, whole)
+            mark = bisect.bisect_right(chars, same - reach) - 1  # chars[0] == 0 <= any
+            start, known = chars[max(mark, 0)], offsets[max(mark, 0)]
+            *_, rest = self._stretch_marks(backend, text[start:], stretches)
+            measured.append((known + common_prefix(rest, full[known:]), known + len(rest)))
+        return full, measured
 
     def render_text(
         self,
@@ -239,6 +294,52 @@ class TransformersTokenizer:
                 masked.append(message)
         return masked, {mark: name for name, mark in marks.items()}
 
+    def _splits_at_added_tokens(self, backend: RustTokenizer) -> bool:
+        """Whether ``backend`` matches every added token as written, as this module's pattern
+        does: the condition for encoding text as its stretches between them."""
+        if self._splits is None:
+            tokens = list(backend.get_added_tokens_decoder().values())
+            self._splits = (
+                bool(tokens)
+                and not backend.encode_special_tokens
+                and {str(t.content) for t in tokens if t.content} == set(self._added_vocab())
+                and not any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in tokens)
+            )
+        return self._splits
+
+    def _spells_added_text(self, chat: list[dict[str, JSON]]) -> bool:
+        """Whether a non-assistant message's text spells an added token."""
+        pattern = self._added_pattern()
+        return any(
+            isinstance(text, str) and pattern.search(text) is not None
+            for text in (m.get("content") for m in chat if m.get("role") != "assistant")
+        )
+
+    def _stretch_marks(
+        self, backend: RustTokenizer, text: str, known: dict[str, list[int]]
+    ) -> tuple[list[int], list[int], list[int]]:
+        """``text`` encoded as its stretches between added tokens, each on its own: the
+        character and id positions where each stretch starts after an added token (and 0,
+        0), and the ids. A stretch in ``known`` is not encoded again; the others are added."""
+        added = self._added_vocab()
+        pieces = self._added_pattern().split(text)
+        new = list({piece: None for piece in pieces[0::2] if piece and piece not in known})
+        for piece, encoding in zip(
+            new, backend.encode_batch(new, add_special_tokens=False), strict=True
+        ):
+            known[piece] = _ids(encoding.ids, what="messages")
+        chars, offsets, ids = [0], [0], []
+        at = 0
+        for k, piece in enumerate(pieces):
+            at += len(piece)
+            if k % 2:
+                ids.append(added[piece])
+                chars.append(at)
+                offsets.append(len(ids))
+            elif piece:
+                ids.extend(known[piece])
+        return chars, offsets, ids
+
     def _plain_ids(self, text: str) -> list[int]:
         """The ids of ``text`` with no added token matched: normalizer, pre-tokenizer (where
         there is one: else the whole text is one piece, as the tokenizer takes it), model."""
@@ -312,6 +413,47 @@ def _configure(backend: RustTokenizer, tokenizer: object) -> None:
     split = bool(getattr(tokenizer, "split_special_tokens", False))
     if backend.encode_special_tokens != split:
         backend.encode_special_tokens = split
+
+
+@attrs.frozen
+class _Plain:
+    """An adapter seen through ``render`` alone, so that ``render_with_prefixes`` (the
+    function) renders each prefix whole."""
+
+    tokenizer: TransformersTokenizer
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        add_generation_prompt: bool = False,
+    ) -> list[int]:
+        return self.tokenizer.render(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt
+        )
+
+
+_CHARS_AT_ONCE = 65536
+
+
+def _shared_chars(a: str, b: str) -> int:
+    """The length of the longest common prefix of ``a`` and ``b`` (compared in C, a slice at
+    a time)."""
+    limit = min(len(a), len(b))
+    if b.startswith(a[:limit]):
+        return limit
+    low = 0
+    while a[low : low + _CHARS_AT_ONCE] == b[low : low + _CHARS_AT_ONCE]:
+        low += _CHARS_AT_ONCE
+    high = min(low + _CHARS_AT_ONCE, limit)  # they differ in [low, high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if a[low:middle] == b[low:middle]:
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 def _unmask(text: str, spelled: dict[str, str]) -> str:

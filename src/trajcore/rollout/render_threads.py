@@ -1,10 +1,11 @@
 """Worker threads for a finished trajectory's render: its training tokens and drift, off the loop.
 
 Rendering a whole conversation with the chat template and tokenizing it is CPU work: seconds
-for a conversation whose tool results are near ``max_tool_result_chars``, and OpenAI mode's
-re-render does it once per assistant turn. Run on the event loop, it holds up every other
-trajectory of the env (their model requests, tool calls and deadlines) for that long. So the
-trajectory runner hands it to ``RenderThreads``, which keeps these rules:
+for a conversation whose tool results are near ``max_tool_result_chars`` (OpenAI mode's
+re-render also measures every assistant turn's prefixes: about twice one render with the
+transformers adapter, once per turn with other renderers). Run on the event loop, it holds up
+every other trajectory of the env (their model requests, tool calls and deadlines) for that
+long. So the trajectory runner hands it to ``RenderThreads``, which keeps these rules:
 
 - **Bounded.** At most ``threads`` renders run at once, in a thread pool of that size of their
   own, so they never take the threads other ``to_thread`` work needs. The default is one thread

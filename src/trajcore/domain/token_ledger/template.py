@@ -8,7 +8,7 @@ with and without the new messages, never from the trajectory's own history.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import attrs
 
@@ -18,7 +18,14 @@ from trajcore.domain.token_ledger.drift import Drift, measure_drift
 from trajcore.domain.token_ledger.ledger import Segment, SegmentKind, TokenLedger
 from trajcore.domain.tools import ToolCall, ToolSpec
 
-__all__ = ["ChatRenderer", "ChatTemplate", "TemplateShape"]
+__all__ = [
+    "ChatRenderer",
+    "ChatTemplate",
+    "PrefixRenderer",
+    "TemplateShape",
+    "common_prefix",
+    "render_with_prefixes",
+]
 
 # The stand-in conversation used to learn what a template writes after an assistant turn.
 _STAND_IN_USER = "Hello."
@@ -44,6 +51,53 @@ class ChatRenderer(Protocol):
             ConfigError: the template rejects the conversation (names the message at fault).
         """
         ...
+
+
+@runtime_checkable
+class PrefixRenderer(ChatRenderer, Protocol):
+    """A renderer that can measure a conversation's prefixes against the whole for less than
+    rendering each prefix whole (``TransformersTokenizer`` can). OpenAI mode's re-render uses
+    it when the renderer has it (``render_with_prefixes``), and renders each prefix otherwise.
+    """
+
+    def render_with_prefixes(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        prefixes: Sequence[tuple[int, bool]],
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """``render(messages, tools=tools)``, and for each ``(n, add_generation_prompt)`` of
+        ``prefixes`` the pair ``(shared, length)`` of ``ids = render(messages[:n], tools=tools,
+        add_generation_prompt=add_generation_prompt)``: ``length`` is ``len(ids)``, ``shared``
+        the length of the longest common prefix of ``ids`` and the whole's ids. Exactly what
+        rendering each prefix gives (``render_with_prefixes``, the function, is the reference).
+
+        Raises:
+            ConfigError: as ``render``, for the whole or a prefix.
+        """
+        ...
+
+
+def render_with_prefixes(
+    renderer: ChatRenderer,
+    messages: Sequence[Message],
+    *,
+    tools: Sequence[ToolSpec] = (),
+    prefixes: Sequence[tuple[int, bool]],
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """What ``PrefixRenderer.render_with_prefixes`` returns: the renderer's own when it is a
+    ``PrefixRenderer``, else by rendering the whole, then each prefix, in the order given."""
+    if isinstance(renderer, PrefixRenderer):
+        return renderer.render_with_prefixes(messages, tools=tools, prefixes=prefixes)
+    full = renderer.render(messages, tools=tools)
+    measured: list[tuple[int, int]] = []
+    for n, add_generation_prompt in prefixes:
+        ids = renderer.render(
+            messages[:n], tools=tools, add_generation_prompt=add_generation_prompt
+        )
+        measured.append((common_prefix(ids, full), len(ids)))
+    return full, measured
 
 
 def _ids(values: Iterable[int]) -> tuple[int, ...]:
@@ -73,11 +127,29 @@ def _first_end_of_turn(ids: Sequence[int], end_of_turn: tuple[int, ...], start: 
         return start
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
+_CHUNK = 4096
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of ``a`` and ``b``, compared a slice at a time
+    (the comparison runs in C), then by halving the first slice that differs."""
+    x, y = list(a), list(b)
+    limit = min(len(x), len(y))
+    low = 0
+    while low < limit and x[low : low + _CHUNK] == y[low : low + _CHUNK]:
+        low += _CHUNK
+    if low >= limit:
+        return limit
+    high = min(low + _CHUNK, limit)
+    if x[low:high] == y[low:high]:  # the shorter one ends there
+        return high
+    while high - low > 1:  # x[:low] == y[:low], and they differ in [low, high)
+        middle = (low + high) // 2
+        if x[low:middle] == y[low:middle]:
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 @attrs.frozen(kw_only=True)
@@ -304,8 +376,12 @@ class ChatTemplate:
         ``cut_turns`` holds the positions, counted among
         the assistant messages from 0, of turns the server cut at ``max_tokens`` (finish
         ``length``): the model sampled no end of turn there, so the template's is environment,
-        not trained. This renders the conversation once per assistant turn: fine for SFT data,
-        not for a hot loop.
+        not trained. The prefixes are measured by ``render_with_prefixes``: a
+        ``PrefixRenderer`` (the transformers adapter) tokenizes the whole once and of each
+        prefix only what follows its last point shared with the whole, so with a template that
+        renders a prefix as the whole begins (most do, between user queries) the cost is near
+        linear in the conversation; any other renderer tokenizes every prefix whole, twice
+        per assistant turn (quadratic: fine for SFT data, not for a hot loop).
 
         Raises:
             ConfigError: the conversation is empty or starts with an assistant message
@@ -313,22 +389,21 @@ class ChatTemplate:
         """
         if not messages or messages[0].role == "assistant":
             raise ConfigError("messages[0].role", "a conversation starts with a prompt message")
-        full = self.renderer.render(messages, tools=tools)
+        turns = [i for i, message in enumerate(messages) if message.role == "assistant"]
+        full, measured = render_with_prefixes(
+            self.renderer,
+            messages,
+            tools=tools,
+            prefixes=[p for index in turns for p in ((index, True), (index + 1, False))],
+        )
         eot = self.shape.end_of_turn
         spans: list[tuple[int, int]] = []
         cut = frozenset(cut_turns)
-        turn = -1
-        for index, message in enumerate(messages):
-            if message.role != "assistant":
-                continue
-            turn += 1
-            before = self.renderer.render(messages[:index], tools=tools, add_generation_prompt=True)
-            upto = self.renderer.render(messages[: index + 1], tools=tools)
-            start = _common_prefix(before, full)
-            end = _common_prefix(upto, full)
+        for turn in range(len(turns)):
+            (start, before), (end, _) = measured[2 * turn], measured[2 * turn + 1]
             if end - start >= len(eot) and tuple(full[end - len(eot) : end]) == eot:
                 end -= len(eot) - 1
-            elif start == len(before):  # rendered otherwise when last (Qwen3's empty think
+            elif start == before:  # rendered otherwise when last (Qwen3's empty think
                 # block), after a history the whole shares: up to its own end of turn
                 end = max(end, _first_end_of_turn(full, eot, start))
             if turn in cut and end > start and eot and full[end - 1] == eot[0]:
