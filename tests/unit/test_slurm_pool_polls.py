@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
+import warnings
 from pathlib import Path
 
 import anyio
@@ -15,6 +17,7 @@ from trajcore.adapters.pools.slurm_pool import (
     SlurmRefused,
     SlurmSandboxPool,
     _SlurmJobs,
+    run_slurm,
 )
 from trajcore.domain.errors import ConfigError
 
@@ -152,3 +155,35 @@ async def test_only_a_known_refusal_of_the_first_job_fails_the_start(
         assert jobs._fatal.field == fatal
     assert not jobs._backoff.due(0, now + 0.1)  # retried only after the delay
     assert jobs._backoff.due(0, now + 1.0)
+
+
+def test_a_slurm_command_cancelled_as_it_starts_leaves_no_process_or_pipe_to_the_closed_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poll cancelled while its ``squeue`` starts (the pool's close, a deadline) kills and reaps
+    it before the cancellation goes on: nothing is left for the garbage collector to find once
+    the loop has closed (it used to leave the child and its pipe transports, whose
+    ``ResourceWarning`` then failed whichever test ran when they were collected)."""
+    slurm = FakeSlurm(tmp_path, monkeypatch)
+    slurm.listing.write_text(_OTHER, encoding="utf-8")
+    squeue = str(slurm.bin / "squeue")
+
+    async def cancelled_after(turns: int) -> None:
+        async def poll(scope: anyio.CancelScope) -> None:
+            with scope:
+                await run_slurm([squeue], timeout_s=10.0)
+
+        scope = anyio.CancelScope()
+        async with anyio.create_task_group() as group:
+            group.start_soon(poll, scope)
+            for _ in range(turns):
+                await anyio.lowlevel.checkpoint()
+            scope.cancel()
+
+    for turns in range(12):  # each point of the start, the command's run and its end
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            anyio.run(cancelled_after, turns)
+            gc.collect()
+        leaks = [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)]
+        assert leaks == [], f"cancelled after {turns} turns: {leaks}"

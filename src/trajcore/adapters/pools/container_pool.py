@@ -63,7 +63,7 @@ from trajcore.adapters.pools.container_guard import (
 from trajcore.adapters.pools.guard_process import GuardProcess
 from trajcore.adapters.pools.pool_core import Endpoint
 from trajcore.adapters.pools.reconciled import composed_settings, part
-from trajcore.adapters.pools.server_processes import abandon_each
+from trajcore.adapters.pools.server_processes import abandon_each, run_command
 from trajcore.adapters.pools.supervision import SupervisedPool, SupervisedPoolConfig
 from trajcore.domain.converters import command_words
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
@@ -339,9 +339,7 @@ class _EngineContainers:
         with anyio.move_on_after(limit) as deadline:
             # a session of its own: a Ctrl-C to the terminal's group is the env's to handle
             # (it closes the pool), not a signal that fails the engine's command under it
-            done = await anyio.run_process(
-                [self.engine, *args], check=False, start_new_session=True
-            )
+            done = await run_command([self.engine, *args], start_new_session=True)
         if deadline.cancelled_caught:
             raise SlotServerError(
                 f"{self.engine} {args[0]} did not finish within {limit:g} s (engine_timeout_s)"
@@ -495,9 +493,7 @@ class _EngineContainers:
 
     async def wait(self, handle: _Container) -> None:
         while True:
-            await anyio.run_process(
-                [self.engine, "wait", handle.ref], check=False, start_new_session=True
-            )
+            await run_command([self.engine, "wait", handle.ref], start_new_session=True)
             if not await self._running(handle):
                 return
             await anyio.sleep(0.5)  # the engine's wait gave up early (or was signalled): again
@@ -534,9 +530,8 @@ class _EngineContainers:
             contextlib.suppress(OSError, TimeoutError),
             anyio.fail_after(self.config.engine_timeout_s),
         ):
-            done = await anyio.run_process(
+            done = await run_command(
                 [self.engine, "logs", "--tail", "20", handle.ref],
-                check=False,
                 start_new_session=True,
             )
             return (done.stdout + done.stderr).decode("utf-8", "replace").strip()[-2000:]

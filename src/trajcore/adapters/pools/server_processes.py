@@ -1,16 +1,21 @@
 """What the pools whose slot servers are processes of this machine share (the local pool's
 children, the SSH pool's ``ssh`` clients, the container pool's engine): signalling a server's
-process group, the end of its log for the messages that say why it failed, and ending every
-open pool of a kind at once when the process must exit now (``abandon_each``)."""
+process group, the end of its log for the messages that say why it failed, ending every open
+pool of a kind at once when the process must exit now (``abandon_each``), and running a short
+command that a cancellation cannot leave half-started (``run_command``)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Set
+import subprocess
+from collections.abc import Sequence, Set
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["Abandonable", "abandon_each", "log_tail", "signal_group"]
+import anyio
+from anyio.abc import ByteReceiveStream
+
+__all__ = ["Abandonable", "abandon_each", "log_tail", "run_command", "signal_group"]
 
 
 class Abandonable(Protocol):
@@ -54,3 +59,28 @@ def log_tail(path: Path, limit: int = 2000) -> str:
     except OSError:
         return ""
     return data[-limit:].decode("utf-8", "replace").strip()
+
+
+async def run_command(
+    argv: Sequence[str], *, start_new_session: bool = False
+) -> subprocess.CompletedProcess[bytes]:
+    """Run ``argv`` to its end and return its exit code and both outputs (``anyio.run_process``
+    with ``check=False``), safe to cancel. The start is shielded: asyncio's subprocess start,
+    cancelled half-way, returns before the child is reaped and its pipes are connected, and
+    leaves them to whatever runs the loop next (or to the garbage collector, once the loop is
+    closed, as resource warnings). Once started, a cancellation kills the command and
+    waits for it before it propagates, so no command outlives its caller."""
+    with anyio.CancelScope(shield=True):  # bounded: a fork and two pipes, not the command's run
+        process = await anyio.open_process(list(argv), start_new_session=start_new_session)
+    outputs: tuple[list[bytes], list[bytes]] = ([], [])
+
+    async def drain(stream: ByteReceiveStream | None, into: list[bytes]) -> None:
+        if stream is not None:
+            into.extend([chunk async for chunk in stream])
+
+    async with process:  # (its close kills and reaps the command when cancelled)
+        async with anyio.create_task_group() as group:
+            group.start_soon(drain, process.stdout, outputs[0])
+            group.start_soon(drain, process.stderr, outputs[1])
+        returncode = await process.wait()
+    return subprocess.CompletedProcess(list(argv), returncode, *map(b"".join, outputs))

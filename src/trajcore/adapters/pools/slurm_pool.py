@@ -71,6 +71,7 @@ from trajcore.adapters.pools.reconciled import (
     composed_settings,
     part,
 )
+from trajcore.adapters.pools.server_processes import run_command
 from trajcore.domain.errors import ConfigError, InvalidInput, SandboxUnavailable, SlotServerError
 from trajcore.domain.isolation import check_slot_uid_range
 from trajcore.domain.nomad_reconcile import Join
@@ -205,7 +206,7 @@ async def run_slurm(argv: Sequence[str], timeout_s: float) -> str:
         raise SlurmUnavailable(f"{argv[0]} is not installed (Slurm's client commands are needed)")
     try:
         with anyio.fail_after(timeout_s):
-            done = await anyio.run_process(list(argv), check=False)
+            done = await run_command(argv)
     except TimeoutError:
         raise SlurmUnavailable(f"{argv[0]} took longer than {timeout_s} s") from None
     if done.returncode != 0:
