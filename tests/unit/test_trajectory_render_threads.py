@@ -316,3 +316,22 @@ async def test_another_trajectory_runs_while_one_renders(llama3: TransformersTok
     assert results["first"].outcome.score == 1.0
     assert results["first"].tokens is not None
     assert results["second"].outcome.score == 1.0
+
+
+async def test_a_conversation_large_in_its_tool_call_arguments_renders_off_the_loop(
+    llama3: TransformersTokenizer,
+) -> None:
+    """The size that keeps a render on the loop counts the tool calls' arguments too: a model
+    that writes a whole file in one ``write_file`` call (its message's text empty) is rendered
+    in a worker thread, else its tokenizing would hold the loop (every other trajectory, the
+    deadlines and Ctrl-C) for as long as it takes."""
+    big = ToolCall(id="c1", name="write_file", arguments={"path": "big.txt", "content": "y" * 500})
+    chat = FakeChatServer(script=[Message.assistant("", tool_calls=[big]), Message.assistant("")])
+    policy = _WatchedPolicy(ChatPolicy(chat, ChatTemplate.learn(llama3)))
+    config = attrs.evolve(CONFIG, render_inline_chars=400)  # the texts alone: about 40
+    loop_thread = threading.get_ident()
+    async with FakeSandboxPool() as pool, ToolDispatcher(pool, BatchConfig()) as dispatcher:
+        result = await _run(policy, pool, dispatcher, config=config)
+    assert result.outcome.has_tokens
+    assert [what for what, _ in policy.seen] == ["training_tokens"]
+    assert loop_thread not in [thread for _, thread in policy.seen]

@@ -193,6 +193,13 @@ def _render(
     return tokens, session.drift(messages) if drift else None
 
 
+def _chars(message: Message) -> int:
+    """The characters of ``message`` a render tokenizes: its text, its reasoning and its tool
+    calls' arguments (a call that writes a whole file has all of them there)."""
+    calls = sum(len(call.arguments_json()) for call in message.tool_calls)
+    return len(message.content) + len(message.reasoning or "") + calls
+
+
 async def render_final(
     session: PolicySession,
     messages: Sequence[Message],
@@ -207,7 +214,7 @@ async def render_final(
     messages hold fewer than ``inline_chars`` characters, else in ``threads`` within
     ``timeout_s`` (the time left to the trajectory's deadline plus its grace: see the module
     doc). ``((None, None), why)`` when the render could not start or finish in that time."""
-    size = sum(len(m.content) + len(m.reasoning or "") for m in messages)
+    size = sum(_chars(m) for m in messages)
     if size < inline_chars:  # a small render: cheaper here than a thread
         return _render(session, messages, drift=drift, max_token_length=max_token_length), None
     try:
