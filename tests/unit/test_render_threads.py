@@ -4,6 +4,8 @@ queue for one thread: they share the group's deadline plus the grace)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -268,3 +270,28 @@ async def test_a_groups_renders_that_cannot_make_its_deadline_are_dropped_saying
             assert "no training tokens: their render could not start" in (
                 result.outcome.detail or ""
             )
+
+
+_GIVEN_UP = """
+import time, anyio
+from trajcore.rollout.render_threads import RenderLate, RenderThreads
+
+async def main() -> None:
+    threads = RenderThreads(threads=1)
+    try:
+        await threads.run(lambda: time.sleep(120), timeout_s=0.2)
+    except RenderLate as late:
+        print("late", late.started, flush=True)
+
+anyio.run(main)
+"""
+
+
+def test_a_render_given_up_does_not_hold_the_process_exit() -> None:
+    """A render still running when the process ends (its result already dropped) does not
+    keep the process alive: the command that printed its report exits, instead of waiting
+    minutes for a tokenizer it gave up on."""
+    done = subprocess.run(
+        [sys.executable, "-c", _GIVEN_UP], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "late True\n", "")

@@ -23,7 +23,11 @@ long. So the trajectory runner hands it to ``RenderThreads``, which keeps these 
   (the pool's queue). When the time is up, a render still waiting for a thread never starts
   (``RenderLate`` with ``started`` false); one that is running is dropped (``started`` true):
   a thread cannot be stopped, so it goes on and its result is thrown away, but it keeps its
-  pool thread until it ends, so a slow render never stacks up work beyond the bound.
+  pool thread until it ends, so a slow render never stacks up work beyond the bound. The pool's
+  threads are daemon threads: a render still running when the process exits (one whose result
+  was already dropped, or whose caller is gone) does not hold the exit, as a
+  ``ThreadPoolExecutor``'s threads would (they are joined at exit: ``trajcore run`` had printed
+  its report and then waited minutes for a render it had given up).
 - **Cancellable.** Cancelling the caller (its group or the env shutting down) stops its wait at
   once, as the deadline does, with the same effect on the render.
 
@@ -51,9 +55,11 @@ adapters are (``trajcore.adapters.tokenizers``, ``trajcore.adapters.mistral``).
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -111,6 +117,49 @@ def _check_threads(instance: object, attribute: attrs.Attribute[int], value: obj
         raise ConfigError(attribute.name, f"must be a whole number of at least 1, got {value!r}")
 
 
+_Work = tuple["Future[Any]", Callable[[], Any]] | None
+
+
+@attrs.define
+class _DaemonThreads:
+    """At most ``size`` daemon threads running submitted work in the order it came (what this
+    module needs of a ``ThreadPoolExecutor``, whose threads the interpreter joins at exit)."""
+
+    size: int
+    _work: queue.SimpleQueue[_Work] = attrs.field(factory=queue.SimpleQueue, init=False)
+    _threads: list[threading.Thread] = attrs.field(factory=list, init=False)
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+
+    def submit(self, work: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self._work.put((future, work))
+        with self._lock:  # a thread per submit until there are ``size`` (they never end early)
+            if len(self._threads) < self.size:
+                name = f"trajcore-render-{len(self._threads)}"
+                thread = threading.Thread(target=self._serve, name=name, daemon=True)
+                thread.start()
+                self._threads.append(thread)
+        return future
+
+    def _serve(self) -> None:
+        while (item := self._work.get()) is not None:
+            future, work = item
+            if not future.set_running_or_notify_cancel():  # cancelled while it waited
+                continue
+            try:
+                result = work()
+            except BaseException as error:  # noqa: BLE001 - handed to the caller, as an executor does
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+    def shutdown(self) -> None:
+        """Let each thread end once the work queued before this is done."""
+        with self._lock:
+            for _ in self._threads:
+                self._work.put(None)
+
+
 @attrs.define
 class RenderThreads:
     """Runs renders in at most ``threads`` worker threads at once (see the module doc).
@@ -123,11 +172,11 @@ class RenderThreads:
     """
 
     threads: int = attrs.field(factory=default_render_threads, validator=_check_threads)
-    _pool: ThreadPoolExecutor = attrs.field(init=False, repr=False)
+    _pool: _DaemonThreads = attrs.field(init=False, repr=False)
     _waits: RunVar[anyio.CapacityLimiter] = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="trajcore-render")
+        self._pool = _DaemonThreads(self.threads)
         self._waits = RunVar("trajcore_render_waits")  # keyed by the RunVar, not its name
 
     def _waiters(self) -> anyio.CapacityLimiter:
@@ -147,11 +196,15 @@ class RenderThreads:
                 is dropped.
         """
         rendering: Future[T] = self._pool.submit(work)
+        # the parked thread waits for the render or for this call's end, whichever comes first:
+        # a wait given up on must not outlive the call (its thread would hold the process exit)
+        ended: Future[None] = Future()
         try:
             with anyio.move_on_after(timeout_s):
-                return await anyio.to_thread.run_sync(
-                    rendering.result, limiter=self._waiters(), abandon_on_cancel=True
+                await anyio.to_thread.run_sync(
+                    _first_done, rendering, ended, limiter=self._waiters(), abandon_on_cancel=True
                 )
+                return rendering.result()  # ``ended`` is set only below: the render is done
             if rendering.cancel():  # still queued: now it never starts
                 raise RenderLate(timeout_s, started=False)
             if rendering.done():  # it finished as the time ran out: nothing left to wait for
@@ -159,10 +212,15 @@ class RenderThreads:
             raise RenderLate(timeout_s, started=True)
         finally:
             rendering.cancel()  # a no-op once it runs or ran; else it never starts
+            ended.set_result(None)
 
     def close(self) -> None:
         """Let the pool's threads end once the renders they run (or that wait) are done."""
-        self._pool.shutdown(wait=False)
+        self._pool.shutdown()
+
+
+def _first_done(*futures: Future[Any]) -> None:
+    wait(futures, return_when=FIRST_COMPLETED)
 
 
 _SHARED: RenderThreads | None = None
