@@ -488,3 +488,17 @@ def test_a_directory_others_cannot_search_is_named() -> None:
         assert unreachable(private / "inner") is None
     finally:
         shutil.rmtree(base)
+
+
+def test_what_a_command_forks_first_runs_as_nice_as_the_command(agent: Agent) -> None:
+    """The command's nice value is set before it execs: a child it forks at once (here ``cut``,
+    forked by the shell first thing) has it too, never the agent's."""
+    own = os.getpriority(os.PRIO_PROCESS, agent.process.pid)
+    nicer = min(own + 10, 19)
+    seen: set[object] = set()
+    for _ in range(60):
+        reply = agent.ask(
+            "exec", "10.0", "1024", "/bin/sh", "-c", "cut -d' ' -f19 /proc/self/stat; true"
+        )
+        seen.add(reply["stdout"])
+    assert seen == {f"{nicer}\n"}

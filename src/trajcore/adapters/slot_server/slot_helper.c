@@ -440,14 +440,16 @@ static const double WATCH_PROCESS_AFTER_S = 0.01;
  * agent suspended until it has exec'd or failed (CLONE_VM | CLONE_VFORK, as posix_spawn does).
  * The child sets up everything a command starts with, on itself, before its first instruction:
  * stdin from /dev/null, stdout and stderr on the pipes, a new session (``own_session``) or a new
- * process group, SIGPIPE and SIGXFSZ back to their defaults and no signal blocked, and its
- * RLIMIT_NPROC (``nproc``, soft and hard) when it is not RLIM_INFINITY. Rlimits are per
+ * process group, SIGPIPE and SIGXFSZ back to their defaults and no signal blocked, its nice
+ * value (``nice``, when it is not INT_MAX) and its RLIMIT_NPROC (``nproc``, soft and hard)
+ * when it is not RLIM_INFINITY. Rlimits are per
  * process, so what the child sets is its own, never the agent's. An error of the child (its errno) comes back in ``error`` (shared memory). */
 typedef struct {
     char *const *argv;
     int out_fd, err_fd;
     bool own_session;
     rlim_t nproc; /* RLIM_INFINITY: inherited */
+    int nice;     /* INT_MAX: inherited */
     volatile int error;
 } spawn_plan;
 
@@ -474,6 +476,8 @@ static int spawn_child(void *arg) {
         if (setrlimit(RLIMIT_NPROC, &limit) != 0)
             goto failed;
     }
+    if (p->nice != INT_MAX) /* as before, a nice value it cannot take leaves it as it is */
+        (void)setpriority(PRIO_PROCESS, 0, p->nice);
     if (sigprocmask(SIG_SETMASK, &none, NULL) != 0)
         goto failed;
     execve(p->argv[0], p->argv, environ);
@@ -591,25 +595,24 @@ static void run_command(char *const argv[], double timeout, size_t cap, bool own
                  : command_nproc < agent_nproc_hard         ? command_nproc
                                                             : agent_nproc_hard,
     };
+    /* the nice value too is the child's own before it execs (set from here once it runs, a
+     * child the command forked at once kept the agent's) */
+    static int nicer = INT_MIN; /* this process's nice value never changes: read it once */
+    if (nicer == INT_MIN) {
+        errno = 0;
+        int own = getpriority(PRIO_PROCESS, 0);
+        if (errno)
+            nicer = INT_MAX; /* unreadable: left as it is */
+        else /* at most 19, the kernel's highest */
+            nicer = own + COMMAND_NICENESS < 19 ? own + COMMAND_NICENESS : 19;
+    }
+    plan.nice = nicer;
     pid_t pid = 0;
     if (reserved)
         open_reserve(true);
     int spawned = spawn_command(&plan, &pid);
     if (reserved)
         open_reserve(false);
-    if (!spawned) {
-        static int nicer = INT_MIN; /* this process's nice value never changes: read it once */
-        if (nicer == INT_MIN) {
-            errno = 0;
-            int own = getpriority(PRIO_PROCESS, 0);
-            if (errno)
-                nicer = INT_MAX;
-            else /* at most 19, the kernel's highest */
-                nicer = own + COMMAND_NICENESS < 19 ? own + COMMAND_NICENESS : 19;
-        }
-        if (nicer != INT_MAX) /* INT_MAX: unreadable, left as it is */
-            setpriority(PRIO_PROCESS, (id_t)pid, nicer);
-    }
     close(out_pipe[1]);
     close(err_pipe[1]);
     if (spawned != 0) {
