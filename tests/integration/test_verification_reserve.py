@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import attrs
 import pytest
 
-from tests.integration.test_local_pool import config, running_now, wait_no_leftovers
+from tests.integration.test_local_pool import bash, config, running_now, wait_no_leftovers
 from trajcore.adapters.fakes.llm import FakeChatServer
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.agent_loop import AgentLoopConfig
@@ -27,7 +27,7 @@ from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
-from trajcore.domain.tools import ToolCall
+from trajcore.domain.tools import ToolCall, ToolOutcome
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.policy import ChatPolicy
 from trajcore.rollout.tools import SlotTools
@@ -277,3 +277,22 @@ async def test_health_says_the_reserve_and_a_pool_warns_of_a_server_without_one(
         "not their own): a score hook's check can fail to start while the model's processes "
         'hold them all (docs/sandbox.md, "Processes at verification time")'
     ]
+
+
+async def test_a_model_that_lowers_its_agents_limit_still_runs_its_commands() -> None:
+    """The model's commands run as the agent's uid, so one may lower the agent's own process
+    limit (``prlimit --pid 1``): its later commands then hold that lower limit, and still
+    start (a command whose own limit could not be set to the share was refused to start)."""
+    lowered = COMMAND_NPROC - 4
+    async with LocalSandboxPool(_pool_config()) as pool, pool.lease("t") as lease:
+        container = lease.slot.container
+        first, after = await pool.execute(
+            container,
+            [
+                bash(lease, f"prlimit --pid 1 --nproc={lowered}:{lowered} && echo lowered"),
+                bash(lease, "prlimit --pid $$ --nproc --noheadings --output HARD"),
+            ],
+        )
+    assert (first.outcome, first.content) == (ToolOutcome.OK, "lowered\n"), first
+    assert after.outcome is ToolOutcome.OK, after
+    assert (after.content or "").strip() == str(lowered), after

@@ -472,7 +472,11 @@ static int spawn_child(void *arg) {
         (p->err_fd == 2 ? fcntl(2, F_SETFD, 0) : dup2(p->err_fd, 2)) < 0)
         goto failed;
     if (p->nproc != RLIM_INFINITY) {
-        struct rlimit limit = {p->nproc, p->nproc};
+        /* at most the hard limit it has: one the model lowered on its agent (``prlimit --pid
+         * 1``, its own uid may) binds its later commands, never stops them from starting */
+        struct rlimit limit = {p->nproc, p->nproc}, own;
+        if (getrlimit(RLIMIT_NPROC, &own) == 0 && own.rlim_max < limit.rlim_max)
+            limit.rlim_cur = limit.rlim_max = own.rlim_max;
         if (setrlimit(RLIMIT_NPROC, &limit) != 0)
             goto failed;
     }
