@@ -169,17 +169,19 @@ class TransformersTokenizer:
         prefix as the whole begins.
 
         The Rust tokenizer encodes text as its stretches between added tokens, each on its
-        own. So a prefix's ids are the whole's up to the last added token that ends at least
-        one added token's length before the first character where the two texts differ (the
-        matching of added tokens there saw the same text), then the ids of the stretches of
-        the prefix's text from there on, of which only those the whole lacks are encoded (a
-        template that rewrites earlier turns, as Qwen3 drops their reasoning once a new user
-        query follows, makes a prefix differ early: its later stretches are still the
-        whole's, and only their ids are copied). That holds when the adapter can check it: a
-        Rust tokenizer whose added tokens match as written (no ``lstrip``, ``rstrip``,
-        ``single_word`` or ``normalized``, special tokens not split), a conversation that
-        takes ``render``'s plain path, and the whole's ids equal to its stretches' ids; else
-        each prefix is rendered whole (``render_with_prefixes``, the function).
+        own but for whether it begins the text (so a stretch is encoded after the added token
+        before it, see ``_stretch_marks``). So a prefix's ids are the whole's up to the last
+        added token that ends at least one added token's length before the first character
+        where the two texts differ (the matching of added tokens there saw the same text),
+        then the ids of the stretches of the prefix's text from there on, of which only those
+        the whole lacks are encoded (a template that rewrites earlier turns, as Qwen3 drops
+        their reasoning once a new user query follows, makes a prefix differ early: its
+        later stretches are still the whole's, and only their ids are copied). That holds
+        when the adapter can check it: a Rust tokenizer whose added tokens match as written
+        (no ``lstrip``, ``rstrip``, ``single_word`` or ``normalized``, special tokens not
+        split), a conversation that takes ``render``'s plain path, and the whole's ids equal
+        to its stretches' ids; else each prefix is rendered whole (``render_with_prefixes``,
+        the function).
         """
         chat = [message.to_chat_dict() for message in messages]
         backend = self._rust()
@@ -191,9 +193,9 @@ class TransformersTokenizer:
             return render_with_prefixes(_Plain(self), messages, tools=tools, prefixes=prefixes)
         whole = _text(self._apply(chat, tools, False, tokenize=False), what="messages")
         full = self._encode(whole, what="messages")
-        stretches: dict[str, list[int]] = {}
-        chars, offsets, stretched = self._stretch_marks(backend, whole, stretches)
-        if stretched != full:  # the whole is not its stretches: no shortcut
+        stretches: dict[tuple[str, str], list[int] | None] = {}
+        marked = self._stretch_marks(backend, whole, stretches)
+        if marked is None or marked.ids != full:  # the whole is not its stretches: no shortcut
             return render_with_prefixes(_Plain(self), messages, tools=tools, prefixes=prefixes)
         reach = max(map(len, self._added_vocab()))
         measured: list[tuple[int, int]] = []
@@ -203,10 +205,16 @@ class TransformersTokenizer:
                 what="messages",
             )
             same = _shared_chars(text, whole)
-            mark = bisect.bisect_right(chars, same - reach) - 1  # chars[0] == 0 <= any
-            start, known = chars[max(mark, 0)], offsets[max(mark, 0)]
-            *_, rest = self._stretch_marks(backend, text[start:], stretches)
-            measured.append((known + common_prefix(rest, full[known:]), known + len(rest)))
+            mark = max(bisect.bisect_right(marked.chars, same - reach) - 1, 0)
+            start, known = marked.chars[mark], marked.offsets[mark]
+            tail = self._stretch_marks(backend, text[start:], stretches, after=marked.leads[mark])
+            if tail is None:  # not its stretches (see _stretch_marks): this prefix whole
+                ids = self._encode(text, what="messages")
+                measured.append((common_prefix(ids, full), len(ids)))
+                continue
+            rest = tail.ids
+            shared = common_prefix(rest, full[known : known + len(rest)])
+            measured.append((known + shared, known + len(rest)))
         return full, measured
 
     def render_text(
@@ -316,29 +324,52 @@ class TransformersTokenizer:
         )
 
     def _stretch_marks(
-        self, backend: RustTokenizer, text: str, known: dict[str, list[int]]
-    ) -> tuple[list[int], list[int], list[int]]:
-        """``text`` encoded as its stretches between added tokens, each on its own: the
-        character and id positions where each stretch starts after an added token (and 0,
-        0), and the ids. A stretch in ``known`` is not encoded again; the others are added."""
+        self,
+        backend: RustTokenizer,
+        text: str,
+        known: dict[tuple[str, str], list[int] | None],
+        *,
+        after: str = "",
+    ) -> _Stretches | None:
+        """``text`` encoded as its stretches between added tokens, each with the added token
+        before it (``after`` for the first, ``""`` where ``text`` begins the conversation's),
+        as the tokenizer sees it inside the whole text: a pre-tokenizer may treat the text's
+        first stretch otherwise (``Metaspace`` with ``prepend_scheme="first"`` marks a word
+        start there alone), so a stretch after an added token is encoded after that token,
+        whose id is then dropped. ``None`` where that token does not encode as its own id.
+        A stretch in ``known`` is not encoded again; the others are added."""
         added = self._added_vocab()
         pieces = self._added_pattern().split(text)
-        new = list({piece: None for piece in pieces[0::2] if piece and piece not in known})
-        for piece, encoding in zip(
-            new, backend.encode_batch(new, add_special_tokens=False), strict=True
-        ):
-            known[piece] = _ids(encoding.ids, what="messages")
-        chars, offsets, ids = [0], [0], []
+        keys = [
+            (after if k == 0 else pieces[k - 1], piece)
+            for k, piece in enumerate(pieces)
+            if k % 2 == 0 and piece
+        ]
+        new = list({key: None for key in keys if key not in known})
+        encodings = backend.encode_batch(
+            [lead + piece for lead, piece in new], add_special_tokens=False
+        )
+        for (lead, piece), encoding in zip(new, encodings, strict=True):
+            ids = _ids(encoding.ids, what="messages")
+            if not lead:
+                known[lead, piece] = ids
+            else:
+                known[lead, piece] = ids[1:] if ids[:1] == [added[lead]] else None
+        marks = _Stretches(chars=[0], offsets=[0], leads=[after], ids=[])
         at = 0
         for k, piece in enumerate(pieces):
             at += len(piece)
             if k % 2:
-                ids.append(added[piece])
-                chars.append(at)
-                offsets.append(len(ids))
+                marks.ids.append(added[piece])
+                marks.chars.append(at)
+                marks.offsets.append(len(marks.ids))
+                marks.leads.append(piece)
             elif piece:
-                ids.extend(known[piece])
-        return chars, offsets, ids
+                stretch = known[after if k == 0 else pieces[k - 1], piece]
+                if stretch is None:
+                    return None
+                marks.ids.extend(stretch)
+        return marks
 
     def _plain_ids(self, text: str) -> list[int]:
         """The ids of ``text`` with no added token matched: normalizer, pre-tokenizer (where
@@ -413,6 +444,18 @@ def _configure(backend: RustTokenizer, tokenizer: object) -> None:
     split = bool(getattr(tokenizer, "split_special_tokens", False))
     if backend.encode_special_tokens != split:
         backend.encode_special_tokens = split
+
+
+@attrs.frozen
+class _Stretches:
+    """A text encoded as its stretches between added tokens (``_stretch_marks``): ``chars``
+    and ``offsets``, the character and id positions right after each added token (and 0, 0),
+    ``leads``, the added token that ends there (``after`` at 0), and the ids."""
+
+    chars: list[int]
+    offsets: list[int]
+    leads: list[str]
+    ids: list[int]
 
 
 @attrs.frozen
