@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -72,6 +73,7 @@ __all__ = [
     "check_wandb",
     "cli_command",
     "cli_servers",
+    "inline_negative_values",
     "model_probes",
     "normalize_servers",
     "server_configs",
@@ -217,16 +219,44 @@ def _config_init_for_cli(env_cls: type[Any]) -> Iterator[None]:
             env_cls.config_init = own
 
 
+_NEGATIVE_NUMBER = re.compile(r"-(?:\d|\.\d|inf|nan)", re.IGNORECASE)
+
+
+def inline_negative_values(argv: Sequence[str]) -> list[str]:
+    """``argv`` with every ``--flag -3`` written ``--flag=-3``.
+
+    Atropos reads the flags it merges into the config from ``sys.argv`` itself, and takes a
+    value that starts with ``-`` for a flag without one: ``--env.max_turns -3`` became
+    ``max_turns=True``, that is 1, without a word, where ``--env.max_turns=-3`` is refused
+    naming the field. Only a value that reads as a negative number is joined to its flag.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        value = argv[i + 1] if i + 1 < len(argv) else None
+        flag = arg.startswith("--") and arg != "--" and "=" not in arg
+        if flag and value is not None and _NEGATIVE_NUMBER.match(value):
+            out.append(f"{arg}={value}")
+            i += 2
+        else:
+            out.append(arg)
+            i += 1
+    return out
+
+
 def cli_command(env_cls: type[Any], build: Callable[[], type]) -> type:
     """Atropos's command class from ``build`` (a ``get_cli_*_config_cls``), with the env's
-    ``--openai.*`` flags honoured and seed-named ``--env.*`` flags translated (see the module
-    doc and ``seed_settings.translate_seed_flags``).
+    ``--openai.*`` flags honoured, seed-named ``--env.*`` flags translated (see the module
+    doc and ``seed_settings.translate_seed_flags``) and negative values kept
+    (``inline_negative_values``).
 
     Raises:
         ConfigError: a seed flag's value that trajcore cannot honour.
     """
     config, _ = env_cls.config_init()
-    sys.argv[1:] = translate_seed_flags(sys.argv[1:], known=type(config).model_fields)
+    translated = translate_seed_flags(sys.argv[1:], known=type(config).model_fields)
+    sys.argv[1:] = inline_negative_values(translated)
     with _config_init_for_cli(env_cls):
         return build()
 
