@@ -32,8 +32,9 @@ HermesToolContext call:
   ``system_prompt`` (``None``: the config's); ``working_dir`` is refused when set (a slot's
   commands run in its workspace).
 
-``exec_tool(call)`` runs one ``ToolCall`` in the trajectory's slot and returns its
-``ToolResult``; ``agent_result`` is the trajectory's ``Transcript``.
+``exec_tool(call)`` runs one ``ToolCall`` in the trajectory's slot and returns an
+``ExecResult``: its ``ToolResult``'s fields, and the seed's ``success`` (ran, and a command
+exited 0) and ``output``; ``agent_result`` is the trajectory's ``Transcript``.
 
 ``HermesAgentEnv`` (hermes-agent's ``HermesAgentBaseEnv``):
 
@@ -81,7 +82,7 @@ from trajcore.domain.agent_loop import StopReason
 from trajcore.domain.errors import ConfigError, InfrastructureError, StateError
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
-from trajcore.domain.tools import ToolCall, ToolResult
+from trajcore.domain.tools import ExecReport, SandboxBudget, ToolCall, ToolOutcome, ToolResult
 from trajcore.entrypoints.atropos import tasks
 from trajcore.entrypoints.atropos.config import AgentEnvConfig
 from trajcore.entrypoints.atropos.env import AgentEnv
@@ -96,6 +97,7 @@ __all__ = [
     "AgentResult",
     "AtroposAgentEnv",
     "AtroposAgentEnvConfig",
+    "ExecResult",
     "ExecTool",
     "HermesAgentEnv",
     "HermesAgentEnvConfig",
@@ -107,13 +109,54 @@ log = logging.getLogger("trajcore.env")
 ItemT = TypeVar("ItemT")
 ConfigT_co = TypeVar("ConfigT_co", bound=AgentEnvConfig, default=AgentEnvConfig, covariant=True)
 
-ExecTool = Callable[[ToolCall], Awaitable[ToolResult]]
+
+@attrs.frozen(kw_only=True)
+class ExecResult:
+    """What ``exec_tool`` answers: trajcore's ``ToolResult`` (the same fields and ``ok``), read
+    also as atropos-agent's ``ToolResult`` was (``success``, ``output``), so that a seed's
+    ``if not res.success:`` after a failing check scores it as a failure. (``ToolResult`` has a
+    ``success`` too, a constructor, which is always true when read as a flag.)
+
+    Attributes:
+        call_id, name, outcome, content, error, exec, sandbox_budget: ``ToolResult``'s.
+    """
+
+    call_id: str
+    name: str
+    outcome: ToolOutcome
+    content: str = ""
+    error: str | None = None
+    exec: ExecReport | None = None
+    sandbox_budget: SandboxBudget | None = None
+
+    @classmethod
+    def of(cls, result: ToolResult) -> ExecResult:
+        """``result``, every field kept."""
+        return cls(**attrs.asdict(result, recurse=False))
+
+    @property
+    def ok(self) -> bool:
+        """The call ran (a command that exited non-zero ran): ``ToolResult.ok``."""
+        return self.outcome is ToolOutcome.OK
+
+    @property
+    def success(self) -> bool:
+        """atropos-agent's ``success``: the call ran and, for a command, exited 0."""
+        return self.ok and (self.exec is None or self.exec.exit_code == 0)
+
+    @property
+    def output(self) -> str:
+        """atropos-agent's ``output``: the text the model would see (``content``)."""
+        return self.content
+
+
+ExecTool = Callable[[ToolCall], Awaitable[ExecResult]]
 """atropos-agent's ``exec_tool``: run one call in the trajectory's slot, get its result."""
 
 
 def _exec_tool(tools: SlotTools) -> ExecTool:
-    async def exec_tool(call: ToolCall) -> ToolResult:
-        return await run_env_tool(tools, call.name, call.arguments)
+    async def exec_tool(call: ToolCall) -> ExecResult:
+        return ExecResult.of(await run_env_tool(tools, call.name, call.arguments))
 
     return exec_tool
 

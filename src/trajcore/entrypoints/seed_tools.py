@@ -29,8 +29,8 @@ toolset): the seed applied the same filter when it built the registry.
 The registry is read when the run's services open (a CLI command, ``run_task``, ``run_agent``):
 tools registered later, in ``setup_agent_env``, are not offered. ``SeedToolResult`` and
 ``SeedToolRegistry`` are the seed's ``ToolResult`` and ``ToolRegistry`` under names that do not
-clash with trajcore's own ``ToolResult`` (what ``exec_tool`` returns) and ``ToolRegistry`` (the
-Python-tool registry); ``docs/porting.md`` gives the import lines.
+clash with trajcore's own ``ToolResult`` (whose fields ``exec_tool``'s ``ExecResult`` has) and
+``ToolRegistry`` (the Python-tool registry); ``docs/porting.md`` gives the import lines.
 
 ``run_agent`` is the seed's ``AgentEnv.run_agent(task)``: one unscored trajectory of trajcore's
 agent loop on a task text, in a slot of its own, with the registry's tools.
