@@ -125,10 +125,8 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         self._dataset: DatasetRows | None = builtin_dataset(
             config, env_name=type(self).__name__, builtin=builtin
         )
-        try:  # Atropos loads the tokenizer here
+        with startup.tokenizer_errors(config.tokenizer_name, self.server_configs):
             super().__init__(config, self.server_configs, slurm=slurm, testing=testing)
-        except OSError as error:
-            raise startup.tokenizer_unavailable(config.tokenizer_name, error) or error from error
         self._services: RolloutServices | None = None
         self._server_toolsets: list[Toolset] = []
         self._template: ChatTemplate | None = None

@@ -77,6 +77,7 @@ __all__ = [
     "model_probes",
     "normalize_servers",
     "server_configs",
+    "tokenizer_errors",
     "tokenizer_unavailable",
     "wait_for_model",
 ]
@@ -451,11 +452,23 @@ def check_wandb(use_wandb: bool, environ: dict[str, str] | None = None) -> None:
     )
 
 
-def tokenizer_unavailable(name: str, error: OSError) -> ConfigError | None:
-    """The ``ConfigError`` at ``tokenizer_name`` for Atropos's failed load of the tokenizer
-    ``name`` (transformers raises ``OSError`` with a page of advice), or ``None`` when ``error``
-    was not raised loading it. Offline (``HF_HUB_OFFLINE``), a model name loads only from the
-    local cache, so the message says so and names the tokenizer trajcore ships."""
+@contextmanager
+def tokenizer_errors(name: str, servers: object) -> Iterator[None]:
+    """Around Atropos's ``__init__``, which loads the tokenizers: an ``OSError`` loading one is
+    raised as ``tokenizer_unavailable``'s ``ConfigError`` (any other as it was)."""
+    try:
+        yield
+    except OSError as error:
+        raise tokenizer_unavailable(name, error, servers) or error from error
+
+
+def tokenizer_unavailable(name: str, error: OSError, servers: object = None) -> ConfigError | None:
+    """The ``ConfigError`` for Atropos's failed load of a tokenizer (transformers raises
+    ``OSError`` with a page of advice), or ``None`` when ``error`` was not raised loading one:
+    at ``tokenizer_name`` for the env's ``name``, or at ``openai.tokenizer_name`` when a vLLM or
+    SGLang server of ``servers`` (the ``--openai.*`` configs) loaded its own, which is its
+    ``tokenizer_name``, else its ``model_name``. Offline (``HF_HUB_OFFLINE``), a model name loads
+    only from the local cache, so the message says so and names the tokenizer trajcore ships."""
     frames = traceback.extract_tb(error.__traceback__)
     if not any("/transformers/" in f.filename or "/huggingface_hub/" in f.filename for f in frames):
         return None
@@ -465,9 +478,30 @@ def tokenizer_unavailable(name: str, error: OSError) -> ConfigError | None:
     )
     where = "offline, a model name loads only from the local cache; " if offline else ""
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    shipped = f"such as the Qwen3 tokenizer trajcore ships: {qwen3_tokenizer_path()}"
+    if any("/server_handling/" in f.filename for f in frames):
+        items = servers if isinstance(servers, list | tuple) else [servers]
+        loaded = [
+            c.model_name if str(c.tokenizer_name) == "none" else c.tokenizer_name
+            for c in items
+            if isinstance(c, APIServerConfig) and c.server_type != "openai"
+        ]
+        which = repr(loaded[0]) if len(set(loaded)) == 1 else "the model server's tokenizer"
+        return ConfigError(
+            "openai.tokenizer_name",
+            f"{which} could not be loaded ({first}): Atropos's {_servers_kind(items)} server "
+            f"loads the tokenizer --openai.tokenizer_name names, else --openai.model_name's; "
+            f"{where}set --openai.tokenizer_name to a local tokenizer folder or a model name, "
+            f"{shipped}",
+        )
     return ConfigError(
         "tokenizer_name",
         f"{name!r} could not be loaded ({first}): {where}set tokenizer_name to a local "
-        f"tokenizer folder or a model name, such as the Qwen3 tokenizer trajcore ships: "
-        f"{qwen3_tokenizer_path()}",
+        f"tokenizer folder or a model name, {shipped}",
     )
+
+
+def _servers_kind(items: Sequence[object]) -> str:
+    """The token server types among ``items`` (``vllm``, ``sglang``), for a message."""
+    kinds = {str(getattr(c, "server_type", "")) for c in items} - {"openai", ""}
+    return "/".join(sorted(kinds)) or "token"
