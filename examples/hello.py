@@ -1,6 +1,8 @@
 """The README's env, kept here so mypy --strict checks it and a test keeps the two equal."""
 
-from trajcore.env import AgentEnv, Message, SlotTools, Transcript
+from collections.abc import Sequence
+
+from trajcore.env import AgentEnv, Message, SlotTools, ToolCall, Transcript
 
 
 class HelloEnv(AgentEnv[str]):
@@ -15,6 +17,17 @@ class HelloEnv(AgentEnv[str]):
     async def verify_and_score(self, item: str, tools: SlotTools, transcript: Transcript) -> float:
         # check: exit code 0 or not; a slot that cannot answer raises, so it is never a 0.
         return 1.0 if await tools.check(f'test "$(cat hello.txt)" = "{item}"') else 0.0
+
+
+def solve(messages: Sequence[Message]) -> str | list[ToolCall]:
+    """A script of the model: `trajcore run hello.py:HelloEnv --policy solve`."""
+    if any(message.role == "tool" for message in messages):
+        return "Done."
+    return [
+        ToolCall(
+            id="w", name="write_file", arguments={"path": "hello.txt", "content": "hello world"}
+        )
+    ]
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from trajcore.entrypoints.run import main
+from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 pytestmark = pytest.mark.slow
 
@@ -65,6 +66,21 @@ def test_trajcore_run_runs_an_env_on_the_local_pool_with_its_script(tmp_path: Pa
     assert "echo &#39;hello world&#39; &gt; hello.txt" in page  # the call's arguments, escaped
 
 
+def test_the_readme_env_runs_with_its_script_as_the_readme_says(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's env and the command beside it, a local tokenizer set as the README says:
+    every member writes hello.txt and scores 1.0."""
+    tokenizer = qwen3_tokenizer_path()
+    out = tmp_path / "run"
+    hello = f"{ROOT / 'examples' / 'hello.py'}:HelloEnv"
+    argv = [hello, "--policy", "solve", "--set", f"tokenizer_name={tokenizer}"]
+    assert main([*argv, "--groups", "1", "--out", str(out), "--plain"]) == 0
+    records = _records(out)
+    assert [(r["status"], r["score"]) for r in records] == [("finished", 1.0)] * len(records)
+    assert "mean score 1.000" in capsys.readouterr().out
+
+
 def test_a_run_replays_recorded_tool_calls_on_the_unisolated_pool(tmp_path: Path) -> None:
     first, second = tmp_path / "first", tmp_path / "second"
     assert main([SHELL_TASKS, "--policy", "solve", "--groups", "2", "--group-size", "1",
@@ -112,7 +128,11 @@ def test_usage_errors_name_what_is_wrong(
     assert main([f"{ROOT / 'examples' / 'nope.py'}:Env", "--policy", "solve"]) == 2
     assert "no such file" in capsys.readouterr().err
     assert main([SHELL_TASKS, "--policy", "no_such_function"]) == 2
-    assert "no_such_function" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    # the file the user named, and what --policy wants, not an internal module name
+    assert f"{ROOT / 'examples' / 'shell_tasks.py'} has no 'no_such_function'" in said, said
+    assert "a function of the conversation" in said, said
+    assert "--base-url" in said, said
     assert main([SHELL_TASKS, "--policy", "solve", "--set", "max_turns=-3"]) == 2
     assert "max_turns" in capsys.readouterr().err
     hello = f"{ROOT / 'examples' / 'hello.py'}:HelloEnv"

@@ -140,7 +140,8 @@ def load_object(target: str, *, default_module: ModuleType | None = None) -> obj
     try:
         return getattr(module, name)
     except AttributeError:
-        raise UsageError(f"{module.__name__} has no {name!r}") from None
+        where = getattr(module, "__file__", None) or module.__name__  # the file the user named
+        raise UsageError(f"{where} has no {name!r}") from None
 
 
 def scripted_policy(env: AgentEnv[Any], script: ModelScript | Replay) -> ScriptedPolicy:
@@ -203,7 +204,15 @@ def _model(args: argparse.Namespace, env: AgentEnv[Any], env_module: ModuleType)
             scripted_policy(env, replay), f"replay of {args.replay} ({env.settings.mode} mode)"
         )
     if args.policy is not None:
-        found = load_object(args.policy, default_module=env_module)
+        try:
+            found = load_object(args.policy, default_module=env_module)
+        except UsageError as error:
+            raise UsageError(
+                f"--policy {args.policy}: {error}; --policy names a script of the model, a "
+                "function of the conversation that gives the model's next step (tool calls, a "
+                "final text or a Message), defined in the env's file or as module:function "
+                "(docs/writing_envs.md, section 7), or use --base-url URL for a real model"
+            ) from None
         if isinstance(found, type) and hasattr(found, "chat"):
             found = found()
         if hasattr(found, "chat"):
