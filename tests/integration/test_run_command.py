@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.entrypoints.run import main
-from trajcore.testing.tokenizers import qwen3_tokenizer_path
 
 pytestmark = pytest.mark.slow
 
