@@ -19,7 +19,8 @@ from trajcore.adapters.llm.transport import RetryRules
 from trajcore.domain.errors import ConfigError, ModelServerError, RateLimited
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
-from trajcore.testing.llm_stubs import LoopbackLLMServer
+from trajcore.domain.tools import ToolCall
+from trajcore.testing.llm_stubs import LoopbackLLMServer, messages_from_request
 
 pytestmark = pytest.mark.anyio
 SAMPLING = SamplingParams(max_tokens=8)
@@ -156,3 +157,24 @@ async def test_the_in_memory_request_is_what_the_wire_carries() -> None:
     assert request.headers["host"] == "stub.invalid"
     assert isinstance(request.body, dict)
     assert request.body["max_tokens"] == 8
+
+
+async def test_a_lone_surrogate_in_the_conversation_is_sent_as_its_json_escape() -> None:
+    """A model's tool call that named a file by an undecodable byte (``\\udcff``, as the slot
+    protocol writes one) comes back in the next request: it goes out as the JSON escape it
+    came in as, not as a request that cannot be encoded (which ended the trajectory)."""
+    path = "bad\udcffname"
+    call = ToolCall(id="c1", name="read_file", arguments={"path": path})
+    conversation = [
+        *HELLO,
+        Message.assistant("", tool_calls=[call]),
+        Message(role="tool", content="Error: no such file", tool_call_id="c1", name="read_file"),
+    ]
+    stub = LoopbackLLMServer()
+    server = _in_memory(stub, RetryRules())
+    turn = await server.chat(conversation, tools=(), sampling=SAMPLING)
+    await server.aclose()
+    assert turn.message.content
+    (request,) = stub.requests
+    assert isinstance(request.body, dict)
+    assert messages_from_request(request.body)[1].tool_calls[0].arguments == {"path": path}

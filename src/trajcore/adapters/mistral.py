@@ -93,7 +93,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - only without the option
     ) from exc
 
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.messages import Message
+from trajcore.domain.messages import Message, escape_lone_surrogates
 from trajcore.domain.tools import ToolCall, ToolSpec
 
 __all__ = ["BundledMistral", "MistralCommonTokenizer", "mistral_call_id"]
@@ -250,7 +250,8 @@ class MistralCommonTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """The ids of ``text`` with no special tokens added (special-token text stays text)."""
-        return list(self._tokenizer.instruct_tokenizer.tokenizer.encode(text, bos=False, eos=False))
+        inner = self._tokenizer.instruct_tokenizer.tokenizer
+        return list(inner.encode(escape_lone_surrogates(text), bos=False, eos=False))
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of ``ids``, special tokens kept as their text (invalid UTF-8 becomes U+FFFD).
@@ -308,28 +309,40 @@ class MistralCommonTokenizer:
 def _message(index: int, message: Message, *, content_with_calls: bool) -> _ChatMessage:
     try:
         if message.role == "system":
-            return SystemMessage(content=message.content)
+            return SystemMessage(content=escape_lone_surrogates(message.content))
         if message.role == "user":
-            return UserMessage(content=message.content)
+            return UserMessage(content=escape_lone_surrogates(message.content))
         if message.role == "tool":
             if message.tool_call_id is None:
                 raise ConfigError(f"messages[{index}].tool_call_id", "a tool result needs its id")
             return ToolMessage(
-                content=message.content,
+                content=escape_lone_surrogates(message.content),
                 tool_call_id=mistral_call_id(message.tool_call_id),
                 name=message.name,
             )
         calls = [_call(call) for call in message.tool_calls] or None
-        content = message.content if (content_with_calls or calls is None) else None
+        content = (
+            escape_lone_surrogates(message.content)
+            if (content_with_calls or calls is None)
+            else None
+        )
         return AssistantMessage(content=content or None, tool_calls=calls)
     except ValidationError as exc:
         raise ConfigError(f"messages[{index}]", f"mistral_common refused it: {exc}") from exc
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _call(call: ToolCall) -> MistralToolCall:
     return MistralToolCall(
         id=mistral_call_id(call.id),
-        function=FunctionCall(name=call.name, arguments=call.arguments_json()),
+        # mistral_common reads the arguments' JSON and writes it again, so an escape would come
+        # back a lone surrogate: the tekkenizer writes one as U+FFFD, SentencePiece cannot take
+        # it at all; every version gets U+FFFD
+        function=FunctionCall(
+            name=call.name, arguments=_LONE_SURROGATE.sub("\ufffd", call.arguments_json())
+        ),
     )
 
 

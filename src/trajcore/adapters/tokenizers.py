@@ -26,6 +26,10 @@ What this adapter promises, and why:
   the tokenizer does to text between added tokens anyway; a conversation without such text takes
   the plain path and gets exactly transformers' ids. Assistant messages are left alone: what the
   model sampled is the ledger's, and a re-render writes its markup as the model did.
+- **Every text encodes.** A lone surrogate (a file name's undecodable byte as the slot protocol
+  writes it, a model's ``\\udcff`` in a tool call's JSON) is no character of any encoding: it is
+  encoded as its JSON escape, six characters (``escape_lone_surrogates``), never a failed render
+  that would lose a scored member.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from jinja2.exceptions import TemplateError
 
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.json_values import JSON
-from trajcore.domain.messages import Message
+from trajcore.domain.messages import Message, escape_lone_surrogates
 from trajcore.domain.token_ledger.template import common_prefix, render_with_prefixes
 from trajcore.domain.tools import ToolSpec
 
@@ -61,9 +65,10 @@ def _ids(value: object, *, what: str) -> list[int]:
 
 
 def _text(value: object, *, what: str) -> str:
+    """``value``, text a tokenizer can encode (its lone surrogates as their JSON escapes)."""
     if not isinstance(value, str):
         raise ConfigError(what, f"expected text, got {type(value).__name__}")
-    return value
+    return escape_lone_surrogates(value)
 
 
 @attrs.define
@@ -122,8 +127,9 @@ class TransformersTokenizer:
         return value if isinstance(value, int) else None
 
     def encode(self, text: str) -> list[int]:
-        """The ids of ``text`` with no special tokens added."""
-        return self._encode(text, what="text")
+        """The ids of ``text`` with no special tokens added (a lone surrogate as its JSON
+        escape: ``escape_lone_surrogates``)."""
+        return self._encode(escape_lone_surrogates(text), what="text")
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of ``ids``, special tokens kept (invalid UTF-8 becomes U+FFFD)."""

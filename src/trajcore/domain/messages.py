@@ -8,6 +8,7 @@ in ``trajcore.domain.json_values``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Literal
 
@@ -18,7 +19,7 @@ from trajcore.domain.errors import ConfigError
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.tools import ToolCall, ToolResult
 
-__all__ = ["ROLES", "Message", "Role"]
+__all__ = ["ROLES", "Message", "Role", "escape_lone_surrogates"]
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
@@ -110,3 +111,22 @@ class Message:
         if self.name is not None:
             out["name"] = self.name
         return out
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def escape_lone_surrogates(text: str) -> str:
+    """``text`` with each lone surrogate written as its JSON escape (``\\udcff``, six
+    characters), what a tokenizer takes in its place.
+
+    A lone surrogate is no character of any encoding, so no tokenizer encodes it; yet text
+    carries one: a file name's undecodable byte as the slot protocol writes it (``\\udcXX``),
+    or a tool call's JSON argument in which the model wrote such an escape. The escape is how
+    the model (or the slot) wrote it in the first place.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+    return text

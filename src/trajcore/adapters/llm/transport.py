@@ -210,7 +210,10 @@ class ModelServerClient:
             raise PoolClosed(f"model server client for {self.base_url} is closed")
         url = self.base_url + path
         target = self._prefix + path
-        payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        try:
+            payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        except UnicodeEncodeError:  # a lone surrogate (a file name's byte): sent as its escape
+            payload = json.dumps(body, separators=(",", ":")).encode()
         attempt = 0
         while True:
             attempt += 1
