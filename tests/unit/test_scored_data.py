@@ -7,6 +7,7 @@ conversion only sends the kept members and says the verdict's reason when it sen
 from __future__ import annotations
 
 import copy
+import logging
 
 import attrs
 import pytest
@@ -20,7 +21,7 @@ from trajcore.domain.errors import StateError
 from trajcore.domain.groups import DropReason
 from trajcore.domain.token_ledger.ledger import TrainingTokens
 from trajcore.entrypoints.atropos.config import AgentEnvConfig, RolloutSettings
-from trajcore.entrypoints.atropos.metrics import RolloutCounters
+from trajcore.entrypoints.atropos.metrics import RolloutCounters, log_conversion
 from trajcore.entrypoints.atropos.scored_data import scored_group
 from trajcore.rollout.group import GroupResult
 from trajcore.rollout.trajectory import TrajectoryResult
@@ -209,3 +210,20 @@ def test_what_is_sent_is_exactly_the_verdicts_kept_members(
         f"g/{i}" for i in verdict.kept
     ]
     assert conversion.partial == (len(verdict.kept) < len(members))
+
+
+def test_the_log_says_why_a_member_with_turns_has_no_tokens(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A member with model turns whose render was given up is not said to have had no model
+    turn: the log gives the outcome's own reason."""
+    late = "no training tokens: their render did not finish by the trajectory's deadline"
+    without = member("g/2", score=0.5)
+    without = attrs.evolve(without, outcome=attrs.evolve(without.outcome, detail=late))
+    judged = group(
+        "g", member("g/0", tokens=TOKENS), member("g/1", score=0.0, tokens=TOKENS), without
+    )
+    with caplog.at_level(logging.WARNING, logger="trajcore.env"):
+        log_conversion(judged, scored_group(judged, _settings()))
+    (said,) = [r.getMessage() for r in caplog.records if "g/2" in r.getMessage()]
+    assert said == f"group g: member g/2 has no training tokens ({late}); left out"

@@ -290,11 +290,14 @@ def log_conversion(group: GroupResult, conversion: GroupConversion) -> None:
     members = {member.trajectory_id: member for member in group.members}
     for trajectory_id in conversion.left_out:
         member = members.get(trajectory_id)
-        why = (
-            "every sampled token was cut by max_token_length"
-            if member is not None and member.truncation is not None
-            else "no model turn"
-        )
+        if member is None:
+            why = "not in the group"
+        elif member.truncation is not None:
+            why = "every sampled token was cut by max_token_length"
+        elif member.stats.turns == 0:
+            why = "no model turn"
+        else:  # its render was given up or failed: the outcome says which
+            why = member.outcome.detail or "its tokens were not rendered"
         log.warning(
             "group %s: member %s has no training tokens (%s); left out",
             group.group_id,
