@@ -240,6 +240,19 @@ def test_a_tokenizer_that_cannot_be_loaded_offline_is_named_with_the_way_out(
     assert str(qwen3_tokenizer_path()) in caught.value.reason
 
 
+def test_a_tokenizer_folder_that_is_not_there_is_said_to_be_missing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A path that names no folder is said to be missing, not read as a malformed model
+    name ("Repo id must be in the form ...")."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    missing = str(tmp_path / "no-such-tokenizer")
+    with pytest.raises(ConfigError) as caught:
+        FileEnv(_config(tokenizer_name=missing))
+    assert caught.value.field == "tokenizer_name"
+    assert caught.value.reason.startswith(f"{missing!r}: no such folder; "), caught.value.reason
+
+
 def test_cli_text_becomes_lists_and_mappings() -> None:
     config = _config(
         enabled_toolsets="terminal,file",

@@ -452,6 +452,11 @@ def check_wandb(use_wandb: bool, environ: dict[str, str] | None = None) -> None:
     )
 
 
+def _names_a_folder(name: str) -> bool:
+    """Whether ``name`` reads as a path (absolute, ``./``, ``../``, ``~``), never a model name."""
+    return name.startswith(("/", "./", "../", "~")) or name in (".", "..")
+
+
 @contextmanager
 def tokenizer_errors(name: str, servers: object) -> Iterator[None]:
     """Around Atropos's ``__init__``, which loads the tokenizers: an ``OSError`` loading one is
@@ -493,6 +498,12 @@ def tokenizer_unavailable(name: str, error: OSError, servers: object = None) -> 
             f"loads the tokenizer --openai.tokenizer_name names, else --openai.model_name's; "
             f"{where}set --openai.tokenizer_name to a local tokenizer folder or a model name, "
             f"{shipped}",
+        )
+    if _names_a_folder(name) and not os.path.isdir(name):  # not a model name: say so plainly
+        return ConfigError(
+            "tokenizer_name",
+            f"{name!r}: no such folder; set tokenizer_name to a local tokenizer folder or a "
+            f"model name, {shipped}",
         )
     return ConfigError(
         "tokenizer_name",
