@@ -436,6 +436,24 @@ def test_seed_names_are_command_line_flags_with_the_rename_warning() -> None:
     ]
 
 
+def test_a_mistyped_env_flag_names_the_closest_setting() -> None:
+    """argparse would only say "unrecognized arguments"; the env's own flags are known, so a
+    typo gets the setting it most likely meant, as ``--set`` and the YAML do."""
+    with pytest.raises(ConfigError) as caught:
+        translate_seed_flags(
+            ["process", "--env.group_sise", "2"], known=AgentEnvConfig.model_fields
+        )
+    assert (caught.value.field, caught.value.reason) == (
+        "env.group_sise",
+        "unknown setting; did you mean --env.group_size?",
+    )
+    with pytest.raises(ConfigError, match="did you mean --env.max_turns"):
+        translate_seed_flags(["--env.max_turn=3"], known=AgentEnvConfig.model_fields)
+    with pytest.raises(ConfigError) as caught:
+        translate_seed_flags(["--env.zzzzzz", "1"], known=AgentEnvConfig.model_fields)
+    assert caught.value.reason == "unknown setting"
+
+
 def test_the_cli_command_rewrites_seed_flags_before_atropos_parses_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -275,7 +275,8 @@ def translate_seed_flags(
     they are.
 
     Raises:
-        ConfigError: a seed value trajcore cannot honour (naming the seed field).
+        ConfigError: a seed value trajcore cannot honour (naming the seed field), or a name
+            that is neither the config's nor a seed's (naming it and the closest known one).
     """
     own = set(known)
     out: list[str] = []
@@ -287,6 +288,10 @@ def translate_seed_flags(
             arg[len(prefix) :].partition("=") if arg.startswith(prefix) else ("", "", "")
         )
         seed = SEED_FIELDS.get(name)
+        if name and name not in own and seed is None:  # argparse would say only "unrecognized"
+            close = closest_name(name, own | SEED_FIELDS.keys())
+            hint = f"; did you mean {prefix}{close}?" if close else ""
+            raise ConfigError(f"{prefix[2:]}{name}", f"unknown setting{hint}")
         if seed is None or name in own:
             out.append(arg)
             continue

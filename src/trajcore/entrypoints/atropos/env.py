@@ -272,11 +272,12 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
     def cli(cls) -> None:
         """``python my_env.py serve|process|evaluate ...``, as with any Atropos env: trajcore's
         log goes to stderr at INFO unless the program configured logging; SIGINT and SIGTERM
-        stop the run with the pool closed, a second one forces it (``entrypoints.signals``)."""
+        stop the run with the pool closed, a second one forces it (``entrypoints.signals``); a
+        setting that cannot work is one line and exit status 2."""
         metrics.log_to_stderr_unless_configured()
         from trajcore.entrypoints.signals import closing_on_signals
 
-        with closing_on_signals(cls.__name__):
+        with closing_on_signals(cls.__name__), startup.config_errors_in_one_line(cls.__name__):
             super().cli()
 
     # --------------------------------------------------------------------- injection points

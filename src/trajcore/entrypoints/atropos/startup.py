@@ -452,6 +452,20 @@ def check_wandb(use_wandb: bool, environ: dict[str, str] | None = None) -> None:
     )
 
 
+@contextmanager
+def config_errors_in_one_line(program: str) -> Iterator[None]:
+    """Around the env's command line: a ``ConfigError`` (a setting that cannot work) is said in
+    one line on stderr, ``PROGRAM: REASON @ FIELD``, and the process exits with status 2, as
+    ``trajcore run`` and argparse do; its traceback is logged at DEBUG only. Any other error
+    keeps its traceback."""
+    try:
+        yield
+    except ConfigError as error:
+        logging.getLogger("trajcore.env").debug("the setting refused", exc_info=True)
+        print(f"{program}: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def _names_a_folder(name: str) -> bool:
     """Whether ``name`` reads as a path (absolute, ``./``, ``../``, ``~``), never a model name."""
     return name.startswith(("/", "./", "../", "~")) or name in (".", "..")
