@@ -185,6 +185,11 @@ def test_a_replay_of_the_default_output_keeps_the_recording(
     assert "--replay" in err
     assert "--out" in err
     assert recording.read_text() == before
+    # A second run into the same folder says it replaces the first one's output.
+    assert main([SHELL_TASKS, "--policy", "solve", "--groups", "1", "--group-size", "1",
+                 "--pool", "unisolated", "--plain"]) == 0  # fmt: skip
+    said = capsys.readouterr().err
+    assert "replacing the earlier run's output in out/run/shell_tasks" in said, said
 
 
 def test_settings_the_command_line_cannot_honour_are_refused_naming_them(

@@ -495,6 +495,8 @@ def main(argv: Sequence[str]) -> int:
     print(
         f"trajcore run: {env_class.__name__}, {args.groups} groups, {model.line}", file=sys.stderr
     )
+    if (out / "trajectories.jsonl").exists():  # said, so an earlier run is not lost unnoticed
+        print(f"trajcore run: replacing the earlier run's output in {out}", file=sys.stderr)
     try:
         done = _Done.create(out)
     except OSError as error:
