@@ -5,6 +5,7 @@
     trajcore demo ...          run the shell-tasks env on the local pool and write a report
     trajcore run ENV ...       run any env end to end with a scripted, replayed or real model
     trajcore report FILE       the HTML report and summary of an env's output file
+    trajcore model SCRIPT      a script of the model served as an OpenAI-compatible endpoint
 
 Each subcommand's module is imported only when it runs, so ``trajcore slot-server`` starts
 without loading transformers or atroposlib, and runs in the core install (``pip install
@@ -13,8 +14,9 @@ trajcore``); a subcommand whose extra is not installed exits 2 naming the extra 
 Ctrl-C before a subcommand handles signals itself (while its module and the env load, say)
 ends the command with one line on stderr and status 130, never a traceback; from then on the
 subcommand's own handling applies (``trajcore.entrypoints.signals``). A SIGTERM (a scheduler's
-stop) there ends ``run``, ``demo`` and ``report`` the same way, with status 143; the servers
-(``slot-server``, ``tool-server``) keep the default SIGTERM until they install their own.
+stop) there ends ``run``, ``demo``, ``report`` and ``model`` the same way, with status 143;
+the servers (``slot-server``, ``tool-server``) keep the default SIGTERM until they install their
+own.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "run any env end to end (scripted, replayed or real model)",
     ),
     "report": ("trajcore.entrypoints.report_files", "report an env's output file (HTML, table)"),
+    "model": (
+        "trajcore.entrypoints.model_stub",
+        "serve a script of the model as an OpenAI-compatible endpoint (process mode offline)",
+    ),
 }
 # The extra each subcommand needs beyond the core install (the slot server needs none).
 _EXTRAS: dict[str, str] = {
@@ -44,10 +50,11 @@ _EXTRAS: dict[str, str] = {
     "demo": "atropos",
     "run": "atropos",
     "report": "report",
+    "model": "atropos",
 }
 # The commands a SIGTERM ends with one line and status 143 before they handle signals (the
 # servers handle SIGTERM themselves once started, and die of it before).
-_TERMINABLE = frozenset({"run", "demo", "report"})
+_TERMINABLE = frozenset({"run", "demo", "report", "model"})
 
 
 def _usage() -> str:
