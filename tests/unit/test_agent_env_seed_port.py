@@ -447,7 +447,7 @@ def test_a_mistyped_env_flag_names_the_closest_setting() -> None:
         "env.group_sise",
         "unknown setting; did you mean --env.group_size?",
     )
-    with pytest.raises(ConfigError, match="did you mean --env.max_turns"):
+    with pytest.raises(ConfigError, match=r"did you mean --env\.max_turns"):
         translate_seed_flags(["--env.max_turn=3"], known=AgentEnvConfig.model_fields)
     with pytest.raises(ConfigError) as caught:
         translate_seed_flags(["--env.zzzzzz", "1"], known=AgentEnvConfig.model_fields)
