@@ -31,7 +31,6 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 
 import attrs
 
@@ -61,23 +60,6 @@ class _Removal:
     fresh: int = 0
     last_error: OSError | None = None
 
-    def __enter__(self) -> None:
-        """``with removal:`` around one step on one entry: an entry that went meanwhile is no
-        failure, any other ``OSError`` is noted (``last_error``) and the walk goes on."""
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> bool:
-        if isinstance(error, FileNotFoundError):
-            return True
-        if isinstance(error, OSError):
-            self.last_error = error
-            return True
-        return False
-
     def tick(self) -> None:
         self.steps += 1
         if self.deadline is None or self.steps % _CHECK_EVERY:
@@ -94,12 +76,16 @@ class _Removal:
             for entry in entries:
                 self.tick()
                 name = entry.name
-                with self:
+                try:
                     if entry.is_dir(follow_symlinks=False):
                         if not _try_rmdir(name, fd):
                             full.append(name)
                     else:
                         os.unlink(name, dir_fd=fd)
+                except FileNotFoundError:
+                    continue
+                except OSError as error:
+                    self.last_error = error
         return full
 
     def lift(self, into: _Level, name: str) -> None:
@@ -140,8 +126,12 @@ class _Removal:
         return None
 
     def rmdir(self, name: str, parent: int) -> None:
-        with self:
+        try:
             os.rmdir(name, dir_fd=parent)
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            self.last_error = error
 
 
 def _try_rmdir(name: str, fd: int) -> bool:
