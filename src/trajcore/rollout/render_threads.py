@@ -54,9 +54,11 @@ adapters are (``trajcore.adapters.tokenizers``, ``trajcore.adapters.mistral``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, TypeVar
@@ -66,7 +68,7 @@ import anyio.to_thread
 import attrs
 from anyio.lowlevel import RunVar
 
-from trajcore.domain.errors import ConfigError
+from trajcore.domain.errors import ConfigError, StateError
 from trajcore.domain.messages import Message
 from trajcore.domain.token_ledger.drift import Drift
 from trajcore.domain.token_ledger.ledger import TrainingTokens
@@ -123,41 +125,68 @@ _Work = tuple["Future[Any]", Callable[[], Any]] | None
 @attrs.define
 class _DaemonThreads:
     """At most ``size`` daemon threads running submitted work in the order it came (what this
-    module needs of a ``ThreadPoolExecutor``, whose threads the interpreter joins at exit)."""
+    module needs of a ``ThreadPoolExecutor``, whose threads the interpreter joins at exit).
+
+    Its threads hold its queue, never the pool itself: a pool dropped without ``shutdown`` is
+    shut down when it is collected, as an executor is, instead of leaving its threads blocked
+    on a queue nothing can reach. ``submit`` after ``shutdown`` raises ``StateError``."""
 
     size: int
     _work: queue.SimpleQueue[_Work] = attrs.field(factory=queue.SimpleQueue, init=False)
     _threads: list[threading.Thread] = attrs.field(factory=list, init=False)
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+    _closed: bool = attrs.field(default=False, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        weakref.finalize(self, _stop, self._work, self._threads, self._lock)
 
     def submit(self, work: Callable[[], T]) -> Future[T]:
         future: Future[T] = Future()
-        self._work.put((future, work))
         with self._lock:  # a thread per submit until there are ``size`` (they never end early)
+            if self._closed:
+                raise StateError("the render threads are closed: no render starts in them")
+            self._work.put((future, work))
             if len(self._threads) < self.size:
                 name = f"trajcore-render-{len(self._threads)}"
-                thread = threading.Thread(target=self._serve, name=name, daemon=True)
+                thread = threading.Thread(target=_serve, args=(self._work,), name=name, daemon=True)
                 thread.start()
                 self._threads.append(thread)
         return future
 
-    def _serve(self) -> None:
-        while (item := self._work.get()) is not None:
-            future, work = item
-            if not future.set_running_or_notify_cancel():  # cancelled while it waited
-                continue
-            try:
-                result = work()
-            except BaseException as error:  # noqa: BLE001 - handed to the caller, as an executor does
-                future.set_exception(error)
-            else:
-                future.set_result(result)
-
     def shutdown(self) -> None:
         """Let each thread end once the work queued before this is done."""
         with self._lock:
-            for _ in self._threads:
-                self._work.put(None)
+            if not self._closed:
+                self._closed = True
+                _stop(self._work, self._threads, None)
+
+
+def _serve(work_queue: queue.SimpleQueue[_Work]) -> None:
+    while (item := work_queue.get()) is not None:
+        _run_one(*item)
+        del item  # hold no finished render (its conversation) while waiting for the next
+
+
+def _run_one(future: Future[Any], work: Callable[[], Any]) -> None:
+    if not future.set_running_or_notify_cancel():  # cancelled while it waited
+        return
+    try:
+        result = work()
+    except BaseException as error:  # noqa: BLE001 - handed to the caller, as an executor does
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def _stop(
+    work_queue: queue.SimpleQueue[_Work],
+    threads: list[threading.Thread],
+    lock: threading.Lock | None,
+) -> None:
+    """One end mark per thread (``lock``: taken unless the caller holds it)."""
+    with lock if lock is not None else contextlib.nullcontext():
+        for _ in threads:
+            work_queue.put(None)
 
 
 @attrs.define
@@ -194,6 +223,7 @@ class RenderThreads:
             RenderLate: (a ``TimeoutError``) waiting for a thread and running ``work`` took
                 longer than ``timeout_s``: ``work`` never starts, or runs on and its result
                 is dropped.
+            StateError: ``close`` was called: no render starts any more.
         """
         rendering: Future[T] = self._pool.submit(work)
         # the parked thread waits for the render or for this call's end, whichever comes first:
@@ -215,7 +245,9 @@ class RenderThreads:
             ended.set_result(None)
 
     def close(self) -> None:
-        """Let the pool's threads end once the renders they run (or that wait) are done."""
+        """Let the pool's threads end once the renders they run (or that wait) are done; a
+        ``run`` after this raises ``StateError``. (A ``RenderThreads`` dropped unclosed is
+        closed when it is collected.)"""
         self._pool.shutdown()
 
 
