@@ -57,7 +57,7 @@ from .chat import OpenAIChatServer
 from .chat_wire import parse_chat_body
 from .token_wire import check_prompt_ids
 from .tokens import AtroposTokenServer, SGLangTokenServer, VLLMTokenServer
-from .transport import DEFAULT_CONNECTIONS, RetryRules
+from .transport import DEFAULT_CONNECTIONS, RetryRules, with_lone_surrogates_escaped
 from .wire import BODY_EXCERPT_BYTES, array, integer, number, rejection
 
 __all__ = [
@@ -131,9 +131,13 @@ class ServerManagerChatServer:
         if self._closed:
             raise PoolClosed("ServerManagerChatServer is closed")
         kwargs = _sampling_kwargs(sampling)
-        kwargs["messages"] = [m.to_chat_dict(arguments_as_json=True) for m in messages]
+        # a lone surrogate as its escaped text, as the tokenizer adapters render it: the
+        # openai client encodes its body as strict UTF-8 and would fail on it before sending
+        kwargs["messages"] = [
+            with_lone_surrogates_escaped(m.to_chat_dict(arguments_as_json=True)) for m in messages
+        ]
         if tools:
-            kwargs["tools"] = [spec.to_openai() for spec in tools]
+            kwargs["tools"] = [with_lone_surrogates_escaped(spec.to_openai()) for spec in tools]
         if sampling.extra_body:
             kwargs["extra_body"] = dict(sampling.extra_body)
         manager = cast("Any", self.manager)

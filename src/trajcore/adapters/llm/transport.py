@@ -49,7 +49,8 @@ from trajcore.adapters.http1.client import HTTPClient, MemoryTransport
 from trajcore.adapters.http1.errors import HTTPError
 from trajcore.adapters.http1.values import Limits, Origin, parse_url
 from trajcore.domain.errors import ConfigError, ModelServerError, PoolClosed, RateLimited
-from trajcore.domain.json_values import JSONObject
+from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.messages import escape_lone_surrogates
 from trajcore.domain.validators import finite_number, whole_number
 
 from .wire import is_transient, retry_after_s
@@ -60,11 +61,30 @@ __all__ = [
     "ModelServerClient",
     "RetryRules",
     "TransportStatistics",
+    "with_lone_surrogates_escaped",
 ]
 
 T = TypeVar("T")
 
 ResponseParser = Callable[[int, Mapping[str, str], bytes], T]
+
+
+def with_lone_surrogates_escaped(value: JSON) -> JSON:
+    """``value`` with each lone surrogate of its text (keys too) written as its JSON escape,
+    six characters of text (``escape_lone_surrogates``): what the tokenizer adapters render in
+    its place, so the server tokenizes what a re-render does. (JSON's own escape, ``"\\udcff"``
+    on the wire, gives the server the lone surrogate back, which its tokenizer cannot take.)"""
+    if isinstance(value, str):
+        return escape_lone_surrogates(value)
+    if isinstance(value, list):
+        return [with_lone_surrogates_escaped(item) for item in value]
+    if isinstance(value, dict):
+        return {
+            escape_lone_surrogates(key): with_lone_surrogates_escaped(item)
+            for key, item in value.items()
+        }
+    return value
+
 
 DEFAULT_CONNECTIONS = 1024
 """Connections a model-server client opens at most unless told (requests beyond it queue)."""
@@ -212,8 +232,9 @@ class ModelServerClient:
         target = self._prefix + path
         try:
             payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-        except UnicodeEncodeError:  # a lone surrogate (a file name's byte): sent as its escape
-            payload = json.dumps(body, separators=(",", ":")).encode()
+        except UnicodeEncodeError:  # a lone surrogate (a file name's byte): see the helper
+            escaped = with_lone_surrogates_escaped(body)
+            payload = json.dumps(escaped, ensure_ascii=False, separators=(",", ":")).encode()
         attempt = 0
         while True:
             attempt += 1
