@@ -124,6 +124,21 @@ async def test_a_path_the_hook_got_wrong_is_its_own_error() -> None:
         assert pool.executed == []  # nothing was sent
 
 
+async def test_text_of_the_hook_that_no_utf_8_carries_is_its_own_error() -> None:
+    """A lone surrogate in a hook's file content or command (a model's ``\\udcff`` taken from
+    its tool call's JSON) is ``InvalidInput`` naming the field, raised before the call is sent:
+    the slot server refuses such a request, which read as the slot's ``SlotInfraError`` and
+    turned the member into an infrastructure failure."""
+    async with FakeSandboxPool() as pool, slot_tools(pool) as tools:
+        with pytest.raises(InvalidInput, match="lone surrogate at 10") as info:
+            await tools.write_file("answer.txt", "the model \udcff")
+        assert info.value.field == "content"
+        with pytest.raises(InvalidInput, match="lone surrogate at 5") as info:
+            await tools.check("echo \udcff")
+        assert info.value.field == "command"
+        assert pool.executed == []  # nothing was sent
+
+
 class _OlderServerPool(UnisolatedSandboxPool):
     """Answers a symlink leading out as slot servers before ``TOOL_ERROR`` for what a path
     finds did: ``REJECTED`` at ``$.path``."""

@@ -157,6 +157,19 @@ def _checked_path(tool: str, path: str) -> None:
         raise InvalidInput("path", f"{tool}: {problem}")
 
 
+def _checked_text(tool: str, field: str, text: str) -> None:
+    """Raise ``InvalidInput`` (``field``) when a hook's ``text`` holds a lone surrogate (a
+    model's ``\\udcff`` read from its tool call's JSON): no UTF-8 carries it, so the slot would
+    refuse the request, which reads as the slot's failure (``SlotInfraError``, an infra error)
+    where it is the hook's text (``escape_lone_surrogates`` writes it as text)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidInput(
+            field, f"{tool}: holds a lone surrogate at {error.start}, which no UTF-8 text carries"
+        ) from None
+
+
 @attrs.define
 class SlotTools:
     """The hooks' toolbox, bound to one trajectory's slot (the ToolContext of env authors).
@@ -342,7 +355,10 @@ class SlotTools:
                 or stale lease), or a result without a report; ``SlotBudgetSpent`` when the
                 lease was ended for a budget the model spent (the rollout scores that member
                 ``sandbox_budget_score``).
+            InvalidInput: ``command`` holds a lone surrogate (no UTF-8 carries it): the hook's
+                text; nothing is sent.
         """
+        _checked_text("bash", "command", command)
         arguments: JSONObject = {"command": command}
         if timeout_s is not None:
             arguments["timeout"] = timeout_s
@@ -399,9 +415,11 @@ class SlotTools:
             SlotFileError: the slot tried and the write failed (``TOOL_ERROR``), also for what
                 it found there (a directory, a FIFO, a socket, a device, a symlink leading out).
             SlotInfraError: the slot could not run the write (infra error, refusal, lost lease).
-            InvalidInput: as ``read_file``, for a path that names no file in the workspace.
+            InvalidInput: as ``read_file``, for a path that names no file in the workspace;
+                ``content`` that holds a lone surrogate (no UTF-8 carries it).
         """
         _checked_path("write_file", path)
+        _checked_text("write_file", "content", content)
         result = await self.call("write_file", {"path": path, "content": content})
         self._file_outcome("write_file", path, result)
 
