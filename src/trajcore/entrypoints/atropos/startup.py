@@ -208,6 +208,11 @@ def _config_init_for_cli(env_cls: type[Any]) -> Iterator[None]:
 
     def config_init(cls: type[Any]) -> tuple[object, object]:
         config, servers = original()
+        # Atropos's serve and process name the env after the class only in a flag it then
+        # drops, so serve sent run-api no name and was refused (422 on desired_name).
+        name = getattr(env_cls, "name", None)
+        if getattr(config, "wandb_name", "") is None and name:
+            config = cast("Any", config).model_copy(update={"wandb_name": name})
         return config, cli_servers(servers)
 
     env_cls.config_init = classmethod(config_init)
