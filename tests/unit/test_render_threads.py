@@ -4,9 +4,6 @@ queue for one thread: they share the group's deadline plus the grace)."""
 
 from __future__ import annotations
 
-import gc
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -27,7 +24,7 @@ from trajcore.adapters.fakes.llm import FakeChatServer
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.tokenizers import TransformersTokenizer
 from trajcore.domain.batch_planner import BatchConfig
-from trajcore.domain.errors import ConfigError, StateError
+from trajcore.domain.errors import ConfigError
 from trajcore.domain.groups import TrajectoryStatus
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
@@ -147,31 +144,6 @@ async def test_a_render_that_raises_raises_in_the_caller() -> None:
             await render_threads.run(broken, timeout_s=WAIT_S)
     finally:
         render_threads.close()
-
-
-async def test_a_render_asked_of_closed_threads_is_refused_at_once() -> None:
-    """Not a wait of its whole time for a thread that will never take it, reported as a render
-    that could not start because the threads were busy."""
-    render_threads = RenderThreads(threads=1)
-    assert await render_threads.run(lambda: "before", timeout_s=WAIT_S) == "before"
-    render_threads.close()
-    with pytest.raises(StateError, match="closed"):
-        await render_threads.run(lambda: "after", timeout_s=2)
-
-
-async def test_the_threads_of_render_threads_closed_or_dropped_end() -> None:
-    """A ``RenderThreads`` closed, or dropped without ``close`` (as an executor is), leaves no
-    thread of its own behind: a process that makes many keeps none of their threads."""
-    closed = RenderThreads(threads=1)
-    closed_thread = await closed.run(threading.current_thread, timeout_s=WAIT_S)
-    closed.close()
-    dropped = RenderThreads(threads=1)
-    dropped_thread = await dropped.run(threading.current_thread, timeout_s=WAIT_S)
-    del dropped
-    gc.collect()
-    for thread in (closed_thread, dropped_thread):
-        thread.join(timeout=WAIT_S)
-    assert (closed_thread.is_alive(), dropped_thread.is_alive()) == (False, False)
 
 
 def test_bad_settings_are_refused_by_name() -> None:
@@ -296,28 +268,3 @@ async def test_a_groups_renders_that_cannot_make_its_deadline_are_dropped_saying
             assert "no training tokens: their render could not start" in (
                 result.outcome.detail or ""
             )
-
-
-_GIVEN_UP = """
-import time, anyio
-from trajcore.rollout.render_threads import RenderLate, RenderThreads
-
-async def main() -> None:
-    threads = RenderThreads(threads=1)
-    try:
-        await threads.run(lambda: time.sleep(120), timeout_s=0.2)
-    except RenderLate as late:
-        print("late", late.started, flush=True)
-
-anyio.run(main)
-"""
-
-
-def test_a_render_given_up_does_not_hold_the_process_exit() -> None:
-    """A render still running when the process ends (its result already dropped) does not
-    keep the process alive: the command that printed its report exits, instead of waiting
-    minutes for a tokenizer it gave up on."""
-    done = subprocess.run(
-        [sys.executable, "-c", _GIVEN_UP], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert (done.returncode, done.stdout, done.stderr) == (0, "late True\n", "")

@@ -23,11 +23,7 @@ long. So the trajectory runner hands it to ``RenderThreads``, which keeps these 
   (the pool's queue). When the time is up, a render still waiting for a thread never starts
   (``RenderLate`` with ``started`` false); one that is running is dropped (``started`` true):
   a thread cannot be stopped, so it goes on and its result is thrown away, but it keeps its
-  pool thread until it ends, so a slow render never stacks up work beyond the bound. The pool's
-  threads are daemon threads: a render still running when the process exits (one whose result
-  was already dropped, or whose caller is gone) does not hold the exit, as a
-  ``ThreadPoolExecutor``'s threads would (they are joined at exit: ``trajcore run`` had printed
-  its report and then waited minutes for a render it had given up).
+  pool thread until it ends, so a slow render never stacks up work beyond the bound.
 - **Cancellable.** Cancelling the caller (its group or the env shutting down) stops its wait at
   once, as the deadline does, with the same effect on the render.
 
@@ -54,21 +50,17 @@ adapters are (``trajcore.adapters.tokenizers``, ``trajcore.adapters.mistral``).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import queue
-import threading
-import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
-from typing import Any, TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
 
 import anyio
 import anyio.to_thread
 import attrs
 from anyio.lowlevel import RunVar
 
-from trajcore.domain.errors import ConfigError, StateError
+from trajcore.domain.errors import ConfigError
 from trajcore.domain.messages import Message
 from trajcore.domain.token_ledger.drift import Drift
 from trajcore.domain.token_ledger.ledger import TrainingTokens
@@ -119,76 +111,6 @@ def _check_threads(instance: object, attribute: attrs.Attribute[int], value: obj
         raise ConfigError(attribute.name, f"must be a whole number of at least 1, got {value!r}")
 
 
-_Work = tuple["Future[Any]", Callable[[], Any]] | None
-
-
-@attrs.define
-class _DaemonThreads:
-    """At most ``size`` daemon threads running submitted work in the order it came (what this
-    module needs of a ``ThreadPoolExecutor``, whose threads the interpreter joins at exit).
-
-    Its threads hold its queue, never the pool itself: a pool dropped without ``shutdown`` is
-    shut down when it is collected, as an executor is, instead of leaving its threads blocked
-    on a queue nothing can reach. ``submit`` after ``shutdown`` raises ``StateError``."""
-
-    size: int
-    _work: queue.SimpleQueue[_Work] = attrs.field(factory=queue.SimpleQueue, init=False)
-    _threads: list[threading.Thread] = attrs.field(factory=list, init=False)
-    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
-    _closed: bool = attrs.field(default=False, init=False)
-
-    def __attrs_post_init__(self) -> None:
-        weakref.finalize(self, _stop, self._work, self._threads, self._lock)
-
-    def submit(self, work: Callable[[], T]) -> Future[T]:
-        future: Future[T] = Future()
-        with self._lock:  # a thread per submit until there are ``size`` (they never end early)
-            if self._closed:
-                raise StateError("the render threads are closed: no render starts in them")
-            self._work.put((future, work))
-            if len(self._threads) < self.size:
-                name = f"trajcore-render-{len(self._threads)}"
-                thread = threading.Thread(target=_serve, args=(self._work,), name=name, daemon=True)
-                thread.start()
-                self._threads.append(thread)
-        return future
-
-    def shutdown(self) -> None:
-        """Let each thread end once the work queued before this is done."""
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                _stop(self._work, self._threads, None)
-
-
-def _serve(work_queue: queue.SimpleQueue[_Work]) -> None:
-    while (item := work_queue.get()) is not None:
-        _run_one(*item)
-        del item  # hold no finished render (its conversation) while waiting for the next
-
-
-def _run_one(future: Future[Any], work: Callable[[], Any]) -> None:
-    if not future.set_running_or_notify_cancel():  # cancelled while it waited
-        return
-    try:
-        result = work()
-    except BaseException as error:  # noqa: BLE001 - handed to the caller, as an executor does
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
-def _stop(
-    work_queue: queue.SimpleQueue[_Work],
-    threads: list[threading.Thread],
-    lock: threading.Lock | None,
-) -> None:
-    """One end mark per thread (``lock``: taken unless the caller holds it)."""
-    with lock if lock is not None else contextlib.nullcontext():
-        for _ in threads:
-            work_queue.put(None)
-
-
 @attrs.define
 class RenderThreads:
     """Runs renders in at most ``threads`` worker threads at once (see the module doc).
@@ -201,11 +123,11 @@ class RenderThreads:
     """
 
     threads: int = attrs.field(factory=default_render_threads, validator=_check_threads)
-    _pool: _DaemonThreads = attrs.field(init=False, repr=False)
+    _pool: ThreadPoolExecutor = attrs.field(init=False, repr=False)
     _waits: RunVar[anyio.CapacityLimiter] = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        self._pool = _DaemonThreads(self.threads)
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="trajcore-render")
         self._waits = RunVar("trajcore_render_waits")  # keyed by the RunVar, not its name
 
     def _waiters(self) -> anyio.CapacityLimiter:
@@ -223,18 +145,13 @@ class RenderThreads:
             RenderLate: (a ``TimeoutError``) waiting for a thread and running ``work`` took
                 longer than ``timeout_s``: ``work`` never starts, or runs on and its result
                 is dropped.
-            StateError: ``close`` was called: no render starts any more.
         """
         rendering: Future[T] = self._pool.submit(work)
-        # the parked thread waits for the render or for this call's end, whichever comes first:
-        # a wait given up on must not outlive the call (its thread would hold the process exit)
-        ended: Future[None] = Future()
         try:
             with anyio.move_on_after(timeout_s):
-                await anyio.to_thread.run_sync(
-                    _first_done, rendering, ended, limiter=self._waiters(), abandon_on_cancel=True
+                return await anyio.to_thread.run_sync(
+                    rendering.result, limiter=self._waiters(), abandon_on_cancel=True
                 )
-                return rendering.result()  # ``ended`` is set only below: the render is done
             if rendering.cancel():  # still queued: now it never starts
                 raise RenderLate(timeout_s, started=False)
             if rendering.done():  # it finished as the time ran out: nothing left to wait for
@@ -242,17 +159,10 @@ class RenderThreads:
             raise RenderLate(timeout_s, started=True)
         finally:
             rendering.cancel()  # a no-op once it runs or ran; else it never starts
-            ended.set_result(None)
 
     def close(self) -> None:
-        """Let the pool's threads end once the renders they run (or that wait) are done; a
-        ``run`` after this raises ``StateError``. (A ``RenderThreads`` dropped unclosed is
-        closed when it is collected.)"""
-        self._pool.shutdown()
-
-
-def _first_done(*futures: Future[Any]) -> None:
-    wait(futures, return_when=FIRST_COMPLETED)
+        """Let the pool's threads end once the renders they run (or that wait) are done."""
+        self._pool.shutdown(wait=False)
 
 
 _SHARED: RenderThreads | None = None
