@@ -62,7 +62,7 @@ __all__ = [
 
 ToolServerFactory = Callable[[], AbstractAsyncContextManager[ToolServer]]
 
-CONTRACT_CALL_TIMEOUT_S = 0.5
+CONTRACT_CALL_TIMEOUT_S = 2.0
 
 
 async def _echo(arguments: JSONObject, _context: ToolContext) -> JSON:
