@@ -245,5 +245,88 @@ def test_the_openai_flags_reach_the_model_when_it_answers(tmp_path: Path) -> Non
         assert conversation[-1]["content"] == "echo: say hello"  # the stub's answer
 
 
+class _StallingModel(http.server.BaseHTTPRequestHandler):
+    """A model server that answers the one-token probes (the env's start-up probe, Atropos's
+    health check) until a trajectory's first request, then fails as ``mode`` says: ``"hang"``
+    holds every request but the probes unanswered; ``"down"`` answers every request, the
+    probes included, with HTTP 503, so Atropos's health check marks the server unhealthy."""
+
+    mode = "hang"
+    released = threading.Event()
+    failing = threading.Event()
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+        if body.get("max_tokens") != 1:
+            self.failing.set()
+        if self.failing.is_set() and self.mode == "down":
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if body.get("max_tokens") != 1:  # "hang": held until the test ends
+            self.released.wait(timeout=120)
+            return
+        answer = json.dumps({
+            "id": "probe", "object": "chat.completion", "created": 0, "model": "stub-model",
+            "choices": [{"index": 0, "finish_reason": "length",
+                         "message": {"role": "assistant", "content": "h"}}],
+        }).encode()  # fmt: skip
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+@contextmanager
+def _stalling_model(mode: str) -> Iterator[int]:
+    class Handler(_StallingModel):  # its own events: one server per test
+        released = threading.Event()
+        failing = threading.Event()
+
+    Handler.mode = mode
+    handler = Handler
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        handler.released.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("mode", "extra", "why"),
+    [
+        ("hang", ("--openai.timeout", "2"), "past openai.timeout=2 s for one request"),
+        ("down", (), "every model server (1) is marked unhealthy by Atropos's health check"),
+    ],
+)
+def test_a_model_server_failing_until_the_deadline_is_a_model_error_not_a_score(
+    tmp_path: Path, mode: str, extra: tuple[str, ...], why: str
+) -> None:
+    """Atropos's own retries outlast a trajectory's deadline; the members whose model call
+    was still in flight then are the model server's failure, never scored 0."""
+    with _stalling_model(mode) as port:
+        url = f"http://127.0.0.1:{port}/v1"
+        code, output, _ = _process(
+            tmp_path, url, "--env.model_wait_s", "20", "--env.slot_lifetime_s", "8", *extra
+        )
+    assert code != 0  # the groups failed, max_failed_groups in a row
+    assert "model_error" in output, output[-3000:]
+    assert why in output, output[-3000:]
+    assert "time_budget" not in output, output[-3000:]
+    groups = tmp_path / "groups.jsonl"
+    assert not groups.exists() or groups.read_text() == ""  # nothing scored was written
+
+
 if __name__ == "__main__":
     EndpointEnv.cli()

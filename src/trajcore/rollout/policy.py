@@ -21,7 +21,7 @@ wrong call.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import attrs
@@ -40,12 +40,19 @@ from trajcore.ports.tokenizer import Tokenizer
 
 __all__ = [
     "ChatPolicy",
+    "ModelStallCheck",
     "ModelTurn",
     "Policy",
     "PolicySession",
     "SessionWrapper",
     "TokenPolicy",
 ]
+
+ModelStallCheck = Callable[[float], str | None]
+"""Whether a model call still in flight when a trajectory's turns run out of time is the model
+server's failure: given the seconds it has waited, why it is (a one-line detail), or ``None``
+when its time is the policy's (a turn still being generated). The Atropos env's
+(``adapters.llm.atropos.stall_check``) reads Atropos's health checks and request timeout."""
 
 
 @attrs.frozen(kw_only=True)

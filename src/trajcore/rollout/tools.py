@@ -62,7 +62,7 @@ from trajcore.rollout.awaited import CallLog, remembered
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.pytest_outcome import PytestOutcome, read_pytest_outcome
 
-__all__ = ["SlotTools", "ToolRouter"]
+__all__ = ["SlotTools", "ToolRouter", "capped"]
 
 
 @attrs.define
@@ -506,3 +506,20 @@ class SlotTools:
         if report.stderr:
             output += ("\n" if output and not output.endswith("\n") else "") + report.stderr
         return read_pytest_outcome(output, report.exit_code, timed_out=report.timed_out)
+
+
+def capped(result: ToolResult, limit: int) -> ToolResult:
+    """``result`` with its text (``content``) cut to about ``limit`` characters when longer:
+    its head and tail kept around a line saying how many characters were cut."""
+    text = result.content
+    if len(text) <= limit:
+        return result
+    note_room = 120
+    keep = limit - note_room
+    head, tail = text[: keep // 2], text[len(text) - (keep - keep // 2) :]
+    cut = len(text) - len(head) - len(tail)
+    note = (
+        f"\n[... {cut} of {len(text)} characters cut here: a tool result is capped at "
+        f"{limit} characters ...]\n"
+    )
+    return attrs.evolve(result, content=f"{head}{note}{tail}")

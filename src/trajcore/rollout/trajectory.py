@@ -25,7 +25,9 @@ The decisions are the domain ``AgentLoop``'s; this module performs them. Its pro
 - **One deadline, its last part kept for scoring.** ``deadline_s`` covers acquisition,
   preparing, the turns and scoring; the turns end at ``deadline_s`` less ``score_reserve``
   (a slot call's timeout is cut to end there too): the loop finishes as ``time_budget`` and
-  the score hook runs in the lease with at least the reserve left; a member that finished
+  the score hook runs in the lease with at least the reserve left, unless a model call was
+  in flight that ``model_stalled`` calls the server's failure (every server unhealthy, or a
+  request past its timeout being retried): that is ``model_error``; a member that finished
   earlier has all the time left. A score hook still running at ``deadline_s`` fails the
   member as ``infra_error``, as does the deadline before a slot or while preparing.
 - **The final render off the loop, with a deadline.** The training tokens (OpenAI mode's
@@ -111,7 +113,7 @@ from trajcore.rollout.hook_failures import (
     infrastructure_failure,
     metadata_problem,
 )
-from trajcore.rollout.policy import Policy, PolicySession
+from trajcore.rollout.policy import ModelStallCheck, Policy, PolicySession
 from trajcore.rollout.preparation import Prepared
 from trajcore.rollout.render_threads import (
     Rendered,
@@ -119,7 +121,7 @@ from trajcore.rollout.render_threads import (
     render_final,
     shared_render_threads,
 )
-from trajcore.rollout.tools import SlotTools, ToolRouter
+from trajcore.rollout.tools import SlotTools, ToolRouter, capped
 
 __all__ = [
     "RolloutConfig",
@@ -340,6 +342,7 @@ class _Run:
     messages: list[Message]
     clock: Callable[[], float]  # the dispatcher's: anyio's time, the backend looked up once
     turns_end: float = math.inf  # the turns' deadline, by ``clock``: scoring keeps the rest
+    sampling_since: float | None = None  # when the model call in flight was sent
     exchanges: list[ToolExchange] = attrs.field(factory=list)
     session: PolicySession | None = None
     slot: str | None = None
@@ -368,15 +371,18 @@ async def run_trajectory(
     environment: str | None = None,
     prepared: Prepared | None = None,
     render_threads: RenderThreads | None = None,
+    model_stalled: ModelStallCheck | None = None,
 ) -> TrajectoryResult:
     """Run one trajectory to its end, its lease over ``environment`` (an image reference) when
     given, from the group's ``prepared`` snapshot where it can, its final render in
-    ``render_threads`` (the process's shared ones by default); see the module docstring for
-    what it promises."""
+    ``render_threads`` (the process's shared ones by default), a model call in flight at the
+    turns' deadline judged by ``model_stalled``; see the module docstring for its promises."""
     run = _Run(trajectory_id, config, AgentLoop(config.agent), list(messages), dispatcher.clock)
     started = run.now()
     run.turns_end = started + config.deadline_s - config.score_reserve
-    env = _Env(tools, hooks, policy, pool, dispatcher, tool_server, environment, prepared)
+    env = _Env(
+        tools, hooks, policy, pool, dispatcher, tool_server, environment, prepared, model_stalled
+    )
     with anyio.move_on_after(config.deadline_s) as deadline:
         await _leased(run, env)
     if deadline.cancelled_caught and not run.loop.finished:
@@ -401,6 +407,7 @@ class _Env:
     tool_server: ToolServer | None
     environment: str | None = None
     prepared: Prepared | None = None
+    model_stalled: ModelStallCheck | None = None
 
     def lease(self, holder: str, timeout_s: float) -> AbstractAsyncContextManager[_Leased]:
         """The member's lease, and whether it started from the group's snapshot."""
@@ -490,6 +497,11 @@ async def _turns(run: _Run, env: _Env, router: ToolRouter) -> None:
     with anyio.CancelScope(deadline=anyio.current_time() + left) as turns:
         await _agent(run, env.tools, env.policy, router)
     if turns.cancelled_caught and LoopEvent.OUT_OF_TIME in run.loop.allowed_events():
+        since, stalled = run.sampling_since, env.model_stalled
+        why = None if since is None or stalled is None else stalled(run.now() - since)
+        if why is not None:  # the model server's failure, not the policy's time
+            run.loop.model_failed(now=run.now(), detail=f"at the turns' deadline: {why}")
+            return
         config = run.config
         detail = (
             f"the turns' deadline passed (deadline_s={config.deadline_s:g} s less "
@@ -519,6 +531,7 @@ async def _agent(run: _Run, tools: Sequence[ToolSpec], policy: Policy, router: T
         cap = _turn_cap(decision, session, window)
         if cap is not None and cap < sampling.max_tokens:
             sampling = attrs.evolve(sampling, max_tokens=max(1, cap))
+        run.sampling_since = run.now()
         try:
             turn = await session.sample(run.messages, sampling=sampling)
         except IdleLimitExceeded as exc:
@@ -531,6 +544,7 @@ async def _agent(run: _Run, tools: Sequence[ToolSpec], policy: Policy, router: T
                 context_full=isinstance(exc, ContextFull),  # a budget: the work so far is scored
             )
             return
+        run.sampling_since = None
         run.messages.append(turn.parsed.to_message())
         decision = loop.assistant_turn(
             turn.parsed,
@@ -556,7 +570,7 @@ async def _tools(
     results = await router.run(decision.calls) if decision.calls else []
     cap = run.config.max_tool_result_chars
     if cap is not None:
-        results = [_capped(result, cap) for result in results]
+        results = [capped(result, cap) for result in results]
     by_id = {result.call_id: result for result in results}
     answered = [*results, *decision.rejections]
     run.exchanges.extend(
@@ -573,23 +587,6 @@ async def _tools(
                 now=run.now(), detail=f"the tool results cannot be appended: {exc}"
             )
     return next_step
-
-
-def _capped(result: ToolResult, limit: int) -> ToolResult:
-    """``result`` with its text (``content``) cut to about ``limit`` characters when longer:
-    its head and tail kept around a line saying how many characters were cut."""
-    text = result.content
-    if len(text) <= limit:
-        return result
-    note_room = 120
-    keep = limit - note_room
-    head, tail = text[: keep // 2], text[len(text) - (keep - keep // 2) :]
-    cut = len(text) - len(head) - len(tail)
-    note = (
-        f"\n[... {cut} of {len(text)} characters cut here: a tool result is capped at "
-        f"{limit} characters ...]\n"
-    )
-    return attrs.evolve(result, content=f"{head}{note}{tail}")
 
 
 def _transcript(run: _Run) -> Transcript:

@@ -32,7 +32,7 @@ token path, become ``ModelServerError``; a reply atroposlib could not unpack (``
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import aiohttp
@@ -66,6 +66,7 @@ __all__ = [
     "chat_server_from_config",
     "close_server_manager",
     "server_manager_for",
+    "stall_check",
     "token_server_from_config",
 ]
 
@@ -316,6 +317,35 @@ def server_manager_for(configs: Sequence[Mapping[str, object]]) -> object:
             raise ConfigError(f"openai[{i}]", str(exc)) from exc
     manager: object = ServerManager(built)
     return manager
+
+
+def stall_check(manager: object) -> Callable[[float], str | None]:
+    """When a model call through ``manager`` that is still in flight at a trajectory's turns'
+    deadline is the model server's failure, not the policy's time running out
+    (``rollout.policy.ModelStallCheck``): every server of the manager is marked unhealthy by
+    Atropos's health check (the call waits, retrying, for one to come back), or the call has
+    waited longer than its servers' longest ``timeout``, one request's limit (an attempt failed
+    and Atropos is retrying it, or it waited behind ``num_max_requests_at_once``). Atropos's
+    retries, three rounds of three attempts each up to ``timeout``, can outlast any deadline."""
+    servers = list(cast("Any", manager).servers)
+    timeouts = [getattr(getattr(server, "config", None), "timeout", None) for server in servers]
+    limit = max((float(t) for t in timeouts if isinstance(t, int | float)), default=None)
+
+    def stalled(waited_s: float) -> str | None:
+        if servers and not any(getattr(server, "server_healthy", True) for server in servers):
+            return (
+                f"every model server ({len(servers)}) is marked unhealthy by Atropos's health "
+                f"check; the model call had waited {waited_s:.1f} s"
+            )
+        if limit is not None and waited_s > limit:
+            return (
+                f"the model call had waited {waited_s:.1f} s, past openai.timeout={limit:g} s "
+                "for one request: the model server did not answer it (Atropos was retrying it "
+                "or it waited for a free request)"
+            )
+        return None
+
+    return stalled
 
 
 async def close_server_manager(manager: object) -> None:

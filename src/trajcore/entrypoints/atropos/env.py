@@ -28,7 +28,7 @@ from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[im
 from typing_extensions import TypeVar
 
 from trajcore.adapters.event_loops import asyncio_hooks
-from trajcore.adapters.llm.atropos import ServerManagerChatServer, close_server_manager
+from trajcore.adapters.llm.atropos import ServerManagerChatServer, close_server_manager, stall_check
 from trajcore.adapters.tool_server import ToolRegistry
 from trajcore.domain.agent_loop import StopReason
 from trajcore.domain.errors import ConfigError, StateError
@@ -424,6 +424,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             select_specs(catalog.all_tools(), specs)  # every toolset tool has a spec
             self.settings = resolve_default_toolset(self.settings, catalog)
             self.settings.toolsets.check_against(catalog)
+            stalled = None if policy is not None else stall_check(self.server)
             if policy is None:
                 chat = token = None
                 if self.settings.mode == "managed":
@@ -441,7 +442,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             await anyio.lowlevel.checkpoint()  # the dispatcher's loop starts before any exit
             self._services = RolloutServices(
                 pool=pool, dispatcher=dispatcher, policy=policy, tool_server=tool_server,
-                specs=specs, catalog=catalog,
+                specs=specs, catalog=catalog, model_stalled=stalled,
             )  # fmt: skip
             try:
                 yield self._services
@@ -569,7 +570,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
                     trajectory_id=trajectory_id, messages=messages, tools=specs, hooks=hooks,
                     policy=agent_policy, pool=services.pool, dispatcher=services.dispatcher,
                     tool_server=services.tool_server, config=config, environment=environment,
-                    prepared=prepared,
+                    prepared=prepared, model_stalled=services.model_stalled,
                 )  # fmt: skip
             finally:
                 await release_tool_sessions(services.tool_server, trajectory_id)

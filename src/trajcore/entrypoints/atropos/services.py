@@ -45,7 +45,7 @@ from trajcore.ports.token_server import TokenServer
 from trajcore.ports.tokenizer import Tokenizer
 from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.dispatcher import ToolDispatcher
-from trajcore.rollout.policy import Policy
+from trajcore.rollout.policy import ModelStallCheck, Policy
 
 __all__ = [
     "SEED_DEFAULT_TOOLSET",
@@ -77,6 +77,8 @@ class RolloutServices:
         tool_server: External tools, or ``None``.
         specs: Every tool the model may be offered.
         catalog: The toolsets over ``specs``.
+        model_stalled: Whether a model call in flight at a trajectory's turns' deadline is the
+            model server's failure; ``None`` for a policy the env did not build.
     """
 
     pool: SandboxPool
@@ -85,6 +87,7 @@ class RolloutServices:
     tool_server: ToolServer | None
     specs: tuple[ToolSpec, ...]
     catalog: ToolsetCatalog
+    model_stalled: ModelStallCheck | None = None
 
 
 def server_types(configs: object) -> tuple[str, ...]:
