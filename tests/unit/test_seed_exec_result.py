@@ -15,7 +15,8 @@ from tests.unit.test_agent_env import _config
 from tests.unit.test_agent_env_seed_port import _SeedBase, _solver
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.compat import ExecResult, ExecTool
-from trajcore.domain.tools import ToolCall, ToolOutcome
+from trajcore.domain.messages import Message
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 
 
 @pytest.fixture
@@ -66,3 +67,12 @@ def test_the_result_reads_as_either_tool_result() -> None:
     )
     assert (ran.ok, ran.success, ran.output) == (True, True, "hi\n")
     assert (refused.ok, refused.success, refused.error) == (False, False, "no such tool")
+
+
+def test_the_result_is_a_tool_result_for_trajcore_code() -> None:
+    ran = ExecResult.of(ToolResult.success(ToolCall(id="c", name="bash", arguments={}), "hi\n"))
+    assert isinstance(ran, ToolResult)
+    assert ran.answering("d") == ToolResult(
+        call_id="d", name="bash", outcome=ToolOutcome.OK, content="hi\n"
+    )
+    assert Message.tool(ran) == Message(role="tool", content="hi\n", tool_call_id="c", name="bash")

@@ -82,7 +82,7 @@ from trajcore.domain.agent_loop import StopReason
 from trajcore.domain.errors import ConfigError, InfrastructureError, StateError
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
-from trajcore.domain.tools import ExecReport, SandboxBudget, ToolCall, ToolOutcome, ToolResult
+from trajcore.domain.tools import ToolCall, ToolResult
 from trajcore.entrypoints.atropos import tasks
 from trajcore.entrypoints.atropos.config import AgentEnvConfig
 from trajcore.entrypoints.atropos.env import AgentEnv
@@ -111,23 +111,13 @@ ConfigT_co = TypeVar("ConfigT_co", bound=AgentEnvConfig, default=AgentEnvConfig,
 
 
 @attrs.frozen(kw_only=True)
-class ExecResult:
-    """What ``exec_tool`` answers: trajcore's ``ToolResult`` (the same fields and ``ok``), read
-    also as atropos-agent's ``ToolResult`` was (``success``, ``output``), so that a seed's
-    ``if not res.success:`` after a failing check scores it as a failure. (``ToolResult`` has a
-    ``success`` too, a constructor, which is always true when read as a flag.)
-
-    Attributes:
-        call_id, name, outcome, content, error, exec, sandbox_budget: ``ToolResult``'s.
+class ExecResult(ToolResult):
+    """What ``exec_tool`` answers: trajcore's ``ToolResult`` (its fields, ``ok`` and
+    ``answering``; ``Message.tool`` takes it), read also as atropos-agent's ``ToolResult`` was
+    (``success``, ``output``), so that a seed's ``if not res.success:`` after a failing check
+    scores it as a failure. (``ToolResult.success`` is a constructor, which is always true when
+    read as a flag; here ``success`` is the seed's flag, so build an ``ExecResult`` with ``of``.)
     """
-
-    call_id: str
-    name: str
-    outcome: ToolOutcome
-    content: str = ""
-    error: str | None = None
-    exec: ExecReport | None = None
-    sandbox_budget: SandboxBudget | None = None
 
     @classmethod
     def of(cls, result: ToolResult) -> ExecResult:
@@ -135,12 +125,7 @@ class ExecResult:
         return cls(**attrs.asdict(result, recurse=False))
 
     @property
-    def ok(self) -> bool:
-        """The call ran (a command that exited non-zero ran): ``ToolResult.ok``."""
-        return self.outcome is ToolOutcome.OK
-
-    @property
-    def success(self) -> bool:
+    def success(self) -> bool:  # type: ignore[override]  # the seed's flag, not the constructor
         """atropos-agent's ``success``: the call ran and, for a command, exited 0."""
         return self.ok and (self.exec is None or self.exec.exit_code == 0)
 
