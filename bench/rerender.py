@@ -25,14 +25,12 @@ import argparse
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
-
-import attrs
 
 from trajcore.adapters.tokenizers import TransformersTokenizer, qwen3_tokenizer_path
 from trajcore.domain.messages import Message
-from trajcore.domain.token_ledger.template import ChatRenderer, ChatTemplate
+from trajcore.domain.token_ledger.template import ChatTemplate, RenderOnly
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult, ToolSpec
 
 TOOLS = (
@@ -43,22 +41,6 @@ TOOLS = (
     ),
 )
 _WORDS = ("def", "class", "return", "import", "self", "value", "error", "file", "line", "the")
-
-
-@attrs.frozen
-class _RenderOnly:
-    """The adapter seen through ``render`` alone: the re-render renders each prefix whole."""
-
-    inner: ChatRenderer
-
-    def render(
-        self,
-        messages: Sequence[Message],
-        *,
-        tools: Sequence[ToolSpec] = (),
-        add_generation_prompt: bool = False,
-    ) -> list[int]:
-        return self.inner.render(messages, tools=tools, add_generation_prompt=add_generation_prompt)
 
 
 def _output(rng: random.Random, size: int) -> str:
@@ -107,7 +89,7 @@ def main() -> None:
     args = parser.parse_args()
     tokenizer = TransformersTokenizer.from_path(qwen3_tokenizer_path())
     template = ChatTemplate.learn(tokenizer, turn_stops=[tokenizer.eos_token_id or 0])
-    whole = ChatTemplate(renderer=_RenderOnly(tokenizer), shape=template.shape)
+    whole = ChatTemplate(renderer=RenderOnly(tokenizer), shape=template.shape)
     print(f"OpenAI-mode re-render, Qwen3, {args.turns} turns, {args.chars:,} characters of results")
     for label, every in (("one query", None), ("a query every 5 turns", 5)):
         messages = conversation(args.turns, args.chars, query_every=every)

@@ -21,14 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tests.unit.test_token_ledger_rerender_prefixes import (
-    RenderOnly,
-    _kinds_and_ids,
-    oracle_rerender,
-)
+from tests.unit.test_token_ledger_rerender_prefixes import _kinds_and_ids, oracle_rerender
 from trajcore.adapters.tokenizers import TransformersTokenizer
 from trajcore.domain.messages import Message
-from trajcore.domain.token_ledger.template import ChatTemplate, render_with_prefixes
+from trajcore.domain.token_ledger.template import ChatTemplate, RenderOnly, render_with_prefixes
 
 SPECIAL = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[THINK]", "[/THINK]"]
 

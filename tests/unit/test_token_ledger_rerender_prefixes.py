@@ -27,9 +27,9 @@ from trajcore.domain.errors import ConfigError
 from trajcore.domain.messages import Message
 from trajcore.domain.token_ledger.ledger import Segment, SegmentKind, TokenLedger
 from trajcore.domain.token_ledger.template import (
-    ChatRenderer,
     ChatTemplate,
     PrefixRenderer,
+    RenderOnly,
     render_with_prefixes,
 )
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult, ToolSpec
@@ -112,22 +112,6 @@ def oracle_rerender(
         kind = SegmentKind.PROMPT if not segments else SegmentKind.ENVIRONMENT
         segments.append(Segment(kind=kind, token_ids=full[cursor:]))
     return TokenLedger.from_segments(segments, token_exact=False)
-
-
-@attrs.frozen
-class RenderOnly:
-    """A renderer seen through ``render`` alone: the re-render then renders each prefix whole."""
-
-    inner: ChatRenderer
-
-    def render(
-        self,
-        messages: Sequence[Message],
-        *,
-        tools: Sequence[ToolSpec] = (),
-        add_generation_prompt: bool = False,
-    ) -> list[int]:
-        return self.inner.render(messages, tools=tools, add_generation_prompt=add_generation_prompt)
 
 
 # ------------------------------------------------------------------------------ setups
@@ -279,6 +263,15 @@ def test_the_adapter_measures_prefixes_itself_only_where_added_tokens_match_as_w
     backend = setup.tokenizer._rust()
     assert backend is not None
     assert setup.tokenizer._splits_at_added_tokens(backend) is (setup.name != "qwen3-stripping")
+
+
+def test_a_renderer_seen_through_render_alone_renders_as_it_does(setup: Setup) -> None:
+    plain = RenderOnly(setup.tokenizer)
+    assert not isinstance(plain, PrefixRenderer)
+    messages = [Message.user("Hi"), Message.assistant("Hello")]
+    assert plain.render(messages, tools=TOOLS, add_generation_prompt=True) == (
+        setup.tokenizer.render(messages, tools=TOOLS, add_generation_prompt=True)
+    )
 
 
 # ------------------------------------------------------------------------------ the work done

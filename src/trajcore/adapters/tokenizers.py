@@ -49,7 +49,11 @@ from jinja2.exceptions import TemplateError
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.json_values import JSON
 from trajcore.domain.messages import Message, escape_lone_surrogates
-from trajcore.domain.token_ledger.template import common_prefix, render_with_prefixes
+from trajcore.domain.token_ledger.template import (
+    RenderOnly,
+    common_prefix,
+    render_with_prefixes,
+)
 from trajcore.domain.tools import ToolSpec
 
 if TYPE_CHECKING:
@@ -196,13 +200,13 @@ class TransformersTokenizer:
             or not self._splits_at_added_tokens(backend)
             or self._spells_added_text(chat)  # some prefix may take render's other path
         ):
-            return render_with_prefixes(_Plain(self), messages, tools=tools, prefixes=prefixes)
+            return render_with_prefixes(RenderOnly(self), messages, tools=tools, prefixes=prefixes)
         whole = _text(self._apply(chat, tools, False, tokenize=False), what="messages")
         full = self._encode(whole, what="messages")
         stretches: dict[tuple[str, str], list[int] | None] = {}
         marked = self._stretch_marks(backend, whole, stretches)
         if marked is None or marked.ids != full:  # the whole is not its stretches: no shortcut
-            return render_with_prefixes(_Plain(self), messages, tools=tools, prefixes=prefixes)
+            return render_with_prefixes(RenderOnly(self), messages, tools=tools, prefixes=prefixes)
         reach = max(map(len, self._added_vocab()))
         measured: list[tuple[int, int]] = []
         for n, add_generation_prompt in prefixes:
@@ -462,25 +466,6 @@ class _Stretches:
     offsets: list[int]
     leads: list[str]
     ids: list[int]
-
-
-@attrs.frozen
-class _Plain:
-    """An adapter seen through ``render`` alone, so that ``render_with_prefixes`` (the
-    function) renders each prefix whole."""
-
-    tokenizer: TransformersTokenizer
-
-    def render(
-        self,
-        messages: Sequence[Message],
-        *,
-        tools: Sequence[ToolSpec] = (),
-        add_generation_prompt: bool = False,
-    ) -> list[int]:
-        return self.tokenizer.render(
-            messages, tools=tools, add_generation_prompt=add_generation_prompt
-        )
 
 
 _CHARS_AT_ONCE = 65536

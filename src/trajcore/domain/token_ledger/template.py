@@ -22,6 +22,7 @@ __all__ = [
     "ChatRenderer",
     "ChatTemplate",
     "PrefixRenderer",
+    "RenderOnly",
     "TemplateShape",
     "common_prefix",
     "render_with_prefixes",
@@ -98,6 +99,15 @@ def render_with_prefixes(
         )
         measured.append((common_prefix(ids, full), len(ids)))
     return full, measured
+
+
+class RenderOnly:
+    """``renderer`` seen through ``render`` alone, never as a ``PrefixRenderer``: given to
+    ``render_with_prefixes`` (the function), it renders each prefix whole, the reference a
+    renderer's own ``render_with_prefixes`` falls back to and is measured against."""
+
+    def __init__(self, renderer: ChatRenderer) -> None:
+        self.render = renderer.render
 
 
 def _ids(values: Iterable[int]) -> tuple[int, ...]:
