@@ -93,7 +93,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - only without the option
     ) from exc
 
 from trajcore.domain.errors import ConfigError
-from trajcore.domain.messages import Message, escape_lone_surrogates
+from trajcore.domain.messages import LONE_SURROGATE, Message, escape_lone_surrogates
 from trajcore.domain.tools import ToolCall, ToolSpec
 
 __all__ = ["BundledMistral", "MistralCommonTokenizer", "mistral_call_id"]
@@ -331,9 +331,6 @@ def _message(index: int, message: Message, *, content_with_calls: bool) -> _Chat
         raise ConfigError(f"messages[{index}]", f"mistral_common refused it: {exc}") from exc
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def _call(call: ToolCall) -> MistralToolCall:
     return MistralToolCall(
         id=mistral_call_id(call.id),
@@ -341,7 +338,7 @@ def _call(call: ToolCall) -> MistralToolCall:
         # back a lone surrogate: the tekkenizer writes one as U+FFFD, SentencePiece cannot take
         # it at all; every version gets U+FFFD
         function=FunctionCall(
-            name=call.name, arguments=_LONE_SURROGATE.sub("\ufffd", call.arguments_json())
+            name=call.name, arguments=LONE_SURROGATE.sub("\ufffd", call.arguments_json())
         ),
     )
 

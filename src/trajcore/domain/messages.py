@@ -19,7 +19,7 @@ from trajcore.domain.errors import ConfigError
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.tools import ToolCall, ToolResult
 
-__all__ = ["ROLES", "Message", "Role", "escape_lone_surrogates"]
+__all__ = ["LONE_SURROGATE", "ROLES", "Message", "Role", "escape_lone_surrogates"]
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
@@ -113,7 +113,8 @@ class Message:
         return out
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+"""A lone surrogate: a code point no encoding can write (``escape_lone_surrogates``)."""
 
 
 def escape_lone_surrogates(text: str) -> str:
@@ -128,5 +129,5 @@ def escape_lone_surrogates(text: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        return _LONE_SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+        return LONE_SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
     return text
