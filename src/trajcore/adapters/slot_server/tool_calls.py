@@ -331,6 +331,19 @@ async def _run_command(
     return _command_result(call, reply, timeout, sandboxed=agent.sandboxed)
 
 
+def _file_failure(
+    call: ExecuteCall, verb: str, path: str, error: ToolArgumentError | OSError
+) -> ToolResult:
+    """The result of a file tool that could not ``verb`` (read, write) ``path``: ``REJECTED``
+    naming the argument at fault, else ``TOOL_ERROR`` saying why (what the workspace holds
+    there, or the system's reason)."""
+    if isinstance(error, RefusedFile):
+        return failure(call, ToolOutcome.TOOL_ERROR, f"cannot {verb} {path!r}: it {error.what}")
+    if isinstance(error, ToolArgumentError):
+        return failure(call, ToolOutcome.REJECTED, f"{error.reason} @ $.{error.field}")
+    return failure(call, ToolOutcome.TOOL_ERROR, f"cannot {verb} {path!r}: {error.strerror}")
+
+
 async def _read_file(sandboxes: Sandboxes, slot: Slot, call: ExecuteCall) -> ToolResult:
     cap = sandboxes.config.isolation.file_cap_bytes
     asked = call.arguments.get("max_bytes")
@@ -339,12 +352,8 @@ async def _read_file(sandboxes: Sandboxes, slot: Slot, call: ExecuteCall) -> Too
     path = cast("str", call.arguments["path"])
     try:
         found = await asyncio.to_thread(slot.workspace.read, home_relative(path), cap)
-    except RefusedFile as error:
-        return failure(call, ToolOutcome.TOOL_ERROR, f"cannot read {path!r}: it {error.what}")
-    except ToolArgumentError as error:
-        return failure(call, ToolOutcome.REJECTED, f"{error.reason} @ $.{error.field}")
-    except OSError as error:
-        return failure(call, ToolOutcome.TOOL_ERROR, f"cannot read {path!r}: {error.strerror}")
+    except (ToolArgumentError, OSError) as error:
+        return _file_failure(call, "read", path, error)
     text, shown = await asyncio.to_thread(_text_within, found.data, cap)
     if found.truncated or shown < len(found.data):
         text += f"\n[... truncated: showing {shown} of {found.size} bytes]"
@@ -400,12 +409,8 @@ async def _write_file(sandboxes: Sandboxes, slot: Slot, call: ExecuteCall) -> To
         written = await asyncio.to_thread(
             lambda: slot.workspace.write(home_relative(path), data, append=append, max_bytes=limit)
         )
-    except RefusedFile as error:
-        return failure(call, ToolOutcome.TOOL_ERROR, f"cannot write {path!r}: it {error.what}")
-    except ToolArgumentError as error:
-        return failure(call, ToolOutcome.REJECTED, f"{error.reason} @ $.{error.field}")
-    except OSError as error:
-        return failure(call, ToolOutcome.TOOL_ERROR, f"cannot write {path!r}: {error.strerror}")
+    except (ToolArgumentError, OSError) as error:
+        return _file_failure(call, "write", path, error)
     slot.disk_written = call.epoch  # the disk budget's watch measures the lease's area next
     return _result(call, ToolOutcome.OK, f"wrote {written} bytes to {path}")
 
