@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import anyio
 import attrs
@@ -22,6 +22,7 @@ from tests.unit.test_trajectory_render_threads import (
 )
 from trajcore.adapters.fakes.llm import FakeChatServer
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
+from trajcore.adapters.render_pool import DaemonRenderPool
 from trajcore.adapters.tokenizers import TransformersTokenizer
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.errors import ConfigError
@@ -38,6 +39,14 @@ from trajcore.rollout.trajectory import RolloutConfig, TrajectoryResult
 
 pytestmark = pytest.mark.anyio
 __all__ = ["anyio_backend", "llama3"]  # fixtures shared with the trajectory tests
+
+
+@pytest.fixture(params=["executor", "daemon"])
+def render_threads_of(request: pytest.FixtureRequest) -> Callable[[int], RenderThreads]:
+    """``RenderThreads`` of so many threads over the default pool, and over the entry points'."""
+    if request.param == "daemon":
+        return lambda threads: RenderThreads(threads, make_pool=DaemonRenderPool)
+    return RenderThreads
 
 
 async def test_a_render_past_its_deadline_leaves_the_member_scored_without_tokens(
@@ -70,8 +79,10 @@ async def test_a_render_past_its_deadline_leaves_the_member_scored_without_token
     assert "no training tokens: their render did not finish by" in (result.outcome.detail or "")
 
 
-async def test_a_render_given_up_keeps_its_thread_and_one_not_started_never_starts() -> None:
-    render_threads = RenderThreads(threads=1)
+async def test_a_render_given_up_keeps_its_thread_and_one_not_started_never_starts(
+    render_threads_of: Callable[[int], RenderThreads],
+) -> None:
+    render_threads = render_threads_of(1)
     release, running = threading.Event(), threading.Event()
     ran: list[str] = []
 
@@ -103,8 +114,10 @@ async def test_a_render_given_up_keeps_its_thread_and_one_not_started_never_star
     assert ran == ["slow", "quick"]  # the dropped one never ran
 
 
-async def test_a_cancelled_callers_queued_render_never_starts() -> None:
-    render_threads = RenderThreads(threads=1)
+async def test_a_cancelled_callers_queued_render_never_starts(
+    render_threads_of: Callable[[int], RenderThreads],
+) -> None:
+    render_threads = render_threads_of(1)
     release, running = threading.Event(), threading.Event()
     ran: list[str] = []
 
@@ -133,8 +146,10 @@ async def test_a_cancelled_callers_queued_render_never_starts() -> None:
     assert ran == ["slow"]
 
 
-async def test_a_render_that_raises_raises_in_the_caller() -> None:
-    render_threads = RenderThreads(threads=2)
+async def test_a_render_that_raises_raises_in_the_caller(
+    render_threads_of: Callable[[int], RenderThreads],
+) -> None:
+    render_threads = render_threads_of(2)
 
     def broken() -> None:
         raise ConfigError("messages", "the chat template refused them")

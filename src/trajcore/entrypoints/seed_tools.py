@@ -403,6 +403,7 @@ async def run_agent(
                 dispatcher=services.dispatcher,
                 tool_server=services.tool_server,
                 config=env.settings.rollout,
+                render_threads=services.render_threads,
             )
         finally:
             await release_tool_sessions(services.tool_server, tid)

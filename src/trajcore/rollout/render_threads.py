@@ -24,6 +24,15 @@ long. So the trajectory runner hands it to ``RenderThreads``, which keeps these 
   (``RenderLate`` with ``started`` false); one that is running is dropped (``started`` true):
   a thread cannot be stopped, so it goes on and its result is thrown away, but it keeps its
   pool thread until it ends, so a slow render never stacks up work beyond the bound.
+- **A render given up on does not hold the process's exit.** The threads come from a
+  ``RenderPool`` (this layer keeps the rules above, not threads of its own). The entry points
+  hand in ``trajcore.adapters.render_pool.DaemonRenderPool``, whose threads are daemon threads:
+  a render still running when the env process ends (a Ctrl-C, or the end of a run) is left
+  behind. A ``ThreadPoolExecutor``'s threads, which the interpreter joins at exit, would keep
+  the process alive until that render ended (tens of seconds for a huge conversation); such an
+  executor is the default, for one who calls ``run_trajectory`` directly, who may pass
+  ``render_threads=RenderThreads(make_pool=DaemonRenderPool)`` instead. Whatever the pool, the
+  thread a caller's wait is parked in ends with the wait, not with the render.
 - **Cancellable.** Cancelling the caller (its group or the env shutting down) stops its wait at
   once, as the deadline does, with the same effect on the render.
 
@@ -52,15 +61,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import anyio.to_thread
 import attrs
 from anyio.lowlevel import RunVar
 
-from trajcore.domain.errors import ConfigError
+from trajcore.domain.errors import ConfigError, StateError
 from trajcore.domain.messages import Message
 from trajcore.domain.token_ledger.drift import Drift
 from trajcore.domain.token_ledger.ledger import TrainingTokens
@@ -68,6 +77,7 @@ from trajcore.rollout.policy import PolicySession
 
 __all__ = [
     "RenderLate",
+    "RenderPool",
     "RenderThreads",
     "Rendered",
     "default_render_threads",
@@ -111,6 +121,41 @@ def _check_threads(instance: object, attribute: attrs.Attribute[int], value: obj
         raise ConfigError(attribute.name, f"must be a whole number of at least 1, got {value!r}")
 
 
+class RenderPool(Protocol):
+    """The threads renders run in: what ``RenderThreads`` needs of them.
+
+    At most the pool's size of works run at once; the others wait and start in the order they
+    were submitted. A work whose future is cancelled while it waits never starts.
+    """
+
+    def submit(self, work: Callable[[], T], /) -> Future[T]:
+        """``work``'s future: its result, or what it raised, once a thread has run it."""
+        ...
+
+    def shutdown(self) -> None:
+        """Take no more work, and let each thread end once the work submitted before is done;
+        returns at once."""
+        ...
+
+
+@attrs.frozen
+class _ExecutorPool:
+    """A ``ThreadPoolExecutor`` as a ``RenderPool``. Its threads hold the process's exit: the
+    interpreter joins them, and so waits for any render still running."""
+
+    executor: ThreadPoolExecutor
+
+    def submit(self, work: Callable[[], T], /) -> Future[T]:
+        return self.executor.submit(work)
+
+    def shutdown(self) -> None:
+        self.executor.shutdown(wait=False)
+
+
+def _executor_pool(threads: int) -> RenderPool:
+    return _ExecutorPool(ThreadPoolExecutor(threads, thread_name_prefix="trajcore-render"))
+
+
 @attrs.define
 class RenderThreads:
     """Runs renders in at most ``threads`` worker threads at once (see the module doc).
@@ -120,14 +165,21 @@ class RenderThreads:
 
     Attributes:
         threads: The most renders that run at once.
+        make_pool: Makes the ``RenderPool`` of ``threads`` threads the renders run in; by
+            default a ``ThreadPoolExecutor``, whose threads hold the process's exit
+            (``trajcore.adapters.render_pool.DaemonRenderPool``'s do not).
     """
 
     threads: int = attrs.field(factory=default_render_threads, validator=_check_threads)
-    _pool: ThreadPoolExecutor = attrs.field(init=False, repr=False)
+    make_pool: Callable[[int], RenderPool] = attrs.field(
+        default=_executor_pool, kw_only=True, repr=False
+    )
+    _pool: RenderPool = attrs.field(init=False, repr=False)
     _waits: RunVar[anyio.CapacityLimiter] = attrs.field(init=False, repr=False)
+    _closed: bool = attrs.field(default=False, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="trajcore-render")
+        self._pool = self.make_pool(self.threads)
         self._waits = RunVar("trajcore_render_waits")  # keyed by the RunVar, not its name
 
     def _waiters(self) -> anyio.CapacityLimiter:
@@ -145,13 +197,20 @@ class RenderThreads:
             RenderLate: (a ``TimeoutError``) waiting for a thread and running ``work`` took
                 longer than ``timeout_s``: ``work`` never starts, or runs on and its result
                 is dropped.
+            StateError: ``close`` was called: no render starts any more.
         """
+        if self._closed:
+            raise StateError("the render threads are closed: no render starts in them")
         rendering: Future[T] = self._pool.submit(work)
+        # the parked thread waits for the render or for this call's end, whichever comes first:
+        # a wait given up on must not outlive the call (anyio's worker threads hold the exit)
+        ended: Future[None] = Future()
         try:
             with anyio.move_on_after(timeout_s):
-                return await anyio.to_thread.run_sync(
-                    rendering.result, limiter=self._waiters(), abandon_on_cancel=True
+                await anyio.to_thread.run_sync(
+                    _first_done, rendering, ended, limiter=self._waiters(), abandon_on_cancel=True
                 )
+                return rendering.result()  # ``ended`` is set only below: the render is done
             if rendering.cancel():  # still queued: now it never starts
                 raise RenderLate(timeout_s, started=False)
             if rendering.done():  # it finished as the time ran out: nothing left to wait for
@@ -159,10 +218,17 @@ class RenderThreads:
             raise RenderLate(timeout_s, started=True)
         finally:
             rendering.cancel()  # a no-op once it runs or ran; else it never starts
+            ended.set_result(None)
 
     def close(self) -> None:
-        """Let the pool's threads end once the renders they run (or that wait) are done."""
-        self._pool.shutdown(wait=False)
+        """Let the pool's threads end once the renders they run (or that wait) are done; a
+        ``run`` after this raises ``StateError``."""
+        self._closed = True
+        self._pool.shutdown()
+
+
+def _first_done(*futures: Future[Any]) -> None:
+    wait(futures, return_when=FIRST_COMPLETED)
 
 
 _SHARED: RenderThreads | None = None

@@ -122,9 +122,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         if self.settings.ignored_parser and config.parser_given():
             log.warning("%s", self.settings.mode_line())
         builtin = [h for h in _ITEM_HOOKS if getattr(type(self), h) is getattr(AgentEnv, h)]
-        self._dataset: DatasetRows | None = builtin_dataset(
-            config, env_name=type(self).__name__, builtin=builtin
-        )
+        self._dataset = builtin_dataset(config, env_name=type(self).__name__, builtin=builtin)
         with startup.tokenizer_errors(config.tokenizer_name, self.server_configs):
             super().__init__(config, self.server_configs, slurm=slurm, testing=testing)
         self._services: RolloutServices | None = None
@@ -571,6 +569,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
                     policy=agent_policy, pool=services.pool, dispatcher=services.dispatcher,
                     tool_server=services.tool_server, config=config, environment=environment,
                     prepared=prepared, model_stalled=services.model_stalled,
+                    render_threads=services.render_threads,
                 )  # fmt: skip
             finally:
                 await release_tool_sessions(services.tool_server, trajectory_id)

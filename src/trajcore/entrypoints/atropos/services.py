@@ -1,9 +1,10 @@
 """The services a run shares, and the adapters they are built from.
 
 ``RolloutServices`` is what every group of a run uses: the sandbox pool, the batching tool
-dispatcher over it, the model side, the tool server, and the tools and toolsets the model may be
-offered. ``AgentEnv.rollout_services`` opens them once per run; the functions here build the
-adapters its ``make_*`` methods return, from the config and Atropos's server settings.
+dispatcher over it, the model side, the tool server, the tools and toolsets the model may be
+offered, and the threads of the final renders. ``AgentEnv.rollout_services`` opens them once
+per run; the functions here build the adapters its ``make_*`` methods return, from the config
+and Atropos's server settings.
 
 Rules it keeps:
 
@@ -15,6 +16,7 @@ Rules it keeps:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -27,6 +29,7 @@ from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[im
 
 from trajcore.adapters.generation_config import generation_stop_ids
 from trajcore.adapters.llm.atropos import ServerManagerTokenServer, token_server_from_config
+from trajcore.adapters.render_pool import DaemonRenderPool
 from trajcore.adapters.tool_server import INPROCESS, HTTPToolServer, ToolRegistry
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
@@ -46,11 +49,13 @@ from trajcore.ports.tokenizer import Tokenizer
 from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.policy import ModelStallCheck, Policy
+from trajcore.rollout.render_threads import RenderThreads
 
 __all__ = [
     "SEED_DEFAULT_TOOLSET",
     "RolloutServices",
     "default_toolsets",
+    "env_render_threads",
     "join_tool_servers",
     "learn_chat_template",
     "release_tool_sessions",
@@ -66,6 +71,13 @@ RELEASE_TIMEOUT_S = 10.0
 """Longest a tool server may take to end one trajectory's sessions."""
 
 
+@functools.cache
+def env_render_threads() -> RenderThreads:
+    """The process's render threads for its envs' trajectories, made on first use: daemon
+    threads (``DaemonRenderPool``), so a render given up on never holds the process's exit."""
+    return RenderThreads(make_pool=DaemonRenderPool)
+
+
 @attrs.frozen(kw_only=True)
 class RolloutServices:
     """What every group of a run shares.
@@ -79,6 +91,7 @@ class RolloutServices:
         catalog: The toolsets over ``specs``.
         model_stalled: Whether a model call in flight at a trajectory's turns' deadline is the
             model server's failure; ``None`` for a policy the env did not build.
+        render_threads: Where the trajectories' final renders run (``env_render_threads``).
     """
 
     pool: SandboxPool
@@ -88,6 +101,7 @@ class RolloutServices:
     specs: tuple[ToolSpec, ...]
     catalog: ToolsetCatalog
     model_stalled: ModelStallCheck | None = None
+    render_threads: RenderThreads = attrs.field(factory=env_render_threads)
 
 
 def server_types(configs: object) -> tuple[str, ...]:
