@@ -207,7 +207,8 @@ def test_an_unreachable_endpoint_ends_the_run_after_model_wait_s(tmp_path: Path)
     assert "unrecognized arguments" not in output
     assert "agent_max_steps is the atropos-agent name of trajcore's max_turns" in output
     assert f"waiting for the model endpoint (giving up in {MODEL_WAIT_S} s" in output
-    assert "ModelEndpointUnavailable" in output
+    assert "EndpointEnv: ModelEndpointUnavailable: " in output  # one line, no traceback
+    assert "Traceback" not in output
     assert f"no model endpoint answered within model_wait_s={MODEL_WAIT_S} s" in output
     assert url in output  # the URL the user gave, not Atropos's localhost:9004
     assert "localhost:9004" not in output
@@ -320,10 +321,15 @@ def test_a_model_server_failing_until_the_deadline_is_a_model_error_not_a_score(
         code, output, _ = _process(
             tmp_path, url, "--env.model_wait_s", "20", "--env.slot_lifetime_s", "8", *extra
         )
-    assert code != 0  # the groups failed, max_failed_groups in a row
+    assert code == 1  # the groups failed, max_failed_groups in a row, said in one line:
+    assert "EndpointEnv: GroupsFailing: 5 groups in a row failed" in output, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
     assert "model_error" in output, output[-3000:]
     assert why in output, output[-3000:]
-    assert "time_budget" not in output, output[-3000:]
+    assert "scores [None, None]" in output, output[-3000:]  # never scored, never 0
+    assert "scores [0.0" not in output, output[-3000:]
+    warned = "openai.timeout=1200 s is not below the trajectory's deadline (8 s)" in output
+    assert warned is (mode == "down")  # Atropos's default timeout, which a hang never reaches
     groups = tmp_path / "groups.jsonl"
     assert not groups.exists() or groups.read_text() == ""  # nothing scored was written
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -317,6 +317,25 @@ async def test_run_agent_runs_the_agent_on_a_task_text() -> None:
     (pool,) = env.pools  # opened for the call, and closed after it
     assert env.pools_closed == 1
     assert pool.statistics().leases_granted == 1
+
+
+class AgentOnAStalledServer(AgentOnFakes):
+    """The model server never answers, and Atropos's health check marks every server down."""
+
+    def make_chat_server(self) -> ChatServer:
+        chat = FakeChatServer(script=[Message.assistant("late")])
+        chat.inject(LLMFault.delay(60.0))
+        for server in cast("Any", self.server).servers:  # atroposlib's, untyped
+            server.server_healthy = False
+        return chat
+
+
+async def test_run_agent_reports_a_stalled_model_server_as_its_failure() -> None:
+    env = AgentOnAStalledServer(_config(slot_lifetime_s=2.0, score_reserve_s=0.5))
+    _, debug = await env.run_agent("Look x up.", trajectory_id="t-stalled")
+    assert (debug["status"], debug["stop_reason"]) == ("model_error", "model_error")
+    assert debug["success"] is False
+    assert "is marked unhealthy by Atropos's health check" in debug["error"]
 
 
 async def test_run_agent_uses_the_open_services_and_reports_failures() -> None:

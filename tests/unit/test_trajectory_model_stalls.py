@@ -5,9 +5,11 @@ atroposlib ``ServerManager`` for the Atropos env's check."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import anyio
+import attrs
 import pytest
 
 from trajcore.adapters.fakes.llm import FakeChatServer, LLMFault
@@ -20,6 +22,7 @@ from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
 from trajcore.domain.tools import ToolCall
+from trajcore.entrypoints.idle_slots import IdleLimitedPolicy
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.policy import ChatPolicy, ModelStallCheck
 from trajcore.rollout.tools import SlotTools
@@ -37,8 +40,8 @@ CONFIG = RolloutConfig(
     agent=AgentLoopConfig(max_turns=4),
     sampling=SamplingParams(max_tokens=64),
     tool_timeout_s=5.0,
-    deadline_s=0.4,
-    score_reserve_s=0.1,
+    deadline_s=3.0,
+    score_reserve_s=1.0,
     acquire_timeout_s=5.0,
 )
 
@@ -56,7 +59,13 @@ async def _score(tools: SlotTools, messages: Sequence[Message]) -> float:
     return 0.0
 
 
-async def _run(chat: FakeChatServer, stalled: ModelStallCheck | None) -> TrajectoryResult:
+async def _run(
+    chat: FakeChatServer,
+    stalled: ModelStallCheck | None,
+    config: RolloutConfig = CONFIG,
+    idle_s: float | None = None,
+) -> TrajectoryResult:
+    policy = ChatPolicy(chat)
     async with (
         FakeSandboxPool() as pool,
         ToolDispatcher(pool, BatchConfig()) as dispatcher,
@@ -67,11 +76,11 @@ async def _run(chat: FakeChatServer, stalled: ModelStallCheck | None) -> Traject
                 messages=TASK,
                 tools=SLOT_TOOL_SPECS,
                 hooks=TrajectoryHooks(prepare=_prepare, score=_score),
-                policy=ChatPolicy(chat),
+                policy=policy if idle_s is None else IdleLimitedPolicy(policy, idle_s),
                 pool=pool,
                 dispatcher=dispatcher,
                 tool_server=None,
-                config=CONFIG,
+                config=config,
                 model_stalled=stalled,
             )
         assert pool.statistics().leased == 0
@@ -96,8 +105,8 @@ async def test_a_model_call_the_check_calls_stalled_is_a_model_error_without_sco
     assert result.outcome.status is TrajectoryStatus.MODEL_ERROR
     assert result.outcome.score is None
     assert result.stats.detail == ("at the turns' deadline: every model server is marked unhealthy")
-    (waited,) = waits  # asked once, with the call's wait: about the turns' 0.3 s
-    assert 0.2 < waited < 5
+    (waited,) = waits  # asked once, with the call's wait: about the turns' 2 s
+    assert 0 < waited < 3
 
 
 async def test_a_model_call_the_check_clears_is_the_policys_time() -> None:
@@ -109,6 +118,28 @@ async def test_a_model_call_the_check_clears_is_the_policys_time() -> None:
 async def test_without_a_check_a_hanging_model_is_the_policys_time() -> None:
     result = await _run(_hanging(), None)
     assert result.stats.stop_reason is StopReason.TIME_BUDGET
+
+
+async def test_a_stalled_call_at_the_slots_idle_limit_is_a_model_error() -> None:
+    result = await _run(_hanging(), lambda waited_s: "every server is down", idle_s=0.3)
+    assert result.stats.stop_reason is StopReason.MODEL_ERROR
+    assert result.outcome.score is None
+    assert result.stats.detail == "at the slot's idle limit: every server is down"
+
+
+async def test_a_call_the_check_clears_at_the_idle_limit_is_that_budget() -> None:
+    result = await _run(_hanging(), lambda waited_s: None, idle_s=0.3)
+    assert result.stats.stop_reason is StopReason.IDLE_LIMIT
+
+
+async def test_with_no_score_reserve_a_stalled_call_is_a_model_error_too() -> None:
+    """The turns' deadline is the trajectory's: the check is asked there as well."""
+    config = attrs.evolve(CONFIG, score_reserve_s=0.0)
+    result = await _run(_hanging(), lambda waited_s: "every server is down", config)
+    assert result.stats.stop_reason is StopReason.MODEL_ERROR
+    assert result.outcome.status is TrajectoryStatus.MODEL_ERROR
+    assert result.stats.detail is not None
+    assert result.stats.detail.endswith(": every server is down")
 
 
 async def test_the_deadline_in_a_tool_call_is_never_the_model_servers() -> None:
@@ -163,3 +194,18 @@ def test_atropos_a_call_past_the_longest_request_timeout_is_the_servers_failure(
     why = check(20.5)
     assert why is not None
     assert "waited 20.5 s, past openai.timeout=20 s for one request" in why
+
+
+def test_atropos_a_timeout_that_cannot_fire_before_the_deadline_is_warned_of(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="trajcore.llm"):
+        stall_check(_manager(30), deadline_s=60.0)
+    assert caplog.records == []
+    with caplog.at_level(logging.WARNING, logger="trajcore.llm"):
+        stall_check(_manager(1200), deadline_s=540.0)
+    (record,) = caplog.records
+    assert "openai.timeout=1200 s is not below the trajectory's deadline (540 s)" in (
+        record.getMessage()
+    )
+    assert "set --openai.timeout below --env.slot_lifetime_s" in record.getMessage()

@@ -404,6 +404,7 @@ async def run_agent(
                 tool_server=services.tool_server,
                 config=env.settings.rollout,
                 render_threads=services.render_threads,
+                model_stalled=services.model_stalled,
             )
         finally:
             await release_tool_sessions(services.tool_server, tid)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import cast
 
 import anyio
@@ -35,7 +35,7 @@ from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.tools import SlotTools, ToolRouter
 
-__all__ = ["Prepared", "prepared_group"]
+__all__ = ["Prepared", "member_lease", "prepared_group"]
 
 log = logging.getLogger("trajcore.rollout")
 
@@ -53,6 +53,29 @@ class Prepared:
     snapshot: Snapshot
     metadata: JSONObject | None
     duration_s: float
+
+
+def member_lease(
+    pool: SandboxPool,
+    holder: str,
+    *,
+    timeout_s: float,
+    environment: str | None,
+    prepared: Prepared | None,
+) -> AbstractAsyncContextManager[tuple[Lease, bool]]:
+    """A group member's lease, and whether it started from the group's ``prepared`` snapshot
+    (where the pool can fork it; elsewhere a lease over ``environment``, to prepare itself)."""
+    if prepared is not None and isinstance(pool, EnvironmentPool):
+        return pool.lease_from(holder, prepared.snapshot, timeout_s=timeout_s)
+    return _unforked(pool.lease(holder, timeout_s=timeout_s, environment=environment))
+
+
+@asynccontextmanager
+async def _unforked(
+    leasing: AbstractAsyncContextManager[Lease],
+) -> AsyncIterator[tuple[Lease, bool]]:
+    async with leasing as lease:
+        yield lease, False
 
 
 @asynccontextmanager

@@ -27,7 +27,8 @@ The decisions are the domain ``AgentLoop``'s; this module performs them. Its pro
   (a slot call's timeout is cut to end there too): the loop finishes as ``time_budget`` and
   the score hook runs in the lease with at least the reserve left, unless a model call was
   in flight that ``model_stalled`` calls the server's failure (every server unhealthy, or a
-  request past its timeout being retried): that is ``model_error``; a member that finished
+  request past its timeout being retried): that is ``model_error``, as it is when such a call
+  meets the slot's idle limit (``IdleLimitExceeded``); a member that finished
   earlier has all the time left. A score hook still running at ``deadline_s`` fails the
   member as ``infra_error``, as does the deadline before a slot or while preparing.
 - **The final render off the loop, with a deadline.** The training tokens (OpenAI mode's
@@ -68,8 +69,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import overload
 
 import anyio
@@ -99,11 +99,10 @@ from trajcore.domain.groups import TrajectoryOutcome, TrajectoryStatus
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
-from trajcore.domain.slots import Lease
 from trajcore.domain.token_ledger.drift import Drift
 from trajcore.domain.token_ledger.ledger import TrainingTokens, Truncation
 from trajcore.domain.tools import ToolCall, ToolResult, ToolSpec
-from trajcore.ports.sandbox_pool import EnvironmentPool, SandboxPool
+from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.hook_failures import (
@@ -114,7 +113,7 @@ from trajcore.rollout.hook_failures import (
     metadata_problem,
 )
 from trajcore.rollout.policy import ModelStallCheck, Policy, PolicySession
-from trajcore.rollout.preparation import Prepared
+from trajcore.rollout.preparation import Prepared, member_lease
 from trajcore.rollout.render_threads import (
     Rendered,
     RenderThreads,
@@ -385,6 +384,8 @@ async def run_trajectory(
     )
     with anyio.move_on_after(config.deadline_s) as deadline:
         await _leased(run, env)
+    if deadline.cancelled_caught:  # with no score reserve, the turns end here too
+        _stalled_model(run, env, "at the trajectory's deadline")
     if deadline.cancelled_caught and not run.loop.finished:
         if LoopEvent.OUT_OF_TIME in run.loop.allowed_events():
             detail = f"the trajectory's deadline of {config.deadline_s:g} s passed"
@@ -409,27 +410,15 @@ class _Env:
     prepared: Prepared | None = None
     model_stalled: ModelStallCheck | None = None
 
-    def lease(self, holder: str, timeout_s: float) -> AbstractAsyncContextManager[_Leased]:
-        """The member's lease, and whether it started from the group's snapshot."""
-        pool, prepared = self.pool, self.prepared
-        if prepared is not None and isinstance(pool, EnvironmentPool):
-            return pool.lease_from(holder, prepared.snapshot, timeout_s=timeout_s)
-        return _unforked(pool.lease(holder, timeout_s=timeout_s, environment=self.environment))
-
-
-_Leased = tuple[Lease, bool]
-
-
-@asynccontextmanager
-async def _unforked(leasing: AbstractAsyncContextManager[Lease]) -> AsyncIterator[_Leased]:
-    async with leasing as lease:
-        yield lease, False
-
 
 async def _leased(run: _Run, env: _Env) -> None:
     config = run.config
     try:
-        async with env.lease(run.trajectory_id, config.acquire_timeout_s) as (lease, forked):
+        leasing = member_lease(
+            env.pool, run.trajectory_id, timeout_s=config.acquire_timeout_s,
+            environment=env.environment, prepared=env.prepared,
+        )  # fmt: skip
+        async with leasing as (lease, forked):
             run.slot = str(lease.slot)
             router = ToolRouter(
                 lease=lease,
@@ -495,12 +484,9 @@ async def _turns(run: _Run, env: _Env, router: ToolRouter) -> None:
     ``out_of_time``), the score reserve left for scoring."""
     left = run.turns_end - run.now()  # by the dispatcher's clock; the scope's is anyio's
     with anyio.CancelScope(deadline=anyio.current_time() + left) as turns:
-        await _agent(run, env.tools, env.policy, router)
+        await _agent(run, env, router)
     if turns.cancelled_caught and LoopEvent.OUT_OF_TIME in run.loop.allowed_events():
-        since, stalled = run.sampling_since, env.model_stalled
-        why = None if since is None or stalled is None else stalled(run.now() - since)
-        if why is not None:  # the model server's failure, not the policy's time
-            run.loop.model_failed(now=run.now(), detail=f"at the turns' deadline: {why}")
+        if _stalled_model(run, env, "at the turns' deadline"):
             return
         config = run.config
         detail = (
@@ -510,10 +496,21 @@ async def _turns(run: _Run, env: _Env, router: ToolRouter) -> None:
         run.loop.out_of_time(now=run.now(), detail=detail)
 
 
-async def _agent(run: _Run, tools: Sequence[ToolSpec], policy: Policy, router: ToolRouter) -> None:
+def _stalled_model(run: _Run, env: _Env, when: str) -> bool:
+    """Whether the model call in flight (``when`` its time ran out) is the model server's
+    failure by the run's ``model_stalled``: if so, the loop has ended as ``model_error``."""
+    since, check = run.sampling_since, env.model_stalled
+    why = None if since is None or check is None else check(run.now() - since)
+    if why is not None and LoopEvent.MODEL_FAILED in run.loop.allowed_events():
+        run.loop.model_failed(now=run.now(), detail=f"{when}: {why}")
+        return True
+    return False
+
+
+async def _agent(run: _Run, env: _Env, router: ToolRouter) -> None:
     loop = run.loop
     decision: CallModel | RunTools | Finish = loop.start(run.now())
-    run.session = session = policy.start(run.messages, tools=tools)
+    run.session = session = env.policy.start(run.messages, tools=env.tools)
     while isinstance(decision, CallModel):
         turn_number = decision.turn
         sampling = run.config.sampling
@@ -535,7 +532,8 @@ async def _agent(run: _Run, tools: Sequence[ToolSpec], policy: Policy, router: T
         try:
             turn = await session.sample(run.messages, sampling=sampling)
         except IdleLimitExceeded as exc:
-            loop.idle_limit(now=run.now(), detail=str(exc))
+            if not _stalled_model(run, env, "at the slot's idle limit"):
+                loop.idle_limit(now=run.now(), detail=str(exc))
             return
         except (InfrastructureError, ModelServerRejected, InvalidInput) as exc:
             loop.model_failed(

@@ -32,6 +32,7 @@ token path, become ``ModelServerError``; a reply atroposlib could not unpack (``
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -69,6 +70,9 @@ __all__ = [
     "stall_check",
     "token_server_from_config",
 ]
+
+
+log = logging.getLogger("trajcore.llm")
 
 
 def _translate(exc: BaseException) -> BaseException:
@@ -319,17 +323,32 @@ def server_manager_for(configs: Sequence[Mapping[str, object]]) -> object:
     return manager
 
 
-def stall_check(manager: object) -> Callable[[float], str | None]:
+def stall_check(
+    manager: object, *, deadline_s: float | None = None
+) -> Callable[[float], str | None]:
     """When a model call through ``manager`` that is still in flight at a trajectory's turns'
     deadline is the model server's failure, not the policy's time running out
     (``rollout.policy.ModelStallCheck``): every server of the manager is marked unhealthy by
     Atropos's health check (the call waits, retrying, for one to come back), or the call has
     waited longer than its servers' longest ``timeout``, one request's limit (an attempt failed
-    and Atropos is retrying it, or it waited behind ``num_max_requests_at_once``). Atropos's
-    retries, three rounds of three attempts each up to ``timeout``, can outlast any deadline."""
+    and is being retried, or it waited behind ``num_max_requests_at_once``). Atropos's retries,
+    three rounds of three attempts each up to ``timeout``, can outlast any deadline.
+
+    A server that takes a request and never answers also holds Atropos's health check (a
+    request of its own, with the same ``timeout``), so only the second rule sees it: with a
+    ``timeout`` not below the trajectory's ``deadline_s`` it cannot, and a warning says so."""
     servers = list(cast("Any", manager).servers)
     timeouts = [getattr(getattr(server, "config", None), "timeout", None) for server in servers]
     limit = max((float(t) for t in timeouts if isinstance(t, int | float)), default=None)
+    if limit is not None and deadline_s is not None and limit >= deadline_s:
+        log.warning(
+            "openai.timeout=%g s is not below the trajectory's deadline (%g s): a model server "
+            "that takes a request and never answers it is seen only as the trajectory's time "
+            "running out (time_budget, scored), not as the server's failure (model_error); set "
+            "--openai.timeout below --env.slot_lifetime_s",
+            limit,
+            deadline_s,
+        )
 
     def stalled(waited_s: float) -> str | None:
         if servers and not any(getattr(server, "server_healthy", True) for server in servers):
@@ -340,8 +359,8 @@ def stall_check(manager: object) -> Callable[[float], str | None]:
         if limit is not None and waited_s > limit:
             return (
                 f"the model call had waited {waited_s:.1f} s, past openai.timeout={limit:g} s "
-                "for one request: the model server did not answer it (Atropos was retrying it "
-                "or it waited for a free request)"
+                "for one request: the model server did not answer it (its attempts failed and "
+                "were being retried, or it waited for a free request)"
             )
         return None
 

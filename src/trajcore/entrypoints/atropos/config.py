@@ -190,8 +190,9 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
     score_reserve_s: float | None = Field(
         default=None,
         description="The last part of slot_lifetime_s kept for scoring: the model's turns end "
-        "this much before it (as time_budget), so a member that ran out of time is still "
-        "scored. None: a tenth of slot_lifetime_s, at most 60 s.",
+        "this much before it (as time_budget, or model_error when the model server held the "
+        "call), so a member that ran out of time is still scored. None: a tenth of "
+        "slot_lifetime_s, at most 60 s.",
     )
     slot_idle_timeout_s: float | None = Field(
         default=None,

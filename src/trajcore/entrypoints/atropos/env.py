@@ -271,11 +271,11 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         """``python my_env.py serve|process|evaluate ...``, as with any Atropos env: trajcore's
         log goes to stderr at INFO unless the program configured logging; SIGINT and SIGTERM
         stop the run with the pool closed, a second one forces it (``entrypoints.signals``); a
-        setting that cannot work is one line and exit status 2."""
+        setting that cannot work, or an error that ends the run, is one line (``startup``)."""
         metrics.log_to_stderr_unless_configured()
         from trajcore.entrypoints.signals import closing_on_signals
 
-        with closing_on_signals(cls.__name__), startup.config_errors_in_one_line(cls.__name__):
+        with closing_on_signals(cls.__name__), startup.errors_in_one_line(cls.__name__):
             super().cli()
 
     # --------------------------------------------------------------------- injection points
@@ -422,9 +422,10 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
             select_specs(catalog.all_tools(), specs)  # every toolset tool has a spec
             self.settings = resolve_default_toolset(self.settings, catalog)
             self.settings.toolsets.check_against(catalog)
-            stalled = None if policy is not None else stall_check(self.server)
+            stalled = None  # a policy passed in is not the env's model server
             if policy is None:
                 chat = token = None
+                stalled = stall_check(self.server, deadline_s=self.config.slot_lifetime_s)
                 if self.settings.mode == "managed":
                     token = self.make_token_server()
                     stack.push_async_callback(token.aclose)

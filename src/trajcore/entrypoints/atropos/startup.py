@@ -65,6 +65,7 @@ from trajcore.domain.errors import (
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.validators import check_argument, positive_int
+from trajcore.entrypoints.atropos.failing_groups import GroupsFailing
 from trajcore.entrypoints.seed_settings import translate_seed_flags
 
 __all__ = [
@@ -458,17 +459,24 @@ def check_wandb(use_wandb: bool, environ: dict[str, str] | None = None) -> None:
 
 
 @contextmanager
-def config_errors_in_one_line(program: str) -> Iterator[None]:
-    """Around the env's command line: a ``ConfigError`` (a setting that cannot work) is said in
-    one line on stderr, ``PROGRAM: REASON @ FIELD``, and the process exits with status 2, as
-    ``trajcore run`` and argparse do; its traceback is logged at DEBUG only. Any other error
-    keeps its traceback."""
+def errors_in_one_line(program: str) -> Iterator[None]:
+    """Around the env's command line, the errors that end a run for a reason the user must act
+    on are said in one line on stderr, their traceback logged at DEBUG only: a ``ConfigError``
+    (a setting that cannot work), ``PROGRAM: REASON @ FIELD``, exit status 2, as ``trajcore
+    run`` and argparse do; an ``InfrastructureError`` that ends the run (no model endpoint, no
+    sandbox) or ``GroupsFailing`` (``max_failed_groups`` in a row), ``PROGRAM: TYPE: REASON``,
+    exit status 1, as ``trajcore demo`` does. Any other error keeps its traceback."""
+    log = logging.getLogger("trajcore.env")
     try:
         yield
     except ConfigError as error:
-        logging.getLogger("trajcore.env").debug("the setting refused", exc_info=True)
+        log.debug("the setting refused", exc_info=True)
         print(f"{program}: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    except (InfrastructureError, GroupsFailing) as error:
+        log.debug("the run ended", exc_info=True)
+        print(f"{program}: {type(error).__name__}: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def _names_a_folder(name: str) -> bool:
