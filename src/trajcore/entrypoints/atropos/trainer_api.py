@@ -4,8 +4,10 @@ Atropos's serve loop calls ``run-api`` (register, status, info) with three quick
 then raises tenacity's ``RetryError[<Future ... raised ClientConnectorError>]``, which names
 neither the URL nor the setting: ``run-api`` not started yet when the env starts, or stopped or
 restarted during the run, ended ``serve`` with that line. ``explained`` turns it into
-``TrainerApiUnavailable``, naming ``rollout_server_url``, its value and the last failure; the
-run still ends (with the pool closed), as Atropos ends it.
+``TrainerApiUnavailable``, naming ``rollout_server_url``, its value and the last failure (a
+``run-api`` that answered and refused the request, HTTP 4xx, is said to be up and refusing,
+with the request and the status, not to be unreachable); the run still ends (with the pool
+closed), as Atropos ends it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ def explained(loop: Callable[[], Awaitable[None]], url: str) -> Callable[[], Awa
             last = exc.last_attempt.exception()
             if not isinstance(last, aiohttp.ClientError | OSError | TimeoutError):
                 raise
+            if isinstance(last, aiohttp.ClientResponseError) and 400 <= last.status < 500:
+                raise TrainerApiUnavailable(
+                    f"rollout_server_url: the trainer's API at {url} is up but refused the env's "
+                    f"request ({last.request_info.method} {last.request_info.url.path}: HTTP "
+                    f"{last.status} {last.message}): check that run-api is the one of this "
+                    "atroposlib version and that the env's settings it was sent (wandb_name, "
+                    "group_size, max_token_len) are set"
+                ) from last
             raise TrainerApiUnavailable(
                 f"rollout_server_url: the trainer's API at {url} could not be reached or kept "
                 f"failing ({type(last).__name__}: {last}): start run-api and register the "
