@@ -33,10 +33,11 @@ token path, become ``ModelServerError``; a reply atroposlib could not unpack (``
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 import aiohttp
+import anyio
 import attrs
 import openai
 import tenacity
@@ -73,6 +74,8 @@ __all__ = [
 
 
 log = logging.getLogger("trajcore.llm")
+
+T = TypeVar("T")
 
 
 def _translate(exc: BaseException) -> BaseException:
@@ -118,16 +121,81 @@ def _sampling_kwargs(sampling: SamplingParams) -> dict[str, Any]:
     return kwargs
 
 
+_OUTAGE_POLL_S = 1.0  # Atropos's health check runs once a second
+
+
+@attrs.define
+class _Outage:
+    """How long every server of an atroposlib ``ServerManager`` has been marked unhealthy (by
+    its health check), seen by polling while calls wait; a call gives up once that passes
+    ``limit_s``. Atropos itself waits for a server to come back with no bound: right while a
+    server restarts to load new weights, a silent hang of the run when it died for good."""
+
+    manager: object
+    limit_s: float | None
+    _down_since: float | None = attrs.field(default=None, init=False)
+
+    def _down_for(self) -> float | None:
+        servers = list(cast("Any", self.manager).servers)
+        if not servers or any(getattr(server, "server_healthy", True) for server in servers):
+            self._down_since = None
+            return None
+        now = anyio.current_time()
+        if self._down_since is None:
+            self._down_since = now
+        return now - self._down_since
+
+    async def _watch(self, scope: anyio.CancelScope, down: list[str]) -> None:
+        while True:
+            await anyio.sleep(_OUTAGE_POLL_S)
+            down_for = self._down_for()
+            if down_for is not None and self.limit_s is not None and down_for >= self.limit_s:
+                down.append(
+                    f"every model server has been marked unhealthy by Atropos's health check "
+                    f"for {down_for:.0f} s, past model_wait_s={self.limit_s:g} s"
+                )
+                scope.cancel()
+                return
+
+    async def bounded(self, call: Awaitable[T]) -> T:
+        """``call``'s result, or ``ModelServerError`` once every server has been unhealthy
+        for ``limit_s`` (``None``: no bound)."""
+        if self.limit_s is None:
+            return await call
+        down: list[str] = []
+        answer: list[T] = []
+        failed: list[Exception] = []
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._watch, group.cancel_scope, down)
+            try:
+                answer.append(await call)
+            except Exception as exc:  # noqa: BLE001 - raised below, outside the task group
+                failed.append(exc)
+            group.cancel_scope.cancel()
+        if down:
+            raise ModelServerError(down[0], status=None)
+        if failed:
+            raise failed[0]
+        return answer[0]
+
+
 @attrs.define
 class ServerManagerChatServer:
     """A ``ChatServer`` over an atroposlib ``ServerManager`` (``chat_completion``).
 
     Attributes:
         manager: The env's ``ServerManager`` (typed ``object``: atroposlib is untyped).
+        outage_s: A call fails (``ModelServerError``) once every server has been marked
+            unhealthy this long; ``None``: it waits for one as long as Atropos does.
     """
 
     manager: object
+    outage_s: float | None = None
     _closed: bool = attrs.field(default=False, init=False)
+    _outage: _Outage = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._outage = _Outage(self.manager, self.outage_s)
 
     async def chat(
         self, messages: Sequence[Message], *, tools: Sequence[ToolSpec], sampling: SamplingParams
@@ -147,7 +215,7 @@ class ServerManagerChatServer:
             kwargs["extra_body"] = dict(sampling.extra_body)
         manager = cast("Any", self.manager)
         try:
-            completion = await manager.chat_completion(**kwargs)
+            completion = await self._outage.bounded(manager.chat_completion(**kwargs))
             data: object = completion.model_dump(mode="json")
         except Exception as exc:
             raise _translate(exc) from exc
@@ -170,10 +238,16 @@ class ServerManagerTokenServer:
 
     Attributes:
         manager: The env's ``ServerManager`` whose servers are ``vllm`` or ``sglang`` typed.
+        outage_s: As ``ServerManagerChatServer``'s.
     """
 
     manager: object
+    outage_s: float | None = None
     _closed: bool = attrs.field(default=False, init=False)
+    _outage: _Outage = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._outage = _Outage(self.manager, self.outage_s)
 
     async def generate(
         self, prompt_ids: Sequence[int], *, sampling: SamplingParams
@@ -190,7 +264,9 @@ class ServerManagerTokenServer:
         kwargs["input_ids"] = check_prompt_ids(prompt_ids)
         manager = cast("Any", self.manager)
         try:
-            result: object = await manager.tokens_and_logprobs_completion(**kwargs)
+            result: object = await self._outage.bounded(
+                manager.tokens_and_logprobs_completion(**kwargs)
+            )
         except Exception as exc:
             raise _translate(exc) from exc
         parts = array(list(result) if isinstance(result, tuple) else result, "$")

@@ -294,7 +294,9 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
         gt=0,
         description="serve/process/evaluate: longest wait at start for the --openai.* model "
         "endpoint to answer; each failed try is logged with the URL and what it answered, and "
-        "the run ends with an error naming them once this has passed.",
+        "the run ends with an error naming them once this has passed. During the run, a model "
+        "call through Atropos's ServerManager fails (model_error) once every server has been "
+        "marked unhealthy this long (a server restarting to load weights is waited for).",
     )
 
     def __init__(self, **data: Any) -> None:

@@ -294,8 +294,8 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         return pools.make_pool(self.config)
 
     def make_chat_server(self) -> ChatServer:
-        """OpenAI mode's server: Atropos's ``ServerManager`` built from ``--openai.*``."""
-        return ServerManagerChatServer(self.server)
+        """OpenAI mode's server: Atropos's ``ServerManager``, an outage bounded by model_wait_s."""
+        return ServerManagerChatServer(self.server, outage_s=self.config.model_wait_s)
 
     def make_token_server(self) -> TokenServer:
         """Managed mode's server: trajcore's fast token client for a single ``--openai.*``
@@ -304,7 +304,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         Raises:
             ConfigError: the server type has no token endpoint (``openai.server_type``).
         """
-        return token_server_for(self.server_configs, self.server)
+        return token_server_for(self.server_configs, self.server, self.config.model_wait_s)
 
     def make_tool_server(self) -> ToolServer | None:
         """The external tool server: ``tool_registry()`` served in this process when it returns

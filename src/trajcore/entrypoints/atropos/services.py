@@ -110,9 +110,12 @@ def server_types(configs: object) -> tuple[str, ...]:
     return tuple(str(t) for c in items if (t := getattr(c, "server_type", None)) is not None)
 
 
-def token_server_for(server_configs: object, server: object) -> TokenServer:
+def token_server_for(
+    server_configs: object, server: object, outage_s: float | None = None
+) -> TokenServer:
     """Managed mode's server: trajcore's token client for a single ``--openai.*`` server with a
-    ``base_url``, else Atropos's ``ServerManager`` (``server``, load-balanced).
+    ``base_url``, else Atropos's ``ServerManager`` (``server``, load-balanced; a call fails once
+    every server has been unhealthy for ``outage_s``).
 
     Raises:
         ConfigError: the server type has no token endpoint (``openai.server_type``).
@@ -122,7 +125,7 @@ def token_server_for(server_configs: object, server: object) -> TokenServer:
         configs = [configs]
     if isinstance(configs, list) and len(configs) == 1 and getattr(configs[0], "base_url", None):
         return token_server_from_config(configs[0])
-    return ServerManagerTokenServer(server)
+    return ServerManagerTokenServer(server, outage_s=outage_s)
 
 
 def tool_server_for(
