@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import anyio
 
 from trajcore.adapters.tokenizers import qwen3_tokenizer_path
@@ -42,3 +44,22 @@ class SlowSetupEnv(SetupFailsEnv):
     async def setup(self) -> None:
         print("setting up", flush=True)
         await anyio.sleep(60)
+
+
+class OneItemEnv(SetupFailsEnv):
+    """An env with one item: ``get_next_item`` gives ``None`` after it."""
+
+    name = "one_item"
+    _served: int = 0
+
+    async def setup(self) -> None:
+        pass
+
+    async def get_next_item(self) -> str | None:  # type: ignore[override]  # None: no more items
+        self._served += 1
+        return "hello" if self._served == 1 else None
+
+
+def answer(messages: Sequence[Message]) -> str:
+    """The model's script for these envs: it answers at once."""
+    return "Done."

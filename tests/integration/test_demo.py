@@ -70,6 +70,8 @@ def test_the_demo_runs_offline_and_solves_every_task(tmp_path: Path) -> None:
     assert all(line["tool_calls"] >= 1 and line["tool_errors"] == 0 for line in lines)
     assert all(line["tokens"] and len(line["tokens"]) == len(line["masks"]) for line in lines)
     page = (out / "report.html").read_text(encoding="utf-8")
+    assert "<h1>trajcore demo: shell tasks</h1>" in page  # a complete run: nothing more said
+    assert "stopped" not in done.stdout
     for task in TASKS:
         assert task.name in page
     assert (out / "atropos_groups.jsonl").read_text().count("\n") == len(TASKS)

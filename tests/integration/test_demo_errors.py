@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from examples.shell_tasks import TASKS
 
 from trajcore.entrypoints import demo
 
@@ -24,8 +25,14 @@ def test_an_endpoint_that_does_not_answer_ends_the_demo_naming_it(
     url = "http://127.0.0.1:1/v1"  # nothing listens on port 1
     argv = ["--base-url", url, "--model-wait-s", "1", "--out", str(tmp_path), "--plain"]
     assert demo.main(argv) == 1
-    err = capsys.readouterr().err
+    printed = capsys.readouterr()
+    err = printed.err
     assert "ModelEndpointUnavailable" in err
     assert url in err
     assert "Traceback" not in err
     assert (tmp_path / "trajectories.jsonl").read_text() == ""
+    said = f"stopped by ModelEndpointUnavailable after 0 of {len(TASKS)} groups"  # one a task
+    assert f"\n{said}\n" in printed.out
+    page = (tmp_path / "report.html").read_text()
+    assert f"<h1>trajcore demo: shell tasks: {said}</h1>" in page
+    assert "error: ModelEndpointUnavailable: " in page

@@ -62,6 +62,8 @@ def test_trajcore_run_runs_an_env_on_the_local_pool_with_its_script(tmp_path: Pa
     assert "mean score 1.000 over 6 scored" in done.stdout
     assert (out / "scored_groups.jsonl").exists()
     page = (out / "report.html").read_text()
+    assert "<h1>trajcore run: ShellTasksEnv</h1>" in page  # a complete run: nothing more said
+    assert "stopped" not in done.stdout
     assert "sort -u names.txt &gt; unique.txt" in page
     assert "echo &#39;hello world&#39; &gt; hello.txt" in page  # the call's arguments, escaped
 
@@ -157,6 +159,12 @@ def test_a_run_that_fails_before_its_first_group_reports_zero_groups(
     printed = capsys.readouterr()
     assert "ConfigError: the env's data cannot be read @ dataset" in printed.err
     assert "0 trajectories in 0 groups" in printed.out
+    assert "\nstopped by ConfigError after 0 of 1 groups\n" in printed.out
+    page = (out / "report.html").read_text()
+    assert "<h1>trajcore run: SetupFailsEnv: stopped by ConfigError after 0 of 1 groups</h1>" in (
+        page
+    )
+    assert "error: ConfigError: the env&#39;s data cannot be read @ dataset" in page
     assert (out / "trajectories.jsonl").read_text() == ""
     assert main(argv) == 1  # the table drawn by rich, too
     assert "0 trajectories in 0 groups" in capsys.readouterr().out
@@ -258,6 +266,23 @@ def test_a_signal_before_the_first_group_ends_the_run_with_its_status(
     assert process.returncode == 128 + signum, err[-2000:]
     assert "Traceback" not in err
     assert "0 trajectories in 0 groups" in out
+    said = f"stopped by {signal.Signals(signum).name} after 0 of 1 groups"
+    assert f"\n{said}\n" in out
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert f"<h1>trajcore run: SlowSetupEnv: {said}</h1>" in page
+
+
+def test_a_run_whose_env_has_no_more_items_says_how_many_groups_it_did(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "one"
+    argv = [f"{RUN_ENVS}:OneItemEnv", "--policy", f"{RUN_ENVS}:answer", "--groups", "3",
+            "--out", str(out), "--pool", "unisolated", "--plain"]  # fmt: skip
+    assert main(argv) == 0
+    said = "ended after 1 of 3 groups: the env had no more items (get_next_item gave None)"
+    assert f"\n{said}\n" in capsys.readouterr().out
+    assert f"<h1>trajcore run: OneItemEnv: {said}</h1>" in (out / "report.html").read_text()
+    assert [r["score"] for r in _records(out)] == [1.0]
 
 
 def test_a_group_whose_task_text_cannot_be_had_is_still_written(tmp_path: Path) -> None:

@@ -191,3 +191,25 @@ def test_a_second_ctrl_c_keeps_the_groups_it_finished(tmp_path: Path) -> None:
     assert "Traceback" not in err, err[-3000:]
     assert "a second signal: ending the slot servers and stopping now" in err
     assert [r["status"] for r in records] == ["finished", "finished"]  # type: ignore[index]
+
+
+def test_a_run_stopped_by_sigterm_says_so_in_its_summary_and_report(tmp_path: Path) -> None:
+    """The table and the report hold the groups done; both say the run was stopped, by what,
+    and after how many of the groups asked for (the exit status and stderr are not all)."""
+    with trajcore_run(tmp_path, groups=3) as run:
+        run.wait_for("slow call")
+        run.process.send_signal(signal.SIGTERM)
+        status = run.wait()
+        assert run.process.stdout is not None
+        out = run.process.stdout.read()
+        err = "".join(run.stderr)
+        _nothing_left(run)
+        records = run.lines("trajectories.jsonl")
+        page = (run.out / "report.html").read_text(encoding="utf-8")
+    assert status == 143, err[-3000:]
+    said = "stopped by SIGTERM after 1 of 3 groups"
+    assert "2 trajectories in 1 groups" in out
+    assert f"\n{said}\n" in out, out
+    assert f"<title>trajcore run: TwoGroupsEnv: {said}</title>" in page
+    assert f"<h1>trajcore run: TwoGroupsEnv: {said}</h1>" in page
+    assert [r["status"] for r in records] == ["finished", "finished"]  # type: ignore[index]

@@ -30,7 +30,10 @@ A progress bar runs on standard error and the summary table is printed at the en
 by ``rich`` when it is installed (``--plain``: plain text either way). ``trajectories.jsonl``
 grows group by group (whole lines only); the report comes at the end. SIGINT or SIGTERM stops it
 with the pool closed and writes what was done (a second signal stops it at once, keeping the
-groups already in ``trajectories.jsonl``: ``trajcore.entrypoints.signals``). Process mode
+groups already in ``trajectories.jsonl``: ``trajcore.entrypoints.signals``); a demo stopped
+before its groups are sent, by a signal or an error, says so under the table and in the report's
+title, with how many of the groups asked for were sent (``trajcore.entrypoints.run.RunEnd``,
+as ``trajcore run`` says it). Process mode
 retries a group that is not sent (say, every member failed); the demo stops with an error after
 ``2 * groups + 2`` groups (or after ``max_failed_groups`` failed groups in a row) rather than
 retry forever; an error ends it with its message and status 1, never a traceback.
@@ -65,7 +68,7 @@ from trajcore.entrypoints.report import (
     summary_table,
     write_html,
 )
-from trajcore.entrypoints.run import wait_for_endpoint
+from trajcore.entrypoints.run import RunEnd, wait_for_endpoint
 from trajcore.entrypoints.signals import Interrupted, closing_on_signals, exit_status
 from trajcore.ports.chat_server import ChatServer
 from trajcore.rollout.group import GroupResult
@@ -186,17 +189,22 @@ async def _process(env: AgentEnv[Any], args: argparse.Namespace, base_url: str |
     await env.process_manager()
 
 
-def _report(run: _Run, out: Path, *, mode: str, groups: int, args: argparse.Namespace) -> None:
+def _report(
+    run: _Run, out: Path, end: RunEnd, *, mode: str, groups: int, args: argparse.Namespace
+) -> None:
     run.trajectories.close()
     written = run.trajectories.lines
+    notes = [f"policy: {mode}", f"{groups} groups of {args.group_size}, Atropos process mode"]
     write_html(
         run.groups,
         out / "report.html",
-        title="trajcore demo: shell tasks",
-        notes=[f"policy: {mode}", f"{groups} groups of {args.group_size}, Atropos process mode"],
+        title=end.title("trajcore demo: shell tasks"),
+        notes=[*notes, *end.notes()],
         tasks=run.tasks,
     )
     print(summary_table(run.groups, plain=args.plain))
+    if (line := end.line()) is not None:
+        print(line)
     if ran_unsandboxed(run.groups):
         print("note: bubblewrap is unusable here, so commands ran without a sandbox")
     print(f"wrote {written} trajectories to {out / 'trajectories.jsonl'}")
@@ -209,6 +217,30 @@ def _close_groups_file(env: AgentEnv[Any]) -> None:
     writer = getattr(env, "jsonl_writer", None)
     if writer is not None:
         writer.close()
+
+
+def _process_to_end(
+    env: AgentEnv[Any], args: argparse.Namespace, base_url: str | None, run: _Run, *, groups: int
+) -> tuple[int, RunEnd]:
+    """Run process mode; returns the exit status (see ``main``) and how the demo ended."""
+    status = 0
+    cause: BaseException | None = None
+    try:
+        anyio.run(_process, env, args, base_url, backend="asyncio")
+    except (TrajcoreError, GroupsFailing) as exc:
+        run.progress.close()
+        print(f"\ntrajcore demo: {type(exc).__name__}: {exc}", file=sys.stderr)
+        status, cause = 1, exc
+    except Interrupted as stop:  # the pool is closed: report what was done
+        run.progress.close()
+        print(f"\ntrajcore demo: stopped by {stop}", file=sys.stderr)
+        status, cause = exit_status(stop.signum), stop
+    finally:
+        run.progress.close()
+        run.trajectories.close()
+        _close_groups_file(env)
+    # The groups done are those process mode sent (it runs a group again when not).
+    return status, RunEnd.of(cause, asked=groups, done=env.curr_step)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -272,21 +304,7 @@ def main(argv: Sequence[str]) -> int:
     env.max_token_len = config.max_token_length  # no trainer tells process mode a limit
     print(f"trajcore demo: {groups} groups of {args.group_size}, {mode}", file=sys.stderr)
     run.progress.start()
-    status = 0
     with closing_on_signals("trajcore demo"):
-        try:
-            anyio.run(_process, env, args, base_url, backend="asyncio")
-        except (TrajcoreError, GroupsFailing) as exc:
-            run.progress.close()
-            print(f"\ntrajcore demo: {type(exc).__name__}: {exc}", file=sys.stderr)
-            status = 1
-        except Interrupted as stop:  # the pool is closed: report what was done
-            run.progress.close()
-            print(f"\ntrajcore demo: stopped by {stop}", file=sys.stderr)
-            status = exit_status(stop.signum)
-        finally:
-            run.progress.close()
-            run.trajectories.close()
-            _close_groups_file(env)
-        _report(run, out, mode=mode, groups=groups, args=args)  # (a signal here: files whole)
+        status, end = _process_to_end(env, args, base_url, run, groups=groups)
+        _report(run, out, end, mode=mode, groups=groups, args=args)  # (a signal here: files whole)
     return status

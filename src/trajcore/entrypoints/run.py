@@ -39,7 +39,10 @@ would be sent, one ``ScoredDataGroup`` per line) and ``report.html`` (every turn
 tool calls, results, scores and metadata), and prints the summary table. The two JSONL files
 grow group by group as the run goes (whole lines only), so a run ended at once (a second
 signal, a SIGKILL after SIGTERM) keeps every group it finished; the report and the table come
-at the end.
+at the end. A run that ends before its groups are done (a signal, an error, or
+``get_next_item`` giving ``None``) says so under the table and in the report's title, with what
+stopped it and how many of the groups asked for were done ("stopped by SIGTERM after 1 of 3
+groups"); the report names the error too.
 
 Exit status: 0 when every group ran; 1 when the run stopped on an error (the groups done are
 still written) or no trajectory of any group was scored (every one failed: the table and the
@@ -56,6 +59,7 @@ import importlib.util
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -90,7 +94,7 @@ from trajcore.rollout.group import GroupResult
 from trajcore.rollout.policy import ChatPolicy, Policy
 from trajcore.rollout.scripted import ModelScript, Replay, ScriptedPolicy, replay_records
 
-__all__ = ["load_object", "main", "scripted_policy", "wait_for_endpoint"]
+__all__ = ["RunEnd", "load_object", "main", "scripted_policy", "wait_for_endpoint"]
 
 log = logging.getLogger("trajcore.run")
 
@@ -313,6 +317,54 @@ class _Done:
         self.scored_lines.close()
 
 
+@attrs.frozen(kw_only=True)
+class RunEnd:
+    """How a run of ``asked`` groups ended, as its summary and report say it (``trajcore run``
+    and ``trajcore demo``).
+
+    Attributes:
+        asked: the groups asked for.
+        done: the groups done.
+        stopped_by: what stopped the run before its end (a signal's name, an error's type), or
+            None when nothing did.
+        error: the error that stopped it, as ``TYPE: MESSAGE``, or None.
+    """
+
+    asked: int
+    done: int
+    stopped_by: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def of(cls, cause: BaseException | None, *, asked: int, done: int) -> RunEnd:
+        """The end of a run that ``cause`` stopped (an ``Interrupted``: its signal; another
+        exception: an error), or that ran to its end when ``cause`` is None."""
+        if cause is None:
+            return cls(asked=asked, done=done)
+        if isinstance(cause, Interrupted):
+            return cls(asked=asked, done=done, stopped_by=signal.Signals(cause.signum).name)
+        name = type(cause).__name__
+        return cls(asked=asked, done=done, stopped_by=name, error=f"{name}: {cause}")
+
+    def line(self) -> str | None:
+        """One line saying the run ended early, or None for a run that did every group."""
+        groups = f"after {self.done} of {self.asked} groups"
+        if self.stopped_by is not None:
+            return f"stopped by {self.stopped_by} {groups}"
+        if self.done < self.asked:
+            return f"ended {groups}: the env had no more items (get_next_item gave None)"
+        return None
+
+    def title(self, title: str) -> str:
+        """``title``, followed by ``line()`` when there is one."""
+        line = self.line()
+        return title if line is None else f"{title}: {line}"
+
+    def notes(self) -> list[str]:
+        """The report's lines on how the run ended: the error that stopped it, if one did."""
+        return [] if self.error is None else [f"error: {self.error}"]
+
+
 def _task_text(env: AgentEnv[Any], item: object) -> str:
     """The item's last user message, for the report; what the env's hook raised instead (the
     group's members already say it, as ``env_error``)."""
@@ -361,11 +413,21 @@ async def _run(
                 bar.advance(f"{result.verdict.status.value}, scores {scores}")
 
 
-def _write(done: _Done, out: Path, *, title: str, notes: list[str], plain: bool) -> None:
+def _write(
+    done: _Done, out: Path, end: RunEnd, *, title: str, notes: list[str], plain: bool
+) -> None:
     done.close()
     written = done.trajectories.lines
-    write_html(done.groups, out / "report.html", title=title, notes=notes, tasks=done.tasks)
+    write_html(
+        done.groups,
+        out / "report.html",
+        title=end.title(title),
+        notes=[*notes, *end.notes()],
+        tasks=done.tasks,
+    )
     print(summary_table(done.groups, plain=plain))
+    if (line := end.line()) is not None:
+        print(line)
     if ran_unsandboxed(done.groups):
         print("note: commands ran without a sandbox (bubblewrap unusable, or --pool unisolated)")
     print(f"wrote {written} trajectories to {out / 'trajectories.jsonl'}")
@@ -509,29 +571,31 @@ def main(argv: Sequence[str]) -> int:
     # command with its one line, and leaves the files whole (``trajcore.entrypoints.report``).
     with closing_on_signals("trajcore run"):
         try:
-            status = _run_to_end(env, model, args, done, bar)
+            status, end = _run_to_end(env, model, args, done, bar)
         finally:
             done.close()
-        _write(done, out, title=title, notes=notes, plain=args.plain)
+        _write(done, out, end, title=title, notes=notes, plain=args.plain)
     return status
 
 
 def _run_to_end(
     env: AgentEnv[Any], model: _Model, args: argparse.Namespace, done: _Done, bar: ProgressBar
-) -> int:
-    """Run the groups; returns the exit status (see the module docstring)."""
+) -> tuple[int, RunEnd]:
+    """Run the groups; returns the exit status (see the module docstring) and how it ended."""
     status = 0
+    cause: BaseException | None = None
     bar.start()
     try:
         anyio.run(_run, env, model, args, done, bar, backend="asyncio")
     except TrajcoreError as error:
         print(f"\ntrajcore run: {type(error).__name__}: {error}", file=sys.stderr)
-        status = 1
+        status, cause = 1, error
     except Interrupted as stop:
         print(f"\ntrajcore run: stopped by {stop}; writing what was done", file=sys.stderr)
-        status = exit_status(stop.signum)
+        status, cause = exit_status(stop.signum), stop
     finally:
         bar.close()
+    end = RunEnd.of(cause, asked=args.groups, done=len(done.groups))
     if status == 0 and _nothing_scored(done.groups):
         print(
             f"\ntrajcore run: no trajectory of the {len(done.groups)} groups was scored: every "
@@ -539,4 +603,4 @@ def _run_to_end(
             file=sys.stderr,
         )
         status = 1
-    return status
+    return status, end
