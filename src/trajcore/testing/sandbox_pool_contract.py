@@ -16,8 +16,8 @@ The suite then checks what ``trajcore.ports.sandbox_pool`` promises:
   cancelled while queued leaves the queue and takes nothing;
 - ``execute`` returns one result per call in the order of the calls; one slot's calls run in
   order; a repeated call id returns the first result without running again; a stale lease is
-  ``REJECTED``; failures (unknown tool, bad arguments, path escapes, non-zero exits, timeouts)
-  are results, never exceptions; a workspace is wiped between leases;
+  ``REJECTED``; failures (unknown tool, bad arguments, the paths ``workspace_paths`` lists,
+  non-zero exits, timeouts) are results, never exceptions; a workspace is wiped between leases;
 - ``aclose`` is idempotent; afterwards ``execute`` and ``lease`` raise ``PoolClosed``, and a
   waiter queued when the pool closes gets ``PoolClosed``;
 - (with ``supports_crash``) a dead container gives every call of its batch an ``INFRA_ERROR``,
@@ -66,6 +66,7 @@ from trajcore.ports.sandbox_pool import EnvironmentPool, SandboxPool
 from trajcore.testing.async_contract import AsyncioContract
 from trajcore.testing.portal_pools import slot_call
 from trajcore.testing.sandbox_pool_machine import MachineShape, run_pool_machine
+from trajcore.testing.workspace_paths import PATH_CHECKS, CheckPaths
 
 __all__ = [
     "CrashContainer",
@@ -392,6 +393,11 @@ class SandboxPoolContract(AsyncioContract):
         assert timed.outcome is ToolOutcome.TIMEOUT
         assert timed.exec is not None
         assert timed.exec.timed_out
+
+    @pytest.mark.parametrize("check", PATH_CHECKS, ids=lambda check: check.__name__)
+    async def test_paths(self, sandbox_pool_factory: SandboxPoolFactory, check: CheckPaths) -> None:
+        async with _one_slot_leased(sandbox_pool_factory) as (pool, lease):
+            await check(pool, lease)
 
     async def test_a_call_for_another_container_is_rejected(
         self, sandbox_pool_factory: SandboxPoolFactory

@@ -13,8 +13,10 @@ Rules the fake keeps, so tests written against it hold against the real pool:
   that order, different slots concurrently (each slot has its own lock).
 - A call whose lease is not the slot's current one is ``REJECTED``; a call id seen before under the
   same lease returns the first result and does not run again.
-- ``read_file``/``write_file`` refuse absolute paths and ``..`` as ``REJECTED`` naming
-  ``$.path``; unknown tools and arguments that miss the tool's schema are ``REJECTED`` too.
+- ``read_file``/``write_file`` answer a path as the slot server does (the cases:
+  ``trajcore.testing.workspace_paths``): one its rule refuses (``workspace_path_problem``) is
+  ``REJECTED`` with its reason at ``$.path``; one that names no regular file (a directory,
+  ``file/``) is a ``TOOL_ERROR``. Unknown tools and bad arguments are ``REJECTED`` too.
 - Release wipes the slot's workspace (reset), or quarantines the slot when a reset failure was
   injected.
 
@@ -52,7 +54,9 @@ request's container and call ids; ``resets`` each slot reset and whether it succ
 from __future__ import annotations
 
 import abc
+import errno
 import logging
+import os
 import posixpath
 import shlex
 from collections.abc import Callable, Mapping, Sequence
@@ -72,7 +76,7 @@ from trajcore.domain.environment_leases import (
     check_environment,
 )
 from trajcore.domain.errors import ConfigError, PoolClosed
-from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, home_relative
+from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, home_relative, workspace_path_problem
 from trajcore.domain.slots import Lease, SlotCall, SlotId
 from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult, ToolSpec, timeout_end
 from trajcore.domain.validators import positive_int
@@ -88,6 +92,7 @@ __all__ = [
     "ResetRecord",
     "command_result",
     "default_command",
+    "file_error",
     "no_such_file",
     "workspace_path",
     "wrote",
@@ -98,7 +103,8 @@ _log = logging.getLogger(__name__)
 _TOOLS: dict[str, ToolSpec] = {spec.name: spec for spec in SLOT_TOOL_SPECS}
 
 FakeWorkspace = dict[str, str]
-"""A slot's files: workspace-relative path (normalised, no leading ``./``) to text."""
+"""A slot's files: workspace-relative path (``workspace_path``: no ``.`` components, no empty
+ones) to text; a task environment's files by absolute path."""
 
 CommandOutcome = ExecReport | int | str | None
 """What a handler answers: a full report, an exit code, stdout (exit 0), or ``None``: not mine."""
@@ -151,14 +157,41 @@ class ResetRecord:
 
 
 def workspace_path(path: object) -> str | None:
-    """``path`` normalised inside the workspace (``~`` is the workspace, as ``HOME`` is), or
-    ``None`` when it leads out (or is not text)."""
-    if not isinstance(path, str) or not path or path.startswith("/") or "\0" in path:
+    """The key in a ``FakeWorkspace`` of the file a file tool's ``path`` names (``~`` is the
+    workspace, as ``HOME`` is; ``.`` components and repeated slashes dropped; ``""`` is the
+    workspace itself), or ``None`` when the slot server refuses the path whatever the workspace
+    holds (``workspace_path_problem``), or it is not text."""
+    if not isinstance(path, str):
         return None
-    normal = posixpath.normpath(home_relative(path))
-    if normal == ".." or normal.startswith("../"):
+    relative = home_relative(path)
+    if workspace_path_problem(relative) is not None:
         return None
-    return normal
+    return "/".join(_components(relative))
+
+
+def _components(path: str) -> list[str]:
+    return [part for part in path.split("/") if part not in ("", ".")]
+
+
+def _file_key(files: FakeWorkspace, path: str, *, write: bool) -> tuple[str, str | None]:
+    """The key of ``path`` (relative, well-formed) in ``files``, and why it names no regular
+    file to read (``write``: to write) there, worded as the slot server's system words it, or
+    ``None``. Directories are the workspace itself and those the files' paths imply."""
+    parts = _components(path)
+    key = "/".join(parts)
+    if any("/".join(parts[:end]) in files for end in range(1, len(parts))):
+        return key, os.strerror(errno.ENOTDIR)  # a file where a directory is on the way
+    if not key or any(name.startswith(f"{key}/") for name in files):
+        return key, os.strerror(errno.EISDIR) if write else "is a directory"
+    if path.endswith(("/", "/.")):  # a directory by its spelling
+        if write and path.endswith("/"):
+            return key, os.strerror(errno.EISDIR)  # what creating a file so named answers
+        if key in files:
+            return key, os.strerror(errno.ENOTDIR)
+        return key, os.strerror(errno.EISDIR if write else errno.ENOENT)
+    if not write and key not in files:
+        return key, os.strerror(errno.ENOENT)
+    return key, None
 
 
 def default_command(command: str, workspace: FakeWorkspace) -> CommandOutcome:
@@ -185,7 +218,8 @@ def default_command(command: str, workspace: FakeWorkspace) -> CommandOutcome:
     if name == "cat":
         out: list[str] = []
         for arg in args:
-            key = arg if arg.startswith("/") else workspace_path(arg)
+            shell = posixpath.normpath(home_relative(arg))  # a/../b is b
+            key = arg if arg.startswith("/") else workspace_path(shell)
             if key is None or key not in workspace:
                 return ExecReport(
                     exit_code=1, stdout="".join(out), stderr=f"cat: {arg}: No such file\n"
@@ -375,14 +409,15 @@ class InProcessSlotPool(LeasedPool):
     # ------------------------------------------------------------------------- where slots live
 
     @abc.abstractmethod
-    async def _read(self, slot: SlotId, call: SlotCall, key: str) -> ToolResult:
-        """``read_file`` of the workspace-relative, normalised ``key``."""
+    async def _read(self, slot: SlotId, call: SlotCall, path: str) -> ToolResult:
+        """``read_file`` of ``path``: relative to the workspace (``home_relative`` applied) and
+        well-formed (``workspace_path_problem``), spelled as the call spelled it."""
 
     @abc.abstractmethod
     async def _write(
-        self, slot: SlotId, call: SlotCall, key: str, content: str, append: bool
+        self, slot: SlotId, call: SlotCall, path: str, content: str, append: bool
     ) -> ToolResult:
-        """``write_file`` of ``key`` (parents created)."""
+        """``write_file`` of ``path`` (as ``_read``'s), its parent directories created."""
 
     @abc.abstractmethod
     async def _command(self, slot: SlotId, call: SlotCall, command: str) -> ToolResult:
@@ -484,14 +519,14 @@ class InProcessSlotPool(LeasedPool):
         args = call.arguments
         slot = call.lease.slot
         if name in ("read_file", "write_file"):
-            key = workspace_path(args["path"])
-            if key is None:
-                reason = f"{args['path']!r} leads out of the workspace @ $.path"
-                return ToolResult.failure(call.call, ToolOutcome.REJECTED, reason)
+            path = home_relative(cast("str", args["path"]))
+            problem = workspace_path_problem(path)
+            if problem is not None:
+                return ToolResult.failure(call.call, ToolOutcome.REJECTED, f"{problem} @ $.path")
             if name == "read_file":
-                return await self._read(slot, call, key)
+                return await self._read(slot, call, path)
             content = cast("str", args["content"])
-            return await self._write(slot, call, key, content, args.get("append") is True)
+            return await self._write(slot, call, path, content, args.get("append") is True)
         refusal = self._refused_tool(name)
         if refusal is not None:
             return ToolResult.failure(call.call, ToolOutcome.REJECTED, refusal)
@@ -506,10 +541,16 @@ def wrote(call: SlotCall, size: int) -> ToolResult:
     )  # fmt: skip
 
 
+def file_error(call: SlotCall, reason: str) -> ToolResult:
+    """A file tool's ``TOOL_ERROR`` as the slot server words it: ``cannot read 'd': {reason}``."""
+    verb = "read" if call.call.name == "read_file" else "write"
+    reason = f"cannot {verb} {call.arguments['path']!r}: {reason}"
+    return ToolResult.failure(call.call, ToolOutcome.TOOL_ERROR, reason)
+
+
 def no_such_file(call: SlotCall) -> ToolResult:
     """The result of a ``read_file`` of a path that is not there."""
-    reason = f"cannot read {call.arguments['path']!r}: No such file or directory"
-    return ToolResult.failure(call.call, ToolOutcome.TOOL_ERROR, reason)
+    return file_error(call, os.strerror(errno.ENOENT))
 
 
 def _images(
@@ -624,18 +665,22 @@ class FakeSandboxPool(InProcessSlotPool):
     def _files(self, slot: SlotId) -> FakeWorkspace:
         return self._container(slot.container).slots[slot.index].files
 
-    async def _read(self, slot: SlotId, call: SlotCall, key: str) -> ToolResult:
+    async def _read(self, slot: SlotId, call: SlotCall, path: str) -> ToolResult:
         files = self._files(slot)
-        if key not in files:
-            return no_such_file(call)
+        key, no_file = _file_key(files, path, write=False)
+        if no_file is not None:
+            return file_error(call, no_file)
         return ToolResult(
             call_id=call.call.id, name=call.call.name, outcome=ToolOutcome.OK, content=files[key]
         )
 
     async def _write(
-        self, slot: SlotId, call: SlotCall, key: str, content: str, append: bool
+        self, slot: SlotId, call: SlotCall, path: str, content: str, append: bool
     ) -> ToolResult:
         files = self._files(slot)
+        key, no_file = _file_key(files, path, write=True)
+        if no_file is not None:
+            return file_error(call, no_file)
         files[key] = (files.get(key, "") if append else "") + content
         return wrote(call, len(content.encode("utf-8", "surrogatepass")))
 

@@ -14,10 +14,13 @@ here runs there unchanged.
 
 Rules it keeps (as the slot server does, where a plain process can):
 
-- A slot's workspace is its directory: ``read_file``/``write_file`` refuse absolute paths and
-  ``..`` as ``REJECTED`` naming ``$.path``; a symlink that leads out and anything but a regular
-  file (a FIFO, a socket, a directory) is the call's ``TOOL_ERROR`` (what the model left
-  there, as the slot server answers it); they create parent directories on write.
+- A slot's workspace is its directory: ``read_file``/``write_file`` refuse a path as the slot
+  server does, by the same rule (``slot_protocol.workspace_path_problem``): ``REJECTED`` with
+  its reason at ``$.path``. A symlink that leads out and anything but a regular file (a FIFO,
+  a socket, a directory, a file asked for as a directory: ``file/``) is the call's
+  ``TOOL_ERROR`` (what the model left there, as the slot server answers it); the path is
+  opened as it is spelled, so the system answers a trailing slash as the slot server's does.
+  They create parent directories on write.
 - ``bash`` runs in the workspace with stdin from ``/dev/null``, in a new process group, with
   ``HOME`` set to the workspace and this process's ``PATH`` (nothing else of its environment).
   Output is capped at ``output_limit_bytes`` per stream (head and tail kept). Past the call's
@@ -38,6 +41,7 @@ import contextlib
 import os
 import shutil
 import signal
+import stat
 import tempfile
 import uuid
 from pathlib import Path
@@ -50,7 +54,7 @@ import attrs
 from trajcore.adapters.fakes.sandbox import (
     InProcessSlotPool,
     command_result,
-    no_such_file,
+    file_error,
     wrote,
 )
 from trajcore.domain.errors import StateError
@@ -147,11 +151,13 @@ class UnisolatedSandboxPool(InProcessSlotPool):
 
     # ------------------------------------------------------------------------- files
 
-    def _inside(self, slot: SlotId, key: str) -> Path | None:
-        """``key`` in ``slot``'s workspace, or ``None`` when a symlink leads it out."""
-        root = self.slot_path(slot).resolve()
-        target = (root / key).resolve()
-        return target if target == root or target.is_relative_to(root) else None
+    def _inside(self, slot: SlotId, path: str) -> str | None:
+        """``path`` in ``slot``'s workspace, spelled as it was (a trailing slash kept), or
+        ``None`` when a symlink leads it out."""
+        root = os.path.realpath(self.slot_path(slot))
+        target = os.path.join(root, path)
+        resolved = os.path.realpath(target)
+        return target if resolved == root or resolved.startswith(root + os.sep) else None
 
     def _escape(self, call: SlotCall) -> ToolResult:
         verb = "read" if call.call.name == "read_file" else "write"
@@ -160,40 +166,60 @@ class UnisolatedSandboxPool(InProcessSlotPool):
         )
         return ToolResult.failure(call.call, ToolOutcome.TOOL_ERROR, reason)
 
-    async def _read(self, slot: SlotId, call: SlotCall, key: str) -> ToolResult:
-        target = self._inside(slot, key)
+    async def _read(self, slot: SlotId, call: SlotCall, path: str) -> ToolResult:
+        target = self._inside(slot, path)
         if target is None:
             return self._escape(call)
-        if not target.exists():
-            return no_such_file(call)
-        if not target.is_file():
-            reason = f"cannot read {call.arguments['path']!r}: not a regular file"
-            return ToolResult.failure(call.call, ToolOutcome.TOOL_ERROR, reason)
-        if target.stat().st_size > _READ_LIMIT:
-            reason = f"cannot read {call.arguments['path']!r}: over {_READ_LIMIT} bytes"
-            return ToolResult.failure(call.call, ToolOutcome.TOOL_ERROR, reason)
-        text = target.read_bytes().decode("utf-8", "replace")
+        try:  # O_NONBLOCK: a FIFO opens at once instead of waiting for a writer
+            fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as error:
+            return file_error(call, error.strerror or str(error))
+        try:
+            found = os.fstat(fd)
+            if stat.S_ISDIR(found.st_mode):
+                return file_error(call, "is a directory")
+            if not stat.S_ISREG(found.st_mode):
+                return file_error(call, "not a regular file")
+            if found.st_size > _READ_LIMIT:
+                return file_error(call, f"over {_READ_LIMIT} bytes")
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            text = b"".join(chunks).decode("utf-8", "replace")
+        finally:
+            os.close(fd)
         return ToolResult(
             call_id=call.call.id, name=call.call.name, outcome=ToolOutcome.OK, content=text
         )
 
     async def _write(
-        self, slot: SlotId, call: SlotCall, key: str, content: str, append: bool
+        self, slot: SlotId, call: SlotCall, path: str, content: str, append: bool
     ) -> ToolResult:
-        target = self._inside(slot, key)
+        target = self._inside(slot, path)
         if target is None:
             return self._escape(call)
         data = content.encode("utf-8", "surrogatepass")
-        if target.exists() and not target.is_file():  # never open a FIFO: it would block
-            reason = f"cannot write {call.arguments['path']!r}: not a regular file"
-            return ToolResult.failure(call.call, ToolOutcome.TOOL_ERROR, reason)
+        with contextlib.suppress(OSError):  # the open below says why a path cannot be written
+            found = os.stat(target)
+            if not stat.S_ISDIR(found.st_mode) and not stat.S_ISREG(found.st_mode):
+                return file_error(call, "not a regular file")  # never open a FIFO to write
+        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_APPEND if append else 0)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with target.open("ab" if append else "wb") as out:
-                out.write(data)
+            try:
+                fd = os.open(target, flags, 0o644)
+            except FileNotFoundError:
+                os.makedirs(os.path.dirname(target.rstrip("/")), exist_ok=True)
+                fd = os.open(target, flags, 0o644)
+            try:
+                if not append:  # only now: the open refused what is no file to write
+                    os.ftruncate(fd, 0)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
         except OSError as error:
-            reason = f"cannot write {call.arguments['path']!r}: {error.strerror}"
-            return ToolResult.failure(call.call, ToolOutcome.TOOL_ERROR, reason)
+            return file_error(call, error.strerror or str(error))
         return wrote(call, len(data))
 
     # ------------------------------------------------------------------------- commands
