@@ -22,7 +22,7 @@ Endpoints (all under ``/v1``, bodies JSON; ``PROTOCOL_VERSION`` names this set):
 ``POST /v1/artifacts/archive`` ``ArchiveArtifactsRequest`` ``ArtifactArchive``
 ==========================  ============================  ==========================
 
-Any 4xx/5xx answer carries an ``ErrorBody``.
+Any 4xx/5xx answer carries an ``ErrorBody``. No request body exceeds ``MAX_REQUEST_BYTES``.
 
 Rules the values keep:
 
@@ -53,6 +53,7 @@ from trajcore.domain.task_environments import ImageCacheStatistics, LeaseLayerSt
 from trajcore.domain.tools import ToolResult, ToolSpec
 
 __all__ = [
+    "MAX_REQUEST_BYTES",
     "PROTOCOL_VERSION",
     "SLOT_TOOLS",
     "SLOT_TOOL_SPECS",
@@ -89,6 +90,8 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
+MAX_REQUEST_BYTES = 64 << 20
+"""The largest request body a slot server accepts (413 beyond it); a pool sends no larger one."""
 
 _TIMEOUT: JSONObject = {
     "type": "number",

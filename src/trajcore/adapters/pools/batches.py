@@ -9,10 +9,14 @@ keeps those promises once, for both:
   server was lost is an ``INFRA_ERROR`` (the trajectory's infrastructure failed, not its
   model), also never sent.
 - When the container is gone (no live client), every other call is an ``INFRA_ERROR``.
-- The rest go to the slot server as one request. A ``SlotServerError`` (unreachable, crashed,
-  timed out, 5xx) or an answer outside the protocol (``InvalidInput``: ``WireError`` and kin)
-  makes each of those calls an ``INFRA_ERROR`` naming the cause, and the pool's ``lose``
-  callback takes the container out of service (its slots leave the book, its leases turn stale).
+- The rest go to the slot server as one request, or as several when one would pass the server's
+  ``MAX_REQUEST_BYTES``. What the calls carry never fails the batch: the client answers a call
+  too large for any request, and each call of a request the server refuses itself (413 too
+  large, 400 malformed), with a ``REJECTED`` result of its own (``SlotServerClient.execute``).
+- A ``SlotServerError`` (unreachable, crashed, timed out, 5xx, 401) or an answer outside the
+  protocol (``InvalidInput``: ``WireError`` and kin) makes each of those calls an
+  ``INFRA_ERROR`` naming the cause, and the pool's ``lose`` callback takes the container out of
+  service (its slots leave the book, its leases turn stale).
 - One result per call, in the order of the calls; nothing raises for a call's failure.
 """
 

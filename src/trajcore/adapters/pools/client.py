@@ -19,8 +19,12 @@ What the caller can rely on:
   timeout. A pool treats it as "this container is dead or sick": its calls are infrastructure
   errors and its slots leave service until a replacement joins.
 - ``WireError`` when the server answers something outside the protocol (bad JSON, a response that
-  does not fit its type, a batch with the wrong number of results) or refuses the request itself
-  as malformed (400 with an ``ErrorBody``; the field and reason are the server's).
+  does not fit its type, a batch with the wrong number of results) or refuses a request other
+  than a batch as malformed (400 with an ``ErrorBody``; the field and reason are the server's).
+- A batch never fails as a whole for what its calls carry: no request body passes the server's
+  ``MAX_REQUEST_BYTES`` (a larger batch goes in parts; a call too large alone is ``REJECTED``,
+  never sent), and a batch the server refuses itself (any 4xx but 401, 408 and 429) is answered
+  call by call, each sent again alone.
 - ``UnknownSlot`` for a 404 on a slot index; ``ToolArgumentError`` for a refused artifact path and
   ``FileNotFoundError`` for a missing artifact.
 - ``aclose()`` is idempotent.
@@ -46,7 +50,9 @@ from trajcore.domain.errors import (
     UnknownSlot,
     WireError,
 )
+from trajcore.domain.json_values import JSON
 from trajcore.domain.slot_protocol import (
+    MAX_REQUEST_BYTES,
     PROTOCOL_VERSION,
     ArchiveArtifactsRequest,
     ArtifactArchive,
@@ -74,13 +80,18 @@ from trajcore.domain.slot_protocol import (
     execute_call,
 )
 from trajcore.domain.slots import SlotCall
-from trajcore.domain.tools import ToolResult
+from trajcore.domain.tools import ToolOutcome, ToolResult
 
-__all__ = ["SlotServerClient"]
+__all__ = ["SlotServerClient", "split_batch"]
 
 T = TypeVar("T")
 # An archive of up to 64 MiB travels as base64 inside JSON; bodies beyond this are refused.
 _LIMITS = Limits(max_body_bytes=512 << 20)
+_EMPTY_BATCH = b'{"calls":[]}'
+"""A batch's body around its calls, which a comma separates."""
+_NOT_ABOUT_THE_REQUEST = frozenset({401, 408, 429})
+"""The 4xx answers that do not refuse a request for what it holds (a wrong token, a slow sender,
+a rate limit): the module's list raises them; every other 4xx to a batch refused its calls."""
 _FORK_TURNS = 2
 """How many turns of the event loop the first fork of a snapshot waits for others to join it."""
 
@@ -160,6 +171,15 @@ class SlotServerClient:
 
     async def _answer(self, method: str, path: str, raw: bytes, timeout_s: float) -> bytes:
         """The body of a 200 answer to ``raw``; any other answer raised as its error."""
+        status, payload = await self._send(method, path, raw, timeout_s)
+        if status == 200:
+            return payload
+        raise self._failure(method, path, status, payload)
+
+    async def _send(
+        self, method: str, path: str, raw: bytes, timeout_s: float
+    ) -> tuple[int, bytes]:
+        """The status and body of the answer to ``raw``; ``SlotServerError`` when none came."""
         http, origin, prefix = self._open()
         url = self.base_url + path
         try:
@@ -175,21 +195,23 @@ class SlotServerClient:
             raise SlotServerError(f"{method} {url}: no answer within {timeout_s:.1f} s") from None
         except HTTPError as error:
             raise SlotServerError(f"{method} {url}: {type(error).__name__}: {error}") from None
-        status, payload = response.status, response.body
-        if status == 200:
-            return payload
+        return response.status, response.body
+
+    def _failure(self, method: str, path: str, status: int, payload: bytes) -> Exception:
+        """The error an answer other than 200 raises (the module's list)."""
+        url = self.base_url + path
         problem = _error_body(payload)
         if status == 401:
-            raise SlotServerError(f"{method} {url}: 401 unauthorized ({problem.error})")
+            return SlotServerError(f"{method} {url}: 401 unauthorized ({problem.error})")
         if status >= 500 or status not in (400, 404):
-            raise SlotServerError(f"{method} {url}: HTTP {status}: {problem.error}")
+            return SlotServerError(f"{method} {url}: HTTP {status}: {problem.error}")
         if problem.field == "$.slot":
-            raise UnknownSlot(problem.error)
+            return UnknownSlot(problem.error)
         if problem.field == "$.path":
             if status == 404:
-                raise FileNotFoundError(problem.error)
-            raise ToolArgumentError("path", problem.error)
-        raise WireError(problem.field, problem.error)
+                return FileNotFoundError(problem.error)
+            return ToolArgumentError("path", problem.error)
+        return WireError(problem.field, problem.error)
 
     # ------------------------------------------------------------------------- API
 
@@ -223,17 +245,22 @@ class SlotServerClient:
     async def execute(self, calls: Sequence[ExecuteCall]) -> list[ToolResult]:
         """Run a batch; one result per call, in the order of ``calls``.
 
-        The request's limit is the slowest slot's timeouts in sequence plus ``grace_s``.
+        The request's limit is the slowest slot's timeouts in sequence plus ``grace_s``. A batch
+        whose body would pass ``MAX_REQUEST_BYTES`` goes in several requests, one after another
+        (``split_batch``), and a call that could not fit one even alone is never sent: it is
+        ``REJECTED`` naming its largest argument and the limit. A request the server refuses
+        itself (a 4xx but 401, 408 and 429: too large for it, malformed to it) ran nothing: each
+        of its calls is sent again alone, and one refused alone is ``REJECTED`` with the
+        server's reason. Neither says anything about the server's health.
+
         Raises ``SlotServerError`` (also: another boot of the server answered), ``WireError``
-        (including a result count that does not match).
+        (an answer outside the protocol, including a result count that does not match).
         """
         batch = ExecuteRequest(calls=calls)
-        answer = await self._request(
-            "POST", "/v1/execute", batch, ExecuteResponse, batch.deadline_s(self.grace_s)
-        )
-        results = _results(answer, [call.call_id for call in calls])
-        self._same_boot(answer.boot)
-        return results
+        body = encode(batch)
+        if len(body) > MAX_REQUEST_BYTES:
+            return await self._execute_parts(batch.calls)
+        return await self._execute_body(batch.calls, body, batch.deadline_s(0.0))
 
     async def execute_slot_calls(self, calls: Sequence[SlotCall]) -> list[ToolResult]:
         """``execute([execute_call(call) for call in calls])``, the pools' hot path: the same
@@ -248,7 +275,12 @@ class SlotServerClient:
         if fast is None:
             return await self.execute([execute_call(call) for call in calls])
         body, limit_s = fast
-        payload = await self._answer("POST", "/v1/execute", body, limit_s + self.grace_s)
+        if len(body) > MAX_REQUEST_BYTES:  # rare: the only case that encodes its calls again
+            return await self._execute_parts([execute_call(call) for call in calls])
+        status, payload = await self._send("POST", "/v1/execute", body, limit_s + self.grace_s)
+        if status != 200:
+            wire = [execute_call(call) for call in calls]
+            return await self._not_run(wire, status, payload)
         call_ids = [call.call.id for call in calls]
         read = batch_results(payload, call_ids)
         if read is None:
@@ -257,6 +289,62 @@ class SlotServerClient:
         results, boot = read
         self._same_boot(boot)
         return results
+
+    async def _execute_body(
+        self, calls: Sequence[ExecuteCall], body: bytes, limit_s: float
+    ) -> list[ToolResult]:
+        """``calls`` sent as ``body`` (their request, within ``MAX_REQUEST_BYTES``), waiting
+        ``limit_s`` plus ``grace_s``; their results, in order."""
+        status, payload = await self._send("POST", "/v1/execute", body, limit_s + self.grace_s)
+        if status != 200:
+            return await self._not_run(calls, status, payload)
+        answer = decode(payload, ExecuteResponse)
+        results = _results(answer, [call.call_id for call in calls])
+        self._same_boot(answer.boot)
+        return results
+
+    async def _not_run(
+        self, calls: Sequence[ExecuteCall], status: int, payload: bytes
+    ) -> list[ToolResult]:
+        """The results of ``calls`` whose request was answered ``status`` (not 200): a refusal
+        of the request itself answered call by call (the calls did not run: each goes again
+        alone, one refused alone is ``REJECTED``); anything else raised as ``_failure``."""
+        if not 400 <= status < 500 or status in _NOT_ABOUT_THE_REQUEST:
+            raise self._failure("POST", "/v1/execute", status, payload)
+        if len(calls) == 1:
+            problem = _error_body(payload)
+            (call,) = calls
+            field = _call_field(call, problem.field)
+            reason = f"the slot server refused the call (HTTP {status}: {problem.error}) @ {field}"
+            return [_rejected(call, reason)]
+        results: list[ToolResult] = []
+        for call in calls:  # one after another: the calls of a slot keep their order
+            alone = ExecuteRequest(calls=(call,))
+            results += await self._execute_body(alone.calls, encode(alone), call.timeout_s)
+        return results
+
+    async def _execute_parts(self, calls: Sequence[ExecuteCall]) -> list[ToolResult]:
+        """``calls`` (their one request over ``MAX_REQUEST_BYTES``) in parts that each fit one,
+        sent one after another, so the calls of a slot keep their order; a call over the limit
+        alone is ``REJECTED`` and never sent."""
+        items = [encode(call) for call in calls]
+        parts, too_large = split_batch([len(item) for item in items])
+        results: list[ToolResult | None] = [None] * len(calls)
+        for i in too_large:
+            size = len(items[i]) + len(_EMPTY_BATCH)
+            field = _call_field(calls[i], "$")
+            reason = (
+                f"the call is a request of {size} bytes, over the slot server's limit of "
+                f"{MAX_REQUEST_BYTES} @ {field}"
+            )
+            results[i] = _rejected(calls[i], reason)
+        for part in parts:
+            sent = ExecuteRequest(calls=[calls[i] for i in part])
+            body = b'{"calls":[' + b",".join(items[i] for i in part) + b"]}"
+            answers = await self._execute_body(sent.calls, body, sent.deadline_s(0.0))
+            for i, answer in zip(part, answers, strict=True):
+                results[i] = answer
+        return [result for result in results if result is not None]
 
     def _same_boot(self, boot: str | None) -> None:
         """Raise ``SlotServerError`` when ``boot`` is not the one the client first saw (in
@@ -506,3 +594,59 @@ def _error_body(payload: bytes) -> ErrorBody:
         return decode(payload, ErrorBody)
     except WireError:
         return ErrorBody(error=payload[:200].decode("utf-8", "replace") or "no body")
+
+
+def split_batch(
+    sizes: Sequence[int], max_bytes: int = MAX_REQUEST_BYTES
+) -> tuple[list[list[int]], list[int]]:
+    """A batch's calls in parts that each fit one request of at most ``max_bytes``.
+
+    ``sizes`` are the calls' encoded sizes, each as its JSON object in a batch's body
+    (``{"calls":[`` the objects, comma-separated, ``]}``). Returns the parts, as lists of the
+    calls' indices, in order (a part is a run of consecutive calls, each taking as many as
+    fit), and the indices of the calls that do not fit a request even alone.
+    """
+    parts: list[list[int]] = []
+    too_large: list[int] = []
+    part: list[int] = []
+    used = len(_EMPTY_BATCH)
+    for i, size in enumerate(sizes):
+        if size + len(_EMPTY_BATCH) > max_bytes:
+            too_large.append(i)
+            continue
+        added = size + (1 if part else 0)
+        if part and used + added > max_bytes:
+            parts.append(part)
+            part, used, added = [], len(_EMPTY_BATCH), size
+        part.append(i)
+        used += added
+    if part:
+        parts.append(part)
+    return parts, too_large
+
+
+def _rejected(call: ExecuteCall, reason: str) -> ToolResult:
+    """``call`` refused before it ran, as the slot server refuses a call: ``REJECTED``."""
+    return ToolResult(
+        call_id=call.call_id, name=call.tool, outcome=ToolOutcome.REJECTED,
+        content=f"Error: {reason}", error=reason,
+    )  # fmt: skip
+
+
+def _call_field(call: ExecuteCall, field: str) -> str:
+    """The server's ``field`` of a request holding ``call`` alone, as a path in the call's own
+    arguments, as the server names a call's faults (``$.content``); ``$`` (the whole request,
+    too large) names the call's largest argument."""
+    for head in ("$.calls[0].arguments.", "$.calls[0]."):
+        if field.startswith(head):
+            return "$." + field.removeprefix(head)
+    if field == "$" and call.arguments:
+        arguments = call.arguments
+        return "$." + max(arguments, key=lambda name: _size(arguments[name]))
+    return field
+
+
+def _size(value: JSON) -> int:
+    """How large an argument is: a text's length (a lower bound of its encoded size, and no copy
+    of a large one), anything else's encoded size."""
+    return len(value) if isinstance(value, str) else len(encode(value))

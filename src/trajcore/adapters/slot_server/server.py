@@ -31,6 +31,7 @@ from trajcore.adapters.slot_server.codec import decode, encode
 from trajcore.adapters.slot_server.runtime import SlotRuntime
 from trajcore.domain.errors import ToolArgumentError, UnknownSlot, WireError
 from trajcore.domain.slot_protocol import (
+    MAX_REQUEST_BYTES,
     ArchiveArtifactsRequest,
     DropSnapshotRequest,
     ErrorBody,
@@ -47,7 +48,6 @@ from trajcore.domain.slot_protocol import (
 from trajcore.domain.tools import ToolResult
 
 __all__ = [
-    "MAX_REQUEST_BYTES",
     "Answer",
     "make_answer",
     "make_handler",
@@ -56,8 +56,6 @@ __all__ = [
 
 T = TypeVar("T")
 _JSON = "application/json"
-MAX_REQUEST_BYTES = 64 << 20
-"""The largest request body a slot server accepts."""
 
 Answer = Callable[[str, str, str | None, bytes], Awaitable[tuple[int, bytes]]]
 """``(method, path, Authorization header or None, body) -> (status, JSON body)``."""
