@@ -11,6 +11,7 @@ import socket
 import time
 
 import anyio
+import attrs
 import pytest
 
 from trajcore.adapters.fakes.llm import LLMFault
@@ -20,9 +21,10 @@ from trajcore.adapters.llm.atropos import (
     server_manager_for,
 )
 from trajcore.domain.errors import ModelServerError
+from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
-from trajcore.domain.sampling import SamplingParams
-from trajcore.testing.llm_stubs import LoopbackLLMServer
+from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams
+from trajcore.testing.llm_stubs import LoopbackLLMServer, chat_completion_json
 
 pytestmark = pytest.mark.anyio
 
@@ -84,3 +86,61 @@ async def test_a_slow_answer_from_a_server_that_is_up_is_never_cut() -> None:
             await close_server_manager(manager)
     assert turn.message.content.startswith("echo: hi")
     assert time.monotonic() - started >= 3.0
+
+
+@attrs.define
+class _Server:
+    server_healthy: bool = True
+
+
+@attrs.define
+class _Completion:
+    body: JSONObject
+
+    def model_dump(self, mode: str) -> JSONObject:
+        return self.body
+
+
+@attrs.define
+class _Manager:
+    """A ``ServerManager`` in shape: its servers' health set by the test, each call answered
+    when the test says."""
+
+    servers: list[_Server] = attrs.field(factory=lambda: [_Server()])
+    answer: anyio.Event = attrs.field(factory=anyio.Event)
+
+    def down(self, down: bool) -> None:
+        for server in self.servers:
+            server.server_healthy = not down
+
+    async def chat_completion(self, **kwargs: object) -> _Completion:
+        await self.answer.wait()
+        turn = ChatTurn(message=Message.assistant("ok"), finish_reason=FinishReason.STOP)
+        return _Completion(chat_completion_json(turn, model="m", serial=1))
+
+
+async def test_an_outage_is_measured_from_its_own_start_not_an_earlier_ones() -> None:
+    """A call during a short outage waits for it, though an earlier outage, past the bound,
+    ended with no call seeing a healthy server (the calls after it answered at once)."""
+    manager = _Manager()
+    chat = ServerManagerChatServer(manager, outage_s=2.0)
+    manager.down(True)
+    with anyio.fail_after(30), pytest.raises(ModelServerError):  # the first outage: too long
+        await chat.chat([Message.user("hi")], tools=[], sampling=SAMPLING)
+    manager.down(False)
+    manager.answer.set()
+    await chat.chat([Message.user("hi")], tools=[], sampling=SAMPLING)  # answered at once
+    await anyio.sleep(2.5)  # longer than the bound, with every server up
+    manager.down(True)  # a second outage, shorter than the bound
+    manager.answer = anyio.Event()
+
+    async def recover() -> None:
+        await anyio.sleep(1.5)
+        manager.down(False)
+        manager.answer.set()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(recover)
+        with anyio.fail_after(30):
+            turn = await chat.chat([Message.user("hi")], tools=[], sampling=SAMPLING)
+    assert turn.message.content == "ok"

@@ -12,19 +12,20 @@ from __future__ import annotations
 import asyncio
 import itertools
 import shutil
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.slot_runtime_testbed import searchable_root
 from trajcore.adapters.http1.server import HTTPServer
-from trajcore.adapters.http1.values import Limits
+from trajcore.adapters.http1.values import Limits, Reply, Request
 from trajcore.adapters.pools.client import SlotServerClient
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool, start_local_pool
 from trajcore.adapters.slot_server.runtime import SlotRuntime
 from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
 from trajcore.adapters.slot_server.server import make_handler
+from trajcore.domain.errors import SlotServerError, WireError
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.json_values import JSON
 from trajcore.domain.slot_protocol import MAX_REQUEST_BYTES, ExecuteCall
@@ -173,3 +174,71 @@ def test_a_batch_the_server_refuses_as_too_large_is_answered_call_by_call(root: 
     assert results[2].error.endswith("@ $.content")
     assert after[0].outcome is ToolOutcome.OK
     assert after[0].content.count("y") == 1500
+
+
+@pytest.mark.parametrize("status", [403, 404, 405])
+def test_a_refusal_that_is_not_about_the_calls_is_the_servers_failure(
+    root: Path, status: int
+) -> None:
+    """A 4xx that does not name what the calls carry (a proxy's 403, another service at the
+    address) is the server's failure (``SlotServerError``, or ``WireError`` for an answer
+    outside the protocol: the pool fails the batch as infrastructure either way), never the
+    calls' ``REJECTED``, which the model would be scored on."""
+    config = RuntimeConfig(slots=2, root=root, use_cgroups=False)
+
+    async def main() -> None:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        inner = make_handler(runtime, None)
+
+        def handler(request: Request) -> Reply | Awaitable[Reply]:
+            if request.path == "/v1/execute":
+                return Reply(status=status, body=b'{"error":"not here"}')
+            return inner(request)
+
+        server = HTTPServer(handler, limits=Limits(max_body_bytes=1 << 20))
+        try:
+            host, port = await server.listen_tcp("127.0.0.1", 0)
+            async with SlotServerClient.tcp(f"{host}:{port}", None) as client:
+                await client.health()
+                with pytest.raises((SlotServerError, WireError), match="not here"):
+                    await client.execute([written(0, "a", 10), written(1, "b", 10)])
+        finally:
+            await server.aclose()
+            await runtime.aclose()
+
+    asyncio.run(main())
+
+
+def test_after_a_refusal_the_slots_calls_go_again_at_once(root: Path) -> None:
+    """Sent again alone after the server refused their batch, the calls of different slots run
+    at the same time (each slot's in its order), so the batch still ends within the slowest
+    slot's time, which is what the dispatcher waits for: each call records when it started and
+    ended, and the two slots' calls overlap."""
+    config = RuntimeConfig(slots=2, root=root, use_cgroups=False)
+    stamp = "date +%s.%N >> /tmp/t; sleep 1; date +%s.%N >> /tmp/t; cat /tmp/t"
+
+    def timed(slot: int, call_id: str) -> ExecuteCall:
+        return ExecuteCall(slot=slot, epoch=1, call_id=call_id, tool="bash",
+                           arguments={"command": stamp, "pad": "z" * 300},
+                           timeout_s=20.0)  # fmt: skip
+
+    async def main() -> list[ToolResult]:
+        runtime = SlotRuntime(config)
+        await runtime.start()
+        server = HTTPServer(make_handler(runtime, None), limits=Limits(max_body_bytes=600))
+        try:
+            host, port = await server.listen_tcp("127.0.0.1", 0)
+            async with SlotServerClient.tcp(f"{host}:{port}", None) as client:
+                await client.health()
+                return await client.execute([timed(0, "a"), timed(1, "b")])
+        finally:
+            await server.aclose()
+            await runtime.aclose()
+
+    first, second = asyncio.run(main())
+    assert (first.outcome, second.outcome) == (ToolOutcome.OK, ToolOutcome.OK), (first, second)
+    start_a, end_a = map(float, first.content.split())
+    start_b, end_b = map(float, second.content.split())
+    assert start_a < end_b  # the two slots' calls ran at the same time
+    assert start_b < end_a

@@ -162,6 +162,7 @@ class _Outage:
         for ``limit_s`` (``None``: no bound)."""
         if self.limit_s is None:
             return await call
+        self._down_for()  # a server up now ends an outage seen before
         down: list[str] = []
         answer: list[T] = []
         failed: list[Exception] = []
@@ -172,16 +173,18 @@ class _Outage:
             except Exception as exc:  # noqa: BLE001 - raised below, outside the task group
                 failed.append(exc)
             group.cancel_scope.cancel()
+        if answer:  # a server answered: whatever outage was seen is over
+            self._down_since = None
+            return answer[0]
         if down:
             raise ModelServerError(down[0], status=None)
-        if failed:
-            raise failed[0]
-        return answer[0]
+        raise failed[0]
 
 
 @attrs.define
-class ServerManagerChatServer:
-    """A ``ChatServer`` over an atroposlib ``ServerManager`` (``chat_completion``).
+class _OverManager:
+    """What both adapters over a ``ServerManager`` share: the manager, the outage bound, and a
+    call through it with atroposlib's errors as trajcore's.
 
     Attributes:
         manager: The env's ``ServerManager`` (typed ``object``: atroposlib is untyped).
@@ -197,12 +200,29 @@ class ServerManagerChatServer:
     def __attrs_post_init__(self) -> None:
         self._outage = _Outage(self.manager, self.outage_s)
 
+    async def _through(self, method: str, kwargs: dict[str, Any]) -> Any:
+        """The manager's ``method(**kwargs)``, within the outage bound; errors translated."""
+        if self._closed:
+            raise PoolClosed(f"{type(self).__name__} is closed")
+        try:
+            return await self._outage.bounded(getattr(self.manager, method)(**kwargs))
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    async def aclose(self) -> None:
+        """Idempotent; the manager itself belongs to the env and stays open."""
+        self._closed = True
+
+
+@attrs.define
+class ServerManagerChatServer(_OverManager):
+    """A ``ChatServer`` over an atroposlib ``ServerManager`` (``chat_completion``); its
+    attributes are ``_OverManager``'s."""
+
     async def chat(
         self, messages: Sequence[Message], *, tools: Sequence[ToolSpec], sampling: SamplingParams
     ) -> ChatTurn:
         """Sample one turn through the manager; errors as for ``OpenAIChatServer.chat``."""
-        if self._closed:
-            raise PoolClosed("ServerManagerChatServer is closed")
         kwargs = _sampling_kwargs(sampling)
         # a lone surrogate as its escaped text, as the tokenizer adapters render it: the
         # openai client encodes its body as strict UTF-8 and would fail on it before sending
@@ -213,17 +233,12 @@ class ServerManagerChatServer:
             kwargs["tools"] = [with_lone_surrogates_escaped(spec.to_openai()) for spec in tools]
         if sampling.extra_body:
             kwargs["extra_body"] = dict(sampling.extra_body)
-        manager = cast("Any", self.manager)
+        completion = await self._through("chat_completion", kwargs)
         try:
-            completion = await self._outage.bounded(manager.chat_completion(**kwargs))
             data: object = completion.model_dump(mode="json")
         except Exception as exc:
             raise _translate(exc) from exc
         return parse_chat_body(data)
-
-    async def aclose(self) -> None:
-        """Idempotent; the manager itself belongs to the env and stays open."""
-        self._closed = True
 
 
 def _finish(value: object, field: str) -> FinishReason:
@@ -233,21 +248,9 @@ def _finish(value: object, field: str) -> FinishReason:
 
 
 @attrs.define
-class ServerManagerTokenServer:
-    """A ``TokenServer`` over an atroposlib ``ServerManager`` (``tokens_and_logprobs_completion``).
-
-    Attributes:
-        manager: The env's ``ServerManager`` whose servers are ``vllm`` or ``sglang`` typed.
-        outage_s: As ``ServerManagerChatServer``'s.
-    """
-
-    manager: object
-    outage_s: float | None = None
-    _closed: bool = attrs.field(default=False, init=False)
-    _outage: _Outage = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        self._outage = _Outage(self.manager, self.outage_s)
+class ServerManagerTokenServer(_OverManager):
+    """A ``TokenServer`` over an atroposlib ``ServerManager`` (``tokens_and_logprobs_completion``)
+    whose servers are ``vllm`` or ``sglang`` typed; its attributes are ``_OverManager``'s."""
 
     async def generate(
         self, prompt_ids: Sequence[int], *, sampling: SamplingParams
@@ -257,18 +260,10 @@ class ServerManagerTokenServer:
         Fields in ``WireError`` name the parts of atroposlib's tuple: ``$.output_tokens[0][i]``,
         ``$.output_logprobs[0]``, ``$.finish_reasons[0]``.
         """
-        if self._closed:
-            raise PoolClosed("ServerManagerTokenServer is closed")
         kwargs = _sampling_kwargs(sampling)
         kwargs.update(sampling.extra_body)
         kwargs["input_ids"] = check_prompt_ids(prompt_ids)
-        manager = cast("Any", self.manager)
-        try:
-            result: object = await self._outage.bounded(
-                manager.tokens_and_logprobs_completion(**kwargs)
-            )
-        except Exception as exc:
-            raise _translate(exc) from exc
+        result: object = await self._through("tokens_and_logprobs_completion", kwargs)
         parts = array(list(result) if isinstance(result, tuple) else result, "$")
         if len(parts) != 4:
             raise WireError("$", f"expected (prompt, tokens, logprobs, finishes), got {len(parts)}")
@@ -294,10 +289,6 @@ class ServerManagerTokenServer:
             logprobs=values,
             finish_reason=_finish(finishes[0], "$.finish_reasons[0]"),
         )
-
-    async def aclose(self) -> None:
-        """Idempotent; the manager itself belongs to the env and stays open."""
-        self._closed = True
 
 
 def _config_fields(config: object) -> tuple[str, str, str, str | None]:

@@ -23,8 +23,10 @@ What the caller can rely on:
   than a batch as malformed (400 with an ``ErrorBody``; the field and reason are the server's).
 - A batch never fails as a whole for what its calls carry: no request body passes the server's
   ``MAX_REQUEST_BYTES`` (a larger batch goes in parts; a call too large alone is ``REJECTED``,
-  never sent), and a batch the server refuses itself (any 4xx but 401, 408 and 429) is answered
-  call by call, each sent again alone.
+  never sent; the parts go at once unless a slot's calls span two), and a batch the server
+  refuses for what its calls carry (413, or a 400 naming a call's arguments) is answered call
+  by call, each sent again alone (each slot's calls in order, the slots at once); any other
+  4xx is the server's failure, as the list above says.
 - ``UnknownSlot`` for a 404 on a slot index; ``ToolArgumentError`` for a refused artifact path and
   ``FileNotFoundError`` for a missing artifact.
 - ``aclose()`` is idempotent.
@@ -33,8 +35,9 @@ What the caller can rely on:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Self, TypeVar
+import re
+from collections.abc import Coroutine, Iterable, Sequence
+from typing import Any, Self, TypeVar
 
 import attrs
 
@@ -89,9 +92,8 @@ T = TypeVar("T")
 _LIMITS = Limits(max_body_bytes=512 << 20)
 _EMPTY_BATCH = b'{"calls":[]}'
 """A batch's body around its calls, which a comma separates."""
-_NOT_ABOUT_THE_REQUEST = frozenset({401, 408, 429})
-"""The 4xx answers that do not refuse a request for what it holds (a wrong token, a slow sender,
-a rate limit): the module's list raises them; every other 4xx to a batch refused its calls."""
+_ARGUMENTS = re.compile(r"\$\.calls\[\d+\]\.arguments(\.|\[|$)")
+"""Where a batch's 400 names what a call carries (an argument the server could not read)."""
 _FORK_TURNS = 2
 """How many turns of the event loop the first fork of a snapshot waits for others to join it."""
 
@@ -246,12 +248,12 @@ class SlotServerClient:
         """Run a batch; one result per call, in the order of ``calls``.
 
         The request's limit is the slowest slot's timeouts in sequence plus ``grace_s``. A batch
-        whose body would pass ``MAX_REQUEST_BYTES`` goes in several requests, one after another
-        (``split_batch``), and a call that could not fit one even alone is never sent: it is
-        ``REJECTED`` naming its largest argument and the limit. A request the server refuses
-        itself (a 4xx but 401, 408 and 429: too large for it, malformed to it) ran nothing: each
-        of its calls is sent again alone, and one refused alone is ``REJECTED`` with the
-        server's reason. Neither says anything about the server's health.
+        whose body would pass ``MAX_REQUEST_BYTES`` goes in several requests, at once unless a
+        slot's calls span two (``split_batch``), and a call that could not fit one even alone
+        is never sent: it is ``REJECTED`` naming its largest argument and the limit. A request the server refuses
+        for what its calls carry (413, or a 400 naming a call's arguments) ran nothing: each of
+        its calls is sent again alone, and one refused alone is ``REJECTED`` with the server's
+        reason. Neither says anything about the server's health.
 
         Raises ``SlotServerError`` (also: another boot of the server answered), ``WireError``
         (an answer outside the protocol, including a result count that does not match).
@@ -309,24 +311,35 @@ class SlotServerClient:
         """The results of ``calls`` whose request was answered ``status`` (not 200): a refusal
         of the request itself answered call by call (the calls did not run: each goes again
         alone, one refused alone is ``REJECTED``); anything else raised as ``_failure``."""
-        if not 400 <= status < 500 or status in _NOT_ABOUT_THE_REQUEST:
+        problem = _error_body(payload)
+        if not (status == 413 or (status == 400 and _ARGUMENTS.match(problem.field))):
+            # not about what the calls carry (a proxy, another service at the address, a
+            # protocol field the pool and the server disagree on): the server's failure
             raise self._failure("POST", "/v1/execute", status, payload)
         if len(calls) == 1:
-            problem = _error_body(payload)
             (call,) = calls
             field = _call_field(call, problem.field)
             reason = f"the slot server refused the call (HTTP {status}: {problem.error}) @ {field}"
             return [_rejected(call, reason)]
-        results: list[ToolResult] = []
-        for call in calls:  # one after another: the calls of a slot keep their order
-            alone = ExecuteRequest(calls=(call,))
-            results += await self._execute_body(alone.calls, encode(alone), call.timeout_s)
-        return results
+        chains: dict[int, list[int]] = {}
+        for i, call in enumerate(calls):
+            chains.setdefault(call.slot, []).append(i)
+        results: list[ToolResult | None] = [None] * len(calls)
+
+        async def alone(chain: list[int]) -> None:
+            for i in chain:  # a slot's calls one after another, in their order
+                request = ExecuteRequest(calls=(calls[i],))
+                (results[i],) = await self._execute_body(
+                    request.calls, encode(request), calls[i].timeout_s
+                )
+
+        await _all(alone(chain) for chain in chains.values())  # the slots at once
+        return [result for result in results if result is not None]
 
     async def _execute_parts(self, calls: Sequence[ExecuteCall]) -> list[ToolResult]:
         """``calls`` (their one request over ``MAX_REQUEST_BYTES``) in parts that each fit one,
-        sent one after another, so the calls of a slot keep their order; a call over the limit
-        alone is ``REJECTED`` and never sent."""
+        sent at once, or one after another where a slot's calls span two parts (they keep their
+        order); a call over the limit alone is ``REJECTED`` and never sent."""
         items = [encode(call) for call in calls]
         parts, too_large = split_batch([len(item) for item in items])
         results: list[ToolResult | None] = [None] * len(calls)
@@ -338,12 +351,20 @@ class SlotServerClient:
                 f"{MAX_REQUEST_BYTES} @ {field}"
             )
             results[i] = _rejected(calls[i], reason)
-        for part in parts:
+
+        async def send(part: list[int]) -> None:
             sent = ExecuteRequest(calls=[calls[i] for i in part])
             body = b'{"calls":[' + b",".join(items[i] for i in part) + b"]}"
             answers = await self._execute_body(sent.calls, body, sent.deadline_s(0.0))
             for i, answer in zip(part, answers, strict=True):
                 results[i] = answer
+
+        slots = [{calls[i].slot for i in part} for part in parts]
+        if sum(map(len, slots)) == len(set().union(*slots)):  # no slot in two parts: at once
+            await _all(send(part) for part in parts)
+        else:  # a slot's calls keep their order across parts
+            for part in parts:
+                await send(part)
         return [result for result in results if result is not None]
 
     def _same_boot(self, boot: str | None) -> None:
@@ -594,6 +615,17 @@ def _error_body(payload: bytes) -> ErrorBody:
         return decode(payload, ErrorBody)
     except WireError:
         return ErrorBody(error=payload[:200].decode("utf-8", "replace") or "no body")
+
+
+async def _all(runs: Iterable[Coroutine[Any, Any, None]]) -> None:
+    """Run ``runs`` at once to their ends; then raise the first one's error, if any."""
+    errors = [
+        outcome
+        for outcome in await asyncio.gather(*runs, return_exceptions=True)
+        if isinstance(outcome, BaseException)
+    ]
+    if errors:
+        raise errors[0]
 
 
 def split_batch(
