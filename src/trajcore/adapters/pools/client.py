@@ -250,10 +250,10 @@ class SlotServerClient:
         The request's limit is the slowest slot's timeouts in sequence plus ``grace_s``. A batch
         whose body would pass ``MAX_REQUEST_BYTES`` goes in several requests, at once unless a
         slot's calls span two (``split_batch``), and a call that could not fit one even alone
-        is never sent: it is ``REJECTED`` naming its largest argument and the limit. A request the server refuses
-        for what its calls carry (413, or a 400 naming a call's arguments) ran nothing: each of
-        its calls is sent again alone, and one refused alone is ``REJECTED`` with the server's
-        reason. Neither says anything about the server's health.
+        is never sent: it is ``REJECTED`` naming its largest argument and the limit. A request
+        the server refuses for what its calls carry (413, or a 400 naming a call's arguments)
+        ran nothing: each of its calls is sent again alone, and one refused alone is
+        ``REJECTED`` with the server's reason. Neither says anything about the server's health.
 
         Raises ``SlotServerError`` (also: another boot of the server answered), ``WireError``
         (an answer outside the protocol, including a result count that does not match).
