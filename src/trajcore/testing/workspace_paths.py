@@ -67,7 +67,7 @@ NO_FILE_READS: tuple[str, ...] = (
 
 NO_FILE_WRITES: tuple[str, ...] = (
     "dir", "dir/", "dir/.", ".", "./", "~", "~/", "file/", "file/.", "file/x", "dir/inner/",
-    "new/",
+    "new/", "new/.", "new/x/", "new/x/.",
 )  # fmt: skip
 """Paths a write finds no regular file to write at, over the same workspace."""
 

@@ -206,6 +206,10 @@ def _open_beneath(root_fd: int, path: str, flags: int, *, create_dirs: bool = Fa
             raise RefusedFile(path, _LOOPS) from None
         if not (create_dirs and error.errno == errno.ENOENT):
             raise
+        bare = path.rstrip("/")
+        if path.endswith("/") or bare.endswith("/."):  # a directory is named, and the walk that
+            # creates the missing parents would drop the slash and make a file of it
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path) from None
         fd = None  # a parent is missing: the walk creates it
     if fd is not None:
         return fd
