@@ -61,6 +61,7 @@ from trajcore.adapters.slot_server.runtime import SlotRuntime
 from trajcore.adapters.slot_server.runtime_config import RuntimeConfig, check_config
 from trajcore.adapters.slot_server.sandboxes import name_process
 from trajcore.adapters.slot_server.server import start_http_server
+from trajcore.adapters.slot_uid_locks import lock_file
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation, check_slot_uid_range
 from trajcore.domain.slot_server_flags import ISOLATION_FLAGS, IsolationFlag
@@ -163,6 +164,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="this server's block of slot uids: slot i runs as BASE + K*SLOTS + i, so servers "
         "sharing a host's uids never share a slot uid (a Nomad job passes its allocation index)",
     )
+    parser.add_argument(
+        "--slot-uid-lock",
+        default=str(lock_file()),
+        metavar="FILE|none",
+        help="as root, hold this server's slot uids in the host's reservation file for its life "
+        "and refuse to start when another server or pool holds any of them (default: %(default)s"
+        ", or $TRAJCORE_SLOT_UID_LOCK); none: the caller holds them",
+    )
     return parser.parse_args(argv)
 
 
@@ -214,11 +223,14 @@ def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
         raise ConfigError("--image-cache-bytes", f"must be > 0, got {args.image_cache_bytes}")
     if args.snapshot_bytes <= 0:
         raise ConfigError("--snapshot-bytes", f"must be > 0, got {args.snapshot_bytes}")
+    if not args.slot_uid_lock.strip():
+        raise ConfigError("--slot-uid-lock", "empty: name a file, or none")
     uid_base = isolation.slot_uid_base + args.slot_uid_block * args.slots
     check_slot_uid_range("--slot-uid-block", uid_base, args.slots)
     config = RuntimeConfig(
         slots=args.slots,
         slot_uid_base=uid_base,
+        slot_uid_lock=None if args.slot_uid_lock == "none" else Path(args.slot_uid_lock).absolute(),
         root=args.root.absolute(),
         isolation=isolation,
         bwrap=isolation.bwrap,

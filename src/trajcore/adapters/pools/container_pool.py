@@ -64,7 +64,11 @@ from trajcore.adapters.pools.guard_process import GuardProcess
 from trajcore.adapters.pools.pool_core import Endpoint
 from trajcore.adapters.pools.reconciled import composed_settings, part
 from trajcore.adapters.pools.server_processes import abandon_each, run_command
-from trajcore.adapters.pools.supervision import SupervisedPool, SupervisedPoolConfig
+from trajcore.adapters.pools.supervision import (
+    SupervisedPool,
+    SupervisedPoolConfig,
+    hold_slot_uids,
+)
 from trajcore.domain.converters import command_words
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
 from trajcore.domain.slot_server_flags import isolation_argv
@@ -191,7 +195,7 @@ class ContainerPoolConfig(SupervisedPoolConfig):
         return [
             "--slots", str(self.server.slots_per_container), "--listen", f"0.0.0.0:{_PORT}",
             "--token-file", _TOKEN_FILE_IN_CONTAINER, *isolation_argv(self.server_isolation(index)),
-            *self.image_cache_argv(Path(_CACHE_IN_CONTAINER)),
+            "--slot-uid-lock", "none", *self.image_cache_argv(Path(_CACHE_IN_CONTAINER)),
         ]  # fmt: skip
 
     def volume_args(self) -> list[str]:
@@ -350,6 +354,7 @@ class _EngineContainers:
         return done.stdout.decode("utf-8", "replace").strip()
 
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
+        self.config = hold_slot_uids(self.config, stack)  # a rootful engine maps uids as they are
         engine = self.config.engine or find_engine()
         if engine is None or shutil.which(engine) is None:
             raise SandboxUnavailable(

@@ -69,7 +69,11 @@ from trajcore.adapters.pools.reconciled import composed_settings
 from trajcore.adapters.pools.server_processes import abandon_each
 from trajcore.adapters.pools.server_processes import log_tail as _tail
 from trajcore.adapters.pools.server_processes import signal_group as _signal_group
-from trajcore.adapters.pools.supervision import SupervisedPool, SupervisedPoolConfig
+from trajcore.adapters.pools.supervision import (
+    SupervisedPool,
+    SupervisedPoolConfig,
+    hold_slot_uids,
+)
 from trajcore.adapters.removal import remove_tree
 from trajcore.domain.errors import SlotServerError
 from trajcore.domain.slot_server_flags import isolation_argv
@@ -119,7 +123,8 @@ class LocalPoolConfig(SupervisedPoolConfig):
             "--slots", str(self.server.slots_per_container), "--root", str(root),
         ]  # fmt: skip
         return [
-            *argv, *listen, *isolation_argv(self.server_isolation(index)), *self.image_cache_argv()
+            *argv, *listen, *isolation_argv(self.server_isolation(index)),
+            "--slot-uid-lock", "none", *self.image_cache_argv(),
         ]  # fmt: skip
 
 
@@ -176,6 +181,7 @@ class _LocalProcesses:
     _guard: GuardProcess = attrs.field(factory=GuardProcess)
 
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
+        self.config = hold_slot_uids(self.config, stack)
         run_dir = self.run_dir = Path(tempfile.mkdtemp(prefix="trajcore-pool-"))
         _OPEN.add(self)
         stack.push_async_callback(self._remove_run_dir, run_dir)

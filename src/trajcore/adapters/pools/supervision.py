@@ -24,6 +24,8 @@ and stops, a ``Launcher``; the supervision is the same:
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -42,9 +44,15 @@ from trajcore.adapters.pools.pool_core import (
     single_error,
 )
 from trajcore.adapters.pools.reconciled import composed_settings, part
+from trajcore.adapters.slot_uid_locks import (
+    LOCK_FILE_ENV,
+    SlotUidLockError,
+    SlotUidsHeld,
+    reserve_free,
+)
 from trajcore.domain import validators
 from trajcore.domain.errors import ConfigError, SandboxUnavailable, SlotServerError
-from trajcore.domain.isolation import SlotIsolation, check_slot_uid_range
+from trajcore.domain.isolation import MAX_SLOT_UID, SlotIsolation, check_slot_uid_range
 from trajcore.domain.slot_server_settings import SlotServerSettings
 
 __all__ = [
@@ -53,9 +61,12 @@ __all__ = [
     "SupervisedPool",
     "SupervisedPoolConfig",
     "SupervisedSource",
+    "hold_slot_uids",
 ]
 
 H = TypeVar("H")
+C = TypeVar("C", bound="SupervisedPoolConfig")
+_log = logging.getLogger(__name__)
 
 
 def _cache_path(value: object) -> Path | None:
@@ -143,6 +154,39 @@ class SupervisedPoolConfig:
             return []
         where = self.image_cache_dir if cache is None else cache
         return ["--image-cache", str(where), "--image-cache-bytes", str(self.image_cache_bytes)]
+
+
+def hold_slot_uids(config: C, stack: AsyncExitStack) -> C:
+    """Reserve the slot uids of every server ``config`` starts on this host (``slot_uid_locks``)
+    until ``stack`` closes, before any server starts; the servers are told the pool holds them
+    (``--slot-uid-lock none``). A pool not run as root runs every slot as itself: nothing to
+    hold. A range another holder has moves to the next free one, said in a warning and
+    returned in the config.
+
+    Raises:
+        ConfigError: No free range, or the reservation file cannot be used.
+    """
+    if os.geteuid() != 0:
+        return config
+    isolation = config.server.isolation
+    count = config.containers * config.server.slots_per_container
+    try:
+        reservation = reserve_free(isolation.slot_uid_base, count, limit=MAX_SLOT_UID)
+    except SlotUidsHeld as error:
+        raise ConfigError("server.isolation.slot_uid_base", f"{error}: give another") from None
+    except SlotUidLockError as error:
+        raise ConfigError(LOCK_FILE_ENV, f"slot uids cannot be reserved: {error}") from None
+    stack.callback(reservation.release)
+    base = reservation.first
+    if base == isolation.slot_uid_base:
+        return config
+    _log.warning(
+        "slot uids %d-%d are in use by another slot server or pool on this host; this pool's "
+        "slots run as uids %d-%d (server.isolation.slot_uid_base sets the base)",
+        isolation.slot_uid_base, isolation.slot_uid_base + count - 1, base, base + count - 1,
+    )  # fmt: skip
+    moved = attrs.evolve(isolation, slot_uid_base=base)
+    return attrs.evolve(config, server=attrs.evolve(config.server, isolation=moved))
 
 
 class Launcher(Protocol[H]):

@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip  # noqa: F401 - loaded now: the archive runs as the slot, which cannot read /root
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -87,7 +88,14 @@ from trajcore.adapters.slot_server.snapshots import SnapshotRefused, SnapshotSto
 from trajcore.adapters.slot_server.tool_calls import refused
 from trajcore.adapters.slot_server.workspace import Workspace
 from trajcore.adapters.slot_server.workspace_overlays import WorkspaceOverlays
+from trajcore.adapters.slot_uid_locks import (
+    SlotUidLockError,
+    SlotUidReservation,
+    SlotUidsHeld,
+    reserve_free,
+)
 from trajcore.domain.errors import ConfigError, UnknownSlot
+from trajcore.domain.isolation import MAX_SLOT_UID
 from trajcore.domain.seccomp_rules import SECCOMP_RULES
 from trajcore.domain.slot_calls import (
     Closing,
@@ -111,6 +119,9 @@ from trajcore.domain.task_environments import TaskEnvironmentError, parse_enviro
 from trajcore.domain.tools import ToolResult
 
 __all__ = ["SlotRuntime"]
+
+
+_log = logging.getLogger(__name__)
 
 
 @attrs.define(eq=False)
@@ -143,6 +154,7 @@ class SlotRuntime(CallTurns):
     """This run of the server (``Health.boot``; in every batch's answer)."""
     _bin: Trash = attrs.field(init=False)  # the trash's sweeps, and the leases' layers measured
     _disk: DiskWatch = attrs.field(init=False)  # each lease's disk budget
+    _uids: SlotUidReservation | None = attrs.field(init=False, default=None)  # as root
 
     @_sandboxes.default
     def _new_sandboxes(self) -> Sandboxes:
@@ -169,6 +181,30 @@ class SlotRuntime(CallTurns):
             await self._sandboxes.stop_keeper(slot)
             raise
 
+    def _hold_slot_uids(self, base: int) -> int:
+        """Reserve this server's slot uids on the host (``slot_uid_locks``) for its life, unless
+        the config says the caller holds them; the first uid held (the next free range when
+        another holder has ``base``'s, said in a warning). Raises ``ConfigError``."""
+        where = self.config.slot_uid_lock
+        if where is None:
+            return base
+        count = self.config.slots
+        try:
+            self._uids = reserve_free(base, count, limit=MAX_SLOT_UID, path=where)
+        except SlotUidsHeld as error:
+            raise ConfigError("slot_uid_base", f"{error}: give this server another") from None
+        except SlotUidLockError as error:
+            raise ConfigError(
+                "slot_uid_lock", f"{error} (--slot-uid-lock: another file, or none)"
+            ) from None
+        if self._uids.first != base:
+            _log.warning(
+                "slot uids %d-%d are in use by another slot server or pool on this host; this "
+                "server's slots run as uids %d-%d (--slot-uid-base sets the base)",
+                base, base + count - 1, self._uids.first, self._uids.first + count - 1,
+            )  # fmt: skip
+        return self._uids.first
+
     def _disk_area(self, slot: Slot) -> list[Path]:
         """Where slot's lease writes on the server's storage: its workspace (a fork's overlay's
         upper layer instead) and, over an image, its root's upper layer."""
@@ -186,13 +222,21 @@ class SlotRuntime(CallTurns):
         """Create the workspaces and probe what the host can do. Never raises for a missing
         capability (``health()`` reports it); raises ``ConfigError`` when there is no slot
         helper (naming what to install) and ``OSError`` when ``root`` is unusable."""
+        try:
+            await self._start()
+        except BaseException:
+            if self._uids is not None:  # a start that failed holds no uids
+                self._uids.release()
+            raise
+
+    async def _start(self) -> None:
         root = self.config.root
         sandboxes = self._sandboxes
         helper, sandboxes.native_origin = await self._slot_helper()  # first: nothing to undo
         (root / "slots").mkdir(parents=True, exist_ok=True)
         (root / "state").mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
-            sandboxes.uid_base = self.config.slot_uid_base
+            sandboxes.uid_base = self._hold_slot_uids(self.config.slot_uid_base)
             uid_map = Path("/proc/self/uid_map").read_text()  # noqa: ASYNC240 - one small read
             problem = unmapped(sandboxes.uid_base, self.config.slots, uid_map)
             if problem is not None:
@@ -326,6 +370,8 @@ class SlotRuntime(CallTurns):
             await asyncio.to_thread(self.snapshots.close)
         if self._sandboxes.cgroups is not None:
             await asyncio.to_thread(remove_parent, self._sandboxes.cgroups)
+        if self._uids is not None:  # no process of the slots' uids is left
+            self._uids.release()
 
     # ------------------------------------------------------------------------- queries
 

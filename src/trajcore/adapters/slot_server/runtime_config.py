@@ -8,6 +8,7 @@ from pathlib import Path
 
 import attrs
 
+from trajcore.adapters.slot_uid_locks import lock_file
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import (
     DEFAULT_SLOT_UID_BASE,
@@ -46,6 +47,10 @@ class RuntimeConfig:
         slot_uid_base: When the server runs as root, slot ``i``'s sandbox runs as host uid and
             gid ``slot_uid_base + i`` (``slot_ids``); a server that is not root runs every
             slot as itself.
+        slot_uid_lock: The host's reservation file of slot uids (``slot_uid_locks``): a server
+            run as root holds its range there for its life and refuses to start when another
+            holds any of it. ``None``: reserve nothing (the pool that started this server
+            holds the range).
         warm_leases: Start a slot's next lease as soon as a reset has cleaned it, so the next
             lease's first call does not wait for its namespaces (``Sandboxes.warm``). Off
             only to measure what it saves (``TRAJCORE_SLOT_WARM_LEASES=0`` for
@@ -72,6 +77,7 @@ class RuntimeConfig:
     use_cgroups: bool = attrs.field(default=True, validator=flag)
     slot_helper_path: Path | None = None
     slot_uid_base: int = DEFAULT_SLOT_UID_BASE
+    slot_uid_lock: Path | None = attrs.field(factory=lock_file)
     warm_leases: bool = attrs.field(default=True, validator=flag)
     image_cache: Path | None = None
     image_cache_bytes: int = attrs.field(default=32 << 30, validator=positive_int)
