@@ -49,6 +49,7 @@ from trajcore.adapters.fakes.llm import (
 from trajcore.adapters.http1.client import MemoryTransport
 from trajcore.adapters.http1.server import AbortConnection, HTTPServer
 from trajcore.adapters.http1.values import Reply, Request
+from trajcore.adapters.lifetime import ClosedOnExit
 from trajcore.domain.errors import InvalidInput
 from trajcore.domain.json_values import JSON, JSONObject
 from trajcore.domain.messages import Message
@@ -290,7 +291,7 @@ def _max_tokens(body: JSONObject, key: str = "max_tokens") -> int:
 
 
 @attrs.define
-class LoopbackLLMServer:
+class LoopbackLLMServer(ClosedOnExit):
     """A scriptable LLM server on 127.0.0.1 (see the module doc).
 
     Attributes:
@@ -342,9 +343,6 @@ class LoopbackLLMServer:
     async def __aenter__(self) -> LoopbackLLMServer:
         await self.start()
         return self
-
-    async def __aexit__(self, *_: object) -> None:
-        await self.aclose()
 
     # ------------------------------------------------------------------------------ answers
 

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable
-from types import TracebackType
-from typing import Final, Literal, Self
+from typing import Final, Self
 
 import anyio
 import attrs
@@ -26,6 +25,7 @@ import httpx2
 from mcp.shared._stream_protocols import ReadStream
 from mcp.shared.message import SessionMessage
 
+from trajcore.adapters.lifetime import ClosedOnExit
 from trajcore.domain.errors import WireError
 
 __all__ = ["EXCHANGE", "Exchange", "WatchedReadStream", "note_post", "refusal_in"]
@@ -52,7 +52,7 @@ async def note_post(response: httpx2.Response) -> None:
 
 
 @attrs.define(eq=False)
-class WatchedReadStream:
+class WatchedReadStream(ClosedOnExit):
     """A transport's read stream that calls ``on_end`` when it ends (the server went away)."""
 
     inner: ReadStream[SessionMessage | Exception]
@@ -85,15 +85,6 @@ class WatchedReadStream:
 
     async def __aenter__(self) -> Self:
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> Literal[False]:
-        await self.aclose()
-        return False
 
 
 def refusal_in(exc: BaseException) -> WireError | None:

@@ -16,6 +16,7 @@ import math
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 
+from trajcore.adapters.lifetime import ClosedOnExit
 from trajcore.adapters.pools.environment_leasing import EnvironmentCounters, lease_only
 from trajcore.adapters.pools.leasing import SlotLeasing
 from trajcore.domain.environment_leases import (
@@ -32,7 +33,7 @@ __all__ = ["DEFAULT_FORK_WAIT_S", "LeasedPool"]
 DEFAULT_FORK_WAIT_S = 2.0
 
 
-class LeasedPool(abc.ABC):
+class LeasedPool(ClosedOnExit):
     """The port methods every pool over ``SlotLeasing`` answers the same way; each pool closes
     in its own way (``aclose``) and says whether and how it runs task environments
     (``environment_refusal``, ``enter_environment``)."""
@@ -155,6 +156,3 @@ class LeasedPool(abc.ABC):
     @abc.abstractmethod
     async def aclose(self) -> None:
         """See ``SandboxPool.aclose``."""
-
-    async def __aexit__(self, *_: object) -> None:
-        await self.aclose()

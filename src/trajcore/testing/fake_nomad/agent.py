@@ -74,7 +74,6 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -84,6 +83,7 @@ import attrs
 
 from trajcore.adapters.http1.server import HTTPServer
 from trajcore.adapters.http1.values import Reply, Request
+from trajcore.adapters.lifetime import ClosedOnExit
 from trajcore.domain.errors import ConfigError, StateError
 from trajcore.domain.json_values import JSON, JSONObject, check_json
 from trajcore.testing.fake_nomad.artifacts import ArtifactError, fetch_artifacts
@@ -127,7 +127,7 @@ __all__ = ["FakeNomadAPI"]
 
 
 @attrs.define(eq=False)
-class FakeNomadAPI:
+class FakeNomadAPI(ClosedOnExit):
     """A Nomad agent's HTTP API on loopback, running allocations as child processes.
 
     Use ``async with FakeNomadAPI(...) as nomad`` and point a client at ``nomad.address``.
@@ -214,14 +214,6 @@ class FakeNomadAPI:
         self._server = HTTPServer(self._answer, idle_timeout_s=30.0)
         _, self._port = await self._server.listen_tcp("127.0.0.1", 0)
         return self
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Stop serving, stop every task (SIGTERM, then SIGKILL), remove the fake's files."""
