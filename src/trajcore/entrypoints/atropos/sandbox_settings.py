@@ -107,6 +107,12 @@ _MODAL = ModalPoolConfig()
 _DAYTONA = DaytonaPoolConfig()
 
 
+def _cap(default: int | None, description: str) -> Any:
+    """The flag of one of the slots' optional caps (``SlotIsolation``): at least 1, ``None`` for
+    no cap, by default the policy's (``default``)."""
+    return Field(default=default, ge=1, description=description)
+
+
 class CloudSettings(BaseModel):
     """The Modal and Daytona settings (``SandboxSettings.modal_pool_config``,
     ``daytona_pool_config``; the pools themselves: ``cloud``)."""
@@ -235,22 +241,19 @@ class DeclaredSettings(ContainerSettings, CloudSettings):
         description="Refuse to start when slots cannot keep a persistent shell "
         "(bash_stateful, tmux; the local pool needs tmux on the host).",
     )
-    max_file_bytes: int | None = Field(
-        default=_POLICY.max_file_bytes,
-        ge=1,
-        description="Largest file a sandboxed process may write (an rlimit; 1 GiB by default, so "
+    max_file_bytes: int | None = _cap(
+        _POLICY.max_file_bytes,
+        "Largest file a sandboxed process may write (an rlimit; 1 GiB by default, so "
         "a runaway 'yes > out' stops there). None: no cap.",
     )
-    disk_bytes: int | None = Field(
-        default=_POLICY.disk_bytes,
-        ge=1,
-        description="Disk space one lease may fill in its workspace and writable layers (10 GiB "
+    disk_bytes: int | None = _cap(
+        _POLICY.disk_bytes,
+        "Disk space one lease may fill in its workspace and writable layers (10 GiB "
         "by default); a lease past it is ended, naming the budget. None: no budget.",
     )
-    disk_files: int | None = Field(
-        default=_POLICY.disk_files,
-        ge=1,
-        description="Files (inodes) one lease may keep in its workspace and writable layers "
+    disk_files: int | None = _cap(
+        _POLICY.disk_files,
+        "Files (inodes) one lease may keep in its workspace and writable layers "
         "(1,000,000 by default); a lease past it is ended, naming the budget. None: no budget.",
     )
     terminal_timeout_s: float = Field(
