@@ -29,7 +29,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import attrs
@@ -76,16 +76,12 @@ class _Removal:
             for entry in entries:
                 self.tick()
                 name = entry.name
-                try:
+                with self.kept_going():
                     if entry.is_dir(follow_symlinks=False):
                         if not _try_rmdir(name, fd):
                             full.append(name)
                     else:
                         os.unlink(name, dir_fd=fd)
-                except FileNotFoundError:
-                    continue
-                except OSError as error:
-                    self.last_error = error
         return full
 
     def lift(self, into: _Level, name: str) -> None:
@@ -126,8 +122,15 @@ class _Removal:
         return None
 
     def rmdir(self, name: str, parent: int) -> None:
-        try:
+        with self.kept_going():
             os.rmdir(name, dir_fd=parent)
+
+    @contextlib.contextmanager
+    def kept_going(self) -> Iterator[None]:
+        """Run one removal step: an entry already gone is no failure, any other ``OSError`` is
+        kept as ``last_error`` and the removal goes on."""
+        try:
+            yield
         except FileNotFoundError:
             pass
         except OSError as error:
