@@ -17,9 +17,15 @@ from trajcore.adapters.fakes.unisolated import UnisolatedSandboxPool
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slot_server_settings import SlotServerSettings
+from trajcore.domain.slots import Lease
 from trajcore.domain.tools import ToolOutcome
 from trajcore.testing.portal_pools import slot_call
-from trajcore.testing.workspace_paths import NO_FILE_READS, NO_FILE_WRITES, REFUSED_PATHS
+from trajcore.testing.workspace_paths import (
+    NO_FILE_READS,
+    NO_FILE_WRITES,
+    REFUSED_CONTENTS,
+    REFUSED_PATHS,
+)
 
 pytestmark = [
     pytest.mark.anyio,
@@ -29,21 +35,41 @@ pytestmark = [
 
 # Over a workspace of ``file`` and ``dir/inner``: each refused path, each path naming no file,
 # and spellings that read or write a file.
-PATHS = (*REFUSED_PATHS, *NO_FILE_WRITES, "file", "./file", "~/dir/inner", "a//b/./c", "\udcff")
+PATHS = (
+    *REFUSED_PATHS, *NO_FILE_WRITES,
+    "file", "./file", "~/dir/inner", "~//file", "~///dir//inner", "a//b/./c", "\udcff",
+)  # fmt: skip
 Answer = tuple[ToolOutcome, str | None, str]
+
+
+# Over the same workspace: writes whose text no UTF-8 carries (and plain text), to a path inside,
+# to one naming no file, to a refused one.
+WRITES = tuple(
+    (path, content)
+    for content in (*REFUSED_CONTENTS, "w")
+    for path in ("file", "new.txt", "~//new.txt", "dir", "../x", "\ud800x")
+)
+
+
+async def _prepare(pool: LocalSandboxPool | InProcessSlotPool, lease: Lease) -> None:
+    """Put a fresh ``file`` and ``dir/inner`` in the workspace (a write may have changed them)."""
+    prepare = [
+        slot_call(lease, "write_file", path=name, content=name) for name in ("file", "dir/inner")
+    ]
+    await pool.execute(lease.slot.container, prepare)
 
 
 async def _answers(pool: LocalSandboxPool | InProcessSlotPool) -> dict[tuple[str, str], Answer]:
     answers: dict[tuple[str, str], Answer] = {}
     async with pool, pool.lease("t") as lease:
+        await _prepare(pool, lease)
+        for path, content in WRITES:
+            call = slot_call(lease, "write_file", path=path, content=content)
+            (result,) = await pool.execute(lease.slot.container, [call])
+            answers[f"write {content!r}", path] = (result.outcome, result.error, result.content)
         for path in dict.fromkeys(PATHS + NO_FILE_READS):
             for tool in ("read_file", "write_file"):
-                # each call over a fresh ``file`` and ``dir/inner`` (a write may have changed them)
-                prepare = [
-                    slot_call(lease, "write_file", path=name, content=name)
-                    for name in ("file", "dir/inner")
-                ]
-                await pool.execute(lease.slot.container, prepare)
+                await _prepare(pool, lease)  # each call over a fresh workspace
                 call = (
                     slot_call(lease, tool, path=path, content="w")
                     if tool == "write_file"

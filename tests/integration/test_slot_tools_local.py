@@ -200,20 +200,18 @@ async def test_a_file_the_model_left_unreadable_is_the_models_doing_not_the_slot
 
 
 async def test_a_path_the_hook_got_wrong_is_the_envs_error_not_the_models_file() -> None:
-    """A score hook's own path that names no file of the workspace: ``~//etc/passwd`` (``~``
-    is the workspace, so this one is absolute), ``/etc/passwd``, ``..``. It is the env's
-    mistake, so ``InvalidInput`` naming ``path`` and why, raised before anything is sent
-    (the trajectory becomes an ``env_error``). It was a ``SlotFileError`` for
-    ``~//etc/passwd`` before (the env's ``except SlotFileError`` scored the model 0 for the
-    env's own bug) and a ``SlotInfraError`` for the others (the member was dropped as the
-    slot's failure). The model's own call with that path is the server's ``REJECTED``."""
+    """A score hook's own path that names no file of the workspace: ``/etc/passwd``, ``..``
+    (``~//../x`` too: ``~`` is the workspace). It is the env's mistake, so ``InvalidInput``
+    naming ``path`` and why, raised before anything is sent (the trajectory becomes an
+    ``env_error``). It was a ``SlotInfraError`` before (the member was dropped as the slot's
+    failure). The model's own call with that path is the server's ``REJECTED``."""
     before = running_now()
     async with LocalSandboxPool(config(containers=1, slots=1)) as pool:
         groups = {pool.server_pid(name) for name in pool.container_names()}
         run_dir = pool.run_dir
         async with slot_tools(pool, timeout_s=5.0) as tools:
             for path, why in [
-                ("~//etc/passwd", "'/etc/passwd' is absolute"),
+                ("~//../x", "'../x' contains '..'"),
                 ("/etc/passwd", "'/etc/passwd' is absolute"),
                 ("sub/../../fifo", "contains '..'"),
                 ("~/../x", "contains '..'"),

@@ -187,7 +187,7 @@ def test_a_fork_answer_holds_one_lease_answer_per_lease_in_order() -> None:
 @pytest.mark.parametrize(
     ("path", "relative"),
     [("~", "."), ("~/", "."), ("~/a.txt", "a.txt"), ("~/d/b", "d/b"), ("~user/x", "~user/x"),
-     ("a/~/b", "a/~/b"), ("x.txt", "x.txt"), ("~/../out", "../out")],
+     ("a/~/b", "a/~/b"), ("x.txt", "x.txt"), ("~/../out", "../out"), ("~//a.txt", "a.txt")],
 )  # fmt: skip
 def test_a_tilde_path_is_the_workspaces_as_home_is(path: str, relative: str) -> None:
     assert home_relative(path) == relative  # ../out is then refused as any other
@@ -223,9 +223,9 @@ def test_a_file_tools_path_that_names_nothing_in_a_workspace_says_why(
     assert workspace_path_problem(path) == problem
 
 
-def test_a_path_from_the_home_that_is_absolute_names_nothing() -> None:
-    """``~`` is the workspace, so ``~//etc/passwd`` is ``/etc/passwd``: absolute."""
-    assert workspace_path_problem(home_relative("~//etc/passwd")) == (
-        "'/etc/passwd' is absolute; give a path relative to the workspace"
-    )
+def test_a_path_from_the_home_stays_in_the_home() -> None:
+    """``~`` is the workspace, and ``~//etc/passwd`` is ``$HOME//etc/passwd`` in a shell: the
+    workspace's ``etc/passwd``, never ``/etc/passwd``."""
+    assert home_relative("~//etc/passwd") == "etc/passwd"
+    assert workspace_path_problem(home_relative("~//etc/passwd")) is None
     assert workspace_path_problem(home_relative("~/ok.txt")) is None

@@ -106,12 +106,12 @@ async def test_file_helpers_raise_slot_errors() -> None:
 async def test_a_path_the_hook_got_wrong_is_its_own_error() -> None:
     """A hook's path that names no file of any workspace is the env's mistake: ``InvalidInput``
     naming ``path`` (an ``env_error``), raised before the call is sent; neither the model's
-    ``SlotFileError`` nor the slot's ``SlotInfraError``. ``~//etc/passwd`` (``~`` is the
-    workspace) read as a file missing from the fake's workspace before: a ``SlotFileError``,
-    so the env's ``except SlotFileError`` scored the model 0 for the env's own bug."""
+    ``SlotFileError`` (the env's ``except SlotFileError`` would score the model 0 for the env's
+    own bug) nor the slot's ``SlotInfraError``. ``~`` is the workspace, so ``~//../etc/passwd``
+    is ``../etc/passwd``."""
     async with FakeSandboxPool() as pool, slot_tools(pool) as tools:
         for path, why in [
-            ("~//etc/passwd", "'/etc/passwd' is absolute"),
+            ("~//../etc/passwd", "'../etc/passwd' contains '..'"),
             ("../etc/passwd", "'../etc/passwd' contains '..'"),
             ("/abs.txt", "'/abs.txt' is absolute"),
         ]:

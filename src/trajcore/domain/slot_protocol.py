@@ -162,12 +162,11 @@ SLOT_TOOLS: tuple[str, ...] = tuple(spec.name for spec in SLOT_TOOL_SPECS)
 
 def home_relative(path: str) -> str:
     """A file tool's ``path`` as the slot's shell reads it: ``HOME`` is the workspace, so
-    ``~/notes.txt`` is ``notes.txt`` and ``~`` is ``.``; any other path is returned as it is
+    ``~/notes.txt`` is ``notes.txt``, ``~`` is ``.``, and ``~//notes.txt`` (``$HOME//notes.txt``,
+    slashes after the home as one) is ``notes.txt`` too; any other path is returned as it is
     (``~user/x`` is a name like any other)."""
-    if path == "~":
-        return "."
-    if path.startswith("~/"):
-        return path[2:] or "."
+    if path == "~" or path.startswith("~/"):
+        return path[1:].lstrip("/") or "."
     return path
 
 

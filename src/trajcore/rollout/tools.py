@@ -46,6 +46,7 @@ from trajcore.domain.errors import (
     SlotInfraError,
     ToolServerError,
 )
+from trajcore.domain.file_calls import text_problem
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.slot_protocol import SLOT_TOOLS, home_relative, workspace_path_problem
 from trajcore.domain.slots import Lease, SlotCall
@@ -148,7 +149,7 @@ class ToolRouter:
 def _checked_path(tool: str, path: str) -> None:
     """Raise ``InvalidInput`` (field ``path``) when a hook's ``path`` can name nothing in the
     workspace, whatever the model left there: not text, empty, absolute, with ``..`` (``~``
-    is the workspace, so ``~//etc/passwd`` is absolute). The hook's own mistake, so an
+    is the workspace, and ``~//x`` is its ``x``, as in a shell). The hook's own mistake, so an
     ``env_error``, never the model's ``SlotFileError`` nor the slot's ``SlotInfraError``."""
     if not isinstance(path, str):
         raise InvalidInput("path", f"{tool}: must be a string, got {type(path).__name__}")
@@ -159,15 +160,13 @@ def _checked_path(tool: str, path: str) -> None:
 
 def _checked_text(tool: str, field: str, text: str) -> None:
     """Raise ``InvalidInput`` (``field``) when a hook's ``text`` holds a lone surrogate (a
-    model's ``\\udcff`` read from its tool call's JSON): no UTF-8 carries it, so the slot would
-    refuse the request, which reads as the slot's failure (``SlotInfraError``, an infra error)
-    where it is the hook's text (``escape_lone_surrogates`` writes it as text)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise InvalidInput(
-            field, f"{tool}: holds a lone surrogate at {error.start}, which no UTF-8 text carries"
-        ) from None
+    model's ``\\udcff`` read from its tool call's JSON): no UTF-8 carries it, so every pool
+    refuses the call (``file_calls.text_problem``), which reads as the slot's failure
+    (``SlotInfraError``, an infra error) where it is the hook's text (``escape_lone_surrogates``
+    writes it as text)."""
+    problem = text_problem(text)
+    if problem is not None:
+        raise InvalidInput(field, f"{tool}: {problem}")
 
 
 @attrs.define

@@ -15,8 +15,9 @@ Rules the fake keeps, so tests written against it hold against the real pool:
   same lease returns the first result and does not run again.
 - ``read_file``/``write_file`` answer a path as the slot server does (the cases:
   ``trajcore.testing.workspace_paths``): one its rule refuses (``workspace_path_problem``) is
-  ``REJECTED`` with its reason at ``$.path``; one that names no regular file (a directory,
-  ``file/``) is a ``TOOL_ERROR``. Unknown tools and bad arguments are ``REJECTED`` too.
+  ``REJECTED`` with its reason at ``$.path``, a write whose text no UTF-8 carries at
+  ``$.content`` (``file_calls``); one that names no regular file (a directory, ``file/``) is a
+  ``TOOL_ERROR``. Unknown tools and bad arguments are ``REJECTED`` too.
 - Release wipes the slot's workspace (reset), or quarantines the slot when a reset failure was
   injected.
 
@@ -76,6 +77,7 @@ from trajcore.domain.environment_leases import (
     check_environment,
 )
 from trajcore.domain.errors import ConfigError, PoolClosed
+from trajcore.domain.file_calls import file_call_problem
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, home_relative, workspace_path_problem
 from trajcore.domain.slots import Lease, SlotCall, SlotId
 from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult, ToolSpec, timeout_end
@@ -519,10 +521,10 @@ class InProcessSlotPool(LeasedPool):
         args = call.arguments
         slot = call.lease.slot
         if name in ("read_file", "write_file"):
+            refusal = file_call_problem(name, args)  # the slot server's rule, path then content
+            if refusal is not None:
+                return ToolResult.failure(call.call, ToolOutcome.REJECTED, refusal)
             path = home_relative(cast("str", args["path"]))
-            problem = workspace_path_problem(path)
-            if problem is not None:
-                return ToolResult.failure(call.call, ToolOutcome.REJECTED, f"{problem} @ $.path")
             if name == "read_file":
                 return await self._read(slot, call, path)
             content = cast("str", args["content"])

@@ -24,6 +24,7 @@ from trajcore.adapters.slot_server.sandboxes import Sandboxes
 from trajcore.adapters.slot_server.slot_state import Slot
 from trajcore.adapters.slot_server.workspace import RefusedFile
 from trajcore.domain.errors import ToolArgumentError
+from trajcore.domain.file_calls import file_call_problem
 from trajcore.domain.isolation import clamp_timeout
 from trajcore.domain.json_values import JSON
 from trajcore.domain.slot_calls import Refusal, StaleEpoch
@@ -398,11 +399,10 @@ async def _write_file(sandboxes: Sandboxes, slot: Slot, call: ExecuteCall) -> To
     path = cast("str", call.arguments["path"])
     if (over := over_for(slot, call.epoch)) is not None:
         return _over_disk(call, over)
-    try:
-        data = cast("str", call.arguments["content"]).encode("utf-8")
-    except UnicodeEncodeError as error:
-        reason = f"not valid Unicode text (a lone surrogate at {error.start}) @ $.content"
-        return failure(call, ToolOutcome.REJECTED, reason)
+    refusal = file_call_problem(call.tool, call.arguments)  # every pool's rule: path, content
+    if refusal is not None:
+        return failure(call, ToolOutcome.REJECTED, refusal)
+    data = cast("str", call.arguments["content"]).encode("utf-8")
     append = call.arguments.get("append") is True
     try:
         limit = sandboxes.config.isolation.file_cap_bytes
