@@ -26,7 +26,10 @@ What the caller can rely on:
   never sent; the parts go at once unless a slot's calls span two), and a batch the server
   refuses for what its calls carry (413, or a 400 naming a call's arguments) is answered call
   by call, each sent again alone (each slot's calls in order, the slots at once); any other
-  4xx is the server's failure, as the list above says.
+  4xx but 408 and 429 is the server's failure, as the list above says.
+- A 408 or 429 (a proxy's "try again later") is sent again while ``retry_later_s`` of waiting
+  allows (``retry_later``); past that a batch's calls are each an ``INFRA_ERROR`` (never
+  ``REJECTED``, and the server is not failed), any other request a ``SlotServerError``.
 - ``UnknownSlot`` for a 404 on a slot index; ``ToolArgumentError`` for a refused artifact path and
   ``FileNotFoundError`` for a missing artifact.
 - ``aclose()`` is idempotent.
@@ -43,8 +46,9 @@ import attrs
 
 from trajcore.adapters.http1.client import HTTPClient
 from trajcore.adapters.http1.errors import HTTPError, RequestTimedOut
-from trajcore.adapters.http1.values import Limits, Origin, parse_url
+from trajcore.adapters.http1.values import Limits, Origin, Response, parse_url
 from trajcore.adapters.pools.batch_wire import batch_body, batch_results
+from trajcore.adapters.pools.retry_later import TRY_LATER, not_served, served
 from trajcore.adapters.slot_server.codec import decode, encode
 from trajcore.domain.errors import (
     ConfigError,
@@ -111,6 +115,8 @@ class SlotServerClient:
         quick_timeout_s: The limit of requests that run nothing (health, listing).
         reset_timeout_s: The limit of a reset.
         lease_timeout_s: The limit of a lease request (a first use of an image unpacks it).
+        retry_later_s: How long a request waits in all, between tries, for a proxy in front of
+            the server that answers 408 or 429 ("try again later") to serve it.
         boot: The server's boot as its first health answer gave it: a batch answered by
             another boot fails (``SlotServerError``: restarted in place, its slots' state gone).
     """
@@ -123,6 +129,7 @@ class SlotServerClient:
     quick_timeout_s: float = 15.0
     reset_timeout_s: float = 60.0
     lease_timeout_s: float = 900.0
+    retry_later_s: float = 10.0
     boot: str | None = attrs.field(init=False, default=None)
     _http: HTTPClient | None = attrs.field(init=False, default=None)
     _origin: Origin | None = attrs.field(init=False, default=None)
@@ -181,18 +188,23 @@ class SlotServerClient:
     async def _send(
         self, method: str, path: str, raw: bytes, timeout_s: float
     ) -> tuple[int, bytes]:
-        """The status and body of the answer to ``raw``; ``SlotServerError`` when none came."""
+        """The status and body of the answer to ``raw``, each try within ``timeout_s``, a "try
+        again later" tried again (``retry_later``); ``SlotServerError`` when none came."""
         http, origin, prefix = self._open()
         url = self.base_url + path
-        try:
+
+        async def once() -> Response:
             async with asyncio.timeout(None) as scope:
                 watch = _Deadline(asyncio.get_running_loop(), scope, timeout_s)
                 try:
-                    response = await http.request(
+                    return await http.request(
                         method, origin, prefix + path, body=raw, idempotent=True
                     )
                 finally:
                     watch.stop()
+
+        try:
+            response = await served(once, self.retry_later_s)
         except (RequestTimedOut, TimeoutError):
             raise SlotServerError(f"{method} {url}: no answer within {timeout_s:.1f} s") from None
         except HTTPError as error:
@@ -310,8 +322,11 @@ class SlotServerClient:
     ) -> list[ToolResult]:
         """The results of ``calls`` whose request was answered ``status`` (not 200): a refusal
         of the request itself answered call by call (the calls did not run: each goes again
-        alone, one refused alone is ``REJECTED``); anything else raised as ``_failure``."""
+        alone, one refused alone is ``REJECTED``); a "try again later" still, each an
+        ``INFRA_ERROR``; anything else raised as ``_failure``."""
         problem = _error_body(payload)
+        if status in TRY_LATER:  # a proxy's, past retry_later_s: not run, the server not failed
+            return not_served(calls, status, problem.error, self.retry_later_s)
         if not (status == 413 or (status == 400 and _ARGUMENTS.match(problem.field))):
             # not about what the calls carry (a proxy, another service at the address, a
             # protocol field the pool and the server disagree on): the server's failure
