@@ -25,9 +25,6 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 _STATE_HOME = tempfile.mkdtemp(prefix="trajcore-test-state-")
 os.environ["XDG_STATE_HOME"] = _STATE_HOME
 atexit.register(shutil.rmtree, _STATE_HOME, True)
-# The host's reservations of slot uids (trajcore.adapters.slot_uid_locks): one file for the whole
-# run, as a host has one, kept out of the machine's /run.
-os.environ["TRAJCORE_SLOT_UID_LOCK"] = os.path.join(_STATE_HOME, "run", "slot-uids")
 
 # ci: reproducible and bounded, no per-example deadline (shared machines are noisy).
 settings.register_profile(

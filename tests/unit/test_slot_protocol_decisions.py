@@ -187,7 +187,8 @@ def test_a_fork_answer_holds_one_lease_answer_per_lease_in_order() -> None:
 @pytest.mark.parametrize(
     ("path", "relative"),
     [("~", "."), ("~/", "."), ("~/a.txt", "a.txt"), ("~/d/b", "d/b"), ("~user/x", "~user/x"),
-     ("a/~/b", "a/~/b"), ("x.txt", "x.txt"), ("~/../out", "../out"), ("~//a.txt", "a.txt")],
+     ("a/~/b", "a/~/b"), ("x.txt", "x.txt"), ("~/../out", "../out"), ("~//a.txt", "a.txt"),
+     ("~/XX/y", "XX/y"), ("~//X", "X")],
 )  # fmt: skip
 def test_a_tilde_path_is_the_workspaces_as_home_is(path: str, relative: str) -> None:
     assert home_relative(path) == relative  # ../out is then refused as any other
