@@ -362,6 +362,41 @@ async def test_the_builtin_get_next_item_reads_a_local_parquet(tmp_path: Path) -
     assert env.build_task({"prompt": "say gamma"}) == "say gamma"
 
 
+async def test_env_processes_given_shards_of_one_dataset_share_no_row(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"say {i}"}) + "\n" for i in range(7)))
+    seen = []
+    for index in range(3):
+        env = RowsEnv(_rows_config(path, dataset_shard=f"{index}/3"))
+        seen.append([(await env.get_next_item())["prompt"] for _ in range(4)])
+    assert seen == [
+        ["say 0", "say 3", "say 6", "say 0"],  # each shard cycles through its own rows
+        ["say 1", "say 4", "say 1", "say 4"],
+        ["say 2", "say 5", "say 2", "say 5"],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("shard", "reason"),
+    [
+        ("1of3", "String should match pattern"),
+        ("-1/3", "String should match pattern"),
+        ("3/3", "expected I/K with 0 <= I < K, got '3/3'"),
+        ("0/0", "expected I/K with 0 <= I < K, got '0/0'"),
+        ("7/9", "shard 7/9 of the dataset's 7 rows holds no row"),
+    ],
+)
+def test_a_shard_that_is_no_shard_of_the_dataset_fails_at_start(
+    tmp_path: Path, shard: str, reason: str
+) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"say {i}"}) + "\n" for i in range(7)))
+    with pytest.raises(ConfigError) as caught:
+        RowsEnv(_rows_config(path, dataset_shard=shard))
+    assert caught.value.field == "dataset_shard"
+    assert reason in caught.value.reason
+
+
 def test_a_dataset_row_without_the_prompt_field_fails_at_start(tmp_path: Path) -> None:
     path = tmp_path / "tasks.jsonl"
     path.write_text('{"prompt": "ok"}\n{"question": "no prompt"}\n')

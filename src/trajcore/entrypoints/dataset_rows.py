@@ -24,6 +24,9 @@ Rules this module keeps:
   and the field, when the env is built.
 - **Order.** Rows come in file order, then again from the first (the env's ``group_size``
   trajectories of one row are one group).
+- **Shards.** With ``dataset_shard`` ``I/K`` the rows are the file's ``I``-th, ``I+K``-th, ...
+  (from 0): K env processes of one env, each given its own ``I``, cycle through disjoint rows.
+  A shard with no row, or ``I`` not below ``K``, is a ``ConfigError`` at ``dataset_shard``.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import attrs
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.json_values import JSONObject, check_json
 
-__all__ = ["DatasetRows", "DatasetSettings", "builtin_dataset", "load_rows"]
+__all__ = ["DatasetRows", "DatasetSettings", "builtin_dataset", "load_rows", "shard_of"]
 
 
 _OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
@@ -220,6 +223,8 @@ class DatasetSettings(Protocol):
     def dataset_split(self) -> str: ...
     @property
     def prompt_field(self) -> str: ...
+    @property
+    def dataset_shard(self) -> str | None: ...
 
 
 def builtin_dataset(
@@ -244,4 +249,23 @@ def builtin_dataset(
     if "get_next_item" not in builtin:
         return None
     rows = load_rows(config.dataset, split=config.dataset_split, prompt_field=config.prompt_field)
+    if config.dataset_shard is not None:
+        rows = shard_of(rows, config.dataset_shard)
     return DatasetRows(rows=rows, prompt_field=config.prompt_field)
+
+
+def shard_of(rows: tuple[JSONObject, ...], shard: str) -> tuple[JSONObject, ...]:
+    """The rows of ``shard`` (``I/K``): the ``I``-th, ``I+K``-th, ... of ``rows``.
+
+    Raises:
+        ConfigError: at ``dataset_shard``: not ``I/K`` with ``0 <= I < K``, or no row in it.
+    """
+    index, _, count = shard.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise ConfigError("dataset_shard", f"expected I/K with 0 <= I < K, got {shard!r}")
+    picked = rows[int(index) :: int(count)]
+    if not picked:
+        raise ConfigError(
+            "dataset_shard", f"shard {shard} of the dataset's {len(rows)} rows holds no row"
+        )
+    return picked

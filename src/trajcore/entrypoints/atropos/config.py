@@ -214,6 +214,12 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
         "folder saved by datasets, or a Hugging Face dataset name (loaded offline).",
     )
     dataset_split: str = Field(default="train", description="The dataset's split.")
+    dataset_shard: str | None = Field(
+        default=None,
+        pattern=r"^\d+/\d+$",
+        description="I/K: the built-in get_next_item takes rows I, I+K, I+2K, ... (from 0), so K "
+        "env processes of one env share no row (docs/deploy.md). Null: every row.",
+    )
     prompt_field: str = Field(
         default="prompt", description="The row field the built-in build_task sends as the task."
     )
