@@ -9,6 +9,7 @@ commands run as.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,7 +33,7 @@ from trajcore.adapters.pools.container_pool import (
     find_engine,
 )
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
-from trajcore.adapters.slot_uid_locks import reserve
+from trajcore.adapters.slot_uid_locks import SlotUidsHeld, lock_file, reserve
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import DEFAULT_SLOT_UID_BASE, MAX_SLOT_UID, SlotIsolation
 from trajcore.domain.slot_server_settings import SlotServerSettings
@@ -237,3 +239,93 @@ def test_container_pools_hold_their_uids_on_the_host(tmp_path: Path) -> None:
     first, second, third = asyncio.run(main())
     base = DEFAULT_SLOT_UID_BASE
     assert (first, second, third) == ([base, base + 1], [base + 2, base + 3], [base + 4])
+
+
+def open_files(pid: int) -> list[str]:
+    """What ``pid``'s descriptors name (read from outside, through ``/proc``)."""
+    names = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            names.append(os.readlink(fd))
+    return names
+
+
+def test_the_local_pools_servers_keep_its_reservation_and_their_slots_never_see_it() -> None:
+    where = str(lock_file())
+
+    async def main() -> tuple[list[list[str]], str]:
+        async with LocalSandboxPool(local(containers=2, slots=1)) as pool:
+            servers = [open_files(pool.server_pid(name)) for name in pool.container_names()]
+            async with pool.lease("fds", timeout_s=60.0) as lease:
+                listing = "for f in /proc/self/fd/* /proc/1/fd/*; do readlink $f; done; true"
+                (result,) = await pool.execute(
+                    lease.slot.container, [slot_call(lease, "bash", command=listing)]
+                )
+            return servers, result.content
+
+    servers, inside = asyncio.run(main())
+    assert all(where in names for names in servers), servers  # held while any server runs
+    assert "slot-uids" not in inside, inside  # no slot can lock another pool's range
+    assert "/proc/self/fd" not in inside  # the listing read the descriptors (control below)
+    assert "pipe:" in inside or "/dev/null" in inside, inside
+
+
+ENV_PROCESS = """
+import asyncio, sys, time
+sys.path.insert(0, sys.argv[1])
+from tests.integration.test_slot_uid_reservations import local, slot_uids
+from trajcore.adapters.pools.local_pool import LocalSandboxPool
+
+async def main():
+    async with LocalSandboxPool(local(slots=2)) as pool:
+        print(await slot_uids(pool, 2), flush=True)
+        time.sleep(300)
+
+asyncio.run(main())
+"""
+
+
+def test_a_killed_env_leaves_its_range_held_while_its_servers_live() -> None:
+    """The env process dies (SIGKILL) before its servers: until its guard has ended them, the
+    servers' slots still run as the range's uids, so no new pool may take it."""
+    repo = Path(__file__).resolve().parents[2]
+    env = subprocess.Popen(
+        [sys.executable, "-c", ENV_PROCESS, str(repo)], stdout=subprocess.PIPE, text=True
+    )
+    guard: int | None = None
+    try:
+        assert env.stdout is not None
+        uids = json.loads(env.stdout.readline())
+        first = uids[0]
+        children = Path(f"/proc/{env.pid}/task/{env.pid}/children").read_text().split()
+        guards = [int(p) for p in children if b"guard_directory" in _cmdline(int(p))]
+        servers = [int(p) for p in children if b"slot_server" in _cmdline(int(p))]
+        assert len(guards) == 1, children
+        assert servers, children
+        guard = guards[0]
+        os.kill(guard, signal.SIGSTOP)  # its servers outlive the env until it goes on
+        os.kill(env.pid, signal.SIGKILL)
+        env.wait(10)
+        with pytest.raises(SlotUidsHeld):
+            reserve(first, 2)
+        os.kill(guard, signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while any(Path(f"/proc/{pid}").exists() for pid in servers):
+            assert time.monotonic() < deadline, "the guard did not end the servers"
+            time.sleep(0.1)
+        reserve(first, 2).release()  # free once the last server holding it ended
+    finally:
+        if guard is not None and Path(f"/proc/{guard}").exists():
+            os.kill(guard, signal.SIGCONT)
+        if env.poll() is None:
+            os.kill(env.pid, signal.SIGKILL)
+            env.wait(10)
+        if env.stdout is not None:
+            env.stdout.close()
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -18,6 +18,8 @@ Who holds what: a slot server run as root holds its own range from its start to 
 pool that starts its servers on this host (the local and container pools) holds the range of
 all of them for the pool's life, before any server starts, and tells its servers not to
 (``--slot-uid-lock none``), so that a server's restart never races another pool for its uids.
+The local pool's servers inherit the reservation's descriptor: the lock, their shared open
+file description's, stays held while any of them runs, should the env process die first.
 A range another holder has moves to the next free one of its size (``reserve_free``), and the
 holder says so in a warning naming the setting; a moved range must still be mapped (a server
 in a user namespace checks its range against the namespace's map at start).
@@ -104,6 +106,17 @@ class SlotUidReservation:
     @property
     def held(self) -> bool:
         return self._fd is not None
+
+    def fileno(self) -> int:
+        """The reservation file's descriptor: a child process given it (``pass_fds``) keeps the
+        range held while it has it open, the lock being its open file description's.
+
+        Raises:
+            ValueError: Released.
+        """
+        if self._fd is None:
+            raise ValueError("the reservation was released")
+        return self._fd
 
     def release(self) -> None:
         """Give the range back (closing the file drops its lock); idempotent."""

@@ -354,7 +354,7 @@ class _EngineContainers:
         return done.stdout.decode("utf-8", "replace").strip()
 
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
-        self.config = hold_slot_uids(self.config, stack)  # a rootful engine maps uids as they are
+        self.config, _ = hold_slot_uids(self.config, stack)  # a rootful engine maps uids as is
         engine = self.config.engine or find_engine()
         if engine is None or shutil.which(engine) is None:
             raise SandboxUnavailable(

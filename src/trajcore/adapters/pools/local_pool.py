@@ -75,6 +75,7 @@ from trajcore.adapters.pools.supervision import (
     hold_slot_uids,
 )
 from trajcore.adapters.removal import remove_tree
+from trajcore.adapters.slot_uid_locks import SlotUidReservation
 from trajcore.domain.errors import SlotServerError
 from trajcore.domain.slot_server_flags import isolation_argv
 
@@ -179,9 +180,10 @@ class _LocalProcesses:
     _starts: int = 0
     servers: set[int] = attrs.field(factory=set)  # pids (= process groups) not yet stopped
     _guard: GuardProcess = attrs.field(factory=GuardProcess)
+    _uids: SlotUidReservation | None = None  # the servers' slot uids, held on the host
 
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
-        self.config = hold_slot_uids(self.config, stack)
+        self.config, self._uids = hold_slot_uids(self.config, stack)
         run_dir = self.run_dir = Path(tempfile.mkdtemp(prefix="trajcore-pool-"))
         _OPEN.add(self)
         stack.push_async_callback(self._remove_run_dir, run_dir)
@@ -240,10 +242,13 @@ class _LocalProcesses:
         assert self.run_dir is not None
         log = self.run_dir / f"{name}.log"
         argv = self._argv(index, name)
+        # each server keeps the pool's reservation of slot uids open: held while one runs
+        held = () if self._uids is None else (self._uids.fileno(),)
         with log.open("wb") as log_file:
             process = await anyio.open_process(
-                argv, stdin=_DEVNULL, stdout=_PIPE, stderr=log_file, start_new_session=True
-            )
+                argv, stdin=_DEVNULL, stdout=_PIPE, stderr=log_file, start_new_session=True,
+                pass_fds=held,
+            )  # fmt: skip
         assert process.stdout is not None
         self.servers.add(process.pid)
         self._guard.tell(f"+{process.pid}")

@@ -47,6 +47,7 @@ from trajcore.adapters.pools.reconciled import composed_settings, part
 from trajcore.adapters.slot_uid_locks import (
     LOCK_FILE_ENV,
     SlotUidLockError,
+    SlotUidReservation,
     SlotUidsHeld,
     reserve_free,
 )
@@ -156,18 +157,20 @@ class SupervisedPoolConfig:
         return ["--image-cache", str(where), "--image-cache-bytes", str(self.image_cache_bytes)]
 
 
-def hold_slot_uids(config: C, stack: AsyncExitStack) -> C:
+def hold_slot_uids(config: C, stack: AsyncExitStack) -> tuple[C, SlotUidReservation | None]:
     """Reserve the slot uids of every server ``config`` starts on this host (``slot_uid_locks``)
     until ``stack`` closes, before any server starts; the servers are told the pool holds them
     (``--slot-uid-lock none``). A pool not run as root runs every slot as itself: nothing to
-    hold. A range another holder has moves to the next free one, said in a warning and
-    returned in the config.
+    hold (``None``). A range another holder has moves to the next free one, said in a warning
+    and returned in the config. A pool whose servers are its child processes passes them the
+    reservation's descriptor (``fileno``), so that the range stays held while one of them
+    lives, should the pool's process end first.
 
     Raises:
         ConfigError: No free range, or the reservation file cannot be used.
     """
     if os.geteuid() != 0:
-        return config
+        return config, None
     isolation = config.server.isolation
     count = config.containers * config.server.slots_per_container
     try:
@@ -179,14 +182,14 @@ def hold_slot_uids(config: C, stack: AsyncExitStack) -> C:
     stack.callback(reservation.release)
     base = reservation.first
     if base == isolation.slot_uid_base:
-        return config
+        return config, reservation
     _log.warning(
         "slot uids %d-%d are in use by another slot server or pool on this host; this pool's "
         "slots run as uids %d-%d (server.isolation.slot_uid_base sets the base)",
         isolation.slot_uid_base, isolation.slot_uid_base + count - 1, base, base + count - 1,
     )  # fmt: skip
     moved = attrs.evolve(isolation, slot_uid_base=base)
-    return attrs.evolve(config, server=attrs.evolve(config.server, isolation=moved))
+    return attrs.evolve(config, server=attrs.evolve(config.server, isolation=moved)), reservation
 
 
 class Launcher(Protocol[H]):
