@@ -362,10 +362,13 @@ async def one_process(
     concurrency: int,
     when_idle: Callable[[], Awaitable[None]],
     after: Callable[[], Awaitable[None]],
+    measured: Callable[[ProcessFigures], Awaitable[None]] | None = None,
 ) -> ProcessFigures:
     """This process's pool of ``servers`` slot servers and ``concurrency`` trajectories: every
     slot's keeper started and a warm-up wave run, then ``when_idle`` (the limits measured, or
-    the other env processes waited for), the timed run, then ``after`` with the pool still up."""
+    the other env processes waited for), the timed run, then ``after`` with the pool still up,
+    then ``measured`` with the figures, the pool still up (an env process reports them there:
+    its pool's close is no part of the run, and the limits are measured beside idle pools)."""
     slots = -(-concurrency // servers)
     chat = LatencyChatServer(latency_s=args.latency_ms / 1000.0)
     config = rollout_config(args.turns)
@@ -403,18 +406,21 @@ async def one_process(
             for info in (await pool.client(name).list_slots()).slots
             if info.sandbox_start_s is not None
         ]
-    return ProcessFigures(
-        run=figures,
-        baseline_kib=baseline_kib,
-        peak_reset=peak_reset,
-        keepers_s=keepers_s,
-        lease_starts=lease_starts,
-        last_starts=last_starts,
-        batches=stats.batches,
-        calls=stats.calls,
-        largest_batch=stats.largest_batch,
-        slot_helpers=sorted(helpers),
-    )
+        result = ProcessFigures(
+            run=figures,
+            baseline_kib=baseline_kib,
+            peak_reset=peak_reset,
+            keepers_s=keepers_s,
+            lease_starts=lease_starts,
+            last_starts=last_starts,
+            batches=stats.batches,
+            calls=stats.calls,
+            largest_batch=stats.largest_batch,
+            slot_helpers=sorted(helpers),
+        )
+        if measured is not None:
+            await measured(result)
+    return result
 
 
 @attrs.define
@@ -551,11 +557,18 @@ async def child(args: argparse.Namespace) -> None:
     async def after() -> None:
         return None
 
-    figures = await one_process(
-        args, servers=args.servers, concurrency=args.concurrency, when_idle=ready, after=after
+    async def measured(figures: ProcessFigures) -> None:
+        print(figures.as_json(), flush=True)  # the run is over: the parent's clock stops
+        await told("done")  # the pool stays up while the parent measures the limits
+
+    await one_process(
+        args,
+        servers=args.servers,
+        concurrency=args.concurrency,
+        when_idle=ready,
+        after=after,
+        measured=measured,
     )
-    print(figures.as_json(), flush=True)
-    await told("done")
 
 
 def report(  # noqa: PLR0915
