@@ -35,8 +35,9 @@ from trajcore.adapters.slot_server import runtime as runtime_module
 from trajcore.adapters.slot_server.runtime import SlotRuntime
 from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
 from trajcore.adapters.slot_server.seccomp import SeccompUnavailable
+from trajcore.adapters.slot_uid_locks import reserve_free
 from trajcore.domain.errors import SlotServerError, ToolArgumentError, UnknownSlot, WireError
-from trajcore.domain.isolation import Bind, SlotIsolation
+from trajcore.domain.isolation import DEFAULT_SLOT_UID_BASE, MAX_SLOT_UID, Bind, SlotIsolation
 from trajcore.domain.json_values import JSON
 from trajcore.domain.kernel_masks import MASKED_PATHS, READ_ONLY_PATHS
 from trajcore.domain.slot_protocol import ExecuteCall
@@ -62,6 +63,8 @@ class Server:
     process: subprocess.Popen[bytes]
     ready: dict[str, Any]
     root: Path
+    uid_base: int = DEFAULT_SLOT_UID_BASE
+    """Slot 0's uid, when the server runs as root and was given its base (``start_server``)."""
 
     def seen(self, path: Path) -> Path:
         """``path`` as the server sees it: through its own mount namespace (``/proc/PID/root``),
@@ -75,9 +78,14 @@ class Server:
 
 
 def start_server(
-    root: Path, *extra: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
+    root: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    prefix: tuple[str, ...] = (),
+    uid_base: int | None = None,
 ) -> Server:
-    """A slot server on ``root`` (``prefix``: a program that execs the server's command line)."""
+    """A slot server on ``root`` (``prefix``: a program that execs the server's command line;
+    ``uid_base``: its slots' first uid, a range the caller holds: ``held_slot_uids``)."""
     token_file = root.parent / f"{root.name}.token"
     token_file.write_text(TOKEN)
     argv = [
@@ -88,6 +96,8 @@ def start_server(
     ]  # fmt: skip
     if "--unix" not in extra:
         argv += ["--listen", "127.0.0.1:0"]
+    if uid_base is not None:
+        argv += ["--slot-uid-base", str(uid_base), "--slot-uid-lock", "none"]
     process = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=None if env is None else env
     )
@@ -97,7 +107,10 @@ def start_server(
         process.wait(5)
         assert process.stderr is not None
         pytest.fail(f"slot server did not start: {process.stderr.read().decode()}")
-    return Server(process=process, ready=json.loads(line), root=root)
+    ready = json.loads(line)
+    if uid_base is None:
+        return Server(process=process, ready=ready, root=root)
+    return Server(process=process, ready=ready, root=root, uid_base=uid_base)
 
 
 def stop_server(server: Server) -> int:
@@ -131,11 +144,27 @@ def tmp_path() -> Iterator[Path]:
         yield folder
 
 
+@contextlib.contextmanager
+def held_slot_uids(count: int) -> Iterator[int]:
+    """The first of ``count`` slot uids this process holds on the host (``slot_uid_locks``)
+    until the block ends: the default range, or the next free one when another pool or slot
+    server on the host (another test session, an env) holds some of it."""
+    if os.geteuid() != 0:
+        yield DEFAULT_SLOT_UID_BASE
+        return
+    held = reserve_free(DEFAULT_SLOT_UID_BASE, count, limit=MAX_SLOT_UID)
+    try:
+        yield held.first
+    finally:
+        held.release()
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    """A slot server (its keepers and lease agents: the slot helper, built at start)."""
-    with searchable_dir("slot-server") as folder:
-        running = start_server(folder / "root")
+    """A slot server (its keepers and lease agents: the slot helper, built at start), its
+    slots' uids held by this process: the tests read which uids they run as."""
+    with searchable_dir("slot-server") as folder, held_slot_uids(4) as base:
+        running = start_server(folder / "root", uid_base=base)
         yield running
         assert stop_server(running) == 0
 
@@ -1072,7 +1101,6 @@ AS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(
     not AS_ROOT, reason="slots run as their own uids only when the slot server is root"
 )
-SLOT_UID_BASE = 1_900_000_000  # the default base (``DEFAULT_SLOT_UID_BASE``)
 
 
 async def fresh_lease(client: SlotServerClient, *slots: int) -> int:
@@ -1122,7 +1150,7 @@ def test_each_slot_runs_as_its_own_unprivileged_uid(server: Server) -> None:
         result = results[slot]
         assert result.outcome is ToolOutcome.OK, result.content
         assert "shadow-refused" in result.content
-        expected = SLOT_UID_BASE + slot
+        expected = server.uid_base + slot
         assert result.content.split()[-1] == str(expected), "inside uid == outside uid"
         assert len(sleepers[slot]) == 1, "the background process is in the slot's sandbox tree"
         for pid, uids in seen[slot].items():
@@ -1141,10 +1169,10 @@ def test_a_workspace_belongs_to_its_slot_and_no_other(server: Server) -> None:
     (result,) = run(main, server)
     assert result.outcome is ToolOutcome.OK, result.content
     workspace = server.root / "slots" / "0"
-    assert workspace.stat().st_uid == SLOT_UID_BASE
+    assert workspace.stat().st_uid == server.uid_base
     assert workspace.stat().st_mode & 0o777 == 0o700
-    assert (workspace / "mine").stat().st_uid == SLOT_UID_BASE
-    assert (server.root / "slots" / "1").stat().st_uid == SLOT_UID_BASE + 1
+    assert (workspace / "mine").stat().st_uid == server.uid_base
+    assert (server.root / "slots" / "1").stat().st_uid == server.uid_base + 1
 
 
 @needs_root
@@ -1367,7 +1395,7 @@ def test_the_lease_agent_is_not_dumpable(server: Server) -> None:
     # /proc/PID's private files belong to root for a process that is not dumpable, to the
     # process's uid otherwise
     assert agent_owner == 0
-    assert sleeper_owner == (SLOT_UID_BASE + 2 if AS_ROOT else os.geteuid())
+    assert sleeper_owner == (server.uid_base + 2 if AS_ROOT else os.geteuid())
     assert sleeper_owner != agent_owner or not AS_ROOT
 
 
@@ -1553,7 +1581,7 @@ def test_a_tcp_local_pool_starts_its_servers_and_runs_calls() -> None:
         assert result.outcome is ToolOutcome.OK, result.content
     if AS_ROOT:  # each slot its own uid (past the module's server's range while it runs)
         assert len(set(uids)) == 2, uids
-        assert all(uid >= SLOT_UID_BASE for uid in uids), uids
+        assert all(uid >= DEFAULT_SLOT_UID_BASE for uid in uids), uids
 
 
 def test_a_helper_cache_under_tmp_serves_leases_with_the_compiled_helper(tmp_path: Path) -> None:

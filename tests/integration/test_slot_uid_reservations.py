@@ -33,7 +33,7 @@ from trajcore.adapters.pools.container_pool import (
     find_engine,
 )
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
-from trajcore.adapters.slot_uid_locks import SlotUidsHeld, lock_file, reserve
+from trajcore.adapters.slot_uid_locks import SlotUidsHeld, free_base, lock_file, reserve
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import DEFAULT_SLOT_UID_BASE, MAX_SLOT_UID, SlotIsolation
 from trajcore.domain.slot_server_settings import SlotServerSettings
@@ -47,6 +47,13 @@ pytestmark = [
 ]
 
 ISOLATION = SlotIsolation(require_sandbox=True, min_timeout_s=0.2)
+
+
+def free_area(width: int, first: int = DEFAULT_SLOT_UID_BASE) -> int:
+    """The first uid of ``width`` uids from ``first`` (or past it) that nothing on the host holds
+    now: another test session's pools, or an env's, hold the default range while they run, and
+    each test reads where its own pools' ranges land."""
+    return free_base(first, width, limit=MAX_SLOT_UID)
 
 
 def local(
@@ -81,11 +88,13 @@ async def slot_uids(pool: SandboxPool, slots: int) -> list[int]:
 def test_pools_started_side_by_side_run_their_slots_as_disjoint_uids(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    base = free_area(12)
+
     async def main() -> list[list[int]]:
         async with (
-            LocalSandboxPool(local(containers=2, slots=2)) as first,
-            LocalSandboxPool(local(containers=1, slots=3)) as second,
-            LocalSandboxPool(local(containers=1, slots=1)) as third,
+            LocalSandboxPool(local(containers=2, slots=2, base=base)) as first,
+            LocalSandboxPool(local(containers=1, slots=3, base=base)) as second,
+            LocalSandboxPool(local(containers=1, slots=1, base=base)) as third,
         ):
             return [
                 await slot_uids(first, 4),
@@ -95,7 +104,6 @@ def test_pools_started_side_by_side_run_their_slots_as_disjoint_uids(
 
     with caplog.at_level(logging.WARNING):
         first, second, third = asyncio.run(main())
-    base = DEFAULT_SLOT_UID_BASE
     assert first == [base, base + 1, base + 2, base + 3]  # the first pool keeps its base
     assert second == [base + 6, base + 7, base + 8]  # 0-2 and 3-5 meet the first's range
     assert third == [base + 4]  # the first free range of one past the first pool's
@@ -106,7 +114,7 @@ def test_pools_started_side_by_side_run_their_slots_as_disjoint_uids(
 def test_an_explicit_base_held_by_another_moves_and_a_base_past_the_last_uid_is_refused(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    base = 1_950_000_000
+    base = free_area(4, 1_950_000_000)
     held = reserve(base + 1, 1)  # another holder, say a slot server started by hand
 
     async def main() -> list[int]:
@@ -116,7 +124,7 @@ def test_an_explicit_base_held_by_another_moves_and_a_base_past_the_last_uid_is_
     try:
         with caplog.at_level(logging.WARNING):
             assert asyncio.run(main()) == [base + 2, base + 3]
-        assert "slot uids 1950000000-1950000001 are in use" in caplog.text
+        assert f"slot uids {base}-{base + 1} are in use" in caplog.text
         top = reserve(MAX_SLOT_UID - 3, 4)
         try:
             config = local(slots=4, base=MAX_SLOT_UID - 3)
@@ -162,15 +170,16 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             stream.close()
 
 
-def pool_uids_beside(server_argv: Sequence[str]) -> list[int]:
-    """The uids of a local pool's two slots, started beside a server run by hand."""
+def pool_uids_beside(server_argv: Sequence[str], base: int) -> list[int]:
+    """The uids of a local pool's two slots from ``base``, started beside a server run by hand
+    (its slots from ``base`` too)."""
     folder = Path(tempfile.mkdtemp(prefix="trajcore-uids-"))
     folder.chmod(0o711)  # the slots' uids reach their workspaces below it
-    server = start_server(folder, *server_argv)
+    server = start_server(folder, "--slot-uid-base", str(base), *server_argv)
     try:
 
         async def main() -> list[int]:
-            async with LocalSandboxPool(local(slots=2)) as pool:
+            async with LocalSandboxPool(local(slots=2, base=base)) as pool:
                 return await slot_uids(pool, 2)
 
         return asyncio.run(main())
@@ -180,9 +189,9 @@ def pool_uids_beside(server_argv: Sequence[str]) -> list[int]:
 
 
 def test_a_server_started_by_hand_holds_its_uids_unless_told_its_caller_does() -> None:
-    base = DEFAULT_SLOT_UID_BASE
-    assert pool_uids_beside([]) == [base + 4, base + 5]  # the server holds 0-2: 2-3 meet it
-    assert pool_uids_beside(["--slot-uid-lock", "none"]) == [base, base + 1]
+    base = free_area(6)
+    assert pool_uids_beside([], base) == [base + 4, base + 5]  # the server holds 0-2: 2-3 meet it
+    assert pool_uids_beside(["--slot-uid-lock", "none"], base) == [base, base + 1]
 
 
 def test_a_server_whose_reservation_file_a_stranger_owns_refuses_to_start(
@@ -214,13 +223,17 @@ def test_container_pools_hold_their_uids_on_the_host(tmp_path: Path) -> None:
     """A rootful engine runs a container's uids as the host's: the pool holds its range on
     the host, where a local pool beside it sees it."""
 
+    base = free_area(5)
+
     def config(prefix: str) -> ContainerPoolConfig:
         return ContainerPoolConfig(
             containers=1,
             image=IMAGE,
             name_prefix=f"test-uids-{prefix}-{os.getpid()}",
             server=SlotServerSettings(
-                slots_per_container=2, isolation=ISOLATION, acquire_timeout_s=60.0
+                slots_per_container=2,
+                isolation=attrs.evolve(ISOLATION, slot_uid_base=base),
+                acquire_timeout_s=60.0,
             ),
         )
 
@@ -228,7 +241,7 @@ def test_container_pools_hold_their_uids_on_the_host(tmp_path: Path) -> None:
         async with (
             ContainerSandboxPool(config("a")) as first,
             ContainerSandboxPool(config("b")) as second,
-            LocalSandboxPool(local(slots=1)) as third,
+            LocalSandboxPool(local(slots=1, base=base)) as third,
         ):
             return (
                 await slot_uids(first, 2),
@@ -237,7 +250,6 @@ def test_container_pools_hold_their_uids_on_the_host(tmp_path: Path) -> None:
             )
 
     first, second, third = asyncio.run(main())
-    base = DEFAULT_SLOT_UID_BASE
     assert (first, second, third) == ([base, base + 1], [base + 2, base + 3], [base + 4])
 
 
