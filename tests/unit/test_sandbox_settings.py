@@ -136,6 +136,19 @@ def test_a_bad_disk_budget_is_refused_naming_it(field: str, value: object) -> No
     assert caught.value.errors()[0]["loc"] == (field,)
 
 
+def test_the_slot_uid_base_reaches_every_pools_servers_and_a_bad_one_is_named() -> None:
+    settings = SandboxSettings(slot_uid_base=1_950_000_000)
+    for config in (settings.local_pool_config(), settings.container_pool_config()):
+        assert config.server.isolation.slot_uid_base == 1_950_000_000
+        assert config.server_isolation(1).slot_uid_base == 1_950_000_008  # 8 slots a server
+    assert settings.nomad_pool_config().server.isolation.slot_uid_base == 1_950_000_000
+    assert settings.slurm_pool_config().server.isolation.slot_uid_base == 1_950_000_000
+    for bad in (5, 2**31):
+        with pytest.raises(ConfigError) as caught:
+            SandboxSettings(slot_uid_base=bad).local_pool_config()
+        assert caught.value.field == "slot_uid_base"
+
+
 def test_the_defaults_are_the_pools_own() -> None:
     settings = SandboxSettings()
     assert settings.slot_isolation() == SlotIsolation()

@@ -33,6 +33,7 @@ server off it, and one who could replace the file could let two servers hold one
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import os
 import stat
@@ -174,6 +175,8 @@ def _whose(folder: os.stat_result) -> str:
 
 
 def _lock(fd: int, command: int, kind: int, first: int, count: int) -> _Flock:
+    if ctypes.sizeof(ctypes.c_long) != 8:  # an off_t of 8 bytes
+        raise SlotUidLockError("slot uid reservations need a 64-bit host (an off_t of 8 bytes)")
     request = _Flock(l_type=kind, l_whence=os.SEEK_SET, l_start=first, l_len=count, l_pid=0)
     answer = fcntl.fcntl(fd, command, bytes(request))
     return _Flock.from_buffer_copy(answer)
@@ -192,7 +195,7 @@ def reserve(first: int, count: int, *, path: Path | None = None) -> SlotUidReser
         _lock(fd, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, first, count)
     except OSError as error:
         os.close(fd)
-        if error.errno in (11, 13):  # EAGAIN, EACCES: a conflicting lock
+        if error.errno in (errno.EAGAIN, errno.EACCES):  # a conflicting lock
             raise SlotUidsHeld(first, count, f"a lock over them in {where}") from None
         raise SlotUidLockError(f"cannot lock {where}: {error.strerror}") from None
     except BaseException:

@@ -230,7 +230,9 @@ def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
     config = RuntimeConfig(
         slots=args.slots,
         slot_uid_base=uid_base,
-        slot_uid_lock=None if args.slot_uid_lock == "none" else Path(args.slot_uid_lock).absolute(),
+        slot_uid_lock=None
+        if args.slot_uid_lock.strip().lower() == "none"
+        else Path(args.slot_uid_lock).absolute(),
         root=args.root.absolute(),
         isolation=isolation,
         bwrap=isolation.bwrap,

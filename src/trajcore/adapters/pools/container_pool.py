@@ -39,6 +39,7 @@ that ended so would read as a container that ended, replaced while the pool clos
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import resource
@@ -89,6 +90,7 @@ __all__ = [
 ]
 
 DEFAULT_IMAGE = "localhost/trajcore/slot-server:latest"
+_log = logging.getLogger(__name__)
 _PORT = 8765  # where the server listens inside its container
 _TOKEN_FILE_IN_CONTAINER = "/run/trajcore/token"  # noqa: S105 - a path, not a secret
 _CACHE_IN_CONTAINER = "/var/cache/trajcore/images"  # the image cache's mount point
@@ -355,6 +357,14 @@ class _EngineContainers:
 
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
         self.config, _ = hold_slot_uids(self.config, stack)  # a rootful engine maps uids as is
+        if os.geteuid() != 0:
+            _log.warning(
+                "the container pool does not run as root, so it reserves no slot uids on this "
+                "host: a rootful engine (docker, or podman run by root) runs its slots as host "
+                "uids %d and up, which another pool on this host may also use; give each env "
+                "process its own range (slot_uid_base)",
+                self.config.server.isolation.slot_uid_base,
+            )
         engine = self.config.engine or find_engine()
         if engine is None or shutil.which(engine) is None:
             raise SandboxUnavailable(

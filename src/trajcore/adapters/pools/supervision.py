@@ -170,7 +170,7 @@ def hold_slot_uids(config: C, stack: AsyncExitStack) -> tuple[C, SlotUidReservat
         ConfigError: No free range, or the reservation file cannot be used.
     """
     if os.geteuid() != 0:
-        return config, None
+        return config, None  # every slot runs as this user (the local pool), or see below
     isolation = config.server.isolation
     count = config.containers * config.server.slots_per_container
     try:
@@ -185,7 +185,8 @@ def hold_slot_uids(config: C, stack: AsyncExitStack) -> tuple[C, SlotUidReservat
         return config, reservation
     _log.warning(
         "slot uids %d-%d are in use by another slot server or pool on this host; this pool's "
-        "slots run as uids %d-%d (server.isolation.slot_uid_base sets the base)",
+        "slots run as uids %d-%d (server.isolation.slot_uid_base, an env's slot_uid_base, "
+        "sets the base)",
         isolation.slot_uid_base, isolation.slot_uid_base + count - 1, base, base + count - 1,
     )  # fmt: skip
     moved = attrs.evolve(isolation, slot_uid_base=base)

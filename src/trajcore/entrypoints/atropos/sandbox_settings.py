@@ -261,6 +261,12 @@ class DeclaredSettings(ContainerSettings, CloudSettings):
         gt=0,
         description="Limit of one slot tool call (the env's, not the model's).",
     )
+    slot_uid_base: int = Field(
+        default=_POLICY.slot_uid_base,
+        description="Slot servers run as root run slot i as host uid slot_uid_base + i (each "
+        "server its own block). Pools on one host reserve theirs apart; give env processes on "
+        "Nomad's docker or exec driver ranges apart by hand (docs/deploy.md).",
+    )
 
 
 # ============================================================================ derived flags
@@ -410,6 +416,7 @@ class SandboxSettings(_Flags):
         timeout = self.terminal_timeout_s
         try:
             return SlotIsolation(
+                slot_uid_base=self.slot_uid_base,
                 allow_network=self.allow_network,
                 max_file_bytes=self.max_file_bytes,
                 disk_bytes=self.disk_bytes,
@@ -420,7 +427,8 @@ class SandboxSettings(_Flags):
                 max_timeout_s=max(_POLICY.max_timeout_s, timeout),
             )
         except ConfigError as error:
-            raise ConfigError("terminal_timeout_s", error.reason) from None
+            field = "slot_uid_base" if error.field == "slot_uid_base" else "terminal_timeout_s"
+            raise ConfigError(field, error.reason) from None
 
     def slot_servers(self, default: SlotServerSettings) -> SlotServerSettings:
         """A pool's slot servers' settings: ``default`` (the pool's own) with the env's slots,
