@@ -205,6 +205,7 @@ def test_settings_by_command_and_by_url(monkeypatch: pytest.MonkeyPatch) -> None
                 "env": {"LANG": "C"},
                 "cwd": "/srv",
                 "idle_close_s": None,
+                "annotations": ["markdownDescription", "enumDescriptions"],
             },
             "search": {
                 "url": "https://search.example/mcp",
@@ -226,6 +227,11 @@ def test_settings_by_command_and_by_url(monkeypatch: pytest.MonkeyPatch) -> None
         argv=("mcp-server-filesystem", "/srv/data"), env={"LANG": "C"}, cwd="/srv"
     )
     assert (files.scope, files.prefix, files.idle_close_s) == (SessionScope.TRAJECTORY, "fs_", None)
+    assert files.client(default_call_timeout_s=1).annotations == (
+        "markdownDescription",
+        "enumDescriptions",
+    )
+    assert everything.annotations == ()
     assert search.endpoint == MCPURL(url="https://search.example/mcp", token="tok-1")
     assert (search.call_timeout_s, search.max_restarts) == (30.0, 0)
     client = search.client(default_call_timeout_s=120)
@@ -255,6 +261,12 @@ def test_settings_from_json_text_and_none() -> None:
          "tool_servers.a.token", "only for a server given by url"),
         ({"a": {"command": "x", "env": {"A": 1}}}, "tool_servers.a.env", "string values"),
         ({"a": {"url": "ftp://h"}}, "tool_servers.a.url", "http(s)"),
+        ({"a": {"url": "http://h/mcp", "annotations": "markdownDescription"}},
+         "tool_servers.a.annotations", "expected a list of keys"),
+        ({"a": {"url": "http://h/mcp", "annotations": ["$ref"]}},
+         "tool_servers.a.annotations", "not '$...'"),
+        ({"a": {"url": "http://h/mcp", "annotations": [""]}},
+         "tool_servers.a.annotations", "names of schema keys"),
         ({"a": {"url": "http://h/mcp", "cwd": "/"}},
          "tool_servers.a.cwd", "only for a server given by command"),
         ({"a": {"url": "http://h/mcp", "token_env": "TRAJCORE_NO_SUCH_VAR"}},

@@ -146,3 +146,28 @@ async def test_a_tool_trajcore_cannot_take_is_a_wire_error_from_list_tools() -> 
             await server.list_tools()
     assert caught.value.field == "$.tools[8].inputSchema.properties.k.optional"
     assert caught.value.reason.count("tool 'schema':") == 1
+
+
+@pytest.mark.anyio
+async def test_a_servers_own_schema_keys_named_as_annotations_let_its_tools_in() -> None:
+    """A server whose schemas carry a key of its own (``markdownDescription``) is refused, the
+    error saying where such a key goes; named in its ``annotations`` it is taken, and its
+    schema's keywords are still enforced before a call reaches it."""
+    schema = (
+        '{"type": "object", "required": ["k"], '
+        '"properties": {"k": {"type": "string", "maxLength": 3, "markdownDescription": "**k**"}}}'
+    )
+    async with MCPToolServer(raw_stdio("schema=" + schema), name="raw") as server:
+        with pytest.raises(WireError) as caught:
+            await server.list_tools()
+    assert caught.value.field == "$.tools[8].inputSchema.properties.k.markdownDescription"
+    assert "goes in its annotations" in caught.value.reason
+    taken = MCPToolServer(
+        raw_stdio("schema=" + schema), name="raw", annotations=["markdownDescription"]
+    )
+    async with taken as server:
+        assert "schema" in [spec.name for spec in await server.list_tools()]
+        call = ToolCall(id="c", name="schema", arguments={"k": "abcd"})
+        (result,) = await server.execute([call], context=CONTEXT)
+    assert result.outcome is ToolOutcome.REJECTED
+    assert "must be at most 3 characters long @ schema.k" in (result.error or ""), result

@@ -983,3 +983,24 @@ def test_a_false_subschema_allows_no_value() -> None:
 
 def test_a_format_outside_the_standard_keeps_the_fast_path() -> None:
     assert FULL.compile("t", {"type": "string", "format": "password"}).fast
+
+
+def test_keys_named_as_annotations_pass_and_every_keyword_is_still_enforced() -> None:
+    """A tool server's own keys (``markdownDescription``) pass when named, as ``x-...`` does;
+    an unnamed unknown key is still refused, and naming a keyword turns nothing off."""
+    schema: JSONObject = {
+        "type": "object",
+        "properties": {"k": {"type": "string", "maxLength": 3, "markdownDescription": "**k**"}},
+        "required": ["k"],
+    }
+    with pytest.raises(ConfigError) as info:
+        FULL.compile("t", schema)
+    assert info.value.field == "parameters.properties.k.markdownDescription"
+    named = JSONSchemaValidator(annotations=("markdownDescription", "maxLength"))
+    check = named.compile("t", schema)
+    assert check({"k": "abc"}) == []
+    assert [str(p) for p in check({"k": "abcd"})] == ["must be at most 3 characters long @ $.k"]
+    assert [str(p) for p in check({})] == ["required @ $.k"]
+    with pytest.raises(ConfigError) as info:
+        named.compile("t", {**schema, "optinal": True})
+    assert info.value.field == "parameters.optinal"

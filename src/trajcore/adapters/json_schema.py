@@ -435,13 +435,23 @@ def _is_power_of_ten(n: int) -> bool:
     return n == 1
 
 
+def _keys(keys: Iterable[str]) -> frozenset[str]:
+    return frozenset(keys)
+
+
 @attrs.frozen
 class JSONSchemaValidator:
     """Full JSON Schema (Draft 2020-12 unless the schema names another draft), compiled per tool.
 
     Use it where tools are built:
-    ``ToolSpec(name=..., parameters=..., validator=JSONSchemaValidator())``.
+    ``ToolSpec(name=..., parameters=..., validator=JSONSchemaValidator())``. ``annotations``
+    names keys that are no keyword of the draft but are known annotations of the schemas' author
+    (an MCP server's ``markdownDescription``): they pass, as ``x-...`` does, and nothing
+    enforces them; any other unknown key is still refused. A keyword named there is enforced
+    all the same.
     """
+
+    annotations: frozenset[str] = attrs.field(default=frozenset(), converter=_keys, kw_only=True)
 
     def compile(self, tool: str, schema: JSONObject) -> JSONSchemaCheck:
         """A reusable check of arguments against ``schema``.
@@ -459,7 +469,7 @@ class JSONSchemaValidator:
                 _schema_path(exc.absolute_path),
                 f"tool {tool!r}: not a valid JSON Schema: {_short(exc.message)}",
             ) from None
-        _check_keywords(tool, schema, frozenset(cls.VALIDATORS))
+        _check_keywords(tool, schema, frozenset(cls.VALIDATORS) | self.annotations)
         return JSONSchemaCheck(
             tool,
             reference=cls(schema, registry=_REGISTRY, format_checker=_FORMATS),

@@ -60,7 +60,7 @@ import enum
 import shlex
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import IO, Final, Self, TypeAlias, cast
@@ -76,6 +76,7 @@ from mcp.shared._stream_protocols import ReadStream, WriteStream
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
+from trajcore.adapters.json_schema import JSONSchemaValidator
 from trajcore.adapters.mcp.protocol import context_meta, tool_result, tool_spec
 from trajcore.adapters.mcp.transport import (
     EXCHANGE,
@@ -250,6 +251,10 @@ class _Session:
 _Streams: TypeAlias = tuple[ReadStream[SessionMessage | Exception], WriteStream[SessionMessage]]
 
 
+def _key_names(keys: Iterable[str]) -> tuple[str, ...]:
+    return tuple(keys)
+
+
 @attrs.define
 class MCPToolServer:
     """The ``ToolServer`` port over one MCP server. Use it as ``async with MCPToolServer(...)``.
@@ -263,6 +268,8 @@ class MCPToolServer:
         max_restarts: How many times a session that died is opened again, per session.
         idle_close_s: Per-trajectory sessions without a call for this long are closed (``None``:
             only ``release`` and ``aclose`` close them). Ignored for ``SessionScope.RUN``.
+        annotations: Keys the server's schemas use that are no keyword of their draft, read as
+            annotations (nothing enforces them); any other such key refuses the listing.
 
     Raises:
         ConfigError: a field out of range, naming it.
@@ -281,6 +288,7 @@ class MCPToolServer:
     idle_close_s: float | None = attrs.field(
         default=600.0, kw_only=True, validator=validators.optional_seconds
     )
+    annotations: tuple[str, ...] = attrs.field(default=(), kw_only=True, converter=_key_names)
     _tasks: anyio.abc.TaskGroup | None = attrs.field(init=False, default=None, repr=False)
     _sessions: dict[str, _Session] = attrs.field(init=False, factory=dict, repr=False)
     _restarts: dict[str, int] = attrs.field(init=False, factory=dict, repr=False)
@@ -553,7 +561,8 @@ class MCPToolServer:
                 break
         else:
             raise WireError("$.nextCursor", f"the listing did not end within {_MAX_PAGES} pages")
-        specs = [tool_spec(tool, i) for i, tool in enumerate(tools)]
+        validator = JSONSchemaValidator(annotations=self.annotations)
+        specs = [tool_spec(tool, i, validator) for i, tool in enumerate(tools)]
         check_tool_listing(ToolListing(tools=tuple(specs)))
         return specs
 

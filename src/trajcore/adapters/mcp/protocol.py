@@ -52,8 +52,11 @@ ANONYMOUS_TRAJECTORY: Final = "mcp-client"
 """The trajectory id our server gives a call that carries no trajcore context."""
 
 
-def tool_spec(tool: types.Tool, index: int) -> ToolSpec:
-    """``tool`` (the ``index``-th of a listing) as a ``ToolSpec``, its schema kept whole.
+def tool_spec(
+    tool: types.Tool, index: int, validator: JSONSchemaValidator = _VALIDATOR
+) -> ToolSpec:
+    """``tool`` (the ``index``-th of a listing) as a ``ToolSpec``, its schema kept whole and
+    checked by ``validator`` (the server's: its ``annotations`` pass).
 
     Raises:
         WireError: at ``$.tools[index].<field>`` for a name or schema trajcore cannot take.
@@ -69,7 +72,7 @@ def tool_spec(tool: types.Tool, index: int) -> ToolSpec:
             name=tool.name,
             description=tool.description or "",
             parameters=schema,
-            validator=_VALIDATOR,
+            validator=validator,
         )
     except ConfigError as exc:
         field = (
@@ -77,6 +80,8 @@ def tool_spec(tool: types.Tool, index: int) -> ToolSpec:
         )
         named = f"tool {tool.name!r}: "
         reason = exc.reason if exc.reason.startswith(named) else named + exc.reason
+        if "is not a keyword of this JSON Schema draft" in reason:
+            reason += "; a key of the server's own, not to be enforced, goes in its annotations"
         raise WireError(f"{where}.{field}", reason) from None
 
 

@@ -60,6 +60,7 @@ _KEYS: Final = frozenset(
         "connect_timeout_s",
         "max_restarts",
         "idle_close_s",
+        "annotations",
     }
 )
 
@@ -77,6 +78,8 @@ class MCPServerSetting:
         connect_timeout_s: Limit of opening a session.
         max_restarts: How many times a session that died is opened again.
         idle_close_s: Per-trajectory sessions idle this long are closed (``None``: never).
+        annotations: Keys of the server's own in its tools' schemas, no keyword of their draft,
+            read as annotations (nothing enforces them): ``[markdownDescription]``.
     """
 
     name: str
@@ -87,6 +90,7 @@ class MCPServerSetting:
     connect_timeout_s: float = 30.0
     max_restarts: int = 3
     idle_close_s: float | None = 600.0
+    annotations: tuple[str, ...] = ()
 
     def client(self, *, default_call_timeout_s: float) -> MCPToolServer:
         """The (not yet entered) ``MCPToolServer`` for this setting.
@@ -106,6 +110,7 @@ class MCPServerSetting:
                 connect_timeout_s=self.connect_timeout_s,
                 max_restarts=self.max_restarts,
                 idle_close_s=self.idle_close_s,
+                annotations=self.annotations,
             )
         except ConfigError as exc:
             raise ConfigError(f"{FIELD}.{self.name}.{exc.field}", exc.reason) from None
@@ -163,6 +168,7 @@ def _setting(name: str, entry: object) -> MCPServerSetting:
         connect_timeout_s=_number(where, entry, "connect_timeout_s", 30.0, optional=False) or 0.0,
         max_restarts=_whole(where, entry, "max_restarts", 3),
         idle_close_s=_number(where, entry, "idle_close_s", 600.0),
+        annotations=_keys(where, entry),
     )
     setting.client(default_call_timeout_s=60.0)  # every range checked now, not at start
     return setting
@@ -229,6 +235,19 @@ def _number(
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{where}.{key}", f"expected a number of seconds, got {value!r}")
     return float(value)
+
+
+def _keys(where: str, entry: Mapping[object, object]) -> tuple[str, ...]:
+    value = entry.get("annotations", [])
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise ConfigError(f"{where}.annotations", f"expected a list of keys, got {value!r}")
+    keys = tuple(value)
+    bad = [key for key in keys if not isinstance(key, str) or not key or key.startswith("$")]
+    if bad:
+        raise ConfigError(
+            f"{where}.annotations", f"expected names of schema keys (not '$...'), got {bad[0]!r}"
+        )
+    return keys
 
 
 def _whole(where: str, entry: Mapping[object, object], key: str, default: int) -> int:
