@@ -17,6 +17,12 @@ keeps:
   ``HOME``), and a path starting with ``-`` is a path, never an option.
 - ``run_env_tool`` is the env's own call in the slot (hermes's and atropos-agent's tool names,
   the env's timeout honoured even past the model's ``terminal_timeout_s``).
+- What the slot could not answer is never an answer: a call the slot (or a tool server) could
+  not run (``INFRA_ERROR``), a slot tool's refusal (a lost or stale lease; a file tool's refused
+  path is the file's answer, ``{"error"}``), and a lease ended for the disk budget the model
+  spent raise, as ``SlotTools.run`` does (``SlotInfraError``, ``SlotBudgetSpent``): the member
+  is then an infrastructure failure (or ``sandbox_budget_score``), never a reward computed from
+  an ``exit_code`` of -1 or a ``success`` of False that the command never gave.
 """
 
 from __future__ import annotations
@@ -33,13 +39,15 @@ from typing import Any, ParamSpec, TypeVar
 import anyio
 import attrs
 
+from trajcore.domain.errors import SlotBudgetSpent, SlotInfraError
 from trajcore.domain.isolation import positive_seconds
-from trajcore.domain.slot_protocol import home_relative
-from trajcore.domain.tools import ToolCall, ToolResult
+from trajcore.domain.json_values import JSONObject
+from trajcore.domain.slot_protocol import SLOT_TOOLS, home_relative
+from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 from trajcore.rollout.awaited import CallLog, remembered
 from trajcore.rollout.tools import SlotTools
 
-__all__ = ["SEED_TOOL_NAMES", "HermesToolContext", "run_env_tool"]
+__all__ = ["SEED_TOOL_NAMES", "HermesToolContext", "answered", "run_env_tool"]
 
 SEED_TOOL_NAMES: Mapping[str, str] = {"terminal": "bash"}
 """The seeds' names of trajcore's tools, as the env's own code may call them."""
@@ -93,6 +101,27 @@ async def run_env_tool(
     )
     call = ToolCall(id=f"compat_{next(_call_ids)}", name=name, arguments=dict(arguments))
     (result,) = await router.run([call])
+    return answered(tools, name, result)
+
+
+def answered(tools: SlotTools, name: str, result: ToolResult) -> ToolResult:
+    """``result`` of the env's own call of ``name``, when it is an answer to read: the
+    command's, the file's, the tool's.
+
+    Raises:
+        SlotBudgetSpent: the lease was ended for a budget the model spent.
+        SlotInfraError: the call did not run: ``INFRA_ERROR`` (the slot server or tool server
+            failed), or a slot tool's ``REJECTED`` (a lost or stale lease) but a file tool's
+            refused path.
+    """
+    what = f"{name} in slot {tools.lease.slot}: {result.outcome.value}: {result.error}"
+    if result.sandbox_budget is not None:
+        raise SlotBudgetSpent(f"{what} (the lease was ended for its disk budget)")
+    refused_path = name in ("read_file", "write_file") and (result.error or "").endswith("@ $.path")
+    if result.outcome is ToolOutcome.INFRA_ERROR or (
+        result.outcome is ToolOutcome.REJECTED and name in SLOT_TOOLS and not refused_path
+    ):
+        raise SlotInfraError(what)
     return result
 
 
@@ -170,13 +199,15 @@ class HermesToolContext:
     @remembered("ctx")
     async def read_file(self, path: str) -> dict[str, Any]:
         """``{"content": text}``, or ``{"error": why}``."""
-        result = await self.tools.call("read_file", {"path": path})
+        read = await self.tools.call("read_file", {"path": path})
+        result = answered(self.tools, "read_file", read)
         return {"content": result.content} if result.ok else {"error": result.error}
 
     @remembered("ctx")
     async def write_file(self, path: str, content: str) -> dict[str, Any]:
         """``{"success": True}``, or ``{"error": why}``."""
-        result = await self.tools.call("write_file", {"path": path, "content": content})
+        arguments: JSONObject = {"path": path, "content": content}
+        result = answered(self.tools, "write_file", await self.tools.call("write_file", arguments))
         return {"success": True} if result.ok else {"error": result.error}
 
     @remembered("ctx")
