@@ -13,6 +13,7 @@ pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install 'tr
 
 import mcp_types as types
 
+from trajcore.adapters.json_schema import JSONSchemaValidator
 from trajcore.adapters.mcp.protocol import (
     CONTEXT_META_KEY,
     OUTCOME_META_KEY,
@@ -49,6 +50,23 @@ def test_an_input_schema_that_is_not_json_is_a_wire_error_naming_the_tool(
         tool_spec(types.Tool(name="look", input_schema=schema), 2)
     assert caught.value.field == "$.tools[2].inputSchema"
     assert caught.value.reason == f"tool 'look': {problem}"
+
+
+def test_a_key_of_the_servers_own_is_refused_saying_where_it_goes_and_passes_once_named() -> None:
+    schema: dict[str, object] = {"type": "object", "enumDescriptions": ["a"]}
+    with pytest.raises(WireError) as caught:
+        tool_spec(types.Tool(name="look", input_schema=schema), 1)
+    assert caught.value.field == "$.tools[1].inputSchema.enumDescriptions"
+    assert caught.value.reason == (
+        "tool 'look': 'enumDescriptions' is not a keyword of this JSON Schema draft, so nothing "
+        "would enforce it (misspelt? extensions are named 'x-...'); a key of the server's own, "
+        "not to be enforced, goes in its annotations"
+    )
+    with pytest.raises(WireError) as caught:  # another fault: no word about annotations
+        tool_spec(types.Tool(name="look", input_schema={"type": "objec"}), 1)
+    assert "annotations" not in caught.value.reason
+    named = JSONSchemaValidator(annotations=["enumDescriptions"])
+    assert tool_spec(types.Tool(name="look", input_schema=schema), 1, named).name == "look"
 
 
 def test_an_embedded_text_resource_is_text_so_structured_content_is_not_added() -> None:
