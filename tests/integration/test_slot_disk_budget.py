@@ -14,6 +14,8 @@ import asyncio
 import os
 from pathlib import Path
 
+import attrs
+
 from tests.integration.test_slot_server import call, searchable_dir
 from trajcore.adapters.slot_server.runtime import SlotRuntime
 from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
@@ -149,6 +151,43 @@ def test_a_lease_marked_past_its_budget_while_its_agent_starts_runs_no_command()
                 assert later.outcome is ToolOutcome.TOOL_ERROR, later
                 assert later.error == reason
                 assert not (folder / "root" / "slots" / "0" / "ran").exists()
+            finally:
+                await runtime.aclose()
+
+        asyncio.run(main())
+
+
+def test_a_burst_past_the_budget_just_before_the_hooks_is_seen_by_their_first_call() -> None:
+    """The watch measures every 60 s here, so a lease that writes past its budget in one
+    command and whose trajectory then ends is not seen by the watch before its score hook runs.
+    A hook's call measures first: it fails naming the budget (the member gets the env's
+    ``sandbox_budget_score``), and the lease ends; the model's own next call (the control, in
+    the other slot) is not measured and runs."""
+    burst = "head -c 4194304 /dev/zero > big && echo wrote"
+    with searchable_dir("disk-burst") as folder:
+        isolation = SlotIsolation(require_sandbox=False, disk_bytes=2 << 20, disk_files=1000)
+        config = RuntimeConfig(
+            slots=2, root=folder / "root", isolation=isolation, bwrap="/nonexistent/bwrap",
+            use_cgroups=False, disk_check_s=60.0,
+        )  # fmt: skip
+
+        async def main() -> None:
+            runtime = SlotRuntime(config)
+            await runtime.start()
+            try:
+                wrote = await runtime.execute(
+                    [call(0, "bash", command=burst), call(1, "bash", command=burst)]
+                )
+                assert [r.outcome for r in wrote] == [ToolOutcome.OK] * 2, wrote
+                hook = attrs.evolve(call(0, "bash", command="ls big"), hook=True)
+                model = call(1, "bash", command="ls big")
+                checked, unchecked = await runtime.execute([hook, model])
+                assert checked.outcome is ToolOutcome.TOOL_ERROR, checked
+                assert checked.sandbox_budget is not None, checked
+                assert f"disk budget of {2 << 20} bytes (disk_bytes) reached" in (
+                    checked.error or ""
+                )
+                assert unchecked.outcome is ToolOutcome.OK, unchecked  # not a hook's: runs
             finally:
                 await runtime.aclose()
 

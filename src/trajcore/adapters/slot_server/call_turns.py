@@ -141,6 +141,9 @@ class CallTurns:
             if isinstance(turn, RefuseCall):
                 self._answer(slot, turn.ticket, refused(call, turn.reason))
                 continue
+            if call.hook and self._measures_hooks():  # measured first, off the fast path
+                self._run_task(slot, turn.ticket, call)
+                return
             try:
                 started = start_call(
                     self._sandboxes, slot, call, unsandboxed_why=self.capabilities.detail,
@@ -196,6 +199,8 @@ class CallTurns:
         first and then answer it, as ``run_call`` does), answer it, go on with the turns."""
         result: ToolResult
         try:
+            if call.hook and lost is None:
+                await self._before_hook(slot, call)
             if lost is None:
                 result = await run_call(
                     self._sandboxes, slot, call, unsandboxed_why=self.capabilities.detail
@@ -210,6 +215,13 @@ class CallTurns:
             result = failure(call, ToolOutcome.INFRA_ERROR, reason)
         self._answer(slot, ticket, result)
         self._take_turns(slot)
+
+    def _measures_hooks(self) -> bool:
+        """Whether a hook's call waits for ``_before_hook`` (the runtime's disk budget)."""
+        return False
+
+    async def _before_hook(self, slot: Slot, call: ExecuteCall) -> None:
+        """What runs before a hook's call (the runtime measures the lease's disk)."""
 
     def _answer(self, slot: Slot, ticket: CallTicket, result: ToolResult) -> None:
         slot.calls.finish(ticket, result)

@@ -37,7 +37,10 @@ ends them), the call it ran fails with ``TOOL_ERROR`` and the reason ("disk budg
 reason until the slot is reset; the reset wipes the area as always, so the space comes back.
 The other slots go on. The bound is a watcher's: a lease can pass its budget by what it writes
 in one interval (plus one measure) before it is ended, which the file-size rlimit and the
-disk's speed bound. A directory the walk cannot read (a server that is not root, a mode the
+disk's speed bound. Before the env's hooks read a lease (a hook's call: verifying, scoring),
+its area is measured once more at once (``before_hook``), so a burst written just before the
+trajectory ended is seen by the score, not only by the next round.
+A directory the walk cannot read (a server that is not root, a mode the
 lease took away) is first given back its owner's rights when it is the server's own; one still
 unreadable ends the lease the same way (fail closed: the budget cannot be proven).
 """
@@ -283,6 +286,17 @@ class DiskWatch:
             if reason is not None:
                 reasons.append(reason)
         return reasons
+
+    async def before_hook(self, slot: Slot, epoch: int) -> None:
+        """Measure lease ``epoch`` of ``slot`` now, as a round does (and end it past its
+        budget), unless it is marked already or reset: a hook's call is about to read what the
+        lease left, and the watch may not have measured since its last writes."""
+        if not self.enabled or epoch <= self.retired(slot) or over_for(slot, epoch) is not None:
+            return
+        each = _Due(slot, slot.agent, epoch, slot.disk_written, self.areas(slot))
+        ((use, took),) = await asyncio.to_thread(self._measure, [each.area])
+        self._due[slot.index] = time.monotonic() + max(self.interval_s, _BACKOFF * took)
+        await self._settle(each, use)
 
     def _measure(self, areas: list[list[Path]]) -> list[tuple[DiskUse, float]]:
         found = []

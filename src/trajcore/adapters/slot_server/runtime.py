@@ -109,6 +109,7 @@ from trajcore.domain.slot_protocol import (
     Capabilities,
     DirectoryListing,
     DropSnapshotAnswer,
+    ExecuteCall,
     Health,
     LeaseAnswer,
     ResetResult,
@@ -204,6 +205,13 @@ class SlotRuntime(CallTurns):
                 base, base + count - 1, self._uids.first, self._uids.first + count - 1,
             )  # fmt: skip
         return self._uids.first
+
+    def _measures_hooks(self) -> bool:
+        return self._disk.enabled
+
+    async def _before_hook(self, slot: Slot, call: ExecuteCall) -> None:
+        """A hook's call reads the lease after the model's last writes: measure its disk now."""
+        await self._disk.before_hook(slot, call.epoch)
 
     def _disk_area(self, slot: Slot) -> list[Path]:
         """Where slot's lease writes on the server's storage: its workspace (a fork's overlay's
