@@ -192,3 +192,39 @@ def test_a_burst_past_the_budget_just_before_the_hooks_is_seen_by_their_first_ca
                 await runtime.aclose()
 
         asyncio.run(main())
+
+
+def test_the_hooks_own_writes_are_not_measured_call_after_call() -> None:
+    """A preparation that uploads file after file (hooks' calls) is not measured before each:
+    only the first hook call after the model's calls is. Here the hooks write past the budget
+    without a measure (the watch's round is 60 s away), and the first hook call after a model
+    call sees it."""
+    with searchable_dir("disk-hooks") as folder:
+        isolation = SlotIsolation(require_sandbox=False, disk_bytes=2 << 20, disk_files=1000)
+        config = RuntimeConfig(
+            slots=1, root=folder / "root", isolation=isolation, bwrap="/nonexistent/bwrap",
+            use_cgroups=False, disk_check_s=60.0,
+        )  # fmt: skip
+        text = "x" * (1 << 20)
+
+        async def main() -> None:
+            runtime = SlotRuntime(config)
+            await runtime.start()
+            try:
+                uploads = [
+                    attrs.evolve(call(0, "write_file", path=f"f{i}", content=text), hook=True)
+                    for i in range(3)
+                ]
+                written = await runtime.execute(uploads)
+                assert [r.outcome for r in written] == [ToolOutcome.OK] * 3, written
+                (model,) = await runtime.execute([call(0, "bash", command="true")])
+                assert model.outcome is ToolOutcome.OK, model
+                (hook,) = await runtime.execute(
+                    [attrs.evolve(call(0, "bash", command="true"), hook=True)]
+                )
+                assert hook.outcome is ToolOutcome.TOOL_ERROR, hook
+                assert hook.sandbox_budget is not None, hook
+            finally:
+                await runtime.aclose()
+
+        asyncio.run(main())

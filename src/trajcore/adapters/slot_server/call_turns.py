@@ -141,8 +141,10 @@ class CallTurns:
             if isinstance(turn, RefuseCall):
                 self._answer(slot, turn.ticket, refused(call, turn.reason))
                 continue
-            if call.hook and self._measures_hooks():  # measured first, off the fast path
-                self._run_task(slot, turn.ticket, call)
+            if not call.hook:
+                slot.model_ran = call.epoch
+            elif self._measures_hooks() and slot.model_ran == call.epoch:
+                self._run_task(slot, turn.ticket, call)  # measured first, off the fast path
                 return
             try:
                 started = start_call(

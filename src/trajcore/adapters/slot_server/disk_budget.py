@@ -37,9 +37,10 @@ ends them), the call it ran fails with ``TOOL_ERROR`` and the reason ("disk budg
 reason until the slot is reset; the reset wipes the area as always, so the space comes back.
 The other slots go on. The bound is a watcher's: a lease can pass its budget by what it writes
 in one interval (plus one measure) before it is ended, which the file-size rlimit and the
-disk's speed bound. Before the env's hooks read a lease (a hook's call: verifying, scoring),
-its area is measured once more at once (``before_hook``), so a burst written just before the
-trajectory ended is seen by the score, not only by the next round.
+disk's speed bound. Before the env's hooks read what the model left (the first hook's call
+after a model's call: verifying, scoring), its area is measured once more at once
+(``before_hook``), so a burst written just before the trajectory ended is seen by the score,
+not only by the next round; the hooks' own writes (a preparation's uploads) are left to it.
 A directory the walk cannot read (a server that is not root, a mode the
 lease took away) is first given back its owner's rights when it is the server's own; one still
 unreadable ends the lease the same way (fail closed: the budget cannot be proven).
@@ -289,9 +290,13 @@ class DiskWatch:
 
     async def before_hook(self, slot: Slot, epoch: int) -> None:
         """Measure lease ``epoch`` of ``slot`` now, as a round does (and end it past its
-        budget), unless it is marked already or reset: a hook's call is about to read what the
-        lease left, and the watch may not have measured since its last writes."""
-        if not self.enabled or epoch <= self.retired(slot) or over_for(slot, epoch) is not None:
+        budget), when the model's calls ran in it since a hook's call last did so, and it is
+        neither marked already nor reset: a hook's call is about to read what the model left,
+        and the watch may not have measured since its last writes."""
+        if not self.enabled or slot.model_ran != epoch:
+            return
+        slot.model_ran = None
+        if epoch <= self.retired(slot) or over_for(slot, epoch) is not None:
             return
         each = _Due(slot, slot.agent, epoch, slot.disk_written, self.areas(slot))
         ((use, took),) = await asyncio.to_thread(self._measure, [each.area])

@@ -64,6 +64,10 @@ class Slot:
     """The lease epoch whose ``write_file`` wrote since its disk budget's last measure."""
     disk_over: tuple[int, str] | None = None
     """The lease epoch ended for passing its disk budget, and why (``disk_budget``)."""
+    model_ran: int | None = None
+    """The lease epoch whose model's call started since a hook's call last measured its disk
+    (``DiskWatch.before_hook``): the hooks' own writes (a preparation's uploads) are not
+    measured call after call."""
     forking: asyncio.Future[None] | None = None
     """Set while a fork request starts a lease of this slot from a snapshot (its workspace
     mounted in a worker thread): a reset of the slot waits for it to end, so that it cleans
