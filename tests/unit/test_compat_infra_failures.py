@@ -161,3 +161,16 @@ def test_an_atropos_agent_exec_tool_whose_slot_died_is_an_infrastructure_failure
     assert members(AtroposAgentStyle(config, servers)) == [("infra_error", None)]
     AtroposAgentStyle.crash = False  # control: the same check on a live slot scores
     assert members(AtroposAgentStyle(config, servers)) == [("finished", 1.0)]
+
+
+async def refusals_of_its_own_arguments(ctx: HermesToolContext) -> float:
+    """A refusal of the env's own arguments is the call's answer, not the slot's failure."""
+    no_command = await ctx.call_tool("terminal", {})
+    outside = await ctx.write_file("../outside.txt", "x")
+    assert "required @ $.command" in no_command, no_command
+    assert "error" in outside
+    return 1.0
+
+
+def test_a_refusal_of_the_hooks_own_arguments_is_still_answered() -> None:
+    assert members(hermes(refusals_of_its_own_arguments)) == [("finished", 1.0)]

@@ -18,11 +18,12 @@ keeps:
 - ``run_env_tool`` is the env's own call in the slot (hermes's and atropos-agent's tool names,
   the env's timeout honoured even past the model's ``terminal_timeout_s``).
 - What the slot could not answer is never an answer: a call the slot (or a tool server) could
-  not run (``INFRA_ERROR``), a slot tool's refusal (a lost or stale lease; a file tool's refused
-  path is the file's answer, ``{"error"}``), and a lease ended for the disk budget the model
-  spent raise, as ``SlotTools.run`` does (``SlotInfraError``, ``SlotBudgetSpent``): the member
-  is then an infrastructure failure (or ``sandbox_budget_score``), never a reward computed from
-  an ``exit_code`` of -1 or a ``success`` of False that the command never gave.
+  not run (``INFRA_ERROR``), a slot tool's refusal for its lease (lost or stale; a refusal of
+  the call's own arguments, a path outside the workspace say, is answered), and a lease ended
+  for the disk budget the model spent raise, as ``SlotTools.run`` does (``SlotInfraError``,
+  ``SlotBudgetSpent``): the member is then an infrastructure failure (or
+  ``sandbox_budget_score``), never a reward computed from an ``exit_code`` of -1 or a
+  ``success`` of False that the command never gave.
 """
 
 from __future__ import annotations
@@ -111,15 +112,15 @@ def answered(tools: SlotTools, name: str, result: ToolResult) -> ToolResult:
     Raises:
         SlotBudgetSpent: the lease was ended for a budget the model spent.
         SlotInfraError: the call did not run: ``INFRA_ERROR`` (the slot server or tool server
-            failed), or a slot tool's ``REJECTED`` (a lost or stale lease) but a file tool's
-            refused path.
+            failed), or a slot tool's ``REJECTED`` for its lease (lost or stale); a refusal of
+            the call's own arguments (``... @ $.path``) is the call's answer.
     """
     what = f"{name} in slot {tools.lease.slot}: {result.outcome.value}: {result.error}"
     if result.sandbox_budget is not None:
         raise SlotBudgetSpent(f"{what} (the lease was ended for its disk budget)")
-    refused_path = name in ("read_file", "write_file") and (result.error or "").endswith("@ $.path")
+    own_arguments = " @ $." in (result.error or "")
     if result.outcome is ToolOutcome.INFRA_ERROR or (
-        result.outcome is ToolOutcome.REJECTED and name in SLOT_TOOLS and not refused_path
+        result.outcome is ToolOutcome.REJECTED and name in SLOT_TOOLS and not own_arguments
     ):
         raise SlotInfraError(what)
     return result
