@@ -17,6 +17,7 @@ from anyio import wait_all_tasks_blocked
 from trajcore.adapters.fakes.llm import FakeChatServer, FakeTokenServer, LLMFault
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.fakes.tools import FakeToolServer
+from trajcore.adapters.llm.chat_wire import parse_chat_body
 from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.adapters.tool_server import ToolRegistry
 from trajcore.domain.errors import ConfigError, SlotFileError, StateError
@@ -32,6 +33,7 @@ from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.entrypoints.atropos.scored_data import ScoredGroup, render_transcript
 from trajcore.entrypoints.gc_tuning import DEFAULT_YOUNG_GC_THRESHOLD
 from trajcore.rollout.tools import SlotTools
+from trajcore.testing.tokenizers import write_llama3_shaped_tokenizer
 
 pytestmark = pytest.mark.anyio
 
@@ -406,6 +408,48 @@ async def test_a_cancelled_worker_releases_its_slots(env: FileEnv) -> None:
             await worker
         assert pool.statistics().leased == 0
         assert pool.statistics().free == 4
+
+
+@pytest.mark.parametrize("template", ["qwen3", "llama3-shaped"])
+async def test_a_call_whose_arguments_are_no_object_is_trained_as_written_or_not_at_all(
+    template: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the server keeps the call with {} (the replay pairs its answer); the training render writes
+    # the model's text where the template writes it as it is (Qwen3), else masks the turn
+    folder = QWEN if template == "qwen3" else str(write_llama3_shaped_tokenizer(tmp_path))
+    env = FileEnv(_config(tokenizer_name=folder, group_size=2, ensure_scores_are_not_same=False))
+    raw = '{"path": "done.txt", "content": "unterminated'
+    garbled = {"id": "c1", "function": {"name": "write_file", "arguments": raw}}
+
+    def respond(messages: Sequence[Message]) -> Any:
+        if messages[-1].role == "tool":
+            return _turn(Message.assistant("done"))
+        message = {"role": "assistant", "content": "", "tool_calls": [garbled]}
+        return parse_chat_body({"choices": [{"message": message, "finish_reason": "tool_calls"}]})
+
+    chat = FakeChatServer(policy=respond)
+    caplog.set_level(logging.INFO, logger="trajcore.env")
+    async with FakeSandboxPool() as pool:
+        result = await env.run_task("ok", pool=pool, policy=env.make_policy(chat=chat))
+    group = env.scored_group(result)
+    assert group is not None
+    tokenizer = env.tokenizer_port()
+    pairs = zip(group["tokens"][0], group["masks"][0], strict=True)
+    trained = tokenizer.decode([t for t, m in pairs if m != MASKED_LABEL])
+    untrained = group["overrides"][0]["trajcore"]["untrained_turns"]
+    if template == "qwen3":
+        assert f'"arguments": {raw}}}' in trained
+        assert untrained == []
+    else:
+        assert "write_file" not in trained
+        assert trained.startswith("done")
+        assert [u["turn"] for u in untrained] == [1]
+        assert "call c1 (write_file)" in untrained[0]["reason"]
+        assert any("turn 1 not trained" in r.getMessage() for r in caplog.records)
+    # the assistant turn as the server reads it again: the call, with {}
+    (replayed,) = [m for m in chat.requests[-1].messages if m.tool_calls]
+    assert replayed.tool_calls[0].arguments == {}
+    assert replayed.tool_calls[0].raw_arguments is None
 
 
 # --------------------------------------------------------------------- tools and logging

@@ -332,14 +332,15 @@ def _message(index: int, message: Message, *, content_with_calls: bool) -> _Chat
 
 
 def _call(call: ToolCall) -> MistralToolCall:
+    # raw arguments (no JSON object) are given as written: mistral_common writes JSON it can
+    # read as it reads it, anything else as a JSON string
+    text = call.arguments_json() if call.raw_arguments is None else call.raw_arguments
     return MistralToolCall(
         id=mistral_call_id(call.id),
         # mistral_common reads the arguments' JSON and writes it again, so an escape would come
         # back a lone surrogate: the tekkenizer writes one as U+FFFD, SentencePiece cannot take
         # it at all; every version gets U+FFFD
-        function=FunctionCall(
-            name=call.name, arguments=LONE_SURROGATE.sub("\ufffd", call.arguments_json())
-        ),
+        function=FunctionCall(name=call.name, arguments=LONE_SURROGATE.sub("\ufffd", text)),
     )
 
 

@@ -89,7 +89,8 @@ class Message:
         """The message as a chat-template / OpenAI-style dict.
 
         ``arguments_as_json`` renders tool-call arguments as JSON text (the OpenAI wire format)
-        instead of a nested object (what most chat templates expect).
+        instead of a nested object (what most chat templates expect); without it, a call's
+        ``raw_arguments``, when it has them, stand in its arguments' place as text.
         """
         out: JSONObject = {"role": self.role, "content": self.content}
         if self.reasoning is not None:
@@ -101,7 +102,11 @@ class Message:
                     "type": "function",
                     "function": {
                         "name": call.name,
-                        "arguments": call.arguments_json() if arguments_as_json else call.arguments,
+                        "arguments": call.arguments_json()
+                        if arguments_as_json
+                        else call.arguments
+                        if call.raw_arguments is None
+                        else call.raw_arguments,
                     },
                 }
                 for call in self.tool_calls

@@ -71,11 +71,17 @@ class ToolCall:
         id: The call's id, unique within its trajectory; results answer it by this id.
         name: The tool's name.
         arguments: The decoded arguments, a JSON object.
+        raw_arguments: The arguments text as the model wrote it, when it was no JSON object
+            (broken JSON, an array, ``null``) and ``arguments`` stands empty in its place.
+            Chat templates are given this text (``Message.to_chat_dict``), so that a render
+            for training writes what the model wrote; the wire and the tools get
+            ``arguments``. ``None`` for every call the model wrote well.
     """
 
     id: str = attrs.field(validator=_nonempty)
     name: str = attrs.field(validator=_nonempty)
     arguments: JSONObject = attrs.field(factory=dict, validator=_json_object)
+    raw_arguments: str | None = None
 
     def arguments_json(self) -> str:
         """The arguments as compact JSON text, keys in insertion order."""

@@ -29,7 +29,7 @@ import attrs
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, SamplingParams
 from trajcore.domain.token_ledger.drift import Drift
-from trajcore.domain.token_ledger.ledger import TokenLedger, TrainingTokens
+from trajcore.domain.token_ledger.ledger import TokenLedger, TrainingTokens, UntrainedTurn
 from trajcore.domain.token_ledger.template import ChatTemplate
 from trajcore.domain.tool_parsers.base import ToolCallParser, distinct_ids
 from trajcore.domain.tools import ToolSpec
@@ -146,6 +146,10 @@ class Policy(Protocol):
 # ------------------------------------------------------------------------------- OpenAI mode
 
 _CUT = frozenset({FinishReason.LENGTH, FinishReason.CONTENT_FILTER})  # turns with no end of turn
+_CUT_CALL = (
+    "the server cut the turn inside a call whose arguments are no JSON object: a render would "
+    "close the call, which the model never did"
+)
 
 
 @attrs.define
@@ -155,6 +159,8 @@ class _ChatSession:
     template: ChatTemplate | None
     finishes: list[FinishReason] = attrs.field(factory=list)  # one per sampled turn, in order
     used_ids: set[str] = attrs.field(factory=set)  # call ids of earlier turns: ids stay unique
+    # per sampled turn, the text the model wrote as arguments of each call kept with {}
+    raw_arguments: list[dict[str, str]] = attrs.field(factory=list)
 
     async def sample(self, messages: Sequence[Message], *, sampling: SamplingParams) -> ModelTurn:
         turn = await self.server.chat(messages, tools=self.tools, sampling=sampling)
@@ -162,9 +168,14 @@ class _ChatSession:
         usage = turn.usage
         # the server reads the conversation again: a malformed call stays in it, answered
         parsed = attrs.evolve(turn.parsed(), pair_problems=True).with_distinct_ids()
+        # a server may number each turn's calls from 0, or send none (chat_wire generates)
+        parsed = distinct_ids(parsed, self.used_ids, suffix=str(len(self.finishes)))
+        kept = {call.id for call in parsed.message_calls()}
+        self.raw_arguments.append(
+            {p.call_id: p.raw for p in parsed.errors if p.call_id is not None and p.call_id in kept}
+        )
         return ModelTurn(
-            # a server may number each turn's calls from 0, or send none (chat_wire generates)
-            parsed=distinct_ids(parsed, self.used_ids, suffix=str(len(self.finishes))),
+            parsed=parsed,
             finish_reason=turn.finish_reason,
             completion_tokens=usage.completion_tokens,
             context_tokens=usage.prompt_tokens + usage.completion_tokens,
@@ -186,8 +197,52 @@ class _ChatSession:
         # messages (a prompt may hold earlier ones).
         first = sum(1 for m in messages if m.role == "assistant") - len(self.finishes)
         cut = [first + k for k, f in enumerate(self.finishes) if f in _CUT]
-        ledger = self.template.rerender(messages, tools=self.tools, cut_turns=cut)
-        return ledger.export(max_token_length=max_token_length)
+        rendered, untrained = self._as_written(self.template, messages, first)
+        ledger = self.template.rerender(
+            rendered,
+            tools=self.tools,
+            cut_turns=cut,
+            untrained_turns=[first + u.turn - 1 for u in untrained],
+        )
+        tokens = ledger.export(max_token_length=max_token_length)
+        return attrs.evolve(tokens, untrained_turns=untrained) if untrained else tokens
+
+    def _as_written(
+        self, template: ChatTemplate, messages: Sequence[Message], first: int
+    ) -> tuple[list[Message], tuple[UntrainedTurn, ...]]:
+        """``messages`` with each call kept with ``{}`` for arguments that were no JSON object
+        given the text the model wrote, where the template writes that text as it is; a turn
+        with a call whose text it does not write, or cut by the server inside such a call, is
+        left as it is and not trained."""
+        out = list(messages)
+        untrained: list[UntrainedTurn] = []
+        assistant = [i for i, m in enumerate(messages) if m.role == "assistant"]
+        for k, raw in enumerate(self.raw_arguments):
+            if not raw or not 0 <= first + k < len(assistant):
+                continue
+            message = messages[assistant[first + k]]
+            if self.finishes[k] in _CUT:  # the template would close a call the model never did
+                untrained.append(UntrainedTurn(turn=k + 1, reason=_CUT_CALL))
+                continue
+            calls = [
+                attrs.evolve(c, raw_arguments=raw[c.id]) if c.id in raw else c
+                for c in message.tool_calls
+            ]
+            why = [
+                (c, template.writes_raw_arguments(c)) for c in calls if c.raw_arguments is not None
+            ]
+            faults = [f"call {c.id} ({c.name}): {reason}" for c, reason in why if reason]
+            if faults:
+                untrained.append(
+                    UntrainedTurn(
+                        turn=k + 1,
+                        reason="arguments that were no JSON object cannot be rendered as the "
+                        f"model wrote them: {'; '.join(faults)}",
+                    )
+                )
+            elif why:
+                out[assistant[first + k]] = attrs.evolve(message, tool_calls=calls)
+        return out, tuple(untrained)
 
     def drift(self, messages: Sequence[Message]) -> Drift | None:
         return None

@@ -21,6 +21,7 @@ __all__ = [
     "TokenLedger",
     "TrainingTokens",
     "Truncation",
+    "UntrainedTurn",
 ]
 
 MASKED_LABEL = -100
@@ -111,6 +112,9 @@ class TrainingTokens:
         environment_tokens: Environment tokens kept.
         token_exact: Whether the completions are the server's sampled ids (managed mode).
         truncation: What was cut to fit ``max_token_length``, or ``None`` when nothing was.
+        untrained_turns: Sampled turns whose tokens are masked although the model wrote
+            them, each with why (OpenAI mode: the re-render cannot write a call's arguments
+            as the model wrote them); empty when every sampled turn is trained.
     """
 
     tokens: tuple[int, ...]
@@ -121,6 +125,20 @@ class TrainingTokens:
     environment_tokens: int
     token_exact: bool
     truncation: Truncation | None = None
+    untrained_turns: tuple[UntrainedTurn, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class UntrainedTurn:
+    """A sampled assistant turn left out of training (masked), and why.
+
+    Attributes:
+        turn: The turn's number among the trajectory's sampled turns, from 1.
+        reason: Why, in words, naming the call at fault.
+    """
+
+    turn: int = attrs.field(validator=attrs.validators.ge(1))
+    reason: str
 
 
 @attrs.define

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from trajcore.domain.errors import ConfigError, StateError
-from trajcore.domain.messages import Message
+from trajcore.domain.messages import Message, escape_lone_surrogates
 from trajcore.domain.token_ledger.drift import Drift, measure_drift
 from trajcore.domain.token_ledger.ledger import Segment, SegmentKind, TokenLedger
 from trajcore.domain.tools import ToolCall, ToolSpec
@@ -21,6 +21,7 @@ from trajcore.domain.tools import ToolCall, ToolSpec
 __all__ = [
     "ChatRenderer",
     "ChatTemplate",
+    "DecodingRenderer",
     "PrefixRenderer",
     "RenderOnly",
     "TemplateShape",
@@ -34,6 +35,8 @@ _STAND_IN_REPLY = "Done."
 _STAND_IN_REASONING = "Thinking."
 # Replies whose last characters differ, so the renders share nothing before the end-of-turn.
 _PROBE_REPLIES = ("yes", "no", "maybe")
+# How a template writes a call's empty arguments, where it writes raw arguments text verbatim.
+_EMPTY_ARGUMENTS = "{}"
 
 
 class ChatRenderer(Protocol):
@@ -77,6 +80,16 @@ class PrefixRenderer(ChatRenderer, Protocol):
         Raises:
             ConfigError: as ``render``, for the whole or a prefix.
         """
+        ...
+
+
+@runtime_checkable
+class DecodingRenderer(ChatRenderer, Protocol):
+    """A renderer that also decodes ids to text (``Tokenizer`` does): what
+    ``ChatTemplate.writes_raw_arguments`` needs to read what a render wrote."""
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``, special tokens kept."""
         ...
 
 
@@ -365,12 +378,43 @@ class ChatTemplate:
             ids += self.shape.missing_end_of_turn(ledger.segments[-1].token_ids)
         return measure_drift(ids, rendered)
 
+    def writes_raw_arguments(self, call: ToolCall) -> str | None:
+        """Why the template does not write ``call.raw_arguments`` (the text of arguments the
+        model wrote as no JSON object) as the model wrote them, or ``None`` when it does.
+
+        It does when a stand-in turn making ``call`` renders, decoded, as the same turn making
+        it with empty arguments renders, with the text of those (``{}``) replaced by the raw
+        text: a template that writes text arguments in place (Qwen3's) does; one that writes
+        them as a JSON string (``tojson``), or parses and rewrites them (``mistral_common``),
+        does not. A renderer that cannot decode (no ``decode``) cannot show it.
+        """
+        raw = call.raw_arguments
+        if raw is None:
+            return None
+        if not isinstance(self.renderer, DecodingRenderer):
+            return "the tokenizer cannot decode a render to check its text"
+        decode = self.renderer.decode
+        try:
+            written = decode(self.renderer.render(_stand_in([call], reasoning=False)))
+        except ConfigError as exc:
+            return f"the chat template refuses them ({exc})"
+        empty = attrs.evolve(call, arguments={}, raw_arguments=None)
+        plain = decode(self.renderer.render(_stand_in([empty], reasoning=False)))
+        raw = escape_lone_surrogates(raw)  # as the tokenizer adapters write text
+        at = plain.find(_EMPTY_ARGUMENTS)
+        while at >= 0:
+            if plain[:at] + raw + plain[at + len(_EMPTY_ARGUMENTS) :] == written:
+                return None
+            at = plain.find(_EMPTY_ARGUMENTS, at + 1)
+        return "the chat template does not write them as the model wrote them"
+
     def rerender(
         self,
         messages: Sequence[Message],
         *,
         tools: Sequence[ToolSpec] = (),
         cut_turns: Iterable[int] = (),
+        untrained_turns: Iterable[int] = (),
     ) -> TokenLedger:
         """OpenAI mode: a ledger rebuilt by rendering ``messages``, marked ``token_exact=False``.
 
@@ -386,7 +430,10 @@ class ChatTemplate:
         ``cut_turns`` holds the positions, counted among
         the assistant messages from 0, of turns the server cut at ``max_tokens`` (finish
         ``length``): the model sampled no end of turn there, so the template's is environment,
-        not trained. The prefixes are measured by ``render_with_prefixes``: a
+        not trained. ``untrained_turns`` holds the positions, counted the same way, of turns
+        whose tokens are not trained at all (environment): a turn the render cannot write as
+        the model wrote it (``writes_raw_arguments``). The prefixes are measured by
+        ``render_with_prefixes``: a
         ``PrefixRenderer`` (the transformers adapter) tokenizes the whole once and of each
         prefix only what follows its last point shared with the whole, so with a template that
         renders a prefix as the whole begins (most do, between user queries) the cost is near
@@ -408,7 +455,7 @@ class ChatTemplate:
         )
         eot = self.shape.end_of_turn
         spans: list[tuple[int, int]] = []
-        cut = frozenset(cut_turns)
+        cut, untrained = frozenset(cut_turns), frozenset(untrained_turns)
         for turn in range(len(turns)):
             (start, before), (end, _) = measured[2 * turn], measured[2 * turn + 1]
             if end - start >= len(eot) and tuple(full[end - len(eot) : end]) == eot:
@@ -419,7 +466,7 @@ class ChatTemplate:
             if turn in cut and end > start and eot and full[end - 1] == eot[0]:
                 end -= 1
             start = max(start, spans[-1][1] if spans else 0)
-            if end > start:
+            if end > start and turn not in untrained:
                 spans.append((start, end))
         # Prompt, then completion and environment alternating; an environment run between two
         # touching assistant spans is empty, which keeps the alternation.

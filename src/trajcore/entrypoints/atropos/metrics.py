@@ -264,6 +264,13 @@ def log_group(group: GroupResult, toolsets: Sequence[str]) -> None:
                 cut.cut_completion_tokens,
                 "" if member.outcome.has_tokens else "; no sampled token left: left out",
             )
+        for untrained in () if member.tokens is None else member.tokens.untrained_turns:
+            log.warning(
+                "trajectory %s turn %d not trained (masked): %s",
+                member.trajectory_id,
+                untrained.turn,
+                untrained.reason,
+            )
         if not member.outcome.status.healthy:
             log.warning(
                 "trajectory %s failed (%s): %s",

@@ -98,7 +98,7 @@ def chat_dicts(messages: Sequence[Message]) -> list[dict[str, Any]]:
 
 def member_story(member: TrajectoryResult) -> dict[str, Any]:
     """``overrides[i]["trajcore"]``: the member's id, status, stop reason, counts, what was cut
-    to fit ``max_token_length`` and metadata."""
+    to fit ``max_token_length``, the sampled turns not trained and why, and metadata."""
     stats = member.stats
     errors = stats.tool_errors
     cut = member.truncation
@@ -118,6 +118,9 @@ def member_story(member: TrajectoryResult) -> dict[str, Any]:
         else member.drift.ledger_only_tokens + member.drift.rendered_only_tokens,
         "truncated_tokens": 0 if cut is None else cut.cut_tokens,
         "truncated_completion_tokens": 0 if cut is None else cut.cut_completion_tokens,
+        "untrained_turns": []
+        if member.tokens is None
+        else [{"turn": u.turn, "reason": u.reason} for u in member.tokens.untrained_turns],
         "prepare_metadata": member.prepare_metadata,
         "score_metadata": member.score_metadata,
     }
