@@ -50,6 +50,7 @@ from atroposlib.envs.server_handling.server_baseline import (  # type: ignore[im
     APIServerConfig,
     ServerBaseline,
 )
+from pydantic import ValidationError
 
 from trajcore.adapters.llm.atropos import token_server_from_config
 from trajcore.adapters.llm.chat import OpenAIChatServer
@@ -259,13 +260,39 @@ def cli_command(env_cls: type[Any], build: Callable[[], type]) -> type:
     (``inline_negative_values``).
 
     Raises:
-        ConfigError: a seed flag's value that trajcore cannot honour.
+        ConfigError: a seed flag's value that trajcore cannot honour. (Building the returned
+            class from the flags raises ``ConfigError`` too, see ``_flag_errors``.)
     """
     config, _ = env_cls.config_init()
     translated = translate_seed_flags(sys.argv[1:], known=type(config).model_fields)
     sys.argv[1:] = inline_negative_values(translated)
     with _config_init_for_cli(env_cls):
-        return build()
+        return _flag_errors(build())
+
+
+def _flag_errors(command: type) -> type:
+    """``command`` (one of Atropos's pydantic command classes), built from the parsed flags
+    with a value of the wrong type (``--env.group_size two``) refused as a ``ConfigError`` at
+    the flag (``env.group_size``), not as pydantic's ``ValidationError``: Atropos builds it
+    before any check of the env's config runs, and lets the error out with its traceback."""
+    base: Any = command
+
+    def init(self: Any, **flags: Any) -> None:
+        try:
+            base.__init__(self, **flags)
+        except ValidationError as error:
+            problems = [
+                (".".join(map(str, e["loc"])) or "config", e["msg"])
+                for e in error.errors(include_url=False)
+            ]
+            raise ConfigError(
+                problems[0][0],
+                problems[0][1],
+                problems=tuple(f"{reason} @ {flag}" for flag, reason in problems),
+            ) from None
+
+    namespace = {"__init__": init, "__module__": base.__module__, "__doc__": base.__doc__}
+    return type(base.__name__, (base,), namespace)
 
 
 # --------------------------------------------------------------------------- endpoint probe
