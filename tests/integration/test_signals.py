@@ -320,6 +320,25 @@ def test_a_second_signal_forces_the_end_when_the_close_hangs(tmp_path: Path) -> 
         assert "a second signal" in output
 
 
+def test_a_sigterm_sent_again_at_once_still_closes_the_pool(tmp_path: Path) -> None:
+    # GNU timeout sends SIGTERM to the env and then to its process group: the same request.
+    with process_mode_run(tmp_path) as run:
+        run.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10.0
+        while "stopping and closing the sandbox pool" not in run.log.read_text():
+            assert time.monotonic() < deadline, run.log.read_text()[-3000:]
+            time.sleep(0.01)
+        run.process.send_signal(signal.SIGTERM)
+        status = run.process.wait(timeout=60)
+        left = wait_until_gone(run.started, 5.0)
+        output = run.log.read_text()
+        assert status == 128 + signal.SIGTERM, output[-3000:]
+        assert "a second signal" not in output, output[-3000:]
+        assert "stopped by SIGTERM" in output, output[-3000:]
+        assert not left, f"left running: {_names(left)}"
+        assert not run.run_dir.exists()
+
+
 def test_slot_servers_die_with_a_killed_env_and_remove_its_directory(tmp_path: Path) -> None:
     with process_mode_run(tmp_path) as run:
         run.process.kill()  # SIGKILL: no handler runs in the env

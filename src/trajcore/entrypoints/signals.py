@@ -19,6 +19,10 @@ What a signal does:
   (``abandon_local_pools``), every open container pool's containers are removed with the
   engine's ``rm --force`` and its token folder with them (``abandon_container_pools``), and
   the process exits at once with ``128 + signal``.
+- A SIGTERM that comes again within ``REPEAT_WINDOW_S`` of the first is the same request, and
+  changes nothing: GNU ``timeout`` (and other supervisors) send SIGTERM to the child and then
+  to its whole process group, so the env gets it twice within milliseconds. A SIGTERM after
+  the window, or a second SIGINT at any time (a double Ctrl-C), still forces the end.
 - The block ends with ``SystemExit(128 + signal)`` (130 for SIGINT, 143 for SIGTERM) after one
   line on stderr, instead of a traceback.
 - A signal ignored when the block is entered (``nohup``, a background job's SIGINT) stays
@@ -37,8 +41,10 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import NoReturn
 
 import attrs
 
@@ -48,6 +54,9 @@ from trajcore.adapters.pools.local_pool import abandon_local_pools
 __all__ = ["Interrupted", "closing_on_signals", "exit_status"]
 
 _HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+REPEAT_WINDOW_S = 1.0
+"""A SIGTERM this soon after the first SIGTERM is that one sent again, not a second request."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -77,13 +86,19 @@ def _interrupt(signum: int) -> None:
 class _Shutdown:
     name: str
     grace_s: float
+    clock: Callable[[], float] = time.monotonic
+    end: Callable[[int], NoReturn] = os._exit
     first: int | None = None
+    first_at: float = 0.0
     timer: threading.Timer | None = None
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
+        now = self.clock()
         if self.first is not None:
+            if signum == self.first == signal.SIGTERM and now - self.first_at < REPEAT_WINDOW_S:
+                return  # the same SIGTERM again (to the process, then to its group)
             self.force(signum, "a second signal")
-        self.first = signum
+        self.first, self.first_at = signum, now
         _stderr(
             f"{self.name}: {signal.Signals(signum).name}: stopping and closing the sandbox pool "
             f"(send it again to stop at once)"
@@ -99,13 +114,13 @@ class _Shutdown:
             raise Interrupted(signum) from None
         loop.call_soon_threadsafe(_interrupt, signum)
 
-    def force(self, signum: int, why: str) -> None:
+    def force(self, signum: int, why: str) -> NoReturn:
         _stderr(f"{self.name}: {why}: ending the slot servers and stopping now")
         with contextlib.suppress(Exception):
             abandon_local_pools()
         with contextlib.suppress(Exception):
             abandon_container_pools()
-        os._exit(exit_status(signum))
+        self.end(exit_status(signum))
 
     def cancel(self) -> None:
         if self.timer is not None:
