@@ -62,6 +62,8 @@ def test_the_demo_runs_offline_and_solves_every_task(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "No model endpoint is configured" in done.stderr
+    # The scripted policy is the demo's model, not Atropos's servers: no advice about their flags.
+    assert "--openai." not in done.stderr, done.stderr[-3000:]
     lines = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert len(lines) == 2 * len(TASKS)  # default group size 2, one group per task
     assert {line["group"].split("-", 1)[1] for line in lines} == {t.name for t in TASKS}

@@ -279,7 +279,7 @@ def test_each_malformed_call_is_a_problem_with_its_index_text_reason_name_and_id
         ParseProblem(
             index=2,
             raw="[1]",
-            reason="arguments must be a JSON object, got list @ arguments",
+            reason="arguments must be a JSON object, got array @ arguments",
             name="bash",
             call_id="c2",
         ),
@@ -293,12 +293,23 @@ def test_each_malformed_call_is_a_problem_with_its_index_text_reason_name_and_id
     )
 
 
+@pytest.mark.parametrize(
+    ("arguments", "got"),
+    [("null", "null"), ("true", "boolean"), ("3", "integer"), ("2.5", "number"), ('"a"', "string")],
+)
+def test_arguments_that_are_not_an_object_are_named_in_json_words(arguments: str, got: str) -> None:
+    """Pins that the reason names what the arguments are in JSON's words (``null``, never
+    Python's ``NoneType``), as the text parsers of managed mode name them."""
+    turn = parse_chat_body(_chat({"tool_calls": [_fn(arguments)]}))
+    assert turn.problems[0].reason == f"arguments must be a JSON object, got {got} @ arguments"
+
+
 def test_a_malformed_call_cut_at_max_tokens_says_so_and_others_do_not() -> None:
     """Pins that only a turn cut at ``max_tokens`` prefixes its problems' reasons with it."""
     for finish, prefix in (("length", "cut at max_tokens: "), ("stop", ""), (None, "")):
         turn = parse_chat_body(_chat({"tool_calls": [_fn("[1]")]}, finish=finish))
         assert turn.problems[0].reason == (
-            f"{prefix}arguments must be a JSON object, got list @ arguments"
+            f"{prefix}arguments must be a JSON object, got array @ arguments"
         )
 
 

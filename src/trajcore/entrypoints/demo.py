@@ -48,6 +48,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -61,6 +62,7 @@ from trajcore.domain.errors import ConfigError, StateError, TrajcoreError
 from trajcore.entrypoints.atropos.config import AgentEnvConfig
 from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.entrypoints.atropos.failing_groups import GroupsFailing
+from trajcore.entrypoints.atropos.services import RolloutServices
 from trajcore.entrypoints.report import (
     JsonLines,
     ProgressBar,
@@ -71,7 +73,10 @@ from trajcore.entrypoints.report import (
 from trajcore.entrypoints.run import RunEnd, wait_for_endpoint
 from trajcore.entrypoints.signals import Interrupted, closing_on_signals, exit_status
 from trajcore.ports.chat_server import ChatServer
+from trajcore.ports.sandbox_pool import SandboxPool
+from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.group import GroupResult
+from trajcore.rollout.policy import Policy
 
 __all__ = ["main"]
 
@@ -156,6 +161,22 @@ def _demo_env(shell_tasks: ModuleType, chat: ChatServer, run: _Run) -> type[Agen
         def make_chat_server(self) -> ChatServer:
             return chat
 
+        def rollout_services(
+            self,
+            *,
+            policy: Policy | None = None,
+            pool: SandboxPool | None = None,
+            tool_server: ToolServer | None = None,
+        ) -> AbstractAsyncContextManager[RolloutServices]:
+            # The demo's model is its own chat server, not Atropos's servers: passed in as the
+            # policy, so no stall check reads those unused servers' timeout (and warns about
+            # --openai.timeout, a flag the demo does not have). ``_process`` closes it.
+            given = policy if policy is not None else self.make_policy(chat=chat)
+            services: AbstractAsyncContextManager[RolloutServices] = super().rollout_services(
+                policy=given, pool=pool, tool_server=tool_server
+            )
+            return services
+
         async def run_group(
             self, item: Any, *, group_size: int | None = None, for_eval: bool = False
         ) -> GroupResult:
@@ -178,15 +199,21 @@ def _demo_env(shell_tasks: ModuleType, chat: ChatServer, run: _Run) -> type[Agen
     return DemoEnv
 
 
-async def _process(env: AgentEnv[Any], args: argparse.Namespace, base_url: str | None) -> None:
-    if base_url:
-        await wait_for_endpoint(
-            base_url,
-            model=args.model,
-            api_key=os.environ.get(args.api_key_env),
-            wait_s=args.model_wait_s,
-        )
-    await env.process_manager()
+async def _process(
+    env: AgentEnv[Any], chat: ChatServer, args: argparse.Namespace, base_url: str | None
+) -> None:
+    try:
+        if base_url:
+            await wait_for_endpoint(
+                base_url,
+                model=args.model,
+                api_key=os.environ.get(args.api_key_env),
+                wait_s=args.model_wait_s,
+            )
+        await env.process_manager()
+    finally:
+        with anyio.move_on_after(10.0, shield=True):
+            await chat.aclose()
 
 
 def _report(
@@ -220,13 +247,19 @@ def _close_groups_file(env: AgentEnv[Any]) -> None:
 
 
 def _process_to_end(
-    env: AgentEnv[Any], args: argparse.Namespace, base_url: str | None, run: _Run, *, groups: int
+    env: AgentEnv[Any],
+    chat: ChatServer,
+    args: argparse.Namespace,
+    base_url: str | None,
+    run: _Run,
+    *,
+    groups: int,
 ) -> tuple[int, RunEnd]:
     """Run process mode; returns the exit status (see ``main``) and how the demo ended."""
     status = 0
     cause: BaseException | None = None
     try:
-        anyio.run(_process, env, args, base_url, backend="asyncio")
+        anyio.run(_process, env, chat, args, base_url, backend="asyncio")
     except (TrajcoreError, GroupsFailing) as exc:
         run.progress.close()
         print(f"\ntrajcore demo: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -305,6 +338,6 @@ def main(argv: Sequence[str]) -> int:
     print(f"trajcore demo: {groups} groups of {args.group_size}, {mode}", file=sys.stderr)
     run.progress.start()
     with closing_on_signals("trajcore demo"):
-        status, end = _process_to_end(env, args, base_url, run, groups=groups)
+        status, end = _process_to_end(env, chat, args, base_url, run, groups=groups)
         _report(run, out, end, mode=mode, groups=groups, args=args)  # (a signal here: files whole)
     return status

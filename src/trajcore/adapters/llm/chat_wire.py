@@ -47,7 +47,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 from trajcore.domain.errors import ToolArgumentError, WireError
-from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.json_values import JSON, JSONObject, json_type
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import ChatTurn, FinishReason, SamplingParams, Usage
 from trajcore.domain.tools import ToolCall, ToolSpec
@@ -127,7 +127,7 @@ def _arguments(raw: object, at: str) -> tuple[JSONObject | None, str, str]:
     except RecursionError:
         return None, text, "arguments are not valid JSON (nested too deeply)"
     if not isinstance(value, dict):
-        return None, text, f"arguments must be a JSON object, got {type(value).__name__}"
+        return None, text, f"arguments must be a JSON object, got {json_type(value)}"
     return value, text, ""
 
 
