@@ -74,12 +74,12 @@ from trajcore.adapters.llm.chat import OpenAIChatServer
 from trajcore.adapters.llm.transport import RetryRules
 from trajcore.domain.errors import ConfigError, TrajcoreError
 from trajcore.domain.messages import Message
-from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.entrypoints.atropos import scored_data, startup
 from trajcore.entrypoints.atropos.config import AgentEnvConfig
 from trajcore.entrypoints.atropos.env import AgentEnv
 from trajcore.entrypoints.atropos.scored_data import ScoredGroup
+from trajcore.entrypoints.model_probe import send_probe
 from trajcore.entrypoints.report import (
     JsonLines,
     ProgressBar,
@@ -476,8 +476,7 @@ async def wait_for_endpoint(
     chat = OpenAIChatServer(base_url=base_url, model=model, api_key=api_key, retry=retry)
 
     async def send() -> object:
-        sampling = SamplingParams(max_tokens=1, temperature=0.0)
-        return await chat.chat([Message.user("hi")], tools=(), sampling=sampling)
+        return await send_probe(chat)
 
     expected = (
         f"POST {base_url.rstrip('/')}/chat/completions answering 200 with an OpenAI chat "

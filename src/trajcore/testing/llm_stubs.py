@@ -11,7 +11,10 @@
 - ``GET /health``.
 
 Answers come from policies over domain values (a ``ChatResponder`` of the conversation, a
-``TokenResponder`` of the prompt ids), serialised here into each server's JSON. Completions are cut
+``TokenResponder`` of the prompt ids), serialised here into each server's JSON; a
+``chat_request_policy`` may answer a chat request from its whole body first. A policy that
+raises ``PolicyFailed`` is answered with its status and message; ``KeyError``, ``TypeError``,
+``ValueError`` and ``InvalidInput`` are answered 400 as a bad request. Completions are cut
 at the request's ``max_tokens`` and marked ``length``, as a real server does. ``LLMFault`` values
 queued with ``inject`` replace the answer to one request each: HTTP 429 (with ``Retry-After``),
 5xx, a 4xx with an OpenAI-style error body, a malformed body, a late answer, a dropped connection,
@@ -34,7 +37,7 @@ import contextlib
 import json
 import sys
 from collections import deque
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal
 
 import attrs
@@ -59,6 +62,7 @@ from trajcore.domain.tools import ToolCall
 __all__ = [
     "GenerateDialect",
     "LoopbackLLMServer",
+    "PolicyFailed",
     "StubRequest",
     "chat_completion_json",
     "echo_chat_policy",
@@ -67,6 +71,15 @@ __all__ = [
 ]
 
 GenerateDialect = Literal["sglang", "atropos"]
+
+
+class PolicyFailed(Exception):
+    """A policy could not answer a request: the stub answers ``status`` (a 4xx or 5xx) with
+    this message in an OpenAI-style error body."""
+
+    def __init__(self, message: str, *, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @attrs.frozen(kw_only=True)
@@ -296,6 +309,8 @@ class LoopbackLLMServer(ClosedOnExit):
 
     Attributes:
         chat_policy: Answers chat completions.
+        chat_request_policy: Answers a chat completion from the request's whole body before
+            ``chat_policy`` is asked; ``None`` (as policy or answer): ``chat_policy`` answers.
         token_policy: Answers vLLM completions and ``/generate``.
         generate_dialect: The shape of ``/generate``: ``"sglang"`` or ``"atropos"``.
         model: The ``model`` field of answers.
@@ -304,6 +319,7 @@ class LoopbackLLMServer(ClosedOnExit):
     """
 
     chat_policy: ChatResponder = echo_chat_policy
+    chat_request_policy: Callable[[JSONObject], ChatTurn | None] | None = None
     token_policy: TokenResponder = echo_token_policy
     generate_dialect: GenerateDialect = "sglang"
     model: str = "stub-model"
@@ -376,6 +392,8 @@ class LoopbackLLMServer(ClosedOnExit):
                 return early
         try:
             reply = self._route(path, body, fault)
+        except PolicyFailed as exc:
+            return _error_reply(exc.status, str(exc), "policy_error")
         except (KeyError, TypeError, ValueError, InvalidInput) as exc:
             return _error_reply(400, f"bad request: {exc}")
         if fault is not None and fault.kind is FaultKind.DELAY:
@@ -400,7 +418,10 @@ class LoopbackLLMServer(ClosedOnExit):
     def _route(self, path: str, body: JSONObject, fault: LLMFault | None) -> _Reply:
         garbled = fault if fault is not None and fault.kind is FaultKind.GARBLED_TOOL_CALL else None
         if path == "/v1/chat/completions":
-            turn = self.chat_policy(messages_from_request(body))
+            first = self.chat_request_policy
+            turn = None if first is None else first(body)
+            if turn is None:
+                turn = self.chat_policy(messages_from_request(body))
             return _json_reply(
                 200,
                 chat_completion_json(turn, model=self.model, serial=self._serial, garbled=garbled),

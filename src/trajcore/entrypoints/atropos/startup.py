@@ -63,10 +63,9 @@ from trajcore.domain.errors import (
     ModelServerRejected,
     TrajcoreError,
 )
-from trajcore.domain.messages import Message
-from trajcore.domain.sampling import SamplingParams
 from trajcore.domain.validators import check_argument, positive_int
 from trajcore.entrypoints.atropos.failing_groups import GroupsFailing
+from trajcore.entrypoints.model_probe import PROBE_SAMPLING, send_probe
 from trajcore.entrypoints.seed_settings import translate_seed_flags
 
 __all__ = [
@@ -334,7 +333,6 @@ def model_probes(
 ) -> list[EndpointProbe]:
     """One probe per server of an atroposlib ``ServerManager`` that has a base URL."""
     retry = RetryRules(max_attempts=1, attempt_timeout_s=PROBE_TIMEOUT_S)
-    sampling = SamplingParams(max_tokens=1, temperature=0.0)
     probes: list[EndpointProbe] = []
     for server in cast("Any", manager).servers:
         config = getattr(server, "config", None)
@@ -345,7 +343,7 @@ def model_probes(
             chat = OpenAIChatServer(base_url=url, model=model, api_key=api_key, retry=retry)
 
             async def send_chat(chat: OpenAIChatServer = chat) -> object:
-                return await chat.chat([Message.user("hi")], tools=(), sampling=sampling)
+                return await send_probe(chat)
 
             expected = (
                 f"POST {url.rstrip('/')}/chat/completions answering 200 with an OpenAI chat "
@@ -361,7 +359,7 @@ def model_probes(
             raise ConfigError("openai.server_type", f"{url}: {exc.reason}") from None
 
         async def send_tokens(token: Any = token) -> object:
-            result: object = await token.generate(list(prompt_ids), sampling=sampling)
+            result: object = await token.generate(list(prompt_ids), sampling=PROBE_SAMPLING)
             return result
 
         path = _TOKEN_PATHS.get(server_type, "")
