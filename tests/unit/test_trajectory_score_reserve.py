@@ -1,6 +1,6 @@
 """The last part of a trajectory's deadline is kept for scoring (``score_reserve_s``), against the
 shipped fakes: a model still working when its turns' deadline passes ends as ``time_budget`` and
-is scored in its lease; a score hook longer than the time left still fails as today."""
+is scored in its lease; a score hook longer than the time left still fails, unscored."""
 
 from __future__ import annotations
 
@@ -131,15 +131,20 @@ async def test_the_reserve_set_is_the_time_a_late_score_hook_gets() -> None:
     assert result.duration_s <= 3.0 + SLACK_S
 
 
-async def test_a_score_hook_slower_than_the_time_left_is_still_an_infra_error() -> None:
-    """The control: the reserve is a floor, not more time; the deadline still bounds scoring."""
+async def test_a_score_hook_slower_than_the_time_left_still_fails_unscored() -> None:
+    """The control: the reserve is a floor, not more time; the deadline still bounds scoring.
+    The hook waited in its own sleep, so the env's error (``test_hook_deadline``)."""
     scoring = Scoring(takes_s=30.0)
     result = await _run(stalling, scoring)
     assert len(scoring.started) == 1
     assert result.stats.stop_reason is StopReason.TIME_BUDGET
-    assert result.outcome.status is TrajectoryStatus.INFRA_ERROR
+    assert result.outcome.status is TrajectoryStatus.ENV_ERROR
     assert result.outcome.score is None
-    assert result.outcome.detail == "scoring did not finish before the trajectory deadline"
+    assert (result.outcome.detail or "").startswith(
+        "score hook did not finish before the trajectory deadline: it was waiting in the "
+        "env's own code"
+    )
+    assert "in score)" in (result.outcome.detail or "")
     assert result.duration_s <= DEADLINE_S + SLACK_S
 
 

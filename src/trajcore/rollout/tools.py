@@ -92,6 +92,14 @@ class ToolRouter:
     _sent: itertools.count[int] = attrs.field(
         factory=lambda: itertools.count(1), kw_only=True, eq=False, repr=False
     )
+    # (when, what): the hooks' calls a cancellation ended unanswered (``calls_cut_since``)
+    _cut: list[tuple[float, str]] = attrs.field(factory=list, kw_only=True, eq=False, repr=False)
+
+    def calls_cut_since(self, since: float) -> list[str]:
+        """The hooks' calls (through this router or one evolved from it) that a cancellation
+        ended, by the dispatcher's clock at ``since`` or later, before they were answered:
+        ``bash 'sleep 9'``, ``read_file {"path": "a.txt"}``; in the order they were cut."""
+        return [what for when, what in self._cut if when >= since]
 
     async def run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         """One result per call, in order; failures are results (see ``ToolOutcome``).
@@ -103,7 +111,21 @@ class ToolRouter:
         result comes back under the model's id. The count is shared with the routers evolved
         from this one (the hooks' ``SlotTools``), so no hook's call has a model's call's id,
         whatever ids the model writes: its result is never the model's.
+
+        A hook's call (``hook``) that a cancellation ends before it is answered is remembered
+        (``calls_cut_since``): the trajectory runner names it when a hook meets its deadline.
         """
+        if not self.hook:
+            return await self._run(calls)
+        try:
+            return await self._run(calls)
+        except anyio.get_cancelled_exc_class():
+            now = self.dispatcher.clock()
+            self._cut.extend((now, _described(call)) for call in calls)
+            raise
+
+    async def _run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        """``run``'s work."""
         results: list[ToolResult | None] = [None] * len(calls)
         at: list[int] = []  # where each slot call's result goes
         sent: list[SlotCall] = []
@@ -144,6 +166,16 @@ class ToolRouter:
             return await self.tool_server.execute(plain, context=context)
         except ToolServerError as exc:
             return ToolResult.infra_errors(plain, str(exc))
+
+
+def _described(call: ToolCall) -> str:
+    """``call`` in a few words: ``bash 'sleep 9'``, else its name and JSON arguments (cut)."""
+    command = call.arguments.get("command")
+    if call.name == "bash" and isinstance(command, str):
+        text = f"bash {command!r}"
+    else:
+        text = f"{call.name} {call.arguments_json()}"
+    return text if len(text) <= 200 else f"{text[:197]}..."
 
 
 def _checked_path(tool: str, path: str) -> None:

@@ -29,8 +29,8 @@ The decisions are the domain ``AgentLoop``'s; this module performs them. Its pro
   in flight that ``model_stalled`` calls the server's failure (every server unhealthy, or a
   request past its timeout being retried): that is ``model_error``, as it is when such a call
   meets the slot's idle limit (``IdleLimitExceeded``); a member that finished
-  earlier has all the time left. A score hook still running at ``deadline_s`` fails the
-  member as ``infra_error``, as does the deadline before a slot or while preparing.
+  earlier has all the time left. At ``deadline_s`` a score hook fails the member as where it
+  waited says (``rollout.hook_deadline``); a wait for a slot or preparing, as ``infra_error``.
 - **The final render off the loop, with a deadline.** The training tokens (OpenAI mode's
   re-render of the whole conversation, managed mode's export) and managed mode's drift
   re-render are computed in a worker thread of ``RenderThreads`` (at most so many at once, in
@@ -105,6 +105,7 @@ from trajcore.domain.tools import ToolCall, ToolResult, ToolSpec
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.dispatcher import ToolDispatcher
+from trajcore.rollout.hook_deadline import unfinished_hook
 from trajcore.rollout.hook_failures import (
     env_failure,
     first_failure,
@@ -600,6 +601,10 @@ def _transcript(run: _Run) -> Transcript:
 async def _score(run: _Run, hooks: TrajectoryHooks, slot_tools: SlotTools) -> None:
     try:
         score: object = await hooks.score(slot_tools, _transcript(run))
+    except anyio.get_cancelled_exc_class() as cancelled:  # the deadline, or the run's end
+        cut = slot_tools.router.calls_cut_since(run.turns_end + run.config.score_reserve)
+        run.score_failure, run.score_failure_status = unfinished_hook("score hook", cancelled, cut)
+        raise
     except Exception as exc:  # noqa: BLE001 - the env's own code, or the slot's failure
         forgotten = forgotten_await(slot_tools, "score hook")
         if isinstance(first_failure(exc), SlotBudgetSpent):
@@ -610,8 +615,7 @@ async def _score(run: _Run, hooks: TrajectoryHooks, slot_tools: SlotTools) -> No
         else:  # a coroutine used as its answer raises: the forgotten await is the cause
             run.score_failure = forgotten or env_failure("score hook", exc)
         return
-    forgotten = forgotten_await(slot_tools, "score hook")
-    if forgotten is not None:
+    if (forgotten := forgotten_await(slot_tools, "score hook")) is not None:
         run.score_failure = forgotten
         return
     if isinstance(score, tuple) and len(score) == 2:
