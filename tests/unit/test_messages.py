@@ -7,7 +7,7 @@ from hypothesis import given
 
 from tests import strategies as s
 from trajcore.domain.errors import ConfigError, ToolArgumentError
-from trajcore.domain.json_values import check_json
+from trajcore.domain.json_values import JSON, JSONObject, check_json
 from trajcore.domain.messages import Message
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult, ToolSpec
 
@@ -173,3 +173,24 @@ def test_the_tool_and_json_values_have_one_home_not_messages(name: str) -> None:
 
     messages = importlib.import_module("trajcore.domain.messages")
     assert not hasattr(messages, name)
+
+
+def _arguments_of(chat: JSONObject) -> list[JSON]:
+    calls = chat["tool_calls"]
+    assert isinstance(calls, list)
+    out: list[JSON] = []
+    for call in calls:
+        assert isinstance(call, dict)
+        function = call["function"]
+        assert isinstance(function, dict)
+        out.append(function["arguments"])
+    return out
+
+
+def test_a_chat_dict_gives_templates_a_calls_raw_arguments_and_the_wire_its_object() -> None:
+    kept = ToolCall(id="a", name="write_file", arguments={}, raw_arguments='{"path": "a.txt"')
+    plain = ToolCall(id="b", name="write_file", arguments={"path": "b.txt"})
+    message = Message.assistant("", tool_calls=[kept, plain])
+    assert _arguments_of(message.to_chat_dict()) == ['{"path": "a.txt"', {"path": "b.txt"}]
+    wire = _arguments_of(message.to_chat_dict(arguments_as_json=True))
+    assert wire == ["{}", '{"path":"b.txt"}']
