@@ -7,7 +7,7 @@ with and without the new messages, never from the trajectory's own history.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 import attrs
@@ -391,9 +391,11 @@ class ChatTemplate:
         raw = call.raw_arguments
         if raw is None:
             return None
-        if not isinstance(self.renderer, DecodingRenderer):
+        # the method (``DecodingRenderer``'s), not an isinstance of the protocol: a runtime
+        # protocol check also asks for every other name its class holds (mutmut's trampolines)
+        decode: Callable[[Sequence[int]], str] | None = getattr(self.renderer, "decode", None)
+        if decode is None:
             return "the tokenizer cannot decode a render to check its text"
-        decode = self.renderer.decode
         try:
             written = decode(self.renderer.render(_stand_in([call], reasoning=False)))
         except ConfigError as exc:
