@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
@@ -174,3 +175,24 @@ async def refusals_of_its_own_arguments(ctx: HermesToolContext) -> float:
 
 def test_a_refusal_of_the_hooks_own_arguments_is_still_answered() -> None:
     assert members(hermes(refusals_of_its_own_arguments)) == [("finished", 1.0)]
+
+
+async def terminal_under_a_stale_lease(ctx: HermesToolContext) -> float:
+    """The slot refuses the lease itself (stale or released ``@ $.epoch``): no answer."""
+    lease = ctx.tools.lease
+    stale = attrs.evolve(lease, epoch=lease.epoch + 1)
+    router = attrs.evolve(ctx.tools.router, lease=stale)
+    stale_ctx = HermesToolContext(attrs.evolve(ctx.tools, router=router))
+    return 1.0 if (await stale_ctx.terminal("cat a.txt"))["exit_code"] == 0 else 0.0
+
+
+async def read_under_a_stale_lease(ctx: HermesToolContext) -> float:
+    lease = ctx.tools.lease
+    router = attrs.evolve(ctx.tools.router, lease=attrs.evolve(lease, epoch=lease.epoch + 1))
+    stale_ctx = HermesToolContext(attrs.evolve(ctx.tools, router=router))
+    return 1.0 if "content" in await stale_ctx.read_file("a.txt") else 0.0
+
+
+@pytest.mark.parametrize("check", [terminal_under_a_stale_lease, read_under_a_stale_lease])
+def test_a_hermes_reward_whose_lease_is_stale_is_an_infrastructure_failure(check: Check) -> None:
+    assert members(hermes(check)) == [("infra_error", None)]

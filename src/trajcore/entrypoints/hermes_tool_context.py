@@ -31,6 +31,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import re
 import secrets
 import shlex
 from collections.abc import Generator, Mapping
@@ -105,6 +106,19 @@ async def run_env_tool(
     return answered(tools, name, result)
 
 
+# The fields a slot names when it refuses the lease rather than the call's arguments: a stale
+# or released epoch (``... is stale @ $.epoch``), a slot it has not, another container's slot.
+_LEASE_FIELDS = frozenset({"epoch", "slot", "lease"})
+
+
+def _refuses_own_arguments(error: str | None) -> bool:
+    """Whether a slot tool's refusal names a field of the call's own arguments (``required @
+    $.command``, ``... @ $.path``), not of its lease (``lease ... is stale @ $.epoch``)."""
+    _, at, where = (error or "").rpartition(" @ $.")
+    field = re.match(r"[A-Za-z_0-9]*", where)
+    return bool(at) and field is not None and field.group() not in _LEASE_FIELDS
+
+
 def answered(tools: SlotTools, name: str, result: ToolResult) -> ToolResult:
     """``result`` of the env's own call of ``name``, when it is an answer to read: the
     command's, the file's, the tool's.
@@ -113,14 +127,16 @@ def answered(tools: SlotTools, name: str, result: ToolResult) -> ToolResult:
         SlotBudgetSpent: the lease was ended for a budget the model spent.
         SlotInfraError: the call did not run: ``INFRA_ERROR`` (the slot server or tool server
             failed), or a slot tool's ``REJECTED`` for its lease (lost or stale); a refusal of
-            the call's own arguments (``... @ $.path``) is the call's answer.
+            the call's own arguments (``... @ $.path``) is the call's answer, one of its
+            lease (``... is stale @ $.epoch``, ``@ $.slot``, ``@ $.lease...``) is not.
     """
     what = f"{name} in slot {tools.lease.slot}: {result.outcome.value}: {result.error}"
     if result.sandbox_budget is not None:
         raise SlotBudgetSpent(f"{what} (the lease was ended for its disk budget)")
-    own_arguments = " @ $." in (result.error or "")
     if result.outcome is ToolOutcome.INFRA_ERROR or (
-        result.outcome is ToolOutcome.REJECTED and name in SLOT_TOOLS and not own_arguments
+        result.outcome is ToolOutcome.REJECTED
+        and name in SLOT_TOOLS
+        and not _refuses_own_arguments(result.error)
     ):
         raise SlotInfraError(what)
     return result
