@@ -235,3 +235,30 @@ def test_raw_arguments_go_to_templates_and_never_to_the_wire() -> None:
     ]
     with pytest.raises(ValueError, match="turn"):
         UntrainedTurn(turn=0, reason="x")
+
+
+@pytest.fixture(scope="module")
+def items_template(tmp_path_factory: pytest.TempPathFactory) -> TransformersTokenizer:
+    """Llama-3-shaped, writing a call's arguments as Qwen3-Coder's template does: one line per
+    ``arguments|items`` pair, which jinja refuses for text with a ``TypeError``."""
+    folder: Path = write_llama3_shaped_tokenizer(tmp_path_factory.mktemp("items"))
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    quoted = "{{- call.function.arguments | tojson }}"
+    assert quoted in config["chat_template"]
+    config["chat_template"] = config["chat_template"].replace(
+        quoted, "{%- for k, v in call.function.arguments|items %}{{ k }}={{ v }};{%- endfor %}"
+    )
+    config_file.write_text(json.dumps(config))
+    return TransformersTokenizer.from_path(folder)
+
+
+@pytest.mark.parametrize("raw", [UNTERMINATED, ARRAY, NULL], ids=["unterminated", "array", "null"])
+async def test_a_template_that_iterates_the_arguments_leaves_the_turn_untrained(
+    items_template: TransformersTokenizer, raw: str
+) -> None:
+    exported, _ = await _run(items_template, raw)
+    assert len(_spans(exported.masks)) == 1  # the last turn only
+    (untrained,) = exported.untrained_turns
+    assert untrained.turn == 1
+    assert "the chat template refuses them" in untrained.reason

@@ -13,8 +13,9 @@ What this adapter promises, and why:
 - **No ``Any`` past this module.** transformers is only partly typed; everything it returns is
   checked and converted to ``list[int]`` / ``str`` here.
 - **Errors name the input.** A template that refuses a conversation (jinja's ``TemplateError``,
-  ``raise_exception`` in the template) becomes ``ConfigError("messages", reason)``; a folder that
-  is missing or holds no tokenizer becomes ``ConfigError("tokenizer_path", reason)``.
+  ``raise_exception`` in the template, a filter's ``TypeError`` for a value of the wrong kind)
+  becomes ``ConfigError("messages", reason)``; a folder that is missing or holds no tokenizer
+  becomes ``ConfigError("tokenizer_path", reason)``.
 
 - **Message text is text.** A tool result, user message or system prompt that spells a special or
   added token (a file holding ``<|im_end|>`` or ``<tool_call>``) is encoded as the characters it
@@ -413,7 +414,9 @@ class TransformersTokenizer:
                 tokenize=tokenize,
                 return_dict=False,
             )
-        except TemplateError as exc:
+        except (TemplateError, TypeError) as exc:
+            # TypeError: a jinja filter given the wrong kind of value (``arguments|items`` of
+            # a call's raw text, as Qwen3-Coder's template writes arguments)
             raise ConfigError("messages", f"the chat template refused them: {exc}") from exc
         return result
 
