@@ -325,6 +325,8 @@ def test_a_malformed_context_names_the_field(entry: object, field: str) -> None:
         (lambda: MCPToolServer(MCPCommand.parse("x"), idle_close_s=-5), "idle_close_s"),
         (lambda: MCPToolServer("npx server"), "endpoint"),  # type: ignore[arg-type]  # bad input on purpose
         (lambda: MCPToolServer(MCPCommand.parse("x"), scope="run"), "scope"),  # type: ignore[arg-type]  # bad input on purpose
+        (lambda: MCPToolServer(MCPCommand.parse("x"), annotations="markdownDescription"),
+         "annotations"),  # one string, not a list of keys
     ],
 )  # fmt: skip
 def test_bad_settings_name_the_field(build: object, field: str) -> None:

@@ -1004,3 +1004,12 @@ def test_keys_named_as_annotations_pass_and_every_keyword_is_still_enforced() ->
     with pytest.raises(ConfigError) as info:
         named.compile("t", {**schema, "optinal": True})
     assert info.value.field == "parameters.optinal"
+
+
+def test_annotations_given_as_one_string_are_refused_not_read_letter_by_letter() -> None:
+    """``annotations="markdownDescription"`` would otherwise name its letters, each a key that
+    passes unenforced, and still refuse the schema's ``markdownDescription``."""
+    with pytest.raises(ConfigError) as info:
+        JSONSchemaValidator(annotations="markdownDescription")
+    assert info.value.field == "annotations"
+    assert "markdownDescription" in info.value.reason

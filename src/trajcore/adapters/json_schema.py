@@ -436,6 +436,9 @@ def _is_power_of_ten(n: int) -> bool:
 
 
 def _keys(keys: Iterable[str]) -> frozenset[str]:
+    """``keys`` as a set; one string is refused (its letters would be the keys)."""
+    if isinstance(keys, str):
+        raise ConfigError("annotations", f"expected a list of keys, got the string {keys!r}")
     return frozenset(keys)
 
 

@@ -252,6 +252,9 @@ _Streams: TypeAlias = tuple[ReadStream[SessionMessage | Exception], WriteStream[
 
 
 def _key_names(keys: Iterable[str]) -> tuple[str, ...]:
+    """``keys`` as a tuple; one string is refused (its letters would be the keys)."""
+    if isinstance(keys, str):
+        raise ConfigError("annotations", f"expected a list of keys, got the string {keys!r}")
     return tuple(keys)
 
 
