@@ -50,7 +50,8 @@ def test_a_sigterm_sent_again_within_the_window_changes_nothing(
         shutdown.handle(signal.SIGTERM, None)
     said = capsys.readouterr().err.splitlines()
     assert said == [
-        "Env: SIGTERM: stopping and closing the sandbox pool (send it again to stop at once)"
+        "Env: SIGTERM: stopping and closing the sandbox pool (send it again a second later to stop "
+        "at once)"
     ]
 
 

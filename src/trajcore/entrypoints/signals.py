@@ -99,9 +99,10 @@ class _Shutdown:
                 return  # the same SIGTERM again (to the process, then to its group)
             self.force(signum, "a second signal")
         self.first, self.first_at = signum, now
+        again = "again a second later" if signum == signal.SIGTERM else "again"
         _stderr(
             f"{self.name}: {signal.Signals(signum).name}: stopping and closing the sandbox pool "
-            f"(send it again to stop at once)"
+            f"(send it {again} to stop at once)"
         )
         self.timer = threading.Timer(
             self.grace_s, self.force, (signum, f"the shutdown took over {self.grace_s:g} s")
