@@ -23,6 +23,7 @@ from pathlib import Path
 from types import TracebackType
 
 from tests.flat_settings import split_off
+from tests.processes import free_port
 from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slurm_jobs import SlurmJobSettings
@@ -44,13 +45,6 @@ def _problem() -> str | None:
 
 
 SLURM_PROBLEM = _problem()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class SlurmCluster:
@@ -109,8 +103,8 @@ class SlurmCluster:
         return f"""\
 ClusterName=trajcore-test
 SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge

@@ -14,21 +14,18 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import random
-import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractAsyncContextManager, contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests.processes import child_environment, process_group, run_api, wait_until
 from trajcore.adapters.fakes.llm import FakeTokenServer
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.tokenizers import qwen3_tokenizer_path
@@ -97,49 +94,6 @@ class RunApiEnv(AgentEnv[str]):
         return FakeTokenServer(policy=respond)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-@contextmanager
-def _process_group(
-    argv: list[str], log: Path, env: dict[str, str]
-) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    try:
-        yield process
-    finally:
-        for signum in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(process.pid, signum)
-            except ProcessLookupError:
-                break
-            try:
-                process.wait(timeout=5)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        process.wait(timeout=5)
-        with pytest.raises(ProcessLookupError):
-            os.killpg(process.pid, 0)  # nothing of the group is left
-
-
-def _wait_until(deadline: float, what: str, logs: Sequence[Path], probe: Any) -> Any:
-    while time.monotonic() < deadline:
-        answer = probe()
-        if answer is not None:
-            return answer
-        time.sleep(0.2)
-    tails = "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in logs)
-    pytest.fail(f"timed out waiting for {what}\n{tails}")
-
-
 def _child_env(tmp_path: Path) -> dict[str, str]:
     """The children's environment; their temporary files go under the test's own directory.
 
@@ -148,49 +102,17 @@ def _child_env(tmp_path: Path) -> dict[str, str]:
     """
     scratch = tmp_path / "tmp"
     scratch.mkdir(exist_ok=True)
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "TMPDIR": str(scratch)}
+    return child_environment(scratch)
 
 
 @pytest.mark.slow
 def test_serve_mode_feeds_a_trainer_through_run_api(tmp_path: Path) -> None:
     started = time.monotonic()
     deadline = started + 80
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    child_env = {**_child_env(tmp_path), "NO_PROXY": "*"}
+    child_env = _child_env(tmp_path)
     api_log, env_log = tmp_path / "run-api.log", tmp_path / "env.log"
-    run_api = Path(sys.executable).parent / "run-api"
-    with (
-        _process_group(
-            [str(run_api), "--host", "127.0.0.1", "--port", str(port)], api_log, child_env
-        ),
-        httpx.Client(base_url=url, timeout=5.0, trust_env=False) as trainer,
-    ):
-
-        def api_up() -> bool | None:
-            try:
-                return trainer.get("/").status_code == 200 or None
-            except httpx.TransportError:
-                return None
-
-        _wait_until(deadline, "run-api to listen", [api_log], api_up)
-        registered = trainer.post(
-            "/register",
-            json={
-                "wandb_group": "trajcore",
-                "wandb_project": "trajcore-test",
-                "batch_size": BATCH_SIZE,
-                "max_token_len": 8192,
-                "checkpoint_dir": str(tmp_path / "checkpoints"),
-                "save_checkpoint_interval": -1,
-                "starting_step": 0,
-                "num_steps": 100,
-            },
-        )
-        assert registered.status_code == 200
-        assert "uuid" in registered.json()
-        assert trainer.get("/batch").json()["batch"] is None  # starts the run; nothing yet
-
+    with run_api(tmp_path, child_env, batch_size=BATCH_SIZE) as trainer:
+        url = str(trainer.base_url).rstrip("/")
         argv = [
             sys.executable, __file__, "serve",
             "--env.rollout_server_url", url,
@@ -209,14 +131,14 @@ def test_serve_mode_feeds_a_trainer_through_run_api(tmp_path: Path) -> None:
             "--env.slot_lifetime_s", "30",
         ]  # fmt: skip
         batches: list[list[dict[str, Any]]] = []
-        with _process_group(argv, env_log, child_env):
+        with process_group(argv, env_log, child_env):
 
             def next_batch() -> list[dict[str, Any]] | None:
                 batch: list[dict[str, Any]] | None = trainer.get("/batch").json()["batch"]
                 return batch
 
             while len(batches) < 2:
-                batches.append(_wait_until(deadline, "a batch", [env_log, api_log], next_batch))
+                batches.append(wait_until(deadline, "a batch", [env_log, api_log], next_batch))
     for batch in batches:
         assert sum(len(group["tokens"]) for group in batch) == BATCH_SIZE
         for group in batch:

@@ -27,13 +27,8 @@ import anyio
 import httpx
 import pytest
 
-from tests.integration.test_atropos_run_api import (
-    RunApiEnv,
-    _child_env,
-    _free_port,
-    _process_group,
-    _wait_until,
-)
+from tests.integration.test_atropos_run_api import RunApiEnv, _child_env
+from tests.processes import free_port, process_group, run_api, wait_until
 from trajcore.adapters.fakes.llm import FakeTokenServer
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.tokenizers import qwen3_tokenizer_path
@@ -99,61 +94,31 @@ def _common_flags(url: str, name: str) -> list[str]:
 
 
 @contextmanager
-def _trainer(tmp_path: Path, deadline: float) -> Iterator[tuple[str, httpx.Client, Path]]:
+def _trainer(tmp_path: Path) -> Iterator[tuple[str, httpx.Client, Path]]:
     """``run-api`` on a free loopback port, registered with as a trainer (batch size 8)."""
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    api_log = tmp_path / "run-api.log"
-    run_api = Path(sys.executable).parent / "run-api"
-    with (
-        _process_group(
-            [str(run_api), "--host", "127.0.0.1", "--port", str(port)], api_log, _env(tmp_path)
-        ),
-        httpx.Client(base_url=url, timeout=5.0, trust_env=False) as trainer,
-    ):
-
-        def api_up() -> bool | None:
-            try:
-                return trainer.get("/").status_code == 200 or None
-            except httpx.TransportError:
-                return None
-
-        _wait_until(deadline, "run-api to listen", [api_log], api_up)
-        registered = trainer.post(
-            "/register",
-            json={
-                "wandb_group": "trajcore", "wandb_project": "trajcore-test", "batch_size": 8,
-                "max_token_len": 8192, "checkpoint_dir": str(tmp_path / "checkpoints"),
-                "save_checkpoint_interval": -1, "starting_step": 0, "num_steps": 100,
-            },
-        )  # fmt: skip
-        assert registered.status_code == 200
-        trainer.get("/batch")  # starts the run
-        yield url, trainer, api_log
+    with run_api(tmp_path, _env(tmp_path), batch_size=8) as trainer:
+        yield str(trainer.base_url).rstrip("/"), trainer, tmp_path / "run-api.log"
 
 
 def _env(tmp_path: Path, kind: str = "") -> dict[str, str]:
-    child = _child_env(tmp_path)
-    root = str(Path(__file__).resolve().parents[2])  # this file, run as the env, imports tests.*
-    path = os.pathsep.join(p for p in (root, child.get("PYTHONPATH", "")) if p)
-    return {**child, "NO_PROXY": "*", "ENV_KIND": kind, "PYTHONPATH": path}
+    return {**_child_env(tmp_path), "ENV_KIND": kind}  # run as the env, it imports tests.*
 
 
 @pytest.mark.slow
 def test_failed_groups_in_a_row_end_a_serve_run(tmp_path: Path) -> None:
     deadline = time.monotonic() + 90
     env_log = tmp_path / "env.log"
-    with _trainer(tmp_path, deadline) as (url, trainer, api_log):
+    with _trainer(tmp_path) as (url, trainer, api_log):
         argv = [
             sys.executable, __file__, "serve", *_common_flags(url, "broken_score_env"),
             "--env.slot_lifetime_s", "30", "--env.max_failed_groups", "3",
         ]  # fmt: skip
-        with _process_group(argv, env_log, _env(tmp_path, "broken")) as env:
+        with process_group(argv, env_log, _env(tmp_path, "broken")) as env:
 
             def ended() -> int | None:
                 return env.poll()
 
-            returncode = _wait_until(deadline, "the env to end", [env_log, api_log], ended)
+            returncode = wait_until(deadline, "the env to end", [env_log, api_log], ended)
         log = env_log.read_text(errors="replace")
         assert returncode != 0, log[-3000:]
         assert "groups in a row failed (max_failed_groups=3)" in log
@@ -165,20 +130,20 @@ def test_failed_groups_in_a_row_end_a_serve_run(tmp_path: Path) -> None:
 def test_serve_runs_no_more_groups_than_the_pools_slots_hold(tmp_path: Path) -> None:
     deadline = time.monotonic() + 120
     env_log = tmp_path / "env.log"
-    with _trainer(tmp_path, deadline) as (url, trainer, api_log):
+    with _trainer(tmp_path) as (url, trainer, api_log):
         argv = [
             sys.executable, __file__, "serve", *_common_flags(url, "small_pool_env"),
             "--env.slot_lifetime_s", str(3.5 * TURN_S), "--env.max_failed_groups", "1000",
         ]  # fmt: skip
         batches: list[list[dict[str, object]]] = []
-        with _process_group(argv, env_log, _env(tmp_path, "small_pool")):
+        with process_group(argv, env_log, _env(tmp_path, "small_pool")):
 
             def next_batch() -> list[dict[str, object]] | None:
                 batch: list[dict[str, object]] | None = trainer.get("/batch").json()["batch"]
                 return batch
 
             while len(batches) < 2:
-                batches.append(_wait_until(deadline, "a batch", [env_log, api_log], next_batch))
+                batches.append(wait_until(deadline, "a batch", [env_log, api_log], next_batch))
     log = env_log.read_text(errors="replace")
     assert "no slot before the trajectory deadline" not in log
     assert "infra_error" not in log
@@ -187,7 +152,7 @@ def test_serve_runs_no_more_groups_than_the_pools_slots_hold(tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_serve_without_run_api_ends_naming_rollout_server_url(tmp_path: Path) -> None:
-    url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     argv = [sys.executable, __file__, "serve", *_common_flags(url, "no_api_env")]
     ended = subprocess.run(
         argv, env=_env(tmp_path, "small_pool"), capture_output=True, timeout=90, check=False

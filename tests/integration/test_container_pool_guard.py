@@ -29,7 +29,7 @@ import attrs
 import pytest
 
 from tests.image_source import image_problem
-from tests.integration.test_signals import Proc, alive, descendants, wait_until_gone
+from tests.processes import Proc, alive, descendants, wait_until_gone
 from trajcore.adapters.pools.container_guard import LABEL, OWNER_LABEL
 from trajcore.adapters.pools.container_pool import (
     DEFAULT_IMAGE,

@@ -26,21 +26,29 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
-import httpx
 import pytest
 
+from tests.processes import (
+    Proc,
+    alive,
+    child_environment,
+    descendants,
+    names,
+    run_api,
+    wait_until,
+    wait_until_gone,
+)
 from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.errors import SlotFileError
 from trajcore.domain.json_values import JSON
@@ -109,80 +117,6 @@ def model_turn(messages: Sequence[Message]) -> ChatTurn:
     return ChatTurn(message=Message.assistant("Done."), finish_reason=FinishReason.STOP)
 
 
-@attrs.frozen
-class Proc:
-    pid: int
-    started: int  # clock ticks after boot: with the pid, names one process for good
-    name: str
-
-
-def _stat(pid: int) -> tuple[int, str, int, str] | None:
-    """(ppid, state, start time, name) of ``pid``, or ``None`` when it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    name = text[text.index("(") + 1 : text.rindex(")")]
-    fields = text[text.rindex(")") + 2 :].split()
-    return int(fields[1]), fields[0], int(fields[19]), name
-
-
-def descendants(root: int) -> list[Proc]:
-    """Every live descendant of ``root``."""
-    children: dict[int, list[int]] = {}
-    info: dict[int, tuple[int, str, int, str]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
-            info[int(entry)] = stat
-            children.setdefault(stat[0], []).append(int(entry))
-    found: list[Proc] = []
-    todo = list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        _, state, started, name = info[pid]
-        if state != "Z":
-            found.append(Proc(pid, started, name))
-        todo.extend(children.get(pid, []))
-    return found
-
-
-def alive(procs: Sequence[Proc]) -> list[Proc]:
-    """Those of ``procs`` still running (a zombie or a reused pid does not count)."""
-    left = []
-    for proc in procs:
-        stat = _stat(proc.pid)
-        if stat is not None and stat[2] == proc.started and stat[1] != "Z":
-            left.append(proc)
-    return left
-
-
-def _names(procs: Sequence[Proc]) -> str:
-    return ", ".join(f"{p.name}({p.pid})" for p in procs)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def _environment(scratch: Path) -> dict[str, str]:
-    """Offline, no wandb, no proxy, ``$TMPDIR`` one of the test's own (searchable by the slots'
-    uids: the local pool's directory is made there)."""
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
-    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-        environment.pop(name, None)
-    environment.update(
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        WANDB_MODE="disabled",
-        NO_PROXY="*",
-        TMPDIR=str(scratch),
-    )
-    return environment
-
-
 @contextmanager
 def _model_server() -> Iterator[LoopbackLLMServer]:
     """The scripted model on loopback, served from a thread of its own."""
@@ -198,72 +132,6 @@ def _model_server() -> Iterator[LoopbackLLMServer]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         loop.close()
-
-
-@contextmanager
-def _run_api(tmp_path: Path, environment: dict[str, str]) -> Iterator[httpx.Client]:
-    """atroposlib's ``run-api`` with this test registered as its trainer (batches of two
-    groups), in its own process group, killed, all of it, on the way out."""
-    port = _free_port()
-    log = tmp_path / "run-api.log"
-    run_api = Path(sys.executable).parent / "run-api"
-    with log.open("wb") as out:
-        server = subprocess.Popen(
-            [str(run_api), "--host", "127.0.0.1", "--port", str(port)],
-            stdout=out, stderr=subprocess.STDOUT, env=environment, start_new_session=True,
-        )  # fmt: skip
-    try:
-        url = f"http://127.0.0.1:{port}"
-        with httpx.Client(base_url=url, timeout=5.0, trust_env=False) as trainer:
-
-            def listening() -> bool | None:
-                assert server.poll() is None, log.read_text()[-3000:]
-                try:
-                    return trainer.get("/").status_code == 200 or None
-                except httpx.TransportError:
-                    return None
-
-            _wait_until(time.monotonic() + 60, "run-api to listen", [log], listening)
-            registered = trainer.post(
-                "/register",
-                json={
-                    "wandb_group": "trajcore",
-                    "wandb_project": "trajcore-test",
-                    "batch_size": 2 * GROUP_SIZE,
-                    "max_token_len": 8192,
-                    "checkpoint_dir": str(tmp_path / "checkpoints"),
-                    "save_checkpoint_interval": -1,
-                    "starting_step": 0,
-                    "num_steps": 100,
-                },
-            )
-            assert registered.status_code == 200, registered.text
-            assert trainer.get("/batch").json()["batch"] is None  # starts the run
-            yield trainer
-    finally:
-        for signum in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(server.pid, signum)
-            except ProcessLookupError:
-                break
-            try:
-                server.wait(timeout=5)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        server.wait(timeout=5)
-
-
-def _wait_until(
-    deadline: float, what: str, logs: Sequence[Path], probe: Callable[[], T | None]
-) -> T:
-    while time.monotonic() < deadline:
-        answer = probe()
-        if answer is not None:
-            return answer
-        time.sleep(0.2)
-    tails = "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in logs)
-    pytest.fail(f"timed out waiting for {what}\n{tails}")
 
 
 @attrs.frozen
@@ -313,10 +181,10 @@ def _serve(
             os.kill(proc.pid, signal.SIGKILL)
 
 
-def _all_kinds(names: set[str]) -> bool:
-    """Whether ``names`` hold a slot server, bubblewrap and (when installed) tmux."""
-    tmux = shutil.which("tmux") is None or any(name.startswith("tmux") for name in names)
-    return {"slot-server", "bwrap"} <= names and tmux
+def _all_kinds(seen: set[str]) -> bool:
+    """Whether the names ``seen`` hold a slot server, bubblewrap and (when installed) tmux."""
+    tmux = shutil.which("tmux") is None or any(name.startswith("tmux") for name in seen)
+    return {"slot-server", "bwrap"} <= seen and tmux
 
 
 def _prompt(conversation: Sequence[dict[str, Any]]) -> str:
@@ -335,10 +203,13 @@ def test_two_env_processes_of_one_env_share_the_run_api_but_no_row_nor_slot_uid(
     dataset.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     scratch = Path(tempfile.mkdtemp(prefix="trajcore-env-processes-"))
     scratch.chmod(0o711)
-    environment = _environment(scratch)
+    environment = child_environment(scratch)
     deadline = time.monotonic() + START_S
     try:
-        with _model_server() as model, _run_api(tmp_path, environment) as trainer:
+        with (
+            _model_server() as model,
+            run_api(tmp_path, environment, batch_size=2 * GROUP_SIZE) as trainer,
+        ):
             serve = functools.partial(
                 _serve,
                 url=str(trainer.base_url),
@@ -365,7 +236,7 @@ def test_two_env_processes_of_one_env_share_the_run_api_but_no_row_nor_slot_uid(
                 # The first process's pool holds its slot uids before its first group.
                 while not groups_of(first.process.pid):
                     assert first.process.poll() is None, first.log.read_text()[-3000:]
-                    _wait_until(deadline, "the first env's groups", logs, collect)
+                    wait_until(deadline, "the first env's groups", logs, collect)
                 with serve(1) as second:
                     logs.append(second.log)
 
@@ -387,7 +258,7 @@ def test_two_env_processes_of_one_env_share_the_run_api_but_no_row_nor_slot_uid(
                         done = both and rows == set(prompts) and all(map(_all_kinds, kinds))
                         return True if done else None
 
-                    _wait_until(deadline, "every row's groups", logs, every_row_and_process_seen)
+                    wait_until(deadline, "every row's groups", logs, every_row_and_process_seen)
                     for env in (first, second):
                         env.process.send_signal(signal.SIGTERM)
                     statuses = {
@@ -445,10 +316,8 @@ def test_two_env_processes_of_one_env_share_the_run_api_but_no_row_nor_slot_uid(
         assert statuses[pid] == 128 + signal.SIGTERM, outputs[pid][-3000:]
         assert "stopping and closing the sandbox pool" in outputs[pid], outputs[pid][-3000:]
         procs = sorted(started[pid], key=lambda p: p.pid)
-        deadline = time.monotonic() + 5
-        while alive(procs) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not alive(procs), f"left running: {_names(alive(procs))}"
+        left = wait_until_gone(procs, 5.0)
+        assert not left, f"left running: {names(left)}"
     assert not leftover_pools
 
 

@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -33,6 +32,7 @@ import pytest
 
 pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install 'trajcore[mcp]')")
 
+from tests.processes import free_port
 from trajcore.adapters.mcp.client import MCPURL, MCPCommand, MCPToolServer
 from trajcore.adapters.mcp.settings import open_tool_servers, parse_tool_servers
 from trajcore.domain.errors import ConfigError, PoolClosed
@@ -264,13 +264,6 @@ async def test_structured_media_and_resource_results(reference_servers: Path) ->
 # ---------------------------------------------------------------------- over streamable HTTP
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
 class EverythingOverHTTP:
     """server-everything's streamable-HTTP mode as a child process on a free port."""
 
@@ -308,7 +301,7 @@ class EverythingOverHTTP:
 
 @pytest.fixture
 def everything_http(reference_servers: Path) -> Iterator[EverythingOverHTTP]:
-    server = EverythingOverHTTP(reference_servers, _free_port())
+    server = EverythingOverHTTP(reference_servers, free_port())
     yield server
     server.stop()
 

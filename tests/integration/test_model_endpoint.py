@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import child_environment, end_group, free_port
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.tokenizers import qwen3_tokenizer_path
 from trajcore.domain.messages import Message
@@ -68,39 +66,10 @@ class EndpointEnv(AgentEnv[str]):
         return config.model_copy(update={"group_size": 2, "max_turns": 2}), servers
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def _child_env(tmp_path: Path) -> dict[str, str]:
     scratch = tmp_path / "tmp"
     scratch.mkdir(exist_ok=True)
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "WANDB_MODE": "disabled",
-        "TMPDIR": str(scratch),
-        "NO_PROXY": "*",
-    }
-    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-        env.pop(name, None)
-    return env
-
-
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    for signum in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, signum)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=5)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    return child_environment(scratch)
 
 
 def _process(tmp_path: Path, base_url: str, *extra: str) -> tuple[int, str, float]:
@@ -133,13 +102,13 @@ def _process(tmp_path: Path, base_url: str, *extra: str) -> tuple[int, str, floa
     try:
         code = process.wait(timeout=START_UP_S + 60)
     except subprocess.TimeoutExpired:
-        _kill_group(process)
+        end_group(process)
         pytest.fail(
             f"process mode did not end within {START_UP_S + 60} s:\n"
             + log.read_text(errors="replace")[-3000:]
         )
     finally:
-        _kill_group(process)
+        end_group(process)
     return code, log.read_text(errors="replace"), time.monotonic() - started
 
 
@@ -194,13 +163,13 @@ def _llm_stub(tmp_path: Path) -> Iterator[int]:
         assert line.strip().isdigit(), line
         yield int(line)
     finally:
-        _kill_group(process)
+        end_group(process)
         if process.stdout is not None:
             process.stdout.close()
 
 
 def test_an_unreachable_endpoint_ends_the_run_after_model_wait_s(tmp_path: Path) -> None:
-    port = _free_port()  # nothing listens there: connections are refused
+    port = free_port()  # nothing listens there: connections are refused
     url = f"http://127.0.0.1:{port}/v1"
     code, output, wall_s = _process(tmp_path, url, "--env.model_wait_s", str(MODEL_WAIT_S))
     assert code != 0

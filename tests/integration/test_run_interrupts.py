@@ -26,7 +26,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from tests.integration.test_signals import Proc, alive, descendants, wait_until_gone
+from tests.processes import Proc, alive, descendants, wait_until_gone
 
 pytestmark = pytest.mark.slow
 

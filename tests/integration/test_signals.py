@@ -18,7 +18,6 @@ import os
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,68 +27,23 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
-import httpx
 import pytest
+
+from tests.processes import (
+    Proc,
+    alive,
+    child_environment,
+    descendants,
+    names,
+    run_api,
+    wait_until_gone,
+)
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "integration" / "signal_env.py"
 START_S = 180.0  # the env loads atroposlib and a tokenizer, then starts a slot server
-
-
-@attrs.frozen
-class Proc:
-    pid: int
-    started: int  # clock ticks after boot: with the pid, names one process for good
-    name: str
-
-
-def _stat(pid: int) -> tuple[int, str, int, str] | None:
-    """(ppid, state, start time, name) of ``pid``, or ``None`` when it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    name = text[text.index("(") + 1 : text.rindex(")")]
-    fields = text[text.rindex(")") + 2 :].split()
-    return int(fields[1]), fields[0], int(fields[19]), name
-
-
-def descendants(root: int) -> list[Proc]:
-    """Every live descendant of ``root`` (host pids)."""
-    children: dict[int, list[int]] = {}
-    info: dict[int, tuple[int, str, int, str]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
-            info[int(entry)] = stat
-            children.setdefault(stat[0], []).append(int(entry))
-    found: list[Proc] = []
-    todo = list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        _, state, started, name = info[pid]
-        if state != "Z":
-            found.append(Proc(pid, started, name))
-        todo.extend(children.get(pid, []))
-    return found
-
-
-def alive(procs: list[Proc]) -> list[Proc]:
-    """Those of ``procs`` still running (a zombie or a reused pid does not count)."""
-    left = []
-    for proc in procs:
-        stat = _stat(proc.pid)
-        if stat is not None and stat[2] == proc.started and stat[1] != "Z":
-            left.append(proc)
-    return left
-
-
-def wait_until_gone(procs: list[Proc], timeout_s: float) -> list[Proc]:
-    deadline = time.monotonic() + timeout_s
-    while (left := alive(procs)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return left
 
 
 @attrs.frozen
@@ -100,16 +54,6 @@ class Run:
     servers: list[int]
     started: list[Proc]
     log: Path
-
-
-def _environment() -> dict[str, str]:
-    """The children's environment: offline, no wandb, no proxy. ``$TMPDIR`` stays: the local
-    pool's directory is made there and must be searchable by the slots' uids."""
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
-    environment.update(
-        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", WANDB_MODE="disabled", NO_PROXY="*"
-    )
-    return environment
 
 
 @contextmanager
@@ -129,7 +73,7 @@ def process_mode_run(
     # since the local pool's directory is made there), removed on the way out.
     scratch = Path(tempfile.mkdtemp(prefix="trajcore-signals-tmp-"))
     scratch.chmod(0o711)
-    environment = _environment()
+    environment = child_environment()
     environment.update(
         SIGNAL_ENV_READY=str(ready),
         SIGNAL_ENV_STUCK_CLOSE="1" if stuck_close else "0",
@@ -169,23 +113,19 @@ def process_mode_run(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _names(procs: list[Proc]) -> str:
-    return ", ".join(f"{p.name}({p.pid})" for p in procs)
-
-
 def _signal_ends_it_with_the_pool_closed(run: Run, signum: int) -> None:
     """Send ``signum`` to a run whose slot is busy; it must exit with 128 + signum, leaving no
     process it started and no pool directory."""
     assert run.run_dir.is_dir()
     assert len(run.started) >= 2  # a slot server and what runs in its slot
     if shutil.which("tmux") is not None:
-        assert any(p.name.startswith("tmux") for p in run.started), _names(run.started)
+        assert any(p.name.startswith("tmux") for p in run.started), names(run.started)
     run.process.send_signal(signum)
     status = run.process.wait(timeout=60)
     left = wait_until_gone(run.started, 5.0)
     output = run.log.read_text()
     assert status == 128 + signum, output[-3000:]
-    assert not left, f"left running: {_names(left)}"
+    assert not left, f"left running: {names(left)}"
     assert not run.run_dir.exists()
     assert "stopping and closing the sandbox pool" in output
 
@@ -199,72 +139,14 @@ def test_a_signal_ends_the_run_with_the_pool_closed(tmp_path: Path, mode: str, s
         _signal_ends_it_with_the_pool_closed(run, signum)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @contextmanager
 def run_api_with_a_trainer(tmp_path: Path) -> Iterator[str]:
-    """atroposlib's ``run-api`` on a free loopback port, with a trainer registered (so an env in
-    ``serve`` mode registers and runs groups); its URL. The server runs in its own process
-    group, which is killed, all of it, on the way out."""
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path / "run-api.log"
-    run_api = Path(sys.executable).parent / "run-api"
-    scratch = tmp_path / "run-api-tmp"  # it imports wandb, whose temporary directories a
-    scratch.mkdir()  # signal leaves behind
-    with log.open("wb") as out:
-        server = subprocess.Popen(
-            [str(run_api), "--host", "127.0.0.1", "--port", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**_environment(), "TMPDIR": str(scratch)},
-            start_new_session=True,
-        )
-    try:
-        with httpx.Client(base_url=url, timeout=5.0, trust_env=False) as trainer:
-            deadline = time.monotonic() + 60.0
-            while True:
-                assert server.poll() is None, log.read_text()[-3000:]
-                assert time.monotonic() < deadline, log.read_text()[-3000:]
-                try:
-                    if trainer.get("/").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.2)
-            registered = trainer.post(
-                "/register",
-                json={
-                    "wandb_group": "trajcore",
-                    "wandb_project": "trajcore-test",
-                    "batch_size": 8,
-                    "max_token_len": 8192,
-                    "checkpoint_dir": str(tmp_path / "checkpoints"),
-                    "save_checkpoint_interval": -1,
-                    "starting_step": 0,
-                    "num_steps": 100,
-                },
-            )
-            assert registered.status_code == 200, registered.text
-            trainer.get("/batch")  # starts the run
-        yield url
-    finally:
-        for signum in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(server.pid, signum)
-            except ProcessLookupError:
-                break
-            try:
-                server.wait(timeout=5)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        server.wait(timeout=5)
+    """atroposlib's ``run-api`` with a trainer registered (so an env in ``serve`` mode registers
+    and runs groups); its URL. Its temporary folders (wandb's) go under ``tmp_path``."""
+    scratch = tmp_path / "run-api-tmp"
+    scratch.mkdir()
+    with run_api(tmp_path, child_environment(scratch), batch_size=8) as api:
+        yield str(api.base_url).rstrip("/")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -300,7 +182,7 @@ def test_a_second_signal_forces_the_end_of_serve_mode_when_the_close_hangs(
         left = wait_until_gone(run.started, 5.0)
         output = run.log.read_text()
         assert status == 128 + signal.SIGINT, output[-3000:]
-        assert not left, f"left running: {_names(left)}"
+        assert not left, f"left running: {names(left)}"
         assert not run.run_dir.exists()
         assert "a second signal" in output
 
@@ -315,7 +197,7 @@ def test_a_second_signal_forces_the_end_when_the_close_hangs(tmp_path: Path) -> 
         left = wait_until_gone(run.started, 5.0)
         output = run.log.read_text()
         assert status == 128 + signal.SIGTERM, output[-3000:]
-        assert not left, f"left running: {_names(left)}"
+        assert not left, f"left running: {names(left)}"
         assert not run.run_dir.exists()
         assert "a second signal" in output
 
@@ -335,7 +217,7 @@ def test_a_sigterm_sent_again_at_once_still_closes_the_pool(tmp_path: Path) -> N
         assert status == 128 + signal.SIGTERM, output[-3000:]
         assert "a second signal" not in output, output[-3000:]
         assert "stopped by SIGTERM" in output, output[-3000:]
-        assert not left, f"left running: {_names(left)}"
+        assert not left, f"left running: {names(left)}"
         assert not run.run_dir.exists()
 
 
@@ -344,7 +226,7 @@ def test_slot_servers_die_with_a_killed_env_and_remove_its_directory(tmp_path: P
         run.process.kill()  # SIGKILL: no handler runs in the env
         run.process.wait(timeout=30)
         left = wait_until_gone(run.started, 30.0)
-        assert not left, f"left running: {_names(left)}"
+        assert not left, f"left running: {names(left)}"
         deadline = time.monotonic() + 30.0  # the orphaned servers remove it once closed
         while run.run_dir.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -427,7 +309,7 @@ def orphanable_server(files: int = 0) -> Iterator[Orphanable]:
         [sys.executable, "-c", _PARENT, str(directory), *argv],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        env=_environment(),
+        env=child_environment(),
     )
     server: int | None = None
     try:

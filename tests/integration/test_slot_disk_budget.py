@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import attrs
@@ -26,6 +28,26 @@ JOB = (
     "(i=0; while [ $i -lt 400 ]; do head -c 1048576 /dev/zero > f$i; i=$((i+1)); "
     "sleep 0.02; done) >/dev/null 2>&1 &\necho started"
 )
+
+
+def _config(folder: Path, *, slots: int, disk_bytes: int, disk_check_s: float) -> RuntimeConfig:
+    """A runtime of ``slots`` in ``folder/root``, unsandboxed and without cgroups, with a disk
+    budget of ``disk_bytes`` measured every ``disk_check_s``."""
+    isolation = SlotIsolation(require_sandbox=False, disk_bytes=disk_bytes, disk_files=1000)
+    return RuntimeConfig(
+        slots=slots, root=folder / "root", isolation=isolation, bwrap="/nonexistent/bwrap",
+        use_cgroups=False, disk_check_s=disk_check_s,
+    )  # fmt: skip
+
+
+@asynccontextmanager
+async def _started(config: RuntimeConfig) -> AsyncIterator[SlotRuntime]:
+    runtime = SlotRuntime(config)
+    await runtime.start()
+    try:
+        yield runtime
+    finally:
+        await runtime.aclose()
 
 
 def _used(folder: Path) -> int:
@@ -45,17 +67,11 @@ def test_a_background_writer_is_ended_with_its_lease_past_the_budget() -> None:
 
 
 def _background_writer(tmp_path: Path) -> None:
-    isolation = SlotIsolation(require_sandbox=False, disk_bytes=8 << 20, disk_files=1000)
-    config = RuntimeConfig(
-        slots=2, root=tmp_path / "root", isolation=isolation, bwrap="/nonexistent/bwrap",
-        use_cgroups=False, disk_check_s=0.1,
-    )  # fmt: skip
+    config = _config(tmp_path, slots=2, disk_bytes=8 << 20, disk_check_s=0.1)
     workspace = tmp_path / "root" / "slots" / "0"
 
     async def main() -> None:
-        runtime = SlotRuntime(config)
-        await runtime.start()
-        try:
+        async with _started(config) as runtime:
             started, kept = await runtime.execute(
                 [call(0, "bash", command=JOB), call(1, "bash", command="head -c 1048576 "
                  "/dev/zero > keep && echo ok")]
@@ -82,8 +98,6 @@ def _background_writer(tmp_path: Path) -> None:
             (fresh,) = await runtime.execute([call(0, "bash", epoch=2, command="echo again")])
             assert fresh.outcome is ToolOutcome.OK, fresh
             assert fresh.content.strip() == "again"
-        finally:
-            await runtime.aclose()
 
     asyncio.run(main())
 
@@ -94,16 +108,10 @@ def test_a_lease_marked_past_its_budget_runs_no_command_on_its_idle_agent() -> N
     idle agent: the next command, which takes the agent's fast path, fails naming the budget
     instead of running."""
     with searchable_dir("disk-marked") as folder:
-        isolation = SlotIsolation(require_sandbox=False, disk_bytes=8 << 20, disk_files=1000)
-        config = RuntimeConfig(
-            slots=1, root=folder / "root", isolation=isolation, bwrap="/nonexistent/bwrap",
-            use_cgroups=False, disk_check_s=60.0,
-        )  # fmt: skip
+        config = _config(folder, slots=1, disk_bytes=8 << 20, disk_check_s=60.0)
 
         async def main() -> None:
-            runtime = SlotRuntime(config)
-            await runtime.start()
-            try:
+            async with _started(config) as runtime:
                 (first,) = await runtime.execute([call(0, "bash", command="echo up")])
                 assert first.outcome is ToolOutcome.OK, first
                 (slot,) = runtime._slots  # the state the watch's race leaves
@@ -113,8 +121,6 @@ def test_a_lease_marked_past_its_budget_runs_no_command_on_its_idle_agent() -> N
                 assert later.outcome is ToolOutcome.TOOL_ERROR, later
                 assert later.error == reason
                 assert not (folder / "root" / "slots" / "0" / "ran").exists()
-            finally:
-                await runtime.aclose()
 
         asyncio.run(main())
 
@@ -123,17 +129,11 @@ def test_a_lease_marked_past_its_budget_while_its_agent_starts_runs_no_command()
     """The watch marks the lease past its budget while the call waits for the slot's agent
     (its lease warming): the call fails naming the budget instead of running."""
     with searchable_dir("disk-warming") as folder:
-        isolation = SlotIsolation(require_sandbox=False, disk_bytes=8 << 20, disk_files=1000)
-        config = RuntimeConfig(
-            slots=1, root=folder / "root", isolation=isolation, bwrap="/nonexistent/bwrap",
-            use_cgroups=False, disk_check_s=60.0,
-        )  # fmt: skip
+        config = _config(folder, slots=1, disk_bytes=8 << 20, disk_check_s=60.0)
         reason = "disk budget of 8388608 bytes (disk_bytes) reached: marked"
 
         async def main() -> None:
-            runtime = SlotRuntime(config)
-            await runtime.start()
-            try:
+            async with _started(config) as runtime:
                 (first,) = await runtime.execute([call(0, "bash", command="echo up")])
                 assert first.outcome is ToolOutcome.OK, first
                 (slot,) = runtime._slots  # the watch's race, made to happen
@@ -151,8 +151,6 @@ def test_a_lease_marked_past_its_budget_while_its_agent_starts_runs_no_command()
                 assert later.outcome is ToolOutcome.TOOL_ERROR, later
                 assert later.error == reason
                 assert not (folder / "root" / "slots" / "0" / "ran").exists()
-            finally:
-                await runtime.aclose()
 
         asyncio.run(main())
 
@@ -165,16 +163,10 @@ def test_a_burst_past_the_budget_just_before_the_hooks_is_seen_by_their_first_ca
     the other slot) is not measured and runs."""
     burst = "head -c 4194304 /dev/zero > big && echo wrote"
     with searchable_dir("disk-burst") as folder:
-        isolation = SlotIsolation(require_sandbox=False, disk_bytes=2 << 20, disk_files=1000)
-        config = RuntimeConfig(
-            slots=2, root=folder / "root", isolation=isolation, bwrap="/nonexistent/bwrap",
-            use_cgroups=False, disk_check_s=60.0,
-        )  # fmt: skip
+        config = _config(folder, slots=2, disk_bytes=2 << 20, disk_check_s=60.0)
 
         async def main() -> None:
-            runtime = SlotRuntime(config)
-            await runtime.start()
-            try:
+            async with _started(config) as runtime:
                 wrote = await runtime.execute(
                     [call(0, "bash", command=burst), call(1, "bash", command=burst)]
                 )
@@ -188,8 +180,6 @@ def test_a_burst_past_the_budget_just_before_the_hooks_is_seen_by_their_first_ca
                     checked.error or ""
                 )
                 assert unchecked.outcome is ToolOutcome.OK, unchecked  # not a hook's: runs
-            finally:
-                await runtime.aclose()
 
         asyncio.run(main())
 
@@ -200,17 +190,11 @@ def test_the_hooks_own_writes_are_not_measured_call_after_call() -> None:
     without a measure (the watch's round is 60 s away), and the first hook call after a model
     call sees it."""
     with searchable_dir("disk-hooks") as folder:
-        isolation = SlotIsolation(require_sandbox=False, disk_bytes=2 << 20, disk_files=1000)
-        config = RuntimeConfig(
-            slots=1, root=folder / "root", isolation=isolation, bwrap="/nonexistent/bwrap",
-            use_cgroups=False, disk_check_s=60.0,
-        )  # fmt: skip
+        config = _config(folder, slots=1, disk_bytes=2 << 20, disk_check_s=60.0)
         text = "x" * (1 << 20)
 
         async def main() -> None:
-            runtime = SlotRuntime(config)
-            await runtime.start()
-            try:
+            async with _started(config) as runtime:
                 uploads = [
                     attrs.evolve(call(0, "write_file", path=f"f{i}", content=text), hook=True)
                     for i in range(3)
@@ -224,7 +208,5 @@ def test_the_hooks_own_writes_are_not_measured_call_after_call() -> None:
                 )
                 assert hook.outcome is ToolOutcome.TOOL_ERROR, hook
                 assert hook.sandbox_budget is not None, hook
-            finally:
-                await runtime.aclose()
 
         asyncio.run(main())
