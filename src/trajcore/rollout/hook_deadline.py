@@ -1,8 +1,8 @@
 """Where a hook was waiting when the trajectory's deadline ended it, and whose doing that was.
 
-A score hook still running at the trajectory's deadline is cancelled there. What it waited on
-decides the member's status, and the detail says it, as ``hook_failures`` does for a hook that
-raised:
+A prepare or score hook still running at the trajectory's deadline is cancelled there. What
+it waited on decides the member's status, and the detail says it, as ``hook_failures`` does
+for a hook that raised:
 
 - **A call of the hook's that had not answered** (a slot's command, a file read, a tool
   server's call; ``ToolRouter.calls_cut_since``): the slot or the server may have failed, so

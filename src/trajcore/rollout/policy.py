@@ -46,6 +46,8 @@ __all__ = [
     "PolicySession",
     "SessionWrapper",
     "TokenPolicy",
+    "context_window",
+    "turn_cap",
 ]
 
 ModelStallCheck = Callable[[float], str | None]
@@ -106,6 +108,25 @@ class PolicySession(Protocol):
     def drift(self, messages: Sequence[Message]) -> Drift | None:
         """Ledger versus a full re-render (managed mode only)."""
         ...
+
+
+def context_window(session: PolicySession, *limits: int | None) -> int | None:
+    """The context the session's next turn must fit in: the least of ``limits`` that are set
+    (the loop's ``max_context_tokens``, the trainer's ``max_token_length``) where the session
+    knows its prompt's length (managed mode), else ``None``."""
+    given = [n for n in limits if n]
+    return min(given) if given and session.prompt_tokens() is not None else None
+
+
+def turn_cap(session: PolicySession, tokens_left: int | None, window: int | None) -> int | None:
+    """The most tokens the session's next turn may sample: what is left of the completion
+    budget (``tokens_left``) and of the context ``window`` after the prompt; ``None`` for no
+    cap."""
+    caps = [] if tokens_left is None else [tokens_left]
+    prompt = session.prompt_tokens()
+    if window is not None and prompt is not None:
+        caps.append(window - prompt)
+    return min(caps) if caps else None
 
 
 class SessionWrapper:

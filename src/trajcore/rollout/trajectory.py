@@ -29,8 +29,8 @@ The decisions are the domain ``AgentLoop``'s; this module performs them. Its pro
   in flight that ``model_stalled`` calls the server's failure (every server unhealthy, or a
   request past its timeout being retried): that is ``model_error``, as it is when such a call
   meets the slot's idle limit (``IdleLimitExceeded``); a member that finished
-  earlier has all the time left. At ``deadline_s`` a score hook fails the member as where it
-  waited says (``rollout.hook_deadline``); a wait for a slot or preparing, as ``infra_error``.
+  earlier has all the time left. At ``deadline_s`` a prepare or score hook fails the member
+  as where it waited says (``rollout.hook_deadline``); a wait for a slot, as ``infra_error``.
 - **The final render off the loop, with a deadline.** The training tokens (OpenAI mode's
   re-render of the whole conversation, managed mode's export) and managed mode's drift
   re-render are computed in a worker thread of ``RenderThreads`` (at most so many at once, in
@@ -113,7 +113,13 @@ from trajcore.rollout.hook_failures import (
     infrastructure_failure,
     metadata_problem,
 )
-from trajcore.rollout.policy import ModelStallCheck, Policy, PolicySession
+from trajcore.rollout.policy import (
+    ModelStallCheck,
+    Policy,
+    PolicySession,
+    context_window,
+    turn_cap,
+)
 from trajcore.rollout.preparation import Prepared, member_lease
 from trajcore.rollout.render_threads import (
     Rendered,
@@ -350,6 +356,7 @@ class _Run:
     score_failure: str | None = None
     score_failure_status: TrajectoryStatus = TrajectoryStatus.ENV_ERROR
     budget_spent: str | None = None  # the score hook met its lease ended for the model's budget
+    unprepared: tuple[str, TrajectoryStatus] | None = None  # the deadline ended the prepare hook
     prepare_metadata: JSONObject | None = None
     score_metadata: JSONObject | None = None
 
@@ -393,8 +400,12 @@ async def run_trajectory(
             run.loop.out_of_time(now=run.now(), detail=detail)
         elif run.slot is None:
             run.loop.infra_failed(now=run.now(), detail="no slot before the trajectory deadline")
-        else:
+        elif run.unprepared is None:
             run.loop.infra_failed(now=run.now(), detail="the deadline passed while preparing")
+        elif run.unprepared[1] is TrajectoryStatus.ENV_ERROR:  # where the prepare hook waited
+            run.loop.env_failed(now=run.now(), detail=run.unprepared[0])
+        else:
+            run.loop.infra_failed(now=run.now(), detail=run.unprepared[0])
     threads = shared_render_threads() if render_threads is None else render_threads
     return await _result(run, policy, started, threads)
 
@@ -436,6 +447,10 @@ async def _leased(run: _Run, env: _Env) -> None:
                     if forked and env.prepared is not None
                     else await env.hooks.prepare(slot_tools)
                 )
+            except anyio.get_cancelled_exc_class() as cancelled:  # the deadline, or the run's end
+                cut = slot_tools.router.calls_cut_since(run.turns_end + config.score_reserve)
+                run.unprepared = unfinished_hook("prepare hook", cancelled, cut)
+                raise
             except Exception as exc:  # noqa: BLE001 - the env's own code, or the slot's failure
                 forgotten = forgotten_await(slot_tools, "prepare hook")
                 if infrastructure_failure(exc):
@@ -460,24 +475,6 @@ async def _leased(run: _Run, env: _Env) -> None:
     except InfrastructureError as exc:  # the lease: AcquireTimeout, EnvironmentUnavailable, ...
         if not run.loop.finished:
             run.loop.infra_failed(now=run.now(), detail=f"{type(exc).__name__}: {exc}")
-
-
-def _context_window(run: _Run, session: PolicySession) -> int | None:
-    """The context the next turn must fit in (the loop's ``max_context_tokens`` and the exported
-    ``max_token_length``, the trainer's) where the session knows its prompt's length (managed
-    mode), else ``None``."""
-    limits = [n for n in (run.config.agent.max_context_tokens, run.config.max_token_length) if n]
-    return min(limits) if limits and session.prompt_tokens() is not None else None
-
-
-def _turn_cap(decision: CallModel, session: PolicySession, window: int | None) -> int | None:
-    """The most tokens the next turn may sample: what is left of the completion budget and of
-    the context ``window`` after the prompt; ``None`` for no cap."""
-    caps = [] if decision.completion_tokens_left is None else [decision.completion_tokens_left]
-    prompt = session.prompt_tokens()
-    if window is not None and prompt is not None:
-        caps.append(window - prompt)
-    return min(caps) if caps else None
 
 
 async def _turns(run: _Run, env: _Env, router: ToolRouter) -> None:
@@ -514,8 +511,9 @@ async def _agent(run: _Run, env: _Env, router: ToolRouter) -> None:
     run.session = session = env.policy.start(run.messages, tools=env.tools)
     while isinstance(decision, CallModel):
         turn_number = decision.turn
-        sampling = run.config.sampling
-        window = _context_window(run, session)
+        config = run.config
+        sampling = config.sampling
+        window = context_window(session, config.agent.max_context_tokens, config.max_token_length)
         prompt = session.prompt_tokens()
         if window is not None and prompt is not None and prompt >= window and turn_number > 1:
             # the last tool results filled the context: no turn fits, a budget (the work so
@@ -526,7 +524,7 @@ async def _agent(run: _Run, env: _Env, router: ToolRouter) -> None:
                 context_full=True,
             )
             return
-        cap = _turn_cap(decision, session, window)
+        cap = turn_cap(session, decision.completion_tokens_left, window)
         if cap is not None and cap < sampling.max_tokens:
             sampling = attrs.evolve(sampling, max_tokens=max(1, cap))
         run.sampling_since = run.now()

@@ -558,7 +558,7 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
             ),
             sampling=SamplingParams(
                 # None: no cap of its own; in managed mode the trajectory caps each turn by
-                # the context left (rollout.trajectory._turn_cap), in OpenAI mode the server.
+                # the context left (rollout.policy.turn_cap), in OpenAI mode the server.
                 max_tokens=self.max_tokens
                 if self.max_tokens is not None
                 else self.max_token_length,
