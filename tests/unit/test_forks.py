@@ -19,7 +19,7 @@ from trajcore.domain.errors import InvalidInput
 from trajcore.domain.slots import Lease
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.tools import SlotTools, ToolRouter
-from trajcore.testing.sandbox_pool_contract import wait_for_statistics
+from trajcore.testing.pool_checks import wait_for_statistics
 
 pytestmark = pytest.mark.anyio
 

@@ -16,8 +16,10 @@ The suite then checks what ``trajcore.ports.sandbox_pool`` promises:
   cancelled while queued leaves the queue and takes nothing;
 - ``execute`` returns one result per call in the order of the calls; one slot's calls run in
   order; a repeated call id returns the first result without running again; a stale lease is
-  ``REJECTED``; failures (unknown tool, bad arguments, the paths ``workspace_paths`` lists,
-  non-zero exits, timeouts) are results, never exceptions; a workspace is wiped between leases;
+  ``REJECTED``; a lease's end ends the call running in its slot at once and refuses those
+  queued behind it (``pool_checks.check_a_release_ends_the_running_call``); failures (unknown
+  tool, bad arguments, the paths ``workspace_paths`` lists, non-zero exits, timeouts) are
+  results, never exceptions; a workspace is wiped between leases;
 - ``aclose`` is idempotent; afterwards ``execute`` and ``lease`` raise ``PoolClosed``, and a
   waiter queued when the pool closes gets ``PoolClosed``;
 - (with ``supports_crash``) a dead container gives every call of its batch an ``INFRA_ERROR``,
@@ -60,10 +62,17 @@ import pytest
 
 from trajcore.domain.environment_leases import EnvironmentUnavailable
 from trajcore.domain.errors import AcquireTimeout, PoolClosed
-from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
+from trajcore.domain.slots import Lease, SlotCall
 from trajcore.domain.tools import ToolOutcome, ToolResult
 from trajcore.ports.sandbox_pool import EnvironmentPool, SandboxPool
 from trajcore.testing.async_contract import AsyncioContract
+from trajcore.testing.pool_checks import (
+    all_free,
+    check_a_release_ends_the_running_call,
+    settled,
+    wait_for_statistics,
+    waiting,
+)
 from trajcore.testing.portal_pools import slot_call
 from trajcore.testing.sandbox_pool_machine import MachineShape, run_pool_machine
 from trajcore.testing.workspace_paths import PATH_CHECKS, CheckPaths
@@ -97,29 +106,6 @@ CrashContainer = Callable[[SandboxPool, str], None]
 async def _one(pool: SandboxPool, call: SlotCall) -> ToolResult:
     (result,) = await pool.execute(call.container, [call])
     return result
-
-
-async def wait_for_statistics(
-    pool: SandboxPool, check: Callable[[PoolStatistics], bool], timeout_s: float = 10.0
-) -> PoolStatistics:
-    """Poll ``pool.statistics()`` until ``check`` holds; fail the test after ``timeout_s``."""
-    with anyio.move_on_after(timeout_s):
-        while not check(stats := pool.statistics()):  # noqa: ASYNC110 - statistics have no event
-            await anyio.sleep(0.005)
-        return stats
-    pytest.fail(f"statistics never reached the expected state: {pool.statistics()}")
-
-
-def _waiting(count: int) -> Callable[[PoolStatistics], bool]:
-    return lambda stats: stats.waiting == count
-
-
-def _all_free(stats: PoolStatistics) -> bool:
-    return stats.leased == 0 and stats.resetting == 0 and stats.waiting == 0
-
-
-def _settled(free: int) -> Callable[[PoolStatistics], bool]:
-    return lambda stats: _all_free(stats) and stats.free == free
 
 
 @contextlib.asynccontextmanager
@@ -166,7 +152,7 @@ class SandboxPoolContract(AsyncioContract):
                 assert lease.epoch >= 1
                 held = pool.statistics()
                 assert (held.leased, held.free) == (1, 1)
-            stats = await wait_for_statistics(pool, _settled(2))
+            stats = await wait_for_statistics(pool, settled(2))
             assert stats.leases_granted >= 1
 
     async def test_concurrent_leases_get_distinct_slots(
@@ -188,7 +174,7 @@ class SandboxPoolContract(AsyncioContract):
                     group.start_soon(hold, i)
             assert len({lease.slot for lease in leases}) == 4
             assert len({lease.slot.container for lease in leases}) == 2
-            await wait_for_statistics(pool, _settled(4))
+            await wait_for_statistics(pool, settled(4))
 
     async def test_waiters_are_served_first_come_first_served(
         self, sandbox_pool_factory: SandboxPoolFactory
@@ -203,9 +189,9 @@ class SandboxPoolContract(AsyncioContract):
 
                 for i in range(5):
                     group.start_soon(wait_turn, i)
-                    await wait_for_statistics(pool, _waiting(i + 1))
+                    await wait_for_statistics(pool, waiting(i + 1))
             assert order == [0, 1, 2, 3, 4]
-            await wait_for_statistics(pool, _all_free)
+            await wait_for_statistics(pool, all_free)
 
     @pytest.mark.parametrize("the_pools", [False, True], ids=["given", "the_pools_default"])
     async def test_a_lease_deadline_gives_acquire_timeout(
@@ -221,7 +207,7 @@ class SandboxPoolContract(AsyncioContract):
                 assert pool.statistics().waiting == 0
             async with pool.lease("next", timeout_s=5.0) as lease:
                 assert lease.holder == "next"
-            stats = await wait_for_statistics(pool, _all_free)
+            stats = await wait_for_statistics(pool, all_free)
             assert stats.leases_expired >= 1
 
     async def test_a_waiter_cancelled_while_queued_leaves_the_queue(
@@ -236,7 +222,7 @@ class SandboxPoolContract(AsyncioContract):
                 assert pool.statistics().waiting == 0
             async with pool.lease("after") as lease:
                 assert lease.holder == "after"
-            await wait_for_statistics(pool, _settled(1))
+            await wait_for_statistics(pool, settled(1))
 
     async def test_cancellation_while_holding_releases_exactly_once(
         self, sandbox_pool_factory: SandboxPoolFactory
@@ -248,7 +234,7 @@ class SandboxPoolContract(AsyncioContract):
                     await _one(pool, slot_call(lease, "write_file", path="a.txt", content="x"))
                     await anyio.sleep_forever()
             assert scope.cancelled_caught
-            stats = await wait_for_statistics(pool, _settled(2))
+            stats = await wait_for_statistics(pool, settled(2))
             assert stats.quarantined == 0
             assert stats.leases_granted == granted + 1
             # The released slot is clean and leasable again.
@@ -264,7 +250,7 @@ class SandboxPoolContract(AsyncioContract):
             with pytest.raises(ZeroDivisionError):
                 async with pool.lease("t"):
                     _ = 1 / 0
-            await wait_for_statistics(pool, _settled(1))
+            await wait_for_statistics(pool, settled(1))
 
     # ------------------------------------------------------------------------- execute
 
@@ -329,7 +315,7 @@ class SandboxPoolContract(AsyncioContract):
         async with sandbox_pool_factory(PoolShape(slots_per_container=1)) as pool:
             async with pool.lease("old") as old:
                 pass
-            await wait_for_statistics(pool, _all_free)
+            await wait_for_statistics(pool, all_free)
             async with pool.lease("new") as new:
                 assert new.slot == old.slot
                 assert new.epoch > old.epoch
@@ -398,6 +384,12 @@ class SandboxPoolContract(AsyncioContract):
     async def test_paths(self, sandbox_pool_factory: SandboxPoolFactory, check: CheckPaths) -> None:
         async with _one_slot_leased(sandbox_pool_factory) as (pool, lease):
             await check(pool, lease)
+
+    async def test_a_release_ends_the_call_running_in_its_slot(
+        self, sandbox_pool_factory: SandboxPoolFactory
+    ) -> None:
+        async with sandbox_pool_factory(PoolShape(slots_per_container=1)) as pool:
+            await check_a_release_ends_the_running_call(pool)
 
     async def test_a_call_for_another_container_is_rejected(
         self, sandbox_pool_factory: SandboxPoolFactory
@@ -474,7 +466,7 @@ class SandboxPoolContract(AsyncioContract):
                 assert again.outcome is ToolOutcome.INFRA_ERROR, again  # never the model's fault
                 assert again.error is not None
                 assert dead in again.error, again.error
-            await wait_for_statistics(pool, _settled(4), 30.0)
+            await wait_for_statistics(pool, settled(4), 30.0)
             await _a_new_lease_runs(pool)
 
     # ------------------------------------------------------------------------- environments
@@ -489,7 +481,7 @@ class SandboxPoolContract(AsyncioContract):
             assert caught.value.environment == NO_SUCH_IMAGE
             assert NO_SUCH_IMAGE in str(caught.value)
             assert caught.value.reason
-            stats = await wait_for_statistics(pool, _all_free)
+            stats = await wait_for_statistics(pool, all_free)
             assert (stats.free, stats.quarantined) == (1, 0)
             await _a_new_lease_runs(pool)
 
@@ -577,7 +569,7 @@ class TaskEnvironmentContract(AsyncioContract):
             async with pool.lease("plain") as plain:
                 assert await self._cat(pool, plain, case.path) != case.content
             assert _environment_counts(pool) == (1, 0, 1)
-            await wait_for_statistics(pool, _settled(1))
+            await wait_for_statistics(pool, settled(1))
 
     async def test_the_next_lease_over_the_image_starts_clean(
         self, environment_case: EnvironmentCase
@@ -611,7 +603,7 @@ class TaskEnvironmentContract(AsyncioContract):
                     group.start_soon(member, i)
             assert seen == [case.content] * 4
             assert _environment_counts(pool) == (4, 0, 4)
-            await wait_for_statistics(pool, _settled(4))
+            await wait_for_statistics(pool, settled(4))
 
     async def test_a_refused_image_fails_only_its_own_lease(
         self, environment_case: EnvironmentCase
@@ -633,7 +625,7 @@ class TaskEnvironmentContract(AsyncioContract):
                     assert await self._cat(pool, good, case.path) == case.content
             assert [error.environment for error in refused] == [NO_SUCH_IMAGE]
             assert _environment_counts(pool) == (2, 1, 1)
-            stats = await wait_for_statistics(pool, _settled(2))
+            stats = await wait_for_statistics(pool, settled(2))
             assert stats.quarantined == 0
 
     async def test_leases_start_from_a_prepared_snapshot_until_it_is_dropped(
@@ -676,7 +668,7 @@ class TaskEnvironmentContract(AsyncioContract):
             stats = pool.environment_statistics()
             assert (stats.snapshots, stats.forks, stats.refused) == (1, 2, 0)
             assert stats.snapshot_bytes == snapshot.bytes > 0  # prepared.txt at least
-            await wait_for_statistics(pool, lambda s: _all_free(s) and s.quarantined == 0)
+            await wait_for_statistics(pool, lambda s: all_free(s) and s.quarantined == 0)
 
     async def test_leases_from_a_snapshot_prefer_its_server(
         self, environment_case: EnvironmentCase

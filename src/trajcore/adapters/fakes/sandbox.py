@@ -18,8 +18,10 @@ Rules the fake keeps, so tests written against it hold against the real pool:
   ``REJECTED`` with its reason at ``$.path``, a write whose text no UTF-8 carries at
   ``$.content`` (``file_calls``); one that names no regular file (a directory, ``file/``) is a
   ``TOOL_ERROR``. Unknown tools and bad arguments are ``REJECTED`` too.
-- Release wipes the slot's workspace (reset), or quarantines the slot when a reset failure was
-  injected.
+- Release ends the call running in the slot at once, as a slot server's reset does (an
+  ``INFRA_ERROR``: a ``sleep`` never runs to its timeout), refuses the lease's calls still
+  queued for the slot (``REJECTED``, stale), then wipes the slot's workspace (reset), or
+  quarantines the slot when a reset failure was injected.
 
 Commands. ``handler(command, workspace)`` returns an ``ExecReport``, an exit code, the stdout
 text, or ``None`` to fall through to the default handler, which knows ``true``, ``false``,
@@ -67,6 +69,7 @@ import anyio
 import anyio.lowlevel
 import attrs
 
+from trajcore.adapters.fakes.slot_results import command_result, file_error, wrote
 from trajcore.adapters.pools.batches import refuse_stale
 from trajcore.adapters.pools.environment_leasing import EnvironmentCounters
 from trajcore.adapters.pools.leased_pool import DEFAULT_FORK_WAIT_S, LeasedPool
@@ -80,7 +83,7 @@ from trajcore.domain.errors import ConfigError, PoolClosed
 from trajcore.domain.file_calls import file_call_problem
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, home_relative, workspace_path_problem
 from trajcore.domain.slots import Lease, SlotCall, SlotId
-from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult, ToolSpec, timeout_end
+from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult, ToolSpec
 from trajcore.domain.validators import positive_int
 
 __all__ = [
@@ -92,12 +95,8 @@ __all__ = [
     "FakeWorkspace",
     "InProcessSlotPool",
     "ResetRecord",
-    "command_result",
     "default_command",
-    "file_error",
-    "no_such_file",
     "workspace_path",
-    "wrote",
 ]
 
 _log = logging.getLogger(__name__)
@@ -252,31 +251,12 @@ def _report(outcome: CommandOutcome) -> ExecReport | None:
     return ExecReport(exit_code=0, stdout=outcome)
 
 
-def command_result(call: SlotCall, report: ExecReport) -> ToolResult:
-    """Shape a report as the slot server does: stdout, then stderr, then the exit code."""
-    text = report.stdout
-    if report.stderr:
-        text += ("\n" if text and not text.endswith("\n") else "") + f"[stderr]\n{report.stderr}"
-    if report.timed_out:
-        end = timeout_end(call.call.name, None)  # a stateful shell keeps its state here
-        reason = f"timed out after {call.timeout_s:g} s; {end}"
-        return ToolResult(
-            call_id=call.call.id, name=call.call.name, outcome=ToolOutcome.TIMEOUT,
-            content=f"{text}\n[{reason}]", error=reason, exec=report,
-        )  # fmt: skip
-    if report.exit_code:
-        text += f"\n[exit code {report.exit_code}]"
-    return ToolResult(
-        call_id=call.call.id, name=call.call.name, outcome=ToolOutcome.OK, content=text,
-        exec=report,
-    )  # fmt: skip
-
-
 @attrs.define(eq=False)
 class _FakeSlot:
     files: FakeWorkspace = attrs.field(factory=dict)
     lock: anyio.Lock = attrs.field(factory=anyio.Lock)
     results: dict[tuple[int, str], ToolResult] = attrs.field(factory=dict)
+    running: anyio.CancelScope | None = None  # the call running now: its lease's end ends it
 
 
 @attrs.define(eq=False)
@@ -471,6 +451,8 @@ class InProcessSlotPool(LeasedPool):
             )  # fmt: skip
             return False
         slot = live.slots[lease.slot.index]
+        if slot.running is not None:  # as a slot server's reset, it ends the running call at once
+            slot.running.cancel()
         async with slot.lock:
             ok = self._fail_resets == 0
             if not ok:
@@ -493,6 +475,9 @@ class InProcessSlotPool(LeasedPool):
             seen = slot.results.get(key)
             if seen is not None:
                 return seen
+            refusal = self._leasing.refusal(live.name, call)
+            if refusal is not None:  # its lease ended while it waited for the slot
+                return ToolResult.failure(call.call, ToolOutcome.REJECTED, refusal)
             self.executed.append(
                 ExecutedCall(
                     container=live.name,
@@ -504,7 +489,16 @@ class InProcessSlotPool(LeasedPool):
                     hook=call.hook,
                 )
             )
-            result = await self._tool(call)
+            result: ToolResult | None = None
+            try:
+                with anyio.CancelScope() as slot.running:
+                    result = await self._tool(call)
+            finally:
+                slot.running = None
+            if result is None:  # its lease ended while it ran (``_reset``)
+                lease = f"{call.lease.slot}#{call.lease.epoch}"
+                reason = f"lease {lease} ended while the call ran; the call was ended with it"
+                result = ToolResult.failure(call.call, ToolOutcome.INFRA_ERROR, reason)
             slot.results[key] = result
             return result
 
@@ -533,26 +527,6 @@ class InProcessSlotPool(LeasedPool):
         if refusal is not None:
             return ToolResult.failure(call.call, ToolOutcome.REJECTED, refusal)
         return await self._command(slot, call, cast("str", args["command"]))
-
-
-def wrote(call: SlotCall, size: int) -> ToolResult:
-    """The result of a successful ``write_file`` of ``size`` bytes, as the slot server words it."""
-    return ToolResult(
-        call_id=call.call.id, name=call.call.name, outcome=ToolOutcome.OK,
-        content=f"wrote {size} bytes to {call.arguments['path']}",
-    )  # fmt: skip
-
-
-def file_error(call: SlotCall, reason: str) -> ToolResult:
-    """A file tool's ``TOOL_ERROR`` as the slot server words it: ``cannot read 'd': {reason}``."""
-    verb = "read" if call.call.name == "read_file" else "write"
-    reason = f"cannot {verb} {call.arguments['path']!r}: {reason}"
-    return ToolResult.failure(call.call, ToolOutcome.TOOL_ERROR, reason)
-
-
-def no_such_file(call: SlotCall) -> ToolResult:
-    """The result of a ``read_file`` of a path that is not there."""
-    return file_error(call, os.strerror(errno.ENOENT))
 
 
 def _images(

@@ -51,12 +51,8 @@ import anyio
 import anyio.to_thread
 import attrs
 
-from trajcore.adapters.fakes.sandbox import (
-    InProcessSlotPool,
-    command_result,
-    file_error,
-    wrote,
-)
+from trajcore.adapters.fakes.sandbox import InProcessSlotPool
+from trajcore.adapters.fakes.slot_results import command_result, file_error, wrote
 from trajcore.domain.errors import StateError
 from trajcore.domain.slots import SlotCall, SlotId
 from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult
