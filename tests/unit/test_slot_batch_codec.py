@@ -55,6 +55,10 @@ results = st.builds(
     lambda result: st.just(result) if result.ok else st.builds(
         attrs.evolve, st.just(result), sandbox_budget=st.none() | st.sampled_from(SandboxBudget)
     )
+).flatmap(  # the marker of a refusal of the call's lease, on a REJECTED result
+    lambda result: st.just(result) if result.outcome is not ToolOutcome.REJECTED else st.builds(
+        attrs.evolve, st.just(result), lease_refused=st.booleans()
+    )
 )  # fmt: skip
 batches = st.one_of(
     st.builds(ExecuteRequest, calls=st.lists(calls, max_size=3)),
@@ -98,6 +102,7 @@ def _changed(tree: Any, at: tuple[object, ...], how: str, value: object) -> Any:
 _LEFT_OUT_AT = {
     "content": "", "error": None, "exec": None, "stdout": "", "stderr": "", "stdout_dropped": 0,
     "stderr_dropped": 0, "timed_out": False, "sandboxed": False, "sandbox_budget": None,
+    "lease_refused": False,
 }  # fmt: skip
 
 

@@ -76,8 +76,8 @@ def test_a_result_answering_another_call_keeps_every_other_field() -> None:
     """How a slot's answer goes back under the model's own call id (``ToolRouter``)."""
     report = ExecReport(exit_code=3, stdout="out", stderr="err", duration_s=0.5, sandboxed=True)
     result = ToolResult(
-        call_id="c1#4", name="bash", outcome=ToolOutcome.TOOL_ERROR, content="Error: x",
-        error="x", exec=report, sandbox_budget=SandboxBudget.DISK,
+        call_id="c1#4", name="bash", outcome=ToolOutcome.REJECTED, content="Error: x",
+        error="x", exec=report, sandbox_budget=SandboxBudget.DISK, lease_refused=True,
     )  # fmt: skip
     # Every field differs from its default, so a field that answering() leaves out shows here.
     assert all(getattr(result, field.name) != field.default for field in attrs.fields(ToolResult))

@@ -122,6 +122,11 @@ def _budget_not_ok(
         raise InvalidInput("sandbox_budget", "a call whose lease was ended cannot be OK")
 
 
+def _lease_refusal_rejected(result: ToolResult, _: attrs.Attribute[bool], value: bool) -> None:
+    if value and result.outcome is not ToolOutcome.REJECTED:
+        raise InvalidInput("lease_refused", "a refusal of the call's lease is REJECTED")
+
+
 _SIGKILL = 9
 
 
@@ -183,6 +188,10 @@ class ToolResult:
         sandbox_budget: The lease's budget whose overrun ended the lease this call ran in
             (the slot server's marker, on a non-``OK`` result whose ``error`` names the budget
             and what was measured), or ``None``.
+        lease_refused: The slot refused the call for its lease, not for anything in the call
+            (a ``REJECTED`` whose ``error`` names ``$.epoch``, ``$.slot`` or ``$.lease...``:
+            an epoch stale or released, a slot the server has not, another container's slot):
+            it never ran, and the lease is no longer its holder's to use.
     """
 
     call_id: str
@@ -192,6 +201,7 @@ class ToolResult:
     error: str | None = None
     exec: ExecReport | None = None
     sandbox_budget: SandboxBudget | None = attrs.field(default=None, validator=_budget_not_ok)
+    lease_refused: bool = attrs.field(default=False, validator=_lease_refusal_rejected)
 
     @property
     def ok(self) -> bool:
@@ -211,6 +221,7 @@ class ToolResult:
             error=self.error,
             exec=self.exec,
             sandbox_budget=self.sandbox_budget,
+            lease_refused=self.lease_refused,
         )
 
     @classmethod
@@ -233,6 +244,11 @@ class ToolResult:
             error=error,
             exec=exec,
         )
+
+    @classmethod
+    def lease_refusal(cls, call: ToolCall, error: str) -> ToolResult:
+        """A ``REJECTED`` result of ``call`` refused for its lease (``lease_refused``)."""
+        return attrs.evolve(cls.failure(call, ToolOutcome.REJECTED, error), lease_refused=True)
 
     @classmethod
     def infra_errors(cls, calls: Iterable[ToolCall], error: str) -> list[ToolResult]:

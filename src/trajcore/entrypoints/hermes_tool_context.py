@@ -31,7 +31,6 @@ from __future__ import annotations
 import base64
 import itertools
 import json
-import re
 import secrets
 import shlex
 from collections.abc import Generator, Mapping
@@ -106,19 +105,6 @@ async def run_env_tool(
     return answered(tools, name, result)
 
 
-# The fields a slot names when it refuses the lease rather than the call's arguments: a stale
-# or released epoch (``... is stale @ $.epoch``), a slot it has not, another container's slot.
-_LEASE_FIELDS = frozenset({"epoch", "slot", "lease"})
-
-
-def _refuses_own_arguments(error: str | None) -> bool:
-    """Whether a slot tool's refusal names a field of the call's own arguments (``required @
-    $.command``, ``... @ $.path``), not of its lease (``lease ... is stale @ $.epoch``)."""
-    _, at, where = (error or "").rpartition(" @ $.")
-    field = re.match(r"[A-Za-z_0-9]*", where)
-    return bool(at) and field is not None and field.group() not in _LEASE_FIELDS
-
-
 def answered(tools: SlotTools, name: str, result: ToolResult) -> ToolResult:
     """``result`` of the env's own call of ``name``, when it is an answer to read: the
     command's, the file's, the tool's.
@@ -126,17 +112,15 @@ def answered(tools: SlotTools, name: str, result: ToolResult) -> ToolResult:
     Raises:
         SlotBudgetSpent: the lease was ended for a budget the model spent.
         SlotInfraError: the call did not run: ``INFRA_ERROR`` (the slot server or tool server
-            failed), or a slot tool's ``REJECTED`` for its lease (lost or stale); a refusal of
-            the call's own arguments (``... @ $.path``) is the call's answer, one of its
-            lease (``... is stale @ $.epoch``, ``@ $.slot``, ``@ $.lease...``) is not.
+            failed), or a slot tool's ``REJECTED`` for its lease (lost or stale: the result's
+            ``lease_refused``); a refusal of the call's own arguments (``... @ $.path``) is
+            the call's answer.
     """
     what = f"{name} in slot {tools.lease.slot}: {result.outcome.value}: {result.error}"
     if result.sandbox_budget is not None:
         raise SlotBudgetSpent(f"{what} (the lease was ended for its disk budget)")
     if result.outcome is ToolOutcome.INFRA_ERROR or (
-        result.outcome is ToolOutcome.REJECTED
-        and name in SLOT_TOOLS
-        and not _refuses_own_arguments(result.error)
+        result.outcome is ToolOutcome.REJECTED and name in SLOT_TOOLS and result.lease_refused
     ):
         raise SlotInfraError(what)
     return result

@@ -477,7 +477,7 @@ class InProcessSlotPool(LeasedPool):
                 return seen
             refusal = self._leasing.refusal(live.name, call)
             if refusal is not None:  # its lease ended while it waited for the slot
-                return ToolResult.failure(call.call, ToolOutcome.REJECTED, refusal)
+                return ToolResult.lease_refusal(call.call, refusal)
             self.executed.append(
                 ExecutedCall(
                     container=live.name,

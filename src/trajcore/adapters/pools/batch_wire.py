@@ -128,11 +128,13 @@ def _read_results(items: list[Any], call_ids: Sequence[str]) -> list[ToolResult]
         call_id, name, outcome = item.get("call_id"), item.get("name"), item.get("outcome")
         content, error, found = item.get("content", ""), item.get("error"), item.get("exec")
         budget = item.get("sandbox_budget")  # set only on a call whose lease a budget ended
+        lease_refused = item.get("lease_refused", False)  # set only on a refusal of the lease
         if (
             type(call_id) is not str or call_id != asked or type(name) is not str
             or type(outcome) is not str or outcome not in outcomes or type(content) is not str
             or (error is not None and type(error) is not str)
             or (budget is not None and (type(budget) is not str or budget not in _BUDGETS))
+            or type(lease_refused) is not bool
         ):  # fmt: skip
             return None
         report = None
@@ -143,6 +145,7 @@ def _read_results(items: list[Any], call_ids: Sequence[str]) -> list[ToolResult]
         result = ToolResult(
             call_id=call_id, name=name, outcome=outcomes[outcome], content=content, error=error,
             exec=report, sandbox_budget=None if budget is None else _BUDGETS[budget],
+            lease_refused=lease_refused,
         )  # fmt: skip
         out.append(result)
     return out

@@ -50,7 +50,7 @@ def refuse_stale(
             reason = f"slot server {container} was lost: lease {lease} ended with it"
             results[i] = ToolResult.failure(call.call, ToolOutcome.INFRA_ERROR, reason)
         else:
-            results[i] = ToolResult.failure(call.call, ToolOutcome.REJECTED, refusal)
+            results[i] = ToolResult.lease_refusal(call.call, refusal)
     return results, runnable
 
 

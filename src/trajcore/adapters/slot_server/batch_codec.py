@@ -13,8 +13,8 @@ input it either gives the value the converter would give, or gives nothing.
 
 Unstructuring a batch writes the same JSON tree the converter writes (keys in field order,
 enums by value, ``None`` kept). A batch's results, written on every call, leave out each field
-at its default (``content`` empty, no ``error``, no ``exec``, no ``sandbox_budget``; in
-``exec`` empty streams, no
+at its default (``content`` empty, no ``error``, no ``exec``, no ``sandbox_budget``, not
+``lease_refused``; in ``exec`` empty streams, no
 bytes dropped, not timed out, not sandboxed), in the converter's key order otherwise: every
 reader (the converter, this fast path, the env's ``pools.batch_wire``) takes a field left out
 as its default, so the value read back is the same, in about half the bytes.
@@ -104,17 +104,20 @@ def _result(data: object) -> ToolResult | None:
     call_id, name, outcome = data.get("call_id"), data.get("name"), data.get("outcome")
     content, error = data.get("content", ""), data.get("error")
     found, budget = data.get("exec"), data.get("sandbox_budget")
+    lease_refused = data.get("lease_refused", False)
     report = None if found is None else read_exec_report(found)
     if (
         type(call_id) is not str or type(name) is not str or type(outcome) is not str
         or outcome not in _OUTCOMES or type(content) is not str
         or (error is not None and type(error) is not str) or (found is not None and report is None)
         or (budget is not None and (type(budget) is not str or budget not in _BUDGETS))
+        or type(lease_refused) is not bool
     ):  # fmt: skip
         return None
     return ToolResult(
         call_id=call_id, name=name, outcome=_OUTCOMES[outcome], content=content, error=error,
         exec=report, sandbox_budget=None if budget is None else _BUDGETS[budget],
+        lease_refused=lease_refused,
     )  # fmt: skip
 
 
@@ -178,6 +181,8 @@ def _unstructure_result(result: ToolResult) -> dict[str, Any]:
         tree["exec"] = _unstructure_report(result.exec)
     if result.sandbox_budget is not None:
         tree["sandbox_budget"] = result.sandbox_budget._value_
+    if result.lease_refused:
+        tree["lease_refused"] = True
     return tree
 
 

@@ -23,6 +23,7 @@ from trajcore.adapters.slot_server.sandboxes import Sandboxes
 from trajcore.adapters.slot_server.slot_state import Slot
 from trajcore.adapters.slot_server.tool_calls import (
     failure,
+    lease_refusal,
     lost_result,
     refused,
     run_call,
@@ -112,7 +113,7 @@ class CallTurns:
             return done
         if not 0 <= call.slot < len(self._slots):
             reason = f"slot {call.slot} does not exist @ $.slot"
-            done.set_result(failure(call, ToolOutcome.REJECTED, reason))
+            done.set_result(lease_refusal(call, reason))
             return done
         slot = self._slots[call.slot]
         submission = slot.calls.submit(call.epoch, call.call_id)

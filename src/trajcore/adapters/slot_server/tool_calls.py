@@ -102,6 +102,7 @@ _FLAT: dict[str, Callable[[dict[str, JSON]], bool] | None] = {
 def _result(
     call: ExecuteCall, outcome: ToolOutcome, content: str, *, error: str | None = None,
     exec_report: ExecReport | None = None, sandbox_budget: SandboxBudget | None = None,
+    lease_refused: bool = False,
 ) -> ToolResult:  # fmt: skip
     return ToolResult(
         call_id=call.call_id,
@@ -111,6 +112,7 @@ def _result(
         error=error,
         exec=exec_report,
         sandbox_budget=sandbox_budget,
+        lease_refused=lease_refused,
     )
 
 
@@ -132,9 +134,17 @@ def _over_disk(call: ExecuteCall, reason: str) -> ToolResult:
 
 def refused(call: ExecuteCall, reason: Refusal) -> ToolResult:
     """The result of a call the slot's queue refused: a stale epoch is the caller's mistake
-    (``REJECTED``), a broken slot or a closing server is the infrastructure's."""
-    outcome = ToolOutcome.REJECTED if isinstance(reason, StaleEpoch) else ToolOutcome.INFRA_ERROR
-    return failure(call, outcome, reason.message)
+    (``REJECTED``, marked ``lease_refused``), a broken slot or a closing server is the
+    infrastructure's."""
+    if isinstance(reason, StaleEpoch):
+        return lease_refusal(call, reason.message)
+    return failure(call, ToolOutcome.INFRA_ERROR, reason.message)
+
+
+def lease_refusal(call: ExecuteCall, reason: str) -> ToolResult:
+    """The result of a call refused for its lease (``ToolResult.lease_refused``): its epoch,
+    its slot."""
+    return _result(call, ToolOutcome.REJECTED, f"Error: {reason}", error=reason, lease_refused=True)
 
 
 def _refusal(sandboxes: Sandboxes, call: ExecuteCall, unsandboxed_why: str) -> ToolResult | None:
@@ -321,8 +331,7 @@ async def _run_command(
     if call.epoch <= retired:
         # a reset came while the sandbox started: its stop found no lease to interrupt, so the
         # call must not begin in the lease that reset is about to end
-        stale = StaleEpoch(epoch=call.epoch, retired=retired)
-        return failure(call, ToolOutcome.REJECTED, stale.message)
+        return lease_refusal(call, StaleEpoch(epoch=call.epoch, retired=retired).message)
     slot.agent_epoch = call.epoch
     try:
         reply = await agent.request(payload, timeout + sandboxes.config.agent_grace_s)
