@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 import pytest
 
-from trajcore.domain.errors import ConfigError, ToolArgumentError
+from trajcore.domain.errors import ConfigError, InvalidInput, ToolArgumentError
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.tool_schema import ArgumentCheck, ArgumentProblem
 from trajcore.domain.tools import (
@@ -250,3 +250,27 @@ def test_a_timed_out_command_says_what_became_of_it(
     tool: str, signal_number: int | None, says: str
 ) -> None:
     assert timeout_end(tool, signal_number) == says
+
+
+@pytest.mark.parametrize("outcome", [o for o in ToolOutcome if o is not ToolOutcome.REJECTED])
+def test_only_a_rejected_result_may_be_marked_a_refusal_of_its_lease(outcome: ToolOutcome) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        ToolResult(call_id="c1", name="bash", outcome=outcome, content="", lease_refused=True)
+    assert (caught.value.field, caught.value.reason) == (
+        "lease_refused",
+        "a refusal of the call's lease is REJECTED",
+    )
+
+
+def test_a_lease_refusal_is_the_calls_rejection_marked_so() -> None:
+    refused = ToolResult.lease_refusal(CALL, "lease 3 is stale @ $.epoch")
+    assert refused == attrs.evolve(
+        ToolResult.failure(CALL, ToolOutcome.REJECTED, "lease 3 is stale @ $.epoch"),
+        lease_refused=True,
+    )
+    assert (refused.outcome, refused.error, refused.lease_refused) == (
+        ToolOutcome.REJECTED,
+        "lease 3 is stale @ $.epoch",
+        True,
+    )
+    assert refused.call_id == CALL.id
