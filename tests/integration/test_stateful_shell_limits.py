@@ -343,3 +343,48 @@ async def test_a_command_that_kills_its_shell_ends_its_call_at_once(
         after, took = await one(pool, lease, "bash_stateful", 20.0, command="echo ok ${V-} $PWD")
         assert (after.outcome, after.content) == (ToolOutcome.OK, "ok /workspace\n"), after
         assert took < 3.0
+
+
+async def test_a_command_that_exits_the_shell_says_the_next_call_starts_afresh(
+    pool: LocalSandboxPool,
+) -> None:
+    """``exit`` ends the persistent shell: its own reply says so (its directory and variables
+    are gone), and the next call runs in a fresh shell without saying it again."""
+    async with pool.lease("t") as lease:
+        await one(pool, lease, "bash_stateful", command="cd /tmp && export V=1")
+        ended, _ = await one(pool, lease, "bash_stateful", command="exit")
+        assert ended.outcome is ToolOutcome.OK, ended
+        assert ended.exec is not None
+        assert "[the command ended the shell: the next call starts a fresh shell" in (
+            ended.exec.stderr
+        ), ended
+        after, _ = await one(pool, lease, "bash_stateful", command="echo ok ${V-} $PWD")
+        assert (after.outcome, after.content) == (ToolOutcome.OK, "ok /workspace\n"), after
+        assert after.exec is not None
+        assert after.exec.stderr == "", after
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments"),
+    [
+        ("tmux", {"keys": "exit", "wait_s": 0.5}),  # typed at the shell's prompt
+        # the shell killed from another call (the bracket keeps this command's own line from
+        # matching: the shell's is ``bash --rcfile .../rc``)
+        ("bash", {"command": "pkill -KILL -f -- '-[-]rcfile' && sleep 0.5"}),
+    ],
+)
+async def test_a_shell_that_ended_between_calls_is_replaced_saying_so(
+    pool: LocalSandboxPool, tool: str, arguments: dict[str, JSON]
+) -> None:
+    """A shell ended by something other than its own command (``exit`` typed through the tmux
+    tool, or killed from another call): the next call's reply starts with a line
+    saying its directory and variables were reset."""
+    async with pool.lease("t") as lease:
+        kept, _ = await one(pool, lease, "bash_stateful", command="cd /tmp && export V=1")
+        assert kept.outcome is ToolOutcome.OK
+        await one(pool, lease, tool, 10.0, **arguments)
+        after, _ = await one(pool, lease, "bash_stateful", command="echo ok ${V-} $PWD")
+        assert after.outcome is ToolOutcome.OK, after
+        assert after.exec is not None
+        assert after.exec.stdout == "ok /workspace\n", after
+        assert after.exec.stderr.startswith("[the shell had ended since the last call"), after

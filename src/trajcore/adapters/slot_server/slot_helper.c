@@ -745,6 +745,8 @@ typedef struct {
     bool line_editor;  /* the shell is bash: readline reads the pane's keys at its prompt */
     char tty[64];      /* the pane's terminal ("": not known) */
     pid_t pane;        /* the pane's first process, the shell (0: not known) */
+    bool started;      /* a session runs, or ran and ended with nothing said of it yet */
+    bool replaced;     /* shell_ensure started a fresh shell in place of one that had ended */
 } shell;
 
 /* Run tmux with ``args`` for at most ``limit`` seconds (its client killed then, ``r->timed_out``
@@ -848,6 +850,7 @@ enum { MAX_PANES = 256 };
  * the sessions of its panes (each pane's program leads a session of its own), then the socket,
  * so the next call starts a fresh server and shell. */
 static void shell_kill(shell *sh) {
+    sh->started = false; /* its caller says what became of the shell */
     pid_t server = tmux_server(sh), panes[MAX_PANES];
     size_t count = 0;
     for (int round = 0; round < 8 && server > 0; round++) {
@@ -1303,6 +1306,10 @@ static shell_state shell_ensure(shell *sh, double deadline, result *r) {
     result_free(&probe);
     if (running || late)
         return running ? SHELL_READY : SHELL_LATE;
+    /* a session of this lease ended with nothing said of it (``tmux kill-server``, its shell
+     * killed from another call, ``exit`` typed through the tmux tool): the call says so */
+    sh->replaced = sh->started;
+    sh->started = false;
     make_dirs(sh->dir);
     char bash[PATH_MAX], rc[sizeof sh->dir + 16], ready[sizeof sh->dir + 8];
     bool has_bash = which("bash", bash, sizeof bash);
@@ -1332,6 +1339,7 @@ static shell_state shell_ensure(shell *sh, double deadline, result *r) {
     shell_state state = ran_ok(&started) ? SHELL_READY
                         : started.timed_out ? SHELL_LATE
                                             : SHELL_FAILED;
+    sh->started = state == SHELL_READY;
     if (state == SHELL_FAILED)
         fail_because(r, "tmux did not start: ", &started);
     sh->pane = 0;
@@ -1362,6 +1370,11 @@ static shell_state shell_ensure(shell *sh, double deadline, result *r) {
         shell_wait_for_prompt(sh, deadline);
     return state;
 }
+
+/* The line a call's reply starts with when shell_ensure replaced a shell that had ended. */
+static const char SHELL_REPLACED[] =
+    "[the shell had ended since the last call (it exited, or it or its tmux server was ended); "
+    "this call runs in a fresh shell: its working directory and variables were reset]\n";
 
 /* A call's shell that is not at its prompt (shell_pane) once the call waited for it: a stopped
  * shell gets SIGCONT, then (when that was not enough) Ctrl-C, each followed by at most
@@ -1462,7 +1475,10 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
     snprintf(out, sizeof out, "%s.out", base);
     snprintf(err, sizeof err, "%s.err", base);
     bool late = state == SHELL_LATE;
-    buf note = {0};    /* shell_recover's line */
+    buf note = {0}; /* shell_ensure's and shell_recover's lines */
+    if (sh->replaced)
+        buf_puts(&note, SHELL_REPLACED);
+    sh->replaced = false;
     bool gone = false; /* the shell's process ended before the command's status was written */
     /* the call's files, for ``__run`` and, after Ctrl-C, ``__run_idle`` */
     size_t named = strlen(base);
@@ -1552,9 +1568,15 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
             TMUX(sh, &probe, gone_by - monotonic(), "has-session", "-t", "main");
             bool running = ran_ok(&probe);
             result_free(&probe);
+            if (!running) { /* the shell of the session ended: this reply says so */
+                buf_puts(&r->err, "[the command ended the shell: the next call starts a fresh "
+                                  "shell, whose working directory and variables are reset]\n");
+                sh->started = false;
+                break;
+            }
             /* the session goes on with a shell at its prompt: the one that ended was started
              * in it (``bash``, then ``exit``) */
-            if (!running || shell_tty_raw(sh) == 1)
+            if (shell_tty_raw(sh) == 1)
                 break;
             struct timespec pause = {0, 10 * 1000 * 1000};
             nanosleep(&pause, NULL);
@@ -1595,7 +1617,8 @@ static void shell_keys(shell *sh, char *const *keys, size_t n, bool literal, boo
     shell_state state = shell_ensure(sh, deadline, r);
     if (state == SHELL_FAILED)
         return;
-    bool late = state == SHELL_LATE;
+    bool late = state == SHELL_LATE, replaced = sh->replaced;
+    sh->replaced = false;
     for (size_t i = 0; i < n && !late; i++) {
         result sent = {0};
         if (literal)
@@ -1634,6 +1657,8 @@ static void shell_keys(shell *sh, char *const *keys, size_t n, bool literal, boo
         r->has_exit = false;
         r->timed_out = true;
     }
+    if (replaced)
+        buf_puts(&r->err, SHELL_REPLACED);
     r->duration = monotonic() - started;
 }
 
