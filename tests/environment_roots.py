@@ -15,8 +15,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tests.image_layouts import Entry, write_layout
+from trajcore.adapters.slot_server.image_checks import HOST_ARCHITECTURE
 
-__all__ = ["IMAGE_OS_RELEASE", "PROGRAMS", "image_problem", "write_shell_image"]
+__all__ = [
+    "IMAGE_OS_RELEASE",
+    "PROGRAMS",
+    "image_problem",
+    "shell_entries",
+    "write_shell_image",
+    "write_shell_tree",
+]
 
 PROGRAMS = ("/bin/sh", "/bin/cat", "/bin/ls", "/bin/rm", "/bin/mkdir", "/usr/bin/id")
 IMAGE_OS_RELEASE = b'ID=trajcore-test-image\nPRETTY_NAME="trajcore test image"\n'
@@ -40,8 +48,8 @@ def _libraries(program: str) -> set[str]:
     return found
 
 
-def write_shell_image(layout: Path, *, salt: str = "", extra: Sequence[Entry] = ()) -> str:
-    """Write the image at ``layout`` (with the ``extra`` entries besides); its id."""
+def shell_entries() -> list[Entry]:
+    """The image's entries: its folders, programs, libraries and ``/etc/os-release``."""
     files = set(PROGRAMS)
     for program in PROGRAMS:
         files |= _libraries(program)
@@ -59,5 +67,30 @@ def write_shell_image(layout: Path, *, salt: str = "", extra: Sequence[Entry] = 
         for path in sorted(files)
     ]
     entries.append(Entry(name="etc/os-release", data=IMAGE_OS_RELEASE, mode=0o644))
-    entries += extra
-    return write_layout(layout, [entries], salt=salt)
+    return entries
+
+
+def write_shell_image(
+    layout: Path,
+    *,
+    salt: str = "",
+    extra: Sequence[Entry] = (),
+    architecture: str = HOST_ARCHITECTURE,
+) -> str:
+    """Write the image at ``layout`` (with the ``extra`` entries besides); its id."""
+    entries = shell_entries() + list(extra)
+    return write_layout(layout, [entries], salt=salt, architecture=architecture)
+
+
+def write_shell_tree(tree: Path) -> None:
+    """Write the image's files as a plain directory at ``tree`` (a ``directory:`` root), owned
+    by the test's user, folders 0755."""
+    for entry in shell_entries():
+        path = tree / entry.name
+        if entry.kind == tarfile.DIRTYPE:
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(entry.data)
+        path.chmod(entry.mode)
+    tree.chmod(0o755)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import attrs
 
+from trajcore.adapters.slot_server.image_checks import HOST_ARCHITECTURE
+
 __all__ = ["Entry", "layer_bytes", "write_docker_archive", "write_layout"]
 
 
@@ -66,10 +68,12 @@ def write_layout(
     tag: str = "latest",
     compress: bool = True,
     salt: str = "",
+    architecture: str = HOST_ARCHITECTURE,
 ) -> str:
     """Write an OCI image layout of ``layers`` at ``layout``; the image's id (config sha256).
 
-    ``salt`` goes into the config, so two layouts with the same layers get different ids.
+    ``salt`` goes into the config, so two layouts with the same layers get different ids;
+    ``architecture`` is the one the config names (by default this host's).
     """
     layout.mkdir(parents=True, exist_ok=True)
     (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
@@ -85,7 +89,7 @@ def write_layout(
         )
     config = json.dumps(
         {
-            "architecture": "amd64",
+            "architecture": architecture,
             "os": "linux",
             "rootfs": {"type": "layers", "diff_ids": diff_ids},
             "config": {"Labels": {"salt": salt}},

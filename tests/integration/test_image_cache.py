@@ -281,9 +281,30 @@ def test_an_image_larger_than_the_cache_is_refused(tmp_path: Path) -> None:
 def test_a_directory_is_used_in_place(tmp_path: Path) -> None:
     tree = tmp_path / "rootfs"
     (tree / "etc").mkdir(parents=True)
-    cache = ImageCache(tmp_path / "cache", max_bytes=1 << 30)
+    cache = ImageCache(tmp_path / "cache", max_bytes=1 << 30, environment_dirs=(tmp_path,))
     with cache.acquire(parse_environment_ref(f"directory:{tree}")) as use:
         assert use.image.rootfs == tree.resolve()
         assert use.image.bytes == 0
     with pytest.raises(TaskEnvironmentError, match="is not a directory"):
         cache.acquire(parse_environment_ref(f"directory:{tmp_path / 'missing'}"))
+
+
+def test_a_directory_outside_the_listed_folders_is_refused(tmp_path: Path) -> None:
+    """A row is data: it names a tree only in a folder the operator listed, after its
+    symlinks are resolved; with no folder listed, none at all."""
+    listed, outside = tmp_path / "listed", tmp_path / "outside"
+    (listed / "task").mkdir(parents=True)
+    outside.mkdir()
+    (listed / "via").symlink_to(tmp_path)
+    cache = ImageCache(tmp_path / "cache", max_bytes=1 << 30, environment_dirs=(listed,))
+    with cache.acquire(parse_environment_ref(f"directory:{listed}")) as use:
+        assert use.image.rootfs == listed.resolve()
+    for named in (outside, listed / "via" / "outside", Path("/"), listed / ".." / "outside"):
+        ref = f"directory:{named}"
+        with pytest.raises(TaskEnvironmentError) as refused:
+            cache.acquire(parse_environment_ref(ref))
+        assert refused.value.field == ref
+        assert "is not in a folder listed for directory: environments" in refused.value.reason
+    closed = ImageCache(tmp_path / "cache", max_bytes=1 << 30)
+    with pytest.raises(TaskEnvironmentError, match="directory: environments are off"):
+        closed.acquire(parse_environment_ref(f"directory:{listed}"))

@@ -69,7 +69,8 @@ def test_each_pool_reads_exactly_its_section_and_the_shared_fields() -> None:
         "fork_wait_s": "fork_wait_s",
     }
     assert section(LocalPoolConfig, ("local_",), {}) == {
-        "containers": "local_containers", **shared_servers,
+        "containers": "local_containers", "environment_dirs": "environment_dirs",
+        **shared_servers,
     }  # fmt: skip
     assert section(ContainerPoolConfig, ("container_", "local_"), {}) == {
         "containers": "local_containers", "image": "container_image",

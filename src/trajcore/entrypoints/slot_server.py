@@ -149,6 +149,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the host's image cache: leases may then run over an image (POST /v1/lease); "
         "off by default",
     )
+    images.add_argument(
+        "--environment-dir",
+        dest="environment_dirs",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="a folder whose trees (itself or below) leases may name as directory:PATH; "
+        "repeat for more; none by default (every directory: reference is refused). The slot "
+        "owns a listed tree's root-owned files in its lease: list only trees meant for leases",
+    )
     for name, gib, what in (
         ("--image-cache-bytes", 32, "the cache's size limit in bytes"),
         ("--snapshot-bytes", 16, "what this server's snapshots (POST /v1/snapshot) may hold"),
@@ -241,9 +252,15 @@ def _config(args: argparse.Namespace) -> tuple[RuntimeConfig, str | None]:
         warm_leases=os.environ.get("TRAJCORE_SLOT_WARM_LEASES", "1") != "0",
         image_cache=None if args.image_cache is None else args.image_cache.absolute(),
         image_cache_bytes=args.image_cache_bytes,
+        environment_dirs=tuple(folder.absolute() for folder in args.environment_dirs),
         snapshot_bytes=args.snapshot_bytes,
     )
-    check_config(config)
+    try:
+        check_config(config)
+    except ConfigError as error:
+        if error.field != "environment_dirs":
+            raise
+        raise ConfigError("--environment-dir", error.reason) from None
     return config, token
 
 

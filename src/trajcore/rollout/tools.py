@@ -178,6 +178,14 @@ def _described(call: ToolCall) -> str:
     return text if len(text) <= 200 else f"{text[:197]}..."
 
 
+def _never_ran(result: ToolResult, report: ExecReport) -> bool:
+    """Whether ``report`` says its command never started: no exit code, no timeout, and no
+    kill by a signal (the slot server's ``killed by signal N``, the command's own answer)."""
+    if report.exit_code is not None or report.timed_out or result.outcome is ToolOutcome.OK:
+        return False
+    return not (result.error or "").startswith("killed by signal")
+
+
 def _checked_path(tool: str, path: str) -> None:
     """Raise ``InvalidInput`` (field ``path``) when a hook's ``path`` can name nothing in the
     workspace, whatever the model left there: not text, empty, absolute, with ``..`` (``~``
@@ -378,12 +386,14 @@ class SlotTools:
         """Run ``command`` with ``/bin/sh`` in the slot's workspace and report what it did.
 
         A non-zero exit code, a kill by signal and a timeout are the command's answers:
-        ``exit_code``, and ``timed_out`` set for a timeout. ``timeout_s`` may only shorten the
-        env's limit for one tool call.
+        ``exit_code``, and ``timed_out`` set for a timeout. A report with none of them (the
+        slot could not start the command: no ``/bin/sh``, a failed spawn) is no answer.
+        ``timeout_s`` may only shorten the env's limit for one tool call.
 
         Raises:
             SlotInfraError: the slot could not run it: ``INFRA_ERROR``, ``REJECTED`` (also a lost
-                or stale lease), or a result without a report; ``SlotBudgetSpent`` when the
+                or stale lease), a result without a report, or one that says the command never
+                started (no exit code, no timeout, no signal); ``SlotBudgetSpent`` when the
                 lease was ended for a budget the model spent (the rollout scores that member
                 ``sandbox_budget_score``).
             InvalidInput: ``command`` holds a lone surrogate (no UTF-8 carries it): the hook's
@@ -409,6 +419,12 @@ class SlotTools:
             )
         if result.outcome is ToolOutcome.TIMEOUT and not report.timed_out:
             report = attrs.evolve(report, timed_out=True)
+        if _never_ran(result, report):
+            # no exit code, no timeout, no signal: the command never started (the slot could
+            # not spawn its shell), so there is no answer of the command's to give
+            raise SlotInfraError(
+                f"bash {command!r} in slot {self.lease.slot}: the command never ran: {result.error}"
+            )
         return report
 
     @remembered("tools")

@@ -136,21 +136,6 @@ def _prefix(_: object, attribute: attrs.Attribute[str | None], value: object) ->
         )
 
 
-def _directories(value: object) -> tuple[Path, ...]:
-    if value is None:
-        return ()
-    words = value.split(",") if isinstance(value, str) else value
-    if not isinstance(words, list | tuple):
-        raise ConfigError("environment_dirs", f"expected paths, got {type(value).__name__}")
-    folders = tuple(Path(str(word).strip()) for word in words if str(word).strip())
-    for folder in folders:
-        if not folder.is_absolute() or ":" in str(folder) or "," in str(folder):
-            raise ConfigError(
-                "environment_dirs", f"{str(folder)!r} must be an absolute path without ':' or ','"
-            )
-    return folders
-
-
 def _options(value: object) -> tuple[str, ...] | None:
     if value is None:
         return None
@@ -176,9 +161,10 @@ class ContainerPoolConfig(SupervisedPoolConfig):
         environment_dirs: Host directories mounted read-only at the same path in every
             container, so that the ``oci:``, ``oci-archive:``, ``docker-archive:`` and
             ``directory:`` environments under them resolve there (comma-separated text is
-            accepted). ``image_cache_dir`` is mounted at ``/var/cache/trajcore/images``, and the
-            slots' writable layers live on a volume of each container's own
-            (docs/deploy.md, "Task environments in containers").
+            accepted); they are also the folders ``directory:`` trees may come from
+            (``SupervisedPoolConfig.environment_dirs``). ``image_cache_dir`` is mounted at
+            ``/var/cache/trajcore/images``, and the slots' writable layers live on a volume of
+            each container's own (docs/deploy.md, "Task environments in containers").
     """
 
     server: SlotServerSettings = part(
@@ -190,7 +176,6 @@ class ContainerPoolConfig(SupervisedPoolConfig):
     name_prefix: str | None = attrs.field(default=None, validator=_prefix)
     stop_timeout_s: float = attrs.field(default=10.0, validator=positive_seconds)
     engine_timeout_s: float = attrs.field(default=60.0, validator=positive_seconds)
-    environment_dirs: tuple[Path, ...] = attrs.field(default=(), converter=_directories)
 
     def server_args(self, index: int) -> list[str]:
         """The slot server's arguments (after the image's entrypoint) for container ``index``."""

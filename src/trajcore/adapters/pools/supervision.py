@@ -62,6 +62,7 @@ __all__ = [
     "SupervisedPool",
     "SupervisedPoolConfig",
     "SupervisedSource",
+    "environment_folders",
     "hold_slot_uids",
 ]
 
@@ -77,6 +78,22 @@ def _cache_path(value: object) -> Path | None:
     if not str(value).strip() or not path.is_absolute():
         raise ConfigError("image_cache_dir", f"must be an absolute path, got {str(value)!r}")
     return path
+
+
+def environment_folders(value: object) -> tuple[Path, ...]:
+    """``environment_dirs`` from paths or comma-separated text: absolute, no ``:`` or ``,``."""
+    if value is None:
+        return ()
+    words = value.split(",") if isinstance(value, str) else value
+    if not isinstance(words, list | tuple):
+        raise ConfigError("environment_dirs", f"expected paths, got {type(value).__name__}")
+    folders = tuple(Path(str(word).strip()) for word in words if str(word).strip())
+    for folder in folders:
+        if not folder.is_absolute() or ":" in str(folder) or "," in str(folder):
+            raise ConfigError(
+                "environment_dirs", f"{str(folder)!r} must be an absolute path without ':' or ','"
+            )
+    return folders
 
 
 @attrs.frozen(kw_only=True)
@@ -121,6 +138,13 @@ class SupervisedPoolConfig:
             (docs/environments.md). ``None`` (the default): no cache, and a lease that names an
             environment is refused saying to set this.
         image_cache_bytes: The cache's size limit (least recently used images leave first).
+        environment_dirs: The folders a ``directory:`` environment's tree may come from (the
+            folder or below it; the servers' ``--environment-dir``): a dataset row is data
+            and must not choose a host path, so with none listed (the default) every
+            ``directory:`` reference is refused. The slot owns a listed tree's root-owned
+            files in its lease (as an image's), so list only trees meant for leases; ``/`` or
+            a folder that holds the servers' roots or the image cache is refused at start.
+            Needs ``image_cache_dir``.
         fork_wait_s: How long a lease from a snapshot waits for a free slot of the snapshot's
             server before it takes one elsewhere (and runs over the plain image).
     """
@@ -131,11 +155,14 @@ class SupervisedPoolConfig:
     stop_timeout_s: float = attrs.field(default=5.0, validator=validators.positive_seconds)
     image_cache_dir: Path | None = attrs.field(default=None, converter=_cache_path)
     image_cache_bytes: int = attrs.field(default=32 << 30, validator=validators.positive_int)
+    environment_dirs: tuple[Path, ...] = attrs.field(default=(), converter=environment_folders)
     fork_wait_s: float = attrs.field(
         default=DEFAULT_FORK_WAIT_S, validator=validators.non_negative_seconds
     )
 
     def __attrs_post_init__(self) -> None:
+        if self.environment_dirs and self.image_cache_dir is None:
+            raise ConfigError("environment_dirs", "task environments need image_cache_dir")
         check_slot_uid_range(
             "server.isolation.slot_uid_base",
             self.server.isolation.slot_uid_base,
@@ -154,7 +181,11 @@ class SupervisedPoolConfig:
         if self.image_cache_dir is None:
             return []
         where = self.image_cache_dir if cache is None else cache
-        return ["--image-cache", str(where), "--image-cache-bytes", str(self.image_cache_bytes)]
+        folders = [arg for d in self.environment_dirs for arg in ("--environment-dir", str(d))]
+        return [
+            "--image-cache", str(where), "--image-cache-bytes", str(self.image_cache_bytes),
+            *folders,
+        ]  # fmt: skip
 
 
 def hold_slot_uids(config: C, stack: AsyncExitStack) -> tuple[C, SlotUidReservation | None]:

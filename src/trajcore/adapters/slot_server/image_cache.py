@@ -25,7 +25,12 @@ The rules it keeps:
 - **Bounded waits.** Waiting for another server's unpacking ends at ``lock_timeout_s``.
 
 A ``directory:`` environment is not copied: its tree is used in place (the operator keeps it
-unchanged while runs use it) and takes no room in the cache.
+unchanged while runs use it) and takes no room in the cache. A dataset row names it, and a row is
+data: the tree must be one of the folders the operator lists (``environment_dirs``, the slot
+server's ``--environment-dir``) or lie below one, its symlinks resolved; any other path, or any
+path when none is listed, is refused. A lease runs over such a tree as over an image, its
+root-owned files the slot's in the lease's idmapped view, so only folders meant for leases belong
+in the list.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import overload
 
@@ -75,6 +81,8 @@ class CachedImage:
         entries: its entries (0 for a directory used in place).
         hit: whether it was in the cache already.
         seconds: how long this request took to make it ready.
+        architecture: the architecture its config names (``""``: none given, or a
+            ``directory:`` tree, or an engine's image).
     """
 
     ref: str
@@ -84,6 +92,7 @@ class CachedImage:
     entries: int
     hit: bool
     seconds: float
+    architecture: str = ""
 
 
 class ImageUse:
@@ -130,6 +139,7 @@ class ImageCache:
         engine_timeout_s: float = 600.0,
         lock_timeout_s: float = 900.0,
         resolve_ttl_s: float = 30.0,
+        environment_dirs: Sequence[Path] = (),
     ) -> None:
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
@@ -141,6 +151,8 @@ class ImageCache:
         self.engine_timeout_s = engine_timeout_s
         self.lock_timeout_s = lock_timeout_s
         self.resolve_ttl_s = resolve_ttl_s
+        # the folders ``directory:`` trees may come from, symlinks resolved (``_directory``)
+        self.environment_dirs = tuple(Path(os.path.realpath(d)) for d in environment_dirs)
         self._counters = _Counters()
         # reference -> (its source's stamp, when resolved, image id): see ``_recent``
         self._resolved: dict[str, tuple[tuple[int, ...], float, str]] = {}
@@ -245,14 +257,31 @@ class ImageCache:
     # -- inside
 
     def _directory(self, ref: EnvironmentRef, started: float) -> CachedImage:
+        """The tree ``ref`` names, used in place, when it is an operator-listed folder or below
+        one (``environment_dirs``), its symlinks resolved; else ``TaskEnvironmentError``."""
         tree = Path(ref.location)
+        if not self.environment_dirs:
+            raise TaskEnvironmentError(
+                str(ref),
+                "directory: environments are off on this slot server: list the folders their "
+                "trees may come from (environment_dirs; the slot server's --environment-dir, "
+                "the env's --env.environment_dirs)",
+            )
         if not tree.is_dir() or tree.is_symlink():
             raise TaskEnvironmentError(str(ref), f"{tree} is not a directory")
+        real = Path(os.path.realpath(tree))
+        if not any(real == folder or folder in real.parents for folder in self.environment_dirs):
+            listed = ", ".join(str(folder) for folder in self.environment_dirs)
+            raise TaskEnvironmentError(
+                str(ref),
+                f"{real} is not in a folder listed for directory: environments ({listed}): "
+                "add its folder to environment_dirs (the slot server's --environment-dir)",
+            )
         self._counters.hits += 1
         return CachedImage(
             ref=str(ref),
             image_id=str(ref),
-            rootfs=tree.resolve(),
+            rootfs=real,
             bytes=0,
             entries=0,
             hit=True,
@@ -347,6 +376,7 @@ class ImageCache:
                     "entries": budget.entries,
                     "skipped_devices": budget.skipped_devices,
                     "seconds": round(time.monotonic() - started, 6),
+                    "architecture": found.architecture if isinstance(found, ImageLayers) else "",
                 }
                 (staged / "image.json").write_text(json.dumps(meta))
                 self._admit(ref, found.image_id, staged, budget.bytes)
@@ -450,6 +480,7 @@ class ImageCache:
             entries=int(meta["entries"]),
             hit=hit,
             seconds=time.monotonic() - started,
+            architecture=str(meta.get("architecture", "")),
         )
 
 

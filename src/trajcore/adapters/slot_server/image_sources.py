@@ -109,6 +109,7 @@ class _RootFs:
 @attrs.frozen(kw_only=True)
 class _Config:
     rootfs: _RootFs
+    architecture: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -123,10 +124,12 @@ class EngineExport:
 
 @attrs.frozen(kw_only=True)
 class ImageLayers:
-    """An image ready to unpack: its id (config sha256, hex) and its layers, lowest first."""
+    """An image ready to unpack: its id (config sha256, hex) and its layers, lowest first;
+    ``architecture``: the one its config names (``""``: none)."""
 
     image_id: str
     layers: tuple[Layer, ...]
+    architecture: str = ""
 
 
 def _load(path: Path, cls: type[object], image: str) -> object:
@@ -216,12 +219,14 @@ def _read_layout(layout: Path, tag: str | None, image: str) -> ImageLayers:
     path, _hex = _blob(layout, chosen.digest, image)
     manifest = _load(path, _Manifest, image)
     assert isinstance(manifest, _Manifest)
-    _config_path, image_id = _blob(layout, manifest.config.digest, image)
+    config_path, image_id = _blob(layout, manifest.config.digest, image)
+    config = _load(config_path, _Platform, image)
+    assert isinstance(config, _Platform)
     layers = []
     for descriptor in manifest.layers:
         blob, hex_digest = _blob(layout, descriptor.digest, image)
         layers.append(Layer(path=blob, media_type=descriptor.mediaType, sha256=hex_digest))
-    return ImageLayers(image_id=image_id, layers=tuple(layers))
+    return ImageLayers(image_id=image_id, layers=tuple(layers), architecture=config.architecture)
 
 
 def _read_docker_archive(root: Path, image: str) -> ImageLayers:
@@ -247,7 +252,11 @@ def _read_docker_archive(root: Path, image: str) -> ImageLayers:
         if match is None or name.startswith("/") or ".." in name.split("/"):
             raise TaskEnvironmentError(f"{image}: layer {name!r}", "has a bad path or digest")
         layers.append(Layer(path=root / name, media_type="application/x-tar", sha256=match[1]))
-    return ImageLayers(image_id=_file_sha256(config_path), layers=tuple(layers))
+    return ImageLayers(
+        image_id=_file_sha256(config_path),
+        layers=tuple(layers),
+        architecture=config.architecture,
+    )
 
 
 def _extract_archive(

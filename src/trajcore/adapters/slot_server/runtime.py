@@ -71,6 +71,7 @@ from trajcore.adapters.slot_server.forks import (
     start_many,
 )
 from trajcore.adapters.slot_server.image_cache import ImageCache
+from trajcore.adapters.slot_server.image_checks import ImageChecks
 from trajcore.adapters.slot_server.limits import SlotCgroup, detect_cgroups, remove_parent
 from trajcore.adapters.slot_server.native_helper import (
     SHIPPED_SLOT_HELPER,
@@ -156,6 +157,7 @@ class SlotRuntime(CallTurns):
     _bin: Trash = attrs.field(init=False)  # the trash's sweeps, and the leases' layers measured
     _disk: DiskWatch = attrs.field(init=False)  # each lease's disk budget
     _uids: SlotUidReservation | None = attrs.field(init=False, default=None)  # as root
+    _runnable: ImageChecks = attrs.field(init=False, factory=ImageChecks)  # /bin/sh, arch
 
     @_sandboxes.default
     def _new_sandboxes(self) -> Sandboxes:
@@ -317,8 +319,9 @@ class SlotRuntime(CallTurns):
         cache = self.config.image_cache
         assert cache is not None
         self.images = await asyncio.to_thread(
-            ImageCache, cache, max_bytes=self.config.image_cache_bytes
-        )
+            ImageCache, cache, max_bytes=self.config.image_cache_bytes,
+            environment_dirs=self.config.environment_dirs,
+        )  # fmt: skip
         (self.config.root / "layers").mkdir(mode=0o711, exist_ok=True)
         owner = (os.geteuid(), os.getegid()) if self._sandboxes.uid_base is not None else None
         idmaps = await asyncio.to_thread(  # made ahead, off every lease's path
@@ -441,8 +444,9 @@ class SlotRuntime(CallTurns):
         """Run the slot's lease ``epoch`` over ``environment``: acquire its image (unpacking
         it into the cache when needed) and hold it until the epoch's reset. Sent before the
         epoch's first call. A refusal (no cache, a bad reference, a missing or refused image,
-        a full cache, a stale or started epoch) fails this request only, naming the field
-        and the reason. Raises ``UnknownSlot`` for a bad index."""
+        an image no command could run over (``image_checks``), a full cache, a stale or
+        started epoch) fails this request only, naming the field and the reason. Raises
+        ``UnknownSlot`` for a bad index."""
         started = time.monotonic()
         slot = self.slot(index)
 
@@ -469,9 +473,10 @@ class SlotRuntime(CallTurns):
         except Exception as error:  # noqa: BLE001 - a full cache, a late lock, a full disk
             return refused("environment", f"image {environment}: {type(error).__name__}: {error}")
         problem = self._lease_problem(slot, epoch)  # what changed while the image was made
-        if problem is not None:
+        unrunnable = self._runnable.problem(use.image)  # no /bin/sh, another architecture
+        if problem is not None or unrunnable is not None:
             use.close()
-            return refused(*problem)
+            return refused(*(problem or ("environment", str(unrunnable))))
         slot.image, slot.image_epoch = use, epoch
         await self._warm_environment(slot)
         return LeaseAnswer(

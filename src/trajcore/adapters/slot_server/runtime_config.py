@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import attrs
@@ -18,6 +19,10 @@ from trajcore.domain.isolation import (
 from trajcore.domain.validators import flag, non_negative_seconds, positive_int, positive_seconds
 
 __all__ = ["RuntimeConfig", "check_config"]
+
+
+def _paths(folders: Iterable[Path]) -> tuple[Path, ...]:
+    return tuple(folders)
 
 
 def _default_python() -> str:
@@ -59,6 +64,14 @@ class RuntimeConfig:
             run over a task environment (``POST /v1/lease``); ``None``: leases run over the
             server's own root only, and a lease request naming an environment is refused.
         image_cache_bytes: The cache's size limit.
+        environment_dirs: The folders a ``directory:`` environment's tree may come from (the
+            folder itself or any folder below it, symlinks resolved); a dataset row is data
+            and must not choose a host path, so any other tree is refused, and with none
+            listed (the default) every ``directory:`` reference is. A lease runs over such a
+            tree as over an image: its root-owned files are the slot's in the lease's
+            idmapped view (its changes go to the lease's own layer), so list only folders
+            that hold trees meant for leases. Refused at start: a folder that is ``/`` or
+            holds (or lies in) the server's root or the image cache.
         snapshot_bytes: What this server's snapshots (``POST /v1/snapshot``, under
             ``root/snapshots``) may hold together; a snapshot past it is refused.
         disk_check_s: How often a live lease's writable area is measured against its disk
@@ -81,6 +94,7 @@ class RuntimeConfig:
     warm_leases: bool = attrs.field(default=True, validator=flag)
     image_cache: Path | None = None
     image_cache_bytes: int = attrs.field(default=32 << 30, validator=positive_int)
+    environment_dirs: tuple[Path, ...] = attrs.field(default=(), converter=_paths)
     snapshot_bytes: int = attrs.field(default=16 << 30, validator=positive_int)
     disk_check_s: float = attrs.field(default=0.5, validator=positive_seconds)
 
@@ -100,3 +114,28 @@ def check_config(config: RuntimeConfig) -> None:
         raise ConfigError("image_cache", f"{str(config.image_cache)!r} is not an absolute path")
     if config.root.exists() and not config.root.is_dir():
         raise ConfigError("root", f"{config.root} is not a directory")
+    _check_environment_dirs(config)
+
+
+def _check_environment_dirs(config: RuntimeConfig) -> None:
+    """Each listed folder is an absolute directory, not ``/``, apart from the server's root
+    and the image cache (neither holds nor lies in the other); the image cache is set."""
+    if config.environment_dirs and config.image_cache is None:
+        raise ConfigError("environment_dirs", "directory: environments need an image_cache")
+    own = {"root": config.root}  # the slots' workspaces, state and layers lie under it
+    if config.image_cache is not None:
+        own["image_cache"] = config.image_cache
+    for folder in config.environment_dirs:
+        if not folder.is_absolute() or not folder.is_dir():
+            raise ConfigError("environment_dirs", f"{str(folder)!r} is not an absolute directory")
+        real = Path(os.path.realpath(folder))
+        if real == Path("/"):
+            raise ConfigError("environment_dirs", f"{folder} is the host's root: list folders")
+        for name, path in own.items():
+            mine = Path(os.path.realpath(path))
+            if real == mine or real in mine.parents or mine in real.parents:
+                raise ConfigError(
+                    "environment_dirs",
+                    f"{folder} holds or lies in the server's {name} ({path}), which a lease "
+                    "must never see",
+                )

@@ -43,6 +43,7 @@ __all__ = ["failure", "flat_check", "lost_result", "refused", "run_call", "start
 
 _TOOLS: dict[str, ToolSpec] = {spec.name: spec for spec in SLOT_TOOL_SPECS}
 _COMMANDS = frozenset({"bash", "bash_stateful", "tmux"})  # what the lease's agent runs
+_NO_TMUX = "tmux is not installed"  # the agent's error: its lease's root has no tmux
 
 # JSON-schema types a flat schema's properties may have, as the exact Python types that
 # ``json.loads`` makes for them (``bool`` is not an ``int`` here, nor an ``int`` a ``float``'s
@@ -221,7 +222,7 @@ def start_call(
             done(outcome)
             return
         try:
-            result = _command_result(call, outcome, timeout, sandboxed=sandboxed)
+            result = _command_result(call, outcome, timeout, sandboxed=sandboxed, slot=slot)
         except Exception as error:  # noqa: BLE001 - every call gets a result, whatever failed
             reason = f"slot server fault: {type(error).__name__}: {error}"
             result = failure(call, ToolOutcome.INFRA_ERROR, reason)
@@ -338,7 +339,7 @@ async def _run_command(
     except AgentLost as error:
         await sandboxes.stop_agent(slot)
         return lost_result(slot, call, error)
-    return _command_result(call, reply, timeout, sandboxed=agent.sandboxed)
+    return _command_result(call, reply, timeout, sandboxed=agent.sandboxed, slot=slot)
 
 
 def _file_failure(
@@ -425,10 +426,12 @@ async def _write_file(sandboxes: Sandboxes, slot: Slot, call: ExecuteCall) -> To
 
 
 def _command_result(
-    call: ExecuteCall, reply: dict[str, JSON], timeout: float, *, sandboxed: bool
+    call: ExecuteCall, reply: dict[str, JSON], timeout: float, *, sandboxed: bool, slot: Slot
 ) -> ToolResult:
     """The result of a command from the agent's ``reply`` (checked by ``channel.check_reply``:
-    each field present has its type)."""
+    each field present has its type). A stateful tool whose lease's root has no tmux is
+    ``INFRA_ERROR`` naming the image: the tool offered cannot run there, whatever the model
+    does, so it is never the model's error."""
     get = reply.get
     exit_code = get("exit")
     exit_code = exit_code if type(exit_code) is int else None
@@ -446,6 +449,10 @@ def _command_result(
         sandboxed=sandboxed,
     )
     problem = get("error")
+    if problem == _NO_TMUX:
+        root = "the slot server's host" if slot.image is None else f"image {slot.image.image.ref}"
+        reason = f"{root} has no tmux: {call.tool} cannot run in this sandbox"
+        return failure(call, ToolOutcome.INFRA_ERROR, reason, report)
     if type(problem) is str:
         return failure(call, ToolOutcome.TOOL_ERROR, problem, report)
     content = report.stdout

@@ -186,12 +186,14 @@ class DeclaredSettings(ContainerSettings, CloudSettings):
     )
     image_cache_dir: str | None = Field(
         default=None,
-        description="Local, container and Nomad pools: the slot servers' image cache (an "
-        "absolute path; a Nomad task's as it sees it), which lets tasks run over their own "
-        "images (task_environment); off by default.",
+        description="Local, container and Nomad pools: the slot servers' image cache (absolute; "
+        "a Nomad task's as it sees it): tasks may run over their own images; off by default.",
     )
     image_cache_bytes: int = Field(
         default=_LOCAL.image_cache_bytes, ge=1, description="The image cache's size limit."
+    )
+    environment_dirs: str | None = Field(
+        default=None, description="Local pool: the only folders directory: trees may come from."
     )
     fork_wait_s: float = Field(
         default=_LOCAL.fork_wait_s,
