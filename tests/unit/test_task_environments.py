@@ -57,6 +57,9 @@ def _plan(
         ),
         ("docker-archive:/x.tar", EnvironmentRef(transport="docker-archive", location="/x.tar")),
         ("directory:/srv/rootfs", EnvironmentRef(transport="directory", location="/srv/rootfs")),
+        # spaces inside a path, printable punctuation and no-break spaces are the path's own
+        ("directory:/srv/my root", EnvironmentRef(transport="directory", location="/srv/my root")),
+        ("directory:/srv/a~\xa0b", EnvironmentRef(transport="directory", location="/srv/a~\xa0b")),
     ],
 )
 def test_references_in_the_transports_people_know(text: str, expected: EnvironmentRef) -> None:
@@ -74,8 +77,17 @@ def test_references_in_the_transports_people_know(text: str, expected: Environme
         ("oci:", "no image name or path"),
         ("oci:relative/layout", "must be absolute"),
         ("directory:rootfs", "must be absolute"),
-        ("containers-storage:   ", "no image name or path"),
-        ("oci:/a\x00b", "no image name or path"),
+        ("containers-storage:", "no image name or path"),
+        ("containers-storage:   ", "starts or ends with whitespace"),
+        ("oci:/x\n", "starts or ends with whitespace"),
+        ("oci:/x ", "starts or ends with whitespace"),
+        (" oci:/x", "starts or ends with whitespace"),
+        ("\toci:/x", "starts or ends with whitespace"),
+        ("oci:/a\x00b", "control character '\\x00'"),
+        ("oci:/a\x1fb", "control character '\\x1f'"),
+        ("oci:/a\nb", "control character '\\n'"),
+        ("oci:/a\x7fb", "control character '\\x7f'"),
+        ("oci:/a\x9fb", "control character '\\x9f'"),
     ],
 )
 def test_a_bad_reference_names_its_field_and_why(text: str, reason: str) -> None:

@@ -117,20 +117,34 @@ class EnvironmentRef:
         return f"{self.transport}:{self.location}{suffix}"
 
 
+def _is_control(char: str) -> bool:
+    """Whether ``char`` is a C0 or C1 control character or DEL (NUL, a tab, a newline...)."""
+    return ord(char) < 0x20 or 0x7F <= ord(char) < 0xA0
+
+
 def parse_environment_ref(text: object, *, field: str = "environment") -> EnvironmentRef:
     """The reference ``text`` names; ``TaskEnvironmentError`` naming ``field`` if it names none.
 
     ``oci`` and ``oci-archive`` paths may end in ``:TAG``; a path that itself holds a colon is
-    written with an explicit empty tag (``oci:/a:b:``).
+    written with an explicit empty tag (``oci:/a:b:``). Whitespace at either end and control
+    characters anywhere are refused, so that a newline left from a dataset row is named here
+    rather than failing later as a path that looks right in a log.
     """
     if not isinstance(text, str):
         raise TaskEnvironmentError(field, f"must be text, got {type(text).__name__}")
+    if text != text.strip():
+        raise TaskEnvironmentError(
+            field, f"{text!r} starts or ends with whitespace (a stray space or newline?)"
+        )
+    control = next((char for char in text if _is_control(char)), None)
+    if control is not None:
+        raise TaskEnvironmentError(field, f"{text!r} holds the control character {control!r}")
     word, colon, rest = text.partition(":")
     transport = _TRANSPORTS.get(word)
     if not colon or transport is None:
         known = ", ".join(f"{name}:" for name in _TRANSPORTS)
         raise TaskEnvironmentError(field, f"{text!r} names no known transport (one of {known})")
-    if "\x00" in rest or not rest.strip():
+    if not rest:
         raise TaskEnvironmentError(field, f"{text!r} has no image name or path after {transport}:")
     tag: str | None = None
     location = rest
