@@ -14,11 +14,13 @@ from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.tokenizers import TransformersTokenizer, qwen3_tokenizer_path
 from trajcore.domain.agent_loop import AgentLoopConfig, StopReason
 from trajcore.domain.batch_planner import BatchConfig
+from trajcore.domain.environment_leases import Snapshot
 from trajcore.domain.errors import ConfigError, SlotFileError
 from trajcore.domain.groups import GroupRules, GroupStatus, TrajectoryStatus
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import FinishReason, SamplingParams, TokenCompletion
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
+from trajcore.domain.slots import Lease
 from trajcore.domain.token_ledger.ledger import MASKED_LABEL
 from trajcore.domain.token_ledger.template import ChatTemplate
 from trajcore.domain.tool_parsers import get_parser
@@ -331,6 +333,37 @@ async def test_no_slot_before_the_deadline_is_an_infra_error() -> None:
     assert result.outcome.status is TrajectoryStatus.INFRA_ERROR
     assert result.slot is None
     assert result.outcome.score is None
+
+
+@attrs.define(eq=False)
+class _OpeningPool(FakeSandboxPool):
+    """A pool whose slots' server never finishes opening an image (a first use unpacking it)."""
+
+    async def enter_environment(
+        self, lease: Lease, environment: str, snapshot: Snapshot | None
+    ) -> bool:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+async def test_a_lease_over_an_image_unstarted_at_the_deadline_names_the_image() -> None:
+    image = "oci:/images/big"
+    async with _OpeningPool(images={image: {"/etc/task": "1"}}) as pool:
+        async with ToolDispatcher(pool, BatchConfig()) as dispatcher:
+            result = await run_trajectory(
+                trajectory_id="t0", messages=TASK, tools=SLOT_TOOL_SPECS, hooks=HOOKS,
+                policy=ChatPolicy(_solving_chat()), pool=pool, dispatcher=dispatcher,
+                tool_server=None, config=attrs.evolve(CONFIG, deadline_s=0.3),
+                environment=image,
+            )  # fmt: skip
+        assert pool.statistics().leased == 0  # the slot it had went back
+    assert result.outcome.status is TrajectoryStatus.INFRA_ERROR
+    detail = result.outcome.detail or ""
+    assert "no slot before the trajectory deadline" not in detail
+    assert detail.startswith(
+        f"the lease over {image} had not started before the trajectory's deadline of 0.3 s"
+    )
+    assert "a first use of an image on a host unpacks it" in detail
 
 
 async def test_a_crashing_container_is_infra_not_zero() -> None:

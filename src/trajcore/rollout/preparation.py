@@ -35,7 +35,7 @@ from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.tools import SlotTools, ToolRouter
 
-__all__ = ["Prepared", "member_lease", "prepared_group"]
+__all__ = ["Prepared", "member_lease", "prepared_group", "unstarted_lease"]
 
 log = logging.getLogger("trajcore.rollout")
 
@@ -68,6 +68,24 @@ def member_lease(
     if prepared is not None and isinstance(pool, EnvironmentPool):
         return pool.lease_from(holder, prepared.snapshot, timeout_s=timeout_s)
     return _unforked(pool.lease(holder, timeout_s=timeout_s, environment=environment))
+
+
+def unstarted_lease(environment: str | None, deadline_s: float) -> str:
+    """Why a member's lease had not started when the trajectory's deadline passed.
+
+    Without an environment the member was waiting for a slot. With one, the pool may also
+    have had the slot and been waiting for its server to open the environment, which for an
+    image's first use on a host means unpacking it: the detail names the image and says so,
+    so that a slow or hung image is not taken for too few slots.
+    """
+    if environment is None:
+        return "no slot before the trajectory deadline"
+    return (
+        f"the lease over {environment} had not started before the trajectory's deadline of "
+        f"{round(deadline_s, 1):g} s: no slot came free in time, or the slot's server was still "
+        "opening the environment (a first use of an image on a host unpacks it, which can "
+        "take minutes; see docs/environments.md, 'A first use and the deadline')"
+    )
 
 
 @asynccontextmanager

@@ -120,7 +120,7 @@ from trajcore.rollout.policy import (
     context_window,
     turn_cap,
 )
-from trajcore.rollout.preparation import Prepared, member_lease
+from trajcore.rollout.preparation import Prepared, member_lease, unstarted_lease
 from trajcore.rollout.render_threads import (
     Rendered,
     RenderThreads,
@@ -398,8 +398,9 @@ async def run_trajectory(
         if LoopEvent.OUT_OF_TIME in run.loop.allowed_events():
             detail = f"the trajectory's deadline of {config.deadline_s:g} s passed"
             run.loop.out_of_time(now=run.now(), detail=detail)
-        elif run.slot is None:
-            run.loop.infra_failed(now=run.now(), detail="no slot before the trajectory deadline")
+        elif run.slot is None:  # no slot, or (over an environment) its server still opening it
+            why = unstarted_lease(env.environment, config.deadline_s)
+            run.loop.infra_failed(now=run.now(), detail=why)
         elif run.unprepared is None:
             run.loop.infra_failed(now=run.now(), detail="the deadline passed while preparing")
         elif run.unprepared[1] is TrajectoryStatus.ENV_ERROR:  # where the prepare hook waited
