@@ -225,6 +225,7 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
     )
     environment_field: str | None = Field(
         default=None,
+        min_length=1,
         description="The row field naming each task's environment (an image reference such as "
         "oci:/images/task-1; null in a row: none), for the built-in task_environment. Off by "
         "default (docs/environments.md).",
