@@ -183,6 +183,15 @@ def test_jsonl_has_one_scored_line_per_trajectory(tmp_path: Path) -> None:
     assert last["token_exact"] is True
 
 
+def test_a_record_and_the_page_name_the_task_environment_a_member_ran_over() -> None:
+    over = attrs.evolve(GROUPS[0], environment="oci:/images/task-<1>")
+    assert trajectory_record(over, 0)["environment"] == "oci:/images/task-<1>"
+    assert "environment" not in trajectory_record(GROUPS[0], 0)
+    text = "".join(parse(render_html([over], title="t")).text)
+    assert "over oci:/images/task-<1>" in text
+    assert "over oci:" not in "".join(parse(render_html(GROUPS[:1], title="t")).text)
+
+
 def test_record_matches_the_jsonl_line(tmp_path: Path) -> None:
     path = tmp_path / "g.jsonl"
     write_jsonl(GROUPS[:1], path)

@@ -82,6 +82,17 @@ def test_a_whole_exact_group_is_sent_with_its_logprobs() -> None:
     assert scored["generation_params"]["temperature"] == 0.5
 
 
+def test_each_members_story_names_the_task_environment_it_ran_over() -> None:
+    judged = group("g", member("g/0", tokens=TOKENS), member("g/1", score=0.0, tokens=TOKENS))
+    over = scored_group(attrs.evolve(judged, environment="oci:/images/task-1"), _settings())
+    plain = scored_group(judged, _settings())
+    assert over.scored is not None
+    assert plain.scored is not None
+    stories = [o["trajcore"] for o in over.scored["overrides"]]
+    assert [s["environment"] for s in stories] == ["oci:/images/task-1"] * 2
+    assert all("environment" not in o["trajcore"] for o in plain.scored["overrides"])
+
+
 def test_inexact_tokens_carry_no_logprobs() -> None:
     judged = group("g", member("g/0", tokens=TOKENS), member("g/1", score=0.0, tokens=INEXACT))
     scored = scored_group(judged, _settings()).scored

@@ -145,6 +145,8 @@ def trajectory_record(group: GroupResult, index: int) -> JSONObject:
         )
         record["inference_logprobs"] = logprobs
         record["token_exact"] = tokens.token_exact
+    if group.environment is not None:  # the task environment (image reference) it ran over
+        record["environment"] = group.environment
     return record
 
 
@@ -621,6 +623,7 @@ def _member_view(group_id: str, index: int, record: JSONObject) -> dict[str, obj
         "index": record.get("member", index),
         "trajectory_id": _text(record.get("trajectory_id")),
         "slot": _text(record.get("slot")),
+        "environment": _text(record.get("environment")),
         "status_class": str(record.get("status") or ""),
         "status": _record_status(record),
         "score": _record_score(record),

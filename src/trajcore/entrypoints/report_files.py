@@ -77,6 +77,7 @@ def _atropos_members(group: JSONObject, line: int) -> tuple[str, list[JSONObject
             "tool_errors": story.get("tool_errors"),
             "duration_s": story.get("duration_s"),
             "slot": story.get("slot"),
+            "environment": story.get("environment"),
             "prepare_metadata": story.get("prepare_metadata"),
             "score_metadata": story.get("score_metadata"),
             "messages": conversation if isinstance(conversation, list) else [],

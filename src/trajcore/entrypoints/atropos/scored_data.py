@@ -96,13 +96,14 @@ def chat_dicts(messages: Sequence[Message]) -> list[dict[str, Any]]:
     return [dict(m.to_chat_dict(arguments_as_json=True)) for m in messages]
 
 
-def member_story(member: TrajectoryResult) -> dict[str, Any]:
+def member_story(member: TrajectoryResult, environment: str | None = None) -> dict[str, Any]:
     """``overrides[i]["trajcore"]``: the member's id, status, stop reason, counts, what was cut
-    to fit ``max_token_length``, the sampled turns not trained and why, and metadata."""
+    to fit ``max_token_length``, the sampled turns not trained and why, and metadata; and the
+    task ``environment`` (image reference) its lease ran over, when it ran over one."""
     stats = member.stats
     errors = stats.tool_errors
     cut = member.truncation
-    return {
+    story: dict[str, Any] = {
         "trajectory_id": member.trajectory_id,
         "status": member.outcome.status.value,
         "stop_reason": stats.stop_reason.value if stats.stop_reason else None,
@@ -124,6 +125,9 @@ def member_story(member: TrajectoryResult) -> dict[str, Any]:
         "prepare_metadata": member.prepare_metadata,
         "score_metadata": member.score_metadata,
     }
+    if environment is not None:
+        story["environment"] = environment
+    return story
 
 
 def scored_group(group: GroupResult, settings: RolloutSettings) -> GroupConversion:
@@ -174,7 +178,10 @@ def scored_group(group: GroupResult, settings: RolloutSettings) -> GroupConversi
         },
         inference_logprobs=logprobs,
         group_overrides=group_overrides,
-        overrides=[MemberOverrides(token_exact=exact, trajcore=member_story(m)) for m in kept],
+        overrides=[
+            MemberOverrides(token_exact=exact, trajcore=member_story(m, group.environment))
+            for m in kept
+        ],
         images=None,
     )
     return GroupConversion(scored=scored, left_out=left_out)
