@@ -153,6 +153,29 @@ async def test_the_environment_metrics_appear_once_there_were_leases() -> None:
     assert metrics["trajcore/environments/hits"] == 3
 
 
+class _ServerFiguresPool(FakeSandboxPool):
+    """The fake pool, as a pool of slot servers: it counts the reads of its servers' figures."""
+
+    figures_read = 0
+
+    async def refresh_environment_figures(self) -> None:
+        self.figures_read += 1
+
+
+async def test_the_servers_figures_are_read_afresh_before_the_metrics_are_logged() -> None:
+    env = ImageEnv(_config(group_size=2, ensure_scores_are_not_same=False))
+    files = {IMAGE: {"/etc/os-release": RELEASE}}
+    async with (
+        _ServerFiguresPool(containers=1, slots_per_container=4, images=files) as pool,
+        env.rollout_services(pool=pool, policy=env.make_policy(chat=_reads_os_release())),
+    ):
+        await env.wandb_log({})
+        assert pool.figures_read == 0  # no lease over an environment yet: nothing to read
+        await env.run_group(IMAGE)
+        await env.wandb_log({})
+        assert pool.figures_read == 1
+
+
 # ----------------------------------------------------------------------- the dataset field
 
 

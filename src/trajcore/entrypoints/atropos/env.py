@@ -671,15 +671,14 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         over task environments, refused, cache hits, misses, seconds) once there were any, and
         ``trajcore/dispatcher/*`` (batches, calls, failed and withdrawn, largest batch, calls
         per batch); empty while no services are open."""
-        running = self._services
-        if running is None:
-            return {}
-        return metrics.service_metrics(running.pool, running.dispatcher.statistics())
+        return metrics.running_service_metrics(self._services)
 
     async def wandb_log(self, wandb_metrics: dict[str, Any] | None = None) -> None:
         """Atropos's metrics plus the ``trajcore/*`` counters (which then start again), the
-        pool's and dispatcher's statistics, and hermes's ``train/tool_errors_count`` and
-        ``train/tool_error_details`` (one line per failed call since the last log)."""
+        pool's and dispatcher's statistics (the slot servers' figures read first), and hermes's
+        ``train/tool_errors_count`` and ``train/tool_error_details`` (one line per failed call
+        since the last log)."""
+        await metrics.refresh_server_figures(self._services)
         logged = metrics.training_metrics(self._counters, self.service_metrics(), wandb_metrics)
         self._counters = metrics.RolloutCounters()
         await super().wandb_log(logged)

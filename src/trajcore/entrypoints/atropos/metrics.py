@@ -8,7 +8,9 @@ Rules it keeps:
 - A failed tool call is counted by outcome and also kept as one line of hermes-agent's
   ``train/tool_error_details`` (the first ``MAX_ERROR_DETAILS``, then how many more).
 - Statistics snapshots (attrs values from ``statistics()``) become metrics field by field, so a
-  new numeric field shows up without a change here.
+  new numeric field shows up without a change here. A pool of slot servers reads its servers'
+  figures only every few seconds: ``refresh_server_figures`` reads them afresh before the
+  metrics are built (bounded by ``FIGURES_WAIT_S``), so they agree with the leases' own counts.
 - The rollout table shows each conversation as readable text (``render_transcript``).
 - Evaluation counts apart: ``eval/*`` never goes into the training counters or takes the
   training rollout table, and an item whose run raises is a failed sample, not the end of
@@ -20,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 import attrs
@@ -40,10 +42,14 @@ from trajcore.rollout.group import GroupResult, collect_group, failed_member
 from trajcore.rollout.hook_failures import env_failure
 from trajcore.rollout.trajectory import ToolExchange, TrajectoryResult
 
+if TYPE_CHECKING:
+    from trajcore.entrypoints.atropos.services import RolloutServices
+
 T = TypeVar("T")
 R = TypeVar("R")
 
 __all__ = [
+    "FIGURES_WAIT_S",
     "MAX_ERROR_DETAILS",
     "RolloutCounters",
     "RolloutTable",
@@ -55,6 +61,8 @@ __all__ = [
     "log_eval_to_wandb",
     "log_group",
     "log_to_stderr_unless_configured",
+    "refresh_server_figures",
+    "running_service_metrics",
     "service_metrics",
     "statistics_metrics",
     "training_metrics",
@@ -64,6 +72,9 @@ log = logging.getLogger("trajcore.env")
 
 MAX_ERROR_DETAILS = 200
 """Most lines of ``train/tool_error_details`` per logging interval."""
+
+FIGURES_WAIT_S = 3.0
+"""Longest wait for the slot servers' figures before the metrics are built without them."""
 
 
 def _drift_words(group: GroupResult) -> str:
@@ -223,6 +234,33 @@ def service_metrics(pool: SandboxPool, dispatcher_statistics: object) -> dict[st
         )
     out.update(dispatcher)
     return out
+
+
+def running_service_metrics(services: RolloutServices | None) -> dict[str, float]:
+    """``service_metrics`` of the open ``services``; empty when none are open."""
+    if services is None:
+        return {}
+    return service_metrics(services.pool, services.dispatcher.statistics())
+
+
+async def refresh_server_figures(services: RolloutServices | None) -> None:
+    """Have the open ``services``' pool read its slot servers' figures now (cache hits, server
+    forks, measured layers), once it ran a lease over a task environment: between its own reads
+    (every ``figures_interval_s``) they lag, and a short run would show the servers' figures
+    from its start. At most ``FIGURES_WAIT_S``; a server that does not answer keeps its last."""
+    if services is None:
+        return
+    pool = services.pool
+    # The pools of slot servers (``PoolCore`` and those built on it) read their servers.
+    found: object = getattr(pool, "refresh_environment_figures", None)
+    refresh = cast("Callable[[], Awaitable[None]] | None", found)
+    if (
+        refresh is not None
+        and isinstance(pool, EnvironmentPool)
+        and pool.environment_statistics().leases
+    ):
+        with anyio.move_on_after(FIGURES_WAIT_S):
+            await refresh()
 
 
 def log_group(group: GroupResult, toolsets: Sequence[str]) -> None:
