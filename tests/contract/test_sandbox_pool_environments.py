@@ -150,6 +150,7 @@ async def test_a_local_pool_without_a_cache_names_the_setting_to_set() -> None:
     assert caught.value.field == "image_cache_dir"
     assert "LocalPoolConfig.image_cache_dir" in caught.value.reason
     assert "--env.image_cache_dir" in caught.value.reason
+    assert "under trajcore run, --set image_cache_dir=DIR" in caught.value.reason
 
 
 def test_the_cache_setting_reaches_the_slot_servers_command_line(tmp_path: Path) -> None:

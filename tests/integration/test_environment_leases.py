@@ -205,6 +205,22 @@ def test_a_server_without_an_image_cache_refuses_environments() -> None:
             assert stop_server(running) == 0
 
 
+def test_a_full_cache_names_the_image_once() -> None:
+    with searchable_dir("full-cache") as folder:
+        write_shell_image(folder / "layout")
+        ref = f"oci:{folder / 'layout'}"
+        cache = ["--image-cache", str(folder / "cache"), "--image-cache-bytes", "1000"]
+        running = start_server(folder / "root", *cache)
+        try:
+            answer = asyncio.run(lease(running, 0, 1, ref))
+        finally:
+            assert stop_server(running) == 0
+    assert answer["ok"] is False, answer
+    error = str(answer["error"])
+    assert error.startswith(f"ImageCacheFull: image {ref} unpacks to "), error
+    assert error.count(ref) == 1, error
+
+
 def _refuses(running: Server) -> None:
     answer = asyncio.run(lease(running, 0, 1, "oci:/x"))
     assert answer["ok"] is False

@@ -498,8 +498,8 @@ class NomadSandboxPool(ReconciledPool):
         return (
             "image_cache_dir",
             "the Nomad pool's slot servers have no image cache: set "
-            "NomadJobSettings.image_cache_dir (the env's --env.image_cache_dir) to run leases "
-            "over task environments",
+            "NomadJobSettings.image_cache_dir (the env's --env.image_cache_dir; under trajcore "
+            "run, --set image_cache_dir=DIR) to run leases over task environments",
         )
 
     def reference_refusal(self, environment: str) -> tuple[str, str] | None:

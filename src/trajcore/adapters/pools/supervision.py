@@ -465,8 +465,8 @@ class SupervisedPool(SlotServerPool[H]):
         return (
             "image_cache_dir",
             f"the {self._label} pool's slot servers have no image cache: set "
-            f"{self._config_name}.image_cache_dir (the env's --env.image_cache_dir) to run "
-            "leases over task environments",
+            f"{self._config_name}.image_cache_dir (the env's --env.image_cache_dir; under "
+            "trajcore run, --set image_cache_dir=DIR) to run leases over task environments",
         )
 
     @property

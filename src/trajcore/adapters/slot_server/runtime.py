@@ -471,7 +471,9 @@ class SlotRuntime(CallTurns):
         except TaskEnvironmentError as error:
             return refused(error.field, error.reason)
         except Exception as error:  # noqa: BLE001 - a full cache, a late lock, a full disk
-            return refused("environment", f"image {environment}: {type(error).__name__}: {error}")
+            said = f"{type(error).__name__}: {error}"  # the cache's own words may name the image
+            named = environment in str(error)
+            return refused("environment", said if named else f"image {environment}: {said}")
         problem = self._lease_problem(slot, epoch)  # what changed while the image was made
         unrunnable = self._runnable.problem(use.image)  # no /bin/sh, another architecture
         if problem is not None or unrunnable is not None:
