@@ -9,9 +9,13 @@ as ``localhost/trajcore-swe-<name>:latest``, labelled with the digest of the tas
 - ``task_environment(item)`` names the item's image (``containers-storage:...``): the pool
   leases the slot over it, so the trajectory's commands run the image's Python, pytest and
   dependencies, with the slot's workspace at ``/workspace``.
-- ``prepare_workspace`` copies ``/repo`` into the workspace. The image's files are read-only to
-  a lease (they belong to the image cache's owner, which the slot's user namespace does not
-  map), so the repository is edited in the workspace, as a clone would be.
+- ``prepare_workspace`` copies ``/repo`` into the workspace, and the repository is edited
+  there, as a clone would be. A lease owns the image's files where the slot server makes
+  idmapped clones of the image (a server run as root, on a kernel and file system that allow
+  them): it may edit ``/repo`` in place, each change landing in its own layer, never in the
+  cache. Elsewhere they stay the cache owner's and are read-only to the lease
+  (``docs/environments.md``, "What a lease over an image can and cannot do"); the copy works
+  on both.
 - ``verify_and_score`` puts the repository's tests back as the image ships them (a model that
   edited them gains nothing) and runs them with the image's pytest in the same slot. The score
   is 1.0 when every test passes, else 0.0, with pytest's counts and failing ids as metadata.
