@@ -48,10 +48,11 @@ def _libraries(program: str) -> set[str]:
     return found
 
 
-def shell_entries() -> list[Entry]:
-    """The image's entries: its folders, programs, libraries and ``/etc/os-release``."""
-    files = set(PROGRAMS)
-    for program in PROGRAMS:
+def shell_entries(programs: Sequence[str] = ()) -> list[Entry]:
+    """The image's entries: its folders, programs (and the host's ``programs`` besides),
+    libraries and ``/etc/os-release``."""
+    files = {*PROGRAMS, *programs}
+    for program in sorted(files):
         files |= _libraries(program)
     dirs: set[str] = set()
     for path in files | {"/etc/os-release"}:
@@ -75,11 +76,14 @@ def write_shell_image(
     *,
     salt: str = "",
     extra: Sequence[Entry] = (),
+    programs: Sequence[str] = (),
+    env: Sequence[str] | None = None,
     architecture: str = HOST_ARCHITECTURE,
 ) -> str:
-    """Write the image at ``layout`` (with the ``extra`` entries besides); its id."""
-    entries = shell_entries() + list(extra)
-    return write_layout(layout, [entries], salt=salt, architecture=architecture)
+    """Write the image at ``layout`` (with the host's ``programs`` and the ``extra`` entries
+    besides, and ``env`` as its config's ``Env``); its id."""
+    entries = shell_entries(programs) + list(extra)
+    return write_layout(layout, [entries], salt=salt, env=env, architecture=architecture)
 
 
 def write_shell_tree(tree: Path) -> None:

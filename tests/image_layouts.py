@@ -69,11 +69,13 @@ def write_layout(
     compress: bool = True,
     salt: str = "",
     architecture: str = HOST_ARCHITECTURE,
+    env: Sequence[str] | None = None,
 ) -> str:
     """Write an OCI image layout of ``layers`` at ``layout``; the image's id (config sha256).
 
     ``salt`` goes into the config, so two layouts with the same layers get different ids;
     ``architecture`` is the one the config names (by default this host's).
+    ``env``, when given, is the config's ``Env``.
     """
     layout.mkdir(parents=True, exist_ok=True)
     (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
@@ -92,7 +94,7 @@ def write_layout(
             "architecture": architecture,
             "os": "linux",
             "rootfs": {"type": "layers", "diff_ids": diff_ids},
-            "config": {"Labels": {"salt": salt}},
+            "config": {"Labels": {"salt": salt}, **({} if env is None else {"Env": list(env)})},
         }
     ).encode()
     config_digest = _blob(layout, config)

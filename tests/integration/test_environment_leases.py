@@ -415,3 +415,115 @@ def test_a_reset_measures_the_layer_its_lease_wrote_over_the_image(
             assert small.cut_short == before.cut_short, small
 
     asyncio.run(main())
+
+
+IMAGE_PATH = "/opt/custom/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+IMAGE_ENV = (f"PATH={IMAGE_PATH}", "TASK_VAR=hello from the image", "LANG=C", "HOME=/root")
+"""An image's ``Env`` as SWE-style images set theirs: its tools on PATH, a variable, and a HOME
+and a LANG of its own."""
+
+
+@pytest.fixture(scope="module")
+def env_image() -> Iterator[str]:
+    """The reference of an image whose config sets ``IMAGE_ENV``, with a tool in
+    ``/opt/custom/bin`` (and what the stateful shell needs, where the host has it: bash, tmux,
+    ``mv``, ``tail`` and the C.UTF-8 locale)."""
+    tool = Entry(name="opt/custom/bin/mytool", data=b"#!/bin/sh\necho mytool-ran\n", mode=0o755)
+    dirs = [
+        Entry(name=d, kind=tarfile.DIRTYPE, mode=0o755)
+        for d in ("opt/", "opt/custom/", "opt/custom/bin/")
+    ]
+    programs = [
+        path
+        for path in ("/usr/bin/bash", "/usr/bin/tmux", "/bin/mv", "/usr/bin/tail")
+        if Path(path).exists()
+    ]
+    # the C.UTF-8 locale tmux asks for, where the host has it (as Debian's images do)
+    locale = Path("/usr/lib/locale/C.utf8")
+    found = sorted(locale.rglob("*")) if locale.is_dir() else []
+    dirs += [
+        Entry(name=f"{d}/", kind=tarfile.DIRTYPE, mode=0o755)
+        for d in ("usr/lib/locale", *(str(p)[1:] for p in [locale, *found] if p.is_dir()))
+    ]
+    dirs += [Entry(name=str(p)[1:], data=p.read_bytes(), mode=0o644) for p in found if p.is_file()]
+    with searchable_dir("environment-env") as folder:
+        write_shell_image(folder / "layout", extra=(*dirs, tool), programs=programs, env=IMAGE_ENV)
+        yield f"oci:{folder / 'layout'}"
+
+
+def test_a_lease_over_an_image_runs_its_commands_with_the_images_env(
+    image_server: tuple[Server, str], env_image: str
+) -> None:
+    server, _ref = image_server
+
+    async def main() -> None:
+        assert (await lease(server, 2, 201, env_image))["ok"] is True
+        code, text = await shell(server, 2, 201, 'echo "$PATH|$TASK_VAR|$LANG|$TERM|$HOME|$TMPDIR"')
+        path, task_var, lang, term, home, tmpdir = text.strip().split("|")
+        assert (code, path, task_var, lang) == (0, IMAGE_PATH, "hello from the image", "C")
+        # trajcore's own: the workspace is HOME and the lease's tmp TMPDIR; TERM where unset
+        assert term == "xterm-256color"
+        assert (home, tmpdir) == ("/workspace", "/tmp")
+        code, text = await shell(server, 2, 201, "mytool")
+        assert (code, text.strip()) == (0, "mytool-ran")
+        await reset(server, 2, 201)
+        # the next lease over the server's root keeps the server's environment
+        code, text = await shell(server, 2, 202, 'echo "$PATH|$TASK_VAR|$LANG"')
+        assert (code, text.strip()) == (
+            0,
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin||C.UTF-8",
+        )
+        await reset(server, 2, 202)
+
+    asyncio.run(main())
+
+
+@pytest.mark.skipif(
+    not all(Path(p).exists() for p in ("/usr/bin/tmux", "/usr/bin/bash", "/usr/lib/locale/C.utf8")),
+    reason="the host has no tmux, bash or C.UTF-8 locale (/usr/lib/locale/C.utf8) for the image",
+)
+def test_the_stateful_shell_of_a_lease_over_an_image_has_the_images_env(
+    image_server: tuple[Server, str], env_image: str
+) -> None:
+    server, _ref = image_server
+
+    async def main() -> None:
+        assert (await lease(server, 3, 301, env_image))["ok"] is True
+        async with server.client() as client:
+            result = await one(
+                client, call(3, "bash_stateful", epoch=301, command='echo "$TASK_VAR"; mytool')
+            )
+        assert result.outcome is ToolOutcome.OK, result.content
+        assert result.content.split() == ["hello", "from", "the", "image", "mytool-ran"]
+        await reset(server, 3, 301)
+
+    asyncio.run(main())
+
+
+def test_a_fork_of_a_lease_over_an_image_runs_with_the_images_env(
+    image_server: tuple[Server, str], env_image: str
+) -> None:
+    server, _ref = image_server
+
+    async def main() -> None:
+        async with server.client() as client:
+            assert (await client.lease(2, 203, env_image)).ok
+            code, text = await shell(server, 2, 203, "echo prepared > /workspace/prep.txt")
+            assert code == 0, text
+            frozen = await client.snapshot(2, 203)
+            assert frozen.ok, frozen
+            assert frozen.snapshot is not None
+            forked = await client.lease(3, 302, env_image, snapshot=frozen.snapshot)
+            assert forked.ok, forked
+            code, text = await shell(
+                server, 3, 302, 'cat /workspace/prep.txt; echo "$TASK_VAR"; mytool'
+            )
+            assert (code, text.split("\n")[:3]) == (
+                0,
+                ["prepared", "hello from the image", "mytool-ran"],
+            ), text
+            await reset(server, 2, 203)
+            await reset(server, 3, 302)
+            assert (await client.drop_snapshot(frozen.snapshot)).ok
+
+    asyncio.run(main())

@@ -4,7 +4,9 @@ every slot of every slot server on the host.
 Layout under the cache's root::
 
     images/<id>/rootfs/     the unpacked tree (``id``: the image config's sha256)
-    images/<id>/image.json  what it is: reference, bytes, entries, seconds to unpack
+    images/<id>/image.json  what it is: reference, bytes, entries, seconds to unpack, and what
+                            its config says about running it (``env``, ``working_dir``,
+                            ``user``)
     locks/<id>.lock         flock: exclusive while the image is made or evicted, shared while used
     staging/                trees and exports in progress, and evicted trees being removed
     cache.lock              flock: exclusive around admission and eviction
@@ -83,6 +85,11 @@ class CachedImage:
         seconds: how long this request took to make it ready.
         architecture: the architecture its config names (``""``: none given, or a
             ``directory:`` tree, or an engine's image).
+        env: its config's ``Env`` (``NAME=VALUE`` each): every command of a lease over it runs
+            with these variables (docs/environments.md, "The image's environment"); none for
+            a ``directory:`` tree, which has no config.
+        working_dir: its config's ``WorkingDir``, recorded only.
+        user: its config's ``User``, recorded only.
     """
 
     ref: str
@@ -93,6 +100,9 @@ class CachedImage:
     hit: bool
     seconds: float
     architecture: str = ""
+    env: tuple[str, ...] = ()
+    working_dir: str = ""
+    user: str = ""
 
 
 class ImageUse:
@@ -377,6 +387,9 @@ class ImageCache:
                     "skipped_devices": budget.skipped_devices,
                     "seconds": round(time.monotonic() - started, 6),
                     "architecture": found.architecture if isinstance(found, ImageLayers) else "",
+                    "env": list(found.config.env),
+                    "working_dir": found.config.working_dir,
+                    "user": found.config.user,
                 }
                 (staged / "image.json").write_text(json.dumps(meta))
                 self._admit(ref, found.image_id, staged, budget.bytes)
@@ -481,6 +494,9 @@ class ImageCache:
             hit=hit,
             seconds=time.monotonic() - started,
             architecture=str(meta.get("architecture", "")),
+            env=tuple(str(entry) for entry in meta.get("env", ())),
+            working_dir=str(meta.get("working_dir", "")),
+            user=str(meta.get("user", "")),
         )
 
 

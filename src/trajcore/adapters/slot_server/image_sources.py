@@ -43,13 +43,27 @@ from trajcore.adapters.wire import structure
 from trajcore.domain.errors import WireError
 from trajcore.domain.task_environments import EnvironmentRef, TaskEnvironmentError
 
-__all__ = ["EngineExport", "ImageLayers", "engine_image_id", "exported", "read_image"]
+__all__ = [
+    "ENV_MAX_BYTES",
+    "ENV_MAX_VARIABLES",
+    "EngineExport",
+    "ImageConfig",
+    "ImageLayers",
+    "engine_image",
+    "exported",
+    "image_env",
+    "read_image",
+]
 
 # What the files of an image archive (its layout or docker save's) may add up to: the same bound
 # as an image's unpacked files (``ImageLimits.max_bytes``' default), since layers are stored
 # uncompressed in the worst case.
 ARCHIVE_MAX_BYTES = 8 << 30
 _COPY_CHUNK = 1 << 20
+# What an image's ``Env`` may hold: every lease over the image carries it to its keeper in one
+# request (the keeper's REQUEST_MAX is 96 KiB, layers' paths included).
+ENV_MAX_VARIABLES = 1000
+ENV_MAX_BYTES = 64 << 10
 
 _DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
 _INDEX_TYPES = frozenset(
@@ -107,9 +121,43 @@ class _RootFs:
 
 
 @attrs.frozen(kw_only=True)
+class _RunConfig:
+    Env: list[str] | None = None  # the OCI config's field names
+    WorkingDir: str | None = None
+    User: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class _Config:
     rootfs: _RootFs
     architecture: str = ""
+    config: _RunConfig | None = None
+
+
+@attrs.frozen(kw_only=True)
+class _RunOnly:
+    """An image config read for its run settings alone (a layout's: its layers are the
+    manifest's)."""
+
+    architecture: str = ""
+    config: _RunConfig | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ImageConfig:
+    """What an image's config says about running it, as recorded in the cache.
+
+    Attributes:
+        env: its ``Env``, ``NAME=VALUE`` each, in order (checked by ``image_env``).
+        working_dir: its ``WorkingDir`` ("" when unset): recorded, not applied (a lease starts
+            in its workspace).
+        user: its ``User`` ("" when unset): recorded, not applied (a lease runs as its slot's
+            uid).
+    """
+
+    env: tuple[str, ...] = ()
+    working_dir: str = ""
+    user: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -120,22 +168,40 @@ class EngineExport:
     image_id: str
     engine: str
     name: str
+    config: ImageConfig = ImageConfig()
 
 
 @attrs.frozen(kw_only=True)
 class ImageLayers:
     """An image ready to unpack: its id (config sha256, hex) and its layers, lowest first;
-    ``architecture``: the one its config names (``""``: none)."""
+    ``architecture``: the one its config names (``""``: none); ``config``: how to run it."""
 
     image_id: str
     layers: tuple[Layer, ...]
     architecture: str = ""
+    config: ImageConfig = ImageConfig()
+
+
+def _open_regular(path: Path, field: str) -> IO[bytes]:
+    """``path`` opened for reading, once it is known to be a regular file: opened without
+    blocking first, so that a FIFO (or a device) is refused naming ``field`` at once instead of
+    holding the server's thread on ``open`` for ever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TaskEnvironmentError(field, f"{path} is not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
 
 
 def _load(path: Path, cls: type[object], image: str) -> object:
     field = f"{image}: {path.name}"
     try:
-        data = json.loads(path.read_bytes())
+        with _open_regular(path, field) as source:
+            data = json.loads(source.read())
     except FileNotFoundError as error:
         raise TaskEnvironmentError(field, "is missing") from error
     except (OSError, ValueError) as error:
@@ -144,6 +210,46 @@ def _load(path: Path, cls: type[object], image: str) -> object:
         return structure(data, cls)
     except WireError as error:
         raise TaskEnvironmentError(f"{field} {error.field}", error.reason) from error
+
+
+def image_env(entries: list[str] | None, image: str) -> tuple[str, ...]:
+    """An image config's ``Env``, checked: each entry ``NAME=VALUE`` with a name of its own (no
+    NUL anywhere, no ``=`` in the name), at most ``ENV_MAX_VARIABLES`` entries and
+    ``ENV_MAX_BYTES`` in all.
+
+    Raises:
+        TaskEnvironmentError: naming the image and the entry.
+    """
+    found = tuple(entries or ())
+    field = f"{image}: config Env"
+    if len(found) > ENV_MAX_VARIABLES:
+        raise TaskEnvironmentError(
+            field, f"sets {len(found)} variables, more than the {ENV_MAX_VARIABLES} allowed"
+        )
+    size = sum(len(entry.encode("utf-8", "surrogateescape")) + 1 for entry in found)
+    if size > ENV_MAX_BYTES:
+        raise TaskEnvironmentError(
+            field, f"holds {size} bytes, more than the {ENV_MAX_BYTES} allowed"
+        )
+    for number, entry in enumerate(found):
+        name, equals, _value = entry.partition("=")
+        if "\0" in entry:
+            raise TaskEnvironmentError(f"{field}[{number}]", "holds a NUL character")
+        if not equals or not name:
+            raise TaskEnvironmentError(
+                f"{field}[{number}]", f"{entry[:80]!r} does not read NAME=VALUE"
+            )
+    return found
+
+
+def _run_config(found: _RunConfig | None, image: str) -> ImageConfig:
+    if found is None:
+        return ImageConfig()
+    return ImageConfig(
+        env=image_env(found.Env, image),
+        working_dir=found.WorkingDir or "",
+        user=found.User or "",
+    )
 
 
 def _blob(layout: Path, digest: str, image: str) -> tuple[Path, str]:
@@ -220,13 +326,18 @@ def _read_layout(layout: Path, tag: str | None, image: str) -> ImageLayers:
     manifest = _load(path, _Manifest, image)
     assert isinstance(manifest, _Manifest)
     config_path, image_id = _blob(layout, manifest.config.digest, image)
-    config = _load(config_path, _Platform, image)
-    assert isinstance(config, _Platform)
+    run = _load(config_path, _RunOnly, image)
+    assert isinstance(run, _RunOnly)
     layers = []
     for descriptor in manifest.layers:
         blob, hex_digest = _blob(layout, descriptor.digest, image)
         layers.append(Layer(path=blob, media_type=descriptor.mediaType, sha256=hex_digest))
-    return ImageLayers(image_id=image_id, layers=tuple(layers), architecture=config.architecture)
+    return ImageLayers(
+        image_id=image_id,
+        layers=tuple(layers),
+        architecture=run.architecture,
+        config=_run_config(run.config, image),
+    )
 
 
 def _read_docker_archive(root: Path, image: str) -> ImageLayers:
@@ -256,6 +367,7 @@ def _read_docker_archive(root: Path, image: str) -> ImageLayers:
         image_id=_file_sha256(config_path),
         layers=tuple(layers),
         architecture=config.architecture,
+        config=_run_config(config.config, image),
     )
 
 
@@ -276,7 +388,10 @@ def _extract_archive(
     written = 0
     links: list[tuple[Path, str]] = []
     try:
-        with tarfile.open(archive, "r:*") as tar:
+        with (
+            _open_regular(archive, image) as raw,
+            tarfile.open(fileobj=raw, mode="r:*") as tar,
+        ):
             for member in tar:
                 where = f"{archive} member {member.name!r}"
                 parts = PurePosixPath(member.name).parts
@@ -339,16 +454,27 @@ def _engine(command: list[str], image: str, timeout_s: float) -> str:
     return done.stdout
 
 
-def engine_image_id(ref: EnvironmentRef, *, timeout_s: float) -> str:
-    """The id (config sha256, hex) of an image in podman's or docker's store."""
+def engine_image(ref: EnvironmentRef, *, timeout_s: float) -> tuple[str, ImageConfig]:
+    """The id (config sha256, hex) of an image in podman's or docker's store, and what its
+    config says about running it."""
     program = "podman" if ref.transport == "containers-storage" else "docker"
     out = _engine(
-        [program, "image", "inspect", "--format", "{{.Id}}", ref.location], str(ref), timeout_s
+        [program, "image", "inspect", "--format", "{{.Id}}\n{{json .Config}}", ref.location],
+        str(ref),
+        timeout_s,
     )
-    found = out.strip().removeprefix("sha256:")
+    first, _, rest = out.strip().partition("\n")
+    found = first.strip().removeprefix("sha256:")
     if not re.fullmatch(r"[0-9a-f]{64}", found):
         raise TaskEnvironmentError(str(ref), f"{program} gave no image id: {found[:80]!r}")
-    return found
+    try:
+        run = structure({"config": json.loads(rest or "null")}, _RunOnly)
+    except (ValueError, WireError) as error:
+        raise TaskEnvironmentError(
+            f"{ref}: config", f"{program} gave no readable config: {error}"
+        ) from error
+    assert isinstance(run, _RunOnly)
+    return found, _run_config(run.config, str(ref))
 
 
 def read_image(
@@ -374,11 +500,11 @@ def read_image(
             return _read_layout(staging, ref.tag, image)
         return _read_docker_archive(staging, image)
     if ref.transport in ("containers-storage", "docker-daemon"):
-        image_id = engine_image_id(ref, timeout_s=timeout_s)
+        image_id, config = engine_image(ref, timeout_s=timeout_s)
         if known(image_id):
             return image_id
         engine = "podman" if ref.transport == "containers-storage" else "docker"
-        return EngineExport(image_id=image_id, engine=engine, name=ref.location)
+        return EngineExport(image_id=image_id, engine=engine, name=ref.location, config=config)
     raise TaskEnvironmentError(image, "is a directory: it is used in place, not read as layers")
 
 

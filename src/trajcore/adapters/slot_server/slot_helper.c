@@ -2198,9 +2198,10 @@ static void mount_scratch(int channel, const plan *p) {
  * each reset), mounted at LAYER_DIR/root and made the root with pivot_root. /dev and the
  * workspace come along as binds; /proc, /tmp and the rest are mounted by the steps after. */
 static const char LAYER_DIR[] = "/run/trajcore/layer";
-/* A keeper request's largest size, and the most read-only layers a lease stacks: the frozen
- * layers of a snapshot chain (snapshots.py, MAX_DEPTH) and the image's tree. */
-#define REQUEST_MAX 16384
+/* A keeper request's largest size (an image's environment, at most 64 KiB, and the layers'
+ * paths: image_sources.py, ENV_MAX_BYTES), and the most read-only layers a lease stacks: the
+ * frozen layers of a snapshot chain (snapshots.py, MAX_DEPTH) and the image's tree. */
+#define REQUEST_MAX 98304
 #define MAX_LOWER_LAYERS 17
 /* A lease request's descriptors: its channel and an idmapped clone of each layer. */
 #define MAX_DESCRIPTORS (1 + MAX_LOWER_LAYERS)
@@ -2351,10 +2352,49 @@ static const char *lease_namespaces(const plan *p) {
     return NULL;
 }
 
+/* The environment of a lease over an image whose config sets variables (``size`` bytes at
+ * ``env``: NAME=VALUE entries, NUL-separated): the image's variables are the base; HOME and
+ * TMPDIR stay the keeper's (the workspace and the lease's tmp), and PATH, LANG and TERM the
+ * keeper's only where the image sets none, as docs/environments.md says. Refuses the lease on
+ * an entry that does not read NAME=VALUE (the server checked them when it read the image). */
+static void apply_image_env(int channel, const char *env, size_t size) {
+    static const char *const kept_names[] = {"HOME", "TMPDIR", "PATH", "LANG", "TERM"};
+    enum { KEPT = sizeof kept_names / sizeof kept_names[0], ALWAYS = 2 };
+    char *kept[KEPT];
+    for (size_t i = 0; i < KEPT; i++) {
+        const char *value = getenv(kept_names[i]);
+        kept[i] = value ? strdup(value) : NULL;
+        if (value && !kept[i])
+            refuse(channel, "the image's environment");
+    }
+    if (clearenv() != 0)
+        refuse(channel, "the image's environment");
+    static char name[REQUEST_MAX];
+    for (size_t offset = 0; offset < size;) {
+        const char *entry = env + offset;
+        size_t length = strnlen(entry, size - offset);
+        const char *equals = memchr(entry, '=', length);
+        if (!equals || equals == entry) {
+            errno = EINVAL;
+            refuse(channel, "the image's environment (an entry that is not NAME=VALUE)");
+        }
+        memcpy(name, entry, (size_t)(equals - entry));
+        name[equals - entry] = '\0'; /* its value ends at its NUL, or the request's (NUL-ended) */
+        if (setenv(name, equals + 1, 1) != 0)
+            refuse(channel, "the image's environment");
+        offset += length + 1;
+    }
+    for (size_t i = 0; i < KEPT; i++) {
+        if (kept[i] && setenv(kept_names[i], kept[i], i < ALWAYS) != 0)
+            refuse(channel, "the image's environment");
+        free(kept[i]);
+    }
+}
+
 /* The rest of a lease's setup (after lease_namespaces), from its request: its channel, the image's
  * tree or layers and their clones; then it serves the lease. Never returns. */
-static void lease_main(int channel, const plan *p, const char *image, const int *clones,
-                       size_t count) {
+static void lease_main(int channel, const plan *p, const char *image, const char *env,
+                       size_t env_size, const int *clones, size_t count) {
     mount_or_refuse(channel, NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
     /* The carried paths, held open before the fresh tmpfs (or the image's root) hides them:
      * descriptors opened here, in the lease's own mount namespace (a bind from another
@@ -2369,7 +2409,10 @@ static void lease_main(int channel, const plan *p, const char *image, const int 
     snprintf(tmux, sizeof tmux, "%s", p->tmux);
     if (image) {
         enter_image(channel, p, image, clones, count);
-        if (!which("tmux", tmux, sizeof tmux)) /* the image's own, if it has one */
+        if (env_size > 0)
+            apply_image_env(channel, env, env_size);
+        /* the image's own, if it has one (on the image's PATH, where it sets one) */
+        if (!which("tmux", tmux, sizeof tmux))
             tmux[0] = '\0';
     }
     else
@@ -2466,14 +2509,14 @@ static int end_lease(pid_t first) {
  * CLONE_NEWPID, so the keeper's own namespaces never change: an unprivileged sandbox may not
  * setns back into its pid namespace). Returns its pid as the keeper sees it, or -1 (errno
  * set). */
-static pid_t begin_lease(int channel, const plan *p, const char *image, const int *clones,
-                         size_t count) {
+static pid_t begin_lease(int channel, const plan *p, const char *image, const char *env,
+                         size_t env_size, const int *clones, size_t count) {
     pid_t first = (pid_t)syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, NULL, NULL, NULL, NULL);
     if (first == 0) {
         const char *failed = lease_namespaces(p);
         if (failed)
             refuse(channel, failed);
-        lease_main(channel, p, image, clones, count);
+        lease_main(channel, p, image, env, env_size, clones, count);
     }
     return first;
 }
@@ -2539,8 +2582,18 @@ static void readied_main(int socket_fd, const plan *p) {
     if (got <= 0 || fd_count == 0)
         _exit(3);
     close(socket_fd);
-    /* the keeper checked the request: "-" (the server's root), else "L" and the joined layers */
-    lease_main(fds[0], p, got > 1 ? message + 1 : NULL, fds + 1, fd_count - 1);
+    /* the keeper checked the request: "-" (the server's root), else "L" and the joined layers,
+     * then, where the image sets variables, NUL and its environment (NUL-separated) */
+    const char *image = got > 1 ? message + 1 : NULL, *env = NULL;
+    size_t env_size = 0;
+    if (image) {
+        size_t lowers = strnlen(image, (size_t)got - 1);
+        if (1 + lowers + 1 < (size_t)got) {
+            env = image + lowers + 1;
+            env_size = (size_t)got - 2 - lowers;
+        }
+    }
+    lease_main(fds[0], p, image, env, env_size, fds + 1, fd_count - 1);
 }
 
 /* Drop the readied lease, if any: kill and reap it. */
@@ -2584,7 +2637,8 @@ static void ready_next(plan *p) {
  * namespaces are made, then hand it the request ("-": the server's root, or "L" and the joined
  * layers) with the descriptors. Returns its pid, or -1 when it has none to offer (dropped; the caller clones a
  * fresh one). */
-static pid_t use_readied(plan *p, const char *image, const int *fds, size_t fd_count) {
+static pid_t use_readied(plan *p, const char *image, const char *env, size_t env_size,
+                         const int *fds, size_t fd_count) {
     if (p->readied <= 0)
         return -1;
     struct pollfd wait = {p->readied_socket, POLLIN, 0};
@@ -2603,6 +2657,14 @@ static pid_t use_readied(plan *p, const char *image, const int *fds, size_t fd_c
     if (image) {
         length += strlen(image);
         memcpy(message + 1, image, length - 1);
+        if (env_size > 0 && length + 1 + env_size <= REQUEST_MAX) {
+            message[length] = '\0';
+            memcpy(message + length + 1, env, env_size);
+            length += 1 + env_size;
+        } else if (env_size > 0) {
+            drop_readied(p); /* cannot be handed over: a fresh lease takes it */
+            return -1;
+        }
     }
     union {
         char room[CMSG_SPACE(MAX_DESCRIPTORS * sizeof(int))];
@@ -2697,18 +2759,27 @@ static int keep(plan *p) {
         reply.len = 0;
         /* "lease"; "lease-image" NUL the image's tree: a lease over that image; or "lease-fork"
          * NUL a snapshot's frozen layers (top first, NUL-separated) NUL the image's tree: a
-         * lease over those layers stacked on the image. The lease's channel is the first
+         * lease over those layers stacked on the image; either, then, an empty field and the
+         * image's environment (apply_image_env). The lease's channel is the first
          * descriptor; a lease over layers may bring an idmapped clone of each after it, in the
          * same order (attach_clones), or none (the layers' own paths) */
-        const char *image = NULL, *problem = NULL;
+        const char *image = NULL, *problem = NULL, *env = NULL;
         bool leasing = got == 5 && memcmp(message, "lease", 5) == 0;
-        size_t head = 0, layers = 0;
+        size_t head = 0, layers = 0, env_size = 0;
         if (got > 12 && memcmp(message, "lease-image\0", 12) == 0)
             head = 12;
         else if (got > 11 && memcmp(message, "lease-fork\0", 11) == 0)
             head = 11;
         if (head > 0) {
-            image = join_layers(message + head, (size_t)got - head, head == 11, &problem, &layers);
+            /* the layers end at an empty field, where the image's environment follows */
+            size_t body = (size_t)got - head;
+            const char *split = memmem(message + head, body, "\0\0", 2);
+            if (split) {
+                env = split + 2;
+                env_size = (size_t)(message + got - env);
+                body = (size_t)(split - (message + head));
+            }
+            image = join_layers(message + head, body, head == 11, &problem, &layers);
             leasing = true;
         }
         if (leasing && problem) {
@@ -2726,10 +2797,10 @@ static int keep(plan *p) {
                     end_lease(lease);
                     drop_readied(p);
                 }
-                lease = use_readied(p, image, fds, fd_count);
+                lease = use_readied(p, image, env, env_size, fds, fd_count);
                 bool readied = lease > 0; /* the server starts a fresh lease if it died */
                 if (lease <= 0)
-                    lease = begin_lease(fds[0], p, image, fds + 1, fd_count - 1);
+                    lease = begin_lease(fds[0], p, image, env, env_size, fds + 1, fd_count - 1);
                 if (lease > 0) {
                     buf_printf(&reply, "{\"lease\":true,\"pid\":%d,\"readied\":%s}", (int)lease,
                                readied ? "true" : "false");

@@ -111,9 +111,12 @@ class Slot:
 
     def lease_op(self) -> str:
         """The keeper's request for this slot's next lease: ``lease`` (the server's root), or
-        ``lease-image`` (``lease-fork`` from a snapshot) NUL its ``layers``, NUL-separated."""
+        ``lease-image`` (``lease-fork`` from a snapshot) NUL its ``layers``, NUL-separated, then,
+        where the image's config sets variables, an empty field and its ``Env`` entries,
+        NUL-separated (the keeper applies them: docs/sandbox.md)."""
         kind = "lease" if self.image is None else "lease-fork" if self.snapshot else "lease-image"
-        return "\0".join((kind, *map(str, self.layers())))
+        env = () if self.image is None or not self.image.image.env else ("", *self.image.image.env)
+        return "\0".join((kind, *map(str, self.layers()), *env))
 
 
 def sandbox_pid(slot: Slot) -> int | None:
