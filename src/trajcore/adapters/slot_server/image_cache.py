@@ -8,7 +8,13 @@ Layout under the cache's root::
                             its config says about running it (``env``, ``working_dir``,
                             ``user``)
     locks/<id>.lock         flock: exclusive while the image is made or evicted, shared while used
-    staging/                trees and exports in progress, and evicted trees being removed
+    locks/owner-<token>.lock  flock: exclusive for as long as the cache object that opened
+                            it lives (one per server): its owner is alive while it is held
+    staging/                trees and exports in progress (each named ``<kind>-<token>-...``
+                            after its owner), and evicted trees being removed
+    staging/export-<token>-<n>  an engine's export in progress: the engine and its container's
+                            name (``trajcore-export-<token>-<n>``, labelled
+                            ``trajcore.export=<cache root>``)
     cache.lock              flock: exclusive around admission and eviction
 
 The rules it keeps:
@@ -17,8 +23,10 @@ The rules it keeps:
   waits on its lock and then finds it made (a hit). An image appears under ``images/`` by one
   rename of a finished tree, so a reader never sees half an image.
 - **Consistent after any failure.** Unpacking happens in ``staging/``; a refused layer, a
-  digest mismatch, a full disk or a crash leave nothing under ``images/`` (a crashed run's
-  staging is swept when the next cache opens).
+  digest mismatch, a full disk or a crash leave nothing under ``images/``. What a stopped or
+  crashed server left in ``staging/`` (a partial unpack, an engine's container made for an
+  export) is removed when the next cache opens: an entry whose owner's lock is free is a dead
+  owner's; a live server's entries are never touched.
 - **In use is never evicted.** A lease holds its image's lock shared for as long as it runs
   over it (``ImageUse``); eviction takes the lock exclusive without waiting and skips images it
   cannot take. Images leave least recently used first when a new one would pass ``max_bytes``;
@@ -40,10 +48,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
+import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import overload
 
@@ -68,7 +79,10 @@ from trajcore.domain.task_environments import (
 
 __all__ = ["CachedImage", "ImageCache", "ImageUse"]
 
+_STAGED_KINDS = frozenset({"read", "image", "evicted", "export"})
+
 _POLL_S = 0.05
+_log = logging.getLogger(__name__)
 
 
 @attrs.frozen(kw_only=True)
@@ -168,6 +182,8 @@ class ImageCache:
         self._resolved: dict[str, tuple[tuple[int, ...], float, str]] = {}
         for name in ("images", "locks", "staging"):
             (root / name).mkdir(parents=True, exist_ok=True)
+        self._token = uuid.uuid4().hex[:12]
+        self._owner_fd = self._own()
         self._sweep_staging()
 
     # -- requests
@@ -187,7 +203,9 @@ class ImageCache:
         if held is not None:
             return held
         stamp = _stamp(ref)
-        with tempfile.TemporaryDirectory(dir=self.root / "staging", prefix="read-") as scratch:
+        with tempfile.TemporaryDirectory(
+            dir=self.root / "staging", prefix=f"read-{self._token}-"
+        ) as scratch:
             try:
                 found = read_image(
                     ref, Path(scratch), timeout_s=self.engine_timeout_s, known=self._holds
@@ -361,14 +379,24 @@ class ImageCache:
         try:
             if self._holds(found.image_id):
                 return False
-            staged = Path(tempfile.mkdtemp(dir=self.root / "staging", prefix="image-"))
+            staged = Path(
+                tempfile.mkdtemp(dir=self.root / "staging", prefix=f"image-{self._token}-")
+            )
             staged.chmod(0o755)  # slots run as other uids, and mount the tree below them
             try:
                 (staged / "rootfs").mkdir(mode=0o755)
                 budget = UnpackBudget(image=str(ref), limits=self.limits)
                 started = time.monotonic()
                 if isinstance(found, EngineExport):
-                    with exported(found, timeout_s=self.engine_timeout_s) as stream:
+                    with (
+                        self._export_record(found.engine) as container,
+                        exported(
+                            found,
+                            timeout_s=self.engine_timeout_s,
+                            container=container,
+                            label=f"trajcore.export={self.root}",
+                        ) as stream,
+                    ):
                         unpack_stream(
                             stream,
                             staged / "rootfs",
@@ -454,7 +482,9 @@ class ImageCache:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return False
-            gone = Path(tempfile.mkdtemp(dir=self.root / "staging", prefix="evicted-"))
+            gone = Path(
+                tempfile.mkdtemp(dir=self.root / "staging", prefix=f"evicted-{self._token}-")
+            )
             os.rename(self.root / "images" / image_id, gone / "image")
             remove_tree(gone)
             self._counters.evicted += 1
@@ -462,8 +492,59 @@ class ImageCache:
         finally:
             os.close(fd)
 
+    def _own(self) -> int:
+        """This cache's owner lock (``locks/owner-<token>.lock``), held exclusive until the
+        process ends: flocked before it is renamed into place, so that no sweep ever finds it
+        free while its owner lives."""
+        locks = self.root / "locks"
+        fd, made = tempfile.mkstemp(dir=locks, prefix=".owner-")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(made, locks / f"owner-{self._token}.lock")
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(made)
+            raise
+        os.set_inheritable(fd, False)
+        return fd
+
+    def _owner_alive(self, token: str) -> bool:
+        """Whether the cache object that named its entries ``token`` still lives (holds its
+        owner lock); a lock file that is gone is a dead owner's."""
+        if token == self._token:
+            return True
+        try:
+            fd = os.open(self.root / "locks" / f"owner-{token}.lock", os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    @contextlib.contextmanager
+    def _export_record(self, engine: str) -> Iterator[str]:
+        """The name of the container an engine's export makes, recorded in ``staging/`` (the
+        engine and the name) for as long as the export runs, so that a sweep removes the
+        container should this owner die before it does."""
+        fd, made = tempfile.mkstemp(dir=self.root / "staging", prefix=f"export-{self._token}-")
+        container = f"trajcore-export-{Path(made).name.removeprefix('export-')}"
+        try:
+            with os.fdopen(fd, "w") as record:
+                json.dump({"engine": engine, "container": container}, record)
+            yield container
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(made)
+
     def _sweep_staging(self) -> None:
-        """Remove what a crashed run left in ``staging/``, except what a live request holds."""
+        """Remove what a dead owner left in ``staging/`` (its partial trees, and the containers
+        its exports made) and its owner lock; an entry of no known owner (an older trajcore's)
+        once it is an hour old. A live owner's entries stay."""
         guard = os.open(self.root / "cache.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             try:
@@ -471,11 +552,45 @@ class ImageCache:
             except BlockingIOError:
                 return  # another server is admitting; it will not leave debris behind
             for left in (self.root / "staging").iterdir():
-                if time.time() - left.stat().st_mtime > 3600:
+                kind, _, rest = left.name.partition("-")
+                token = rest.partition("-")[0]
+                if kind in _STAGED_KINDS and len(token) == len(self._token):
+                    if self._owner_alive(token):
+                        continue
+                elif time.time() - left.stat().st_mtime <= 3600:
+                    continue
+                if kind == "export" and left.is_file():
+                    self._remove_container(left)
+                with contextlib.suppress(OSError):
+                    remove_tree(left) if left.is_dir() else left.unlink()
+            for owner in (self.root / "locks").glob("owner-*.lock"):
+                token = owner.name.removeprefix("owner-").removesuffix(".lock")
+                if not self._owner_alive(token):
                     with contextlib.suppress(OSError):
-                        remove_tree(left) if left.is_dir() else left.unlink()
+                        owner.unlink()
         finally:
             os.close(guard)
+
+    def _remove_container(self, record: Path) -> None:
+        """Remove the container a dead owner's export made (its record names it); a container
+        that is gone already, or an engine that fails, is logged and left."""
+        try:
+            found = json.loads(record.read_text())
+            engine, container = str(found["engine"]), str(found["container"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # written only partly: the owner died before its container was made
+        if engine not in ("podman", "docker") or not container.startswith("trajcore-export-"):
+            return
+        program = [engine, "--runtime", "runc"] if engine == "podman" else [engine]
+        try:
+            subprocess.run(
+                [*program, "rm", "-f", container],
+                capture_output=True,
+                timeout=self.engine_timeout_s,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            _log.warning("cannot remove a dead export's container %s: %s", container, error)
 
     def _entry(
         self, ref: EnvironmentRef, image_id: str, *, hit: bool, started: float

@@ -459,11 +459,11 @@ def engine_image(ref: EnvironmentRef, *, timeout_s: float) -> tuple[str, ImageCo
     config says about running it."""
     program = "podman" if ref.transport == "containers-storage" else "docker"
     out = _engine(
-        [program, "image", "inspect", "--format", "{{.Id}}\n{{json .Config}}", ref.location],
+        [program, "image", "inspect", "--format", "{{.Id}} {{json .Config}}", ref.location],
         str(ref),
         timeout_s,
     )
-    first, _, rest = out.strip().partition("\n")
+    first, _, rest = out.strip().partition(" ")
     found = first.strip().removeprefix("sha256:")
     if not re.fullmatch(r"[0-9a-f]{64}", found):
         raise TaskEnvironmentError(str(ref), f"{program} gave no image id: {found[:80]!r}")
@@ -509,17 +509,25 @@ def read_image(
 
 
 @contextlib.contextmanager
-def exported(export: EngineExport, *, timeout_s: float) -> Iterator[IO[bytes]]:
+def exported(
+    export: EngineExport, *, timeout_s: float, container: str | None = None, label: str = ""
+) -> Iterator[IO[bytes]]:
     """The engine's flattened export of ``export`` as a stream, within ``timeout_s`` in all.
 
-    The container made for it is removed on the way out, whatever happened.
+    The container made for it (named ``container`` where given, labelled ``label``) is removed
+    on the way out, whatever happened; one left by a process killed meanwhile is the image
+    cache's to remove (``ImageCache`` names it and records it in its staging).
 
     Raises:
         TaskEnvironmentError: the engine failed (its words quoted) or passed the deadline.
     """
     image = f"{export.engine}:{export.name}"
     program = [export.engine, "--runtime", "runc"] if export.engine == "podman" else [export.engine]
-    created = _engine([*program, "create", export.name, "/bin/true"], image, timeout_s).strip()
+    naming = [] if container is None else ["--name", container]
+    naming += [] if not label else ["--label", label]
+    created = _engine(
+        [*program, "create", *naming, export.name, "/bin/true"], image, timeout_s
+    ).strip()
     try:
         process = subprocess.Popen(
             [*program, "export", created], stdout=subprocess.PIPE, stderr=subprocess.PIPE
