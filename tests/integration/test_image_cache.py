@@ -308,3 +308,49 @@ def test_a_directory_outside_the_listed_folders_is_refused(tmp_path: Path) -> No
     closed = ImageCache(tmp_path / "cache", max_bytes=1 << 30)
     with pytest.raises(TaskEnvironmentError, match="directory: environments are off"):
         closed.acquire(parse_environment_ref(f"directory:{listed}"))
+
+
+def test_a_directory_whose_path_another_user_may_change_is_refused(tmp_path: Path) -> None:
+    """A lease mounts its tree by path after the check: a folder on the path that a user other
+    than root and the server's may change (group- or world-writable, not sticky) could have
+    the tree swapped for a link to any host folder once the lease is granted. A sticky folder
+    (``/tmp``) is kept when the entry below it is the server's."""
+    listed = tmp_path / "listed"
+    for folder in ("kept", "open", "sticky"):
+        (listed / folder / "task").mkdir(parents=True)
+    (listed / "open").chmod(0o777)
+    (listed / "sticky").chmod(0o1777)
+    cache = ImageCache(tmp_path / "cache", max_bytes=1 << 30, environment_dirs=(listed,))
+    for kept in ("kept", "sticky"):
+        with cache.acquire(parse_environment_ref(f"directory:{listed / kept / 'task'}")) as use:
+            assert use.image.rootfs == listed / kept / "task"
+    ref = f"directory:{listed / 'open' / 'task'}"
+    with pytest.raises(TaskEnvironmentError) as refused:
+        cache.acquire(parse_environment_ref(ref))
+    assert refused.value.field == ref
+    said = f"{listed / 'open'} (owner uid {os.geteuid()}, mode 777)"
+    assert refused.value.reason.startswith(said), refused.value.reason
+    assert "may be changed by users other than root and the slot server's" in refused.value.reason
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a folder to another user")
+def test_a_directory_below_another_users_folder_is_refused(tmp_path: Path) -> None:
+    listed = tmp_path / "listed"
+    (listed / "theirs" / "task").mkdir(parents=True)
+    (listed / "sticky" / "task").mkdir(parents=True)
+    (listed / "sticky").chmod(0o1777)
+    os.chown(listed / "theirs", 65534, 65534)
+    os.chown(listed / "sticky" / "task", 65534, 65534)  # its owner may rename it in /tmp-like
+    cache = ImageCache(tmp_path / "cache", max_bytes=1 << 30, environment_dirs=(listed,))
+    for named, folder in (("theirs", "theirs"), ("sticky", "sticky")):
+        with pytest.raises(TaskEnvironmentError, match="may be changed by users") as refused:
+            cache.acquire(parse_environment_ref(f"directory:{listed / named / 'task'}"))
+        assert refused.value.reason.startswith(f"{listed / folder} (owner uid ")
+
+
+def test_the_refusal_of_every_directory_names_the_container_pools_flag(tmp_path: Path) -> None:
+    closed = ImageCache(tmp_path / "cache", max_bytes=1 << 30)
+    with pytest.raises(TaskEnvironmentError) as refused:
+        closed.acquire(parse_environment_ref(f"directory:{tmp_path}"))
+    assert "--env.environment_dirs" in refused.value.reason
+    assert "--env.container_environment_dirs" in refused.value.reason

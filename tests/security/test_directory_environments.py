@@ -12,6 +12,7 @@ read returns it, so the check sees the attack when it is allowed.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import shutil
 from collections.abc import Iterator
@@ -109,6 +110,46 @@ def test_a_server_without_a_list_refuses_every_directory() -> None:
                 code, text = await shell(running, 0, 1, f"cat {folder / 'task' / 'canary'}")
                 assert code != 0, text
                 assert canary not in text, text
+
+            asyncio.run(main())
+        finally:
+            assert stop_server(running) == 0
+
+
+def test_a_tree_another_user_could_swap_after_its_check_is_refused() -> None:
+    """The lease mounts its tree by path after the check, so a tree below a folder that others
+    may write could be swapped, once granted, for a link to a folder outside the list. Such a
+    tree is refused at its lease. The control is the same swap under a folder only the
+    server's user writes (the server's user may always change its own folders): the lease
+    runs over the swapped-in tree, so the check sees the attack when it is allowed."""
+    with searchable_dir("directory-swap") as folder:
+        outside = _tree_with_canary(folder / "outside" / "task")
+        for name in ("open", "kept"):
+            _tree_with_canary(folder / "listed" / name / "task")
+            (folder / "listed" / name).chmod(0o755)
+        (folder / "listed").chmod(0o755)
+        (folder / "outside").chmod(0o755)
+        (folder / "listed" / "open").chmod(0o777)
+        running = start_server(
+            folder / "root", "--image-cache", str(folder / "cache"),
+            "--environment-dir", str(folder / "listed"),
+            env={**os.environ, "TRAJCORE_SLOT_WARM_LEASES": "0"},  # mounted at the first call
+        )  # fmt: skip
+        try:
+
+            async def main() -> None:
+                for slot, name in enumerate(("open", "kept")):
+                    tree = folder / "listed" / name / "task"
+                    answer = await lease(running, slot, 1, f"directory:{tree}")
+                    if name == "open":
+                        assert answer["ok"] is False, answer
+                        assert "may be changed by users other than root" in str(answer["error"])
+                        continue
+                    assert answer["ok"] is True, answer
+                    tree.rename(tree.with_name("was-task"))
+                    tree.symlink_to(folder / "outside" / "task")
+                    assert await shell(running, slot, 1, "cat /canary") == (0, outside)
+                    await reset(running, slot, 1)
 
             asyncio.run(main())
         finally:

@@ -40,16 +40,20 @@ data: the tree must be one of the folders the operator lists (``environment_dirs
 server's ``--environment-dir``) or lie below one, its symlinks resolved; any other path, or any
 path when none is listed, is refused. A lease runs over such a tree as over an image, its
 root-owned files the slot's in the lease's idmapped view, so only folders meant for leases belong
-in the list.
+in the list. The lease mounts the tree by path after this check, so every folder above it must
+be writable only by root or the server's user (a sticky one: with the entry below theirs), or a
+user who could rename an entry there could swap the tree for a link to any host folder.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import logging
 import os
+import stat
 import subprocess
 import tempfile
 import time
@@ -293,7 +297,8 @@ class ImageCache:
                 str(ref),
                 "directory: environments are off on this slot server: list the folders their "
                 "trees may come from (environment_dirs; the slot server's --environment-dir, "
-                "the env's --env.environment_dirs)",
+                "the env's --env.environment_dirs, on the container pool "
+                "--env.container_environment_dirs)",
             )
         if not tree.is_dir() or tree.is_symlink():
             raise TaskEnvironmentError(str(ref), f"{tree} is not a directory")
@@ -305,6 +310,9 @@ class ImageCache:
                 f"{real} is not in a folder listed for directory: environments ({listed}): "
                 "add its folder to environment_dirs (the slot server's --environment-dir)",
             )
+        swappable = _swappable(real)
+        if swappable is not None:
+            raise TaskEnvironmentError(str(ref), swappable)
         self._counters.hits += 1
         return CachedImage(
             ref=str(ref),
@@ -613,6 +621,33 @@ class ImageCache:
             working_dir=str(meta.get("working_dir", "")),
             user=str(meta.get("user", "")),
         )
+
+
+def _swappable(tree: Path) -> str | None:
+    """Why a user other than root and this server's could put another tree at ``tree``'s path
+    between its check and its lease's mount (which opens it by path), or ``None``.
+
+    Whoever may rename an entry of a folder on the path could swap the checked tree for a link
+    to any host folder once its lease is granted. So every folder above it must be owned by
+    root or this process's user and writable by no one else, unless it is sticky (``/tmp``)
+    and the entry below it is owned by one of them."""
+    trusted = {0, os.geteuid()}
+    for folder, entry in itertools.pairwise([*reversed(tree.parents), tree]):
+        try:
+            info, below = os.lstat(folder), os.lstat(entry)
+        except OSError as error:
+            return f"{entry} cannot be checked: {error.strerror}"
+        open_to_others = info.st_mode & 0o022 and not (
+            info.st_mode & stat.S_ISVTX and below.st_uid in trusted
+        )
+        if info.st_uid not in trusted or open_to_others:
+            return (
+                f"{folder} (owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}) may be "
+                "changed by users other than root and the slot server's, who could swap the "
+                "tree below it for a link to another host folder after this check: folders "
+                "above a directory: tree must be writable only by root or the server's user"
+            )
+    return None
 
 
 def _stamp(ref: EnvironmentRef) -> tuple[int, ...]:
