@@ -66,7 +66,8 @@ async def check_a_release_ends_the_running_call(pool: SandboxPool) -> None:
     queued behind it in the same batch, and end the lease while the sleep runs: the release
     and the batch's answer come well before the sleep's timeout; the sleep is ended
     (``INFRA_ERROR``) or refused as stale (``REJECTED``, had it not started yet), never run
-    to its end; the queued write never runs, so the slot's next lease finds no file of it."""
+    to its end; the queued write is refused for its lease (``lease_refused``) and never runs,
+    so the slot's next lease finds no file of it."""
     results: list[ToolResult] = []
     with anyio.fail_after(_RELEASE_S):
         async with anyio.create_task_group() as group, pool.lease("ended") as lease:
@@ -82,7 +83,10 @@ async def check_a_release_ends_the_running_call(pool: SandboxPool) -> None:
             await anyio.sleep(_STARTING_S)  # started or not, the release must end it
         ended, queued = results
         assert ended.outcome in {ToolOutcome.INFRA_ERROR, ToolOutcome.REJECTED}, ended
+        # a refusal for the lease is marked so: an env's reader tells it from the call's answer
+        assert ended.outcome is ToolOutcome.INFRA_ERROR or ended.lease_refused, ended
         assert queued.outcome is ToolOutcome.REJECTED, queued
+        assert queued.lease_refused, queued
         async with pool.lease("next") as after:
             (late,) = await pool.execute(
                 after.slot.container, [slot_call(after, "read_file", path="late.txt")]
