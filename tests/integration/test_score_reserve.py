@@ -3,7 +3,9 @@ model that writes its answer and then sleeps in the slot, turn after turn. Its t
 turns' deadline (``deadline_s`` less the score reserve), its sleep is killed there (the call's
 timeout was cut to end there), and the score hook's check runs in the same lease before the
 trajectory's deadline: ``time_budget``, healthy, with the hook's score. Before, the deadline
-took the lease with the hook unrun, and the member was an ``infra_error``, left out."""
+took the lease with the hook unrun, and the member was an ``infra_error``, left out. The same
+holds for a turn of several long calls, which the slot runs one after another: they share the
+time the turn has left."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.groups import TrajectoryStatus
 from trajcore.domain.messages import Message
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
+from trajcore.domain.tools import ToolOutcome
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.scripted import ScriptedPolicy, ScriptStep, tool_call
 from trajcore.rollout.tools import SlotTools
@@ -91,3 +94,51 @@ async def test_a_model_sleeping_past_its_turns_is_scored_in_its_lease_within_the
     (scored_at,) = hooks.scored_at
     assert scored_at - started <= DEADLINE_S - 0.5  # it started with most of the reserve left
     assert took <= DEADLINE_S + SLACK_S
+
+
+def sleepers(messages: Sequence[Message]) -> ScriptStep:
+    """The model: writes its answer, then makes three long calls in one turn, turn after turn."""
+    if not any(message.role == "tool" for message in messages):
+        return tool_call("bash", command="echo ok > answer")
+    return [tool_call("bash", command="sleep 60") for _ in range(3)]
+
+
+async def test_a_turn_of_several_long_calls_ends_at_the_turns_deadline_and_is_scored() -> None:
+    """Three ``sleep 60`` in one turn, a 6 s deadline: the slot server runs them one after
+    another within the time the turn has left (the first is killed at the turns' deadline, the
+    others are answered ``TIMEOUT`` unrun), their results reach the transcript, and the hook's
+    check runs in the lease. Before, each had the whole time left, the slot was busy with them
+    past the trajectory's deadline, and the member was an ``infra_error`` with none of them."""
+    deadline_s = 6.0
+    hooks = Hooks()
+    async with (
+        LocalSandboxPool(config(containers=1, slots=1)) as pool,
+        ToolDispatcher(pool, BatchConfig()) as dispatcher,
+    ):
+        started = anyio.current_time()
+        with anyio.fail_after(deadline_s + 20):
+            result = await run_trajectory(
+                trajectory_id="sleepers",
+                messages=[Message.system("You work in a slot."), Message.user("answer")],
+                tools=SLOT_TOOL_SPECS,
+                hooks=TrajectoryHooks(prepare=hooks.prepare, score=hooks.score),
+                policy=ScriptedPolicy.openai(sleepers),
+                pool=pool,
+                dispatcher=dispatcher,
+                tool_server=None,
+                config=attrs.evolve(ROLLOUT, deadline_s=deadline_s),
+            )
+        took = anyio.current_time() - started
+
+    assert result.stats.stop_reason is StopReason.TIME_BUDGET, result.outcome
+    assert (result.outcome.status, result.outcome.score) == (TrajectoryStatus.BUDGET_EXHAUSTED, 1.0)
+    assert len(hooks.scored_at) == 1  # its command ran
+    sleeps = [e for e in result.exchanges if e.call.arguments["command"] == "sleep 60"]
+    assert [e.result.outcome for e in sleeps] == [ToolOutcome.TIMEOUT] * 3, sleeps
+    ran, *unrun = sleeps
+    assert ran.result.exec is not None
+    assert ran.result.exec.timed_out
+    assert all("turn's time ran out before it could start" in (e.result.error or "") for e in unrun)
+    assert [m.tool_call_id for m in result.messages[-3:]] == [e.call.id for e in sleeps]
+    assert all(e.result.outcome is not ToolOutcome.INFRA_ERROR for e in result.exchanges)
+    assert took <= deadline_s + SLACK_S

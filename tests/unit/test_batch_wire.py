@@ -29,6 +29,7 @@ def slot_call(
     tool: object = "bash",
     arguments: object = None,
     timeout_s: object = 30.0,
+    time_left_s: object = None,
 ) -> SlotCall:
     """A ``SlotCall`` with any field values (the constructors' own checks off, as a caller's
     later change to a value would leave them)."""
@@ -39,7 +40,7 @@ def slot_call(
             name=tool,  # type: ignore[arg-type]
             arguments={"command": "true"} if arguments is None else arguments,  # type: ignore[arg-type]
         )
-        return SlotCall(lease=lease, call=call, timeout_s=timeout_s)  # type: ignore[arg-type]
+        return SlotCall(lease=lease, call=call, timeout_s=timeout_s, time_left_s=time_left_s)  # type: ignore[arg-type]
 
 
 def general(calls: list[SlotCall]) -> tuple[bytes, float]:
@@ -78,6 +79,7 @@ def test_plain_batches_give_the_general_paths_body_and_deadline() -> None:
         [slot_call(arguments={"path": "é/\u2603", "n": [1, 2.5, None, True], "o": {"k": "v"}})],
         [slot_call(arguments={"content": "\udcff lone surrogate"}, tool="write_file")],
         [slot_call(index=0, epoch=0, timeout_s=5e-324)],
+        [slot_call(time_left_s=2.5), slot_call(call_id="c2", time_left_s=7)],
     ]
     for calls in batches:
         found = batch_body(calls)
@@ -114,6 +116,12 @@ REFUSED: list[tuple[str, dict[str, Any]]] = [
     ("timeout_s", {"timeout_s": True}),
     ("timeout_s", {"timeout_s": "30"}),
     ("timeout_s", {"timeout_s": None}),
+    ("time_left_s", {"time_left_s": 0}),
+    ("time_left_s", {"time_left_s": -2.0}),
+    ("time_left_s", {"time_left_s": math.inf}),
+    ("time_left_s", {"time_left_s": math.nan}),
+    ("time_left_s", {"time_left_s": False}),
+    ("time_left_s", {"time_left_s": "3"}),
 ]
 
 
@@ -146,6 +154,8 @@ def test_subclasses_are_left_to_the_general_path() -> None:
         [slot_call(epoch=Whole(2))],
         [slot_call(timeout_s=Whole(2))],
         [slot_call(timeout_s=2**53 + 1)],
+        [slot_call(time_left_s=Whole(2))],
+        [slot_call(time_left_s=2**53 + 1)],
     ):
         assert batch_body(calls) is None
         general(calls)  # which accepts them
@@ -175,6 +185,9 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "tool": st.sampled_from(["bash", "read_file", "t"]),
     "arguments": st.dictionaries(st.text(max_size=6), json_value, max_size=4),
     "timeout_s": st.one_of(st.floats(min_value=5e-324, max_value=1e300), st.integers(1, 2**53)),
+    "time_left_s": st.one_of(
+        st.none(), st.floats(min_value=5e-324, max_value=1e300), st.integers(1, 2**53)
+    ),
 }
 
 

@@ -13,13 +13,14 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 
 import anyio
+import attrs
 import pytest
 
 from trajcore.adapters.event_loops import FutureWaiter, asyncio_hooks
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.errors import PoolClosed
-from trajcore.domain.slots import Lease, PoolStatistics, SlotCall
+from trajcore.domain.slots import Lease, PoolStatistics, SlotCall, time_left_spent
 from trajcore.domain.tools import ToolCall, ToolOutcome, ToolResult
 from trajcore.ports.event_loop import LoopHooks, ResultWaiter
 from trajcore.rollout.dispatcher import ToolDispatcher, _Backend, _Waiter
@@ -645,3 +646,47 @@ async def test_the_dispatchers_clock_is_anyios_time_before_and_after_it_starts(
             await anyio.sleep(0.01)
             before = anyio.current_time()
             assert before <= dispatcher.clock() <= anyio.current_time()
+
+
+class RecordingPool(DelegatingPool):
+    """A SandboxPool that records the calls of each batch as they went out."""
+
+    def __init__(self, inner: FakeSandboxPool) -> None:
+        super().__init__(inner)
+        self.sent: list[list[SlotCall]] = []
+
+    async def execute(self, container: str, calls: Sequence[SlotCall]) -> list[ToolResult]:
+        self.sent.append(list(calls))
+        return await self.inner.execute(container, calls)
+
+
+@pytest.mark.anyio
+async def test_a_turns_time_counts_from_the_offer_for_calls_held_behind_their_slot(
+    loop_hooks: HookFactory,
+) -> None:
+    """A turn's two calls of one slot, one batch each (``max_batch_size`` 1): the second waits
+    here until the first is answered. It goes out with its turn's time less that wait, or,
+    when the first spent it all, is answered ``TIMEOUT`` without going out."""
+    config = BatchConfig(window_ms=0.0, max_batch_size=1, eager=True)
+    async with FakeSandboxPool(containers=1, slots_per_container=1) as inner:
+        pool = RecordingPool(inner)
+        async with ToolDispatcher(pool, config, loop_hooks=loop_hooks) as dispatcher:
+            async with pool.lease("t") as lease:
+                quick = [attrs.evolve(bash(lease, "echo hi"), time_left_s=30.0) for _ in range(2)]
+                with anyio.fail_after(5):
+                    answers = await dispatcher.run(quick)
+                assert [a.outcome for a in answers] == [ToolOutcome.OK] * 2
+                sent = [(call.call, call.time_left_s) for calls in pool.sent for call in calls]
+                assert [call for call, _ in sent] == [call.call for call in quick]
+                assert all(left is not None and 0 < left <= 30.0 for _, left in sent), sent
+
+                pool.sent.clear()
+                long = [attrs.evolve(bash(lease, "sleep 60"), time_left_s=0.2) for _ in range(2)]
+                with anyio.fail_after(5):
+                    ran, unrun = await dispatcher.run(long)
+            assert ran.outcome is ToolOutcome.TIMEOUT  # cut to the turn's 0.2 s in the slot
+            assert ran.exec is not None
+            assert ran.exec.timed_out
+            assert (unrun.outcome, unrun.exec) == (ToolOutcome.TIMEOUT, None)
+            assert unrun.error == time_left_spent(0.2)
+            assert [[call.call for call in calls] for calls in pool.sent] == [[long[0].call]]

@@ -41,6 +41,7 @@ calls = st.builds(
     ExecuteCall, slot=count, epoch=count, call_id=text.filter(bool), tool=text.filter(bool),
     arguments=st.dictionaries(text, json_value, max_size=3),
     timeout_s=st.floats(min_value=0.001, max_value=1e6) | st.integers(1, 10**6).map(float),
+    time_left_s=st.none() | st.floats(min_value=0.001, max_value=1e6),
     hook=st.booleans(),
 )  # fmt: skip
 reports = st.builds(
@@ -171,6 +172,10 @@ SAMPLES: list[Any] = [
                 slot=0, epoch=1, call_id="a", tool="bash", arguments={"command": "true"},
                 timeout_s=2.5,
             ),
+            ExecuteCall(
+                slot=0, epoch=1, call_id="b", tool="bash", arguments={"command": "true"},
+                timeout_s=2.5, time_left_s=1.25,
+            ),
         ]
     ),
     ExecuteResponse(
@@ -215,6 +220,24 @@ def test_a_well_formed_batch_and_its_results_take_the_fast_path() -> None:
     for value in (ExecuteRequest(calls=[call, call]), ExecuteResponse(results=[result])):
         wire = json.loads(encode(value))
         assert FAST_STRUCTURE[type(value)](wire) == value
+
+
+def test_a_turns_time_takes_the_fast_path_and_a_bad_one_is_named() -> None:
+    call = ExecuteCall(
+        slot=3, epoch=7, call_id="c-1", tool="bash", arguments={}, timeout_s=30, time_left_s=4
+    )
+    wire = json.loads(encode(ExecuteRequest(calls=[call])))
+    assert wire["calls"][0]["time_left_s"] == 4.0
+    assert FAST_STRUCTURE[ExecuteRequest](wire) == ExecuteRequest(calls=[call])
+    del wire["calls"][0]["time_left_s"]  # an older client's: no turn's time
+    assert FAST_STRUCTURE[ExecuteRequest](wire) == ExecuteRequest(
+        calls=[attrs.evolve(call, time_left_s=None)]
+    )
+    wire["calls"][0]["time_left_s"] = -1.0
+    assert FAST_STRUCTURE[ExecuteRequest](wire) is None
+    with pytest.raises(WireError) as refused:
+        decode(json.dumps(wire), ExecuteRequest)
+    assert refused.value.field == "$.calls[0].time_left_s"
 
 
 def test_a_refused_batch_still_names_the_field_of_its_fault() -> None:

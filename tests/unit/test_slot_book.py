@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from trajcore.domain.errors import ConfigError, InvalidInput, StaleLease, StateError, UnknownSlot
 from trajcore.domain.scaling import ContainerLoad, drain_order
 from trajcore.domain.slot_book import Grant, SlotBook, Ticket
-from trajcore.domain.slots import Lease, SlotCall, SlotId, SlotState
+from trajcore.domain.slots import Lease, SlotCall, SlotId, SlotState, time_left_spent
 from trajcore.domain.tools import ToolCall
 
 
@@ -42,6 +42,26 @@ def test_a_slot_call_takes_finite_seconds_only(bad: float) -> None:
     with pytest.raises(InvalidInput) as caught:
         SlotCall(lease=lease, call=call, timeout_s=bad)
     assert caught.value.field == "timeout_s"
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -1.0, float("inf"), float("nan"), True, "1"])
+def test_a_slot_calls_turn_time_is_finite_seconds_or_none(bad: object) -> None:
+    """A turn's time left is finite seconds > 0, or ``None`` (the call has only its limit)."""
+    lease = Lease(slot=SlotId(container="c", index=0), epoch=1, holder="t")
+    call = ToolCall(id="a", name="bash", arguments={"command": "true"})
+    assert SlotCall(lease=lease, call=call, timeout_s=9.0).time_left_s is None
+    assert SlotCall(lease=lease, call=call, timeout_s=9.0, time_left_s=1.5).time_left_s == 1.5
+    with pytest.raises(InvalidInput) as caught:
+        SlotCall(lease=lease, call=call, timeout_s=9.0, time_left_s=bad)  # type: ignore[arg-type]
+    assert caught.value.field == "time_left_s"
+    assert "finite seconds > 0" in caught.value.reason
+
+
+def test_a_call_left_no_time_by_its_turn_says_so_with_the_time_it_had() -> None:
+    reason = time_left_spent(1.5)
+    assert reason.startswith("not run: its turn's time ran out before it could start")
+    assert "1.5 s left" in reason
+    assert "calls before it in this slot" in reason
 
 
 def test_a_free_slot_is_leased_at_once_and_its_epoch_grows_on_every_grant() -> None:

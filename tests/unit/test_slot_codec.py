@@ -52,6 +52,7 @@ capabilities = st.builds(
 execute_call = st.builds(
     ExecuteCall, slot=count, epoch=count, call_id=text.filter(bool), tool=text.filter(bool),
     arguments=st.dictionaries(text, json_value, max_size=3), timeout_s=seconds,
+    time_left_s=st.none() | seconds,
 )  # fmt: skip
 exec_report = st.builds(
     ExecReport, exit_code=st.none() | st.integers(0, 255), stdout=text, stderr=text,
@@ -144,6 +145,18 @@ def test_every_wire_type_round_trips(value: Any) -> None:
         ),
         (
             b'{"calls": [{"slot": 1, "epoch": 1, "call_id": "a", "tool": "b", "timeout_s": 1,'
+            b' "time_left_s": 0}]}',
+            "$.calls[0].time_left_s",
+            "None or finite seconds > 0",
+        ),
+        (
+            b'{"calls": [{"slot": 1, "epoch": 1, "call_id": "a", "tool": "b", "timeout_s": 1,'
+            b' "time_left_s": "2"}]}',
+            "$.calls[0].time_left_s",
+            "",
+        ),
+        (
+            b'{"calls": [{"slot": 1, "epoch": 1, "call_id": "a", "tool": "b", "timeout_s": 1,'
             b' "arguments": [1]}]}',
             "$.calls[0].arguments",
             "JSON object",
@@ -156,6 +169,15 @@ def test_bad_input_names_the_path(body: bytes, field: str, reason: str) -> None:
     assert info.value.field == field
     assert reason in info.value.reason
     assert str(info.value) == f"{info.value.reason} @ {field}"
+
+
+def test_a_call_from_a_client_that_sends_no_turn_time_has_none() -> None:
+    """An older client's call (no ``time_left_s``) runs under its limit alone."""
+    body = b'{"calls": [{"slot": 1, "epoch": 1, "call_id": "a", "tool": "b", "timeout_s": 1}]}'
+    (call,) = decode(body, ExecuteRequest).calls
+    assert call.time_left_s is None
+    with_time = body.replace(b'"timeout_s": 1', b'"timeout_s": 1, "time_left_s": 2.5')
+    assert decode(with_time, ExecuteRequest).calls[0].time_left_s == 2.5
 
 
 def test_bad_base64_is_a_wire_error() -> None:

@@ -47,6 +47,37 @@ def test_a_slot_call_goes_on_the_wire_as_its_slot_index_epoch_call_and_limit() -
     )
 
 
+def test_a_slot_calls_turn_time_goes_on_the_wire_with_it() -> None:
+    slot_call = SlotCall(
+        lease=Lease(slot=SlotId(container="c7", index=3), epoch=12, holder="traj-1"),
+        call=ToolCall(id="call_9", name="bash", arguments={"command": "sleep 9"}),
+        timeout_s=30.0,
+        time_left_s=2.5,
+        hook=True,
+    )
+    wire = execute_call(slot_call)
+    assert (wire.timeout_s, wire.time_left_s, wire.hook) == (30.0, 2.5, True)
+    assert _call(0, 1.0).time_left_s is None  # a client that sends none: the limit alone
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -1.0, math.inf, -math.inf, math.nan, True, "2", [2.0]])
+def test_a_calls_turn_time_is_finite_seconds_or_none_naming_the_field(bad: object) -> None:
+    """A turn's time left that is not finite seconds > 0 is refused, naming ``time_left_s``."""
+    with pytest.raises(WireError) as caught:
+        ExecuteCall(
+            slot=0,
+            epoch=1,
+            call_id="c",
+            tool="bash",
+            timeout_s=1.0,
+            time_left_s=bad,  # type: ignore[arg-type]
+        )
+    assert caught.value.field == "time_left_s"
+    assert caught.value.reason.startswith("must be None or finite seconds > 0"), caught.value
+    call = ExecuteCall(slot=0, epoch=1, call_id="c", tool="bash", timeout_s=1.0, time_left_s=3)
+    assert call.time_left_s == 3
+
+
 def test_a_batch_may_take_its_slowest_slots_limits_one_after_another_plus_the_grace() -> None:
     """Calls of one slot run in order, so their limits add up; slots run side by side, so the
     batch takes the longest of those sums. The grace is added once."""

@@ -18,6 +18,7 @@ from trajcore.domain.errors import ConfigError
 from trajcore.domain.groups import TrajectoryStatus
 from trajcore.domain.messages import Message
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
+from trajcore.domain.tools import ToolOutcome
 from trajcore.entrypoints.atropos.config import AgentEnvConfig
 from trajcore.entrypoints.atropos.tasks import member_rollout
 from trajcore.rollout.dispatcher import ToolDispatcher
@@ -102,19 +103,50 @@ async def _run(
 async def test_a_model_still_sleeping_at_the_turns_deadline_is_scored_within_the_deadline(
     tool_timeout_s: float,
 ) -> None:
-    """Its sleep is given up at the turns' deadline (one of 30 s: its timeout is cut to end
-    there, so the slot is free for the hook's read) and the hook scores the answer file."""
+    """Its sleep is ended at the turns' deadline (one of 30 s: it gets the turn's time left,
+    so the slot is free for the hook's read), its result is kept, and the hook scores the
+    answer file."""
     scoring = Scoring()
     result = await _run(stalling, scoring, attrs.evolve(CONFIG, tool_timeout_s=tool_timeout_s))
     assert result.stats.stop_reason is StopReason.TIME_BUDGET
     assert result.stats.turns >= 2  # it wrote its answer, then slept
-    last = result.messages[-1]  # its sleep was given up at the turns' end, with no result
-    assert last.role == "assistant"
-    assert [call.arguments for call in last.tool_calls] == [{"command": "sleep 60"}]
+    *_, turn, last = result.messages  # its sleep's result came at the turns' end, the last
+    assert [call.arguments for call in turn.tool_calls] == [{"command": "sleep 60"}]
+    assert (last.role, last.tool_call_id) == ("tool", turn.tool_calls[0].id)
+    assert result.exchanges[-1].result.outcome is ToolOutcome.TIMEOUT
     assert (result.outcome.status, result.outcome.score) == (TrajectoryStatus.BUDGET_EXHAUSTED, 1.0)
     assert result.stats.detail == (
         "the turns' deadline passed (deadline_s=2 s less score_reserve_s=0.2 s, kept for scoring)"
     )
+    assert len(scoring.started) == 1
+    assert result.duration_s <= DEADLINE_S + SLACK_S
+
+
+def sleepers(messages: Sequence[Message]) -> ScriptStep:
+    """The model: writes its answer, then makes three long calls in one turn, turn after turn."""
+    if not any(message.role == "tool" for message in messages):
+        return tool_call("write_file", path="done.txt", content="ok")
+    return [tool_call("bash", command="sleep 60") for _ in range(3)]
+
+
+async def test_a_turn_of_several_long_calls_ends_at_the_turns_deadline_and_is_scored() -> None:
+    """The turn's three sleeps run one after another in the slot, but share the time the turn
+    has left (each cut to its whole would take three times that): the first is ended at the
+    turns' deadline, the others are answered ``TIMEOUT`` unrun, all three results are kept,
+    and the hook's read finds the slot free. Before, the slot was still busy with them at the
+    trajectory's deadline: ``infra_error``, unscored, with none of the turn's results."""
+    scoring = Scoring()
+    result = await _run(sleepers, scoring)
+    assert result.stats.stop_reason is StopReason.TIME_BUDGET, result.outcome
+    assert (result.outcome.status, result.outcome.score) == (TrajectoryStatus.BUDGET_EXHAUSTED, 1.0)
+    sleeps = [e for e in result.exchanges if e.call.name == "bash"]
+    assert len(sleeps) == 3
+    assert [e.result.outcome for e in sleeps] == [ToolOutcome.TIMEOUT] * 3
+    ran, *unrun = sleeps
+    assert ran.result.exec is not None
+    assert ran.result.exec.timed_out
+    assert all("turn's time ran out before it could start" in (e.result.error or "") for e in unrun)
+    assert [m.tool_call_id for m in result.messages[-3:]] == [e.call.id for e in sleeps]
     assert len(scoring.started) == 1
     assert result.duration_s <= DEADLINE_S + SLACK_S
 

@@ -33,6 +33,9 @@ Rules the values keep:
   lease epoch answers with the first result and does not run the call again.
 - A call's ``epoch`` is its lease's; once a slot was reset for epoch E, calls with an epoch <= E are
   refused as stale.
+- A call runs within its ``timeout_s`` and, when it carries one, within its ``time_left_s`` counted
+  from the request's arrival: a slot's calls run one after another, so a turn's calls share the
+  time their turn has left, and one left no time is answered ``TIMEOUT`` without running.
 - Nothing the model writes can change the isolation: ``allow_network``, ``require_sandbox`` and the
   timeout range belong to the server's configuration, reported in ``Health``.
 """
@@ -309,6 +312,9 @@ class ExecuteCall:
         timeout_s: The limit the env gives the call; the server clamps it to its range.
         hook: The env's hooks sent it, not the model: a command it starts may use the lease's
             process reserve, which the model's commands leave free (docs/sandbox.md).
+        time_left_s: Its turn's time left, in seconds from the request's arrival: it runs
+            under what remains when it starts (its limit cut to that), and is answered
+            ``TIMEOUT`` unrun with none left (``slots.time_left_spent``); ``None``: no such cut.
     """
 
     slot: int = attrs.field(validator=_index)
@@ -317,11 +323,12 @@ class ExecuteCall:
     tool: str = attrs.field(validator=_nonempty)
     arguments: JSONObject = attrs.field(factory=dict, validator=_json_object)
     timeout_s: float = attrs.field(validator=_positive_seconds)
+    time_left_s: float | None = attrs.field(default=None, validator=_optional_seconds)
     hook: bool = attrs.field(default=False, validator=_flag)
 
 
 def execute_call(slot_call: SlotCall) -> ExecuteCall:
-    """The wire form of a ``SlotCall`` (its lease's slot index and epoch, its call, its limit)."""
+    """The wire form of a ``SlotCall`` (its lease's slot index and epoch, its call, its limits)."""
     return ExecuteCall(
         slot=slot_call.lease.slot.index,
         epoch=slot_call.lease.epoch,
@@ -329,6 +336,7 @@ def execute_call(slot_call: SlotCall) -> ExecuteCall:
         tool=slot_call.call.name,
         arguments=slot_call.call.arguments,
         timeout_s=slot_call.timeout_s,
+        time_left_s=slot_call.time_left_s,
         hook=slot_call.hook,
     )
 

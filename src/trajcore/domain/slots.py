@@ -20,7 +20,7 @@ from trajcore.domain.errors import InvalidInput
 from trajcore.domain.json_values import JSONObject
 from trajcore.domain.tools import ToolCall
 
-__all__ = ["Lease", "PoolStatistics", "SlotCall", "SlotId", "SlotState"]
+__all__ = ["Lease", "PoolStatistics", "SlotCall", "SlotId", "SlotState", "time_left_spent"]
 
 
 @attrs.frozen(kw_only=True, order=True, cache_hash=True)
@@ -69,6 +69,11 @@ class SlotCall:
         timeout_s: The limit the env's policy gives this call (never the model's own figure).
         hook: Sent by one of the env's hooks (prepare, score), never by the model: a command it
             starts may use the lease's process reserve (docs/sandbox.md, "Processes").
+        time_left_s: The time its turn has left, in seconds from when the pool is handed the
+            call: the slot runs a call of it under what remains of that time when it starts
+            (its timeout cut to it, if shorter) and answers one that would start with none left
+            ``TIMEOUT`` without running it. A turn's calls in one slot run one after another, so
+            this bounds them all, where ``timeout_s`` bounds each. ``None``: only ``timeout_s``.
     """
 
     lease: Lease
@@ -79,6 +84,11 @@ class SlotCall:
     hook: bool = attrs.field(
         default=False, kw_only=True, validator=validators.instance_of(bool, error=InvalidInput)
     )
+    time_left_s: float | None = attrs.field(
+        default=None,
+        kw_only=True,
+        validator=validators.finite_number(0.0, optional=True, unit="seconds", error=InvalidInput),
+    )
 
     @property
     def container(self) -> str:
@@ -87,6 +97,16 @@ class SlotCall:
     @property
     def arguments(self) -> JSONObject:
         return self.call.arguments
+
+
+def time_left_spent(time_left_s: float) -> str:
+    """Why a call given ``time_left_s`` (``SlotCall.time_left_s``) was answered ``TIMEOUT``
+    without running: the calls before it in its slot spent its turn's time. The model reads it
+    in the call's result; every pool words it so."""
+    return (
+        f"not run: its turn's time ran out before it could start (it had {time_left_s:.3g} s "
+        "left, spent by the calls before it in this slot)"
+    )
 
 
 @attrs.frozen(kw_only=True)

@@ -26,6 +26,9 @@ Rules it keeps:
   backstop: a pool bounds its own batches (a slot server's client gives the server up at the
   same sum plus its own grace, and the pool loses that server), so ``DISPATCH_GRACE_S`` is
   longer than that grace.
+- A call's turn's time left (``SlotCall.time_left_s``) counts from its offer: a call that waited
+  here (behind its slot's earlier batch) goes out with that much less, and one whose time ran out
+  while it waited is answered ``TIMEOUT`` without going out (``slots.time_left_spent``).
 - A cancelled caller withdraws its calls that are still queued; calls already in flight finish and
   their results are dropped. No one else loses a result, and nothing is released twice (the
   dispatcher holds no lease).
@@ -54,8 +57,8 @@ import attrs
 
 from trajcore.domain.batch_planner import Batch, BatchConfig, BatchPlanner
 from trajcore.domain.errors import PoolClosed
-from trajcore.domain.slots import SlotCall
-from trajcore.domain.tools import ToolResult
+from trajcore.domain.slots import SlotCall, time_left_spent
+from trajcore.domain.tools import ToolOutcome, ToolResult
 from trajcore.ports.event_loop import LoopHooks, ResultWaiter
 from trajcore.ports.sandbox_pool import SandboxPool
 
@@ -191,6 +194,7 @@ class ToolDispatcher:
         # Each call's waiter, by the identity of the SlotCall the planner hands back in its
         # batch (the planner refuses a second pending call under the same lease and id).
         self._waiters: dict[int, ResultWaiter] = {}
+        self._offered: dict[int, float] = {}  # when each call with a turn's time was offered
         self._wake = anyio.Event()
         self._until = -math.inf  # when the loop next looks at the planner unless woken
         self._backend = _Backend(
@@ -256,7 +260,7 @@ class ToolDispatcher:
             raise PoolClosed("the tool dispatcher is not running")
         backend = self._backend
         now = backend.clock()
-        planner, registered = self._planner, self._waiters
+        planner, registered, offered = self._planner, self._waiters, self._offered
         waiters: list[tuple[SlotCall, ResultWaiter]] = []
         results: list[ToolResult] = []
         try:
@@ -265,6 +269,8 @@ class ToolDispatcher:
                 planner.offer(call, now)
                 registered[id(call)] = waiter
                 waiters.append((call, waiter))
+                if call.time_left_s is not None:
+                    offered[id(call)] = now
             if len(registered) == len(waiters):  # no other caller's call is outstanding
                 self._offered_alone(now)
             else:
@@ -280,6 +286,8 @@ class ToolDispatcher:
             every = len(results) == len(waiters)  # each waiter delivered: nothing to withdraw
             for call, waiter in waiters:
                 registered.pop(id(call), None)
+                if offered:
+                    offered.pop(id(call), None)
                 if every or waiter.delivered() or self._closed:
                     continue
                 if planner.withdraw(call):  # still queued: it never goes out
@@ -386,8 +394,34 @@ class ToolDispatcher:
             assert courier.batch is not None
             batch = courier.batch
 
+    def _on_time(self, calls: list[SlotCall]) -> tuple[list[SlotCall], list[SlotCall]]:
+        """The calls of a batch still to send, and the same as they go out: a turn's time left
+        less what they waited here. Those whose turn's time ran out while they waited are
+        answered now, ``TIMEOUT`` without going out, as the slot would answer them."""
+        now, offered = self._backend.clock(), self._offered
+        kept: list[SlotCall] = []
+        sent: list[SlotCall] = []
+        for call in calls:
+            since, given = offered.get(id(call)), call.time_left_s
+            if since is None or given is None or now <= since:
+                kept.append(call)
+                sent.append(call)
+            elif given > now - since:
+                kept.append(call)
+                sent.append(attrs.evolve(call, time_left_s=given - (now - since)))
+            elif (waiter := self._waiters.get(id(call))) is not None:
+                reason = time_left_spent(given)
+                waiter.deliver(ToolResult.failure(call.call, ToolOutcome.TIMEOUT, reason))
+        return kept, sent
+
     async def _send(self, batch: Batch) -> None:
-        calls = list(batch.calls)
+        calls = sent = list(batch.calls)
+        if self._offered:
+            calls, sent = self._on_time(calls)
+            if not calls:  # every one was answered: its turn's time ran out here
+                self._planner.complete(batch.id, self._backend.clock())
+                self._nudge()
+                return
         if len(calls) == 1:
             limit = calls[0].timeout_s + self._grace_s
         else:  # a slot runs its calls one after another: its timeouts add up
@@ -407,7 +441,7 @@ class ToolDispatcher:
             self._watch_wake.set()
         with scope:
             try:
-                results = await self._pool.execute(batch.container, calls)
+                results = await self._pool.execute(batch.container, sent)
             except PoolClosed:
                 failure = "the sandbox pool is closed"
             except Exception as exc:  # noqa: BLE001 - any adapter failure becomes per-call results

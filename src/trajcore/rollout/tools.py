@@ -65,6 +65,8 @@ from trajcore.rollout.pytest_outcome import PytestOutcome, read_pytest_outcome
 
 __all__ = ["SlotTools", "ToolRouter", "capped"]
 
+_LEAST_CALL_S = 0.01  # the least time a turn's calls get, when the turns' deadline is that near
+
 
 @attrs.define
 class ToolRouter:
@@ -79,6 +81,8 @@ class ToolRouter:
         trajectory_id: For the tool server's context.
         hook: Its calls are the env's hooks' (``SlotTools``), not the model's: their commands
             may use the lease's process reserve (docs/sandbox.md, "Processes").
+        time_left_s: The time the calls of one ``run`` have left in the slot, all together
+            (``SlotCall.time_left_s``: a slot runs them one after another), or ``None``.
     """
 
     lease: Lease
@@ -88,6 +92,7 @@ class ToolRouter:
     tool_timeout_s: float
     trajectory_id: str
     hook: bool = attrs.field(default=False, kw_only=True)
+    time_left_s: float | None = attrs.field(default=None, kw_only=True)
     # shared by every router evolved from this one (the hooks', a fork's): see ``run``
     _sent: itertools.count[int] = attrs.field(
         factory=lambda: itertools.count(1), kw_only=True, eq=False, repr=False
@@ -124,6 +129,29 @@ class ToolRouter:
             self._cut.extend((now, _described(call)) for call in calls)
             raise
 
+    async def run_turn(
+        self, calls: Sequence[ToolCall], time_left_s: float, turns: anyio.CancelScope | None,
+        wait_s: float,
+    ) -> list[ToolResult]:  # fmt: skip
+        """``run`` for a model's turn with ``time_left_s`` before the turns' deadline, which
+        ``turns`` (when given) enforces: its slot calls get that time all together
+        (``SlotCall.time_left_s``, each timeout cut to it too), so they end by then in the slot
+        however many they are, and ``turns`` waits up to ``wait_s`` past its deadline for their
+        results (the slot is busy with them until then anyway) before it ends the turns; its
+        deadline is put back after. Results as ``run``'s (none for no calls)."""
+        time_left_s = max(time_left_s, _LEAST_CALL_S)
+        router = attrs.evolve(
+            self, tool_timeout_s=min(self.tool_timeout_s, time_left_s), time_left_s=time_left_s
+        )
+        if turns is None:
+            return await router.run(calls)
+        deadline = turns.deadline
+        turns.deadline = max(deadline, anyio.current_time() + time_left_s + wait_s)
+        try:
+            return await router.run(calls)
+        finally:
+            turns.deadline = deadline
+
     async def _run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         """``run``'s work."""
         results: list[ToolResult | None] = [None] * len(calls)
@@ -139,10 +167,12 @@ class ToolRouter:
                     id=f"{call.id}#{next(self._sent)}", name=call.name, arguments=call.arguments
                 )
                 at.append(i)
-                timeout_s, hook = self.tool_timeout_s, self.hook
-                sent.append(
-                    SlotCall(lease=self.lease, call=slot_call, timeout_s=timeout_s, hook=hook)
-                )
+                timeout_s, hook, left = self.tool_timeout_s, self.hook, self.time_left_s
+                bound = SlotCall(
+                    lease=self.lease, call=slot_call, timeout_s=timeout_s, hook=hook,
+                    time_left_s=left,
+                )  # fmt: skip
+                sent.append(bound)
             else:
                 external.append((i, call))
         if sent:

@@ -142,7 +142,6 @@ log = logging.getLogger("trajcore.rollout")
 
 _RESERVE_S = 60.0  # the most a trajectory keeps for scoring by default
 _reserve_seconds = validators.finite_number(None, at_least=0.0, unit="seconds")
-_LEAST_CALL_S = 0.01  # a slot call's shortest timeout, when the turns' deadline is that near
 
 
 @attrs.frozen(kw_only=True)
@@ -348,6 +347,7 @@ class _Run:
     messages: list[Message]
     clock: Callable[[], float]  # the dispatcher's: anyio's time, the backend looked up once
     turns_end: float = math.inf  # the turns' deadline, by ``clock``: scoring keeps the rest
+    turns_scope: anyio.CancelScope | None = None  # what ends the turns there (``_turns``)
     sampling_since: float | None = None  # when the model call in flight was sent
     exchanges: list[ToolExchange] = attrs.field(factory=list)
     session: PolicySession | None = None
@@ -483,6 +483,7 @@ async def _turns(run: _Run, env: _Env, router: ToolRouter) -> None:
     ``out_of_time``), the score reserve left for scoring."""
     left = run.turns_end - run.now()  # by the dispatcher's clock; the scope's is anyio's
     with anyio.CancelScope(deadline=anyio.current_time() + left) as turns:
+        run.turns_scope = turns
         await _agent(run, env, router)
     if turns.cancelled_caught and LoopEvent.OUT_OF_TIME in run.loop.allowed_events():
         if _stalled_model(run, env, "at the turns' deadline"):
@@ -562,10 +563,9 @@ async def _tools(
     """Run the calls of the model's turn number ``turn`` and hand the loop their results."""
     if run.config.tool_delay_s > 0:
         await anyio.sleep(run.config.tool_delay_s)
-    left = run.turns_end - run.now()
-    if left < router.tool_timeout_s:  # a call ends by the turns' deadline: the slot is free
-        router = attrs.evolve(router, tool_timeout_s=max(left, _LEAST_CALL_S))
-    results = await router.run(decision.calls) if decision.calls else []
+    left = run.turns_end - run.now()  # for the turn's calls, all together
+    wait_s = min(1.0, run.config.score_reserve / 2)  # for their results past it, at most
+    results = await router.run_turn(decision.calls, left, run.turns_scope, wait_s)
     cap = run.config.max_tool_result_chars
     if cap is not None:
         results = [capped(result, cap) for result in results]
@@ -584,6 +584,8 @@ async def _tools(
             return run.loop.env_failed(
                 now=run.now(), detail=f"the tool results cannot be appended: {exc}"
             )
+        if run.now() >= run.turns_end:  # results past the turns' deadline: its scope, put
+            await anyio.lowlevel.checkpoint()  # back, ends the turns here (no model call)
     return next_step
 
 

@@ -8,6 +8,10 @@ and that a pool's own tests may run too.
   slot when a trajectory's deadline cancels a hook's command: the dispatcher drops the call's
   result, the lease is released, and the release must neither wait for the command's timeout
   nor let it, or a call queued behind it, go on to touch the slot's next lease.
+- ``check_a_turns_time_bounds_its_calls_in_a_slot``: the calls of one slot share the time their
+  turn has left (``SlotCall.time_left_s``), however many they are and whatever each one's own
+  timeout: the first runs under what is left, the next is answered ``TIMEOUT`` unrun. This is
+  what frees a slot at a trajectory's turns' deadline when the model made several long calls.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import anyio
+import attrs
 import pytest
 
-from trajcore.domain.slots import PoolStatistics
+from trajcore.domain.slots import PoolStatistics, time_left_spent
 from trajcore.domain.tools import ToolOutcome, ToolResult
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.testing.portal_pools import slot_call
@@ -25,6 +30,7 @@ from trajcore.testing.portal_pools import slot_call
 __all__ = [
     "all_free",
     "check_a_release_ends_the_running_call",
+    "check_a_turns_time_bounds_its_calls_in_a_slot",
     "settled",
     "wait_for_statistics",
     "waiting",
@@ -33,6 +39,8 @@ __all__ = [
 _CALL_TIMEOUT_S = 60.0  # the running call's own limit: the release must not wait for it
 _RELEASE_S = 20.0  # the most the release and the call's answer may take in all
 _STARTING_S = 0.5  # time for the call to start in the slot before the lease ends
+_TIME_LEFT_S = 1.5  # the turn's time left for its two calls of 5 s each
+_SANDBOX_START_S = 2.0  # what starting a lease's sandbox and the batch's trip may add to it
 
 
 async def wait_for_statistics(
@@ -93,4 +101,35 @@ async def check_a_release_ends_the_running_call(pool: SandboxPool) -> None:
             )
         assert after.slot == lease.slot
         assert late.outcome is ToolOutcome.TOOL_ERROR, late  # no such file
+    await wait_for_statistics(pool, settled(1))
+
+
+async def check_a_turns_time_bounds_its_calls_in_a_slot(pool: SandboxPool) -> None:
+    """Lease a slot of ``pool`` and send two ``sleep 5`` calls (timeout 10 s each) in one batch
+    with ``time_left_s`` 1.5 s: both are answered within about that time (not the 10 s they
+    take one after the other), the first ``TIMEOUT`` after it ran, the second ``TIMEOUT``
+    without running (``time_left_spent``). The control, two ``sleep 1`` calls without a turn's
+    time, both run to their end."""
+    async with pool.lease("turn") as lease:
+        calls = [
+            attrs.evolve(
+                slot_call(lease, "bash", command="sleep 5", timeout_s=10.0),
+                time_left_s=_TIME_LEFT_S,
+            )
+            for _ in range(2)
+        ]
+        started = anyio.current_time()
+        with anyio.fail_after(_TIME_LEFT_S + 10.0):
+            ran, unrun = await pool.execute(lease.slot.container, calls)
+        took = anyio.current_time() - started
+        assert took < _TIME_LEFT_S + _SANDBOX_START_S, took
+        assert ran.outcome is ToolOutcome.TIMEOUT, ran
+        assert ran.exec is not None, ran
+        assert ran.exec.timed_out, ran
+        assert unrun.outcome is ToolOutcome.TIMEOUT, unrun
+        assert (unrun.exec, unrun.error) == (None, time_left_spent(_TIME_LEFT_S)), unrun
+        control = [slot_call(lease, "bash", command="sleep 1", timeout_s=10.0) for _ in range(2)]
+        with anyio.fail_after(20.0):
+            answers = await pool.execute(lease.slot.container, control)
+        assert [answer.outcome for answer in answers] == [ToolOutcome.OK] * 2, answers
     await wait_for_statistics(pool, settled(1))

@@ -69,6 +69,7 @@ from trajcore.testing.async_contract import AsyncioContract
 from trajcore.testing.pool_checks import (
     all_free,
     check_a_release_ends_the_running_call,
+    check_a_turns_time_bounds_its_calls_in_a_slot,
     settled,
     wait_for_statistics,
     waiting,
@@ -390,6 +391,12 @@ class SandboxPoolContract(AsyncioContract):
     ) -> None:
         async with sandbox_pool_factory(PoolShape(slots_per_container=1)) as pool:
             await check_a_release_ends_the_running_call(pool)
+
+    async def test_a_turns_time_bounds_its_calls_in_a_slot(
+        self, sandbox_pool_factory: SandboxPoolFactory
+    ) -> None:
+        async with sandbox_pool_factory(PoolShape(slots_per_container=1)) as pool:
+            await check_a_turns_time_bounds_its_calls_in_a_slot(pool)
 
     async def test_a_call_for_another_container_is_rejected(
         self, sandbox_pool_factory: SandboxPoolFactory

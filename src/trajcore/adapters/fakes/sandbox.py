@@ -10,7 +10,9 @@ slot's workspace is a ``dict`` of paths to text, and ``bash`` commands are answe
 Rules the fake keeps, so tests written against it hold against the real pool:
 
 - One result per call, in the order of the calls; the calls of one slot run one after another in
-  that order, different slots concurrently (each slot has its own lock).
+  that order, different slots concurrently (each slot has its own lock). A call's turn's time
+  left (``SlotCall.time_left_s``) counts from the batch's arrival: the call runs under what
+  remains when it starts, and one left none is ``TIMEOUT``, not run, as in a slot server.
 - A call whose lease is not the slot's current one is ``REJECTED``; a call id seen before under the
   same lease returns the first result and does not run again.
 - ``read_file``/``write_file`` answer a path as the slot server does (the cases:
@@ -82,7 +84,7 @@ from trajcore.domain.environment_leases import (
 from trajcore.domain.errors import ConfigError, PoolClosed
 from trajcore.domain.file_calls import file_call_problem
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, home_relative, workspace_path_problem
-from trajcore.domain.slots import Lease, SlotCall, SlotId
+from trajcore.domain.slots import Lease, SlotCall, SlotId, time_left_spent
 from trajcore.domain.tools import ExecReport, ToolOutcome, ToolResult, ToolSpec
 from trajcore.domain.validators import positive_int
 
@@ -337,9 +339,11 @@ class InProcessSlotPool(LeasedPool):
             for i in runnable:
                 by_slot.setdefault(calls[i].lease.slot.index, []).append(i)
 
+            now = anyio.current_time()  # the batch's arrival: its calls' turn's time counts from it
+
             async def run_slot(indices: list[int]) -> None:
                 for i in indices:
-                    results[i] = await self._run(live, calls[i])
+                    results[i] = await self._run(live, calls[i], now)
 
             async with anyio.create_task_group() as group:
                 for indices in by_slot.values():
@@ -468,7 +472,7 @@ class InProcessSlotPool(LeasedPool):
         self.resets.append(ResetRecord(slot=lease.slot, epoch=lease.epoch, ok=ok))
         return ok
 
-    async def _run(self, live: _FakeContainer, call: SlotCall) -> ToolResult:
+    async def _run(self, live: _FakeContainer, call: SlotCall, arrived: float) -> ToolResult:
         slot = live.slots[call.lease.slot.index]
         key = (call.lease.epoch, call.call.id)
         async with slot.lock:
@@ -478,6 +482,14 @@ class InProcessSlotPool(LeasedPool):
             refusal = self._leasing.refusal(live.name, call)
             if refusal is not None:  # its lease ended while it waited for the slot
                 return ToolResult.lease_refusal(call.call, refusal)
+            if call.time_left_s is not None:  # what remains of its turn's time bounds it
+                left = arrived + call.time_left_s - anyio.current_time()
+                if left <= 0:
+                    reason = time_left_spent(call.time_left_s)
+                    slot.results[key] = ToolResult.failure(call.call, ToolOutcome.TIMEOUT, reason)
+                    return slot.results[key]
+                if left < call.timeout_s:
+                    call = attrs.evolve(call, timeout_s=left)
             self.executed.append(
                 ExecutedCall(
                     container=live.name,

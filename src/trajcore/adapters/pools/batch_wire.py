@@ -79,6 +79,9 @@ def batch_body(calls: Sequence[SlotCall]) -> tuple[bytes, float] | None:
                 return None
         elif type(timeout) is not int or not 0 < timeout <= _EXACT_FLOAT:
             return None
+        left = call.time_left_s
+        if left is not None and not _plain_seconds(left):
+            return None
         # str keys and values of exactly str, int, bool or None: nothing for ``check_json``
         # to refuse (decided inline, without a call per call); anything else, it decides
         for key, value in arguments.items():
@@ -88,10 +91,19 @@ def batch_body(calls: Sequence[SlotCall]) -> tuple[bytes, float] | None:
                 break
         items.append({
             "slot": slot, "epoch": epoch, "call_id": call_id, "tool": tool,
-            "arguments": arguments, "timeout_s": timeout, "hook": call.hook,
+            "arguments": arguments, "timeout_s": timeout, "time_left_s": left,
+            "hook": call.hook,
         })  # fmt: skip
         per_slot[slot] = per_slot.get(slot, 0.0) + timeout
     return json_bytes({"calls": items}), max(per_slot.values(), default=0.0)
+
+
+def _plain_seconds(value: object) -> bool:
+    """Whether ``value`` is seconds > 0 of the plain shape: a finite ``float`` or an ``int``
+    that a float holds exactly (others: the general path decides)."""
+    if type(value) is float:
+        return 0.0 < value < math.inf
+    return type(value) is int and 0 < value <= _EXACT_FLOAT
 
 
 def batch_results(

@@ -60,7 +60,9 @@ def _call(item: object) -> ExecuteCall | None:
     )
     arguments, hook = item.get("arguments", {}), item.get("hook", False)
     timeout = _number(item.get("timeout_s"))
-    if (
+    left = item.get("time_left_s")  # absent or None: no turn's time (an older client)
+    time_left = None if left is None else _number(left)
+    if (left is not None and time_left is None) or (
         type(slot) is not int or type(epoch) is not int or type(call_id) is not str
         or type(tool) is not str or type(arguments) is not dict or timeout is None
         or type(hook) is not bool
@@ -69,7 +71,7 @@ def _call(item: object) -> ExecuteCall | None:
     # the constructor's validators check ranges, emptiness and that arguments are JSON
     return ExecuteCall(
         slot=slot, epoch=epoch, call_id=call_id, tool=tool, arguments=arguments,
-        timeout_s=timeout, hook=hook,
+        timeout_s=timeout, time_left_s=time_left, hook=hook,
     )  # fmt: skip
 
 
@@ -142,6 +144,7 @@ def _unstructure_request(request: ExecuteRequest) -> dict[str, Any]:
                 "tool": call.tool,
                 "arguments": call.arguments,
                 "timeout_s": call.timeout_s,
+                "time_left_s": call.time_left_s,
                 "hook": call.hook,
             }
             for call in request.calls

@@ -4,7 +4,10 @@ Each call is taken in by its slot's ``SlotCalls`` (``domain/slot_calls``) as it 
 queue's turns are carried out here: a command for a lease whose agent is idle is sent to it at
 once (``tool_calls.start_call``) and answered from the channel's read callback; anything else
 runs in a task of its own (``tool_calls.run_call``). A call's future is shared by every repeat of
-its ``call_id``.
+its ``call_id``. A call that carries its turn's time left (``time_left_s``) has it counted from
+the request's arrival: it runs under what remains when it starts, and one left none is answered
+``TIMEOUT`` without running (``slots.time_left_spent``), for the calls before it in the slot
+spent its turn's time.
 
 ``execute_now`` is the path a request takes: the batch is submitted, and its agents written to,
 before it returns, and the batch's results go to a plain callback from the last call's answer,
@@ -40,6 +43,7 @@ from trajcore.domain.slot_calls import (
     RunReset,
 )
 from trajcore.domain.slot_protocol import Capabilities, ExecuteCall
+from trajcore.domain.slots import time_left_spent
 from trajcore.domain.tools import ToolOutcome, ToolResult
 
 __all__ = ["CallTurns", "setter"]
@@ -81,8 +85,9 @@ class CallTurns:
         before this returns. The results, one per call in order, when all are answered at once;
         else ``None``, and ``done`` gets them once, called from the last call's answer (no
         task, no loop iteration between). ``done`` must not raise."""
-        create = asyncio.get_running_loop().create_future
-        futures = [self._submit(call, create()) for call in calls]
+        loop = asyncio.get_running_loop()
+        create, now = loop.create_future, loop.time()
+        futures = [self._submit(call, create(), now) for call in calls]
         pending = [future for future in futures if not future.done()]
         if not pending:
             return [future.result() for future in futures]
@@ -104,10 +109,11 @@ class CallTurns:
         return None
 
     def _submit(
-        self, call: ExecuteCall, done: asyncio.Future[ToolResult]
+        self, call: ExecuteCall, done: asyncio.Future[ToolResult], now: float
     ) -> asyncio.Future[ToolResult]:
         """The future of ``call``'s result (``done``, a new future, unless the call joins one
-        already under way), after the slot's queue has taken it in."""
+        already under way), after the slot's queue has taken it in (``now``: the request's
+        arrival, by the loop's clock)."""
         if self._closed:
             done.set_result(refused(call, Closing()))
             return done
@@ -119,6 +125,8 @@ class CallTurns:
         submission = slot.calls.submit(call.epoch, call.call_id)
         if isinstance(submission, Accepted):  # the common case first
             slot.answers[submission.ticket.number] = (call, done)
+            if call.time_left_s is not None:
+                slot.time_ends[submission.ticket.number] = now + call.time_left_s
             self._take_turns(slot)
         elif isinstance(submission, Joined):
             return slot.answers[submission.ticket.number][1]
@@ -139,18 +147,27 @@ class CallTurns:
                     waiter.set_result(None)
                 return
             call = slot.answers[turn.ticket.number][0]
+            ends = None
+            if call.time_left_s is not None:
+                ends = slot.time_ends.pop(turn.ticket.number, None)
             if isinstance(turn, RefuseCall):
                 self._answer(slot, turn.ticket, refused(call, turn.reason))
+                continue
+            left = None if ends is None else ends - asyncio.get_running_loop().time()
+            if left is not None and left <= 0:
+                self._answer(slot, turn.ticket, _unstarted(call))
                 continue
             if not call.hook:
                 slot.model_ran = call.epoch
             elif self._measures_hooks() and slot.model_ran == call.epoch:
-                self._run_task(slot, turn.ticket, call)  # measured first, off the fast path
+                # measured first, off the fast path
+                self._run_task(slot, turn.ticket, call, ends=ends)
                 return
             try:
                 started = start_call(
                     self._sandboxes, slot, call, unsandboxed_why=self.capabilities.detail,
                     done=functools.partial(self._sent_call_done, slot, turn.ticket, call),
+                    time_left_s=left,
                 )  # fmt: skip
             except Exception as error:  # noqa: BLE001 - one call's fault, never the batch's
                 reason = f"slot server fault: {type(error).__name__}: {error}"
@@ -160,7 +177,7 @@ class CallTurns:
                 continue
             if started:
                 return
-            self._run_task(slot, turn.ticket, call)
+            self._run_task(slot, turn.ticket, call, ends=ends)
             return
 
     def _settle(
@@ -189,24 +206,35 @@ class CallTurns:
         self._run_task(slot, ticket, call, outcome)
 
     def _run_task(
-        self, slot: Slot, ticket: CallTicket, call: ExecuteCall, lost: AgentLost | None = None
-    ) -> None:
-        task = asyncio.get_running_loop().create_task(self._run_turn(slot, ticket, call, lost))
+        self, slot: Slot, ticket: CallTicket, call: ExecuteCall, lost: AgentLost | None = None,
+        *, ends: float | None = None,
+    ) -> None:  # fmt: skip
+        run = self._run_turn(slot, ticket, call, lost, ends)
+        task = asyncio.get_running_loop().create_task(run)
         self._tasks.add(task)
         task.add_done_callback(functools.partial(self._settle, slot, ticket, call))
 
     async def _run_turn(
-        self, slot: Slot, ticket: CallTicket, call: ExecuteCall, lost: AgentLost | None
-    ) -> None:
+        self, slot: Slot, ticket: CallTicket, call: ExecuteCall, lost: AgentLost | None,
+        ends: float | None,
+    ) -> None:  # fmt: skip
         """Run the call (or, when a call ``start_call`` sent ``lost`` its lease, stop the agent
-        first and then answer it, as ``run_call`` does), answer it, go on with the turns."""
+        first and then answer it, as ``run_call`` does), by ``ends`` (the loop's time its
+        turn's time runs out, if it has one), answer it, go on with the turns."""
         result: ToolResult
         try:
             if call.hook and lost is None:
                 await self._before_hook(slot, call)
-            if lost is None:
+            left = None if ends is None else ends - asyncio.get_running_loop().time()
+            if left is not None and left <= 0:  # the hook's measure took the rest
+                result = _unstarted(call)
+            elif lost is None:
                 result = await run_call(
-                    self._sandboxes, slot, call, unsandboxed_why=self.capabilities.detail
+                    self._sandboxes,
+                    slot,
+                    call,
+                    unsandboxed_why=self.capabilities.detail,
+                    time_left_s=left,
                 )
             else:
                 await self._sandboxes.stop_agent(slot)
@@ -227,6 +255,8 @@ class CallTurns:
         """What runs before a hook's call (the runtime measures the lease's disk)."""
 
     def _answer(self, slot: Slot, ticket: CallTicket, result: ToolResult) -> None:
+        if slot.time_ends:  # a call answered before its turn came (a closing server)
+            slot.time_ends.pop(ticket.number, None)
         slot.calls.finish(ticket, result)
         self._resolve(slot.answers.pop(ticket.number)[1], result)
 
@@ -236,3 +266,10 @@ class CallTurns:
             answer.set_result(result)
         for listener in self._listeners.pop(answer, ()):
             listener()
+
+
+def _unstarted(call: ExecuteCall) -> ToolResult:
+    """The answer to ``call`` when its turn came with its turn's time spent: ``TIMEOUT``, not
+    run (the policy's time, never the infrastructure's failure)."""
+    assert call.time_left_s is not None  # only such a call has a turn's time
+    return failure(call, ToolOutcome.TIMEOUT, time_left_spent(call.time_left_s))

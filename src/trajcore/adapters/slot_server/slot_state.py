@@ -44,6 +44,9 @@ class Slot:
     cgroup: SlotCgroup | None
     calls: SlotCalls[ToolResult] = attrs.field(factory=SlotCalls)
     answers: dict[int, tuple[ExecuteCall, asyncio.Future[ToolResult]]] = attrs.field(factory=dict)
+    time_ends: dict[int, float] = attrs.field(factory=dict)
+    """Per accepted call that carries its turn's time left (``ExecuteCall.time_left_s``), by
+    ticket number: when, by the loop's clock, that time runs out (until its turn comes)."""
     reset_turns: dict[int, asyncio.Future[None]] = attrs.field(factory=dict)
     agent: Agent | None = None
     keeper: Keeper | None = None

@@ -25,7 +25,7 @@ from trajcore.adapters.slot_server.slot_state import Slot
 from trajcore.adapters.slot_server.workspace import RefusedFile
 from trajcore.domain.errors import ToolArgumentError
 from trajcore.domain.file_calls import file_call_problem
-from trajcore.domain.isolation import clamp_timeout
+from trajcore.domain.isolation import SlotIsolation, clamp_timeout
 from trajcore.domain.json_values import JSON
 from trajcore.domain.slot_calls import Refusal, StaleEpoch
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS, ExecuteCall, home_relative
@@ -171,15 +171,17 @@ def _refusal(sandboxes: Sandboxes, call: ExecuteCall, unsandboxed_why: str) -> T
 
 
 async def run_call(
-    sandboxes: Sandboxes, slot: Slot, call: ExecuteCall, *, unsandboxed_why: str
-) -> ToolResult:
+    sandboxes: Sandboxes, slot: Slot, call: ExecuteCall, *, unsandboxed_why: str,
+    time_left_s: float | None = None,
+) -> ToolResult:  # fmt: skip
     """Run ``call`` in ``slot`` now; its failure is its result, never an exception.
-    ``unsandboxed_why``: why the host has no usable sandbox (for a isolation that requires one)."""
+    ``unsandboxed_why``: why the host has no usable sandbox (for a isolation that requires one).
+    ``time_left_s``: what remains of its turn's time (> 0), a cut to its limit."""
     refused = _refusal(sandboxes, call, unsandboxed_why)
     if refused is not None:
         return refused
     isolation = sandboxes.config.isolation
-    timeout = clamp_timeout(isolation, call.timeout_s, call.arguments.get("timeout"))
+    timeout = _limit(isolation, call, time_left_s)
     if call.tool == "read_file":
         return await _read_file(sandboxes, slot, call)
     if call.tool == "write_file":
@@ -187,9 +189,17 @@ async def run_call(
     return await _run_command(sandboxes, slot, call, timeout)
 
 
+def _limit(isolation: SlotIsolation, call: ExecuteCall, time_left_s: float | None) -> float:
+    """The limit ``call`` runs under: its own (``clamp_timeout``), cut to what remains of its
+    turn's time when it starts (``time_left_s``; past the isolation's floor, too: the turn's
+    time bounds the calls of its turn in the slot all together)."""
+    timeout = clamp_timeout(isolation, call.timeout_s, call.arguments.get("timeout"))
+    return timeout if time_left_s is None or time_left_s >= timeout else time_left_s
+
+
 def start_call(
     sandboxes: Sandboxes, slot: Slot, call: ExecuteCall, *, unsandboxed_why: str,
-    done: Callable[[ToolResult | AgentLost], None],
+    done: Callable[[ToolResult | AgentLost], None], time_left_s: float | None = None,
 ) -> ToolResult | bool:  # fmt: skip
     """Start a command on the slot's running lease without a task of its own, when that is all
     it needs: a command tool, for the lease epoch whose agent is up and idle (not warming, not
@@ -211,7 +221,7 @@ def start_call(
     if refused is not None:
         return refused
     isolation = sandboxes.config.isolation
-    timeout = clamp_timeout(isolation, call.timeout_s, call.arguments.get("timeout"))
+    timeout = _limit(isolation, call, time_left_s)
     asked = _command_request(sandboxes, call, timeout)
     if isinstance(asked, ToolResult):
         return asked
