@@ -1308,7 +1308,7 @@ static shell_state shell_ensure(shell *sh, double deadline, result *r) {
         return running ? SHELL_READY : SHELL_LATE;
     /* a session of this lease ended with nothing said of it (``tmux kill-server``, its shell
      * killed from another call, ``exit`` typed through the tmux tool): the call says so */
-    sh->replaced = sh->started;
+    sh->replaced = sh->replaced || sh->started; /* kept until a call says it */
     sh->started = false;
     make_dirs(sh->dir);
     char bash[PATH_MAX], rc[sizeof sh->dir + 16], ready[sizeof sh->dir + 8];
