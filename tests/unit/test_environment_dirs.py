@@ -84,3 +84,26 @@ def test_the_list_travels_from_the_envs_settings_to_the_servers_flags() -> None:
     with pytest.raises(ConfigError) as refused:
         SandboxSettings(image_cache_dir="/c", environment_dirs="relative").local_pool_config()
     assert refused.value.field == "environment_dirs"
+
+
+def test_a_list_the_chosen_pool_does_not_read_is_refused_naming_what_it_reads() -> None:
+    """``environment_dirs`` is the local pool's: the container pool reads its mounted folders
+    (``container_environment_dirs``) and the Nomad pool takes no ``directory:`` tree, so the
+    setting given with either is refused, never dropped."""
+    given = SandboxSettings(image_cache_dir="/c", environment_dirs="/trees")
+    with pytest.raises(ConfigError) as refused:
+        given.container_pool_config()
+    assert (refused.value.field, refused.value.reason) == (
+        "environment_dirs",
+        "the container pool takes directory: trees only from the folders it mounts: set "
+        "container_environment_dirs instead",
+    )
+    with pytest.raises(ConfigError) as refused:
+        given.nomad_pool_config()
+    assert refused.value.field == "environment_dirs"
+    assert "the Nomad pool takes no directory: trees" in refused.value.reason
+    both = SandboxSettings(
+        image_cache_dir="/c", environment_dirs="/trees", container_environment_dirs="/trees"
+    )
+    assert both.container_pool_config().environment_dirs == (Path("/trees"),)
+    assert SandboxSettings(image_cache_dir="/c").nomad_pool_config().job is not None

@@ -74,13 +74,13 @@ from trajcore.adapters.pools.slurm_pool import SlurmPoolConfig
 from trajcore.adapters.pools.ssh_pool import SshPoolConfig
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.isolation import SlotIsolation
-from trajcore.domain.json_values import json_value
 from trajcore.domain.nomad_job import NomadJobSettings
 from trajcore.domain.scaling import ScaleSettings
 from trajcore.domain.slot_server_settings import SlotServerSettings
 from trajcore.domain.slurm_jobs import SlurmJobSettings
 from trajcore.domain.ssh_hosts import SshHost
 from trajcore.entrypoints.atropos.container_settings import ContainerSettings
+from trajcore.entrypoints.atropos.json_list_flags import json_items, json_values
 from trajcore.entrypoints.atropos.nomad_agent import NOMAD_VARIABLES, NomadAgent, nomad_agent
 
 __all__ = [
@@ -193,7 +193,9 @@ class DeclaredSettings(ContainerSettings, CloudSettings):
         default=_LOCAL.image_cache_bytes, ge=1, description="The image cache's size limit."
     )
     environment_dirs: str | None = Field(
-        default=None, description="Local pool: the only folders directory: trees may come from."
+        default=None,
+        description="Local pool: the only folders directory: trees may come from (the container "
+        "pool: container_environment_dirs; refused with the Nomad pool).",
     )
     fork_wait_s: float = Field(
         default=_LOCAL.fork_wait_s,
@@ -310,17 +312,6 @@ def attribute_docs(cls: type) -> dict[str, str]:
     return {name: " ".join(words) for name, words in docs.items()}
 
 
-def _json_items(hint: object) -> type[AttrsInstance] | None:
-    """The attrs class of a ``tuple[C, ...]`` settings field (given as a JSON list), else
-    ``None``."""
-    args = get_args(hint)
-    if get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis:
-        item = args[0]
-        if isinstance(item, type) and attrs.has(item):
-            return item
-    return None
-
-
 def _flag_type(hint: object, where: str) -> object:
     """The flag's type for a settings field of type ``hint``: the type itself for ``bool``,
     ``int``, ``float`` and ``str``; text for a ``Literal``, words and a JSON list of values;
@@ -347,7 +338,7 @@ def _flag_default(field: attrs.Attribute[Any], hint: object, where: str) -> obje
     factory = getattr(default, "factory", None)
     if factory is not None:  # attrs.Factory
         default = factory()
-    if _json_items(hint) is not None:
+    if json_items(hint) is not None:
         return json.dumps([attrs.asdict(item) for item in default]) if default else ""
     if isinstance(default, tuple):
         converter: Any = field.converter
@@ -466,6 +457,11 @@ class SandboxSettings(_Flags):
         Raises:
             ConfigError: a setting that cannot work, named by its env field.
         """
+        if self.environment_dirs and not self.container_environment_dirs:
+            raise ConfigError(
+                "environment_dirs", "the container pool takes directory: trees only from the "
+                "folders it mounts: set container_environment_dirs instead",
+            )  # fmt: skip
         server = self.slot_servers(_CONTAINER.server)
         return _build(self, ContainerPoolConfig, ("container_", "local_"), {"server": server})
 
@@ -476,6 +472,11 @@ class SandboxSettings(_Flags):
         Raises:
             ConfigError: a Nomad setting that cannot work, named by its env field.
         """
+        if self.environment_dirs:
+            raise ConfigError(
+                "environment_dirs", "the Nomad pool takes no directory: trees (its job lists "
+                "no folder for them, docs/deploy.md); name images instead",
+            )  # fmt: skip
         job, agent = self.nomad_job(), self.nomad_agent()
         address, token = agent.values["nomad_address"], agent.values["nomad_token"]
         with _read_from_variables(agent):
@@ -654,47 +655,11 @@ def _build(
     values: dict[str, object] = {}
     for name, flag in section.items():
         if name not in given:
-            value, items = getattr(settings, flag), _json_items(hints.get(name))
-            values[name] = _json_values(flag, items, value) if items is not None else value
+            value, items = getattr(settings, flag), json_items(hints.get(name))
+            values[name] = json_values(flag, items, value) if items is not None else value
     try:
         if base is None:
             return target(**values, **given)
         return target(**{**attrs.asdict(base, recurse=False), **values, **given})
     except ConfigError as error:
         raise ConfigError(section.get(error.field, error.field), error.reason) from None
-
-
-def _json_values(flag: str, cls: type[AttrsInstance], value: object) -> object:
-    """A JSON-list flag's text read as ``cls`` values (an empty text: none); anything but text
-    as it is.
-
-    Raises:
-        ConfigError: not a JSON list of objects with ``cls``'s fields, or a value that cannot
-            work (field ``flag``, the entry and its field named in the reason).
-    """
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    if not text:
-        return ()
-    entries = json_value(text, flag, error=ConfigError)
-    if not isinstance(entries, list):
-        raise ConfigError(flag, f"expected a JSON list, got {text[:80]!r}")
-    known = {field.name: field.default is attrs.NOTHING for field in attrs.fields(cls)}
-    found: list[AttrsInstance] = []
-    for index, entry in enumerate(entries):
-        where = f"[{index}]"
-        if not isinstance(entry, dict):
-            raise ConfigError(flag, f"{where}: expected an object, got {entry!r}")
-        unknown = sorted(set(entry) - set(known))
-        missing = sorted(name for name, required in known.items() if required and name not in entry)
-        if unknown or missing:
-            raise ConfigError(
-                flag,
-                f"{where}: unknown keys {unknown}, missing keys {missing} (keys: {sorted(known)})",
-            )
-        try:
-            found.append(cls(**entry))
-        except ConfigError as error:
-            raise ConfigError(flag, f"{where}.{error.field}: {error.reason}") from None
-    return tuple(found)
