@@ -78,18 +78,29 @@ def child_environment(scratch: Path | None = None) -> dict[str, str]:
     return environment
 
 
+def _group_left(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def end_group(process: subprocess.Popen[bytes]) -> None:
-    """End ``process``'s process group: SIGTERM, then SIGKILL after 5 s; reap ``process``."""
+    """End ``process``'s process group, all of it: SIGTERM, then SIGKILL to what is left of
+    the group after 5 s (its leader's exit does not end the rest); reap ``process``."""
     for signum in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(process.pid, signum)
         except ProcessLookupError:
             break
-        try:
-            process.wait(timeout=5)
+        deadline = time.monotonic() + 5
+        while (process.poll() is None or _group_left(process.pid)) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        if process.poll() is not None and not _group_left(process.pid):
             break
-        except subprocess.TimeoutExpired:
-            continue
     process.wait(timeout=5)
 
 

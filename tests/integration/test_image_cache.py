@@ -299,7 +299,15 @@ def test_a_directory_outside_the_listed_folders_is_refused(tmp_path: Path) -> No
     cache = ImageCache(tmp_path / "cache", max_bytes=1 << 30, environment_dirs=(listed,))
     with cache.acquire(parse_environment_ref(f"directory:{listed}")) as use:
         assert use.image.rootfs == listed.resolve()
-    for named in (outside, listed / "via" / "outside", Path("/"), listed / ".." / "outside"):
+    missing = tmp_path / "missing"  # refused alike: an answer never tells what exists there
+    named_paths = (
+        outside,
+        missing,
+        listed / "via" / "outside",
+        Path("/"),
+        listed / ".." / "outside",
+    )
+    for named in named_paths:
         ref = f"directory:{named}"
         with pytest.raises(TaskEnvironmentError) as refused:
             cache.acquire(parse_environment_ref(ref))

@@ -300,8 +300,8 @@ class ImageCache:
                 "the env's --env.environment_dirs, on the container pool "
                 "--env.container_environment_dirs)",
             )
-        if not tree.is_dir() or tree.is_symlink():
-            raise TaskEnvironmentError(str(ref), f"{tree} is not a directory")
+        # the list first: what lies outside it is refused alike whether it exists or not, so
+        # a reference cannot probe the host's paths
         real = Path(os.path.realpath(tree))
         if not any(real == folder or folder in real.parents for folder in self.environment_dirs):
             listed = ", ".join(str(folder) for folder in self.environment_dirs)
@@ -310,6 +310,8 @@ class ImageCache:
                 f"{real} is not in a folder listed for directory: environments ({listed}): "
                 "add its folder to environment_dirs (the slot server's --environment-dir)",
             )
+        if not tree.is_dir() or tree.is_symlink():
+            raise TaskEnvironmentError(str(ref), f"{tree} is not a directory")
         swappable = _swappable(real)
         if swappable is not None:
             raise TaskEnvironmentError(str(ref), swappable)
