@@ -25,7 +25,8 @@ import platform
 import stat
 from pathlib import Path
 
-from trajcore.adapters.slot_server.image_cache import CachedImage
+from trajcore.adapters.slot_server.image_cache import CachedImage, ImageCache, ImageUse
+from trajcore.domain.task_environments import EnvironmentRef
 
 __all__ = ["HOST_ARCHITECTURE", "ImageChecks", "resolve_inside", "unrunnable"]
 
@@ -135,3 +136,14 @@ class ImageChecks:
             if not image.ref.startswith("directory:"):
                 self._answers[image.image_id] = reason
         return None if reason is None else f"image {image.ref} {reason}"
+
+    def acquire(self, cache: ImageCache, ref: EnvironmentRef) -> tuple[ImageUse, str | None]:
+        """``ref``'s image held from ``cache``, and ``problem``'s answer for it: both of them
+        reading files, for a thread (never the server's event loop: a slow file system would
+        hold every slot)."""
+        use = cache.acquire(ref)
+        try:
+            return use, self.problem(use.image)
+        except BaseException:
+            use.close()
+            raise

@@ -465,9 +465,11 @@ class SlotRuntime(CallTurns):
         assert self.images is not None
         try:
             ref = parse_environment_ref(environment)
-            use = self.images.acquire_recent(ref)  # on the loop: no thread's round trip
-            if use is None:
-                use = await asyncio.to_thread(self.images.acquire, ref)
+            recent = self.images.acquire_recent(ref)  # on the loop: no thread's round trip
+            if recent is None:  # made or found in a thread, and its tree checked there
+                use, unrunnable = await asyncio.to_thread(self._runnable.acquire, self.images, ref)
+            else:  # no /bin/sh, another architecture: known for a recent image
+                use, unrunnable = recent, self._runnable.problem(recent.image)
         except TaskEnvironmentError as error:
             return refused(error.field, error.reason)
         except Exception as error:  # noqa: BLE001 - a full cache, a late lock, a full disk
@@ -475,7 +477,6 @@ class SlotRuntime(CallTurns):
             named = environment in str(error)
             return refused("environment", said if named else f"image {environment}: {said}")
         problem = self._lease_problem(slot, epoch)  # what changed while the image was made
-        unrunnable = self._runnable.problem(use.image)  # no /bin/sh, another architecture
         if problem is not None or unrunnable is not None:
             use.close()
             return refused(*(problem or ("environment", str(unrunnable))))
