@@ -269,6 +269,31 @@ def test_the_least_recently_used_image_leaves_and_one_in_use_never_does(tmp_path
     assert held.image.image_id not in {p.name for p in (tmp_path / "cache" / "images").iterdir()}
 
 
+def test_a_cache_opened_with_a_lower_limit_sheds_what_nobody_uses(tmp_path: Path) -> None:
+    """Images that came under a larger limit leave at the next open, least recently used
+    first, until the cache fits its new limit; one a lease is using stays."""
+    refs = []
+    for name in "abc":
+        write_layout(tmp_path / name, [[Entry(name="data", size=400_000)]], salt=name)
+        refs.append(parse_environment_ref(f"oci:{tmp_path / name}"))
+    roomy = ImageCache(tmp_path / "cache", max_bytes=1 << 30)
+    held = roomy.acquire(refs[0])  # in use throughout, and the least recently used
+    for ref in refs[1:]:
+        with roomy.acquire(ref):
+            pass
+    ids = {p.name for p in (tmp_path / "cache" / "images").iterdir()}
+    assert len(ids) == 3
+    lower = ImageCache(tmp_path / "cache", max_bytes=1_000_000)
+    left = {p.name for p in (tmp_path / "cache" / "images").iterdir()}
+    assert held.image.image_id in left  # in use: it stays, past the limit with another
+    assert len(left) == 2
+    assert lower.statistics().evicted == 1
+    assert lower.statistics().bytes <= 1_000_000 + 400_000
+    held.close()
+    ImageCache(tmp_path / "cache", max_bytes=500_000)  # free now: one image fits
+    assert len(list((tmp_path / "cache" / "images").iterdir())) == 1
+
+
 def test_an_image_larger_than_the_cache_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "big"
     write_layout(path, [[Entry(name="data", size=2_000_000)]])

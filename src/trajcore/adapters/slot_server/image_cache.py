@@ -189,6 +189,7 @@ class ImageCache:
         self._token = uuid.uuid4().hex[:12]
         self._owner_fd = self._own()
         self._sweep_staging()
+        self._trim()
 
     # -- requests
 
@@ -455,7 +456,29 @@ class ImageCache:
         finally:
             os.close(guard)
 
+    def _trim(self) -> None:
+        """At open: images nobody uses leave, least recently used first, while the cache holds
+        more than ``max_bytes`` (a limit lowered since they came); those in use stay."""
+        guard = os.open(self.root / "cache.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            self._flock(guard, fcntl.LOCK_EX, what="the image cache")
+            self._evict_down_to(0)
+        finally:
+            os.close(guard)
+
     def _evict_for(self, ref: EnvironmentRef, size: int) -> None:
+        total, in_use = self._evict_down_to(size)
+        if total + size > self.max_bytes:
+            self._counters.refused += 1
+            raise ImageCacheFull(
+                f"image {ref} needs {size} bytes; the cache holds {total} of {self.max_bytes}, "
+                f"{in_use} of them in images that leases are using"
+            )
+
+    def _evict_down_to(self, size: int) -> tuple[int, int]:
+        """Evict images nobody uses, least recently used first, until ``size`` more bytes fit
+        under ``max_bytes`` or none is left to evict: the bytes held then, and of them those in
+        images in use."""
         held: list[tuple[float, str, int]] = []
         for meta in (self.root / "images").glob("*/image.json"):
             with contextlib.suppress(OSError, ValueError, KeyError):
@@ -470,17 +493,12 @@ class ImageCache:
         in_use = 0
         for _, image_id, bytes_ in sorted(held):
             if total + size <= self.max_bytes:
-                return
+                break
             if self._evict(image_id):
                 total -= bytes_
             else:
                 in_use += bytes_
-        if total + size > self.max_bytes:
-            self._counters.refused += 1
-            raise ImageCacheFull(
-                f"image {ref} needs {size} bytes; the cache holds {total} of {self.max_bytes}, "
-                f"{in_use} of them in images that leases are using"
-            )
+        return total, in_use
 
     def _evict(self, image_id: str) -> bool:
         """Remove an image nobody uses; False (and nothing changed) when one does."""
