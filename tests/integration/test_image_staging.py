@@ -127,3 +127,29 @@ def test_a_dead_owners_export_container_is_removed_at_open(
                 subprocess.run(
                     [*PODMAN, "rm", "-f", container], capture_output=True, timeout=120, check=False
                 )
+
+
+def test_a_dead_exports_record_stays_until_its_engine_has_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine that cannot be run leaves the record of a dead owner's container (its name is
+    all that finds the container), so the next open removes it; one that ran removes it."""
+    root = tmp_path / "cache"
+    ImageCache(root, max_bytes=1 << 30)
+    dead = uuid.uuid4().hex[:12]  # an owner whose lock is gone: dead
+    record = root / "staging" / f"export-{dead}-x1"
+    record.write_text(json.dumps({"engine": "docker", "container": f"trajcore-export-{dead}-x1"}))
+    partial = root / "staging" / f"image-{dead}-x2"
+    partial.mkdir()
+    engines = tmp_path / "bin"
+    engines.mkdir()
+    monkeypatch.setenv("PATH", str(engines))  # no docker to run
+    ImageCache(root, max_bytes=1 << 30)
+    assert (record.exists(), partial.exists()) == (True, False)
+    ran = tmp_path / "ran"
+    docker = engines / "docker"
+    docker.write_text(f'#!/bin/sh\necho "$@" > {ran}\necho "No such container" >&2\nexit 1\n')
+    docker.chmod(0o755)
+    ImageCache(root, max_bytes=1 << 30)
+    assert ran.read_text().split() == ["rm", "-f", f"trajcore-export-{dead}-x1"]
+    assert not record.exists()

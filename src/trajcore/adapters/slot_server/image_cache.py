@@ -86,6 +86,8 @@ __all__ = ["CachedImage", "ImageCache", "ImageUse"]
 _STAGED_KINDS = frozenset({"read", "image", "evicted", "export"})
 
 _POLL_S = 0.05
+# The most a cache's open waits on an engine for each dead export's container it removes.
+_SWEEP_ENGINE_S = 30.0
 _log = logging.getLogger(__name__)
 
 
@@ -574,6 +576,7 @@ class ImageCache:
         its exports made) and its owner lock; an entry of no known owner (an older trajcore's)
         once it is an hour old. A live owner's entries stay."""
         guard = os.open(self.root / "cache.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        exports: list[Path] = []
         try:
             try:
                 fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -588,7 +591,8 @@ class ImageCache:
                 elif time.time() - left.stat().st_mtime <= 3600:
                     continue
                 if kind == "export" and left.is_file():
-                    self._remove_container(left)
+                    exports.append(left)  # its container goes first, below
+                    continue
                 with contextlib.suppress(OSError):
                     remove_tree(left) if left.is_dir() else left.unlink()
             for owner in (self.root / "locks").glob("owner-*.lock"):
@@ -598,27 +602,39 @@ class ImageCache:
                         owner.unlink()
         finally:
             os.close(guard)
+        # Outside cache.lock (no other server's admission waits on an engine), each record
+        # kept until its container is known gone: an engine that cannot be run or does not
+        # answer leaves it, and the ones after it, to the next open.
+        for record in exports:
+            if not self._remove_container(record):
+                break
+            with contextlib.suppress(OSError):
+                record.unlink()
 
-    def _remove_container(self, record: Path) -> None:
-        """Remove the container a dead owner's export made (its record names it); a container
-        that is gone already, or an engine that fails, is logged and left."""
+    def _remove_container(self, record: Path) -> bool:
+        """Remove the container a dead owner's export made (its record names it), within
+        ``_SWEEP_ENGINE_S``. True when the engine ran (the container is gone, or was never
+        made); False when it could not be run or did not answer in time (logged): the record
+        stays for the next open."""
         try:
             found = json.loads(record.read_text())
             engine, container = str(found["engine"]), str(found["container"])
         except (OSError, ValueError, KeyError, TypeError):
-            return  # written only partly: the owner died before its container was made
+            return True  # written only partly: the owner died before its container was made
         if engine not in ("podman", "docker") or not container.startswith("trajcore-export-"):
-            return
+            return True
         program = [engine, "--runtime", "runc"] if engine == "podman" else [engine]
         try:
             subprocess.run(
                 [*program, "rm", "-f", container],
                 capture_output=True,
-                timeout=self.engine_timeout_s,
+                timeout=min(self.engine_timeout_s, _SWEEP_ENGINE_S),
                 check=False,
             )
         except (OSError, subprocess.TimeoutExpired) as error:
             _log.warning("cannot remove a dead export's container %s: %s", container, error)
+            return False
+        return True
 
     def _entry(
         self, ref: EnvironmentRef, image_id: str, *, hit: bool, started: float
