@@ -18,11 +18,15 @@ import pytest
 
 from tests.integration.test_image_cache import PODMAN, _podman_works
 from trajcore.adapters.slot_server.image_cache import ImageCache
+from trajcore.adapters.slot_server.image_sources import EngineExport, exported
+from trajcore.domain.task_environments import TaskEnvironmentError
 
 _OWNER = """
 import sys, tempfile
 from pathlib import Path
 from trajcore.adapters.slot_server.image_cache import ImageCache
+from trajcore.adapters.slot_server.image_sources import EngineExport, exported
+from trajcore.domain.task_environments import TaskEnvironmentError
 cache = ImageCache(Path(sys.argv[1]), max_bytes=1 << 30)
 staged = tempfile.mkdtemp(dir=cache.root / "staging", prefix=f"image-{cache._token}-")
 (Path(staged) / "rootfs").mkdir()
@@ -153,3 +157,27 @@ def test_a_dead_exports_record_stays_until_its_engine_has_run(
     ImageCache(root, max_bytes=1 << 30)
     assert ran.read_text().split() == ["rm", "-f", f"trajcore-export-{dead}-x1"]
     assert not record.exists()
+
+
+def test_an_export_whose_create_failed_removes_its_named_container(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create the engine failed or was cut short in may have made the container all the
+    same; the export removes it by its name, as its record goes with it."""
+    engines = tmp_path / "bin"
+    engines.mkdir()
+    asked = tmp_path / "asked"
+    docker = engines / "docker"
+    docker.write_text(
+        f'#!/bin/sh\necho "$@" >> {asked}\n'
+        '[ "$1" = create ] && { echo "killed while creating" >&2; exit 1; }\nexit 0\n'
+    )
+    docker.chmod(0o755)
+    monkeypatch.setenv("PATH", str(engines))
+    export = EngineExport(image_id="0" * 64, engine="docker", name="some/image")
+    with (
+        pytest.raises(TaskEnvironmentError, match="killed while creating"),
+        exported(export, timeout_s=60, container="trajcore-export-t-x1", label="l=1"),
+    ):
+        pass
+    assert asked.read_text().splitlines()[-1] == "rm -f trajcore-export-t-x1"

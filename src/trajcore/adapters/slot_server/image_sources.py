@@ -525,9 +525,14 @@ def exported(
     program = [export.engine, "--runtime", "runc"] if export.engine == "podman" else [export.engine]
     naming = [] if container is None else ["--name", container]
     naming += [] if not label else ["--label", label]
-    created = _engine(
-        [*program, "create", *naming, export.name, "/bin/true"], image, timeout_s
-    ).strip()
+    try:
+        created = _engine(
+            [*program, "create", *naming, export.name, "/bin/true"], image, timeout_s
+        ).strip()
+    except TaskEnvironmentError:
+        if container is not None:  # a create cut short may have made it all the same
+            _remove(program, container, timeout_s)
+        raise
     try:
         process = subprocess.Popen(
             [*program, "export", created], stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -548,6 +553,14 @@ def exported(
             words = stderr.decode("utf-8", "replace").strip()[-400:] or f"exit {process.returncode}"
             raise TaskEnvironmentError(image, f"{export.engine} export failed: {words}")
     finally:
+        _remove(program, created, timeout_s)
+
+
+def _remove(program: list[str], container: str, timeout_s: float) -> None:
+    """``rm -f`` the export's ``container``, best effort: an engine that fails or does not
+    answer leaves it (to the image cache's sweep, where it is named) and raises nothing, so
+    the export's own error stands."""
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         subprocess.run(
-            [*program, "rm", "-f", created], capture_output=True, timeout=timeout_s, check=False
+            [*program, "rm", "-f", container], capture_output=True, timeout=timeout_s, check=False
         )
