@@ -24,7 +24,7 @@ from trajcore.domain.errors import InvalidInput, WireError
 from trajcore.domain.isolation import SlotIsolation
 from trajcore.domain.slot_protocol import SLOT_TOOLS, ExecuteCall, ExecuteRequest, execute_call
 from trajcore.domain.slots import Lease, SlotCall, SlotId
-from trajcore.domain.tools import ToolCall
+from trajcore.domain.tools import ToolCall, ToolOutcome
 from trajcore.entrypoints.hermes_tool_context import run_env_tool
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.tools import SlotTools, ToolRouter
@@ -154,3 +154,21 @@ def test_a_bare_agent_under_a_root_server_with_a_cgroup_gets_no_reserve(
         cgroup=SlotCgroup(plan=plan, name="slot-0"),
     )
     assert sandboxes.agent_config(slot, sandboxed=sandboxed)["command_nproc"] == expected
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("time_left_s", [0.0, -1.5])
+async def test_a_turn_asked_for_past_its_deadline_starts_no_call(time_left_s: float) -> None:
+    """The model answered after the turns' deadline: its calls are ``TIMEOUT`` unrun (a command
+    started even for a moment could change what is scored), an unknown tool still refused as
+    one, and nothing reaches the slot."""
+    calls = [
+        ToolCall(id="a", name="bash", arguments={"command": "rm -rf *"}),
+        ToolCall(id="b", name="nowhere", arguments={}),
+    ]
+    async with _router() as (pool, router):
+        first, second = await router.run_turn(calls, time_left_s, None, 1.0)
+    assert (first.call_id, first.outcome) == ("a", ToolOutcome.TIMEOUT)
+    assert first.error == "not run: its turn's time had run out when the model asked for it"
+    assert (second.call_id, second.outcome) == ("b", ToolOutcome.REJECTED)
+    assert pool.executed == []

@@ -12,15 +12,17 @@ import attrs
 import pytest
 
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
+from trajcore.adapters.fakes.tools import FakeToolServer, ToolFault
 from trajcore.domain.agent_loop import AgentLoopConfig, StopReason
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.errors import ConfigError
 from trajcore.domain.groups import TrajectoryStatus
 from trajcore.domain.messages import Message
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
-from trajcore.domain.tools import ToolOutcome
+from trajcore.domain.tools import ToolOutcome, ToolSpec
 from trajcore.entrypoints.atropos.config import AgentEnvConfig
 from trajcore.entrypoints.atropos.tasks import member_rollout
+from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.dispatcher import ToolDispatcher
 from trajcore.rollout.scripted import ModelScript, ScriptedPolicy, ScriptStep, tool_call
 from trajcore.rollout.tools import SlotTools
@@ -80,19 +82,24 @@ class Scoring:
 
 
 async def _run(
-    script: ModelScript, scoring: Scoring, config: RolloutConfig = CONFIG
+    script: ModelScript,
+    scoring: Scoring,
+    config: RolloutConfig = CONFIG,
+    *,
+    tools: Sequence[ToolSpec] = SLOT_TOOL_SPECS,
+    tool_server: ToolServer | None = None,
 ) -> TrajectoryResult:
     async with FakeSandboxPool() as pool, ToolDispatcher(pool, BatchConfig()) as dispatcher:
         with anyio.fail_after(config.deadline_s + 10):
             result = await run_trajectory(
                 trajectory_id="t0",
                 messages=[Message.system("You fix things."), Message.user("Write done.txt.")],
-                tools=SLOT_TOOL_SPECS,
+                tools=tools,
                 hooks=TrajectoryHooks(prepare=scoring.prepare, score=scoring.score),
                 policy=ScriptedPolicy.openai(script),
                 pool=pool,
                 dispatcher=dispatcher,
-                tool_server=None,
+                tool_server=tool_server,
                 config=config,
             )
         assert pool.statistics().leased == 0
@@ -147,6 +154,35 @@ async def test_a_turn_of_several_long_calls_ends_at_the_turns_deadline_and_is_sc
     assert ran.result.exec.timed_out
     assert all("turn's time ran out before it could start" in (e.result.error or "") for e in unrun)
     assert [m.tool_call_id for m in result.messages[-3:]] == [e.call.id for e in sleeps]
+    assert len(scoring.started) == 1
+    assert result.duration_s <= DEADLINE_S + SLACK_S
+
+
+def sleepers_and_a_lookup(messages: Sequence[Message]) -> ScriptStep:
+    """The model: writes its answer, then two long slot calls and a tool server's call in one
+    turn, turn after turn."""
+    if not any(message.role == "tool" for message in messages):
+        return tool_call("write_file", path="done.txt", content="ok")
+    return [*(tool_call("bash", command="sleep 60") for _ in range(2)), tool_call("lookup", q="x")]
+
+
+async def test_a_turn_mixing_slot_calls_and_a_hanging_tool_server_is_scored() -> None:
+    """The tool server's call runs beside the slot's and within the same time left: at the
+    turns' deadline it is ``TIMEOUT`` (the policy's time), the slot calls' results are kept,
+    and the member is scored. Before, it ran after them with no bound, and the turns ended
+    with none of the turn's results: ``infra_error``, unscored."""
+    lookup = ToolSpec(name="lookup", description="Look it up.", parameters={"type": "object"})
+    server = FakeToolServer.with_tools([(lookup, lambda arguments, context: "found")])
+    server.inject(*[ToolFault.hang()] * 20)
+    scoring = Scoring()
+    result = await _run(
+        sleepers_and_a_lookup, scoring, tools=[*SLOT_TOOL_SPECS, lookup], tool_server=server
+    )
+    assert (result.outcome.status, result.outcome.score) == (TrajectoryStatus.BUDGET_EXHAUSTED, 1.0)
+    last_turn = [e for e in result.exchanges if e.turn == result.exchanges[-1].turn]
+    assert [e.call.name for e in last_turn] == ["bash", "bash", "lookup"]
+    assert [e.result.outcome for e in last_turn] == [ToolOutcome.TIMEOUT] * 3
+    assert "ran out before the tool server answered" in (last_turn[2].result.error or "")
     assert len(scoring.started) == 1
     assert result.duration_s <= DEADLINE_S + SLACK_S
 

@@ -29,6 +29,7 @@ environment, from its current files (``EnvironmentPool.snapshot`` and ``lease_fr
 from __future__ import annotations
 
 import itertools
+import math
 import shlex
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -139,6 +140,14 @@ class ToolRouter:
         however many they are, and ``turns`` waits up to ``wait_s`` past its deadline for their
         results (the slot is busy with them until then anyway) before it ends the turns; its
         deadline is put back after. Results as ``run``'s (none for no calls)."""
+        if time_left_s <= 0:  # the model answered past the turns' deadline: nothing starts
+            why = "not run: its turn's time had run out when the model asked for it"
+            return [
+                ToolResult.failure(c, ToolOutcome.TIMEOUT, why)
+                if c.name in self.offered
+                else ToolResult.unknown_tool(c)
+                for c in calls
+            ]
         time_left_s = max(time_left_s, _LEAST_CALL_S)
         router = attrs.evolve(
             self, tool_timeout_s=min(self.tool_timeout_s, time_left_s), time_left_s=time_left_s
@@ -175,16 +184,29 @@ class ToolRouter:
                 sent.append(bound)
             else:
                 external.append((i, call))
-        if sent:
+
+        async def slot_calls() -> None:
             for i, answer in zip(at, await self.dispatcher.run(sent), strict=True):
                 results[i] = answer.answering(calls[i].id)
-        if external:
+
+        async def external_calls() -> None:
             for (i, _), answer in zip(external, await self._external(external), strict=True):
                 results[i] = answer
+
+        if sent and external:  # side by side: neither kind waits out the other's time
+            async with anyio.create_task_group() as group:
+                group.start_soon(slot_calls)
+                group.start_soon(external_calls)
+        elif sent:
+            await slot_calls()
+        elif external:
+            await external_calls()
         # every place is filled; no comprehension: on this path each is a call of its own
         return list(filter(None, results))
 
     async def _external(self, calls: Sequence[tuple[int, ToolCall]]) -> list[ToolResult]:
+        """The tool server's results for ``calls``; within ``time_left_s`` when it is set (a
+        model's turn): past it, each is ``TIMEOUT``, the policy's time."""
         plain = [call for _, call in calls]
         if self.tool_server is None:
             return [
@@ -192,10 +214,14 @@ class ToolRouter:
                 for c in plain
             ]
         context = ToolContext(trajectory_id=self.trajectory_id, slot=str(self.lease.slot))
+        left = math.inf if self.time_left_s is None else self.time_left_s
         try:
-            return await self.tool_server.execute(plain, context=context)
+            with anyio.move_on_after(left):
+                return await self.tool_server.execute(plain, context=context)
         except ToolServerError as exc:
             return ToolResult.infra_errors(plain, str(exc))
+        why = f"its turn's time ({left:.3g} s) ran out before the tool server answered"
+        return [ToolResult.failure(c, ToolOutcome.TIMEOUT, why) for c in plain]
 
 
 def _described(call: ToolCall) -> str:
