@@ -49,11 +49,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import itertools
 import json
 import logging
 import os
-import stat
 import subprocess
 import tempfile
 import time
@@ -72,6 +70,7 @@ from trajcore.adapters.slot_server.image_sources import (
     read_image,
 )
 from trajcore.adapters.slot_server.image_unpack import unpack_layer, unpack_stream
+from trajcore.adapters.slot_server.tree_owners import swappable
 from trajcore.domain.task_environments import (
     EnvironmentRef,
     ImageCacheFull,
@@ -315,9 +314,9 @@ class ImageCache:
             )
         if not tree.is_dir() or tree.is_symlink():
             raise TaskEnvironmentError(str(ref), f"{tree} is not a directory")
-        swappable = _swappable(real)
-        if swappable is not None:
-            raise TaskEnvironmentError(str(ref), swappable)
+        open_path = swappable(real)
+        if open_path is not None:
+            raise TaskEnvironmentError(str(ref), open_path)
         self._counters.hits += 1
         return CachedImage(
             ref=str(ref),
@@ -657,33 +656,6 @@ class ImageCache:
             working_dir=str(meta.get("working_dir", "")),
             user=str(meta.get("user", "")),
         )
-
-
-def _swappable(tree: Path) -> str | None:
-    """Why a user other than root and this server's could put another tree at ``tree``'s path
-    between its check and its lease's mount (which opens it by path), or ``None``.
-
-    Whoever may rename an entry of a folder on the path could swap the checked tree for a link
-    to any host folder once its lease is granted. So every folder above it must be owned by
-    root or this process's user and writable by no one else, unless it is sticky (``/tmp``)
-    and the entry below it is owned by one of them."""
-    trusted = {0, os.geteuid()}
-    for folder, entry in itertools.pairwise([*reversed(tree.parents), tree]):
-        try:
-            info, below = os.lstat(folder), os.lstat(entry)
-        except OSError as error:
-            return f"{entry} cannot be checked: {error.strerror}"
-        open_to_others = info.st_mode & 0o022 and not (
-            info.st_mode & stat.S_ISVTX and below.st_uid in trusted
-        )
-        if info.st_uid not in trusted or open_to_others:
-            return (
-                f"{folder} (owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}) may be "
-                "changed by users other than root and the slot server's, who could swap the "
-                "tree below it for a link to another host folder after this check: folders "
-                "above a directory: tree must be writable only by root or the server's user"
-            )
-    return None
 
 
 def _stamp(ref: EnvironmentRef) -> tuple[int, ...]:
