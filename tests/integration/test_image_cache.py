@@ -294,6 +294,24 @@ def test_a_cache_opened_with_a_lower_limit_sheds_what_nobody_uses(tmp_path: Path
     assert len(list((tmp_path / "cache" / "images").iterdir())) == 1
 
 
+def test_an_image_made_before_its_env_was_recorded_is_made_again(tmp_path: Path) -> None:
+    """An entry whose ``image.json`` has no ``Env`` (made by an older slot server) would run its
+    leases without the image's environment: the next open removes it (unless a lease holds
+    it), and the next use unpacks it again, with it."""
+    write_layout(tmp_path / "a", [[Entry(name="data", size=1000)]], env=["TASK_VAR=1"])
+    ref = parse_environment_ref(f"oci:{tmp_path / 'a'}")
+    with ImageCache(tmp_path / "cache", max_bytes=1 << 30).acquire(ref) as use:
+        image_id = use.image.image_id
+    meta = tmp_path / "cache" / "images" / image_id / "image.json"
+    old = {k: v for k, v in json.loads(meta.read_text()).items() if k != "env"}
+    meta.write_text(json.dumps(old))
+    again = ImageCache(tmp_path / "cache", max_bytes=1 << 30)
+    assert not meta.exists()
+    with again.acquire(ref) as use:
+        assert not use.image.hit
+        assert use.image.env == ("TASK_VAR=1",)
+
+
 def test_an_image_larger_than_the_cache_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "big"
     write_layout(path, [[Entry(name="data", size=2_000_000)]])

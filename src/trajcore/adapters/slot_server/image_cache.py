@@ -458,11 +458,16 @@ class ImageCache:
             os.close(guard)
 
     def _trim(self) -> None:
-        """At open: images nobody uses leave, least recently used first, while the cache holds
-        more than ``max_bytes`` (a limit lowered since they came); those in use stay."""
+        """At open: images made before the cache recorded an image's ``Env`` (a lease over one
+        would run without it) leave, then the least recently used while the cache holds more
+        than ``max_bytes`` (a limit lowered since they came); those in use stay."""
         guard = os.open(self.root / "cache.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             self._flock(guard, fcntl.LOCK_EX, what="the image cache")
+            for meta in (self.root / "images").glob("*/image.json"):
+                with contextlib.suppress(OSError, ValueError):
+                    if "env" not in json.loads(meta.read_text()):
+                        self._evict(meta.parent.name)
             self._evict_down_to(0)
         finally:
             os.close(guard)
