@@ -169,6 +169,7 @@ def env() -> FileEnv:
         ({"toolset_distribution": "terminal=lots"}, "toolset_distribution"),
         ({"extra_body": "top_k"}, "extra_body"),
         ({"environment_field": ""}, "environment_field"),  # no row has a field ''
+        ({"prompt_field": ""}, "prompt_field"),
         ({"extra_body": '{"n": 4}'}, "extra_body.n"),
         ({"extra_body": {"best_of": 2}}, "extra_body.best_of"),
         ({"extra_body": {"sampling_params": {"n": 4}}}, "extra_body.sampling_params.n"),

@@ -221,7 +221,9 @@ class AgentEnvConfig(BaseEnvConfig, SeedNames, SandboxSettings, metaclass=SeedFi
         "env processes of one env share no row (docs/deploy.md). Null: every row.",
     )
     prompt_field: str = Field(
-        default="prompt", description="The row field the built-in build_task sends as the task."
+        default="prompt",
+        min_length=1,
+        description="The row field the built-in build_task sends as the task.",
     )
     environment_field: str | None = Field(
         default=None,
