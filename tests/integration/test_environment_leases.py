@@ -13,7 +13,7 @@ import json
 import os
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -428,6 +428,13 @@ def env_image() -> Iterator[str]:
     """The reference of an image whose config sets ``IMAGE_ENV``, with a tool in
     ``/opt/custom/bin`` (and what the stateful shell needs, where the host has it: bash, tmux,
     ``mv``, ``tail`` and the C.UTF-8 locale)."""
+    with searchable_dir("environment-env") as folder:
+        _write_env_image(folder / "layout", IMAGE_ENV)
+        yield f"oci:{folder / 'layout'}"
+
+
+def _write_env_image(layout: Path, env: Sequence[str]) -> None:
+    """``env_image``'s image at ``layout``, its config's ``Env`` being ``env``."""
     tool = Entry(name="opt/custom/bin/mytool", data=b"#!/bin/sh\necho mytool-ran\n", mode=0o755)
     dirs = [
         Entry(name=d, kind=tarfile.DIRTYPE, mode=0o755)
@@ -435,7 +442,7 @@ def env_image() -> Iterator[str]:
     ]
     programs = [
         path
-        for path in ("/usr/bin/bash", "/usr/bin/tmux", "/bin/mv", "/usr/bin/tail")
+        for path in ("/usr/bin/bash", "/usr/bin/tmux", "/bin/mv", "/usr/bin/tail", "/bin/chmod")
         if Path(path).exists()
     ]
     # the C.UTF-8 locale tmux asks for, where the host has it (as Debian's images do)
@@ -446,9 +453,7 @@ def env_image() -> Iterator[str]:
         for d in ("usr/lib/locale", *(str(p)[1:] for p in [locale, *found] if p.is_dir()))
     ]
     dirs += [Entry(name=str(p)[1:], data=p.read_bytes(), mode=0o644) for p in found if p.is_file()]
-    with searchable_dir("environment-env") as folder:
-        write_shell_image(folder / "layout", extra=(*dirs, tool), programs=programs, env=IMAGE_ENV)
-        yield f"oci:{folder / 'layout'}"
+    write_shell_image(layout, extra=(*dirs, tool), programs=programs, env=env)
 
 
 def test_a_lease_over_an_image_runs_its_commands_with_the_images_env(
@@ -525,5 +530,39 @@ def test_a_fork_of_a_lease_over_an_image_runs_with_the_images_env(
             await reset(server, 2, 203)
             await reset(server, 3, 302)
             assert (await client.drop_snapshot(frozen.snapshot)).ok
+
+    asyncio.run(main())
+
+
+@pytest.mark.skipif(
+    not all(Path(p).exists() for p in ("/usr/bin/tmux", "/usr/bin/bash", "/usr/lib/locale/C.utf8")),
+    reason="the host has no tmux, bash or C.UTF-8 locale (/usr/lib/locale/C.utf8) for the image",
+)
+def test_an_images_path_with_an_empty_entry_never_runs_the_workspaces_programs_for_the_helper(
+    image_server: tuple[Server, str],
+) -> None:
+    """An image's PATH may hold an empty entry (the current folder: the workspace). The helper
+    looks its own programs (bash, tmux) up in absolute entries only, so a ``bash`` the model
+    left in its workspace is not what the stateful shell starts; its own commands still read
+    the image's PATH as it is."""
+    server, _ref = image_server
+    plant = (
+        "printf '#!/bin/sh\\necho planted > /workspace/planted\\nexec /usr/bin/bash \"$@\"\\n'"
+        " > bash && chmod +x bash && echo ok"
+    )
+
+    async def main() -> None:
+        with searchable_dir("environment-empty-path") as folder:
+            _write_env_image(folder / "layout", ("PATH=:/usr/local/bin:/usr/bin:/bin",))
+            assert (await lease(server, 2, 250, f"oci:{folder / 'layout'}"))["ok"] is True
+            code, text = await shell(server, 2, 250, plant)
+            assert (code, text.strip()) == (0, "ok"), text
+            async with server.client() as client:
+                result = await one(client, call(2, "bash_stateful", epoch=250, command="echo hi"))
+            assert (result.outcome, result.content.strip()) == (ToolOutcome.OK, "hi"), result
+            code, text = await shell(server, 2, 250, 'ls planted 2>&1; echo "$PATH"')
+            assert "planted" not in text.splitlines()[0] or "No such file" in text, text
+            assert text.splitlines()[-1] == ":/usr/local/bin:/usr/bin:/bin"
+            await reset(server, 2, 250)
 
     asyncio.run(main())

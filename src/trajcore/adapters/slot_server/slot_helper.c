@@ -341,8 +341,11 @@ static bool which(const char *name, char *found, size_t size) {
     while (true) {
         const char *end = strchr(path, ':');
         size_t length = end ? (size_t)(end - path) : strlen(path);
-        int written = length ? snprintf(found, size, "%.*s/%s", (int)length, path, name)
-                             : snprintf(found, size, "./%s", name);
+        /* absolute entries only: an empty or relative one (an image's PATH may hold one) names
+         * the workspace, where the model could put a program the helper would run for itself */
+        int written = length && path[0] == '/'
+                          ? snprintf(found, size, "%.*s/%s", (int)length, path, name)
+                          : -1;
         if (written > 0 && (size_t)written < size && access(found, X_OK) == 0 && exists(found))
             return true;
         if (!end)
