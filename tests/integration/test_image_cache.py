@@ -3,6 +3,7 @@ layered whiteouts, two processes asking at once, eviction and images in use."""
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -405,3 +406,14 @@ def test_the_refusal_of_every_directory_names_the_container_pools_flag(tmp_path:
         closed.acquire(parse_environment_ref(f"directory:{tmp_path}"))
     assert "--env.environment_dirs" in refused.value.reason
     assert "--env.container_environment_dirs" in refused.value.reason
+
+
+def test_a_cache_object_dropped_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    """Its owner lock lasts as long as the object: a process that opens many caches (tests, a
+    tool) does not hold a descriptor for each for its whole life."""
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        ImageCache(tmp_path / "cache", max_bytes=1 << 30)
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == before

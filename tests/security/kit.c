@@ -7,6 +7,7 @@
  * look. Nothing it prints is trusted by the tests: they check from the host.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/capability.h>
@@ -205,6 +206,27 @@ static int send_all(int fd, const char *data, size_t len) {
     return 0;
 }
 
+/* PID's open descriptor numbers, from /proc/PID/fd; when that cannot be read, 0 to 1023. */
+static int descriptors(long pid, int *numbers, int max) {
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%ld/fd", pid);
+    int count = 0;
+    DIR *listing = opendir(dir);
+    if (listing) {
+        struct dirent *entry;
+        while ((entry = readdir(listing)) != NULL && count < max) {
+            char *end;
+            long number = strtol(entry->d_name, &end, 10);
+            if (end != entry->d_name && *end == '\0' && number >= 0 && number < (1L << 30))
+                numbers[count++] = (int)number;
+        }
+        closedir(listing);
+    }
+    if (count == 0)
+        for (; count < 1024 && count < max; count++) numbers[count] = count;
+    return count;
+}
+
 /* The writable channels (sockets, pipes) PID holds, stolen with pidfd_getfd. */
 static int steal(long pid, int *fds, int max) {
     int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
@@ -212,8 +234,11 @@ static int steal(long pid, int *fds, int max) {
         printf("pidfd_open: %s\n", strerror(errno));
         return 0;
     }
+    static int numbers[4096];
+    int known = descriptors(pid, numbers, 4096);
     int found = 0;
-    for (int target = 0; target < 64 && found < max; target++) {
+    for (int i = 0; i < known && found < max; i++) {
+        int target = numbers[i];
         int fd = (int)syscall(SYS_pidfd_getfd, pidfd, target, 0);
         if (fd < 0) {
             if (errno != EBADF) printf("pidfd_getfd %d: %s\n", target, strerror(errno));

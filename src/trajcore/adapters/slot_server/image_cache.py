@@ -56,6 +56,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import overload
@@ -189,6 +190,8 @@ class ImageCache:
             (root / name).mkdir(parents=True, exist_ok=True)
         self._token = uuid.uuid4().hex[:12]
         self._owner_fd = self._own()
+        # the owner lock lasts as long as this cache object (or its process): then it is free
+        weakref.finalize(self, os.close, self._owner_fd)
         self._sweep_staging()
         self._trim()
 
