@@ -388,3 +388,19 @@ async def test_a_shell_that_ended_between_calls_is_replaced_saying_so(
         assert after.exec is not None
         assert after.exec.stdout == "ok /workspace\n", after
         assert after.exec.stderr.startswith("[the shell had ended since the last call"), after
+
+
+async def test_a_command_that_leaves_its_shell_too_few_files_is_no_timeout(
+    pool: LocalSandboxPool,
+) -> None:
+    """``ulimit -n 4`` in a sandbox's persistent shell: the call returns the command's output as
+    a ``TOOL_ERROR`` saying why there is no exit status (never a timeout whose shell ignored
+    Ctrl-C), and the next call runs in a fresh shell."""
+    async with pool.lease("t") as lease:
+        starved, _ = await one(pool, lease, "bash_stateful", command="ulimit -n 4; echo ran")
+        assert starved.outcome is ToolOutcome.TOOL_ERROR, starved
+        assert starved.error == "the command ended without an exit status", starved
+        assert starved.content.startswith("ran\n"), starved
+        assert "open-files limit (ulimit -n) is 4" in starved.content, starved
+        after, _ = await one(pool, lease, "bash_stateful", command="echo next")
+        assert (after.outcome, after.content) == (ToolOutcome.OK, "next\n"), after

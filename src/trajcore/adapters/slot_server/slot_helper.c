@@ -1268,6 +1268,43 @@ static pane_state shell_pane(const shell *sh, char *program, size_t size) {
     return raw == 1 && first_byte(line) == '2' ? PANE_MORE : PANE_AT_PROMPT;
 }
 
+/* The fewest open files a shell needs to run a call (SHELL_RC_COMMON's ``__run``): its three
+ * standard descriptors, a copy of each kept while the command's are sent to files, and the file
+ * it opens. A shell held below it (``ulimit -n 4``) can neither send a command's output to its
+ * files nor write its status. */
+enum { SHELL_FILES_LEAST = 7 };
+
+/* The soft limit on open files (``ulimit -n``) of the shell that reads the pane's keys (the
+ * terminal's foreground process, else the pane's first process), from /proc; -1 when it is not
+ * known or unlimited. */
+static long shell_files_limit(const shell *sh) {
+    char state, path[64], text[4096];
+    pid_t parent, session, front = 0;
+    if (sh->pane <= 0 || !process_stat(sh->pane, &state, &parent, &session, &front))
+        return -1;
+    snprintf(path, sizeof path, "/proc/%d/limits", (int)(front > 0 ? front : sh->pane));
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t got = read(fd, text, sizeof text - 1);
+    close(fd);
+    text[got > 0 ? got : 0] = '\0';
+    static const char NAME[] = "Max open files";
+    const char *line = strstr(text, NAME);
+    if (!line)
+        return -1;
+    char *end;
+    long limit = strtol(line + sizeof NAME - 1, &end, 10);
+    return end == line + sizeof NAME - 1 || limit < 0 ? -1 : limit;
+}
+
+/* Whether the shell holds too few open files to run a call (SHELL_FILES_LEAST), its limit then
+ * into ``limit``. */
+static bool shell_starved(const shell *sh, long *limit) {
+    *limit = shell_files_limit(sh);
+    return *limit >= 0 && *limit < SHELL_FILES_LEAST;
+}
+
 /* Whether keys typed now reach the shell's line editor (shell_tty_raw) at its prompt
  * (shell_pane). Keys typed before that (while the shell is still on its way from the last
  * command to its prompt) are echoed by the terminal ahead of the prompt, and would stay on the
@@ -1429,6 +1466,36 @@ static shell_state shell_recover(shell *sh, double deadline, result *r, buf *not
     return shell_ensure(sh, deadline, r);
 }
 
+/* Wait until the call's status file ``rc`` exists, by ``deadline`` (wait_for_file_or_end:
+ * ``*gone`` set when the shell's process ends first), or until the command is seen to have
+ * ended without writing it: the shell is back in its line editor at its prompt with too few
+ * open files to write the file (shell_starved; ``*files`` set to its limit, else -1). Only the
+ * command can have lowered the limit (a shell starved before the call is replaced before it
+ * types), and bash's line editor reads keys again only once the command has ended: a command
+ * still running, or a program or shell it started in the foreground, is never taken for that. */
+static bool shell_wait_for_status(const shell *sh, const char *rc, double deadline, bool *gone,
+                                  long *files) {
+    double pause = 0.001;
+    *files = -1;
+    while (true) {
+        if (wait_for_file_or_end(rc, 0, sh->pane, gone)) /* one look, and the orphans reaped */
+            return true;
+        if (*gone)
+            return false;
+        long limit;
+        if (shell_tty_raw(sh) == 1 && shell_starved(sh, &limit) &&
+            shell_pane(sh, NULL, 0) == PANE_AT_PROMPT && !exists(rc)) {
+            *files = limit;
+            return false;
+        }
+        double now = monotonic();
+        if (now >= deadline)
+            return false;
+        pause_for(pause < deadline - now ? pause : deadline - now);
+        pause = pause * 1.5 < 0.02 ? pause * 1.5 : 0.02;
+    }
+}
+
 /* After a call's time ran out: Ctrl-C to the pane, then (once the shell is at its prompt, or
  * PROMPT_WAIT_S on) ``__run_idle``, which creates ``idle``. True when it appears within
  * SHELL_SETTLE_S of the Ctrl-C (the command stopped and the shell is back at its prompt, its
@@ -1483,6 +1550,7 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
         buf_puts(&note, SHELL_REPLACED);
     sh->replaced = false;
     bool gone = false; /* the shell's process ended before the command's status was written */
+    long starved = -1; /* the shell's open-files limit, when too low to write the status */
     /* the call's files, for ``__run`` and, after Ctrl-C, ``__run_idle`` */
     size_t named = strlen(base);
     base[named] = '\n';
@@ -1514,6 +1582,22 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
             (void)unlink(script);
             return;
         }
+        long files;
+        if (state == SHELL_READY && shell_starved(sh, &files)) {
+            /* ``ulimit -n 4`` in an earlier call, or typed through the tmux tool: this shell
+             * cannot run a command with its output sent to files */
+            shell_kill(sh);
+            buf_printf(&note, "[the shell's open-files limit (ulimit -n) was %ld, too few for it to "
+                              "run a command with its output sent to files; it was replaced by a "
+                              "fresh shell: its working directory and variables were reset]\n",
+                       files);
+            state = shell_ensure(sh, deadline, r);
+            if (state == SHELL_FAILED) {
+                buf_free(&note);
+                (void)unlink(script);
+                return;
+            }
+        }
         late = state == SHELL_LATE;
         result sent = {0};
         if (!late)
@@ -1529,7 +1613,8 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
             return;
         }
         result_free(&sent);
-        late = late || !wait_for_file_or_end(rc, deadline, sh->pane, &gone);
+        bool found = !late && shell_wait_for_status(sh, rc, deadline, &gone, &starved);
+        late = late || !(found || starved >= 0);
     }
     bool interrupted = late && shell_interrupt(sh, idle);
     bool has_code = false;
@@ -1593,6 +1678,18 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
         fail(r, "the shell ended while it ran the command (it was killed), before it wrote the "
                 "command's exit status; the next call starts a fresh shell: its working "
                 "directory and variables are reset");
+        r->duration = monotonic() - started;
+        return;
+    }
+    if (!late && !has_code && (starved >= 0 || shell_starved(sh, &starved))) {
+        /* ``ulimit -n 4``: the command ran, and its output is kept, but the shell can no longer
+         * write a file, its status's or the next command's output; it is no use for another */
+        shell_kill(sh);
+        buf_printf(&r->err, "[the shell could not report the command's exit status: its "
+                            "open-files limit (ulimit -n) is %ld, too few for it to write its "
+                            "status file; the shell was ended, and the next call starts a fresh "
+                            "shell, whose working directory and variables are reset]\n",
+                   starved);
         r->duration = monotonic() - started;
         return;
     }

@@ -1,0 +1,101 @@
+"""The persistent shell (``stateful``, ``tmux``) says truthfully what became of a call the shell
+could not report in the usual way: a shell left with too few open files (``ulimit -n 4``).
+
+The agent runs as a plain process on a socket (``slot-helper serve``, as in
+tests/unit/test_slot_helper.py), with the host's tmux and bash. Each call is given a timeout it
+must not reach: a call that waits it out instead of telling that the command ended is the fault
+these tests catch (``timed_out``), not a measured time.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_slot_helper import Agent, agent_argv
+from trajcore.domain.json_values import JSON
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+LONG = "20.0"  # no call here should come near it
+
+
+@pytest.fixture
+def shell(tmp_path: Path) -> Iterator[Agent]:
+    running = Agent(agent_argv(tmp_path), tmp_path)
+    try:
+        yield running
+        assert running.close() == 0
+    finally:  # a serve agent has no pid namespace: the tmux server it started outlives it
+        socket_path = tmp_path / "state" / "tmux.sock"
+        tmux = shutil.which("tmux")
+        if tmux is not None and socket_path.exists():
+            subprocess.run(
+                [tmux, "-S", str(socket_path), "kill-server"],
+                capture_output=True, timeout=10, check=False,
+            )  # fmt: skip
+
+
+def run(agent: Agent, command: str) -> dict[str, JSON]:
+    return agent.ask("stateful", LONG, "4096", command)
+
+
+@pytest.mark.parametrize("files", [3, 4])
+def test_a_command_that_leaves_its_shell_too_few_files_is_reported_at_once(
+    shell: Agent, files: int
+) -> None:
+    """``ulimit -n 3`` leaves the shell unable to create its status file, ``ulimit -n 4`` to
+    write into it: either way the command ended, and the reply has its output, no exit code,
+    and says why, without waiting out the timeout or claiming the shell ignored Ctrl-C. The
+    shell is of no use for another call: the next one runs in a fresh shell."""
+    assert run(shell, "cd /tmp && V=kept")["exit"] == 0
+    starved = run(shell, f"ulimit -n {files}; echo ran")
+    assert starved["timed_out"] is False, starved
+    assert (starved["exit"], starved["signal"], starved["stdout"]) == (None, None, "ran\n")
+    stderr = str(starved["stderr"])
+    assert "could not report the command's exit status" in stderr, stderr
+    assert f"open-files limit (ulimit -n) is {files}" in stderr, stderr
+    assert "the next call starts a fresh shell" in stderr, stderr
+    after = run(shell, 'echo "v$V" $(ulimit -n)')
+    assert (after["exit"], after["stderr"]) == (0, ""), after  # said once, in the reply above
+    assert str(after["stdout"]).split()[0] == "v", after  # a fresh shell: V is gone
+
+
+def test_a_shell_left_with_too_few_files_is_replaced_before_the_next_command(
+    shell: Agent,
+) -> None:
+    """``ulimit -n 5``: the call that sets it reports its status, but the next command could
+    not run there (its output cannot be sent to files): it runs in a fresh shell, and its reply
+    says why the shell was replaced."""
+    assert run(shell, "V=kept")["exit"] == 0
+    lowered = run(shell, "ulimit -n 5; echo ran")
+    assert (lowered["exit"], lowered["stdout"]) == (0, "ran\n"), lowered
+    after = run(shell, 'echo "v$V"')
+    assert (after["exit"], after["stdout"], after["timed_out"]) == (0, "v\n", False), after
+    stderr = str(after["stderr"])
+    assert "open-files limit (ulimit -n) was 5" in stderr, stderr
+    assert "it was replaced by a fresh shell" in stderr, stderr
+
+
+def test_a_limit_typed_at_the_pane_gets_the_shell_replaced(shell: Agent) -> None:
+    """The same limit typed through the tmux tool, in a bash started at the pane: the shell
+    that would run the call is that inner bash, and it is replaced."""
+    assert run(shell, "echo first")["exit"] == 0
+    shell.ask("tmux", LONG, "1", "1", "0.3", "20", "bash")
+    shell.ask("tmux", LONG, "1", "1", "0.3", "20", "ulimit -n 4")
+    after = run(shell, "echo next")
+    assert (after["exit"], after["stdout"], after["timed_out"]) == (0, "next\n", False), after
+    assert "open-files limit (ulimit -n) was 4" in str(after["stderr"]), after
+
+
+def test_a_starved_shell_s_command_still_running_is_waited_for(shell: Agent) -> None:
+    """With too few files to write its status, a command that still runs (a program in the
+    foreground, a loop of builtins in the shell itself) is not taken for one that ended."""
+    waited = run(
+        shell, "ulimit -n 6; sleep 1; i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done; echo $i"
+    )
+    assert (waited["exit"], waited["stdout"], waited["timed_out"]) == (0, "30000\n", False), waited
