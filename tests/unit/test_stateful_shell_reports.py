@@ -17,15 +17,20 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_slot_helper import Agent, agent_argv
+from trajcore.adapters.slot_server.slot_state import Slot
+from trajcore.adapters.slot_server.tool_calls import agent_result, lease_root
+from trajcore.adapters.slot_server.workspace import Workspace
 from trajcore.domain.json_values import JSON
-
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+from trajcore.domain.slot_protocol import ExecuteCall
+from trajcore.domain.tools import ToolOutcome
 
 LONG = "20.0"  # no call here should come near it
 
 
 @pytest.fixture
 def shell(tmp_path: Path) -> Iterator[Agent]:
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
     running = Agent(agent_argv(tmp_path), tmp_path)
     try:
         yield running
@@ -99,3 +104,46 @@ def test_a_starved_shell_s_command_still_running_is_waited_for(shell: Agent) -> 
         shell, "ulimit -n 6; sleep 1; i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done; echo $i"
     )
     assert (waited["exit"], waited["stdout"], waited["timed_out"]) == (0, "30000\n", False), waited
+
+
+def test_an_agent_without_tmux_answers_with_the_no_tmux_code(tmp_path: Path) -> None:
+    """Where the lease's root has no tmux, both shell tools get an error reply whose ``code``
+    is ``no_tmux``: what the server decides on, whatever the error's words. A command that
+    fails for a reason of its own carries no code."""
+    argv = agent_argv(tmp_path)
+    agent = Agent([*argv[:-1], ""], tmp_path)  # no tmux path: as over an image without it
+    try:
+        assert agent.greeting["tmux"] is False
+        stateful = agent.ask("stateful", LONG, "1024", "echo hi")
+        keys = agent.ask("tmux", LONG, "1", "1", "0.3", "20", "echo hi")
+        for reply in (stateful, keys):
+            assert (reply["exit"], reply["code"]) == (None, "no_tmux"), reply
+        missing = agent.ask("exec", LONG, "1024", "/no/such/program")
+        assert "error" in missing, missing
+        assert "code" not in missing, missing
+    finally:
+        assert agent.close() == 0
+
+
+def _call(tool: str) -> ExecuteCall:
+    return ExecuteCall(slot=0, epoch=1, call_id="c1", tool=tool, timeout_s=5.0)
+
+
+@pytest.mark.parametrize("tool", ["bash_stateful", "tmux"])
+def test_the_no_tmux_code_is_an_infra_error_naming_the_root_the_call_ran_over(tool: str) -> None:
+    """The result names the root it was given (taken when the call was sent), not what the
+    slot holds when the reply is read; the same words without the code are the command's."""
+    reply: dict[str, JSON] = {"exit": None, "error": "tmux is not installed", "code": "no_tmux"}
+    result = agent_result(_call(tool), reply, 5.0, sandboxed=True, root="image oci:/x")
+    assert result.outcome is ToolOutcome.INFRA_ERROR, result
+    assert result.error == f"image oci:/x has no tmux: {tool} cannot run in this sandbox"
+    words = agent_result(
+        _call(tool), {"exit": None, "error": "tmux is not installed"}, 5.0, sandboxed=True,
+        root="image oci:/x",
+    )  # fmt: skip
+    assert words.outcome is ToolOutcome.TOOL_ERROR, words
+
+
+def test_a_lease_over_the_host_is_named_as_such(tmp_path: Path) -> None:
+    slot = Slot(index=0, workspace=Workspace(tmp_path), state_dir=tmp_path, cgroup=None)
+    assert lease_root(slot) == "the slot server's host"

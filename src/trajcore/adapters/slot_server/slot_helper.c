@@ -239,6 +239,7 @@ static void json_string(buf *out, const char *text, size_t n) {
 typedef struct {
     bool failed;     /* the call could not run: only ``error`` is meaningful */
     buf error;       /* why */
+    const char *code; /* with ``failed``: the reason as a code (``REPLY_NO_TMUX``), else NULL */
     bool has_exit;   /* "exit" is a number (else null) */
     int exit_code;
     bool has_signal; /* "signal" is a number (else null) */
@@ -248,6 +249,11 @@ typedef struct {
     bool timed_out;
     double duration;
 } result;
+
+/* An error reply's ``code`` (docs/sandbox.md, "The agent protocol"): the server decides on it,
+ * never on the error's text. The persistent shell's tools cannot run: the lease's root has no
+ * tmux. */
+static const char REPLY_NO_TMUX[] = "no_tmux";
 
 static void result_free(result *r) {
     buf_free(&r->error);
@@ -262,6 +268,7 @@ static void fail(result *r, const char *format, ...) {
     vsnprintf(text, sizeof text, format, args);
     va_end(args);
     r->failed = true;
+    r->code = NULL;
     r->error.len = 0;
     buf_puts(&r->error, text);
 }
@@ -270,6 +277,8 @@ static void write_result(buf *out, const result *r) {
     if (r->failed) {
         buf_puts(out, "{\"exit\":null,\"error\":");
         json_string(out, r->error.data, r->error.len);
+        if (r->code)
+            buf_printf(out, ",\"code\":\"%s\"", r->code);
         buf_puts(out, "}");
         return;
     }
@@ -790,6 +799,7 @@ static bool ran_ok(const result *r) { return !r->failed && r->has_exit && r->exi
 /* Fail ``r`` with ``prefix`` and why ``cause`` failed: its stderr, else its error. */
 static void fail_because(result *r, const char *prefix, const result *cause) {
     r->failed = true;
+    r->code = NULL;
     r->error.len = 0;
     buf_puts(&r->error, prefix);
     if (!cause->failed && cause->err.len)
@@ -1338,6 +1348,7 @@ static void shell_wait_for_prompt(const shell *sh, double deadline) {
 static shell_state shell_ensure(shell *sh, double deadline, result *r) {
     if (!sh->tmux) {
         fail(r, "tmux is not installed");
+        r->code = REPLY_NO_TMUX;
         return SHELL_FAILED;
     }
     result probe = {0};

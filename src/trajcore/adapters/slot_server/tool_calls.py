@@ -39,11 +39,14 @@ from trajcore.domain.tools import (
     timeout_end,
 )
 
-__all__ = ["failure", "flat_check", "lost_result", "refused", "run_call", "start_call"]
+__all__ = [
+    "agent_result", "failure", "flat_check", "lease_root", "lost_result", "refused", "run_call",
+    "start_call",
+]  # fmt: skip
 
 _TOOLS: dict[str, ToolSpec] = {spec.name: spec for spec in SLOT_TOOL_SPECS}
 _COMMANDS = frozenset({"bash", "bash_stateful", "tmux"})  # what the lease's agent runs
-_NO_TMUX = "tmux is not installed"  # the agent's error: its lease's root has no tmux
+_NO_TMUX = "no_tmux"  # the agent's error ``code``: its lease's root has no tmux
 
 # JSON-schema types a flat schema's properties may have, as the exact Python types that
 # ``json.loads`` makes for them (``bool`` is not an ``int`` here, nor an ``int`` a ``float``'s
@@ -225,14 +228,14 @@ def start_call(
     asked = _command_request(sandboxes, call, timeout)
     if isinstance(asked, ToolResult):
         return asked
-    sandboxed = agent.sandboxed
+    sandboxed, root = agent.sandboxed, lease_root(slot)
 
     def answer(outcome: dict[str, JSON] | AgentLost) -> None:
         if isinstance(outcome, AgentLost):
             done(outcome)
             return
         try:
-            result = _command_result(call, outcome, timeout, sandboxed=sandboxed, slot=slot)
+            result = agent_result(call, outcome, timeout, sandboxed=sandboxed, root=root)
         except Exception as error:  # noqa: BLE001 - every call gets a result, whatever failed
             reason = f"slot server fault: {type(error).__name__}: {error}"
             result = failure(call, ToolOutcome.INFRA_ERROR, reason)
@@ -344,12 +347,13 @@ async def _run_command(
         # call must not begin in the lease that reset is about to end
         return lease_refusal(call, StaleEpoch(epoch=call.epoch, retired=retired).message)
     slot.agent_epoch = call.epoch
+    root = lease_root(slot)  # the slot may hold the next lease by the time the reply is read
     try:
         reply = await agent.request(payload, timeout + sandboxes.config.agent_grace_s)
     except AgentLost as error:
         await sandboxes.stop_agent(slot)
         return lost_result(slot, call, error)
-    return _command_result(call, reply, timeout, sandboxed=agent.sandboxed, slot=slot)
+    return agent_result(call, reply, timeout, sandboxed=agent.sandboxed, root=root)
 
 
 def _file_failure(
@@ -435,13 +439,21 @@ async def _write_file(sandboxes: Sandboxes, slot: Slot, call: ExecuteCall) -> To
     return _result(call, ToolOutcome.OK, f"wrote {written} bytes to {path}")
 
 
-def _command_result(
-    call: ExecuteCall, reply: dict[str, JSON], timeout: float, *, sandboxed: bool, slot: Slot
+def lease_root(slot: Slot) -> str:
+    """What the slot's lease runs over, as a result names it: the image's reference, or the
+    slot server's host. Taken when a call is sent: by the time its reply is read, a reset may
+    have handed the slot to a lease over another root."""
+    return "the slot server's host" if slot.image is None else f"image {slot.image.image.ref}"
+
+
+def agent_result(
+    call: ExecuteCall, reply: dict[str, JSON], timeout: float, *, sandboxed: bool, root: str
 ) -> ToolResult:
     """The result of a command from the agent's ``reply`` (checked by ``channel.check_reply``:
-    each field present has its type). A stateful tool whose lease's root has no tmux is
-    ``INFRA_ERROR`` naming the image: the tool offered cannot run there, whatever the model
-    does, so it is never the model's error."""
+    each field present has its type). A stateful tool whose lease's root has no tmux (the
+    reply's ``code`` says so, not its text) is ``INFRA_ERROR`` naming that root (``root``,
+    from ``lease_root`` when the call was sent): the tool offered cannot run there, whatever
+    the model does, so it is never the model's error."""
     get = reply.get
     exit_code = get("exit")
     exit_code = exit_code if type(exit_code) is int else None
@@ -459,8 +471,7 @@ def _command_result(
         sandboxed=sandboxed,
     )
     problem = get("error")
-    if problem == _NO_TMUX:
-        root = "the slot server's host" if slot.image is None else f"image {slot.image.image.ref}"
+    if type(problem) is str and get("code") == _NO_TMUX:
         reason = f"{root} has no tmux: {call.tool} cannot run in this sandbox"
         return failure(call, ToolOutcome.INFRA_ERROR, reason, report)
     if type(problem) is str:
