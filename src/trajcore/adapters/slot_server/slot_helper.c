@@ -2635,7 +2635,9 @@ static pid_t begin_lease(int channel, const plan *p, const char *image, const ch
 /* Receive one request packet on ``fd`` (a SOCK_SEQPACKET socket; interrupted calls retried):
  * at most ``size`` - 1 bytes into ``message``, NUL-terminated, and the SCM_RIGHTS descriptors
  * that came with it (close-on-exec, at most MAX_DESCRIPTORS) into ``fds``, ``*fd_count`` of
- * them. Returns the packet's length: 0 at end of input, -1 on an error (errno set). */
+ * them. Returns the packet's length: 0 at end of input, -1 on an error (errno set); a length of
+ * ``size`` or more is a packet over the limit, of which ``message`` holds the first bytes only
+ * (the rest is gone): its caller refuses it, never acts on what was cut short. */
 static ssize_t receive_request(int fd, char *message, size_t size, int *fds, size_t *fd_count) {
     union {
         char room[CMSG_SPACE(MAX_DESCRIPTORS * sizeof(int))];
@@ -2645,8 +2647,8 @@ static ssize_t receive_request(int fd, char *message, size_t size, int *fds, siz
     struct msghdr header = {.msg_iov = &part, .msg_iovlen = 1, .msg_control = control.room,
                             .msg_controllen = sizeof control.room};
     ssize_t got;
-    do
-        got = recvmsg(fd, &header, MSG_CMSG_CLOEXEC);
+    do /* MSG_TRUNC: the datagram's whole length, also of one cut to ``size - 1`` bytes */
+        got = recvmsg(fd, &header, MSG_CMSG_CLOEXEC | MSG_TRUNC);
     while (got < 0 && errno == EINTR);
     *fd_count = 0;
     for (struct cmsghdr *c = got > 0 ? CMSG_FIRSTHDR(&header) : NULL; c;
@@ -2658,7 +2660,7 @@ static ssize_t receive_request(int fd, char *message, size_t size, int *fds, siz
         }
     }
     if (got >= 0)
-        message[got] = '\0';
+        message[(size_t)got < size ? (size_t)got : size - 1] = '\0';
     return got;
 }
 
@@ -2690,7 +2692,7 @@ static void readied_main(int socket_fd, const plan *p) {
     int fds[MAX_DESCRIPTORS];
     size_t fd_count = 0;
     ssize_t got = receive_request(socket_fd, message, sizeof message, fds, &fd_count);
-    if (got <= 0 || fd_count == 0)
+    if (got <= 0 || (size_t)got >= sizeof message || fd_count == 0)
         _exit(3);
     close(socket_fd);
     /* the keeper checked the request: "-" (the server's root), else "L" and the joined layers,
@@ -2768,7 +2770,7 @@ static pid_t use_readied(plan *p, const char *image, const char *env, size_t env
     if (image) {
         length += strlen(image);
         memcpy(message + 1, image, length - 1);
-        if (env_size > 0 && length + 1 + env_size <= REQUEST_MAX) {
+        if (env_size > 0 && length + 1 + env_size < REQUEST_MAX) { /* readied_main's size */
             message[length] = '\0';
             memcpy(message + length + 1, env, env_size);
             length += 1 + env_size;
@@ -2875,13 +2877,14 @@ static int keep(plan *p) {
          * descriptor; a lease over layers may bring an idmapped clone of each after it, in the
          * same order (attach_clones), or none (the layers' own paths) */
         const char *image = NULL, *problem = NULL, *env = NULL;
+        bool over = (size_t)got >= sizeof message; /* only its head came: refused whole */
         bool leasing = got == 5 && memcmp(message, "lease", 5) == 0;
         size_t head = 0, layers = 0, env_size = 0;
         if (got > 12 && memcmp(message, "lease-image\0", 12) == 0)
             head = 12;
         else if (got > 11 && memcmp(message, "lease-fork\0", 11) == 0)
             head = 11;
-        if (head > 0) {
+        if (head > 0 && !over) {
             /* the layers end at an empty field, where the image's environment follows */
             size_t body = (size_t)got - head;
             const char *split = memmem(message + head, body, "\0\0", 2);
@@ -2893,7 +2896,21 @@ static int keep(plan *p) {
             image = join_layers(message + head, body, head == 11, &problem, &layers);
             leasing = true;
         }
-        if (leasing && problem) {
+        if (over) {
+            /* a lease over an image whose layers' paths and environment (``Env``) together
+             * pass REQUEST_MAX: acting on its head would drop variables, or cut one short */
+            buf text = {0};
+            buf_puts(&text, "the keeper's request ");
+            json_string(&text, message, strnlen(message, 16));
+            buf_printf(&text, " is %zd bytes, over the keeper's limit of %zu bytes: refused "
+                              "whole, nothing was done (a lease over an image carries its "
+                              "layers' paths and the image's environment, its Env)",
+                       got, sizeof message - 1);
+            buf_puts(&reply, "{\"error\":");
+            json_string(&reply, text.data, text.len);
+            buf_puts(&reply, "}");
+            buf_free(&text);
+        } else if (leasing && problem) {
             buf_puts(&reply, "{\"error\":");
             json_string(&reply, problem, strlen(problem));
             buf_puts(&reply, "}");
