@@ -147,3 +147,22 @@ def test_the_no_tmux_code_is_an_infra_error_naming_the_root_the_call_ran_over(to
 def test_a_lease_over_the_host_is_named_as_such(tmp_path: Path) -> None:
     slot = Slot(index=0, workspace=Workspace(tmp_path), state_dir=tmp_path, cgroup=None)
     assert lease_root(slot) == "the slot server's host"
+
+
+@pytest.mark.parametrize(
+    ("program", "command"), [("true", "exec true"), ("sleep", "exec sleep 30")]
+)
+def test_a_command_that_replaces_its_shell_with_a_program_says_so(
+    shell: Agent, program: str, command: str
+) -> None:
+    """``exec PROGRAM``: the shell's process becomes the program, which writes no status. The
+    reply says the shell was replaced by it (not that it was killed, nor a timeout), and the
+    next call runs in a fresh shell."""
+    assert run(shell, "V=kept")["exit"] == 0
+    replaced = run(shell, command)
+    assert (replaced["exit"], replaced["timed_out"]) == (None, False), replaced
+    stderr = str(replaced["stderr"])
+    assert f"replaced the shell with a program (exec {program})" in stderr, stderr
+    assert "the next call starts a fresh shell" in stderr, stderr
+    after = run(shell, 'echo "v$V"')
+    assert (after["exit"], after["stdout"]) == (0, "v\n"), after

@@ -1477,20 +1477,45 @@ static shell_state shell_recover(shell *sh, double deadline, result *r, buf *not
     return shell_ensure(sh, deadline, r);
 }
 
+/* The name of process ``pid`` (its ``comm``, also a zombie's) into ``name``; false when it
+ * cannot be read. */
+static bool process_name(pid_t pid, char *name, size_t size) {
+    char path[64];
+    if (pid <= 0 || size == 0)
+        return false;
+    snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t got = fd >= 0 ? read(fd, name, size - 1) : -1;
+    if (fd >= 0)
+        close(fd);
+    name[got > 0 ? got : 0] = '\0';
+    name[strcspn(name, "\n")] = '\0';
+    return got > 0;
+}
+
 /* Wait until the call's status file ``rc`` exists, by ``deadline`` (wait_for_file_or_end:
  * ``*gone`` set when the shell's process ends first), or until the command is seen to have
  * ended without writing it: the shell is back in its line editor at its prompt with too few
- * open files to write the file (shell_starved; ``*files`` set to its limit, else -1). Only the
+ * open files to write the file (shell_starved; ``*files`` set to its limit, else -1), or the
+ * shell's process was replaced by a program (``exec``; its name into ``program``, ``size``
+ * bytes, else left as it was). Only the
  * command can have lowered the limit (a shell starved before the call is replaced before it
  * types), and bash's line editor reads keys again only once the command has ended: a command
  * still running, or a program or shell it started in the foreground, is never taken for that. */
 static bool shell_wait_for_status(const shell *sh, const char *rc, double deadline, bool *gone,
-                                  long *files) {
+                                  long *files, char *program, size_t size) {
     double pause = 0.001;
     *files = -1;
     while (true) {
         if (wait_for_file_or_end(rc, 0, sh->pane, gone)) /* one look, and the orphans reaped */
             return true;
+        /* the shell's own process runs (or ran, a zombie) a program that is not a shell: the
+         * command replaced the shell with it (``exec sleep 100``), which writes no status */
+        char name[32];
+        if (process_name(sh->pane, name, sizeof name) && !is_shell(name)) {
+            snprintf(program, size, "%s", name);
+            return false;
+        }
         if (*gone)
             return false;
         long limit;
@@ -1562,6 +1587,7 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
     sh->replaced = false;
     bool gone = false; /* the shell's process ended before the command's status was written */
     long starved = -1; /* the shell's open-files limit, when too low to write the status */
+    char execd[32] = ""; /* the program the command replaced the shell with (``exec``) */
     /* the call's files, for ``__run`` and, after Ctrl-C, ``__run_idle`` */
     size_t named = strlen(base);
     base[named] = '\n';
@@ -1624,8 +1650,9 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
             return;
         }
         result_free(&sent);
-        bool found = !late && shell_wait_for_status(sh, rc, deadline, &gone, &starved);
-        late = late || !(found || starved >= 0);
+        bool found = !late && shell_wait_for_status(sh, rc, deadline, &gone, &starved, execd,
+                                                    sizeof execd);
+        late = late || !(found || starved >= 0 || execd[0]);
     }
     bool interrupted = late && shell_interrupt(sh, idle);
     bool has_code = false;
@@ -1684,11 +1711,31 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
     const char *leftovers[] = {script, out, err, rc, rc_tmp, ended, idle};
     for (size_t i = 0; i < sizeof leftovers / sizeof *leftovers; i++)
         (void)unlink(leftovers[i]);
+    if (execd[0] && gone) { /* ``exec true``: the program ended, and with it the pane */
+        shell_kill(sh);
+        buf_printf(&r->err, "[the command replaced the shell with a program (exec %s), which has "
+                            "ended: no exit status can be reported; the next call starts a fresh "
+                            "shell, whose working directory and variables are reset]\n",
+                   execd);
+        r->duration = monotonic() - started;
+        return;
+    }
+    if (execd[0]) { /* ``exec sleep 100``, ``exec python3``: it runs where the shell was */
+        buf_printf(&r->err, "[the command replaced the shell with a program (exec %s): no "
+                            "exit status can be reported; while the program runs in the pane, "
+                            "the tmux tool reaches it; the next call starts a fresh shell (the "
+                            "program gets Ctrl-C first if it still runs), whose working "
+                            "directory and variables are reset]\n",
+                   execd);
+        r->duration = monotonic() - started;
+        return;
+    }
     if (gone) { /* ``kill -9 $$``: no EXIT trap ran; the session may linger a moment */
         shell_kill(sh);
-        fail(r, "the shell ended while it ran the command (it was killed), before it wrote the "
-                "command's exit status; the next call starts a fresh shell: its working "
-                "directory and variables are reset");
+        fail(r, "the shell ended while it ran the command (it was killed, or replaced by a "
+                "program it exec'd that ended at once), before it wrote the command's exit "
+                "status; the next call starts a fresh shell: its working directory and "
+                "variables are reset");
         r->duration = monotonic() - started;
         return;
     }
