@@ -166,3 +166,19 @@ def test_a_command_that_replaces_its_shell_with_a_program_says_so(
     assert "the next call starts a fresh shell" in stderr, stderr
     after = run(shell, 'echo "v$V"')
     assert (after["exit"], after["stdout"]) == (0, "v\n"), after
+
+
+def test_keys_that_end_the_pane_s_shell_are_answered_with_what_became_of_it(shell: Agent) -> None:
+    """``exit`` typed through the tmux tool ends the session, so no pane is left to capture:
+    the reply says the shell exited and that the next call starts a fresh one, rather than
+    tmux's "no current target"; the next call runs in a fresh shell, and says so too."""
+    assert run(shell, "V=kept")["exit"] == 0
+    ended = shell.ask("tmux", LONG, "1", "1", "0.5", "20", "exit")
+    assert (ended["exit"], ended["timed_out"]) == (0, False), ended
+    stderr = str(ended["stderr"])
+    assert "no current target" not in stderr, stderr
+    assert "the session's shell has exited" in stderr, stderr
+    assert "the next bash_stateful or tmux call starts a fresh shell" in stderr, stderr
+    after = run(shell, 'echo "v$V"')
+    assert (after["exit"], after["stdout"]) == (0, "v\n"), after
+    assert str(after["stderr"]).startswith("[the shell had ended since the last call"), after

@@ -1805,6 +1805,21 @@ static void shell_keys(shell *sh, char *const *keys, size_t n, bool literal, boo
          "-t", "main", "-S", start);
     if (r->failed)
         return;
+    if (!late && !r->timed_out && !ran_ok(r)) {
+        /* no pane to capture: the keys ended the session's shell (``exit``, Ctrl-D) */
+        result probe = {0};
+        TMUX(sh, &probe, left_until(deadline, TMUX_LATE_S), "has-session", "-t", "main");
+        bool ended = !probe.failed && probe.has_exit && probe.exit_code != 0;
+        result_free(&probe);
+        if (ended) {
+            result_free(r);
+            *r = (result){.has_exit = true, .exit_code = 0};
+            buf_puts(&r->err, "[the session's shell has exited (the keys, or another process, "
+                              "ended it): no pane is left to show; the next bash_stateful or tmux "
+                              "call starts a fresh shell, whose working directory and variables "
+                              "are reset]\n"); /* and that call says so again (SHELL_REPLACED) */
+        }
+    }
     if (r->timed_out) { /* the server did not answer even past the call's time */
         result_free(r);
         *r = (result){.has_signal = true, .signal = SIGKILL};
