@@ -4,21 +4,19 @@ layered whiteouts, two processes asking at once, eviction and images in use."""
 from __future__ import annotations
 
 import gc
-import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.image_layouts import Entry, write_docker_archive, write_layout
+from tests.podman_images import PODMAN, imported_image, podman_problem
 from trajcore.adapters.slot_server.image_cache import ImageCache
 from trajcore.adapters.slot_server.image_sources import EngineExport, ImageLayers
 from trajcore.domain.task_environments import (
@@ -28,40 +26,13 @@ from trajcore.domain.task_environments import (
     parse_environment_ref,
 )
 
-PODMAN = ["podman", "--runtime", "runc"]
-
-
-def _podman_works() -> str | None:
-    if shutil.which("podman") is None:
-        return "podman is not installed (apt-get install podman runc)"
-    done = subprocess.run([*PODMAN, "info"], capture_output=True, timeout=60, check=False)
-    return None if done.returncode == 0 else f"podman info failed: {done.stderr[-200:]!r}"
-
 
 @pytest.fixture
 def podman_image(tmp_path: Path) -> Iterator[str]:
     """A small image imported into podman's store by the test, removed afterwards."""
-    why = _podman_works()
-    if why is not None:
-        pytest.skip(why)
-    rootfs = tmp_path / "import.tar"
-    with tarfile.open(rootfs, "w") as tar:
-        for name, data in {
-            "etc/os-release": b"ID=trajcore-test\n",
-            "bin/tool": b"#!/bin/sh\n",
-        }.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mode = 0o755
-            tar.addfile(info, io.BytesIO(data))
-    name = f"localhost/trajcore-cache-test:{uuid.uuid4().hex[:12]}"
-    subprocess.run(
-        [*PODMAN, "import", str(rootfs), name], check=True, capture_output=True, timeout=120
-    )
-    try:
+    files = {"etc/os-release": b"ID=trajcore-test\n", "bin/tool": b"#!/bin/sh\n"}
+    with imported_image(tmp_path, "cache", files, mode=0o755) as name:
         yield name
-    finally:
-        subprocess.run([*PODMAN, "rmi", "-f", name], capture_output=True, timeout=120, check=False)
 
 
 def test_an_image_of_podmans_store_is_unpacked_once_then_found_by_its_id(
@@ -93,7 +64,7 @@ def test_an_image_of_podmans_store_is_unpacked_once_then_found_by_its_id(
 
 
 def test_an_image_the_store_does_not_hold_is_named_with_the_engines_words(tmp_path: Path) -> None:
-    why = _podman_works()
+    why = podman_problem()
     if why is not None:
         pytest.skip(why)
     cache = ImageCache(tmp_path / "cache", max_bytes=1 << 30)

@@ -5,20 +5,17 @@ once instead of blocking the server's thread."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import subprocess
 import tarfile
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.image_layouts import Entry, write_layout
-from tests.integration.test_image_cache import PODMAN, _podman_works
+from tests.podman_images import imported_image
 from trajcore.adapters.slot_server.image_cache import CachedImage, ImageCache
 from trajcore.adapters.slot_server.image_sources import ENV_MAX_BYTES, ENV_MAX_VARIABLES
 from trajcore.domain.task_environments import TaskEnvironmentError, parse_environment_ref
@@ -79,27 +76,14 @@ def test_a_bad_env_refuses_the_image_naming_it(tmp_path: Path, env: list[str], s
 @pytest.fixture
 def podman_env_image(tmp_path: Path) -> Iterator[str]:
     """An image imported into podman's store with ENV, WORKDIR and USER, removed afterwards."""
-    why = _podman_works()
-    if why is not None:
-        pytest.skip(why)
-    rootfs = tmp_path / "import.tar"
-    with tarfile.open(rootfs, "w") as tar:
-        info = tarfile.TarInfo("etc/hostname")
-        info.size = 2
-        tar.addfile(info, io.BytesIO(b"x\n"))
-    name = f"localhost/trajcore-config-test:{uuid.uuid4().hex[:12]}"
     changes = [
         "ENV PATH=/opt/venv/bin:/usr/bin:/bin",
         "ENV TASK_VAR=hello",
         "WORKDIR /repo",
         "USER 1000",
     ]
-    command = [*PODMAN, "import", *(f"--change={c}" for c in changes), str(rootfs), name]
-    subprocess.run(command, check=True, capture_output=True, timeout=120)
-    try:
+    with imported_image(tmp_path, "config", {"etc/hostname": b"x\n"}, changes=changes) as name:
         yield name
-    finally:
-        subprocess.run([*PODMAN, "rmi", "-f", name], capture_output=True, timeout=120, check=False)
 
 
 def test_an_engines_image_config_is_recorded(tmp_path: Path, podman_env_image: str) -> None:

@@ -4,11 +4,9 @@ only: two servers share one cache on a host, and a live server's entries are nev
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
-import tarfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_image_cache import PODMAN, _podman_works
+from tests.podman_images import PODMAN, imported_image
 from trajcore.adapters.slot_server.image_cache import ImageCache
 from trajcore.adapters.slot_server.image_sources import EngineExport, exported
 from trajcore.domain.task_environments import TaskEnvironmentError
@@ -78,22 +76,8 @@ def test_a_dead_owners_staging_is_removed_at_open_and_a_live_owners_kept(tmp_pat
 
 @pytest.fixture
 def podman_image(tmp_path: Path) -> Iterator[str]:
-    why = _podman_works()
-    if why is not None:
-        pytest.skip(why)
-    rootfs = tmp_path / "import.tar"
-    with tarfile.open(rootfs, "w") as tar:
-        info = tarfile.TarInfo("etc/hostname")
-        info.size = 2
-        tar.addfile(info, io.BytesIO(b"x\n"))
-    name = f"localhost/trajcore-staging-test:{uuid.uuid4().hex[:12]}"
-    subprocess.run(
-        [*PODMAN, "import", str(rootfs), name], check=True, capture_output=True, timeout=120
-    )
-    try:
+    with imported_image(tmp_path, "staging", {"etc/hostname": b"x\n"}) as name:
         yield name
-    finally:
-        subprocess.run([*PODMAN, "rmi", "-f", name], capture_output=True, timeout=120, check=False)
 
 
 def _container_exists(name: str) -> bool:
