@@ -21,6 +21,7 @@ import pytest
 
 from tests.environment_roots import IMAGE_OS_RELEASE, image_problem, write_shell_image
 from tests.image_layouts import Entry
+from tests.integration.image_leases import shell_image_server
 from tests.integration.test_slot_server import (
     TOKEN,
     Server,
@@ -31,6 +32,7 @@ from tests.integration.test_slot_server import (
     stop_server,
 )
 from trajcore.adapters.pools.client import SlotServerClient
+from trajcore.domain.slot_protocol import SnapshotAnswer
 from trajcore.domain.task_environments import LeaseLayerStatistics
 from trajcore.domain.tools import ToolOutcome
 
@@ -63,11 +65,8 @@ def tree_digest(root: Path) -> str:
 @pytest.fixture(scope="module")
 def image_server() -> Iterator[tuple[Server, str]]:
     """A slot server with an image cache, and the reference of a small image with a shell."""
-    with searchable_dir("environments") as folder:
-        write_shell_image(folder / "layout", extra=REPOSITORY)
-        running = start_server(folder / "root", "--image-cache", str(folder / "cache"))
-        yield running, f"oci:{folder / 'layout'}"
-        assert stop_server(running) == 0
+    with shell_image_server("environments", extra=REPOSITORY) as running:
+        yield running
 
 
 async def lease(server: Server, slot: int, epoch: int, environment: str) -> dict[str, object]:
@@ -95,6 +94,31 @@ async def reset(server: Server, slot: int, epoch: int) -> None:
     async with server.client() as client:
         done = await client.reset(slot, epoch)
     assert done.ok, done.error
+
+
+async def run_in_lease(
+    client: SlotServerClient,
+    server: Server,
+    slot: int,
+    epoch: int,
+    environment: str,
+    *,
+    command: str,
+    snapshot: str | None = None,
+) -> None:
+    """The slot's lease ``epoch`` over ``environment`` (a fork of ``snapshot``, given one) is
+    granted and runs ``command``, which exits 0."""
+    assert (await client.lease(slot, epoch, environment, snapshot=snapshot)).ok
+    code, text = await shell(server, slot, epoch, command)
+    assert code == 0, text
+
+
+async def freeze(client: SlotServerClient, slot: int, epoch: int) -> SnapshotAnswer:
+    """The slot's lease ``epoch`` is frozen: the server's answer (granted, with an id)."""
+    frozen = await client.snapshot(slot, epoch)
+    assert frozen.ok, frozen
+    assert frozen.snapshot is not None
+    return frozen
 
 
 def cached_rootfs(server_root: Path, image_id: str) -> Path:
@@ -206,15 +230,8 @@ def test_a_server_without_an_image_cache_refuses_environments() -> None:
 
 
 def test_a_full_cache_names_the_image_once() -> None:
-    with searchable_dir("full-cache") as folder:
-        write_shell_image(folder / "layout")
-        ref = f"oci:{folder / 'layout'}"
-        cache = ["--image-cache", str(folder / "cache"), "--image-cache-bytes", "1000"]
-        running = start_server(folder / "root", *cache)
-        try:
-            answer = asyncio.run(lease(running, 0, 1, ref))
-        finally:
-            assert stop_server(running) == 0
+    with shell_image_server("full-cache", "--image-cache-bytes", "1000") as (running, ref):
+        answer = asyncio.run(lease(running, 0, 1, ref))
     assert answer["ok"] is False, answer
     error = str(answer["error"])
     assert error.startswith(f"ImageCacheFull: image {ref} unpacks to "), error
@@ -301,9 +318,7 @@ def test_a_lease_over_an_image_is_warmed_when_named_not_at_the_reset(
 
     async def main() -> None:
         async with server.client() as client:
-            assert (await client.lease(0, 10, ref)).ok
-            code, _ = await shell(server, 0, 10, "true")  # the slot's keeper runs
-            assert code == 0
+            await run_in_lease(client, server, 0, 10, ref, command="true")  # the slot's keeper runs
             await reset(server, 0, 10)
             # no lease over the server's root is warmed after a lease over an image ...
             assert not await sandbox_running(client, 0, 0.5)
@@ -512,11 +527,9 @@ def test_a_fork_of_a_lease_over_an_image_runs_with_the_images_env(
 
     async def main() -> None:
         async with server.client() as client:
-            assert (await client.lease(2, 203, env_image)).ok
-            code, text = await shell(server, 2, 203, "echo prepared > /workspace/prep.txt")
-            assert code == 0, text
-            frozen = await client.snapshot(2, 203)
-            assert frozen.ok, frozen
+            prepare = "echo prepared > /workspace/prep.txt"
+            await run_in_lease(client, server, 2, 203, env_image, command=prepare)
+            frozen = await freeze(client, 2, 203)
             assert frozen.snapshot is not None
             forked = await client.lease(3, 302, env_image, snapshot=frozen.snapshot)
             assert forked.ok, forked

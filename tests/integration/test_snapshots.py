@@ -9,21 +9,24 @@ of them writes reaches another or the snapshot, whose files are checked from the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import stat
 import tarfile
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
 
-from tests.environment_roots import image_problem, write_shell_image
+from tests.environment_roots import image_problem
 from tests.image_layouts import Entry
+from tests.integration.image_leases import shell_image_server
 from tests.integration.test_environment_leases import (
+    freeze,
     measured_layers,
     reset,
+    run_in_lease,
     shell,
     tree_digest,
 )
@@ -31,9 +34,6 @@ from tests.integration.test_slot_server import (
     Server,
     call,
     one,
-    searchable_dir,
-    start_server,
-    stop_server,
 )
 from trajcore.adapters.pools.client import SlotServerClient
 from trajcore.domain.slot_protocol import SnapshotAnswer
@@ -50,16 +50,13 @@ PREPARE = (
 )
 
 
-@contextlib.contextmanager
-def snapshot_server(tag: str, under: Path | None = None) -> Iterator[tuple[Server, str]]:
-    """A slot server with an image cache in a fresh searchable folder (``searchable_dir``), and
-    the reference of an image with a file and a folder at its top (where a lease may delete
+def snapshot_server(
+    tag: str, *flags: str, under: Path | None = None
+) -> AbstractContextManager[tuple[Server, str]]:
+    """A slot server with an image cache in a fresh searchable folder (``shell_image_server``),
+    and the reference of an image with a file and a folder at its top (where a lease may delete
     them: the overlay's root is the lease's own)."""
-    with searchable_dir(tag, under) as folder:
-        write_shell_image(folder / "layout", salt=tag, extra=[IMAGE_FILE, EMPTY_DIR])
-        running = start_server(folder / "root", "--image-cache", str(folder / "cache"))
-        yield running, f"oci:{folder / 'layout'}"
-        assert stop_server(running) == 0
+    return shell_image_server(tag, *flags, under=under, salt=tag, extra=[IMAGE_FILE, EMPTY_DIR])
 
 
 @pytest.fixture(scope="module")
@@ -84,13 +81,8 @@ async def freeze_prepared(
 ) -> SnapshotAnswer:
     """Slot 0's lease ``epoch`` over ``ref`` prepares files (``PREPARE``) and is frozen; the
     server's answer (granted, with an id)."""
-    assert (await client.lease(0, epoch, ref)).ok
-    code, text = await shell(server, 0, epoch, PREPARE)
-    assert code == 0, text
-    frozen = await client.snapshot(0, epoch)
-    assert frozen.ok, frozen
-    assert frozen.snapshot is not None
-    return frozen
+    await run_in_lease(client, server, 0, epoch, ref, command=PREPARE)
+    return await freeze(client, 0, epoch)
 
 
 async def prepared_snapshot(client: SlotServerClient, server: Server, ref: str, epoch: int) -> str:
@@ -188,11 +180,9 @@ def test_a_snapshot_of_a_fork_stacks_on_its_parent(image_server: tuple[Server, s
     async def main() -> None:
         async with server.client() as client:
             first = await prepared_snapshot(client, server, ref, 2)
-            assert (await client.lease(1, 2, ref, snapshot=first)).ok
-            code, text = await shell(server, 1, 2, "echo second > /second && rm /prepared-root")
-            assert code == 0, text
-            second = await client.snapshot(1, 2)
-            assert second.ok, second
+            on_first = "echo second > /second && rm /prepared-root"
+            await run_in_lease(client, server, 1, 2, ref, command=on_first, snapshot=first)
+            second = await freeze(client, 1, 2)
             assert second.snapshot is not None
             # the first snapshot, dropped, stays while the second stands on it
             assert (await client.drop_snapshot(first)).removed is False
@@ -200,7 +190,7 @@ def test_a_snapshot_of_a_fork_stacks_on_its_parent(image_server: tuple[Server, s
                 await reset(server, slot, 2)
             assert snapshot_folder(server, first).exists()
             assert (await client.lease(2, 2, ref, snapshot=second.snapshot)).ok
-            code, text = await shell(server, 2, 2, "cat /second /workspace/prep.txt; ls /")
+            _, text = await shell(server, 2, 2, "cat /second /workspace/prep.txt; ls /")
             assert text.split()[:2] == ["second", "prepared"], text
             assert "prepared-root" not in text.split(), text
             assert "image-file" not in text.split(), text
@@ -252,22 +242,13 @@ def test_bad_snapshot_requests_are_refused_and_the_slot_goes_on(
 
 
 def test_a_snapshot_past_the_servers_limit_is_refused_and_the_lease_keeps_its_files() -> None:
-    with searchable_dir("snapshot-limit") as folder:
-        write_shell_image(folder / "layout", salt="limit", extra=[IMAGE_FILE, EMPTY_DIR])
-        running = start_server(
-            folder / "root", "--image-cache", str(folder / "cache"), "--snapshot-bytes", "8"
-        )
-        try:
-            asyncio.run(_refused_past_the_limit(running, f"oci:{folder / 'layout'}"))
-        finally:
-            assert stop_server(running) == 0
+    with snapshot_server("snapshot-limit", "--snapshot-bytes", "8") as (running, ref):
+        asyncio.run(_refused_past_the_limit(running, ref))
 
 
 async def _refused_past_the_limit(server: Server, ref: str) -> None:
     async with server.client() as client:
-        assert (await client.lease(0, 1, ref)).ok
-        code, text = await shell(server, 0, 1, PREPARE)
-        assert code == 0, text
+        await run_in_lease(client, server, 0, 1, ref, command=PREPARE)
         refused = await client.snapshot(0, 1)
         assert (refused.ok, refused.field) == (False, "snapshot"), refused
         assert "--snapshot-bytes" in str(refused.error)
@@ -304,11 +285,8 @@ def test_a_forks_workspace_is_an_overlay_over_the_snapshots_and_its_writes_stay_
 
     async def main() -> None:
         async with server.client() as client:
-            assert (await client.lease(0, 20, ref)).ok
-            code, text = await shell(server, 0, 20, MAKE_MANY)
-            assert code == 0, text
-            frozen = await client.snapshot(0, 20)
-            assert frozen.ok, frozen
+            await run_in_lease(client, server, 0, 20, ref, command=MAKE_MANY)
+            frozen = await freeze(client, 0, 20)
             assert frozen.snapshot is not None
             folder = snapshot_folder(server, frozen.snapshot)
             before = tree_digest(folder)
@@ -454,14 +432,11 @@ def test_a_snapshot_moves_the_leases_workspace_and_the_lease_goes_on_over_an_ove
 
     async def main() -> None:
         async with server.client() as client:
-            assert (await client.lease(0, 100, ref)).ok
-            code, text = await shell(server, 0, 100, MAKE_MANY)
-            assert code == 0, text
+            await run_in_lease(client, server, 0, 100, ref, command=MAKE_MANY)
             workspace = server.seen(server.root / "slots" / "0")
             written = (workspace / "many" / "f7").stat()
             assert written.st_uid != os.geteuid()  # the slot's
-            frozen = await client.snapshot(0, 100)
-            assert frozen.ok, frozen
+            frozen = await freeze(client, 0, 100)
             assert frozen.snapshot is not None
             folder = snapshot_folder(server, frozen.snapshot)
             moved = (folder / "workspace" / "many" / "f7").stat()
@@ -521,11 +496,10 @@ def test_a_snapshot_of_the_root_alone_forks_without_a_workspace_overlay_or_a_new
 
     async def main() -> None:
         async with server.client() as client:
-            assert (await client.lease(0, 400, ref)).ok
-            code, text = await shell(server, 0, 400, "echo root-only > /prepared-root")
-            assert code == 0, text
-            frozen = await client.snapshot(0, 400)
-            assert frozen.ok, frozen
+            await run_in_lease(
+                client, server, 0, 400, ref, command="echo root-only > /prepared-root"
+            )
+            frozen = await freeze(client, 0, 400)
             assert frozen.snapshot is not None
             assert (await client.lease(1, 400, ref, snapshot=frozen.snapshot)).ok
             for slot in (0, 1):

@@ -22,14 +22,13 @@ import pytest
 
 from tests.environment_roots import image_problem, shell_entries, write_shell_image
 from tests.image_layouts import Entry, write_layout
+from tests.integration.image_leases import image_cache_server
 from tests.integration.test_environment_leases import lease, reset, shell
 from tests.integration.test_slot_server import (
     Server,
     call,
     one,
     searchable_dir,
-    start_server,
-    stop_server,
 )
 from trajcore.adapters.pools.local_pool import LocalPoolConfig, LocalSandboxPool
 from trajcore.adapters.slot_server.image_checks import HOST_ARCHITECTURE
@@ -82,9 +81,8 @@ def images() -> Iterator[tuple[Server, Path]]:
         write_layout(folder / "escape", [[outside[0], above, TASK_ID]])
         write_layout(folder / "merged", [_usr_merged()], salt="merged")
         write_shell_image(folder / "shell", salt="shell")
-        running = start_server(folder / "root", "--image-cache", str(folder / "cache"))
-        yield running, folder
-        assert stop_server(running) == 0
+        with image_cache_server(folder) as running:
+            yield running, folder
 
 
 @pytest.mark.parametrize(
