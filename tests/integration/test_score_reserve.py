@@ -24,9 +24,15 @@ from trajcore.domain.messages import Message
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
 from trajcore.domain.tools import ToolOutcome
 from trajcore.rollout.dispatcher import ToolDispatcher
-from trajcore.rollout.scripted import ScriptedPolicy, ScriptStep, tool_call
+from trajcore.rollout.scripted import ModelScript, ScriptedPolicy, ScriptStep, tool_call
 from trajcore.rollout.tools import SlotTools
-from trajcore.rollout.trajectory import RolloutConfig, TrajectoryHooks, Transcript, run_trajectory
+from trajcore.rollout.trajectory import (
+    RolloutConfig,
+    TrajectoryHooks,
+    TrajectoryResult,
+    Transcript,
+    run_trajectory,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -64,7 +70,19 @@ class Hooks:
         return 1.0 if await tools.check("test -s answer") else 0.0
 
 
-async def test_a_model_sleeping_past_its_turns_is_scored_in_its_lease_within_the_deadline() -> None:
+@attrs.frozen(kw_only=True)
+class Run:
+    """A trajectory run in a local pool's one slot: its result, how long it took, and when the
+    score hook started (seconds from the run's start), one entry a call."""
+
+    result: TrajectoryResult
+    took_s: float
+    scored_at_s: list[float]
+
+
+async def run_in_a_slot(script: ModelScript, *, trajectory_id: str, deadline_s: float) -> Run:
+    """``script``'s trajectory in a local pool of one slot, with the deadline ``deadline_s``
+    and ``Hooks``; the pool's processes (a sleep killed with its lease) are checked gone."""
     before = running_now()
     hooks = Hooks()
     async with LocalSandboxPool(config(containers=1, slots=1)) as pool:
@@ -72,28 +90,33 @@ async def test_a_model_sleeping_past_its_turns_is_scored_in_its_lease_within_the
         run_dir = pool.run_dir
         async with ToolDispatcher(pool, BatchConfig()) as dispatcher:
             started = anyio.current_time()
-            with anyio.fail_after(DEADLINE_S + 20):
+            with anyio.fail_after(deadline_s + 20):
                 result = await run_trajectory(
-                    trajectory_id="stalls",
+                    trajectory_id=trajectory_id,
                     messages=[Message.system("You work in a slot."), Message.user("answer")],
                     tools=SLOT_TOOL_SPECS,
                     hooks=TrajectoryHooks(prepare=hooks.prepare, score=hooks.score),
-                    policy=ScriptedPolicy.openai(stalling),
+                    policy=ScriptedPolicy.openai(script),
                     pool=pool,
                     dispatcher=dispatcher,
                     tool_server=None,
-                    config=ROLLOUT,
+                    config=attrs.evolve(ROLLOUT, deadline_s=deadline_s),
                 )
-            took = anyio.current_time() - started
-    await wait_no_leftovers(groups, run_dir, before)  # the sleep died with the lease
+            took_s = anyio.current_time() - started
+    await wait_no_leftovers(groups, run_dir, before)
+    return Run(result=result, took_s=took_s, scored_at_s=[at - started for at in hooks.scored_at])
 
+
+async def test_a_model_sleeping_past_its_turns_is_scored_in_its_lease_within_the_deadline() -> None:
+    run = await run_in_a_slot(stalling, trajectory_id="stalls", deadline_s=DEADLINE_S)
+    result = run.result
     assert result.stats.stop_reason is StopReason.TIME_BUDGET, result.outcome
     assert (result.outcome.status, result.outcome.score) == (TrajectoryStatus.BUDGET_EXHAUSTED, 1.0)
     assert "score_reserve_s=1 s" in (result.stats.detail or "")
     assert [e.call.arguments["command"] for e in result.exchanges][:1] == ["echo ok > answer"]
-    (scored_at,) = hooks.scored_at
-    assert scored_at - started <= DEADLINE_S - 0.5  # it started with most of the reserve left
-    assert took <= DEADLINE_S + SLACK_S
+    (scored_at_s,) = run.scored_at_s
+    assert scored_at_s <= DEADLINE_S - 0.5  # it started with most of the reserve left
+    assert run.took_s <= DEADLINE_S + SLACK_S
 
 
 def sleepers(messages: Sequence[Message]) -> ScriptStep:
@@ -110,29 +133,11 @@ async def test_a_turn_of_several_long_calls_ends_at_the_turns_deadline_and_is_sc
     check runs in the lease. Before, each had the whole time left, the slot was busy with them
     past the trajectory's deadline, and the member was an ``infra_error`` with none of them."""
     deadline_s = 6.0
-    hooks = Hooks()
-    async with (
-        LocalSandboxPool(config(containers=1, slots=1)) as pool,
-        ToolDispatcher(pool, BatchConfig()) as dispatcher,
-    ):
-        started = anyio.current_time()
-        with anyio.fail_after(deadline_s + 20):
-            result = await run_trajectory(
-                trajectory_id="sleepers",
-                messages=[Message.system("You work in a slot."), Message.user("answer")],
-                tools=SLOT_TOOL_SPECS,
-                hooks=TrajectoryHooks(prepare=hooks.prepare, score=hooks.score),
-                policy=ScriptedPolicy.openai(sleepers),
-                pool=pool,
-                dispatcher=dispatcher,
-                tool_server=None,
-                config=attrs.evolve(ROLLOUT, deadline_s=deadline_s),
-            )
-        took = anyio.current_time() - started
-
+    run = await run_in_a_slot(sleepers, trajectory_id="sleepers", deadline_s=deadline_s)
+    result = run.result
     assert result.stats.stop_reason is StopReason.TIME_BUDGET, result.outcome
     assert (result.outcome.status, result.outcome.score) == (TrajectoryStatus.BUDGET_EXHAUSTED, 1.0)
-    assert len(hooks.scored_at) == 1  # its command ran
+    assert len(run.scored_at_s) == 1  # its command ran
     sleeps = [e for e in result.exchanges if e.call.arguments["command"] == "sleep 60"]
     assert [e.result.outcome for e in sleeps] == [ToolOutcome.TIMEOUT] * 3, sleeps
     ran, *unrun = sleeps
@@ -141,4 +146,4 @@ async def test_a_turn_of_several_long_calls_ends_at_the_turns_deadline_and_is_sc
     assert all("turn's time ran out before it could start" in (e.result.error or "") for e in unrun)
     assert [m.tool_call_id for m in result.messages[-3:]] == [e.call.id for e in sleeps]
     assert all(e.result.outcome is not ToolOutcome.INFRA_ERROR for e in result.exchanges)
-    assert took <= deadline_s + SLACK_S
+    assert run.took_s <= deadline_s + SLACK_S
