@@ -9,22 +9,20 @@ time the turn has left."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import anyio
 import attrs
 import pytest
 
 from tests.integration.test_local_pool import config, running_now, wait_no_leftovers
+from tests.turn_deadlines import check_long_calls_ended_at_the_turns_deadline, sleeping_after
 from trajcore.adapters.pools.local_pool import LocalSandboxPool
 from trajcore.domain.agent_loop import AgentLoopConfig, StopReason
 from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.groups import TrajectoryStatus
 from trajcore.domain.messages import Message
 from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
-from trajcore.domain.tools import ToolOutcome
 from trajcore.rollout.dispatcher import ToolDispatcher
-from trajcore.rollout.scripted import ModelScript, ScriptedPolicy, ScriptStep, tool_call
+from trajcore.rollout.scripted import ModelScript, ScriptedPolicy, tool_call
 from trajcore.rollout.tools import SlotTools
 from trajcore.rollout.trajectory import (
     RolloutConfig,
@@ -51,11 +49,11 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def stalling(messages: Sequence[Message]) -> ScriptStep:
-    """The model: writes its answer, then sleeps, turn after turn, never done."""
-    if not any(message.role == "tool" for message in messages):
-        return tool_call("bash", command="echo ok > answer")
-    return tool_call("bash", command="sleep 60")
+ANSWER = tool_call("bash", command="echo ok > answer")
+stalling = sleeping_after(ANSWER)
+"""The model: writes its answer, then sleeps, turn after turn, never done."""
+sleepers = sleeping_after(ANSWER, calls=3)
+"""The model: writes its answer, then makes three long calls in one turn, turn after turn."""
 
 
 @attrs.define
@@ -119,13 +117,6 @@ async def test_a_model_sleeping_past_its_turns_is_scored_in_its_lease_within_the
     assert run.took_s <= DEADLINE_S + SLACK_S
 
 
-def sleepers(messages: Sequence[Message]) -> ScriptStep:
-    """The model: writes its answer, then makes three long calls in one turn, turn after turn."""
-    if not any(message.role == "tool" for message in messages):
-        return tool_call("bash", command="echo ok > answer")
-    return [tool_call("bash", command="sleep 60") for _ in range(3)]
-
-
 async def test_a_turn_of_several_long_calls_ends_at_the_turns_deadline_and_is_scored() -> None:
     """Three ``sleep 60`` in one turn, a 6 s deadline: the slot server runs them one after
     another within the time the turn has left (the first is killed at the turns' deadline, the
@@ -134,16 +125,6 @@ async def test_a_turn_of_several_long_calls_ends_at_the_turns_deadline_and_is_sc
     past the trajectory's deadline, and the member was an ``infra_error`` with none of them."""
     deadline_s = 6.0
     run = await run_in_a_slot(sleepers, trajectory_id="sleepers", deadline_s=deadline_s)
-    result = run.result
-    assert result.stats.stop_reason is StopReason.TIME_BUDGET, result.outcome
-    assert (result.outcome.status, result.outcome.score) == (TrajectoryStatus.BUDGET_EXHAUSTED, 1.0)
+    check_long_calls_ended_at_the_turns_deadline(run.result, calls=3)
     assert len(run.scored_at_s) == 1  # its command ran
-    sleeps = [e for e in result.exchanges if e.call.arguments["command"] == "sleep 60"]
-    assert [e.result.outcome for e in sleeps] == [ToolOutcome.TIMEOUT] * 3, sleeps
-    ran, *unrun = sleeps
-    assert ran.result.exec is not None
-    assert ran.result.exec.timed_out
-    assert all("turn's time ran out before it could start" in (e.result.error or "") for e in unrun)
-    assert [m.tool_call_id for m in result.messages[-3:]] == [e.call.id for e in sleeps]
-    assert all(e.result.outcome is not ToolOutcome.INFRA_ERROR for e in result.exchanges)
     assert run.took_s <= deadline_s + SLACK_S

@@ -11,6 +11,7 @@ import anyio
 import attrs
 import pytest
 
+from tests.turn_deadlines import check_long_calls_ended_at_the_turns_deadline, sleeping_after
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
 from trajcore.adapters.fakes.tools import FakeToolServer, ToolFault
 from trajcore.domain.agent_loop import AgentLoopConfig, StopReason
@@ -51,17 +52,17 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def stalling(messages: Sequence[Message]) -> ScriptStep:
-    """The model: writes its answer, then sleeps in the slot, turn after turn, never done."""
-    if not any(message.role == "tool" for message in messages):
-        return tool_call("write_file", path="done.txt", content="ok")
-    return tool_call("bash", command="sleep 60")
+ANSWER = tool_call("write_file", path="done.txt", content="ok")
+stalling = sleeping_after(ANSWER)
+"""The model: writes its answer, then sleeps in the slot, turn after turn, never done."""
+sleepers = sleeping_after(ANSWER, calls=3)
+"""The model: writes its answer, then makes three long calls in one turn, turn after turn."""
 
 
 def quick(messages: Sequence[Message]) -> ScriptStep:
     """The model: writes its answer and is done."""
     if not any(message.role == "tool" for message in messages):
-        return tool_call("write_file", path="done.txt", content="ok")
+        return ANSWER
     return "done"
 
 
@@ -129,13 +130,6 @@ async def test_a_model_still_sleeping_at_the_turns_deadline_is_scored_within_the
     assert result.duration_s <= DEADLINE_S + SLACK_S
 
 
-def sleepers(messages: Sequence[Message]) -> ScriptStep:
-    """The model: writes its answer, then makes three long calls in one turn, turn after turn."""
-    if not any(message.role == "tool" for message in messages):
-        return tool_call("write_file", path="done.txt", content="ok")
-    return [tool_call("bash", command="sleep 60") for _ in range(3)]
-
-
 async def test_a_turn_of_several_long_calls_ends_at_the_turns_deadline_and_is_scored() -> None:
     """The turn's three sleeps run one after another in the slot, but share the time the turn
     has left (each cut to its whole would take three times that): the first is ended at the
@@ -144,16 +138,8 @@ async def test_a_turn_of_several_long_calls_ends_at_the_turns_deadline_and_is_sc
     trajectory's deadline: ``infra_error``, unscored, with none of the turn's results."""
     scoring = Scoring()
     result = await _run(sleepers, scoring)
-    assert result.stats.stop_reason is StopReason.TIME_BUDGET, result.outcome
-    assert (result.outcome.status, result.outcome.score) == (TrajectoryStatus.BUDGET_EXHAUSTED, 1.0)
-    sleeps = [e for e in result.exchanges if e.call.name == "bash"]
-    assert len(sleeps) == 3
-    assert [e.result.outcome for e in sleeps] == [ToolOutcome.TIMEOUT] * 3
-    ran, *unrun = sleeps
-    assert ran.result.exec is not None
-    assert ran.result.exec.timed_out
-    assert all("turn's time ran out before it could start" in (e.result.error or "") for e in unrun)
-    assert [m.tool_call_id for m in result.messages[-3:]] == [e.call.id for e in sleeps]
+    check_long_calls_ended_at_the_turns_deadline(result, calls=3)
+    assert [e.call.name for e in result.exchanges].count("bash") == 3
     assert len(scoring.started) == 1
     assert result.duration_s <= DEADLINE_S + SLACK_S
 
@@ -162,7 +148,7 @@ def sleepers_and_a_lookup(messages: Sequence[Message]) -> ScriptStep:
     """The model: writes its answer, then two long slot calls and a tool server's call in one
     turn, turn after turn."""
     if not any(message.role == "tool" for message in messages):
-        return tool_call("write_file", path="done.txt", content="ok")
+        return ANSWER
     return [*(tool_call("bash", command="sleep 60") for _ in range(2)), tool_call("lookup", q="x")]
 
 
