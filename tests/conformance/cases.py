@@ -77,6 +77,31 @@ class Case:
         return f"{self.family}:{self.file.rsplit('/', 1)[-1]}::{self.test}"
 
 
+@attrs.frozen
+class _VllmFamily:
+    """Makes the cases of one vLLM parser family's test file: each case's test is named
+    ``prefix + name + suffix``, and parsed against ``tools`` where they are given."""
+
+    family: str
+    file: str
+    prefix: str = ""
+    suffix: str = ""
+    tools: tuple[Tool, ...] | None = None
+
+    def __call__(self, test: str, text: str, calls: tuple[Call, ...], **more: object) -> Case:
+        if self.tools is not None:
+            more = {"tools": self.tools, **more}
+        return Case(
+            family=self.family,
+            repo=VLLM,
+            file=self.file,
+            test=f"{self.prefix}{test}{self.suffix}",
+            text=text,
+            calls=calls,
+            **more,  # type: ignore[arg-type]  # the optional Case fields, checked by attrs
+        )
+
+
 def _args(text: str) -> JSONObject:
     value: JSON = json.loads(text)
     assert isinstance(value, dict)
@@ -734,16 +759,7 @@ _THREE_CALLS: tuple[Call, ...] = (
 )
 
 
-def _llama(test: str, text: str, calls: tuple[Call, ...], **more: object) -> Case:
-    return Case(
-        family="llama3_json",
-        repo=VLLM,
-        file=LLAMA3_TESTS,
-        test=test,
-        text=text,
-        calls=calls,
-        **more,  # type: ignore[arg-type]  # the optional Case fields, checked by attrs
-    )
+_llama = _VllmFamily("llama3_json", LLAMA3_TESTS)
 
 
 LLAMA3_JSON: list[Case] = [
@@ -926,16 +942,12 @@ def _ds3_call(name: str, arguments: str) -> str:
     return f"{_DS_CALL_BEGIN}function{_DS_SEP}{name}\n```json\n{arguments}\n```{_DS_CALL_END}"
 
 
-def _ds3(test: str, text: str, calls: tuple[Call, ...], **more: object) -> Case:
-    return Case(
-        family="deepseek_v3",
-        repo=VLLM,
-        file=DEEPSEEK_V3_TESTS,
-        test=f"TestDeepSeekV3ToolParser::{test} (ToolParserTestConfig data)",
-        text=text,
-        calls=calls,
-        **more,  # type: ignore[arg-type]  # the optional Case fields, checked by attrs
-    )
+_ds3 = _VllmFamily(
+    "deepseek_v3",
+    DEEPSEEK_V3_TESTS,
+    prefix="TestDeepSeekV3ToolParser::",
+    suffix=" (ToolParserTestConfig data)",
+)
 
 
 DEEPSEEK_V3: list[Case] = [
@@ -1111,16 +1123,7 @@ _KIMI_BOOK_FLIGHT: Tool = (
 )
 
 
-def _kimi(test: str, text: str, calls: tuple[Call, ...], **more: object) -> Case:
-    return Case(
-        family="kimi_k2",
-        repo=VLLM,
-        file=KIMI_K2_TESTS,
-        test=test,
-        text=text,
-        calls=calls,
-        **more,  # type: ignore[arg-type]  # the optional Case fields, checked by attrs
-    )
+_kimi = _VllmFamily("kimi_k2", KIMI_K2_TESTS)
 
 
 KIMI_K2: list[Case] = [
@@ -1237,17 +1240,7 @@ _GLM_TOOLS: tuple[Tool, ...] = (
 )
 
 
-def _glm(test: str, text: str, calls: tuple[Call, ...], **more: object) -> Case:
-    return Case(
-        family="glm45",
-        repo=VLLM,
-        file=GLM4_MOE_TESTS,
-        test=test,
-        text=text,
-        calls=calls,
-        tools=_GLM_TOOLS,
-        **more,  # type: ignore[arg-type]  # the optional Case fields, checked by attrs
-    )
+_glm = _VllmFamily("glm45", GLM4_MOE_TESTS, tools=_GLM_TOOLS)
 
 
 def _glm_call(name: str, pairs: list[tuple[str, str]], indent: str = "") -> str:
@@ -1349,28 +1342,10 @@ _ESCAPED = r"get_weather(city='Martha\'s Vineyard', metric='\"cool units\"')"
 _ESCAPED_CALL: Call = ("get_weather", {"city": "Martha's Vineyard", "metric": '"cool units"'})
 
 
-def _pythonic(test: str, text: str, calls: tuple[Call, ...], **more: object) -> Case:
-    return Case(
-        family="pythonic",
-        repo=VLLM,
-        file=PYTHONIC_TESTS,
-        test=test,
-        text=text,
-        calls=calls,
-        **more,  # type: ignore[arg-type]  # the optional Case fields, checked by attrs
-    )
+_pythonic = _VllmFamily("pythonic", PYTHONIC_TESTS)
 
 
-def _llama4(test: str, text: str, calls: tuple[Call, ...], **more: object) -> Case:
-    return Case(
-        family="llama4_pythonic",
-        repo=VLLM,
-        file=LLAMA4_PYTHONIC_TESTS,
-        test=test,
-        text=text,
-        calls=calls,
-        **more,  # type: ignore[arg-type]  # the optional Case fields, checked by attrs
-    )
+_llama4 = _VllmFamily("llama4_pythonic", LLAMA4_PYTHONIC_TESTS)
 
 
 PYTHONIC: list[Case] = [
@@ -1478,16 +1453,7 @@ PYTHONIC: list[Case] = [
 GRANITE_TESTS = "tests/tool_parsers/test_granite_tool_parser.py"
 
 
-def _granite(test: str, text: str, calls: tuple[Call, ...], **more: object) -> Case:
-    return Case(
-        family="granite",
-        repo=VLLM,
-        file=GRANITE_TESTS,
-        test=f"TestGraniteToolParser::{test}",
-        text=text,
-        calls=calls,
-        **more,  # type: ignore[arg-type]  # the optional Case fields, checked by attrs
-    )
+_granite = _VllmFamily("granite", GRANITE_TESTS, prefix="TestGraniteToolParser::")
 
 
 GRANITE: list[Case] = [
