@@ -102,6 +102,20 @@ class _VllmFamily:
         )
 
 
+_VARIOUS_TYPES: JSONObject = {
+    "string_field": "hello",
+    "int_field": 42,
+    "float_field": 3.14,
+    "bool_field": True,
+    "null_field": None,
+    "array_field": ["a", "b", "c"],
+    "object_field": {"nested": "value"},
+    "empty_array": [],
+    "empty_object": {},
+}
+"""The arguments of vLLM's shared ``test_various_data_types`` call (``ToolParserTestConfig``)."""
+
+
 def _args(text: str) -> JSONObject:
     value: JSON = json.loads(text)
     assert isinstance(value, dict)
@@ -983,22 +997,7 @@ DEEPSEEK_V3: list[Case] = [
             '"object_field": {"nested": "value"}, "empty_array": [], "empty_object": {}}',
         )
         + _DS_CALLS_END,
-        (
-            (
-                "test_function",
-                {
-                    "string_field": "hello",
-                    "int_field": 42,
-                    "float_field": 3.14,
-                    "bool_field": True,
-                    "null_field": None,
-                    "array_field": ["a", "b", "c"],
-                    "object_field": {"nested": "value"},
-                    "empty_array": [],
-                    "empty_object": {},
-                },
-            ),
-        ),
+        (("test_function", _VARIOUS_TYPES),),
     ),
     _ds3(
         "test_empty_arguments",
@@ -1482,22 +1481,7 @@ GRANITE: list[Case] = [
         '    "bool_field": true,\n    "null_field": null,\n'
         '    "array_field": ["a", "b", "c"],\n    "object_field": {"nested": "value"},\n'
         '    "empty_array": [],\n    "empty_object": {}\n  }\n}]',
-        (
-            (
-                "test_function",
-                {
-                    "string_field": "hello",
-                    "int_field": 42,
-                    "float_field": 3.14,
-                    "bool_field": True,
-                    "null_field": None,
-                    "array_field": ["a", "b", "c"],
-                    "object_field": {"nested": "value"},
-                    "empty_array": [],
-                    "empty_object": {},
-                },
-            ),
-        ),
+        (("test_function", _VARIOUS_TYPES),),
     ),
     _granite(
         "test_empty_arguments (ToolParserTestConfig data)",
