@@ -22,15 +22,13 @@ from collections.abc import Callable, Sequence
 import attrs
 import pytest
 
+from tests.strict_chat import chat_trajectory, pairing_problem, refusal
 from tests.unit.test_agent_env import FileEnv
 from tests.unit.test_agent_env_truncation import config, prompt_length
 from trajcore.adapters.fakes.llm import FakeTokenServer
 from trajcore.adapters.fakes.sandbox import FakeSandboxPool
-from trajcore.adapters.http1.server import HTTPServer
 from trajcore.adapters.http1.values import Reply, Request
-from trajcore.adapters.llm.chat import OpenAIChatServer
 from trajcore.adapters.llm.chat_wire import parse_chat_body
-from trajcore.adapters.llm.transport import RetryRules
 from trajcore.domain.agent_loop import (
     AgentLoop,
     AgentLoopConfig,
@@ -38,59 +36,23 @@ from trajcore.domain.agent_loop import (
     RunTools,
     StopReason,
 )
-from trajcore.domain.batch_planner import BatchConfig
 from trajcore.domain.groups import TrajectoryStatus
-from trajcore.domain.json_values import JSON, JSONObject
-from trajcore.domain.messages import Message
-from trajcore.domain.sampling import FinishReason, SamplingParams, TokenCompletion
-from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
+from trajcore.domain.json_values import JSONObject
+from trajcore.domain.sampling import FinishReason, TokenCompletion
 from trajcore.domain.tool_parsers import get_parser
 from trajcore.domain.tools import ToolCall
 from trajcore.domain.turns import ParsedTurn
-from trajcore.rollout.dispatcher import ToolDispatcher
-from trajcore.rollout.policy import ChatPolicy
 from trajcore.rollout.tools import SlotTools
-from trajcore.rollout.trajectory import (
-    RolloutConfig,
-    TrajectoryHooks,
-    TrajectoryResult,
-    Transcript,
-    run_trajectory,
-)
+from trajcore.rollout.trajectory import TrajectoryResult, Transcript
 
 pytestmark = pytest.mark.anyio
 
-CONFIG = RolloutConfig(
-    agent=AgentLoopConfig(max_turns=4),
-    sampling=SamplingParams(max_tokens=256),
-    tool_timeout_s=5.0,
-    deadline_s=30.0,
-    acquire_timeout_s=5.0,
-)
 MISSING = object()  # a call with no "id" key at all
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def _pairing_problem(messages: list[JSON]) -> str | None:
-    """What OpenAI refuses: a tool message answering no pending call, or a call unanswered."""
-    pending: list[object] = []
-    for i, message in enumerate(messages):
-        assert isinstance(message, dict)
-        if message.get("role") == "tool":
-            if message.get("tool_call_id") not in pending:
-                return f"messages[{i}]: role 'tool' must answer a preceding 'tool_calls'"
-            pending.remove(message.get("tool_call_id"))
-            continue
-        if pending:
-            return f"messages[{i}]: tool calls {pending} were not answered"
-        for call in message.get("tool_calls") or []:  # type: ignore[union-attr]  # a list here
-            assert isinstance(call, dict)
-            pending.append(call["id"])
-    return None
 
 
 @attrs.define
@@ -103,49 +65,24 @@ class StrictChatServer:
     def handle(self, request: Request) -> Reply:
         body = json.loads(request.body)
         self.requests.append(body)
-        problem = _pairing_problem(body["messages"])
+        problem = pairing_problem(body["messages"])
         if problem is not None:
-            error = {"error": {"message": problem, "type": "invalid_request_error"}}
-            return Reply(status=400, body=json.dumps(error).encode())
+            return refusal(problem)
         message, finish = self.script.pop(0) if self.script else ({"content": "done"}, "stop")
         choice = {"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish}
         answer = {"id": "chatcmpl-1", "model": "m", "choices": [choice]}
         return Reply(body=json.dumps(answer).encode())
 
 
-async def _prepare(tools: SlotTools) -> None:
-    return None
-
-
 async def _run(script: list[tuple[JSONObject, str]]) -> tuple[TrajectoryResult, StrictChatServer]:
     server = StrictChatServer(script)
-    http = HTTPServer(server.handle)
-    _, port = await http.listen_tcp("127.0.0.1", 0)
-    chat = OpenAIChatServer(
-        base_url=f"http://127.0.0.1:{port}/v1", model="m", retry=RetryRules(max_attempts=1)
-    )
     seen: list[StopReason | None] = []
 
     async def score(tools: SlotTools, transcript: Transcript) -> float:
         seen.append(transcript.stats.stop_reason)  # what the env sees when it scores
         return -1.0 if transcript.stats.stop_reason is StopReason.CONTENT_FILTER else 1.0
 
-    try:
-        async with FakeSandboxPool() as pool, ToolDispatcher(pool, BatchConfig()) as dispatcher:
-            result = await run_trajectory(
-                trajectory_id="t0",
-                messages=[Message.user("write a.txt")],
-                tools=SLOT_TOOL_SPECS,
-                hooks=TrajectoryHooks(prepare=_prepare, score=score),
-                policy=ChatPolicy(chat),
-                pool=pool,
-                dispatcher=dispatcher,
-                tool_server=None,
-                config=CONFIG,
-            )
-    finally:
-        await chat.aclose()
-        await http.aclose(grace_s=0.0)
+    result = await chat_trajectory(server.handle, score)
     if result.outcome.score is not None:
         assert seen == [result.stats.stop_reason]
     return result, server

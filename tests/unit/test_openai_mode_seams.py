@@ -13,69 +13,28 @@ import httpx2
 import openai
 import pytest
 
-from trajcore.adapters.fakes.sandbox import FakeSandboxPool
-from trajcore.adapters.http1.server import HTTPServer
+from tests.strict_chat import chat_trajectory, pairing_problem, refusal
 from trajcore.adapters.http1.values import Reply, Request
 from trajcore.adapters.llm.atropos import ServerManagerChatServer
-from trajcore.adapters.llm.chat import OpenAIChatServer
-from trajcore.adapters.llm.transport import RetryRules
-from trajcore.domain.agent_loop import AgentLoopConfig, StopReason
-from trajcore.domain.batch_planner import BatchConfig
+from trajcore.domain.agent_loop import StopReason
 from trajcore.domain.errors import ContextFull
 from trajcore.domain.groups import TrajectoryStatus
-from trajcore.domain.json_values import JSON, JSONObject
+from trajcore.domain.json_values import JSONObject
 from trajcore.domain.messages import Message
 from trajcore.domain.sampling import SamplingParams
-from trajcore.domain.slot_protocol import SLOT_TOOL_SPECS
 from trajcore.domain.tools import ToolCall
 from trajcore.domain.turns import ParsedTurn, ParseProblem
-from trajcore.rollout.dispatcher import ToolDispatcher
-from trajcore.rollout.policy import ChatPolicy
 from trajcore.rollout.tools import SlotTools
-from trajcore.rollout.trajectory import (
-    RolloutConfig,
-    TrajectoryHooks,
-    TrajectoryResult,
-    Transcript,
-    run_trajectory,
-)
+from trajcore.rollout.trajectory import TrajectoryResult, Transcript
 
 pytestmark = pytest.mark.anyio
 
-CONFIG = RolloutConfig(
-    agent=AgentLoopConfig(max_turns=4),
-    sampling=SamplingParams(max_tokens=256),
-    tool_timeout_s=5.0,
-    deadline_s=30.0,
-    acquire_timeout_s=5.0,
-)
 GOOD = json.dumps({"path": "a.txt", "content": "x"})
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def _pairing_problem(messages: list[JSON]) -> str | None:
-    """What OpenAI would refuse in ``messages``: a tool message answering no pending call, or
-    calls left unanswered before the next message; ``None`` when they pair."""
-    pending: list[object] = []
-    for i, message in enumerate(messages):
-        assert isinstance(message, dict)
-        if message.get("role") == "tool":
-            if message.get("tool_call_id") not in pending:
-                return f"messages[{i}]: role 'tool' must answer a preceding 'tool_calls'"
-            pending.remove(message.get("tool_call_id"))
-            continue
-        if pending:
-            return f"messages[{i}]: tool calls {pending} were not answered"
-        calls = message.get("tool_calls") or []
-        assert isinstance(calls, list)
-        for call in calls:
-            assert isinstance(call, dict)
-            pending.append(call["id"])
-    return None
 
 
 @attrs.define
@@ -92,10 +51,9 @@ class StrictChatServer:
         failure = self.failures.get(len(self.requests))
         if failure is not None:
             return Reply(status=failure[0], body=json.dumps(failure[1]).encode())
-        problem = _pairing_problem(body["messages"])
+        problem = pairing_problem(body["messages"])
         if problem is not None:
-            error = {"error": {"message": problem, "type": "invalid_request_error"}}
-            return Reply(status=400, body=json.dumps(error).encode())
+            return refusal(problem)
         message = self.script.pop(0) if self.script else {"role": "assistant", "content": "done"}
         answer = {
             "id": "chatcmpl-1",
@@ -113,10 +71,6 @@ class StrictChatServer:
         return Reply(body=json.dumps(answer).encode())
 
 
-async def _prepare(tools: SlotTools) -> None:
-    return None
-
-
 async def _score(tools: SlotTools, transcript: Transcript) -> float:
     return 1.0 if transcript.final_response else 0.0
 
@@ -125,28 +79,7 @@ async def _run(
     script: list[JSONObject], failures: dict[int, tuple[int, JSONObject]] | None = None
 ) -> tuple[TrajectoryResult, StrictChatServer]:
     server = StrictChatServer(script, failures=failures or {})
-    http = HTTPServer(server.handle)
-    _, port = await http.listen_tcp("127.0.0.1", 0)
-    chat = OpenAIChatServer(
-        base_url=f"http://127.0.0.1:{port}/v1", model="m", retry=RetryRules(max_attempts=1)
-    )
-    try:
-        async with FakeSandboxPool() as pool, ToolDispatcher(pool, BatchConfig()) as dispatcher:
-            result = await run_trajectory(
-                trajectory_id="t0",
-                messages=[Message.user("write a.txt")],
-                tools=SLOT_TOOL_SPECS,
-                hooks=TrajectoryHooks(prepare=_prepare, score=_score),
-                policy=ChatPolicy(chat),
-                pool=pool,
-                dispatcher=dispatcher,
-                tool_server=None,
-                config=CONFIG,
-            )
-    finally:
-        await chat.aclose()
-        await http.aclose(grace_s=0.0)
-    return result, server
+    return await chat_trajectory(server.handle, _score), server
 
 
 def _call(call_id: str, arguments: str) -> JSONObject:
