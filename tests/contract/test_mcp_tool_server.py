@@ -52,22 +52,23 @@ def serve_command(app: str, *extra: str) -> tuple[str, ...]:
     return (sys.executable, "-c", code, "--app", app, *extra)
 
 
-class ServedMCP:
-    """``trajcore tool-server --mcp http`` as a child process; ``url`` from its ready line."""
+class ServedToolServer:
+    """``trajcore tool-server --app APP`` (``serve_command``) with ``flags``, serving HTTP, as a
+    child process; ``ready`` and ``url`` from its ready line."""
 
-    def __init__(self, app: str, token_file: Path, *extra: str) -> None:
-        argv = serve_command(app, "--mcp", "http", "--listen", "127.0.0.1:0",
-                             "--token-file", str(token_file), *extra)  # fmt: skip
+    def __init__(self, app: str, *flags: str) -> None:
         self.process = subprocess.Popen(
-            argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
+            serve_command(app, *flags), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
         self.stderr = ""
         assert self.process.stdout is not None
         line = self.process.stdout.readline()
         if not line:
             self.stop()
-            raise AssertionError(f"MCP tool server did not start: {self.stderr}")
+            raise AssertionError(f"tool server {' '.join(flags)} did not start: {self.stderr}")
         self.ready = json.loads(line)
+        assert self.ready["ready"] is True, self.ready
         self.url: str = self.ready["address"]
 
     def stop(self) -> None:
@@ -78,6 +79,14 @@ class ServedMCP:
         except subprocess.TimeoutExpired:
             self.process.kill()
             _, self.stderr = self.process.communicate()
+
+
+class ServedMCP(ServedToolServer):
+    """``trajcore tool-server --mcp http`` as a child process; ``url`` from its ready line."""
+
+    def __init__(self, app: str, token_file: Path, *extra: str) -> None:
+        super().__init__(app, "--mcp", "http", "--listen", "127.0.0.1:0",
+                         "--token-file", str(token_file), *extra)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator, MutableMapping
@@ -21,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.contract.test_mcp_tool_server import ServedToolServer
 from tests.strategies import names, tool_calls, tool_results, tool_specs
 from trajcore.adapters.fakes.tools import FakeToolServer, ToolFault
 from trajcore.adapters.tool_server import (
@@ -57,34 +57,12 @@ CONTEXT = ToolContext(trajectory_id="traj-1", slot="c0/0")
 # ------------------------------------------------------------------------------ real servers
 
 
-class ServedTools:
-    """A ``trajcore tool-server`` child process; ``url`` once it printed its ready line."""
-
-    def __init__(self, app: str, token_file: Path) -> None:
-        code = "import sys; from trajcore.entrypoints.tool_server import main; sys.exit(main())"
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", code, "--app", app, "--listen", "127.0.0.1:0",
-             "--token-file", str(token_file), "--call-timeout-s", str(CONTRACT_CALL_TIMEOUT_S)],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        self.stderr = ""
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        if not line:
-            self.stop()
-            raise AssertionError(f"tool server did not start: {self.stderr}")
-        ready = json.loads(line)
-        assert ready["ready"] is True
-        self.url: str = ready["address"]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            _, self.stderr = self.process.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            _, self.stderr = self.process.communicate()
+def serve_tools(app: str, token_file: Path) -> ServedToolServer:
+    """``trajcore tool-server --app APP`` on loopback HTTP, with the contract's call timeout."""
+    return ServedToolServer(
+        app, "--listen", "127.0.0.1:0", "--token-file", str(token_file),
+        "--call-timeout-s", str(CONTRACT_CALL_TIMEOUT_S),
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +73,8 @@ def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served(token_file: Path) -> Iterator[ServedTools]:
-    server = ServedTools("trajcore.testing.tool_server_contract:CONTRACT_REGISTRY", token_file)
+def served(token_file: Path) -> Iterator[ServedToolServer]:
+    server = serve_tools("trajcore.testing.tool_server_contract:CONTRACT_REGISTRY", token_file)
     yield server
     server.stop()
     assert server.process.returncode == 0, server.stderr
@@ -171,7 +149,7 @@ class TestHTTPToolServerOnLoopback(ToolServerContract):
     machine_scale = 0.02  # two sequences: the lockstep test below runs five on all three
 
     @pytest.fixture
-    def tool_server_factory(self, served: ServedTools) -> ToolServerFactory:
+    def tool_server_factory(self, served: ServedToolServer) -> ToolServerFactory:
         @asynccontextmanager
         async def on_loopback() -> AsyncIterator[ToolServer]:
             server = HTTPToolServer(served.url, token=TOKEN, timeout_s=30)
@@ -196,7 +174,7 @@ def _echo(text: str, call_id: str = "c1") -> ToolCall:
 
 
 @pytest.mark.anyio
-async def test_request_without_the_token_is_refused_with_401(served: ServedTools) -> None:
+async def test_request_without_the_token_is_refused_with_401(served: ServedToolServer) -> None:
     async with httpx.AsyncClient(base_url=served.url, trust_env=False) as raw:
         for path in ("/v1/tools", "/v1/execute"):
             response = await raw.request("GET" if path == "/v1/tools" else "POST", path)
@@ -210,7 +188,7 @@ async def test_request_without_the_token_is_refused_with_401(served: ServedTools
 @pytest.mark.anyio
 @pytest.mark.parametrize("token", [None, "wrong-token"])
 async def test_client_without_the_right_token_names_the_auth(
-    served: ServedTools, token: str | None
+    served: ServedToolServer, token: str | None
 ) -> None:
     server = HTTPToolServer(served.url, token=token, timeout_s=10)
     try:
@@ -370,7 +348,7 @@ async def mark_then_wait(arguments: JSONObject, _context: ToolContext) -> JSON:
 async def test_server_killed_mid_call_gives_infra_error_results(
     token_file: Path, tmp_path: Path
 ) -> None:
-    served = ServedTools("tests.contract.test_tool_server:KILL_REGISTRY", token_file)
+    served = serve_tools("tests.contract.test_tool_server:KILL_REGISTRY", token_file)
     marker = tmp_path / "running"
     call = ToolCall(id="c1", name="mark_then_wait", arguments={"marker": str(marker)})
     server = HTTPToolServer(served.url, token=TOKEN, timeout_s=30)
@@ -678,7 +656,7 @@ async def test_blocking_sync_tool_times_out_without_stalling_other_requests() ->
 # ------------------------------------------------------------------------------------ lockstep
 
 
-def test_the_fake_and_the_http_tool_servers_agree(served: ServedTools) -> None:
+def test_the_fake_and_the_http_tool_servers_agree(served: ServedToolServer) -> None:
     """The same generated sequences on the fake, the in-process app and the loopback server:
     every batch's results must be the same on all three (and each checked on its own)."""
 
