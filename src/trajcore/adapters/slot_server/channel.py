@@ -96,6 +96,7 @@ _REPLY_TYPES: dict[str, frozenset[type]] = {
     "timed_out": frozenset({bool}),
     "duration": frozenset({int, float}),
     "error": frozenset({str}),
+    "code": frozenset({str}),  # an error's reason as a code (docs/sandbox.md): no_tmux
 }
 _NO_TYPES: frozenset[type] = frozenset()
 # A command's reply as the helper writes it (``write_result``): every field, in this order. Its
