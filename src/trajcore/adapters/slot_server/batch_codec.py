@@ -6,7 +6,8 @@ microseconds per call doing it. These functions take only the exact shapes ``jso
 produces for a well-formed message (``dict``, ``list``, ``str``, ``int``, ``float``, ``bool``,
 ``None``, compared by exact type) and build the values through their own constructors, so
 every validator of ``domain.slot_protocol`` and ``domain.tools`` still runs. Anything else
-(a missing key, a wrong type, a value a validator refuses, a huge integer) returns ``None``,
+(a missing key, a key a request does not know, a wrong type, a value a validator refuses, a
+huge integer) returns ``None``,
 and ``codec.structure`` hands the data to the converter, which accepts or refuses it exactly as
 before and names the field. So the fast path can only be faster, never more permissive: for any
 input it either gives the value the converter would give, or gives nothing.
@@ -26,6 +27,8 @@ import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import attrs
+
 from trajcore.adapters.exec_wire import read_exec_report
 from trajcore.domain.errors import InvalidInput
 from trajcore.domain.slot_protocol import ExecuteCall, ExecuteRequest, ExecuteResponse
@@ -37,6 +40,9 @@ _OUTCOMES = {outcome.value: outcome for outcome in ToolOutcome}
 _BUDGETS = {budget.value: budget for budget in SandboxBudget}
 _EXACT_FLOAT = 1 << 53  # integers up to this convert to float exactly, as the converter's do
 _REFUSED = (InvalidInput, ValueError, TypeError)
+# a request's keys: any other is refused by the converter (``codec.REQUEST_TYPES``)
+_CALL_KEYS = frozenset(field.name for field in attrs.fields(ExecuteCall))
+_REQUEST_KEYS = frozenset(field.name for field in attrs.fields(ExecuteRequest))
 T = TypeVar("T")
 
 
@@ -50,7 +56,7 @@ def _number(value: object) -> float | None:
 
 
 def _call(item: object) -> ExecuteCall | None:
-    if type(item) is not dict:
+    if type(item) is not dict or not item.keys() <= _CALL_KEYS:
         return None
     slot, epoch, call_id, tool = (
         item.get("slot"),
@@ -96,6 +102,8 @@ def _items(data: object, key: str, read: Callable[[object], T | None]) -> list[T
 
 
 def _execute_request(data: object) -> ExecuteRequest | None:
+    if type(data) is dict and not data.keys() <= _REQUEST_KEYS:
+        return None
     calls = _items(data, "calls", _call)
     return None if calls is None else ExecuteRequest(calls=calls)
 

@@ -1,8 +1,14 @@
 """The slot-server protocol on the wire: cattrs (un)structuring of ``domain.slot_protocol``.
 
 One converter, strict about primitive types (JSON ``"5"`` is not an integer here, ``1`` is not a
-boolean), bytes carried as base64 text, enums by value, unknown keys ignored so that a newer peer
-may add fields without breaking an older one. Everything malformed is reported as one
+boolean), bytes carried as base64 text, enums by value. A request (every type in
+``REQUEST_TYPES``, the bodies the server reads) is strict about its keys: a key it does not
+know, a misspelt ``snapshott`` say, is refused with the key's path and the fields the request
+takes, never dropped, since a dropped field would run a different request than the one asked
+(a plain lease for a lease from a snapshot). An answer (what a client reads) ignores keys it
+does not know, so that a newer server may add fields without breaking an older client; a
+client checks a server's version (``Health``) before it sends a field an older server lacks.
+Everything malformed is reported as one
 ``WireError`` whose field is the JSON path of the first fault and whose reason is cattrs' message,
 so a bad request reads ``expected an integer @ $.calls[2].slot``.
 
@@ -21,8 +27,10 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+import attrs
 import cattrs
 from cattrs.gen import make_dict_structure_fn, override
 
@@ -31,9 +39,37 @@ from trajcore.adapters.slot_server.channel import parse_json
 from trajcore.adapters.wire import register_strict_primitives
 from trajcore.domain.errors import InvalidInput, WireError
 from trajcore.domain.json_values import JSONObject, check_json
-from trajcore.domain.slot_protocol import ExecuteCall
+from trajcore.domain.slot_protocol import (
+    ArchiveArtifactsRequest,
+    DropSnapshotRequest,
+    ExecuteCall,
+    ExecuteRequest,
+    ForkLease,
+    ForkRequest,
+    LeaseRequest,
+    ListArtifactsRequest,
+    ReadArtifactRequest,
+    ResetRequest,
+    SnapshotRequest,
+)
 
-__all__ = ["converter", "decode", "encode", "structure", "unstructure"]
+__all__ = ["REQUEST_TYPES", "converter", "decode", "encode", "structure", "unstructure"]
+
+REQUEST_TYPES: tuple[type, ...] = (
+    ExecuteRequest,
+    ExecuteCall,
+    ResetRequest,
+    LeaseRequest,
+    ForkRequest,
+    ForkLease,
+    SnapshotRequest,
+    DropSnapshotRequest,
+    ReadArtifactRequest,
+    ListArtifactsRequest,
+    ArchiveArtifactsRequest,
+)
+"""The values a server reads from a request body, and those nested in them: a key none of their
+fields has is refused (``unknown field``), not ignored."""
 
 T = TypeVar("T")
 
@@ -61,23 +97,49 @@ def _make_converter() -> cattrs.Converter:
     register_strict_primitives(conv)
     conv.register_structure_hook(bytes, _bytes_from_base64)
     conv.register_unstructure_hook(bytes, lambda b: base64.b64encode(b).decode("ascii"))
-    conv.register_structure_hook(
-        ExecuteCall,
-        make_dict_structure_fn(ExecuteCall, conv, arguments=override(struct_hook=_json_object)),
-    )
+    for kind in REQUEST_TYPES:
+        if kind is ExecuteCall:
+            strict: Callable[[Any, Any], object] = make_dict_structure_fn(
+                kind,
+                conv,
+                _cattrs_forbid_extra_keys=True,
+                arguments=override(struct_hook=_json_object),
+            )
+        else:
+            strict = make_dict_structure_fn(kind, conv, _cattrs_forbid_extra_keys=True)
+        conv.register_structure_hook(kind, _objects_only(strict))
     return conv
+
+
+def _objects_only(read: Callable[[Any, Any], T]) -> Callable[[Any, Any], T]:
+    """``read``, given a JSON object only (a strict reader asks any other value for its keys)."""
+
+    def structure_object(value: object, kind: object) -> T:
+        if not isinstance(value, dict):
+            raise ValueError(f"expected a JSON object, got {type(value).__name__}")
+        return read(value, kind)
+
+    return structure_object
 
 
 converter = _make_converter()
 
 
 _FIELD_MARK = "\x00"
+_UNKNOWN_MARK = "\x01"  # an unknown key: reported before what its absence from the fields caused
 
 
 def _message(error: BaseException, kind: type | None) -> str:
     # A validator's InvalidInput names its attribute: carry it so the path can be extended.
     if isinstance(error, InvalidInput):
         return f"{error.reason}{_FIELD_MARK}{error.field}"
+    if isinstance(error, cattrs.ForbiddenExtraKeysError):
+        unknown = sorted(error.extra_fields)
+        taken = ", ".join(field.name for field in attrs.fields(error.cl))
+        named = ", ".join(repr(key) for key in unknown)
+        noun = "field" if len(unknown) == 1 else "fields"
+        reason = f"unknown {noun} {named}: {error.cl.__name__} takes only {taken}"
+        return f"{reason}{_UNKNOWN_MARK}{_FIELD_MARK}{unknown[0]}"
     if isinstance(error, ValueError) and str(error):
         return str(error)
     return cattrs.v.format_exception(error, kind)
@@ -88,8 +150,10 @@ def _first_problem(error: BaseException) -> tuple[str, str]:
         return f"$.{error.field}", error.reason
     if isinstance(error, cattrs.BaseValidationError):
         messages = cattrs.transform_error(error, path="$", format_exception=_message)
+        # a misspelt key is also a missing field: the unknown key says why, so it comes first
+        messages.sort(key=lambda message: _UNKNOWN_MARK not in message)
         if messages:
-            text, _, path = messages[0].rpartition(" @ ")
+            text, _, path = messages[0].replace(_UNKNOWN_MARK, "").rpartition(" @ ")
             reason, _, field = text.partition(_FIELD_MARK)
             path = path or "$"
             return (f"{path}.{field}" if field else path), (reason or messages[0])

@@ -7,12 +7,14 @@ overhead, and on a small machine the slot servers share the cores with the comma
 
 Routes are listed in ``trajcore.domain.slot_protocol``. Every request is checked for the bearer
 token when one is configured (constant-time comparison; a missing or wrong token gets 401 and an
-``ErrorBody``). A body that does not fit its type gets 400 with ``reason`` and ``field`` (the
-JSON path); an unknown slot 404; a refused artifact path 400 on ``$.path``; a missing artifact
-404; an unknown path 404 and a known path with the wrong method 405, both on ``$.path``. A batch
-execute is always 200 with one result per call, because a call's failure is data, not a failed
-request; so is a fork request (``/v1/lease/fork``), with one answer per lease. Nothing is logged
-per request: at thousands of calls a second it would cost more than the calls.
+``ErrorBody``). A body that does not fit its type gets 400 with ``reason`` and ``field`` (the JSON
+path), a key the request does not know (a misspelt ``snapshott``) included: it is refused by name,
+with the fields the request takes, never dropped (``codec``); an unknown slot 404; a refused
+artifact path 400 on ``$.path``; a missing artifact 404; an unknown path 404 and a known path with
+the wrong method 405, both on ``$.path``. A batch execute is always 200 with one result per call,
+because a call's failure is data, not a failed request; so is a fork request (``/v1/lease/fork``),
+with one answer per lease. Nothing is logged per request: at thousands of calls a second it would
+cost more than the calls.
 """
 
 from __future__ import annotations
