@@ -33,6 +33,11 @@ The rules it keeps:
   when everything that could leave is in use, the new image is refused with ``ImageCacheFull``
   naming the image and the sizes, and the cache stays as it was.
 - **Bounded waits.** Waiting for another server's unpacking ends at ``lock_timeout_s``.
+- **A refusal is told once.** An image refused (malformed, a layer refused) is remembered by
+  its source's key for ``refusal_ttl_s`` (``image_refusals``): a later request for the same
+  source, unchanged, is refused at once with the same reason, and one waiting on the image's
+  lock while another thread's unpacking was refused learns it without unpacking again. A failure
+  of the moment (a full disk, an engine's timeout) is not remembered.
 
 A ``directory:`` environment is not copied: its tree is used in place (the operator keeps it
 unchanged while runs use it) and takes no room in the cache. A dataset row names it, and a row is
@@ -64,6 +69,12 @@ from typing import overload
 import attrs
 
 from trajcore.adapters.removal import remove_tree
+from trajcore.adapters.slot_server.image_refusals import (
+    RefusedImages,
+    SourceKey,
+    source_key,
+    source_stamp,
+)
 from trajcore.adapters.slot_server.image_sources import (
     EngineExport,
     ImageLayers,
@@ -170,6 +181,8 @@ class ImageCache:
         lock_timeout_s: float = 900.0,
         resolve_ttl_s: float = 30.0,
         environment_dirs: Sequence[Path] = (),
+        refusal_ttl_s: float = 300.0,
+        max_refusals: int = 1024,
     ) -> None:
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
@@ -186,6 +199,7 @@ class ImageCache:
         self._counters = _Counters()
         # reference -> (its source's stamp, when resolved, image id): see ``_recent``
         self._resolved: dict[str, tuple[tuple[int, ...], float, str]] = {}
+        self.refusals = RefusedImages(ttl_s=refusal_ttl_s, max_entries=max_refusals)
         for name in ("images", "locks", "staging"):
             (root / name).mkdir(parents=True, exist_ok=True)
         self._token = uuid.uuid4().hex[:12]
@@ -201,7 +215,8 @@ class ImageCache:
         """The image of ``ref``, unpacked if needed, held in use until the result is closed.
 
         Raises:
-            TaskEnvironmentError: the image is missing or malformed, or a layer is refused.
+            TaskEnvironmentError: the image is missing or malformed, or a layer is refused
+                (or was, for this source unchanged: ``refusals``).
             ImageCacheFull: it cannot fit beside the images in use.
             TimeoutError: another server's unpacking of it passed ``lock_timeout_s``.
         """
@@ -211,7 +226,12 @@ class ImageCache:
         held = self._take_recent(ref, started, wait=True)
         if held is not None:
             return held
-        stamp = _stamp(ref)
+        stamp = source_stamp(ref)
+        key = source_key(ref)
+        earlier = self.refusals.recall(ref, key)
+        if earlier is not None:
+            self._counters.refused += 1
+            raise earlier
         with tempfile.TemporaryDirectory(
             dir=self.root / "staging", prefix=f"read-{self._token}-"
         ) as scratch:
@@ -219,8 +239,9 @@ class ImageCache:
                 found = read_image(
                     ref, Path(scratch), timeout_s=self.engine_timeout_s, known=self._holds
                 )
-            except TaskEnvironmentError:
+            except TaskEnvironmentError as error:
                 self._counters.refused += 1
+                self.refusals.remember(ref, key, error)
                 raise
             image_id = found if isinstance(found, str) else found.image_id
             self._resolved[str(ref)] = (stamp, time.monotonic(), image_id)
@@ -344,7 +365,7 @@ class ImageCache:
         if ref.transport in ("containers-storage", "docker-daemon"):
             fresh = now - resolved_at < self.resolve_ttl_s
         else:
-            fresh = stamp != () and stamp == _stamp(ref)
+            fresh = stamp != () and stamp == source_stamp(ref)
         return image_id if fresh else None
 
     def _holds(self, image_id: str) -> bool:
@@ -386,7 +407,9 @@ class ImageCache:
                 time.sleep(_POLL_S)
 
     def _make(self, ref: EnvironmentRef, found: ImageLayers | EngineExport, lock_fd: int) -> bool:
-        """Unpack ``found`` and admit it, the lock held exclusive meanwhile, then shared again.
+        """Unpack ``found`` and admit it, the lock held exclusive meanwhile, then shared again;
+        a refusal is remembered by its source's key, an engine's by its image id (and one
+        remembered while this waited is raised).
 
         Returns False when another server made it while this one waited for the lock (two
         servers that both held it shared, saw no image and asked to unpack it)."""
@@ -394,6 +417,11 @@ class ImageCache:
         try:
             if self._holds(found.image_id):
                 return False
+            key: SourceKey = source_key(ref) or ("engine", found.image_id)
+            earlier = self.refusals.recall(ref, key)
+            if earlier is not None:
+                self._counters.refused += 1
+                raise earlier
             staged = Path(
                 tempfile.mkdtemp(dir=self.root / "staging", prefix=f"image-{self._token}-")
             )
@@ -437,8 +465,9 @@ class ImageCache:
                 (staged / "image.json").write_text(json.dumps(meta))
                 self._admit(ref, found.image_id, staged, budget.bytes)
                 return True
-            except TaskEnvironmentError:
+            except TaskEnvironmentError as error:
                 self._counters.refused += 1
+                self.refusals.remember(ref, key, error)
                 raise
             finally:
                 if staged.exists():
@@ -664,19 +693,3 @@ class ImageCache:
             working_dir=str(meta.get("working_dir", "")),
             user=str(meta.get("user", "")),
         )
-
-
-def _stamp(ref: EnvironmentRef) -> tuple[int, ...]:
-    """What identifies a layout's or an archive's content without reading it (``()``: nothing,
-    for an engine's image or a file that is not there)."""
-    if ref.transport == "oci":
-        path = Path(ref.location) / "index.json"
-    elif ref.transport in ("oci-archive", "docker-archive"):
-        path = Path(ref.location)
-    else:
-        return ()
-    try:
-        info = os.stat(path)
-    except OSError:
-        return ()
-    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)

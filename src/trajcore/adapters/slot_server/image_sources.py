@@ -14,7 +14,10 @@ order, each with the digest it must have. The rules kept here:
   absolute names, ``..``, links out and device nodes; the layers inside them go through
   ``image_unpack``'s stricter rules later.
 - **Engines with a deadline.** ``podman`` and ``docker`` run with ``timeout_s``; an image the
-  store does not hold is a ``TaskEnvironmentError`` quoting the engine's own words.
+  store does not hold is a ``TaskEnvironmentError`` quoting the engine's own words. A failure
+  of the moment (an engine missing, past its deadline, failing its export; a full disk while an
+  archive is copied out) is a ``SourceUnavailable``, which the cache never remembers as the
+  image's refusal.
 - **One platform.** An image index is resolved to the host's ``linux/<arch>`` manifest; a tag
   picks among several images of one layout (``org.opencontainers.image.ref.name``).
 """
@@ -22,6 +25,7 @@ order, each with the digest it must have. The rules kept here:
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -38,6 +42,7 @@ from typing import IO
 
 import attrs
 
+from trajcore.adapters.slot_server.image_refusals import SourceUnavailable
 from trajcore.adapters.slot_server.image_unpack import Layer
 from trajcore.adapters.wire import structure
 from trajcore.domain.errors import WireError
@@ -80,6 +85,8 @@ _ARCH = {
     "s390x": "s390x",
 }
 _REF_NAME = "org.opencontainers.image.ref.name"
+# what a copy's ``OSError`` says of the machine at the moment, not of the archive
+_MOMENTARY = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
 
 
 @attrs.frozen(kw_only=True)
@@ -433,7 +440,11 @@ def _extract_archive(
         raise TaskEnvironmentError(
             image, f"{archive} cannot be unpacked: it names {error.filename} twice"
         ) from error
-    except (tarfile.TarError, OSError) as error:
+    except OSError as error:
+        if error.errno in _MOMENTARY:  # the staging's disk, not the archive
+            raise SourceUnavailable(image, f"{archive} cannot be copied out: {error}") from error
+        raise TaskEnvironmentError(image, f"{archive} cannot be unpacked: {error}") from error
+    except tarfile.TarError as error:
         raise TaskEnvironmentError(image, f"{archive} cannot be unpacked: {error}") from error
 
 
@@ -443,9 +454,9 @@ def _engine(command: list[str], image: str, timeout_s: float) -> str:
             command, capture_output=True, text=True, timeout=timeout_s, check=False
         )
     except FileNotFoundError as error:
-        raise TaskEnvironmentError(image, f"{command[0]} is not installed") from error
+        raise SourceUnavailable(image, f"{command[0]} is not installed") from error
     except subprocess.TimeoutExpired as error:
-        raise TaskEnvironmentError(
+        raise SourceUnavailable(
             image, f"`{' '.join(command)}` took longer than {timeout_s} s"
         ) from error
     if done.returncode != 0:
@@ -529,21 +540,34 @@ def exported(
         created = _engine(
             [*program, "create", *naming, export.name, "/bin/true"], image, timeout_s
         ).strip()
-    except TaskEnvironmentError:
+    except TaskEnvironmentError as error:
         if container is not None:  # a create cut short may have made it all the same
             _remove(program, container, timeout_s)
-        raise
+        raise SourceUnavailable(error.field, error.reason) from error
     try:
         process = subprocess.Popen(
             [*program, "export", created], stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
-        watchdog = threading.Timer(timeout_s, process.kill)
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            process.kill()
+
+        watchdog = threading.Timer(timeout_s, expire)
         watchdog.start()
         try:
             assert process.stdout is not None
             yield process.stdout
             process.stdout.read()
             _, stderr = process.communicate(timeout=timeout_s)
+        except (TaskEnvironmentError, OSError, subprocess.TimeoutExpired) as error:
+            if expired.is_set() or isinstance(error, subprocess.TimeoutExpired):
+                # the stream was cut by the deadline: what its reader found says nothing
+                raise SourceUnavailable(
+                    image, f"{export.engine} export took longer than {timeout_s} s"
+                ) from error
+            raise
         finally:
             watchdog.cancel()
             if process.poll() is None:
@@ -551,7 +575,7 @@ def exported(
                 process.wait()
         if process.returncode != 0:
             words = stderr.decode("utf-8", "replace").strip()[-400:] or f"exit {process.returncode}"
-            raise TaskEnvironmentError(image, f"{export.engine} export failed: {words}")
+            raise SourceUnavailable(image, f"{export.engine} export failed: {words}")
     finally:
         _remove(program, created, timeout_s)
 
