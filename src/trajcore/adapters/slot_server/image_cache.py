@@ -115,7 +115,7 @@ class CachedImage:
         hit: whether it was in the cache already.
         seconds: how long this request took to make it ready.
         architecture: the architecture its config names (``""``: none given, or a
-            ``directory:`` tree, or an engine's image).
+            ``directory:`` tree).
         env: its config's ``Env`` (``NAME=VALUE`` each): every command of a lease over it runs
             with these variables (docs/environments.md, "The image's environment"); none for
             a ``directory:`` tree, which has no config.
@@ -457,7 +457,7 @@ class ImageCache:
                     "entries": budget.entries,
                     "skipped_devices": budget.skipped_devices,
                     "seconds": round(time.monotonic() - started, 6),
-                    "architecture": found.architecture if isinstance(found, ImageLayers) else "",
+                    "architecture": found.architecture,
                     "env": list(found.config.env),
                     "working_dir": found.config.working_dir,
                     "user": found.config.user,

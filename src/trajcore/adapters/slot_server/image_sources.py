@@ -84,6 +84,8 @@ _ARCH = {
     "ppc64le": "ppc64le",
     "s390x": "s390x",
 }
+# an engine's names of a machine that differ from the image config's (``GOARCH``) names
+_ENGINE_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 _REF_NAME = "org.opencontainers.image.ref.name"
 # what a copy's ``OSError`` says of the machine at the moment, not of the archive
 _MOMENTARY = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
@@ -176,6 +178,7 @@ class EngineExport:
     engine: str
     name: str
     config: ImageConfig = ImageConfig()
+    architecture: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -465,27 +468,62 @@ def _engine(command: list[str], image: str, timeout_s: float) -> str:
     return done.stdout
 
 
-def engine_image(ref: EnvironmentRef, *, timeout_s: float) -> tuple[str, ImageConfig]:
-    """The id (config sha256, hex) of an image in podman's or docker's store, and what its
-    config says about running it."""
+def engine_image(ref: EnvironmentRef, *, timeout_s: float) -> EngineExport:
+    """An image of podman's or docker's store: its id (config sha256, hex), what its config
+    says about running it, and its architecture (``""``: the engine names none).
+
+    Raises:
+        TaskEnvironmentError: the store does not hold it, or it is built for another machine
+            or system than this host's (its ``Architecture`` or ``Os``): named before anything
+            is exported.
+    """
     program = "podman" if ref.transport == "containers-storage" else "docker"
+    shape = "\t".join(("{{.Id}}", "{{json .Architecture}}", "{{json .Os}}", "{{json .Config}}"))
     out = _engine(
-        [program, "image", "inspect", "--format", "{{.Id}} {{json .Config}}", ref.location],
-        str(ref),
-        timeout_s,
+        [program, "image", "inspect", "--format", shape, ref.location], str(ref), timeout_s
     )
-    first, _, rest = out.strip().partition(" ")
+    first, *rest = out.strip().split("\t", 3)  # JSON text holds no raw tab
     found = first.strip().removeprefix("sha256:")
     if not re.fullmatch(r"[0-9a-f]{64}", found):
         raise TaskEnvironmentError(str(ref), f"{program} gave no image id: {found[:80]!r}")
-    try:
-        run = structure({"config": json.loads(rest or "null")}, _RunOnly)
+    try:  # a field the engine leaves out (an older one) is absent: "" or no config
+        architecture, system, config = (
+            json.loads(part or "null") for part in [*rest, "", "", ""][:3]
+        )
+        architecture, system = architecture or "", system or ""
+        run = structure({"config": config}, _RunOnly)
+        if not isinstance(architecture, str) or not isinstance(system, str):
+            raise ValueError(f"Architecture {architecture!r} and Os {system!r} are not text")
     except (ValueError, WireError) as error:
         raise TaskEnvironmentError(
             f"{ref}: config", f"{program} gave no readable config: {error}"
         ) from error
     assert isinstance(run, _RunOnly)
-    return found, _run_config(run.config, str(ref))
+    architecture = _ENGINE_ARCH.get(architecture, architecture)
+    _refuse_foreign(str(ref), architecture, system)
+    engine = "podman" if ref.transport == "containers-storage" else "docker"
+    return EngineExport(
+        image_id=found, engine=engine, name=ref.location,
+        config=_run_config(run.config, str(ref)), architecture=architecture,
+    )  # fmt: skip
+
+
+def _refuse_foreign(image: str, architecture: str, system: str) -> None:
+    """``TaskEnvironmentError`` naming the field, its value and the host's, when an image's
+    ``Architecture`` or ``Os`` (each where given) is not this host's."""
+    host = _ARCH.get(platform.machine(), platform.machine())
+    if architecture and architecture != host:
+        raise TaskEnvironmentError(
+            f"{image}: Architecture",
+            f"image {image} is built for {architecture} (its config's Architecture), this "
+            f"host runs {host}: no command could run over it",
+        )
+    if system and system != "linux":
+        raise TaskEnvironmentError(
+            f"{image}: Os",
+            f"image {image} is built for {system} (its config's Os), this host runs linux: "
+            "no command could run over it",
+        )
 
 
 def read_image(
@@ -511,11 +549,8 @@ def read_image(
             return _read_layout(staging, ref.tag, image)
         return _read_docker_archive(staging, image)
     if ref.transport in ("containers-storage", "docker-daemon"):
-        image_id, config = engine_image(ref, timeout_s=timeout_s)
-        if known(image_id):
-            return image_id
-        engine = "podman" if ref.transport == "containers-storage" else "docker"
-        return EngineExport(image_id=image_id, engine=engine, name=ref.location, config=config)
+        export = engine_image(ref, timeout_s=timeout_s)
+        return export.image_id if known(export.image_id) else export
     raise TaskEnvironmentError(image, "is a directory: it is used in place, not read as layers")
 
 
