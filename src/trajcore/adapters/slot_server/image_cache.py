@@ -55,20 +55,19 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import logging
 import os
-import subprocess
 import tempfile
 import time
 import uuid
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import overload
 
 import attrs
 
 from trajcore.adapters.removal import remove_tree
+from trajcore.adapters.slot_server.image_exports import RunningExports, remove_container
 from trajcore.adapters.slot_server.image_refusals import (
     RefusedImages,
     SourceKey,
@@ -99,7 +98,6 @@ _STAGED_KINDS = frozenset({"read", "image", "evicted", "export"})
 _POLL_S = 0.05
 # The most a cache's open waits on an engine for each dead export's container it removes.
 _SWEEP_ENGINE_S = 30.0
-_log = logging.getLogger(__name__)
 
 
 @attrs.frozen(kw_only=True)
@@ -204,6 +202,7 @@ class ImageCache:
             (root / name).mkdir(parents=True, exist_ok=True)
         self._token = uuid.uuid4().hex[:12]
         self._owner_fd = self._own()
+        self.exports = RunningExports(root / "staging", self._token)
         # the owner lock lasts as long as this cache object (or its process): then it is free
         weakref.finalize(self, os.close, self._owner_fd)
         self._sweep_staging()
@@ -300,6 +299,12 @@ class ImageCache:
             raise
         os.close(lock_fd)  # evicted since: read the reference again
         return None
+
+    def close(self, timeout_s: float) -> list[str]:
+        """End the engine exports running now (``RunningExports.end``: their processes, their
+        containers, their staging trees) within ``timeout_s``, and refuse later ones; what is
+        left then, in words (the next open removes it). The cache's images stay."""
+        return self.exports.end(timeout_s)
 
     def statistics(self) -> ImageCacheStatistics:
         """What the cache holds now, and this process's requests so far."""
@@ -432,12 +437,13 @@ class ImageCache:
                 started = time.monotonic()
                 if isinstance(found, EngineExport):
                     with (
-                        self._export_record(found.engine) as container,
+                        self.exports.record(found.engine, staged) as run,
                         exported(
                             found,
                             timeout_s=self.engine_timeout_s,
-                            container=container,
+                            container=run.container,
                             label=f"trajcore.export={self.root}",
+                            on_start=run.started,
                         ) as stream,
                     ):
                         unpack_stream(
@@ -592,21 +598,6 @@ class ImageCache:
             os.close(fd)
         return False
 
-    @contextlib.contextmanager
-    def _export_record(self, engine: str) -> Iterator[str]:
-        """The name of the container an engine's export makes, recorded in ``staging/`` (the
-        engine and the name) for as long as the export runs, so that a sweep removes the
-        container should this owner die before it does."""
-        fd, made = tempfile.mkstemp(dir=self.root / "staging", prefix=f"export-{self._token}-")
-        container = f"trajcore-export-{Path(made).name.removeprefix('export-')}"
-        try:
-            with os.fdopen(fd, "w") as record:
-                json.dump({"engine": engine, "container": container}, record)
-            yield container
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(made)
-
     def _sweep_staging(self) -> None:
         """Remove what a dead owner left in ``staging/`` (its partial trees, and the containers
         its exports made) and its owner lock; an entry of no known owner (an older trajcore's)
@@ -642,35 +633,10 @@ class ImageCache:
         # kept until its container is known gone: an engine that cannot be run or does not
         # answer leaves it, and the ones after it, to the next open.
         for record in exports:
-            if not self._remove_container(record):
+            if not remove_container(record, min(self.engine_timeout_s, _SWEEP_ENGINE_S)):
                 break
             with contextlib.suppress(OSError):
                 record.unlink()
-
-    def _remove_container(self, record: Path) -> bool:
-        """Remove the container a dead owner's export made (its record names it), within
-        ``_SWEEP_ENGINE_S``. True when the engine ran (the container is gone, or was never
-        made); False when it could not be run or did not answer in time (logged): the record
-        stays for the next open."""
-        try:
-            found = json.loads(record.read_text())
-            engine, container = str(found["engine"]), str(found["container"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return True  # written only partly: the owner died before its container was made
-        if engine not in ("podman", "docker") or not container.startswith("trajcore-export-"):
-            return True
-        program = [engine, "--runtime", "runc"] if engine == "podman" else [engine]
-        try:
-            subprocess.run(
-                [*program, "rm", "-f", container],
-                capture_output=True,
-                timeout=min(self.engine_timeout_s, _SWEEP_ENGINE_S),
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as error:
-            _log.warning("cannot remove a dead export's container %s: %s", container, error)
-            return False
-        return True
 
     def _entry(
         self, ref: EnvironmentRef, image_id: str, *, hit: bool, started: float

@@ -556,13 +556,19 @@ def read_image(
 
 @contextlib.contextmanager
 def exported(
-    export: EngineExport, *, timeout_s: float, container: str | None = None, label: str = ""
+    export: EngineExport,
+    *,
+    timeout_s: float,
+    container: str | None = None,
+    label: str = "",
+    on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> Iterator[IO[bytes]]:
     """The engine's flattened export of ``export`` as a stream, within ``timeout_s`` in all.
 
     The container made for it (named ``container`` where given, labelled ``label``) is removed
     on the way out, whatever happened; one left by a process killed meanwhile is the image
-    cache's to remove (``ImageCache`` names it and records it in its staging).
+    cache's to remove (``ImageCache`` names it and records it in its staging). ``on_start`` is
+    given the export's process as soon as it runs (the cache's close kills it by its pid).
 
     Raises:
         TaskEnvironmentError: the engine failed (its words quoted) or passed the deadline.
@@ -583,6 +589,8 @@ def exported(
         process = subprocess.Popen(
             [*program, "export", created], stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
+        if on_start is not None:
+            on_start(process)
         expired = threading.Event()
 
         def expire() -> None:
@@ -602,12 +610,17 @@ def exported(
                 raise SourceUnavailable(
                     image, f"{export.engine} export took longer than {timeout_s} s"
                 ) from error
+            if (process.poll() or 0) < 0:  # killed (the cache's close): the stream was cut
+                raise SourceUnavailable(image, f"{export.engine} export was ended") from error
             raise
         finally:
             watchdog.cancel()
             if process.poll() is None:
                 process.kill()
                 process.wait()
+            for pipe in (process.stdout, process.stderr):
+                if pipe is not None:
+                    pipe.close()
         if process.returncode != 0:
             words = stderr.decode("utf-8", "replace").strip()[-400:] or f"exit {process.returncode}"
             raise SourceUnavailable(image, f"{export.engine} export failed: {words}")

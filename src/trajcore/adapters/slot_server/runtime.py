@@ -82,11 +82,12 @@ from trajcore.adapters.slot_server.resets import Trash, clean_slot, warm_keeper
 from trajcore.adapters.slot_server.runtime_config import RuntimeConfig
 from trajcore.adapters.slot_server.sandboxes import Sandboxes, prepare_cgroups
 from trajcore.adapters.slot_server.seccomp import SeccompUnavailable, compile_filter
-from trajcore.adapters.slot_server.slot_ids import stage_file, unmapped, unreachable
+from trajcore.adapters.slot_server.slot_ids import stage_file, unmapped
 from trajcore.adapters.slot_server.slot_listing import slot_info
 from trajcore.adapters.slot_server.slot_state import Slot
 from trajcore.adapters.slot_server.snapshots import SnapshotRefused, SnapshotStore
 from trajcore.adapters.slot_server.tool_calls import refused
+from trajcore.adapters.slot_server.tree_owners import require_reachable
 from trajcore.adapters.slot_server.workspace import Workspace
 from trajcore.adapters.slot_server.workspace_overlays import WorkspaceOverlays
 from trajcore.adapters.slot_uid_locks import (
@@ -253,7 +254,7 @@ class SlotRuntime(CallTurns):
                 raise ConfigError(
                     "slot_uid_base", f"{problem}: choose a base inside this namespace's range"
                 )
-            _require_reachable(root / "slots", "root", sandboxes.uid_base, "their workspaces")
+            require_reachable(root / "slots", "root", sandboxes.uid_base, "their workspaces")
         for path in self.config.isolation.system_paths:
             if os.path.islink(path):  # noqa: ASYNC240 - a handful of lstat calls at start
                 sandboxes.symlinks[path] = os.readlink(path)
@@ -333,7 +334,7 @@ class SlotRuntime(CallTurns):
             max_bytes=self.config.snapshot_bytes, owner=owner, overlays=overlays,
         )  # fmt: skip
         if self._sandboxes.uid_base is not None:
-            _require_reachable(cache / "images", "image_cache", self._sandboxes.uid_base, "images")
+            require_reachable(cache / "images", "image_cache", self._sandboxes.uid_base, "images")
 
     async def _slot_helper(self) -> tuple[Path, str]:
         """The slot helper this server runs, and where it came from. Raises ``ConfigError``
@@ -352,11 +353,20 @@ class SlotRuntime(CallTurns):
             ) from None
         return found, "shipped" if found == SHIPPED_SLOT_HELPER else "built at start"
 
+    async def end_exports(self) -> None:
+        """End the engine exports the image cache runs now (their processes by pid, their
+        containers, their staging trees: ``ImageCache.close``) within ``reset_timeout_s``, and
+        refuse new ones: the server is stopping. What is left is logged. Idempotent."""
+        if self.images is not None:
+            for left in await asyncio.to_thread(self.images.close, self.config.reset_timeout_s):
+                _log.warning("the image cache left %s at its close", left)
+
     async def aclose(self) -> None:
         """End every sandbox and pending call. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        await self.end_exports()
         for slot in self._slots:
             for ticket in slot.calls.close():
                 call, answer = slot.answers.pop(ticket.number)
@@ -679,15 +689,3 @@ class SlotRuntime(CallTurns):
         """See ``Workspace.archive``; also raises ``UnknownSlot``."""
         workspace = self.slot(index).workspace
         return await asyncio.to_thread(workspace.archive, path, max_bytes, max_files)
-
-
-def _require_reachable(path: Path, field: str, uid_base: int, what: str) -> None:
-    """Raise ``ConfigError`` (``field``) when the slots, run as uids from ``uid_base``, cannot
-    search every directory down to ``path``, where ``what`` they need lies."""
-    blocked = unreachable(path)
-    if blocked is not None:
-        raise ConfigError(
-            field,
-            f"slots run as uids {uid_base}.. and cannot reach {what} under {path}: "
-            f"{blocked} is not searchable by others",
-        )

@@ -163,6 +163,20 @@ def make_answer(runtime: SlotRuntime, token: str | None) -> Answer:
     return answer
 
 
+@attrs.define
+class _SlotHTTPServer(HTTPServer):
+    """The HTTP server of a slot server: its close ends the image exports that its lease
+    requests wait on (``SlotRuntime.end_exports``) before it lets running handlers finish, so
+    they are answered within the grace instead of exporting on past it."""
+
+    runtime: SlotRuntime | None = None
+
+    async def aclose(self, grace_s: float = 5.0) -> None:
+        if self.runtime is not None:
+            await self.runtime.end_exports()
+        await super().aclose(grace_s)
+
+
 def make_handler(runtime: SlotRuntime, token: str | None) -> Handler:
     """A handler for ``adapters.http1.HTTPServer`` serving ``runtime`` (build the server with
     ``Limits(max_body_bytes=MAX_REQUEST_BYTES)``).
@@ -225,11 +239,14 @@ async def start_http_server(
     """Serve ``runtime`` with ``adapters.http1.HTTPServer`` on ``listen`` (``HOST:PORT``, port 0
     for any free one) or on the Unix socket ``unix`` (replaced if it exists, mode 0600).
 
-    Returns the server (stop it with ``aclose()``) and, for TCP, the bound ``http://host:port``.
+    Returns the server (stop it with ``aclose()``: the image exports running end first, then
+    running handlers have their grace) and, for TCP, the bound ``http://host:port``.
     Raises ``OSError`` when the address cannot be bound, ``ValueError`` for a bad ``listen``.
     """
-    server = HTTPServer(
-        make_handler(runtime, token), limits=Limits(max_body_bytes=MAX_REQUEST_BYTES)
+    server = _SlotHTTPServer(
+        make_handler(runtime, token),
+        limits=Limits(max_body_bytes=MAX_REQUEST_BYTES),
+        runtime=runtime,
     )
     if unix is not None:
         if os.path.lexists(unix):  # noqa: ASYNC240 - once, before serving

@@ -2,7 +2,7 @@
 opening it by path when its lease mounts it, after the cache checked it against the folders it
 is allowed from; a user who could rename an entry on that path in between could put a link to
 any host folder there. ``swappable`` says whether anyone but root and the server's own user
-could."""
+could; ``require_reachable`` that the slots' uids can reach a tree they need."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["swappable"]
+from trajcore.adapters.slot_server.slot_ids import unreachable
+from trajcore.domain.errors import ConfigError
+
+__all__ = ["require_reachable", "swappable"]
 
 
 def swappable(tree: Path) -> str | None:
@@ -39,3 +42,15 @@ def swappable(tree: Path) -> str | None:
                 "above a directory: tree must be writable only by root or the server's user"
             )
     return None
+
+
+def require_reachable(path: Path, field: str, uid_base: int, what: str) -> None:
+    """Raise ``ConfigError`` (``field``) when the slots, run as uids from ``uid_base``, cannot
+    search every directory down to ``path``, where ``what`` they need lies."""
+    blocked = unreachable(path)
+    if blocked is not None:
+        raise ConfigError(
+            field,
+            f"slots run as uids {uid_base}.. and cannot reach {what} under {path}: "
+            f"{blocked} is not searchable by others",
+        )

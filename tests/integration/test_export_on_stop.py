@@ -1,0 +1,134 @@
+"""A slot server stopped (SIGTERM) while an engine's export of an image runs ends the export
+by its pid and removes what it made (its container, its staging tree) before it exits, within
+its deadline; before, the export ran on to its end, or its container stayed until the next
+open of the cache.
+
+The image is large enough that its export is still running when the signal comes: the test
+signals as soon as the export's record appears in the cache's ``staging/`` (before its
+container is even made).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+import subprocess
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_environment_leases import lease
+from tests.integration.test_image_cache import PODMAN, _podman_works
+from tests.integration.test_slot_server import searchable_dir, start_server, stop_server
+from trajcore.adapters.slot_server.image_cache import ImageCache
+from trajcore.adapters.slot_server.image_refusals import SourceUnavailable
+from trajcore.domain.task_environments import parse_environment_ref
+
+IMAGE_BYTES = 96 << 20
+"""What the image holds: enough that its export and unpacking take a while."""
+WAIT_S = 60.0
+"""How long the test waits for a record to appear (never reached when all is well)."""
+
+
+@pytest.fixture(scope="module")
+def large_image() -> Iterator[str]:
+    """A podman image of ``IMAGE_BYTES`` of random data, removed afterwards."""
+    why = _podman_works()
+    if why is not None:
+        pytest.skip(why)
+    with searchable_dir("export-stop") as folder:
+        rootfs = folder / "import.tar"
+        with tarfile.open(rootfs, "w") as tar:
+            for n in range(IMAGE_BYTES >> 20):
+                info = tarfile.TarInfo(f"data/{n}")
+                info.size = 1 << 20
+                tar.addfile(info, io.BytesIO(os.urandom(info.size)))
+        name = f"localhost/trajcore-export-stop:{uuid.uuid4().hex[:12]}"
+        subprocess.run(
+            [*PODMAN, "import", str(rootfs), name], check=True, capture_output=True, timeout=300
+        )
+        rootfs.unlink()
+        try:
+            yield name
+        finally:
+            subprocess.run(
+                [*PODMAN, "rmi", "-f", name], capture_output=True, timeout=120, check=False
+            )
+
+
+def wait_for_export(cache: Path) -> None:
+    """Return once an export's record is in ``cache``'s staging."""
+    deadline = time.monotonic() + WAIT_S
+    while not any(n.startswith("export-") for n in os.listdir(cache / "staging")):
+        assert time.monotonic() < deadline, "no export started"
+        time.sleep(0.002)
+
+
+def containers_of(cache: Path) -> str:
+    done = subprocess.run(
+        [*PODMAN, "ps", "-a", "-q", "--filter", f"label=trajcore.export={cache}"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+def test_a_sigterm_during_an_export_ends_it_and_removes_what_it_made(large_image: str) -> None:
+    with searchable_dir("export-stop-server") as folder:
+        cache = folder / "cache"
+        server = start_server(folder / "root", "--image-cache", str(cache))
+        answers: list[object] = []
+
+        def ask() -> None:
+            try:
+                answers.append(
+                    asyncio.run(lease(server, 0, 1, f"containers-storage:{large_image}"))
+                )
+            except Exception as error:  # noqa: BLE001 - the server may close the connection
+                answers.append(error)
+
+        asker = threading.Thread(target=ask)
+        asker.start()
+        try:
+            wait_for_export(cache)
+            server.process.send_signal(signal.SIGTERM)
+            assert stop_server(server) == 0  # within its deadline, not forced
+        finally:
+            asker.join(WAIT_S)
+        assert not any(isinstance(a, dict) and a.get("ok") for a in answers), answers
+        assert containers_of(cache) == ""
+        assert sorted(os.listdir(cache / "staging")) == []
+        assert sorted(os.listdir(cache / "images")) == []
+
+
+def test_a_caches_close_ends_its_export_which_is_not_remembered_as_a_refusal(
+    tmp_path: Path, large_image: str
+) -> None:
+    cache = ImageCache(tmp_path / "cache", max_bytes=1 << 30)
+    ref = parse_environment_ref(f"containers-storage:{large_image}")
+    failures: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            cache.acquire(ref).close()
+        except BaseException as error:  # noqa: BLE001 - checked below
+            failures.append(error)
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    wait_for_export(tmp_path / "cache")
+    assert cache.close(WAIT_S) == []
+    asker.join(WAIT_S)
+    assert not asker.is_alive()
+    assert [type(error) for error in failures] == [SourceUnavailable], failures
+    assert len(cache.refusals) == 0
+    assert containers_of(tmp_path / "cache") == ""
+    assert sorted(os.listdir(tmp_path / "cache" / "staging")) == []
+    with pytest.raises(SourceUnavailable, match="closing"):
+        cache.acquire(ref)  # no new export once closed
