@@ -44,6 +44,12 @@ not only by the next round; the hooks' own writes (a preparation's uploads) are 
 A directory the walk cannot read (a server that is not root, a mode the
 lease took away) is first given back its owner's rights when it is the server's own; one still
 unreadable ends the lease the same way (fail closed: the budget cannot be proven).
+
+A budget at or below the file-size limit is allowed but said at the server's start
+(``budget_warnings``): the rlimit then never stops a writer before the budget is gone, so one
+file can pass the whole budget before the watcher sees it. It is a warning, not a refusal:
+lowering ``disk_bytes`` alone (below the 1 GiB default file limit) is a sound setting, and the
+lease is still ended at its budget; only the bound on what it writes past it is lost.
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ import attrs
 from trajcore.adapters.slot_server.slot_state import Slot
 from trajcore.domain.isolation import SlotIsolation
 
-__all__ = ["DiskUse", "DiskWatch", "measure_area", "over_budget", "over_for"]
+__all__ = ["DiskUse", "DiskWatch", "budget_warnings", "measure_area", "over_budget", "over_for"]
 
 _log = logging.getLogger(__name__)
 
@@ -205,6 +211,19 @@ def _entries(listing: Iterator[os.DirEntry[str]]) -> Iterator[os.DirEntry[str]]:
         except (StopIteration, OSError):
             return
         yield entry
+
+
+def budget_warnings(isolation: SlotIsolation) -> list[str]:
+    """What in ``isolation``'s disk budget does not do what it seems to (module doc), one line
+    each naming both fields and their values; empty when nothing."""
+    budget, largest = isolation.disk_bytes, isolation.max_file_bytes
+    if budget is None or largest is None or budget > largest:
+        return []
+    return [
+        f"disk_bytes ({budget}) is not above max_file_bytes ({largest}): the file-size limit "
+        "never stops a writer before the disk budget is gone, so one file may pass the whole "
+        "budget before the lease is ended; set max_file_bytes below disk_bytes"
+    ]
 
 
 def over_budget(use: DiskUse, isolation: SlotIsolation) -> str | None:

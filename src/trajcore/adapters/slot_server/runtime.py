@@ -63,7 +63,7 @@ import attrs
 
 from trajcore.adapters.slot_server.call_turns import CallTurns
 from trajcore.adapters.slot_server.capabilities import probe
-from trajcore.adapters.slot_server.disk_budget import DiskWatch
+from trajcore.adapters.slot_server.disk_budget import DiskWatch, budget_warnings
 from trajcore.adapters.slot_server.forks import (
     NEEDS_CACHE,
     freeze_lease,
@@ -241,6 +241,8 @@ class SlotRuntime(CallTurns):
             raise
 
     async def _start(self) -> None:
+        for warning in budget_warnings(self.config.isolation):
+            _log.warning("%s", warning)
         root = self.config.root
         sandboxes = self._sandboxes
         helper, sandboxes.native_origin = await self._slot_helper()  # first: nothing to undo
