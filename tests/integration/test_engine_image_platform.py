@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_environment_leases import lease
-from tests.integration.test_image_cache import PODMAN, _podman_works
 from tests.integration.test_slot_server import searchable_dir, start_server, stop_server
 from tests.integration.test_unrunnable_images import OTHER_ARCHITECTURE
+from tests.podman_images import PODMAN, podman_problem
 from trajcore.adapters.slot_server.image_cache import ImageCache
 from trajcore.adapters.slot_server.image_checks import HOST_ARCHITECTURE
 from trajcore.domain.task_environments import TaskEnvironmentError, parse_environment_ref
@@ -32,7 +32,7 @@ from trajcore.domain.task_environments import TaskEnvironmentError, parse_enviro
 def engine_images() -> Iterator[dict[str, str]]:
     """Images imported into podman's store by the test (the host's, another architecture's,
     another system's), by what they are; removed afterwards."""
-    why = _podman_works()
+    why = podman_problem()
     if why is not None:
         pytest.skip(why)
     with searchable_dir("engine-platform") as folder:

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_environment_leases import lease
-from tests.integration.test_image_cache import PODMAN, _podman_works
 from tests.integration.test_slot_server import searchable_dir, start_server, stop_server
+from tests.podman_images import PODMAN, podman_problem
 from trajcore.adapters.slot_server.image_cache import ImageCache
 from trajcore.adapters.slot_server.image_refusals import SourceUnavailable
 from trajcore.domain.task_environments import parse_environment_ref
@@ -40,7 +40,7 @@ WAIT_S = 60.0
 @pytest.fixture(scope="module")
 def large_image() -> Iterator[str]:
     """A podman image of ``IMAGE_BYTES`` of random data, removed afterwards."""
-    why = _podman_works()
+    why = podman_problem()
     if why is not None:
         pytest.skip(why)
     with searchable_dir("export-stop") as folder:

@@ -25,8 +25,8 @@ import pytest
 from tests.environment_roots import image_problem, write_shell_image
 from tests.image_layouts import Entry, layer_bytes
 from tests.integration.test_environment_leases import lease
-from tests.integration.test_image_cache import PODMAN, _podman_works
 from tests.integration.test_slot_server import Server, searchable_dir, start_server, stop_server
+from tests.podman_images import PODMAN, podman_problem
 from trajcore.adapters.slot_server.image_cache import ImageCache
 from trajcore.adapters.slot_server.image_refusals import SourceUnavailable, source_key
 from trajcore.domain.task_environments import TaskEnvironmentError, parse_environment_ref
@@ -150,7 +150,7 @@ def test_a_source_key_changes_with_any_blob_and_an_engines_image_has_none(tmp_pa
 
 
 def test_an_engine_past_its_deadline_is_not_remembered_as_a_refusal(tmp_path: Path) -> None:
-    why = _podman_works()
+    why = podman_problem()
     if why is not None:
         pytest.skip(why)
     rootfs = tmp_path / "import.tar"
