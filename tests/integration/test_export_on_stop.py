@@ -134,3 +134,56 @@ def test_a_caches_close_ends_its_export_which_is_not_remembered_as_a_refusal(
     assert sorted(os.listdir(tmp_path / "cache" / "staging")) == []
     with pytest.raises(SourceUnavailable, match="closing"):
         cache.acquire(ref)  # no new export once closed
+
+
+def export_process(parent: int) -> int:
+    """The pid of the ``podman export`` that ``parent`` runs, once it runs."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as stat:
+                    up = int(stat.read().rsplit(b")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as command:
+                    words = command.read().split(b"\0")
+            except (OSError, ValueError, IndexError):
+                continue
+            if up == parent and b"export" in words:
+                return int(entry)
+        assert time.monotonic() < deadline, "no export ran"
+        time.sleep(0.002)
+
+
+def test_an_export_cut_short_by_its_engine_is_no_refusal_of_the_image(
+    tmp_path: Path, large_image: str
+) -> None:
+    """``podman export`` sent SIGTERM mid-way (a service manager stopping the engine's users,
+    say) ends with status 0 and a tar stream cut short. The engine writes that stream, not the
+    image: the request fails as a failure of the moment (``SourceUnavailable``), which is not
+    remembered, and the next request exports the image again and gets it."""
+    cache = ImageCache(tmp_path / "cache", max_bytes=1 << 30)
+    ref = parse_environment_ref(f"containers-storage:{large_image}")
+    failures: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            cache.acquire(ref).close()
+        except BaseException as error:  # noqa: BLE001 - checked below
+            failures.append(error)
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    try:
+        os.kill(export_process(os.getpid()), signal.SIGTERM)
+    finally:
+        asker.join(WAIT_S)
+    assert not asker.is_alive()
+    assert [type(error) for error in failures] == [SourceUnavailable], failures
+    assert "no whole tar stream" in str(failures[0]), failures
+    assert len(cache.refusals) == 0
+    with cache.acquire(ref) as use:  # exported again, not refused earlier
+        assert not use.image.hit
+    assert containers_of(tmp_path / "cache") == ""
+    cache.close(WAIT_S)

@@ -571,7 +571,9 @@ def exported(
     given the export's process as soon as it runs (the cache's close kills it by its pid).
 
     Raises:
-        TaskEnvironmentError: the engine failed (its words quoted) or passed the deadline.
+        SourceUnavailable: the engine failed (its words quoted), passed the deadline, was
+            ended, or gave a stream that is not a whole tar (cut short).
+        TaskEnvironmentError: the stream's reader refused what the image holds.
     """
     image = f"{export.engine}:{export.name}"
     program = [export.engine, "--runtime", "runc"] if export.engine == "podman" else [export.engine]
@@ -612,6 +614,13 @@ def exported(
                 ) from error
             if (process.poll() or 0) < 0:  # killed (the cache's close): the stream was cut
                 raise SourceUnavailable(image, f"{export.engine} export was ended") from error
+            if isinstance(error, TaskEnvironmentError) and isinstance(
+                error.__cause__, tarfile.TarError
+            ):  # the engine writes the tar, not the image: one cut short (podman exits 0 on
+                # SIGTERM mid-way) or unreadable says nothing of the image
+                raise SourceUnavailable(
+                    image, f"{export.engine} export gave no whole tar stream: {error.reason}"
+                ) from error
             raise
         finally:
             watchdog.cancel()
