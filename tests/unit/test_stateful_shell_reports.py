@@ -182,3 +182,51 @@ def test_keys_that_end_the_pane_s_shell_are_answered_with_what_became_of_it(shel
     after = run(shell, 'echo "v$V"')
     assert (after["exit"], after["stdout"]) == (0, "v\n"), after
     assert str(after["stderr"]).startswith("[the shell had ended since the last call"), after
+
+
+@pytest.fixture
+def sh_shell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Agent]:
+    """An agent whose PATH holds no bash (as a root of busybox or dash only): its persistent
+    shell is ``/bin/sh``, which has no line editor."""
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    argv = agent_argv(tmp_path)
+    bare = tmp_path / "no-bash"
+    bare.mkdir()
+    monkeypatch.setenv("PATH", str(bare))
+    running = Agent(argv, tmp_path)
+    try:
+        yield running
+        assert running.close() == 0
+    finally:
+        socket_path = tmp_path / "state" / "tmux.sock"
+        if socket_path.exists():
+            subprocess.run(
+                [argv[-1], "-S", str(socket_path), "kill-server"],
+                capture_output=True, timeout=10, check=False,
+            )  # fmt: skip
+
+
+@pytest.mark.parametrize("files", [3, 4])
+def test_an_sh_left_with_too_few_files_is_reported_at_once(sh_shell: Agent, files: int) -> None:
+    """The same in a root without bash: ``/bin/sh`` has no line editor to tell that it is back
+    at its prompt, but it is seen blocked reading its terminal as the terminal's foreground.
+    ``ulimit -n 3`` leaves it unable to create even the command's output files: the reply says
+    why there is no exit status, at once, and the next call runs in a fresh shell."""
+    assert run(sh_shell, "V=kept")["exit"] == 0
+    starved = run(sh_shell, f"ulimit -n {files}; echo ran")
+    assert (starved["timed_out"], starved["exit"], starved["signal"]) == (False, None, None)
+    stderr = str(starved["stderr"])
+    assert f"open-files limit (ulimit -n) is {files}" in stderr, starved
+    after = run(sh_shell, 'echo "v$V"')
+    assert (after["exit"], after["stdout"]) == (0, "v\n"), after
+
+
+def test_an_sh_s_starved_command_still_running_is_waited_for(sh_shell: Agent) -> None:
+    """A starved sh that still runs its command (a program in the foreground, then a loop of
+    builtins in the shell itself) is not taken for one back at its prompt: the reply comes
+    once the command has ended, with all its output (dash cannot write the status at 6)."""
+    waited = run(
+        sh_shell, "ulimit -n 6; sleep 1; i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done; echo $i"
+    )
+    assert (waited["stdout"], waited["timed_out"]) == ("30000\n", False), waited

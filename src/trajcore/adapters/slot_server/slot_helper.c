@@ -1315,6 +1315,31 @@ static bool shell_starved(const shell *sh, long *limit) {
     return *limit >= 0 && *limit < SHELL_FILES_LEAST;
 }
 
+/* Whether an sh (no line editor: shell_tty_raw cannot tell its prompt) waits for keys at its
+ * prompt: its own process leads the terminal's foreground and is blocked reading its standard
+ * input, the terminal, as /proc/PID/syscall shows (a call's command reads /dev/null there, and
+ * a program it runs in the foreground holds the terminal's foreground). False when it cannot be
+ * told (the file is not readable: no tracehook, or no right to trace the shell). */
+static bool shell_reads_terminal(const shell *sh) {
+    char state, path[64], text[256];
+    pid_t parent, session, front = 0;
+    if (sh->pane <= 0 || !process_stat(sh->pane, &state, &parent, &session, &front) ||
+        front != sh->pane || state != 'S')
+        return false;
+    snprintf(path, sizeof path, "/proc/%d/syscall", (int)sh->pane);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t got = read(fd, text, sizeof text - 1);
+    close(fd);
+    if (got <= 0)
+        return false;
+    text[got] = '\0';
+    long number;
+    unsigned long first;
+    return sscanf(text, "%ld 0x%lx", &number, &first) == 2 && number == SYS_read && first == 0;
+}
+
 /* Whether keys typed now reach the shell's line editor (shell_tty_raw) at its prompt
  * (shell_pane). Keys typed before that (while the shell is still on its way from the last
  * command to its prompt) are echoed by the terminal ahead of the prompt, and would stay on the
@@ -1495,8 +1520,9 @@ static bool process_name(pid_t pid, char *name, size_t size) {
 
 /* Wait until the call's status file ``rc`` exists, by ``deadline`` (wait_for_file_or_end:
  * ``*gone`` set when the shell's process ends first), or until the command is seen to have
- * ended without writing it: the shell is back in its line editor at its prompt with too few
- * open files to write the file (shell_starved; ``*files`` set to its limit, else -1), or the
+ * ended without writing it: the shell is back in its line editor at its prompt (an sh without
+ * one: blocked reading its terminal, shell_reads_terminal) with too few open files to write
+ * the file (shell_starved; ``*files`` set to its limit, else -1), or the
  * shell's process was replaced by a program (``exec``; its name into ``program``, ``size``
  * bytes, else left as it was). Only the
  * command can have lowered the limit (a shell starved before the call is replaced before it
@@ -1519,8 +1545,11 @@ static bool shell_wait_for_status(const shell *sh, const char *rc, double deadli
         if (*gone)
             return false;
         long limit;
-        if (shell_tty_raw(sh) == 1 && shell_starved(sh, &limit) &&
-            shell_pane(sh, NULL, 0) == PANE_AT_PROMPT && !exists(rc)) {
+        bool prompt = sh->line_editor
+                          ? shell_tty_raw(sh) == 1 && shell_starved(sh, &limit) &&
+                                shell_pane(sh, NULL, 0) == PANE_AT_PROMPT
+                          : shell_reads_terminal(sh) && shell_starved(sh, &limit);
+        if (prompt && !exists(rc)) {
             *files = limit;
             return false;
         }
