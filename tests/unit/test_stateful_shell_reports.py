@@ -106,6 +106,20 @@ def test_a_starved_shell_s_command_still_running_is_waited_for(shell: Agent) -> 
     assert (waited["exit"], waited["stdout"], waited["timed_out"]) == (0, "30000\n", False), waited
 
 
+def test_a_starved_shell_the_command_runs_in_raw_mode_is_not_taken_for_the_call_s_shell(
+    shell: Agent,
+) -> None:
+    """A command whose foreground program is an sh of its own, which sets the terminal raw and
+    lowers its own open-files limit: the call's shell is not starved, and waits for it, so the
+    call ends with its exit code and its shell (and variables) kept."""
+    assert run(shell, "V=kept")["exit"] == 0
+    inner = "sh -c 'stty raw </dev/tty; ulimit -n 5; sleep 1'; stty sane </dev/tty; echo done"
+    ran = run(shell, inner)
+    assert (ran["exit"], ran["stdout"], ran["timed_out"]) == (0, "done\n", False), ran
+    after = run(shell, 'echo "v$V"')
+    assert (after["exit"], after["stdout"], after["stderr"]) == (0, "vkept\n", ""), after
+
+
 def test_an_agent_without_tmux_answers_with_the_no_tmux_code(tmp_path: Path) -> None:
     """Where the lease's root has no tmux, both shell tools get an error reply whose ``code``
     is ``no_tmux``: what the server decides on, whatever the error's words. A command that

@@ -1284,6 +1284,16 @@ static pane_state shell_pane(const shell *sh, char *program, size_t size) {
  * files nor write its status. */
 enum { SHELL_FILES_LEAST = 7 };
 
+/* The process group in the foreground of the pane's terminal (its leader's pid): the shell at
+ * its prompt, an inner shell started in it, or a program one of them runs; 0 when not known. */
+static pid_t pane_front(const shell *sh) {
+    char state;
+    pid_t parent, session, front = 0;
+    if (sh->pane <= 0 || !process_stat(sh->pane, &state, &parent, &session, &front))
+        return 0;
+    return front > 0 ? front : 0;
+}
+
 /* The soft limit on open files (``ulimit -n``) of the shell that reads the pane's keys (the
  * terminal's foreground process, else the pane's first process), from /proc; -1 when it is not
  * known or unlimited. */
@@ -1315,18 +1325,18 @@ static bool shell_starved(const shell *sh, long *limit) {
     return *limit >= 0 && *limit < SHELL_FILES_LEAST;
 }
 
-/* Whether an sh (no line editor: shell_tty_raw cannot tell its prompt) waits for keys at its
- * prompt: its own process leads the terminal's foreground and is blocked reading its standard
- * input, the terminal, as /proc/PID/syscall shows (a call's command reads /dev/null there, and
+/* Whether an sh (no line editor: shell_tty_raw cannot tell its prompt) that runs a call
+ * (``runner``, its pid) waits for keys at its prompt: it leads the terminal's foreground and is
+ * blocked reading its standard input, the terminal, as /proc/PID/syscall shows (a call's command reads /dev/null there, and
  * a program it runs in the foreground holds the terminal's foreground). False when it cannot be
  * told (the file is not readable: no tracehook, or no right to trace the shell). */
-static bool shell_reads_terminal(const shell *sh) {
+static bool shell_reads_terminal(const shell *sh, pid_t runner) {
     char state, path[64], text[256];
-    pid_t parent, session, front = 0;
-    if (sh->pane <= 0 || !process_stat(sh->pane, &state, &parent, &session, &front) ||
-        front != sh->pane || state != 'S')
+    pid_t parent, session;
+    if (runner <= 0 || pane_front(sh) != runner ||
+        !process_stat(runner, &state, &parent, &session, NULL) || state != 'S')
         return false;
-    snprintf(path, sizeof path, "/proc/%d/syscall", (int)sh->pane);
+    snprintf(path, sizeof path, "/proc/%d/syscall", (int)runner);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return false;
@@ -1520,16 +1530,18 @@ static bool process_name(pid_t pid, char *name, size_t size) {
 
 /* Wait until the call's status file ``rc`` exists, by ``deadline`` (wait_for_file_or_end:
  * ``*gone`` set when the shell's process ends first), or until the command is seen to have
- * ended without writing it: the shell is back in its line editor at its prompt (an sh without
- * one: blocked reading its terminal, shell_reads_terminal) with too few open files to write
- * the file (shell_starved; ``*files`` set to its limit, else -1), or the
- * shell's process was replaced by a program (``exec``; its name into ``program``, ``size``
- * bytes, else left as it was). Only the
- * command can have lowered the limit (a shell starved before the call is replaced before it
- * types), and bash's line editor reads keys again only once the command has ended: a command
- * still running, or a program or shell it started in the foreground, is never taken for that. */
-static bool shell_wait_for_status(const shell *sh, const char *rc, double deadline, bool *gone,
-                                  long *files, char *program, size_t size) {
+ * ended without writing it: ``runner``, the shell the call's keys were typed to (the pane's
+ * foreground then, pane_front; 0: not known), holds the terminal's foreground again, back in
+ * its line editor at its prompt (an sh, which has none: blocked reading its terminal,
+ * shell_reads_terminal), with too few open files to write the file (shell_starved; ``*files``
+ * set to its limit, else -1); or the shell's process was replaced by a program (``exec``; its
+ * name into ``program``, ``size`` bytes, else left as it was). Only the command can have
+ * lowered the limit (a shell starved before the call is replaced before it types), and bash's
+ * line editor reads keys again only once the command has ended: a command still running, or a
+ * program or shell it started in the foreground (another process group), is never taken for
+ * that. */
+static bool shell_wait_for_status(const shell *sh, pid_t runner, const char *rc, double deadline,
+                                  bool *gone, long *files, char *program, size_t size) {
     double pause = 0.001;
     *files = -1;
     while (true) {
@@ -1545,10 +1557,14 @@ static bool shell_wait_for_status(const shell *sh, const char *rc, double deadli
         if (*gone)
             return false;
         long limit;
+        /* the shell that runs the call holds the terminal's foreground again: a program
+         * or an inner shell the command runs (``sh -c 'stty raw; ulimit -n 5; ...'``) is not
+         * that shell, whatever its name, mode and limit */
         bool prompt = sh->line_editor
-                          ? shell_tty_raw(sh) == 1 && shell_starved(sh, &limit) &&
+                          ? runner > 0 && shell_tty_raw(sh) == 1 && pane_front(sh) == runner &&
+                                shell_starved(sh, &limit) &&
                                 shell_pane(sh, NULL, 0) == PANE_AT_PROMPT
-                          : shell_reads_terminal(sh) && shell_starved(sh, &limit);
+                          : shell_reads_terminal(sh, runner) && shell_starved(sh, &limit);
         if (prompt && !exists(rc)) {
             *files = limit;
             return false;
@@ -1666,6 +1682,7 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
         }
         late = state == SHELL_LATE;
         result sent = {0};
+        pid_t runner = late ? 0 : pane_front(sh); /* at its prompt: the shell the keys reach */
         if (!late)
             TMUX(sh, &sent, deadline - monotonic(), "send-keys", "-t", "main", "C-e", "C-u", ";",
                  "send-keys", "-t", "main", "-l", "__run", ";", "send-keys", "-t", "main",
@@ -1679,8 +1696,8 @@ static void shell_run(shell *sh, const char *command, size_t length, double time
             return;
         }
         result_free(&sent);
-        bool found = !late && shell_wait_for_status(sh, rc, deadline, &gone, &starved, execd,
-                                                    sizeof execd);
+        bool found = !late && shell_wait_for_status(sh, runner, rc, deadline, &gone, &starved,
+                                                    execd, sizeof execd);
         late = late || !(found || starved >= 0 || execd[0]);
     }
     bool interrupted = late && shell_interrupt(sh, idle);
