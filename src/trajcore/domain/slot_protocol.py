@@ -93,6 +93,8 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
+"""This set of endpoints and fields. A server refuses a request key it does not know, so a
+field added to a request comes with a new version (a client refuses a server of another one)."""
 MAX_REQUEST_BYTES = 64 << 20
 """The largest request body a slot server accepts (413 beyond it); a pool sends no larger one."""
 

@@ -6,9 +6,10 @@ boolean), bytes carried as base64 text, enums by value. A request (every type in
 know, a misspelt ``snapshott`` say, is refused with the key's path and the fields the request
 takes, never dropped, since a dropped field would run a different request than the one asked
 (a plain lease for a lease from a snapshot). An answer (what a client reads) ignores keys it
-does not know, so that a newer server may add fields without breaking an older client; a
-client checks a server's version (``Health``) before it sends a field an older server lacks.
-Everything malformed is reported as one
+does not know, so that a newer server may add fields without breaking an older client. A
+field added to a request comes with a new ``PROTOCOL_VERSION``: a client refuses a server of
+another version by name at its first health check (``pools/client.py``), before it sends a
+request an older server would refuse. Everything malformed is reported as one
 ``WireError`` whose field is the JSON path of the first fault and whose reason is cattrs' message,
 so a bad request reads ``expected an integer @ $.calls[2].slot``.
 
