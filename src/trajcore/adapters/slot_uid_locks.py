@@ -182,8 +182,12 @@ def _lock(fd: int, command: int, kind: int, first: int, count: int) -> _Flock:
     return _Flock.from_buffer_copy(answer)
 
 
-def reserve(first: int, count: int, *, path: Path | None = None) -> SlotUidReservation:
-    """Hold uids ``first`` to ``first + count - 1`` on this host.
+def reserve(
+    first: int, count: int, *, path: Path | None = None, shared: bool = False
+) -> SlotUidReservation:
+    """Hold uids ``first`` to ``first + count - 1`` on this host; ``shared``: as a read lock,
+    which other read locks over them may share and which any write lock over them is refused
+    (and the other way round): for holders that only need no writer there.
 
     Raises:
         SlotUidsHeld: Another holder has some of them.
@@ -192,7 +196,7 @@ def reserve(first: int, count: int, *, path: Path | None = None) -> SlotUidReser
     where = lock_file() if path is None else path
     fd = _open(where)
     try:
-        _lock(fd, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, first, count)
+        _lock(fd, fcntl.F_OFD_SETLK, fcntl.F_RDLCK if shared else fcntl.F_WRLCK, first, count)
     except OSError as error:
         os.close(fd)
         if error.errno in (errno.EAGAIN, errno.EACCES):  # a conflicting lock

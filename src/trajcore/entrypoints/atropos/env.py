@@ -54,6 +54,7 @@ from trajcore.entrypoints.atropos.services import (
     token_server_for,
     tool_server_for,
 )
+from trajcore.entrypoints.atropos.shard_claims import claim_shard
 from trajcore.entrypoints.atropos.tokenizer_modes import tokenizer_for
 from trajcore.entrypoints.atropos.trainer_api import explained
 from trajcore.entrypoints.atropos_bases import BaseEnv
@@ -167,8 +168,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
 
         Built in when ``dataset`` is set: the dataset's rows (``dict[str, JSON]``, so such an
         env is an ``AgentEnv[dict[str, JSON]]``), in order, cycling. Without ``dataset`` an env
-        must override it (``AgentEnv`` refuses to start otherwise).
-        """
+        must override it (``AgentEnv`` refuses to start otherwise)."""
         if self._dataset is None:
             raise ConfigError("dataset", "set dataset or override get_next_item")
         return cast("ItemT", self._dataset.next_row())
@@ -178,8 +178,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
 
         A string becomes one user message; ``system_prompt`` is put first when set and the task
         has no system message of its own. Built in when ``dataset`` is set: the row's
-        ``prompt_field``. Without ``dataset`` an env must override it.
-        """
+        ``prompt_field``. Without ``dataset`` an env must override it."""
         if self.config.dataset is None or not isinstance(item, dict):
             raise ConfigError("dataset", "set dataset or override build_task")
         return DatasetRows.prompt_of(item, self.config.prompt_field)
@@ -233,8 +232,7 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
         ``infra_error``; any other exception (a bug, an uncaught ``SlotFileError`` from
         ``tools.read_file``) as ``env_error``, with the traceback's last frame. Neither is
         ever a zero: catch what you mean as 0 (a ``SlotFileError`` for a file the model did
-        not write).
-        """
+        not write)."""
 
     async def eval_items(self) -> Sequence[ItemT]:
         """Items the default ``evaluate`` runs, one trajectory each (default: none)."""
@@ -451,6 +449,9 @@ class AgentEnv(BaseEnv, Generic[ItemT, ConfigT_co]):
     async def _run_with_services(self, run: Any) -> None:
         startup.check_wandb(self.config.use_wandb)  # before the wait on the model
         async with contextlib.AsyncExitStack() as stack:  # unwound last to first
+            # serve's rows go to the trainer (docs/deploy.md), process's and evaluate's do not
+            if run not in (super().process_manager, super()._run_evaluate):
+                stack.enter_context(claim_shard(self.config, type(self).__name__))
             stack.push_async_callback(close_server_manager, self.server)
             await self.wait_for_model()
             stack.enter_context(young_gc_threshold(self.config.gc_young_threshold))
