@@ -322,3 +322,37 @@ async def test_a_server_a_lease_used_never_joins_and_a_fresh_one_does(
             await pool.connect(Endpoint("unix", unix_path), "again")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("again was refused" in w and "slot 0:" in w for w in warnings), warnings
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
+async def test_servers_killed_over_a_long_run_leave_no_workspaces_or_sockets_behind() -> None:
+    """A slot server killed mid-lease (an OOM kill) and replaced, three times over: what it kept
+    under the pool's directory (its slots' workspaces, the lease's files, its socket) goes with
+    it, so a long run's replacements do not pile up until the pool closes."""
+    before = running_now()
+    async with LocalSandboxPool(config(containers=1, slots=2)) as pool:
+        run_dir = pool.run_dir
+        assert run_dir is not None
+        groups: set[int] = set()
+        for round_ in range(3):
+            (name,) = pool.container_names()
+            pid = pool.server_pid(name)
+            groups.add(pid)
+            async with pool.lease(f"writer-{round_}") as lease:
+                write = "head -c 200000 /dev/zero > big && mkdir -p a/b && echo x > a/b/c"
+                (wrote,) = await pool.execute(name, [bash(lease, write)])
+                assert wrote.outcome is ToolOutcome.OK, wrote
+                os.kill(pid, signal.SIGKILL)
+                with anyio.fail_after(30):
+                    while pool.restarts < round_ + 1 or pool.container_names() in ([], [name]):  # noqa: ASYNC110 - polls state that has no event
+                        await anyio.sleep(0.02)
+        await wait_statistics(pool, free=2)
+        (name,) = pool.container_names()
+        groups.add(pool.server_pid(name))
+        with anyio.move_on_after(10):
+            while len(list((run_dir / "slots").iterdir())) > 1:  # noqa: ASYNC110 - polls state that has no event
+                await anyio.sleep(0.05)
+        assert [p.name for p in (run_dir / "slots").iterdir()] == [name]
+        assert len(list(run_dir.glob("*.sock"))) == 1
+    await wait_no_leftovers(groups, run_dir, before)

@@ -24,7 +24,9 @@ Rules this module keeps:
   drops its slots (their leases turn stale), its process group is killed, and its supervisor
   starts a replacement under a new container name (``local-0``, ``local-0~1``, ...) whose slots
   join the book fresh. A server that dies on its own is noticed by its supervisor and replaced
-  the same way.
+  the same way. Once the ended server's group is gone, its folder of slots (the workspaces, with
+  whatever its leases left) and its socket are removed, so replacements over a long run do not
+  pile up under the pool's directory until it closes; its log stays until then.
 - Every slot server runs in its own process group (``start_new_session``); stopping one is
   SIGTERM to the group, then SIGKILL to the group after ``stop_timeout_s``. The sandboxes run
   with ``--die-with-parent`` inside that group, so ``aclose`` leaves no child or grandchild.
@@ -102,7 +104,8 @@ class LocalPoolConfig(SupervisedPoolConfig):
 
     Attributes:
         root: Directory for the servers' workspaces; ``None``: inside the pool's private
-            temporary directory (removed on close). A given root is left in place.
+            temporary directory (removed on close). A given root is left in place; each
+            server's folder in it is removed once that server has stopped.
         transport: ``"unix"`` (a socket in the private directory) or ``"tcp"`` (loopback, a
             random bearer token).
         python: The interpreter that runs the slot servers.
@@ -134,12 +137,14 @@ class LocalPoolConfig(SupervisedPoolConfig):
 
 @attrs.define(eq=False)
 class _Process:
-    """One slot server process (its group's leader), its stdout and its log."""
+    """One slot server process (its group's leader), its stdout and its log; ``left``: what it
+    keeps under the pool's directory (its root, its socket), removed once it has stopped."""
 
     name: str
     process: anyio.abc.Process
     stdout: BufferedByteReceiveStream
     log: Path
+    left: tuple[Path, ...] = ()
 
     @property
     def pid(self) -> int:
@@ -225,12 +230,16 @@ class _LocalProcesses:
         self.run_dir = None
         _OPEN.discard(self)
 
+    def _socket(self, index: int) -> Path:
+        assert self.run_dir is not None
+        return self.run_dir / f"{index}-{self._starts}.sock"
+
     def _argv(self, index: int, name: str) -> list[str]:
         assert self.run_dir is not None
         assert self._root is not None
         self._starts += 1
         if self.config.transport == "unix":
-            listen = ["--unix", str(self.run_dir / f"{index}-{self._starts}.sock")]
+            listen = ["--unix", str(self._socket(index))]
         else:
             listen = ["--listen", "127.0.0.1:0", "--token-file", str(self.run_dir / "token")]
         argv = self.config.server_argv(root=self._root / name, listen=listen, index=index)
@@ -238,10 +247,17 @@ class _LocalProcesses:
         # then removes the directory this process could not.
         return [*argv, "--parent-pid", str(os.getpid()), "--parent-dir", str(self.run_dir)]
 
+    def _left(self, index: int, name: str) -> tuple[Path, ...]:
+        """What the server that ``_argv`` just described keeps under the pool's directory."""
+        assert self._root is not None
+        root = self._root / name
+        return (root, self._socket(index)) if self.config.transport == "unix" else (root,)
+
     async def launch(self, index: int, name: str) -> tuple[Endpoint, _Process]:
         assert self.run_dir is not None
         log = self.run_dir / f"{name}.log"
         argv = self._argv(index, name)
+        left = self._left(index, name)
         # each server keeps the pool's reservation of slot uids open: held while one runs
         held = () if self._uids is None else (self._uids.fileno(),)
         with log.open("wb") as log_file:
@@ -252,7 +268,7 @@ class _LocalProcesses:
         assert process.stdout is not None
         self.servers.add(process.pid)
         self._guard.tell(f"+{process.pid}")
-        server = _Process(name, process, BufferedByteReceiveStream(process.stdout), log)
+        server = _Process(name, process, BufferedByteReceiveStream(process.stdout), log, left)
         try:
             try:
                 line = await server.stdout.receive_until(b"\n", 1 << 16)
@@ -290,9 +306,24 @@ class _LocalProcesses:
             _signal_group(handle.pid, signal.SIGKILL)
 
     async def stop(self, handle: _Process) -> None:
+        """Stop the server's group, then remove its root (its slots' workspaces, with whatever
+        a lease it was killed in left there) and its socket: a server that was killed and
+        replaced leaves nothing piling up under the pool's directory over a long run (its log
+        stays, for the pool's messages, and goes with the directory at close)."""
         await _stop_process(handle.process, self.config.stop_timeout_s)
         self.servers.discard(handle.pid)
         self._guard.tell(f"-{handle.pid}")
+        with anyio.CancelScope(shield=True):
+            for path in handle.left:
+                try:
+                    await anyio.to_thread.run_sync(_remove, path)
+                except OSError as error:
+                    warnings.warn(
+                        f"the local pool could not remove {path} of the stopped slot server "
+                        f"{handle.name}: {error}",
+                        ResourceWarning,
+                        stacklevel=1,
+                    )
 
     def abandon(self, grace_s: float) -> None:
         """End every server now and remove the directory, synchronously (see the module doc)."""
@@ -319,6 +350,12 @@ class _LocalProcesses:
 
 
 _REMOVE_TIMEOUT_S = 120.0  # the pool's directory, slot workspaces and all, at close
+
+
+def _remove(path: Path) -> None:
+    remove_tree(path, timeout_s=_REMOVE_TIMEOUT_S)
+
+
 _GUARD_SERVERS_S = 30.0  # a guard whose pool died waits this long for the servers' groups
 _ABANDON_REMOVE_TIMEOUT_S = 10.0  # the same when the process must stop now
 _DEVNULL = -3  # subprocess.DEVNULL, without importing subprocess into the async code
