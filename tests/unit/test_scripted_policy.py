@@ -115,3 +115,18 @@ def test_records_that_are_not_trajectories_are_refused_naming_the_field() -> Non
     with pytest.raises(InvalidInput) as caught:
         Replay.of([{"messages": [{"role": "user", "content": "only a task"}]}])
     assert caught.value.field == "records"
+
+
+async def test_a_script_that_raises_is_a_model_error_naming_it_never_the_infrastructures() -> None:
+    def broken(messages: Sequence[Message]) -> ScriptStep:
+        return [write("ok")][len(messages)]  # IndexError: the script's own bug
+
+    env = FileEnv(_config(group_size=1))
+    async with FakeSandboxPool() as pool:
+        group = await env.run_task("ok", policy=ScriptedPolicy.openai(broken), pool=pool)
+    (member,) = group.members
+    assert member.outcome.status is TrajectoryStatus.MODEL_ERROR
+    detail = member.outcome.detail or ""
+    assert "the model script" in detail, detail
+    assert "broken raised IndexError" in detail, detail
+    assert "test_scripted_policy.py:" in detail, detail

@@ -20,7 +20,10 @@ of the model: a function of the conversation so far that says what the model doe
 
 A step that is not a step, or a replay with no recording for a conversation, is the model
 failing (``InvalidInput``): the trajectory ends as a model error with the reason as its detail.
-Any other exception a script raises is a bug in it, and ends the trajectory as such.
+Any other exception a script raises is a bug in it: the trajectory ends as a model error too,
+its detail naming the script, the exception and where it was raised (``the model script solve
+raised IndexError: ... (at my_env.py:12 in solve)``), as ``trajcore model`` answers it; never
+as the infrastructure's failure.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from trajcore.domain.token_ledger.template import ChatTemplate
 from trajcore.domain.tool_parsers.base import ToolCallParser
 from trajcore.domain.tools import ToolCall, ToolSpec
 from trajcore.ports.tokenizer import Tokenizer
+from trajcore.rollout.hook_failures import env_failure
 from trajcore.rollout.policy import (
     ChatPolicy,
     ModelTurn,
@@ -291,7 +295,15 @@ class _ScriptedSession(SessionWrapper):
     managed: _Managed | None
 
     async def sample(self, messages: Sequence[Message], *, sampling: SamplingParams) -> ModelTurn:
-        turn = chat_turn(self.script(messages), messages)
+        try:
+            step = self.script(messages)
+        except InvalidInput:
+            raise
+        except Exception as error:  # the script's bug: a model error, as ``trajcore model``
+            # answers it (never the infrastructure's)
+            name = getattr(self.script, "__qualname__", type(self.script).__name__)
+            raise InvalidInput("script", env_failure(f"the model script {name}", error)) from error
+        turn = chat_turn(step, messages)
         message = turn.message
         if self.managed is None:
             self.relay.turn = turn
