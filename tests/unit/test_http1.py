@@ -857,3 +857,22 @@ async def test_server_close_waits_for_running_handlers() -> None:
     await client.aclose()
     assert response.body == b"finished"
     assert response.headers.get("connection") == "close"
+
+
+async def test_idle_connections_past_the_idle_timeout_are_closed_under_a_steady_load() -> None:
+    """A burst opens several connections; a steady load after it reuses the newest only: the
+    older ones, idle past the timeout, are closed at the next request, not kept until the
+    client closes."""
+    async with serving(echo_handler) as (port, _):
+        client = HTTPClient(idle_timeout_s=0.3)
+        origin = Origin(host="127.0.0.1", port=port)
+        try:
+            with anyio.fail_after(10):
+                await asyncio.gather(*(client.request("GET", origin, f"/b{i}") for i in range(5)))
+                assert client.statistics().open == 5
+                for i in range(8):  # 0.8 s of one request at a time: the newest reused
+                    await client.request("GET", origin, f"/s{i}")
+                    await asyncio.sleep(0.1)
+                assert client.statistics().open == 1
+        finally:
+            await client.aclose()

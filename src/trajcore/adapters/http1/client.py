@@ -223,6 +223,16 @@ class _Pool:
     )
 
     def take_idle(self, now: float, idle_timeout_s: float) -> _ClientConnection | None:
+        """The most recently used idle connection still fresh, closing the stale ones: those
+        at the bottom too (given back first, so oldest), which a steady load reusing the top
+        would otherwise keep open, with the server's descriptors, until the pool closes."""
+        stale = 0
+        while stale < len(self.idle) and now - self.idle[stale].last_used >= idle_timeout_s:
+            stale += 1
+        if stale:
+            old, self.idle[:stale] = self.idle[:stale], []
+            for conn in old:
+                self.discard(conn)
         while self.idle:
             conn = self.idle.pop()
             if conn.usable() and now - conn.last_used < idle_timeout_s:
