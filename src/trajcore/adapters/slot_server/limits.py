@@ -33,7 +33,9 @@ a cgroup counting its processes it gets no reserve. Before Linux 5.14 the count 
 user, and a server that is not root (every slot under its uid) gets no reserve either.
 
 A slot's cgroup is also a second way to find every process of the slot: ``kill_all`` empties it
-and ``pids`` proves it empty, which reset uses before it wipes the workspace.
+and ``pids`` proves it empty, which reset uses before it wipes the workspace. Its memory cgroup
+counts the processes the kernel's out-of-memory killer ended for the slot's limit
+(``oom_kills``): a command's result says so when that count rose while it ran.
 
 Cost. Making a cgroup (a ``mkdir`` and a few limit files per hierarchy; a memory cgroup is the
 slow one) is kept off the path of a sandbox's start: the runtime makes every slot's cgroup when it
@@ -267,6 +269,27 @@ class SlotCgroup:
             if self.plan.version == 2:
                 with contextlib.suppress(OSError):
                     (memory / "memory.swap.max").write_text("0")
+
+    def oom_kills(self) -> int | None:
+        """How many processes of the slot the kernel's out-of-memory killer has ended, for its
+        memory limit, since its memory cgroup was made: ``oom_kill`` of ``memory.events`` (v2)
+        or ``memory.oom_control`` (v1, Linux 4.13 and later). ``None`` where no memory cgroup
+        bounds the slot or the kernel does not count them. Never raises; a read of one small
+        kernel file, cheap enough for the event loop."""
+        parent = self.plan.memory_parent
+        folder = None if parent is None else parent / self.name
+        if folder is None or folder not in self.dirs:
+            return None
+        events = "memory.events" if self.plan.version == 2 else "memory.oom_control"
+        try:
+            text = (folder / events).read_text()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdecimal():
+                return int(value)
+        return None
 
     def enter_prefix(self) -> list[str]:
         """An argv prefix that moves itself into the cgroup(s), then execs the rest."""

@@ -8,6 +8,12 @@ finds is the tool's answer, ``TOOL_ERROR`` naming the path and what is there (mi
 directory, a FIFO, socket or device, a symlink leading out of the workspace or looping);
 a sandbox that dies mid-call is ``INFRA_ERROR`` (and the lease ends with it: its processes,
 shell and ``/tmp`` are gone, so the next call of that epoch is refused, not run elsewhere).
+
+A command during which the kernel's out-of-memory killer ended processes of the slot (the count
+of its memory cgroup, ``SlotCgroup.oom_kills``, read before the request is sent and after its
+reply, rose) says so in a line after its output, naming the slot's ``memory_bytes``: a shell
+prints only ``Killed``, as for any SIGKILL. Without a memory cgroup nothing counts such kills
+(rlimits make an allocation fail instead), and no line is added.
 """
 
 from __future__ import annotations
@@ -229,13 +235,17 @@ def start_call(
     if isinstance(asked, ToolResult):
         return asked
     sandboxed, root = agent.sandboxed, lease_root(slot)
+    kills = _oom_kills(slot)
 
     def answer(outcome: dict[str, JSON] | AgentLost) -> None:
         if isinstance(outcome, AgentLost):
             done(outcome)
             return
         try:
-            result = agent_result(call, outcome, timeout, sandboxed=sandboxed, root=root)
+            oom = _oom_during(sandboxes, slot, kills)
+            result = agent_result(
+                call, outcome, timeout, sandboxed=sandboxed, root=root, out_of_memory=oom
+            )
         except Exception as error:  # noqa: BLE001 - every call gets a result, whatever failed
             reason = f"slot server fault: {type(error).__name__}: {error}"
             result = failure(call, ToolOutcome.INFRA_ERROR, reason)
@@ -348,12 +358,37 @@ async def _run_command(
         return lease_refusal(call, StaleEpoch(epoch=call.epoch, retired=retired).message)
     slot.agent_epoch = call.epoch
     root = lease_root(slot)  # the slot may hold the next lease by the time the reply is read
+    kills = _oom_kills(slot)
     try:
         reply = await agent.request(payload, timeout + sandboxes.config.agent_grace_s)
     except AgentLost as error:
         await sandboxes.stop_agent(slot)
         return lost_result(slot, call, error)
-    return agent_result(call, reply, timeout, sandboxed=agent.sandboxed, root=root)
+    oom = _oom_during(sandboxes, slot, kills)
+    return agent_result(
+        call, reply, timeout, sandboxed=agent.sandboxed, root=root, out_of_memory=oom
+    )
+
+
+def _oom_kills(slot: Slot) -> int | None:
+    """The out-of-memory kills the slot's memory cgroup counts so far (``None``: none counts)."""
+    return None if slot.cgroup is None else slot.cgroup.oom_kills()
+
+
+def _oom_during(sandboxes: Sandboxes, slot: Slot, before: int | None) -> str | None:
+    """What to tell of the kernel's out-of-memory killer since ``before`` (``_oom_kills`` when
+    the request was sent): a sentence naming the slot's memory limit when it ended processes
+    of the slot meanwhile, else ``None``."""
+    after = _oom_kills(slot)
+    limit = sandboxes.config.isolation.memory_bytes
+    if before is None or after is None or after <= before or limit is None:
+        return None
+    count = after - before
+    who = "a process of the slot was" if count == 1 else f"{count} processes of the slot were"
+    return (
+        f"{who} killed by the kernel's out-of-memory killer: the slot's memory limit of "
+        f"{limit} bytes (memory_bytes) was reached"
+    )
 
 
 def _file_failure(
@@ -447,13 +482,16 @@ def lease_root(slot: Slot) -> str:
 
 
 def agent_result(
-    call: ExecuteCall, reply: dict[str, JSON], timeout: float, *, sandboxed: bool, root: str
-) -> ToolResult:
+    call: ExecuteCall, reply: dict[str, JSON], timeout: float, *, sandboxed: bool, root: str,
+    out_of_memory: str | None = None,
+) -> ToolResult:  # fmt: skip
     """The result of a command from the agent's ``reply`` (checked by ``channel.check_reply``:
     each field present has its type). A stateful tool whose lease's root has no tmux (the
     reply's ``code`` says so, not its text) is ``INFRA_ERROR`` naming that root (``root``,
     from ``lease_root`` when the call was sent): the tool offered cannot run there, whatever
-    the model does, so it is never the model's error."""
+    the model does, so it is never the model's error. ``out_of_memory``: what the kernel's
+    out-of-memory killer did during the call (``_oom_during``), a line in brackets after the
+    output, and part of the ``error`` of a command killed by a signal or timed out."""
     get = reply.get
     exit_code = get("exit")
     exit_code = exit_code if type(exit_code) is int else None
@@ -481,16 +519,21 @@ def agent_result(
         if content and not content.endswith("\n"):
             content += "\n"
         content += f"[stderr]\n{report.stderr}"
+    memory = ""  # what the error of a command killed or timed out adds
+    if out_of_memory is not None:
+        content += f"\n[{out_of_memory}]"
+        memory = f"; {out_of_memory}"
     signal_number = get("signal")
     if report.timed_out:
         reason = f"timed out after {timeout:g} s; {timeout_end(call.tool, signal_number)}"
         return _result(
-            call, ToolOutcome.TIMEOUT, f"{content}\n[{reason}]", error=reason, exec_report=report
-        )
+            call, ToolOutcome.TIMEOUT, f"{content}\n[{reason}]", error=reason + memory,
+            exec_report=report,
+        )  # fmt: skip
     if exit_code is None and type(signal_number) is int:
         reason = f"killed by signal {signal_number}"
         return _result(
-            call, ToolOutcome.TOOL_ERROR, f"{content}\n[{reason}]", error=reason,
+            call, ToolOutcome.TOOL_ERROR, f"{content}\n[{reason}]", error=reason + memory,
             exec_report=report,
         )  # fmt: skip
     if exit_code is None:  # neither a code nor a signal: never a success
