@@ -247,6 +247,8 @@ class SlotCgroup:
     plan: CgroupPlan
     name: str
     dirs: list[Path] = attrs.field(factory=list)
+    # the ``oom_kills`` count told so far (``new_oom_kills``); ``None``: not read yet
+    oom_seen: int | None = None
 
     def create(self, isolation: SlotIsolation) -> None:
         """Make the slot's cgroup(s) and write the isolation's limits; nothing when they exist
@@ -290,6 +292,13 @@ class SlotCgroup:
             if key == "oom_kill" and value.strip().isdecimal():
                 return int(value)
         return None
+
+    def new_oom_kills(self) -> int:
+        """How many ``oom_kills`` came since the count was last read here (0 at the first
+        read, or where nothing counts them), the count then kept as read."""
+        count = self.oom_kills()
+        seen, self.oom_seen = self.oom_seen, count
+        return 0 if count is None or seen is None else max(0, count - seen)
 
     def enter_prefix(self) -> list[str]:
         """An argv prefix that moves itself into the cgroup(s), then execs the rest."""

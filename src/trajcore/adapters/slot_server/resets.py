@@ -388,6 +388,7 @@ async def _prove_empty(slot: Slot) -> str | None:
     for the next lease)."""
     if slot.cgroup is None:
         return None
+    slot.cgroup.oom_seen = None  # the next lease's first call reads the count afresh
     keeper = slot.keeper
     expected = keeper.pids if keeper is not None and keeper.alive() else frozenset()
     extra: list[int] = []
