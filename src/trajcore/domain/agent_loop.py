@@ -297,7 +297,7 @@ class TrajectoryStats:
         stop_reason: Why it finished, or ``None`` while it runs.
         detail: The finish's detail line.
         turns: Assistant turns received.
-        tool_calls: Tool calls whose results came back (parse problems are not calls).
+        tool_calls: Tool calls answered, one cut by a deadline too (parse problems are not calls).
         tool_errors: Those of them that did not end ``OK``, per outcome.
         parse_errors: Malformed calls the model wrote.
         completion_tokens: Completion tokens over all turns.

@@ -59,6 +59,7 @@ adapters are (``trajcore.adapters.tokenizers``, ``trajcore.adapters.mistral``).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -75,6 +76,8 @@ from trajcore.domain.token_ledger.drift import Drift
 from trajcore.domain.token_ledger.ledger import TrainingTokens
 from trajcore.rollout.policy import PolicySession
 
+log = logging.getLogger("trajcore.rollout")
+
 __all__ = [
     "RenderLate",
     "RenderPool",
@@ -82,6 +85,7 @@ __all__ = [
     "Rendered",
     "default_render_threads",
     "render_final",
+    "render_member",
     "shared_render_threads",
 ]
 
@@ -299,3 +303,33 @@ async def render_final(
             f"render_grace_s, {late.timeout_s:.1f} s after it was asked for"
         )
     return rendered, None
+
+
+async def render_member(
+    trajectory_id: str,
+    session: PolicySession | None,
+    messages: Sequence[Message],
+    *,
+    turns: int,
+    drift: bool,
+    max_token_length: int | None,
+    inline_chars: int,
+    threads: RenderThreads,
+    timeout_s: float,
+) -> tuple[Rendered, str | None]:
+    """``render_final`` of trajectory ``trajectory_id``: ``((None, None), None)`` where it took
+    no turn (no ``session``, or ``turns`` 0); a render that did not make it is logged."""
+    if session is None or turns == 0:
+        return (None, None), None
+    rendered, why = await render_final(
+        session,
+        messages,
+        drift=drift,
+        max_token_length=max_token_length,
+        inline_chars=inline_chars,
+        threads=threads,
+        timeout_s=timeout_s,
+    )
+    if why is not None:
+        log.warning("trajectory %s has %s; it is left out of training", trajectory_id, why)
+    return rendered, why

@@ -141,13 +141,9 @@ class ToolRouter:
         results (the slot is busy with them until then anyway) before it ends the turns; its
         deadline is put back after. Results as ``run``'s (none for no calls)."""
         if time_left_s <= 0:  # the model answered past the turns' deadline: nothing starts
-            why = "not run: its turn's time had run out when the model asked for it"
-            return [
-                ToolResult.failure(c, ToolOutcome.TIMEOUT, why)
-                if c.name in self.offered
-                else ToolResult.unknown_tool(c)
-                for c in calls
-            ]
+            return self.unanswered(
+                calls, "not run: its turn's time had run out when the model asked for it"
+            )
         time_left_s = max(time_left_s, _LEAST_CALL_S)
         router = attrs.evolve(
             self, tool_timeout_s=min(self.tool_timeout_s, time_left_s), time_left_s=time_left_s
@@ -160,6 +156,16 @@ class ToolRouter:
             return await router.run(calls)
         finally:
             turns.deadline = deadline
+
+    def unanswered(self, calls: Sequence[ToolCall], why: str) -> list[ToolResult]:
+        """A model's ``calls`` that time ended unrun or unfinished, answered as such: each
+        offered one ``TIMEOUT`` saying ``why``, any other an unknown tool (as ``run`` does)."""
+        return [
+            ToolResult.failure(c, ToolOutcome.TIMEOUT, why)
+            if c.name in self.offered
+            else ToolResult.unknown_tool(c)
+            for c in calls
+        ]
 
     async def _run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         """``run``'s work."""

@@ -67,7 +67,6 @@ released and the ``Cancelled`` exception propagates, as structured concurrency r
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import overload
@@ -121,12 +120,7 @@ from trajcore.rollout.policy import (
     turn_cap,
 )
 from trajcore.rollout.preparation import Prepared, member_lease, unstarted_lease
-from trajcore.rollout.render_threads import (
-    Rendered,
-    RenderThreads,
-    render_final,
-    shared_render_threads,
-)
+from trajcore.rollout.render_threads import RenderThreads, render_member, shared_render_threads
 from trajcore.rollout.tools import SlotTools, ToolRouter, capped
 
 __all__ = [
@@ -137,8 +131,6 @@ __all__ = [
     "Transcript",
     "run_trajectory",
 ]
-
-log = logging.getLogger("trajcore.rollout")
 
 _RESERVE_S = 60.0  # the most a trajectory keeps for scoring by default
 _reserve_seconds = validators.finite_number(None, at_least=0.0, unit="seconds")
@@ -350,6 +342,7 @@ class _Run:
     turns_scope: anyio.CancelScope | None = None  # what ends the turns there (``_turns``)
     sampling_since: float | None = None  # when the model call in flight was sent
     exchanges: list[ToolExchange] = attrs.field(factory=list)
+    cut: tuple[RunTools, int, ToolRouter] | None = None  # a turn's calls running (``_tools``)
     session: PolicySession | None = None
     slot: str | None = None
     score: float | None = None
@@ -394,6 +387,7 @@ async def run_trajectory(
         await _leased(run, env)
     if deadline.cancelled_caught:  # with no score reserve, the turns end here too
         _stalled_model(run, env, "at the trajectory's deadline")
+        _answer_cut(run, "not finished: the trajectory's deadline passed while it ran")
     if deadline.cancelled_caught and not run.loop.finished:
         if LoopEvent.OUT_OF_TIME in run.loop.allowed_events():
             detail = f"the trajectory's deadline of {config.deadline_s:g} s passed"
@@ -488,12 +482,14 @@ async def _turns(run: _Run, env: _Env, router: ToolRouter) -> None:
     if turns.cancelled_caught and LoopEvent.OUT_OF_TIME in run.loop.allowed_events():
         if _stalled_model(run, env, "at the turns' deadline"):
             return
+        _answer_cut(run, "not finished: the turns' deadline passed while it ran")
         config = run.config
         detail = (
             f"the turns' deadline passed (deadline_s={config.deadline_s:g} s less "
             f"score_reserve_s={config.score_reserve:g} s, kept for scoring)"
         )
-        run.loop.out_of_time(now=run.now(), detail=detail)
+        if LoopEvent.OUT_OF_TIME in run.loop.allowed_events():  # not ended by those answers
+            run.loop.out_of_time(now=run.now(), detail=detail)
 
 
 def _stalled_model(run: _Run, env: _Env, when: str) -> bool:
@@ -560,12 +556,34 @@ async def _agent(run: _Run, env: _Env, router: ToolRouter) -> None:
 async def _tools(
     run: _Run, decision: RunTools, router: ToolRouter, session: PolicySession, turn: int
 ) -> CallModel | Finish:
-    """Run the calls of the model's turn number ``turn`` and hand the loop their results."""
+    """Run the calls of the model's turn number ``turn`` and hand the loop their results;
+    the deadline passing first, ``_answer_cut`` answers them."""
+    run.cut = (decision, turn, router)
     if run.config.tool_delay_s > 0:
         await anyio.sleep(run.config.tool_delay_s)
     left = run.turns_end - run.now()  # for the turn's calls, all together
     wait_s = min(1.0, run.config.score_reserve / 2)  # for their results past it, at most
     results = await router.run_turn(decision.calls, left, run.turns_scope, wait_s)
+    run.cut = None
+    next_step = _take(run, decision, results, session, turn)
+    if isinstance(next_step, CallModel) and run.now() >= run.turns_end:  # results past the
+        await anyio.lowlevel.checkpoint()  # turns' deadline: its scope, put back, ends them
+    return next_step
+
+
+def _answer_cut(run: _Run, why: str) -> None:
+    """Answer the calls of the turn the deadline cut in ``_tools``, if any, each ``TIMEOUT``
+    saying ``why`` and counted as the loop's tool calls: every call of the model has its
+    answer in the messages (and the training tokens), whatever ended the turns."""
+    if run.cut is not None and run.session is not None:
+        (decision, turn, router), run.cut = run.cut, None
+        _take(run, decision, router.unanswered(decision.calls, why), run.session, turn)
+
+
+def _take(
+    run: _Run, decision: RunTools, results: list[ToolResult], session: PolicySession, turn: int
+) -> CallModel | Finish:
+    """Record the results and rejections of the model's turn ``turn``; give the loop those."""
     cap = run.config.max_tool_result_chars
     if cap is not None:
         results = [capped(result, cap) for result in results]
@@ -584,8 +602,6 @@ async def _tools(
             return run.loop.env_failed(
                 now=run.now(), detail=f"the tool results cannot be appended: {exc}"
             )
-        if run.now() >= run.turns_end:  # results past the turns' deadline: its scope, put
-            await anyio.lowlevel.checkpoint()  # back, ends the turns here (no model call)
     return next_step
 
 
@@ -632,29 +648,6 @@ async def _score(run: _Run, hooks: TrajectoryHooks, slot_tools: SlotTools) -> No
     run.score = float(score)
 
 
-async def _rendered(
-    run: _Run, policy: Policy, started: float, threads: RenderThreads
-) -> tuple[Rendered, str | None]:
-    """The final render, done by the trajectory's deadline plus the grace, its wait for a
-    render thread included; ``(None, None)`` and why when it did not make it."""
-    session, stats, config = run.session, run.loop.stats(), run.config
-    if session is None or stats.turns == 0:
-        return (None, None), None
-    render_by = started + config.deadline_s + config.render_grace_s  # the group's, too
-    rendered, why = await render_final(
-        session,
-        tuple(run.messages),
-        drift=policy.token_exact and stats.stop_reason is not StopReason.MODEL_ERROR,
-        max_token_length=config.max_token_length,
-        inline_chars=config.render_inline_chars,
-        threads=threads,
-        timeout_s=render_by - run.now(),
-    )
-    if why is not None:
-        log.warning("trajectory %s has %s; it is left out of training", run.trajectory_id, why)
-    return rendered, why
-
-
 async def _result(
     run: _Run, policy: Policy, started: float, threads: RenderThreads
 ) -> TrajectoryResult:
@@ -669,7 +662,14 @@ async def _result(
     if stats.needs_score and run.score is None and run.score_failure is None:
         run.score_failure = "scoring did not finish before the trajectory deadline"
         run.score_failure_status = TrajectoryStatus.INFRA_ERROR
-    (tokens, drift), unrendered = await _rendered(run, policy, started, threads)
+    config = run.config
+    (tokens, drift), unrendered = await render_member(
+        run.trajectory_id, run.session, tuple(run.messages), turns=stats.turns,
+        drift=policy.token_exact and stats.stop_reason is not StopReason.MODEL_ERROR,
+        max_token_length=config.max_token_length, inline_chars=config.render_inline_chars,
+        threads=threads,  # by the deadline plus the grace, the group's too
+        timeout_s=started + config.deadline_s + config.render_grace_s - run.now(),
+    )  # fmt: skip
     # training data only where a sampled token is left to train on: a member cut to
     # max_token_length before its first completion token is left out as having no tokens
     trainable = tokens is not None and tokens.completion_tokens > 0
