@@ -51,6 +51,7 @@ class Shard:
     dataset: str
     rollout_server_url: str
     dataset_split: str = "train"
+    wandb_name: str | None = "shard_env"  # (as ``_serve`` gives it)
 
 
 @contextmanager
@@ -154,9 +155,13 @@ def test_a_second_process_on_a_taken_shard_or_another_k_is_refused_naming_datase
         shutil.rmtree(scratch, ignore_errors=True)
 
     reasons = {
-        "0/2": "0/2: another process of ShardEnv against " + url + " on this host serves this "
+        "0/2": "0/2: another process of ShardEnv 'shard_env' against "
+        + url
+        + " on this host serves this "
         "shard already; give each process its own I (0 to 1) @ dataset_shard",
-        "1/3": "1/3: another process of ShardEnv against " + url + " on this host serves the "
+        "1/3": "1/3: another process of ShardEnv 'shard_env' against "
+        + url
+        + " on this host serves the "
         "dataset in shards of another K (their rows would overlap); give every process the "
         "same K @ dataset_shard",
     }

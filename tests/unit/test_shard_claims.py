@@ -32,6 +32,7 @@ class Run:
     dataset: str | None = "rows.jsonl"
     dataset_split: str = "train"
     rollout_server_url: str = "http://127.0.0.1:8000"
+    wandb_name: str | None = None
 
 
 @pytest.fixture(autouse=True)
@@ -96,6 +97,20 @@ def test_runs_that_differ_in_api_dataset_or_split_do_not_meet(apart: Run) -> Non
         pass
     with claim_shard(Run(dataset_shard="0/2"), ENV), claim_shard(Run(dataset_shard="0/2"), "Other"):
         pass
+
+
+def test_two_envs_of_one_class_registered_under_two_names_do_not_meet() -> None:
+    """One env class run as two envs of the trainer (``wandb_name``, the name each registers
+    under) may serve the same rows to each; processes of one of them still meet."""
+    easy, hard = (
+        Run(dataset_shard="0/2", wandb_name="easy"),
+        Run(dataset_shard="0/2", wandb_name="hard"),
+    )
+    with claim_shard(easy, ENV), claim_shard(hard, ENV):
+        with pytest.raises(ConfigError) as caught:  # noqa: SIM117 (the claim raises)
+            with claim_shard(easy, ENV):
+                pass
+        assert "another process of ShardEnv 'easy' against" in str(caught.value)
 
 
 @pytest.mark.parametrize("shard", ["2/2", "0/0", "5/3", f"0/{MAX_SHARDS + 1}", "x/2"])

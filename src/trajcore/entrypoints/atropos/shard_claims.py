@@ -2,16 +2,18 @@
 
 K env processes of one env share its dataset by ``dataset_shard`` ``I/K`` (docs/deploy.md,
 "Several env processes of one env"): each takes rows ``I``, ``I+K``, ... Two of them given the
-same ``I/K``, or two ``K`` that differ (``0/2`` beside ``1/3`` both take row 3), would send the
+same ``I/K``, or two ``K`` that differ (``0/2`` beside ``1/3`` both take row 4), would send the
 trainer the same rows twice, and nothing else would notice. So a ``serve`` run with a
 ``dataset_shard`` claims its shard on the host before it waits on anything, and holds the claim
 until it ends (``process`` and ``evaluate`` send the trainer no row and claim nothing):
 
-- **One file per run of the env**: its name is a digest of the env's class name, the trainer's
-  API (``rollout_server_url``), the ``dataset`` and its split, so two runs that share none of
-  them never meet. It lies beside the host's slot uid reservations
-  (``slot_uid_locks.lock_file()``'s folder, ``/run/trajcore`` by default) when run as root, else
-  in ``$XDG_RUNTIME_DIR/trajcore`` (else ``$TMPDIR/trajcore-UID``), and is checked as they are.
+- **One file per run of the env**: its name is a digest of the env's class name, the name it
+  registers with the trainer under (``wandb_name``: one class may run as two envs of a run,
+  each free to serve the same rows), the trainer's API (``rollout_server_url``), the
+  ``dataset`` and its split, so two runs that differ in any of them never meet. It lies
+  beside the host's slot uid reservations (``slot_uid_locks.lock_file()``'s folder,
+  ``/run/trajcore`` by default) when run as root, else in ``$XDG_RUNTIME_DIR/trajcore`` (else
+  ``$TMPDIR/trajcore-UID``), and is checked as they are.
 - **Byte ``T(K-1) + I`` stands for shard ``I/K``** (``T(n) = n(n+1)/2``, so every ``K`` has its
   own ``K`` bytes, and the ``K`` s below and above it lie before and after them). A claim holds
   a read lock over every other ``K``'s bytes, then a write lock over its own byte: a second
@@ -71,6 +73,8 @@ class ShardedRun(Protocol):
     def dataset_shard(self) -> str | None: ...
     @property
     def rollout_server_url(self) -> str: ...
+    @property
+    def wandb_name(self) -> str | None: ...
 
 
 def claim_file(config: ShardedRun, env_name: str) -> Path:
@@ -79,6 +83,8 @@ def claim_file(config: ShardedRun, env_name: str) -> Path:
     if dataset and Path(dataset).exists():
         dataset = str(Path(dataset).resolve())
     key = json.dumps([env_name, config.rollout_server_url, dataset, config.dataset_split])
+    if config.wandb_name is not None:  # (files of runs without one keep their names)
+        key = json.dumps([key, config.wandb_name])
     name = f"shards-{hashlib.sha256(key.encode()).hexdigest()[:24]}"
     if os.geteuid() == 0:
         return lock_file().parent / name
@@ -130,7 +136,8 @@ def _claim(held: ExitStack, config: ShardedRun, env_name: str, index: int, count
         SlotUidLockError: the file cannot be used, or was replaced ``_TRIES`` times.
     """
     path = claim_file(config, env_name)
-    where = f"{env_name} against {config.rollout_server_url} on this host"
+    named = "" if config.wandb_name is None else f" {config.wandb_name!r}"
+    where = f"{env_name}{named} against {config.rollout_server_url} on this host"
     for _ in range(_TRIES):
         with ExitStack() as attempt:
             locks = _lock_shard(attempt, path, index=index, count=count, where=where)
