@@ -104,8 +104,11 @@ class LocalPoolConfig(SupervisedPoolConfig):
 
     Attributes:
         root: Directory for the servers' workspaces; ``None``: inside the pool's private
-            temporary directory (removed on close). A given root is left in place; each
-            server's folder in it is removed once that server has stopped.
+            temporary directory (removed on close). A given root is left in place: the pool
+            works in a folder of its own inside it (``trajcore-pool-*``, so that two pools
+            given one root, two env processes started with one config, never share a server's
+            folder nor remove another's), each server's folder in it removed once that server
+            has stopped, and the pool's own at close.
         transport: ``"unix"`` (a socket in the private directory) or ``"tcp"`` (loopback, a
             random bearer token).
         python: The interpreter that runs the slot servers.
@@ -193,6 +196,8 @@ class _LocalProcesses:
         _OPEN.add(self)
         stack.push_async_callback(self._remove_run_dir, run_dir)
         self._prepare(run_dir)
+        if self.config.root is not None:  # the pool's own folder in the given root
+            stack.push_async_callback(self._remove_own_root)
         await self._start_guard(run_dir)
 
     async def _start_guard(self, run_dir: Path) -> None:
@@ -205,13 +210,31 @@ class _LocalProcesses:
         # Searchable, not listable: a server run as root runs its slots as other uids, which
         # must reach their workspaces below it; the token file stays the owner's alone (0600).
         run_dir.chmod(0o711)
-        self._root = self.config.root or run_dir / "slots"
-        self._root.mkdir(parents=True, exist_ok=True)
+        if self.config.root is None:
+            self._root = run_dir / "slots"
+            self._root.mkdir(parents=True, exist_ok=True)
+        else:
+            self.config.root.mkdir(parents=True, exist_ok=True)
+            self._root = Path(tempfile.mkdtemp(prefix="trajcore-pool-", dir=self.config.root))
+            self._root.chmod(0o711)
         if self.config.transport == "tcp":
             self._token = secrets.token_urlsafe(24)
             token_file = run_dir / "token"
             token_file.write_text(self._token, encoding="utf-8")
             token_file.chmod(0o600)
+
+    async def _remove_own_root(self) -> None:
+        """The pool's folder in a given root, once its servers stopped (``LocalPoolConfig``)."""
+        assert self._root is not None
+        with anyio.CancelScope(shield=True):
+            try:
+                await anyio.to_thread.run_sync(_remove, self._root)
+            except OSError as error:
+                warnings.warn(
+                    f"the local pool could not remove its folder {self._root}: {error}",
+                    ResourceWarning,
+                    stacklevel=1,
+                )
 
     async def _remove_run_dir(self, run_dir: Path) -> None:
         with anyio.CancelScope(shield=True):
@@ -340,6 +363,9 @@ class _LocalProcesses:
         for pid in groups:
             _signal_group(pid, signal.SIGKILL)
         self.servers.clear()
+        if self.config.root is not None and self._root is not None:
+            with contextlib.suppress(OSError):
+                remove_tree(self._root, timeout_s=_ABANDON_REMOVE_TIMEOUT_S)
         if self.run_dir is not None:
             with contextlib.suppress(OSError):
                 remove_tree(self.run_dir, timeout_s=_ABANDON_REMOVE_TIMEOUT_S)
