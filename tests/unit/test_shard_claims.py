@@ -19,7 +19,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from trajcore.adapters.slot_uid_locks import LOCK_FILE_ENV
+from trajcore.adapters.slot_uid_locks import LOCK_FILE_ENV, reserve
 from trajcore.domain.errors import ConfigError
 from trajcore.entrypoints.atropos.shard_claims import MAX_SHARDS, claim_file, claim_shard
 
@@ -169,3 +169,24 @@ def test_an_unusable_claim_folder_is_warned_about_and_the_run_goes_on(
     with caplog.at_level(logging.WARNING), claim_shard(Run(dataset_shard="0/2"), ENV):
         pass
     assert "dataset_shard 0/2: cannot check that no other process serves it" in caplog.text
+
+
+def test_a_claim_file_being_removed_is_never_taken_for_another_processs_shards(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The last claim to end removes the file under a write lock over all of it: a claim that
+    meets that lock (the removal's moment) is not refused as a conflict with shards served; it
+    takes its locks again (here the removal never ends: it gives up with a warning)."""
+    path = claim_file(Run(dataset_shard="0/2"), ENV)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    every_shard = MAX_SHARDS * (MAX_SHARDS + 1) // 2  # the bytes of every I/K, and the next
+    removing = reserve(0, every_shard + 1, path=path)  # as the last claim's end holds
+    try:
+        with caplog.at_level(logging.WARNING), claim_shard(Run(dataset_shard="0/2"), ENV):
+            pass
+    finally:
+        removing.release()
+    assert "dataset_shard 0/2: cannot check that no other process serves it" in caplog.text
+    assert "was being removed" in caplog.text
+    with claim_shard(Run(dataset_shard="0/2"), ENV):  # the removal over, claims as ever
+        pass

@@ -22,8 +22,11 @@ until it ends (``process`` and ``evaluate`` send the trainer no row and claim no
   Each is a ``ConfigError`` at ``dataset_shard`` saying which.
 - The locks are open-file-description locks (``slot_uid_locks.reserve``): the kernel drops them
   however the process ends, so a killed process's shard is free for its restart at once. The
-  last claim to end removes the file (under a write lock over all of it; a claim that finds its
-  file gone or replaced after taking its locks takes them again in the new one). A killed last
+  last claim to end removes the file (under a write lock over all of it and byte ``T(MAX)``
+  past it; a claim that finds its file gone or replaced after taking its locks takes them again
+  in the new one). A claim first holds a read lock over that byte, so that a removal cannot
+  start while it takes its locks, and one under way is not taken for a shard served: the claim
+  takes its locks again a moment later. A killed last
   claim leaves its empty file, which the next claim of that run reuses and removes.
 - A claim file that cannot be used (a folder of another user, no room) is warned about, naming
   why, and the run goes on unchecked. Processes on other hosts are not seen.
@@ -36,6 +39,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -55,11 +59,18 @@ __all__ = ["MAX_SHARDS", "ShardedRun", "claim_file", "claim_shard"]
 log = logging.getLogger("trajcore.env")
 
 MAX_SHARDS = 65536
-"""The largest ``K`` a claim can stand for (its bytes end below 2**31)."""
+"""The largest ``K`` a claim can stand for (its bytes, and the gate past them, end below 2**32)."""
 _SPAN = MAX_SHARDS * (MAX_SHARDS + 1) // 2
 """The bytes of every shard of every ``K``."""
 _TRIES = 5
 """How often a claim takes its locks again when the file was removed meanwhile."""
+_REMOVAL_PAUSE_S = 0.01
+"""How long a claim that met a removal under way waits before it takes its locks again (the
+removal holds its lock over a ``stat`` and an ``unlink``)."""
+
+
+class _Removing(Exception):
+    """The last claim's end holds the whole file: it is being removed."""
 
 
 class ShardedRun(Protocol):
@@ -138,14 +149,21 @@ def _claim(held: ExitStack, config: ShardedRun, env_name: str, index: int, count
     path = claim_file(config, env_name)
     named = "" if config.wandb_name is None else f" {config.wandb_name!r}"
     where = f"{env_name}{named} against {config.rollout_server_url} on this host"
+    removing = 0
     for _ in range(_TRIES):
         with ExitStack() as attempt:
-            locks = _lock_shard(attempt, path, index=index, count=count, where=where)
+            try:
+                locks = _lock_shard(attempt, path, index=index, count=count, where=where)
+            except _Removing:
+                removing += 1
+                time.sleep(_REMOVAL_PAUSE_S)
+                continue
             if all(_current(lock, path) for lock in locks):
                 held.callback(_remove_unheld, path)  # runs after the locks' releases
                 held.push(attempt.pop_all())
                 return
-    raise SlotUidLockError(f"{path} was removed or replaced {_TRIES} times while claiming")
+    why = f" ({removing} times it was being removed)" if removing else ""
+    raise SlotUidLockError(f"{path} was removed or replaced {_TRIES} times while claiming{why}")
 
 
 def _lock_shard(
@@ -154,6 +172,11 @@ def _lock_shard(
     own = _triangle(count - 1)
     shard = f"{index}/{count}"
     locks: list[SlotUidReservation] = []
+    try:  # the gate: no removal starts while this claim takes its locks (module docstring)
+        locks.append(reserve(_SPAN, 1, path=path, shared=True))
+        attempt.callback(locks[-1].release)
+    except SlotUidsHeld:
+        raise _Removing from None
     try:
         for first, length in ((0, own), (own + count, _SPAN - own - count)):
             if length > 0:
@@ -191,7 +214,7 @@ def _remove_unheld(path: Path) -> None:
     """Remove the claim file when no claim holds any of it: under a write lock over all of it,
     so that a claim taken in it meanwhile sees it gone (``_current``) and takes a new one."""
     try:
-        whole = reserve(0, _SPAN, path=path)
+        whole = reserve(0, _SPAN + 1, path=path)  # every shard's byte, and the gate
     except (SlotUidsHeld, SlotUidLockError):
         return  # another claim holds some of it: the last one removes it
     try:
