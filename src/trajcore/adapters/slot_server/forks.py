@@ -17,7 +17,7 @@ from pathlib import Path
 
 from trajcore.adapters.removal import remove_tree
 from trajcore.adapters.slot_server.sandboxes import Sandboxes
-from trajcore.adapters.slot_server.slot_state import Slot
+from trajcore.adapters.slot_server.slot_state import Slot, lease_request_problem
 from trajcore.adapters.slot_server.snapshots import Snapshot, SnapshotRefused, SnapshotStore
 from trajcore.domain.errors import UnknownSlot
 from trajcore.domain.slot_calls import StaleEpoch
@@ -72,6 +72,11 @@ async def freeze_lease(
     lease over it, whose workspace is then an overlay over the snapshot's (its reset is a
     fork's). The slot's calls wait for the freezing (as for a warming lease). Raises
     ``SnapshotRefused``; the lease's files are then as they were."""
+    if slot.image is not None:  # its lease over the snapshot must fit the keeper's request
+        below = store.root / ("0" * 32) / "root"  # as long as the snapshot's layer's path
+        oversized = lease_request_problem(slot.image.image, (below, *(slot.frozen() or ())))
+        if oversized is not None:
+            raise SnapshotRefused("snapshot", f"no lease could start from it: {oversized}")
     await sandboxes.stop_agent(slot)
     found = problem()  # what changed while the lease ended
     if found is not None:
@@ -147,6 +152,8 @@ async def start_many(
             raise SnapshotRefused(
                 "environment", f"snapshot {wanted} was taken over {found.image.ref}, not {asked}"
             )
+        oversized = lease_request_problem(found.image, found.layers)  # the keeper's limit
+        common = None if oversized is None else ("environment", oversized)
     except SnapshotRefused as error:
         common = error.field, error.reason
     except TaskEnvironmentError as error:

@@ -84,7 +84,7 @@ from trajcore.adapters.slot_server.sandboxes import Sandboxes, prepare_cgroups
 from trajcore.adapters.slot_server.seccomp import SeccompUnavailable, compile_filter
 from trajcore.adapters.slot_server.slot_ids import stage_file, unmapped
 from trajcore.adapters.slot_server.slot_listing import slot_info
-from trajcore.adapters.slot_server.slot_state import Slot
+from trajcore.adapters.slot_server.slot_state import Slot, lease_request_problem
 from trajcore.adapters.slot_server.snapshots import SnapshotRefused, SnapshotStore
 from trajcore.adapters.slot_server.tool_calls import refused
 from trajcore.adapters.slot_server.tree_owners import require_reachable
@@ -489,6 +489,7 @@ class SlotRuntime(CallTurns):
             named = environment in str(error)
             return refused("environment", said if named else f"image {environment}: {said}")
         problem = self._lease_problem(slot, epoch)  # what changed while the image was made
+        unrunnable = unrunnable or lease_request_problem(use.image)  # the keeper's limit
         if problem is not None or unrunnable is not None:
             use.close()
             return refused(*(problem or ("environment", str(unrunnable))))

@@ -569,6 +569,9 @@ class Sandboxes:
         Raises ``_ReadiedEnded`` when a readied process took it and died or hung before
         greeting, else ``AgentLost``. A failed lease is ended here, never through
         ``stop_agent``, which waits for the slot's warming lease: this may be that lease."""
+        oversized = slot.lease_op_problem()  # never sent: the keeper would refuse it whole
+        if oversized is not None:
+            raise AgentLost(oversized)
         keeper = await self.ensure_keeper(slot)
         op = slot.lease_op()
         root = None if slot.image is None else op

@@ -16,7 +16,7 @@ from pathlib import Path
 import attrs
 
 from trajcore.adapters.slot_server.channel import Agent, Keeper
-from trajcore.adapters.slot_server.image_cache import ImageUse
+from trajcore.adapters.slot_server.image_cache import CachedImage, ImageUse
 from trajcore.adapters.slot_server.limits import SlotCgroup
 from trajcore.adapters.slot_server.snapshots import SnapshotUse
 from trajcore.adapters.slot_server.workspace import Workspace
@@ -24,7 +24,11 @@ from trajcore.domain.slot_calls import SlotCalls
 from trajcore.domain.slot_protocol import ExecuteCall
 from trajcore.domain.tools import ToolResult
 
-__all__ = ["Slot", "sandbox_pid"]
+__all__ = ["REQUEST_MAX", "Slot", "lease_request", "lease_request_problem", "sandbox_pid"]
+
+REQUEST_MAX = 96 * 1024
+"""slot_helper.c's ``REQUEST_MAX``: the keeper refuses whole a request of this many bytes or
+more (its buffer keeps one byte for a NUL), so a lease's request must stay below it."""
 
 
 @attrs.define(eq=False)
@@ -117,9 +121,44 @@ class Slot:
         ``lease-image`` (``lease-fork`` from a snapshot) NUL its ``layers``, NUL-separated, then,
         where the image's config sets variables, an empty field and its ``Env`` entries,
         NUL-separated (the keeper applies them: docs/sandbox.md)."""
-        kind = "lease" if self.image is None else "lease-fork" if self.snapshot else "lease-image"
-        env = () if self.image is None or not self.image.image.env else ("", *self.image.image.env)
-        return "\0".join((kind, *map(str, self.layers()), *env))
+        if self.image is None:
+            return "lease"
+        return lease_request(self.image.image, self.frozen())
+
+    def frozen(self) -> tuple[Path, ...] | None:
+        """The frozen layers of the slot's snapshot, top first (``None``: not a fork)."""
+        return None if self.snapshot is None else self.snapshot.layers
+
+    def lease_op_problem(self) -> str | None:
+        """Why the keeper would refuse ``lease_op`` (``lease_request_problem``), if it would."""
+        return (
+            None if self.image is None else lease_request_problem(self.image.image, self.frozen())
+        )
+
+
+def lease_request(image: CachedImage, frozen: tuple[Path, ...] | None = None) -> str:
+    """The keeper's request for a lease over ``image`` (``Slot.lease_op``): ``lease-image``, or
+    ``lease-fork`` over a snapshot's ``frozen`` layers (top first), stacked on its tree."""
+    kind, layers = ("lease-image", ()) if frozen is None else ("lease-fork", frozen)
+    env = ("", *image.env) if image.env else ()
+    return "\0".join((kind, *map(str, (*layers, image.rootfs)), *env))
+
+
+def lease_request_problem(image: CachedImage, frozen: tuple[Path, ...] | None = None) -> str | None:
+    """Why the keeper would refuse the request of a lease over ``image`` (``lease_request``):
+    it is ``REQUEST_MAX`` bytes or more, what makes it so named; ``None`` when it fits."""
+    size = len(lease_request(image, frozen).encode("utf-8", "surrogateescape"))
+    if size < REQUEST_MAX:
+        return None
+    env = sum(len(entry.encode("utf-8", "surrogateescape")) + 1 for entry in image.env)
+    layers = 1 + len(frozen or ())
+    return (
+        f"image {image.ref}: a lease over it needs a request of {size} bytes to the slot's "
+        f"keeper, over its limit of {REQUEST_MAX - 1} bytes: the image's Env holds "
+        f"{len(image.env)} variables ({env} bytes) and the lease runs over {layers} "
+        f"layer{'s' if layers != 1 else ''} (their paths {size - env} bytes with the request's "
+        "head)"
+    )
 
 
 def sandbox_pid(slot: Slot) -> int | None:
