@@ -13,7 +13,14 @@ for a hook that raised:
 Either way the detail names the hook's innermost frame in the env's code (``file:line in
 function``), read from the traceback the cancellation left: the frames outside trajcore, the
 standard library and installed packages, else outside trajcore and the standard library.
-Neither is ever a score. These functions never raise and do no I/O.
+Neither is ever a score.
+
+With no score reserve (``score_reserve_s`` 0), a member whose turns ran out of time ran them to
+the trajectory's deadline itself: its score hook had no time at all, whether it never started
+or was ended at its first wait. That is the env's setting, not a failure of the slot or of the
+hook's code: the member fails as ``env_error`` with a detail naming ``score_reserve_s``, never
+as ``infra_error`` (which the run counts as an outage). These functions never raise and do
+no I/O.
 """
 
 from __future__ import annotations
@@ -24,10 +31,12 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
+from trajcore.domain.agent_loop import StopReason
 from trajcore.domain.groups import TrajectoryStatus
 
-__all__ = ["unfinished_hook"]
+__all__ = ["unfinished_hook", "unscored"]
 
 _TRAJCORE = str(Path(__file__).resolve().parents[1]) + os.sep  # the trajcore package
 _STDLIB = tuple(
@@ -72,3 +81,38 @@ def unfinished_hook(
         f"{said}: it was waiting in the env's own code, on no call of its tools{at}",
         TrajectoryStatus.ENV_ERROR,
     )
+
+
+class _Deadlines(Protocol):
+    """A trajectory's deadline and the part of it kept for scoring (``RolloutConfig``'s)."""
+
+    @property
+    def deadline_s(self) -> float: ...
+
+    @property
+    def score_reserve(self) -> float: ...
+
+
+def unscored(
+    config: _Deadlines, stop: StopReason | None, hook: tuple[str, TrajectoryStatus] | None
+) -> tuple[str, TrajectoryStatus]:
+    """The detail and status of a member to score that the trajectory's deadline left
+    unscored: ``stop``, how its loop ended when the turns' deadline ended it or the score hook
+    never started, else ``None``; ``hook``, what ``unfinished_hook`` said of its score hook,
+    ``None`` when it never started.
+
+    With no score reserve, turns ended as ``time_budget`` there ran to the trajectory's
+    deadline: the env's setting left the hook no time, so ``env_error`` saying so, whatever
+    the hook waited on. Else the hook's own, or ``infra_error`` when it never started.
+    """
+    if config.score_reserve == 0 and stop is StopReason.TIME_BUDGET:
+        return (
+            f"the score hook had no time: the turns ran to the trajectory's deadline "
+            f"(deadline_s={config.deadline_s:g} s) and score_reserve_s is 0, which keeps none "
+            f"of it for scoring (set score_reserve_s above 0 to score members that run out of "
+            f"time)",
+            TrajectoryStatus.ENV_ERROR,
+        )
+    if hook is not None:
+        return hook
+    return "scoring did not finish before the trajectory deadline", TrajectoryStatus.INFRA_ERROR

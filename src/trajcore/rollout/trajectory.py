@@ -28,9 +28,10 @@ The decisions are the domain ``AgentLoop``'s; this module performs them. Its pro
   the score hook runs in the lease with at least the reserve left, unless a model call was
   in flight that ``model_stalled`` calls the server's failure (every server unhealthy, or a
   request past its timeout being retried): that is ``model_error``, as it is when such a call
-  meets the slot's idle limit (``IdleLimitExceeded``); a member that finished
-  earlier has all the time left. At ``deadline_s`` a prepare or score hook fails the member
-  as where it waited says (``rollout.hook_deadline``); a wait for a slot, as ``infra_error``.
+  meets the slot's idle limit (``IdleLimitExceeded``); a member that finished earlier has all
+  the time left. At ``deadline_s`` a prepare or score hook fails the member as where it waited
+  says, a score hook a reserve of 0 left no time as ``env_error`` naming ``score_reserve_s``
+  (``rollout.hook_deadline``); a wait for a slot, as ``infra_error``.
 - **The final render off the loop, with a deadline.** The training tokens (OpenAI mode's
   re-render of the whole conversation, managed mode's export) and managed mode's drift
   re-render are computed in a worker thread of ``RenderThreads`` (at most so many at once, in
@@ -104,7 +105,7 @@ from trajcore.domain.tools import ToolCall, ToolResult, ToolSpec
 from trajcore.ports.sandbox_pool import SandboxPool
 from trajcore.ports.tool_server import ToolServer
 from trajcore.rollout.dispatcher import ToolDispatcher
-from trajcore.rollout.hook_deadline import unfinished_hook
+from trajcore.rollout.hook_deadline import unfinished_hook, unscored
 from trajcore.rollout.hook_failures import (
     env_failure,
     first_failure,
@@ -620,7 +621,9 @@ async def _score(run: _Run, hooks: TrajectoryHooks, slot_tools: SlotTools) -> No
         score: object = await hooks.score(slot_tools, _transcript(run))
     except anyio.get_cancelled_exc_class() as cancelled:  # the deadline, or the run's end
         cut = slot_tools.router.calls_cut_since(run.turns_end + run.config.score_reserve)
-        run.score_failure, run.score_failure_status = unfinished_hook("score hook", cancelled, cut)
+        hook, turns = unfinished_hook("score hook", cancelled, cut), run.turns_scope
+        stop = run.loop.stats().stop_reason if turns and turns.cancelled_caught else None
+        run.score_failure, run.score_failure_status = unscored(run.config, stop, hook)
         raise
     except Exception as exc:  # noqa: BLE001 - the env's own code, or the slot's failure
         forgotten = forgotten_await(slot_tools, "score hook")
@@ -659,9 +662,8 @@ async def _result(
         detail = f"{spent}; {given}" if spent else f"{detail}; the score hook was not run: {given}"
         if run.score is None:
             run.score_failure, run.score_failure_status = detail, TrajectoryStatus.INFRA_ERROR
-    if stats.needs_score and run.score is None and run.score_failure is None:
-        run.score_failure = "scoring did not finish before the trajectory deadline"
-        run.score_failure_status = TrajectoryStatus.INFRA_ERROR
+    if stats.needs_score and run.score is None and run.score_failure is None:  # never started
+        run.score_failure, run.score_failure_status = unscored(run.config, stats.stop_reason, None)
     config = run.config
     (tokens, drift), unrendered = await render_member(
         run.trajectory_id, run.session, tuple(run.messages), turns=stats.turns,
@@ -675,11 +677,9 @@ async def _result(
     trainable = tokens is not None and tokens.completion_tokens > 0
     if run.score_failure is not None:
         outcome = TrajectoryOutcome(
-            status=run.score_failure_status,
-            produced_output=stats.produced_output,
-            detail=run.score_failure,
-            has_tokens=trainable,
-        )
+            status=run.score_failure_status, produced_output=stats.produced_output,
+            detail=run.score_failure, has_tokens=trainable,
+        )  # fmt: skip
     else:
         outcome = attrs.evolve(stats.outcome(score=run.score), has_tokens=trainable, detail=detail)
     if unrendered is not None:
