@@ -181,7 +181,9 @@ def test_an_export_cut_short_by_its_engine_is_no_refusal_of_the_image(
         asker.join(WAIT_S)
     assert not asker.is_alive()
     assert [type(error) for error in failures] == [SourceUnavailable], failures
-    assert "no whole tar stream" in str(failures[0]), failures
+    # the stream cut short (podman's status 0), or podman's own end seen first (its status)
+    said = str(failures[0])
+    assert "no whole tar stream" in said or "podman export was ended" in said, failures
     assert len(cache.refusals) == 0
     with cache.acquire(ref) as use:  # exported again, not refused earlier
         assert not use.image.hit

@@ -78,7 +78,9 @@ def test_a_pool_lease_reaches_neither_host_keys_nor_host_settings(
             server=SlotServerSettings(slots_per_container=1, isolation=isolation),
         )
         async with LocalSandboxPool(config) as pool, pool.lease("attacker") as lease:
-            workspace = root / lease.slot.container / "slots" / str(lease.slot.index)
+            # the pool's own folder in its given root
+            (own,) = root.glob("trajcore-pool-*")  # noqa: ASYNC240 - one listing
+            workspace = own / lease.slot.container / "slots" / str(lease.slot.index)
             written = await run(pool, lease, "write_file", path="kit.b64", content=kit_text(kit))
             assert written.error is None, written
             await run(pool, lease, "bash", command="base64 -d kit.b64 > kit; chmod 755 kit")
