@@ -810,20 +810,36 @@ static void fail_because(result *r, const char *prefix, const result *cause) {
         buf_puts(&r->error, "None");
 }
 
+/* The first ``size`` - 1 bytes of /proc/PID/``file`` into ``text``, NUL-terminated (empty when
+ * it cannot be read); returns how many were read, or -1. */
+static ssize_t read_proc(pid_t pid, const char *file, char *text, size_t size) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, file);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t got = fd >= 0 ? read(fd, text, size - 1) : -1;
+    if (fd >= 0)
+        close(fd);
+    text[got > 0 ? got : 0] = '\0';
+    return got;
+}
+
+/* The name of process ``pid`` (its ``comm``, also a zombie's) into ``name``; false when it
+ * cannot be read. */
+static bool process_name(pid_t pid, char *name, size_t size) {
+    if (pid <= 0 || size == 0)
+        return false;
+    ssize_t got = read_proc(pid, "comm", name, size);
+    name[strcspn(name, "\n")] = '\0';
+    return got > 0;
+}
+
 /* State, parent, session and its terminal's foreground process group (``foreground``, unless
  * NULL) of process ``pid`` from /proc; false when it cannot be read. */
 static bool process_stat(pid_t pid, char *state, pid_t *parent, pid_t *session,
                          pid_t *foreground) {
-    char path[64], text[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    char text[512];
+    if (read_proc(pid, "stat", text, sizeof text) <= 0)
         return false;
-    ssize_t got = read(fd, text, sizeof text - 1);
-    close(fd);
-    if (got <= 0)
-        return false;
-    text[got] = '\0';
     char *name_end = strrchr(text, ')'); /* the name may hold spaces and parentheses */
     int up, group, sid, tty, front;
     if (!name_end ||
@@ -1250,7 +1266,7 @@ static char first_byte(const char *path) {
  * continuation line (PS2 expands ``__run_more``, which writes 2 to ``DIR/line``; the prompt
  * writes 1 there). An sh, which has no line editor, is taken to be at its prompt. */
 static pane_state shell_pane(const shell *sh, char *program, size_t size) {
-    char state, name[32] = "", path[64];
+    char state, name[32] = "";
     pid_t parent, session, front = 0;
     if (sh->pane <= 0)
         return PANE_AT_PROMPT;
@@ -1259,13 +1275,7 @@ static pane_state shell_pane(const shell *sh, char *program, size_t size) {
         return PANE_GONE;
     if (state == 'T' || state == 't')
         return PANE_STOPPED;
-    snprintf(path, sizeof path, "/proc/%d/comm", (int)(front > 0 ? front : sh->pane));
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    ssize_t got = fd >= 0 ? read(fd, name, sizeof name - 1) : -1;
-    if (fd >= 0)
-        close(fd);
-    name[got > 0 ? got : 0] = '\0';
-    name[strcspn(name, "\n")] = '\0';
+    process_name(front > 0 ? front : sh->pane, name, sizeof name);
     if (size)
         snprintf(program, size, "%s", name);
     if (!is_shell(name))
@@ -1298,17 +1308,11 @@ static pid_t pane_front(const shell *sh) {
  * terminal's foreground process, else the pane's first process), from /proc; -1 when it is not
  * known or unlimited. */
 static long shell_files_limit(const shell *sh) {
-    char state, path[64], text[4096];
+    char state, text[4096];
     pid_t parent, session, front = 0;
-    if (sh->pane <= 0 || !process_stat(sh->pane, &state, &parent, &session, &front))
+    if (sh->pane <= 0 || !process_stat(sh->pane, &state, &parent, &session, &front) ||
+        read_proc(front > 0 ? front : sh->pane, "limits", text, sizeof text) < 0)
         return -1;
-    snprintf(path, sizeof path, "/proc/%d/limits", (int)(front > 0 ? front : sh->pane));
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t got = read(fd, text, sizeof text - 1);
-    close(fd);
-    text[got > 0 ? got : 0] = '\0';
     static const char NAME[] = "Max open files";
     const char *line = strstr(text, NAME);
     if (!line)
@@ -1331,20 +1335,12 @@ static bool shell_starved(const shell *sh, long *limit) {
  * a program it runs in the foreground holds the terminal's foreground). False when it cannot be
  * told (the file is not readable: no tracehook, or no right to trace the shell). */
 static bool shell_reads_terminal(const shell *sh, pid_t runner) {
-    char state, path[64], text[256];
+    char state, text[256];
     pid_t parent, session;
     if (runner <= 0 || pane_front(sh) != runner ||
-        !process_stat(runner, &state, &parent, &session, NULL) || state != 'S')
+        !process_stat(runner, &state, &parent, &session, NULL) || state != 'S' ||
+        read_proc(runner, "syscall", text, sizeof text) <= 0)
         return false;
-    snprintf(path, sizeof path, "/proc/%d/syscall", (int)runner);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    ssize_t got = read(fd, text, sizeof text - 1);
-    close(fd);
-    if (got <= 0)
-        return false;
-    text[got] = '\0';
     long number;
     unsigned long first;
     return sscanf(text, "%ld 0x%lx", &number, &first) == 2 && number == SYS_read && first == 0;
@@ -1510,22 +1506,6 @@ static shell_state shell_recover(shell *sh, double deadline, result *r, buf *not
     buf_puts(note, "it was replaced by a fresh shell: its working directory and variables were "
                    "reset]\n");
     return shell_ensure(sh, deadline, r);
-}
-
-/* The name of process ``pid`` (its ``comm``, also a zombie's) into ``name``; false when it
- * cannot be read. */
-static bool process_name(pid_t pid, char *name, size_t size) {
-    char path[64];
-    if (pid <= 0 || size == 0)
-        return false;
-    snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    ssize_t got = fd >= 0 ? read(fd, name, size - 1) : -1;
-    if (fd >= 0)
-        close(fd);
-    name[got > 0 ? got : 0] = '\0';
-    name[strcspn(name, "\n")] = '\0';
-    return got > 0;
 }
 
 /* Wait until the call's status file ``rc`` exists, by ``deadline`` (wait_for_file_or_end:
