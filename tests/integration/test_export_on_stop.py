@@ -29,7 +29,7 @@ from tests.integration.test_slot_server import searchable_dir, start_server, sto
 from tests.podman_images import PODMAN, podman_problem
 from trajcore.adapters.slot_server.image_cache import ImageCache
 from trajcore.adapters.slot_server.image_refusals import SourceUnavailable
-from trajcore.domain.task_environments import parse_environment_ref
+from trajcore.domain.task_environments import EnvironmentRef, parse_environment_ref
 
 IMAGE_BYTES = 96 << 20
 """What the image holds: enough that its export and unpacking take a while."""
@@ -109,21 +109,30 @@ def test_a_sigterm_during_an_export_ends_it_and_removes_what_it_made(large_image
         assert sorted(os.listdir(cache / "images")) == []
 
 
-def test_a_caches_close_ends_its_export_which_is_not_remembered_as_a_refusal(
-    tmp_path: Path, large_image: str
-) -> None:
-    cache = ImageCache(tmp_path / "cache", max_bytes=1 << 30)
-    ref = parse_environment_ref(f"containers-storage:{large_image}")
+def acquiring(
+    cache: ImageCache, ref: EnvironmentRef
+) -> tuple[threading.Thread, list[BaseException]]:
+    """A thread, started, that acquires ``ref`` from ``cache`` and closes it at once, and the
+    list its failure goes into."""
     failures: list[BaseException] = []
 
     def ask() -> None:
         try:
             cache.acquire(ref).close()
-        except BaseException as error:  # noqa: BLE001 - checked below
+        except BaseException as error:  # noqa: BLE001 - checked by the caller
             failures.append(error)
 
     asker = threading.Thread(target=ask)
     asker.start()
+    return asker, failures
+
+
+def test_a_caches_close_ends_its_export_which_is_not_remembered_as_a_refusal(
+    tmp_path: Path, large_image: str
+) -> None:
+    cache = ImageCache(tmp_path / "cache", max_bytes=1 << 30)
+    ref = parse_environment_ref(f"containers-storage:{large_image}")
+    asker, failures = acquiring(cache, ref)
     wait_for_export(tmp_path / "cache")
     assert cache.close(WAIT_S) == []
     asker.join(WAIT_S)
@@ -165,16 +174,7 @@ def test_an_export_cut_short_by_its_engine_is_no_refusal_of_the_image(
     remembered, and the next request exports the image again and gets it."""
     cache = ImageCache(tmp_path / "cache", max_bytes=1 << 30)
     ref = parse_environment_ref(f"containers-storage:{large_image}")
-    failures: list[BaseException] = []
-
-    def ask() -> None:
-        try:
-            cache.acquire(ref).close()
-        except BaseException as error:  # noqa: BLE001 - checked below
-            failures.append(error)
-
-    asker = threading.Thread(target=ask)
-    asker.start()
+    asker, failures = acquiring(cache, ref)
     try:
         os.kill(export_process(os.getpid()), signal.SIGTERM)
     finally:
